@@ -1,0 +1,132 @@
+/* The backend interface: every numeric op the engine runs, as a table of
+ * function pointers over backend memory. The CPU backend (backend_cpu.c) is
+ * the reference every other backend is tested against.
+ *
+ * Conventions: activations are fp32, row-major; "rows" are tokens. Buffers
+ * passed to ops are backend memory (from ->alloc) unless a parameter says
+ * "host". Ops do not fail: shapes are the caller's contract, checked with
+ * asserts in debug builds. Images are NCHW with N = 1 (C, H, W).
+ *
+ * A backend is driven by one thread at a time (like a CUDA stream): backends
+ * keep scratch memory and handles that are not shared between callers. */
+#ifndef ARSERVE_BACKEND_H
+#define ARSERVE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "status.h"
+
+/* A weight in backend memory. shape[0] is the output dimension for
+ * matrices (PyTorch Linear layout: [out, in]); conv weights are
+ * [C_out, C_in, kh, kw]. */
+typedef struct tensor {
+    void *data;
+    dtype_t dtype; /* as stored in backend memory */
+    int ndim;
+    int64_t shape[4];
+} tensor_t;
+
+static inline int64_t tensor_numel(const tensor_t *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+/* Attention over per-head key/value caches for a ragged batch of sequences.
+ * Sequence s owns query rows [q_start[s], q_start[s+1]) of q; these are its
+ * newest tokens, already appended to its caches. For head h of sequence s,
+ * k[s*n_heads + h] and v[s*n_heads + h] point at kv_len[s*n_heads + h]
+ * cached rows of head_dim floats each. Query row i (0-based within the
+ * sequence's n_s new rows) attends causally to cached rows
+ * [0, kv_len - n_s + i]. */
+typedef struct attn_batch {
+    int n_seq;
+    const int *q_start;     /* host, n_seq + 1 */
+    const int *kv_len;      /* host, n_seq * n_heads */
+    float *const *k;        /* host array of backend pointers, n_seq * n_heads */
+    float *const *v;        /* host array of backend pointers, n_seq * n_heads */
+} attn_batch_t;
+
+typedef struct backend backend_t;
+
+struct backend {
+    const char *name;
+    void *impl; /* backend private state */
+
+    /* Memory. alloc returns NULL when out of memory; free accepts NULL. */
+    void *(*alloc)(backend_t *be, size_t bytes);
+    void (*free)(backend_t *be, void *p);
+    void (*upload)(backend_t *be, void *dst, const void *host_src, size_t bytes);
+    void (*download)(backend_t *be, void *host_dst, const void *src, size_t bytes);
+    void (*copy)(backend_t *be, void *dst, const void *src, size_t bytes);
+    /* Waits for queued work; a no-op on synchronous backends. */
+    void (*sync)(backend_t *be);
+
+    /* Copies a host weight of type `src_dtype` into backend memory in the
+     * backend's preferred storage type. AR_ERR if out of memory. */
+    int (*weight_load)(backend_t *be, tensor_t *out, const void *host_src, dtype_t src_dtype,
+                       int ndim, const int64_t *shape, ar_error_t *err);
+    void (*weight_free)(backend_t *be, tensor_t *t);
+
+    /* y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when bias is not NULL), with
+     * n = w->shape[0], k = w->shape[1]. */
+    void (*matmul)(backend_t *be, float *y, const float *x, const tensor_t *w,
+                   const tensor_t *bias, int m);
+
+    /* y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w[:], rows of dim. y may be x. */
+    void (*rmsnorm)(backend_t *be, float *y, const float *x, const tensor_t *w, int rows, int dim,
+                    float eps);
+
+    /* Rotary embedding in place, rotate-half pairing (element j pairs with
+     * j + head_dim/2) at position pos[r] (host) for each row r; a row holds
+     * n_heads heads of head_dim. */
+    void (*rope)(backend_t *be, float *x, const int *pos, int rows, int n_heads, int head_dim,
+                 float theta);
+
+    /* Appends the rows of each sequence to its per-head caches: rows
+     * [q_start[s], q_start[s+1]) of k and v (n_heads * head_dim per row) go
+     * to k_cache[s*n_heads + h] + start[s*n_heads + h] * head_dim. */
+    void (*kv_append)(backend_t *be, float *const *k_cache, float *const *v_cache,
+                      const int *start, const float *k, const float *v, const int *q_start,
+                      int n_seq, int n_heads, int head_dim);
+
+    /* out[row, h*head_dim ...] = softmax(q k^T * scale) v per head, see attn_batch_t. */
+    void (*attention)(backend_t *be, float *out, const float *q, const attn_batch_t *batch,
+                      int n_heads, int head_dim, float scale);
+
+    /* Element-wise. */
+    void (*silu_mul)(backend_t *be, float *out, const float *gate, const float *up, size_t n);
+    void (*silu)(backend_t *be, float *x, size_t n);
+    void (*gelu)(backend_t *be, float *x, size_t n); /* exact erf form */
+    void (*add)(backend_t *be, float *y, const float *a, size_t n); /* y += a */
+    void (*scale)(backend_t *be, float *x, size_t n, float s);     /* x *= s */
+    /* Row-wise softmax in place over cols, rows of x. */
+    void (*softmax)(backend_t *be, float *x, int rows, int cols);
+
+    /* out[i, :] = table[ids[i], :] (ids on the host), optionally divided by
+     * its L2 norm (max(norm, 1e-12)). table is [vocab, dim]. */
+    void (*embedding)(backend_t *be, float *out, const tensor_t *table, const int *ids, int n,
+                      int l2_normalize);
+
+    /* 2D convolution, stride 1, zero padding pad, weight [C_out, C_in, k, k],
+     * bias [C_out] or NULL; in is (C_in, H, W), out (C_out, H + 2pad - k + 1, ...). */
+    void (*conv2d)(backend_t *be, float *out, const float *in, const tensor_t *w,
+                   const tensor_t *bias, int c_in, int h, int w_, int pad);
+    /* GroupNorm over (C, HW) with affine gamma/beta [C]; out may be in. */
+    void (*groupnorm)(backend_t *be, float *out, const float *in, const tensor_t *gamma,
+                      const tensor_t *beta, int c, int hw, int groups, float eps);
+    /* Nearest-neighbour 2x upsampling: (C, H, W) -> (C, 2H, 2W). */
+    void (*upsample_nearest2x)(backend_t *be, float *out, const float *in, int c, int h, int w);
+    /* out[j, i] = in[i, j] for an in of rows x cols (used to move between
+     * channel-major images and token rows). */
+    void (*transpose)(backend_t *be, float *out, const float *in, int rows, int cols);
+
+    void (*destroy)(backend_t *be);
+};
+
+/* Creates the CPU backend with n_threads worker threads (0: all cores). */
+backend_t *backend_cpu_create(int n_threads, ar_error_t *err);
+
+#endif

@@ -1,0 +1,626 @@
+/* The CPU backend: the reference implementation of every op in backend.h.
+ * fp32 throughout; GEMMs (matmul, conv2d) go to OpenBLAS, everything else is
+ * plain loops; all threading is OpenMP, where the work is large enough to pay. */
+#include "backend.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Loops with fewer elements than this run on the calling thread: starting
+ * an OpenMP team costs a few microseconds, about the time of this much work. */
+#define PAR_MIN_WORK 32768
+
+/* GEMMs with fewer multiply-adds than this run on one thread. */
+#define GEMM_PAR_MIN_WORK ((int64_t)1 << 20)
+
+/* Stack buffers in rope and attention are sized for this; real models use
+ * 64 to 256. */
+#define MAX_HEAD_DIM 512
+
+/* Keys scored at a time by the online softmax in attention. */
+#define ATTN_CHUNK 256
+
+/* The scratch panel, in floats (16 MiB): conv2d's im2col slices and
+ * groupnorm's per-channel affine. Allocated once at creation so that no op
+ * allocates (and so none can fail); conv2d does large images in slices of
+ * output pixels that fit. A backend is driven by one thread at a time. */
+#define SCRATCH_FLOATS ((size_t)1 << 22)
+
+typedef struct cpu_impl {
+    int n_threads; /* OpenMP team size for threaded loops */
+    void *scratch; /* SCRATCH_FLOATS floats, see above */
+} cpu_impl_t;
+
+static int team(const backend_t *be) { return ((const cpu_impl_t *)be->impl)->n_threads; }
+
+/* ---- memory ------------------------------------------------------------ */
+
+static void *cpu_alloc(backend_t *be, size_t bytes) {
+    if (bytes > SIZE_MAX - 63)
+        return NULL;
+    size_t rounded = (bytes + 63) & ~(size_t)63; /* aligned_alloc wants a multiple */
+    return aligned_alloc(64, rounded ? rounded : 64);
+}
+
+static void cpu_free(backend_t *be, void *p) { free(p); }
+
+static void cpu_memcpy(backend_t *be, void *dst, const void *src, size_t bytes) {
+    if (bytes)
+        memcpy(dst, src, bytes);
+}
+
+static void cpu_sync(backend_t *be) {}
+
+/* ---- weights ----------------------------------------------------------- */
+
+static int cpu_weight_load(backend_t *be, tensor_t *out, const void *host_src, dtype_t src_dtype,
+                           int ndim, const int64_t *shape, ar_error_t *err) {
+    memset(out, 0, sizeof *out);
+    if (!dtype_is_float(src_dtype))
+        return ar_errorf(err, "weight of type %s: the CPU backend loads only F32, F16 and BF16",
+                         dtype_name(src_dtype));
+    if (ndim < 1 || ndim > 4)
+        return ar_errorf(err, "weight with %d dimensions: expected 1 to 4", ndim);
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return ar_errorf(err, "weight dimension %d is negative (%lld)", i, (long long)shape[i]);
+        if (shape[i] > 0 && numel > (INT64_MAX / 4) / shape[i])
+            return ar_errorf(err, "weight too large (dimension %d is %lld)", i,
+                             (long long)shape[i]);
+        numel *= shape[i];
+    }
+    if ((uint64_t)numel > SIZE_MAX / 4)
+        return ar_errorf(err, "weight of %lld elements is too large", (long long)numel);
+    if (numel > 0 && !host_src)
+        return ar_errorf(err, "weight has no data");
+    float *data = cpu_alloc(be, (size_t)numel * 4);
+    if (!data)
+        return ar_errorf(err, "out of memory for a weight of %lld elements (%zu bytes)",
+                         (long long)numel, (size_t)numel * 4);
+    /* Conversion is memory-bound; slices of 64 Ki elements spread it over the team. */
+    const int64_t slice = 65536, n_slices = (numel + slice - 1) / slice;
+    const size_t src_size = dtype_size(src_dtype);
+#pragma omp parallel for num_threads(team(be)) if (n_slices > 1) schedule(static)
+    for (int64_t s = 0; s < n_slices; s++) {
+        int64_t i0 = s * slice, n = numel - i0 < slice ? numel - i0 : slice;
+        dtype_to_f32(data + i0, (const unsigned char *)host_src + (size_t)i0 * src_size, src_dtype,
+                     (size_t)n);
+    }
+    out->data = data;
+    out->dtype = DTYPE_F32;
+    out->ndim = ndim;
+    for (int i = 0; i < 4; i++)
+        out->shape[i] = i < ndim ? shape[i] : 1;
+    return AR_OK;
+}
+
+static void cpu_weight_free(backend_t *be, tensor_t *t) {
+    if (!t)
+        return;
+    free(t->data);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---- linear algebra ---------------------------------------------------- */
+
+/* C[M, N] += A[M, K] * B, with B [K, N], or B^T with B [N, K] when b_trans
+ * (a Linear weight), on the calling thread. */
+static void gemm_one(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                     int b_trans, float *C, int ldc) {
+    if (M == 1 && b_trans) /* decode: one row, a matrix-vector product */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, B, ldb, A, 1, 1.0f, C, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, b_trans ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
+                    A, lda, B, ldb, 1.0f, C, ldc);
+}
+
+/* Start of part t of len split n ways, rounded down to a multiple of align. */
+static int split_at(int len, int t, int n, int align) {
+    return t == n ? len : (int)((int64_t)len * t / n) / align * align;
+}
+
+/* gemm_one on the OpenMP team: each thread takes a slice of N (of M when N
+ * is narrow) and makes one single-threaded OpenBLAS call. OpenBLAS is set to
+ * one thread at creation so that a single pool of threads, OpenMP's, works
+ * the cores: with OpenBLAS's own pool busy-waiting beside OpenMP's on a
+ * 2-core machine, a 3x3 conv ran 2x and decode (GEMV then attention) 3.5x
+ * slower. */
+static void gemm(const backend_t *be, int M, int N, int K, const float *A, int lda, const float *B,
+                 int ldb, int b_trans, float *C, int ldc) {
+    const int nt = (int64_t)M * N * K >= GEMM_PAR_MIN_WORK ? team(be) : 1;
+    if (nt == 1) {
+        gemm_one(M, N, K, A, lda, B, ldb, b_trans, C, ldc);
+        return;
+    }
+    const int split_n = N >= 16 * nt || M < nt;
+#pragma omp parallel num_threads(nt)
+    {
+        const int t = omp_get_thread_num(), n = omp_get_num_threads();
+        if (split_n) { /* columns of C: rows of B^T or columns of B; 16 keeps 64-byte alignment */
+            const int lo = split_at(N, t, n, 16), hi = split_at(N, t + 1, n, 16);
+            if (hi > lo)
+                gemm_one(M, hi - lo, K, A, lda, b_trans ? B + (size_t)lo * ldb : B + lo, ldb,
+                         b_trans, C + lo, ldc);
+        } else { /* rows of C and A */
+            const int lo = split_at(M, t, n, 1), hi = split_at(M, t + 1, n, 1);
+            if (hi > lo)
+                gemm_one(hi - lo, N, K, A + (size_t)lo * lda, lda, B, ldb, b_trans,
+                         C + (size_t)lo * ldc, ldc);
+        }
+    }
+}
+
+/* y is written first (bias rows or zeros) and the GEMM accumulates into it:
+ * with beta = 0 some OpenBLAS versions scale y by zero, which keeps a NaN
+ * left in an uninitialised output. */
+static void cpu_matmul(backend_t *be, float *y, const float *x, const tensor_t *w,
+                       const tensor_t *bias, int m) {
+    assert(w->dtype == DTYPE_F32 && w->ndim == 2 && m >= 0);
+    assert(w->shape[0] <= INT32_MAX && w->shape[1] <= INT32_MAX);
+    const int n = (int)w->shape[0], k = (int)w->shape[1];
+    assert(!bias || (bias->dtype == DTYPE_F32 && tensor_numel(bias) == n));
+    if (m == 0 || n == 0)
+        return;
+    for (int r = 0; r < m; r++) {
+        if (bias)
+            memcpy(y + (size_t)r * n, bias->data, (size_t)n * sizeof(float));
+        else
+            memset(y + (size_t)r * n, 0, (size_t)n * sizeof(float));
+    }
+    if (k > 0)
+        gemm(be, m, n, k, x, k, w->data, k, 1, y, n);
+}
+
+/* ---- transformer ops --------------------------------------------------- */
+
+/* Follows HF Llama in fp32: y = (x * rsqrt(mean(x^2) + eps)) * w; the sum of
+ * squares is accumulated in double. */
+static void cpu_rmsnorm(backend_t *be, float *y, const float *x, const tensor_t *w, int rows,
+                        int dim, float eps) {
+    assert(w->dtype == DTYPE_F32 && tensor_numel(w) == dim && rows >= 0 && dim > 0);
+    const float *wd = w->data;
+#pragma omp parallel for num_threads(team(be)) if ((int64_t)rows * dim >= PAR_MIN_WORK)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *yr = y + (size_t)r * dim;
+        double ss = 0;
+        for (int i = 0; i < dim; i++)
+            ss += (double)xr[i] * xr[i];
+        const float inv = (float)(1.0 / sqrt(ss / dim + eps));
+        for (int i = 0; i < dim; i++)
+            yr[i] = (xr[i] * inv) * wd[i];
+    }
+}
+
+/* Follows HF Llama's rotary embedding step by step: inv_freq[j] = 1 /
+ * theta^(2j/d) in fp32 (exponent divided in fp32, as torch does; the power
+ * taken in double and rounded, which torch's fp32 pow matches for
+ * power-of-two d), angle = fp32(pos * inv_freq[j]) (formed exactly in double,
+ * rounded once, as the fp32 product is), then cos and sin of that fp32 angle
+ * in double, rounded to fp32. Positions must be below 2^24 (exact in fp32). */
+static void cpu_rope(backend_t *be, float *x, const int *pos, int rows, int n_heads, int head_dim,
+                     float theta) {
+    assert(head_dim > 0 && head_dim % 2 == 0 && head_dim <= MAX_HEAD_DIM);
+    assert(rows >= 0 && n_heads >= 0 && theta > 0);
+    const int half = head_dim / 2;
+    float inv_freq[MAX_HEAD_DIM / 2];
+    for (int j = 0; j < half; j++) {
+        const float e = (float)(2 * j) / (float)head_dim;
+        inv_freq[j] = 1.0f / (float)pow((double)theta, (double)e);
+    }
+    const int64_t work = (int64_t)rows * n_heads * head_dim;
+#pragma omp parallel for num_threads(team(be)) if (work >= PAR_MIN_WORK)
+    for (int r = 0; r < rows; r++) {
+        assert(pos[r] >= 0 && pos[r] < (1 << 24));
+        float c[MAX_HEAD_DIM / 2], s[MAX_HEAD_DIM / 2];
+        for (int j = 0; j < half; j++) {
+            const float angle = (float)((double)pos[r] * (double)inv_freq[j]);
+            c[j] = (float)cos((double)angle);
+            s[j] = (float)sin((double)angle);
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *xh = x + ((size_t)r * n_heads + h) * head_dim;
+            for (int j = 0; j < half; j++) {
+                const float a = xh[j], b = xh[j + half];
+                xh[j] = a * c[j] - b * s[j];
+                xh[j + half] = b * c[j] + a * s[j];
+            }
+        }
+    }
+}
+
+static void cpu_kv_append(backend_t *be, float *const *k_cache, float *const *v_cache,
+                          const int *start, const float *k, const float *v, const int *q_start,
+                          int n_seq, int n_heads, int head_dim) {
+    assert(n_seq >= 0 && n_heads >= 0 && head_dim > 0);
+    const size_t row = (size_t)n_heads * head_dim, bytes = (size_t)head_dim * sizeof(float);
+    for (int s = 0; s < n_seq; s++) {
+        assert(q_start[s + 1] >= q_start[s]);
+        for (int r = q_start[s]; r < q_start[s + 1]; r++) {
+            for (int h = 0; h < n_heads; h++) {
+                const int i = s * n_heads + h;
+                assert(start[i] >= 0);
+                const size_t dst = ((size_t)start[i] + (size_t)(r - q_start[s])) * head_dim;
+                memcpy(k_cache[i] + dst, k + (size_t)r * row + (size_t)h * head_dim, bytes);
+                memcpy(v_cache[i] + dst, v + (size_t)r * row + (size_t)h * head_dim, bytes);
+            }
+        }
+    }
+}
+
+/* Eight partial sums so the compiler can keep them in vector registers. */
+static float dot_f32(const float *a, const float *b, int n) {
+    float p[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            p[l] += a[i + l] * b[i + l];
+    float tail = 0;
+    for (; i < n; i++)
+        tail += a[i] * b[i];
+    return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7])) + tail;
+}
+
+/* One query row against its visible keys [0, n_keys): a softmax computed
+ * online over chunks of ATTN_CHUNK keys (running max m, running sum l, the
+ * output rescaled when m grows), so no buffer grows with the context. */
+static void attend_row(float *out, const float *q, const float *k, const float *v, int n_keys,
+                       int head_dim, float scale) {
+    float acc[MAX_HEAD_DIM], sc[ATTN_CHUNK];
+    float m = -INFINITY;
+    double l = 0;
+    for (int d = 0; d < head_dim; d++)
+        acc[d] = 0;
+    for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
+        const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
+        float cm = -INFINITY;
+        for (int j = 0; j < nj; j++) {
+            sc[j] = dot_f32(q, k + (size_t)(j0 + j) * head_dim, head_dim) * scale;
+            cm = sc[j] > cm ? sc[j] : cm;
+        }
+        if (cm > m) {
+            const float rescale = expf(m - cm); /* 0 on the first chunk */
+            l *= rescale;
+            for (int d = 0; d < head_dim; d++)
+                acc[d] *= rescale;
+            m = cm;
+        }
+        for (int j = 0; j < nj; j++) {
+            const float p = expf(sc[j] - m);
+            const float *vj = v + (size_t)(j0 + j) * head_dim;
+            l += p;
+            for (int d = 0; d < head_dim; d++)
+                acc[d] += p * vj[d];
+        }
+    }
+    const float inv = (float)(1.0 / l);
+    for (int d = 0; d < head_dim; d++)
+        out[d] = acc[d] * inv;
+}
+
+static void cpu_attention(backend_t *be, float *out, const float *q, const attn_batch_t *batch,
+                          int n_heads, int head_dim, float scale) {
+    assert(batch->n_seq >= 0 && n_heads >= 0 && head_dim > 0 && head_dim <= MAX_HEAD_DIM);
+    const int n_pairs = batch->n_seq * n_heads;
+    const int *q_start = batch->q_start, *kv_len = batch->kv_len;
+    int64_t work = 0;
+    for (int i = 0; i < n_pairs; i++) {
+        const int s = i / n_heads, n_new = q_start[s + 1] - q_start[s];
+        assert(n_new >= 0 && kv_len[i] >= n_new);
+        work += (int64_t)n_new * kv_len[i];
+    }
+    const size_t row = (size_t)n_heads * head_dim;
+    /* Pairs differ in cost (ragged lengths), hence the dynamic schedule. */
+#pragma omp parallel for num_threads(team(be)) if (work * head_dim >= PAR_MIN_WORK)                \
+    schedule(dynamic, 1)
+    for (int i = 0; i < n_pairs; i++) {
+        const int s = i / n_heads, h = i % n_heads;
+        const int n_new = q_start[s + 1] - q_start[s];
+        for (int t = 0; t < n_new; t++) {
+            const size_t r = (size_t)q_start[s] + (size_t)t;
+            attend_row(out + r * row + (size_t)h * head_dim, q + r * row + (size_t)h * head_dim,
+                       batch->k[i], batch->v[i], kv_len[i] - n_new + t + 1, head_dim, scale);
+        }
+    }
+}
+
+/* ---- element-wise ------------------------------------------------------ */
+
+static void cpu_silu_mul(backend_t *be, float *out, const float *gate, const float *up, size_t n) {
+#pragma omp parallel for num_threads(team(be)) if (n >= PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++)
+        out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+static void cpu_silu(backend_t *be, float *x, size_t n) {
+#pragma omp parallel for num_threads(team(be)) if (n >= PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++)
+        x[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+static void cpu_gelu(backend_t *be, float *x, size_t n) {
+    const float inv_sqrt2 = 0.70710678118654752f;
+#pragma omp parallel for num_threads(team(be)) if (n >= PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++)
+        x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * inv_sqrt2));
+}
+
+static void cpu_add(backend_t *be, float *y, const float *a, size_t n) {
+#pragma omp parallel for num_threads(team(be)) if (n >= PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++)
+        y[i] += a[i];
+}
+
+static void cpu_scale(backend_t *be, float *x, size_t n, float s) {
+#pragma omp parallel for num_threads(team(be)) if (n >= PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
+}
+
+/* exp(x - max) / sum; a row of only -inf becomes NaN, as in torch. */
+static void cpu_softmax(backend_t *be, float *x, int rows, int cols) {
+    assert(rows >= 0 && cols > 0);
+#pragma omp parallel for num_threads(team(be)) if ((int64_t)rows * cols >= PAR_MIN_WORK)
+    for (int r = 0; r < rows; r++) {
+        float *xr = x + (size_t)r * cols;
+        float m = xr[0];
+        for (int i = 1; i < cols; i++)
+            m = xr[i] > m ? xr[i] : m;
+        double sum = 0;
+        for (int i = 0; i < cols; i++) {
+            xr[i] = expf(xr[i] - m);
+            sum += xr[i];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int i = 0; i < cols; i++)
+            xr[i] *= inv;
+    }
+}
+
+/* Like torch F.normalize: x / max(||x||_2, 1e-12), the norm summed in double. */
+static void cpu_embedding(backend_t *be, float *out, const tensor_t *table, const int *ids, int n,
+                          int l2_normalize) {
+    assert(table->dtype == DTYPE_F32 && table->ndim == 2 && n >= 0);
+    const int64_t vocab = table->shape[0];
+    const size_t dim = (size_t)table->shape[1];
+    for (int i = 0; i < n; i++) {
+        assert(ids[i] >= 0 && ids[i] < vocab);
+        float *o = out + (size_t)i * dim;
+        memcpy(o, (const float *)table->data + (size_t)ids[i] * dim, dim * sizeof(float));
+        if (l2_normalize) {
+            double ss = 0;
+            for (size_t j = 0; j < dim; j++)
+                ss += (double)o[j] * o[j];
+            const float norm = fmaxf((float)sqrt(ss), 1e-12f);
+            for (size_t j = 0; j < dim; j++)
+                o[j] /= norm;
+        }
+    }
+}
+
+/* ---- image ops --------------------------------------------------------- */
+
+/* Fills the im2col panel for output pixels [p0, p1) (flattened over ho x
+ * wo): row r = (ci*k + ky)*k + kx holds input (ci, oy + ky - pad, ox + kx -
+ * pad) for each pixel, 0 outside the image. */
+static void im2col(float *col, const float *in, int c_in, int h, int w, int k, int pad, int wo,
+                   int64_t p0, int64_t p1, int n_threads) {
+    const int kk = c_in * k * k;
+    const int64_t np = p1 - p0;
+#pragma omp parallel for num_threads(n_threads) if ((int64_t)kk * np >= PAR_MIN_WORK)
+    for (int r = 0; r < kk; r++) {
+        const int ci = r / (k * k), ky = (r / k) % k, kx = r % k;
+        const float *plane = in + (size_t)ci * h * w;
+        float *dst = col + (size_t)r * np;
+        /* Output x in [x_lo, x_hi) reads inside the image's columns. */
+        const int x_lo = pad - kx, x_hi = w + pad - kx;
+        for (int64_t p = p0; p < p1;) {
+            const int oy = (int)(p / wo), ox = (int)(p % wo);
+            const int ox_end = p1 - p < wo - ox ? ox + (int)(p1 - p) : wo;
+            const int iy = oy + ky - pad;
+            if (iy < 0 || iy >= h) {
+                memset(dst, 0, (size_t)(ox_end - ox) * sizeof(float));
+            } else {
+                int lo = x_lo > ox ? x_lo : ox, hi = x_hi < ox_end ? x_hi : ox_end;
+                if (lo > ox_end)
+                    lo = ox_end;
+                if (hi < lo)
+                    hi = lo;
+                memset(dst, 0, (size_t)(lo - ox) * sizeof(float));
+                memcpy(dst + (lo - ox), plane + (size_t)iy * w + (lo + kx - pad),
+                       (size_t)(hi - lo) * sizeof(float));
+                memset(dst + (hi - ox), 0, (size_t)(ox_end - hi) * sizeof(float));
+            }
+            dst += ox_end - ox;
+            p += ox_end - ox;
+        }
+    }
+}
+
+/* out[co, p] = bias[co] + sum over (ci, ky, kx) of w[co, ci, ky, kx] *
+ * in[ci, shifted p]: a 1x1 convolution without padding is one GEMM on the
+ * image itself; otherwise im2col slices of at most SCRATCH_FLOATS,
+ * each a GEMM into its columns of out. */
+static void cpu_conv2d(backend_t *be, float *out, const float *in, const tensor_t *w,
+                       const tensor_t *bias, int c_in, int h, int w_, int pad) {
+    assert(w->dtype == DTYPE_F32 && w->ndim == 4 && w->shape[1] == c_in);
+    assert(w->shape[2] == w->shape[3] && pad >= 0 && h >= 0 && w_ >= 0);
+    const int c_out = (int)w->shape[0], k = (int)w->shape[2];
+    const int ho = h + 2 * pad - k + 1, wo = w_ + 2 * pad - k + 1;
+    assert(!bias || (bias->dtype == DTYPE_F32 && tensor_numel(bias) == c_out));
+    assert(ho >= 0 && wo >= 0);
+    const int64_t npix = (int64_t)ho * wo;
+    assert(npix <= INT32_MAX);
+    if (c_out == 0 || npix == 0)
+        return;
+    for (int co = 0; co < c_out; co++) {
+        float *o = out + (size_t)co * npix;
+        if (bias) {
+            const float b = ((const float *)bias->data)[co];
+            for (int64_t p = 0; p < npix; p++)
+                o[p] = b;
+        } else {
+            memset(o, 0, (size_t)npix * sizeof(float));
+        }
+    }
+    const int kk = c_in * k * k;
+    if (kk == 0)
+        return;
+    if (k == 1 && pad == 0) {
+        gemm(be, c_out, (int)npix, c_in, w->data, c_in, in, (int)npix, 0, out, (int)npix);
+        return;
+    }
+    assert((size_t)kk <= SCRATCH_FLOATS);
+    float *col = ((cpu_impl_t *)be->impl)->scratch;
+    const int64_t slice = (int64_t)(SCRATCH_FLOATS / (size_t)kk);
+    for (int64_t p0 = 0; p0 < npix; p0 += slice) {
+        const int64_t p1 = npix - p0 < slice ? npix : p0 + slice;
+        const int np = (int)(p1 - p0);
+        im2col(col, in, c_in, h, w_, k, pad, wo, p0, p1, team(be));
+        gemm(be, c_out, np, kk, w->data, kk, col, np, 0, out + p0, (int)npix);
+    }
+}
+
+/* Like torch GroupNorm: per group of c/groups channels, mean and biased
+ * variance over (c/groups) * hw values (two passes in double), eps inside the
+ * square root, then the per-channel affine. The statistics are folded into a
+ * per-channel (scale, shift) pair, kept in the scratch panel so that nothing
+ * is allocated here. */
+static void cpu_groupnorm(backend_t *be, float *out, const float *in, const tensor_t *gamma,
+                          const tensor_t *beta, int c, int hw, int groups, float eps) {
+    assert(groups > 0 && c % groups == 0 && hw > 0);
+    assert((size_t)c * 2 * sizeof(double) <= SCRATCH_FLOATS * sizeof(float));
+    assert(gamma->dtype == DTYPE_F32 && tensor_numel(gamma) == c);
+    assert(beta->dtype == DTYPE_F32 && tensor_numel(beta) == c);
+    const int cpg = c / groups;
+    const int64_t n = (int64_t)cpg * hw;
+    const float *g = gamma->data, *b = beta->data;
+    double *affine = ((cpu_impl_t *)be->impl)->scratch; /* scale, shift per channel */
+    const int par = (int64_t)c * hw >= PAR_MIN_WORK;
+#pragma omp parallel for num_threads(team(be)) if (par)
+    for (int grp = 0; grp < groups; grp++) {
+        const float *x = in + (size_t)grp * n;
+        double sum = 0, sq = 0;
+        for (int64_t i = 0; i < n; i++)
+            sum += x[i];
+        const double mean = sum / (double)n;
+        for (int64_t i = 0; i < n; i++)
+            sq += (x[i] - mean) * (x[i] - mean);
+        const double rstd = 1.0 / sqrt(sq / (double)n + eps);
+        for (int ch = grp * cpg; ch < (grp + 1) * cpg; ch++) {
+            affine[2 * ch] = rstd * g[ch];
+            affine[2 * ch + 1] = b[ch] - mean * rstd * g[ch];
+        }
+    }
+#pragma omp parallel for num_threads(team(be)) if (par)
+    for (int ch = 0; ch < c; ch++) {
+        const float *xc = in + (size_t)ch * hw;
+        float *oc = out + (size_t)ch * hw;
+        const double sc = affine[2 * ch], sh = affine[2 * ch + 1];
+        for (int i = 0; i < hw; i++)
+            oc[i] = (float)(xc[i] * sc + sh);
+    }
+}
+
+static void cpu_upsample_nearest2x(backend_t *be, float *out, const float *in, int c, int h,
+                                   int w) {
+    assert(c >= 0 && h >= 0 && w >= 0);
+    const int64_t rows = (int64_t)c * h;
+#pragma omp parallel for num_threads(team(be)) if (rows * w * 4 >= PAR_MIN_WORK)
+    for (int64_t r = 0; r < rows; r++) { /* input row r = ch * h + y */
+        const float *src = in + (size_t)r * w;
+        float *dst = out + (size_t)r * 4 * w; /* output rows 2y, 2y+1 of channel ch */
+        for (int x = 0; x < w; x++)
+            dst[2 * x] = dst[2 * x + 1] = src[x];
+        memcpy(dst + 2 * w, dst, (size_t)2 * w * sizeof(float));
+    }
+}
+
+/* In 32 x 32 tiles so both the reads and the writes stay in cache. */
+static void cpu_transpose(backend_t *be, float *out, const float *in, int rows, int cols) {
+    assert(rows >= 0 && cols >= 0 && (out != in || rows == 0 || cols == 0));
+    enum { TILE = 32 };
+    const int tiles = (rows + TILE - 1) / TILE;
+#pragma omp parallel for num_threads(team(be)) if ((int64_t)rows * cols >= PAR_MIN_WORK)
+    for (int t = 0; t < tiles; t++) {
+        const int i0 = t * TILE, i1 = i0 + TILE < rows ? i0 + TILE : rows;
+        for (int j0 = 0; j0 < cols; j0 += TILE) {
+            const int j1 = j0 + TILE < cols ? j0 + TILE : cols;
+            for (int i = i0; i < i1; i++)
+                for (int j = j0; j < j1; j++)
+                    out[(size_t)j * rows + i] = in[(size_t)i * cols + j];
+        }
+    }
+}
+
+/* ---- lifetime ---------------------------------------------------------- */
+
+static void cpu_destroy(backend_t *be) {
+    if (!be)
+        return;
+    cpu_impl_t *impl = be->impl;
+    if (impl)
+        free(impl->scratch);
+    free(impl);
+    free(be);
+}
+
+backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
+    if (n_threads < 0) {
+        ar_errorf(err, "cpu backend: n_threads must be 0 (all cores) or positive, not %d",
+                  n_threads);
+        return NULL;
+    }
+    backend_t *be = calloc(1, sizeof *be);
+    cpu_impl_t *impl = calloc(1, sizeof *impl);
+    void *scratch = cpu_alloc(NULL, SCRATCH_FLOATS * sizeof(float));
+    if (!be || !impl || !scratch) {
+        free(be);
+        free(impl);
+        free(scratch);
+        ar_errorf(err, "cpu backend: out of memory");
+        return NULL;
+    }
+    /* OpenBLAS runs single-threaded inside our OpenMP team, see gemm(). */
+    openblas_set_num_threads(1);
+    if (n_threads > 0)
+        omp_set_num_threads(n_threads);
+    /* Every threaded loop names its team size: omp_set_num_threads only
+     * reaches the calling thread, and ops may run on another. */
+    impl->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+    impl->scratch = scratch;
+
+    be->name = "cpu";
+    be->impl = impl;
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->upload = cpu_memcpy;
+    be->download = cpu_memcpy;
+    be->copy = cpu_memcpy;
+    be->sync = cpu_sync;
+    be->weight_load = cpu_weight_load;
+    be->weight_free = cpu_weight_free;
+    be->matmul = cpu_matmul;
+    be->rmsnorm = cpu_rmsnorm;
+    be->rope = cpu_rope;
+    be->kv_append = cpu_kv_append;
+    be->attention = cpu_attention;
+    be->silu_mul = cpu_silu_mul;
+    be->silu = cpu_silu;
+    be->gelu = cpu_gelu;
+    be->add = cpu_add;
+    be->scale = cpu_scale;
+    be->softmax = cpu_softmax;
+    be->embedding = cpu_embedding;
+    be->conv2d = cpu_conv2d;
+    be->groupnorm = cpu_groupnorm;
+    be->upsample_nearest2x = cpu_upsample_nearest2x;
+    be->transpose = cpu_transpose;
+    be->destroy = cpu_destroy;
+    return be;
+}

@@ -1,0 +1,42 @@
+/* A loaded model directory: config, tokenizer, the raster language model and
+ * the image decoder, on one backend; and the prompt rows it feeds (the
+ * conditional row and the unconditional row for classifier-free guidance). */
+#ifndef ARSERVE_MODEL_H
+#define ARSERVE_MODEL_H
+
+#include "backend.h"
+#include "model_config.h"
+#include "raster.h"
+#include "tokenizer.h"
+#include "vq_decoder.h"
+
+/* Longest prompt row (BOS + templated text + image-start) we accept. */
+#define MODEL_MAX_PROMPT_TOKENS 1024
+
+typedef struct model {
+    char dir[1024];
+    model_config_t cfg;
+    tokenizer_t *tok;
+    raster_model_t lm;
+    vq_decoder_t dec;
+    int bos_id, pad_id, image_start_id;
+    size_t weight_bytes; /* as stored in the files */
+    backend_t *be;
+} model_t;
+
+/* Loads dir/arserve.json, its tokenizer and weights. Errors name the file. */
+int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err);
+void model_free(model_t *m);
+
+/* Builds the two prompt rows for text: cond = BOS + tokens(template with
+ * text) + image-start; uncond = the same length, BOS and image-start kept,
+ * everything between replaced by pad (the reference's unconditional row).
+ * Rows hold at most MODEL_MAX_PROMPT_TOKENS. */
+int model_prompt_from_text(const model_t *m, const char *text, int *cond, int *uncond, int *n,
+                           ar_error_t *err);
+
+/* Same, with the templated text's token ids given directly (no tokenizer). */
+int model_prompt_from_ids(const model_t *m, const int *ids, int n_ids, int *cond, int *uncond,
+                          int *n, ar_error_t *err);
+
+#endif

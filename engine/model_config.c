@@ -1,0 +1,328 @@
+/* Strict reader for arserve.json (docs/model-format.md): every value is
+ * type- and range-checked, and every error names the file and the key path. */
+#include "model_config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Where we are while reading: the file for messages and the object's path. */
+typedef struct ctx {
+    const char *file;
+    const char *path; /* "" at the top level, else "llm" etc. */
+    ar_error_t *err;
+} ctx_t;
+
+static const char *key_path(const ctx_t *c, const char *key, char *buf, size_t n) {
+    if (c->path[0])
+        snprintf(buf, n, "%s.%s", c->path, key);
+    else
+        snprintf(buf, n, "%s", key);
+    return buf;
+}
+
+/* Fails on keys of obj that are not in allowed (NULL-terminated). */
+static int check_keys(const ctx_t *c, const cJSON *obj, const char *const *allowed) {
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        int known = 0;
+        for (const char *const *a = allowed; *a; a++) known |= strcmp(*a, it->string) == 0;
+        char kp[256];
+        if (!known)
+            return ar_errorf(c->err, "%s: unknown key '%s'", c->file,
+                             key_path(c, it->string, kp, sizeof kp));
+        for (const cJSON *jt = it->next; jt; jt = jt->next)
+            if (strcmp(jt->string, it->string) == 0)
+                return ar_errorf(c->err, "%s: duplicate key '%s'", c->file,
+                                 key_path(c, it->string, kp, sizeof kp));
+    }
+    return AR_OK;
+}
+
+static const cJSON *get_item(const ctx_t *c, const cJSON *obj, const char *key, int required,
+                             int *status) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    *status = AR_OK;
+    if (!it && required) {
+        char kp[256];
+        *status = ar_errorf(c->err, "%s: missing required key '%s'", c->file,
+                            key_path(c, key, kp, sizeof kp));
+    }
+    return it;
+}
+
+static int get_int(const ctx_t *c, const cJSON *obj, const char *key, int lo, int hi, int *out) {
+    int st;
+    const cJSON *it = get_item(c, obj, key, 1, &st);
+    if (!it) return st;
+    char kp[256];
+    key_path(c, key, kp, sizeof kp);
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || floor(it->valuedouble) != it->valuedouble)
+        return ar_errorf(c->err, "%s: '%s' must be an integer", c->file, kp);
+    if (it->valuedouble < lo || it->valuedouble > hi)
+        return ar_errorf(c->err, "%s: '%s' is %.0f, outside [%d, %d]", c->file, kp,
+                         it->valuedouble, lo, hi);
+    *out = (int)it->valuedouble;
+    return AR_OK;
+}
+
+static int get_float(const ctx_t *c, const cJSON *obj, const char *key, double lo, double hi,
+                     float *out) {
+    int st;
+    const cJSON *it = get_item(c, obj, key, 1, &st);
+    if (!it) return st;
+    char kp[256];
+    key_path(c, key, kp, sizeof kp);
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
+        return ar_errorf(c->err, "%s: '%s' must be a number", c->file, kp);
+    if (it->valuedouble < lo || it->valuedouble > hi)
+        return ar_errorf(c->err, "%s: '%s' is %g, outside [%g, %g]", c->file, kp,
+                         it->valuedouble, lo, hi);
+    *out = (float)it->valuedouble;
+    return AR_OK;
+}
+
+static int get_string(const ctx_t *c, const cJSON *obj, const char *key, int required, char *out,
+                      size_t cap) {
+    int st;
+    const cJSON *it = get_item(c, obj, key, required, &st);
+    if (!it) return st;
+    char kp[256];
+    key_path(c, key, kp, sizeof kp);
+    if (!cJSON_IsString(it) || !it->valuestring)
+        return ar_errorf(c->err, "%s: '%s' must be a string", c->file, kp);
+    if (!it->valuestring[0]) return ar_errorf(c->err, "%s: '%s' is empty", c->file, kp);
+    if (strlen(it->valuestring) >= cap)
+        return ar_errorf(c->err, "%s: '%s' is longer than %zu bytes", c->file, kp, cap - 1);
+    strcpy(out, it->valuestring);
+    return AR_OK;
+}
+
+static int get_object(const ctx_t *c, const cJSON *obj, const char *key, const cJSON **out,
+                      ctx_t *sub, const char *const *allowed) {
+    int st;
+    const cJSON *it = get_item(c, obj, key, 1, &st);
+    if (!it) return st;
+    char kp[256];
+    key_path(c, key, kp, sizeof kp);
+    if (!cJSON_IsObject(it)) return ar_errorf(c->err, "%s: '%s' must be an object", c->file, kp);
+    *sub = (ctx_t){c->file, key, c->err};
+    *out = it;
+    return check_keys(sub, it, allowed);
+}
+
+static int read_llm(const ctx_t *c, const cJSON *root, llm_config_t *l) {
+    static const char *const keys[] = {"vocab_size",   "hidden_size",       "num_layers",
+                                       "num_heads",    "num_kv_heads",      "head_dim",
+                                       "intermediate_size", "rms_norm_eps", "rope_theta", NULL};
+    const cJSON *o;
+    ctx_t s;
+    if (get_object(c, root, "llm", &o, &s, keys) || get_int(&s, o, "vocab_size", 1, 1 << 24, &l->vocab_size) ||
+        get_int(&s, o, "hidden_size", 1, 1 << 16, &l->hidden_size) ||
+        get_int(&s, o, "num_layers", 1, 1024, &l->num_layers) ||
+        get_int(&s, o, "num_heads", 1, 1024, &l->num_heads) ||
+        get_int(&s, o, "num_kv_heads", 1, 1024, &l->num_kv_heads) ||
+        get_int(&s, o, "head_dim", 2, 1024, &l->head_dim) ||
+        get_int(&s, o, "intermediate_size", 1, 1 << 18, &l->intermediate_size) ||
+        get_float(&s, o, "rms_norm_eps", 0, 1, &l->rms_norm_eps) ||
+        get_float(&s, o, "rope_theta", 1, 1e9, &l->rope_theta))
+        return AR_ERR;
+    if (l->head_dim % 2)
+        return ar_errorf(c->err, "%s: 'llm.head_dim' must be even (rotary pairs)", c->file);
+    if (l->num_kv_heads != l->num_heads)
+        return ar_errorf(c->err,
+                         "%s: 'llm.num_kv_heads' (%d) differs from 'llm.num_heads' (%d): "
+                         "grouped-query attention is not supported yet",
+                         c->file, l->num_kv_heads, l->num_heads);
+    return AR_OK;
+}
+
+static int read_image(const ctx_t *c, const cJSON *root, image_config_t *im) {
+    static const char *const keys[] = {"grid_height",    "grid_width",       "codebook_size",
+                                       "embed_dim",      "aligner_layers",   "head_hidden_size",
+                                       NULL};
+    const cJSON *o;
+    ctx_t s;
+    return get_object(c, root, "image", &o, &s, keys) ||
+                   get_int(&s, o, "grid_height", 1, 256, &im->grid_height) ||
+                   get_int(&s, o, "grid_width", 1, 256, &im->grid_width) ||
+                   get_int(&s, o, "codebook_size", 2, 1 << 20, &im->codebook_size) ||
+                   get_int(&s, o, "embed_dim", 1, 4096, &im->embed_dim) ||
+                   get_int(&s, o, "aligner_layers", 1, 16, &im->aligner_layers) ||
+                   get_int(&s, o, "head_hidden_size", 1, 1 << 16, &im->head_hidden_size)
+               ? AR_ERR
+               : AR_OK;
+}
+
+static int read_decoder(const ctx_t *c, const cJSON *root, decoder_config_t *d) {
+    static const char *const keys[] = {"type",           "latent_channels", "base_channels",
+                                       "channel_multiplier", "num_res_blocks", "out_channels",
+                                       NULL};
+    const cJSON *o;
+    ctx_t s;
+    if (get_object(c, root, "decoder", &o, &s, keys) ||
+        get_string(&s, o, "type", 1, d->type, sizeof d->type) ||
+        get_int(&s, o, "latent_channels", 1, 1 << 14, &d->latent_channels) ||
+        get_int(&s, o, "base_channels", 32, 1 << 14, &d->base_channels) ||
+        get_int(&s, o, "num_res_blocks", 0, 16, &d->num_res_blocks) ||
+        get_int(&s, o, "out_channels", 3, 3, &d->out_channels))
+        return AR_ERR;
+    if (strcmp(d->type, "vq16") != 0)
+        return ar_errorf(c->err, "%s: 'decoder.type' is '%s'; supported: vq16", c->file, d->type);
+    int st;
+    const cJSON *arr = get_item(&s, o, "channel_multiplier", 1, &st);
+    if (!arr) return st;
+    int n = cJSON_GetArraySize(arr);
+    if (!cJSON_IsArray(arr) || n < 1 || n > MODEL_MAX_LEVELS)
+        return ar_errorf(c->err, "%s: 'decoder.channel_multiplier' must be an array of 1 to %d integers",
+                         c->file, MODEL_MAX_LEVELS);
+    d->n_levels = n;
+    for (int i = 0; i < n; i++) {
+        const cJSON *v = cJSON_GetArrayItem(arr, i);
+        if (!cJSON_IsNumber(v) || floor(v->valuedouble) != v->valuedouble || v->valuedouble < 1 ||
+            v->valuedouble > 64)
+            return ar_errorf(c->err, "%s: 'decoder.channel_multiplier[%d]' must be an integer in [1, 64]",
+                             c->file, i);
+        d->channel_multiplier[i] = (int)v->valuedouble;
+        if ((d->base_channels * d->channel_multiplier[i]) % 32)
+            return ar_errorf(c->err,
+                             "%s: decoder level width base_channels*channel_multiplier[%d] = %d is "
+                             "not a multiple of 32 (GroupNorm has 32 groups)",
+                             c->file, i, d->base_channels * d->channel_multiplier[i]);
+    }
+    return AR_OK;
+}
+
+static int read_prompt(const ctx_t *c, const cJSON *root, prompt_config_t *p) {
+    static const char *const keys[] = {"template", "bos_token", "pad_token", "image_start_token",
+                                       NULL};
+    const cJSON *o;
+    ctx_t s;
+    if (get_object(c, root, "prompt", &o, &s, keys) ||
+        get_string(&s, o, "template", 1, p->template_text, sizeof p->template_text) ||
+        get_string(&s, o, "bos_token", 1, p->bos_token, sizeof p->bos_token) ||
+        get_string(&s, o, "pad_token", 1, p->pad_token, sizeof p->pad_token) ||
+        get_string(&s, o, "image_start_token", 1, p->image_start_token, sizeof p->image_start_token))
+        return AR_ERR;
+    const char *at = strstr(p->template_text, "{prompt}");
+    if (!at || strstr(at + 1, "{prompt}"))
+        return ar_errorf(c->err, "%s: 'prompt.template' must contain '{prompt}' exactly once",
+                         c->file);
+    return AR_OK;
+}
+
+static int read_sampling(const ctx_t *c, const cJSON *root, sampler_params_t *sp) {
+    static const char *const keys[] = {"cfg", "temperature", "top_k", "top_p", NULL};
+    const cJSON *o;
+    ctx_t s;
+    return get_object(c, root, "sampling", &o, &s, keys) ||
+                   get_float(&s, o, "cfg", 0, 100, &sp->cfg) ||
+                   get_float(&s, o, "temperature", 0, 100, &sp->temperature) ||
+                   get_int(&s, o, "top_k", 0, 1 << 20, &sp->top_k) ||
+                   get_float(&s, o, "top_p", 0, 1, &sp->top_p)
+               ? AR_ERR
+               : AR_OK;
+}
+
+static int read_weight_list(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "weights");
+    if (!arr) {
+        cfg->n_weight_files = 1;
+        strcpy(cfg->weight_files[0], "model.safetensors");
+        return AR_OK;
+    }
+    int n = cJSON_GetArraySize(arr);
+    if (!cJSON_IsArray(arr) || n < 1 || n > MODEL_MAX_WEIGHT_FILES)
+        return ar_errorf(c->err, "%s: 'weights' must be an array of 1 to %d file names", c->file,
+                         MODEL_MAX_WEIGHT_FILES);
+    for (int i = 0; i < n; i++) {
+        const cJSON *v = cJSON_GetArrayItem(arr, i);
+        if (!cJSON_IsString(v) || !v->valuestring[0] ||
+            strlen(v->valuestring) >= sizeof cfg->weight_files[0] || strstr(v->valuestring, "..") ||
+            v->valuestring[0] == '/')
+            return ar_errorf(c->err,
+                             "%s: 'weights[%d]' must be a relative file name inside the model "
+                             "directory",
+                             c->file, i);
+        strcpy(cfg->weight_files[i], v->valuestring);
+    }
+    cfg->n_weight_files = n;
+    return AR_OK;
+}
+
+int model_config_parse(model_config_t *cfg, const char *json, size_t len, const char *path,
+                       ar_error_t *err) {
+    static const char *const keys[] = {"format_version", "name",   "family",   "architecture",
+                                       "weights",        "tokenizer", "llm",   "image",
+                                       "decoder",        "prompt", "sampling", NULL};
+    memset(cfg, 0, sizeof *cfg);
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root) return ar_errorf(err, "%s: not valid JSON", path);
+    ctx_t c = {path, "", err};
+    int version = 0, rc = AR_ERR;
+    if (!cJSON_IsObject(root)) {
+        ar_errorf(err, "%s: the top level must be a JSON object", path);
+        goto out;
+    }
+    if (check_keys(&c, root, keys) || get_int(&c, root, "format_version", 1, 1, &version) ||
+        get_string(&c, root, "name", 1, cfg->name, sizeof cfg->name) ||
+        get_string(&c, root, "family", 1, cfg->family, sizeof cfg->family) ||
+        get_string(&c, root, "architecture", 1, cfg->architecture, sizeof cfg->architecture))
+        goto out;
+    if (strcmp(cfg->family, "raster") != 0) {
+        ar_errorf(err, "%s: 'family' is '%s'; supported: raster", path, cfg->family);
+        goto out;
+    }
+    if (strcmp(cfg->architecture, "janus") != 0) {
+        ar_errorf(err, "%s: 'architecture' is '%s'; supported: janus", path, cfg->architecture);
+        goto out;
+    }
+    strcpy(cfg->tokenizer, "tokenizer.json");
+    if (read_weight_list(&c, root, cfg) ||
+        get_string(&c, root, "tokenizer", 0, cfg->tokenizer, sizeof cfg->tokenizer) ||
+        read_llm(&c, root, &cfg->llm) || read_image(&c, root, &cfg->image) ||
+        read_decoder(&c, root, &cfg->decoder) || read_prompt(&c, root, &cfg->prompt) ||
+        read_sampling(&c, root, &cfg->sampling))
+        goto out;
+    if (strstr(cfg->tokenizer, "..") || cfg->tokenizer[0] == '/') {
+        ar_errorf(err, "%s: 'tokenizer' must be a relative file name inside the model directory",
+                  path);
+        goto out;
+    }
+    rc = AR_OK;
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int model_config_load(model_config_t *cfg, const char *path, ar_error_t *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return ar_errorf(err, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    if (n < 0 || n > (1 << 20) || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return ar_errorf(err, "%s: unreadable or larger than 1 MiB", path);
+    }
+    buf = malloc((size_t)n + 1);
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        fclose(f);
+        return ar_errorf(err, "%s: read failed", path);
+    }
+    fclose(f);
+    int rc = model_config_parse(cfg, buf, (size_t)n, path, err);
+    free(buf);
+    return rc;
+}
+
+int model_config_image_height(const model_config_t *cfg) {
+    return cfg->image.grid_height << (cfg->decoder.n_levels - 1);
+}
+
+int model_config_image_width(const model_config_t *cfg) {
+    return cfg->image.grid_width << (cfg->decoder.n_levels - 1);
+}

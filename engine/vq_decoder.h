@@ -1,0 +1,58 @@
+/* The VQ-16 image decoder of Janus-Pro and LlamaGen: codebook lookup with L2
+ * normalisation, post-quant conv, conv_in, mid (ResNet, attention, ResNet),
+ * upsampling levels of ResNet blocks, GroupNorm + swish + conv_out, then
+ * pixels clip((x+1)/2*255) truncated to 8-bit RGB. */
+#ifndef ARSERVE_VQ_DECODER_H
+#define ARSERVE_VQ_DECODER_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "model_config.h"
+#include "weights.h"
+
+typedef struct vq_resblock {
+    int c_in, c_out;
+    tensor_t norm1_w, norm1_b, conv1_w, conv1_b, norm2_w, norm2_b, conv2_w, conv2_b;
+    tensor_t nin_w, nin_b; /* only when c_in != c_out */
+} vq_resblock_t;
+
+typedef struct vq_attnblock {
+    int c;
+    tensor_t norm_w, norm_b, q_w, q_b, k_w, k_b, v_w, v_b, proj_w, proj_b;
+} vq_attnblock_t;
+
+typedef struct vq_level {
+    int n_blocks, n_attn;
+    vq_resblock_t *blocks;
+    vq_attnblock_t *attn;
+    int has_upsample;
+    tensor_t up_w, up_b;
+} vq_level_t;
+
+typedef struct vq_decoder {
+    const model_config_t *cfg;
+    backend_t *be;
+    tensor_t codebook, pq_w, pq_b, conv_in_w, conv_in_b;
+    vq_resblock_t mid1, mid2;
+    vq_attnblock_t mid_attn;
+    int n_levels;
+    vq_level_t levels[MODEL_MAX_LEVELS];
+    tensor_t norm_out_w, norm_out_b, conv_out_w, conv_out_b;
+} vq_decoder_t;
+
+int vq_decoder_load(vq_decoder_t *d, const model_config_t *cfg, weight_set_t *ws, backend_t *be,
+                    ar_error_t *err);
+void vq_decoder_free(vq_decoder_t *d);
+
+/* Decodes grid_height * grid_width tokens (raster order) into rgb, which
+ * holds image_height * image_width * 3 bytes (row-major, RGB). When
+ * pixels_f32 is not NULL it also receives the decoder output before
+ * conversion, (3, H, W). */
+int vq_decode(vq_decoder_t *d, const int *tokens, uint8_t *rgb, float *pixels_f32,
+              ar_error_t *err);
+
+/* The pixel conversion: clip((x + 1) / 2 * 255, 0, 255), truncated. */
+uint8_t vq_pixel_to_u8(float x);
+
+#endif

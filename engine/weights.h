@@ -1,0 +1,33 @@
+/* The weights of a model directory: its safetensors files, opened together,
+ * and a loader that finds a tensor by canonical name, checks its shape and
+ * copies it into backend memory. */
+#ifndef ARSERVE_WEIGHTS_H
+#define ARSERVE_WEIGHTS_H
+
+#include "backend.h"
+#include "model_config.h"
+#include "safetensors.h"
+
+typedef struct weight_set {
+    int n_files;
+    safetensors_t files[MODEL_MAX_WEIGHT_FILES];
+    backend_t *be;
+    size_t bytes_loaded;
+} weight_set_t;
+
+/* Opens the files cfg lists, relative to dir. */
+int weight_set_open(weight_set_t *ws, const char *dir, const model_config_t *cfg, backend_t *be,
+                    ar_error_t *err);
+void weight_set_close(weight_set_t *ws);
+
+/* Loads the tensor named by fmt (printf-style) with the given shape into
+ * out. Errors name the file, the tensor and the expected/actual shape. */
+int weight_load(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape, ar_error_t *err,
+                const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* Shape shorthands for weight_load. */
+#define SHAPE1(a) 1, (const int64_t[]){(a)}
+#define SHAPE2(a, b) 2, (const int64_t[]){(a), (b)}
+#define SHAPE4(a, b, c, d) 4, (const int64_t[]){(a), (b), (c), (d)}
+
+#endif

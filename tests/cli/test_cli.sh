@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# CLI tests for `arserve generate` on the tiny random model: it writes a PNG
+# of the model's size, the same seed gives the same bytes, and bad input
+# gives a clear error and a non-zero exit instead of a crash.
+# usage: tests/cli/test_cli.sh path/to/arserve path/to/tiny-model
+set -u
+bin=$1 model=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+
+ok()   { passed=$((passed + 1)); echo "ok      $1"; }
+fail() { failed=$((failed + 1)); echo "not ok  $1"; [ -n "${2:-}" ] && echo "  $2"; }
+
+# png_size FILE -> "W H" from the IHDR chunk
+png_size() { od -An -tu1 -j16 -N8 "$1" | awk '{print $1*16777216+$2*65536+$3*256+$4, $5*16777216+$6*65536+$7*256+$8}'; }
+is_png() { [ "$(od -An -tx1 -N8 "$1" | tr -d ' \n')" = "89504e470d0a1a0a" ]; }
+
+# expect_fail NAME EXIT_CODE TEXT -- command...: the command must exit with
+# EXIT_CODE and print TEXT on stderr.
+expect_fail() {
+    local name=$1 code=$2 text=$3; shift 4
+    "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+    if [ "$rc" -eq "$code" ] && grep -qF -- "$text" "$tmp/err"; then ok "$name"
+    else fail "$name" "exit $rc (want $code), stderr: $(head -c 300 "$tmp/err")"; fi
+}
+
+if "$bin" generate --model "$model" --prompt-ids 10,11,12 --seed 7 -o "$tmp/a.png" 2>"$tmp/err" \
+    && is_png "$tmp/a.png"; then ok "generate writes a PNG"
+else fail "generate writes a PNG" "$(cat "$tmp/err")"; fi
+
+size=$(png_size "$tmp/a.png" 2>/dev/null)
+[ "$size" = "32 32" ] && ok "PNG has the model's image size (32x32)" || fail "PNG size" "got '$size'"
+
+grep -qE '64 steps in [0-9.]+ s .*images/s' "$tmp/err" && ok "summary line names steps, seconds, images/s" \
+    || fail "summary line" "$(cat "$tmp/err")"
+
+"$bin" generate --model "$model" --prompt-ids 10,11,12 --seed 7 -o "$tmp/b.png" -q
+cmp -s "$tmp/a.png" "$tmp/b.png" && ok "same seed gives the same bytes" || fail "same seed gives the same bytes"
+
+"$bin" generate --model "$model" --prompt-ids 10,11,12 --seed 8 -o "$tmp/c.png" -q
+cmp -s "$tmp/a.png" "$tmp/c.png" && fail "another seed gives another image" || ok "another seed gives another image"
+
+"$bin" generate --model "$model" --prompt-ids 10,11,12 --seed 7 --top-k 1 -o "$tmp/g1.png" -q &&
+"$bin" generate --model "$model" --prompt-ids 10,11,12 --seed 99 --top-k 1 -o "$tmp/g2.png" -q &&
+cmp -s "$tmp/g1.png" "$tmp/g2.png" && ok "top-k 1 is greedy: the seed does not matter" || fail "greedy ignores the seed"
+
+"$bin" generate --model "$model" --prompt "a red circle on the left" --seed 1 -o "$tmp/t.png" -q \
+    && is_png "$tmp/t.png" && ok "--prompt goes through the tokenizer" || fail "--prompt goes through the tokenizer"
+
+expect_fail "missing model directory names the file" 1 "/nonexistent/arserve.json" -- \
+    "$bin" generate --model /nonexistent --prompt x -o "$tmp/x.png"
+expect_fail "non-integer --seed is refused" 2 "--seed" -- \
+    "$bin" generate --model "$model" --prompt x --seed 1.5 -o "$tmp/x.png"
+expect_fail "--top-p out of range is refused" 2 "--top-p" -- \
+    "$bin" generate --model "$model" --prompt x --top-p 2 -o "$tmp/x.png"
+expect_fail "--prompt and --prompt-ids together are refused" 2 "exactly one" -- \
+    "$bin" generate --model "$model" --prompt x --prompt-ids 1 -o "$tmp/x.png"
+expect_fail "a prompt id outside the vocabulary is refused" 2 "outside the vocabulary" -- \
+    "$bin" generate --model "$model" --prompt-ids 1,9999 -o "$tmp/x.png"
+expect_fail "an unknown flag is refused" 2 "unrecognized" -- \
+    "$bin" generate --model "$model" --prompt x --bogus
+expect_fail "an unwritable output names the path" 1 "$tmp/nodir/x.png" -- \
+    "$bin" generate --model "$model" --prompt x -q -o "$tmp/nodir/x.png"
+
+cp -r "$model" "$tmp/badcfg"
+sed -i 's/"num_layers": 2/"num_layerz": 2/' "$tmp/badcfg/arserve.json"
+expect_fail "an unknown config key is named" 1 "llm.num_layerz" -- \
+    "$bin" generate --model "$tmp/badcfg" --prompt x -o "$tmp/x.png"
+
+cp -r "$model" "$tmp/trunc"
+truncate -s 5000 "$tmp/trunc/model.safetensors"
+expect_fail "truncated weights are an error naming the file" 1 "model.safetensors" -- \
+    "$bin" generate --model "$tmp/trunc" --prompt x -o "$tmp/x.png"
+
+[ ! -e "$tmp/x.png" ] && ok "failed runs write no PNG" || fail "failed runs write no PNG"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,946 @@
+/* Checks every op of the CPU backend against a naive reference written here
+ * (plain loops, double accumulation) on fixed-seed random inputs of awkward
+ * sizes, with NaN/Inf checks and guard floats around every output buffer. */
+#include "engine/backend.h"
+#include "tests/test.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static backend_t *be;
+
+/* ---- random inputs ----------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rng_next(void) { /* xorshift64 */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static float rng_uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)(rng_next() >> 40) / 16777216.0);
+}
+
+static void fill_uniform(float *x, size_t n, float lo, float hi) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_uniform(lo, hi);
+}
+
+static float *host_uniform(size_t n, float lo, float hi) {
+    float *x = malloc((n ? n : 1) * sizeof *x);
+    fill_uniform(x, n, lo, hi);
+    return x;
+}
+
+/* ---- guarded backend buffers -------------------------------------------- */
+
+/* GUARD floats of SENTINEL (a NaN no op computes) sit before and after the
+ * n floats of every buffer; the n floats start as SENTINEL too, so an output
+ * an op forgets to write reads as NaN. */
+#define GUARD 16
+#define SENTINEL 0x7fa5a5a5u
+
+static float *dev_new(size_t n) {
+    const size_t total = n + 2 * GUARD;
+    float *base = be->alloc(be, total * sizeof(float));
+    uint32_t *fill = malloc(total * sizeof *fill);
+    for (size_t i = 0; i < total; i++)
+        fill[i] = SENTINEL;
+    be->upload(be, base, fill, total * sizeof(float));
+    free(fill);
+    return base + GUARD;
+}
+
+static float *dev_from(const float *host, size_t n) {
+    float *d = dev_new(n);
+    be->upload(be, d, host, n * sizeof(float));
+    return d;
+}
+
+static float *dev_to_host(const float *d, size_t n) {
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    be->download(be, h, d, n * sizeof(float));
+    return h;
+}
+
+static int dev_guards_ok(const float *d, size_t n) {
+    uint32_t g[2 * GUARD];
+    be->download(be, g, d - GUARD, GUARD * sizeof(float));
+    be->download(be, g + GUARD, d + n, GUARD * sizeof(float));
+    for (int i = 0; i < 2 * GUARD; i++)
+        if (g[i] != SENTINEL)
+            return 0;
+    return 1;
+}
+
+static void dev_del(float *d) { be->free(be, d - GUARD); }
+
+static tensor_t weight_f32(const float *host, int ndim, int64_t d0, int64_t d1, int64_t d2,
+                           int64_t d3) {
+    const int64_t shape[4] = {d0, d1, d2, d3};
+    tensor_t t;
+    ar_error_t err = {{0}};
+    int rc = be->weight_load(be, &t, host, DTYPE_F32, ndim, shape, &err);
+    CHECK_MSG(rc == AR_OK, "weight_load: %s", err.msg);
+    return t;
+}
+
+/* ---- comparison ----------------------------------------------------------- */
+
+/* Every got[i] must be finite where ref is, and within abs_tol +
+ * |ref|*rel_tol of ref[i]; reports the first few misses. */
+static void check_close(const char *what, const float *got, const double *ref, size_t n,
+                        double abs_tol, double rel_tol) {
+    size_t bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double err = fabs((double)got[i] - ref[i]);
+        int ok;
+        if (isfinite(ref[i]))
+            ok = isfinite(got[i]) && err <= abs_tol + fabs(ref[i]) * rel_tol;
+        else /* an expected Inf must match in sign, an expected NaN be a NaN */
+            ok = isnan(ref[i]) ? isnan(got[i]) : (double)got[i] == ref[i];
+        if (isfinite(ref[i]) && isfinite(got[i]) && err > worst)
+            worst = err;
+        if (!ok && ++bad <= 3)
+            fprintf(stderr, "  %s[%zu] = %.9g, expected %.9g\n", what, i, got[i], ref[i]);
+    }
+    CHECK_MSG(bad == 0, "%s: %zu of %zu values off (abs %.1e + rel %.1e); worst finite %.3g", what,
+              bad, n, abs_tol, rel_tol, worst);
+}
+
+/* Downloads n outputs from d, checks its guards and compares with ref. */
+static void check_dev(const char *what, const float *d, const double *ref, size_t n, double abs_tol,
+                      double rel_tol) {
+    float *got = dev_to_host(d, n);
+    CHECK_MSG(dev_guards_ok(d, n), "%s: guard floats overwritten", what);
+    check_close(what, got, ref, n, abs_tol, rel_tol);
+    free(got);
+}
+
+static double *ref_new(size_t n) { return calloc(n ? n : 1, sizeof(double)); }
+
+/* ---- memory and weights -------------------------------------------------- */
+
+static void test_memory_roundtrip_and_alignment(void) {
+    const size_t sizes[] = {0, 1, 7, 64, 1000, 4099};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        const size_t n = sizes[s];
+        unsigned char *a = be->alloc(be, n), *b = be->alloc(be, n);
+        CHECK(a && b);
+        CHECK(((uintptr_t)a & 63) == 0 && ((uintptr_t)b & 63) == 0);
+        unsigned char *src = malloc(n + 1), *dst = malloc(n + 1);
+        for (size_t i = 0; i < n; i++)
+            src[i] = (unsigned char)rng_next();
+        be->upload(be, a, src, n);
+        be->copy(be, b, a, n);
+        be->sync(be);
+        be->download(be, dst, b, n);
+        CHECK(n == 0 || memcmp(src, dst, n) == 0);
+        free(src);
+        free(dst);
+        be->free(be, a);
+        be->free(be, b);
+    }
+    be->free(be, NULL);
+    CHECK(strcmp(be->name, "cpu") == 0);
+}
+
+static void test_create_rejects_negative_threads(void) {
+    ar_error_t err = {{0}};
+    CHECK(backend_cpu_create(-1, &err) == NULL);
+    CHECK_STR_CONTAINS(err.msg, "n_threads");
+}
+
+static void test_weight_load_f32_4d_from_unaligned_host(void) {
+    enum { N = 3 * 5 * 2 * 7 };
+    float src[N];
+    fill_uniform(src, N, -3, 3);
+    unsigned char *raw = malloc(N * 4 + 1); /* source one byte off alignment */
+    memcpy(raw + 1, src, N * 4);
+    const int64_t shape[4] = {3, 5, 2, 7};
+    tensor_t t;
+    ar_error_t err = {{0}};
+    CHECK(be->weight_load(be, &t, raw + 1, DTYPE_F32, 4, shape, &err) == AR_OK);
+    CHECK(t.dtype == DTYPE_F32 && t.ndim == 4 && tensor_numel(&t) == N);
+    CHECK(t.shape[0] == 3 && t.shape[1] == 5 && t.shape[2] == 2 && t.shape[3] == 7);
+    float got[N];
+    be->download(be, got, t.data, sizeof got);
+    CHECK(memcmp(got, src, sizeof got) == 0);
+    be->weight_free(be, &t);
+    CHECK(t.data == NULL);
+    free(raw);
+}
+
+/* Decodes a binary float with e_bits exponent and m_bits mantissa bits the
+ * textbook way, independently of dtype.h. */
+static float decode_small_float(uint16_t h, int e_bits, int m_bits) {
+    const int sign = h >> (e_bits + m_bits);
+    const int e = (h >> m_bits) & ((1 << e_bits) - 1), m = h & ((1 << m_bits) - 1);
+    const int bias = (1 << (e_bits - 1)) - 1;
+    double v;
+    if (e == (1 << e_bits) - 1)
+        v = m ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexp((double)m, 1 - bias - m_bits);
+    else
+        v = ldexp(1.0 + ldexp((double)m, -m_bits), e - bias);
+    return (float)(sign ? -v : v);
+}
+
+/* Loads every 16-bit pattern (twice over, plus 7, so the conversion is
+ * split over threads with a ragged end) as a [3, 43693] weight from an
+ * unaligned source and compares with decode_small_float. */
+static void check_weight_load_16bit(dtype_t dt, int e_bits, int m_bits) {
+    enum { N = 3 * 43693 };
+    unsigned char *raw = malloc(2 * N + 1);
+    for (int i = 0; i < N; i++) {
+        const uint16_t h = (uint16_t)i;
+        memcpy(raw + 1 + 2 * i, &h, 2);
+    }
+    const int64_t shape[2] = {3, 43693};
+    tensor_t t;
+    ar_error_t err = {{0}};
+    CHECK(be->weight_load(be, &t, raw + 1, dt, 2, shape, &err) == AR_OK);
+    CHECK(t.dtype == DTYPE_F32 && t.ndim == 2 && t.shape[0] == 3 && t.shape[1] == 43693);
+    float *got = malloc(N * sizeof *got);
+    be->download(be, got, t.data, N * sizeof *got);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        const float want = decode_small_float((uint16_t)i, e_bits, m_bits);
+        const int ok = isnan(want) ? isnan(got[i]) : memcmp(&want, &got[i], 4) == 0;
+        if (!ok && ++bad <= 3)
+            fprintf(stderr, "  %s 0x%04x -> %.9g, expected %.9g\n", dtype_name(dt), i, got[i],
+                    want);
+    }
+    CHECK_MSG(bad == 0, "%d of %d %s values converted wrongly", bad, N, dtype_name(dt));
+    be->weight_free(be, &t);
+    free(got);
+    free(raw);
+}
+
+static void test_weight_load_bf16_all_patterns(void) { check_weight_load_16bit(DTYPE_BF16, 8, 7); }
+
+static void test_weight_load_f16_all_patterns(void) { check_weight_load_16bit(DTYPE_F16, 5, 10); }
+
+static void test_weight_load_rejects_bad_dtype_and_shape(void) {
+    const float data[8] = {0};
+    const int64_t shape[5] = {2, 2, 2, 1, 1}, neg[2] = {2, -1}, huge[2] = {INT64_MAX / 2, 8};
+    tensor_t t;
+    ar_error_t err;
+    const dtype_t ints[] = {DTYPE_I32, DTYPE_I64, DTYPE_U8};
+    for (int i = 0; i < 3; i++) {
+        err.msg[0] = 0;
+        CHECK(be->weight_load(be, &t, data, ints[i], 1, shape, &err) == AR_ERR);
+        CHECK(t.data == NULL);
+        CHECK_STR_CONTAINS(err.msg, dtype_name(ints[i]));
+    }
+    err.msg[0] = 0;
+    CHECK(be->weight_load(be, &t, data, DTYPE_F32, 0, shape, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "dimensions");
+    err.msg[0] = 0;
+    CHECK(be->weight_load(be, &t, data, DTYPE_F32, 5, shape, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "dimensions");
+    err.msg[0] = 0;
+    CHECK(be->weight_load(be, &t, data, DTYPE_F32, 2, neg, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "negative");
+    err.msg[0] = 0;
+    CHECK(be->weight_load(be, &t, data, DTYPE_F32, 2, huge, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "too large");
+    CHECK(t.data == NULL);
+    /* An empty weight is legal. */
+    const int64_t empty[2] = {0, 4};
+    CHECK(be->weight_load(be, &t, NULL, DTYPE_BF16, 2, empty, &err) == AR_OK);
+    CHECK(tensor_numel(&t) == 0 && t.dtype == DTYPE_F32);
+    be->weight_free(be, &t);
+}
+
+/* ---- matmul ------------------------------------------------------------------ */
+
+/* fp32 GEMM error grows with k: tolerance 1e-6 + 2e-7 k absolute, 1e-5
+ * relative, for inputs in [-1, 1] (about 10x the worst case seen). The last
+ * three are large enough to be split over threads: by output columns (one
+ * row, and many rows) and by rows (n too narrow to split). */
+static void test_matmul_with_and_without_bias(void) {
+    const int cases[][3] = {{1, 1, 1},       {2, 3, 1},     {1, 37, 129},  {3, 7, 5},
+                            {17, 13, 129},   {5, 31, 1000}, {0, 5, 3},     {64, 1, 67},
+                            {1, 1000, 1100}, {33, 77, 500}, {300, 5, 1000}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int m = cases[c][0], n = cases[c][1], k = cases[c][2];
+        float *x = host_uniform((size_t)m * k, -1, 1), *w = host_uniform((size_t)n * k, -1, 1);
+        float *b = host_uniform((size_t)n, -1, 1);
+        tensor_t tw = weight_f32(w, 2, n, k, 1, 1), tb = weight_f32(b, 1, n, 1, 1, 1);
+        float *dx = dev_from(x, (size_t)m * k);
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            float *dy = dev_new((size_t)m * n);
+            be->matmul(be, dy, dx, &tw, with_bias ? &tb : NULL, m);
+            double *ref = ref_new((size_t)m * n);
+            for (int i = 0; i < m; i++)
+                for (int j = 0; j < n; j++) {
+                    double s = with_bias ? b[j] : 0;
+                    for (int l = 0; l < k; l++)
+                        s += (double)x[i * k + l] * w[j * k + l];
+                    ref[i * n + j] = s;
+                }
+            char what[64];
+            snprintf(what, sizeof what, "matmul m=%d n=%d k=%d bias=%d", m, n, k, with_bias);
+            check_dev(what, dy, ref, (size_t)m * n, 1e-6 + 2e-7 * k, 1e-5);
+            free(ref);
+            dev_del(dy);
+        }
+        dev_del(dx);
+        be->weight_free(be, &tw);
+        be->weight_free(be, &tb);
+        free(x);
+        free(w);
+        free(b);
+    }
+}
+
+/* ---- transformer ops ----------------------------------------------------------- */
+
+/* Tolerance 1e-5 abs + 1e-5 rel; rows scaled up to 1e3 and down to 1e-3. */
+static void test_rmsnorm_rows_and_in_place(void) {
+    const int cases[][2] = {{1, 1}, {3, 7}, {2, 2048}, {0, 5}, {4, 33}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int rows = cases[c][0], dim = cases[c][1];
+        const size_t n = (size_t)rows * dim;
+        float *x = host_uniform(n, -2, 2), *w = host_uniform((size_t)dim, -2, 2);
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < dim; i++)
+                x[r * dim + i] *= r % 3 == 1 ? 1e3f : r % 3 == 2 ? 1e-3f : 1;
+        tensor_t tw = weight_f32(w, 1, dim, 1, 1, 1);
+        const float eps = c % 2 ? 1e-5f : 1e-6f;
+        double *ref = ref_new(n);
+        for (int r = 0; r < rows; r++) {
+            double ss = 0;
+            for (int i = 0; i < dim; i++)
+                ss += (double)x[r * dim + i] * x[r * dim + i];
+            const double inv = 1 / sqrt(ss / dim + eps);
+            for (int i = 0; i < dim; i++)
+                ref[r * dim + i] = x[r * dim + i] * inv * w[i];
+        }
+        float *dx = dev_from(x, n), *dy = dev_new(n);
+        be->rmsnorm(be, dy, dx, &tw, rows, dim, eps);
+        check_dev("rmsnorm", dy, ref, n, 1e-5, 1e-5);
+        be->rmsnorm(be, dx, dx, &tw, rows, dim, eps);
+        check_dev("rmsnorm in place", dx, ref, n, 1e-5, 1e-5);
+        dev_del(dx);
+        dev_del(dy);
+        be->weight_free(be, &tw);
+        free(ref);
+        free(x);
+        free(w);
+    }
+}
+
+static const int rope_pos[] = {0, 1, 2, 17, 1000, 4095, 16383, 100000};
+enum { ROPE_ROWS = sizeof rope_pos / sizeof *rope_pos };
+
+/* Applies the backend's rope to random rows at rope_pos and returns them. */
+static float *rope_run(const float *x, int n_heads, int head_dim, float theta) {
+    const size_t n = (size_t)ROPE_ROWS * n_heads * head_dim;
+    float *dx = dev_from(x, n);
+    be->rope(be, dx, rope_pos, ROPE_ROWS, n_heads, head_dim, theta);
+    CHECK(dev_guards_ok(dx, n));
+    float *got = dev_to_host(dx, n);
+    dev_del(dx);
+    return got;
+}
+
+/* Rotates (x_j, x_{j+d/2}) by the angle given per row and pair. */
+static void rope_reference(double *ref, const float *x, int n_heads, int head_dim,
+                           double (*angle)(int pos, int j, int head_dim, float theta),
+                           float theta) {
+    const int half = head_dim / 2;
+    for (int r = 0; r < ROPE_ROWS; r++)
+        for (int h = 0; h < n_heads; h++)
+            for (int j = 0; j < half; j++) {
+                const size_t i = ((size_t)r * n_heads + h) * head_dim + j;
+                const double a = angle(rope_pos[r], j, head_dim, theta);
+                ref[i] = x[i] * cos(a) - x[i + half] * sin(a);
+                ref[i + half] = x[i + half] * cos(a) + x[i] * sin(a);
+            }
+}
+
+static double angle_exact(int pos, int j, int head_dim, float theta) {
+    return pos * pow(theta, -2.0 * j / head_dim);
+}
+
+/* HF Llama: inv_freq = 1 / theta ** (arange(0, d, 2).float() / d) in fp32,
+ * then freqs = inv_freq * pos in fp32 (cos and sin taken of that). */
+static double angle_hf(int pos, int j, int head_dim, float theta) {
+    const float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)head_dim);
+    const float freq = inv_freq * (float)pos;
+    return freq;
+}
+
+/* Against exact double maths the fp32 angle (as HF forms it) is off by up to
+ * about 2 ulp of pos * inv_freq, so the tolerance grows with pos: 2e-6 +
+ * 3e-7 * pos (x in [-1, 1]). Against the HF fp32 angle it is 1e-6 flat, at
+ * every position (power-of-two head dims, where the exponent is exact). */
+static void test_rope_against_double_and_hf_angles(void) {
+    const int dims[] = {2, 6, 64, 128};
+    const float thetas[] = {10000.0f, 500000.0f};
+    for (int t = 0; t < 2; t++)
+        for (int d = 0; d < 4; d++)
+            for (int n_heads = 1; n_heads <= 3; n_heads += 2) {
+                const int hd = dims[d];
+                const size_t n = (size_t)ROPE_ROWS * n_heads * hd;
+                float *x = host_uniform(n, -1, 1);
+                float *got = rope_run(x, n_heads, hd, thetas[t]);
+                double *ref = ref_new(n);
+                rope_reference(ref, x, n_heads, hd, angle_exact, thetas[t]);
+                size_t bad = 0;
+                for (size_t i = 0; i < n; i++) {
+                    const int pos = rope_pos[i / ((size_t)n_heads * hd)];
+                    if (!(fabs(got[i] - ref[i]) <= 2e-6 + 3e-7 * pos))
+                        bad++;
+                }
+                CHECK_MSG(bad == 0, "rope vs double: %zu off (d=%d heads=%d theta=%g)", bad, hd,
+                          n_heads, thetas[t]);
+                if ((hd & (hd - 1)) == 0) {
+                    rope_reference(ref, x, n_heads, hd, angle_hf, thetas[t]);
+                    check_close("rope vs hf", got, ref, n, 1e-6, 0);
+                }
+                free(ref);
+                free(got);
+                free(x);
+            }
+    /* No rows: nothing is touched. */
+    float *dx = dev_new(8);
+    be->rope(be, dx, rope_pos, 0, 2, 4, 10000.0f);
+    uint32_t bits[8];
+    be->download(be, bits, dx, sizeof bits);
+    CHECK(dev_guards_ok(dx, 8) && bits[0] == SENTINEL && bits[7] == SENTINEL);
+    dev_del(dx);
+}
+
+/* Ragged batch shared by the kv_append and attention tests: sequences with
+ * 1, 5, 0 and 2 new rows. */
+enum { N_SEQ = 4 };
+static const int batch_q_start[N_SEQ + 1] = {0, 1, 6, 6, 8};
+
+static void test_kv_append_ragged_batch(void) {
+    enum { H = 3, D = 5, CAP = 16 };
+    const int rows = batch_q_start[N_SEQ];
+    int start[N_SEQ * H];
+    for (int i = 0; i < N_SEQ * H; i++)
+        start[i] = (int)(rng_next() % 9); /* 0..8, +5 <= CAP */
+    float *k = host_uniform((size_t)rows * H * D, -1, 1),
+          *v = host_uniform((size_t)rows * H * D, -1, 1);
+    float *old[2][N_SEQ * H], *kc[N_SEQ * H], *vc[N_SEQ * H];
+    for (int i = 0; i < N_SEQ * H; i++) {
+        old[0][i] = host_uniform(CAP * D, -5, 5);
+        old[1][i] = host_uniform(CAP * D, -5, 5);
+        kc[i] = dev_from(old[0][i], CAP * D);
+        vc[i] = dev_from(old[1][i], CAP * D);
+    }
+    float *dk = dev_from(k, (size_t)rows * H * D), *dv = dev_from(v, (size_t)rows * H * D);
+    be->kv_append(be, kc, vc, start, dk, dv, batch_q_start, N_SEQ, H, D);
+    for (int s = 0; s < N_SEQ; s++)
+        for (int h = 0; h < H; h++) {
+            const int i = s * H + h;
+            for (int kv = 0; kv < 2; kv++) {
+                /* Expected: the old cache with the sequence's new rows at start. */
+                double ref[CAP * D];
+                for (int e = 0; e < CAP * D; e++)
+                    ref[e] = old[kv][i][e];
+                for (int r = batch_q_start[s]; r < batch_q_start[s + 1]; r++)
+                    for (int e = 0; e < D; e++)
+                        ref[(start[i] + r - batch_q_start[s]) * D + e] =
+                            (kv ? v : k)[(r * H + h) * D + e];
+                check_dev(kv ? "kv_append v" : "kv_append k", kv ? vc[i] : kc[i], ref, CAP * D, 0,
+                          0);
+            }
+        }
+    for (int i = 0; i < N_SEQ * H; i++) {
+        dev_del(kc[i]);
+        dev_del(vc[i]);
+        free(old[0][i]);
+        free(old[1][i]);
+    }
+    dev_del(dk);
+    dev_del(dv);
+    free(k);
+    free(v);
+}
+
+/* Naive causal attention in double with max-subtraction. */
+static void attention_reference(double *ref, const float *q, float *const *k, float *const *v,
+                                const int *q_start, const int *kv_len, int n_seq, int n_heads,
+                                int hd, float scale) {
+    for (int s = 0; s < n_seq; s++) {
+        const int n_new = q_start[s + 1] - q_start[s];
+        for (int h = 0; h < n_heads; h++) {
+            const int i = s * n_heads + h, len = kv_len[i];
+            double *p = malloc((size_t)len * sizeof *p);
+            for (int t = 0; t < n_new; t++) {
+                const size_t row = ((size_t)(q_start[s] + t) * n_heads + h) * hd;
+                const int visible = len - n_new + t + 1;
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j < visible; j++) {
+                    double dot = 0;
+                    for (int e = 0; e < hd; e++)
+                        dot += (double)q[row + e] * k[i][j * hd + e];
+                    p[j] = dot * scale;
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (int j = 0; j < visible; j++)
+                    sum += p[j] = exp(p[j] - mx);
+                for (int e = 0; e < hd; e++) {
+                    double o = 0;
+                    for (int j = 0; j < visible; j++)
+                        o += p[j] * v[i][j * hd + e];
+                    ref[row + e] = o / sum;
+                }
+            }
+            free(p);
+        }
+    }
+}
+
+/* Runs attention over the ragged batch with per-(sequence, head) cache
+ * lengths kv_len; q, k, v uniform in [-amp, amp]; tolerance abs + rel. */
+static void check_attention(const int *kv_len, int n_heads, int hd, float amp, float scale,
+                            double abs_tol, double rel_tol) {
+    const int rows = batch_q_start[N_SEQ], pairs = N_SEQ * n_heads;
+    const size_t n = (size_t)rows * n_heads * hd;
+    float *q = host_uniform(n, -amp, amp);
+    float **hk = malloc(pairs * sizeof *hk), **hv = malloc(pairs * sizeof *hv);
+    float **dk = malloc(pairs * sizeof *dk), **dv = malloc(pairs * sizeof *dv);
+    for (int i = 0; i < pairs; i++) {
+        hk[i] = host_uniform((size_t)kv_len[i] * hd, -amp, amp);
+        hv[i] = host_uniform((size_t)kv_len[i] * hd, -1, 1);
+        dk[i] = dev_from(hk[i], (size_t)kv_len[i] * hd);
+        dv[i] = dev_from(hv[i], (size_t)kv_len[i] * hd);
+    }
+    float *dq = dev_from(q, n), *dout = dev_new(n);
+    const attn_batch_t batch = {N_SEQ, batch_q_start, kv_len, dk, dv};
+    be->attention(be, dout, dq, &batch, n_heads, hd, scale);
+    double *ref = ref_new(n);
+    attention_reference(ref, q, hk, hv, batch_q_start, kv_len, N_SEQ, n_heads, hd, scale);
+    char what[64];
+    snprintf(what, sizeof what, "attention heads=%d hd=%d amp=%g", n_heads, hd, amp);
+    check_dev(what, dout, ref, n, abs_tol, rel_tol);
+    for (int i = 0; i < pairs; i++) {
+        CHECK(dev_guards_ok(dk[i], (size_t)kv_len[i] * hd));
+        dev_del(dk[i]);
+        dev_del(dv[i]);
+        free(hk[i]);
+        free(hv[i]);
+    }
+    dev_del(dq);
+    dev_del(dout);
+    free(ref);
+    free(q);
+    free(hk);
+    free(hv);
+    free(dk);
+    free(dv);
+}
+
+/* Seven heads, each with its own cache length: from exactly the new rows
+ * (kv_len 1 for the one-row sequence) to past two softmax chunks. Outputs
+ * are averages of values in [-1, 1]: 1e-6 abs + 1e-5 rel. */
+static void test_attention_ragged_heads_and_lengths(void) {
+    enum { H = 7 };
+    const int extra[H] = {0, 1, 6, 255, 256, 300, 600};
+    int kv_len[N_SEQ * H];
+    for (int s = 0; s < N_SEQ; s++)
+        for (int h = 0; h < H; h++)
+            kv_len[s * H + h] = batch_q_start[s + 1] - batch_q_start[s] + extra[(h + s) % H];
+    CHECK(kv_len[0] == 1);
+    check_attention(kv_len, H, 5, 1, 1 / sqrtf(5), 1e-6, 1e-5);
+    check_attention(kv_len, H, 64, 1, 1 / sqrtf(64), 1e-6, 1e-5);
+}
+
+/* Scores in the thousands overflow a softmax without max-subtraction, and
+ * the maximum moves between chunks (rescaling the running sums). */
+static void test_attention_large_scores(void) {
+    enum { H = 2 };
+    int kv_len[N_SEQ * H];
+    for (int i = 0; i < N_SEQ * H; i++)
+        kv_len[i] = batch_q_start[i / H + 1] - batch_q_start[i / H] + 517 + 61 * (i % 3);
+    check_attention(kv_len, H, 16, 8, 1.0f, 1e-5, 1e-4);
+}
+
+/* ---- element-wise ---------------------------------------------------------- */
+
+static const size_t ew_sizes[] = {0, 1, 1023, 100003};
+
+/* Inputs in [-8, 8] with extremes at the front (0, -0, +-20, +-100, +-1000). */
+static float *ew_input(size_t n) {
+    static const float specials[] = {0.0f, -0.0f, 20, -20, 100, -100, 1000, -1000};
+    float *x = host_uniform(n, -8, 8);
+    for (size_t i = 0; i < n && i < sizeof specials / sizeof *specials; i++)
+        x[i] = specials[i];
+    return x;
+}
+
+static double silu_ref(double x) { return x / (1 + exp(-x)); }
+
+/* silu, silu_mul, gelu: 1e-6 abs + 1e-5 rel. add: the fp32 sum exactly. */
+static void test_elementwise_ops(void) {
+    for (size_t c = 0; c < sizeof ew_sizes / sizeof *ew_sizes; c++) {
+        const size_t n = ew_sizes[c];
+        float *g = ew_input(n), *u = host_uniform(n, -3, 3);
+        double *ref = ref_new(n);
+        float *dg = dev_from(g, n), *du = dev_from(u, n), *dout = dev_new(n);
+
+        be->silu_mul(be, dout, dg, du, n);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = silu_ref(g[i]) * u[i];
+        check_dev("silu_mul", dout, ref, n, 1e-6, 1e-5);
+        CHECK(dev_guards_ok(dg, n) && dev_guards_ok(du, n));
+
+        be->silu(be, dg, n);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = silu_ref(g[i]);
+        check_dev("silu", dg, ref, n, 1e-6, 1e-5);
+
+        be->upload(be, dg, g, n * sizeof(float));
+        be->gelu(be, dg, n);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = 0.5 * g[i] * (1 + erf(g[i] / sqrt(2.0)));
+        check_dev("gelu", dg, ref, n, 1e-6, 1e-5);
+
+        be->upload(be, dg, g, n * sizeof(float));
+        be->add(be, dg, du, n);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = g[i] + u[i];
+        check_dev("add", dg, ref, n, 0, 0x1p-24);
+
+        be->upload(be, dg, g, n * sizeof(float));
+        be->scale(be, dg, n, -0.37f);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = g[i] * -0.37f;
+        check_dev("scale", dg, ref, n, 0, 0x1p-24);
+
+        dev_del(dg);
+        dev_del(du);
+        dev_del(dout);
+        free(ref);
+        free(g);
+        free(u);
+    }
+}
+
+/* Rows with offsets of 1e4 (exp overflows without max-subtraction) and
+ * -inf entries (masked): 1e-7 abs + 1e-5 rel, rows sum to 1 within 1e-5. */
+static void test_softmax_rows(void) {
+    const int cases[][2] = {{1, 1}, {3, 7}, {2, 16384}, {5, 129}, {0, 3}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int rows = cases[c][0], cols = cases[c][1];
+        const size_t n = (size_t)rows * cols;
+        float *x = host_uniform(n, -10, 10);
+        for (int r = 0; r < rows; r++) {
+            if (r % 3 == 1)
+                for (int i = 0; i < cols; i++)
+                    x[r * cols + i] += 1e4f;
+            if (r % 3 == 2)
+                for (int i = 0; i + 1 < cols; i += 3)
+                    x[r * cols + i] = -INFINITY;
+        }
+        double *ref = ref_new(n);
+        for (int r = 0; r < rows; r++) {
+            double mx = -INFINITY, sum = 0;
+            for (int i = 0; i < cols; i++)
+                mx = fmax(mx, x[r * cols + i]);
+            for (int i = 0; i < cols; i++)
+                sum += ref[r * cols + i] = exp(x[r * cols + i] - mx);
+            for (int i = 0; i < cols; i++)
+                ref[r * cols + i] /= sum;
+        }
+        float *dx = dev_from(x, n);
+        be->softmax(be, dx, rows, cols);
+        check_dev("softmax", dx, ref, n, 1e-7, 1e-5);
+        float *got = dev_to_host(dx, n);
+        for (int r = 0; r < rows; r++) {
+            double sum = 0;
+            for (int i = 0; i < cols; i++)
+                sum += got[r * cols + i];
+            CHECK_NEAR(sum, 1.0, 1e-5, 0);
+        }
+        free(got);
+        dev_del(dx);
+        free(ref);
+        free(x);
+    }
+}
+
+/* Repeated, first and last ids; one all-zero row (normalised to 0, not
+ * NaN); a dim-1 table. 1e-7 abs + 1e-6 rel. */
+static void test_embedding_with_and_without_l2(void) {
+    const int dims[] = {13, 1};
+    const int ids[] = {0, 36, 5, 5, 3, 17};
+    const int n = sizeof ids / sizeof *ids;
+    for (int d = 0; d < 2; d++) {
+        const int vocab = 37, dim = dims[d];
+        float *table = host_uniform((size_t)vocab * dim, -2, 2);
+        for (int j = 0; j < dim; j++)
+            table[3 * dim + j] = 0;
+        tensor_t tt = weight_f32(table, 2, vocab, dim, 1, 1);
+        for (int l2 = 0; l2 < 2; l2++) {
+            double *ref = ref_new((size_t)n * dim);
+            for (int i = 0; i < n; i++) {
+                double ss = 0;
+                for (int j = 0; j < dim; j++)
+                    ss += (double)table[ids[i] * dim + j] * table[ids[i] * dim + j];
+                const double norm = l2 ? fmax(sqrt(ss), 1e-12) : 1;
+                for (int j = 0; j < dim; j++)
+                    ref[i * dim + j] = table[ids[i] * dim + j] / norm;
+            }
+            float *dout = dev_new((size_t)n * dim);
+            be->embedding(be, dout, &tt, ids, n, l2);
+            check_dev(l2 ? "embedding l2" : "embedding", dout, ref, (size_t)n * dim, 1e-7, 1e-6);
+            be->embedding(be, dout, &tt, ids, 0, l2); /* no ids: nothing written */
+            check_dev("embedding n=0", dout, ref, (size_t)n * dim, 1e-7, 1e-6);
+            dev_del(dout);
+            free(ref);
+        }
+        be->weight_free(be, &tt);
+        free(table);
+    }
+}
+
+/* ---- image ops ----------------------------------------------------------------- */
+
+/* Tolerance as matmul, with k = c_in * kernel^2. */
+static void test_conv2d_kernels_pads_and_slices(void) {
+    /* c_in, c_out, h, w, kernel, pad. The last two are split over threads;
+     * the very last needs two im2col slices, the second starting mid-row. */
+    const int cases[][6] = {{5, 3, 7, 11, 1, 0}, {4, 6, 9, 13, 3, 1},    {3, 2, 8, 5, 3, 0},
+                            {2, 3, 6, 4, 1, 1},  {3, 4, 1, 1, 3, 1},     {1, 1, 1, 1, 1, 0},
+                            {3, 2, 6, 7, 5, 2},  {64, 33, 40, 41, 1, 0}, {128, 3, 64, 61, 3, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int ci = cases[c][0], co = cases[c][1], h = cases[c][2], w = cases[c][3];
+        const int k = cases[c][4], pad = cases[c][5];
+        const int ho = h + 2 * pad - k + 1, wo = w + 2 * pad - k + 1;
+        const size_t n_in = (size_t)ci * h * w, n_out = (size_t)co * ho * wo;
+        float *in = host_uniform(n_in, -1, 1), *wt = host_uniform((size_t)co * ci * k * k, -1, 1);
+        float *b = host_uniform((size_t)co, -1, 1);
+        tensor_t tw = weight_f32(wt, 4, co, ci, k, k), tb = weight_f32(b, 1, co, 1, 1, 1);
+        float *din = dev_from(in, n_in);
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            double *ref = ref_new(n_out);
+            for (int o = 0; o < co; o++)
+                for (int y = 0; y < ho; y++)
+                    for (int x = 0; x < wo; x++) {
+                        double s = with_bias ? b[o] : 0;
+                        for (int i = 0; i < ci; i++)
+                            for (int ky = 0; ky < k; ky++)
+                                for (int kx = 0; kx < k; kx++) {
+                                    const int iy = y + ky - pad, ix = x + kx - pad;
+                                    if (iy >= 0 && iy < h && ix >= 0 && ix < w)
+                                        s += (double)wt[((o * ci + i) * k + ky) * k + kx] *
+                                             in[((size_t)i * h + iy) * w + ix];
+                                }
+                        ref[((size_t)o * ho + y) * wo + x] = s;
+                    }
+            float *dout = dev_new(n_out);
+            be->conv2d(be, dout, din, &tw, with_bias ? &tb : NULL, ci, h, w, pad);
+            char what[96];
+            snprintf(what, sizeof what, "conv2d %dx%dx%d k=%d pad=%d bias=%d", ci, h, w, k, pad,
+                     with_bias);
+            check_dev(what, dout, ref, n_out, 1e-6 + 2e-7 * ci * k * k, 1e-5);
+            CHECK(dev_guards_ok(din, n_in));
+            dev_del(dout);
+            free(ref);
+        }
+        dev_del(din);
+        be->weight_free(be, &tw);
+        be->weight_free(be, &tb);
+        free(in);
+        free(wt);
+        free(b);
+    }
+}
+
+/* Includes C=64 with 32 groups, one group, hw=1, and inputs offset by 100
+ * (where E[x^2] - E[x]^2 in fp32 would cancel). 1e-5 abs + 1e-5 rel. */
+static void test_groupnorm_groups_and_offsets(void) {
+    /* c, hw, groups, offset */
+    const int cases[][4] = {
+        {64, 7 * 9, 32, 0}, {6, 1, 3, 0}, {8, 13, 1, 0}, {64, 5, 32, 100}, {32, 1031, 32, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int ch = cases[c][0], hw = cases[c][1], groups = cases[c][2];
+        const size_t n = (size_t)ch * hw;
+        float *x = host_uniform(n, -1, 1), *g = host_uniform((size_t)ch, 0.5f, 1.5f);
+        float *b = host_uniform((size_t)ch, -1, 1);
+        for (size_t i = 0; i < n; i++)
+            x[i] += (float)cases[c][3] + (float)(i / hw % 3);
+        tensor_t tg = weight_f32(g, 1, ch, 1, 1, 1), tb = weight_f32(b, 1, ch, 1, 1, 1);
+        const float eps = c % 2 ? 1e-5f : 1e-6f;
+        double *ref = ref_new(n);
+        const int cpg = ch / groups;
+        for (int grp = 0; grp < groups; grp++) {
+            const size_t m = (size_t)cpg * hw, o = (size_t)grp * m;
+            double mean = 0, var = 0;
+            for (size_t i = 0; i < m; i++)
+                mean += x[o + i];
+            mean /= m;
+            for (size_t i = 0; i < m; i++)
+                var += (x[o + i] - mean) * (x[o + i] - mean);
+            var /= m;
+            for (size_t i = 0; i < m; i++) {
+                const int cc = (int)((o + i) / hw);
+                ref[o + i] = (x[o + i] - mean) / sqrt(var + eps) * g[cc] + b[cc];
+            }
+        }
+        float *dx = dev_from(x, n), *dout = dev_new(n);
+        be->groupnorm(be, dout, dx, &tg, &tb, ch, hw, groups, eps);
+        check_dev("groupnorm", dout, ref, n, 1e-5, 1e-5);
+        be->groupnorm(be, dx, dx, &tg, &tb, ch, hw, groups, eps);
+        check_dev("groupnorm in place", dx, ref, n, 1e-5, 1e-5);
+        dev_del(dx);
+        dev_del(dout);
+        be->weight_free(be, &tg);
+        be->weight_free(be, &tb);
+        free(ref);
+        free(x);
+        free(g);
+        free(b);
+    }
+}
+
+static void test_upsample_nearest2x_exact(void) {
+    const int cases[][3] = {{3, 1, 1}, {2, 5, 7}, {1, 1, 9}, {0, 2, 2}, {4, 48, 45}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int ch = cases[c][0], h = cases[c][1], w = cases[c][2];
+        const size_t n = (size_t)ch * h * w;
+        float *x = host_uniform(n, -1, 1);
+        double *ref = ref_new(4 * n);
+        for (int i = 0; i < ch; i++)
+            for (int y = 0; y < 2 * h; y++)
+                for (int xx = 0; xx < 2 * w; xx++)
+                    ref[((size_t)i * 2 * h + y) * 2 * w + xx] =
+                        x[((size_t)i * h + y / 2) * w + xx / 2];
+        float *dx = dev_from(x, n), *dout = dev_new(4 * n);
+        be->upsample_nearest2x(be, dout, dx, ch, h, w);
+        check_dev("upsample_nearest2x", dout, ref, 4 * n, 0, 0);
+        dev_del(dx);
+        dev_del(dout);
+        free(ref);
+        free(x);
+    }
+}
+
+static void test_transpose_exact(void) {
+    const int cases[][2] = {{1, 1}, {1, 17}, {17, 1}, {33, 65}, {100, 37}, {0, 5}, {257, 200}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int rows = cases[c][0], cols = cases[c][1];
+        const size_t n = (size_t)rows * cols;
+        float *x = host_uniform(n, -1, 1);
+        double *ref = ref_new(n);
+        for (int i = 0; i < rows; i++)
+            for (int j = 0; j < cols; j++)
+                ref[(size_t)j * rows + i] = x[(size_t)i * cols + j];
+        float *dx = dev_from(x, n), *dout = dev_new(n);
+        be->transpose(be, dout, dx, rows, cols);
+        check_dev("transpose", dout, ref, n, 0, 0);
+        dev_del(dx);
+        dev_del(dout);
+        free(ref);
+        free(x);
+    }
+}
+
+/* ---- threading ------------------------------------------------------------------- */
+
+/* The threaded ops split work over independent outputs, so a one-thread and
+ * a two-thread backend must agree bit for bit (GEMMs aside: OpenBLAS may
+ * block a narrower slice differently). Sizes are above the threading
+ * thresholds. */
+static void test_results_independent_of_thread_count(void) {
+    ar_error_t err = {{0}};
+    backend_t *one = backend_cpu_create(1, &err), *two = backend_cpu_create(2, &err);
+    CHECK_MSG(one && two, "backend_cpu_create: %s", err.msg);
+    if (!one || !two)
+        return;
+    enum { H = 4, D = 32, L = 700, C = 64, HW = 40 * 40, ROWS = C * HW / (H * D), OPS = 5 };
+    const int q_start[2] = {0, 200}, kv_len[H] = {L, L - 100, 300, 200};
+    const size_t nq = 200 * H * D, nx = (size_t)C * HW;
+    float *q = host_uniform(nq, -1, 1), *x = host_uniform(nx, -3, 3);
+    float *kv[H], *g = host_uniform(HW, 0.5f, 1.5f), *b = host_uniform(C, -1, 1);
+    for (int h = 0; h < H; h++)
+        kv[h] = host_uniform((size_t)L * D, -1, 1);
+    int pos[ROWS];
+    for (int r = 0; r < ROWS; r++)
+        pos[r] = 7 * r;
+    static const char *names[OPS] = {"attention", "groupnorm", "softmax+gelu", "rmsnorm", "rope"};
+    float *res[2][OPS];
+    backend_t *bes[2] = {one, two};
+    for (int t = 0; t < 2; t++) {
+        backend_t *bk = bes[t];
+        for (int o = 0; o < OPS; o++) {
+            res[t][o] = malloc(nx * sizeof(float)); /* nq <= nx */
+            memcpy(res[t][o], x, nx * sizeof(float));
+        }
+        const attn_batch_t batch = {1, q_start, kv_len, kv, kv};
+        bk->attention(bk, res[t][0], q, &batch, H, D, 0.17f);
+        tensor_t tg, tb, tw;
+        const int64_t shape_c[1] = {C}, shape_hw[1] = {HW};
+        CHECK(bk->weight_load(bk, &tg, g, DTYPE_F32, 1, shape_c, &err) == AR_OK);
+        CHECK(bk->weight_load(bk, &tb, b, DTYPE_F32, 1, shape_c, &err) == AR_OK);
+        CHECK(bk->weight_load(bk, &tw, g, DTYPE_F32, 1, shape_hw, &err) == AR_OK);
+        bk->groupnorm(bk, res[t][1], x, &tg, &tb, C, HW, 32, 1e-6f);
+        bk->softmax(bk, res[t][2], C, HW);
+        bk->gelu(bk, res[t][2], nx);
+        bk->rmsnorm(bk, res[t][3], x, &tw, C, HW, 1e-6f);
+        bk->rope(bk, res[t][4], pos, ROWS, H, D, 10000.0f);
+        bk->weight_free(bk, &tg);
+        bk->weight_free(bk, &tb);
+        bk->weight_free(bk, &tw);
+    }
+    for (int o = 0; o < OPS; o++) {
+        CHECK_MSG(memcmp(res[0][o], res[1][o], nx * sizeof(float)) == 0,
+                  "%s differs between 1 and 2 threads", names[o]);
+        free(res[0][o]);
+        free(res[1][o]);
+    }
+    for (int h = 0; h < H; h++)
+        free(kv[h]);
+    free(q);
+    free(x);
+    free(g);
+    free(b);
+    one->destroy(one);
+    two->destroy(two);
+}
+
+int main(void) {
+    ar_error_t err = {{0}};
+    be = backend_cpu_create(0, &err);
+    if (!be) {
+        fprintf(stderr, "backend_cpu_create: %s\n", err.msg);
+        return 1;
+    }
+    TEST_RUN(test_memory_roundtrip_and_alignment);
+    TEST_RUN(test_create_rejects_negative_threads);
+    TEST_RUN(test_weight_load_f32_4d_from_unaligned_host);
+    TEST_RUN(test_weight_load_bf16_all_patterns);
+    TEST_RUN(test_weight_load_f16_all_patterns);
+    TEST_RUN(test_weight_load_rejects_bad_dtype_and_shape);
+    TEST_RUN(test_matmul_with_and_without_bias);
+    TEST_RUN(test_rmsnorm_rows_and_in_place);
+    TEST_RUN(test_rope_against_double_and_hf_angles);
+    TEST_RUN(test_kv_append_ragged_batch);
+    TEST_RUN(test_attention_ragged_heads_and_lengths);
+    TEST_RUN(test_attention_large_scores);
+    TEST_RUN(test_elementwise_ops);
+    TEST_RUN(test_softmax_rows);
+    TEST_RUN(test_embedding_with_and_without_l2);
+    TEST_RUN(test_conv2d_kernels_pads_and_slices);
+    TEST_RUN(test_groupnorm_groups_and_offsets);
+    TEST_RUN(test_upsample_nearest2x_exact);
+    TEST_RUN(test_transpose_exact);
+    TEST_RUN(test_results_independent_of_thread_count);
+    be->destroy(be);
+    return TEST_SUMMARY();
+}

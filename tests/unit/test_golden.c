@@ -1,0 +1,240 @@
+/* The engine against the reference implementation (PyPI transformers' Janus,
+ * tiny random configuration; data made by tools/gen_golden.py): teacher-forced
+ * logits of both CFG rows within 1e-4, the identical greedy token sequence,
+ * and decoded pixels within 1 of 255. Also: a request's results do not depend
+ * on what else shares its forward passes (ragged batching). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine/generate.h"
+#include "engine/safetensors.h"
+#include "tests/test.h"
+
+#define LOGIT_TOL 1e-4
+
+static const char *golden_dir(void) {
+    const char *d = getenv("ARSERVE_GOLDEN_DIR");
+    return d ? d : "tests/golden/janus_tiny";
+}
+
+typedef struct golden {
+    safetensors_t st;
+    const int32_t *cond_ids, *uncond_ids, *greedy;
+    const float *cond_logits, *uncond_logits, *pixels_f32;
+    const uint8_t *pixels;
+    int n_prompt, n_steps, vocab, height, width;
+    float cfg;
+} golden_t;
+
+static model_t model;
+static backend_t *be;
+static golden_t g;
+
+static int32_t *copy_i32(const void *p, int n) {
+    int32_t *out = malloc((size_t)n * sizeof *out);
+    memcpy(out, p, (size_t)n * sizeof *out);
+    return out;
+}
+
+static int load(void) {
+    ar_error_t err = {{0}};
+    char path[1024];
+    be = backend_cpu_create(0, &err);
+    if (!be || model_load(&model, golden_dir(), be, &err) != AR_OK) {
+        fprintf(stderr, "cannot load the golden model: %s\n", err.msg);
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/golden.safetensors", golden_dir());
+    if (safetensors_open(&g.st, path, &err) != AR_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    const st_tensor_t *t;
+    const model_config_t *c = &model.cfg;
+    g.n_steps = c->image.grid_height * c->image.grid_width;
+    g.vocab = c->image.codebook_size;
+    g.height = model_config_image_height(c);
+    g.width = model_config_image_width(c);
+    if (!(t = safetensors_find(&g.st, "cond_ids")) || t->dtype != DTYPE_I32) goto bad;
+    g.n_prompt = (int)t->shape[0];
+    g.cond_ids = copy_i32(t->data, g.n_prompt);
+    if (safetensors_get_any(&g.st, "uncond_ids", 1, (int64_t[]){g.n_prompt}, &t, &err)) goto bad;
+    g.uncond_ids = copy_i32(t->data, g.n_prompt);
+    if (safetensors_get_any(&g.st, "greedy_tokens", 1, (int64_t[]){g.n_steps}, &t, &err)) goto bad;
+    g.greedy = copy_i32(t->data, g.n_steps);
+    if (safetensors_get(&g.st, "cond_logits", 2, (int64_t[]){g.n_steps, g.vocab}, &t, &err)) goto bad;
+    g.cond_logits = t->data;
+    if (safetensors_get(&g.st, "uncond_logits", 2, (int64_t[]){g.n_steps, g.vocab}, &t, &err)) goto bad;
+    g.uncond_logits = t->data;
+    if (safetensors_get(&g.st, "pixels_f32", 3, (int64_t[]){3, g.height, g.width}, &t, &err)) goto bad;
+    g.pixels_f32 = t->data;
+    if (safetensors_get_any(&g.st, "pixels", 3, (int64_t[]){g.height, g.width, 3}, &t, &err)) goto bad;
+    g.pixels = t->data;
+    const char *cfg = safetensors_metadata(&g.st, "cfg");
+    g.cfg = cfg ? strtof(cfg, NULL) : 5.0f;
+    return 0;
+bad:
+    fprintf(stderr, "golden data: %s\n", err.msg[0] ? err.msg : "missing or mistyped cond_ids");
+    return -1;
+}
+
+static void test_prompt_rows_match_reference(void) {
+    /* The engine builds the unconditional row itself from the conditional one. */
+    int cond[MODEL_MAX_PROMPT_TOKENS], uncond[MODEL_MAX_PROMPT_TOKENS], n = 0;
+    int ids[MODEL_MAX_PROMPT_TOKENS];
+    for (int i = 1; i < g.n_prompt - 1; i++) ids[i - 1] = g.cond_ids[i];
+    ar_error_t err = {{0}};
+    CHECK_MSG(model_prompt_from_ids(&model, ids, g.n_prompt - 2, cond, uncond, &n, &err) == AR_OK,
+              "%s", err.msg);
+    CHECK(n == g.n_prompt);
+    for (int i = 0; i < n && i < g.n_prompt; i++) {
+        CHECK_MSG(cond[i] == g.cond_ids[i], "cond[%d] = %d, reference %d", i, cond[i], g.cond_ids[i]);
+        CHECK_MSG(uncond[i] == g.uncond_ids[i], "uncond[%d] = %d, reference %d", i, uncond[i],
+                  g.uncond_ids[i]);
+    }
+}
+
+static int start(gen_request_t *r, const sampler_params_t *sp, const int *forced) {
+    ar_error_t err = {{0}};
+    if (gen_request_init(r, &model, g.cond_ids, g.uncond_ids, g.n_prompt, sp, 1, 0, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    r->forced = forced;
+    return 0;
+}
+
+/* Largest |engine - reference| over both rows of the request's last step. */
+static double step_error(const gen_request_t *r) {
+    int s = r->step - 1;
+    double worst = 0;
+    for (int j = 0; j < g.vocab; j++) {
+        double e1 = fabs(r->logits[j] - g.cond_logits[(size_t)s * g.vocab + j]);
+        double e2 = fabs(r->logits[g.vocab + j] - g.uncond_logits[(size_t)s * g.vocab + j]);
+        if (e1 > worst || isnan(e1)) worst = isnan(e1) ? INFINITY : e1;
+        if (e2 > worst || isnan(e2)) worst = isnan(e2) ? INFINITY : e2;
+    }
+    return worst;
+}
+
+static void test_teacher_forced_logits_match(void) {
+    sampler_params_t sp = {g.cfg, 1.0f, 1, 1.0f};
+    gen_request_t r;
+    if (start(&r, &sp, g.greedy)) {
+        CHECK(0);
+        return;
+    }
+    double worst = 0;
+    gen_request_t *batch[] = {&r};
+    ar_error_t err = {{0}};
+    while (!gen_request_done(&r)) {
+        CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
+        double e = step_error(&r);
+        CHECK_MSG(e <= LOGIT_TOL, "step %d: logits differ by %g", r.step - 1, e);
+        if (e > worst) worst = e;
+    }
+    printf("largest logit error over %d steps x 2 rows x %d: %.3g\n", g.n_steps, g.vocab, worst);
+    gen_request_free(&r);
+}
+
+static void test_greedy_tokens_match(void) {
+    sampler_params_t sp = {g.cfg, 1.0f, 1, 1.0f};
+    gen_request_t r;
+    if (start(&r, &sp, NULL)) {
+        CHECK(0);
+        return;
+    }
+    gen_request_t *batch[] = {&r};
+    ar_error_t err = {{0}};
+    while (!gen_request_done(&r)) CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
+    int first_diff = -1;
+    for (int i = 0; i < g.n_steps && first_diff < 0; i++)
+        if (r.tokens[i] != g.greedy[i]) first_diff = i;
+    CHECK_MSG(first_diff < 0, "greedy token %d: engine %d, reference %d", first_diff,
+              r.tokens[first_diff < 0 ? 0 : first_diff], g.greedy[first_diff < 0 ? 0 : first_diff]);
+    gen_request_free(&r);
+}
+
+/* Two requests on the same prompt, the second joining three steps later:
+ * prefill and decode rows share forward passes, and each still matches the
+ * reference. */
+static void test_ragged_batch_matches(void) {
+    sampler_params_t sp = {g.cfg, 1.0f, 1, 1.0f};
+    gen_request_t a, b;
+    if (start(&a, &sp, g.greedy) || start(&b, &sp, g.greedy)) {
+        CHECK(0);
+        return;
+    }
+    ar_error_t err = {{0}};
+    double worst = 0;
+    int iter = 0;
+    while (!gen_request_done(&a) || !gen_request_done(&b)) {
+        gen_request_t *batch[2];
+        int n = 0;
+        if (!gen_request_done(&a)) batch[n++] = &a;
+        if (iter >= 3 && !gen_request_done(&b)) batch[n++] = &b;
+        CHECK_MSG(gen_step(batch, n, &err) == AR_OK, "%s", err.msg);
+        for (int i = 0; i < n; i++) {
+            double e = step_error(batch[i]);
+            if (e > worst) worst = e;
+        }
+        iter++;
+    }
+    CHECK_MSG(worst <= LOGIT_TOL, "largest logit error in a shared batch: %g", worst);
+    gen_request_free(&a);
+    gen_request_free(&b);
+}
+
+static void test_decoded_pixels_match(void) {
+    size_t n = (size_t)g.height * g.width * 3;
+    uint8_t *rgb = malloc(n);
+    float *f = malloc(n * sizeof *f);
+    ar_error_t err = {{0}};
+    int *tokens = malloc((size_t)g.n_steps * sizeof *tokens);
+    for (int i = 0; i < g.n_steps; i++) tokens[i] = g.greedy[i];
+    CHECK_MSG(vq_decode(&model.dec, tokens, rgb, f, &err) == AR_OK, "%s", err.msg);
+    int worst = 0;
+    double worst_f = 0;
+    for (size_t i = 0; i < n; i++) {
+        int d = abs((int)rgb[i] - (int)g.pixels[i]);
+        if (d > worst) worst = d;
+        double e = fabs(f[i] - g.pixels_f32[i]);
+        if (e > worst_f || isnan(e)) worst_f = isnan(e) ? INFINITY : e;
+    }
+    printf("decoder: largest pixel difference %d/255, largest float error %.3g\n", worst, worst_f);
+    CHECK_MSG(worst <= 1, "pixels differ by %d", worst);
+    free(rgb);
+    free(f);
+    free(tokens);
+}
+
+static void test_out_of_range_token_is_an_error(void) {
+    int *tokens = calloc((size_t)g.n_steps, sizeof *tokens);
+    uint8_t *rgb = malloc((size_t)g.height * g.width * 3);
+    tokens[3] = g.vocab;
+    ar_error_t err = {{0}};
+    CHECK(vq_decode(&model.dec, tokens, rgb, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "outside the codebook");
+    free(tokens);
+    free(rgb);
+}
+
+int main(void) {
+    if (load() != 0) {
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    TEST_RUN(test_prompt_rows_match_reference);
+    TEST_RUN(test_teacher_forced_logits_match);
+    TEST_RUN(test_greedy_tokens_match);
+    TEST_RUN(test_ragged_batch_matches);
+    TEST_RUN(test_decoded_pixels_match);
+    TEST_RUN(test_out_of_range_token_is_an_error);
+    model_free(&model);
+    safetensors_close(&g.st);
+    free((void *)g.cond_ids);
+    free((void *)g.uncond_ids);
+    free((void *)g.greedy);
+    be->destroy(be);
+    return TEST_SUMMARY();
+}

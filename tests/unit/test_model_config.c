@@ -1,0 +1,124 @@
+/* arserve.json reader: a valid config parses with every field; each kind of
+ * mistake is an error that names the file and the key path. */
+#include <stdlib.h>
+
+#include "engine/model_config.h"
+#include "tests/test.h"
+
+static const char *VALID =
+    "{\"format_version\": 1, \"name\": \"t\", \"family\": \"raster\", \"architecture\": \"janus\","
+    " \"llm\": {\"vocab_size\": 64, \"hidden_size\": 64, \"num_layers\": 2, \"num_heads\": 4,"
+    "  \"num_kv_heads\": 4, \"head_dim\": 16, \"intermediate_size\": 128,"
+    "  \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0},"
+    " \"image\": {\"grid_height\": 8, \"grid_width\": 6, \"codebook_size\": 32, \"embed_dim\": 8,"
+    "  \"aligner_layers\": 2, \"head_hidden_size\": 64},"
+    " \"decoder\": {\"type\": \"vq16\", \"latent_channels\": 32, \"base_channels\": 32,"
+    "  \"channel_multiplier\": [1, 2, 2], \"num_res_blocks\": 1, \"out_channels\": 3},"
+    " \"prompt\": {\"template\": \"<|User|>: {prompt}\\n\\n<|Assistant|>:\", \"bos_token\": \"<bos>\","
+    "  \"pad_token\": \"<pad>\", \"image_start_token\": \"<boi>\"},"
+    " \"sampling\": {\"cfg\": 5.0, \"temperature\": 1.0, \"top_k\": 0, \"top_p\": 1.0}}";
+
+/* Replaces the first occurrence of `from` in VALID with `to`. */
+static char *mutate(const char *from, const char *to) {
+    const char *at = strstr(VALID, from);
+    if (!at) {
+        fprintf(stderr, "test bug: '%s' not in VALID\n", from);
+        abort();
+    }
+    size_t n = strlen(VALID) - strlen(from) + strlen(to) + 1;
+    char *s = malloc(n);
+    snprintf(s, n, "%.*s%s%s", (int)(at - VALID), VALID, to, at + strlen(from));
+    return s;
+}
+
+static void test_valid_config_parses(void) {
+    model_config_t c;
+    ar_error_t err = {{0}};
+    int rc = model_config_parse(&c, VALID, strlen(VALID), "m/arserve.json", &err);
+    CHECK_MSG(rc == AR_OK, "%s", err.msg);
+    CHECK(c.llm.hidden_size == 64 && c.llm.num_layers == 2 && c.llm.head_dim == 16);
+    CHECK_NEAR(c.llm.rms_norm_eps, 1e-6, 1e-12, 0);
+    CHECK(c.image.grid_height == 8 && c.image.grid_width == 6 && c.image.codebook_size == 32);
+    CHECK(c.decoder.n_levels == 3 && c.decoder.channel_multiplier[2] == 2);
+    CHECK(model_config_image_height(&c) == 32 && model_config_image_width(&c) == 24);
+    CHECK(strcmp(c.prompt.template_text, "<|User|>: {prompt}\n\n<|Assistant|>:") == 0);
+    CHECK(strcmp(c.prompt.image_start_token, "<boi>") == 0);
+    CHECK(c.sampling.cfg == 5.0f && c.sampling.top_k == 0 && c.sampling.top_p == 1.0f);
+    CHECK(c.n_weight_files == 1 && strcmp(c.weight_files[0], "model.safetensors") == 0);
+    CHECK(strcmp(c.tokenizer, "tokenizer.json") == 0);
+}
+
+static void test_tiny_model_config_loads(void) {
+    const char *dir = getenv("ARSERVE_TINY_MODEL");
+    if (!dir) {
+        printf("skip: ARSERVE_TINY_MODEL not set\n");
+        return;
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/arserve.json", dir);
+    model_config_t c;
+    ar_error_t err = {{0}};
+    CHECK_MSG(model_config_load(&c, path, &err) == AR_OK, "%s", err.msg);
+}
+
+static void test_missing_file_is_named(void) {
+    model_config_t c;
+    ar_error_t err = {{0}};
+    CHECK(model_config_load(&c, "/nonexistent/arserve.json", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "/nonexistent/arserve.json");
+}
+
+static void test_mistakes_name_the_key(void) {
+    static const struct {
+        const char *from, *to, *want;
+    } cases[] = {
+        {"\"name\": \"t\",", "\"name\": \"t\", \"colour\": 1,", "unknown key 'colour'"},
+        {"\"num_layers\": 2", "\"num_layerz\": 2", "unknown key 'llm.num_layerz'"},
+        {"\"num_layers\": 2,", "", "missing required key 'llm.num_layers'"},
+        {"\"hidden_size\": 64", "\"hidden_size\": \"64\"", "'llm.hidden_size' must be an integer"},
+        {"\"hidden_size\": 64", "\"hidden_size\": 64.5", "'llm.hidden_size' must be an integer"},
+        {"\"hidden_size\": 64", "\"hidden_size\": 0", "'llm.hidden_size' is 0, outside"},
+        {"\"head_dim\": 16", "\"head_dim\": 15", "'llm.head_dim' must be even"},
+        {"\"num_kv_heads\": 4", "\"num_kv_heads\": 2", "grouped-query"},
+        {"\"top_p\": 1.0", "\"top_p\": 1.5", "'sampling.top_p' is 1.5, outside"},
+        {"\"cfg\": 5.0", "\"cfg\": null", "'sampling.cfg' must be a number"},
+        {"{prompt}", "{prompt", "'prompt.template' must contain '{prompt}' exactly once"},
+        {"\"bos_token\": \"<bos>\"", "\"bos_token\": \"\"", "'prompt.bos_token' is empty"},
+        {"\"family\": \"raster\"", "\"family\": \"diffusion\"", "'family' is 'diffusion'"},
+        {"\"type\": \"vq16\"", "\"type\": \"vq8\"", "'decoder.type' is 'vq8'"},
+        {"\"base_channels\": 32", "\"base_channels\": 48", "not a multiple of 32"},
+        {"[1, 2, 2]", "[]", "'decoder.channel_multiplier' must be an array"},
+        {"\"format_version\": 1", "\"format_version\": 2", "'format_version' is 2"},
+        {"\"llm\": {", "\"llm\": [{", "not valid JSON"},
+        {"\"name\": \"t\",", "\"name\": \"t\", \"weights\": [\"../x.safetensors\"],", "'weights[0]'"},
+        {"\"name\": \"t\",", "\"name\": \"t\", \"name\": \"u\",", "duplicate key 'name'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *json = mutate(cases[i].from, cases[i].to);
+        model_config_t c;
+        ar_error_t err = {{0}};
+        int rc = model_config_parse(&c, json, strlen(json), "m/arserve.json", &err);
+        CHECK_MSG(rc == AR_ERR, "case %zu was accepted", i);
+        CHECK_STR_CONTAINS(err.msg, cases[i].want);
+        CHECK_STR_CONTAINS(err.msg, "m/arserve.json");
+        free(json);
+    }
+}
+
+static void test_not_an_object(void) {
+    model_config_t c;
+    ar_error_t err = {{0}};
+    CHECK(model_config_parse(&c, "[1]", 3, "x.json", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "must be a JSON object");
+    CHECK(model_config_parse(&c, "", 0, "x.json", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "not valid JSON");
+}
+
+int main(void) {
+    TEST_RUN(test_valid_config_parses);
+    TEST_RUN(test_tiny_model_config_loads);
+    TEST_RUN(test_missing_file_is_named);
+    TEST_RUN(test_mistakes_name_the_key);
+    TEST_RUN(test_not_an_object);
+    return TEST_SUMMARY();
+}
