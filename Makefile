@@ -39,7 +39,7 @@ else
 CFLAGS  += -O2 -g
 endif
 ifneq ($(SANITIZER),)
-CFLAGS  += -fsanitize=$(SANITIZER) -fno-omit-frame-pointer
+CFLAGS  += -fsanitize=$(SANITIZER) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZER)
 endif
 ifeq ($(CI),true)
@@ -55,7 +55,7 @@ UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TINY_MODEL := $(BUILD)/tiny-model
 
-.PHONY: all deps test test-unit test-cli run clean tools-deps golden format info
+.PHONY: all deps test test-unit test-cli test-sanitizers run clean tools-deps golden format info
 
 all: info $(BUILD)/arserve
 
@@ -103,6 +103,13 @@ test: deps
 	$(MAKE) all
 	$(MAKE) test-unit
 	$(MAKE) test-cli
+	$(MAKE) test-sanitizers
+
+# The unit and CLI tests again under AddressSanitizer (with leak checks) and
+# UndefinedBehaviorSanitizer, each in its own build folder.
+test-sanitizers:
+	$(MAKE) SANITIZER=address BUILD=$(BUILD)-asan test-unit test-cli
+	$(MAKE) SANITIZER=undefined BUILD=$(BUILD)-ubsan test-unit test-cli
 
 test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json
 	ARSERVE_TINY_MODEL=$(TINY_MODEL) tests/run_unit.sh $(UNIT_BIN)
@@ -126,6 +133,6 @@ format:
 	clang-format -i $(ENGINE_SRC) $(SERVER_SRC) $(wildcard engine/*.h server/*.h tests/*.h tests/unit/*.c)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-ubsan
 
 -include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d)
