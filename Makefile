@@ -32,11 +32,18 @@ CC      ?= cc
 CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter -fopenmp \
            -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread -MMD -MP
 LDLIBS  := -lopenblas -lcjson -lpng -lm -lpthread
+# The daemon allocates through jemalloc, except in sanitizer builds, which
+# need libc's malloc.
+SERVER_LIBS := -lmicrohttpd
 LDFLAGS := -fopenmp
 ifeq ($(DEBUG),1)
 CFLAGS  += -O0 -g
 else
 CFLAGS  += -O2 -g
+endif
+ifeq ($(SANITIZER),)
+CFLAGS      += -DARSERVE_JEMALLOC
+SERVER_LIBS += -ljemalloc
 endif
 ifneq ($(SANITIZER),)
 CFLAGS  += -fsanitize=$(SANITIZER) -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -51,6 +58,7 @@ SERVER_SRC := $(wildcard server/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
 ENGINE_LIB := $(BUILD)/libarengine.a
+SERVER_LIB := $(BUILD)/libarserver.a
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TINY_MODEL := $(BUILD)/tiny-model
@@ -70,12 +78,16 @@ $(ENGINE_LIB): $(ENGINE_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/arserve: $(SERVER_OBJ) $(ENGINE_LIB)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+$(SERVER_LIB): $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJ))
+	@rm -f $@
+	ar rcs $@ $^
 
-$(BUILD)/tests/%: tests/unit/%.c $(ENGINE_LIB) tests/test.h
+$(BUILD)/arserve: $(BUILD)/server/main.o $(SERVER_LIB) $(ENGINE_LIB)
+	$(CC) $(LDFLAGS) -o $@ $^ $(SERVER_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(SERVER_LIB) $(ENGINE_LIB) tests/test.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(ENGINE_LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)
 
 # Debian packages the build and tests need; installed only when missing.
 DEB_PKGS := gcc make libopenblas-dev libcjson-dev libpng-dev libmicrohttpd-dev libjemalloc-dev \

@@ -4,7 +4,10 @@
 
 #include <stdint.h>
 
+#define ARSERVE_VERSION "0.1.0"
+
 int cmd_generate(int argc, char **argv);
+int cmd_serve(int argc, char **argv, char **envp);
 
 /* Strict number parsing for flags: the whole string must be a number in
  * [lo, hi]; otherwise prints "arserve: --flag: ..." and returns -1. */

@@ -1,6 +1,6 @@
-/* arserve: one binary with subcommands. Today: generate (one image to a
- * PNG file). serve, plan, calibrate, bench and simulate come with their
- * issues. */
+/* arserve: one binary with subcommands: serve (the daemon) and generate
+ * (one image to a PNG file); plan, calibrate, bench and simulate come with
+ * their issues. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -8,8 +8,6 @@
 #include <string.h>
 
 #include "cli.h"
-
-#define ARSERVE_VERSION "0.1.0"
 
 int cli_parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out) {
     char *end;
@@ -50,18 +48,20 @@ static void usage(FILE *f) {
             "usage: arserve <command> [options]\n"
             "\n"
             "commands:\n"
+            "  serve      run the HTTP daemon (arserve serve --help)\n"
             "  generate   generate one image to a PNG file (arserve generate --help)\n"
             "  version    print the version\n",
             ARSERVE_VERSION);
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv, char **envp) {
     if (argc < 2) {
         usage(stderr);
         return 2;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1, envp);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("arserve %s (backend: cpu)\n", ARSERVE_VERSION);
         return 0;

@@ -1,0 +1,795 @@
+/* The JSON half of the HTTP API: a lexical pre-scan and cJSON parse of image
+ * requests with field-by-field validation that names the field at fault, and
+ * cJSON-built response, error and SSE payloads. See api.h for the contract. */
+#include "api.h"
+
+#include <cjson/cJSON.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- errors ----------------------------------------------------------- */
+
+/* Drops a trailing incomplete UTF-8 sequence left by truncation. The text
+ * before it is valid, since every string arserve echoes came from a body that
+ * passed the UTF-8 scan. */
+static void utf8_trim_tail(char *s) {
+    size_t len = strlen(s);
+    size_t i = len;
+    while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80 && len - i < 3)
+        i--;
+    if (i == 0 || (unsigned char)s[i - 1] < 0xC0)
+        return; /* ASCII end, or no lead byte */
+    unsigned char lead = (unsigned char)s[i - 1];
+    size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+    if (len - (i - 1) < need)
+        s[i - 1] = 0;
+}
+
+/* Copies src into dst (cap bytes with the NUL), cut at a character boundary. */
+static void copy_trimmed(char *dst, size_t cap, const char *src) {
+    snprintf(dst, cap, "%s", src ? src : "");
+    utf8_trim_tail(dst);
+}
+
+static int api_fail(api_error_t *err, int status, const char *param, const char *code,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static int api_fail(api_error_t *err, int status, const char *param, const char *code,
+                    const char *fmt, ...) {
+    if (!err)
+        return AR_ERR;
+    memset(err, 0, sizeof *err);
+    err->status = status;
+    copy_trimmed(err->type, sizeof err->type,
+                 status >= 500 ? "server_error" : "invalid_request_error");
+    copy_trimmed(err->param, sizeof err->param, param);
+    copy_trimmed(err->code, sizeof err->code, code);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    utf8_trim_tail(err->message);
+    return AR_ERR;
+}
+
+/* A client string for a message: at most 64 bytes, cut at a character
+ * boundary, "..." appended when cut. */
+static const char *excerpt(const char *s, char buf[72]) {
+    size_t len = strlen(s);
+    if (len <= 64)
+        return s;
+    memcpy(buf, s, 64);
+    buf[64] = 0;
+    utf8_trim_tail(buf);
+    strcat(buf, "...");
+    return buf;
+}
+
+/* Shortest of %.15g..%.17g that reads back as v; integers without exponent.
+ * Infinity can only come from a literal like 1e400 that overflowed. */
+static const char *fmt_double(double v, char buf[40]) {
+    if (isinf(v)) {
+        snprintf(buf, 40, "%s",
+                 v > 0 ? "a number too large for a double" : "a number too small for a double");
+        return buf;
+    }
+    if (isfinite(v) && v == floor(v) && fabs(v) < 1e17) {
+        snprintf(buf, 40, "%.0f", v);
+        return buf;
+    }
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, 40, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    return buf;
+}
+
+static const char *json_type_name(const cJSON *v) {
+    if (cJSON_IsString(v))
+        return "a string";
+    if (cJSON_IsNumber(v))
+        return "a number";
+    if (cJSON_IsBool(v))
+        return "a boolean";
+    if (cJSON_IsArray(v))
+        return "an array";
+    if (cJSON_IsObject(v))
+        return "an object";
+    return "null";
+}
+
+/* ---- the lexical pre-scan ---------------------------------------------- */
+
+/* Length of the well-formed UTF-8 sequence at p (1..4), or 0 if it is
+ * malformed: a stray continuation byte, a truncated sequence, an overlong
+ * form, a UTF-16 surrogate (U+D800..DFFF) or a code point above U+10FFFF. */
+static size_t utf8_seq_len(const unsigned char *p, size_t avail) {
+    unsigned char c = p[0];
+    if (c < 0x80)
+        return 1;
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
+    if (c >= 0xC2 && c <= 0xDF) {
+        n = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        if (c == 0xED)
+            hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        if (c == 0xF4)
+            hi = 0x8F;
+    } else {
+        return 0;
+    }
+    if (avail < n || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t k = 2; k < n; k++)
+        if ((p[k] & 0xC0) != 0x80)
+            return 0;
+    return n;
+}
+
+static int is_json_space(unsigned char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* Walks the raw body once, tracking strings and escapes the way cJSON does so
+ * that brackets inside strings do not count. Syntax errors are left to cJSON;
+ * this only refuses what cJSON would accept but arserve must not. */
+static int body_scan(const unsigned char *p, size_t len, api_error_t *err) {
+    int depth = 0, in_string = 0;
+    size_t i = 0;
+    while (i < len) {
+        unsigned char c = p[i];
+        if (c >= 0x80) {
+            size_t k = utf8_seq_len(p + i, len - i);
+            if (k == 0)
+                return api_fail(err, 400, "", "invalid_json",
+                                "malformed JSON: invalid UTF-8 at byte %zu", i);
+            i += k;
+            continue;
+        }
+        if (in_string) {
+            if (c == '"') {
+                in_string = 0;
+            } else if (c == '\\') {
+                if (i + 5 < len && p[i + 1] == 'u' && memcmp(p + i + 2, "0000", 4) == 0)
+                    return api_fail(err, 400, "", "invalid_json",
+                                    "malformed JSON: strings must not contain \\u0000 (byte %zu)",
+                                    i);
+                /* Skip the escaped character unless it starts a multi-byte
+                 * sequence, which the UTF-8 check must still see. */
+                if (i + 1 < len && p[i + 1] < 0x80)
+                    i++;
+            } else if (c < 0x20) {
+                return api_fail(err, 400, "", "invalid_json",
+                                "malformed JSON: unescaped control character 0x%02x in a string "
+                                "at byte %zu",
+                                c, i);
+            }
+        } else if (c == '"') {
+            in_string = 1;
+        } else if (c == '{' || c == '[') {
+            if (++depth > API_MAX_JSON_DEPTH)
+                return api_fail(err, 400, "", "invalid_json",
+                                "malformed JSON: nested deeper than %d levels at byte %zu",
+                                API_MAX_JSON_DEPTH, i);
+        } else if (c == '}' || c == ']') {
+            depth--;
+        } else if (c < 0x20 && !is_json_space(c)) {
+            return api_fail(err, 400, "", "invalid_json",
+                            "malformed JSON: control character 0x%02x at byte %zu", c, i);
+        }
+        i++;
+    }
+    return AR_OK;
+}
+
+/* ---- field validation --------------------------------------------------- */
+
+/* The fields arserve knows; the enum indexes the seen-mask for duplicates. */
+enum {
+    F_PROMPT,
+    F_MODEL,
+    F_N,
+    F_SIZE,
+    F_RESPONSE_FORMAT,
+    F_OUTPUT_FORMAT,
+    F_USER,
+    F_SEED,
+    F_GUIDANCE_SCALE,
+    F_TEMPERATURE,
+    F_TOP_K,
+    F_TOP_P,
+    F_KV_POLICY,
+    F_KV_BUDGET,
+    F_STREAM,
+    F_PARTIAL_IMAGES,
+    F_COUNT
+};
+
+static const char *const field_names[F_COUNT] = {
+    [F_PROMPT] = "prompt",
+    [F_MODEL] = "model",
+    [F_N] = "n",
+    [F_SIZE] = "size",
+    [F_RESPONSE_FORMAT] = "response_format",
+    [F_OUTPUT_FORMAT] = "output_format",
+    [F_USER] = "user",
+    [F_SEED] = "seed",
+    [F_GUIDANCE_SCALE] = "guidance_scale",
+    [F_TEMPERATURE] = "temperature",
+    [F_TOP_K] = "top_k",
+    [F_TOP_P] = "top_p",
+    [F_KV_POLICY] = "kv_policy",
+    [F_KV_BUDGET] = "kv_budget",
+    [F_STREAM] = "stream",
+    [F_PARTIAL_IMAGES] = "partial_images",
+};
+
+static const char *const kv_policies[] = {"full", "streaming", "linear", "headkv"};
+#define KV_POLICY_LIST "full, streaming, linear, headkv"
+
+/* A numeric field: integer or real, in [lo, hi], or (lo, hi] when lo_open. */
+typedef struct num_rule {
+    const char *name;
+    int integer, lo_open;
+    double lo, hi;
+} num_rule_t;
+
+/* "an integer from 1 to 4", "a number greater than 0 and at most 1" */
+static void num_rule_describe(const num_rule_t *r, char *buf, size_t cap) {
+    char lo[40], hi[40];
+    const char *kind = r->integer ? "an integer" : "a number";
+    fmt_double(r->lo, lo);
+    fmt_double(r->hi, hi);
+    if (r->lo_open)
+        snprintf(buf, cap, "%s greater than %s and at most %s", kind, lo, hi);
+    else
+        snprintf(buf, cap, "%s from %s to %s", kind, lo, hi);
+}
+
+static int check_number(const cJSON *v, const num_rule_t *r, double *out, api_error_t *err) {
+    char want[128], got[40];
+    num_rule_describe(r, want, sizeof want);
+    if (!cJSON_IsNumber(v))
+        return api_fail(err, 400, r->name, "invalid_type", "%s must be %s; got %s", r->name, want,
+                        json_type_name(v));
+    double x = v->valuedouble;
+    fmt_double(x, got);
+    if (r->integer && isfinite(x) && x != floor(x))
+        return api_fail(err, 400, r->name, "invalid_type", "%s must be %s; got %s", r->name, want,
+                        got);
+    int below = r->lo_open ? !(x > r->lo) : !(x >= r->lo);
+    if (!isfinite(x) || below || x > r->hi)
+        return api_fail(err, 400, r->name, "invalid_value", "%s must be %s; got %s", r->name, want,
+                        got);
+    *out = x;
+    return AR_OK;
+}
+
+static int check_string(const cJSON *v, const char *name, const char *want, api_error_t *err) {
+    if (cJSON_IsString(v) && v->valuestring)
+        return AR_OK;
+    return api_fail(err, 400, name, "invalid_type", "%s must be %s; got %s", name, want,
+                    json_type_name(v));
+}
+
+/* "384x384, 768x768" */
+static void sizes_list(const api_limits_t *lim, char *buf, size_t cap) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; i < lim->n_sizes && used < cap; i++) {
+        int k = snprintf(buf + used, cap - used, "%s%dx%d", i ? ", " : "", lim->widths[i],
+                         lim->heights[i]);
+        if (k < 0)
+            break;
+        used += (size_t)k;
+    }
+}
+
+/* Parses "WxH", each 1..5 digits without a leading zero, and nothing else;
+ * 0 if it is not that. */
+static int parse_size(const char *s, int *w, int *h) {
+    int dims[2];
+    for (int d = 0; d < 2; d++) {
+        int digits = 0, value = 0;
+        if (*s == '0')
+            return 0; /* no leading zeros, and no zero size */
+        while (*s >= '0' && *s <= '9' && digits < 6)
+            value = value * 10 + (*s++ - '0'), digits++;
+        if (digits == 0 || digits > 5)
+            return 0;
+        dims[d] = value;
+        if (d == 0 && *s++ != 'x')
+            return 0;
+    }
+    if (*s)
+        return 0;
+    *w = dims[0];
+    *h = dims[1];
+    return 1;
+}
+
+static int parse_field(int f, const cJSON *v, const api_limits_t *lim, api_image_request_t *r,
+                       api_error_t *err) {
+    const char *name = field_names[f];
+    char buf[72], want[128], sizes[256];
+    double x;
+    switch (f) {
+    case F_PROMPT: {
+        snprintf(want, sizeof want, "a non-empty string of at most %zu bytes",
+                 lim->max_prompt_bytes);
+        if (check_string(v, name, want, err))
+            return AR_ERR;
+        size_t len = strlen(v->valuestring);
+        if (len == 0)
+            return api_fail(err, 400, name, "invalid_value",
+                            "prompt must be %s; got an empty string", want);
+        if (len > lim->max_prompt_bytes)
+            return api_fail(err, 400, name, "invalid_value", "prompt must be %s; got %zu bytes",
+                            want, len);
+        r->prompt = malloc(len + 1);
+        if (!r->prompt)
+            return api_fail(err, 500, "", "out_of_memory", "out of memory copying the prompt");
+        memcpy(r->prompt, v->valuestring, len + 1);
+        return AR_OK;
+    }
+    case F_MODEL:
+        if (check_string(v, name, "a string", err))
+            return AR_ERR;
+        if (lim->model_name && strcmp(v->valuestring, lim->model_name) != 0)
+            return api_fail(err, 404, name, "model_not_found",
+                            "model '%s' is not served here; this server serves '%s'",
+                            excerpt(v->valuestring, buf), lim->model_name);
+        return AR_OK;
+    case F_N: {
+        num_rule_t rule = {.name = name, .integer = 1, .lo = 1, .hi = lim->max_n};
+        if (check_number(v, &rule, &x, err))
+            return AR_ERR;
+        r->n = (int)x;
+        return AR_OK;
+    }
+    case F_SIZE: {
+        sizes_list(lim, sizes, sizeof sizes);
+        if (check_string(v, name, "a string \"WxH\" or \"auto\"", err))
+            return AR_ERR;
+        if (strcmp(v->valuestring, "auto") == 0) {
+            r->width = lim->widths[0];
+            r->height = lim->heights[0];
+            return AR_OK;
+        }
+        int w, h;
+        if (parse_size(v->valuestring, &w, &h))
+            for (int i = 0; i < lim->n_sizes; i++)
+                if (lim->widths[i] == w && lim->heights[i] == h) {
+                    r->width = w;
+                    r->height = h;
+                    return AR_OK;
+                }
+        return api_fail(err, 400, name, "invalid_value",
+                        "size '%s' is not supported; supported: %s (or auto)",
+                        excerpt(v->valuestring, buf), sizes);
+    }
+    case F_RESPONSE_FORMAT:
+        if (check_string(v, name, "\"b64_json\"", err))
+            return AR_ERR;
+        if (strcmp(v->valuestring, "b64_json") == 0)
+            return AR_OK;
+        if (strcmp(v->valuestring, "url") == 0)
+            return api_fail(err, 400, name, "unsupported_value",
+                            "response_format 'url' is not supported: arserve stores no images; "
+                            "use 'b64_json'");
+        return api_fail(err, 400, name, "invalid_value",
+                        "response_format must be 'b64_json'; got '%s'",
+                        excerpt(v->valuestring, buf));
+    case F_OUTPUT_FORMAT:
+        if (check_string(v, name, "\"png\"", err))
+            return AR_ERR;
+        if (strcmp(v->valuestring, "png") == 0)
+            return AR_OK;
+        if (strcmp(v->valuestring, "jpeg") == 0 || strcmp(v->valuestring, "webp") == 0)
+            return api_fail(err, 400, name, "unsupported_value",
+                            "output_format '%s' is not supported; supported: png", v->valuestring);
+        return api_fail(err, 400, name, "invalid_value", "output_format must be 'png'; got '%s'",
+                        excerpt(v->valuestring, buf));
+    case F_USER:
+        snprintf(want, sizeof want, "a string of at most %zu bytes", sizeof r->user - 1);
+        if (check_string(v, name, want, err))
+            return AR_ERR;
+        if (strlen(v->valuestring) >= sizeof r->user)
+            return api_fail(err, 400, name, "invalid_value", "user must be %s; got %zu bytes", want,
+                            strlen(v->valuestring));
+        memcpy(r->user, v->valuestring, strlen(v->valuestring) + 1);
+        return AR_OK;
+    case F_SEED: {
+        num_rule_t rule = {.name = name, .integer = 1, .lo = 0, .hi = API_MAX_SEED};
+        if (check_number(v, &rule, &x, err))
+            return AR_ERR;
+        r->has_seed = 1;
+        r->seed = (uint64_t)x;
+        return AR_OK;
+    }
+    case F_GUIDANCE_SCALE:
+    case F_TEMPERATURE: {
+        num_rule_t rule = {.name = name, .lo = 0, .hi = 100};
+        if (check_number(v, &rule, &x, err))
+            return AR_ERR;
+        if (f == F_GUIDANCE_SCALE) {
+            r->has_guidance_scale = 1;
+            r->guidance_scale = (float)x;
+        } else {
+            r->has_temperature = 1;
+            r->temperature = (float)x;
+        }
+        return AR_OK;
+    }
+    case F_TOP_K: {
+        num_rule_t rule = {.name = name, .integer = 1, .lo = 0, .hi = lim->codebook_size};
+        if (check_number(v, &rule, &x, err))
+            return AR_ERR;
+        r->has_top_k = 1;
+        r->top_k = (int)x;
+        return AR_OK;
+    }
+    case F_TOP_P:
+    case F_KV_BUDGET: {
+        num_rule_t rule = {.name = name, .lo_open = 1, .lo = 0, .hi = 1};
+        if (check_number(v, &rule, &x, err))
+            return AR_ERR;
+        if (f == F_TOP_P) {
+            r->has_top_p = 1;
+            r->top_p = (float)x;
+        } else {
+            r->has_kv_budget = 1;
+            r->kv_budget = x;
+        }
+        return AR_OK;
+    }
+    case F_KV_POLICY:
+        if (check_string(v, name, "one of " KV_POLICY_LIST, err))
+            return AR_ERR;
+        for (size_t i = 0; i < sizeof kv_policies / sizeof kv_policies[0]; i++)
+            if (strcmp(v->valuestring, kv_policies[i]) == 0) {
+                r->has_kv_policy = 1;
+                snprintf(r->kv_policy, sizeof r->kv_policy, "%s", kv_policies[i]);
+                return AR_OK;
+            }
+        return api_fail(err, 400, name, "invalid_value",
+                        "kv_policy must be one of " KV_POLICY_LIST "; got '%s'",
+                        excerpt(v->valuestring, buf));
+    case F_STREAM:
+        if (!cJSON_IsBool(v))
+            return api_fail(err, 400, name, "invalid_type", "stream must be a boolean; got %s",
+                            json_type_name(v));
+        r->stream = cJSON_IsTrue(v);
+        return AR_OK;
+    case F_PARTIAL_IMAGES: {
+        num_rule_t rule = {.name = name, .integer = 1, .lo = 0, .hi = 3};
+        if (check_number(v, &rule, &x, err))
+            return AR_ERR;
+        r->partial_images = (int)x;
+        return AR_OK;
+    }
+    }
+    return api_fail(err, 500, "", "internal_error", "unhandled field %d", f);
+}
+
+static int limits_valid(const api_limits_t *lim) {
+    return lim && lim->max_n >= 1 && lim->n_sizes >= 1 && lim->widths && lim->heights &&
+           lim->max_prompt_bytes >= 1 && lim->codebook_size >= 0;
+}
+
+int api_parse_image_request(const char *body, size_t len, const api_limits_t *lim,
+                            api_image_request_t *out, api_error_t *err) {
+    memset(out, 0, sizeof *out);
+    if (!limits_valid(lim))
+        return api_fail(err, 500, "", "invalid_limits", "the server's request limits are invalid");
+    if (!body)
+        len = 0;
+    size_t first = 0;
+    while (first < len && is_json_space((unsigned char)body[first]))
+        first++;
+    if (first == len)
+        return api_fail(err, 400, "", "invalid_json", "malformed JSON: empty body");
+    if (body_scan((const unsigned char *)body, len, err))
+        return AR_ERR;
+
+    /* ParseWithLengthOpts is ParseWithLength plus the end position, which
+     * is how trailing bytes are caught and syntax errors located without
+     * reading cJSON's global error pointer. */
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root) {
+        size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
+        return api_fail(err, 400, "", "invalid_json", "malformed JSON: syntax error at byte %zu",
+                        at);
+    }
+    size_t at = (size_t)(end - body);
+    while (at < len && is_json_space((unsigned char)body[at]))
+        at++;
+    if (at < len) {
+        cJSON_Delete(root);
+        return api_fail(err, 400, "", "invalid_json",
+                        "malformed JSON: unexpected data after the JSON value at byte %zu", at);
+    }
+    if (!cJSON_IsObject(root)) {
+        api_fail(err, 400, "", "invalid_json", "the request body must be a JSON object; got %s",
+                 json_type_name(root));
+        cJSON_Delete(root);
+        return AR_ERR;
+    }
+
+    out->n = 1;
+    out->width = lim->widths[0];
+    out->height = lim->heights[0];
+    out->want_b64 = 1;
+    /* Every member is either a known field, seen at most once, or an error:
+     * the loop stops within F_COUNT + 1 members whatever the body holds. */
+    unsigned seen = 0;
+    int rc = AR_OK;
+    char buf[72];
+    for (const cJSON *m = root->child; m && rc == AR_OK; m = m->next) {
+        const char *key = m->string ? m->string : "";
+        int f = 0;
+        while (f < F_COUNT && strcmp(key, field_names[f]) != 0)
+            f++;
+        if (f == F_COUNT) {
+            rc = api_fail(err, 400, key, "unknown_parameter", "unknown parameter '%s'",
+                          excerpt(key, buf));
+        } else if (seen & (1u << f)) {
+            rc = api_fail(err, 400, key, "duplicate_parameter", "parameter '%s' is given twice",
+                          key);
+        } else {
+            seen |= 1u << f;
+            if (!cJSON_IsNull(m))
+                rc = parse_field(f, m, lim, out, err);
+        }
+    }
+    cJSON_Delete(root);
+    if (rc == AR_OK && !out->prompt)
+        rc = api_fail(err, 400, "prompt", "missing_required_parameter",
+                      "prompt is required: a non-empty string of at most %zu bytes",
+                      lim->max_prompt_bytes);
+    if (rc != AR_OK)
+        api_image_request_free(out);
+    return rc;
+}
+
+void api_image_request_free(api_image_request_t *r) {
+    if (!r)
+        return;
+    free(r->prompt);
+    memset(r, 0, sizeof *r);
+}
+
+void api_image_request_sampler_params(const api_image_request_t *r,
+                                      const sampler_params_t *defaults, sampler_params_t *out) {
+    *out = *defaults;
+    if (r->has_guidance_scale)
+        out->cfg = r->guidance_scale;
+    if (r->has_temperature)
+        out->temperature = r->temperature;
+    if (r->has_top_k)
+        out->top_k = r->top_k;
+    if (r->has_top_p)
+        out->top_p = r->top_p;
+}
+
+/* ---- builders ---------------------------------------------------------- */
+
+/* Builders add members with these and check once at the end: cJSON's Add*
+ * functions return NULL (and free what they made) when memory runs out. */
+static int add_num(cJSON *o, const char *k, double v) {
+    return cJSON_AddNumberToObject(o, k, v) != NULL;
+}
+static int add_str(cJSON *o, const char *k, const char *v) {
+    return v && cJSON_AddStringToObject(o, k, v) != NULL;
+}
+
+/* Prints o and deletes it; NULL when ok is 0 or printing fails. */
+static char *print_and_delete(cJSON *o, int ok) {
+    char *text = ok && o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return text;
+}
+
+static int add_usage(cJSON *o, int image_tokens, int prompt_tokens) {
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    if (!u)
+        return 0;
+    int ok = add_num(u, "input_tokens", prompt_tokens);
+    ok &= add_num(u, "output_tokens", image_tokens);
+    ok &= add_num(u, "total_tokens", (double)prompt_tokens + image_tokens);
+    cJSON *d = cJSON_AddObjectToObject(u, "input_tokens_details");
+    ok &= d != NULL;
+    if (d) {
+        ok &= add_num(d, "text_tokens", prompt_tokens);
+        ok &= add_num(d, "image_tokens", 0);
+    }
+    return ok;
+}
+
+static int add_size(cJSON *o, int width, int height) {
+    char size[32];
+    snprintf(size, sizeof size, "%dx%d", width, height);
+    return add_str(o, "size", size);
+}
+
+char *api_error_json(const api_error_t *e) {
+    if (!e)
+        return NULL;
+    cJSON *root = cJSON_CreateObject();
+    cJSON *o = cJSON_AddObjectToObject(root, "error");
+    int ok = o != NULL;
+    if (o) {
+        ok &= add_str(o, "message", e->message);
+        ok &= add_str(o, "type", e->type);
+        ok &= (e->param[0] ? cJSON_AddStringToObject(o, "param", e->param)
+                           : cJSON_AddNullToObject(o, "param")) != NULL;
+        ok &= (e->code[0] ? cJSON_AddStringToObject(o, "code", e->code)
+                          : cJSON_AddNullToObject(o, "code")) != NULL;
+    }
+    return print_and_delete(root, ok);
+}
+
+char *api_images_response_json(long created, int n, const char *const *b64_pngs, int width,
+                               int height, int image_tokens, int prompt_tokens) {
+    if (n < 0 || (n > 0 && !b64_pngs) || image_tokens < 0 || prompt_tokens < 0)
+        return NULL;
+    cJSON *root = cJSON_CreateObject();
+    int ok = add_num(root, "created", (double)created);
+    cJSON *data = cJSON_AddArrayToObject(root, "data");
+    ok &= data != NULL;
+    for (int i = 0; ok && i < n; i++) {
+        cJSON *img = cJSON_CreateObject();
+        ok &= img != NULL && cJSON_AddItemToArray(data, img);
+        if (!ok) {
+            cJSON_Delete(img);
+            break;
+        }
+        ok &= add_str(img, "b64_json", b64_pngs[i]);
+    }
+    ok &= add_str(root, "output_format", "png");
+    ok &= add_size(root, width, height);
+    ok &= add_usage(root, image_tokens, prompt_tokens);
+    return print_and_delete(root, ok);
+}
+
+char *api_models_json(const char *model_name, long created) {
+    if (!model_name)
+        return NULL;
+    cJSON *root = cJSON_CreateObject();
+    int ok = add_str(root, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(root, "data");
+    cJSON *m = cJSON_CreateObject();
+    ok &= data != NULL && m != NULL && cJSON_AddItemToArray(data, m);
+    if (!ok) {
+        cJSON_Delete(m);
+        return print_and_delete(root, 0);
+    }
+    ok &= add_str(m, "id", model_name);
+    ok &= add_str(m, "object", "model");
+    ok &= add_num(m, "created", (double)created);
+    ok &= add_str(m, "owned_by", "arserve");
+    return print_and_delete(root, ok);
+}
+
+char *api_sse_progress(int steps_done, int steps_total, int image_index) {
+    if (steps_done < 0 || steps_total < 0 || image_index < 0)
+        return NULL;
+    cJSON *o = cJSON_CreateObject();
+    int ok = add_str(o, "type", API_SSE_PROGRESS);
+    ok &= add_num(o, "image_index", image_index);
+    ok &= add_num(o, "steps_done", steps_done);
+    ok &= add_num(o, "steps_total", steps_total);
+    return print_and_delete(o, ok);
+}
+
+/* The members partial and completed events share after b64_json. */
+static int add_image_event_common(cJSON *o, long created_at, int width, int height) {
+    int ok = add_num(o, "created_at", (double)created_at);
+    ok &= add_size(o, width, height);
+    ok &= add_str(o, "quality", "auto");
+    ok &= add_str(o, "background", "opaque");
+    ok &= add_str(o, "output_format", "png");
+    return ok;
+}
+
+char *api_sse_partial_image(const char *b64, int partial_image_index, int image_index,
+                            long created_at, int width, int height) {
+    if (!b64 || partial_image_index < 0 || image_index < 0)
+        return NULL;
+    cJSON *o = cJSON_CreateObject();
+    int ok = add_str(o, "type", API_SSE_PARTIAL_IMAGE);
+    ok &= add_str(o, "b64_json", b64);
+    ok &= add_num(o, "partial_image_index", partial_image_index);
+    ok &= add_image_event_common(o, created_at, width, height);
+    ok &= add_num(o, "image_index", image_index);
+    return print_and_delete(o, ok);
+}
+
+char *api_sse_completed(const char *b64, int image_index, long created_at, int width, int height,
+                        int image_tokens, int prompt_tokens) {
+    if (!b64 || image_index < 0 || image_tokens < 0 || prompt_tokens < 0)
+        return NULL;
+    cJSON *o = cJSON_CreateObject();
+    int ok = add_str(o, "type", API_SSE_COMPLETED);
+    ok &= add_str(o, "b64_json", b64);
+    ok &= add_image_event_common(o, created_at, width, height);
+    ok &= add_usage(o, image_tokens, prompt_tokens);
+    ok &= add_num(o, "image_index", image_index);
+    return print_and_delete(o, ok);
+}
+
+char *api_sse_frame(const char *event, const char *json) {
+    if (!event || !json || !event[0] || strpbrk(event, "\r\n"))
+        return NULL;
+    size_t event_len = strlen(event), json_len = strlen(json), lines = 1;
+    for (const char *p = json; *p; p++)
+        lines += *p == '\n';
+    /* "event: " EVENT "\n", then per line "data: " LINE "\n", then "\n" and NUL */
+    char *out = malloc(7 + event_len + 1 + lines * 7 + json_len + 2);
+    if (!out)
+        return NULL;
+    char *w = out;
+    memcpy(w, "event: ", 7);
+    memcpy(w + 7, event, event_len);
+    w += 7 + event_len;
+    *w++ = '\n';
+    const char *line = json;
+    for (;;) {
+        size_t k = strcspn(line, "\n");
+        memcpy(w, "data: ", 6);
+        memcpy(w + 6, line, k);
+        w += 6 + k;
+        *w++ = '\n';
+        if (!line[k])
+            break;
+        line += k + 1;
+    }
+    *w++ = '\n';
+    *w = 0;
+    return out;
+}
+
+char *api_base64(const uint8_t *buf, size_t n) {
+    static const char alphabet[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    if (!buf && n > 0)
+        return NULL;
+    if (n / 3 >= (SIZE_MAX - 1) / 4 - 1)
+        return NULL;
+    size_t out_len = (n + 2) / 3 * 4;
+    char *out = malloc(out_len + 1);
+    if (!out)
+        return NULL;
+    char *w = out;
+    size_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = (uint32_t)buf[i] << 16 | (uint32_t)buf[i + 1] << 8 | buf[i + 2];
+        *w++ = alphabet[v >> 18];
+        *w++ = alphabet[(v >> 12) & 63];
+        *w++ = alphabet[(v >> 6) & 63];
+        *w++ = alphabet[v & 63];
+    }
+    if (i < n) { /* one or two bytes left: pad to a full quantum */
+        uint32_t v = (uint32_t)buf[i] << 16 | (i + 1 < n ? (uint32_t)buf[i + 1] << 8 : 0);
+        *w++ = alphabet[v >> 18];
+        *w++ = alphabet[(v >> 12) & 63];
+        *w++ = i + 1 < n ? alphabet[(v >> 6) & 63] : '=';
+        *w++ = '=';
+    }
+    *w = 0;
+    return out;
+}

@@ -1,0 +1,184 @@
+/* The JSON half of arserve's OpenAI-compatible HTTP API: validates
+ * `POST /v1/images/generations` bodies into a request struct, and builds the
+ * response, error, model-list and Server-Sent-Event payloads. No networking. */
+#ifndef ARSERVE_API_H
+#define ARSERVE_API_H
+
+#include "engine/sampler.h"
+#include "engine/status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Deepest nesting of arrays and objects a request body may have (the body
+ * object itself is level 1). cJSON's own cap is 1000 and compiled in, so this
+ * is checked by a lexical scan before cJSON sees the body. */
+#define API_MAX_JSON_DEPTH 16
+
+/* Largest seed accepted: 2^53 - 1. Every integer up to 2^53 is exact in a
+ * double, but 2^53 + 1 parses to 2^53, so allowing 2^53 itself would accept
+ * a seed the client did not send. */
+#define API_MAX_SEED 9007199254740991.0
+
+/* An error as the API reports it. status is the HTTP status; type is
+ * "invalid_request_error" (4xx) or "server_error" (5xx); param is the request
+ * field at fault, or "" when none (api_error_json writes null); code is one of
+ *   invalid_json               body is empty, not UTF-8, nested deeper than
+ *                              API_MAX_JSON_DEPTH, not JSON, or not an object
+ *   unknown_parameter          a field arserve does not know
+ *   duplicate_parameter        a field given twice
+ *   missing_required_parameter prompt absent or null
+ *   invalid_type               a value of the wrong JSON type, or a number
+ *                              with a fraction where an integer is meant
+ *   invalid_value              a value out of range or not in the allowed set
+ *   unsupported_value          an OpenAI value arserve does not implement
+ *                              (response_format "url", output_format "jpeg")
+ *   model_not_found            model is not the served one (status 404)
+ *   out_of_memory, invalid_limits  (status 500)
+ * message is one sentence naming the field and what is allowed. Strings are
+ * truncated, never mid UTF-8 sequence. */
+typedef struct api_error {
+    int status;
+    char message[512];
+    char type[48];
+    char param[48];
+    char code[48];
+} api_error_t;
+
+/* What the served model accepts; owned by the caller and read only. */
+typedef struct api_limits {
+    const char *model_name;      /* the served model's id; NULL accepts any `model` */
+    int max_n;                   /* images per request, >= 1 */
+    int n_sizes;                 /* >= 1; "auto" means the first size */
+    const int *widths, *heights; /* the sizes the model produces */
+    size_t max_prompt_bytes;     /* >= 1 */
+    int codebook_size;           /* top_k upper bound */
+} api_limits_t;
+
+/* A validated request. Fields the client left out (or sent as null) keep the
+ * defaults below and their has_* flag 0, so the engine's model defaults apply. */
+typedef struct api_image_request {
+    char *prompt;       /* malloc'd, non-empty, <= max_prompt_bytes, valid UTF-8, no NUL */
+    int n;              /* 1..max_n, default 1 */
+    int width, height;  /* one of the allowed sizes, default the first */
+    int want_b64;       /* always 1: "b64_json" is the only format served */
+    int stream;         /* default 0 */
+    int partial_images; /* 0..3, default 0; only meaningful with stream */
+    int has_seed;
+    uint64_t seed; /* 0..API_MAX_SEED */
+    int has_guidance_scale, has_temperature, has_top_k, has_top_p;
+    float guidance_scale; /* 0..100 */
+    float temperature;    /* 0..100; 0 is greedy */
+    float top_p;          /* (0, 1]; 1 is off */
+    int top_k;            /* 0..codebook_size; 0 is off */
+    int has_kv_policy;
+    char kv_policy[16]; /* "full", "streaming", "linear" or "headkv" */
+    int has_kv_budget;
+    double kv_budget; /* (0, 1] */
+    char user[128];   /* "" when not given; at most 127 bytes */
+} api_image_request_t;
+
+/* Validates a request body of len bytes (need not be NUL-terminated) against
+ * lim. AR_OK with *out filled (free it with api_image_request_free), or AR_ERR
+ * with *err filled and *out holding nothing to free. Checks, in this order:
+ *   1. a lexical scan of the raw bytes: not empty, valid UTF-8 (RFC 8259 8.1;
+ *      so every string field is valid UTF-8 too), no raw control characters
+ *      (JSON allows only space, tab, CR, LF between tokens and none inside
+ *      strings; cJSON would take them as whitespace), no \u0000 escapes (cJSON
+ *      would cut the string there), nesting at most API_MAX_JSON_DEPTH;
+ *   2. cJSON parse, then only whitespace may follow the value (cJSON alone
+ *      accepts trailing bytes);
+ *   3. the value is an object;
+ *   4. its members in document order: duplicates, unknown names, types,
+ *      ranges; the first fault is reported;
+ *   5. prompt present.
+ * Thread-safe apart from cJSON's global error pointer, which cJSON writes on
+ * every failed parse and arserve never reads. Cost O(len). */
+int api_parse_image_request(const char *body, size_t len, const api_limits_t *lim,
+                            api_image_request_t *out, api_error_t *err);
+
+/* Frees the prompt and zeroes *r; safe on a zeroed or already-freed request. */
+void api_image_request_free(api_image_request_t *r);
+
+/* Copies the sampling fields the client gave (guidance_scale -> cfg,
+ * temperature, top_k, top_p) over the model's defaults into *out. */
+void api_image_request_sampler_params(const api_image_request_t *r,
+                                      const sampler_params_t *defaults, sampler_params_t *out);
+
+/* Every builder below returns malloc'd NUL-terminated JSON text without
+ * newlines (cJSON_PrintUnformatted, so strings are escaped), which the caller
+ * frees; NULL only when memory runs out or an argument is NULL or negative.
+ * b64 arguments are copied into the text, not retained. */
+
+/* {"error": {"message", "type", "param", "code"}}; an empty param or code is
+ * written as null. Streams report a late error with this payload as the SSE
+ * event "error": the openai client raises it as an APIError. */
+char *api_error_json(const api_error_t *e);
+
+/* The Images API response:
+ *   {"created": created, "data": [{"b64_json": ...}, ...n],
+ *    "output_format": "png", "size": "WxH",
+ *    "usage": {"input_tokens": prompt_tokens, "output_tokens": image_tokens,
+ *              "total_tokens": their sum,
+ *              "input_tokens_details": {"text_tokens": prompt_tokens, "image_tokens": 0}}}
+ * as openai-python's ImagesResponse and Usage name them. image_tokens is the
+ * total over all n images; prompt_tokens counts the prompt once (what the
+ * client sent, not the CFG rows arserve adds). OpenAI's optional `background`
+ * and `quality` are left out: arserve has neither setting. */
+char *api_images_response_json(long created, int n, const char *const *b64_pngs, int width,
+                               int height, int image_tokens, int prompt_tokens);
+
+/* {"object": "list", "data": [{"id": model_name, "object": "model",
+ *  "created": created, "owned_by": "arserve"}]} */
+char *api_models_json(const char *model_name, long created);
+
+/* Server-Sent Events for `stream: true`. Each payload carries its event name
+ * in "type" as well, because the openai client ignores the SSE event line and
+ * picks the event class from "type". A stream sends, for each image (n > 1
+ * interleaves them; image_index tells them apart, an arserve extension since
+ * OpenAI streams one image at a time):
+ *
+ *   event: arserve.progress        (arserve extension, every step or fewer)
+ *   {"type": "arserve.progress", "image_index": i, "steps_done": d, "steps_total": t}
+ *     An arserve name, so it cannot collide with OpenAI's own events; the
+ *     openai client has no class for it and yields it as a loosely built
+ *     object, which clients that only want images skip by "type".
+ *
+ *   event: image_generation.partial_image   (partial_images of them, 0..3)
+ *   {"type": "image_generation.partial_image", "b64_json", "partial_image_index",
+ *    "created_at", "size": "WxH", "quality": "auto", "background": "opaque",
+ *    "output_format": "png", "image_index": i}
+ *
+ *   event: image_generation.completed       (once per image)
+ *   {"type": "image_generation.completed", "b64_json", "created_at", "size",
+ *    "quality": "auto", "background": "opaque", "output_format": "png",
+ *    "usage": {as in api_images_response_json}, "image_index": i}
+ *
+ * OpenAI's ImageGen*Event schemas mark size, quality, background and
+ * output_format required, so strictly typed clients need them: "quality" is
+ * "auto" (arserve has no quality setting) and "background" is "opaque" (the
+ * PNGs are RGB). A completed event's usage is that image's own: its image
+ * tokens and the prompt's tokens. */
+char *api_sse_progress(int steps_done, int steps_total, int image_index);
+char *api_sse_partial_image(const char *b64, int partial_image_index, int image_index,
+                            long created_at, int width, int height);
+char *api_sse_completed(const char *b64, int image_index, long created_at, int width, int height,
+                        int image_tokens, int prompt_tokens);
+
+/* Event names as above, for api_sse_frame. */
+#define API_SSE_PROGRESS "arserve.progress"
+#define API_SSE_PARTIAL_IMAGE "image_generation.partial_image"
+#define API_SSE_COMPLETED "image_generation.completed"
+#define API_SSE_ERROR "error"
+
+/* One SSE frame: "event: EVENT\ndata: JSON\n\n". A newline inside json
+ * starts another "data: " line, which SSE readers join back with "\n". NULL
+ * when event is empty or holds CR or LF, or memory runs out. */
+char *api_sse_frame(const char *event, const char *json);
+
+/* Base64 of n bytes, standard alphabet with '=' padding (RFC 4648 section 4),
+ * no line breaks, as a malloc'd string ("" for n == 0). NULL on overflow or
+ * out of memory, or buf NULL with n > 0. */
+char *api_base64(const uint8_t *buf, size_t n);
+
+#endif

@@ -1,0 +1,661 @@
+/* Settings of `arserve serve` from defaults, a JSON file, the environment and
+ * flags. SETTINGS below is the only place a setting is described; parsing,
+ * validation, --help and the example config file are all driven by it. */
+#include "config.h"
+
+#include <assert.h>
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum setting_kind { KIND_INT, KIND_STRING, KIND_ENUM } setting_kind_t;
+
+/* One setting. name is the struct field and the JSON key; the flag (--name
+ * with '-' for '_') and the variable (ARSERVE_NAME upper-cased) derive from it. */
+typedef struct setting {
+    const char *name;
+    size_t offset, size; /* of the field in server_config_t */
+    setting_kind_t kind;
+    long long lo, hi, def;      /* KIND_INT */
+    const char *def_str;        /* KIND_STRING, KIND_ENUM */
+    const char *const *choices; /* KIND_ENUM, NULL-terminated */
+    int may_be_empty;           /* KIND_STRING */
+    const char *metavar, *help;
+} setting_t;
+
+#define FIELD(f)                                                                                   \
+    .name = #f, .offset = offsetof(server_config_t, f), .size = sizeof(((server_config_t *)0)->f)
+#define INT_SETTING(f, lo_, hi_, def_, mv, h)                                                      \
+    {                                                                                              \
+        FIELD(f), .kind = KIND_INT, .lo = (lo_), .hi = (hi_), .def = (def_), .metavar = (mv),      \
+                  .help = (h)                                                                      \
+    }
+#define STRING_SETTING(f, def_, empty_ok, mv, h)                                                   \
+    {                                                                                              \
+        FIELD(f), .kind = KIND_STRING, .def_str = (def_), .may_be_empty = (empty_ok),              \
+                  .metavar = (mv), .help = (h)                                                     \
+    }
+#define ENUM_SETTING(f, def_, choices_, mv, h)                                                     \
+    {                                                                                              \
+        FIELD(f), .kind = KIND_ENUM, .def_str = (def_), .choices = (choices_), .metavar = (mv),    \
+                  .help = (h)                                                                      \
+    }
+
+static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
+static const char *const BACKENDS[] = {"cpu", "cuda", NULL};
+
+static const setting_t SETTINGS[] = {
+    STRING_SETTING(model, "models/default", 0, "DIR",
+                   "Model directory (arserve.json, weights, tokenizer.json)"),
+    STRING_SETTING(host, "127.0.0.1", 0, "HOST",
+                   "Address to listen on; 0.0.0.0 listens on every interface"),
+    INT_SETTING(port, 0, 65535, 8080, "PORT", "TCP port to listen on; 0 picks a free one"),
+    STRING_SETTING(api_key_file, "", 1, "FILE",
+                   "File holding the API key clients must send as 'Authorization: Bearer KEY', "
+                   "trailing whitespace trimmed; empty: no key unless ARSERVE_API_KEY is set"),
+    INT_SETTING(max_running, 1, 4096, 64, "N", "Images generating at once"),
+    INT_SETTING(max_waiting, 0, 100000, 256, "N",
+                "Requests waiting for a slot; beyond this new requests get 429"),
+    INT_SETTING(request_timeout_s, 1, 86400, 600, "SECONDS",
+                "Deadline for one request, waiting included"),
+    INT_SETTING(drain_timeout_s, 0, 3600, 30, "SECONDS",
+                "After SIGTERM or SIGINT, how long running requests may take to finish"),
+    INT_SETTING(max_body_bytes, 1024, 64 << 20, 1 << 20, "BYTES",
+                "Largest request body accepted; larger ones get 413"),
+    INT_SETTING(max_n, 1, 64, 4, "N", "Most images one request may ask for ('n')"),
+    INT_SETTING(kv_pool_mb, 1, 1048576, 1024, "MIB", "KV cache pool size in MiB"),
+    INT_SETTING(threads, 0, 1024, 0, "N", "Engine CPU threads; 0 uses every core"),
+    INT_SETTING(png_workers, 1, 64, 2, "N", "Threads encoding PNGs"),
+    INT_SETTING(http_threads, 1, 256, 4, "N", "Threads serving HTTP connections"),
+    ENUM_SETTING(log_level, "info", LOG_LEVELS, "LEVEL", "Log verbosity"),
+    ENUM_SETTING(backend, "cpu", BACKENDS, "NAME", "Compute backend"),
+    INT_SETTING(retry_after_s, 1, 3600, 1, "SECONDS",
+                "Retry-After header value sent with 429 responses"),
+};
+#define N_SETTINGS (sizeof SETTINGS / sizeof SETTINGS[0])
+
+/* ARSERVE_* variables that are not settings: read by tests and tools, so the
+ * daemon must not reject an environment that carries them. */
+static const char *const ENV_NOT_SETTINGS[] = {"ARSERVE_TINY_MODEL", "ARSERVE_GOLDEN_DIR", NULL};
+
+#define ENV_PREFIX "ARSERVE_"
+#define ENV_CONFIG "ARSERVE_CONFIG"
+#define ENV_API_KEY "ARSERVE_API_KEY"
+#define MAX_FILE_BYTES (1 << 20)
+
+/* ---- names ------------------------------------------------------------ */
+
+static const char *flag_name(const setting_t *s, char *buf, size_t n) {
+    size_t i = 0;
+    buf[i++] = '-';
+    buf[i++] = '-';
+    for (const char *p = s->name; *p && i + 1 < n; p++)
+        buf[i++] = *p == '_' ? '-' : *p;
+    buf[i] = 0;
+    return buf;
+}
+
+static const char *env_name(const setting_t *s, char *buf, size_t n) {
+    size_t i = strlen(ENV_PREFIX);
+    memcpy(buf, ENV_PREFIX, i);
+    for (const char *p = s->name; *p && i + 1 < n; p++)
+        buf[i++] = (char)toupper((unsigned char)*p);
+    buf[i] = 0;
+    return buf;
+}
+
+static int *int_field(server_config_t *c, const setting_t *s) {
+    return (int *)((char *)c + s->offset);
+}
+static const int *int_field_const(const server_config_t *c, const setting_t *s) {
+    return (const int *)((const char *)c + s->offset);
+}
+static char *str_field(server_config_t *c, const setting_t *s) { return (char *)c + s->offset; }
+static const char *str_field_const(const server_config_t *c, const setting_t *s) {
+    return (const char *)c + s->offset;
+}
+
+/* Levenshtein distance, for "did you mean"; names are short. */
+static int edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63)
+        return 99;
+    int row[64];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+typedef const char *(*name_fn)(const setting_t *, char *, size_t);
+
+/* Appends " (did you mean 'X'?)" to err when a setting's name is close to got. */
+static int suggest(ar_error_t *err, const char *got, name_fn name) {
+    const char *best = NULL;
+    char buf[128], best_buf[128];
+    int best_d = 3; /* at most 2 edits */
+    for (size_t i = 0; i < N_SETTINGS; i++) {
+        int d = edit_distance(got, name(&SETTINGS[i], buf, sizeof buf));
+        if (d < best_d) {
+            best_d = d;
+            best = strcpy(best_buf, buf);
+        }
+    }
+    size_t len = strlen(err->msg);
+    if (best)
+        snprintf(err->msg + len, sizeof err->msg - len, " (did you mean '%s'?)", best);
+    return AR_ERR;
+}
+
+static const char *json_name(const setting_t *s, char *buf, size_t n) {
+    snprintf(buf, n, "%s", s->name);
+    return buf;
+}
+
+static const setting_t *find_by(const char *got, name_fn name) {
+    char buf[128];
+    for (size_t i = 0; i < N_SETTINGS; i++)
+        if (!strcmp(got, name(&SETTINGS[i], buf, sizeof buf)))
+            return &SETTINGS[i];
+    return NULL;
+}
+
+/* ---- values ----------------------------------------------------------- */
+
+/* Where a value came from, for messages: a flag or variable name is its own
+ * label ("--port: ..."); a file value reads "config.json: 'port' ...". */
+typedef struct source {
+    const char *file; /* NULL for a flag or a variable */
+    const char *name; /* the flag, variable or key */
+} source_t;
+
+static int range_error(const source_t *src, const setting_t *s, const char *value,
+                       ar_error_t *err) {
+    if (src->file)
+        return ar_errorf(err, "%s: '%s' is %s, outside [%lld, %lld]", src->file, src->name, value,
+                         s->lo, s->hi);
+    return ar_errorf(err, "%s: %s is outside [%lld, %lld]", src->name, value, s->lo, s->hi);
+}
+
+static int set_int(server_config_t *c, const setting_t *s, const source_t *src, long long v,
+                   ar_error_t *err) {
+    if (v < s->lo || v > s->hi) {
+        char text[32];
+        snprintf(text, sizeof text, "%lld", v);
+        return range_error(src, s, text, err);
+    }
+    *int_field(c, s) = (int)v;
+    return AR_OK;
+}
+
+static int set_string(server_config_t *c, const setting_t *s, const source_t *src, const char *v,
+                      ar_error_t *err) {
+    char where[160];
+    if (src->file)
+        snprintf(where, sizeof where, "%s: '%s'", src->file, src->name);
+    else
+        snprintf(where, sizeof where, "%s:", src->name);
+    if (s->kind == KIND_ENUM) {
+        for (const char *const *ch = s->choices; *ch; ch++)
+            if (!strcmp(*ch, v)) {
+                strcpy(str_field(c, s), v); /* fits: asserted in server_config_defaults */
+                return AR_OK;
+            }
+        char list[128] = "";
+        for (const char *const *ch = s->choices; *ch; ch++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                     ch == s->choices ? "" : ", ", *ch);
+        if (src->file)
+            return ar_errorf(err, "%s is '%s', not one of %s", where, v, list);
+        return ar_errorf(err, "%s '%s' is not one of %s", where, v, list);
+    }
+    if (!v[0] && !s->may_be_empty)
+        return ar_errorf(err, "%s %s empty", where, src->file ? "is" : "value is");
+    if (strlen(v) >= s->size)
+        return ar_errorf(err, "%s %s longer than %zu bytes", where, src->file ? "is" : "value is",
+                         s->size - 1);
+    strcpy(str_field(c, s), v);
+    /* A key file named at a higher rank replaces a key from ARSERVE_API_KEY. */
+    if (!strcmp(s->name, "api_key_file"))
+        c->api_key[0] = 0;
+    return AR_OK;
+}
+
+/* A value given as text: a flag or an environment variable. */
+static int set_from_text(server_config_t *c, const setting_t *s, const source_t *src, const char *v,
+                         ar_error_t *err) {
+    if (s->kind != KIND_INT)
+        return set_string(c, s, src, v, err);
+    /* strtoll alone would accept " 12" and "+12"; only [-]digits is an integer here. */
+    int digits = v[0] == '-' || isdigit((unsigned char)v[0]);
+    char *end = NULL;
+    errno = 0;
+    long long n = digits ? strtoll(v, &end, 10) : 0;
+    if (!digits || end == v || *end)
+        return ar_errorf(err, "%s: '%s' is not an integer", src->name, v);
+    if (errno == ERANGE)
+        return range_error(src, s, v, err);
+    return set_int(c, s, src, n, err);
+}
+
+static int set_from_json(server_config_t *c, const setting_t *s, const source_t *src,
+                         const cJSON *it, ar_error_t *err) {
+    if (s->kind == KIND_INT) {
+        double d = it->valuedouble;
+        if (!cJSON_IsNumber(it) || !isfinite(d) || floor(d) != d)
+            return ar_errorf(err, "%s: '%s' must be an integer", src->file, src->name);
+        if (d < (double)s->lo || d > (double)s->hi) {
+            char text[64];
+            snprintf(text, sizeof text, fabs(d) < 1e15 ? "%.0f" : "%g", d);
+            return range_error(src, s, text, err);
+        }
+        return set_int(c, s, src, (long long)d, err);
+    }
+    if (!cJSON_IsString(it) || !it->valuestring)
+        return ar_errorf(err, "%s: '%s' must be a string", src->file, src->name);
+    return set_string(c, s, src, it->valuestring, err);
+}
+
+/* ---- sources ---------------------------------------------------------- */
+
+/* Reads a whole small file into a NUL-terminated malloc'd buffer. */
+static int read_small_file(const char *path, const char *what, char **out, size_t *len,
+                           ar_error_t *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ar_errorf(err, "%s: cannot open %s: %s", path, what, strerror(errno));
+    char *buf = malloc(MAX_FILE_BYTES + 1);
+    if (!buf) {
+        fclose(f);
+        return ar_errorf(err, "%s: out of memory reading %s", path, what);
+    }
+    size_t n = fread(buf, 1, MAX_FILE_BYTES + 1, f);
+    int bad = ferror(f), saved = errno;
+    fclose(f);
+    if (bad || n > MAX_FILE_BYTES) {
+        free(buf);
+        if (bad)
+            return ar_errorf(err, "%s: cannot read %s: %s", path, what, strerror(saved));
+        return ar_errorf(err, "%s: %s is larger than %d bytes", path, what, MAX_FILE_BYTES);
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return AR_OK;
+}
+
+/* 1-based line of the byte at `at` in text. */
+static int line_of(const char *text, const char *at) {
+    int line = 1;
+    for (const char *p = text; p < at && *p; p++)
+        line += *p == '\n';
+    return line;
+}
+
+static int load_file(server_config_t *c, const char *path, ar_error_t *err) {
+    char *text;
+    size_t len;
+    if (read_small_file(path, "config file", &text, &len, err))
+        return AR_ERR;
+    int rc = AR_ERR;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        if (at && at >= text && at <= text + len)
+            ar_errorf(err, "%s: not valid JSON (line %d)", path, line_of(text, at));
+        else
+            ar_errorf(err, "%s: not valid JSON", path);
+        goto out;
+    }
+    if (!cJSON_IsObject(root)) {
+        ar_errorf(err, "%s: the top level must be a JSON object", path);
+        goto out;
+    }
+    for (const cJSON *it = root->child; it; it = it->next) {
+        for (const cJSON *jt = it->next; jt; jt = jt->next)
+            if (!strcmp(jt->string, it->string)) {
+                ar_errorf(err, "%s: duplicate key '%s'", path, it->string);
+                goto out;
+            }
+        const setting_t *s = find_by(it->string, json_name);
+        if (!s) {
+            ar_errorf(err, "%s: unknown key '%s'", path, it->string);
+            if (!strcmp(it->string, "api_key"))
+                snprintf(err->msg + strlen(err->msg), sizeof err->msg - strlen(err->msg),
+                         " (keys do not go in config files: name a file with 'api_key_file')");
+            else
+                suggest(err, it->string, json_name);
+            goto out;
+        }
+        source_t src = {path, it->string};
+        if (set_from_json(c, s, &src, it, err))
+            goto out;
+    }
+    rc = AR_OK;
+out:
+    cJSON_Delete(root);
+    free(text);
+    return rc;
+}
+
+/* Value of NAME in envp, or NULL. */
+static const char *env_get(char **envp, const char *name) {
+    size_t n = strlen(name);
+    const char *found = NULL;
+    for (char **e = envp; e && *e; e++)
+        if (!strncmp(*e, name, n) && (*e)[n] == '=')
+            found = *e + n + 1;
+    return found;
+}
+
+static int load_env(server_config_t *c, char **envp, ar_error_t *err) {
+    const char *key = env_get(envp, ENV_API_KEY);
+    char fenv[128];
+    if (key && env_get(envp, env_name(find_by("api_key_file", json_name), fenv, sizeof fenv)))
+        return ar_errorf(err, "%s and %s are both set; use one", ENV_API_KEY, fenv);
+    for (char **e = envp; e && *e; e++) {
+        if (strncmp(*e, ENV_PREFIX, strlen(ENV_PREFIX)) != 0)
+            continue;
+        const char *eq = strchr(*e, '=');
+        if (!eq)
+            continue;
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)(eq - *e), *e);
+        const char *value = eq + 1;
+        int skip = !strcmp(name, ENV_CONFIG) || !strcmp(name, ENV_API_KEY);
+        for (const char *const *a = ENV_NOT_SETTINGS; *a; a++)
+            skip |= !strcmp(name, *a);
+        if (skip)
+            continue;
+        const setting_t *s = find_by(name, env_name);
+        if (!s) {
+            ar_errorf(err, "unknown environment variable %s", name);
+            return suggest(err, name, env_name);
+        }
+        source_t src = {NULL, name};
+        if (set_from_text(c, s, &src, value, err))
+            return AR_ERR;
+    }
+    if (key) {
+        if (!key[0])
+            return ar_errorf(err, "%s is set but empty", ENV_API_KEY);
+        if (strlen(key) >= sizeof c->api_key)
+            return ar_errorf(err, "%s is longer than %zu bytes", ENV_API_KEY,
+                             sizeof c->api_key - 1);
+        strcpy(c->api_key, key);
+        c->api_key_file[0] = 0;
+    }
+    return AR_OK;
+}
+
+/* One parsed command-line item. */
+enum { FLAG_HELP = -1, FLAG_CONFIG = -2 };
+typedef struct flag {
+    int index; /* into SETTINGS, or FLAG_HELP / FLAG_CONFIG */
+    char name[128];
+    const char *value;
+} flag_t;
+
+/* Parses argv[*i] (and its value, advancing *i). */
+static int next_flag(int argc, char **argv, int *i, flag_t *f, ar_error_t *err) {
+    const char *arg = argv[*i];
+    f->value = NULL;
+    if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+        f->index = FLAG_HELP;
+        return AR_OK;
+    }
+    if (strncmp(arg, "--", 2) != 0 || !arg[2])
+        return ar_errorf(err, "unexpected argument '%s' (options start with --)", arg);
+    const char *eq = strchr(arg, '=');
+    snprintf(f->name, sizeof f->name, "%.*s", (int)(eq ? eq - arg : (ptrdiff_t)strlen(arg)), arg);
+    if (!strcmp(f->name, "--config")) {
+        f->index = FLAG_CONFIG;
+    } else {
+        const setting_t *s = find_by(f->name, flag_name);
+        if (!s) {
+            ar_errorf(err, "unknown flag '%s'", f->name);
+            return suggest(err, f->name, flag_name);
+        }
+        f->index = (int)(s - SETTINGS);
+    }
+    if (eq) {
+        f->value = eq + 1;
+    } else {
+        /* "--host --port 80" is a forgotten value, not a host named "--port". */
+        if (*i + 1 >= argc || !strncmp(argv[*i + 1], "--", 2))
+            return ar_errorf(err, "%s: needs a value", f->name);
+        f->value = argv[++*i];
+    }
+    return AR_OK;
+}
+
+static int load_key_file(server_config_t *c, ar_error_t *err) {
+    const char *path = c->api_key_file;
+    char *text;
+    size_t len;
+    if (read_small_file(path, "API key file", &text, &len, err))
+        return AR_ERR;
+    while (len && isspace((unsigned char)text[len - 1]))
+        text[--len] = 0;
+    int rc = AR_ERR;
+    if (!len)
+        ar_errorf(err, "%s: API key file is empty", path);
+    else if (strlen(text) != len)
+        ar_errorf(err, "%s: API key file contains a NUL byte", path);
+    else if (len >= sizeof c->api_key)
+        ar_errorf(err, "%s: API key is longer than %zu bytes", path, sizeof c->api_key - 1);
+    else {
+        rc = AR_OK;
+        for (size_t i = 0; i < len; i++)
+            if (iscntrl((unsigned char)text[i]))
+                rc = ar_errorf(err, "%s: API key contains a control character (several lines?)",
+                               path);
+        if (rc == AR_OK)
+            strcpy(c->api_key, text);
+    }
+    free(text);
+    return rc;
+}
+
+/* ---- public ----------------------------------------------------------- */
+
+void server_config_defaults(server_config_t *c) {
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < N_SETTINGS; i++) {
+        const setting_t *s = &SETTINGS[i];
+        if (s->kind == KIND_INT) {
+            assert(s->size == sizeof(int));
+            *int_field(c, s) = (int)s->def;
+        } else {
+            assert(strlen(s->def_str) < s->size);
+            for (const char *const *ch = s->choices; ch && *ch; ch++)
+                assert(strlen(*ch) < s->size);
+            strcpy(str_field(c, s), s->def_str);
+        }
+    }
+}
+
+int server_config_load(server_config_t *c, int argc, char **argv, char **envp, int *want_help,
+                       ar_error_t *err) {
+    server_config_defaults(c);
+    if (want_help)
+        *want_help = 0;
+
+    /* First pass over argv: --help wins over any mistake; find --config. */
+    const char *config = env_get(envp, ENV_CONFIG);
+    int bad = AR_OK;
+    ar_error_t first = {{0}};
+    for (int i = 1; i < argc; i++) {
+        flag_t f;
+        ar_error_t this_err;
+        if (next_flag(argc, argv, &i, &f, &this_err)) {
+            if (!bad)
+                first = this_err;
+            bad = AR_ERR;
+            continue;
+        }
+        if (f.index == FLAG_HELP) {
+            if (want_help)
+                *want_help = 1;
+            return AR_OK;
+        }
+        if (f.index == FLAG_CONFIG)
+            config = f.value;
+    }
+    if (bad) {
+        if (err)
+            *err = first;
+        return AR_ERR;
+    }
+
+    if (config && config[0]) {
+        if (strlen(config) >= sizeof c->config_path)
+            return ar_errorf(err, "config file name is longer than %zu bytes",
+                             sizeof c->config_path - 1);
+        strcpy(c->config_path, config);
+        if (load_file(c, config, err))
+            return AR_ERR;
+    }
+    if (load_env(c, envp, err))
+        return AR_ERR;
+    for (int i = 1; i < argc; i++) {
+        flag_t f;
+        if (next_flag(argc, argv, &i, &f, err))
+            return AR_ERR;
+        if (f.index < 0)
+            continue;
+        source_t src = {NULL, f.name};
+        if (set_from_text(c, &SETTINGS[f.index], &src, f.value, err))
+            return AR_ERR;
+    }
+    if (c->api_key_file[0] && load_key_file(c, err))
+        return AR_ERR;
+    return AR_OK;
+}
+
+/* Prints text wrapped to 78 columns, each line indented by `indent`. */
+static void print_wrapped(FILE *f, int indent, const char *text) {
+    const int width = 78 - indent;
+    while (*text) {
+        int n = (int)strlen(text);
+        if (n > width) {
+            n = width;
+            while (n > 0 && text[n] != ' ')
+                n--;
+            if (n == 0)
+                n = (int)strcspn(text, " "); /* one word longer than a line */
+        }
+        fprintf(f, "%*s%.*s\n", indent, "", n, text);
+        text += n;
+        while (*text == ' ')
+            text++;
+    }
+}
+
+void server_config_usage(FILE *f) {
+    char flag[128], env[128], left[160], text[512];
+    fprintf(f, "Every option is also an environment variable and a key of the JSON config\n"
+               "file; a flag beats the environment, which beats the file.\n\n");
+    fprintf(f, "  %-29s env %s\n", "--config FILE", ENV_CONFIG);
+    print_wrapped(f, 6, "JSON config file, keys as in config/arserve.example.json; empty: none.");
+    for (size_t i = 0; i < N_SETTINGS; i++) {
+        const setting_t *s = &SETTINGS[i];
+        snprintf(left, sizeof left, "%s %s", flag_name(s, flag, sizeof flag), s->metavar);
+        fprintf(f, "  %-29s env %s\n", left, env_name(s, env, sizeof env));
+        int n = snprintf(text, sizeof text, "%s. ", s->help);
+        if (s->kind == KIND_INT) {
+            snprintf(text + n, sizeof text - n, "%lld..%lld, default %lld.", s->lo, s->hi, s->def);
+        } else if (s->kind == KIND_ENUM) {
+            n += snprintf(text + n, sizeof text - n, "One of ");
+            for (const char *const *ch = s->choices; *ch; ch++)
+                n += snprintf(text + n, sizeof text - n, "%s%s", ch == s->choices ? "" : "|", *ch);
+            snprintf(text + n, sizeof text - n, ", default %s.", s->def_str);
+        } else {
+            snprintf(text + n, sizeof text - n, "Default %s.", s->def_str[0] ? s->def_str : "none");
+        }
+        print_wrapped(f, 6, text);
+    }
+    fprintf(f, "  -h, --help\n");
+    print_wrapped(f, 6, "Show this help.");
+    fprintf(f, "\nOther environment variables:\n");
+    fprintf(f, "  %-29s the API key itself, instead of a key file\n", ENV_API_KEY);
+    for (const char *const *a = ENV_NOT_SETTINGS; *a; a++)
+        fprintf(f, "  %-29s read by tests and tools; ignored here\n", *a);
+    fprintf(f, "Any other %s* variable is an error.\n", ENV_PREFIX);
+}
+
+/* Appends to a growing buffer; on failure frees it and leaves NULL. */
+static void append(char **buf, size_t *len, size_t *cap, const char *s) {
+    if (!*buf)
+        return;
+    size_t n = strlen(s);
+    if (*len + n + 1 > *cap) {
+        size_t want = (*len + n + 1) * 2;
+        char *grown = realloc(*buf, want);
+        if (!grown) {
+            free(*buf);
+            *buf = NULL;
+            return;
+        }
+        *buf = grown;
+        *cap = want;
+    }
+    memcpy(*buf + *len, s, n + 1);
+    *len += n;
+}
+
+/* Appends s as a JSON string literal. */
+static void append_json_string(char **buf, size_t *len, size_t *cap, const char *s) {
+    cJSON *item = cJSON_CreateString(s);
+    char *lit = item ? cJSON_PrintUnformatted(item) : NULL;
+    if (lit)
+        append(buf, len, cap, lit);
+    else {
+        free(*buf);
+        *buf = NULL;
+    }
+    cJSON_free(lit);
+    cJSON_Delete(item);
+}
+
+char *server_config_to_json(const server_config_t *c, int redact) {
+    size_t len = 0, cap = 1024;
+    char *buf = malloc(cap), piece[192];
+    if (buf)
+        buf[0] = 0;
+    append(&buf, &len, &cap, "{\n");
+    for (size_t i = 0; i < N_SETTINGS; i++) {
+        const setting_t *s = &SETTINGS[i];
+        snprintf(piece, sizeof piece, "  \"%s\": ", s->name);
+        append(&buf, &len, &cap, piece);
+        if (s->kind == KIND_INT) {
+            snprintf(piece, sizeof piece, "%d", *int_field_const(c, s));
+            append(&buf, &len, &cap, piece);
+        } else {
+            append_json_string(&buf, &len, &cap, str_field_const(c, s));
+        }
+        append(&buf, &len, &cap, i + 1 < N_SETTINGS || redact ? ",\n" : "\n");
+    }
+    if (redact)
+        append(&buf, &len, &cap,
+               c->api_key[0] ? "  \"api_key\": \"<redacted>\"\n" : "  \"api_key\": \"\"\n");
+    append(&buf, &len, &cap, "}\n");
+    return buf;
+}

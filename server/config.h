@@ -1,0 +1,74 @@
+/* The daemon's settings (`arserve serve`). Each one is a command-line flag, an
+ * ARSERVE_* environment variable and a key in a JSON config file, all derived
+ * from one table in config.c: --kv-pool-mb <-> ARSERVE_KV_POOL_MB <-> "kv_pool_mb". */
+#ifndef ARSERVE_SERVER_CONFIG_H
+#define ARSERVE_SERVER_CONFIG_H
+
+#include <stdio.h>
+
+#include "engine/status.h"
+
+/* The field names are the JSON keys. */
+typedef struct server_config {
+    char model[1024];        /* model directory, as given (relative to the working directory) */
+    char host[256];          /* address to bind */
+    int port;                /* 0 = the kernel picks a free port */
+    char api_key_file[1024]; /* "" = none */
+    int max_running;         /* images generating at once */
+    int max_waiting;         /* queued requests before 429 */
+    int request_timeout_s;   /* per-request deadline */
+    int drain_timeout_s;     /* grace for running requests after SIGTERM/SIGINT */
+    int max_body_bytes;      /* request bodies above this get 413 */
+    int max_n;               /* most images per request */
+    int kv_pool_mb;          /* KV cache pool, MiB */
+    int threads;             /* engine CPU threads, 0 = all cores */
+    int png_workers;         /* PNG encoder threads */
+    int http_threads;        /* HTTP connection threads */
+    char log_level[8];       /* "error", "warn", "info" or "debug" */
+    char backend[8];         /* "cpu" or "cuda" (validated only: the binary decides what runs) */
+    int retry_after_s;       /* Retry-After on 429 */
+
+    /* Derived, not settings of their own: */
+    char config_path[1024]; /* the config file that was read, "" if none */
+    char api_key[256];      /* from the key file or ARSERVE_API_KEY; "" = no auth */
+} server_config_t;
+
+/* Fills every setting with its built-in default (api_key and config_path empty). */
+void server_config_defaults(server_config_t *c);
+
+/* Sets c to the defaults, then applies, each overriding the last:
+ *   1. the JSON config file named by --config FILE or else ARSERVE_CONFIG (an
+ *      empty name means none); a flat object whose keys are the settings;
+ *   2. envp (NULL-terminated "NAME=VALUE" strings, usually main's third
+ *      argument; NULL = none): ARSERVE_<SETTING> for each setting;
+ *   3. argv[1..argc-1] flags, "--flag value" or "--flag=value"; a repeated flag
+ *      keeps its last value.
+ * The API key: ARSERVE_API_KEY holds the key itself and stands at the
+ * environment's rank: it overrides api_key_file from the config file, and
+ * --api-key-file overrides it (both ARSERVE_API_KEY and ARSERVE_API_KEY_FILE
+ * set is an error). An api_key_file left non-empty is then read; its
+ * contents, without trailing whitespace, become api_key.
+ * Errors name their source: "--port: 'abc' is not an integer",
+ * "ARSERVE_PORT: 70000 is outside [0, 65535]", "config.json: unknown key
+ * 'prot'", "config.json: 'port' must be an integer", "key.txt: API key file
+ * is empty". Unknown flags and positional arguments are errors, and so is an
+ * unknown ARSERVE_* variable, except ARSERVE_CONFIG, ARSERVE_API_KEY and
+ * those read by tests and tools (ARSERVE_TINY_MODEL, ARSERVE_GOLDEN_DIR).
+ * --help or -h anywhere sets *want_help (may be NULL) and returns AR_OK at
+ * once, reading nothing else. Returns AR_OK, or AR_ERR with err filled and
+ * c partly updated (do not use it). */
+int server_config_load(server_config_t *c, int argc, char **argv, char **envp, int *want_help,
+                       ar_error_t *err);
+
+/* Prints every setting: flag, value, help, range or choices, default and
+ * environment variable; then the other variables. No "usage:" line. */
+void server_config_usage(FILE *f);
+
+/* The settings as a JSON object, one key per line in table order, as a
+ * malloc'd string (NULL if out of memory; free() it). The key itself is never
+ * written. redact = 0: exactly the keys a config file may hold, so the output
+ * loads back (config/arserve.example.json is to_json(defaults, 0)). redact != 0,
+ * for logs: adds "api_key": "<redacted>", or "" when no key is set. */
+char *server_config_to_json(const server_config_t *c, int redact);
+
+#endif

@@ -1,0 +1,540 @@
+/* Routes and request handling on libmicrohttpd. */
+#include "http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <stdarg.h>
+#include <netinet/in.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/api.h"
+#include "server/log.h"
+
+#define WAIT_SLICE_MS 100
+#define SSE_KEEPALIVE_S 2.0
+
+struct http_server {
+    struct MHD_Daemon *d;
+    http_options_t opt;
+    char api_key[256];
+    model_t *model;
+    scheduler_t *sched;
+    metrics_t *metrics;
+    api_limits_t limits;
+    int width, height;
+    long created;
+    atomic_int ready, inflight;
+    metric_t *m_requests;
+};
+
+/* Per-connection state, from the first call of the access handler to the
+ * completion notice. */
+typedef struct conn {
+    const char *route; /* metric label */
+    char *body;
+    size_t len, cap;
+    int responded;
+    int counted; /* counted in inflight */
+} conn_t;
+
+/* What a streaming response's reader needs. */
+typedef struct sse {
+    http_server_t *h;
+    struct MHD_Connection *c;
+    sched_job_t *job;
+    int prompt_tokens;
+    int sent_steps, sent_partials, finished;
+    double last_write;
+    char *pending;
+    size_t pending_len, pending_off;
+} sse_t;
+
+static const char *const KNOWN_ROUTES[] = {"/health", "/ready", "/metrics", "/v1/models",
+                                           "/v1/images/generations", NULL};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void count(http_server_t *h, conn_t *cx, int code) {
+    char c[8];
+    snprintf(c, sizeof c, "%d", code);
+    metric_add(h->m_requests, 1, cx->route, c);
+}
+
+static enum MHD_Result send_buf(http_server_t *h, struct MHD_Connection *c, conn_t *cx, int code,
+                                const char *type, void *buf, size_t len, int free_buf) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        len, buf, free_buf ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_MUST_COPY);
+    if (!r) {
+        if (free_buf) free(buf);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (code == 429) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", h->opt.retry_after_s);
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+    }
+    if (code == 405) {
+        const char *allow = strcmp(cx->route, "/v1/images/generations") ? "GET" : "POST";
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+    }
+    if (code == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
+    MHD_destroy_response(r);
+    cx->responded = 1;
+    count(h, cx, code);
+    return ret;
+}
+
+static enum MHD_Result send_json(http_server_t *h, struct MHD_Connection *c, conn_t *cx, int code,
+                                 char *json) {
+    if (!json) return MHD_NO;
+    return send_buf(h, c, cx, code, "application/json", json, strlen(json), 1);
+}
+
+static enum MHD_Result send_error(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
+                                  const api_error_t *e) {
+    return send_json(h, c, cx, e->status, api_error_json(e));
+}
+
+static enum MHD_Result fail(http_server_t *h, struct MHD_Connection *c, conn_t *cx, int status,
+                            const char *type, const char *param, const char *code,
+                            const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+static enum MHD_Result fail(http_server_t *h, struct MHD_Connection *c, conn_t *cx, int status,
+                            const char *type, const char *param, const char *code,
+                            const char *fmt, ...) {
+    api_error_t e = {.status = status};
+    snprintf(e.type, sizeof e.type, "%s", type);
+    snprintf(e.param, sizeof e.param, "%s", param ? param : "");
+    snprintf(e.code, sizeof e.code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    va_end(ap);
+    return send_error(h, c, cx, &e);
+}
+
+/* Constant-time comparison of the presented bearer token with the key. */
+static int auth_ok(const http_server_t *h, struct MHD_Connection *c) {
+    if (!h->api_key[0]) return 1;
+    const char *hdr = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!hdr || strncmp(hdr, "Bearer ", 7) != 0) return 0;
+    const char *tok = hdr + 7;
+    size_t a = strlen(tok), b = strlen(h->api_key);
+    unsigned diff = (unsigned)(a ^ b);
+    for (size_t i = 0; i < b; i++) diff |= (unsigned char)h->api_key[i] ^ (unsigned char)(i < a ? tok[i] : 0);
+    return diff == 0;
+}
+
+/* 1 while the client's socket is open (a peek sees data or would block). */
+static int client_alive(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) return 1;
+    if (n == 0) return 0;
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+/* Waits until the job changes or the slice passes; the caller holds j->mu. */
+static void job_wait_slice(sched_job_t *j, int ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)ms * 1000000L;
+    while (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&j->changed, &j->mu, &ts);
+}
+
+/* ---- streaming ---- */
+
+static int sse_append(sse_t *s, const char *event, char *json) {
+    if (!json) return -1;
+    char *frame = api_sse_frame(event, json);
+    free(json);
+    if (!frame) return -1;
+    size_t n = strlen(frame);
+    char *p = realloc(s->pending, s->pending_len + n);
+    if (!p) {
+        free(frame);
+        return -1;
+    }
+    memcpy(p + s->pending_len, frame, n);
+    s->pending = p;
+    s->pending_len += n;
+    free(frame);
+    return 0;
+}
+
+/* Turns what changed in the job since the last call into frames; the caller
+ * holds job->mu. Returns 1 when the stream has said everything. */
+static int sse_collect(sse_t *s) {
+    sched_job_t *j = s->job;
+    long now = (long)time(NULL);
+    if (j->steps_done > s->sent_steps && j->state == JOB_RUNNING) {
+        for (int i = 0; i < j->n_images; i++)
+            sse_append(s, API_SSE_PROGRESS, api_sse_progress(j->steps_done, j->steps_total, i));
+        s->sent_steps = j->steps_done;
+    }
+    for (; s->sent_partials < j->n_partials; s->sent_partials++)
+        for (int i = 0; i < j->n_images; i++) {
+            const char *b64 = j->partial_b64[s->sent_partials * j->n_images + i];
+            if (b64)
+                sse_append(s, API_SSE_PARTIAL_IMAGE,
+                           api_sse_partial_image(b64, s->sent_partials, i, now, s->h->width, s->h->height));
+        }
+    if (j->state == JOB_DONE) {
+        for (int i = 0; i < j->n_images; i++) {
+            char *b64 = api_base64(j->png[i], j->png_len[i]);
+            if (b64)
+                sse_append(s, API_SSE_COMPLETED,
+                           api_sse_completed(b64, i, now, s->h->width, s->h->height,
+                                             j->steps_total, s->prompt_tokens));
+            free(b64);
+        }
+        return 1;
+    }
+    if (j->state == JOB_FAILED) {
+        sse_append(s, API_SSE_ERROR, api_error_json(&j->error));
+        return 1;
+    }
+    return 0;
+}
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    sse_t *s = cls;
+    (void)pos;
+    for (;;) {
+        if (s->pending_off < s->pending_len) {
+            size_t n = s->pending_len - s->pending_off;
+            if (n > max) n = max;
+            memcpy(buf, s->pending + s->pending_off, n);
+            s->pending_off += n;
+            if (s->pending_off == s->pending_len) s->pending_off = s->pending_len = 0;
+            s->last_write = now_s();
+            return (ssize_t)n;
+        }
+        if (s->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+        pthread_mutex_lock(&s->job->mu);
+        s->finished = sse_collect(s);
+        if (!s->finished && s->pending_len == 0) job_wait_slice(s->job, WAIT_SLICE_MS);
+        pthread_mutex_unlock(&s->job->mu);
+        if (s->pending_len == 0 && !s->finished) {
+            if (!client_alive(s->c)) return MHD_CONTENT_READER_END_WITH_ERROR;
+            if (now_s() - s->last_write > SSE_KEEPALIVE_S) {
+                static const char ka[] = ": keep-alive\n\n";
+                size_t n = sizeof ka - 1 < max ? sizeof ka - 1 : max;
+                memcpy(buf, ka, n);
+                s->last_write = now_s();
+                return (ssize_t)n;
+            }
+        }
+    }
+}
+
+static void sse_free(void *cls) {
+    sse_t *s = cls;
+    pthread_mutex_lock(&s->job->mu);
+    int ended = s->job->state == JOB_DONE || s->job->state == JOB_FAILED;
+    pthread_mutex_unlock(&s->job->mu);
+    if (!ended) sched_job_cancel(s->h->sched, s->job);
+    sched_job_release(s->job);
+    free(s->pending);
+    free(s);
+}
+
+/* ---- image generations ---- */
+
+static enum MHD_Result respond_images(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
+                                      sched_job_t *j, int prompt_tokens) {
+    const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
+    if (j->n_images == 1 && accept && strstr(accept, "image/png") && !strstr(accept, "application/json")) {
+        void *png = j->png[0];
+        size_t len = j->png_len[0];
+        return send_buf(h, c, cx, 200, "image/png", png, len, 0);
+    }
+    char **b64 = calloc((size_t)j->n_images, sizeof *b64);
+    int ok = b64 != NULL;
+    for (int i = 0; ok && i < j->n_images; i++) ok = (b64[i] = api_base64(j->png[i], j->png_len[i])) != NULL;
+    char *json = ok ? api_images_response_json((long)time(NULL), j->n_images, (const char *const *)b64,
+                                               h->width, h->height, j->steps_total * j->n_images,
+                                               prompt_tokens)
+                    : NULL;
+    for (int i = 0; b64 && i < j->n_images; i++) free(b64[i]);
+    free(b64);
+    if (!json)
+        return fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory building the response");
+    return send_json(h, c, cx, 200, json);
+}
+
+static uint64_t random_seed(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^
+                 ((uint64_t)(uintptr_t)&ts << 17);
+    x ^= x >> 31;
+    return x & ((1ull << 53) - 1);
+}
+
+static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *c, conn_t *cx) {
+    api_image_request_t req;
+    api_error_t e;
+    if (api_parse_image_request(cx->body ? cx->body : "", cx->len, &h->limits, &req, &e) != AR_OK)
+        return send_error(h, c, cx, &e);
+    int *cond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
+    int *uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
+    int n_prompt = 0;
+    ar_error_t err = {{0}};
+    enum MHD_Result ret;
+    if (!cond || !uncond) {
+        ret = fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory");
+        goto out;
+    }
+    if (model_prompt_from_text(h->model, req.prompt, cond, uncond, &n_prompt, &err) != AR_OK) {
+        ret = fail(h, c, cx, 400, "invalid_request_error", "prompt", "invalid_value", "prompt: %s", err.msg);
+        goto out;
+    }
+    sampler_params_t sp;
+    api_image_request_sampler_params(&req, &h->model->cfg.sampling, &sp);
+    uint64_t seed = req.has_seed ? req.seed : random_seed();
+    sched_job_t *j = sched_job_create(cond, uncond, n_prompt, req.n, &sp, seed,
+                                      req.stream ? req.partial_images : 0, h->opt.request_timeout_s);
+    if (!j) {
+        ret = fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory");
+        goto out;
+    }
+    if (sched_submit(h->sched, j, &e) != AR_OK) {
+        sched_job_release(j);
+        ret = send_error(h, c, cx, &e);
+        goto out;
+    }
+    int prompt_tokens = n_prompt;
+    if (req.stream) {
+        sse_t *s = calloc(1, sizeof *s);
+        if (!s) {
+            sched_job_cancel(h->sched, j);
+            sched_job_release(j);
+            ret = fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory");
+            goto out;
+        }
+        *s = (sse_t){.h = h, .c = c, .job = j, .prompt_tokens = prompt_tokens, .last_write = now_s()};
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, sse_read, s, sse_free);
+        if (!r) {
+            sse_free(s);
+            ret = MHD_NO;
+            goto out;
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        cx->responded = 1;
+        count(h, cx, 200);
+        goto out;
+    }
+    /* Wait for the job, checking that the client is still there. */
+    pthread_mutex_lock(&j->mu);
+    int gone = 0;
+    while (j->state != JOB_DONE && j->state != JOB_FAILED) {
+        job_wait_slice(j, WAIT_SLICE_MS);
+        if (j->state == JOB_DONE || j->state == JOB_FAILED) break;
+        pthread_mutex_unlock(&j->mu);
+        gone = !client_alive(c);
+        pthread_mutex_lock(&j->mu);
+        if (gone) break;
+    }
+    job_state_t st = j->state;
+    api_error_t je = j->error;
+    pthread_mutex_unlock(&j->mu);
+    if (gone) {
+        log_msg(LOG_INFO, "job %llu: client went away; cancelling", (unsigned long long)j->id);
+        sched_job_cancel(h->sched, j);
+        sched_job_release(j);
+        count(h, cx, 499);
+        cx->responded = 1;
+        ret = MHD_NO;
+        goto out;
+    }
+    ret = st == JOB_DONE ? respond_images(h, c, cx, j, prompt_tokens) : send_error(h, c, cx, &je);
+    sched_job_release(j);
+out:
+    free(cond);
+    free(uncond);
+    api_image_request_free(&req);
+    return ret;
+}
+
+/* ---- dispatch ---- */
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
+                              const char *method, const char *version, const char *upload_data,
+                              size_t *upload_data_size, void **con_cls) {
+    http_server_t *h = cls;
+    conn_t *cx = *con_cls;
+    if (!cx) {
+        cx = calloc(1, sizeof *cx);
+        if (!cx) return MHD_NO;
+        cx->route = "other";
+        for (const char *const *r = KNOWN_ROUTES; *r; r++)
+            if (!strcmp(url, *r)) cx->route = *r;
+        *con_cls = cx;
+        atomic_fetch_add(&h->inflight, 1);
+        cx->counted = 1;
+        return MHD_YES;
+    }
+    if (cx->responded) { /* 413 sent mid-upload: discard the rest */
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    int is_post = !strcmp(method, "POST");
+    const char *route = cx->route;
+
+    if (!strcmp(route, "other"))
+        return fail(h, c, cx, 404, "invalid_request_error", NULL, "not_found", "no route for %s %s", method, url);
+    int want_post = !strcmp(route, "/v1/images/generations");
+    if (want_post ? !is_post : !is_get)
+        return fail(h, c, cx, 405, "invalid_request_error", NULL, "method_not_allowed",
+                    "%s is not allowed on %s; use %s", method, url, want_post ? "POST" : "GET");
+    if (!strcmp(route, "/health")) {
+        int alive = sched_alive(h->sched);
+        return send_json(h, c, cx, alive ? 200 : 503,
+                         strdup(alive ? "{\"status\":\"ok\"}" : "{\"status\":\"engine stopped\"}"));
+    }
+    if (!strcmp(route, "/metrics")) {
+        char *text = metrics_render(h->metrics);
+        if (!text) return MHD_NO;
+        return send_buf(h, c, cx, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text), 1);
+    }
+    if (!auth_ok(h, c))
+        return fail(h, c, cx, 401, "invalid_request_error", NULL, "invalid_api_key",
+                    "missing or wrong API key: send 'Authorization: Bearer <key>'");
+    if (!strcmp(route, "/ready")) {
+        int ready = atomic_load(&h->ready) && !sched_draining(h->sched);
+        return send_json(h, c, cx, ready ? 200 : 503,
+                         strdup(ready ? "{\"status\":\"ready\"}" : "{\"status\":\"not ready\"}"));
+    }
+    if (!strcmp(route, "/v1/models"))
+        return send_json(h, c, cx, 200, api_models_json(h->model->cfg.name, h->created));
+
+    /* POST /v1/images/generations: gather the body within the limit. */
+    if (*upload_data_size) {
+        if (cx->len + *upload_data_size > h->opt.max_body_bytes) {
+            *upload_data_size = 0;
+            return fail(h, c, cx, 413, "invalid_request_error", NULL, "request_too_large",
+                        "the request body is larger than %zu bytes", h->opt.max_body_bytes);
+        }
+        if (cx->len + *upload_data_size > cx->cap) {
+            size_t cap = cx->cap ? cx->cap : 4096;
+            while (cap < cx->len + *upload_data_size) cap *= 2;
+            char *b = realloc(cx->body, cap);
+            if (!b) return MHD_NO;
+            cx->body = b;
+            cx->cap = cap;
+        }
+        memcpy(cx->body + cx->len, upload_data, *upload_data_size);
+        cx->len += *upload_data_size;
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (!atomic_load(&h->ready) || sched_draining(h->sched))
+        return fail(h, c, cx, 503, "server_error", NULL, "not_ready",
+                    "the server is not accepting work (loading or shutting down)");
+    return handle_generate(h, c, cx);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe) {
+    http_server_t *h = cls;
+    conn_t *cx = *con_cls;
+    (void)c;
+    (void)toe;
+    if (!cx) return;
+    if (cx->counted) atomic_fetch_sub(&h->inflight, 1);
+    free(cx->body);
+    free(cx);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
+    log_msg(LOG_WARN, "http: %s", msg);
+}
+
+http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t *sched,
+                          metrics_t *metrics, ar_error_t *err) {
+    http_server_t *h = calloc(1, sizeof *h);
+    if (!h) {
+        ar_errorf(err, "out of memory");
+        return NULL;
+    }
+    h->opt = *opt;
+    snprintf(h->api_key, sizeof h->api_key, "%s", opt->api_key ? opt->api_key : "");
+    h->model = model;
+    h->sched = sched;
+    h->metrics = metrics;
+    h->width = model_config_image_width(&model->cfg);
+    h->height = model_config_image_height(&model->cfg);
+    h->created = (long)time(NULL);
+    h->limits = (api_limits_t){.model_name = model->cfg.name,
+                               .max_n = opt->max_n,
+                               .n_sizes = 1,
+                               .widths = &h->width,
+                               .heights = &h->height,
+                               .max_prompt_bytes = 4096,
+                               .codebook_size = model->cfg.image.codebook_size};
+    static const char *const labels[] = {"route", "code"};
+    h->m_requests = metrics_counter(metrics, "arserve_http_requests_total",
+                                    "HTTP requests answered, by route and status code.", 2, labels);
+
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)opt->port)};
+    if (inet_pton(AF_INET, opt->host, &addr.sin_addr) != 1) {
+        free(h);
+        ar_errorf(err, "--host: '%s' is not an IPv4 address", opt->host);
+        return NULL;
+    }
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                                MHD_USE_ERROR_LOG | MHD_USE_POLL,
+                            (uint16_t)opt->port, NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER,
+                            mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &addr,
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)opt->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)120, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
+                            MHD_OPTION_END);
+    if (!h->d) {
+        free(h);
+        ar_errorf(err, "cannot listen on %s:%d (in use, or not permitted)", opt->host, opt->port);
+        return NULL;
+    }
+    return h;
+}
+
+int http_port(const http_server_t *h) {
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    return di ? di->port : -1;
+}
+
+void http_set_ready(http_server_t *h, int ready) { atomic_store(&h->ready, ready); }
+
+int http_inflight(http_server_t *h) { return atomic_load(&h->inflight); }
+
+void http_stop(http_server_t *h) {
+    if (!h) return;
+    MHD_stop_daemon(h->d);
+    free(h);
+}

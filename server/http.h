@@ -1,0 +1,38 @@
+/* The HTTP front: libmicrohttpd routes, OpenAI error shapes, auth, body
+ * limits, SSE streaming and disconnect detection. Each connection has its
+ * own thread (MHD's thread-per-connection mode): a request thread waits on
+ * its job and checks its socket while waiting, so a client that goes away
+ * cancels its job. */
+#ifndef ARSERVE_HTTP_H
+#define ARSERVE_HTTP_H
+
+#include <stddef.h>
+
+#include "engine/model.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+
+typedef struct http_options {
+    const char *host;
+    int port; /* 0: any free port */
+    const char *api_key; /* "" or NULL: no auth */
+    size_t max_body_bytes;
+    int max_n;
+    int max_connections;
+    int retry_after_s;
+    double request_timeout_s;
+} http_options_t;
+
+typedef struct http_server http_server_t;
+
+http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t *sched,
+                          metrics_t *metrics, ar_error_t *err);
+/* The port actually bound (useful with port 0). */
+int http_port(const http_server_t *h);
+/* /ready answers 200 only when set (model loaded and not draining). */
+void http_set_ready(http_server_t *h, int ready);
+/* Requests being answered now (bodies read, responses not yet sent). */
+int http_inflight(http_server_t *h);
+void http_stop(http_server_t *h);
+
+#endif

@@ -1,0 +1,560 @@
+/* Daemon settings: defaults, each source (config file, environment, flags) and
+ * their precedence, every kind of error message, the API key file, and the
+ * committed config/arserve.example.json staying equal to the defaults. */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "server/config.h"
+#include "tests/test.h"
+
+#define EXAMPLE_FILE "config/arserve.example.json"
+
+/* Loads with argv = {"serve", args...} and the given environment (both
+ * NULL-terminated lists; NULL = empty). */
+static int load(server_config_t *c, const char *const *args, const char *const *env,
+                ar_error_t *err) {
+    char *argv[32] = {"serve"};
+    int argc = 1;
+    for (const char *const *a = args; a && *a && argc < 31; a++)
+        argv[argc++] = (char *)*a;
+    char *envp[32] = {0};
+    int n = 0;
+    for (const char *const *e = env; e && *e && n < 31; e++)
+        envp[n++] = (char *)*e;
+    err->msg[0] = 0;
+    return server_config_load(c, argc, argv, envp, NULL, err);
+}
+
+/* Writes content to a fresh temporary file; returns its malloc'd path. */
+static char *temp_file(const char *content) {
+    char *path = strdup("/tmp/arserve-test-config-XXXXXX.json");
+    int fd = mkstemps(path, 5);
+    if (fd < 0) {
+        perror("mkstemps");
+        abort();
+    }
+    size_t n = strlen(content);
+    if (write(fd, content, n) != (ssize_t)n)
+        abort();
+    close(fd);
+    return path;
+}
+
+static void remove_temp(char *path) {
+    unlink(path);
+    free(path);
+}
+
+/* Loads a config file holding `json` (through --config) and returns the status. */
+static int load_json(server_config_t *c, const char *json, ar_error_t *err) {
+    char *path = temp_file(json);
+    const char *args[] = {"--config", path, NULL};
+    int rc = load(c, args, NULL, err);
+    remove_temp(path);
+    return rc;
+}
+
+static int configs_equal(const server_config_t *a, const server_config_t *b) {
+    char *ja = server_config_to_json(a, 1), *jb = server_config_to_json(b, 1);
+    int same = ja && jb && !strcmp(ja, jb) && !strcmp(a->api_key, b->api_key);
+    free(ja);
+    free(jb);
+    return same;
+}
+
+static void test_defaults(void) {
+    server_config_t c;
+    server_config_defaults(&c);
+    CHECK(!strcmp(c.model, "models/default"));
+    CHECK(!strcmp(c.host, "127.0.0.1"));
+    CHECK(c.port == 8080);
+    CHECK(c.api_key_file[0] == 0 && c.api_key[0] == 0 && c.config_path[0] == 0);
+    CHECK(c.max_running == 64 && c.max_waiting == 256);
+    CHECK(c.request_timeout_s == 600 && c.drain_timeout_s == 30);
+    CHECK(c.max_body_bytes == 1 << 20 && c.max_n == 4 && c.kv_pool_mb == 1024);
+    CHECK(c.threads == 0 && c.png_workers == 2 && c.http_threads == 4);
+    CHECK(!strcmp(c.log_level, "info") && !strcmp(c.backend, "cpu"));
+    CHECK(c.retry_after_s == 1);
+}
+
+static void test_no_sources_gives_defaults(void) {
+    server_config_t c, d;
+    ar_error_t err;
+    const char *env[] = {"PATH=/usr/bin", "HOME=/root", NULL};
+    memset(&c, 0x5a, sizeof c); /* load must not rely on the caller's contents */
+    CHECK_MSG(load(&c, NULL, env, &err) == AR_OK, "%s", err.msg);
+    server_config_defaults(&d);
+    CHECK(configs_equal(&c, &d));
+}
+
+static void test_flags_both_syntaxes(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *args[] = {
+        "--port",       "9000", "--host=0.0.0.0", "--log-level", "debug", "--model=m/x",
+        "--kv-pool-mb", "2048", "--backend=cuda", "--threads=0", NULL};
+    CHECK_MSG(load(&c, args, NULL, &err) == AR_OK, "%s", err.msg);
+    CHECK(c.port == 9000 && !strcmp(c.host, "0.0.0.0") && !strcmp(c.log_level, "debug"));
+    CHECK(!strcmp(c.model, "m/x") && c.kv_pool_mb == 2048 && !strcmp(c.backend, "cuda"));
+    CHECK(c.threads == 0 && c.max_n == 4);
+}
+
+static void test_repeated_flag_keeps_last(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *args[] = {"--max-n", "2", "--max-n=7", NULL};
+    CHECK_MSG(load(&c, args, NULL, &err) == AR_OK, "%s", err.msg);
+    CHECK(c.max_n == 7);
+}
+
+static void test_env_source(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *env[] = {"ARSERVE_PORT=9001", "ARSERVE_MAX_WAITING=0", "ARSERVE_LOG_LEVEL=warn",
+                         "ARSERVE_MAX_BODY_BYTES=67108864", NULL};
+    CHECK_MSG(load(&c, NULL, env, &err) == AR_OK, "%s", err.msg);
+    CHECK(c.port == 9001 && c.max_waiting == 0 && !strcmp(c.log_level, "warn"));
+    CHECK(c.max_body_bytes == 64 << 20);
+}
+
+static void test_env_allow_list_and_foreign_vars_are_ignored(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *env[] = {"ARSERVE_TINY_MODEL=build/tiny",
+                         "ARSERVE_GOLDEN_DIR=tests/golden",
+                         "PORT=1",
+                         "XARSERVE_PORT=2",
+                         "ARSERVE_NOEQUALS",
+                         NULL};
+    CHECK_MSG(load(&c, NULL, env, &err) == AR_OK, "%s", err.msg);
+    CHECK(c.port == 8080);
+}
+
+static void test_file_source(void) {
+    server_config_t c;
+    ar_error_t err;
+    char *path = temp_file("{\"port\": 7000, \"host\": \"::1\", \"backend\": \"cuda\",\n"
+                           " \"api_key_file\": \"\", \"max_running\": 4096}");
+    const char *args[] = {"--config", path, NULL};
+    CHECK_MSG(load(&c, args, NULL, &err) == AR_OK, "%s", err.msg);
+    CHECK(c.port == 7000 && !strcmp(c.host, "::1") && !strcmp(c.backend, "cuda"));
+    CHECK(c.max_running == 4096 && c.max_n == 4);
+    CHECK(!strcmp(c.config_path, path));
+    remove_temp(path);
+}
+
+static void test_config_from_env_and_flag_beats_env(void) {
+    server_config_t c;
+    ar_error_t err;
+    char *a = temp_file("{\"max_n\": 8}"), *b = temp_file("{\"max_n\": 16}");
+    char env_config[256];
+    snprintf(env_config, sizeof env_config, "ARSERVE_CONFIG=%s", a);
+    const char *env[] = {env_config, NULL};
+    CHECK_MSG(load(&c, NULL, env, &err) == AR_OK, "%s", err.msg);
+    CHECK(c.max_n == 8);
+    char flag[256];
+    snprintf(flag, sizeof flag, "--config=%s", b);
+    const char *args[] = {flag, NULL};
+    CHECK_MSG(load(&c, args, env, &err) == AR_OK, "%s", err.msg);
+    CHECK(c.max_n == 16 && !strcmp(c.config_path, b));
+    /* An empty name means no file. */
+    const char *none[] = {"--config", "", NULL};
+    CHECK_MSG(load(&c, none, env, &err) == AR_OK, "%s", err.msg);
+    CHECK(c.max_n == 4 && c.config_path[0] == 0);
+    remove_temp(a);
+    remove_temp(b);
+}
+
+static void test_precedence_file_env_flag(void) {
+    server_config_t c;
+    ar_error_t err;
+    char *path = temp_file("{\"port\": 1001, \"max_n\": 11, \"threads\": 3}");
+    const char *env[] = {"ARSERVE_PORT=1002", "ARSERVE_MAX_N=12", NULL};
+    const char *args[] = {"--config", path, "--port", "1003", NULL};
+    CHECK_MSG(load(&c, args, env, &err) == AR_OK, "%s", err.msg);
+    CHECK(c.port == 1003); /* flag > env > file */
+    CHECK(c.max_n == 12);  /* env > file */
+    CHECK(c.threads == 3); /* file > default */
+    CHECK(c.retry_after_s == 1);
+    remove_temp(path);
+}
+
+static void test_bad_integer(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *a1[] = {"--port", "abc", NULL};
+    CHECK(load(&c, a1, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "--port: 'abc' is not an integer"));
+    const char *a2[] = {"--port= 80", NULL};
+    CHECK(load(&c, a2, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "--port: ' 80' is not an integer"));
+    const char *e1[] = {"ARSERVE_MAX_N=4x", NULL};
+    CHECK(load(&c, NULL, e1, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "ARSERVE_MAX_N: '4x' is not an integer"));
+    const char *e2[] = {"ARSERVE_THREADS=", NULL};
+    CHECK(load(&c, NULL, e2, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "ARSERVE_THREADS: '' is not an integer"));
+}
+
+static void test_out_of_range(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *e1[] = {"ARSERVE_PORT=70000", NULL};
+    CHECK(load(&c, NULL, e1, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "ARSERVE_PORT: 70000 is outside [0, 65535]"));
+    const char *a1[] = {"--max-n", "0", NULL};
+    CHECK(load(&c, a1, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "--max-n: 0 is outside [1, 64]"));
+    const char *a2[] = {"--port=-1", NULL};
+    CHECK(load(&c, a2, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "--port: -1 is outside [0, 65535]"));
+    const char *a3[] = {"--kv-pool-mb", "99999999999999999999999", NULL};
+    CHECK(load(&c, a3, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "--kv-pool-mb: 99999999999999999999999 is outside [1, 1048576]"));
+    CHECK(load_json(&c, "{\"max_body_bytes\": 1023}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, ".json: 'max_body_bytes' is 1023, outside [1024, 67108864]");
+    CHECK(load_json(&c, "{\"port\": 1e300}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'port' is ");
+    CHECK_STR_CONTAINS(err.msg, "outside [0, 65535]");
+}
+
+static void test_bad_enum_lists_choices(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *a1[] = {"--log-level", "loud", NULL};
+    CHECK(load(&c, a1, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "--log-level: 'loud' is not one of error, warn, info, debug"));
+    const char *e1[] = {"ARSERVE_BACKEND=metal", NULL};
+    CHECK(load(&c, NULL, e1, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "ARSERVE_BACKEND: 'metal' is not one of cpu, cuda"));
+    CHECK(load_json(&c, "{\"log_level\": \"INFO\"}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg,
+                       ".json: 'log_level' is 'INFO', not one of error, warn, info, debug");
+}
+
+static void test_bad_string(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *a1[] = {"--host=", NULL};
+    CHECK(load(&c, a1, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "--host: value is empty"));
+    char longv[1100];
+    memset(longv, 'm', sizeof longv - 1);
+    longv[sizeof longv - 1] = 0;
+    const char *a2[] = {"--model", longv, NULL};
+    CHECK(load(&c, a2, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "--model: value is longer than 1023 bytes"));
+    CHECK(load_json(&c, "{\"model\": \"\"}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, ".json: 'model' is empty");
+}
+
+static void test_unknown_flag_and_bad_arguments(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *a1[] = {"--prot", "80", NULL};
+    CHECK(load(&c, a1, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "unknown flag '--prot' (did you mean '--port'?)"));
+    const char *a2[] = {"--frobnicate=1", NULL};
+    CHECK(load(&c, a2, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "unknown flag '--frobnicate'"));
+    const char *a3[] = {"models/x", NULL};
+    CHECK(load(&c, a3, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "unexpected argument 'models/x'");
+    const char *a4[] = {"--port", NULL};
+    CHECK(load(&c, a4, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "--port: needs a value"));
+    const char *a5[] = {"--host", "--port", "80", NULL};
+    CHECK(load(&c, a5, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "--host: needs a value"));
+    const char *a6[] = {"--kv_pool_mb", "1", NULL}; /* the JSON spelling is not a flag */
+    CHECK(load(&c, a6, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "unknown flag '--kv_pool_mb' (did you mean '--kv-pool-mb'?)");
+    /* The first mistake is the one reported. */
+    const char *a7[] = {"--aaa", "--bbb", NULL};
+    CHECK(load(&c, a7, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'--aaa'");
+}
+
+static void test_unknown_env(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *e1[] = {"ARSERVE_PROT=80", NULL};
+    CHECK(load(&c, NULL, e1, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "unknown environment variable ARSERVE_PROT (did you mean "
+                           "'ARSERVE_PORT'?)"));
+    const char *e2[] = {"ARSERVE_GPU=1", NULL};
+    CHECK(load(&c, NULL, e2, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "unknown environment variable ARSERVE_GPU");
+}
+
+static void test_unknown_key(void) {
+    server_config_t c;
+    ar_error_t err;
+    char *path = temp_file("{\"prot\": 80}");
+    const char *args[] = {"--config", path, NULL};
+    CHECK(load(&c, args, NULL, &err) == AR_ERR);
+    char want[512];
+    snprintf(want, sizeof want, "%s: unknown key 'prot' (did you mean 'port'?)", path);
+    CHECK_MSG(!strcmp(err.msg, want), "got '%s'", err.msg);
+    remove_temp(path);
+    CHECK(load_json(&c, "{\"config\": \"x.json\"}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "unknown key 'config'");
+    CHECK(load_json(&c, "{\"api_key\": \"s3cret\"}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "unknown key 'api_key'");
+    CHECK_STR_CONTAINS(err.msg, "api_key_file");
+    CHECK(strstr(err.msg, "s3cret") == NULL);
+}
+
+static void test_wrong_json_type(void) {
+    server_config_t c;
+    ar_error_t err;
+    char *path = temp_file("{\"port\": \"8080\"}");
+    const char *args[] = {"--config", path, NULL};
+    CHECK(load(&c, args, NULL, &err) == AR_ERR);
+    char want[512];
+    snprintf(want, sizeof want, "%s: 'port' must be an integer", path);
+    CHECK_MSG(!strcmp(err.msg, want), "got '%s'", err.msg);
+    remove_temp(path);
+    CHECK(load_json(&c, "{\"port\": 80.5}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'port' must be an integer");
+    CHECK(load_json(&c, "{\"port\": true}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'port' must be an integer");
+    CHECK(load_json(&c, "{\"host\": 127}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'host' must be a string");
+    CHECK(load_json(&c, "{\"log_level\": null}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'log_level' must be a string");
+    CHECK(load_json(&c, "[1, 2]", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, ".json: the top level must be a JSON object");
+    CHECK(load_json(&c, "{\n\"port\": 1,\n\"host\": }", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, ".json: not valid JSON (line 3)");
+    CHECK(load_json(&c, "{\"port\": 1, \"port\": 2}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, ".json: duplicate key 'port'");
+}
+
+static void test_unreadable_config_file(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *args[] = {"--config", "/nonexistent/arserve.json", NULL};
+    CHECK(load(&c, args, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "/nonexistent/arserve.json: cannot open config file");
+    const char *env[] = {"ARSERVE_CONFIG=/tmp", NULL}; /* a directory */
+    CHECK(load(&c, NULL, env, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "/tmp: cannot read config file");
+}
+
+static void test_key_file_is_trimmed(void) {
+    server_config_t c;
+    ar_error_t err;
+    char *key = temp_file("s3cret-key  \t\r\n\n");
+    const char *args[] = {"--api-key-file", key, NULL};
+    CHECK_MSG(load(&c, args, NULL, &err) == AR_OK, "%s", err.msg);
+    CHECK(!strcmp(c.api_key, "s3cret-key"));
+    CHECK(!strcmp(c.api_key_file, key));
+    remove_temp(key);
+}
+
+static void test_api_key_sources(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *env[] = {"ARSERVE_API_KEY=from-env", NULL};
+    CHECK_MSG(load(&c, NULL, env, &err) == AR_OK, "%s", err.msg);
+    CHECK(!strcmp(c.api_key, "from-env") && c.api_key_file[0] == 0);
+
+    /* ARSERVE_API_KEY is at the environment's rank: above the file, below flags. */
+    char *key = temp_file("from-file\n");
+    char json[512];
+    snprintf(json, sizeof json, "{\"api_key_file\": \"%s\"}", key);
+    char *cfg = temp_file(json);
+    const char *a1[] = {"--config", cfg, NULL};
+    CHECK_MSG(load(&c, a1, NULL, &err) == AR_OK, "%s", err.msg);
+    CHECK(!strcmp(c.api_key, "from-file"));
+    CHECK_MSG(load(&c, a1, env, &err) == AR_OK, "%s", err.msg);
+    CHECK(!strcmp(c.api_key, "from-env"));
+    const char *a2[] = {"--api-key-file", key, NULL};
+    CHECK_MSG(load(&c, a2, env, &err) == AR_OK, "%s", err.msg);
+    CHECK(!strcmp(c.api_key, "from-file"));
+
+    char both_file[512];
+    snprintf(both_file, sizeof both_file, "ARSERVE_API_KEY_FILE=%s", key);
+    const char *both[] = {"ARSERVE_API_KEY=k", both_file, NULL};
+    CHECK(load(&c, NULL, both, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "ARSERVE_API_KEY and ARSERVE_API_KEY_FILE are both set; use one"));
+    const char *empty[] = {"ARSERVE_API_KEY=", NULL};
+    CHECK(load(&c, NULL, empty, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "ARSERVE_API_KEY is set but empty"));
+    remove_temp(cfg);
+    remove_temp(key);
+}
+
+static void test_bad_key_file(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *a1[] = {"--api-key-file", "/nonexistent/key", NULL};
+    CHECK(load(&c, a1, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "/nonexistent/key: cannot open API key file");
+    char *empty = temp_file(" \n\t\n");
+    const char *a2[] = {"--api-key-file", empty, NULL};
+    CHECK(load(&c, a2, NULL, &err) == AR_ERR);
+    char want[512];
+    snprintf(want, sizeof want, "%s: API key file is empty", empty);
+    CHECK_MSG(!strcmp(err.msg, want), "got '%s'", err.msg);
+    remove_temp(empty);
+    char *two = temp_file("line1\nline2\n");
+    const char *a3[] = {"--api-key-file", two, NULL};
+    CHECK(load(&c, a3, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "API key contains a control character");
+    CHECK(strstr(err.msg, "line1") == NULL);
+    remove_temp(two);
+    char big[300];
+    memset(big, 'k', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    char *long_key = temp_file(big);
+    const char *a4[] = {"--api-key-file", long_key, NULL};
+    CHECK(load(&c, a4, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "API key is longer than 255 bytes");
+    remove_temp(long_key);
+}
+
+static void test_help(void) {
+    server_config_t c;
+    ar_error_t err = {{0}};
+    int want_help = 0;
+    char *argv1[] = {"serve", "--port", "1", "--help", NULL};
+    CHECK(server_config_load(&c, 4, argv1, NULL, &want_help, &err) == AR_OK && want_help);
+    /* Help wins over mistakes and never reads the config file. */
+    want_help = 0;
+    char *argv2[] = {"serve", "--bogus", "--config", "/nonexistent.json", "-h", NULL};
+    CHECK(server_config_load(&c, 5, argv2, NULL, &want_help, &err) == AR_OK && want_help);
+    want_help = 1;
+    char *argv3[] = {"serve", NULL};
+    CHECK(server_config_load(&c, 1, argv3, NULL, &want_help, &err) == AR_OK && !want_help);
+}
+
+static void test_usage_lists_every_setting(void) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    server_config_usage(f);
+    fclose(f);
+    /* Every key of the JSON form has its derived flag and variable in --help. */
+    server_config_t d;
+    server_config_defaults(&d);
+    char *json = server_config_to_json(&d, 0);
+    cJSON *root = cJSON_Parse(json);
+    CHECK(root != NULL);
+    int n = 0;
+    for (const cJSON *it = root ? root->child : NULL; it; it = it->next, n++) {
+        char flag[128] = "--", env[128] = "ARSERVE_";
+        for (const char *p = it->string; *p; p++) {
+            size_t fl = strlen(flag), el = strlen(env);
+            flag[fl] = *p == '_' ? '-' : *p;
+            flag[fl + 1] = 0;
+            env[el] = (char)(*p >= 'a' && *p <= 'z' ? *p - 'a' + 'A' : *p);
+            env[el + 1] = 0;
+        }
+        strcat(flag, " ");
+        strcat(env, "\n");
+        CHECK_STR_CONTAINS(text, flag);
+        CHECK_STR_CONTAINS(text, env);
+    }
+    CHECK(n == 17);
+    CHECK_STR_CONTAINS(text, "--kv-pool-mb MIB");
+    CHECK_STR_CONTAINS(text, "KV cache pool size in MiB. 1..1048576, default 1024.\n");
+    CHECK_STR_CONTAINS(text, "error|warn|info|debug, default info.\n");
+    CHECK_STR_CONTAINS(text, "models/default.\n");
+    /* Fits a terminal. */
+    for (const char *line = text; *line;
+         line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != 0))
+        CHECK_MSG(strcspn(line, "\n") <= 80, "long line: %.*s", (int)strcspn(line, "\n"), line);
+    CHECK_STR_CONTAINS(text, "--config FILE");
+    CHECK_STR_CONTAINS(text, "ARSERVE_API_KEY ");
+    CHECK_STR_CONTAINS(text, "ARSERVE_TINY_MODEL");
+    CHECK_STR_CONTAINS(text, "ARSERVE_GOLDEN_DIR");
+    cJSON_Delete(root);
+    free(json);
+    free(text);
+}
+
+static void test_to_json_redacts_key(void) {
+    server_config_t c;
+    server_config_defaults(&c);
+    char *plain = server_config_to_json(&c, 1);
+    CHECK_STR_CONTAINS(plain, "\"api_key\": \"\"");
+    strcpy(c.api_key, "s3cret");
+    char *log = server_config_to_json(&c, 1), *file = server_config_to_json(&c, 0);
+    CHECK_STR_CONTAINS(log, "\"api_key\": \"<redacted>\"");
+    CHECK(strstr(log, "s3cret") == NULL && strstr(file, "s3cret") == NULL);
+    CHECK(strstr(file, "api_key\"") == NULL);
+    cJSON *root = cJSON_Parse(log);
+    CHECK(root != NULL);
+    cJSON_Delete(root);
+    free(plain);
+    free(log);
+    free(file);
+}
+
+static void test_to_json_round_trips(void) {
+    server_config_t c, back;
+    ar_error_t err;
+    const char *args[] = {"--model", "dir with \"quotes\"\\", "--port", "0", "--log-level",
+                          "error",   "--max-waiting",         "100000", NULL};
+    CHECK_MSG(load(&c, args, NULL, &err) == AR_OK, "%s", err.msg);
+    char *json = server_config_to_json(&c, 0);
+    CHECK_MSG(load_json(&back, json, &err) == AR_OK, "%s", err.msg);
+    back.config_path[0] = 0;
+    CHECK(configs_equal(&c, &back));
+    CHECK(!strcmp(back.model, "dir with \"quotes\"\\") && back.port == 0);
+    free(json);
+}
+
+static void test_example_file_equals_defaults(void) {
+    server_config_t c, d;
+    ar_error_t err;
+    server_config_defaults(&d);
+    const char *args[] = {"--config", EXAMPLE_FILE, NULL};
+    CHECK_MSG(load(&c, args, NULL, &err) == AR_OK, "%s", err.msg);
+    c.config_path[0] = 0;
+    CHECK(configs_equal(&c, &d));
+    /* Equal values could hide a missing key: the text must match exactly. */
+    char *want = server_config_to_json(&d, 0), have[8192] = "";
+    FILE *f = fopen(EXAMPLE_FILE, "r");
+    if (f) {
+        size_t n = fread(have, 1, sizeof have - 1, f);
+        have[n] = 0;
+        fclose(f);
+    }
+    CHECK_MSG(!strcmp(have, want), "%s drifted from the settings table; its content should be:\n%s",
+              EXAMPLE_FILE, want);
+    free(want);
+}
+
+int main(void) {
+    TEST_RUN(test_defaults);
+    TEST_RUN(test_no_sources_gives_defaults);
+    TEST_RUN(test_flags_both_syntaxes);
+    TEST_RUN(test_repeated_flag_keeps_last);
+    TEST_RUN(test_env_source);
+    TEST_RUN(test_env_allow_list_and_foreign_vars_are_ignored);
+    TEST_RUN(test_file_source);
+    TEST_RUN(test_config_from_env_and_flag_beats_env);
+    TEST_RUN(test_precedence_file_env_flag);
+    TEST_RUN(test_bad_integer);
+    TEST_RUN(test_out_of_range);
+    TEST_RUN(test_bad_enum_lists_choices);
+    TEST_RUN(test_bad_string);
+    TEST_RUN(test_unknown_flag_and_bad_arguments);
+    TEST_RUN(test_unknown_env);
+    TEST_RUN(test_unknown_key);
+    TEST_RUN(test_wrong_json_type);
+    TEST_RUN(test_unreadable_config_file);
+    TEST_RUN(test_key_file_is_trimmed);
+    TEST_RUN(test_api_key_sources);
+    TEST_RUN(test_bad_key_file);
+    TEST_RUN(test_help);
+    TEST_RUN(test_usage_lists_every_setting);
+    TEST_RUN(test_to_json_redacts_key);
+    TEST_RUN(test_to_json_round_trips);
+    TEST_RUN(test_example_file_equals_defaults);
+    return TEST_SUMMARY();
+}

@@ -1,0 +1,99 @@
+/* The KV planner: full-cache bytes by hand, and admission that is exact
+ * against trajectories: it admits what fits at every future iteration and
+ * refuses what would overflow at any one of them. */
+#include <stdlib.h>
+
+#include "engine/planner.h"
+#include "tests/test.h"
+
+static void test_full_cache_bytes_by_hand(void) {
+    model_config_t c = {0};
+    c.llm.num_layers = 2;
+    c.llm.num_kv_heads = 4;
+    c.llm.head_dim = 16;
+    c.image.grid_height = 8;
+    c.image.grid_width = 8;
+    /* (prompt 10 + 64 image tokens - 1 fed back) x 2 layers x 4 heads x 16
+     * x (K and V) x 4 bytes x 2 sequences (CFG) */
+    CHECK(planner_full_cache_bytes(&c, 10) == (size_t)73 * 2 * 4 * 16 * 2 * 4 * 2);
+}
+
+static void test_admits_exactly_what_fits(void) {
+    planner_t p;
+    planner_init(&p, 100);
+    size_t a[4] = {10, 20, 30, 40};
+    CHECK(planner_fits(&p, a, 4));
+    CHECK(planner_add(&p, 1, a, 4) == AR_OK);
+    CHECK(planner_reserved_now(&p) == 10);
+    /* b peaks when a does: 40 + 60 = 100 fits, 61 does not. */
+    size_t b[4] = {60, 60, 60, 60}, c[4] = {61, 1, 1, 1};
+    CHECK(planner_fits(&p, b, 4));
+    size_t b2[4] = {1, 1, 1, 61};
+    CHECK(!planner_fits(&p, b2, 4));
+    CHECK(planner_fits(&p, c, 4)); /* 61 + 10 at iteration 0 */
+    /* Past the running trajectories, a new one meets the pool alone. */
+    size_t d[6] = {1, 1, 1, 1, 100, 100}, e[6] = {1, 1, 1, 1, 100, 101};
+    CHECK(planner_fits(&p, d, 6));
+    CHECK(!planner_fits(&p, e, 6));
+    planner_free(&p);
+}
+
+static void test_tick_and_remove_release(void) {
+    planner_t p;
+    planner_init(&p, 50);
+    size_t a[3] = {50, 50, 50}, b[1] = {1};
+    CHECK(planner_add(&p, 7, a, 3) == AR_OK);
+    CHECK(!planner_fits(&p, b, 1));
+    planner_tick(&p);
+    planner_tick(&p);
+    CHECK(!planner_fits(&p, b, 1));
+    planner_tick(&p); /* a is done */
+    CHECK(p.n == 0 && planner_fits(&p, b, 1));
+    CHECK(planner_add(&p, 8, a, 3) == AR_OK);
+    planner_remove(&p, 8);
+    CHECK(p.n == 0 && planner_reserved_now(&p) == 0);
+    planner_free(&p);
+}
+
+/* Random traces: whatever the planner admits never overflows the pool at
+ * any iteration, and whatever it refuses would have. */
+static void test_random_traces_never_overflow(void) {
+    unsigned seed = 12345;
+    for (int trial = 0; trial < 200; trial++) {
+        planner_t p;
+        size_t pool = 1000;
+        planner_init(&p, pool);
+        enum { T = 64 };
+        size_t load[T + 32] = {0}; /* bytes held per absolute iteration */
+        for (int now = 0; now < T; now++) {
+            int n = (seed = seed * 1103515245u + 12345u) >> 16 & 7;
+            size_t traj[32];
+            for (int i = 0; i < n; i++) {
+                seed = seed * 1103515245u + 12345u;
+                traj[i] = (seed >> 8) % 400;
+            }
+            if (n) {
+                int fits = planner_fits(&p, traj, n);
+                int really = 1;
+                for (int i = 0; i < n; i++) really &= load[now + i] + traj[i] <= pool;
+                CHECK(fits == really);
+                if (fits) {
+                    planner_add(&p, (uint64_t)now, traj, n);
+                    for (int i = 0; i < n; i++) load[now + i] += traj[i];
+                }
+            }
+            CHECK(planner_reserved_now(&p) == load[now]);
+            CHECK(load[now] <= pool);
+            planner_tick(&p);
+        }
+        planner_free(&p);
+    }
+}
+
+int main(void) {
+    TEST_RUN(test_full_cache_bytes_by_hand);
+    TEST_RUN(test_admits_exactly_what_fits);
+    TEST_RUN(test_tick_and_remove_release);
+    TEST_RUN(test_random_traces_never_overflow);
+    return TEST_SUMMARY();
+}
