@@ -129,9 +129,11 @@ test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json
 test-cli: $(BUILD)/arserve $(TINY_MODEL)/arserve.json
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
 
+# Serves MODEL on HOST:PORT (the tiny random model until the demo model ships).
+MODEL ?= $(TINY_MODEL)
 run: deps
-	$(MAKE) all
-	$(BUILD)/arserve generate --model $(TINY_MODEL) --prompt "a red circle" -o $(BUILD)/out.png
+	$(MAKE) all $(TINY_MODEL)/arserve.json
+	exec $(BUILD)/arserve serve --model $(MODEL) --host $(HOST) --port $(PORT)
 
 # Tools that need torch/transformers (golden data, converters) live in their own venv.
 tools-deps:
