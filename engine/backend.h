@@ -84,6 +84,16 @@ struct backend {
      * n_heads heads of head_dim. */
     void (*rope)(backend_t *be, float *x, const int *pos, int rows, int n_heads, int head_dim,
                  float theta);
+    /* LlamaGen's 2D rotary embedding in place: pos holds (grid row, grid
+     * column) per row (host, 2 * rows ints). Interleaved pairs (2j, 2j+1),
+     * j < head_dim/2: the first head_dim/4 pairs turn with the grid row,
+     * the rest with the column, pair j at frequency 1 / theta^(2f /
+     * (head_dim/2)) with f = j mod head_dim/4. A negative grid row marks a
+     * condition token: cos = sin = 0 there (LlamaGen's cache), so the row
+     * becomes zero. head_dim is a multiple of 4. */
+    void (*rope_2d)(backend_t *be, float *x, const int *pos, int rows, int n_heads, int head_dim,
+                    float theta);
+
 
     /* Appends the rows of each sequence to its per-head caches: rows
      * [q_start[s], q_start[s+1]) of k and v (n_heads * head_dim per row) go
