@@ -540,6 +540,12 @@ static size_t g_total = (size_t)16 << 30, g_used;
 /* Live allocations by base address, so copies and frees can be checked. */
 static std::map<uintptr_t, size_t> g_allocs;
 
+/* Allocations up to this size are filled with 0xff bytes (NaN floats) so a
+ * kernel that reads what nobody wrote shows it; larger ones (a backend
+ * reserving most of the pretend device) are mapped lazily and read as
+ * zeros, so that they cost no time or memory until used. */
+#define POISON_MAX ((size_t)1 << 30)
+
 void cuda_emu_set_device_memory(size_t total_bytes) {
     std::lock_guard<std::mutex> lk(g_lock);
     g_total = total_bytes;
@@ -631,13 +637,19 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
         return cudaSuccess; /* as CUDA: success, a NULL pointer */
     if (bytes > g_total - g_used)
         return set_error(cudaErrorMemoryAllocation);
-    /* 256-byte aligned like cudaMalloc; filled with 0xff (NaN floats) so a
-     * kernel that reads what nobody wrote shows it. */
-    const size_t rounded = (bytes + 255) & ~(size_t)255;
-    void *mem = aligned_alloc(256, rounded);
+    const size_t rounded = (bytes + 255) & ~(size_t)255; /* 256-byte aligned, as cudaMalloc */
+    void *mem;
+    if (rounded <= POISON_MAX) {
+        mem = aligned_alloc(256, rounded);
+        if (mem)
+            memset(mem, 0xff, rounded);
+    } else {
+        mem = mmap(NULL, rounded, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        mem = mem == MAP_FAILED ? NULL : mem;
+    }
     if (!mem)
         return set_error(cudaErrorMemoryAllocation);
-    memset(mem, 0xff, rounded);
     g_allocs[(uintptr_t)mem] = bytes;
     g_used += bytes;
     *p = mem;
@@ -652,9 +664,13 @@ cudaError_t cudaFree(void *p) {
     auto it = g_allocs.find((uintptr_t)p);
     if (it == g_allocs.end())
         return set_error(cudaErrorInvalidValue);
+    const size_t rounded = (it->second + 255) & ~(size_t)255;
     g_used -= it->second;
     g_allocs.erase(it);
-    free(p);
+    if (rounded <= POISON_MAX)
+        free(p);
+    else
+        munmap(p, rounded);
     return cudaSuccess;
 }
 
