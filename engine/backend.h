@@ -94,7 +94,6 @@ struct backend {
     void (*rope_2d)(backend_t *be, float *x, const int *pos, int rows, int n_heads, int head_dim,
                     float theta);
 
-
     /* Appends the rows of each sequence to its per-head caches: rows
      * [q_start[s], q_start[s+1]) of k and v (n_heads * head_dim per row) go
      * to k_cache[s*n_heads + h] + start[s*n_heads + h] * head_dim. */
@@ -133,10 +132,32 @@ struct backend {
      * channel-major images and token rows). */
     void (*transpose)(backend_t *be, float *out, const float *in, int rows, int cols);
 
+    /* Optional (NULL: the backend's ops cannot fail, as on the CPU). Ops
+     * return nothing, so a backend whose calls can fail (CUDA: a launch, a
+     * cuBLAS call, an op it does not implement) keeps the first failure,
+     * as a CUDA context does, and reports it here: AR_OK, or AR_ERR with
+     * that message in err. Later ops still run. The engine checks it after
+     * sync, once per step; see backend_status(). */
+    int (*status)(backend_t *be, ar_error_t *err);
+
     void (*destroy)(backend_t *be);
 };
 
+/* be->status where the backend has one, AR_OK otherwise. */
+static inline int backend_status(backend_t *be, ar_error_t *err) {
+    return be->status ? be->status(be, err) : AR_OK;
+}
+
 /* Creates the CPU backend with n_threads worker threads (0: all cores). */
 backend_t *backend_cpu_create(int n_threads, ar_error_t *err);
+
+/* Creates the CUDA backend on device `device` (builds with CUDA=1 only).
+ * It reserves reserve_bytes of device memory at once (0: the free memory
+ * less a margin for the CUDA context) and carves weights, buffers and its
+ * own scratch from that reservation, so nothing is allocated on the device
+ * after start-up and ->alloc fails only when the reservation is full.
+ * NULL with a message in err (naming what was asked and what is free) when
+ * the device or the memory is not there. */
+backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err);
 
 #endif
