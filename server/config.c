@@ -70,7 +70,6 @@ static const setting_t SETTINGS[] = {
     INT_SETTING(kv_pool_mb, 1, 1048576, 1024, "MIB", "KV cache pool size in MiB"),
     INT_SETTING(threads, 0, 1024, 0, "N", "Engine CPU threads; 0 uses every core"),
     INT_SETTING(png_workers, 1, 64, 2, "N", "Threads encoding PNGs"),
-    INT_SETTING(http_threads, 1, 256, 4, "N", "Threads serving HTTP connections"),
     ENUM_SETTING(log_level, "info", LOG_LEVELS, "LEVEL", "Log verbosity"),
     ENUM_SETTING(backend, "cpu", BACKENDS, "NAME", "Compute backend"),
     INT_SETTING(retry_after_s, 1, 3600, 1, "SECONDS",

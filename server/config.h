@@ -23,7 +23,6 @@ typedef struct server_config {
     int kv_pool_mb;          /* KV cache pool, MiB */
     int threads;             /* engine CPU threads, 0 = all cores */
     int png_workers;         /* PNG encoder threads */
-    int http_threads;        /* HTTP connection threads */
     char log_level[8];       /* "error", "warn", "info" or "debug" */
     char backend[8];         /* "cpu" or "cuda" (validated only: the binary decides what runs) */
     int retry_after_s;       /* Retry-After on 429 */

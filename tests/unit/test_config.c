@@ -73,7 +73,7 @@ static void test_defaults(void) {
     CHECK(c.max_running == 64 && c.max_waiting == 256);
     CHECK(c.request_timeout_s == 600 && c.drain_timeout_s == 30);
     CHECK(c.max_body_bytes == 1 << 20 && c.max_n == 4 && c.kv_pool_mb == 1024);
-    CHECK(c.threads == 0 && c.png_workers == 2 && c.http_threads == 4);
+    CHECK(c.threads == 0 && c.png_workers == 2);
     CHECK(!strcmp(c.log_level, "info") && !strcmp(c.backend, "cpu"));
     CHECK(c.retry_after_s == 1);
 }
@@ -458,7 +458,7 @@ static void test_usage_lists_every_setting(void) {
         CHECK_STR_CONTAINS(text, flag);
         CHECK_STR_CONTAINS(text, env);
     }
-    CHECK(n == 17);
+    CHECK(n == 16);
     CHECK_STR_CONTAINS(text, "--kv-pool-mb MIB");
     CHECK_STR_CONTAINS(text, "KV cache pool size in MiB. 1..1048576, default 1024.\n");
     CHECK_STR_CONTAINS(text, "error|warn|info|debug, default info.\n");
