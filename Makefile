@@ -37,7 +37,7 @@ LDLIBS  := -lopenblas -lcjson -lpng -lm -lpthread
 SERVER_LIBS := -lmicrohttpd
 LDFLAGS := -fopenmp
 ifeq ($(DEBUG),1)
-CFLAGS  += -O0 -g -DARSERVE_DEBUG
+CFLAGS  += -O0 -g
 else
 CFLAGS  += -O2 -g
 endif
@@ -54,12 +54,6 @@ CFLAGS  += -Werror
 endif
 
 ENGINE_SRC := $(wildcard engine/*.c)
-# engine/kv_policy.c (the policies, issue 5) is written on another branch;
-# until it lands, a stand-in serving only the full cache keeps everything
-# linkable. It drops out by itself once the real file exists.
-ifeq ($(wildcard engine/kv_policy.c),)
-ENGINE_SRC += tests/stubs/kv_policy_full_only.c
-endif
 SERVER_SRC := $(wildcard server/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
