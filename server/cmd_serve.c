@@ -16,7 +16,6 @@
 #include "cli.h"
 #include "engine/backend.h"
 #include "engine/model.h"
-#include "engine/planner.h"
 #include "server/config.h"
 #include "server/http.h"
 #include "server/log.h"
@@ -103,10 +102,6 @@ int cmd_serve(int argc, char **argv, char **envp) {
             now_s() - t0);
 
     size_t pool = (size_t)cfg.kv_pool_mb << 20;
-    /* Concurrency the pool admits for a typical prompt (16 tokens of text). */
-    size_t per_image = planner_full_cache_bytes(&model.cfg, 16 + 2);
-    log_msg(LOG_INFO, "backend cpu (%d threads, 0 = all cores); KV pool %.1f MiB: full cache %zu images at once (%.2f MiB per image with CFG)",
-            cfg.threads, pool / 1048576.0, per_image ? pool / per_image : 0, per_image / 1048576.0);
 
     static const char *const build_labels[] = {"version", "backend", "model", "policy"};
     metric_t *build = metrics_gauge(metrics, "arserve_build_info", "Build and serving information (value 1).", 4, build_labels);
@@ -127,6 +122,11 @@ int cmd_serve(int argc, char **argv, char **envp) {
         fprintf(stderr, "arserve serve: %s\n", err.msg);
         return 1;
     }
+    /* Concurrency the pool admits for a typical prompt (16 tokens of text). */
+    size_t per_image = sched_image_bytes(sched, 16 + 2), capacity = sched_kv_capacity_bytes(sched);
+    log_msg(LOG_INFO, "backend cpu (%d threads, 0 = all cores); KV pool %.1f MiB in blocks of %d tokens: full cache %zu images at once (peak %.2f MiB per image with CFG)",
+            cfg.threads, capacity / 1048576.0, sched_kv_block_tokens(sched),
+            per_image ? capacity / per_image : 0, per_image / 1048576.0);
     http_options_t ho = {.host = cfg.host,
                          .port = cfg.port,
                          .api_key = cfg.api_key,
