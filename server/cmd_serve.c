@@ -15,6 +15,7 @@
 
 #include "cli.h"
 #include "engine/backend.h"
+#include "engine/kv_policy.h"
 #include "engine/model.h"
 #include "server/config.h"
 #include "server/http.h"
@@ -122,11 +123,27 @@ int cmd_serve(int argc, char **argv, char **envp) {
         fprintf(stderr, "arserve serve: %s\n", err.msg);
         return 1;
     }
-    /* Concurrency the pool admits for a typical prompt (16 tokens of text). */
-    size_t per_image = sched_image_bytes(sched, 16 + 2), capacity = sched_kv_capacity_bytes(sched);
-    log_msg(LOG_INFO, "backend cpu (%d threads, 0 = all cores); KV pool %.1f MiB in blocks of %d tokens: full cache %zu images at once (peak %.2f MiB per image with CFG)",
-            cfg.threads, capacity / 1048576.0, sched_kv_block_tokens(sched),
-            per_image ? capacity / per_image : 0, per_image / 1048576.0);
+    /* What the pool admits per policy at its default budget, for a typical
+     * prompt (16 text tokens + BOS + image-start). */
+    size_t capacity = sched_kv_capacity_bytes(sched);
+    char per_policy[512] = "";
+    for (int k = KV_POLICY_FULL; k <= KV_POLICY_HEADKV; k++) {
+        kv_policy_params_t p;
+        kv_policy_defaults(&p, (kv_policy_kind_t)k);
+        size_t peak = sched_image_peak_bytes(sched, &p, 16 + 2);
+        size_t len = strlen(per_policy);
+        if (k == KV_POLICY_FULL)
+            snprintf(per_policy + len, sizeof per_policy - len, "full %zu images",
+                     peak ? capacity / peak : 0);
+        else if (peak)
+            snprintf(per_policy + len, sizeof per_policy - len, ", %s@%.3g %zu", kv_policy_name(p.kind),
+                     p.budget, capacity / peak);
+        else
+            snprintf(per_policy + len, sizeof per_policy - len, ", %s@%.3g n/a (budget too small for this grid)",
+                     kv_policy_name(p.kind), p.budget);
+    }
+    log_msg(LOG_INFO, "backend cpu (%d threads, 0 = all cores); KV pool %.1f MiB in blocks of %d tokens: %s",
+            cfg.threads, capacity / 1048576.0, sched_kv_block_tokens(sched), per_policy);
     http_options_t ho = {.host = cfg.host,
                          .port = cfg.port,
                          .api_key = cfg.api_key,

@@ -195,15 +195,15 @@ static void *png_worker(void *arg) {
         } else {
             j->png[t->image] = png;
             j->png_len[t->image] = len;
-            if (--j->png_pending == 0 && j->state == JOB_ENCODING) j->state = JOB_DONE;
+            if (--j->png_pending == 0 && j->state == JOB_ENCODING) {
+                /* Count before the waiting request thread can answer. */
+                metric_add(s->m_images, j->n_images, "ok");
+                metric_observe(s->m_latency, now_s() - j->t_submit);
+                j->state = JOB_DONE;
+            }
         }
         pthread_cond_broadcast(&j->changed);
-        int done = j->state == JOB_DONE;
         pthread_mutex_unlock(&j->mu);
-        if (done) {
-            metric_add(s->m_images, j->n_images, "ok");
-            metric_observe(s->m_latency, now_s() - j->t_submit);
-        }
         free(t->rgb);
         sched_job_release(j);
         free(t);
@@ -238,13 +238,11 @@ static size_t peak_of(const size_t *t, int n) {
     return peak;
 }
 
-size_t sched_image_bytes(const scheduler_t *s, int n_prompt) {
-    kv_policy_params_t full;
-    kv_policy_defaults(&full, KV_POLICY_FULL);
+size_t sched_image_peak_bytes(const scheduler_t *s, const kv_policy_params_t *p, int n_prompt) {
     int n = planner_steps(&s->model->cfg);
     size_t *t = malloc((size_t)n * sizeof *t), peak = 0;
-    if (t && planner_trajectory_bytes(&s->model->cfg, &full, n_prompt,
-                                      s->pool.blocks.block_tokens, t, NULL) == AR_OK)
+    if (t && planner_trajectory_bytes(&s->model->cfg, p, n_prompt, s->pool.blocks.block_tokens, t,
+                                      NULL) == AR_OK)
         peak = peak_of(t, n);
     free(t);
     return peak;

@@ -104,9 +104,9 @@ int sched_active_jobs(scheduler_t *s);
 /* 1 while the engine thread is alive (for /health). */
 int sched_alive(scheduler_t *s);
 
-/* What the planner says about the pool, for start-up logs and metrics: the
- * peak bytes of one full-cache image with an n_prompt-token prompt. */
-size_t sched_image_bytes(const scheduler_t *s, int n_prompt);
+/* Peak KV bytes of one image (its CFG pair) under policy p with a prompt of
+ * n_prompt tokens; 0 when p does not suit the model. */
+size_t sched_image_peak_bytes(const scheduler_t *s, const kv_policy_params_t *p, int n_prompt);
 /* The pool's block size in tokens and its capacity in bytes. */
 int sched_kv_block_tokens(const scheduler_t *s);
 size_t sched_kv_capacity_bytes(const scheduler_t *s);
