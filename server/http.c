@@ -315,6 +315,8 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         ret = fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory");
         goto out;
     }
+    if (req.has_kv_policy) kv_policy_defaults(&j->kv_policy, (kv_policy_kind_t)kv_policy_parse(req.kv_policy));
+    if (req.has_kv_budget) j->kv_policy.budget = req.kv_budget;
     if (sched_submit(h->sched, j, &e) != AR_OK) {
         sched_job_release(j);
         ret = send_error(h, c, cx, &e);

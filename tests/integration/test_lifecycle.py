@@ -136,8 +136,11 @@ def test_disconnect_mid_generation_frees_kv(start_daemon, slow_info, stream):
     t_close = time.monotonic()
     s.close()
 
+    # A scrape is not atomic across families (each is read under its own
+    # lock, in name order), so wait for every figure the test reads.
     after = d.wait_metrics(lambda m: m.get("arserve_requests_running") == 0
-                           and m.get("arserve_kv_pool_reserved_bytes") == 0,
+                           and m.get("arserve_kv_pool_reserved_bytes") == 0
+                           and m.get("arserve_images_total", status="cancelled") == 2,
                            timeout=5.0, what="the cancelled request's KV to be freed")
     freed_in = time.monotonic() - t_close
     assert after.get("arserve_kv_pool_used_bytes") == 0
