@@ -104,9 +104,10 @@ SERVER_LIB := $(BUILD)/libarserver.a
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TINY_MODEL := $(BUILD)/tiny-model
+SLOW_MODEL := $(BUILD)/slow-model
 
-.PHONY: all deps test test-unit test-cli test-sanitizers test-backend test-cuda-build run clean \
-        tools-deps golden format info
+.PHONY: all deps test test-unit test-cli test-integration test-sanitizers test-backend \
+        test-cuda-build run clean tools-deps golden format info
 
 all: info $(BUILD)/arserve
 
@@ -154,7 +155,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(SERVER_LIB) $(ENGINE_LIB) tests/test.h
 
 # Debian packages the build and tests need; installed only when missing.
 DEB_PKGS := gcc make libopenblas-dev libcjson-dev libpng-dev libmicrohttpd-dev libjemalloc-dev \
-            python3 python3-venv
+            python3 python3-venv prometheus curl
 deps: $(VENV)/.stamp
 	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -174,10 +175,16 @@ $(VENV)/.stamp: tests/requirements.txt
 $(TINY_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
 	$(VENV)/bin/python tools/make_tiny_model.py --seed 1 --out $(TINY_MODEL)
 
+# The same architecture, larger: a second or two per image, so the daemon's
+# integration tests can catch requests while they run.
+$(SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
+	$(VENV)/bin/python tools/make_tiny_model.py --preset slow --seed 1 --out $(SLOW_MODEL)
+
 test: deps
 	$(MAKE) all
 	$(MAKE) test-unit
 	$(MAKE) test-cli
+	$(MAKE) test-integration
 	$(MAKE) test-backend
 	$(MAKE) test-cuda-build
 	$(MAKE) test-sanitizers
@@ -212,6 +219,13 @@ test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json
 
 test-cli: $(BUILD)/arserve $(TINY_MODEL)/arserve.json
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
+
+# The daemon, started for real on loopback ports (tests/integration/, pytest):
+# the OpenAI client, bad requests, batching, 429s, disconnects, drains,
+# streaming, Prometheus scraping it, and `make run`.
+test-integration: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
+	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_SLOW_MODEL=$(SLOW_MODEL) \
+		$(VENV)/bin/python -m pytest -q tests/integration
 
 # Serves MODEL on HOST:PORT (the tiny random model until the demo model ships).
 MODEL ?= $(TINY_MODEL)

@@ -8,7 +8,11 @@
  * asserts in debug builds. Images are NCHW with N = 1 (C, H, W).
  *
  * A backend is driven by one thread at a time (like a CUDA stream): backends
- * keep scratch memory and handles that are not shared between callers. */
+ * keep scratch memory and handles that are not shared between callers.
+ *
+ * The KV cache is paged (docs/kv-cache.md): ops reach it through block
+ * tables, which are host memory (a device backend copies the few ints it
+ * needs); the blocks themselves are backend memory. */
 #ifndef ARSERVE_BACKEND_H
 #define ARSERVE_BACKEND_H
 
@@ -34,19 +38,42 @@ static inline int64_t tensor_numel(const tensor_t *t) {
     return n;
 }
 
-/* Attention over per-head key/value caches for a ragged batch of sequences.
+/* The KV pool as the backend sees it (engine/kv_pool.h owns the free list
+ * and the block tables): one backend allocation cut into blocks of
+ * block_tokens tokens of ONE (sequence, layer, head). Block b holds its K
+ * rows, then its V rows: K row o of block b is at
+ * base + b * 2 * block_tokens * head_dim + o * head_dim, V row o at the same
+ * place + block_tokens * head_dim. */
+typedef struct kv_blocks {
+    float *base; /* backend memory */
+    int block_tokens;
+    int head_dim;
+} kv_blocks_t;
+
+/* One (sequence, head) cache: cache index j lives in block
+ * blocks[j / block_tokens], row j % block_tokens. Block ids need not be
+ * contiguous or ordered. */
+typedef struct kv_view {
+    const int *blocks; /* host: at least ceil(len / block_tokens) block ids */
+    int len;           /* tokens held, the newest rows included */
+} kv_view_t;
+
+/* Attention over per-head paged caches for a ragged batch of sequences.
  * Sequence s owns query rows [q_start[s], q_start[s+1]) of q; these are its
- * newest tokens, already appended to its caches. For head h of sequence s,
- * k[s*n_heads + h] and v[s*n_heads + h] point at kv_len[s*n_heads + h]
- * cached rows of head_dim floats each. Query row i (0-based within the
- * sequence's n_s new rows) attends causally to cached rows
- * [0, kv_len - n_s + i]. */
+ * n_s newest tokens, already appended: for head h, kv[s*n_heads + h] holds
+ * them at cache indices [len - n_s, len). Query row i (0-based within the
+ * sequence's rows) attends causally to cache indices [0, len - n_s + i].
+ *
+ * Key mass (attention statistics for KV policies): when mass is not NULL
+ * and mass[s*n_heads + h] is not NULL, that backend array of len floats is
+ * ACCUMULATED into: mass[j] += sum over the sequence's query rows of the
+ * softmax probability the row gave key j (the same probabilities that
+ * weighted the values). Pairs whose pointer is NULL cost nothing extra. */
 typedef struct attn_batch {
     int n_seq;
-    const int *q_start;     /* host, n_seq + 1 */
-    const int *kv_len;      /* host, n_seq * n_heads */
-    float *const *k;        /* host array of backend pointers, n_seq * n_heads */
-    float *const *v;        /* host array of backend pointers, n_seq * n_heads */
+    const int *q_start;  /* host, n_seq + 1 */
+    const kv_view_t *kv; /* host, n_seq * n_heads */
+    float *const *mass;  /* NULL, or host array of n_seq * n_heads backend pointers (or NULL) */
 } attn_batch_t;
 
 typedef struct backend backend_t;
@@ -94,16 +121,25 @@ struct backend {
     void (*rope_2d)(backend_t *be, float *x, const int *pos, int rows, int n_heads, int head_dim,
                     float theta);
 
-    /* Appends the rows of each sequence to its per-head caches: rows
-     * [q_start[s], q_start[s+1]) of k and v (n_heads * head_dim per row) go
-     * to k_cache[s*n_heads + h] + start[s*n_heads + h] * head_dim. */
-    void (*kv_append)(backend_t *be, float *const *k_cache, float *const *v_cache,
-                      const int *start, const float *k, const float *v, const int *q_start,
-                      int n_seq, int n_heads, int head_dim);
+    /* Writes the new K and V rows of each sequence into its paged caches:
+     * rows [q_start[s], q_start[s+1]) of k and v (n_heads * head_dim per
+     * row) go, head h, to cache indices [len - n_s, len) of
+     * kv[s*n_heads + h] (its blocks already reserved; len counts them). */
+    void (*kv_append)(backend_t *be, const kv_blocks_t *pool, const kv_view_t *kv, const float *k,
+                      const float *v, const int *q_start, int n_seq, int n_heads);
 
-    /* out[row, h*head_dim ...] = softmax(q k^T * scale) v per head, see attn_batch_t. */
-    void (*attention)(backend_t *be, float *out, const float *q, const attn_batch_t *batch,
-                      int n_heads, int head_dim, float scale);
+    /* out[row, h*head_dim ...] = softmax(q k^T * scale) v per head, keys
+     * and values read through the block tables; see attn_batch_t. */
+    void (*attention)(backend_t *be, float *out, const float *q, const kv_blocks_t *pool,
+                      const attn_batch_t *batch, int n_heads, float scale);
+
+    /* Compaction of one (sequence, layer, head) cache in place: cache index
+     * i takes the K and V rows (and mass[i] the value, when mass is not
+     * NULL) of index keep[i], for i < n_keep. keep is host memory, strictly
+     * ascending (so keep[i] >= i and a forward copy never overwrites a row
+     * still to be read). Rows past n_keep are left as they were. */
+    void (*kv_gather)(backend_t *be, const kv_blocks_t *pool, const int *blocks, const int *keep,
+                      int n_keep, float *mass);
 
     /* Element-wise. */
     void (*silu_mul)(backend_t *be, float *out, const float *gate, const float *up, size_t n);

@@ -274,20 +274,69 @@ static void cpu_rope(backend_t *be, float *x, const int *pos, int rows, int n_he
     }
 }
 
-static void cpu_kv_append(backend_t *be, float *const *k_cache, float *const *v_cache,
-                          const int *start, const float *k, const float *v, const int *q_start,
-                          int n_seq, int n_heads, int head_dim) {
-    assert(n_seq >= 0 && n_heads >= 0 && head_dim > 0);
+/* Walks the rows of one paged cache in cache order: block b of the table,
+ * row o within it. Moving to the next row is an increment, so the key loops
+ * below stay free of divisions. */
+typedef struct kv_walk {
+    const float *base;
+    const int *blocks;
+    size_t block_floats, v_offset; /* 2 * block_tokens * head_dim, block_tokens * head_dim */
+    int block_tokens, head_dim;
+    int b, o;
+} kv_walk_t;
+
+static kv_walk_t walk_at(const kv_blocks_t *pool, const int *blocks, int j) {
+    const size_t bt = (size_t)pool->block_tokens, hd = (size_t)pool->head_dim;
+    return (kv_walk_t){pool->base,
+                       blocks,
+                       2 * bt * hd,
+                       bt * hd,
+                       pool->block_tokens,
+                       pool->head_dim,
+                       j / pool->block_tokens,
+                       j % pool->block_tokens};
+}
+
+static inline float *walk_k(const kv_walk_t *w) {
+    return (float *)w->base + (size_t)w->blocks[w->b] * w->block_floats +
+           (size_t)w->o * w->head_dim;
+}
+
+static inline float *walk_v(const kv_walk_t *w) { return walk_k(w) + w->v_offset; }
+
+static inline void walk_next(kv_walk_t *w) {
+    if (++w->o == w->block_tokens) {
+        w->o = 0;
+        w->b++;
+    }
+}
+
+/* Rows of a paged cache sit in blocks scattered over the pool, where the
+ * hardware prefetcher cannot follow; the key loops ask for the row this
+ * many ahead themselves. */
+#define PREFETCH_ROWS 8
+
+static inline void prefetch_row(const float *row, int head_dim) {
+    for (int d = 0; d < head_dim; d += 16)
+        __builtin_prefetch(row + d);
+}
+
+static void cpu_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view_t *kv,
+                          const float *k, const float *v, const int *q_start, int n_seq,
+                          int n_heads) {
+    const int head_dim = pool->head_dim;
+    assert(n_seq >= 0 && n_heads >= 0 && head_dim > 0 && pool->block_tokens > 0);
     const size_t row = (size_t)n_heads * head_dim, bytes = (size_t)head_dim * sizeof(float);
     for (int s = 0; s < n_seq; s++) {
-        assert(q_start[s + 1] >= q_start[s]);
-        for (int r = q_start[s]; r < q_start[s + 1]; r++) {
-            for (int h = 0; h < n_heads; h++) {
-                const int i = s * n_heads + h;
-                assert(start[i] >= 0);
-                const size_t dst = ((size_t)start[i] + (size_t)(r - q_start[s])) * head_dim;
-                memcpy(k_cache[i] + dst, k + (size_t)r * row + (size_t)h * head_dim, bytes);
-                memcpy(v_cache[i] + dst, v + (size_t)r * row + (size_t)h * head_dim, bytes);
+        const int n_new = q_start[s + 1] - q_start[s];
+        assert(n_new >= 0);
+        for (int h = 0; h < n_heads; h++) {
+            const kv_view_t *c = &kv[s * n_heads + h];
+            assert(c->len >= n_new);
+            kv_walk_t w = walk_at(pool, c->blocks, c->len - n_new);
+            for (int r = q_start[s]; r < q_start[s + 1]; r++, walk_next(&w)) {
+                memcpy(walk_k(&w), k + (size_t)r * row + (size_t)h * head_dim, bytes);
+                memcpy(walk_v(&w), v + (size_t)r * row + (size_t)h * head_dim, bytes);
             }
         }
     }
@@ -308,9 +357,12 @@ static float dot_f32(const float *a, const float *b, int n) {
 
 /* One query row against its visible keys [0, n_keys): a softmax computed
  * online over chunks of ATTN_CHUNK keys (running max m, running sum l, the
- * output rescaled when m grows), so no buffer grows with the context. */
-static void attend_row(float *out, const float *q, const float *k, const float *v, int n_keys,
-                       int head_dim, float scale) {
+ * output rescaled when m grows), so no buffer grows with the context.
+ * Chunks are cut by cache index, not by block, so the arithmetic (and the
+ * result, bit for bit) does not depend on the block size. */
+static void attend_row(float *out, const float *q, const kv_blocks_t *pool, const int *blocks,
+                       int n_keys, float scale) {
+    const int head_dim = pool->head_dim;
     float acc[MAX_HEAD_DIM], sc[ATTN_CHUNK];
     float m = -INFINITY;
     double l = 0;
@@ -319,8 +371,15 @@ static void attend_row(float *out, const float *q, const float *k, const float *
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         float cm = -INFINITY;
-        for (int j = 0; j < nj; j++) {
-            sc[j] = dot_f32(q, k + (size_t)(j0 + j) * head_dim, head_dim) * scale;
+        kv_walk_t w = walk_at(pool, blocks, j0);
+        kv_walk_t ahead =
+            walk_at(pool, blocks, j0 + PREFETCH_ROWS < n_keys ? j0 + PREFETCH_ROWS : j0);
+        for (int j = 0; j < nj; j++, walk_next(&w)) {
+            if (j0 + j + PREFETCH_ROWS < n_keys) {
+                prefetch_row(walk_k(&ahead), head_dim);
+                walk_next(&ahead);
+            }
+            sc[j] = dot_f32(q, walk_k(&w), head_dim) * scale;
             cm = sc[j] > cm ? sc[j] : cm;
         }
         if (cm > m) {
@@ -330,9 +389,15 @@ static void attend_row(float *out, const float *q, const float *k, const float *
                 acc[d] *= rescale;
             m = cm;
         }
-        for (int j = 0; j < nj; j++) {
+        w = walk_at(pool, blocks, j0);
+        ahead = walk_at(pool, blocks, j0 + PREFETCH_ROWS < n_keys ? j0 + PREFETCH_ROWS : j0);
+        for (int j = 0; j < nj; j++, walk_next(&w)) {
+            if (j0 + j + PREFETCH_ROWS < n_keys) {
+                prefetch_row(walk_v(&ahead), head_dim);
+                walk_next(&ahead);
+            }
             const float p = expf(sc[j] - m);
-            const float *vj = v + (size_t)(j0 + j) * head_dim;
+            const float *vj = walk_v(&w);
             l += p;
             for (int d = 0; d < head_dim; d++)
                 acc[d] += p * vj[d];
@@ -343,29 +408,99 @@ static void attend_row(float *out, const float *q, const float *k, const float *
         out[d] = acc[d] * inv;
 }
 
-static void cpu_attention(backend_t *be, float *out, const float *q, const attn_batch_t *batch,
-                          int n_heads, int head_dim, float scale) {
+/* attend_row for a step whose key mass a policy wants: two passes, the
+ * first for the softmax's max and sum (online, as above, without the
+ * values), the second forming each probability p_j = exp(s_j - m) / l once,
+ * weighting v_j with it and adding it to mass[j]. The mass is exactly the
+ * softmax the output used; the price is computing every score twice. */
+static void attend_row_mass(float *out, float *mass, const float *q, const kv_blocks_t *pool,
+                            const int *blocks, int n_keys, float scale) {
+    const int head_dim = pool->head_dim;
+    float acc[MAX_HEAD_DIM];
+    float m = -INFINITY;
+    double l = 0;
+    kv_walk_t w = walk_at(pool, blocks, 0);
+    for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
+        const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
+        float sc[ATTN_CHUNK], cm = -INFINITY;
+        for (int j = 0; j < nj; j++, walk_next(&w)) {
+            sc[j] = dot_f32(q, walk_k(&w), head_dim) * scale;
+            cm = sc[j] > cm ? sc[j] : cm;
+        }
+        if (cm > m) {
+            l *= exp((double)m - cm);
+            m = cm;
+        }
+        for (int j = 0; j < nj; j++)
+            l += exp((double)sc[j] - m);
+    }
+    const double inv = 1.0 / l;
+    for (int d = 0; d < head_dim; d++)
+        acc[d] = 0;
+    w = walk_at(pool, blocks, 0);
+    for (int j = 0; j < n_keys; j++, walk_next(&w)) {
+        const float s = dot_f32(q, walk_k(&w), head_dim) * scale;
+        const float p = (float)(exp((double)s - m) * inv);
+        const float *vj = walk_v(&w);
+        mass[j] += p;
+        for (int d = 0; d < head_dim; d++)
+            acc[d] += p * vj[d];
+    }
+    for (int d = 0; d < head_dim; d++)
+        out[d] = acc[d];
+}
+
+static void cpu_attention(backend_t *be, float *out, const float *q, const kv_blocks_t *pool,
+                          const attn_batch_t *batch, int n_heads, float scale) {
+    const int head_dim = pool->head_dim;
     assert(batch->n_seq >= 0 && n_heads >= 0 && head_dim > 0 && head_dim <= MAX_HEAD_DIM);
+    assert(pool->block_tokens > 0);
     const int n_pairs = batch->n_seq * n_heads;
-    const int *q_start = batch->q_start, *kv_len = batch->kv_len;
+    const int *q_start = batch->q_start;
+    const kv_view_t *kv = batch->kv;
     int64_t work = 0;
     for (int i = 0; i < n_pairs; i++) {
         const int s = i / n_heads, n_new = q_start[s + 1] - q_start[s];
-        assert(n_new >= 0 && kv_len[i] >= n_new);
-        work += (int64_t)n_new * kv_len[i];
+        assert(n_new >= 0 && kv[i].len >= n_new);
+        work += (int64_t)n_new * kv[i].len;
     }
     const size_t row = (size_t)n_heads * head_dim;
-    /* Pairs differ in cost (ragged lengths), hence the dynamic schedule. */
+    /* Pairs differ in cost (ragged lengths), hence the dynamic schedule. A
+     * pair's mass array is written by the one thread that runs the pair. */
 #pragma omp parallel for num_threads(team(be)) if (work * head_dim >= PAR_MIN_WORK)                \
     schedule(dynamic, 1)
     for (int i = 0; i < n_pairs; i++) {
         const int s = i / n_heads, h = i % n_heads;
         const int n_new = q_start[s + 1] - q_start[s];
+        float *mass = batch->mass ? batch->mass[i] : NULL;
         for (int t = 0; t < n_new; t++) {
             const size_t r = (size_t)q_start[s] + (size_t)t;
-            attend_row(out + r * row + (size_t)h * head_dim, q + r * row + (size_t)h * head_dim,
-                       batch->k[i], batch->v[i], kv_len[i] - n_new + t + 1, head_dim, scale);
+            const size_t at = r * row + (size_t)h * head_dim;
+            const int n_keys = kv[i].len - n_new + t + 1;
+            if (mass)
+                attend_row_mass(out + at, mass, q + at, pool, kv[i].blocks, n_keys, scale);
+            else
+                attend_row(out + at, q + at, pool, kv[i].blocks, n_keys, scale);
         }
+    }
+}
+
+/* Forward copies: keep is strictly ascending, so keep[i] >= i and the row
+ * read at step i has not been overwritten by an earlier step. */
+static void cpu_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *blocks,
+                          const int *keep, int n_keep, float *mass) {
+    assert(n_keep >= 0 && pool->block_tokens > 0 && pool->head_dim > 0);
+    const size_t bytes = (size_t)pool->head_dim * sizeof(float);
+    kv_walk_t dst = walk_at(pool, blocks, 0);
+    for (int i = 0; i < n_keep; i++, walk_next(&dst)) {
+        assert(keep[i] >= i && (i == 0 || keep[i] > keep[i - 1]));
+        if (keep[i] == i)
+            continue;
+        const kv_walk_t src = walk_at(pool, blocks, keep[i]);
+        memcpy(walk_k(&dst), walk_k(&src), bytes);
+        memcpy(walk_v(&dst), walk_v(&src), bytes);
+        if (mass)
+            mass[i] = mass[keep[i]];
     }
 }
 
@@ -651,6 +786,7 @@ backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
     be->rope_2d = cpu_rope_2d;
     be->kv_append = cpu_kv_append;
     be->attention = cpu_attention;
+    be->kv_gather = cpu_kv_gather;
     be->silu_mul = cpu_silu_mul;
     be->silu = cpu_silu;
     be->gelu = cpu_gelu;

@@ -480,16 +480,22 @@ static void cuda_rope_2d(backend_t *be, float *x, const int *pos, int rows, int 
  * kv_gather and key-mass accumulation, once the paged interface of
  * docs/kv-cache.md lands in backend.h. Until then these ops fail loudly
  * through ->status instead of computing nothing in silence. */
-static void cuda_kv_append(backend_t *be, float *const *k_cache, float *const *v_cache,
-                           const int *start, const float *k, const float *v, const int *q_start,
-                           int n_seq, int n_heads, int head_dim) {
+static void cuda_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view_t *kv,
+                           const float *k, const float *v, const int *q_start, int n_seq,
+                           int n_heads) {
     cuda_fail(be, "kv_append is not implemented yet (issue 6: the KV ops come with the paged KV "
                   "interface)");
 }
 
-static void cuda_attention(backend_t *be, float *out, const float *q, const attn_batch_t *batch,
-                           int n_heads, int head_dim, float scale) {
+static void cuda_attention(backend_t *be, float *out, const float *q, const kv_blocks_t *pool,
+                           const attn_batch_t *batch, int n_heads, float scale) {
     cuda_fail(be, "attention is not implemented yet (issue 6: the KV ops come with the paged KV "
+                  "interface)");
+}
+
+static void cuda_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *blocks,
+                           const int *keep, int n_keep, float *mass) {
+    cuda_fail(be, "kv_gather is not implemented yet (issue 6: the KV ops come with the paged KV "
                   "interface)");
 }
 
@@ -790,6 +796,7 @@ backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err
     be->rope_2d = cuda_rope_2d;
     be->kv_append = cuda_kv_append;
     be->attention = cuda_attention;
+    be->kv_gather = cuda_kv_gather;
     be->silu_mul = cuda_silu_mul;
     be->silu = cuda_silu;
     be->gelu = cuda_gelu;

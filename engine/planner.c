@@ -4,13 +4,46 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "status.h"
+#include "kv_pool.h"
 
 size_t planner_full_cache_bytes(const model_config_t *cfg, int n_prompt) {
     size_t tokens = (size_t)n_prompt + (size_t)cfg->image.grid_height * cfg->image.grid_width - 1;
     size_t per_token = (size_t)cfg->llm.num_layers * cfg->llm.num_kv_heads * cfg->llm.head_dim *
                        2 /* K and V */ * sizeof(float);
     return 2 /* CFG pair */ * tokens * per_token;
+}
+
+kv_geometry_t planner_geometry(const model_config_t *cfg, int n_prompt) {
+    return (kv_geometry_t){.n_prompt = n_prompt,
+                           .line_width = cfg->image.grid_width,
+                           .n_lines = cfg->image.grid_height,
+                           .n_layers = cfg->llm.num_layers,
+                           .n_heads = cfg->llm.num_kv_heads};
+}
+
+int planner_block_tokens(const model_config_t *cfg) {
+    return kv_pool_choose_block_tokens(planner_steps(cfg) / PLANNER_MIN_BUDGET_INV);
+}
+
+int planner_trajectory_bytes(const model_config_t *cfg, const kv_policy_params_t *p,
+                             int n_prompt, int block_tokens, size_t *bytes, ar_error_t *err) {
+    if (block_tokens < 1) return ar_errorf(err, "block_tokens %d: must be positive", block_tokens);
+    kv_geometry_t g = planner_geometry(cfg, n_prompt);
+    const int steps = planner_steps(cfg);
+    if (kv_policy_validate(p, &g, err) != AR_OK) return AR_ERR;
+    int *tokens = malloc((size_t)steps * sizeof *tokens);
+    if (!tokens) return ar_errorf(err, "out of memory");
+    if (kv_policy_trajectory(p, &g, tokens) != AR_OK) {
+        free(tokens);
+        return ar_errorf(err, "policy %s: no trajectory for this request", kv_policy_name(p->kind));
+    }
+    const size_t per_block = kv_pool_block_bytes(block_tokens, cfg->llm.head_dim) *
+                             (size_t)cfg->llm.num_layers * (size_t)cfg->llm.num_kv_heads *
+                             2 /* CFG pair */;
+    for (int t = 0; t < steps; t++)
+        bytes[t] = (size_t)((tokens[t] + block_tokens - 1) / block_tokens) * per_block;
+    free(tokens);
+    return AR_OK;
 }
 
 void planner_init(planner_t *p, size_t pool_bytes) {

@@ -1,20 +1,49 @@
-/* The KV planner: every request's KV trajectory (bytes held after each of
+/* The KV planner: every request's KV trajectory (bytes held during each of
  * its steps) is known before it runs, so admission can check that the pool
- * holds the running requests plus a new one at every future iteration. The
- * full cache holds its whole capacity from the first step (its caches are
- * allocated when it starts); compressed-KV policies bring shaped
- * trajectories through the same check. */
+ * holds the running requests plus a new one at every future iteration. A
+ * trajectory comes from the request's policy (kv_policy_trajectory: tokens
+ * per head per step) counted in whole pool blocks, so it is exact: the
+ * pool's blocks in use never pass the sum of the running trajectories. */
 #ifndef ARSERVE_PLANNER_H
 #define ARSERVE_PLANNER_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_policy.h"
 #include "model_config.h"
+#include "status.h"
 
 /* Bytes of K and V one image (its CFG pair of sequences) holds under the
  * full cache with a prompt of n_prompt tokens. */
 size_t planner_full_cache_bytes(const model_config_t *cfg, int n_prompt);
+
+/* What a policy is told about a request of n_prompt prompt tokens: the
+ * engine runs with the same geometry the planner planned with. */
+kv_geometry_t planner_geometry(const model_config_t *cfg, int n_prompt);
+
+/* Steps of a request: one image token each. */
+static inline int planner_steps(const model_config_t *cfg) {
+    return cfg->image.grid_height * cfg->image.grid_width;
+}
+
+/* The smallest KV budget the pool's block size is chosen for: 1/8, the
+ * smallest budget the KV benchmark runs. */
+#define PLANNER_MIN_BUDGET_INV 8
+
+/* The pool block size for a model: kv_pool_choose_block_tokens for the
+ * image tokens a head holds at budget 1/PLANNER_MIN_BUDGET_INV, so a head's
+ * last partial block costs under 5% of its compressed cache. */
+int planner_block_tokens(const model_config_t *cfg);
+
+/* The trajectory of one image (its CFG pair) under policy p in a pool of
+ * block_tokens-token blocks: bytes[t], for t < planner_steps(cfg), is what
+ * it holds during step t (after the step's append, before its compaction):
+ * ceil(tokens[t] / block_tokens) blocks per (layer, head) x block bytes x
+ * layers x heads x 2 sequences. AR_ERR (naming the knob) when p does not
+ * suit the geometry. */
+int planner_trajectory_bytes(const model_config_t *cfg, const kv_policy_params_t *p,
+                             int n_prompt, int block_tokens, size_t *bytes, ar_error_t *err);
 
 typedef struct planner_entry {
     uint64_t id;

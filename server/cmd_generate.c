@@ -10,7 +10,9 @@
 #include "cli.h"
 #include "engine/backend.h"
 #include "engine/generate.h"
+#include "engine/kv_pool.h"
 #include "engine/model.h"
+#include "engine/planner.h"
 #include "engine/png_io.h"
 
 static void generate_usage(FILE *f) {
@@ -69,6 +71,26 @@ static int parse_ids(const char *s, int *ids, int cap) {
         return -1;
     }
     return n;
+}
+
+/* A KV pool that holds exactly one full-cache image: the peak of its
+ * planned trajectory, in blocks of the size the daemon would choose. */
+static int pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, ar_error_t *err) {
+    const model_config_t *c = &m->cfg;
+    const int steps = planner_steps(c);
+    const int bt = planner_block_tokens(c);
+    kv_policy_params_t full;
+    kv_policy_defaults(&full, KV_POLICY_FULL);
+    size_t *bytes = malloc((size_t)steps * sizeof *bytes), peak = 0;
+    if (!bytes) return ar_errorf(err, "out of memory");
+    if (planner_trajectory_bytes(c, &full, n_prompt, bt, bytes, err) != AR_OK) {
+        free(bytes);
+        return AR_ERR;
+    }
+    for (int t = 0; t < steps; t++) peak = bytes[t] > peak ? bytes[t] : peak;
+    free(bytes);
+    return kv_pool_init(pool, m->be, (int)(peak / kv_pool_block_bytes(bt, c->llm.head_dim)), bt,
+                        c->llm.head_dim, err);
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -130,6 +152,7 @@ int cmd_generate(int argc, char **argv) {
     }
     model_t model;
     gen_request_t req = {0};
+    kv_pool_t pool = {0};
     uint8_t *rgb = NULL;
     int *cond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
     int *uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
@@ -166,7 +189,9 @@ int cmd_generate(int argc, char **argv) {
         rc = 2;
         goto out;
     }
-    if (gen_request_init(&req, &model, cond, uncond, n_prompt, &sp, (uint64_t)seed, 0, &err)) {
+    if (pool_for_one_image(&pool, &model, n_prompt, &err) != AR_OK ||
+        gen_request_init(&req, &model, &pool, NULL, cond, uncond, n_prompt, &sp, (uint64_t)seed,
+                         0, &err)) {
         fprintf(stderr, "arserve: %s\n", err.msg);
         goto out;
     }
@@ -201,6 +226,7 @@ int cmd_generate(int argc, char **argv) {
     rc = 0;
 out:
     gen_request_free(&req);
+    kv_pool_free(&pool);
     if (loaded) model_free(&model);
     free(rgb);
     free(cond);

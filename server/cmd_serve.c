@@ -15,8 +15,8 @@
 
 #include "cli.h"
 #include "engine/backend.h"
+#include "engine/kv_policy.h"
 #include "engine/model.h"
-#include "engine/planner.h"
 #include "server/config.h"
 #include "server/http.h"
 #include "server/log.h"
@@ -108,10 +108,6 @@ int cmd_serve(int argc, char **argv, char **envp) {
             now_s() - t0);
 
     size_t pool = (size_t)cfg.kv_pool_mb << 20;
-    /* Concurrency the pool admits for a typical prompt (16 tokens of text). */
-    size_t per_image = planner_full_cache_bytes(&model.cfg, 16 + 2);
-    log_msg(LOG_INFO, "backend cpu (%d threads, 0 = all cores); KV pool %.1f MiB: full cache %zu images at once (%.2f MiB per image with CFG)",
-            cfg.threads, pool / 1048576.0, per_image ? pool / per_image : 0, per_image / 1048576.0);
 
     static const char *const build_labels[] = {"version", "backend", "model", "policy"};
     metric_t *build = metrics_gauge(metrics, "arserve_build_info", "Build and serving information (value 1).", 4, build_labels);
@@ -132,6 +128,27 @@ int cmd_serve(int argc, char **argv, char **envp) {
         fprintf(stderr, "arserve serve: %s\n", err.msg);
         return 1;
     }
+    /* What the pool admits per policy at its default budget, for a typical
+     * prompt (16 text tokens + BOS + image-start). */
+    size_t capacity = sched_kv_capacity_bytes(sched);
+    char per_policy[512] = "";
+    for (int k = KV_POLICY_FULL; k <= KV_POLICY_HEADKV; k++) {
+        kv_policy_params_t p;
+        kv_policy_defaults(&p, (kv_policy_kind_t)k);
+        size_t peak = sched_image_peak_bytes(sched, &p, 16 + 2);
+        size_t len = strlen(per_policy);
+        if (k == KV_POLICY_FULL)
+            snprintf(per_policy + len, sizeof per_policy - len, "full %zu images",
+                     peak ? capacity / peak : 0);
+        else if (peak)
+            snprintf(per_policy + len, sizeof per_policy - len, ", %s@%.3g %zu", kv_policy_name(p.kind),
+                     p.budget, capacity / peak);
+        else
+            snprintf(per_policy + len, sizeof per_policy - len, ", %s@%.3g n/a (budget too small for this grid)",
+                     kv_policy_name(p.kind), p.budget);
+    }
+    log_msg(LOG_INFO, "backend cpu (%d threads, 0 = all cores); KV pool %.1f MiB in blocks of %d tokens: %s",
+            cfg.threads, capacity / 1048576.0, sched_kv_block_tokens(sched), per_policy);
     http_options_t ho = {.host = cfg.host,
                          .port = cfg.port,
                          .api_key = cfg.api_key,

@@ -79,7 +79,7 @@ static const setting_t SETTINGS[] = {
 
 /* ARSERVE_* variables that are not settings: read by tests and tools, so the
  * daemon must not reject an environment that carries them. */
-static const char *const ENV_NOT_SETTINGS[] = {"ARSERVE_TINY_MODEL", "ARSERVE_GOLDEN_DIR", NULL};
+static const char *const ENV_NOT_SETTINGS[] = {"ARSERVE_TINY_MODEL", "ARSERVE_SLOW_MODEL", "ARSERVE_GOLDEN_DIR", "ARSERVE_BIN", NULL};
 
 #define ENV_PREFIX "ARSERVE_"
 #define ENV_CONFIG "ARSERVE_CONFIG"

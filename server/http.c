@@ -41,7 +41,8 @@ typedef struct conn {
     char *body;
     size_t len, cap;
     int responded;
-    int counted; /* counted in inflight */
+    int too_large; /* the body passed the limit: discarded, 413 at the end */
+    int counted;   /* counted in inflight */
 } conn_t;
 
 /* What a streaming response's reader needs. */
@@ -182,7 +183,7 @@ static int sse_append(sse_t *s, const char *event, char *json) {
 static int sse_collect(sse_t *s) {
     sched_job_t *j = s->job;
     long now = (long)time(NULL);
-    if (j->steps_done > s->sent_steps && j->state == JOB_RUNNING) {
+    if (j->steps_done > s->sent_steps) {
         for (int i = 0; i < j->n_images; i++)
             sse_append(s, API_SSE_PROGRESS, api_sse_progress(j->steps_done, j->steps_total, i));
         s->sent_steps = j->steps_done;
@@ -314,6 +315,8 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         ret = fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory");
         goto out;
     }
+    if (req.has_kv_policy) kv_policy_defaults(&j->kv_policy, (kv_policy_kind_t)kv_policy_parse(req.kv_policy));
+    if (req.has_kv_budget) j->kv_policy.budget = req.kv_budget;
     if (sched_submit(h->sched, j, &e) != AR_OK) {
         sched_job_release(j);
         ret = send_error(h, c, cx, &e);
@@ -377,6 +380,28 @@ out:
 
 /* ---- dispatch ---- */
 
+/* 404, 405, 401 and 413 (by Content-Length), decided from the headers alone. */
+static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
+                                    const char *url, const char *method) {
+    int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    int is_post = !strcmp(method, "POST");
+    if (!strcmp(cx->route, "other"))
+        return fail(h, c, cx, 404, "invalid_request_error", NULL, "not_found", "no route for %s %s", method, url);
+    int want_post = !strcmp(cx->route, "/v1/images/generations");
+    if (want_post ? !is_post : !is_get)
+        return fail(h, c, cx, 405, "invalid_request_error", NULL, "method_not_allowed",
+                    "%s is not allowed on %s; use %s", method, url, want_post ? "POST" : "GET");
+    if (!strcmp(cx->route, "/health") || !strcmp(cx->route, "/metrics")) return MHD_YES;
+    if (!auth_ok(h, c))
+        return fail(h, c, cx, 401, "invalid_request_error", NULL, "invalid_api_key",
+                    "missing or wrong API key: send 'Authorization: Bearer <key>'");
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (want_post && cl && strtoull(cl, NULL, 10) > h->opt.max_body_bytes)
+        return fail(h, c, cx, 413, "invalid_request_error", NULL, "request_too_large",
+                    "the request body is larger than %zu bytes", h->opt.max_body_bytes);
+    return MHD_YES;
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
                               const char *method, const char *version, const char *upload_data,
                               size_t *upload_data_size, void **con_cls) {
@@ -391,22 +416,17 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *con_cls = cx;
         atomic_fetch_add(&h->inflight, 1);
         cx->counted = 1;
-        return MHD_YES;
+        /* libmicrohttpd queues a response only now (headers read) or once
+         * the whole body is in, so every error that does not need the body
+         * is answered now, before any of it is read. */
+        return early_errors(h, c, cx, url, method);
     }
-    if (cx->responded) { /* 413 sent mid-upload: discard the rest */
+    if (cx->responded || (cx->too_large && *upload_data_size)) { /* discard the rest */
         *upload_data_size = 0;
         return MHD_YES;
     }
-    int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
-    int is_post = !strcmp(method, "POST");
+    /* Route, method and key were checked by early_errors on the first call. */
     const char *route = cx->route;
-
-    if (!strcmp(route, "other"))
-        return fail(h, c, cx, 404, "invalid_request_error", NULL, "not_found", "no route for %s %s", method, url);
-    int want_post = !strcmp(route, "/v1/images/generations");
-    if (want_post ? !is_post : !is_get)
-        return fail(h, c, cx, 405, "invalid_request_error", NULL, "method_not_allowed",
-                    "%s is not allowed on %s; use %s", method, url, want_post ? "POST" : "GET");
     if (!strcmp(route, "/health")) {
         int alive = sched_alive(h->sched);
         return send_json(h, c, cx, alive ? 200 : 503,
@@ -415,11 +435,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!strcmp(route, "/metrics")) {
         char *text = metrics_render(h->metrics);
         if (!text) return MHD_NO;
-        return send_buf(h, c, cx, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text), 1);
+        return send_buf(h, c, cx, 200, METRICS_CONTENT_TYPE, text, strlen(text), 1);
     }
-    if (!auth_ok(h, c))
-        return fail(h, c, cx, 401, "invalid_request_error", NULL, "invalid_api_key",
-                    "missing or wrong API key: send 'Authorization: Bearer <key>'");
     if (!strcmp(route, "/ready")) {
         int ready = atomic_load(&h->ready) && !sched_draining(h->sched);
         return send_json(h, c, cx, ready ? 200 : 503,
@@ -431,9 +448,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     /* POST /v1/images/generations: gather the body within the limit. */
     if (*upload_data_size) {
         if (cx->len + *upload_data_size > h->opt.max_body_bytes) {
-            *upload_data_size = 0;
-            return fail(h, c, cx, 413, "invalid_request_error", NULL, "request_too_large",
-                        "the request body is larger than %zu bytes", h->opt.max_body_bytes);
+            *upload_data_size = 0; /* answered once the body is in */
+            cx->too_large = 1;
+            return MHD_YES;
         }
         if (cx->len + *upload_data_size > cx->cap) {
             size_t cap = cx->cap ? cx->cap : 4096;
@@ -448,6 +465,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *upload_data_size = 0;
         return MHD_YES;
     }
+    if (cx->too_large)
+        return fail(h, c, cx, 413, "invalid_request_error", NULL, "request_too_large",
+                    "the request body is larger than %zu bytes", h->opt.max_body_bytes);
     if (!atomic_load(&h->ready) || sched_draining(h->sched))
         return fail(h, c, cx, 503, "server_error", NULL, "not_ready",
                     "the server is not accepting work (loading or shutting down)");

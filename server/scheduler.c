@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "engine/generate.h"
+#include "engine/kv_pool.h"
 #include "engine/planner.h"
 #include "engine/png_io.h"
 #include "server/log.h"
@@ -36,6 +37,9 @@ struct scheduler {
     sched_job_t **running; /* engine thread only, but counted under mu */
     int n_running, running_images;
     planner_t planner; /* engine thread only */
+    kv_pool_t pool;    /* engine thread only (its geometry is fixed: read anywhere) */
+    long long kv_overruns;     /* under mu */
+    long long bad_frees_seen;  /* engine thread only */
     pthread_t engine;
 
     pthread_mutex_t png_mu;
@@ -48,7 +52,7 @@ struct scheduler {
     /* metrics */
     metric_t *m_running, *m_waiting, *m_queue_wait, *m_first_step, *m_latency, *m_step_time,
         *m_seqs, *m_tokens, *m_images, *m_refused, *m_cancelled, *m_kv_capacity, *m_kv_reserved,
-        *m_kv_used, *m_iterations;
+        *m_kv_used, *m_iterations, *m_kv_overruns;
 };
 
 static double now_s(void) {
@@ -83,6 +87,7 @@ sched_job_t *sched_job_create(const int *cond, const int *uncond, int n_prompt, 
     j->n_prompt = n_prompt;
     j->n_images = n_images;
     j->params = *params;
+    kv_policy_defaults(&j->kv_policy, KV_POLICY_FULL);
     j->seed = seed;
     j->partial_images = partial_images;
     j->t_submit = now_s();
@@ -190,15 +195,15 @@ static void *png_worker(void *arg) {
         } else {
             j->png[t->image] = png;
             j->png_len[t->image] = len;
-            if (--j->png_pending == 0 && j->state == JOB_ENCODING) j->state = JOB_DONE;
+            if (--j->png_pending == 0 && j->state == JOB_ENCODING) {
+                /* Count before the waiting request thread can answer. */
+                metric_add(s->m_images, j->n_images, "ok");
+                metric_observe(s->m_latency, now_s() - j->t_submit);
+                j->state = JOB_DONE;
+            }
         }
         pthread_cond_broadcast(&j->changed);
-        int done = j->state == JOB_DONE;
         pthread_mutex_unlock(&j->mu);
-        if (done) {
-            metric_add(s->m_images, j->n_images, "ok");
-            metric_observe(s->m_latency, now_s() - j->t_submit);
-        }
         free(t->rgb);
         sched_job_release(j);
         free(t);
@@ -207,37 +212,81 @@ static void *png_worker(void *arg) {
 
 /* ---- admission ---- */
 
-/* The job's KV trajectory: n images x the per-image bytes, held for every
- * step of the job. */
-static size_t *job_trajectory(const scheduler_t *s, const sched_job_t *j, int *n_steps) {
-    *n_steps = s->model->cfg.image.grid_height * s->model->cfg.image.grid_width;
+/* The job's KV trajectory: n images x the per-image bytes its policy holds
+ * at each step, counted in whole pool blocks. NULL (err says why) when the
+ * policy does not suit the request or on out of memory. */
+static size_t *job_trajectory(const scheduler_t *s, const sched_job_t *j, int *n_steps,
+                              ar_error_t *err) {
+    *n_steps = planner_steps(&s->model->cfg);
     size_t *t = malloc((size_t)*n_steps * sizeof *t);
-    if (!t) return NULL;
-    size_t per = planner_full_cache_bytes(&s->model->cfg, j->n_prompt) * (size_t)j->n_images;
-    for (int i = 0; i < *n_steps; i++) t[i] = per;
+    if (!t) {
+        ar_errorf(err, "out of memory");
+        return NULL;
+    }
+    if (planner_trajectory_bytes(&s->model->cfg, &j->kv_policy, j->n_prompt,
+                                 s->pool.blocks.block_tokens, t, err) != AR_OK) {
+        free(t);
+        return NULL;
+    }
+    for (int i = 0; i < *n_steps; i++) t[i] *= (size_t)j->n_images;
     return t;
 }
 
-size_t sched_image_bytes(const scheduler_t *s, int n_prompt) {
-    return planner_full_cache_bytes(&s->model->cfg, n_prompt);
+static size_t peak_of(const size_t *t, int n) {
+    size_t peak = 0;
+    for (int i = 0; i < n; i++) peak = t[i] > peak ? t[i] : peak;
+    return peak;
+}
+
+size_t sched_image_peak_bytes(const scheduler_t *s, const kv_policy_params_t *p, int n_prompt) {
+    int n = planner_steps(&s->model->cfg);
+    size_t *t = malloc((size_t)n * sizeof *t), peak = 0;
+    if (t && planner_trajectory_bytes(&s->model->cfg, p, n_prompt, s->pool.blocks.block_tokens, t,
+                                      NULL) == AR_OK)
+        peak = peak_of(t, n);
+    free(t);
+    return peak;
+}
+
+int sched_kv_block_tokens(const scheduler_t *s) { return s->pool.blocks.block_tokens; }
+
+size_t sched_kv_capacity_bytes(const scheduler_t *s) { return kv_pool_capacity_bytes(&s->pool); }
+
+long long sched_kv_overruns(scheduler_t *s) {
+    pthread_mutex_lock(&s->mu);
+    long long n = s->kv_overruns;
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 int sched_submit(scheduler_t *s, sched_job_t *j, api_error_t *err) {
-    size_t need = planner_full_cache_bytes(&s->model->cfg, j->n_prompt) * (size_t)j->n_images;
+    /* The trajectory is pure host arithmetic on read-only geometry. */
+    int n_steps = 0;
+    ar_error_t perr = {{0}};
+    size_t *traj = job_trajectory(s, j, &n_steps, &perr);
+    const int planned = traj != NULL;
+    size_t need = planned ? peak_of(traj, n_steps) : 0, capacity = kv_pool_capacity_bytes(&s->pool);
+    free(traj);
     pthread_mutex_lock(&s->mu);
     const char *reason = NULL;
-    if (s->draining || s->stop) {
+    if (!planned) {
+        reason = "invalid_policy";
+        *err = (api_error_t){.status = 400};
+        snprintf(err->message, sizeof err->message, "%.*s", (int)sizeof err->message - 1, perr.msg);
+        snprintf(err->param, sizeof err->param, "kv_policy");
+        snprintf(err->code, sizeof err->code, "invalid_value");
+    } else if (s->draining || s->stop) {
         reason = "draining";
         *err = (api_error_t){.status = 503};
         snprintf(err->message, sizeof err->message, "the server is shutting down");
         snprintf(err->code, sizeof err->code, "server_draining");
-    } else if (need > s->opt.kv_pool_bytes) {
+    } else if (need > capacity) {
         reason = "too_large";
         *err = (api_error_t){.status = 400};
         snprintf(err->message, sizeof err->message,
                  "this request needs %zu bytes of KV cache, more than the pool's %zu: ask for "
                  "fewer images (n) or a shorter prompt",
-                 need, s->opt.kv_pool_bytes);
+                 need, capacity);
         snprintf(err->param, sizeof err->param, "n");
         snprintf(err->code, sizeof err->code, "kv_pool_too_small");
     } else if (j->n_images > s->opt.max_running) {
@@ -336,8 +385,8 @@ static int start_job(scheduler_t *s, sched_job_t *j) {
         return AR_ERR;
     }
     for (int i = 0; i < j->n_images; i++)
-        if (gen_request_init(&j->gens[i], s->model, j->cond, j->uncond, j->n_prompt, &j->params,
-                             j->seed, (uint64_t)i, &err) != AR_OK) {
+        if (gen_request_init(&j->gens[i], s->model, &s->pool, &j->kv_policy, j->cond, j->uncond,
+                             j->n_prompt, &j->params, j->seed, (uint64_t)i, &err) != AR_OK) {
             log_msg(LOG_ERROR, "job %llu: %s", (unsigned long long)j->id, err.msg);
             for (int k = 0; k < i; k++) gen_request_free(&j->gens[k]);
             free(j->gens);
@@ -371,7 +420,9 @@ static void admit(scheduler_t *s) {
         int fits = 0, n_steps = 0;
         size_t *traj = NULL;
         if (!dead && s->running_images + j->n_images <= s->opt.max_running) {
-            traj = job_trajectory(s, j, &n_steps);
+            /* sched_submit checked the policy: NULL here is out of memory,
+             * and the job waits for the next iteration. */
+            traj = job_trajectory(s, j, &n_steps, NULL);
             fits = traj && planner_fits(&s->planner, traj, n_steps);
         }
         if (dead || fits) {
@@ -476,6 +527,27 @@ static void finish_job(scheduler_t *s, int idx) {
     sched_job_release(j);
 }
 
+/* Right after a step, before the planner moves on: the pool's peak during
+ * the step (after every append, before any compaction) must be within what
+ * the planner reserved for this iteration. Anything else is a bug in a
+ * trajectory or the pool accounting; a daemon logs it and counts it, a
+ * DEBUG=1 build stops on it. */
+static void check_kv_plan(scheduler_t *s) {
+    const size_t block = kv_pool_block_bytes(s->pool.blocks.block_tokens, s->pool.blocks.head_dim);
+    const size_t peak = (size_t)s->pool.peak_in_use * block;
+    const size_t planned = planner_reserved_now(&s->planner);
+    if (peak <= planned) return;
+    log_msg(LOG_ERROR, "KV pool: %zu bytes in use during the step, more than the %zu planned", peak,
+            planned);
+    pthread_mutex_lock(&s->mu);
+    s->kv_overruns++;
+    pthread_mutex_unlock(&s->mu);
+    metric_add(s->m_kv_overruns, 1);
+#ifdef ARSERVE_DEBUG
+    abort();
+#endif
+}
+
 static void engine_iteration(scheduler_t *s) {
     double now = now_s();
     /* Drop cancelled and expired running jobs first: their blocks return now. */
@@ -505,9 +577,11 @@ static void engine_iteration(scheduler_t *s) {
         for (int g = 0; g < s->running[i]->n_images; g++) batch[k++] = &s->running[i]->gens[g];
     double t0 = now_s();
     ar_error_t err = {{0}};
+    kv_pool_reset_peak(&s->pool);
     int rc = gen_step(batch, n_gens, &err);
     double t1 = now_s();
     free(batch);
+    check_kv_plan(s);
     planner_tick(&s->planner);
     if (rc != AR_OK) {
         log_msg(LOG_ERROR, "engine step failed: %s", err.msg);
@@ -525,14 +599,9 @@ static void engine_iteration(scheduler_t *s) {
     metric_add(s->m_tokens, n_gens);
     metric_add(s->m_iterations, 1);
 
-    size_t used = 0;
-    const model_config_t *c = &s->model->cfg;
-    size_t per_token = (size_t)c->llm.num_layers * c->llm.num_kv_heads * c->llm.head_dim * 2 * sizeof(float);
     for (int i = 0; i < s->n_running;) {
         sched_job_t *j = s->running[i];
         gen_request_t *g0 = &j->gens[0];
-        for (int g = 0; g < j->n_images; g++)
-            used += per_token * (size_t)(j->gens[g].seq[0].len + j->gens[g].seq[1].len);
         if (!j->first_step_seen) {
             j->first_step_seen = 1;
             metric_observe(s->m_first_step, t1 - j->t_submit);
@@ -551,8 +620,13 @@ static void engine_iteration(scheduler_t *s) {
         }
         i++;
     }
-    metric_set(s->m_kv_used, (double)used);
+    metric_set(s->m_kv_used, (double)kv_pool_used_bytes(&s->pool));
     metric_set(s->m_kv_reserved, (double)planner_reserved_now(&s->planner));
+    if (s->pool.bad_frees != s->bad_frees_seen) {
+        log_msg(LOG_ERROR, "KV pool: %lld blocks released twice (a bug; the blocks were left alone)",
+                s->pool.bad_frees - s->bad_frees_seen);
+        s->bad_frees_seen = s->pool.bad_frees;
+    }
 }
 
 static void *engine_main(void *arg) {
@@ -630,8 +704,9 @@ static void register_metrics(scheduler_t *s, metrics_t *m) {
     s->m_cancelled = metrics_counter(m, "arserve_requests_cancelled_total", "Requests cancelled because the client went away.", 0, NULL);
     s->m_kv_capacity = metrics_gauge(m, "arserve_kv_pool_capacity_bytes", "KV pool size.", 0, NULL);
     s->m_kv_reserved = metrics_gauge(m, "arserve_kv_pool_reserved_bytes", "KV bytes the planner has reserved for running requests.", 0, NULL);
-    s->m_kv_used = metrics_gauge(m, "arserve_kv_pool_used_bytes", "KV bytes holding cached tokens now.", 0, NULL);
-    metric_set(s->m_kv_capacity, (double)s->opt.kv_pool_bytes);
+    s->m_kv_used = metrics_gauge(m, "arserve_kv_pool_used_bytes", "KV bytes in pool blocks in use now (cached tokens and the rest of each head's last block).", 0, NULL);
+    s->m_kv_overruns = metrics_counter(m, "arserve_kv_plan_overruns_total", "Engine iterations whose KV pool use passed the planner's reservation (a bug).", 0, NULL);
+    metric_set(s->m_kv_capacity, (double)kv_pool_capacity_bytes(&s->pool));
     metric_set(s->m_kv_reserved, 0);
     metric_set(s->m_kv_used, 0);
     metric_set(s->m_running, 0);
@@ -661,7 +736,22 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
         ar_errorf(err, "out of memory");
         return NULL;
     }
-    planner_init(&s->planner, opt->kv_pool_bytes);
+    const model_config_t *c = &model->cfg;
+    int bt = opt->kv_block_tokens > 0 ? opt->kv_block_tokens : planner_block_tokens(c);
+    size_t block = kv_pool_block_bytes(bt, c->llm.head_dim);
+    size_t n_blocks = opt->kv_pool_bytes / block;
+    if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
+    if (kv_pool_init(&s->pool, model->be, (int)n_blocks, bt, c->llm.head_dim, err) != AR_OK) {
+        ar_error_prefix(err, "--kv-pool-mb (%zu bytes, blocks of %zu)", opt->kv_pool_bytes, block);
+        free(s->waiting);
+        free(s->running);
+        free(s->workers);
+        free(s);
+        return NULL;
+    }
+    s->opt.kv_pool_bytes = kv_pool_capacity_bytes(&s->pool);
+    s->opt.kv_block_tokens = bt;
+    planner_init(&s->planner, s->opt.kv_pool_bytes);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->wake, NULL);
     pthread_mutex_init(&s->png_mu, NULL);
@@ -702,6 +792,7 @@ void scheduler_destroy(scheduler_t *s) {
     if (!s) return;
     scheduler_stop(s);
     planner_free(&s->planner);
+    kv_pool_free(&s->pool);
     free(s->waiting);
     free(s->running);
     free(s->workers);

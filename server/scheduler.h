@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/kv_policy.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "server/api.h"
@@ -35,6 +36,7 @@ typedef struct sched_job {
     int n_images, n_prompt;
     int *cond, *uncond;
     sampler_params_t params;
+    kv_policy_params_t kv_policy; /* policy and budget; full until the API sets them */
     uint64_t seed;
     int partial_images; /* previews wanted per image (streaming) */
     double t_submit, deadline;
@@ -63,7 +65,8 @@ typedef struct sched_options {
     int max_running;     /* images stepping at once */
     int max_waiting;     /* jobs waiting for admission before 429 */
     double request_timeout_s;
-    size_t kv_pool_bytes;
+    size_t kv_pool_bytes;   /* rounded down to whole blocks */
+    int kv_block_tokens;    /* tokens per pool block; 0: planner_block_tokens(model) */
     int png_workers;
     int retry_after_s;
 } sched_options_t;
@@ -78,7 +81,8 @@ void scheduler_stop(scheduler_t *s);
 /* Stops (if needed) and frees. */
 void scheduler_destroy(scheduler_t *s);
 
-/* Makes a job from a validated request and its prompt rows (refs = 1). */
+/* Makes a job from a validated request and its prompt rows (refs = 1), with
+ * the full-cache policy (set j->kv_policy before sched_submit for another). */
 sched_job_t *sched_job_create(const int *cond, const int *uncond, int n_prompt, int n_images,
                               const sampler_params_t *params, uint64_t seed, int partial_images,
                               double timeout_s);
@@ -86,7 +90,7 @@ void sched_job_release(sched_job_t *j);
 
 /* Queues a job (the scheduler takes its own reference). Fails with 429
  * when the waiting queue is full, 503 while draining, 400 when the job could
- * never fit the KV pool. */
+ * never fit the KV pool or its policy does not suit the request. */
 int sched_submit(scheduler_t *s, sched_job_t *j, api_error_t *err);
 
 /* Asks the scheduler to drop the job at its next iteration (client gone). */
@@ -100,7 +104,14 @@ int sched_active_jobs(scheduler_t *s);
 /* 1 while the engine thread is alive (for /health). */
 int sched_alive(scheduler_t *s);
 
-/* What the planner says about the pool, for start-up logs and metrics. */
-size_t sched_image_bytes(const scheduler_t *s, int n_prompt);
+/* Peak KV bytes of one image (its CFG pair) under policy p with a prompt of
+ * n_prompt tokens; 0 when p does not suit the model. */
+size_t sched_image_peak_bytes(const scheduler_t *s, const kv_policy_params_t *p, int n_prompt);
+/* The pool's block size in tokens and its capacity in bytes. */
+int sched_kv_block_tokens(const scheduler_t *s);
+size_t sched_kv_capacity_bytes(const scheduler_t *s);
+/* Iterations whose measured KV peak passed the planner's reservation (a
+ * planner or policy bug, logged; DEBUG=1 builds abort on the first). */
+long long sched_kv_overruns(scheduler_t *s);
 
 #endif

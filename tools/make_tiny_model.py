@@ -8,6 +8,13 @@ the engine, the CLI and the server, not to make pictures.
 
     python tools/make_tiny_model.py --seed 1 --out build/tiny-model
 
+`--preset slow` writes the same architecture at a larger size (a 24x24 token
+grid, 576 steps per image, 96x96 pixels, wider and deeper layers) so one image
+takes a second or two on a small CPU: the daemon's integration tests use it
+to have requests still running while they queue, disconnect or drain.
+
+    python tools/make_tiny_model.py --preset slow --seed 1 --out build/slow-model
+
 Needs numpy only (the test venv has it).
 """
 import argparse
@@ -45,6 +52,30 @@ CONFIG = {
                "pad_token": "<pad>", "image_start_token": "<begin_of_image>"},
     "sampling": {"cfg": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
 }
+
+
+# Overrides of CONFIG per --preset; "tiny" (the default) changes nothing, so
+# its output stays byte-identical to the files the tests were written against.
+PRESETS = {
+    "tiny": {},
+    "slow": {
+        "name": "slow-random",
+        "llm": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 4,
+                "head_dim": 64, "intermediate_size": 768},
+        "image": {"grid_height": 24, "grid_width": 24, "head_hidden_size": 256},
+    },
+}
+
+
+def preset_config(name):
+    """CONFIG with the preset's overrides merged in (one level deep)."""
+    cfg = json.loads(json.dumps(CONFIG))
+    for key, value in PRESETS[name].items():
+        if isinstance(value, dict):
+            cfg[key].update(value)
+        else:
+            cfg[key] = value
+    return cfg
 
 
 def bf16(a):
@@ -153,17 +184,21 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                    help="model size: tiny (the default, milliseconds per image) or slow "
+                         "(about a second or two per image on a small CPU)")
     args = ap.parse_args()
+    config = preset_config(args.preset)
     os.makedirs(args.out, exist_ok=True)
     rng = np.random.default_rng(args.seed)
-    weights = make_weights(CONFIG, rng)
+    weights = make_weights(config, rng)
     safetensors_write.write(os.path.join(args.out, "model.safetensors"), weights,
                             metadata={"made_by": "tools/make_tiny_model.py",
                                       "seed": str(args.seed)})
     with open(os.path.join(args.out, "tokenizer.json"), "w") as f:
-        json.dump(make_tokenizer(CONFIG["llm"]["vocab_size"]), f, indent=1)
+        json.dump(make_tokenizer(config["llm"]["vocab_size"]), f, indent=1)
     with open(os.path.join(args.out, "arserve.json"), "w") as f:
-        json.dump(CONFIG, f, indent=2)
+        json.dump(config, f, indent=2)
     print(f"wrote {args.out} ({len(weights)} tensors, seed {args.seed})")
 
 

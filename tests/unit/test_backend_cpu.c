@@ -468,65 +468,172 @@ static void test_rope_against_double_and_hf_angles(void) {
     dev_del(dx);
 }
 
+/* ---- paged KV: append, attention, gather ------------------------------------ */
+
 /* Ragged batch shared by the kv_append and attention tests: sequences with
  * 1, 5, 0 and 2 new rows. */
 enum { N_SEQ = 4 };
 static const int batch_q_start[N_SEQ + 1] = {0, 1, 6, 6, 8};
 
-static void test_kv_append_ragged_batch(void) {
-    enum { H = 3, D = 5, CAP = 16 };
-    const int rows = batch_q_start[N_SEQ];
-    int start[N_SEQ * H];
-    for (int i = 0; i < N_SEQ * H; i++)
-        start[i] = (int)(rng_next() % 9); /* 0..8, +5 <= CAP */
-    float *k = host_uniform((size_t)rows * H * D, -1, 1),
-          *v = host_uniform((size_t)rows * H * D, -1, 1);
-    float *old[2][N_SEQ * H], *kc[N_SEQ * H], *vc[N_SEQ * H];
-    for (int i = 0; i < N_SEQ * H; i++) {
-        old[0][i] = host_uniform(CAP * D, -5, 5);
-        old[1][i] = host_uniform(CAP * D, -5, 5);
-        kc[i] = dev_from(old[0][i], CAP * D);
-        vc[i] = dev_from(old[1][i], CAP * D);
+/* Block sizes every paged test runs with: one token per block, an odd size
+ * that no length in the tests is a multiple of by design, and a power of two. */
+static const int test_block_tokens[] = {1, 3, 16};
+enum { N_BLOCK_SIZES = sizeof test_block_tokens / sizeof *test_block_tokens };
+
+/* A random permutation of [0, n). */
+static int *random_permutation(int n) {
+    int *p = malloc((n ? n : 1) * sizeof *p);
+    for (int i = 0; i < n; i++)
+        p[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        const int j = (int)(rng_next() % (uint64_t)(i + 1)), t = p[i];
+        p[i] = p[j];
+        p[j] = t;
     }
-    float *dk = dev_from(k, (size_t)rows * H * D), *dv = dev_from(v, (size_t)rows * H * D);
-    be->kv_append(be, kc, vc, start, dk, dv, batch_q_start, N_SEQ, H, D);
-    for (int s = 0; s < N_SEQ; s++)
-        for (int h = 0; h < H; h++) {
-            const int i = s * H + h;
-            for (int kv = 0; kv < 2; kv++) {
-                /* Expected: the old cache with the sequence's new rows at start. */
-                double ref[CAP * D];
-                for (int e = 0; e < CAP * D; e++)
-                    ref[e] = old[kv][i][e];
-                for (int r = batch_q_start[s]; r < batch_q_start[s + 1]; r++)
-                    for (int e = 0; e < D; e++)
-                        ref[(start[i] + r - batch_q_start[s]) * D + e] =
-                            (kv ? v : k)[(r * H + h) * D + e];
-                check_dev(kv ? "kv_append v" : "kv_append k", kv ? vc[i] : kc[i], ref, CAP * D, 0,
-                          0);
-            }
-        }
-    for (int i = 0; i < N_SEQ * H; i++) {
-        dev_del(kc[i]);
-        dev_del(vc[i]);
-        free(old[0][i]);
-        free(old[1][i]);
-    }
-    dev_del(dk);
-    dev_del(dv);
-    free(k);
-    free(v);
+    return p;
 }
 
-/* Naive causal attention in double with max-subtraction. */
-static void attention_reference(double *ref, const float *q, float *const *k, float *const *v,
-                                const int *q_start, const int *kv_len, int n_seq, int n_heads,
-                                int hd, float scale) {
+/* A pool in backend memory (guarded) with its host image, and a block table
+ * per (sequence, head) pair: blocks for cap_len[i] tokens, taken from a
+ * random permutation of the pool's block ids (scattered, out of order), with
+ * spare blocks nobody owns. The host image starts as SENTINEL (NaN), so an
+ * op that reads a row it should not makes NaNs the comparisons catch; rows
+ * [0, len[i]) of each pair are then filled with K in [-amp, amp] and V in
+ * [-1, 1]. */
+typedef struct paged {
+    kv_blocks_t pool;
+    float *host; /* the pool's host image */
+    size_t n_floats;
+    int n_pairs, n_blocks;
+    int **tables;
+    kv_view_t *views;
+} paged_t;
+
+static size_t paged_k_at(const paged_t *pg, int pair, int j) {
+    const int bt = pg->pool.block_tokens, hd = pg->pool.head_dim;
+    return ((size_t)pg->tables[pair][j / bt] * 2 * bt + (size_t)(j % bt)) * hd;
+}
+
+static size_t paged_v_at(const paged_t *pg, int pair, int j) {
+    return paged_k_at(pg, pair, j) + (size_t)pg->pool.block_tokens * pg->pool.head_dim;
+}
+
+static void paged_build(paged_t *pg, int bt, int hd, int n_pairs, const int *cap_len,
+                        const int *len, float amp, int spare) {
+    memset(pg, 0, sizeof *pg);
+    pg->n_pairs = n_pairs;
+    for (int i = 0; i < n_pairs; i++)
+        pg->n_blocks += (cap_len[i] + bt - 1) / bt;
+    pg->n_blocks += spare;
+    pg->n_floats = (size_t)pg->n_blocks * 2 * bt * hd;
+    pg->host = malloc((pg->n_floats ? pg->n_floats : 1) * sizeof(float));
+    for (size_t e = 0; e < pg->n_floats; e++)
+        memcpy(&pg->host[e], &(uint32_t){SENTINEL}, 4);
+    int *perm = random_permutation(pg->n_blocks), next = 0;
+    pg->tables = malloc((size_t)n_pairs * sizeof *pg->tables);
+    pg->views = malloc((size_t)n_pairs * sizeof *pg->views);
+    pg->pool = (kv_blocks_t){NULL, bt, hd};
+    for (int i = 0; i < n_pairs; i++) {
+        const int nb = (cap_len[i] + bt - 1) / bt;
+        pg->tables[i] = malloc((nb ? nb : 1) * sizeof(int));
+        for (int b = 0; b < nb; b++)
+            pg->tables[i][b] = perm[next++];
+        pg->views[i] = (kv_view_t){pg->tables[i], len[i]};
+        for (int j = 0; j < len[i]; j++) {
+            fill_uniform(pg->host + paged_k_at(pg, i, j), hd, -amp, amp);
+            fill_uniform(pg->host + paged_v_at(pg, i, j), hd, -1, 1);
+        }
+    }
+    free(perm);
+    pg->pool.base = dev_from(pg->host, pg->n_floats);
+}
+
+/* The pair's K (or V) rows [0, n) as one contiguous host array. */
+static float *paged_rows(const paged_t *pg, int pair, int n, int v) {
+    const int hd = pg->pool.head_dim;
+    float *out = malloc((n > 0 ? (size_t)n * hd : 1) * sizeof *out);
+    for (int j = 0; j < n; j++)
+        memcpy(out + (size_t)j * hd,
+               pg->host + (v ? paged_v_at(pg, pair, j) : paged_k_at(pg, pair, j)),
+               (size_t)hd * sizeof(float));
+    return out;
+}
+
+static void paged_free(paged_t *pg) {
+    dev_del(pg->pool.base);
+    for (int i = 0; i < pg->n_pairs; i++)
+        free(pg->tables[i]);
+    free(pg->tables);
+    free(pg->views);
+    free(pg->host);
+}
+
+/* Each pair holds 0..8 rows (heads of one sequence differ) and gets its
+ * sequence's new rows appended; the whole pool, spare blocks and the unused
+ * tails of last blocks included, must then equal the old image with exactly
+ * those rows written. */
+static void test_kv_append_paged_ragged_batch(void) {
+    enum { H = 3, D = 5, PAIRS = N_SEQ * H };
+    const int rows = batch_q_start[N_SEQ];
+    for (int c = 0; c < N_BLOCK_SIZES; c++) {
+        const int bt = test_block_tokens[c];
+        int old_len[PAIRS], new_len[PAIRS];
+        for (int i = 0; i < PAIRS; i++) {
+            const int s = i / H;
+            old_len[i] = (int)(rng_next() % 9);
+            if (i == 0)
+                old_len[i] = 0; /* an empty head */
+            if (i == 1)
+                old_len[i] = bt; /* a head whose last block is full */
+            new_len[i] = old_len[i] + batch_q_start[s + 1] - batch_q_start[s];
+        }
+        paged_t pg;
+        paged_build(&pg, bt, D, PAIRS, new_len, old_len, 5, 3);
+        for (int i = 0; i < PAIRS; i++)
+            pg.views[i].len = new_len[i];
+        float *k = host_uniform((size_t)rows * H * D, -1, 1),
+              *v = host_uniform((size_t)rows * H * D, -1, 1);
+        float *dk = dev_from(k, (size_t)rows * H * D), *dv = dev_from(v, (size_t)rows * H * D);
+        be->kv_append(be, &pg.pool, pg.views, dk, dv, batch_q_start, N_SEQ, H);
+        double *ref = ref_new(pg.n_floats);
+        uint32_t *bits = malloc((pg.n_floats ? pg.n_floats : 1) * sizeof *bits);
+        memcpy(bits, pg.host, pg.n_floats * sizeof(float));
+        for (int i = 0; i < PAIRS; i++) {
+            const int s = i / H, h = i % H;
+            for (int r = batch_q_start[s]; r < batch_q_start[s + 1]; r++) {
+                const int j = old_len[i] + r - batch_q_start[s];
+                memcpy(bits + paged_k_at(&pg, i, j), k + ((size_t)r * H + h) * D, D * 4);
+                memcpy(bits + paged_v_at(&pg, i, j), v + ((size_t)r * H + h) * D, D * 4);
+            }
+        }
+        for (size_t e = 0; e < pg.n_floats; e++) {
+            float f;
+            memcpy(&f, &bits[e], 4);
+            ref[e] = f; /* SENTINEL stays a NaN, which check_close wants as a NaN */
+        }
+        char what[64];
+        snprintf(what, sizeof what, "kv_append pool bt=%d", bt);
+        check_dev(what, pg.pool.base, ref, pg.n_floats, 0, 0);
+        free(bits);
+        free(ref);
+        dev_del(dk);
+        dev_del(dv);
+        free(k);
+        free(v);
+        paged_free(&pg);
+    }
+}
+
+/* Naive causal attention in double with max-subtraction, over contiguous
+ * per-pair rows; also the key mass: mass_ref[pair][j] += each row's p_j. */
+static void attention_reference(double *ref, double **mass_ref, const float *q, float *const *k,
+                                float *const *v, const int *q_start, const int *kv_len, int n_seq,
+                                int n_heads, int hd, float scale) {
     for (int s = 0; s < n_seq; s++) {
         const int n_new = q_start[s + 1] - q_start[s];
         for (int h = 0; h < n_heads; h++) {
             const int i = s * n_heads + h, len = kv_len[i];
-            double *p = malloc((size_t)len * sizeof *p);
+            double *p = malloc((len ? len : 1) * sizeof *p);
             for (int t = 0; t < n_new; t++) {
                 const size_t row = ((size_t)(q_start[s] + t) * n_heads + h) * hd;
                 const int visible = len - n_new + t + 1;
@@ -546,6 +653,9 @@ static void attention_reference(double *ref, const float *q, float *const *k, fl
                         o += p[j] * v[i][j * hd + e];
                     ref[row + e] = o / sum;
                 }
+                if (mass_ref && mass_ref[i])
+                    for (int j = 0; j < visible; j++)
+                        mass_ref[i][j] += p[j] / sum;
             }
             free(p);
         }
@@ -553,49 +663,74 @@ static void attention_reference(double *ref, const float *q, float *const *k, fl
 }
 
 /* Runs attention over the ragged batch with per-(sequence, head) cache
- * lengths kv_len; q, k, v uniform in [-amp, amp]; tolerance abs + rel. */
-static void check_attention(const int *kv_len, int n_heads, int hd, float amp, float scale,
-                            double abs_tol, double rel_tol) {
+ * lengths kv_len in a paged pool of bt-token blocks; q, k in [-amp, amp],
+ * v in [-1, 1]; tolerance abs + rel. With with_mass, every other pair (and
+ * the first) also accumulates key mass into an array that starts random
+ * (it must be added to, not overwritten), over two calls with different
+ * queries: the mass must match the reference's probabilities summed over
+ * both calls' rows, and each output its reference. */
+static void check_attention(const int *kv_len, int n_heads, int hd, int bt, float amp, float scale,
+                            double abs_tol, double rel_tol, int with_mass) {
     const int rows = batch_q_start[N_SEQ], pairs = N_SEQ * n_heads;
     const size_t n = (size_t)rows * n_heads * hd;
-    float *q = host_uniform(n, -amp, amp);
+    paged_t pg;
+    paged_build(&pg, bt, hd, pairs, kv_len, kv_len, amp, 2);
     float **hk = malloc(pairs * sizeof *hk), **hv = malloc(pairs * sizeof *hv);
-    float **dk = malloc(pairs * sizeof *dk), **dv = malloc(pairs * sizeof *dv);
+    float **dmass = calloc(pairs, sizeof *dmass);
+    double **mass_ref = calloc(pairs, sizeof *mass_ref);
     for (int i = 0; i < pairs; i++) {
-        hk[i] = host_uniform((size_t)kv_len[i] * hd, -amp, amp);
-        hv[i] = host_uniform((size_t)kv_len[i] * hd, -1, 1);
-        dk[i] = dev_from(hk[i], (size_t)kv_len[i] * hd);
-        dv[i] = dev_from(hv[i], (size_t)kv_len[i] * hd);
+        hk[i] = paged_rows(&pg, i, kv_len[i], 0);
+        hv[i] = paged_rows(&pg, i, kv_len[i], 1);
+        if (with_mass && i % 2 == 0) {
+            float *m0 = host_uniform((size_t)kv_len[i], 0, 3);
+            mass_ref[i] = ref_new((size_t)kv_len[i]);
+            for (int j = 0; j < kv_len[i]; j++)
+                mass_ref[i][j] = m0[j];
+            dmass[i] = dev_from(m0, (size_t)kv_len[i]);
+            free(m0);
+        }
     }
-    float *dq = dev_from(q, n), *dout = dev_new(n);
-    const attn_batch_t batch = {N_SEQ, batch_q_start, kv_len, dk, dv};
-    be->attention(be, dout, dq, &batch, n_heads, hd, scale);
+    const attn_batch_t batch = {N_SEQ, batch_q_start, pg.views, with_mass ? dmass : NULL};
     double *ref = ref_new(n);
-    attention_reference(ref, q, hk, hv, batch_q_start, kv_len, N_SEQ, n_heads, hd, scale);
-    char what[64];
-    snprintf(what, sizeof what, "attention heads=%d hd=%d amp=%g", n_heads, hd, amp);
-    check_dev(what, dout, ref, n, abs_tol, rel_tol);
+    for (int call = 0; call < (with_mass ? 2 : 1); call++) {
+        float *q = host_uniform(n, -amp, amp);
+        float *dq = dev_from(q, n), *dout = dev_new(n);
+        be->attention(be, dout, dq, &pg.pool, &batch, n_heads, scale);
+        attention_reference(ref, mass_ref, q, hk, hv, batch_q_start, kv_len, N_SEQ, n_heads, hd,
+                            scale);
+        char what[96];
+        snprintf(what, sizeof what, "attention heads=%d hd=%d bt=%d amp=%g mass=%d call=%d",
+                 n_heads, hd, bt, amp, with_mass, call);
+        check_dev(what, dout, ref, n, abs_tol, rel_tol);
+        dev_del(dq);
+        dev_del(dout);
+        free(q);
+    }
+    CHECK(dev_guards_ok(pg.pool.base, pg.n_floats));
     for (int i = 0; i < pairs; i++) {
-        CHECK(dev_guards_ok(dk[i], (size_t)kv_len[i] * hd));
-        dev_del(dk[i]);
-        dev_del(dv[i]);
+        if (dmass[i]) {
+            char what[96];
+            snprintf(what, sizeof what, "key mass pair %d len %d bt=%d", i, kv_len[i], bt);
+            check_dev(what, dmass[i], mass_ref[i], (size_t)kv_len[i], 1e-6, 1e-5);
+            dev_del(dmass[i]);
+        }
+        free(mass_ref[i]);
         free(hk[i]);
         free(hv[i]);
     }
-    dev_del(dq);
-    dev_del(dout);
+    paged_free(&pg);
     free(ref);
-    free(q);
     free(hk);
     free(hv);
-    free(dk);
-    free(dv);
+    free(dmass);
+    free(mass_ref);
 }
 
 /* Seven heads, each with its own cache length: from exactly the new rows
- * (kv_len 1 for the one-row sequence) to past two softmax chunks. Outputs
- * are averages of values in [-1, 1]: 1e-6 abs + 1e-5 rel. */
-static void test_attention_ragged_heads_and_lengths(void) {
+ * (kv_len 1 for the one-row sequence; 0 for the sequence with no new rows)
+ * to past two softmax chunks, through block boundaries. Outputs are
+ * averages of values in [-1, 1]: 1e-6 abs + 1e-5 rel. */
+static void test_attention_paged_ragged_heads_and_lengths(void) {
     enum { H = 7 };
     const int extra[H] = {0, 1, 6, 255, 256, 300, 600};
     int kv_len[N_SEQ * H];
@@ -603,8 +738,27 @@ static void test_attention_ragged_heads_and_lengths(void) {
         for (int h = 0; h < H; h++)
             kv_len[s * H + h] = batch_q_start[s + 1] - batch_q_start[s] + extra[(h + s) % H];
     CHECK(kv_len[0] == 1);
-    check_attention(kv_len, H, 5, 1, 1 / sqrtf(5), 1e-6, 1e-5);
-    check_attention(kv_len, H, 64, 1, 1 / sqrtf(64), 1e-6, 1e-5);
+    for (int c = 0; c < N_BLOCK_SIZES; c++)
+        for (int with_mass = 0; with_mass < 2; with_mass++) {
+            const int bt = test_block_tokens[c];
+            check_attention(kv_len, H, 5, bt, 1, 1 / sqrtf(5), 1e-6, 1e-5, with_mass);
+            check_attention(kv_len, H, 64, bt, 1, 1 / sqrtf(64), 1e-6, 1e-5, with_mass);
+        }
+}
+
+/* Lengths on and next to block boundaries: k*bt - 1, k*bt, k*bt + 1. */
+static void test_attention_paged_block_boundaries(void) {
+    enum { H = 3 };
+    for (int c = 0; c < N_BLOCK_SIZES; c++) {
+        const int bt = test_block_tokens[c];
+        int kv_len[N_SEQ * H];
+        for (int i = 0; i < N_SEQ * H; i++) {
+            const int s = i / H, n_new = batch_q_start[s + 1] - batch_q_start[s];
+            int len = 2 * bt + (i % 3) - 1;
+            kv_len[i] = len < n_new ? n_new : len;
+        }
+        check_attention(kv_len, H, 8, bt, 1, 0.35f, 1e-6, 1e-5, 1);
+    }
 }
 
 /* Scores in the thousands overflow a softmax without max-subtraction, and
@@ -614,7 +768,142 @@ static void test_attention_large_scores(void) {
     int kv_len[N_SEQ * H];
     for (int i = 0; i < N_SEQ * H; i++)
         kv_len[i] = batch_q_start[i / H + 1] - batch_q_start[i / H] + 517 + 61 * (i % 3);
-    check_attention(kv_len, H, 16, 8, 1.0f, 1e-5, 1e-4);
+    for (int with_mass = 0; with_mass < 2; with_mass++)
+        check_attention(kv_len, H, 16, 16, 8, 1.0f, 1e-5, 1e-4, with_mass);
+}
+
+/* Chunks of the online softmax are cut by cache index, not by block, so
+ * the output (without mass) is the same bit for bit at every block size:
+ * the engine's results do not depend on how the pool is cut. */
+static void test_attention_same_bits_at_every_block_size(void) {
+    enum { H = 3, D = 16 };
+    int kv_len[N_SEQ * H];
+    for (int i = 0; i < N_SEQ * H; i++)
+        kv_len[i] = batch_q_start[i / H + 1] - batch_q_start[i / H] + 40 + 97 * (i % 5);
+    const int rows = batch_q_start[N_SEQ];
+    const size_t n = (size_t)rows * H * D;
+    float *q = host_uniform(n, -1, 1), *first = NULL;
+    float **k = malloc(N_SEQ * H * sizeof *k), **v = malloc(N_SEQ * H * sizeof *v);
+    for (int i = 0; i < N_SEQ * H; i++) {
+        k[i] = host_uniform((size_t)kv_len[i] * D, -1, 1);
+        v[i] = host_uniform((size_t)kv_len[i] * D, -1, 1);
+    }
+    float *dq = dev_from(q, n);
+    for (int c = 0; c < N_BLOCK_SIZES; c++) {
+        paged_t pg;
+        paged_build(&pg, test_block_tokens[c], D, N_SEQ * H, kv_len, kv_len, 1, 0);
+        for (int i = 0; i < N_SEQ * H; i++)
+            for (int j = 0; j < kv_len[i]; j++) {
+                memcpy(pg.host + paged_k_at(&pg, i, j), k[i] + (size_t)j * D, D * 4);
+                memcpy(pg.host + paged_v_at(&pg, i, j), v[i] + (size_t)j * D, D * 4);
+            }
+        be->upload(be, pg.pool.base, pg.host, pg.n_floats * sizeof(float));
+        const attn_batch_t batch = {N_SEQ, batch_q_start, pg.views, NULL};
+        float *dout = dev_new(n);
+        be->attention(be, dout, dq, &pg.pool, &batch, H, 0.25f);
+        float *got = dev_to_host(dout, n);
+        if (!first)
+            first = got;
+        else {
+            CHECK_MSG(memcmp(first, got, n * sizeof(float)) == 0,
+                      "attention with %d-token blocks differs from 1-token blocks",
+                      test_block_tokens[c]);
+            free(got);
+        }
+        dev_del(dout);
+        paged_free(&pg);
+    }
+    for (int i = 0; i < N_SEQ * H; i++) {
+        free(k[i]);
+        free(v[i]);
+    }
+    free(k);
+    free(v);
+    free(first);
+    free(q);
+    dev_del(dq);
+}
+
+/* A keep list for a head of len tokens: an ascending subset of [0, len),
+ * of a special shape or random (about 40% kept). */
+static int random_keep(int *keep, int len, int shape) {
+    int n = 0;
+    for (int j = 0; j < len; j++) {
+        int take;
+        switch (shape) {
+        case 0:
+            take = 1;
+            break; /* all */
+        case 1:
+            take = 0;
+            break; /* none */
+        case 2:
+            take = j < len / 2;
+            break; /* a prefix (no copy) */
+        case 3:
+            take = j >= len / 2;
+            break; /* a suffix */
+        case 4:
+            take = j == len - 1;
+            break; /* the newest only */
+        default:
+            take = (int)(rng_next() % 100) < 40;
+            break; /* random */
+        }
+        if (take)
+            keep[n++] = j;
+    }
+    return n;
+}
+
+/* Gathers random keep lists in place for heads of every length from 0 to
+ * a few blocks, with and without mass: kept rows (and mass) move to the
+ * front, rows past n_keep, the other heads' blocks and the spare blocks are
+ * untouched. */
+static void test_kv_gather_random_keep_lists(void) {
+    enum { D = 6, PAIRS = 2, SHAPES = 8 };
+    for (int c = 0; c < N_BLOCK_SIZES; c++) {
+        const int bt = test_block_tokens[c];
+        for (int len = 0; len <= 3 * bt + 5; len += len < 2 * bt + 2 ? 1 : 3)
+            for (int shape = 0; shape < SHAPES; shape++) {
+                const int lens[PAIRS] = {len, 7}; /* pair 1 is a bystander */
+                paged_t pg;
+                paged_build(&pg, bt, D, PAIRS, lens, lens, 2, 2);
+                int *keep = malloc((len ? len : 1) * sizeof *keep);
+                const int n_keep = random_keep(keep, len, shape);
+                float *mass0 = host_uniform((size_t)len, 0, 1);
+                float *dmass = shape % 2 ? dev_from(mass0, (size_t)len) : NULL;
+                be->kv_gather(be, &pg.pool, pg.tables[0], keep, n_keep, dmass);
+                double *ref = ref_new(pg.n_floats);
+                float *img = malloc((pg.n_floats ? pg.n_floats : 1) * sizeof *img);
+                memcpy(img, pg.host, pg.n_floats * sizeof(float));
+                for (int i = 0; i < n_keep; i++) {
+                    memcpy(img + paged_k_at(&pg, 0, i), pg.host + paged_k_at(&pg, 0, keep[i]),
+                           D * 4);
+                    memcpy(img + paged_v_at(&pg, 0, i), pg.host + paged_v_at(&pg, 0, keep[i]),
+                           D * 4);
+                }
+                for (size_t e = 0; e < pg.n_floats; e++)
+                    ref[e] = img[e];
+                char what[80];
+                snprintf(what, sizeof what, "kv_gather bt=%d len=%d shape=%d n_keep=%d", bt, len,
+                         shape, n_keep);
+                check_dev(what, pg.pool.base, ref, pg.n_floats, 0, 0);
+                if (dmass) {
+                    double *mref = ref_new((size_t)len);
+                    for (int j = 0; j < len; j++)
+                        mref[j] = j < n_keep ? mass0[keep[j]] : mass0[j];
+                    check_dev("kv_gather mass", dmass, mref, (size_t)len, 0, 0);
+                    free(mref);
+                    dev_del(dmass);
+                }
+                free(img);
+                free(ref);
+                free(mass0);
+                free(keep);
+                paged_free(&pg);
+            }
+    }
 }
 
 /* ---- element-wise ---------------------------------------------------------- */
@@ -910,17 +1199,36 @@ static void test_results_independent_of_thread_count(void) {
     CHECK_MSG(one && two, "backend_cpu_create: %s", err.msg);
     if (!one || !two)
         return;
-    enum { H = 4, D = 32, L = 700, C = 64, HW = 40 * 40, ROWS = C * HW / (H * D), OPS = 5 };
+    enum { H = 4, D = 32, L = 700, C = 64, HW = 40 * 40, ROWS = C * HW / (H * D), OPS = 6 };
+    enum { BT = 16, NB = (L + BT - 1) / BT };
     const int q_start[2] = {0, 200}, kv_len[H] = {L, L - 100, 300, 200};
     const size_t nq = 200 * H * D, nx = (size_t)C * HW;
     float *q = host_uniform(nq, -1, 1), *x = host_uniform(nx, -3, 3);
     float *kv[H], *g = host_uniform(HW, 0.5f, 1.5f), *b = host_uniform(C, -1, 1);
     for (int h = 0; h < H; h++)
         kv[h] = host_uniform((size_t)L * D, -1, 1);
+    /* The CPU backend's memory is host memory: one pool, head h in blocks
+     * [h * NB, (h + 1) * NB), K and V rows both from kv[h]. */
+    float *pool_mem = malloc((size_t)H * NB * 2 * BT * D * sizeof(float));
+    int tables[H][NB];
+    kv_view_t views[H];
+    for (int h = 0; h < H; h++) {
+        for (int i = 0; i < NB; i++)
+            tables[h][i] = h * NB + i;
+        for (int j = 0; j < L; j++) {
+            float *row = pool_mem + ((size_t)tables[h][j / BT] * 2 * BT + j % BT) * D;
+            memcpy(row, kv[h] + (size_t)j * D, D * sizeof(float));
+            memcpy(row + BT * D, kv[h] + (size_t)j * D, D * sizeof(float));
+        }
+        views[h] = (kv_view_t){tables[h], kv_len[h]};
+    }
+    const kv_blocks_t pool = {pool_mem, BT, D};
+    float *mass[2][H];
     int pos[ROWS];
     for (int r = 0; r < ROWS; r++)
         pos[r] = 7 * r;
-    static const char *names[OPS] = {"attention", "groupnorm", "softmax+gelu", "rmsnorm", "rope"};
+    static const char *names[OPS] = {"attention", "groupnorm", "softmax+gelu",
+                                     "rmsnorm",   "rope",      "attention with mass"};
     float *res[2][OPS];
     backend_t *bes[2] = {one, two};
     for (int t = 0; t < 2; t++) {
@@ -929,8 +1237,12 @@ static void test_results_independent_of_thread_count(void) {
             res[t][o] = malloc(nx * sizeof(float)); /* nq <= nx */
             memcpy(res[t][o], x, nx * sizeof(float));
         }
-        const attn_batch_t batch = {1, q_start, kv_len, kv, kv};
-        bk->attention(bk, res[t][0], q, &batch, H, D, 0.17f);
+        const attn_batch_t batch = {1, q_start, views, NULL};
+        bk->attention(bk, res[t][0], q, &pool, &batch, H, 0.17f);
+        for (int h = 0; h < H; h++)
+            mass[t][h] = calloc(L, sizeof(float));
+        const attn_batch_t with_mass = {1, q_start, views, mass[t]};
+        bk->attention(bk, res[t][5], q, &pool, &with_mass, H, 0.17f);
         tensor_t tg, tb, tw;
         const int64_t shape_c[1] = {C}, shape_hw[1] = {HW};
         CHECK(bk->weight_load(bk, &tg, g, DTYPE_F32, 1, shape_c, &err) == AR_OK);
@@ -951,8 +1263,14 @@ static void test_results_independent_of_thread_count(void) {
         free(res[0][o]);
         free(res[1][o]);
     }
-    for (int h = 0; h < H; h++)
+    for (int h = 0; h < H; h++) {
+        CHECK_MSG(memcmp(mass[0][h], mass[1][h], L * sizeof(float)) == 0,
+                  "key mass of head %d differs between 1 and 2 threads", h);
+        free(mass[0][h]);
+        free(mass[1][h]);
         free(kv[h]);
+    }
+    free(pool_mem);
     free(q);
     free(x);
     free(g);
@@ -978,9 +1296,12 @@ int main(void) {
     TEST_RUN(test_rmsnorm_rows_and_in_place);
     TEST_RUN(test_rope_2d_llamagen_layout);
     TEST_RUN(test_rope_against_double_and_hf_angles);
-    TEST_RUN(test_kv_append_ragged_batch);
-    TEST_RUN(test_attention_ragged_heads_and_lengths);
+    TEST_RUN(test_kv_append_paged_ragged_batch);
+    TEST_RUN(test_attention_paged_ragged_heads_and_lengths);
+    TEST_RUN(test_attention_paged_block_boundaries);
     TEST_RUN(test_attention_large_scores);
+    TEST_RUN(test_attention_same_bits_at_every_block_size);
+    TEST_RUN(test_kv_gather_random_keep_lists);
     TEST_RUN(test_elementwise_ops);
     TEST_RUN(test_softmax_rows);
     TEST_RUN(test_embedding_with_and_without_l2);

@@ -6,10 +6,26 @@
 #include <unistd.h>
 
 #include "engine/generate.h"
+#include "engine/planner.h"
 #include "tests/test.h"
 
 static const char *tiny;
 static backend_t *be;
+
+/* A pool for n full-cache requests of the longest prompt the tests use. */
+static kv_pool_t *pool_new(const model_t *m, int n) {
+    const llm_config_t *l = &m->cfg.llm;
+    int bt = planner_block_tokens(&m->cfg);
+    int per_head = (64 + planner_steps(&m->cfg) + bt - 1) / bt;
+    static kv_pool_t p;
+    ar_error_t err = {{0}};
+    if (kv_pool_init(&p, be, n * 2 * l->num_layers * l->num_kv_heads * per_head, bt, l->head_dim,
+                     &err) != AR_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        abort();
+    }
+    return &p;
+}
 
 static void test_prompt_rows(void) {
     model_t m;
@@ -31,12 +47,13 @@ static void test_prompt_rows(void) {
     model_free(&m);
 }
 
-static void run_alone(model_t *m, const int *cond, const int *uncond, int n, uint64_t seed,
-                      int *tokens_out) {
+static void run_alone(model_t *m, kv_pool_t *pool, const int *cond, const int *uncond, int n,
+                      uint64_t seed, int *tokens_out) {
     sampler_params_t sp = m->cfg.sampling;
     gen_request_t r;
     ar_error_t err = {{0}};
-    CHECK_MSG(gen_request_init(&r, m, cond, uncond, n, &sp, seed, 0, &err) == AR_OK, "%s", err.msg);
+    CHECK_MSG(gen_request_init(&r, m, pool, NULL, cond, uncond, n, &sp, seed, 0, &err) == AR_OK,
+              "%s", err.msg);
     gen_request_t *b[] = {&r};
     while (!gen_request_done(&r)) CHECK(gen_step(b, 1, &err) == AR_OK);
     memcpy(tokens_out, r.tokens, (size_t)r.n_steps * sizeof(int));
@@ -54,11 +71,13 @@ static void test_seed_reproduces_in_any_batch(void) {
     model_prompt_from_text(&m, "two green triangles", cond, uncond, &n, &err);
     int steps = m.cfg.image.grid_height * m.cfg.image.grid_width;
     int *alone = malloc((size_t)4 * steps * sizeof(int));
-    for (int k = 0; k < 4; k++) run_alone(&m, cond, uncond, n, 100 + k, alone + k * steps);
+    kv_pool_t *pool = pool_new(&m, 4);
+    for (int k = 0; k < 4; k++) run_alone(&m, pool, cond, uncond, n, 100 + k, alone + k * steps);
     /* Same four seeds, joining at iterations 0, 2, 5 and 9 of one batch. */
     gen_request_t r[4];
     sampler_params_t sp = m.cfg.sampling;
-    for (int k = 0; k < 4; k++) gen_request_init(&r[k], &m, cond, uncond, n, &sp, 100 + k, 0, &err);
+    for (int k = 0; k < 4; k++)
+        gen_request_init(&r[k], &m, pool, NULL, cond, uncond, n, &sp, 100 + k, 0, &err);
     static const int joins[4] = {0, 2, 5, 9};
     for (int iter = 0;; iter++) {
         gen_request_t *b[4];
@@ -77,6 +96,8 @@ static void test_seed_reproduces_in_any_batch(void) {
     }
     CHECK_MSG(memcmp(alone, alone + steps, (size_t)steps * sizeof(int)) != 0,
               "two seeds gave the same image");
+    CHECK(kv_pool_blocks_in_use(pool) == 0);
+    kv_pool_free(pool);
     free(alone);
     model_free(&m);
 }

@@ -2,11 +2,14 @@
  * tiny random configuration; data made by tools/gen_golden.py): teacher-forced
  * logits of both CFG rows within 1e-4, the identical greedy token sequence,
  * and decoded pixels within 1 of 255. Also: a request's results do not depend
- * on what else shares its forward passes (ragged batching). */
+ * on what else shares its forward passes (ragged batching), and greedy
+ * decoding through the paged KV pool with the full policy gives the
+ * reference tokens at any block size. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "engine/generate.h"
+#include "engine/planner.h"
 #include "engine/safetensors.h"
 #include "tests/test.h"
 
@@ -29,6 +32,20 @@ typedef struct golden {
 static model_t model;
 static backend_t *be;
 static golden_t g;
+static kv_pool_t pool; /* room for two full-cache requests, in the daemon's block size */
+
+/* A pool with room for n full-cache requests on the golden prompt. */
+static int pool_for(kv_pool_t *p, int block_tokens, int n) {
+    const llm_config_t *l = &model.cfg.llm;
+    int per_head = (g.n_prompt + g.n_steps - 1 + block_tokens - 1) / block_tokens;
+    ar_error_t err = {{0}};
+    if (kv_pool_init(p, be, n * 2 * l->num_layers * l->num_kv_heads * per_head, block_tokens,
+                     l->head_dim, &err) != AR_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
 
 static int32_t *copy_i32(const void *p, int n) {
     int32_t *out = malloc((size_t)n * sizeof *out);
@@ -72,7 +89,7 @@ static int load(void) {
     g.pixels = t->data;
     const char *cfg = safetensors_metadata(&g.st, "cfg");
     g.cfg = cfg ? strtof(cfg, NULL) : 5.0f;
-    return 0;
+    return pool_for(&pool, planner_block_tokens(c), 2);
 bad:
     fprintf(stderr, "golden data: %s\n", err.msg[0] ? err.msg : "missing or mistyped cond_ids");
     return -1;
@@ -94,14 +111,20 @@ static void test_prompt_rows_match_reference(void) {
     }
 }
 
-static int start(gen_request_t *r, const sampler_params_t *sp, const int *forced) {
+static int start_in(gen_request_t *r, kv_pool_t *p, const kv_policy_params_t *policy,
+                    const sampler_params_t *sp, const int *forced) {
     ar_error_t err = {{0}};
-    if (gen_request_init(r, &model, g.cond_ids, g.uncond_ids, g.n_prompt, sp, 1, 0, &err)) {
+    if (gen_request_init(r, &model, p, policy, g.cond_ids, g.uncond_ids, g.n_prompt, sp, 1, 0,
+                         &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return -1;
     }
     r->forced = forced;
     return 0;
+}
+
+static int start(gen_request_t *r, const sampler_params_t *sp, const int *forced) {
+    return start_in(r, &pool, NULL, sp, forced);
 }
 
 /* Largest |engine - reference| over both rows of the request's last step. */
@@ -185,6 +208,38 @@ static void test_ragged_batch_matches(void) {
     gen_request_free(&b);
 }
 
+/* The full policy named explicitly, through pools of 1- and 16-token
+ * blocks (16 leaves a partial last block per head: 9 + 63 = 72 tokens):
+ * the reference's greedy tokens, every block back in the pool after. */
+static void test_greedy_full_policy_through_pool_matches(void) {
+    static const int sizes[] = {1, 16};
+    kv_policy_params_t full;
+    kv_policy_defaults(&full, KV_POLICY_FULL);
+    sampler_params_t sp = {g.cfg, 1.0f, 1, 1.0f};
+    for (int c = 0; c < 2; c++) {
+        kv_pool_t p;
+        gen_request_t r;
+        if (pool_for(&p, sizes[c], 1) || start_in(&r, &p, &full, &sp, NULL)) {
+            CHECK(0);
+            return;
+        }
+        gen_request_t *batch[] = {&r};
+        ar_error_t err = {{0}};
+        while (!gen_request_done(&r)) CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
+        CHECK_MSG(kv_pool_blocks_in_use(&p) == p.n_blocks,
+                  "block_tokens %d: %d of %d blocks in use at the end", sizes[c],
+                  kv_pool_blocks_in_use(&p), p.n_blocks);
+        int first_diff = -1;
+        for (int i = 0; i < g.n_steps && first_diff < 0; i++)
+            if (r.tokens[i] != g.greedy[i]) first_diff = i;
+        CHECK_MSG(first_diff < 0, "block_tokens %d: greedy token %d differs", sizes[c],
+                  first_diff);
+        gen_request_free(&r);
+        CHECK(kv_pool_blocks_in_use(&p) == 0 && p.bad_frees == 0);
+        kv_pool_free(&p);
+    }
+}
+
 static void test_decoded_pixels_match(void) {
     size_t n = (size_t)g.height * g.width * 3;
     uint8_t *rgb = malloc(n);
@@ -228,8 +283,10 @@ int main(void) {
     TEST_RUN(test_teacher_forced_logits_match);
     TEST_RUN(test_greedy_tokens_match);
     TEST_RUN(test_ragged_batch_matches);
+    TEST_RUN(test_greedy_full_policy_through_pool_matches);
     TEST_RUN(test_decoded_pixels_match);
     TEST_RUN(test_out_of_range_token_is_an_error);
+    kv_pool_free(&pool);
     model_free(&model);
     safetensors_close(&g.st);
     free((void *)g.cond_ids);

@@ -18,6 +18,19 @@ static void test_full_cache_bytes_by_hand(void) {
     CHECK(planner_full_cache_bytes(&c, 10) == (size_t)73 * 2 * 4 * 16 * 2 * 4 * 2);
 }
 
+/* The pool's block size keeps a head's last partial block under 5% of what
+ * it holds at budget 1/8: 2 tokens for a 16 x 16 grid (32 tokens at 1/8),
+ * 4 for Janus-Pro's 24 x 24 (72), 1 for the tiny model's 8 x 8 (8). */
+static void test_block_tokens_per_model(void) {
+    model_config_t c = {0};
+    static const int grids[][2] = {{16, 2}, {24, 4}, {8, 1}, {32, 4}, {64, 16}};
+    for (int i = 0; i < 5; i++) {
+        c.image.grid_height = c.image.grid_width = grids[i][0];
+        CHECK_MSG(planner_block_tokens(&c) == grids[i][1], "%dx%d grid: %d", grids[i][0],
+                  grids[i][0], planner_block_tokens(&c));
+    }
+}
+
 static void test_admits_exactly_what_fits(void) {
     planner_t p;
     planner_init(&p, 100);
@@ -92,6 +105,7 @@ static void test_random_traces_never_overflow(void) {
 
 int main(void) {
     TEST_RUN(test_full_cache_bytes_by_hand);
+    TEST_RUN(test_block_tokens_per_model);
     TEST_RUN(test_admits_exactly_what_fits);
     TEST_RUN(test_tick_and_remove_release);
     TEST_RUN(test_random_traces_never_overflow);

@@ -1,0 +1,309 @@
+"""Fixtures for the daemon's integration tests: the real `arserve serve`
+binary on a free loopback port, always stopped, its stderr checked for
+sanitizer reports.
+
+Paths come from the environment (`make test-integration` sets them), with
+the default build's paths as fallbacks:
+  ARSERVE_BIN         the binary (build/arserve)
+  ARSERVE_TINY_MODEL  the tiny model (build/tiny-model): milliseconds per image
+  ARSERVE_SLOW_MODEL  the slow model (build/slow-model): a second or two per image
+
+The daemon rejects ARSERVE_* variables it does not know, and a developer's
+shell may export ARSERVE_API_KEY, so every daemon gets an environment with
+all ARSERVE_* variables removed and only the ones a test asks for added.
+"""
+import base64
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+from PIL import Image
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# What a sanitizer build writes to stderr when it finds something; a normal
+# build never writes these.
+SANITIZER_MARKERS = (
+    "ERROR: AddressSanitizer",
+    "ERROR: LeakSanitizer",
+    "WARNING: ThreadSanitizer",
+    "runtime error:",
+)
+
+READY_RE = re.compile(r"arserve: ready on ([0-9.]+):([0-9]+)")
+
+# Seconds: how long start-up may take, how long a stopped daemon may take to
+# exit after SIGTERM (beyond its drain timeout), one HTTP call's limit.
+START_TIMEOUT = 20.0
+STOP_GRACE = 10.0
+HTTP_TIMEOUT = 30.0
+
+
+def repo_path(p):
+    return p if os.path.isabs(p) else os.path.join(REPO, p)
+
+
+def _env_path(name, default):
+    return repo_path(os.environ.get(name) or default)
+
+
+ARSERVE_BIN = _env_path("ARSERVE_BIN", "build/arserve")
+TINY_MODEL = _env_path("ARSERVE_TINY_MODEL", "build/tiny-model")
+SLOW_MODEL = _env_path("ARSERVE_SLOW_MODEL", "build/slow-model")
+
+
+def clean_env(extra=None):
+    """os.environ without ARSERVE_* (and without make's recursion variables,
+    so a `make` started from a test behaves as if typed in a shell)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ARSERVE_") and k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env.update(extra or {})
+    return env
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sanitizer_reports(text):
+    """The lines of text that carry a sanitizer report."""
+    return [line for line in text.splitlines() if any(m in line for m in SANITIZER_MARKERS)]
+
+
+def png_size(data):
+    """(width, height) of PNG bytes; fails the test if they are not a PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"not a PNG: {data[:16]!r}"
+    with Image.open(io.BytesIO(data)) as im:
+        assert im.format == "PNG"
+        im.load()  # decodes every row: a truncated or corrupt PNG raises
+        return im.size
+
+
+def b64_png_size(b64):
+    return png_size(base64.b64decode(b64, validate=True))
+
+
+def parse_metrics(text):
+    """Prometheus text -> {(name, frozenset(labels.items())): value}."""
+    out = {}
+    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$')
+    label_re = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = line_re.match(line)
+        assert m, f"unparseable metrics line: {line!r}"
+        labels = frozenset(label_re.findall(m.group(2) or ""))
+        out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+class Metrics:
+    """One scrape of /metrics."""
+
+    def __init__(self, text):
+        self.text = text
+        self.samples = parse_metrics(text)
+
+    def get(self, name, default=0.0, **labels):
+        return self.samples.get((name, frozenset(labels.items())), default)
+
+    def http_codes(self):
+        """{code: count} over every route of arserve_http_requests_total."""
+        codes = {}
+        for (n, ls), v in self.samples.items():
+            if n == "arserve_http_requests_total":
+                c = dict(ls)["code"]
+                codes[c] = codes.get(c, 0) + v
+        return codes
+
+    def histogram_above(self, name, bound):
+        """Observations of a histogram greater than bound (bound must be a bucket)."""
+        le = self.samples.get((name + "_bucket", frozenset({("le", _fmt_le(bound))})))
+        assert le is not None, f"{name} has no bucket le={bound}:\n{self.text}"
+        return self.get(name + "_count") - le
+
+
+def _fmt_le(bound):
+    return str(int(bound)) if float(bound).is_integer() else repr(bound)
+
+
+class Daemon:
+    """A running `arserve serve` on 127.0.0.1 with the kernel's free port."""
+
+    def __init__(self, tmp_dir, model, args=(), env=None, drain_timeout_s=10):
+        if not os.access(ARSERVE_BIN, os.X_OK):
+            pytest.fail(f"{ARSERVE_BIN} is missing: build it with `make all` "
+                        "(or point ARSERVE_BIN at a build)")
+        if not os.path.exists(os.path.join(model, "arserve.json")):
+            pytest.fail(f"model {model} is missing: `make test-integration` builds it")
+        self.tmp_dir = tmp_dir
+        self.drain_timeout_s = drain_timeout_s
+        self.stdout_path = os.path.join(tmp_dir, "daemon.stdout")
+        self.stderr_path = os.path.join(tmp_dir, "daemon.stderr")
+        argv = [ARSERVE_BIN, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
+                "--drain-timeout-s", str(drain_timeout_s), *args]
+        self.argv = argv
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                         env=clean_env(env), cwd=tmp_dir)
+        self.stopped = False
+        self.signalled = False  # a test sent a signal itself
+        self.expect_rc = 0      # the exit status finish() accepts
+        try:
+            self.port = self._wait_ready()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.client = httpx.Client(base_url=self.url, timeout=HTTP_TIMEOUT)
+            self._wait_health()
+        except BaseException:  # a failure or a pytest-timeout: never leave it running
+            self.kill()
+            raise
+
+    def _wait_ready(self):
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            with open(self.stdout_path, encoding="utf-8", errors="replace") as f:
+                m = READY_RE.search(f.read())
+            if m:
+                assert m.group(1) == "127.0.0.1"
+                return int(m.group(2))
+            if self.proc.poll() is not None:
+                pytest.fail(f"arserve exited with {self.proc.returncode} before it was ready:\n"
+                            f"{self.stderr()}")
+            time.sleep(0.02)
+        self.kill()
+        pytest.fail(f"arserve printed no 'ready on' line within {START_TIMEOUT} s:\n{self.stderr()}")
+
+    def _wait_health(self):
+        deadline = time.monotonic() + START_TIMEOUT
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                r = self.client.get("/health", timeout=2)
+                if r.status_code == 200:
+                    return
+                last = f"{r.status_code} {r.text}"
+            except httpx.HTTPError as e:
+                last = repr(e)
+            time.sleep(0.05)
+        self.kill()
+        pytest.fail(f"/health did not answer 200 within {START_TIMEOUT} s (last: {last})")
+
+    def stderr(self):
+        with open(self.stderr_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def metrics(self):
+        r = self.client.get("/metrics")
+        assert r.status_code == 200, r.text
+        return Metrics(r.text)
+
+    def wait_metrics(self, pred, timeout=10.0, what="condition"):
+        """Polls /metrics until pred(Metrics) is true; returns that scrape."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            if pred(m):
+                return m
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout} s waiting for {what}; metrics:\n{m.text}")
+            time.sleep(0.02)
+
+    def signal(self, sig):
+        """Sends sig (a test that stops the daemon itself)."""
+        self.signalled = True
+        self.proc.send_signal(sig)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self):
+        """SIGTERM, wait for the drain, SIGKILL after that. Returns the exit
+        status; fails the test if SIGKILL was needed or the process had died
+        on its own before."""
+        if self.stopped:
+            return self.proc.returncode
+        self.stopped = True
+        self.client.close()
+        if self.proc.poll() is not None and not self.signalled:
+            pytest.fail(f"arserve died during the test with status {self.proc.returncode}:\n"
+                        f"{self.stderr()[-4000:]}")
+        if not self.signalled:  # a test that signalled it waits for its own drain
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=self.drain_timeout_s + STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"arserve did not exit within {self.drain_timeout_s + STOP_GRACE} s of "
+                        f"SIGTERM; killed:\n{self.stderr()[-4000:]}")
+
+    def finish(self):
+        """Teardown: stop, then fail on a bad exit status or a sanitizer report."""
+        try:
+            rc = self.stop()
+        finally:
+            self.kill()
+        reports = sanitizer_reports(self.stderr())
+        assert not reports, ("sanitizer reports in the daemon's stderr:\n" + "\n".join(reports)
+                             + "\n--- stderr ---\n" + self.stderr()[-8000:])
+        assert rc == self.expect_rc, \
+            f"arserve exited with status {rc} after SIGTERM:\n{self.stderr()[-4000:]}"
+
+
+@pytest.fixture
+def start_daemon(tmp_path_factory):
+    """start_daemon(model=TINY_MODEL, args=(), env=None, drain_timeout_s=10) -> Daemon;
+    every daemon started is stopped and checked at the test's teardown."""
+    started = []
+
+    def start(model=TINY_MODEL, args=(), env=None, drain_timeout_s=10):
+        d = Daemon(str(tmp_path_factory.mktemp("arserve")), model, args, env, drain_timeout_s)
+        started.append(d)
+        return d
+
+    yield start
+    errors = []
+    for d in started:
+        try:
+            d.finish()
+        except BaseException as e:  # noqa: BLE001 - report every daemon, then fail
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_daemon(tmp_path_factory):
+    """One tiny-model daemon shared by a module's tests (default settings,
+    except a 64 KiB body limit so the 413 case stays small)."""
+    d = Daemon(str(tmp_path_factory.mktemp("arserve")), TINY_MODEL,
+               ["--max-body-bytes", "65536"])
+    yield d
+    d.finish()
+
+
+def model_info(model_dir):
+    """The model's name and image size, from its arserve.json (an image is
+    grid * 2^(decoder levels - 1) pixels on each side)."""
+    with open(os.path.join(model_dir, "arserve.json")) as f:
+        cfg = json.load(f)
+    scale = 2 ** (len(cfg["decoder"]["channel_multiplier"]) - 1)
+    w, h = cfg["image"]["grid_width"] * scale, cfg["image"]["grid_height"] * scale
+    return {"model": cfg["name"], "width": w, "height": h, "size": f"{w}x{h}",
+            "steps": cfg["image"]["grid_width"] * cfg["image"]["grid_height"]}
+
+
+@pytest.fixture(scope="session")
+def tiny_info():
+    return model_info(TINY_MODEL)

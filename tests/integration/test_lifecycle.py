@@ -1,0 +1,284 @@
+"""Requests under pressure, on the slow model (a second or two per image, so
+requests are still running while the test looks): a full queue answers 429,
+a client that goes away frees its KV, SIGTERM drains."""
+import json
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from conftest import HTTP_TIMEOUT, SLOW_MODEL, model_info, png_size
+
+GEN = "/v1/images/generations"
+# One engine thread: the slow model's timing then does not depend on how
+# busy the machine's other cores are.
+SLOW_ARGS = ["--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def slow_info():
+    return model_info(SLOW_MODEL)
+
+
+def post_in_thread(daemon, body, headers=None):
+    """Starts a POST on its own connection; returns (thread, result dict)."""
+    result = {}
+
+    def run():
+        try:
+            with httpx.Client(base_url=daemon.url, timeout=HTTP_TIMEOUT) as c:
+                result["response"] = c.post(GEN, json=body, headers=headers or {})
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, result
+
+
+def joined(t, result, timeout=HTTP_TIMEOUT):
+    t.join(timeout)
+    assert not t.is_alive(), "request thread still running"
+    assert "error" not in result, repr(result.get("error"))
+    return result["response"]
+
+
+def running_is(n):
+    return lambda m: m.get("arserve_requests_running") == n
+
+
+# ---- queue overflow ------------------------------------------------------
+
+def test_queue_overflow_is_429_with_retry_after_and_no_5xx(start_daemon, slow_info):
+    d = start_daemon(SLOW_MODEL, [*SLOW_ARGS, "--max-running", "1", "--max-waiting", "1",
+                                  "--retry-after-s", "3"])
+    a = post_in_thread(d, {"prompt": "a red circle", "seed": 1})
+    d.wait_metrics(running_is(1), what="request A running")
+    b = post_in_thread(d, {"prompt": "a blue square", "seed": 2})
+    d.wait_metrics(lambda m: m.get("arserve_requests_waiting") == 1, what="request B waiting")
+
+    # One running, one waiting: the next ones are refused at once.
+    t0 = time.monotonic()
+    r = d.client.post(GEN, json={"prompt": "a green triangle", "seed": 3})
+    assert time.monotonic() - t0 < 2.0, "a 429 must not wait for a slot"
+    assert r.status_code == 429, r.text
+    assert r.headers["retry-after"] == "3"
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == "queue_full"
+    assert err["type"] == "rate_limit_error"
+
+    # A burst while the queue is full: every answer is a 200 or a 429.
+    with ThreadPoolExecutor(6) as pool:
+        def one(i):
+            with httpx.Client(base_url=d.url, timeout=HTTP_TIMEOUT) as c:
+                return c.post(GEN, json={"prompt": "a red circle", "seed": 10 + i})
+        burst = list(pool.map(one, range(6), timeout=4 * HTTP_TIMEOUT))
+    codes = sorted(x.status_code for x in burst)
+    assert set(codes) <= {200, 429}, codes
+    assert 429 in codes, codes
+    for x in burst:
+        if x.status_code == 429:
+            assert x.headers.get("retry-after") == "3"
+
+    # The two admitted ones finish normally.
+    for t, res in (a, b):
+        resp = joined(t, res)
+        assert resp.status_code == 200, resp.text
+        png = resp.json()["data"][0]["b64_json"]
+        assert png
+
+    m = d.metrics()
+    codes = m.http_codes()
+    assert not any(c.startswith("5") for c in codes), codes
+    assert codes.get("429", 0) >= 1 + codes_count(burst, 429)
+    assert m.get("arserve_admissions_refused_total", reason="queue_full") == \
+        codes.get("429", 0)
+    assert m.get("arserve_requests_waiting") == 0
+
+
+def codes_count(responses, code):
+    return sum(1 for r in responses if r.status_code == code)
+
+
+# ---- a client that goes away --------------------------------------------
+
+def raw_post(daemon, body):
+    """A POST on a raw socket, so the test decides when the client vanishes."""
+    s = socket.create_connection(("127.0.0.1", daemon.port), timeout=HTTP_TIMEOUT)
+    data = json.dumps(body).encode()
+    s.sendall(b"POST " + GEN.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+              b"Content-Type: application/json\r\nContent-Length: " + str(len(data)).encode()
+              + b"\r\n\r\n" + data)
+    return s
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_disconnect_mid_generation_frees_kv(start_daemon, slow_info, stream):
+    d = start_daemon(SLOW_MODEL, SLOW_ARGS)
+    idle = d.metrics()
+    assert idle.get("arserve_kv_pool_reserved_bytes") == 0
+    body = {"prompt": "a red circle", "seed": 9, "n": 2}
+    if stream:
+        body["stream"] = True
+    s = raw_post(d, body)
+    busy = d.wait_metrics(lambda m: m.get("arserve_requests_running") == 1
+                          and m.get("arserve_kv_pool_used_bytes") > 0,
+                          what="the request generating")
+    assert busy.get("arserve_kv_pool_reserved_bytes") > 0
+    if stream:
+        # Read a little of the stream first: the response has started.
+        assert s.recv(64).startswith(b"HTTP/1.1 200")
+    t_close = time.monotonic()
+    s.close()
+
+    # A scrape is not atomic across families (each is read under its own
+    # lock, in name order), so wait for every figure the test reads.
+    after = d.wait_metrics(lambda m: m.get("arserve_requests_running") == 0
+                           and m.get("arserve_kv_pool_reserved_bytes") == 0
+                           and m.get("arserve_images_total", status="cancelled") == 2,
+                           timeout=5.0, what="the cancelled request's KV to be freed")
+    freed_in = time.monotonic() - t_close
+    assert after.get("arserve_kv_pool_used_bytes") == 0
+    assert after.get("arserve_requests_cancelled_total") == \
+        idle.get("arserve_requests_cancelled_total") + 1
+    assert after.get("arserve_images_total", status="cancelled") == 2
+    assert after.get("arserve_images_total", status="ok") == 0, \
+        "the request ran to completion instead of being cancelled"
+    # Two images at ~2 s each would take seconds more to finish on their own.
+    assert freed_in < 3.0, f"KV freed {freed_in:.2f} s after the client left"
+
+    # The daemon is healthy and serves the next request.
+    r = d.client.post(GEN, json={"prompt": "a blue square", "seed": 1},
+                      headers={"Accept": "image/png"})
+    assert r.status_code == 200
+    assert png_size(r.content) == (slow_info["width"], slow_info["height"])
+    # (The gauges are updated at the end of the engine iteration, which can
+    # come a moment after the response.)
+    d.wait_metrics(lambda m: m.get("arserve_kv_pool_reserved_bytes") == 0
+                   and m.get("arserve_requests_running") == 0, timeout=5.0,
+                   what="the KV pool idle again")
+
+
+def test_disconnect_while_waiting_is_dropped(start_daemon):
+    d = start_daemon(SLOW_MODEL, [*SLOW_ARGS, "--max-running", "1"])
+    a = post_in_thread(d, {"prompt": "a red circle", "seed": 1})
+    d.wait_metrics(running_is(1), what="request A running")
+    s = raw_post(d, {"prompt": "a blue square", "seed": 2})
+    d.wait_metrics(lambda m: m.get("arserve_requests_waiting") == 1, what="B waiting")
+    s.close()
+    resp = joined(*a)
+    assert resp.status_code == 200
+    # (images_total can trail A's response by a moment: waited for too.)
+    m = d.wait_metrics(lambda m: m.get("arserve_requests_waiting") == 0
+                       and m.get("arserve_requests_running") == 0
+                       and m.get("arserve_images_total", status="ok") >= 1, what="idle")
+    assert m.get("arserve_requests_cancelled_total") == 1
+    assert m.get("arserve_images_total", status="ok") == 1
+    assert m.get("arserve_images_total", status="cancelled") == 1
+    assert m.get("arserve_kv_pool_reserved_bytes") == 0
+
+
+# ---- SIGTERM drains -------------------------------------------------------
+
+def test_sigterm_drains_in_flight_request_then_exits_0(start_daemon, slow_info):
+    d = start_daemon(SLOW_MODEL, SLOW_ARGS, drain_timeout_s=30)
+    inflight = post_in_thread(d, {"prompt": "a red circle", "seed": 5},
+                              headers={"Accept": "image/png"})
+    d.wait_metrics(lambda m: m.get("arserve_requests_running") == 1
+                   and m.get("arserve_image_tokens_generated_total") > 0,
+                   what="the request generating")
+    assert d.client.get("/ready").status_code == 200
+
+    d.signal(signal.SIGTERM)
+    # /ready turns 503 while the request is still running...
+    deadline = time.monotonic() + 5
+    while True:
+        r = d.client.get("/ready")
+        if r.status_code == 503:
+            break
+        assert r.status_code == 200
+        assert time.monotonic() < deadline, "/ready still 200 5 s after SIGTERM"
+        time.sleep(0.02)
+    assert inflight[0].is_alive(), "the request finished before the drain could be observed"
+    # ...new requests are refused with 503...
+    r = d.client.post(GEN, json={"prompt": "a blue square", "seed": 6})
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "server_error"
+    # ...the process lives and says so...
+    assert d.client.get("/health").status_code == 200
+    assert d.proc.poll() is None
+
+    # ...and the request in flight completes.
+    resp = joined(*inflight)
+    assert resp.status_code == 200, resp.text
+    assert png_size(resp.content) == (slow_info["width"], slow_info["height"])
+
+    rc = d.proc.wait(timeout=15)
+    assert rc == 0, d.stderr()
+    assert "draining" in d.stderr()
+
+
+def test_sigterm_idle_exits_0_quickly(start_daemon):
+    d = start_daemon(SLOW_MODEL, SLOW_ARGS)
+    t0 = time.monotonic()
+    d.signal(signal.SIGTERM)
+    assert d.proc.wait(timeout=10) == 0
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_drain_timeout_cuts_off_and_still_exits_0(start_daemon):
+    d = start_daemon(SLOW_MODEL, SLOW_ARGS, drain_timeout_s=1)
+    # Four images in one request: far longer than the one-second drain.
+    inflight = post_in_thread(d, {"prompt": "a red circle", "seed": 5, "n": 4})
+    d.wait_metrics(running_is(1), what="the request running")
+    t0 = time.monotonic()
+    d.signal(signal.SIGTERM)
+    assert d.proc.wait(timeout=15) == 0, d.stderr()
+    assert time.monotonic() - t0 < 6.0
+    inflight[0].join(HTTP_TIMEOUT)
+    assert not inflight[0].is_alive()
+    # The cut-off client got an error status or a closed connection, not a hang.
+    res = inflight[1]
+    if "response" in res:
+        assert res["response"].status_code >= 500
+
+
+def test_second_signal_exits_at_once(start_daemon):
+    d = start_daemon(SLOW_MODEL, SLOW_ARGS, drain_timeout_s=60)
+    inflight = post_in_thread(d, {"prompt": "a red circle", "seed": 5, "n": 4})
+    d.wait_metrics(running_is(1), what="the request running")
+    d.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert d.proc.poll() is None, "exited before draining"
+    t0 = time.monotonic()
+    d.signal(signal.SIGINT)
+    d.proc.wait(timeout=5)
+    assert time.monotonic() - t0 < 3.0
+    inflight[0].join(HTTP_TIMEOUT)
+    d.expect_rc = d.proc.returncode  # checked above: it exited at once
+
+
+# ---- the per-request deadline ---------------------------------------------
+
+def test_request_deadline_fails_the_request_and_frees_its_kv(start_daemon):
+    d = start_daemon(SLOW_MODEL, [*SLOW_ARGS, "--request-timeout-s", "1"])
+    t0 = time.monotonic()
+    # Two images: several seconds of work against a one-second deadline.
+    r = d.client.post(GEN, json={"prompt": "a red circle", "seed": 1, "n": 2})
+    assert time.monotonic() - t0 < 4.0, "the deadline did not cut the request short"
+    assert r.status_code == 504, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "server_error" and err["code"] == "timeout"
+    m = d.wait_metrics(lambda m: m.get("arserve_requests_running") == 0
+                       and m.get("arserve_kv_pool_reserved_bytes") == 0,
+                       what="the expired request's KV to be freed")
+    assert m.get("arserve_images_total", status="timeout") == 2
+    assert m.get("arserve_images_total", status="ok") == 0

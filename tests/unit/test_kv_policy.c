@@ -1,0 +1,903 @@
+/* KV policies on synthetic attention: a simulated cache (token ids and key
+ * mass per head) is driven step by step through kv_policy_step_end, so the
+ * tests check which tokens each policy keeps, the steps it asks for
+ * statistics, and that no head ever outgrows the planned trajectory. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "engine/kv_policy.h"
+#include "tests/test.h"
+
+/* ---- deterministic randomness ---- */
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Uniform in [0, 1) from any number of keys. */
+static double hash01(uint64_t a, uint64_t b, uint64_t c) {
+    return (double)(mix64(a ^ mix64(b ^ mix64(c))) >> 11) / 9007199254740992.0;
+}
+
+typedef struct rng {
+    uint64_t s;
+} rng_t;
+
+static int rng_int(rng_t *r, int lo, int hi) { /* [lo, hi] */
+    r->s = mix64(r->s);
+    return lo + (int)(r->s % (uint64_t)(hi - lo + 1));
+}
+
+static double rng_unit(rng_t *r) {
+    r->s = mix64(r->s);
+    return (double)(r->s >> 11) / 9007199254740992.0;
+}
+
+/* ---- the simulated cache ---- */
+
+/* Writes weights (not yet normalised) of the query fed at step t over the
+ * keys ids[0..len) of one head; the simulator normalises them to a softmax
+ * row. Token ids: prefix 0..P-1, image token j is P + j. */
+typedef void (*attn_fn_t)(void *ctx, int layer, int head, int step, const int *ids, int len,
+                          float *w);
+
+typedef struct sim_head {
+    int len, has_mass;
+    int *ids;
+    float *mass;
+    float *oracle; /* per token id: mass of the current line's queries only */
+    int oracle_line;
+} sim_head_t;
+
+typedef struct sim {
+    kv_policy_params_t p;
+    kv_geometry_t g;
+    kv_policy_state_t *s;
+    int steps, cap, n_heads_total, exact;
+    int *traj, *keep;
+    float *row;
+    sim_head_t *heads;
+    attn_fn_t attn;
+    void *ctx;
+    int over_traj, off_traj, bad_keep, last_flags_any, compactions;
+    int *flags; /* last step_end result per head */
+} sim_t;
+
+static int sim_init(sim_t *m, const kv_policy_params_t *p, const kv_geometry_t *g, attn_fn_t attn,
+                    void *ctx) {
+    memset(m, 0, sizeof *m);
+    m->p = *p;
+    m->g = *g;
+    m->steps = kv_geometry_steps(g);
+    m->cap = g->n_prompt + m->steps;
+    m->n_heads_total = g->n_layers * g->n_heads;
+    m->exact = p->kind != KV_POLICY_HEADKV;
+    m->attn = attn;
+    m->ctx = ctx;
+    ar_error_t err;
+    m->s = kv_policy_begin(p, g, &err);
+    if (!m->s)
+        return AR_ERR;
+    m->traj = calloc((size_t)m->steps, sizeof *m->traj);
+    m->keep = calloc((size_t)m->cap, sizeof *m->keep);
+    m->row = calloc((size_t)m->cap, sizeof *m->row);
+    m->heads = calloc((size_t)m->n_heads_total, sizeof *m->heads);
+    m->flags = calloc((size_t)m->n_heads_total, sizeof *m->flags);
+    if (!m->traj || !m->keep || !m->row || !m->heads || !m->flags)
+        return AR_ERR;
+    if (kv_policy_trajectory(p, g, m->traj) != AR_OK)
+        return AR_ERR;
+    for (int i = 0; i < m->n_heads_total; i++) {
+        sim_head_t *h = &m->heads[i];
+        h->ids = calloc((size_t)m->cap, sizeof *h->ids);
+        h->mass = calloc((size_t)m->cap, sizeof *h->mass);
+        h->oracle = calloc((size_t)m->cap, sizeof *h->oracle);
+        if (!h->ids || !h->mass || !h->oracle)
+            return AR_ERR;
+        h->oracle_line = -1;
+    }
+    return AR_OK;
+}
+
+static void sim_free(sim_t *m) {
+    kv_policy_end(m->s);
+    if (m->heads)
+        for (int i = 0; i < m->n_heads_total; i++) {
+            free(m->heads[i].ids);
+            free(m->heads[i].mass);
+            free(m->heads[i].oracle);
+        }
+    free(m->heads);
+    free(m->flags);
+    free(m->traj);
+    free(m->keep);
+    free(m->row);
+}
+
+/* sim_init, or a recorded failure (and nothing left allocated). */
+static int sim_start(sim_t *m, const kv_policy_params_t *p, const kv_geometry_t *g, attn_fn_t attn,
+                     void *ctx) {
+    if (sim_init(m, p, g, attn, ctx) == AR_OK)
+        return 1;
+    CHECK_MSG(0, "sim_init failed for %s", kv_policy_name(p->kind));
+    sim_free(m);
+    return 0;
+}
+
+static sim_head_t *sim_head(sim_t *m, int layer, int head) {
+    return &m->heads[layer * m->g.n_heads + head];
+}
+
+/* Step t's forward: the append (prompt at step 0, image token t-1 after),
+ * then, when the policy asks, the softmax row of the step's query added to
+ * each head's key mass. The oracle always accumulates the current image
+ * line's queries, whatever the policy asked for. */
+static void sim_forward(sim_t *m, int t) {
+    int collect = kv_policy_collect(m->s, t);
+    for (int L = 0; L < m->g.n_layers; L++)
+        for (int H = 0; H < m->g.n_heads; H++) {
+            sim_head_t *h = sim_head(m, L, H);
+            if (t == 0) {
+                for (int i = 0; i < m->g.n_prompt; i++)
+                    h->ids[i] = i;
+                h->len = m->g.n_prompt;
+            } else {
+                h->ids[h->len] = m->g.n_prompt + t - 1;
+                h->mass[h->len] = 0;
+                h->len++;
+            }
+            if (h->len > m->traj[t])
+                m->over_traj++;
+            if (m->exact && h->len != m->traj[t])
+                m->off_traj++;
+            if (t == 0)
+                continue;
+            m->attn(m->ctx, L, H, t, h->ids, h->len, m->row);
+            double sum = 0;
+            for (int i = 0; i < h->len; i++)
+                sum += m->row[i];
+            for (int i = 0; i < h->len; i++)
+                m->row[i] = (float)(m->row[i] / sum);
+            if (collect) {
+                for (int i = 0; i < h->len; i++)
+                    h->mass[i] += m->row[i];
+                h->has_mass = 1;
+            }
+            int line = (t - 1) / m->g.line_width;
+            if (line != h->oracle_line) {
+                memset(h->oracle, 0, (size_t)m->cap * sizeof *h->oracle);
+                h->oracle_line = line;
+            }
+            for (int i = 0; i < h->len; i++)
+                h->oracle[h->ids[i]] += m->row[i];
+        }
+}
+
+/* Step t's end: ask the policy for every head, check the keep list, apply
+ * it to ids and mass, reset the mass when asked. */
+static void sim_compact(sim_t *m, int t) {
+    m->last_flags_any = 0;
+    for (int L = 0; L < m->g.n_layers; L++)
+        for (int H = 0; H < m->g.n_heads; H++) {
+            sim_head_t *h = sim_head(m, L, H);
+            int n_keep = -1;
+            int f = kv_policy_step_end(m->s, t, L, H, h->len, h->has_mass ? h->mass : NULL, m->keep,
+                                       &n_keep);
+            m->flags[L * m->g.n_heads + H] = f;
+            m->last_flags_any |= f;
+            if (f & KV_COMPACT) {
+                int ok = n_keep >= m->g.n_prompt && n_keep <= h->len;
+                for (int i = 0; ok && i < n_keep; i++) {
+                    ok = m->keep[i] >= 0 && m->keep[i] < h->len &&
+                         (i == 0 || m->keep[i - 1] < m->keep[i]);
+                    if (i < m->g.n_prompt)
+                        ok = ok && m->keep[i] == i;
+                }
+                if (!ok) {
+                    m->bad_keep++;
+                    continue;
+                }
+                for (int i = 0; i < n_keep; i++) {
+                    h->ids[i] = h->ids[m->keep[i]];
+                    h->mass[i] = h->mass[m->keep[i]];
+                }
+                h->len = n_keep;
+                m->compactions++;
+            }
+            if (f & KV_RESET_MASS) {
+                memset(h->mass, 0, (size_t)h->len * sizeof *h->mass);
+                h->has_mass = 0;
+            }
+        }
+}
+
+/* Runs every step; returns 1 if the policy compacted at the last step,
+ * which it never should (the sequence is released right after). */
+static int sim_run(sim_t *m) {
+    for (int t = 0; t < m->steps; t++) {
+        sim_forward(m, t);
+        sim_compact(m, t);
+    }
+    return (m->last_flags_any & KV_COMPACT) != 0;
+}
+
+static int has_id(const sim_head_t *h, int id) {
+    for (int i = 0; i < h->len; i++)
+        if (h->ids[i] == id)
+            return 1;
+    return 0;
+}
+
+/* ---- attention generators ---- */
+
+static void attn_uniform(void *ctx, int layer, int head, int step, const int *ids, int len,
+                         float *w) {
+    for (int i = 0; i < len; i++)
+        w[i] = 1.0f;
+}
+
+/* Fresh random weights for every (query step, key id, head). */
+typedef struct random_attn {
+    uint64_t seed;
+} random_attn_t;
+
+static void attn_random(void *ctx, int layer, int head, int step, const int *ids, int len,
+                        float *w) {
+    const random_attn_t *r = ctx;
+    int kind = (int)(mix64(r->seed ^ (uint64_t)(layer * 131 + head)) % 3);
+    for (int i = 0; i < len; i++) {
+        double u =
+            hash01(r->seed, (uint64_t)step * 7919 + (uint64_t)layer * 31 + head, (uint64_t)ids[i]);
+        if (kind == 0) /* local: the last three keys carry almost everything */
+            w[i] = (float)(i >= len - 3 ? 100.0 + u : 0.01 * u);
+        else if (kind == 1) /* spread */
+            w[i] = (float)(0.05 + u);
+        else /* condition-heavy */
+            w[i] = (float)(ids[i] < 2 ? 50.0 : 0.05 + u);
+    }
+}
+
+/* ---- tests ---- */
+
+static kv_geometry_t geom(int n_prompt, int w, int h, int layers, int heads) {
+    kv_geometry_t g = {n_prompt, w, h, layers, heads};
+    return g;
+}
+
+static void test_parse_names_and_defaults(void) {
+    CHECK(kv_policy_parse("full") == KV_POLICY_FULL);
+    CHECK(kv_policy_parse("streaming") == KV_POLICY_STREAMING);
+    CHECK(kv_policy_parse("linear") == KV_POLICY_LINEAR);
+    CHECK(kv_policy_parse("headkv") == KV_POLICY_HEADKV);
+    CHECK(kv_policy_parse("LINEAR") == -1 && kv_policy_parse("h2o") == -1);
+    CHECK(kv_policy_parse(NULL) == -1);
+    for (int k = KV_POLICY_FULL; k <= KV_POLICY_HEADKV; k++)
+        CHECK(kv_policy_parse(kv_policy_name((kv_policy_kind_t)k)) == k);
+
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_FULL);
+    CHECK(p.kind == KV_POLICY_FULL && p.budget == 1.0);
+    kv_policy_defaults(&p, KV_POLICY_STREAMING);
+    CHECK_NEAR(p.budget, 1.0 / 6, 1e-12, 0);
+    CHECK(p.sink_tokens == 4);
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    CHECK_NEAR(p.budget, 1.0 / 6, 1e-12, 0);
+    CHECK(p.anchor_lines == 1 && p.recent_lines == 2);
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    CHECK_NEAR(p.budget, 1.0 / 8, 1e-12, 0);
+    CHECK_NEAR(p.headkv_threshold, 0.9, 1e-12, 0);
+    CHECK_NEAR(p.headkv_alpha, 0.5, 1e-12, 0);
+    CHECK(p.headkv_recent_lines == 2 && p.headkv_group_tokens == 100);
+    CHECK(p.headkv_buffer == 8 && p.headkv_local_window == 32);
+
+    /* The defaults hold on Janus-Pro's geometry (24 x 24) at the papers'
+     * default budgets; LineAR's 1 + 2 lines do not fit in 1/8 of 24 lines. */
+    kv_geometry_t janus = geom(40, 24, 24, 24, 16);
+    for (int k = KV_POLICY_FULL; k <= KV_POLICY_HEADKV; k++) {
+        kv_policy_defaults(&p, (kv_policy_kind_t)k);
+        CHECK_MSG(kv_policy_validate(&p, &janus, NULL) == AR_OK, "%s", kv_policy_name(p.kind));
+    }
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    p.budget = 1.0 / 8;
+    CHECK(kv_policy_validate(&p, &janus, NULL) == AR_ERR);
+}
+
+static void test_full_keeps_everything(void) {
+    kv_geometry_t g = geom(7, 5, 4, 2, 3);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_FULL);
+    int traj[20];
+    CHECK(kv_policy_trajectory(&p, &g, traj) == AR_OK);
+    for (int t = 0; t < 20; t++)
+        CHECK(traj[t] == 7 + t);
+    sim_t m;
+    if (!sim_start(&m, &p, &g, attn_uniform, NULL))
+        return;
+    for (int t = 0; t < m.steps; t++) {
+        CHECK(!kv_policy_collect(m.s, t));
+        sim_forward(&m, t);
+        sim_compact(&m, t);
+        CHECK(m.last_flags_any == 0);
+    }
+    CHECK(m.off_traj == 0 && m.over_traj == 0);
+    CHECK(sim_head(&m, 1, 2)->len == 7 + 19); /* prompt + w*h - 1 image tokens */
+    sim_free(&m);
+}
+
+static void test_streaming_trajectory_exact(void) {
+    /* N = 5 + 20 - 1 = 24 tokens; budget 1/2 caps a head at 12. */
+    kv_geometry_t g = geom(5, 4, 5, 1, 1);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_STREAMING);
+    p.budget = 0.5;
+    p.sink_tokens = 2;
+    int traj[20];
+    CHECK(kv_policy_trajectory(&p, &g, traj) == AR_OK);
+    for (int t = 0; t < 20; t++)
+        CHECK(traj[t] == (5 + t < 12 ? 5 + t : 12));
+    /* budget 1 never evicts: the full trajectory */
+    p.budget = 1.0;
+    CHECK(kv_policy_trajectory(&p, &g, traj) == AR_OK);
+    for (int t = 0; t < 20; t++)
+        CHECK(traj[t] == 5 + t);
+}
+
+static void test_streaming_keeps_prefix_sinks_window(void) {
+    kv_geometry_t g = geom(5, 4, 5, 2, 2);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_STREAMING);
+    p.budget = 0.5; /* cap 12 = 5 prefix + 2 sinks + a window of 5 */
+    p.sink_tokens = 2;
+    sim_t m;
+    if (!sim_start(&m, &p, &g, attn_uniform, NULL))
+        return;
+    for (int t = 0; t < m.steps; t++) {
+        CHECK(!kv_policy_collect(m.s, t));
+        sim_forward(&m, t);
+        /* During step t the query sees prefix, sinks and the 5 newest. */
+        const sim_head_t *h = sim_head(&m, 1, 0);
+        int expect[12], n = 0;
+        for (int i = 0; i < 5; i++)
+            expect[n++] = i;
+        for (int j = 0; j < t; j++)
+            if (j < 2 || j >= t - 5)
+                expect[n++] = 5 + j;
+        CHECK(h->len == n);
+        for (int i = 0; i < n && i < h->len; i++)
+            CHECK(h->ids[i] == expect[i]);
+        sim_compact(&m, t);
+    }
+    CHECK(m.off_traj == 0 && m.over_traj == 0 && m.bad_keep == 0);
+    sim_free(&m);
+}
+
+static void test_linear_trajectory_and_schedule(void) {
+    /* 8 lines of 4; budget 1/2 = 4 lines: B = 16 image tokens, prefix 3 on top. */
+    kv_geometry_t g = geom(3, 4, 8, 1, 2);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    p.budget = 0.5;
+    int traj[32];
+    CHECK(kv_policy_trajectory(&p, &g, traj) == AR_OK);
+    for (int t = 0; t < 32; t++) {
+        int v = t <= 16 ? t : 16 - 4 + (t - 17) % 4 + 1;
+        CHECK_MSG(traj[t] == 3 + v, "t=%d traj %d expected %d", t, traj[t], 3 + v);
+    }
+    sim_t m;
+    if (!sim_start(&m, &p, &g, attn_uniform, NULL))
+        return;
+    for (int t = 0; t < m.steps; t++) {
+        /* the guide queues of lines 4..7 (1-based), whose ends compress */
+        CHECK_MSG(kv_policy_collect(m.s, t) == (t >= 13 && t <= 28), "t=%d", t);
+        sim_forward(&m, t);
+        sim_compact(&m, t);
+        int f = m.flags[0];
+        int compress = t == 16 || t == 20 || t == 24 || t == 28;
+        CHECK_MSG(!!(f & KV_COMPACT) == compress, "t=%d flags %d", t, f);
+        CHECK_MSG(!!(f & KV_RESET_MASS) == (compress || t == 12), "t=%d flags %d", t, f);
+    }
+    CHECK(m.off_traj == 0 && m.over_traj == 0 && m.bad_keep == 0);
+    sim_free(&m);
+
+    /* budget 1: never compresses, never collects */
+    p.budget = 1.0;
+    CHECK(kv_policy_trajectory(&p, &g, traj) == AR_OK);
+    for (int t = 0; t < 32; t++)
+        CHECK(traj[t] == 3 + t);
+    kv_policy_state_t *s = kv_policy_begin(&p, &g, NULL);
+    CHECK(s != NULL);
+    for (int t = 0; s && t < 32; t++)
+        CHECK(!kv_policy_collect(s, t));
+    kv_policy_end(s);
+}
+
+/* Image token j of line 1..3 gets a low weight when j is in low[]. */
+typedef struct chosen_attn {
+    int n_prompt, low[4];
+} chosen_attn_t;
+
+static void attn_chosen(void *ctx, int layer, int head, int step, const int *ids, int len,
+                        float *w) {
+    const chosen_attn_t *c = ctx;
+    for (int i = 0; i < len; i++) {
+        int j = ids[i] - c->n_prompt;
+        w[i] = 1.0f + 0.01f * (float)(i % 7);
+        for (int k = 0; k < 4; k++)
+            if (j == c->low[k])
+                w[i] = 0.1f + 0.01f * (float)k;
+    }
+}
+
+static void test_linear_evicts_chosen_mid_tokens(void) {
+    /* 10 lines of 4, budget 0.6 = 6 lines: at the end of line 6 (step 24)
+     * the mid region is lines 2-4 (image tokens 4..15); the four with low
+     * attention go, whatever their position. */
+    kv_geometry_t g = geom(3, 4, 10, 1, 1);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    p.budget = 0.6;
+    chosen_attn_t c = {3, {5, 8, 13, 15}};
+    sim_t m;
+    if (!sim_start(&m, &p, &g, attn_chosen, &c))
+        return;
+    for (int t = 0; t <= 24; t++) {
+        sim_forward(&m, t);
+        sim_compact(&m, t);
+    }
+    const sim_head_t *h = sim_head(&m, 0, 0);
+    CHECK(h->len == 3 + 20);
+    for (int j = 0; j < 24; j++) {
+        int low = j == 5 || j == 8 || j == 13 || j == 15;
+        CHECK_MSG(has_id(h, 3 + j) == !low, "image token %d", j);
+    }
+    for (int i = 0; i < 3; i++)
+        CHECK(h->ids[i] == i);
+    sim_free(&m);
+}
+
+/* Saliency that depends on every query: fresh random weights per (query,
+ * key), the prefix heavy, so only the sum over exactly the line's queries
+ * ranks the mid tokens the way the oracle does. */
+static void attn_per_query(void *ctx, int layer, int head, int step, const int *ids, int len,
+                           float *w) {
+    const random_attn_t *r = ctx;
+    for (int i = 0; i < len; i++)
+        w[i] = ids[i] < 3
+                   ? 8.0f
+                   : (float)(0.2 + hash01(r->seed, (uint64_t)step * 977 + head, (uint64_t)ids[i]));
+}
+
+static void test_linear_evicts_lowest_line_saliency(void) {
+    for (int variant = 0; variant < 3; variant++) {
+        int anchors = variant, recent = 2 - variant / 2;
+        kv_geometry_t g = geom(3, 6, 14, 2, 2);
+        kv_policy_params_t p;
+        kv_policy_defaults(&p, KV_POLICY_LINEAR);
+        p.budget = 7.0 / 14; /* 7 lines */
+        p.anchor_lines = anchors;
+        p.recent_lines = recent;
+        random_attn_t r = {(uint64_t)variant + 11};
+        sim_t m;
+        if (!sim_start(&m, &p, &g, attn_per_query, &r))
+            return;
+        int line_ends = 0, mismatches = 0, protected_lost = 0;
+        for (int t = 0; t < m.steps; t++) {
+            sim_forward(&m, t);
+            int compress = t % 6 == 0 && t / 6 >= 7 && t / 6 <= 13;
+            int before_len[4];
+            int expect_evict[4][6], n_expect = 6;
+            for (int hh = 0; hh < 4 && compress; hh++) {
+                const sim_head_t *h = &m.heads[hh];
+                before_len[hh] = h->len;
+                /* oracle: the 6 mid tokens with the least mass from this
+                 * line's 6 queries (ties cannot happen with these weights) */
+                int first = 3 + anchors * 6, last = h->len - recent * 6;
+                for (int e = 0; e < n_expect; e++) {
+                    int best = -1;
+                    for (int i = first; i < last; i++) {
+                        int taken = 0;
+                        for (int q = 0; q < e; q++)
+                            taken |= expect_evict[hh][q] == h->ids[i];
+                        if (taken)
+                            continue;
+                        if (best < 0 || h->oracle[h->ids[i]] < h->oracle[h->ids[best]])
+                            best = i;
+                    }
+                    expect_evict[hh][e] = h->ids[best];
+                }
+            }
+            sim_compact(&m, t);
+            for (int hh = 0; hh < 4 && compress; hh++) {
+                const sim_head_t *h = &m.heads[hh];
+                line_ends++;
+                if (h->len != before_len[hh] - 6)
+                    mismatches++;
+                for (int e = 0; e < n_expect; e++)
+                    if (has_id(h, expect_evict[hh][e]))
+                        mismatches++;
+                /* prefix, anchors and the recent lines are all there */
+                for (int i = 0; i < 3 + anchors * 6; i++)
+                    if (h->ids[i] != i)
+                        protected_lost++;
+                for (int j = t - recent * 6; j < t; j++)
+                    if (!has_id(h, 3 + j))
+                        protected_lost++;
+            }
+        }
+        CHECK(line_ends == 4 * 7);
+        CHECK_MSG(mismatches == 0, "variant %d: %d mismatches", variant, mismatches);
+        CHECK(protected_lost == 0);
+        CHECK(m.off_traj == 0 && m.over_traj == 0 && m.bad_keep == 0);
+        sim_free(&m);
+    }
+}
+
+static void test_linear_without_mass_evicts_oldest(void) {
+    /* No statistics (an engine that did not collect): the oldest mid
+     * tokens go, deterministically. */
+    kv_geometry_t g = geom(2, 4, 8, 1, 1);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    p.budget = 5.0 / 8;
+    kv_policy_state_t *s = kv_policy_begin(&p, &g, NULL);
+    CHECK(s != NULL);
+    if (!s)
+        return;
+    int keep[64], n_keep = 0;
+    int f = kv_policy_step_end(s, 20, 0, 0, 22, NULL, keep, &n_keep);
+    CHECK(f == (KV_COMPACT | KV_RESET_MASS));
+    CHECK(n_keep == 18);
+    /* prefix 0-1, anchor line 2-5, mid 6-13 loses 6-9, recent 14-21 */
+    for (int i = 0; i < 6; i++)
+        CHECK(keep[i] == i);
+    for (int i = 6; i < 18; i++)
+        CHECK(keep[i] == i + 4);
+    kv_policy_end(s);
+}
+
+/* Rows built to classify: head 0 local (last three keys), head 1 spread,
+ * head 2 mostly on the condition, head 3 85% on the last five keys, head 4
+ * 95% on the last six (exactly the local window: not fewer, so global). */
+static void attn_heads(void *ctx, int layer, int head, int step, const int *ids, int len,
+                       float *w) {
+    for (int i = 0; i < len; i++) {
+        int back = len - 1 - i;
+        switch (head) {
+        case 0:
+            w[i] = back < 3 ? 0.95f / 3 : 0.05f / (float)(len - 3);
+            break;
+        case 1:
+            w[i] = 1.0f;
+            break;
+        case 2:
+            w[i] = ids[i] < 4 ? 0.6f / 4 : (back < 3 ? 0.4f / 3 : 0.0f);
+            break;
+        case 3:
+            w[i] = back < 5 ? 0.85f / 5 : 0.15f / (float)(len - 5);
+            break;
+        default:
+            w[i] = back < 6 ? 0.95f / 6 : 0.05f / (float)(len - 6);
+            break;
+        }
+    }
+}
+
+static void test_headkv_classifies_heads(void) {
+    /* 8 lines of 8, budget 3/4: G = 48, G - buffer = 44; grouping at 20. */
+    kv_geometry_t g = geom(4, 8, 8, 2, 5);
+    for (int pass = 0; pass < 2; pass++) {
+        kv_policy_params_t p;
+        kv_policy_defaults(&p, KV_POLICY_HEADKV);
+        p.budget = 0.75;
+        p.headkv_buffer = 4;
+        p.headkv_local_window = 6;
+        p.headkv_group_tokens = 20;
+        p.headkv_threshold = pass == 0 ? 0.9 : 0.8;
+        sim_t m;
+        if (!sim_start(&m, &p, &g, attn_heads, NULL))
+            return;
+        for (int t = 0; t <= 20; t++) {
+            sim_forward(&m, t);
+            sim_compact(&m, t);
+        }
+        for (int L = 0; L < 2; L++) {
+            /* local heads: condition + the 6 newest; global heads keep all */
+            CHECK(sim_head(&m, L, 0)->len == 4 + 6);
+            CHECK(sim_head(&m, L, 1)->len == 4 + 20);
+            CHECK(sim_head(&m, L, 2)->len == 4 + 20);
+            /* 85% on the last five: local under 0.8, global under 0.9 */
+            CHECK(sim_head(&m, L, 3)->len == (pass == 0 ? 4 + 20 : 4 + 6));
+            CHECK(sim_head(&m, L, 4)->len == 4 + 20);
+            const sim_head_t *h = sim_head(&m, L, 0);
+            for (int i = 0; i < 4; i++)
+                CHECK(h->ids[i] == i);
+            for (int i = 0; i < 6; i++)
+                CHECK(h->ids[4 + i] == 4 + 14 + i);
+        }
+        /* The classification sticks: local heads slide, global heads fill
+         * up to G and then stay within it. */
+        int local_max = 0, global_max = 0;
+        for (int t = 21; t < m.steps; t++) {
+            sim_forward(&m, t);
+            if (sim_head(&m, 0, 0)->len > local_max)
+                local_max = sim_head(&m, 0, 0)->len;
+            if (sim_head(&m, 0, 1)->len > global_max)
+                global_max = sim_head(&m, 0, 1)->len;
+            sim_compact(&m, t);
+        }
+        CHECK(local_max == 4 + 6 + 4);
+        CHECK(global_max == 4 + 48);
+        CHECK(m.over_traj == 0 && m.bad_keep == 0);
+        sim_free(&m);
+    }
+}
+
+static void test_headkv_collect_schedule(void) {
+    kv_geometry_t g = geom(4, 8, 8, 1, 1);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    p.budget = 0.75; /* G = 48: updates at 24, 28, ... evict from 48 on */
+    p.headkv_buffer = 4;
+    p.headkv_local_window = 6;
+    p.headkv_group_tokens = 20;
+    kv_policy_state_t *s = kv_policy_begin(&p, &g, NULL);
+    CHECK(s != NULL);
+    for (int t = 0; s && t < 64; t++)
+        CHECK_MSG(kv_policy_collect(s, t) == (t == 20 || (t >= 45 && t <= 60)), "t=%d", t);
+    kv_policy_end(s);
+    int traj[64];
+    CHECK(kv_policy_trajectory(&p, &g, traj) == AR_OK);
+    for (int t = 0; t < 64; t++) {
+        int v = t <= 48 ? t : 44 + (t - 49) % 4 + 1;
+        CHECK_MSG(traj[t] == 4 + v, "t=%d traj %d expected %d", t, traj[t], 4 + v);
+    }
+}
+
+/* Step 28 of test_ste: image token j (a candidate when j < 20) scores
+ * 10 + j/10 near (j >= 10) and 1 + ((7j) mod 10)/10 long range. */
+static void attn_ste(void *ctx, int layer, int head, int step, const int *ids, int len, float *w) {
+    for (int i = 0; i < len; i++) {
+        int j = ids[i] - 2;
+        if (j < 0)
+            w[i] = 5.0f;
+        else if (j >= 20)
+            w[i] = 3.0f;
+        else if (j >= 10)
+            w[i] = 10.0f + (float)j / 10;
+        else
+            w[i] = 1.0f + (float)((7 * j) % 10) / 10;
+    }
+}
+
+static void test_ste_keeps_long_range_tokens(void) {
+    /* 16 lines of 4, G = 24 image tokens, recent 2 lines (8), buffer 4:
+     * at grouping (step 28) 20 historical candidates keep H = 12. */
+    kv_geometry_t g = geom(2, 4, 16, 1, 1);
+    for (int pass = 0; pass < 2; pass++) {
+        kv_policy_params_t p;
+        kv_policy_defaults(&p, KV_POLICY_HEADKV);
+        p.budget = 24.0 / 64;
+        p.headkv_buffer = 4;
+        p.headkv_local_window = 4;
+        p.headkv_group_tokens = 28;
+        p.headkv_alpha = pass == 0 ? 0.5 : 0.0;
+        sim_t m;
+        if (!sim_start(&m, &p, &g, attn_ste, NULL))
+            return;
+        for (int t = 0; t <= 28; t++) {
+            sim_forward(&m, t);
+            sim_compact(&m, t);
+        }
+        const sim_head_t *h = sim_head(&m, 0, 0);
+        CHECK(h->len == 2 + 20);
+        /* A global top-12 over the 20 candidates: all 10 near-range tokens
+         * and the two best long-range ones (scores 1.9 and 1.8: j = 7, 4). */
+        int topk_long[10] = {0};
+        topk_long[7] = topk_long[4] = 1;
+        int kept_long = 0, kept_near = 0, only_ste = 0;
+        for (int j = 0; j < 20; j++) {
+            int kept = has_id(h, 2 + j);
+            if (j < 10)
+                kept_long += kept;
+            if (j >= 10)
+                kept_near += kept;
+            if (j < 10 && kept && !topk_long[j])
+                only_ste++;
+        }
+        if (pass == 0) {
+            /* alpha 1/2: 6 of 10 per range; the long range keeps its own
+             * best six (scores 1.9 .. 1.4: j = 7, 4, 1, 8, 5, 2) */
+            CHECK(kept_long == 6 && kept_near == 6);
+            CHECK(only_ste == 4);
+            int best_long[6] = {7, 4, 1, 8, 5, 2};
+            for (int k = 0; k < 6; k++)
+                CHECK(has_id(h, 2 + best_long[k]));
+            for (int j = 14; j < 20; j++)
+                CHECK(has_id(h, 2 + j)); /* best near */
+        } else {
+            /* alpha 0: one stratum, which is exactly the global top-k */
+            CHECK(kept_long == 2 && kept_near == 10 && only_ste == 0);
+        }
+        for (int j = 20; j < 28; j++)
+            CHECK(has_id(h, 2 + j)); /* recent window */
+        CHECK(m.over_traj == 0 && m.bad_keep == 0);
+        sim_free(&m);
+    }
+}
+
+static void random_params(rng_t *r, kv_policy_params_t *p, kv_geometry_t *g) {
+    *g = geom(rng_int(r, 1, 12), rng_int(r, 1, 10), rng_int(r, 1, 12), rng_int(r, 1, 2),
+              rng_int(r, 1, 3));
+    kv_policy_defaults(p, (kv_policy_kind_t)rng_int(r, 0, 3));
+    p->budget = rng_int(r, 0, 3) == 0 ? 1.0 : 0.05 + 0.95 * rng_unit(r);
+    p->sink_tokens = rng_int(r, 0, 6);
+    p->anchor_lines = rng_int(r, 0, 2);
+    p->recent_lines = rng_int(r, 0, 3);
+    p->headkv_threshold = 0.5 + 0.5 * rng_unit(r);
+    p->headkv_alpha = rng_unit(r);
+    p->headkv_buffer = rng_int(r, 1, 12);
+    p->headkv_local_window = rng_int(r, 0, 16);
+    p->headkv_recent_lines = rng_int(r, 0, 3);
+    p->headkv_group_tokens = rng_int(r, 1, 80);
+}
+
+static void test_trajectory_bounds_random_runs(void) {
+    int valid[4] = {0}, compacted[4] = {0}, over = 0, off = 0, bad = 0, late = 0;
+    for (uint64_t seed = 1; seed <= 3000; seed++) {
+        rng_t r = {seed};
+        kv_policy_params_t p;
+        kv_geometry_t g;
+        random_params(&r, &p, &g);
+        if (kv_policy_validate(&p, &g, NULL) != AR_OK) {
+            int traj[1];
+            CHECK(kv_policy_trajectory(&p, &g, traj) == AR_ERR);
+            continue;
+        }
+        valid[p.kind]++;
+        random_attn_t a = {seed};
+        sim_t m;
+        if (!sim_start(&m, &p, &g, attn_random, &a))
+            continue;
+        late += sim_run(&m);
+        compacted[p.kind] += m.compactions > 0;
+        if (m.over_traj || m.off_traj || m.bad_keep)
+            fprintf(stderr, "  seed %llu %s: over %d off %d bad %d\n", (unsigned long long)seed,
+                    kv_policy_name(p.kind), m.over_traj, m.off_traj, m.bad_keep);
+        over += m.over_traj;
+        off += m.off_traj;
+        bad += m.bad_keep;
+        sim_free(&m);
+    }
+    CHECK(over == 0 && off == 0 && bad == 0 && late == 0);
+    if (getenv("KVP_VERBOSE"))
+        for (int k = 0; k < 4; k++)
+            fprintf(stderr, "  %s: %d valid, %d compacted\n", kv_policy_name(k), valid[k],
+                    compacted[k]);
+    for (int k = 0; k < 4; k++)
+        CHECK_MSG(valid[k] >= 100, "%s: %d valid", kv_policy_name(k), valid[k]);
+    for (int k = 1; k < 4; k++)
+        CHECK_MSG(compacted[k] >= 50, "%s: %d runs compacted", kv_policy_name(k), compacted[k]);
+}
+
+static void test_validate_messages(void) {
+    kv_geometry_t janus = geom(40, 24, 24, 24, 16), demo = geom(20, 16, 16, 4, 4);
+    kv_policy_params_t p;
+    ar_error_t err;
+    int traj[576];
+
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    p.budget = 0;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "budget must be in (0, 1]");
+    p.budget = 1.5;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "1.5");
+    p.budget = NAN;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "budget");
+    CHECK(kv_policy_trajectory(&p, &janus, traj) == AR_ERR);
+    CHECK(kv_policy_begin(&p, &janus, &err) == NULL);
+    CHECK_STR_CONTAINS(err.msg, "budget");
+
+    kv_policy_defaults(&p, KV_POLICY_FULL);
+    p.budget = 7; /* full ignores the budget */
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_OK);
+
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    p.anchor_lines = -1;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "anchor_lines");
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    p.recent_lines = -2;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "recent_lines");
+    /* 1/8 of 24 lines is 3; anchors 1 + recent 2 + the line being made = 4 */
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    p.budget = 1.0 / 8;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "budget");
+    CHECK_STR_CONTAINS(err.msg, "4 lines");
+    CHECK_STR_CONTAINS(err.msg, "4/24");
+    /* on a 16 x 16 grid the defaults need 1/4 */
+    p.budget = 1.0 / 6;
+    CHECK(kv_policy_validate(&p, &demo, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "4/16");
+    p.budget = 0.25;
+    CHECK(kv_policy_validate(&p, &demo, &err) == AR_OK);
+
+    kv_policy_defaults(&p, KV_POLICY_STREAMING);
+    p.sink_tokens = -1;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "sink_tokens");
+    kv_policy_defaults(&p, KV_POLICY_STREAMING);
+    p.budget = 0.05; /* 30 of 615 < 40 + 4 + 1 */
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "budget");
+    CHECK_STR_CONTAINS(err.msg, "45/615");
+
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    p.budget = 1.0 / 8; /* demo: 32 image tokens < 2 lines (32) + buffer 8 */
+    CHECK(kv_policy_validate(&p, &demo, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "headkv_buffer");
+    CHECK_STR_CONTAINS(err.msg, "40/256");
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    p.headkv_local_window = 65; /* janus 1/8: G - buffer = 64 */
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "headkv_local_window");
+    CHECK_STR_CONTAINS(err.msg, "64");
+    p.headkv_local_window = 64;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_OK);
+
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    p.headkv_threshold = 0;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "headkv_threshold");
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    p.headkv_alpha = 1.5;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "headkv_alpha");
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    p.headkv_buffer = 0;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "headkv_buffer");
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    p.headkv_local_window = -1;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "headkv_local_window");
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    p.headkv_recent_lines = -1;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "headkv_recent_lines");
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    p.headkv_group_tokens = 0;
+    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "headkv_group_tokens");
+
+    kv_geometry_t bad_g = geom(40, 0, 24, 24, 16);
+    kv_policy_defaults(&p, KV_POLICY_FULL);
+    CHECK(kv_policy_validate(&p, &bad_g, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "line_width");
+    bad_g = geom(0, 24, 24, 24, 16);
+    CHECK(kv_policy_validate(&p, &bad_g, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "n_prompt");
+}
+
+int main(void) {
+    TEST_RUN(test_parse_names_and_defaults);
+    TEST_RUN(test_full_keeps_everything);
+    TEST_RUN(test_streaming_trajectory_exact);
+    TEST_RUN(test_streaming_keeps_prefix_sinks_window);
+    TEST_RUN(test_linear_trajectory_and_schedule);
+    TEST_RUN(test_linear_evicts_chosen_mid_tokens);
+    TEST_RUN(test_linear_evicts_lowest_line_saliency);
+    TEST_RUN(test_linear_without_mass_evicts_oldest);
+    TEST_RUN(test_headkv_classifies_heads);
+    TEST_RUN(test_headkv_collect_schedule);
+    TEST_RUN(test_ste_keeps_long_range_tokens);
+    TEST_RUN(test_trajectory_bounds_random_runs);
+    TEST_RUN(test_validate_messages);
+    return TEST_SUMMARY();
+}
