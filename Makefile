@@ -2,12 +2,22 @@
 # install what they need first (`make deps`).
 #
 # Switches (validated): CUDA=0|1, SANITIZER=address|undefined|thread, DEBUG=0|1.
-# CI=true adds -Werror.
+# CI=true adds -Werror. CUDA=1 builds arserve with the CUDA backend too (nvcc
+# from CUDA_HOME, GPU architectures CUDA_ARCHS) into build-cuda/.
 
 CUDA      ?= 0
 DEBUG     ?= 0
 SANITIZER ?=
+ifeq ($(CUDA),1)
+BUILD     ?= build-cuda
+else
 BUILD     ?= build
+endif
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+# Compute capabilities to build for (A100: 80, H100/H200: 90); PTX of the
+# last one is embedded too, so newer GPUs can JIT it.
+CUDA_ARCHS ?= 80 90
 PYTHON    ?= python3
 VENV      := .venv
 PORT      ?= 8080
@@ -16,9 +26,11 @@ HOST      ?= 127.0.0.1
 ifeq ($(filter $(CUDA),0 1),)
 $(error CUDA must be 0 or 1, not '$(CUDA)')
 endif
-ifeq ($(CUDA),1)
-$(error CUDA=1 is reserved for the CUDA backend, which is not built yet; build without it)
+ifeq ($(strip $(CUDA_ARCHS)),)
+$(error CUDA_ARCHS is empty; give compute capabilities such as 80 90)
 endif
+$(foreach a,$(CUDA_ARCHS),$(if $(shell echo '$(a)' | grep -Ex '[0-9]{2,3}[af]?'),,\
+  $(error CUDA_ARCHS: '$(a)' is not a compute capability such as 80, 90 or 90a)))
 ifeq ($(filter $(DEBUG),0 1),)
 $(error DEBUG must be 0 or 1, not '$(DEBUG)')
 endif
@@ -55,8 +67,38 @@ endif
 
 ENGINE_SRC := $(wildcard engine/*.c)
 SERVER_SRC := $(wildcard server/*.c)
-ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o)
+ENGINE_OBJ := $(filter-out $(BUILD)/engine/backend_cuda.o,$(ENGINE_SRC:%.c=$(BUILD)/%.o))
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
+KERNEL_SRC := $(wildcard kernels/*.cu)
+KERNEL_HDR := $(wildcard kernels/*.h kernels/*.cuh) engine/dtype.h
+
+# The CUDA backend: engine/backend_cuda.c (C, gcc) and kernels/*.cu (nvcc).
+NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
+NVCCFLAGS := -std=c++17 -O2 -g -lineinfo -I. $(NVCC_GENCODE) --threads 0 \
+             -Xcompiler -Wall,-Wextra,-Wshadow,-Wno-unused-parameter
+ifeq ($(CI),true)
+NVCCFLAGS += -Werror all-warnings -Xcompiler -Werror
+endif
+# arserve links these objects directly, not through the engine archive, so
+# that all of them and everything they call must link.
+CUDA_OBJ :=
+ifeq ($(CUDA),1)
+CUDA_OBJ   := $(BUILD)/engine/backend_cuda.o $(KERNEL_SRC:%.cu=$(BUILD)/%.o)
+CFLAGS     += -DARSERVE_CUDA -I$(CUDA_HOME)/include
+LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+endif
+
+# The same backend and kernels built against the CPU emulator of CUDA
+# (tests/cuda_emu) for the conformance tests; never linked into arserve.
+EMU       := $(BUILD)/emu
+CXX       ?= g++
+EMU_FLAGS := -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -fopenmp -MMD -MP \
+             -Itests/cuda_emu/include -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread
+ifeq ($(CI),true)
+EMU_FLAGS += -Werror
+endif
+EMU_OBJ   := $(EMU)/cuda_emu.o $(EMU)/backend_cuda.o $(KERNEL_SRC:kernels/%.cu=$(EMU)/kernels/%.o)
 ENGINE_LIB := $(BUILD)/libarengine.a
 SERVER_LIB := $(BUILD)/libarserver.a
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
@@ -64,16 +106,37 @@ UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TINY_MODEL := $(BUILD)/tiny-model
 SLOW_MODEL := $(BUILD)/slow-model
 
-.PHONY: all deps test test-unit test-cli test-integration test-sanitizers run clean tools-deps golden format info
+.PHONY: all deps test test-unit test-cli test-integration test-sanitizers test-backend \
+        test-cuda-build run clean tools-deps golden format info
 
 all: info $(BUILD)/arserve
 
 info:
-	@echo "arserve build: backend cpu, CUDA=$(CUDA), DEBUG=$(DEBUG), SANITIZER=$(if $(SANITIZER),$(SANITIZER),none)$(if $(filter true,$(CI)), -Werror,)"
+	@echo "arserve build: backends cpu$(if $(filter 1,$(CUDA)),+cuda ($(NVCC)$(comma) archs $(CUDA_ARCHS)),), DEBUG=$(DEBUG), SANITIZER=$(if $(SANITIZER),$(SANITIZER),none)$(if $(filter true,$(CI)), -Werror,), in $(BUILD)/"
+
+comma := ,
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/kernels/%.o: kernels/%.cu $(KERNEL_HDR)
+	@mkdir -p $(dir $@)
+	@[ -x "$(NVCC)" ] || command -v "$(NVCC)" >/dev/null || { \
+		echo "CUDA=1: nvcc not found at $(NVCC); install the CUDA 13 toolkit or set CUDA_HOME or NVCC"; exit 1; }
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(EMU)/cuda_emu.o: tests/cuda_emu/cuda_emu.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 $(EMU_FLAGS) -c $< -o $@
+
+$(EMU)/kernels/%.o: kernels/%.cu
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 $(EMU_FLAGS) -x c++ -c $< -o $@
+
+$(EMU)/backend_cuda.o: engine/backend_cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE $(EMU_FLAGS) -c $< -o $@
 
 $(ENGINE_LIB): $(ENGINE_OBJ)
 	@rm -f $@
@@ -83,7 +146,7 @@ $(SERVER_LIB): $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJ))
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/arserve: $(BUILD)/server/main.o $(SERVER_LIB) $(ENGINE_LIB)
+$(BUILD)/arserve: $(BUILD)/server/main.o $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(SERVER_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(SERVER_LIB) $(ENGINE_LIB) tests/test.h
@@ -122,7 +185,28 @@ test: deps
 	$(MAKE) test-unit
 	$(MAKE) test-cli
 	$(MAKE) test-integration
+	$(MAKE) test-backend
+	$(MAKE) test-cuda-build
 	$(MAKE) test-sanitizers
+
+# The CUDA emulator's own tests, then every op of the CUDA backend (under
+# the emulator) against the CPU backend.
+$(BUILD)/tests/test_emu: tests/cuda_emu/test_emu.cpp $(EMU)/cuda_emu.o tests/test.h
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 $(EMU_FLAGS) -o $@ $< $(EMU)/cuda_emu.o -lopenblas
+
+$(BUILD)/tests/test_backend_ops: tests/backend/test_backend_ops.c $(EMU_OBJ) $(ENGINE_LIB) tests/test.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
+
+test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops
+	tests/run_unit.sh $^
+
+# arserve with CUDA=1, warnings as errors (nvcc's included), in its own
+# folder: a CUDA change that does not compile or link fails here, on
+# machines without a GPU too. Nothing runs.
+test-cuda-build:
+	$(MAKE) CUDA=1 CI=true BUILD=$(BUILD)-cuda-ci all
 
 # The unit and CLI tests again under AddressSanitizer (with leak checks) and
 # UndefinedBehaviorSanitizer, each in its own build folder.
@@ -158,9 +242,11 @@ golden: tools-deps all
 	.venv-tools/bin/python tools/gen_golden.py --out tests/golden
 
 format:
-	clang-format -i $(ENGINE_SRC) $(SERVER_SRC) $(wildcard engine/*.h server/*.h tests/*.h tests/unit/*.c)
+	clang-format -i $(ENGINE_SRC) $(SERVER_SRC) $(KERNEL_SRC) \
+		$(wildcard engine/*.h server/*.h kernels/*.h kernels/*.cuh tests/*.h tests/unit/*.c \
+		           tests/backend/*.c tests/cuda_emu/*.h tests/cuda_emu/*.cpp)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-ubsan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-ubsan $(BUILD)-cuda-ci build-cuda
 
--include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d)
+-include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend_cuda.d

@@ -111,6 +111,15 @@ struct backend {
      * n_heads heads of head_dim. */
     void (*rope)(backend_t *be, float *x, const int *pos, int rows, int n_heads, int head_dim,
                  float theta);
+    /* LlamaGen's 2D rotary embedding in place: pos holds (grid row, grid
+     * column) per row (host, 2 * rows ints). Interleaved pairs (2j, 2j+1),
+     * j < head_dim/2: the first head_dim/4 pairs turn with the grid row,
+     * the rest with the column, pair j at frequency 1 / theta^(2f /
+     * (head_dim/2)) with f = j mod head_dim/4. A negative grid row marks a
+     * condition token: cos = sin = 0 there (LlamaGen's cache), so the row
+     * becomes zero. head_dim is a multiple of 4. */
+    void (*rope_2d)(backend_t *be, float *x, const int *pos, int rows, int n_heads, int head_dim,
+                    float theta);
 
     /* Writes the new K and V rows of each sequence into its paged caches:
      * rows [q_start[s], q_start[s+1]) of k and v (n_heads * head_dim per
@@ -159,10 +168,32 @@ struct backend {
      * channel-major images and token rows). */
     void (*transpose)(backend_t *be, float *out, const float *in, int rows, int cols);
 
+    /* Optional (NULL: the backend's ops cannot fail, as on the CPU). Ops
+     * return nothing, so a backend whose calls can fail (CUDA: a launch, a
+     * cuBLAS call, an op it does not implement) keeps the first failure,
+     * as a CUDA context does, and reports it here: AR_OK, or AR_ERR with
+     * that message in err. Later ops still run. The engine checks it after
+     * sync, once per step; see backend_status(). */
+    int (*status)(backend_t *be, ar_error_t *err);
+
     void (*destroy)(backend_t *be);
 };
 
+/* be->status where the backend has one, AR_OK otherwise. */
+static inline int backend_status(backend_t *be, ar_error_t *err) {
+    return be->status ? be->status(be, err) : AR_OK;
+}
+
 /* Creates the CPU backend with n_threads worker threads (0: all cores). */
 backend_t *backend_cpu_create(int n_threads, ar_error_t *err);
+
+/* Creates the CUDA backend on device `device` (builds with CUDA=1 only).
+ * It reserves reserve_bytes of device memory at once (0: the free memory
+ * less a margin for the CUDA context) and carves weights, buffers and its
+ * own scratch from that reservation, so nothing is allocated on the device
+ * after start-up and ->alloc fails only when the reservation is full.
+ * NULL with a message in err (naming what was asked and what is free) when
+ * the device or the memory is not there. */
+backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err);
 
 #endif

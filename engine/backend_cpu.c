@@ -197,6 +197,46 @@ static void cpu_rmsnorm(backend_t *be, float *y, const float *x, const tensor_t 
     }
 }
 
+/* LlamaGen's apply_rotary_emb with precompute_freqs_cis_2d's table: the
+ * frequencies as in cpu_rope (below) with d = head_dim/2 (torch forms them the same
+ * way), pair j turned by the grid row for j < head_dim/4 and by the column
+ * after; condition rows (negative grid row) rotate by cos = sin = 0. */
+static void cpu_rope_2d(backend_t *be, float *x, const int *pos, int rows, int n_heads,
+                        int head_dim, float theta) {
+    assert(head_dim > 0 && head_dim % 4 == 0 && head_dim <= MAX_HEAD_DIM);
+    assert(rows >= 0 && n_heads >= 0 && theta > 0);
+    const int half = head_dim / 2, quarter = head_dim / 4;
+    float inv_freq[MAX_HEAD_DIM / 4];
+    for (int f = 0; f < quarter; f++) {
+        const float e = (float)(2 * f) / (float)half;
+        inv_freq[f] = 1.0f / (float)pow((double)theta, (double)e);
+    }
+    const int64_t work = (int64_t)rows * n_heads * head_dim;
+#pragma omp parallel for num_threads(team(be)) if (work >= PAR_MIN_WORK)
+    for (int r = 0; r < rows; r++) {
+        const int row = pos[2 * r], col = pos[2 * r + 1];
+        assert(row < 0 || (row < (1 << 24) && col >= 0 && col < (1 << 24)));
+        float c[MAX_HEAD_DIM / 2], s[MAX_HEAD_DIM / 2];
+        for (int j = 0; j < half; j++) {
+            c[j] = s[j] = 0.0f;
+            if (row < 0)
+                continue;
+            const int p = j < quarter ? row : col;
+            const float angle = (float)((double)p * (double)inv_freq[j % quarter]);
+            c[j] = (float)cos((double)angle);
+            s[j] = (float)sin((double)angle);
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *xh = x + ((size_t)r * n_heads + h) * head_dim;
+            for (int j = 0; j < half; j++) {
+                const float a = xh[2 * j], b = xh[2 * j + 1];
+                xh[2 * j] = a * c[j] - b * s[j];
+                xh[2 * j + 1] = b * c[j] + a * s[j];
+            }
+        }
+    }
+}
+
 /* Follows HF Llama's rotary embedding step by step: inv_freq[j] = 1 /
  * theta^(2j/d) in fp32 (exponent divided in fp32, as torch does; the power
  * taken in double and rounded, which torch's fp32 pow matches for
@@ -743,6 +783,7 @@ backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
     be->matmul = cpu_matmul;
     be->rmsnorm = cpu_rmsnorm;
     be->rope = cpu_rope;
+    be->rope_2d = cpu_rope_2d;
     be->kv_append = cpu_kv_append;
     be->attention = cpu_attention;
     be->kv_gather = cpu_kv_gather;

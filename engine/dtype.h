@@ -74,7 +74,7 @@ static inline float f16_to_f32(uint16_t h) {
 /* Converts n elements of float type t at src (any alignment: src may point
  * into a memory-mapped file) to fp32 at dst. */
 static inline void dtype_to_f32(float *dst, const void *src, dtype_t t, size_t n) {
-    const unsigned char *s = src;
+    const unsigned char *s = (const unsigned char *)src; /* the cast keeps this header C++-clean */
     if (t == DTYPE_F32) {
         memcpy(dst, src, n * 4);
     } else {

@@ -70,7 +70,12 @@ int cmd_serve(int argc, char **argv, char **envp) {
     int lvl = log_level_parse(cfg.log_level);
     log_threshold = lvl < 0 ? LOG_INFO : (log_level_t)lvl;
     if (strcmp(cfg.backend, "cpu") != 0) {
+#ifdef ARSERVE_CUDA
+        /* TODO(issue 6): select it once its attention and KV ops exist. */
+        fprintf(stderr, "arserve serve: --backend %s: the CUDA backend is built in, but its attention and KV ops are not implemented yet (issue 6); use --backend cpu\n", cfg.backend);
+#else
         fprintf(stderr, "arserve serve: --backend %s is not built into this binary (cpu only)\n", cfg.backend);
+#endif
         return 2;
     }
 

@@ -63,7 +63,11 @@ int main(int argc, char **argv, char **envp) {
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1, envp);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+#ifdef ARSERVE_CUDA
+        printf("arserve %s (backends: cpu, cuda)\n", ARSERVE_VERSION);
+#else
         printf("arserve %s (backend: cpu)\n", ARSERVE_VERSION);
+#endif
         return 0;
     }
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

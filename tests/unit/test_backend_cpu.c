@@ -339,6 +339,53 @@ static void test_rmsnorm_rows_and_in_place(void) {
     }
 }
 
+/* LlamaGen's 2D RoPE written as its Python does it: freqs = 1 / theta **
+ * (arange(0, d/2, 2)[: d/4] / (d/2)), the (row, col) table concatenated per
+ * grid cell, complex-style rotation of interleaved pairs; condition rows
+ * (grid row -1) get zeros. Checked against exact double angles, with the
+ * tolerance of the 1D test (2e-6 + 3e-7 * position), on a grid of 24 and
+ * positions up to 5000. */
+static void test_rope_2d_llamagen_layout(void) {
+    static const int pos[][2] = {{-1, -1}, {0, 0}, {0, 1}, {1, 0}, {23, 23}, {7, 19}, {5000, 3}};
+    const int rows = sizeof pos / sizeof *pos;
+    const int dims[] = {4, 12, 64};
+    for (int d = 0; d < 3; d++)
+        for (int n_heads = 1; n_heads <= 2; n_heads++) {
+            const int hd = dims[d], half = hd / 2, quarter = hd / 4;
+            const size_t n = (size_t)rows * n_heads * hd;
+            float *x = host_uniform(n, -1, 1);
+            double *ref = ref_new(n);
+            for (int r = 0; r < rows; r++)
+                for (int h = 0; h < n_heads; h++)
+                    for (int j = 0; j < half; j++) {
+                        const size_t i = ((size_t)r * n_heads + h) * hd + 2 * j;
+                        const int f = j % quarter, p = j < quarter ? pos[r][0] : pos[r][1];
+                        const double a = p * pow(10000.0, -2.0 * f / half);
+                        const double c = pos[r][0] < 0 ? 0 : cos(a), sn = pos[r][0] < 0 ? 0 : sin(a);
+                        ref[i] = x[i] * c - x[i + 1] * sn;
+                        ref[i + 1] = x[i + 1] * c + x[i] * sn;
+                    }
+            float *dx = dev_from(x, n);
+            be->rope_2d(be, dx, &pos[0][0], rows, n_heads, hd, 10000.0f);
+            CHECK(dev_guards_ok(dx, n));
+            float *got = dev_to_host(dx, n);
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++) {
+                const int r = (int)(i / ((size_t)n_heads * hd));
+                const int p = pos[r][0] > pos[r][1] ? pos[r][0] : pos[r][1];
+                if (!(fabs(got[i] - ref[i]) <= 2e-6 + 3e-7 * p))
+                    bad++;
+            }
+            CHECK_MSG(bad == 0, "rope_2d: %zu off (d=%d heads=%d)", bad, hd, n_heads);
+            for (size_t i = 0; i < (size_t)n_heads * hd; i++)
+                CHECK(got[i] == 0.0f); /* the condition row */
+            dev_del(dx);
+            free(got);
+            free(ref);
+            free(x);
+        }
+}
+
 static const int rope_pos[] = {0, 1, 2, 17, 1000, 4095, 16383, 100000};
 enum { ROPE_ROWS = sizeof rope_pos / sizeof *rope_pos };
 
@@ -1247,6 +1294,7 @@ int main(void) {
     TEST_RUN(test_weight_load_rejects_bad_dtype_and_shape);
     TEST_RUN(test_matmul_with_and_without_bias);
     TEST_RUN(test_rmsnorm_rows_and_in_place);
+    TEST_RUN(test_rope_2d_llamagen_layout);
     TEST_RUN(test_rope_against_double_and_hf_angles);
     TEST_RUN(test_kv_append_paged_ragged_batch);
     TEST_RUN(test_attention_paged_ragged_heads_and_lengths);
