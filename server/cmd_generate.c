@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/clock.h"
 #include "cli.h"
 #include "engine/backend.h"
 #include "engine/generate.h"
@@ -31,12 +32,6 @@ static void generate_usage(FILE *f) {
             "  --threads N          CPU threads, 0 = all cores (default 0)\n"
             "  -o, --output FILE    PNG to write (default out.png)\n"
             "  -q, --quiet          no progress bar and no summary\n");
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static void progress(int done, int total, double elapsed) {
@@ -162,7 +157,7 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "arserve: out of memory\n");
         goto out;
     }
-    double t0 = now_s();
+    double t0 = clock_now_s();
     if (model_load(&model, model_dir, be, &err) != AR_OK) {
         fprintf(stderr, "arserve: cannot load model: %s\n", err.msg);
         goto out;
@@ -195,7 +190,7 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "arserve: %s\n", err.msg);
         goto out;
     }
-    double t1 = now_s();
+    double t1 = clock_now_s();
     int show = !quiet && isatty(STDERR_FILENO);
     gen_request_t *batch[1] = {&req};
     while (!gen_request_done(&req)) {
@@ -204,7 +199,7 @@ int cmd_generate(int argc, char **argv) {
             goto out;
         }
         if (show && (req.step % 8 == 0 || gen_request_done(&req)))
-            progress(req.step, req.n_steps, now_s() - t1);
+            progress(req.step, req.n_steps, clock_now_s() - t1);
     }
     int H = model_config_image_height(&model.cfg), W = model_config_image_width(&model.cfg);
     rgb = malloc((size_t)H * W * 3);
@@ -216,7 +211,7 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "arserve: %s\n", err.msg);
         goto out;
     }
-    double t2 = now_s();
+    double t2 = clock_now_s();
     if (!quiet)
         fprintf(stderr,
                 "%s: %dx%d, %d prompt tokens, %d steps in %.2f s (%.1f tokens/s, %.3f images/s; "

@@ -13,6 +13,7 @@
 #include <jemalloc/jemalloc.h>
 #endif
 
+#include "engine/clock.h"
 #include "cli.h"
 #include "engine/backend.h"
 #include "engine/kv_policy.h"
@@ -41,12 +42,6 @@ static volatile sig_atomic_t signals_seen;
 static void on_signal(int sig) {
     (void)sig;
     signals_seen++;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static void sleep_ms(int ms) {
@@ -93,7 +88,7 @@ int cmd_serve(int argc, char **argv, char **envp) {
         fprintf(stderr, "arserve serve: %s\n", be ? "out of memory" : err.msg);
         return 1;
     }
-    double t0 = now_s();
+    double t0 = clock_now_s();
     model_t model;
     if (model_load(&model, cfg.model, be, &err) != AR_OK) {
         fprintf(stderr, "arserve serve: cannot load model: %s\n", err.msg);
@@ -105,7 +100,7 @@ int cmd_serve(int argc, char **argv, char **envp) {
             model.cfg.name, cfg.model, model_config_image_width(&model.cfg),
             model_config_image_height(&model.cfg),
             model.cfg.image.grid_height * model.cfg.image.grid_width, model.weight_bytes / 1e6,
-            now_s() - t0);
+            clock_now_s() - t0);
 
     size_t pool = (size_t)cfg.kv_pool_mb << 20;
 
@@ -180,8 +175,8 @@ int cmd_serve(int argc, char **argv, char **envp) {
                 cfg.drain_timeout_s);
         http_set_ready(http, 0);
         sched_drain(sched);
-        double deadline = now_s() + cfg.drain_timeout_s;
-        while (signals_seen < 2 && now_s() < deadline &&
+        double deadline = clock_now_s() + cfg.drain_timeout_s;
+        while (signals_seen < 2 && clock_now_s() < deadline &&
                (sched_active_jobs(sched) > 0 || http_inflight(http) > 0))
             sleep_ms(50);
         if (signals_seen >= 2) {

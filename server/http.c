@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/clock.h"
 #include "server/api.h"
 #include "server/log.h"
 
@@ -59,12 +60,6 @@ typedef struct sse {
 
 static const char *const KNOWN_ROUTES[] = {"/health", "/ready", "/metrics", "/v1/models",
                                            "/v1/images/generations", NULL};
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void count(http_server_t *h, conn_t *cx, int code) {
     char c[8];
@@ -223,7 +218,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             memcpy(buf, s->pending + s->pending_off, n);
             s->pending_off += n;
             if (s->pending_off == s->pending_len) s->pending_off = s->pending_len = 0;
-            s->last_write = now_s();
+            s->last_write = clock_now_s();
             return (ssize_t)n;
         }
         if (s->finished) return MHD_CONTENT_READER_END_OF_STREAM;
@@ -233,11 +228,11 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         pthread_mutex_unlock(&s->job->mu);
         if (s->pending_len == 0 && !s->finished) {
             if (!client_alive(s->c)) return MHD_CONTENT_READER_END_WITH_ERROR;
-            if (now_s() - s->last_write > SSE_KEEPALIVE_S) {
+            if (clock_now_s() - s->last_write > SSE_KEEPALIVE_S) {
                 static const char ka[] = ": keep-alive\n\n";
                 size_t n = sizeof ka - 1 < max ? sizeof ka - 1 : max;
                 memcpy(buf, ka, n);
-                s->last_write = now_s();
+                s->last_write = clock_now_s();
                 return (ssize_t)n;
             }
         }
@@ -331,7 +326,7 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
             ret = fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory");
             goto out;
         }
-        *s = (sse_t){.h = h, .c = c, .job = j, .prompt_tokens = prompt_tokens, .last_write = now_s()};
+        *s = (sse_t){.h = h, .c = c, .job = j, .prompt_tokens = prompt_tokens, .last_write = clock_now_s()};
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, sse_read, s, sse_free);
         if (!r) {
             sse_free(s);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/clock.h"
 #include "engine/generate.h"
 #include "engine/kv_pool.h"
 #include "engine/planner.h"
@@ -55,12 +56,6 @@ struct scheduler {
         *m_kv_used, *m_iterations, *m_kv_overruns;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---- jobs ---- */
 
 sched_job_t *sched_job_create(const int *cond, const int *uncond, int n_prompt, int n_images,
@@ -90,7 +85,7 @@ sched_job_t *sched_job_create(const int *cond, const int *uncond, int n_prompt, 
     kv_policy_defaults(&j->kv_policy, KV_POLICY_FULL);
     j->seed = seed;
     j->partial_images = partial_images;
-    j->t_submit = now_s();
+    j->t_submit = clock_now_s();
     j->deadline = j->t_submit + timeout_s;
     j->refs = 1;
     j->state = JOB_WAITING;
@@ -198,7 +193,7 @@ static void *png_worker(void *arg) {
             if (--j->png_pending == 0 && j->state == JOB_ENCODING) {
                 /* Count before the waiting request thread can answer. */
                 metric_add(s->m_images, j->n_images, "ok");
-                metric_observe(s->m_latency, now_s() - j->t_submit);
+                metric_observe(s->m_latency, clock_now_s() - j->t_submit);
                 j->state = JOB_DONE;
             }
         }
@@ -394,7 +389,7 @@ static int start_job(scheduler_t *s, sched_job_t *j) {
             job_fail(j, 500, "internal_error", "could not allocate the KV cache");
             return AR_ERR;
         }
-    j->t_admit = now_s();
+    j->t_admit = clock_now_s();
     pthread_mutex_lock(&j->mu);
     j->state = JOB_RUNNING;
     j->steps_total = j->gens[0].n_steps;
@@ -408,7 +403,7 @@ static int start_job(scheduler_t *s, sched_job_t *j) {
  * the queue, so a large job is not starved by small ones). Cancelled or
  * expired waiting jobs are dropped on the way. */
 static void admit(scheduler_t *s) {
-    double now = now_s();
+    double now = clock_now_s();
     for (;;) {
         pthread_mutex_lock(&s->mu);
         if (s->w_count == 0) {
@@ -549,7 +544,7 @@ static void check_kv_plan(scheduler_t *s) {
 }
 
 static void engine_iteration(scheduler_t *s) {
-    double now = now_s();
+    double now = clock_now_s();
     /* Drop cancelled and expired running jobs first: their blocks return now. */
     for (int i = 0; i < s->n_running;) {
         sched_job_t *j = s->running[i];
@@ -575,11 +570,11 @@ static void engine_iteration(scheduler_t *s) {
     int k = 0;
     for (int i = 0; i < s->n_running; i++)
         for (int g = 0; g < s->running[i]->n_images; g++) batch[k++] = &s->running[i]->gens[g];
-    double t0 = now_s();
+    double t0 = clock_now_s();
     ar_error_t err = {{0}};
     kv_pool_reset_peak(&s->pool);
     int rc = gen_step(batch, n_gens, &err);
-    double t1 = now_s();
+    double t1 = clock_now_s();
     free(batch);
     check_kv_plan(s);
     planner_tick(&s->planner);
