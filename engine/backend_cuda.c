@@ -867,6 +867,15 @@ static void cuda_destroy(backend_t *be) {
     free(be);
 }
 
+int backend_cuda_device_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not a failure of anything that runs later */
+        return 0;
+    }
+    return count;
+}
+
 backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err) {
     backend_t *be = calloc(1, sizeof *be);
     cuda_impl_t *impl = calloc(1, sizeof *impl);
