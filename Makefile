@@ -107,7 +107,7 @@ TINY_MODEL := $(BUILD)/tiny-model
 SLOW_MODEL := $(BUILD)/slow-model
 
 .PHONY: all deps test test-unit test-cli test-integration test-sanitizers test-backend \
-        test-cuda-build gpu-tests run clean tools-deps golden format info
+        test-cuda-build test-dockerfile gpu-tests run clean tools-deps golden format info
 
 all: info $(BUILD)/arserve
 
@@ -187,6 +187,7 @@ test: deps
 	$(MAKE) test-integration
 	$(MAKE) test-backend
 	$(MAKE) test-cuda-build
+	$(MAKE) test-dockerfile
 	$(MAKE) test-sanitizers
 
 # The CUDA emulator's own tests, then every op of the CUDA backend (under
@@ -234,6 +235,11 @@ gpu-tests:
 # link fails here, on machines without a GPU too. Nothing runs.
 test-cuda-build:
 	$(MAKE) CUDA=1 CI=true BUILD=$(BUILD)-cuda-ci all gpu-tests
+
+# The Dockerfile's structure and that everything it copies exists (Docker
+# itself cannot run here).
+test-dockerfile:
+	tests/cli/test_dockerfile.sh Dockerfile
 
 # The unit and CLI tests again under AddressSanitizer (with leak checks) and
 # UndefinedBehaviorSanitizer, each in its own build folder.
