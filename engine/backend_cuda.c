@@ -145,8 +145,8 @@ typedef struct cuda_impl {
     cublasHandle_t blas;
     void *reservation; /* the one cudaMalloc */
     arena_t arena;
-    void *scratch;     /* SCRATCH_BYTES */
-    int *staging;      /* STAGING_INTS */
+    void *scratch; /* SCRATCH_BYTES */
+    int *staging;  /* STAGING_INTS */
     /* Host side of the KV ops' staging: the copy (KV_STAGE_BYTES) and the
      * items and tables it is assembled from. */
     char *kv_host;
@@ -518,9 +518,9 @@ static int kv_stage_upload(backend_t *be, int n_items, int n_ints, const kern_kv
 }
 
 /* Adds an item for rows [t0, t0 + n_rows) of pair (s, h) with its table. */
-static void kv_item_add(cuda_impl_t *impl, int *n_items, int *n_ints, int *rows,
-                        const kv_view_t *c, int block_tokens, int n_new, int t0, int n_rows,
-                        int q_row, int head, float *mass) {
+static void kv_item_add(cuda_impl_t *impl, int *n_items, int *n_ints, int *rows, const kv_view_t *c,
+                        int block_tokens, int n_new, int t0, int n_rows, int q_row, int head,
+                        float *mass) {
     const int nb = kv_blocks_of(c->len, block_tokens);
     kern_kv_item_t *it = &impl->kv_items[(*n_items)++];
     it->mass = mass;
@@ -556,13 +556,16 @@ static void cuda_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view
             const kern_kv_item_t *d_items;
             const int *d_tables;
             if (n_items == 0) {
-                cuda_fail(be, "kv_append: a block table of %d blocks does not fit the staging "
-                              "buffer", nb);
+                cuda_fail(be,
+                          "kv_append: a block table of %d blocks does not fit the staging "
+                          "buffer",
+                          nb);
                 return;
             }
             if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK ||
                 CUDA_CHECK(be, kern_kv_append(pool->base, bt, pool->head_dim, d_items, n_items,
-                                              rows, d_tables, k, v, n_heads, impl->stream)) != AR_OK)
+                                              rows, d_tables, k, v, n_heads, impl->stream)) !=
+                    AR_OK)
                 return;
             n_items = n_ints = rows = 0;
             i--; /* this pair again, into the empty staging buffer */
@@ -621,8 +624,10 @@ static void cuda_attention(backend_t *be, float *out, const float *q, const kv_b
             const int nb = kv_blocks_of(c->len, bt);
             if (room < 1 || !kv_stage_fits(n_items + 1, n_ints + nb)) {
                 if (n_items == 0) {
-                    cuda_fail(be, "attention: one query row over %d keys (%d blocks) does not "
-                                  "fit the scratch and staging buffers", c->len, nb);
+                    cuda_fail(be,
+                              "attention: one query row over %d keys (%d blocks) does not "
+                              "fit the scratch and staging buffers",
+                              c->len, nb);
                     return;
                 }
                 if (attention_flush(be, out, q, pool, n_items, n_ints, rows, max_keys, any_mass,

@@ -57,8 +57,8 @@ __global__ void kv_append_kernel(float *base, int bt, int hd, const kern_kv_item
 }
 
 cudaError_t kern_kv_append(float *base, int block_tokens, int head_dim, const kern_kv_item_t *items,
-                           int n_items, int rows, const int *tables, const float *k,
-                           const float *v, int n_heads, cudaStream_t stream) {
+                           int n_items, int rows, const int *tables, const float *k, const float *v,
+                           int n_heads, cudaStream_t stream) {
     if (rows <= 0 || n_items <= 0 || head_dim <= 0)
         return cudaSuccess;
     AR_LAUNCH(kv_append_kernel, rows, block_for((size_t)head_dim), 0, stream, base, block_tokens,
@@ -216,8 +216,9 @@ cudaError_t kern_attention(float *out, const float *q, const float *base, int bl
     e = cudaGetLastError();
     if (e != cudaSuccess || !any_mass)
         return e;
-    AR_LAUNCH(attn_mass_kernel, dim3((unsigned)((max_keys + AR_BLOCK - 1) / AR_BLOCK), (unsigned)n_items), AR_BLOCK, 0,
-              stream, q, base, block_tokens, head_dim, items, tables, n_heads, scale, stats);
+    AR_LAUNCH(attn_mass_kernel,
+              dim3((unsigned)((max_keys + AR_BLOCK - 1) / AR_BLOCK), (unsigned)n_items), AR_BLOCK,
+              0, stream, q, base, block_tokens, head_dim, items, tables, n_heads, scale, stats);
     return cudaGetLastError();
 }
 
@@ -225,8 +226,7 @@ cudaError_t kern_attention(float *out, const float *q, const float *base, int bl
 
 /* Rows keep[i] (and mass[keep[i]]) into scratch row i ... */
 __global__ void kv_gather_read_kernel(float *scratch, const float *base, int bt, int hd,
-                                      const int *table, const int *keep, int n,
-                                      const float *mass) {
+                                      const int *table, const int *keep, int n, const float *mass) {
     const int i = blockIdx.x;
     const float *kr = k_row(base, table, bt, hd, keep[i]), *vr = kr + (size_t)bt * hd;
     float *dst = scratch + (size_t)i * 2 * hd;
@@ -263,7 +263,7 @@ cudaError_t kern_kv_gather(float *base, int block_tokens, int head_dim, const in
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return e;
-    AR_LAUNCH(kv_gather_write_kernel, n, block_for((size_t)head_dim), 0, stream, base,
-              block_tokens, head_dim, table, i0, n, scratch, mass);
+    AR_LAUNCH(kv_gather_write_kernel, n, block_for((size_t)head_dim), 0, stream, base, block_tokens,
+              head_dim, table, i0, n, scratch, mass);
     return cudaGetLastError();
 }

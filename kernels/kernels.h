@@ -126,8 +126,8 @@ size_t kern_attention_scratch(int rows, int max_keys, int head_dim);
  * its cache at indices len - n_new + t. items and tables are device memory
  * (the staging area); rows is the sum of the items' n_rows. */
 cudaError_t kern_kv_append(float *base, int block_tokens, int head_dim, const kern_kv_item_t *items,
-                           int n_items, int rows, const int *tables, const float *k,
-                           const float *v, int n_heads, cudaStream_t stream);
+                           int n_items, int rows, const int *tables, const float *k, const float *v,
+                           int n_heads, cudaStream_t stream);
 
 /* Causal attention of each item's query rows over its paged cache (row t
  * sees cache indices [0, len - n_new + t]): split over keys, one block per

@@ -91,8 +91,9 @@ static void check_same_tokens(const char *name, const kv_policy_params_t *pol, i
         }
     }
     if (diverged < 0)
-        fprintf(stderr, "        %s (block_tokens %d): %d tokens equal; largest guided-logit "
-                        "difference %.3g\n",
+        fprintf(stderr,
+                "        %s (block_tokens %d): %d tokens equal; largest guided-logit "
+                "difference %.3g\n",
                 name, bt, rc.n_steps, worst_logit);
     free(gc);
     free(gd);

@@ -812,7 +812,8 @@ static void check_kv_step(int bt, int hd, int n_heads, int n_seq, const int *n_n
         at += (views[i].len + bt - 1) / bt;
     }
     const size_t width = (size_t)n_heads * hd;
-    float *k = host_uniform((size_t)rows * width, -1, 1), *v = host_uniform((size_t)rows * width, -1, 1);
+    float *k = host_uniform((size_t)rows * width, -1, 1),
+          *v = host_uniform((size_t)rows * width, -1, 1);
     float *q = host_uniform((size_t)rows * width, -2, 2);
     pair_t pk = pair_new(k, (size_t)rows * width), pv = pair_new(v, (size_t)rows * width);
     pair_t pq = pair_new(q, (size_t)rows * width), po = pair_new(NULL, (size_t)rows * width);
