@@ -141,6 +141,37 @@ static void test_policies_same_tokens(void) {
     }
 }
 
+/* A failure inside a backend op (here a bad free, as a failed launch would
+ * be) surfaces at the end of the step that made it: gen_step fails with
+ * the backend's message, and the failure is sticky, as a CUDA context's. */
+static void test_backend_failure_fails_the_step(void) {
+    ar_error_t err = {{0}};
+    backend_t *b = backend_cuda_create(0, (size_t)128 << 20, &err);
+    model_t m;
+    CHECK_MSG(b && model_load(&m, tiny, b, &err) == AR_OK, "%s", err.msg);
+    if (!b)
+        return;
+    kv_pool_t pool;
+    CHECK_MSG(pool_for(&pool, b, &m.cfg, 1, &err) == AR_OK, "%s", err.msg);
+    gen_request_t r;
+    sampler_params_t sp = m.cfg.sampling;
+    CHECK_MSG(gen_request_init(&r, &m, &pool, NULL, cond, uncond, n_prompt, &sp, 1, 0, &err) ==
+                  AR_OK,
+              "%s", err.msg);
+    gen_request_t *batch[] = {&r};
+    CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
+    int x;
+    b->free(b, &x); /* not an allocation of b: recorded, not fatal */
+    CHECK(gen_step(batch, 1, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "step failed on the cuda backend");
+    CHECK_STR_CONTAINS(err.msg, "not a live allocation");
+    CHECK(gen_step(batch, 1, &err) == AR_ERR);
+    gen_request_free(&r);
+    kv_pool_free(&pool);
+    model_free(&m);
+    b->destroy(b);
+}
+
 int main(void) {
     tiny = getenv("ARSERVE_TINY_MODEL");
     if (!tiny) {
@@ -159,6 +190,7 @@ int main(void) {
     }
     TEST_RUN(test_full_cache_same_tokens);
     TEST_RUN(test_policies_same_tokens);
+    TEST_RUN(test_backend_failure_fails_the_step);
     model_free(&m_cpu);
     model_free(&m_dut);
     dut->destroy(dut);
