@@ -876,6 +876,14 @@ static void test_kv_append_and_attention(void) {
     check_kv_step(16, 64, 2, 3, ragged, 130, 1);
     check_kv_step(16, 64, 2, 2, prefill, 47, 1);
     check_kv_step(16, 64, 2, 2, prefill, 0, 0); /* the prompt's prefill: nothing cached before */
+    /* More (sequence, head) pairs than one staging copy holds (7000 items
+     * and tables > 256 KiB): the ops go in several launches. */
+    enum { MANY = 3500 };
+    int *ones = malloc(MANY * sizeof *ones);
+    for (int i = 0; i < MANY; i++)
+        ones[i] = 1;
+    check_kv_step(2, 8, 2, MANY, ones, 3, 1);
+    free(ones);
     check_status_clean("kv_append/attention");
 }
 
