@@ -107,7 +107,7 @@ TINY_MODEL := $(BUILD)/tiny-model
 SLOW_MODEL := $(BUILD)/slow-model
 
 .PHONY: all deps test test-unit test-cli test-integration test-sanitizers test-backend \
-        test-cuda-build run clean tools-deps golden format info
+        test-cuda-build test-dockerfile gpu-tests run clean tools-deps golden format info
 
 all: info $(BUILD)/arserve
 
@@ -187,6 +187,7 @@ test: deps
 	$(MAKE) test-integration
 	$(MAKE) test-backend
 	$(MAKE) test-cuda-build
+	$(MAKE) test-dockerfile
 	$(MAKE) test-sanitizers
 
 # The CUDA emulator's own tests, then every op of the CUDA backend (under
@@ -199,14 +200,46 @@ $(BUILD)/tests/test_backend_ops: tests/backend/test_backend_ops.c $(EMU_OBJ) $(E
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
 
-test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops
-	tests/run_unit.sh $^
+# The tiny model generating the same tokens on the CPU backend and on the
+# CUDA backend under the emulator, for the full cache and every policy.
+# Passive OpenMP waits: the CPU backend's and the emulator's thread teams
+# take turns thousands of times a second, and spinning idle threads made
+# the end-to-end test 40x slower on a 2-core machine (2 min against 3 s).
+$(BUILD)/tests/test_backend_e2e: tests/backend/test_backend_e2e.c $(EMU_OBJ) $(ENGINE_LIB) tests/test.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
+
+test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops $(BUILD)/tests/test_backend_e2e \
+              $(TINY_MODEL)/arserve.json
+	OMP_WAIT_POLICY=passive ARSERVE_TINY_MODEL=$(TINY_MODEL) tests/run_unit.sh $(filter $(BUILD)/tests/%,$^)
+
+# With CUDA=1: the conformance suite, the end-to-end test and the golden
+# tests linked against the real kernels and CUDA runtime instead of the
+# emulator (tests/gpu/run.sh runs them on a GPU).
+GPU_TESTS := $(BUILD)/tests/gpu/test_backend_ops $(BUILD)/tests/gpu/test_backend_e2e \
+             $(BUILD)/tests/gpu/test_golden
+$(BUILD)/tests/gpu/test_backend_%: tests/backend/test_backend_%.c $(CUDA_OBJ) $(ENGINE_LIB) tests/test.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CUDA_OBJ) $(ENGINE_LIB) $(LDLIBS)
+
+$(BUILD)/tests/gpu/test_golden: tests/unit/test_golden.c $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)
+
+gpu-tests:
+	@[ "$(CUDA)" = 1 ] || { echo "gpu-tests: build with CUDA=1"; exit 1; }
+	$(MAKE) $(GPU_TESTS)
 
 # arserve with CUDA=1, warnings as errors (nvcc's included), in its own
-# folder: a CUDA change that does not compile or link fails here, on
-# machines without a GPU too. Nothing runs.
+# folder, and the GPU test binaries: a CUDA change that does not compile or
+# link fails here, on machines without a GPU too. Nothing runs.
 test-cuda-build:
-	$(MAKE) CUDA=1 CI=true BUILD=$(BUILD)-cuda-ci all
+	$(MAKE) CUDA=1 CI=true BUILD=$(BUILD)-cuda-ci all gpu-tests
+
+# The Dockerfile's structure and that everything it copies exists (Docker
+# itself cannot run here).
+test-dockerfile:
+	tests/cli/test_dockerfile.sh Dockerfile
 
 # The unit and CLI tests again under AddressSanitizer (with leak checks) and
 # UndefinedBehaviorSanitizer, each in its own build folder.

@@ -196,4 +196,8 @@ backend_t *backend_cpu_create(int n_threads, ar_error_t *err);
  * the device or the memory is not there. */
 backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err);
 
+/* CUDA devices present (builds with CUDA=1 only); 0 when there are none or
+ * the driver cannot say. */
+int backend_cuda_device_count(void);
+
 #endif

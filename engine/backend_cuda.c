@@ -145,8 +145,13 @@ typedef struct cuda_impl {
     cublasHandle_t blas;
     void *reservation; /* the one cudaMalloc */
     arena_t arena;
-    void *scratch;     /* SCRATCH_BYTES */
-    int *staging;      /* STAGING_INTS */
+    void *scratch; /* SCRATCH_BYTES */
+    int *staging;  /* STAGING_INTS */
+    /* Host side of the KV ops' staging: the copy (KV_STAGE_BYTES) and the
+     * items and tables it is assembled from. */
+    char *kv_host;
+    kern_kv_item_t *kv_items;
+    int *kv_ints;
     unsigned n_errors; /* failures since creation; the first is kept */
     ar_error_t first_error;
 } cuda_impl_t;
@@ -475,28 +480,206 @@ static void cuda_rope_2d(backend_t *be, float *x, const int *pos, int rows, int 
     }
 }
 
-/* TODO(issue 6): paged KV append, paged attention (one query per sequence,
- * split over blocks flash-decoding style, and many queries, block-causal),
- * kv_gather and key-mass accumulation, once the paged interface of
- * docs/kv-cache.md lands in backend.h. Until then these ops fail loudly
- * through ->status instead of computing nothing in silence. */
+/* The KV ops take host block tables and views; each launch stages them,
+ * with one kern_kv_item_t per (sequence, head) pair, into the staging
+ * buffer in one copy. A batch too large for the staging buffer (or, for
+ * attention, for the scratch that holds the split partials) goes in
+ * several launches, queued in order on the stream, which also orders each
+ * staging copy after the kernels that read the previous one. */
+#define KV_STAGE_BYTES (STAGING_INTS * sizeof(int))
+
+static size_t kv_items_bytes(int n_items) {
+    return ((size_t)n_items * sizeof(kern_kv_item_t) + 15) & ~(size_t)15;
+}
+
+static int kv_stage_fits(int n_items, int n_ints) {
+    return kv_items_bytes(n_items) + (size_t)n_ints * sizeof(int) <= KV_STAGE_BYTES;
+}
+
+/* Blocks holding cache indices [0, len). */
+static int kv_blocks_of(int len, int block_tokens) {
+    return (len + block_tokens - 1) / block_tokens;
+}
+
+/* The items and tables gathered on the host (impl->kv_items, kv_ints) in
+ * one copy to the staging buffer: items first, tables after. */
+static int kv_stage_upload(backend_t *be, int n_items, int n_ints, const kern_kv_item_t **d_items,
+                           const int **d_tables) {
+    cuda_impl_t *impl = impl_of(be);
+    const size_t ib = kv_items_bytes(n_items);
+    memcpy(impl->kv_host, impl->kv_items, (size_t)n_items * sizeof(kern_kv_item_t));
+    memcpy(impl->kv_host + ib, impl->kv_ints, (size_t)n_ints * sizeof(int));
+    if (CUDA_CHECK(be, cudaMemcpyAsync(impl->staging, impl->kv_host, ib + (size_t)n_ints * 4,
+                                       cudaMemcpyHostToDevice, impl->stream)) != AR_OK)
+        return AR_ERR;
+    *d_items = (const kern_kv_item_t *)impl->staging;
+    *d_tables = (const int *)((const char *)impl->staging + ib);
+    return AR_OK;
+}
+
+/* Adds an item for rows [t0, t0 + n_rows) of pair (s, h) with its table. */
+static void kv_item_add(cuda_impl_t *impl, int *n_items, int *n_ints, int *rows, const kv_view_t *c,
+                        int block_tokens, int n_new, int t0, int n_rows, int q_row, int head,
+                        float *mass) {
+    const int nb = kv_blocks_of(c->len, block_tokens);
+    kern_kv_item_t *it = &impl->kv_items[(*n_items)++];
+    it->mass = mass;
+    it->table = *n_ints;
+    it->len = c->len;
+    it->n_new = n_new;
+    it->t0 = t0;
+    it->n_rows = n_rows;
+    it->q_row = q_row;
+    it->head = head;
+    it->row_off = *rows;
+    memcpy(impl->kv_ints + *n_ints, c->blocks, (size_t)nb * sizeof(int));
+    *n_ints += nb;
+    *rows += n_rows;
+}
+
 static void cuda_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view_t *kv,
                            const float *k, const float *v, const int *q_start, int n_seq,
                            int n_heads) {
-    cuda_fail(be, "kv_append is not implemented yet (issue 6: the KV ops come with the paged KV "
-                  "interface)");
+    assert(n_seq >= 0 && n_heads >= 0 && pool->head_dim > 0 && pool->block_tokens > 0);
+    cuda_impl_t *impl = impl_of(be);
+    const int bt = pool->block_tokens;
+    if (n_seq == 0 || n_heads == 0 || use_device(be) != AR_OK)
+        return;
+    int n_items = 0, n_ints = 0, rows = 0;
+    for (int i = 0; i < n_seq * n_heads; i++) {
+        const int s = i / n_heads, n_new = q_start[s + 1] - q_start[s];
+        assert(n_new >= 0 && kv[i].len >= n_new);
+        if (n_new == 0)
+            continue;
+        const int nb = kv_blocks_of(kv[i].len, bt);
+        if (!kv_stage_fits(n_items + 1, n_ints + nb)) {
+            const kern_kv_item_t *d_items;
+            const int *d_tables;
+            if (n_items == 0) {
+                cuda_fail(be,
+                          "kv_append: a block table of %d blocks does not fit the staging "
+                          "buffer",
+                          nb);
+                return;
+            }
+            if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK ||
+                CUDA_CHECK(be, kern_kv_append(pool->base, bt, pool->head_dim, d_items, n_items,
+                                              rows, d_tables, k, v, n_heads, impl->stream)) !=
+                    AR_OK)
+                return;
+            n_items = n_ints = rows = 0;
+            i--; /* this pair again, into the empty staging buffer */
+            continue;
+        }
+        kv_item_add(impl, &n_items, &n_ints, &rows, &kv[i], bt, n_new, 0, n_new, q_start[s],
+                    i % n_heads, NULL);
+    }
+    const kern_kv_item_t *d_items;
+    const int *d_tables;
+    if (n_items && kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) == AR_OK)
+        CUDA_CHECK(be, kern_kv_append(pool->base, bt, pool->head_dim, d_items, n_items, rows,
+                                      d_tables, k, v, n_heads, impl->stream));
 }
 
+/* Launches the staged attention items; AR_ERR stops the op. */
+static int attention_flush(backend_t *be, float *out, const float *q, const kv_blocks_t *pool,
+                           int n_items, int n_ints, int rows, int max_keys, int any_mass,
+                           int n_heads, float scale) {
+    cuda_impl_t *impl = impl_of(be);
+    const kern_kv_item_t *d_items;
+    const int *d_tables;
+    if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK)
+        return AR_ERR;
+    return CUDA_CHECK(be, kern_attention(out, q, pool->base, pool->block_tokens, pool->head_dim,
+                                         d_items, n_items, rows, max_keys, d_tables, n_heads, scale,
+                                         any_mass, impl->scratch, impl->stream));
+}
+
+/* Query rows are cut into launches whose split partials fit the scratch;
+ * a sequence with more rows than one launch holds is cut between rows (its
+ * mass then gets each launch's rows in turn). */
 static void cuda_attention(backend_t *be, float *out, const float *q, const kv_blocks_t *pool,
                            const attn_batch_t *batch, int n_heads, float scale) {
-    cuda_fail(be, "attention is not implemented yet (issue 6: the KV ops come with the paged KV "
-                  "interface)");
+    const int hd = pool->head_dim, bt = pool->block_tokens;
+    assert(batch->n_seq >= 0 && n_heads >= 0 && hd > 0 && bt > 0);
+    if (hd > 512) {
+        cuda_fail(be, "attention: head_dim %d is more than the kernels' 512", hd);
+        return;
+    }
+    if (batch->n_seq == 0 || n_heads == 0 || use_device(be) != AR_OK)
+        return;
+    cuda_impl_t *impl = impl_of(be);
+    const size_t scratch_floats = SCRATCH_BYTES / sizeof(float);
+    int n_items = 0, n_ints = 0, rows = 0, max_keys = 0, any_mass = 0;
+    for (int i = 0; i < batch->n_seq * n_heads; i++) {
+        const int s = i / n_heads, q0 = batch->q_start[s];
+        const int n_new = batch->q_start[s + 1] - q0;
+        const kv_view_t *c = &batch->kv[i];
+        assert(n_new >= 0 && c->len >= n_new);
+        float *mass = batch->mass ? batch->mass[i] : NULL;
+        for (int t = 0; t < n_new;) {
+            const int keys = c->len > max_keys ? c->len : max_keys;
+            const size_t per_row = kern_attention_scratch(1, keys, hd);
+            const int64_t room = (int64_t)(scratch_floats / per_row) - rows;
+            const int nb = kv_blocks_of(c->len, bt);
+            if (room < 1 || !kv_stage_fits(n_items + 1, n_ints + nb)) {
+                if (n_items == 0) {
+                    cuda_fail(be,
+                              "attention: one query row over %d keys (%d blocks) does not "
+                              "fit the scratch and staging buffers",
+                              c->len, nb);
+                    return;
+                }
+                if (attention_flush(be, out, q, pool, n_items, n_ints, rows, max_keys, any_mass,
+                                    n_heads, scale) != AR_OK)
+                    return;
+                n_items = n_ints = rows = max_keys = any_mass = 0;
+                continue;
+            }
+            const int take = n_new - t < room ? n_new - t : (int)room;
+            kv_item_add(impl, &n_items, &n_ints, &rows, c, bt, n_new, t, take, q0, i % n_heads,
+                        mass);
+            max_keys = keys;
+            any_mass |= mass != NULL;
+            t += take;
+        }
+    }
+    if (n_items)
+        attention_flush(be, out, q, pool, n_items, n_ints, rows, max_keys, any_mass, n_heads,
+                        scale);
 }
 
+/* In launches of as many kept rows as the staging buffer (the table and
+ * the keep list) and the scratch (the rows in transit) hold: a launch
+ * writes indices [i0, i0 + n) and reads keep[i] >= i >= i0, which no
+ * earlier launch has written. */
 static void cuda_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *blocks,
                            const int *keep, int n_keep, float *mass) {
-    cuda_fail(be, "kv_gather is not implemented yet (issue 6: the KV ops come with the paged KV "
-                  "interface)");
+    assert(n_keep >= 0 && pool->block_tokens > 0 && pool->head_dim > 0);
+    if (n_keep == 0 || use_device(be) != AR_OK)
+        return;
+    cuda_impl_t *impl = impl_of(be);
+    const int hd = pool->head_dim, bt = pool->block_tokens;
+    const int nb = keep[n_keep - 1] / bt + 1;
+    const int64_t by_scratch = (int64_t)(SCRATCH_BYTES / sizeof(float) / (2 * (size_t)hd + 1));
+    const int64_t by_staging = (int64_t)STAGING_INTS - nb;
+    const int64_t per = by_scratch < by_staging ? by_scratch : by_staging;
+    if (per < 1) {
+        cuda_fail(be, "kv_gather: a block table of %d blocks does not fit the staging buffer", nb);
+        return;
+    }
+    int *h = (int *)impl->kv_host;
+    memcpy(h, blocks, (size_t)nb * sizeof(int));
+    for (int i0 = 0; i0 < n_keep; i0 += (int)per) {
+        const int n = n_keep - i0 < per ? n_keep - i0 : (int)per;
+        for (int i = 0; i < n; i++)
+            assert(keep[i0 + i] >= i0 + i && (i0 + i == 0 || keep[i0 + i] > keep[i0 + i - 1]));
+        memcpy(h + nb, keep + i0, (size_t)n * sizeof(int));
+        const int *d = stage_ints(be, h, (size_t)nb + (size_t)n);
+        if (!d || CUDA_CHECK(be, kern_kv_gather(pool->base, bt, hd, d, d + nb, i0, n, mass,
+                                                impl->scratch, impl->stream)) != AR_OK)
+            return;
+    }
 }
 
 /* ---- element-wise ------------------------------------------------------------------------ */
@@ -679,10 +862,23 @@ static void cuda_destroy(backend_t *be) {
         TEARDOWN_CHECK(cudaFree(impl->reservation));
         tls_device = -1;
     }
-    if (impl)
+    if (impl) {
         arena_release(&impl->arena);
+        free(impl->kv_host);
+        free(impl->kv_items);
+        free(impl->kv_ints);
+    }
     free(impl);
     free(be);
+}
+
+int backend_cuda_device_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not a failure of anything that runs later */
+        return 0;
+    }
+    return count;
 }
 
 backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err) {
@@ -696,6 +892,13 @@ backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err
     }
     be->impl = impl;
     impl->device = device;
+    impl->kv_host = malloc(STAGING_INTS * sizeof(int));
+    impl->kv_items = malloc(STAGING_INTS * sizeof(int));
+    impl->kv_ints = malloc(STAGING_INTS * sizeof(int));
+    if (!impl->kv_host || !impl->kv_items || !impl->kv_ints) {
+        ar_errorf(err, "cuda backend: out of host memory");
+        goto fail;
+    }
     /* Launch checks read cudaGetLastError(), which also returns the last
      * failed runtime call of anyone in the process: start from a clean
      * slate so an earlier, unrelated failure is not blamed on a kernel. */

@@ -129,6 +129,7 @@ static int policy_step_end(gen_request_t *r, int j, int step, int collected, ar_
 int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
     if (n <= 0) return AR_OK;
     model_t *m = reqs[0]->model;
+    backend_t *be = m->lm.be;
     int K = m->cfg.image.codebook_size;
     raster_input_t *in = malloc((size_t)2 * n * sizeof *in);
     gen_request_t **live = malloc((size_t)n * sizeof *live);
@@ -170,6 +171,14 @@ int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
                 policy_step_end(r, j, r->step, in[2 * i + j].collect_mass, err) != AR_OK)
                 goto out;
         r->step++;
+    }
+    /* A device backend's ops cannot fail where they run; the step's first
+     * failure (a launch, a CUDA call) surfaces here, once per step, after
+     * the compactions too, and fails the step with its message. */
+    be->sync(be);
+    if (backend_status(be, err) != AR_OK) {
+        ar_error_prefix(err, "step failed on the %s backend", be->name);
+        goto out;
     }
     rc = AR_OK;
 out:

@@ -93,6 +93,63 @@ cudaError_t kern_upsample_nearest2x(float *out, const float *in, int c, int h, i
 /* out[j, i] = in[i, j] for a rows x cols in; out must not be in. */
 cudaError_t kern_transpose(float *out, const float *in, int rows, int cols, cudaStream_t stream);
 
+/* ---- paged KV cache (kernels/attention.cu) ---- */
+
+/* One (sequence, head) pair's share of a paged-KV launch, built on the host
+ * from backend.h's views and staged to the device with the block tables:
+ * query/new rows t0 .. t0 + n_rows - 1 of the pair's n_new (0-based within
+ * the sequence), which sit at rows q_row + t of q, out, k and v. Cache
+ * index j of the pair is block tables[table + j / block_tokens], row
+ * j % block_tokens. row_off is the number of rows of the earlier items of
+ * the launch (a prefix sum: launches run one block per row). */
+typedef struct kern_kv_item {
+    float *mass; /* device, len floats to accumulate key mass into, or NULL */
+    int table;   /* offset of the block table in the staged ints */
+    int len;     /* tokens held, the n_new newest included */
+    int n_new;   /* the sequence's new rows this step */
+    int t0, n_rows;
+    int q_row; /* q_start of the sequence */
+    int head;
+    int row_off;
+} kern_kv_item_t;
+
+/* Keys one block of the split attention kernel scores (flash-decoding's
+ * split size): a query row with n keys runs ceil(n / KERN_ATTN_SPLIT_KEYS)
+ * blocks, merged by a combine kernel. */
+#define KERN_ATTN_SPLIT_KEYS 64
+
+/* Floats of scratch kern_attention needs for rows query rows of at most
+ * max_keys keys each, head_dim wide. */
+size_t kern_attention_scratch(int rows, int max_keys, int head_dim);
+
+/* Writes k and v rows (n_heads * head_dim per row) of each item's rows into
+ * its cache at indices len - n_new + t. items and tables are device memory
+ * (the staging area); rows is the sum of the items' n_rows. */
+cudaError_t kern_kv_append(float *base, int block_tokens, int head_dim, const kern_kv_item_t *items,
+                           int n_items, int rows, const int *tables, const float *k, const float *v,
+                           int n_heads, cudaStream_t stream);
+
+/* Causal attention of each item's query rows over its paged cache (row t
+ * sees cache indices [0, len - n_new + t]): split over keys, one block per
+ * (row, split), then a combine kernel; with any_mass, a third kernel adds
+ * the exact softmax probabilities to the items' mass arrays (those not
+ * NULL). max_keys bounds len over the items; scratch holds
+ * kern_attention_scratch(rows, max_keys, head_dim) floats. head_dim is at
+ * most 512. */
+cudaError_t kern_attention(float *out, const float *q, const float *base, int block_tokens,
+                           int head_dim, const kern_kv_item_t *items, int n_items, int rows,
+                           int max_keys, const int *tables, int n_heads, float scale, int any_mass,
+                           float *scratch, cudaStream_t stream);
+
+/* Compaction of cache indices [i0, i0 + n) of one head in place: index i
+ * takes the K and V rows (and mass[i], when mass is not NULL) of keep[i -
+ * i0], keep ascending with keep[i - i0] >= i. Through scratch (n * (2 *
+ * head_dim + 1) floats): everything is read before anything is written, so
+ * the copies may overlap. table and keep are device memory. */
+cudaError_t kern_kv_gather(float *base, int block_tokens, int head_dim, const int *table,
+                           const int *keep, int i0, int n, float *mass, float *scratch,
+                           cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -15,6 +15,7 @@
 #include "engine/model.h"
 #include "engine/planner.h"
 #include "engine/png_io.h"
+#include "server/backend_open.h"
 
 static void generate_usage(FILE *f) {
     fprintf(f,
@@ -30,6 +31,8 @@ static void generate_usage(FILE *f) {
             "  --top-k K            keep the K most likely tokens, 0 = off, 1 = greedy\n"
             "  --top-p P            nucleus sampling mass in (0, 1], 1 = off\n"
             "  --threads N          CPU threads, 0 = all cores (default 0)\n"
+            "  --backend NAME       cpu, cuda, or auto: cuda when built in (make CUDA=1) and a\n"
+            "                       GPU is present, else cpu (default auto)\n"
             "  -o, --output FILE    PNG to write (default out.png)\n"
             "  -q, --quiet          no progress bar and no summary\n");
 }
@@ -96,8 +99,10 @@ int cmd_generate(int argc, char **argv) {
         {"top-k", required_argument, 0, 'k'},   {"top-p", required_argument, 0, 'P'},
         {"threads", required_argument, 0, 'j'}, {"output", required_argument, 0, 'o'},
         {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
+        {"backend", required_argument, 0, 'b'},
         {0, 0, 0, 0}};
     const char *model_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *out_path = "out.png";
+    const char *backend_name = "auto";
     long long seed = 0, top_k = -1, threads = 0;
     double cfg_w = -1, temperature = -1, top_p = -1;
     int quiet = 0, c;
@@ -115,6 +120,7 @@ int cmd_generate(int argc, char **argv) {
         case 'P': bad = cli_parse_float("--top-p", optarg, 1e-6, 1, &top_p); break;
         case 'j': bad = cli_parse_int("--threads", optarg, 0, 1024, &threads); break;
         case 'o': out_path = optarg; break;
+        case 'b': backend_name = optarg; break;
         case 'q': quiet = 1; break;
         case 'h': generate_usage(stdout); return 0;
         default: generate_usage(stderr); return 2;
@@ -140,7 +146,7 @@ int cmd_generate(int argc, char **argv) {
 
     ar_error_t err = {{0}};
     int rc = 1;
-    backend_t *be = backend_cpu_create((int)threads, &err);
+    backend_t *be = backend_open(backend_name, (int)threads, &err);
     if (!be) {
         fprintf(stderr, "arserve: %s\n", err.msg);
         return 1;

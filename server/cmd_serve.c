@@ -18,6 +18,7 @@
 #include "engine/backend.h"
 #include "engine/kv_policy.h"
 #include "engine/model.h"
+#include "server/backend_open.h"
 #include "server/config.h"
 #include "server/http.h"
 #include "server/log.h"
@@ -64,16 +65,6 @@ int cmd_serve(int argc, char **argv, char **envp) {
     }
     int lvl = log_level_parse(cfg.log_level);
     log_threshold = lvl < 0 ? LOG_INFO : (log_level_t)lvl;
-    if (strcmp(cfg.backend, "cpu") != 0) {
-#ifdef ARSERVE_CUDA
-        /* TODO(issue 6): select it once its attention and KV ops exist. */
-        fprintf(stderr, "arserve serve: --backend %s: the CUDA backend is built in, but its attention and KV ops are not implemented yet (issue 6); use --backend cpu\n", cfg.backend);
-#else
-        fprintf(stderr, "arserve serve: --backend %s is not built into this binary (cpu only)\n", cfg.backend);
-#endif
-        return 2;
-    }
-
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -83,7 +74,7 @@ int cmd_serve(int argc, char **argv, char **envp) {
     signal(SIGPIPE, SIG_IGN);
 
     metrics_t *metrics = metrics_create();
-    backend_t *be = backend_cpu_create(cfg.threads, &err);
+    backend_t *be = backend_open(cfg.backend, cfg.threads, &err);
     if (!metrics || !be) {
         fprintf(stderr, "arserve serve: %s\n", be ? "out of memory" : err.msg);
         return 1;
@@ -106,7 +97,7 @@ int cmd_serve(int argc, char **argv, char **envp) {
 
     static const char *const build_labels[] = {"version", "backend", "model", "policy"};
     metric_t *build = metrics_gauge(metrics, "arserve_build_info", "Build and serving information (value 1).", 4, build_labels);
-    metric_set(build, 1, ARSERVE_VERSION, "cpu", model.cfg.name, "full");
+    metric_set(build, 1, ARSERVE_VERSION, be->name, model.cfg.name, "full");
 #ifdef ARSERVE_JEMALLOC
     metrics_gauge_fn(metrics, "arserve_jemalloc_allocated_bytes", "Bytes allocated by the application (jemalloc stats.allocated).", jemalloc_stat, (void *)"stats.allocated");
     metrics_gauge_fn(metrics, "arserve_jemalloc_resident_bytes", "Bytes in physically resident data pages mapped by jemalloc (stats.resident).", jemalloc_stat, (void *)"stats.resident");
@@ -142,8 +133,8 @@ int cmd_serve(int argc, char **argv, char **envp) {
             snprintf(per_policy + len, sizeof per_policy - len, ", %s@%.3g n/a (budget too small for this grid)",
                      kv_policy_name(p.kind), p.budget);
     }
-    log_msg(LOG_INFO, "backend cpu (%d threads, 0 = all cores); KV pool %.1f MiB in blocks of %d tokens: %s",
-            cfg.threads, capacity / 1048576.0, sched_kv_block_tokens(sched), per_policy);
+    log_msg(LOG_INFO, "backend %s (%d CPU threads, 0 = all cores); KV pool %.1f MiB in blocks of %d tokens: %s",
+            be->name, cfg.threads, capacity / 1048576.0, sched_kv_block_tokens(sched), per_policy);
     http_options_t ho = {.host = cfg.host,
                          .port = cfg.port,
                          .api_key = cfg.api_key,

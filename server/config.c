@@ -46,7 +46,7 @@ typedef struct setting {
     }
 
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
-static const char *const BACKENDS[] = {"cpu", "cuda", NULL};
+static const char *const BACKENDS[] = {"auto", "cpu", "cuda", NULL};
 
 static const setting_t SETTINGS[] = {
     STRING_SETTING(model, "models/default", 0, "DIR",
@@ -71,7 +71,7 @@ static const setting_t SETTINGS[] = {
     INT_SETTING(threads, 0, 1024, 0, "N", "Engine CPU threads; 0 uses every core"),
     INT_SETTING(png_workers, 1, 64, 2, "N", "Threads encoding PNGs"),
     ENUM_SETTING(log_level, "info", LOG_LEVELS, "LEVEL", "Log verbosity"),
-    ENUM_SETTING(backend, "cpu", BACKENDS, "NAME", "Compute backend"),
+    ENUM_SETTING(backend, "auto", BACKENDS, "NAME", "Compute backend (auto: cuda when built in and a GPU is present)"),
     INT_SETTING(retry_after_s, 1, 3600, 1, "SECONDS",
                 "Retry-After header value sent with 429 responses"),
 };

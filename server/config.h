@@ -24,7 +24,7 @@ typedef struct server_config {
     int threads;             /* engine CPU threads, 0 = all cores */
     int png_workers;         /* PNG encoder threads */
     char log_level[8];       /* "error", "warn", "info" or "debug" */
-    char backend[8];         /* "cpu" or "cuda" (validated only: the binary decides what runs) */
+    char backend[8];         /* "auto", "cpu" or "cuda" (server/backend_open.c) */
     int retry_after_s;       /* Retry-After on 429 */
 
     /* Derived, not settings of their own: */

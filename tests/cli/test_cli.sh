@@ -58,6 +58,17 @@ expect_fail "--prompt and --prompt-ids together are refused" 2 "exactly one" -- 
     "$bin" generate --model "$model" --prompt x --prompt-ids 1 -o "$tmp/x.png"
 expect_fail "a prompt id outside the vocabulary is refused" 2 "outside the vocabulary" -- \
     "$bin" generate --model "$model" --prompt-ids 1,9999 -o "$tmp/x.png"
+# --backend: cpu always; cuda only in a CUDA=1 build (this test runs the
+# cpu-only one); an unknown name is refused.
+if "$bin" generate --model "$model" --prompt-ids 10,11,12 --seed 7 --backend cpu -q -o "$tmp/c.png" \
+    && cmp -s "$tmp/a.png" "$tmp/c.png"; then ok "--backend cpu gives the default's bytes"
+else fail "--backend cpu gives the default's bytes"; fi
+if "$bin" --version | grep -q "backend: cpu)"; then
+    expect_fail "--backend cuda without CUDA=1 says how to get it" 1 "rebuild with make CUDA=1" -- \
+        "$bin" generate --model "$model" --prompt-ids 10,11,12 --backend cuda -o "$tmp/x.png"
+fi
+expect_fail "an unknown --backend is refused" 1 "unknown backend" -- \
+    "$bin" generate --model "$model" --prompt-ids 10,11,12 --backend metal -o "$tmp/x.png"
 expect_fail "an unknown flag is refused" 2 "unrecognized" -- \
     "$bin" generate --model "$model" --prompt x --bogus
 expect_fail "an unwritable output names the path" 1 "$tmp/nodir/x.png" -- \

@@ -74,7 +74,7 @@ static void test_defaults(void) {
     CHECK(c.request_timeout_s == 600 && c.drain_timeout_s == 30);
     CHECK(c.max_body_bytes == 1 << 20 && c.max_n == 4 && c.kv_pool_mb == 1024);
     CHECK(c.threads == 0 && c.png_workers == 2);
-    CHECK(!strcmp(c.log_level, "info") && !strcmp(c.backend, "cpu"));
+    CHECK(!strcmp(c.log_level, "info") && !strcmp(c.backend, "auto"));
     CHECK(c.retry_after_s == 1);
 }
 
@@ -227,7 +227,7 @@ static void test_bad_enum_lists_choices(void) {
     CHECK(!strcmp(err.msg, "--log-level: 'loud' is not one of error, warn, info, debug"));
     const char *e1[] = {"ARSERVE_BACKEND=metal", NULL};
     CHECK(load(&c, NULL, e1, &err) == AR_ERR);
-    CHECK(!strcmp(err.msg, "ARSERVE_BACKEND: 'metal' is not one of cpu, cuda"));
+    CHECK(!strcmp(err.msg, "ARSERVE_BACKEND: 'metal' is not one of auto, cpu, cuda"));
     CHECK(load_json(&c, "{\"log_level\": \"INFO\"}", &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg,
                        ".json: 'log_level' is 'INFO', not one of error, warn, info, debug");

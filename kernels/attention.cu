@@ -1,0 +1,269 @@
+/* The paged KV cache's kernels: append through block tables, causal
+ * attention split over keys (flash-decoding: partial max / sum / weighted
+ * values per split, merged by a combine kernel) for one or many query rows
+ * per sequence, the exact key mass policies ask for, and in-place
+ * compaction. References: cpu_kv_append, cpu_attention, cpu_kv_gather in
+ * engine/backend_cpu.c; the layout is backend.h's kv_blocks_t. */
+#include "kernels/common.cuh"
+
+/* Head dims up to this fit the per-lane accumulators (16 per lane). */
+#define ATTN_MAX_HEAD_DIM 512
+#define ATTN_ACC (ATTN_MAX_HEAD_DIM / 32)
+
+/* K row of cache index j; its V row is block_tokens * head_dim further. */
+static __device__ __forceinline__ const float *k_row(const float *base, const int *table, int bt,
+                                                     int hd, int j) {
+    return base + ((size_t)table[j / bt] * 2 * bt + (size_t)(j % bt)) * hd;
+}
+
+/* The item holding launch row r (items sorted by row_off). */
+static __device__ __forceinline__ int item_of(const kern_kv_item_t *items, int n_items, int r) {
+    int lo = 0, hi = n_items - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (items[mid].row_off <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* One thread's dot product, in index order: the split kernel and the mass
+ * kernel both score with it, so the mass is the softmax the output used. */
+static __device__ __forceinline__ float dot_row(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* ---- append -------------------------------------------------------------------- */
+
+/* One block per new row of a pair: its K and V rows into the cache. */
+__global__ void kv_append_kernel(float *base, int bt, int hd, const kern_kv_item_t *items,
+                                 int n_items, const int *tables, const float *k, const float *v,
+                                 int n_heads) {
+    const int r = blockIdx.x;
+    const kern_kv_item_t it = items[item_of(items, n_items, r)];
+    const int t = it.t0 + (r - it.row_off);
+    const int j = it.len - it.n_new + t;
+    float *dk = (float *)k_row(base, tables + it.table, bt, hd, j), *dv = dk + (size_t)bt * hd;
+    const size_t src = ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        dk[d] = k[src + d];
+        dv[d] = v[src + d];
+    }
+}
+
+cudaError_t kern_kv_append(float *base, int block_tokens, int head_dim, const kern_kv_item_t *items,
+                           int n_items, int rows, const int *tables, const float *k, const float *v,
+                           int n_heads, cudaStream_t stream) {
+    if (rows <= 0 || n_items <= 0 || head_dim <= 0)
+        return cudaSuccess;
+    AR_LAUNCH(kv_append_kernel, rows, block_for((size_t)head_dim), 0, stream, base, block_tokens,
+              head_dim, items, n_items, tables, k, v, n_heads);
+    return cudaGetLastError();
+}
+
+/* ---- attention ------------------------------------------------------------------- */
+
+static __host__ __device__ __forceinline__ int n_splits_for(int keys) {
+    return (keys + KERN_ATTN_SPLIT_KEYS - 1) / KERN_ATTN_SPLIT_KEYS;
+}
+
+/* Partials: per (row, split) the running max m, the sum l and the weighted
+ * values acc[head_dim]; then per row the final max and sum for the mass. */
+size_t kern_attention_scratch(int rows, int max_keys, int head_dim) {
+    const size_t splits = (size_t)n_splits_for(max_keys > 0 ? max_keys : 1);
+    return (size_t)rows * splits * ((size_t)head_dim + 2) + (size_t)rows * 2;
+}
+
+/* Visible keys of row t of an item. */
+static __device__ __forceinline__ int keys_of(const kern_kv_item_t &it, int t) {
+    return it.len - it.n_new + t + 1;
+}
+
+/* One warp per (row, split): keys in tiles of 32, lane l scoring key
+ * tile + l (a whole row each: K rows are contiguous, q sits in shared
+ * memory); the tile's max and sum by shuffles; then every lane adds the
+ * tile's weighted V rows for its own dimensions (d = lane + 32 i). */
+__global__ void attn_split_kernel(float *part, const float *q, const float *base, int bt, int hd,
+                                  const kern_kv_item_t *items, int n_items, const int *tables,
+                                  int n_heads, float scale, int n_splits) {
+    AR_DYNAMIC_SHARED(float, qs);
+    __shared__ float ps[32];
+    const int r = blockIdx.x, split = blockIdx.y, lane = threadIdx.x;
+    const kern_kv_item_t it = items[item_of(items, n_items, r)];
+    const int t = it.t0 + (r - it.row_off);
+    const int n_keys = keys_of(it, t);
+    const int j0 = split * KERN_ATTN_SPLIT_KEYS;
+    if (j0 >= n_keys)
+        return; /* the combine kernel reads only the splits a row has */
+    const int j1 = min(n_keys, j0 + KERN_ATTN_SPLIT_KEYS);
+    const int *table = tables + it.table;
+    const float *qr = q + ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
+    for (int d = lane; d < hd; d += 32)
+        qs[d] = qr[d];
+    __syncthreads();
+    float m = -INFINITY, l = 0.0f, acc[ATTN_ACC];
+    for (int i = 0; i < ATTN_ACC; i++)
+        acc[i] = 0.0f;
+    for (int tile = j0; tile < j1; tile += 32) {
+        const int j = tile + lane;
+        const float s = j < j1 ? dot_row(qs, k_row(base, table, bt, hd, j), hd) * scale : -INFINITY;
+        const float m_new = fmaxf(m, warp_max(s)); /* finite: key `tile` is visible */
+        const float rescale = expf(m - m_new);     /* 0 on the first tile */
+        const float p = j < j1 ? expf(s - m_new) : 0.0f;
+        l = l * rescale + warp_sum(p);
+        m = m_new;
+        ps[lane] = p;
+        __syncthreads();
+        for (int i = 0; i < ATTN_ACC; i++)
+            acc[i] *= rescale;
+        const int nt = min(32, j1 - tile);
+        for (int jj = 0; jj < nt; jj++) {
+            const float *vr = k_row(base, table, bt, hd, tile + jj) + (size_t)bt * hd;
+            const float pj = ps[jj];
+            for (int i = 0; i < ATTN_ACC && lane + 32 * i < hd; i++)
+                acc[i] += pj * vr[lane + 32 * i];
+        }
+        __syncthreads(); /* ps is rewritten by the next tile */
+    }
+    float *out = part + ((size_t)r * n_splits + split) * (size_t)(hd + 2);
+    if (lane == 0) {
+        out[0] = m;
+        out[1] = l;
+    }
+    for (int i = 0; i < ATTN_ACC && lane + 32 * i < hd; i++)
+        out[2 + lane + 32 * i] = acc[i];
+}
+
+/* One warp per row: the splits' partials rescaled to the common max and
+ * summed (flash-decoding's reduction); keeps the row's max and sum for
+ * the mass kernel. */
+__global__ void attn_combine_kernel(float *out, const float *part, float *stats,
+                                    const kern_kv_item_t *items, int n_items, int hd, int n_heads,
+                                    int n_splits) {
+    const int r = blockIdx.x;
+    const kern_kv_item_t it = items[item_of(items, n_items, r)];
+    const int t = it.t0 + (r - it.row_off);
+    const int ns = n_splits_for(keys_of(it, t));
+    const float *pr = part + (size_t)r * n_splits * (size_t)(hd + 2);
+    float m = -INFINITY;
+    for (int s = 0; s < ns; s++)
+        m = fmaxf(m, pr[(size_t)s * (hd + 2)]);
+    float l = 0.0f;
+    for (int s = 0; s < ns; s++)
+        l += pr[(size_t)s * (hd + 2) + 1] * expf(pr[(size_t)s * (hd + 2)] - m);
+    const float inv = 1.0f / l;
+    float *o = out + ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < ns; s++)
+            a += pr[(size_t)s * (hd + 2) + 2 + d] * expf(pr[(size_t)s * (hd + 2)] - m);
+        o[d] = a * inv;
+    }
+    if (threadIdx.x == 0) {
+        stats[2 * (size_t)r] = m;
+        stats[2 * (size_t)r + 1] = l;
+    }
+}
+
+/* One thread per (item, key j): the probability every row of the item gave
+ * key j, rescored with the split kernel's dot product and normalised with
+ * the row's final max and sum, added to mass[j] in row order (as the CPU
+ * does). No atomics: a key belongs to one thread, an item to one pair. */
+__global__ void attn_mass_kernel(const float *q, const float *base, int bt, int hd,
+                                 const kern_kv_item_t *items, const int *tables, int n_heads,
+                                 float scale, const float *stats) {
+    const kern_kv_item_t it = items[blockIdx.y];
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (!it.mass || it.n_rows == 0 || j >= keys_of(it, it.t0 + it.n_rows - 1))
+        return;
+    const float *kr = k_row(base, tables + it.table, bt, hd, j);
+    float add = 0.0f;
+    for (int t = it.t0; t < it.t0 + it.n_rows; t++) {
+        if (j >= keys_of(it, t))
+            continue;
+        const size_t r = (size_t)it.row_off + (size_t)(t - it.t0);
+        const float *qr = q + ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
+        const float s = dot_row(qr, kr, hd) * scale;
+        add += expf(s - stats[2 * r]) / stats[2 * r + 1];
+    }
+    it.mass[j] += add;
+}
+
+cudaError_t kern_attention(float *out, const float *q, const float *base, int block_tokens,
+                           int head_dim, const kern_kv_item_t *items, int n_items, int rows,
+                           int max_keys, const int *tables, int n_heads, float scale, int any_mass,
+                           float *scratch, cudaStream_t stream) {
+    if (rows <= 0 || n_items <= 0 || head_dim <= 0)
+        return cudaSuccess;
+    if (head_dim > ATTN_MAX_HEAD_DIM || max_keys <= 0)
+        return cudaErrorInvalidValue;
+    const int n_splits = n_splits_for(max_keys);
+    float *part = scratch;
+    float *stats = scratch + (size_t)rows * n_splits * (size_t)(head_dim + 2);
+    AR_LAUNCH(attn_split_kernel, dim3((unsigned)rows, (unsigned)n_splits), 32,
+              (size_t)head_dim * sizeof(float), stream, part, q, base, block_tokens, head_dim,
+              items, n_items, tables, n_heads, scale, n_splits);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return e;
+    AR_LAUNCH(attn_combine_kernel, rows, 32, 0, stream, out, part, stats, items, n_items, head_dim,
+              n_heads, n_splits);
+    e = cudaGetLastError();
+    if (e != cudaSuccess || !any_mass)
+        return e;
+    AR_LAUNCH(attn_mass_kernel,
+              dim3((unsigned)((max_keys + AR_BLOCK - 1) / AR_BLOCK), (unsigned)n_items), AR_BLOCK,
+              0, stream, q, base, block_tokens, head_dim, items, tables, n_heads, scale, stats);
+    return cudaGetLastError();
+}
+
+/* ---- compaction ------------------------------------------------------------------- */
+
+/* Rows keep[i] (and mass[keep[i]]) into scratch row i ... */
+__global__ void kv_gather_read_kernel(float *scratch, const float *base, int bt, int hd,
+                                      const int *table, const int *keep, int n, const float *mass) {
+    const int i = blockIdx.x;
+    const float *kr = k_row(base, table, bt, hd, keep[i]), *vr = kr + (size_t)bt * hd;
+    float *dst = scratch + (size_t)i * 2 * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        dst[d] = kr[d];
+        dst[hd + d] = vr[d];
+    }
+    if (mass && threadIdx.x == 0)
+        scratch[(size_t)n * 2 * hd + i] = mass[keep[i]];
+}
+
+/* ... then back to cache indices i0 + i, once every read is done (a
+ * second launch on the same stream). */
+__global__ void kv_gather_write_kernel(float *base, int bt, int hd, const int *table, int i0, int n,
+                                       const float *scratch, float *mass) {
+    const int i = blockIdx.x;
+    float *kr = (float *)k_row(base, table, bt, hd, i0 + i), *vr = kr + (size_t)bt * hd;
+    const float *src = scratch + (size_t)i * 2 * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        kr[d] = src[d];
+        vr[d] = src[hd + d];
+    }
+    if (mass && threadIdx.x == 0)
+        mass[i0 + i] = scratch[(size_t)n * 2 * hd + i];
+}
+
+cudaError_t kern_kv_gather(float *base, int block_tokens, int head_dim, const int *table,
+                           const int *keep, int i0, int n, float *mass, float *scratch,
+                           cudaStream_t stream) {
+    if (n <= 0 || head_dim <= 0)
+        return cudaSuccess;
+    AR_LAUNCH(kv_gather_read_kernel, n, block_for((size_t)head_dim), 0, stream, scratch, base,
+              block_tokens, head_dim, table, keep, n, mass);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return e;
+    AR_LAUNCH(kv_gather_write_kernel, n, block_for((size_t)head_dim), 0, stream, base, block_tokens,
+              head_dim, table, i0, n, scratch, mass);
+    return cudaGetLastError();
+}
