@@ -252,6 +252,7 @@ test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json
 
 test-cli: $(BUILD)/arserve $(TINY_MODEL)/arserve.json
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
+	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL)
 
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
 # the OpenAI client, bad requests, batching, 429s, disconnects, drains,

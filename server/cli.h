@@ -8,6 +8,7 @@
 
 int cmd_generate(int argc, char **argv);
 int cmd_serve(int argc, char **argv, char **envp);
+int cmd_plan(int argc, char **argv);
 
 /* Strict number parsing for flags: the whole string must be a number in
  * [lo, hi]; otherwise prints "arserve: --flag: ..." and returns -1. */

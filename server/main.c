@@ -50,6 +50,8 @@ static void usage(FILE *f) {
             "commands:\n"
             "  serve      run the HTTP daemon (arserve serve --help)\n"
             "  generate   generate one image to a PNG file (arserve generate --help)\n"
+            "  plan       a request's KV trajectory and what fits the pool, per KV policy\n"
+            "             (arserve plan --help)\n"
             "  version    print the version\n",
             ARSERVE_VERSION);
 }
@@ -62,6 +64,7 @@ int main(int argc, char **argv, char **envp) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1, envp);
+    if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 #ifdef ARSERVE_CUDA
         printf("arserve %s (backends: cpu, cuda)\n", ARSERVE_VERSION);

@@ -432,13 +432,12 @@ static void admit(scheduler_t *s) {
         }
         pthread_mutex_unlock(&s->mu);
         if (dead) {
-            if (job_cancelled(j)) {
-                metric_add(s->m_cancelled, 1);
-                metric_add(s->m_images, j->n_images, "cancelled");
-            } else {
-                metric_add(s->m_images, j->n_images, "timeout");
-            }
-            job_fail(j, 504, "timeout", "the request's deadline passed before it could start");
+            int cancelled = job_cancelled(j);
+            if (cancelled) metric_add(s->m_cancelled, 1);
+            metric_add(s->m_images, j->n_images, cancelled ? "cancelled" : "timeout");
+            job_fail(j, 504, "timeout",
+                     cancelled ? "the request was cancelled before it could start"
+                               : "the request's deadline passed before it could start");
             sched_job_release(j);
             free(traj);
             continue;
