@@ -106,7 +106,7 @@ UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TINY_MODEL := $(BUILD)/tiny-model
 SLOW_MODEL := $(BUILD)/slow-model
 
-.PHONY: all deps test test-unit test-cli test-integration test-sanitizers test-backend \
+.PHONY: all deps test test-unit test-cli test-integration test-python test-sanitizers test-backend \
         test-cuda-build test-dockerfile gpu-tests run clean tools-deps golden format info
 
 all: info $(BUILD)/arserve
@@ -185,6 +185,7 @@ test: deps
 	$(MAKE) test-unit
 	$(MAKE) test-cli
 	$(MAKE) test-integration
+	$(MAKE) test-python
 	$(MAKE) test-backend
 	$(MAKE) test-cuda-build
 	$(MAKE) test-dockerfile
@@ -253,6 +254,11 @@ test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json
 test-cli: $(BUILD)/arserve $(TINY_MODEL)/arserve.json
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
 	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL)
+
+# Python tools' tests: the shapes renderer and the ShapesEval scorer (numpy,
+# Pillow; no torch).
+test-python: $(VENV)/.stamp
+	$(VENV)/bin/python -m pytest -q tests/python
 
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
 # the OpenAI client, bad requests, batching, 429s, disconnects, drains,
