@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Turns a shapes dataset (npz shards from tools/shapes/dataset.py) into VQ token grids
+with the trained encoder, for language-model training.
+
+    OMP_NUM_THREADS=1 nice -n 10 python tools/train/tokenize_shapes.py \\
+        --ckpt build/train/vq/ckpt.pt --data build/shapes/train --out build/shapes/train/tokens.npz
+
+OUT holds `tokens`, uint16 [N, 16, 16] (raster order: row by row), aligned with the
+records of the shards in order, and `captions` (the records' captions). Shows the
+reconstruction PSNR of the first images as a check. Needs torch and numpy.
+"""
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+from export_vq import load_model  # noqa: E402
+from vq_model import to_model_input, to_u8  # noqa: E402
+from tools.shapes.dataset import load_shards  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    model, ck = load_model(a.ckpt)
+    records, images = load_shards(a.data)
+    toks = np.zeros((len(images),) + (images.shape[1] >> (len(ck["config"]["channel_multiplier"]) - 1),) * 2,
+                    np.uint16)
+    t0 = time.time()
+    with torch.no_grad():
+        for i in range(0, len(images), a.batch):
+            toks[i : i + a.batch] = model.tokenize(to_model_input(images[i : i + a.batch])).numpy()
+            if i // a.batch % 20 == 0:
+                print("%d / %d (%.0f s)" % (i, len(images), time.time() - t0), flush=True)
+        n = min(64, len(images))
+        rec = to_u8(model.decode_indices(torch.from_numpy(toks[:n].astype(np.int64)))).numpy()
+    mse = ((rec.astype(np.float64) - images[:n]) ** 2).mean()
+    np.savez_compressed(a.out, tokens=toks, captions=np.array([r["caption"] for r in records]))
+    print("wrote %s: %d token grids %s, %d distinct codes; PSNR of the first %d: %.2f dB" % (
+        a.out, len(toks), toks.shape[1:], len(np.unique(toks)), n, 10 * math.log10(255.0 ** 2 / mse)))
+
+
+if __name__ == "__main__":
+    main()

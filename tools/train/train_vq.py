@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Trains the VQ tokenizer of the shapes demo model (128x128 -> 16x16 tokens).
+
+Exact commands (from the repository root; seed 1 for training, data seeds 1 and 2):
+
+    python -m tools.shapes.dataset --out build/shapes/train --n 20000 --seed 1
+    python -m tools.shapes.dataset --out build/shapes/val --n 512 --seed 2
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 python tools/train/train_vq.py \\
+        --train build/shapes/train --val build/shapes/val --out build/train/vq \\
+        --seed 1 --steps 2500 --resume >> build/train/vq/stdout.log 2>&1 &
+
+Run again with the same command to resume from build/train/vq/ckpt.pt (the batch of step
+t depends only on the seed and t, so a resumed run sees the same data as an unbroken one).
+Then export the decoder and codebook:
+
+    python tools/train/export_vq.py --ckpt build/train/vq/ckpt.pt --out build/train/vq/export
+
+Model (defaults): decoder base_channels 32, channel_multiplier [2, 1, 2, 2] (level widths
+64, 64, 32, 64 from the 16x16 level to the 128x128 one), num_res_blocks 0 (one ResNet
+block per level), latent_channels 64, embed_dim 8, codebook 1024; the encoder has one
+ResNet block per level at widths 32, 32, 64, 64 (finest first). The architecture is in
+vq_model.py. Why the finest decoder level is 64 wide: with 32 channels, GroupNorm's 32
+groups are single channels, and norm_out (which has no residual bypass) then rescales
+every channel by its own spread over the image, so an object's colour comes out scaled by
+a function of its area; the first two runs (32 wide, 1.2M parameters) reproduced shapes
+but lost most colour for hundreds of steps (19.6 dB after 500 steps). With 64 channels
+each group has two, and a channel can hold a constant reference that fixes the scale.
+Loss: MSE + L1 + 0.5 * L1 of the horizontal and vertical pixel differences (edges), plus
+the commitment loss (beta 0.25). AdamW at 1e-3, linear warm-up then cosine decay to 5% of
+the peak rate. Schedule of the quantiser:
+- steps [0, --ae-warmup): a plain autoencoder (the decoder sees the normalised encoder
+  output), so the encoder learns to separate colours and shapes before anything is
+  quantised;
+- at --ae-warmup: the codebook is initialised by spherical k-means on the encoder outputs
+  of --kmeans-images training images;
+- from then on: quantised (straight-through), codes updated as an exponential moving
+  average (decay --ema-decay) of the encoder outputs assigned to them, and every
+  --restart-every steps the codes unused since the previous check restart from random
+  encoder outputs of the current batch (until 80% of the steps).
+(A first attempt with gradient-trained codes and no warm-up lost the colours and stood
+at 19.6 dB after 500 steps.)
+
+Logs: OUT/train.log (one line per --log-every steps, an EVAL line per --eval-every),
+OUT/psnr.csv (step, held-out PSNR of the pooled MSE, mean of per-image PSNR, codes used).
+PSNR is measured as the engine produces pixels: trunc(clip((x + 1) / 2 * 255)) against the
+original uint8 image. Uses one CPU thread.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+from vq_model import VQModel, init_reference_channels, to_model_input, to_u8  # noqa: E402
+from tools.shapes.dataset import load_shards  # noqa: E402
+
+DEFAULT_CFG = {
+    "base_channels": 32,
+    "channel_multiplier": [2, 1, 2, 2],
+    "num_res_blocks": 0,
+    "encoder_channel_multiplier": [1, 1, 2, 2],
+    "encoder_res_blocks": 1,
+    "encoder_norm_out": False,
+    "latent_channels": 64,
+    "embed_dim": 8,
+    "codebook_size": 1024,
+    "out_channels": 3,
+}
+
+
+def log(path, msg):
+    line = time.strftime("%H:%M:%S ") + msg
+    print(line, flush=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def lr_at(step, a):
+    if step < a.warmup:
+        return a.lr * (step + 1) / a.warmup
+    t = (step - a.warmup) / max(1, a.steps - a.warmup)
+    return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def batch_at(images, step, a):
+    rng = np.random.default_rng([a.seed, step])
+    idx = rng.integers(0, len(images), a.batch)
+    x = images[idx]
+    flip = rng.random(a.batch) < 0.5
+    x[flip] = x[flip, :, ::-1]
+    return x
+
+
+def edge_loss(out, x):
+    dxo, dxx = out[..., :, 1:] - out[..., :, :-1], x[..., :, 1:] - x[..., :, :-1]
+    dyo, dyx = out[..., 1:, :] - out[..., :-1, :], x[..., 1:, :] - x[..., :-1, :]
+    return (dxo - dxx).abs().mean() + (dyo - dyx).abs().mean()
+
+
+@torch.no_grad()
+def evaluate(model, val, bs=32):
+    """(PSNR of the pooled MSE, mean per-image PSNR, distinct codes used, code perplexity)."""
+    model.eval()
+    se, psnrs, counts = [], [], torch.zeros(model.cfg["codebook_size"])
+    for i in range(0, len(val), bs):
+        u8 = val[i : i + bs]
+        zn = model.encode(to_model_input(u8))
+        idx, _ = model.quantise(zn)
+        counts += torch.bincount(idx.flatten(), minlength=len(counts)).float()
+        rec = to_u8(model.decode_indices(idx)).numpy().astype(np.float64)
+        mse = ((rec - u8.astype(np.float64)) ** 2).reshape(len(u8), -1).mean(1)
+        se.extend(mse.tolist())
+        psnrs.extend((10 * np.log10(255.0 ** 2 / np.maximum(mse, 1e-10))).tolist())
+    model.train()
+    p = counts / counts.sum()
+    ppl = float(torch.exp(-(p[p > 0] * p[p > 0].log()).sum()))
+    return 10 * math.log10(255.0 ** 2 / float(np.mean(se))), float(np.mean(psnrs)), int((counts > 0).sum()), ppl
+
+
+@torch.no_grad()
+def kmeans_init(model, images, a, logf, n_vectors=65536):
+    """Spherical k-means of encoder outputs into the codebook."""
+    t0 = time.time()
+    model.eval()
+    rng = np.random.default_rng([a.seed, 7])
+    pick = rng.choice(len(images), min(a.kmeans_images, len(images)), replace=False)
+    e, k = model.cfg["embed_dim"], model.cfg["codebook_size"]
+    vecs = torch.cat([model.encode(to_model_input(images[np.sort(pick[i : i + 32])])).permute(0, 2, 3, 1).reshape(-1, e)
+                      for i in range(0, len(pick), 32)])
+    g = torch.Generator().manual_seed(a.seed)
+    vecs = vecs[torch.randperm(len(vecs), generator=g)[:n_vectors]]
+    cent = vecs[torch.randperm(len(vecs), generator=g)[:k]].clone()
+    for _ in range(a.kmeans_iters):
+        assign = torch.cat([torch.argmax(c @ cent.t(), 1) for c in vecs.split(8192)])
+        sums = torch.zeros_like(cent).index_add_(0, assign, vecs)
+        counts = torch.bincount(assign, minlength=k)
+        empty = (counts == 0).nonzero().flatten()
+        sums[empty] = vecs[torch.randint(0, len(vecs), (len(empty),), generator=g)]
+        cent = F.normalize(sums, dim=1)
+    model.codebook.set(cent, count=a.batch * 256 / k)
+    model.train()
+    log(logf, "step %d: codebook from spherical k-means of %d encoder outputs (%d images), %d codes empty in the last round, %.0f s" % (
+        a.ae_warmup, len(vecs), len(pick), len(empty), time.time() - t0))
+
+
+def save(path, obj):
+    tmp = path + ".tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--train", required=True, help="directory of npz shards (tools/shapes/dataset.py)")
+    ap.add_argument("--val", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--min-lr-frac", type=float, default=0.05)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--beta", type=float, default=0.25, help="commitment loss weight")
+    ap.add_argument("--edge-weight", type=float, default=0.5)
+    ap.add_argument("--restart-every", type=int, default=100)
+    ap.add_argument("--ae-warmup", type=int, default=300, help="steps before quantisation starts")
+    ap.add_argument("--ema-decay", type=float, default=0.99)
+    ap.add_argument("--kmeans-images", type=int, default=512)
+    ap.add_argument("--kmeans-iters", type=int, default=15)
+    ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--eval-images", type=int, default=256, help="held-out images per periodic eval")
+    ap.add_argument("--ckpt-every", type=int, default=100)
+    ap.add_argument("--config", default=None, help="JSON overriding the model config")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--no-reference-init", dest="reference_init", action="store_false",
+                    help="skip vq_model.init_reference_channels")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+
+    torch.set_num_threads(a.threads)
+    os.makedirs(a.out, exist_ok=True)
+    logf = os.path.join(a.out, "train.log")
+    ckpt_path = os.path.join(a.out, "ckpt.pt")
+    cfg = dict(DEFAULT_CFG, **(json.loads(a.config) if a.config else {}))
+
+    _, images = load_shards(a.train)
+    _, val = load_shards(a.val)
+    torch.manual_seed(a.seed)
+    model = VQModel(cfg)
+    if a.reference_init:
+        init_reference_channels(model.decoder)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    step = 0
+    used = torch.zeros(cfg["codebook_size"], dtype=torch.long)
+    if a.resume and os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if ck["config"] != cfg:
+            sys.exit("checkpoint config %r differs from %r" % (ck["config"], cfg))
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, used = ck["step"], ck["used"]
+        log(logf, "resumed from %s at step %d" % (ckpt_path, step))
+    else:
+        log(logf, "start: args %s" % json.dumps(vars(a)))
+        log(logf, "config %s" % json.dumps(cfg))
+        log(logf, "params: %.3fM (decoder+post_quant_conv+codebook %.3fM); train %d images, val %d" % (
+            sum(p.numel() for p in model.parameters()) / 1e6,
+            (sum(p.numel() for p in model.decoder.parameters())
+             + sum(p.numel() for p in model.post_quant_conv.parameters())
+             + model.codebook.weight.numel()) / 1e6, len(images), len(val)))
+        with open(os.path.join(a.out, "psnr.csv"), "w") as f:
+            f.write("step,val_psnr,val_psnr_mean_per_image,codes_used\n")
+
+    def checkpoint():
+        save(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                         "used": used, "config": cfg, "args": vars(a)})
+
+    t_last, n_last, acc = time.time(), 0, {}
+    while step < a.steps:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, a)
+        u8 = batch_at(images, step, a)
+        x = to_model_input(u8)
+        quantising = step >= a.ae_warmup
+        if step == a.ae_warmup:
+            kmeans_init(model, images, a, logf)
+        out, idx, zn, qloss = model(x, beta=a.beta, quantise=quantising)
+        mse = F.mse_loss(out, x)
+        l1 = (out - x).abs().mean()
+        el = edge_loss(out, x)
+        loss = mse + l1 + a.edge_weight * el + qloss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if quantising:
+            flat = zn.detach().permute(0, 2, 3, 1).reshape(-1, cfg["embed_dim"])
+            model.codebook.ema_update(flat, idx.flatten(), a.ema_decay)
+            used += torch.bincount(idx.flatten(), minlength=cfg["codebook_size"])
+        step += 1
+        for k, v in (("loss", loss), ("mse", mse), ("l1", l1), ("edge", el), ("q", qloss)):
+            acc[k] = acc.get(k, 0.0) + float(v.detach())
+        n_last += 1
+
+        if (quantising and a.restart_every and (step - a.ae_warmup) % a.restart_every == 0
+                and step < 0.8 * a.steps):
+            dead = (used == 0).nonzero().flatten()
+            if len(dead):
+                g = torch.Generator().manual_seed(a.seed * 1000003 + step)
+                pick = torch.randint(0, len(flat), (len(dead),), generator=g)
+                model.codebook.restart(dead, flat[pick] + 0.02 * torch.randn(len(dead), flat.shape[1], generator=g))
+            log(logf, "step %d: %d of %d codes unused in the last %d steps, restarted" % (
+                step, len(dead), cfg["codebook_size"], a.restart_every))
+            used.zero_()
+
+        if step % a.log_every == 0:
+            dt = (time.time() - t_last) / n_last
+            m = {k: v / n_last for k, v in acc.items()}
+            train_psnr = 10 * math.log10(4.0 / max(m["mse"], 1e-12))
+            log(logf, "step %d lr %.2e loss %.4f mse %.5f l1 %.4f edge %.4f q %.4f train_psnr %.2f %.2f s/step" % (
+                step, lr_at(step - 1, a), m["loss"], m["mse"], m["l1"], m["edge"], m["q"], train_psnr, dt))
+            t_last, n_last, acc = time.time(), 0, {}
+        if step % a.ckpt_every == 0 or step == a.steps:
+            checkpoint()
+        if (step % a.eval_every == 0 and step > a.ae_warmup) or step == a.steps:
+            n = len(val) if step == a.steps else a.eval_images
+            t0 = time.time()
+            p, pm, nu, ppl = evaluate(model, val[:n])
+            log(logf, "EVAL step %d val_psnr %.2f dB (mean per image %.2f) on %d held-out images; codes used %d, perplexity %.0f (%.0f s)" % (
+                step, p, pm, n, nu, ppl, time.time() - t0))
+            with open(os.path.join(a.out, "psnr.csv"), "a") as f:
+                f.write("%d,%.3f,%.3f,%d\n" % (step, p, pm, nu))
+            if step % 1000 == 0 or step == a.steps:
+                save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": model.state_dict(), "step": step, "config": cfg})
+            t_last, n_last, acc = time.time(), 0, {}
+    log(logf, "done at step %d" % step)
+
+
+if __name__ == "__main__":
+    main()
