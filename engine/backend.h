@@ -184,6 +184,12 @@ static inline int backend_status(backend_t *be, ar_error_t *err) {
     return be->status ? be->status(be, err) : AR_OK;
 }
 
+/* Checks a weight every backend can load: a float dtype, 1 to 4
+ * non-negative dimensions whose fp32 size fits in memory, data present when
+ * it has elements. Sets *numel; the message names the backend. */
+int backend_check_weight(const char *backend, const void *host_src, dtype_t dtype, int ndim,
+                         const int64_t *shape, int64_t *numel, ar_error_t *err);
+
 /* Creates the CPU backend with n_threads worker threads (0: all cores). */
 backend_t *backend_cpu_create(int n_threads, ar_error_t *err);
 

@@ -60,24 +60,9 @@ static void cpu_sync(backend_t *be) {}
 static int cpu_weight_load(backend_t *be, tensor_t *out, const void *host_src, dtype_t src_dtype,
                            int ndim, const int64_t *shape, ar_error_t *err) {
     memset(out, 0, sizeof *out);
-    if (!dtype_is_float(src_dtype))
-        return ar_errorf(err, "weight of type %s: the CPU backend loads only F32, F16 and BF16",
-                         dtype_name(src_dtype));
-    if (ndim < 1 || ndim > 4)
-        return ar_errorf(err, "weight with %d dimensions: expected 1 to 4", ndim);
-    int64_t numel = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0)
-            return ar_errorf(err, "weight dimension %d is negative (%lld)", i, (long long)shape[i]);
-        if (shape[i] > 0 && numel > (INT64_MAX / 4) / shape[i])
-            return ar_errorf(err, "weight too large (dimension %d is %lld)", i,
-                             (long long)shape[i]);
-        numel *= shape[i];
-    }
-    if ((uint64_t)numel > SIZE_MAX / 4)
-        return ar_errorf(err, "weight of %lld elements is too large", (long long)numel);
-    if (numel > 0 && !host_src)
-        return ar_errorf(err, "weight has no data");
+    int64_t numel;
+    if (backend_check_weight("cpu", host_src, src_dtype, ndim, shape, &numel, err) != AR_OK)
+        return AR_ERR;
     float *data = cpu_alloc(be, (size_t)numel * 4);
     if (!data)
         return ar_errorf(err, "out of memory for a weight of %lld elements (%zu bytes)",
