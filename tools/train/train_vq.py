@@ -172,6 +172,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--beta", type=float, default=0.25, help="commitment loss weight")
     ap.add_argument("--edge-weight", type=float, default=0.5)
+    ap.add_argument("--fg-weight", type=float, default=0.0, help="extra loss weight of non-background pixels")
     ap.add_argument("--restart-every", type=int, default=100)
     ap.add_argument("--ae-warmup", type=int, default=300, help="steps before quantisation starts")
     ap.add_argument("--ema-decay", type=float, default=0.99)
@@ -236,8 +237,15 @@ def main(argv=None):
         if step == a.ae_warmup:
             kmeans_init(model, images, a, logf)
         out, idx, zn, qloss = model(x, beta=a.beta, quantise=quantising)
-        mse = F.mse_loss(out, x)
-        l1 = (out - x).abs().mean()
+        if a.fg_weight:
+            # Pixels that are not background weigh 1 + fg_weight (normalised).
+            w = 1.0 + a.fg_weight * (x < 0.99).any(1, keepdim=True).float()
+            w = w / w.mean()
+            mse = (w * (out - x) ** 2).mean()
+            l1 = (w * (out - x).abs()).mean()
+        else:
+            mse = F.mse_loss(out, x)
+            l1 = (out - x).abs().mean()
         el = edge_loss(out, x)
         loss = mse + l1 + a.edge_weight * el + qloss
         opt.zero_grad(set_to_none=True)
