@@ -86,6 +86,8 @@ def vq_tensors(model, dtype=np.float16):
     """{canonical name: numpy array} of the decoder path."""
     out = {}
     for k, v in model.state_dict().items():
+        if k.startswith("codebook.ema_"):
+            continue  # training state of the EMA quantiser
         if k.startswith(("decoder.", "post_quant_conv.", "codebook.")):
             a = v.detach().float().numpy()
             is_norm = ".norm" in k  # GroupNorm affine parameters stay F32

@@ -18,27 +18,34 @@ Then export the decoder and codebook:
 Model (defaults): decoder base_channels 32, channel_multiplier [2, 1, 2, 2] (level widths
 64, 64, 32, 64 from the 16x16 level to the 128x128 one), num_res_blocks 0 (one ResNet
 block per level), latent_channels 64, embed_dim 8, codebook 1024; the encoder has one
-ResNet block per level at widths 32, 32, 64, 64 (finest first). The architecture is in
-vq_model.py. Why the finest decoder level is 64 wide: with 32 channels, GroupNorm's 32
-groups are single channels, and norm_out (which has no residual bypass) then rescales
-every channel by its own spread over the image, so an object's colour comes out scaled by
-a function of its area; the first two runs (32 wide, 1.2M parameters) reproduced shapes
-but lost most colour for hundreds of steps (19.6 dB after 500 steps). With 64 channels
-each group has two, and a channel can hold a constant reference that fixes the scale.
+ResNet block per level at widths 32, 32, 64, 64 (finest first) and no GroupNorm before
+its conv_out. The architecture is in vq_model.py.
 Loss: MSE + L1 + 0.5 * L1 of the horizontal and vertical pixel differences (edges), plus
-the commitment loss (beta 0.25). AdamW at 1e-3, linear warm-up then cosine decay to 5% of
-the peak rate. Schedule of the quantiser:
+the commitment loss (beta 0.25). AdamW at 1e-3 (batch 8), linear warm-up over 100 steps
+then cosine decay to 5% of the peak rate at --steps. Schedule of the quantiser:
 - steps [0, --ae-warmup): a plain autoencoder (the decoder sees the normalised encoder
-  output), so the encoder learns to separate colours and shapes before anything is
-  quantised;
+  output);
 - at --ae-warmup: the codebook is initialised by spherical k-means on the encoder outputs
   of --kmeans-images training images;
 - from then on: quantised (straight-through), codes updated as an exponential moving
   average (decay --ema-decay) of the encoder outputs assigned to them, and every
   --restart-every steps the codes unused since the previous check restart from random
   encoder outputs of the current batch (until 80% of the steps).
-(A first attempt with gradient-trained codes and no warm-up lost the colours and stood
-at 19.6 dB after 500 steps.)
+
+Colour is what is slow to learn here: networks reproduce shapes in grey long before
+they tell colours apart. GroupNorm (32 groups) without a residual bypass rescales each
+group by its spread over the image, which makes an object's level depend on its area;
+with 32 channels each group is one channel. Hence: a 64-wide last decoder level (two
+channels per group) whose odd channels start as constants (init_reference_channels),
+and no GroupNorm at the encoder output. History on this machine (1 thread, ~3.5 s/step):
+  run 1: [1, 1, 2, 2], num_res_blocks 1, gradient-trained codes, no warm-up, lr 5e-4:
+         18.9 dB at step 250, 19.6 dB at 500, colours mostly grey; stopped.
+  run 2: same widths with warm-up + k-means + EMA codes, lr 1e-3: the unquantised
+         autoencoder was still grey at step 200; stopped.
+  run 3: [2, 1, 2, 2], num_res_blocks 0: still grey at step 200; stopped.
+  run 4 (these defaults): colours appear from step ~500; 21.2 dB at 500, 23.8 at 750.
+Which of run 4's changes matters most was not isolated.
+--fg-weight (off by default) weights non-background pixels more; untested beyond 100 steps.
 
 Logs: OUT/train.log (one line per --log-every steps, an EVAL line per --eval-every),
 OUT/psnr.csv (step, held-out PSNR of the pooled MSE, mean of per-image PSNR, codes used).
@@ -176,6 +183,9 @@ def main(argv=None):
     ap.add_argument("--restart-every", type=int, default=100)
     ap.add_argument("--ae-warmup", type=int, default=300, help="steps before quantisation starts")
     ap.add_argument("--ema-decay", type=float, default=0.99)
+    ap.add_argument("--freeze-codes-at", type=int, default=0,
+                    help="from this step on only the decoder trains (encoder and codebook fixed, "
+                         "so the tokens of any later checkpoint are the same); 0 = never")
     ap.add_argument("--kmeans-images", type=int, default=512)
     ap.add_argument("--kmeans-iters", type=int, default=15)
     ap.add_argument("--log-every", type=int, default=20)
@@ -234,6 +244,10 @@ def main(argv=None):
         u8 = batch_at(images, step, a)
         x = to_model_input(u8)
         quantising = step >= a.ae_warmup
+        frozen = bool(a.freeze_codes_at) and step >= a.freeze_codes_at
+        if frozen:
+            for mod in (model.encoder, model.quant_conv):
+                mod.requires_grad_(False)
         if step == a.ae_warmup:
             kmeans_init(model, images, a, logf)
         out, idx, zn, qloss = model(x, beta=a.beta, quantise=quantising)
@@ -251,7 +265,7 @@ def main(argv=None):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if quantising:
+        if quantising and not frozen:
             flat = zn.detach().permute(0, 2, 3, 1).reshape(-1, cfg["embed_dim"])
             model.codebook.ema_update(flat, idx.flatten(), a.ema_decay)
             used += torch.bincount(idx.flatten(), minlength=cfg["codebook_size"])
@@ -260,7 +274,7 @@ def main(argv=None):
             acc[k] = acc.get(k, 0.0) + float(v.detach())
         n_last += 1
 
-        if (quantising and a.restart_every and (step - a.ae_warmup) % a.restart_every == 0
+        if (quantising and not frozen and a.restart_every and (step - a.ae_warmup) % a.restart_every == 0
                 and step < 0.8 * a.steps):
             dead = (used == 0).nonzero().flatten()
             if len(dead):

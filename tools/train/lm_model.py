@@ -1,0 +1,166 @@
+"""The Janus-architecture language model of the shapes demo model, in torch.
+
+Parameter names are the engine's tensor names (engine/raster.c) without a prefix change,
+so export is a dtype conversion: llm.embed, llm.layers.N.{attn_norm, attn.{q,k,v,o},
+mlp_norm, mlp.{gate,up,down}}, llm.norm, gen.embed, gen.aligner.J, gen.head.{fc1,fc2}.
+The forward is the one the engine runs (and tools/gen_golden.py checks in numpy):
+RMSNorm, rotate-half RoPE over the sequence position, SwiGLU MLP, no biases in the
+language model; image tokens enter through gen.embed and an MLP aligner (Linear, GELU,
+Linear), logits come from gen.head (Linear, GELU, Linear) on the final-normed state.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# The model of models/shapes (hidden 256, 4 layers, 4 heads of 64, SwiGLU 704).
+DEFAULT_LLM = {"vocab_size": 64, "hidden_size": 256, "num_layers": 4, "num_heads": 4,
+               "num_kv_heads": 4, "head_dim": 64, "intermediate_size": 704,
+               "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+DEFAULT_IMAGE = {"codebook_size": 1024, "embed_dim": 8, "aligner_layers": 2,
+                 "head_hidden_size": 256, "grid_height": 16, "grid_width": 16}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, n, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def lin(i, o, bias=False):
+    return nn.Linear(i, o, bias=bias)
+
+
+class Attn(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        L, H, KV, D = c["hidden_size"], c["num_heads"], c["num_kv_heads"], c["head_dim"]
+        self.H, self.KV, self.D = H, KV, D
+        self.q, self.k, self.v = lin(L, H * D), lin(L, KV * D), lin(L, KV * D)
+        self.o = lin(H * D, L)
+
+
+class Mlp(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        L, F_ = c["hidden_size"], c["intermediate_size"]
+        self.gate, self.up, self.down = lin(L, F_), lin(L, F_), lin(F_, L)
+
+
+class Layer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.attn_norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.attn = Attn(c)
+        self.mlp_norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.mlp = Mlp(c)
+
+    def forward(self, x, cos, sin, mask):
+        B, T, _ = x.shape
+        a = self.attn
+        h = self.attn_norm(x)
+        q = a.q(h).view(B, T, a.H, a.D).transpose(1, 2)
+        k = a.k(h).view(B, T, a.KV, a.D).transpose(1, 2)
+        v = a.v(h).view(B, T, a.KV, a.D).transpose(1, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        if a.KV != a.H:
+            k = k.repeat_interleave(a.H // a.KV, 1)
+            v = v.repeat_interleave(a.H // a.KV, 1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + a.o(o.transpose(1, 2).reshape(B, T, a.H * a.D))
+        h = self.mlp_norm(x)
+        return x + self.mlp.down(F.silu(self.mlp.gate(h)) * self.mlp.up(h))
+
+
+def rope(x, cos, sin):
+    d = x.shape[-1] // 2
+    rot = torch.cat([-x[..., d:], x[..., :d]], -1)
+    return x * cos + rot * sin
+
+
+class Llm(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed = nn.Embedding(c["vocab_size"], c["hidden_size"])
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c["num_layers"]))
+        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+
+
+class Head(nn.Module):
+    def __init__(self, L, G, K):
+        super().__init__()
+        self.fc1, self.fc2 = lin(L, G, True), lin(G, K, True)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Gen(nn.Module):
+    def __init__(self, L, im):
+        super().__init__()
+        self.embed = nn.Embedding(im["codebook_size"], im["embed_dim"])
+        self.aligner = nn.ModuleList(
+            lin(im["embed_dim"] if j == 0 else L, L, True) for j in range(im["aligner_layers"]))
+        self.head = Head(L, im["head_hidden_size"], im["codebook_size"])
+
+    def align(self, tokens):
+        x = self.aligner[0](self.embed(tokens))
+        for layer in self.aligner[1:]:
+            x = layer(F.gelu(x))
+        return x
+
+
+class JanusLM(nn.Module):
+    def __init__(self, llm_cfg, image_cfg):
+        super().__init__()
+        self.llm_cfg, self.image_cfg = dict(llm_cfg), dict(image_cfg)
+        self.llm = Llm(llm_cfg)
+        self.gen = Gen(llm_cfg["hidden_size"], image_cfg)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        n_layers = self.llm_cfg["num_layers"]
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            elif p.ndim == 2:
+                std = 0.02
+                if name.endswith(("attn.o.weight", "mlp.down.weight")):
+                    std = 0.02 / math.sqrt(2 * n_layers)
+                if name == "gen.embed.weight":
+                    std = 1.0
+                p.normal_(0.0, std)
+
+    def rope_tables(self, pos):
+        D = self.llm_cfg["head_dim"]
+        inv = 1.0 / self.llm_cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+        ang = pos.to(torch.float64)[..., None] * inv
+        ang = torch.cat([ang, ang], -1)
+        return ang.cos().float()[:, None], ang.sin().float()[:, None]  # [B, 1, T, D]
+
+    def forward(self, ids, valid, image):
+        """ids [B, P] prompts left-padded to P (valid [B, P] marks real tokens; each row
+        ends with the image-start token), image [B, N] token grids in raster order.
+        Returns the logits [B, N, K] that predict image[:, t] from everything before it."""
+        B, P = ids.shape
+        x = torch.cat([self.llm.embed(ids), self.gen.align(image[:, :-1])], 1)
+        T = x.shape[1]
+        keep = torch.cat([valid, torch.ones(B, T - P, dtype=torch.bool)], 1)
+        pos = (keep.long().cumsum(1) - 1).clamp(min=0)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        mask = (causal[None] & keep[:, None, :]) | torch.eye(T, dtype=torch.bool)[None]
+        cos, sin = self.rope_tables(pos)
+        mask = mask[:, None]
+        for layer in self.llm.layers:
+            x = layer(x, cos, sin, mask)
+        x = self.llm.norm(x[:, P - 1:])
+        return self.gen.head(x)

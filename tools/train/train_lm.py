@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Trains the language model of the shapes demo model on VQ token grids.
+
+Exact commands (from the repository root, after train_vq.py and tokenize_shapes.py):
+
+    OMP_NUM_THREADS=2 nice -n 10 python tools/train/train_lm.py \\
+        --tokens build/shapes/train/tokens.npz --val-tokens build/shapes/val/tokens.npz \\
+        --out build/train/lm --seed 1 --steps 6000 --threads 2 --resume \\
+        >> build/train/lm/stdout.log 2>&1 &
+
+The same command resumes from OUT/ckpt.pt (saved every --ckpt-every steps); the batch of
+step t depends only on the seed and t. OUT/tokenizer.json is the word-level tokenizer the
+model is trained with (written on the first run, reused after). Logs: OUT/train.log, the
+held-out loss per --eval-every steps in OUT/val.csv.
+
+Training rows are exactly what the engine feeds: <bos>, the prompt template with the
+caption, <begin_of_image>, then the 256 image tokens; the loss is the cross-entropy of the
+image tokens. With probability --uncond-prob a row is the engine's unconditional row
+instead (every prompt token except <bos> and <begin_of_image> replaced by <pad>), which is
+what classifier-free guidance needs.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+from lm_model import DEFAULT_IMAGE, DEFAULT_LLM, JanusLM  # noqa: E402
+
+TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"
+SPECIALS = ["<bos>", "<pad>", "<begin_of_image>", "<|User|>", "<|Assistant|>", "[UNK]"]
+
+
+def vocabulary_words():
+    """The caption words (tools/shapes/scene.py) plus the template's ':'."""
+    from tools.shapes.scene import vocabulary
+    return [":"] + [w for w in vocabulary() if w != ":"]
+
+
+def tokenizer_json(vocab_size):
+    """The word-level tokenizer (Hugging Face tokenizer.json format) the engine reads."""
+    tokens = SPECIALS + vocabulary_words()
+    if len(tokens) > vocab_size:
+        raise ValueError("%d tokens do not fit a vocabulary of %d" % (len(tokens), vocab_size))
+    vocab = {t: i for i, t in enumerate(tokens)}
+    added = [{"id": vocab[t], "content": t, "single_word": False, "lstrip": False,
+              "rstrip": False, "normalized": False, "special": True} for t in SPECIALS]
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": None, "decoder": None,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}}
+
+
+def encode_prompts(tok_json, captions):
+    """(cond rows, uncond rows) of token ids, as the engine builds them."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_str(json.dumps(tok_json))
+    v = tok_json["model"]["vocab"]
+    bos, pad, boi, unk = v["<bos>"], v["<pad>"], v["<begin_of_image>"], v["[UNK]"]
+    cond, uncond = [], []
+    for c in captions:
+        ids = tok.encode(TEMPLATE.replace("{prompt}", str(c)), add_special_tokens=False).ids
+        if unk in ids:
+            raise ValueError("caption %r has words outside the vocabulary" % c)
+        row = [bos] + ids + [boi]
+        cond.append(row)
+        uncond.append([bos] + [pad] * len(ids) + [boi])
+    return cond, uncond
+
+
+def pad_left(rows, pad):
+    P = max(len(r) for r in rows)
+    ids = np.full((len(rows), P), pad, np.int64)
+    valid = np.zeros((len(rows), P), bool)
+    for i, r in enumerate(rows):
+        ids[i, P - len(r):] = r
+        valid[i, P - len(r):] = True
+    return torch.from_numpy(ids), torch.from_numpy(valid)
+
+
+def lr_at(step, a):
+    if step < a.warmup:
+        return a.lr * (step + 1) / a.warmup
+    t = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
+    return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def log(path, msg):
+    line = time.strftime("%H:%M:%S ") + msg
+    print(line, flush=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def save(path, obj):
+    tmp = path + ".tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def batch_rows(cond, uncond, grids, idx, drop, pad):
+    rows = [uncond[i] if d else cond[i] for i, d in zip(idx, drop)]
+    ids, valid = pad_left(rows, pad)
+    image = torch.from_numpy(grids[idx].reshape(len(idx), -1).astype(np.int64))
+    return ids, valid, image
+
+
+@torch.no_grad()
+def held_out_loss(model, cond, grids, pad, bs=32):
+    model.eval()
+    tot, n = 0.0, 0
+    for i in range(0, len(cond), bs):
+        idx = np.arange(i, min(i + bs, len(cond)))
+        ids, valid, image = batch_rows(cond, cond, grids, idx, np.zeros(len(idx), bool), pad)
+        logits = model(ids, valid, image)
+        tot += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), image.reshape(-1), reduction="sum"))
+        n += image.numel()
+    model.train()
+    return tot / n
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", required=True, help="npz from tokenize_shapes.py (tokens, captions)")
+    ap.add_argument("--val-tokens", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--min-lr-frac", type=float, default=0.05)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--weight-decay", type=float, default=0.05)
+    ap.add_argument("--uncond-prob", type=float, default=0.1, help="caption dropout for guidance")
+    ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--ckpt-every", type=int, default=100)
+    ap.add_argument("--llm", default=None, help="JSON overriding the llm config")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+
+    torch.set_num_threads(a.threads)
+    os.makedirs(a.out, exist_ok=True)
+    logf, ckpt_path = os.path.join(a.out, "train.log"), os.path.join(a.out, "ckpt.pt")
+    tok_path = os.path.join(a.out, "tokenizer.json")
+    llm_cfg = dict(DEFAULT_LLM, **(json.loads(a.llm) if a.llm else {}))
+    if os.path.exists(tok_path):
+        with open(tok_path) as f:
+            tok_json = json.load(f)
+    else:
+        tok_json = tokenizer_json(llm_cfg["vocab_size"])
+        with open(tok_path, "w") as f:
+            json.dump(tok_json, f, indent=1)
+    pad = tok_json["model"]["vocab"]["<pad>"]
+
+    with np.load(a.tokens) as z:
+        grids, captions = z["tokens"], z["captions"]
+    with np.load(a.val_tokens) as z:
+        val_grids, val_captions = z["tokens"], z["captions"]
+    image_cfg = dict(DEFAULT_IMAGE, grid_height=grids.shape[1], grid_width=grids.shape[2])
+    cond, uncond = encode_prompts(tok_json, captions)
+    val_cond, _ = encode_prompts(tok_json, val_captions)
+
+    torch.manual_seed(a.seed)
+    model = JanusLM(llm_cfg, image_cfg)
+    decay = [p for n, p in model.named_parameters() if p.ndim == 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim == 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.95))
+    step = 0
+    if a.resume and os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if ck["llm"] != llm_cfg or ck["image"] != image_cfg:
+            sys.exit("checkpoint config differs from this run's")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step = ck["step"]
+        log(logf, "resumed from %s at step %d" % (ckpt_path, step))
+    else:
+        log(logf, "start: args %s" % json.dumps(vars(a)))
+        log(logf, "llm %s image %s; %.3fM parameters; %d training rows, %d held out; prompt lengths %d-%d" % (
+            json.dumps(llm_cfg), json.dumps(image_cfg), sum(p.numel() for p in model.parameters()) / 1e6,
+            len(cond), len(val_cond), min(map(len, cond)), max(map(len, cond))))
+        with open(os.path.join(a.out, "val.csv"), "w") as f:
+            f.write("step,val_loss,val_ppl\n")
+
+    def checkpoint(path):
+        save(path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                    "llm": llm_cfg, "image": image_cfg, "args": vars(a)})
+
+    t_last, n_last, acc = time.time(), 0, 0.0
+    while step < a.steps:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, a)
+        rng = np.random.default_rng([a.seed, step])
+        idx = rng.integers(0, len(cond), a.batch)
+        drop = rng.random(a.batch) < a.uncond_prob
+        ids, valid, image = batch_rows(cond, uncond, grids, idx, drop, pad)
+        logits = model(ids, valid, image)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), image.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        acc += float(loss.detach())
+        n_last += 1
+        if step % a.log_every == 0:
+            log(logf, "step %d lr %.2e loss %.4f %.2f s/step" % (
+                step, lr_at(step - 1, a), acc / n_last, (time.time() - t_last) / n_last))
+            t_last, n_last, acc = time.time(), 0, 0.0
+        if step % a.ckpt_every == 0 or step == a.steps:
+            checkpoint(ckpt_path)
+        if step % a.eval_every == 0 or step == a.steps:
+            t0 = time.time()
+            vl = held_out_loss(model, val_cond, val_grids, pad)
+            log(logf, "EVAL step %d held-out loss %.4f (perplexity %.1f) on %d rows (%.0f s)" % (
+                step, vl, math.exp(vl), len(val_cond), time.time() - t0))
+            with open(os.path.join(a.out, "val.csv"), "a") as f:
+                f.write("%d,%.4f,%.2f\n" % (step, vl, math.exp(vl)))
+            if step % 1000 == 0:
+                checkpoint(os.path.join(a.out, "ckpt-%06d.pt" % step))
+            t_last, n_last, acc = time.time(), 0, 0.0
+    log(logf, "done at step %d" % step)
+
+
+if __name__ == "__main__":
+    main()
