@@ -1,5 +1,7 @@
 # arserve build. `make run` and `make test` are all a newcomer types: both
-# install what they need first (`make deps`).
+# install what they need first (`make deps`). `make run` serves MODEL (default
+# models/shapes, the shipped demo model); `make eval` scores MODEL on the
+# ShapesEval prompts (EVAL_ARGS="--limit 48" for a quick look).
 #
 # Switches (validated): CUDA=0|1, SANITIZER=address|undefined|thread, DEBUG=0|1.
 # CI=true adds -Werror. CUDA=1 builds arserve with the CUDA backend too (nvcc
@@ -107,7 +109,8 @@ TINY_MODEL := $(BUILD)/tiny-model
 SLOW_MODEL := $(BUILD)/slow-model
 
 .PHONY: all deps test test-unit test-cli test-integration test-python test-sanitizers test-backend \
-        test-cuda-build test-dockerfile gpu-tests run clean tools-deps golden format info
+        test-cuda-build test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
+        format info
 
 all: info $(BUILD)/arserve
 
@@ -255,10 +258,11 @@ test-cli: $(BUILD)/arserve $(TINY_MODEL)/arserve.json
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
 	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL)
 
-# Python tools' tests: the shapes renderer and the ShapesEval scorer (numpy,
-# Pillow; no torch).
-test-python: $(VENV)/.stamp
-	$(VENV)/bin/python -m pytest -q tests/python
+# Python tools' tests (numpy, Pillow; no torch): the shapes renderer, the
+# ShapesEval scorer and runner, and the shipped model (models/shapes) drawing
+# its expected PNG and passing a small ShapesEval with build/arserve.
+test-python: $(BUILD)/arserve $(VENV)/.stamp
+	ARSERVE_BIN=$(BUILD)/arserve $(VENV)/bin/python -m pytest -q -rP tests/python
 
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
 # the OpenAI client, bad requests, batching, 429s, disconnects, drains,
@@ -267,11 +271,27 @@ test-integration: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(VE
 	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_SLOW_MODEL=$(SLOW_MODEL) \
 		$(VENV)/bin/python -m pytest -q tests/integration
 
-# Serves MODEL on HOST:PORT (the tiny random model until the demo model ships).
-MODEL ?= $(TINY_MODEL)
+# Serves MODEL on HOST:PORT: the shipped demo model unless told otherwise
+# (MODEL=build/tiny-model makes and serves the tiny random one).
+MODEL ?= models/shapes
 run: deps
-	$(MAKE) all $(TINY_MODEL)/arserve.json
+	$(MAKE) all $(if $(filter $(TINY_MODEL),$(MODEL)),$(TINY_MODEL)/arserve.json)
 	exec $(BUILD)/arserve serve --model $(MODEL) --host $(HOST) --port $(PORT)
+
+# ShapesEval of MODEL: all 300 prompts of tools/shapes_eval/prompts.jsonl
+# through `arserve generate` (one process per core), then scored; images and
+# numbers in $(BUILD)/eval/. EVAL_ARGS adds runner flags, e.g.
+# EVAL_ARGS='--limit 48 --images-per-prompt 2 --arserve-arg="--cfg 3"'
+# (python -m tools.shapes_eval run --help).
+EVAL_ARGS ?=
+eval: $(BUILD)/arserve $(VENV)/.stamp
+	$(VENV)/bin/python -m tools.shapes_eval run --arserve $(BUILD)/arserve --model $(MODEL) \
+		--out $(BUILD)/eval --json $(BUILD)/eval/shapes_eval.json $(EVAL_ARGS)
+
+# The PNG tests/python/test_shipped_model.py expects models/shapes to draw;
+# remake it (and commit it) when the model files change.
+expected-png: $(BUILD)/arserve $(VENV)/.stamp
+	$(VENV)/bin/python tools/shapes_eval/make_expected.py --arserve $(BUILD)/arserve
 
 # Tools that need torch/transformers (golden data, converters) live in their own venv.
 tools-deps:

@@ -19,9 +19,11 @@
 
 static void generate_usage(FILE *f) {
     fprintf(f,
-            "usage: arserve generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
+            "usage: arserve generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
             "\n"
-            "  --model DIR          model directory (arserve.json, weights, tokenizer.json)\n"
+            "  --model DIR          model directory (arserve.json, weights, tokenizer.json);\n"
+            "                       default: $ARSERVE_MODEL, else the shipped demo model,\n"
+            "                       ../models/shapes or models/shapes from arserve's folder\n"
             "  --prompt TEXT        prompt text, through the model's tokenizer and template\n"
             "  --prompt-ids LIST    comma-separated token ids of the templated prompt, bypassing\n"
             "                       the tokenizer (BOS and image-start are still added)\n"
@@ -131,10 +133,6 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "arserve: generate: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    if (!model_dir) {
-        fprintf(stderr, "arserve: generate: --model DIR is required\n");
-        return 2;
-    }
     if (!prompt == !prompt_ids) {
         fprintf(stderr, "arserve: generate: give exactly one of --prompt and --prompt-ids\n");
         return 2;
@@ -142,6 +140,12 @@ int cmd_generate(int argc, char **argv) {
     if (prompt && !prompt[0]) {
         fprintf(stderr, "arserve: generate: --prompt is empty\n");
         return 2;
+    }
+
+    char default_dir[1024];
+    if (!model_dir) {
+        if (cli_default_model(default_dir, sizeof default_dir)) return 1;
+        model_dir = default_dir;
     }
 
     ar_error_t err = {{0}};

@@ -63,6 +63,7 @@ int cmd_serve(int argc, char **argv, char **envp) {
         server_config_usage(stdout);
         return 0;
     }
+    if (!cfg.model[0] && cli_default_model(cfg.model, sizeof cfg.model)) return 1;
     int lvl = log_level_parse(cfg.log_level);
     log_threshold = lvl < 0 ? LOG_INFO : (log_level_t)lvl;
     struct sigaction sa;

@@ -49,8 +49,9 @@ static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL}
 static const char *const BACKENDS[] = {"auto", "cpu", "cuda", NULL};
 
 static const setting_t SETTINGS[] = {
-    STRING_SETTING(model, "models/default", 0, "DIR",
-                   "Model directory (arserve.json, weights, tokenizer.json)"),
+    STRING_SETTING(model, "", 1, "DIR",
+                   "Model directory (arserve.json, weights, tokenizer.json); empty: the shipped "
+                   "demo model, ../models/shapes or models/shapes from arserve's folder"),
     STRING_SETTING(host, "127.0.0.1", 0, "HOST",
                    "Address to listen on; 0.0.0.0 listens on every interface"),
     INT_SETTING(port, 0, 65535, 8080, "PORT", "TCP port to listen on; 0 picks a free one"),

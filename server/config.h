@@ -10,7 +10,8 @@
 
 /* The field names are the JSON keys. */
 typedef struct server_config {
-    char model[1024];        /* model directory, as given (relative to the working directory) */
+    char model[1024];        /* model directory, as given (relative to the working directory);
+                                "" = the shipped one (cli_default_model) */
     char host[256];          /* address to bind */
     int port;                /* 0 = the kernel picks a free port */
     char api_key_file[1024]; /* "" = none */

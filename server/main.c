@@ -2,10 +2,13 @@
  * (one image to a PNG file); plan, calibrate, bench and simulate come with
  * their issues. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -39,6 +42,56 @@ int cli_parse_float(const char *flag, const char *s, double lo, double hi, doubl
     }
     *out = v;
     return 0;
+}
+
+/* The shipped demo model, found from the executable's own path so that any
+ * working directory works: build/arserve finds models/shapes of the checkout,
+ * /opt/arserve/bin/arserve finds /opt/arserve/models/shapes. */
+#define SHIPPED_MODEL "models/shapes"
+
+static int has_model_config(const char *dir) {
+    char path[PATH_MAX + 16];
+    struct stat st;
+    if ((size_t)snprintf(path, sizeof path, "%s/arserve.json", dir) >= sizeof path) return 0;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int copy_path(char *out, size_t n, const char *dir) {
+    if ((size_t)snprintf(out, n, "%s", dir) < n) return 0;
+    fprintf(stderr, "arserve: model path too long: %s\n", dir);
+    return -1;
+}
+
+int cli_default_model(char *out, size_t n) {
+    const char *env = getenv("ARSERVE_MODEL");
+    if (env && env[0]) {
+        if (has_model_config(env)) return copy_path(out, n, env);
+        fprintf(stderr,
+                "arserve: ARSERVE_MODEL=%s has no arserve.json; set it to a model directory, "
+                "unset it, or pass --model DIR\n",
+                env);
+        return -1;
+    }
+    char exe[PATH_MAX], tried[2][PATH_MAX + 32];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) {
+        fprintf(stderr, "arserve: no --model given and /proc/self/exe is unreadable (%s); "
+                        "pass --model DIR\n",
+                strerror(errno));
+        return -1;
+    }
+    exe[len] = 0;
+    *strrchr(exe, '/') = 0; /* the executable's folder ("" for /arserve) */
+    const char *up = strrchr(exe, '/');
+    snprintf(tried[0], sizeof tried[0], "%.*s/" SHIPPED_MODEL, up ? (int)(up - exe) : 0, exe);
+    snprintf(tried[1], sizeof tried[1], "%s/" SHIPPED_MODEL, exe);
+    for (int i = 0; i < 2; i++)
+        if (has_model_config(tried[i])) return copy_path(out, n, tried[i]);
+    fprintf(stderr,
+            "arserve: no --model given and no shipped model found: no arserve.json in %s or %s "
+            "(ARSERVE_MODEL is unset); pass --model DIR\n",
+            tried[0], tried[1]);
+    return -1;
 }
 
 static void usage(FILE *f) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CLI tests for `arserve generate` on the tiny random model: it writes a PNG
 # of the model's size, the same seed gives the same bytes, and bad input
-# gives a clear error and a non-zero exit instead of a crash.
+# gives a clear error and a non-zero exit instead of a crash. Without
+# --model, generate and serve find the shipped model (or say what to do).
 # usage: tests/cli/test_cli.sh path/to/arserve path/to/tiny-model
 set -u
 bin=$1 model=$2
@@ -85,6 +86,49 @@ expect_fail "truncated weights are an error naming the file" 1 "model.safetensor
     "$bin" generate --model "$tmp/trunc" --prompt x -o "$tmp/x.png"
 
 [ ! -e "$tmp/x.png" ] && ok "failed runs write no PNG" || fail "failed runs write no PNG"
+
+# Without --model: $ARSERVE_MODEL, else the shipped model found from the
+# binary's own path, <dir>/../models/shapes then <dir>/models/shapes (copies
+# of the binary beside copies of the tiny model stand for the layouts).
+mkdir -p "$tmp/prefix/bin" "$tmp/prefix/models" "$tmp/flat/models" "$tmp/none/bin" "$tmp/empty"
+cp "$bin" "$tmp/prefix/bin/arserve" && cp "$bin" "$tmp/flat/arserve" && cp "$bin" "$tmp/none/bin/arserve"
+cp -r "$model" "$tmp/prefix/models/shapes" && cp -r "$model" "$tmp/flat/models/shapes"
+ln -s "$tmp/prefix/bin/arserve" "$tmp/link"
+for layout in prefix/bin/arserve flat/arserve link; do
+    rm -f "$tmp/d.png"
+    if (cd "$tmp/empty" && env -u ARSERVE_MODEL "$tmp/$layout" generate --prompt-ids 10,11,12 --seed 7 \
+            -q -o "$tmp/d.png") && cmp -s "$tmp/a.png" "$tmp/d.png"; then
+        ok "no --model: $layout finds its shipped models/shapes"
+    else fail "no --model: $layout finds its shipped models/shapes"; fi
+done
+rm -f "$tmp/d.png"
+if ARSERVE_MODEL=$model "$tmp/none/bin/arserve" generate --prompt-ids 10,11,12 --seed 7 -q -o "$tmp/d.png" \
+    && cmp -s "$tmp/a.png" "$tmp/d.png"; then ok "no --model: ARSERVE_MODEL is used"
+else fail "no --model: ARSERVE_MODEL is used"; fi
+expect_fail "no --model and no shipped model names the paths tried" 1 \
+    "no arserve.json in $tmp/none/models/shapes or $tmp/none/bin/models/shapes" -- \
+    env -u ARSERVE_MODEL "$tmp/none/bin/arserve" generate --prompt x -o "$tmp/x.png"
+expect_fail "no --model and no shipped model says to pass --model" 1 "pass --model DIR" -- \
+    env -u ARSERVE_MODEL "$tmp/none/bin/arserve" generate --prompt x -o "$tmp/x.png"
+expect_fail "ARSERVE_MODEL without arserve.json is named" 1 "ARSERVE_MODEL=$tmp/empty has no arserve.json" -- \
+    env ARSERVE_MODEL="$tmp/empty" "$tmp/prefix/bin/arserve" generate --prompt x -o "$tmp/x.png"
+expect_fail "serve without a model says to pass --model" 1 "pass --model DIR" -- \
+    env -u ARSERVE_MODEL "$tmp/none/bin/arserve" serve --port 0
+# serve finds the shipped model too: it gets ready, then drains on SIGTERM.
+env -u ARSERVE_MODEL timeout 60 "$tmp/prefix/bin/arserve" serve --port 0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
+serve_pid=$!
+for _ in $(seq 300); do grep -q "ready on" "$tmp/serve.out" && break; sleep 0.1; done
+kill -TERM "$serve_pid" 2>/dev/null
+wait "$serve_pid"; serve_rc=$?
+if [ "$serve_rc" -eq 0 ] && grep -q "ready on" "$tmp/serve.out" && grep -qF "from $tmp/prefix/models/shapes" "$tmp/serve.err"
+then ok "no --model: serve finds its shipped models/shapes"
+else fail "no --model: serve finds its shipped models/shapes" "exit $serve_rc: $(tail -c 300 "$tmp/serve.err")"; fi
+# The checkout itself: build/arserve -> models/shapes (the shipped demo model).
+if [ -f "$(dirname "$bin")/../models/shapes/arserve.json" ]; then
+    if env -u ARSERVE_MODEL "$bin" generate --prompt "a red circle" --seed 1 -o "$tmp/s.png" 2>"$tmp/err" \
+        && [ "$(png_size "$tmp/s.png")" = "128 128" ]; then ok "no --model: $bin finds models/shapes (128x128)"
+    else fail "no --model: $bin finds models/shapes" "$(cat "$tmp/err")"; fi
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

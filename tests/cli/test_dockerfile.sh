@@ -2,8 +2,9 @@
 # Docker cannot build here, so this checks the Dockerfile's structure
 # instead: two stages (a CUDA devel image that builds with CUDA=1, a CUDA
 # runtime image that ships), a non-root USER, EXPOSE 8080, a HEALTHCHECK on
-# /health, a CMD that serves on 0.0.0.0, and every file it COPYs from the
-# build context exists (COPY --from=<stage> is not from the context).
+# /health, a CMD that serves on 0.0.0.0 and finds its model, and every file
+# it COPYs from the build context exists (COPY --from=<stage> is not from the
+# context).
 # usage: tests/cli/test_dockerfile.sh [path/to/Dockerfile]
 set -u
 file=${1:-Dockerfile}
@@ -49,6 +50,17 @@ cmd=$(printf '%s\n' "$final" | grep -iE '^CMD[[:space:]]' | tail -n 1)
 if printf '%s' "$cmd" | grep -q '"serve"' && printf '%s' "$cmd" | grep -qE '"--host",[[:space:]]*"0\.0\.0\.0"'; then
     ok "CMD serves on 0.0.0.0"
 else fail "CMD serves on 0.0.0.0" "${cmd:-none}"; fi
+
+# The default command finds a model: its CMD names one, or models/ (with the
+# shipped models/shapes) is copied to <arserve's folder>/../models, where
+# arserve looks when given none (cli_default_model in server/main.c).
+bin_dest=$(printf '%s\n' "$final" | grep -iE '^COPY[[:space:]]' | awk '$NF ~ /\/arserve$/ { print $NF }' | tail -n 1)
+models_dest=$(printf '%s\n' "$final" | grep -iE '^COPY[[:space:]]+models/?[[:space:]]' | awk '{ print $NF }' | tail -n 1)
+if printf '%s' "$cmd" | grep -q '"--model"'; then ok "CMD names its model"
+elif [ -n "$bin_dest" ] && [ "${models_dest%/}" = "$(dirname "$(dirname "$bin_dest")")/models" ] &&
+     [ -f "$ctx/models/shapes/arserve.json" ]; then
+    ok "the shipped model is copied where arserve looks ($models_dest beside $bin_dest)"
+else fail "the default command finds a model" "arserve at '${bin_dest:-?}', models/ at '${models_dest:-not copied}'"; fi
 
 # COPY sources from the context: every argument but the last, flags skipped.
 missing=""

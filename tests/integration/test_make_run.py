@@ -1,5 +1,6 @@
 """`make run` as a newcomer types it, and the README's curl and openai
 examples run as written against what it serves (only the port changed)."""
+import json
 import os
 import re
 import signal
@@ -18,8 +19,8 @@ MAKE_RUN_START = 240
 
 
 def test_make_run_defaults_to_loopback_8080():
-    """`make run` without arguments serves on 127.0.0.1:8080 (dry run: what
-    it would execute)."""
+    """`make run` without arguments serves the shipped model, models/shapes,
+    on 127.0.0.1:8080 (dry run: what it would execute)."""
     p = subprocess.run(["make", "-n", "run"], cwd=REPO, capture_output=True, text=True,
                        timeout=60, env=clean_env())
     assert p.returncode == 0, p.stderr
@@ -27,6 +28,7 @@ def test_make_run_defaults_to_loopback_8080():
     assert serve, p.stdout
     assert re.search(r"--host 127\.0\.0\.1(\s|$)", serve[-1]), serve[-1]
     assert re.search(r"--port 8080(\s|$)", serve[-1]), serve[-1]
+    assert re.search(r"--model models/shapes(\s|$)", serve[-1]), serve[-1]
 
 
 class MakeRun:
@@ -111,6 +113,8 @@ def test_make_run_serves_health_and_images(make_run):
         assert c.get("/ready").status_code == 200
         models = c.get("/v1/models").json()["data"]
         assert len(models) == 1
+        with open(os.path.join(REPO, "models", "shapes", "arserve.json")) as f:
+            assert models[0]["id"] == json.load(f)["name"], models
         r = c.post("/v1/images/generations", json={"prompt": "a red circle", "seed": 7})
         assert r.status_code == 200, r.text
         size = r.json()["size"]

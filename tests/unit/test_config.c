@@ -66,7 +66,7 @@ static int configs_equal(const server_config_t *a, const server_config_t *b) {
 static void test_defaults(void) {
     server_config_t c;
     server_config_defaults(&c);
-    CHECK(!strcmp(c.model, "models/default"));
+    CHECK(c.model[0] == 0); /* the shipped model, found at start-up */
     CHECK(!strcmp(c.host, "127.0.0.1"));
     CHECK(c.port == 8080);
     CHECK(c.api_key_file[0] == 0 && c.api_key[0] == 0 && c.config_path[0] == 0);
@@ -245,8 +245,10 @@ static void test_bad_string(void) {
     const char *a2[] = {"--model", longv, NULL};
     CHECK(load(&c, a2, NULL, &err) == AR_ERR);
     CHECK(!strcmp(err.msg, "--model: value is longer than 1023 bytes"));
-    CHECK(load_json(&c, "{\"model\": \"\"}", &err) == AR_ERR);
-    CHECK_STR_CONTAINS(err.msg, ".json: 'model' is empty");
+    CHECK(load_json(&c, "{\"host\": \"\"}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, ".json: 'host' is empty");
+    /* An empty model is the shipped one. */
+    CHECK(load_json(&c, "{\"model\": \"\"}", &err) == AR_OK && c.model[0] == 0);
 }
 
 static void test_unknown_flag_and_bad_arguments(void) {
@@ -462,7 +464,8 @@ static void test_usage_lists_every_setting(void) {
     CHECK_STR_CONTAINS(text, "--kv-pool-mb MIB");
     CHECK_STR_CONTAINS(text, "KV cache pool size in MiB. 1..1048576, default 1024.\n");
     CHECK_STR_CONTAINS(text, "error|warn|info|debug, default info.\n");
-    CHECK_STR_CONTAINS(text, "models/default.\n");
+    CHECK_STR_CONTAINS(text, "empty: the\n      shipped demo model");
+    CHECK_STR_CONTAINS(text, "folder. Default none.\n");
     /* Fits a terminal. */
     for (const char *line = text; *line;
          line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != 0))

@@ -1,5 +1,6 @@
 """Command line: python -m tools.shapes_eval score --images DIR --prompts prompts.jsonl
               python -m tools.shapes_eval detect IMAGE.png ...
+              python -m tools.shapes_eval run [--model DIR] [--limit N] ...  (generate, then score)
 
 Images are DIR/<id>.png or DIR/<id>_<n>.png, the prompt id as five digits (00042.png).
 Prints per-category and overall accuracy; --json writes every image's result and
@@ -14,7 +15,7 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from tools.shapes_eval import scorer  # noqa: E402
+from tools.shapes_eval import run, scorer  # noqa: E402
 
 
 def main(argv=None):
@@ -30,7 +31,13 @@ def main(argv=None):
     sc.add_argument("--min-area", type=int, default=scorer.MIN_AREA)
     de = sub.add_parser("detect", help="print the objects found in PNGs")
     de.add_argument("png", nargs="+")
+    ru = sub.add_parser("run", help="generate the prompts' images with arserve, then score them",
+                        description=run.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_arguments(ru)
     a = ap.parse_args(argv)
+
+    if a.cmd == "run":
+        return run.run_cli(a)
 
     if a.cmd == "detect":
         import numpy as np

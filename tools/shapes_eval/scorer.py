@@ -269,11 +269,12 @@ def summarise(results):
 
 
 def score_dir(images, prompts, threshold=THRESHOLD, min_area=MIN_AREA):
-    """Scores DIR against a prompts.jsonl; missing images count as wrong."""
+    """Scores DIR against a prompts.jsonl (a path, or its prompts as a list);
+    missing images count as wrong."""
     from PIL import Image
 
     results = []
-    for p in load_prompts(prompts):
+    for p in load_prompts(prompts) if isinstance(prompts, (str, os.PathLike)) else prompts:
         files = image_files(images, p["id"])
         if not files:
             results.append({"id": p["id"], "category": p["category"], "prompt": p["prompt"],

@@ -3,9 +3,10 @@
 
 Exact commands (from the repository root, after train_vq.py and tokenize_shapes.py):
 
-    OMP_NUM_THREADS=2 nice -n 10 python tools/train/train_lm.py \\
-        --tokens build/shapes/train/tokens.npz --val-tokens build/shapes/val/tokens.npz \\
-        --out build/train/lm --seed 1 --steps 6000 --threads 2 --resume \\
+    OMP_NUM_THREADS=2 nice -n 5 python tools/train/train_lm.py \\
+        --tokens build/shapes/train-a/tokens.npz build/shapes/train-b/tokens.npz \\
+        --val-tokens build/shapes/val/tokens.npz \\
+        --out build/train/lm --seed 1 --steps 3500 --batch 16 --threads 2 --resume \\
         >> build/train/lm/stdout.log 2>&1 &
 
 The same command resumes from OUT/ckpt.pt (saved every --ckpt-every steps); the batch of
@@ -131,12 +132,13 @@ def held_out_loss(model, cond, grids, pad, bs=32):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", required=True, help="npz from tokenize_shapes.py (tokens, captions)")
+    ap.add_argument("--tokens", required=True, nargs="+",
+                    help="npz files from tokenize_shapes.py (tokens, captions), concatenated in order")
     ap.add_argument("--val-tokens", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=6000)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=3500)
+    ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.05)
     ap.add_argument("--warmup", type=int, default=200)
@@ -164,8 +166,12 @@ def main(argv=None):
             json.dump(tok_json, f, indent=1)
     pad = tok_json["model"]["vocab"]["<pad>"]
 
-    with np.load(a.tokens) as z:
-        grids, captions = z["tokens"], z["captions"]
+    grids, captions = [], []
+    for path in a.tokens:
+        with np.load(path) as z:
+            grids.append(z["tokens"])
+            captions.append(z["captions"])
+    grids, captions = np.concatenate(grids), np.concatenate(captions)
     with np.load(a.val_tokens) as z:
         val_grids, val_captions = z["tokens"], z["captions"]
     image_cfg = dict(DEFAULT_IMAGE, grid_height=grids.shape[1], grid_width=grids.shape[2])
