@@ -1,7 +1,8 @@
 # arserve build. `make run` and `make test` are all a newcomer types: both
-# install what they need first (`make deps`). `make run` serves MODEL (default
-# models/shapes, the shipped demo model); `make eval` scores MODEL on the
-# ShapesEval prompts (EVAL_ARGS="--limit 48" for a quick look).
+# install what they need first (`make deps`). `make help` lists the targets.
+# `make run` serves MODEL (default models/shapes, the shipped demo model);
+# `make eval` scores MODEL on the ShapesEval prompts (EVAL_ARGS="--limit 48"
+# for a quick look); `make bench-kv` compares the KV policies on it.
 #
 # Switches (validated): CUDA=0|1, SANITIZER=address|undefined|thread, DEBUG=0|1.
 # CI=true adds -Werror. CUDA=1 builds arserve with the CUDA backend too (nvcc
@@ -110,9 +111,28 @@ SLOW_MODEL := $(BUILD)/slow-model
 
 .PHONY: all deps test test-unit test-cli test-integration test-python test-sanitizers test-backend \
         test-cuda-build test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
-        format info
+        format info bench-kv help
 
 all: info $(BUILD)/arserve
+
+help:
+	@echo "make run              build and serve MODEL (default models/shapes, the demo model) on http://HOST:PORT"
+	@echo "make test             build and run every suite (test-unit, test-cli, test-integration,"
+	@echo "                      test-python, test-backend, test-cuda-build, test-dockerfile,"
+	@echo "                      test-sanitizers)"
+	@echo "make all              build $(BUILD)/arserve (CUDA=1, SANITIZER=..., DEBUG=1, CI=true)"
+	@echo "make bench-kv         the KV policies side by side on KV_BENCH_MODEL ($(KV_BENCH_MODEL)):"
+	@echo "                      peak KV bytes measured and planned, images admitted into one pool"
+	@echo "                      and images/s (ratios to full), PSNR against full, ShapesEval"
+	@echo "                      (KV_BENCH_PER_CATEGORY, KV_BENCH_THREADS, KV_BENCH_POOL_IMAGES,"
+	@echo "                      KV_BENCH_WAVES); a few minutes, not part of make test"
+	@echo "make eval             ShapesEval of MODEL: the 300 standard prompts generated and scored"
+	@echo "                      (EVAL_ARGS, e.g. EVAL_ARGS=\"--limit 48\"; images in $(BUILD)/eval)"
+	@echo "make expected-png     remake the PNG the shipped-model test expects (after retraining)"
+	@echo "make deps             install the Debian packages and the .venv the build and tests need"
+	@echo "make golden           regenerate the golden data (torch, in .venv-tools)"
+	@echo "make format           clang-format the C, CUDA and headers"
+	@echo "make clean            remove the build folders"
 
 info:
 	@echo "arserve build: backends cpu$(if $(filter 1,$(CUDA)),+cuda ($(NVCC)$(comma) archs $(CUDA_ARCHS)),), DEBUG=$(DEBUG), SANITIZER=$(if $(SANITIZER),$(SANITIZER),none)$(if $(filter true,$(CI)), -Werror,), in $(BUILD)/"
@@ -254,9 +274,10 @@ test-sanitizers:
 test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json
 	ARSERVE_TINY_MODEL=$(TINY_MODEL) tests/run_unit.sh $(UNIT_BIN)
 
-test-cli: $(BUILD)/arserve $(TINY_MODEL)/arserve.json
+test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(TINY_MODEL)/arserve.json $(VENV)/.stamp
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
 	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL)
+	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python
 
 # Python tools' tests (numpy, Pillow; no torch): the shapes renderer, the
 # ShapesEval scorer and runner, and the shipped model (models/shapes) drawing
@@ -270,6 +291,29 @@ test-python: $(BUILD)/arserve $(VENV)/.stamp
 test-integration: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
 	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_SLOW_MODEL=$(SLOW_MODEL) \
 		$(VENV)/bin/python -m pytest -q tests/integration
+
+# The KV policies side by side on the demo model, in one run (bench/kv_bench.py
+# says what each column is): peak KV bytes per image measured and planned
+# (must be equal), images admitted into one fixed pool and images/s at that
+# concurrency (ratios to the full cache), PSNR against the full-cache image
+# and ShapesEval accuracy, for full, streaming, linear and headkv at 1/4,
+# 1/6 and 1/8. Not part of `make test`. KV_BENCH_PER_CATEGORY prompts of
+# each ShapesEval category (6 categories); KV_BENCH_THREADS CPU threads (0:
+# every core; 1 by default, steady on a shared machine, and the ratios are
+# what the table is for); KV_BENCH_POOL_IMAGES full-cache images the pool
+# holds; KV_BENCH_WAVES fills of the pool timed per row.
+KV_BENCH_MODEL        ?= models/shapes
+KV_BENCH_PER_CATEGORY ?= 4
+KV_BENCH_THREADS      ?= 1
+KV_BENCH_POOL_IMAGES  ?= 2
+KV_BENCH_WAVES        ?= 2
+$(BUILD)/kv_bench: bench/kv_bench.c $(ENGINE_LIB)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(ENGINE_LIB) $(LDLIBS)
+
+bench-kv: $(BUILD)/kv_bench $(VENV)/.stamp
+	$(VENV)/bin/python bench/kv_bench.py --bin $(BUILD)/kv_bench --model $(KV_BENCH_MODEL) \
+		--per-category $(KV_BENCH_PER_CATEGORY) --threads $(KV_BENCH_THREADS) \
+		--pool-images $(KV_BENCH_POOL_IMAGES) --waves $(KV_BENCH_WAVES) --out $(BUILD)/bench-kv
 
 # Serves MODEL on HOST:PORT: the shipped demo model unless told otherwise
 # (MODEL=build/tiny-model makes and serves the tiny random one).
@@ -304,9 +348,10 @@ golden: tools-deps all
 format:
 	clang-format -i $(ENGINE_SRC) $(SERVER_SRC) $(KERNEL_SRC) \
 		$(wildcard engine/*.h server/*.h kernels/*.h kernels/*.cuh tests/*.h tests/unit/*.c \
-		           tests/backend/*.c tests/cuda_emu/*.h tests/cuda_emu/*.cpp)
+		           tests/backend/*.c tests/cuda_emu/*.h tests/cuda_emu/*.cpp bench/*.c)
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-ubsan $(BUILD)-cuda-ci build-cuda
 
--include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend_cuda.d
+-include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend_cuda.d \
+         $(BUILD)/kv_bench.d

@@ -161,6 +161,11 @@ int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
     if (raster_forward(&m->lm, in, 2 * n_live, logits, err) != AR_OK) goto out;
     for (int i = 0; i < n_live; i++) {
         gen_request_t *r = live[i];
+        int blocks = 0;
+        for (int j = 0; j < 2; j++)
+            for (int h = 0; h < r->seq[j].n_layers * r->seq[j].n_heads; h++)
+                blocks += r->seq[j].heads[h].n_blocks;
+        if (blocks > r->kv_peak_blocks) r->kv_peak_blocks = blocks;
         memcpy(r->logits, logits + (size_t)2 * i * K, (size_t)2 * K * sizeof(float));
         r->tokens[r->step] =
             r->forced ? r->forced[r->step]

@@ -38,6 +38,10 @@ typedef struct gen_request {
     float *mass_host;      /* host: one sequence's mass arrays, as raster_seq_t lays them out */
     float *zeros;          /* host: capacity zeros, to clear mass */
     int *keep;             /* host: capacity entries, the policy's keep list */
+    /* The most pool blocks the pair has held at once: counted after each
+     * step's appends, before its compaction (the planner's convention), so
+     * times the block bytes it is the image's measured KV peak. */
+    int kv_peak_blocks;
 } gen_request_t;
 
 /* Prepares a request from prompt rows made by model_prompt_from_*. Its KV

@@ -35,15 +35,8 @@ struct kv_policy_state {
 void kv_policy_defaults(kv_policy_params_t *p, kv_policy_kind_t kind) {
     memset(p, 0, sizeof *p);
     p->kind = kind;
-    p->sink_tokens = 4;  /* StreamingLLM §3.1, Tab. 2: four initial tokens suffice */
-    p->anchor_lines = 1; /* LineAR leaves N_init and r open; issue 5 fixes 1 and 2 */
-    p->recent_lines = 2;
-    p->headkv_threshold = 0.9; /* HeadKV §4 step 2 */
-    p->headkv_alpha = 0.5;     /* HeadKV §5.3: balanced split is best */
-    p->headkv_buffer = 8;
-    p->headkv_local_window = 32;
-    p->headkv_recent_lines = 2;   /* HeadKV §5.1: "typically two rows" */
-    p->headkv_group_tokens = 100; /* HeadKV A.2: 100 for Janus-Pro and LlamaGen */
+    for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
+        kv_policy_knob_set(p, &kv_policy_knobs[i], kv_policy_knobs[i].def);
     switch (kind) {
     case KV_POLICY_STREAMING: /* no ratio of its own: linear's, to compare alike */
     case KV_POLICY_LINEAR:
@@ -95,7 +88,17 @@ static int validate_geometry(const kv_geometry_t *g, ar_error_t *err) {
     return AR_OK;
 }
 
-int kv_policy_validate(const kv_policy_params_t *p, const kv_geometry_t *g, ar_error_t *err) {
+/* The field a failed check names (kv_policy_check). */
+static int fail_at(const char **field, const char *name) {
+    if (field)
+        *field = name;
+    return AR_ERR;
+}
+
+int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const char **field,
+                    ar_error_t *err) {
+    if (field)
+        *field = NULL;
     if (!p || !g)
         return ar_errorf(err, "kv_policy_validate: NULL argument");
     if (validate_geometry(g, err) != AR_OK)
@@ -104,82 +107,85 @@ int kv_policy_validate(const kv_policy_params_t *p, const kv_geometry_t *g, ar_e
         return ar_errorf(err, "kv_policy: unknown kind %d", (int)p->kind);
     if (p->kind == KV_POLICY_FULL)
         return AR_OK;
-    if (!(p->budget > 0 && p->budget <= 1))
-        return ar_errorf(err, "budget must be in (0, 1]; got %g", p->budget);
+    if (!(p->budget > 0 && p->budget <= 1)) {
+        ar_errorf(err, "budget must be in (0, 1]; got %g", p->budget);
+        return fail_at(field, "budget");
+    }
+    for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
+        const kv_policy_knob_t *k = &kv_policy_knobs[i];
+        double v = kv_policy_knob_get(p, k);
+        if (k->policy != p->kind || kv_policy_knob_ok(k, v))
+            continue;
+        char want[96];
+        kv_policy_knob_describe(k, want, sizeof want);
+        ar_errorf(err, "%s must be %s; got %g", k->name, want, v);
+        return fail_at(field, k->name);
+    }
 
     const int P = g->n_prompt, w = g->line_width, h = g->n_lines, S = w * h;
     switch (p->kind) {
     case KV_POLICY_STREAMING: {
-        if (p->sink_tokens < 0)
-            return ar_errorf(err, "sink_tokens must be non-negative; got %d", p->sink_tokens);
         int N = P + S - 1, cap = floor_budget(p->budget, N);
         long long need = (long long)P + p->sink_tokens + 1;
-        if (cap < need)
-            return ar_errorf(err,
-                             "budget %g holds %d of the %d tokens of a full cache; streaming "
-                             "needs the prefix (%d) + sink_tokens (%d) + 1 recent token = %lld "
-                             "(budget >= %lld/%d = %.4g)",
-                             p->budget, cap, N, P, p->sink_tokens, need, need, N, (double)need / N);
+        if (cap < need) {
+            ar_errorf(err,
+                      "budget %g holds %d of the %d tokens of a full cache; streaming needs the "
+                      "prefix (%d) + sink_tokens (%d) + 1 recent token = %lld (budget >= %lld/%d "
+                      "= %.4g)",
+                      p->budget, cap, N, P, p->sink_tokens, need, need, N, (double)need / N);
+            return fail_at(field, "budget");
+        }
         return AR_OK;
     }
     case KV_POLICY_LINEAR: {
-        if (p->anchor_lines < 0)
-            return ar_errorf(err, "anchor_lines must be non-negative; got %d", p->anchor_lines);
-        if (p->recent_lines < 0)
-            return ar_errorf(err, "recent_lines must be non-negative; got %d", p->recent_lines);
         int lines = floor_budget(p->budget, h);
         long long need = (long long)p->anchor_lines + p->recent_lines + 1;
         /* With B >= h lines no line end ever compresses: any knobs do. */
-        if (lines < h && lines < need)
-            return ar_errorf(err,
-                             "budget %g keeps %d of %d lines; linear needs anchor_lines (%d) + "
-                             "recent_lines (%d) + the line being generated = %lld lines "
-                             "(budget >= %lld/%d = %.4g)",
-                             p->budget, lines, h, p->anchor_lines, p->recent_lines, need, need, h,
-                             (double)need / h);
+        if (lines < h && lines < need) {
+            ar_errorf(err,
+                      "budget %g keeps %d of %d lines; linear needs anchor_lines (%d) + "
+                      "recent_lines (%d) + the line being generated = %lld lines (budget >= "
+                      "%lld/%d = %.4g)",
+                      p->budget, lines, h, p->anchor_lines, p->recent_lines, need, need, h,
+                      (double)need / h);
+            return fail_at(field, "budget");
+        }
         return AR_OK;
     }
     case KV_POLICY_HEADKV: {
-        if (!(p->headkv_threshold > 0 && p->headkv_threshold <= 1))
-            return ar_errorf(err, "headkv_threshold must be in (0, 1]; got %g",
-                             p->headkv_threshold);
-        if (!(p->headkv_alpha >= 0 && p->headkv_alpha <= 1))
-            return ar_errorf(err, "headkv_alpha must be in [0, 1]; got %g", p->headkv_alpha);
-        if (p->headkv_buffer < 1)
-            return ar_errorf(err, "headkv_buffer must be at least 1; got %d", p->headkv_buffer);
-        if (p->headkv_local_window < 0)
-            return ar_errorf(err, "headkv_local_window must be non-negative; got %d",
-                             p->headkv_local_window);
-        if (p->headkv_recent_lines < 0)
-            return ar_errorf(err, "headkv_recent_lines must be non-negative; got %d",
-                             p->headkv_recent_lines);
-        if (p->headkv_group_tokens < 1)
-            return ar_errorf(err, "headkv_group_tokens must be at least 1; got %d",
-                             p->headkv_group_tokens);
         int G = floor_budget(p->budget, S);
         long long R = (long long)p->headkv_recent_lines * w;
         /* A global head never evicts when G - buffer covers the whole image. */
         if ((long long)G - p->headkv_buffer >= S - 1)
             return AR_OK;
         long long need = R + p->headkv_buffer;
-        if (G < need)
-            return ar_errorf(err,
-                             "budget %g holds %d of %d image tokens; headkv needs "
-                             "headkv_recent_lines (%d) x %d + headkv_buffer (%d) = %lld "
-                             "(budget >= %lld/%d = %.4g)",
-                             p->budget, G, S, p->headkv_recent_lines, w, p->headkv_buffer, need,
-                             need, S, (double)need / S);
-        if (p->headkv_local_window > G - p->headkv_buffer)
-            return ar_errorf(err,
-                             "headkv_local_window %d must be at most budget x %d - "
-                             "headkv_buffer = %d: a local head holds less than a global one",
-                             p->headkv_local_window, S, G - p->headkv_buffer);
+        if (G < need) {
+            ar_errorf(err,
+                      "budget %g holds %d of %d image tokens; headkv needs headkv_recent_lines "
+                      "(%d) x %d + headkv_buffer (%d) = %lld (budget >= %lld/%d = %.4g)",
+                      p->budget, G, S, p->headkv_recent_lines, w, p->headkv_buffer, need, need, S,
+                      (double)need / S);
+            return fail_at(field, "budget");
+        }
+        if (p->headkv_local_window > G - p->headkv_buffer) {
+            ar_errorf(err,
+                      "headkv_local_window %d must be at most budget x %d - headkv_buffer = %d: "
+                      "a local head holds less than a global one",
+                      p->headkv_local_window, S, G - p->headkv_buffer);
+            return fail_at(field, "headkv_local_window");
+        }
         return AR_OK;
     }
     default:
         return AR_OK;
     }
 }
+
+int kv_policy_validate(const kv_policy_params_t *p, const kv_geometry_t *g, ar_error_t *err) {
+    return kv_policy_check(p, g, NULL, err);
+}
+
+static int min_int(int a, int b) { return a < b ? a : b; }
 
 /* Assumes kv_policy_validate passed. */
 static void plan_derive(const kv_policy_params_t *p, const kv_geometry_t *g, plan_t *pl) {
@@ -197,12 +203,14 @@ static void plan_derive(const kv_policy_params_t *p, const kv_geometry_t *g, pla
     case KV_POLICY_LINEAR:
         pl->budget_lines = floor_budget(p->budget, pl->h);
         pl->B = pl->budget_lines * pl->w;
-        pl->anchors = p->anchor_lines * pl->w;
-        pl->recent = p->recent_lines * pl->w;
+        /* More lines than the image has only matter when nothing is ever
+         * compressed (validation); clamped, the products stay in int. */
+        pl->anchors = min_int(p->anchor_lines, pl->h) * pl->w;
+        pl->recent = min_int(p->recent_lines, pl->h) * pl->w;
         break;
     case KV_POLICY_HEADKV:
         pl->G = floor_budget(p->budget, pl->steps);
-        pl->R = p->headkv_recent_lines * pl->w;
+        pl->R = min_int(p->headkv_recent_lines, pl->h) * pl->w;
         pl->buf = p->headkv_buffer;
         pl->local_window = p->headkv_local_window;
         pl->t_group = p->headkv_group_tokens;

@@ -237,6 +237,9 @@ static const char *const field_names[F_COUNT] = {
     [F_PARTIAL_IMAGES] = "partial_images",
 };
 
+/* The seen-mask holds the fields, then the KV knobs. */
+_Static_assert(F_COUNT + KV_POLICY_N_KNOBS <= 32, "the seen-mask has 32 bits");
+
 static const char *const kv_policies[] = {"full", "streaming", "linear", "headkv"};
 #define KV_POLICY_LIST "full, streaming, linear, headkv"
 
@@ -485,6 +488,69 @@ static int parse_field(int f, const cJSON *v, const api_limits_t *lim, api_image
     return api_fail(err, 500, "", "internal_error", "unhandled field %d", f);
 }
 
+/* A KV policy knob (KV_POLICY_KNOBS): a number in the knob's range. */
+static int parse_knob(const kv_policy_knob_t *k, const cJSON *v, api_image_request_t *r,
+                      api_error_t *err) {
+    num_rule_t rule = {.name = k->name,
+                       .integer = k->type == KV_KNOB_INT,
+                       .lo_open = k->lo_open,
+                       .lo = k->lo,
+                       .hi = k->hi};
+    double x;
+    if (check_number(v, &rule, &x, err))
+        return AR_ERR;
+    kv_policy_knob_set(&r->kv_knobs, k, x);
+    r->kv_knobs_given |= 1u << (k - kv_policy_knobs);
+    return AR_OK;
+}
+
+static kv_policy_kind_t request_kind(const api_image_request_t *r,
+                                     const kv_policy_params_t *defaults) {
+    if (r->has_kv_policy)
+        return (kv_policy_kind_t)kv_policy_parse(r->kv_policy);
+    return defaults ? defaults->kind : KV_POLICY_FULL;
+}
+
+/* Every knob given belongs to the request's policy: a knob of another one
+ * would be ignored, and the client would never know. */
+static int knobs_belong(const api_image_request_t *r, const api_limits_t *lim, api_error_t *err) {
+    kv_policy_kind_t kind = request_kind(r, lim->kv_defaults);
+    for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
+        const kv_policy_knob_t *k = &kv_policy_knobs[i];
+        if (!(r->kv_knobs_given & (1u << i)) || k->policy == kind)
+            continue;
+        if (r->has_kv_policy)
+            return api_fail(err, 400, k->name, "invalid_value",
+                            "%s is a knob of kv_policy %s; this request's kv_policy is %s", k->name,
+                            kv_policy_name(k->policy), kv_policy_name(kind));
+        return api_fail(err, 400, k->name, "invalid_value",
+                        "%s is a knob of kv_policy %s; this request has no kv_policy and the "
+                        "server's default is %s: send \"kv_policy\": \"%s\" with it",
+                        k->name, kv_policy_name(k->policy), kv_policy_name(kind),
+                        kv_policy_name(k->policy));
+    }
+    return AR_OK;
+}
+
+void api_image_request_kv_params(const api_image_request_t *r, const kv_policy_params_t *defaults,
+                                 kv_policy_params_t *out) {
+    kv_policy_kind_t kind = request_kind(r, defaults);
+    kv_policy_defaults(out, kind);
+    if (defaults) {
+        for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
+            kv_policy_knob_set(out, &kv_policy_knobs[i],
+                               kv_policy_knob_get(defaults, &kv_policy_knobs[i]));
+        if (defaults->budget > 0)
+            out->budget = defaults->budget;
+    }
+    if (r->has_kv_budget)
+        out->budget = r->kv_budget;
+    for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
+        if (r->kv_knobs_given & (1u << i))
+            kv_policy_knob_set(out, &kv_policy_knobs[i],
+                               kv_policy_knob_get(&r->kv_knobs, &kv_policy_knobs[i]));
+}
+
 static int limits_valid(const api_limits_t *lim) {
     return lim && lim->max_n >= 1 && lim->n_sizes >= 1 && lim->widths && lim->heights &&
            lim->max_prompt_bytes >= 1 && lim->codebook_size >= 0;
@@ -544,7 +610,10 @@ int api_parse_image_request(const char *body, size_t len, const api_limits_t *li
         int f = 0;
         while (f < F_COUNT && strcmp(key, field_names[f]) != 0)
             f++;
-        if (f == F_COUNT) {
+        const kv_policy_knob_t *knob = f == F_COUNT ? kv_policy_knob_find(key) : NULL;
+        if (knob)
+            f = F_COUNT + (int)(knob - kv_policy_knobs);
+        if (f == F_COUNT && !knob) {
             rc = api_fail(err, 400, key, "unknown_parameter", "unknown parameter '%s'",
                           excerpt(key, buf));
         } else if (seen & (1u << f)) {
@@ -552,8 +621,9 @@ int api_parse_image_request(const char *body, size_t len, const api_limits_t *li
                           key);
         } else {
             seen |= 1u << f;
-            if (!cJSON_IsNull(m))
-                rc = parse_field(f, m, lim, out, err);
+            if (cJSON_IsNull(m))
+                continue;
+            rc = knob ? parse_knob(knob, m, out, err) : parse_field(f, m, lim, out, err);
         }
     }
     cJSON_Delete(root);
@@ -561,6 +631,8 @@ int api_parse_image_request(const char *body, size_t len, const api_limits_t *li
         rc = api_fail(err, 400, "prompt", "missing_required_parameter",
                       "prompt is required: a non-empty string of at most %zu bytes",
                       lim->max_prompt_bytes);
+    if (rc == AR_OK)
+        rc = knobs_belong(out, lim, err);
     if (rc != AR_OK)
         api_image_request_free(out);
     return rc;
@@ -643,8 +715,25 @@ char *api_error_json(const api_error_t *e) {
     return print_and_delete(root, ok);
 }
 
+static int add_kv_report(cJSON *o, const api_kv_report_t *kv) {
+    cJSON *k = cJSON_AddObjectToObject(o, "kv_cache");
+    if (!k)
+        return 0;
+    const kv_policy_params_t *p = &kv->policy;
+    int ok = add_str(k, "policy", kv_policy_name(p->kind));
+    if (p->kind != KV_POLICY_FULL)
+        ok &= add_num(k, "budget", p->budget);
+    for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
+        if (kv_policy_knobs[i].policy == p->kind)
+            ok &= add_num(k, kv_policy_knobs[i].name, kv_policy_knob_get(p, &kv_policy_knobs[i]));
+    ok &= add_num(k, "planned_peak_bytes", (double)kv->planned_peak_bytes);
+    ok &= add_num(k, "peak_bytes", (double)kv->peak_bytes);
+    return ok;
+}
+
 char *api_images_response_json(long created, int n, const char *const *b64_pngs, int width,
-                               int height, int image_tokens, int prompt_tokens) {
+                               int height, int image_tokens, int prompt_tokens,
+                               const api_kv_report_t *kv) {
     if (n < 0 || (n > 0 && !b64_pngs) || image_tokens < 0 || prompt_tokens < 0)
         return NULL;
     cJSON *root = cJSON_CreateObject();
@@ -663,6 +752,8 @@ char *api_images_response_json(long created, int n, const char *const *b64_pngs,
     ok &= add_str(root, "output_format", "png");
     ok &= add_size(root, width, height);
     ok &= add_usage(root, image_tokens, prompt_tokens);
+    if (kv)
+        ok &= add_kv_report(root, kv);
     return print_and_delete(root, ok);
 }
 

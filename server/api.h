@@ -4,6 +4,7 @@
 #ifndef ARSERVE_API_H
 #define ARSERVE_API_H
 
+#include "engine/kv_policy.h"
 #include "engine/sampler.h"
 #include "engine/status.h"
 
@@ -53,6 +54,10 @@ typedef struct api_limits {
     const int *widths, *heights; /* the sizes the model produces */
     size_t max_prompt_bytes;     /* >= 1 */
     int codebook_size;           /* top_k upper bound */
+    /* The daemon's KV defaults (config keys kv_policy, kv_budget and every
+     * knob): kind is the policy of requests without `kv_policy`, budget 0
+     * means each policy's own. NULL: full, and the papers' knobs. */
+    const kv_policy_params_t *kv_defaults;
 } api_limits_t;
 
 /* A validated request. Fields the client left out (or sent as null) keep the
@@ -75,6 +80,11 @@ typedef struct api_image_request {
     char kv_policy[16]; /* "full", "streaming", "linear" or "headkv" */
     int has_kv_budget;
     double kv_budget; /* (0, 1] */
+    /* The policy knobs the client gave (request field = knob name, see
+     * KV_POLICY_KNOBS): bit i of kv_knobs_given for kv_policy_knobs[i],
+     * whose value is in kv_knobs; each belongs to the request's policy. */
+    unsigned kv_knobs_given;
+    kv_policy_params_t kv_knobs;
     char user[128];   /* "" when not given; at most 127 bytes */
 } api_image_request_t;
 
@@ -90,8 +100,13 @@ typedef struct api_image_request {
  *      accepts trailing bytes);
  *   3. the value is an object;
  *   4. its members in document order: duplicates, unknown names, types,
- *      ranges; the first fault is reported;
- *   5. prompt present.
+ *      ranges (a KV knob's as KV_POLICY_KNOBS gives); the first fault is
+ *      reported;
+ *   5. prompt present;
+ *   6. every KV knob given belongs to the request's policy (`kv_policy`,
+ *      else the daemon's default): a knob of another policy is a 400
+ *      naming the knob. Whether the values suit the model (a budget too
+ *      small for the knobs) is the scheduler's check.
  * Thread-safe apart from cJSON's global error pointer, which cJSON writes on
  * every failed parse and arserve never reads. Cost O(len). */
 int api_parse_image_request(const char *body, size_t len, const api_limits_t *lim,
@@ -99,6 +114,13 @@ int api_parse_image_request(const char *body, size_t len, const api_limits_t *li
 
 /* Frees the prompt and zeroes *r; safe on a zeroed or already-freed request. */
 void api_image_request_free(api_image_request_t *r);
+
+/* The KV policy a request runs with: its kv_policy, else the default's
+ * kind; the budget the client gave, else the default's when positive, else
+ * the policy's own (kv_policy_defaults); the knobs the client gave over the
+ * default's (defaults NULL: the papers' knobs, full). */
+void api_image_request_kv_params(const api_image_request_t *r, const kv_policy_params_t *defaults,
+                                 kv_policy_params_t *out);
 
 /* Copies the sampling fields the client gave (guidance_scale -> cfg,
  * temperature, top_k, top_p) over the model's defaults into *out. */
@@ -124,9 +146,20 @@ char *api_error_json(const api_error_t *e);
  * as openai-python's ImagesResponse and Usage name them. image_tokens is the
  * total over all n images; prompt_tokens counts the prompt once (what the
  * client sent, not the CFG rows arserve adds). OpenAI's optional `background`
- * and `quality` are left out: arserve has neither setting. */
+ * and `quality` are left out: arserve has neither setting. With kv (may be
+ * NULL), an arserve extension follows:
+ *   "kv_cache": {"policy": "linear", "budget": 0.25, "anchor_lines": 1,
+ *                "recent_lines": 2, "planned_peak_bytes": P, "peak_bytes": M}
+ * the policy the request ran with, its budget and knobs (full has none),
+ * the planner's peak KV bytes of one image (its CFG pair) and the most one
+ * of its images measured. */
+typedef struct api_kv_report {
+    kv_policy_params_t policy;
+    size_t planned_peak_bytes, peak_bytes;
+} api_kv_report_t;
 char *api_images_response_json(long created, int n, const char *const *b64_pngs, int width,
-                               int height, int image_tokens, int prompt_tokens);
+                               int height, int image_tokens, int prompt_tokens,
+                               const api_kv_report_t *kv);
 
 /* {"object": "list", "data": [{"id": model_name, "object": "model",
  *  "created": created, "owned_by": "arserve"}]} */

@@ -18,6 +18,8 @@
 #include "engine/backend.h"
 #include "engine/kv_policy.h"
 #include "engine/model.h"
+#include "engine/planner.h"
+#include "server/api.h"
 #include "server/backend_open.h"
 #include "server/config.h"
 #include "server/http.h"
@@ -95,10 +97,34 @@ int cmd_serve(int argc, char **argv, char **envp) {
             clock_now_s() - t0);
 
     size_t pool = (size_t)cfg.kv_pool_mb << 20;
+    /* The default policy must suit the model: a config that cannot serve
+     * its own defaults stops here, naming the keys, rather than failing
+     * every request. Checked for a typical prompt (16 text tokens + BOS +
+     * image-start), as the capacities logged below. */
+    kv_policy_params_t kv_defaults, kv_default_run;
+    server_config_kv_defaults(&cfg, &kv_defaults);
+    {
+        api_image_request_t none = {0};
+        api_image_request_kv_params(&none, &kv_defaults, &kv_default_run);
+        kv_geometry_t g = planner_geometry(&model.cfg, 16 + 2);
+        const char *field = NULL;
+        if (kv_policy_check(&kv_default_run, &g, &field, &err) != AR_OK) {
+            fprintf(stderr,
+                    "arserve serve: kv_policy %s (kv_budget %g%s) does not suit model %s: %s: %s\n",
+                    kv_policy_name(kv_default_run.kind), kv_default_run.budget,
+                    kv_defaults.budget > 0 ? "" : ", the policy's own",
+                    model.cfg.name, field && strcmp(field, "budget") ? field : "kv_budget", err.msg);
+            model_free(&model);
+            be->destroy(be);
+            metrics_destroy(metrics);
+            return 2;
+        }
+    }
 
     static const char *const build_labels[] = {"version", "backend", "model", "policy"};
     metric_t *build = metrics_gauge(metrics, "arserve_build_info", "Build and serving information (value 1).", 4, build_labels);
-    metric_set(build, 1, ARSERVE_VERSION, be->name, model.cfg.name, "full");
+    metric_set(build, 1, ARSERVE_VERSION, be->name, model.cfg.name,
+               kv_policy_name(kv_default_run.kind));
 #ifdef ARSERVE_JEMALLOC
     metrics_gauge_fn(metrics, "arserve_jemalloc_allocated_bytes", "Bytes allocated by the application (jemalloc stats.allocated).", jemalloc_stat, (void *)"stats.allocated");
     metrics_gauge_fn(metrics, "arserve_jemalloc_resident_bytes", "Bytes in physically resident data pages mapped by jemalloc (stats.resident).", jemalloc_stat, (void *)"stats.resident");
@@ -115,13 +141,15 @@ int cmd_serve(int argc, char **argv, char **envp) {
         fprintf(stderr, "arserve serve: %s\n", err.msg);
         return 1;
     }
-    /* What the pool admits per policy at its default budget, for a typical
-     * prompt (16 text tokens + BOS + image-start). */
+    /* What the pool admits per policy at its default budget and knobs (the
+     * config's), for a typical prompt (16 text tokens + BOS + image-start). */
     size_t capacity = sched_kv_capacity_bytes(sched);
     char per_policy[512] = "";
     for (int k = KV_POLICY_FULL; k <= KV_POLICY_HEADKV; k++) {
         kv_policy_params_t p;
-        kv_policy_defaults(&p, (kv_policy_kind_t)k);
+        api_image_request_t ask = {.has_kv_policy = 1};
+        snprintf(ask.kv_policy, sizeof ask.kv_policy, "%s", kv_policy_name((kv_policy_kind_t)k));
+        api_image_request_kv_params(&ask, &kv_defaults, &p);
         size_t peak = sched_image_peak_bytes(sched, &p, 16 + 2);
         size_t len = strlen(per_policy);
         if (k == KV_POLICY_FULL)
@@ -136,6 +164,7 @@ int cmd_serve(int argc, char **argv, char **envp) {
     }
     log_msg(LOG_INFO, "backend %s (%d CPU threads, 0 = all cores); KV pool %.1f MiB in blocks of %d tokens: %s",
             be->name, cfg.threads, capacity / 1048576.0, sched_kv_block_tokens(sched), per_policy);
+    log_msg(LOG_INFO, "requests without kv_policy run %s", kv_policy_name(kv_default_run.kind));
     http_options_t ho = {.host = cfg.host,
                          .port = cfg.port,
                          .api_key = cfg.api_key,
@@ -143,7 +172,8 @@ int cmd_serve(int argc, char **argv, char **envp) {
                          .max_n = cfg.max_n,
                          .max_connections = cfg.max_waiting + cfg.max_running + 64,
                          .retry_after_s = cfg.retry_after_s,
-                         .request_timeout_s = cfg.request_timeout_s};
+                         .request_timeout_s = cfg.request_timeout_s,
+                         .kv_defaults = kv_defaults};
     http_server_t *http = http_start(&ho, &model, sched, metrics, &err);
     if (!http) {
         fprintf(stderr, "arserve serve: %s\n", err.msg);

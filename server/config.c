@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum setting_kind { KIND_INT, KIND_STRING, KIND_ENUM } setting_kind_t;
+typedef enum setting_kind { KIND_INT, KIND_REAL, KIND_STRING, KIND_ENUM } setting_kind_t;
 
 /* One setting. name is the struct field and the JSON key; the flag (--name
  * with '-' for '_') and the variable (ARSERVE_NAME upper-cased) derive from it. */
@@ -21,6 +21,8 @@ typedef struct setting {
     size_t offset, size; /* of the field in server_config_t */
     setting_kind_t kind;
     long long lo, hi, def;      /* KIND_INT */
+    double rlo, rhi, rdef;      /* KIND_REAL: [rlo, rhi], or (rlo, rhi] when lo_open */
+    int lo_open;
     const char *def_str;        /* KIND_STRING, KIND_ENUM */
     const char *const *choices; /* KIND_ENUM, NULL-terminated */
     int may_be_empty;           /* KIND_STRING */
@@ -34,6 +36,18 @@ typedef struct setting {
         FIELD(f), .kind = KIND_INT, .lo = (lo_), .hi = (hi_), .def = (def_), .metavar = (mv),      \
                   .help = (h)                                                                      \
     }
+/* A setting stored in a member of a member (kv.budget) under its own name. */
+#define FIELD_AT(name_, member)                                                                    \
+    .name = #name_, .offset = offsetof(server_config_t, member),                                   \
+    .size = sizeof(((server_config_t *)0)->member)
+/* The KV policy knobs, straight from KV_POLICY_KNOBS (engine/kv_policy.h). */
+#define KNOB_SETTING_INT(f, lo_, lo_open_, hi_, def_, h)                                           \
+    {FIELD_AT(f, kv.f), .kind = KIND_INT, .lo = (long long)(lo_), .hi = (long long)(hi_),          \
+     .def = (long long)(def_), .metavar = "N", .help = (h)},
+#define KNOB_SETTING_REAL(f, lo_, lo_open_, hi_, def_, h)                                          \
+    {FIELD_AT(f, kv.f), .kind = KIND_REAL, .rlo = (lo_), .rhi = (hi_), .rdef = (def_),             \
+     .lo_open = (lo_open_), .metavar = "X", .help = (h)},
+#define KNOB_SETTING(f, policy, type, ...) KNOB_SETTING_##type(f, __VA_ARGS__)
 #define STRING_SETTING(f, def_, empty_ok, mv, h)                                                   \
     {                                                                                              \
         FIELD(f), .kind = KIND_STRING, .def_str = (def_), .may_be_empty = (empty_ok),              \
@@ -47,6 +61,7 @@ typedef struct setting {
 
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
 static const char *const BACKENDS[] = {"auto", "cpu", "cuda", NULL};
+static const char *const KV_POLICIES[] = {"full", "streaming", "linear", "headkv", NULL};
 
 static const setting_t SETTINGS[] = {
     STRING_SETTING(model, "", 1, "DIR",
@@ -69,6 +84,14 @@ static const setting_t SETTINGS[] = {
                 "Largest request body accepted; larger ones get 413"),
     INT_SETTING(max_n, 1, 64, 4, "N", "Most images one request may ask for ('n')"),
     INT_SETTING(kv_pool_mb, 1, 1048576, 1024, "MIB", "KV cache pool size in MiB"),
+    ENUM_SETTING(kv_policy, "full", KV_POLICIES, "NAME",
+                 "KV cache policy of requests without 'kv_policy' (docs/kv-policies.md)"),
+    {FIELD_AT(kv_budget, kv.budget), .kind = KIND_REAL, .rlo = 0, .rhi = 1, .rdef = 0,
+     .metavar = "B",
+     .help = "KV budget of requests without 'kv_budget', as a fraction of the full cache "
+             "(0.25 or 1/4); 0: each policy's own (streaming and linear 1/6, headkv 1/8)"},
+    /* Each knob's default for requests of its policy that do not give it. */
+    KV_POLICY_KNOBS(KNOB_SETTING)
     INT_SETTING(threads, 0, 1024, 0, "N", "Engine CPU threads; 0 uses every core"),
     INT_SETTING(png_workers, 1, 64, 2, "N", "Threads encoding PNGs"),
     ENUM_SETTING(log_level, "info", LOG_LEVELS, "LEVEL", "Log verbosity"),
@@ -113,6 +136,12 @@ static int *int_field(server_config_t *c, const setting_t *s) {
 }
 static const int *int_field_const(const server_config_t *c, const setting_t *s) {
     return (const int *)((const char *)c + s->offset);
+}
+static double *real_field(server_config_t *c, const setting_t *s) {
+    return (double *)((char *)c + s->offset);
+}
+static const double *real_field_const(const server_config_t *c, const setting_t *s) {
+    return (const double *)((const char *)c + s->offset);
 }
 static char *str_field(server_config_t *c, const setting_t *s) { return (char *)c + s->offset; }
 static const char *str_field_const(const server_config_t *c, const setting_t *s) {
@@ -205,6 +234,50 @@ static int set_int(server_config_t *c, const setting_t *s, const source_t *src, 
     return AR_OK;
 }
 
+/* "[0, 1]" or "(0, 1]" */
+static void real_range(const setting_t *s, char *buf, size_t n) {
+    snprintf(buf, n, "%c%g, %g]", s->lo_open ? '(' : '[', s->rlo, s->rhi);
+}
+
+static int set_real(server_config_t *c, const setting_t *s, const source_t *src, double v,
+                    ar_error_t *err) {
+    int below = s->lo_open ? !(v > s->rlo) : !(v >= s->rlo);
+    if (!isfinite(v) || below || v > s->rhi) {
+        char range[64];
+        real_range(s, range, sizeof range);
+        if (src->file)
+            return ar_errorf(err, "%s: '%s' is %g, outside %s", src->file, src->name, v, range);
+        return ar_errorf(err, "%s: %g is outside %s", src->name, v, range);
+    }
+    *real_field(c, s) = v;
+    return AR_OK;
+}
+
+/* A number as text: what strtod reads ("0.25", "1e-1"), or a fraction of
+ * two integers ("1/6"), without surrounding spaces. 0 if it is neither. */
+static int parse_real(const char *v, double *out) {
+    if (!v[0] || isspace((unsigned char)v[0]))
+        return 0;
+    const char *slash = strchr(v, '/');
+    char *end = NULL;
+    if (slash) {
+        errno = 0;
+        long long num = strtoll(v, &end, 10), den;
+        if (end != slash || !isdigit((unsigned char)v[0]) || errno)
+            return 0;
+        if (!isdigit((unsigned char)slash[1]))
+            return 0;
+        den = strtoll(slash + 1, &end, 10);
+        if (*end || errno || den <= 0)
+            return 0;
+        *out = (double)num / (double)den;
+        return 1;
+    }
+    errno = 0;
+    *out = strtod(v, &end);
+    return end != v && !*end;
+}
+
 static int set_string(server_config_t *c, const setting_t *s, const source_t *src, const char *v,
                       ar_error_t *err) {
     char where[160];
@@ -241,6 +314,12 @@ static int set_string(server_config_t *c, const setting_t *s, const source_t *sr
 /* A value given as text: a flag or an environment variable. */
 static int set_from_text(server_config_t *c, const setting_t *s, const source_t *src, const char *v,
                          ar_error_t *err) {
+    if (s->kind == KIND_REAL) {
+        double d;
+        if (!parse_real(v, &d))
+            return ar_errorf(err, "%s: '%s' is not a number", src->name, v);
+        return set_real(c, s, src, d, err);
+    }
     if (s->kind != KIND_INT)
         return set_string(c, s, src, v, err);
     /* strtoll alone would accept " 12" and "+12"; only [-]digits is an integer here. */
@@ -267,6 +346,11 @@ static int set_from_json(server_config_t *c, const setting_t *s, const source_t 
             return range_error(src, s, text, err);
         }
         return set_int(c, s, src, (long long)d, err);
+    }
+    if (s->kind == KIND_REAL) {
+        if (!cJSON_IsNumber(it))
+            return ar_errorf(err, "%s: '%s' must be a number", src->file, src->name);
+        return set_real(c, s, src, it->valuedouble, err);
     }
     if (!cJSON_IsString(it) || !it->valuestring)
         return ar_errorf(err, "%s: '%s' must be a string", src->file, src->name);
@@ -483,6 +567,9 @@ void server_config_defaults(server_config_t *c) {
         if (s->kind == KIND_INT) {
             assert(s->size == sizeof(int));
             *int_field(c, s) = (int)s->def;
+        } else if (s->kind == KIND_REAL) {
+            assert(s->size == sizeof(double));
+            *real_field(c, s) = s->rdef;
         } else {
             assert(strlen(s->def_str) < s->size);
             for (const char *const *ch = s->choices; ch && *ch; ch++)
@@ -582,6 +669,10 @@ void server_config_usage(FILE *f) {
         int n = snprintf(text, sizeof text, "%s. ", s->help);
         if (s->kind == KIND_INT) {
             snprintf(text + n, sizeof text - n, "%lld..%lld, default %lld.", s->lo, s->hi, s->def);
+        } else if (s->kind == KIND_REAL) {
+            char range[64];
+            real_range(s, range, sizeof range);
+            snprintf(text + n, sizeof text - n, "In %s, default %g.", range, s->rdef);
         } else if (s->kind == KIND_ENUM) {
             n += snprintf(text + n, sizeof text - n, "One of ");
             for (const char *const *ch = s->choices; *ch; ch++)
@@ -648,6 +739,15 @@ char *server_config_to_json(const server_config_t *c, int redact) {
         if (s->kind == KIND_INT) {
             snprintf(piece, sizeof piece, "%d", *int_field_const(c, s));
             append(&buf, &len, &cap, piece);
+        } else if (s->kind == KIND_REAL) {
+            /* The shortest text that reads back as the same double. */
+            double v = *real_field_const(c, s);
+            for (int prec = 1; prec <= 17; prec++) {
+                snprintf(piece, sizeof piece, "%.*g", prec, v);
+                if (strtod(piece, NULL) == v)
+                    break;
+            }
+            append(&buf, &len, &cap, piece);
         } else {
             append_json_string(&buf, &len, &cap, str_field_const(c, s));
         }
@@ -658,4 +758,10 @@ char *server_config_to_json(const server_config_t *c, int redact) {
                c->api_key[0] ? "  \"api_key\": \"<redacted>\"\n" : "  \"api_key\": \"\"\n");
     append(&buf, &len, &cap, "}\n");
     return buf;
+}
+
+void server_config_kv_defaults(const server_config_t *c, kv_policy_params_t *out) {
+    *out = c->kv;
+    int kind = kv_policy_parse(c->kv_policy);
+    out->kind = kind < 0 ? KV_POLICY_FULL : (kv_policy_kind_t)kind;
 }

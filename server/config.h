@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 
+#include "engine/kv_policy.h"
 #include "engine/status.h"
 
 /* The field names are the JSON keys. */
@@ -22,6 +23,11 @@ typedef struct server_config {
     int max_body_bytes;      /* request bodies above this get 413 */
     int max_n;               /* most images per request */
     int kv_pool_mb;          /* KV cache pool, MiB */
+    char kv_policy[16];      /* KV policy of requests that name none */
+    /* The KV defaults of requests: kv.budget is the key kv_budget (0: each
+     * policy's own), every knob of KV_POLICY_KNOBS is a key of its own
+     * name; kv.kind is not a setting (server_config_kv_defaults). */
+    kv_policy_params_t kv;
     int threads;             /* engine CPU threads, 0 = all cores */
     int png_workers;         /* PNG encoder threads */
     char log_level[8];       /* "error", "warn", "info" or "debug" */
@@ -60,6 +66,10 @@ void server_config_defaults(server_config_t *c);
  * c partly updated (do not use it). */
 int server_config_load(server_config_t *c, int argc, char **argv, char **envp, int *want_help,
                        ar_error_t *err);
+
+/* The daemon's KV defaults as the API takes them (api_limits_t.kv_defaults):
+ * c->kv with kind from kv_policy. */
+void server_config_kv_defaults(const server_config_t *c, kv_policy_params_t *out);
 
 /* Prints every setting: flag, value, help, range or choices, default and
  * environment variable; then the other variables. No "usage:" line. */

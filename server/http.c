@@ -263,9 +263,12 @@ static enum MHD_Result respond_images(http_server_t *h, struct MHD_Connection *c
     char **b64 = calloc((size_t)j->n_images, sizeof *b64);
     int ok = b64 != NULL;
     for (int i = 0; ok && i < j->n_images; i++) ok = (b64[i] = api_base64(j->png[i], j->png_len[i])) != NULL;
+    api_kv_report_t kv = {.policy = j->kv_policy,
+                          .planned_peak_bytes = j->kv_planned_peak_bytes,
+                          .peak_bytes = j->kv_peak_bytes};
     char *json = ok ? api_images_response_json((long)time(NULL), j->n_images, (const char *const *)b64,
                                                h->width, h->height, j->steps_total * j->n_images,
-                                               prompt_tokens)
+                                               prompt_tokens, &kv)
                     : NULL;
     for (int i = 0; b64 && i < j->n_images; i++) free(b64[i]);
     free(b64);
@@ -310,8 +313,7 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         ret = fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory");
         goto out;
     }
-    if (req.has_kv_policy) kv_policy_defaults(&j->kv_policy, (kv_policy_kind_t)kv_policy_parse(req.kv_policy));
-    if (req.has_kv_budget) j->kv_policy.budget = req.kv_budget;
+    api_image_request_kv_params(&req, h->limits.kv_defaults, &j->kv_policy);
     if (sched_submit(h->sched, j, &e) != AR_OK) {
         sched_job_release(j);
         ret = send_error(h, c, cx, &e);
@@ -512,7 +514,8 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
                                .widths = &h->width,
                                .heights = &h->height,
                                .max_prompt_bytes = 4096,
-                               .codebook_size = model->cfg.image.codebook_size};
+                               .codebook_size = model->cfg.image.codebook_size,
+                               .kv_defaults = &h->opt.kv_defaults};
     static const char *const labels[] = {"route", "code"};
     h->m_requests = metrics_counter(metrics, "arserve_http_requests_total",
                                     "HTTP requests answered, by route and status code.", 2, labels);

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 
+#include "engine/kv_policy.h"
 #include "engine/model.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
@@ -21,6 +22,9 @@ typedef struct http_options {
     int max_connections;
     int retry_after_s;
     double request_timeout_s;
+    /* KV policy of requests that name none, and the budget (0: each
+     * policy's own) and knobs of those that do not give them. */
+    kv_policy_params_t kv_defaults;
 } http_options_t;
 
 typedef struct http_server http_server_t;

@@ -254,13 +254,24 @@ long long sched_kv_overruns(scheduler_t *s) {
     return n;
 }
 
+/* The request field behind a setting kv_policy_check names. */
+static const char *policy_param(const char *field) {
+    if (!field) return "kv_policy";
+    return strcmp(field, "budget") == 0 ? "kv_budget" : field;
+}
+
 int sched_submit(scheduler_t *s, sched_job_t *j, api_error_t *err) {
     /* The trajectory is pure host arithmetic on read-only geometry. */
     int n_steps = 0;
     ar_error_t perr = {{0}};
-    size_t *traj = job_trajectory(s, j, &n_steps, &perr);
+    const char *field = NULL;
+    kv_geometry_t g = planner_geometry(&s->model->cfg, j->n_prompt);
+    size_t *traj = kv_policy_check(&j->kv_policy, &g, &field, &perr) == AR_OK
+                       ? job_trajectory(s, j, &n_steps, &perr)
+                       : NULL;
     const int planned = traj != NULL;
     size_t need = planned ? peak_of(traj, n_steps) : 0, capacity = kv_pool_capacity_bytes(&s->pool);
+    j->kv_planned_peak_bytes = need / (size_t)j->n_images;
     free(traj);
     pthread_mutex_lock(&s->mu);
     const char *reason = NULL;
@@ -268,7 +279,7 @@ int sched_submit(scheduler_t *s, sched_job_t *j, api_error_t *err) {
         reason = "invalid_policy";
         *err = (api_error_t){.status = 400};
         snprintf(err->message, sizeof err->message, "%.*s", (int)sizeof err->message - 1, perr.msg);
-        snprintf(err->param, sizeof err->param, "kv_policy");
+        snprintf(err->param, sizeof err->param, "%s", policy_param(field));
         snprintf(err->code, sizeof err->code, "invalid_value");
     } else if (s->draining || s->stop) {
         reason = "draining";
@@ -496,7 +507,12 @@ static void publish_preview(scheduler_t *s, sched_job_t *j, int index) {
 static void finish_job(scheduler_t *s, int idx) {
     sched_job_t *j = s->running[idx];
     size_t npx = (size_t)s->width * s->height * 3;
+    const size_t block = kv_pool_block_bytes(s->pool.blocks.block_tokens, s->pool.blocks.head_dim);
+    int peak_blocks = 0;
+    for (int i = 0; i < j->n_images; i++)
+        if (j->gens[i].kv_peak_blocks > peak_blocks) peak_blocks = j->gens[i].kv_peak_blocks;
     pthread_mutex_lock(&j->mu);
+    j->kv_peak_bytes = (size_t)peak_blocks * block;
     j->state = JOB_ENCODING;
     j->png_pending = j->n_images;
     pthread_cond_broadcast(&j->changed);

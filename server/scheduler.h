@@ -36,7 +36,8 @@ typedef struct sched_job {
     int n_images, n_prompt;
     int *cond, *uncond;
     sampler_params_t params;
-    kv_policy_params_t kv_policy; /* policy and budget; full until the API sets them */
+    kv_policy_params_t kv_policy; /* policy, budget and knobs; full until the API sets them */
+    size_t kv_planned_peak_bytes;  /* one image's peak as planned (set by sched_submit) */
     uint64_t seed;
     int partial_images; /* previews wanted per image (streaming) */
     double t_submit, deadline;
@@ -54,6 +55,7 @@ typedef struct sched_job {
     size_t *png_len;
     int png_pending;
     api_error_t error; /* when FAILED */
+    size_t kv_peak_bytes; /* measured: the most KV one of its images held (set at ENCODING) */
 
     /* engine thread only */
     struct gen_request *gens;
@@ -90,7 +92,8 @@ void sched_job_release(sched_job_t *j);
 
 /* Queues a job (the scheduler takes its own reference). Fails with 429
  * when the waiting queue is full, 503 while draining, 400 when the job could
- * never fit the KV pool or its policy does not suit the request. */
+ * never fit the KV pool or its policy does not suit the request (param: the
+ * request field at fault, kv_budget or a knob, kv_policy when neither). */
 int sched_submit(scheduler_t *s, sched_job_t *j, api_error_t *err);
 
 /* Asks the scheduler to drop the job at its next iteration (client gone). */

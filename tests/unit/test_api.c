@@ -3,7 +3,7 @@
  * mutations under ASan), the JSON and SSE builders parsed back with cJSON, and
  * base64 against RFC 4648's vectors.
  * Run: gcc -std=c11 -D_GNU_SOURCE -I. tests/unit/test_api.c server/api.c
- *      engine/status.c -lcjson -lm && ./a.out */
+ *      engine/kv_policy.c engine/status.c -lcjson -lm && ./a.out */
 #include "server/api.h"
 #include "tests/test.h"
 
@@ -322,6 +322,43 @@ static const bad_case_t bad_cases[] = {
     {"{\"prompt\":\"x\",\"partial_images\":\"2\"}", 400, "partial_images", "invalid_type", NULL},
     /* the first fault in document order is the one reported */
     {"{\"n\":9,\"prompt\":\"\",\"bogus\":1}", 400, "n", "invalid_value", NULL},
+    /* KV policy knobs: ranges, types, duplicates, and the policy they belong to */
+    {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"anchor_lines\":-1}", 400, "anchor_lines",
+     "invalid_value", "an integer from 0 to 4096; got -1"},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"anchor_lines\":1.5}", 400, "anchor_lines",
+     "invalid_type", NULL},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"recent_lines\":\"2\"}", 400, "recent_lines",
+     "invalid_type", NULL},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"recent_lines\":4097}", 400, "recent_lines",
+     "invalid_value", NULL},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"streaming\",\"sink_tokens\":-1}", 400, "sink_tokens",
+     "invalid_value", "from 0 to 65536"},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"headkv\",\"headkv_threshold\":0}", 400, "headkv_threshold",
+     "invalid_value", "a number greater than 0 and at most 1; got 0"},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"headkv\",\"headkv_alpha\":1.5}", 400, "headkv_alpha",
+     "invalid_value", "a number from 0 to 1; got 1.5"},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"headkv\",\"headkv_buffer\":0}", 400, "headkv_buffer",
+     "invalid_value", "from 1 to 65536"},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"headkv\",\"headkv_local_window\":-2}", 400,
+     "headkv_local_window", "invalid_value", NULL},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"headkv\",\"headkv_recent_lines\":true}", 400,
+     "headkv_recent_lines", "invalid_type", NULL},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"headkv\",\"headkv_group_tokens\":0}", 400,
+     "headkv_group_tokens", "invalid_value", NULL},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"anchor_lines\":1,\"anchor_lines\":2}", 400,
+     "anchor_lines", "duplicate_parameter", NULL},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"sink_tokens\":4}", 400, "sink_tokens",
+     "invalid_value",
+     "sink_tokens is a knob of kv_policy streaming; this request's kv_policy is linear"},
+    {"{\"prompt\":\"x\",\"headkv_buffer\":4,\"kv_policy\":\"streaming\"}", 400, "headkv_buffer",
+     "invalid_value", "knob of kv_policy headkv"},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"full\",\"recent_lines\":1}", 400, "recent_lines",
+     "invalid_value", NULL},
+    {"{\"prompt\":\"x\",\"headkv_alpha\":0.5}", 400, "headkv_alpha", "invalid_value",
+     "no kv_policy and the server's default is full"},
+    /* a field's own fault comes before the knobs' policy check */
+    {"{\"kv_policy\":\"linear\",\"sink_tokens\":1,\"n\":9,\"prompt\":\"x\"}", 400, "n",
+     "invalid_value", NULL},
 };
 
 static void test_bad_requests_table(void) {
@@ -348,6 +385,64 @@ static void test_bad_requests_table(void) {
         if (c->param[0])
             CHECK_STR_CONTAINS(err.message, c->param);
         check_error_shape(&err);
+    }
+}
+
+static void test_kv_knobs_given_and_resolved(void) {
+    api_image_request_t r;
+    api_error_t err;
+    kv_policy_params_t p;
+    const char *body = "{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"anchor_lines\":0,"
+                       "\"recent_lines\":null}";
+    CHECK_MSG(parse(body, &r, &err) == AR_OK, "%s", err.message);
+    const kv_policy_knob_t *anchor = kv_policy_knob_find("anchor_lines");
+    CHECK(anchor && r.kv_knobs_given == 1u << (anchor - kv_policy_knobs));
+    /* No daemon defaults: the papers' knobs and the policy's own budget. */
+    api_image_request_kv_params(&r, NULL, &p);
+    CHECK(p.kind == KV_POLICY_LINEAR && p.budget == 1.0 / 6);
+    CHECK(p.anchor_lines == 0 && p.recent_lines == 2 && p.sink_tokens == 4);
+    /* The daemon's defaults: its budget and knobs, under what the request gave. */
+    kv_policy_params_t d;
+    kv_policy_defaults(&d, KV_POLICY_HEADKV);
+    d.budget = 0.25;
+    d.anchor_lines = 3;
+    d.recent_lines = 1;
+    d.headkv_group_tokens = 50;
+    api_image_request_kv_params(&r, &d, &p);
+    CHECK(p.kind == KV_POLICY_LINEAR && p.budget == 0.25);
+    CHECK(p.anchor_lines == 0 && p.recent_lines == 1 && p.headkv_group_tokens == 50);
+    api_image_request_free(&r);
+
+    /* Without kv_policy the daemon's default policy applies, and its knobs may be given. */
+    api_limits_t lim = test_limits;
+    lim.kv_defaults = &d;
+    body = "{\"prompt\":\"x\",\"kv_budget\":0.5,\"headkv_alpha\":0,\"headkv_threshold\":1}";
+    CHECK_MSG(parse_exact(body, strlen(body), &lim, &r, &err) == AR_OK, "%s", err.message);
+    api_image_request_kv_params(&r, &d, &p);
+    CHECK(p.kind == KV_POLICY_HEADKV && p.budget == 0.5 && p.headkv_alpha == 0);
+    CHECK(p.headkv_threshold == 1 && p.headkv_buffer == 8 && p.headkv_group_tokens == 50);
+    api_image_request_free(&r);
+    body = "{\"prompt\":\"x\",\"sink_tokens\":2}";
+    CHECK(parse_exact(body, strlen(body), &lim, &r, &err) == AR_ERR);
+    CHECK(strcmp(err.param, "sink_tokens") == 0);
+    CHECK_STR_CONTAINS(err.message, "the server's default is headkv");
+    /* A daemon budget of 0 means each policy's own. */
+    d.budget = 0;
+    body = "{\"prompt\":\"x\",\"kv_policy\":\"streaming\",\"sink_tokens\":65536}";
+    CHECK_MSG(parse_exact(body, strlen(body), &lim, &r, &err) == AR_OK, "%s", err.message);
+    api_image_request_kv_params(&r, &d, &p);
+    CHECK(p.kind == KV_POLICY_STREAMING && p.budget == 1.0 / 6 && p.sink_tokens == 65536);
+    api_image_request_free(&r);
+    /* Every knob is a request field. */
+    for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
+        const kv_policy_knob_t *k = &kv_policy_knobs[i];
+        char text[160];
+        snprintf(text, sizeof text, "{\"prompt\":\"x\",\"kv_policy\":\"%s\",\"%s\":%g}",
+                 kv_policy_name(k->policy), k->name, k->hi);
+        CHECK_MSG(parse(text, &r, &err) == AR_OK, "%s: %s", text, err.message);
+        api_image_request_kv_params(&r, NULL, &p);
+        CHECK_MSG(kv_policy_knob_get(&p, k) == k->hi, "%s", k->name);
+        api_image_request_free(&r);
     }
 }
 
@@ -588,9 +683,10 @@ static void test_error_json_shape(void) {
 
 static void test_images_response_shape(void) {
     const char *const pngs[] = {"iVBORw0KGgo=", "AAAA"};
-    char *text = api_images_response_json(1700000000L, 2, pngs, 384, 256, 1152, 17);
+    char *text = api_images_response_json(1700000000L, 2, pngs, 384, 256, 1152, 17, NULL);
     CHECK(text && !strchr(text, '\n'));
     cJSON *root = parse_owned(text);
+    CHECK(get(root, "kv_cache") == NULL);
     CHECK(is_num(root, "created", 1700000000.0));
     const cJSON *data = get(root, "data");
     CHECK(cJSON_IsArray(data) && cJSON_GetArraySize(data) == 2);
@@ -599,10 +695,29 @@ static void test_images_response_shape(void) {
     CHECK(is_str(root, "output_format", "png") && is_str(root, "size", "384x256"));
     check_usage(get(root, "usage"), 1152, 17);
     cJSON_Delete(root);
-    root = parse_owned(api_images_response_json(1, 0, NULL, 384, 384, 0, 0));
+    root = parse_owned(api_images_response_json(1, 0, NULL, 384, 384, 0, 0, NULL));
     CHECK(cJSON_GetArraySize(get(root, "data")) == 0);
     cJSON_Delete(root);
-    CHECK(api_images_response_json(1, 1, NULL, 384, 384, 0, 0) == NULL);
+    CHECK(api_images_response_json(1, 1, NULL, 384, 384, 0, 0, NULL) == NULL);
+
+    /* The KV extension: the policy the request ran with, its budget and its own knobs only. */
+    api_kv_report_t kv = {.planned_peak_bytes = 1 << 20, .peak_bytes = 1 << 19};
+    kv_policy_defaults(&kv.policy, KV_POLICY_LINEAR);
+    kv.policy.budget = 0.25;
+    kv.policy.anchor_lines = 0;
+    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, &kv));
+    const cJSON *k = get(root, "kv_cache");
+    CHECK(is_str(k, "policy", "linear") && is_num(k, "budget", 0.25));
+    CHECK(is_num(k, "anchor_lines", 0) && is_num(k, "recent_lines", 2));
+    CHECK(get(k, "sink_tokens") == NULL && get(k, "headkv_alpha") == NULL);
+    CHECK(is_num(k, "planned_peak_bytes", 1 << 20) && is_num(k, "peak_bytes", 1 << 19));
+    CHECK(cJSON_GetArraySize(k) == 6);
+    cJSON_Delete(root);
+    kv_policy_defaults(&kv.policy, KV_POLICY_FULL);
+    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, &kv));
+    k = get(root, "kv_cache");
+    CHECK(is_str(k, "policy", "full") && get(k, "budget") == NULL && cJSON_GetArraySize(k) == 3);
+    cJSON_Delete(root);
 }
 
 static void test_models_shape(void) {
@@ -730,6 +845,7 @@ int main(void) {
     TEST_RUN(test_size_auto_is_first_size);
     TEST_RUN(test_edge_values_accepted);
     TEST_RUN(test_bad_requests_table);
+    TEST_RUN(test_kv_knobs_given_and_resolved);
     TEST_RUN(test_size_message_lists_allowed_sizes);
     TEST_RUN(test_nesting_cap_counts_structure_only);
     TEST_RUN(test_embedded_nul_bytes_rejected);

@@ -76,6 +76,7 @@ static void test_defaults(void) {
     CHECK(c.threads == 0 && c.png_workers == 2);
     CHECK(!strcmp(c.log_level, "info") && !strcmp(c.backend, "auto"));
     CHECK(c.retry_after_s == 1);
+    CHECK(!strcmp(c.kv_policy, "full") && c.kv.budget == 0);
 }
 
 static void test_no_sources_gives_defaults(void) {
@@ -460,7 +461,7 @@ static void test_usage_lists_every_setting(void) {
         CHECK_STR_CONTAINS(text, flag);
         CHECK_STR_CONTAINS(text, env);
     }
-    CHECK(n == 16);
+    CHECK(n == 18 + KV_POLICY_N_KNOBS); /* ... kv_policy, kv_budget and every knob */
     CHECK_STR_CONTAINS(text, "--kv-pool-mb MIB");
     CHECK_STR_CONTAINS(text, "KV cache pool size in MiB. 1..1048576, default 1024.\n");
     CHECK_STR_CONTAINS(text, "error|warn|info|debug, default info.\n");
@@ -532,6 +533,96 @@ static void test_example_file_equals_defaults(void) {
     free(want);
 }
 
+/* Every KV knob is a key whose default is the paper's (kv_policy_defaults);
+ * the daemon's default policy is full, with each policy's own budget. */
+static void test_kv_defaults_are_the_papers(void) {
+    server_config_t c;
+    server_config_defaults(&c);
+    kv_policy_params_t papers, d;
+    kv_policy_defaults(&papers, KV_POLICY_LINEAR);
+    server_config_kv_defaults(&c, &d);
+    CHECK(d.kind == KV_POLICY_FULL && d.budget == 0);
+    for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
+        const kv_policy_knob_t *k = &kv_policy_knobs[i];
+        CHECK_MSG(kv_policy_knob_get(&d, k) == kv_policy_knob_get(&papers, k), "%s", k->name);
+    }
+    char *json = server_config_to_json(&c, 0);
+    for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "\"%s\": ", kv_policy_knobs[i].name);
+        CHECK_STR_CONTAINS(json, key);
+    }
+    free(json);
+}
+
+static void test_kv_settings_from_every_source(void) {
+    server_config_t c;
+    ar_error_t err;
+    kv_policy_params_t d;
+    const char *args[] = {"--kv-budget",           "1/6", "--anchor-lines=0",
+                          "--headkv-group-tokens", "40",  NULL};
+    const char *env[] = {"ARSERVE_KV_POLICY=linear", "ARSERVE_HEADKV_ALPHA=0.25",
+                         "ARSERVE_RECENT_LINES=1", NULL};
+    CHECK_MSG(load(&c, args, env, &err) == AR_OK, "%s", err.msg);
+    server_config_kv_defaults(&c, &d);
+    CHECK(d.kind == KV_POLICY_LINEAR && d.budget == 1.0 / 6);
+    CHECK(d.anchor_lines == 0 && d.recent_lines == 1 && d.headkv_alpha == 0.25);
+    CHECK(d.headkv_group_tokens == 40 && d.sink_tokens == 4 && d.headkv_threshold == 0.9);
+    CHECK(load_json(&c,
+                    "{\"kv_policy\": \"headkv\", \"kv_budget\": 0.125, \"headkv_threshold\": "
+                    "0.95, \"headkv_local_window\": 16, \"sink_tokens\": 0}",
+                    &err) == AR_OK);
+    server_config_kv_defaults(&c, &d);
+    CHECK(d.kind == KV_POLICY_HEADKV && d.budget == 0.125 && d.headkv_threshold == 0.95);
+    CHECK(d.headkv_local_window == 16 && d.sink_tokens == 0);
+    /* Reals round-trip through the JSON form exactly. */
+    server_config_t back;
+    c.kv.budget = 1.0 / 6;
+    c.kv.headkv_alpha = 0.1 + 0.2;
+    char *json = server_config_to_json(&c, 0);
+    CHECK_MSG(load_json(&back, json, &err) == AR_OK, "%s", err.msg);
+    back.config_path[0] = 0;
+    c.config_path[0] = 0;
+    CHECK(configs_equal(&c, &back) && back.kv.budget == 1.0 / 6 &&
+          back.kv.headkv_alpha == 0.1 + 0.2);
+    free(json);
+}
+
+static void test_kv_bad_values_name_the_setting(void) {
+    server_config_t c;
+    ar_error_t err;
+    static const struct {
+        const char *arg, *msg;
+    } flags[] = {
+        {"--kv-budget=1.5", "--kv-budget: 1.5 is outside [0, 1]"},
+        {"--kv-budget=-0.1", "--kv-budget: -0.1 is outside [0, 1]"},
+        {"--kv-budget=abc", "--kv-budget: 'abc' is not a number"},
+        {"--kv-budget= 0.5", "--kv-budget: ' 0.5' is not a number"},
+        {"--kv-budget=1/0", "--kv-budget: '1/0' is not a number"},
+        {"--kv-budget=1/", "--kv-budget: '1/' is not a number"},
+        {"--kv-budget=nan", "--kv-budget: nan is outside [0, 1]"},
+        {"--headkv-threshold=0", "--headkv-threshold: 0 is outside (0, 1]"},
+        {"--headkv-alpha=1.01", "--headkv-alpha: 1.01 is outside [0, 1]"},
+        {"--anchor-lines=-1", "--anchor-lines: -1 is outside [0, 4096]"},
+        {"--headkv-buffer=0", "--headkv-buffer: 0 is outside [1, 65536]"},
+        {"--sink-tokens=1.5", "--sink-tokens: '1.5' is not an integer"},
+        {"--kv-policy=lru", "--kv-policy: 'lru' is not one of full, streaming, linear, headkv"},
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        const char *args[] = {flags[i].arg, NULL};
+        CHECK(load(&c, args, NULL, &err) == AR_ERR);
+        CHECK_MSG(!strcmp(err.msg, flags[i].msg), "%s: got '%s'", flags[i].arg, err.msg);
+    }
+    CHECK(load_json(&c, "{\"kv_budget\": \"1/6\"}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'kv_budget' must be a number");
+    CHECK(load_json(&c, "{\"headkv_alpha\": 1.5}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'headkv_alpha' is 1.5, outside [0, 1]");
+    CHECK(load_json(&c, "{\"recent_lines\": 0.5}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'recent_lines' must be an integer");
+    CHECK(load_json(&c, "{\"anchor_line\": 1}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "did you mean 'anchor_lines'");
+}
+
 int main(void) {
     TEST_RUN(test_defaults);
     TEST_RUN(test_no_sources_gives_defaults);
@@ -559,5 +650,8 @@ int main(void) {
     TEST_RUN(test_to_json_redacts_key);
     TEST_RUN(test_to_json_round_trips);
     TEST_RUN(test_example_file_equals_defaults);
+    TEST_RUN(test_kv_defaults_are_the_papers);
+    TEST_RUN(test_kv_settings_from_every_source);
+    TEST_RUN(test_kv_bad_values_name_the_setting);
     return TEST_SUMMARY();
 }

@@ -885,6 +885,67 @@ static void test_validate_messages(void) {
     CHECK_STR_CONTAINS(err.msg, "n_prompt");
 }
 
+/* The knob table describes kv_policy_params_t: names, defaults, ranges;
+ * kv_policy_check names the setting at fault. */
+static void test_knob_table_and_check_fields(void) {
+    kv_geometry_t janus = geom(40, 24, 24, 24, 16), demo = geom(20, 16, 16, 4, 4);
+    kv_policy_params_t p;
+    ar_error_t err;
+    const char *field = "unset";
+    CHECK(KV_POLICY_N_KNOBS == 9);
+    for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
+        const kv_policy_knob_t *k = &kv_policy_knobs[i];
+        CHECK(kv_policy_knob_find(k->name) == k);
+        kv_policy_defaults(&p, k->policy);
+        CHECK_MSG(kv_policy_knob_get(&p, k) == k->def, "%s", k->name);
+        CHECK_MSG(kv_policy_knob_ok(k, k->def) && kv_policy_knob_ok(k, k->hi), "%s", k->name);
+        CHECK_MSG(!kv_policy_knob_ok(k, k->hi + 1) && !kv_policy_knob_ok(k, NAN), "%s", k->name);
+        CHECK_MSG(kv_policy_knob_ok(k, k->lo) == !k->lo_open, "%s", k->name);
+        CHECK_MSG(!kv_policy_knob_ok(k, k->lo - 1), "%s", k->name);
+        CHECK_MSG(kv_policy_knob_ok(k, k->def + 0.5) == (k->type == KV_KNOB_REAL) ||
+                      k->def + 0.5 > k->hi,
+                  "%s", k->name);
+        /* Out of range: validate names the knob, of its own policy only. */
+        kv_policy_knob_set(&p, k, k->hi + 1);
+        CHECK(kv_policy_check(&p, &janus, &field, &err) == AR_ERR);
+        CHECK_MSG(field && !strcmp(field, k->name), "%s: %s", k->name, field ? field : "NULL");
+        CHECK_STR_CONTAINS(err.msg, k->name);
+        int other = (k->policy % 3) + 1; /* another compressing policy */
+        kv_policy_defaults(&p, (kv_policy_kind_t)other);
+        kv_policy_knob_set(&p, k, k->hi + 1);
+        CHECK_MSG(kv_policy_check(&p, &janus, &field, &err) == AR_OK, "%s under %s: %s", k->name,
+                  kv_policy_name((kv_policy_kind_t)other), err.msg);
+    }
+    CHECK(kv_policy_knob_find("budget") == NULL && kv_policy_knob_find(NULL) == NULL);
+    char buf[96];
+    kv_policy_knob_describe(kv_policy_knob_find("headkv_threshold"), buf, sizeof buf);
+    CHECK(!strcmp(buf, "a number greater than 0 and at most 1"));
+    kv_policy_knob_describe(kv_policy_knob_find("anchor_lines"), buf, sizeof buf);
+    CHECK(!strcmp(buf, "an integer from 0 to 4096"));
+
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    p.budget = 1.0 / 8;
+    CHECK(kv_policy_check(&p, &demo, &field, &err) == AR_ERR && field && !strcmp(field, "budget"));
+    p.anchor_lines = 0;
+    p.recent_lines = 1; /* 2 lines: 0 anchors + 1 recent + the line being made */
+    CHECK(kv_policy_check(&p, &demo, &field, &err) == AR_OK && field == NULL);
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    p.headkv_local_window = 65;
+    CHECK(kv_policy_check(&p, &janus, &field, &err) == AR_ERR && field &&
+          !strcmp(field, "headkv_local_window"));
+    kv_policy_defaults(&p, KV_POLICY_STREAMING);
+    p.budget = 0;
+    CHECK(kv_policy_check(&p, &janus, &field, &err) == AR_ERR && field && !strcmp(field, "budget"));
+    kv_geometry_t bad_g = geom(40, 0, 24, 24, 16);
+    CHECK(kv_policy_check(&p, &bad_g, &field, &err) == AR_ERR && field == NULL);
+    /* Huge line knobs with a budget that never compresses stay harmless. */
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    p.budget = 1;
+    p.anchor_lines = p.recent_lines = 4096;
+    int traj[576];
+    CHECK(kv_policy_trajectory(&p, &janus, traj) == AR_OK && traj[575] == 40 + 575);
+}
+
 int main(void) {
     TEST_RUN(test_parse_names_and_defaults);
     TEST_RUN(test_full_keeps_everything);
@@ -898,6 +959,7 @@ int main(void) {
     TEST_RUN(test_headkv_collect_schedule);
     TEST_RUN(test_ste_keeps_long_range_tokens);
     TEST_RUN(test_trajectory_bounds_random_runs);
+    TEST_RUN(test_knob_table_and_check_fields);
     TEST_RUN(test_validate_messages);
     return TEST_SUMMARY();
 }

@@ -1,8 +1,9 @@
 /* The engine's KV policy hooks, the planner's trajectories and the
  * scheduler's check that measured pool use never passes the plan, on the
  * tiny model with a stub policy defined here (the real policies live in
- * engine/kv_policy.c; this file defines every kv_policy.h function, so the
- * linker takes none of them from the engine library).
+ * engine/kv_policy.c; this file defines every kv_policy.h function but the
+ * knob table's, engine/kv_policy_knobs.c, so the linker takes none of the
+ * policies' from the engine library).
  *
  * The stub ("window", kind KV_POLICY_STREAMING): every head keeps the
  * prefix, sink_tokens image tokens and the newest recent_lines * w tokens,
@@ -64,6 +65,13 @@ int kv_policy_validate(const kv_policy_params_t *p, const kv_geometry_t *g, ar_e
     if (p->recent_lines < 1)
         return ar_errorf(err, "recent_lines must be at least 1");
     return AR_OK;
+}
+
+int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const char **field,
+                    ar_error_t *err) {
+    if (field)
+        *field = NULL;
+    return kv_policy_validate(p, g, err);
 }
 
 /* Tokens an even head keeps after compaction (odd heads: one fewer). */

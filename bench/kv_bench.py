@@ -1,0 +1,251 @@
+"""`make bench-kv`: the KV policies side by side on the demo model, in one run.
+
+    python bench/kv_bench.py --bin build/kv_bench --model models/shapes [--per-category 4]
+                             [--threads 1] [--pool-images 2] [--waves 2] [--out build/bench-kv]
+
+build/kv_bench (bench/kv_bench.c) generates every image through the KV planner and the paged
+pool, as the daemon's scheduler does, and measures; this script picks the prompts, scores the
+PNGs and prints one table. Rows: full, then streaming, linear and headkv at budgets 1/4, 1/6
+and 1/8. Columns:
+
+  tokens/head   tokens one (layer, head) holds at its peak, the condition prefix included
+  peak KiB      KV bytes one image (its CFG pair) holds at its peak: measured by the engine
+                (pool blocks after a step's appends) and predicted by the planner; they must
+                be equal, for every image and at every iteration (the script exits 1 if not)
+  admitted      images of the reference prompt the planner admits at once into one fixed
+                pool (--pool-images full-cache images), and the ratio to full
+  images/s      images per second running that many at once on this machine (token steps
+                and VQ decodes, no PNG encoding; --waves fills of the pool), ratio to full
+  PSNR          dB of each image against the full-cache image of the same prompt and seed,
+                mean over the prompts (identical images count as 100 dB)
+  ShapesEval    accuracy by tools/shapes_eval: mean over its six categories, --per-category
+                prompts each (the first of prompts.jsonl, the same for every row), seed = id
+
+Rows the policies' default knobs cannot run on the model's grid are run with scaled knobs
+(FALLBACKS below) and marked; a row that cannot run even so prints "n/a" and the budget it
+needs. Everything is written to --out too: the PNGs, results.json and table.txt.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+from PIL import Image
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from tools.shapes_eval import scorer  # noqa: E402
+
+BUDGETS = ["1/4", "1/6", "1/8"]
+POLICIES = ["streaming", "linear", "headkv"]
+
+
+
+def fallbacks(line_width):
+    """Knobs for rows whose defaults do not fit the grid (docs/kv-policies.md, "The KV
+    benchmark"). On the demo's 16 x 16 grid LineAR at 1/6 and 1/8 keeps 2 lines: no anchor,
+    the line above (the context raster generation needs most) and the line being generated.
+    HeadKV at 1/8 holds 32 image tokens per global head: one recent line instead of two, and
+    a local window of one line (the default 32 is about one line of the papers' 24-wide
+    grids) so that a local head stays within a global one."""
+    return {
+        "linear": "anchor_lines=0,recent_lines=1",
+        "headkv": "headkv_recent_lines=1,headkv_local_window=%d" % line_width,
+    }
+
+
+PSNR_CAP = 100.0
+
+
+def select_prompts(path, per_category):
+    """The first per_category prompts of each category, in file order."""
+    prompts = scorer.load_prompts(path)
+    taken, count = [], {}
+    for p in prompts:
+        if count.get(p["category"], 0) < per_category:
+            count[p["category"]] = count.get(p["category"], 0) + 1
+            taken.append(p)
+    short = [c for c in scorer.CATEGORIES if count.get(c, 0) < per_category]
+    if short:
+        sys.exit(f"kv_bench: {path} has fewer than {per_category} prompts of {short}")
+    return taken
+
+
+def psnr(a, b):
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return PSNR_CAP if mse == 0 else min(PSNR_CAP, 10 * math.log10(255.0 ** 2 / mse))
+
+
+def load_png(path):
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+def row_label(r):
+    return r["policy"] if r["policy"] == "full" else "%s %s" % (r["policy"], r["spec"].split(":")[1])
+
+
+def ratio(x, ref):
+    return "%.2f" % (x / ref) if ref else "-"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(REPO, "build", "kv_bench"))
+    ap.add_argument("--model", default=os.path.join(REPO, "models", "shapes"))
+    ap.add_argument("--prompts", default=os.path.join(REPO, "tools", "shapes_eval", "prompts.jsonl"))
+    ap.add_argument("--per-category", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--pool-images", type=float, default=2)
+    ap.add_argument("--waves", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(REPO, "build", "bench-kv"))
+    a = ap.parse_args(argv)
+    if not os.path.exists(os.path.join(a.model, "arserve.json")):
+        sys.exit(f"kv_bench: no model at {a.model} (make bench-kv KV_BENCH_MODEL=DIR)")
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.model, "arserve.json")) as f:
+        scaled_knobs = fallbacks(json.load(f)["image"]["grid_width"])
+
+    prompts = select_prompts(a.prompts, a.per_category)
+    by_id = {p["id"]: p for p in prompts}
+    tsv = os.path.join(a.out, "prompts.tsv")
+    with open(tsv, "w") as f:
+        for p in prompts:
+            f.write("%d\t%d\t%s\n" % (p["id"], p["id"], p["prompt"]))
+
+    cmd = [a.bin, "--model", a.model, "--prompts", tsv, "--out", a.out,
+           "--pool-images", str(a.pool_images), "--threads", str(a.threads),
+           "--waves", str(a.waves), "--row", "full"]
+    for policy, knobs in scaled_knobs.items():
+        cmd += ["--fallback", "%s:%s" % (policy, knobs)]
+    for policy in POLICIES:
+        for b in BUDGETS:
+            cmd += ["--row", "%s:%s" % (policy, b)]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if p.returncode not in (0, 3):
+        sys.exit(f"kv_bench: {a.bin} failed with status {p.returncode}")
+    doc = json.loads(p.stdout)
+    failed = p.returncode == 3 or doc["checks_failed"] > 0
+
+    rows = doc["rows"]
+    full = rows[0]
+    full_png = {im["id"]: load_png(os.path.join(full["dir"], "%05d.png" % im["id"]))
+                for im in full["images"]}
+    for r in rows:
+        if "error" in r:
+            continue
+        values, results = [], []
+        for im in r["images"]:
+            img = load_png(os.path.join(r["dir"], "%05d.png" % im["id"]))
+            values.append(psnr(img, full_png[im["id"]]))
+            spec = by_id[im["id"]]
+            ok, _, _ = scorer.score_image(img, spec["spec"])
+            results.append({"category": spec["category"], "correct": ok})
+            if r["peak_check"] == "equal" and im["peak_bytes"] != im["planned_peak_bytes"]:
+                failed = True
+        r["psnr_db"] = float(np.mean(values))
+        r["identical_images"] = sum(v == PSNR_CAP for v in values)
+        _, r["shapes_eval"], _ = scorer.summarise(results)
+        if r["peak_check"] == "equal" and r["measured_peak_bytes"] != r["planned_peak_bytes"]:
+            failed = True
+
+    # The table.
+    marks = {}
+    lines = []
+    lines.append("KV policies on %s (%dx%d tokens): %d prompts (%d per ShapesEval category), "
+                 "seed = prompt id; one run, %s CPU thread(s), speed over %d fill(s) of the pool"
+                 % (doc["model"], doc["grid_width"], doc["grid_height"], len(prompts),
+                    a.per_category, a.threads or "all", doc["waves"]))
+    lines.append("pool: %.1f KiB = %g full-cache images of the reference prompt %r "
+                 "(%d tokens); blocks of %d tokens"
+                 % (doc["pool_bytes"] / 1024, doc["pool_images"], doc["reference_prompt"]["text"],
+                    doc["reference_prompt"]["n_prompt"], doc["block_tokens"]))
+    lines.append("")
+    head = "%-16s %7s %10s %10s  %-12s %-13s %8s %10s" % (
+        "row", "tokens/", "peak KiB", "peak KiB", "admitted", "images/s", "PSNR dB", "ShapesEval")
+    head2 = "%-16s %7s %10s %10s  %-12s %-13s %8s %10s" % (
+        "", "head", "measured", "planned", "(x full)", "(x full)", "vs full", "accuracy")
+    lines += [head, head2, "-" * len(head)]
+    for r in rows:
+        label = row_label(r)
+        if r.get("scaled"):
+            mark = marks.setdefault(r["policy"], "*" * (len(marks) + 1))
+            label += mark
+        if "error" in r:
+            if "(budget >= " in r["error"]:
+                why = "needs budget >= " + r["error"].split("(budget >= ")[-1].rstrip(")")
+            else:
+                why = r["error"]
+            lines.append("%-16s n/a (%s)" % (label, why))
+            continue
+        eq = "" if r["measured_peak_bytes"] == r["planned_peak_bytes"] else \
+            " <=" if r["peak_check"] == "at most" else " !"
+        lines.append("%-16s %7d %10.1f %10.1f%s  %-12s %-13s %8s %10.3f" % (
+            label, r["peak_tokens_per_head"], r["measured_peak_bytes"] / 1024,
+            r["planned_peak_bytes"] / 1024, eq,
+            "%d (%s)" % (r["admitted"], ratio(r["admitted"], full["admitted"])),
+            "%.2f (%s)" % (r["images_per_s"], ratio(r["images_per_s"], full["images_per_s"])),
+            "ref" if r is full else "%.1f" % r["psnr_db"], r["shapes_eval"]))
+    lines.append("")
+
+    # Footnotes: what was scaled, what coincides, what a column hides.
+    for policy, mark in marks.items():
+        scaled = [r for r in rows if r["policy"] == policy and r.get("scaled")]
+        lines.append("%s %s at %s: the defaults do not fit (%s); run with %s."
+                     % (mark, policy, ", ".join(r["spec"].split(":")[1] for r in scaled),
+                        scaled[0]["defaults_refused"], scaled_knobs[policy].replace(",", ", ")))
+    ok_rows = [r for r in rows if "error" not in r]
+    same = {}  # LineAR keeps whole lines: budgets that round to as many lines coincide
+    for r in ok_rows:
+        if r["policy"] == "linear":
+            key = (r["peak_tokens_per_head"], json.dumps(r["knobs"], sort_keys=True))
+            same.setdefault(key, []).append(r["spec"].split(":")[1])
+    for key, budgets in same.items():
+        if len(budgets) > 1:
+            lines.append("linear at %s keeps the same %d of %d lines (floor(budget x %d)): the "
+                         "same trajectory and images; their speeds differ by noise alone."
+                         % (" and ".join(budgets),
+                            (key[0] - doc["reference_prompt"]["n_prompt"]) // doc["grid_width"],
+                            doc["grid_height"], doc["grid_height"]))
+    grouped = [r for r in ok_rows if r["policy"] == "headkv"
+               and r["peak_step"] == r["knobs"]["headkv_group_tokens"]]
+    if grouped:
+        lines.append("headkv peaks when heads are grouped (step headkv_group_tokens = %d), before "
+                     "its first compression and above its budget at %s."
+                     % (grouped[0]["knobs"]["headkv_group_tokens"],
+                        ", ".join(r["spec"].split(":")[1] for r in grouped)))
+    lines.append("streaming's budget counts the prefix; linear's and headkv's count image tokens "
+                 "only (docs/kv-policies.md).")
+    checks = "every image and every iteration, both runs" + (
+        "" if all(r["peak_check"] == "equal" for r in ok_rows) else
+        " (headkv rows marked '<=': a bound)")
+    lines.append("measured == planned peak: %s (%d iterations in all)%s."
+                 % (checks, sum(r["iterations"] for r in ok_rows),
+                    "; FAILED: see the log above" if failed else ""))
+    identical = sum(r["identical_images"] for r in ok_rows if r is not full)
+    if identical:
+        lines.append("%d compressed images are identical to their full-cache image (100 dB)."
+                     % identical)
+    lines.append("kv_bench %.0f s, everything %.0f s."
+                 % (doc["wall_s"], time.monotonic() - t0))
+    table = "\n".join(lines)
+    print(table)
+    with open(os.path.join(a.out, "table.txt"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    if failed:
+        print("kv_bench: the measured KV peak differs from the planner's", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# A smoke test of `make bench-kv` on the tiny model (an 8 x 8 grid, one
+# prompt per ShapesEval category, one fill of the pool): the whole table
+# comes out, measured peaks equal the planned ones, rows too small for the
+# grid print n/a with the budget they need, and bad rows are refused.
+# usage: tests/cli/test_kv_bench.sh path/to/kv_bench path/to/tiny-model path/to/python
+set -u
+bin=$1 model=$2 python=$3
+case $bin in /*) ;; *) bin=$PWD/$bin ;; esac
+case $model in /*) ;; *) model=$PWD/$model ;; esac
+root=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+
+ok()   { passed=$((passed + 1)); echo "ok      $1"; }
+fail() { failed=$((failed + 1)); echo "not ok  $1"; [ -n "${2:-}" ] && echo "  $2"; }
+
+"$python" "$root/bench/kv_bench.py" --bin "$bin" --model "$model" --per-category 1 --threads 1 \
+    --waves 1 --out "$tmp/out" >"$tmp/table" 2>"$tmp/err"
+rc=$?
+[ "$rc" = 0 ] && ok "bench-kv runs on the tiny model" \
+    || fail "bench-kv runs on the tiny model" "exit $rc: $(tail -c 600 "$tmp/err")"
+
+rows=$(grep -cE '^(full|streaming 1/[468]|linear 1/[468]|headkv 1/[468])[*]* ' "$tmp/table")
+[ "$rows" = 10 ] && ok "one row per policy and budget" || fail "one row per policy and budget" \
+    "$rows rows: $(cat "$tmp/table")"
+
+# Every row that ran: measured == planned (columns 3 and 4 after the label).
+bad=$(awk '/^(full|[a-z]+ 1\/[0-9])[*]* +[0-9]/ {
+        n = split($0, f, / +/); m = (f[2] ~ /^1\//) ? 4 : 3
+        if (f[m] != f[m + 1]) print }' "$tmp/table")
+[ -z "$bad" ] && grep -q '^measured == planned peak: every image and every iteration' "$tmp/table" \
+    && ok "measured peaks equal the planned ones" || fail "measured peaks equal the planned ones" \
+    "$bad $(grep '^measured' "$tmp/table")"
+
+grep -qE '^linear 1/8[*]* +n/a \(needs budget >= 2/8 = 0.25\)' "$tmp/table" \
+    && ok "a row the grid cannot hold says the budget it needs" \
+    || fail "a row the grid cannot hold says the budget it needs" "$(grep '^linear' "$tmp/table")"
+grep -q '^[*] linear at .*run with anchor_lines=0, recent_lines=1' "$tmp/table" \
+    && ok "scaled knobs are named in a footnote" || fail "scaled knobs are named in a footnote"
+
+n=$(ls "$tmp/out/full"/*.png 2>/dev/null | wc -l)
+[ "$n" = 6 ] && ok "one PNG per prompt" || fail "one PNG per prompt" "$n PNGs"
+[ -s "$tmp/out/results.json" ] && [ -s "$tmp/out/table.txt" ] && ok "results.json and table.txt" \
+    || fail "results.json and table.txt"
+
+printf '0\t0\ta red circle\n' >"$tmp/p.tsv"
+"$bin" --model "$model" --prompts "$tmp/p.tsv" --out "$tmp/x" --row linear:2 >/dev/null 2>"$tmp/err"
+rc=$?
+[ "$rc" = 2 ] && grep -q 'needs a budget in (0, 1]' "$tmp/err" && ok "a bad row is refused" \
+    || fail "a bad row is refused" "exit $rc: $(cat "$tmp/err")"
+"$bin" --model "$model" --prompts "$tmp/p.tsv" --out "$tmp/x" --row linear:1/2:sink_tokens=1 \
+    >/dev/null 2>"$tmp/err"
+rc=$?
+[ "$rc" = 2 ] && grep -q "'sink_tokens' is not a knob of linear" "$tmp/err" \
+    && ok "a knob of another policy is refused" || fail "a knob of another policy is refused" \
+    "exit $rc: $(cat "$tmp/err")"
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
