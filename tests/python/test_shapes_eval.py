@@ -219,3 +219,15 @@ def test_cli(tmp_path, capsys):
     assert "overall" in text
     r = json.loads(out_json.read_text())
     assert r["images"] == pytest.approx(11 / 12)
+
+
+def test_colour_recall_counts_named_colours_whatever_the_shape():
+    spec = {"objects": [{"shape": "circle", "colour": "red"}, {"shape": "square", "colour": "blue"}]}
+    red_blob = [{"shape": "unknown", "colour": "red"}]
+    assert scorer.colours_found(spec, red_blob) == 0.5
+    assert scorer.colours_found(spec, red_blob + [{"shape": "triangle", "colour": "blue"}]) == 1.0
+    assert scorer.colours_found(spec, []) == 0.0
+    assert scorer.colours_found({"objects": [{"shape": "circle"}]}, red_blob) is None
+    results = [{"colours_found": 0.5}, {"colours_found": None}, {"colours_found": 1.0}]
+    assert scorer.colour_recall(results) == 0.75
+    assert scorer.colour_recall([{"colours_found": None}]) == 0.0

@@ -144,7 +144,7 @@ def run(model, out_dir, arserve=None, prompts_path=PROMPTS, limit=None, images_p
         "model": model, "arserve": arserve, "arserve_args": list(extra), "prompts": prompts_path,
         "n_prompts": len(prompts), "images_per_prompt": images_per_prompt, "seed": seed,
         "jobs": jobs, "images_dir": out_dir,
-        "overall": overall, "images": images,
+        "overall": overall, "images": images, "colour_recall": scorer.colour_recall(results),
         "categories": {c: {"correct": v[0], "n": v[1], "accuracy": v[2]} for c, v in table.items()},
         "generation_s": t1 - t0, "scoring_s": t2 - t1,
         "results": results,
@@ -204,6 +204,7 @@ def run_cli(a):
         s["model"], s["n_prompts"], s["images_per_prompt"], s["seed"],
         ", arserve " + shlex.join(extra) if extra else ""))
     print(scorer.format_table(table, s["overall"], s["images"]))
+    print("colour recall %.3f (the prompts' colours present in the image, any shape)" % s["colour_recall"])
     n = s["n_prompts"] * s["images_per_prompt"]
     print("generation %.1f s (%d images, %d at a time, %.2f images/s); scoring %.1f s" % (
         s["generation_s"], n, s["jobs"], n / max(s["generation_s"], 1e-9), s["scoring_s"]))

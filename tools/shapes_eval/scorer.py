@@ -268,6 +268,23 @@ def summarise(results):
     return table, overall, images
 
 
+def colours_found(spec, dets):
+    """Fraction of the colours a spec names that some detected object has, whatever its
+    shape, size or place; None when the spec names no colour. A partial-credit signal:
+    a model that draws the right colours in the wrong shapes scores here and not above."""
+    want = {o["colour"] for o in spec["objects"] if o.get("colour")}
+    if not want:
+        return None
+    have = {d["colour"] for d in dets}
+    return len(want & have) / len(want)
+
+
+def colour_recall(results):
+    """Mean of colours_found over the scored images that name a colour (0.0 if none)."""
+    v = [r["colours_found"] for r in results if r.get("colours_found") is not None]
+    return float(np.mean(v)) if v else 0.0
+
+
 def score_dir(images, prompts, threshold=THRESHOLD, min_area=MIN_AREA):
     """Scores DIR against a prompts.jsonl (a path, or its prompts as a list);
     missing images count as wrong."""
@@ -284,7 +301,7 @@ def score_dir(images, prompts, threshold=THRESHOLD, min_area=MIN_AREA):
             ok, why, dets = score_image(img, p["spec"], threshold, min_area)
             results.append({"id": p["id"], "category": p["category"], "prompt": p["prompt"],
                             "file": os.path.basename(fn), "correct": ok, "reason": why,
-                            "detections": dets})
+                            "colours_found": colours_found(p["spec"], dets), "detections": dets})
     return results
 
 
