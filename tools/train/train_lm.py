@@ -44,6 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from lm_model import DEFAULT_IMAGE, DEFAULT_LLM, JanusLM  # noqa: E402
+from train_util import log, lr_at, save  # noqa: E402
 
 TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"
 SPECIALS = ["<bos>", "<pad>", "<begin_of_image>", "<|User|>", "<|Assistant|>", "[UNK]"]
@@ -94,26 +95,6 @@ def pad_left(rows, pad):
         ids[i, P - len(r):] = r
         valid[i, P - len(r):] = True
     return torch.from_numpy(ids), torch.from_numpy(valid)
-
-
-def lr_at(step, a):
-    if step < a.warmup:
-        return a.lr * (step + 1) / a.warmup
-    t = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
-    return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
-def log(path, msg):
-    line = time.strftime("%H:%M:%S ") + msg
-    print(line, flush=True)
-    with open(path, "a") as f:
-        f.write(line + "\n")
-
-
-def save(path, obj):
-    tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def batch_rows(cond, uncond, grids, idx, drop, pad):

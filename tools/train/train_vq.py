@@ -78,6 +78,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from vq_model import VQModel, init_reference_channels, to_model_input, to_u8  # noqa: E402
+from train_util import log, lr_at, save  # noqa: E402
 from tools.shapes.dataset import load_shards  # noqa: E402
 
 DEFAULT_CFG = {
@@ -92,20 +93,6 @@ DEFAULT_CFG = {
     "codebook_size": 1024,
     "out_channels": 3,
 }
-
-
-def log(path, msg):
-    line = time.strftime("%H:%M:%S ") + msg
-    print(line, flush=True)
-    with open(path, "a") as f:
-        f.write(line + "\n")
-
-
-def lr_at(step, a):
-    if step < a.warmup:
-        return a.lr * (step + 1) / a.warmup
-    t = (step - a.warmup) / max(1, a.steps - a.warmup)
-    return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
 def batch_at(images, step, a):
@@ -167,12 +154,6 @@ def kmeans_init(model, images, a, logf, n_vectors=65536):
     model.train()
     log(logf, "step %d: codebook from spherical k-means of %d encoder outputs (%d images), %d codes empty in the last round, %.0f s" % (
         a.ae_warmup, len(vecs), len(pick), len(empty), time.time() - t0))
-
-
-def save(path, obj):
-    tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def main(argv=None):
