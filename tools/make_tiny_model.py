@@ -168,12 +168,15 @@ def make_weights(cfg, rng):
     return w
 
 
-def make_tokenizer(vocab_size):
-    tokens = SPECIALS + WORDS
-    assert len(tokens) <= vocab_size
+def word_level_tokenizer(specials, words, vocab_size):
+    """A Hugging Face tokenizer.json (WordLevel, lowercase, whitespace pre-tokenizer) with
+    ids: the special tokens first, then the words; "[UNK]" must be among the specials."""
+    tokens = specials + words
+    if len(tokens) > vocab_size:
+        raise ValueError("%d tokens do not fit a vocabulary of %d" % (len(tokens), vocab_size))
     vocab = {t: i for i, t in enumerate(tokens)}
     added = [{"id": vocab[t], "content": t, "single_word": False, "lstrip": False,
-              "rstrip": False, "normalized": False, "special": True} for t in SPECIALS]
+              "rstrip": False, "normalized": False, "special": True} for t in specials]
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
             "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "Whitespace"},
             "post_processor": None, "decoder": None,
@@ -196,7 +199,7 @@ def main():
                             metadata={"made_by": "tools/make_tiny_model.py",
                                       "seed": str(args.seed)})
     with open(os.path.join(args.out, "tokenizer.json"), "w") as f:
-        json.dump(make_tokenizer(config["llm"]["vocab_size"]), f, indent=1)
+        json.dump(word_level_tokenizer(SPECIALS, WORDS, config["llm"]["vocab_size"]), f, indent=1)
     with open(os.path.join(args.out, "arserve.json"), "w") as f:
         json.dump(config, f, indent=2)
     print(f"wrote {args.out} ({len(weights)} tensors, seed {args.seed})")

@@ -80,7 +80,9 @@ def write_model_dir(d, model, cfg):
     vq = vq_tensors(model)
     safetensors_write.write(os.path.join(d, "vq.safetensors"), vq)
     with open(os.path.join(d, "tokenizer.json"), "w") as f:
-        json.dump(make_tiny_model.make_tokenizer(conf["llm"]["vocab_size"]), f)
+        tok = make_tiny_model.word_level_tokenizer(make_tiny_model.SPECIALS, make_tiny_model.WORDS,
+                                                   conf["llm"]["vocab_size"])
+        json.dump(tok, f)
     with open(os.path.join(d, "arserve.json"), "w") as f:
         json.dump(conf, f, indent=1)
     return vq

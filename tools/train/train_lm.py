@@ -46,6 +46,9 @@ sys.path.insert(0, ROOT)
 from lm_model import DEFAULT_IMAGE, DEFAULT_LLM, JanusLM  # noqa: E402
 from train_util import log, lr_at, save  # noqa: E402
 
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from make_tiny_model import word_level_tokenizer  # noqa: E402
+
 TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"
 SPECIALS = ["<bos>", "<pad>", "<begin_of_image>", "<|User|>", "<|Assistant|>", "[UNK]"]
 
@@ -58,16 +61,7 @@ def vocabulary_words():
 
 def tokenizer_json(vocab_size):
     """The word-level tokenizer (Hugging Face tokenizer.json format) the engine reads."""
-    tokens = SPECIALS + vocabulary_words()
-    if len(tokens) > vocab_size:
-        raise ValueError("%d tokens do not fit a vocabulary of %d" % (len(tokens), vocab_size))
-    vocab = {t: i for i, t in enumerate(tokens)}
-    added = [{"id": vocab[t], "content": t, "single_word": False, "lstrip": False,
-              "rstrip": False, "normalized": False, "special": True} for t in SPECIALS]
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-            "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "Whitespace"},
-            "post_processor": None, "decoder": None,
-            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}}
+    return word_level_tokenizer(SPECIALS, vocabulary_words(), vocab_size)
 
 
 def encode_prompts(tok_json, captions):
