@@ -111,7 +111,7 @@ SLOW_MODEL := $(BUILD)/slow-model
 
 .PHONY: all deps test test-unit test-cli test-integration test-python test-sanitizers test-backend \
         test-cuda-build test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
-        format info bench-kv help
+        format format-check info bench-kv help
 
 all: info $(BUILD)/arserve
 
@@ -131,7 +131,7 @@ help:
 	@echo "make expected-png     remake the PNG the shipped-model test expects (after retraining)"
 	@echo "make deps             install the Debian packages and the .venv the build and tests need"
 	@echo "make golden           regenerate the golden data (torch, in .venv-tools)"
-	@echo "make format           clang-format the C, CUDA and headers"
+	@echo "make format           clang-format the C, CUDA and headers (format-check: only check)"
 	@echo "make clean            remove the build folders"
 
 info:
@@ -178,7 +178,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(SERVER_LIB) $(ENGINE_LIB) tests/test.h
 
 # Debian packages the build and tests need; installed only when missing.
 DEB_PKGS := gcc make libopenblas-dev libcjson-dev libpng-dev libmicrohttpd-dev libjemalloc-dev \
-            python3 python3-venv prometheus curl
+            python3 python3-venv prometheus curl clang-format
 deps: $(VENV)/.stamp
 	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -204,6 +204,7 @@ $(SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py 
 	$(VENV)/bin/python tools/make_tiny_model.py --preset slow --seed 1 --out $(SLOW_MODEL)
 
 test: deps
+	$(MAKE) format-check
 	$(MAKE) all
 	$(MAKE) test-unit
 	$(MAKE) test-cli
@@ -345,10 +346,20 @@ tools-deps:
 golden: tools-deps all
 	.venv-tools/bin/python tools/gen_golden.py --out tests/golden
 
+# Every C, C++ and CUDA source and header of ours, formatted by the
+# repository's .clang-format; `make format-check` (part of `make test`)
+# fails on any file clang-format would change.
+FORMAT_SRC := $(sort $(wildcard cli/*.c cli/*.h engine/*.c engine/*.h server/*.c server/*.h \
+                kernels/*.cu kernels/*.h kernels/*.cuh bench/*.c tests/*.h tests/unit/*.c \
+                tests/backend/*.c tests/cuda_emu/*.h tests/cuda_emu/*.cpp \
+                tests/cuda_emu/include/*.h))
 format:
-	clang-format -i $(ENGINE_SRC) $(SERVER_SRC) $(KERNEL_SRC) \
-		$(wildcard engine/*.h server/*.h kernels/*.h kernels/*.cuh tests/*.h tests/unit/*.c \
-		           tests/backend/*.c tests/cuda_emu/*.h tests/cuda_emu/*.cpp bench/*.c)
+	clang-format -i $(FORMAT_SRC)
+
+format-check:
+	@command -v clang-format >/dev/null || { echo "format-check: clang-format is missing (make deps installs it)"; exit 1; }
+	clang-format --dry-run -Werror $(FORMAT_SRC)
+	@echo "format-check: $(words $(FORMAT_SRC)) files formatted as .clang-format says"
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-ubsan $(BUILD)-cuda-ci build-cuda

@@ -34,7 +34,8 @@ typedef struct tensor {
 
 static inline int64_t tensor_numel(const tensor_t *t) {
     int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i];
     return n;
 }
 
@@ -99,8 +100,8 @@ struct backend {
 
     /* y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when bias is not NULL), with
      * n = w->shape[0], k = w->shape[1]. */
-    void (*matmul)(backend_t *be, float *y, const float *x, const tensor_t *w,
-                   const tensor_t *bias, int m);
+    void (*matmul)(backend_t *be, float *y, const float *x, const tensor_t *w, const tensor_t *bias,
+                   int m);
 
     /* y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w[:], rows of dim. y may be x. */
     void (*rmsnorm)(backend_t *be, float *y, const float *x, const tensor_t *w, int rows, int dim,
@@ -144,9 +145,9 @@ struct backend {
     /* Element-wise. */
     void (*silu_mul)(backend_t *be, float *out, const float *gate, const float *up, size_t n);
     void (*silu)(backend_t *be, float *x, size_t n);
-    void (*gelu)(backend_t *be, float *x, size_t n); /* exact erf form */
+    void (*gelu)(backend_t *be, float *x, size_t n);                /* exact erf form */
     void (*add)(backend_t *be, float *y, const float *a, size_t n); /* y += a */
-    void (*scale)(backend_t *be, float *x, size_t n, float s);     /* x *= s */
+    void (*scale)(backend_t *be, float *x, size_t n, float s);      /* x *= s */
     /* Row-wise softmax in place over cols, rows of x. */
     void (*softmax)(backend_t *be, float *x, int rows, int cols);
 

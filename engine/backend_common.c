@@ -21,7 +21,8 @@ int backend_check_weight(const char *backend, const void *host_src, dtype_t dtyp
     }
     if ((uint64_t)n > SIZE_MAX / 4)
         return ar_errorf(err, "weight of %lld elements is too large", (long long)n);
-    if (n > 0 && !host_src) return ar_errorf(err, "weight has no data");
+    if (n > 0 && !host_src)
+        return ar_errorf(err, "weight has no data");
     *numel = n;
     return AR_OK;
 }

@@ -13,10 +13,16 @@ typedef enum dtype { DTYPE_F32 = 0, DTYPE_F16, DTYPE_BF16, DTYPE_I32, DTYPE_I64,
 
 static inline size_t dtype_size(dtype_t t) {
     switch (t) {
-    case DTYPE_F32: case DTYPE_I32: return 4;
-    case DTYPE_F16: case DTYPE_BF16: return 2;
-    case DTYPE_I64: return 8;
-    case DTYPE_U8: return 1;
+    case DTYPE_F32:
+    case DTYPE_I32:
+        return 4;
+    case DTYPE_F16:
+    case DTYPE_BF16:
+        return 2;
+    case DTYPE_I64:
+        return 8;
+    case DTYPE_U8:
+        return 1;
     }
     return 0;
 }
@@ -42,7 +48,8 @@ static inline float bf16_to_f32(uint16_t h) {
 static inline uint16_t f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }

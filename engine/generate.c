@@ -35,7 +35,8 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
     r->uncond_ids = malloc((size_t)n_prompt * sizeof(int));
     r->tokens = calloc((size_t)r->n_steps, sizeof(int));
     r->logits = malloc((size_t)2 * K * sizeof(float));
-    if (!r->cond_ids || !r->uncond_ids || !r->tokens || !r->logits) goto oom;
+    if (!r->cond_ids || !r->uncond_ids || !r->tokens || !r->logits)
+        goto oom;
     memcpy(r->cond_ids, cond, (size_t)n_prompt * sizeof(int));
     memcpy(r->uncond_ids, uncond, (size_t)n_prompt * sizeof(int));
     if (with_policy) {
@@ -48,9 +49,11 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
         if (!r->mass_live[0] || !r->mass_live[1] || !r->mass_host || !r->zeros || !r->keep)
             goto oom;
         kv_geometry_t g = planner_geometry(&m->cfg, n_prompt);
-        if (kv_policy_validate(&r->policy, &g, err) != AR_OK) goto fail;
+        if (kv_policy_validate(&r->policy, &g, err) != AR_OK)
+            goto fail;
         for (int j = 0; j < 2; j++)
-            if (!(r->policy_state[j] = kv_policy_begin(&r->policy, &g, err))) goto fail;
+            if (!(r->policy_state[j] = kv_policy_begin(&r->policy, &g, err)))
+                goto fail;
     }
     if (sampler_init(&r->sampler, K, err) != AR_OK ||
         raster_seq_init(&r->seq[0], &m->lm, pool, capacity, with_policy, err) != AR_OK ||
@@ -65,12 +68,15 @@ fail:
 }
 
 void gen_request_free(gen_request_t *r) {
-    if (!r->model) return;
+    if (!r->model)
+        return;
     for (int i = 0; i < 2; i++) {
         /* A double free is counted in the pool (pool->bad_frees) for the
          * owner of the pool to report; this request is gone either way. */
-        if (r->seq[i].heads) raster_seq_free(&r->seq[i], &r->model->lm, NULL);
-        if (r->policy_state[i]) kv_policy_end(r->policy_state[i]);
+        if (r->seq[i].heads)
+            raster_seq_free(&r->seq[i], &r->model->lm, NULL);
+        if (r->policy_state[i])
+            kv_policy_end(r->policy_state[i]);
         free(r->mass_live[i]);
     }
     sampler_free(&r->sampler);
@@ -97,29 +103,33 @@ static int policy_step_end(gen_request_t *r, int j, int step, int collected, ar_
     uint8_t *live = r->mass_live[j];
     int any_live = 0;
     for (int i = 0; i < n; i++) {
-        if (collected) live[i] = 1;
+        if (collected)
+            live[i] = 1;
         any_live |= live[i];
     }
     /* One transfer for the whole sequence rather than one per head. */
-    if (any_live) be->download(be, r->mass_host, sq->mass, (size_t)n * cap * sizeof(float));
+    if (any_live)
+        be->download(be, r->mass_host, sq->mass, (size_t)n * cap * sizeof(float));
     for (int i = 0; i < n; i++) {
         kv_head_t *kh = &sq->heads[i];
         float *mass_dev = sq->mass + (size_t)i * cap;
         const int len = kh->len;
         int n_keep = len;
-        int what = kv_policy_step_end(r->policy_state[j], step, i / H, i % H, len,
-                                      live[i] ? r->mass_host + (size_t)i * cap : NULL, r->keep,
-                                      &n_keep);
+        int what =
+            kv_policy_step_end(r->policy_state[j], step, i / H, i % H, len,
+                               live[i] ? r->mass_host + (size_t)i * cap : NULL, r->keep, &n_keep);
         if (what & KV_COMPACT) {
             if (kv_head_compact(r->pool, kh, r->keep, n_keep, live[i] ? mass_dev : NULL, err) !=
                 AR_OK)
                 return ar_error_prefix(err, "policy %s, step %d, sequence %d, layer %d, head %d",
                                        kv_policy_name(r->policy.kind), step, j, i / H, i % H);
             if (live[i] && kh->len < len)
-                be->upload(be, mass_dev + kh->len, r->zeros, (size_t)(len - kh->len) * sizeof(float));
+                be->upload(be, mass_dev + kh->len, r->zeros,
+                           (size_t)(len - kh->len) * sizeof(float));
         }
         if (what & KV_RESET_MASS) {
-            if (live[i]) be->upload(be, mass_dev, r->zeros, (size_t)kh->len * sizeof(float));
+            if (live[i])
+                be->upload(be, mass_dev, r->zeros, (size_t)kh->len * sizeof(float));
             live[i] = 0;
         }
     }
@@ -127,7 +137,8 @@ static int policy_step_end(gen_request_t *r, int j, int step, int collected, ar_
 }
 
 int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
-    if (n <= 0) return AR_OK;
+    if (n <= 0)
+        return AR_OK;
     model_t *m = reqs[0]->model;
     backend_t *be = m->lm.be;
     int K = m->cfg.image.codebook_size;
@@ -141,7 +152,8 @@ int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
     }
     for (int i = 0; i < n; i++) {
         gen_request_t *r = reqs[i];
-        if (gen_request_done(r)) continue;
+        if (gen_request_done(r))
+            continue;
         if (r->model != m) {
             ar_errorf(err, "requests of different models cannot share a step");
             goto out;
@@ -158,19 +170,21 @@ int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
             };
         live[n_live++] = r;
     }
-    if (raster_forward(&m->lm, in, 2 * n_live, logits, err) != AR_OK) goto out;
+    if (raster_forward(&m->lm, in, 2 * n_live, logits, err) != AR_OK)
+        goto out;
     for (int i = 0; i < n_live; i++) {
         gen_request_t *r = live[i];
         int blocks = 0;
         for (int j = 0; j < 2; j++)
             for (int h = 0; h < r->seq[j].n_layers * r->seq[j].n_heads; h++)
                 blocks += r->seq[j].heads[h].n_blocks;
-        if (blocks > r->kv_peak_blocks) r->kv_peak_blocks = blocks;
+        if (blocks > r->kv_peak_blocks)
+            r->kv_peak_blocks = blocks;
         memcpy(r->logits, logits + (size_t)2 * i * K, (size_t)2 * K * sizeof(float));
-        r->tokens[r->step] =
-            r->forced ? r->forced[r->step]
-                      : sampler_next(&r->sampler, r->logits, r->logits + K, &r->params, r->seed,
-                                     r->stream, (uint64_t)r->step);
+        r->tokens[r->step] = r->forced
+                                 ? r->forced[r->step]
+                                 : sampler_next(&r->sampler, r->logits, r->logits + K, &r->params,
+                                                r->seed, r->stream, (uint64_t)r->step);
         for (int j = 0; j < 2; j++)
             if (r->policy_state[j] &&
                 policy_step_end(r, j, r->step, in[2 * i + j].collect_mass, err) != AR_OK)
@@ -194,6 +208,7 @@ out:
 }
 
 int gen_decode(gen_request_t *r, uint8_t *rgb, ar_error_t *err) {
-    if (!gen_request_done(r)) return ar_errorf(err, "the image is not finished");
+    if (!gen_request_done(r))
+        return ar_errorf(err, "the image is not finished");
     return vq_decode(&r->model->dec, r->tokens, rgb, NULL, err);
 }

@@ -23,9 +23,9 @@ typedef struct gen_request {
     int *cond_ids, *uncond_ids;
     raster_seq_t seq[2]; /* conditional, unconditional */
     int step, n_steps;
-    int *tokens;         /* n_steps image tokens in raster order */
-    const int *forced;   /* optional: take these tokens instead of sampling */
-    float *logits;       /* host: the last step's logits, cond then uncond (2 x K) */
+    int *tokens;       /* n_steps image tokens in raster order */
+    const int *forced; /* optional: take these tokens instead of sampling */
+    float *logits;     /* host: the last step's logits, cond then uncond (2 x K) */
     sampler_t sampler;
     /* KV: blocks come from pool; with a policy other than full, each
      * sequence runs it on its own cache with its own state (as LineAR and

@@ -27,12 +27,12 @@ typedef struct kv_policy_params {
     int anchor_lines; /* N_init, in lines */
     int recent_lines; /* r */
     /* headkv (HeadKV) */
-    double headkv_threshold;  /* cumulative attention mass that classifies a head */
-    double headkv_alpha;      /* share of the historical budget for the near range */
-    int headkv_buffer;        /* new tokens between cache updates (and queries scored) */
-    int headkv_local_window;  /* local heads keep this many recent tokens */
-    int headkv_recent_lines;  /* global heads keep this many recent lines */
-    int headkv_group_tokens;  /* grouping length: no compression until the cache reaches it */
+    double headkv_threshold; /* cumulative attention mass that classifies a head */
+    double headkv_alpha;     /* share of the historical budget for the near range */
+    int headkv_buffer;       /* new tokens between cache updates (and queries scored) */
+    int headkv_local_window; /* local heads keep this many recent tokens */
+    int headkv_recent_lines; /* global heads keep this many recent lines */
+    int headkv_group_tokens; /* grouping length: no compression until the cache reaches it */
 } kv_policy_params_t;
 
 /* Every knob of every policy, one line each:
@@ -103,9 +103,9 @@ void kv_policy_knob_describe(const kv_policy_knob_t *k, char *buf, size_t cap);
 
 /* What a policy knows about a request. */
 typedef struct kv_geometry {
-    int n_prompt;    /* condition prefix tokens */
-    int line_width;  /* image tokens per line (w) */
-    int n_lines;     /* lines per image (h) */
+    int n_prompt;   /* condition prefix tokens */
+    int line_width; /* image tokens per line (w) */
+    int n_lines;    /* lines per image (h) */
     int n_layers, n_heads;
 } kv_geometry_t;
 

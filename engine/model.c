@@ -9,7 +9,8 @@ static int special_id(const model_t *m, const char *key, const char *token, int 
                       ar_error_t *err) {
     *out = tokenizer_token_id(m->tok, token);
     if (*out < 0)
-        return ar_errorf(err, "%s/%s: token '%s' (prompt.%s in arserve.json) is not in the tokenizer",
+        return ar_errorf(err,
+                         "%s/%s: token '%s' (prompt.%s in arserve.json) is not in the tokenizer",
                          m->dir, m->cfg.tokenizer, token, key);
     if (*out >= m->cfg.llm.vocab_size)
         return ar_errorf(err, "%s/%s: token '%s' has id %d, outside llm.vocab_size %d", m->dir,
@@ -20,13 +21,16 @@ static int special_id(const model_t *m, const char *key, const char *token, int 
 int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err) {
     memset(m, 0, sizeof *m);
     m->be = be;
-    if (strlen(dir) >= sizeof m->dir) return ar_errorf(err, "%s: model path too long", dir);
+    if (strlen(dir) >= sizeof m->dir)
+        return ar_errorf(err, "%s: model path too long", dir);
     strcpy(m->dir, dir);
     char path[2048];
     snprintf(path, sizeof path, "%s/arserve.json", dir);
-    if (model_config_load(&m->cfg, path, err) != AR_OK) return AR_ERR;
+    if (model_config_load(&m->cfg, path, err) != AR_OK)
+        return AR_ERR;
     snprintf(path, sizeof path, "%s/%s", dir, m->cfg.tokenizer);
-    if (!(m->tok = tokenizer_load(path, err))) return AR_ERR;
+    if (!(m->tok = tokenizer_load(path, err)))
+        return AR_ERR;
     if (special_id(m, "bos_token", m->cfg.prompt.bos_token, &m->bos_id, err) ||
         special_id(m, "pad_token", m->cfg.prompt.pad_token, &m->pad_id, err) ||
         special_id(m, "image_start_token", m->cfg.prompt.image_start_token, &m->image_start_id,
@@ -40,10 +44,12 @@ int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err) {
         return AR_ERR;
     }
     int rc = raster_load(&m->lm, &m->cfg, &ws, be, err);
-    if (rc == AR_OK) rc = vq_decoder_load(&m->dec, &m->cfg, &ws, be, err);
+    if (rc == AR_OK)
+        rc = vq_decoder_load(&m->dec, &m->cfg, &ws, be, err);
     m->weight_bytes = ws.bytes_loaded;
     weight_set_close(&ws);
-    if (rc != AR_OK) model_free(m);
+    if (rc != AR_OK)
+        model_free(m);
     return rc;
 }
 

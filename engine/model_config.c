@@ -28,7 +28,8 @@ static const char *key_path(const ctx_t *c, const char *key, char *buf, size_t n
 static int check_keys(const ctx_t *c, const cJSON *obj, const char *const *allowed) {
     for (const cJSON *it = obj->child; it; it = it->next) {
         int known = 0;
-        for (const char *const *a = allowed; *a; a++) known |= strcmp(*a, it->string) == 0;
+        for (const char *const *a = allowed; *a; a++)
+            known |= strcmp(*a, it->string) == 0;
         char kp[256];
         if (!known)
             return ar_errorf(c->err, "%s: unknown key '%s'", c->file,
@@ -56,14 +57,16 @@ static const cJSON *get_item(const ctx_t *c, const cJSON *obj, const char *key, 
 static int get_int(const ctx_t *c, const cJSON *obj, const char *key, int lo, int hi, int *out) {
     int st;
     const cJSON *it = get_item(c, obj, key, 1, &st);
-    if (!it) return st;
+    if (!it)
+        return st;
     char kp[256];
     key_path(c, key, kp, sizeof kp);
-    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || floor(it->valuedouble) != it->valuedouble)
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) ||
+        floor(it->valuedouble) != it->valuedouble)
         return ar_errorf(c->err, "%s: '%s' must be an integer", c->file, kp);
     if (it->valuedouble < lo || it->valuedouble > hi)
-        return ar_errorf(c->err, "%s: '%s' is %.0f, outside [%d, %d]", c->file, kp,
-                         it->valuedouble, lo, hi);
+        return ar_errorf(c->err, "%s: '%s' is %.0f, outside [%d, %d]", c->file, kp, it->valuedouble,
+                         lo, hi);
     *out = (int)it->valuedouble;
     return AR_OK;
 }
@@ -72,14 +75,15 @@ static int get_float(const ctx_t *c, const cJSON *obj, const char *key, double l
                      float *out) {
     int st;
     const cJSON *it = get_item(c, obj, key, 1, &st);
-    if (!it) return st;
+    if (!it)
+        return st;
     char kp[256];
     key_path(c, key, kp, sizeof kp);
     if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
         return ar_errorf(c->err, "%s: '%s' must be a number", c->file, kp);
     if (it->valuedouble < lo || it->valuedouble > hi)
-        return ar_errorf(c->err, "%s: '%s' is %g, outside [%g, %g]", c->file, kp,
-                         it->valuedouble, lo, hi);
+        return ar_errorf(c->err, "%s: '%s' is %g, outside [%g, %g]", c->file, kp, it->valuedouble,
+                         lo, hi);
     *out = (float)it->valuedouble;
     return AR_OK;
 }
@@ -88,12 +92,14 @@ static int get_string(const ctx_t *c, const cJSON *obj, const char *key, int req
                       size_t cap) {
     int st;
     const cJSON *it = get_item(c, obj, key, required, &st);
-    if (!it) return st;
+    if (!it)
+        return st;
     char kp[256];
     key_path(c, key, kp, sizeof kp);
     if (!cJSON_IsString(it) || !it->valuestring)
         return ar_errorf(c->err, "%s: '%s' must be a string", c->file, kp);
-    if (!it->valuestring[0]) return ar_errorf(c->err, "%s: '%s' is empty", c->file, kp);
+    if (!it->valuestring[0])
+        return ar_errorf(c->err, "%s: '%s' is empty", c->file, kp);
     if (strlen(it->valuestring) >= cap)
         return ar_errorf(c->err, "%s: '%s' is longer than %zu bytes", c->file, kp, cap - 1);
     strcpy(out, it->valuestring);
@@ -104,22 +110,25 @@ static int get_object(const ctx_t *c, const cJSON *obj, const char *key, const c
                       ctx_t *sub, const char *const *allowed) {
     int st;
     const cJSON *it = get_item(c, obj, key, 1, &st);
-    if (!it) return st;
+    if (!it)
+        return st;
     char kp[256];
     key_path(c, key, kp, sizeof kp);
-    if (!cJSON_IsObject(it)) return ar_errorf(c->err, "%s: '%s' must be an object", c->file, kp);
+    if (!cJSON_IsObject(it))
+        return ar_errorf(c->err, "%s: '%s' must be an object", c->file, kp);
     *sub = (ctx_t){c->file, key, c->err};
     *out = it;
     return check_keys(sub, it, allowed);
 }
 
 static int read_llm(const ctx_t *c, const cJSON *root, llm_config_t *l) {
-    static const char *const keys[] = {"vocab_size",   "hidden_size",       "num_layers",
-                                       "num_heads",    "num_kv_heads",      "head_dim",
-                                       "intermediate_size", "rms_norm_eps", "rope_theta", NULL};
+    static const char *const keys[] = {
+        "vocab_size", "hidden_size",       "num_layers",   "num_heads",  "num_kv_heads",
+        "head_dim",   "intermediate_size", "rms_norm_eps", "rope_theta", NULL};
     const cJSON *o;
     ctx_t s;
-    if (get_object(c, root, "llm", &o, &s, keys) || get_int(&s, o, "vocab_size", 1, 1 << 24, &l->vocab_size) ||
+    if (get_object(c, root, "llm", &o, &s, keys) ||
+        get_int(&s, o, "vocab_size", 1, 1 << 24, &l->vocab_size) ||
         get_int(&s, o, "hidden_size", 1, 1 << 16, &l->hidden_size) ||
         get_int(&s, o, "num_layers", 1, 1024, &l->num_layers) ||
         get_int(&s, o, "num_heads", 1, 1024, &l->num_heads) ||
@@ -140,8 +149,8 @@ static int read_llm(const ctx_t *c, const cJSON *root, llm_config_t *l) {
 }
 
 static int read_image(const ctx_t *c, const cJSON *root, image_config_t *im) {
-    static const char *const keys[] = {"grid_height",    "grid_width",       "codebook_size",
-                                       "embed_dim",      "aligner_layers",   "head_hidden_size",
+    static const char *const keys[] = {"grid_height", "grid_width",     "codebook_size",
+                                       "embed_dim",   "aligner_layers", "head_hidden_size",
                                        NULL};
     const cJSON *o;
     ctx_t s;
@@ -157,8 +166,12 @@ static int read_image(const ctx_t *c, const cJSON *root, image_config_t *im) {
 }
 
 static int read_decoder(const ctx_t *c, const cJSON *root, decoder_config_t *d) {
-    static const char *const keys[] = {"type",           "latent_channels", "base_channels",
-                                       "channel_multiplier", "num_res_blocks", "out_channels",
+    static const char *const keys[] = {"type",
+                                       "latent_channels",
+                                       "base_channels",
+                                       "channel_multiplier",
+                                       "num_res_blocks",
+                                       "out_channels",
                                        NULL};
     const cJSON *o;
     ctx_t s;
@@ -173,17 +186,20 @@ static int read_decoder(const ctx_t *c, const cJSON *root, decoder_config_t *d) 
         return ar_errorf(c->err, "%s: 'decoder.type' is '%s'; supported: vq16", c->file, d->type);
     int st;
     const cJSON *arr = get_item(&s, o, "channel_multiplier", 1, &st);
-    if (!arr) return st;
+    if (!arr)
+        return st;
     int n = cJSON_GetArraySize(arr);
     if (!cJSON_IsArray(arr) || n < 1 || n > MODEL_MAX_LEVELS)
-        return ar_errorf(c->err, "%s: 'decoder.channel_multiplier' must be an array of 1 to %d integers",
+        return ar_errorf(c->err,
+                         "%s: 'decoder.channel_multiplier' must be an array of 1 to %d integers",
                          c->file, MODEL_MAX_LEVELS);
     d->n_levels = n;
     for (int i = 0; i < n; i++) {
         const cJSON *v = cJSON_GetArrayItem(arr, i);
         if (!cJSON_IsNumber(v) || floor(v->valuedouble) != v->valuedouble || v->valuedouble < 1 ||
             v->valuedouble > 64)
-            return ar_errorf(c->err, "%s: 'decoder.channel_multiplier[%d]' must be an integer in [1, 64]",
+            return ar_errorf(c->err,
+                             "%s: 'decoder.channel_multiplier[%d]' must be an integer in [1, 64]",
                              c->file, i);
         d->channel_multiplier[i] = (int)v->valuedouble;
         if ((d->base_channels * d->channel_multiplier[i]) % 32)
@@ -204,7 +220,8 @@ static int read_prompt(const ctx_t *c, const cJSON *root, prompt_config_t *p) {
         get_string(&s, o, "template", 1, p->template_text, sizeof p->template_text) ||
         get_string(&s, o, "bos_token", 1, p->bos_token, sizeof p->bos_token) ||
         get_string(&s, o, "pad_token", 1, p->pad_token, sizeof p->pad_token) ||
-        get_string(&s, o, "image_start_token", 1, p->image_start_token, sizeof p->image_start_token))
+        get_string(&s, o, "image_start_token", 1, p->image_start_token,
+                   sizeof p->image_start_token))
         return AR_ERR;
     const char *at = strstr(p->template_text, "{prompt}");
     if (!at || strstr(at + 1, "{prompt}"))
@@ -254,12 +271,13 @@ static int read_weight_list(const ctx_t *c, const cJSON *root, model_config_t *c
 
 int model_config_parse(model_config_t *cfg, const char *json, size_t len, const char *path,
                        ar_error_t *err) {
-    static const char *const keys[] = {"format_version", "name",   "family",   "architecture",
-                                       "weights",        "tokenizer", "llm",   "image",
-                                       "decoder",        "prompt", "sampling", NULL};
+    static const char *const keys[] = {"format_version", "name",      "family",   "architecture",
+                                       "weights",        "tokenizer", "llm",      "image",
+                                       "decoder",        "prompt",    "sampling", NULL};
     memset(cfg, 0, sizeof *cfg);
     cJSON *root = cJSON_ParseWithLength(json, len);
-    if (!root) return ar_errorf(err, "%s: not valid JSON", path);
+    if (!root)
+        return ar_errorf(err, "%s: not valid JSON", path);
     ctx_t c = {path, "", err};
     int version = 0, rc = AR_ERR;
     if (!cJSON_IsObject(root)) {
@@ -299,10 +317,12 @@ out:
 
 int model_config_load(model_config_t *cfg, const char *path, ar_error_t *err) {
     FILE *f = fopen(path, "rb");
-    if (!f) return ar_errorf(err, "%s: cannot open: %s", path, strerror(errno));
+    if (!f)
+        return ar_errorf(err, "%s: cannot open: %s", path, strerror(errno));
     char *buf = NULL;
     long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    if (fseek(f, 0, SEEK_END) == 0)
+        n = ftell(f);
     if (n < 0 || n > (1 << 20) || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);
         return ar_errorf(err, "%s: unreadable or larger than 1 MiB", path);

@@ -25,14 +25,17 @@ int planner_block_tokens(const model_config_t *cfg) {
     return kv_pool_choose_block_tokens(planner_steps(cfg) / PLANNER_MIN_BUDGET_INV);
 }
 
-int planner_trajectory_bytes(const model_config_t *cfg, const kv_policy_params_t *p,
-                             int n_prompt, int block_tokens, size_t *bytes, ar_error_t *err) {
-    if (block_tokens < 1) return ar_errorf(err, "block_tokens %d: must be positive", block_tokens);
+int planner_trajectory_bytes(const model_config_t *cfg, const kv_policy_params_t *p, int n_prompt,
+                             int block_tokens, size_t *bytes, ar_error_t *err) {
+    if (block_tokens < 1)
+        return ar_errorf(err, "block_tokens %d: must be positive", block_tokens);
     kv_geometry_t g = planner_geometry(cfg, n_prompt);
     const int steps = planner_steps(cfg);
-    if (kv_policy_validate(p, &g, err) != AR_OK) return AR_ERR;
+    if (kv_policy_validate(p, &g, err) != AR_OK)
+        return AR_ERR;
     int *tokens = malloc((size_t)steps * sizeof *tokens);
-    if (!tokens) return ar_errorf(err, "out of memory");
+    if (!tokens)
+        return ar_errorf(err, "out of memory");
     if (kv_policy_trajectory(p, &g, tokens) != AR_OK) {
         free(tokens);
         return ar_errorf(err, "policy %s: no trajectory for this request", kv_policy_name(p->kind));
@@ -52,7 +55,8 @@ void planner_init(planner_t *p, size_t pool_bytes) {
 }
 
 void planner_free(planner_t *p) {
-    for (int i = 0; i < p->n; i++) free(p->entries[i].bytes);
+    for (int i = 0; i < p->n; i++)
+        free(p->entries[i].bytes);
     free(p->entries);
     memset(p, 0, sizeof *p);
 }
@@ -61,8 +65,10 @@ int planner_fits(const planner_t *p, const size_t *bytes, int n_steps) {
     for (int t = 0; t < n_steps; t++) {
         size_t total = bytes[t];
         for (int i = 0; i < p->n; i++)
-            if (t < p->entries[i].steps_left) total += p->entries[i].bytes[t];
-        if (total > p->pool_bytes) return 0;
+            if (t < p->entries[i].steps_left)
+                total += p->entries[i].bytes[t];
+        if (total > p->pool_bytes)
+            return 0;
     }
     return 1;
 }
@@ -71,12 +77,14 @@ int planner_add(planner_t *p, uint64_t id, const size_t *bytes, int n_steps) {
     if (p->n == p->cap) {
         int cap = p->cap ? 2 * p->cap : 16;
         planner_entry_t *e = realloc(p->entries, (size_t)cap * sizeof *e);
-        if (!e) return AR_ERR;
+        if (!e)
+            return AR_ERR;
         p->entries = e;
         p->cap = cap;
     }
     size_t *copy = malloc((size_t)n_steps * sizeof *copy);
-    if (!copy) return AR_ERR;
+    if (!copy)
+        return AR_ERR;
     memcpy(copy, bytes, (size_t)n_steps * sizeof *copy);
     p->entries[p->n++] = (planner_entry_t){id, n_steps, copy};
     return AR_OK;
@@ -109,6 +117,7 @@ void planner_remove(planner_t *p, uint64_t id) {
 
 size_t planner_reserved_now(const planner_t *p) {
     size_t total = 0;
-    for (int i = 0; i < p->n; i++) total += p->entries[i].bytes[0];
+    for (int i = 0; i < p->n; i++)
+        total += p->entries[i].bytes[0];
     return total;
 }

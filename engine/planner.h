@@ -42,13 +42,13 @@ int planner_block_tokens(const model_config_t *cfg);
  * ceil(tokens[t] / block_tokens) blocks per (layer, head) x block bytes x
  * layers x heads x 2 sequences. AR_ERR (naming the knob) when p does not
  * suit the geometry. */
-int planner_trajectory_bytes(const model_config_t *cfg, const kv_policy_params_t *p,
-                             int n_prompt, int block_tokens, size_t *bytes, ar_error_t *err);
+int planner_trajectory_bytes(const model_config_t *cfg, const kv_policy_params_t *p, int n_prompt,
+                             int block_tokens, size_t *bytes, ar_error_t *err);
 
 typedef struct planner_entry {
     uint64_t id;
-    int steps_left;      /* iterations until it releases everything */
-    size_t *bytes;       /* bytes held at each remaining iteration (steps_left entries) */
+    int steps_left; /* iterations until it releases everything */
+    size_t *bytes;  /* bytes held at each remaining iteration (steps_left entries) */
 } planner_entry_t;
 
 typedef struct planner {

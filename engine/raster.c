@@ -20,7 +20,8 @@ int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, 
         return ar_errorf(err, "image.aligner_layers %d exceeds %d", im->aligner_layers,
                          RASTER_MAX_ALIGNER);
     m->layers = calloc((size_t)l->num_layers, sizeof *m->layers);
-    if (!m->layers) return ar_errorf(err, "out of memory");
+    if (!m->layers)
+        return ar_errorf(err, "out of memory");
     if (weight_load(ws, &m->embed, SHAPE2(l->vocab_size, L), err, "llm.embed.weight") ||
         weight_load(ws, &m->norm, SHAPE1(L), err, "llm.norm.weight"))
         return AR_ERR;
@@ -57,8 +58,8 @@ int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, 
 
 static void workspace_free(raster_model_t *m) {
     backend_t *be = m->be;
-    float **bufs[] = {&m->x, &m->xn, &m->q, &m->k, &m->v, &m->att, &m->tmp,
-                      &m->gate, &m->up, &m->last, &m->head, &m->logits};
+    float **bufs[] = {&m->x,   &m->xn,   &m->q,  &m->k,    &m->v,    &m->att,
+                      &m->tmp, &m->gate, &m->up, &m->last, &m->head, &m->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         be->free(be, *bufs[i]);
         *bufs[i] = NULL;
@@ -69,16 +70,18 @@ static void workspace_free(raster_model_t *m) {
 }
 
 void raster_free(raster_model_t *m) {
-    if (!m->be) return;
+    if (!m->be)
+        return;
     workspace_free(m);
     backend_t *be = m->be;
     be->weight_free(be, &m->embed);
     be->weight_free(be, &m->norm);
     for (int i = 0; m->layers && i < m->cfg->llm.num_layers; i++) {
         raster_layer_t *y = &m->layers[i];
-        tensor_t *ts[] = {&y->attn_norm, &y->q, &y->k, &y->v, &y->o,
-                          &y->mlp_norm, &y->gate, &y->up, &y->down};
-        for (size_t j = 0; j < sizeof ts / sizeof ts[0]; j++) be->weight_free(be, ts[j]);
+        tensor_t *ts[] = {&y->attn_norm, &y->q,    &y->k,  &y->v,   &y->o,
+                          &y->mlp_norm,  &y->gate, &y->up, &y->down};
+        for (size_t j = 0; j < sizeof ts / sizeof ts[0]; j++)
+            be->weight_free(be, ts[j]);
     }
     free(m->layers);
     be->weight_free(be, &m->gen_embed);
@@ -94,9 +97,12 @@ void raster_free(raster_model_t *m) {
 }
 
 static int workspace_reserve(raster_model_t *m, int rows, int seqs, ar_error_t *err) {
-    if (rows <= m->ws_rows && seqs <= m->ws_seqs) return AR_OK;
-    if (rows < m->ws_rows) rows = m->ws_rows;
-    if (seqs < m->ws_seqs) seqs = m->ws_seqs;
+    if (rows <= m->ws_rows && seqs <= m->ws_seqs)
+        return AR_OK;
+    if (rows < m->ws_rows)
+        rows = m->ws_rows;
+    if (seqs < m->ws_seqs)
+        seqs = m->ws_seqs;
     workspace_free(m);
     backend_t *be = m->be;
     const model_config_t *c = m->cfg;
@@ -106,9 +112,17 @@ static int workspace_reserve(raster_model_t *m, int rows, int seqs, ar_error_t *
     struct {
         float **p;
         size_t n;
-    } plan[] = {{&m->x, R * L},   {&m->xn, R * wide}, {&m->q, R * qd},   {&m->k, R * qd},
-                {&m->v, R * qd},  {&m->att, R * qd},  {&m->tmp, R * L},  {&m->gate, R * F},
-                {&m->up, R * F},  {&m->last, S * L},  {&m->head, S * (size_t)c->image.head_hidden_size},
+    } plan[] = {{&m->x, R * L},
+                {&m->xn, R * wide},
+                {&m->q, R * qd},
+                {&m->k, R * qd},
+                {&m->v, R * qd},
+                {&m->att, R * qd},
+                {&m->tmp, R * L},
+                {&m->gate, R * F},
+                {&m->up, R * F},
+                {&m->last, S * L},
+                {&m->head, S * (size_t)c->image.head_hidden_size},
                 {&m->logits, S * (size_t)c->image.codebook_size}};
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
         *plan[i].p = be->alloc(be, plan[i].n * sizeof(float));
@@ -134,7 +148,8 @@ int raster_seq_init(raster_seq_t *s, const raster_model_t *m, kv_pool_t *pool, i
     if (pool->blocks.head_dim != l->head_dim)
         return ar_errorf(err, "the KV pool's head_dim %d is not the model's %d",
                          pool->blocks.head_dim, l->head_dim);
-    if (capacity < 1) return ar_errorf(err, "a sequence of capacity %d", capacity);
+    if (capacity < 1)
+        return ar_errorf(err, "a sequence of capacity %d", capacity);
     size_t heads = (size_t)l->num_layers * l->num_kv_heads;
     s->pool = pool;
     s->n_layers = l->num_layers;
@@ -152,7 +167,8 @@ int raster_seq_init(raster_seq_t *s, const raster_model_t *m, kv_pool_t *pool, i
         if (!zeros || !s->mass) {
             free(zeros);
             raster_seq_free(s, m, NULL);
-            return ar_errorf(err, "out of memory for the key mass of a %d-token sequence", capacity);
+            return ar_errorf(err, "out of memory for the key mass of a %d-token sequence",
+                             capacity);
         }
         m->be->upload(m->be, s->mass, zeros, n * sizeof(float));
         free(zeros);
@@ -163,7 +179,8 @@ int raster_seq_init(raster_seq_t *s, const raster_model_t *m, kv_pool_t *pool, i
 int raster_seq_free(raster_seq_t *s, const raster_model_t *m, ar_error_t *err) {
     int rc = AR_OK;
     for (int i = 0; s->heads && i < s->n_layers * s->n_heads; i++)
-        if (kv_head_release(s->pool, &s->heads[i], rc == AR_OK ? err : NULL) != AR_OK) rc = AR_ERR;
+        if (kv_head_release(s->pool, &s->heads[i], rc == AR_OK ? err : NULL) != AR_OK)
+            rc = AR_ERR;
     m->be->free(m->be, s->mass);
     free(s->heads);
     memset(s, 0, sizeof *s);
@@ -180,7 +197,8 @@ static int reserve_inputs(kv_pool_t *pool, const raster_input_t *in, int n_in, a
         for (int i = 0; i < sq->n_layers * sq->n_heads; i++) {
             const kv_head_t *h = &sq->heads[i];
             int more = kv_pool_blocks_for(pool, h->len + in[s].n) - h->n_blocks;
-            if (more > 0) need += more;
+            if (more > 0)
+                need += more;
         }
     }
     if (need > pool->n_free)
@@ -201,7 +219,8 @@ static int reserve_inputs(kv_pool_t *pool, const raster_input_t *in, int n_in, a
 }
 
 /* Writes the input embeddings of every row into m->x. */
-static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in, const int *q_start) {
+static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in,
+                         const int *q_start) {
     backend_t *be = m->be;
     const model_config_t *c = m->cfg;
     size_t L = (size_t)c->llm.hidden_size;
@@ -215,7 +234,8 @@ static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in, 
         be->embedding(be, m->xn, &m->gen_embed, in[s].ids, in[s].n, 0);
         float *a = m->xn, *b = m->tmp;
         for (int j = 0; j < c->image.aligner_layers; j++) {
-            if (j) be->gelu(be, a, (size_t)in[s].n * L);
+            if (j)
+                be->gelu(be, a, (size_t)in[s].n * L);
             float *out = j == c->image.aligner_layers - 1 ? dst : b;
             be->matmul(be, out, a, &m->aligner_w[j], &m->aligner_b[j], in[s].n);
             b = a;
@@ -230,7 +250,8 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
     const model_config_t *c = m->cfg;
     const llm_config_t *l = &c->llm;
     int H = l->num_heads, hd = l->head_dim, L = l->hidden_size, K = c->image.codebook_size;
-    if (n_in <= 0) return AR_OK;
+    if (n_in <= 0)
+        return AR_OK;
     kv_pool_t *pool = in[0].seq->pool;
     int *q_start = malloc((size_t)(n_in + 1) * sizeof *q_start);
     kv_view_t *views = malloc((size_t)n_in * H * sizeof *views);
@@ -249,22 +270,27 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
             goto out;
         }
         if (sq->pool != pool) {
-            ar_errorf(err, "sequence %d: the sequences of one forward pass must share a KV pool", s);
+            ar_errorf(err, "sequence %d: the sequences of one forward pass must share a KV pool",
+                      s);
             goto out;
         }
         if (in[s].collect_mass && !sq->mass) {
-            ar_errorf(err, "sequence %d: key mass asked for, but the sequence has no mass arrays", s);
+            ar_errorf(err, "sequence %d: key mass asked for, but the sequence has no mass arrays",
+                      s);
             goto out;
         }
         any_mass |= in[s].collect_mass;
         q_start[s + 1] = q_start[s] + in[s].n;
     }
     int rows = q_start[n_in];
-    if (workspace_reserve(m, rows, n_in, err) != AR_OK) goto out;
+    if (workspace_reserve(m, rows, n_in, err) != AR_OK)
+        goto out;
     /* Nothing fails past this point, so the blocks reserved here are used. */
-    if (reserve_inputs(pool, in, n_in, err) != AR_OK) goto out;
+    if (reserve_inputs(pool, in, n_in, err) != AR_OK)
+        goto out;
     for (int s = 0; s < n_in; s++)
-        for (int i = 0; i < in[s].n; i++) m->pos[q_start[s] + i] = in[s].seq->n_fed + i;
+        for (int i = 0; i < in[s].n; i++)
+            m->pos[q_start[s] + i] = in[s].seq->n_fed + i;
 
     embed_inputs(m, in, n_in, q_start);
     attn_batch_t batch = {n_in, q_start, views, any_mass ? mass : NULL};
@@ -298,7 +324,8 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
     }
     for (int s = 0; s < n_in; s++) {
         raster_seq_t *sq = in[s].seq;
-        for (int i = 0; i < sq->n_layers * sq->n_heads; i++) sq->heads[i].len += in[s].n;
+        for (int i = 0; i < sq->n_layers * sq->n_heads; i++)
+            sq->heads[i].len += in[s].n;
         sq->n_fed += in[s].n;
         be->copy(be, m->last + (size_t)s * L, m->x + (size_t)(q_start[s + 1] - 1) * L,
                  (size_t)L * sizeof(float));

@@ -16,7 +16,8 @@ int ar_errorf(ar_error_t *err, const char *fmt, ...) {
 }
 
 int ar_error_prefix(ar_error_t *err, const char *fmt, ...) {
-    if (!err) return AR_ERR;
+    if (!err)
+        return AR_ERR;
     char old[sizeof err->msg];
     memcpy(old, err->msg, sizeof old);
     va_list ap;

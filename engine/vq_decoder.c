@@ -37,7 +37,8 @@ static int load_resblock(weight_set_t *ws, vq_resblock_t *r, int c_in, int c_out
         load_norm(ws, &r->norm2_w, &r->norm2_b, c_out, err, SUB("norm2")) ||
         load_conv(ws, &r->conv2_w, &r->conv2_b, c_out, c_out, 3, err, SUB("conv2")))
         return AR_ERR;
-    if (c_in != c_out && load_conv(ws, &r->nin_w, &r->nin_b, c_out, c_in, 1, err, SUB("nin_shortcut")))
+    if (c_in != c_out &&
+        load_conv(ws, &r->nin_w, &r->nin_b, c_out, c_in, 1, err, SUB("nin_shortcut")))
         return AR_ERR;
     return AR_OK;
 }
@@ -85,22 +86,26 @@ int vq_decoder_load(vq_decoder_t *d, const model_config_t *cfg, weight_set_t *ws
         lv->n_attn = i == 0 ? lv->n_blocks : 0;
         lv->blocks = calloc((size_t)lv->n_blocks, sizeof *lv->blocks);
         lv->attn = lv->n_attn ? calloc((size_t)lv->n_attn, sizeof *lv->attn) : NULL;
-        if (!lv->blocks || (lv->n_attn && !lv->attn)) return ar_errorf(err, "out of memory");
+        if (!lv->blocks || (lv->n_attn && !lv->attn))
+            return ar_errorf(err, "out of memory");
         for (int j = 0; j < lv->n_blocks; j++) {
             char n[128];
             snprintf(n, sizeof n, "vq.decoder.up.%d.block.%d", i, j);
-            if (load_resblock(ws, &lv->blocks[j], c, c_out, err, n)) return AR_ERR;
+            if (load_resblock(ws, &lv->blocks[j], c, c_out, err, n))
+                return AR_ERR;
             c = c_out;
             if (j < lv->n_attn) {
                 snprintf(n, sizeof n, "vq.decoder.up.%d.attn.%d", i, j);
-                if (load_attn(ws, &lv->attn[j], c, err, n)) return AR_ERR;
+                if (load_attn(ws, &lv->attn[j], c, err, n))
+                    return AR_ERR;
             }
         }
         lv->has_upsample = i != d->n_levels - 1;
         if (lv->has_upsample) {
             char n[128];
             snprintf(n, sizeof n, "vq.decoder.up.%d.upsample.conv", i);
-            if (load_conv(ws, &lv->up_w, &lv->up_b, c, c, 3, err, n)) return AR_ERR;
+            if (load_conv(ws, &lv->up_w, &lv->up_b, c, c, 3, err, n))
+                return AR_ERR;
         }
     }
     if (load_norm(ws, &d->norm_out_w, &d->norm_out_b, c, err, "vq.decoder.norm_out") ||
@@ -111,7 +116,8 @@ int vq_decoder_load(vq_decoder_t *d, const model_config_t *cfg, weight_set_t *ws
 }
 
 static void free_tensors(backend_t *be, tensor_t *first, size_t n) {
-    for (size_t i = 0; i < n; i++) be->weight_free(be, &first[i]);
+    for (size_t i = 0; i < n; i++)
+        be->weight_free(be, &first[i]);
 }
 
 static void free_resblock(backend_t *be, vq_resblock_t *r) {
@@ -124,15 +130,18 @@ static void free_attn(backend_t *be, vq_attnblock_t *a) {
 
 void vq_decoder_free(vq_decoder_t *d) {
     backend_t *be = d->be;
-    if (!be) return;
+    if (!be)
+        return;
     free_tensors(be, &d->codebook, 5);
     free_resblock(be, &d->mid1);
     free_resblock(be, &d->mid2);
     free_attn(be, &d->mid_attn);
     for (int i = 0; i < d->n_levels; i++) {
         vq_level_t *lv = &d->levels[i];
-        for (int j = 0; lv->blocks && j < lv->n_blocks; j++) free_resblock(be, &lv->blocks[j]);
-        for (int j = 0; lv->attn && j < lv->n_attn; j++) free_attn(be, &lv->attn[j]);
+        for (int j = 0; lv->blocks && j < lv->n_blocks; j++)
+            free_resblock(be, &lv->blocks[j]);
+        for (int j = 0; lv->attn && j < lv->n_attn; j++)
+            free_attn(be, &lv->attn[j]);
         free(lv->blocks);
         free(lv->attn);
         be->weight_free(be, &lv->up_w);
@@ -174,22 +183,24 @@ static void attnblock(backend_t *be, const vq_attnblock_t *a, float *x, int h, i
     be->conv2d(be, s->t2, s->t1, &a->q_w, &a->q_b, c, h, w, 0);
     be->transpose(be, s->q, s->t2, c, hw); /* (hw, c) */
     be->conv2d(be, s->t2, s->t1, &a->k_w, &a->k_b, c, h, w, 0);
-    be->transpose(be, s->k, s->t2, c, hw); /* (hw, c) */
+    be->transpose(be, s->k, s->t2, c, hw);                     /* (hw, c) */
     be->conv2d(be, s->v, s->t1, &a->v_w, &a->v_b, c, h, w, 0); /* (c, hw) */
     tensor_t kt = {s->k, DTYPE_F32, 2, {hw, c}}, vt = {s->v, DTYPE_F32, 2, {c, hw}};
     be->matmul(be, s->scores, s->q, &kt, NULL, hw); /* (hw_q, hw_k) */
     be->scale(be, s->scores, (size_t)hw * hw, 1.0f / sqrtf((float)c));
     be->softmax(be, s->scores, hw, hw);
     be->matmul(be, s->q, s->scores, &vt, NULL, hw); /* (hw, c) */
-    be->transpose(be, s->t2, s->q, hw, c);         /* (c, hw) */
+    be->transpose(be, s->t2, s->q, hw, c);          /* (c, hw) */
     be->conv2d(be, s->t1, s->t2, &a->proj_w, &a->proj_b, c, h, w, 0);
     be->add(be, x, s->t1, (size_t)c * hw);
 }
 
 uint8_t vq_pixel_to_u8(float x) {
     float p = (x + 1.0f) / 2.0f * 255.0f;
-    if (!(p > 0.0f)) return 0; /* also NaN */
-    if (p >= 255.0f) return 255;
+    if (!(p > 0.0f))
+        return 0; /* also NaN */
+    if (p >= 255.0f)
+        return 255;
     return (uint8_t)p;
 }
 
@@ -210,12 +221,16 @@ int vq_decode(vq_decoder_t *d, const int *tokens, uint8_t *rgb, float *pixels_f3
         size_t ci = (size_t)level_width(dc, i), prev = i ? (size_t)level_width(dc, i - 1) : ci;
         size_t ci_max = ci > prev ? ci : prev;
         size_t sz = ci_max * ((size_t)h << i) * ((size_t)w << i);
-        if (sz > act) act = sz;
-        if (ci_max > cmax) cmax = ci_max;
+        if (sz > act)
+            act = sz;
+        if (ci_max > cmax)
+            cmax = ci_max;
     }
     size_t grid = (size_t)h * w;
-    if (act < cmax * grid) act = cmax * grid;
-    if (act < (size_t)E * grid) act = (size_t)E * grid;
+    if (act < cmax * grid)
+        act = cmax * grid;
+    if (act < (size_t)E * grid)
+        act = (size_t)E * grid;
     vq_scratch_t s = {0};
     float **bufs[] = {&s.a, &s.b, &s.t1, &s.t2, &s.q, &s.k, &s.v};
     int ok = 1;
@@ -244,7 +259,8 @@ int vq_decode(vq_decoder_t *d, const int *tokens, uint8_t *rgb, float *pixels_f3
             float *t = cur;
             cur = other;
             other = t;
-            if (j < lv->n_attn) attnblock(be, &lv->attn[j], cur, h, w, &s);
+            if (j < lv->n_attn)
+                attnblock(be, &lv->attn[j], cur, h, w, &s);
         }
         if (lv->has_upsample) {
             int c = lv->blocks[lv->n_blocks - 1].c_out;
@@ -259,14 +275,17 @@ int vq_decode(vq_decoder_t *d, const int *tokens, uint8_t *rgb, float *pixels_f3
     be->silu(be, other, (size_t)c_last * h * w);
     be->conv2d(be, cur, other, &d->conv_out_w, &d->conv_out_b, c_last, h, w, 1);
     be->download(be, host, cur, (size_t)3 * H * W * sizeof(float));
-    if (pixels_f32) memcpy(pixels_f32, host, (size_t)3 * H * W * sizeof(float));
+    if (pixels_f32)
+        memcpy(pixels_f32, host, (size_t)3 * H * W * sizeof(float));
     for (int y = 0; y < H; y++)
         for (int x = 0; x < W; x++)
             for (int ch = 0; ch < 3; ch++)
-                rgb[((size_t)y * W + x) * 3 + ch] = vq_pixel_to_u8(host[((size_t)ch * H + y) * W + x]);
+                rgb[((size_t)y * W + x) * 3 + ch] =
+                    vq_pixel_to_u8(host[((size_t)ch * H + y) * W + x]);
     rc = AR_OK;
 out:
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, *bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->free(be, *bufs[i]);
     be->free(be, s.scores);
     free(host);
     return rc;

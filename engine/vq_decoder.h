@@ -49,8 +49,7 @@ void vq_decoder_free(vq_decoder_t *d);
  * holds image_height * image_width * 3 bytes (row-major, RGB). When
  * pixels_f32 is not NULL it also receives the decoder output before
  * conversion, (3, H, W). */
-int vq_decode(vq_decoder_t *d, const int *tokens, uint8_t *rgb, float *pixels_f32,
-              ar_error_t *err);
+int vq_decode(vq_decoder_t *d, const int *tokens, uint8_t *rgb, float *pixels_f32, ar_error_t *err);
 
 /* The pixel conversion: clip((x + 1) / 2 * 255, 0, 255), truncated. */
 uint8_t vq_pixel_to_u8(float x);

@@ -22,7 +22,8 @@ int weight_set_open(weight_set_t *ws, const char *dir, const model_config_t *cfg
 }
 
 void weight_set_close(weight_set_t *ws) {
-    for (int i = 0; i < ws->n_files; i++) safetensors_close(&ws->files[i]);
+    for (int i = 0; i < ws->n_files; i++)
+        safetensors_close(&ws->files[i]);
     ws->n_files = 0;
 }
 
@@ -35,14 +36,16 @@ int weight_load(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape,
     va_end(ap);
     memset(out, 0, sizeof *out);
     for (int i = 0; i < ws->n_files; i++) {
-        if (!safetensors_find(&ws->files[i], name)) continue;
+        if (!safetensors_find(&ws->files[i], name))
+            continue;
         const st_tensor_t *t;
-        if (safetensors_get(&ws->files[i], name, ndim, shape, &t, err) != AR_OK) return AR_ERR;
+        if (safetensors_get(&ws->files[i], name, ndim, shape, &t, err) != AR_OK)
+            return AR_ERR;
         if (ws->be->weight_load(ws->be, out, t->data, t->dtype, t->ndim, t->shape, err) != AR_OK)
             return ar_error_prefix(err, "%s: tensor '%s'", ws->files[i].path, name);
         ws->bytes_loaded += t->nbytes;
         return AR_OK;
     }
-    return ar_errorf(err, "%s: tensor '%s' not found", ws->n_files ? ws->files[0].path : "(no weights)",
-                     name);
+    return ar_errorf(err, "%s: tensor '%s' not found",
+                     ws->n_files ? ws->files[0].path : "(no weights)", name);
 }

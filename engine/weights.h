@@ -26,8 +26,11 @@ int weight_load(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape,
                 const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 /* Shape shorthands for weight_load. */
-#define SHAPE1(a) 1, (const int64_t[]){(a)}
-#define SHAPE2(a, b) 2, (const int64_t[]){(a), (b)}
-#define SHAPE4(a, b, c, d) 4, (const int64_t[]){(a), (b), (c), (d)}
+#define SHAPE1(a)                                                                                  \
+    1, (const int64_t[]) { (a) }
+#define SHAPE2(a, b)                                                                               \
+    2, (const int64_t[]) { (a), (b) }
+#define SHAPE4(a, b, c, d)                                                                         \
+    4, (const int64_t[]) { (a), (b), (c), (d) }
 
 #endif

@@ -85,7 +85,7 @@ typedef struct api_image_request {
      * whose value is in kv_knobs; each belongs to the request's policy. */
     unsigned kv_knobs_given;
     kv_policy_params_t kv_knobs;
-    char user[128];   /* "" when not given; at most 127 bytes */
+    char user[128]; /* "" when not given; at most 127 bytes */
 } api_image_request_t;
 
 /* Validates a request body of len bytes (need not be NUL-terminated) against

@@ -7,9 +7,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/clock.h"
 #include "cli.h"
 #include "engine/backend.h"
+#include "engine/clock.h"
 #include "engine/generate.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
@@ -41,9 +41,10 @@ static void generate_usage(FILE *f) {
 
 static void progress(int done, int total, double elapsed) {
     int width = 30, filled = total ? done * width / total : width;
-    fprintf(stderr, "\r[%.*s%*s] %d/%d tokens %.1fs", filled,
-            "##############################", width - filled, "", done, total, elapsed);
-    if (done == total) fputc('\n', stderr);
+    fprintf(stderr, "\r[%.*s%*s] %d/%d tokens %.1fs", filled, "##############################",
+            width - filled, "", done, total, elapsed);
+    if (done == total)
+        fputc('\n', stderr);
     fflush(stderr);
 }
 
@@ -55,16 +56,19 @@ static int parse_ids(const char *s, int *ids, int cap) {
         char tok[32];
         size_t len = strcspn(p, ",");
         if (len == 0 || len >= sizeof tok || n >= cap) {
-            fprintf(stderr, "arserve: --prompt-ids: expected comma-separated integers, got '%s'\n", s);
+            fprintf(stderr, "arserve: --prompt-ids: expected comma-separated integers, got '%s'\n",
+                    s);
             return -1;
         }
         memcpy(tok, p, len);
         tok[len] = 0;
         long long v;
-        if (cli_parse_int("--prompt-ids", tok, 0, 1 << 30, &v)) return -1;
+        if (cli_parse_int("--prompt-ids", tok, 0, 1 << 30, &v))
+            return -1;
         ids[n++] = (int)v;
         p += len;
-        if (*p == ',') p++;
+        if (*p == ',')
+            p++;
     }
     if (n == 0) {
         fprintf(stderr, "arserve: --prompt-ids: empty list\n");
@@ -82,27 +86,34 @@ static int pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, ar_erro
     kv_policy_params_t full;
     kv_policy_defaults(&full, KV_POLICY_FULL);
     size_t *bytes = malloc((size_t)steps * sizeof *bytes), peak = 0;
-    if (!bytes) return ar_errorf(err, "out of memory");
+    if (!bytes)
+        return ar_errorf(err, "out of memory");
     if (planner_trajectory_bytes(c, &full, n_prompt, bt, bytes, err) != AR_OK) {
         free(bytes);
         return AR_ERR;
     }
-    for (int t = 0; t < steps; t++) peak = bytes[t] > peak ? bytes[t] : peak;
+    for (int t = 0; t < steps; t++)
+        peak = bytes[t] > peak ? bytes[t] : peak;
     free(bytes);
     return kv_pool_init(pool, m->be, (int)(peak / kv_pool_block_bytes(bt, c->llm.head_dim)), bt,
                         c->llm.head_dim, err);
 }
 
 int cmd_generate(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
-        {"prompt-ids", required_argument, 0, 'i'}, {"seed", required_argument, 0, 's'},
-        {"cfg", required_argument, 0, 'c'},     {"temperature", required_argument, 0, 't'},
-        {"top-k", required_argument, 0, 'k'},   {"top-p", required_argument, 0, 'P'},
-        {"threads", required_argument, 0, 'j'}, {"output", required_argument, 0, 'o'},
-        {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
-        {"backend", required_argument, 0, 'b'},
-        {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"prompt", required_argument, 0, 'p'},
+                                         {"prompt-ids", required_argument, 0, 'i'},
+                                         {"seed", required_argument, 0, 's'},
+                                         {"cfg", required_argument, 0, 'c'},
+                                         {"temperature", required_argument, 0, 't'},
+                                         {"top-k", required_argument, 0, 'k'},
+                                         {"top-p", required_argument, 0, 'P'},
+                                         {"threads", required_argument, 0, 'j'},
+                                         {"output", required_argument, 0, 'o'},
+                                         {"quiet", no_argument, 0, 'q'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {"backend", required_argument, 0, 'b'},
+                                         {0, 0, 0, 0}};
     const char *model_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *out_path = "out.png";
     const char *backend_name = "auto";
     long long seed = 0, top_k = -1, threads = 0;
@@ -112,22 +123,51 @@ int cmd_generate(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
         int bad = 0;
         switch (c) {
-        case 'm': model_dir = optarg; break;
-        case 'p': prompt = optarg; break;
-        case 'i': prompt_ids = optarg; break;
-        case 's': bad = cli_parse_int("--seed", optarg, 0, INT64_MAX, &seed); break;
-        case 'c': bad = cli_parse_float("--cfg", optarg, 0, 100, &cfg_w); break;
-        case 't': bad = cli_parse_float("--temperature", optarg, 0, 100, &temperature); break;
-        case 'k': bad = cli_parse_int("--top-k", optarg, 0, 1 << 20, &top_k); break;
-        case 'P': bad = cli_parse_float("--top-p", optarg, 1e-6, 1, &top_p); break;
-        case 'j': bad = cli_parse_int("--threads", optarg, 0, 1024, &threads); break;
-        case 'o': out_path = optarg; break;
-        case 'b': backend_name = optarg; break;
-        case 'q': quiet = 1; break;
-        case 'h': generate_usage(stdout); return 0;
-        default: generate_usage(stderr); return 2;
+        case 'm':
+            model_dir = optarg;
+            break;
+        case 'p':
+            prompt = optarg;
+            break;
+        case 'i':
+            prompt_ids = optarg;
+            break;
+        case 's':
+            bad = cli_parse_int("--seed", optarg, 0, INT64_MAX, &seed);
+            break;
+        case 'c':
+            bad = cli_parse_float("--cfg", optarg, 0, 100, &cfg_w);
+            break;
+        case 't':
+            bad = cli_parse_float("--temperature", optarg, 0, 100, &temperature);
+            break;
+        case 'k':
+            bad = cli_parse_int("--top-k", optarg, 0, 1 << 20, &top_k);
+            break;
+        case 'P':
+            bad = cli_parse_float("--top-p", optarg, 1e-6, 1, &top_p);
+            break;
+        case 'j':
+            bad = cli_parse_int("--threads", optarg, 0, 1024, &threads);
+            break;
+        case 'o':
+            out_path = optarg;
+            break;
+        case 'b':
+            backend_name = optarg;
+            break;
+        case 'q':
+            quiet = 1;
+            break;
+        case 'h':
+            generate_usage(stdout);
+            return 0;
+        default:
+            generate_usage(stderr);
+            return 2;
         }
-        if (bad) return 2;
+        if (bad)
+            return 2;
     }
     if (optind < argc) {
         fprintf(stderr, "arserve: generate: unexpected argument '%s'\n", argv[optind]);
@@ -144,7 +184,8 @@ int cmd_generate(int argc, char **argv) {
 
     char default_dir[1024];
     if (!model_dir) {
-        if (cli_default_model(default_dir, sizeof default_dir)) return 1;
+        if (cli_default_model(default_dir, sizeof default_dir))
+            return 1;
         model_dir = default_dir;
     }
 
@@ -174,10 +215,14 @@ int cmd_generate(int argc, char **argv) {
     }
     loaded = 1;
     sampler_params_t sp = model.cfg.sampling;
-    if (cfg_w >= 0) sp.cfg = (float)cfg_w;
-    if (temperature >= 0) sp.temperature = (float)temperature;
-    if (top_k >= 0) sp.top_k = (int)top_k;
-    if (top_p >= 0) sp.top_p = (float)top_p;
+    if (cfg_w >= 0)
+        sp.cfg = (float)cfg_w;
+    if (temperature >= 0)
+        sp.temperature = (float)temperature;
+    if (top_k >= 0)
+        sp.top_k = (int)top_k;
+    if (top_p >= 0)
+        sp.top_p = (float)top_p;
     if (prompt_ids) {
         int n = parse_ids(prompt_ids, ids, MODEL_MAX_PROMPT_TOKENS - 2);
         if (n < 0) {
@@ -195,8 +240,8 @@ int cmd_generate(int argc, char **argv) {
         goto out;
     }
     if (pool_for_one_image(&pool, &model, n_prompt, &err) != AR_OK ||
-        gen_request_init(&req, &model, &pool, NULL, cond, uncond, n_prompt, &sp, (uint64_t)seed,
-                         0, &err)) {
+        gen_request_init(&req, &model, &pool, NULL, cond, uncond, n_prompt, &sp, (uint64_t)seed, 0,
+                         &err)) {
         fprintf(stderr, "arserve: %s\n", err.msg);
         goto out;
     }
@@ -217,7 +262,8 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "arserve: out of memory\n");
         goto out;
     }
-    if (gen_decode(&req, rgb, &err) != AR_OK || png_write_file(out_path, rgb, W, H, &err) != AR_OK) {
+    if (gen_decode(&req, rgb, &err) != AR_OK ||
+        png_write_file(out_path, rgb, W, H, &err) != AR_OK) {
         fprintf(stderr, "arserve: %s\n", err.msg);
         goto out;
     }
@@ -232,7 +278,8 @@ int cmd_generate(int argc, char **argv) {
 out:
     gen_request_free(&req);
     kv_pool_free(&pool);
-    if (loaded) model_free(&model);
+    if (loaded)
+        model_free(&model);
     free(rgb);
     free(cond);
     free(uncond);

@@ -13,9 +13,9 @@
 #include <jemalloc/jemalloc.h>
 #endif
 
-#include "engine/clock.h"
 #include "cli.h"
 #include "engine/backend.h"
+#include "engine/clock.h"
 #include "engine/kv_policy.h"
 #include "engine/model.h"
 #include "engine/planner.h"
@@ -35,7 +35,8 @@ static double jemalloc_stat(void *arg) {
     uint64_t epoch = 1;
     size_t sz = sizeof epoch, v = 0, vsz = sizeof v;
     mallctl("epoch", &epoch, &sz, &epoch, sz);
-    if (mallctl((const char *)arg, &v, &vsz, NULL, 0) != 0) return 0;
+    if (mallctl((const char *)arg, &v, &vsz, NULL, 0) != 0)
+        return 0;
     return (double)v;
 }
 #endif
@@ -65,7 +66,8 @@ int cmd_serve(int argc, char **argv, char **envp) {
         server_config_usage(stdout);
         return 0;
     }
-    if (!cfg.model[0] && cli_default_model(cfg.model, sizeof cfg.model)) return 1;
+    if (!cfg.model[0] && cli_default_model(cfg.model, sizeof cfg.model))
+        return 1;
     int lvl = log_level_parse(cfg.log_level);
     log_threshold = lvl < 0 ? LOG_INFO : (log_level_t)lvl;
     struct sigaction sa;
@@ -90,7 +92,8 @@ int cmd_serve(int argc, char **argv, char **envp) {
         metrics_destroy(metrics);
         return 1;
     }
-    log_msg(LOG_INFO, "model %s from %s: %dx%d images, %d image tokens, %.1f MB of weights, loaded in %.2f s",
+    log_msg(LOG_INFO,
+            "model %s from %s: %dx%d images, %d image tokens, %.1f MB of weights, loaded in %.2f s",
             model.cfg.name, cfg.model, model_config_image_width(&model.cfg),
             model_config_image_height(&model.cfg),
             model.cfg.image.grid_height * model.cfg.image.grid_width, model.weight_bytes / 1e6,
@@ -112,8 +115,8 @@ int cmd_serve(int argc, char **argv, char **envp) {
             fprintf(stderr,
                     "arserve serve: kv_policy %s (kv_budget %g%s) does not suit model %s: %s: %s\n",
                     kv_policy_name(kv_default_run.kind), kv_default_run.budget,
-                    kv_defaults.budget > 0 ? "" : ", the policy's own",
-                    model.cfg.name, field && strcmp(field, "budget") ? field : "kv_budget", err.msg);
+                    kv_defaults.budget > 0 ? "" : ", the policy's own", model.cfg.name,
+                    field && strcmp(field, "budget") ? field : "kv_budget", err.msg);
             model_free(&model);
             be->destroy(be);
             metrics_destroy(metrics);
@@ -122,12 +125,17 @@ int cmd_serve(int argc, char **argv, char **envp) {
     }
 
     static const char *const build_labels[] = {"version", "backend", "model", "policy"};
-    metric_t *build = metrics_gauge(metrics, "arserve_build_info", "Build and serving information (value 1).", 4, build_labels);
+    metric_t *build = metrics_gauge(metrics, "arserve_build_info",
+                                    "Build and serving information (value 1).", 4, build_labels);
     metric_set(build, 1, ARSERVE_VERSION, be->name, model.cfg.name,
                kv_policy_name(kv_default_run.kind));
 #ifdef ARSERVE_JEMALLOC
-    metrics_gauge_fn(metrics, "arserve_jemalloc_allocated_bytes", "Bytes allocated by the application (jemalloc stats.allocated).", jemalloc_stat, (void *)"stats.allocated");
-    metrics_gauge_fn(metrics, "arserve_jemalloc_resident_bytes", "Bytes in physically resident data pages mapped by jemalloc (stats.resident).", jemalloc_stat, (void *)"stats.resident");
+    metrics_gauge_fn(metrics, "arserve_jemalloc_allocated_bytes",
+                     "Bytes allocated by the application (jemalloc stats.allocated).",
+                     jemalloc_stat, (void *)"stats.allocated");
+    metrics_gauge_fn(metrics, "arserve_jemalloc_resident_bytes",
+                     "Bytes in physically resident data pages mapped by jemalloc (stats.resident).",
+                     jemalloc_stat, (void *)"stats.resident");
 #endif
 
     sched_options_t so = {.max_running = cfg.max_running,
@@ -156,14 +164,17 @@ int cmd_serve(int argc, char **argv, char **envp) {
             snprintf(per_policy + len, sizeof per_policy - len, "full %zu images",
                      peak ? capacity / peak : 0);
         else if (peak)
-            snprintf(per_policy + len, sizeof per_policy - len, ", %s@%.3g %zu", kv_policy_name(p.kind),
-                     p.budget, capacity / peak);
+            snprintf(per_policy + len, sizeof per_policy - len, ", %s@%.3g %zu",
+                     kv_policy_name(p.kind), p.budget, capacity / peak);
         else
-            snprintf(per_policy + len, sizeof per_policy - len, ", %s@%.3g n/a (budget too small for this grid)",
-                     kv_policy_name(p.kind), p.budget);
+            snprintf(per_policy + len, sizeof per_policy - len,
+                     ", %s@%.3g n/a (budget too small for this grid)", kv_policy_name(p.kind),
+                     p.budget);
     }
-    log_msg(LOG_INFO, "backend %s (%d CPU threads, 0 = all cores); KV pool %.1f MiB in blocks of %d tokens: %s",
-            be->name, cfg.threads, capacity / 1048576.0, sched_kv_block_tokens(sched), per_policy);
+    log_msg(
+        LOG_INFO,
+        "backend %s (%d CPU threads, 0 = all cores); KV pool %.1f MiB in blocks of %d tokens: %s",
+        be->name, cfg.threads, capacity / 1048576.0, sched_kv_block_tokens(sched), per_policy);
     log_msg(LOG_INFO, "requests without kv_policy run %s", kv_policy_name(kv_default_run.kind));
     http_options_t ho = {.host = cfg.host,
                          .port = cfg.port,
@@ -187,7 +198,8 @@ int cmd_serve(int argc, char **argv, char **envp) {
     fprintf(stdout, "arserve: ready on %s:%d\n", cfg.host, http_port(http));
     fflush(stdout);
 
-    while (!signals_seen && sched_alive(sched)) sleep_ms(100);
+    while (!signals_seen && sched_alive(sched))
+        sleep_ms(100);
     int rc = 0;
     if (!sched_alive(sched)) {
         log_msg(LOG_ERROR, "the engine loop stopped; exiting");

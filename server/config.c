@@ -20,8 +20,8 @@ typedef struct setting {
     const char *name;
     size_t offset, size; /* of the field in server_config_t */
     setting_kind_t kind;
-    long long lo, hi, def;      /* KIND_INT */
-    double rlo, rhi, rdef;      /* KIND_REAL: [rlo, rhi], or (rlo, rhi] when lo_open */
+    long long lo, hi, def; /* KIND_INT */
+    double rlo, rhi, rdef; /* KIND_REAL: [rlo, rhi], or (rlo, rhi] when lo_open */
     int lo_open;
     const char *def_str;        /* KIND_STRING, KIND_ENUM */
     const char *const *choices; /* KIND_ENUM, NULL-terminated */
@@ -42,11 +42,16 @@ typedef struct setting {
     .size = sizeof(((server_config_t *)0)->member)
 /* The KV policy knobs, straight from KV_POLICY_KNOBS (engine/kv_policy.h). */
 #define KNOB_SETTING_INT(f, lo_, lo_open_, hi_, def_, h)                                           \
-    {FIELD_AT(f, kv.f), .kind = KIND_INT, .lo = (long long)(lo_), .hi = (long long)(hi_),          \
-     .def = (long long)(def_), .metavar = "N", .help = (h)},
+    {FIELD_AT(f, kv.f),                                                                            \
+     .kind = KIND_INT,                                                                             \
+     .lo = (long long)(lo_),                                                                       \
+     .hi = (long long)(hi_),                                                                       \
+     .def = (long long)(def_),                                                                     \
+     .metavar = "N",                                                                               \
+     .help = (h)},
 #define KNOB_SETTING_REAL(f, lo_, lo_open_, hi_, def_, h)                                          \
-    {FIELD_AT(f, kv.f), .kind = KIND_REAL, .rlo = (lo_), .rhi = (hi_), .rdef = (def_),             \
-     .lo_open = (lo_open_), .metavar = "X", .help = (h)},
+    {FIELD_AT(f, kv.f), .kind = KIND_REAL,     .rlo = (lo_),   .rhi = (hi_),                       \
+     .rdef = (def_),    .lo_open = (lo_open_), .metavar = "X", .help = (h)},
 #define KNOB_SETTING(f, policy, type, ...) KNOB_SETTING_##type(f, __VA_ARGS__)
 #define STRING_SETTING(f, def_, empty_ok, mv, h)                                                   \
     {                                                                                              \
@@ -92,10 +97,11 @@ static const setting_t SETTINGS[] = {
              "(0.25 or 1/4); 0: each policy's own (streaming and linear 1/6, headkv 1/8)"},
     /* Each knob's default for requests of its policy that do not give it. */
     KV_POLICY_KNOBS(KNOB_SETTING)
-    INT_SETTING(threads, 0, 1024, 0, "N", "Engine CPU threads; 0 uses every core"),
+        INT_SETTING(threads, 0, 1024, 0, "N", "Engine CPU threads; 0 uses every core"),
     INT_SETTING(png_workers, 1, 64, 2, "N", "Threads encoding PNGs"),
     ENUM_SETTING(log_level, "info", LOG_LEVELS, "LEVEL", "Log verbosity"),
-    ENUM_SETTING(backend, "auto", BACKENDS, "NAME", "Compute backend (auto: cuda when built in and a GPU is present)"),
+    ENUM_SETTING(backend, "auto", BACKENDS, "NAME",
+                 "Compute backend (auto: cuda when built in and a GPU is present)"),
     INT_SETTING(retry_after_s, 1, 3600, 1, "SECONDS",
                 "Retry-After header value sent with 429 responses"),
 };
@@ -103,7 +109,8 @@ static const setting_t SETTINGS[] = {
 
 /* ARSERVE_* variables that are not settings: read by tests and tools, so the
  * daemon must not reject an environment that carries them. */
-static const char *const ENV_NOT_SETTINGS[] = {"ARSERVE_TINY_MODEL", "ARSERVE_SLOW_MODEL", "ARSERVE_GOLDEN_DIR", "ARSERVE_BIN", NULL};
+static const char *const ENV_NOT_SETTINGS[] = {"ARSERVE_TINY_MODEL", "ARSERVE_SLOW_MODEL",
+                                               "ARSERVE_GOLDEN_DIR", "ARSERVE_BIN", NULL};
 
 #define ENV_PREFIX "ARSERVE_"
 #define ENV_CONFIG "ARSERVE_CONFIG"

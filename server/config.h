@@ -28,11 +28,11 @@ typedef struct server_config {
      * policy's own), every knob of KV_POLICY_KNOBS is a key of its own
      * name; kv.kind is not a setting (server_config_kv_defaults). */
     kv_policy_params_t kv;
-    int threads;             /* engine CPU threads, 0 = all cores */
-    int png_workers;         /* PNG encoder threads */
-    char log_level[8];       /* "error", "warn", "info" or "debug" */
-    char backend[8];         /* "auto", "cpu" or "cuda" (server/backend_open.c) */
-    int retry_after_s;       /* Retry-After on 429 */
+    int threads;       /* engine CPU threads, 0 = all cores */
+    int png_workers;   /* PNG encoder threads */
+    char log_level[8]; /* "error", "warn", "info" or "debug" */
+    char backend[8];   /* "auto", "cpu" or "cuda" (server/backend_open.c) */
+    int retry_after_s; /* Retry-After on 429 */
 
     /* Derived, not settings of their own: */
     char config_path[1024]; /* the config file that was read, "" if none */

@@ -4,8 +4,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
-#include <stdarg.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,8 +58,8 @@ typedef struct sse {
     size_t pending_len, pending_off;
 } sse_t;
 
-static const char *const KNOWN_ROUTES[] = {"/health", "/ready", "/metrics", "/v1/models",
-                                           "/v1/images/generations", NULL};
+static const char *const KNOWN_ROUTES[] = {
+    "/health", "/ready", "/metrics", "/v1/models", "/v1/images/generations", NULL};
 
 static void count(http_server_t *h, conn_t *cx, int code) {
     char c[8];
@@ -72,7 +72,8 @@ static enum MHD_Result send_buf(http_server_t *h, struct MHD_Connection *c, conn
     struct MHD_Response *r = MHD_create_response_from_buffer(
         len, buf, free_buf ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_MUST_COPY);
     if (!r) {
-        if (free_buf) free(buf);
+        if (free_buf)
+            free(buf);
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
@@ -85,7 +86,8 @@ static enum MHD_Result send_buf(http_server_t *h, struct MHD_Connection *c, conn
         const char *allow = strcmp(cx->route, "/v1/images/generations") ? "GET" : "POST";
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     }
-    if (code == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (code == 401)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
     MHD_destroy_response(r);
     cx->responded = 1;
@@ -95,7 +97,8 @@ static enum MHD_Result send_buf(http_server_t *h, struct MHD_Connection *c, conn
 
 static enum MHD_Result send_json(http_server_t *h, struct MHD_Connection *c, conn_t *cx, int code,
                                  char *json) {
-    if (!json) return MHD_NO;
+    if (!json)
+        return MHD_NO;
     return send_buf(h, c, cx, code, "application/json", json, strlen(json), 1);
 }
 
@@ -105,11 +108,11 @@ static enum MHD_Result send_error(http_server_t *h, struct MHD_Connection *c, co
 }
 
 static enum MHD_Result fail(http_server_t *h, struct MHD_Connection *c, conn_t *cx, int status,
-                            const char *type, const char *param, const char *code,
-                            const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+                            const char *type, const char *param, const char *code, const char *fmt,
+                            ...) __attribute__((format(printf, 8, 9)));
 static enum MHD_Result fail(http_server_t *h, struct MHD_Connection *c, conn_t *cx, int status,
-                            const char *type, const char *param, const char *code,
-                            const char *fmt, ...) {
+                            const char *type, const char *param, const char *code, const char *fmt,
+                            ...) {
     api_error_t e = {.status = status};
     snprintf(e.type, sizeof e.type, "%s", type);
     snprintf(e.param, sizeof e.param, "%s", param ? param : "");
@@ -123,24 +126,32 @@ static enum MHD_Result fail(http_server_t *h, struct MHD_Connection *c, conn_t *
 
 /* Constant-time comparison of the presented bearer token with the key. */
 static int auth_ok(const http_server_t *h, struct MHD_Connection *c) {
-    if (!h->api_key[0]) return 1;
-    const char *hdr = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!hdr || strncmp(hdr, "Bearer ", 7) != 0) return 0;
+    if (!h->api_key[0])
+        return 1;
+    const char *hdr =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!hdr || strncmp(hdr, "Bearer ", 7) != 0)
+        return 0;
     const char *tok = hdr + 7;
     size_t a = strlen(tok), b = strlen(h->api_key);
     unsigned diff = (unsigned)(a ^ b);
-    for (size_t i = 0; i < b; i++) diff |= (unsigned char)h->api_key[i] ^ (unsigned char)(i < a ? tok[i] : 0);
+    for (size_t i = 0; i < b; i++)
+        diff |= (unsigned char)h->api_key[i] ^ (unsigned char)(i < a ? tok[i] : 0);
     return diff == 0;
 }
 
 /* 1 while the client's socket is open (a peek sees data or would block). */
 static int client_alive(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return 0;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return 0;
     char b;
     ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n > 0) return 1;
-    if (n == 0) return 0;
+    if (n > 0)
+        return 1;
+    if (n == 0)
+        return 0;
     return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
 }
 
@@ -149,17 +160,20 @@ static void job_wait_slice(sched_job_t *j, int ms) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += (long)ms * 1000000L;
-    while (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    while (ts.tv_nsec >= 1000000000L)
+        ts.tv_sec++, ts.tv_nsec -= 1000000000L;
     pthread_cond_timedwait(&j->changed, &j->mu, &ts);
 }
 
 /* ---- streaming ---- */
 
 static int sse_append(sse_t *s, const char *event, char *json) {
-    if (!json) return -1;
+    if (!json)
+        return -1;
     char *frame = api_sse_frame(event, json);
     free(json);
-    if (!frame) return -1;
+    if (!frame)
+        return -1;
     size_t n = strlen(frame);
     char *p = realloc(s->pending, s->pending_len + n);
     if (!p) {
@@ -188,15 +202,16 @@ static int sse_collect(sse_t *s) {
             const char *b64 = j->partial_b64[s->sent_partials * j->n_images + i];
             if (b64)
                 sse_append(s, API_SSE_PARTIAL_IMAGE,
-                           api_sse_partial_image(b64, s->sent_partials, i, now, s->h->width, s->h->height));
+                           api_sse_partial_image(b64, s->sent_partials, i, now, s->h->width,
+                                                 s->h->height));
         }
     if (j->state == JOB_DONE) {
         for (int i = 0; i < j->n_images; i++) {
             char *b64 = api_base64(j->png[i], j->png_len[i]);
             if (b64)
                 sse_append(s, API_SSE_COMPLETED,
-                           api_sse_completed(b64, i, now, s->h->width, s->h->height,
-                                             j->steps_total, s->prompt_tokens));
+                           api_sse_completed(b64, i, now, s->h->width, s->h->height, j->steps_total,
+                                             s->prompt_tokens));
             free(b64);
         }
         return 1;
@@ -214,20 +229,25 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     for (;;) {
         if (s->pending_off < s->pending_len) {
             size_t n = s->pending_len - s->pending_off;
-            if (n > max) n = max;
+            if (n > max)
+                n = max;
             memcpy(buf, s->pending + s->pending_off, n);
             s->pending_off += n;
-            if (s->pending_off == s->pending_len) s->pending_off = s->pending_len = 0;
+            if (s->pending_off == s->pending_len)
+                s->pending_off = s->pending_len = 0;
             s->last_write = clock_now_s();
             return (ssize_t)n;
         }
-        if (s->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (s->finished)
+            return MHD_CONTENT_READER_END_OF_STREAM;
         pthread_mutex_lock(&s->job->mu);
         s->finished = sse_collect(s);
-        if (!s->finished && s->pending_len == 0) job_wait_slice(s->job, WAIT_SLICE_MS);
+        if (!s->finished && s->pending_len == 0)
+            job_wait_slice(s->job, WAIT_SLICE_MS);
         pthread_mutex_unlock(&s->job->mu);
         if (s->pending_len == 0 && !s->finished) {
-            if (!client_alive(s->c)) return MHD_CONTENT_READER_END_WITH_ERROR;
+            if (!client_alive(s->c))
+                return MHD_CONTENT_READER_END_WITH_ERROR;
             if (clock_now_s() - s->last_write > SSE_KEEPALIVE_S) {
                 static const char ka[] = ": keep-alive\n\n";
                 size_t n = sizeof ka - 1 < max ? sizeof ka - 1 : max;
@@ -244,7 +264,8 @@ static void sse_free(void *cls) {
     pthread_mutex_lock(&s->job->mu);
     int ended = s->job->state == JOB_DONE || s->job->state == JOB_FAILED;
     pthread_mutex_unlock(&s->job->mu);
-    if (!ended) sched_job_cancel(s->h->sched, s->job);
+    if (!ended)
+        sched_job_cancel(s->h->sched, s->job);
     sched_job_release(s->job);
     free(s->pending);
     free(s);
@@ -255,25 +276,29 @@ static void sse_free(void *cls) {
 static enum MHD_Result respond_images(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
                                       sched_job_t *j, int prompt_tokens) {
     const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
-    if (j->n_images == 1 && accept && strstr(accept, "image/png") && !strstr(accept, "application/json")) {
+    if (j->n_images == 1 && accept && strstr(accept, "image/png") &&
+        !strstr(accept, "application/json")) {
         void *png = j->png[0];
         size_t len = j->png_len[0];
         return send_buf(h, c, cx, 200, "image/png", png, len, 0);
     }
     char **b64 = calloc((size_t)j->n_images, sizeof *b64);
     int ok = b64 != NULL;
-    for (int i = 0; ok && i < j->n_images; i++) ok = (b64[i] = api_base64(j->png[i], j->png_len[i])) != NULL;
+    for (int i = 0; ok && i < j->n_images; i++)
+        ok = (b64[i] = api_base64(j->png[i], j->png_len[i])) != NULL;
     api_kv_report_t kv = {.policy = j->kv_policy,
                           .planned_peak_bytes = j->kv_planned_peak_bytes,
                           .peak_bytes = j->kv_peak_bytes};
-    char *json = ok ? api_images_response_json((long)time(NULL), j->n_images, (const char *const *)b64,
-                                               h->width, h->height, j->steps_total * j->n_images,
-                                               prompt_tokens, &kv)
+    char *json = ok ? api_images_response_json((long)time(NULL), j->n_images,
+                                               (const char *const *)b64, h->width, h->height,
+                                               j->steps_total * j->n_images, prompt_tokens, &kv)
                     : NULL;
-    for (int i = 0; b64 && i < j->n_images; i++) free(b64[i]);
+    for (int i = 0; b64 && i < j->n_images; i++)
+        free(b64[i]);
     free(b64);
     if (!json)
-        return fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory building the response");
+        return fail(h, c, cx, 500, "server_error", NULL, "out_of_memory",
+                    "out of memory building the response");
     return send_json(h, c, cx, 200, json);
 }
 
@@ -301,14 +326,16 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         goto out;
     }
     if (model_prompt_from_text(h->model, req.prompt, cond, uncond, &n_prompt, &err) != AR_OK) {
-        ret = fail(h, c, cx, 400, "invalid_request_error", "prompt", "invalid_value", "prompt: %s", err.msg);
+        ret = fail(h, c, cx, 400, "invalid_request_error", "prompt", "invalid_value", "prompt: %s",
+                   err.msg);
         goto out;
     }
     sampler_params_t sp;
     api_image_request_sampler_params(&req, &h->model->cfg.sampling, &sp);
     uint64_t seed = req.has_seed ? req.seed : random_seed();
-    sched_job_t *j = sched_job_create(cond, uncond, n_prompt, req.n, &sp, seed,
-                                      req.stream ? req.partial_images : 0, h->opt.request_timeout_s);
+    sched_job_t *j =
+        sched_job_create(cond, uncond, n_prompt, req.n, &sp, seed,
+                         req.stream ? req.partial_images : 0, h->opt.request_timeout_s);
     if (!j) {
         ret = fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory");
         goto out;
@@ -328,8 +355,10 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
             ret = fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory");
             goto out;
         }
-        *s = (sse_t){.h = h, .c = c, .job = j, .prompt_tokens = prompt_tokens, .last_write = clock_now_s()};
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, sse_read, s, sse_free);
+        *s = (sse_t){
+            .h = h, .c = c, .job = j, .prompt_tokens = prompt_tokens, .last_write = clock_now_s()};
+        struct MHD_Response *r =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, sse_read, s, sse_free);
         if (!r) {
             sse_free(s);
             ret = MHD_NO;
@@ -348,11 +377,13 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
     int gone = 0;
     while (j->state != JOB_DONE && j->state != JOB_FAILED) {
         job_wait_slice(j, WAIT_SLICE_MS);
-        if (j->state == JOB_DONE || j->state == JOB_FAILED) break;
+        if (j->state == JOB_DONE || j->state == JOB_FAILED)
+            break;
         pthread_mutex_unlock(&j->mu);
         gone = !client_alive(c);
         pthread_mutex_lock(&j->mu);
-        if (gone) break;
+        if (gone)
+            break;
     }
     job_state_t st = j->state;
     api_error_t je = j->error;
@@ -383,16 +414,19 @@ static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, 
     int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     int is_post = !strcmp(method, "POST");
     if (!strcmp(cx->route, "other"))
-        return fail(h, c, cx, 404, "invalid_request_error", NULL, "not_found", "no route for %s %s", method, url);
+        return fail(h, c, cx, 404, "invalid_request_error", NULL, "not_found", "no route for %s %s",
+                    method, url);
     int want_post = !strcmp(cx->route, "/v1/images/generations");
     if (want_post ? !is_post : !is_get)
         return fail(h, c, cx, 405, "invalid_request_error", NULL, "method_not_allowed",
                     "%s is not allowed on %s; use %s", method, url, want_post ? "POST" : "GET");
-    if (!strcmp(cx->route, "/health") || !strcmp(cx->route, "/metrics")) return MHD_YES;
+    if (!strcmp(cx->route, "/health") || !strcmp(cx->route, "/metrics"))
+        return MHD_YES;
     if (!auth_ok(h, c))
         return fail(h, c, cx, 401, "invalid_request_error", NULL, "invalid_api_key",
                     "missing or wrong API key: send 'Authorization: Bearer <key>'");
-    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *cl =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (want_post && cl && strtoull(cl, NULL, 10) > h->opt.max_body_bytes)
         return fail(h, c, cx, 413, "invalid_request_error", NULL, "request_too_large",
                     "the request body is larger than %zu bytes", h->opt.max_body_bytes);
@@ -406,10 +440,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     conn_t *cx = *con_cls;
     if (!cx) {
         cx = calloc(1, sizeof *cx);
-        if (!cx) return MHD_NO;
+        if (!cx)
+            return MHD_NO;
         cx->route = "other";
         for (const char *const *r = KNOWN_ROUTES; *r; r++)
-            if (!strcmp(url, *r)) cx->route = *r;
+            if (!strcmp(url, *r))
+                cx->route = *r;
         *con_cls = cx;
         atomic_fetch_add(&h->inflight, 1);
         cx->counted = 1;
@@ -431,7 +467,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     if (!strcmp(route, "/metrics")) {
         char *text = metrics_render(h->metrics);
-        if (!text) return MHD_NO;
+        if (!text)
+            return MHD_NO;
         return send_buf(h, c, cx, 200, METRICS_CONTENT_TYPE, text, strlen(text), 1);
     }
     if (!strcmp(route, "/ready")) {
@@ -451,9 +488,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         }
         if (cx->len + *upload_data_size > cx->cap) {
             size_t cap = cx->cap ? cx->cap : 4096;
-            while (cap < cx->len + *upload_data_size) cap *= 2;
+            while (cap < cx->len + *upload_data_size)
+                cap *= 2;
             char *b = realloc(cx->body, cap);
-            if (!b) return MHD_NO;
+            if (!b)
+                return MHD_NO;
             cx->body = b;
             cx->cap = cap;
         }
@@ -477,8 +516,10 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     conn_t *cx = *con_cls;
     (void)c;
     (void)toe;
-    if (!cx) return;
-    if (cx->counted) atomic_fetch_sub(&h->inflight, 1);
+    if (!cx)
+        return;
+    if (cx->counted)
+        atomic_fetch_sub(&h->inflight, 1);
     free(cx->body);
     free(cx);
     *con_cls = NULL;
@@ -489,7 +530,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
-    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = 0;
     log_msg(LOG_WARN, "http: %s", msg);
 }
 
@@ -526,14 +568,13 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
         ar_errorf(err, "--host: '%s' is not an IPv4 address", opt->host);
         return NULL;
     }
-    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                                MHD_USE_ERROR_LOG | MHD_USE_POLL,
-                            (uint16_t)opt->port, NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER,
-                            mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)opt->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)120, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
-                            MHD_OPTION_END);
+    h->d = MHD_start_daemon(
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+            MHD_USE_POLL,
+        (uint16_t)opt->port, NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)opt->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)120, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024), MHD_OPTION_END);
     if (!h->d) {
         free(h);
         ar_errorf(err, "cannot listen on %s:%d (in use, or not permitted)", opt->host, opt->port);
@@ -552,7 +593,8 @@ void http_set_ready(http_server_t *h, int ready) { atomic_store(&h->ready, ready
 int http_inflight(http_server_t *h) { return atomic_load(&h->inflight); }
 
 void http_stop(http_server_t *h) {
-    if (!h) return;
+    if (!h)
+        return;
     MHD_stop_daemon(h->d);
     free(h);
 }

@@ -15,7 +15,7 @@
 
 typedef struct http_options {
     const char *host;
-    int port; /* 0: any free port */
+    int port;            /* 0: any free port */
     const char *api_key; /* "" or NULL: no auth */
     size_t max_body_bytes;
     int max_n;

@@ -12,7 +12,8 @@ static const char *const NAMES[] = {"error", "warn", "info", "debug"};
 
 int log_level_parse(const char *s) {
     for (int i = 0; i < 4; i++)
-        if (!strcmp(s, NAMES[i])) return i;
+        if (!strcmp(s, NAMES[i]))
+            return i;
     return -1;
 }
 

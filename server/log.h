@@ -13,7 +13,8 @@ void log_write(log_level_t level, const char *fmt, ...) __attribute__((format(pr
 
 #define log_msg(level, ...)                                                                        \
     do {                                                                                           \
-        if ((level) <= log_threshold) log_write((level), __VA_ARGS__);                             \
+        if ((level) <= log_threshold)                                                              \
+            log_write((level), __VA_ARGS__);                                                       \
     } while (0)
 
 #endif

@@ -52,12 +52,14 @@ int cli_parse_float(const char *flag, const char *s, double lo, double hi, doubl
 static int has_model_config(const char *dir) {
     char path[PATH_MAX + 16];
     struct stat st;
-    if ((size_t)snprintf(path, sizeof path, "%s/arserve.json", dir) >= sizeof path) return 0;
+    if ((size_t)snprintf(path, sizeof path, "%s/arserve.json", dir) >= sizeof path)
+        return 0;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 static int copy_path(char *out, size_t n, const char *dir) {
-    if ((size_t)snprintf(out, n, "%s", dir) < n) return 0;
+    if ((size_t)snprintf(out, n, "%s", dir) < n)
+        return 0;
     fprintf(stderr, "arserve: model path too long: %s\n", dir);
     return -1;
 }
@@ -65,7 +67,8 @@ static int copy_path(char *out, size_t n, const char *dir) {
 int cli_default_model(char *out, size_t n) {
     const char *env = getenv("ARSERVE_MODEL");
     if (env && env[0]) {
-        if (has_model_config(env)) return copy_path(out, n, env);
+        if (has_model_config(env))
+            return copy_path(out, n, env);
         fprintf(stderr,
                 "arserve: ARSERVE_MODEL=%s has no arserve.json; set it to a model directory, "
                 "unset it, or pass --model DIR\n",
@@ -75,8 +78,9 @@ int cli_default_model(char *out, size_t n) {
     char exe[PATH_MAX], tried[2][PATH_MAX + 32];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len <= 0) {
-        fprintf(stderr, "arserve: no --model given and /proc/self/exe is unreadable (%s); "
-                        "pass --model DIR\n",
+        fprintf(stderr,
+                "arserve: no --model given and /proc/self/exe is unreadable (%s); "
+                "pass --model DIR\n",
                 strerror(errno));
         return -1;
     }
@@ -86,7 +90,8 @@ int cli_default_model(char *out, size_t n) {
     snprintf(tried[0], sizeof tried[0], "%.*s/" SHIPPED_MODEL, up ? (int)(up - exe) : 0, exe);
     snprintf(tried[1], sizeof tried[1], "%s/" SHIPPED_MODEL, exe);
     for (int i = 0; i < 2; i++)
-        if (has_model_config(tried[i])) return copy_path(out, n, tried[i]);
+        if (has_model_config(tried[i]))
+            return copy_path(out, n, tried[i]);
     fprintf(stderr,
             "arserve: no --model given and no shipped model found: no arserve.json in %s or %s "
             "(ARSERVE_MODEL is unset); pass --model DIR\n",
@@ -115,9 +120,12 @@ int main(int argc, char **argv, char **envp) {
         return 2;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
-    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1, envp);
-    if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate"))
+        return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve"))
+        return cmd_serve(argc - 1, argv + 1, envp);
+    if (!strcmp(cmd, "plan"))
+        return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 #ifdef ARSERVE_CUDA
         printf("arserve %s (backends: cpu, cuda)\n", ARSERVE_VERSION);

@@ -37,10 +37,10 @@ struct scheduler {
     int w_head, w_count, ring_cap;
     sched_job_t **running; /* engine thread only, but counted under mu */
     int n_running, running_images;
-    planner_t planner; /* engine thread only */
-    kv_pool_t pool;    /* engine thread only (its geometry is fixed: read anywhere) */
-    long long kv_overruns;     /* under mu */
-    long long bad_frees_seen;  /* engine thread only */
+    planner_t planner;        /* engine thread only */
+    kv_pool_t pool;           /* engine thread only (its geometry is fixed: read anywhere) */
+    long long kv_overruns;    /* under mu */
+    long long bad_frees_seen; /* engine thread only */
     pthread_t engine;
 
     pthread_mutex_t png_mu;
@@ -64,7 +64,8 @@ sched_job_t *sched_job_create(const int *cond, const int *uncond, int n_prompt, 
     if (n_images < 1 || n_images > 64 || partial_images < 0 || partial_images > SCHED_MAX_PARTIALS)
         return NULL;
     sched_job_t *j = calloc(1, sizeof *j);
-    if (!j) return NULL;
+    if (!j)
+        return NULL;
     j->cond = malloc((size_t)n_prompt * sizeof(int));
     j->uncond = malloc((size_t)n_prompt * sizeof(int));
     j->png = calloc((size_t)n_images, sizeof *j->png);
@@ -95,13 +96,17 @@ sched_job_t *sched_job_create(const int *cond, const int *uncond, int n_prompt, 
 }
 
 void sched_job_release(sched_job_t *j) {
-    if (!j) return;
+    if (!j)
+        return;
     pthread_mutex_lock(&j->mu);
     int left = --j->refs;
     pthread_mutex_unlock(&j->mu);
-    if (left > 0) return;
-    for (int i = 0; i < j->n_images; i++) free(j->png[i]);
-    for (int i = 0; i < SCHED_MAX_PARTIALS * 64; i++) free(j->partial_b64[i]);
+    if (left > 0)
+        return;
+    for (int i = 0; i < j->n_images; i++)
+        free(j->png[i]);
+    for (int i = 0; i < SCHED_MAX_PARTIALS * 64; i++)
+        free(j->partial_b64[i]);
     free(j->png);
     free(j->png_len);
     free(j->cond);
@@ -158,14 +163,16 @@ static void *png_worker(void *arg) {
     scheduler_t *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->png_mu);
-        while (!s->png_head && !s->png_stop) pthread_cond_wait(&s->png_wake, &s->png_mu);
+        while (!s->png_head && !s->png_stop)
+            pthread_cond_wait(&s->png_wake, &s->png_mu);
         png_task_t *t = s->png_head;
         if (!t) {
             pthread_mutex_unlock(&s->png_mu);
             return NULL;
         }
         s->png_head = t->next;
-        if (!s->png_head) s->png_tail = NULL;
+        if (!s->png_head)
+            s->png_tail = NULL;
         pthread_mutex_unlock(&s->png_mu);
 
         sched_job_t *j = t->job;
@@ -176,7 +183,8 @@ static void *png_worker(void *arg) {
         pthread_mutex_lock(&j->mu);
         if (rc != AR_OK) {
             pthread_mutex_unlock(&j->mu);
-            log_msg(LOG_ERROR, "job %llu: PNG encoding failed: %s", (unsigned long long)j->id, err.msg);
+            log_msg(LOG_ERROR, "job %llu: PNG encoding failed: %s", (unsigned long long)j->id,
+                    err.msg);
             job_fail(j, 500, "internal_error", "PNG encoding failed");
             pthread_mutex_lock(&j->mu);
         } else if (t->partial >= 0) {
@@ -223,13 +231,15 @@ static size_t *job_trajectory(const scheduler_t *s, const sched_job_t *j, int *n
         free(t);
         return NULL;
     }
-    for (int i = 0; i < *n_steps; i++) t[i] *= (size_t)j->n_images;
+    for (int i = 0; i < *n_steps; i++)
+        t[i] *= (size_t)j->n_images;
     return t;
 }
 
 static size_t peak_of(const size_t *t, int n) {
     size_t peak = 0;
-    for (int i = 0; i < n; i++) peak = t[i] > peak ? t[i] : peak;
+    for (int i = 0; i < n; i++)
+        peak = t[i] > peak ? t[i] : peak;
     return peak;
 }
 
@@ -256,7 +266,8 @@ long long sched_kv_overruns(scheduler_t *s) {
 
 /* The request field behind a setting kv_policy_check names. */
 static const char *policy_param(const char *field) {
-    if (!field) return "kv_policy";
+    if (!field)
+        return "kv_policy";
     return strcmp(field, "budget") == 0 ? "kv_budget" : field;
 }
 
@@ -333,7 +344,8 @@ void sched_job_cancel(scheduler_t *s, sched_job_t *j) {
     int already = j->cancelled;
     j->cancelled = 1;
     pthread_mutex_unlock(&j->mu);
-    if (already) return;
+    if (already)
+        return;
     pthread_mutex_lock(&s->mu);
     pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->mu);
@@ -371,7 +383,8 @@ int sched_alive(scheduler_t *s) {
 /* Frees a running job's KV and removes it from the running set. */
 static void retire(scheduler_t *s, int idx) {
     sched_job_t *j = s->running[idx];
-    for (int i = 0; i < j->n_images; i++) gen_request_free(&j->gens[i]);
+    for (int i = 0; i < j->n_images; i++)
+        gen_request_free(&j->gens[i]);
     free(j->gens);
     j->gens = NULL;
     planner_remove(&s->planner, j->id);
@@ -394,7 +407,8 @@ static int start_job(scheduler_t *s, sched_job_t *j) {
         if (gen_request_init(&j->gens[i], s->model, &s->pool, &j->kv_policy, j->cond, j->uncond,
                              j->n_prompt, &j->params, j->seed, (uint64_t)i, &err) != AR_OK) {
             log_msg(LOG_ERROR, "job %llu: %s", (unsigned long long)j->id, err.msg);
-            for (int k = 0; k < i; k++) gen_request_free(&j->gens[k]);
+            for (int k = 0; k < i; k++)
+                gen_request_free(&j->gens[k]);
             free(j->gens);
             j->gens = NULL;
             job_fail(j, 500, "internal_error", "could not allocate the KV cache");
@@ -444,7 +458,8 @@ static void admit(scheduler_t *s) {
         pthread_mutex_unlock(&s->mu);
         if (dead) {
             int cancelled = job_cancelled(j);
-            if (cancelled) metric_add(s->m_cancelled, 1);
+            if (cancelled)
+                metric_add(s->m_cancelled, 1);
             metric_add(s->m_images, j->n_images, cancelled ? "cancelled" : "timeout");
             job_fail(j, 504, "timeout",
                      cancelled ? "the request was cancelled before it could start"
@@ -510,7 +525,8 @@ static void finish_job(scheduler_t *s, int idx) {
     const size_t block = kv_pool_block_bytes(s->pool.blocks.block_tokens, s->pool.blocks.head_dim);
     int peak_blocks = 0;
     for (int i = 0; i < j->n_images; i++)
-        if (j->gens[i].kv_peak_blocks > peak_blocks) peak_blocks = j->gens[i].kv_peak_blocks;
+        if (j->gens[i].kv_peak_blocks > peak_blocks)
+            peak_blocks = j->gens[i].kv_peak_blocks;
     pthread_mutex_lock(&j->mu);
     j->kv_peak_bytes = (size_t)peak_blocks * block;
     j->state = JOB_ENCODING;
@@ -546,7 +562,8 @@ static void check_kv_plan(scheduler_t *s) {
     const size_t block = kv_pool_block_bytes(s->pool.blocks.block_tokens, s->pool.blocks.head_dim);
     const size_t peak = (size_t)s->pool.peak_in_use * block;
     const size_t planned = planner_reserved_now(&s->planner);
-    if (peak <= planned) return;
+    if (peak <= planned)
+        return;
     log_msg(LOG_ERROR, "KV pool: %zu bytes in use during the step, more than the %zu planned", peak,
             planned);
     pthread_mutex_lock(&s->mu);
@@ -568,7 +585,8 @@ static void engine_iteration(scheduler_t *s) {
             i++;
             continue;
         }
-        if (cancelled) metric_add(s->m_cancelled, 1);
+        if (cancelled)
+            metric_add(s->m_cancelled, 1);
         metric_add(s->m_images, j->n_images, cancelled ? "cancelled" : "timeout");
         job_fail(j, 504, "timeout",
                  cancelled ? "the request was cancelled" : "the request's deadline passed");
@@ -576,15 +594,19 @@ static void engine_iteration(scheduler_t *s) {
         sched_job_release(j);
     }
     admit(s);
-    if (s->n_running == 0) return;
+    if (s->n_running == 0)
+        return;
 
     int n_gens = 0;
-    for (int i = 0; i < s->n_running; i++) n_gens += s->running[i]->n_images;
+    for (int i = 0; i < s->n_running; i++)
+        n_gens += s->running[i]->n_images;
     gen_request_t **batch = malloc((size_t)n_gens * sizeof *batch);
-    if (!batch) return;
+    if (!batch)
+        return;
     int k = 0;
     for (int i = 0; i < s->n_running; i++)
-        for (int g = 0; g < s->running[i]->n_images; g++) batch[k++] = &s->running[i]->gens[g];
+        for (int g = 0; g < s->running[i]->n_images; g++)
+            batch[k++] = &s->running[i]->gens[g];
     double t0 = clock_now_s();
     ar_error_t err = {{0}};
     kv_pool_reset_peak(&s->pool);
@@ -633,7 +655,8 @@ static void engine_iteration(scheduler_t *s) {
     metric_set(s->m_kv_used, (double)kv_pool_used_bytes(&s->pool));
     metric_set(s->m_kv_reserved, (double)planner_reserved_now(&s->planner));
     if (s->pool.bad_frees != s->bad_frees_seen) {
-        log_msg(LOG_ERROR, "KV pool: %lld blocks released twice (a bug; the blocks were left alone)",
+        log_msg(LOG_ERROR,
+                "KV pool: %lld blocks released twice (a bug; the blocks were left alone)",
                 s->pool.bad_frees - s->bad_frees_seen);
         s->bad_frees_seen = s->pool.bad_frees;
     }
@@ -647,12 +670,14 @@ static void *engine_main(void *arg) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 100 * 1000 * 1000;
-            if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+            if (ts.tv_nsec >= 1000000000)
+                ts.tv_sec++, ts.tv_nsec -= 1000000000;
             pthread_cond_timedwait(&s->wake, &s->mu, &ts);
         }
         int stop = s->stop;
         pthread_mutex_unlock(&s->mu);
-        if (stop) break;
+        if (stop)
+            break;
         engine_iteration(s);
         if (s->n_running == 0) {
             metric_set(s->m_kv_used, 0);
@@ -663,7 +688,8 @@ static void *engine_main(void *arg) {
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
                 ts.tv_nsec += 10 * 1000 * 1000;
-                if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+                if (ts.tv_nsec >= 1000000000)
+                    ts.tv_sec++, ts.tv_nsec -= 1000000000;
                 pthread_cond_timedwait(&s->wake, &s->mu, &ts);
             }
             pthread_mutex_unlock(&s->mu);
@@ -693,29 +719,58 @@ static void *engine_main(void *arg) {
 
 /* ---- life cycle ---- */
 
-static const double LATENCY_BUCKETS[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300};
-static const double STEP_BUCKETS[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+static const double LATENCY_BUCKETS[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                         2.5,  5,     10,   25,  60,   120, 300};
+static const double STEP_BUCKETS[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                      0.025,  0.05,    0.1,    0.25,  0.5,    1};
 static const double SEQ_BUCKETS[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
 #define NB(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static void register_metrics(scheduler_t *s, metrics_t *m) {
     static const char *const status[] = {"status"}, *const reason[] = {"reason"};
-    s->m_running = metrics_gauge(m, "arserve_requests_running", "Requests whose images are being generated.", 0, NULL);
-    s->m_waiting = metrics_gauge(m, "arserve_requests_waiting", "Requests waiting for admission.", 0, NULL);
-    s->m_queue_wait = metrics_histogram(m, "arserve_queue_wait_seconds", "Time from arrival to admission.", 0, NULL, LATENCY_BUCKETS, NB(LATENCY_BUCKETS));
-    s->m_first_step = metrics_histogram(m, "arserve_time_to_first_step_seconds", "Time from arrival to the first generated image token.", 0, NULL, LATENCY_BUCKETS, NB(LATENCY_BUCKETS));
-    s->m_latency = metrics_histogram(m, "arserve_request_duration_seconds", "Time from arrival to encoded images, for successful requests.", 0, NULL, LATENCY_BUCKETS, NB(LATENCY_BUCKETS));
-    s->m_step_time = metrics_histogram(m, "arserve_iteration_duration_seconds", "Wall time of one engine iteration (forward pass and sampling).", 0, NULL, STEP_BUCKETS, NB(STEP_BUCKETS));
-    s->m_seqs = metrics_histogram(m, "arserve_iteration_sequences", "Sequences (two per image with CFG) advanced per engine iteration.", 0, NULL, SEQ_BUCKETS, NB(SEQ_BUCKETS));
-    s->m_tokens = metrics_counter(m, "arserve_image_tokens_generated_total", "Image tokens sampled.", 0, NULL);
-    s->m_iterations = metrics_counter(m, "arserve_iterations_total", "Engine iterations run.", 0, NULL);
-    s->m_images = metrics_counter(m, "arserve_images_total", "Images finished, by outcome.", 1, status);
-    s->m_refused = metrics_counter(m, "arserve_admissions_refused_total", "Requests refused at submission, by reason.", 1, reason);
-    s->m_cancelled = metrics_counter(m, "arserve_requests_cancelled_total", "Requests cancelled because the client went away.", 0, NULL);
+    s->m_running = metrics_gauge(m, "arserve_requests_running",
+                                 "Requests whose images are being generated.", 0, NULL);
+    s->m_waiting =
+        metrics_gauge(m, "arserve_requests_waiting", "Requests waiting for admission.", 0, NULL);
+    s->m_queue_wait =
+        metrics_histogram(m, "arserve_queue_wait_seconds", "Time from arrival to admission.", 0,
+                          NULL, LATENCY_BUCKETS, NB(LATENCY_BUCKETS));
+    s->m_first_step = metrics_histogram(m, "arserve_time_to_first_step_seconds",
+                                        "Time from arrival to the first generated image token.", 0,
+                                        NULL, LATENCY_BUCKETS, NB(LATENCY_BUCKETS));
+    s->m_latency =
+        metrics_histogram(m, "arserve_request_duration_seconds",
+                          "Time from arrival to encoded images, for successful requests.", 0, NULL,
+                          LATENCY_BUCKETS, NB(LATENCY_BUCKETS));
+    s->m_step_time =
+        metrics_histogram(m, "arserve_iteration_duration_seconds",
+                          "Wall time of one engine iteration (forward pass and sampling).", 0, NULL,
+                          STEP_BUCKETS, NB(STEP_BUCKETS));
+    s->m_seqs =
+        metrics_histogram(m, "arserve_iteration_sequences",
+                          "Sequences (two per image with CFG) advanced per engine iteration.", 0,
+                          NULL, SEQ_BUCKETS, NB(SEQ_BUCKETS));
+    s->m_tokens = metrics_counter(m, "arserve_image_tokens_generated_total",
+                                  "Image tokens sampled.", 0, NULL);
+    s->m_iterations =
+        metrics_counter(m, "arserve_iterations_total", "Engine iterations run.", 0, NULL);
+    s->m_images =
+        metrics_counter(m, "arserve_images_total", "Images finished, by outcome.", 1, status);
+    s->m_refused = metrics_counter(m, "arserve_admissions_refused_total",
+                                   "Requests refused at submission, by reason.", 1, reason);
+    s->m_cancelled = metrics_counter(m, "arserve_requests_cancelled_total",
+                                     "Requests cancelled because the client went away.", 0, NULL);
     s->m_kv_capacity = metrics_gauge(m, "arserve_kv_pool_capacity_bytes", "KV pool size.", 0, NULL);
-    s->m_kv_reserved = metrics_gauge(m, "arserve_kv_pool_reserved_bytes", "KV bytes the planner has reserved for running requests.", 0, NULL);
-    s->m_kv_used = metrics_gauge(m, "arserve_kv_pool_used_bytes", "KV bytes in pool blocks in use now (cached tokens and the rest of each head's last block).", 0, NULL);
-    s->m_kv_overruns = metrics_counter(m, "arserve_kv_plan_overruns_total", "Engine iterations whose KV pool use passed the planner's reservation (a bug).", 0, NULL);
+    s->m_kv_reserved =
+        metrics_gauge(m, "arserve_kv_pool_reserved_bytes",
+                      "KV bytes the planner has reserved for running requests.", 0, NULL);
+    s->m_kv_used = metrics_gauge(m, "arserve_kv_pool_used_bytes",
+                                 "KV bytes in pool blocks in use now (cached tokens and the rest "
+                                 "of each head's last block).",
+                                 0, NULL);
+    s->m_kv_overruns = metrics_counter(
+        m, "arserve_kv_plan_overruns_total",
+        "Engine iterations whose KV pool use passed the planner's reservation (a bug).", 0, NULL);
     metric_set(s->m_kv_capacity, (double)kv_pool_capacity_bytes(&s->pool));
     metric_set(s->m_kv_reserved, 0);
     metric_set(s->m_kv_used, 0);
@@ -750,7 +805,8 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
     int bt = opt->kv_block_tokens > 0 ? opt->kv_block_tokens : planner_block_tokens(c);
     size_t block = kv_pool_block_bytes(bt, c->llm.head_dim);
     size_t n_blocks = opt->kv_pool_bytes / block;
-    if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
+    if (n_blocks > INT32_MAX)
+        n_blocks = INT32_MAX;
     if (kv_pool_init(&s->pool, model->be, (int)n_blocks, bt, c->llm.head_dim, err) != AR_OK) {
         ar_error_prefix(err, "--kv-pool-mb (%zu bytes, blocks of %zu)", opt->kv_pool_bytes, block);
         free(s->waiting);
@@ -784,7 +840,8 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
 }
 
 void scheduler_stop(scheduler_t *s) {
-    if (!s || s->joined) return;
+    if (!s || s->joined)
+        return;
     pthread_mutex_lock(&s->mu);
     s->stop = 1;
     pthread_cond_signal(&s->wake);
@@ -794,12 +851,14 @@ void scheduler_stop(scheduler_t *s) {
     s->png_stop = 1;
     pthread_cond_broadcast(&s->png_wake);
     pthread_mutex_unlock(&s->png_mu);
-    for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
+    for (int i = 0; i < s->n_workers; i++)
+        pthread_join(s->workers[i], NULL);
     s->joined = 1;
 }
 
 void scheduler_destroy(scheduler_t *s) {
-    if (!s) return;
+    if (!s)
+        return;
     scheduler_stop(s);
     planner_free(&s->planner);
     kv_pool_free(&s->pool);

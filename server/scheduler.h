@@ -37,7 +37,7 @@ typedef struct sched_job {
     int *cond, *uncond;
     sampler_params_t params;
     kv_policy_params_t kv_policy; /* policy, budget and knobs; full until the API sets them */
-    size_t kv_planned_peak_bytes;  /* one image's peak as planned (set by sched_submit) */
+    size_t kv_planned_peak_bytes; /* one image's peak as planned (set by sched_submit) */
     uint64_t seed;
     int partial_images; /* previews wanted per image (streaming) */
     double t_submit, deadline;
@@ -49,12 +49,12 @@ typedef struct sched_job {
     /* shared */
     job_state_t state;
     int steps_done, steps_total;
-    int n_partials;                                    /* previews published so far, per image */
-    char *partial_b64[SCHED_MAX_PARTIALS * 64];       /* [partial * n_images + image] */
-    uint8_t **png;                                     /* n_images PNGs once DONE */
+    int n_partials;                             /* previews published so far, per image */
+    char *partial_b64[SCHED_MAX_PARTIALS * 64]; /* [partial * n_images + image] */
+    uint8_t **png;                              /* n_images PNGs once DONE */
     size_t *png_len;
     int png_pending;
-    api_error_t error; /* when FAILED */
+    api_error_t error;    /* when FAILED */
     size_t kv_peak_bytes; /* measured: the most KV one of its images held (set at ENCODING) */
 
     /* engine thread only */
@@ -64,11 +64,11 @@ typedef struct sched_job {
 } sched_job_t;
 
 typedef struct sched_options {
-    int max_running;     /* images stepping at once */
-    int max_waiting;     /* jobs waiting for admission before 429 */
+    int max_running; /* images stepping at once */
+    int max_waiting; /* jobs waiting for admission before 429 */
     double request_timeout_s;
-    size_t kv_pool_bytes;   /* rounded down to whole blocks */
-    int kv_block_tokens;    /* tokens per pool block; 0: planner_block_tokens(model) */
+    size_t kv_pool_bytes; /* rounded down to whole blocks */
+    int kv_block_tokens;  /* tokens per pool block; 0: planner_block_tokens(model) */
     int png_workers;
     int retry_after_s;
 } sched_options_t;

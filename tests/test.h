@@ -11,53 +11,53 @@
 static int test_failures_in_current;
 static int test_passed, test_failed;
 
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "  FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);         \
-            test_failures_in_current++;                                               \
-        }                                                                             \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "  FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                      \
+            test_failures_in_current++;                                                            \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_MSG(cond, ...)                                                          \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);         \
-            fprintf(stderr, __VA_ARGS__);                                             \
-            fputc('\n', stderr);                                                      \
-            test_failures_in_current++;                                               \
-        }                                                                             \
+#define CHECK_MSG(cond, ...)                                                                       \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                      \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+            test_failures_in_current++;                                                            \
+        }                                                                                          \
     } while (0)
 
 /* |a - b| <= abs_tol + |b| * rel_tol */
-#define CHECK_NEAR(a, b, abs_tol, rel_tol)                                            \
-    do {                                                                              \
-        double a_ = (a), b_ = (b);                                                    \
-        if (!(fabs(a_ - b_) <= (abs_tol) + fabs(b_) * (rel_tol))) {                   \
-            fprintf(stderr, "  FAIL %s:%d: %s = %.9g, expected %.9g\n", __FILE__,     \
-                    __LINE__, #a, a_, b_);                                            \
-            test_failures_in_current++;                                               \
-        }                                                                             \
+#define CHECK_NEAR(a, b, abs_tol, rel_tol)                                                         \
+    do {                                                                                           \
+        double a_ = (a), b_ = (b);                                                                 \
+        if (!(fabs(a_ - b_) <= (abs_tol) + fabs(b_) * (rel_tol))) {                                \
+            fprintf(stderr, "  FAIL %s:%d: %s = %.9g, expected %.9g\n", __FILE__, __LINE__, #a,    \
+                    a_, b_);                                                                       \
+            test_failures_in_current++;                                                            \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_STR_CONTAINS(haystack, needle)                                          \
-    CHECK_MSG(strstr((haystack), (needle)) != NULL, "\"%s\" does not contain \"%s\"", \
-              (haystack), (needle))
+#define CHECK_STR_CONTAINS(haystack, needle)                                                       \
+    CHECK_MSG(strstr((haystack), (needle)) != NULL, "\"%s\" does not contain \"%s\"", (haystack),  \
+              (needle))
 
-#define TEST_RUN(fn)                                                                  \
-    do {                                                                              \
-        test_failures_in_current = 0;                                                 \
-        fn();                                                                         \
-        if (test_failures_in_current) {                                               \
-            test_failed++;                                                            \
-            fprintf(stderr, "not ok  %s\n", #fn);                                     \
-        } else {                                                                      \
-            test_passed++;                                                            \
-            fprintf(stderr, "ok      %s\n", #fn);                                     \
-        }                                                                             \
+#define TEST_RUN(fn)                                                                               \
+    do {                                                                                           \
+        test_failures_in_current = 0;                                                              \
+        fn();                                                                                      \
+        if (test_failures_in_current) {                                                            \
+            test_failed++;                                                                         \
+            fprintf(stderr, "not ok  %s\n", #fn);                                                  \
+        } else {                                                                                   \
+            test_passed++;                                                                         \
+            fprintf(stderr, "ok      %s\n", #fn);                                                  \
+        }                                                                                          \
     } while (0)
 
-#define TEST_SUMMARY()                                                                \
+#define TEST_SUMMARY()                                                                             \
     (printf("%d passed, %d failed\n", test_passed, test_failed), test_failed ? 1 : 0)
 
 #endif

@@ -361,7 +361,8 @@ static void test_rope_2d_llamagen_layout(void) {
                         const size_t i = ((size_t)r * n_heads + h) * hd + 2 * j;
                         const int f = j % quarter, p = j < quarter ? pos[r][0] : pos[r][1];
                         const double a = p * pow(10000.0, -2.0 * f / half);
-                        const double c = pos[r][0] < 0 ? 0 : cos(a), sn = pos[r][0] < 0 ? 0 : sin(a);
+                        const double c = pos[r][0] < 0 ? 0 : cos(a),
+                                     sn = pos[r][0] < 0 ? 0 : sin(a);
                         ref[i] = x[i] * c - x[i + 1] * sn;
                         ref[i + 1] = x[i + 1] * c + x[i] * sn;
                     }

@@ -43,7 +43,8 @@ static void test_prompt_rows(void) {
     CHECK(cond[1] == tokenizer_token_id(m.tok, "<|User|>"));
     CHECK(cond[3] == tokenizer_token_id(m.tok, "a") && cond[4] == tokenizer_token_id(m.tok, "red"));
     CHECK(uncond[0] == m.bos_id && uncond[n - 1] == m.image_start_id);
-    for (int i = 1; i < n - 1; i++) CHECK(uncond[i] == m.pad_id);
+    for (int i = 1; i < n - 1; i++)
+        CHECK(uncond[i] == m.pad_id);
     model_free(&m);
 }
 
@@ -55,7 +56,8 @@ static void run_alone(model_t *m, kv_pool_t *pool, const int *cond, const int *u
     CHECK_MSG(gen_request_init(&r, m, pool, NULL, cond, uncond, n, &sp, seed, 0, &err) == AR_OK,
               "%s", err.msg);
     gen_request_t *b[] = {&r};
-    while (!gen_request_done(&r)) CHECK(gen_step(b, 1, &err) == AR_OK);
+    while (!gen_request_done(&r))
+        CHECK(gen_step(b, 1, &err) == AR_OK);
     memcpy(tokens_out, r.tokens, (size_t)r.n_steps * sizeof(int));
     gen_request_free(&r);
 }
@@ -72,7 +74,8 @@ static void test_seed_reproduces_in_any_batch(void) {
     int steps = m.cfg.image.grid_height * m.cfg.image.grid_width;
     int *alone = malloc((size_t)4 * steps * sizeof(int));
     kv_pool_t *pool = pool_new(&m, 4);
-    for (int k = 0; k < 4; k++) run_alone(&m, pool, cond, uncond, n, 100 + k, alone + k * steps);
+    for (int k = 0; k < 4; k++)
+        run_alone(&m, pool, cond, uncond, n, 100 + k, alone + k * steps);
     /* Same four seeds, joining at iterations 0, 2, 5 and 9 of one batch. */
     gen_request_t r[4];
     sampler_params_t sp = m.cfg.sampling;
@@ -84,9 +87,11 @@ static void test_seed_reproduces_in_any_batch(void) {
         int nb = 0, left = 0;
         for (int k = 0; k < 4; k++) {
             left += !gen_request_done(&r[k]);
-            if (iter >= joins[k] && !gen_request_done(&r[k])) b[nb++] = &r[k];
+            if (iter >= joins[k] && !gen_request_done(&r[k]))
+                b[nb++] = &r[k];
         }
-        if (!left) break;
+        if (!left)
+            break;
         CHECK(gen_step(b, nb, &err) == AR_OK);
     }
     for (int k = 0; k < 4; k++) {
@@ -105,17 +110,20 @@ static void test_seed_reproduces_in_any_batch(void) {
 /* Copies the tiny model to a temp dir with one substitution in arserve.json. */
 static void broken_copy(char *dir, const char *from, const char *to) {
     strcpy(dir, "/tmp/arserve-test-XXXXXX");
-    if (!mkdtemp(dir)) abort();
+    if (!mkdtemp(dir))
+        abort();
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "cp '%s'/* '%s'/ && sed -i 's|%s|%s|' '%s/arserve.json'", tiny, dir,
              from, to, dir);
-    if (system(cmd) != 0) abort();
+    if (system(cmd) != 0)
+        abort();
 }
 
 static void remove_dir(const char *dir) {
     char cmd[1100];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
 }
 
 static void test_broken_models_name_the_problem(void) {
@@ -139,7 +147,8 @@ static void test_broken_models_name_the_problem(void) {
         CHECK_MSG(rc == AR_ERR, "case %zu loaded", i);
         CHECK_STR_CONTAINS(err.msg, cases[i].want);
         CHECK_STR_CONTAINS(err.msg, dir);
-        if (rc == AR_OK) model_free(&m);
+        if (rc == AR_OK)
+            model_free(&m);
         remove_dir(dir);
     }
 }

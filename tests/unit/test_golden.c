@@ -92,20 +92,27 @@ static int load(void) {
     g.vocab = c->image.codebook_size;
     g.height = model_config_image_height(c);
     g.width = model_config_image_width(c);
-    if (!(t = safetensors_find(&g.st, "cond_ids")) || t->dtype != DTYPE_I32) goto bad;
+    if (!(t = safetensors_find(&g.st, "cond_ids")) || t->dtype != DTYPE_I32)
+        goto bad;
     g.n_prompt = (int)t->shape[0];
     g.cond_ids = copy_i32(t->data, g.n_prompt);
-    if (safetensors_get_any(&g.st, "uncond_ids", 1, (int64_t[]){g.n_prompt}, &t, &err)) goto bad;
+    if (safetensors_get_any(&g.st, "uncond_ids", 1, (int64_t[]){g.n_prompt}, &t, &err))
+        goto bad;
     g.uncond_ids = copy_i32(t->data, g.n_prompt);
-    if (safetensors_get_any(&g.st, "greedy_tokens", 1, (int64_t[]){g.n_steps}, &t, &err)) goto bad;
+    if (safetensors_get_any(&g.st, "greedy_tokens", 1, (int64_t[]){g.n_steps}, &t, &err))
+        goto bad;
     g.greedy = copy_i32(t->data, g.n_steps);
-    if (safetensors_get(&g.st, "cond_logits", 2, (int64_t[]){g.n_steps, g.vocab}, &t, &err)) goto bad;
+    if (safetensors_get(&g.st, "cond_logits", 2, (int64_t[]){g.n_steps, g.vocab}, &t, &err))
+        goto bad;
     g.cond_logits = t->data;
-    if (safetensors_get(&g.st, "uncond_logits", 2, (int64_t[]){g.n_steps, g.vocab}, &t, &err)) goto bad;
+    if (safetensors_get(&g.st, "uncond_logits", 2, (int64_t[]){g.n_steps, g.vocab}, &t, &err))
+        goto bad;
     g.uncond_logits = t->data;
-    if (safetensors_get(&g.st, "pixels_f32", 3, (int64_t[]){3, g.height, g.width}, &t, &err)) goto bad;
+    if (safetensors_get(&g.st, "pixels_f32", 3, (int64_t[]){3, g.height, g.width}, &t, &err))
+        goto bad;
     g.pixels_f32 = t->data;
-    if (safetensors_get_any(&g.st, "pixels", 3, (int64_t[]){g.height, g.width, 3}, &t, &err)) goto bad;
+    if (safetensors_get_any(&g.st, "pixels", 3, (int64_t[]){g.height, g.width, 3}, &t, &err))
+        goto bad;
     g.pixels = t->data;
     const char *cfg = safetensors_metadata(&g.st, "cfg");
     g.cfg = cfg ? strtof(cfg, NULL) : 5.0f;
@@ -119,13 +126,15 @@ static void test_prompt_rows_match_reference(void) {
     /* The engine builds the unconditional row itself from the conditional one. */
     int cond[MODEL_MAX_PROMPT_TOKENS], uncond[MODEL_MAX_PROMPT_TOKENS], n = 0;
     int ids[MODEL_MAX_PROMPT_TOKENS];
-    for (int i = 1; i < g.n_prompt - 1; i++) ids[i - 1] = g.cond_ids[i];
+    for (int i = 1; i < g.n_prompt - 1; i++)
+        ids[i - 1] = g.cond_ids[i];
     ar_error_t err = {{0}};
     CHECK_MSG(model_prompt_from_ids(&model, ids, g.n_prompt - 2, cond, uncond, &n, &err) == AR_OK,
               "%s", err.msg);
     CHECK(n == g.n_prompt);
     for (int i = 0; i < n && i < g.n_prompt; i++) {
-        CHECK_MSG(cond[i] == g.cond_ids[i], "cond[%d] = %d, reference %d", i, cond[i], g.cond_ids[i]);
+        CHECK_MSG(cond[i] == g.cond_ids[i], "cond[%d] = %d, reference %d", i, cond[i],
+                  g.cond_ids[i]);
         CHECK_MSG(uncond[i] == g.uncond_ids[i], "uncond[%d] = %d, reference %d", i, uncond[i],
                   g.uncond_ids[i]);
     }
@@ -154,8 +163,10 @@ static double step_error(const gen_request_t *r) {
     for (int j = 0; j < g.vocab; j++) {
         double e1 = fabs(r->logits[j] - g.cond_logits[(size_t)s * g.vocab + j]);
         double e2 = fabs(r->logits[g.vocab + j] - g.uncond_logits[(size_t)s * g.vocab + j]);
-        if (e1 > worst || isnan(e1)) worst = isnan(e1) ? INFINITY : e1;
-        if (e2 > worst || isnan(e2)) worst = isnan(e2) ? INFINITY : e2;
+        if (e1 > worst || isnan(e1))
+            worst = isnan(e1) ? INFINITY : e1;
+        if (e2 > worst || isnan(e2))
+            worst = isnan(e2) ? INFINITY : e2;
     }
     return worst;
 }
@@ -174,7 +185,8 @@ static void test_teacher_forced_logits_match(void) {
         CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
         double e = step_error(&r);
         CHECK_MSG(e <= LOGIT_TOL, "step %d: logits differ by %g", r.step - 1, e);
-        if (e > worst) worst = e;
+        if (e > worst)
+            worst = e;
     }
     printf("largest logit error over %d steps x 2 rows x %d: %.3g\n", g.n_steps, g.vocab, worst);
     gen_request_free(&r);
@@ -189,10 +201,12 @@ static void test_greedy_tokens_match(void) {
     }
     gen_request_t *batch[] = {&r};
     ar_error_t err = {{0}};
-    while (!gen_request_done(&r)) CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
+    while (!gen_request_done(&r))
+        CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
     int first_diff = -1;
     for (int i = 0; i < g.n_steps && first_diff < 0; i++)
-        if (r.tokens[i] != g.greedy[i]) first_diff = i;
+        if (r.tokens[i] != g.greedy[i])
+            first_diff = i;
     CHECK_MSG(first_diff < 0, "greedy token %d: engine %d, reference %d", first_diff,
               r.tokens[first_diff < 0 ? 0 : first_diff], g.greedy[first_diff < 0 ? 0 : first_diff]);
     gen_request_free(&r);
@@ -214,12 +228,15 @@ static void test_ragged_batch_matches(void) {
     while (!gen_request_done(&a) || !gen_request_done(&b)) {
         gen_request_t *batch[2];
         int n = 0;
-        if (!gen_request_done(&a)) batch[n++] = &a;
-        if (iter >= 3 && !gen_request_done(&b)) batch[n++] = &b;
+        if (!gen_request_done(&a))
+            batch[n++] = &a;
+        if (iter >= 3 && !gen_request_done(&b))
+            batch[n++] = &b;
         CHECK_MSG(gen_step(batch, n, &err) == AR_OK, "%s", err.msg);
         for (int i = 0; i < n; i++) {
             double e = step_error(batch[i]);
-            if (e > worst) worst = e;
+            if (e > worst)
+                worst = e;
         }
         iter++;
     }
@@ -245,15 +262,16 @@ static void test_greedy_full_policy_through_pool_matches(void) {
         }
         gen_request_t *batch[] = {&r};
         ar_error_t err = {{0}};
-        while (!gen_request_done(&r)) CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
+        while (!gen_request_done(&r))
+            CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
         CHECK_MSG(kv_pool_blocks_in_use(&p) == p.n_blocks,
                   "block_tokens %d: %d of %d blocks in use at the end", sizes[c],
                   kv_pool_blocks_in_use(&p), p.n_blocks);
         int first_diff = -1;
         for (int i = 0; i < g.n_steps && first_diff < 0; i++)
-            if (r.tokens[i] != g.greedy[i]) first_diff = i;
-        CHECK_MSG(first_diff < 0, "block_tokens %d: greedy token %d differs", sizes[c],
-                  first_diff);
+            if (r.tokens[i] != g.greedy[i])
+                first_diff = i;
+        CHECK_MSG(first_diff < 0, "block_tokens %d: greedy token %d differs", sizes[c], first_diff);
         gen_request_free(&r);
         CHECK(kv_pool_blocks_in_use(&p) == 0 && p.bad_frees == 0);
         kv_pool_free(&p);
@@ -266,15 +284,18 @@ static void test_decoded_pixels_match(void) {
     float *f = malloc(n * sizeof *f);
     ar_error_t err = {{0}};
     int *tokens = malloc((size_t)g.n_steps * sizeof *tokens);
-    for (int i = 0; i < g.n_steps; i++) tokens[i] = g.greedy[i];
+    for (int i = 0; i < g.n_steps; i++)
+        tokens[i] = g.greedy[i];
     CHECK_MSG(vq_decode(&model.dec, tokens, rgb, f, &err) == AR_OK, "%s", err.msg);
     int worst = 0;
     double worst_f = 0;
     for (size_t i = 0; i < n; i++) {
         int d = abs((int)rgb[i] - (int)g.pixels[i]);
-        if (d > worst) worst = d;
+        if (d > worst)
+            worst = d;
         double e = fabs(f[i] - g.pixels_f32[i]);
-        if (e > worst_f || isnan(e)) worst_f = isnan(e) ? INFINITY : e;
+        if (e > worst_f || isnan(e))
+            worst_f = isnan(e) ? INFINITY : e;
     }
     printf("decoder: largest pixel difference %d/255, largest float error %.3g\n", worst, worst_f);
     CHECK_MSG(worst <= 1, "pixels differ by %d", worst);

@@ -351,7 +351,8 @@ static void test_scheduler_measured_use_within_plan(void) {
         metrics_destroy(metrics);
         return;
     }
-    CHECK(sched_kv_capacity_bytes(s) == one_full && sched_image_peak_bytes(s, &full, n_prompt) == one_full);
+    CHECK(sched_kv_capacity_bytes(s) == one_full &&
+          sched_image_peak_bytes(s, &full, n_prompt) == one_full);
     sampler_params_t sp = model.cfg.sampling;
     enum { JOBS = 5 };
     static const int images[JOBS] = {1, 2, 1, 1, 1};

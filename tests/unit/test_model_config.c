@@ -14,7 +14,8 @@ static const char *VALID =
     "  \"aligner_layers\": 2, \"head_hidden_size\": 64},"
     " \"decoder\": {\"type\": \"vq16\", \"latent_channels\": 32, \"base_channels\": 32,"
     "  \"channel_multiplier\": [1, 2, 2], \"num_res_blocks\": 1, \"out_channels\": 3},"
-    " \"prompt\": {\"template\": \"<|User|>: {prompt}\\n\\n<|Assistant|>:\", \"bos_token\": \"<bos>\","
+    " \"prompt\": {\"template\": \"<|User|>: {prompt}\\n\\n<|Assistant|>:\", \"bos_token\": "
+    "\"<bos>\","
     "  \"pad_token\": \"<pad>\", \"image_start_token\": \"<boi>\"},"
     " \"sampling\": {\"cfg\": 5.0, \"temperature\": 1.0, \"top_k\": 0, \"top_p\": 1.0}}";
 
@@ -90,7 +91,8 @@ static void test_mistakes_name_the_key(void) {
         {"[1, 2, 2]", "[]", "'decoder.channel_multiplier' must be an array"},
         {"\"format_version\": 1", "\"format_version\": 2", "'format_version' is 2"},
         {"\"llm\": {", "\"llm\": [{", "not valid JSON"},
-        {"\"name\": \"t\",", "\"name\": \"t\", \"weights\": [\"../x.safetensors\"],", "'weights[0]'"},
+        {"\"name\": \"t\",", "\"name\": \"t\", \"weights\": [\"../x.safetensors\"],",
+         "'weights[0]'"},
         {"\"name\": \"t\",", "\"name\": \"t\", \"name\": \"u\",", "duplicate key 'name'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -88,11 +88,13 @@ static void test_random_traces_never_overflow(void) {
             if (n) {
                 int fits = planner_fits(&p, traj, n);
                 int really = 1;
-                for (int i = 0; i < n; i++) really &= load[now + i] + traj[i] <= pool;
+                for (int i = 0; i < n; i++)
+                    really &= load[now + i] + traj[i] <= pool;
                 CHECK(fits == really);
                 if (fits) {
                     planner_add(&p, (uint64_t)now, traj, n);
-                    for (int i = 0; i < n; i++) load[now + i] += traj[i];
+                    for (int i = 0; i < n; i++)
+                        load[now + i] += traj[i];
                 }
             }
             CHECK(planner_reserved_now(&p) == load[now]);
