@@ -268,10 +268,11 @@ def test_second_signal_exits_at_once(start_daemon):
 # ---- the per-request deadline ---------------------------------------------
 
 def test_request_deadline_fails_the_request_and_frees_its_kv(start_daemon):
-    d = start_daemon(SLOW_MODEL, [*SLOW_ARGS, "--request-timeout-s", "1"])
+    d = start_daemon(SLOW_MODEL, [*SLOW_ARGS, "--request-timeout-s", "1", "--max-n", "8"])
     t0 = time.monotonic()
-    # Two images: several seconds of work against a one-second deadline.
-    r = d.client.post(GEN, json={"prompt": "a red circle", "seed": 1, "n": 2})
+    # Eight images: several seconds of work (about 4 s on one core of the
+    # 2-core CI machine) against a one-second deadline.
+    r = d.client.post(GEN, json={"prompt": "a red circle", "seed": 1, "n": 8})
     assert time.monotonic() - t0 < 4.0, "the deadline did not cut the request short"
     assert r.status_code == 504, r.text
     err = r.json()["error"]
@@ -280,5 +281,74 @@ def test_request_deadline_fails_the_request_and_frees_its_kv(start_daemon):
     m = d.wait_metrics(lambda m: m.get("arserve_requests_running") == 0
                        and m.get("arserve_kv_pool_reserved_bytes") == 0,
                        what="the expired request's KV to be freed")
-    assert m.get("arserve_images_total", status="timeout") == 2
+    assert m.get("arserve_images_total", status="timeout") == 8
     assert m.get("arserve_images_total", status="ok") == 0
+
+
+# ---- requests that could never run are refused at once ---------------------
+
+def refused_at_once(d, body, code):
+    """body is refused with a 400 naming n, without waiting in the queue (a
+    request that can never be admitted would block the queue's head until
+    its deadline: the short client timeout turns that into a failure)."""
+    r = d.client.post(GEN, json=body, timeout=5)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "n" and err["code"] == code, err
+    return err
+
+
+def test_request_larger_than_the_pool_is_refused_at_once(start_daemon):
+    # The slow model's full-cache image holds about 9 MiB of KV: a 16 MiB
+    # pool runs one image at a time and can never hold two together.
+    d = start_daemon(SLOW_MODEL, [*SLOW_ARGS, "--kv-pool-mb", "16"])
+    a = post_in_thread(d, {"prompt": "a red circle", "seed": 1})
+    d.wait_metrics(running_is(1), what="request A running")
+    err = refused_at_once(d, {"prompt": "a red circle", "seed": 2, "n": 2}, "kv_pool_too_small")
+    assert "KV cache" in err["message"], err
+    # A request behind the refused one is served as usual.
+    r = d.client.post(GEN, json={"prompt": "a red circle", "seed": 3})
+    assert r.status_code == 200, r.text
+    assert joined(*a).status_code == 200
+    m = d.metrics()
+    assert m.get("arserve_admissions_refused_total", reason="too_large") == 1
+    assert m.get("arserve_images_total", status="ok") == 2
+
+
+def test_more_images_than_max_running_is_refused_at_once(start_daemon):
+    d = start_daemon(SLOW_MODEL, [*SLOW_ARGS, "--max-running", "2"])
+    a = post_in_thread(d, {"prompt": "a red circle", "seed": 1, "n": 2})
+    d.wait_metrics(running_is(1), what="request A running")
+    err = refused_at_once(d, {"prompt": "a red circle", "seed": 2, "n": 3}, "too_many_images")
+    assert "2 images" in err["message"], err
+    r = d.client.post(GEN, json={"prompt": "a red circle", "seed": 3})
+    assert r.status_code == 200, r.text
+    assert joined(*a).status_code == 200
+    assert d.metrics().get("arserve_admissions_refused_total", reason="too_large") == 1
+
+
+# ---- a queued stream is kept alive -------------------------------------------
+
+def test_stream_queued_behind_a_long_request_gets_keep_alives(start_daemon):
+    # Sixteen images fill every running slot for about 7 s; a stream that
+    # arrives meanwhile waits in the queue, and its connection must not look
+    # dead to proxies and clients: SSE comments every 2 s until it starts.
+    d = start_daemon(SLOW_MODEL, [*SLOW_ARGS, "--max-n", "16", "--max-running", "16"])
+    a = post_in_thread(d, {"prompt": "a red circle", "seed": 1, "n": 16})
+    d.wait_metrics(running_is(1), what="the long request running")
+    comments, first_event, waiting_seen = [], None, False
+    with d.client.stream("POST", GEN, json={"prompt": "a red circle", "seed": 2,
+                                           "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith(":"):
+                comments.append(line)
+                waiting_seen |= d.metrics().get("arserve_requests_waiting") == 1
+                continue
+            if line.startswith("event:"):
+                first_event = line
+                break
+    assert first_event is not None, "the stream ended without an event"
+    assert comments and all(c == ": keep-alive" for c in comments), comments
+    assert waiting_seen, "no keep-alive arrived while the stream was queued"
+    assert joined(*a).status_code == 200

@@ -728,6 +728,41 @@ static void test_ste_keeps_long_range_tokens(void) {
     }
 }
 
+/* STE splits the L historical tokens into the older long range and the
+ * newer near range of round(alpha * L) tokens, half up (docs/kv-policies.md):
+ * with alpha 1/2 and L = 5 the near range is the newest 3, not 2 (floor, or
+ * rounding half to even, would make it 2). Each range keeps its best by
+ * score, so where the boundary falls decides which tokens survive. */
+static void test_ste_near_range_rounds_half_up(void) {
+    /* 4 x 4, prefix 2; G = 3, buffer 1, no recent lines: grouping at step 5
+     * sees V = 5 historical tokens and keeps H = 2, one per range. */
+    kv_geometry_t g = geom(2, 4, 4, 1, 1);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    p.budget = 3.0 / 16;
+    p.headkv_buffer = 1;
+    p.headkv_recent_lines = 0;
+    p.headkv_local_window = 0; /* never local: the head stays global */
+    p.headkv_group_tokens = 5;
+    p.headkv_alpha = 0.5;
+    ar_error_t err = {{0}};
+    kv_policy_state_t *s = kv_policy_begin(&p, &g, &err);
+    CHECK_MSG(s != NULL, "%s", err.msg);
+    if (!s)
+        return;
+    /* image tokens 0..4 score 5, 1, 10, 3, 0: long range {0, 1} keeps 0,
+     * near range {2, 3, 4} keeps 2 (with a near range of 2: 2 and 3). */
+    const float mass[7] = {0, 0, 5, 1, 10, 3, 0};
+    int keep[7], n_keep = -1;
+    const int what = kv_policy_step_end(s, 5, 0, 0, 7, mass, keep, &n_keep);
+    CHECK(what == (KV_COMPACT | KV_RESET_MASS));
+    CHECK_MSG(n_keep == 4, "kept %d", n_keep);
+    const int want[4] = {0, 1, 2 + 0, 2 + 2};
+    for (int i = 0; i < 4 && n_keep == 4; i++)
+        CHECK_MSG(keep[i] == want[i], "keep[%d] = %d, expected %d", i, keep[i], want[i]);
+    kv_policy_end(s);
+}
+
 static void random_params(rng_t *r, kv_policy_params_t *p, kv_geometry_t *g) {
     *g = geom(rng_int(r, 1, 12), rng_int(r, 1, 10), rng_int(r, 1, 12), rng_int(r, 1, 2),
               rng_int(r, 1, 3));
@@ -958,6 +993,7 @@ int main(void) {
     TEST_RUN(test_headkv_classifies_heads);
     TEST_RUN(test_headkv_collect_schedule);
     TEST_RUN(test_ste_keeps_long_range_tokens);
+    TEST_RUN(test_ste_near_range_rounds_half_up);
     TEST_RUN(test_trajectory_bounds_random_runs);
     TEST_RUN(test_knob_table_and_check_fields);
     TEST_RUN(test_validate_messages);
