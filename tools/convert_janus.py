@@ -151,6 +151,11 @@ def llm_section(text: dict, where: str) -> dict:
     _require(not t["attention_bias"], f"{where}: attention_bias is set; the engine has no attention biases")
     _require(not t["mlp_bias"], f"{where}: mlp_bias is set; the engine has no MLP biases")
     _require(heads % kv == 0, f"{where}: {heads} heads is not a multiple of {kv} key/value heads")
+    # The engine's own words (engine/model_config.c), so that a checkpoint it
+    # would refuse at load is refused here, before any weight is read.
+    _require(kv == heads,
+             f"{where}: 'llm.num_kv_heads' ({kv}) differs from 'llm.num_heads' ({heads}): "
+             "grouped-query attention is not supported yet")
     return {
         "vocab_size": int(t["vocab_size"]),
         "hidden_size": hidden,
@@ -180,6 +185,13 @@ def arch_from_transformers(cfg: dict, where: str) -> dict:
         grid == image_size // patch_size,
         f"{where}: vq_config.num_patches ({grid}) differs from vision image_size/patch_size "
         f"({image_size}/{patch_size})",
+    )
+    n_image = vision.get("num_image_tokens")
+    _require(
+        n_image is None or int(n_image) == grid * grid,
+        f"{where}: vision_config.num_image_tokens ({n_image}) is not the {grid} x {grid} = "
+        f"{grid * grid} tokens of the generation grid (image_size {image_size} / patch_size "
+        f"{patch_size})",
     )
     _require(vq["hidden_act"] == "gelu",
              f"{where}: vq_config.hidden_act is {vq['hidden_act']!r}; expected 'gelu'")
