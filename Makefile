@@ -73,7 +73,7 @@ SERVER_SRC := $(wildcard server/*.c)
 ENGINE_OBJ := $(filter-out $(BUILD)/engine/backend_cuda.o,$(ENGINE_SRC:%.c=$(BUILD)/%.o))
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
 KERNEL_SRC := $(wildcard kernels/*.cu)
-KERNEL_HDR := $(wildcard kernels/*.h kernels/*.cuh) engine/dtype.h
+KERNEL_HDR := $(wildcard kernels/*.h kernels/*.cuh)
 
 # The CUDA backend: engine/backend_cuda.c (C, gcc) and kernels/*.cu (nvcc).
 NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \

@@ -25,6 +25,12 @@
 
 #include "kernels/kernels.h"
 
+/* A weight's storage type as the kernels take it: the same codes. */
+_Static_assert((int)KERN_F32 == (int)DTYPE_F32 && (int)KERN_F16 == (int)DTYPE_F16 &&
+                   (int)KERN_BF16 == (int)DTYPE_BF16,
+               "kern_dtype_t and dtype_t must share their float codes");
+static kern_dtype_t kern_type(dtype_t t) { return (kern_dtype_t)t; }
+
 /* Scratch for the GEMM operands (16-bit activation halves, im2col panels,
  * the two half-products) and GroupNorm's statistics; large ops run in
  * slices that fit. 64 MiB holds a 4096-wide decode batch of 1600 rows. */
@@ -385,7 +391,7 @@ static void cuda_matmul(backend_t *be, float *y, const float *x, const tensor_t 
     if (m == 0 || n == 0 || use_device(be) != AR_OK)
         return;
     const void *b_data = bias ? bias->data : NULL;
-    const dtype_t b_type = bias ? bias->dtype : DTYPE_F32;
+    const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
     if (k == 0) {
         CUDA_CHECK(be, kern_fill_bias(y, b_data, b_type, m, n, 0, impl->stream));
         return;
@@ -411,7 +417,7 @@ static void cuda_matmul(backend_t *be, float *y, const float *x, const tensor_t 
         char *halves = impl->scratch; /* [2 * rows, k]: hi rows, then lo rows */
         const size_t half_bytes = (size_t)2 * rows * k * 2;
         float *prod = (float *)(halves + ((half_bytes + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1)));
-        if (CUDA_CHECK(be, kern_split_16(halves, halves + (size_t)rows * k * 2, w->dtype,
+        if (CUDA_CHECK(be, kern_split_16(halves, halves + (size_t)rows * k * 2, kern_type(w->dtype),
                                          x + (size_t)r0 * k, (size_t)rows * k, impl->stream)) !=
             AR_OK)
             return;
@@ -430,7 +436,8 @@ static void cuda_rmsnorm(backend_t *be, float *y, const float *x, const tensor_t
                          int dim, float eps) {
     assert(tensor_numel(w) == dim && rows >= 0 && dim > 0);
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_rmsnorm(y, x, w->data, w->dtype, rows, dim, eps, impl_of(be)->stream));
+        CUDA_CHECK(be, kern_rmsnorm(y, x, w->data, kern_type(w->dtype), rows, dim, eps,
+                                    impl_of(be)->stream));
 }
 
 /* Positions go through the staging buffer, STAGING_INTS at a time. */
@@ -718,9 +725,9 @@ static void cuda_embedding(backend_t *be, float *out, const tensor_t *table, con
     for (int i0 = 0; i0 < n; i0 += (int)STAGING_INTS) {
         const int cnt = n - i0 < (int)STAGING_INTS ? n - i0 : (int)STAGING_INTS;
         const int *d_ids = stage_ints(be, ids + i0, (size_t)cnt);
-        if (!d_ids ||
-            CUDA_CHECK(be, kern_embedding(out + (size_t)i0 * dim, table->data, table->dtype, dim,
-                                          d_ids, cnt, l2_normalize, impl_of(be)->stream)) != AR_OK)
+        if (!d_ids || CUDA_CHECK(be, kern_embedding(out + (size_t)i0 * dim, table->data,
+                                                    kern_type(table->dtype), dim, d_ids, cnt,
+                                                    l2_normalize, impl_of(be)->stream)) != AR_OK)
             return;
     }
 }
@@ -750,7 +757,7 @@ static void cuda_conv2d(backend_t *be, float *out, const float *in, const tensor
     if (c_out == 0 || npix == 0 || use_device(be) != AR_OK)
         return;
     const void *b_data = bias ? bias->data : NULL;
-    const dtype_t b_type = bias ? bias->dtype : DTYPE_F32;
+    const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
     if (CUDA_CHECK(be, kern_fill_bias(out, b_data, b_type, c_out, npix, 1, impl->stream)) != AR_OK)
         return;
     const int kk = c_in * k * k;
@@ -774,8 +781,8 @@ static void cuda_conv2d(backend_t *be, float *out, const float *in, const tensor
     for (int64_t p0 = 0; p0 < npix; p0 += fit) {
         const int np = (int)(npix - p0 < fit ? npix - p0 : fit);
         char *lo = panel + (((size_t)kk * np * 2 + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1));
-        if (CUDA_CHECK(be, kern_im2col(panel, lo, w->dtype, in, c_in, h, w_, k, pad, wo, p0, np,
-                                       impl->stream)) != AR_OK)
+        if (CUDA_CHECK(be, kern_im2col(panel, lo, kern_type(w->dtype), in, c_in, h, w_, k, pad, wo,
+                                       p0, np, impl->stream)) != AR_OK)
             return;
         /* W [c_out, kk] times panel [kk, np] into out's columns p0.. (ld npix) */
         if (gemm_rowmajor(be, c_out, np, kk, w->data, kk, panel, np, 0, w->dtype, beta, out + p0,
@@ -797,8 +804,8 @@ static void cuda_groupnorm(backend_t *be, float *out, const float *in, const ten
         cuda_fail(be, "groupnorm: %d channels in %d groups need more than the scratch", c, groups);
         return;
     }
-    CUDA_CHECK(be, kern_groupnorm(out, in, gamma->data, beta->data, gamma->dtype, c, hw, groups,
-                                  eps, impl_of(be)->scratch, impl_of(be)->stream));
+    CUDA_CHECK(be, kern_groupnorm(out, in, gamma->data, beta->data, kern_type(gamma->dtype), c, hw,
+                                  groups, eps, impl_of(be)->scratch, impl_of(be)->stream));
 }
 
 static void cuda_upsample_nearest2x(backend_t *be, float *out, const float *in, int c, int h,
@@ -957,7 +964,7 @@ backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err
     CUBLAS_TRY(err, cublasSetWorkspace(impl->blas, workspace, BLAS_WORKSPACE_BYTES));
     /* A first launch: a GPU this build has no code for (CUDA_ARCHS) fails
      * here, at start-up, rather than at the first request. */
-    cudaError_t le = kern_fill_bias(impl->scratch, NULL, DTYPE_F32, 1, 1, 0, impl->stream);
+    cudaError_t le = kern_fill_bias(impl->scratch, NULL, KERN_F32, 1, 1, 0, impl->stream);
     if (le == cudaSuccess)
         le = cudaStreamSynchronize(impl->stream);
     if (le != cudaSuccess) {

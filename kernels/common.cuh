@@ -20,9 +20,9 @@
 /* Element i of a weight stored as dtype, as fp32. The branch is uniform
  * across a launch, so it costs no divergence. */
 static __device__ __forceinline__ float ld_weight(const void *p, int dtype, size_t i) {
-    if (dtype == DTYPE_BF16)
+    if (dtype == KERN_BF16)
         return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-    if (dtype == DTYPE_F16)
+    if (dtype == KERN_F16)
         return __half2float(((const __half *)p)[i]);
     return ((const float *)p)[i];
 }

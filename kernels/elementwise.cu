@@ -80,7 +80,7 @@ __global__ void fill_bias_kernel(float *y, const void *bias, int bias_dtype, int
     }
 }
 
-cudaError_t kern_fill_bias(float *y, const void *bias, dtype_t bias_dtype, int64_t rows,
+cudaError_t kern_fill_bias(float *y, const void *bias, kern_dtype_t bias_dtype, int64_t rows,
                            int64_t cols, int per_row, cudaStream_t stream) {
     const size_t n = (size_t)rows * (size_t)cols;
     if (rows <= 0 || cols <= 0)
@@ -94,14 +94,14 @@ template <typename T> __global__ void split_16_kernel(T *hi, T *lo, const float 
     GRID_STRIDE_LOOP(i, n) { split_store(hi, lo, i, x[i]); }
 }
 
-cudaError_t kern_split_16(void *hi, void *lo, dtype_t dtype, const float *x, size_t n,
+cudaError_t kern_split_16(void *hi, void *lo, kern_dtype_t dtype, const float *x, size_t n,
                           cudaStream_t stream) {
     if (n == 0)
         return cudaSuccess;
-    if (dtype == DTYPE_BF16)
+    if (dtype == KERN_BF16)
         AR_LAUNCH(split_16_kernel<__nv_bfloat16>, grid_for(n), AR_BLOCK, 0, stream,
                   (__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, n);
-    else if (dtype == DTYPE_F16)
+    else if (dtype == KERN_F16)
         AR_LAUNCH(split_16_kernel<__half>, grid_for(n), AR_BLOCK, 0, stream, (__half *)hi,
                   (__half *)lo, x, n);
     else
@@ -120,7 +120,7 @@ __global__ void add_pair_bias_kernel(float *y, const float *a, const float *b, c
 }
 
 cudaError_t kern_add_pair_bias(float *y, const float *a, const float *b, const void *bias,
-                               dtype_t bias_dtype, int rows, int cols, cudaStream_t stream) {
+                               kern_dtype_t bias_dtype, int rows, int cols, cudaStream_t stream) {
     const size_t n = (size_t)rows * (size_t)cols;
     if (rows <= 0 || cols <= 0)
         return cudaSuccess;

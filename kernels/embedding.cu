@@ -22,7 +22,7 @@ __global__ void embedding_kernel(float *out, const void *table, int table_dtype,
         o[j] /= norm;
 }
 
-cudaError_t kern_embedding(float *out, const void *table, dtype_t table_dtype, int dim,
+cudaError_t kern_embedding(float *out, const void *table, kern_dtype_t table_dtype, int dim,
                            const int *ids, int n, int l2_normalize, cudaStream_t stream) {
     if (n <= 0 || dim <= 0)
         return cudaSuccess;

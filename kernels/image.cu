@@ -20,18 +20,18 @@ __global__ void im2col_kernel(T *hi, T *lo, const float *in, int h, int w, int k
     }
 }
 
-cudaError_t kern_im2col(void *hi, void *lo, dtype_t dtype, const float *in, int c_in, int h, int w,
-                        int k, int pad, int wo, int64_t p0, int np, cudaStream_t stream) {
+cudaError_t kern_im2col(void *hi, void *lo, kern_dtype_t dtype, const float *in, int c_in, int h,
+                        int w, int k, int pad, int wo, int64_t p0, int np, cudaStream_t stream) {
     const size_t n = (size_t)c_in * k * k * (size_t)np;
     if (n == 0)
         return cudaSuccess;
-    if (dtype == DTYPE_F32)
+    if (dtype == KERN_F32)
         AR_LAUNCH(im2col_kernel<float>, grid_for(n), AR_BLOCK, 0, stream, (float *)hi, (float *)lo,
                   in, h, w, k, pad, wo, p0, np, n);
-    else if (dtype == DTYPE_BF16)
+    else if (dtype == KERN_BF16)
         AR_LAUNCH(im2col_kernel<__nv_bfloat16>, grid_for(n), AR_BLOCK, 0, stream,
                   (__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, in, h, w, k, pad, wo, p0, np, n);
-    else if (dtype == DTYPE_F16)
+    else if (dtype == KERN_F16)
         AR_LAUNCH(im2col_kernel<__half>, grid_for(n), AR_BLOCK, 0, stream, (__half *)hi,
                   (__half *)lo, in, h, w, k, pad, wo, p0, np, n);
     else

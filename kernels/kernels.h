@@ -5,8 +5,9 @@
  * launch error (cudaGetLastError() right after each launch), cudaSuccess
  * when all went in. Empty work (a zero size) launches nothing. Pointers are
  * device memory unless a parameter says host; `dtype` arguments are the
- * storage types of weights kept as loaded (DTYPE_F32, DTYPE_F16,
- * DTYPE_BF16). Shapes follow engine/backend.h; the caller checks them. */
+ * storage types of weights kept as loaded (kern_dtype_t). Shapes follow
+ * engine/backend.h; the caller checks them. Nothing here includes a header
+ * of the engine: the kernels stand alone. */
 #ifndef ARSERVE_KERNELS_H
 #define ARSERVE_KERNELS_H
 
@@ -15,16 +16,20 @@
 
 #include <cuda_runtime_api.h>
 
-#include "engine/dtype.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* Storage types of weights as the kernels read them: fp32, IEEE fp16 and
+ * bfloat16. The codes are the engine's dtype_t's (engine/dtype.h), so the
+ * CUDA backend passes a weight's type through unchanged (it checks that at
+ * compile time). */
+typedef enum kern_dtype { KERN_F32 = 0, KERN_F16 = 1, KERN_BF16 = 2 } kern_dtype_t;
+
 /* ---- norms and softmax (kernels/norm.cu) ---- */
 
 /* y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w[:]; y may be x. */
-cudaError_t kern_rmsnorm(float *y, const float *x, const void *w, dtype_t w_dtype, int rows,
+cudaError_t kern_rmsnorm(float *y, const float *x, const void *w, kern_dtype_t w_dtype, int rows,
                          int dim, float eps, cudaStream_t stream);
 
 /* Row-wise softmax in place over cols; a row of only -inf becomes NaN. */
@@ -35,7 +40,7 @@ size_t kern_groupnorm_scratch(int c, int hw, int groups);
 /* GroupNorm of (c, hw) in `groups` groups with affine gamma/beta [c]; out
  * may be in; scratch holds kern_groupnorm_scratch(c, hw, groups) doubles. */
 cudaError_t kern_groupnorm(float *out, const float *in, const void *gamma, const void *beta,
-                           dtype_t affine_dtype, int c, int hw, int groups, float eps,
+                           kern_dtype_t affine_dtype, int c, int hw, int groups, float eps,
                            double *scratch, cudaStream_t stream);
 
 /* ---- rotary embeddings (kernels/rope.cu) ---- */
@@ -59,25 +64,25 @@ cudaError_t kern_scale(float *x, size_t n, float s, cudaStream_t stream);      /
 
 /* y[r, j] = bias[per_row ? r : j] for a rows x cols y; zeros when bias is
  * NULL. */
-cudaError_t kern_fill_bias(float *y, const void *bias, dtype_t bias_dtype, int64_t rows,
+cudaError_t kern_fill_bias(float *y, const void *bias, kern_dtype_t bias_dtype, int64_t rows,
                            int64_t cols, int per_row, cudaStream_t stream);
 
 /* Splits fp32 x into two 16-bit values of type dtype (F16 or BF16) with
  * hi = round(x) and lo = round(x - hi), so hi + lo carries about 16 bits of
  * x's 24-bit significand: GEMMs on both halves with fp32 accumulation give
  * nearly fp32 products from tensor cores. n elements each. */
-cudaError_t kern_split_16(void *hi, void *lo, dtype_t dtype, const float *x, size_t n,
+cudaError_t kern_split_16(void *hi, void *lo, kern_dtype_t dtype, const float *x, size_t n,
                           cudaStream_t stream);
 
 /* y[r, j] = a[r, j] + b[r, j] (+ bias[j] when bias is not NULL). */
 cudaError_t kern_add_pair_bias(float *y, const float *a, const float *b, const void *bias,
-                               dtype_t bias_dtype, int rows, int cols, cudaStream_t stream);
+                               kern_dtype_t bias_dtype, int rows, int cols, cudaStream_t stream);
 
 /* ---- lookups (kernels/embedding.cu) ---- */
 
 /* out[i, :] = table[ids[i], :] (ids on the device, already checked against
  * the vocabulary), optionally divided by max(L2 norm, 1e-12). */
-cudaError_t kern_embedding(float *out, const void *table, dtype_t table_dtype, int dim,
+cudaError_t kern_embedding(float *out, const void *table, kern_dtype_t table_dtype, int dim,
                            const int *ids, int n, int l2_normalize, cudaStream_t stream);
 
 /* ---- images (kernels/image.cu) ---- */
@@ -86,8 +91,8 @@ cudaError_t kern_embedding(float *out, const void *table, dtype_t table_dtype, i
  * convolution with zero padding pad: row r = (ci*k + ky)*k + kx, column
  * p - p0, np columns. dtype F32 writes floats to hi (lo unused); F16/BF16
  * write the kern_split_16 halves to hi and lo. */
-cudaError_t kern_im2col(void *hi, void *lo, dtype_t dtype, const float *in, int c_in, int h, int w,
-                        int k, int pad, int wo, int64_t p0, int np, cudaStream_t stream);
+cudaError_t kern_im2col(void *hi, void *lo, kern_dtype_t dtype, const float *in, int c_in, int h,
+                        int w, int k, int pad, int wo, int64_t p0, int np, cudaStream_t stream);
 cudaError_t kern_upsample_nearest2x(float *out, const float *in, int c, int h, int w,
                                     cudaStream_t stream);
 /* out[j, i] = in[i, j] for a rows x cols in; out must not be in. */

@@ -23,7 +23,7 @@ __global__ void rmsnorm_kernel(float *y, const float *x, const void *w, int w_dt
         yr[i] = (xr[i] * inv) * ld_weight(w, w_dtype, (size_t)i);
 }
 
-cudaError_t kern_rmsnorm(float *y, const float *x, const void *w, dtype_t w_dtype, int rows,
+cudaError_t kern_rmsnorm(float *y, const float *x, const void *w, kern_dtype_t w_dtype, int rows,
                          int dim, float eps, cudaStream_t stream) {
     if (rows <= 0 || dim <= 0)
         return cudaSuccess;
@@ -152,7 +152,7 @@ __global__ void groupnorm_apply_kernel(float *out, const float *in, const double
 
 /* groups is at most 65535 (a grid dimension); models use 32. */
 cudaError_t kern_groupnorm(float *out, const float *in, const void *gamma, const void *beta,
-                           dtype_t affine_dtype, int c, int hw, int groups, float eps,
+                           kern_dtype_t affine_dtype, int c, int hw, int groups, float eps,
                            double *scratch, cudaStream_t stream) {
     if (c <= 0 || hw <= 0 || groups <= 0)
         return cudaSuccess;
