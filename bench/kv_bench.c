@@ -32,20 +32,23 @@
  * Exit status: 0; 1 on an error; 3 when a check failed (the JSON says where). */
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli/flags.h"
+#include "engine/batcher.h"
 #include "engine/clock.h"
+#include "engine/family.h"
 #include "engine/generate.h"
 #include "engine/kv_policy.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
 #include "engine/planner.h"
 #include "engine/png_io.h"
+#include "engine/text.h"
 
 #define MAX_ROWS 64
 #define MAX_PROMPTS 4096
@@ -76,14 +79,13 @@ typedef struct bench {
     const char *out_dir;
 } bench_t;
 
-/* One image of a run. */
+/* One image of a run: a one-image job of the batcher. */
 typedef struct item {
     const prompt_t *prompt;
-    uint64_t seed;
     size_t *traj; /* planned bytes per step */
     size_t planned_peak;
-    gen_request_t g;
-    int running;
+    gen_job_t gen;
+    uint64_t id;
 } item_t;
 
 /* What a run measured. */
@@ -95,32 +97,18 @@ typedef struct run_result {
     cJSON *images_json; /* quality run: per image */
 } run_result_t;
 
-static void usage(FILE *f) {
+static void usage(FILE *f, const cli_flag_t *flags) {
     fprintf(f, "usage: kv_bench --model DIR --prompts FILE --out DIR [--pool-images N] "
                "[--threads N] [--waves N]\n"
                "                [--fallback POLICY:knob=v,...]... --row SPEC...\n"
-               "SPEC: full | POLICY:BUDGET[:knob=v,...]   (budget 0.25 or 1/4)\n");
+               "SPEC: full | POLICY:BUDGET[:knob=v,...]   (budget 0.25 or 1/4)\n\n");
+    cli_flags_usage(f, flags);
 }
 
 /* ---- parsing ---- */
 
 static int parse_budget(const char *s, double *out) {
-    char *end;
-    const char *slash = strchr(s, '/');
-    if (slash) {
-        long num = strtol(s, &end, 10);
-        if (end != slash)
-            return 0;
-        long den = strtol(slash + 1, &end, 10);
-        if (*end || den <= 0)
-            return 0;
-        *out = (double)num / (double)den;
-    } else {
-        *out = strtod(s, &end);
-        if (end == s || *end)
-            return 0;
-    }
-    return *out > 0 && *out <= 1;
+    return text_parse_real(s, out) == NUMBER_OK && *out > 0 && *out <= 1;
 }
 
 /* "knob=v,knob=v" onto p; returns the bits of the knobs set, or -1. */
@@ -138,14 +126,13 @@ static long long parse_knobs(const char *s, kv_policy_kind_t kind, kv_policy_par
         }
         *eq = 0;
         const kv_policy_knob_t *k = kv_policy_knob_find(tok);
-        char *end;
-        double v = strtod(eq + 1, &end);
+        double v;
         if (!k || k->policy != kind) {
             fprintf(stderr, "kv_bench: %s: '%s' is not a knob of %s\n", what, tok,
                     kv_policy_name(kind));
             return -1;
         }
-        if (end == eq + 1 || *end || !kv_policy_knob_ok(k, v)) {
+        if (text_parse_real(eq + 1, &v) != NUMBER_OK || !kv_policy_knob_ok(k, v)) {
             fprintf(stderr, "kv_bench: %s: bad value for %s\n", what, tok);
             return -1;
         }
@@ -229,168 +216,227 @@ static int read_prompts(bench_t *b, const char *path) {
 
 /* ---- planning ---- */
 
-/* Planned bytes per step for one image of prompt p under row r's policy;
- * NULL (err says why, field the setting at fault) when it does not fit. */
+/* The plan of one image of prompt p under pol (whose knobs suit it: the
+ * row checked them); NULL with err set otherwise. */
 static size_t *plan(const bench_t *b, const kv_policy_params_t *pol, const prompt_t *p,
-                    ar_error_t *err) {
-    size_t *t = malloc((size_t)b->steps * sizeof *t);
-    if (!t) {
-        ar_errorf(err, "out of memory");
+                    size_t *peak, ar_error_t *err) {
+    planner_plan_t pl;
+    if (planner_plan(&pl, &b->model.cfg, pol, p->n_prompt, b->block_tokens, NULL, err) != AR_OK)
         return NULL;
-    }
-    if (planner_trajectory_bytes(&b->model.cfg, pol, p->n_prompt, b->block_tokens, t, err) !=
-        AR_OK) {
-        free(t);
-        return NULL;
-    }
+    size_t *t = pl.bytes; /* taken over */
+    *peak = pl.peak_bytes;
+    pl.bytes = NULL;
+    planner_plan_free(&pl);
     return t;
-}
-
-static size_t peak_of(const size_t *t, int n) {
-    size_t m = 0;
-    for (int i = 0; i < n; i++)
-        m = t[i] > m ? t[i] : m;
-    return m;
 }
 
 /* Is the plan of pol exact for prompt p (see the top of the file)? */
 static int plan_is_exact(const bench_t *b, const kv_policy_params_t *pol, const prompt_t *p) {
     if (pol->kind != KV_POLICY_HEADKV)
         return 1;
-    kv_geometry_t g = planner_geometry(&b->model.cfg, p->n_prompt);
-    int *tok = malloc((size_t)b->steps * sizeof *tok), first_peak = 0;
-    if (!tok || kv_policy_trajectory(pol, &g, tok) != AR_OK) {
-        free(tok);
+    planner_plan_t pl;
+    if (planner_plan(&pl, &b->model.cfg, pol, p->n_prompt, b->block_tokens, NULL, NULL) != AR_OK)
         return 0;
-    }
-    for (int t = 1; t < b->steps; t++)
-        if (tok[t] > tok[first_peak])
-            first_peak = t;
-    free(tok);
+    const int first_peak = pl.peak_step;
+    planner_plan_free(&pl);
     return first_peak <= pol->headkv_group_tokens;
 }
 
 /* ---- runs ---- */
 
-static int start_item(bench_t *b, const kv_policy_params_t *pol, item_t *it, ar_error_t *err) {
-    const prompt_t *p = it->prompt;
-    if (gen_request_init(&it->g, &b->model, &b->pool, pol, p->cond, p->uncond, p->n_prompt,
-                         &b->model.cfg.sampling, it->seed, 0, err) != AR_OK)
+/* One run over the batcher. */
+typedef struct runner {
+    bench_t *b;
+    batcher_t *batcher;
+    item_t *items;
+    int n;
+    int exact, step_exact;
+    const char *png_dir; /* the quality run writes every image there */
+    uint8_t *rgb;
+    run_result_t *res;
+} runner_t;
+
+static item_t *item_of(runner_t *r, void *work) {
+    return (item_t *)((char *)work - offsetof(item_t, gen));
+}
+
+/* A finished image: its measured peak against its plan, then decoded (and
+ * written, in the quality run). */
+static int item_finished(runner_t *r, item_t *it, ar_error_t *err) {
+    run_result_t *res = r->res;
+    const size_t peak = (size_t)it->gen.images[0].kv_peak_blocks * r->b->block_bytes;
+    if (r->exact ? peak != it->planned_peak : peak > it->planned_peak) {
+        if (res->peak_mismatches++ == 0)
+            fprintf(stderr, "kv_bench: prompt %d: measured peak %zu bytes, planned %zu\n",
+                    it->prompt->id, peak, it->planned_peak);
+    }
+    res->max_measured_peak = peak > res->max_measured_peak ? peak : res->max_measured_peak;
+    res->max_planned_peak =
+        it->planned_peak > res->max_planned_peak ? it->planned_peak : res->max_planned_peak;
+    res->images++;
+    if (gen_decode(&it->gen.images[0], r->rgb, err) != AR_OK)
         return AR_ERR;
-    it->running = 1;
+    if (!r->png_dir)
+        return AR_OK;
+    char path[2048];
+    snprintf(path, sizeof path, "%s/%05d.png", r->png_dir, it->prompt->id);
+    if (png_write_file(path, r->rgb, r->b->width, r->b->height, err) != AR_OK)
+        return AR_ERR;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", it->prompt->id);
+    cJSON_AddNumberToObject(o, "n_prompt", it->prompt->n_prompt);
+    cJSON_AddNumberToObject(o, "planned_peak_bytes", (double)it->planned_peak);
+    cJSON_AddNumberToObject(o, "peak_bytes", (double)peak);
+    cJSON_AddItemToArray(res->images_json, o);
     return AR_OK;
 }
 
-/* Runs items[0..n) through the planner and the pool. exact: the plans are
- * exact (else bounds). waves > 0 (the capacity run): admit only into an
- * empty pool, as many as fit (the concurrency), waves times over; 0:
- * continuous FIFO admission of every item. png_dir: write each image there. */
+/* Handles the batcher's events; *admitted counts the admissions. */
+static int handle_events(runner_t *r, int *admitted, ar_error_t *err) {
+    batcher_event_t ev[256];
+    int n, rc = AR_OK;
+    while ((n = batcher_take_events(r->batcher, ev, 256)) > 0)
+        for (int i = 0; i < n; i++) {
+            item_t *it = item_of(r, ev[i].work);
+            if (ev[i].type == BATCHER_ADMITTED && admitted)
+                (*admitted)++;
+            if (ev[i].type != BATCHER_ENDED)
+                continue;
+            if (ev[i].end == BATCHER_END_FAILED)
+                rc = ar_errorf(err, "prompt %d: %s", it->prompt->id, ev[i].why);
+            else if (ev[i].end == BATCHER_END_FINISHED && rc == AR_OK)
+                rc = item_finished(r, it, err);
+            gen_job_free(&it->gen);
+        }
+    return rc;
+}
+
+/* After a step: the pool's high-water mark against the planner's
+ * reservation (equal when the plans are exact step by step). */
+static void check_step(runner_t *r) {
+    batcher_stats_t st;
+    batcher_stats(r->batcher, &st);
+    r->res->iterations++;
+    const size_t measured = st.last_kv_peak_bytes, planned = st.last_reserved_bytes;
+    if (r->step_exact ? measured != planned : measured > planned) {
+        if (r->res->step_mismatches++ == 0)
+            fprintf(stderr, "kv_bench: iteration %lld: pool peak %zu bytes, planned %zu\n",
+                    st.iterations - 1, measured, planned);
+    }
+}
+
+/* One step of the batch batcher_admit fixed, then its events. */
+static int step_batch(runner_t *r, ar_error_t *err) {
+    const int rc = batcher_step(r->batcher, err);
+    batcher_finish(r->batcher, rc, err);
+    if (rc == AR_OK)
+        check_step(r);
+    const int events_rc = handle_events(r, NULL, err);
+    return rc != AR_OK ? AR_ERR : events_rc;
+}
+
+/* Iterates until nothing runs; *admitted (may be NULL) counts the jobs the
+ * first iteration admits. */
+static int run_to_end(runner_t *r, int *admitted, ar_error_t *err) {
+    for (int first = 1;; first = 0) {
+        const int n = batcher_admit(r->batcher, 0);
+        if (handle_events(r, first ? admitted : NULL, err) != AR_OK)
+            return AR_ERR;
+        if (n == 0)
+            return AR_OK;
+        if (step_batch(r, err) != AR_OK)
+            return AR_ERR;
+    }
+}
+
+static int submit_item(runner_t *r, item_t *it, ar_error_t *err) {
+    batcher_job_t j = {.n_images = 1,
+                       .steps = r->b->steps,
+                       .kv_bytes = it->traj,
+                       .deadline = INFINITY,
+                       .work = &it->gen};
+    batcher_refusal_t why = batcher_submit(r->batcher, &j, &it->id);
+    if (why != BATCHER_ACCEPTED)
+        return ar_errorf(err, "an image of prompt %d is refused: %s", it->prompt->id,
+                         batcher_refusal_name(why));
+    return AR_OK;
+}
+
+/* The quality run: every item queued at once, continuous FIFO admission. */
+static int run_quality(runner_t *r, ar_error_t *err) {
+    for (int i = 0; i < r->n; i++)
+        if (submit_item(r, &r->items[i], err) != AR_OK)
+            return AR_ERR;
+    if (run_to_end(r, &r->res->admitted_first, err) != AR_OK)
+        return AR_ERR;
+    return r->res->admitted_first ? AR_OK : ar_errorf(err, "no image fits the empty pool");
+}
+
+/* The capacity run: waves times, the empty pool filled with as many items
+ * as fit (the concurrency), run to the end; items left over wait for the
+ * next wave. */
+static int run_capacity(runner_t *r, int waves, ar_error_t *err) {
+    int next = 0;
+    for (int w = 0; w < waves && next < r->n; w++) {
+        for (int i = next; i < r->n; i++)
+            if (submit_item(r, &r->items[i], err) != AR_OK)
+                return AR_ERR;
+        batcher_admit(r->batcher, 0);
+        int admitted = 0;
+        if (handle_events(r, &admitted, err) != AR_OK)
+            return AR_ERR;
+        if (w == 0)
+            r->res->admitted_first = admitted;
+        for (int i = next + admitted; i < r->n; i++)
+            batcher_cancel(r->batcher, r->items[i].id, BATCHER_END_CANCELLED);
+        next += admitted;
+        if (admitted == 0)
+            return ar_errorf(err, "no image fits the empty pool");
+        if (step_batch(r, err) != AR_OK || run_to_end(r, NULL, err) != AR_OK)
+            return AR_ERR;
+    }
+    return AR_OK;
+}
+
+/* Runs items[0..n) through the batcher into the pool. exact: the plans are
+ * exact (else bounds). waves > 0: the capacity run; 0: the quality run,
+ * writing each image to png_dir. */
 static int run(bench_t *b, const kv_policy_params_t *pol, int exact, item_t *items, int n,
                int waves, const char *png_dir, run_result_t *res, ar_error_t *err) {
     memset(res, 0, sizeof *res);
-    planner_t pl;
-    planner_init(&pl, b->pool_bytes);
-    gen_request_t **batch = malloc((size_t)n * sizeof *batch);
-    uint8_t *rgb = malloc((size_t)b->width * b->height * 3);
-    int *live = malloc((size_t)n * sizeof *live);
-    int next = 0, n_live = 0, rc = AR_OK;
+    batcher_options_t bo = {
+        .pool_bytes = b->pool_bytes, .max_running = MAX_CAPACITY, .max_waiting = n};
+    runner_t r = {.b = b,
+                  .items = items,
+                  .n = n,
+                  .exact = exact,
+                  .step_exact = exact && pol->kind != KV_POLICY_HEADKV,
+                  .png_dir = png_dir,
+                  .rgb = malloc((size_t)b->width * b->height * 3),
+                  .res = res};
+    for (int i = 0; i < n; i++)
+        items[i].gen = (gen_job_t){.model = &b->model,
+                                   .cond = items[i].prompt->cond,
+                                   .uncond = items[i].prompt->uncond,
+                                   .n_prompt = items[i].prompt->n_prompt,
+                                   .n_images = 1,
+                                   .params = b->model.cfg.sampling,
+                                   .seed = items[i].gen.seed,
+                                   .policy = *pol};
     if (png_dir)
         res->images_json = cJSON_CreateArray();
-    if (!batch || !rgb || !live) {
-        rc = ar_errorf(err, "out of memory");
-        goto out;
-    }
-    double t0 = clock_now_s();
-    int waves_started = 0;
-    for (int iter = 0;; iter++) {
-        /* FIFO admission, as the scheduler's: the head of the queue waits
-         * until its whole trajectory fits beside the running ones. */
-        int admit = !waves || (n_live == 0 && waves_started < waves);
-        waves_started += waves && admit;
-        while (admit && next < n && planner_fits(&pl, items[next].traj, b->steps)) {
-            if (planner_add(&pl, (uint64_t)next, items[next].traj, b->steps) != AR_OK ||
-                start_item(b, pol, &items[next], err) != AR_OK) {
-                rc = AR_ERR;
-                goto out;
-            }
-            live[n_live++] = next++;
-        }
-        if (iter == 0)
-            res->admitted_first = n_live;
-        if (n_live == 0) {
-            if (next < n && !waves)
-                rc = ar_errorf(err, "an image of prompt %d does not fit the empty pool",
-                               items[next].prompt->id);
-            break;
-        }
-        for (int i = 0; i < n_live; i++)
-            batch[i] = &items[live[i]].g;
-        kv_pool_reset_peak(&b->pool);
-        if (gen_step(batch, n_live, err) != AR_OK) {
-            rc = AR_ERR;
-            goto out;
-        }
-        res->iterations++;
-        const size_t measured = (size_t)b->pool.peak_in_use * b->block_bytes;
-        const size_t planned = planner_reserved_now(&pl);
-        const int step_exact = exact && pol->kind != KV_POLICY_HEADKV;
-        if (step_exact ? measured != planned : measured > planned) {
-            if (res->step_mismatches++ == 0)
-                fprintf(stderr, "kv_bench: iteration %d: pool peak %zu bytes, planned %zu\n", iter,
-                        measured, planned);
-        }
-        planner_tick(&pl);
-        for (int i = 0; i < n_live;) {
-            item_t *it = &items[live[i]];
-            if (!gen_request_done(&it->g)) {
-                i++;
-                continue;
-            }
-            const size_t peak = (size_t)it->g.kv_peak_blocks * b->block_bytes;
-            if (exact ? peak != it->planned_peak : peak > it->planned_peak) {
-                if (res->peak_mismatches++ == 0)
-                    fprintf(stderr, "kv_bench: prompt %d: measured peak %zu bytes, planned %zu\n",
-                            it->prompt->id, peak, it->planned_peak);
-            }
-            res->max_measured_peak = peak > res->max_measured_peak ? peak : res->max_measured_peak;
-            res->max_planned_peak =
-                it->planned_peak > res->max_planned_peak ? it->planned_peak : res->max_planned_peak;
-            if (gen_decode(&it->g, rgb, err) != AR_OK) {
-                rc = AR_ERR;
-                goto out;
-            }
-            if (png_dir) {
-                char path[2048];
-                snprintf(path, sizeof path, "%s/%05d.png", png_dir, it->prompt->id);
-                if (png_write_file(path, rgb, b->width, b->height, err) != AR_OK) {
-                    rc = AR_ERR;
-                    goto out;
-                }
-                cJSON *o = cJSON_CreateObject();
-                cJSON_AddNumberToObject(o, "id", it->prompt->id);
-                cJSON_AddNumberToObject(o, "n_prompt", it->prompt->n_prompt);
-                cJSON_AddNumberToObject(o, "planned_peak_bytes", (double)it->planned_peak);
-                cJSON_AddNumberToObject(o, "peak_bytes", (double)peak);
-                cJSON_AddItemToArray(res->images_json, o);
-            }
-            gen_request_free(&it->g);
-            it->running = 0;
-            planner_remove(&pl, (uint64_t)live[i]);
-            live[i] = live[--n_live];
-            res->images++;
-        }
-    }
+    r.batcher = batcher_create(&bo, &gen_batcher_ops, &b->pool, err);
+    int rc = r.batcher && r.rgb ? AR_OK : AR_ERR;
+    if (!r.rgb)
+        ar_errorf(err, "out of memory");
+    const double t0 = clock_now_s();
+    if (rc == AR_OK)
+        rc = waves ? run_capacity(&r, waves, err) : run_quality(&r, err);
     res->wall_s = clock_now_s() - t0;
-out:
+    batcher_destroy(r.batcher);
     for (int i = 0; i < n; i++)
-        if (items[i].running) {
-            gen_request_free(&items[i].g);
-            items[i].running = 0;
-        }
-    planner_free(&pl);
-    free(batch);
-    free(rgb);
-    free(live);
+        gen_job_free(&items[i].gen);
+    free(r.rgb);
     return rc;
 }
 
@@ -400,26 +446,18 @@ static void free_items(item_t *items, int n) {
     free(items);
 }
 
-/* One row: both runs. Returns its JSON (error rows included), or NULL with
- * err set on a failure that is not the row's policy refusing the model. */
-static cJSON *bench_row(bench_t *b, row_t *r, const row_t *fallbacks, int n_fallbacks,
-                        int *checks_failed, ar_error_t *err) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "name", r->name);
-    cJSON_AddStringToObject(o, "spec", r->spec);
-    cJSON_AddStringToObject(o, "policy", kv_policy_name(r->p.kind));
-    if (r->p.kind != KV_POLICY_FULL)
-        cJSON_AddNumberToObject(o, "budget", r->p.budget);
-
-    /* The row's knobs, else its policy's fallback knobs, must suit every prompt. */
-    ar_error_t perr = {{0}};
-    const char *field = NULL;
+/* The row's knobs, else its policy's fallback knobs, must suit every
+ * prompt: 1 when they do (r->p holds the knobs run with), else 0 and the
+ * policy's message in why. The row's JSON says which knobs ran. */
+static int row_knobs_fit(const bench_t *b, row_t *r, const row_t *fallbacks, int n_fallbacks,
+                         cJSON *o, ar_error_t *why) {
     int fits = 1, scaled = 0;
     for (int attempt = 0; attempt < 2; attempt++) {
         fits = 1;
         for (int i = 0; i < b->n_prompts && fits; i++) {
-            kv_geometry_t g = planner_geometry(&b->model.cfg, b->prompts[i].n_prompt);
-            fits = kv_policy_check(&r->p, &g, &field, &perr) == AR_OK;
+            kv_geometry_t g;
+            model_geometry(&b->model.cfg, b->prompts[i].n_prompt, &g);
+            fits = kv_policy_check(&r->p, &g, NULL, why) == AR_OK;
         }
         if (fits || attempt == 1)
             break;
@@ -429,7 +467,7 @@ static cJSON *bench_row(bench_t *b, row_t *r, const row_t *fallbacks, int n_fall
                 fb = &fallbacks[i];
         if (!fb)
             break;
-        cJSON_AddStringToObject(o, "defaults_refused", perr.msg);
+        cJSON_AddStringToObject(o, "defaults_refused", why->msg);
         for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
             if (fb->knobs_set & (1u << i) && !(r->knobs_set & (1u << i)))
                 kv_policy_knob_set(&r->p, &kv_policy_knobs[i],
@@ -442,86 +480,96 @@ static cJSON *bench_row(bench_t *b, row_t *r, const row_t *fallbacks, int n_fall
         if (kv_policy_knobs[i].policy == r->p.kind)
             cJSON_AddNumberToObject(knobs, kv_policy_knobs[i].name,
                                     kv_policy_knob_get(&r->p, &kv_policy_knobs[i]));
-    if (!fits) {
-        cJSON_AddStringToObject(o, "error", perr.msg);
-        fprintf(stderr, "kv_bench: %s: %s\n", r->name, perr.msg);
-        return o;
-    }
+    return fits;
+}
 
-    /* The reference prompt's trajectory: the tokens of one head at its peak. */
-    const prompt_t *ref = &b->prompts[b->ref];
-    kv_geometry_t g = planner_geometry(&b->model.cfg, ref->n_prompt);
-    int *tok = malloc((size_t)b->steps * sizeof *tok), peak_step = 0;
-    if (!tok || kv_policy_trajectory(&r->p, &g, tok) != AR_OK) {
-        free(tok);
-        cJSON_Delete(o);
-        ar_errorf(err, "%s: no trajectory", r->name);
-        return NULL;
-    }
-    for (int t = 1; t < b->steps; t++)
-        if (tok[t] > tok[peak_step])
-            peak_step = t;
-    cJSON_AddNumberToObject(o, "peak_tokens_per_head", tok[peak_step]);
-    cJSON_AddNumberToObject(o, "peak_step", peak_step);
-    free(tok);
-    int exact = 1;
-    for (int i = 0; i < b->n_prompts; i++)
-        exact &= plan_is_exact(b, &r->p, &b->prompts[i]);
-    cJSON_AddStringToObject(o, "peak_check", exact ? "equal" : "at most");
-
-    /* Quality run: every prompt. */
+/* The quality run of a row: every prompt, its PNGs in the row's folder. */
+static int row_quality(bench_t *b, const row_t *r, int exact, cJSON *o, run_result_t *q,
+                       ar_error_t *err) {
     char dir[2048];
     snprintf(dir, sizeof dir, "%s/%s", b->out_dir, r->name);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        cJSON_Delete(o);
-        ar_errorf(err, "%s: %s", dir, strerror(errno));
-        return NULL;
-    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return ar_errorf(err, "%s: %s", dir, strerror(errno));
     cJSON_AddStringToObject(o, "dir", dir);
     item_t *items = calloc((size_t)b->n_prompts, sizeof *items);
     int ok = items != NULL;
     for (int i = 0; ok && i < b->n_prompts; i++) {
         items[i].prompt = &b->prompts[i];
-        items[i].seed = b->prompts[i].seed;
-        ok = (items[i].traj = plan(b, &r->p, &b->prompts[i], err)) != NULL;
-        if (ok)
-            items[i].planned_peak = peak_of(items[i].traj, b->steps);
+        items[i].gen.seed = b->prompts[i].seed;
+        ok = (items[i].traj = plan(b, &r->p, &b->prompts[i], &items[i].planned_peak, err)) != NULL;
     }
-    run_result_t q = {0}, c = {0};
-    if (!ok || run(b, &r->p, exact, items, b->n_prompts, 0, dir, &q, err) != AR_OK) {
-        free_items(items, b->n_prompts);
-        cJSON_Delete(q.images_json);
-        cJSON_Delete(o);
-        return NULL;
-    }
+    int rc = ok ? run(b, &r->p, exact, items, b->n_prompts, 0, dir, q, err) : AR_ERR;
     free_items(items, b->n_prompts);
-    cJSON_AddItemToObject(o, "images", q.images_json);
-    cJSON_AddNumberToObject(o, "quality_wall_s", q.wall_s);
+    if (rc == AR_OK) {
+        cJSON_AddItemToObject(o, "images", q->images_json);
+        cJSON_AddNumberToObject(o, "quality_wall_s", q->wall_s);
+    } else {
+        cJSON_Delete(q->images_json);
+    }
+    q->images_json = NULL;
+    return rc;
+}
 
-    /* Capacity run: copies of the reference prompt. */
-    items = calloc(MAX_CAPACITY, sizeof *items);
-    size_t *traj = plan(b, &r->p, ref, err);
-    ok = items && traj;
+/* The capacity run of a row: copies of the reference prompt. */
+static int row_capacity(bench_t *b, const row_t *r, int exact, run_result_t *c, ar_error_t *err) {
+    const prompt_t *ref = &b->prompts[b->ref];
+    item_t *items = calloc(MAX_CAPACITY, sizeof *items);
+    size_t ref_peak = 0, *traj = plan(b, &r->p, ref, &ref_peak, err);
+    int ok = items && traj;
     for (int i = 0; ok && i < MAX_CAPACITY; i++) {
         items[i].prompt = ref;
-        items[i].seed = 1000003u * (uint64_t)(i + 1);
+        items[i].gen.seed = 1000003u * (uint64_t)(i + 1);
         ok = (items[i].traj = malloc((size_t)b->steps * sizeof *traj)) != NULL;
         if (ok) {
             memcpy(items[i].traj, traj, (size_t)b->steps * sizeof *traj);
-            items[i].planned_peak = peak_of(traj, b->steps);
+            items[i].planned_peak = ref_peak;
         }
     }
     free(traj);
-    if (!ok || run(b, &r->p, exact, items, MAX_CAPACITY, b->waves, NULL, &c, err) != AR_OK) {
-        free_items(items, MAX_CAPACITY);
+    int rc = ok ? run(b, &r->p, exact, items, MAX_CAPACITY, b->waves, NULL, c, err) : AR_ERR;
+    free_items(items, MAX_CAPACITY);
+    if (rc == AR_OK && c->admitted_first * b->waves >= MAX_CAPACITY)
+        fprintf(stderr, "kv_bench: %s: the capacity run hit its cap of %d images\n", r->name,
+                MAX_CAPACITY);
+    return rc;
+}
+
+/* One row: both runs. Returns its JSON (error rows included), or NULL with
+ * err set on a failure that is not the row's policy refusing the model. */
+static cJSON *bench_row(bench_t *b, row_t *r, const row_t *fallbacks, int n_fallbacks,
+                        int *checks_failed, ar_error_t *err) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", r->name);
+    cJSON_AddStringToObject(o, "spec", r->spec);
+    cJSON_AddStringToObject(o, "policy", kv_policy_name(r->p.kind));
+    if (r->p.kind != KV_POLICY_FULL)
+        cJSON_AddNumberToObject(o, "budget", r->p.budget);
+    ar_error_t why = {{0}};
+    if (!row_knobs_fit(b, r, fallbacks, n_fallbacks, o, &why)) {
+        cJSON_AddStringToObject(o, "error", why.msg);
+        fprintf(stderr, "kv_bench: %s: %s\n", r->name, why.msg);
+        return o;
+    }
+    /* The reference prompt's trajectory: the tokens of one head at its peak. */
+    planner_plan_t pl;
+    if (planner_plan(&pl, &b->model.cfg, &r->p, b->prompts[b->ref].n_prompt, b->block_tokens, NULL,
+                     err) != AR_OK) {
         cJSON_Delete(o);
         return NULL;
     }
-    free_items(items, MAX_CAPACITY);
-    if (c.admitted_first * b->waves >= MAX_CAPACITY)
-        fprintf(stderr, "kv_bench: %s: the capacity run hit its cap of %d images\n", r->name,
-                MAX_CAPACITY);
-
+    cJSON_AddNumberToObject(o, "peak_tokens_per_head", pl.tokens[pl.peak_step]);
+    cJSON_AddNumberToObject(o, "peak_step", pl.peak_step);
+    planner_plan_free(&pl);
+    int exact = 1;
+    for (int i = 0; i < b->n_prompts; i++)
+        exact &= plan_is_exact(b, &r->p, &b->prompts[i]);
+    cJSON_AddStringToObject(o, "peak_check", exact ? "equal" : "at most");
+    run_result_t q = {0}, c = {0};
+    if (row_quality(b, r, exact, o, &q, err) != AR_OK ||
+        row_capacity(b, r, exact, &c, err) != AR_OK) {
+        cJSON_Delete(o);
+        return NULL;
+    }
     cJSON_AddNumberToObject(o, "planned_peak_bytes", (double)c.max_planned_peak);
     cJSON_AddNumberToObject(o, "measured_peak_bytes", (double)c.max_measured_peak);
     cJSON_AddNumberToObject(o, "admitted", c.admitted_first);
@@ -559,164 +607,189 @@ static int median_prompt(const bench_t *b) {
     return best;
 }
 
-int main(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},   {"prompts", required_argument, 0, 'p'},
-        {"out", required_argument, 0, 'o'},     {"pool-images", required_argument, 0, 'n'},
-        {"threads", required_argument, 0, 't'}, {"waves", required_argument, 0, 'w'},
-        {"row", required_argument, 0, 'r'},     {"fallback", required_argument, 0, 'f'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
-    const char *model_dir = NULL, *prompts_path = NULL;
-    static row_t rows[MAX_ROWS], fallbacks[4];
-    int n_rows = 0, n_fallbacks = 0, threads = 0, c;
-    double pool_images = 2;
-    bench_t b = {.waves = 2};
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            model_dir = optarg;
-            break;
-        case 'p':
-            prompts_path = optarg;
-            break;
-        case 'o':
-            b.out_dir = optarg;
-            break;
-        case 'n':
-            pool_images = atof(optarg);
-            break;
-        case 't':
-            threads = atoi(optarg);
-            break;
-        case 'w':
-            b.waves = atoi(optarg);
-            break;
-        case 'r':
-            if (n_rows == MAX_ROWS || parse_row(optarg, &rows[n_rows]) != AR_OK)
-                return 2;
-            n_rows++;
-            break;
-        case 'f': {
-            char spec[300];
-            const char *colon = strchr(optarg, ':');
-            /* POLICY:knobs is a row spec with a placeholder budget. */
-            snprintf(spec, sizeof spec, "%.*s:1:%s", colon ? (int)(colon - optarg) : 0, optarg,
-                     colon ? colon + 1 : "");
-            if (!colon || n_fallbacks == 4 || parse_row(spec, &fallbacks[n_fallbacks]) != AR_OK)
-                return 2;
-            n_fallbacks++;
-            break;
-        }
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (!model_dir || !prompts_path || !b.out_dir || n_rows == 0 || !(pool_images > 0) ||
-        b.waves < 1) {
-        usage(stderr);
+/* The rows and fallbacks of the command line (CLI_EACH flags). */
+typedef struct specs {
+    row_t rows[MAX_ROWS], fallbacks[4];
+    int n_rows, n_fallbacks;
+} specs_t;
+
+static int add_row(void *dest, const char *spec) {
+    specs_t *sp = dest;
+    if (sp->n_rows == MAX_ROWS) {
+        fprintf(stderr, "kv_bench: more than %d rows\n", MAX_ROWS);
         return 2;
     }
+    return parse_row(spec, &sp->rows[sp->n_rows++]) != AR_OK ? 2 : 0;
+}
 
+/* POLICY:knobs is a row spec with a placeholder budget. */
+static int add_fallback(void *dest, const char *value) {
+    specs_t *sp = dest;
+    char spec[300];
+    const char *colon = strchr(value, ':');
+    if (!colon || sp->n_fallbacks == 4) {
+        fprintf(stderr, "kv_bench: --fallback %s: POLICY:knob=v,... (at most 4)\n", value);
+        return 2;
+    }
+    snprintf(spec, sizeof spec, "%.*s:1:%s", (int)(colon - value), value, colon + 1);
+    return parse_row(spec, &sp->fallbacks[sp->n_fallbacks++]) != AR_OK ? 2 : 0;
+}
+
+/* The model, its prompts' rows, the reference prompt and the pool. */
+static int bench_load(bench_t *b, const char *model_dir, const char *prompts_path, backend_t *be,
+                      double pool_images) {
     ar_error_t err = {{0}};
-    backend_t *be = backend_cpu_create(threads, &err);
-    if (!be || read_prompts(&b, prompts_path) != AR_OK) {
-        if (!be)
-            fprintf(stderr, "kv_bench: %s\n", err.msg);
-        return 1;
-    }
-    if (model_load(&b.model, model_dir, be, &err) != AR_OK) {
+    if (read_prompts(b, prompts_path) != AR_OK)
+        return AR_ERR;
+    if (model_load(&b->model, model_dir, be, &err) != AR_OK) {
         fprintf(stderr, "kv_bench: cannot load model: %s\n", err.msg);
-        return 1;
+        return AR_ERR;
     }
-    const model_config_t *cfg = &b.model.cfg;
-    b.steps = planner_steps(cfg);
-    b.block_tokens = planner_block_tokens(cfg);
-    b.block_bytes = kv_pool_block_bytes(b.block_tokens, cfg->llm.head_dim);
-    b.width = model_config_image_width(cfg);
-    b.height = model_config_image_height(cfg);
-    for (int i = 0; i < b.n_prompts; i++) {
-        prompt_t *p = &b.prompts[i];
+    const model_config_t *cfg = &b->model.cfg;
+    b->steps = model_steps(cfg);
+    b->block_tokens = planner_block_tokens(cfg);
+    b->block_bytes = kv_pool_block_bytes(b->block_tokens, cfg->llm.head_dim);
+    b->width = model_config_image_width(cfg);
+    b->height = model_config_image_height(cfg);
+    for (int i = 0; i < b->n_prompts; i++) {
+        prompt_t *p = &b->prompts[i];
         p->cond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
         p->uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
         if (!p->cond || !p->uncond ||
-            model_prompt_from_text(&b.model, p->text, p->cond, p->uncond, &p->n_prompt, &err) !=
+            model_prompt_from_text(&b->model, p->text, p->cond, p->uncond, &p->n_prompt, &err) !=
                 AR_OK) {
             fprintf(stderr, "kv_bench: prompt %d: %s\n", p->id, p->cond ? err.msg : "no memory");
-            return 1;
+            return AR_ERR;
         }
     }
-    b.ref = median_prompt(&b);
-
+    b->ref = median_prompt(b);
     /* The pool: pool_images full-cache images of the reference prompt,
      * in whole blocks (a full-cache image's peak is whole blocks). */
     kv_policy_params_t full;
     kv_policy_defaults(&full, KV_POLICY_FULL);
-    size_t *ft = plan(&b, &full, &b.prompts[b.ref], &err);
+    size_t full_peak = 0, *ft = plan(b, &full, &b->prompts[b->ref], &full_peak, &err);
     if (!ft) {
         fprintf(stderr, "kv_bench: %s\n", err.msg);
-        return 1;
+        return AR_ERR;
     }
-    size_t n_blocks = (size_t)floor(pool_images * (double)(peak_of(ft, b.steps) / b.block_bytes));
     free(ft);
-    if (kv_pool_init(&b.pool, be, (int)n_blocks, b.block_tokens, cfg->llm.head_dim, &err) !=
+    size_t n_blocks = (size_t)floor(pool_images * (double)(full_peak / b->block_bytes));
+    if (kv_pool_init(&b->pool, be, (int)n_blocks, b->block_tokens, cfg->llm.head_dim, &err) !=
         AR_OK) {
         fprintf(stderr, "kv_bench: %s\n", err.msg);
-        return 1;
+        return AR_ERR;
     }
-    b.pool_bytes = kv_pool_capacity_bytes(&b.pool);
-    if (mkdir(b.out_dir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "kv_bench: %s: %s\n", b.out_dir, strerror(errno));
-        return 1;
+    b->pool_bytes = kv_pool_capacity_bytes(&b->pool);
+    if (mkdir(b->out_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "kv_bench: %s: %s\n", b->out_dir, strerror(errno));
+        return AR_ERR;
     }
+    return AR_OK;
+}
 
+/* Every row, as the JSON document the script reads; NULL on an error. */
+static cJSON *bench_rows(bench_t *b, specs_t *sp, double pool_images, int threads,
+                         int *checks_failed) {
+    const model_config_t *cfg = &b->model.cfg;
     cJSON *doc = cJSON_CreateObject();
     cJSON_AddStringToObject(doc, "model", cfg->name);
     cJSON_AddNumberToObject(doc, "grid_width", cfg->image.grid_width);
     cJSON_AddNumberToObject(doc, "grid_height", cfg->image.grid_height);
-    cJSON_AddNumberToObject(doc, "block_tokens", b.block_tokens);
-    cJSON_AddNumberToObject(doc, "pool_bytes", (double)b.pool_bytes);
+    cJSON_AddNumberToObject(doc, "block_tokens", b->block_tokens);
+    cJSON_AddNumberToObject(doc, "pool_bytes", (double)b->pool_bytes);
     cJSON_AddNumberToObject(doc, "pool_images", pool_images);
     cJSON_AddNumberToObject(doc, "threads", threads);
-    cJSON_AddNumberToObject(doc, "waves", b.waves);
+    cJSON_AddNumberToObject(doc, "waves", b->waves);
     cJSON *refj = cJSON_AddObjectToObject(doc, "reference_prompt");
-    cJSON_AddNumberToObject(refj, "id", b.prompts[b.ref].id);
-    cJSON_AddStringToObject(refj, "text", b.prompts[b.ref].text);
-    cJSON_AddNumberToObject(refj, "n_prompt", b.prompts[b.ref].n_prompt);
+    cJSON_AddNumberToObject(refj, "id", b->prompts[b->ref].id);
+    cJSON_AddStringToObject(refj, "text", b->prompts[b->ref].text);
+    cJSON_AddNumberToObject(refj, "n_prompt", b->prompts[b->ref].n_prompt);
     cJSON *rows_json = cJSON_AddArrayToObject(doc, "rows");
-    int checks_failed = 0;
-    double t0 = clock_now_s();
-    for (int i = 0; i < n_rows; i++) {
-        cJSON *r = bench_row(&b, &rows[i], fallbacks, n_fallbacks, &checks_failed, &err);
+    const double t0 = clock_now_s();
+    for (int i = 0; i < sp->n_rows; i++) {
+        ar_error_t err = {{0}};
+        cJSON *r = bench_row(b, &sp->rows[i], sp->fallbacks, sp->n_fallbacks, checks_failed, &err);
         if (!r) {
-            fprintf(stderr, "kv_bench: %s: %s\n", rows[i].spec, err.msg);
-            return 1;
+            fprintf(stderr, "kv_bench: %s: %s\n", sp->rows[i].spec, err.msg);
+            cJSON_Delete(doc);
+            return NULL;
         }
         cJSON_AddItemToArray(rows_json, r);
     }
     cJSON_AddNumberToObject(doc, "wall_s", clock_now_s() - t0);
-    cJSON_AddNumberToObject(doc, "checks_failed", checks_failed);
-    char *text = cJSON_Print(doc);
-    if (!text) {
-        fprintf(stderr, "kv_bench: out of memory\n");
+    cJSON_AddNumberToObject(doc, "checks_failed", *checks_failed);
+    return doc;
+}
+
+static void bench_free(bench_t *b) {
+    if (b->pool.bad_frees)
+        fprintf(stderr, "kv_bench: %lld blocks released twice\n", b->pool.bad_frees);
+    kv_pool_free(&b->pool);
+    for (int i = 0; i < b->n_prompts; i++) {
+        free(b->prompts[i].text);
+        free(b->prompts[i].cond);
+        free(b->prompts[i].uncond);
+    }
+    free(b->prompts);
+    model_free(&b->model);
+}
+
+int main(int argc, char **argv) {
+    const char *model_dir = NULL, *prompts_path = NULL;
+    static specs_t sp;
+    long long threads = 0, waves = 2;
+    double pool_images = 2;
+    bench_t b = {0};
+    const cli_flag_t flags[] = {
+        {"model", 0, CLI_STRING, &model_dir, .metavar = "DIR", .help = "the model directory"},
+        {"prompts", 0, CLI_STRING, &prompts_path, .metavar = "FILE",
+         .help = "one id<TAB>seed<TAB>prompt per line"},
+        {"out", 0, CLI_STRING, &b.out_dir, .metavar = "DIR", .help = "where the PNGs go"},
+        {"pool-images", 0, CLI_REAL, &pool_images, 0, 4096, 1, .metavar = "N",
+         .help = "full-cache images of the reference prompt the pool holds (default 2)"},
+        {"threads", 0, CLI_INT, &threads, 0, 1024, .metavar = "N",
+         .help = "CPU threads, 0 = every core (default 0)"},
+        {"waves", 0, CLI_INT, &waves, 1, 1000, .metavar = "N",
+         .help = "fills of the pool timed per row (default 2)"},
+        {"row", 0, CLI_EACH, &sp, .each = add_row, .metavar = "SPEC",
+         .help = "full, or POLICY:BUDGET[:knob=v,...]; repeatable"},
+        {"fallback", 0, CLI_EACH, &sp, .each = add_fallback, .metavar = "POLICY:KNOBS",
+         .help = "the knobs a row of POLICY runs with when its own do not suit the model; "
+                 "repeatable"},
+        {0}};
+    int help = 0, rc = cli_flags_parse("kv_bench", flags, argc, argv, &help);
+    if (rc)
+        return rc;
+    if (help) {
+        usage(stdout, flags);
+        return 0;
+    }
+    if (!model_dir || !prompts_path || !b.out_dir || sp.n_rows == 0) {
+        usage(stderr, flags);
+        return 2;
+    }
+    b.waves = (int)waves;
+    ar_error_t err = {{0}};
+    backend_t *be = backend_cpu_create((int)threads, &err);
+    if (!be) {
+        fprintf(stderr, "kv_bench: %s\n", err.msg);
         return 1;
     }
-    printf("%s\n", text);
+    int checks_failed = 0;
+    cJSON *doc = NULL;
+    char *text = NULL;
+    rc = 1;
+    if (bench_load(&b, model_dir, prompts_path, be, pool_images) == AR_OK &&
+        (doc = bench_rows(&b, &sp, pool_images, (int)threads, &checks_failed)) &&
+        (text = cJSON_Print(doc))) {
+        printf("%s\n", text);
+        rc = checks_failed ? 3 : 0;
+    } else if (doc) {
+        fprintf(stderr, "kv_bench: out of memory\n");
+    }
     free(text);
     cJSON_Delete(doc);
-    if (b.pool.bad_frees)
-        fprintf(stderr, "kv_bench: %lld blocks released twice\n", b.pool.bad_frees);
-    kv_pool_free(&b.pool);
-    for (int i = 0; i < b.n_prompts; i++) {
-        free(b.prompts[i].text);
-        free(b.prompts[i].cond);
-        free(b.prompts[i].uncond);
-    }
-    free(b.prompts);
-    model_free(&b.model);
+    bench_free(&b);
     be->destroy(be);
-    return checks_failed ? 3 : 0;
+    return rc;
 }

@@ -5,7 +5,8 @@
  * Conventions: activations are fp32, row-major; "rows" are tokens. Buffers
  * passed to ops are backend memory (from ->alloc) unless a parameter says
  * "host". Ops do not fail: shapes are the caller's contract, checked with
- * asserts in debug builds. Images are NCHW with N = 1 (C, H, W).
+ * asserts in debug and sanitizer builds (release builds define NDEBUG). Images are NCHW with N = 1
+ * (C, H, W).
  *
  * A backend is driven by one thread at a time (like a CUDA stream): backends
  * keep scratch memory and handles that are not shared between callers.
@@ -193,6 +194,13 @@ int backend_check_weight(const char *backend, const void *host_src, dtype_t dtyp
 
 /* Creates the CPU backend with n_threads worker threads (0: all cores). */
 backend_t *backend_cpu_create(int n_threads, ar_error_t *err);
+
+/* The backend called name ("cpu", "cuda" or "auto": cuda when this binary
+ * has it and a GPU is present, else cpu); threads is the CPU backend's
+ * thread count (0: all cores). NULL with a message in err when the name is
+ * unknown, cuda is asked of a binary built without CUDA=1, or the backend
+ * cannot start (engine/backend_open.c). */
+backend_t *backend_open(const char *name, int threads, ar_error_t *err);
 
 /* Creates the CUDA backend on device `device` (builds with CUDA=1 only).
  * It reserves reserve_bytes of device memory at once (0: the free memory

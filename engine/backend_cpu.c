@@ -546,10 +546,9 @@ static void cpu_softmax(backend_t *be, float *x, int rows, int cols) {
 static void cpu_embedding(backend_t *be, float *out, const tensor_t *table, const int *ids, int n,
                           int l2_normalize) {
     assert(table->dtype == DTYPE_F32 && table->ndim == 2 && n >= 0);
-    const int64_t vocab = table->shape[0];
     const size_t dim = (size_t)table->shape[1];
     for (int i = 0; i < n; i++) {
-        assert(ids[i] >= 0 && ids[i] < vocab);
+        assert(ids[i] >= 0 && ids[i] < table->shape[0]);
         float *o = out + (size_t)i * dim;
         memcpy(o, (const float *)table->data + (size_t)ids[i] * dim, dim * sizeof(float));
         if (l2_normalize) {

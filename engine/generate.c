@@ -1,15 +1,12 @@
-/* Stepping image requests through the raster model and the host sampler,
- * with the KV policy hooks between steps. */
+/* Stepping image requests through their model's family (forward pass and
+ * sampling), with the KV policy hooks between steps. */
 #include "generate.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "planner.h"
-
-static int n_heads_total(const model_t *m) {
-    return m->cfg.llm.num_layers * m->cfg.llm.num_kv_heads;
-}
+#include "batcher.h"
+#include "family.h"
 
 int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
                      const kv_policy_params_t *policy, const int *cond, const int *uncond,
@@ -21,44 +18,49 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
     r->seed = seed;
     r->stream = stream;
     r->n_prompt = n_prompt;
-    r->n_steps = m->cfg.image.grid_height * m->cfg.image.grid_width;
     r->pool = pool;
     if (policy)
         r->policy = *policy;
     else
         kv_policy_defaults(&r->policy, KV_POLICY_FULL);
+    kv_geometry_t g;
+    model_geometry(&m->cfg, n_prompt, &g);
+    r->n_steps = kv_geometry_steps(&g);
+    r->n_tokens = kv_geometry_image_tokens(&g);
     const int with_policy = r->policy.kind != KV_POLICY_FULL;
-    int K = m->cfg.image.codebook_size;
-    /* The last sampled token is never fed back. */
-    int capacity = n_prompt + r->n_steps - 1;
+    const int with_mass = with_policy && (kv_policy_stats(r->policy.kind) & KV_STATS_KEY_MASS);
+    const int K = m->cfg.image.codebook_size;
+    /* What the last step holds: the family's geometry says what is fed. */
+    const int capacity = kv_geometry_held(&g, r->n_steps - 1);
     r->cond_ids = malloc((size_t)n_prompt * sizeof(int));
     r->uncond_ids = malloc((size_t)n_prompt * sizeof(int));
-    r->tokens = calloc((size_t)r->n_steps, sizeof(int));
+    r->tokens = calloc((size_t)r->n_tokens, sizeof(int));
     r->logits = malloc((size_t)2 * K * sizeof(float));
     if (!r->cond_ids || !r->uncond_ids || !r->tokens || !r->logits)
         goto oom;
     memcpy(r->cond_ids, cond, (size_t)n_prompt * sizeof(int));
     memcpy(r->uncond_ids, uncond, (size_t)n_prompt * sizeof(int));
     if (with_policy) {
-        const size_t heads = (size_t)n_heads_total(m);
-        r->mass_live[0] = calloc(heads, 1);
-        r->mass_live[1] = calloc(heads, 1);
-        r->mass_host = malloc(heads * (size_t)capacity * sizeof(float));
-        r->zeros = calloc((size_t)capacity, sizeof(float));
-        r->keep = malloc((size_t)capacity * sizeof(int));
-        if (!r->mass_live[0] || !r->mass_live[1] || !r->mass_host || !r->zeros || !r->keep)
+        if (!(r->keep = malloc((size_t)capacity * sizeof(int))))
             goto oom;
-        kv_geometry_t g = planner_geometry(&m->cfg, n_prompt);
-        if (kv_policy_validate(&r->policy, &g, err) != AR_OK)
-            goto fail;
         for (int j = 0; j < 2; j++)
             if (!(r->policy_state[j] = kv_policy_begin(&r->policy, &g, err)))
                 goto fail;
     }
-    if (sampler_init(&r->sampler, K, err) != AR_OK ||
-        raster_seq_init(&r->seq[0], &m->lm, pool, capacity, with_policy, err) != AR_OK ||
-        raster_seq_init(&r->seq[1], &m->lm, pool, capacity, with_policy, err) != AR_OK)
+    if (with_mass) {
+        const size_t heads = (size_t)g.n_layers * (size_t)g.n_heads;
+        r->mass_live[0] = calloc(heads, 1);
+        r->mass_live[1] = calloc(heads, 1);
+        r->mass_host = malloc(heads * (size_t)capacity * sizeof(float));
+        r->zeros = calloc((size_t)capacity, sizeof(float));
+        if (!r->mass_live[0] || !r->mass_live[1] || !r->mass_host || !r->zeros)
+            goto oom;
+    }
+    if (sampler_init(&r->sampler, K, err) != AR_OK)
         goto fail;
+    for (int j = 0; j < 2; j++)
+        if (kv_seq_init(&r->seq[j], pool, g.n_layers, g.n_heads, capacity, with_mass, err) != AR_OK)
+            goto fail;
     return AR_OK;
 oom:
     ar_errorf(err, "out of memory");
@@ -67,18 +69,14 @@ fail:
     return AR_ERR;
 }
 
+static void request_release_kv(gen_request_t *r);
+
 void gen_request_free(gen_request_t *r) {
     if (!r->model)
         return;
-    for (int i = 0; i < 2; i++) {
-        /* A double free is counted in the pool (pool->bad_frees) for the
-         * owner of the pool to report; this request is gone either way. */
-        if (r->seq[i].heads)
-            raster_seq_free(&r->seq[i], &r->model->lm, NULL);
-        if (r->policy_state[i])
-            kv_policy_end(r->policy_state[i]);
+    request_release_kv(r);
+    for (int i = 0; i < 2; i++)
         free(r->mass_live[i]);
-    }
     sampler_free(&r->sampler);
     free(r->cond_ids);
     free(r->uncond_ids);
@@ -91,19 +89,20 @@ void gen_request_free(gen_request_t *r) {
 }
 
 /* After step `step`'s forward: asks sequence j's policy, for every (layer,
- * head), what to keep, and applies it. Key mass is handed over for heads
- * that collected since their last reset (NULL otherwise); a head's mass is
- * zero past its length and, while not collecting, everywhere, so a
- * compaction gathers it only while it collects. */
-static int policy_step_end(gen_request_t *r, int j, int step, int collected, ar_error_t *err) {
-    raster_seq_t *sq = &r->seq[j];
-    backend_t *be = r->model->lm.be;
+ * head), what to keep, and applies it. Key mass (only for a policy that
+ * asks for it) is handed over for heads that collected since their last
+ * reset (NULL otherwise); a head's mass is zero past its length and, while
+ * not collecting, everywhere, so a compaction gathers it only while it
+ * collects. */
+static int policy_step_end(gen_request_t *r, int j, int step, ar_error_t *err) {
+    kv_seq_t *sq = &r->seq[j];
+    backend_t *be = r->model->be;
     const int H = sq->n_heads, n = sq->n_layers * H;
     const size_t cap = (size_t)sq->capacity;
-    uint8_t *live = r->mass_live[j];
+    uint8_t *live = r->mass_live[j]; /* NULL: the policy takes no mass */
     int any_live = 0;
-    for (int i = 0; i < n; i++) {
-        if (collected)
+    for (int i = 0; live && i < n; i++) {
+        if (r->collect[j])
             live[i] = 1;
         any_live |= live[i];
     }
@@ -112,24 +111,23 @@ static int policy_step_end(gen_request_t *r, int j, int step, int collected, ar_
         be->download(be, r->mass_host, sq->mass, (size_t)n * cap * sizeof(float));
     for (int i = 0; i < n; i++) {
         kv_head_t *kh = &sq->heads[i];
-        float *mass_dev = sq->mass + (size_t)i * cap;
+        const int has_mass = live && live[i];
+        float *mass_dev = has_mass ? sq->mass + (size_t)i * cap : NULL;
         const int len = kh->len;
         int n_keep = len;
         int what =
             kv_policy_step_end(r->policy_state[j], step, i / H, i % H, len,
-                               live[i] ? r->mass_host + (size_t)i * cap : NULL, r->keep, &n_keep);
+                               has_mass ? r->mass_host + (size_t)i * cap : NULL, r->keep, &n_keep);
         if (what & KV_COMPACT) {
-            if (kv_head_compact(r->pool, kh, r->keep, n_keep, live[i] ? mass_dev : NULL, err) !=
-                AR_OK)
+            if (kv_head_compact(r->pool, kh, r->keep, n_keep, mass_dev, err) != AR_OK)
                 return ar_error_prefix(err, "policy %s, step %d, sequence %d, layer %d, head %d",
                                        kv_policy_name(r->policy.kind), step, j, i / H, i % H);
-            if (live[i] && kh->len < len)
+            if (has_mass && kh->len < len)
                 be->upload(be, mass_dev + kh->len, r->zeros,
                            (size_t)(len - kh->len) * sizeof(float));
         }
-        if (what & KV_RESET_MASS) {
-            if (live[i])
-                be->upload(be, mass_dev, r->zeros, (size_t)kh->len * sizeof(float));
+        if ((what & KV_RESET_MASS) && has_mass) {
+            be->upload(be, mass_dev, r->zeros, (size_t)kh->len * sizeof(float));
             live[i] = 0;
         }
     }
@@ -140,13 +138,10 @@ int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
     if (n <= 0)
         return AR_OK;
     model_t *m = reqs[0]->model;
-    backend_t *be = m->lm.be;
-    int K = m->cfg.image.codebook_size;
-    raster_input_t *in = malloc((size_t)2 * n * sizeof *in);
+    backend_t *be = m->be;
     gen_request_t **live = malloc((size_t)n * sizeof *live);
-    float *logits = malloc((size_t)2 * n * K * sizeof(float));
     int n_live = 0, rc = AR_ERR;
-    if (!in || !live || !logits) {
+    if (!live) {
         ar_errorf(err, "out of memory");
         goto out;
     }
@@ -158,36 +153,23 @@ int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
             ar_errorf(err, "requests of different models cannot share a step");
             goto out;
         }
-        int prefill = r->step == 0;
         for (int j = 0; j < 2; j++)
-            in[2 * n_live + j] = (raster_input_t){
-                .seq = &r->seq[j],
-                .n = prefill ? r->n_prompt : 1,
-                .ids = prefill ? (j ? r->uncond_ids : r->cond_ids) : &r->tokens[r->step - 1],
-                .is_image = !prefill,
-                .collect_mass =
-                    r->policy_state[j] && kv_policy_collect(r->policy_state[j], r->step),
-            };
+            r->collect[j] = r->mass_live[j] && kv_policy_collect(r->policy_state[j], r->step);
         live[n_live++] = r;
     }
-    if (raster_forward(&m->lm, in, 2 * n_live, logits, err) != AR_OK)
+    if (n_live == 0) {
+        rc = AR_OK;
+        goto out;
+    }
+    if (m->family->step(m, live, n_live, err) != AR_OK)
         goto out;
     for (int i = 0; i < n_live; i++) {
         gen_request_t *r = live[i];
-        int blocks = 0;
-        for (int j = 0; j < 2; j++)
-            for (int h = 0; h < r->seq[j].n_layers * r->seq[j].n_heads; h++)
-                blocks += r->seq[j].heads[h].n_blocks;
+        const int blocks = kv_seq_blocks(&r->seq[0]) + kv_seq_blocks(&r->seq[1]);
         if (blocks > r->kv_peak_blocks)
             r->kv_peak_blocks = blocks;
-        memcpy(r->logits, logits + (size_t)2 * i * K, (size_t)2 * K * sizeof(float));
-        r->tokens[r->step] = r->forced
-                                 ? r->forced[r->step]
-                                 : sampler_next(&r->sampler, r->logits, r->logits + K, &r->params,
-                                                r->seed, r->stream, (uint64_t)r->step);
         for (int j = 0; j < 2; j++)
-            if (r->policy_state[j] &&
-                policy_step_end(r, j, r->step, in[2 * i + j].collect_mass, err) != AR_OK)
+            if (r->policy_state[j] && policy_step_end(r, j, r->step, err) != AR_OK)
                 goto out;
         r->step++;
     }
@@ -201,14 +183,81 @@ int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
     }
     rc = AR_OK;
 out:
-    free(in);
     free(live);
-    free(logits);
     return rc;
 }
 
 int gen_decode(gen_request_t *r, uint8_t *rgb, ar_error_t *err) {
     if (!gen_request_done(r))
         return ar_errorf(err, "the image is not finished");
-    return vq_decode(&r->model->dec, r->tokens, rgb, NULL, err);
+    return r->model->family->decode(r->model, r->tokens, rgb, err);
+}
+
+int gen_preview(gen_request_t *r, uint8_t *rgb, ar_error_t *err) {
+    return r->model->family->preview(r->model, r->tokens, r->step, rgb, err);
+}
+
+/* ---- jobs ---- */
+
+/* Gives back a request's KV and policy state; its tokens stay. */
+static void request_release_kv(gen_request_t *r) {
+    for (int i = 0; i < 2; i++) {
+        /* A double free is counted in the pool (pool->bad_frees) for the
+         * owner of the pool to report; this request is gone either way. */
+        kv_seq_free(&r->seq[i], NULL);
+        kv_policy_end(r->policy_state[i]);
+        r->policy_state[i] = NULL;
+    }
+}
+
+static int job_start(void *ctx, void *work, ar_error_t *err) {
+    kv_pool_t *pool = ctx;
+    gen_job_t *j = work;
+    j->images = calloc((size_t)j->n_images, sizeof *j->images);
+    if (!j->images)
+        return ar_errorf(err, "out of memory");
+    for (int i = 0; i < j->n_images; i++)
+        if (gen_request_init(&j->images[i], j->model, pool, &j->policy, j->cond, j->uncond,
+                             j->n_prompt, &j->params, j->seed, (uint64_t)i, err) != AR_OK) {
+            gen_job_free(j);
+            return AR_ERR;
+        }
+    return AR_OK;
+}
+
+static int job_step(void *ctx, void *const *work, int n, size_t *kv_peak_bytes, ar_error_t *err) {
+    kv_pool_t *pool = ctx;
+    int n_req = 0;
+    for (int i = 0; i < n; i++)
+        n_req += ((gen_job_t *)work[i])->n_images;
+    gen_request_t **batch = malloc((size_t)n_req * sizeof *batch);
+    if (!batch)
+        return ar_errorf(err, "out of memory for a batch of %d images", n_req);
+    n_req = 0;
+    for (int i = 0; i < n; i++) {
+        gen_job_t *j = work[i];
+        for (int k = 0; k < j->n_images; k++)
+            batch[n_req++] = &j->images[k];
+    }
+    kv_pool_reset_peak(pool);
+    int rc = gen_step(batch, n_req, err);
+    *kv_peak_bytes = (size_t)pool->peak_in_use *
+                     kv_pool_block_bytes(pool->blocks.block_tokens, pool->blocks.head_dim);
+    free(batch);
+    return rc;
+}
+
+static void job_stop(void *ctx, void *work) {
+    gen_job_t *j = work;
+    for (int i = 0; j->images && i < j->n_images; i++)
+        request_release_kv(&j->images[i]);
+}
+
+const batcher_ops_t gen_batcher_ops = {.start = job_start, .step = job_step, .stop = job_stop};
+
+void gen_job_free(gen_job_t *j) {
+    for (int i = 0; j->images && i < j->n_images; i++)
+        gen_request_free(&j->images[i]);
+    free(j->images);
+    j->images = NULL;
 }

@@ -1,10 +1,10 @@
-/* One image generation as a sequence of steps, so a caller (the CLI, later
- * the scheduler) can advance many requests in one forward pass. A request
- * owns its CFG pair of sequences (conditional, unconditional); step 0 feeds
- * both prompt rows (prefill), every later step feeds the last sampled image
- * token to both rows, and each step samples one image token. The pair's KV
- * lives in a pool shared by every request; a KV policy (engine/kv_policy.h)
- * may compact it after each step. */
+/* One image generation as a sequence of steps, so a caller (the command
+ * line, the batcher) can advance many requests in one forward pass. A
+ * request owns its CFG pair of sequences (conditional, unconditional); its
+ * model's family decides what each step feeds and how many steps there are
+ * (engine/family.h), and samples the step's tokens. The pair's KV lives in
+ * a pool shared by every request; a KV policy (engine/kv_policy.h) may
+ * compact it after each step. */
 #ifndef ARSERVE_GENERATE_H
 #define ARSERVE_GENERATE_H
 
@@ -12,6 +12,7 @@
 
 #include "kv_policy.h"
 #include "kv_pool.h"
+#include "kv_seq.h"
 #include "model.h"
 #include "sampler.h"
 
@@ -21,11 +22,12 @@ typedef struct gen_request {
     uint64_t seed, stream; /* the RNG draws (seed, stream, step) */
     int n_prompt;
     int *cond_ids, *uncond_ids;
-    raster_seq_t seq[2]; /* conditional, unconditional */
+    kv_seq_t seq[2]; /* conditional, unconditional */
     int step, n_steps;
-    int *tokens;       /* n_steps image tokens in raster order */
+    int n_tokens;      /* image tokens of the whole request */
+    int *tokens;       /* n_tokens image tokens, in the family's order */
     const int *forced; /* optional: take these tokens instead of sampling */
-    float *logits;     /* host: the last step's logits, cond then uncond (2 x K) */
+    float *logits;     /* host: the last step's logits, cond then uncond */
     sampler_t sampler;
     /* KV: blocks come from pool; with a policy other than full, each
      * sequence runs it on its own cache with its own state (as LineAR and
@@ -34,8 +36,9 @@ typedef struct gen_request {
     kv_pool_t *pool;
     kv_policy_params_t policy;
     kv_policy_state_t *policy_state[2];
+    int collect[2];        /* this step: sequence j accumulates key mass */
     uint8_t *mass_live[2]; /* per (layer, head): mass collected since its last reset */
-    float *mass_host;      /* host: one sequence's mass arrays, as raster_seq_t lays them out */
+    float *mass_host;      /* host: one sequence's mass arrays, as kv_seq_t lays them out */
     float *zeros;          /* host: capacity zeros, to clear mass */
     int *keep;             /* host: capacity entries, the policy's keep list */
     /* The most pool blocks the pair has held at once: counted after each
@@ -47,7 +50,7 @@ typedef struct gen_request {
 /* Prepares a request from prompt rows made by model_prompt_from_*. Its KV
  * blocks come from pool (whose head_dim is the model's) as it runs; policy
  * NULL or of kind KV_POLICY_FULL keeps every token and costs nothing;
- * another policy is validated against the request's geometry here. */
+ * another policy is checked against the request's geometry here. */
 int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
                      const kv_policy_params_t *policy, const int *cond, const int *uncond,
                      int n_prompt, const sampler_params_t *params, uint64_t seed, uint64_t stream,
@@ -59,11 +62,38 @@ void gen_request_free(gen_request_t *r);
 static inline int gen_request_done(const gen_request_t *r) { return r->step >= r->n_steps; }
 
 /* Advances every unfinished request in reqs by one step, in one forward
- * pass over all their sequences (which share one pool), then lets each
- * request's policy compact its caches. */
+ * pass over all their sequences (which share one model and one pool), then
+ * lets each request's policy compact its caches. */
 int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err);
 
 /* Decodes a finished request's tokens into rgb (image_height x image_width x 3). */
 int gen_decode(gen_request_t *r, uint8_t *rgb, ar_error_t *err);
+
+/* Decodes an unfinished request's tokens so far into rgb (a preview). */
+int gen_preview(gen_request_t *r, uint8_t *rgb, ar_error_t *err);
+
+/* ---- jobs: what the batcher runs ---- */
+
+/* n_images images of one prompt under one policy: image i draws from
+ * (seed, stream i). The driver fills the fields above `images`; the
+ * prompt rows are read while the job starts and are the driver's. */
+typedef struct gen_job {
+    model_t *model;
+    const int *cond, *uncond;
+    int n_prompt;
+    int n_images;
+    sampler_params_t params;
+    uint64_t seed;
+    kv_policy_params_t policy;
+    gen_request_t *images; /* n_images, while it runs and after it finished */
+} gen_job_t;
+
+/* The engine's batcher ops (engine/batcher.h) over gen_job_t works; ctx is
+ * the kv_pool_t every job takes its KV from. start makes the job's
+ * requests, step advances every image of the batch in one gen_step and
+ * reports the pool's peak, stop gives back the KV but keeps the tokens, so
+ * a finished job can still be decoded; gen_job_free frees the rest. */
+extern const struct batcher_ops gen_batcher_ops;
+void gen_job_free(gen_job_t *j);
 
 #endif

@@ -1,8 +1,11 @@
-/* KV-cache compression policies for raster models (docs/kv-cache.md): full,
- * StreamingLLM, LineAR and HeadKV. A policy knows its worst-case trajectory
- * before a request runs (for the planner) and, while it runs, decides after
- * each step which tokens each (layer, head) keeps, from attention statistics
- * it asked the engine to collect. Pure host logic: no backend calls. */
+/* KV-cache compression policies (docs/kv-cache.md, docs/kv-policies.md): a
+ * table of policies, one file each (engine/policy_*.c behind
+ * kv_policy_impl.h), all asked the same questions. Before a request runs:
+ * its worst-case trajectory (tokens one (layer, head) holds during each
+ * step), for the planner. While it runs: after each step, which tokens each
+ * (layer, head) keeps, from attention statistics it asked the engine to
+ * collect. A policy sees the request as segments (the condition prefix,
+ * then lines or scales), never as a grid. Pure host logic: no backend calls. */
 #ifndef ARSERVE_KV_POLICY_H
 #define ARSERVE_KV_POLICY_H
 
@@ -10,12 +13,17 @@
 
 #include "status.h"
 
-typedef enum kv_policy_kind {
-    KV_POLICY_FULL = 0,
-    KV_POLICY_STREAMING,
-    KV_POLICY_LINEAR,
-    KV_POLICY_HEADKV,
-} kv_policy_kind_t;
+/* The policies, in table order: X(KIND, name). Adding one is a line here,
+ * a file engine/policy_<name>.c defining kv_policy_<name>, and its knobs
+ * below; every list of names, the API's and the config's, derives from it. */
+#define KV_POLICIES(X)                                                                             \
+    X(FULL, full)                                                                                  \
+    X(STREAMING, streaming)                                                                        \
+    X(LINEAR, linear)                                                                              \
+    X(HEADKV, headkv)
+
+#define KV_POLICY_KIND_(kind, name) KV_POLICY_##kind,
+typedef enum kv_policy_kind { KV_POLICIES(KV_POLICY_KIND_) KV_POLICY_COUNT } kv_policy_kind_t;
 
 /* Every knob, with the papers' defaults from kv_policy_defaults(). */
 typedef struct kv_policy_params {
@@ -42,7 +50,7 @@ typedef struct kv_policy_params {
  * '-' for '_', variable ARSERVE_NAME); it belongs to `policy` alone. type is
  * INT or REAL; values lie in [lo, hi], or (lo, hi] when lo_open. The upper
  * bounds only keep arithmetic in range: whether a value suits a model is
- * kv_policy_validate's question. The budget is not listed: every policy but
+ * kv_policy_check's question. The budget is not listed: every policy but
  * full takes one. Defaults and their sources: docs/kv-policies.md. */
 #define KV_POLICY_KNOBS(X)                                                                         \
     /* StreamingLLM §3.1, Tab. 2: four initial tokens suffice as sinks */                         \
@@ -101,41 +109,120 @@ int kv_policy_knob_ok(const kv_policy_knob_t *k, double v);
 /* "an integer from 0 to 4096", "a number greater than 0 and at most 1" */
 void kv_policy_knob_describe(const kv_policy_knob_t *k, char *buf, size_t cap);
 
-/* What a policy knows about a request. */
+/* ---- what a policy knows about a request ---- */
+
+/* The most segments a request may have: lines of a grid (at most 256, as
+ * arserve.json allows) or scales. */
+#define KV_MAX_SEGMENTS 256
+
+/* What one step of a request feeds after the condition prefix. */
+typedef enum kv_step_unit {
+    KV_STEP_TOKEN,   /* one token (raster: the token sampled at the step before) */
+    KV_STEP_SEGMENT, /* a whole segment (next-scale: a scale) */
+} kv_step_unit_t;
+
+/* A request's KV cache as segments: the condition prefix (n_prompt tokens,
+ * fed at step 0), then n_segments segments of segment_tokens[i] tokens
+ * (lines or scales), for n_layers x n_heads caches per sequence. With
+ * KV_STEP_TOKEN a request has one step per image token: step 0 feeds the
+ * prefix, step t > 0 feeds image token t - 1 (the last is never fed). With
+ * KV_STEP_SEGMENT it has one step per segment: step 0 feeds the prefix and
+ * segment 0, step t > 0 feeds segment t. The model's family makes it
+ * (engine/family.h); nothing else computes steps. */
 typedef struct kv_geometry {
-    int n_prompt;   /* condition prefix tokens */
-    int line_width; /* image tokens per line (w) */
-    int n_lines;    /* lines per image (h) */
+    int n_prompt;
+    kv_step_unit_t step_unit;
+    int n_segments;
+    int segment_tokens[KV_MAX_SEGMENTS];
     int n_layers, n_heads;
 } kv_geometry_t;
 
+/* n_segments segments of tokens_each tokens (lines of a raster grid). */
+void kv_geometry_uniform(kv_geometry_t *g, int n_prompt, kv_step_unit_t unit, int n_segments,
+                         int tokens_each, int n_layers, int n_heads);
+
+/* AR_OK when g is a geometry requests can have; the message names the
+ * dimension at fault. */
+int kv_geometry_check(const kv_geometry_t *g, ar_error_t *err);
+
+/* Image tokens of the whole request: the sum of its segments. */
+int kv_geometry_image_tokens(const kv_geometry_t *g);
+/* Steps of a request (see kv_geometry_t). */
+int kv_geometry_steps(const kv_geometry_t *g);
+/* Image tokens step t feeds (the prefix not counted). */
+int kv_geometry_fed(const kv_geometry_t *g, int t);
+/* Tokens every head holds during step t under the full cache (after the
+ * step's append): the prefix and every image token fed so far. */
+int kv_geometry_held(const kv_geometry_t *g, int t);
+/* The step during which segment k's last token is fed (its end), or -1
+ * when it never is (a raster grid's last line: its last token is sampled,
+ * never fed). */
+int kv_geometry_segment_end(const kv_geometry_t *g, int k);
+
+/* ---- the policies ---- */
+
+/* The papers' knobs (the knob table's defaults) and the policy's own budget. */
 void kv_policy_defaults(kv_policy_params_t *p, kv_policy_kind_t kind);
 
-/* "full", "streaming", "linear", "headkv" -> kind; -1 if unknown. */
+/* A policy's name -> kind; -1 if unknown (names are case-sensitive). */
 int kv_policy_parse(const char *name);
 const char *kv_policy_name(kv_policy_kind_t kind);
+/* The names, in table order, NULL-terminated (choices of the config). */
+extern const char *const kv_policy_names[KV_POLICY_COUNT + 1];
+/* "full, streaming, linear, headkv" into buf (cap bytes); returns buf. */
+const char *kv_policy_list(char *buf, size_t cap);
+/* A policy's budget when a request or the config gives none. */
+double kv_policy_default_budget(kv_policy_kind_t kind);
 
-/* Checks the knobs of p's policy (ranges as in KV_POLICY_KNOBS), then
- * against the geometry (budget too small to hold the prefix and the recent
- * window, ...); the message names the knob. */
-int kv_policy_validate(const kv_policy_params_t *p, const kv_geometry_t *g, ar_error_t *err);
+/* What a request or a config says about its KV policy, each part optional.
+ * has_kind 0: the default's kind; budget 0: none given; bit i of
+ * knobs_given: knob kv_policy_knobs[i] given, its value in knobs. */
+typedef struct kv_policy_overrides {
+    int has_kind;
+    kv_policy_kind_t kind;
+    double budget;
+    unsigned knobs_given;
+    kv_policy_params_t knobs;
+} kv_policy_overrides_t;
 
-/* kv_policy_validate, also saying which setting is at fault: *field (may be
- * NULL) is set to a knob's name, to "budget" (also when the budget is too
- * small for the knobs), or to NULL for a bad geometry or kind. */
+/* The policy a request runs with, resolved once: o's kind, else the
+ * defaults' (the daemon's config); o's budget, else the defaults' when
+ * positive, else the policy's own; o's knobs over the defaults' knobs.
+ * A knob given for another policy than the request's is an error naming
+ * the knob (*field, may be NULL): it would be ignored, and the client
+ * would never know. defaults NULL: full and the papers' knobs. */
+int kv_policy_resolve(const kv_policy_params_t *defaults, const kv_policy_overrides_t *o,
+                      kv_policy_params_t *out, const char **field, ar_error_t *err);
+
+/* Checks p for a request of geometry g: the geometry, the policy's budget
+ * and knob ranges (as in KV_POLICY_KNOBS), then the policy's own rules (a
+ * budget too small to hold the prefix and the recent window, a geometry it
+ * does not work on, ...). The message names the setting; so does *field
+ * (may be NULL): a knob's name, "budget" (also when the budget is too small
+ * for the knobs), or NULL for the geometry or the kind. */
 int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const char **field,
                     ar_error_t *err);
 
-/* Steps in a request: w * h (one image token sampled per step). */
-static inline int kv_geometry_steps(const kv_geometry_t *g) { return g->line_width * g->n_lines; }
+/* kv_policy_check, then the worst-case tokens one head holds during each
+ * step t (after the step's append, before its compaction), for t in
+ * [0, kv_geometry_steps(g)). Exact for full, streaming and linear; HeadKV
+ * plans every head as global. */
+int kv_policy_trajectory(const kv_policy_params_t *p, const kv_geometry_t *g, int *tokens,
+                         const char **field, ar_error_t *err);
 
-/* Worst-case tokens one head holds during each step t (after the step's
- * append, before its compaction), for t in [0, steps). Exact for full,
- * streaming and linear; HeadKV plans every head as global. */
-int kv_policy_trajectory(const kv_policy_params_t *p, const kv_geometry_t *g, int *tokens);
+/* What p's budget comes to on geometry g, in words, for people ("B = 4 of
+ * 24 lines = ..."); the check's message when p does not suit g. */
+void kv_policy_describe(const kv_policy_params_t *p, const kv_geometry_t *g, char *buf, size_t cap);
 
+/* Statistics a policy asks the engine to collect (bits). */
+enum {
+    KV_STATS_KEY_MASS = 1, /* softmax mass each key received from the step's queries */
+};
+unsigned kv_policy_stats(kv_policy_kind_t kind);
+
+/* One sequence's policy state. kv_policy_begin checks p on g (NULL, err
+ * filled, when kv_policy_check fails or memory runs out). */
 typedef struct kv_policy_state kv_policy_state_t;
-
 kv_policy_state_t *kv_policy_begin(const kv_policy_params_t *p, const kv_geometry_t *g,
                                    ar_error_t *err);
 void kv_policy_end(kv_policy_state_t *s);

@@ -43,19 +43,21 @@ int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err) {
         model_free(m);
         return AR_ERR;
     }
-    int rc = raster_load(&m->lm, &m->cfg, &ws, be, err);
-    if (rc == AR_OK)
-        rc = vq_decoder_load(&m->dec, &m->cfg, &ws, be, err);
+    m->family = model_family_of(&m->cfg);
+    int rc = m->family->load(m, &ws, err);
     m->weight_bytes = ws.bytes_loaded;
     weight_set_close(&ws);
-    if (rc != AR_OK)
+    if (rc != AR_OK) {
+        m->family = NULL;
         model_free(m);
+    }
     return rc;
 }
 
 void model_free(model_t *m) {
-    raster_free(&m->lm);
-    vq_decoder_free(&m->dec);
+    if (m->family)
+        m->family->free(m);
+    m->family = NULL;
     tokenizer_free(m->tok);
     m->tok = NULL;
 }

@@ -1,10 +1,12 @@
-/* A loaded model directory: config, tokenizer, the raster language model and
- * the image decoder, on one backend; and the prompt rows it feeds (the
- * conditional row and the unconditional row for classifier-free guidance). */
+/* A loaded model directory: config, tokenizer and its family's networks (for
+ * the raster family, the language model and the VQ decoder) on one backend;
+ * and the prompt rows it feeds (the conditional row and the unconditional
+ * row for classifier-free guidance). */
 #ifndef ARSERVE_MODEL_H
 #define ARSERVE_MODEL_H
 
 #include "backend.h"
+#include "family.h"
 #include "model_config.h"
 #include "raster.h"
 #include "tokenizer.h"
@@ -16,6 +18,7 @@
 typedef struct model {
     char dir[1024];
     model_config_t cfg;
+    const model_family_t *family;
     tokenizer_t *tok;
     raster_model_t lm;
     vq_decoder_t dec;

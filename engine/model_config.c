@@ -2,6 +2,8 @@
  * type- and range-checked, and every error names the file and the key path. */
 #include "model_config.h"
 
+#include "family.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -289,12 +291,20 @@ int model_config_parse(model_config_t *cfg, const char *json, size_t len, const 
         get_string(&c, root, "family", 1, cfg->family, sizeof cfg->family) ||
         get_string(&c, root, "architecture", 1, cfg->architecture, sizeof cfg->architecture))
         goto out;
-    if (strcmp(cfg->family, "raster") != 0) {
-        ar_errorf(err, "%s: 'family' is '%s'; supported: raster", path, cfg->family);
+    const model_family_t *family = model_family_find(cfg->family);
+    if (!family) {
+        char names[128];
+        ar_errorf(err, "%s: 'family' is '%s'; supported: %s", path, cfg->family,
+                  model_family_list(names, sizeof names));
         goto out;
     }
-    if (strcmp(cfg->architecture, "janus") != 0) {
-        ar_errorf(err, "%s: 'architecture' is '%s'; supported: janus", path, cfg->architecture);
+    if (!model_family_has_architecture(family, cfg->architecture)) {
+        char names[128] = "";
+        for (const char *const *a = family->architectures; *a; a++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+                     a == family->architectures ? "" : ", ", *a);
+        ar_errorf(err, "%s: 'architecture' is '%s'; supported for family %s: %s", path,
+                  cfg->architecture, family->name, names);
         goto out;
     }
     strcpy(cfg->tokenizer, "tokenizer.json");

@@ -4,48 +4,61 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "family.h"
 #include "kv_pool.h"
 
-size_t planner_full_cache_bytes(const model_config_t *cfg, int n_prompt) {
-    size_t tokens = (size_t)n_prompt + (size_t)cfg->image.grid_height * cfg->image.grid_width - 1;
-    size_t per_token = (size_t)cfg->llm.num_layers * cfg->llm.num_kv_heads * cfg->llm.head_dim *
-                       2 /* K and V */ * sizeof(float);
-    return 2 /* CFG pair */ * tokens * per_token;
+/* Bytes of one token in every (layer, head) of both CFG sequences. */
+static size_t token_image_bytes(const model_config_t *cfg) {
+    return kv_pool_block_bytes(1, cfg->llm.head_dim) * (size_t)cfg->llm.num_layers *
+           (size_t)cfg->llm.num_kv_heads * 2 /* CFG pair */;
 }
 
-kv_geometry_t planner_geometry(const model_config_t *cfg, int n_prompt) {
-    return (kv_geometry_t){.n_prompt = n_prompt,
-                           .line_width = cfg->image.grid_width,
-                           .n_lines = cfg->image.grid_height,
-                           .n_layers = cfg->llm.num_layers,
-                           .n_heads = cfg->llm.num_kv_heads};
+size_t planner_full_cache_bytes(const model_config_t *cfg, int n_prompt) {
+    kv_geometry_t g;
+    model_geometry(cfg, n_prompt, &g);
+    return (size_t)kv_geometry_held(&g, kv_geometry_steps(&g) - 1) * token_image_bytes(cfg);
 }
 
 int planner_block_tokens(const model_config_t *cfg) {
-    return kv_pool_choose_block_tokens(planner_steps(cfg) / PLANNER_MIN_BUDGET_INV);
+    return kv_pool_choose_block_tokens(model_image_tokens(cfg) / PLANNER_MIN_BUDGET_INV);
 }
 
-int planner_trajectory_bytes(const model_config_t *cfg, const kv_policy_params_t *p, int n_prompt,
-                             int block_tokens, size_t *bytes, ar_error_t *err) {
+void planner_plan_free(planner_plan_t *pl) {
+    free(pl->tokens);
+    free(pl->bytes);
+    memset(pl, 0, sizeof *pl);
+}
+
+int planner_plan(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,
+                 int n_prompt, int block_tokens, const char **field, ar_error_t *err) {
+    memset(pl, 0, sizeof *pl);
+    if (field)
+        *field = NULL;
     if (block_tokens < 1)
         return ar_errorf(err, "block_tokens %d: must be positive", block_tokens);
-    kv_geometry_t g = planner_geometry(cfg, n_prompt);
-    const int steps = planner_steps(cfg);
-    if (kv_policy_validate(p, &g, err) != AR_OK)
-        return AR_ERR;
-    int *tokens = malloc((size_t)steps * sizeof *tokens);
-    if (!tokens)
+    kv_geometry_t g;
+    model_geometry(cfg, n_prompt, &g);
+    pl->steps = kv_geometry_steps(&g);
+    pl->tokens = malloc((size_t)pl->steps * sizeof *pl->tokens);
+    pl->bytes = malloc((size_t)pl->steps * sizeof *pl->bytes);
+    if (!pl->tokens || !pl->bytes) {
+        planner_plan_free(pl);
         return ar_errorf(err, "out of memory");
-    if (kv_policy_trajectory(p, &g, tokens) != AR_OK) {
-        free(tokens);
-        return ar_errorf(err, "policy %s: no trajectory for this request", kv_policy_name(p->kind));
+    }
+    if (kv_policy_trajectory(p, &g, pl->tokens, field, err) != AR_OK) {
+        planner_plan_free(pl);
+        return AR_ERR;
     }
     const size_t per_block = kv_pool_block_bytes(block_tokens, cfg->llm.head_dim) *
                              (size_t)cfg->llm.num_layers * (size_t)cfg->llm.num_kv_heads *
                              2 /* CFG pair */;
-    for (int t = 0; t < steps; t++)
-        bytes[t] = (size_t)((tokens[t] + block_tokens - 1) / block_tokens) * per_block;
-    free(tokens);
+    for (int t = 0; t < pl->steps; t++) {
+        pl->bytes[t] = (size_t)((pl->tokens[t] + block_tokens - 1) / block_tokens) * per_block;
+        if (pl->bytes[t] > pl->peak_bytes)
+            pl->peak_bytes = pl->bytes[t];
+        if (pl->tokens[t] > pl->tokens[pl->peak_step])
+            pl->peak_step = t;
+    }
     return AR_OK;
 }
 

@@ -2,8 +2,9 @@
  * its steps) is known before it runs, so admission can check that the pool
  * holds the running requests plus a new one at every future iteration. A
  * trajectory comes from the request's policy (kv_policy_trajectory: tokens
- * per head per step) counted in whole pool blocks, so it is exact: the
- * pool's blocks in use never pass the sum of the running trajectories. */
+ * per head per step, on the geometry the model's family gives) counted in
+ * whole pool blocks, so it is exact: the pool's blocks in use never pass
+ * the sum of the running trajectories. */
 #ifndef ARSERVE_PLANNER_H
 #define ARSERVE_PLANNER_H
 
@@ -14,18 +15,9 @@
 #include "model_config.h"
 #include "status.h"
 
-/* Bytes of K and V one image (its CFG pair of sequences) holds under the
- * full cache with a prompt of n_prompt tokens. */
+/* Bytes of K and V one image (its CFG pair of sequences) holds at its last
+ * step under the full cache with a prompt of n_prompt tokens. */
 size_t planner_full_cache_bytes(const model_config_t *cfg, int n_prompt);
-
-/* What a policy is told about a request of n_prompt prompt tokens: the
- * engine runs with the same geometry the planner planned with. */
-kv_geometry_t planner_geometry(const model_config_t *cfg, int n_prompt);
-
-/* Steps of a request: one image token each. */
-static inline int planner_steps(const model_config_t *cfg) {
-    return cfg->image.grid_height * cfg->image.grid_width;
-}
 
 /* The smallest KV budget the pool's block size is chosen for: 1/8, the
  * smallest budget the KV benchmark runs. */
@@ -36,14 +28,27 @@ static inline int planner_steps(const model_config_t *cfg) {
  * last partial block costs under 5% of its compressed cache. */
 int planner_block_tokens(const model_config_t *cfg);
 
-/* The trajectory of one image (its CFG pair) under policy p in a pool of
- * block_tokens-token blocks: bytes[t], for t < planner_steps(cfg), is what
- * it holds during step t (after the step's append, before its compaction):
- * ceil(tokens[t] / block_tokens) blocks per (layer, head) x block bytes x
- * layers x heads x 2 sequences. AR_ERR (naming the knob) when p does not
- * suit the geometry. */
-int planner_trajectory_bytes(const model_config_t *cfg, const kv_policy_params_t *p, int n_prompt,
-                             int block_tokens, size_t *bytes, ar_error_t *err);
+/* A request's KV plan under its policy, in a pool of block_tokens-token
+ * blocks: for each step t < steps (after the step's append, before its
+ * compaction) the tokens one head holds and the bytes one image (its CFG
+ * pair) holds, ceil(tokens / block_tokens) blocks per (layer, head) x block
+ * bytes x layers x heads x 2 sequences. */
+typedef struct planner_plan {
+    int steps;
+    int *tokens;
+    size_t *bytes;
+    size_t peak_bytes; /* the most bytes of any step */
+    int peak_step;     /* the first step holding the most tokens */
+} planner_plan_t;
+
+/* Plans a request of n_prompt prefix tokens under policy p: the policy is
+ * checked once, here (AR_ERR naming the setting in *field, which may be
+ * NULL, as kv_policy_check does). */
+int planner_plan(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,
+                 int n_prompt, int block_tokens, const char **field, ar_error_t *err);
+void planner_plan_free(planner_plan_t *pl);
+
+/* ---- admission ---- */
 
 typedef struct planner_entry {
     uint64_t id;

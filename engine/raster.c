@@ -141,83 +141,6 @@ static int workspace_reserve(raster_model_t *m, int rows, int seqs, ar_error_t *
     return AR_OK;
 }
 
-int raster_seq_init(raster_seq_t *s, const raster_model_t *m, kv_pool_t *pool, int capacity,
-                    int with_mass, ar_error_t *err) {
-    memset(s, 0, sizeof *s);
-    const llm_config_t *l = &m->cfg->llm;
-    if (pool->blocks.head_dim != l->head_dim)
-        return ar_errorf(err, "the KV pool's head_dim %d is not the model's %d",
-                         pool->blocks.head_dim, l->head_dim);
-    if (capacity < 1)
-        return ar_errorf(err, "a sequence of capacity %d", capacity);
-    size_t heads = (size_t)l->num_layers * l->num_kv_heads;
-    s->pool = pool;
-    s->n_layers = l->num_layers;
-    s->n_heads = l->num_kv_heads;
-    s->capacity = capacity;
-    s->heads = calloc(heads, sizeof *s->heads);
-    if (!s->heads) {
-        memset(s, 0, sizeof *s);
-        return ar_errorf(err, "out of memory");
-    }
-    if (with_mass) {
-        size_t n = heads * (size_t)capacity;
-        float *zeros = calloc(n, sizeof *zeros);
-        s->mass = m->be->alloc(m->be, n * sizeof(float));
-        if (!zeros || !s->mass) {
-            free(zeros);
-            raster_seq_free(s, m, NULL);
-            return ar_errorf(err, "out of memory for the key mass of a %d-token sequence",
-                             capacity);
-        }
-        m->be->upload(m->be, s->mass, zeros, n * sizeof(float));
-        free(zeros);
-    }
-    return AR_OK;
-}
-
-int raster_seq_free(raster_seq_t *s, const raster_model_t *m, ar_error_t *err) {
-    int rc = AR_OK;
-    for (int i = 0; s->heads && i < s->n_layers * s->n_heads; i++)
-        if (kv_head_release(s->pool, &s->heads[i], rc == AR_OK ? err : NULL) != AR_OK)
-            rc = AR_ERR;
-    m->be->free(m->be, s->mass);
-    free(s->heads);
-    memset(s, 0, sizeof *s);
-    return rc;
-}
-
-/* Reserves the blocks every head of every input needs for its new rows, or
- * none: the free blocks are counted first, and a host allocation failing
- * midway is undone by trimming back to each head's length. */
-static int reserve_inputs(kv_pool_t *pool, const raster_input_t *in, int n_in, ar_error_t *err) {
-    long long need = 0;
-    for (int s = 0; s < n_in; s++) {
-        const raster_seq_t *sq = in[s].seq;
-        for (int i = 0; i < sq->n_layers * sq->n_heads; i++) {
-            const kv_head_t *h = &sq->heads[i];
-            int more = kv_pool_blocks_for(pool, h->len + in[s].n) - h->n_blocks;
-            if (more > 0)
-                need += more;
-        }
-    }
-    if (need > pool->n_free)
-        return ar_errorf(err, "KV pool exhausted: this step needs %lld more blocks, %d of %d free",
-                         need, pool->n_free, pool->n_blocks);
-    for (int s = 0; s < n_in; s++) {
-        raster_seq_t *sq = in[s].seq;
-        for (int i = 0; i < sq->n_layers * sq->n_heads; i++) {
-            if (kv_head_reserve(pool, &sq->heads[i], sq->heads[i].len + in[s].n, err) == AR_OK)
-                continue;
-            for (int t = 0; t <= s; t++)
-                for (int j = 0; j < in[t].seq->n_layers * in[t].seq->n_heads; j++)
-                    kv_head_trim(pool, &in[t].seq->heads[j]);
-            return AR_ERR;
-        }
-    }
-    return AR_OK;
-}
-
 /* Writes the input embeddings of every row into m->x. */
 static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in,
                          const int *q_start) {
@@ -254,39 +177,32 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
         return AR_OK;
     kv_pool_t *pool = in[0].seq->pool;
     int *q_start = malloc((size_t)(n_in + 1) * sizeof *q_start);
+    int *n_new = malloc((size_t)n_in * sizeof *n_new);
+    kv_seq_t **seqs = malloc((size_t)n_in * sizeof *seqs);
     kv_view_t *views = malloc((size_t)n_in * H * sizeof *views);
     float **mass = malloc((size_t)n_in * H * sizeof *mass);
     int rc = AR_ERR, any_mass = 0;
-    if (!q_start || !views || !mass) {
+    if (!q_start || !n_new || !seqs || !views || !mass) {
         ar_errorf(err, "out of memory");
         goto out;
     }
     q_start[0] = 0;
     for (int s = 0; s < n_in; s++) {
-        const raster_seq_t *sq = in[s].seq;
-        if (in[s].n < 1 || sq->n_fed + in[s].n > sq->capacity) {
-            ar_errorf(err, "sequence %d: %d new tokens do not fit its capacity (%d of %d fed)", s,
-                      in[s].n, sq->n_fed, sq->capacity);
-            goto out;
-        }
-        if (sq->pool != pool) {
-            ar_errorf(err, "sequence %d: the sequences of one forward pass must share a KV pool",
-                      s);
-            goto out;
-        }
-        if (in[s].collect_mass && !sq->mass) {
+        if (in[s].collect_mass && !in[s].seq->mass) {
             ar_errorf(err, "sequence %d: key mass asked for, but the sequence has no mass arrays",
                       s);
             goto out;
         }
         any_mass |= in[s].collect_mass;
+        seqs[s] = in[s].seq;
+        n_new[s] = in[s].n;
         q_start[s + 1] = q_start[s] + in[s].n;
     }
     int rows = q_start[n_in];
     if (workspace_reserve(m, rows, n_in, err) != AR_OK)
         goto out;
     /* Nothing fails past this point, so the blocks reserved here are used. */
-    if (reserve_inputs(pool, in, n_in, err) != AR_OK)
+    if (kv_seq_reserve(seqs, n_new, n_in, err) != AR_OK)
         goto out;
     for (int s = 0; s < n_in; s++)
         for (int i = 0; i < in[s].n; i++)
@@ -298,7 +214,7 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
         const raster_layer_t *y = &m->layers[li];
         for (int s = 0; s < n_in; s++)
             for (int h = 0; h < H; h++) {
-                const raster_seq_t *sq = in[s].seq;
+                const kv_seq_t *sq = in[s].seq;
                 const kv_head_t *kh = &sq->heads[li * H + h];
                 views[s * H + h] = (kv_view_t){kh->blocks, kh->len + in[s].n};
                 mass[s * H + h] = in[s].collect_mass
@@ -323,7 +239,7 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
         be->add(be, m->x, m->tmp, (size_t)rows * L);
     }
     for (int s = 0; s < n_in; s++) {
-        raster_seq_t *sq = in[s].seq;
+        kv_seq_t *sq = in[s].seq;
         for (int i = 0; i < sq->n_layers * sq->n_heads; i++)
             sq->heads[i].len += in[s].n;
         sq->n_fed += in[s].n;
@@ -338,6 +254,8 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
     rc = AR_OK;
 out:
     free(q_start);
+    free(n_new);
+    free(seqs);
     free(views);
     free(mass);
     return rc;

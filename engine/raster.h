@@ -1,14 +1,14 @@
-/* The raster (next-token) family, Janus-Pro architecture: a Llama-style
- * language model whose image path is gen_embed -> gen_aligner -> LM ->
+/* The Janus-Pro language model of the raster family (engine/family_raster.c):
+ * a Llama-style model whose image path is gen_embed -> gen_aligner -> LM ->
  * gen_head -> logits over the image codebook. One forward pass advances a
  * ragged batch of sequences, each feeding either prompt text (prefill) or
- * image tokens (decode), over per-(layer, head) caches in a paged KV pool
- * (engine/kv_pool.h) that KV policies may compact between steps. */
+ * image tokens (decode), over per-(layer, head) caches in the paged KV pool
+ * (engine/kv_seq.h) that KV policies may compact between steps. */
 #ifndef ARSERVE_RASTER_H
 #define ARSERVE_RASTER_H
 
 #include "backend.h"
-#include "kv_pool.h"
+#include "kv_seq.h"
 #include "model_config.h"
 #include "weights.h"
 
@@ -33,24 +33,10 @@ typedef struct raster_model {
     int *pos; /* host, ws_rows */
 } raster_model_t;
 
-/* One sequence's KV cache: for layer l and head h, heads[l*n_heads + h]
- * holds that head's tokens in the shared pool. Heads may hold different
- * numbers of tokens once a policy compacts them; n_fed counts every token
- * fed (the next token's RoPE position), evicted or not. */
-typedef struct raster_seq {
-    kv_pool_t *pool;
-    int n_layers, n_heads;
-    int n_fed, capacity; /* tokens fed so far, at most capacity */
-    kv_head_t *heads;    /* host, n_layers * n_heads */
-    /* Key mass for policies (NULL without one): for head i, mass + i *
-     * capacity holds heads[i].len floats of backend memory, zero past len. */
-    float *mass;
-} raster_seq_t;
-
 /* What one sequence feeds in one forward pass: n tokens, either text ids
  * (through llm.embed) or image ids (through gen.embed and the aligner). */
 typedef struct raster_input {
-    raster_seq_t *seq;
+    kv_seq_t *seq;
     int n;
     const int *ids; /* host */
     int is_image;
@@ -60,16 +46,6 @@ typedef struct raster_input {
 int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, backend_t *be,
                 ar_error_t *err);
 void raster_free(raster_model_t *m);
-
-/* An empty sequence of at most capacity tokens whose KV lives in pool (the
- * pool's head_dim must be the model's). with_mass allocates its key-mass
- * arrays (backend memory, layers x heads x capacity floats). Blocks are
- * taken from the pool as tokens are fed. */
-int raster_seq_init(raster_seq_t *s, const raster_model_t *m, kv_pool_t *pool, int capacity,
-                    int with_mass, ar_error_t *err);
-/* Returns every block to the pool. AR_ERR only if the pool reports a
- * double free (then the rest is released all the same). */
-int raster_seq_free(raster_seq_t *s, const raster_model_t *m, ar_error_t *err);
 
 /* Runs one forward pass over n_in inputs (whose sequences share one pool)
  * and writes, for each input, the image-codebook logits after its last

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,11 +36,8 @@ static void copy_trimmed(char *dst, size_t cap, const char *src) {
     utf8_trim_tail(dst);
 }
 
-static int api_fail(api_error_t *err, int status, const char *param, const char *code,
-                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-static int api_fail(api_error_t *err, int status, const char *param, const char *code,
-                    const char *fmt, ...) {
+int api_errorf(api_error_t *err, int status, const char *param, const char *code, const char *fmt,
+               ...) {
     if (!err)
         return AR_ERR;
     memset(err, 0, sizeof *err);
@@ -154,8 +152,8 @@ static int body_scan(const unsigned char *p, size_t len, api_error_t *err) {
         if (c >= 0x80) {
             size_t k = utf8_seq_len(p + i, len - i);
             if (k == 0)
-                return api_fail(err, 400, "", "invalid_json",
-                                "malformed JSON: invalid UTF-8 at byte %zu", i);
+                return api_errorf(err, 400, "", "invalid_json",
+                                  "malformed JSON: invalid UTF-8 at byte %zu", i);
             i += k;
             continue;
         }
@@ -164,31 +162,31 @@ static int body_scan(const unsigned char *p, size_t len, api_error_t *err) {
                 in_string = 0;
             } else if (c == '\\') {
                 if (i + 5 < len && p[i + 1] == 'u' && memcmp(p + i + 2, "0000", 4) == 0)
-                    return api_fail(err, 400, "", "invalid_json",
-                                    "malformed JSON: strings must not contain \\u0000 (byte %zu)",
-                                    i);
+                    return api_errorf(err, 400, "", "invalid_json",
+                                      "malformed JSON: strings must not contain \\u0000 (byte %zu)",
+                                      i);
                 /* Skip the escaped character unless it starts a multi-byte
                  * sequence, which the UTF-8 check must still see. */
                 if (i + 1 < len && p[i + 1] < 0x80)
                     i++;
             } else if (c < 0x20) {
-                return api_fail(err, 400, "", "invalid_json",
-                                "malformed JSON: unescaped control character 0x%02x in a string "
-                                "at byte %zu",
-                                c, i);
+                return api_errorf(err, 400, "", "invalid_json",
+                                  "malformed JSON: unescaped control character 0x%02x in a string "
+                                  "at byte %zu",
+                                  c, i);
             }
         } else if (c == '"') {
             in_string = 1;
         } else if (c == '{' || c == '[') {
             if (++depth > API_MAX_JSON_DEPTH)
-                return api_fail(err, 400, "", "invalid_json",
-                                "malformed JSON: nested deeper than %d levels at byte %zu",
-                                API_MAX_JSON_DEPTH, i);
+                return api_errorf(err, 400, "", "invalid_json",
+                                  "malformed JSON: nested deeper than %d levels at byte %zu",
+                                  API_MAX_JSON_DEPTH, i);
         } else if (c == '}' || c == ']') {
             depth--;
         } else if (c < 0x20 && !is_json_space(c)) {
-            return api_fail(err, 400, "", "invalid_json",
-                            "malformed JSON: control character 0x%02x at byte %zu", c, i);
+            return api_errorf(err, 400, "", "invalid_json",
+                              "malformed JSON: control character 0x%02x at byte %zu", c, i);
         }
         i++;
     }
@@ -196,52 +194,6 @@ static int body_scan(const unsigned char *p, size_t len, api_error_t *err) {
 }
 
 /* ---- field validation --------------------------------------------------- */
-
-/* The fields arserve knows; the enum indexes the seen-mask for duplicates. */
-enum {
-    F_PROMPT,
-    F_MODEL,
-    F_N,
-    F_SIZE,
-    F_RESPONSE_FORMAT,
-    F_OUTPUT_FORMAT,
-    F_USER,
-    F_SEED,
-    F_GUIDANCE_SCALE,
-    F_TEMPERATURE,
-    F_TOP_K,
-    F_TOP_P,
-    F_KV_POLICY,
-    F_KV_BUDGET,
-    F_STREAM,
-    F_PARTIAL_IMAGES,
-    F_COUNT
-};
-
-static const char *const field_names[F_COUNT] = {
-    [F_PROMPT] = "prompt",
-    [F_MODEL] = "model",
-    [F_N] = "n",
-    [F_SIZE] = "size",
-    [F_RESPONSE_FORMAT] = "response_format",
-    [F_OUTPUT_FORMAT] = "output_format",
-    [F_USER] = "user",
-    [F_SEED] = "seed",
-    [F_GUIDANCE_SCALE] = "guidance_scale",
-    [F_TEMPERATURE] = "temperature",
-    [F_TOP_K] = "top_k",
-    [F_TOP_P] = "top_p",
-    [F_KV_POLICY] = "kv_policy",
-    [F_KV_BUDGET] = "kv_budget",
-    [F_STREAM] = "stream",
-    [F_PARTIAL_IMAGES] = "partial_images",
-};
-
-/* The seen-mask holds the fields, then the KV knobs. */
-_Static_assert(F_COUNT + KV_POLICY_N_KNOBS <= 32, "the seen-mask has 32 bits");
-
-static const char *const kv_policies[] = {"full", "streaming", "linear", "headkv"};
-#define KV_POLICY_LIST "full, streaming, linear, headkv"
 
 /* A numeric field: integer or real, in [lo, hi], or (lo, hi] when lo_open. */
 typedef struct num_rule {
@@ -266,17 +218,17 @@ static int check_number(const cJSON *v, const num_rule_t *r, double *out, api_er
     char want[128], got[40];
     num_rule_describe(r, want, sizeof want);
     if (!cJSON_IsNumber(v))
-        return api_fail(err, 400, r->name, "invalid_type", "%s must be %s; got %s", r->name, want,
-                        json_type_name(v));
+        return api_errorf(err, 400, r->name, "invalid_type", "%s must be %s; got %s", r->name, want,
+                          json_type_name(v));
     double x = v->valuedouble;
     fmt_double(x, got);
     if (r->integer && isfinite(x) && x != floor(x))
-        return api_fail(err, 400, r->name, "invalid_type", "%s must be %s; got %s", r->name, want,
-                        got);
+        return api_errorf(err, 400, r->name, "invalid_type", "%s must be %s; got %s", r->name, want,
+                          got);
     int below = r->lo_open ? !(x > r->lo) : !(x >= r->lo);
     if (!isfinite(x) || below || x > r->hi)
-        return api_fail(err, 400, r->name, "invalid_value", "%s must be %s; got %s", r->name, want,
-                        got);
+        return api_errorf(err, 400, r->name, "invalid_value", "%s must be %s; got %s", r->name,
+                          want, got);
     *out = x;
     return AR_OK;
 }
@@ -284,8 +236,8 @@ static int check_number(const cJSON *v, const num_rule_t *r, double *out, api_er
 static int check_string(const cJSON *v, const char *name, const char *want, api_error_t *err) {
     if (cJSON_IsString(v) && v->valuestring)
         return AR_OK;
-    return api_fail(err, 400, name, "invalid_type", "%s must be %s; got %s", name, want,
-                    json_type_name(v));
+    return api_errorf(err, 400, name, "invalid_type", "%s must be %s; got %s", name, want,
+                      json_type_name(v));
 }
 
 /* "384x384, 768x768" */
@@ -324,168 +276,216 @@ static int parse_size(const char *s, int *w, int *h) {
     return 1;
 }
 
-static int parse_field(int f, const cJSON *v, const api_limits_t *lim, api_image_request_t *r,
-                       api_error_t *err) {
-    const char *name = field_names[f];
-    char buf[72], want[128], sizes[256];
+typedef struct field field_t;
+typedef int (*field_parse_fn)(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                              api_image_request_t *r, api_error_t *err);
+
+/* One request field. A numeric field (parse NULL) is checked against its
+ * rule (hi from the limits when hi_of is set) and stored at offset as
+ * type, with its has_* flag at has_offset (or none); any other field has
+ * a function of its own. */
+typedef enum { NUM_INT, NUM_U64, NUM_FLOAT, NUM_DOUBLE } num_store_t;
+struct field {
+    const char *name;
+    field_parse_fn parse;
+    int integer, lo_open;
+    double lo, hi;
+    double (*hi_of)(const api_limits_t *lim);
+    num_store_t store;
+    size_t offset;
+    long has_offset; /* -1: no flag */
+};
+
+static int parse_number_field(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                              api_image_request_t *r, api_error_t *err) {
+    num_rule_t rule = {.name = f->name,
+                       .integer = f->integer,
+                       .lo_open = f->lo_open,
+                       .lo = f->lo,
+                       .hi = f->hi_of ? f->hi_of(lim) : f->hi};
     double x;
-    switch (f) {
-    case F_PROMPT: {
-        snprintf(want, sizeof want, "a non-empty string of at most %zu bytes",
-                 lim->max_prompt_bytes);
-        if (check_string(v, name, want, err))
-            return AR_ERR;
-        size_t len = strlen(v->valuestring);
-        if (len == 0)
-            return api_fail(err, 400, name, "invalid_value",
-                            "prompt must be %s; got an empty string", want);
-        if (len > lim->max_prompt_bytes)
-            return api_fail(err, 400, name, "invalid_value", "prompt must be %s; got %zu bytes",
-                            want, len);
-        r->prompt = malloc(len + 1);
-        if (!r->prompt)
-            return api_fail(err, 500, "", "out_of_memory", "out of memory copying the prompt");
-        memcpy(r->prompt, v->valuestring, len + 1);
+    if (check_number(v, &rule, &x, err))
+        return AR_ERR;
+    char *at = (char *)r + f->offset;
+    switch (f->store) {
+    case NUM_INT:
+        *(int *)at = (int)x;
+        break;
+    case NUM_U64:
+        *(uint64_t *)at = (uint64_t)x;
+        break;
+    case NUM_FLOAT:
+        *(float *)at = (float)x;
+        break;
+    case NUM_DOUBLE:
+        *(double *)at = x;
+        break;
+    }
+    if (f->has_offset >= 0)
+        *(int *)((char *)r + f->has_offset) = 1;
+    return AR_OK;
+}
+
+static int parse_prompt(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                        api_image_request_t *r, api_error_t *err) {
+    char want[128];
+    snprintf(want, sizeof want, "a non-empty string of at most %zu bytes", lim->max_prompt_bytes);
+    if (check_string(v, f->name, want, err))
+        return AR_ERR;
+    size_t len = strlen(v->valuestring);
+    if (len == 0)
+        return api_errorf(err, 400, f->name, "invalid_value",
+                          "prompt must be %s; got an empty string", want);
+    if (len > lim->max_prompt_bytes)
+        return api_errorf(err, 400, f->name, "invalid_value", "prompt must be %s; got %zu bytes",
+                          want, len);
+    r->prompt = malloc(len + 1);
+    if (!r->prompt)
+        return api_errorf(err, 500, "", "out_of_memory", "out of memory copying the prompt");
+    memcpy(r->prompt, v->valuestring, len + 1);
+    return AR_OK;
+}
+
+static int parse_model(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                       api_image_request_t *r, api_error_t *err) {
+    char buf[72];
+    if (check_string(v, f->name, "a string", err))
+        return AR_ERR;
+    if (lim->model_name && strcmp(v->valuestring, lim->model_name) != 0)
+        return api_errorf(err, 404, f->name, "model_not_found",
+                          "model '%s' is not served here; this server serves '%s'",
+                          excerpt(v->valuestring, buf), lim->model_name);
+    return AR_OK;
+}
+
+static int parse_size_field(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                            api_image_request_t *r, api_error_t *err) {
+    char buf[72], sizes[256];
+    sizes_list(lim, sizes, sizeof sizes);
+    if (check_string(v, f->name, "a string \"WxH\" or \"auto\"", err))
+        return AR_ERR;
+    if (strcmp(v->valuestring, "auto") == 0) {
+        r->width = lim->widths[0];
+        r->height = lim->heights[0];
         return AR_OK;
     }
-    case F_MODEL:
-        if (check_string(v, name, "a string", err))
-            return AR_ERR;
-        if (lim->model_name && strcmp(v->valuestring, lim->model_name) != 0)
-            return api_fail(err, 404, name, "model_not_found",
-                            "model '%s' is not served here; this server serves '%s'",
-                            excerpt(v->valuestring, buf), lim->model_name);
-        return AR_OK;
-    case F_N: {
-        num_rule_t rule = {.name = name, .integer = 1, .lo = 1, .hi = lim->max_n};
-        if (check_number(v, &rule, &x, err))
-            return AR_ERR;
-        r->n = (int)x;
-        return AR_OK;
-    }
-    case F_SIZE: {
-        sizes_list(lim, sizes, sizeof sizes);
-        if (check_string(v, name, "a string \"WxH\" or \"auto\"", err))
-            return AR_ERR;
-        if (strcmp(v->valuestring, "auto") == 0) {
-            r->width = lim->widths[0];
-            r->height = lim->heights[0];
-            return AR_OK;
-        }
-        int w, h;
-        if (parse_size(v->valuestring, &w, &h))
-            for (int i = 0; i < lim->n_sizes; i++)
-                if (lim->widths[i] == w && lim->heights[i] == h) {
-                    r->width = w;
-                    r->height = h;
-                    return AR_OK;
-                }
-        return api_fail(err, 400, name, "invalid_value",
-                        "size '%s' is not supported; supported: %s (or auto)",
-                        excerpt(v->valuestring, buf), sizes);
-    }
-    case F_RESPONSE_FORMAT:
-        if (check_string(v, name, "\"b64_json\"", err))
-            return AR_ERR;
-        if (strcmp(v->valuestring, "b64_json") == 0)
-            return AR_OK;
-        if (strcmp(v->valuestring, "url") == 0)
-            return api_fail(err, 400, name, "unsupported_value",
-                            "response_format 'url' is not supported: arserve stores no images; "
-                            "use 'b64_json'");
-        return api_fail(err, 400, name, "invalid_value",
-                        "response_format must be 'b64_json'; got '%s'",
-                        excerpt(v->valuestring, buf));
-    case F_OUTPUT_FORMAT:
-        if (check_string(v, name, "\"png\"", err))
-            return AR_ERR;
-        if (strcmp(v->valuestring, "png") == 0)
-            return AR_OK;
-        if (strcmp(v->valuestring, "jpeg") == 0 || strcmp(v->valuestring, "webp") == 0)
-            return api_fail(err, 400, name, "unsupported_value",
-                            "output_format '%s' is not supported; supported: png", v->valuestring);
-        return api_fail(err, 400, name, "invalid_value", "output_format must be 'png'; got '%s'",
-                        excerpt(v->valuestring, buf));
-    case F_USER:
-        snprintf(want, sizeof want, "a string of at most %zu bytes", sizeof r->user - 1);
-        if (check_string(v, name, want, err))
-            return AR_ERR;
-        if (strlen(v->valuestring) >= sizeof r->user)
-            return api_fail(err, 400, name, "invalid_value", "user must be %s; got %zu bytes", want,
-                            strlen(v->valuestring));
-        memcpy(r->user, v->valuestring, strlen(v->valuestring) + 1);
-        return AR_OK;
-    case F_SEED: {
-        num_rule_t rule = {.name = name, .integer = 1, .lo = 0, .hi = API_MAX_SEED};
-        if (check_number(v, &rule, &x, err))
-            return AR_ERR;
-        r->has_seed = 1;
-        r->seed = (uint64_t)x;
-        return AR_OK;
-    }
-    case F_GUIDANCE_SCALE:
-    case F_TEMPERATURE: {
-        num_rule_t rule = {.name = name, .lo = 0, .hi = 100};
-        if (check_number(v, &rule, &x, err))
-            return AR_ERR;
-        if (f == F_GUIDANCE_SCALE) {
-            r->has_guidance_scale = 1;
-            r->guidance_scale = (float)x;
-        } else {
-            r->has_temperature = 1;
-            r->temperature = (float)x;
-        }
-        return AR_OK;
-    }
-    case F_TOP_K: {
-        num_rule_t rule = {.name = name, .integer = 1, .lo = 0, .hi = lim->codebook_size};
-        if (check_number(v, &rule, &x, err))
-            return AR_ERR;
-        r->has_top_k = 1;
-        r->top_k = (int)x;
-        return AR_OK;
-    }
-    case F_TOP_P:
-    case F_KV_BUDGET: {
-        num_rule_t rule = {.name = name, .lo_open = 1, .lo = 0, .hi = 1};
-        if (check_number(v, &rule, &x, err))
-            return AR_ERR;
-        if (f == F_TOP_P) {
-            r->has_top_p = 1;
-            r->top_p = (float)x;
-        } else {
-            r->has_kv_budget = 1;
-            r->kv_budget = x;
-        }
-        return AR_OK;
-    }
-    case F_KV_POLICY:
-        if (check_string(v, name, "one of " KV_POLICY_LIST, err))
-            return AR_ERR;
-        for (size_t i = 0; i < sizeof kv_policies / sizeof kv_policies[0]; i++)
-            if (strcmp(v->valuestring, kv_policies[i]) == 0) {
-                r->has_kv_policy = 1;
-                snprintf(r->kv_policy, sizeof r->kv_policy, "%s", kv_policies[i]);
+    int w, h;
+    if (parse_size(v->valuestring, &w, &h))
+        for (int i = 0; i < lim->n_sizes; i++)
+            if (lim->widths[i] == w && lim->heights[i] == h) {
+                r->width = w;
+                r->height = h;
                 return AR_OK;
             }
-        return api_fail(err, 400, name, "invalid_value",
-                        "kv_policy must be one of " KV_POLICY_LIST "; got '%s'",
-                        excerpt(v->valuestring, buf));
-    case F_STREAM:
-        if (!cJSON_IsBool(v))
-            return api_fail(err, 400, name, "invalid_type", "stream must be a boolean; got %s",
-                            json_type_name(v));
-        r->stream = cJSON_IsTrue(v);
+    return api_errorf(err, 400, f->name, "invalid_value",
+                      "size '%s' is not supported; supported: %s (or auto)",
+                      excerpt(v->valuestring, buf), sizes);
+}
+
+static int parse_response_format(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                                 api_image_request_t *r, api_error_t *err) {
+    char buf[72];
+    if (check_string(v, f->name, "\"b64_json\"", err))
+        return AR_ERR;
+    if (strcmp(v->valuestring, "b64_json") == 0)
         return AR_OK;
-    case F_PARTIAL_IMAGES: {
-        num_rule_t rule = {.name = name, .integer = 1, .lo = 0, .hi = 3};
-        if (check_number(v, &rule, &x, err))
-            return AR_ERR;
-        r->partial_images = (int)x;
+    if (strcmp(v->valuestring, "url") == 0)
+        return api_errorf(err, 400, f->name, "unsupported_value",
+                          "response_format 'url' is not supported: arserve stores no images; "
+                          "use 'b64_json'");
+    return api_errorf(err, 400, f->name, "invalid_value",
+                      "response_format must be 'b64_json'; got '%s'", excerpt(v->valuestring, buf));
+}
+
+static int parse_output_format(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                               api_image_request_t *r, api_error_t *err) {
+    char buf[72];
+    if (check_string(v, f->name, "\"png\"", err))
+        return AR_ERR;
+    if (strcmp(v->valuestring, "png") == 0)
         return AR_OK;
+    if (strcmp(v->valuestring, "jpeg") == 0 || strcmp(v->valuestring, "webp") == 0)
+        return api_errorf(err, 400, f->name, "unsupported_value",
+                          "output_format '%s' is not supported; supported: png", v->valuestring);
+    return api_errorf(err, 400, f->name, "invalid_value", "output_format must be 'png'; got '%s'",
+                      excerpt(v->valuestring, buf));
+}
+
+static int parse_user(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                      api_image_request_t *r, api_error_t *err) {
+    char want[128];
+    snprintf(want, sizeof want, "a string of at most %zu bytes", sizeof r->user - 1);
+    if (check_string(v, f->name, want, err))
+        return AR_ERR;
+    if (strlen(v->valuestring) >= sizeof r->user)
+        return api_errorf(err, 400, f->name, "invalid_value", "user must be %s; got %zu bytes",
+                          want, strlen(v->valuestring));
+    memcpy(r->user, v->valuestring, strlen(v->valuestring) + 1);
+    return AR_OK;
+}
+
+static int parse_kv_policy(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                           api_image_request_t *r, api_error_t *err) {
+    char buf[72], names[128], want[160];
+    snprintf(want, sizeof want, "one of %s", kv_policy_list(names, sizeof names));
+    if (check_string(v, f->name, want, err))
+        return AR_ERR;
+    int kind = kv_policy_parse(v->valuestring);
+    if (kind < 0)
+        return api_errorf(err, 400, f->name, "invalid_value", "kv_policy must be %s; got '%s'",
+                          want, excerpt(v->valuestring, buf));
+    r->kv.has_kind = 1;
+    r->kv.kind = (kv_policy_kind_t)kind;
+    return AR_OK;
+}
+
+static int parse_stream(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                        api_image_request_t *r, api_error_t *err) {
+    if (!cJSON_IsBool(v))
+        return api_errorf(err, 400, f->name, "invalid_type", "stream must be a boolean; got %s",
+                          json_type_name(v));
+    r->stream = cJSON_IsTrue(v);
+    return AR_OK;
+}
+
+static double max_n_of(const api_limits_t *lim) { return lim->max_n; }
+static double codebook_of(const api_limits_t *lim) { return lim->codebook_size; }
+
+#define REQ(f) offsetof(api_image_request_t, f)
+#define NUMBER(name_, int_, lo_open_, lo_, hi_, hi_of_, store_, dest, has)                         \
+    {                                                                                              \
+        .name = name_, .integer = int_, .lo_open = lo_open_, .lo = lo_, .hi = hi_,                 \
+        .hi_of = hi_of_, .store = store_, .offset = REQ(dest), .has_offset = has                   \
     }
-    }
-    return api_fail(err, 500, "", "internal_error", "unhandled field %d", f);
+
+/* The fields arserve knows; the index is the field's bit in the seen-mask. */
+static const field_t FIELDS[] = {
+    {.name = "prompt", .parse = parse_prompt},
+    {.name = "model", .parse = parse_model},
+    NUMBER("n", 1, 0, 1, 0, max_n_of, NUM_INT, n, -1),
+    {.name = "size", .parse = parse_size_field},
+    {.name = "response_format", .parse = parse_response_format},
+    {.name = "output_format", .parse = parse_output_format},
+    {.name = "user", .parse = parse_user},
+    NUMBER("seed", 1, 0, 0, API_MAX_SEED, NULL, NUM_U64, seed, (long)REQ(has_seed)),
+    NUMBER("guidance_scale", 0, 0, 0, 100, NULL, NUM_FLOAT, guidance_scale,
+           (long)REQ(has_guidance_scale)),
+    NUMBER("temperature", 0, 0, 0, 100, NULL, NUM_FLOAT, temperature, (long)REQ(has_temperature)),
+    NUMBER("top_k", 1, 0, 0, 0, codebook_of, NUM_INT, top_k, (long)REQ(has_top_k)),
+    NUMBER("top_p", 0, 1, 0, 1, NULL, NUM_FLOAT, top_p, (long)REQ(has_top_p)),
+    {.name = "kv_policy", .parse = parse_kv_policy},
+    NUMBER("kv_budget", 0, 1, 0, 1, NULL, NUM_DOUBLE, kv.budget, -1),
+    {.name = "stream", .parse = parse_stream},
+    NUMBER("partial_images", 1, 0, 0, 3, NULL, NUM_INT, partial_images, -1),
+};
+#define N_FIELDS ((int)(sizeof FIELDS / sizeof FIELDS[0]))
+
+/* The seen-mask holds the fields, then the KV knobs. */
+_Static_assert(N_FIELDS + KV_POLICY_N_KNOBS <= 32, "the seen-mask has 32 bits");
+
+static int parse_member(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                        api_image_request_t *r, api_error_t *err) {
+    return (f->parse ? f->parse : parse_number_field)(f, v, lim, r, err);
 }
 
 /* A KV policy knob (KV_POLICY_KNOBS): a number in the knob's range. */
@@ -499,56 +499,9 @@ static int parse_knob(const kv_policy_knob_t *k, const cJSON *v, api_image_reque
     double x;
     if (check_number(v, &rule, &x, err))
         return AR_ERR;
-    kv_policy_knob_set(&r->kv_knobs, k, x);
-    r->kv_knobs_given |= 1u << (k - kv_policy_knobs);
+    kv_policy_knob_set(&r->kv.knobs, k, x);
+    r->kv.knobs_given |= 1u << (k - kv_policy_knobs);
     return AR_OK;
-}
-
-static kv_policy_kind_t request_kind(const api_image_request_t *r,
-                                     const kv_policy_params_t *defaults) {
-    if (r->has_kv_policy)
-        return (kv_policy_kind_t)kv_policy_parse(r->kv_policy);
-    return defaults ? defaults->kind : KV_POLICY_FULL;
-}
-
-/* Every knob given belongs to the request's policy: a knob of another one
- * would be ignored, and the client would never know. */
-static int knobs_belong(const api_image_request_t *r, const api_limits_t *lim, api_error_t *err) {
-    kv_policy_kind_t kind = request_kind(r, lim->kv_defaults);
-    for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
-        const kv_policy_knob_t *k = &kv_policy_knobs[i];
-        if (!(r->kv_knobs_given & (1u << i)) || k->policy == kind)
-            continue;
-        if (r->has_kv_policy)
-            return api_fail(err, 400, k->name, "invalid_value",
-                            "%s is a knob of kv_policy %s; this request's kv_policy is %s", k->name,
-                            kv_policy_name(k->policy), kv_policy_name(kind));
-        return api_fail(err, 400, k->name, "invalid_value",
-                        "%s is a knob of kv_policy %s; this request has no kv_policy and the "
-                        "server's default is %s: send \"kv_policy\": \"%s\" with it",
-                        k->name, kv_policy_name(k->policy), kv_policy_name(kind),
-                        kv_policy_name(k->policy));
-    }
-    return AR_OK;
-}
-
-void api_image_request_kv_params(const api_image_request_t *r, const kv_policy_params_t *defaults,
-                                 kv_policy_params_t *out) {
-    kv_policy_kind_t kind = request_kind(r, defaults);
-    kv_policy_defaults(out, kind);
-    if (defaults) {
-        for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
-            kv_policy_knob_set(out, &kv_policy_knobs[i],
-                               kv_policy_knob_get(defaults, &kv_policy_knobs[i]));
-        if (defaults->budget > 0)
-            out->budget = defaults->budget;
-    }
-    if (r->has_kv_budget)
-        out->budget = r->kv_budget;
-    for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
-        if (r->kv_knobs_given & (1u << i))
-            kv_policy_knob_set(out, &kv_policy_knobs[i],
-                               kv_policy_knob_get(&r->kv_knobs, &kv_policy_knobs[i]));
 }
 
 static int limits_valid(const api_limits_t *lim) {
@@ -556,21 +509,19 @@ static int limits_valid(const api_limits_t *lim) {
            lim->max_prompt_bytes >= 1 && lim->codebook_size >= 0;
 }
 
-int api_parse_image_request(const char *body, size_t len, const api_limits_t *lim,
-                            api_image_request_t *out, api_error_t *err) {
-    memset(out, 0, sizeof *out);
-    if (!limits_valid(lim))
-        return api_fail(err, 500, "", "invalid_limits", "the server's request limits are invalid");
+/* Steps 1-3 of api_parse_image_request: the body as a cJSON object. */
+static cJSON *parse_body(const char *body, size_t len, api_error_t *err) {
     if (!body)
         len = 0;
     size_t first = 0;
     while (first < len && is_json_space((unsigned char)body[first]))
         first++;
-    if (first == len)
-        return api_fail(err, 400, "", "invalid_json", "malformed JSON: empty body");
+    if (first == len) {
+        api_errorf(err, 400, "", "invalid_json", "malformed JSON: empty body");
+        return NULL;
+    }
     if (body_scan((const unsigned char *)body, len, err))
-        return AR_ERR;
-
+        return NULL;
     /* ParseWithLengthOpts is ParseWithLength plus the end position, which
      * is how trailing bytes are caught and syntax errors located without
      * reading cJSON's global error pointer. */
@@ -578,61 +529,78 @@ int api_parse_image_request(const char *body, size_t len, const api_limits_t *li
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!root) {
         size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
-        return api_fail(err, 400, "", "invalid_json", "malformed JSON: syntax error at byte %zu",
-                        at);
+        api_errorf(err, 400, "", "invalid_json", "malformed JSON: syntax error at byte %zu", at);
+        return NULL;
     }
     size_t at = (size_t)(end - body);
     while (at < len && is_json_space((unsigned char)body[at]))
         at++;
     if (at < len) {
         cJSON_Delete(root);
-        return api_fail(err, 400, "", "invalid_json",
-                        "malformed JSON: unexpected data after the JSON value at byte %zu", at);
+        api_errorf(err, 400, "", "invalid_json",
+                   "malformed JSON: unexpected data after the JSON value at byte %zu", at);
+        return NULL;
     }
     if (!cJSON_IsObject(root)) {
-        api_fail(err, 400, "", "invalid_json", "the request body must be a JSON object; got %s",
-                 json_type_name(root));
+        api_errorf(err, 400, "", "invalid_json", "the request body must be a JSON object; got %s",
+                   json_type_name(root));
         cJSON_Delete(root);
-        return AR_ERR;
+        return NULL;
     }
+    return root;
+}
 
+int api_parse_image_request(const char *body, size_t len, const api_limits_t *lim,
+                            api_image_request_t *out, api_error_t *err) {
+    memset(out, 0, sizeof *out);
+    if (!limits_valid(lim))
+        return api_errorf(err, 500, "", "invalid_limits",
+                          "the server's request limits are invalid");
+    cJSON *root = parse_body(body, len, err);
+    if (!root)
+        return AR_ERR;
     out->n = 1;
     out->width = lim->widths[0];
     out->height = lim->heights[0];
     out->want_b64 = 1;
     /* Every member is either a known field, seen at most once, or an error:
-     * the loop stops within F_COUNT + 1 members whatever the body holds. */
+     * the loop stops within N_FIELDS + 1 members whatever the body holds. */
     unsigned seen = 0;
     int rc = AR_OK;
     char buf[72];
     for (const cJSON *m = root->child; m && rc == AR_OK; m = m->next) {
         const char *key = m->string ? m->string : "";
         int f = 0;
-        while (f < F_COUNT && strcmp(key, field_names[f]) != 0)
+        while (f < N_FIELDS && strcmp(key, FIELDS[f].name) != 0)
             f++;
-        const kv_policy_knob_t *knob = f == F_COUNT ? kv_policy_knob_find(key) : NULL;
+        const kv_policy_knob_t *knob = f == N_FIELDS ? kv_policy_knob_find(key) : NULL;
         if (knob)
-            f = F_COUNT + (int)(knob - kv_policy_knobs);
-        if (f == F_COUNT && !knob) {
-            rc = api_fail(err, 400, key, "unknown_parameter", "unknown parameter '%s'",
-                          excerpt(key, buf));
+            f = N_FIELDS + (int)(knob - kv_policy_knobs);
+        if (f == N_FIELDS && !knob) {
+            rc = api_errorf(err, 400, key, "unknown_parameter", "unknown parameter '%s'",
+                            excerpt(key, buf));
         } else if (seen & (1u << f)) {
-            rc = api_fail(err, 400, key, "duplicate_parameter", "parameter '%s' is given twice",
-                          key);
+            rc = api_errorf(err, 400, key, "duplicate_parameter", "parameter '%s' is given twice",
+                            key);
         } else {
             seen |= 1u << f;
             if (cJSON_IsNull(m))
                 continue;
-            rc = knob ? parse_knob(knob, m, out, err) : parse_field(f, m, lim, out, err);
+            rc = knob ? parse_knob(knob, m, out, err) : parse_member(&FIELDS[f], m, lim, out, err);
         }
     }
     cJSON_Delete(root);
     if (rc == AR_OK && !out->prompt)
-        rc = api_fail(err, 400, "prompt", "missing_required_parameter",
-                      "prompt is required: a non-empty string of at most %zu bytes",
-                      lim->max_prompt_bytes);
-    if (rc == AR_OK)
-        rc = knobs_belong(out, lim, err);
+        rc = api_errorf(err, 400, "prompt", "missing_required_parameter",
+                        "prompt is required: a non-empty string of at most %zu bytes",
+                        lim->max_prompt_bytes);
+    /* The policy the request runs with, resolved once: a knob of another
+     * policy would be ignored, and the client would never know. */
+    const char *field = NULL;
+    ar_error_t kv_err = {{0}};
+    if (rc == AR_OK &&
+        kv_policy_resolve(lim->kv_defaults, &out->kv, &out->kv_policy, &field, &kv_err) != AR_OK)
+        rc = api_errorf(err, 400, field ? field : "kv_policy", "invalid_value", "%s", kv_err.msg);
     if (rc != AR_OK)
         api_image_request_free(out);
     return rc;

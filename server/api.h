@@ -46,6 +46,13 @@ typedef struct api_error {
     char code[48];
 } api_error_t;
 
+/* Fills *err (may be NULL): the status, type from the status
+ * ("server_error" from 500 on, else "invalid_request_error"), param and
+ * code ("" or NULL for none) and the formatted message, each cut at a
+ * character boundary. Returns AR_ERR. */
+int api_errorf(api_error_t *err, int status, const char *param, const char *code, const char *fmt,
+               ...) __attribute__((format(printf, 5, 6)));
+
 /* What the served model accepts; owned by the caller and read only. */
 typedef struct api_limits {
     const char *model_name;      /* the served model's id; NULL accepts any `model` */
@@ -76,15 +83,11 @@ typedef struct api_image_request {
     float temperature;    /* 0..100; 0 is greedy */
     float top_p;          /* (0, 1]; 1 is off */
     int top_k;            /* 0..codebook_size; 0 is off */
-    int has_kv_policy;
-    char kv_policy[16]; /* "full", "streaming", "linear" or "headkv" */
-    int has_kv_budget;
-    double kv_budget; /* (0, 1] */
-    /* The policy knobs the client gave (request field = knob name, see
-     * KV_POLICY_KNOBS): bit i of kv_knobs_given for kv_policy_knobs[i],
-     * whose value is in kv_knobs; each belongs to the request's policy. */
-    unsigned kv_knobs_given;
-    kv_policy_params_t kv_knobs;
+    /* What the request said about its KV policy (kv_policy, kv_budget and
+     * the knobs, each a request field named as in KV_POLICY_KNOBS), and
+     * the policy it runs with: that, resolved against lim->kv_defaults. */
+    kv_policy_overrides_t kv;
+    kv_policy_params_t kv_policy;
     char user[128]; /* "" when not given; at most 127 bytes */
 } api_image_request_t;
 
@@ -103,10 +106,11 @@ typedef struct api_image_request {
  *      ranges (a KV knob's as KV_POLICY_KNOBS gives); the first fault is
  *      reported;
  *   5. prompt present;
- *   6. every KV knob given belongs to the request's policy (`kv_policy`,
- *      else the daemon's default): a knob of another policy is a 400
- *      naming the knob. Whether the values suit the model (a budget too
- *      small for the knobs) is the scheduler's check.
+ *   6. the KV policy resolved (kv_policy_resolve against lim->kv_defaults):
+ *      a knob given for another policy than the request's (`kv_policy`,
+ *      else the daemon's default) is a 400 naming the knob. Whether the
+ *      values suit the model (a budget too small for the knobs) is the
+ *      scheduler's check, when it plans the request.
  * Thread-safe apart from cJSON's global error pointer, which cJSON writes on
  * every failed parse and arserve never reads. Cost O(len). */
 int api_parse_image_request(const char *body, size_t len, const api_limits_t *lim,
@@ -114,13 +118,6 @@ int api_parse_image_request(const char *body, size_t len, const api_limits_t *li
 
 /* Frees the prompt and zeroes *r; safe on a zeroed or already-freed request. */
 void api_image_request_free(api_image_request_t *r);
-
-/* The KV policy a request runs with: its kv_policy, else the default's
- * kind; the budget the client gave, else the default's when positive, else
- * the policy's own (kv_policy_defaults); the knobs the client gave over the
- * default's (defaults NULL: the papers' knobs, full). */
-void api_image_request_kv_params(const api_image_request_t *r, const kv_policy_params_t *defaults,
-                                 kv_policy_params_t *out);
 
 /* Copies the sampling fields the client gave (guidance_scale -> cfg,
  * temperature, top_k, top_p) over the model's defaults into *out. */

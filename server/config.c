@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/text.h"
+
 typedef enum setting_kind { KIND_INT, KIND_REAL, KIND_STRING, KIND_ENUM } setting_kind_t;
 
 /* One setting. name is the struct field and the JSON key; the flag (--name
@@ -66,7 +68,6 @@ typedef struct setting {
 
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
 static const char *const BACKENDS[] = {"auto", "cpu", "cuda", NULL};
-static const char *const KV_POLICIES[] = {"full", "streaming", "linear", "headkv", NULL};
 
 static const setting_t SETTINGS[] = {
     STRING_SETTING(model, "", 1, "DIR",
@@ -89,7 +90,7 @@ static const setting_t SETTINGS[] = {
                 "Largest request body accepted; larger ones get 413"),
     INT_SETTING(max_n, 1, 64, 4, "N", "Most images one request may ask for ('n')"),
     INT_SETTING(kv_pool_mb, 1, 1048576, 1024, "MIB", "KV cache pool size in MiB"),
-    ENUM_SETTING(kv_policy, "full", KV_POLICIES, "NAME",
+    ENUM_SETTING(kv_policy, "full", kv_policy_names, "NAME",
                  "KV cache policy of requests without 'kv_policy' (docs/kv-policies.md)"),
     {FIELD_AT(kv_budget, kv.budget), .kind = KIND_REAL, .rlo = 0, .rhi = 1, .rdef = 0,
      .metavar = "B",
@@ -260,31 +261,6 @@ static int set_real(server_config_t *c, const setting_t *s, const source_t *src,
     return AR_OK;
 }
 
-/* A number as text: what strtod reads ("0.25", "1e-1"), or a fraction of
- * two integers ("1/6"), without surrounding spaces. 0 if it is neither. */
-static int parse_real(const char *v, double *out) {
-    if (!v[0] || isspace((unsigned char)v[0]))
-        return 0;
-    const char *slash = strchr(v, '/');
-    char *end = NULL;
-    if (slash) {
-        errno = 0;
-        long long num = strtoll(v, &end, 10), den;
-        if (end != slash || !isdigit((unsigned char)v[0]) || errno)
-            return 0;
-        if (!isdigit((unsigned char)slash[1]))
-            return 0;
-        den = strtoll(slash + 1, &end, 10);
-        if (*end || errno || den <= 0)
-            return 0;
-        *out = (double)num / (double)den;
-        return 1;
-    }
-    errno = 0;
-    *out = strtod(v, &end);
-    return end != v && !*end;
-}
-
 static int set_string(server_config_t *c, const setting_t *s, const source_t *src, const char *v,
                       ar_error_t *err) {
     char where[160];
@@ -323,22 +299,21 @@ static int set_from_text(server_config_t *c, const setting_t *s, const source_t 
                          ar_error_t *err) {
     if (s->kind == KIND_REAL) {
         double d;
-        if (!parse_real(v, &d))
+        if (text_parse_real(v, &d) != NUMBER_OK)
             return ar_errorf(err, "%s: '%s' is not a number", src->name, v);
         return set_real(c, s, src, d, err);
     }
     if (s->kind != KIND_INT)
         return set_string(c, s, src, v, err);
-    /* strtoll alone would accept " 12" and "+12"; only [-]digits is an integer here. */
-    int digits = v[0] == '-' || isdigit((unsigned char)v[0]);
-    char *end = NULL;
-    errno = 0;
-    long long n = digits ? strtoll(v, &end, 10) : 0;
-    if (!digits || end == v || *end)
-        return ar_errorf(err, "%s: '%s' is not an integer", src->name, v);
-    if (errno == ERANGE)
+    long long n = 0;
+    switch (text_parse_int(v, &n)) {
+    case NUMBER_OK:
+        return set_int(c, s, src, n, err);
+    case NUMBER_OVERFLOW:
         return range_error(src, s, v, err);
-    return set_int(c, s, src, n, err);
+    default:
+        return ar_errorf(err, "%s: '%s' is not an integer", src->name, v);
+    }
 }
 
 static int set_from_json(server_config_t *c, const setting_t *s, const source_t *src,
@@ -644,31 +619,13 @@ int server_config_load(server_config_t *c, int argc, char **argv, char **envp, i
     return AR_OK;
 }
 
-/* Prints text wrapped to 78 columns, each line indented by `indent`. */
-static void print_wrapped(FILE *f, int indent, const char *text) {
-    const int width = 78 - indent;
-    while (*text) {
-        int n = (int)strlen(text);
-        if (n > width) {
-            n = width;
-            while (n > 0 && text[n] != ' ')
-                n--;
-            if (n == 0)
-                n = (int)strcspn(text, " "); /* one word longer than a line */
-        }
-        fprintf(f, "%*s%.*s\n", indent, "", n, text);
-        text += n;
-        while (*text == ' ')
-            text++;
-    }
-}
-
 void server_config_usage(FILE *f) {
     char flag[128], env[128], left[160], text[512];
     fprintf(f, "Every option is also an environment variable and a key of the JSON config\n"
                "file; a flag beats the environment, which beats the file.\n\n");
     fprintf(f, "  %-29s env %s\n", "--config FILE", ENV_CONFIG);
-    print_wrapped(f, 6, "JSON config file, keys as in config/arserve.example.json; empty: none.");
+    text_print_wrapped(f, 6, 6,
+                       "JSON config file, keys as in config/arserve.example.json; empty: none.");
     for (size_t i = 0; i < N_SETTINGS; i++) {
         const setting_t *s = &SETTINGS[i];
         snprintf(left, sizeof left, "%s %s", flag_name(s, flag, sizeof flag), s->metavar);
@@ -688,10 +645,10 @@ void server_config_usage(FILE *f) {
         } else {
             snprintf(text + n, sizeof text - n, "Default %s.", s->def_str[0] ? s->def_str : "none");
         }
-        print_wrapped(f, 6, text);
+        text_print_wrapped(f, 6, 6, text);
     }
     fprintf(f, "  -h, --help\n");
-    print_wrapped(f, 6, "Show this help.");
+    text_print_wrapped(f, 6, 6, "Show this help.");
     fprintf(f, "\nOther environment variables:\n");
     fprintf(f, "  %-29s the API key itself, instead of a key file\n", ENV_API_KEY);
     for (const char *const *a = ENV_NOT_SETTINGS; *a; a++)

@@ -18,7 +18,7 @@
 #include "server/api.h"
 #include "server/log.h"
 
-#define WAIT_SLICE_MS 100
+#define WAIT_SLICE_S 0.1
 #define SSE_KEEPALIVE_S 2.0
 
 struct http_server {
@@ -52,6 +52,7 @@ typedef struct sse {
     struct MHD_Connection *c;
     sched_job_t *job;
     int prompt_tokens;
+    unsigned seen; /* the job's version last collected */
     int sent_steps, sent_partials, finished;
     double last_write;
     char *pending;
@@ -108,20 +109,80 @@ static enum MHD_Result send_error(http_server_t *h, struct MHD_Connection *c, co
 }
 
 static enum MHD_Result fail(http_server_t *h, struct MHD_Connection *c, conn_t *cx, int status,
-                            const char *type, const char *param, const char *code, const char *fmt,
-                            ...) __attribute__((format(printf, 8, 9)));
+                            const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
 static enum MHD_Result fail(http_server_t *h, struct MHD_Connection *c, conn_t *cx, int status,
-                            const char *type, const char *param, const char *code, const char *fmt,
-                            ...) {
-    api_error_t e = {.status = status};
-    snprintf(e.type, sizeof e.type, "%s", type);
-    snprintf(e.param, sizeof e.param, "%s", param ? param : "");
-    snprintf(e.code, sizeof e.code, "%s", code ? code : "");
+                            const char *param, const char *code, const char *fmt, ...) {
+    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    api_error_t e;
+    api_errorf(&e, status, param, code, "%s", msg);
     return send_error(h, c, cx, &e);
+}
+
+/* ---- the scheduler's reasons as HTTP ---- */
+
+/* The request field behind a setting kv_policy_check names. */
+static const char *policy_param(const char *field) {
+    if (!field)
+        return "kv_policy";
+    return strcmp(field, "budget") == 0 ? "kv_budget" : field;
+}
+
+static void refusal_error(const http_server_t *h, const sched_refusal_info_t *why, int n_images,
+                          api_error_t *e) {
+    switch (why->reason) {
+    case SCHED_REFUSED_INVALID_POLICY:
+        api_errorf(e, 400, policy_param(why->field), "invalid_value", "%s", why->message);
+        return;
+    case SCHED_REFUSED_DRAINING:
+        api_errorf(e, 503, NULL, "server_draining", "the server is shutting down");
+        return;
+    case SCHED_REFUSED_TOO_LARGE:
+        api_errorf(e, 400, "n", "kv_pool_too_small",
+                   "this request needs %zu bytes of KV cache, more than the pool's %zu: ask for "
+                   "fewer images (n) or a shorter prompt",
+                   why->need_bytes, why->pool_bytes);
+        return;
+    case SCHED_REFUSED_TOO_MANY_IMAGES:
+        api_errorf(e, 400, "n", "too_many_images",
+                   "n = %d is more than the %d images this server runs at once", n_images,
+                   why->max_running);
+        return;
+    case SCHED_REFUSED_QUEUE_FULL:
+        api_errorf(e, 429, NULL, "queue_full",
+                   "the waiting queue is full (%d requests); retry after %d s", why->max_waiting,
+                   h->opt.retry_after_s);
+        snprintf(e->type, sizeof e->type, "rate_limit_error");
+        return;
+    case SCHED_REFUSED_NO_MEMORY:
+        break;
+    }
+    api_errorf(e, 500, NULL, "internal_error", "the request could not be queued: %s", why->message);
+}
+
+/* A job that ended without its images. */
+static void outcome_error(const sched_snapshot_t *snap, api_error_t *e) {
+    switch (snap->outcome) {
+    case SCHED_EXPIRED:
+        api_errorf(e, 504, NULL, "timeout", "the request's deadline passed%s",
+                   snap->started ? "" : " before it could start");
+        return;
+    case SCHED_CANCELLED:
+        /* Only its own client cancels a job: nobody reads this answer. */
+        api_errorf(e, 499, NULL, "cancelled", "the request was cancelled");
+        return;
+    case SCHED_SHUTDOWN:
+        api_errorf(e, 503, NULL, "server_shutdown", "the server is shutting down");
+        return;
+    default:
+        api_errorf(e, 500, NULL, "internal_error", "%s",
+                   snap->message[0] ? snap->message : "internal error");
+        return;
+    }
 }
 
 /* Constant-time comparison of the presented bearer token with the key. */
@@ -155,18 +216,9 @@ static int client_alive(struct MHD_Connection *c) {
     return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
 }
 
-/* Waits until the job changes or the slice passes; the caller holds j->mu. */
-static void job_wait_slice(sched_job_t *j, int ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += (long)ms * 1000000L;
-    while (ts.tv_nsec >= 1000000000L)
-        ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    pthread_cond_timedwait(&j->changed, &j->mu, &ts);
-}
-
 /* ---- streaming ---- */
 
+/* Appends one frame of event with json (taken); -1 when memory runs out. */
 static int sse_append(sse_t *s, const char *event, char *json) {
     if (!json)
         return -1;
@@ -187,40 +239,56 @@ static int sse_append(sse_t *s, const char *event, char *json) {
     return 0;
 }
 
-/* Turns what changed in the job since the last call into frames; the caller
- * holds job->mu. Returns 1 when the stream has said everything. */
-static int sse_collect(sse_t *s) {
+/* base64 of image i's PNG (preview p, or the final image when p < 0), or NULL. */
+static char *png_b64(sched_job_t *j, int p, int i) {
+    size_t len = 0;
+    const uint8_t *png = p < 0 ? sched_job_png(j, i, &len) : sched_job_preview(j, p, i, &len);
+    return png ? api_base64(png, len) : NULL;
+}
+
+/* Turns what changed in the job since the last call into frames. Returns 1
+ * when the stream has said everything, 0 when more is to come, -1 when a
+ * frame could not be made (out of memory): the stream then ends broken
+ * rather than silently missing an event. */
+static int sse_collect(sse_t *s, const sched_snapshot_t *snap) {
     sched_job_t *j = s->job;
-    long now = (long)time(NULL);
-    if (j->steps_done > s->sent_steps) {
-        for (int i = 0; i < j->n_images; i++)
-            sse_append(s, API_SSE_PROGRESS, api_sse_progress(j->steps_done, j->steps_total, i));
-        s->sent_steps = j->steps_done;
+    const long now = (long)time(NULL);
+    const int W = s->h->width, H = s->h->height;
+    if (snap->steps_done > s->sent_steps) {
+        for (int i = 0; i < snap->n_images; i++)
+            if (sse_append(s, API_SSE_PROGRESS,
+                           api_sse_progress(snap->steps_done, snap->steps_total, i)))
+                return -1;
+        s->sent_steps = snap->steps_done;
     }
-    for (; s->sent_partials < j->n_partials; s->sent_partials++)
-        for (int i = 0; i < j->n_images; i++) {
-            const char *b64 = j->partial_b64[s->sent_partials * j->n_images + i];
-            if (b64)
-                sse_append(s, API_SSE_PARTIAL_IMAGE,
-                           api_sse_partial_image(b64, s->sent_partials, i, now, s->h->width,
-                                                 s->h->height));
-        }
-    if (j->state == JOB_DONE) {
-        for (int i = 0; i < j->n_images; i++) {
-            char *b64 = api_base64(j->png[i], j->png_len[i]);
-            if (b64)
-                sse_append(s, API_SSE_COMPLETED,
-                           api_sse_completed(b64, i, now, s->h->width, s->h->height, j->steps_total,
-                                             s->prompt_tokens));
+    for (; s->sent_partials < snap->n_partials; s->sent_partials++)
+        for (int i = 0; i < snap->n_images; i++) {
+            char *b64 = png_b64(j, s->sent_partials, i);
+            int rc = b64 ? sse_append(s, API_SSE_PARTIAL_IMAGE,
+                                      api_sse_partial_image(b64, s->sent_partials, i, now, W, H))
+                         : -1;
             free(b64);
+            if (rc)
+                return -1;
+        }
+    if (snap->outcome == SCHED_PENDING)
+        return 0;
+    if (snap->outcome == SCHED_DONE) {
+        for (int i = 0; i < snap->n_images; i++) {
+            char *b64 = png_b64(j, -1, i);
+            int rc = b64 ? sse_append(s, API_SSE_COMPLETED,
+                                      api_sse_completed(b64, i, now, W, H, snap->steps_total,
+                                                        s->prompt_tokens))
+                         : -1;
+            free(b64);
+            if (rc)
+                return -1;
         }
         return 1;
     }
-    if (j->state == JOB_FAILED) {
-        sse_append(s, API_SSE_ERROR, api_error_json(&j->error));
-        return 1;
-    }
-    return 0;
+    api_error_t e;
+    outcome_error(snap, &e);
+    return sse_append(s, API_SSE_ERROR, api_error_json(&e)) ? -1 : 1;
 }
 
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -240,11 +308,16 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         if (s->finished)
             return MHD_CONTENT_READER_END_OF_STREAM;
-        pthread_mutex_lock(&s->job->mu);
-        s->finished = sse_collect(s);
-        if (!s->finished && s->pending_len == 0)
-            job_wait_slice(s->job, WAIT_SLICE_MS);
-        pthread_mutex_unlock(&s->job->mu);
+        sched_snapshot_t snap;
+        sched_job_wait(s->job, s->seen, WAIT_SLICE_S, &snap);
+        s->seen = snap.version;
+        const int rc = sse_collect(s, &snap);
+        if (rc < 0) {
+            log_msg(LOG_ERROR, "job %llu: out of memory writing its event stream; ending it",
+                    (unsigned long long)sched_job_id(s->job));
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        s->finished = rc;
         if (s->pending_len == 0 && !s->finished) {
             if (!client_alive(s->c))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -261,45 +334,89 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void sse_free(void *cls) {
     sse_t *s = cls;
-    pthread_mutex_lock(&s->job->mu);
-    int ended = s->job->state == JOB_DONE || s->job->state == JOB_FAILED;
-    pthread_mutex_unlock(&s->job->mu);
-    if (!ended)
+    sched_snapshot_t snap;
+    sched_job_snapshot(s->job, &snap);
+    if (snap.outcome == SCHED_PENDING) {
+        log_msg(LOG_INFO, "job %llu: stream closed before the end; cancelling",
+                (unsigned long long)sched_job_id(s->job));
         sched_job_cancel(s->h->sched, s->job);
+    }
     sched_job_release(s->job);
     free(s->pending);
     free(s);
 }
 
+static enum MHD_Result respond_stream(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
+                                      sched_job_t *j, int prompt_tokens) {
+    sse_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        sched_job_cancel(h->sched, j);
+        sched_job_release(j);
+        return fail(h, c, cx, 500, NULL, "out_of_memory", "out of memory");
+    }
+    *s = (sse_t){
+        .h = h, .c = c, .job = j, .prompt_tokens = prompt_tokens, .last_write = clock_now_s()};
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, sse_read, s, sse_free);
+    if (!r) {
+        sse_free(s);
+        return fail(h, c, cx, 500, NULL, "out_of_memory", "out of memory");
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    cx->responded = 1;
+    count(h, cx, 200);
+    return ret;
+}
+
 /* ---- image generations ---- */
 
 static enum MHD_Result respond_images(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
-                                      sched_job_t *j, int prompt_tokens) {
+                                      sched_job_t *j, const sched_snapshot_t *snap,
+                                      int prompt_tokens) {
     const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
-    if (j->n_images == 1 && accept && strstr(accept, "image/png") &&
+    size_t len;
+    if (snap->n_images == 1 && accept && strstr(accept, "image/png") &&
         !strstr(accept, "application/json")) {
-        void *png = j->png[0];
-        size_t len = j->png_len[0];
-        return send_buf(h, c, cx, 200, "image/png", png, len, 0);
+        const uint8_t *png = sched_job_png(j, 0, &len);
+        return send_buf(h, c, cx, 200, "image/png", (void *)png, len, 0);
     }
-    char **b64 = calloc((size_t)j->n_images, sizeof *b64);
+    char **b64 = calloc((size_t)snap->n_images, sizeof *b64);
     int ok = b64 != NULL;
-    for (int i = 0; ok && i < j->n_images; i++)
-        ok = (b64[i] = api_base64(j->png[i], j->png_len[i])) != NULL;
-    api_kv_report_t kv = {.policy = j->kv_policy,
-                          .planned_peak_bytes = j->kv_planned_peak_bytes,
-                          .peak_bytes = j->kv_peak_bytes};
-    char *json = ok ? api_images_response_json((long)time(NULL), j->n_images,
-                                               (const char *const *)b64, h->width, h->height,
-                                               j->steps_total * j->n_images, prompt_tokens, &kv)
+    for (int i = 0; ok && i < snap->n_images; i++)
+        ok = (b64[i] = png_b64(j, -1, i)) != NULL;
+    api_kv_report_t kv = {.policy = snap->kv_policy,
+                          .planned_peak_bytes = snap->kv_planned_peak_bytes,
+                          .peak_bytes = snap->kv_peak_bytes};
+    char *json = ok ? api_images_response_json(
+                          (long)time(NULL), snap->n_images, (const char *const *)b64, h->width,
+                          h->height, snap->steps_total * snap->n_images, prompt_tokens, &kv)
                     : NULL;
-    for (int i = 0; b64 && i < j->n_images; i++)
+    for (int i = 0; b64 && i < snap->n_images; i++)
         free(b64[i]);
     free(b64);
     if (!json)
-        return fail(h, c, cx, 500, "server_error", NULL, "out_of_memory",
-                    "out of memory building the response");
+        return fail(h, c, cx, 500, NULL, "out_of_memory", "out of memory building the response");
     return send_json(h, c, cx, 200, json);
+}
+
+/* Waits for a job while its client is there. The snapshot of its end, or
+ * 0 when the client went away (the job is then cancelled). */
+static int wait_job(http_server_t *h, struct MHD_Connection *c, sched_job_t *j,
+                    sched_snapshot_t *snap) {
+    sched_job_snapshot(j, snap);
+    while (snap->outcome == SCHED_PENDING) {
+        sched_job_wait(j, snap->version, WAIT_SLICE_S, snap);
+        if (snap->outcome == SCHED_PENDING && !client_alive(c)) {
+            log_msg(LOG_INFO, "job %llu: client went away; cancelling",
+                    (unsigned long long)sched_job_id(j));
+            sched_job_cancel(h->sched, j);
+            return 0;
+        }
+    }
+    return 1;
 }
 
 static uint64_t random_seed(void) {
@@ -309,6 +426,13 @@ static uint64_t random_seed(void) {
                  ((uint64_t)(uintptr_t)&ts << 17);
     x ^= x >> 31;
     return x & ((1ull << 53) - 1);
+}
+
+/* An answer to a client that went away: nobody reads it, and queueing it
+ * (rather than failing the request) keeps libmicrohttpd from logging an
+ * internal error. 499 is what the access logs of nginx call it. */
+static enum MHD_Result client_gone(http_server_t *h, struct MHD_Connection *c, conn_t *cx) {
+    return send_buf(h, c, cx, 499, "text/plain", (void *)"", 0, 0);
 }
 
 static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *c, conn_t *cx) {
@@ -322,82 +446,42 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
     ar_error_t err = {{0}};
     enum MHD_Result ret;
     if (!cond || !uncond) {
-        ret = fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory");
+        ret = fail(h, c, cx, 500, NULL, "out_of_memory", "out of memory");
         goto out;
     }
     if (model_prompt_from_text(h->model, req.prompt, cond, uncond, &n_prompt, &err) != AR_OK) {
-        ret = fail(h, c, cx, 400, "invalid_request_error", "prompt", "invalid_value", "prompt: %s",
-                   err.msg);
+        ret = fail(h, c, cx, 400, "prompt", "invalid_value", "prompt: %s", err.msg);
         goto out;
     }
-    sampler_params_t sp;
-    api_image_request_sampler_params(&req, &h->model->cfg.sampling, &sp);
-    uint64_t seed = req.has_seed ? req.seed : random_seed();
-    sched_job_t *j =
-        sched_job_create(cond, uncond, n_prompt, req.n, &sp, seed,
-                         req.stream ? req.partial_images : 0, h->opt.request_timeout_s);
+    sched_request_t rq = {.cond = cond,
+                          .uncond = uncond,
+                          .n_prompt = n_prompt,
+                          .n_images = req.n,
+                          .seed = req.has_seed ? req.seed : random_seed(),
+                          .kv_policy = req.kv_policy,
+                          .partial_images = req.stream ? req.partial_images : 0,
+                          .timeout_s = h->opt.request_timeout_s};
+    api_image_request_sampler_params(&req, &h->model->cfg.sampling, &rq.params);
+    sched_refusal_info_t why;
+    sched_job_t *j = sched_submit(h->sched, &rq, &why);
     if (!j) {
-        ret = fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory");
-        goto out;
-    }
-    api_image_request_kv_params(&req, h->limits.kv_defaults, &j->kv_policy);
-    if (sched_submit(h->sched, j, &e) != AR_OK) {
-        sched_job_release(j);
+        refusal_error(h, &why, req.n, &e);
         ret = send_error(h, c, cx, &e);
         goto out;
     }
-    int prompt_tokens = n_prompt;
     if (req.stream) {
-        sse_t *s = calloc(1, sizeof *s);
-        if (!s) {
-            sched_job_cancel(h->sched, j);
-            sched_job_release(j);
-            ret = fail(h, c, cx, 500, "server_error", NULL, "out_of_memory", "out of memory");
-            goto out;
-        }
-        *s = (sse_t){
-            .h = h, .c = c, .job = j, .prompt_tokens = prompt_tokens, .last_write = clock_now_s()};
-        struct MHD_Response *r =
-            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, sse_read, s, sse_free);
-        if (!r) {
-            sse_free(s);
-            ret = MHD_NO;
-            goto out;
-        }
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        ret = MHD_queue_response(c, 200, r);
-        MHD_destroy_response(r);
-        cx->responded = 1;
-        count(h, cx, 200);
+        ret = respond_stream(h, c, cx, j, n_prompt);
         goto out;
     }
-    /* Wait for the job, checking that the client is still there. */
-    pthread_mutex_lock(&j->mu);
-    int gone = 0;
-    while (j->state != JOB_DONE && j->state != JOB_FAILED) {
-        job_wait_slice(j, WAIT_SLICE_MS);
-        if (j->state == JOB_DONE || j->state == JOB_FAILED)
-            break;
-        pthread_mutex_unlock(&j->mu);
-        gone = !client_alive(c);
-        pthread_mutex_lock(&j->mu);
-        if (gone)
-            break;
+    sched_snapshot_t snap;
+    if (!wait_job(h, c, j, &snap)) {
+        ret = client_gone(h, c, cx);
+    } else if (snap.outcome == SCHED_DONE) {
+        ret = respond_images(h, c, cx, j, &snap, n_prompt);
+    } else {
+        outcome_error(&snap, &e);
+        ret = send_error(h, c, cx, &e);
     }
-    job_state_t st = j->state;
-    api_error_t je = j->error;
-    pthread_mutex_unlock(&j->mu);
-    if (gone) {
-        log_msg(LOG_INFO, "job %llu: client went away; cancelling", (unsigned long long)j->id);
-        sched_job_cancel(h->sched, j);
-        sched_job_release(j);
-        count(h, cx, 499);
-        cx->responded = 1;
-        ret = MHD_NO;
-        goto out;
-    }
-    ret = st == JOB_DONE ? respond_images(h, c, cx, j, prompt_tokens) : send_error(h, c, cx, &je);
     sched_job_release(j);
 out:
     free(cond);
@@ -414,21 +498,20 @@ static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, 
     int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     int is_post = !strcmp(method, "POST");
     if (!strcmp(cx->route, "other"))
-        return fail(h, c, cx, 404, "invalid_request_error", NULL, "not_found", "no route for %s %s",
-                    method, url);
+        return fail(h, c, cx, 404, NULL, "not_found", "no route for %s %s", method, url);
     int want_post = !strcmp(cx->route, "/v1/images/generations");
     if (want_post ? !is_post : !is_get)
-        return fail(h, c, cx, 405, "invalid_request_error", NULL, "method_not_allowed",
-                    "%s is not allowed on %s; use %s", method, url, want_post ? "POST" : "GET");
+        return fail(h, c, cx, 405, NULL, "method_not_allowed", "%s is not allowed on %s; use %s",
+                    method, url, want_post ? "POST" : "GET");
     if (!strcmp(cx->route, "/health") || !strcmp(cx->route, "/metrics"))
         return MHD_YES;
     if (!auth_ok(h, c))
-        return fail(h, c, cx, 401, "invalid_request_error", NULL, "invalid_api_key",
+        return fail(h, c, cx, 401, NULL, "invalid_api_key",
                     "missing or wrong API key: send 'Authorization: Bearer <key>'");
     const char *cl =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (want_post && cl && strtoull(cl, NULL, 10) > h->opt.max_body_bytes)
-        return fail(h, c, cx, 413, "invalid_request_error", NULL, "request_too_large",
+        return fail(h, c, cx, 413, NULL, "request_too_large",
                     "the request body is larger than %zu bytes", h->opt.max_body_bytes);
     return MHD_YES;
 }
@@ -502,10 +585,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return MHD_YES;
     }
     if (cx->too_large)
-        return fail(h, c, cx, 413, "invalid_request_error", NULL, "request_too_large",
+        return fail(h, c, cx, 413, NULL, "request_too_large",
                     "the request body is larger than %zu bytes", h->opt.max_body_bytes);
     if (!atomic_load(&h->ready) || sched_draining(h->sched))
-        return fail(h, c, cx, 503, "server_error", NULL, "not_ready",
+        return fail(h, c, cx, 503, NULL, "not_ready",
                     "the server is not accepting work (loading or shutting down)");
     return handle_generate(h, c, cx);
 }

@@ -1,13 +1,19 @@
-/* The engine loop (continuous batching over the KV planner) and the PNG
- * worker pool. Lock order: scheduler mu, then a job's mu. */
+/* The engine thread around the batcher, the PNG workers, the jobs' shared
+ * state and the scheduler's metrics (scheduler.h). Lock order: the
+ * scheduler's mu, then a job's mu; the batcher is touched only under the
+ * scheduler's mu, except batcher_step, which the engine thread runs
+ * without it (batcher.h says why that is safe). */
 #include "scheduler.h"
 
-#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "engine/batcher.h"
 #include "engine/clock.h"
 #include "engine/generate.h"
 #include "engine/kv_pool.h"
@@ -15,10 +21,43 @@
 #include "engine/png_io.h"
 #include "server/log.h"
 
+struct sched_job {
+    uint64_t id;
+    int n_images, partial_images;
+    int *cond, *uncond;
+    kv_policy_params_t kv_policy;
+    size_t *kv_bytes; /* the planned KV of all its images, per step */
+    int steps;
+    size_t kv_planned_peak_bytes; /* one image's */
+    double t_submit;
+    /* engine thread only */
+    gen_job_t gen;
+    int first_step_seen;
+
+    pthread_mutex_t mu;
+    pthread_cond_t changed; /* broadcast on every change of what follows */
+    int refs;
+    /* under mu */
+    unsigned version;
+    sched_outcome_t outcome;
+    int started, steps_done;
+    int n_partials;                         /* previews complete for every image */
+    int preview_images[SCHED_MAX_PARTIALS]; /* images encoded, per preview */
+    uint8_t *preview[SCHED_MAX_PARTIALS][SCHED_MAX_IMAGES];
+    size_t preview_len[SCHED_MAX_PARTIALS][SCHED_MAX_IMAGES];
+    uint8_t **png; /* n_images PNGs once DONE */
+    size_t *png_len;
+    int png_pending;      /* final PNGs being encoded */
+    int previews_pending; /* previews being encoded: DONE waits for them, so that a stream
+                             sends every preview before the image */
+    char message[256];
+    size_t kv_peak_bytes;
+};
+
 typedef struct png_task {
     sched_job_t *job;
     int image;
-    int partial; /* -1 for the final image, else the preview index */
+    int preview; /* -1 for the final image, else the preview index */
     uint8_t *rgb;
     struct png_task *next;
 } png_task_t;
@@ -31,17 +70,13 @@ struct scheduler {
 
     pthread_mutex_t mu;
     pthread_cond_t wake; /* new job, cancellation or stop */
-    int stop, draining, alive, joined;
-    uint64_t next_id;
-    sched_job_t **waiting; /* FIFO ring of ring_cap slots */
-    int w_head, w_count, ring_cap;
-    sched_job_t **running; /* engine thread only, but counted under mu */
-    int n_running, running_images;
-    planner_t planner;        /* engine thread only */
-    kv_pool_t pool;           /* engine thread only (its geometry is fixed: read anywhere) */
-    long long kv_overruns;    /* under mu */
-    long long bad_frees_seen; /* engine thread only */
+    batcher_t *batcher;
+    int stop, draining, alive, kick, joined;
+    long long overruns_seen; /* engine thread only */
+    long long bad_frees_seen;
+    kv_pool_t pool; /* engine thread only (its geometry is fixed: read anywhere) */
     pthread_t engine;
+    int engine_started;
 
     pthread_mutex_t png_mu;
     pthread_cond_t png_wake;
@@ -50,49 +85,46 @@ struct scheduler {
     pthread_t *workers;
     int n_workers;
 
-    /* metrics */
     metric_t *m_running, *m_waiting, *m_queue_wait, *m_first_step, *m_latency, *m_step_time,
         *m_seqs, *m_tokens, *m_images, *m_refused, *m_cancelled, *m_kv_capacity, *m_kv_reserved,
         *m_kv_used, *m_iterations, *m_kv_overruns;
 };
 
+/* Waits on c for at most seconds (mu held). */
+static void cond_wait_s(pthread_cond_t *c, pthread_mutex_t *mu, double seconds) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const double whole = floor(seconds);
+    ts.tv_sec += (time_t)whole;
+    ts.tv_nsec += (long)((seconds - whole) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(c, mu, &ts);
+}
+
 /* ---- jobs ---- */
 
-sched_job_t *sched_job_create(const int *cond, const int *uncond, int n_prompt, int n_images,
-                              const sampler_params_t *params, uint64_t seed, int partial_images,
-                              double timeout_s) {
-    if (n_images < 1 || n_images > 64 || partial_images < 0 || partial_images > SCHED_MAX_PARTIALS)
-        return NULL;
-    sched_job_t *j = calloc(1, sizeof *j);
-    if (!j)
-        return NULL;
-    j->cond = malloc((size_t)n_prompt * sizeof(int));
-    j->uncond = malloc((size_t)n_prompt * sizeof(int));
-    j->png = calloc((size_t)n_images, sizeof *j->png);
-    j->png_len = calloc((size_t)n_images, sizeof *j->png_len);
-    if (!j->cond || !j->uncond || !j->png || !j->png_len) {
-        free(j->cond);
-        free(j->uncond);
-        free(j->png);
-        free(j->png_len);
-        free(j);
-        return NULL;
-    }
-    memcpy(j->cond, cond, (size_t)n_prompt * sizeof(int));
-    memcpy(j->uncond, uncond, (size_t)n_prompt * sizeof(int));
-    j->n_prompt = n_prompt;
-    j->n_images = n_images;
-    j->params = *params;
-    kv_policy_defaults(&j->kv_policy, KV_POLICY_FULL);
-    j->seed = seed;
-    j->partial_images = partial_images;
-    j->t_submit = clock_now_s();
-    j->deadline = j->t_submit + timeout_s;
-    j->refs = 1;
-    j->state = JOB_WAITING;
-    pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->changed, NULL);
-    return j;
+static sched_job_t *job_of_work(void *work) {
+    return (sched_job_t *)((char *)work - offsetof(sched_job_t, gen));
+}
+
+static void job_free(sched_job_t *j) {
+    gen_job_free(&j->gen);
+    for (int i = 0; j->png && i < j->n_images; i++)
+        free(j->png[i]);
+    for (int p = 0; p < SCHED_MAX_PARTIALS; p++)
+        for (int i = 0; i < SCHED_MAX_IMAGES; i++)
+            free(j->preview[p][i]);
+    free(j->png);
+    free(j->png_len);
+    free(j->cond);
+    free(j->uncond);
+    free(j->kv_bytes);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->changed);
+    free(j);
 }
 
 void sched_job_release(sched_job_t *j) {
@@ -101,48 +133,74 @@ void sched_job_release(sched_job_t *j) {
     pthread_mutex_lock(&j->mu);
     int left = --j->refs;
     pthread_mutex_unlock(&j->mu);
-    if (left > 0)
-        return;
-    for (int i = 0; i < j->n_images; i++)
-        free(j->png[i]);
-    for (int i = 0; i < SCHED_MAX_PARTIALS * 64; i++)
-        free(j->partial_b64[i]);
-    free(j->png);
-    free(j->png_len);
-    free(j->cond);
-    free(j->uncond);
-    pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->changed);
-    free(j);
+    if (left == 0)
+        job_free(j);
 }
 
-static void job_retain(sched_job_t *j) {
-    pthread_mutex_lock(&j->mu);
-    j->refs++;
-    pthread_mutex_unlock(&j->mu);
-}
-
-/* Moves a job to FAILED with an error (unless it already ended). */
-static void job_fail(sched_job_t *j, int status, const char *code, const char *msg) {
-    pthread_mutex_lock(&j->mu);
-    if (j->state != JOB_DONE && j->state != JOB_FAILED) {
-        j->state = JOB_FAILED;
-        j->error.status = status;
-        snprintf(j->error.type, sizeof j->error.type, "%s",
-                 status >= 500 ? "server_error" : "invalid_request_error");
-        snprintf(j->error.code, sizeof j->error.code, "%s", code);
-        snprintf(j->error.message, sizeof j->error.message, "%s", msg);
-        j->error.param[0] = 0;
-    }
+/* Publishes a change (the caller holds j->mu). */
+static void job_changed(sched_job_t *j) {
+    j->version++;
     pthread_cond_broadcast(&j->changed);
+}
+
+/* Ends a job (unless it ended already). */
+static void job_end(sched_job_t *j, sched_outcome_t outcome, const char *message) {
+    pthread_mutex_lock(&j->mu);
+    if (j->outcome == SCHED_PENDING) {
+        j->outcome = outcome;
+        snprintf(j->message, sizeof j->message, "%s", message ? message : "");
+        job_changed(j);
+    }
     pthread_mutex_unlock(&j->mu);
 }
 
-static int job_cancelled(sched_job_t *j) {
+uint64_t sched_job_id(const sched_job_t *j) { return j->id; }
+
+static void snapshot_locked(const sched_job_t *j, sched_snapshot_t *out) {
+    *out = (sched_snapshot_t){.version = j->version,
+                              .outcome = j->outcome,
+                              .started = j->started,
+                              .steps_done = j->steps_done,
+                              .steps_total = j->steps,
+                              .n_partials = j->n_partials,
+                              .n_images = j->n_images,
+                              .kv_policy = j->kv_policy,
+                              .kv_planned_peak_bytes = j->kv_planned_peak_bytes,
+                              .kv_peak_bytes = j->kv_peak_bytes};
+    snprintf(out->message, sizeof out->message, "%s", j->message);
+}
+
+void sched_job_snapshot(sched_job_t *j, sched_snapshot_t *out) {
     pthread_mutex_lock(&j->mu);
-    int c = j->cancelled;
+    snapshot_locked(j, out);
     pthread_mutex_unlock(&j->mu);
-    return c;
+}
+
+void sched_job_wait(sched_job_t *j, unsigned seen, double timeout_s, sched_snapshot_t *out) {
+    const double until = clock_now_s() + timeout_s;
+    pthread_mutex_lock(&j->mu);
+    for (double left = timeout_s; j->version == seen && left > 0; left = until - clock_now_s())
+        cond_wait_s(&j->changed, &j->mu, left);
+    snapshot_locked(j, out);
+    pthread_mutex_unlock(&j->mu);
+}
+
+const uint8_t *sched_job_png(sched_job_t *j, int image, size_t *len) {
+    pthread_mutex_lock(&j->mu);
+    const int ok = j->outcome == SCHED_DONE && image >= 0 && image < j->n_images;
+    const uint8_t *png = ok ? j->png[image] : NULL;
+    *len = ok ? j->png_len[image] : 0;
+    pthread_mutex_unlock(&j->mu);
+    return png;
+}
+
+const uint8_t *sched_job_preview(sched_job_t *j, int preview, int image, size_t *len) {
+    pthread_mutex_lock(&j->mu);
+    const int ok = preview >= 0 && preview < j->n_partials && image >= 0 && image < j->n_images;
+    const uint8_t *png = ok ? j->preview[preview][image] : NULL;
+    *len = ok ? j->preview_len[preview][image] : 0;
+    pthread_mutex_unlock(&j->mu);
+    return png;
 }
 
 /* ---- PNG workers ---- */
@@ -157,6 +215,60 @@ static void png_push(scheduler_t *s, png_task_t *t) {
     s->png_tail = t;
     pthread_cond_signal(&s->png_wake);
     pthread_mutex_unlock(&s->png_mu);
+}
+
+/* Hands rgb (taken) of one image of j to the workers. */
+static void png_queue(scheduler_t *s, sched_job_t *j, int image, int preview, uint8_t *rgb) {
+    png_task_t *t = malloc(sizeof *t);
+    if (!t) {
+        free(rgb);
+        log_msg(LOG_ERROR, "job %llu: out of memory queueing a PNG", (unsigned long long)j->id);
+        if (preview < 0) {
+            job_end(j, SCHED_FAILED, "out of memory encoding the image");
+            metric_add(s->m_images, j->n_images, "error");
+        }
+        return;
+    }
+    *t = (png_task_t){.job = j, .image = image, .preview = preview, .rgb = rgb};
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    j->previews_pending += preview >= 0;
+    pthread_mutex_unlock(&j->mu);
+    png_push(s, t);
+}
+
+/* DONE once the final PNGs and every preview queued before them are in
+ * (j->mu held). */
+static void maybe_done(scheduler_t *s, sched_job_t *j) {
+    if (j->png_pending || j->previews_pending || j->outcome != SCHED_PENDING || !j->png[0])
+        return;
+    /* Counted before the waiting request thread can answer. */
+    metric_add(s->m_images, j->n_images, "ok");
+    metric_observe(s->m_latency, clock_now_s() - j->t_submit);
+    j->outcome = SCHED_DONE;
+}
+
+/* Stores one encoded PNG in its job (png NULL: its encoding failed), j->mu
+ * held. */
+static void png_store(scheduler_t *s, const png_task_t *t, uint8_t *png, size_t len) {
+    sched_job_t *j = t->job;
+    if (t->preview >= 0) {
+        j->previews_pending--;
+        if (png) {
+            j->preview[t->preview][t->image] = png;
+            j->preview_len[t->preview][t->image] = len;
+            /* A preview is published once every image of it is in, in order. */
+            j->preview_images[t->preview]++;
+            while (j->n_partials < j->partial_images &&
+                   j->preview_images[j->n_partials] == j->n_images)
+                j->n_partials++;
+        }
+    } else if (png) {
+        j->png[t->image] = png;
+        j->png_len[t->image] = len;
+        j->png_pending--;
+    }
+    maybe_done(s, j);
 }
 
 static void *png_worker(void *arg) {
@@ -179,33 +291,19 @@ static void *png_worker(void *arg) {
         uint8_t *png = NULL;
         size_t len = 0;
         ar_error_t err = {{0}};
-        int rc = png_encode(t->rgb, s->width, s->height, &png, &len, &err);
-        pthread_mutex_lock(&j->mu);
-        if (rc != AR_OK) {
-            pthread_mutex_unlock(&j->mu);
-            log_msg(LOG_ERROR, "job %llu: PNG encoding failed: %s", (unsigned long long)j->id,
-                    err.msg);
-            job_fail(j, 500, "internal_error", "PNG encoding failed");
-            pthread_mutex_lock(&j->mu);
-        } else if (t->partial >= 0) {
-            char *b64 = api_base64(png, len);
-            free(png);
-            int slot = t->partial * j->n_images + t->image;
-            free(j->partial_b64[slot]);
-            j->partial_b64[slot] = b64;
-            if (t->image == j->n_images - 1 && t->partial + 1 > j->n_partials)
-                j->n_partials = t->partial + 1;
-        } else {
-            j->png[t->image] = png;
-            j->png_len[t->image] = len;
-            if (--j->png_pending == 0 && j->state == JOB_ENCODING) {
-                /* Count before the waiting request thread can answer. */
-                metric_add(s->m_images, j->n_images, "ok");
-                metric_observe(s->m_latency, clock_now_s() - j->t_submit);
-                j->state = JOB_DONE;
+        if (png_encode(t->rgb, s->width, s->height, &png, &len, &err) != AR_OK) {
+            log_msg(LOG_ERROR, "job %llu: PNG encoding of %s %d failed: %s",
+                    (unsigned long long)j->id, t->preview < 0 ? "image" : "a preview of image",
+                    t->image, err.msg);
+            png = NULL;
+            if (t->preview < 0) {
+                job_end(j, SCHED_FAILED, "PNG encoding failed");
+                metric_add(s->m_images, j->n_images, "error");
             }
         }
-        pthread_cond_broadcast(&j->changed);
+        pthread_mutex_lock(&j->mu);
+        png_store(s, t, png, len);
+        job_changed(j);
         pthread_mutex_unlock(&j->mu);
         free(t->rgb);
         sched_job_release(j);
@@ -213,147 +311,362 @@ static void *png_worker(void *arg) {
     }
 }
 
-/* ---- admission ---- */
+/* ---- what the engine thread does with the batcher's events ---- */
 
-/* The job's KV trajectory: n images x the per-image bytes its policy holds
- * at each step, counted in whole pool blocks. NULL (err says why) when the
- * policy does not suit the request or on out of memory. */
-static size_t *job_trajectory(const scheduler_t *s, const sched_job_t *j, int *n_steps,
-                              ar_error_t *err) {
-    *n_steps = planner_steps(&s->model->cfg);
-    size_t *t = malloc((size_t)*n_steps * sizeof *t);
-    if (!t) {
-        ar_errorf(err, "out of memory");
-        return NULL;
+static uint8_t *rgb_alloc(const scheduler_t *s) { return malloc((size_t)s->width * s->height * 3); }
+
+/* Previews at steps total * (p + 1) / (P + 1), p < P, from the tokens so
+ * far; a preview that cannot be made is logged and skipped. */
+static void publish_previews(scheduler_t *s, sched_job_t *j, int steps_done) {
+    for (int p = 0; p < j->partial_images; p++) {
+        if (steps_done != j->steps * (p + 1) / (j->partial_images + 1))
+            continue;
+        for (int i = 0; i < j->n_images; i++) {
+            ar_error_t err = {{0}};
+            uint8_t *rgb = rgb_alloc(s);
+            if (!rgb || gen_preview(&j->gen.images[i], rgb, &err) != AR_OK) {
+                log_msg(LOG_WARN, "job %llu: preview %d of image %d skipped: %s",
+                        (unsigned long long)j->id, p, i, rgb ? err.msg : "out of memory");
+                free(rgb);
+                continue;
+            }
+            png_queue(s, j, i, p, rgb);
+        }
     }
-    if (planner_trajectory_bytes(&s->model->cfg, &j->kv_policy, j->n_prompt,
-                                 s->pool.blocks.block_tokens, t, err) != AR_OK) {
-        free(t);
-        return NULL;
+}
+
+/* A job whose images are all done: decode on the engine thread (the backend
+ * is single-threaded), encode on the workers. */
+static void job_finished(scheduler_t *s, sched_job_t *j) {
+    const size_t block = kv_pool_block_bytes(s->pool.blocks.block_tokens, s->pool.blocks.head_dim);
+    int peak_blocks = 0;
+    for (int i = 0; i < j->n_images; i++)
+        if (j->gen.images[i].kv_peak_blocks > peak_blocks)
+            peak_blocks = j->gen.images[i].kv_peak_blocks;
+    uint8_t *rgb[SCHED_MAX_IMAGES] = {0};
+    ar_error_t err = {{0}};
+    int ok = 1;
+    for (int i = 0; ok && i < j->n_images; i++)
+        ok = (rgb[i] = rgb_alloc(s)) && gen_decode(&j->gen.images[i], rgb[i], &err) == AR_OK;
+    gen_job_free(&j->gen);
+    if (!ok) {
+        log_msg(LOG_ERROR, "job %llu: decoding failed: %s", (unsigned long long)j->id,
+                err.msg[0] ? err.msg : "out of memory");
+        for (int i = 0; i < j->n_images; i++)
+            free(rgb[i]);
+        job_end(j, SCHED_FAILED, "image decoding failed");
+        metric_add(s->m_images, j->n_images, "error");
+        return;
     }
-    for (int i = 0; i < *n_steps; i++)
-        t[i] *= (size_t)j->n_images;
-    return t;
+    pthread_mutex_lock(&j->mu);
+    j->kv_peak_bytes = (size_t)peak_blocks * block;
+    j->png_pending = j->n_images;
+    job_changed(j);
+    pthread_mutex_unlock(&j->mu);
+    for (int i = 0; i < j->n_images; i++)
+        png_queue(s, j, i, -1, rgb[i]);
 }
 
-static size_t peak_of(const size_t *t, int n) {
-    size_t peak = 0;
-    for (int i = 0; i < n; i++)
-        peak = t[i] > peak ? t[i] : peak;
-    return peak;
+static void handle_event(scheduler_t *s, const batcher_event_t *ev) {
+    sched_job_t *j = job_of_work(ev->work);
+    const double now = clock_now_s();
+    switch (ev->type) {
+    case BATCHER_ADMITTED:
+        metric_observe(s->m_queue_wait, now - j->t_submit);
+        pthread_mutex_lock(&j->mu);
+        j->started = 1;
+        job_changed(j);
+        pthread_mutex_unlock(&j->mu);
+        return;
+    case BATCHER_STEPPED:
+        if (!j->first_step_seen) {
+            j->first_step_seen = 1;
+            metric_observe(s->m_first_step, now - j->t_submit);
+        }
+        pthread_mutex_lock(&j->mu);
+        j->steps_done = ev->steps_done;
+        job_changed(j);
+        pthread_mutex_unlock(&j->mu);
+        publish_previews(s, j, ev->steps_done);
+        return;
+    case BATCHER_ENDED:
+        break;
+    }
+    switch (ev->end) {
+    case BATCHER_END_FINISHED:
+        job_finished(s, j);
+        break;
+    case BATCHER_END_CANCELLED:
+        metric_add(s->m_cancelled, 1);
+        metric_add(s->m_images, j->n_images, "cancelled");
+        job_end(j, SCHED_CANCELLED, NULL);
+        break;
+    case BATCHER_END_EXPIRED:
+        metric_add(s->m_images, j->n_images, "timeout");
+        job_end(j, SCHED_EXPIRED, NULL);
+        break;
+    case BATCHER_END_FAILED:
+        log_msg(LOG_ERROR, "job %llu failed: %s", (unsigned long long)j->id, ev->why);
+        metric_add(s->m_images, j->n_images, "error");
+        job_end(j, SCHED_FAILED,
+                ev->started ? "the engine step failed" : "the job could not start");
+        break;
+    case BATCHER_END_SHUTDOWN:
+        job_end(j, SCHED_SHUTDOWN, NULL);
+        break;
+    }
+    gen_job_free(&j->gen);
+    sched_job_release(j); /* the scheduler's reference */
 }
 
-size_t sched_image_peak_bytes(const scheduler_t *s, const kv_policy_params_t *p, int n_prompt) {
-    int n = planner_steps(&s->model->cfg);
-    size_t *t = malloc((size_t)n * sizeof *t), peak = 0;
-    if (t && planner_trajectory_bytes(&s->model->cfg, p, n_prompt, s->pool.blocks.block_tokens, t,
-                                      NULL) == AR_OK)
-        peak = peak_of(t, n);
-    free(t);
-    return peak;
-}
-
-int sched_kv_block_tokens(const scheduler_t *s) { return s->pool.blocks.block_tokens; }
-
-size_t sched_kv_capacity_bytes(const scheduler_t *s) { return kv_pool_capacity_bytes(&s->pool); }
-
-long long sched_kv_overruns(scheduler_t *s) {
-    pthread_mutex_lock(&s->mu);
-    long long n = s->kv_overruns;
-    pthread_mutex_unlock(&s->mu);
+/* Takes the batcher's events (mu held) into *buf, growing it. */
+static int take_events(scheduler_t *s, batcher_event_t **buf, int *cap) {
+    int n = 0;
+    for (;;) {
+        if (n == *cap) {
+            int grown = *cap ? 2 * *cap : 64;
+            batcher_event_t *b = realloc(*buf, (size_t)grown * sizeof *b);
+            if (!b)
+                break; /* the rest waits for the next call */
+            *buf = b;
+            *cap = grown;
+        }
+        int got = batcher_take_events(s->batcher, *buf + n, *cap - n);
+        n += got;
+        if (n < *cap)
+            break;
+    }
     return n;
 }
 
-/* The request field behind a setting kv_policy_check names. */
-static const char *policy_param(const char *field) {
-    if (!field)
-        return "kv_policy";
-    return strcmp(field, "budget") == 0 ? "kv_budget" : field;
+/* Gauges of the queue and the reservation (mu held). */
+static void set_gauges(scheduler_t *s) {
+    batcher_stats_t st;
+    batcher_stats(s->batcher, &st);
+    metric_set(s->m_waiting, st.waiting);
+    metric_set(s->m_running, st.running);
+    metric_set(s->m_kv_reserved, (double)st.reserved_bytes);
 }
 
-int sched_submit(scheduler_t *s, sched_job_t *j, api_error_t *err) {
-    /* The trajectory is pure host arithmetic on read-only geometry. */
-    int n_steps = 0;
-    ar_error_t perr = {{0}};
-    const char *field = NULL;
-    kv_geometry_t g = planner_geometry(&s->model->cfg, j->n_prompt);
-    size_t *traj = kv_policy_check(&j->kv_policy, &g, &field, &perr) == AR_OK
-                       ? job_trajectory(s, j, &n_steps, &perr)
-                       : NULL;
-    const int planned = traj != NULL;
-    size_t need = planned ? peak_of(traj, n_steps) : 0, capacity = kv_pool_capacity_bytes(&s->pool);
-    j->kv_planned_peak_bytes = need / (size_t)j->n_images;
-    free(traj);
-    pthread_mutex_lock(&s->mu);
-    const char *reason = NULL;
-    if (!planned) {
-        reason = "invalid_policy";
-        *err = (api_error_t){.status = 400};
-        snprintf(err->message, sizeof err->message, "%.*s", (int)sizeof err->message - 1, perr.msg);
-        snprintf(err->param, sizeof err->param, "%s", policy_param(field));
-        snprintf(err->code, sizeof err->code, "invalid_value");
-    } else if (s->draining || s->stop) {
-        reason = "draining";
-        *err = (api_error_t){.status = 503};
-        snprintf(err->message, sizeof err->message, "the server is shutting down");
-        snprintf(err->code, sizeof err->code, "server_draining");
-    } else if (need > capacity) {
-        reason = "too_large";
-        *err = (api_error_t){.status = 400};
-        snprintf(err->message, sizeof err->message,
-                 "this request needs %zu bytes of KV cache, more than the pool's %zu: ask for "
-                 "fewer images (n) or a shorter prompt",
-                 need, capacity);
-        snprintf(err->param, sizeof err->param, "n");
-        snprintf(err->code, sizeof err->code, "kv_pool_too_small");
-    } else if (j->n_images > s->opt.max_running) {
-        reason = "too_large";
-        *err = (api_error_t){.status = 400};
-        snprintf(err->message, sizeof err->message,
-                 "n = %d is more than the %d images this server runs at once", j->n_images,
-                 s->opt.max_running);
-        snprintf(err->param, sizeof err->param, "n");
-        snprintf(err->code, sizeof err->code, "too_many_images");
-    } else if (s->w_count >= s->opt.max_waiting) {
-        reason = "queue_full";
-        *err = (api_error_t){.status = 429};
-        snprintf(err->message, sizeof err->message,
-                 "the waiting queue is full (%d requests); retry after %d s", s->opt.max_waiting,
-                 s->opt.retry_after_s);
-        snprintf(err->code, sizeof err->code, "queue_full");
+/* After a step: the pool's peak during it (after every append, before any
+ * compaction) must be within what the planner reserved. Anything else is a
+ * bug in a trajectory or the pool accounting; a daemon logs and counts it,
+ * a DEBUG=1 build stops on it. */
+static void check_iteration(scheduler_t *s, const batcher_stats_t *st, double seconds) {
+    metric_observe(s->m_step_time, seconds);
+    metric_observe(s->m_seqs, 2.0 * st->last_images);
+    /* The raster family samples one token per image per step. */
+    metric_add(s->m_tokens, st->last_images);
+    metric_add(s->m_iterations, 1);
+    metric_set(s->m_kv_used, (double)kv_pool_used_bytes(&s->pool));
+    if (st->overruns != s->overruns_seen) {
+        s->overruns_seen = st->overruns;
+        log_msg(LOG_ERROR, "KV pool: %zu bytes in use during the step, more than the %zu planned",
+                st->last_kv_peak_bytes, st->last_reserved_bytes);
+        metric_add(s->m_kv_overruns, 1);
+#ifdef ARSERVE_DEBUG
+        abort();
+#endif
     }
-    if (reason) {
+    if (s->pool.bad_frees != s->bad_frees_seen) {
+        log_msg(LOG_ERROR,
+                "KV pool: %lld blocks released twice (a bug; the blocks were left alone)",
+                s->pool.bad_frees - s->bad_frees_seen);
+        s->bad_frees_seen = s->pool.bad_frees;
+    }
+    if (st->lost_events)
+        log_msg(LOG_ERROR, "batcher: %lld events lost (out of memory)", st->lost_events);
+}
+
+static void handle_events(scheduler_t *s, const batcher_event_t *ev, int n) {
+    for (int i = 0; i < n; i++)
+        handle_event(s, &ev[i]);
+}
+
+static void *engine_main(void *arg) {
+    scheduler_t *s = arg;
+    batcher_event_t *ev = NULL;
+    int cap = 0;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        for (;;) {
+            batcher_stats_t st;
+            batcher_stats(s->batcher, &st);
+            if (s->stop || s->kick || st.waiting || st.running)
+                break;
+            metric_set(s->m_kv_used, 0);
+            cond_wait_s(&s->wake, &s->mu, 0.1);
+        }
+        if (s->stop) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        s->kick = 0;
+        const int n = batcher_admit(s->batcher, clock_now_s());
+        int n_ev = take_events(s, &ev, &cap);
+        set_gauges(s);
+        batcher_stats_t st;
+        batcher_stats(s->batcher, &st);
         pthread_mutex_unlock(&s->mu);
-        snprintf(err->type, sizeof err->type, "%s",
-                 err->status == 429 ? "rate_limit_error" : "invalid_request_error");
-        metric_add(s->m_refused, 1, reason);
-        return AR_ERR;
+        handle_events(s, ev, n_ev);
+        if (n == 0) {
+            /* Waiting jobs that cannot start yet: nap until something changes. */
+            if (st.waiting) {
+                pthread_mutex_lock(&s->mu);
+                if (!s->stop && !s->kick)
+                    cond_wait_s(&s->wake, &s->mu, 0.01);
+                pthread_mutex_unlock(&s->mu);
+            }
+            continue;
+        }
+        ar_error_t err = {{0}};
+        const double t0 = clock_now_s();
+        const int rc = batcher_step(s->batcher, &err);
+        const double t1 = clock_now_s();
+        if (rc != AR_OK)
+            log_msg(LOG_ERROR, "engine step failed: %s", err.msg);
+        pthread_mutex_lock(&s->mu);
+        batcher_finish(s->batcher, rc, &err);
+        n_ev = take_events(s, &ev, &cap);
+        set_gauges(s);
+        batcher_stats(s->batcher, &st);
+        pthread_mutex_unlock(&s->mu);
+        if (rc == AR_OK)
+            check_iteration(s, &st, t1 - t0);
+        handle_events(s, ev, n_ev);
     }
-    j->id = ++s->next_id;
-    job_retain(j);
-    s->waiting[(s->w_head + s->w_count) % s->ring_cap] = j;
-    s->w_count++;
-    metric_set(s->m_waiting, s->w_count);
-    pthread_cond_signal(&s->wake);
+    /* Shutting down: end whatever is left. */
+    pthread_mutex_lock(&s->mu);
+    batcher_shutdown(s->batcher);
+    int n_ev = take_events(s, &ev, &cap);
+    set_gauges(s);
     pthread_mutex_unlock(&s->mu);
-    return AR_OK;
+    handle_events(s, ev, n_ev);
+    free(ev);
+    pthread_mutex_lock(&s->mu);
+    s->alive = 0;
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ---- submission and control ---- */
+
+static sched_job_t *refuse(scheduler_t *s, sched_refusal_info_t *why, sched_refusal_t reason,
+                           const char *label) {
+    why->reason = reason;
+    if (label)
+        metric_add(s->m_refused, 1, label);
+    return NULL;
+}
+
+static sched_job_t *job_new(const sched_request_t *req, const planner_plan_t *plan) {
+    sched_job_t *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->cond = malloc((size_t)req->n_prompt * sizeof(int));
+    j->uncond = malloc((size_t)req->n_prompt * sizeof(int));
+    j->png = calloc((size_t)req->n_images, sizeof *j->png);
+    j->png_len = calloc((size_t)req->n_images, sizeof *j->png_len);
+    j->kv_bytes = malloc((size_t)plan->steps * sizeof *j->kv_bytes);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->changed, NULL);
+    if (!j->cond || !j->uncond || !j->png || !j->png_len || !j->kv_bytes) {
+        job_free(j);
+        return NULL;
+    }
+    memcpy(j->cond, req->cond, (size_t)req->n_prompt * sizeof(int));
+    memcpy(j->uncond, req->uncond, (size_t)req->n_prompt * sizeof(int));
+    for (int t = 0; t < plan->steps; t++)
+        j->kv_bytes[t] = plan->bytes[t] * (size_t)req->n_images;
+    j->steps = plan->steps;
+    j->n_images = req->n_images;
+    j->partial_images = req->partial_images;
+    j->kv_policy = req->kv_policy;
+    j->kv_planned_peak_bytes = plan->peak_bytes;
+    j->t_submit = clock_now_s();
+    j->refs = 2; /* the caller's and the scheduler's */
+    return j;
+}
+
+sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refusal_info_t *why) {
+    memset(why, 0, sizeof *why);
+    why->pool_bytes = kv_pool_capacity_bytes(&s->pool);
+    why->max_running = s->opt.max_running;
+    why->max_waiting = s->opt.max_waiting;
+    if (req->n_images < 1 || req->n_images > SCHED_MAX_IMAGES || req->n_prompt < 1 ||
+        req->partial_images < 0 || req->partial_images > SCHED_MAX_PARTIALS) {
+        snprintf(why->message, sizeof why->message, "a request of %d images and %d previews",
+                 req->n_images, req->partial_images);
+        return refuse(s, why, SCHED_REFUSED_NO_MEMORY, NULL);
+    }
+    /* The plan is pure host arithmetic on read-only geometry: no lock. */
+    planner_plan_t plan;
+    ar_error_t perr = {{0}};
+    if (planner_plan(&plan, &s->model->cfg, &req->kv_policy, req->n_prompt,
+                     s->pool.blocks.block_tokens, &why->field, &perr) != AR_OK) {
+        snprintf(why->message, sizeof why->message, "%.*s", (int)sizeof why->message - 1, perr.msg);
+        return refuse(s, why, SCHED_REFUSED_INVALID_POLICY, "invalid_policy");
+    }
+    why->need_bytes = plan.peak_bytes * (size_t)req->n_images;
+    sched_job_t *j = job_new(req, &plan);
+    planner_plan_free(&plan);
+    if (!j) {
+        snprintf(why->message, sizeof why->message, "out of memory");
+        return refuse(s, why, SCHED_REFUSED_NO_MEMORY, NULL);
+    }
+    j->gen = (gen_job_t){.model = s->model,
+                         .cond = j->cond,
+                         .uncond = j->uncond,
+                         .n_prompt = req->n_prompt,
+                         .n_images = req->n_images,
+                         .params = req->params,
+                         .seed = req->seed,
+                         .policy = req->kv_policy};
+    batcher_job_t bj = {.n_images = j->n_images,
+                        .steps = j->steps,
+                        .kv_bytes = j->kv_bytes,
+                        .deadline = j->t_submit + req->timeout_s,
+                        .work = &j->gen};
+    pthread_mutex_lock(&s->mu);
+    batcher_refusal_t r =
+        s->stop ? BATCHER_REFUSED_DRAINING : batcher_submit(s->batcher, &bj, &j->id);
+    if (r == BATCHER_ACCEPTED) {
+        set_gauges(s);
+        pthread_cond_signal(&s->wake);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (r == BATCHER_ACCEPTED)
+        return j;
+    job_free(j);
+    switch (r) {
+    case BATCHER_REFUSED_DRAINING:
+        return refuse(s, why, SCHED_REFUSED_DRAINING, "draining");
+    case BATCHER_REFUSED_TOO_LARGE:
+        return refuse(s, why, SCHED_REFUSED_TOO_LARGE, "too_large");
+    case BATCHER_REFUSED_TOO_MANY_IMAGES:
+        return refuse(s, why, SCHED_REFUSED_TOO_MANY_IMAGES, "too_large");
+    case BATCHER_REFUSED_QUEUE_FULL:
+        return refuse(s, why, SCHED_REFUSED_QUEUE_FULL, "queue_full");
+    default:
+        snprintf(why->message, sizeof why->message, "the batcher refused the job: %s",
+                 batcher_refusal_name(r));
+        return refuse(s, why, SCHED_REFUSED_NO_MEMORY, NULL);
+    }
 }
 
 void sched_job_cancel(scheduler_t *s, sched_job_t *j) {
-    pthread_mutex_lock(&j->mu);
-    int already = j->cancelled;
-    j->cancelled = 1;
-    pthread_mutex_unlock(&j->mu);
-    if (already)
-        return;
     pthread_mutex_lock(&s->mu);
-    pthread_cond_signal(&s->wake);
+    if (batcher_cancel(s->batcher, j->id, BATCHER_END_CANCELLED)) {
+        s->kick = 1; /* a waiting job's end is an event to handle now */
+        pthread_cond_signal(&s->wake);
+    }
     pthread_mutex_unlock(&s->mu);
 }
 
 void sched_drain(scheduler_t *s) {
     pthread_mutex_lock(&s->mu);
     s->draining = 1;
+    batcher_drain(s->batcher);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -365,10 +678,11 @@ int sched_draining(scheduler_t *s) {
 }
 
 int sched_active_jobs(scheduler_t *s) {
+    batcher_stats_t st;
     pthread_mutex_lock(&s->mu);
-    int n = s->w_count + s->n_running;
+    batcher_stats(s->batcher, &st);
     pthread_mutex_unlock(&s->mu);
-    return n;
+    return st.waiting + st.running;
 }
 
 int sched_alive(scheduler_t *s) {
@@ -378,343 +692,26 @@ int sched_alive(scheduler_t *s) {
     return a;
 }
 
-/* ---- the engine loop ---- */
+size_t sched_image_peak_bytes(const scheduler_t *s, const kv_policy_params_t *p, int n_prompt) {
+    planner_plan_t plan;
+    if (planner_plan(&plan, &s->model->cfg, p, n_prompt, s->pool.blocks.block_tokens, NULL, NULL) !=
+        AR_OK)
+        return 0;
+    const size_t peak = plan.peak_bytes;
+    planner_plan_free(&plan);
+    return peak;
+}
 
-/* Frees a running job's KV and removes it from the running set. */
-static void retire(scheduler_t *s, int idx) {
-    sched_job_t *j = s->running[idx];
-    for (int i = 0; i < j->n_images; i++)
-        gen_request_free(&j->gens[i]);
-    free(j->gens);
-    j->gens = NULL;
-    planner_remove(&s->planner, j->id);
+int sched_kv_block_tokens(const scheduler_t *s) { return s->pool.blocks.block_tokens; }
+
+size_t sched_kv_capacity_bytes(const scheduler_t *s) { return kv_pool_capacity_bytes(&s->pool); }
+
+long long sched_kv_overruns(scheduler_t *s) {
+    batcher_stats_t st;
     pthread_mutex_lock(&s->mu);
-    s->running_images -= j->n_images;
-    s->running[idx] = s->running[--s->n_running];
-    metric_set(s->m_running, s->n_running);
+    batcher_stats(s->batcher, &st);
     pthread_mutex_unlock(&s->mu);
-}
-
-/* Starts a job's generation requests; on failure the job fails. */
-static int start_job(scheduler_t *s, sched_job_t *j) {
-    ar_error_t err = {{0}};
-    j->gens = calloc((size_t)j->n_images, sizeof *j->gens);
-    if (!j->gens) {
-        job_fail(j, 500, "internal_error", "out of memory");
-        return AR_ERR;
-    }
-    for (int i = 0; i < j->n_images; i++)
-        if (gen_request_init(&j->gens[i], s->model, &s->pool, &j->kv_policy, j->cond, j->uncond,
-                             j->n_prompt, &j->params, j->seed, (uint64_t)i, &err) != AR_OK) {
-            log_msg(LOG_ERROR, "job %llu: %s", (unsigned long long)j->id, err.msg);
-            for (int k = 0; k < i; k++)
-                gen_request_free(&j->gens[k]);
-            free(j->gens);
-            j->gens = NULL;
-            job_fail(j, 500, "internal_error", "could not allocate the KV cache");
-            return AR_ERR;
-        }
-    j->t_admit = clock_now_s();
-    pthread_mutex_lock(&j->mu);
-    j->state = JOB_RUNNING;
-    j->steps_total = j->gens[0].n_steps;
-    pthread_cond_broadcast(&j->changed);
-    pthread_mutex_unlock(&j->mu);
-    metric_observe(s->m_queue_wait, j->t_admit - j->t_submit);
-    return AR_OK;
-}
-
-/* Moves waiting jobs that fit into the running set (FIFO: the head blocks
- * the queue, so a large job is not starved by small ones). Cancelled or
- * expired waiting jobs are dropped on the way. */
-static void admit(scheduler_t *s) {
-    double now = clock_now_s();
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        if (s->w_count == 0) {
-            pthread_mutex_unlock(&s->mu);
-            return;
-        }
-        sched_job_t *j = s->waiting[s->w_head];
-        int dead = job_cancelled(j) || now > j->deadline;
-        int fits = 0, n_steps = 0;
-        size_t *traj = NULL;
-        if (!dead && s->running_images + j->n_images <= s->opt.max_running) {
-            /* sched_submit checked the policy: NULL here is out of memory,
-             * and the job waits for the next iteration. */
-            traj = job_trajectory(s, j, &n_steps, NULL);
-            fits = traj && planner_fits(&s->planner, traj, n_steps);
-        }
-        if (dead || fits) {
-            s->w_head = (s->w_head + 1) % s->ring_cap;
-            s->w_count--;
-            metric_set(s->m_waiting, s->w_count);
-        }
-        if (fits) {
-            s->running[s->n_running++] = j;
-            s->running_images += j->n_images;
-            metric_set(s->m_running, s->n_running);
-        }
-        pthread_mutex_unlock(&s->mu);
-        if (dead) {
-            int cancelled = job_cancelled(j);
-            if (cancelled)
-                metric_add(s->m_cancelled, 1);
-            metric_add(s->m_images, j->n_images, cancelled ? "cancelled" : "timeout");
-            job_fail(j, 504, "timeout",
-                     cancelled ? "the request was cancelled before it could start"
-                               : "the request's deadline passed before it could start");
-            sched_job_release(j);
-            free(traj);
-            continue;
-        }
-        if (!fits) {
-            free(traj);
-            return;
-        }
-        planner_add(&s->planner, j->id, traj, n_steps);
-        free(traj);
-        if (start_job(s, j) != AR_OK) {
-            pthread_mutex_lock(&s->mu);
-            for (int i = 0; i < s->n_running; i++)
-                if (s->running[i] == j) {
-                    j->gens = NULL;
-                    s->running_images -= j->n_images;
-                    s->running[i] = s->running[--s->n_running];
-                    break;
-                }
-            pthread_mutex_unlock(&s->mu);
-            planner_remove(&s->planner, j->id);
-            metric_add(s->m_images, j->n_images, "error");
-            sched_job_release(j);
-        }
-    }
-}
-
-/* Decodes the current tokens of every image of j into previews (tokens not
- * generated yet are drawn as token 0) and hands them to the PNG workers. */
-static void publish_preview(scheduler_t *s, sched_job_t *j, int index) {
-    size_t npx = (size_t)s->width * s->height * 3;
-    for (int i = 0; i < j->n_images; i++) {
-        gen_request_t *g = &j->gens[i];
-        png_task_t *t = calloc(1, sizeof *t);
-        uint8_t *rgb = malloc(npx);
-        int *tokens = calloc((size_t)g->n_steps, sizeof(int));
-        ar_error_t err = {{0}};
-        if (t && rgb && tokens) {
-            memcpy(tokens, g->tokens, (size_t)g->step * sizeof(int));
-            if (vq_decode(&s->model->dec, tokens, rgb, NULL, &err) == AR_OK) {
-                *t = (png_task_t){.job = j, .image = i, .partial = index, .rgb = rgb};
-                job_retain(j);
-                png_push(s, t);
-                t = NULL;
-                rgb = NULL;
-            }
-        }
-        free(t);
-        free(rgb);
-        free(tokens);
-    }
-}
-
-/* A job whose images have all finished: decode on the engine thread (the
- * backend is single-threaded), encode on the workers. */
-static void finish_job(scheduler_t *s, int idx) {
-    sched_job_t *j = s->running[idx];
-    size_t npx = (size_t)s->width * s->height * 3;
-    const size_t block = kv_pool_block_bytes(s->pool.blocks.block_tokens, s->pool.blocks.head_dim);
-    int peak_blocks = 0;
-    for (int i = 0; i < j->n_images; i++)
-        if (j->gens[i].kv_peak_blocks > peak_blocks)
-            peak_blocks = j->gens[i].kv_peak_blocks;
-    pthread_mutex_lock(&j->mu);
-    j->kv_peak_bytes = (size_t)peak_blocks * block;
-    j->state = JOB_ENCODING;
-    j->png_pending = j->n_images;
-    pthread_cond_broadcast(&j->changed);
-    pthread_mutex_unlock(&j->mu);
-    for (int i = 0; i < j->n_images; i++) {
-        ar_error_t err = {{0}};
-        uint8_t *rgb = malloc(npx);
-        png_task_t *t = calloc(1, sizeof *t);
-        if (!rgb || !t || gen_decode(&j->gens[i], rgb, &err) != AR_OK) {
-            log_msg(LOG_ERROR, "job %llu: decode failed: %s", (unsigned long long)j->id, err.msg);
-            free(rgb);
-            free(t);
-            job_fail(j, 500, "internal_error", "image decoding failed");
-            metric_add(s->m_images, j->n_images, "error");
-            break;
-        }
-        *t = (png_task_t){.job = j, .image = i, .partial = -1, .rgb = rgb};
-        job_retain(j);
-        png_push(s, t);
-    }
-    retire(s, idx);
-    sched_job_release(j);
-}
-
-/* Right after a step, before the planner moves on: the pool's peak during
- * the step (after every append, before any compaction) must be within what
- * the planner reserved for this iteration. Anything else is a bug in a
- * trajectory or the pool accounting; a daemon logs it and counts it, a
- * DEBUG=1 build stops on it. */
-static void check_kv_plan(scheduler_t *s) {
-    const size_t block = kv_pool_block_bytes(s->pool.blocks.block_tokens, s->pool.blocks.head_dim);
-    const size_t peak = (size_t)s->pool.peak_in_use * block;
-    const size_t planned = planner_reserved_now(&s->planner);
-    if (peak <= planned)
-        return;
-    log_msg(LOG_ERROR, "KV pool: %zu bytes in use during the step, more than the %zu planned", peak,
-            planned);
-    pthread_mutex_lock(&s->mu);
-    s->kv_overruns++;
-    pthread_mutex_unlock(&s->mu);
-    metric_add(s->m_kv_overruns, 1);
-#ifdef ARSERVE_DEBUG
-    abort();
-#endif
-}
-
-static void engine_iteration(scheduler_t *s) {
-    double now = clock_now_s();
-    /* Drop cancelled and expired running jobs first: their blocks return now. */
-    for (int i = 0; i < s->n_running;) {
-        sched_job_t *j = s->running[i];
-        int cancelled = job_cancelled(j), expired = now > j->deadline;
-        if (!cancelled && !expired) {
-            i++;
-            continue;
-        }
-        if (cancelled)
-            metric_add(s->m_cancelled, 1);
-        metric_add(s->m_images, j->n_images, cancelled ? "cancelled" : "timeout");
-        job_fail(j, 504, "timeout",
-                 cancelled ? "the request was cancelled" : "the request's deadline passed");
-        retire(s, i);
-        sched_job_release(j);
-    }
-    admit(s);
-    if (s->n_running == 0)
-        return;
-
-    int n_gens = 0;
-    for (int i = 0; i < s->n_running; i++)
-        n_gens += s->running[i]->n_images;
-    gen_request_t **batch = malloc((size_t)n_gens * sizeof *batch);
-    if (!batch)
-        return;
-    int k = 0;
-    for (int i = 0; i < s->n_running; i++)
-        for (int g = 0; g < s->running[i]->n_images; g++)
-            batch[k++] = &s->running[i]->gens[g];
-    double t0 = clock_now_s();
-    ar_error_t err = {{0}};
-    kv_pool_reset_peak(&s->pool);
-    int rc = gen_step(batch, n_gens, &err);
-    double t1 = clock_now_s();
-    free(batch);
-    check_kv_plan(s);
-    planner_tick(&s->planner);
-    if (rc != AR_OK) {
-        log_msg(LOG_ERROR, "engine step failed: %s", err.msg);
-        while (s->n_running) {
-            sched_job_t *j = s->running[0];
-            job_fail(j, 500, "internal_error", "the engine step failed");
-            metric_add(s->m_images, j->n_images, "error");
-            retire(s, 0);
-            sched_job_release(j);
-        }
-        return;
-    }
-    metric_observe(s->m_step_time, t1 - t0);
-    metric_observe(s->m_seqs, 2.0 * n_gens);
-    metric_add(s->m_tokens, n_gens);
-    metric_add(s->m_iterations, 1);
-
-    for (int i = 0; i < s->n_running;) {
-        sched_job_t *j = s->running[i];
-        gen_request_t *g0 = &j->gens[0];
-        if (!j->first_step_seen) {
-            j->first_step_seen = 1;
-            metric_observe(s->m_first_step, t1 - j->t_submit);
-        }
-        pthread_mutex_lock(&j->mu);
-        j->steps_done = g0->step;
-        pthread_cond_broadcast(&j->changed);
-        pthread_mutex_unlock(&j->mu);
-        /* Previews at steps total*(p+1)/(P+1), p < P. */
-        for (int p = 0; p < j->partial_images; p++)
-            if (g0->step == g0->n_steps * (p + 1) / (j->partial_images + 1))
-                publish_preview(s, j, p);
-        if (gen_request_done(g0)) {
-            finish_job(s, i);
-            continue;
-        }
-        i++;
-    }
-    metric_set(s->m_kv_used, (double)kv_pool_used_bytes(&s->pool));
-    metric_set(s->m_kv_reserved, (double)planner_reserved_now(&s->planner));
-    if (s->pool.bad_frees != s->bad_frees_seen) {
-        log_msg(LOG_ERROR,
-                "KV pool: %lld blocks released twice (a bug; the blocks were left alone)",
-                s->pool.bad_frees - s->bad_frees_seen);
-        s->bad_frees_seen = s->pool.bad_frees;
-    }
-}
-
-static void *engine_main(void *arg) {
-    scheduler_t *s = arg;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        while (!s->stop && s->n_running == 0 && s->w_count == 0) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 100 * 1000 * 1000;
-            if (ts.tv_nsec >= 1000000000)
-                ts.tv_sec++, ts.tv_nsec -= 1000000000;
-            pthread_cond_timedwait(&s->wake, &s->mu, &ts);
-        }
-        int stop = s->stop;
-        pthread_mutex_unlock(&s->mu);
-        if (stop)
-            break;
-        engine_iteration(s);
-        if (s->n_running == 0) {
-            metric_set(s->m_kv_used, 0);
-            metric_set(s->m_kv_reserved, (double)planner_reserved_now(&s->planner));
-            /* Waiting jobs that do not fit yet: nap until something changes. */
-            pthread_mutex_lock(&s->mu);
-            if (!s->stop && s->w_count) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 10 * 1000 * 1000;
-                if (ts.tv_nsec >= 1000000000)
-                    ts.tv_sec++, ts.tv_nsec -= 1000000000;
-                pthread_cond_timedwait(&s->wake, &s->mu, &ts);
-            }
-            pthread_mutex_unlock(&s->mu);
-        }
-    }
-    /* Shutting down: fail whatever is left. */
-    while (s->n_running) {
-        sched_job_t *j = s->running[0];
-        job_fail(j, 503, "server_shutdown", "the server is shutting down");
-        retire(s, 0);
-        sched_job_release(j);
-    }
-    pthread_mutex_lock(&s->mu);
-    while (s->w_count) {
-        sched_job_t *j = s->waiting[s->w_head];
-        s->w_head = (s->w_head + 1) % s->ring_cap;
-        s->w_count--;
-        pthread_mutex_unlock(&s->mu);
-        job_fail(j, 503, "server_shutdown", "the server is shutting down");
-        sched_job_release(j);
-        pthread_mutex_lock(&s->mu);
-    }
-    s->alive = 0;
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
+    return st.overruns;
 }
 
 /* ---- life cycle ---- */
@@ -778,75 +775,16 @@ static void register_metrics(scheduler_t *s, metrics_t *m) {
     metric_set(s->m_waiting, 0);
 }
 
-scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metrics_t *metrics,
-                              ar_error_t *err) {
-    scheduler_t *s = calloc(1, sizeof *s);
-    if (!s) {
-        ar_errorf(err, "out of memory");
-        return NULL;
-    }
-    s->model = model;
-    s->opt = *opt;
-    s->ring_cap = opt->max_waiting < 1 ? 1 : opt->max_waiting;
-    s->width = model_config_image_width(&model->cfg);
-    s->height = model_config_image_height(&model->cfg);
-    s->waiting = calloc((size_t)s->ring_cap, sizeof *s->waiting);
-    s->running = calloc((size_t)opt->max_running, sizeof *s->running);
-    s->workers = calloc((size_t)opt->png_workers, sizeof *s->workers);
-    if (!s->waiting || !s->running || !s->workers) {
-        free(s->waiting);
-        free(s->running);
-        free(s->workers);
-        free(s);
-        ar_errorf(err, "out of memory");
-        return NULL;
-    }
-    const model_config_t *c = &model->cfg;
-    int bt = opt->kv_block_tokens > 0 ? opt->kv_block_tokens : planner_block_tokens(c);
-    size_t block = kv_pool_block_bytes(bt, c->llm.head_dim);
-    size_t n_blocks = opt->kv_pool_bytes / block;
-    if (n_blocks > INT32_MAX)
-        n_blocks = INT32_MAX;
-    if (kv_pool_init(&s->pool, model->be, (int)n_blocks, bt, c->llm.head_dim, err) != AR_OK) {
-        ar_error_prefix(err, "--kv-pool-mb (%zu bytes, blocks of %zu)", opt->kv_pool_bytes, block);
-        free(s->waiting);
-        free(s->running);
-        free(s->workers);
-        free(s);
-        return NULL;
-    }
-    s->opt.kv_pool_bytes = kv_pool_capacity_bytes(&s->pool);
-    s->opt.kv_block_tokens = bt;
-    planner_init(&s->planner, s->opt.kv_pool_bytes);
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->wake, NULL);
-    pthread_mutex_init(&s->png_mu, NULL);
-    pthread_cond_init(&s->png_wake, NULL);
-    s->metrics = metrics;
-    register_metrics(s, metrics);
-    s->alive = 1;
-    if (pthread_create(&s->engine, NULL, engine_main, s) != 0) {
-        ar_errorf(err, "cannot start the engine thread: %s", strerror(errno));
-        return NULL;
-    }
-    for (int i = 0; i < opt->png_workers; i++) {
-        if (pthread_create(&s->workers[i], NULL, png_worker, s) != 0) {
-            ar_errorf(err, "cannot start PNG worker %d: %s", i, strerror(errno));
-            return NULL;
-        }
-        s->n_workers++;
-    }
-    return s;
-}
-
-void scheduler_stop(scheduler_t *s) {
-    if (!s || s->joined)
+/* Stops and joins whatever threads run (idempotent). */
+static void stop_threads(scheduler_t *s) {
+    if (s->joined)
         return;
     pthread_mutex_lock(&s->mu);
     s->stop = 1;
     pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->mu);
-    pthread_join(s->engine, NULL);
+    if (s->engine_started)
+        pthread_join(s->engine, NULL);
     pthread_mutex_lock(&s->png_mu);
     s->png_stop = 1;
     pthread_cond_broadcast(&s->png_wake);
@@ -856,14 +794,89 @@ void scheduler_stop(scheduler_t *s) {
     s->joined = 1;
 }
 
+scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metrics_t *metrics,
+                              ar_error_t *err) {
+    if (opt->max_running < 1 || opt->png_workers < 1) {
+        ar_errorf(err, "the scheduler needs max_running >= 1 and png_workers >= 1; got %d, %d",
+                  opt->max_running, opt->png_workers);
+        return NULL;
+    }
+    scheduler_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        ar_errorf(err, "out of memory");
+        return NULL;
+    }
+    s->model = model;
+    s->opt = *opt;
+    s->metrics = metrics;
+    s->width = model_config_image_width(&model->cfg);
+    s->height = model_config_image_height(&model->cfg);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->wake, NULL);
+    pthread_mutex_init(&s->png_mu, NULL);
+    pthread_cond_init(&s->png_wake, NULL);
+    s->workers = calloc((size_t)opt->png_workers, sizeof *s->workers);
+    const model_config_t *c = &model->cfg;
+    const int bt = opt->kv_block_tokens > 0 ? opt->kv_block_tokens : planner_block_tokens(c);
+    const size_t block = kv_pool_block_bytes(bt, c->llm.head_dim);
+    size_t n_blocks = opt->kv_pool_bytes / block;
+    if (n_blocks > INT32_MAX)
+        n_blocks = INT32_MAX;
+    if (!s->workers) {
+        ar_errorf(err, "out of memory");
+        goto fail;
+    }
+    if (kv_pool_init(&s->pool, model->be, (int)n_blocks, bt, c->llm.head_dim, err) != AR_OK) {
+        ar_error_prefix(err, "--kv-pool-mb (%zu bytes, blocks of %zu)", opt->kv_pool_bytes, block);
+        goto fail;
+    }
+    s->opt.kv_pool_bytes = kv_pool_capacity_bytes(&s->pool);
+    s->opt.kv_block_tokens = bt;
+    batcher_options_t bo = {.pool_bytes = s->opt.kv_pool_bytes,
+                            .max_running = opt->max_running,
+                            .max_waiting = opt->max_waiting};
+    if (!(s->batcher = batcher_create(&bo, &gen_batcher_ops, &s->pool, err)))
+        goto fail;
+    register_metrics(s, metrics);
+    s->alive = 1;
+    int rc = pthread_create(&s->engine, NULL, engine_main, s);
+    if (rc != 0) {
+        ar_errorf(err, "cannot start the engine thread: %s", strerror(rc));
+        goto fail;
+    }
+    s->engine_started = 1;
+    for (int i = 0; i < opt->png_workers; i++) {
+        if ((rc = pthread_create(&s->workers[i], NULL, png_worker, s)) != 0) {
+            ar_errorf(err, "cannot start PNG worker %d of %d: %s", i + 1, opt->png_workers,
+                      strerror(rc));
+            goto fail;
+        }
+        s->n_workers++;
+    }
+    return s;
+fail:
+    scheduler_destroy(s);
+    return NULL;
+}
+
+void scheduler_stop(scheduler_t *s) {
+    if (s)
+        stop_threads(s);
+}
+
 void scheduler_destroy(scheduler_t *s) {
     if (!s)
         return;
-    scheduler_stop(s);
-    planner_free(&s->planner);
+    stop_threads(s);
+    /* PNG tasks left by a stop hold job references: drop them. */
+    for (png_task_t *t = s->png_head, *next; t; t = next) {
+        next = t->next;
+        free(t->rgb);
+        sched_job_release(t->job);
+        free(t);
+    }
+    batcher_destroy(s->batcher);
     kv_pool_free(&s->pool);
-    free(s->waiting);
-    free(s->running);
     free(s->workers);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->wake);

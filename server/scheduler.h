@@ -1,103 +1,121 @@
-/* Continuous batching: one engine thread advances every running image one
- * step per iteration; new jobs join at the next iteration (their prefill
- * rides in the same forward pass) and finished ones leave without waiting
- * for the batch to drain. Admission asks the KV planner whether the job's
- * whole trajectory fits the pool at every future iteration, so an admitted
- * job never runs out of KV and is never preempted. PNG encoding runs on
- * worker threads. */
+/* The daemon's scheduler: an engine thread drives the engine's batcher
+ * (engine/batcher.h: continuous batching, FIFO admission through the KV
+ * planner) with the engine's step function, worker threads encode PNGs,
+ * and metrics follow along. Requests are jobs behind an opaque handle:
+ * callers submit, wait for changes, read a snapshot, cancel and release.
+ * The scheduler reports the engine's reasons (why a job was refused, how
+ * it ended); turning them into HTTP statuses is server/http.c's business. */
 #ifndef ARSERVE_SCHEDULER_H
 #define ARSERVE_SCHEDULER_H
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "engine/kv_policy.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
-#include "server/api.h"
 #include "server/metrics.h"
 
+/* Previews per image a request may ask for. */
 #define SCHED_MAX_PARTIALS 3
-
-typedef enum job_state {
-    JOB_WAITING,
-    JOB_RUNNING,
-    JOB_ENCODING, /* tokens done, PNGs being encoded */
-    JOB_DONE,
-    JOB_FAILED,
-} job_state_t;
-
-/* One HTTP request: n images from one prompt. Shared between the HTTP
- * thread that owns the connection and the scheduler; reference-counted.
- * Fields below "shared" are read and written under mu. */
-typedef struct sched_job {
-    uint64_t id;
-    int n_images, n_prompt;
-    int *cond, *uncond;
-    sampler_params_t params;
-    kv_policy_params_t kv_policy; /* policy, budget and knobs; full until the API sets them */
-    size_t kv_planned_peak_bytes; /* one image's peak as planned (set by sched_submit) */
-    uint64_t seed;
-    int partial_images; /* previews wanted per image (streaming) */
-    double t_submit, deadline;
-
-    pthread_mutex_t mu;
-    pthread_cond_t changed; /* signalled on every state or progress change */
-    int refs;
-    int cancelled;
-    /* shared */
-    job_state_t state;
-    int steps_done, steps_total;
-    int n_partials;                             /* previews published so far, per image */
-    char *partial_b64[SCHED_MAX_PARTIALS * 64]; /* [partial * n_images + image] */
-    uint8_t **png;                              /* n_images PNGs once DONE */
-    size_t *png_len;
-    int png_pending;
-    api_error_t error;    /* when FAILED */
-    size_t kv_peak_bytes; /* measured: the most KV one of its images held (set at ENCODING) */
-
-    /* engine thread only */
-    struct gen_request *gens;
-    double t_admit;
-    int first_step_seen;
-} sched_job_t;
+/* Images per request the scheduler takes (the API's max_n is at most this). */
+#define SCHED_MAX_IMAGES 64
 
 typedef struct sched_options {
-    int max_running; /* images stepping at once */
-    int max_waiting; /* jobs waiting for admission before 429 */
-    double request_timeout_s;
+    int max_running;      /* images stepping at once */
+    int max_waiting;      /* jobs waiting for admission before submissions are refused */
     size_t kv_pool_bytes; /* rounded down to whole blocks */
     int kv_block_tokens;  /* tokens per pool block; 0: planner_block_tokens(model) */
     int png_workers;
-    int retry_after_s;
 } sched_options_t;
 
 typedef struct scheduler scheduler_t;
+typedef struct sched_job sched_job_t;
 
+/* What one request asks for: n_images images of one prompt. */
+typedef struct sched_request {
+    const int *cond, *uncond; /* the prompt rows (copied) */
+    int n_prompt;
+    int n_images; /* 1..SCHED_MAX_IMAGES */
+    sampler_params_t params;
+    uint64_t seed;
+    kv_policy_params_t kv_policy; /* resolved (kv_policy_resolve); checked at submission */
+    int partial_images;           /* previews per image, 0..SCHED_MAX_PARTIALS */
+    double timeout_s;             /* the deadline, from submission */
+} sched_request_t;
+
+/* Why sched_submit refused a request. */
+typedef enum sched_refusal {
+    SCHED_REFUSED_INVALID_POLICY, /* its KV policy does not suit the request (field: the setting) */
+    SCHED_REFUSED_DRAINING,       /* the scheduler is draining or stopping */
+    SCHED_REFUSED_TOO_LARGE,      /* its KV plan peaks above the whole pool */
+    SCHED_REFUSED_TOO_MANY_IMAGES, /* more images than max_running */
+    SCHED_REFUSED_QUEUE_FULL,      /* max_waiting jobs wait already */
+    SCHED_REFUSED_NO_MEMORY,       /* out of memory, or a request the scheduler cannot take */
+} sched_refusal_t;
+
+typedef struct sched_refusal_info {
+    sched_refusal_t reason;
+    const char *field; /* INVALID_POLICY: "budget", a knob's name, or NULL (the policy) */
+    char message[512]; /* INVALID_POLICY: the policy's words */
+    size_t need_bytes, pool_bytes; /* TOO_LARGE: the job's peak and the pool */
+    int max_running, max_waiting;
+} sched_refusal_info_t;
+
+/* How a job ended. */
+typedef enum sched_outcome {
+    SCHED_PENDING,   /* not ended: waiting, running or encoding */
+    SCHED_DONE,      /* every PNG is ready */
+    SCHED_CANCELLED, /* sched_job_cancel (its client went away) */
+    SCHED_EXPIRED,   /* its deadline passed */
+    SCHED_FAILED,    /* an internal fault (the message says which) */
+    SCHED_SHUTDOWN,  /* the scheduler stopped first */
+} sched_outcome_t;
+
+/* A job as its caller may read it. */
+typedef struct sched_snapshot {
+    unsigned version; /* changes whenever anything below does */
+    sched_outcome_t outcome;
+    int started; /* admitted (it left the queue) */
+    int steps_done, steps_total;
+    int n_partials; /* previews ready for every image */
+    int n_images;
+    char message[256]; /* SCHED_FAILED: what failed */
+    kv_policy_params_t kv_policy;
+    size_t kv_planned_peak_bytes; /* one image's planned KV peak */
+    size_t kv_peak_bytes;         /* the most KV one of its images held (when done) */
+} sched_snapshot_t;
+
+/* Starts the engine thread and the PNG workers. NULL (err says why, with
+ * nothing left running) on a bad option, out of memory or a thread that
+ * cannot start. */
 scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metrics_t *metrics,
                               ar_error_t *err);
-/* Stops the engine and the PNG workers (idempotent); jobs not finished fail
- * with "shutting down", so threads waiting on them wake up. */
+/* Stops the engine and the PNG workers (idempotent); jobs not finished end
+ * SCHED_SHUTDOWN, so threads waiting on them wake up. */
 void scheduler_stop(scheduler_t *s);
 /* Stops (if needed) and frees. */
 void scheduler_destroy(scheduler_t *s);
 
-/* Makes a job from a validated request and its prompt rows (refs = 1), with
- * the full-cache policy (set j->kv_policy before sched_submit for another). */
-sched_job_t *sched_job_create(const int *cond, const int *uncond, int n_prompt, int n_images,
-                              const sampler_params_t *params, uint64_t seed, int partial_images,
-                              double timeout_s);
-void sched_job_release(sched_job_t *j);
+/* Plans the request (its policy checked here, once) and queues it: returns
+ * the job (one reference, the caller's), or NULL with *why filled. */
+sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refusal_info_t *why);
 
-/* Queues a job (the scheduler takes its own reference). Fails with 429
- * when the waiting queue is full, 503 while draining, 400 when the job could
- * never fit the KV pool or its policy does not suit the request (param: the
- * request field at fault, kv_budget or a knob, kv_policy when neither). */
-int sched_submit(scheduler_t *s, sched_job_t *j, api_error_t *err);
-
-/* Asks the scheduler to drop the job at its next iteration (client gone). */
+uint64_t sched_job_id(const sched_job_t *j);
+void sched_job_snapshot(sched_job_t *j, sched_snapshot_t *out);
+/* Waits until the job's version differs from seen or timeout_s passes,
+ * then takes a snapshot. */
+void sched_job_wait(sched_job_t *j, unsigned seen, double timeout_s, sched_snapshot_t *out);
+/* Image i's PNG once the job is SCHED_DONE; preview p of image i once
+ * n_partials > p. The bytes stay valid while the caller holds its
+ * reference. NULL otherwise. */
+const uint8_t *sched_job_png(sched_job_t *j, int image, size_t *len);
+const uint8_t *sched_job_preview(sched_job_t *j, int preview, int image, size_t *len);
+/* Asks the scheduler to drop the job (its client went away): a waiting
+ * job at once, a running one at the next iteration, which frees its KV. */
 void sched_job_cancel(scheduler_t *s, sched_job_t *j);
+/* Drops the caller's reference. */
+void sched_job_release(sched_job_t *j);
 
 /* Stops admitting new jobs (SIGTERM); running and waiting jobs go on. */
 void sched_drain(scheduler_t *s);

@@ -43,7 +43,7 @@ static float top_margin(const float *g, int K) {
 /* A pool on be that holds the full cache of one request at block_tokens. */
 static int pool_for(kv_pool_t *pool, backend_t *be, const model_config_t *c, int bt,
                     ar_error_t *err) {
-    const int per_head = (n_prompt + planner_steps(c) + bt - 1) / bt;
+    const int per_head = (n_prompt + model_steps(c) + bt - 1) / bt;
     return kv_pool_init(pool, be, 2 * c->llm.num_layers * c->llm.num_kv_heads * per_head, bt,
                         c->llm.head_dim, err);
 }
@@ -108,13 +108,14 @@ static void check_same_tokens(const char *name, const kv_policy_params_t *pol, i
  * model's grid (the defaults assume a 24 x 24 grid and may not). */
 static int policy_for(kv_policy_kind_t kind, kv_policy_params_t *p) {
     static const double budgets[] = {0, 0.5, 0.625, 0.75, 1.0}; /* 0: the default */
-    const kv_geometry_t g = planner_geometry(&m_cpu.cfg, n_prompt);
+    kv_geometry_t g;
+    model_geometry(&m_cpu.cfg, n_prompt, &g);
     ar_error_t err = {{0}};
     for (size_t i = 0; i < sizeof budgets / sizeof *budgets; i++) {
         kv_policy_defaults(p, kind);
         if (budgets[i] > 0)
             p->budget = budgets[i];
-        if (kv_policy_validate(p, &g, &err) == AR_OK)
+        if (kv_policy_check(p, &g, NULL, &err) == AR_OK)
             return AR_OK;
     }
     CHECK_MSG(0, "%s: no budget validates on the tiny grid: %s", kv_policy_name(kind), err.msg);
@@ -124,13 +125,13 @@ static int policy_for(kv_policy_kind_t kind, kv_policy_params_t *p) {
 static void test_full_cache_same_tokens(void) {
     kv_policy_params_t p;
     kv_policy_defaults(&p, KV_POLICY_FULL);
-    check_same_tokens("full", &p, kv_pool_choose_block_tokens(planner_steps(&m_cpu.cfg) / 8));
+    check_same_tokens("full", &p, kv_pool_choose_block_tokens(model_steps(&m_cpu.cfg) / 8));
     check_same_tokens("full", &p, 3); /* a block size that splits lines */
 }
 
 static void test_policies_same_tokens(void) {
     const kv_policy_kind_t kinds[] = {KV_POLICY_STREAMING, KV_POLICY_LINEAR, KV_POLICY_HEADKV};
-    const int bt = kv_pool_choose_block_tokens(planner_steps(&m_cpu.cfg) / 8);
+    const int bt = kv_pool_choose_block_tokens(model_steps(&m_cpu.cfg) / 8);
     for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
         kv_policy_params_t p;
         if (policy_for(kinds[i], &p) != AR_OK)

@@ -51,8 +51,11 @@ def two_at_once(daemon, body):
 def test_small_pool_runs_two_linear_images_at_once_but_one_full(start_daemon):
     d = start_daemon(model=SLOW_MODEL, args=("--kv-pool-mb", str(POOL_MB), "--threads", "1",
                                              "--max-running", "4"))
-    # Full cache: the second image waits until the first is far enough on.
-    responses, waited_full, _, _ = two_at_once(d, {"prompt": "a red circle", "kv_policy": "full"})
+    # Full cache: the second image waits until the first is far enough on:
+    # two 584-token trajectories fit 12 MiB only 400 steps apart, so they
+    # share fewer than half of the 576 iterations.
+    responses, waited_full, shared_full, _ = two_at_once(
+        d, {"prompt": "a red circle", "kv_policy": "full"})
     steps = 24 * 24
     responses, waited_linear, shared, after = two_at_once(
         d, {"prompt": "a red circle", "kv_policy": "linear", "kv_budget": 1 / 6})
@@ -62,7 +65,10 @@ def test_small_pool_runs_two_linear_images_at_once_but_one_full(start_daemon):
     # Both LineAR images stepped together (the second arrives a few
     # iterations after the first: two client threads do not start at once).
     assert shared > steps // 2, f"only {shared} shared iterations:\n" + after.text
-    assert waited_full > 0.5 + waited_linear, (waited_full, waited_linear)
+    # Counted in iterations, not seconds: how long an iteration takes is
+    # the machine's business.
+    assert shared_full < steps // 2, f"{shared_full} shared iterations under the full cache"
+    assert waited_full > waited_linear, (waited_full, waited_linear)
     assert after.get("arserve_kv_plan_overruns_total") == 0
 
 

@@ -112,7 +112,7 @@ static void test_minimal_request_gets_defaults(void) {
     CHECK(r.n == 1 && r.width == 384 && r.height == 384);
     CHECK(r.want_b64 == 1 && r.stream == 0 && r.partial_images == 0);
     CHECK(!r.has_seed && !r.has_guidance_scale && !r.has_temperature && !r.has_top_k &&
-          !r.has_top_p && !r.has_kv_policy && !r.has_kv_budget);
+          !r.has_top_p && !r.kv.has_kind && r.kv.budget == 0);
     CHECK(r.user[0] == 0);
     api_image_request_free(&r);
     CHECK(r.prompt == NULL);
@@ -139,8 +139,8 @@ static void test_full_request_sets_every_field(void) {
     CHECK(r.has_temperature && r.temperature == 0.0f);
     CHECK(r.has_top_k && r.top_k == 16384);
     CHECK(r.has_top_p && r.top_p == 1.0f);
-    CHECK(r.has_kv_policy && strcmp(r.kv_policy, "headkv") == 0);
-    CHECK(r.has_kv_budget && r.kv_budget == 0.25);
+    CHECK(r.kv.has_kind && r.kv.kind == KV_POLICY_HEADKV && r.kv_policy.kind == KV_POLICY_HEADKV);
+    CHECK(r.kv.budget == 0.25 && r.kv_policy.budget == 0.25);
     CHECK(r.stream == 1 && r.partial_images == 3);
     api_image_request_free(&r);
 }
@@ -154,7 +154,7 @@ static void test_null_means_not_given(void) {
                        "\"top_p\":null,\"kv_policy\":null,\"kv_budget\":null,\"stream\":null,"
                        "\"partial_images\":null}";
     CHECK(parse(body, &r, &err) == AR_OK);
-    CHECK(r.n == 1 && r.width == 384 && !r.has_seed && !r.has_top_p && !r.has_kv_policy);
+    CHECK(r.n == 1 && r.width == 384 && !r.has_seed && !r.has_top_p && !r.kv.has_kind);
     CHECK(r.stream == 0 && r.user[0] == 0);
     api_image_request_free(&r);
 }
@@ -396,9 +396,9 @@ static void test_kv_knobs_given_and_resolved(void) {
                        "\"recent_lines\":null}";
     CHECK_MSG(parse(body, &r, &err) == AR_OK, "%s", err.message);
     const kv_policy_knob_t *anchor = kv_policy_knob_find("anchor_lines");
-    CHECK(anchor && r.kv_knobs_given == 1u << (anchor - kv_policy_knobs));
+    CHECK(anchor && r.kv.knobs_given == 1u << (anchor - kv_policy_knobs));
     /* No daemon defaults: the papers' knobs and the policy's own budget. */
-    api_image_request_kv_params(&r, NULL, &p);
+    kv_policy_resolve(NULL, &r.kv, &p, NULL, NULL);
     CHECK(p.kind == KV_POLICY_LINEAR && p.budget == 1.0 / 6);
     CHECK(p.anchor_lines == 0 && p.recent_lines == 2 && p.sink_tokens == 4);
     /* The daemon's defaults: its budget and knobs, under what the request gave. */
@@ -408,7 +408,7 @@ static void test_kv_knobs_given_and_resolved(void) {
     d.anchor_lines = 3;
     d.recent_lines = 1;
     d.headkv_group_tokens = 50;
-    api_image_request_kv_params(&r, &d, &p);
+    kv_policy_resolve(&d, &r.kv, &p, NULL, NULL);
     CHECK(p.kind == KV_POLICY_LINEAR && p.budget == 0.25);
     CHECK(p.anchor_lines == 0 && p.recent_lines == 1 && p.headkv_group_tokens == 50);
     api_image_request_free(&r);
@@ -418,7 +418,7 @@ static void test_kv_knobs_given_and_resolved(void) {
     lim.kv_defaults = &d;
     body = "{\"prompt\":\"x\",\"kv_budget\":0.5,\"headkv_alpha\":0,\"headkv_threshold\":1}";
     CHECK_MSG(parse_exact(body, strlen(body), &lim, &r, &err) == AR_OK, "%s", err.message);
-    api_image_request_kv_params(&r, &d, &p);
+    kv_policy_resolve(&d, &r.kv, &p, NULL, NULL);
     CHECK(p.kind == KV_POLICY_HEADKV && p.budget == 0.5 && p.headkv_alpha == 0);
     CHECK(p.headkv_threshold == 1 && p.headkv_buffer == 8 && p.headkv_group_tokens == 50);
     api_image_request_free(&r);
@@ -430,7 +430,7 @@ static void test_kv_knobs_given_and_resolved(void) {
     d.budget = 0;
     body = "{\"prompt\":\"x\",\"kv_policy\":\"streaming\",\"sink_tokens\":65536}";
     CHECK_MSG(parse_exact(body, strlen(body), &lim, &r, &err) == AR_OK, "%s", err.message);
-    api_image_request_kv_params(&r, &d, &p);
+    kv_policy_resolve(&d, &r.kv, &p, NULL, NULL);
     CHECK(p.kind == KV_POLICY_STREAMING && p.budget == 1.0 / 6 && p.sink_tokens == 65536);
     api_image_request_free(&r);
     /* Every knob is a request field. */
@@ -440,7 +440,7 @@ static void test_kv_knobs_given_and_resolved(void) {
         snprintf(text, sizeof text, "{\"prompt\":\"x\",\"kv_policy\":\"%s\",\"%s\":%g}",
                  kv_policy_name(k->policy), k->name, k->hi);
         CHECK_MSG(parse(text, &r, &err) == AR_OK, "%s: %s", text, err.message);
-        api_image_request_kv_params(&r, NULL, &p);
+        kv_policy_resolve(NULL, &r.kv, &p, NULL, NULL);
         CHECK_MSG(kv_policy_knob_get(&p, k) == k->hi, "%s", k->name);
         api_image_request_free(&r);
     }

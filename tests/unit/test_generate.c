@@ -16,7 +16,7 @@ static backend_t *be;
 static kv_pool_t *pool_new(const model_t *m, int n) {
     const llm_config_t *l = &m->cfg.llm;
     int bt = planner_block_tokens(&m->cfg);
-    int per_head = (64 + planner_steps(&m->cfg) + bt - 1) / bt;
+    int per_head = (64 + model_steps(&m->cfg) + bt - 1) / bt;
     static kv_pool_t p;
     ar_error_t err = {{0}};
     if (kv_pool_init(&p, be, n * 2 * l->num_layers * l->num_kv_heads * per_head, bt, l->head_dim,

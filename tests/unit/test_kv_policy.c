@@ -88,7 +88,7 @@ static int sim_init(sim_t *m, const kv_policy_params_t *p, const kv_geometry_t *
     m->flags = calloc((size_t)m->n_heads_total, sizeof *m->flags);
     if (!m->traj || !m->keep || !m->row || !m->heads || !m->flags)
         return AR_ERR;
-    if (kv_policy_trajectory(p, g, m->traj) != AR_OK)
+    if (kv_policy_trajectory(p, g, m->traj, NULL, NULL) != AR_OK)
         return AR_ERR;
     for (int i = 0; i < m->n_heads_total; i++) {
         sim_head_t *h = &m->heads[i];
@@ -166,7 +166,7 @@ static void sim_forward(sim_t *m, int t) {
                     h->mass[i] += m->row[i];
                 h->has_mass = 1;
             }
-            int line = (t - 1) / m->g.line_width;
+            int line = (t - 1) / m->g.segment_tokens[0];
             if (line != h->oracle_line) {
                 memset(h->oracle, 0, (size_t)m->cap * sizeof *h->oracle);
                 h->oracle_line = line;
@@ -262,8 +262,10 @@ static void attn_random(void *ctx, int layer, int head, int step, const int *ids
 
 /* ---- tests ---- */
 
+/* A raster request: h lines of w tokens, one token per step. */
 static kv_geometry_t geom(int n_prompt, int w, int h, int layers, int heads) {
-    kv_geometry_t g = {n_prompt, w, h, layers, heads};
+    kv_geometry_t g;
+    kv_geometry_uniform(&g, n_prompt, KV_STEP_TOKEN, h, w, layers, heads);
     return g;
 }
 
@@ -298,11 +300,11 @@ static void test_parse_names_and_defaults(void) {
     kv_geometry_t janus = geom(40, 24, 24, 24, 16);
     for (int k = KV_POLICY_FULL; k <= KV_POLICY_HEADKV; k++) {
         kv_policy_defaults(&p, (kv_policy_kind_t)k);
-        CHECK_MSG(kv_policy_validate(&p, &janus, NULL) == AR_OK, "%s", kv_policy_name(p.kind));
+        CHECK_MSG(kv_policy_check(&p, &janus, NULL, NULL) == AR_OK, "%s", kv_policy_name(p.kind));
     }
     kv_policy_defaults(&p, KV_POLICY_LINEAR);
     p.budget = 1.0 / 8;
-    CHECK(kv_policy_validate(&p, &janus, NULL) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, NULL) == AR_ERR);
 }
 
 static void test_full_keeps_everything(void) {
@@ -310,7 +312,7 @@ static void test_full_keeps_everything(void) {
     kv_policy_params_t p;
     kv_policy_defaults(&p, KV_POLICY_FULL);
     int traj[20];
-    CHECK(kv_policy_trajectory(&p, &g, traj) == AR_OK);
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK);
     for (int t = 0; t < 20; t++)
         CHECK(traj[t] == 7 + t);
     sim_t m;
@@ -335,12 +337,12 @@ static void test_streaming_trajectory_exact(void) {
     p.budget = 0.5;
     p.sink_tokens = 2;
     int traj[20];
-    CHECK(kv_policy_trajectory(&p, &g, traj) == AR_OK);
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK);
     for (int t = 0; t < 20; t++)
         CHECK(traj[t] == (5 + t < 12 ? 5 + t : 12));
     /* budget 1 never evicts: the full trajectory */
     p.budget = 1.0;
-    CHECK(kv_policy_trajectory(&p, &g, traj) == AR_OK);
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK);
     for (int t = 0; t < 20; t++)
         CHECK(traj[t] == 5 + t);
 }
@@ -381,7 +383,7 @@ static void test_linear_trajectory_and_schedule(void) {
     kv_policy_defaults(&p, KV_POLICY_LINEAR);
     p.budget = 0.5;
     int traj[32];
-    CHECK(kv_policy_trajectory(&p, &g, traj) == AR_OK);
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK);
     for (int t = 0; t < 32; t++) {
         int v = t <= 16 ? t : 16 - 4 + (t - 17) % 4 + 1;
         CHECK_MSG(traj[t] == 3 + v, "t=%d traj %d expected %d", t, traj[t], 3 + v);
@@ -404,7 +406,7 @@ static void test_linear_trajectory_and_schedule(void) {
 
     /* budget 1: never compresses, never collects */
     p.budget = 1.0;
-    CHECK(kv_policy_trajectory(&p, &g, traj) == AR_OK);
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK);
     for (int t = 0; t < 32; t++)
         CHECK(traj[t] == 3 + t);
     kv_policy_state_t *s = kv_policy_begin(&p, &g, NULL);
@@ -649,7 +651,7 @@ static void test_headkv_collect_schedule(void) {
         CHECK_MSG(kv_policy_collect(s, t) == (t == 20 || (t >= 45 && t <= 60)), "t=%d", t);
     kv_policy_end(s);
     int traj[64];
-    CHECK(kv_policy_trajectory(&p, &g, traj) == AR_OK);
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK);
     for (int t = 0; t < 64; t++) {
         int v = t <= 48 ? t : 44 + (t - 49) % 4 + 1;
         CHECK_MSG(traj[t] == 4 + v, "t=%d traj %d expected %d", t, traj[t], 4 + v);
@@ -786,9 +788,9 @@ static void test_trajectory_bounds_random_runs(void) {
         kv_policy_params_t p;
         kv_geometry_t g;
         random_params(&r, &p, &g);
-        if (kv_policy_validate(&p, &g, NULL) != AR_OK) {
+        if (kv_policy_check(&p, &g, NULL, NULL) != AR_OK) {
             int traj[1];
-            CHECK(kv_policy_trajectory(&p, &g, traj) == AR_ERR);
+            CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_ERR);
             continue;
         }
         valid[p.kind]++;
@@ -825,98 +827,98 @@ static void test_validate_messages(void) {
 
     kv_policy_defaults(&p, KV_POLICY_LINEAR);
     p.budget = 0;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "budget must be in (0, 1]");
     p.budget = 1.5;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "1.5");
     p.budget = NAN;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "budget");
-    CHECK(kv_policy_trajectory(&p, &janus, traj) == AR_ERR);
+    CHECK(kv_policy_trajectory(&p, &janus, traj, NULL, NULL) == AR_ERR);
     CHECK(kv_policy_begin(&p, &janus, &err) == NULL);
     CHECK_STR_CONTAINS(err.msg, "budget");
 
     kv_policy_defaults(&p, KV_POLICY_FULL);
     p.budget = 7; /* full ignores the budget */
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_OK);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_OK);
 
     kv_policy_defaults(&p, KV_POLICY_LINEAR);
     p.anchor_lines = -1;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "anchor_lines");
     kv_policy_defaults(&p, KV_POLICY_LINEAR);
     p.recent_lines = -2;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "recent_lines");
     /* 1/8 of 24 lines is 3; anchors 1 + recent 2 + the line being made = 4 */
     kv_policy_defaults(&p, KV_POLICY_LINEAR);
     p.budget = 1.0 / 8;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "budget");
     CHECK_STR_CONTAINS(err.msg, "4 lines");
     CHECK_STR_CONTAINS(err.msg, "4/24");
     /* on a 16 x 16 grid the defaults need 1/4 */
     p.budget = 1.0 / 6;
-    CHECK(kv_policy_validate(&p, &demo, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &demo, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "4/16");
     p.budget = 0.25;
-    CHECK(kv_policy_validate(&p, &demo, &err) == AR_OK);
+    CHECK(kv_policy_check(&p, &demo, NULL, &err) == AR_OK);
 
     kv_policy_defaults(&p, KV_POLICY_STREAMING);
     p.sink_tokens = -1;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "sink_tokens");
     kv_policy_defaults(&p, KV_POLICY_STREAMING);
     p.budget = 0.05; /* 30 of 615 < 40 + 4 + 1 */
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "budget");
     CHECK_STR_CONTAINS(err.msg, "45/615");
 
     kv_policy_defaults(&p, KV_POLICY_HEADKV);
     p.budget = 1.0 / 8; /* demo: 32 image tokens < 2 lines (32) + buffer 8 */
-    CHECK(kv_policy_validate(&p, &demo, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &demo, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "headkv_buffer");
     CHECK_STR_CONTAINS(err.msg, "40/256");
     kv_policy_defaults(&p, KV_POLICY_HEADKV);
     p.headkv_local_window = 65; /* janus 1/8: G - buffer = 64 */
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "headkv_local_window");
     CHECK_STR_CONTAINS(err.msg, "64");
     p.headkv_local_window = 64;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_OK);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_OK);
 
     kv_policy_defaults(&p, KV_POLICY_HEADKV);
     p.headkv_threshold = 0;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "headkv_threshold");
     kv_policy_defaults(&p, KV_POLICY_HEADKV);
     p.headkv_alpha = 1.5;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "headkv_alpha");
     kv_policy_defaults(&p, KV_POLICY_HEADKV);
     p.headkv_buffer = 0;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "headkv_buffer");
     kv_policy_defaults(&p, KV_POLICY_HEADKV);
     p.headkv_local_window = -1;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "headkv_local_window");
     kv_policy_defaults(&p, KV_POLICY_HEADKV);
     p.headkv_recent_lines = -1;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "headkv_recent_lines");
     kv_policy_defaults(&p, KV_POLICY_HEADKV);
     p.headkv_group_tokens = 0;
-    CHECK(kv_policy_validate(&p, &janus, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &janus, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "headkv_group_tokens");
 
     kv_geometry_t bad_g = geom(40, 0, 24, 24, 16);
     kv_policy_defaults(&p, KV_POLICY_FULL);
-    CHECK(kv_policy_validate(&p, &bad_g, &err) == AR_ERR);
-    CHECK_STR_CONTAINS(err.msg, "line_width");
+    CHECK(kv_policy_check(&p, &bad_g, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "segment 0");
     bad_g = geom(0, 24, 24, 24, 16);
-    CHECK(kv_policy_validate(&p, &bad_g, &err) == AR_ERR);
+    CHECK(kv_policy_check(&p, &bad_g, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "n_prompt");
 }
 
@@ -978,7 +980,7 @@ static void test_knob_table_and_check_fields(void) {
     p.budget = 1;
     p.anchor_lines = p.recent_lines = 4096;
     int traj[576];
-    CHECK(kv_policy_trajectory(&p, &janus, traj) == AR_OK && traj[575] == 40 + 575);
+    CHECK(kv_policy_trajectory(&p, &janus, traj, NULL, NULL) == AR_OK && traj[575] == 40 + 575);
 }
 
 int main(void) {

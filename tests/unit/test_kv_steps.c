@@ -1,22 +1,24 @@
 /* The engine's KV policy hooks, the planner's trajectories and the
  * scheduler's check that measured pool use never passes the plan, on the
- * tiny model with a stub policy defined here (the real policies live in
- * engine/kv_policy.c; this file defines every kv_policy.h function but the
- * knob table's, engine/kv_policy_knobs.c, so the linker takes none of the
- * policies' from the engine library).
+ * tiny model with a stub policy defined here: this file links its own
+ * policy table (engine/kv_policy_impl.h), whose streaming slot holds the
+ * stub, so the engine's dispatcher, generation loop, planner and scheduler
+ * run it as they would any policy.
  *
- * The stub ("window", kind KV_POLICY_STREAMING): every head keeps the
- * prefix, sink_tokens image tokens and the newest recent_lines * w tokens,
- * odd heads one token fewer, so heads hold different lengths. It collects
- * key mass at every step but each fifth, resets it every third step, and
- * checks what the engine hands it: the mass is given exactly when something
- * was collected since the last reset, and sums to the query rows collected
- * since then plus what the kept keys held at the last compaction. */
+ * The stub ("window"): every head keeps the prefix, sink_tokens image
+ * tokens and the newest recent_lines * w tokens, odd heads one token
+ * fewer, so heads hold different lengths. It collects key mass at every
+ * step but each fifth, resets it every third step, and checks what the
+ * engine hands it: the mass is given exactly when something was collected
+ * since the last reset, and sums to the query rows collected since then
+ * plus what the kept keys held at the last compaction. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
+#include "engine/family.h"
 #include "engine/generate.h"
+#include "engine/kv_policy_impl.h"
 #include "engine/planner.h"
 #include "server/scheduler.h"
 #include "tests/test.h"
@@ -24,88 +26,32 @@
 /* ---- the stub policy ------------------------------------------------------------ */
 
 static struct {
-    long long begun, step_ends, mass_checks, protocol_errors;
+    long long stepped_states, step_ends, mass_checks, protocol_errors;
     double mass_worst; /* largest |sum - expected| / max(1, expected) */
 } stub;
 
-struct kv_policy_state {
-    kv_policy_params_t p;
-    kv_geometry_t g;
+typedef struct window {
+    int n_prompt, n_heads, cap; /* cap: what an even head keeps */
+    int sinks, seen;
     double *expect; /* per (layer, head): mass the engine should hand over */
     uint8_t *live;  /* collected since the last reset */
     int *len;       /* what the head held after the last step */
-};
+} window_t;
 
-static const char *const names[] = {"full", "streaming", "linear", "headkv"};
-
-void kv_policy_defaults(kv_policy_params_t *p, kv_policy_kind_t kind) {
-    memset(p, 0, sizeof *p);
-    p->kind = kind;
-    p->budget = 1.0;
-    p->sink_tokens = 2;
-    p->recent_lines = 1;
+/* Tokens an even head keeps after compaction (odd heads: one fewer). */
+static int window_cap(const kv_policy_params_t *p, const kv_geometry_t *g) {
+    return g->n_prompt + p->sink_tokens + p->recent_lines * g->segment_tokens[0];
 }
 
-int kv_policy_parse(const char *name) {
-    for (int i = 0; i < 4; i++)
-        if (strcmp(name, names[i]) == 0)
-            return i;
-    return -1;
-}
-
-const char *kv_policy_name(kv_policy_kind_t kind) {
-    return (unsigned)kind < 4 ? names[kind] : "unknown";
-}
-
-int kv_policy_validate(const kv_policy_params_t *p, const kv_geometry_t *g, ar_error_t *err) {
-    if (p->kind != KV_POLICY_FULL && p->kind != KV_POLICY_STREAMING)
-        return ar_errorf(err, "the test stub has no policy '%s'", kv_policy_name(p->kind));
-    if (p->sink_tokens < 0)
-        return ar_errorf(err, "sink_tokens must not be negative");
+static int window_check(const kv_policy_params_t *p, const kv_geometry_t *g, const char **field,
+                        ar_error_t *err) {
     if (p->recent_lines < 1)
         return ar_errorf(err, "recent_lines must be at least 1");
     return AR_OK;
 }
 
-int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const char **field,
-                    ar_error_t *err) {
-    if (field)
-        *field = NULL;
-    return kv_policy_validate(p, g, err);
-}
-
-/* Tokens an even head keeps after compaction (odd heads: one fewer). */
-static int window_cap(const kv_policy_params_t *p, const kv_geometry_t *g) {
-    return g->n_prompt + p->sink_tokens + p->recent_lines * g->line_width;
-}
-
-int kv_policy_trajectory(const kv_policy_params_t *p, const kv_geometry_t *g, int *tokens) {
-    const int cap = window_cap(p, g);
-    for (int t = 0; t < kv_geometry_steps(g); t++) {
-        tokens[t] = g->n_prompt + t;
-        if (p->kind == KV_POLICY_STREAMING && tokens[t] > cap + 1)
-            tokens[t] = cap + 1;
-    }
-    return AR_OK;
-}
-
-kv_policy_state_t *kv_policy_begin(const kv_policy_params_t *p, const kv_geometry_t *g,
-                                   ar_error_t *err) {
-    stub.begun++;
-    kv_policy_state_t *s = calloc(1, sizeof *s);
-    const size_t n = (size_t)g->n_layers * g->n_heads;
-    if (!s || !(s->expect = calloc(n, sizeof *s->expect)) || !(s->live = calloc(n, 1)) ||
-        !(s->len = calloc(n, sizeof *s->len))) {
-        kv_policy_end(s);
-        ar_errorf(err, "out of memory");
-        return NULL;
-    }
-    s->p = *p;
-    s->g = *g;
-    return s;
-}
-
-void kv_policy_end(kv_policy_state_t *s) {
+static void window_end(void *state) {
+    window_t *s = state;
     if (!s)
         return;
     free(s->expect);
@@ -114,17 +60,39 @@ void kv_policy_end(kv_policy_state_t *s) {
     free(s);
 }
 
-int kv_policy_collect(const kv_policy_state_t *s, int step) {
-    return s->p.kind == KV_POLICY_STREAMING && step % 5 != 4;
+static void *window_begin(const kv_policy_params_t *p, const kv_geometry_t *g) {
+    window_t *s = calloc(1, sizeof *s);
+    const size_t n = (size_t)g->n_layers * g->n_heads;
+    if (!s || !(s->expect = calloc(n, sizeof *s->expect)) || !(s->live = calloc(n, 1)) ||
+        !(s->len = calloc(n, sizeof *s->len))) {
+        window_end(s);
+        return NULL;
+    }
+    s->n_prompt = g->n_prompt;
+    s->n_heads = g->n_heads;
+    s->cap = window_cap(p, g);
+    s->sinks = p->sink_tokens;
+    return s;
 }
 
-int kv_policy_step_end(kv_policy_state_t *s, int step, int layer, int head, int len,
-                       const float *mass, int *keep, int *n_keep) {
+/* The planned (worst, even) head keeps the window. */
+static int window_kept_after(const void *state, int t, int v) {
+    const window_t *s = state;
+    return v < s->cap - s->n_prompt ? v : s->cap - s->n_prompt;
+}
+
+static int window_collect(const void *state, int step) { return step % 5 != 4; }
+
+static int window_step_end(void *state, int step, int layer, int head, int len, const float *mass,
+                           int *keep, int *n_keep) {
+    window_t *s = state;
     stub.step_ends++;
-    const int i = layer * s->g.n_heads + head, rows = step == 0 ? s->g.n_prompt : 1;
+    if (!s->seen++)
+        stub.stepped_states++;
+    const int i = layer * s->n_heads + head, rows = step == 0 ? s->n_prompt : 1;
     if (len != s->len[i] + rows)
         stub.protocol_errors++;
-    if (kv_policy_collect(s, step)) {
+    if (window_collect(s, step)) {
         s->expect[i] += rows;
         s->live[i] = 1;
     }
@@ -141,9 +109,9 @@ int kv_policy_step_end(kv_policy_state_t *s, int step, int layer, int head, int 
     }
     int what = 0;
     *n_keep = len;
-    const int cap = window_cap(&s->p, &s->g) - head % 2;
+    const int cap = s->cap - head % 2;
     if (len > cap) {
-        const int front = s->g.n_prompt + s->p.sink_tokens, back = cap - front;
+        const int front = s->n_prompt + s->sinks, back = cap - front;
         *n_keep = 0;
         for (int j = 0; j < front; j++)
             keep[(*n_keep)++] = j;
@@ -165,6 +133,27 @@ int kv_policy_step_end(kv_policy_state_t *s, int step, int layer, int head, int 
     return what;
 }
 
+static const kv_policy_ops_t window_ops = {
+    .name = "window",
+    .default_budget = 1.0,
+    .takes_budget = 0,
+    .stats = KV_STATS_KEY_MASS,
+    .check = window_check,
+    .begin = window_begin,
+    .end = window_end,
+    .kept_after = window_kept_after,
+    .collect = window_collect,
+    .step_end = window_step_end,
+};
+
+/* This test's policy table: the stub in streaming's slot. */
+const kv_policy_ops_t *const kv_policy_table[KV_POLICY_COUNT] = {
+    [KV_POLICY_FULL] = &kv_policy_full,
+    [KV_POLICY_STREAMING] = &window_ops,
+    [KV_POLICY_LINEAR] = &kv_policy_linear,
+    [KV_POLICY_HEADKV] = &kv_policy_headkv,
+};
+
 /* ---- engine steps against the plan ---------------------------------------------- */
 
 static const char *tiny;
@@ -175,6 +164,8 @@ static int cond[MODEL_MAX_PROMPT_TOKENS], uncond[MODEL_MAX_PROMPT_TOKENS], n_pro
 static kv_policy_params_t window_policy(void) {
     kv_policy_params_t p;
     kv_policy_defaults(&p, KV_POLICY_STREAMING);
+    p.sink_tokens = 2;
+    p.recent_lines = 1;
     return p;
 }
 
@@ -187,23 +178,21 @@ static kv_policy_params_t window_policy(void) {
 static void test_window_policy_steps_within_plan(void) {
     static const int sizes[] = {1, 3, 16};
     const model_config_t *c = &model.cfg;
-    const int steps = planner_steps(c), L = c->llm.num_layers, H = c->llm.num_kv_heads;
+    const int steps = model_steps(c), L = c->llm.num_layers, H = c->llm.num_kv_heads;
     kv_policy_params_t pol = window_policy();
-    kv_geometry_t g = planner_geometry(c, n_prompt);
+    kv_geometry_t g;
+    model_geometry(c, n_prompt, &g);
     const int cap = window_cap(&pol, &g);
-    size_t *plan = malloc((size_t)steps * sizeof *plan);
+    planner_plan_t plan;
     memset(&stub, 0, sizeof stub);
     for (int k = 0; k < 3; k++) {
         const int bt = sizes[k];
         const size_t block = kv_pool_block_bytes(bt, c->llm.head_dim);
         ar_error_t err = {{0}};
-        CHECK_MSG(planner_trajectory_bytes(c, &pol, n_prompt, bt, plan, &err) == AR_OK, "%s",
-                  err.msg);
-        size_t peak = 0;
-        for (int t = 0; t < steps; t++)
-            peak = plan[t] > peak ? plan[t] : peak;
+        CHECK_MSG(planner_plan(&plan, c, &pol, n_prompt, bt, NULL, &err) == AR_OK, "%s", err.msg);
         kv_pool_t pool;
-        CHECK(kv_pool_init(&pool, be, (int)(peak / block), bt, c->llm.head_dim, &err) == AR_OK);
+        CHECK(kv_pool_init(&pool, be, (int)(plan.peak_bytes / block), bt, c->llm.head_dim, &err) ==
+              AR_OK);
         gen_request_t r;
         sampler_params_t sp = c->sampling;
         CHECK_MSG(gen_request_init(&r, &model, &pool, &pol, cond, uncond, n_prompt, &sp, 7, 0,
@@ -231,7 +220,7 @@ static void test_window_policy_steps_within_plan(void) {
                     }
             }
             wrong_peak += pool.peak_in_use != want_blocks;
-            over += (size_t)pool.peak_in_use * block > plan[t];
+            over += (size_t)pool.peak_in_use * block > plan.bytes[t];
         }
         CHECK_MSG(over == 0, "block_tokens %d: %d steps used more than planned", bt, over);
         CHECK_MSG(wrong_peak == 0, "block_tokens %d: %d steps peaked off the hand count", bt,
@@ -241,44 +230,47 @@ static void test_window_policy_steps_within_plan(void) {
         gen_request_free(&r);
         CHECK(kv_pool_blocks_in_use(&pool) == 0 && pool.bad_frees == 0);
         kv_pool_free(&pool);
+        planner_plan_free(&plan);
     }
-    CHECK(stub.begun == 6); /* one state per sequence of the CFG pair */
+    CHECK(stub.stepped_states == 6); /* one state per sequence of the CFG pair */
     CHECK(stub.protocol_errors == 0);
     CHECK(stub.mass_checks > 0);
     CHECK_MSG(stub.mass_worst < 1e-4, "key mass off by %.3g (relative)", stub.mass_worst);
-    free(plan);
 }
 
 /* The planner's trajectory in bytes: tokens per head -> whole blocks ->
  * bytes, by hand, for the full cache and the window stub. */
 static void test_trajectory_bytes_by_hand(void) {
     const model_config_t *c = &model.cfg;
-    const int steps = planner_steps(c);
-    size_t *plan = malloc((size_t)steps * sizeof *plan);
+    const int steps = model_steps(c);
+    planner_plan_t plan;
     kv_policy_params_t full, win = window_policy();
     kv_policy_defaults(&full, KV_POLICY_FULL);
-    const int cap =
-        window_cap(&win, &(kv_geometry_t){.n_prompt = n_prompt, .line_width = c->image.grid_width});
+    kv_geometry_t g;
+    model_geometry(c, n_prompt, &g);
+    const int cap = window_cap(&win, &g);
     const size_t per_block = (size_t)c->llm.num_layers * c->llm.num_kv_heads * 2 /* CFG */;
     for (int bt = 1; bt <= 16; bt *= 4) {
         const size_t block = 2 * (size_t)bt * c->llm.head_dim * sizeof(float);
-        CHECK(planner_trajectory_bytes(c, &full, n_prompt, bt, plan, NULL) == AR_OK);
+        CHECK(planner_plan(&plan, c, &full, n_prompt, bt, NULL, NULL) == AR_OK);
         for (int t = 0; t < steps; t++)
-            CHECK(plan[t] == (size_t)((n_prompt + t + bt - 1) / bt) * block * per_block);
-        CHECK(planner_trajectory_bytes(c, &win, n_prompt, bt, plan, NULL) == AR_OK);
+            CHECK(plan.bytes[t] == (size_t)((n_prompt + t + bt - 1) / bt) * block * per_block);
+        planner_plan_free(&plan);
+        CHECK(planner_plan(&plan, c, &win, n_prompt, bt, NULL, NULL) == AR_OK);
         for (int t = 0; t < steps; t++) {
             int tok = n_prompt + t < cap + 1 ? n_prompt + t : cap + 1;
-            CHECK(plan[t] == (size_t)((tok + bt - 1) / bt) * block * per_block);
+            CHECK(plan.bytes[t] == (size_t)((tok + bt - 1) / bt) * block * per_block);
         }
+        planner_plan_free(&plan);
     }
     /* The full cache at one-token blocks is planner_full_cache_bytes at its last step. */
-    CHECK(planner_trajectory_bytes(c, &full, n_prompt, 1, plan, NULL) == AR_OK);
-    CHECK(plan[steps - 1] == planner_full_cache_bytes(c, n_prompt));
+    CHECK(planner_plan(&plan, c, &full, n_prompt, 1, NULL, NULL) == AR_OK);
+    CHECK(plan.bytes[steps - 1] == planner_full_cache_bytes(c, n_prompt));
+    planner_plan_free(&plan);
     ar_error_t err = {{0}};
     win.sink_tokens = -1;
-    CHECK(planner_trajectory_bytes(c, &win, n_prompt, 4, plan, &err) == AR_ERR);
+    CHECK(planner_plan(&plan, c, &win, n_prompt, 4, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "sink_tokens");
-    free(plan);
 }
 
 /* The full cache, named or not, never reaches the policy: no state, no
@@ -290,7 +282,7 @@ static void test_full_policy_costs_no_policy_calls(void) {
     kv_pool_t pool;
     ar_error_t err = {{0}};
     const int bt = planner_block_tokens(c);
-    const int per_head = (n_prompt + planner_steps(c) + bt - 1) / bt;
+    const int per_head = (n_prompt + model_steps(c) + bt - 1) / bt;
     CHECK(kv_pool_init(&pool, be, 2 * c->llm.num_layers * c->llm.num_kv_heads * per_head, bt,
                        c->llm.head_dim, &err) == AR_OK);
     memset(&stub, 0, sizeof stub);
@@ -302,48 +294,38 @@ static void test_full_policy_costs_no_policy_calls(void) {
     gen_request_t *batch[] = {&r};
     while (!gen_request_done(&r))
         CHECK(gen_step(batch, 1, &err) == AR_OK);
-    CHECK(stub.begun == 0 && stub.step_ends == 0);
+    CHECK(stub.stepped_states == 0 && stub.step_ends == 0);
     gen_request_free(&r);
     kv_pool_free(&pool);
 }
 
 /* ---- the scheduler ---------------------------------------------------------------- */
 
-static job_state_t wait_job(sched_job_t *j, double timeout_s) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)timeout_s;
-    pthread_mutex_lock(&j->mu);
-    while (j->state != JOB_DONE && j->state != JOB_FAILED)
-        if (pthread_cond_timedwait(&j->changed, &j->mu, &until) != 0)
-            break;
-    job_state_t st = j->state;
-    pthread_mutex_unlock(&j->mu);
-    return st;
+static sched_outcome_t wait_job(sched_job_t *j, double timeout_s, sched_snapshot_t *snap) {
+    const double until = (double)time(NULL) + timeout_s;
+    sched_job_snapshot(j, snap);
+    while (snap->outcome == SCHED_PENDING && (double)time(NULL) < until)
+        sched_job_wait(j, snap->version, 1.0, snap);
+    return snap->outcome;
 }
 
 /* A pool that holds one full-cache image at its peak; jobs under the window
  * stub (one and two images) and a full-cache job arrive together. All
  * finish, and no iteration's measured peak passes what the planner
- * reserved. A job whose policy knobs are wrong is refused with a 400. */
+ * reserved. A job whose policy knobs are wrong is refused, naming them. */
 static void test_scheduler_measured_use_within_plan(void) {
     metrics_t *metrics = metrics_create();
     ar_error_t err = {{0}};
-    sched_options_t so = {.max_running = 8,
-                          .max_waiting = 16,
-                          .request_timeout_s = 120,
-                          .kv_pool_bytes = 0,
-                          .png_workers = 1,
-                          .retry_after_s = 1};
+    sched_options_t so = {.max_running = 8, .max_waiting = 16, .png_workers = 1};
     /* Room for one full image at the daemon's block size: its last step. */
-    const int steps = planner_steps(&model.cfg);
+    const int steps = model_steps(&model.cfg);
     kv_policy_params_t full;
     kv_policy_defaults(&full, KV_POLICY_FULL);
-    size_t *plan = malloc((size_t)steps * sizeof *plan);
-    CHECK(planner_trajectory_bytes(&model.cfg, &full, n_prompt, planner_block_tokens(&model.cfg),
-                                   plan, &err) == AR_OK);
-    const size_t one_full = plan[steps - 1];
-    free(plan);
+    planner_plan_t plan;
+    CHECK(planner_plan(&plan, &model.cfg, &full, n_prompt, planner_block_tokens(&model.cfg), NULL,
+                       &err) == AR_OK);
+    const size_t one_full = plan.bytes[steps - 1];
+    planner_plan_free(&plan);
     so.kv_pool_bytes = one_full;
     scheduler_t *s = scheduler_create(&model, &so, metrics, &err);
     if (!s) {
@@ -353,29 +335,35 @@ static void test_scheduler_measured_use_within_plan(void) {
     }
     CHECK(sched_kv_capacity_bytes(s) == one_full &&
           sched_image_peak_bytes(s, &full, n_prompt) == one_full);
-    sampler_params_t sp = model.cfg.sampling;
     enum { JOBS = 5 };
     static const int images[JOBS] = {1, 2, 1, 1, 1};
     sched_job_t *jobs[JOBS];
+    sched_request_t rq = {.cond = cond,
+                          .uncond = uncond,
+                          .n_prompt = n_prompt,
+                          .params = model.cfg.sampling,
+                          .timeout_s = 120};
     for (int k = 0; k < JOBS; k++) {
-        jobs[k] = sched_job_create(cond, uncond, n_prompt, images[k], &sp, 10 + k, 0, 120);
-        if (k != 3)
-            jobs[k]->kv_policy = window_policy(); /* job 3 keeps the full cache */
-        api_error_t ae;
-        CHECK_MSG(sched_submit(s, jobs[k], &ae) == AR_OK, "job %d: %s", k, ae.message);
+        rq.n_images = images[k];
+        rq.seed = 10 + k;
+        rq.kv_policy = k != 3 ? window_policy() : full; /* job 3 keeps the full cache */
+        sched_refusal_info_t why;
+        jobs[k] = sched_submit(s, &rq, &why);
+        CHECK_MSG(jobs[k] != NULL, "job %d: %s", k, why.message);
     }
-    sched_job_t *bad = sched_job_create(cond, uncond, n_prompt, 1, &sp, 1, 0, 120);
-    bad->kv_policy = window_policy();
-    bad->kv_policy.recent_lines = 0;
-    api_error_t ae = {0};
-    CHECK(sched_submit(s, bad, &ae) == AR_ERR);
-    CHECK(ae.status == 400 && strcmp(ae.param, "kv_policy") == 0);
-    CHECK_STR_CONTAINS(ae.message, "recent_lines");
-    sched_job_release(bad);
+    rq.n_images = 1;
+    rq.kv_policy = window_policy();
+    rq.kv_policy.recent_lines = 0;
+    sched_refusal_info_t why;
+    CHECK(sched_submit(s, &rq, &why) == NULL);
+    CHECK(why.reason == SCHED_REFUSED_INVALID_POLICY && why.field == NULL);
+    CHECK_STR_CONTAINS(why.message, "recent_lines");
     for (int k = 0; k < JOBS; k++) {
-        job_state_t st = wait_job(jobs[k], 120);
-        CHECK_MSG(st == JOB_DONE, "job %d ended in state %d: %s", k, (int)st,
-                  jobs[k]->error.message);
+        if (!jobs[k])
+            continue;
+        sched_snapshot_t snap;
+        sched_outcome_t o = wait_job(jobs[k], 120, &snap);
+        CHECK_MSG(o == SCHED_DONE, "job %d ended as %d: %s", k, (int)o, snap.message);
         sched_job_release(jobs[k]);
     }
     scheduler_stop(s);

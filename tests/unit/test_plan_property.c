@@ -5,18 +5,19 @@
  * window), prompt lengths, n = 1..2 images and cancellations, against a
  * pool of two to three and a half full-cache images.
  *
- * 1. Replayed deterministically, iteration by iteration, the way the
- *    scheduler's engine loop does it (drop cancelled, admit FIFO through
- *    planner_fits, one batched gen_step, planner_tick, retire): the pool's
- *    measured peak in every step stays within the pool and within what the
- *    planner reserved; each request's own use during every step (its heads'
- *    blocks after the append, before any compaction) stays within its
- *    planned trajectory, and equals it for full, streaming and linear; and
- *    admission is exact: every planner_fits answer equals a brute-force
- *    check that sums every admitted request's whole trajectory from the
- *    iteration it started, at every future iteration. So the planner never
- *    refuses a request (the head of the queue) that would have fitted, and
- *    never admits one that would not.
+ * 1. Replayed deterministically, iteration by iteration, through the
+ *    batcher the scheduler drives (engine/batcher.h with the engine's step
+ *    function: drop cancelled, admit FIFO through the planner, one batched
+ *    gen_step, retire): the pool's measured peak in every step stays within
+ *    the pool and within what the planner reserved; each request's own use
+ *    during every step (its heads' blocks after the append, before any
+ *    compaction) stays within its planned trajectory, and equals it for
+ *    full, streaming and linear; and admission is exact: at every
+ *    iteration the batcher admits exactly the jobs a brute force admits,
+ *    taking the queue's head while it fits, where "fits" sums every running
+ *    request's whole trajectory from the iteration it started, at every
+ *    future iteration. So the batcher never refuses a request (the head of
+ *    the queue) that would have fitted, and never admits one that would not.
  * 2. The same kind of traces through the real scheduler (threads, batching,
  *    cancellation): arrivals and cancellations are keyed to its iteration
  *    counter; every job that was not cancelled finishes, the pool gauges
@@ -29,6 +30,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/batcher.h"
+#include "engine/family.h"
 #include "engine/generate.h"
 #include "engine/kv_pool.h"
 #include "engine/planner.h"
@@ -78,7 +81,8 @@ static long long policy_count[4];
 
 /* A policy with random knobs that validate on this request's geometry. */
 static kv_policy_params_t random_policy(int n_prompt) {
-    const kv_geometry_t g = planner_geometry(&model.cfg, n_prompt);
+    kv_geometry_t g;
+    model_geometry(&model.cfg, n_prompt, &g);
     for (;;) {
         kv_policy_params_t p;
         const int kind = rnd_in(0, 3);
@@ -105,7 +109,7 @@ static kv_policy_params_t random_policy(int n_prompt) {
         default:
             break;
         }
-        if (kv_policy_validate(&p, &g, NULL) == AR_OK) {
+        if (kv_policy_check(&p, &g, NULL, NULL) == AR_OK) {
             policy_count[kind]++;
             return p;
         }
@@ -114,13 +118,16 @@ static kv_policy_params_t random_policy(int n_prompt) {
 
 /* One request's trajectory (per image) in bytes; caller frees. */
 static size_t *image_plan(const tjob_t *j, int bt) {
-    const int S = planner_steps(&model.cfg);
-    size_t *b = malloc((size_t)S * sizeof *b);
+    const int S = model_steps(&model.cfg);
+    size_t *b = calloc((size_t)S, sizeof *b);
+    planner_plan_t plan;
     ar_error_t err = {{0}};
-    if (planner_trajectory_bytes(&model.cfg, &j->pol, j->n_prompt, bt, b, &err) != AR_OK) {
-        CHECK_MSG(0, "planner_trajectory_bytes: %s", err.msg);
-        memset(b, 0, (size_t)S * sizeof *b);
+    if (planner_plan(&plan, &model.cfg, &j->pol, j->n_prompt, bt, NULL, &err) != AR_OK) {
+        CHECK_MSG(0, "planner_plan: %s", err.msg);
+        return b;
     }
+    memcpy(b, plan.bytes, (size_t)S * sizeof *b);
+    planner_plan_free(&plan);
     return b;
 }
 
@@ -140,7 +147,7 @@ static void make_trace(trace_t *tr, int max_jobs, const int *block_sizes, int n_
     kv_policy_defaults(&full, KV_POLICY_FULL);
     tjob_t probe = {.n_prompt = MAX_IDS + 2, .pol = full};
     size_t *b = image_plan(&probe, tr->block_tokens);
-    const size_t one = peak_of(b, planner_steps(&model.cfg));
+    const size_t one = peak_of(b, model_steps(&model.cfg));
     free(b);
     const size_t block = kv_pool_block_bytes(tr->block_tokens, model.cfg.llm.head_dim);
     tr->pool_bytes = (size_t)((2.0 + 1.5 * rnd_unit()) * (double)one) / block * block;
@@ -164,12 +171,16 @@ static void make_trace(trace_t *tr, int max_jobs, const int *block_sizes, int n_
 
 /* ---- 1: deterministic replay ---------------------------------------------------------- */
 
-typedef struct live {
-    int job;
-    int start; /* iteration of its step 0 */
-    gen_request_t gens[2];
+/* A job of the trace as the replay drives it. */
+typedef struct rjob {
+    gen_job_t gen; /* the batcher's work */
     size_t *plan1; /* per image */
-} live_t;
+    size_t *kv;    /* all its images: the batcher's plan */
+    uint64_t id;
+    int state; /* 0 not arrived, 1 waiting, 2 running, 3 ended */
+    int start; /* iteration of its step 0 */
+    int cancelled;
+} rjob_t;
 
 typedef struct totals {
     long long traces, iterations, admissions, refusals, fits_checked, steps_checked;
@@ -178,31 +189,21 @@ typedef struct totals {
 
 static totals_t tot;
 
-/* Bytes the brute force sees at absolute iteration u: every running
- * request's whole trajectory laid from the iteration it started. */
-static int brute_fits(const live_t *run, int n_run, const trace_t *tr, int now, const size_t *cand,
-                      int S, size_t capacity) {
+/* Does cand fit at iteration now beside the running jobs (start >= 0),
+ * each with its whole trajectory laid from the iteration it started? */
+static int brute_fits(const rjob_t *jobs, const trace_t *tr, int now, const size_t *cand, int S,
+                      size_t capacity) {
     for (int u = now; u < now + S; u++) {
         size_t total = cand[u - now];
-        for (int r = 0; r < n_run; r++) {
-            const int k = u - run[r].start;
-            if (k >= 0 && k < S)
-                total += run[r].plan1[k] * (size_t)tr->jobs[run[r].job].n_images;
+        for (int r = 0; r < tr->n; r++) {
+            const int k = u - jobs[r].start;
+            if (jobs[r].state == 2 && k >= 0 && k < S)
+                total += jobs[r].plan1[k] * (size_t)tr->jobs[r].n_images;
         }
         if (total > capacity)
             return 0;
     }
     return 1;
-}
-
-/* Blocks a request's heads hold now (both sequences, every layer and head). */
-static int request_blocks(const gen_request_t *g) {
-    const int H = model.cfg.llm.num_layers * model.cfg.llm.num_kv_heads;
-    int n = 0;
-    for (int s = 0; s < 2; s++)
-        for (int h = 0; h < H; h++)
-            n += g->seq[s].heads[h].n_blocks;
-    return n;
 }
 
 /* Blocks a request's heads need during its next step: each head's length
@@ -217,9 +218,45 @@ static int request_blocks_during_next_step(const gen_request_t *g, int bt) {
     return n;
 }
 
+static int job_index(const rjob_t *jobs, int n, const void *work) {
+    for (int k = 0; k < n; k++)
+        if (&jobs[k].gen == work)
+            return k;
+    return -1;
+}
+
+/* Handles the batcher's events; returns the jobs admitted (in order) into
+ * admitted[] and how many. */
+static int replay_events(batcher_t *b, rjob_t *jobs, const trace_t *tr, int it, int *finished,
+                         int *admitted) {
+    batcher_event_t ev[4 * MAX_JOBS];
+    int n_adm = 0, n;
+    while ((n = batcher_take_events(b, ev, 4 * MAX_JOBS)) > 0)
+        for (int i = 0; i < n; i++) {
+            const int k = job_index(jobs, tr->n, ev[i].work);
+            if (ev[i].type == BATCHER_ADMITTED) {
+                jobs[k].state = 2;
+                jobs[k].start = it;
+                admitted[n_adm++] = k;
+                tot.admissions++;
+            } else if (ev[i].type == BATCHER_ENDED) {
+                CHECK_MSG(ev[i].end == BATCHER_END_FINISHED || ev[i].end == BATCHER_END_CANCELLED,
+                          "job %d ended %s: %s", k, batcher_end_name(ev[i].end), ev[i].why);
+                if (ev[i].end == BATCHER_END_CANCELLED && ev[i].started)
+                    tot.cancelled_running++;
+                else if (ev[i].end == BATCHER_END_CANCELLED)
+                    tot.cancelled_waiting++;
+                jobs[k].state = 3;
+                gen_job_free(&jobs[k].gen);
+                (*finished)++;
+            }
+        }
+    return n_adm;
+}
+
 static void replay(const trace_t *tr) {
     const model_config_t *c = &model.cfg;
-    const int S = planner_steps(c), bt = tr->block_tokens;
+    const int S = model_steps(c), bt = tr->block_tokens;
     const size_t block = kv_pool_block_bytes(bt, c->llm.head_dim);
     kv_pool_t pool;
     ar_error_t err = {{0}};
@@ -229,136 +266,134 @@ static void replay(const trace_t *tr) {
         return;
     }
     const size_t capacity = kv_pool_capacity_bytes(&pool);
-    planner_t pl;
-    planner_init(&pl, capacity);
-    live_t run[2 * MAX_JOBS];
-    int n_run = 0, queue[MAX_JOBS], q_head = 0, q_len = 0, next = 0, finished = 0;
+    batcher_options_t bo = {
+        .pool_bytes = capacity, .max_running = 4 * MAX_JOBS, .max_waiting = MAX_JOBS};
+    batcher_t *b = batcher_create(&bo, &gen_batcher_ops, &pool, &err);
+    rjob_t jobs[MAX_JOBS];
+    memset(jobs, 0, sizeof jobs);
+    int next = 0, finished = 0, queue[MAX_JOBS], q_len = 0;
     int over_pool = 0, over_reserved = 0, over_plan = 0, not_exact = 0, sum_mismatch = 0;
     int fits_mismatch = 0;
     tot.traces++;
-    for (int it = 0; finished < tr->n && it < 100000; it++) {
+    for (int k = 0; k < tr->n; k++) {
+        const tjob_t *j = &tr->jobs[k];
+        jobs[k].plan1 = image_plan(j, bt);
+        jobs[k].kv = malloc((size_t)S * sizeof *jobs[k].kv);
+        for (int t = 0; t < S; t++)
+            jobs[k].kv[t] = jobs[k].plan1[t] * (size_t)j->n_images;
+        jobs[k].gen = (gen_job_t){.model = &model,
+                                  .cond = j->cond,
+                                  .uncond = j->uncond,
+                                  .n_prompt = j->n_prompt,
+                                  .n_images = j->n_images,
+                                  .params = c->sampling,
+                                  .seed = 1000 + (uint64_t)k,
+                                  .policy = j->pol};
+        jobs[k].start = -1;
+    }
+    for (int it = 0; b && finished < tr->n && it < 100000; it++) {
         /* Nothing queued or running: skip to the next arrival. */
-        if (n_run == 0 && q_len == 0 && next < tr->n && tr->jobs[next].arrive > it)
+        batcher_stats_t st;
+        batcher_stats(b, &st);
+        if (st.running == 0 && st.waiting == 0 && next < tr->n && tr->jobs[next].arrive > it)
             it = tr->jobs[next].arrive;
-        while (next < tr->n && tr->jobs[next].arrive <= it)
-            queue[(q_head + q_len++) % MAX_JOBS] = next++;
-        /* Cancelled running requests leave first; their blocks return now. */
-        for (int r = 0; r < n_run;) {
-            const tjob_t *j = &tr->jobs[run[r].job];
-            if (j->cancel_at < 0 || j->cancel_at > it) {
-                r++;
-                continue;
-            }
-            for (int i = 0; i < j->n_images; i++)
-                gen_request_free(&run[r].gens[i]);
-            planner_remove(&pl, (uint64_t)run[r].job);
-            free(run[r].plan1);
-            finished++;
-            tot.cancelled_running++;
-            run[r] = run[--n_run];
+        for (; next < tr->n && tr->jobs[next].arrive <= it; next++) {
+            batcher_job_t bj = {.n_images = tr->jobs[next].n_images,
+                                .steps = S,
+                                .kv_bytes = jobs[next].kv,
+                                .deadline = INFINITY,
+                                .work = &jobs[next].gen};
+            CHECK(batcher_submit(b, &bj, &jobs[next].id) == BATCHER_ACCEPTED);
+            jobs[next].state = 1;
+            queue[q_len++] = next;
         }
-        /* Admission: FIFO, the head blocks the queue. */
-        while (q_len) {
-            const int k = queue[q_head];
-            const tjob_t *j = &tr->jobs[k];
-            if (j->cancel_at >= 0 && j->cancel_at <= it) {
-                q_head = (q_head + 1) % MAX_JOBS;
-                q_len--;
-                finished++;
-                tot.cancelled_waiting++;
-                continue;
+        /* Cancellations seen at this iteration: a running job's blocks
+         * return before anything is admitted, a waiting one leaves. */
+        for (int k = 0; k < next; k++)
+            if (jobs[k].state < 3 && !jobs[k].cancelled && tr->jobs[k].cancel_at >= 0 &&
+                tr->jobs[k].cancel_at <= it) {
+                jobs[k].cancelled = 1;
+                CHECK(batcher_cancel(b, jobs[k].id, BATCHER_END_CANCELLED));
+                for (int q = 0; q < q_len; q++)
+                    if (queue[q] == k) {
+                        memmove(queue + q, queue + q + 1, (size_t)(q_len - q - 1) * sizeof *queue);
+                        q_len--;
+                        break;
+                    }
+                if (jobs[k].state == 2)
+                    jobs[k].state = 4; /* leaving: not in the brute force's running set */
             }
-            size_t *p1 = image_plan(j, bt), *pn = malloc((size_t)S * sizeof *pn);
-            for (int t = 0; t < S; t++)
-                pn[t] = p1[t] * (size_t)j->n_images;
-            const int fits = planner_fits(&pl, pn, S);
-            const int brute = brute_fits(run, n_run, tr, it, pn, S, capacity);
+        /* What a brute force admits: the queue's head while it fits. */
+        int expect[MAX_JOBS], n_expect = 0;
+        for (int q = 0; q < q_len; q++) {
+            const int k = queue[q];
             tot.fits_checked++;
-            fits_mismatch += fits != brute;
-            if (fits != brute)
-                fprintf(stderr, "  iteration %d, job %d: planner_fits %d, brute force %d\n", it, k,
-                        fits, brute);
-            if (!fits) {
+            if (!brute_fits(jobs, tr, it, jobs[k].kv, S, capacity)) {
                 tot.refusals++;
-                free(p1);
-                free(pn);
-                if (n_run == 0) {
-                    CHECK_MSG(0, "job %d waits on an empty pool", k);
-                    goto done;
-                }
                 break;
             }
-            CHECK(planner_add(&pl, (uint64_t)k, pn, S) == AR_OK);
-            free(pn);
-            live_t *l = &run[n_run++];
-            l->job = k;
-            l->start = it;
-            l->plan1 = p1;
-            sampler_params_t sp = c->sampling;
-            for (int i = 0; i < j->n_images; i++)
-                CHECK_MSG(gen_request_init(&l->gens[i], &model, &pool, &j->pol, j->cond, j->uncond,
-                                           j->n_prompt, &sp, 1000 + (uint64_t)k, (uint64_t)i,
-                                           &err) == AR_OK,
-                          "%s", err.msg);
-            tot.admissions++;
-            q_head = (q_head + 1) % MAX_JOBS;
-            q_len--;
+            expect[n_expect++] = k;
+            jobs[k].state = 2; /* counted as running for the next head */
+            jobs[k].start = it;
         }
-        if (n_run == 0)
+        for (int e = 0; e < n_expect; e++)
+            jobs[expect[e]].state = 1;
+        const int n_batch = batcher_admit(b, it);
+        int admitted[MAX_JOBS];
+        const int n_adm = replay_events(b, jobs, tr, it, &finished, admitted);
+        int same = n_adm == n_expect;
+        for (int e = 0; same && e < n_adm; e++)
+            same = admitted[e] == expect[e];
+        fits_mismatch += !same;
+        if (!same)
+            fprintf(stderr, "  iteration %d: the batcher admitted %d jobs, the brute force %d\n",
+                    it, n_adm, n_expect);
+        q_len -= n_adm;
+        memmove(queue, queue + n_adm, (size_t)q_len * sizeof *queue);
+        if (n_batch == 0) {
+            if (q_len) {
+                CHECK_MSG(0, "job %d waits on an empty pool", queue[0]);
+                break;
+            }
             continue;
-        if (q_len)
-            tot.contention_iters++;
-        /* One batched step: during it, each request must stay within its
-         * own plan, and the pool within the reservation and the pool. */
-        gen_request_t *batch[2 * MAX_JOBS];
-        int nb = 0, expect_blocks = kv_pool_blocks_in_use(&pool);
-        for (int r = 0; r < n_run; r++) {
-            const tjob_t *j = &tr->jobs[run[r].job];
-            const int step = run[r].gens[0].step;
+        }
+        tot.contention_iters += q_len > 0;
+        /* During the step each request must stay within its own plan. */
+        int expect_blocks = kv_pool_blocks_in_use(&pool);
+        for (int k = 0; k < tr->n; k++) {
+            if (jobs[k].state != 2)
+                continue;
+            const tjob_t *j = &tr->jobs[k];
             for (int i = 0; i < j->n_images; i++) {
-                gen_request_t *g = &run[r].gens[i];
-                const int now = request_blocks(g), during = request_blocks_during_next_step(g, bt);
+                const gen_request_t *g = &jobs[k].gen.images[i];
+                const int now = kv_seq_blocks(&g->seq[0]) + kv_seq_blocks(&g->seq[1]);
+                const int during = request_blocks_during_next_step(g, bt);
                 expect_blocks += during - now;
-                const size_t used = (size_t)during * block, planned = run[r].plan1[step];
+                const size_t used = (size_t)during * block, planned = jobs[k].plan1[g->step];
                 tot.steps_checked++;
                 if (used > planned) {
                     if (!over_plan++)
-                        fprintf(stderr, "  job %d (%s) step %d: %zu bytes, planned %zu\n",
-                                run[r].job, kv_policy_name(j->pol.kind), step, used, planned);
+                        fprintf(stderr, "  job %d (%s) step %d: %zu bytes, planned %zu\n", k,
+                                kv_policy_name(j->pol.kind), g->step, used, planned);
                 } else if (used != planned && j->pol.kind != KV_POLICY_HEADKV) {
                     if (!not_exact++)
                         fprintf(stderr, "  job %d (%s) step %d: %zu bytes, planned exactly %zu\n",
-                                run[r].job, kv_policy_name(j->pol.kind), step, used, planned);
+                                k, kv_policy_name(j->pol.kind), g->step, used, planned);
                 }
-                batch[nb++] = g;
             }
         }
-        kv_pool_reset_peak(&pool);
-        if (gen_step(batch, nb, &err) != AR_OK) {
-            CHECK_MSG(0, "iteration %d: gen_step: %s", it, err.msg);
-            goto done;
-        }
+        const int rc = batcher_step(b, &err);
+        CHECK_MSG(rc == AR_OK, "iteration %d: step: %s", it, err.msg);
+        batcher_finish(b, rc, &err);
+        batcher_stats(b, &st);
         tot.iterations++;
-        const size_t peak = (size_t)pool.peak_in_use * block;
-        over_pool += peak > capacity;
-        over_reserved += peak > planner_reserved_now(&pl);
+        over_pool += st.last_kv_peak_bytes > capacity;
+        over_reserved += st.last_kv_peak_bytes > st.last_reserved_bytes;
         sum_mismatch += pool.peak_in_use != expect_blocks;
-        planner_tick(&pl);
-        for (int r = 0; r < n_run;) {
-            if (!gen_request_done(&run[r].gens[0])) {
-                r++;
-                continue;
-            }
-            const tjob_t *j = &tr->jobs[run[r].job];
-            for (int i = 0; i < j->n_images; i++)
-                gen_request_free(&run[r].gens[i]);
-            planner_remove(&pl, (uint64_t)run[r].job);
-            free(run[r].plan1);
-            finished++;
-            run[r] = run[--n_run];
-        }
+        replay_events(b, jobs, tr, it, &finished, admitted);
+        if (rc != AR_OK)
+            break;
     }
-done:
     CHECK_MSG(finished == tr->n, "%d of %d jobs ended", finished, tr->n);
     CHECK_MSG(fits_mismatch == 0, "%d admission decisions differ from the brute force",
               fits_mismatch);
@@ -369,14 +404,17 @@ done:
               "%d steps peaked over the pool, %d over the reservation", over_pool, over_reserved);
     CHECK_MSG(sum_mismatch == 0, "%d steps: pool peak differs from the heads' blocks",
               sum_mismatch);
-    for (int r = 0; r < n_run; r++) {
-        for (int i = 0; i < tr->jobs[run[r].job].n_images; i++)
-            gen_request_free(&run[r].gens[i]);
-        free(run[r].plan1);
+    batcher_stats_t st = {0};
+    if (b)
+        batcher_stats(b, &st);
+    CHECK(st.running == 0 && st.waiting == 0 && st.reserved_bytes == 0);
+    batcher_destroy(b);
+    for (int k = 0; k < tr->n; k++) {
+        gen_job_free(&jobs[k].gen);
+        free(jobs[k].plan1);
+        free(jobs[k].kv);
     }
     CHECK(kv_pool_blocks_in_use(&pool) == 0 && pool.bad_frees == 0);
-    CHECK(pl.n == 0 || n_run > 0);
-    planner_free(&pl);
     kv_pool_free(&pool);
 }
 
@@ -412,24 +450,24 @@ static void test_replayed_traces_within_plan_and_admission_exact(void) {
 /* The brute force is not vacuous: an admission that passes the pool at a
  * future iteration is caught by it (and by planner_fits). */
 static void test_brute_force_catches_a_late_overflow(void) {
-    const int S = planner_steps(&model.cfg);
-    trace_t tr = {.n = 2};
+    const int S = model_steps(&model.cfg);
+    trace_t tr = {.n = 1};
     kv_policy_defaults(&tr.jobs[0].pol, KV_POLICY_FULL);
     tr.jobs[0].n_images = 1;
     tr.jobs[0].n_prompt = 4;
     size_t *a = image_plan(&tr.jobs[0], 1);
     /* A pool that holds a's peak plus a's step-0 bytes, but not two peaks. */
     const size_t capacity = a[S - 1] + a[0];
-    live_t run[1] = {{.job = 0, .start = 0, .plan1 = a}};
+    rjob_t run[1] = {{.plan1 = a, .state = 2, .start = 0}};
     planner_t pl;
     planner_init(&pl, capacity);
     CHECK(planner_add(&pl, 0, a, S) == AR_OK);
     /* At iteration 0 the same request again peaks together with a: no. */
-    CHECK(!brute_fits(run, 1, &tr, 0, a, S, capacity) && !planner_fits(&pl, a, S));
+    CHECK(!brute_fits(run, &tr, 0, a, S, capacity) && !planner_fits(&pl, a, S));
     /* At iteration S - 1 only a's last step overlaps the newcomer's first. */
     for (int t = 0; t < S - 1; t++)
         planner_tick(&pl);
-    CHECK(brute_fits(run, 1, &tr, S - 1, a, S, capacity) && planner_fits(&pl, a, S));
+    CHECK(brute_fits(run, &tr, S - 1, a, S, capacity) && planner_fits(&pl, a, S));
     planner_free(&pl);
     free(a);
 }
@@ -447,17 +485,12 @@ static double metric_in(const char *text, const char *name) {
     return -1;
 }
 
-static job_state_t wait_job(sched_job_t *j, double timeout_s) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)timeout_s;
-    pthread_mutex_lock(&j->mu);
-    while (j->state != JOB_DONE && j->state != JOB_FAILED)
-        if (pthread_cond_timedwait(&j->changed, &j->mu, &until) != 0)
-            break;
-    job_state_t st = j->state;
-    pthread_mutex_unlock(&j->mu);
-    return st;
+static sched_outcome_t wait_job(sched_job_t *j, double timeout_s, sched_snapshot_t *snap) {
+    const double until = now_s() + timeout_s;
+    sched_job_snapshot(j, snap);
+    while (snap->outcome == SCHED_PENDING && now_s() < until)
+        sched_job_wait(j, snap->version, 1.0, snap);
+    return snap->outcome;
 }
 
 static void run_scheduler_trace(const trace_t *tr, long long *iterations, long long *peak_waiting) {
@@ -465,11 +498,9 @@ static void run_scheduler_trace(const trace_t *tr, long long *iterations, long l
     ar_error_t err = {{0}};
     sched_options_t so = {.max_running = 64,
                           .max_waiting = 64,
-                          .request_timeout_s = 120,
                           .kv_pool_bytes = tr->pool_bytes,
                           .kv_block_tokens = tr->block_tokens,
-                          .png_workers = 1,
-                          .retry_after_s = 1};
+                          .png_workers = 1};
     scheduler_t *s = scheduler_create(&model, &so, metrics, &err);
     if (!s) {
         CHECK_MSG(0, "%s", err.msg);
@@ -497,13 +528,20 @@ static void run_scheduler_trace(const trace_t *tr, long long *iterations, long l
         while (submitted < tr->n &&
                (tr->jobs[submitted].arrive <= iters || sched_active_jobs(s) == 0)) {
             const tjob_t *j = &tr->jobs[submitted];
-            sampler_params_t sp = model.cfg.sampling;
-            sched_job_t *sj = sched_job_create(j->cond, j->uncond, j->n_prompt, j->n_images, &sp,
-                                               77 + (uint64_t)submitted, 0, 120);
-            sj->kv_policy = j->pol;
-            api_error_t ae = {0};
-            CHECK_MSG(sched_submit(s, sj, &ae) == AR_OK, "job %d: %s", submitted, ae.message);
-            jobs[submitted++] = sj;
+            sched_request_t rq = {.cond = j->cond,
+                                  .uncond = j->uncond,
+                                  .n_prompt = j->n_prompt,
+                                  .n_images = j->n_images,
+                                  .params = model.cfg.sampling,
+                                  .seed = 77 + (uint64_t)submitted,
+                                  .kv_policy = j->pol,
+                                  .timeout_s = 120};
+            sched_refusal_info_t why;
+            jobs[submitted] = sched_submit(s, &rq, &why);
+            CHECK_MSG(jobs[submitted] != NULL, "job %d: %s", submitted, why.message);
+            if (!jobs[submitted])
+                break;
+            submitted++;
         }
         for (int k = 0; k < submitted; k++)
             if (!cancelled[k] && tr->jobs[k].cancel_at >= 0 && tr->jobs[k].cancel_at <= iters) {
@@ -515,16 +553,16 @@ static void run_scheduler_trace(const trace_t *tr, long long *iterations, long l
         nanosleep(&nap, NULL);
     }
     for (int k = 0; k < submitted; k++) {
-        const job_state_t st = wait_job(jobs[k], 60);
-        /* A cancelled job ends with a 504 (or done, if it finished first);
-         * one still waiting is told its deadline passed. */
+        sched_snapshot_t snap;
+        const sched_outcome_t o = wait_job(jobs[k], 60, &snap);
+        /* A cancelled job ends cancelled (or done, if it finished first). */
         if (cancelled[k])
-            CHECK_MSG(st == JOB_DONE || (st == JOB_FAILED && jobs[k]->error.status == 504),
-                      "cancelled job %d ended in state %d: %s", k, (int)st, jobs[k]->error.message);
+            CHECK_MSG(o == SCHED_DONE || o == SCHED_CANCELLED, "cancelled job %d ended as %d: %s",
+                      k, (int)o, snap.message);
         else
-            CHECK_MSG(st == JOB_DONE, "job %d (%s, n=%d) ended in state %d: %s", k,
-                      kv_policy_name(tr->jobs[k].pol.kind), tr->jobs[k].n_images, (int)st,
-                      jobs[k]->error.message);
+            CHECK_MSG(o == SCHED_DONE, "job %d (%s, n=%d) ended as %d: %s", k,
+                      kv_policy_name(tr->jobs[k].pol.kind), tr->jobs[k].n_images, (int)o,
+                      snap.message);
         sched_job_release(jobs[k]);
     }
     CHECK_MSG(submitted == tr->n, "%d of %d jobs submitted", submitted, tr->n);

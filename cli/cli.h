@@ -1,20 +1,17 @@
-/* Subcommands of the arserve binary and the flag-parsing helpers they share. */
+/* The arserve binary's subcommands (cli/cmd_*.c), dispatched by cli/main.c,
+ * and what they share besides the flag parser (cli/flags.h). */
 #ifndef ARSERVE_CLI_H
 #define ARSERVE_CLI_H
 
 #include <stddef.h>
-#include <stdint.h>
 
 #define ARSERVE_VERSION "0.1.0"
 
-int cmd_generate(int argc, char **argv);
+/* Each takes its own argv (argv[0] is the subcommand's name) and returns
+ * the process's exit status: 0, 1 for a failure, 2 for bad usage. */
+int cmd_generate(int argc, char **argv, char **envp);
 int cmd_serve(int argc, char **argv, char **envp);
-int cmd_plan(int argc, char **argv);
-
-/* Strict number parsing for flags: the whole string must be a number in
- * [lo, hi]; otherwise prints "arserve: --flag: ..." and returns -1. */
-int cli_parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out);
-int cli_parse_float(const char *flag, const char *s, double lo, double hi, double *out);
+int cmd_plan(int argc, char **argv, char **envp);
 
 /* The model directory to use when no --model is given: $ARSERVE_MODEL when
  * set and not empty (it must hold an arserve.json); else the shipped demo

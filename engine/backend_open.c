@@ -2,7 +2,7 @@
  * falls back to the CPU only when there is no GPU; a GPU that is there but
  * cannot be used (out of memory, no kernels for it) is an error, not a
  * silent switch to a backend a hundred times slower. */
-#include "server/backend_open.h"
+#include "backend.h"
 
 #include <string.h>
 

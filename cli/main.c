@@ -1,6 +1,6 @@
-/* arserve: one binary with subcommands: serve (the daemon) and generate
- * (one image to a PNG file); plan, calibrate, bench and simulate come with
- * their issues. */
+/* arserve: one binary with subcommands (COMMANDS below): serve (the
+ * daemon, server/), generate (one image to a PNG file), plan (KV
+ * trajectories); calibrate, bench and simulate come with their issues. */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -10,39 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cli.h"
-
-int cli_parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end) {
-        fprintf(stderr, "arserve: %s: '%s' is not an integer\n", flag, s);
-        return -1;
-    }
-    if (v < lo || v > hi) {
-        fprintf(stderr, "arserve: %s: %lld is outside [%lld, %lld]\n", flag, v, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-int cli_parse_float(const char *flag, const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) {
-        fprintf(stderr, "arserve: %s: '%s' is not a number\n", flag, s);
-        return -1;
-    }
-    if (v < lo || v > hi) {
-        fprintf(stderr, "arserve: %s: %g is outside [%g, %g]\n", flag, v, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
+#include "cli/cli.h"
 
 /* The shipped demo model, found from the executable's own path so that any
  * working directory works: build/arserve finds models/shapes of the checkout,
@@ -99,19 +67,37 @@ int cli_default_model(char *out, size_t n) {
     return -1;
 }
 
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv, char **envp);
+    const char *summary;
+} command_t;
+
+static const command_t COMMANDS[] = {
+    {"serve", cmd_serve, "run the HTTP daemon"},
+    {"generate", cmd_generate, "generate one image to a PNG file"},
+    {"plan", cmd_plan, "a request's KV trajectory and what fits the pool, per KV policy"},
+};
+#define N_COMMANDS (int)(sizeof COMMANDS / sizeof COMMANDS[0])
+
 static void usage(FILE *f) {
     fprintf(f,
-            "arserve %s: autoregressive image generation\n"
-            "\n"
-            "usage: arserve <command> [options]\n"
-            "\n"
-            "commands:\n"
-            "  serve      run the HTTP daemon (arserve serve --help)\n"
-            "  generate   generate one image to a PNG file (arserve generate --help)\n"
-            "  plan       a request's KV trajectory and what fits the pool, per KV policy\n"
-            "             (arserve plan --help)\n"
-            "  version    print the version\n",
+            "arserve %s: autoregressive image generation\n\nusage: arserve <command> [options]\n\n"
+            "commands:\n",
             ARSERVE_VERSION);
+    for (int i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-10s %s (arserve %s --help)\n", COMMANDS[i].name, COMMANDS[i].summary,
+                COMMANDS[i].name);
+    fprintf(f, "  %-10s print the version\n", "version");
+}
+
+static int version(void) {
+#ifdef ARSERVE_CUDA
+    printf("arserve %s (backends: cpu, cuda)\n", ARSERVE_VERSION);
+#else
+    printf("arserve %s (backend: cpu)\n", ARSERVE_VERSION);
+#endif
+    return 0;
 }
 
 int main(int argc, char **argv, char **envp) {
@@ -120,20 +106,11 @@ int main(int argc, char **argv, char **envp) {
         return 2;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "generate"))
-        return cmd_generate(argc - 1, argv + 1);
-    if (!strcmp(cmd, "serve"))
-        return cmd_serve(argc - 1, argv + 1, envp);
-    if (!strcmp(cmd, "plan"))
-        return cmd_plan(argc - 1, argv + 1);
-    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-#ifdef ARSERVE_CUDA
-        printf("arserve %s (backends: cpu, cuda)\n", ARSERVE_VERSION);
-#else
-        printf("arserve %s (backend: cpu)\n", ARSERVE_VERSION);
-#endif
-        return 0;
-    }
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(cmd, COMMANDS[i].name))
+            return COMMANDS[i].run(argc - 1, argv + 1, envp);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version"))
+        return version();
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;

@@ -1,0 +1,252 @@
+/* `arserve generate`: one image from a prompt to a PNG file, with a progress
+ * bar on a terminal and a one-line summary. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "cli/flags.h"
+#include "engine/backend.h"
+#include "engine/clock.h"
+#include "engine/generate.h"
+#include "engine/kv_pool.h"
+#include "engine/model.h"
+#include "engine/planner.h"
+#include "engine/png_io.h"
+#include "engine/text.h"
+
+typedef struct generate_args {
+    const char *model_dir, *prompt, *prompt_ids, *out_path, *backend;
+    long long seed, top_k, threads;
+    double cfg, temperature, top_p; /* < 0: the model's default */
+    int quiet;
+} generate_args_t;
+
+static void generate_usage(FILE *f, const cli_flag_t *flags) {
+    fprintf(f, "usage: arserve generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) "
+               "[options]\n\n");
+    cli_flags_usage(f, flags);
+}
+
+static void progress(int done, int total, double elapsed) {
+    int width = 30, filled = total ? done * width / total : width;
+    fprintf(stderr, "\r[%.*s%*s] %d/%d steps %.1fs", filled, "##############################",
+            width - filled, "", done, total, elapsed);
+    if (done == total)
+        fputc('\n', stderr);
+    fflush(stderr);
+}
+
+/* Parses "1,2,3" into ids; returns the count or -1 (message printed). */
+static int parse_ids(const char *s, int *ids, int cap) {
+    int n = 0;
+    for (const char *p = s; *p;) {
+        char tok[32];
+        size_t len = strcspn(p, ",");
+        long long v;
+        if (len == 0 || len >= sizeof tok || n >= cap) {
+            fprintf(stderr,
+                    "arserve generate: --prompt-ids: expected comma-separated integers, "
+                    "got '%s'\n",
+                    s);
+            return -1;
+        }
+        memcpy(tok, p, len);
+        tok[len] = 0;
+        if (text_parse_int(tok, &v) != NUMBER_OK || v < 0 || v > (1 << 30)) {
+            fprintf(stderr, "arserve generate: --prompt-ids: '%s' is not a token id\n", tok);
+            return -1;
+        }
+        ids[n++] = (int)v;
+        p += len + (p[len] == ',');
+    }
+    if (n == 0)
+        fprintf(stderr, "arserve generate: --prompt-ids: empty list\n");
+    return n ? n : -1;
+}
+
+/* A KV pool that holds exactly one full-cache image: the peak of its
+ * planned trajectory, in blocks of the size the daemon would choose. */
+static int pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, ar_error_t *err) {
+    const model_config_t *c = &m->cfg;
+    const int bt = planner_block_tokens(c);
+    kv_policy_params_t full;
+    kv_policy_defaults(&full, KV_POLICY_FULL);
+    planner_plan_t plan;
+    if (planner_plan(&plan, c, &full, n_prompt, bt, NULL, err) != AR_OK)
+        return AR_ERR;
+    const size_t peak = plan.peak_bytes;
+    planner_plan_free(&plan);
+    return kv_pool_init(pool, m->be, (int)(peak / kv_pool_block_bytes(bt, c->llm.head_dim)), bt,
+                        c->llm.head_dim, err);
+}
+
+/* The prompt rows from --prompt or --prompt-ids; 0 or the exit status. */
+static int prompt_rows(const generate_args_t *a, const model_t *m, int *cond, int *uncond,
+                       int *n_prompt) {
+    ar_error_t err = {{0}};
+    if (a->prompt_ids) {
+        int *ids = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof *ids);
+        int n = ids ? parse_ids(a->prompt_ids, ids, MODEL_MAX_PROMPT_TOKENS - 2) : -1;
+        int rc = n < 0 ? 2 : 0;
+        if (!rc && model_prompt_from_ids(m, ids, n, cond, uncond, n_prompt, &err) != AR_OK) {
+            fprintf(stderr, "arserve generate: --prompt-ids: %s\n", err.msg);
+            rc = 2;
+        }
+        free(ids);
+        return rc;
+    }
+    if (model_prompt_from_text(m, a->prompt, cond, uncond, n_prompt, &err) != AR_OK) {
+        fprintf(stderr, "arserve generate: --prompt: %s\n", err.msg);
+        return 2;
+    }
+    return 0;
+}
+
+/* Steps the request to its end, showing progress on a terminal. */
+static int run_steps(gen_request_t *req, int show, ar_error_t *err) {
+    const double t0 = clock_now_s();
+    gen_request_t *batch[1] = {req};
+    while (!gen_request_done(req)) {
+        if (gen_step(batch, 1, err) != AR_OK)
+            return AR_ERR;
+        if (show && (req->step % 8 == 0 || gen_request_done(req)))
+            progress(req->step, req->n_steps, clock_now_s() - t0);
+    }
+    return AR_OK;
+}
+
+/* Loads, generates and writes; 0 or the exit status. */
+static int generate(const generate_args_t *a, backend_t *be) {
+    model_t model;
+    gen_request_t req = {0};
+    kv_pool_t pool = {0};
+    ar_error_t err = {{0}};
+    int *cond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
+    int *uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
+    uint8_t *rgb = NULL;
+    int n_prompt = 0, rc = 1;
+    const double t0 = clock_now_s();
+    if (!cond || !uncond) {
+        fprintf(stderr, "arserve generate: out of memory\n");
+        free(cond);
+        free(uncond);
+        return 1;
+    }
+    if (model_load(&model, a->model_dir, be, &err) != AR_OK) {
+        fprintf(stderr, "arserve generate: cannot load model: %s\n", err.msg);
+        free(cond);
+        free(uncond);
+        return 1;
+    }
+    sampler_params_t sp = model.cfg.sampling;
+    if (a->cfg >= 0)
+        sp.cfg = (float)a->cfg;
+    if (a->temperature >= 0)
+        sp.temperature = (float)a->temperature;
+    if (a->top_k >= 0)
+        sp.top_k = (int)a->top_k;
+    if (a->top_p >= 0)
+        sp.top_p = (float)a->top_p;
+    if ((rc = prompt_rows(a, &model, cond, uncond, &n_prompt)) != 0)
+        goto out;
+    rc = 1;
+    const double t1 = clock_now_s();
+    const int H = model_config_image_height(&model.cfg), W = model_config_image_width(&model.cfg);
+    if (pool_for_one_image(&pool, &model, n_prompt, &err) != AR_OK ||
+        gen_request_init(&req, &model, &pool, NULL, cond, uncond, n_prompt, &sp, (uint64_t)a->seed,
+                         0, &err) != AR_OK ||
+        run_steps(&req, !a->quiet && isatty(STDERR_FILENO), &err) != AR_OK ||
+        !(rgb = malloc((size_t)H * W * 3)) || gen_decode(&req, rgb, &err) != AR_OK ||
+        png_write_file(a->out_path, rgb, W, H, &err) != AR_OK) {
+        fprintf(stderr, "arserve generate: %s\n", err.msg[0] ? err.msg : "out of memory");
+        goto out;
+    }
+    const double t2 = clock_now_s();
+    if (!a->quiet)
+        fprintf(stderr,
+                "%s: %dx%d, %d prompt tokens, %d steps in %.2f s (%.1f steps/s, %.3f images/s; "
+                "model load %.2f s)\n",
+                a->out_path, W, H, n_prompt, req.n_steps, t2 - t1, req.n_steps / (t2 - t1),
+                1.0 / (t2 - t1), t1 - t0);
+    rc = 0;
+out:
+    gen_request_free(&req);
+    kv_pool_free(&pool);
+    model_free(&model);
+    free(rgb);
+    free(cond);
+    free(uncond);
+    return rc;
+}
+
+int cmd_generate(int argc, char **argv, char **envp) {
+    generate_args_t a = {.out_path = "out.png",
+                         .backend = "auto",
+                         .top_k = -1,
+                         .cfg = -1,
+                         .temperature = -1,
+                         .top_p = -1};
+    const cli_flag_t flags[] = {
+        {"model", 0, CLI_STRING, &a.model_dir, .metavar = "DIR",
+         .help = "model directory (arserve.json, weights, tokenizer.json); default: "
+                 "$ARSERVE_MODEL, else the shipped demo model, ../models/shapes or "
+                 "models/shapes from arserve's folder"},
+        {"prompt", 0, CLI_STRING, &a.prompt, .metavar = "TEXT",
+         .help = "prompt text, through the model's tokenizer and template"},
+        {"prompt-ids", 0, CLI_STRING, &a.prompt_ids, .metavar = "LIST",
+         .help = "comma-separated token ids of the templated prompt, bypassing the tokenizer "
+                 "(BOS and image-start are still added)"},
+        {"seed", 0, CLI_INT, &a.seed, 0, (double)INT64_MAX, .metavar = "N",
+         .help = "RNG seed (default 0)"},
+        {"cfg", 0, CLI_REAL, &a.cfg, 0, 100, .metavar = "W",
+         .help = "classifier-free guidance weight (model default)"},
+        {"temperature", 0, CLI_REAL, &a.temperature, 0, 100, .metavar = "T",
+         .help = "sampling temperature, 0 = greedy (model default)"},
+        {"top-k", 0, CLI_INT, &a.top_k, 0, 1 << 20, .metavar = "K",
+         .help = "keep the K most likely tokens, 0 = off, 1 = greedy"},
+        {"top-p", 0, CLI_REAL, &a.top_p, 0, 1, 1, .metavar = "P",
+         .help = "nucleus sampling mass in (0, 1], 1 = off"},
+        {"threads", 0, CLI_INT, &a.threads, 0, 1024, .metavar = "N",
+         .help = "CPU threads, 0 = all cores (default 0)"},
+        {"backend", 0, CLI_STRING, &a.backend, .metavar = "NAME",
+         .help = "cpu, cuda, or auto: cuda when built in (make CUDA=1) and a GPU is present, "
+                 "else cpu (default auto)"},
+        {"output", 'o', CLI_STRING, &a.out_path, .metavar = "FILE",
+         .help = "PNG to write (default out.png)"},
+        {"quiet", 'q', CLI_BOOL, &a.quiet, .help = "no progress bar and no summary"},
+        {0}};
+    int help = 0, rc = cli_flags_parse("generate", flags, argc, argv, &help);
+    if (rc)
+        return rc;
+    if (help) {
+        generate_usage(stdout, flags);
+        return 0;
+    }
+    if (!a.prompt == !a.prompt_ids) {
+        fprintf(stderr, "arserve generate: give exactly one of --prompt and --prompt-ids\n");
+        return 2;
+    }
+    if (a.prompt && !a.prompt[0]) {
+        fprintf(stderr, "arserve generate: --prompt is empty\n");
+        return 2;
+    }
+    char default_dir[1024];
+    if (!a.model_dir) {
+        if (cli_default_model(default_dir, sizeof default_dir))
+            return 1;
+        a.model_dir = default_dir;
+    }
+    ar_error_t err = {{0}};
+    backend_t *be = backend_open(a.backend, (int)a.threads, &err);
+    if (!be) {
+        fprintf(stderr, "arserve generate: %s\n", err.msg);
+        return 1;
+    }
+    rc = generate(&a, be);
+    be->destroy(be);
+    (void)envp;
+    return rc;
+}

@@ -1,0 +1,575 @@
+/* `arserve plan`: what a request's KV cache does under each policy, from
+ * the model's architecture alone (arserve.json; no weights): the tokens one
+ * head holds and the bytes one image holds at every step (the planner's own
+ * plan, counted in whole pool blocks, exactly what the daemon reserves), the
+ * peak, and how many images a pool of a given size admits together.
+ * Presets for published models live in config/models/. */
+#include <dirent.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "cli/flags.h"
+#include "engine/family.h"
+#include "engine/kv_policy.h"
+#include "engine/kv_pool.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
+#include "engine/planner.h"
+
+/* The daemon's defaults: --kv-pool-mb, and the prompt it sizes its start-up
+ * log for (16 text tokens + BOS + image-start). */
+#define PLAN_DEFAULT_POOL_MB 1024
+#define PLAN_DEFAULT_PROMPT_TOKENS 18
+#define PLAN_COL 17 /* width of one policy column */
+
+static void plan_usage(FILE *f, const cli_flag_t *flags) {
+    fprintf(f, "usage: arserve plan --model DIR_OR_PRESET [--policy P] [--budget B] [--pool-mb M]\n"
+               "                    [--prompt-tokens N]\n\n"
+               "Prints a request's KV trajectory (tokens per head and bytes per image at every "
+               "step),\nits peak and how many images fit the pool, for each KV policy side by "
+               "side. Reads only\nthe model's arserve.json: no weights needed.\n\n");
+    cli_flags_usage(f, flags);
+}
+
+/* ---- finding the model ---- */
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Where presets may live, in order: $ARSERVE_PRESETS_DIR, config/models
+ * beside the binary's folder (build/arserve -> config/models), and
+ * config/models under the current directory. Returns how many exist. */
+static int preset_dirs(char dirs[][PATH_MAX], int cap) {
+    int n = 0;
+    const char *env = getenv("ARSERVE_PRESETS_DIR");
+    if (env && env[0] && n < cap && is_dir(env))
+        snprintf(dirs[n++], PATH_MAX, "%s", env);
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            static const char *const rel[] = {"/../config/models", "/config/models"};
+            for (int i = 0; i < 2 && n < cap; i++) {
+                char d[PATH_MAX];
+                if ((size_t)snprintf(d, sizeof d, "%s%s", exe, rel[i]) >= sizeof d || !is_dir(d))
+                    continue;
+                char real[PATH_MAX];
+                if (!realpath(d, real))
+                    continue;
+                int dup = 0;
+                for (int k = 0; k < n; k++)
+                    dup |= strcmp(dirs[k], real) == 0;
+                if (!dup)
+                    snprintf(dirs[n++], PATH_MAX, "%s", real);
+            }
+        }
+    }
+    char real[PATH_MAX];
+    if (n < cap && is_dir("config/models") && realpath("config/models", real)) {
+        int dup = 0;
+        for (int k = 0; k < n; k++)
+            dup |= strcmp(dirs[k], real) == 0;
+        if (!dup)
+            snprintf(dirs[n++], PATH_MAX, "%s", real);
+    }
+    return n;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Prints the presets in dir (subfolders holding an arserve.json), sorted. */
+static void list_presets(FILE *f, const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char *names[256];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 256) {
+        if (e->d_name[0] == '.')
+            continue;
+        char p[PATH_MAX];
+        if ((size_t)snprintf(p, sizeof p, "%s/%s/arserve.json", dir, e->d_name) >= sizeof p ||
+            !is_file(p))
+            continue;
+        if (!(names[n] = strdup(e->d_name)))
+            break;
+        n++;
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "%s%s", i ? ", " : "", names[i]);
+        free(names[i]);
+    }
+    if (!n)
+        fprintf(f, "(none)");
+}
+
+/* DIR_OR_PRESET -> the arserve.json to read. A value with a slash, or
+ * naming an existing folder or file, is a path; anything else a preset.
+ * Returns 0, or 2 (message printed) when it is neither. */
+static int resolve_model(const char *arg, char *json, size_t cap) {
+    if (is_file(arg)) {
+        snprintf(json, cap, "%s", arg);
+        return 0;
+    }
+    if (is_dir(arg)) {
+        if ((size_t)snprintf(json, cap, "%s/arserve.json", arg) >= cap) {
+            fprintf(stderr, "arserve plan: --model: path too long\n");
+            return 2;
+        }
+        return 0;
+    }
+    char dirs[4][PATH_MAX];
+    int n = preset_dirs(dirs, 4);
+    if (!strchr(arg, '/') && arg[0] && strlen(arg) < 128) {
+        for (int i = 0; i < n; i++) {
+            char p[PATH_MAX];
+            if ((size_t)snprintf(p, sizeof p, "%s/%s/arserve.json", dirs[i], arg) < sizeof p &&
+                is_file(p)) {
+                snprintf(json, cap, "%s", p);
+                return 0;
+            }
+        }
+    }
+    fprintf(stderr, "arserve plan: --model: '%s' is neither a model directory nor a preset\n", arg);
+    if (n == 0)
+        fprintf(stderr, "  no preset folder found (config/models beside the binary or here; or set "
+                        "ARSERVE_PRESETS_DIR)\n");
+    for (int i = 0; i < n; i++) {
+        fprintf(stderr, "  presets in %s: ", dirs[i]);
+        list_presets(stderr, dirs[i]);
+        fputc('\n', stderr);
+    }
+    return 2;
+}
+
+/* ---- numbers ---- */
+
+/* A budget as "1/6 = 0.1667" when it is a simple fraction, else "0.3". */
+static void fmt_budget(char *buf, size_t n, double b) {
+    if (b >= 1) {
+        snprintf(buf, n, "1");
+        return;
+    }
+    for (int q = 2; q <= 64; q++) {
+        double p = b * q;
+        if (fabs(p - floor(p + 0.5)) < 1e-9) {
+            snprintf(buf, n, "%d/%d = %.4g", (int)floor(p + 0.5), q, b);
+            return;
+        }
+    }
+    snprintf(buf, n, "%.4g", b);
+}
+
+static double mib(size_t bytes) { return (double)bytes / 1048576.0; }
+
+/* What the whole plan is computed for, and the unit of its tables: MiB,
+ * or KiB for small models. */
+typedef struct plan_ctx {
+    const model_config_t *mc;
+    const char *json;
+    kv_geometry_t g;
+    int P, steps, bt;
+    long long pool_mb;
+    size_t block, capacity;
+    const char *unit_name;
+    double unit_div;
+} plan_ctx_t;
+
+static double in_unit(const plan_ctx_t *x, size_t bytes) { return (double)bytes / x->unit_div; }
+
+/* One cell of a side-by-side table: padded, except the last of its row. */
+static void cell(const char *s, int last) {
+    if (last)
+        printf("%s", s);
+    else
+        printf("%-*s", PLAN_COL, s);
+}
+
+/* Bytes of K and V for one token of one head of one sequence. */
+static size_t token_head_bytes(const model_config_t *c) {
+    return kv_pool_block_bytes(1, c->llm.head_dim);
+}
+
+/* Bytes of one token in every (layer, head) of both CFG sequences. */
+static size_t token_image_bytes(const model_config_t *c) {
+    return token_head_bytes(c) * (size_t)c->llm.num_layers * (size_t)c->llm.num_kv_heads * 2;
+}
+
+/* ---- one policy's plan ---- */
+
+typedef struct policy_plan {
+    kv_policy_params_t p;
+    int ok;
+    char why[1024]; /* when !ok: why the knobs do not suit the grid */
+    planner_plan_t plan;
+    int peak_tokens;
+    size_t peak_token_bytes; /* the tokens alone, without the last blocks' rest */
+} policy_plan_t;
+
+static void plan_policy(const plan_ctx_t *x, policy_plan_t *pp) {
+    ar_error_t err = {{0}};
+    if (planner_plan(&pp->plan, x->mc, &pp->p, x->P, x->bt, NULL, &err) != AR_OK) {
+        snprintf(pp->why, sizeof pp->why, "%s", err.msg[0] ? err.msg : "no trajectory");
+        return;
+    }
+    pp->ok = 1;
+    pp->peak_tokens = pp->plan.tokens[pp->plan.peak_step];
+    pp->peak_token_bytes = (size_t)pp->peak_tokens * token_image_bytes(x->mc);
+}
+
+/* The trajectory as runs: maximal step ranges where a head gains one token
+ * per step (or none); identical runs in a row are printed once with a
+ * count. */
+static void print_runs(const plan_ctx_t *x, const policy_plan_t *pp) {
+    const int steps = x->steps;
+    typedef struct {
+        int a, b, d;
+    } run_t;
+    run_t *r = malloc((size_t)steps * sizeof *r);
+    if (!r)
+        return;
+    int nr = 0;
+    for (int a = 0; a < steps;) {
+        int b = a, d = 0;
+        if (a + 1 < steps) {
+            int diff = pp->plan.tokens[a + 1] - pp->plan.tokens[a];
+            if (diff == 0 || diff == 1) {
+                d = diff;
+                b = a + 1;
+                while (b + 1 < steps && pp->plan.tokens[b + 1] - pp->plan.tokens[b] == d)
+                    b++;
+            }
+        }
+        r[nr++] = (run_t){a, b, d};
+        a = b + 1;
+    }
+    char head[32];
+    snprintf(head, sizeof head, "KV per image (%s)", x->unit_name);
+    printf("  %-13s %-22s %s\n", "steps", "tokens per head", head);
+    for (int i = 0; i < nr;) {
+        int k = i + 1;
+        while (k < nr && r[k].b - r[k].a == r[i].b - r[i].a && r[k].d == r[i].d &&
+               pp->plan.tokens[r[k].a] == pp->plan.tokens[r[i].a])
+            k++;
+        const run_t *ru = &r[i];
+        char range[32], tok[48], by[48], rep[96] = "";
+        snprintf(range, sizeof range, "%d-%d", ru->a, ru->b);
+        if (ru->a == ru->b)
+            snprintf(range, sizeof range, "%d", ru->a);
+        if (ru->d == 1 && ru->b > ru->a) {
+            snprintf(tok, sizeof tok, "%d -> %d (+1/step)", pp->plan.tokens[ru->a],
+                     pp->plan.tokens[ru->b]);
+            snprintf(by, sizeof by, "%.1f -> %.1f", in_unit(x, pp->plan.bytes[ru->a]),
+                     in_unit(x, pp->plan.bytes[ru->b]));
+        } else {
+            snprintf(tok, sizeof tok, "%d%s", pp->plan.tokens[ru->a],
+                     ru->b > ru->a ? " (flat)" : "");
+            snprintf(by, sizeof by, "%.1f", in_unit(x, pp->plan.bytes[ru->a]));
+        }
+        if (k - i > 1)
+            snprintf(rep, sizeof rep, "repeats x%d, every %d steps, through step %d", k - i,
+                     ru->b - ru->a + 1, r[k - 1].b);
+        if (rep[0])
+            printf("  %-13s %-22s %-24s %s\n", range, tok, by, rep);
+        else
+            printf("  %-13s %-22s %s\n", range, tok, by);
+        i = k;
+    }
+    free(r);
+}
+
+/* ---- the report ---- */
+
+static void print_header(const plan_ctx_t *x) {
+    const model_config_t *mc = x->mc;
+    const size_t elem = token_head_bytes(mc) / (2 * (size_t)mc->llm.head_dim);
+    const char *seg = model_family_of(mc)->segment_name;
+    printf("model    %s (%s)\n", mc->name, x->json);
+    printf("         %d layers x %d KV heads x head_dim %d; %d image tokens in %d %ss = %d "
+           "steps; %d x %d px\n",
+           mc->llm.num_layers, mc->llm.num_kv_heads, mc->llm.head_dim,
+           kv_geometry_image_tokens(&x->g), x->g.n_segments, seg, x->steps,
+           model_config_image_height(mc), model_config_image_width(mc));
+    printf("request  prompt (condition prefix): %d token%s; %d image tokens; CFG: 2 sequences per "
+           "image\n",
+           x->P, x->P == 1 ? "" : "s", kv_geometry_image_tokens(&x->g));
+    printf(
+        "KV dtype %s (%zu bytes per element), as the engine stores K and V: %zu bytes per token\n"
+        "         per head, %zu bytes per token of one image (all layers and heads, both CFG "
+        "rows);\n"
+        "         the papers' reference code keeps bf16/fp16 KV, half these bytes (bf16 row)\n",
+        elem == 4   ? "fp32"
+        : elem == 2 ? "16-bit"
+                    : "?",
+        elem, token_head_bytes(mc), token_image_bytes(mc));
+    printf("pool     %lld MiB: %zu blocks of %d token%s (%zu bytes: one head's K and V), %zu "
+           "bytes\n",
+           x->pool_mb, x->capacity / x->block, x->bt, x->bt == 1 ? "" : "s", x->block, x->capacity);
+    printf("         block size: the largest power of two whose last-block overhead is under 5%%\n"
+           "         of %d tokens (the image tokens a head holds at budget 1/%d)\n",
+           kv_geometry_image_tokens(&x->g) / PLANNER_MIN_BUDGET_INV, PLANNER_MIN_BUDGET_INV);
+    const size_t full = planner_full_cache_bytes(mc, x->P);
+    printf("full-cache KV per image (all %d tokens): %zu bytes = %.1f MiB\n\n",
+           kv_geometry_held(&x->g, x->steps - 1), full, mib(full));
+}
+
+/* One row of the side-by-side table: a label and a cell per policy ("n/a"
+ * for one that does not suit the grid). */
+typedef void (*row_fn)(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
+                       char *buf, size_t cap);
+
+static void row_peak_tokens(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
+                            char *buf, size_t cap) {
+    snprintf(buf, cap, "%d", pp->peak_tokens);
+}
+static void row_peak_step(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
+                          char *buf, size_t cap) {
+    snprintf(buf, cap, "%d", pp->plan.peak_step);
+}
+static void row_token_bytes(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
+                            char *buf, size_t cap) {
+    snprintf(buf, cap, "%zu", pp->peak_token_bytes);
+}
+static void row_half_bytes(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
+                           char *buf, size_t cap) {
+    const size_t elem = token_head_bytes(x->mc) / (2 * (size_t)x->mc->llm.head_dim);
+    snprintf(buf, cap, "%zu", pp->peak_token_bytes / elem * 2);
+}
+static void row_block_bytes(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
+                            char *buf, size_t cap) {
+    snprintf(buf, cap, "%zu", pp->plan.peak_bytes);
+}
+static void row_block_unit(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
+                           char *buf, size_t cap) {
+    snprintf(buf, cap, "%.1f", in_unit(x, pp->plan.peak_bytes));
+}
+static void row_of_full(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
+                        char *buf, size_t cap) {
+    snprintf(buf, cap, "%.1f%%",
+             full && full->ok ? 100.0 * (double)pp->plan.peak_bytes / (double)full->plan.peak_bytes
+                              : 0.0);
+}
+static void row_overhead(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
+                         char *buf, size_t cap) {
+    snprintf(buf, cap, "%.2f%%",
+             100.0 * (double)(pp->plan.peak_bytes - pp->peak_token_bytes) /
+                 (double)pp->peak_token_bytes);
+}
+static void row_images(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
+                       char *buf, size_t cap) {
+    snprintf(buf, cap, "%zu", pp->plan.peak_bytes ? x->capacity / pp->plan.peak_bytes : 0);
+}
+
+static void print_side_by_side(const plan_ctx_t *x, const policy_plan_t *plans, int np) {
+    const policy_plan_t *full = NULL;
+    for (int i = 0; i < np; i++)
+        if (plans[i].p.kind == KV_POLICY_FULL)
+            full = &plans[i];
+    printf("%-32s", "");
+    for (int i = 0; i < np; i++)
+        cell(kv_policy_name(plans[i].p.kind), i == np - 1);
+    printf("\n%-32s", "budget");
+    for (int i = 0; i < np; i++) {
+        char b[48];
+        fmt_budget(b, sizeof b, plans[i].p.kind == KV_POLICY_FULL ? 1.0 : plans[i].p.budget);
+        cell(b, i == np - 1);
+    }
+    const struct {
+        const char *label;
+        row_fn fn;
+    } rows[] = {
+        {"peak tokens per head", row_peak_tokens},
+        {"  at step", row_peak_step},
+        {"peak KV per image, tokens (B)", row_token_bytes},
+        {"  the same in bf16/fp16 (B)", row_half_bytes},
+        {"peak in the pool, blocks (B)", row_block_bytes},
+        {x->unit_div > 1048575 ? "  MiB" : "  KiB", row_block_unit},
+        {"  of the full-cache peak", row_of_full},
+        {"  last-block overhead", row_overhead},
+        {"images in the pool at once", row_images},
+    };
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        printf("\n%-32s", rows[r].label);
+        for (int i = 0; i < np; i++) {
+            char c[64] = "n/a";
+            if (plans[i].ok)
+                rows[r].fn(x, &plans[i], full, c, sizeof c);
+            cell(c, i == np - 1);
+        }
+    }
+    printf("\n");
+    for (int i = 0; i < np; i++)
+        if (!plans[i].ok)
+            printf("  %s: n/a, its knobs do not suit this grid (below)\n",
+                   kv_policy_name(plans[i].p.kind));
+    for (int i = 0; i < np; i++)
+        if (plans[i].ok && plans[i].plan.peak_bytes > x->capacity)
+            printf(
+                "  %s: one image needs %.1f MiB, more than the pool: the daemon refuses it (400)\n",
+                kv_policy_name(plans[i].p.kind), mib(plans[i].plan.peak_bytes));
+    printf("  (images in the pool: images started together, so their trajectories peak together;\n"
+           "   the planner admits exactly that many; staggered starts may fit more)\n");
+}
+
+/* The trajectory sampled at segment ends (at most about 8 of them), side
+ * by side: tokens per head and bytes per image during the step. */
+static void print_segment_ends(const plan_ctx_t *x, const policy_plan_t *plans, int np) {
+    int any_ok = 0;
+    for (int i = 0; i < np; i++)
+        any_ok |= plans[i].ok;
+    if (!any_ok)
+        return;
+    const int h = x->g.n_segments, every = h - 1 > 8 ? (h - 1 + 7) / 8 : 1;
+    const char *seg = model_family_of(x->mc)->segment_name;
+    printf("\ntrajectory at %s ends: tokens per head / %s per image, during the step "
+           "(after its append, before any compaction)\n",
+           seg, x->unit_name);
+    printf("%-8s%-6s", "step", seg);
+    for (int i = 0; i < np; i++)
+        cell(kv_policy_name(plans[i].p.kind), i == np - 1);
+    printf("\n");
+    for (int l = 0; l <= h; l++) {
+        /* l = 0: the first step; l < h: the end of the l-th segment; then
+         * the last step, unless the last segment ended there. */
+        int t = l == 0 ? 0 : kv_geometry_segment_end(&x->g, l - 1);
+        if (l == h || t < 0)
+            t = x->steps - 1;
+        if (l > 0 && l < h && l % every)
+            continue;
+        if (l == h && t == kv_geometry_segment_end(&x->g, h - 2))
+            break;
+        char label[16];
+        if (l == 0)
+            snprintf(label, sizeof label, "-");
+        else if (l == h)
+            snprintf(label, sizeof label, "last");
+        else
+            snprintf(label, sizeof label, "%d", l);
+        printf("%-8d%-6s", t, label);
+        for (int i = 0; i < np; i++) {
+            char c[48] = "n/a";
+            if (plans[i].ok)
+                snprintf(c, sizeof c, "%d / %.1f", plans[i].plan.tokens[t],
+                         in_unit(x, plans[i].plan.bytes[t]));
+            cell(c, i == np - 1);
+        }
+        printf("\n");
+    }
+}
+
+/* Each policy's budget in words and its exact step ranges. */
+static void print_details(const plan_ctx_t *x, const policy_plan_t *plans, int np) {
+    for (int i = 0; i < np; i++) {
+        const policy_plan_t *pp = &plans[i];
+        char b[48], words[256];
+        fmt_budget(b, sizeof b, pp->p.kind == KV_POLICY_FULL ? 1.0 : pp->p.budget);
+        printf("\n%s", kv_policy_name(pp->p.kind));
+        if (pp->p.kind != KV_POLICY_FULL)
+            printf(" at budget %s", b);
+        if (!pp->ok) {
+            printf(": does not suit this grid: %s\n", pp->why);
+            continue;
+        }
+        kv_policy_describe(&pp->p, &x->g, words, sizeof words);
+        printf(": %s\n", words);
+        print_runs(x, pp);
+    }
+}
+
+int cmd_plan(int argc, char **argv, char **envp) {
+    const char *model_arg = NULL;
+    int only = -1, help = 0;
+    double budget = -1;
+    long long pool_mb = PLAN_DEFAULT_POOL_MB, n_prompt = PLAN_DEFAULT_PROMPT_TOKENS;
+    const cli_flag_t flags[] = {
+        {"model", 0, CLI_STRING, &model_arg, .metavar = "DIR_OR_PRESET",
+         .help = "a model directory, or a preset from config/models/ (janus-pro-1b, "
+                 "janus-pro-7b, llamagen-xl)"},
+        {"policy", 0, CLI_CHOICE, &only, .choices = kv_policy_names, .metavar = "P",
+         .help = "only this KV policy (default: every one)"},
+        {"budget", 0, CLI_REAL, &budget, 0, 1, 1, .metavar = "B",
+         .help = "KV budget for every policy but full: a fraction in (0, 1], e.g. 0.25 or 1/6 "
+                 "(default: each policy's own)"},
+        {"pool-mb", 0, CLI_INT, &pool_mb, 1, 1 << 20, .metavar = "M",
+         .help = "KV pool size in MiB (default 1024, as the daemon's --kv-pool-mb)"},
+        {"prompt-tokens", 0, CLI_INT, &n_prompt, 1, MODEL_MAX_PROMPT_TOKENS, .metavar = "N",
+         .help = "condition prefix of each sequence: BOS + templated prompt + image-start "
+                 "(default 18: a 16-token prompt; LlamaGen c2i: 1)"},
+        {0}};
+    int rc = cli_flags_parse("plan", flags, argc, argv, &help);
+    if (rc)
+        return rc;
+    if (help) {
+        plan_usage(stdout, flags);
+        return 0;
+    }
+    if (!model_arg) {
+        fprintf(stderr, "arserve plan: --model DIR_OR_PRESET is required\n");
+        plan_usage(stderr, flags);
+        return 2;
+    }
+    char json[PATH_MAX + 16];
+    if ((rc = resolve_model(model_arg, json, sizeof json)))
+        return rc;
+    model_config_t cfg;
+    ar_error_t err = {{0}};
+    if (model_config_load(&cfg, json, &err) != AR_OK) {
+        fprintf(stderr, "arserve plan: cannot read the model: %s\n", err.msg);
+        return 1;
+    }
+    plan_ctx_t x = {.mc = &cfg, .json = json, .P = (int)n_prompt, .pool_mb = pool_mb};
+    model_geometry(&cfg, x.P, &x.g);
+    x.steps = kv_geometry_steps(&x.g);
+    x.bt = planner_block_tokens(&cfg);
+    x.block = kv_pool_block_bytes(x.bt, cfg.llm.head_dim);
+    x.capacity = ((size_t)pool_mb << 20) / x.block * x.block; /* the scheduler rounds down */
+    const int small = planner_full_cache_bytes(&cfg, x.P) < ((size_t)10 << 20);
+    x.unit_name = small ? "KiB" : "MiB";
+    x.unit_div = small ? 1024.0 : 1048576.0;
+
+    policy_plan_t plans[KV_POLICY_COUNT];
+    int np = 0;
+    memset(plans, 0, sizeof plans);
+    for (int k = 0; k < KV_POLICY_COUNT; k++) {
+        if (only >= 0 && k != only)
+            continue;
+        policy_plan_t *pp = &plans[np++];
+        kv_policy_defaults(&pp->p, (kv_policy_kind_t)k);
+        if (budget > 0 && k != KV_POLICY_FULL)
+            pp->p.budget = budget;
+        plan_policy(&x, pp);
+    }
+    print_header(&x);
+    print_side_by_side(&x, plans, np);
+    print_segment_ends(&x, plans, np);
+    print_details(&x, plans, np);
+    if (only >= 0 && !plans[0].ok) {
+        fprintf(stderr, "arserve plan: %s: %s\n", kv_policy_name(plans[0].p.kind), plans[0].why);
+        rc = 1;
+    }
+    for (int i = 0; i < np; i++)
+        planner_plan_free(&plans[i].plan);
+    (void)envp;
+    return rc;
+}

@@ -1,0 +1,330 @@
+/* The batching core (batcher.h): a FIFO ring of waiting jobs, the running
+ * set, the planner that admits by whole KV trajectories, and an event log. */
+#include "batcher.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner.h"
+
+typedef struct slot {
+    uint64_t id;
+    batcher_job_t job;
+    int steps_done;
+    int cancel; /* 0, or the batcher_end_t + 1 asked for by batcher_cancel */
+} slot_t;
+
+struct batcher {
+    batcher_options_t opt;
+    batcher_ops_t ops;
+    void *ctx;
+    planner_t planner;
+    slot_t *waiting; /* ring of w_cap slots */
+    int w_head, w_count, w_cap;
+    slot_t *running; /* max_running slots: every job has an image at least */
+    int n_running, running_images;
+    void **batch; /* the work the next step advances, fixed by batcher_admit */
+    int n_batch;
+    size_t batch_peak;
+    uint64_t next_id;
+    int draining;
+    batcher_event_t *events;
+    int n_events, cap_events;
+    long long iteration, iterations, overruns, lost_events;
+    int last_jobs, last_images;
+    size_t last_reserved, last_peak;
+};
+
+static const char *const refusal_names[] = {"accepted",        "draining",   "too_large",
+                                            "too_many_images", "queue_full", "invalid"};
+static const char *const end_names[] = {"finished", "cancelled", "expired", "failed", "shutdown"};
+
+const char *batcher_refusal_name(batcher_refusal_t r) {
+    return (unsigned)r < sizeof refusal_names / sizeof *refusal_names ? refusal_names[r] : "?";
+}
+
+const char *batcher_end_name(batcher_end_t e) {
+    return (unsigned)e < sizeof end_names / sizeof *end_names ? end_names[e] : "?";
+}
+
+/* ---- events ---- */
+
+static batcher_event_t *push_event(batcher_t *b, batcher_event_type_t type, const slot_t *s) {
+    if (b->n_events == b->cap_events) {
+        int cap = b->cap_events ? 2 * b->cap_events : 64;
+        batcher_event_t *e = realloc(b->events, (size_t)cap * sizeof *e);
+        if (!e) {
+            b->lost_events++;
+            return NULL;
+        }
+        b->events = e;
+        b->cap_events = cap;
+    }
+    batcher_event_t *e = &b->events[b->n_events++];
+    memset(e, 0, sizeof *e);
+    e->type = type;
+    e->id = s->id;
+    e->work = s->job.work;
+    e->iteration = b->iteration;
+    e->steps_done = s->steps_done;
+    return e;
+}
+
+static void push_end(batcher_t *b, const slot_t *s, batcher_end_t how, int started,
+                     const char *why) {
+    batcher_event_t *e = push_event(b, BATCHER_ENDED, s);
+    if (!e)
+        return;
+    e->end = how;
+    e->started = started;
+    if (why)
+        snprintf(e->why, sizeof e->why, "%.*s", (int)sizeof e->why - 1, why);
+}
+
+int batcher_take_events(batcher_t *b, batcher_event_t *out, int cap) {
+    int n = b->n_events < cap ? b->n_events : cap;
+    if (n <= 0)
+        return 0;
+    memcpy(out, b->events, (size_t)n * sizeof *out);
+    memmove(b->events, b->events + n, (size_t)(b->n_events - n) * sizeof *b->events);
+    b->n_events -= n;
+    return n;
+}
+
+/* ---- life cycle ---- */
+
+batcher_t *batcher_create(const batcher_options_t *opt, const batcher_ops_t *ops, void *ctx,
+                          ar_error_t *err) {
+    if (opt->max_running < 1 || opt->max_waiting < 0 || !ops || !ops->step) {
+        ar_errorf(err,
+                  "batcher: max_running %d and max_waiting %d (and a step function) are "
+                  "needed",
+                  opt->max_running, opt->max_waiting);
+        return NULL;
+    }
+    batcher_t *b = calloc(1, sizeof *b);
+    if (!b) {
+        ar_errorf(err, "out of memory");
+        return NULL;
+    }
+    b->opt = *opt;
+    b->ops = *ops;
+    b->ctx = ctx;
+    b->w_cap = opt->max_waiting > 0 ? opt->max_waiting : 1;
+    b->waiting = calloc((size_t)b->w_cap, sizeof *b->waiting);
+    b->running = calloc((size_t)opt->max_running, sizeof *b->running);
+    b->batch = calloc((size_t)opt->max_running, sizeof *b->batch);
+    if (!b->waiting || !b->running || !b->batch) {
+        batcher_destroy(b);
+        ar_errorf(err, "out of memory for a batcher of %d running and %d waiting jobs",
+                  opt->max_running, opt->max_waiting);
+        return NULL;
+    }
+    planner_init(&b->planner, opt->pool_bytes);
+    return b;
+}
+
+void batcher_destroy(batcher_t *b) {
+    if (!b)
+        return;
+    for (int i = 0; i < b->n_running; i++)
+        if (b->ops.stop)
+            b->ops.stop(b->ctx, b->running[i].job.work);
+    planner_free(&b->planner);
+    free(b->waiting);
+    free(b->running);
+    free(b->batch);
+    free(b->events);
+    free(b);
+}
+
+/* ---- the queue ---- */
+
+static slot_t *waiting_at(batcher_t *b, int i) { return &b->waiting[(b->w_head + i) % b->w_cap]; }
+
+/* Removes the i-th waiting job, keeping the others in order. */
+static void waiting_remove(batcher_t *b, int i) {
+    for (int k = i; k + 1 < b->w_count; k++)
+        *waiting_at(b, k) = *waiting_at(b, k + 1);
+    b->w_count--;
+}
+
+static size_t peak_of(const size_t *bytes, int n) {
+    size_t peak = 0;
+    for (int i = 0; i < n; i++)
+        peak = bytes[i] > peak ? bytes[i] : peak;
+    return peak;
+}
+
+batcher_refusal_t batcher_submit(batcher_t *b, const batcher_job_t *job, uint64_t *id) {
+    if (job->n_images < 1 || job->steps < 1 || !job->kv_bytes)
+        return BATCHER_REFUSED_INVALID;
+    if (b->draining)
+        return BATCHER_REFUSED_DRAINING;
+    if (peak_of(job->kv_bytes, job->steps) > b->opt.pool_bytes)
+        return BATCHER_REFUSED_TOO_LARGE;
+    if (job->n_images > b->opt.max_running)
+        return BATCHER_REFUSED_TOO_MANY_IMAGES;
+    if (b->w_count >= b->opt.max_waiting)
+        return BATCHER_REFUSED_QUEUE_FULL;
+    slot_t *s = waiting_at(b, b->w_count++);
+    *s = (slot_t){.id = ++b->next_id, .job = *job};
+    if (id)
+        *id = s->id;
+    return BATCHER_ACCEPTED;
+}
+
+int batcher_cancel(batcher_t *b, uint64_t id, batcher_end_t how) {
+    for (int i = 0; i < b->w_count; i++)
+        if (waiting_at(b, i)->id == id) {
+            push_end(b, waiting_at(b, i), how, 0, NULL);
+            waiting_remove(b, i);
+            return 1;
+        }
+    for (int i = 0; i < b->n_running; i++)
+        if (b->running[i].id == id) {
+            if (!b->running[i].cancel)
+                b->running[i].cancel = (int)how + 1;
+            return 1;
+        }
+    return 0;
+}
+
+void batcher_drain(batcher_t *b) { b->draining = 1; }
+
+/* ---- running jobs ---- */
+
+static void running_end(batcher_t *b, int i, batcher_end_t how, const char *why) {
+    slot_t *s = &b->running[i];
+    push_end(b, s, how, 1, why);
+    if (b->ops.stop)
+        b->ops.stop(b->ctx, s->job.work);
+    planner_remove(&b->planner, s->id);
+    b->running_images -= s->job.n_images;
+    *s = b->running[--b->n_running];
+}
+
+void batcher_shutdown(batcher_t *b) {
+    while (b->n_running)
+        running_end(b, 0, BATCHER_END_SHUTDOWN, NULL);
+    while (b->w_count) {
+        push_end(b, waiting_at(b, 0), BATCHER_END_SHUTDOWN, 0, NULL);
+        waiting_remove(b, 0);
+    }
+    b->n_batch = 0;
+}
+
+int batcher_admit(batcher_t *b, double now) {
+    b->n_batch = 0;
+    /* Cancelled and expired running jobs leave first: their KV returns now. */
+    for (int i = 0; i < b->n_running;) {
+        slot_t *s = &b->running[i];
+        if (s->cancel)
+            running_end(b, i, (batcher_end_t)(s->cancel - 1), NULL);
+        else if (now > s->job.deadline)
+            running_end(b, i, BATCHER_END_EXPIRED, NULL);
+        else
+            i++;
+    }
+    for (int i = 0; i < b->w_count;) {
+        if (now > waiting_at(b, i)->job.deadline) {
+            push_end(b, waiting_at(b, i), BATCHER_END_EXPIRED, 0, NULL);
+            waiting_remove(b, i);
+        } else {
+            i++;
+        }
+    }
+    /* FIFO: the head of the queue blocks it. */
+    while (b->w_count) {
+        slot_t head = *waiting_at(b, 0);
+        if (b->running_images + head.job.n_images > b->opt.max_running ||
+            !planner_fits(&b->planner, head.job.kv_bytes, head.job.steps))
+            break;
+        b->w_head = (b->w_head + 1) % b->w_cap;
+        b->w_count--;
+        ar_error_t err = {{0}};
+        if (planner_add(&b->planner, head.id, head.job.kv_bytes, head.job.steps) != AR_OK) {
+            push_end(b, &head, BATCHER_END_FAILED, 0, "out of memory admitting the job");
+            continue;
+        }
+        if (b->ops.start && b->ops.start(b->ctx, head.job.work, &err) != AR_OK) {
+            planner_remove(&b->planner, head.id);
+            push_end(b, &head, BATCHER_END_FAILED, 0, err.msg);
+            continue;
+        }
+        b->running[b->n_running++] = head;
+        b->running_images += head.job.n_images;
+        push_event(b, BATCHER_ADMITTED, &head);
+    }
+    for (int i = 0; i < b->n_running; i++)
+        b->batch[i] = b->running[i].job.work;
+    b->n_batch = b->n_running;
+    return b->n_batch;
+}
+
+int batcher_step(batcher_t *b, ar_error_t *err) {
+    b->batch_peak = 0;
+    if (b->n_batch == 0)
+        return AR_OK;
+    return b->ops.step(b->ctx, b->batch, b->n_batch, &b->batch_peak, err);
+}
+
+void batcher_finish(batcher_t *b, int step_rc, const ar_error_t *step_err) {
+    if (b->n_batch == 0)
+        return;
+    /* batcher_admit fixed the batch as the running set in order, and
+     * nothing but batcher_admit and this changes the running set. */
+    b->iterations++;
+    b->last_jobs = b->n_batch;
+    b->last_images = b->running_images;
+    b->last_reserved = planner_reserved_now(&b->planner);
+    b->last_peak = b->batch_peak;
+    if (b->last_peak > b->last_reserved)
+        b->overruns++;
+    planner_tick(&b->planner);
+    if (step_rc != AR_OK) {
+        while (b->n_running)
+            running_end(b, 0, BATCHER_END_FAILED,
+                        step_err && step_err->msg[0] ? step_err->msg : "the step failed");
+    } else {
+        for (int i = 0; i < b->n_running;) {
+            slot_t *s = &b->running[i];
+            s->steps_done++;
+            push_event(b, BATCHER_STEPPED, s);
+            if (s->steps_done >= s->job.steps)
+                running_end(b, i, BATCHER_END_FINISHED, NULL);
+            else
+                i++;
+        }
+    }
+    b->n_batch = 0;
+    b->iteration++;
+}
+
+int batcher_iterate(batcher_t *b, double now) {
+    if (batcher_admit(b, now) == 0)
+        return 0;
+    const int n = b->n_batch;
+    ar_error_t err = {{0}};
+    int rc = batcher_step(b, &err);
+    batcher_finish(b, rc, &err);
+    return rc == AR_OK ? n : -1;
+}
+
+void batcher_stats(const batcher_t *b, batcher_stats_t *out) {
+    *out = (batcher_stats_t){
+        .waiting = b->w_count,
+        .running = b->n_running,
+        .running_images = b->running_images,
+        .reserved_bytes = planner_reserved_now(&b->planner),
+        .iterations = b->iterations,
+        .last_jobs = b->last_jobs,
+        .last_images = b->last_images,
+        .last_reserved_bytes = b->last_reserved,
+        .last_kv_peak_bytes = b->last_peak,
+        .overruns = b->overruns,
+        .lost_events = b->lost_events,
+    };
+}

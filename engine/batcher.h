@@ -1,0 +1,160 @@
+/* The batching core: a waiting queue, admission through the KV planner, one
+ * iteration's batch, retiring, cancellation by id, all counted in
+ * iterations, and reported as events. Single-threaded and clock-free: the
+ * daemon's threaded scheduler (server/scheduler.c), the KV benchmark, the
+ * planner's property test and the capacity simulator drive this one core,
+ * each with its own step function (the engine's is gen_batcher_ops in
+ * engine/generate.h) and its own idea of time (deadlines are in the
+ * driver's units).
+ *
+ * Admission is FIFO: the head of the queue waits until its whole KV
+ * trajectory fits beside every running job at every future iteration
+ * (planner_fits) and its images fit max_running, so a large job is not
+ * starved by small ones, and an admitted job never runs out of KV. Jobs
+ * that could never be admitted are refused at submission. */
+#ifndef ARSERVE_BATCHER_H
+#define ARSERVE_BATCHER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef struct batcher batcher_t;
+
+typedef struct batcher_options {
+    size_t pool_bytes; /* KV the planner may reserve: the pool's capacity */
+    int max_running;   /* images stepping at once (>= 1) */
+    int max_waiting;   /* jobs queued before submissions are refused (>= 0) */
+} batcher_options_t;
+
+/* How jobs' work is run. ctx is batcher_create's; work is each job's. The
+ * batcher calls these from whichever thread calls batcher_admit,
+ * batcher_step and batcher_finish (the engine thread), never elsewhere. */
+typedef struct batcher_ops {
+    /* Takes what the job needs to run (its KV state); AR_ERR fails it. */
+    int (*start)(void *ctx, void *work, ar_error_t *err);
+    /* Advances every job of work[0..n) by one step, in one batch, and
+     * reports the most KV bytes in use during the step (after its appends,
+     * before any compaction), or 0 when it cannot tell. */
+    int (*step)(void *ctx, void *const *work, int n, size_t *kv_peak_bytes, ar_error_t *err);
+    /* Gives back what start took, at the job's end (its KV: the work itself
+     * stays the driver's, e.g. to decode a finished image). */
+    void (*stop)(void *ctx, void *work);
+} batcher_ops_t;
+
+typedef struct batcher_job {
+    int n_images;           /* >= 1 */
+    int steps;              /* iterations it runs once admitted (>= 1) */
+    const size_t *kv_bytes; /* the job's planned KV at each of its steps (steps entries), all
+                               images together; the driver keeps it alive until the job ends */
+    double deadline;        /* in the driver's clock (batcher_admit's now); INFINITY: none */
+    void *work;             /* handed to the ops */
+} batcher_job_t;
+
+/* Why batcher_submit refused a job. */
+typedef enum batcher_refusal {
+    BATCHER_ACCEPTED = 0,
+    BATCHER_REFUSED_DRAINING,        /* batcher_drain was called */
+    BATCHER_REFUSED_TOO_LARGE,       /* its KV plan peaks above the whole pool */
+    BATCHER_REFUSED_TOO_MANY_IMAGES, /* more images than max_running */
+    BATCHER_REFUSED_QUEUE_FULL,      /* max_waiting jobs are waiting */
+    BATCHER_REFUSED_INVALID,         /* a job the batcher cannot run (no steps, no images) */
+} batcher_refusal_t;
+
+/* How a job left. */
+typedef enum batcher_end {
+    BATCHER_END_FINISHED,  /* its last step is done */
+    BATCHER_END_CANCELLED, /* batcher_cancel(..., BATCHER_END_CANCELLED) */
+    BATCHER_END_EXPIRED,   /* its deadline passed, or batcher_cancel(..., EXPIRED) */
+    BATCHER_END_FAILED,    /* its start or a step failed (the event says why) */
+    BATCHER_END_SHUTDOWN,  /* batcher_shutdown */
+} batcher_end_t;
+
+typedef enum batcher_event_type {
+    BATCHER_ADMITTED, /* left the queue and started: its first step is in this iteration */
+    BATCHER_STEPPED,  /* did one step (steps_done of steps) */
+    BATCHER_ENDED,    /* left the batcher (end says how); its KV is given back */
+} batcher_event_type_t;
+
+typedef struct batcher_event {
+    batcher_event_type_t type;
+    uint64_t id;
+    void *work;
+    long long iteration; /* the iteration it happened in */
+    int steps_done;      /* steps the job has done */
+    batcher_end_t end;   /* ENDED */
+    int started;         /* ENDED: it had been admitted */
+    char why[200];       /* ENDED with FAILED: what failed */
+} batcher_event_t;
+
+/* NULL (err says why) on a bad option or out of memory. */
+batcher_t *batcher_create(const batcher_options_t *opt, const batcher_ops_t *ops, void *ctx,
+                          ar_error_t *err);
+/* Stops every job still held (without events) and frees the batcher. */
+void batcher_destroy(batcher_t *b);
+
+/* Queues job and sets *id (may be NULL), or refuses it (nothing queued). */
+batcher_refusal_t batcher_submit(batcher_t *b, const batcher_job_t *job, uint64_t *id);
+
+/* Ends job id as `how` (CANCELLED or EXPIRED): a waiting job leaves at
+ * once, a running one at the next batcher_admit (its KV is given back
+ * then). Returns 0 when no job has that id (it ended already). */
+int batcher_cancel(batcher_t *b, uint64_t id, batcher_end_t how);
+
+/* Refuses every later submission with BATCHER_REFUSED_DRAINING; waiting
+ * and running jobs go on. */
+void batcher_drain(batcher_t *b);
+
+/* Ends every job (waiting and running) with BATCHER_END_SHUTDOWN; not
+ * between batcher_admit and batcher_finish. */
+void batcher_shutdown(batcher_t *b);
+
+/* ---- one iteration ---- */
+
+/* First part: ends the jobs cancelled or past their deadline (now, in the
+ * driver's clock), then admits from the head of the queue what fits, and
+ * fixes the batch: returns how many jobs the step will advance. */
+int batcher_admit(batcher_t *b, double now);
+
+/* Second part: one step of the batch (ops->step). It reads nothing but the
+ * batch fixed by batcher_admit, so a threaded driver may run it without the
+ * lock under which it calls every other function here. */
+int batcher_step(batcher_t *b, ar_error_t *err);
+
+/* Third part: step_rc is batcher_step's result (step_err its message).
+ * Checks the step's KV peak against the plan, moves the plan on by an
+ * iteration, and ends the jobs that did their last step (all of the batch,
+ * FAILED, when the step failed). */
+void batcher_finish(batcher_t *b, int step_rc, const ar_error_t *step_err);
+
+/* The three parts in a row, for single-threaded drivers; returns how many
+ * jobs were stepped (0: nothing was running) or -1 when the step failed. */
+int batcher_iterate(batcher_t *b, double now);
+
+/* Moves up to cap events, oldest first, into out; returns how many. Events
+ * pile up until taken. */
+int batcher_take_events(batcher_t *b, batcher_event_t *out, int cap);
+
+/* ---- counts ---- */
+
+typedef struct batcher_stats {
+    int waiting, running;  /* jobs */
+    int running_images;    /* images of the running jobs */
+    size_t reserved_bytes; /* the planner's reservation for the current iteration */
+    long long iterations;  /* iterations that stepped something */
+    /* The last iteration that stepped: */
+    int last_jobs, last_images;
+    size_t last_reserved_bytes; /* what the plan reserved for it */
+    size_t last_kv_peak_bytes;  /* what the step reported using at its peak */
+    long long overruns;         /* iterations whose peak passed the reservation (a bug) */
+    long long lost_events;      /* events dropped because memory ran out */
+} batcher_stats_t;
+
+void batcher_stats(const batcher_t *b, batcher_stats_t *out);
+
+/* A refusal or an end as words ("queue_full", "expired"), for logs and labels. */
+const char *batcher_refusal_name(batcher_refusal_t r);
+const char *batcher_end_name(batcher_end_t e);
+
+#endif

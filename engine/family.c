@@ -1,0 +1,57 @@
+/* The table of model families (family.h) and what derives from it. */
+#include "family.h"
+
+#include <stdio.h>
+#include <string.h>
+
+extern const model_family_t model_family_raster;
+
+static const model_family_t *const families[] = {&model_family_raster};
+#define N_FAMILIES (int)(sizeof families / sizeof families[0])
+
+const model_family_t *model_family_find(const char *name) {
+    for (int i = 0; name && i < N_FAMILIES; i++)
+        if (strcmp(name, families[i]->name) == 0)
+            return families[i];
+    return NULL;
+}
+
+const char *model_family_list(char *buf, size_t cap) {
+    size_t used = 0;
+    if (cap)
+        buf[0] = 0;
+    for (int i = 0; i < N_FAMILIES && used < cap; i++) {
+        int n = snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", families[i]->name);
+        used += n > 0 ? (size_t)n : 0;
+    }
+    return buf;
+}
+
+int model_family_has_architecture(const model_family_t *f, const char *arch) {
+    for (const char *const *a = f->architectures; arch && *a; a++)
+        if (strcmp(*a, arch) == 0)
+            return 1;
+    return 0;
+}
+
+const model_family_t *model_family_of(const model_config_t *cfg) {
+    const model_family_t *f = model_family_find(cfg->family);
+    /* model_config_parse accepts only the table's families. */
+    return f ? f : families[0];
+}
+
+void model_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g) {
+    model_family_of(cfg)->geometry(cfg, n_prompt, g);
+}
+
+int model_steps(const model_config_t *cfg) {
+    kv_geometry_t g;
+    model_geometry(cfg, 1, &g);
+    return kv_geometry_steps(&g);
+}
+
+int model_image_tokens(const model_config_t *cfg) {
+    kv_geometry_t g;
+    model_geometry(cfg, 1, &g);
+    return kv_geometry_image_tokens(&g);
+}

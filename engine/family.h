@@ -1,0 +1,59 @@
+/* Model families as a table: a family is how a model turns a request into
+ * steps. It owns the request's KV geometry (its condition prefix, then its
+ * segments: lines for raster models, scales for next-scale ones), the
+ * forward pass that advances requests one step, and the image decoder that
+ * turns finished or unfinished tokens into pixels. The planner, the
+ * policies and the generation loop ask the family; none of them computes
+ * "steps" or "tokens per step" itself. */
+#ifndef ARSERVE_FAMILY_H
+#define ARSERVE_FAMILY_H
+
+#include <stdint.h>
+
+#include "kv_policy.h"
+#include "model_config.h"
+#include "status.h"
+#include "weights.h"
+
+struct model;
+struct gen_request;
+
+typedef struct model_family {
+    const char *name;                 /* arserve.json "family" */
+    const char *const *architectures; /* its "architecture" values, NULL-terminated */
+    const char *segment_name;         /* what a segment is called: "line" or "scale" */
+    /* The KV geometry of a request whose condition prefix has n_prompt
+     * tokens (cfg already validated). */
+    void (*geometry)(const model_config_t *cfg, int n_prompt, kv_geometry_t *g);
+    /* Loads the family's networks from ws onto m->be; frees what it took
+     * on failure. */
+    int (*load)(struct model *m, weight_set_t *ws, ar_error_t *err);
+    void (*free)(struct model *m);
+    /* One forward pass over both sequences of every request in reqs (each
+     * feeding what its current step feeds, collecting key mass where its
+     * collect flags say), then each request's tokens of the step sampled
+     * (or taken from its forced tokens) into its token array. */
+    int (*step)(struct model *m, struct gen_request *const *reqs, int n, ar_error_t *err);
+    /* A finished request's tokens -> rgb (image_height x image_width x 3). */
+    int (*decode)(struct model *m, const int *tokens, uint8_t *rgb, ar_error_t *err);
+    /* A preview from the first n_done tokens of an unfinished request. */
+    int (*preview)(struct model *m, const int *tokens, int n_done, uint8_t *rgb, ar_error_t *err);
+} model_family_t;
+
+/* The family called name; NULL if there is none. */
+const model_family_t *model_family_find(const char *name);
+/* "raster" (the names, comma-separated) into buf; returns buf. */
+const char *model_family_list(char *buf, size_t cap);
+/* 1 when arch is one of f's architectures. */
+int model_family_has_architecture(const model_family_t *f, const char *arch);
+
+/* The family of a validated config. */
+const model_family_t *model_family_of(const model_config_t *cfg);
+/* The KV geometry of a request of this model with n_prompt prefix tokens. */
+void model_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g);
+/* Steps of every request of this model (the prefix does not change them). */
+int model_steps(const model_config_t *cfg);
+/* Image tokens of every request of this model. */
+int model_image_tokens(const model_config_t *cfg);
+
+#endif

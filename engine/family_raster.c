@@ -1,0 +1,103 @@
+/* The raster (next-token) family: Janus-Pro's language model (raster.c)
+ * samples one image token per step, in raster order, and the VQ-16 decoder
+ * (vq_decoder.c) turns the grid of tokens into pixels. Its KV segments are
+ * the grid's lines: grid_height lines of grid_width tokens, one token fed
+ * per step. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "family.h"
+#include "generate.h"
+#include "model.h"
+
+static const char *const raster_architectures[] = {"janus", NULL};
+
+static void raster_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g) {
+    kv_geometry_uniform(g, n_prompt, KV_STEP_TOKEN, cfg->image.grid_height, cfg->image.grid_width,
+                        cfg->llm.num_layers, cfg->llm.num_kv_heads);
+}
+
+static void raster_family_free(model_t *m) {
+    raster_free(&m->lm);
+    vq_decoder_free(&m->dec);
+}
+
+static int raster_family_load(model_t *m, weight_set_t *ws, ar_error_t *err) {
+    if (raster_load(&m->lm, &m->cfg, ws, m->be, err) != AR_OK ||
+        vq_decoder_load(&m->dec, &m->cfg, ws, m->be, err) != AR_OK) {
+        raster_family_free(m);
+        return AR_ERR;
+    }
+    return AR_OK;
+}
+
+/* Step 0 feeds both prompt rows (prefill); every later step feeds the token
+ * sampled at the step before to both rows. */
+static int raster_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t *err) {
+    if (n <= 0)
+        return AR_OK;
+    const int K = m->cfg.image.codebook_size;
+    raster_input_t *in = malloc((size_t)2 * n * sizeof *in);
+    float *logits = malloc((size_t)2 * n * K * sizeof *logits);
+    int rc = AR_ERR;
+    if (!in || !logits) {
+        ar_errorf(err, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        gen_request_t *r = reqs[i];
+        const int prefill = r->step == 0;
+        for (int j = 0; j < 2; j++)
+            in[2 * i + j] = (raster_input_t){
+                .seq = &r->seq[j],
+                .n = prefill ? r->n_prompt : 1,
+                .ids = prefill ? (j ? r->uncond_ids : r->cond_ids) : &r->tokens[r->step - 1],
+                .is_image = !prefill,
+                .collect_mass = r->collect[j],
+            };
+    }
+    if (raster_forward(&m->lm, in, 2 * n, logits, err) != AR_OK)
+        goto out;
+    for (int i = 0; i < n; i++) {
+        gen_request_t *r = reqs[i];
+        memcpy(r->logits, logits + (size_t)2 * i * K, (size_t)2 * K * sizeof(float));
+        r->tokens[r->step] = r->forced
+                                 ? r->forced[r->step]
+                                 : sampler_next(&r->sampler, r->logits, r->logits + K, &r->params,
+                                                r->seed, r->stream, (uint64_t)r->step);
+    }
+    rc = AR_OK;
+out:
+    free(in);
+    free(logits);
+    return rc;
+}
+
+static int raster_decode(model_t *m, const int *tokens, uint8_t *rgb, ar_error_t *err) {
+    return vq_decode(&m->dec, tokens, rgb, NULL, err);
+}
+
+/* Tokens not generated yet are drawn as token 0. */
+static int raster_preview(model_t *m, const int *tokens, int n_done, uint8_t *rgb,
+                          ar_error_t *err) {
+    const int n = model_image_tokens(&m->cfg);
+    int *grid = calloc((size_t)n, sizeof *grid);
+    if (!grid)
+        return ar_errorf(err, "out of memory");
+    memcpy(grid, tokens, (size_t)(n_done < n ? n_done : n) * sizeof *grid);
+    int rc = vq_decode(&m->dec, grid, rgb, NULL, err);
+    free(grid);
+    return rc;
+}
+
+const model_family_t model_family_raster = {
+    .name = "raster",
+    .architectures = raster_architectures,
+    .segment_name = "line",
+    .geometry = raster_geometry,
+    .load = raster_family_load,
+    .free = raster_family_free,
+    .step = raster_step,
+    .decode = raster_decode,
+    .preview = raster_preview,
+};

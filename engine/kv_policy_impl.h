@@ -1,0 +1,63 @@
+/* What a KV policy implements (one file each, engine/policy_<name>.c) and
+ * the helpers they share; engine/kv_policy.c dispatches through the table.
+ * Only policy files and kv_policy.c include this header. */
+#ifndef ARSERVE_KV_POLICY_IMPL_H
+#define ARSERVE_KV_POLICY_IMPL_H
+
+#include "kv_policy.h"
+
+/* One policy. The dispatcher checks the geometry, the budget and the knob
+ * ranges before calling check, and calls the others only for parameters
+ * that passed check on the same geometry. */
+typedef struct kv_policy_ops {
+    const char *name;
+    double default_budget; /* its own budget (1 for a policy that takes none) */
+    int takes_budget;      /* 0: the budget is ignored (full) */
+    unsigned stats;        /* KV_STATS_* it asks the engine to collect */
+    /* Its own rules on p and g; *field as kv_policy_check says. */
+    int (*check)(const kv_policy_params_t *p, const kv_geometry_t *g, const char **field,
+                 ar_error_t *err);
+    /* Its state for one sequence (what it derives from p and g, and any
+     * per-head memory); NULL when out of memory. */
+    void *(*begin)(const kv_policy_params_t *p, const kv_geometry_t *g);
+    void (*end)(void *state);
+    /* Image tokens a worst-case head keeps after step t's compaction when
+     * it holds v image tokens during the step: the trajectory's rule. */
+    int (*kept_after)(const void *state, int t, int v);
+    /* Does it want key mass collected during step t? NULL: never. */
+    int (*collect)(const void *state, int t);
+    /* kv_policy_step_end for one (layer, head); NULL: keeps everything. */
+    int (*step_end)(void *state, int t, int layer, int head, int len, const float *mass, int *keep,
+                    int *n_keep);
+    /* What its budget comes to on this geometry, in words (kv_policy_describe). */
+    void (*describe)(const void *state, const kv_policy_params_t *p, char *buf, size_t cap);
+} kv_policy_ops_t;
+
+#define KV_POLICY_OPS_DECL_(kind, name) extern const kv_policy_ops_t kv_policy_##name;
+KV_POLICIES(KV_POLICY_OPS_DECL_)
+
+/* The table, indexed by kind (engine/kv_policy_table.c, its own object so
+ * that a test can link a table of its own). */
+extern const kv_policy_ops_t *const kv_policy_table[KV_POLICY_COUNT];
+
+/* ---- shared by the policy files ---- */
+
+/* floor(budget * n): budgets are fractions, and the epsilon keeps 1/6 of 24
+ * lines at 4 lines, not 3. */
+int kv_budget_share(double budget, long long n);
+
+/* With one token per step and every segment the same length (a raster
+ * grid's lines), sets *w (tokens per line) and *h (lines) and returns 1;
+ * else 0, and err (may be NULL) says that `policy` needs lines. */
+int kv_geometry_lines(const kv_geometry_t *g, const char *policy, int *w, int *h, ar_error_t *err);
+
+/* Appends first .. first + n - 1 to keep[*k ..]. */
+void kv_keep_range(int *keep, int *k, int first, int n);
+
+/* Writes to out[0..n_keep) the n_keep cache indices of [first, first + n)
+ * with the highest key mass, ascending; the n - n_keep lowest are evicted
+ * (BottomK, LineAR eq. 10); ties evict the older token, NaN scores lowest,
+ * mass NULL scores every token 0. out has room for n entries. */
+void kv_keep_top(int *out, int first, int n, int n_keep, const float *mass);
+
+#endif

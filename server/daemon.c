@@ -1,0 +1,249 @@
+/* The daemon's life: start-up in order, a loop that waits for a signal,
+ * the drain, and a shutdown that releases everything whatever happened. */
+#include "server/daemon.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef ARSERVE_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
+
+#include "engine/backend.h"
+#include "engine/clock.h"
+#include "engine/kv_policy.h"
+#include "engine/model.h"
+#include "server/http.h"
+#include "server/log.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+
+/* The prompt start-up checks and logs capacities for: 16 text tokens + BOS
+ * + image-start, a typical request. */
+#define TYPICAL_PROMPT_TOKENS (16 + 2)
+
+#ifdef ARSERVE_JEMALLOC
+/* Hand freed memory back to the OS while idle. */
+const char *malloc_conf = "background_thread:true";
+
+static double jemalloc_stat(void *arg) {
+    uint64_t epoch = 1;
+    size_t sz = sizeof epoch, v = 0, vsz = sizeof v;
+    mallctl("epoch", &epoch, &sz, &epoch, sz);
+    if (mallctl((const char *)arg, &v, &vsz, NULL, 0) != 0)
+        return 0;
+    return (double)v;
+}
+#endif
+
+static volatile sig_atomic_t signals_seen;
+
+static void on_signal(int sig) {
+    (void)sig;
+    signals_seen++;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* Everything the daemon holds; daemon_release frees what was made. */
+typedef struct daemon {
+    metrics_t *metrics;
+    backend_t *be;
+    model_t model;
+    int model_loaded;
+    scheduler_t *sched;
+    http_server_t *http;
+    kv_policy_params_t kv_defaults; /* the config's, for requests */
+} daemon_t;
+
+static void daemon_release(daemon_t *d) {
+    if (d->sched)
+        scheduler_stop(d->sched);
+    http_stop(d->http);
+    scheduler_destroy(d->sched);
+    if (d->model_loaded)
+        model_free(&d->model);
+    if (d->be)
+        d->be->destroy(d->be);
+    metrics_destroy(d->metrics);
+}
+
+/* The default policy must suit the model: a config that cannot serve its
+ * own defaults stops here, naming the key, rather than failing every
+ * request. */
+static int check_default_policy(const daemon_t *d, kv_policy_params_t *run) {
+    ar_error_t err = {{0}};
+    const char *field = NULL;
+    kv_geometry_t g;
+    model_geometry(&d->model.cfg, TYPICAL_PROMPT_TOKENS, &g);
+    if (kv_policy_resolve(&d->kv_defaults, NULL, run, NULL, &err) == AR_OK &&
+        kv_policy_check(run, &g, &field, &err) == AR_OK)
+        return AR_OK;
+    fprintf(stderr, "arserve serve: kv_policy %s (kv_budget %g%s) does not suit model %s: %s: %s\n",
+            kv_policy_name(run->kind), run->budget,
+            d->kv_defaults.budget > 0 ? "" : ", the policy's own", d->model.cfg.name,
+            field && strcmp(field, "budget") ? field : "kv_budget", err.msg);
+    return AR_ERR;
+}
+
+/* What the pool admits per policy at the config's budget and knobs, for a
+ * typical prompt. */
+static void log_capacity(const daemon_t *d, const server_config_t *cfg) {
+    const size_t capacity = sched_kv_capacity_bytes(d->sched);
+    char per_policy[512] = "";
+    for (int k = 0; k < KV_POLICY_COUNT; k++) {
+        kv_policy_params_t p;
+        kv_policy_overrides_t ask = {.has_kind = 1, .kind = (kv_policy_kind_t)k};
+        if (kv_policy_resolve(&d->kv_defaults, &ask, &p, NULL, NULL) != AR_OK)
+            continue;
+        const size_t peak = sched_image_peak_bytes(d->sched, &p, TYPICAL_PROMPT_TOKENS);
+        const size_t len = strlen(per_policy);
+        if (k == KV_POLICY_FULL)
+            snprintf(per_policy + len, sizeof per_policy - len, "full %zu images",
+                     peak ? capacity / peak : 0);
+        else if (peak)
+            snprintf(per_policy + len, sizeof per_policy - len, ", %s@%.3g %zu",
+                     kv_policy_name(p.kind), p.budget, capacity / peak);
+        else
+            snprintf(per_policy + len, sizeof per_policy - len,
+                     ", %s@%.3g n/a (budget too small for this grid)", kv_policy_name(p.kind),
+                     p.budget);
+    }
+    log_msg(LOG_INFO,
+            "backend %s (%d CPU threads, 0 = all cores); KV pool %.1f MiB in blocks of %d "
+            "tokens: %s",
+            d->be->name, cfg->threads, capacity / 1048576.0, sched_kv_block_tokens(d->sched),
+            per_policy);
+}
+
+static void register_info_metrics(daemon_t *d, const char *version, kv_policy_kind_t policy) {
+    static const char *const labels[] = {"version", "backend", "model", "policy"};
+    metric_t *build = metrics_gauge(d->metrics, "arserve_build_info",
+                                    "Build and serving information (value 1).", 4, labels);
+    metric_set(build, 1, version, d->be->name, d->model.cfg.name, kv_policy_name(policy));
+#ifdef ARSERVE_JEMALLOC
+    metrics_gauge_fn(d->metrics, "arserve_jemalloc_allocated_bytes",
+                     "Bytes allocated by the application (jemalloc stats.allocated).",
+                     jemalloc_stat, (void *)"stats.allocated");
+    metrics_gauge_fn(d->metrics, "arserve_jemalloc_resident_bytes",
+                     "Bytes in physically resident data pages mapped by jemalloc (stats.resident).",
+                     jemalloc_stat, (void *)"stats.resident");
+#endif
+}
+
+/* Loads the model and starts everything; 0, or the exit status. */
+static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *version) {
+    ar_error_t err = {{0}};
+    d->metrics = metrics_create();
+    if (!d->metrics) {
+        fprintf(stderr, "arserve serve: out of memory\n");
+        return 1;
+    }
+    if (!(d->be = backend_open(cfg->backend, cfg->threads, &err))) {
+        fprintf(stderr, "arserve serve: %s\n", err.msg);
+        return 1;
+    }
+    const double t0 = clock_now_s();
+    if (model_load(&d->model, cfg->model, d->be, &err) != AR_OK) {
+        fprintf(stderr, "arserve serve: cannot load model: %s\n", err.msg);
+        return 1;
+    }
+    d->model_loaded = 1;
+    log_msg(LOG_INFO,
+            "model %s from %s: %dx%d images, %d image tokens, %.1f MB of weights, loaded in "
+            "%.2f s",
+            d->model.cfg.name, cfg->model, model_config_image_width(&d->model.cfg),
+            model_config_image_height(&d->model.cfg), model_image_tokens(&d->model.cfg),
+            d->model.weight_bytes / 1e6, clock_now_s() - t0);
+    server_config_kv_defaults(cfg, &d->kv_defaults);
+    kv_policy_params_t run;
+    if (check_default_policy(d, &run) != AR_OK)
+        return 2;
+    register_info_metrics(d, version, run.kind);
+    sched_options_t so = {.max_running = cfg->max_running,
+                          .max_waiting = cfg->max_waiting,
+                          .kv_pool_bytes = (size_t)cfg->kv_pool_mb << 20,
+                          .png_workers = cfg->png_workers};
+    if (!(d->sched = scheduler_create(&d->model, &so, d->metrics, &err))) {
+        fprintf(stderr, "arserve serve: %s\n", err.msg);
+        return 1;
+    }
+    log_capacity(d, cfg);
+    log_msg(LOG_INFO, "requests without kv_policy run %s", kv_policy_name(run.kind));
+    http_options_t ho = {.host = cfg->host,
+                         .port = cfg->port,
+                         .api_key = cfg->api_key,
+                         .max_body_bytes = (size_t)cfg->max_body_bytes,
+                         .max_n = cfg->max_n,
+                         .max_connections = cfg->max_waiting + cfg->max_running + 64,
+                         .retry_after_s = cfg->retry_after_s,
+                         .request_timeout_s = cfg->request_timeout_s,
+                         .kv_defaults = d->kv_defaults};
+    if (!(d->http = http_start(&ho, &d->model, d->sched, d->metrics, &err))) {
+        fprintf(stderr, "arserve serve: %s\n", err.msg);
+        return 1;
+    }
+    http_set_ready(d->http, 1);
+    log_msg(LOG_INFO, "listening on http://%s:%d%s", cfg->host, http_port(d->http),
+            cfg->api_key[0] ? " (API key required)" : "");
+    /* A line tests and scripts can wait for. */
+    fprintf(stdout, "arserve: ready on %s:%d\n", cfg->host, http_port(d->http));
+    fflush(stdout);
+    return 0;
+}
+
+/* Waits for a signal, then drains; the exit status. */
+static int daemon_serve(daemon_t *d, const server_config_t *cfg) {
+    while (!signals_seen && sched_alive(d->sched))
+        sleep_ms(100);
+    if (!sched_alive(d->sched)) {
+        log_msg(LOG_ERROR, "the engine loop stopped; exiting");
+        return 1;
+    }
+    log_msg(LOG_INFO, "draining: finishing %d request(s) within %d s", http_inflight(d->http),
+            cfg->drain_timeout_s);
+    http_set_ready(d->http, 0);
+    sched_drain(d->sched);
+    const double deadline = clock_now_s() + cfg->drain_timeout_s;
+    while (signals_seen < 2 && clock_now_s() < deadline &&
+           (sched_active_jobs(d->sched) > 0 || http_inflight(d->http) > 0))
+        sleep_ms(50);
+    if (signals_seen >= 2) {
+        log_msg(LOG_WARN, "second signal: exiting now");
+        _exit(1);
+    }
+    if (sched_active_jobs(d->sched) > 0 || http_inflight(d->http) > 0)
+        log_msg(LOG_WARN, "drain timeout: %d request(s) cut off", http_inflight(d->http));
+    return 0;
+}
+
+int daemon_run(const server_config_t *cfg, const char *version) {
+    int lvl = log_level_parse(cfg->log_level);
+    log_threshold = lvl < 0 ? LOG_INFO : (log_level_t)lvl;
+    install_signals();
+    daemon_t d = {0};
+    int rc = daemon_start(&d, cfg, version);
+    if (rc == 0)
+        rc = daemon_serve(&d, cfg);
+    daemon_release(&d);
+    if (rc == 0)
+        log_msg(LOG_INFO, "stopped");
+    return rc;
+}

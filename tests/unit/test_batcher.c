@@ -1,0 +1,333 @@
+/* The batching core alone (engine/batcher.h), with a fake step function and
+ * no backend: jobs are plain counters with a planned KV trajectory, the
+ * "pool" is the planner's byte budget, and the fake step reports the bytes
+ * the plan says the batch holds (or more, to provoke an overrun). Checked:
+ * FIFO admission through the planner with the head blocking the queue,
+ * max_running counted in images, each refusal reason, cancellation and
+ * deadlines of waiting and running jobs, start and step failures, the
+ * event sequence of a job, the plan check, shutdown and draining. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine/batcher.h"
+#include "tests/test.h"
+
+/* ---- fake jobs ---------------------------------------------------------- */
+
+#define MAX_STEPS 16
+
+typedef struct fake {
+    int n_images, steps;
+    size_t bytes[MAX_STEPS]; /* the job's planned KV per step (all images) */
+    int started, stopped, stepped;
+    int fail_start;
+} fake_t;
+
+typedef struct world {
+    int fail_step_at; /* the iteration whose step fails; -1: none */
+    size_t extra;     /* bytes the step reports over the plan */
+    int step_calls;
+} world_t;
+
+static int fake_start(void *ctx, void *work, ar_error_t *err) {
+    fake_t *f = work;
+    if (f->fail_start)
+        return ar_errorf(err, "no room for this fake job");
+    f->started++;
+    return AR_OK;
+}
+
+static int fake_step(void *ctx, void *const *work, int n, size_t *kv_peak_bytes, ar_error_t *err) {
+    world_t *w = ctx;
+    size_t held = 0;
+    for (int i = 0; i < n; i++) {
+        fake_t *f = work[i];
+        held += f->bytes[f->stepped];
+        f->stepped++;
+    }
+    *kv_peak_bytes = held + w->extra;
+    if (w->step_calls++ == w->fail_step_at)
+        return ar_errorf(err, "the fake step failed");
+    return AR_OK;
+}
+
+static void fake_stop(void *ctx, void *work) { ((fake_t *)work)->stopped++; }
+
+static const batcher_ops_t fake_ops = {fake_start, fake_step, fake_stop};
+
+/* A job of n images, steps steps, holding per_step * (t + 1) bytes at step t. */
+static fake_t fake(int n_images, int steps, size_t per_step) {
+    fake_t f = {.n_images = n_images, .steps = steps};
+    for (int t = 0; t < steps; t++)
+        f.bytes[t] = per_step * (size_t)(t + 1);
+    return f;
+}
+
+static batcher_job_t job_of(fake_t *f) {
+    return (batcher_job_t){.n_images = f->n_images,
+                           .steps = f->steps,
+                           .kv_bytes = f->bytes,
+                           .deadline = INFINITY,
+                           .work = f};
+}
+
+static batcher_t *make(world_t *w, size_t pool, int max_running, int max_waiting) {
+    batcher_options_t o = {
+        .pool_bytes = pool, .max_running = max_running, .max_waiting = max_waiting};
+    ar_error_t err = {{0}};
+    *w = (world_t){.fail_step_at = -1};
+    batcher_t *b = batcher_create(&o, &fake_ops, w, &err);
+    CHECK_MSG(b != NULL, "%s", err.msg);
+    return b;
+}
+
+static uint64_t submit(batcher_t *b, fake_t *f) {
+    batcher_job_t j = job_of(f);
+    uint64_t id = 0;
+    batcher_refusal_t r = batcher_submit(b, &j, &id);
+    CHECK_MSG(r == BATCHER_ACCEPTED, "refused: %s", batcher_refusal_name(r));
+    return id;
+}
+
+/* Events of the last calls, as "A1 S1 E1:finished ..." (type, id, end). */
+static void events_text(batcher_t *b, char *buf, size_t cap) {
+    batcher_event_t ev[64];
+    int n = batcher_take_events(b, ev, 64);
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && used < cap; i++) {
+        const batcher_event_t *e = &ev[i];
+        int k = snprintf(buf + used, cap - used, "%s%c%llu%s%s", i ? " " : "",
+                         e->type == BATCHER_ADMITTED  ? 'A'
+                         : e->type == BATCHER_STEPPED ? 'S'
+                                                      : 'E',
+                         (unsigned long long)e->id, e->type == BATCHER_ENDED ? ":" : "",
+                         e->type == BATCHER_ENDED ? batcher_end_name(e->end) : "");
+        used += k > 0 ? (size_t)k : 0;
+    }
+}
+
+#define CHECK_EVENTS(b, want)                                                                      \
+    do {                                                                                           \
+        char got_[512];                                                                            \
+        events_text((b), got_, sizeof got_);                                                       \
+        CHECK_MSG(strcmp(got_, (want)) == 0, "events \"%s\", expected \"%s\"", got_, (want));      \
+    } while (0)
+
+/* ---- tests --------------------------------------------------------------- */
+
+/* One job: admitted, a STEPPED event per step, then ENDED finished, its KV
+ * given back exactly once, the planner empty again. */
+static void test_job_life_cycle_events(void) {
+    world_t w;
+    batcher_t *b = make(&w, 1000, 4, 4);
+    fake_t a = fake(1, 3, 10);
+    submit(b, &a);
+    CHECK(batcher_iterate(b, 0) == 1);
+    CHECK_EVENTS(b, "A1 S1");
+    CHECK(batcher_iterate(b, 0) == 1);
+    CHECK(batcher_iterate(b, 0) == 1);
+    CHECK_EVENTS(b, "S1 S1 E1:finished");
+    CHECK(a.started == 1 && a.stopped == 1 && a.stepped == 3);
+    CHECK(batcher_iterate(b, 0) == 0); /* nothing left */
+    batcher_stats_t st;
+    batcher_stats(b, &st);
+    CHECK(st.running == 0 && st.waiting == 0 && st.reserved_bytes == 0 && st.iterations == 3);
+    CHECK(st.overruns == 0);
+    batcher_destroy(b);
+}
+
+/* FIFO through the planner: job 2 does not fit beside job 1 until job 1
+ * is far enough on, and job 3 (small, would fit at once) waits behind it. */
+static void test_fifo_admission_head_blocks(void) {
+    world_t w;
+    /* A holds 10, 20, 30, 40; B holds 20, 40: B fits once A's remaining
+     * trajectory plus B's stays within 50 at every step, which is only
+     * after A is gone (at 2, 30 + 20 fits, but 40 + 40 does not). */
+    batcher_t *b = make(&w, 50, 8, 8);
+    fake_t a = fake(1, 4, 10), big = fake(1, 2, 20), small = fake(1, 1, 1);
+    submit(b, &a);
+    submit(b, &big);
+    submit(b, &small);
+    int admitted_at[4] = {-1, -1, -1, -1};
+    for (int it = 0; it < 12; it++) {
+        batcher_iterate(b, 0);
+        batcher_event_t ev[16];
+        int n = batcher_take_events(b, ev, 16);
+        for (int i = 0; i < n; i++)
+            if (ev[i].type == BATCHER_ADMITTED)
+                admitted_at[ev[i].id] = it;
+    }
+    CHECK_MSG(admitted_at[1] == 0 && admitted_at[2] == 4 && admitted_at[3] == 4,
+              "admitted at %d, %d, %d", admitted_at[1], admitted_at[2], admitted_at[3]);
+    batcher_stats_t st;
+    batcher_stats(b, &st);
+    CHECK(st.overruns == 0 && st.running == 0);
+    batcher_destroy(b);
+}
+
+/* max_running counts images, not jobs. */
+static void test_max_running_counts_images(void) {
+    world_t w;
+    batcher_t *b = make(&w, 1 << 20, 3, 8);
+    fake_t two = fake(2, 2, 1), two_more = fake(2, 2, 1), one = fake(1, 2, 1);
+    submit(b, &two);
+    submit(b, &two_more);
+    submit(b, &one);
+    batcher_admit(b, 0);
+    batcher_stats_t st;
+    batcher_stats(b, &st);
+    CHECK_MSG(st.running == 1 && st.running_images == 2 && st.waiting == 2, "%d jobs, %d images",
+              st.running, st.running_images);
+    batcher_destroy(b);
+}
+
+static void test_refusal_reasons(void) {
+    world_t w;
+    batcher_t *b = make(&w, 100, 2, 1);
+    fake_t too_big = fake(1, 2, 60), many = fake(3, 1, 1), ok = fake(1, 1, 1), more = fake(1, 1, 1);
+    batcher_job_t j = job_of(&too_big);
+    CHECK(batcher_submit(b, &j, NULL) == BATCHER_REFUSED_TOO_LARGE); /* peaks at 120 > 100 */
+    j = job_of(&many);
+    CHECK(batcher_submit(b, &j, NULL) == BATCHER_REFUSED_TOO_MANY_IMAGES);
+    j = job_of(&ok);
+    CHECK(batcher_submit(b, &j, NULL) == BATCHER_ACCEPTED);
+    j = job_of(&more);
+    CHECK(batcher_submit(b, &j, NULL) == BATCHER_REFUSED_QUEUE_FULL); /* max_waiting 1 */
+    j.steps = 0;
+    CHECK(batcher_submit(b, &j, NULL) == BATCHER_REFUSED_INVALID);
+    batcher_drain(b);
+    j = job_of(&more);
+    CHECK(batcher_submit(b, &j, NULL) == BATCHER_REFUSED_DRAINING);
+    /* Draining refuses new work only: the queued job still runs. */
+    CHECK(batcher_iterate(b, 0) == 1);
+    CHECK_EVENTS(b, "A1 S1 E1:finished");
+    CHECK(!strcmp(batcher_refusal_name(BATCHER_REFUSED_QUEUE_FULL), "queue_full"));
+    batcher_destroy(b);
+}
+
+/* A waiting job cancelled leaves at once; a running one at the next
+ * admit, its KV given back, and the space it held admits the next job in
+ * the same admit. */
+static void test_cancel_waiting_and_running(void) {
+    world_t w;
+    batcher_t *b = make(&w, 40, 8, 8);
+    fake_t a = fake(1, 4, 10), c = fake(1, 4, 10), d = fake(1, 2, 5);
+    uint64_t ia = submit(b, &a), ic = submit(b, &c), id = submit(b, &d);
+    CHECK(batcher_iterate(b, 0) == 1); /* only A fits (it peaks at 40) */
+    CHECK_EVENTS(b, "A1 S1");
+    CHECK(batcher_cancel(b, ic, BATCHER_END_CANCELLED) == 1);
+    CHECK_EVENTS(b, "E2:cancelled");
+    CHECK(batcher_cancel(b, ic, BATCHER_END_CANCELLED) == 0); /* gone */
+    CHECK(batcher_cancel(b, ia, BATCHER_END_CANCELLED) == 1);
+    CHECK(a.stopped == 0); /* a running job leaves at the next admit */
+    CHECK(batcher_iterate(b, 0) == 1);
+    CHECK_EVENTS(b, "E1:cancelled A3 S3");
+    CHECK(a.stopped == 1 && c.started == 0 && d.started == 1);
+    (void)id;
+    batcher_destroy(b);
+    CHECK(d.stopped == 1); /* destroy stops what still runs */
+}
+
+/* Deadlines are in the driver's clock: a waiting and a running job past
+ * theirs end EXPIRED at the next admit; batcher_cancel(EXPIRED) too. */
+static void test_deadlines(void) {
+    world_t w;
+    batcher_t *b = make(&w, 20, 8, 8);
+    fake_t a = fake(1, 5, 4), c = fake(1, 5, 4), d = fake(1, 5, 4);
+    batcher_job_t ja = job_of(&a), jc = job_of(&c), jd = job_of(&d);
+    ja.deadline = 2.5;
+    jc.deadline = 1.5;
+    batcher_submit(b, &ja, NULL);
+    batcher_submit(b, &jc, NULL);
+    uint64_t idd = 0;
+    batcher_submit(b, &jd, &idd);
+    batcher_iterate(b, 0); /* A runs (peaks at 20); C and D wait */
+    CHECK_EVENTS(b, "A1 S1");
+    batcher_iterate(b, 2.0); /* C expired while waiting */
+    CHECK_EVENTS(b, "E2:expired S1");
+    batcher_iterate(b, 3.0); /* A expired while running; D admitted */
+    CHECK_EVENTS(b, "E1:expired A3 S3");
+    CHECK(a.stopped == 1);
+    CHECK(batcher_cancel(b, idd, BATCHER_END_EXPIRED) == 1);
+    batcher_iterate(b, 3.0);
+    CHECK_EVENTS(b, "E3:expired");
+    batcher_destroy(b);
+}
+
+/* A start that fails ends that job FAILED (never started) and gives back
+ * its reservation: the next job is admitted in the same admit. A step that
+ * fails ends every job of the batch FAILED with the step's message. */
+static void test_start_and_step_failures(void) {
+    world_t w;
+    batcher_t *b = make(&w, 40, 8, 8);
+    fake_t a = fake(1, 4, 10), c = fake(1, 2, 10), d = fake(1, 2, 10);
+    a.fail_start = 1;
+    submit(b, &a);
+    submit(b, &c);
+    submit(b, &d);
+    w.fail_step_at = 1;
+    CHECK(batcher_iterate(b, 0) == 2);
+    batcher_event_t ev[8];
+    int n = batcher_take_events(b, ev, 8);
+    CHECK(n == 5 && ev[0].type == BATCHER_ENDED && ev[0].end == BATCHER_END_FAILED &&
+          !ev[0].started);
+    CHECK_STR_CONTAINS(ev[0].why, "no room for this fake job");
+    CHECK(batcher_iterate(b, 0) == -1);
+    n = batcher_take_events(b, ev, 8);
+    CHECK(n == 2 && ev[0].end == BATCHER_END_FAILED && ev[1].end == BATCHER_END_FAILED &&
+          ev[0].started && ev[1].started);
+    CHECK_STR_CONTAINS(ev[1].why, "the fake step failed");
+    CHECK(c.stopped == 1 && d.stopped == 1 && a.stopped == 0);
+    batcher_stats_t st;
+    batcher_stats(b, &st);
+    CHECK(st.running == 0 && st.reserved_bytes == 0);
+    batcher_destroy(b);
+}
+
+/* The step's reported KV peak is held against the planner's reservation. */
+static void test_overrun_is_counted(void) {
+    world_t w;
+    batcher_t *b = make(&w, 100, 8, 8);
+    fake_t a = fake(2, 3, 10), c = fake(1, 3, 5);
+    submit(b, &a);
+    submit(b, &c);
+    batcher_iterate(b, 0);
+    batcher_stats_t st;
+    batcher_stats(b, &st);
+    CHECK(st.last_reserved_bytes == 15 && st.last_kv_peak_bytes == 15 && st.overruns == 0);
+    CHECK(st.last_jobs == 2 && st.last_images == 3);
+    w.extra = 1;
+    batcher_iterate(b, 0);
+    batcher_stats(b, &st);
+    CHECK(st.last_reserved_bytes == 30 && st.last_kv_peak_bytes == 31 && st.overruns == 1);
+    batcher_destroy(b);
+}
+
+static void test_shutdown_ends_everything(void) {
+    world_t w;
+    batcher_t *b = make(&w, 40, 8, 8);
+    fake_t a = fake(1, 4, 5), c = fake(1, 4, 5), d = fake(1, 1, 40);
+    submit(b, &a);
+    submit(b, &c);
+    batcher_iterate(b, 0); /* both fit: 40 at most together; D waits */
+    CHECK_EVENTS(b, "A1 A2 S1 S2");
+    submit(b, &d);
+    batcher_shutdown(b);
+    CHECK_EVENTS(b, "E1:shutdown E2:shutdown E3:shutdown");
+    CHECK(a.stopped == 1 && c.stopped == 1 && d.started == 0);
+    batcher_destroy(b);
+}
+
+int main(void) {
+    TEST_RUN(test_job_life_cycle_events);
+    TEST_RUN(test_fifo_admission_head_blocks);
+    TEST_RUN(test_max_running_counts_images);
+    TEST_RUN(test_refusal_reasons);
+    TEST_RUN(test_cancel_waiting_and_running);
+    TEST_RUN(test_deadlines);
+    TEST_RUN(test_start_and_step_failures);
+    TEST_RUN(test_overrun_is_counted);
+    TEST_RUN(test_shutdown_ends_everything);
+    return TEST_SUMMARY();
+}
