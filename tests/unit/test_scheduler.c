@@ -1,0 +1,255 @@
+/* The scheduler's job API (server/scheduler.h) on the tiny model, without
+ * HTTP: what each refusal reports, how jobs end (done, cancelled while
+ * waiting or running, expired: different outcomes), that a job is done only
+ * once every preview it asked for is in (two PNG workers could otherwise
+ * finish the final image first, and a stream would skip the previews), and
+ * that waiting on a job returns when it changes.
+ *
+ * This file defines png_encode (engine/png_io.h) itself, so the linker
+ * takes no PNG encoder from the engine library: its "PNGs" are the PNG
+ * signature and the first bytes of the pixels, and the first call can be
+ * made slow, to hold one worker on a preview. */
+#include <stdlib.h>
+#include <time.h>
+
+#include "engine/clock.h"
+#include "engine/family.h"
+#include "engine/planner.h"
+#include "engine/png_io.h"
+#include "server/scheduler.h"
+#include "tests/test.h"
+
+static int slow_first_encode; /* milliseconds the next first call sleeps */
+static int encodes;
+
+int png_encode(const uint8_t *rgb, int width, int height, uint8_t **out, size_t *out_len,
+               ar_error_t *err) {
+    if (__atomic_fetch_add(&encodes, 1, __ATOMIC_SEQ_CST) == 0 && slow_first_encode) {
+        struct timespec ts = {0, slow_first_encode * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    *out_len = 16;
+    if (!(*out = malloc(*out_len)))
+        return ar_errorf(err, "out of memory");
+    memcpy(*out, "\x89PNG\r\n\x1a\n", 8);
+    memcpy(*out + 8, rgb, 8);
+    return AR_OK;
+}
+
+static backend_t *be;
+static model_t model;
+static int cond[MODEL_MAX_PROMPT_TOKENS], uncond[MODEL_MAX_PROMPT_TOKENS], n_prompt;
+
+static scheduler_t *start(metrics_t **metrics, int max_running, int max_waiting, size_t pool,
+                          int png_workers) {
+    ar_error_t err = {{0}};
+    *metrics = metrics_create();
+    sched_options_t so = {.max_running = max_running,
+                          .max_waiting = max_waiting,
+                          .kv_pool_bytes = pool,
+                          .png_workers = png_workers};
+    scheduler_t *s = scheduler_create(&model, &so, *metrics, &err);
+    CHECK_MSG(s != NULL, "%s", err.msg);
+    return s;
+}
+
+static void stop(scheduler_t *s, metrics_t *metrics) {
+    scheduler_destroy(s);
+    metrics_destroy(metrics);
+}
+
+static sched_request_t request(int n_images, int partial_images, double timeout_s) {
+    sched_request_t rq = {.cond = cond,
+                          .uncond = uncond,
+                          .n_prompt = n_prompt,
+                          .n_images = n_images,
+                          .params = model.cfg.sampling,
+                          .seed = 5,
+                          .partial_images = partial_images,
+                          .timeout_s = timeout_s};
+    kv_policy_defaults(&rq.kv_policy, KV_POLICY_FULL);
+    return rq;
+}
+
+static sched_outcome_t wait_end(sched_job_t *j, sched_snapshot_t *snap) {
+    const double until = clock_now_s() + 60;
+    sched_job_snapshot(j, snap);
+    while (snap->outcome == SCHED_PENDING && clock_now_s() < until)
+        sched_job_wait(j, snap->version, 1.0, snap);
+    return snap->outcome;
+}
+
+/* One full-cache image's KV at its peak, in the daemon's blocks. */
+static size_t one_image_bytes(void) {
+    kv_policy_params_t full;
+    kv_policy_defaults(&full, KV_POLICY_FULL);
+    planner_plan_t plan;
+    if (planner_plan(&plan, &model.cfg, &full, n_prompt, planner_block_tokens(&model.cfg), NULL,
+                     NULL) != AR_OK)
+        return 0;
+    size_t peak = plan.peak_bytes;
+    planner_plan_free(&plan);
+    return peak;
+}
+
+static void test_refusals_say_why(void) {
+    metrics_t *m;
+    const size_t one = one_image_bytes();
+    scheduler_t *s = start(&m, 2, 1, one, 1);
+    if (!s)
+        return;
+    sched_refusal_info_t why;
+    sched_request_t rq = request(2, 0, 60);
+    CHECK(sched_submit(s, &rq, &why) == NULL); /* two images never fit one image's pool */
+    CHECK(why.reason == SCHED_REFUSED_TOO_LARGE && why.need_bytes == 2 * one &&
+          why.pool_bytes == one);
+    rq = request(1, 0, 60);
+    rq.kv_policy.kind = KV_POLICY_LINEAR;
+    rq.kv_policy.budget = 1.0 / 8; /* one of 8 lines: too few */
+    CHECK(sched_submit(s, &rq, &why) == NULL);
+    CHECK(why.reason == SCHED_REFUSED_INVALID_POLICY && why.field && !strcmp(why.field, "budget"));
+    CHECK_STR_CONTAINS(why.message, "budget");
+    sched_drain(s);
+    rq = request(1, 0, 60);
+    CHECK(sched_submit(s, &rq, &why) == NULL && why.reason == SCHED_REFUSED_DRAINING);
+    stop(s, m);
+
+    /* More images than run at once, in a pool that would hold them. */
+    s = start(&m, 1, 4, 64 * one, 1);
+    if (!s)
+        return;
+    rq = request(2, 0, 60);
+    CHECK(sched_submit(s, &rq, &why) == NULL && why.reason == SCHED_REFUSED_TOO_MANY_IMAGES &&
+          why.max_running == 1);
+    stop(s, m);
+
+    /* No room to wait: refused, not queued. */
+    s = start(&m, 4, 0, 64 * one, 1);
+    if (!s)
+        return;
+    rq = request(1, 0, 60);
+    CHECK(sched_submit(s, &rq, &why) == NULL && why.reason == SCHED_REFUSED_QUEUE_FULL &&
+          why.max_waiting == 0);
+    stop(s, m);
+}
+
+/* Done, cancelled while waiting, cancelled while running and expired are
+ * four outcomes, and the scheduler ends each job exactly once. */
+static void test_outcomes(void) {
+    metrics_t *m;
+    /* Four running images fill max_running: the jobs behind them wait. */
+    scheduler_t *s = start(&m, 4, 8, 64 * one_image_bytes(), 1);
+    if (!s)
+        return;
+    sched_refusal_info_t why;
+    sched_request_t rq = request(4, 0, 60);
+    sched_job_t *running = sched_submit(s, &rq, &why);
+    rq = request(1, 0, 60);
+    sched_job_t *waiting = sched_submit(s, &rq, &why);
+    rq = request(1, 0, 0); /* its deadline is now */
+    sched_job_t *late = sched_submit(s, &rq, &why);
+    rq = request(1, 0, 60);
+    sched_job_t *done = sched_submit(s, &rq, &why);
+    CHECK(running && waiting && late && done);
+    if (!running || !waiting || !late || !done)
+        return;
+    /* Both at once, microseconds after submission: the 4-image job (tens of
+     * milliseconds) is still on, and the other still waits behind it. */
+    sched_job_cancel(s, waiting);
+    sched_job_cancel(s, running);
+    sched_snapshot_t snap;
+    CHECK(wait_end(waiting, &snap) == SCHED_CANCELLED && !snap.started);
+    CHECK(wait_end(running, &snap) == SCHED_CANCELLED);
+    CHECK(wait_end(late, &snap) == SCHED_EXPIRED && !snap.started);
+    CHECK(wait_end(done, &snap) == SCHED_DONE && snap.started &&
+          snap.steps_done == snap.steps_total && snap.steps_total == model_steps(&model.cfg));
+    size_t len = 0;
+    const uint8_t *png = sched_job_png(done, 0, &len);
+    CHECK(png && len > 8 && !memcmp(png, "\x89PNG\r\n\x1a\n", 8));
+    CHECK(sched_job_png(waiting, 0, &len) == NULL && len == 0);
+    sched_job_release(running);
+    sched_job_release(waiting);
+    sched_job_release(late);
+    sched_job_release(done);
+    CHECK(sched_active_jobs(s) == 0);
+    stop(s, m);
+}
+
+/* With two PNG workers the final image can be encoded before a preview:
+ * here the first encode (the preview, queued 32 steps before the image)
+ * takes 300 ms, the image a few. The job is done only once its preview is
+ * in, so a stream sends the preview before the image. */
+static void test_done_only_after_its_previews(void) {
+    metrics_t *m;
+    scheduler_t *s = start(&m, 4, 4, 64 * one_image_bytes(), 2);
+    if (!s)
+        return;
+    encodes = 0;
+    slow_first_encode = 300;
+    sched_refusal_info_t why;
+    sched_request_t rq = request(1, 1, 60);
+    sched_job_t *j = sched_submit(s, &rq, &why);
+    CHECK_MSG(j != NULL, "%s", why.message);
+    if (j) {
+        sched_snapshot_t snap;
+        CHECK(wait_end(j, &snap) == SCHED_DONE);
+        CHECK_MSG(snap.n_partials == 1, "done with %d previews", snap.n_partials);
+        size_t len = 0;
+        CHECK(sched_job_preview(j, 0, 0, &len) && len == 16);
+        CHECK(encodes == 2);
+        sched_job_release(j);
+    }
+    slow_first_encode = 0;
+    stop(s, m);
+}
+
+/* sched_job_wait returns as soon as the job changes, not at its timeout. */
+static void test_wait_returns_on_change(void) {
+    metrics_t *m;
+    scheduler_t *s = start(&m, 4, 4, 64 * one_image_bytes(), 1);
+    if (!s)
+        return;
+    sched_refusal_info_t why;
+    sched_request_t rq = request(1, 0, 60);
+    sched_job_t *j = sched_submit(s, &rq, &why);
+    if (!j) {
+        CHECK(0);
+        stop(s, m);
+        return;
+    }
+    sched_snapshot_t snap;
+    sched_job_snapshot(j, &snap);
+    int changes = 0;
+    const double t0 = clock_now_s();
+    while (snap.outcome == SCHED_PENDING && changes < 1000) {
+        const unsigned seen = snap.version;
+        sched_job_wait(j, seen, 30.0, &snap);
+        changes += snap.version != seen;
+    }
+    CHECK(snap.outcome == SCHED_DONE && changes > 1);
+    CHECK_MSG(clock_now_s() - t0 < 20, "%.1f s", clock_now_s() - t0);
+    sched_job_release(j);
+    stop(s, m);
+}
+
+int main(void) {
+    const char *tiny = getenv("ARSERVE_TINY_MODEL");
+    if (!tiny) {
+        printf("ARSERVE_TINY_MODEL is not set (make test-unit sets it)\n0 passed, 1 failed\n");
+        return 1;
+    }
+    ar_error_t err = {{0}};
+    be = backend_cpu_create(1, &err);
+    if (!be || model_load(&model, tiny, be, &err) != AR_OK ||
+        model_prompt_from_text(&model, "a red circle", cond, uncond, &n_prompt, &err) != AR_OK) {
+        fprintf(stderr, "%s\n0 passed, 1 failed\n", err.msg);
+        return 1;
+    }
+    TEST_RUN(test_refusals_say_why);
+    TEST_RUN(test_outcomes);
+    TEST_RUN(test_done_only_after_its_previews);
+    TEST_RUN(test_wait_returns_on_change);
+    model_free(&model);
+    be->destroy(be);
+    return TEST_SUMMARY();
+}
