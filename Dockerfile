@@ -23,6 +23,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY Makefile ./
 COPY engine/ engine/
+COPY cli/ cli/
 COPY server/ server/
 COPY kernels/ kernels/
 COPY config/ config/

@@ -2,9 +2,10 @@
 # Docker cannot build here, so this checks the Dockerfile's structure
 # instead: two stages (a CUDA devel image that builds with CUDA=1, a CUDA
 # runtime image that ships), a non-root USER, EXPOSE 8080, a HEALTHCHECK on
-# /health, a CMD that serves on 0.0.0.0 and finds its model, and every file
-# it COPYs from the build context exists (COPY --from=<stage> is not from the
-# context).
+# /health, a CMD that serves on 0.0.0.0 and finds its model, every file it
+# COPYs from the build context exists (COPY --from=<stage> is not from the
+# context), and every folder whose sources `make CUDA=1 all` compiles is
+# copied into the build stage.
 # usage: tests/cli/test_dockerfile.sh [path/to/Dockerfile]
 set -u
 file=${1:-Dockerfile}
@@ -53,7 +54,7 @@ else fail "CMD serves on 0.0.0.0" "${cmd:-none}"; fi
 
 # The default command finds a model: its CMD names one, or models/ (with the
 # shipped models/shapes) is copied to <arserve's folder>/../models, where
-# arserve looks when given none (cli_default_model in server/main.c).
+# arserve looks when given none (cli_default_model in cli/main.c).
 bin_dest=$(printf '%s\n' "$final" | grep -iE '^COPY[[:space:]]' | awk '$NF ~ /\/arserve$/ { print $NF }' | tail -n 1)
 models_dest=$(printf '%s\n' "$final" | grep -iE '^COPY[[:space:]]+models/?[[:space:]]' | awk '{ print $NF }' | tail -n 1)
 if printf '%s' "$cmd" | grep -q '"--model"'; then ok "CMD names its model"
@@ -85,6 +86,19 @@ while read -r line; do
 done < <(keyword COPY)
 if [ "$n_copied" -gt 0 ] && [ -z "$missing" ]; then ok "all $n_copied COPY sources exist in the context"
 else fail "every COPY source exists in the context" "missing:${missing:- (no COPY from the context)}"; fi
+
+# The build stage has every folder the CUDA build compiles (as make -n says).
+build_stage=$(printf '%s\n' "$instr" | awk 'toupper($1) == "FROM" { n++ } n == 1')
+src_dirs=$(cd "$ctx" && make -n CUDA=1 BUILD=/nonexistent/dockerfile-check all 2>/dev/null |
+           grep -oE ' -c [^ ]+' | awk '{ print $2 }' | xargs -r -n1 dirname | sort -u)
+not_copied=""
+for d in $src_dirs; do
+    printf '%s\n' "$build_stage" | grep -qiE "^COPY[[:space:]]+(.*[[:space:]])?$d/?[[:space:]]" ||
+        not_copied="$not_copied $d/"
+done
+if [ -n "$src_dirs" ] && [ -z "$not_copied" ]; then
+    ok "the build stage copies every source folder of the binary ($(echo $src_dirs))"
+else fail "the build stage copies every source folder of the binary" "not copied:${not_copied:- (make -n listed none)}"; fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
