@@ -32,7 +32,7 @@ struct batcher {
     int draining;
     batcher_event_t *events;
     int n_events, cap_events;
-    long long iteration, iterations, overruns, lost_events;
+    long long iterations, overruns, lost_events; /* iterations: stepped so far */
     int last_jobs, last_images;
     size_t last_reserved, last_peak;
 };
@@ -67,7 +67,7 @@ static batcher_event_t *push_event(batcher_t *b, batcher_event_type_t type, cons
     e->type = type;
     e->id = s->id;
     e->work = s->job.work;
-    e->iteration = b->iteration;
+    e->iteration = b->iterations; /* the one in progress */
     e->steps_done = s->steps_done;
     return e;
 }
@@ -276,7 +276,6 @@ void batcher_finish(batcher_t *b, int step_rc, const ar_error_t *step_err) {
         return;
     /* batcher_admit fixed the batch as the running set in order, and
      * nothing but batcher_admit and this changes the running set. */
-    b->iterations++;
     b->last_jobs = b->n_batch;
     b->last_images = b->running_images;
     b->last_reserved = planner_reserved_now(&b->planner);
@@ -300,7 +299,7 @@ void batcher_finish(batcher_t *b, int step_rc, const ar_error_t *step_err) {
         }
     }
     b->n_batch = 0;
-    b->iteration++;
+    b->iterations++;
 }
 
 int batcher_iterate(batcher_t *b, double now) {

@@ -47,7 +47,7 @@ struct sched_job {
     size_t preview_len[SCHED_MAX_PARTIALS][SCHED_MAX_IMAGES];
     uint8_t **png; /* n_images PNGs once DONE */
     size_t *png_len;
-    int png_pending;      /* final PNGs being encoded */
+    int png_pending;      /* final PNGs not stored yet */
     int previews_pending; /* previews being encoded: DONE waits for them, so that a stream
                              sends every preview before the image */
     char message[256];
@@ -72,7 +72,7 @@ struct scheduler {
     pthread_cond_t wake; /* new job, cancellation or stop */
     batcher_t *batcher;
     int stop, draining, alive, kick, joined;
-    long long overruns_seen; /* engine thread only */
+    long long overruns_seen, lost_events_seen; /* engine thread only */
     long long bad_frees_seen;
     kv_pool_t pool; /* engine thread only (its geometry is fixed: read anywhere) */
     pthread_t engine;
@@ -240,7 +240,7 @@ static void png_queue(scheduler_t *s, sched_job_t *j, int image, int preview, ui
 /* DONE once the final PNGs and every preview queued before them are in
  * (j->mu held). */
 static void maybe_done(scheduler_t *s, sched_job_t *j) {
-    if (j->png_pending || j->previews_pending || j->outcome != SCHED_PENDING || !j->png[0])
+    if (j->png_pending || j->previews_pending || j->outcome != SCHED_PENDING)
         return;
     /* Counted before the waiting request thread can answer. */
     metric_add(s->m_images, j->n_images, "ok");
@@ -360,7 +360,6 @@ static void job_finished(scheduler_t *s, sched_job_t *j) {
     }
     pthread_mutex_lock(&j->mu);
     j->kv_peak_bytes = (size_t)peak_blocks * block;
-    j->png_pending = j->n_images;
     job_changed(j);
     pthread_mutex_unlock(&j->mu);
     for (int i = 0; i < j->n_images; i++)
@@ -474,8 +473,11 @@ static void check_iteration(scheduler_t *s, const batcher_stats_t *st, double se
                 s->pool.bad_frees - s->bad_frees_seen);
         s->bad_frees_seen = s->pool.bad_frees;
     }
-    if (st->lost_events)
-        log_msg(LOG_ERROR, "batcher: %lld events lost (out of memory)", st->lost_events);
+    if (st->lost_events != s->lost_events_seen) {
+        log_msg(LOG_ERROR, "batcher: %lld events lost (out of memory)",
+                st->lost_events - s->lost_events_seen);
+        s->lost_events_seen = st->lost_events;
+    }
 }
 
 static void handle_events(scheduler_t *s, const batcher_event_t *ev, int n) {
@@ -580,6 +582,7 @@ static sched_job_t *job_new(const sched_request_t *req, const planner_plan_t *pl
         j->kv_bytes[t] = plan->bytes[t] * (size_t)req->n_images;
     j->steps = plan->steps;
     j->n_images = req->n_images;
+    j->png_pending = req->n_images; /* every image ends as a PNG */
     j->partial_images = req->partial_images;
     j->kv_policy = req->kv_policy;
     j->kv_planned_peak_bytes = plan->peak_bytes;
