@@ -118,6 +118,9 @@ UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TINY_MODEL := $(BUILD)/tiny-model
 SLOW_MODEL := $(BUILD)/slow-model
+VAR_TINY_MODEL := $(BUILD)/var-tiny-model
+# The next-scale model the daemon's integration tests serve.
+VAR_MODEL  := $(BUILD)/var-slow-model
 
 .PHONY: all deps test test-unit test-cli test-integration test-integration-tsan test-python \
         test-sanitizers test-backend \
@@ -210,10 +213,20 @@ $(VENV)/.stamp: tests/requirements.txt
 $(TINY_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
 	$(VENV)/bin/python tools/make_tiny_model.py --seed 1 --out $(TINY_MODEL)
 
+# The tiny random next-scale model (VAR architecture, scales 1, 2, 3, 4),
+# from a fixed seed: the planner's property test runs it too.
+$(VAR_TINY_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
+	$(VENV)/bin/python tools/make_tiny_model.py --preset var-tiny --seed 1 --out $(VAR_TINY_MODEL)
+
 # The same architecture, larger: a second or two per image, so the daemon's
 # integration tests can catch requests while they run.
 $(SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
 	$(VENV)/bin/python tools/make_tiny_model.py --preset slow --seed 1 --out $(SLOW_MODEL)
+
+# A next-scale model of ten scales (16x16 last, 128x128 pixels), random:
+# about half a second per image on one core.
+$(VAR_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
+	$(VENV)/bin/python tools/make_tiny_model.py --preset var-slow --seed 1 --out $(VAR_MODEL)
 
 test: deps
 	$(MAKE) format-check
@@ -285,12 +298,13 @@ test-sanitizers:
 	$(MAKE) SANITIZER=address BUILD=$(BUILD)-asan test-unit test-cli
 	$(MAKE) SANITIZER=undefined BUILD=$(BUILD)-ubsan test-unit test-cli
 
-test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json
-	ARSERVE_TINY_MODEL=$(TINY_MODEL) tests/run_unit.sh $(UNIT_BIN)
+test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json
+	ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_VAR_TINY_MODEL=$(VAR_TINY_MODEL) tests/run_unit.sh $(UNIT_BIN)
 
-test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(TINY_MODEL)/arserve.json $(VENV)/.stamp
+test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json \
+          $(VENV)/.stamp
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
-	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL)
+	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL)
 	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python
 
 # Python tools' tests (numpy, Pillow; no torch): the shapes renderer, the
@@ -302,9 +316,10 @@ test-python: $(BUILD)/arserve $(VENV)/.stamp
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
 # the OpenAI client, bad requests, batching, 429s, disconnects, drains,
 # streaming, Prometheus scraping it, and `make run`.
-test-integration: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
+test-integration: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json \
+                  $(VAR_MODEL)/arserve.json $(VENV)/.stamp
 	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_SLOW_MODEL=$(SLOW_MODEL) \
-		$(VENV)/bin/python -m pytest -q tests/integration
+		ARSERVE_VAR_MODEL=$(VAR_MODEL) $(VENV)/bin/python -m pytest -q tests/integration
 
 # The same suite on a ThreadSanitizer build of the daemon: conftest.py fails
 # a test whose daemon reported anything (and TSan's exit status fails its
@@ -314,10 +329,11 @@ test-integration: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(VE
 # `make run` builds and serves the ordinary binary, which the pass above
 # has already tested.
 TSAN_BUILD := $(BUILD)-tsan
-test-integration-tsan: $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
+test-integration-tsan: $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json \
+                       $(VAR_MODEL)/arserve.json $(VENV)/.stamp
 	$(MAKE) SANITIZER=thread BUILD=$(TSAN_BUILD) all
 	OMP_NUM_THREADS=1 TSAN_OPTIONS="second_deadlock_stack=1" ARSERVE_BIN=$(TSAN_BUILD)/arserve \
-		ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_SLOW_MODEL=$(SLOW_MODEL) \
+		ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_SLOW_MODEL=$(SLOW_MODEL) ARSERVE_VAR_MODEL=$(VAR_MODEL) \
 		$(VENV)/bin/python -m pytest -q tests/integration --ignore=tests/integration/test_make_run.py
 
 # The KV policies side by side on the demo model, in one run (bench/kv_bench.py

@@ -18,15 +18,15 @@
 #include "engine/text.h"
 
 typedef struct generate_args {
-    const char *model_dir, *prompt, *prompt_ids, *out_path, *backend;
+    const char *model_dir, *prompt, *prompt_ids, *class_label, *out_path, *backend;
     long long seed, top_k, threads;
     double cfg, temperature, top_p; /* < 0: the model's default */
     int quiet;
 } generate_args_t;
 
 static void generate_usage(FILE *f, const cli_flag_t *flags) {
-    fprintf(f, "usage: arserve generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) "
-               "[options]\n\n");
+    fprintf(f, "usage: arserve generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3 | "
+               "--class LABEL) [options]\n\n");
     cli_flags_usage(f, flags);
 }
 
@@ -98,6 +98,25 @@ static int prompt_rows(const generate_args_t *a, const model_t *m, int *cond, in
         free(ids);
         return rc;
     }
+    if (a->class_label) {
+        /* An index, or a class name (which may itself look like anything). */
+        char *end = NULL;
+        const long label = strtol(a->class_label, &end, 10);
+        const int by_name = model_class_find(m, a->class_label);
+        if (by_name < 0 && (end == a->class_label || *end || label < 0 || label > INT32_MAX)) {
+            fprintf(stderr,
+                    "arserve generate: --class: '%s' is neither a class index nor one of the "
+                    "model's class names\n",
+                    a->class_label);
+            return 2;
+        }
+        if (model_prompt_from_class(m, by_name >= 0 ? by_name : (int)label, cond, uncond, n_prompt,
+                                    &err) != AR_OK) {
+            fprintf(stderr, "arserve generate: --class: %s\n", err.msg);
+            return 2;
+        }
+        return 0;
+    }
     if (model_prompt_from_text(m, a->prompt, cond, uncond, n_prompt, &err) != AR_OK) {
         fprintf(stderr, "arserve generate: --prompt: %s\n", err.msg);
         return 2;
@@ -167,10 +186,11 @@ static int generate(const generate_args_t *a, backend_t *be) {
     const double t2 = clock_now_s();
     if (!a->quiet)
         fprintf(stderr,
-                "%s: %dx%d, %d prompt tokens, %d steps in %.2f s (%.1f steps/s, %.3f images/s; "
+                "%s: %dx%d, %s %d, %d steps in %.2f s (%.1f steps/s, %.3f images/s; "
                 "model load %.2f s)\n",
-                a->out_path, W, H, n_prompt, req.n_steps, t2 - t1, req.n_steps / (t2 - t1),
-                1.0 / (t2 - t1), t1 - t0);
+                a->out_path, W, H, model_is_class_conditional(&model) ? "class" : "prompt tokens:",
+                model_is_class_conditional(&model) ? cond[0] : n_prompt, req.n_steps, t2 - t1,
+                req.n_steps / (t2 - t1), 1.0 / (t2 - t1), t1 - t0);
     rc = 0;
 out:
     gen_request_free(&req);
@@ -199,6 +219,9 @@ int cmd_generate(int argc, char **argv, char **envp) {
         {"prompt-ids", 0, CLI_STRING, &a.prompt_ids, .metavar = "LIST",
          .help = "comma-separated token ids of the templated prompt, bypassing the tokenizer "
                  "(BOS and image-start are still added)"},
+        {"class", 0, CLI_STRING, &a.class_label, .metavar = "LABEL",
+         .help = "class-conditional models: the class, as an index or one of the model's "
+                 "class names"},
         {"seed", 0, CLI_INT, &a.seed, 0, (double)INT64_MAX, .metavar = "N",
          .help = "RNG seed (default 0)"},
         {"cfg", 0, CLI_REAL, &a.cfg, 0, 100, .metavar = "W",
@@ -225,8 +248,9 @@ int cmd_generate(int argc, char **argv, char **envp) {
         generate_usage(stdout, flags);
         return 0;
     }
-    if (!a.prompt == !a.prompt_ids) {
-        fprintf(stderr, "arserve generate: give exactly one of --prompt and --prompt-ids\n");
+    if (!!a.prompt + !!a.prompt_ids + !!a.class_label != 1) {
+        fprintf(stderr,
+                "arserve generate: give exactly one of --prompt, --prompt-ids and --class\n");
         return 2;
     }
     if (a.prompt && !a.prompt[0]) {

@@ -2,7 +2,9 @@
  * the model's architecture alone (arserve.json; no weights): the tokens one
  * head holds and the bytes one image holds at every step (the planner's own
  * plan, counted in whole pool blocks, exactly what the daemon reserves), the
- * peak, and how many images a pool of a given size admits together.
+ * peak, the peak of a batch of images, and how many images a pool of a
+ * given size admits together; in the engine's fp32 K and V, or in the types
+ * --kv-dtype names (to compare with papers whose caches are 16-bit).
  * Presets for published models live in config/models/. */
 #include <dirent.h>
 #include <limits.h>
@@ -30,10 +32,11 @@
 
 static void plan_usage(FILE *f, const cli_flag_t *flags) {
     fprintf(f, "usage: arserve plan --model DIR_OR_PRESET [--policy P] [--budget B] [--pool-mb M]\n"
-               "                    [--prompt-tokens N]\n\n"
+               "                    [--prompt-tokens N] [--batch N] [--kv-dtype K,V]\n\n"
                "Prints a request's KV trajectory (tokens per head and bytes per image at every "
-               "step),\nits peak and how many images fit the pool, for each KV policy side by "
-               "side. Reads only\nthe model's arserve.json: no weights needed.\n\n");
+               "step;\nevery scale of a next-scale model), its peak, the peak of a batch and how "
+               "many images\nfit the pool, for each KV policy side by side. Reads only the "
+               "model's arserve.json:\nno weights needed.\n\n");
     cli_flags_usage(f, flags);
 }
 
@@ -190,6 +193,8 @@ typedef struct plan_ctx {
     const char *json;
     kv_geometry_t g;
     int P, steps, bt;
+    int batch;             /* images planned together (each a CFG pair) */
+    planner_kv_dtype_t dt; /* the types K and V are counted in */
     long long pool_mb;
     size_t block, capacity;
     const char *unit_name;
@@ -207,14 +212,17 @@ static void cell(const char *s, int last) {
 }
 
 /* Bytes of K and V for one token of one head of one sequence. */
-static size_t token_head_bytes(const model_config_t *c) {
-    return kv_pool_block_bytes(1, c->llm.head_dim);
+static size_t token_head_bytes(const plan_ctx_t *x) {
+    return (size_t)x->mc->llm.head_dim * (dtype_size(x->dt.k) + dtype_size(x->dt.v));
 }
 
 /* Bytes of one token in every (layer, head) of both CFG sequences. */
-static size_t token_image_bytes(const model_config_t *c) {
-    return token_head_bytes(c) * (size_t)c->llm.num_layers * (size_t)c->llm.num_kv_heads * 2;
+static size_t token_image_bytes(const plan_ctx_t *x) {
+    return planner_token_image_bytes(x->mc, x->dt);
 }
+
+/* Next-scale models: one step per scale. */
+static int by_scale(const plan_ctx_t *x) { return x->g.step_unit == KV_STEP_SEGMENT; }
 
 /* ---- one policy's plan ---- */
 
@@ -229,13 +237,13 @@ typedef struct policy_plan {
 
 static void plan_policy(const plan_ctx_t *x, policy_plan_t *pp) {
     ar_error_t err = {{0}};
-    if (planner_plan(&pp->plan, x->mc, &pp->p, x->P, x->bt, NULL, &err) != AR_OK) {
+    if (planner_plan_dtype(&pp->plan, x->mc, &pp->p, x->P, x->bt, x->dt, NULL, &err) != AR_OK) {
         snprintf(pp->why, sizeof pp->why, "%s", err.msg[0] ? err.msg : "no trajectory");
         return;
     }
     pp->ok = 1;
     pp->peak_tokens = pp->plan.tokens[pp->plan.peak_step];
-    pp->peak_token_bytes = (size_t)pp->peak_tokens * token_image_bytes(x->mc);
+    pp->peak_token_bytes = (size_t)pp->peak_tokens * token_image_bytes(x);
 }
 
 /* The trajectory as runs: maximal step ranges where a head gains one token
@@ -303,7 +311,6 @@ static void print_runs(const plan_ctx_t *x, const policy_plan_t *pp) {
 
 static void print_header(const plan_ctx_t *x) {
     const model_config_t *mc = x->mc;
-    const size_t elem = token_head_bytes(mc) / (2 * (size_t)mc->llm.head_dim);
     const char *seg = model_family_of(mc)->segment_name;
     printf("model    %s (%s)\n", mc->name, x->json);
     printf("         %d layers x %d KV heads x head_dim %d; %d image tokens in %d %ss = %d "
@@ -311,27 +318,56 @@ static void print_header(const plan_ctx_t *x) {
            mc->llm.num_layers, mc->llm.num_kv_heads, mc->llm.head_dim,
            kv_geometry_image_tokens(&x->g), x->g.n_segments, seg, x->steps,
            model_config_image_height(mc), model_config_image_width(mc));
-    printf("request  prompt (condition prefix): %d token%s; %d image tokens; CFG: 2 sequences per "
-           "image\n",
-           x->P, x->P == 1 ? "" : "s", kv_geometry_image_tokens(&x->g));
-    printf(
-        "KV dtype %s (%zu bytes per element), as the engine stores K and V: %zu bytes per token\n"
-        "         per head, %zu bytes per token of one image (all layers and heads, both CFG "
-        "rows);\n"
-        "         the papers' reference code keeps bf16/fp16 KV, half these bytes (bf16 row)\n",
-        elem == 4   ? "fp32"
-        : elem == 2 ? "16-bit"
-                    : "?",
-        elem, token_head_bytes(mc), token_image_bytes(mc));
+    if (by_scale(x)) {
+        const int last = x->g.segment_tokens[x->g.n_segments - 1];
+        printf("request  condition: a class, not a cached prefix (--prompt-tokens does not apply); "
+               "%d image\n         tokens, %d of them cached: the last scale (%d tokens) attends "
+               "to itself and is never\n         cached; CFG: 2 sequences per image\n",
+               kv_geometry_image_tokens(&x->g), kv_geometry_image_tokens(&x->g) - last, last);
+    } else {
+        printf("request  prompt (condition prefix): %d token%s; %d image tokens; CFG: 2 sequences "
+               "per image\n",
+               x->P, x->P == 1 ? "" : "s", kv_geometry_image_tokens(&x->g));
+    }
+    const int same = x->dt.k == x->dt.v;
+    char types[64];
+    if (same)
+        snprintf(types, sizeof types, "%s (%zu bytes per element)",
+                 x->dt.k == DTYPE_F32 ? "fp32" : planner_kv_dtype_name(x->dt.k),
+                 dtype_size(x->dt.k));
+    else
+        snprintf(types, sizeof types, "K %s, V %s (%zu + %zu bytes per element)",
+                 planner_kv_dtype_name(x->dt.k), planner_kv_dtype_name(x->dt.v),
+                 dtype_size(x->dt.k), dtype_size(x->dt.v));
+    if (planner_kv_dtype_equal(x->dt, planner_kv_engine))
+        printf("KV dtype %s, as the engine stores K and V: %zu bytes per token\n", types,
+               token_head_bytes(x));
+    else
+        printf("KV dtype %s as planned (--kv-dtype): %zu bytes per token\n", types,
+               token_head_bytes(x));
+    printf("         per head, %zu bytes per token of one image (all layers and heads, both CFG "
+           "rows)\n",
+           token_image_bytes(x));
+    if (!planner_kv_dtype_equal(x->dt, planner_kv_engine))
+        printf("         NOTE: the engine's pool holds K and V in f32 (%zu bytes per token per "
+               "head): `serve`\n         reserves %.3gx every byte figure below\n",
+               kv_pool_block_bytes(1, mc->llm.head_dim),
+               (double)kv_pool_block_bytes(1, mc->llm.head_dim) / (double)token_head_bytes(x));
+    else
+        printf("         (the papers' reference code keeps 16-bit KV: see the bf16 row, or "
+               "--kv-dtype)\n");
     printf("pool     %lld MiB: %zu blocks of %d token%s (%zu bytes: one head's K and V), %zu "
            "bytes\n",
            x->pool_mb, x->capacity / x->block, x->bt, x->bt == 1 ? "" : "s", x->block, x->capacity);
     printf("         block size: the largest power of two whose last-block overhead is under 5%%\n"
            "         of %d tokens (the image tokens a head holds at budget 1/%d)\n",
            kv_geometry_image_tokens(&x->g) / PLANNER_MIN_BUDGET_INV, PLANNER_MIN_BUDGET_INV);
-    const size_t full = planner_full_cache_bytes(mc, x->P);
-    printf("full-cache KV per image (all %d tokens): %zu bytes = %.1f MiB\n\n",
+    const size_t full = planner_full_cache_bytes_dtype(mc, x->P, x->dt);
+    printf("full-cache KV per image (all %d tokens): %zu bytes = %.1f MiB\n",
            kv_geometry_held(&x->g, x->steps - 1), full, mib(full));
+    printf(
+        "full-cache KV of the batch (%d image%s x 2 CFG rows, --batch): %zu bytes = %.1f MiB\n\n",
+        x->batch, x->batch == 1 ? "" : "s", full * (size_t)x->batch, mib(full * (size_t)x->batch));
 }
 
 /* One row of the side-by-side table: a label and a cell per policy ("n/a"
@@ -353,8 +389,16 @@ static void row_token_bytes(const plan_ctx_t *x, const policy_plan_t *pp, const 
 }
 static void row_half_bytes(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
                            char *buf, size_t cap) {
-    const size_t elem = token_head_bytes(x->mc) / (2 * (size_t)x->mc->llm.head_dim);
-    snprintf(buf, cap, "%zu", pp->peak_token_bytes / elem * 2);
+    const planner_kv_dtype_t half = {DTYPE_BF16, DTYPE_BF16};
+    snprintf(buf, cap, "%zu", (size_t)pp->peak_tokens * planner_token_image_bytes(x->mc, half));
+}
+static void row_batch_tokens(const plan_ctx_t *x, const policy_plan_t *pp,
+                             const policy_plan_t *full, char *buf, size_t cap) {
+    snprintf(buf, cap, "%.1f", in_unit(x, pp->peak_token_bytes * (size_t)x->batch));
+}
+static void row_batch_blocks(const plan_ctx_t *x, const policy_plan_t *pp,
+                             const policy_plan_t *full, char *buf, size_t cap) {
+    snprintf(buf, cap, "%.1f", in_unit(x, pp->plan.peak_bytes * (size_t)x->batch));
 }
 static void row_block_bytes(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
                             char *buf, size_t cap) {
@@ -393,6 +437,8 @@ static void print_side_by_side(const plan_ctx_t *x, const policy_plan_t *plans, 
     for (int i = 0; i < np; i++) {
         char b[48];
         fmt_budget(b, sizeof b, plans[i].p.kind == KV_POLICY_FULL ? 1.0 : plans[i].p.budget);
+        if (plans[i].p.kind != KV_POLICY_FULL && !kv_policy_uses_budget(plans[i].p.kind, &x->g))
+            snprintf(b, sizeof b, "not used");
         cell(b, i == np - 1);
     }
     const struct {
@@ -407,6 +453,10 @@ static void print_side_by_side(const plan_ctx_t *x, const policy_plan_t *plans, 
         {x->unit_div > 1048575 ? "  MiB" : "  KiB", row_block_unit},
         {"  of the full-cache peak", row_of_full},
         {"  last-block overhead", row_overhead},
+        {x->unit_div > 1048575 ? "batch peak, tokens (MiB)" : "batch peak, tokens (KiB)",
+         row_batch_tokens},
+        {x->unit_div > 1048575 ? "batch peak in the pool (MiB)" : "batch peak in the pool (KiB)",
+         row_batch_blocks},
         {"images in the pool at once", row_images},
     };
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
@@ -428,8 +478,36 @@ static void print_side_by_side(const plan_ctx_t *x, const policy_plan_t *plans, 
             printf(
                 "  %s: one image needs %.1f MiB, more than the pool: the daemon refuses it (400)\n",
                 kv_policy_name(plans[i].p.kind), mib(plans[i].plan.peak_bytes));
+    if (x->batch > 1)
+        printf("  (batch peak: %d images started together, --batch, 2 CFG rows each)\n", x->batch);
     printf("  (images in the pool: images started together, so their trajectories peak together;\n"
            "   the planner admits exactly that many; staggered starts may fit more)\n");
+}
+
+/* Next-scale models: every step (one scale each), side by side: the
+ * scale's side and tokens, the tokens it adds to the cache, and the tokens
+ * one head holds during the step under each policy (after the step's
+ * append, before any compaction) with the bytes of the batch. */
+static void print_scales(const plan_ctx_t *x, const policy_plan_t *plans, int np) {
+    printf("\ntrajectory by scale: tokens per head / %s of the batch (%d image%s), during the "
+           "step\n(after its append, before any compaction); the last scale is never cached\n",
+           x->unit_name, x->batch, x->batch == 1 ? "" : "s");
+    printf("%-6s%-6s%-8s%-8s", "step", "side", "tokens", "cached");
+    for (int i = 0; i < np; i++)
+        cell(kv_policy_name(plans[i].p.kind), i == np - 1);
+    printf("\n");
+    for (int t = 0; t < x->steps; t++) {
+        const int side = x->mc->image.scales[t];
+        printf("%-6d%-6d%-8d%-8d", t, side, x->g.segment_tokens[t], kv_geometry_fed(&x->g, t));
+        for (int i = 0; i < np; i++) {
+            char c[48] = "n/a";
+            if (plans[i].ok)
+                snprintf(c, sizeof c, "%d / %.1f", plans[i].plan.tokens[t],
+                         in_unit(x, plans[i].plan.bytes[t] * (size_t)x->batch));
+            cell(c, i == np - 1);
+        }
+        printf("\n");
+    }
 }
 
 /* The trajectory sampled at segment ends (at most about 8 of them), side
@@ -482,10 +560,10 @@ static void print_segment_ends(const plan_ctx_t *x, const policy_plan_t *plans, 
 static void print_details(const plan_ctx_t *x, const policy_plan_t *plans, int np) {
     for (int i = 0; i < np; i++) {
         const policy_plan_t *pp = &plans[i];
-        char b[48], words[256];
+        char b[48], words[512];
         fmt_budget(b, sizeof b, pp->p.kind == KV_POLICY_FULL ? 1.0 : pp->p.budget);
         printf("\n%s", kv_policy_name(pp->p.kind));
-        if (pp->p.kind != KV_POLICY_FULL)
+        if (pp->p.kind != KV_POLICY_FULL && kv_policy_uses_budget(pp->p.kind, &x->g))
             printf(" at budget %s", b);
         if (!pp->ok) {
             printf(": does not suit this grid: %s\n", pp->why);
@@ -493,19 +571,30 @@ static void print_details(const plan_ctx_t *x, const policy_plan_t *plans, int n
         }
         kv_policy_describe(&pp->p, &x->g, words, sizeof words);
         printf(": %s\n", words);
-        print_runs(x, pp);
+        if (!by_scale(x)) /* a scale model's steps are all in the table above */
+            print_runs(x, pp);
     }
+}
+
+/* --kv-dtype's value into a planner_kv_dtype_t (CLI_EACH). */
+static int parse_kv_dtype(void *dest, const char *value) {
+    ar_error_t err = {{0}};
+    if (planner_kv_dtype_parse(value, dest, &err) == AR_OK)
+        return 0;
+    fprintf(stderr, "arserve plan: --kv-dtype: %s\n", err.msg);
+    return 2;
 }
 
 int cmd_plan(int argc, char **argv, char **envp) {
     const char *model_arg = NULL;
     int only = -1, help = 0;
     double budget = -1;
-    long long pool_mb = PLAN_DEFAULT_POOL_MB, n_prompt = PLAN_DEFAULT_PROMPT_TOKENS;
+    long long pool_mb = PLAN_DEFAULT_POOL_MB, n_prompt = PLAN_DEFAULT_PROMPT_TOKENS, batch = 1;
+    planner_kv_dtype_t dt = planner_kv_engine;
     const cli_flag_t flags[] = {
         {"model", 0, CLI_STRING, &model_arg, .metavar = "DIR_OR_PRESET",
          .help = "a model directory, or a preset from config/models/ (janus-pro-1b, "
-                 "janus-pro-7b, llamagen-xl)"},
+                 "janus-pro-7b, llamagen-xl, var-d16 .. var-d30, infinity-2b, infinity-8b)"},
         {"policy", 0, CLI_CHOICE, &only, .choices = kv_policy_names, .metavar = "P",
          .help = "only this KV policy (default: every one)"},
         {"budget", 0, CLI_REAL, &budget, 0, 1, 1, .metavar = "B",
@@ -515,7 +604,15 @@ int cmd_plan(int argc, char **argv, char **envp) {
          .help = "KV pool size in MiB (default 1024, as the daemon's --kv-pool-mb)"},
         {"prompt-tokens", 0, CLI_INT, &n_prompt, 1, MODEL_MAX_PROMPT_TOKENS, .metavar = "N",
          .help = "condition prefix of each sequence: BOS + templated prompt + image-start "
-                 "(default 18: a 16-token prompt; LlamaGen c2i: 1)"},
+                 "(default 18: a 16-token prompt; LlamaGen c2i: 1; next-scale models cache no "
+                 "prefix and ignore it)"},
+        {"batch", 0, CLI_INT, &batch, 1, 65536, .metavar = "N",
+         .help = "images planned together, each a CFG pair of sequences: the batch's peak "
+                 "(default 1)"},
+        {"kv-dtype", 0, CLI_EACH, &dt, .each = parse_kv_dtype, .metavar = "K,V",
+         .help = "element types of the cache's K and V, each f32, bf16 or f16 (one value: both); "
+                 "e.g. f32,bf16, what VAR's and HeatKV's reference code holds under autocast. "
+                 "Default f32,f32, what the engine's pool holds"},
         {0}};
     int rc = cli_flags_parse("plan", flags, argc, argv, &help);
     if (rc)
@@ -538,13 +635,18 @@ int cmd_plan(int argc, char **argv, char **envp) {
         fprintf(stderr, "arserve plan: cannot read the model: %s\n", err.msg);
         return 1;
     }
-    plan_ctx_t x = {.mc = &cfg, .json = json, .P = (int)n_prompt, .pool_mb = pool_mb};
+    plan_ctx_t x = {.mc = &cfg,
+                    .json = json,
+                    .P = (int)n_prompt,
+                    .pool_mb = pool_mb,
+                    .batch = (int)batch,
+                    .dt = dt};
     model_geometry(&cfg, x.P, &x.g);
     x.steps = kv_geometry_steps(&x.g);
     x.bt = planner_block_tokens(&cfg);
-    x.block = kv_pool_block_bytes(x.bt, cfg.llm.head_dim);
+    x.block = (size_t)x.bt * token_head_bytes(&x);
     x.capacity = ((size_t)pool_mb << 20) / x.block * x.block; /* the scheduler rounds down */
-    const int small = planner_full_cache_bytes(&cfg, x.P) < ((size_t)10 << 20);
+    const int small = planner_full_cache_bytes_dtype(&cfg, x.P, dt) < ((size_t)10 << 20);
     x.unit_name = small ? "KiB" : "MiB";
     x.unit_div = small ? 1024.0 : 1048576.0;
 
@@ -562,7 +664,10 @@ int cmd_plan(int argc, char **argv, char **envp) {
     }
     print_header(&x);
     print_side_by_side(&x, plans, np);
-    print_segment_ends(&x, plans, np);
+    if (by_scale(&x))
+        print_scales(&x, plans, np);
+    else
+        print_segment_ends(&x, plans, np);
     print_details(&x, plans, np);
     if (only >= 0 && !plans[0].ok) {
         fprintf(stderr, "arserve plan: %s: %s\n", kv_policy_name(plans[0].p.kind), plans[0].why);

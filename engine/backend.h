@@ -135,6 +135,17 @@ struct backend {
     void (*attention)(backend_t *be, float *out, const float *q, const kv_blocks_t *pool,
                       const attn_batch_t *batch, int n_heads, float scale);
 
+    /* Attention of next-scale models, where a step feeds a whole scale:
+     * sequence s's query rows [q_start[s], q_start[s+1]) attend to all
+     * kv[s*n_heads + h].len keys of its cache (earlier scales) AND to all of
+     * its own n_s new keys, whose K and V are rows [q_start[s], q_start[s+1])
+     * of k_new and v_new (n_heads * head_dim per row, not in the cache): a
+     * scale sees every earlier scale and the whole of itself. Key mass, when
+     * asked for, covers len + n_s keys (the cache's, then the new ones). */
+    void (*attention_scale)(backend_t *be, float *out, const float *q, const float *k_new,
+                            const float *v_new, const kv_blocks_t *pool, const attn_batch_t *batch,
+                            int n_heads, float scale);
+
     /* Compaction of one (sequence, layer, head) cache in place: cache index
      * i takes the K and V rows (and mass[i] the value, when mass is not
      * NULL) of index keep[i], for i < n_keep. keep is host memory, strictly
@@ -143,10 +154,26 @@ struct backend {
     void (*kv_gather)(backend_t *be, const kv_blocks_t *pool, const int *blocks, const int *keep,
                       int n_keep, float *mass);
 
+    /* LayerNorm without affine parameters: y[r, :] = (x[r, :] - mean) /
+     * sqrt(var + eps), the biased variance, rows of dim. y may be x. */
+    void (*layernorm)(backend_t *be, float *y, const float *x, int rows, int dim, float eps);
+    /* AdaLN modulation: y[r, :] = x[r, :] * (1 + scale[:]) + shift[:] for
+     * rows of dim; scale and shift are dim floats (backend). y may be x. */
+    void (*modulate)(backend_t *be, float *y, const float *x, const float *scale,
+                     const float *shift, int rows, int dim);
+    /* Gated residual: y[r, :] += a[r, :] * gate[:], rows of dim. */
+    void (*gate_add)(backend_t *be, float *y, const float *a, const float *gate, int rows, int dim);
+    /* Each head of each row (rows of n_heads * head_dim) divided by its L2
+     * norm (max(norm, 1e-12), as torch's F.normalize), then multiplied by
+     * mul[h] when mul (n_heads floats, backend) is not NULL. In place. */
+    void (*l2norm_heads)(backend_t *be, float *x, const float *mul, int rows, int n_heads,
+                         int head_dim);
+
     /* Element-wise. */
     void (*silu_mul)(backend_t *be, float *out, const float *gate, const float *up, size_t n);
     void (*silu)(backend_t *be, float *x, size_t n);
     void (*gelu)(backend_t *be, float *x, size_t n);                /* exact erf form */
+    void (*gelu_tanh)(backend_t *be, float *x, size_t n);           /* tanh approximation */
     void (*add)(backend_t *be, float *y, const float *a, size_t n); /* y += a */
     void (*scale)(backend_t *be, float *x, size_t n, float s);      /* x *= s */
     /* Row-wise softmax in place over cols, rows of x. */
@@ -166,6 +193,15 @@ struct backend {
                       const tensor_t *beta, int c, int hw, int groups, float eps);
     /* Nearest-neighbour 2x upsampling: (C, H, W) -> (C, 2H, 2W). */
     void (*upsample_nearest2x)(backend_t *be, float *out, const float *in, int c, int h, int w);
+    /* Resampling (C, h, w) -> (C, H, W) as torch's F.interpolate:
+     * bicubic with align_corners=False (A = -0.75, source indices clamped
+     * at the borders, no antialiasing), and area (adaptive average pooling:
+     * output cell i averages input rows floor(i*h/H) .. ceil((i+1)*h/H) - 1,
+     * and likewise columns). */
+    void (*resize_bicubic)(backend_t *be, float *out, const float *in, int c, int h, int w, int H,
+                           int W);
+    void (*resize_area)(backend_t *be, float *out, const float *in, int c, int h, int w, int H,
+                        int W);
     /* out[j, i] = in[i, j] for an in of rows x cols (used to move between
      * channel-major images and token rows). */
     void (*transpose)(backend_t *be, float *out, const float *in, int rows, int cols);

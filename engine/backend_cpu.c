@@ -470,6 +470,118 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
     }
 }
 
+/* Online softmax over one chunk of nj keys whose K and V rows are given by
+ * pointer: the running max m, sum l and weighted sum acc of attend_row. */
+static void attend_chunk(float *acc, float *m, double *l, const float *q, const float *const *k,
+                         const float *const *v, int nj, int head_dim, float scale) {
+    float sc[ATTN_CHUNK], cm = -INFINITY;
+    for (int j = 0; j < nj; j++) {
+        sc[j] = dot_f32(q, k[j], head_dim) * scale;
+        cm = sc[j] > cm ? sc[j] : cm;
+    }
+    if (cm > *m) {
+        const float rescale = expf(*m - cm);
+        *l *= rescale;
+        for (int d = 0; d < head_dim; d++)
+            acc[d] *= rescale;
+        *m = cm;
+    }
+    for (int j = 0; j < nj; j++) {
+        const float p = expf(sc[j] - *m);
+        *l += p;
+        for (int d = 0; d < head_dim; d++)
+            acc[d] += p * v[j][d];
+    }
+}
+
+/* The keys of a scale's query row: n_cached rows of the paged cache, then
+ * n_new dense rows (stride apart). Key j's K and V rows, by pointer. */
+typedef struct scale_keys {
+    const kv_blocks_t *pool;
+    const int *blocks;
+    int n_cached, n_new;
+    const float *k_new, *v_new;
+    size_t stride;
+} scale_keys_t;
+
+/* Pointers to keys [j0, j0 + nj) of sk. */
+static void scale_keys_at(const scale_keys_t *sk, int j0, int nj, const float **k,
+                          const float **v) {
+    int j = 0;
+    if (j0 < sk->n_cached) {
+        kv_walk_t w = walk_at(sk->pool, sk->blocks, j0);
+        for (; j < nj && j0 + j < sk->n_cached; j++, walk_next(&w)) {
+            k[j] = walk_k(&w);
+            v[j] = walk_v(&w);
+        }
+    }
+    for (; j < nj; j++) {
+        const size_t r = (size_t)(j0 + j - sk->n_cached) * sk->stride;
+        k[j] = sk->k_new + r;
+        v[j] = sk->v_new + r;
+    }
+}
+
+/* One query row of a scale against every key of sk; with mass, the exact
+ * probabilities are added to mass[j] in a second pass (as attend_row_mass). */
+static void attend_row_scale(float *out, float *mass, const float *q, const scale_keys_t *sk,
+                             float scale) {
+    const int head_dim = sk->pool->head_dim, n_keys = sk->n_cached + sk->n_new;
+    float acc[MAX_HEAD_DIM], m = -INFINITY;
+    const float *k[ATTN_CHUNK], *v[ATTN_CHUNK];
+    double l = 0;
+    for (int d = 0; d < head_dim; d++)
+        acc[d] = 0;
+    for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
+        const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
+        scale_keys_at(sk, j0, nj, k, v);
+        attend_chunk(acc, &m, &l, q, k, v, nj, head_dim, scale);
+    }
+    const float inv = (float)(1.0 / l);
+    for (int d = 0; d < head_dim; d++)
+        out[d] = acc[d] * inv;
+    if (!mass)
+        return;
+    for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
+        const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
+        scale_keys_at(sk, j0, nj, k, v);
+        for (int j = 0; j < nj; j++)
+            mass[j0 + j] += (float)(exp((double)dot_f32(q, k[j], head_dim) * scale - m) / l);
+    }
+}
+
+static void cpu_attention_scale(backend_t *be, float *out, const float *q, const float *k_new,
+                                const float *v_new, const kv_blocks_t *pool,
+                                const attn_batch_t *batch, int n_heads, float scale) {
+    const int head_dim = pool->head_dim;
+    assert(batch->n_seq >= 0 && n_heads >= 0 && head_dim > 0 && head_dim <= MAX_HEAD_DIM);
+    const int n_pairs = batch->n_seq * n_heads;
+    const int *q_start = batch->q_start;
+    const size_t row = (size_t)n_heads * head_dim;
+    int64_t work = 0;
+    for (int i = 0; i < n_pairs; i++) {
+        const int n_new = q_start[i / n_heads + 1] - q_start[i / n_heads];
+        work += (int64_t)n_new * (batch->kv[i].len + n_new);
+    }
+#pragma omp parallel for num_threads(team(be)) if (work * head_dim >= PAR_MIN_WORK)                \
+    schedule(dynamic, 1)
+    for (int i = 0; i < n_pairs; i++) {
+        const int s = i / n_heads, h = i % n_heads;
+        const scale_keys_t sk = {pool,
+                                 batch->kv[i].blocks,
+                                 batch->kv[i].len,
+                                 q_start[s + 1] - q_start[s],
+                                 k_new + (size_t)q_start[s] * row + (size_t)h * head_dim,
+                                 v_new + (size_t)q_start[s] * row + (size_t)h * head_dim,
+                                 row};
+        float *mass = batch->mass ? batch->mass[i] : NULL;
+        for (int r = q_start[s]; r < q_start[s + 1]; r++) {
+            const size_t at = (size_t)r * row + (size_t)h * head_dim;
+            attend_row_scale(out + at, mass, q + at, &sk, scale);
+        }
+    }
+}
+
 /* Forward copies: keep is strictly ascending, so keep[i] >= i and the row
  * read at step i has not been overwritten by an earlier step. */
 static void cpu_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *blocks,
@@ -508,6 +620,68 @@ static void cpu_gelu(backend_t *be, float *x, size_t n) {
 #pragma omp parallel for num_threads(team(be)) if (n >= PAR_MIN_WORK)
     for (size_t i = 0; i < n; i++)
         x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * inv_sqrt2));
+}
+
+static void cpu_gelu_tanh(backend_t *be, float *x, size_t n) {
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+#pragma omp parallel for num_threads(team(be)) if (n >= PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++)
+        x[i] = 0.5f * x[i] * (1.0f + tanhf(k * (x[i] + 0.044715f * x[i] * x[i] * x[i])));
+}
+
+/* Mean and variance in double, as a reference should. */
+static void cpu_layernorm(backend_t *be, float *y, const float *x, int rows, int dim, float eps) {
+    assert(rows >= 0 && dim > 0);
+#pragma omp parallel for num_threads(team(be)) if ((int64_t)rows * dim >= PAR_MIN_WORK)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *yr = y + (size_t)r * dim;
+        double sum = 0, sq = 0;
+        for (int i = 0; i < dim; i++)
+            sum += xr[i];
+        const double mean = sum / dim;
+        for (int i = 0; i < dim; i++)
+            sq += (xr[i] - mean) * (xr[i] - mean);
+        const float inv = (float)(1.0 / sqrt(sq / dim + eps)), mu = (float)mean;
+        for (int i = 0; i < dim; i++)
+            yr[i] = (xr[i] - mu) * inv;
+    }
+}
+
+static void cpu_modulate(backend_t *be, float *y, const float *x, const float *scale,
+                         const float *shift, int rows, int dim) {
+#pragma omp parallel for num_threads(team(be)) if ((int64_t)rows * dim >= PAR_MIN_WORK)
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < dim; i++) {
+            const size_t at = (size_t)r * dim + i;
+            y[at] = x[at] * (1.0f + scale[i]) + shift[i];
+        }
+}
+
+static void cpu_gate_add(backend_t *be, float *y, const float *a, const float *gate, int rows,
+                         int dim) {
+#pragma omp parallel for num_threads(team(be)) if ((int64_t)rows * dim >= PAR_MIN_WORK)
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < dim; i++) {
+            const size_t at = (size_t)r * dim + i;
+            y[at] += a[at] * gate[i];
+        }
+}
+
+static void cpu_l2norm_heads(backend_t *be, float *x, const float *mul, int rows, int n_heads,
+                             int head_dim) {
+    const int n = rows * n_heads;
+#pragma omp parallel for num_threads(team(be)) if ((int64_t)n * head_dim >= PAR_MIN_WORK)
+    for (int i = 0; i < n; i++) {
+        float *xi = x + (size_t)i * head_dim;
+        double ss = 0;
+        for (int d = 0; d < head_dim; d++)
+            ss += (double)xi[d] * xi[d];
+        const float norm = fmaxf((float)sqrt(ss), 1e-12f);
+        const float m = mul ? mul[i % n_heads] : 1.0f;
+        for (int d = 0; d < head_dim; d++)
+            xi[d] = xi[d] / norm * m;
+    }
 }
 
 static void cpu_add(backend_t *be, float *y, const float *a, size_t n) {
@@ -700,6 +874,72 @@ static void cpu_upsample_nearest2x(backend_t *be, float *out, const float *in, i
     }
 }
 
+/* Keys' cubic convolution coefficients (A = -0.75) for a sample at
+ * fraction t past source index floor: weights of floor-1 .. floor+2. */
+static void cubic_weights(float t, float w[4]) {
+    const float A = -0.75f;
+    const float x1 = t + 1.0f, x2 = 1.0f - t, x3 = 2.0f - t;
+    w[0] = ((A * x1 - 5.0f * A) * x1 + 8.0f * A) * x1 - 4.0f * A;
+    w[1] = ((A + 2.0f) * t - (A + 3.0f)) * t * t + 1.0f;
+    w[2] = ((A + 2.0f) * x2 - (A + 3.0f)) * x2 * x2 + 1.0f;
+    w[3] = ((A * x3 - 5.0f * A) * x3 + 8.0f * A) * x3 - 4.0f * A;
+}
+
+/* Source position of output index o (align_corners=False, not clamped for
+ * cubic): its floor and fraction. */
+static void cubic_source(int o, int in, int out, int *floor_, float *t) {
+    const float real = (float)in / (float)out * ((float)o + 0.5f) - 0.5f;
+    *floor_ = (int)floorf(real);
+    *t = real - (float)*floor_;
+}
+
+static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+static void cpu_resize_bicubic(backend_t *be, float *out, const float *in, int c, int h, int w,
+                               int H, int W) {
+#pragma omp parallel for num_threads(team(be)) if ((int64_t)c * H * W * 16 >= PAR_MIN_WORK)
+    for (int ch = 0; ch < c; ch++)
+        for (int oy = 0; oy < H; oy++) {
+            int y0;
+            float ty, wy[4];
+            cubic_source(oy, h, H, &y0, &ty);
+            cubic_weights(ty, wy);
+            for (int ox = 0; ox < W; ox++) {
+                int x0;
+                float tx, wx[4], acc = 0;
+                cubic_source(ox, w, W, &x0, &tx);
+                cubic_weights(tx, wx);
+                for (int i = 0; i < 4; i++) {
+                    const float *r = in + ((size_t)ch * h + clampi(y0 - 1 + i, 0, h - 1)) * w;
+                    float row = 0;
+                    for (int j = 0; j < 4; j++)
+                        row += r[clampi(x0 - 1 + j, 0, w - 1)] * wx[j];
+                    acc += row * wy[i];
+                }
+                out[((size_t)ch * H + oy) * W + ox] = acc;
+            }
+        }
+}
+
+static void cpu_resize_area(backend_t *be, float *out, const float *in, int c, int h, int w, int H,
+                            int W) {
+#pragma omp parallel for num_threads(team(be)) if ((int64_t)c * h * w >= PAR_MIN_WORK)
+    for (int ch = 0; ch < c; ch++)
+        for (int oy = 0; oy < H; oy++) {
+            const int y0 = (int)((int64_t)oy * h / H),
+                      y1 = (int)(((int64_t)oy + 1) * h + H - 1) / H;
+            for (int ox = 0; ox < W; ox++) {
+                const int x0 = (int)((int64_t)ox * w / W),
+                          x1 = (int)(((int64_t)ox + 1) * w + W - 1) / W;
+                float sum = 0;
+                for (int y = y0; y < y1; y++)
+                    for (int x = x0; x < x1; x++)
+                        sum += in[((size_t)ch * h + y) * w + x];
+                out[((size_t)ch * H + oy) * W + ox] = sum / (float)((y1 - y0) * (x1 - x0));
+            }
+        }
+}
+
 /* In 32 x 32 tiles so both the reads and the writes stay in cache. */
 static void cpu_transpose(backend_t *be, float *out, const float *in, int rows, int cols) {
     assert(rows >= 0 && cols >= 0 && (out != in || rows == 0 || cols == 0));
@@ -770,10 +1010,16 @@ backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
     be->rope_2d = cpu_rope_2d;
     be->kv_append = cpu_kv_append;
     be->attention = cpu_attention;
+    be->attention_scale = cpu_attention_scale;
     be->kv_gather = cpu_kv_gather;
     be->silu_mul = cpu_silu_mul;
     be->silu = cpu_silu;
     be->gelu = cpu_gelu;
+    be->gelu_tanh = cpu_gelu_tanh;
+    be->layernorm = cpu_layernorm;
+    be->modulate = cpu_modulate;
+    be->gate_add = cpu_gate_add;
+    be->l2norm_heads = cpu_l2norm_heads;
     be->add = cpu_add;
     be->scale = cpu_scale;
     be->softmax = cpu_softmax;
@@ -781,6 +1027,8 @@ backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
     be->conv2d = cpu_conv2d;
     be->groupnorm = cpu_groupnorm;
     be->upsample_nearest2x = cpu_upsample_nearest2x;
+    be->resize_bicubic = cpu_resize_bicubic;
+    be->resize_area = cpu_resize_area;
     be->transpose = cpu_transpose;
     be->destroy = cpu_destroy;
     return be;

@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
-extern const model_family_t model_family_raster;
+extern const model_family_t model_family_raster, model_family_scale;
 
-static const model_family_t *const families[] = {&model_family_raster};
+static const model_family_t *const families[] = {&model_family_raster, &model_family_scale};
 #define N_FAMILIES (int)(sizeof families / sizeof families[0])
 
 const model_family_t *model_family_find(const char *name) {

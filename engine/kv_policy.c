@@ -73,7 +73,8 @@ int kv_geometry_steps(const kv_geometry_t *g) {
 int kv_geometry_fed(const kv_geometry_t *g, int t) {
     if (g->step_unit == KV_STEP_TOKEN)
         return t > 0;
-    return t >= 0 && t < g->n_segments ? g->segment_tokens[t] : 0;
+    /* The last scale attends to itself and is never cached. */
+    return t >= 0 && t < g->n_segments - 1 ? g->segment_tokens[t] : 0;
 }
 
 int kv_geometry_held(const kv_geometry_t *g, int t) {
@@ -81,7 +82,7 @@ int kv_geometry_held(const kv_geometry_t *g, int t) {
         return g->n_prompt + t;
     int n = g->n_prompt;
     for (int i = 0; i <= t && i < g->n_segments; i++)
-        n += g->segment_tokens[i];
+        n += kv_geometry_fed(g, i);
     return n;
 }
 
@@ -148,6 +149,13 @@ const char *kv_policy_list(char *buf, size_t cap) {
 double kv_policy_default_budget(kv_policy_kind_t kind) {
     const kv_policy_ops_t *ops = ops_of(kind);
     return ops ? ops->default_budget : 1.0;
+}
+
+int kv_policy_uses_budget(kv_policy_kind_t kind, const kv_geometry_t *g) {
+    const kv_policy_ops_t *ops = ops_of(kind);
+    if (!ops || !ops->takes_budget)
+        return 0;
+    return ops->uses_budget && g ? ops->uses_budget(g) : 1;
 }
 
 unsigned kv_policy_stats(kv_policy_kind_t kind) {

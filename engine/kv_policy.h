@@ -30,7 +30,8 @@ typedef struct kv_policy_params {
     kv_policy_kind_t kind;
     double budget; /* fraction of the full cache a head may hold, (0, 1]; full ignores it */
     /* streaming */
-    int sink_tokens; /* image tokens after the prefix kept as attention sinks */
+    int sink_tokens; /* image tokens after the prefix kept as attention sinks (raster) */
+    int sink_scales; /* first scales kept as attention sinks (next-scale models) */
     /* linear (LineAR) */
     int anchor_lines; /* N_init, in lines */
     int recent_lines; /* r */
@@ -56,6 +57,10 @@ typedef struct kv_policy_params {
     /* StreamingLLM §3.1, Tab. 2: four initial tokens suffice as sinks */                         \
     X(sink_tokens, KV_POLICY_STREAMING, INT, 0, 0, 65536, 4,                                       \
       "streaming: image tokens after the prefix kept as attention sinks")                          \
+    /* HeatKV §4: s = 3 sink scales for StreamingLLM on Infinity */                               \
+    X(sink_scales, KV_POLICY_STREAMING, INT, 0, 0, 256, 3,                                         \
+      "streaming on next-scale models: first scales kept as attention sinks, beside the most "     \
+      "recent scale")                                                                              \
     /* LineAR leaves N_init and r open; issue 5 fixes 1 and 2 */                                   \
     X(anchor_lines, KV_POLICY_LINEAR, INT, 0, 0, 4096, 1,                                          \
       "linear: first image lines always kept (N_init)")                                            \
@@ -127,8 +132,11 @@ typedef enum kv_step_unit {
  * KV_STEP_TOKEN a request has one step per image token: step 0 feeds the
  * prefix, step t > 0 feeds image token t - 1 (the last is never fed). With
  * KV_STEP_SEGMENT it has one step per segment: step 0 feeds the prefix and
- * segment 0, step t > 0 feeds segment t. The model's family makes it
- * (engine/family.h); nothing else computes steps. */
+ * segment 0, step t > 0 feeds segment t; the last segment's keys and values
+ * serve its own step's attention and are never cached (nothing attends to
+ * them later; HeatKV's convention, so the cache peaks before the last
+ * scale). The model's family makes it (engine/family.h); nothing else
+ * computes steps. */
 typedef struct kv_geometry {
     int n_prompt;
     kv_step_unit_t step_unit;
@@ -149,7 +157,7 @@ int kv_geometry_check(const kv_geometry_t *g, ar_error_t *err);
 int kv_geometry_image_tokens(const kv_geometry_t *g);
 /* Steps of a request (see kv_geometry_t). */
 int kv_geometry_steps(const kv_geometry_t *g);
-/* Image tokens step t feeds (the prefix not counted). */
+/* Image tokens step t feeds into the cache (the prefix not counted). */
 int kv_geometry_fed(const kv_geometry_t *g, int t);
 /* Tokens every head holds during step t under the full cache (after the
  * step's append): the prefix and every image token fed so far. */
@@ -173,6 +181,9 @@ extern const char *const kv_policy_names[KV_POLICY_COUNT + 1];
 const char *kv_policy_list(char *buf, size_t cap);
 /* A policy's budget when a request or the config gives none. */
 double kv_policy_default_budget(kv_policy_kind_t kind);
+/* 1 when a policy's budget shapes its cache on geometry g (0 for full, and
+ * for streaming on scales, where the sink and recent scales fix it). */
+int kv_policy_uses_budget(kv_policy_kind_t kind, const kv_geometry_t *g);
 
 /* What a request or a config says about its KV policy, each part optional.
  * has_kind 0: the default's kind; budget 0: none given; bit i of

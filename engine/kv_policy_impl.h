@@ -14,6 +14,9 @@ typedef struct kv_policy_ops {
     double default_budget; /* its own budget (1 for a policy that takes none) */
     int takes_budget;      /* 0: the budget is ignored (full) */
     unsigned stats;        /* KV_STATS_* it asks the engine to collect */
+    /* Whether the budget means anything on geometry g (streaming on scales:
+     * no). NULL: takes_budget. */
+    int (*uses_budget)(const kv_geometry_t *g);
     /* Its own rules on p and g; *field as kv_policy_check says. */
     int (*check)(const kv_policy_params_t *p, const kv_geometry_t *g, const char **field,
                  ar_error_t *err);

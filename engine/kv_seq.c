@@ -63,7 +63,7 @@ int kv_seq_reserve(kv_seq_t *const *seqs, const int *n_new, int n, ar_error_t *e
     long long need = 0;
     for (int s = 0; s < n; s++) {
         const kv_seq_t *sq = seqs[s];
-        if (n_new[s] < 1 || sq->n_fed + n_new[s] > sq->capacity)
+        if (n_new[s] < 0 || sq->n_fed + n_new[s] > sq->capacity)
             return ar_errorf(err,
                              "sequence %d: %d new tokens do not fit its capacity (%d of %d fed)", s,
                              n_new[s], sq->n_fed, sq->capacity);

@@ -32,7 +32,8 @@ int kv_seq_free(kv_seq_t *s, ar_error_t *err);
 /* Blocks the sequence's heads hold now. */
 int kv_seq_blocks(const kv_seq_t *s);
 
-/* Reserves the blocks every head of seqs[i] needs for n_new[i] more tokens
+/* Reserves the blocks every head of seqs[i] needs for n_new[i] >= 0 more
+ * tokens (0: a step that caches nothing, as a next-scale model's last scale)
  * (all sequences in one pool), or none: the free blocks are counted first,
  * and a host allocation failing midway is undone. Fails, with nothing
  * changed, when a sequence would pass its capacity or the pool has too few

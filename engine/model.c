@@ -1,6 +1,7 @@
 /* Loading a model directory and building its CFG prompt rows. */
 #include "model.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,55 @@ static int special_id(const model_t *m, const char *key, const char *token, int 
     return AR_OK;
 }
 
+/* condition.class_names: num_classes lines, each a name of 1 to 127
+ * printable bytes, no two alike. */
+static int load_class_names(model_t *m, ar_error_t *err) {
+    const int n = m->cfg.condition.num_classes;
+    char path[2048], line[256];
+    snprintf(path, sizeof path, "%s/%s", m->dir, m->cfg.condition.class_names);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return ar_errorf(err, "%s: cannot open: %s", path, strerror(errno));
+    m->class_names = calloc((size_t)n, sizeof *m->class_names);
+    int i = 0, rc = AR_ERR;
+    if (!m->class_names) {
+        ar_errorf(err, "out of memory");
+        goto out;
+    }
+    while (fgets(line, sizeof line, f)) {
+        size_t len = strcspn(line, "\r\n");
+        if (line[len] == 0 && !feof(f)) {
+            ar_errorf(err, "%s: line %d is longer than 127 bytes", path, i + 1);
+            goto out;
+        }
+        line[len] = 0;
+        if (i >= n) {
+            ar_errorf(err, "%s: more than condition.num_classes = %d names", path, n);
+            goto out;
+        }
+        if (len == 0 || len > 127) {
+            ar_errorf(err, "%s: line %d: a class name has 1 to 127 bytes", path, i + 1);
+            goto out;
+        }
+        if (model_class_find(m, line) >= 0) {
+            ar_errorf(err, "%s: line %d: '%s' is listed twice", path, i + 1, line);
+            goto out;
+        }
+        if (!(m->class_names[i++] = strdup(line))) {
+            ar_errorf(err, "out of memory");
+            goto out;
+        }
+    }
+    if (i != n) {
+        ar_errorf(err, "%s: %d names; condition.num_classes is %d", path, i, n);
+        goto out;
+    }
+    rc = AR_OK;
+out:
+    fclose(f);
+    return rc;
+}
+
 int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err) {
     memset(m, 0, sizeof *m);
     m->be = be;
@@ -28,13 +78,19 @@ int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err) {
     snprintf(path, sizeof path, "%s/arserve.json", dir);
     if (model_config_load(&m->cfg, path, err) != AR_OK)
         return AR_ERR;
-    snprintf(path, sizeof path, "%s/%s", dir, m->cfg.tokenizer);
-    if (!(m->tok = tokenizer_load(path, err)))
-        return AR_ERR;
-    if (special_id(m, "bos_token", m->cfg.prompt.bos_token, &m->bos_id, err) ||
-        special_id(m, "pad_token", m->cfg.prompt.pad_token, &m->pad_id, err) ||
-        special_id(m, "image_start_token", m->cfg.prompt.image_start_token, &m->image_start_id,
-                   err)) {
+    if (m->cfg.tokenizer[0]) {
+        snprintf(path, sizeof path, "%s/%s", dir, m->cfg.tokenizer);
+        if (!(m->tok = tokenizer_load(path, err)))
+            return AR_ERR;
+        if (special_id(m, "bos_token", m->cfg.prompt.bos_token, &m->bos_id, err) ||
+            special_id(m, "pad_token", m->cfg.prompt.pad_token, &m->pad_id, err) ||
+            special_id(m, "image_start_token", m->cfg.prompt.image_start_token, &m->image_start_id,
+                       err)) {
+            model_free(m);
+            return AR_ERR;
+        }
+    }
+    if (m->cfg.condition.class_names[0] && load_class_names(m, err) != AR_OK) {
         model_free(m);
         return AR_ERR;
     }
@@ -60,10 +116,38 @@ void model_free(model_t *m) {
     m->family = NULL;
     tokenizer_free(m->tok);
     m->tok = NULL;
+    for (int i = 0; m->class_names && i < m->cfg.condition.num_classes; i++)
+        free(m->class_names[i]);
+    free(m->class_names);
+    m->class_names = NULL;
+}
+
+int model_is_class_conditional(const model_t *m) { return m->cfg.condition.num_classes > 0; }
+
+int model_class_find(const model_t *m, const char *name) {
+    for (int i = 0; m->class_names && i < m->cfg.condition.num_classes; i++)
+        if (m->class_names[i] && strcmp(m->class_names[i], name) == 0)
+            return i;
+    return -1;
+}
+
+int model_prompt_from_class(const model_t *m, int label, int *cond, int *uncond, int *n,
+                            ar_error_t *err) {
+    const int classes = m->cfg.condition.num_classes;
+    if (!model_is_class_conditional(m))
+        return ar_errorf(err, "this model takes a prompt, not a class");
+    if (label < 0 || label >= classes)
+        return ar_errorf(err, "class %d is outside [0, %d)", label, classes);
+    cond[0] = label;
+    uncond[0] = classes;
+    *n = 1;
+    return AR_OK;
 }
 
 int model_prompt_from_ids(const model_t *m, const int *ids, int n_ids, int *cond, int *uncond,
                           int *n, ar_error_t *err) {
+    if (model_is_class_conditional(m))
+        return ar_errorf(err, "this model is class-conditional: give a class, not token ids");
     if (n_ids + 2 > MODEL_MAX_PROMPT_TOKENS)
         return ar_errorf(err, "prompt is %d tokens, more than the limit %d", n_ids + 2,
                          MODEL_MAX_PROMPT_TOKENS);
@@ -83,6 +167,18 @@ int model_prompt_from_ids(const model_t *m, const int *ids, int n_ids, int *cond
 
 int model_prompt_from_text(const model_t *m, const char *text, int *cond, int *uncond, int *n,
                            ar_error_t *err) {
+    if (model_is_class_conditional(m)) {
+        const int label = model_class_find(m, text);
+        if (label < 0)
+            return ar_errorf(err,
+                             m->class_names
+                                 ? "'%s' is not one of this model's %d class names (its %s; "
+                                   "GET /v1/models lists them)"
+                                 : "'%s': this model has %d classes and no class names%s; give "
+                                   "a class index",
+                             text, m->cfg.condition.num_classes, m->cfg.condition.class_names);
+        return model_prompt_from_class(m, label, cond, uncond, n, err);
+    }
     const char *tpl = m->cfg.prompt.template_text, *at = strstr(tpl, "{prompt}");
     size_t len = strlen(tpl) - strlen("{prompt}") + strlen(text) + 1;
     char *full = malloc(len);

@@ -1,7 +1,8 @@
-/* A loaded model directory: config, tokenizer and its family's networks (for
- * the raster family, the language model and the VQ decoder) on one backend;
- * and the prompt rows it feeds (the conditional row and the unconditional
- * row for classifier-free guidance). */
+/* A loaded model directory: config, tokenizer or class names, and its
+ * family's networks (raster: the language model and the VQ decoder; scale:
+ * the VAR transformer, the Phi convolutions and the VQVAE decoder) on one
+ * backend; and the condition rows it feeds (the conditional row and the
+ * unconditional row for classifier-free guidance). */
 #ifndef ARSERVE_MODEL_H
 #define ARSERVE_MODEL_H
 
@@ -10,6 +11,7 @@
 #include "model_config.h"
 #include "raster.h"
 #include "tokenizer.h"
+#include "var.h"
 #include "vq_decoder.h"
 
 /* Longest prompt row (BOS + templated text + image-start) we accept. */
@@ -21,7 +23,10 @@ typedef struct model {
     const model_family_t *family;
     tokenizer_t *tok;
     raster_model_t lm;
+    var_model_t var;
     vq_decoder_t dec;
+    tensor_t phi_w[MODEL_MAX_SCALES], phi_b[MODEL_MAX_SCALES]; /* scale: image.phi_count */
+    char **class_names; /* scale, when condition.class_names is given: num_classes names */
     int bos_id, pad_id, image_start_id;
     size_t weight_bytes; /* as stored in the files */
     backend_t *be;
@@ -31,7 +36,20 @@ typedef struct model {
 int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err);
 void model_free(model_t *m);
 
-/* Builds the two prompt rows for text: cond = BOS + tokens(template with
+/* The condition rows of a class (scale family): cond = [label], uncond =
+ * [num_classes], *n = 1. The message names the valid range. */
+int model_prompt_from_class(const model_t *m, int label, int *cond, int *uncond, int *n,
+                            ar_error_t *err);
+
+/* The class called name (exactly, as in the model's class names); -1 when
+ * there is none or the model has no names. */
+int model_class_find(const model_t *m, const char *name);
+
+/* 1 when requests name a class (the scale family), 0 when they give a prompt. */
+int model_is_class_conditional(const model_t *m);
+
+/* Builds the two prompt rows for text (for a class-conditional model: text
+ * must be one of its class names exactly): cond = BOS + tokens(template with
  * text) + image-start; uncond = the same length, BOS and image-start kept,
  * everything between replaced by pad (the reference's unconditional row).
  * Rows hold at most MODEL_MAX_PROMPT_TOKENS. */

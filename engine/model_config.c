@@ -123,6 +123,19 @@ static int get_object(const ctx_t *c, const cJSON *obj, const char *key, const c
     return check_keys(sub, it, allowed);
 }
 
+static int get_bool(const ctx_t *c, const cJSON *obj, const char *key, int *out) {
+    int st;
+    const cJSON *it = get_item(c, obj, key, 1, &st);
+    if (!it)
+        return st;
+    char kp[256];
+    if (!cJSON_IsBool(it))
+        return ar_errorf(c->err, "%s: '%s' must be true or false", c->file,
+                         key_path(c, key, kp, sizeof kp));
+    *out = cJSON_IsTrue(it);
+    return AR_OK;
+}
+
 static int read_llm(const ctx_t *c, const cJSON *root, llm_config_t *l) {
     static const char *const keys[] = {
         "vocab_size", "hidden_size",       "num_layers",   "num_heads",  "num_kv_heads",
@@ -137,7 +150,7 @@ static int read_llm(const ctx_t *c, const cJSON *root, llm_config_t *l) {
         get_int(&s, o, "num_kv_heads", 1, 1024, &l->num_kv_heads) ||
         get_int(&s, o, "head_dim", 2, 1024, &l->head_dim) ||
         get_int(&s, o, "intermediate_size", 1, 1 << 18, &l->intermediate_size) ||
-        get_float(&s, o, "rms_norm_eps", 0, 1, &l->rms_norm_eps) ||
+        get_float(&s, o, "rms_norm_eps", 0, 1, &l->norm_eps) ||
         get_float(&s, o, "rope_theta", 1, 1e9, &l->rope_theta))
         return AR_ERR;
     if (l->head_dim % 2)
@@ -147,6 +160,32 @@ static int read_llm(const ctx_t *c, const cJSON *root, llm_config_t *l) {
                          "%s: 'llm.num_kv_heads' (%d) differs from 'llm.num_heads' (%d): "
                          "grouped-query attention is not supported yet",
                          c->file, l->num_kv_heads, l->num_heads);
+    return AR_OK;
+}
+
+/* The scale family's transformer (VAR): no vocabulary (the class table's
+ * rows come from condition.num_classes), no rotary embedding, LayerNorm. */
+static int read_llm_scale(const ctx_t *c, const cJSON *root, llm_config_t *l) {
+    static const char *const keys[] = {"hidden_size",       "num_layers", "num_heads",
+                                       "head_dim",          "norm_eps",   "shared_adaln",
+                                       "intermediate_size", NULL};
+    const cJSON *o;
+    ctx_t s;
+    if (get_object(c, root, "llm", &o, &s, keys) ||
+        get_int(&s, o, "hidden_size", 1, 1 << 16, &l->hidden_size) ||
+        get_int(&s, o, "num_layers", 1, 1024, &l->num_layers) ||
+        get_int(&s, o, "num_heads", 1, 1024, &l->num_heads) ||
+        get_int(&s, o, "head_dim", 1, 1024, &l->head_dim) ||
+        get_int(&s, o, "intermediate_size", 1, 1 << 18, &l->intermediate_size) ||
+        get_float(&s, o, "norm_eps", 0, 1, &l->norm_eps) ||
+        get_bool(&s, o, "shared_adaln", &l->shared_adaln))
+        return AR_ERR;
+    if ((long long)l->num_heads * l->head_dim != l->hidden_size)
+        return ar_errorf(c->err,
+                         "%s: 'llm.num_heads' x 'llm.head_dim' (%d x %d) must equal "
+                         "'llm.hidden_size' (%d)",
+                         c->file, l->num_heads, l->head_dim, l->hidden_size);
+    l->num_kv_heads = l->num_heads;
     return AR_OK;
 }
 
@@ -167,7 +206,71 @@ static int read_image(const ctx_t *c, const cJSON *root, image_config_t *im) {
                : AR_OK;
 }
 
-static int read_decoder(const ctx_t *c, const cJSON *root, decoder_config_t *d) {
+/* An array of n integers in [lo, hi] at key (1 <= n <= cap). */
+static int get_int_array(const ctx_t *c, const cJSON *obj, const char *key, int cap, int lo, int hi,
+                         int *out, int *n_out) {
+    int st;
+    const cJSON *arr = get_item(c, obj, key, 1, &st);
+    if (!arr)
+        return st;
+    char kp[256];
+    key_path(c, key, kp, sizeof kp);
+    int n = cJSON_GetArraySize(arr);
+    if (!cJSON_IsArray(arr) || n < 1 || n > cap)
+        return ar_errorf(c->err, "%s: '%s' must be an array of 1 to %d integers", c->file, kp, cap);
+    for (int i = 0; i < n; i++) {
+        const cJSON *v = cJSON_GetArrayItem(arr, i);
+        if (!cJSON_IsNumber(v) || floor(v->valuedouble) != v->valuedouble || v->valuedouble < lo ||
+            v->valuedouble > hi)
+            return ar_errorf(c->err, "%s: '%s[%d]' must be an integer in [%d, %d]", c->file, kp, i,
+                             lo, hi);
+        out[i] = (int)v->valuedouble;
+    }
+    *n_out = n;
+    return AR_OK;
+}
+
+static int read_image_scale(const ctx_t *c, const cJSON *root, image_config_t *im) {
+    static const char *const keys[] = {"scales",    "codebook_size", "embed_dim",
+                                       "phi_count", "phi_ratio",     NULL};
+    const cJSON *o;
+    ctx_t s;
+    if (get_object(c, root, "image", &o, &s, keys) ||
+        get_int_array(&s, o, "scales", MODEL_MAX_SCALES, 1, 256, im->scales, &im->n_scales) ||
+        get_int(&s, o, "codebook_size", 2, 1 << 20, &im->codebook_size) ||
+        get_int(&s, o, "embed_dim", 1, 4096, &im->embed_dim) ||
+        get_int(&s, o, "phi_count", 1, 64, &im->phi_count) ||
+        get_float(&s, o, "phi_ratio", 0, 1, &im->phi_ratio))
+        return AR_ERR;
+    if (im->n_scales < 2)
+        return ar_errorf(c->err, "%s: 'image.scales' must list at least 2 scales", c->file);
+    for (int i = 1; i < im->n_scales; i++)
+        if (im->scales[i] <= im->scales[i - 1])
+            return ar_errorf(c->err,
+                             "%s: 'image.scales' must increase strictly; scales[%d] = %d follows "
+                             "%d",
+                             c->file, i, im->scales[i], im->scales[i - 1]);
+    im->grid_height = im->grid_width = im->scales[im->n_scales - 1];
+    return AR_OK;
+}
+
+static int read_condition(const ctx_t *c, const cJSON *root, condition_config_t *cond) {
+    static const char *const keys[] = {"num_classes", "class_names", NULL};
+    const cJSON *o;
+    ctx_t s;
+    if (get_object(c, root, "condition", &o, &s, keys) ||
+        get_int(&s, o, "num_classes", 1, 1 << 20, &cond->num_classes) ||
+        get_string(&s, o, "class_names", 0, cond->class_names, sizeof cond->class_names))
+        return AR_ERR;
+    if (strstr(cond->class_names, "..") || cond->class_names[0] == '/')
+        return ar_errorf(c->err,
+                         "%s: 'condition.class_names' must be a relative file name inside the "
+                         "model directory",
+                         c->file);
+    return AR_OK;
+}
+
+static int read_decoder(const ctx_t *c, const cJSON *root, const char *type, decoder_config_t *d) {
     static const char *const keys[] = {"type",
                                        "latent_channels",
                                        "base_channels",
@@ -184,26 +287,13 @@ static int read_decoder(const ctx_t *c, const cJSON *root, decoder_config_t *d) 
         get_int(&s, o, "num_res_blocks", 0, 16, &d->num_res_blocks) ||
         get_int(&s, o, "out_channels", 3, 3, &d->out_channels))
         return AR_ERR;
-    if (strcmp(d->type, "vq16") != 0)
-        return ar_errorf(c->err, "%s: 'decoder.type' is '%s'; supported: vq16", c->file, d->type);
-    int st;
-    const cJSON *arr = get_item(&s, o, "channel_multiplier", 1, &st);
-    if (!arr)
-        return st;
-    int n = cJSON_GetArraySize(arr);
-    if (!cJSON_IsArray(arr) || n < 1 || n > MODEL_MAX_LEVELS)
-        return ar_errorf(c->err,
-                         "%s: 'decoder.channel_multiplier' must be an array of 1 to %d integers",
-                         c->file, MODEL_MAX_LEVELS);
-    d->n_levels = n;
-    for (int i = 0; i < n; i++) {
-        const cJSON *v = cJSON_GetArrayItem(arr, i);
-        if (!cJSON_IsNumber(v) || floor(v->valuedouble) != v->valuedouble || v->valuedouble < 1 ||
-            v->valuedouble > 64)
-            return ar_errorf(c->err,
-                             "%s: 'decoder.channel_multiplier[%d]' must be an integer in [1, 64]",
-                             c->file, i);
-        d->channel_multiplier[i] = (int)v->valuedouble;
+    if (strcmp(d->type, type) != 0)
+        return ar_errorf(c->err, "%s: 'decoder.type' is '%s'; this family's decoder is %s", c->file,
+                         d->type, type);
+    if (get_int_array(&s, o, "channel_multiplier", MODEL_MAX_LEVELS, 1, 64, d->channel_multiplier,
+                      &d->n_levels))
+        return AR_ERR;
+    for (int i = 0; i < d->n_levels; i++) {
         if ((d->base_channels * d->channel_multiplier[i]) % 32)
             return ar_errorf(c->err,
                              "%s: decoder level width base_channels*channel_multiplier[%d] = %d is "
@@ -271,11 +361,45 @@ static int read_weight_list(const ctx_t *c, const cJSON *root, model_config_t *c
     return AR_OK;
 }
 
-int model_config_parse(model_config_t *cfg, const char *json, size_t len, const char *path,
-                       ar_error_t *err) {
+/* The sections after the family and architecture: the raster family's
+ * (tokenizer, Llama-style LM, image grid and aligner, VQ-16, prompt) or the
+ * scale family's (transformer, scales, class condition, multi-scale VQVAE). */
+static int read_raster(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
     static const char *const keys[] = {"format_version", "name",      "family",   "architecture",
                                        "weights",        "tokenizer", "llm",      "image",
                                        "decoder",        "prompt",    "sampling", NULL};
+    strcpy(cfg->tokenizer, "tokenizer.json");
+    if (check_keys(c, root, keys) ||
+        get_string(c, root, "tokenizer", 0, cfg->tokenizer, sizeof cfg->tokenizer) ||
+        read_llm(c, root, &cfg->llm) || read_image(c, root, &cfg->image) ||
+        read_decoder(c, root, "vq16", &cfg->decoder) || read_prompt(c, root, &cfg->prompt))
+        return AR_ERR;
+    if (strstr(cfg->tokenizer, "..") || cfg->tokenizer[0] == '/')
+        return ar_errorf(c->err,
+                         "%s: 'tokenizer' must be a relative file name inside the model directory",
+                         c->file);
+    return AR_OK;
+}
+
+static int read_scale(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
+    static const char *const keys[] = {"format_version", "name",     "family", "architecture",
+                                       "weights",        "llm",      "image",  "condition",
+                                       "decoder",        "sampling", NULL};
+    if (check_keys(c, root, keys) || read_llm_scale(c, root, &cfg->llm) ||
+        read_image_scale(c, root, &cfg->image) || read_condition(c, root, &cfg->condition) ||
+        read_decoder(c, root, "msvq", &cfg->decoder))
+        return AR_ERR;
+    cfg->llm.vocab_size = cfg->condition.num_classes + 1;
+    if (cfg->decoder.latent_channels != cfg->image.embed_dim)
+        return ar_errorf(c->err,
+                         "%s: 'decoder.latent_channels' (%d) must equal 'image.embed_dim' (%d): "
+                         "the decoder reads the accumulated latent map",
+                         c->file, cfg->decoder.latent_channels, cfg->image.embed_dim);
+    return AR_OK;
+}
+
+int model_config_parse(model_config_t *cfg, const char *json, size_t len, const char *path,
+                       ar_error_t *err) {
     memset(cfg, 0, sizeof *cfg);
     cJSON *root = cJSON_ParseWithLength(json, len);
     if (!root)
@@ -286,7 +410,7 @@ int model_config_parse(model_config_t *cfg, const char *json, size_t len, const 
         ar_errorf(err, "%s: the top level must be a JSON object", path);
         goto out;
     }
-    if (check_keys(&c, root, keys) || get_int(&c, root, "format_version", 1, 1, &version) ||
+    if (get_int(&c, root, "format_version", 1, 1, &version) ||
         get_string(&c, root, "name", 1, cfg->name, sizeof cfg->name) ||
         get_string(&c, root, "family", 1, cfg->family, sizeof cfg->family) ||
         get_string(&c, root, "architecture", 1, cfg->architecture, sizeof cfg->architecture))
@@ -307,18 +431,11 @@ int model_config_parse(model_config_t *cfg, const char *json, size_t len, const 
                   cfg->architecture, family->name, names);
         goto out;
     }
-    strcpy(cfg->tokenizer, "tokenizer.json");
     if (read_weight_list(&c, root, cfg) ||
-        get_string(&c, root, "tokenizer", 0, cfg->tokenizer, sizeof cfg->tokenizer) ||
-        read_llm(&c, root, &cfg->llm) || read_image(&c, root, &cfg->image) ||
-        read_decoder(&c, root, &cfg->decoder) || read_prompt(&c, root, &cfg->prompt) ||
+        (strcmp(family->name, "scale") == 0 ? read_scale(&c, root, cfg)
+                                            : read_raster(&c, root, cfg)) ||
         read_sampling(&c, root, &cfg->sampling))
         goto out;
-    if (strstr(cfg->tokenizer, "..") || cfg->tokenizer[0] == '/') {
-        ar_errorf(err, "%s: 'tokenizer' must be a relative file name inside the model directory",
-                  path);
-        goto out;
-    }
     rc = AR_OK;
 out:
     cJSON_Delete(root);

@@ -10,20 +10,36 @@
 #define MODEL_MAX_LEVELS 8
 #define MODEL_MAX_WEIGHT_FILES 16
 
+#define MODEL_MAX_SCALES 32
+
+/* The transformer that holds the KV cache, whatever the family. For the
+ * scale family vocab_size is the class table's rows (num_classes + 1),
+ * num_kv_heads = num_heads, and norm_eps is LayerNorm's; rope_theta is 0. */
 typedef struct llm_config {
     int vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim;
     int intermediate_size;
-    float rms_norm_eps, rope_theta;
+    float norm_eps, rope_theta;
+    int shared_adaln; /* scale family: one AdaLN table for every block */
 } llm_config_t;
 
 typedef struct image_config {
-    int grid_height, grid_width; /* lines, tokens per line */
+    int grid_height, grid_width; /* raster: lines, tokens per line; scale: the last scale */
     int codebook_size, embed_dim;
-    int aligner_layers, head_hidden_size;
+    int aligner_layers, head_hidden_size; /* raster */
+    /* scale family: sides of the square token maps, coarsest first */
+    int n_scales, scales[MODEL_MAX_SCALES];
+    int phi_count;   /* shared residual convolutions */
+    float phi_ratio; /* Phi(h) = (1 - r) h + r conv(h) */
 } image_config_t;
 
+/* What a scale-family request is conditioned on: a class. */
+typedef struct condition_config {
+    int num_classes;       /* class num_classes is the unconditional one */
+    char class_names[256]; /* optional file, one name per line ("" when none) */
+} condition_config_t;
+
 typedef struct decoder_config {
-    char type[16]; /* "vq16" */
+    char type[16]; /* "vq16", or "msvq" (a 3x3 post-quant conv, no normalised lookup) */
     int latent_channels, base_channels, num_res_blocks, out_channels;
     int n_levels, channel_multiplier[MODEL_MAX_LEVELS];
 } decoder_config_t;
@@ -35,15 +51,16 @@ typedef struct prompt_config {
 
 typedef struct model_config {
     char name[128];
-    char family[16];       /* "raster" */
-    char architecture[16]; /* "janus" */
+    char family[16];       /* "raster" or "scale" */
+    char architecture[16]; /* "janus"; "var" or "infinity" */
     int n_weight_files;
     char weight_files[MODEL_MAX_WEIGHT_FILES][256];
     char tokenizer[256];
     llm_config_t llm;
     image_config_t image;
     decoder_config_t decoder;
-    prompt_config_t prompt;
+    prompt_config_t prompt;       /* raster */
+    condition_config_t condition; /* scale */
     sampler_params_t sampling;
 } model_config_t;
 

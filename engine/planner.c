@@ -7,16 +7,77 @@
 #include "family.h"
 #include "kv_pool.h"
 
-/* Bytes of one token in every (layer, head) of both CFG sequences. */
-static size_t token_image_bytes(const model_config_t *cfg) {
-    return kv_pool_block_bytes(1, cfg->llm.head_dim) * (size_t)cfg->llm.num_layers *
-           (size_t)cfg->llm.num_kv_heads * 2 /* CFG pair */;
+const planner_kv_dtype_t planner_kv_engine = {DTYPE_F32, DTYPE_F32};
+
+/* The cache's element types, in the order `arserve plan` lists them. */
+static const struct {
+    const char *name;
+    dtype_t t;
+} kv_dtypes[] = {{"f32", DTYPE_F32}, {"bf16", DTYPE_BF16}, {"f16", DTYPE_F16}};
+#define N_KV_DTYPES (int)(sizeof kv_dtypes / sizeof kv_dtypes[0])
+
+const char *planner_kv_dtype_name(dtype_t t) {
+    for (int i = 0; i < N_KV_DTYPES; i++)
+        if (kv_dtypes[i].t == t)
+            return kv_dtypes[i].name;
+    return "?";
+}
+
+/* One element type from s[0..n) into *t; AR_ERR naming `what`. */
+static int parse_one(const char *s, size_t n, const char *what, dtype_t *t, ar_error_t *err) {
+    for (int i = 0; i < N_KV_DTYPES; i++)
+        if (strlen(kv_dtypes[i].name) == n && strncmp(s, kv_dtypes[i].name, n) == 0) {
+            *t = kv_dtypes[i].t;
+            return AR_OK;
+        }
+    return ar_errorf(err, "%s type '%.*s' is not one of f32, bf16, f16", what,
+                     (int)(n > 32 ? 32 : n), s);
+}
+
+int planner_kv_dtype_parse(const char *s, planner_kv_dtype_t *out, ar_error_t *err) {
+    if (!s || !s[0])
+        return ar_errorf(err, "empty: give K,V (e.g. f32,bf16) or one type for both");
+    const char *comma = strchr(s, ',');
+    planner_kv_dtype_t dt;
+    if (!comma) {
+        if (parse_one(s, strlen(s), "the", &dt.k, err) != AR_OK)
+            return AR_ERR;
+        dt.v = dt.k;
+    } else if (strchr(comma + 1, ',')) {
+        return ar_errorf(err, "'%s' has more than two types: give K,V (e.g. f32,bf16)", s);
+    } else if (parse_one(s, (size_t)(comma - s), "K's", &dt.k, err) != AR_OK ||
+               parse_one(comma + 1, strlen(comma + 1), "V's", &dt.v, err) != AR_OK) {
+        return AR_ERR;
+    }
+    *out = dt;
+    return AR_OK;
+}
+
+int planner_kv_dtype_equal(planner_kv_dtype_t a, planner_kv_dtype_t b) {
+    return a.k == b.k && a.v == b.v;
+}
+
+/* Bytes of K and V of block_tokens tokens of one (sequence, layer, head). */
+static size_t block_bytes(const model_config_t *cfg, int block_tokens, planner_kv_dtype_t dt) {
+    return (size_t)block_tokens * (size_t)cfg->llm.head_dim * (dtype_size(dt.k) + dtype_size(dt.v));
+}
+
+size_t planner_token_image_bytes(const model_config_t *cfg, planner_kv_dtype_t dt) {
+    return block_bytes(cfg, 1, dt) * (size_t)cfg->llm.num_layers * (size_t)cfg->llm.num_kv_heads *
+           2 /* CFG pair */;
+}
+
+size_t planner_full_cache_bytes_dtype(const model_config_t *cfg, int n_prompt,
+                                      planner_kv_dtype_t dt) {
+    kv_geometry_t g;
+    model_geometry(cfg, n_prompt, &g);
+    /* The full cache only grows: its last step holds the most. */
+    return (size_t)kv_geometry_held(&g, kv_geometry_steps(&g) - 1) *
+           planner_token_image_bytes(cfg, dt);
 }
 
 size_t planner_full_cache_bytes(const model_config_t *cfg, int n_prompt) {
-    kv_geometry_t g;
-    model_geometry(cfg, n_prompt, &g);
-    return (size_t)kv_geometry_held(&g, kv_geometry_steps(&g) - 1) * token_image_bytes(cfg);
+    return planner_full_cache_bytes_dtype(cfg, n_prompt, planner_kv_engine);
 }
 
 int planner_block_tokens(const model_config_t *cfg) {
@@ -31,6 +92,12 @@ void planner_plan_free(planner_plan_t *pl) {
 
 int planner_plan(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,
                  int n_prompt, int block_tokens, const char **field, ar_error_t *err) {
+    return planner_plan_dtype(pl, cfg, p, n_prompt, block_tokens, planner_kv_engine, field, err);
+}
+
+int planner_plan_dtype(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,
+                       int n_prompt, int block_tokens, planner_kv_dtype_t dt, const char **field,
+                       ar_error_t *err) {
     memset(pl, 0, sizeof *pl);
     if (field)
         *field = NULL;
@@ -49,9 +116,8 @@ int planner_plan(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_
         planner_plan_free(pl);
         return AR_ERR;
     }
-    const size_t per_block = kv_pool_block_bytes(block_tokens, cfg->llm.head_dim) *
-                             (size_t)cfg->llm.num_layers * (size_t)cfg->llm.num_kv_heads *
-                             2 /* CFG pair */;
+    const size_t per_block = block_bytes(cfg, block_tokens, dt) * (size_t)cfg->llm.num_layers *
+                             (size_t)cfg->llm.num_kv_heads * 2 /* CFG pair */;
     for (int t = 0; t < pl->steps; t++) {
         pl->bytes[t] = (size_t)((pl->tokens[t] + block_tokens - 1) / block_tokens) * per_block;
         if (pl->bytes[t] > pl->peak_bytes)

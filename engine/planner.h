@@ -11,13 +11,41 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dtype.h"
 #include "kv_policy.h"
 #include "model_config.h"
 #include "status.h"
 
-/* Bytes of K and V one image (its CFG pair of sequences) holds at its last
- * step under the full cache with a prompt of n_prompt tokens. */
+/* The element types a plan counts the cache's K and V in (DTYPE_F32,
+ * DTYPE_BF16 or DTYPE_F16 each). The engine's pool holds fp32 K and V
+ * (planner_kv_engine); VAR's and HeatKV's reference code keep K in fp32 and
+ * V in 16 bits under autocast, Janus's and LlamaGen's both in bf16. Only
+ * `arserve plan` plans in another type than the engine's. */
+typedef struct planner_kv_dtype {
+    dtype_t k, v;
+} planner_kv_dtype_t;
+extern const planner_kv_dtype_t planner_kv_engine;
+
+/* "f32", "bf16" or "f16" (how `arserve plan` spells them). */
+const char *planner_kv_dtype_name(dtype_t t);
+/* "K,V" (e.g. "f32,bf16") or one type for both -> *out. AR_ERR naming the
+ * part at fault and the types allowed. */
+int planner_kv_dtype_parse(const char *s, planner_kv_dtype_t *out, ar_error_t *err);
+/* 1 when a and b are the same types. */
+int planner_kv_dtype_equal(planner_kv_dtype_t a, planner_kv_dtype_t b);
+
+/* Bytes of one token's K and V in every (layer, head) of both CFG
+ * sequences of one image, in dtype dt. */
+size_t planner_token_image_bytes(const model_config_t *cfg, planner_kv_dtype_t dt);
+
+/* Bytes of K and V one image (its CFG pair of sequences) holds at its
+ * peak under the full cache with a prompt of n_prompt tokens, in the
+ * engine's types (fp32): every token fed (the last scale of a next-scale
+ * model is never cached), without the pool's block rounding. */
 size_t planner_full_cache_bytes(const model_config_t *cfg, int n_prompt);
+/* The same in dtype dt. */
+size_t planner_full_cache_bytes_dtype(const model_config_t *cfg, int n_prompt,
+                                      planner_kv_dtype_t dt);
 
 /* The smallest KV budget the pool's block size is chosen for: 1/8, the
  * smallest budget the KV benchmark runs. */
@@ -46,6 +74,11 @@ typedef struct planner_plan {
  * NULL, as kv_policy_check does). */
 int planner_plan(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,
                  int n_prompt, int block_tokens, const char **field, ar_error_t *err);
+/* The same with K and V counted in dtype dt (a block of block_tokens
+ * tokens of one head: block_tokens x head_dim x (K bytes + V bytes)). */
+int planner_plan_dtype(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,
+                       int n_prompt, int block_tokens, planner_kv_dtype_t dt, const char **field,
+                       ar_error_t *err);
 void planner_plan_free(planner_plan_t *pl);
 
 /* ---- admission ---- */

@@ -221,7 +221,7 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
                                       ? sq->mass + (size_t)(li * H + h) * (size_t)sq->capacity
                                       : NULL;
             }
-        be->rmsnorm(be, m->xn, m->x, &y->attn_norm, rows, L, l->rms_norm_eps);
+        be->rmsnorm(be, m->xn, m->x, &y->attn_norm, rows, L, l->norm_eps);
         be->matmul(be, m->q, m->xn, &y->q, NULL, rows);
         be->matmul(be, m->k, m->xn, &y->k, NULL, rows);
         be->matmul(be, m->v, m->xn, &y->v, NULL, rows);
@@ -231,7 +231,7 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
         be->attention(be, m->att, m->q, &pool->blocks, &batch, H, 1.0f / sqrtf((float)hd));
         be->matmul(be, m->tmp, m->att, &y->o, NULL, rows);
         be->add(be, m->x, m->tmp, (size_t)rows * L);
-        be->rmsnorm(be, m->xn, m->x, &y->mlp_norm, rows, L, l->rms_norm_eps);
+        be->rmsnorm(be, m->xn, m->x, &y->mlp_norm, rows, L, l->norm_eps);
         be->matmul(be, m->gate, m->xn, &y->gate, NULL, rows);
         be->matmul(be, m->up, m->xn, &y->up, NULL, rows);
         be->silu_mul(be, m->gate, m->gate, m->up, (size_t)rows * l->intermediate_size);
@@ -246,7 +246,7 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
         be->copy(be, m->last + (size_t)s * L, m->x + (size_t)(q_start[s + 1] - 1) * L,
                  (size_t)L * sizeof(float));
     }
-    be->rmsnorm(be, m->last, m->last, &m->norm, n_in, L, l->rms_norm_eps);
+    be->rmsnorm(be, m->last, m->last, &m->norm, n_in, L, l->norm_eps);
     be->matmul(be, m->head, m->last, &m->head_fc1_w, &m->head_fc1_b, n_in);
     be->gelu(be, m->head, (size_t)n_in * c->image.head_hidden_size);
     be->matmul(be, m->logits, m->head, &m->head_fc2_w, &m->head_fc2_b, n_in);

@@ -73,7 +73,8 @@ int vq_decoder_load(vq_decoder_t *d, const model_config_t *cfg, weight_set_t *ws
     d->n_levels = dc->n_levels;
     if (weight_load(ws, &d->codebook, SHAPE2(cfg->image.codebook_size, E), err,
                     "vq.codebook.weight") ||
-        load_conv(ws, &d->pq_w, &d->pq_b, lat, E, 1, err, "vq.post_quant_conv") ||
+        load_conv(ws, &d->pq_w, &d->pq_b, lat, E, vq_post_quant_kernel(cfg), err,
+                  "vq.post_quant_conv") ||
         load_conv(ws, &d->conv_in_w, &d->conv_in_b, c, lat, 3, err, "vq.decoder.conv_in") ||
         load_resblock(ws, &d->mid1, c, c, err, "vq.decoder.mid.block_1") ||
         load_attn(ws, &d->mid_attn, c, err, "vq.decoder.mid.attn_1") ||
@@ -204,17 +205,42 @@ uint8_t vq_pixel_to_u8(float x) {
     return (uint8_t)p;
 }
 
+int vq_post_quant_kernel(const model_config_t *cfg) {
+    return strcmp(cfg->decoder.type, "msvq") == 0 ? 3 : 1;
+}
+
 int vq_decode(vq_decoder_t *d, const int *tokens, uint8_t *rgb, float *pixels_f32,
               ar_error_t *err) {
+    backend_t *be = d->be;
+    const model_config_t *cfg = d->cfg;
+    const int n = cfg->image.grid_height * cfg->image.grid_width, E = cfg->image.embed_dim;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= cfg->image.codebook_size)
+            return ar_errorf(err, "image token %d at position %d is outside the codebook (%d)",
+                             tokens[i], i, cfg->image.codebook_size);
+    float *rows = be->alloc(be, (size_t)n * E * sizeof(float));
+    float *latent = be->alloc(be, (size_t)n * E * sizeof(float));
+    int rc = AR_ERR;
+    if (!rows || !latent) {
+        ar_errorf(err, "out of memory for the image decoder");
+    } else {
+        /* Codebook rows, L2-normalised, as (E, h*w). */
+        be->embedding(be, rows, &d->codebook, tokens, n, 1);
+        be->transpose(be, latent, rows, n, E);
+        rc = vq_decode_latent(d, latent, rgb, pixels_f32, err);
+    }
+    be->free(be, rows);
+    be->free(be, latent);
+    return rc;
+}
+
+int vq_decode_latent(vq_decoder_t *d, const float *latent, uint8_t *rgb, float *pixels_f32,
+                     ar_error_t *err) {
     backend_t *be = d->be;
     const model_config_t *cfg = d->cfg;
     const decoder_config_t *dc = &cfg->decoder;
     int h = cfg->image.grid_height, w = cfg->image.grid_width, E = cfg->image.embed_dim;
     int H = model_config_image_height(cfg), W = model_config_image_width(cfg);
-    for (int i = 0; i < h * w; i++)
-        if (tokens[i] < 0 || tokens[i] >= cfg->image.codebook_size)
-            return ar_errorf(err, "image token %d at position %d is outside the codebook (%d)",
-                             tokens[i], i, cfg->image.codebook_size);
     /* Largest activation: the widest channel count at each level's size. */
     size_t cmax = (size_t)dc->latent_channels, act = 0;
     for (int i = 0; i < d->n_levels; i++) {
@@ -243,10 +269,8 @@ int vq_decode(vq_decoder_t *d, const int *tokens, uint8_t *rgb, float *pixels_f3
         ar_errorf(err, "out of memory for the image decoder");
         goto out;
     }
-    /* Codebook rows, L2-normalised, as (E, h*w). */
-    be->embedding(be, s.t1, &d->codebook, tokens, h * w, 1);
-    be->transpose(be, s.t2, s.t1, h * w, E);
-    be->conv2d(be, s.t1, s.t2, &d->pq_w, &d->pq_b, E, h, w, 0);
+    const int k = vq_post_quant_kernel(cfg);
+    be->conv2d(be, s.t1, latent, &d->pq_w, &d->pq_b, E, h, w, k / 2);
     be->conv2d(be, s.a, s.t1, &d->conv_in_w, &d->conv_in_b, dc->latent_channels, h, w, 1);
     resblock(be, &d->mid1, s.b, s.a, h, w, &s);
     attnblock(be, &d->mid_attn, s.b, h, w, &s);

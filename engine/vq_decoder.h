@@ -1,7 +1,8 @@
-/* The VQ-16 image decoder of Janus-Pro and LlamaGen: codebook lookup with L2
- * normalisation, post-quant conv, conv_in, mid (ResNet, attention, ResNet),
- * upsampling levels of ResNet blocks, GroupNorm + swish + conv_out, then
- * pixels clip((x+1)/2*255) truncated to 8-bit RGB. */
+/* The VQ-16 image decoder of Janus-Pro and LlamaGen (and, as "msvq", VAR's
+ * multi-scale VQVAE decoder, which starts from a latent map and has a 3x3
+ * post-quant conv): codebook lookup with L2 normalisation, post-quant conv, conv_in, mid (ResNet,
+ * attention, ResNet), upsampling levels of ResNet blocks, GroupNorm + swish + conv_out, then pixels
+ * clip((x+1)/2*255) truncated to 8-bit RGB. */
 #ifndef ARSERVE_VQ_DECODER_H
 #define ARSERVE_VQ_DECODER_H
 
@@ -50,6 +51,14 @@ void vq_decoder_free(vq_decoder_t *d);
  * pixels_f32 is not NULL it also receives the decoder output before
  * conversion, (3, H, W). */
 int vq_decode(vq_decoder_t *d, const int *tokens, uint8_t *rgb, float *pixels_f32, ar_error_t *err);
+
+/* Decodes a latent map (embed_dim, grid_height, grid_width) in backend
+ * memory (VAR's accumulated f_hat) the same way, from post_quant_conv on. */
+int vq_decode_latent(vq_decoder_t *d, const float *latent, uint8_t *rgb, float *pixels_f32,
+                     ar_error_t *err);
+
+/* The post-quant convolution's kernel: 1 for vq16, 3 for msvq. */
+int vq_post_quant_kernel(const model_config_t *cfg);
 
 /* The pixel conversion: clip((x + 1) / 2 * 255, 0, 255), truncated. */
 uint8_t vq_pixel_to_u8(float x);

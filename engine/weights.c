@@ -27,6 +27,43 @@ void weight_set_close(weight_set_t *ws) {
     ws->n_files = 0;
 }
 
+/* The tensor called name with the given shape, from whichever file has it. */
+static int find_tensor(weight_set_t *ws, const char *name, int ndim, const int64_t *shape,
+                       const st_tensor_t **t, int *file, ar_error_t *err) {
+    for (int i = 0; i < ws->n_files; i++) {
+        if (!safetensors_find(&ws->files[i], name))
+            continue;
+        *file = i;
+        return safetensors_get(&ws->files[i], name, ndim, shape, t, err);
+    }
+    return ar_errorf(err, "%s: tensor '%s' not found",
+                     ws->n_files ? ws->files[0].path : "(no weights)", name);
+}
+
+/* Rows [row0, row0 + n_rows) along the first dimension (all of them when
+ * n_rows < 0) into backend memory. */
+static int load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_rows, int ndim,
+                     const int64_t *shape, ar_error_t *err, const char *name) {
+    memset(out, 0, sizeof *out);
+    const st_tensor_t *t;
+    int file;
+    if (find_tensor(ws, name, ndim, shape, &t, &file, err) != AR_OK)
+        return AR_ERR;
+    int64_t sub[4], row = 1;
+    for (int d = 0; d < ndim; d++) {
+        sub[d] = shape[d];
+        row *= d ? shape[d] : 1;
+    }
+    if (n_rows >= 0)
+        sub[0] = n_rows;
+    const size_t row_bytes = (size_t)row * dtype_size(t->dtype);
+    const char *src = (const char *)t->data + (size_t)(n_rows >= 0 ? row0 : 0) * row_bytes;
+    if (ws->be->weight_load(ws->be, out, src, t->dtype, ndim, sub, err) != AR_OK)
+        return ar_error_prefix(err, "%s: tensor '%s'", ws->files[file].path, name);
+    ws->bytes_loaded += n_rows >= 0 ? (size_t)sub[0] * row_bytes : t->nbytes;
+    return AR_OK;
+}
+
 int weight_load(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape, ar_error_t *err,
                 const char *fmt, ...) {
     char name[256];
@@ -34,18 +71,34 @@ int weight_load(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape,
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    memset(out, 0, sizeof *out);
-    for (int i = 0; i < ws->n_files; i++) {
-        if (!safetensors_find(&ws->files[i], name))
-            continue;
-        const st_tensor_t *t;
-        if (safetensors_get(&ws->files[i], name, ndim, shape, &t, err) != AR_OK)
-            return AR_ERR;
-        if (ws->be->weight_load(ws->be, out, t->data, t->dtype, t->ndim, t->shape, err) != AR_OK)
-            return ar_error_prefix(err, "%s: tensor '%s'", ws->files[i].path, name);
-        ws->bytes_loaded += t->nbytes;
-        return AR_OK;
-    }
-    return ar_errorf(err, "%s: tensor '%s' not found",
-                     ws->n_files ? ws->files[0].path : "(no weights)", name);
+    return load_rows(ws, out, 0, -1, ndim, shape, err, name);
+}
+
+int weight_load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_rows, int ndim,
+                     const int64_t *shape, ar_error_t *err, const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return load_rows(ws, out, row0, n_rows, ndim, shape, err, name);
+}
+
+int weight_read_f32(weight_set_t *ws, float *host, int ndim, const int64_t *shape, ar_error_t *err,
+                    const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const st_tensor_t *t;
+    int file;
+    if (find_tensor(ws, name, ndim, shape, &t, &file, err) != AR_OK)
+        return AR_ERR;
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        n *= shape[d];
+    dtype_to_f32(host, t->data, t->dtype, (size_t)n);
+    ws->bytes_loaded += t->nbytes;
+    return AR_OK;
 }

@@ -25,6 +25,17 @@ void weight_set_close(weight_set_t *ws);
 int weight_load(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape, ar_error_t *err,
                 const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
+/* weight_load of rows [row0, row0 + n_rows) along the first dimension of
+ * the tensor, whose whole shape is `shape` (a fused matrix split in parts). */
+int weight_load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_rows, int ndim,
+                     const int64_t *shape, ar_error_t *err, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+
+/* The whole tensor as host fp32 in host (numel floats), for weights that
+ * are transformed before use. */
+int weight_read_f32(weight_set_t *ws, float *host, int ndim, const int64_t *shape, ar_error_t *err,
+                    const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
 /* Shape shorthands for weight_load. */
 #define SHAPE1(a)                                                                                  \
     1, (const int64_t[]) { (a) }

@@ -346,6 +346,39 @@ static int parse_prompt(const field_t *f, const cJSON *v, const api_limits_t *li
     return AR_OK;
 }
 
+/* class_label: an index in [0, num_classes) or one of the class names. */
+static int parse_class_label(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                             api_image_request_t *r, api_error_t *err) {
+    char buf[72];
+    if (lim->num_classes <= 0)
+        return api_errorf(err, 400, f->name, "invalid_value",
+                          "class_label: this model is not class-conditional; give a prompt");
+    const char *where = lim->class_names ? " or one of the class names GET /v1/models lists" : "";
+    if (cJSON_IsString(v) && lim->class_names) {
+        for (int i = 0; i < lim->num_classes; i++)
+            if (strcmp(lim->class_names[i], v->valuestring) == 0) {
+                r->has_class = 1;
+                r->class_label = i;
+                return AR_OK;
+            }
+        return api_errorf(err, 400, f->name, "invalid_value",
+                          "class_label '%s' is not a class of this model; give an integer from 0 "
+                          "to %d%s",
+                          excerpt(v->valuestring, buf), lim->num_classes - 1, where);
+    }
+    if (!cJSON_IsNumber(v) || floor(v->valuedouble) != v->valuedouble)
+        return api_errorf(err, 400, f->name, "invalid_type",
+                          "class_label must be an integer from 0 to %d%s; got %s",
+                          lim->num_classes - 1, where, json_type_name(v));
+    if (v->valuedouble < 0 || v->valuedouble >= lim->num_classes)
+        return api_errorf(err, 400, f->name, "invalid_value",
+                          "class_label must be an integer from 0 to %d%s; got %.0f",
+                          lim->num_classes - 1, where, v->valuedouble);
+    r->has_class = 1;
+    r->class_label = (int)v->valuedouble;
+    return AR_OK;
+}
+
 static int parse_model(const field_t *f, const cJSON *v, const api_limits_t *lim,
                        api_image_request_t *r, api_error_t *err) {
     char buf[72];
@@ -461,6 +494,7 @@ static double codebook_of(const api_limits_t *lim) { return lim->codebook_size; 
 /* The fields arserve knows; the index is the field's bit in the seen-mask. */
 static const field_t FIELDS[] = {
     {.name = "prompt", .parse = parse_prompt},
+    {.name = "class_label", .parse = parse_class_label},
     {.name = "model", .parse = parse_model},
     NUMBER("n", 1, 0, 1, 0, max_n_of, NUM_INT, n, -1),
     {.name = "size", .parse = parse_size_field},
@@ -590,10 +624,19 @@ int api_parse_image_request(const char *body, size_t len, const api_limits_t *li
         }
     }
     cJSON_Delete(root);
-    if (rc == AR_OK && !out->prompt)
-        rc = api_errorf(err, 400, "prompt", "missing_required_parameter",
-                        "prompt is required: a non-empty string of at most %zu bytes",
-                        lim->max_prompt_bytes);
+    if (rc == AR_OK && out->prompt && out->has_class)
+        rc = api_errorf(err, 400, "class_label", "invalid_value",
+                        "give class_label or a prompt naming a class, not both");
+    if (rc == AR_OK && !out->prompt && !out->has_class)
+        rc = lim->num_classes > 0
+                 ? api_errorf(err, 400, "prompt", "missing_required_parameter",
+                              "class_label (an integer from 0 to %d%s) or a prompt naming a "
+                              "class is required",
+                              lim->num_classes - 1,
+                              lim->class_names ? ", or a class name GET /v1/models lists" : "")
+                 : api_errorf(err, 400, "prompt", "missing_required_parameter",
+                              "prompt is required: a non-empty string of at most %zu bytes",
+                              lim->max_prompt_bytes);
     /* The policy the request runs with, resolved once: a knob of another
      * policy would be ignored, and the client would never know. */
     const char *field = NULL;
@@ -725,7 +768,8 @@ char *api_images_response_json(long created, int n, const char *const *b64_pngs,
     return print_and_delete(root, ok);
 }
 
-char *api_models_json(const char *model_name, long created) {
+char *api_models_json(const char *model_name, long created, int num_classes,
+                      const char *const *class_names) {
     if (!model_name)
         return NULL;
     cJSON *root = cJSON_CreateObject();
@@ -741,6 +785,15 @@ char *api_models_json(const char *model_name, long created) {
     ok &= add_str(m, "object", "model");
     ok &= add_num(m, "created", (double)created);
     ok &= add_str(m, "owned_by", "arserve");
+    if (num_classes > 0) {
+        ok &= add_num(m, "num_classes", num_classes);
+        cJSON *names = class_names ? cJSON_AddArrayToObject(m, "classes") : NULL;
+        ok &= !class_names || names != NULL;
+        for (int i = 0; ok && names && i < num_classes; i++) {
+            cJSON *n = cJSON_CreateString(class_names[i]);
+            ok &= n != NULL && cJSON_AddItemToArray(names, n);
+        }
+    }
     return print_and_delete(root, ok);
 }
 

@@ -61,6 +61,12 @@ typedef struct api_limits {
     const int *widths, *heights; /* the sizes the model produces */
     size_t max_prompt_bytes;     /* >= 1 */
     int codebook_size;           /* top_k upper bound */
+    /* Class-conditional models (the scale family): num_classes > 0, and
+     * class_names (num_classes names, or NULL when the model has none).
+     * Requests then give class_label (an index or a name) or a prompt that
+     * names a class; 0 for prompt models, which refuse class_label. */
+    int num_classes;
+    const char *const *class_names;
     /* The daemon's KV defaults (config keys kv_policy, kv_budget and every
      * knob): kind is the policy of requests without `kv_policy`, budget 0
      * means each policy's own. NULL: full, and the papers' knobs. */
@@ -70,7 +76,10 @@ typedef struct api_limits {
 /* A validated request. Fields the client left out (or sent as null) keep the
  * defaults below and their has_* flag 0, so the engine's model defaults apply. */
 typedef struct api_image_request {
-    char *prompt;       /* malloc'd, non-empty, <= max_prompt_bytes, valid UTF-8, no NUL */
+    char *prompt; /* malloc'd, non-empty, <= max_prompt_bytes, valid UTF-8, no NUL;
+                     NULL when a class-conditional request gives class_label */
+    int has_class;
+    int class_label;    /* 0..num_classes-1: class_label as given, or its name looked up */
     int n;              /* 1..max_n, default 1 */
     int width, height;  /* one of the allowed sizes, default the first */
     int want_b64;       /* always 1: "b64_json" is the only format served */
@@ -105,7 +114,8 @@ typedef struct api_image_request {
  *   4. its members in document order: duplicates, unknown names, types,
  *      ranges (a KV knob's as KV_POLICY_KNOBS gives); the first fault is
  *      reported;
- *   5. prompt present;
+ *   5. prompt present (for a class-conditional model: prompt or class_label,
+ *      not both; a prompt there must be a class name, the engine's check);
  *   6. the KV policy resolved (kv_policy_resolve against lim->kv_defaults):
  *      a knob given for another policy than the request's (`kv_policy`,
  *      else the daemon's default) is a 400 naming the knob. Whether the
@@ -159,8 +169,11 @@ char *api_images_response_json(long created, int n, const char *const *b64_pngs,
                                const api_kv_report_t *kv);
 
 /* {"object": "list", "data": [{"id": model_name, "object": "model",
- *  "created": created, "owned_by": "arserve"}]} */
-char *api_models_json(const char *model_name, long created);
+ *  "created": created, "owned_by": "arserve"}]}; a class-conditional model
+ * (num_classes > 0) adds "num_classes" and, when it has names, "classes"
+ * (the names, index = class_label). */
+char *api_models_json(const char *model_name, long created, int num_classes,
+                      const char *const *class_names);
 
 /* Server-Sent Events for `stream: true`. Each payload carries its event name
  * in "type" as well, because the openai client ignores the SSE event line and

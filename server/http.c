@@ -277,7 +277,8 @@ static int sse_collect(sse_t *s, const sched_snapshot_t *snap) {
         for (int i = 0; i < snap->n_images; i++) {
             char *b64 = png_b64(j, -1, i);
             int rc = b64 ? sse_append(s, API_SSE_COMPLETED,
-                                      api_sse_completed(b64, i, now, W, H, snap->steps_total,
+                                      api_sse_completed(b64, i, now, W, H,
+                                                        model_image_tokens(&s->h->model->cfg),
                                                         s->prompt_tokens))
                          : -1;
             free(b64);
@@ -390,9 +391,10 @@ static enum MHD_Result respond_images(http_server_t *h, struct MHD_Connection *c
     api_kv_report_t kv = {.policy = snap->kv_policy,
                           .planned_peak_bytes = snap->kv_planned_peak_bytes,
                           .peak_bytes = snap->kv_peak_bytes};
-    char *json = ok ? api_images_response_json(
-                          (long)time(NULL), snap->n_images, (const char *const *)b64, h->width,
-                          h->height, snap->steps_total * snap->n_images, prompt_tokens, &kv)
+    char *json = ok ? api_images_response_json((long)time(NULL), snap->n_images,
+                                               (const char *const *)b64, h->width, h->height,
+                                               model_image_tokens(&h->model->cfg) * snap->n_images,
+                                               prompt_tokens, &kv)
                     : NULL;
     for (int i = 0; b64 && i < snap->n_images; i++)
         free(b64[i]);
@@ -449,8 +451,11 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         ret = fail(h, c, cx, 500, NULL, "out_of_memory", "out of memory");
         goto out;
     }
-    if (model_prompt_from_text(h->model, req.prompt, cond, uncond, &n_prompt, &err) != AR_OK) {
-        ret = fail(h, c, cx, 400, "prompt", "invalid_value", "prompt: %s", err.msg);
+    if (req.has_class
+            ? model_prompt_from_class(h->model, req.class_label, cond, uncond, &n_prompt, &err)
+            : model_prompt_from_text(h->model, req.prompt, cond, uncond, &n_prompt, &err)) {
+        const char *field = req.has_class ? "class_label" : "prompt";
+        ret = fail(h, c, cx, 400, field, "invalid_value", "%s: %s", field, err.msg);
         goto out;
     }
     sched_request_t rq = {.cond = cond,
@@ -560,7 +565,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                          strdup(ready ? "{\"status\":\"ready\"}" : "{\"status\":\"not ready\"}"));
     }
     if (!strcmp(route, "/v1/models"))
-        return send_json(h, c, cx, 200, api_models_json(h->model->cfg.name, h->created));
+        return send_json(h, c, cx, 200,
+                         api_models_json(h->model->cfg.name, h->created,
+                                         h->model->cfg.condition.num_classes,
+                                         (const char *const *)h->model->class_names));
 
     /* POST /v1/images/generations: gather the body within the limit. */
     if (*upload_data_size) {
@@ -640,6 +648,8 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
                                .heights = &h->height,
                                .max_prompt_bytes = 4096,
                                .codebook_size = model->cfg.image.codebook_size,
+                               .num_classes = model->cfg.condition.num_classes,
+                               .class_names = (const char *const *)model->class_names,
                                .kv_defaults = &h->opt.kv_defaults};
     static const char *const labels[] = {"route", "code"};
     h->m_requests = metrics_counter(metrics, "arserve_http_requests_total",

@@ -67,10 +67,41 @@ PRESETS = {
 }
 
 
+# A next-scale (VAR-architecture) model: class-conditional, scales 1,2,3,4
+# (30 tokens, 4 steps), 32x32 pixels. `--preset var-tiny`.
+VAR_CONFIG = {
+    "format_version": 1,
+    "name": "var-tiny-random",
+    "family": "scale",
+    "architecture": "var",
+    "weights": ["model.safetensors"],
+    "llm": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "head_dim": 16,
+            "intermediate_size": 256, "norm_eps": 1e-6, "shared_adaln": False},
+    "image": {"scales": [1, 2, 3, 4], "codebook_size": 32, "embed_dim": 8,
+              "phi_count": 4, "phi_ratio": 0.5},
+    "condition": {"num_classes": 4, "class_names": "classes.txt"},
+    "decoder": {"type": "msvq", "latent_channels": 8, "base_channels": 32,
+                "channel_multiplier": [1, 2, 2], "num_res_blocks": 1, "out_channels": 3},
+    "sampling": {"cfg": 1.5, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
+}
+VAR_CLASSES = ["red circle", "green square", "blue triangle", "black diamond"]
+VAR_PRESETS = {
+    "var-tiny": {},
+    # One image takes about a second on a small CPU (10 scales up to 16x16,
+    # 128x128 pixels): the daemon's tests keep such requests running.
+    "var-slow": {
+        "name": "var-slow-random",
+        "llm": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "head_dim": 64,
+                "intermediate_size": 1024},
+        "image": {"scales": [1, 2, 3, 4, 5, 6, 8, 10, 13, 16]},
+    },
+}
+
+
 def preset_config(name):
     """CONFIG with the preset's overrides merged in (one level deep)."""
-    cfg = json.loads(json.dumps(CONFIG))
-    for key, value in PRESETS[name].items():
+    cfg = json.loads(json.dumps(VAR_CONFIG if name in VAR_PRESETS else CONFIG))
+    for key, value in {**PRESETS, **VAR_PRESETS}[name].items():
         if isinstance(value, dict):
             cfg[key].update(value)
         else:
@@ -83,6 +114,57 @@ def bf16(a):
     u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
     u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
     return ("BF16", u)
+
+
+def decoder_weights(w, rng, dec, K, E, pq_kernel):
+    """The VQ decoder (vq16, or msvq with a 3x3 post-quant conv) into w, F16 convolutions."""
+    def bias(c):
+        return (0.05 * rng.standard_normal(c)).astype(np.float32)
+
+    def norm(c):
+        return (1.0 + 0.1 * rng.standard_normal(c)).astype(np.float32)
+
+    def conv(prefix, cout, cin, k):
+        w[f"{prefix}.weight"] = (rng.standard_normal((cout, cin, k, k))
+                                 / np.sqrt(cin * k * k)).astype(np.float16)
+        w[f"{prefix}.bias"] = bias(cout).astype(np.float16)
+
+    def gn(prefix, c):
+        w[f"{prefix}.weight"] = norm(c)
+        w[f"{prefix}.bias"] = bias(c)
+
+    def resblock(prefix, cin, cout):
+        gn(f"{prefix}.norm1", cin)
+        conv(f"{prefix}.conv1", cout, cin, 3)
+        gn(f"{prefix}.norm2", cout)
+        conv(f"{prefix}.conv2", cout, cout, 3)
+        if cin != cout:
+            conv(f"{prefix}.nin_shortcut", cout, cin, 1)
+
+    def attn(prefix, c):
+        gn(f"{prefix}.norm", c)
+        for n in ("q", "k", "v", "proj_out"):
+            conv(f"{prefix}.{n}", c, c, 1)
+
+    mult, base, lat = dec["channel_multiplier"], dec["base_channels"], dec["latent_channels"]
+    widths = [base * m for m in reversed(mult)]  # level 0 (coarsest) first
+    w["vq.codebook.weight"] = rng.standard_normal((K, E)).astype(np.float16)
+    conv("vq.post_quant_conv", lat, E, pq_kernel)
+    conv("vq.decoder.conv_in", widths[0], lat, 3)
+    resblock("vq.decoder.mid.block_1", widths[0], widths[0])
+    attn("vq.decoder.mid.attn_1", widths[0])
+    resblock("vq.decoder.mid.block_2", widths[0], widths[0])
+    c = widths[0]
+    for i, cout in enumerate(widths):
+        for j in range(dec["num_res_blocks"] + 1):
+            resblock(f"vq.decoder.up.{i}.block.{j}", c, cout)
+            c = cout
+            if i == 0:
+                attn(f"vq.decoder.up.{i}.attn.{j}", c)
+        if i != len(widths) - 1:
+            conv(f"vq.decoder.up.{i}.upsample.conv", c, c, 3)
+    gn("vq.decoder.norm_out", c)
+    conv("vq.decoder.conv_out", 3, c, 3)
 
 
 def make_weights(cfg, rng):
@@ -124,47 +206,55 @@ def make_weights(cfg, rng):
     w["gen.head.fc2.weight"] = lin(K, G, 3.0).astype(np.float16)
     w["gen.head.fc2.bias"] = bias(K).astype(np.float16)
 
-    def conv(prefix, cout, cin, k):
-        w[f"{prefix}.weight"] = (rng.standard_normal((cout, cin, k, k))
-                                 / np.sqrt(cin * k * k)).astype(np.float16)
-        w[f"{prefix}.bias"] = bias(cout).astype(np.float16)
+    decoder_weights(w, rng, dec, K, E, pq_kernel=1)
+    return w
 
-    def gn(prefix, c):
-        w[f"{prefix}.weight"] = norm(c)
-        w[f"{prefix}.bias"] = bias(c)
 
-    def resblock(prefix, cin, cout):
-        gn(f"{prefix}.norm1", cin)
-        conv(f"{prefix}.conv1", cout, cin, 3)
-        gn(f"{prefix}.norm2", cout)
-        conv(f"{prefix}.conv2", cout, cout, 3)
-        if cin != cout:
-            conv(f"{prefix}.nin_shortcut", cout, cin, 1)
+def make_var_weights(cfg, rng):
+    """Random VAR weights under the scale family's names (docs/model-format.md): F32
+    transformer (its AdaLN gammas far from VAR's near-zero init, so every block
+    matters), F16 decoder."""
+    w = {}
+    llm, im = cfg["llm"], cfg["image"]
+    C, F, H = llm["hidden_size"], llm["intermediate_size"], llm["num_heads"]
+    N, K, E = cfg["condition"]["num_classes"], im["codebook_size"], im["embed_dim"]
+    L = sum(p * p for p in im["scales"])
 
-    def attn(prefix, c):
-        gn(f"{prefix}.norm", c)
-        for n in ("q", "k", "v", "proj_out"):
-            conv(f"{prefix}.{n}", c, c, 1)
+    def lin(out, inp, scale=1.0):
+        return (rng.standard_normal((out, inp)) * scale / np.sqrt(inp)).astype(np.float32)
 
-    mult, base, lat = dec["channel_multiplier"], dec["base_channels"], dec["latent_channels"]
-    widths = [base * m for m in reversed(mult)]  # level 0 (coarsest) first
-    w["vq.codebook.weight"] = rng.standard_normal((K, E)).astype(np.float16)
-    conv("vq.post_quant_conv", lat, E, 1)
-    conv("vq.decoder.conv_in", widths[0], lat, 3)
-    resblock("vq.decoder.mid.block_1", widths[0], widths[0])
-    attn("vq.decoder.mid.attn_1", widths[0])
-    resblock("vq.decoder.mid.block_2", widths[0], widths[0])
-    c = widths[0]
-    for i, cout in enumerate(widths):
-        for j in range(dec["num_res_blocks"] + 1):
-            resblock(f"vq.decoder.up.{i}.block.{j}", c, cout)
-            c = cout
-            if i == 0:
-                attn(f"vq.decoder.up.{i}.attn.{j}", c)
-        if i != len(widths) - 1:
-            conv(f"vq.decoder.up.{i}.upsample.conv", c, c, 3)
-    gn("vq.decoder.norm_out", c)
-    conv("vq.decoder.conv_out", 3, c, 3)
+    def vec(c, scale=0.05):
+        return (scale * rng.standard_normal(c)).astype(np.float32)
+
+    w["var.class_embed.weight"] = vec((N + 1, C), 0.5)
+    w["var.pos_start"] = vec((im["scales"][0] ** 2, C), 0.5)
+    w["var.pos_embed"] = vec((L, C), 0.5)
+    w["var.level_embed.weight"] = vec((len(im["scales"]), C), 0.5)
+    w["var.word_embed.weight"] = lin(C, E)
+    w["var.word_embed.bias"] = vec(C)
+    for i in range(llm["num_layers"]):
+        p = f"var.blocks.{i}"
+        w[f"{p}.adaln.weight"] = lin(6 * C, C, 0.5)
+        w[f"{p}.adaln.bias"] = vec(6 * C, 0.3)
+        w[f"{p}.attn.qkv.weight"] = lin(3 * C, C)
+        w[f"{p}.attn.q_bias"] = vec(C)
+        w[f"{p}.attn.v_bias"] = vec(C)
+        w[f"{p}.attn.scale_mul"] = (np.log(4.0) + 0.3 * rng.standard_normal(H)).astype(np.float32)
+        w[f"{p}.attn.proj.weight"] = lin(C, C, 0.5)
+        w[f"{p}.attn.proj.bias"] = vec(C)
+        w[f"{p}.ffn.fc1.weight"] = lin(F, C)
+        w[f"{p}.ffn.fc1.bias"] = vec(F)
+        w[f"{p}.ffn.fc2.weight"] = lin(C, F, 0.5)
+        w[f"{p}.ffn.fc2.bias"] = vec(C)
+    w["var.head_adaln.weight"] = lin(2 * C, C, 0.5)
+    w["var.head_adaln.bias"] = vec(2 * C, 0.3)
+    w["var.head.weight"] = lin(K, C, 3.0)
+    w["var.head.bias"] = vec(K)
+    for k in range(im["phi_count"]):
+        w[f"vq.phi.{k}.weight"] = (rng.standard_normal((E, E, 3, 3)) / np.sqrt(9 * E)).astype(
+            np.float16)
+        w[f"vq.phi.{k}.bias"] = vec(E).astype(np.float16)
+    decoder_weights(w, rng, cfg["decoder"], K, E, pq_kernel=3)
     return w
 
 
@@ -187,19 +277,26 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+    ap.add_argument("--preset", choices=sorted({**PRESETS, **VAR_PRESETS}), default="tiny",
                     help="model size: tiny (the default, milliseconds per image) or slow "
-                         "(about a second or two per image on a small CPU)")
+                         "(about a second or two per image on a small CPU); var-tiny and "
+                         "var-slow: the same for a next-scale (VAR) model")
     args = ap.parse_args()
     config = preset_config(args.preset)
     os.makedirs(args.out, exist_ok=True)
     rng = np.random.default_rng(args.seed)
-    weights = make_weights(config, rng)
+    var = args.preset in VAR_PRESETS
+    weights = (make_var_weights if var else make_weights)(config, rng)
     safetensors_write.write(os.path.join(args.out, "model.safetensors"), weights,
                             metadata={"made_by": "tools/make_tiny_model.py",
                                       "seed": str(args.seed)})
-    with open(os.path.join(args.out, "tokenizer.json"), "w") as f:
-        json.dump(word_level_tokenizer(SPECIALS, WORDS, config["llm"]["vocab_size"]), f, indent=1)
+    if var:
+        with open(os.path.join(args.out, "classes.txt"), "w") as f:
+            f.write("".join(c + "\n" for c in VAR_CLASSES))
+    else:
+        with open(os.path.join(args.out, "tokenizer.json"), "w") as f:
+            json.dump(word_level_tokenizer(SPECIALS, WORDS, config["llm"]["vocab_size"]), f,
+                      indent=1)
     with open(os.path.join(args.out, "arserve.json"), "w") as f:
         json.dump(config, f, indent=2)
     print(f"wrote {args.out} ({len(weights)} tensors, seed {args.seed})")

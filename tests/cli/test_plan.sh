@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # CLI tests for `arserve plan`: the side-by-side table on every preset in
-# config/models/ and on the tiny model, full-cache figures against a hand
-# computation, presets found from any directory, and bad flags refused
-# with exit 2 and a message naming the flag.
-# usage: tests/cli/test_plan.sh path/to/arserve path/to/tiny-model
+# config/models/ and on the tiny models, full-cache figures against a hand
+# computation (HeatKV's Table 1 for Infinity), the per-scale trajectory of
+# next-scale models, --batch and --kv-dtype, presets found from any
+# directory, and bad flags refused with exit 2 and a message naming the flag.
+# usage: tests/cli/test_plan.sh path/to/arserve path/to/tiny-model [path/to/var-tiny-model]
 set -u
-bin=$1 model=$2
+bin=$1 model=$2 var_model=${3:-}
 case $bin in /*) ;; *) bin=$PWD/$bin ;; esac
 case $model in /*) ;; *) model=$PWD/$model ;; esac
+case $var_model in /* | "") ;; *) var_model=$PWD/$var_model ;; esac
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -145,6 +147,117 @@ mkdir -p "$tmp/presets/mine" && cp "$model/arserve.json" "$tmp/presets/mine/"
 ARSERVE_PRESETS_DIR=$tmp/presets "$bin" plan --model mine --policy full >/dev/null 2>"$tmp/err" \
     && ok "ARSERVE_PRESETS_DIR adds presets" || fail "ARSERVE_PRESETS_DIR" "$(cat "$tmp/err")"
 
+# ---- next-scale presets (family scale) ----
+
+# scale_row FILE STEP: the row of the per-scale table for STEP, its columns
+# separated by single spaces ("11 48 2304 2304 6425 / ... 3925 / ...").
+scale_row() {
+    awk -v step="$2" '/^trajectory by scale/ { on = 1; next }
+        on && $1 == step { $1 = $1; print; exit }' "$1"
+}
+# within FILE_VALUE WANT: |value - want| <= 0.1% of want
+within() { awk -v v="$1" -v w="$2" 'BEGIN { d = v - w; if (d < 0) d = -d; exit !(v != "" && d <= w / 1000) }'; }
+
+# VAR d16..d30: scales 1..16 (680 tokens, 424 cached: the last scale, 256
+# tokens, never is); full = d layers x d heads x 64 x 2 (K, V) x 4 B x 424 x 2
+# (CFG); streaming keeps 3 sink scales (14 tokens) + the most recent scale,
+# peaking at step 8 with 14 + 100 + 169 = 283.
+for d in 16 20 24 30; do
+    f=$tmp/var-d$d.txt
+    if "$bin" plan --model var-d$d >"$f" 2>"$tmp/err"; then
+        want=$((d * d * 64 * 2 * 4 * 424 * 2))
+        got="$(cell "$f" "peak tokens per head" 0) $(cell "$f" "peak tokens per head" 1) $(cell "$f" "peak KV per image, tokens (B)" 0)"
+        [ "$got" = "424 283 $want" ] && ok "var-d$d: full 424 tokens per head = ${d}x${d}x64x2x4x424x2 = $want B; streaming 283" \
+            || fail "var-d$d peaks" "got '$got', want '424 283 $want'"
+        [ "$(scale_row "$f" 9 | cut -d' ' -f1-4)" = "9 16 256 0" ] && [ "$(scale_row "$f" 4 | cut -d' ' -f1-4)" = "4 5 25 25" ] \
+            && ok "var-d$d: the per-scale table (step, side, tokens, cached); the last scale is not cached" \
+            || fail "var-d$d per-scale table" "$(sed -n '/^trajectory by scale/,/^$/p' "$f")"
+    else fail "plan --model var-d$d" "$(cat "$tmp/err")"; fi
+done
+f=$tmp/var-d16.txt
+grep -q '^linear at budget 1/6 = 0.1667: does not suit this grid: linear works on raster models.*whole segments (scales)' "$f" &&
+grep -q '^headkv at budget 1/8 = 0.125: does not suit this grid: headkv works on raster models' "$f" &&
+[ "$(cell "$f" "peak tokens per head" 2) $(cell "$f" "peak tokens per head" 3)" = "n/a n/a" ] \
+    && ok "var-d16: linear and headkv refuse scales and say why" || fail "var-d16 linear/headkv" "$(grep -E '^(linear|headkv)' "$f")"
+[ "$(cell "$f" "budget" 1)" = "not used" ] && grep -q '^streaming: prefix 0 + 3 sink scales (14 tokens) + the most recent scale.*budget is not used' "$f" \
+    && ok "var-d16: streaming's budget is not used on scales, and it says so" || fail "streaming budget on scales" "$(grep -E '^(budget|streaming)' "$f")"
+expect_fail "one policy that refuses scales: exit 1 with the reason" 1 "linear works on raster models" -- \
+    "$bin" plan --model var-d16 --policy linear
+
+# Infinity (HeatKV's Table 1, full cache at batch 8, "38550 MB" and "84328 MB"):
+# 6425 cached tokens (every scale but the 64 x 64 one) x layers x width x
+# (4 B K in f32 + 2 B V in bf16) x 2 CFG rows x 8 images, in MiB.
+for m in "infinity-2b 32 2048 38550" "infinity-8b 40 3584 84328"; do
+    set -- $m
+    f=$tmp/$1.txt
+    if "$bin" plan --model "$1" --batch 8 --kv-dtype f32,bf16 >"$f" 2>"$tmp/err"; then
+        want=$((6425 * $2 * $3 * 6 * 2 * 8))
+        line=$(grep '^full-cache KV of the batch' "$f")
+        mb=$(cell "$f" "batch peak, tokens (MiB)" 0)
+        if [ "$line" = "full-cache KV of the batch (8 images x 2 CFG rows, --batch): $want bytes = $(awk -v b="$want" 'BEGIN { printf "%.1f", b / 1048576 }') MiB" ] &&
+           within "$mb" "$4" && [ "$(cell "$f" "peak tokens per head" 0)" = 6425 ]; then
+            ok "$1 --batch 8 --kv-dtype f32,bf16: full cache $mb MiB (HeatKV Table 1: $4 MB, within 0.1%)"
+        else fail "$1 Table 1" "line '$line', batch peak '$mb', want $want bytes, ~$4 MiB"; fi
+    else fail "plan --model $1 --batch 8 --kv-dtype f32,bf16" "$(cat "$tmp/err")"; fi
+done
+f=$tmp/infinity-2b.txt
+[ "$(scale_row "$f" 11 | cut -d' ' -f1-7)" = "11 48 2304 2304 6425 / 38784.0" ] &&
+[ "$(scale_row "$f" 12 | cut -d' ' -f1-4)" = "12 64 4096 0" ] &&
+[ "$(scale_row "$f" 0 | cut -d' ' -f1-5)" = "0 1 1 1 1" ] \
+    && ok "infinity-2b: per scale (side, tokens, cached, held per head): 48 x 48 peaks at 6425, 64 x 64 is never cached" \
+    || fail "infinity-2b per-scale table" "$(sed -n '/^trajectory by scale/,/^$/p' "$f")"
+got="$(cell "$f" "peak tokens per head" 1) $(cell "$f" "batch peak, tokens (MiB)" 1)"
+[ "$got" = "3925 23550.0" ] && ok "infinity-2b: streaming (3 sink scales + the most recent) peaks at 21 + 1600 + 2304 = 3925 tokens, 23550.0 MiB for 8" \
+    || fail "infinity-2b streaming" "got '$got'"
+grep -q '^KV dtype K f32, V bf16 (4 + 2 bytes per element) as planned (--kv-dtype): 768 bytes per token' "$f" &&
+grep -q "NOTE: the engine's pool holds K and V in f32" "$f" \
+    && ok "--kv-dtype f32,bf16: the header names the types and says the engine's pool is f32" \
+    || fail "--kv-dtype header" "$(grep -A3 '^KV dtype' "$f")"
+
+# --batch multiplies the per-image peak; --kv-dtype: one type is both, the
+# default is the engine's f32, 16-bit types halve every byte.
+"$bin" plan --model var-d16 --policy full >"$tmp/b1.txt" 2>&1
+"$bin" plan --model var-d16 --policy full --batch 3 >"$tmp/b3.txt" 2>&1
+one=$(sed -n 's/^full-cache KV of the batch (1 image x 2 CFG rows, --batch): \([0-9]*\) bytes.*/\1/p' "$tmp/b1.txt")
+three=$(sed -n 's/^full-cache KV of the batch (3 images x 2 CFG rows, --batch): \([0-9]*\) bytes.*/\1/p' "$tmp/b3.txt")
+[ -n "$one" ] && [ "$one" = $((16 * 16 * 64 * 2 * 4 * 424 * 2)) ] && [ "$three" = $((3 * one)) ] &&
+[ "$(cell "$tmp/b3.txt" "batch peak, tokens (MiB)" 0)" = 318.0 ] \
+    && ok "--batch: default 1; --batch 3 is 3 x the image's $one bytes (318.0 MiB)" || fail "--batch" "one '$one', three '$three'"
+"$bin" plan --model var-d16 --policy full --kv-dtype f32,f32 >"$tmp/k32.txt" 2>&1
+diff -q <(tail -n +2 "$tmp/k32.txt") <(tail -n +2 "$tmp/b1.txt") >/dev/null && ! grep -q NOTE "$tmp/k32.txt" \
+    && ok "--kv-dtype f32,f32 is the default (the engine's types, no note)" || fail "--kv-dtype f32,f32"
+"$bin" plan --model var-d16 --policy full --kv-dtype bf16 >"$tmp/k16.txt" 2>&1
+"$bin" plan --model var-d16 --policy full --kv-dtype f16,bf16 >"$tmp/kf16.txt" 2>&1
+h=$(cell "$tmp/k16.txt" "peak KV per image, tokens (B)" 0)
+[ "$h" = $((one / 2)) ] && [ "$(cell "$tmp/kf16.txt" "peak KV per image, tokens (B)" 0)" = "$h" ] &&
+grep -q '^KV dtype bf16 (2 bytes per element) as planned' "$tmp/k16.txt" \
+    && ok "--kv-dtype bf16 (one value: both) and f16,bf16 halve the bytes" || fail "--kv-dtype 16-bit" "got '$h', want $((one / 2))"
+
+# The tiny next-scale model, a model directory.
+if [ -n "$var_model" ]; then
+    if "$bin" plan --model "$var_model" >"$tmp/vt.txt" 2>"$tmp/err"; then
+        [ "$(cell "$tmp/vt.txt" "peak tokens per head" 0)" = 14 ] && [ "$(scale_row "$tmp/vt.txt" 3 | cut -d' ' -f1-4)" = "3 4 16 0" ] \
+            && ok "the tiny next-scale model: 1 + 4 + 9 = 14 tokens cached, the 4 x 4 scale never" \
+            || fail "tiny next-scale model" "$(head -c 600 "$tmp/vt.txt")"
+    else fail "plan on the tiny next-scale model" "$(cat "$tmp/err")"; fi
+else ok "the tiny next-scale model: skipped (no third argument)"; fi
+
+# Bad --batch and --kv-dtype values name the flag.
+expect_fail "--batch 0 is refused" 2 "--batch" -- "$bin" plan --model var-d16 --batch 0
+expect_fail "--batch that is not an integer is refused" 2 "--batch: 'two' is not an integer" -- \
+    "$bin" plan --model var-d16 --batch two
+expect_fail "--batch past its limit is refused" 2 "--batch" -- "$bin" plan --model var-d16 --batch 100000
+expect_fail "--kv-dtype with an unknown type is refused" 2 "--kv-dtype: the type 'f8' is not one of f32, bf16, f16" -- \
+    "$bin" plan --model var-d16 --kv-dtype f8
+expect_fail "--kv-dtype names the part at fault" 2 "--kv-dtype: V's type 'int8' is not one of f32, bf16, f16" -- \
+    "$bin" plan --model var-d16 --kv-dtype f32,int8
+expect_fail "--kv-dtype with an empty part is refused" 2 "--kv-dtype: K's type ''" -- \
+    "$bin" plan --model var-d16 --kv-dtype ,bf16
+expect_fail "--kv-dtype with three types is refused" 2 "--kv-dtype: 'f32,bf16,f16' has more than two types" -- \
+    "$bin" plan --model var-d16 --kv-dtype f32,bf16,f16
+expect_fail "--kv-dtype is case-sensitive" 2 "--kv-dtype" -- "$bin" plan --model var-d16 --kv-dtype F32
+expect_fail "--kv-dtype without a value is refused" 2 "--kv-dtype needs a value" -- "$bin" plan --model var-d16 --kv-dtype
+
 # Refusals.
 expect_fail "an unknown preset lists the available ones" 2 "janus-pro-1b, janus-pro-7b, llamagen-xl" -- \
     "$bin" plan --model janus-pro-3b
@@ -174,7 +287,8 @@ expect_fail "one policy that does not suit the grid: exit 1 with the reason" 1 "
 cp -r "$model" "$tmp/badcfg"
 sed -i 's/"num_layers": 2/"num_layerz": 2/' "$tmp/badcfg/arserve.json"
 expect_fail "a bad arserve.json is an error naming the key" 1 "llm.num_layerz" -- "$bin" plan --model "$tmp/badcfg"
-"$bin" plan --help >"$tmp/h.txt" 2>&1 && grep -q -- "--prompt-tokens" "$tmp/h.txt" && ok "plan --help" || fail "plan --help"
+"$bin" plan --help >"$tmp/h.txt" 2>&1 && grep -q -- "--prompt-tokens" "$tmp/h.txt" && grep -q -- "--batch N" "$tmp/h.txt" &&
+    grep -q -- "--kv-dtype K,V" "$tmp/h.txt" && ok "plan --help" || fail "plan --help"
 "$bin" --help | grep -q '^  plan ' && ok "arserve --help lists plan" || fail "arserve --help lists plan"
 
 echo "$passed passed, $failed failed"

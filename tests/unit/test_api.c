@@ -333,6 +333,11 @@ static const bad_case_t bad_cases[] = {
      "invalid_value", NULL},
     {"{\"prompt\":\"x\",\"kv_policy\":\"streaming\",\"sink_tokens\":-1}", 400, "sink_tokens",
      "invalid_value", "from 0 to 65536"},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"streaming\",\"sink_scales\":257}", 400, "sink_scales",
+     "invalid_value", "an integer from 0 to 256; got 257"},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"sink_scales\":3}", 400, "sink_scales",
+     "invalid_value",
+     "sink_scales is a knob of kv_policy streaming; this request's kv_policy is linear"},
     {"{\"prompt\":\"x\",\"kv_policy\":\"headkv\",\"headkv_threshold\":0}", 400, "headkv_threshold",
      "invalid_value", "a number greater than 0 and at most 1; got 0"},
     {"{\"prompt\":\"x\",\"kv_policy\":\"headkv\",\"headkv_alpha\":1.5}", 400, "headkv_alpha",
@@ -432,6 +437,11 @@ static void test_kv_knobs_given_and_resolved(void) {
     CHECK_MSG(parse_exact(body, strlen(body), &lim, &r, &err) == AR_OK, "%s", err.message);
     kv_policy_resolve(&d, &r.kv, &p, NULL, NULL);
     CHECK(p.kind == KV_POLICY_STREAMING && p.budget == 1.0 / 6 && p.sink_tokens == 65536);
+    api_image_request_free(&r);
+    body = "{\"prompt\":\"x\",\"kv_policy\":\"streaming\",\"sink_scales\":0}";
+    CHECK_MSG(parse_exact(body, strlen(body), &lim, &r, &err) == AR_OK, "%s", err.message);
+    kv_policy_resolve(&d, &r.kv, &p, NULL, NULL);
+    CHECK(p.kind == KV_POLICY_STREAMING && p.sink_scales == 0 && p.sink_tokens == 4);
     api_image_request_free(&r);
     /* Every knob is a request field. */
     for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
@@ -721,7 +731,7 @@ static void test_images_response_shape(void) {
 }
 
 static void test_models_shape(void) {
-    cJSON *root = parse_owned(api_models_json("janus \"pro\"", 1700000001L));
+    cJSON *root = parse_owned(api_models_json("janus \"pro\"", 1700000001L, 0, NULL));
     CHECK(is_str(root, "object", "list"));
     const cJSON *data = get(root, "data");
     CHECK(cJSON_GetArraySize(data) == 1);

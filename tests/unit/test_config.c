@@ -575,6 +575,17 @@ static void test_kv_settings_from_every_source(void) {
     server_config_kv_defaults(&c, &d);
     CHECK(d.kind == KV_POLICY_HEADKV && d.budget == 0.125 && d.headkv_threshold == 0.95);
     CHECK(d.headkv_local_window == 16 && d.sink_tokens == 0);
+    /* sink_scales (streaming on next-scale models): a flag, a variable and a key. */
+    const char *sargs[] = {"--sink-scales", "2", NULL}, *senv[] = {"ARSERVE_SINK_SCALES=5", NULL};
+    CHECK(load(&c, NULL, senv, &err) == AR_OK);
+    server_config_kv_defaults(&c, &d);
+    CHECK(d.sink_scales == 5);
+    CHECK(load(&c, sargs, senv, &err) == AR_OK);
+    server_config_kv_defaults(&c, &d);
+    CHECK(d.sink_scales == 2);
+    CHECK(load_json(&c, "{\"sink_scales\": 0}", &err) == AR_OK);
+    server_config_kv_defaults(&c, &d);
+    CHECK(d.sink_scales == 0 && d.sink_tokens == 4);
     /* Reals round-trip through the JSON form exactly. */
     server_config_t back;
     c.kv.budget = 1.0 / 6;

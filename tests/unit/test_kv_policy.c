@@ -929,7 +929,7 @@ static void test_knob_table_and_check_fields(void) {
     kv_policy_params_t p;
     ar_error_t err;
     const char *field = "unset";
-    CHECK(KV_POLICY_N_KNOBS == 9);
+    CHECK(KV_POLICY_N_KNOBS == 10);
     for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
         const kv_policy_knob_t *k = &kv_policy_knobs[i];
         CHECK(kv_policy_knob_find(k->name) == k);
@@ -983,6 +983,191 @@ static void test_knob_table_and_check_fields(void) {
     CHECK(kv_policy_trajectory(&p, &janus, traj, NULL, NULL) == AR_OK && traj[575] == 40 + 575);
 }
 
+/* ---- next-scale geometries: one scale per step ---- */
+
+/* A next-scale request: scales of side sides[i], n_prompt prefix tokens. */
+static kv_geometry_t scale_geom(int n_prompt, const int *sides, int n, int layers, int heads) {
+    kv_geometry_t g;
+    memset(&g, 0, sizeof g);
+    g.n_prompt = n_prompt;
+    g.step_unit = KV_STEP_SEGMENT;
+    g.n_segments = n;
+    for (int i = 0; i < n; i++)
+        g.segment_tokens[i] = sides[i] * sides[i];
+    g.n_layers = layers;
+    g.n_heads = heads;
+    return g;
+}
+
+static const int var_sides[] = {1, 2, 3, 4, 5, 6, 8, 10, 13, 16};               /* VAR, 256 px */
+static const int inf_sides[] = {1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64}; /* Infinity */
+
+/* Drives a policy over a scale geometry like the engine: step t appends
+ * scale t (not the last), then asks for each head's keep list. Token ids
+ * are cache indices of the full cache (prefix 0..P-1, then every scale's
+ * tokens in order). Checks, at every step, the lengths against the
+ * trajectory (exactly) and the content against want(t), the ids a head
+ * should hold after the append; returns the compactions. */
+static int run_scales(const kv_policy_params_t *p, const kv_geometry_t *g, int sink_scales,
+                      int *bad) {
+    const int S = kv_geometry_steps(g), H = g->n_layers * g->n_heads;
+    const int cap = kv_geometry_held(g, S - 1);
+    int traj[KV_MAX_SEGMENTS], start[KV_MAX_SEGMENTS + 1];
+    ar_error_t err;
+    kv_policy_state_t *s = kv_policy_begin(p, g, &err);
+    int *ids = calloc((size_t)H * cap, sizeof *ids), *len = calloc((size_t)H, sizeof *len);
+    int *keep = calloc((size_t)cap, sizeof *keep);
+    if (!s || !ids || !len || !keep || kv_policy_trajectory(p, g, traj, NULL, &err) != AR_OK) {
+        CHECK_MSG(0, "setup: %s", err.msg);
+        kv_policy_end(s);
+        free(ids), free(len), free(keep);
+        return -1;
+    }
+    start[0] = g->n_prompt;
+    for (int i = 0; i < S; i++)
+        start[i + 1] = start[i] + g->segment_tokens[i];
+    int compactions = 0;
+    for (int t = 0; t < S; t++) {
+        CHECK(!kv_policy_collect(s, t));
+        for (int h = 0; h < H; h++) {
+            int *id = ids + (size_t)h * cap;
+            if (t == 0)
+                for (int i = 0; i < g->n_prompt; i++)
+                    id[len[h]++] = i;
+            for (int i = 0; i < kv_geometry_fed(g, t); i++)
+                id[len[h]++] = start[t] + i;
+            *bad += len[h] != traj[t];
+            /* What streaming holds: prefix, sink scales, the scale before
+             * (unless it is a sink) and this one; full: everything. */
+            int n = 0, ok = 1;
+            for (int i = 0; i < g->n_prompt; i++)
+                ok &= n < len[h] && id[n++] == i;
+            for (int sc = 0; sc <= t && sc < S - 1; sc++) {
+                if (p->kind == KV_POLICY_STREAMING && sc >= sink_scales && sc < t - 1)
+                    continue;
+                for (int i = start[sc]; i < start[sc + 1]; i++)
+                    ok &= n < len[h] && id[n++] == i;
+            }
+            *bad += !ok || n != len[h];
+            int n_keep = -1;
+            const int f = kv_policy_step_end(s, t, h / g->n_heads, h % g->n_heads, len[h], NULL,
+                                             keep, &n_keep);
+            if (!(f & KV_COMPACT))
+                continue;
+            *bad += t == S - 1; /* never at the last step */
+            compactions++;
+            for (int i = 0; i < n_keep; i++) {
+                *bad += keep[i] < 0 || keep[i] >= len[h] || (i && keep[i] <= keep[i - 1]);
+                id[i] = id[keep[i]];
+            }
+            len[h] = n_keep;
+        }
+    }
+    kv_policy_end(s);
+    free(ids), free(len), free(keep);
+    return compactions;
+}
+
+/* The full cache on scales: every scale but the last, exactly. */
+static void test_full_on_scales(void) {
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_FULL);
+    int traj[16];
+    kv_geometry_t g = scale_geom(0, var_sides, 10, 2, 3);
+    static const int var_full[] = {1, 5, 14, 30, 55, 91, 155, 255, 424, 424};
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK);
+    for (int t = 0; t < 10; t++)
+        CHECK_MSG(traj[t] == var_full[t], "step %d: %d, want %d", t, traj[t], var_full[t]);
+    /* Infinity: 6425 tokens per head before the last scale (NOTES: HeatKV's
+     * Table 1 counts these), and the last scale (4096) never enters. */
+    g = scale_geom(0, inf_sides, 13, 32, 16);
+    static const int inf_full[] = {1, 5, 21, 57, 121, 265, 521, 921, 1497, 2521, 4121, 6425, 6425};
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK);
+    for (int t = 0; t < 13; t++)
+        CHECK_MSG(traj[t] == inf_full[t], "step %d: %d, want %d", t, traj[t], inf_full[t]);
+    int bad = 0;
+    g = scale_geom(3, var_sides, 10, 2, 2);
+    CHECK(run_scales(&p, &g, 0, &bad) == 0 && bad == 0);
+}
+
+/* Streaming on scales: the sink scales and the most recent one. After
+ * step t's append (t >= sinks + 1) a head holds sinks + scale t-1 + scale
+ * t; the compaction drops scale t-1. */
+static void test_streaming_on_scales(void) {
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_STREAMING);
+    CHECK(p.sink_scales == 3);
+    int traj[16];
+    /* VAR: sinks 1 + 4 + 9 = 14 tokens; e.g. step 8 holds 14 + 100 + 169,
+     * the last step 14 + 169 (scale 8, the last cached). */
+    kv_geometry_t g = scale_geom(0, var_sides, 10, 2, 3);
+    static const int var_str[] = {1, 5, 14, 30, 55, 75, 114, 178, 283, 183};
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK);
+    for (int t = 0; t < 10; t++)
+        CHECK_MSG(traj[t] == var_str[t], "step %d: %d, want %d", t, traj[t], var_str[t]);
+    /* Infinity-2B: sinks 1 + 4 + 16 = 21; peak 21 + 1600 + 2304 = 3925 at
+     * step 11; the last step holds 21 + 2304. */
+    g = scale_geom(0, inf_sides, 13, 32, 16);
+    static const int inf_str[] = {1, 5, 21, 57, 121, 229, 421, 677, 997, 1621, 2645, 3925, 2325};
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK);
+    for (int t = 0; t < 13; t++)
+        CHECK_MSG(traj[t] == inf_str[t], "step %d: %d, want %d", t, traj[t], inf_str[t]);
+    /* The budget does not enter: any budget plans the same. */
+    p.budget = 0.001;
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK && traj[11] == 3925);
+    CHECK(!kv_policy_uses_budget(KV_POLICY_STREAMING, &g));
+    CHECK(!kv_policy_uses_budget(KV_POLICY_FULL, &g) &&
+          kv_policy_uses_budget(KV_POLICY_LINEAR, &g));
+    kv_geometry_t raster = geom(5, 4, 5, 1, 1);
+    CHECK(kv_policy_uses_budget(KV_POLICY_STREAMING, &raster));
+    char words[512];
+    kv_policy_describe(&p, &g, words, sizeof words);
+    CHECK_STR_CONTAINS(words, "3 sink scales (21 tokens)");
+    CHECK_STR_CONTAINS(words, "peak 3925 tokens at step 11");
+    CHECK_STR_CONTAINS(words, "budget is not used");
+
+    /* The simulated cache holds exactly sinks + recent at every step, for
+     * several sink counts (0: the most recent scale alone; 9 or more: as
+     * many sinks as cached scales, so nothing is ever evicted), with and
+     * without a prefix. */
+    static const int sinks[] = {0, 1, 3, 8, 9, 40};
+    for (size_t k = 0; k < sizeof sinks / sizeof sinks[0]; k++)
+        for (int P = 0; P <= 2; P += 2) {
+            p.sink_scales = sinks[k];
+            g = scale_geom(P, var_sides, 10, 2, 2);
+            int bad = 0;
+            const int n = run_scales(&p, &g, sinks[k], &bad);
+            /* compactions: at steps sinks + 1 .. 8, every head */
+            const int want = sinks[k] + 1 <= 8 ? (8 - sinks[k]) * 4 : 0;
+            CHECK_MSG(bad == 0 && n == want, "sink_scales %d, prefix %d: %d off, %d compactions",
+                      sinks[k], P, bad, n);
+        }
+    p.sink_scales = 40; /* more sinks than scales: the full cache */
+    g = scale_geom(0, var_sides, 10, 2, 3);
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK && traj[8] == 424 &&
+          traj[9] == 424);
+}
+
+/* LineAR and HeadKV need lines: on scales they refuse, naming why. */
+static void test_line_policies_refuse_scales(void) {
+    kv_geometry_t g = scale_geom(0, var_sides, 10, 2, 3);
+    for (int k = KV_POLICY_LINEAR; k <= KV_POLICY_HEADKV; k++) {
+        kv_policy_params_t p;
+        kv_policy_defaults(&p, (kv_policy_kind_t)k);
+        ar_error_t err = {{0}};
+        const char *field = "unset";
+        int traj[16];
+        CHECK(kv_policy_check(&p, &g, &field, &err) == AR_ERR && field == NULL);
+        CHECK_STR_CONTAINS(err.msg, kv_policy_name(p.kind));
+        CHECK_STR_CONTAINS(err.msg, "works on raster models");
+        CHECK_STR_CONTAINS(err.msg, "whole segments (scales)");
+        CHECK(kv_policy_trajectory(&p, &g, traj, NULL, &err) == AR_ERR);
+        CHECK(kv_policy_begin(&p, &g, &err) == NULL);
+        p.budget = 1; /* no budget makes them fit */
+        CHECK(kv_policy_check(&p, &g, NULL, NULL) == AR_ERR);
+    }
+}
+
 int main(void) {
     TEST_RUN(test_parse_names_and_defaults);
     TEST_RUN(test_full_keeps_everything);
@@ -999,5 +1184,8 @@ int main(void) {
     TEST_RUN(test_trajectory_bounds_random_runs);
     TEST_RUN(test_knob_table_and_check_fields);
     TEST_RUN(test_validate_messages);
+    TEST_RUN(test_full_on_scales);
+    TEST_RUN(test_streaming_on_scales);
+    TEST_RUN(test_line_policies_refuse_scales);
     return TEST_SUMMARY();
 }

@@ -38,7 +38,7 @@ static void test_valid_config_parses(void) {
     int rc = model_config_parse(&c, VALID, strlen(VALID), "m/arserve.json", &err);
     CHECK_MSG(rc == AR_OK, "%s", err.msg);
     CHECK(c.llm.hidden_size == 64 && c.llm.num_layers == 2 && c.llm.head_dim == 16);
-    CHECK_NEAR(c.llm.rms_norm_eps, 1e-6, 1e-12, 0);
+    CHECK_NEAR(c.llm.norm_eps, 1e-6, 1e-12, 0);
     CHECK(c.image.grid_height == 8 && c.image.grid_width == 6 && c.image.codebook_size == 32);
     CHECK(c.decoder.n_levels == 3 && c.decoder.channel_multiplier[2] == 2);
     CHECK(model_config_image_height(&c) == 32 && model_config_image_width(&c) == 24);

@@ -3,7 +3,10 @@
  * Random arrival traces mix policies and budgets that suit the 8 x 8 grid
  * (full, streaming, linear at budget >= 1/2, headkv with a small buffer and
  * window), prompt lengths, n = 1..2 images and cancellations, against a
- * pool of two to three and a half full-cache images.
+ * pool of two to three and a half full-cache images. Then the same on the
+ * tiny next-scale model (VAR, scales 1, 2, 3, 4: one step per scale, the
+ * last never cached), with random classes, full and streaming (random
+ * sink_scales), the only policies next-scale models take.
  *
  * 1. Replayed deterministically, iteration by iteration, through the
  *    batcher the scheduler drives (engine/batcher.h with the engine's step
@@ -39,7 +42,7 @@
 #include "server/scheduler.h"
 #include "tests/test.h"
 
-static const char *tiny;
+static const char *tiny, *var_tiny;
 
 static double now_s(void) {
     struct timespec ts;
@@ -79,18 +82,29 @@ typedef struct trace {
 
 static long long policy_count[4];
 
-/* A policy with random knobs that validate on this request's geometry. */
+/* 1 when the loaded model generates a scale per step (VAR). */
+static int by_scale(void) {
+    kv_geometry_t g;
+    model_geometry(&model.cfg, 1, &g);
+    return g.step_unit == KV_STEP_SEGMENT;
+}
+
+/* A policy with random knobs that validate on this request's geometry
+ * (next-scale models take full and streaming only). */
 static kv_policy_params_t random_policy(int n_prompt) {
     kv_geometry_t g;
     model_geometry(&model.cfg, n_prompt, &g);
     for (;;) {
         kv_policy_params_t p;
-        const int kind = rnd_in(0, 3);
+        const int kind = rnd_in(0, by_scale() ? 1 : 3);
         kv_policy_defaults(&p, (kv_policy_kind_t)kind);
         switch (kind) {
         case KV_POLICY_STREAMING:
             p.budget = 0.3 + 0.7 * rnd_unit();
-            p.sink_tokens = rnd_in(0, 4);
+            if (by_scale())
+                p.sink_scales = rnd_in(0, 3); /* 3: as many as the cached scales */
+            else
+                p.sink_tokens = rnd_in(0, 4);
             break;
         case KV_POLICY_LINEAR:
             p.budget = rnd() % 2 ? rnd_in(4, 8) / 8.0 : 0.5 + 0.5 * rnd_unit();
@@ -151,21 +165,32 @@ static void make_trace(trace_t *tr, int max_jobs, const int *block_sizes, int n_
     free(b);
     const size_t block = kv_pool_block_bytes(tr->block_tokens, model.cfg.llm.head_dim);
     tr->pool_bytes = (size_t)((2.0 + 1.5 * rnd_unit()) * (double)one) / block * block;
+    /* Gaps and cancellation times in iterations: the raster model's 64
+     * steps take the values these traces were tuned with; a model of a few
+     * steps (one per scale) gets them in proportion. */
+    const int S = model_steps(&model.cfg), gap = S >= 24 ? 24 : S, late = S >= 24 ? 90 : 4 * S;
     int t = 0;
     for (int k = 0; k < tr->n; k++) {
         tjob_t *j = &tr->jobs[k];
-        t += rnd() % 5 < 2 ? 0 : rnd_in(1, 24); /* bursts and gaps */
+        t += rnd() % 5 < 2 ? 0 : rnd_in(1, gap); /* bursts and gaps */
         j->arrive = t;
         j->n_images = rnd_in(1, 2);
-        int ids[MAX_IDS], n_ids = rnd_in(1, MAX_IDS);
-        for (int i = 0; i < n_ids; i++)
-            ids[i] = rnd_in(4, model.cfg.llm.vocab_size - 1);
         ar_error_t err = {{0}};
-        CHECK_MSG(model_prompt_from_ids(&model, ids, n_ids, j->cond, j->uncond, &j->n_prompt,
-                                        &err) == AR_OK,
-                  "%s", err.msg);
+        if (model_is_class_conditional(&model)) {
+            const int label = rnd_in(0, model.cfg.condition.num_classes - 1);
+            CHECK_MSG(model_prompt_from_class(&model, label, j->cond, j->uncond, &j->n_prompt,
+                                              &err) == AR_OK,
+                      "%s", err.msg);
+        } else {
+            int ids[MAX_IDS], n_ids = rnd_in(1, MAX_IDS);
+            for (int i = 0; i < n_ids; i++)
+                ids[i] = rnd_in(4, model.cfg.llm.vocab_size - 1);
+            CHECK_MSG(model_prompt_from_ids(&model, ids, n_ids, j->cond, j->uncond, &j->n_prompt,
+                                            &err) == AR_OK,
+                      "%s", err.msg);
+        }
         j->pol = random_policy(j->n_prompt);
-        j->cancel_at = rnd() % 5 == 0 ? j->arrive + rnd_in(0, 90) : -1;
+        j->cancel_at = rnd() % 5 == 0 ? j->arrive + rnd_in(0, late) : -1;
     }
 }
 
@@ -207,10 +232,14 @@ static int brute_fits(const rjob_t *jobs, const trace_t *tr, int now, const size
 }
 
 /* Blocks a request's heads need during its next step: each head's length
- * plus the rows the step feeds (the prompt at step 0, else one token). */
+ * plus the rows the step feeds into the cache, as the family's geometry
+ * says (raster: the prompt at step 0, else one token; next-scale: the
+ * scale, none for the last). */
 static int request_blocks_during_next_step(const gen_request_t *g, int bt) {
     const int H = model.cfg.llm.num_layers * model.cfg.llm.num_kv_heads;
-    const int fed = g->step == 0 ? g->n_prompt : 1;
+    kv_geometry_t geo;
+    model_geometry(&model.cfg, g->n_prompt, &geo);
+    const int fed = (g->step == 0 ? geo.n_prompt : 0) + kv_geometry_fed(&geo, g->step);
     int n = 0;
     for (int s = 0; s < 2; s++)
         for (int h = 0; h < H; h++)
@@ -418,8 +447,11 @@ static void replay(const trace_t *tr) {
     kv_pool_free(&pool);
 }
 
-static void test_replayed_traces_within_plan_and_admission_exact(void) {
+/* The replay over 40 traces; min_refusals: how often the head of the
+ * queue must have waited for the traces to count as exercising admission. */
+static void replay_traces(int min_refusals) {
     static const int sizes[] = {1, 2, 3, 4};
+    const int n_kinds = by_scale() ? 2 : 4;
     memset(&tot, 0, sizeof tot);
     memset(policy_count, 0, sizeof policy_count);
     rng_state = 20250501;
@@ -441,10 +473,17 @@ static void test_replayed_traces_within_plan_and_admission_exact(void) {
             policy_count[0], policy_count[1], policy_count[2], policy_count[3]);
     /* The traces must exercise what they claim to (when none stopped early). */
     if (test_failures_in_current == failures_before) {
-        CHECK(tot.refusals > 50 && tot.cancelled_running > 0 && tot.cancelled_waiting > 0);
-        for (int k = 0; k < 4; k++)
+        CHECK(tot.refusals > min_refusals && tot.cancelled_running > 0 &&
+              tot.cancelled_waiting > 0);
+        for (int k = 0; k < n_kinds; k++)
             CHECK(policy_count[k] > 20);
     }
+}
+
+static void test_replayed_traces_within_plan_and_admission_exact(void) { replay_traces(50); }
+
+static void test_multiscale_replayed_traces_within_plan_and_admission_exact(void) {
+    replay_traces(50);
 }
 
 /* The brute force is not vacuous: an admission that passes the pool at a
@@ -579,7 +618,7 @@ static void run_scheduler_trace(const trace_t *tr, long long *iterations, long l
     metrics_destroy(metrics);
 }
 
-static void test_scheduler_traces_never_overrun(void) {
+static void scheduler_traces(void) {
     static const int sizes[] = {1, 3};
     rng_state = 777;
     memset(policy_count, 0, sizeof policy_count);
@@ -601,6 +640,9 @@ static void test_scheduler_traces_never_overrun(void) {
     CHECK(iterations > 0);
 }
 
+static void test_scheduler_traces_never_overrun(void) { scheduler_traces(); }
+static void test_multiscale_scheduler_traces_never_overrun(void) { scheduler_traces(); }
+
 int main(void) {
     tiny = getenv("ARSERVE_TINY_MODEL");
     if (!tiny) {
@@ -617,6 +659,17 @@ int main(void) {
     TEST_RUN(test_replayed_traces_within_plan_and_admission_exact);
     TEST_RUN(test_scheduler_traces_never_overrun);
     model_free(&model);
+    /* The same on the tiny next-scale model. */
+    var_tiny = getenv("ARSERVE_VAR_TINY_MODEL");
+    if (!var_tiny || model_load(&model, var_tiny, be, &err) != AR_OK) {
+        fprintf(stderr, "not ok  the tiny next-scale model: %s\n",
+                var_tiny ? err.msg : "ARSERVE_VAR_TINY_MODEL is not set (make test-unit sets it)");
+        test_failed++;
+    } else {
+        TEST_RUN(test_multiscale_replayed_traces_within_plan_and_admission_exact);
+        TEST_RUN(test_multiscale_scheduler_traces_never_overrun);
+        model_free(&model);
+    }
     be->destroy(be);
     return TEST_SUMMARY();
 }

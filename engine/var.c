@@ -1,0 +1,372 @@
+/* VAR's transformer on any backend: AdaLN blocks (non-affine LayerNorm
+ * modulated per sequence by its class), cosine attention (q and k
+ * L2-normalised, q times a learned per-head multiplier, softmax scale 1)
+ * over each sequence's earlier scales and its own scale, GELU-tanh FFN,
+ * and the AdaLN before the codebook head. Names: docs/model-format.md. */
+#include "var.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VAR_MAX_HEADS 1024
+
+static int load_block(var_model_t *m, weight_set_t *ws, int i, ar_error_t *err) {
+    const llm_config_t *l = &m->cfg->llm;
+    var_block_t *b = &m->blocks[i];
+    const int64_t C = l->hidden_size, F = l->intermediate_size, H = l->num_heads;
+    const char *p = "var.blocks";
+    if (l->shared_adaln) {
+        /* Added to activations as raw floats: held as fp32 whatever the file's type. */
+        float *gss = malloc((size_t)(6 * C) * sizeof *gss);
+        int rc =
+            !gss ? ar_errorf(err, "out of memory")
+                 : weight_read_f32(ws, gss, SHAPE2(6, C), err, "%s.%d.adaln_gss", p, i) ||
+                       m->be->weight_load(m->be, &b->adaln_gss, gss, DTYPE_F32, SHAPE1(6 * C), err);
+        free(gss);
+        if (rc)
+            return AR_ERR;
+    } else if (weight_load(ws, &b->adaln_w, SHAPE2(6 * C, C), err, "%s.%d.adaln.weight", p, i) ||
+               weight_load(ws, &b->adaln_b, SHAPE1(6 * C), err, "%s.%d.adaln.bias", p, i)) {
+        return AR_ERR;
+    }
+    /* The fused qkv matrix, split into its three row blocks. */
+    tensor_t *parts[] = {&b->q, &b->k, &b->v};
+    for (int j = 0; j < 3; j++)
+        if (weight_load_rows(ws, parts[j], j * C, C, SHAPE2(3 * C, C), err, "%s.%d.attn.qkv.weight",
+                             p, i))
+            return AR_ERR;
+    /* exp(min(s, ln 100)) per head, once, at load. */
+    float mul[VAR_MAX_HEADS];
+    if (weight_read_f32(ws, mul, SHAPE1(H), err, "%s.%d.attn.scale_mul", p, i))
+        return AR_ERR;
+    for (int h = 0; h < H; h++)
+        mul[h] = expf(fminf(mul[h], logf(100.0f)));
+    if (m->be->weight_load(m->be, &b->head_mul, mul, DTYPE_F32, SHAPE1(H), err) ||
+        weight_load(ws, &b->q_bias, SHAPE1(C), err, "%s.%d.attn.q_bias", p, i) ||
+        weight_load(ws, &b->v_bias, SHAPE1(C), err, "%s.%d.attn.v_bias", p, i) ||
+        weight_load(ws, &b->proj, SHAPE2(C, C), err, "%s.%d.attn.proj.weight", p, i) ||
+        weight_load(ws, &b->proj_b, SHAPE1(C), err, "%s.%d.attn.proj.bias", p, i) ||
+        weight_load(ws, &b->fc1, SHAPE2(F, C), err, "%s.%d.ffn.fc1.weight", p, i) ||
+        weight_load(ws, &b->fc1_b, SHAPE1(F), err, "%s.%d.ffn.fc1.bias", p, i) ||
+        weight_load(ws, &b->fc2, SHAPE2(C, F), err, "%s.%d.ffn.fc2.weight", p, i) ||
+        weight_load(ws, &b->fc2_b, SHAPE1(C), err, "%s.%d.ffn.fc2.bias", p, i))
+        return AR_ERR;
+    return AR_OK;
+}
+
+/* level_pos and start, from the level table, the positions and pos_start. */
+static int make_positions(var_model_t *m, weight_set_t *ws, ar_error_t *err) {
+    backend_t *be = m->be;
+    const image_config_t *im = &m->cfg->image;
+    const int64_t C = m->cfg->llm.hidden_size, first = m->scale_at[1];
+    tensor_t level = {0}, pos = {0}, pos_start = {0};
+    int *ids = malloc((size_t)m->n_tokens * sizeof *ids);
+    int rc = AR_ERR;
+    m->level_pos = be->alloc(be, (size_t)(m->n_tokens * C) * sizeof(float));
+    m->start = be->alloc(be, (size_t)(first * C) * sizeof(float));
+    if (!ids || !m->level_pos || !m->start) {
+        ar_errorf(err, "out of memory");
+        goto out;
+    }
+    if (weight_load(ws, &level, SHAPE2(im->n_scales, C), err, "var.level_embed.weight") ||
+        weight_load(ws, &pos, SHAPE2(m->n_tokens, C), err, "var.pos_embed") ||
+        weight_load(ws, &pos_start, SHAPE2(first, C), err, "var.pos_start"))
+        goto out;
+    for (int si = 0; si < im->n_scales; si++)
+        for (int t = m->scale_at[si]; t < m->scale_at[si + 1]; t++)
+            ids[t] = si;
+    /* Weights may be stored in a backend's own type; the tables go through
+     * the embedding op, which reads any of them, into fp32 rows. */
+    int *seq = malloc((size_t)m->n_tokens * sizeof *seq);
+    float *tmp = be->alloc(be, (size_t)(m->n_tokens * C) * sizeof(float));
+    if (!seq || !tmp) {
+        free(seq);
+        be->free(be, tmp);
+        ar_errorf(err, "out of memory");
+        goto out;
+    }
+    for (int t = 0; t < m->n_tokens; t++)
+        seq[t] = t;
+    be->embedding(be, m->level_pos, &level, ids, m->n_tokens, 0);
+    be->embedding(be, tmp, &pos, seq, m->n_tokens, 0);
+    be->add(be, m->level_pos, tmp, (size_t)(m->n_tokens * C));
+    be->embedding(be, m->start, &pos_start, seq, (int)first, 0);
+    be->add(be, m->start, m->level_pos, (size_t)(first * C));
+    be->sync(be);
+    free(seq);
+    be->free(be, tmp);
+    rc = AR_OK;
+out:
+    free(ids);
+    be->weight_free(be, &level);
+    be->weight_free(be, &pos);
+    be->weight_free(be, &pos_start);
+    return rc;
+}
+
+int var_load(var_model_t *m, const model_config_t *cfg, weight_set_t *ws, backend_t *be,
+             ar_error_t *err) {
+    memset(m, 0, sizeof *m);
+    m->cfg = cfg;
+    m->be = be;
+    const llm_config_t *l = &cfg->llm;
+    const image_config_t *im = &cfg->image;
+    const int64_t C = l->hidden_size, V = im->codebook_size;
+    if (l->num_heads > VAR_MAX_HEADS)
+        return ar_errorf(err, "llm.num_heads %d exceeds %d", l->num_heads, VAR_MAX_HEADS);
+    for (int si = 0; si < im->n_scales; si++) {
+        m->scale_at[si] = m->n_tokens;
+        m->n_tokens += im->scales[si] * im->scales[si];
+    }
+    m->scale_at[im->n_scales] = m->n_tokens;
+    m->blocks = calloc((size_t)l->num_layers, sizeof *m->blocks);
+    if (!m->blocks)
+        return ar_errorf(err, "out of memory");
+    if (weight_load(ws, &m->class_embed, SHAPE2(l->vocab_size, C), err, "var.class_embed.weight") ||
+        weight_load(ws, &m->word_embed, SHAPE2(C, im->embed_dim), err, "var.word_embed.weight") ||
+        weight_load(ws, &m->word_embed_b, SHAPE1(C), err, "var.word_embed.bias") ||
+        (l->shared_adaln &&
+         (weight_load(ws, &m->shared_adaln_w, SHAPE2(6 * C, C), err, "var.shared_adaln.weight") ||
+          weight_load(ws, &m->shared_adaln_b, SHAPE1(6 * C), err, "var.shared_adaln.bias"))) ||
+        weight_load(ws, &m->head_adaln_w, SHAPE2(2 * C, C), err, "var.head_adaln.weight") ||
+        weight_load(ws, &m->head_adaln_b, SHAPE1(2 * C), err, "var.head_adaln.bias") ||
+        weight_load(ws, &m->head, SHAPE2(V, C), err, "var.head.weight") ||
+        weight_load(ws, &m->head_b, SHAPE1(V), err, "var.head.bias") || make_positions(m, ws, err))
+        return AR_ERR;
+    for (int i = 0; i < l->num_layers; i++)
+        if (load_block(m, ws, i, err) != AR_OK)
+            return AR_ERR;
+    return AR_OK;
+}
+
+static void workspace_free(var_model_t *m) {
+    backend_t *be = m->be;
+    float **bufs[] = {&m->x,   &m->xn,  &m->q,    &m->k,   &m->v,        &m->att,
+                      &m->tmp, &m->ffn, &m->cond, &m->ada, &m->ada_head, &m->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        be->free(be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    m->ws_rows = m->ws_seqs = 0;
+}
+
+void var_free(var_model_t *m) {
+    backend_t *be = m->be;
+    if (!be)
+        return;
+    workspace_free(m);
+    tensor_t *ts[] = {&m->class_embed,    &m->word_embed,     &m->word_embed_b,
+                      &m->shared_adaln_w, &m->shared_adaln_b, &m->head_adaln_w,
+                      &m->head_adaln_b,   &m->head,           &m->head_b};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        be->weight_free(be, ts[i]);
+    for (int i = 0; m->blocks && i < m->cfg->llm.num_layers; i++)
+        for (tensor_t *t = &m->blocks[i].adaln_w; t <= &m->blocks[i].fc2_b; t++)
+            be->weight_free(be, t);
+    free(m->blocks);
+    be->free(be, m->level_pos);
+    be->free(be, m->start);
+    memset(m, 0, sizeof *m);
+}
+
+static int workspace_reserve(var_model_t *m, int rows, int seqs, ar_error_t *err) {
+    if (rows <= m->ws_rows && seqs <= m->ws_seqs)
+        return AR_OK;
+    rows = rows > m->ws_rows ? rows : m->ws_rows;
+    seqs = seqs > m->ws_seqs ? seqs : m->ws_seqs;
+    workspace_free(m);
+    backend_t *be = m->be;
+    const model_config_t *c = m->cfg;
+    const size_t C = (size_t)c->llm.hidden_size, F = (size_t)c->llm.intermediate_size,
+                 R = (size_t)rows, S = (size_t)seqs;
+    struct {
+        float **p;
+        size_t n;
+    } plan[] = {{&m->x, R * C},
+                {&m->xn, R * C},
+                {&m->q, R * C},
+                {&m->k, R * C},
+                {&m->v, R * C},
+                {&m->att, R * C},
+                {&m->tmp, R * C},
+                {&m->ffn, R * F},
+                {&m->cond, S * C},
+                {&m->ada, S * 6 * C},
+                {&m->ada_head, S * 2 * C},
+                {&m->logits, R * (size_t)c->image.codebook_size}};
+    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
+        if (!(*plan[i].p = be->alloc(be, plan[i].n * sizeof(float)))) {
+            workspace_free(m);
+            return ar_errorf(err, "out of backend memory for a %d-row workspace", rows);
+        }
+    m->ws_rows = rows;
+    m->ws_seqs = seqs;
+    return AR_OK;
+}
+
+/* Every row's input into m->x: the class embedding plus the start
+ * positions at scale 0, else word_embed(latent) plus the scale's level and
+ * positions. */
+static void embed_inputs(var_model_t *m, const var_input_t *in, int n_in, const int *q_start,
+                         const int *labels) {
+    backend_t *be = m->be;
+    const size_t C = (size_t)m->cfg->llm.hidden_size;
+    for (int s = 0; s < n_in; s++) {
+        float *dst = m->x + (size_t)q_start[s] * C;
+        const int n = q_start[s + 1] - q_start[s], si = in[s].scale;
+        if (si == 0) {
+            for (int r = 0; r < n; r++)
+                be->embedding(be, dst + (size_t)r * C, &m->class_embed, &labels[s], 1, 0);
+            be->add(be, dst, m->start, (size_t)n * C);
+        } else {
+            be->matmul(be, dst, in[s].latent, &m->word_embed, &m->word_embed_b, n);
+            be->add(be, dst, m->level_pos + (size_t)m->scale_at[si] * C, (size_t)n * C);
+        }
+    }
+}
+
+/* The AdaLN tables of block b for every sequence into m->ada (seqs x 6C),
+ * from m->cond = SiLU(class embedding). */
+static void block_adaln(var_model_t *m, const var_block_t *b, int n_seq) {
+    backend_t *be = m->be;
+    const size_t C6 = 6 * (size_t)m->cfg->llm.hidden_size;
+    if (!m->cfg->llm.shared_adaln) {
+        be->matmul(be, m->ada, m->cond, &b->adaln_w, &b->adaln_b, n_seq);
+        return;
+    }
+    be->matmul(be, m->ada, m->cond, &m->shared_adaln_w, &m->shared_adaln_b, n_seq);
+    for (int s = 0; s < n_seq; s++)
+        be->add(be, m->ada + (size_t)s * C6, b->adaln_gss.data, C6);
+}
+
+/* xn = LayerNorm(x) * (1 + scale) + shift, each sequence with its own
+ * chunks of `table` (row s: width floats, scale at chunk cs, shift at sh). */
+static void norm_modulate(var_model_t *m, const int *q_start, int n_seq, const float *table,
+                          size_t width, int cs, int sh) {
+    backend_t *be = m->be;
+    const int C = m->cfg->llm.hidden_size;
+    be->layernorm(be, m->xn, m->x, q_start[n_seq], C, m->cfg->llm.norm_eps);
+    for (int s = 0; s < n_seq; s++) {
+        const float *row = table + (size_t)s * width;
+        float *xs = m->xn + (size_t)q_start[s] * C;
+        be->modulate(be, xs, xs, row + (size_t)cs * C, row + (size_t)sh * C,
+                     q_start[s + 1] - q_start[s], C);
+    }
+}
+
+/* x += a * gate, each sequence with chunk g of m->ada. */
+static void gated_residual(var_model_t *m, const int *q_start, int n_seq, const float *a, int g) {
+    backend_t *be = m->be;
+    const size_t C = (size_t)m->cfg->llm.hidden_size;
+    for (int s = 0; s < n_seq; s++)
+        be->gate_add(be, m->x + q_start[s] * C, a + q_start[s] * C,
+                     m->ada + (size_t)s * 6 * C + (size_t)g * C, q_start[s + 1] - q_start[s],
+                     (int)C);
+}
+
+enum { GAMMA1, GAMMA2, SCALE1, SCALE2, SHIFT1, SHIFT2 }; /* chunks of the block AdaLN */
+
+int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_host,
+                ar_error_t *err) {
+    backend_t *be = m->be;
+    const model_config_t *c = m->cfg;
+    const llm_config_t *l = &c->llm;
+    const int H = l->num_heads, C = l->hidden_size, V = c->image.codebook_size;
+    if (n_in <= 0)
+        return AR_OK;
+    kv_pool_t *pool = in[0].seq->pool;
+    int *q_start = malloc((size_t)(n_in + 1) * sizeof *q_start);
+    int *n_new = malloc((size_t)n_in * sizeof *n_new);
+    int *labels = malloc((size_t)n_in * sizeof *labels);
+    kv_seq_t **seqs = malloc((size_t)n_in * sizeof *seqs);
+    kv_view_t *views = malloc((size_t)n_in * H * sizeof *views);
+    kv_view_t *grown = malloc((size_t)n_in * H * sizeof *grown);
+    float **mass = malloc((size_t)n_in * H * sizeof *mass);
+    int rc = AR_ERR, any_mass = 0;
+    if (!q_start || !n_new || !labels || !seqs || !views || !grown || !mass) {
+        ar_errorf(err, "out of memory");
+        goto out;
+    }
+    q_start[0] = 0;
+    for (int s = 0; s < n_in; s++) {
+        const int si = in[s].scale;
+        if (si < 0 || si >= c->image.n_scales || (si > 0 && !in[s].latent) || in[s].label < 0 ||
+            in[s].label > c->condition.num_classes) {
+            ar_errorf(err, "sequence %d: scale %d or class %d is out of range", s, si, in[s].label);
+            goto out;
+        }
+        if (in[s].collect_mass && !in[s].seq->mass) {
+            ar_errorf(err, "sequence %d: key mass asked for, but the sequence has no mass arrays",
+                      s);
+            goto out;
+        }
+        any_mass |= in[s].collect_mass;
+        seqs[s] = in[s].seq;
+        labels[s] = in[s].label;
+        q_start[s + 1] = q_start[s] + c->image.scales[si] * c->image.scales[si];
+        n_new[s] = in[s].cache ? q_start[s + 1] - q_start[s] : 0;
+    }
+    const int rows = q_start[n_in];
+    if (workspace_reserve(m, rows, n_in, err) != AR_OK)
+        goto out;
+    /* Nothing fails past this point, so the blocks reserved here are used. */
+    if (kv_seq_reserve(seqs, n_new, n_in, err) != AR_OK)
+        goto out;
+
+    embed_inputs(m, in, n_in, q_start, labels);
+    be->embedding(be, m->cond, &m->class_embed, labels, n_in, 0);
+    be->silu(be, m->cond, (size_t)n_in * C);
+    attn_batch_t batch = {n_in, q_start, views, any_mass ? mass : NULL};
+    for (int li = 0; li < l->num_layers; li++) {
+        const var_block_t *b = &m->blocks[li];
+        for (int s = 0; s < n_in; s++)
+            for (int h = 0; h < H; h++) {
+                const kv_seq_t *sq = in[s].seq;
+                const kv_head_t *kh = &sq->heads[li * H + h];
+                views[s * H + h] = (kv_view_t){kh->blocks, kh->len};
+                grown[s * H + h] = (kv_view_t){kh->blocks, kh->len + n_new[s]};
+                mass[s * H + h] = in[s].collect_mass
+                                      ? sq->mass + (size_t)(li * H + h) * (size_t)sq->capacity
+                                      : NULL;
+            }
+        block_adaln(m, b, n_in);
+        norm_modulate(m, q_start, n_in, m->ada, 6 * (size_t)C, SCALE1, SHIFT1);
+        be->matmul(be, m->q, m->xn, &b->q, &b->q_bias, rows);
+        be->matmul(be, m->k, m->xn, &b->k, NULL, rows);
+        be->matmul(be, m->v, m->xn, &b->v, &b->v_bias, rows);
+        be->l2norm_heads(be, m->q, b->head_mul.data, rows, H, l->head_dim);
+        be->l2norm_heads(be, m->k, NULL, rows, H, l->head_dim);
+        be->attention_scale(be, m->att, m->q, m->k, m->v, &pool->blocks, &batch, H, 1.0f);
+        for (int s = 0; s < n_in; s++)
+            if (n_new[s])
+                be->kv_append(be, &pool->blocks, &grown[s * H], m->k, m->v, &q_start[s], 1, H);
+        be->matmul(be, m->tmp, m->att, &b->proj, &b->proj_b, rows);
+        gated_residual(m, q_start, n_in, m->tmp, GAMMA1);
+        norm_modulate(m, q_start, n_in, m->ada, 6 * (size_t)C, SCALE2, SHIFT2);
+        be->matmul(be, m->ffn, m->xn, &b->fc1, &b->fc1_b, rows);
+        be->gelu_tanh(be, m->ffn, (size_t)rows * l->intermediate_size);
+        be->matmul(be, m->tmp, m->ffn, &b->fc2, &b->fc2_b, rows);
+        gated_residual(m, q_start, n_in, m->tmp, GAMMA2);
+    }
+    for (int s = 0; s < n_in; s++) {
+        kv_seq_t *sq = in[s].seq;
+        for (int i = 0; i < sq->n_layers * sq->n_heads; i++)
+            sq->heads[i].len += n_new[s];
+        sq->n_fed += n_new[s];
+    }
+    be->matmul(be, m->ada_head, m->cond, &m->head_adaln_w, &m->head_adaln_b, n_in);
+    norm_modulate(m, q_start, n_in, m->ada_head, 2 * (size_t)C, 0, 1);
+    be->matmul(be, m->logits, m->xn, &m->head, &m->head_b, rows);
+    be->download(be, logits_host, m->logits, (size_t)rows * V * sizeof(float));
+    rc = AR_OK;
+out:
+    free(q_start);
+    free(n_new);
+    free(labels);
+    free(seqs);
+    free(views);
+    free(grown);
+    free(mass);
+    return rc;
+}

@@ -1,0 +1,64 @@
+/* The VAR transformer of the scale family (engine/family_scale.c): a
+ * class-conditional next-scale model. One forward pass advances a ragged
+ * batch of sequences, each feeding the whole of one scale (its start token
+ * at scale 0, else the word embedding of the latent map downsampled to that
+ * scale), and returns the codebook logits of every row. Attention is
+ * block-causal: a scale attends to the earlier scales in its cache and to
+ * the whole of itself. */
+#ifndef ARSERVE_VAR_H
+#define ARSERVE_VAR_H
+
+#include "backend.h"
+#include "kv_seq.h"
+#include "model_config.h"
+#include "weights.h"
+
+typedef struct var_block {
+    tensor_t adaln_w, adaln_b; /* [6C, C], [6C] without shared AdaLN */
+    tensor_t adaln_gss;        /* [6, C] with shared AdaLN */
+    tensor_t q, k, v, q_bias, v_bias, head_mul, proj, proj_b;
+    tensor_t fc1, fc1_b, fc2, fc2_b;
+} var_block_t;
+
+typedef struct var_model {
+    const model_config_t *cfg;
+    backend_t *be;
+    int n_tokens;                       /* tokens of every scale */
+    int scale_at[MODEL_MAX_SCALES + 1]; /* scale si's first token; scale_at[n_scales] = n_tokens */
+    tensor_t class_embed, word_embed, word_embed_b;
+    tensor_t shared_adaln_w, shared_adaln_b; /* with shared AdaLN */
+    tensor_t head_adaln_w, head_adaln_b, head, head_b;
+    float *level_pos; /* backend, n_tokens x C: level embedding + position, per token */
+    float *start;     /* backend, scales[0]^2 x C: pos_start + level_pos of scale 0 */
+    var_block_t *blocks;
+    /* Workspace, grown on demand (backend memory). */
+    int ws_rows, ws_seqs;
+    float *x, *xn, *q, *k, *v, *att, *tmp, *ffn, *cond, *ada, *ada_head, *logits;
+} var_model_t;
+
+/* What one sequence feeds in one forward pass: scale si's n = scales[si]^2
+ * rows. */
+typedef struct var_input {
+    kv_seq_t *seq;
+    int scale; /* si */
+    int label; /* class; num_classes is the unconditional one */
+    /* si > 0: the latent map downsampled to this scale, as n rows of
+     * embed_dim (backend memory); NULL at si = 0. */
+    const float *latent;
+    int cache;        /* append the scale's K and V to the cache (not for the last) */
+    int collect_mass; /* accumulate key mass into seq->mass (which must exist) */
+} var_input_t;
+
+int var_load(var_model_t *m, const model_config_t *cfg, weight_set_t *ws, backend_t *be,
+             ar_error_t *err);
+void var_free(var_model_t *m);
+
+/* Runs one forward pass over n_in inputs (whose sequences share one pool)
+ * and writes every row's codebook logits, input by input, to logits_host
+ * (rows x codebook_size). Reserves the cached rows' blocks first; fails,
+ * with nothing changed, when a sequence would pass its capacity or the pool
+ * has too few free blocks. */
+int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_host,
+                ar_error_t *err);
+
+#endif
