@@ -440,6 +440,33 @@ static void cuda_rmsnorm(backend_t *be, float *y, const float *x, const tensor_t
                                     impl_of(be)->stream));
 }
 
+static void cuda_layernorm(backend_t *be, float *y, const float *x, int rows, int dim, float eps) {
+    assert(rows >= 0 && dim > 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_layernorm(y, x, rows, dim, eps, impl_of(be)->stream));
+}
+
+static void cuda_modulate(backend_t *be, float *y, const float *x, const float *scale,
+                          const float *shift, int rows, int dim) {
+    assert(rows >= 0 && dim >= 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_modulate(y, x, scale, shift, rows, dim, impl_of(be)->stream));
+}
+
+static void cuda_gate_add(backend_t *be, float *y, const float *a, const float *gate, int rows,
+                          int dim) {
+    assert(rows >= 0 && dim >= 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_gate_add(y, a, gate, rows, dim, impl_of(be)->stream));
+}
+
+static void cuda_l2norm_heads(backend_t *be, float *x, const float *mul, int rows, int n_heads,
+                              int head_dim) {
+    assert(rows >= 0 && n_heads >= 0 && head_dim > 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_l2norm_heads(x, mul, rows, n_heads, head_dim, impl_of(be)->stream));
+}
+
 /* Positions go through the staging buffer, STAGING_INTS at a time. */
 static void cuda_rope(backend_t *be, float *x, const int *pos, int rows, int n_heads, int head_dim,
                       float theta) {
@@ -524,7 +551,8 @@ static void kv_item_add(cuda_impl_t *impl, int *n_items, int *n_ints, int *rows,
     it->q_row = q_row;
     it->head = head;
     it->row_off = *rows;
-    memcpy(impl->kv_ints + *n_ints, c->blocks, (size_t)nb * sizeof(int));
+    if (nb) /* an empty cache (a first scale) may have no table at all */
+        memcpy(impl->kv_ints + *n_ints, c->blocks, (size_t)nb * sizeof(int));
     *n_ints += nb;
     *rows += n_rows;
 }
@@ -641,6 +669,77 @@ static void cuda_attention(backend_t *be, float *out, const float *q, const kv_b
                         scale);
 }
 
+/* Launches the staged attention_scale items; AR_ERR stops the op. */
+static int attention_scale_flush(backend_t *be, float *out, const float *q, const float *k_new,
+                                 const float *v_new, const kv_blocks_t *pool, int n_items,
+                                 int n_ints, int rows, int max_keys, int any_mass, int n_heads,
+                                 float scale) {
+    cuda_impl_t *impl = impl_of(be);
+    const kern_kv_item_t *d_items;
+    const int *d_tables;
+    if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK)
+        return AR_ERR;
+    return CUDA_CHECK(be, kern_attention_scale(out, q, k_new, v_new, pool->base, pool->block_tokens,
+                                               pool->head_dim, d_items, n_items, rows, max_keys,
+                                               d_tables, n_heads, scale, any_mass, impl->scratch,
+                                               impl->stream));
+}
+
+/* As cuda_attention, one item per (sequence, head) pair with its whole
+ * scale of rows, in launches that fit the staging buffer (and the scratch,
+ * which holds each row's max and sum for the mass). A cache may be empty
+ * (the first scale): its item has no table. */
+static void cuda_attention_scale(backend_t *be, float *out, const float *q, const float *k_new,
+                                 const float *v_new, const kv_blocks_t *pool,
+                                 const attn_batch_t *batch, int n_heads, float scale) {
+    const int hd = pool->head_dim, bt = pool->block_tokens;
+    assert(batch->n_seq >= 0 && n_heads >= 0 && hd > 0 && bt > 0);
+    if (hd > 512) {
+        cuda_fail(be, "attention_scale: head_dim %d is more than the kernels' 512", hd);
+        return;
+    }
+    if (batch->n_seq == 0 || n_heads == 0 || use_device(be) != AR_OK)
+        return;
+    cuda_impl_t *impl = impl_of(be);
+    const int64_t max_rows =
+        (int64_t)(SCRATCH_BYTES / sizeof(float) / kern_attention_scale_scratch(1));
+    int n_items = 0, n_ints = 0, rows = 0, max_keys = 0, any_mass = 0;
+    for (int i = 0; i < batch->n_seq * n_heads; i++) {
+        const int s = i / n_heads, q0 = batch->q_start[s];
+        const int n_new = batch->q_start[s + 1] - q0;
+        const kv_view_t *c = &batch->kv[i];
+        assert(n_new >= 0 && c->len >= 0);
+        float *mass = batch->mass ? batch->mass[i] : NULL;
+        for (int t = 0; t < n_new;) {
+            const int64_t room = max_rows - rows;
+            const int nb = kv_blocks_of(c->len, bt);
+            if (room < 1 || !kv_stage_fits(n_items + 1, n_ints + nb)) {
+                if (n_items == 0) {
+                    cuda_fail(be,
+                              "attention_scale: a block table of %d blocks does not fit the "
+                              "staging buffer",
+                              nb);
+                    return;
+                }
+                if (attention_scale_flush(be, out, q, k_new, v_new, pool, n_items, n_ints, rows,
+                                          max_keys, any_mass, n_heads, scale) != AR_OK)
+                    return;
+                n_items = n_ints = rows = max_keys = any_mass = 0;
+                continue;
+            }
+            const int take = n_new - t < room ? n_new - t : (int)room;
+            kv_item_add(impl, &n_items, &n_ints, &rows, c, bt, n_new, t, take, q0, i % n_heads,
+                        mass);
+            max_keys = c->len + n_new > max_keys ? c->len + n_new : max_keys;
+            any_mass |= mass != NULL;
+            t += take;
+        }
+    }
+    if (n_items)
+        attention_scale_flush(be, out, q, k_new, v_new, pool, n_items, n_ints, rows, max_keys,
+                              any_mass, n_heads, scale);
+}
+
 /* In launches of as many kept rows as the staging buffer (the table and
  * the keep list) and the scratch (the rows in transit) hold: a launch
  * writes indices [i0, i0 + n) and reads keep[i] >= i >= i0, which no
@@ -689,6 +788,11 @@ static void cuda_silu(backend_t *be, float *x, size_t n) {
 static void cuda_gelu(backend_t *be, float *x, size_t n) {
     if (use_device(be) == AR_OK)
         CUDA_CHECK(be, kern_gelu(x, n, impl_of(be)->stream));
+}
+
+static void cuda_gelu_tanh(backend_t *be, float *x, size_t n) {
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_gelu_tanh(x, n, impl_of(be)->stream));
 }
 
 static void cuda_add(backend_t *be, float *y, const float *a, size_t n) {
@@ -813,6 +917,20 @@ static void cuda_upsample_nearest2x(backend_t *be, float *out, const float *in, 
     assert(c >= 0 && h >= 0 && w >= 0);
     if (use_device(be) == AR_OK)
         CUDA_CHECK(be, kern_upsample_nearest2x(out, in, c, h, w, impl_of(be)->stream));
+}
+
+static void cuda_resize_bicubic(backend_t *be, float *out, const float *in, int c, int h, int w,
+                                int H, int W) {
+    assert(c >= 0 && h > 0 && w > 0 && H >= 0 && W >= 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_resize_bicubic(out, in, c, h, w, H, W, impl_of(be)->stream));
+}
+
+static void cuda_resize_area(backend_t *be, float *out, const float *in, int c, int h, int w, int H,
+                             int W) {
+    assert(c >= 0 && h > 0 && w > 0 && H >= 0 && W >= 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_resize_area(out, in, c, h, w, H, W, impl_of(be)->stream));
 }
 
 static void cuda_transpose(backend_t *be, float *out, const float *in, int rows, int cols) {
@@ -991,10 +1109,16 @@ backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err
     be->rope_2d = cuda_rope_2d;
     be->kv_append = cuda_kv_append;
     be->attention = cuda_attention;
+    be->attention_scale = cuda_attention_scale;
     be->kv_gather = cuda_kv_gather;
+    be->layernorm = cuda_layernorm;
+    be->modulate = cuda_modulate;
+    be->gate_add = cuda_gate_add;
+    be->l2norm_heads = cuda_l2norm_heads;
     be->silu_mul = cuda_silu_mul;
     be->silu = cuda_silu;
     be->gelu = cuda_gelu;
+    be->gelu_tanh = cuda_gelu_tanh;
     be->add = cuda_add;
     be->scale = cuda_scale;
     be->softmax = cuda_softmax;
@@ -1002,6 +1126,8 @@ backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err
     be->conv2d = cuda_conv2d;
     be->groupnorm = cuda_groupnorm;
     be->upsample_nearest2x = cuda_upsample_nearest2x;
+    be->resize_bicubic = cuda_resize_bicubic;
+    be->resize_area = cuda_resize_area;
     be->transpose = cuda_transpose;
     be->status = cuda_status;
     be->destroy = cuda_destroy;

@@ -1,9 +1,11 @@
 /* The paged KV cache's kernels: append through block tables, causal
  * attention split over keys (flash-decoding: partial max / sum / weighted
  * values per split, merged by a combine kernel) for one or many query rows
- * per sequence, the exact key mass policies ask for, and in-place
- * compaction. References: cpu_kv_append, cpu_attention, cpu_kv_gather in
- * engine/backend_cpu.c; the layout is backend.h's kv_blocks_t. */
+ * per sequence, next-scale attention (the cache, then a scale's own dense
+ * keys), the exact key mass policies ask for, and in-place compaction.
+ * References: cpu_kv_append, cpu_attention, cpu_attention_scale,
+ * cpu_kv_gather in engine/backend_cpu.c; the layout is backend.h's
+ * kv_blocks_t. */
 #include "kernels/common.cuh"
 
 /* Head dims up to this fit the per-lane accumulators (16 per lane). */
@@ -219,6 +221,124 @@ cudaError_t kern_attention(float *out, const float *q, const float *base, int bl
     AR_LAUNCH(attn_mass_kernel,
               dim3((unsigned)((max_keys + AR_BLOCK - 1) / AR_BLOCK), (unsigned)n_items), AR_BLOCK,
               0, stream, q, base, block_tokens, head_dim, items, tables, n_heads, scale, stats);
+    return cudaGetLastError();
+}
+
+/* ---- attention of next-scale models -------------------------------------------- */
+
+size_t kern_attention_scale_scratch(int rows) { return (size_t)rows * 2; }
+
+/* The K row (v = 0, new rows from k_new) or V row (v = 1, from v_new) of
+ * key j of a scale item: cache index j < len through the block table, else
+ * the sequence's new row j - len. */
+static __device__ __forceinline__ const float *scale_row(const float *base, const int *table,
+                                                         int bt, int hd, const kern_kv_item_t &it,
+                                                         const float *new_rows, int n_heads, int j,
+                                                         int v) {
+    if (j < it.len)
+        return k_row(base, table, bt, hd, j) + (v ? (size_t)bt * hd : 0);
+    return new_rows + ((size_t)(it.q_row + j - it.len) * n_heads + it.head) * hd;
+}
+
+/* One warp per query row over all len + n_new keys, in tiles of 32 as
+ * attn_split_kernel scores them (lane l scores key tile + l; every lane then
+ * adds the tile's weighted V rows for its own dimensions), without splits:
+ * a scale's rows are many and its keys a few thousand at most, so the rows
+ * alone fill the GPU. Keeps each row's final max and sum for the mass. */
+__global__ void attn_scale_kernel(float *out, float *stats, const float *q, const float *k_new,
+                                  const float *v_new, const float *base, int bt, int hd,
+                                  const kern_kv_item_t *items, int n_items, const int *tables,
+                                  int n_heads, float scale) {
+    AR_DYNAMIC_SHARED(float, qs);
+    __shared__ float ps[32];
+    __shared__ const float *vs[32];
+    const int r = blockIdx.x, lane = threadIdx.x;
+    const kern_kv_item_t it = items[item_of(items, n_items, r)];
+    const int t = it.t0 + (r - it.row_off), n_keys = it.len + it.n_new;
+    const int *table = tables + it.table;
+    const size_t at = ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
+    for (int d = lane; d < hd; d += 32)
+        qs[d] = q[at + d];
+    __syncthreads();
+    float m = -INFINITY, l = 0.0f, acc[ATTN_ACC];
+    for (int i = 0; i < ATTN_ACC; i++)
+        acc[i] = 0.0f;
+    for (int tile = 0; tile < n_keys; tile += 32) {
+        const int j = tile + lane;
+        const float s =
+            j < n_keys
+                ? dot_row(qs, scale_row(base, table, bt, hd, it, k_new, n_heads, j, 0), hd) * scale
+                : -INFINITY;
+        const float m_new = fmaxf(m, warp_max(s)); /* finite: key `tile` exists */
+        const float rescale = expf(m - m_new);     /* 0 on the first tile */
+        const float p = j < n_keys ? expf(s - m_new) : 0.0f;
+        l = l * rescale + warp_sum(p);
+        m = m_new;
+        ps[lane] = p;
+        vs[lane] = j < n_keys ? scale_row(base, table, bt, hd, it, v_new, n_heads, j, 1) : NULL;
+        __syncthreads();
+        for (int i = 0; i < ATTN_ACC; i++)
+            acc[i] *= rescale;
+        const int nt = min(32, n_keys - tile);
+        for (int jj = 0; jj < nt; jj++) {
+            const float *vj = vs[jj];
+            const float pj = ps[jj];
+            for (int i = 0; i < ATTN_ACC && lane + 32 * i < hd; i++)
+                acc[i] += pj * vj[lane + 32 * i];
+        }
+        __syncthreads(); /* ps and vs are rewritten by the next tile */
+    }
+    const float inv = 1.0f / l;
+    for (int i = 0; i < ATTN_ACC && lane + 32 * i < hd; i++)
+        out[at + lane + 32 * i] = acc[i] * inv;
+    if (lane == 0) {
+        stats[2 * (size_t)r] = m;
+        stats[2 * (size_t)r + 1] = l;
+    }
+}
+
+/* The second pass for key mass, as attn_mass_kernel: one thread per (item,
+ * key j of len + n_new), the probability each of the item's rows gave key
+ * j rescored with the same dot product and normalised with the row's
+ * final max and sum, added to mass[j]. */
+__global__ void attn_scale_mass_kernel(const float *q, const float *k_new, const float *base,
+                                       int bt, int hd, const kern_kv_item_t *items,
+                                       const int *tables, int n_heads, float scale,
+                                       const float *stats) {
+    const kern_kv_item_t it = items[blockIdx.y];
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (!it.mass || j >= it.len + it.n_new)
+        return;
+    const float *kr = scale_row(base, tables + it.table, bt, hd, it, k_new, n_heads, j, 0);
+    float add = 0.0f;
+    for (int t = it.t0; t < it.t0 + it.n_rows; t++) {
+        const size_t r = (size_t)it.row_off + (size_t)(t - it.t0);
+        const float *qr = q + ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
+        const float s = dot_row(qr, kr, hd) * scale;
+        add += expf(s - stats[2 * r]) / stats[2 * r + 1];
+    }
+    it.mass[j] += add;
+}
+
+cudaError_t kern_attention_scale(float *out, const float *q, const float *k_new, const float *v_new,
+                                 const float *base, int block_tokens, int head_dim,
+                                 const kern_kv_item_t *items, int n_items, int rows, int max_keys,
+                                 const int *tables, int n_heads, float scale, int any_mass,
+                                 float *scratch, cudaStream_t stream) {
+    if (rows <= 0 || n_items <= 0 || head_dim <= 0)
+        return cudaSuccess;
+    if (head_dim > ATTN_MAX_HEAD_DIM || max_keys <= 0)
+        return cudaErrorInvalidValue;
+    AR_LAUNCH(attn_scale_kernel, rows, 32, (size_t)head_dim * sizeof(float), stream, out, scratch,
+              q, k_new, v_new, base, block_tokens, head_dim, items, n_items, tables, n_heads,
+              scale);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || !any_mass)
+        return e;
+    AR_LAUNCH(attn_scale_mass_kernel,
+              dim3((unsigned)((max_keys + AR_BLOCK - 1) / AR_BLOCK), (unsigned)n_items), AR_BLOCK,
+              0, stream, q, k_new, base, block_tokens, head_dim, items, tables, n_heads, scale,
+              scratch);
     return cudaGetLastError();
 }
 

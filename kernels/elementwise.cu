@@ -1,6 +1,6 @@
-/* Element-wise kernels: activations (SiLU, SiLU-gated product, exact GELU),
- * add, scale, and the helpers around cuBLAS GEMMs (bias broadcast, the
- * hi/lo split of fp32 activations into 16-bit halves, the sum of the two
+/* Element-wise kernels: activations (SiLU, SiLU-gated product, exact and
+ * tanh GELU), add, scale, AdaLN's modulation and gated residual, and the helpers around cuBLAS
+ * GEMMs (bias broadcast, the hi/lo split of fp32 activations into 16-bit halves, the sum of the two
  * half-products). Grid-stride loops; the formulas are the CPU reference's,
  * with the accurate expf/erff (not __expf) so results agree to an ulp or so. */
 #include "kernels/common.cuh"
@@ -24,6 +24,27 @@ __global__ void gelu_kernel(float *x, size_t n) {
         const float v = x[i];
         x[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
     }
+}
+
+/* The formula and the order of its products are the CPU reference's. */
+__global__ void gelu_tanh_kernel(float *x, size_t n) {
+    GRID_STRIDE_LOOP(i, n) {
+        const float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    }
+}
+
+/* y = x * (1 + scale[col]) + shift[col]; y may be x. */
+__global__ void modulate_kernel(float *y, const float *x, const float *scale, const float *shift,
+                                size_t dim, size_t n) {
+    GRID_STRIDE_LOOP(i, n) {
+        const size_t c = i % dim;
+        y[i] = x[i] * (1.0f + scale[c]) + shift[c];
+    }
+}
+
+__global__ void gate_add_kernel(float *y, const float *a, const float *gate, size_t dim, size_t n) {
+    GRID_STRIDE_LOOP(i, n) { y[i] += a[i] * gate[i % dim]; }
 }
 
 __global__ void add_kernel(float *y, const float *a, size_t n) {
@@ -53,6 +74,32 @@ cudaError_t kern_gelu(float *x, size_t n, cudaStream_t stream) {
     if (n == 0)
         return cudaSuccess;
     AR_LAUNCH(gelu_kernel, grid_for(n), AR_BLOCK, 0, stream, x, n);
+    return cudaGetLastError();
+}
+
+cudaError_t kern_gelu_tanh(float *x, size_t n, cudaStream_t stream) {
+    if (n == 0)
+        return cudaSuccess;
+    AR_LAUNCH(gelu_tanh_kernel, grid_for(n), AR_BLOCK, 0, stream, x, n);
+    return cudaGetLastError();
+}
+
+cudaError_t kern_modulate(float *y, const float *x, const float *scale, const float *shift,
+                          int rows, int dim, cudaStream_t stream) {
+    const size_t n = (size_t)rows * (size_t)dim;
+    if (rows <= 0 || dim <= 0)
+        return cudaSuccess;
+    AR_LAUNCH(modulate_kernel, grid_for(n), AR_BLOCK, 0, stream, y, x, scale, shift, (size_t)dim,
+              n);
+    return cudaGetLastError();
+}
+
+cudaError_t kern_gate_add(float *y, const float *a, const float *gate, int rows, int dim,
+                          cudaStream_t stream) {
+    const size_t n = (size_t)rows * (size_t)dim;
+    if (rows <= 0 || dim <= 0)
+        return cudaSuccess;
+    AR_LAUNCH(gate_add_kernel, grid_for(n), AR_BLOCK, 0, stream, y, a, gate, (size_t)dim, n);
     return cudaGetLastError();
 }
 

@@ -1,7 +1,8 @@
-/* Image kernels for the VQ decoder: the im2col panel that turns a stride-1
+/* Image kernels for the VQ decoders: the im2col panel that turns a stride-1
  * convolution into a cuBLAS GEMM (see backend_cuda.c's conv2d for why
- * im2col and not an implicit-GEMM kernel), nearest 2x upsampling, and a
- * tiled transpose between channel-major images and token rows. */
+ * im2col and not an implicit-GEMM kernel), nearest 2x upsampling, bicubic
+ * and area resampling (next-scale models' token maps), and a tiled
+ * transpose between channel-major images and token rows. */
 #include "kernels/common.cuh"
 
 /* One element of the panel per iteration; 64-bit indices (panels reach
@@ -54,6 +55,93 @@ cudaError_t kern_upsample_nearest2x(float *out, const float *in, int c, int h, i
     if (n == 0)
         return cudaSuccess;
     AR_LAUNCH(upsample_nearest2x_kernel, grid_for(n), AR_BLOCK, 0, stream, out, in, h, w, n);
+    return cudaGetLastError();
+}
+
+/* Keys' cubic convolution weights (A = -0.75) of source indices floor - 1
+ * .. floor + 2 for a sample at fraction t past floor: cpu_resize_bicubic's
+ * (PyTorch's) formulas, term for term. */
+static __device__ __forceinline__ void cubic_weights(float t, float w[4]) {
+    const float A = -0.75f;
+    const float x1 = t + 1.0f, x2 = 1.0f - t, x3 = 2.0f - t;
+    w[0] = ((A * x1 - 5.0f * A) * x1 + 8.0f * A) * x1 - 4.0f * A;
+    w[1] = ((A + 2.0f) * t - (A + 3.0f)) * t * t + 1.0f;
+    w[2] = ((A + 2.0f) * x2 - (A + 3.0f)) * x2 * x2 + 1.0f;
+    w[3] = ((A * x3 - 5.0f * A) * x3 + 8.0f * A) * x3 - 4.0f * A;
+}
+
+/* Source position of output index o (align_corners=False, not clamped):
+ * its floor, and the fraction past it. */
+static __device__ __forceinline__ int cubic_source(int o, int in, int out, float *t) {
+    const float real = (float)in / (float)out * ((float)o + 0.5f) - 0.5f;
+    const float f = floorf(real);
+    *t = real - f;
+    return (int)f;
+}
+
+static __device__ __forceinline__ int clamp_index(int v, int n) {
+    return v < 0 ? 0 : v >= n ? n - 1 : v;
+}
+
+/* One output element per iteration: 4 x 4 source pixels, indices clamped
+ * at the borders, rows weighted along x first (the CPU's order). */
+__global__ void resize_bicubic_kernel(float *out, const float *in, int h, int w, int H, int W,
+                                      size_t n) {
+    GRID_STRIDE_LOOP(i, n) {
+        const size_t plane = (size_t)H * W, ch = i / plane, rem = i % plane;
+        const int oy = (int)(rem / W), ox = (int)(rem % W);
+        float ty, tx, wy[4], wx[4], acc = 0.0f;
+        const int y0 = cubic_source(oy, h, H, &ty), x0 = cubic_source(ox, w, W, &tx);
+        cubic_weights(ty, wy);
+        cubic_weights(tx, wx);
+        for (int a = 0; a < 4; a++) {
+            const float *r = in + (ch * h + clamp_index(y0 - 1 + a, h)) * w;
+            float row = 0.0f;
+            for (int b = 0; b < 4; b++)
+                row += r[clamp_index(x0 - 1 + b, w)] * wx[b];
+            acc += row * wy[a];
+        }
+        out[i] = acc;
+    }
+}
+
+/* One output element per iteration: the mean of its source cell, rows
+ * floor(oy * h / H) .. ceil((oy + 1) * h / H) - 1 and likewise columns,
+ * summed in the CPU's order. */
+__global__ void resize_area_kernel(float *out, const float *in, int h, int w, int H, int W,
+                                   size_t n) {
+    GRID_STRIDE_LOOP(i, n) {
+        const size_t plane = (size_t)H * W, ch = i / plane, rem = i % plane;
+        const int64_t oy = (int64_t)(rem / W), ox = (int64_t)(rem % W);
+        const int y0 = (int)(oy * h / H), y1 = (int)(((oy + 1) * h + H - 1) / H);
+        const int x0 = (int)(ox * w / W), x1 = (int)(((ox + 1) * w + W - 1) / W);
+        float sum = 0.0f;
+        for (int y = y0; y < y1; y++)
+            for (int x = x0; x < x1; x++)
+                sum += in[(ch * h + y) * w + x];
+        out[i] = sum / (float)((y1 - y0) * (x1 - x0));
+    }
+}
+
+cudaError_t kern_resize_bicubic(float *out, const float *in, int c, int h, int w, int H, int W,
+                                cudaStream_t stream) {
+    const size_t n = (size_t)c * H * W;
+    if (c <= 0 || H <= 0 || W <= 0)
+        return cudaSuccess;
+    if (h <= 0 || w <= 0)
+        return cudaErrorInvalidValue;
+    AR_LAUNCH(resize_bicubic_kernel, grid_for(n), AR_BLOCK, 0, stream, out, in, h, w, H, W, n);
+    return cudaGetLastError();
+}
+
+cudaError_t kern_resize_area(float *out, const float *in, int c, int h, int w, int H, int W,
+                             cudaStream_t stream) {
+    const size_t n = (size_t)c * H * W;
+    if (c <= 0 || H <= 0 || W <= 0)
+        return cudaSuccess;
+    if (h <= 0 || w <= 0)
+        return cudaErrorInvalidValue;
+    AR_LAUNCH(resize_area_kernel, grid_for(n), AR_BLOCK, 0, stream, out, in, h, w, H, W, n);
     return cudaGetLastError();
 }
 

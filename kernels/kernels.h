@@ -32,6 +32,17 @@ typedef enum kern_dtype { KERN_F32 = 0, KERN_F16 = 1, KERN_BF16 = 2 } kern_dtype
 cudaError_t kern_rmsnorm(float *y, const float *x, const void *w, kern_dtype_t w_dtype, int rows,
                          int dim, float eps, cudaStream_t stream);
 
+/* LayerNorm without affine: y[r, :] = (x[r, :] - mean) / sqrt(var + eps),
+ * the biased variance; y may be x. */
+cudaError_t kern_layernorm(float *y, const float *x, int rows, int dim, float eps,
+                           cudaStream_t stream);
+
+/* Each head (rows of n_heads * head_dim) of x in place divided by
+ * max(its L2 norm, 1e-12), then times mul[h] when mul (n_heads floats) is
+ * not NULL. */
+cudaError_t kern_l2norm_heads(float *x, const float *mul, int rows, int n_heads, int head_dim,
+                              cudaStream_t stream);
+
 /* Row-wise softmax in place over cols; a row of only -inf becomes NaN. */
 cudaError_t kern_softmax(float *x, int rows, int cols, cudaStream_t stream);
 
@@ -58,9 +69,17 @@ cudaError_t kern_rope_2d(float *x, const int *pos, int rows, int n_heads, int he
 cudaError_t kern_silu(float *x, size_t n, cudaStream_t stream);
 cudaError_t kern_silu_mul(float *out, const float *gate, const float *up, size_t n,
                           cudaStream_t stream);
-cudaError_t kern_gelu(float *x, size_t n, cudaStream_t stream);                /* exact erf form */
+cudaError_t kern_gelu(float *x, size_t n, cudaStream_t stream);      /* exact erf form */
+cudaError_t kern_gelu_tanh(float *x, size_t n, cudaStream_t stream); /* tanh approximation */
 cudaError_t kern_add(float *y, const float *a, size_t n, cudaStream_t stream); /* y += a */
 cudaError_t kern_scale(float *x, size_t n, float s, cudaStream_t stream);      /* x *= s */
+
+/* AdaLN: y[r, j] = x[r, j] * (1 + scale[j]) + shift[j]; y may be x. */
+cudaError_t kern_modulate(float *y, const float *x, const float *scale, const float *shift,
+                          int rows, int dim, cudaStream_t stream);
+/* Gated residual: y[r, j] += a[r, j] * gate[j]. */
+cudaError_t kern_gate_add(float *y, const float *a, const float *gate, int rows, int dim,
+                          cudaStream_t stream);
 
 /* y[r, j] = bias[per_row ? r : j] for a rows x cols y; zeros when bias is
  * NULL. */
@@ -95,6 +114,13 @@ cudaError_t kern_im2col(void *hi, void *lo, kern_dtype_t dtype, const float *in,
                         int w, int k, int pad, int wo, int64_t p0, int np, cudaStream_t stream);
 cudaError_t kern_upsample_nearest2x(float *out, const float *in, int c, int h, int w,
                                     cudaStream_t stream);
+/* (c, h, w) -> (c, H, W) as F.interpolate: bicubic with align_corners=False
+ * (A = -0.75, borders clamped), and area (adaptive average pooling). out
+ * must not be in. */
+cudaError_t kern_resize_bicubic(float *out, const float *in, int c, int h, int w, int H, int W,
+                                cudaStream_t stream);
+cudaError_t kern_resize_area(float *out, const float *in, int c, int h, int w, int H, int W,
+                             cudaStream_t stream);
 /* out[j, i] = in[i, j] for a rows x cols in; out must not be in. */
 cudaError_t kern_transpose(float *out, const float *in, int rows, int cols, cudaStream_t stream);
 
@@ -145,6 +171,24 @@ cudaError_t kern_attention(float *out, const float *q, const float *base, int bl
                            int head_dim, const kern_kv_item_t *items, int n_items, int rows,
                            int max_keys, const int *tables, int n_heads, float scale, int any_mass,
                            float *scratch, cudaStream_t stream);
+
+/* Floats of scratch kern_attention_scale needs for rows query rows. */
+size_t kern_attention_scale_scratch(int rows);
+
+/* Attention of next-scale models: each item's query rows attend, with no
+ * mask, to all len keys of its cache (here len counts the cached keys
+ * only) and then to all n_new new keys of its
+ * sequence, rows q_row .. q_row + n_new - 1 of k_new and v_new (n_heads *
+ * head_dim per row, not in the cache). One block per query row; with
+ * any_mass, a second kernel adds the exact probabilities of the len + n_new
+ * keys to the items' mass arrays (those not NULL). max_keys bounds len +
+ * n_new over the items; scratch holds kern_attention_scale_scratch(rows)
+ * floats. head_dim is at most 512. */
+cudaError_t kern_attention_scale(float *out, const float *q, const float *k_new, const float *v_new,
+                                 const float *base, int block_tokens, int head_dim,
+                                 const kern_kv_item_t *items, int n_items, int rows, int max_keys,
+                                 const int *tables, int n_heads, float scale, int any_mass,
+                                 float *scratch, cudaStream_t stream);
 
 /* Compaction of cache indices [i0, i0 + n) of one head in place: index i
  * takes the K and V rows (and mass[i], when mass is not NULL) of keep[i -

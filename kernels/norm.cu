@@ -1,7 +1,8 @@
-/* Normalisations and softmax: RMSNorm (fused: statistics and scaling in one
- * kernel, one block per row), row softmax (one block per row) and GroupNorm
- * (statistics split over several blocks per group, merged with Chan's
- * formula, then one element-wise pass). References: engine/backend_cpu.c. */
+/* Normalisations and softmax: RMSNorm and LayerNorm (fused: statistics and
+ * scaling in one kernel, one block per row), per-head L2 normalisation (one
+ * warp per head), row softmax (one block per row) and GroupNorm (statistics
+ * split over several blocks per group, merged with Chan's formula, then one
+ * element-wise pass). References: engine/backend_cpu.c. */
 #include "kernels/common.cuh"
 
 /* ---- RMSNorm ---------------------------------------------------------------- */
@@ -29,6 +30,75 @@ cudaError_t kern_rmsnorm(float *y, const float *x, const void *w, kern_dtype_t w
         return cudaSuccess;
     AR_LAUNCH(rmsnorm_kernel, rows, block_for((size_t)dim), 0, stream, y, x, w, (int)w_dtype, dim,
               eps);
+    return cudaGetLastError();
+}
+
+/* ---- LayerNorm (no affine) ---------------------------------------------------- */
+
+/* One block per row: mean, then the biased variance around it, both summed
+ * in double as the CPU reference does (rows offset far from 0 would lose
+ * digits in fp32), then y = (x - mean) * rstd with the mean rounded to fp32
+ * as there. Each thread reads and writes only its own elements, so y may
+ * be x. */
+__global__ void layernorm_kernel(float *y, const float *x, int dim, float eps) {
+    __shared__ double red[32];
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float *yr = y + (size_t)blockIdx.x * dim;
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        sum += xr[i];
+    const double mean = block_sum(sum, red) / dim;
+    double sq = 0.0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        sq += (xr[i] - mean) * (xr[i] - mean);
+    sq = block_sum(sq, red);
+    const float inv = (float)(1.0 / sqrt(sq / dim + (double)eps)), mu = (float)mean;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        yr[i] = (xr[i] - mu) * inv;
+}
+
+cudaError_t kern_layernorm(float *y, const float *x, int rows, int dim, float eps,
+                           cudaStream_t stream) {
+    if (rows <= 0 || dim <= 0)
+        return cudaSuccess;
+    AR_LAUNCH(layernorm_kernel, rows, block_for((size_t)dim), 0, stream, y, x, dim, eps);
+    return cudaGetLastError();
+}
+
+/* ---- per-head L2 normalisation -------------------------------------------------- */
+
+/* Heads a block of AR_BLOCK threads normalises, a warp each. */
+#define L2_HEADS_PER_BLOCK (AR_BLOCK / 32)
+
+/* One warp per (row, head): the sum of squares in double (as the CPU), then
+ * x / max(norm, 1e-12) * mul[h]. A warp past the last head still takes part
+ * in the shuffles, with nothing to add. */
+__global__ void l2norm_heads_kernel(float *x, const float *mul, int64_t n, int n_heads, int hd) {
+    const int64_t i = (int64_t)blockIdx.x * L2_HEADS_PER_BLOCK + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    float *xi = x + (size_t)(i < n ? i : 0) * hd;
+    double ss = 0.0;
+    for (int d = lane; i < n && d < hd; d += 32)
+        ss += (double)xi[d] * xi[d];
+    ss = warp_sum(ss);
+    if (i >= n)
+        return;
+    const float norm = fmaxf((float)sqrt(ss), 1e-12f);
+    const float m = mul ? mul[i % n_heads] : 1.0f;
+    for (int d = lane; d < hd; d += 32)
+        xi[d] = xi[d] / norm * m;
+}
+
+cudaError_t kern_l2norm_heads(float *x, const float *mul, int rows, int n_heads, int head_dim,
+                              cudaStream_t stream) {
+    const int64_t n = (int64_t)rows * n_heads;
+    if (n <= 0 || head_dim <= 0)
+        return cudaSuccess;
+    const int64_t blocks = (n + L2_HEADS_PER_BLOCK - 1) / L2_HEADS_PER_BLOCK;
+    if (blocks > INT32_MAX)
+        return cudaErrorInvalidValue;
+    AR_LAUNCH(l2norm_heads_kernel, (unsigned)blocks, AR_BLOCK, 0, stream, x, mul, n, n_heads,
+              head_dim);
     return cudaGetLastError();
 }
 

@@ -536,6 +536,104 @@ static void test_rope_2d(void) {
     check_status_clean("rope_2d");
 }
 
+/* LayerNorm rows of 1 to 4096 (a partial last warp; a row of 1 is all
+ * zeros), every third row offset by 100 (statistics in double on both),
+ * out of place and in place: 1e-6 abs + 1e-5 rel. */
+static void test_layernorm(void) {
+    const int cases[][2] = {{1, 1}, {3, 7}, {2, 4096}, {5, 1000}, {0, 8}, {17, 33}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int rows = cases[c][0], dim = cases[c][1];
+        const size_t n = (size_t)rows * dim;
+        float *x = host_uniform(n, -2, 2);
+        for (size_t i = 0; i < n; i++)
+            if (i / dim % 3 == 1)
+                x[i] += 100;
+        pair_t px = pair_new(x, n), py = pair_new(NULL, n);
+        const float eps = c % 2 ? 1e-5f : 1e-6f;
+        cpu->layernorm(cpu, py.ref, px.ref, rows, dim, eps);
+        dut->layernorm(dut, py.dut, px.dut, rows, dim, eps);
+        char what[64];
+        snprintf(what, sizeof what, "layernorm %dx%d", rows, dim);
+        compare(what, py, 1e-6, 1e-5, NULL, 0);
+        check_unchanged(what, px, x);
+        cpu->layernorm(cpu, px.ref, px.ref, rows, dim, eps);
+        dut->layernorm(dut, px.dut, px.dut, rows, dim, eps);
+        compare(what, px, 1e-6, 1e-5, NULL, 0);
+        pair_del(px);
+        pair_del(py);
+        free(x);
+    }
+    check_status_clean("layernorm");
+}
+
+/* AdaLN's modulation and gated residual on rows of 1 to 4000 columns, the
+ * last case more elements than the capped grid covers in one pass; in place
+ * too. One or two fp32 operations per element (a GPU may fuse them into an
+ * FMA): 1e-6 abs + 1e-6 rel. */
+static void test_modulate_and_gate_add(void) {
+    const int cases[][2] = {{0, 5}, {1, 1}, {7, 33}, {300, 4000}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int rows = cases[c][0], dim = cases[c][1];
+        const size_t n = (size_t)rows * dim;
+        float *x = host_uniform(n, -3, 3), *a = host_uniform(n, -3, 3);
+        float *sc = host_uniform((size_t)dim, -1, 1), *sh = host_uniform((size_t)dim, -1, 1);
+        pair_t px = pair_new(x, n), pa = pair_new(a, n), py = pair_new(NULL, n);
+        pair_t psc = pair_new(sc, (size_t)dim), psh = pair_new(sh, (size_t)dim);
+        char what[64];
+        snprintf(what, sizeof what, "modulate %dx%d", rows, dim);
+        cpu->modulate(cpu, py.ref, px.ref, psc.ref, psh.ref, rows, dim);
+        dut->modulate(dut, py.dut, px.dut, psc.dut, psh.dut, rows, dim);
+        compare(what, py, 1e-6, 1e-6, NULL, 0);
+        check_unchanged(what, px, x);
+        check_unchanged(what, psc, sc);
+        check_unchanged(what, psh, sh);
+        cpu->modulate(cpu, px.ref, px.ref, psc.ref, psh.ref, rows, dim);
+        dut->modulate(dut, px.dut, px.dut, psc.dut, psh.dut, rows, dim);
+        compare(what, px, 1e-6, 1e-6, NULL, 0);
+        snprintf(what, sizeof what, "gate_add %dx%d", rows, dim);
+        cpu->upload(cpu, py.ref, x, n * 4);
+        dut->upload(dut, py.dut, x, n * 4);
+        cpu->gate_add(cpu, py.ref, pa.ref, psc.ref, rows, dim);
+        dut->gate_add(dut, py.dut, pa.dut, psc.dut, rows, dim);
+        compare(what, py, 1e-6, 1e-6, NULL, 0);
+        check_unchanged(what, pa, a);
+        pair_del(px), pair_del(pa), pair_del(py), pair_del(psc), pair_del(psh);
+        free(x), free(a), free(sc), free(sh);
+    }
+    check_status_clean("modulate/gate_add");
+}
+
+/* Per-head L2 normalisation: head dims 1 to 128 (a warp per head, partial
+ * and several passes), more heads than one block holds, a head of 1e-14
+ * values (the 1e-12 clamp), with and without the per-head multiplier:
+ * 1e-7 abs + 1e-6 rel. */
+static void test_l2norm_heads(void) {
+    const int cases[][3] = {{0, 2, 8},    {1, 1, 1},   {5, 3, 16},
+                            {33, 16, 64}, {7, 9, 128}, {4, 5, 20}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int rows = cases[c][0], heads = cases[c][1], hd = cases[c][2];
+        const size_t n = (size_t)rows * heads * hd;
+        float *x = host_uniform(n, -2, 2), *m = host_uniform((size_t)heads, 0.5f, 4);
+        for (int d = 0; n > 0 && d < hd; d++)
+            x[d] *= 1e-14f;
+        pair_t pm = pair_new(m, (size_t)heads);
+        for (int with_mul = 0; with_mul < 2; with_mul++) {
+            pair_t px = pair_new(x, n);
+            cpu->l2norm_heads(cpu, px.ref, with_mul ? pm.ref : NULL, rows, heads, hd);
+            dut->l2norm_heads(dut, px.dut, with_mul ? pm.dut : NULL, rows, heads, hd);
+            char what[80];
+            snprintf(what, sizeof what, "l2norm_heads rows=%d heads=%d hd=%d mul=%d", rows, heads,
+                     hd, with_mul);
+            compare(what, px, 1e-7, 1e-6, NULL, 0);
+            check_unchanged(what, pm, m);
+            pair_del(px);
+        }
+        pair_del(pm);
+        free(x), free(m);
+    }
+    check_status_clean("l2norm_heads");
+}
+
 /* ---- element-wise -------------------------------------------------------------- */
 
 /* Values where the formulas break down: +-Inf, NaN, exp overflow, zero. */
@@ -550,8 +648,9 @@ static float *ew_input(size_t n) {
 }
 
 /* Sizes 0, 1, a partial block, and more elements than the capped grid
- * covers in one pass (4096 * 256 = 1048576). silu/gelu 1e-6 abs + 1e-5 rel
- * (GPU expf/erff are within 2 ulp); add and scale are exact fp32. */
+ * covers in one pass (4096 * 256 = 1048576). silu/gelu/gelu_tanh 1e-6 abs +
+ * 1e-5 rel (GPU expf/erff/tanhf are within 2 ulp); add and scale are exact
+ * fp32. */
 static void test_elementwise(void) {
     const size_t sizes[] = {0, 1, 31, 257, 100003, 1048576 + 1000};
     for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
@@ -576,6 +675,13 @@ static void test_elementwise(void) {
         cpu->gelu(cpu, pg.ref, n);
         dut->gelu(dut, pg.dut, n);
         snprintf(what, sizeof what, "gelu n=%zu", n);
+        compare(what, pg, 1e-6, 1e-5, NULL, 0);
+
+        cpu->upload(cpu, pg.ref, g, n * 4);
+        dut->upload(dut, pg.dut, g, n * 4);
+        cpu->gelu_tanh(cpu, pg.ref, n);
+        dut->gelu_tanh(dut, pg.dut, n);
+        snprintf(what, sizeof what, "gelu_tanh n=%zu", n);
         compare(what, pg, 1e-6, 1e-5, NULL, 0);
 
         cpu->upload(cpu, pg.ref, g, n * 4);
@@ -739,6 +845,43 @@ static void test_upsample_and_transpose_exact(void) {
     check_status_clean("upsample/transpose");
 }
 
+/* Bicubic and area resampling, down and up, odd ratios (VAR's 16 -> 13),
+ * 1x1 sources, the identity, and more outputs than the capped grid covers
+ * in one pass. Both backends use the same fp32 formulas in the same order
+ * (a GPU may fuse a multiply-add): bicubic 1e-6 abs + 1e-6 rel, area
+ * 1e-7 abs + 1e-6 rel. */
+static void test_resize_bicubic_and_area(void) {
+    const int cases[][5] = {{3, 7, 5, 16, 9},     {2, 16, 9, 7, 5},      {1, 1, 1, 3, 2},
+                            {32, 16, 16, 13, 13}, {0, 2, 2, 3, 3},       {3, 5, 7, 5, 7},
+                            {2, 32, 32, 1, 1},    {17, 16, 16, 256, 256}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int ch = cases[c][0], h = cases[c][1], w = cases[c][2], H = cases[c][3],
+                  W = cases[c][4];
+        const size_t n_in = (size_t)ch * h * w, n_out = (size_t)ch * H * W;
+        float *x = host_uniform(n_in, -1, 1);
+        pair_t px = pair_new(x, n_in);
+        for (int area = 0; area < 2; area++) {
+            pair_t po = pair_new(NULL, n_out);
+            if (area) {
+                cpu->resize_area(cpu, po.ref, px.ref, ch, h, w, H, W);
+                dut->resize_area(dut, po.dut, px.dut, ch, h, w, H, W);
+            } else {
+                cpu->resize_bicubic(cpu, po.ref, px.ref, ch, h, w, H, W);
+                dut->resize_bicubic(dut, po.dut, px.dut, ch, h, w, H, W);
+            }
+            char what[80];
+            snprintf(what, sizeof what, "resize_%s %dx%dx%d -> %dx%d", area ? "area" : "bicubic",
+                     ch, h, w, H, W);
+            compare(what, po, area ? 1e-7 : 1e-6, 1e-6, NULL, 0);
+            check_unchanged(what, px, x);
+            pair_del(po);
+        }
+        pair_del(px);
+        free(x);
+    }
+    check_status_clean("resize");
+}
+
 /* ---- paged KV cache --------------------------------------------------------- */
 
 /* A pool of n_blocks blocks on both backends, filled with random values (so
@@ -887,6 +1030,99 @@ static void test_kv_append_and_attention(void) {
     check_status_clean("kv_append/attention");
 }
 
+/* One step of a next-scale model over a ragged batch: sequence s feeds
+ * n_new[s] rows (a scale); head h of it has a cache of a random 0 ..
+ * max_cached tokens (0: a first scale) in scattered blocks of a random
+ * pool. attention_scale runs on both backends, with key mass (len + n_new
+ * floats, accumulated into) for every pair but every third; the pool, q,
+ * k_new and v_new must come back unchanged. */
+static void check_kv_scale_step(int bt, int hd, int n_heads, int n_seq, const int *n_new,
+                                int max_cached, int with_mass) {
+    int *q_start = malloc(((size_t)n_seq + 1) * sizeof *q_start);
+    q_start[0] = 0;
+    for (int s = 0; s < n_seq; s++)
+        q_start[s + 1] = q_start[s] + n_new[s];
+    const int rows = q_start[n_seq], n_pairs = n_seq * n_heads;
+    kv_view_t *views = malloc((size_t)n_pairs * sizeof *views);
+    int total_blocks = 0, max_len = 0;
+    for (int i = 0; i < n_pairs; i++) {
+        views[i].len = (int)(rng_next() % (uint64_t)(max_cached + 1));
+        total_blocks += (views[i].len + bt - 1) / bt;
+        max_len = views[i].len > max_len ? views[i].len : max_len;
+    }
+    kv_case_t c = kv_case_new(bt, hd, total_blocks + 3);
+    float *pool_before = malloc(c.blocks.n * sizeof(float));
+    cpu->download(cpu, pool_before, c.blocks.ref, c.blocks.n * sizeof(float));
+    for (int i = 0, at = 0; i < n_pairs; i++) {
+        views[i].blocks = c.perm + at;
+        at += (views[i].len + bt - 1) / bt;
+    }
+    const size_t width = (size_t)n_heads * hd, n = (size_t)rows * width;
+    float *k = host_uniform(n, -1, 1), *v = host_uniform(n, -1, 1), *q = host_uniform(n, -2, 2);
+    pair_t pk = pair_new(k, n), pv = pair_new(v, n), pq = pair_new(q, n), po = pair_new(NULL, n);
+    char what[160], part[200];
+    snprintf(what, sizeof what, "scale bt=%d hd=%d heads=%d seqs=%d rows=%d max_cached=%d mass=%d",
+             bt, hd, n_heads, n_seq, rows, max_len, with_mass);
+    pair_t *mass = calloc((size_t)n_pairs, sizeof *mass);
+    float **ref_mass = calloc((size_t)n_pairs, sizeof *ref_mass);
+    float **dut_mass = calloc((size_t)n_pairs, sizeof *dut_mass);
+    for (int i = 0; i < n_pairs; i++) {
+        if (!with_mass || i % 3 == 2)
+            continue;
+        const size_t keys = (size_t)views[i].len + (size_t)n_new[i / n_heads];
+        float *m0 = host_uniform(keys, 0, 1);
+        mass[i] = pair_new(m0, keys);
+        ref_mass[i] = mass[i].ref;
+        dut_mass[i] = mass[i].dut;
+        free(m0);
+    }
+    const attn_batch_t rb = {n_seq, q_start, views, with_mass ? ref_mass : NULL};
+    const attn_batch_t db = {n_seq, q_start, views, with_mass ? dut_mass : NULL};
+    const float scale = 1.0f / sqrtf((float)hd);
+    cpu->attention_scale(cpu, po.ref, pq.ref, pk.ref, pv.ref, &c.ref_pool, &rb, n_heads, scale);
+    dut->attention_scale(dut, po.dut, pq.dut, pk.dut, pv.dut, &c.dut_pool, &db, n_heads, scale);
+    snprintf(part, sizeof part, "%s: attention_scale", what);
+    compare(part, po, ATTN_ABS_TOL, ATTN_REL_TOL, NULL, 0);
+    check_unchanged(part, pq, q);
+    check_unchanged(part, pk, k);
+    check_unchanged(part, pv, v);
+    check_unchanged(part, c.blocks, pool_before);
+    for (int i = 0; i < n_pairs; i++)
+        if (mass[i].ref) {
+            snprintf(part, sizeof part, "%s: mass of pair %d (%d + %d keys)", what, i, views[i].len,
+                     n_new[i / n_heads]);
+            compare(part, mass[i], MASS_ABS_TOL, MASS_REL_TOL, NULL, 0);
+            pair_del(mass[i]);
+        }
+    pair_del(pk), pair_del(pv), pair_del(pq), pair_del(po);
+    kv_case_del(&c);
+    free(k), free(v), free(q), free(q_start), free(views), free(mass), free(ref_mass),
+        free(dut_mass), free(pool_before);
+}
+
+/* Block sizes 1, 3 and 16; caches of 0 (every pair: the first scale) to
+ * 300 tokens, across block and warp-tile (32 keys) boundaries; ragged
+ * scales of 0, 1, 4, 9 and 17 rows and one of 40; head dims 8, 20 (not a
+ * warp multiple) and 64; mass off and on; and more pairs than one staging
+ * copy holds (several launches). */
+static void test_attention_scale(void) {
+    const int ragged[] = {1, 4, 0, 9}, first[] = {1}, big[] = {17, 40};
+    check_kv_scale_step(1, 8, 3, 4, ragged, 0, 1); /* nothing cached yet */
+    check_kv_scale_step(3, 8, 2, 1, first, 0, 1);
+    check_kv_scale_step(1, 8, 3, 4, ragged, 6, 1);
+    check_kv_scale_step(3, 20, 4, 4, ragged, 140, 0);
+    check_kv_scale_step(3, 20, 4, 4, ragged, 140, 1);
+    check_kv_scale_step(16, 64, 2, 2, big, 300, 1);
+    check_kv_scale_step(16, 64, 2, 4, ragged, 33, 1);
+    enum { MANY = 3500 };
+    int *ones = malloc(MANY * sizeof *ones);
+    for (int i = 0; i < MANY; i++)
+        ones[i] = 1;
+    check_kv_scale_step(2, 8, 2, MANY, ones, 3, 1);
+    free(ones);
+    check_status_clean("attention_scale");
+}
+
 /* Compaction of one head in place with a random ascending keep list (each
  * index kept with probability p; p = 1 keeps all, 0 none), with and without
  * mass: the whole pool and the mass must match exactly. */
@@ -943,12 +1179,17 @@ int main(void) {
     TEST_RUN(test_rmsnorm);
     TEST_RUN(test_rope);
     TEST_RUN(test_rope_2d);
+    TEST_RUN(test_layernorm);
+    TEST_RUN(test_modulate_and_gate_add);
+    TEST_RUN(test_l2norm_heads);
     TEST_RUN(test_elementwise);
     TEST_RUN(test_softmax);
     TEST_RUN(test_embedding);
     TEST_RUN(test_groupnorm);
     TEST_RUN(test_upsample_and_transpose_exact);
+    TEST_RUN(test_resize_bicubic_and_area);
     TEST_RUN(test_kv_append_and_attention);
+    TEST_RUN(test_attention_scale);
     TEST_RUN(test_kv_gather);
     dut->destroy(dut);
     cpu->destroy(cpu);

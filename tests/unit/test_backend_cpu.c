@@ -1188,6 +1188,630 @@ static void test_transpose_exact(void) {
     }
 }
 
+/* ---- next-scale (VAR) ops -------------------------------------------------------- */
+
+/* Dense reference of attention_scale: for each (sequence, head), the keys are
+ * the cache's len rows followed by the sequence's n_new rows of k_new / v_new
+ * (head h), and every query row of the sequence sees all of them (no causal
+ * mask within a scale). Double, max-subtracted; mass_ref[pair][j] += p_j. */
+static void attention_scale_reference(double *ref, double **mass_ref, const float *q,
+                                      const float *k_new, const float *v_new, float *const *k,
+                                      float *const *v, const int *q_start, const int *cache_len,
+                                      int n_seq, int n_heads, int hd, float scale) {
+    for (int s = 0; s < n_seq; s++) {
+        const int n_new = q_start[s + 1] - q_start[s];
+        for (int h = 0; h < n_heads; h++) {
+            const int i = s * n_heads + h, len = cache_len[i], keys = len + n_new;
+            double *p = malloc((keys ? keys : 1) * sizeof *p);
+            for (int t = 0; t < n_new; t++) {
+                const size_t row = ((size_t)(q_start[s] + t) * n_heads + h) * hd;
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j < keys; j++) {
+                    const float *kj =
+                        j < len ? k[i] + (size_t)j * hd
+                                : k_new + ((size_t)(q_start[s] + j - len) * n_heads + h) * hd;
+                    double dot = 0;
+                    for (int e = 0; e < hd; e++)
+                        dot += (double)q[row + e] * kj[e];
+                    p[j] = dot * scale;
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (int j = 0; j < keys; j++)
+                    sum += p[j] = exp(p[j] - mx);
+                for (int e = 0; e < hd; e++) {
+                    double o = 0;
+                    for (int j = 0; j < keys; j++) {
+                        const float *vj =
+                            j < len ? v[i] + (size_t)j * hd
+                                    : v_new + ((size_t)(q_start[s] + j - len) * n_heads + h) * hd;
+                        o += p[j] * vj[e];
+                    }
+                    ref[row + e] = o / sum;
+                }
+                if (mass_ref && mass_ref[i])
+                    for (int j = 0; j < keys; j++)
+                        mass_ref[i][j] += p[j] / sum;
+            }
+            free(p);
+        }
+    }
+}
+
+/* attention_scale over a ragged batch (n_new[s] rows per sequence, some 0)
+ * whose caches (cache_len per pair, some 0) sit in shuffled blocks of bt
+ * tokens; q and k_new in [-amp, amp]. Key mass: pairs i % 3 == 0 start from
+ * random values (it must be added to), i % 3 == 1 from zeros, i % 3 == 2
+ * collect none. The outputs and every mass must match the dense reference,
+ * and each mass must have grown by the number of the sequence's query rows
+ * (each row's probabilities sum to 1). */
+static void check_attention_scale(int n_seq, const int *n_new, const int *cache_len, int n_heads,
+                                  int hd, int bt, float amp, float scale, double abs_tol,
+                                  double rel_tol) {
+    const int pairs = n_seq * n_heads;
+    int *q_start = malloc(((size_t)n_seq + 1) * sizeof *q_start);
+    q_start[0] = 0;
+    for (int s = 0; s < n_seq; s++)
+        q_start[s + 1] = q_start[s] + n_new[s];
+    const int rows = q_start[n_seq];
+    const size_t n = (size_t)rows * n_heads * hd;
+    paged_t pg;
+    paged_build(&pg, bt, hd, pairs, cache_len, cache_len, amp, 3);
+    float **hk = malloc(pairs * sizeof *hk), **hv = malloc(pairs * sizeof *hv);
+    float **dmass = calloc(pairs, sizeof *dmass);
+    double **mass_ref = calloc(pairs, sizeof *mass_ref), *mass0 = calloc(pairs, sizeof *mass0);
+    for (int i = 0; i < pairs; i++) {
+        const int keys = cache_len[i] + n_new[i / n_heads];
+        hk[i] = paged_rows(&pg, i, cache_len[i], 0);
+        hv[i] = paged_rows(&pg, i, cache_len[i], 1);
+        if (i % 3 == 2)
+            continue;
+        float *m0 = host_uniform((size_t)keys, 0, 1);
+        mass_ref[i] = ref_new((size_t)keys);
+        for (int j = 0; j < keys; j++) {
+            if (i % 3 == 1)
+                m0[j] = 0;
+            mass_ref[i][j] = m0[j];
+            mass0[i] += m0[j];
+        }
+        dmass[i] = dev_from(m0, (size_t)keys);
+        free(m0);
+    }
+    float *q = host_uniform(n, -amp, amp), *kn = host_uniform(n, -amp, amp);
+    float *vn = host_uniform(n, -1, 1);
+    float *dq = dev_from(q, n), *dk = dev_from(kn, n), *dv = dev_from(vn, n), *dout = dev_new(n);
+    const attn_batch_t batch = {n_seq, q_start, pg.views, dmass};
+    be->attention_scale(be, dout, dq, dk, dv, &pg.pool, &batch, n_heads, scale);
+    double *ref = ref_new(n);
+    attention_scale_reference(ref, mass_ref, q, kn, vn, hk, hv, q_start, cache_len, n_seq, n_heads,
+                              hd, scale);
+    char what[128];
+    snprintf(what, sizeof what, "attention_scale seqs=%d heads=%d hd=%d bt=%d amp=%g", n_seq,
+             n_heads, hd, bt, amp);
+    check_dev(what, dout, ref, n, abs_tol, rel_tol);
+    CHECK(dev_guards_ok(pg.pool.base, pg.n_floats) && dev_guards_ok(dq, n) &&
+          dev_guards_ok(dk, n) && dev_guards_ok(dv, n));
+    for (int i = 0; i < pairs; i++) {
+        if (!dmass[i])
+            continue;
+        const int s = i / n_heads, keys = cache_len[i] + n_new[s];
+        snprintf(what, sizeof what, "attention_scale mass pair %d (%d cached + %d new) bt=%d", i,
+                 cache_len[i], n_new[s], bt);
+        check_dev(what, dmass[i], mass_ref[i], (size_t)keys, 1e-6, 1e-5);
+        float *got = dev_to_host(dmass[i], (size_t)keys);
+        double sum = 0;
+        for (int j = 0; j < keys; j++)
+            sum += got[j];
+        CHECK_NEAR(sum - mass0[i], (double)n_new[s], 1e-4, 0);
+        free(got);
+        dev_del(dmass[i]);
+    }
+    for (int i = 0; i < pairs; i++) {
+        free(mass_ref[i]);
+        free(hk[i]);
+        free(hv[i]);
+    }
+    paged_free(&pg);
+    dev_del(dq), dev_del(dk), dev_del(dv), dev_del(dout);
+    free(q), free(kn), free(vn), free(ref), free(q_start), free(hk), free(hv), free(dmass),
+        free(mass_ref), free(mass0);
+}
+
+/* Five sequences of 1, 4, 0, 3 and 9 new rows (a scale each); per head a
+ * cache of 0 (the first scale), 1, 5, 37, 250 (cached and new keys share a
+ * 256-key chunk of the online softmax), 256 or 300 tokens, at every block
+ * size; head dims 5 and 64: 1e-6 abs + 1e-5 rel. */
+static void test_attention_scale_ragged_paged_against_dense(void) {
+    enum { SEQS = 5, H = 3 };
+    const int n_new[SEQS] = {1, 4, 0, 3, 9}, lens[] = {0, 1, 5, 250, 37, 256, 300};
+    const int n_lens = sizeof lens / sizeof *lens;
+    int cache_len[SEQS * H];
+    for (int i = 0; i < SEQS * H; i++)
+        cache_len[i] = lens[(i * 5) % n_lens];
+    cache_len[0] = 0;       /* the one-row sequence's first head: a first scale */
+    cache_len[4 * H] = 250; /* 250 cached + 9 new keys straddle a chunk boundary */
+    for (int c = 0; c < N_BLOCK_SIZES; c++) {
+        const int bt = test_block_tokens[c];
+        check_attention_scale(SEQS, n_new, cache_len, H, 5, bt, 1, 1 / sqrtf(5), 1e-6, 1e-5);
+        check_attention_scale(SEQS, n_new, cache_len, H, 64, bt, 1, 1 / sqrtf(64), 1e-6, 1e-5);
+    }
+    const int first_scale[2] = {1, 4}, empty[2 * H] = {0};
+    check_attention_scale(2, first_scale, empty, H, 8, 3, 1, 0.35f, 1e-6, 1e-5);
+}
+
+/* Scores in the thousands, so the running maximum moves between cached and
+ * new keys (rescaling the sums): 1e-5 abs + 1e-4 rel. */
+static void test_attention_scale_large_scores(void) {
+    enum { SEQS = 3, H = 2 };
+    const int n_new[SEQS] = {2, 7, 5}, cache_len[SEQS * H] = {517, 0, 300, 61, 9, 256};
+    check_attention_scale(SEQS, n_new, cache_len, H, 16, 16, 8, 1.0f, 1e-5, 1e-4);
+}
+
+/* By hand: all keys 0 (every score equal), so each output is the plain mean
+ * of the values and each key's mass is rows / keys. One cached key with
+ * value 1, new keys with values 3 and 5: both query rows see both new keys
+ * (not causal), out = (1 + 3 + 5) / 3 = 3, mass 2/3 each. */
+static void test_attention_scale_by_hand(void) {
+    const int q_start[2] = {0, 2}, table[1] = {0};
+    const kv_view_t view = {table, 1};
+    const float pool_host[2] = {0, 1}; /* block 0 of 1 token, hd 1: K row, V row */
+    const float q[2] = {0.7f, -2}, k_new[2] = {0, 0}, v_new[2] = {3, 5};
+    float *dpool = dev_from(pool_host, 2), *dq = dev_from(q, 2), *dk = dev_from(k_new, 2);
+    float *dv = dev_from(v_new, 2), *dout = dev_new(2), *dmass = dev_from((float[3]){0}, 3);
+    const kv_blocks_t pool = {dpool, 1, 1};
+    float *mass[1] = {dmass};
+    const attn_batch_t batch = {1, q_start, &view, mass};
+    be->attention_scale(be, dout, dq, dk, dv, &pool, &batch, 1, 1.0f);
+    const double out_ref[2] = {3, 3}, mass_ref[3] = {2.0 / 3, 2.0 / 3, 2.0 / 3};
+    check_dev("attention_scale by hand", dout, out_ref, 2, 1e-6, 0);
+    check_dev("attention_scale mass by hand", dmass, mass_ref, 3, 1e-6, 0);
+    dev_del(dpool), dev_del(dq), dev_del(dk), dev_del(dv), dev_del(dout), dev_del(dmass);
+}
+
+/* References computed with PyTorch 2.x (torch.nn.functional as F, float32
+ * tensors on the CPU, printed with %.9g) on the inputs defined here:
+ * layernorm_rows, gelu_tanh_x, and resize_pattern(c, h, w) as a (1, c, h, w)
+ * tensor. Each array's comment is the call that made it. */
+static const float layernorm_rows[4 * 7] = {
+    1, 2, 3, 4, 5, 6, 7, 1000.5f, 1000.25f, 1000, 1000.75f, 999.5f, 1001, 1000.125f,
+    2, 2, 2, 2, 2, 2, 2, -3,      0.5f,     8,    -0.25f,   1e-3f,  4,    -7};
+static const float gelu_tanh_x[14] = {-10,   -5,   -3, -1, -0.5f, -1e-3f, 0,
+                                      1e-3f, 0.5f, 1,  2,  3,     5,      10};
+/* F.interpolate(x, size=(5, 5), mode='bicubic', align_corners=False), x the 3x3 ramp 0..8 */
+static const float torch_bicubic_ramp_3x3_to_5x5[25] = {
+    -0.383999854f, 0.0280006677f, 0.712000251f, 1.39600039f, 1.80800056f, 0.852001488f, 1.26400173f,
+    1.94800138f,   2.63200116f,   3.04400182f,  2.90400028f, 3.31600022f, 4.0f,         4.68400002f,
+    5.09600067f,   4.95600033f,   5.36800003f,  6.05200005f, 6.73600054f, 7.14800119f,  6.19200182f,
+    6.60400057f,   7.28800106f,   7.97200251f,  8.38400173f};
+/* F.interpolate(resize_pattern(2, 4, 6), size=(3, 4), mode='bicubic', align_corners=False) */
+static const float torch_bicubic_2x4x6_to_3x4[24] = {
+    -1.18854475f,   -0.541327596f, 1.56877553f,    -1.31692648f, 0.769165039f,  -0.875488281f,
+    0.131958008f,   1.2668457f,    0.055749476f,   0.340011567f, -1.12134731f,  -0.186654508f,
+    0.0360876061f,  0.32034868f,   0.00249572098f, 0.937188208f, 1.07275391f,   -0.621337891f,
+    -0.0521240234f, 0.654296875f,  0.559761047f,   1.65863645f,  -0.657280266f, 0.371406406f};
+/* F.interpolate(resize_pattern(2, 2, 3), size=(5, 7), mode='bicubic', align_corners=False) */
+static const float torch_bicubic_2x2x3_to_5x7[70] = {
+    -2.60875535f,  -1.75735915f,   0.107616164f,  1.33074951f,    0.632396996f,  -0.865231156f,
+    -1.4994266f,   -2.11916256f,   -1.501773f,    -0.166466206f,  0.753999591f,  0.358314663f,
+    -0.609645009f, -1.00983369f,   -1.05466461f,  -0.946064115f,  -0.762390316f, -0.5f,
+    -0.237609446f, -0.0539363921f, 0.0546647273f, 0.00983444974f, -0.390354693f, -1.35831499f,
+    -1.7540009f,   -0.833534181f,  0.501772821f,  1.11916423f,    0.499426186f,  -0.134769127f,
+    -1.63239741f,  -2.33075047f,   -1.10761642f,  0.75735867f,    1.60875678f,   0.248159021f,
+    -0.259071916f, -1.50357533f,   -1.97049999f,  -0.689509332f,  1.12484014f,   1.96900606f,
+    0.632658958f,  0.138038799f,   -1.01818645f,  -1.58599997f,   -0.70856595f,  0.664393306f,
+    1.28716302f,   1.46865857f,    1.00145745f,   0.0371715501f,  -0.75f,        -0.749999821f,
+    -0.336733937f, -0.195335269f,  2.30465889f,   1.8648771f,     1.09253061f,   0.0860007554f,
+    -0.791433752f, -1.33786225f,   -1.67783511f,  2.68915939f,    2.26198792f,   1.57791913f,
+    0.470500052f,  -0.810490668f,  -1.79830885f,  -2.35967731f};
+/* F.interpolate(resize_pattern(1, 16, 5), size=(13, 3), mode='area') */
+static const float torch_area_1x16x5_to_13x3[39] = {
+    -0.75f,        0.0f,         0.75f,  0.0f,          -0.5f,        0.25f,         0.75f,
+    -0.166666672f, -0.25f,       0.25f,  0.166666672f,  -0.75f,       -0.5f,         0.111111112f,
+    0.166666672f,  0.0f,         -0.5f,  0.25f,         0.75f,        -0.166666672f, -0.25f,
+    0.25f,         0.166666672f, -0.75f, -0.5f,         0.111111112f, 0.166666672f,  0.0f,
+    -0.5f,         0.25f,        0.75f,  -0.166666672f, -0.25f,       0.25f,         0.166666672f,
+    -0.75f,        -0.25f,       0.5f,   0.0f};
+/* F.interpolate(resize_pattern(2, 4, 6), size=(3, 4), mode='area') */
+static const float torch_area_2x4x6_to_3x4[24] = {
+    -0.75f, -0.25f, 0.75f, 0.0f, 0.0f, -0.75f, 0.25f, 0.75f, 0.75f, 0.0f, -0.25f, 0.25f,
+    0.25f,  -0.5f,  0.5f,  1.0f, 1.0f, 0.25f,  0.0f,  0.5f,  0.5f,  1.0f, -0.5f,  0.0f};
+/* F.interpolate(resize_pattern(2, 2, 3), size=(3, 5), mode='area') */
+static const float torch_area_2x2x3_to_3x5[30] = {
+    -2.0f, -0.5f, 1.0f,   0.0f,  -1.0f,  -1.0f, -0.75f, -0.5f,  -0.25f, 0.0f,
+    0.0f,  -1.0f, -2.0f,  -0.5f, 1.0f,   0.25f, -0.75f, -1.75f, -0.25f, 1.25f,
+    1.25f, 0.25f, -0.75f, -0.5f, -0.25f, 2.25f, 1.25f,  0.25f,  -0.75f, -1.75f};
+/* F.layer_norm(layernorm_rows.view(4, 7), (7,), eps=1e-6) */
+static const float torch_layernorm_eps_1e6[28] = {
+    -1.49999976f,  -0.999999881f,  -0.49999994f,  0.0f,          0.49999994f,   0.999999881f,
+    1.49999976f,   0.424931049f,   -0.115938306f, -0.656807661f, 0.965800405f,  -1.73854637f,
+    1.50666976f,   -0.386372983f,  0.0f,          0.0f,          0.0f,          0.0f,
+    0.0f,          0.0f,           0.0f,          -0.749206066f, 0.0402459316f, 1.73192883f,
+    -0.128922358f, -0.0723073706f, 0.829697967f,  -1.65143692f};
+/* F.layer_norm(layernorm_rows.view(4, 7), (7,), eps=1e-5) */
+static const float torch_layernorm_eps_1e5[28] = {
+    -1.49999821f,  -0.999998808f,  -0.499999404f, 0.0f,          0.499999404f,  0.999998808f,
+    1.49999821f,   0.424922109f,   -0.115935862f, -0.656793833f, 0.965780079f,  -1.73850977f,
+    1.50663805f,   -0.386364847f,  0.0f,          0.0f,          0.0f,          0.0f,
+    0.0f,          0.0f,           0.0f,          -0.749206007f, 0.0402459279f, 1.73192871f,
+    -0.128922343f, -0.0723073632f, 0.829697907f,  -1.65143681f};
+/* F.gelu(gelu_tanh_x, approximate='tanh') */
+static const float torch_gelu_tanh[14] = {-0.0f,
+                                          -2.98023224e-07f,
+                                          -0.00363743305f,
+                                          -0.158807993f,
+                                          -0.154285997f,
+                                          -0.000499601068f,
+                                          0.0f,
+                                          0.000500398979f,
+                                          0.345714003f,
+                                          0.841192007f,
+                                          1.95459771f,
+                                          2.99636269f,
+                                          4.99999952f,
+                                          10.0f};
+
+/* Mean and biased variance in double, as the reference below. */
+static void layernorm_reference(double *ref, const float *x, int rows, int dim, double eps) {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        double mean = 0, var = 0;
+        for (int i = 0; i < dim; i++)
+            mean += xr[i];
+        mean /= dim;
+        for (int i = 0; i < dim; i++)
+            var += (xr[i] - mean) * (xr[i] - mean);
+        var /= dim;
+        for (int i = 0; i < dim; i++)
+            ref[(size_t)r * dim + i] = (xr[i] - mean) / sqrt(var + eps);
+    }
+}
+
+/* Against PyTorch (layernorm_rows; the ramp by hand: (x - 4) / sqrt(4 +
+ * eps)), then random rows of 1 to 4096 (a row of 1 is all zeros), out of
+ * place and in place: 1e-6 abs + 1e-5 rel; and the same rows offset by 100,
+ * where the mean, rounded to fp32 before it is subtracted (as PyTorch does),
+ * may be off by ulp(100) / 2 = 3.8e-6: 1e-5 abs. */
+static void test_layernorm_against_torch_and_double(void) {
+    const float *torch_ref[2] = {torch_layernorm_eps_1e6, torch_layernorm_eps_1e5};
+    const float eps[2] = {1e-6f, 1e-5f};
+    for (int e = 0; e < 2; e++) {
+        double ref[28];
+        for (int i = 0; i < 28; i++)
+            ref[i] = torch_ref[e][i];
+        float *dx = dev_from(layernorm_rows, 28), *dy = dev_new(28);
+        be->layernorm(be, dy, dx, 4, 7, eps[e]);
+        check_dev("layernorm vs torch", dy, ref, 28, 1e-6, 1e-5);
+        for (int i = 0; i < 7; i++) /* the ramp, by hand */
+            ref[i] = (i - 3) / sqrt(4 + (double)eps[e]);
+        float *got = dev_to_host(dy, 7);
+        check_close("layernorm ramp by hand", got, ref, 7, 1e-7, 1e-6);
+        free(got);
+        dev_del(dx);
+        dev_del(dy);
+    }
+    const int cases[][2] = {{3, 1}, {2, 4096}, {5, 1000}, {0, 8}, {17, 33}};
+    for (int off = 0; off < 2; off++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            const int rows = cases[c][0], dim = cases[c][1];
+            const size_t n = (size_t)rows * dim;
+            const double tol = off ? 1e-5 : 1e-6;
+            float *x = host_uniform(n, -2, 2);
+            for (size_t i = 0; i < n; i++)
+                x[i] += off ? 100.0f : 0.0f;
+            double *ref = ref_new(n);
+            layernorm_reference(ref, x, rows, dim, 1e-6);
+            float *dx = dev_from(x, n), *dy = dev_new(n);
+            be->layernorm(be, dy, dx, rows, dim, 1e-6f);
+            check_dev(off ? "layernorm offset 100" : "layernorm", dy, ref, n, tol, 1e-5);
+            be->layernorm(be, dx, dx, rows, dim, 1e-6f);
+            check_dev("layernorm in place", dx, ref, n, tol, 1e-5);
+            dev_del(dx);
+            dev_del(dy);
+            free(ref);
+            free(x);
+        }
+}
+
+/* modulate: y = x * (1 + scale) + shift per column, by hand and on random
+ * rows, in place too; gate_add: y += a * gate per column. Both are one or
+ * two fp32 operations per element: 1e-6 rel. */
+static void test_modulate_and_gate_add(void) {
+    const float x[4] = {1, 2, 3, 4}, sc[2] = {0.5f, -1}, sh[2] = {10, 20}, gate[2] = {2, -0.5f};
+    float *dx = dev_from(x, 4), *dsc = dev_from(sc, 2), *dsh = dev_from(sh, 2), *dy = dev_new(4);
+    be->modulate(be, dy, dx, dsc, dsh, 2, 2);
+    const double mod_ref[4] = {11.5, 20, 14.5, 20};
+    check_dev("modulate by hand", dy, mod_ref, 4, 0, 0);
+    float *dg = dev_from(gate, 2);
+    be->gate_add(be, dy, dx, dg, 2, 2); /* y = mod_ref + x * gate */
+    const double gate_ref[4] = {13.5, 19, 20.5, 18};
+    check_dev("gate_add by hand", dy, gate_ref, 4, 0, 0);
+    dev_del(dx), dev_del(dsc), dev_del(dsh), dev_del(dy), dev_del(dg);
+
+    const int cases[][2] = {{1, 1}, {7, 33}, {0, 5}, {64, 1024}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int rows = cases[c][0], dim = cases[c][1];
+        const size_t n = (size_t)rows * dim;
+        float *xr = host_uniform(n, -3, 3), *a = host_uniform(n, -3, 3);
+        float *s = host_uniform((size_t)dim, -1, 1), *t = host_uniform((size_t)dim, -1, 1);
+        double *ref = ref_new(n);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = (double)xr[i] * (1 + (double)s[i % dim]) + t[i % dim];
+        float *px = dev_from(xr, n), *py = dev_new(n), *ps = dev_from(s, (size_t)dim);
+        float *pt = dev_from(t, (size_t)dim), *pa = dev_from(a, n);
+        be->modulate(be, py, px, ps, pt, rows, dim);
+        check_dev("modulate", py, ref, n, 1e-6, 1e-6);
+        be->modulate(be, px, px, ps, pt, rows, dim);
+        check_dev("modulate in place", px, ref, n, 1e-6, 1e-6);
+        for (size_t i = 0; i < n; i++)
+            ref[i] += (double)a[i] * t[i % dim];
+        be->gate_add(be, py, pa, pt, rows, dim);
+        check_dev("gate_add", py, ref, n, 1e-6, 1e-6);
+        CHECK(dev_guards_ok(pa, n) && dev_guards_ok(pt, (size_t)dim));
+        dev_del(px), dev_del(py), dev_del(ps), dev_del(pt), dev_del(pa);
+        free(xr), free(a), free(s), free(t), free(ref);
+    }
+}
+
+/* Per-head L2 normalisation as F.normalize(x, dim=-1) (norm clamped at
+ * 1e-12) times mul[h]: by hand ([3, 4] -> [0.6, 0.8], a zero head stays 0),
+ * then random rows with a head of 1e-14 values (the clamp), with and
+ * without mul: 1e-7 abs + 1e-6 rel. */
+static void test_l2norm_heads(void) {
+    const float x[8] = {3, 4, 0, 0, 1, 0, -5, 12}, mul[2] = {2, -1};
+    const double plain[8] = {0.6, 0.8, 0, 0, 1, 0, -5.0 / 13, 12.0 / 13};
+    const double scaled[8] = {1.2, 1.6, 0, 0, 2, 0, 5.0 / 13, -12.0 / 13};
+    float *dx = dev_from(x, 8), *dm = dev_from(mul, 2);
+    be->l2norm_heads(be, dx, NULL, 2, 2, 2);
+    check_dev("l2norm_heads by hand", dx, plain, 8, 1e-7, 1e-6);
+    be->upload(be, dx, x, sizeof x);
+    be->l2norm_heads(be, dx, dm, 2, 2, 2);
+    check_dev("l2norm_heads with mul by hand", dx, scaled, 8, 1e-7, 1e-6);
+    dev_del(dx);
+    dev_del(dm);
+
+    const int cases[][3] = {{5, 3, 16}, {1, 1, 1}, {0, 2, 8}, {33, 16, 64}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int rows = cases[c][0], heads = cases[c][1], hd = cases[c][2];
+        const size_t n = (size_t)rows * heads * hd;
+        float *xr = host_uniform(n, -2, 2), *m = host_uniform((size_t)heads, 0.5f, 4);
+        for (int d = 0; n > 0 && d < hd; d++)
+            xr[d] *= 1e-14f; /* row 0, head 0: norm below 1e-12 */
+        for (int with_mul = 0; with_mul < 2; with_mul++) {
+            double *ref = ref_new(n);
+            for (size_t i = 0; i < n / (hd ? hd : 1); i++) {
+                double ss = 0;
+                for (int d = 0; d < hd; d++)
+                    ss += (double)xr[i * hd + d] * xr[i * hd + d];
+                const double f = (with_mul ? m[i % heads] : 1) / fmax(sqrt(ss), 1e-12);
+                for (int d = 0; d < hd; d++)
+                    ref[i * hd + d] = xr[i * hd + d] * f;
+            }
+            float *px = dev_from(xr, n), *pm = dev_from(m, (size_t)heads);
+            be->l2norm_heads(be, px, with_mul ? pm : NULL, rows, heads, hd);
+            check_dev(with_mul ? "l2norm_heads mul" : "l2norm_heads", px, ref, n, 1e-7, 1e-6);
+            dev_del(px);
+            dev_del(pm);
+            free(ref);
+        }
+        free(xr);
+        free(m);
+    }
+}
+
+/* Against PyTorch at gelu_tanh_x, then random inputs against the formula
+ * in double: 1e-6 abs + 1e-5 rel (tanh near +-1 loses fp32 bits either
+ * way). */
+
+static void test_gelu_tanh_against_torch_and_double(void) {
+    double ref14[14];
+    for (int i = 0; i < 14; i++)
+        ref14[i] = torch_gelu_tanh[i];
+    float *dx = dev_from(gelu_tanh_x, 14);
+    be->gelu_tanh(be, dx, 14);
+    check_dev("gelu_tanh vs torch", dx, ref14, 14, 1e-6, 1e-5);
+    dev_del(dx);
+    for (size_t c = 0; c < sizeof ew_sizes / sizeof *ew_sizes; c++) {
+        const size_t n = ew_sizes[c];
+        float *x = ew_input(n);
+        double *ref = ref_new(n);
+        for (size_t i = 0; i < n; i++) {
+            const double v = x[i];
+            ref[i] = 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+        }
+        float *d = dev_from(x, n);
+        be->gelu_tanh(be, d, n);
+        check_dev("gelu_tanh", d, ref, n, 1e-6, 1e-5);
+        dev_del(d);
+        free(ref);
+        free(x);
+    }
+}
+
+/* The test images of the resampling tests: (c, h, w) with values
+ * ((7y + 3x + 2c) mod 5) - 2 + c / 4, the same pattern the PyTorch
+ * references were computed on. */
+static float *resize_pattern(int c, int h, int w) {
+    float *x = malloc(((size_t)c * h * w + 1) * sizeof *x);
+    for (int ch = 0; ch < c; ch++)
+        for (int y = 0; y < h; y++)
+            for (int xx = 0; xx < w; xx++)
+                x[((size_t)ch * h + y) * w + xx] =
+                    (float)((7 * y + 3 * xx + 2 * ch) % 5) - 2 + 0.25f * (float)ch;
+    return x;
+}
+
+/* Runs one resampling op on in (c, h, w) and compares with ref (c, H, W). */
+static void check_resize(const char *what, int bicubic, const float *in, int c, int h, int w, int H,
+                         int W, const double *ref, double abs_tol, double rel_tol) {
+    const size_t n_in = (size_t)c * h * w, n_out = (size_t)c * H * W;
+    float *din = dev_from(in, n_in), *dout = dev_new(n_out);
+    if (bicubic)
+        be->resize_bicubic(be, dout, din, c, h, w, H, W);
+    else
+        be->resize_area(be, dout, din, c, h, w, H, W);
+    check_dev(what, dout, ref, n_out, abs_tol, rel_tol);
+    CHECK_MSG(dev_guards_ok(din, n_in), "%s: input guards", what);
+    dev_del(din);
+    dev_del(dout);
+}
+
+static double *from_floats(const float *f, size_t n) {
+    double *d = ref_new(n);
+    for (size_t i = 0; i < n; i++)
+        d[i] = f[i];
+    return d;
+}
+
+/* Keys' cubic kernel with A = -0.75, as a function of the distance. */
+static double keys_cubic(double d) {
+    const double A = -0.75;
+    d = fabs(d);
+    if (d <= 1)
+        return ((A + 2) * d - (A + 3)) * d * d + 1;
+    if (d < 2)
+        return ((A * d - 5 * A) * d + 8 * A) * d - 4 * A;
+    return 0;
+}
+
+/* Bicubic in double, written from the definition: output index o samples
+ * source position (o + 0.5) * in / out - 0.5, weighting the four nearest
+ * source indices by keys_cubic of their distance, indices clamped. */
+static void bicubic_reference(double *ref, const float *in, int c, int h, int w, int H, int W) {
+    for (int ch = 0; ch < c; ch++)
+        for (int oy = 0; oy < H; oy++)
+            for (int ox = 0; ox < W; ox++) {
+                const double sy = (oy + 0.5) * h / H - 0.5, sx = (ox + 0.5) * w / W - 0.5;
+                const int fy = (int)floor(sy), fx = (int)floor(sx);
+                double acc = 0;
+                for (int iy = fy - 1; iy <= fy + 2; iy++)
+                    for (int ix = fx - 1; ix <= fx + 2; ix++) {
+                        const int cy = iy < 0 ? 0 : iy >= h ? h - 1 : iy;
+                        const int cx = ix < 0 ? 0 : ix >= w ? w - 1 : ix;
+                        acc += keys_cubic(sy - iy) * keys_cubic(sx - ix) *
+                               in[((size_t)ch * h + cy) * w + cx];
+                    }
+                ref[((size_t)ch * H + oy) * W + ox] = acc;
+            }
+}
+
+/* F.interpolate(x, size, mode='bicubic', align_corners=False) in PyTorch
+ * 2.x (float32, CPU) on a 3x3 ramp (0..8) to 5x5 (the corners overshoot
+ * below 0: clamped borders, not reflection) and on resize_pattern 2x4x6 to
+ * 3x4 (down) and 2x2x3 to 5x7 (up): 2e-6 abs + 1e-6 rel. Then against the
+ * double reference above on random images (down, up, 1x1 sources, odd
+ * ratios): 1e-5 abs; the same size is the identity; a constant image stays
+ * constant (the weights sum to 1). */
+static void test_resize_bicubic_against_torch_and_double(void) {
+    float ramp[9];
+    for (int i = 0; i < 9; i++)
+        ramp[i] = (float)i;
+    double *ref = from_floats(torch_bicubic_ramp_3x3_to_5x5, 25);
+    check_resize("bicubic ramp 3x3 -> 5x5 vs torch", 1, ramp, 1, 3, 3, 5, 5, ref, 2e-6, 1e-6);
+    free(ref);
+    float *p = resize_pattern(2, 4, 6);
+    ref = from_floats(torch_bicubic_2x4x6_to_3x4, 24);
+    check_resize("bicubic 2x4x6 -> 3x4 vs torch", 1, p, 2, 4, 6, 3, 4, ref, 2e-6, 1e-6);
+    free(ref);
+    free(p);
+    p = resize_pattern(2, 2, 3);
+    ref = from_floats(torch_bicubic_2x2x3_to_5x7, 70);
+    check_resize("bicubic 2x2x3 -> 5x7 vs torch", 1, p, 2, 2, 3, 5, 7, ref, 2e-6, 1e-6);
+    free(ref);
+    free(p);
+
+    const int cases[][5] = {{3, 7, 5, 16, 9},    {2, 16, 9, 7, 5},    {1, 1, 1, 3, 2},
+                            {2, 13, 16, 16, 13}, {1, 32, 32, 24, 40}, {0, 2, 2, 3, 3}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int ch = cases[c][0], h = cases[c][1], w = cases[c][2], H = cases[c][3],
+                  W = cases[c][4];
+        float *x = host_uniform((size_t)ch * h * w, -1, 1);
+        ref = ref_new((size_t)ch * H * W);
+        bicubic_reference(ref, x, ch, h, w, H, W);
+        char what[64];
+        snprintf(what, sizeof what, "bicubic %dx%dx%d -> %dx%d", ch, h, w, H, W);
+        check_resize(what, 1, x, ch, h, w, H, W, ref, 1e-5, 0);
+        free(ref);
+        free(x);
+    }
+    float *x = host_uniform(3 * 5 * 7, -1, 1);
+    ref = from_floats(x, 3 * 5 * 7);
+    check_resize("bicubic identity", 1, x, 3, 5, 7, 5, 7, ref, 0, 0);
+    free(ref);
+    for (int i = 0; i < 3 * 5 * 7; i++)
+        x[i] = 0.75f;
+    ref = ref_new(3 * 9 * 4);
+    for (int i = 0; i < 3 * 9 * 4; i++)
+        ref[i] = 0.75;
+    check_resize("bicubic constant", 1, x, 3, 5, 7, 9, 4, ref, 1e-6, 0);
+    free(ref);
+    free(x);
+}
+
+/* Adaptive average pooling in double from the definition: output cell i of
+ * n_out covers source indices floor(i * n_in / n_out) to
+ * ceil((i + 1) * n_in / n_out) - 1. */
+static void area_reference(double *ref, const float *in, int c, int h, int w, int H, int W) {
+    for (int ch = 0; ch < c; ch++)
+        for (int oy = 0; oy < H; oy++)
+            for (int ox = 0; ox < W; ox++) {
+                const int y0 = (int)floor((double)oy * h / H),
+                          y1 = (int)ceil((double)(oy + 1) * h / H);
+                const int x0 = (int)floor((double)ox * w / W),
+                          x1 = (int)ceil((double)(ox + 1) * w / W);
+                double s = 0;
+                for (int y = y0; y < y1; y++)
+                    for (int xx = x0; xx < x1; xx++)
+                        s += in[((size_t)ch * h + y) * w + xx];
+                ref[((size_t)ch * H + oy) * W + ox] = s / ((y1 - y0) * (x1 - x0));
+            }
+}
+
+/* F.interpolate(x, size, mode='area') in PyTorch 2.x (float32, CPU) on
+ * resize_pattern 1x16x5 to 13x3 (VAR's 16 -> 13 with overlapping cells),
+ * 2x4x6 to 3x4 and 2x2x3 to 3x5 (up: cells repeat): 1e-6 abs + 1e-6 rel.
+ * By hand: a 2x2 mean. Then random images against the double reference,
+ * and the same size is the identity. */
+static void test_resize_area_against_torch_and_double(void) {
+    float *p = resize_pattern(1, 16, 5);
+    double *ref = from_floats(torch_area_1x16x5_to_13x3, 39);
+    check_resize("area 1x16x5 -> 13x3 vs torch", 0, p, 1, 16, 5, 13, 3, ref, 1e-6, 1e-6);
+    free(ref);
+    free(p);
+    p = resize_pattern(2, 4, 6);
+    ref = from_floats(torch_area_2x4x6_to_3x4, 24);
+    check_resize("area 2x4x6 -> 3x4 vs torch", 0, p, 2, 4, 6, 3, 4, ref, 1e-6, 1e-6);
+    free(ref);
+    free(p);
+    p = resize_pattern(2, 2, 3);
+    ref = from_floats(torch_area_2x2x3_to_3x5, 30);
+    check_resize("area 2x2x3 -> 3x5 vs torch", 0, p, 2, 2, 3, 3, 5, ref, 1e-6, 1e-6);
+    free(ref);
+    free(p);
+
+    const float sq[4 * 2] = {1, 2, 10, 20, 3, 4, 30, 40}; /* 2x4 -> 1x2 */
+    const double sq_ref[2] = {2.5, 25};
+    check_resize("area 2x2 mean by hand", 0, sq, 1, 2, 4, 1, 2, sq_ref, 0, 0);
+
+    const int cases[][5] = {{3, 16, 16, 13, 13}, {2, 7, 9, 3, 4}, {1, 5, 5, 7, 8},
+                            {2, 32, 32, 1, 1},   {1, 1, 1, 2, 3}, {0, 4, 4, 2, 2}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int ch = cases[c][0], h = cases[c][1], w = cases[c][2], H = cases[c][3],
+                  W = cases[c][4];
+        float *x = host_uniform((size_t)ch * h * w, -1, 1);
+        ref = ref_new((size_t)ch * H * W);
+        area_reference(ref, x, ch, h, w, H, W);
+        char what[64];
+        snprintf(what, sizeof what, "area %dx%dx%d -> %dx%d", ch, h, w, H, W);
+        check_resize(what, 0, x, ch, h, w, H, W, ref, 1e-6, 1e-6);
+        free(ref);
+        free(x);
+    }
+    float *x = host_uniform(2 * 6 * 3, -1, 1);
+    ref = from_floats(x, 2 * 6 * 3);
+    check_resize("area identity", 0, x, 2, 6, 3, 6, 3, ref, 0, 0);
+    free(ref);
+    free(x);
+}
+
 /* ---- threading ------------------------------------------------------------------- */
 
 /* The threaded ops split work over independent outputs, so a one-thread and
@@ -1310,6 +1934,15 @@ int main(void) {
     TEST_RUN(test_groupnorm_groups_and_offsets);
     TEST_RUN(test_upsample_nearest2x_exact);
     TEST_RUN(test_transpose_exact);
+    TEST_RUN(test_attention_scale_by_hand);
+    TEST_RUN(test_attention_scale_ragged_paged_against_dense);
+    TEST_RUN(test_attention_scale_large_scores);
+    TEST_RUN(test_layernorm_against_torch_and_double);
+    TEST_RUN(test_modulate_and_gate_add);
+    TEST_RUN(test_l2norm_heads);
+    TEST_RUN(test_gelu_tanh_against_torch_and_double);
+    TEST_RUN(test_resize_bicubic_against_torch_and_double);
+    TEST_RUN(test_resize_area_against_torch_and_double);
     TEST_RUN(test_results_independent_of_thread_count);
     be->destroy(be);
     return TEST_SUMMARY();
