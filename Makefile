@@ -125,7 +125,7 @@ VAR_MODEL  := $(BUILD)/var-slow-model
 .PHONY: all deps test test-unit test-cli test-integration test-integration-tsan test-python \
         test-sanitizers test-backend \
         test-cuda-build test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
-        format format-check info bench-kv help
+        format format-check info bench-kv bench-scale help
 
 all: info $(BUILD)/arserve
 
@@ -135,6 +135,8 @@ help:
 	@echo "                      test-integration, test-integration-tsan, test-python, test-backend,"
 	@echo "                      test-cuda-build, test-dockerfile, test-sanitizers)"
 	@echo "make all              build $(BUILD)/arserve (CUDA=1, SANITIZER=..., DEBUG=1, CI=true)"
+	@echo "make bench-scale      images/s at batch 1 and SCALE_BENCH_BATCH on SCALE_BENCH_MODEL"
+	@echo "                      ($(SCALE_BENCH_MODEL)), side by side in one run"
 	@echo "make bench-kv         the KV policies side by side on KV_BENCH_MODEL ($(KV_BENCH_MODEL)):"
 	@echo "                      peak KV bytes measured and planned, images admitted into one pool"
 	@echo "                      and images/s (ratios to full), PSNR against full, ShapesEval"
@@ -301,11 +303,13 @@ test-sanitizers:
 test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json
 	ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_VAR_TINY_MODEL=$(VAR_TINY_MODEL) tests/run_unit.sh $(UNIT_BIN)
 
-test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json \
+test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/scale_bench $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json \
           $(VENV)/.stamp
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
 	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL)
 	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python
+	$(BUILD)/scale_bench --model $(VAR_TINY_MODEL) --batch 2 --images 4 --reps 1 | \
+		grep -E '^batch 2 / batch 1: [0-9.]+x$$' && echo "ok      scale_bench runs a next-scale model at two batch sizes"
 
 # Python tools' tests (numpy, Pillow; no torch): the shapes renderer, the
 # ShapesEval scorer and runner, and the shipped model (models/shapes) drawing
@@ -353,6 +357,17 @@ KV_BENCH_POOL_IMAGES  ?= 2
 KV_BENCH_WAVES        ?= 2
 $(BUILD)/kv_bench: bench/kv_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
+
+$(BUILD)/scale_bench: bench/scale_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
+
+# Images/s of a next-scale model at batch 1 and SCALE_BENCH_BATCH, side by
+# side in one run (bench/scale_bench.c). Not part of `make test`.
+SCALE_BENCH_MODEL ?= models/shapes-var
+SCALE_BENCH_BATCH ?= 16
+bench-scale: $(BUILD)/scale_bench
+	$(BUILD)/scale_bench --model $(SCALE_BENCH_MODEL) --batch $(SCALE_BENCH_BATCH) \
+		--images $$(( 2 * $(SCALE_BENCH_BATCH) )) --threads 1
 
 bench-kv: $(BUILD)/kv_bench $(VENV)/.stamp
 	$(VENV)/bin/python bench/kv_bench.py --bin $(BUILD)/kv_bench --model $(KV_BENCH_MODEL) \
@@ -408,4 +423,4 @@ clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-ubsan $(BUILD)-tsan $(BUILD)-cuda-ci build-cuda
 
 -include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend_cuda.d \
-         $(BUILD)/kv_bench.d
+         $(BUILD)/kv_bench.d $(BUILD)/scale_bench.d
