@@ -113,6 +113,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "scale_bench: %s\n", err.msg[0] ? err.msg : "out of memory");
         return 1;
     }
+    const double peak_mib = plan.peak_bytes / 1048576.0;
+    planner_plan_free(&plan);
     const int sizes[2] = {1, (int)batch};
     double took[2][MAX_REPS];
     run_waves(&m, &pool, 1, 1, rgb); /* warm-up: workspaces, page faults */
@@ -123,7 +125,7 @@ int main(int argc, char **argv) {
     double ips[2];
     printf("%s: %lld images per wave set, %lld sets each, %lld thread(s), KV %.2f MiB per "
            "image (full cache)\n",
-           m.cfg.name, images, reps, threads, plan.peak_bytes / 1048576.0);
+           m.cfg.name, images, reps, threads, peak_mib);
     for (int s = 0; s < 2; s++) {
         qsort(took[s], (size_t)reps, sizeof took[s][0], cmp_double);
         const double med = took[s][reps / 2];

@@ -108,6 +108,7 @@ static int load(void) {
         fprintf(stderr, "pool: %s\n", err.msg);
         return -1;
     }
+    planner_plan_free(&plan);
     return 0;
 }
 
