@@ -117,7 +117,12 @@ static void latent_fhat(model_t *m, const int *tokens, int n_scales, latent_ws_t
     const int E = c->image.embed_dim, G = c->image.grid_height, S = c->image.n_scales;
     const size_t n = (size_t)E * G * G;
     const float r = c->image.phi_ratio;
-    be->scale(be, w->fhat, n, 0.0f);
+    if (n_scales == 0) { /* nothing drawn yet: zeros (scratch may hold anything, even NaN) */
+        float *zeros = calloc(n, sizeof *zeros);
+        if (zeros)
+            be->upload(be, w->fhat, zeros, n * sizeof *zeros);
+        free(zeros);
+    }
     for (int si = 0; si < n_scales; si++) {
         const int p = c->image.scales[si], at = m->var.scale_at[si],
                   k = scale_phi_index(c->image.phi_count, S, si);
@@ -132,7 +137,10 @@ static void latent_fhat(model_t *m, const int *tokens, int n_scales, latent_ws_t
         be->scale(be, h, n, 1.0f - r);
         be->scale(be, w->conv, n, r);
         be->add(be, h, w->conv, n);
-        be->add(be, w->fhat, h, n);
+        if (si == 0)
+            be->copy(be, w->fhat, h, n * sizeof(float));
+        else
+            be->add(be, w->fhat, h, n);
     }
 }
 
@@ -171,6 +179,12 @@ static int scale_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t 
     for (int i = 0; i < n; i++) {
         const int si = reqs[i]->step;
         rows += (size_t)2 * c->image.scales[si] * c->image.scales[si];
+        for (int j = 0; j < 2; j++)
+            if (!reqs[i]->cond_table[j] && !(reqs[i]->cond_table[j] = be->alloc(
+                                                 be, var_adaln_floats(&m->var) * sizeof(float)))) {
+                ar_errorf(err, "out of backend memory for the AdaLN tables");
+                goto out;
+            }
         if (si > 0 && !w.fhat && latent_ws_alloc(be, c, &w, err) != AR_OK)
             goto out;
         if (si > 0 && !(latent[i] = be->alloc(be, (size_t)E * G * G * sizeof(float)))) {
@@ -193,7 +207,7 @@ static int scale_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t 
                 .scale = si,
                 .label = j ? r->uncond_ids[0] : r->cond_ids[0],
                 .latent = latent[i],
-                .cache = si < S - 1,
+                .cache = si<S - 1, .adaln = r->cond_table[j], .adaln_ready = si> 0,
                 .collect_mass = r->collect[j],
             };
     }

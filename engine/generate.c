@@ -75,8 +75,10 @@ void gen_request_free(gen_request_t *r) {
     if (!r->model)
         return;
     request_release_kv(r);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
         free(r->mass_live[i]);
+        r->model->be->free(r->model->be, r->cond_table[i]);
+    }
     sampler_free(&r->sampler);
     free(r->cond_ids);
     free(r->uncond_ids);

@@ -28,6 +28,10 @@ typedef struct gen_request {
     int *tokens;       /* n_tokens image tokens, in the family's order */
     const int *forced; /* optional: take these tokens instead of sampling */
     float *logits;     /* host: the last step's logits, cond then uncond */
+    /* Backend memory the family keeps per sequence for the whole request
+     * (the scale family: the AdaLN tables of its class), NULL until it
+     * makes it; freed with the request. */
+    float *cond_table[2];
     sampler_t sampler;
     /* KV: blocks come from pool; with a policy other than full, each
      * sequence runs it on its own cache with its own state (as LineAR and

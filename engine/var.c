@@ -142,8 +142,8 @@ int var_load(var_model_t *m, const model_config_t *cfg, weight_set_t *ws, backen
 
 static void workspace_free(var_model_t *m) {
     backend_t *be = m->be;
-    float **bufs[] = {&m->x,   &m->xn,  &m->q,    &m->k,   &m->v,        &m->att,
-                      &m->tmp, &m->ffn, &m->cond, &m->ada, &m->ada_head, &m->logits};
+    float **bufs[] = {&m->x,   &m->xn,  &m->q,   &m->k,    &m->v,
+                      &m->att, &m->tmp, &m->ffn, &m->cond, &m->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         be->free(be, *bufs[i]);
         *bufs[i] = NULL;
@@ -183,18 +183,11 @@ static int workspace_reserve(var_model_t *m, int rows, int seqs, ar_error_t *err
     struct {
         float **p;
         size_t n;
-    } plan[] = {{&m->x, R * C},
-                {&m->xn, R * C},
-                {&m->q, R * C},
-                {&m->k, R * C},
-                {&m->v, R * C},
-                {&m->att, R * C},
-                {&m->tmp, R * C},
-                {&m->ffn, R * F},
-                {&m->cond, S * C},
-                {&m->ada, S * 6 * C},
-                {&m->ada_head, S * 2 * C},
-                {&m->logits, R * (size_t)c->image.codebook_size}};
+    } plan[] = {{&m->x, R * C},    {&m->xn, R * C},
+                {&m->q, R * C},    {&m->k, R * C},
+                {&m->v, R * C},    {&m->att, R * C},
+                {&m->tmp, R * C},  {&m->ffn, R * F},
+                {&m->cond, S * C}, {&m->logits, R * (size_t)c->image.codebook_size}};
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
         if (!(*plan[i].p = be->alloc(be, plan[i].n * sizeof(float)))) {
             workspace_free(m);
@@ -203,6 +196,19 @@ static int workspace_reserve(var_model_t *m, int rows, int seqs, ar_error_t *err
     m->ws_rows = rows;
     m->ws_seqs = seqs;
     return AR_OK;
+}
+
+/* y = x w^T + b over every sequence's rows, one GEMM per sequence: a GEMM's
+ * rounding depends on how many rows it has (OpenBLAS and cuBLAS pick their
+ * kernels and tiles by shape), so a request's rows are always multiplied
+ * as a block of their own, and its tokens do not depend on what else runs
+ * in the batch. */
+static void rows_matmul(var_model_t *m, float *y, const float *x, const tensor_t *w,
+                        const tensor_t *b, const int *q_start, int n_seq) {
+    const size_t in = (size_t)w->shape[1], out = (size_t)w->shape[0];
+    for (int s = 0; s < n_seq; s++)
+        m->be->matmul(m->be, y + (size_t)q_start[s] * out, x + (size_t)q_start[s] * in, w, b,
+                      q_start[s + 1] - q_start[s]);
 }
 
 /* Every row's input into m->x: the class embedding plus the start
@@ -226,43 +232,55 @@ static void embed_inputs(var_model_t *m, const var_input_t *in, int n_in, const 
     }
 }
 
-/* The AdaLN tables of block b for every sequence into m->ada (seqs x 6C),
- * from m->cond = SiLU(class embedding). */
-static void block_adaln(var_model_t *m, const var_block_t *b, int n_seq) {
+size_t var_adaln_floats(const var_model_t *m) {
+    const size_t C = (size_t)m->cfg->llm.hidden_size;
+    return (size_t)m->cfg->llm.num_layers * 6 * C + 2 * C;
+}
+
+/* A sequence's AdaLN tables from its class: SiLU(class embedding) through
+ * every block's Linear (or the shared one plus the block's own table) and
+ * the head's, one row at a time so the result never depends on the batch. */
+static void make_adaln(var_model_t *m, float *table, int label) {
     backend_t *be = m->be;
-    const size_t C6 = 6 * (size_t)m->cfg->llm.hidden_size;
-    if (!m->cfg->llm.shared_adaln) {
-        be->matmul(be, m->ada, m->cond, &b->adaln_w, &b->adaln_b, n_seq);
-        return;
+    const llm_config_t *l = &m->cfg->llm;
+    const size_t C = (size_t)l->hidden_size, C6 = 6 * C;
+    be->embedding(be, m->cond, &m->class_embed, &label, 1, 0);
+    be->silu(be, m->cond, C);
+    for (int li = 0; li < l->num_layers; li++) {
+        const var_block_t *b = &m->blocks[li];
+        float *t = table + (size_t)li * C6;
+        if (!l->shared_adaln) {
+            be->matmul(be, t, m->cond, &b->adaln_w, &b->adaln_b, 1);
+        } else {
+            be->matmul(be, t, m->cond, &m->shared_adaln_w, &m->shared_adaln_b, 1);
+            be->add(be, t, b->adaln_gss.data, C6);
+        }
     }
-    be->matmul(be, m->ada, m->cond, &m->shared_adaln_w, &m->shared_adaln_b, n_seq);
-    for (int s = 0; s < n_seq; s++)
-        be->add(be, m->ada + (size_t)s * C6, b->adaln_gss.data, C6);
+    be->matmul(be, table + (size_t)l->num_layers * C6, m->cond, &m->head_adaln_w, &m->head_adaln_b,
+               1);
 }
 
 /* xn = LayerNorm(x) * (1 + scale) + shift, each sequence with its own
- * chunks of `table` (row s: width floats, scale at chunk cs, shift at sh). */
-static void norm_modulate(var_model_t *m, const int *q_start, int n_seq, const float *table,
-                          size_t width, int cs, int sh) {
+ * table: scale at tab[s] + sc, shift at tab[s] + sh. */
+static void norm_modulate(var_model_t *m, const int *q_start, int n_seq, const float *const *tab,
+                          size_t sc, size_t sh) {
     backend_t *be = m->be;
     const int C = m->cfg->llm.hidden_size;
     be->layernorm(be, m->xn, m->x, q_start[n_seq], C, m->cfg->llm.norm_eps);
     for (int s = 0; s < n_seq; s++) {
-        const float *row = table + (size_t)s * width;
         float *xs = m->xn + (size_t)q_start[s] * C;
-        be->modulate(be, xs, xs, row + (size_t)cs * C, row + (size_t)sh * C,
-                     q_start[s + 1] - q_start[s], C);
+        be->modulate(be, xs, xs, tab[s] + sc, tab[s] + sh, q_start[s + 1] - q_start[s], C);
     }
 }
 
-/* x += a * gate, each sequence with chunk g of m->ada. */
-static void gated_residual(var_model_t *m, const int *q_start, int n_seq, const float *a, int g) {
+/* x += a * gate, the gate at tab[s] + g. */
+static void gated_residual(var_model_t *m, const int *q_start, int n_seq, const float *a,
+                           const float *const *tab, size_t g) {
     backend_t *be = m->be;
     const size_t C = (size_t)m->cfg->llm.hidden_size;
     for (int s = 0; s < n_seq; s++)
-        be->gate_add(be, m->x + q_start[s] * C, a + q_start[s] * C,
-                     m->ada + (size_t)s * 6 * C + (size_t)g * C, q_start[s + 1] - q_start[s],
-                     (int)C);
+        be->gate_add(be, m->x + q_start[s] * C, a + q_start[s] * C, tab[s] + g,
+                     q_start[s + 1] - q_start[s], (int)C);
 }
 
 enum { GAMMA1, GAMMA2, SCALE1, SCALE2, SHIFT1, SHIFT2 }; /* chunks of the block AdaLN */
@@ -283,8 +301,9 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
     kv_view_t *views = malloc((size_t)n_in * H * sizeof *views);
     kv_view_t *grown = malloc((size_t)n_in * H * sizeof *grown);
     float **mass = malloc((size_t)n_in * H * sizeof *mass);
+    const float **tabs = malloc((size_t)n_in * sizeof *tabs);
     int rc = AR_ERR, any_mass = 0;
-    if (!q_start || !n_new || !labels || !seqs || !views || !grown || !mass) {
+    if (!q_start || !n_new || !labels || !seqs || !views || !grown || !mass || !tabs) {
         ar_errorf(err, "out of memory");
         goto out;
     }
@@ -294,6 +313,10 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
         if (si < 0 || si >= c->image.n_scales || (si > 0 && !in[s].latent) || in[s].label < 0 ||
             in[s].label > c->condition.num_classes) {
             ar_errorf(err, "sequence %d: scale %d or class %d is out of range", s, si, in[s].label);
+            goto out;
+        }
+        if (!in[s].adaln) {
+            ar_errorf(err, "sequence %d: no AdaLN table", s);
             goto out;
         }
         if (in[s].collect_mass && !in[s].seq->mass) {
@@ -314,9 +337,12 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
     if (kv_seq_reserve(seqs, n_new, n_in, err) != AR_OK)
         goto out;
 
+    for (int s = 0; s < n_in; s++) {
+        tabs[s] = in[s].adaln;
+        if (!in[s].adaln_ready)
+            make_adaln(m, in[s].adaln, labels[s]);
+    }
     embed_inputs(m, in, n_in, q_start, labels);
-    be->embedding(be, m->cond, &m->class_embed, labels, n_in, 0);
-    be->silu(be, m->cond, (size_t)n_in * C);
     attn_batch_t batch = {n_in, q_start, views, any_mass ? mass : NULL};
     for (int li = 0; li < l->num_layers; li++) {
         const var_block_t *b = &m->blocks[li];
@@ -330,24 +356,24 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
                                       ? sq->mass + (size_t)(li * H + h) * (size_t)sq->capacity
                                       : NULL;
             }
-        block_adaln(m, b, n_in);
-        norm_modulate(m, q_start, n_in, m->ada, 6 * (size_t)C, SCALE1, SHIFT1);
-        be->matmul(be, m->q, m->xn, &b->q, &b->q_bias, rows);
-        be->matmul(be, m->k, m->xn, &b->k, NULL, rows);
-        be->matmul(be, m->v, m->xn, &b->v, &b->v_bias, rows);
+        const size_t at = (size_t)li * 6 * C; /* the block's chunks in each table */
+        norm_modulate(m, q_start, n_in, tabs, at + SCALE1 * (size_t)C, at + SHIFT1 * (size_t)C);
+        rows_matmul(m, m->q, m->xn, &b->q, &b->q_bias, q_start, n_in);
+        rows_matmul(m, m->k, m->xn, &b->k, NULL, q_start, n_in);
+        rows_matmul(m, m->v, m->xn, &b->v, &b->v_bias, q_start, n_in);
         be->l2norm_heads(be, m->q, b->head_mul.data, rows, H, l->head_dim);
         be->l2norm_heads(be, m->k, NULL, rows, H, l->head_dim);
         be->attention_scale(be, m->att, m->q, m->k, m->v, &pool->blocks, &batch, H, 1.0f);
         for (int s = 0; s < n_in; s++)
             if (n_new[s])
                 be->kv_append(be, &pool->blocks, &grown[s * H], m->k, m->v, &q_start[s], 1, H);
-        be->matmul(be, m->tmp, m->att, &b->proj, &b->proj_b, rows);
-        gated_residual(m, q_start, n_in, m->tmp, GAMMA1);
-        norm_modulate(m, q_start, n_in, m->ada, 6 * (size_t)C, SCALE2, SHIFT2);
-        be->matmul(be, m->ffn, m->xn, &b->fc1, &b->fc1_b, rows);
+        rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
+        gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA1 * (size_t)C);
+        norm_modulate(m, q_start, n_in, tabs, at + SCALE2 * (size_t)C, at + SHIFT2 * (size_t)C);
+        rows_matmul(m, m->ffn, m->xn, &b->fc1, &b->fc1_b, q_start, n_in);
         be->gelu_tanh(be, m->ffn, (size_t)rows * l->intermediate_size);
-        be->matmul(be, m->tmp, m->ffn, &b->fc2, &b->fc2_b, rows);
-        gated_residual(m, q_start, n_in, m->tmp, GAMMA2);
+        rows_matmul(m, m->tmp, m->ffn, &b->fc2, &b->fc2_b, q_start, n_in);
+        gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA2 * (size_t)C);
     }
     for (int s = 0; s < n_in; s++) {
         kv_seq_t *sq = in[s].seq;
@@ -355,9 +381,9 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
             sq->heads[i].len += n_new[s];
         sq->n_fed += n_new[s];
     }
-    be->matmul(be, m->ada_head, m->cond, &m->head_adaln_w, &m->head_adaln_b, n_in);
-    norm_modulate(m, q_start, n_in, m->ada_head, 2 * (size_t)C, 0, 1);
-    be->matmul(be, m->logits, m->xn, &m->head, &m->head_b, rows);
+    const size_t head = (size_t)l->num_layers * 6 * C; /* scale, then shift */
+    norm_modulate(m, q_start, n_in, tabs, head, head + C);
+    rows_matmul(m, m->logits, m->xn, &m->head, &m->head_b, q_start, n_in);
     be->download(be, logits_host, m->logits, (size_t)rows * V * sizeof(float));
     rc = AR_OK;
 out:
@@ -368,5 +394,6 @@ out:
     free(views);
     free(grown);
     free(mass);
+    free(tabs);
     return rc;
 }

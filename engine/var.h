@@ -33,7 +33,7 @@ typedef struct var_model {
     var_block_t *blocks;
     /* Workspace, grown on demand (backend memory). */
     int ws_rows, ws_seqs;
-    float *x, *xn, *q, *k, *v, *att, *tmp, *ffn, *cond, *ada, *ada_head, *logits;
+    float *x, *xn, *q, *k, *v, *att, *tmp, *ffn, *cond, *logits;
 } var_model_t;
 
 /* What one sequence feeds in one forward pass: scale si's n = scales[si]^2
@@ -45,9 +45,17 @@ typedef struct var_input {
     /* si > 0: the latent map downsampled to this scale, as n rows of
      * embed_dim (backend memory); NULL at si = 0. */
     const float *latent;
-    int cache;        /* append the scale's K and V to the cache (not for the last) */
+    int cache; /* append the scale's K and V to the cache (not for the last) */
+    /* The sequence's AdaLN tables (backend, var_adaln_floats): made from its
+     * class when adaln_ready is 0, then reused at every later scale. */
+    float *adaln;
+    int adaln_ready;
     int collect_mass; /* accumulate key mass into seq->mass (which must exist) */
 } var_input_t;
+
+/* Floats of one sequence's AdaLN tables: every block's six chunks, then the
+ * head's scale and shift. */
+size_t var_adaln_floats(const var_model_t *m);
 
 int var_load(var_model_t *m, const model_config_t *cfg, weight_set_t *ws, backend_t *be,
              ar_error_t *err);

@@ -315,6 +315,45 @@ static void test_ragged_batch_equals_alone(void) {
     free(img_mixed);
 }
 
+/* Bit for bit: request b, teacher-forced, alone and beside a request one
+ * scale ahead of it has the same logits at every scale (each request's
+ * rows are multiplied as a block of their own). */
+static void test_logits_do_not_depend_on_the_batch(void) {
+    sampler_params_t sp = {g.cfg, 1.0f, 0, 1.0f};
+    gen_request_t alone, b, other;
+    ar_error_t err = {{0}};
+    float *want[MODEL_MAX_SCALES] = {0};
+    if (start(&alone, g.labels[1], &sp, tf_tokens)) {
+        CHECK(0);
+        return;
+    }
+    for (int si = 0; si < g.S; si++) {
+        gen_request_t *one[] = {&alone};
+        const size_t n = (size_t)2 * (scale_at(si + 1) - scale_at(si)) * g.V;
+        CHECK(gen_step(one, 1, &err) == AR_OK);
+        want[si] = malloc(n * sizeof(float));
+        memcpy(want[si], alone.logits, n * sizeof(float));
+    }
+    gen_request_free(&alone);
+    if (start(&other, g.labels[0], &sp, NULL) || start(&b, g.labels[1], &sp, tf_tokens)) {
+        CHECK(0);
+        return;
+    }
+    gen_request_t *first[] = {&other};
+    CHECK(gen_step(first, 1, &err) == AR_OK);
+    for (int si = 0; si < g.S; si++) {
+        gen_request_t *batch[] = {&b, &other};
+        const int n_req = gen_request_done(&other) ? 1 : 2;
+        const size_t n = (size_t)2 * (scale_at(si + 1) - scale_at(si)) * g.V;
+        CHECK_MSG(gen_step(batch, n_req, &err) == AR_OK, "%s", err.msg);
+        CHECK_MSG(!memcmp(b.logits, want[si], n * sizeof(float)),
+                  "scale %d: logits differ beside another request", si);
+        free(want[si]);
+    }
+    gen_request_free(&b);
+    gen_request_free(&other);
+}
+
 int main(void) {
     if (load() != 0) {
         printf("0 passed, 1 failed\n");
@@ -326,6 +365,7 @@ int main(void) {
     TEST_RUN(test_decoded_images_match);
     TEST_RUN(test_phi_choice_matches_reference);
     TEST_RUN(test_ragged_batch_equals_alone);
+    TEST_RUN(test_logits_do_not_depend_on_the_batch);
     kv_pool_free(&pool);
     model_free(&model);
     safetensors_close(&g.st);
