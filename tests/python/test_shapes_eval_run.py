@@ -125,6 +125,23 @@ def test_runner_names_seeds_and_passes_flags(fake_arserve, tmp_path):
     assert "generation " in r.stdout and "scoring " in r.stdout
 
 
+def test_runner_category_keeps_only_its_prompts(fake_arserve, tmp_path):
+    """--category single_object (a class-conditional model's classes are those prompts):
+    only that category is generated and scored, and overall is its accuracy."""
+    arserve, model = fake_arserve
+    js = tmp_path / "r.json"
+    r = run_runner("--arserve", arserve, "--model", model, "--category", "single_object",
+                   "--limit", "3", "--jobs", "2", "--json", str(js))
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(js) as f:
+        s = json.load(f)
+    assert {c: v["n"] for c, v in s["categories"].items()} == {"single_object": 3}
+    assert [x["category"] for x in s["results"]] == ["single_object"] * 3
+    assert s["overall"] == s["categories"]["single_object"]["accuracy"] == 1.0
+    bad = run_runner("--arserve", arserve, "--model", model, "--category", "nonsense")
+    assert bad.returncode == 2 and "nonsense" in bad.stderr
+
+
 def test_runner_stops_on_a_failed_generation(fake_arserve, tmp_path):
     arserve, model = fake_arserve
     with open(os.path.join(model, "arserve.json"), "w") as f:

@@ -122,11 +122,15 @@ def generate(todo, arserve, model, jobs, extra=(), quiet=False):
 
 
 def run(model, out_dir, arserve=None, prompts_path=PROMPTS, limit=None, images_per_prompt=1,
-        seed=0, jobs=None, extra=(), quiet=False):
-    """Generates and scores; returns the summary dict that --json writes."""
+        seed=0, jobs=None, extra=(), quiet=False, categories=None):
+    """Generates and scores; returns the summary dict that --json writes. categories: only
+    the prompts of these categories (all when None)."""
     arserve = arserve or os.path.join(ROOT, "build", "arserve")
     jobs = jobs or default_jobs()
-    prompts = select(scorer.load_prompts(prompts_path), limit)
+    prompts = scorer.load_prompts(prompts_path)
+    if categories:
+        prompts = [p for p in prompts if p["category"] in categories]
+    prompts = select(prompts, limit)
     os.makedirs(out_dir, exist_ok=True)
     # Images of an earlier run would be scored too.
     for name in os.listdir(out_dir):
@@ -168,6 +172,9 @@ def add_arguments(ap):
     ap.add_argument("--arserve-arg", action="append", default=[], metavar="ARGS",
                     help='extra flags for arserve generate, split like a shell: --arserve-arg="--cfg 3"')
     ap.add_argument("--failures", action="store_true", help="print the wrong images and why")
+    ap.add_argument("--category", action="append", choices=scorer.CATEGORIES, metavar="NAME",
+                    help="only this category's prompts (repeatable; e.g. single_object for a "
+                         "class-conditional model whose classes are those prompts)")
 
 
 def run_cli(a):
@@ -187,7 +194,7 @@ def run_cli(a):
     tmp = None if a.out else tempfile.TemporaryDirectory(prefix="shapes_eval_")
     try:
         s = run(a.model, a.out or tmp.name, a.arserve, a.prompts, a.limit, a.images_per_prompt,
-                a.seed, a.jobs, extra)
+                a.seed, a.jobs, extra, categories=a.category)
     except RuntimeError as e:
         print("run: generation failed: %s" % e, file=sys.stderr)
         return 1
