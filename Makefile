@@ -119,8 +119,9 @@ UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TINY_MODEL := $(BUILD)/tiny-model
 SLOW_MODEL := $(BUILD)/slow-model
 VAR_TINY_MODEL := $(BUILD)/var-tiny-model
-# The next-scale model the daemon's integration tests serve.
-VAR_MODEL  := $(BUILD)/var-slow-model
+# The next-scale model the daemon's integration tests serve: the shipped
+# multiscale demo model.
+VAR_MODEL  := models/shapes-var
 
 .PHONY: all deps test test-unit test-cli test-integration test-integration-tsan test-python \
         test-sanitizers test-backend \
@@ -225,11 +226,6 @@ $(VAR_TINY_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write
 $(SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
 	$(VENV)/bin/python tools/make_tiny_model.py --preset slow --seed 1 --out $(SLOW_MODEL)
 
-# A next-scale model of ten scales (16x16 last, 128x128 pixels), random:
-# about half a second per image on one core.
-$(VAR_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
-	$(VENV)/bin/python tools/make_tiny_model.py --preset var-slow --seed 1 --out $(VAR_MODEL)
-
 test: deps
 	$(MAKE) format-check
 	$(MAKE) all
@@ -320,8 +316,7 @@ test-python: $(BUILD)/arserve $(VENV)/.stamp
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
 # the OpenAI client, bad requests, batching, 429s, disconnects, drains,
 # streaming, Prometheus scraping it, and `make run`.
-test-integration: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json \
-                  $(VAR_MODEL)/arserve.json $(VENV)/.stamp
+test-integration: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
 	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_SLOW_MODEL=$(SLOW_MODEL) \
 		ARSERVE_VAR_MODEL=$(VAR_MODEL) $(VENV)/bin/python -m pytest -q tests/integration
 
@@ -333,8 +328,7 @@ test-integration: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json \
 # `make run` builds and serves the ordinary binary, which the pass above
 # has already tested.
 TSAN_BUILD := $(BUILD)-tsan
-test-integration-tsan: $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json \
-                       $(VAR_MODEL)/arserve.json $(VENV)/.stamp
+test-integration-tsan: $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
 	$(MAKE) SANITIZER=thread BUILD=$(TSAN_BUILD) all
 	OMP_NUM_THREADS=1 TSAN_OPTIONS="second_deadlock_stack=1" ARSERVE_BIN=$(TSAN_BUILD)/arserve \
 		ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_SLOW_MODEL=$(SLOW_MODEL) ARSERVE_VAR_MODEL=$(VAR_MODEL) \

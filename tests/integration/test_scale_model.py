@@ -3,8 +3,8 @@ classes in /v1/models, class_label as an index or a name, a prompt that names
 a class, clear 400s for everything else, SSE previews at scale ends, the
 openai client, and the KV policies a next-scale model takes.
 
-The model is ARSERVE_VAR_MODEL (`make test-integration` points it at the
-shipped multiscale demo model), else build/var-slow-model."""
+The model is ARSERVE_VAR_MODEL (`make test-integration` sets it), else the
+shipped multiscale demo model, models/shapes-var."""
 import base64
 import io
 import json
@@ -18,7 +18,7 @@ from conftest import HTTP_TIMEOUT, Daemon, b64_png_size, repo_path
 from test_streaming import read_sse
 
 GEN = "/v1/images/generations"
-VAR_MODEL = repo_path(os.environ.get("ARSERVE_VAR_MODEL") or "build/var-slow-model")
+VAR_MODEL = repo_path(os.environ.get("ARSERVE_VAR_MODEL") or "models/shapes-var")
 
 
 def var_info():

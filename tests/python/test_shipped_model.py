@@ -1,5 +1,6 @@
-"""The shipped demo model (models/shapes) loads and draws, for a fixed prompt and seed on the
-CPU backend, exactly the committed PNG tests/golden/shapes/red_circle_left_seed1.png.
+"""The shipped demo models load and draw, for a fixed prompt (or class) and seed on the CPU
+backend, exactly the committed PNGs: models/shapes tests/golden/shapes/red_circle_left_seed1.png,
+models/shapes-var tests/golden/shapes_var/red_circle_seed1.png.
 
 The command and its environment are tools/shapes_eval/make_expected.py's, which also
 regenerates the PNG (`make expected-png`) when the model files change.
@@ -13,6 +14,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,15 +25,15 @@ from tools.shapes_eval import make_expected as E  # noqa: E402
 ARSERVE = os.environ.get("ARSERVE_BIN", os.path.join(ROOT, "build", "arserve"))
 
 
-def _why_different(got, want):
+def _why_different(m, got, want):
     """What changed, and what to do about it."""
-    with open(os.path.join(ROOT, E.EXPECTED_HASHES)) as f:
+    with open(os.path.join(ROOT, m.hashes)) as f:
         recorded = json.load(f)["files_sha256"]
-    now = E.model_hashes()
+    now = m.model_hashes()
     same_pixels = np.array_equal(np.asarray(Image.open(io.BytesIO(got)).convert("RGB")),
                                  np.asarray(Image.open(io.BytesIO(want)).convert("RGB")))
     head = "the PNG differs from %s (%s).\n" % (
-        E.EXPECTED_PNG, "same pixels, other PNG bytes: the PNG encoder or zlib changed"
+        m.png, "same pixels, other PNG bytes: the PNG encoder or zlib changed"
         if same_pixels else "other pixels")
     if now != recorded:
         changed = sorted(k for k in set(now) | set(recorded) if now.get(k) != recorded.get(k))
@@ -39,7 +41,7 @@ def _why_different(got, want):
             "The model files changed since it was made (%s): that is legitimate after "
             "retraining or re-exporting the model; regenerate it with `make expected-png` "
             "(tools/shapes_eval/make_expected.py) and commit the PNG and %s."
-            % (", ".join(changed), E.EXPECTED_HASHES))
+            % (", ".join(changed), m.hashes))
     if same_pixels:
         return head + (
             "The model files are the ones it was made from. If libpng or zlib differ from "
@@ -50,17 +52,18 @@ def _why_different(got, want):
         "`make expected-png` and say why in the commit.")
 
 
-def test_shipped_model_draws_the_expected_png(tmp_path):
-    assert os.path.isfile(os.path.join(ROOT, E.MODEL, "arserve.json")), \
-        "%s/arserve.json is missing: the shipped model is not in this checkout" % E.MODEL
+@pytest.mark.parametrize("m", E.SHIPPED, ids=[m.model for m in E.SHIPPED])
+def test_shipped_model_draws_the_expected_png(m, tmp_path):
+    assert os.path.isfile(os.path.join(ROOT, m.model, "arserve.json")), \
+        "%s/arserve.json is missing: the shipped model is not in this checkout" % m.model
     out = str(tmp_path / "out.png")
-    r = E.generate(ARSERVE, out)
-    assert r.returncode == 0, "%s failed (%d):\n%s" % (" ".join(E.command(ARSERVE, out)),
+    r = m.generate(ARSERVE, out)
+    assert r.returncode == 0, "%s failed (%d):\n%s" % (" ".join(m.command(ARSERVE, out)),
                                                         r.returncode, r.stderr)
     with open(out, "rb") as f:
         got = f.read()
     img = Image.open(io.BytesIO(got))
-    assert (img.size, img.mode) == ((128, 128), "RGB")
-    with open(os.path.join(ROOT, E.EXPECTED_PNG), "rb") as f:
+    assert (img.size, img.mode) == ((m.side, m.side), "RGB")
+    with open(os.path.join(ROOT, m.png), "rb") as f:
         want = f.read()
-    assert got == want, _why_different(got, want)
+    assert got == want, _why_different(m, got, want)

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Trains the VAR transformer of the shapes VAR model (models/shapes-var) on multi-scale
+codes of the msvq tokenizer.
+
+Exact command that made the shipped transformer (from the repository root; one thread;
+training samples 0..N-1 of stream seed 3, held-out samples of stream seed 4, batch order
+and class dropout from --seed 1):
+
+    mkdir -p build/train_var/var
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv-tools/bin/python tools/train_var/train_var.py \\
+        --vq build/train_var/msvq/ckpt.pt --out build/train_var/var --seed 1 --steps 1000 \\
+        --n-train 32000 --config '{"depth": 4}' --resume >> build/train_var/var/stdout.log 2>&1 &
+    # stopped after the checkpoint of step 500 (samples still ragged blobs), resumed with a
+    # longer schedule (the learning rate jumps from 6.1e-4 to 8.2e-4):
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv-tools/bin/python tools/train_var/train_var.py \\
+        --vq build/train_var/msvq/ckpt.pt --out build/train_var/var --seed 1 --steps 1500 \\
+        --n-train 32000 --config '{"depth": 4}' --resume >> build/train_var/var/stdout.log 2>&1 &
+
+The first run tokenises the training and held-out sets with the VQ checkpoint into
+OUT/tokens-train.npz / OUT/tokens-val.npz (labels and the codes of every scale, coarsest
+first, raster order within a scale); later runs reuse them. Resumes from OUT/ckpt.pt
+(every 100 steps); the batch of step t depends only on the seed and t.
+
+Model: width 256, 4 heads of 64, depth 4 (--config; DEFAULT_CFG has 6), FFN 1024, 44
+classes + the unconditional one, scales of the tokenizer (155 tokens); 5.0 M parameters. Loss: cross-entropy over all L tokens (mean),
+teacher forcing with the block-causal mask; 10% of rows get the unconditional class.
+AdamW (0.9, 0.95), weight decay 0.05 on matrices, lr --lr with a 100-step warm-up and
+cosine decay to 5% at --steps, gradient clip 2.0, batch 32.
+Logs: OUT/train.log, held-out loss per token (nats; overall and per scale) and
+first-scale accuracy every --eval-every steps in OUT/val.csv.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
+import data  # noqa: E402
+from msvq import MSVQ, to_model_input  # noqa: E402
+from train_util import log, lr_at, save  # noqa: E402
+from var_model import VAR, next_scale_inputs  # noqa: E402
+
+DEFAULT_CFG = {"width": 256, "heads": 4, "depth": 6, "ffn": 1024}
+
+
+def load_vq(path):
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    vq = MSVQ(ck["config"])
+    vq.load_state_dict(ck["model"])
+    vq.eval()
+    for p in vq.parameters():
+        p.requires_grad_(False)
+    return vq
+
+
+@torch.no_grad()
+def tokenize_set(vq, seed, n, path, logf, bs=64):
+    if os.path.exists(path):
+        z = np.load(path)
+        if len(z["labels"]) == n:
+            return z["labels"], z["codes"]
+    t0 = time.time()
+    L = sum(p * p for p in vq.scales)
+    labels = np.zeros(n, np.int64)
+    codes = np.zeros((n, L), np.int16)
+    for s in range(0, n, bs):
+        m = min(bs, n - s)
+        lab, img = data.make_set(seed, m, start=s, size=vq.cfg["image_size"])
+        idxs = vq.tokenize(to_model_input(img))
+        labels[s:s + m] = lab
+        codes[s:s + m] = torch.cat([i.flatten(1) for i in idxs], 1).numpy()
+    np.savez(path + ".tmp.npz", labels=labels, codes=codes)
+    os.replace(path + ".tmp.npz", path)
+    log(logf, "tokenised %d samples of stream %d into %s (%.0f s)" % (n, seed, path, time.time() - t0))
+    return labels, codes
+
+
+def split_codes(codes, scales):
+    out, o = [], 0
+    for p in scales:
+        out.append(codes[:, o:o + p * p].reshape(-1, p, p))
+        o += p * p
+    return out
+
+
+def batch_loss(var, vq, labels, codes, cond_drop=0.0, gen=None):
+    codes = torch.as_tensor(codes).long()
+    labels = torch.as_tensor(labels).long()
+    if cond_drop > 0:
+        drop = torch.rand(len(labels), generator=gen) < cond_drop
+        labels = torch.where(drop, torch.full_like(labels, var.num_classes), labels)
+    with torch.no_grad():
+        x_in = next_scale_inputs(vq, split_codes(codes, vq.scales))
+    logits = var(labels, x_in)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), codes.reshape(-1), reduction="none").view(codes.shape)
+    return ce, logits
+
+
+@torch.no_grad()
+def evaluate(var, vq, labels, codes, bs=64):
+    var.eval()
+    ces, acc0 = [], []
+    for s in range(0, len(labels), bs):
+        ce, logits = batch_loss(var, vq, labels[s:s + bs], codes[s:s + bs])
+        ces.append(ce)
+        acc0.append((logits[:, 0].argmax(-1) == torch.as_tensor(codes[s:s + bs, 0]).long()).float())
+    var.train()
+    ce = torch.cat(ces)
+    per_scale, o = [], 0
+    for p in vq.scales:
+        per_scale.append(float(ce[:, o:o + p * p].mean()))
+        o += p * p
+    return float(ce.mean()), per_scale, float(torch.cat(acc0).mean())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vq", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--data-seed", type=int, default=3)
+    ap.add_argument("--val-seed", type=int, default=4)
+    ap.add_argument("--n-train", type=int, default=32000)
+    ap.add_argument("--n-val", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--stop-at", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--min-lr-frac", type=float, default=0.05)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--wd", type=float, default=0.05)
+    ap.add_argument("--clip", type=float, default=2.0)
+    ap.add_argument("--cond-drop", type=float, default=0.1)
+    ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--ckpt-every", type=int, default=100)
+    ap.add_argument("--config", default=None, help="JSON overriding DEFAULT_CFG")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+
+    torch.set_num_threads(a.threads)
+    os.makedirs(a.out, exist_ok=True)
+    logf = os.path.join(a.out, "train.log")
+    ckpt_path = os.path.join(a.out, "ckpt.pt")
+    vq = load_vq(a.vq)
+    cfg = dict(DEFAULT_CFG, **(json.loads(a.config) if a.config else {}))
+    cfg.update(ffn=cfg.get("ffn", 4 * cfg["width"]), num_classes=data.NUM_CLASSES, scales=list(vq.scales),
+               codebook_size=vq.cfg["codebook_size"], embed_dim=vq.cfg["embed_dim"])
+    tr_lab, tr_codes = tokenize_set(vq, a.data_seed, a.n_train, os.path.join(a.out, "tokens-train.npz"), logf)
+    va_lab, va_codes = tokenize_set(vq, a.val_seed, a.n_val, os.path.join(a.out, "tokens-val.npz"), logf)
+
+    torch.manual_seed(a.seed)
+    var = VAR(cfg)
+    decay = [p for n, p in var.named_parameters() if p.ndim == 2 and "embed" not in n and "pos_" not in n]
+    other = [p for n, p in var.named_parameters() if not (p.ndim == 2 and "embed" not in n and "pos_" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": other, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95))
+    step = 0
+    if a.resume and os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if ck["config"] != cfg:
+            sys.exit("checkpoint config %r differs from %r" % (ck["config"], cfg))
+        var.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step = ck["step"]
+        log(logf, "resumed from %s at step %d" % (ckpt_path, step))
+    else:
+        log(logf, "start: args %s" % json.dumps(vars(a)))
+        log(logf, "config %s" % json.dumps(cfg))
+        log(logf, "params %.3fM; %d tokens per image; train %d, val %d" % (
+            sum(p.numel() for p in var.parameters()) / 1e6, var.L, len(tr_lab), len(va_lab)))
+        with open(os.path.join(a.out, "val.csv"), "w") as f:
+            f.write("step,val_loss,%s,first_token_acc\n" % ",".join("loss_s%d" % p for p in vq.scales))
+
+    def checkpoint():
+        save(ckpt_path, {"model": var.state_dict(), "opt": opt.state_dict(), "step": step,
+                         "config": cfg, "args": vars(a), "vq": os.path.abspath(a.vq)})
+
+    t_last, n_last, acc = time.time(), 0, 0.0
+    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
+    while step < end:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, a)
+        rng = np.random.default_rng([a.seed, step])
+        pick = rng.integers(0, len(tr_lab), a.batch)
+        gen = torch.Generator().manual_seed(a.seed * 1000003 + step)
+        ce, _ = batch_loss(var, vq, tr_lab[pick], tr_codes[pick], a.cond_drop, gen)
+        loss = ce.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(var.parameters(), a.clip)
+        opt.step()
+        step += 1
+        acc += float(loss.detach())
+        n_last += 1
+        if step % a.log_every == 0:
+            log(logf, "step %d lr %.2e loss %.4f %.2f s/step" % (step, lr_at(step - 1, a), acc / n_last,
+                                                                 (time.time() - t_last) / n_last))
+            t_last, n_last, acc = time.time(), 0, 0.0
+        if step % a.ckpt_every == 0 or step == end:
+            checkpoint()
+        if step % a.eval_every == 0 or step == end:
+            t0 = time.time()
+            vl, per, a0 = evaluate(var, vq, va_lab, va_codes)
+            log(logf, "EVAL step %d val_loss %.4f per scale %s first-token acc %.3f (%.0f s)" % (
+                step, vl, " ".join("%.3f" % v for v in per), a0, time.time() - t0))
+            with open(os.path.join(a.out, "val.csv"), "a") as f:
+                f.write("%d,%.4f,%s,%.4f\n" % (step, vl, ",".join("%.4f" % v for v in per), a0))
+            if step % 500 == 0:
+                save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": var.state_dict(), "step": step, "config": cfg})
+            t_last, n_last = time.time(), 0
+            acc = 0.0
+    log(logf, "done at step %d" % step)
+
+
+if __name__ == "__main__":
+    main()
