@@ -83,13 +83,14 @@ int scale_phi_index(int phi_count, int n_scales, int si) {
     return best;
 }
 
-/* Backend scratch for the latent arithmetic of one request. */
+/* Backend scratch for the latent arithmetic of one request; zero holds
+ * zeros (scratch memory may hold anything, even NaN). */
 typedef struct latent_ws {
-    float *fhat, *rows, *map, *up, *conv; /* E x G x G each */
+    float *fhat, *rows, *map, *up, *conv, *zero; /* E x G x G each */
 } latent_ws_t;
 
 static void latent_ws_free(backend_t *be, latent_ws_t *w) {
-    float *bufs[] = {w->fhat, w->rows, w->map, w->up, w->conv};
+    float *bufs[] = {w->fhat, w->rows, w->map, w->up, w->conv, w->zero};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->free(be, bufs[i]);
     memset(w, 0, sizeof *w);
@@ -98,13 +99,19 @@ static void latent_ws_free(backend_t *be, latent_ws_t *w) {
 static int latent_ws_alloc(backend_t *be, const model_config_t *c, latent_ws_t *w,
                            ar_error_t *err) {
     const size_t G = (size_t)c->image.grid_height, n = (size_t)c->image.embed_dim * G * G;
-    float **bufs[] = {&w->fhat, &w->rows, &w->map, &w->up, &w->conv};
+    float **bufs[] = {&w->fhat, &w->rows, &w->map, &w->up, &w->conv, &w->zero};
+    float *zeros = calloc(n, sizeof *zeros);
     memset(w, 0, sizeof *w);
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    for (size_t i = 0; zeros && i < sizeof bufs / sizeof bufs[0]; i++)
         if (!(*bufs[i] = be->alloc(be, n * sizeof(float)))) {
             latent_ws_free(be, w);
-            return ar_errorf(err, "out of backend memory for the latent map");
+            free(zeros);
+            zeros = NULL;
         }
+    if (!zeros)
+        return ar_errorf(err, "out of memory for the latent map");
+    be->upload(be, w->zero, zeros, n * sizeof *zeros);
+    free(zeros);
     return AR_OK;
 }
 
@@ -117,12 +124,7 @@ static void latent_fhat(model_t *m, const int *tokens, int n_scales, latent_ws_t
     const int E = c->image.embed_dim, G = c->image.grid_height, S = c->image.n_scales;
     const size_t n = (size_t)E * G * G;
     const float r = c->image.phi_ratio;
-    if (n_scales == 0) { /* nothing drawn yet: zeros (scratch may hold anything, even NaN) */
-        float *zeros = calloc(n, sizeof *zeros);
-        if (zeros)
-            be->upload(be, w->fhat, zeros, n * sizeof *zeros);
-        free(zeros);
-    }
+    be->copy(be, w->fhat, w->zero, n * sizeof(float));
     for (int si = 0; si < n_scales; si++) {
         const int p = c->image.scales[si], at = m->var.scale_at[si],
                   k = scale_phi_index(c->image.phi_count, S, si);
@@ -137,10 +139,7 @@ static void latent_fhat(model_t *m, const int *tokens, int n_scales, latent_ws_t
         be->scale(be, h, n, 1.0f - r);
         be->scale(be, w->conv, n, r);
         be->add(be, h, w->conv, n);
-        if (si == 0)
-            be->copy(be, w->fhat, h, n * sizeof(float));
-        else
-            be->add(be, w->fhat, h, n);
+        be->add(be, w->fhat, h, n);
     }
 }
 

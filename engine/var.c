@@ -61,11 +61,13 @@ static int make_positions(var_model_t *m, weight_set_t *ws, ar_error_t *err) {
     const image_config_t *im = &m->cfg->image;
     const int64_t C = m->cfg->llm.hidden_size, first = m->scale_at[1];
     tensor_t level = {0}, pos = {0}, pos_start = {0};
-    int *ids = malloc((size_t)m->n_tokens * sizeof *ids);
+    int *level_of = malloc((size_t)m->n_tokens * sizeof *level_of);
+    int *token = malloc((size_t)m->n_tokens * sizeof *token);
+    float *tmp = be->alloc(be, (size_t)(m->n_tokens * C) * sizeof(float));
     int rc = AR_ERR;
     m->level_pos = be->alloc(be, (size_t)(m->n_tokens * C) * sizeof(float));
     m->start = be->alloc(be, (size_t)(first * C) * sizeof(float));
-    if (!ids || !m->level_pos || !m->start) {
+    if (!level_of || !token || !tmp || !m->level_pos || !m->start) {
         ar_errorf(err, "out of memory");
         goto out;
     }
@@ -75,30 +77,22 @@ static int make_positions(var_model_t *m, weight_set_t *ws, ar_error_t *err) {
         goto out;
     for (int si = 0; si < im->n_scales; si++)
         for (int t = m->scale_at[si]; t < m->scale_at[si + 1]; t++)
-            ids[t] = si;
+            level_of[t] = si;
+    for (int t = 0; t < m->n_tokens; t++)
+        token[t] = t;
     /* Weights may be stored in a backend's own type; the tables go through
      * the embedding op, which reads any of them, into fp32 rows. */
-    int *seq = malloc((size_t)m->n_tokens * sizeof *seq);
-    float *tmp = be->alloc(be, (size_t)(m->n_tokens * C) * sizeof(float));
-    if (!seq || !tmp) {
-        free(seq);
-        be->free(be, tmp);
-        ar_errorf(err, "out of memory");
-        goto out;
-    }
-    for (int t = 0; t < m->n_tokens; t++)
-        seq[t] = t;
-    be->embedding(be, m->level_pos, &level, ids, m->n_tokens, 0);
-    be->embedding(be, tmp, &pos, seq, m->n_tokens, 0);
+    be->embedding(be, m->level_pos, &level, level_of, m->n_tokens, 0);
+    be->embedding(be, tmp, &pos, token, m->n_tokens, 0);
     be->add(be, m->level_pos, tmp, (size_t)(m->n_tokens * C));
-    be->embedding(be, m->start, &pos_start, seq, (int)first, 0);
+    be->embedding(be, m->start, &pos_start, token, (int)first, 0);
     be->add(be, m->start, m->level_pos, (size_t)(first * C));
     be->sync(be);
-    free(seq);
-    be->free(be, tmp);
     rc = AR_OK;
 out:
-    free(ids);
+    free(level_of);
+    free(token);
+    be->free(be, tmp);
     be->weight_free(be, &level);
     be->weight_free(be, &pos);
     be->weight_free(be, &pos_start);
