@@ -127,7 +127,7 @@ static long long parse_knobs(const char *s, kv_policy_kind_t kind, kv_policy_par
         *eq = 0;
         const kv_policy_knob_t *k = kv_policy_knob_find(tok);
         double v;
-        if (!k || k->policy != kind) {
+        if (!k || !kv_policy_knob_of(k, kind)) {
             fprintf(stderr, "kv_bench: %s: '%s' is not a knob of %s\n", what, tok,
                     kv_policy_name(kind));
             return -1;
@@ -477,7 +477,7 @@ static int row_knobs_fit(const bench_t *b, row_t *r, const row_t *fallbacks, int
     cJSON_AddBoolToObject(o, "scaled", scaled);
     cJSON *knobs = cJSON_AddObjectToObject(o, "knobs");
     for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
-        if (kv_policy_knobs[i].policy == r->p.kind)
+        if (kv_policy_knob_of(&kv_policy_knobs[i], r->p.kind))
             cJSON_AddNumberToObject(knobs, kv_policy_knobs[i].name,
                                     kv_policy_knob_get(&r->p, &kv_policy_knobs[i]));
     return fits;

@@ -18,6 +18,7 @@
 #include "cli/cli.h"
 #include "cli/flags.h"
 #include "engine/family.h"
+#include "engine/kv_calibration.h"
 #include "engine/kv_policy.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
@@ -244,6 +245,14 @@ static void plan_policy(const plan_ctx_t *x, policy_plan_t *pp) {
     pp->ok = 1;
     pp->peak_tokens = pp->plan.tokens[pp->plan.peak_step];
     pp->peak_token_bytes = (size_t)pp->peak_tokens * token_image_bytes(x);
+    /* Heads that hold different lengths: the tokens alone are a plan in
+     * blocks of one token. */
+    planner_plan_t one;
+    if (pp->p.kind != KV_POLICY_FULL &&
+        planner_plan_dtype(&one, x->mc, &pp->p, x->P, 1, x->dt, NULL, NULL) == AR_OK) {
+        pp->peak_token_bytes = one.peak_bytes;
+        planner_plan_free(&one);
+    }
 }
 
 /* The trajectory as runs: maximal step ranges where a head gains one token
@@ -389,8 +398,9 @@ static void row_token_bytes(const plan_ctx_t *x, const policy_plan_t *pp, const 
 }
 static void row_half_bytes(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
                            char *buf, size_t cap) {
-    const planner_kv_dtype_t half = {DTYPE_BF16, DTYPE_BF16};
-    snprintf(buf, cap, "%zu", (size_t)pp->peak_tokens * planner_token_image_bytes(x->mc, half));
+    /* The peak's tokens are the same whatever their type. */
+    const size_t elem = dtype_size(x->dt.k) + dtype_size(x->dt.v);
+    snprintf(buf, cap, "%zu", pp->peak_token_bytes / elem * (2 + 2));
 }
 static void row_batch_tokens(const plan_ctx_t *x, const policy_plan_t *pp,
                              const policy_plan_t *full, char *buf, size_t cap) {
@@ -419,6 +429,20 @@ static void row_overhead(const plan_ctx_t *x, const policy_plan_t *pp, const pol
     snprintf(buf, cap, "%.2f%%",
              100.0 * (double)(pp->plan.peak_bytes - pp->peak_token_bytes) /
                  (double)pp->peak_token_bytes);
+}
+/* The budget itself, b x the full cache of the batch: HeatKV Table 1's
+ * budget columns. */
+static void row_budget_bytes(const plan_ctx_t *x, const policy_plan_t *pp,
+                             const policy_plan_t *full, char *buf, size_t cap) {
+    const double b = pp->p.kind == KV_POLICY_FULL ? 1.0 : pp->p.budget;
+    if (pp->p.kind != KV_POLICY_FULL && !kv_policy_uses_budget(pp->p.kind, &x->g))
+        snprintf(buf, cap, "not used");
+    else
+        snprintf(
+            buf, cap, "%.1f",
+            in_unit(x, (size_t)(b * (double)planner_full_cache_bytes_dtype(x->mc, x->P, x->dt) *
+                                    x->batch +
+                                0.5)));
 }
 static void row_images(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
                        char *buf, size_t cap) {
@@ -457,6 +481,8 @@ static void print_side_by_side(const plan_ctx_t *x, const policy_plan_t *plans, 
          row_batch_tokens},
         {x->unit_div > 1048575 ? "batch peak in the pool (MiB)" : "batch peak in the pool (KiB)",
          row_batch_blocks},
+        {x->unit_div > 1048575 ? "budget x full, batch (MiB)" : "budget x full, batch (KiB)",
+         row_budget_bytes},
         {"images in the pool at once", row_images},
     };
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
@@ -589,6 +615,7 @@ int cmd_plan(int argc, char **argv, char **envp) {
     const char *model_arg = NULL;
     int only = -1, help = 0;
     double budget = -1;
+    long long budget_tokens = 0;
     long long pool_mb = PLAN_DEFAULT_POOL_MB, n_prompt = PLAN_DEFAULT_PROMPT_TOKENS, batch = 1;
     planner_kv_dtype_t dt = planner_kv_engine;
     const cli_flag_t flags[] = {
@@ -600,6 +627,9 @@ int cmd_plan(int argc, char **argv, char **envp) {
         {"budget", 0, CLI_REAL, &budget, 0, 1, 1, .metavar = "B",
          .help = "KV budget for every policy but full: a fraction in (0, 1], e.g. 0.25 or 1/6 "
                  "(default: each policy's own)"},
+        {"budget-tokens", 0, CLI_INT, &budget_tokens, 1, 1 << 30, .metavar = "N",
+         .help = "the budget as the tokens one head may hold of the full cache's peak (HeatKV "
+                 "Table 1: 1300, 650 and 265 of Infinity's 6425); instead of --budget"},
         {"pool-mb", 0, CLI_INT, &pool_mb, 1, 1 << 20, .metavar = "M",
          .help = "KV pool size in MiB (default 1024, as the daemon's --kv-pool-mb)"},
         {"prompt-tokens", 0, CLI_INT, &n_prompt, 1, MODEL_MAX_PROMPT_TOKENS, .metavar = "N",
@@ -641,8 +671,44 @@ int cmd_plan(int argc, char **argv, char **envp) {
                     .pool_mb = pool_mb,
                     .batch = (int)batch,
                     .dt = dt};
+    /* HeatKV needs the model's calibration: the directory's, or for a
+     * preset without weights a synthetic one (head order: the budget's
+     * bytes do not depend on which heads go first). */
+    kv_calibration_t calib = {0};
+    const char *calib_note = NULL;
+    if (strcmp(cfg.family, "scale") == 0) {
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%.*s/%s", (int)(strrchr(json, '/') - json), json,
+                 KV_CALIBRATION_FILE);
+        kv_geometry_t g0;
+        model_geometry(&cfg, 0, &g0);
+        if (is_file(path)) {
+            if (kv_calibration_load(&calib, path, &err) != AR_OK ||
+                kv_calibration_check(&calib, &g0, &err) != AR_OK) {
+                fprintf(stderr, "arserve plan: %s: %s\n", path, err.msg);
+                kv_calibration_free(&calib);
+                return 1;
+            }
+            calib_note = "the model's calibration";
+        } else if (kv_calibration_synthetic(&calib, &g0, 3, &err) == AR_OK) {
+            calib_note = "a synthetic ordering (no calibration in the model directory; bytes do "
+                         "not depend on which heads go first, only where early pruning falls)";
+        }
+        cfg.kv_calibration = calib.cas_order ? &calib : NULL;
+    }
     model_geometry(&cfg, x.P, &x.g);
     x.steps = kv_geometry_steps(&x.g);
+    if (budget_tokens > 0) {
+        const int peak = kv_geometry_held(&x.g, x.steps - 1);
+        if (budget > 0 || budget_tokens > peak) {
+            fprintf(stderr, "arserve plan: --budget-tokens %lld: %s\n", budget_tokens,
+                    budget > 0 ? "give --budget or --budget-tokens, not both"
+                               : "more than a head holds at the full cache's peak");
+            kv_calibration_free(&calib);
+            return 2;
+        }
+        budget = (double)budget_tokens / peak;
+    }
     x.bt = planner_block_tokens(&cfg);
     x.block = (size_t)x.bt * token_head_bytes(&x);
     x.capacity = ((size_t)pool_mb << 20) / x.block * x.block; /* the scheduler rounds down */
@@ -654,7 +720,7 @@ int cmd_plan(int argc, char **argv, char **envp) {
     int np = 0;
     memset(plans, 0, sizeof plans);
     for (int k = 0; k < KV_POLICY_COUNT; k++) {
-        if (only >= 0 && k != only)
+        if (only >= 0 ? k != only : !kv_policy_suits((kv_policy_kind_t)k, &x.g))
             continue;
         policy_plan_t *pp = &plans[np++];
         kv_policy_defaults(&pp->p, (kv_policy_kind_t)k);
@@ -669,12 +735,18 @@ int cmd_plan(int argc, char **argv, char **envp) {
     else
         print_segment_ends(&x, plans, np);
     print_details(&x, plans, np);
+    if (calib_note)
+        printf("heatkv orderings: %s\n", calib_note);
+    if (budget_tokens > 0)
+        printf("budget: %lld of the %d tokens a head holds at the full cache's peak = %.6g\n",
+               budget_tokens, kv_geometry_held(&x.g, x.steps - 1), budget);
     if (only >= 0 && !plans[0].ok) {
         fprintf(stderr, "arserve plan: %s: %s\n", kv_policy_name(plans[0].p.kind), plans[0].why);
         rc = 1;
     }
     for (int i = 0; i < np; i++)
         planner_plan_free(&plans[i].plan);
+    kv_calibration_free(&calib);
     (void)envp;
     return rc;
 }

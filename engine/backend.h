@@ -126,7 +126,8 @@ struct backend {
     /* Writes the new K and V rows of each sequence into its paged caches:
      * rows [q_start[s], q_start[s+1]) of k and v (n_heads * head_dim per
      * row) go, head h, to cache indices [len - n_s, len) of
-     * kv[s*n_heads + h] (its blocks already reserved; len counts them). */
+     * kv[s*n_heads + h] (its blocks already reserved; len counts them). A
+     * view whose blocks is NULL is skipped: that head does not cache them. */
     void (*kv_append)(backend_t *be, const kv_blocks_t *pool, const kv_view_t *kv, const float *k,
                       const float *v, const int *q_start, int n_seq, int n_heads);
 

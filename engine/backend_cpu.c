@@ -317,6 +317,8 @@ static void cpu_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view_
         assert(n_new >= 0);
         for (int h = 0; h < n_heads; h++) {
             const kv_view_t *c = &kv[s * n_heads + h];
+            if (!c->blocks)
+                continue; /* this head does not cache these rows */
             assert(c->len >= n_new);
             kv_walk_t w = walk_at(pool, c->blocks, c->len - n_new);
             for (int r = q_start[s]; r < q_start[s + 1]; r++, walk_next(&w)) {

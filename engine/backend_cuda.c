@@ -568,9 +568,9 @@ static void cuda_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view
     int n_items = 0, n_ints = 0, rows = 0;
     for (int i = 0; i < n_seq * n_heads; i++) {
         const int s = i / n_heads, n_new = q_start[s + 1] - q_start[s];
+        if (n_new == 0 || !kv[i].blocks)
+            continue; /* nothing to write, or a head that does not cache these rows */
         assert(n_new >= 0 && kv[i].len >= n_new);
-        if (n_new == 0)
-            continue;
         const int nb = kv_blocks_of(kv[i].len, bt);
         if (!kv_stage_fits(n_items + 1, n_ints + nb)) {
             const kern_kv_item_t *d_items;

@@ -27,6 +27,7 @@ static void scale_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_
         g->segment_tokens[i] = cfg->image.scales[i] * cfg->image.scales[i];
     g->n_layers = cfg->llm.num_layers;
     g->n_heads = cfg->llm.num_heads;
+    g->calibration = cfg->kv_calibration;
 }
 
 static void scale_family_free(model_t *m) {
@@ -208,6 +209,8 @@ static int scale_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t 
                 .latent = latent[i],
                 .cache = si<S - 1, .adaln = r->cond_table[j], .adaln_ready = si> 0,
                 .collect_mass = r->collect[j],
+                .policy = r->policy_state[j],
+                .peak_blocks = kv_policy_layered(r->policy_state[j]) ? &r->kv_peak_blocks : NULL,
             };
     }
     if (var_forward(&m->var, in, 2 * n, logits, err) != AR_OK)

@@ -30,8 +30,12 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
     const int with_policy = r->policy.kind != KV_POLICY_FULL;
     const int with_mass = with_policy && (kv_policy_stats(r->policy.kind) & KV_STATS_KEY_MASS);
     const int K = m->cfg.image.codebook_size;
-    /* What the last step holds: the family's geometry says what is fed. */
-    const int capacity = kv_geometry_held(&g, r->n_steps - 1);
+    /* What the last step holds: the family's geometry says what is fed. A
+     * next-scale step's key mass also covers the scale's own keys, the
+     * last one's included. */
+    const int capacity = g.step_unit == KV_STEP_SEGMENT && with_mass
+                             ? g.n_prompt + kv_geometry_image_tokens(&g)
+                             : kv_geometry_held(&g, r->n_steps - 1);
     r->cond_ids = malloc((size_t)n_prompt * sizeof(int));
     r->uncond_ids = malloc((size_t)n_prompt * sizeof(int));
     r->tokens = calloc((size_t)r->n_tokens, sizeof(int));
@@ -90,6 +94,38 @@ void gen_request_free(gen_request_t *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* Keeps r->keep[0..n_keep) of sequence j's head i (and its mass, zeroed
+ * past the new length, when mass_dev is not NULL). */
+static int apply_keep(gen_request_t *r, int j, int i, int n_keep, float *mass_dev, int step,
+                      ar_error_t *err) {
+    kv_seq_t *sq = &r->seq[j];
+    kv_head_t *kh = &sq->heads[i];
+    const int len = kh->len, H = sq->n_heads;
+    if (kv_head_compact(r->pool, kh, r->keep, n_keep, mass_dev, err) != AR_OK)
+        return ar_error_prefix(err, "policy %s, step %d, sequence %d, layer %d, head %d",
+                               kv_policy_name(r->policy.kind), step, j, i / H, i % H);
+    if (mass_dev && kh->len < len)
+        r->model->be->upload(r->model->be, mass_dev + kh->len, r->zeros,
+                             (size_t)(len - kh->len) * sizeof(float));
+    return AR_OK;
+}
+
+/* Before step `step`'s forward, a layered policy's early compaction of
+ * sequence j (no key mass: layered policies do not collect it). */
+static int policy_step_begin(gen_request_t *r, int j, int step, ar_error_t *err) {
+    kv_seq_t *sq = &r->seq[j];
+    const int H = sq->n_heads;
+    for (int i = 0; i < sq->n_layers * H; i++) {
+        int n_keep;
+        if ((kv_policy_step_begin(r->policy_state[j], step, i / H, i % H, sq->heads[i].len, r->keep,
+                                  &n_keep) &
+             KV_COMPACT) &&
+            apply_keep(r, j, i, n_keep, NULL, step, err) != AR_OK)
+            return AR_ERR;
+    }
+    return AR_OK;
+}
+
 /* After step `step`'s forward: asks sequence j's policy, for every (layer,
  * head), what to keep, and applies it. Key mass (only for a policy that
  * asks for it) is handed over for heads that collected since their last
@@ -115,19 +151,12 @@ static int policy_step_end(gen_request_t *r, int j, int step, ar_error_t *err) {
         kv_head_t *kh = &sq->heads[i];
         const int has_mass = live && live[i];
         float *mass_dev = has_mass ? sq->mass + (size_t)i * cap : NULL;
-        const int len = kh->len;
-        int n_keep = len;
+        int n_keep = kh->len;
         int what =
-            kv_policy_step_end(r->policy_state[j], step, i / H, i % H, len,
+            kv_policy_step_end(r->policy_state[j], step, i / H, i % H, kh->len,
                                has_mass ? r->mass_host + (size_t)i * cap : NULL, r->keep, &n_keep);
-        if (what & KV_COMPACT) {
-            if (kv_head_compact(r->pool, kh, r->keep, n_keep, mass_dev, err) != AR_OK)
-                return ar_error_prefix(err, "policy %s, step %d, sequence %d, layer %d, head %d",
-                                       kv_policy_name(r->policy.kind), step, j, i / H, i % H);
-            if (has_mass && kh->len < len)
-                be->upload(be, mass_dev + kh->len, r->zeros,
-                           (size_t)(len - kh->len) * sizeof(float));
-        }
+        if ((what & KV_COMPACT) && apply_keep(r, j, i, n_keep, mass_dev, step, err) != AR_OK)
+            return AR_ERR;
         if ((what & KV_RESET_MASS) && has_mass) {
             be->upload(be, mass_dev, r->zeros, (size_t)kh->len * sizeof(float));
             live[i] = 0;
@@ -155,8 +184,12 @@ int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
             ar_errorf(err, "requests of different models cannot share a step");
             goto out;
         }
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < 2; j++) {
             r->collect[j] = r->mass_live[j] && kv_policy_collect(r->policy_state[j], r->step);
+            if (kv_policy_layered(r->policy_state[j]) &&
+                policy_step_begin(r, j, r->step, err) != AR_OK)
+                goto out;
+        }
         live[n_live++] = r;
     }
     if (n_live == 0) {

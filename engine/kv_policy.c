@@ -158,6 +158,11 @@ int kv_policy_uses_budget(kv_policy_kind_t kind, const kv_geometry_t *g) {
     return ops->uses_budget && g ? ops->uses_budget(g) : 1;
 }
 
+int kv_policy_suits(kv_policy_kind_t kind, const kv_geometry_t *g) {
+    const kv_policy_ops_t *ops = ops_of(kind);
+    return ops && (!ops->step_units || (ops->step_units >> g->step_unit & 1u));
+}
+
 unsigned kv_policy_stats(kv_policy_kind_t kind) {
     const kv_policy_ops_t *ops = ops_of(kind);
     return ops ? ops->stats : 0;
@@ -201,16 +206,18 @@ int kv_policy_resolve(const kv_policy_params_t *defaults, const kv_policy_overri
         const kv_policy_knob_t *k = &kv_policy_knobs[i];
         if (!(o->knobs_given & (1u << i)))
             continue;
-        if (k->policy != kind) {
+        if (!kv_policy_knob_of(k, kind)) {
+            char owners[128];
+            kv_policy_knob_owners(k, owners, sizeof owners);
             if (o->has_kind)
                 ar_errorf(err, "%s is a knob of kv_policy %s; this request's kv_policy is %s",
-                          k->name, kv_policy_name(k->policy), kv_policy_name(kind));
+                          k->name, owners, kv_policy_name(kind));
             else
                 ar_errorf(err,
                           "%s is a knob of kv_policy %s; this request has no kv_policy and the "
                           "server's default is %s: send \"kv_policy\": \"%s\" with it",
-                          k->name, kv_policy_name(k->policy), kv_policy_name(kind),
-                          kv_policy_name(k->policy));
+                          k->name, owners, kv_policy_name(kind),
+                          kv_policy_name(kv_policy_knob_owner(k)));
             return fail_at(field, k->name);
         }
         kv_policy_knob_set(out, k, kv_policy_knob_get(&o->knobs, k));
@@ -240,7 +247,7 @@ int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const c
     for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
         const kv_policy_knob_t *k = &kv_policy_knobs[i];
         double v = kv_policy_knob_get(p, k);
-        if (k->policy != p->kind || kv_policy_knob_ok(k, v))
+        if (!kv_policy_knob_of(k, p->kind) || kv_policy_knob_ok(k, v))
             continue;
         char want[96];
         kv_policy_knob_describe(k, want, sizeof want);
@@ -250,26 +257,96 @@ int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const c
     return ops->check ? ops->check(p, g, field, err) : AR_OK;
 }
 
-int kv_policy_trajectory(const kv_policy_params_t *p, const kv_geometry_t *g, int *tokens,
-                         const char **field, ar_error_t *err) {
-    if (!tokens)
-        return ar_errorf(err, "kv_policy_trajectory: NULL argument");
+/* A layered policy's trajectory: the engine's order of events, simulated
+ * head by head with the policy's own hooks on a state of its own. */
+static int layered_trajectory(const kv_policy_ops_t *ops, void *impl, const kv_geometry_t *g,
+                              int block_tokens, long long *blocks, int *tokens, ar_error_t *err) {
+    const int H = g->n_heads, n = g->n_layers * H;
+    const int cap = g->n_prompt + kv_geometry_image_tokens(g);
+    int *len = calloc((size_t)n, sizeof *len), *keep = malloc((size_t)cap * sizeof *keep);
+    if (!len || !keep) {
+        free(len);
+        free(keep);
+        return ar_errorf(err, "kv_policy_trajectory: out of memory");
+    }
+#define BLOCKS(x) (((long long)(x) + block_tokens - 1) / block_tokens)
+    for (int t = 0; t < kv_geometry_steps(g); t++) {
+        const int fed = kv_geometry_fed(g, t) + (t == 0 ? g->n_prompt : 0);
+        long long cur = 0, peak = 0;
+        int most = 0, n_keep;
+        for (int i = 0; i < n; i++)
+            peak += BLOCKS(len[i]); /* the step starts where the last one ended */
+        for (int i = 0; i < n; i++) {
+            if (ops->step_begin &&
+                (ops->step_begin(impl, t, i / H, i % H, len[i], keep, &n_keep) & KV_COMPACT))
+                len[i] = n_keep;
+            cur += BLOCKS(len[i]);
+        }
+        for (int l = 0; l < g->n_layers; l++) {
+            for (int i = l * H; i < (l + 1) * H; i++) {
+                int cache = 1;
+                cur -= BLOCKS(len[i]);
+                if (ops->layer_end(impl, t, l, i % H, len[i], keep, &n_keep, &cache) & KV_COMPACT)
+                    len[i] = n_keep;
+                len[i] += cache ? fed : 0;
+                cur += BLOCKS(len[i]);
+                most = len[i] > most ? len[i] : most;
+            }
+            peak = cur > peak ? cur : peak;
+        }
+        for (int i = 0; ops->step_end && i < n; i++)
+            if (ops->step_end(impl, t, i / H, i % H, len[i], NULL, keep, &n_keep) & KV_COMPACT)
+                len[i] = n_keep;
+        if (blocks)
+            blocks[t] = peak;
+        if (tokens)
+            tokens[t] = most;
+    }
+#undef BLOCKS
+    free(len);
+    free(keep);
+    return AR_OK;
+}
+
+int kv_policy_trajectory_blocks(const kv_policy_params_t *p, const kv_geometry_t *g,
+                                int block_tokens, long long *blocks, int *tokens,
+                                const char **field, ar_error_t *err) {
+    if (block_tokens < 1)
+        return ar_errorf(err, "kv_policy_trajectory: block_tokens %d must be positive",
+                         block_tokens);
     if (kv_policy_check(p, g, field, err) != AR_OK)
         return AR_ERR;
     const kv_policy_ops_t *ops = kv_policy_table[p->kind];
     void *impl = ops->begin ? ops->begin(p, g) : NULL;
     if (ops->begin && !impl)
         return ar_errorf(err, "kv_policy_trajectory: out of memory");
-    int v = 0; /* image tokens a head holds */
-    for (int t = 0; t < kv_geometry_steps(g); t++) {
-        v += kv_geometry_fed(g, t);
-        tokens[t] = g->n_prompt + v;
-        if (ops->kept_after)
-            v = ops->kept_after(impl, t, v);
+    int rc = AR_OK;
+    if (ops->layer_end) {
+        rc = layered_trajectory(ops, impl, g, block_tokens, blocks, tokens, err);
+    } else {
+        const long long heads = (long long)g->n_layers * g->n_heads;
+        int v = 0; /* image tokens a head holds */
+        for (int t = 0; t < kv_geometry_steps(g); t++) {
+            v += kv_geometry_fed(g, t);
+            const int held = g->n_prompt + v;
+            if (tokens)
+                tokens[t] = held;
+            if (blocks)
+                blocks[t] = heads * ((held + block_tokens - 1) / block_tokens);
+            if (ops->kept_after)
+                v = ops->kept_after(impl, t, v);
+        }
     }
     if (ops->end)
         ops->end(impl);
-    return AR_OK;
+    return rc;
+}
+
+int kv_policy_trajectory(const kv_policy_params_t *p, const kv_geometry_t *g, int *tokens,
+                         const char **field, ar_error_t *err) {
+    if (!tokens)
+        return ar_errorf(err, "kv_policy_trajectory: NULL argument");
+    return kv_policy_trajectory_blocks(p, g, 1, NULL, tokens, field, err);
 }
 
 void kv_policy_describe(const kv_policy_params_t *p, const kv_geometry_t *g, char *buf,
@@ -336,6 +413,51 @@ int kv_policy_step_end(kv_policy_state_t *s, int step, int layer, int head, int 
         layer >= s->n_layers || head < 0 || head >= s->n_heads || len < s->n_prompt)
         return 0;
     return s->ops->step_end(s->impl, step, layer, head, len, mass, keep, n_keep);
+}
+
+int kv_policy_layered(const kv_policy_state_t *s) { return s && s->ops->layer_end; }
+
+static int layer_args_ok(const kv_policy_state_t *s, int step, int layer, int head, int len,
+                         const int *keep, const int *n_keep) {
+    return s && keep && n_keep && step >= 0 && step < s->steps && layer >= 0 &&
+           layer < s->n_layers && head >= 0 && head < s->n_heads && len >= 0;
+}
+
+int kv_policy_step_begin(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
+                         int *n_keep) {
+    if (n_keep)
+        *n_keep = len;
+    if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->step_begin)
+        return 0;
+    return s->ops->step_begin(s->impl, step, layer, head, len, keep, n_keep);
+}
+
+int kv_policy_layer_end(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
+                        int *n_keep, int *cache) {
+    if (n_keep)
+        *n_keep = len;
+    *cache = 1;
+    if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->layer_end)
+        return 0;
+    return s->ops->layer_end(s->impl, step, layer, head, len, keep, n_keep, cache);
+}
+
+int kv_keep_segments(const kv_geometry_t *g, unsigned have, unsigned want, int len, int *keep) {
+    long long held = g->n_prompt;
+    for (int i = 0; i < g->n_segments && i < 32; i++)
+        held += (have >> i & 1u) ? g->segment_tokens[i] : 0;
+    if (held != len)
+        return -1;
+    int at = g->n_prompt, k = 0;
+    kv_keep_range(keep, &k, 0, g->n_prompt);
+    for (int i = 0; i < g->n_segments && i < 32; i++) {
+        if (!(have >> i & 1u))
+            continue;
+        if (want >> i & 1u)
+            kv_keep_range(keep, &k, at, g->segment_tokens[i]);
+        at += g->segment_tokens[i];
+    }
+    return k;
 }
 
 /* ---- token selection ---- */

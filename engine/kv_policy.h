@@ -20,10 +20,17 @@
     X(FULL, full)                                                                                  \
     X(STREAMING, streaming)                                                                        \
     X(LINEAR, linear)                                                                              \
-    X(HEADKV, headkv)
+    X(HEADKV, headkv)                                                                              \
+    X(HEATKV, heatkv)                                                                              \
+    X(HEATKV_BINARY, heatkv_binary)
 
 #define KV_POLICY_KIND_(kind, name) KV_POLICY_##kind,
 typedef enum kv_policy_kind { KV_POLICIES(KV_POLICY_KIND_) KV_POLICY_COUNT } kv_policy_kind_t;
+
+/* A set of policies, as a knob's owners: KV_ONLY(STREAMING) | KV_ONLY(HEATKV). */
+#define KV_ONLY(kind) (1u << KV_POLICY_##kind)
+
+struct kv_calibration;
 
 /* Every knob, with the papers' defaults from kv_policy_defaults(). */
 typedef struct kv_policy_params {
@@ -31,7 +38,7 @@ typedef struct kv_policy_params {
     double budget; /* fraction of the full cache a head may hold, (0, 1]; full ignores it */
     /* streaming */
     int sink_tokens; /* image tokens after the prefix kept as attention sinks (raster) */
-    int sink_scales; /* first scales kept as attention sinks (next-scale models) */
+    int sink_scales; /* first scales kept as attention sinks (next-scale models; heatkv too) */
     /* linear (LineAR) */
     int anchor_lines; /* N_init, in lines */
     int recent_lines; /* r */
@@ -45,43 +52,45 @@ typedef struct kv_policy_params {
 } kv_policy_params_t;
 
 /* Every knob of every policy, one line each:
- *   X(name, policy, type, lo, lo_open, hi, default, help)
+ *   X(name, policies, type, lo, lo_open, hi, default, help)
  * name is the kv_policy_params_t field, the request field of
  * POST /v1/images/generations and the daemon's config key (flag --name with
- * '-' for '_', variable ARSERVE_NAME); it belongs to `policy` alone. type is
+ * '-' for '_', variable ARSERVE_NAME); it belongs to `policies` (KV_ONLY
+ * bits) alone. type is
  * INT or REAL; values lie in [lo, hi], or (lo, hi] when lo_open. The upper
  * bounds only keep arithmetic in range: whether a value suits a model is
  * kv_policy_check's question. The budget is not listed: every policy but
  * full takes one. Defaults and their sources: docs/kv-policies.md. */
 #define KV_POLICY_KNOBS(X)                                                                         \
     /* StreamingLLM §3.1, Tab. 2: four initial tokens suffice as sinks */                         \
-    X(sink_tokens, KV_POLICY_STREAMING, INT, 0, 0, 65536, 4,                                       \
+    X(sink_tokens, KV_ONLY(STREAMING), INT, 0, 0, 65536, 4,                                        \
       "streaming: image tokens after the prefix kept as attention sinks")                          \
-    /* HeatKV §4: s = 3 sink scales for StreamingLLM on Infinity */                               \
-    X(sink_scales, KV_POLICY_STREAMING, INT, 0, 0, 256, 3,                                         \
-      "streaming on next-scale models: first scales kept as attention sinks, beside the most "     \
-      "recent scale")                                                                              \
+    /* HeatKV §4: s = 3 sink scales for StreamingLLM and HeatKV on Infinity */                    \
+    X(sink_scales, KV_ONLY(STREAMING) | KV_ONLY(HEATKV) | KV_ONLY(HEATKV_BINARY), INT, 0, 0, 256,  \
+      3,                                                                                           \
+      "next-scale models: first scales kept whole as attention sinks (streaming keeps the most "   \
+      "recent scale beside them; heatkv prunes the others by its calibration)")                    \
     /* LineAR leaves N_init and r open; issue 5 fixes 1 and 2 */                                   \
-    X(anchor_lines, KV_POLICY_LINEAR, INT, 0, 0, 4096, 1,                                          \
+    X(anchor_lines, KV_ONLY(LINEAR), INT, 0, 0, 4096, 1,                                           \
       "linear: first image lines always kept (N_init)")                                            \
-    X(recent_lines, KV_POLICY_LINEAR, INT, 0, 0, 4096, 2,                                          \
+    X(recent_lines, KV_ONLY(LINEAR), INT, 0, 0, 4096, 2,                                           \
       "linear: most recent complete lines always kept (r)")                                        \
     /* HeadKV §4 step 2 */                                                                        \
-    X(headkv_threshold, KV_POLICY_HEADKV, REAL, 0, 1, 1, 0.9,                                      \
+    X(headkv_threshold, KV_ONLY(HEADKV), REAL, 0, 1, 1, 0.9,                                       \
       "headkv: attention mass that classifies a head (local when reached within "                  \
       "headkv_local_window tokens)")                                                               \
     /* HeadKV §5.3: a balanced split is best */                                                   \
-    X(headkv_alpha, KV_POLICY_HEADKV, REAL, 0, 0, 1, 0.5,                                          \
+    X(headkv_alpha, KV_ONLY(HEADKV), REAL, 0, 0, 1, 0.5,                                           \
       "headkv: share of a global head's history kept from the near range (STE)")                   \
-    X(headkv_buffer, KV_POLICY_HEADKV, INT, 1, 0, 65536, 8,                                        \
+    X(headkv_buffer, KV_ONLY(HEADKV), INT, 1, 0, 65536, 8,                                         \
       "headkv: new tokens between cache updates (and queries scored)")                             \
-    X(headkv_local_window, KV_POLICY_HEADKV, INT, 0, 0, 65536, 32,                                 \
+    X(headkv_local_window, KV_ONLY(HEADKV), INT, 0, 0, 65536, 32,                                  \
       "headkv: recent tokens a local head keeps")                                                  \
     /* HeadKV §5.1: "typically two rows" */                                                       \
-    X(headkv_recent_lines, KV_POLICY_HEADKV, INT, 0, 0, 4096, 2,                                   \
+    X(headkv_recent_lines, KV_ONLY(HEADKV), INT, 0, 0, 4096, 2,                                    \
       "headkv: recent lines a global head keeps")                                                  \
     /* HeadKV A.2: 100 for Janus-Pro and LlamaGen */                                               \
-    X(headkv_group_tokens, KV_POLICY_HEADKV, INT, 1, 0, 65536, 100,                                \
+    X(headkv_group_tokens, KV_ONLY(HEADKV), INT, 1, 0, 65536, 100,                                 \
       "headkv: image tokens cached before heads are grouped and the first compression")
 
 typedef enum kv_knob_type { KV_KNOB_INT, KV_KNOB_REAL } kv_knob_type_t;
@@ -89,7 +98,7 @@ typedef enum kv_knob_type { KV_KNOB_INT, KV_KNOB_REAL } kv_knob_type_t;
 /* One knob as a value: what the API and the config loop over. */
 typedef struct kv_policy_knob {
     const char *name;
-    kv_policy_kind_t policy; /* the policy it belongs to */
+    unsigned policies; /* the policies it belongs to (KV_ONLY bits) */
     kv_knob_type_t type;
     double lo, hi;
     int lo_open;
@@ -103,6 +112,15 @@ enum { KV_POLICY_N_KNOBS = 0 KV_POLICY_KNOBS(KV_POLICY_KNOB_ONE_) };
 
 /* The knobs, in KV_POLICY_KNOBS order. */
 extern const kv_policy_knob_t kv_policy_knobs[KV_POLICY_N_KNOBS];
+
+/* 1 when k is a knob of policy kind. */
+static inline int kv_policy_knob_of(const kv_policy_knob_t *k, kv_policy_kind_t kind) {
+    return (unsigned)kind < KV_POLICY_COUNT && (k->policies >> kind) & 1u;
+}
+/* The first policy k belongs to. */
+kv_policy_kind_t kv_policy_knob_owner(const kv_policy_knob_t *k);
+/* "streaming, heatkv, heatkv_binary": the policies k belongs to, into buf. */
+const char *kv_policy_knob_owners(const kv_policy_knob_t *k, char *buf, size_t cap);
 
 /* The knob called name, or NULL. */
 const kv_policy_knob_t *kv_policy_knob_find(const char *name);
@@ -143,6 +161,9 @@ typedef struct kv_geometry {
     int n_segments;
     int segment_tokens[KV_MAX_SEGMENTS];
     int n_layers, n_heads;
+    /* The model's KV calibration (engine/kv_calibration.h), which heatkv
+     * and heatkv_binary read; NULL when the model has none. */
+    const struct kv_calibration *calibration;
 } kv_geometry_t;
 
 /* n_segments segments of tokens_each tokens (lines of a raster grid). */
@@ -185,6 +206,11 @@ double kv_policy_default_budget(kv_policy_kind_t kind);
  * for streaming on scales, where the sink and recent scales fix it). */
 int kv_policy_uses_budget(kv_policy_kind_t kind, const kv_geometry_t *g);
 
+/* 1 when a policy runs on geometries like g at all (raster policies need
+ * tokens, HeatKV needs scales); whether its budget and knobs suit g is
+ * kv_policy_check's question. */
+int kv_policy_suits(kv_policy_kind_t kind, const kv_geometry_t *g);
+
 /* What a request or a config says about its KV policy, each part optional.
  * has_kind 0: the default's kind; budget 0: none given; bit i of
  * knobs_given: knob kv_policy_knobs[i] given, its value in knobs. */
@@ -216,10 +242,22 @@ int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const c
 
 /* kv_policy_check, then the worst-case tokens one head holds during each
  * step t (after the step's append, before its compaction), for t in
- * [0, kv_geometry_steps(g)). Exact for full, streaming and linear; HeadKV
+ * [0, kv_geometry_steps(g)); a layered policy's heads differ, and tokens[t]
+ * is the most any head holds. Exact for full, streaming and linear; HeadKV
  * plans every head as global. */
 int kv_policy_trajectory(const kv_policy_params_t *p, const kv_geometry_t *g, int *tokens,
                          const char **field, ar_error_t *err);
+
+/* The same counted as the engine holds it in a pool of block_tokens-token
+ * blocks: blocks[t] is the most blocks one sequence's (layer, head) caches
+ * hold together at any moment of step t (tokens may be NULL). For a policy
+ * that compacts after steps that is every head's ceil(tokens / block)
+ * after the append; for a layered one the engine's own order, simulated
+ * with the policy's hooks: the step begin's compaction, then layer by
+ * layer compaction and append. */
+int kv_policy_trajectory_blocks(const kv_policy_params_t *p, const kv_geometry_t *g,
+                                int block_tokens, long long *blocks, int *tokens,
+                                const char **field, ar_error_t *err);
 
 /* What p's budget comes to on geometry g, in words, for people ("B = 4 of
  * 24 lines = ..."); the check's message when p does not suit g. */
@@ -253,5 +291,19 @@ enum {
  * len entries. Returns a combination of the bits above (0: keep all). */
 int kv_policy_step_end(kv_policy_state_t *s, int step, int layer, int head, int len,
                        const float *mass, int *keep, int *n_keep);
+
+/* Layered policies (next-scale ones that prune inside a step, HeatKV's
+ * early pruning) also compact during the forward pass: */
+int kv_policy_layered(const kv_policy_state_t *s);
+/* Before step t's forward, for one (layer, head) holding len tokens:
+ * KV_COMPACT and a keep list, or 0. */
+int kv_policy_step_begin(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
+                         int *n_keep);
+/* After `layer` has attended during step t, before the step's new tokens
+ * are appended to it: KV_COMPACT and a keep list, or 0; *cache is 1 when
+ * the new tokens are appended to this head, 0 when they are only attended
+ * (and never cached). Without a layered policy: 0 and *cache = 1. */
+int kv_policy_layer_end(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
+                        int *n_keep, int *cache);
 
 #endif

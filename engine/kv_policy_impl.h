@@ -14,6 +14,8 @@ typedef struct kv_policy_ops {
     double default_budget; /* its own budget (1 for a policy that takes none) */
     int takes_budget;      /* 0: the budget is ignored (full) */
     unsigned stats;        /* KV_STATS_* it asks the engine to collect */
+    /* The step units (1 << KV_STEP_*) it runs on; 0: every one. */
+    unsigned step_units;
     /* Whether the budget means anything on geometry g (streaming on scales:
      * no). NULL: takes_budget. */
     int (*uses_budget)(const kv_geometry_t *g);
@@ -32,6 +34,12 @@ typedef struct kv_policy_ops {
     /* kv_policy_step_end for one (layer, head); NULL: keeps everything. */
     int (*step_end)(void *state, int t, int layer, int head, int len, const float *mass, int *keep,
                     int *n_keep);
+    /* Pruning inside a step (kv_policy_layered); NULL for a policy that
+     * compacts only after steps. Called as kv_policy_step_begin and
+     * kv_policy_layer_end say; their counts may not depend on key mass. */
+    int (*step_begin)(void *state, int t, int layer, int head, int len, int *keep, int *n_keep);
+    int (*layer_end)(void *state, int t, int layer, int head, int len, int *keep, int *n_keep,
+                     int *cache);
     /* What its budget comes to on this geometry, in words (kv_policy_describe). */
     void (*describe)(const void *state, const kv_policy_params_t *p, char *buf, size_t cap);
 } kv_policy_ops_t;
@@ -62,5 +70,11 @@ void kv_keep_range(int *keep, int *k, int first, int n);
  * (BottomK, LineAR eq. 10); ties evict the older token, NaN scores lowest,
  * mass NULL scores every token 0. out has room for n entries. */
 void kv_keep_top(int *out, int first, int n, int n_keep, const float *mass);
+
+/* A scale geometry's cache of one head as a set of whole segments (bit i:
+ * segment i is cached), the prefix first: writes the keep list that goes
+ * from `have` to `want` (a subset) into keep and returns its length, or -1
+ * when len is not what `have` holds. */
+int kv_keep_segments(const kv_geometry_t *g, unsigned have, unsigned want, int len, int *keep);
 
 #endif

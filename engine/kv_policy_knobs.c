@@ -11,9 +11,9 @@
 
 #define KV_KNOB_TYPE_INT KV_KNOB_INT
 #define KV_KNOB_TYPE_REAL KV_KNOB_REAL
-#define KNOB_ENTRY(name_, policy_, type_, lo_, lo_open_, hi_, def_, help_)                         \
+#define KNOB_ENTRY(name_, policies_, type_, lo_, lo_open_, hi_, def_, help_)                       \
     {.name = #name_,                                                                               \
-     .policy = policy_,                                                                            \
+     .policies = policies_,                                                                        \
      .type = KV_KNOB_TYPE_##type_,                                                                 \
      .lo = lo_,                                                                                    \
      .hi = hi_,                                                                                    \
@@ -27,7 +27,7 @@ const kv_policy_knob_t kv_policy_knobs[KV_POLICY_N_KNOBS] = {KV_POLICY_KNOBS(KNO
 /* Each knob's type is its field's: checked once, at compile time. */
 #define KNOB_FIELD_TYPE_INT int
 #define KNOB_FIELD_TYPE_REAL double
-#define KNOB_TYPE_CHECK(name_, policy_, type_, ...)                                                \
+#define KNOB_TYPE_CHECK(name_, policies_, type_, ...)                                              \
     _Static_assert(__builtin_types_compatible_p(__typeof__(((kv_policy_params_t *)0)->name_),      \
                                                 KNOB_FIELD_TYPE_##type_),                          \
                    #name_ ": the field's type is not the knob's");
@@ -38,6 +38,26 @@ const kv_policy_knob_t *kv_policy_knob_find(const char *name) {
         if (strcmp(name, kv_policy_knobs[i].name) == 0)
             return &kv_policy_knobs[i];
     return NULL;
+}
+
+kv_policy_kind_t kv_policy_knob_owner(const kv_policy_knob_t *k) {
+    for (int i = 0; i < KV_POLICY_COUNT; i++)
+        if (kv_policy_knob_of(k, (kv_policy_kind_t)i))
+            return (kv_policy_kind_t)i;
+    return KV_POLICY_FULL;
+}
+
+const char *kv_policy_knob_owners(const kv_policy_knob_t *k, char *buf, size_t cap) {
+    size_t used = 0;
+    if (cap)
+        buf[0] = 0;
+    for (int i = 0; i < KV_POLICY_COUNT && used < cap; i++)
+        if (kv_policy_knob_of(k, (kv_policy_kind_t)i)) {
+            int n = snprintf(buf + used, cap - used, "%s%s", used ? ", " : "",
+                             kv_policy_name((kv_policy_kind_t)i));
+            used += n > 0 ? (size_t)n : 0;
+        }
+    return buf;
 }
 
 double kv_policy_knob_get(const kv_policy_params_t *p, const kv_policy_knob_t *k) {

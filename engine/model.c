@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int special_id(const model_t *m, const char *key, const char *token, int *out,
                       ar_error_t *err) {
@@ -106,8 +107,22 @@ int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err) {
     if (rc != AR_OK) {
         m->family = NULL;
         model_free(m);
+        return rc;
     }
-    return rc;
+    snprintf(path, sizeof path, "%s/%s", dir, KV_CALIBRATION_FILE);
+    if (access(path, F_OK) == 0) {
+        kv_geometry_t g;
+        model_geometry(&m->cfg, 0, &g);
+        if (kv_calibration_load(&m->calib, path, err) != AR_OK ||
+            kv_calibration_check(&m->calib, &g, err) != AR_OK) {
+            if (m->calib.cas_order)
+                ar_error_prefix(err, "%s", path);
+            model_free(m);
+            return AR_ERR;
+        }
+        m->cfg.kv_calibration = &m->calib;
+    }
+    return AR_OK;
 }
 
 void model_free(model_t *m) {
@@ -120,6 +135,8 @@ void model_free(model_t *m) {
         free(m->class_names[i]);
     free(m->class_names);
     m->class_names = NULL;
+    kv_calibration_free(&m->calib);
+    m->cfg.kv_calibration = NULL;
 }
 
 int model_is_class_conditional(const model_t *m) { return m->cfg.condition.num_classes > 0; }

@@ -8,6 +8,7 @@
 
 #include "backend.h"
 #include "family.h"
+#include "kv_calibration.h"
 #include "model_config.h"
 #include "raster.h"
 #include "tokenizer.h"
@@ -28,11 +29,14 @@ typedef struct model {
     tensor_t phi_w[MODEL_MAX_SCALES], phi_b[MODEL_MAX_SCALES]; /* scale: image.phi_count */
     char **class_names; /* scale, when condition.class_names is given: num_classes names */
     int bos_id, pad_id, image_start_id;
-    size_t weight_bytes; /* as stored in the files */
+    kv_calibration_t calib; /* KV_CALIBRATION_FILE when the directory has one */
+    size_t weight_bytes;    /* as stored in the files */
     backend_t *be;
 } model_t;
 
-/* Loads dir/arserve.json, its tokenizer and weights. Errors name the file. */
+/* Loads dir/arserve.json, its tokenizer and weights, and its KV
+ * calibration when there is one (which must fit the model). Errors name the
+ * file. */
 int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err);
 void model_free(model_t *m);
 

@@ -62,6 +62,9 @@ typedef struct model_config {
     prompt_config_t prompt;       /* raster */
     condition_config_t condition; /* scale */
     sampler_params_t sampling;
+    /* Not from arserve.json: the model directory's KV calibration, set by
+     * model_load when it has one (or by `arserve plan`, a synthetic one). */
+    const struct kv_calibration *kv_calibration;
 } model_config_t;
 
 /* Parses and validates the arserve.json at path. */

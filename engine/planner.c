@@ -108,23 +108,26 @@ int planner_plan_dtype(planner_plan_t *pl, const model_config_t *cfg, const kv_p
     pl->steps = kv_geometry_steps(&g);
     pl->tokens = malloc((size_t)pl->steps * sizeof *pl->tokens);
     pl->bytes = malloc((size_t)pl->steps * sizeof *pl->bytes);
-    if (!pl->tokens || !pl->bytes) {
+    long long *blocks = malloc((size_t)pl->steps * sizeof *blocks);
+    if (!pl->tokens || !pl->bytes || !blocks) {
+        free(blocks);
         planner_plan_free(pl);
         return ar_errorf(err, "out of memory");
     }
-    if (kv_policy_trajectory(p, &g, pl->tokens, field, err) != AR_OK) {
+    if (kv_policy_trajectory_blocks(p, &g, block_tokens, blocks, pl->tokens, field, err) != AR_OK) {
+        free(blocks);
         planner_plan_free(pl);
         return AR_ERR;
     }
-    const size_t per_block = block_bytes(cfg, block_tokens, dt) * (size_t)cfg->llm.num_layers *
-                             (size_t)cfg->llm.num_kv_heads * 2 /* CFG pair */;
+    const size_t per_block = block_bytes(cfg, block_tokens, dt) * 2 /* CFG pair */;
     for (int t = 0; t < pl->steps; t++) {
-        pl->bytes[t] = (size_t)((pl->tokens[t] + block_tokens - 1) / block_tokens) * per_block;
+        pl->bytes[t] = (size_t)blocks[t] * per_block;
         if (pl->bytes[t] > pl->peak_bytes)
             pl->peak_bytes = pl->bytes[t];
         if (pl->tokens[t] > pl->tokens[pl->peak_step])
             pl->peak_step = t;
     }
+    free(blocks);
     return AR_OK;
 }
 

@@ -57,10 +57,12 @@ size_t planner_full_cache_bytes_dtype(const model_config_t *cfg, int n_prompt,
 int planner_block_tokens(const model_config_t *cfg);
 
 /* A request's KV plan under its policy, in a pool of block_tokens-token
- * blocks: for each step t < steps (after the step's append, before its
- * compaction) the tokens one head holds and the bytes one image (its CFG
- * pair) holds, ceil(tokens / block_tokens) blocks per (layer, head) x block
- * bytes x layers x heads x 2 sequences. */
+ * blocks: for each step t < steps the most tokens one head holds (after the
+ * step's append, before its compaction) and the most bytes one image (its
+ * CFG pair) holds at any moment of the step: kv_policy_trajectory_blocks's
+ * blocks of one sequence x block bytes x 2 sequences (for a policy that
+ * compacts after steps, ceil(tokens / block_tokens) blocks per (layer,
+ * head) after the append). */
 typedef struct planner_plan {
     int steps;
     int *tokens;

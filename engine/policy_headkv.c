@@ -198,6 +198,7 @@ const kv_policy_ops_t kv_policy_headkv = {
     .name = "headkv",
     .default_budget = 1.0 / 8, /* the ratio HeadKV evaluates most (Tab. 1-4) */
     .takes_budget = 1,
+    .step_units = 1u << KV_STEP_TOKEN,
     .stats = KV_STATS_KEY_MASS,
     .check = headkv_check,
     .begin = headkv_begin,

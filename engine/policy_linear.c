@@ -136,6 +136,7 @@ const kv_policy_ops_t kv_policy_linear = {
     .name = "linear",
     .default_budget = 1.0 / 6, /* LineAR's headline ratio (abstract, Tab. 1-6) */
     .takes_budget = 1,
+    .step_units = 1u << KV_STEP_TOKEN,
     .stats = KV_STATS_KEY_MASS,
     .check = linear_check,
     .begin = linear_begin,

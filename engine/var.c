@@ -279,6 +279,64 @@ static void gated_residual(var_model_t *m, const int *q_start, int n_seq, const 
 
 enum { GAMMA1, GAMMA2, SCALE1, SCALE2, SHIFT1, SHIFT2 }; /* chunks of the block AdaLN */
 
+/* After layer li has attended: the layered policy compacts each of the
+ * layer's heads of this sequence, then the heads it says cache the scale
+ * take their blocks and the scale's K and V (rows q[0] .. q[1] of m->k,
+ * m->v). Every compaction comes before any reserve, so the pool never
+ * holds more than before or after the layer. */
+static int layered_append(var_model_t *m, const var_input_t *in, int li, const int *q, int *keep,
+                          ar_error_t *err) {
+    backend_t *be = m->be;
+    kv_seq_t *sq = in->seq;
+    kv_pool_t *pool = sq->pool;
+    const int H = sq->n_heads, rows = q[1] - q[0];
+    kv_view_t views[VAR_MAX_HEADS];
+    unsigned char caches[VAR_MAX_HEADS];
+    int any = 0;
+    for (int h = 0; h < H; h++) {
+        kv_head_t *kh = &sq->heads[li * H + h];
+        int n_keep, cache = 1;
+        const int what =
+            kv_policy_layer_end(in->policy, in->scale, li, h, kh->len, keep, &n_keep, &cache);
+        if ((what & KV_COMPACT) && kv_head_compact(pool, kh, keep, n_keep, NULL, err) != AR_OK)
+            return ar_error_prefix(err, "scale %d, layer %d, head %d", in->scale, li, h);
+        caches[h] = (unsigned char)(cache && in->cache);
+        views[h] = (kv_view_t){NULL, 0};
+    }
+    for (int h = 0; h < H; h++) {
+        kv_head_t *kh = &sq->heads[li * H + h];
+        if (!caches[h])
+            continue;
+        if (kv_head_reserve(pool, kh, kh->len + rows, err) != AR_OK)
+            return ar_error_prefix(err, "scale %d, layer %d, head %d: the KV plan was exceeded",
+                                   in->scale, li, h);
+        views[h] = (kv_view_t){kh->blocks, kh->len + rows};
+        any = 1;
+    }
+    if (any)
+        be->kv_append(be, &pool->blocks, views, m->k, m->v, q, 1, H);
+    for (int h = 0; h < H; h++)
+        if (caches[h])
+            sq->heads[li * H + h].len += rows;
+    return AR_OK;
+}
+
+/* Each peak_blocks pointer's sequences' blocks now, if more than before. */
+static void track_peaks(const var_input_t *in, int n_in) {
+    for (int s = 0; s < n_in; s++) {
+        int first = 1, total = 0;
+        for (int t = 0; in[s].peak_blocks && t < n_in && first; t++)
+            first = t >= s || in[t].peak_blocks != in[s].peak_blocks;
+        if (!in[s].peak_blocks || !first)
+            continue;
+        for (int t = s; t < n_in; t++)
+            if (in[t].peak_blocks == in[s].peak_blocks)
+                total += kv_seq_blocks(in[t].seq);
+        if (total > *in[s].peak_blocks)
+            *in[s].peak_blocks = total;
+    }
+}
+
 int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_host,
                 ar_error_t *err) {
     backend_t *be = m->be;
@@ -296,8 +354,12 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
     kv_view_t *grown = malloc((size_t)n_in * H * sizeof *grown);
     float **mass = malloc((size_t)n_in * H * sizeof *mass);
     const float **tabs = malloc((size_t)n_in * sizeof *tabs);
-    int rc = AR_ERR, any_mass = 0;
-    if (!q_start || !n_new || !labels || !seqs || !views || !grown || !mass || !tabs) {
+    int *keep = NULL;
+    int rc = AR_ERR, any_mass = 0, max_cap = 1;
+    for (int s = 0; s < n_in; s++)
+        max_cap = in[s].seq->capacity > max_cap ? in[s].seq->capacity : max_cap;
+    if (!q_start || !n_new || !labels || !seqs || !views || !grown || !mass || !tabs ||
+        !(keep = malloc((size_t)max_cap * sizeof *keep))) {
         ar_errorf(err, "out of memory");
         goto out;
     }
@@ -322,7 +384,9 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
         seqs[s] = in[s].seq;
         labels[s] = in[s].label;
         q_start[s + 1] = q_start[s] + c->image.scales[si] * c->image.scales[si];
-        n_new[s] = in[s].cache ? q_start[s + 1] - q_start[s] : 0;
+        /* A layered sequence reserves layer by layer (layered_append). */
+        n_new[s] =
+            in[s].cache && !kv_policy_layered(in[s].policy) ? q_start[s + 1] - q_start[s] : 0;
     }
     const int rows = q_start[n_in];
     if (workspace_reserve(m, rows, n_in, err) != AR_OK)
@@ -358,9 +422,15 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
         be->l2norm_heads(be, m->q, b->head_mul.data, rows, H, l->head_dim);
         be->l2norm_heads(be, m->k, NULL, rows, H, l->head_dim);
         be->attention_scale(be, m->att, m->q, m->k, m->v, &pool->blocks, &batch, H, 1.0f);
-        for (int s = 0; s < n_in; s++)
-            if (n_new[s])
+        for (int s = 0; s < n_in; s++) {
+            if (kv_policy_layered(in[s].policy)) {
+                if (layered_append(m, &in[s], li, &q_start[s], keep, err) != AR_OK)
+                    goto out;
+            } else if (n_new[s]) {
                 be->kv_append(be, &pool->blocks, &grown[s * H], m->k, m->v, &q_start[s], 1, H);
+            }
+        }
+        track_peaks(in, n_in);
         rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
         gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA1 * (size_t)C);
         norm_modulate(m, q_start, n_in, tabs, at + SCALE2 * (size_t)C, at + SHIFT2 * (size_t)C);
@@ -373,7 +443,7 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
         kv_seq_t *sq = in[s].seq;
         for (int i = 0; i < sq->n_layers * sq->n_heads; i++)
             sq->heads[i].len += n_new[s];
-        sq->n_fed += n_new[s];
+        sq->n_fed += in[s].cache ? q_start[s + 1] - q_start[s] : 0;
     }
     const size_t head = (size_t)l->num_layers * 6 * C; /* scale, then shift */
     norm_modulate(m, q_start, n_in, tabs, head, head + C);
@@ -389,5 +459,6 @@ out:
     free(grown);
     free(mass);
     free(tabs);
+    free(keep);
     return rc;
 }

@@ -9,6 +9,7 @@
 #define ARSERVE_VAR_H
 
 #include "backend.h"
+#include "kv_policy.h"
 #include "kv_seq.h"
 #include "model_config.h"
 #include "weights.h"
@@ -51,6 +52,14 @@ typedef struct var_input {
     float *adaln;
     int adaln_ready;
     int collect_mass; /* accumulate key mass into seq->mass (which must exist) */
+    /* A layered KV policy (kv_policy_layered) on this sequence, or NULL:
+     * after each layer has attended, the policy compacts that layer's
+     * heads and says which of them cache the scale (step `scale`); their
+     * blocks are reserved then, layer by layer. */
+    kv_policy_state_t *policy;
+    /* When not NULL: the most blocks the sequences sharing this pointer
+     * (a request's CFG pair) have held together after any layer. */
+    int *peak_blocks;
 } var_input_t;
 
 /* Floats of one sequence's AdaLN tables: every block's six chunks, then the
@@ -65,7 +74,9 @@ void var_free(var_model_t *m);
  * and writes every row's codebook logits, input by input, to logits_host
  * (rows x codebook_size). Reserves the cached rows' blocks first; fails,
  * with nothing changed, when a sequence would pass its capacity or the pool
- * has too few free blocks. */
+ * has too few free blocks. A sequence under a layered policy reserves
+ * layer by layer instead: the pool running out there (a plan exceeded)
+ * fails the step with the sequences half advanced, to be freed. */
 int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_host,
                 ar_error_t *err);
 

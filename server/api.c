@@ -735,7 +735,7 @@ static int add_kv_report(cJSON *o, const api_kv_report_t *kv) {
     if (p->kind != KV_POLICY_FULL)
         ok &= add_num(k, "budget", p->budget);
     for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
-        if (kv_policy_knobs[i].policy == p->kind)
+        if (kv_policy_knob_of(&kv_policy_knobs[i], p->kind))
             ok &= add_num(k, kv_policy_knobs[i].name, kv_policy_knob_get(p, &kv_policy_knobs[i]));
     ok &= add_num(k, "planned_peak_bytes", (double)kv->planned_peak_bytes);
     ok &= add_num(k, "peak_bytes", (double)kv->peak_bytes);

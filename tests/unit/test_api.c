@@ -308,7 +308,7 @@ static const bad_case_t bad_cases[] = {
     {"{\"prompt\":\"x\",\"top_p\":\"0.9\"}", 400, "top_p", "invalid_type", NULL},
     /* KV and streaming */
     {"{\"prompt\":\"x\",\"kv_policy\":\"lru\"}", 400, "kv_policy", "invalid_value",
-     "one of full, streaming, linear, headkv; got 'lru'"},
+     "one of full, streaming, linear, headkv, heatkv, heatkv_binary; got 'lru'"},
     {"{\"prompt\":\"x\",\"kv_policy\":\"FULL\"}", 400, "kv_policy", "invalid_value", NULL},
     {"{\"prompt\":\"x\",\"kv_policy\":1}", 400, "kv_policy", "invalid_type", NULL},
     {"{\"prompt\":\"x\",\"kv_budget\":0}", 400, "kv_budget", "invalid_value", "greater than 0"},
@@ -337,7 +337,8 @@ static const bad_case_t bad_cases[] = {
      "invalid_value", "an integer from 0 to 256; got 257"},
     {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"sink_scales\":3}", 400, "sink_scales",
      "invalid_value",
-     "sink_scales is a knob of kv_policy streaming; this request's kv_policy is linear"},
+     "sink_scales is a knob of kv_policy streaming, heatkv, heatkv_binary; this request's "
+     "kv_policy is linear"},
     {"{\"prompt\":\"x\",\"kv_policy\":\"headkv\",\"headkv_threshold\":0}", 400, "headkv_threshold",
      "invalid_value", "a number greater than 0 and at most 1; got 0"},
     {"{\"prompt\":\"x\",\"kv_policy\":\"headkv\",\"headkv_alpha\":1.5}", 400, "headkv_alpha",
@@ -448,7 +449,7 @@ static void test_kv_knobs_given_and_resolved(void) {
         const kv_policy_knob_t *k = &kv_policy_knobs[i];
         char text[160];
         snprintf(text, sizeof text, "{\"prompt\":\"x\",\"kv_policy\":\"%s\",\"%s\":%g}",
-                 kv_policy_name(k->policy), k->name, k->hi);
+                 kv_policy_name(kv_policy_knob_owner(k)), k->name, k->hi);
         CHECK_MSG(parse(text, &r, &err) == AR_OK, "%s: %s", text, err.message);
         kv_policy_resolve(NULL, &r.kv, &p, NULL, NULL);
         CHECK_MSG(kv_policy_knob_get(&p, k) == k->hi, "%s", k->name);

@@ -933,7 +933,7 @@ static void test_knob_table_and_check_fields(void) {
     for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
         const kv_policy_knob_t *k = &kv_policy_knobs[i];
         CHECK(kv_policy_knob_find(k->name) == k);
-        kv_policy_defaults(&p, k->policy);
+        kv_policy_defaults(&p, kv_policy_knob_owner(k));
         CHECK_MSG(kv_policy_knob_get(&p, k) == k->def, "%s", k->name);
         CHECK_MSG(kv_policy_knob_ok(k, k->def) && kv_policy_knob_ok(k, k->hi), "%s", k->name);
         CHECK_MSG(!kv_policy_knob_ok(k, k->hi + 1) && !kv_policy_knob_ok(k, NAN), "%s", k->name);
@@ -947,7 +947,11 @@ static void test_knob_table_and_check_fields(void) {
         CHECK(kv_policy_check(&p, &janus, &field, &err) == AR_ERR);
         CHECK_MSG(field && !strcmp(field, k->name), "%s: %s", k->name, field ? field : "NULL");
         CHECK_STR_CONTAINS(err.msg, k->name);
-        int other = (k->policy % 3) + 1; /* another compressing policy */
+        /* another compressing policy, one that runs on raster models */
+        int other = KV_POLICY_STREAMING;
+        while (kv_policy_knob_of(k, (kv_policy_kind_t)other))
+            other++;
+        CHECK(other <= KV_POLICY_HEADKV);
         kv_policy_defaults(&p, (kv_policy_kind_t)other);
         kv_policy_knob_set(&p, k, k->hi + 1);
         CHECK_MSG(kv_policy_check(&p, &janus, &field, &err) == AR_OK, "%s under %s: %s", k->name,
