@@ -303,6 +303,7 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/scale_bench $(TINY_MODEL)/
           $(VENV)/.stamp
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
 	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL)
+	tests/cli/test_calibrate.sh $(BUILD)/arserve $(VAR_TINY_MODEL) $(TINY_MODEL)
 	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python
 	$(BUILD)/scale_bench --model $(VAR_TINY_MODEL) --batch 2 --images 4 --reps 1 | \
 		grep -E '^batch 2 / batch 1: [0-9.]+x$$' && echo "ok      scale_bench runs a next-scale model at two batch sizes"

@@ -12,6 +12,7 @@
 int cmd_generate(int argc, char **argv, char **envp);
 int cmd_serve(int argc, char **argv, char **envp);
 int cmd_plan(int argc, char **argv, char **envp);
+int cmd_calibrate(int argc, char **argv, char **envp);
 
 /* The model directory to use when no --model is given: $ARSERVE_MODEL when
  * set and not empty (it must hold an arserve.json); else the shipped demo

@@ -77,6 +77,7 @@ static const command_t COMMANDS[] = {
     {"serve", cmd_serve, "run the HTTP daemon"},
     {"generate", cmd_generate, "generate one image to a PNG file"},
     {"plan", cmd_plan, "a request's KV trajectory and what fits the pool, per KV policy"},
+    {"calibrate", cmd_calibrate, "HeatKV's head orderings for a next-scale model"},
 };
 #define N_COMMANDS (int)(sizeof COMMANDS / sizeof COMMANDS[0])
 

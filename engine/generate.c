@@ -75,6 +75,19 @@ fail:
 
 static void request_release_kv(gen_request_t *r);
 
+int gen_request_collect_mass(gen_request_t *r, ar_error_t *err) {
+    if (r->step != 0 || r->policy.kind != KV_POLICY_FULL)
+        return ar_errorf(err, "key mass for every step: only before the first step, full cache");
+    kv_geometry_t g;
+    model_geometry(&r->model->cfg, r->n_prompt, &g);
+    kv_seq_free(&r->seq[0], NULL);
+    if (kv_seq_init(&r->seq[0], r->pool, g.n_layers, g.n_heads,
+                    g.n_prompt + kv_geometry_image_tokens(&g), 1, err) != AR_OK)
+        return AR_ERR;
+    r->collect_all = 1;
+    return AR_OK;
+}
+
 void gen_request_free(gen_request_t *r) {
     if (!r->model)
         return;
@@ -185,7 +198,8 @@ int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
             goto out;
         }
         for (int j = 0; j < 2; j++) {
-            r->collect[j] = r->mass_live[j] && kv_policy_collect(r->policy_state[j], r->step);
+            r->collect[j] = (r->mass_live[j] && kv_policy_collect(r->policy_state[j], r->step)) ||
+                            (j == 0 && r->collect_all);
             if (kv_policy_layered(r->policy_state[j]) &&
                 policy_step_begin(r, j, r->step, err) != AR_OK)
                 goto out;

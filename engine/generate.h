@@ -49,6 +49,9 @@ typedef struct gen_request {
      * step's appends, before its compaction (the planner's convention), so
      * times the block bytes it is the image's measured KV peak. */
     int kv_peak_blocks;
+    /* gen_request_collect_mass: the conditional sequence accumulates key
+     * mass at every step, for the caller to read and clear. */
+    int collect_all;
 } gen_request_t;
 
 /* Prepares a request from prompt rows made by model_prompt_from_*. Its KV
@@ -59,6 +62,14 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
                      const kv_policy_params_t *policy, const int *cond, const int *uncond,
                      int n_prompt, const sampler_params_t *params, uint64_t seed, uint64_t stream,
                      ar_error_t *err);
+/* Before the first step of a request under the full cache: its
+ * conditional sequence accumulates, at every step, the softmax mass each
+ * key receives from the step's queries into r->seq[0].mass (for head i at
+ * i * capacity; on a next-scale model the step's own keys follow the
+ * cache's). Nothing clears it: the caller reads and zeroes it (calibration,
+ * engine/kv_calibrate.h). */
+int gen_request_collect_mass(gen_request_t *r, ar_error_t *err);
+
 /* Returns the request's blocks to the pool. A double free found there is
  * counted in pool->bad_frees (a bug: the pool reports it, nothing crashes). */
 void gen_request_free(gen_request_t *r);

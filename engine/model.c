@@ -116,7 +116,7 @@ int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err) {
         if (kv_calibration_load(&m->calib, path, err) != AR_OK ||
             kv_calibration_check(&m->calib, &g, err) != AR_OK) {
             if (m->calib.cas_order)
-                ar_error_prefix(err, "%s", path);
+                ar_error_prefix(err, "%s (move it away to load the model without it)", path);
             model_free(m);
             return AR_ERR;
         }

@@ -1,0 +1,133 @@
+/* `arserve calibrate`: HeatKV's calibration of a next-scale model. Runs a
+ * full-cache generation per class listed in the prompts file, records the
+ * conditional row's attention mass from each scale to each earlier one,
+ * and writes the S-CAS and CAS orderings into the model directory
+ * (engine/kv_calibration.h), where heatkv and heatkv_binary find them. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/flags.h"
+#include "engine/backend.h"
+#include "engine/kv_calibrate.h"
+#include "engine/model.h"
+#include "engine/text.h"
+
+#define MAX_PROMPTS 4096
+
+static void progress(int done, int total, void *ctx) {
+    (void)ctx;
+    const int width = 30, filled = done * width / total;
+    fprintf(stderr, "\rcalibrate [%.*s%*s] %d/%d generations", filled,
+            "##############################", width - filled, "", done, total);
+    if (done == total)
+        fputc('\n', stderr);
+    fflush(stderr);
+}
+
+/* The classes of the prompts file: one per line, a class name of the model
+ * or its number; blank lines and lines starting with '#' are skipped. */
+static int read_prompts(const model_t *m, const char *path, int *labels, int cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "arserve calibrate: %s: cannot open: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char line[1024];
+    int n = 0, no = 0;
+    while (fgets(line, sizeof line, f)) {
+        no++;
+        line[strcspn(line, "\r\n")] = 0;
+        if (!line[0] || line[0] == '#')
+            continue;
+        long long v;
+        int label = model_class_find(m, line);
+        if (label < 0 && text_parse_int(line, &v) == NUMBER_OK && v >= 0 &&
+            v < m->cfg.condition.num_classes)
+            label = (int)v;
+        if (label < 0 || n == cap) {
+            if (label < 0)
+                fprintf(stderr,
+                        "arserve calibrate: %s:%d: '%s' is neither a class name of the model nor "
+                        "a class number from 0 to %d\n",
+                        path, no, line, m->cfg.condition.num_classes - 1);
+            else
+                fprintf(stderr, "arserve calibrate: %s: more than %d prompts\n", path, cap);
+            fclose(f);
+            return -1;
+        }
+        labels[n++] = label;
+    }
+    fclose(f);
+    if (n == 0)
+        fprintf(stderr, "arserve calibrate: %s: no prompts (one class per line)\n", path);
+    return n ? n : -1;
+}
+
+int cmd_calibrate(int argc, char **argv, char **envp) {
+    const char *model_dir = NULL, *prompts = NULL, *out = NULL, *backend = "cpu";
+    long long sinks = 3, threads = 0;
+    int help = 0;
+    const cli_flag_t flags[] = {
+        {"model", 0, CLI_STRING, &model_dir, .metavar = "DIR",
+         .help = "the next-scale model directory (required)"},
+        {"prompts", 0, CLI_STRING, &prompts, .metavar = "FILE",
+         .help = "one class per line, by name or number (HeatKV calibrates on 10) (required)"},
+        {"sink-scales", 0, CLI_INT, &sinks, 0, 256, .metavar = "S",
+         .help = "sink scales the CAS ordering leaves out (default 3, HeatKV's)"},
+        {"out", 0, CLI_STRING, &out, .metavar = "FILE",
+         .help = "where to write (default DIR/" KV_CALIBRATION_FILE ")"},
+        {"backend", 0, CLI_STRING, &backend, .metavar = "NAME",
+         .help = "cpu or cuda (default cpu)"},
+        {"threads", 0, CLI_INT, &threads, 0, 1024, .metavar = "N",
+         .help = "CPU threads, 0 = all cores (default 0)"},
+        {0}};
+    int rc = cli_flags_parse("calibrate", flags, argc, argv, &help);
+    if (rc)
+        return rc;
+    if (help || !model_dir || !prompts) {
+        FILE *f = help ? stdout : stderr;
+        fprintf(f, "usage: arserve calibrate --model DIR --prompts FILE [--sink-scales S] "
+                   "[--out FILE]\n\n");
+        cli_flags_usage(f, flags);
+        return help ? 0 : 2;
+    }
+    ar_error_t err = {{0}};
+    backend_t *be = backend_open(backend, (int)threads, &err);
+    if (!be) {
+        fprintf(stderr, "arserve calibrate: %s\n", err.msg);
+        return 1;
+    }
+    model_t m;
+    int *labels = malloc(MAX_PROMPTS * sizeof *labels);
+    kv_calibration_t c = {0};
+    char path[PATH_MAX];
+    rc = 1;
+    if (!labels || model_load(&m, model_dir, be, &err) != AR_OK) {
+        fprintf(stderr, "arserve calibrate: %s\n", labels ? err.msg : "out of memory");
+        free(labels);
+        be->destroy(be);
+        return 1;
+    }
+    const int n = read_prompts(&m, prompts, labels, MAX_PROMPTS);
+    snprintf(path, sizeof path, "%s/%s", model_dir, KV_CALIBRATION_FILE);
+    if (n > 0) {
+        if (kv_calibrate(&m, labels, n, (int)sinks, progress, NULL, &c, &err) != AR_OK ||
+            kv_calibration_save(&c, out ? out : path, &err) != AR_OK)
+            fprintf(stderr, "\narserve calibrate: %s\n", err.msg);
+        else {
+            printf("wrote %s: %d layers x %d heads, %d scales, %d generations, %d sink scales\n",
+                   out ? out : path, c.n_layers, c.n_heads, c.n_scales, n, c.sink_scales);
+            rc = 0;
+        }
+    }
+    kv_calibration_free(&c);
+    model_free(&m);
+    free(labels);
+    be->destroy(be);
+    (void)envp;
+    return rc;
+}

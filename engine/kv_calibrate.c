@@ -1,0 +1,101 @@
+/* Calibration runs (kv_calibrate.h). */
+#include "kv_calibrate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "family.h"
+#include "generate.h"
+#include "planner.h"
+
+/* Adds step t's mass (one query scale) into beta: per head, the mass of
+ * each source scale's keys over the scale's queries (eq. 2's row mean). */
+static void add_step(const kv_geometry_t *g, const float *mass, size_t cap, int t, double *beta) {
+    const int K = g->n_segments, T = g->n_layers * g->n_heads;
+    const double rows = g->segment_tokens[t];
+    for (int h = 0; h < T; h++) {
+        const float *m = mass + (size_t)h * cap;
+        int at = g->n_prompt;
+        for (int src = 0; src <= t; src++) {
+            double sum = 0;
+            for (int i = 0; i < g->segment_tokens[src]; i++)
+                sum += m[at + i];
+            at += g->segment_tokens[src];
+            beta[((size_t)h * K + t) * K + src] += sum / rows;
+        }
+    }
+}
+
+int kv_calibrate(model_t *m, const int *labels, int n, int sink_scales,
+                 kv_calibrate_progress_fn progress, void *ctx, kv_calibration_t *out,
+                 ar_error_t *err) {
+    memset(out, 0, sizeof *out);
+    kv_geometry_t g;
+    model_geometry(&m->cfg, 1, &g);
+    if (g.step_unit != KV_STEP_SEGMENT)
+        return ar_errorf(err, "calibration is for next-scale models; %s is a raster model",
+                         m->cfg.name);
+    if (n < 1)
+        return ar_errorf(err, "no classes to calibrate on");
+    const int K = g.n_segments, T = g.n_layers * g.n_heads;
+    const size_t cap = (size_t)g.n_prompt + kv_geometry_image_tokens(&g);
+    const size_t n_mass = (size_t)T * cap;
+    double *beta = calloc((size_t)T * K * K, sizeof *beta);
+    float *mass = malloc(n_mass * sizeof *mass), *zeros = calloc(n_mass, sizeof *zeros);
+    float *beta_f = malloc((size_t)T * K * K * sizeof *beta_f);
+    kv_pool_t pool = {0};
+    int rc = AR_ERR;
+    if (!beta || !mass || !zeros || !beta_f) {
+        ar_errorf(err, "out of memory");
+        goto out;
+    }
+    /* A pool for one full-cache image. */
+    kv_policy_params_t full;
+    kv_policy_defaults(&full, KV_POLICY_FULL);
+    planner_plan_t plan;
+    const int bt = planner_block_tokens(&m->cfg);
+    if (planner_plan(&plan, &m->cfg, &full, 1, bt, NULL, err) != AR_OK)
+        goto out;
+    const size_t block = kv_pool_block_bytes(bt, m->cfg.llm.head_dim);
+    const int n_blocks = (int)(plan.peak_bytes / block) + 1;
+    planner_plan_free(&plan);
+    if (kv_pool_init(&pool, m->be, n_blocks, bt, m->cfg.llm.head_dim, err) != AR_OK)
+        goto out;
+    for (int p = 0; p < n; p++) {
+        int cond, uncond, len;
+        gen_request_t r;
+        sampler_params_t sp = m->cfg.sampling;
+        if (model_prompt_from_class(m, labels[p], &cond, &uncond, &len, err) != AR_OK ||
+            gen_request_init(&r, m, &pool, NULL, &cond, &uncond, len, &sp, (uint64_t)p, 0, err) !=
+                AR_OK)
+            goto out;
+        if (gen_request_collect_mass(&r, err) != AR_OK) {
+            gen_request_free(&r);
+            goto out;
+        }
+        gen_request_t *batch[] = {&r};
+        for (int t = 0; t < r.n_steps; t++) {
+            if (gen_step(batch, 1, err) != AR_OK) {
+                ar_error_prefix(err, "class %d, scale %d", labels[p], t);
+                gen_request_free(&r);
+                goto out;
+            }
+            m->be->download(m->be, mass, r.seq[0].mass, n_mass * sizeof *mass);
+            m->be->upload(m->be, r.seq[0].mass, zeros, n_mass * sizeof *zeros);
+            add_step(&g, mass, cap, t, beta);
+        }
+        gen_request_free(&r);
+        if (progress)
+            progress(p + 1, n, ctx);
+    }
+    for (size_t i = 0; i < (size_t)T * K * K; i++)
+        beta_f[i] = (float)(beta[i] / n);
+    rc = kv_calibration_from_beta(out, &g, beta_f, n, sink_scales, err);
+out:
+    kv_pool_free(&pool);
+    free(beta);
+    free(beta_f);
+    free(mass);
+    free(zeros);
+    return rc;
+}

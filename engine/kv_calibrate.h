@@ -1,0 +1,21 @@
+/* Calibration runs (HeatKV §3.1): full-cache generations of a next-scale
+ * model whose conditional row's attention mass, per (layer, head), from
+ * each query scale to each source scale (eq. 2) is averaged over the
+ * classes given, then turned into orderings (engine/kv_calibration.h). */
+#ifndef ARSERVE_KV_CALIBRATE_H
+#define ARSERVE_KV_CALIBRATE_H
+
+#include "kv_calibration.h"
+#include "model.h"
+
+/* Called after each generation: done of total. */
+typedef void (*kv_calibrate_progress_fn)(int done, int total, void *ctx);
+
+/* Generates one image per class in labels[0..n) (seed = its index) under
+ * the full cache, with the model's sampling, and fills *out for
+ * sink_scales. AR_ERR names the class or step at fault. */
+int kv_calibrate(model_t *m, const int *labels, int n, int sink_scales,
+                 kv_calibrate_progress_fn progress, void *ctx, kv_calibration_t *out,
+                 ar_error_t *err);
+
+#endif

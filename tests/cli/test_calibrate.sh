@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# CLI tests for `arserve calibrate` on a copy of a next-scale model: it
+# writes a calibration whose attention rows each sum to 1 (every query row's
+# softmax mass, the scale's own keys included), which the model then loads
+# and `arserve plan` uses for heatkv; bad prompts files and a raster model
+# are refused with the file, line or reason named.
+# usage: tests/cli/test_calibrate.sh path/to/arserve path/to/var-model path/to/raster-model
+set -u
+bin=$1 var_model=$2 raster_model=$3
+case $bin in /*) ;; *) bin=$PWD/$bin ;; esac
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+ok()   { passed=$((passed + 1)); echo "ok      $1"; }
+fail() { failed=$((failed + 1)); echo "not ok  $1"; [ -n "${2:-}" ] && echo "  $2"; }
+
+cp -r "$var_model" "$tmp/m"
+rm -f "$tmp/m/kv_calibration.json"
+classes=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['condition']['num_classes'])" "$tmp/m/arserve.json")
+printf '# two classes\n0\n\n%d\n' $((classes - 1)) >"$tmp/prompts.txt"
+if "$bin" calibrate --model "$tmp/m" --prompts "$tmp/prompts.txt" --sink-scales 1 >"$tmp/out" 2>"$tmp/err"; then
+    if grep -q "wrote $tmp/m/kv_calibration.json: .* 2 generations, 1 sink scales" "$tmp/out" &&
+       grep -q '2/2 generations' "$tmp/err" &&
+       python3 - "$tmp/m/kv_calibration.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+K, T = len(d["scale_tokens"]), d["n_layers"] * d["n_heads"]
+b = d["beta"]
+assert d["prompts"] == 2 and d["sink_scales"] == 1
+assert sorted(d["cas_order"]) == list(range(T)) and len(d["scas_order"]) == K - 1
+for h in range(T):
+    for q in range(K):
+        row = b[(h * K + q) * K:(h * K + q + 1) * K]
+        assert abs(sum(row) - 1) < 1e-4, (h, q, row)
+        assert all(x == 0 for x in row[q + 1:]), (h, q, row)
+PY
+    then ok "calibrate: writes orderings, a progress bar, and attention rows that sum to 1"
+    else fail "calibrate output" "$(cat "$tmp/out" "$tmp/err")"; fi
+else fail "calibrate --model var-tiny" "$(cat "$tmp/err")"; fi
+"$bin" plan --model "$tmp/m" --policy heatkv --budget 1 >"$tmp/plan" 2>&1 &&
+    grep -q "^heatkv orderings: the model's calibration" "$tmp/plan" \
+    && ok "plan reads the model's calibration" || fail "plan with a calibration" "$(tail -5 "$tmp/plan")"
+
+printf 'no such class\n' >"$tmp/bad.txt"
+"$bin" calibrate --model "$tmp/m" --prompts "$tmp/bad.txt" >/dev/null 2>"$tmp/err"
+[ $? -eq 1 ] && grep -q "$tmp/bad.txt:1: 'no such class' is neither a class name" "$tmp/err" \
+    && ok "an unknown class names the file and line" || fail "bad prompt" "$(cat "$tmp/err")"
+"$bin" calibrate --model "$raster_model" --prompts "$tmp/prompts.txt" >/dev/null 2>"$tmp/err"
+[ $? -eq 1 ] && grep -qi "next-scale\|class" "$tmp/err" \
+    && ok "a raster model is refused" || fail "raster model" "$(cat "$tmp/err")"
+"$bin" calibrate --model "$tmp/m" >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ] && grep -q "usage: arserve calibrate" "$tmp/err" \
+    && ok "--prompts is required" || fail "missing --prompts" "$(cat "$tmp/err")"
+
+# A calibration of another shape: the model refuses to load, naming the file.
+python3 - "$tmp/m/kv_calibration.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); d["n_heads"] += 1
+T = d["n_layers"] * d["n_heads"]
+d["cas_order"] = list(range(T)); d["scas_order"] = [list(range(T))] * len(d["scas_order"]); d.pop("beta")
+json.dump(d, open(sys.argv[1], "w"))
+PY
+"$bin" calibrate --model "$tmp/m" --prompts "$tmp/prompts.txt" >/dev/null 2>"$tmp/err"
+[ $? -eq 1 ] && grep -q "kv_calibration.json (move it away" "$tmp/err" && grep -q "arserve calibrate" "$tmp/err" \
+    && ok "a calibration of another shape is refused at load, naming the file" || fail "stale calibration" "$(cat "$tmp/err")"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
