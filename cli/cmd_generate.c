@@ -67,22 +67,6 @@ static int parse_ids(const char *s, int *ids, int cap) {
     return n ? n : -1;
 }
 
-/* A KV pool that holds exactly one full-cache image: the peak of its
- * planned trajectory, in blocks of the size the daemon would choose. */
-static int pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, ar_error_t *err) {
-    const model_config_t *c = &m->cfg;
-    const int bt = planner_block_tokens(c);
-    kv_policy_params_t full;
-    kv_policy_defaults(&full, KV_POLICY_FULL);
-    planner_plan_t plan;
-    if (planner_plan(&plan, c, &full, n_prompt, bt, NULL, err) != AR_OK)
-        return AR_ERR;
-    const size_t peak = plan.peak_bytes;
-    planner_plan_free(&plan);
-    return kv_pool_init(pool, m->be, (int)(peak / kv_pool_block_bytes(bt, c->llm.head_dim)), bt,
-                        c->llm.head_dim, err);
-}
-
 /* The prompt rows from --prompt or --prompt-ids; 0 or the exit status. */
 static int prompt_rows(const generate_args_t *a, const model_t *m, int *cond, int *uncond,
                        int *n_prompt) {
@@ -174,7 +158,7 @@ static int generate(const generate_args_t *a, backend_t *be) {
     rc = 1;
     const double t1 = clock_now_s();
     const int H = model_config_image_height(&model.cfg), W = model_config_image_width(&model.cfg);
-    if (pool_for_one_image(&pool, &model, n_prompt, &err) != AR_OK ||
+    if (gen_pool_for_one_image(&pool, &model, n_prompt, &err) != AR_OK ||
         gen_request_init(&req, &model, &pool, NULL, cond, uncond, n_prompt, &sp, (uint64_t)a->seed,
                          0, &err) != AR_OK ||
         run_steps(&req, !a->quiet && isatty(STDERR_FILENO), &err) != AR_OK ||

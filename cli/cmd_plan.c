@@ -244,15 +244,12 @@ static void plan_policy(const plan_ctx_t *x, policy_plan_t *pp) {
     }
     pp->ok = 1;
     pp->peak_tokens = pp->plan.tokens[pp->plan.peak_step];
-    pp->peak_token_bytes = (size_t)pp->peak_tokens * token_image_bytes(x);
-    /* Heads that hold different lengths: the tokens alone are a plan in
-     * blocks of one token. */
+    /* The tokens alone (heads may hold different lengths): the same plan
+     * in blocks of one token. */
     planner_plan_t one;
-    if (pp->p.kind != KV_POLICY_FULL &&
-        planner_plan_dtype(&one, x->mc, &pp->p, x->P, 1, x->dt, NULL, NULL) == AR_OK) {
+    if (planner_plan_dtype(&one, x->mc, &pp->p, x->P, 1, x->dt, NULL, NULL) == AR_OK)
         pp->peak_token_bytes = one.peak_bytes;
-        planner_plan_free(&one);
-    }
+    planner_plan_free(&one);
 }
 
 /* The trajectory as runs: maximal step ranges where a head gains one token

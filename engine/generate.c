@@ -7,6 +7,17 @@
 
 #include "batcher.h"
 #include "family.h"
+#include "planner.h"
+
+/* Tokens a sequence of geometry g holds at most: what the last step holds
+ * (the family's geometry says what is fed); with key mass on a next-scale
+ * model, every token, as a step's mass also covers the scale's own keys,
+ * the last one's included. */
+static int seq_capacity(const kv_geometry_t *g, int with_mass) {
+    return g->step_unit == KV_STEP_SEGMENT && with_mass
+               ? g->n_prompt + kv_geometry_image_tokens(g)
+               : kv_geometry_held(g, kv_geometry_steps(g) - 1);
+}
 
 int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
                      const kv_policy_params_t *policy, const int *cond, const int *uncond,
@@ -30,12 +41,7 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
     const int with_policy = r->policy.kind != KV_POLICY_FULL;
     const int with_mass = with_policy && (kv_policy_stats(r->policy.kind) & KV_STATS_KEY_MASS);
     const int K = m->cfg.image.codebook_size;
-    /* What the last step holds: the family's geometry says what is fed. A
-     * next-scale step's key mass also covers the scale's own keys, the
-     * last one's included. */
-    const int capacity = g.step_unit == KV_STEP_SEGMENT && with_mass
-                             ? g.n_prompt + kv_geometry_image_tokens(&g)
-                             : kv_geometry_held(&g, r->n_steps - 1);
+    const int capacity = seq_capacity(&g, with_mass);
     r->cond_ids = malloc((size_t)n_prompt * sizeof(int));
     r->uncond_ids = malloc((size_t)n_prompt * sizeof(int));
     r->tokens = calloc((size_t)r->n_tokens, sizeof(int));
@@ -75,14 +81,28 @@ fail:
 
 static void request_release_kv(gen_request_t *r);
 
+int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, ar_error_t *err) {
+    const model_config_t *c = &m->cfg;
+    const int bt = planner_block_tokens(c);
+    kv_policy_params_t full;
+    kv_policy_defaults(&full, KV_POLICY_FULL);
+    planner_plan_t plan;
+    if (planner_plan(&plan, c, &full, n_prompt, bt, NULL, err) != AR_OK)
+        return AR_ERR;
+    const size_t peak = plan.peak_bytes;
+    planner_plan_free(&plan);
+    return kv_pool_init(pool, m->be, (int)(peak / kv_pool_block_bytes(bt, c->llm.head_dim)), bt,
+                        c->llm.head_dim, err);
+}
+
 int gen_request_collect_mass(gen_request_t *r, ar_error_t *err) {
     if (r->step != 0 || r->policy.kind != KV_POLICY_FULL)
         return ar_errorf(err, "key mass for every step: only before the first step, full cache");
     kv_geometry_t g;
     model_geometry(&r->model->cfg, r->n_prompt, &g);
     kv_seq_free(&r->seq[0], NULL);
-    if (kv_seq_init(&r->seq[0], r->pool, g.n_layers, g.n_heads,
-                    g.n_prompt + kv_geometry_image_tokens(&g), 1, err) != AR_OK)
+    if (kv_seq_init(&r->seq[0], r->pool, g.n_layers, g.n_heads, seq_capacity(&g, 1), 1, err) !=
+        AR_OK)
         return AR_ERR;
     r->collect_all = 1;
     return AR_OK;

@@ -70,6 +70,11 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
  * engine/kv_calibrate.h). */
 int gen_request_collect_mass(gen_request_t *r, ar_error_t *err);
 
+/* A KV pool that holds exactly one full-cache image of n_prompt prefix
+ * tokens: the peak of its planned trajectory, in blocks of the size the
+ * daemon would choose. */
+int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, ar_error_t *err);
+
 /* Returns the request's blocks to the pool. A double free found there is
  * counted in pool->bad_frees (a bug: the pool reports it, nothing crashes). */
 void gen_request_free(gen_request_t *r);

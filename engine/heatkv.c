@@ -108,8 +108,6 @@ int heatkv_schedule_build(heatkv_schedule_t *s, const kv_geometry_t *g, const kv
     s->n_layers = L;
     s->n_heads = H;
     s->sinks = clamp_sinks(g, sinks);
-    s->binary = binary;
-    s->budget = budget;
     s->cap_tokens = budget * (double)T * (double)tokens_before(g, K - 1);
     const double min_b = heatkv_min_budget(g, sinks);
     if (budget < min_b * (1 - 1e-12))

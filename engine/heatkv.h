@@ -25,8 +25,7 @@
 #include "status.h"
 
 typedef struct heatkv_schedule {
-    int n_scales, n_layers, n_heads, sinks, binary;
-    double budget;
+    int n_scales, n_layers, n_heads, sinks;
     double cap_tokens;      /* B: tokens every head may hold together, b T P */
     int N[KV_MAX_SEGMENTS]; /* N_k per step */
     /* Per unit (i * T + head), for source scales i < n_scales - 1: the step

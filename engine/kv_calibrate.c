@@ -6,7 +6,6 @@
 
 #include "family.h"
 #include "generate.h"
-#include "planner.h"
 
 /* Adds step t's mass (one query scale) into beta: per head, the mass of
  * each source scale's keys over the scale's queries (eq. 2's row mean). */
@@ -49,17 +48,7 @@ int kv_calibrate(model_t *m, const int *labels, int n, int sink_scales,
         ar_errorf(err, "out of memory");
         goto out;
     }
-    /* A pool for one full-cache image. */
-    kv_policy_params_t full;
-    kv_policy_defaults(&full, KV_POLICY_FULL);
-    planner_plan_t plan;
-    const int bt = planner_block_tokens(&m->cfg);
-    if (planner_plan(&plan, &m->cfg, &full, 1, bt, NULL, err) != AR_OK)
-        goto out;
-    const size_t block = kv_pool_block_bytes(bt, m->cfg.llm.head_dim);
-    const int n_blocks = (int)(plan.peak_bytes / block) + 1;
-    planner_plan_free(&plan);
-    if (kv_pool_init(&pool, m->be, n_blocks, bt, m->cfg.llm.head_dim, err) != AR_OK)
+    if (gen_pool_for_one_image(&pool, m, 1, err) != AR_OK)
         goto out;
     for (int p = 0; p < n; p++) {
         int cond, uncond, len;

@@ -51,19 +51,18 @@ int kv_calibration_synthetic(kv_calibration_t *c, const kv_geometry_t *g, int si
 }
 
 /* Heads by ascending score, ties by head number (qsort is not stable). */
-static const double *sort_scores;
-static int by_score(const void *a, const void *b) {
+static int by_score(const void *a, const void *b, void *scores) {
     const int x = *(const int *)a, y = *(const int *)b;
-    if (sort_scores[x] != sort_scores[y])
-        return sort_scores[x] < sort_scores[y] ? -1 : 1;
+    const double *score = scores;
+    if (score[x] != score[y])
+        return score[x] < score[y] ? -1 : 1;
     return (x > y) - (x < y);
 }
+
 static void order_by(int *order, const double *score, int T) {
     for (int i = 0; i < T; i++)
         order[i] = i;
-    sort_scores = score;
-    qsort(order, (size_t)T, sizeof *order, by_score);
-    sort_scores = NULL;
+    qsort_r(order, (size_t)T, sizeof *order, by_score, (void *)score);
 }
 
 int kv_calibration_from_beta(kv_calibration_t *c, const kv_geometry_t *g, const float *beta,

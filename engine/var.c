@@ -324,10 +324,10 @@ static int layered_append(var_model_t *m, const var_input_t *in, int li, const i
 /* Each peak_blocks pointer's sequences' blocks now, if more than before. */
 static void track_peaks(const var_input_t *in, int n_in) {
     for (int s = 0; s < n_in; s++) {
-        int first = 1, total = 0;
-        for (int t = 0; in[s].peak_blocks && t < n_in && first; t++)
-            first = t >= s || in[t].peak_blocks != in[s].peak_blocks;
-        if (!in[s].peak_blocks || !first)
+        int first = in[s].peak_blocks != NULL, total = 0;
+        for (int t = 0; t < s && first; t++)
+            first = in[t].peak_blocks != in[s].peak_blocks; /* counted with input t */
+        if (!first)
             continue;
         for (int t = s; t < n_in; t++)
             if (in[t].peak_blocks == in[s].peak_blocks)

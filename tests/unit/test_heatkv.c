@@ -147,8 +147,8 @@ static int order_violations(const heatkv_schedule_t *s, const kv_calibration_t *
     return bad;
 }
 
-static void check_schedule(const heatkv_schedule_t *s, const kv_geometry_t *g, int binary,
-                           int trial, int *bad_budget, int *bad_grow, int *bad_count) {
+static void check_schedule(const heatkv_schedule_t *s, const kv_geometry_t *g, int *bad_budget,
+                           int *bad_grow, int *bad_count) {
     const int T = s->n_layers * s->n_heads, K = s->n_scales;
     for (int k = 0; k < K; k++) {
         for (int l = -1; l < s->n_layers; l++) {
@@ -170,8 +170,6 @@ static void check_schedule(const heatkv_schedule_t *s, const kv_geometry_t *g, i
                 absent += !heatkv_present(s, src, u, k, 0);
             *bad_count += absent != s->N[k];
         }
-        (void)binary;
-        (void)trial;
     }
 }
 
@@ -235,7 +233,7 @@ static void schedules_on_random_instances(int binary, int equal, int assert_leas
             kv_calibration_free(&c);
             continue;
         }
-        check_schedule(&s, &g, binary, trial, &bad_budget, &bad_grow, &bad_count);
+        check_schedule(&s, &g, &bad_budget, &bad_grow, &bad_count);
         for (int k = s.sinks; k < g.n_segments - 1; k++) {
             if (!binary)
                 bad_order += order_violations(&s, &c, k);
