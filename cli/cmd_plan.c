@@ -417,9 +417,11 @@ static void row_block_unit(const plan_ctx_t *x, const policy_plan_t *pp, const p
 }
 static void row_of_full(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
                         char *buf, size_t cap) {
-    snprintf(buf, cap, "%.1f%%",
-             full && full->ok ? 100.0 * (double)pp->plan.peak_bytes / (double)full->plan.peak_bytes
-                              : 0.0);
+    if (full && full->ok)
+        snprintf(buf, cap, "%.1f%%",
+                 100.0 * (double)pp->plan.peak_bytes / (double)full->plan.peak_bytes);
+    else
+        snprintf(buf, cap, "n/a (no full)");
 }
 static void row_overhead(const plan_ctx_t *x, const policy_plan_t *pp, const policy_plan_t *full,
                          char *buf, size_t cap) {

@@ -283,9 +283,15 @@ static int layered_trajectory(const kv_policy_ops_t *ops, void *impl, const kv_g
             cur += BLOCKS(len[i]);
         }
         for (int l = 0; l < g->n_layers; l++) {
+            /* The worst case: every similarity measured is the lowest. */
+            const double sim =
+                ops->layer_similarity && ops->layer_similarity(impl, t, l) ? -INFINITY : NAN;
             for (int i = l * H; i < (l + 1) * H; i++) {
                 int cache = 1;
                 cur -= BLOCKS(len[i]);
+                if (ops->layer_begin &&
+                    (ops->layer_begin(impl, t, l, i % H, len[i], sim, keep, &n_keep) & KV_COMPACT))
+                    len[i] = n_keep;
                 if (ops->layer_end(impl, t, l, i % H, len[i], keep, &n_keep, &cache) & KV_COMPACT)
                     len[i] = n_keep;
                 len[i] += cache ? fed : 0;
@@ -430,6 +436,22 @@ int kv_policy_step_begin(kv_policy_state_t *s, int step, int layer, int head, in
     if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->step_begin)
         return 0;
     return s->ops->step_begin(s->impl, step, layer, head, len, keep, n_keep);
+}
+
+int kv_policy_layer_similarity(const kv_policy_state_t *s, int step, int layer) {
+    if (!s || !s->ops->layer_similarity || step < 0 || step >= s->steps || layer < 0 ||
+        layer >= s->n_layers)
+        return 0;
+    return s->ops->layer_similarity(s->impl, step, layer);
+}
+
+int kv_policy_layer_begin(kv_policy_state_t *s, int step, int layer, int head, int len,
+                          double similarity, int *keep, int *n_keep) {
+    if (n_keep)
+        *n_keep = len;
+    if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->layer_begin)
+        return 0;
+    return s->ops->layer_begin(s->impl, step, layer, head, len, similarity, keep, n_keep);
 }
 
 int kv_policy_layer_end(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,

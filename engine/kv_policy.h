@@ -22,7 +22,8 @@
     X(LINEAR, linear)                                                                              \
     X(HEADKV, headkv)                                                                              \
     X(HEATKV, heatkv)                                                                              \
-    X(HEATKV_BINARY, heatkv_binary)
+    X(HEATKV_BINARY, heatkv_binary)                                                                \
+    X(AMSKV, amskv)
 
 #define KV_POLICY_KIND_(kind, name) KV_POLICY_##kind,
 typedef enum kv_policy_kind { KV_POLICIES(KV_POLICY_KIND_) KV_POLICY_COUNT } kv_policy_kind_t;
@@ -49,6 +50,11 @@ typedef struct kv_policy_params {
     int headkv_local_window; /* local heads keep this many recent tokens */
     int headkv_recent_lines; /* global heads keep this many recent lines */
     int headkv_group_tokens; /* grouping length: no compression until the cache reaches it */
+    /* amskv (AMS-KV) */
+    int amskv_condensed_scales; /* first scales a layer always keeps (C_cds) */
+    int amskv_min_scales;       /* C_min: condensed + this many scales ending at the penultimate */
+    int amskv_max_scales;       /* C_max: condensed + this many scales ending at the last */
+    double amskv_threshold;     /* a layer expands when its inter-scale similarity is below it */
 } kv_policy_params_t;
 
 /* Every knob of every policy, one line each:
@@ -91,7 +97,22 @@ typedef struct kv_policy_params {
       "headkv: recent lines a global head keeps")                                                  \
     /* HeadKV A.2: 100 for Janus-Pro and LlamaGen */                                               \
     X(headkv_group_tokens, KV_ONLY(HEADKV), INT, 1, 0, 65536, 100,                                 \
-      "headkv: image tokens cached before heads are grouped and the first compression")
+      "headkv: image tokens cached before heads are grouped and the first compression")            \
+    /* AMS-KV §4: the first two scales are the condensed scales */                                \
+    X(amskv_condensed_scales, KV_ONLY(AMSKV), INT, 0, 0, 256, 2,                                   \
+      "amskv: first scales every layer keeps (C_cds)")                                             \
+    /* AMS-KV §5: C_min holds the penultimate scale and the condensed ones */                     \
+    X(amskv_min_scales, KV_ONLY(AMSKV), INT, 0, 0, 256, 1,                                         \
+      "amskv: a layer's capacity C_min holds the condensed scales and this many scales ending "    \
+      "with the penultimate")                                                                      \
+    /* AMS-KV §5: C_max holds the last two scales and the condensed ones */                       \
+    X(amskv_max_scales, KV_ONLY(AMSKV), INT, 0, 0, 256, 2,                                         \
+      "amskv: an expanded layer's capacity C_max holds the condensed scales and this many "        \
+      "scales ending with the last")                                                               \
+    /* AMS-KV App. E: theta = -0.008 (stable from -0.01 to -0.007 on VAR-d30) */                   \
+    X(amskv_threshold, KV_ONLY(AMSKV), REAL, -1e6, 0, 0, -0.008,                                   \
+      "amskv: a layer expands to C_max when the similarity of its keys to the previous scale's "   \
+      "(minus their mean squared distance) falls below this")
 
 typedef enum kv_knob_type { KV_KNOB_INT, KV_KNOB_REAL } kv_knob_type_t;
 
@@ -299,6 +320,20 @@ int kv_policy_layered(const kv_policy_state_t *s);
  * KV_COMPACT and a keep list, or 0. */
 int kv_policy_step_begin(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
                          int *n_keep);
+/* Before `layer` attends during step t (its keys for the step computed):
+ * does kv_policy_layer_begin want the layer's inter-scale key similarity?
+ * 1: the engine measures it (minus the mean squared distance between the
+ * step's keys and the previous scale's cached keys resized to them, over
+ * every head; AMS-KV eq. 3); 0: it passes NaN. The previous scale's keys
+ * are the newest rows of each of the layer's heads when it asks. */
+int kv_policy_layer_similarity(const kv_policy_state_t *s, int step, int layer);
+/* Then, for each of the layer's heads in order (head 0 first), holding len
+ * tokens: KV_COMPACT and a keep list, or 0 (the layer attends to what it
+ * keeps). similarity is NaN when not measured; a policy's counts may
+ * depend on it, and -INFINITY gives the most tokens held (the planner's
+ * worst case). */
+int kv_policy_layer_begin(kv_policy_state_t *s, int step, int layer, int head, int len,
+                          double similarity, int *keep, int *n_keep);
 /* After `layer` has attended during step t, before the step's new tokens
  * are appended to it: KV_COMPACT and a keep list, or 0; *cache is 1 when
  * the new tokens are appended to this head, 0 when they are only attended

@@ -35,9 +35,14 @@ typedef struct kv_policy_ops {
     int (*step_end)(void *state, int t, int layer, int head, int len, const float *mass, int *keep,
                     int *n_keep);
     /* Pruning inside a step (kv_policy_layered); NULL for a policy that
-     * compacts only after steps. Called as kv_policy_step_begin and
-     * kv_policy_layer_end say; their counts may not depend on key mass. */
+     * compacts only after steps. Called as kv_policy_step_begin,
+     * kv_policy_layer_similarity, kv_policy_layer_begin and
+     * kv_policy_layer_end say; their counts may not depend on key mass. A
+     * layered policy has layer_end. */
     int (*step_begin)(void *state, int t, int layer, int head, int len, int *keep, int *n_keep);
+    int (*layer_similarity)(const void *state, int t, int layer);
+    int (*layer_begin)(void *state, int t, int layer, int head, int len, double similarity,
+                       int *keep, int *n_keep);
     int (*layer_end)(void *state, int t, int layer, int head, int len, int *keep, int *n_keep,
                      int *cache);
     /* What its budget comes to on this geometry, in words (kv_policy_describe). */

@@ -279,6 +279,71 @@ static void gated_residual(var_model_t *m, const int *q_start, int n_seq, const 
 
 enum { GAMMA1, GAMMA2, SCALE1, SCALE2, SHIFT1, SHIFT2 }; /* chunks of the block AdaLN */
 
+double var_key_similarity(backend_t *be, const kv_blocks_t *pool, const kv_view_t *heads,
+                          int n_heads, int head_dim, const float *k_cur, int side_prev,
+                          int side_cur, float *const scratch[4]) {
+    const int H = n_heads, D = head_dim, C = H * D, bt = pool->block_tokens;
+    const int sp = side_prev, sc = side_cur, rp = sp * sp, rc = sc * sc;
+    float *prev = scratch[0], *prev_cm = scratch[1], *up = scratch[2], *cur_cm = scratch[3];
+    for (int h = 0; h < H; h++) {
+        const kv_view_t *kh = &heads[h];
+        if (kh->len < rp)
+            return NAN;
+        for (int j = kh->len - rp; j < kh->len;) { /* one copy per run within a block */
+            const int o = j % bt, n = bt - o < kh->len - j ? bt - o : kh->len - j;
+            const float *src = pool->base + ((size_t)kh->blocks[j / bt] * 2 * bt + o) * D;
+            be->copy(be, prev + ((size_t)h * rp + (j - (kh->len - rp))) * D, src,
+                     (size_t)n * D * sizeof(float));
+            j += n;
+        }
+        be->transpose(be, prev_cm + (size_t)h * D * rp, prev + (size_t)h * rp * D, rp, D);
+    }
+    be->resize_bicubic(be, up, prev_cm, C, sp, sp, sc, sc);
+    be->transpose(be, cur_cm, k_cur, rc, C);
+    be->scale(be, up, (size_t)C * rc, -1.0f);
+    be->add(be, up, cur_cm, (size_t)C * rc);
+    float *diff = malloc((size_t)C * rc * sizeof *diff);
+    if (!diff)
+        return NAN;
+    be->download(be, diff, up, (size_t)C * rc * sizeof *diff);
+    double sum = 0;
+    for (size_t i = 0; i < (size_t)C * rc; i++)
+        sum += (double)diff[i] * diff[i];
+    free(diff);
+    return -sum / ((double)C * rc);
+}
+
+/* Before layer li attends: the layered policy may evict from each of the
+ * layer's heads of this sequence (measuring the layer's key similarity
+ * first when it asks), and the views the attention reads follow. */
+static int layered_begin(var_model_t *m, const var_input_t *in, int li, int q0, int *keep,
+                         kv_view_t *views, ar_error_t *err) {
+    kv_seq_t *sq = in->seq;
+    const int H = sq->n_heads;
+    double sim = NAN;
+    if (kv_policy_layer_similarity(in->policy, in->scale, li)) {
+        /* Scratch: the buffers free between the layer's Q/K/V and its
+         * attention, each at least rows x hidden floats. */
+        float *const scratch[4] = {m->att, m->tmp, m->xn, m->ffn};
+        for (int h = 0; h < H; h++)
+            views[h] = (kv_view_t){sq->heads[li * H + h].blocks, sq->heads[li * H + h].len};
+        const int *sides = m->cfg->image.scales;
+        sim = var_key_similarity(m->be, &sq->pool->blocks, views, H, m->cfg->llm.head_dim,
+                                 m->k + (size_t)q0 * H * m->cfg->llm.head_dim, sides[in->scale - 1],
+                                 sides[in->scale], scratch);
+    }
+    for (int h = 0; h < H; h++) {
+        kv_head_t *kh = &sq->heads[li * H + h];
+        int n_keep;
+        const int what =
+            kv_policy_layer_begin(in->policy, in->scale, li, h, kh->len, sim, keep, &n_keep);
+        if ((what & KV_COMPACT) && kv_head_compact(sq->pool, kh, keep, n_keep, NULL, err) != AR_OK)
+            return ar_error_prefix(err, "scale %d, layer %d, head %d", in->scale, li, h);
+        views[h] = (kv_view_t){kh->blocks, kh->len};
+    }
+    return AR_OK;
+}
+
 /* After layer li has attended: the layered policy compacts each of the
  * layer's heads of this sequence, then the heads it says cache the scale
  * take their blocks and the scale's K and V (rows q[0] .. q[1] of m->k,
@@ -421,6 +486,10 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
         rows_matmul(m, m->v, m->xn, &b->v, &b->v_bias, q_start, n_in);
         be->l2norm_heads(be, m->q, b->head_mul.data, rows, H, l->head_dim);
         be->l2norm_heads(be, m->k, NULL, rows, H, l->head_dim);
+        for (int s = 0; s < n_in; s++)
+            if (kv_policy_layered(in[s].policy) &&
+                layered_begin(m, &in[s], li, q_start[s], keep, &views[s * H], err) != AR_OK)
+                goto out;
         be->attention_scale(be, m->att, m->q, m->k, m->v, &pool->blocks, &batch, H, 1.0f);
         for (int s = 0; s < n_in; s++) {
             if (kv_policy_layered(in[s].policy)) {

@@ -80,4 +80,15 @@ void var_free(var_model_t *m);
 int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_host,
                 ar_error_t *err);
 
+/* AMS-KV's inter-scale similarity (eq. 3) of one layer of one sequence:
+ * minus the mean squared distance, over every head and channel, between
+ * the current scale's keys k_cur (side_cur^2 rows of n_heads * head_dim,
+ * backend) and the previous scale's, the newest side_prev^2 rows of each
+ * head's cache heads[h], resized to side_cur x side_cur (bicubic, as VAR
+ * resizes its maps). NaN when a head holds fewer rows. scratch: four
+ * backend buffers of n_heads * head_dim * side_cur^2 floats. */
+double var_key_similarity(backend_t *be, const kv_blocks_t *pool, const kv_view_t *heads,
+                          int n_heads, int head_dim, const float *k_cur, int side_prev,
+                          int side_cur, float *const scratch[4]);
+
 #endif

@@ -175,7 +175,7 @@ for d in 16 20 24 30; do
     else fail "plan --model var-d$d" "$(cat "$tmp/err")"; fi
 done
 f=$tmp/var-d16.txt
-grep -qE '^ +full +streaming +heatkv +heatkv_binary$' "$f" && ! grep -qE '^(linear|headkv) at' "$f" \
+grep -qE '^ +full +streaming +heatkv +heatkv_binary +amskv$' "$f" && ! grep -qE '^(linear|headkv) at' "$f" \
     && ok "var-d16: the table lists the policies that run on scales (not linear, not headkv)" \
     || fail "var-d16 policies" "$(grep -E '^ +full' "$f")"
 [ "$(cell "$f" "budget" 1)" = "not used" ] && grep -q '^streaming: prefix 0 + 3 sink scales (14 tokens) + the most recent scale.*budget is not used' "$f" \
@@ -289,7 +289,7 @@ expect_fail "an unknown preset lists the available ones" 2 "janus-pro-1b, janus-
 expect_fail "an unknown preset is named with --model" 2 "--model: 'janus-pro-3b'" -- \
     "$bin" plan --model janus-pro-3b
 expect_fail "a missing --model is refused" 2 "--model" -- "$bin" plan
-expect_fail "an unknown --policy names the flag and the choices" 2 "--policy: 'h2o' is not one of full, streaming, linear, headkv, heatkv, heatkv_binary" -- \
+expect_fail "an unknown --policy names the flag and the choices" 2 "--policy: 'h2o' is not one of full, streaming, linear, headkv, heatkv, heatkv_binary, amskv" -- \
     "$bin" plan --model janus-pro-1b --policy h2o
 expect_fail "--budget 0 is refused" 2 "--budget" -- "$bin" plan --model janus-pro-1b --budget 0
 expect_fail "--budget above 1 is refused" 2 "--budget" -- "$bin" plan --model janus-pro-1b --budget 1.5

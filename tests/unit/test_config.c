@@ -617,8 +617,8 @@ static void test_kv_bad_values_name_the_setting(void) {
         {"--anchor-lines=-1", "--anchor-lines: -1 is outside [0, 4096]"},
         {"--headkv-buffer=0", "--headkv-buffer: 0 is outside [1, 65536]"},
         {"--sink-tokens=1.5", "--sink-tokens: '1.5' is not an integer"},
-        {"--kv-policy=lru",
-         "--kv-policy: 'lru' is not one of full, streaming, linear, headkv, heatkv, heatkv_binary"},
+        {"--kv-policy=lru", "--kv-policy: 'lru' is not one of full, streaming, linear, headkv, "
+                            "heatkv, heatkv_binary, amskv"},
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         const char *args[] = {flags[i].arg, NULL};

@@ -929,7 +929,7 @@ static void test_knob_table_and_check_fields(void) {
     kv_policy_params_t p;
     ar_error_t err;
     const char *field = "unset";
-    CHECK(KV_POLICY_N_KNOBS == 10);
+    CHECK(KV_POLICY_N_KNOBS == 14);
     for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
         const kv_policy_knob_t *k = &kv_policy_knobs[i];
         CHECK(kv_policy_knob_find(k->name) == k);
