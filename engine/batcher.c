@@ -33,6 +33,7 @@ struct batcher {
     batcher_event_t *events;
     int n_events, cap_events;
     long long iterations, overruns, lost_events; /* iterations: stepped so far */
+    unsigned long long released;                 /* bytes freed by tighter plans */
     int last_jobs, last_images;
     size_t last_reserved, last_peak;
 };
@@ -271,6 +272,15 @@ int batcher_step(batcher_t *b, ar_error_t *err) {
     return b->ops.step(b->ctx, b->batch, b->n_batch, &b->batch_peak, err);
 }
 
+/* The running job's plan from its next step on, tighter if it can tell. */
+static void tighten(batcher_t *b, const slot_t *s) {
+    const int n = s->job.steps - s->steps_done;
+    size_t *left = b->ops.remaining ? malloc((size_t)n * sizeof *left) : NULL;
+    if (left && b->ops.remaining(b->ctx, s->job.work, left, n))
+        b->released += planner_tighten(&b->planner, s->id, left, n);
+    free(left);
+}
+
 void batcher_finish(batcher_t *b, int step_rc, const ar_error_t *step_err) {
     if (b->n_batch == 0)
         return;
@@ -292,10 +302,12 @@ void batcher_finish(batcher_t *b, int step_rc, const ar_error_t *step_err) {
             slot_t *s = &b->running[i];
             s->steps_done++;
             push_event(b, BATCHER_STEPPED, s);
-            if (s->steps_done >= s->job.steps)
+            if (s->steps_done >= s->job.steps) {
                 running_end(b, i, BATCHER_END_FINISHED, NULL);
-            else
-                i++;
+                continue;
+            }
+            tighten(b, s);
+            i++;
         }
     }
     b->n_batch = 0;
@@ -325,5 +337,6 @@ void batcher_stats(const batcher_t *b, batcher_stats_t *out) {
         .last_kv_peak_bytes = b->last_peak,
         .overruns = b->overruns,
         .lost_events = b->lost_events,
+        .released_bytes = b->released,
     };
 }

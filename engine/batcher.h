@@ -41,6 +41,10 @@ typedef struct batcher_ops {
     /* Gives back what start took, at the job's end (its KV: the work itself
      * stays the driver's, e.g. to decode a finished image). */
     void (*stop)(void *ctx, void *work);
+    /* Optional: after a step, the job's KV at each of its next n steps, all
+     * images together, when it knows them better than its plan (1), else
+     * 0. The batcher hands them to the planner (planner_tighten). */
+    int (*remaining)(void *ctx, void *work, size_t *kv_bytes, int n);
 } batcher_ops_t;
 
 typedef struct batcher_job {
@@ -149,6 +153,9 @@ typedef struct batcher_stats {
     size_t last_kv_peak_bytes;  /* what the step reported using at its peak */
     long long overruns;         /* iterations whose peak passed the reservation (a bug) */
     long long lost_events;      /* events dropped because memory ran out */
+    /* How much tighter plans lowered running jobs' reserved peaks
+     * (planner_tighten), summed. */
+    unsigned long long released_bytes;
 } batcher_stats_t;
 
 void batcher_stats(const batcher_t *b, batcher_stats_t *out);

@@ -322,7 +322,47 @@ static void job_stop(void *ctx, void *work) {
         request_release_kv(&j->images[i]);
 }
 
-const batcher_ops_t gen_batcher_ops = {.start = job_start, .step = job_step, .stop = job_stop};
+int gen_request_remaining_bytes(const gen_request_t *r, size_t *bytes, int n, ar_error_t *err) {
+    const kv_pool_t *pool = r->pool;
+    const int heads = r->seq[0].n_layers * r->seq[0].n_heads;
+    const size_t block = kv_pool_block_bytes(pool->blocks.block_tokens, pool->blocks.head_dim);
+    long long *blocks = malloc((size_t)n * sizeof *blocks);
+    int *len = malloc((size_t)heads * sizeof *len), rc = blocks && len ? 1 : -1;
+    for (int i = 0; rc == 1 && i < n; i++)
+        bytes[i] = 0;
+    for (int j = 0; rc == 1 && j < 2; j++) {
+        for (int i = 0; i < heads; i++)
+            len[i] = r->seq[j].heads[i].len;
+        rc = kv_policy_remaining_blocks(r->policy_state[j], r->step, len, pool->blocks.block_tokens,
+                                        blocks, err);
+        for (int i = 0; rc == 1 && i < n; i++)
+            bytes[i] += (size_t)blocks[i] * block;
+    }
+    if (!blocks || !len)
+        ar_errorf(err, "out of memory");
+    free(blocks);
+    free(len);
+    return rc;
+}
+
+static int job_remaining(void *ctx, void *work, size_t *kv_bytes, int n) {
+    (void)ctx;
+    gen_job_t *j = work;
+    size_t *one = malloc((size_t)n * sizeof *one);
+    int ok = one != NULL;
+    for (int i = 0; i < n; i++)
+        kv_bytes[i] = 0;
+    for (int k = 0; ok && k < j->n_images; k++) {
+        ok = gen_request_remaining_bytes(&j->images[k], one, n, NULL) == 1;
+        for (int i = 0; ok && i < n; i++)
+            kv_bytes[i] += one[i];
+    }
+    free(one);
+    return ok;
+}
+
+const batcher_ops_t gen_batcher_ops = {
+    .start = job_start, .step = job_step, .stop = job_stop, .remaining = job_remaining};
 
 void gen_job_free(gen_job_t *j) {
     for (int i = 0; j->images && i < j->n_images; i++)

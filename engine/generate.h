@@ -75,6 +75,12 @@ int gen_request_collect_mass(gen_request_t *r, ar_error_t *err);
  * daemon would choose. */
 int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, ar_error_t *err);
 
+/* The request's KV (both CFG sequences) at each of its next n steps,
+ * from its policies' states now (kv_policy_remaining_blocks): 1 and
+ * bytes[0..n) when its policy can tell better than the plan, 0 when not,
+ * -1 out of memory. n is the steps it has left. */
+int gen_request_remaining_bytes(const gen_request_t *r, size_t *bytes, int n, ar_error_t *err);
+
 /* Returns the request's blocks to the pool. A double free found there is
  * counted in pool->bad_frees (a bug: the pool reports it, nothing crashes). */
 void gen_request_free(gen_request_t *r);

@@ -15,6 +15,7 @@ struct kv_policy_state {
     const kv_policy_ops_t *ops;
     void *impl;
     int steps, n_prompt, n_layers, n_heads;
+    kv_geometry_t g;
 };
 
 /* ---- geometry ---- */
@@ -257,20 +258,20 @@ int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const c
     return ops->check ? ops->check(p, g, field, err) : AR_OK;
 }
 
-/* A layered policy's trajectory: the engine's order of events, simulated
- * head by head with the policy's own hooks on a state of its own. */
-static int layered_trajectory(const kv_policy_ops_t *ops, void *impl, const kv_geometry_t *g,
-                              int block_tokens, long long *blocks, int *tokens, ar_error_t *err) {
+/* The engine's order of events from step t0 on, simulated head by head
+ * with the policy's own hooks on a state of its own (impl, which it
+ * advances), from the heads' lengths len[] at the start of step t0 (which
+ * it updates): a layered policy's step begin, then layer by layer its
+ * compaction before and after attention and the append; any policy's
+ * compaction after the step. Key mass is never there (a policy that needs
+ * it takes the safe side) and measured similarities are the lowest, so
+ * this is the most any run from that state holds. blocks[t - t0] and
+ * tokens[t - t0] as kv_policy_trajectory_blocks says. */
+static void simulate(const kv_policy_ops_t *ops, void *impl, const kv_geometry_t *g, int t0,
+                     int *len, int *keep, int block_tokens, long long *blocks, int *tokens) {
     const int H = g->n_heads, n = g->n_layers * H;
-    const int cap = g->n_prompt + kv_geometry_image_tokens(g);
-    int *len = calloc((size_t)n, sizeof *len), *keep = malloc((size_t)cap * sizeof *keep);
-    if (!len || !keep) {
-        free(len);
-        free(keep);
-        return ar_errorf(err, "kv_policy_trajectory: out of memory");
-    }
 #define BLOCKS(x) (((long long)(x) + block_tokens - 1) / block_tokens)
-    for (int t = 0; t < kv_geometry_steps(g); t++) {
+    for (int t = t0; t < kv_geometry_steps(g); t++) {
         const int fed = kv_geometry_fed(g, t) + (t == 0 ? g->n_prompt : 0);
         long long cur = 0, peak = 0;
         int most = 0, n_keep;
@@ -292,7 +293,8 @@ static int layered_trajectory(const kv_policy_ops_t *ops, void *impl, const kv_g
                 if (ops->layer_begin &&
                     (ops->layer_begin(impl, t, l, i % H, len[i], sim, keep, &n_keep) & KV_COMPACT))
                     len[i] = n_keep;
-                if (ops->layer_end(impl, t, l, i % H, len[i], keep, &n_keep, &cache) & KV_COMPACT)
+                if (ops->layer_end &&
+                    (ops->layer_end(impl, t, l, i % H, len[i], keep, &n_keep, &cache) & KV_COMPACT))
                     len[i] = n_keep;
                 len[i] += cache ? fed : 0;
                 cur += BLOCKS(len[i]);
@@ -304,14 +306,22 @@ static int layered_trajectory(const kv_policy_ops_t *ops, void *impl, const kv_g
             if (ops->step_end(impl, t, i / H, i % H, len[i], NULL, keep, &n_keep) & KV_COMPACT)
                 len[i] = n_keep;
         if (blocks)
-            blocks[t] = peak;
+            blocks[t - t0] = peak;
         if (tokens)
-            tokens[t] = most;
+            tokens[t - t0] = most;
     }
 #undef BLOCKS
-    free(len);
-    free(keep);
-    return AR_OK;
+}
+
+/* Room for a simulation's head lengths and keep lists on geometry g. */
+static int simulation_buffers(const kv_geometry_t *g, int **len, int **keep, ar_error_t *err) {
+    *len = calloc((size_t)g->n_layers * g->n_heads, sizeof **len);
+    *keep = malloc((size_t)(g->n_prompt + kv_geometry_image_tokens(g)) * sizeof **keep);
+    if (*len && *keep)
+        return AR_OK;
+    free(*len);
+    free(*keep);
+    return ar_errorf(err, "kv_policy_trajectory: out of memory");
 }
 
 int kv_policy_trajectory_blocks(const kv_policy_params_t *p, const kv_geometry_t *g,
@@ -326,9 +336,13 @@ int kv_policy_trajectory_blocks(const kv_policy_params_t *p, const kv_geometry_t
     void *impl = ops->begin ? ops->begin(p, g) : NULL;
     if (ops->begin && !impl)
         return ar_errorf(err, "kv_policy_trajectory: out of memory");
-    int rc = AR_OK;
+    int rc = AR_OK, *len, *keep;
     if (ops->layer_end) {
-        rc = layered_trajectory(ops, impl, g, block_tokens, blocks, tokens, err);
+        if ((rc = simulation_buffers(g, &len, &keep, err)) == AR_OK) {
+            simulate(ops, impl, g, 0, len, keep, block_tokens, blocks, tokens);
+            free(len);
+            free(keep);
+        }
     } else {
         const long long heads = (long long)g->n_layers * g->n_heads;
         int v = 0; /* image tokens a head holds */
@@ -388,6 +402,7 @@ kv_policy_state_t *kv_policy_begin(const kv_policy_params_t *p, const kv_geometr
     s->n_prompt = g->n_prompt;
     s->n_layers = g->n_layers;
     s->n_heads = g->n_heads;
+    s->g = *g;
     if (s->ops->begin && !(s->impl = s->ops->begin(p, g))) {
         ar_errorf(err, "kv_policy_begin: out of memory for %s's state of %d x %d heads",
                   s->ops->name, g->n_layers, g->n_heads);
@@ -422,6 +437,26 @@ int kv_policy_step_end(kv_policy_state_t *s, int step, int layer, int head, int 
 }
 
 int kv_policy_layered(const kv_policy_state_t *s) { return s && s->ops->layer_end; }
+
+int kv_policy_remaining_blocks(const kv_policy_state_t *s, int step, const int *len,
+                               int block_tokens, long long *blocks, ar_error_t *err) {
+    if (!s || !s->ops->clone || step < 0 || step >= s->steps || block_tokens < 1 || !len || !blocks)
+        return 0;
+    void *impl = s->ops->clone(s->impl);
+    int *lens, *keep;
+    if (!impl || simulation_buffers(&s->g, &lens, &keep, err) != AR_OK) {
+        if (impl)
+            s->ops->end(impl);
+        ar_errorf(err, "kv_policy_remaining_blocks: out of memory");
+        return -1;
+    }
+    memcpy(lens, len, (size_t)s->n_layers * s->n_heads * sizeof *lens);
+    simulate(s->ops, impl, &s->g, step, lens, keep, block_tokens, blocks, NULL);
+    s->ops->end(impl);
+    free(lens);
+    free(keep);
+    return 1;
+}
 
 static int layer_args_ok(const kv_policy_state_t *s, int step, int layer, int head, int len,
                          const int *keep, const int *n_keep) {

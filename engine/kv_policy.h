@@ -264,8 +264,9 @@ int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const c
 /* kv_policy_check, then the worst-case tokens one head holds during each
  * step t (after the step's append, before its compaction), for t in
  * [0, kv_geometry_steps(g)); a layered policy's heads differ, and tokens[t]
- * is the most any head holds. Exact for full, streaming and linear; HeadKV
- * plans every head as global. */
+ * is the most any head holds. Exact for full, streaming, linear, heatkv and
+ * heatkv_binary; HeadKV plans every head as global, AMS-KV every layer
+ * expanded (kv_policy_remaining_blocks tightens them as requests run). */
 int kv_policy_trajectory(const kv_policy_params_t *p, const kv_geometry_t *g, int *tokens,
                          const char **field, ar_error_t *err);
 
@@ -312,6 +313,19 @@ enum {
  * len entries. Returns a combination of the bits above (0: keep all). */
 int kv_policy_step_end(kv_policy_state_t *s, int step, int layer, int head, int len,
                        const float *mass, int *keep, int *n_keep);
+
+/* A plan that tightens: once a request's uncertainty has resolved (HeadKV
+ * has grouped its heads, an AMS-KV layer has expanded or not), the rest of
+ * its trajectory from step `step` on is known better than the plan's worst
+ * case. From the state after step - 1 and the heads' lengths len[layer *
+ * n_heads + head] now, writes blocks[i] for step + i (the most blocks one
+ * sequence's heads hold at any moment of that step, as
+ * kv_policy_trajectory_blocks counts them) and returns 1; the future is
+ * still taken at its worst (no key mass, the lowest similarity), so no run
+ * exceeds it. 0 when the policy cannot tell more than its plan (its plan is
+ * exact, or it keeps no state to start from); -1 out of memory. */
+int kv_policy_remaining_blocks(const kv_policy_state_t *s, int step, const int *len,
+                               int block_tokens, long long *blocks, ar_error_t *err);
 
 /* Layered policies (next-scale ones that prune inside a step, HeatKV's
  * early pruning) also compact during the forward pass: */

@@ -26,6 +26,9 @@ typedef struct kv_policy_ops {
      * per-head memory); NULL when out of memory. */
     void *(*begin)(const kv_policy_params_t *p, const kv_geometry_t *g);
     void (*end)(void *state);
+    /* A copy of a state, for kv_policy_remaining_blocks to run forward;
+     * NULL for a policy whose plan never tightens (exact, or static). */
+    void *(*clone)(const void *state);
     /* Image tokens a worst-case head keeps after step t's compaction when
      * it holds v image tokens during the step: the trajectory's rule. */
     int (*kept_after)(const void *state, int t, int v);

@@ -189,6 +189,27 @@ void planner_tick(planner_t *p) {
     }
 }
 
+/* The most an entry reserves at any of its remaining iterations. */
+static size_t entry_peak(const planner_entry_t *e) {
+    size_t m = 0;
+    for (int t = 0; t < e->steps_left; t++)
+        m = e->bytes[t] > m ? e->bytes[t] : m;
+    return m;
+}
+
+size_t planner_tighten(planner_t *p, uint64_t id, const size_t *bytes, int n_steps) {
+    for (int i = 0; i < p->n; i++) {
+        planner_entry_t *e = &p->entries[i];
+        if (e->id != id)
+            continue;
+        const size_t before = entry_peak(e);
+        for (int t = 0; t < n_steps && t < e->steps_left; t++)
+            e->bytes[t] = bytes[t] < e->bytes[t] ? bytes[t] : e->bytes[t];
+        return before - entry_peak(e);
+    }
+    return 0;
+}
+
 void planner_remove(planner_t *p, uint64_t id) {
     for (int i = 0; i < p->n; i++)
         if (p->entries[i].id == id) {

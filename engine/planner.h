@@ -110,6 +110,13 @@ int planner_add(planner_t *p, uint64_t id, const size_t *bytes, int n_steps);
 /* Advances every entry by one iteration (drops entries that are done). */
 void planner_tick(planner_t *p);
 
+/* A tighter plan for a running request: bytes[i] (n_steps entries) for its
+ * i-th iteration from now. Each entry only ever goes down (the smaller of
+ * the two), so what was admitted against the old plan still fits; what it
+ * frees is free for the next admission at once. Returns how much its
+ * peak over the iterations left went down. */
+size_t planner_tighten(planner_t *p, uint64_t id, const size_t *bytes, int n_steps);
+
 /* Removes a request (finished early, cancelled). */
 void planner_remove(planner_t *p, uint64_t id);
 

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct amskv {
     int steps;
@@ -30,6 +31,7 @@ typedef struct amskv {
     int *tail;      /* tokens kept after the condensed ones this step; -1: no eviction */
     int *cache_now; /* 1 when this step's scale is cached */
     int *newest;    /* the step whose scale is the newest whole one in the cache, or -1 */
+    int *mem;       /* the arrays above */
 } amskv_t;
 
 /* The tokens a layer may hold: the condensed scales and n scales ending
@@ -71,16 +73,18 @@ static int amskv_check(const kv_policy_params_t *p, const kv_geometry_t *g, cons
     return at ? AR_ERR : AR_OK;
 }
 
+enum { AMSKV_ARRAYS = 6 }; /* the per-layer arrays, in one allocation */
+
+static void place_arrays(amskv_t *s) {
+    int **arrays[AMSKV_ARRAYS] = {&s->cap, &s->held, &s->was, &s->tail, &s->cache_now, &s->newest};
+    for (int i = 0; i < AMSKV_ARRAYS; i++)
+        *arrays[i] = s->mem + (size_t)i * s->n_layers;
+}
+
 static void amskv_end(void *state) {
     amskv_t *s = state;
-    if (!s)
-        return;
-    free(s->cap);
-    free(s->held);
-    free(s->was);
-    free(s->tail);
-    free(s->cache_now);
-    free(s->newest);
+    if (s)
+        free(s->mem);
     free(s);
 }
 
@@ -97,16 +101,30 @@ static void *amskv_begin(const kv_policy_params_t *p, const kv_geometry_t *g) {
     s->cmax = (int)capacity(g, p->amskv_condensed_scales, p->amskv_max_scales, S - 1);
     s->theta = p->amskv_threshold;
     s->n_layers = L;
-    int **arrays[] = {&s->cap, &s->held, &s->was, &s->tail, &s->cache_now, &s->newest};
-    for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++)
-        if (!(*arrays[i] = calloc((size_t)L, sizeof(int)))) {
-            amskv_end(s);
-            return NULL;
-        }
+    if (!(s->mem = calloc(AMSKV_ARRAYS * (size_t)L, sizeof *s->mem))) {
+        amskv_end(s);
+        return NULL;
+    }
+    place_arrays(s);
     for (int l = 0; l < L; l++) {
         s->cap[l] = s->cmin;
         s->newest[l] = -1;
     }
+    return s;
+}
+
+static void *amskv_clone(const void *state) {
+    const amskv_t *from = state;
+    amskv_t *s = malloc(sizeof *s);
+    if (!s || !(s->mem = malloc(AMSKV_ARRAYS * (size_t)from->n_layers * sizeof *s->mem))) {
+        free(s);
+        return NULL;
+    }
+    int *mem = s->mem;
+    *s = *from;
+    s->mem = mem;
+    memcpy(s->mem, from->mem, AMSKV_ARRAYS * (size_t)from->n_layers * sizeof *s->mem);
+    place_arrays(s);
     return s;
 }
 
@@ -190,6 +208,7 @@ const kv_policy_ops_t kv_policy_amskv = {
     .check = amskv_check,
     .begin = amskv_begin,
     .end = amskv_end,
+    .clone = amskv_clone,
     .layer_similarity = amskv_layer_similarity,
     .layer_begin = amskv_layer_begin,
     .layer_end = amskv_layer_end,

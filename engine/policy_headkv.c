@@ -4,12 +4,14 @@
  * keeps the condition and a sliding recent window; a global head keeps the
  * condition, the recent lines and, by Stratified Token Eviction, the most
  * attended of its history, within G = floor(budget x image tokens), updated
- * every headkv_buffer steps (§4). The planner counts every head as global. */
+ * every headkv_buffer steps (§4). The plan counts every head as global until
+ * the grouping; from then on a copy of the state tells the rest (clone). */
 #include "kv_policy_impl.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct headkv {
     int n_prompt, w, h, steps;
@@ -19,7 +21,7 @@ typedef struct headkv {
     int local_window; /* tokens a local head keeps */
     int t_group;      /* the grouping step */
     double threshold, alpha;
-    int n_heads;
+    int n_layers, n_heads;
     unsigned char *local; /* 1 for a head classified local, per (layer, head) */
 } headkv_t;
 
@@ -79,12 +81,27 @@ static void *headkv_begin(const kv_policy_params_t *p, const kv_geometry_t *g) {
     s->t_group = p->headkv_group_tokens;
     s->threshold = p->headkv_threshold;
     s->alpha = p->headkv_alpha;
+    s->n_layers = g->n_layers;
     s->n_heads = g->n_heads;
     s->local = calloc((size_t)g->n_layers * (size_t)g->n_heads, 1);
     if (!s->local) {
         headkv_end(s);
         return NULL;
     }
+    return s;
+}
+
+static void *headkv_clone(const void *state) {
+    const headkv_t *from = state;
+    headkv_t *s = malloc(sizeof *s);
+    const size_t n = (size_t)from->n_layers * from->n_heads;
+    if (!s || !(s->local = malloc(n))) {
+        free(s);
+        return NULL;
+    }
+    unsigned char *local = s->local;
+    *s = *from;
+    s->local = memcpy(local, from->local, n);
     return s;
 }
 
@@ -203,6 +220,7 @@ const kv_policy_ops_t kv_policy_headkv = {
     .check = headkv_check,
     .begin = headkv_begin,
     .end = headkv_end,
+    .clone = headkv_clone,
     .kept_after = headkv_kept_after,
     .collect = headkv_collect,
     .step_end = headkv_step_end,

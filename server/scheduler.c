@@ -73,6 +73,7 @@ struct scheduler {
     batcher_t *batcher;
     int stop, draining, alive, kick, joined;
     long long overruns_seen, lost_events_seen; /* engine thread only */
+    unsigned long long released_seen;          /* engine thread only */
     long long bad_frees_seen;
     kv_pool_t pool; /* engine thread only (its geometry is fixed: read anywhere) */
     pthread_t engine;
@@ -87,7 +88,7 @@ struct scheduler {
 
     metric_t *m_running, *m_waiting, *m_queue_wait, *m_first_step, *m_latency, *m_step_time,
         *m_seqs, *m_tokens, *m_images, *m_refused, *m_cancelled, *m_kv_capacity, *m_kv_reserved,
-        *m_kv_used, *m_iterations, *m_kv_overruns;
+        *m_kv_used, *m_iterations, *m_kv_overruns, *m_kv_released;
 };
 
 /* Waits on c for at most seconds (mu held). */
@@ -458,6 +459,8 @@ static void check_iteration(scheduler_t *s, const batcher_stats_t *st, double se
     metric_add(s->m_tokens, st->last_images);
     metric_add(s->m_iterations, 1);
     metric_set(s->m_kv_used, (double)kv_pool_used_bytes(&s->pool));
+    metric_add(s->m_kv_released, (double)(st->released_bytes - s->released_seen));
+    s->released_seen = st->released_bytes;
     if (st->overruns != s->overruns_seen) {
         s->overruns_seen = st->overruns;
         log_msg(LOG_ERROR, "KV pool: %zu bytes in use during the step, more than the %zu planned",
@@ -771,6 +774,11 @@ static void register_metrics(scheduler_t *s, metrics_t *m) {
     s->m_kv_overruns = metrics_counter(
         m, "arserve_kv_plan_overruns_total",
         "Engine iterations whose KV pool use passed the planner's reservation (a bug).", 0, NULL);
+    s->m_kv_released = metrics_counter(
+        m, "arserve_kv_plan_released_bytes_total",
+        "How far running requests' reserved KV peaks went down when their plans tightened "
+        "(HeadKV after grouping, AMS-KV once a layer has decided).",
+        0, NULL);
     metric_set(s->m_kv_capacity, (double)kv_pool_capacity_bytes(&s->pool));
     metric_set(s->m_kv_reserved, 0);
     metric_set(s->m_kv_used, 0);

@@ -71,6 +71,7 @@ def test_metrics_names_and_types(busy_daemon):
         "arserve_image_tokens_generated_total": "counter",
         "arserve_kv_pool_capacity_bytes": "gauge",
         "arserve_kv_pool_reserved_bytes": "gauge",
+        "arserve_kv_plan_released_bytes_total": "counter",
         "arserve_kv_pool_used_bytes": "gauge",
         "arserve_admissions_refused_total": "counter",
         "arserve_requests_cancelled_total": "counter",

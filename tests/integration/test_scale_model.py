@@ -144,3 +144,31 @@ def test_kv_policies_on_a_next_scale_model(d):
     e = error_of(d.client.post(GEN, json={"class_label": 0, "kv_policy": "linear"}))
     assert e["param"] in ("kv_policy", None, ""), e
     assert "scale" in e["message"], e
+
+
+def test_amskv_runs_within_its_plan_and_gives_back_what_it_did_not_need(d):
+    """AMS-KV is planned as if every layer expands; a layer that stays at
+    C_min frees the difference, which the planner takes back at once."""
+    before = d.metrics().get("arserve_kv_plan_released_bytes_total")
+    # The lowest threshold: no layer ever expands, so the plan tightens.
+    r = d.client.post(GEN, json={"class_label": 1, "seed": 3, "kv_policy": "amskv",
+                                 "amskv_threshold": -1e6})
+    assert r.status_code == 200, r.text
+    kv = r.json()["kv_cache"]
+    assert 0 < kv["peak_bytes"] < kv["planned_peak_bytes"], kv
+    after = d.wait_metrics(lambda m: m.get("arserve_kv_pool_reserved_bytes") == 0,
+                           timeout=10, what="the KV pool idle")
+    assert after.get("arserve_kv_plan_released_bytes_total") > before, after.text
+    assert after.get("arserve_kv_plan_overruns_total") == 0
+    # Threshold 0: every layer expands, exactly the plan.
+    r = d.client.post(GEN, json={"class_label": 1, "seed": 3, "kv_policy": "amskv",
+                                 "amskv_threshold": 0})
+    assert r.status_code == 200, r.text
+    kv = r.json()["kv_cache"]
+    assert kv["peak_bytes"] == kv["planned_peak_bytes"], kv
+    e = error_of(d.client.post(GEN, json={"class_label": 1, "kv_policy": "amskv",
+                                          "amskv_max_scales": 0}))
+    assert e["param"] == "amskv_min_scales", e
+    e = error_of(d.client.post(GEN, json={"class_label": 1, "kv_policy": "heatkv",
+                                          "amskv_threshold": -0.01}))
+    assert e["param"] == "amskv_threshold", e
