@@ -92,6 +92,7 @@ typedef struct item {
 typedef struct run_result {
     int images, admitted_first; /* images run; admitted at the first iteration */
     int peak_mismatches, step_mismatches, iterations;
+    long long image_iterations; /* images stepped, summed over iterations */
     size_t max_measured_peak, max_planned_peak;
     double wall_s;
     cJSON *images_json; /* quality run: per image */
@@ -232,6 +233,8 @@ static size_t *plan(const bench_t *b, const kv_policy_params_t *pol, const promp
 
 /* Is the plan of pol exact for prompt p (see the top of the file)? */
 static int plan_is_exact(const bench_t *b, const kv_policy_params_t *pol, const prompt_t *p) {
+    if (pol->kind == KV_POLICY_AMSKV)
+        return 0; /* planned as if every layer expands */
     if (pol->kind != KV_POLICY_HEADKV)
         return 1;
     planner_plan_t pl;
@@ -317,6 +320,7 @@ static void check_step(runner_t *r) {
     batcher_stats_t st;
     batcher_stats(r->batcher, &st);
     r->res->iterations++;
+    r->res->image_iterations += st.last_images;
     const size_t measured = st.last_kv_peak_bytes, planned = st.last_reserved_bytes;
     if (r->step_exact ? measured != planned : measured > planned) {
         if (r->res->step_mismatches++ == 0)
@@ -362,7 +366,8 @@ static int submit_item(runner_t *r, item_t *it, ar_error_t *err) {
     return AR_OK;
 }
 
-/* The quality run: every item queued at once, continuous FIFO admission. */
+/* The quality (and sustained) run: every item queued at once, continuous
+ * FIFO admission. */
 static int run_quality(runner_t *r, ar_error_t *err) {
     for (int i = 0; i < r->n; i++)
         if (submit_item(r, &r->items[i], err) != AR_OK)
@@ -400,9 +405,10 @@ static int run_capacity(runner_t *r, int waves, ar_error_t *err) {
 
 /* Runs items[0..n) through the batcher into the pool. exact: the plans are
  * exact (else bounds). waves > 0: the capacity run; 0: the quality run,
- * writing each image to png_dir. */
+ * writing each image to png_dir (or, png_dir NULL, the sustained run: all
+ * queued at once, continuous admission). tighten 0: plans never tighten. */
 static int run(bench_t *b, const kv_policy_params_t *pol, int exact, item_t *items, int n,
-               int waves, const char *png_dir, run_result_t *res, ar_error_t *err) {
+               int waves, const char *png_dir, int tighten, run_result_t *res, ar_error_t *err) {
     memset(res, 0, sizeof *res);
     batcher_options_t bo = {
         .pool_bytes = b->pool_bytes, .max_running = MAX_CAPACITY, .max_waiting = n};
@@ -410,7 +416,11 @@ static int run(bench_t *b, const kv_policy_params_t *pol, int exact, item_t *ite
                   .items = items,
                   .n = n,
                   .exact = exact,
-                  .step_exact = exact && pol->kind != KV_POLICY_HEADKV,
+                  /* Layered requests at different steps peak at different
+                   * layers: the pool's peak is then below the plans' sum. */
+                  .step_exact = exact && pol->kind != KV_POLICY_HEADKV &&
+                                pol->kind != KV_POLICY_AMSKV &&
+                                (waves > 0 || !kv_policy_kind_layered(pol->kind)),
                   .png_dir = png_dir,
                   .rgb = malloc((size_t)b->width * b->height * 3),
                   .res = res};
@@ -425,7 +435,10 @@ static int run(bench_t *b, const kv_policy_params_t *pol, int exact, item_t *ite
                                    .policy = *pol};
     if (png_dir)
         res->images_json = cJSON_CreateArray();
-    r.batcher = batcher_create(&bo, &gen_batcher_ops, &b->pool, err);
+    batcher_ops_t ops = gen_batcher_ops;
+    if (!tighten)
+        ops.remaining = NULL; /* every request keeps its admission-time plan */
+    r.batcher = batcher_create(&bo, &ops, &b->pool, err);
     int rc = r.batcher && r.rgb ? AR_OK : AR_ERR;
     if (!r.rgb)
         ar_errorf(err, "out of memory");
@@ -498,7 +511,7 @@ static int row_quality(bench_t *b, const row_t *r, int exact, cJSON *o, run_resu
         items[i].gen.seed = b->prompts[i].seed;
         ok = (items[i].traj = plan(b, &r->p, &b->prompts[i], &items[i].planned_peak, err)) != NULL;
     }
-    int rc = ok ? run(b, &r->p, exact, items, b->n_prompts, 0, dir, q, err) : AR_ERR;
+    int rc = ok ? run(b, &r->p, exact, items, b->n_prompts, 0, dir, 1, q, err) : AR_ERR;
     free_items(items, b->n_prompts);
     if (rc == AR_OK) {
         cJSON_AddItemToObject(o, "images", q->images_json);
@@ -510,8 +523,11 @@ static int row_quality(bench_t *b, const row_t *r, int exact, cJSON *o, run_resu
     return rc;
 }
 
-/* The capacity run of a row: copies of the reference prompt. */
-static int row_capacity(bench_t *b, const row_t *r, int exact, run_result_t *c, ar_error_t *err) {
+/* Copies of the reference prompt: the capacity run of a row (waves > 0),
+ * or n of them queued at once (the sustained run, waves 0; tighten 0: plans
+ * never tighten). */
+static int row_copies(bench_t *b, const row_t *r, int exact, int n, int waves, int tighten,
+                      run_result_t *c, ar_error_t *err) {
     const prompt_t *ref = &b->prompts[b->ref];
     item_t *items = calloc(MAX_CAPACITY, sizeof *items);
     size_t ref_peak = 0, *traj = plan(b, &r->p, ref, &ref_peak, err);
@@ -526,9 +542,11 @@ static int row_capacity(bench_t *b, const row_t *r, int exact, run_result_t *c, 
         }
     }
     free(traj);
-    int rc = ok ? run(b, &r->p, exact, items, MAX_CAPACITY, b->waves, NULL, c, err) : AR_ERR;
+    int rc =
+        ok ? run(b, &r->p, exact, items, waves ? MAX_CAPACITY : n, waves, NULL, tighten, c, err)
+           : AR_ERR;
     free_items(items, MAX_CAPACITY);
-    if (rc == AR_OK && c->admitted_first * b->waves >= MAX_CAPACITY)
+    if (rc == AR_OK && waves && c->admitted_first * waves >= MAX_CAPACITY)
         fprintf(stderr, "kv_bench: %s: the capacity run hit its cap of %d images\n", r->name,
                 MAX_CAPACITY);
     return rc;
@@ -564,19 +582,39 @@ static cJSON *bench_row(bench_t *b, row_t *r, const row_t *fallbacks, int n_fall
     for (int i = 0; i < b->n_prompts; i++)
         exact &= plan_is_exact(b, &r->p, &b->prompts[i]);
     cJSON_AddStringToObject(o, "peak_check", exact ? "equal" : "at most");
-    run_result_t q = {0}, c = {0};
+    run_result_t q = {0}, c = {0}, tight = {0}, loose = {0};
     if (row_quality(b, r, exact, o, &q, err) != AR_OK ||
-        row_capacity(b, r, exact, &c, err) != AR_OK) {
+        row_copies(b, r, exact, 0, b->waves, 1, &c, err) != AR_OK) {
         cJSON_Delete(o);
         return NULL;
     }
+    /* Sustained concurrency: four pool-fills queued at once, with plans
+     * that tighten as requests run and without. */
+    const int n_sustained =
+        c.admitted_first * 4 < MAX_CAPACITY ? c.admitted_first * 4 : MAX_CAPACITY;
+    if (row_copies(b, r, exact, n_sustained, 0, 1, &tight, err) != AR_OK ||
+        row_copies(b, r, exact, n_sustained, 0, 0, &loose, err) != AR_OK) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(o, "sustained_images", n_sustained);
+    cJSON_AddNumberToObject(o, "sustained_running_tight",
+                            tight.iterations ? (double)tight.image_iterations / tight.iterations
+                                             : 0);
+    cJSON_AddNumberToObject(o, "sustained_running_plan",
+                            loose.iterations ? (double)loose.image_iterations / loose.iterations
+                                             : 0);
+    cJSON_AddNumberToObject(o, "sustained_iterations_tight", tight.iterations);
+    cJSON_AddNumberToObject(o, "sustained_iterations_plan", loose.iterations);
     cJSON_AddNumberToObject(o, "planned_peak_bytes", (double)c.max_planned_peak);
     cJSON_AddNumberToObject(o, "measured_peak_bytes", (double)c.max_measured_peak);
     cJSON_AddNumberToObject(o, "admitted", c.admitted_first);
     cJSON_AddNumberToObject(o, "capacity_wall_s", c.wall_s);
     cJSON_AddNumberToObject(o, "images_per_s", c.wall_s > 0 ? c.images / c.wall_s : 0);
-    int peak_bad = q.peak_mismatches + c.peak_mismatches;
-    int step_bad = q.step_mismatches + c.step_mismatches;
+    int peak_bad =
+        q.peak_mismatches + c.peak_mismatches + tight.peak_mismatches + loose.peak_mismatches;
+    int step_bad =
+        q.step_mismatches + c.step_mismatches + tight.step_mismatches + loose.step_mismatches;
     cJSON_AddNumberToObject(o, "peak_mismatches", peak_bad);
     cJSON_AddNumberToObject(o, "step_mismatches", step_bad);
     cJSON_AddNumberToObject(o, "iterations", q.iterations + c.iterations);
@@ -695,6 +733,8 @@ static cJSON *bench_rows(bench_t *b, specs_t *sp, double pool_images, int thread
     cJSON_AddStringToObject(doc, "model", cfg->name);
     cJSON_AddNumberToObject(doc, "grid_width", cfg->image.grid_width);
     cJSON_AddNumberToObject(doc, "grid_height", cfg->image.grid_height);
+    cJSON_AddNumberToObject(doc, "n_scales", cfg->image.n_scales);
+    cJSON_AddNumberToObject(doc, "width", b->width);
     cJSON_AddNumberToObject(doc, "block_tokens", b->block_tokens);
     cJSON_AddNumberToObject(doc, "pool_bytes", (double)b->pool_bytes);
     cJSON_AddNumberToObject(doc, "pool_images", pool_images);

@@ -438,6 +438,10 @@ int kv_policy_step_end(kv_policy_state_t *s, int step, int layer, int head, int 
 
 int kv_policy_layered(const kv_policy_state_t *s) { return s && s->ops->layer_end; }
 
+int kv_policy_kind_layered(kv_policy_kind_t kind) {
+    return (unsigned)kind < KV_POLICY_COUNT && kv_policy_table[kind]->layer_end;
+}
+
 int kv_policy_remaining_blocks(const kv_policy_state_t *s, int step, const int *len,
                                int block_tokens, long long *blocks, ar_error_t *err) {
     if (!s || !s->ops->clone || step < 0 || step >= s->steps || block_tokens < 1 || !len || !blocks)

@@ -330,6 +330,9 @@ int kv_policy_remaining_blocks(const kv_policy_state_t *s, int step, const int *
 /* Layered policies (next-scale ones that prune inside a step, HeatKV's
  * early pruning) also compact during the forward pass: */
 int kv_policy_layered(const kv_policy_state_t *s);
+/* The same for a kind: its requests hold the most at some layer of a step,
+ * so requests at different steps in one batch peak at different moments. */
+int kv_policy_kind_layered(kv_policy_kind_t kind);
 /* Before step t's forward, for one (layer, head) holding len tokens:
  * KV_COMPACT and a keep list, or 0. */
 int kv_policy_step_begin(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
