@@ -412,6 +412,8 @@ static int run(bench_t *b, const kv_policy_params_t *pol, int exact, item_t *ite
     memset(res, 0, sizeof *res);
     batcher_options_t bo = {
         .pool_bytes = b->pool_bytes, .max_running = MAX_CAPACITY, .max_waiting = n};
+    kv_geometry_t geo;
+    model_geometry(&b->model.cfg, items[0].prompt->n_prompt, &geo);
     runner_t r = {.b = b,
                   .items = items,
                   .n = n,
@@ -420,7 +422,7 @@ static int run(bench_t *b, const kv_policy_params_t *pol, int exact, item_t *ite
                    * layers: the pool's peak is then below the plans' sum. */
                   .step_exact = exact && pol->kind != KV_POLICY_HEADKV &&
                                 pol->kind != KV_POLICY_AMSKV &&
-                                (waves > 0 || !kv_policy_kind_layered(pol->kind)),
+                                (waves > 0 || !kv_policy_kind_layered(pol->kind, &geo)),
                   .png_dir = png_dir,
                   .rgb = malloc((size_t)b->width * b->height * 3),
                   .res = res};

@@ -258,6 +258,10 @@ int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const c
     return ops->check ? ops->check(p, g, field, err) : AR_OK;
 }
 
+static int ops_layered(const kv_policy_ops_t *ops, const kv_geometry_t *g) {
+    return ops->layer_end && (!ops->layered_on || ops->layered_on(g));
+}
+
 /* The engine's order of events from step t0 on, simulated head by head
  * with the policy's own hooks on a state of its own (impl, which it
  * advances), from the heads' lengths len[] at the start of step t0 (which
@@ -269,7 +273,7 @@ int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const c
  * tokens[t - t0] as kv_policy_trajectory_blocks says. */
 static void simulate(const kv_policy_ops_t *ops, void *impl, const kv_geometry_t *g, int t0,
                      int *len, int *keep, int block_tokens, long long *blocks, int *tokens) {
-    const int H = g->n_heads, n = g->n_layers * H;
+    const int H = g->n_heads, n = g->n_layers * H, layered = ops_layered(ops, g);
 #define BLOCKS(x) (((long long)(x) + block_tokens - 1) / block_tokens)
     for (int t = t0; t < kv_geometry_steps(g); t++) {
         const int fed = kv_geometry_fed(g, t) + (t == 0 ? g->n_prompt : 0);
@@ -278,7 +282,7 @@ static void simulate(const kv_policy_ops_t *ops, void *impl, const kv_geometry_t
         for (int i = 0; i < n; i++)
             peak += BLOCKS(len[i]); /* the step starts where the last one ended */
         for (int i = 0; i < n; i++) {
-            if (ops->step_begin &&
+            if (layered && ops->step_begin &&
                 (ops->step_begin(impl, t, i / H, i % H, len[i], keep, &n_keep) & KV_COMPACT))
                 len[i] = n_keep;
             cur += BLOCKS(len[i]);
@@ -290,10 +294,10 @@ static void simulate(const kv_policy_ops_t *ops, void *impl, const kv_geometry_t
             for (int i = l * H; i < (l + 1) * H; i++) {
                 int cache = 1;
                 cur -= BLOCKS(len[i]);
-                if (ops->layer_begin &&
+                if (layered && ops->layer_begin &&
                     (ops->layer_begin(impl, t, l, i % H, len[i], sim, keep, &n_keep) & KV_COMPACT))
                     len[i] = n_keep;
-                if (ops->layer_end &&
+                if (layered &&
                     (ops->layer_end(impl, t, l, i % H, len[i], keep, &n_keep, &cache) & KV_COMPACT))
                     len[i] = n_keep;
                 len[i] += cache ? fed : 0;
@@ -301,6 +305,12 @@ static void simulate(const kv_policy_ops_t *ops, void *impl, const kv_geometry_t
                 most = len[i] > most ? len[i] : most;
             }
             peak = cur > peak ? cur : peak;
+            for (int i = l * H; layered && ops->layer_stored && i < (l + 1) * H; i++) {
+                cur -= BLOCKS(len[i]);
+                if (ops->layer_stored(impl, t, l, i % H, len[i], keep, &n_keep) & KV_COMPACT)
+                    len[i] = n_keep;
+                cur += BLOCKS(len[i]);
+            }
         }
         for (int i = 0; ops->step_end && i < n; i++)
             if (ops->step_end(impl, t, i / H, i % H, len[i], NULL, keep, &n_keep) & KV_COMPACT)
@@ -337,7 +347,7 @@ int kv_policy_trajectory_blocks(const kv_policy_params_t *p, const kv_geometry_t
     if (ops->begin && !impl)
         return ar_errorf(err, "kv_policy_trajectory: out of memory");
     int rc = AR_OK, *len, *keep;
-    if (ops->layer_end) {
+    if (ops_layered(ops, g)) {
         if ((rc = simulation_buffers(g, &len, &keep, err)) == AR_OK) {
             simulate(ops, impl, g, 0, len, keep, block_tokens, blocks, tokens);
             free(len);
@@ -436,10 +446,10 @@ int kv_policy_step_end(kv_policy_state_t *s, int step, int layer, int head, int 
     return s->ops->step_end(s->impl, step, layer, head, len, mass, keep, n_keep);
 }
 
-int kv_policy_layered(const kv_policy_state_t *s) { return s && s->ops->layer_end; }
+int kv_policy_layered(const kv_policy_state_t *s) { return s && ops_layered(s->ops, &s->g); }
 
-int kv_policy_kind_layered(kv_policy_kind_t kind) {
-    return (unsigned)kind < KV_POLICY_COUNT && kv_policy_table[kind]->layer_end;
+int kv_policy_kind_layered(kv_policy_kind_t kind, const kv_geometry_t *g) {
+    return (unsigned)kind < KV_POLICY_COUNT && ops_layered(kv_policy_table[kind], g);
 }
 
 int kv_policy_remaining_blocks(const kv_policy_state_t *s, int step, const int *len,
@@ -475,6 +485,15 @@ int kv_policy_step_begin(kv_policy_state_t *s, int step, int layer, int head, in
     if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->step_begin)
         return 0;
     return s->ops->step_begin(s->impl, step, layer, head, len, keep, n_keep);
+}
+
+int kv_policy_layer_stored(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
+                           int *n_keep) {
+    if (n_keep)
+        *n_keep = len;
+    if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->layer_stored)
+        return 0;
+    return s->ops->layer_stored(s->impl, step, layer, head, len, keep, n_keep);
 }
 
 int kv_policy_layer_similarity(const kv_policy_state_t *s, int step, int layer) {

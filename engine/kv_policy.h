@@ -74,8 +74,8 @@ typedef struct kv_policy_params {
     /* HeatKV §4: s = 3 sink scales for StreamingLLM and HeatKV on Infinity */                    \
     X(sink_scales, KV_ONLY(STREAMING) | KV_ONLY(HEATKV) | KV_ONLY(HEATKV_BINARY), INT, 0, 0, 256,  \
       3,                                                                                           \
-      "next-scale models: first scales kept whole as attention sinks (streaming keeps the most "   \
-      "recent scale beside them; heatkv prunes the others by its calibration)")                    \
+      "next-scale models: first scales kept whole as attention sinks (streaming keeps the newest " \
+      "tokens its budget holds beside them; heatkv prunes the others by its calibration)")         \
     /* LineAR leaves N_init and r open; issue 5 fixes 1 and 2 */                                   \
     X(anchor_lines, KV_ONLY(LINEAR), INT, 0, 0, 4096, 1,                                           \
       "linear: first image lines always kept (N_init)")                                            \
@@ -330,9 +330,10 @@ int kv_policy_remaining_blocks(const kv_policy_state_t *s, int step, const int *
 /* Layered policies (next-scale ones that prune inside a step, HeatKV's
  * early pruning) also compact during the forward pass: */
 int kv_policy_layered(const kv_policy_state_t *s);
-/* The same for a kind: its requests hold the most at some layer of a step,
- * so requests at different steps in one batch peak at different moments. */
-int kv_policy_kind_layered(kv_policy_kind_t kind);
+/* The same for a kind on geometry g: its requests hold the most at some
+ * layer of a step, so requests at different steps in one batch peak at
+ * different moments. */
+int kv_policy_kind_layered(kv_policy_kind_t kind, const kv_geometry_t *g);
 /* Before step t's forward, for one (layer, head) holding len tokens:
  * KV_COMPACT and a keep list, or 0. */
 int kv_policy_step_begin(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
@@ -357,5 +358,10 @@ int kv_policy_layer_begin(kv_policy_state_t *s, int step, int layer, int head, i
  * (and never cached). Without a layered policy: 0 and *cache = 1. */
 int kv_policy_layer_end(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
                         int *n_keep, int *cache);
+/* Once the layer's cached heads have the step's new tokens (len counts
+ * them): KV_COMPACT and a keep list, or 0 (a scale larger than what the
+ * head may keep is appended, then cut). */
+int kv_policy_layer_stored(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
+                           int *n_keep);
 
 #endif

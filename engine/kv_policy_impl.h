@@ -48,6 +48,9 @@ typedef struct kv_policy_ops {
                        int *keep, int *n_keep);
     int (*layer_end)(void *state, int t, int layer, int head, int len, int *keep, int *n_keep,
                      int *cache);
+    int (*layer_stored)(void *state, int t, int layer, int head, int len, int *keep, int *n_keep);
+    /* Whether it is layered on geometry g; NULL: whenever it has layer_end. */
+    int (*layered_on)(const kv_geometry_t *g);
     /* What its budget comes to on this geometry, in words (kv_policy_describe). */
     void (*describe)(const void *state, const kv_policy_params_t *p, char *buf, size_t cap);
 } kv_policy_ops_t;

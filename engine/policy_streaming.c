@@ -1,10 +1,13 @@
 /* StreamingLLM (Xiao et al.): every head keeps the condition prefix, the
- * first tokens as attention sinks and a window of the most recent tokens.
- * One token per step (raster): sink_tokens sinks, the window capped at
- * budget x the full cache's final length (the prefix counted). One scale
- * per step (next-scale): the first sink_scales scales as sinks and the most
- * recent scale, as HeatKV runs it on Infinity (HeatKV §4); the scales fix
- * the cache, so the budget is not used there. docs/kv-policies.md. */
+ * first tokens as attention sinks and a window of the most recent tokens,
+ * within a cap of budget x the full cache's final length (the prefix
+ * counted). One token per step (raster): sink_tokens sinks, compacted after
+ * steps. One scale per step (next-scale): the first sink_scales scales as
+ * sinks, as HeatKV runs it on Infinity (HeatKV §4), and the cap holds after
+ * every layer: before a layer's new scale is appended the oldest tokens
+ * past the sinks make room for it, and a scale larger than the room left
+ * beside the sinks is appended, then cut to its newest tokens (a layered
+ * policy there). docs/kv-policies.md. */
 #include "kv_policy_impl.h"
 
 #include <stdio.h>
@@ -12,31 +15,47 @@
 
 typedef struct streaming {
     int n_prompt, steps;
-    int cap;   /* tokens: tokens one head may hold, prefix included */
+    int cap;   /* tokens one head may hold, prefix included */
     int sinks; /* tokens: image tokens kept after the prefix; scales: sink scales */
     /* scales only */
-    int scales;               /* 1 when the steps are whole segments */
-    int sink_tokens;          /* image tokens of the sink scales */
-    int seg[KV_MAX_SEGMENTS]; /* tokens of each scale */
+    int scales;      /* 1 when the steps are whole segments */
+    int kept;        /* tokens never evicted: the prefix and the sink scales */
+    kv_geometry_t g; /* for the tokens each step feeds */
 } streaming_t;
 
-/* The sink scales' tokens on a scale geometry: the first sink_scales
- * scales (all of them when there are fewer). */
+/* The prefix and the sink scales' tokens on a scale geometry: the first
+ * sink_scales scales (all of them when there are fewer). */
 static int sink_scale_tokens(const kv_geometry_t *g, int sink_scales) {
-    int n = 0;
+    int n = g->n_prompt;
     for (int i = 0; i < sink_scales && i < g->n_segments; i++)
         n += g->segment_tokens[i];
     return n;
 }
 
+/* Tokens of the full cache at its end: the prefix and every token fed. */
+static int full_tokens(const kv_geometry_t *g) {
+    return kv_geometry_held(g, kv_geometry_steps(g) - 1);
+}
+
 static int streaming_check(const kv_policy_params_t *p, const kv_geometry_t *g, const char **field,
                            ar_error_t *err) {
-    /* Scales: sinks and the most recent scale suit any pyramid (with more
-     * sink scales than cached scales nothing is ever evicted). */
-    if (g->step_unit == KV_STEP_SEGMENT)
-        return AR_OK;
-    const int P = g->n_prompt, N = P + kv_geometry_image_tokens(g) - 1;
-    const int cap = kv_budget_share(p->budget, N);
+    const int N = full_tokens(g), cap = kv_budget_share(p->budget, N);
+    if (g->step_unit == KV_STEP_SEGMENT) {
+        /* The sinks and one recent token, unless the sinks are everything. */
+        const int kept = sink_scale_tokens(g, p->sink_scales);
+        const int need = kept < N ? kept + 1 : N;
+        if (cap >= need)
+            return AR_OK;
+        ar_errorf(err,
+                  "budget %g holds %d of the %d tokens of a full cache; streaming needs the "
+                  "prefix and %d sink scales (%d tokens) + 1 recent token = %d (budget >= "
+                  "%d/%d = %.4g, or fewer sink_scales)",
+                  p->budget, cap, N, p->sink_scales, kept, need, need, N, (double)need / N);
+        if (field)
+            *field = "budget";
+        return AR_ERR;
+    }
+    const int P = g->n_prompt;
     const long long need = (long long)P + p->sink_tokens + 1;
     if (cap >= need)
         return AR_OK;
@@ -49,7 +68,7 @@ static int streaming_check(const kv_policy_params_t *p, const kv_geometry_t *g, 
     return AR_ERR;
 }
 
-static int streaming_uses_budget(const kv_geometry_t *g) { return g->step_unit != KV_STEP_SEGMENT; }
+static int streaming_layered_on(const kv_geometry_t *g) { return g->step_unit == KV_STEP_SEGMENT; }
 
 static void *streaming_begin(const kv_policy_params_t *p, const kv_geometry_t *g) {
     streaming_t *s = calloc(1, sizeof *s);
@@ -58,50 +77,68 @@ static void *streaming_begin(const kv_policy_params_t *p, const kv_geometry_t *g
     s->n_prompt = g->n_prompt;
     s->steps = kv_geometry_steps(g);
     s->scales = g->step_unit == KV_STEP_SEGMENT;
-    if (s->scales) {
-        s->sinks = p->sink_scales;
-        s->sink_tokens = sink_scale_tokens(g, p->sink_scales);
-        for (int i = 0; i < g->n_segments && i < KV_MAX_SEGMENTS; i++)
-            s->seg[i] = g->segment_tokens[i];
-        return s;
-    }
-    s->cap = kv_budget_share(p->budget, g->n_prompt + kv_geometry_image_tokens(g) - 1);
-    s->sinks = p->sink_tokens;
+    s->cap = kv_budget_share(p->budget, full_tokens(g));
+    s->sinks = s->scales ? p->sink_scales : p->sink_tokens;
+    s->kept = s->scales ? sink_scale_tokens(g, p->sink_scales) : g->n_prompt + p->sink_tokens;
+    s->g = *g;
     return s;
 }
 
-/* Tokens: compacts once a head reaches the cap, so that the next append
- * brings it back to cap. Scales: after step t's append a head holds the
- * sink scales, scale t - 1 and scale t; from t = sinks + 1 on, scale t - 1
- * is neither a sink nor the most recent scale, and goes. Never at the last
- * step (the sequence is released after it). */
-static int streaming_compacts(const streaming_t *s, int t, int len) {
-    if (t >= s->steps - 1)
+/* Keeps the first `kept` tokens and the newest `recent` of len. */
+static int keep_ends(int *keep, int *n_keep, int len, int kept, int recent) {
+    int k = 0;
+    kv_keep_range(keep, &k, 0, kept);
+    kv_keep_range(keep, &k, len - recent, recent);
+    *n_keep = k;
+    return KV_COMPACT;
+}
+
+/* Scales, before layer l's new tokens are appended: room for them beside
+ * the sinks, the oldest others going first. */
+static int streaming_layer_end(void *state, int t, int l, int head, int len, int *keep, int *n_keep,
+                               int *cache) {
+    (void)l, (void)head;
+    const streaming_t *s = state;
+    const int fed = kv_geometry_fed(&s->g, t) + (t == 0 ? s->n_prompt : 0);
+    *cache = 1;
+    if (len + fed <= s->cap || len <= s->kept)
         return 0;
-    return s->scales ? t > s->sinks : len >= s->cap;
+    int room = s->cap - s->kept - fed;
+    room = room < 0 ? 0 : room;
+    return room >= len - s->kept ? 0 : keep_ends(keep, n_keep, len, s->kept, room);
+}
+
+/* Scales, once appended: a scale larger than the room beside the sinks is
+ * cut to its newest tokens. */
+static int streaming_layer_stored(void *state, int t, int l, int head, int len, int *keep,
+                                  int *n_keep) {
+    (void)t, (void)l, (void)head;
+    const streaming_t *s = state;
+    if (len <= s->cap || len <= s->kept)
+        return 0;
+    return keep_ends(keep, n_keep, len, s->kept, s->cap - s->kept);
+}
+
+/* Tokens: compacts once a head reaches the cap, so that the next append
+ * brings it back to cap. Never at the last step (the sequence is released
+ * after it). Scales compact inside the step (above). */
+static int streaming_compacts(const streaming_t *s, int t, int len) {
+    return !s->scales && t < s->steps - 1 && len >= s->cap;
 }
 
 static int streaming_kept_after(const void *state, int t, int v) {
     const streaming_t *s = state;
-    if (!streaming_compacts(s, t, s->n_prompt + v))
-        return v;
-    return s->scales ? s->sink_tokens + s->seg[t] : s->cap - 1 - s->n_prompt;
+    return streaming_compacts(s, t, s->n_prompt + v) ? s->cap - 1 - s->n_prompt : v;
 }
 
-/* Prefix + sinks + the most recent tokens (StreamingLLM §3.2), or prefix +
- * sink scales + the scale just appended. */
+/* Prefix + sinks + the most recent tokens (StreamingLLM §3.2). */
 static int streaming_step_end(void *state, int t, int layer, int head, int len, const float *mass,
                               int *keep, int *n_keep) {
+    (void)layer, (void)head, (void)mass;
     const streaming_t *s = state;
     if (!streaming_compacts(s, t, len))
         return 0;
-    const int first = s->n_prompt + (s->scales ? s->sink_tokens : s->sinks);
-    const int recent = s->scales ? s->seg[t] : s->cap - 1 - first;
-    int k = 0;
-    kv_keep_range(keep, &k, 0, first);
-    kv_keep_range(keep, &k, len - recent, recent);
-    *n_keep = k;
-    return KV_COMPACT;
+    return keep_ends(keep, n_keep, len, s->kept, s->cap - 1 - s->kept);
 }
 
 static void streaming_describe(const void *state, const kv_policy_params_t *p, char *buf,
@@ -112,21 +149,12 @@ static void streaming_describe(const void *state, const kv_policy_params_t *p, c
                  s->n_prompt, s->sinks, s->cap - s->n_prompt - s->sinks);
         return;
     }
-    /* The peak: the most a head holds after any step's append. */
-    int peak = 0, at = 0, v = 0;
-    for (int t = 0; t < s->steps; t++) {
-        v += t < s->steps - 1 ? s->seg[t] : 0;
-        if (s->n_prompt + v > peak) {
-            peak = s->n_prompt + v;
-            at = t;
-        }
-        v = streaming_kept_after(s, t, v);
-    }
-    const int n_sinks = s->sinks < s->steps ? s->sinks : s->steps;
+    const int n_sinks = s->sinks < s->g.n_segments ? s->sinks : s->g.n_segments;
     snprintf(buf, cap,
-             "prefix %d + %d sink scale%s (%d tokens) + the most recent scale, per head; peak %d "
-             "tokens at step %d; the budget is not used on scales (sink_tokens neither)",
-             s->n_prompt, n_sinks, n_sinks == 1 ? "" : "s", s->sink_tokens, peak, at);
+             "cap %d tokens per head after every layer: prefix %d + %d sink scale%s (%d tokens "
+             "with the prefix) + the %d most recent tokens",
+             s->cap, s->n_prompt, n_sinks, n_sinks == 1 ? "" : "s", s->kept, s->cap - s->kept);
+    (void)p;
 }
 
 const kv_policy_ops_t kv_policy_streaming = {
@@ -134,11 +162,13 @@ const kv_policy_ops_t kv_policy_streaming = {
     /* No ratio of its own: linear's, to compare alike. */
     .default_budget = 1.0 / 6,
     .takes_budget = 1,
-    .uses_budget = streaming_uses_budget,
     .check = streaming_check,
     .begin = streaming_begin,
     .end = free,
     .kept_after = streaming_kept_after,
     .step_end = streaming_step_end,
+    .layer_end = streaming_layer_end,
+    .layer_stored = streaming_layer_stored,
+    .layered_on = streaming_layered_on,
     .describe = streaming_describe,
 };

@@ -347,8 +347,8 @@ static int layered_begin(var_model_t *m, const var_input_t *in, int li, int q0, 
 /* After layer li has attended: the layered policy compacts each of the
  * layer's heads of this sequence, then the heads it says cache the scale
  * take their blocks and the scale's K and V (rows q[0] .. q[1] of m->k,
- * m->v). Every compaction comes before any reserve, so the pool never
- * holds more than before or after the layer. */
+ * m->v); every compaction comes before any reserve. A head may then be cut
+ * again (a scale larger than what it keeps). */
 static int layered_append(var_model_t *m, const var_input_t *in, int li, const int *q, int *keep,
                           ar_error_t *err) {
     backend_t *be = m->be;
@@ -383,6 +383,22 @@ static int layered_append(var_model_t *m, const var_input_t *in, int li, const i
     for (int h = 0; h < H; h++)
         if (caches[h])
             sq->heads[li * H + h].len += rows;
+    return AR_OK;
+}
+
+/* Once every sequence of the batch has layer li's new tokens (so a CFG
+ * pair peaks together, as planned): a head holding more than the policy
+ * keeps is cut (kv_policy_layer_stored). */
+static int layered_cut(const var_input_t *in, int li, int *keep, ar_error_t *err) {
+    kv_seq_t *sq = in->seq;
+    for (int h = 0; h < sq->n_heads; h++) {
+        kv_head_t *kh = &sq->heads[li * sq->n_heads + h];
+        int n_keep;
+        const int what =
+            kv_policy_layer_stored(in->policy, in->scale, li, h, kh->len, keep, &n_keep);
+        if ((what & KV_COMPACT) && kv_head_compact(sq->pool, kh, keep, n_keep, NULL, err) != AR_OK)
+            return ar_error_prefix(err, "scale %d, layer %d, head %d", in->scale, li, h);
+    }
     return AR_OK;
 }
 
@@ -500,6 +516,9 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
             }
         }
         track_peaks(in, n_in);
+        for (int s = 0; s < n_in; s++)
+            if (kv_policy_layered(in[s].policy) && layered_cut(&in[s], li, keep, err) != AR_OK)
+                goto out;
         rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
         gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA1 * (size_t)C);
         norm_modulate(m, q_start, n_in, tabs, at + SCALE2 * (size_t)C, at + SHIFT2 * (size_t)C);

@@ -160,15 +160,16 @@ within() { awk -v v="$1" -v w="$2" 'BEGIN { d = v - w; if (d < 0) d = -d; exit !
 
 # VAR d16..d30: scales 1..16 (680 tokens, 424 cached: the last scale, 256
 # tokens, never is); full = d layers x d heads x 64 x 2 (K, V) x 4 B x 424 x 2
-# (CFG); streaming keeps 3 sink scales (14 tokens) + the most recent scale,
-# peaking at step 8 with 14 + 100 + 169 = 283.
+# (CFG); streaming at 1/6 caps a head at floor(424/6) = 70 tokens after every
+# layer (3 sink scales, 14 tokens, + the 56 newest); a scale larger than 56
+# is appended whole, then cut: the most a head holds is 14 + 169 = 183.
 for d in 16 20 24 30; do
     f=$tmp/var-d$d.txt
     if "$bin" plan --model var-d$d >"$f" 2>"$tmp/err"; then
         want=$((d * d * 64 * 2 * 4 * 424 * 2))
         got="$(cell "$f" "peak tokens per head" 0) $(cell "$f" "peak tokens per head" 1) $(cell "$f" "peak KV per image, tokens (B)" 0)"
-        [ "$got" = "424 283 $want" ] && ok "var-d$d: full 424 tokens per head = ${d}x${d}x64x2x4x424x2 = $want B; streaming 283" \
-            || fail "var-d$d peaks" "got '$got', want '424 283 $want'"
+        [ "$got" = "424 183 $want" ] && ok "var-d$d: full 424 tokens per head = ${d}x${d}x64x2x4x424x2 = $want B; streaming 183" \
+            || fail "var-d$d peaks" "got '$got', want '424 183 $want'"
         [ "$(scale_row "$f" 9 | cut -d' ' -f1-4)" = "9 16 256 0" ] && [ "$(scale_row "$f" 4 | cut -d' ' -f1-4)" = "4 5 25 25" ] \
             && ok "var-d$d: the per-scale table (step, side, tokens, cached); the last scale is not cached" \
             || fail "var-d$d per-scale table" "$(sed -n '/^trajectory by scale/,/^$/p' "$f")"
@@ -178,8 +179,8 @@ f=$tmp/var-d16.txt
 grep -qE '^ +full +streaming +heatkv +heatkv_binary +amskv$' "$f" && ! grep -qE '^(linear|headkv) at' "$f" \
     && ok "var-d16: the table lists the policies that run on scales (not linear, not headkv)" \
     || fail "var-d16 policies" "$(grep -E '^ +full' "$f")"
-[ "$(cell "$f" "budget" 1)" = "not used" ] && grep -q '^streaming: prefix 0 + 3 sink scales (14 tokens) + the most recent scale.*budget is not used' "$f" \
-    && ok "var-d16: streaming's budget is not used on scales, and it says so" || fail "streaming budget on scales" "$(grep -E '^(budget|streaming)' "$f")"
+[ "$(cell "$f" "budget" 1)" = "1/6 = 0.1667" ] && grep -q '^streaming at budget 1/6 = 0.1667: cap 70 tokens per head after every layer: prefix 0 + 3 sink scales (14 tokens with the prefix) + the 56 most recent tokens' "$f" \
+    && ok "var-d16: streaming on scales caps a head at its budget and says so" || fail "streaming budget on scales" "$(grep -E '^(budget|streaming)' "$f")"
 expect_fail "one policy that refuses scales: exit 1 with the reason" 1 "linear works on raster models" -- \
     "$bin" plan --model var-d16 --policy linear
 
@@ -232,7 +233,10 @@ f=$tmp/infinity-2b.txt
     && ok "infinity-2b: per scale (side, tokens, cached, held per head): 48 x 48 peaks at 6425, 64 x 64 is never cached" \
     || fail "infinity-2b per-scale table" "$(sed -n '/^trajectory by scale/,/^$/p' "$f")"
 got="$(cell "$f" "peak tokens per head" 1) $(cell "$f" "batch peak, tokens (MiB)" 1)"
-[ "$got" = "3925 23550.0" ] && ok "infinity-2b: streaming (3 sink scales + the most recent) peaks at 21 + 1600 + 2304 = 3925 tokens, 23550.0 MiB for 8" \
+# Streaming at 1/6 caps a head at 1070 tokens; the 48 x 48 scale (2304) is
+# appended whole and cut, one layer at a time: a head peaks at 21 + 2304 =
+# 2325 tokens while the batch holds one such layer beside 31 at the cap.
+[ "$got" = "2325 6655.3" ] && ok "infinity-2b: streaming at 1/6 peaks at 21 + 2304 = 2325 tokens in one layer, 6655.3 MiB for 8" \
     || fail "infinity-2b streaming" "got '$got'"
 grep -q '^KV dtype K f32, V bf16 (4 + 2 bytes per element) as planned (--kv-dtype): 768 bytes per token' "$f" &&
 grep -q "NOTE: the engine's pool holds K and V in f32" "$f" \

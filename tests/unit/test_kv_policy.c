@@ -1012,8 +1012,7 @@ static const int inf_sides[] = {1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64}; 
  * tokens in order). Checks, at every step, the lengths against the
  * trajectory (exactly) and the content against want(t), the ids a head
  * should hold after the append; returns the compactions. */
-static int run_scales(const kv_policy_params_t *p, const kv_geometry_t *g, int sink_scales,
-                      int *bad) {
+static int run_scales(const kv_policy_params_t *p, const kv_geometry_t *g, int *bad) {
     const int S = kv_geometry_steps(g), H = g->n_layers * g->n_heads;
     const int cap = kv_geometry_held(g, S - 1);
     int traj[KV_MAX_SEGMENTS], start[KV_MAX_SEGMENTS + 1];
@@ -1041,14 +1040,11 @@ static int run_scales(const kv_policy_params_t *p, const kv_geometry_t *g, int s
             for (int i = 0; i < kv_geometry_fed(g, t); i++)
                 id[len[h]++] = start[t] + i;
             *bad += len[h] != traj[t];
-            /* What streaming holds: prefix, sink scales, the scale before
-             * (unless it is a sink) and this one; full: everything. */
+            /* What the full cache holds: everything. */
             int n = 0, ok = 1;
             for (int i = 0; i < g->n_prompt; i++)
                 ok &= n < len[h] && id[n++] == i;
             for (int sc = 0; sc <= t && sc < S - 1; sc++) {
-                if (p->kind == KV_POLICY_STREAMING && sc >= sink_scales && sc < t - 1)
-                    continue;
                 for (int i = start[sc]; i < start[sc + 1]; i++)
                     ok &= n < len[h] && id[n++] == i;
             }
@@ -1091,62 +1087,127 @@ static void test_full_on_scales(void) {
         CHECK_MSG(traj[t] == inf_full[t], "step %d: %d, want %d", t, traj[t], inf_full[t]);
     int bad = 0;
     g = scale_geom(3, var_sides, 10, 2, 2);
-    CHECK(run_scales(&p, &g, 0, &bad) == 0 && bad == 0);
+    CHECK(run_scales(&p, &g, &bad) == 0 && bad == 0);
 }
 
-/* Streaming on scales: the sink scales and the most recent one. After
- * step t's append (t >= sinks + 1) a head holds sinks + scale t-1 + scale
- * t; the compaction drops scale t-1. */
+/* Streaming on scales, driven as the engine does (layer_end, the append,
+ * layer_stored) with token ids: after every layer each head holds the
+ * prefix, the sink scales and the newest tokens, at most the cap, and the
+ * trajectory is the most a head holds during each step. Returns how many
+ * compactions happened (-1 on a setup failure); *bad counts violations. */
+static int drive_streaming_scales(const kv_policy_params_t *p, const kv_geometry_t *g, int *bad) {
+    const int H = g->n_layers * g->n_heads, S = g->n_segments, steps = kv_geometry_steps(g);
+    const int N = kv_geometry_held(g, steps - 1), cap = (int)floor(p->budget * N + 1e-9);
+    int kept = g->n_prompt;
+    for (int i = 0; i < p->sink_scales && i < S; i++)
+        kept += g->segment_tokens[i];
+    int traj[KV_MAX_SEGMENTS];
+    ar_error_t err = {{0}};
+    kv_policy_state_t *s = kv_policy_begin(p, g, &err);
+    int *ids = calloc((size_t)H * (N + 1024), sizeof *ids), *len = calloc((size_t)H, sizeof *len);
+    int *keep = calloc((size_t)N + 1024, sizeof *keep);
+    if (!s || !ids || !len || !keep || kv_policy_trajectory(p, g, traj, NULL, &err) != AR_OK) {
+        CHECK_MSG(0, "setup: %s", err.msg);
+        kv_policy_end(s);
+        free(ids), free(len), free(keep);
+        return -1;
+    }
+    CHECK(kv_policy_layered(s));
+    int compactions = 0, next_id = 0;
+    for (int t = 0; t < steps; t++) {
+        const int fed = kv_geometry_fed(g, t) + (t == 0 ? g->n_prompt : 0);
+        int most = 0;
+        for (int h = 0; h < H; h++) {
+            int *id = ids + (size_t)h * (N + 1024), n_keep, cache;
+            const int l = h / g->n_heads, hd = h % g->n_heads;
+            for (int pass = 0; pass < 2; pass++) {
+                const int f = pass == 0
+                                  ? kv_policy_layer_end(s, t, l, hd, len[h], keep, &n_keep, &cache)
+                                  : kv_policy_layer_stored(s, t, l, hd, len[h], keep, &n_keep);
+                if (f & KV_COMPACT) {
+                    compactions++;
+                    for (int i = 0; i < n_keep; i++)
+                        id[i] = id[keep[i]];
+                    len[h] = n_keep;
+                }
+                if (pass == 0) {
+                    CHECK(cache);
+                    for (int i = 0; i < fed; i++)
+                        id[len[h]++] = next_id + i;
+                    most = len[h] > most ? len[h] : most;
+                }
+            }
+            /* prefix + sinks, then the newest tokens, at most the cap */
+            const int total = next_id + fed;
+            int ok = len[h] <= cap || len[h] <= kept;
+            for (int i = 0; i < len[h]; i++)
+                ok &= i < kept ? id[i] == i : id[i] == total - (len[h] - i);
+            *bad += !ok;
+        }
+        next_id += fed;
+        *bad += most != traj[t];
+    }
+    kv_policy_end(s);
+    free(ids), free(len), free(keep);
+    return compactions;
+}
+
+/* Streaming on scales (HeatKV's StreamingLLM baseline): the sink scales
+ * and the most recent tokens within budget x the full cache, after every
+ * layer. */
 static void test_streaming_on_scales(void) {
     kv_policy_params_t p;
     kv_policy_defaults(&p, KV_POLICY_STREAMING);
     CHECK(p.sink_scales == 3);
     int traj[16];
-    /* VAR: sinks 1 + 4 + 9 = 14 tokens; e.g. step 8 holds 14 + 100 + 169,
-     * the last step 14 + 169 (scale 8, the last cached). */
+    /* VAR at 1/6: cap floor(424/6) = 70 = 14 sink tokens + 56 recent. A scale
+     * larger than 56 (64, 100, 169) is appended whole, then cut. */
     kv_geometry_t g = scale_geom(0, var_sides, 10, 2, 3);
-    static const int var_str[] = {1, 5, 14, 30, 55, 75, 114, 178, 283, 183};
+    static const int var_str[] = {1, 5, 14, 30, 55, 70, 78, 114, 183, 70};
     CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK);
     for (int t = 0; t < 10; t++)
         CHECK_MSG(traj[t] == var_str[t], "step %d: %d, want %d", t, traj[t], var_str[t]);
-    /* Infinity-2B: sinks 1 + 4 + 16 = 21; peak 21 + 1600 + 2304 = 3925 at
-     * step 11; the last step holds 21 + 2304. */
+    /* Infinity-2B at 10%: cap floor(0.1 x 6425) = 642 = 21 sinks + 621. */
+    p.budget = 0.1;
     g = scale_geom(0, inf_sides, 13, 32, 16);
-    static const int inf_str[] = {1, 5, 21, 57, 121, 229, 421, 677, 997, 1621, 2645, 3925, 2325};
     CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK);
-    for (int t = 0; t < 13; t++)
-        CHECK_MSG(traj[t] == inf_str[t], "step %d: %d, want %d", t, traj[t], inf_str[t]);
-    /* The budget does not enter: any budget plans the same. */
-    p.budget = 0.001;
-    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK && traj[11] == 3925);
-    CHECK(!kv_policy_uses_budget(KV_POLICY_STREAMING, &g));
-    CHECK(!kv_policy_uses_budget(KV_POLICY_FULL, &g) &&
-          kv_policy_uses_budget(KV_POLICY_LINEAR, &g));
-    kv_geometry_t raster = geom(5, 4, 5, 1, 1);
-    CHECK(kv_policy_uses_budget(KV_POLICY_STREAMING, &raster));
+    CHECK_MSG(traj[6] == 521 && traj[7] == 642 && traj[9] == 21 + 1024 && traj[12] == 642,
+              "%d %d %d %d", traj[6], traj[7], traj[9], traj[12]);
+    CHECK(kv_policy_uses_budget(KV_POLICY_STREAMING, &g));
     char words[512];
     kv_policy_describe(&p, &g, words, sizeof words);
-    CHECK_STR_CONTAINS(words, "3 sink scales (21 tokens)");
-    CHECK_STR_CONTAINS(words, "peak 3925 tokens at step 11");
-    CHECK_STR_CONTAINS(words, "budget is not used");
+    CHECK_STR_CONTAINS(words, "cap 642 tokens per head after every layer");
+    CHECK_STR_CONTAINS(words, "3 sink scales (21 tokens");
+    /* Below the sinks + one recent token: refused, naming the budget. */
+    p.budget = 0.003;
+    const char *field = NULL;
+    ar_error_t err = {{0}};
+    CHECK(kv_policy_check(&p, &g, &field, &err) == AR_ERR && field && !strcmp(field, "budget"));
+    CHECK_STR_CONTAINS(err.msg, "3 sink scales (21 tokens)");
 
-    /* The simulated cache holds exactly sinks + recent at every step, for
-     * several sink counts (0: the most recent scale alone; 9 or more: as
-     * many sinks as cached scales, so nothing is ever evicted), with and
-     * without a prefix. */
+    /* Simulated caches: content and bound after every layer, for several
+     * sink counts and budgets, with and without a prefix. */
     static const int sinks[] = {0, 1, 3, 8, 9, 40};
+    static const double budgets[] = {1.0, 0.5, 1.0 / 6, 0.1};
+    int runs = 0, compactions = 0;
     for (size_t k = 0; k < sizeof sinks / sizeof sinks[0]; k++)
-        for (int P = 0; P <= 2; P += 2) {
-            p.sink_scales = sinks[k];
-            g = scale_geom(P, var_sides, 10, 2, 2);
-            int bad = 0;
-            const int n = run_scales(&p, &g, sinks[k], &bad);
-            /* compactions: at steps sinks + 1 .. 8, every head */
-            const int want = sinks[k] + 1 <= 8 ? (8 - sinks[k]) * 4 : 0;
-            CHECK_MSG(bad == 0 && n == want, "sink_scales %d, prefix %d: %d off, %d compactions",
-                      sinks[k], P, bad, n);
-        }
-    p.sink_scales = 40; /* more sinks than scales: the full cache */
+        for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++)
+            for (int P = 0; P <= 2; P += 2) {
+                p.sink_scales = sinks[k];
+                p.budget = budgets[b];
+                g = scale_geom(P, var_sides, 10, 2, 2);
+                if (kv_policy_check(&p, &g, NULL, NULL) != AR_OK)
+                    continue;
+                int bad = 0;
+                const int n = drive_streaming_scales(&p, &g, &bad);
+                CHECK_MSG(bad == 0 && n >= 0, "sink_scales %d, budget %g, prefix %d: %d off",
+                          sinks[k], budgets[b], P, bad);
+                runs++;
+                compactions += n;
+            }
+    CHECK_MSG(runs >= 30 && compactions > 0, "%d runs, %d compactions", runs, compactions);
+    p.sink_scales = 40; /* more sinks than scales: the full cache at any budget */
+    p.budget = 1;
     g = scale_geom(0, var_sides, 10, 2, 3);
     CHECK(kv_policy_trajectory(&p, &g, traj, NULL, NULL) == AR_OK && traj[8] == 424 &&
           traj[9] == 424);
