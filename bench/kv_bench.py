@@ -47,7 +47,7 @@ POLICIES = ["streaming", "linear", "headkv"]
 # Next-scale models: HeatKV's budgets (its Table 1: 4%, 10%, 20%); AMS-KV's capacities come
 # from the pyramid, not a budget: one row.
 SCALE_BUDGETS = ["1/25", "1/10", "1/5"]
-SCALE_POLICIES = ["streaming", "heatkv", "heatkv_binary"]
+SCALE_POLICIES = ["streaming", "heatkv", "heatkv_binary", "scalekv"]
 SCALE_SINGLE_ROWS = ["amskv:1"]
 
 

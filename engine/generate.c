@@ -170,7 +170,9 @@ static int policy_step_end(gen_request_t *r, int j, int step, ar_error_t *err) {
     backend_t *be = r->model->be;
     const int H = sq->n_heads, n = sq->n_layers * H;
     const size_t cap = (size_t)sq->capacity;
-    uint8_t *live = r->mass_live[j]; /* NULL: the policy takes no mass */
+    /* NULL: the policy takes no mass here (a layered one uses it, and
+     * zeroes it, layer by layer during the forward). */
+    uint8_t *live = kv_policy_layered(r->policy_state[j]) ? NULL : r->mass_live[j];
     int any_live = 0;
     for (int i = 0; live && i < n; i++) {
         if (r->collect[j])

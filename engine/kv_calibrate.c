@@ -7,13 +7,30 @@
 #include "family.h"
 #include "generate.h"
 
+static int by_value_desc(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
 /* Adds step t's mass (one query scale) into beta: per head, the mass of
- * each source scale's keys over the scale's queries (eq. 2's row mean). */
-static void add_step(const kv_geometry_t *g, const float *mass, size_t cap, int t, double *beta) {
+ * each source scale's keys over the scale's queries (eq. 2's row mean);
+ * and into htr the row mean of the KV_CALIBRATION_TOPK largest masses of
+ * earlier keys (ScaleKV's history top-K ratio, from the summed mass). */
+static void add_step(const kv_geometry_t *g, const float *mass, size_t cap, int t, double *beta,
+                     double *htr, float *scratch) {
     const int K = g->n_segments, T = g->n_layers * g->n_heads;
     const double rows = g->segment_tokens[t];
     for (int h = 0; h < T; h++) {
         const float *m = mass + (size_t)h * cap;
+        int history = g->n_prompt;
+        for (int i = 0; i < t; i++)
+            history += g->segment_tokens[i];
+        memcpy(scratch, m, (size_t)history * sizeof *scratch);
+        qsort(scratch, (size_t)history, sizeof *scratch, by_value_desc);
+        double top = 0;
+        for (int i = 0; i < KV_CALIBRATION_TOPK && i < history; i++)
+            top += scratch[i];
+        htr[(size_t)h * K + t] += top / rows;
         int at = g->n_prompt;
         for (int src = 0; src <= t; src++) {
             double sum = 0;
@@ -39,12 +56,14 @@ int kv_calibrate(model_t *m, const int *labels, int n, int sink_scales,
     const int K = g.n_segments, T = g.n_layers * g.n_heads;
     const size_t cap = (size_t)g.n_prompt + kv_geometry_image_tokens(&g);
     const size_t n_mass = (size_t)T * cap;
-    double *beta = calloc((size_t)T * K * K, sizeof *beta);
+    double *beta = calloc((size_t)T * K * K, sizeof *beta),
+           *htr = calloc((size_t)T * K, sizeof *htr);
     float *mass = malloc(n_mass * sizeof *mass), *zeros = calloc(n_mass, sizeof *zeros);
-    float *beta_f = malloc((size_t)T * K * K * sizeof *beta_f);
+    float *beta_f = malloc((size_t)T * K * K * sizeof *beta_f),
+          *scratch = malloc(cap * sizeof *scratch);
     kv_pool_t pool = {0};
     int rc = AR_ERR;
-    if (!beta || !mass || !zeros || !beta_f) {
+    if (!beta || !htr || !mass || !zeros || !beta_f || !scratch) {
         ar_errorf(err, "out of memory");
         goto out;
     }
@@ -71,7 +90,7 @@ int kv_calibrate(model_t *m, const int *labels, int n, int sink_scales,
             }
             m->be->download(m->be, mass, r.seq[0].mass, n_mass * sizeof *mass);
             m->be->upload(m->be, r.seq[0].mass, zeros, n_mass * sizeof *zeros);
-            add_step(&g, mass, cap, t, beta);
+            add_step(&g, mass, cap, t, beta, htr, scratch);
         }
         gen_request_free(&r);
         if (progress)
@@ -80,10 +99,16 @@ int kv_calibrate(model_t *m, const int *labels, int n, int sink_scales,
     for (size_t i = 0; i < (size_t)T * K * K; i++)
         beta_f[i] = (float)(beta[i] / n);
     rc = kv_calibration_from_beta(out, &g, beta_f, n, sink_scales, err);
+    if (rc == AR_OK && !(out->htr = malloc((size_t)T * K * sizeof *out->htr)))
+        rc = ar_errorf(err, "out of memory");
+    for (size_t i = 0; rc == AR_OK && i < (size_t)T * K; i++)
+        out->htr[i] = (float)(htr[i] / n);
 out:
     kv_pool_free(&pool);
     free(beta);
+    free(htr);
     free(beta_f);
+    free(scratch);
     free(mass);
     free(zeros);
     return rc;

@@ -13,6 +13,7 @@
 
 void kv_calibration_free(kv_calibration_t *c) {
     free(c->beta);
+    free(c->htr);
     free(c->cas_order);
     free(c->scas_order);
     memset(c, 0, sizeof *c);
@@ -119,6 +120,32 @@ int kv_calibration_check(const kv_calibration_t *c, const kv_geometry_t *g, ar_e
 
 /* ---- the file ---- */
 
+static cJSON *float_array(const float *v, size_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
+    return a;
+}
+
+/* An optional member of n numbers into a new array *out (NULL when absent). */
+static int get_floats(const cJSON *root, const char *name, size_t n, float **out, const char *path,
+                      ar_error_t *err) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!a)
+        return AR_OK;
+    if (!cJSON_IsArray(a) || (size_t)cJSON_GetArraySize(a) != n)
+        return ar_errorf(err, "%s: \"%s\" must hold %zu numbers", path, name, n);
+    if (!(*out = malloc(n * sizeof **out)))
+        return ar_errorf(err, "out of memory");
+    size_t j = 0;
+    for (const cJSON *it = a->child; it; it = it->next, j++) {
+        if (!cJSON_IsNumber(it))
+            return ar_errorf(err, "%s: %s[%zu] is not a number", path, name, j);
+        (*out)[j] = (float)it->valuedouble;
+    }
+    return AR_OK;
+}
+
 static cJSON *int_array(const int *v, int n) { return cJSON_CreateIntArray(v, n); }
 
 int kv_calibration_save(const kv_calibration_t *c, const char *path, ar_error_t *err) {
@@ -138,12 +165,10 @@ int kv_calibration_save(const kv_calibration_t *c, const char *path, ar_error_t 
             cJSON_AddItemToArray(scas, int_array(c->scas_order + (size_t)src * T, T));
         cJSON_AddItemToObject(root, "scas_order", scas);
         scas = NULL;
-        if (c->beta) {
-            cJSON *b = cJSON_CreateArray();
-            for (size_t i = 0; b && i < (size_t)T * K * K; i++)
-                cJSON_AddItemToArray(b, cJSON_CreateNumber((double)c->beta[i]));
-            cJSON_AddItemToObject(root, "beta", b);
-        }
+        if (c->beta)
+            cJSON_AddItemToObject(root, "beta", float_array(c->beta, (size_t)T * K * K));
+        if (c->htr)
+            cJSON_AddItemToObject(root, "htr", float_array(c->htr, (size_t)T * K));
     }
     char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
@@ -260,26 +285,9 @@ int kv_calibration_load(kv_calibration_t *c, const char *path, ar_error_t *err) 
         if (get_order(it, T, c->scas_order + (size_t)i * T, path, what, err))
             goto out;
     }
-    const cJSON *beta = cJSON_GetObjectItemCaseSensitive(root, "beta");
-    if (beta) {
-        const size_t nb = (size_t)T * K * K;
-        if (!cJSON_IsArray(beta) || (size_t)cJSON_GetArraySize(beta) != nb) {
-            ar_errorf(err, "%s: \"beta\" must hold %zu numbers", path, nb);
-            goto out;
-        }
-        if (!(c->beta = malloc(nb * sizeof *c->beta))) {
-            ar_errorf(err, "out of memory");
-            goto out;
-        }
-        size_t j = 0;
-        for (const cJSON *it = beta->child; it; it = it->next, j++) {
-            if (!cJSON_IsNumber(it)) {
-                ar_errorf(err, "%s: beta[%zu] is not a number", path, j);
-                goto out;
-            }
-            c->beta[j] = (float)it->valuedouble;
-        }
-    }
+    if (get_floats(root, "beta", (size_t)T * K * K, &c->beta, path, err) != AR_OK ||
+        get_floats(root, "htr", (size_t)T * K, &c->htr, path, err) != AR_OK)
+        goto out;
     rc = AR_OK;
 out:
     cJSON_Delete(root);

@@ -13,6 +13,9 @@
 #include "status.h"
 
 #define KV_CALIBRATION_FILE "kv_calibration.json"
+/* K' of ScaleKV's history top-K ratio (the paper leaves it open): as many
+ * keys as its observation window has queries. */
+#define KV_CALIBRATION_TOPK 16
 
 typedef struct kv_calibration {
     int n_layers, n_heads, n_scales;
@@ -22,6 +25,11 @@ typedef struct kv_calibration {
     /* beta[(head * n_scales + q) * n_scales + src]: mean mass from scale q's
      * queries to scale src's keys (0 for src > q); NULL when synthetic. */
     float *beta;
+    /* htr[head * n_scales + q]: ScaleKV's history top-K ratio, the mass the
+     * KV_CALIBRATION_TOPK most attended earlier keys get from scale q's
+     * queries, per query (from their summed mass, so a lower bound); NULL
+     * when not collected (older files, synthetic). */
+    float *htr;
     int *cas_order;  /* n_layers * n_heads heads, lowest CAS first */
     int *scas_order; /* per source scale src < n_scales - 1: n_layers * n_heads heads at
                         scas_order + src * n_layers * n_heads, lowest S-CAS first */

@@ -307,7 +307,7 @@ static void simulate(const kv_policy_ops_t *ops, void *impl, const kv_geometry_t
             peak = cur > peak ? cur : peak;
             for (int i = l * H; layered && ops->layer_stored && i < (l + 1) * H; i++) {
                 cur -= BLOCKS(len[i]);
-                if (ops->layer_stored(impl, t, l, i % H, len[i], keep, &n_keep) & KV_COMPACT)
+                if (ops->layer_stored(impl, t, l, i % H, len[i], NULL, keep, &n_keep) & KV_COMPACT)
                     len[i] = n_keep;
                 cur += BLOCKS(len[i]);
             }
@@ -487,13 +487,13 @@ int kv_policy_step_begin(kv_policy_state_t *s, int step, int layer, int head, in
     return s->ops->step_begin(s->impl, step, layer, head, len, keep, n_keep);
 }
 
-int kv_policy_layer_stored(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
-                           int *n_keep) {
+int kv_policy_layer_stored(kv_policy_state_t *s, int step, int layer, int head, int len,
+                           const float *mass, int *keep, int *n_keep) {
     if (n_keep)
         *n_keep = len;
     if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->layer_stored)
         return 0;
-    return s->ops->layer_stored(s->impl, step, layer, head, len, keep, n_keep);
+    return s->ops->layer_stored(s->impl, step, layer, head, len, mass, keep, n_keep);
 }
 
 int kv_policy_layer_similarity(const kv_policy_state_t *s, int step, int layer) {

@@ -23,7 +23,8 @@
     X(HEADKV, headkv)                                                                              \
     X(HEATKV, heatkv)                                                                              \
     X(HEATKV_BINARY, heatkv_binary)                                                                \
-    X(AMSKV, amskv)
+    X(AMSKV, amskv)                                                                                \
+    X(SCALEKV, scalekv)
 
 #define KV_POLICY_KIND_(kind, name) KV_POLICY_##kind,
 typedef enum kv_policy_kind { KV_POLICIES(KV_POLICY_KIND_) KV_POLICY_COUNT } kv_policy_kind_t;
@@ -55,6 +56,8 @@ typedef struct kv_policy_params {
     int amskv_min_scales;       /* C_min: condensed + this many scales ending at the penultimate */
     int amskv_max_scales;       /* C_max: condensed + this many scales ending at the last */
     double amskv_threshold;     /* a layer expands when its inter-scale similarity is below it */
+    /* scalekv (ScaleKV) */
+    double scalekv_drafters; /* share of the compacted (layer, scale) pairs that are drafters */
 } kv_policy_params_t;
 
 /* Every knob of every policy, one line each:
@@ -112,7 +115,11 @@ typedef struct kv_policy_params {
     /* AMS-KV App. E: theta = -0.008 (stable from -0.01 to -0.007 on VAR-d30) */                   \
     X(amskv_threshold, KV_ONLY(AMSKV), REAL, -1e6, 0, 0, -0.008,                                   \
       "amskv: a layer expands to C_max when the similarity of its keys to the previous scale's "   \
-      "(minus their mean squared distance) falls below this")
+      "(minus their mean squared distance) falls below this")                                      \
+    /* ScaleKV leaves N_d open; its shipped budgets have 5.6% (2B) and 7.5% (8B) drafters */       \
+    X(scalekv_drafters, KV_ONLY(SCALEKV), REAL, 0, 0, 1, 0.0625,                                   \
+      "scalekv: share of the compacted (layer, scale) pairs classified drafter (kept nearly "      \
+      "whole), the least selective by ASI")
 
 typedef enum kv_knob_type { KV_KNOB_INT, KV_KNOB_REAL } kv_knob_type_t;
 
@@ -360,8 +367,9 @@ int kv_policy_layer_end(kv_policy_state_t *s, int step, int layer, int head, int
                         int *n_keep, int *cache);
 /* Once the layer's cached heads have the step's new tokens (len counts
  * them): KV_COMPACT and a keep list, or 0 (a scale larger than what the
- * head may keep is appended, then cut). */
-int kv_policy_layer_stored(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
-                           int *n_keep);
+ * head may keep is appended, then cut). mass: the head's key mass from the
+ * step's queries (len floats, host), or NULL when not collected. */
+int kv_policy_layer_stored(kv_policy_state_t *s, int step, int layer, int head, int len,
+                           const float *mass, int *keep, int *n_keep);
 
 #endif

@@ -48,7 +48,8 @@ typedef struct kv_policy_ops {
                        int *keep, int *n_keep);
     int (*layer_end)(void *state, int t, int layer, int head, int len, int *keep, int *n_keep,
                      int *cache);
-    int (*layer_stored)(void *state, int t, int layer, int head, int len, int *keep, int *n_keep);
+    int (*layer_stored)(void *state, int t, int layer, int head, int len, const float *mass,
+                        int *keep, int *n_keep);
     /* Whether it is layered on geometry g; NULL: whenever it has layer_end. */
     int (*layered_on)(const kv_geometry_t *g);
     /* What its budget comes to on this geometry, in words (kv_policy_describe). */

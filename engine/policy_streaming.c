@@ -110,9 +110,9 @@ static int streaming_layer_end(void *state, int t, int l, int head, int len, int
 
 /* Scales, once appended: a scale larger than the room beside the sinks is
  * cut to its newest tokens. */
-static int streaming_layer_stored(void *state, int t, int l, int head, int len, int *keep,
-                                  int *n_keep) {
-    (void)t, (void)l, (void)head;
+static int streaming_layer_stored(void *state, int t, int l, int head, int len, const float *mass,
+                                  int *keep, int *n_keep) {
+    (void)t, (void)l, (void)head, (void)mass;
     const streaming_t *s = state;
     if (len <= s->cap || len <= s->kept)
         return 0;

@@ -388,16 +388,27 @@ static int layered_append(var_model_t *m, const var_input_t *in, int li, const i
 
 /* Once every sequence of the batch has layer li's new tokens (so a CFG
  * pair peaks together, as planned): a head holding more than the policy
- * keeps is cut (kv_policy_layer_stored). */
-static int layered_cut(const var_input_t *in, int li, int *keep, ar_error_t *err) {
+ * keeps is cut (kv_policy_layer_stored), by the key mass the step's
+ * queries gave it when the sequence collects (then zeroed for the next
+ * step). host: len floats of host scratch; zeros: as many zeros. */
+static int layered_cut(var_model_t *m, const var_input_t *in, int li, int *keep, float *host,
+                       const float *zeros, ar_error_t *err) {
+    backend_t *be = m->be;
     kv_seq_t *sq = in->seq;
     for (int h = 0; h < sq->n_heads; h++) {
-        kv_head_t *kh = &sq->heads[li * sq->n_heads + h];
+        const int i = li * sq->n_heads + h;
+        kv_head_t *kh = &sq->heads[i];
+        const int len = kh->len;
+        float *mass = in->collect_mass ? sq->mass + (size_t)i * sq->capacity : NULL;
+        if (mass)
+            be->download(be, host, mass, (size_t)len * sizeof *host);
         int n_keep;
-        const int what =
-            kv_policy_layer_stored(in->policy, in->scale, li, h, kh->len, keep, &n_keep);
+        const int what = kv_policy_layer_stored(in->policy, in->scale, li, h, len,
+                                                mass ? host : NULL, keep, &n_keep);
         if ((what & KV_COMPACT) && kv_head_compact(sq->pool, kh, keep, n_keep, NULL, err) != AR_OK)
             return ar_error_prefix(err, "scale %d, layer %d, head %d", in->scale, li, h);
+        if (mass)
+            be->upload(be, mass, zeros, (size_t)len * sizeof *zeros);
     }
     return AR_OK;
 }
@@ -436,11 +447,14 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
     float **mass = malloc((size_t)n_in * H * sizeof *mass);
     const float **tabs = malloc((size_t)n_in * sizeof *tabs);
     int *keep = NULL;
+    float *host = NULL, *zeros = NULL; /* a head's key mass on the host, and zeros */
     int rc = AR_ERR, any_mass = 0, max_cap = 1;
     for (int s = 0; s < n_in; s++)
         max_cap = in[s].seq->capacity > max_cap ? in[s].seq->capacity : max_cap;
     if (!q_start || !n_new || !labels || !seqs || !views || !grown || !mass || !tabs ||
-        !(keep = malloc((size_t)max_cap * sizeof *keep))) {
+        !(keep = malloc((size_t)max_cap * sizeof *keep)) ||
+        !(host = malloc((size_t)max_cap * sizeof *host)) ||
+        !(zeros = calloc((size_t)max_cap, sizeof *zeros))) {
         ar_errorf(err, "out of memory");
         goto out;
     }
@@ -517,7 +531,8 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
         }
         track_peaks(in, n_in);
         for (int s = 0; s < n_in; s++)
-            if (kv_policy_layered(in[s].policy) && layered_cut(&in[s], li, keep, err) != AR_OK)
+            if (kv_policy_layered(in[s].policy) &&
+                layered_cut(m, &in[s], li, keep, host, zeros, err) != AR_OK)
                 goto out;
         rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
         gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA1 * (size_t)C);
@@ -548,5 +563,7 @@ out:
     free(mass);
     free(tabs);
     free(keep);
+    free(host);
+    free(zeros);
     return rc;
 }

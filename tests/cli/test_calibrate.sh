@@ -33,8 +33,17 @@ for h in range(T):
         row = b[(h * K + q) * K:(h * K + q + 1) * K]
         assert abs(sum(row) - 1) < 1e-4, (h, q, row)
         assert all(x == 0 for x in row[q + 1:]), (h, q, row)
+# ScaleKV's history top-K ratio: none at scale 0 (no history), at most the
+# history's whole mass 1 - beta[q][q], and some wherever there is history.
+htr = d["htr"]
+assert len(htr) == T * K
+for h in range(T):
+    assert htr[h * K] == 0
+    for q in range(1, K):
+        hist = 1 - b[(h * K + q) * K + q]
+        assert 0 < htr[h * K + q] <= hist + 1e-5, (h, q, htr[h * K + q], hist)
 PY
-    then ok "calibrate: writes orderings, a progress bar, and attention rows that sum to 1"
+    then ok "calibrate: writes orderings, a progress bar, attention rows that sum to 1, and history top-K ratios"
     else fail "calibrate output" "$(cat "$tmp/out" "$tmp/err")"; fi
 else fail "calibrate --model var-tiny" "$(cat "$tmp/err")"; fi
 "$bin" plan --model "$tmp/m" --policy heatkv --budget 1 >"$tmp/plan" 2>&1 &&
@@ -57,7 +66,7 @@ python3 - "$tmp/m/kv_calibration.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1])); d["n_heads"] += 1
 T = d["n_layers"] * d["n_heads"]
-d["cas_order"] = list(range(T)); d["scas_order"] = [list(range(T))] * len(d["scas_order"]); d.pop("beta")
+d["cas_order"] = list(range(T)); d["scas_order"] = [list(range(T))] * len(d["scas_order"]); d.pop("beta"); d.pop("htr")
 json.dump(d, open(sys.argv[1], "w"))
 PY
 "$bin" calibrate --model "$tmp/m" --prompts "$tmp/prompts.txt" >/dev/null 2>"$tmp/err"

@@ -176,7 +176,7 @@ for d in 16 20 24 30; do
     else fail "plan --model var-d$d" "$(cat "$tmp/err")"; fi
 done
 f=$tmp/var-d16.txt
-grep -qE '^ +full +streaming +heatkv +heatkv_binary +amskv$' "$f" && ! grep -qE '^(linear|headkv) at' "$f" \
+grep -qE '^ +full +streaming +heatkv +heatkv_binary +amskv +scalekv$' "$f" && ! grep -qE '^(linear|headkv) at' "$f" \
     && ok "var-d16: the table lists the policies that run on scales (not linear, not headkv)" \
     || fail "var-d16 policies" "$(grep -E '^ +full' "$f")"
 [ "$(cell "$f" "budget" 1)" = "1/6 = 0.1667" ] && grep -q '^streaming at budget 1/6 = 0.1667: cap 70 tokens per head after every layer: prefix 0 + 3 sink scales (14 tokens with the prefix) + the 56 most recent tokens' "$f" \
@@ -293,7 +293,7 @@ expect_fail "an unknown preset lists the available ones" 2 "janus-pro-1b, janus-
 expect_fail "an unknown preset is named with --model" 2 "--model: 'janus-pro-3b'" -- \
     "$bin" plan --model janus-pro-3b
 expect_fail "a missing --model is refused" 2 "--model" -- "$bin" plan
-expect_fail "an unknown --policy names the flag and the choices" 2 "--policy: 'h2o' is not one of full, streaming, linear, headkv, heatkv, heatkv_binary, amskv" -- \
+expect_fail "an unknown --policy names the flag and the choices" 2 "--policy: 'h2o' is not one of full, streaming, linear, headkv, heatkv, heatkv_binary, amskv, scalekv" -- \
     "$bin" plan --model janus-pro-1b --policy h2o
 expect_fail "--budget 0 is refused" 2 "--budget" -- "$bin" plan --model janus-pro-1b --budget 0
 expect_fail "--budget above 1 is refused" 2 "--budget" -- "$bin" plan --model janus-pro-1b --budget 1.5

@@ -308,7 +308,7 @@ static const bad_case_t bad_cases[] = {
     {"{\"prompt\":\"x\",\"top_p\":\"0.9\"}", 400, "top_p", "invalid_type", NULL},
     /* KV and streaming */
     {"{\"prompt\":\"x\",\"kv_policy\":\"lru\"}", 400, "kv_policy", "invalid_value",
-     "one of full, streaming, linear, headkv, heatkv, heatkv_binary, amskv; got 'lru'"},
+     "one of full, streaming, linear, headkv, heatkv, heatkv_binary, amskv, scalekv; got 'lru'"},
     {"{\"prompt\":\"x\",\"kv_policy\":\"FULL\"}", 400, "kv_policy", "invalid_value", NULL},
     {"{\"prompt\":\"x\",\"kv_policy\":1}", 400, "kv_policy", "invalid_type", NULL},
     {"{\"prompt\":\"x\",\"kv_budget\":0}", 400, "kv_budget", "invalid_value", "greater than 0"},

@@ -618,7 +618,7 @@ static void test_kv_bad_values_name_the_setting(void) {
         {"--headkv-buffer=0", "--headkv-buffer: 0 is outside [1, 65536]"},
         {"--sink-tokens=1.5", "--sink-tokens: '1.5' is not an integer"},
         {"--kv-policy=lru", "--kv-policy: 'lru' is not one of full, streaming, linear, headkv, "
-                            "heatkv, heatkv_binary, amskv"},
+                            "heatkv, heatkv_binary, amskv, scalekv"},
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         const char *args[] = {flags[i].arg, NULL};

@@ -929,7 +929,7 @@ static void test_knob_table_and_check_fields(void) {
     kv_policy_params_t p;
     ar_error_t err;
     const char *field = "unset";
-    CHECK(KV_POLICY_N_KNOBS == 14);
+    CHECK(KV_POLICY_N_KNOBS == 15);
     for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
         const kv_policy_knob_t *k = &kv_policy_knobs[i];
         CHECK(kv_policy_knob_find(k->name) == k);
@@ -1121,9 +1121,9 @@ static int drive_streaming_scales(const kv_policy_params_t *p, const kv_geometry
             int *id = ids + (size_t)h * (N + 1024), n_keep, cache;
             const int l = h / g->n_heads, hd = h % g->n_heads;
             for (int pass = 0; pass < 2; pass++) {
-                const int f = pass == 0
-                                  ? kv_policy_layer_end(s, t, l, hd, len[h], keep, &n_keep, &cache)
-                                  : kv_policy_layer_stored(s, t, l, hd, len[h], keep, &n_keep);
+                const int f =
+                    pass == 0 ? kv_policy_layer_end(s, t, l, hd, len[h], keep, &n_keep, &cache)
+                              : kv_policy_layer_stored(s, t, l, hd, len[h], NULL, keep, &n_keep);
                 if (f & KV_COMPACT) {
                     compactions++;
                     for (int i = 0; i < n_keep; i++)

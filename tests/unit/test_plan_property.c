@@ -84,10 +84,13 @@ typedef struct trace {
 /* The policies each family takes, in the counts' order. */
 static const kv_policy_kind_t raster_kinds[] = {KV_POLICY_FULL, KV_POLICY_STREAMING,
                                                 KV_POLICY_LINEAR, KV_POLICY_HEADKV};
-static const kv_policy_kind_t scale_kinds[] = {KV_POLICY_FULL, KV_POLICY_STREAMING,
-                                               KV_POLICY_HEATKV, KV_POLICY_AMSKV};
-enum { N_KINDS = 4 };
+static const kv_policy_kind_t scale_kinds[] = {
+    KV_POLICY_FULL, KV_POLICY_STREAMING, KV_POLICY_HEATKV, KV_POLICY_AMSKV, KV_POLICY_SCALEKV};
+enum { N_KINDS = 5 };
 static long long policy_count[N_KINDS];
+
+/* How many policies the loaded model's family takes. */
+static int n_kinds(void);
 
 /* 1 when the loaded model generates a scale per step (VAR). */
 static int by_scale(void) {
@@ -96,11 +99,13 @@ static int by_scale(void) {
     return g.step_unit == KV_STEP_SEGMENT;
 }
 
+static int n_kinds(void) { return by_scale() ? 5 : 4; }
+
 /* "full 140, streaming 104, ...": the policies drawn so far, into buf. */
 static const char *policy_counts(char *buf, size_t cap) {
     const kv_policy_kind_t *kinds = by_scale() ? scale_kinds : raster_kinds;
     int used = 0;
-    for (int k = 0; k < N_KINDS && used >= 0 && (size_t)used < cap; k++)
+    for (int k = 0; k < n_kinds() && used >= 0 && (size_t)used < cap; k++)
         used += snprintf(buf + used, cap - (size_t)used, "%s%s %lld", k ? ", " : "",
                          kv_policy_name(kinds[k]), policy_count[k]);
     return buf;
@@ -112,7 +117,7 @@ static kv_policy_params_t random_policy(int n_prompt) {
     model_geometry(&model.cfg, n_prompt, &g);
     for (;;) {
         kv_policy_params_t p;
-        const int pick = rnd_in(0, N_KINDS - 1);
+        const int pick = rnd_in(0, n_kinds() - 1);
         const kv_policy_kind_t kind = by_scale() ? scale_kinds[pick] : raster_kinds[pick];
         kv_policy_defaults(&p, kind);
         switch (kind) {
@@ -140,6 +145,10 @@ static kv_policy_params_t random_policy(int n_prompt) {
         case KV_POLICY_HEATKV:
             p.budget = 0.1 + 0.9 * rnd_unit();
             p.sink_scales = rnd_in(0, 2);
+            break;
+        case KV_POLICY_SCALEKV:
+            p.budget = 0.3 + 0.7 * rnd_unit();
+            p.scalekv_drafters = rnd_unit();
             break;
         case KV_POLICY_AMSKV:
             /* The tiny pyramid (1, 4, 9, 16 tokens) rolls only with small
@@ -561,7 +570,7 @@ static void replay_traces(int min_refusals) {
     if (test_failures_in_current == failures_before) {
         CHECK(tot.refusals > min_refusals && tot.cancelled_running > 0 &&
               tot.cancelled_waiting > 0);
-        for (int k = 0; k < N_KINDS; k++)
+        for (int k = 0; k < n_kinds(); k++)
             CHECK(policy_count[k] > 20);
         CHECK_MSG(tot.tightened > 0, "no plan ever tightened");
     }
@@ -762,6 +771,14 @@ int main(void) {
             fprintf(stderr, "not ok  a calibration for the tiny next-scale model: %s\n", err.msg);
             test_failed++;
         } else {
+            /* Attention statistics for scalekv's classification. */
+            const size_t T = (size_t)g.n_layers * g.n_heads, K = (size_t)g.n_segments;
+            calib.beta = calloc(T * K * K, sizeof *calib.beta);
+            calib.htr = calloc(T * K, sizeof *calib.htr);
+            for (size_t i = 0; calib.beta && i < T * K * K; i++)
+                calib.beta[i] = (float)rnd_unit();
+            for (size_t i = 0; calib.htr && i < T * K; i++)
+                calib.htr[i] = (float)rnd_unit();
             model.cfg.kv_calibration = &calib;
             TEST_RUN(test_multiscale_replayed_traces_within_plan_and_admission_exact);
             TEST_RUN(test_multiscale_scheduler_traces_never_overrun);

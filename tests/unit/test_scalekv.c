@@ -1,0 +1,225 @@
+/* ScaleKV: drafters are the least selective (layer, scale) pairs by ASI
+ * Z-score; every compacted scale's budgets add up to budget x layers, the
+ * drafters' above the refiners'; a compaction keeps the observation window
+ * and the most attended keys; the engine's pool use equals the plan. */
+#include "../../engine/backend.h"
+#include "../../engine/generate.h"
+#include "../../engine/kv_calibration.h"
+#include "../../engine/kv_policy.h"
+#include "../../engine/kv_pool.h"
+#include "../../engine/model.h"
+#include "../../engine/planner.h"
+#include "../test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static backend_t *be;
+
+/* VAR-d16's pyramid, 6 layers of 2 heads, and a calibration whose ASI is
+ * the layer's number (layer 0 least selective) except at scale 8, where
+ * layer 5 is the least. */
+static void setup(kv_geometry_t *g, kv_calibration_t *c) {
+    static const int sides[] = {1, 2, 3, 4, 5, 6, 8, 10, 13, 16};
+    memset(g, 0, sizeof *g);
+    g->step_unit = KV_STEP_SEGMENT;
+    g->n_segments = 10;
+    for (int i = 0; i < 10; i++)
+        g->segment_tokens[i] = sides[i] * sides[i];
+    g->n_layers = 6;
+    g->n_heads = 2;
+    ar_error_t err = {{0}};
+    CHECK(kv_calibration_synthetic(c, g, 3, &err) == AR_OK);
+    const int T = 12, K = 10;
+    c->beta = calloc((size_t)T * K * K, sizeof *c->beta);
+    c->htr = calloc((size_t)T * K, sizeof *c->htr);
+    for (int h = 0; h < T; h++)
+        for (int q = 0; q < K; q++) {
+            const int l = h / 2;
+            c->beta[((size_t)h * K + q) * K + q] = 0.1f + 0.1f * (float)(q == 8 ? 5 - l : l);
+            c->htr[(size_t)h * K + q] = 0.5f;
+        }
+    g->calibration = c;
+}
+
+static void test_drafters_and_budgets(void) {
+    kv_geometry_t g;
+    kv_calibration_t c;
+    setup(&g, &c);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_SCALEKV);
+    CHECK(p.budget == 0.1 && p.scalekv_drafters == 0.0625);
+    p.budget = 0.25; /* B = floor(0.25 x 424) = 106: compacted from step 6 (155 > 106) */
+    p.scalekv_drafters = 3.0 / 18; /* 3 of the 18 compacted (layer, scale) pairs */
+    ar_error_t err = {{0}};
+    kv_policy_state_t *s = kv_policy_begin(&p, &g, &err);
+    CHECK_MSG(s != NULL, "%s", err.msg);
+    char words[1024];
+    kv_policy_describe(&p, &g, words, sizeof words);
+    CHECK_STR_CONTAINS(words, "B = 106 tokens per head");
+    CHECK_STR_CONTAINS(words, "3 drafter layer-scales");
+    /* Drafters (6, 0), (7, 0), (8, 5): they keep what they hold (91 + 64,
+     * then 155 + 100; 76 + 169), the refiners share the rest of 6 x 106. */
+    CHECK_STR_CONTAINS(words, "155/96 255/76 245/78");
+    /* Drive it: every head holds what the engine would, and after every
+     * compaction the layers hold at most B x L in all. */
+    int len[6] = {0}, keep[1024], compacted_at[10] = {0}, over = 0, window_lost = 0;
+    const int B = 106, L = 6;
+    for (int t = 0; t < 9; t++) {
+        int total = 0, most = 0, least = 1 << 30;
+        for (int l = 0; l < L; l++) {
+            int n_keep, cache;
+            kv_policy_layer_end(s, t, l, 0, len[l], keep, &n_keep, &cache);
+            CHECK(cache);
+            len[l] += g.segment_tokens[t];
+            if (kv_policy_layer_stored(s, t, l, 0, len[l], NULL, keep, &n_keep) & KV_COMPACT) {
+                compacted_at[t]++;
+                /* No mass: the window and then the newest are kept. */
+                window_lost += keep[n_keep - 1] != len[l] - 1;
+                len[l] = n_keep;
+            }
+            total += len[l];
+            most = len[l] > most ? len[l] : most;
+            least = len[l] < least ? len[l] : least;
+        }
+        if (t >= 6) {
+            over += total > B * L;
+            /* Drafters keep more. */
+            CHECK_MSG(most > least && total >= B * L - L, "step %d: %d..%d, total %d", t, least,
+                      most, total);
+        }
+    }
+    /* Every refiner compacts; each scale's drafter keeps all it holds. */
+    CHECK(compacted_at[5] == 0 && compacted_at[6] == L - 1 && compacted_at[7] == L - 1 &&
+          compacted_at[8] == L - 1);
+    CHECK(over == 0 && window_lost == 0);
+    CHECK(len[5] > len[4] && len[0] < len[5]); /* layer 5 drafts at scale 8 */
+    kv_policy_end(s);
+    /* The trajectory is exact: the most a head holds is a drafter's step. */
+    int traj[16];
+    CHECK(kv_policy_trajectory(&p, &g, traj, NULL, &err) == AR_OK);
+    CHECK_MSG(traj[6] == 155 && traj[7] == 255, "%d %d", traj[6], traj[7]);
+    kv_calibration_free(&c);
+}
+
+static void test_window_and_top_mass_kept(void) {
+    kv_geometry_t g;
+    kv_calibration_t c;
+    setup(&g, &c);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_SCALEKV);
+    p.budget = 0.25;
+    p.scalekv_drafters = 0;
+    ar_error_t err = {{0}};
+    kv_policy_state_t *s = kv_policy_begin(&p, &g, &err);
+    /* Step 7: 155 history + 100 (a 10 x 10 scale) = 255 keys; budget 106. */
+    const int len = 255, first = 155;
+    float mass[255];
+    for (int j = 0; j < len; j++)
+        mass[j] = 0.001f * (float)(j % 7);
+    mass[20] = 5; /* a history key the scale attended most: kept, and its neighbours */
+    int keep[255], n_keep, cache;
+    for (int t = 0; t < 7; t++)
+        for (int l = 0; l < 6; l++)
+            kv_policy_layer_end(s, t, l, 0, 0, keep, &n_keep, &cache);
+    CHECK(kv_policy_layer_stored(s, 7, 0, 0, len, mass, keep, &n_keep) == KV_COMPACT);
+    CHECK(n_keep == 106);
+    int has[255] = {0};
+    for (int i = 0; i < n_keep; i++) {
+        CHECK(i == 0 || keep[i] > keep[i - 1]);
+        has[keep[i]] = 1;
+    }
+    /* The window: cells of 2 x 2 on the 10 x 10 grid, centres (0, 0), (0, 2), ... */
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            CHECK_MSG(has[first + (i * 2) * 10 + j * 2], "window cell %d,%d", i, j);
+    for (int d = -2; d <= 2; d++)
+        CHECK_MSG(has[20 + d], "pooled neighbour %d of the hot key", d);
+    kv_policy_end(s);
+    kv_calibration_free(&c);
+}
+
+static void test_refusals(void) {
+    kv_geometry_t g;
+    kv_calibration_t c;
+    setup(&g, &c);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_SCALEKV);
+    const char *field = NULL;
+    ar_error_t err = {{0}};
+    p.budget = 0.002; /* no token of 424 */
+    CHECK(kv_policy_check(&p, &g, &field, &err) == AR_ERR && field && !strcmp(field, "budget"));
+    CHECK_STR_CONTAINS(err.msg, "holds none of the 424 tokens");
+    p.budget = 0.1;
+    free(c.htr);
+    c.htr = NULL; /* a calibration written before ScaleKV's statistics */
+    CHECK(kv_policy_check(&p, &g, &field, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, KV_CALIBRATION_FILE);
+    CHECK_STR_CONTAINS(err.msg, "arserve calibrate");
+    kv_calibration_free(&c);
+}
+
+/* On the demo model with its shipped calibration, in a pool exactly the
+ * plan: the pool holds the plan's bytes in every step. */
+static void test_measured_kv_equals_the_plan(void) {
+    model_t m;
+    ar_error_t err = {{0}};
+    if (model_load(&m, "models/shapes-var", be, &err) != AR_OK) {
+        CHECK_MSG(0, "%s", err.msg);
+        return;
+    }
+    static const double budgets[] = {0.2, 0.3, 0.5};
+    int compared = 0;
+    for (int i = 0; i < 3; i++) {
+        kv_policy_params_t p;
+        kv_policy_defaults(&p, KV_POLICY_SCALEKV);
+        p.budget = budgets[i];
+        p.scalekv_drafters = 0.25;
+        planner_plan_t plan;
+        CHECK_MSG(planner_plan(&plan, &m.cfg, &p, 1, 1, NULL, &err) == AR_OK, "%s", err.msg);
+        const size_t block = kv_pool_block_bytes(1, m.cfg.llm.head_dim);
+        kv_pool_t pool;
+        CHECK(kv_pool_init(&pool, be, (int)(plan.peak_bytes / block), 1, m.cfg.llm.head_dim,
+                           &err) == AR_OK);
+        int cond, uncond, n;
+        CHECK(model_prompt_from_class(&m, 2 + i, &cond, &uncond, &n, &err) == AR_OK);
+        gen_request_t r;
+        sampler_params_t sp = m.cfg.sampling;
+        CHECK_MSG(gen_request_init(&r, &m, &pool, &p, &cond, &uncond, n, &sp, 7, 0, &err) == AR_OK,
+                  "%s", err.msg);
+        gen_request_t *batch[] = {&r};
+        int off = 0;
+        for (int t = 0; t < plan.steps; t++) {
+            kv_pool_reset_peak(&pool);
+            if (gen_step(batch, 1, &err) != AR_OK) {
+                CHECK_MSG(0, "budget %g step %d: %s", budgets[i], t, err.msg);
+                break;
+            }
+            off += (size_t)pool.peak_in_use * block != plan.bytes[t];
+            compared++;
+        }
+        CHECK_MSG(off == 0, "budget %g: %d steps off the plan", budgets[i], off);
+        CHECK((size_t)r.kv_peak_blocks * block == plan.peak_bytes);
+        gen_request_free(&r);
+        CHECK(kv_pool_blocks_in_use(&pool) == 0 && pool.bad_frees == 0);
+        kv_pool_free(&pool);
+        planner_plan_free(&plan);
+    }
+    CHECK(compared == 3 * 7);
+    model_free(&m);
+}
+
+int main(void) {
+    ar_error_t err;
+    if (!(be = backend_open("cpu", 2, &err))) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    TEST_RUN(test_drafters_and_budgets);
+    TEST_RUN(test_window_and_top_mass_kept);
+    TEST_RUN(test_refusals);
+    TEST_RUN(test_measured_kv_equals_the_plan);
+    be->destroy(be);
+    return TEST_SUMMARY();
+}
