@@ -172,3 +172,19 @@ def test_amskv_runs_within_its_plan_and_gives_back_what_it_did_not_need(d):
     e = error_of(d.client.post(GEN, json={"class_label": 1, "kv_policy": "heatkv",
                                           "amskv_threshold": -0.01}))
     assert e["param"] == "amskv_threshold", e
+
+
+def test_scalekv_and_heatkv_run_exactly_their_plans(d):
+    for body in ({"kv_policy": "scalekv", "kv_budget": 0.3, "scalekv_drafters": 0.25},
+                 {"kv_policy": "heatkv", "kv_budget": 0.2},
+                 {"kv_policy": "streaming", "kv_budget": 0.2, "sink_scales": 1}):
+        r = d.client.post(GEN, json=dict(body, class_label=2, seed=4))
+        assert r.status_code == 200, (body, r.text)
+        kv = r.json()["kv_cache"]
+        assert kv["peak_bytes"] == kv["planned_peak_bytes"] > 0, (body, kv)
+    e = error_of(d.client.post(GEN, json={"class_label": 2, "kv_policy": "scalekv",
+                                          "kv_budget": 0.001}))
+    assert e["param"] == "kv_budget", e
+    e = error_of(d.client.post(GEN, json={"class_label": 2, "kv_policy": "amskv",
+                                          "scalekv_drafters": 0.5}))
+    assert e["param"] == "scalekv_drafters", e
