@@ -190,7 +190,7 @@ $(SERVER_LIB): $(SERVER_OBJ)
 $(BUILD)/arserve: $(CLI_OBJ) $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(SERVER_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c $(SERVER_LIB) $(ENGINE_LIB) tests/test.h
+$(BUILD)/tests/%: tests/unit/%.c $(SERVER_LIB) $(ENGINE_LIB) tests/test.h tests/unit/kv_plan_run.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)
 

@@ -11,6 +11,7 @@
 #include "../../engine/planner.h"
 #include "../../engine/var.h"
 #include "../test.h"
+#include "tests/unit/kv_plan_run.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -283,44 +284,22 @@ static void test_measured_kv_within_the_plan(void) {
         kv_policy_params_t p;
         kv_policy_defaults(&p, KV_POLICY_AMSKV);
         p.amskv_threshold = thetas[i];
-        planner_plan_t plan;
-        CHECK_MSG(planner_plan(&plan, &m.cfg, &p, 1, 1, NULL, &err) == AR_OK, "%s", err.msg);
-        const size_t block = kv_pool_block_bytes(1, m.cfg.llm.head_dim);
-        kv_pool_t pool;
-        CHECK(kv_pool_init(&pool, be, (int)(plan.peak_bytes / block), 1, m.cfg.llm.head_dim,
-                           &err) == AR_OK);
-        int cond, uncond, n;
-        CHECK(model_prompt_from_class(&m, 3, &cond, &uncond, &n, &err) == AR_OK);
-        gen_request_t r;
-        sampler_params_t sp = m.cfg.sampling;
-        CHECK_MSG(gen_request_init(&r, &m, &pool, &p, &cond, &uncond, n, &sp, 5, 0, &err) == AR_OK,
-                  "%s", err.msg);
-        gen_request_t *batch[] = {&r};
-        int over = 0, equal = 0;
-        size_t measured_peak = 0;
-        for (int t = 0; t < plan.steps; t++) {
-            kv_pool_reset_peak(&pool);
-            if (gen_step(batch, 1, &err) != AR_OK) {
-                CHECK_MSG(0, "theta %g step %d: %s", thetas[i], t, err.msg);
-                break;
-            }
-            const size_t got = (size_t)pool.peak_in_use * block;
-            over += got > plan.bytes[t];
-            equal += got == plan.bytes[t];
-            measured_peak = got > measured_peak ? got : measured_peak;
+        kv_plan_run_t run;
+        if (kv_plan_run(&m, &p, 3, 5, 1, &run, &err) != AR_OK) {
+            CHECK_MSG(0, "theta %g: %s", thetas[i], err.msg);
+            continue;
         }
-        CHECK_MSG(over == 0, "theta %g: %d steps above the plan", thetas[i], over);
+        CHECK_MSG(run.over == 0, "theta %g: %d steps above the plan", thetas[i], run.over);
         if (thetas[i] == 0)
-            CHECK_MSG(equal == plan.steps, "theta 0: %d of %d steps equal", equal, plan.steps);
+            CHECK_MSG(run.equal == run.steps, "theta 0: %d of %d steps equal", run.equal,
+                      run.steps);
         if (thetas[i] < -1)
-            CHECK_MSG(measured_peak < plan.peak_bytes, "nothing expanded, yet peak %zu = plan",
-                      measured_peak);
+            CHECK_MSG(run.measured_peak < run.planned_peak, "nothing expanded, yet peak %zu = plan",
+                      run.measured_peak);
+        CHECK(!run.leaked);
         printf("  amskv theta %g: measured peak %zu B, plan %zu B (%.1f%%)\n", thetas[i],
-               measured_peak, plan.peak_bytes, 100.0 * (double)measured_peak / plan.peak_bytes);
-        gen_request_free(&r);
-        CHECK(kv_pool_blocks_in_use(&pool) == 0 && pool.bad_frees == 0);
-        kv_pool_free(&pool);
-        planner_plan_free(&plan);
+               run.measured_peak, run.planned_peak,
+               100.0 * (double)run.measured_peak / run.planned_peak);
     }
     model_free(&m);
 }

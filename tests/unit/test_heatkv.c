@@ -18,6 +18,7 @@
 #include "engine/model.h"
 #include "engine/planner.h"
 #include "tests/test.h"
+#include "tests/unit/kv_plan_run.h"
 
 static unsigned rng_state = 12345;
 static int rnd(int n) {
@@ -430,46 +431,27 @@ static void test_measured_kv_equals_the_plan(void) {
         p.budget = runs[i].budget;
         p.sink_scales = runs[i].sinks;
         const int bt = runs[i].bt;
-        planner_plan_t plan;
-        CHECK_MSG(planner_plan(&plan, &m.cfg, &p, 1, bt, NULL, &err) == AR_OK, "%s", err.msg);
-        const size_t block = kv_pool_block_bytes(bt, m.cfg.llm.head_dim);
-        kv_pool_t pool;
-        CHECK(kv_pool_init(&pool, be, (int)(plan.peak_bytes / block), bt, m.cfg.llm.head_dim,
-                           &err) == AR_OK);
-        int cond, uncond, n;
-        CHECK(model_prompt_from_class(&m, (int)i, &cond, &uncond, &n, &err) == AR_OK);
-        gen_request_t r;
-        sampler_params_t sp = m.cfg.sampling;
-        CHECK_MSG(gen_request_init(&r, &m, &pool, &p, &cond, &uncond, n, &sp, 3, 0, &err) == AR_OK,
-                  "%s", err.msg);
-        gen_request_t *batch[] = {&r};
-        int off = 0;
-        for (int t = 0; t < plan.steps; t++) {
-            kv_pool_reset_peak(&pool);
-            if (gen_step(batch, 1, &err) != AR_OK) {
-                CHECK_MSG(0, "run %zu step %d: %s", i, t, err.msg);
-                break;
-            }
-            off += (size_t)pool.peak_in_use * block != plan.bytes[t];
-            compared++;
+        kv_plan_run_t run;
+        if (kv_plan_run(&m, &p, (int)i, 3, bt, &run, &err) != AR_OK) {
+            CHECK_MSG(0, "run %zu: %s", i, err.msg);
+            continue;
         }
-        CHECK_MSG(off == 0, "run %zu: %d steps off the plan", i, off);
-        CHECK_MSG((size_t)r.kv_peak_blocks * block == plan.peak_bytes,
-                  "run %zu: peak %zu, plan %zu", i, (size_t)r.kv_peak_blocks * block,
-                  plan.peak_bytes);
+        compared += run.steps;
+        CHECK_MSG(run.equal == run.steps, "run %zu: %d steps off the plan", i,
+                  run.steps - run.equal);
+        CHECK_MSG(run.request_peak == run.planned_peak, "run %zu: peak %zu, plan %zu", i,
+                  run.request_peak, run.planned_peak);
+        CHECK(!run.leaked);
+        const size_t block = kv_pool_block_bytes(bt, m.cfg.llm.head_dim);
         /* The plan is below the full cache's and the budget holds. */
-        const double B = p.budget * g.n_layers * g.n_heads * kv_geometry_held(&g, plan.steps - 1);
-        CHECK_MSG(bt > 1 || (double)plan.peak_bytes <= 2 * B * block + 1e-6, "run %zu", i);
+        const double B = p.budget * g.n_layers * g.n_heads * kv_geometry_held(&g, run.steps - 1);
+        CHECK_MSG(bt > 1 || (double)run.planned_peak <= 2 * B * block + 1e-6, "run %zu", i);
         heatkv_schedule_t s;
         CHECK(heatkv_schedule_build(&s, &g, &c, p.sink_scales, p.budget,
                                     runs[i].kind == KV_POLICY_HEATKV_BINARY, &err) == AR_OK);
         for (int k = 0; k < g.n_segments; k++)
             early_runs += s.n_early[k] > 0;
         heatkv_schedule_free(&s);
-        gen_request_free(&r);
-        CHECK(kv_pool_blocks_in_use(&pool) == 0 && pool.bad_frees == 0);
-        kv_pool_free(&pool);
-        planner_plan_free(&plan);
         kv_calibration_free(&c);
         m.cfg.kv_calibration = NULL;
     }

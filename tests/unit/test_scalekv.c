@@ -10,6 +10,7 @@
 #include "../../engine/model.h"
 #include "../../engine/planner.h"
 #include "../test.h"
+#include "tests/unit/kv_plan_run.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -170,43 +171,20 @@ static void test_measured_kv_equals_the_plan(void) {
         return;
     }
     static const double budgets[] = {0.2, 0.3, 0.5};
-    int compared = 0;
     for (int i = 0; i < 3; i++) {
         kv_policy_params_t p;
         kv_policy_defaults(&p, KV_POLICY_SCALEKV);
         p.budget = budgets[i];
         p.scalekv_drafters = 0.25;
-        planner_plan_t plan;
-        CHECK_MSG(planner_plan(&plan, &m.cfg, &p, 1, 1, NULL, &err) == AR_OK, "%s", err.msg);
-        const size_t block = kv_pool_block_bytes(1, m.cfg.llm.head_dim);
-        kv_pool_t pool;
-        CHECK(kv_pool_init(&pool, be, (int)(plan.peak_bytes / block), 1, m.cfg.llm.head_dim,
-                           &err) == AR_OK);
-        int cond, uncond, n;
-        CHECK(model_prompt_from_class(&m, 2 + i, &cond, &uncond, &n, &err) == AR_OK);
-        gen_request_t r;
-        sampler_params_t sp = m.cfg.sampling;
-        CHECK_MSG(gen_request_init(&r, &m, &pool, &p, &cond, &uncond, n, &sp, 7, 0, &err) == AR_OK,
-                  "%s", err.msg);
-        gen_request_t *batch[] = {&r};
-        int off = 0;
-        for (int t = 0; t < plan.steps; t++) {
-            kv_pool_reset_peak(&pool);
-            if (gen_step(batch, 1, &err) != AR_OK) {
-                CHECK_MSG(0, "budget %g step %d: %s", budgets[i], t, err.msg);
-                break;
-            }
-            off += (size_t)pool.peak_in_use * block != plan.bytes[t];
-            compared++;
+        kv_plan_run_t run;
+        if (kv_plan_run(&m, &p, 2 + i, 7, 1, &run, &err) != AR_OK) {
+            CHECK_MSG(0, "budget %g: %s", budgets[i], err.msg);
+            continue;
         }
-        CHECK_MSG(off == 0, "budget %g: %d steps off the plan", budgets[i], off);
-        CHECK((size_t)r.kv_peak_blocks * block == plan.peak_bytes);
-        gen_request_free(&r);
-        CHECK(kv_pool_blocks_in_use(&pool) == 0 && pool.bad_frees == 0);
-        kv_pool_free(&pool);
-        planner_plan_free(&plan);
+        CHECK_MSG(run.steps == 7 && run.equal == run.steps, "budget %g: %d of %d steps equal",
+                  budgets[i], run.equal, run.steps);
+        CHECK(run.request_peak == run.planned_peak && !run.leaked);
     }
-    CHECK(compared == 3 * 7);
     model_free(&m);
 }
 
