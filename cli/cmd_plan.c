@@ -691,7 +691,9 @@ int cmd_plan(int argc, char **argv, char **envp) {
             calib_note = "the model's calibration";
         } else if (kv_calibration_synthetic(&calib, &g0, 3, &err) == AR_OK) {
             calib_note = "a synthetic ordering (no calibration in the model directory; bytes do "
-                         "not depend on which heads go first, only where early pruning falls)";
+                         "not depend on which heads go first, only where early pruning falls; "
+                         "scalekv's drafters fall to the first layers of the first compacted "
+                         "scale)";
         }
         cfg.kv_calibration = calib.cas_order ? &calib : NULL;
     }
@@ -735,7 +737,7 @@ int cmd_plan(int argc, char **argv, char **envp) {
         print_segment_ends(&x, plans, np);
     print_details(&x, plans, np);
     if (calib_note)
-        printf("heatkv orderings: %s\n", calib_note);
+        printf("heatkv and scalekv calibration: %s\n", calib_note);
     if (budget_tokens > 0)
         printf("budget: %lld of the %d tokens a head holds at the full cache's peak = %.6g\n",
                budget_tokens, kv_geometry_held(&x.g, x.steps - 1), budget);

@@ -48,6 +48,19 @@ int kv_calibration_synthetic(kv_calibration_t *c, const kv_geometry_t *g, int si
         c->cas_order[i] = i;
     for (int src = 0; src < c->n_scales - 1; src++)
         memcpy(c->scas_order + (size_t)src * T, c->cas_order, (size_t)T * sizeof(int));
+    /* Statistics alike for every head: each query scale's mass spread
+     * evenly over the scales so far, no history top-K. */
+    const int K = c->n_scales;
+    c->beta = calloc((size_t)T * K * K, sizeof *c->beta);
+    c->htr = calloc((size_t)T * K, sizeof *c->htr);
+    if (!c->beta || !c->htr) {
+        kv_calibration_free(c);
+        return ar_errorf(err, "out of memory");
+    }
+    for (int h = 0; h < T; h++)
+        for (int q = 0; q < K; q++)
+            for (int src = 0; src <= q; src++)
+                c->beta[((size_t)h * K + q) * K + src] = 1.0f / (float)(q + 1);
     return AR_OK;
 }
 

@@ -40,9 +40,10 @@ typedef struct kv_calibration {
 int kv_calibration_from_beta(kv_calibration_t *c, const kv_geometry_t *g, const float *beta,
                              int n_prompts, int sink_scales, ar_error_t *err);
 
-/* A synthetic calibration for geometry g: every ordering is head order.
- * What a budget costs in bytes does not depend on which heads go first, so
- * `arserve plan` uses it for models without weights. */
+/* A synthetic calibration for geometry g: every ordering is head order,
+ * and every head's statistics alike (ScaleKV's drafters then fall to the
+ * first layers). What a budget costs in bytes does not depend on which
+ * heads go first, so `arserve plan` uses it for models without weights. */
 int kv_calibration_synthetic(kv_calibration_t *c, const kv_geometry_t *g, int sink_scales,
                              ar_error_t *err);
 

@@ -292,7 +292,7 @@ static void simulate(const kv_policy_ops_t *ops, void *impl, const kv_geometry_t
             const double sim =
                 ops->layer_similarity && ops->layer_similarity(impl, t, l) ? -INFINITY : NAN;
             for (int i = l * H; i < (l + 1) * H; i++) {
-                int cache = 1;
+                int cache = fed;
                 cur -= BLOCKS(len[i]);
                 if (layered && ops->layer_begin &&
                     (ops->layer_begin(impl, t, l, i % H, len[i], sim, keep, &n_keep) & KV_COMPACT))
@@ -300,7 +300,7 @@ static void simulate(const kv_policy_ops_t *ops, void *impl, const kv_geometry_t
                 if (layered &&
                     (ops->layer_end(impl, t, l, i % H, len[i], keep, &n_keep, &cache) & KV_COMPACT))
                     len[i] = n_keep;
-                len[i] += cache ? fed : 0;
+                len[i] += cache;
                 cur += BLOCKS(len[i]);
                 most = len[i] > most ? len[i] : most;
             }
@@ -516,7 +516,7 @@ int kv_policy_layer_end(kv_policy_state_t *s, int step, int layer, int head, int
                         int *n_keep, int *cache) {
     if (n_keep)
         *n_keep = len;
-    *cache = 1;
+    *cache = s ? kv_geometry_fed(&s->g, step) + (step == 0 ? s->n_prompt : 0) : 0;
     if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->layer_end)
         return 0;
     return s->ops->layer_end(s->impl, step, layer, head, len, keep, n_keep, cache);

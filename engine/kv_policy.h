@@ -360,9 +360,10 @@ int kv_policy_layer_similarity(const kv_policy_state_t *s, int step, int layer);
 int kv_policy_layer_begin(kv_policy_state_t *s, int step, int layer, int head, int len,
                           double similarity, int *keep, int *n_keep);
 /* After `layer` has attended during step t, before the step's new tokens
- * are appended to it: KV_COMPACT and a keep list, or 0; *cache is 1 when
- * the new tokens are appended to this head, 0 when they are only attended
- * (and never cached). Without a layered policy: 0 and *cache = 1. */
+ * are appended to it: KV_COMPACT and a keep list, or 0; *cache is how many
+ * of the step's new tokens (the newest) are appended to this head: all of
+ * them unless the policy says fewer, 0 when they are only attended (and
+ * never cached). */
 int kv_policy_layer_end(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
                         int *n_keep, int *cache);
 /* Once the layer's cached heads have the step's new tokens (len counts

@@ -185,7 +185,8 @@ static int amskv_layer_end(void *state, int t, int l, int head, int len, int *ke
                            int *cache) {
     (void)t, (void)head, (void)len, (void)keep, (void)n_keep;
     const amskv_t *s = state;
-    *cache = s->cache_now[l];
+    if (!s->cache_now[l])
+        *cache = 0;
     return 0;
 }
 

@@ -115,7 +115,8 @@ int heatkv_policy_layer_end(void *state, int t, int layer, int head, int len, in
     heatkv_t *s = state;
     const int u = layer * s->g.n_heads + head;
     const int what = compact_to(s, u, old_scales(s, u, t, 0), len, keep, n_keep);
-    *cache = heatkv_present(&s->sch, t, u, t, 0);
+    if (!heatkv_present(&s->sch, t, u, t, 0))
+        *cache = 0;
     if (*cache)
         s->have[u] |= 1u << t;
     return what;

@@ -209,9 +209,8 @@ static int scalekv_collect(const void *state, int t) {
 
 static int scalekv_layer_end(void *state, int t, int l, int head, int len, int *keep, int *n_keep,
                              int *cache) {
-    (void)state, (void)t, (void)l, (void)head, (void)len, (void)keep, (void)n_keep;
-    *cache = 1;
-    return 0;
+    (void)state, (void)t, (void)l, (void)head, (void)len, (void)keep, (void)n_keep, (void)cache;
+    return 0; /* it caches the whole scale, then compacts (scalekv_layer_stored) */
 }
 
 /* Once the scale is appended: the window (the centres of a 4 x 4 grid of

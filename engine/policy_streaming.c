@@ -5,9 +5,9 @@
  * steps. One scale per step (next-scale): the first sink_scales scales as
  * sinks, as HeatKV runs it on Infinity (HeatKV §4), and the cap holds after
  * every layer: before a layer's new scale is appended the oldest tokens
- * past the sinks make room for it, and a scale larger than the room left
- * beside the sinks is appended, then cut to its newest tokens (a layered
- * policy there). docs/kv-policies.md. */
+ * past the sinks make room for it, and of a scale larger than the room
+ * beside the sinks only the newest tokens are cached (a layered policy
+ * there). docs/kv-policies.md. */
 #include "kv_policy_impl.h"
 
 #include <stdio.h>
@@ -93,30 +93,19 @@ static int keep_ends(int *keep, int *n_keep, int len, int kept, int recent) {
     return KV_COMPACT;
 }
 
-/* Scales, before layer l's new tokens are appended: room for them beside
- * the sinks, the oldest others going first. */
+/* Scales, before layer l's new tokens are appended: the newest of them
+ * that fit beside the sinks are cached, and the oldest others make room
+ * for them. */
 static int streaming_layer_end(void *state, int t, int l, int head, int len, int *keep, int *n_keep,
                                int *cache) {
-    (void)l, (void)head;
+    (void)t, (void)l, (void)head;
     const streaming_t *s = state;
-    const int fed = kv_geometry_fed(&s->g, t) + (t == 0 ? s->n_prompt : 0);
-    *cache = 1;
-    if (len + fed <= s->cap || len <= s->kept)
+    const int fed = *cache, room = s->cap - s->kept; /* room: tokens past the sinks */
+    if (len + fed <= s->cap)
         return 0;
-    int room = s->cap - s->kept - fed;
-    room = room < 0 ? 0 : room;
-    return room >= len - s->kept ? 0 : keep_ends(keep, n_keep, len, s->kept, room);
-}
-
-/* Scales, once appended: a scale larger than the room beside the sinks is
- * cut to its newest tokens. */
-static int streaming_layer_stored(void *state, int t, int l, int head, int len, const float *mass,
-                                  int *keep, int *n_keep) {
-    (void)t, (void)l, (void)head, (void)mass;
-    const streaming_t *s = state;
-    if (len <= s->cap || len <= s->kept)
-        return 0;
-    return keep_ends(keep, n_keep, len, s->kept, s->cap - s->kept);
+    *cache = fed < room ? fed : room;
+    const int stay = room - *cache; /* older tokens past the sinks that stay */
+    return len - s->kept <= stay ? 0 : keep_ends(keep, n_keep, len, s->kept, stay);
 }
 
 /* Tokens: compacts once a head reaches the cap, so that the next append
@@ -168,7 +157,6 @@ const kv_policy_ops_t kv_policy_streaming = {
     .kept_after = streaming_kept_after,
     .step_end = streaming_step_end,
     .layer_end = streaming_layer_end,
-    .layer_stored = streaming_layer_stored,
     .layered_on = streaming_layered_on,
     .describe = streaming_describe,
 };

@@ -346,9 +346,9 @@ static int layered_begin(var_model_t *m, const var_input_t *in, int li, int q0, 
 
 /* After layer li has attended: the layered policy compacts each of the
  * layer's heads of this sequence, then the heads it says cache the scale
- * take their blocks and the scale's K and V (rows q[0] .. q[1] of m->k,
- * m->v); every compaction comes before any reserve. A head may then be cut
- * again (a scale larger than what it keeps). */
+ * take their blocks and the newest rows it says of the scale's K and V
+ * (rows q[0] .. q[1] of m->k, m->v); every compaction comes before any
+ * reserve. */
 static int layered_append(var_model_t *m, const var_input_t *in, int li, const int *q, int *keep,
                           ar_error_t *err) {
     backend_t *be = m->be;
@@ -356,33 +356,42 @@ static int layered_append(var_model_t *m, const var_input_t *in, int li, const i
     kv_pool_t *pool = sq->pool;
     const int H = sq->n_heads, rows = q[1] - q[0];
     kv_view_t views[VAR_MAX_HEADS];
-    unsigned char caches[VAR_MAX_HEADS];
-    int any = 0;
+    int counts[VAR_MAX_HEADS];
     for (int h = 0; h < H; h++) {
         kv_head_t *kh = &sq->heads[li * H + h];
-        int n_keep, cache = 1;
+        int n_keep, cache;
         const int what =
             kv_policy_layer_end(in->policy, in->scale, li, h, kh->len, keep, &n_keep, &cache);
         if ((what & KV_COMPACT) && kv_head_compact(pool, kh, keep, n_keep, NULL, err) != AR_OK)
             return ar_error_prefix(err, "scale %d, layer %d, head %d", in->scale, li, h);
-        caches[h] = (unsigned char)(cache && in->cache);
-        views[h] = (kv_view_t){NULL, 0};
+        counts[h] = in->cache ? (cache < rows ? cache : rows) : 0;
     }
     for (int h = 0; h < H; h++) {
         kv_head_t *kh = &sq->heads[li * H + h];
-        if (!caches[h])
-            continue;
-        if (kv_head_reserve(pool, kh, kh->len + rows, err) != AR_OK)
+        if (counts[h] > 0 && kv_head_reserve(pool, kh, kh->len + counts[h], err) != AR_OK)
             return ar_error_prefix(err, "scale %d, layer %d, head %d: the KV plan was exceeded",
                                    in->scale, li, h);
-        views[h] = (kv_view_t){kh->blocks, kh->len + rows};
-        any = 1;
     }
-    if (any)
-        be->kv_append(be, &pool->blocks, views, m->k, m->v, q, 1, H);
-    for (int h = 0; h < H; h++)
-        if (caches[h])
-            sq->heads[li * H + h].len += rows;
+    /* One append per distinct count: each takes the newest rows. */
+    for (int done = 0; !done;) {
+        int c = 0;
+        for (int h = 0; h < H && !c; h++)
+            c = counts[h] > 0 ? counts[h] : 0;
+        if (!(done = c == 0)) {
+            for (int h = 0; h < H; h++) {
+                kv_head_t *kh = &sq->heads[li * H + h];
+                views[h] =
+                    counts[h] == c ? (kv_view_t){kh->blocks, kh->len + c} : (kv_view_t){NULL, 0};
+            }
+            const int newest[2] = {q[1] - c, q[1]};
+            be->kv_append(be, &pool->blocks, views, m->k, m->v, newest, 1, H);
+            for (int h = 0; h < H; h++)
+                if (counts[h] == c) {
+                    sq->heads[li * H + h].len += c;
+                    counts[h] = 0;
+                }
+        }
+    }
     return AR_OK;
 }
 

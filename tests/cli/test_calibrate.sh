@@ -47,7 +47,7 @@ PY
     else fail "calibrate output" "$(cat "$tmp/out" "$tmp/err")"; fi
 else fail "calibrate --model var-tiny" "$(cat "$tmp/err")"; fi
 "$bin" plan --model "$tmp/m" --policy heatkv --budget 1 >"$tmp/plan" 2>&1 &&
-    grep -q "^heatkv orderings: the model's calibration" "$tmp/plan" \
+    grep -q "^heatkv and scalekv calibration: the model's calibration" "$tmp/plan" \
     && ok "plan reads the model's calibration" || fail "plan with a calibration" "$(tail -5 "$tmp/plan")"
 
 printf 'no such class\n' >"$tmp/bad.txt"

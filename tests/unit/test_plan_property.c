@@ -773,8 +773,6 @@ int main(void) {
         } else {
             /* Attention statistics for scalekv's classification. */
             const size_t T = (size_t)g.n_layers * g.n_heads, K = (size_t)g.n_segments;
-            calib.beta = calloc(T * K * K, sizeof *calib.beta);
-            calib.htr = calloc(T * K, sizeof *calib.htr);
             for (size_t i = 0; calib.beta && i < T * K * K; i++)
                 calib.beta[i] = (float)rnd_unit();
             for (size_t i = 0; calib.htr && i < T * K; i++)

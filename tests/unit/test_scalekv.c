@@ -33,8 +33,6 @@ static void setup(kv_geometry_t *g, kv_calibration_t *c) {
     ar_error_t err = {{0}};
     CHECK(kv_calibration_synthetic(c, g, 3, &err) == AR_OK);
     const int T = 12, K = 10;
-    c->beta = calloc((size_t)T * K * K, sizeof *c->beta);
-    c->htr = calloc((size_t)T * K, sizeof *c->htr);
     for (int h = 0; h < T; h++)
         for (int q = 0; q < K; q++) {
             const int l = h / 2;
