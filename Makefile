@@ -304,7 +304,7 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/scale_bench $(TINY_MODEL)/
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
 	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL)
 	tests/cli/test_calibrate.sh $(BUILD)/arserve $(VAR_TINY_MODEL) $(TINY_MODEL)
-	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python
+	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python $(VAR_MODEL)
 	$(BUILD)/scale_bench --model $(VAR_TINY_MODEL) --batch 2 --images 4 --reps 1 | \
 		grep -E '^batch 2 / batch 1: [0-9.]+x$$' && echo "ok      scale_bench runs a next-scale model at two batch sizes"
 
@@ -340,7 +340,9 @@ test-integration-tsan: $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(V
 # (must be equal), images admitted into one fixed pool and images/s at that
 # concurrency (ratios to the full cache), PSNR against the full-cache image
 # and ShapesEval accuracy, for full, streaming, linear and headkv at 1/4,
-# 1/6 and 1/8. Not part of `make test`. KV_BENCH_PER_CATEGORY prompts of
+# 1/6 and 1/8 on a raster model; for full, amskv, streaming, heatkv,
+# heatkv_binary and scalekv at 1/25, 1/10 and 1/5 on a next-scale one
+# (KV_BENCH_MODEL=models/shapes-var). Not part of `make test`. KV_BENCH_PER_CATEGORY prompts of
 # each ShapesEval category (6 categories); KV_BENCH_THREADS CPU threads (0:
 # every core; 1 by default, steady on a shared machine, and the ratios are
 # what the table is for); KV_BENCH_POOL_IMAGES full-cache images the pool

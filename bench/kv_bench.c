@@ -76,6 +76,7 @@ typedef struct bench {
     prompt_t *prompts;
     int n_prompts, ref; /* ref: index of the reference prompt */
     int waves;          /* capacity run: times the pool is filled and run to the end */
+    int fills;          /* sustained run: pool-fills of copies queued at once */
     const char *out_dir;
 } bench_t;
 
@@ -590,10 +591,10 @@ static cJSON *bench_row(bench_t *b, row_t *r, const row_t *fallbacks, int n_fall
         cJSON_Delete(o);
         return NULL;
     }
-    /* Sustained concurrency: four pool-fills queued at once, with plans
-     * that tighten as requests run and without. */
+    /* Sustained concurrency: pool-fills queued at once, with plans that
+     * tighten as requests run and without. */
     const int n_sustained =
-        c.admitted_first * 4 < MAX_CAPACITY ? c.admitted_first * 4 : MAX_CAPACITY;
+        c.admitted_first * b->fills < MAX_CAPACITY ? c.admitted_first * b->fills : MAX_CAPACITY;
     if (row_copies(b, r, exact, n_sustained, 0, 1, &tight, err) != AR_OK ||
         row_copies(b, r, exact, n_sustained, 0, 0, &loose, err) != AR_OK) {
         cJSON_Delete(o);
@@ -779,7 +780,7 @@ static void bench_free(bench_t *b) {
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *prompts_path = NULL;
     static specs_t sp;
-    long long threads = 0, waves = 2;
+    long long threads = 0, waves = 2, fills = 4;
     double pool_images = 2;
     bench_t b = {0};
     const cli_flag_t flags[] = {
@@ -793,6 +794,8 @@ int main(int argc, char **argv) {
          .help = "CPU threads, 0 = every core (default 0)"},
         {"waves", 0, CLI_INT, &waves, 1, 1000, .metavar = "N",
          .help = "fills of the pool timed per row (default 2)"},
+        {"fills", 0, CLI_INT, &fills, 1, 64, .metavar = "N",
+         .help = "pool-fills queued at once in the sustained runs (default 4)"},
         {"row", 0, CLI_EACH, &sp, .each = add_row, .metavar = "SPEC",
          .help = "full, or POLICY:BUDGET[:knob=v,...]; repeatable"},
         {"fallback", 0, CLI_EACH, &sp, .each = add_fallback, .metavar = "POLICY:KNOBS",
@@ -811,6 +814,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     b.waves = (int)waves;
+    b.fills = (int)fills;
     ar_error_t err = {{0}};
     backend_t *be = backend_cpu_create((int)threads, &err);
     if (!be) {

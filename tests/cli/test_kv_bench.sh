@@ -3,9 +3,12 @@
 # prompt per ShapesEval category, one fill of the pool): the whole table
 # comes out, measured peaks equal the planned ones, rows too small for the
 # grid print n/a with the budget they need, and bad rows are refused.
+# Then the next-scale rows on the multiscale demo model (one pool-fill).
 # usage: tests/cli/test_kv_bench.sh path/to/kv_bench path/to/tiny-model path/to/python
+#        path/to/next-scale-model
 set -u
-bin=$1 model=$2 python=$3
+bin=$1 model=$2 python=$3 var_model=$4
+case $var_model in /*) ;; *) var_model=$PWD/$var_model ;; esac
 case $bin in /*) ;; *) bin=$PWD/$bin ;; esac
 case $model in /*) ;; *) model=$PWD/$model ;; esac
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -56,6 +59,30 @@ rc=$?
 [ "$rc" = 2 ] && grep -q "'sink_tokens' is not a knob of linear" "$tmp/err" \
     && ok "a knob of another policy is refused" || fail "a knob of another policy is refused" \
     "exit $rc: $(cat "$tmp/err")"
+
+# Next-scale rows: every policy at HeatKV's budgets, the claims under the
+# table, SSIM, and planned == measured where the plan is exact.
+"$python" "$root/bench/kv_bench.py" --bin "$bin" --model "$var_model" --per-category 1 --threads 1 \
+    --waves 1 --fills 1 --pool-images 1 --out "$tmp/var" >"$tmp/vtable" 2>"$tmp/err"
+rc=$?
+[ "$rc" = 0 ] && ok "bench-kv runs on the next-scale demo model" \
+    || fail "bench-kv runs on the next-scale demo model" "exit $rc: $(tail -c 600 "$tmp/err")"
+rows=$(grep -cE '^(full|amskv|(streaming|heatkv|heatkv_binary|scalekv) 1/(25|10|5))[*]* ' "$tmp/vtable")
+[ "$rows" = 14 ] && ok "next-scale: one row per policy and budget" \
+    || fail "next-scale: one row per policy and budget" "$rows rows: $(cat "$tmp/vtable")"
+bad=$(awk '/^(heatkv|heatkv_binary|streaming|scalekv) 1\/[0-9]+[*]* +[0-9]/ {
+        n = split($0, f, / +/); if (f[3] != f[4]) print }' "$tmp/vtable")
+[ -z "$bad" ] && grep -qE '^amskv +91 +[0-9.]+ +1456.0( <=)? ' "$tmp/vtable" \
+    && ok "next-scale: measured == planned, amskv within its all-expanded plan" \
+    || fail "next-scale: measured == planned" "$bad $(grep '^amskv' "$tmp/vtable")"
+grep -qE '^heatkv_binary 1/25 +n/a \(needs budget >= 0.1538' "$tmp/vtable" &&
+    grep -qE '^HeatKV beats StreamingLLM at 1/10: (yes|no) \(PSNR' "$tmp/vtable" &&
+    grep -q '^AMS-KV at its defaults: PSNR' "$tmp/vtable" \
+    && ok "next-scale: rows below the sinks say so; the papers' claims are checked" \
+    || fail "next-scale: claims and n/a rows" "$(tail -12 "$tmp/vtable")"
+awk '/^heatkv 1\/5 / { for (i = 1; i <= NF; i++) if ($i ~ /^0\.[0-9][0-9][0-9]$/) { print $i; exit } }' \
+    "$tmp/vtable" | grep -qE '^0\.[0-9]{3}$' && ok "next-scale: an SSIM column" \
+    || fail "next-scale: an SSIM column" "$(grep '^heatkv 1/5' "$tmp/vtable")"
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
