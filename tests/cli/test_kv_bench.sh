@@ -71,7 +71,7 @@ rows=$(grep -cE '^(full|amskv|(streaming|heatkv|heatkv_binary|scalekv) 1/(25|10|
 [ "$rows" = 14 ] && ok "next-scale: one row per policy and budget" \
     || fail "next-scale: one row per policy and budget" "$rows rows: $(cat "$tmp/vtable")"
 bad=$(awk '/^(heatkv|heatkv_binary|streaming|scalekv) 1\/[0-9]+[*]* +[0-9]/ {
-        n = split($0, f, / +/); if (f[3] != f[4]) print }' "$tmp/vtable")
+        n = split($0, f, / +/); if (f[4] != f[5]) print }' "$tmp/vtable")
 [ -z "$bad" ] && grep -qE '^amskv +91 +[0-9.]+ +1456.0( <=)? ' "$tmp/vtable" \
     && ok "next-scale: measured == planned, amskv within its all-expanded plan" \
     || fail "next-scale: measured == planned" "$bad $(grep '^amskv' "$tmp/vtable")"
