@@ -53,7 +53,7 @@ static int fake_step(void *ctx, void *const *work, int n, size_t *kv_peak_bytes,
 
 static void fake_stop(void *ctx, void *work) { ((fake_t *)work)->stopped++; }
 
-static const batcher_ops_t fake_ops = {fake_start, fake_step, fake_stop};
+static const batcher_ops_t fake_ops = {.start = fake_start, .step = fake_step, .stop = fake_stop};
 
 /* A job of n images, steps steps, holding per_step * (t + 1) bytes at step t. */
 static fake_t fake(int n_images, int steps, size_t per_step) {
