@@ -88,7 +88,7 @@ struct scheduler {
 
     metric_t *m_running, *m_waiting, *m_queue_wait, *m_first_step, *m_latency, *m_step_time,
         *m_seqs, *m_tokens, *m_images, *m_refused, *m_cancelled, *m_kv_capacity, *m_kv_reserved,
-        *m_kv_used, *m_iterations, *m_kv_overruns, *m_kv_released;
+        *m_kv_used, *m_iterations, *m_kv_overruns, *m_kv_released, *m_policy;
 };
 
 /* Waits on c for at most seconds (mu held). */
@@ -641,8 +641,10 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
         pthread_cond_signal(&s->wake);
     }
     pthread_mutex_unlock(&s->mu);
-    if (r == BATCHER_ACCEPTED)
+    if (r == BATCHER_ACCEPTED) {
+        metric_add(s->m_policy, req->n_images, kv_policy_name(req->kv_policy.kind));
         return j;
+    }
     job_free(j);
     switch (r) {
     case BATCHER_REFUSED_DRAINING:
@@ -761,6 +763,10 @@ static void register_metrics(scheduler_t *s, metrics_t *m) {
         metrics_counter(m, "arserve_images_total", "Images finished, by outcome.", 1, status);
     s->m_refused = metrics_counter(m, "arserve_admissions_refused_total",
                                    "Requests refused at submission, by reason.", 1, reason);
+    static const char *const policy[] = {"policy"};
+    s->m_policy = metrics_counter(m, "arserve_images_admitted_total",
+                                  "Images accepted into the queue, by KV policy (the policy mix).",
+                                  1, policy);
     s->m_cancelled = metrics_counter(m, "arserve_requests_cancelled_total",
                                      "Requests cancelled because the client went away.", 0, NULL);
     s->m_kv_capacity = metrics_gauge(m, "arserve_kv_pool_capacity_bytes", "KV pool size.", 0, NULL);

@@ -72,6 +72,7 @@ def test_metrics_names_and_types(busy_daemon):
         "arserve_kv_pool_capacity_bytes": "gauge",
         "arserve_kv_pool_reserved_bytes": "gauge",
         "arserve_kv_plan_released_bytes_total": "counter",
+        "arserve_images_admitted_total": "counter",
         "arserve_kv_pool_used_bytes": "gauge",
         "arserve_admissions_refused_total": "counter",
         "arserve_requests_cancelled_total": "counter",
@@ -85,6 +86,7 @@ def test_metrics_names_and_types(busy_daemon):
     assert 'arserve_http_requests_total{route="/v1/images/generations",code="200"}' in text
     assert 'arserve_http_requests_total{route="other",code="404"}' in text
     assert 'backend="cpu"' in text and 'model="tiny-random"' in text
+    assert 'arserve_images_admitted_total{policy="full"}' in text
 
 
 def test_prometheus_scrapes_daemon_target_up(busy_daemon, tmp_path):
