@@ -454,7 +454,8 @@ int kv_policy_kind_layered(kv_policy_kind_t kind, const kv_geometry_t *g) {
 
 int kv_policy_remaining_blocks(const kv_policy_state_t *s, int step, const int *len,
                                int block_tokens, long long *blocks, ar_error_t *err) {
-    if (!s || !s->ops->clone || step < 0 || step >= s->steps || block_tokens < 1 || !len || !blocks)
+    if (!s || !s->ops->clone || step < 1 || step >= s->steps || block_tokens < 1 || !len ||
+        !blocks || !s->ops->settled(s->impl, step - 1))
         return 0;
     void *impl = s->ops->clone(s->impl);
     int *lens, *keep;

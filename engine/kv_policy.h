@@ -329,8 +329,10 @@ int kv_policy_step_end(kv_policy_state_t *s, int step, int layer, int head, int 
  * sequence's heads hold at any moment of that step, as
  * kv_policy_trajectory_blocks counts them) and returns 1; the future is
  * still taken at its worst (no key mass, the lowest similarity), so no run
- * exceeds it. 0 when the policy cannot tell more than its plan (its plan is
- * exact, or it keeps no state to start from); -1 out of memory. */
+ * exceeds it. 0 when the policy cannot tell more than it could before step
+ * - 1 (its plan is exact, it keeps no state to start from, or step - 1
+ * settled nothing: the simulation costs steps x heads, so it runs only
+ * when something changed); -1 out of memory. */
 int kv_policy_remaining_blocks(const kv_policy_state_t *s, int step, const int *len,
                                int block_tokens, long long *blocks, ar_error_t *err);
 

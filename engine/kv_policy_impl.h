@@ -29,6 +29,10 @@ typedef struct kv_policy_ops {
     /* A copy of a state, for kv_policy_remaining_blocks to run forward;
      * NULL for a policy whose plan never tightens (exact, or static). */
     void *(*clone)(const void *state);
+    /* With clone: did step t settle something its plan took at the worst
+     * (HeadKV's grouping, an AMS-KV layer's decision)? Only then is the
+     * rest worth simulating again. */
+    int (*settled)(const void *state, int t);
     /* Image tokens a worst-case head keeps after step t's compaction when
      * it holds v image tokens during the step: the trajectory's rule. */
     int (*kept_after)(const void *state, int t, int v);

@@ -32,6 +32,7 @@ typedef struct amskv {
     int *cache_now; /* 1 when this step's scale is cached */
     int *newest;    /* the step whose scale is the newest whole one in the cache, or -1 */
     int *mem;       /* the arrays above */
+    int decided;    /* the last step at which a layer took its expansion decision, or -1 */
 } amskv_t;
 
 /* The tokens a layer may hold: the condensed scales and n scales ending
@@ -110,7 +111,12 @@ static void *amskv_begin(const kv_policy_params_t *p, const kv_geometry_t *g) {
         s->cap[l] = s->cmin;
         s->newest[l] = -1;
     }
+    s->decided = -1;
     return s;
+}
+
+static int amskv_settled(const void *state, int t) {
+    return ((const amskv_t *)state)->decided == t;
 }
 
 static void *amskv_clone(const void *state) {
@@ -153,8 +159,11 @@ static void decide(amskv_t *s, int t, int l, double similarity) {
     if (r > s->cmax)
         return; /* line 5: never cached */
     if (s->held[l] + r > s->cap[l]) {
-        if (must_decide(s, t, l) && !(similarity >= s->theta))
-            s->cap[l] = s->cmax; /* line 11 */
+        if (must_decide(s, t, l)) {
+            s->decided = t;
+            if (!(similarity >= s->theta))
+                s->cap[l] = s->cmax; /* line 11 */
+        }
         if (s->held[l] + r > s->cap[l]) {
             if (r > s->cap[l] - s->cds)
                 return; /* line 13 (beside the condensed scales, which stay) */
@@ -210,6 +219,7 @@ const kv_policy_ops_t kv_policy_amskv = {
     .begin = amskv_begin,
     .end = amskv_end,
     .clone = amskv_clone,
+    .settled = amskv_settled,
     .layer_similarity = amskv_layer_similarity,
     .layer_begin = amskv_layer_begin,
     .layer_end = amskv_layer_end,

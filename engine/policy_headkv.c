@@ -129,6 +129,9 @@ static int headkv_collect(const void *state, int t) {
     return before_last(s, next) && next > s->G - s->buf;
 }
 
+/* The grouping classifies every head: the rest of the plan is known. */
+static int headkv_settled(const void *state, int t) { return groups(state, t); }
+
 static int headkv_kept_after(const void *state, int t, int v) {
     const headkv_t *s = state;
     if ((groups(s, t) || updates(s, t)) && v > s->G - s->buf)
@@ -221,6 +224,7 @@ const kv_policy_ops_t kv_policy_headkv = {
     .begin = headkv_begin,
     .end = headkv_end,
     .clone = headkv_clone,
+    .settled = headkv_settled,
     .kept_after = headkv_kept_after,
     .collect = headkv_collect,
     .step_end = headkv_step_end,
