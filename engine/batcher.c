@@ -34,6 +34,8 @@ struct batcher {
     int n_events, cap_events;
     long long iterations, overruns, lost_events; /* iterations: stepped so far */
     unsigned long long released;                 /* bytes freed by tighter plans */
+    size_t *left;                                /* tighten's buffer, cap_left entries */
+    int cap_left;
     int last_jobs, last_images;
     size_t last_reserved, last_peak;
 };
@@ -138,6 +140,7 @@ void batcher_destroy(batcher_t *b) {
     free(b->running);
     free(b->batch);
     free(b->events);
+    free(b->left);
     free(b);
 }
 
@@ -275,10 +278,17 @@ int batcher_step(batcher_t *b, ar_error_t *err) {
 /* The running job's plan from its next step on, tighter if it can tell. */
 static void tighten(batcher_t *b, const slot_t *s) {
     const int n = s->job.steps - s->steps_done;
-    size_t *left = b->ops.remaining ? malloc((size_t)n * sizeof *left) : NULL;
-    if (left && b->ops.remaining(b->ctx, s->job.work, left, n))
-        b->released += planner_tighten(&b->planner, s->id, left, n);
-    free(left);
+    if (!b->ops.remaining)
+        return;
+    if (n > b->cap_left) {
+        size_t *left = realloc(b->left, (size_t)n * sizeof *left);
+        if (!left)
+            return; /* the plan stays as admitted: safe */
+        b->left = left;
+        b->cap_left = n;
+    }
+    if (b->ops.remaining(b->ctx, s->job.work, b->left, n))
+        b->released += planner_tighten(&b->planner, s->id, b->left, n);
 }
 
 void batcher_finish(batcher_t *b, int step_rc, const ar_error_t *step_err) {

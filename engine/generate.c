@@ -329,7 +329,11 @@ int gen_request_remaining_bytes(const gen_request_t *r, size_t *bytes, int n, ar
     const int heads = r->seq[0].n_layers * r->seq[0].n_heads;
     const size_t block = kv_pool_block_bytes(pool->blocks.block_tokens, pool->blocks.head_dim);
     long long *blocks = malloc((size_t)n * sizeof *blocks);
-    int *len = malloc((size_t)heads * sizeof *len), rc = blocks && len ? 1 : -1;
+    int *len = malloc((size_t)heads * sizeof *len), rc = 1;
+    if (!blocks || !len) {
+        ar_errorf(err, "out of memory");
+        rc = -1;
+    }
     for (int i = 0; rc == 1 && i < n; i++)
         bytes[i] = 0;
     for (int j = 0; rc == 1 && j < 2; j++) {
@@ -340,8 +344,6 @@ int gen_request_remaining_bytes(const gen_request_t *r, size_t *bytes, int n, ar
         for (int i = 0; rc == 1 && i < n; i++)
             bytes[i] += (size_t)blocks[i] * block;
     }
-    if (!blocks || !len)
-        ar_errorf(err, "out of memory");
     free(blocks);
     free(len);
     return rc;

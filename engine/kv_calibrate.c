@@ -20,11 +20,11 @@ static void add_step(const kv_geometry_t *g, const float *mass, size_t cap, int 
                      double *htr, float *scratch) {
     const int K = g->n_segments, T = g->n_layers * g->n_heads;
     const double rows = g->segment_tokens[t];
+    int history = g->n_prompt; /* keys before scale t */
+    for (int i = 0; i < t; i++)
+        history += g->segment_tokens[i];
     for (int h = 0; h < T; h++) {
         const float *m = mass + (size_t)h * cap;
-        int history = g->n_prompt;
-        for (int i = 0; i < t; i++)
-            history += g->segment_tokens[i];
         memcpy(scratch, m, (size_t)history * sizeof *scratch);
         qsort(scratch, (size_t)history, sizeof *scratch, by_value_desc);
         double top = 0;

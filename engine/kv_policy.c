@@ -14,7 +14,7 @@
 struct kv_policy_state {
     const kv_policy_ops_t *ops;
     void *impl;
-    int steps, n_prompt, n_layers, n_heads;
+    int steps; /* kv_geometry_steps(&g) */
     kv_geometry_t g;
 };
 
@@ -409,9 +409,6 @@ kv_policy_state_t *kv_policy_begin(const kv_policy_params_t *p, const kv_geometr
     }
     s->ops = kv_policy_table[p->kind];
     s->steps = kv_geometry_steps(g);
-    s->n_prompt = g->n_prompt;
-    s->n_layers = g->n_layers;
-    s->n_heads = g->n_heads;
     s->g = *g;
     if (s->ops->begin && !(s->impl = s->ops->begin(p, g))) {
         ar_errorf(err, "kv_policy_begin: out of memory for %s's state of %d x %d heads",
@@ -441,7 +438,7 @@ int kv_policy_step_end(kv_policy_state_t *s, int step, int layer, int head, int 
     if (n_keep)
         *n_keep = len;
     if (!s || !s->ops->step_end || !keep || !n_keep || step < 0 || step >= s->steps || layer < 0 ||
-        layer >= s->n_layers || head < 0 || head >= s->n_heads || len < s->n_prompt)
+        layer >= s->g.n_layers || head < 0 || head >= s->g.n_heads || len < s->g.n_prompt)
         return 0;
     return s->ops->step_end(s->impl, step, layer, head, len, mass, keep, n_keep);
 }
@@ -465,7 +462,7 @@ int kv_policy_remaining_blocks(const kv_policy_state_t *s, int step, const int *
         ar_errorf(err, "kv_policy_remaining_blocks: out of memory");
         return -1;
     }
-    memcpy(lens, len, (size_t)s->n_layers * s->n_heads * sizeof *lens);
+    memcpy(lens, len, (size_t)s->g.n_layers * s->g.n_heads * sizeof *lens);
     simulate(s->ops, impl, &s->g, step, lens, keep, block_tokens, blocks, NULL);
     s->ops->end(impl);
     free(lens);
@@ -476,7 +473,7 @@ int kv_policy_remaining_blocks(const kv_policy_state_t *s, int step, const int *
 static int layer_args_ok(const kv_policy_state_t *s, int step, int layer, int head, int len,
                          const int *keep, const int *n_keep) {
     return s && keep && n_keep && step >= 0 && step < s->steps && layer >= 0 &&
-           layer < s->n_layers && head >= 0 && head < s->n_heads && len >= 0;
+           layer < s->g.n_layers && head >= 0 && head < s->g.n_heads && len >= 0;
 }
 
 int kv_policy_step_begin(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
@@ -499,7 +496,7 @@ int kv_policy_layer_stored(kv_policy_state_t *s, int step, int layer, int head, 
 
 int kv_policy_layer_similarity(const kv_policy_state_t *s, int step, int layer) {
     if (!s || !s->ops->layer_similarity || step < 0 || step >= s->steps || layer < 0 ||
-        layer >= s->n_layers)
+        layer >= s->g.n_layers)
         return 0;
     return s->ops->layer_similarity(s->impl, step, layer);
 }
@@ -517,7 +514,7 @@ int kv_policy_layer_end(kv_policy_state_t *s, int step, int layer, int head, int
                         int *n_keep, int *cache) {
     if (n_keep)
         *n_keep = len;
-    *cache = s ? kv_geometry_fed(&s->g, step) + (step == 0 ? s->n_prompt : 0) : 0;
+    *cache = s ? kv_geometry_fed(&s->g, step) + (step == 0 ? s->g.n_prompt : 0) : 0;
     if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->layer_end)
         return 0;
     return s->ops->layer_end(s->impl, step, layer, head, len, keep, n_keep, cache);

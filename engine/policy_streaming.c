@@ -14,7 +14,7 @@
 #include <stdlib.h>
 
 typedef struct streaming {
-    int n_prompt, steps;
+    int steps;
     int cap;   /* tokens one head may hold, prefix included */
     int sinks; /* tokens: image tokens kept after the prefix; scales: sink scales */
     /* scales only */
@@ -74,7 +74,6 @@ static void *streaming_begin(const kv_policy_params_t *p, const kv_geometry_t *g
     streaming_t *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    s->n_prompt = g->n_prompt;
     s->steps = kv_geometry_steps(g);
     s->scales = g->step_unit == KV_STEP_SEGMENT;
     s->cap = kv_budget_share(p->budget, full_tokens(g));
@@ -117,7 +116,7 @@ static int streaming_compacts(const streaming_t *s, int t, int len) {
 
 static int streaming_kept_after(const void *state, int t, int v) {
     const streaming_t *s = state;
-    return streaming_compacts(s, t, s->n_prompt + v) ? s->cap - 1 - s->n_prompt : v;
+    return streaming_compacts(s, t, s->g.n_prompt + v) ? s->cap - 1 - s->g.n_prompt : v;
 }
 
 /* Prefix + sinks + the most recent tokens (StreamingLLM §3.2). */
@@ -135,14 +134,14 @@ static void streaming_describe(const void *state, const kv_policy_params_t *p, c
     const streaming_t *s = state;
     if (!s->scales) {
         snprintf(buf, cap, "cap %d tokens per head: prefix %d + %d sinks + a window of %d", s->cap,
-                 s->n_prompt, s->sinks, s->cap - s->n_prompt - s->sinks);
+                 s->g.n_prompt, s->sinks, s->cap - s->g.n_prompt - s->sinks);
         return;
     }
     const int n_sinks = s->sinks < s->g.n_segments ? s->sinks : s->g.n_segments;
     snprintf(buf, cap,
              "cap %d tokens per head after every layer: prefix %d + %d sink scale%s (%d tokens "
              "with the prefix) + the %d most recent tokens",
-             s->cap, s->n_prompt, n_sinks, n_sinks == 1 ? "" : "s", s->kept, s->cap - s->kept);
+             s->cap, s->g.n_prompt, n_sinks, n_sinks == 1 ? "" : "s", s->kept, s->cap - s->kept);
     (void)p;
 }
 

@@ -372,25 +372,23 @@ static int layered_append(var_model_t *m, const var_input_t *in, int li, const i
             return ar_error_prefix(err, "scale %d, layer %d, head %d: the KV plan was exceeded",
                                    in->scale, li, h);
     }
-    /* One append per distinct count: each takes the newest rows. */
-    for (int done = 0; !done;) {
-        int c = 0;
-        for (int h = 0; h < H && !c; h++)
-            c = counts[h] > 0 ? counts[h] : 0;
-        if (!(done = c == 0)) {
-            for (int h = 0; h < H; h++) {
-                kv_head_t *kh = &sq->heads[li * H + h];
-                views[h] =
-                    counts[h] == c ? (kv_view_t){kh->blocks, kh->len + c} : (kv_view_t){NULL, 0};
-            }
-            const int newest[2] = {q[1] - c, q[1]};
-            be->kv_append(be, &pool->blocks, views, m->k, m->v, newest, 1, H);
-            for (int h = 0; h < H; h++)
-                if (counts[h] == c) {
-                    sq->heads[li * H + h].len += c;
-                    counts[h] = 0;
-                }
+    /* One append per distinct count (a policy's heads mostly share one):
+     * each takes the scale's newest rows. */
+    for (int first = 0; first < H; first++) {
+        const int c = counts[first];
+        if (c == 0)
+            continue;
+        for (int h = 0; h < H; h++) {
+            kv_head_t *kh = &sq->heads[li * H + h];
+            views[h] = counts[h] == c ? (kv_view_t){kh->blocks, kh->len + c} : (kv_view_t){NULL, 0};
         }
+        const int newest[2] = {q[1] - c, q[1]};
+        be->kv_append(be, &pool->blocks, views, m->k, m->v, newest, 1, H);
+        for (int h = 0; h < H; h++)
+            if (counts[h] == c) {
+                sq->heads[li * H + h].len += c;
+                counts[h] = 0;
+            }
     }
     return AR_OK;
 }
