@@ -742,9 +742,20 @@ static int add_kv_report(cJSON *o, const api_kv_report_t *kv) {
     return ok;
 }
 
+static int add_timings(cJSON *o, const api_timings_t *t) {
+    cJSON *k = cJSON_AddObjectToObject(o, "timings");
+    if (!k)
+        return 0;
+    int ok = add_num(k, "queue_s", t->queue_s);
+    ok &= add_num(k, "run_s", t->run_s);
+    ok &= add_num(k, "steps", t->steps);
+    ok &= add_num(k, "decode_png_s", t->decode_png_s);
+    return ok;
+}
+
 char *api_images_response_json(long created, int n, const char *const *b64_pngs, int width,
                                int height, int image_tokens, int prompt_tokens,
-                               const api_kv_report_t *kv) {
+                               const api_kv_report_t *kv, const api_timings_t *timings) {
     if (n < 0 || (n > 0 && !b64_pngs) || image_tokens < 0 || prompt_tokens < 0)
         return NULL;
     cJSON *root = cJSON_CreateObject();
@@ -765,6 +776,8 @@ char *api_images_response_json(long created, int n, const char *const *b64_pngs,
     ok &= add_usage(root, image_tokens, prompt_tokens);
     if (kv)
         ok &= add_kv_report(root, kv);
+    if (timings)
+        ok &= add_timings(root, timings);
     return print_and_delete(root, ok);
 }
 

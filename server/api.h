@@ -164,9 +164,18 @@ typedef struct api_kv_report {
     kv_policy_params_t policy;
     size_t planned_peak_bytes, peak_bytes;
 } api_kv_report_t;
+/* With timings (may be NULL), another extension follows, for load clients
+ * (`arserve bench`) to split a request's latency:
+ *   "timings": {"queue_s": Q, "run_s": R, "steps": S, "decode_png_s": D}
+ * seconds waiting for admission, from admission to the last of its S
+ * steps, and from there to its last PNG (decoding and encoding). */
+typedef struct api_timings {
+    double queue_s, run_s, decode_png_s;
+    int steps;
+} api_timings_t;
 char *api_images_response_json(long created, int n, const char *const *b64_pngs, int width,
                                int height, int image_tokens, int prompt_tokens,
-                               const api_kv_report_t *kv);
+                               const api_kv_report_t *kv, const api_timings_t *timings);
 
 /* {"object": "list", "data": [{"id": model_name, "object": "model",
  *  "created": created, "owned_by": "arserve"}]}; a class-conditional model

@@ -391,10 +391,14 @@ static enum MHD_Result respond_images(http_server_t *h, struct MHD_Connection *c
     api_kv_report_t kv = {.policy = snap->kv_policy,
                           .planned_peak_bytes = snap->kv_planned_peak_bytes,
                           .peak_bytes = snap->kv_peak_bytes};
+    api_timings_t timings = {.queue_s = snap->queue_s,
+                             .run_s = snap->run_s,
+                             .steps = snap->steps_total,
+                             .decode_png_s = snap->finish_s};
     char *json = ok ? api_images_response_json((long)time(NULL), snap->n_images,
                                                (const char *const *)b64, h->width, h->height,
                                                model_image_tokens(&h->model->cfg) * snap->n_images,
-                                               prompt_tokens, &kv)
+                                               prompt_tokens, &kv, &timings)
                     : NULL;
     for (int i = 0; b64 && i < snap->n_images; i++)
         free(b64[i]);

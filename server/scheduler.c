@@ -52,6 +52,8 @@ struct sched_job {
                              sends every preview before the image */
     char message[256];
     size_t kv_peak_bytes;
+    /* When it was admitted, did its last step, and had every PNG (0: not yet). */
+    double t_admitted, t_last_step, t_done;
 };
 
 typedef struct png_task {
@@ -168,6 +170,12 @@ static void snapshot_locked(const sched_job_t *j, sched_snapshot_t *out) {
                               .kv_policy = j->kv_policy,
                               .kv_planned_peak_bytes = j->kv_planned_peak_bytes,
                               .kv_peak_bytes = j->kv_peak_bytes};
+    if (j->t_admitted > 0)
+        out->queue_s = j->t_admitted - j->t_submit;
+    if (j->t_last_step > 0)
+        out->run_s = j->t_last_step - j->t_admitted;
+    if (j->t_done > 0)
+        out->finish_s = j->t_done - j->t_last_step;
     snprintf(out->message, sizeof out->message, "%s", j->message);
 }
 
@@ -245,7 +253,8 @@ static void maybe_done(scheduler_t *s, sched_job_t *j) {
         return;
     /* Counted before the waiting request thread can answer. */
     metric_add(s->m_images, j->n_images, "ok");
-    metric_observe(s->m_latency, clock_now_s() - j->t_submit);
+    j->t_done = clock_now_s();
+    metric_observe(s->m_latency, j->t_done - j->t_submit);
     j->outcome = SCHED_DONE;
 }
 
@@ -375,6 +384,7 @@ static void handle_event(scheduler_t *s, const batcher_event_t *ev) {
         metric_observe(s->m_queue_wait, now - j->t_submit);
         pthread_mutex_lock(&j->mu);
         j->started = 1;
+        j->t_admitted = now;
         job_changed(j);
         pthread_mutex_unlock(&j->mu);
         return;
@@ -385,6 +395,8 @@ static void handle_event(scheduler_t *s, const batcher_event_t *ev) {
         }
         pthread_mutex_lock(&j->mu);
         j->steps_done = ev->steps_done;
+        if (ev->steps_done == j->steps)
+            j->t_last_step = now;
         job_changed(j);
         pthread_mutex_unlock(&j->mu);
         publish_previews(s, j, ev->steps_done);

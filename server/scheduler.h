@@ -84,6 +84,10 @@ typedef struct sched_snapshot {
     kv_policy_params_t kv_policy;
     size_t kv_planned_peak_bytes; /* one image's planned KV peak */
     size_t kv_peak_bytes;         /* the most KV one of its images held (when done) */
+    /* Seconds from submission to admission, from admission to its last
+     * step, and from its last step to its last PNG (decoding and encoding);
+     * 0 until each is known. */
+    double queue_s, run_s, finish_s;
 } sched_snapshot_t;
 
 /* Starts the engine thread and the PNG workers. NULL (err says why, with

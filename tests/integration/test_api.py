@@ -2,6 +2,7 @@
 raw PNG responses, seeded determinism, the model list and the API key."""
 import base64
 import re
+import time
 
 import httpx
 import openai
@@ -76,6 +77,20 @@ def test_accept_image_png_with_n_2_falls_back_to_json(tiny_daemon):
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("application/json")
     assert len(r.json()["data"]) == 2
+
+
+def test_timings_split_the_latency(tiny_daemon, tiny_info):
+    """The `timings` extension: queue wait, run time over every step, and
+    decode+PNG time, each non-negative, together within what the client
+    measured."""
+    t0 = time.monotonic()
+    r = tiny_daemon.client.post(GEN, json={"prompt": "a blue square", "seed": 5})
+    elapsed = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    t = r.json()["timings"]
+    assert t["steps"] == tiny_info["steps"]
+    assert t["queue_s"] >= 0 and t["run_s"] > 0 and t["decode_png_s"] > 0, t
+    assert t["queue_s"] + t["run_s"] + t["decode_png_s"] <= elapsed, (t, elapsed)
 
 
 def test_same_seed_gives_same_bytes(tiny_daemon):

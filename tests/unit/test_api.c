@@ -694,7 +694,7 @@ static void test_error_json_shape(void) {
 
 static void test_images_response_shape(void) {
     const char *const pngs[] = {"iVBORw0KGgo=", "AAAA"};
-    char *text = api_images_response_json(1700000000L, 2, pngs, 384, 256, 1152, 17, NULL);
+    char *text = api_images_response_json(1700000000L, 2, pngs, 384, 256, 1152, 17, NULL, NULL);
     CHECK(text && !strchr(text, '\n'));
     cJSON *root = parse_owned(text);
     CHECK(get(root, "kv_cache") == NULL);
@@ -706,17 +706,17 @@ static void test_images_response_shape(void) {
     CHECK(is_str(root, "output_format", "png") && is_str(root, "size", "384x256"));
     check_usage(get(root, "usage"), 1152, 17);
     cJSON_Delete(root);
-    root = parse_owned(api_images_response_json(1, 0, NULL, 384, 384, 0, 0, NULL));
+    root = parse_owned(api_images_response_json(1, 0, NULL, 384, 384, 0, 0, NULL, NULL));
     CHECK(cJSON_GetArraySize(get(root, "data")) == 0);
     cJSON_Delete(root);
-    CHECK(api_images_response_json(1, 1, NULL, 384, 384, 0, 0, NULL) == NULL);
+    CHECK(api_images_response_json(1, 1, NULL, 384, 384, 0, 0, NULL, NULL) == NULL);
 
     /* The KV extension: the policy the request ran with, its budget and its own knobs only. */
     api_kv_report_t kv = {.planned_peak_bytes = 1 << 20, .peak_bytes = 1 << 19};
     kv_policy_defaults(&kv.policy, KV_POLICY_LINEAR);
     kv.policy.budget = 0.25;
     kv.policy.anchor_lines = 0;
-    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, &kv));
+    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, &kv, NULL));
     const cJSON *k = get(root, "kv_cache");
     CHECK(is_str(k, "policy", "linear") && is_num(k, "budget", 0.25));
     CHECK(is_num(k, "anchor_lines", 0) && is_num(k, "recent_lines", 2));
@@ -725,9 +725,19 @@ static void test_images_response_shape(void) {
     CHECK(cJSON_GetArraySize(k) == 6);
     cJSON_Delete(root);
     kv_policy_defaults(&kv.policy, KV_POLICY_FULL);
-    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, &kv));
+    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, &kv, NULL));
     k = get(root, "kv_cache");
     CHECK(is_str(k, "policy", "full") && get(k, "budget") == NULL && cJSON_GetArraySize(k) == 3);
+    CHECK(get(root, "timings") == NULL);
+    cJSON_Delete(root);
+
+    /* The timings extension: each figure under its own name. */
+    const api_timings_t t = {.queue_s = 0.5, .run_s = 2.25, .steps = 24, .decode_png_s = 0.125};
+    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, NULL, &t));
+    const cJSON *tm = get(root, "timings");
+    CHECK(is_num(tm, "queue_s", 0.5) && is_num(tm, "run_s", 2.25));
+    CHECK(is_num(tm, "steps", 24) && is_num(tm, "decode_png_s", 0.125));
+    CHECK(cJSON_GetArraySize(tm) == 4 && get(root, "kv_cache") == NULL);
     cJSON_Delete(root);
 }
 
