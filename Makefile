@@ -196,7 +196,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(SERVER_LIB) $(ENGINE_LIB) tests/test.h tests/
 
 # Debian packages the build and tests need; installed only when missing.
 DEB_PKGS := gcc make libopenblas-dev libcjson-dev libpng-dev libmicrohttpd-dev libjemalloc-dev \
-            python3 python3-venv prometheus curl clang-format systemd nginx
+            python3 python3-venv prometheus curl clang-format systemd nginx wrk
 deps: $(VENV)/.stamp
 	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
