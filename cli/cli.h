@@ -5,6 +5,9 @@
 
 #include <stddef.h>
 
+#include "engine/kv_calibration.h"
+#include "engine/model_config.h"
+
 #define ARSERVE_VERSION "0.1.0"
 
 /* Each takes its own argv (argv[0] is the subcommand's name) and returns
@@ -13,6 +16,19 @@ int cmd_generate(int argc, char **argv, char **envp);
 int cmd_serve(int argc, char **argv, char **envp);
 int cmd_plan(int argc, char **argv, char **envp);
 int cmd_calibrate(int argc, char **argv, char **envp);
+int cmd_bench(int argc, char **argv, char **envp);
+int cmd_simulate(int argc, char **argv, char **envp);
+
+/* `arserve bench --profile` (cli/bench_profile.c): the engine timed
+ * in-process, and the simulator's cost table fitted and written to out. */
+typedef struct bench_profile_opts {
+    const char *model_dir; /* NULL: the shipped demo model */
+    const char *policies;  /* "full,linear"; NULL: full and one compressed policy */
+    const char *out;       /* the cost table's file */
+    long long max_batch, threads;
+} bench_profile_opts_t;
+bench_profile_opts_t bench_profile_defaults(void);
+int bench_profile_run(const bench_profile_opts_t *o);
 
 /* The model directory to use when no --model is given: $ARSERVE_MODEL when
  * set and not empty (it must hold an arserve.json); else the shipped demo
@@ -21,5 +37,14 @@ int cmd_calibrate(int argc, char **argv, char **envp);
  * arserve.json. Copies it into out[n] and returns 0; otherwise prints a
  * message naming what was tried and saying to pass --model, and returns -1. */
 int cli_default_model(char *out, size_t n);
+
+/* --model DIR_OR_PRESET of `plan` and `simulate` (cmd names the command
+ * in messages): the arserve.json it names (into json[cap]) read into cfg,
+ * with, for a next-scale model, its KV calibration (or a synthetic one
+ * when the directory has none: *calib_note says which) in calib and
+ * cfg->kv_calibration. 0, or 1 or 2 after a message; free calib with
+ * kv_calibration_free. */
+int cli_model_config(const char *cmd, const char *arg, char *json, size_t cap, model_config_t *cfg,
+                     kv_calibration_t *calib, const char **calib_note);
 
 #endif

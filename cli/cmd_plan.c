@@ -131,14 +131,14 @@ static void list_presets(FILE *f, const char *dir) {
 /* DIR_OR_PRESET -> the arserve.json to read. A value with a slash, or
  * naming an existing folder or file, is a path; anything else a preset.
  * Returns 0, or 2 (message printed) when it is neither. */
-static int resolve_model(const char *arg, char *json, size_t cap) {
+static int resolve_model(const char *cmd, const char *arg, char *json, size_t cap) {
     if (is_file(arg)) {
         snprintf(json, cap, "%s", arg);
         return 0;
     }
     if (is_dir(arg)) {
         if ((size_t)snprintf(json, cap, "%s/arserve.json", arg) >= cap) {
-            fprintf(stderr, "arserve plan: --model: path too long\n");
+            fprintf(stderr, "arserve %s: --model: path too long\n", cmd);
             return 2;
         }
         return 0;
@@ -155,7 +155,8 @@ static int resolve_model(const char *arg, char *json, size_t cap) {
             }
         }
     }
-    fprintf(stderr, "arserve plan: --model: '%s' is neither a model directory nor a preset\n", arg);
+    fprintf(stderr, "arserve %s: --model: '%s' is neither a model directory nor a preset\n", cmd,
+            arg);
     if (n == 0)
         fprintf(stderr, "  no preset folder found (config/models beside the binary or here; or set "
                         "ARSERVE_PRESETS_DIR)\n");
@@ -165,6 +166,46 @@ static int resolve_model(const char *arg, char *json, size_t cap) {
         fputc('\n', stderr);
     }
     return 2;
+}
+
+int cli_model_config(const char *cmd, const char *arg, char *json, size_t cap, model_config_t *cfg,
+                     kv_calibration_t *calib, const char **calib_note) {
+    int rc = resolve_model(cmd, arg, json, cap);
+    if (rc)
+        return rc;
+    ar_error_t err = {{0}};
+    memset(calib, 0, sizeof *calib);
+    *calib_note = NULL;
+    if (model_config_load(cfg, json, &err) != AR_OK) {
+        fprintf(stderr, "arserve %s: cannot read the model: %s\n", cmd, err.msg);
+        return 1;
+    }
+    /* HeatKV needs the model's calibration: the directory's, or for a
+     * preset without weights a synthetic one (head order: the budget's
+     * bytes do not depend on which heads go first). */
+    if (strcmp(cfg->family, "scale") != 0)
+        return 0;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%.*s/%s", (int)(strrchr(json, '/') - json), json,
+             KV_CALIBRATION_FILE);
+    kv_geometry_t g0;
+    model_geometry(cfg, 0, &g0);
+    if (is_file(path)) {
+        if (kv_calibration_load(calib, path, &err) != AR_OK ||
+            kv_calibration_check(calib, &g0, &err) != AR_OK) {
+            fprintf(stderr, "arserve %s: %s: %s\n", cmd, path, err.msg);
+            kv_calibration_free(calib);
+            return 1;
+        }
+        *calib_note = "the model's calibration";
+    } else if (kv_calibration_synthetic(calib, &g0, 3, &err) == AR_OK) {
+        *calib_note = "a synthetic ordering (no calibration in the model directory; bytes do "
+                      "not depend on which heads go first, only where early pruning falls; "
+                      "scalekv's drafters fall to the first layers of the first compacted "
+                      "scale)";
+    }
+    cfg->kv_calibration = calib->cas_order ? calib : NULL;
+    return 0;
 }
 
 /* ---- numbers ---- */
@@ -656,47 +697,17 @@ int cmd_plan(int argc, char **argv, char **envp) {
         return 2;
     }
     char json[PATH_MAX + 16];
-    if ((rc = resolve_model(model_arg, json, sizeof json)))
-        return rc;
     model_config_t cfg;
-    ar_error_t err = {{0}};
-    if (model_config_load(&cfg, json, &err) != AR_OK) {
-        fprintf(stderr, "arserve plan: cannot read the model: %s\n", err.msg);
-        return 1;
-    }
+    kv_calibration_t calib = {0};
+    const char *calib_note = NULL;
+    if ((rc = cli_model_config("plan", model_arg, json, sizeof json, &cfg, &calib, &calib_note)))
+        return rc;
     plan_ctx_t x = {.mc = &cfg,
                     .json = json,
                     .P = (int)n_prompt,
                     .pool_mb = pool_mb,
                     .batch = (int)batch,
                     .dt = dt};
-    /* HeatKV needs the model's calibration: the directory's, or for a
-     * preset without weights a synthetic one (head order: the budget's
-     * bytes do not depend on which heads go first). */
-    kv_calibration_t calib = {0};
-    const char *calib_note = NULL;
-    if (strcmp(cfg.family, "scale") == 0) {
-        char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%.*s/%s", (int)(strrchr(json, '/') - json), json,
-                 KV_CALIBRATION_FILE);
-        kv_geometry_t g0;
-        model_geometry(&cfg, 0, &g0);
-        if (is_file(path)) {
-            if (kv_calibration_load(&calib, path, &err) != AR_OK ||
-                kv_calibration_check(&calib, &g0, &err) != AR_OK) {
-                fprintf(stderr, "arserve plan: %s: %s\n", path, err.msg);
-                kv_calibration_free(&calib);
-                return 1;
-            }
-            calib_note = "the model's calibration";
-        } else if (kv_calibration_synthetic(&calib, &g0, 3, &err) == AR_OK) {
-            calib_note = "a synthetic ordering (no calibration in the model directory; bytes do "
-                         "not depend on which heads go first, only where early pruning falls; "
-                         "scalekv's drafters fall to the first layers of the first compacted "
-                         "scale)";
-        }
-        cfg.kv_calibration = calib.cas_order ? &calib : NULL;
-    }
     model_geometry(&cfg, x.P, &x.g);
     x.steps = kv_geometry_steps(&x.g);
     if (budget_tokens > 0) {

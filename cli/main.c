@@ -1,6 +1,7 @@
 /* arserve: one binary with subcommands (COMMANDS below): serve (the
  * daemon, server/), generate (one image to a PNG file), plan (KV
- * trajectories); calibrate, bench and simulate come with their issues. */
+ * trajectories), calibrate (HeatKV's orderings), bench (a load client)
+ * and simulate (capacity on a simulated clock). */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -78,6 +79,8 @@ static const command_t COMMANDS[] = {
     {"generate", cmd_generate, "generate one image to a PNG file"},
     {"plan", cmd_plan, "a request's KV trajectory and what fits the pool, per KV policy"},
     {"calibrate", cmd_calibrate, "HeatKV's head orderings for a next-scale model"},
+    {"bench", cmd_bench, "load a running daemon and report throughput and latency"},
+    {"simulate", cmd_simulate, "the batcher and planner on a simulated clock: capacity"},
 };
 #define N_COMMANDS (int)(sizeof COMMANDS / sizeof COMMANDS[0])
 
