@@ -114,6 +114,9 @@ endif
 EMU_OBJ   := $(EMU)/cuda_emu.o $(EMU)/backend_cuda.o $(KERNEL_SRC:kernels/%.cu=$(EMU)/kernels/%.o)
 ENGINE_LIB := $(BUILD)/libarengine.a
 SERVER_LIB := $(BUILD)/libarserver.a
+# cli/ without main(): the unit tests of the load client's and the
+# simulator's parts link it.
+CLI_LIB    := $(BUILD)/libarcli.a
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TINY_MODEL := $(BUILD)/tiny-model
@@ -186,13 +189,17 @@ $(SERVER_LIB): $(SERVER_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+$(CLI_LIB): $(filter-out $(BUILD)/cli/main.o,$(CLI_OBJ))
+	@rm -f $@
+	ar rcs $@ $^
+
 # The binary: cli/ (the subcommands) over server/ over engine/.
 $(BUILD)/arserve: $(CLI_OBJ) $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(SERVER_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c $(SERVER_LIB) $(ENGINE_LIB) tests/test.h tests/unit/kv_plan_run.h
+$(BUILD)/tests/%: tests/unit/%.c $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h tests/unit/kv_plan_run.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)
 
 # Debian packages the build and tests need; installed only when missing.
 DEB_PKGS := gcc make libopenblas-dev libcjson-dev libpng-dev libmicrohttpd-dev libjemalloc-dev \
@@ -304,6 +311,7 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/scale_bench $(TINY_MODEL)/
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
 	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL)
 	tests/cli/test_calibrate.sh $(BUILD)/arserve $(VAR_TINY_MODEL) $(TINY_MODEL)
+	tests/cli/test_simulate.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python $(VAR_MODEL)
 	$(BUILD)/scale_bench --model $(VAR_TINY_MODEL) --batch 2 --images 4 --reps 1 | \
 		grep -E '^batch 2 / batch 1: [0-9.]+x$$' && echo "ok      scale_bench runs a next-scale model at two batch sizes"

@@ -218,8 +218,9 @@ static double next_arrival(const sim_t *x, int *client) {
 }
 
 /* Handles a replica's events at its time; finishing jobs cost their decode
- * on the engine and their PNGs on the workers. */
-static void handle_events(sim_t *x, replica_t *r) {
+ * on the engine and their PNGs on the workers. at: when the events
+ * happened (the iteration's admission or its step's end). */
+static void handle_events(sim_t *x, replica_t *r, double at) {
     batcher_event_t ev[64];
     int n;
     while ((n = batcher_take_events(r->b, ev, 64)) > 0)
@@ -227,13 +228,13 @@ static void handle_events(sim_t *x, replica_t *r) {
             sim_job_t *j = ev[e].work;
             bench_record_t *rec = &x->rec[j->rec];
             if (ev[e].type == BATCHER_ADMITTED) {
-                j->t_admitted = r->t_free;
-                rec->queue_s = r->t_free - rec->scheduled;
+                j->t_admitted = at;
+                rec->queue_s = at - rec->scheduled;
                 continue;
             }
             if (ev[e].type == BATCHER_STEPPED) {
                 if (ev[e].steps_done == j->plan.steps)
-                    j->t_last_step = r->t_free;
+                    j->t_last_step = at;
                 continue;
             }
             double done = r->t_free;
@@ -266,7 +267,7 @@ static void handle_events(sim_t *x, replica_t *r) {
 /* One iteration of replica r at its time. 0: nothing could run. */
 static int iterate(sim_t *x, replica_t *r) {
     const int n = batcher_admit(r->b, r->t_free);
-    handle_events(x, r);
+    handle_events(x, r, r->t_free);
     if (n == 0)
         return 0;
     ar_error_t err = {{0}};
@@ -280,7 +281,7 @@ static int iterate(sim_t *x, replica_t *r) {
     if (x->timeline)
         fprintf(x->timeline, "%s,%d,%.6f,%d,%d,%d,%zu\n", x->label, (int)(r - x->r), r->t_free,
                 st.last_images, st.running, st.waiting, st.last_reserved_bytes);
-    handle_events(x, r);
+    handle_events(x, r, r->t_free);
     return 1;
 }
 

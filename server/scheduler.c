@@ -376,9 +376,10 @@ static void job_finished(scheduler_t *s, sched_job_t *j) {
         png_queue(s, j, i, -1, rgb[i]);
 }
 
-static void handle_event(scheduler_t *s, const batcher_event_t *ev) {
+/* ev happened at time now: its iteration's admission or its step's end
+ * (not when it is handled: decoding an earlier job's images comes between). */
+static void handle_event(scheduler_t *s, const batcher_event_t *ev, double now) {
     sched_job_t *j = job_of_work(ev->work);
-    const double now = clock_now_s();
     switch (ev->type) {
     case BATCHER_ADMITTED:
         metric_observe(s->m_queue_wait, now - j->t_submit);
@@ -495,9 +496,9 @@ static void check_iteration(scheduler_t *s, const batcher_stats_t *st, double se
     }
 }
 
-static void handle_events(scheduler_t *s, const batcher_event_t *ev, int n) {
+static void handle_events(scheduler_t *s, const batcher_event_t *ev, int n, double at) {
     for (int i = 0; i < n; i++)
-        handle_event(s, &ev[i]);
+        handle_event(s, &ev[i], at);
 }
 
 static void *engine_main(void *arg) {
@@ -519,13 +520,14 @@ static void *engine_main(void *arg) {
             break;
         }
         s->kick = 0;
-        const int n = batcher_admit(s->batcher, clock_now_s());
+        const double t_admit = clock_now_s();
+        const int n = batcher_admit(s->batcher, t_admit);
         int n_ev = take_events(s, &ev, &cap);
         set_gauges(s);
         batcher_stats_t st;
         batcher_stats(s->batcher, &st);
         pthread_mutex_unlock(&s->mu);
-        handle_events(s, ev, n_ev);
+        handle_events(s, ev, n_ev, t_admit);
         if (n == 0) {
             /* Waiting jobs that cannot start yet: nap until something changes. */
             if (st.waiting) {
@@ -550,7 +552,7 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         if (rc == AR_OK)
             check_iteration(s, &st, t1 - t0);
-        handle_events(s, ev, n_ev);
+        handle_events(s, ev, n_ev, t1);
     }
     /* Shutting down: end whatever is left. */
     pthread_mutex_lock(&s->mu);
@@ -558,7 +560,7 @@ static void *engine_main(void *arg) {
     int n_ev = take_events(s, &ev, &cap);
     set_gauges(s);
     pthread_mutex_unlock(&s->mu);
-    handle_events(s, ev, n_ev);
+    handle_events(s, ev, n_ev, clock_now_s());
     free(ev);
     pthread_mutex_lock(&s->mu);
     s->alive = 0;
