@@ -129,7 +129,7 @@ VAR_MODEL  := models/shapes-var
 .PHONY: all deps test test-unit test-cli test-integration test-integration-tsan test-python \
         test-sanitizers test-backend \
         test-cuda-build test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
-        format format-check info bench-kv bench-scale help
+        format format-check info bench-kv bench-scale bench-serve help
 
 all: info $(BUILD)/arserve
 
@@ -146,6 +146,9 @@ help:
 	@echo "                      and images/s (ratios to full), PSNR against full, ShapesEval"
 	@echo "                      (KV_BENCH_PER_CATEGORY, KV_BENCH_THREADS, KV_BENCH_POOL_IMAGES,"
 	@echo "                      KV_BENCH_WAVES); a few minutes, not part of make test"
+	@echo "make bench-serve      the serving sweep: arserve bench at Poisson rates against a daemon,"
+	@echo "                      full vs a compressed policy, the simulator checked, a plot"
+	@echo "                      (docs/capacity.md); ten minutes, not part of make test"
 	@echo "make eval             ShapesEval of MODEL: the 300 standard prompts generated and scored"
 	@echo "                      (EVAL_ARGS, e.g. EVAL_ARGS=\"--limit 48\"; images in $(BUILD)/eval)"
 	@echo "make expected-png     remake the PNG the shipped-model test expects (after retraining)"
@@ -380,6 +383,19 @@ bench-kv: $(BUILD)/kv_bench $(VENV)/.stamp
 	$(VENV)/bin/python bench/kv_bench.py --bin $(BUILD)/kv_bench --model $(KV_BENCH_MODEL) \
 		--per-category $(KV_BENCH_PER_CATEGORY) --threads $(KV_BENCH_THREADS) \
 		--pool-images $(KV_BENCH_POOL_IMAGES) --waves $(KV_BENCH_WAVES) --out $(BUILD)/bench-kv
+
+# The serving sweep of docs/capacity.md (tools/serving_sweep.py): the cost
+# table fitted on this machine, `arserve bench` over a sweep of Poisson rates
+# against a daemon on loopback, full cache against a compressed policy in one
+# KV pool, the simulator checked against one measured trace, and the plot
+# (docs/serving-sweep.png). About ten minutes on two cores; not part of
+# `make test`. SWEEP_ARGS adds flags (python tools/serving_sweep.py --help).
+SWEEP_ARGS ?=
+bench-serve: $(BUILD)/arserve $(VENV)/.stamp
+	@$(VENV)/bin/python -c 'import matplotlib' 2>/dev/null || \
+		$(VENV)/bin/pip install -q --disable-pip-version-check matplotlib==3.11.2
+	$(VENV)/bin/python tools/serving_sweep.py --arserve $(BUILD)/arserve --model $(MODEL) \
+		--out $(BUILD)/sweep --png docs/serving-sweep.png $(SWEEP_ARGS)
 
 # Serves MODEL on HOST:PORT: the shipped demo model unless told otherwise
 # (MODEL=build/tiny-model makes and serves the tiny random one).

@@ -47,4 +47,7 @@ int cli_default_model(char *out, size_t n);
 int cli_model_config(const char *cmd, const char *arg, char *json, size_t cap, model_config_t *cfg,
                      kv_calibration_t *calib, const char **calib_note);
 
+/* --kv-dtype K,V (a CLI_EACH parser; dest: planner_kv_dtype_t). */
+int cli_parse_kv_dtype(void *dest, const char *value);
+
 #endif

@@ -174,8 +174,9 @@ static void *scraper(void *p) {
         double s = until.tv_sec + until.tv_nsec * 1e-9 + r->o->scrape_interval;
         until.tv_sec = (time_t)s;
         until.tv_nsec = (long)((s - (double)until.tv_sec) * 1e9);
-        if (r->scraping)
-            pthread_cond_timedwait(&r->changed, &r->mu, &until);
+        /* r->changed also signals every answer: wait out the interval. */
+        while (r->scraping && pthread_cond_timedwait(&r->changed, &r->mu, &until) != ETIMEDOUT) {
+        }
     }
     pthread_mutex_unlock(&r->mu);
     return NULL;

@@ -643,11 +643,11 @@ static void print_details(const plan_ctx_t *x, const policy_plan_t *plans, int n
 }
 
 /* --kv-dtype's value into a planner_kv_dtype_t (CLI_EACH). */
-static int parse_kv_dtype(void *dest, const char *value) {
+int cli_parse_kv_dtype(void *dest, const char *value) {
     ar_error_t err = {{0}};
     if (planner_kv_dtype_parse(value, dest, &err) == AR_OK)
         return 0;
-    fprintf(stderr, "arserve plan: --kv-dtype: %s\n", err.msg);
+    fprintf(stderr, "arserve: --kv-dtype: %s\n", err.msg);
     return 2;
 }
 
@@ -679,7 +679,7 @@ int cmd_plan(int argc, char **argv, char **envp) {
         {"batch", 0, CLI_INT, &batch, 1, 65536, .metavar = "N",
          .help = "images planned together, each a CFG pair of sequences: the batch's peak "
                  "(default 1)"},
-        {"kv-dtype", 0, CLI_EACH, &dt, .each = parse_kv_dtype, .metavar = "K,V",
+        {"kv-dtype", 0, CLI_EACH, &dt, .each = cli_parse_kv_dtype, .metavar = "K,V",
          .help = "element types of the cache's K and V, each f32, bf16 or f16 (one value: both); "
                  "e.g. f32,bf16, what VAR's and HeatKV's reference code holds under autocast. "
                  "Default f32,f32, what the engine's pool holds"},

@@ -24,7 +24,6 @@
 #include "cli/load_spec.h"
 #include "engine/batcher.h"
 #include "engine/family.h"
-#include "engine/kv_pool.h"
 #include "engine/model_config.h"
 #include "engine/planner.h"
 #include "server/api.h"
@@ -61,6 +60,7 @@ typedef struct sim {
     int widths[1], heights[1];
     kv_policy_params_t kv_defaults;
     int n_replicas, png_workers, block_tokens, prompt_tokens;
+    planner_kv_dtype_t dt; /* K and V as the pool counts them */
     size_t pool_bytes;
     batcher_options_t bo;
     FILE *timeline;
@@ -136,8 +136,8 @@ static void arrive(sim_t *x, int i, double t, int client) {
                          : !strcmp(x->cfg->family, "scale") ? 1
                                                             : x->prompt_tokens;
     ar_error_t err = {{0}};
-    if (!j || planner_plan(&j->plan, x->cfg, &req.kv_policy, n_prompt, x->block_tokens, NULL,
-                           &err) != AR_OK) {
+    if (!j || planner_plan_dtype(&j->plan, x->cfg, &req.kv_policy, n_prompt, x->block_tokens, x->dt,
+                                 NULL, &err) != AR_OK) {
         refuse(rec, 400, j ? "invalid_value" : "internal_error", t);
         api_image_request_free(&req);
         free(j);
@@ -372,6 +372,7 @@ int cmd_simulate(int argc, char **argv, char **envp) {
     long long replicas = 1, pool_mb = d.kv_pool_mb, max_running = d.max_running,
               max_waiting = d.max_waiting, png_workers = d.png_workers, prompt_tokens = 18;
     int help = 0;
+    planner_kv_dtype_t dt = planner_kv_engine;
     load_spec_t spec;
     load_spec_defaults(&spec);
     cli_flag_t flags[LOAD_N_FLAGS + 16] = {
@@ -393,6 +394,10 @@ int cmd_simulate(int argc, char **argv, char **envp) {
         {"prompt-tokens", 0, CLI_INT, &prompt_tokens, 1, MODEL_MAX_PROMPT_TOKENS, .metavar = "N",
          .help = "condition prefix of a request whose trace line does not give input_tokens "
                  "(default 18: a 16-token prompt)"},
+        {"kv-dtype", 0, CLI_EACH, &dt, .each = cli_parse_kv_dtype, .metavar = "K,V",
+         .help = "element types the pool counts K and V in, each f32, bf16 or f16 (one value: "
+                 "both); default f32,f32, the engine's. A projection of a paper's GPU runs takes "
+                 "the paper's (bf16 for Janus, f32,bf16 for VAR and Infinity)"},
         {"timeline", 0, CLI_STRING, &timeline_path, .metavar = "FILE",
          .help = "CSV of every iteration: run, replica, time, images stepped, running, waiting, "
                  "KV reserved bytes"},
@@ -438,7 +443,9 @@ int cmd_simulate(int argc, char **argv, char **envp) {
                .prompt_tokens = (int)prompt_tokens,
                .block_tokens = planner_block_tokens(&cfg)};
     /* The pool as the scheduler makes it: whole blocks of --kv-pool-mb. */
-    const size_t block = kv_pool_block_bytes(x.block_tokens, cfg.llm.head_dim);
+    x.dt = dt;
+    const size_t block =
+        (size_t)x.block_tokens * cfg.llm.head_dim * (dtype_size(dt.k) + dtype_size(dt.v));
     x.pool_bytes = ((size_t)pool_mb << 20) / block * block;
     x.bo = (batcher_options_t){.pool_bytes = x.pool_bytes,
                                .max_running = (int)max_running,
@@ -461,12 +468,16 @@ int cmd_simulate(int argc, char **argv, char **envp) {
     if (x.timeline)
         fprintf(x.timeline, "run,replica,t,images_stepped,running,waiting,kv_reserved_bytes\n");
     if (rc == 0) {
-        printf("simulating %s (%s family) on %lld replica%s: KV pool %.1f MiB each, max running "
-               "%lld, max waiting %lld, %lld PNG workers\n",
+        printf("simulating %s (%s family) on %lld replica%s: KV pool %.1f MiB each (K %s, V %s), "
+               "max running %lld, max waiting %lld, %lld PNG workers\n",
                json, cfg.family, replicas, replicas == 1 ? "" : "s", x.pool_bytes / 1048576.0,
-               max_running, max_waiting, png_workers);
-        printf("cost table %s: %s (fit over %d iterations: relative RMS error %.1f%%)\n",
-               costs_path, costs.source, costs.fit_samples, 100 * costs.fit_rel_rms);
+               planner_kv_dtype_name(dt.k), planner_kv_dtype_name(dt.v), max_running, max_waiting,
+               png_workers);
+        if (costs.fit_samples > 0)
+            printf("cost table %s: %s (fit over %d iterations: relative RMS error %.1f%%)\n",
+                   costs_path, costs.source, costs.fit_samples, 100 * costs.fit_rel_rms);
+        else
+            printf("cost table %s (derived, not fitted): %s\n", costs_path, costs.source);
         if (calib_note)
             printf("heatkv and scalekv calibration: %s\n", calib_note);
         fflush(stdout);

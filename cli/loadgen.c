@@ -185,7 +185,9 @@ int loadgen_mix_pick(const loadgen_mix_t *m, uint64_t seed, int i) {
 
 static int cmp_item(const void *a, const void *b) {
     const loadgen_trace_item_t *x = a, *y = b;
-    return (x->t > y->t) - (x->t < y->t);
+    if (x->t != y->t)
+        return (x->t > y->t) - (x->t < y->t);
+    return (x->line > y->line) - (x->line < y->line);
 }
 
 int loadgen_trace_read(const char *path, loadgen_trace_item_t **items, int *n, loadgen_mix_t *mix) {
@@ -243,7 +245,8 @@ int loadgen_trace_read(const char *path, loadgen_trace_item_t **items, int *n, l
                 .t = t->valuedouble,
                 .entry = entry,
                 .input_tokens =
-                    cJSON_IsNumber(in) && in->valuedouble > 0 ? (int)in->valuedouble : 0};
+                    cJSON_IsNumber(in) && in->valuedouble > 0 ? (int)in->valuedouble : 0,
+                .line = no};
         cJSON_Delete(o);
     }
     free(line);

@@ -56,6 +56,7 @@ typedef struct loadgen_trace_item {
     double t;
     int entry; /* index into the mix read alongside */
     int input_tokens;
+    int line; /* its line in the file: equal times keep the file's order */
 } loadgen_trace_item_t;
 
 /* Reads a trace into items (malloc'd, sorted by t) and its request bodies

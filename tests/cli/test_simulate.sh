@@ -115,10 +115,11 @@ fi
 # The paper projections (docs/capacity.md) run on their presets.
 for c in "$root"/config/costs/*.json; do
     [ -e "$c" ] || continue
-    preset=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["preset"])' "$c")
+    read -r preset pool dt < <("$py" -c 'import json,sys; d=json.load(open(sys.argv[1]))
+print(d["preset"], d["kv_pool_mb"], d["kv_dtype"])' "$c")
     mix="${c%.json}.mix.jsonl"
     if "$bin" simulate --model "$preset" --costs "$c" --mix "$mix" --arrival burst -n 4 \
-        --kv-pool-mb 1024 >"$tmp/log" 2>&1 && grep -q "4 completed" "$tmp/log"; then
+        --kv-pool-mb "$pool" --kv-dtype "$dt" >"$tmp/log" 2>&1 && grep -q "4 completed" "$tmp/log"; then
         ok "projection $(basename "$c") runs on preset $preset"
     else
         fail "projection $(basename "$c") runs on preset $preset" "$(tail -c 400 "$tmp/log")"

@@ -99,16 +99,19 @@ static void test_trace_reads_sorted_with_distinct_bodies(void) {
     FILE *f = fopen(path, "w");
     fprintf(f, "{\"t\": 2.5, \"request\": {\"prompt\": \"x\"}, \"input_tokens\": 9}\n"
                "{\"t\": 0.5, \"request\": {\"prompt\": \"y\", \"n\": 2}}\n"
-               "{\"t\": 1.0, \"request\": {\"prompt\": \"x\"}}\n");
+               "{\"t\": 1.0, \"request\": {\"prompt\": \"x\"}}\n"
+               "{\"t\": 1.0, \"request\": {\"prompt\": \"z\"}}\n");
     fclose(f);
     loadgen_trace_item_t *it;
     int n;
     loadgen_mix_t m;
     CHECK(loadgen_trace_read(path, &it, &n, &m) == 0);
-    CHECK(n == 3 && m.n == 2);
-    CHECK(it[0].t == 0.5 && it[1].t == 1.0 && it[2].t == 2.5);
-    CHECK(it[1].entry == it[2].entry && it[0].entry != it[1].entry);
-    CHECK(it[2].input_tokens == 9 && it[1].input_tokens == 0);
+    CHECK(n == 4 && m.n == 3);
+    CHECK(it[0].t == 0.5 && it[1].t == 1.0 && it[3].t == 2.5);
+    /* Equal times keep the file's order (a burst replays in order). */
+    CHECK(it[2].t == 1.0 && !strcmp(m.e[it[2].entry].body, "{\"prompt\":\"z\"}"));
+    CHECK(it[1].entry == it[3].entry && it[0].entry != it[1].entry);
+    CHECK(it[3].input_tokens == 9 && it[1].input_tokens == 0);
     free(it);
     loadgen_mix_free(&m);
     f = fopen(path, "w");

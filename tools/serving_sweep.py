@@ -1,0 +1,173 @@
+"""The serving measurement of docs/capacity.md, in one run on the machine at hand:
+
+1. `arserve bench --profile` fits this machine's cost table for the model;
+2. a daemon serves the model with a small KV pool, and `arserve bench` sweeps
+   Poisson request rates for the full cache and for a compressed policy, the
+   same pool for both: the throughput-latency curve of each, and the rate at
+   which p99 end-to-end latency passes the SLO;
+3. one measured run's per-request trace is replayed through `arserve simulate`
+   with the fitted cost table and the daemon's settings: the simulator's error
+   on throughput, mean and p99 latency and mean queue wait;
+4. the curves are plotted (matplotlib) into a PNG.
+
+usage: python tools/serving_sweep.py --arserve build/arserve --model models/shapes \
+           --out build/sweep --png docs/serving-sweep.png
+"""
+import argparse
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url, proc, timeout=60):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            sys.exit(f"the daemon exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/ready", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    sys.exit("the daemon did not become ready")
+
+
+def run(cmd):
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def rows(path):
+    with open(path) as f:
+        return [{k: (v if k in ("label", "source", "arrival") else float(v)) for k, v in r.items()}
+                for r in csv.DictReader(f)]
+
+
+def slo_crossing(rs, slo_ms):
+    """The request rate at which p99 end-to-end latency passes slo_ms, interpolated
+    linearly between the two sweep points around it (None if it never does, or
+    already does at the lowest rate)."""
+    for a, b in zip(rs, rs[1:]):
+        if a["p99_e2el_ms"] <= slo_ms < b["p99_e2el_ms"]:
+            f = (slo_ms - a["p99_e2el_ms"]) / (b["p99_e2el_ms"] - a["p99_e2el_ms"])
+            return a["request_rate"] + f * (b["request_rate"] - a["request_rate"])
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arserve", default="build/arserve")
+    ap.add_argument("--model", default="models/shapes")
+    ap.add_argument("--out", default="build/sweep")
+    ap.add_argument("--png", default="docs/serving-sweep.png")
+    ap.add_argument("--pool-mb", type=int, default=9, help="the KV pool (default 9 MiB: two "
+                    "full-cache images of the demo model)")
+    ap.add_argument("--threads", type=int, default=1, help="the daemon's CPU threads")
+    ap.add_argument("--rates", default="1,2,3,4,5,6")
+    ap.add_argument("-n", type=int, default=40, help="requests per rate")
+    ap.add_argument("--slo-ms", type=float, default=3000, help="the p99 end-to-end SLO")
+    ap.add_argument("--compressed", default='{"kv_policy": "linear", "kv_budget": 0.25}',
+                    help="the compressed policy's request fields (JSON)")
+    ap.add_argument("--validate-rate", default=None,
+                    help="the compressed run replayed through the simulator (default: the "
+                    "sweep's middle rate)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    costs = os.path.join(a.out, "costs.json")
+    run([a.arserve, "bench", "--profile", "--model", a.model, "--threads", str(a.threads),
+         "--max-batch", "16", "--out", costs])
+
+    policies = {"full": {"kv_policy": "full"}, "compressed": json.loads(a.compressed)}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    daemon_flags = ["--kv-pool-mb", str(a.pool_mb), "--max-running", "64", "--max-waiting",
+                    "256", "--png-workers", "2"]
+    proc = subprocess.Popen([a.arserve, "serve", "--model", a.model, "--port", str(port),
+                             "--threads", str(a.threads), "--log-level", "warn"] + daemon_flags)
+    try:
+        wait_ready(url, proc)
+        for name, fields in policies.items():
+            mix = os.path.join(a.out, f"{name}.mix.jsonl")
+            with open(mix, "w") as f:
+                f.write(json.dumps({"prompt": "a red circle above a blue square", **fields}) + "\n")
+            d = os.path.join(a.out, name)
+            if os.path.exists(os.path.join(d, "results.csv")):
+                os.remove(os.path.join(d, "results.csv"))
+            run([a.arserve, "bench", "--url", url, "--mix", mix, "--rates", a.rates, "-n",
+                 str(a.n), "--seed", "1", "--goodput-e2el-ms", str(a.slo_ms), "--out", d,
+                 "--no-progress"])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+    curves = {name: rows(os.path.join(a.out, name, "results.csv")) for name in policies}
+    print(f"\nKV pool {a.pool_mb} MiB, {a.threads} thread(s); p99 SLO {a.slo_ms:g} ms")
+    print(f"{'policy':<12}{'rate':>6}{'req/s':>8}{'images/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+          f"{'queue ms':>10}{'running':>9}")
+    for name, rs in curves.items():
+        for r in rs:
+            print(f"{name:<12}{r['request_rate']:>6g}{r['request_throughput']:>8.2f}"
+                  f"{r['images_per_s']:>10.2f}{r['median_e2el_ms']:>9.0f}{r['p99_e2el_ms']:>9.0f}"
+                  f"{r['mean_queue_ms']:>10.0f}{r['kv_pool.max_running']:>9g}")
+        x = slo_crossing(rs, a.slo_ms)
+        print(f"{name}: p99 passes {a.slo_ms:g} ms at "
+              + (f"{x:.2f} requests/s" if x else "no rate of the sweep"))
+
+    # The simulator against one measured trace.
+    rates = a.rates.split(",")
+    rate = a.validate_rate or rates[len(rates) // 2]
+    trace = os.path.join(a.out, "compressed", f"rate-{float(rate):g}.requests.jsonl")
+    sim_dir = os.path.join(a.out, "simulated")
+    run([a.arserve, "simulate", "--model", a.model, "--costs", costs, "--trace", trace,
+         "--label", "trace", "--out", sim_dir] + daemon_flags)
+    meas = json.load(open(os.path.join(a.out, "compressed", f"rate-{float(rate):g}.json")))
+    sim = json.load(open(os.path.join(sim_dir, "trace.json")))
+    print(f"\nsimulator vs daemon, compressed policy at {rate} requests/s "
+          f"({meas['completed']:g} requests):")
+    for key in ("request_throughput", "mean_e2el_ms", "p99_e2el_ms", "mean_queue_ms"):
+        m, s = meas[key], sim[key]
+        err = (s - m) / m * 100 if m else float("nan")
+        print(f"  {key:<20} daemon {m:10.3f}  simulated {s:10.3f}  error {err:+6.1f}%")
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    for name, rs in curves.items():
+        label = "full cache" if name == "full" else a.compressed
+        ax[0].plot([r["request_rate"] for r in rs], [r["images_per_s"] for r in rs], "o-",
+                   label=label)
+        ax[1].plot([r["images_per_s"] for r in rs], [r["p99_e2el_ms"] / 1e3 for r in rs], "o-",
+                   label=label)
+    ax[0].set_xlabel("offered load (requests/s, Poisson)")
+    ax[0].set_ylabel("throughput (images/s)")
+    ax[1].axhline(a.slo_ms / 1e3, color="grey", linestyle="--", label=f"SLO {a.slo_ms / 1e3:g} s")
+    ax[1].set_xlabel("throughput (images/s)")
+    ax[1].set_ylabel("p99 end-to-end latency (s)")
+    ax[1].set_yscale("log")
+    for x in ax:
+        x.grid(alpha=0.3)
+        x.legend(fontsize=8)
+    fig.suptitle(f"arserve bench on {os.path.basename(a.model)}, one {a.pool_mb} MiB KV pool, "
+                 f"{a.threads} CPU thread(s)")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(a.png) or ".", exist_ok=True)
+    fig.savefig(a.png, dpi=100)
+    print(f"wrote {a.png}")
+
+
+if __name__ == "__main__":
+    main()
