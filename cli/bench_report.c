@@ -64,6 +64,37 @@ static int add_stats(cJSON *o, const char *name, double *x, int n) {
 
 static int ok_record(const bench_record_t *r) { return r->status == 200; }
 
+/* The per-request figures the report summarises, in seconds. */
+typedef enum metric {
+    METRIC_E2EL,
+    METRIC_QUEUE,
+    METRIC_STEP,
+    METRIC_DECODE_PNG,
+    N_METRICS
+} metric_t;
+static const char *const METRIC_NAMES[N_METRICS] = {"e2el", "queue", "step", "decode_png"};
+
+/* Request r's figure m into *v; 0 when the response did not say. Latency
+ * counts from the scheduled send time (no coordinated omission). */
+static int metric_of(const bench_record_t *r, metric_t m, double *v) {
+    switch (m) {
+    case METRIC_E2EL:
+        *v = r->done - r->scheduled;
+        return 1;
+    case METRIC_QUEUE:
+        *v = r->queue_s;
+        return r->queue_s >= 0;
+    case METRIC_STEP:
+        *v = r->steps > 0 ? r->run_s / r->steps : 0;
+        return r->run_s >= 0 && r->steps > 0;
+    case METRIC_DECODE_PNG:
+        *v = r->decode_png_s;
+        return r->decode_png_s >= 0;
+    default:
+        return 0;
+    }
+}
+
 cJSON *bench_report(const bench_run_t *run, const bench_record_t *r, int n, double duration,
                     const bench_slo_t *slo, const bench_pool_t *pool) {
     cJSON *o = cJSON_CreateObject();
@@ -120,27 +151,13 @@ cJSON *bench_report(const bench_run_t *run, const bench_record_t *r, int n, doub
     cJSON *s = cJSON_AddObjectToObject(o, "goodput_slo_ms");
     ok &= s && cJSON_AddNumberToObject(s, "e2el", slo->e2el_ms) &&
           cJSON_AddNumberToObject(s, "queue", slo->queue_ms);
-    /* Latency counts from the scheduled send time (no coordinated omission). */
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        if (ok_record(&r[i]))
-            x[k++] = r[i].done - r[i].scheduled;
-    ok &= add_stats(o, "e2el", x, k);
-    k = 0;
-    for (int i = 0; i < n; i++)
-        if (ok_record(&r[i]) && r[i].queue_s >= 0)
-            x[k++] = r[i].queue_s;
-    ok &= add_stats(o, "queue", x, k);
-    k = 0;
-    for (int i = 0; i < n; i++)
-        if (ok_record(&r[i]) && r[i].run_s >= 0 && r[i].steps > 0)
-            x[k++] = r[i].run_s / r[i].steps;
-    ok &= add_stats(o, "step", x, k);
-    k = 0;
-    for (int i = 0; i < n; i++)
-        if (ok_record(&r[i]) && r[i].decode_png_s >= 0)
-            x[k++] = r[i].decode_png_s;
-    ok &= add_stats(o, "decode_png", x, k);
+    for (int m = 0; m < N_METRICS; m++) {
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (ok_record(&r[i]) && metric_of(&r[i], (metric_t)m, &x[k]))
+                k++;
+        ok &= add_stats(o, METRIC_NAMES[m], x, k);
+    }
     free(x);
     cJSON *p = cJSON_AddObjectToObject(o, "kv_pool");
     const double m = pool->samples ? 1.0 / pool->samples : 0;
@@ -177,8 +194,8 @@ void bench_report_print(FILE *f, const cJSON *o) {
     fprintf(f, "   throughput %.3f req/s, %.3f images/s, %.1f image tokens/s; goodput %.3f req/s\n",
             num(o, "request_throughput"), num(o, "images_per_s"), num(o, "output_throughput"),
             num(o, "request_goodput"));
-    static const char *const metric[] = {"e2el", "queue", "step", "decode_png"};
-    for (int i = 0; i < 4; i++) {
+    const char *const *metric = METRIC_NAMES;
+    for (int i = 0; i < N_METRICS; i++) {
         char k[6][40];
         static const char *const stat[] = {"mean", "median", "std", "p90", "p99"};
         for (int s = 0; s < 5; s++)
