@@ -72,13 +72,14 @@ static int profile_batch(model_t *m, const kv_policy_params_t *p, int batch, con
         rc = kv_pool_init(&pool, m->be, (int)(pl.peak_bytes / block + 1) * batch + 1, bt,
                           m->cfg.llm.head_dim, err);
     const int have_pool = rc == AR_OK;
-    for (; rc == AR_OK && made < batch; made++) {
+    while (rc == AR_OK && made < batch) {
         rc = gen_request_init(&reqs[made], m, &pool, p, cond, uncond, n_prompt, &m->cfg.sampling,
                               (uint64_t)made + 1, 0, err);
-        ptrs[made] = &reqs[made];
+        if (rc == AR_OK) {
+            ptrs[made] = &reqs[made];
+            made++;
+        }
     }
-    if (rc != AR_OK)
-        made = made > 0 ? made - 1 : 0;
     for (int t = 0; rc == AR_OK && t < pl.steps; t++) {
         cost_features_t f = {0};
         cost_features_add(&f, &g, &pl, t, batch);

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -46,8 +45,9 @@ typedef struct run {
     double t0; /* clock_now_s() at the start */
     pthread_mutex_t mu;
     pthread_cond_t changed;
-    int issued, finished, failed, inflight;
-    int next; /* closed loop: the next request to take */
+    int issued, finished, failed; /* in flight: issued - finished */
+    int next;                     /* closed loop: the next request to take */
+    int clients;                  /* closed loop: clients still taking requests */
     int scraping;
     bench_pool_t *pool;
 } run_t;
@@ -107,7 +107,6 @@ static void send_one(run_t *r, int i) {
     pthread_mutex_lock(&r->mu);
     r->finished++;
     r->failed += rec->status != 200;
-    r->inflight--;
     pthread_cond_broadcast(&r->changed);
     pthread_mutex_unlock(&r->mu);
 }
@@ -124,23 +123,36 @@ static void *open_loop_request(void *p) {
     return NULL;
 }
 
-/* Closed loop: each client takes the next request when its last one ends. */
+/* Closed loop: each client takes the next request when its last one ends,
+ * until none is left or --duration has passed. */
 static void *closed_loop_client(void *p) {
     run_t *r = p;
+    pthread_mutex_lock(&r->mu);
     for (;;) {
-        pthread_mutex_lock(&r->mu);
         const double now = since(r);
-        int i = r->next < r->n && !(r->s->duration > 0 && now >= r->s->duration) ? r->next++ : -1;
-        if (i >= 0) {
-            r->issued++;
-            r->inflight++;
-            r->rec[i].scheduled = now;
-        }
+        if (r->next == r->n || (r->s->duration > 0 && now >= r->s->duration))
+            break;
+        const int i = r->next++;
+        r->issued++;
+        r->rec[i].scheduled = now;
         pthread_mutex_unlock(&r->mu);
-        if (i < 0)
-            return NULL;
         send_one(r, i);
+        pthread_mutex_lock(&r->mu);
     }
+    r->clients--;
+    pthread_cond_broadcast(&r->changed);
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* The CLOCK_REALTIME time `seconds` from now, for pthread_cond_timedwait. */
+static struct timespec realtime_after(double seconds) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double s = (double)ts.tv_nsec * 1e-9 + seconds;
+    ts.tv_sec += (time_t)s;
+    ts.tv_nsec = (long)((s - floor(s)) * 1e9);
+    return ts;
 }
 
 /* The value of an unlabelled sample `name value` in a Prometheus text page. */
@@ -169,11 +181,7 @@ static void *scraper(void *p) {
         }
         http_response_free(&resp);
         pthread_mutex_lock(&r->mu);
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        double s = until.tv_sec + until.tv_nsec * 1e-9 + r->o->scrape_interval;
-        until.tv_sec = (time_t)s;
-        until.tv_nsec = (long)((s - (double)until.tv_sec) * 1e9);
+        const struct timespec until = realtime_after(r->o->scrape_interval);
         /* r->changed also signals every answer: wait out the interval. */
         while (r->scraping && pthread_cond_timedwait(&r->changed, &r->mu, &until) != ETIMEDOUT) {
         }
@@ -186,21 +194,15 @@ static void draw_progress(const run_t *r, int final) {
     const int width = 30, total = r->n ? r->n : 1, filled = r->finished * width / total;
     fprintf(stderr, "\r[%.*s%*s] %d/%d done, %d failed, %d in flight, %.1f s ", filled,
             "##############################", width - filled, "", r->finished, r->n, r->failed,
-            r->inflight, since(r));
+            r->issued - r->finished, since(r));
     if (final)
         fputc('\n', stderr);
     fflush(stderr);
 }
 
-/* Waits until cond holds or 0.25 s passes (mu held). */
+/* Waits for a change or 0.25 s, whichever comes first (mu held). */
 static void wait_a_little(run_t *r) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 250000000;
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
-    }
+    const struct timespec until = realtime_after(0.25);
     pthread_cond_timedwait(&r->changed, &r->mu, &until);
 }
 
@@ -223,7 +225,7 @@ static int bench_run(void *ctx, const load_spec_t *s, const char *label, double 
     r->rec = rec;
     r->n = n;
     r->pool = pool;
-    r->issued = r->finished = r->failed = r->inflight = r->next = 0;
+    r->issued = r->finished = r->failed = r->next = r->clients = 0;
     pthread_t scrape_thread;
     r->t0 = clock_now_s();
     r->scraping = o->scrape_interval > 0;
@@ -237,10 +239,15 @@ static int bench_run(void *ctx, const load_spec_t *s, const char *label, double 
     if (closed) {
         for (int c = 0; c < s->concurrency; c++) {
             pthread_t t;
+            pthread_mutex_lock(&r->mu);
+            r->clients++;
             if (pthread_create(&t, &attr, closed_loop_client, r) != 0) {
+                r->clients--;
                 rc = -1;
-                break;
             }
+            pthread_mutex_unlock(&r->mu);
+            if (rc)
+                break;
         }
     } else {
         for (int i = 0; i < n; i++) {
@@ -248,10 +255,10 @@ static int bench_run(void *ctx, const load_spec_t *s, const char *label, double 
                 break;
             sleep_until(r, rec[i].scheduled);
             pthread_mutex_lock(&r->mu);
-            while (r->inflight >= o->max_inflight) /* the wait counts: latency is from sched */
+            while (r->issued - r->finished >=
+                   o->max_inflight) /* the wait counts: latency is from sched */
                 wait_a_little(r);
             r->issued++;
-            r->inflight++;
             pthread_mutex_unlock(&r->mu);
             one_arg_t *a = malloc(sizeof *a);
             pthread_t t;
@@ -259,7 +266,6 @@ static int bench_run(void *ctx, const load_spec_t *s, const char *label, double 
                 free(a);
                 pthread_mutex_lock(&r->mu);
                 r->issued--;
-                r->inflight--;
                 pthread_mutex_unlock(&r->mu);
                 rc = -1;
                 break;
@@ -273,9 +279,8 @@ static int bench_run(void *ctx, const load_spec_t *s, const char *label, double 
     }
     pthread_attr_destroy(&attr);
     pthread_mutex_lock(&r->mu);
-    /* Closed loop: wait until every client has stopped taking requests. */
-    while (r->finished < r->issued || (closed && r->inflight > 0) ||
-           (closed && rc == 0 && r->next < r->n && !(s->duration > 0 && since(r) >= s->duration))) {
+    /* Every answer in, and every client stopped taking requests. */
+    while (r->finished < r->issued || r->clients > 0) {
         if (o->progress)
             draw_progress(r, 0);
         wait_a_little(r);
@@ -341,10 +346,10 @@ int cmd_bench(int argc, char **argv, char **envp) {
         {"threads", 0, CLI_INT, &prof.threads, 0, 1024, .metavar = "N",
          .help = "--profile: CPU threads, 0 = all cores (default 0, as the daemon)"},
     };
-    int n_flags = 0;
-    while (flags[n_flags].name)
-        n_flags++;
-    load_flags(flags + n_flags, &spec, 1);
+    if (load_flags(flags, (int)(sizeof flags / sizeof *flags), &spec) != 0) {
+        fprintf(stderr, "arserve bench: its flag table is too small (a bug)\n");
+        return 1;
+    }
     int rc = cli_flags_parse("bench", flags, argc, argv, &help);
     if (rc)
         return rc;

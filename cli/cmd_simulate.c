@@ -28,6 +28,7 @@
 #include "engine/planner.h"
 #include "server/api.h"
 #include "server/config.h"
+#include "server/http.h"
 #include "server/scheduler.h"
 
 #define SIM_MAX_REPLICAS 64
@@ -37,7 +38,7 @@
 typedef struct sim_job {
     int rec;    /* its record */
     int client; /* closed loop: the client that sent it, else -1 */
-    int n_images, n_prompt;
+    int n_images;
     int step; /* steps done */
     kv_geometry_t g;
     planner_plan_t plan;
@@ -109,11 +110,22 @@ static void job_free(sim_job_t *j) {
     free(j);
 }
 
-/* A refusal as the daemon answers it. */
+/* An answer without images at time now. */
 static void refuse(bench_record_t *rec, int status, const char *code, double now) {
     rec->status = status;
     snprintf(rec->code, sizeof rec->code, "%s", code);
     rec->sent = rec->done = fmax(now, 1e-9);
+}
+
+/* A refused submission, answered as the daemon answers it (http.h). */
+static void refuse_as_daemon(const sim_t *x, bench_record_t *rec, sched_refusal_info_t *why,
+                             int n_images, double now) {
+    why->pool_bytes = x->pool_bytes;
+    why->max_running = x->bo.max_running;
+    why->max_waiting = x->bo.max_waiting;
+    api_error_t e;
+    http_refusal_error(why, n_images, 0, &e);
+    refuse(rec, e.status, e.code, now);
 }
 
 /* Request i arrives at time t: parsed and planned as the daemon would,
@@ -136,9 +148,13 @@ static void arrive(sim_t *x, int i, double t, int client) {
                          : !strcmp(x->cfg->family, "scale") ? 1
                                                             : x->prompt_tokens;
     ar_error_t err = {{0}};
+    sched_refusal_info_t why = {.reason = SCHED_REFUSED_INVALID_POLICY};
     if (!j || planner_plan_dtype(&j->plan, x->cfg, &req.kv_policy, n_prompt, x->block_tokens, x->dt,
-                                 NULL, &err) != AR_OK) {
-        refuse(rec, 400, j ? "invalid_value" : "internal_error", t);
+                                 &why.field, &err) != AR_OK) {
+        if (!j)
+            why.reason = SCHED_REFUSED_NO_MEMORY;
+        snprintf(why.message, sizeof why.message, "%.*s", (int)sizeof why.message - 1, err.msg);
+        refuse_as_daemon(x, rec, &why, req.n, t);
         api_image_request_free(&req);
         free(j);
         return;
@@ -146,7 +162,6 @@ static void arrive(sim_t *x, int i, double t, int client) {
     j->rec = i;
     j->client = client;
     j->n_images = req.n;
-    j->n_prompt = n_prompt;
     model_geometry(x->cfg, n_prompt, &j->g);
     api_image_request_free(&req);
     if (!(j->kv_bytes = malloc((size_t)j->plan.steps * sizeof *j->kv_bytes))) {
@@ -169,24 +184,15 @@ static void arrive(sim_t *x, int i, double t, int client) {
                         .kv_bytes = j->kv_bytes,
                         .deadline = INFINITY,
                         .work = j};
-    switch (batcher_submit(best->b, &bj, NULL)) {
-    case BATCHER_ACCEPTED:
+    const batcher_refusal_t r = batcher_submit(best->b, &bj, NULL);
+    if (r == BATCHER_ACCEPTED) {
         best->outstanding++;
         rec->input_tokens = n_prompt;
         return;
-    case BATCHER_REFUSED_QUEUE_FULL:
-        refuse(rec, 429, "queue_full", t);
-        break;
-    case BATCHER_REFUSED_TOO_LARGE:
-        refuse(rec, 400, "kv_pool_too_small", t);
-        break;
-    case BATCHER_REFUSED_TOO_MANY_IMAGES:
-        refuse(rec, 400, "too_many_images", t);
-        break;
-    default:
-        refuse(rec, 500, "internal_error", t);
-        break;
     }
+    why = (sched_refusal_info_t){.reason = sched_refusal_of(r),
+                                 .need_bytes = j->plan.peak_bytes * (size_t)j->n_images};
+    refuse_as_daemon(x, rec, &why, j->n_images, t);
     job_free(j);
 }
 
@@ -402,10 +408,10 @@ int cmd_simulate(int argc, char **argv, char **envp) {
          .help = "CSV of every iteration: run, replica, time, images stepped, running, waiting, "
                  "KV reserved bytes"},
     };
-    int n_flags = 0;
-    while (flags[n_flags].name)
-        n_flags++;
-    load_flags(flags + n_flags, &spec, 1);
+    if (load_flags(flags, (int)(sizeof flags / sizeof *flags), &spec) != 0) {
+        fprintf(stderr, "arserve simulate: its flag table is too small (a bug)\n");
+        return 1;
+    }
     int rc = cli_flags_parse("simulate", flags, argc, argv, &help);
     if (rc)
         return rc;

@@ -231,11 +231,13 @@ int http_request(const http_target_t *t, const char *method, const char *path, c
         n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
     char *raw = NULL;
     size_t raw_len = 0;
-    int rc = n <= 0 || (size_t)n >= sizeof head ? failf(r, "request head too long")
-             : send_all(fd, head, (size_t)n, deadline, r) ||
-                     (body && send_all(fd, body, body_len, deadline, r))
-                 ? -1
-                 : read_all(fd, &raw, &raw_len, deadline, r);
+    int rc = n > 0 && (size_t)n < sizeof head ? 0 : failf(r, "request head too long");
+    if (rc == 0)
+        rc = send_all(fd, head, (size_t)n, deadline, r);
+    if (rc == 0 && body)
+        rc = send_all(fd, body, body_len, deadline, r);
+    if (rc == 0)
+        rc = read_all(fd, &raw, &raw_len, deadline, r);
     close(fd);
     if (rc != 0) {
         free(raw);

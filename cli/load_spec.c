@@ -19,8 +19,8 @@ void load_spec_defaults(load_spec_t *s) {
                        .n_images = 1};
 }
 
-int load_flags(cli_flag_t *out, load_spec_t *s, int with_trace) {
-    const cli_flag_t flags[] = {
+int load_flags(cli_flag_t *flags, int cap, load_spec_t *s) {
+    const cli_flag_t shared[] = {
         {"arrival", 0, CLI_CHOICE, &s->arrival, .choices = loadgen_arrival_names, .metavar = "KIND",
          .help = "poisson (default), gamma (shape --burstiness), burst (all at once) or "
                  "concurrency (a closed loop of --concurrency clients)"},
@@ -62,11 +62,15 @@ int load_flags(cli_flag_t *out, load_spec_t *s, int with_trace) {
          .help = "replay a trace instead of generating arrivals: a LABEL.requests.jsonl of "
                  "`arserve bench`, or lines {\"t\": seconds, \"request\": {body}}"},
     };
+    _Static_assert(sizeof shared / sizeof *shared == LOAD_N_FLAGS, "LOAD_N_FLAGS is the count");
     int n = 0;
-    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
-        if (with_trace || strcmp(flags[i].name, "trace"))
-            out[n++] = flags[i];
-    return n;
+    while (n < cap && flags[n].name)
+        n++;
+    if (n + LOAD_N_FLAGS + 1 > cap)
+        return -1;
+    memcpy(flags + n, shared, sizeof shared);
+    flags[n + LOAD_N_FLAGS] = (cli_flag_t){0};
+    return 0;
 }
 
 static int parse_rates(load_spec_t *s, const char *cmd) {

@@ -11,7 +11,7 @@
 #include "cli/loadgen.h"
 
 #define LOAD_MAX_RATES 32
-#define LOAD_N_FLAGS 18 /* entries load_flags writes */
+#define LOAD_N_FLAGS 18 /* entries load_flags adds */
 
 typedef struct load_spec {
     /* flags */
@@ -28,9 +28,10 @@ typedef struct load_spec {
 } load_spec_t;
 
 void load_spec_defaults(load_spec_t *s);
-/* Writes the shared flags into out[0..LOAD_N_FLAGS) (--trace only when
- * with_trace). Returns how many it wrote. */
-int load_flags(cli_flag_t *out, load_spec_t *s, int with_trace);
+/* Appends the shared flags to the flag table `flags` (cap entries, ended by
+ * an entry without a name), keeping the end. 0, or -1 when cap is too
+ * small (a bug of the caller's table). */
+int load_flags(cli_flag_t *flags, int cap, load_spec_t *s);
 /* After parsing: checks the flags together, reads the mix or trace, and
  * parses the rates. 0, or 2 (bad usage) after a message naming cmd. */
 int load_spec_finish(load_spec_t *s, const char *cmd);

@@ -132,8 +132,8 @@ static const char *policy_param(const char *field) {
     return strcmp(field, "budget") == 0 ? "kv_budget" : field;
 }
 
-static void refusal_error(const http_server_t *h, const sched_refusal_info_t *why, int n_images,
-                          api_error_t *e) {
+void http_refusal_error(const sched_refusal_info_t *why, int n_images, int retry_after_s,
+                        api_error_t *e) {
     switch (why->reason) {
     case SCHED_REFUSED_INVALID_POLICY:
         api_errorf(e, 400, policy_param(why->field), "invalid_value", "%s", why->message);
@@ -155,7 +155,7 @@ static void refusal_error(const http_server_t *h, const sched_refusal_info_t *wh
     case SCHED_REFUSED_QUEUE_FULL:
         api_errorf(e, 429, NULL, "queue_full",
                    "the waiting queue is full (%d requests); retry after %d s", why->max_waiting,
-                   h->opt.retry_after_s);
+                   retry_after_s);
         snprintf(e->type, sizeof e->type, "rate_limit_error");
         return;
     case SCHED_REFUSED_NO_MEMORY:
@@ -474,7 +474,7 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
     sched_refusal_info_t why;
     sched_job_t *j = sched_submit(h->sched, &rq, &why);
     if (!j) {
-        refusal_error(h, &why, req.n, &e);
+        http_refusal_error(&why, req.n, h->opt.retry_after_s, &e);
         ret = send_error(h, c, cx, &e);
         goto out;
     }

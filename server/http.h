@@ -10,6 +10,7 @@
 
 #include "engine/kv_policy.h"
 #include "engine/model.h"
+#include "server/api.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
 
@@ -38,5 +39,11 @@ void http_set_ready(http_server_t *h, int ready);
 /* Requests being answered now (bodies read, responses not yet sent). */
 int http_inflight(http_server_t *h);
 void http_stop(http_server_t *h);
+
+/* The API error a refused submission answers with: its status, code, the
+ * field at fault and a message from why (a 429 tells to retry after
+ * retry_after_s). The simulator answers its refusals with it too. */
+void http_refusal_error(const sched_refusal_info_t *why, int n_images, int retry_after_s,
+                        api_error_t *e);
 
 #endif

@@ -660,19 +660,34 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
         return j;
     }
     job_free(j);
-    switch (r) {
-    case BATCHER_REFUSED_DRAINING:
-        return refuse(s, why, SCHED_REFUSED_DRAINING, "draining");
-    case BATCHER_REFUSED_TOO_LARGE:
-        return refuse(s, why, SCHED_REFUSED_TOO_LARGE, "too_large");
-    case BATCHER_REFUSED_TOO_MANY_IMAGES:
-        return refuse(s, why, SCHED_REFUSED_TOO_MANY_IMAGES, "too_large");
-    case BATCHER_REFUSED_QUEUE_FULL:
-        return refuse(s, why, SCHED_REFUSED_QUEUE_FULL, "queue_full");
+    const sched_refusal_t reason = sched_refusal_of(r);
+    switch (reason) {
+    case SCHED_REFUSED_DRAINING:
+        return refuse(s, why, reason, "draining");
+    case SCHED_REFUSED_TOO_LARGE:
+    case SCHED_REFUSED_TOO_MANY_IMAGES:
+        return refuse(s, why, reason, "too_large");
+    case SCHED_REFUSED_QUEUE_FULL:
+        return refuse(s, why, reason, "queue_full");
     default:
         snprintf(why->message, sizeof why->message, "the batcher refused the job: %s",
                  batcher_refusal_name(r));
-        return refuse(s, why, SCHED_REFUSED_NO_MEMORY, NULL);
+        return refuse(s, why, reason, NULL);
+    }
+}
+
+sched_refusal_t sched_refusal_of(batcher_refusal_t r) {
+    switch (r) {
+    case BATCHER_REFUSED_DRAINING:
+        return SCHED_REFUSED_DRAINING;
+    case BATCHER_REFUSED_TOO_LARGE:
+        return SCHED_REFUSED_TOO_LARGE;
+    case BATCHER_REFUSED_TOO_MANY_IMAGES:
+        return SCHED_REFUSED_TOO_MANY_IMAGES;
+    case BATCHER_REFUSED_QUEUE_FULL:
+        return SCHED_REFUSED_QUEUE_FULL;
+    default:
+        return SCHED_REFUSED_NO_MEMORY;
     }
 }
 

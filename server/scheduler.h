@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/batcher.h"
 #include "engine/kv_policy.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -53,6 +54,10 @@ typedef enum sched_refusal {
     SCHED_REFUSED_QUEUE_FULL,      /* max_waiting jobs wait already */
     SCHED_REFUSED_NO_MEMORY,       /* out of memory, or a request the scheduler cannot take */
 } sched_refusal_t;
+
+/* The scheduler's reason for a refusal of the engine's batcher (a driver
+ * of the batcher without a scheduler, the simulator, answers alike). */
+sched_refusal_t sched_refusal_of(batcher_refusal_t r);
 
 typedef struct sched_refusal_info {
     sched_refusal_t reason;
