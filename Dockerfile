@@ -47,4 +47,10 @@ WORKDIR /home/arserve
 EXPOSE 8080
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD curl -fsS http://127.0.0.1:8080/health || exit 1
+# The image listens on every interface. Without a key anyone who reaches the
+# port can use it, and arserve says so at start: give one,
+#   docker run -e ARSERVE_API_KEY="$(openssl rand -hex 24)" ...
+# or mount a file and add --api-key-file /run/secrets/arserve_key. Clients
+# then send 'Authorization: Bearer KEY'. Behind a proxy, add
+# --max-connections-per-ip 0 (every request comes from the proxy's address).
 CMD ["arserve", "serve", "--host", "0.0.0.0", "--port", "8080"]

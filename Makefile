@@ -200,13 +200,24 @@ $(CLI_LIB): $(filter-out $(BUILD)/cli/main.o,$(CLI_OBJ))
 $(BUILD)/arserve: $(CLI_OBJ) $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(SERVER_LIBS) $(LDLIBS)
 
+# The daemon with a deliberate leak (server/http.c loses ARSERVE_TEST_LEAK
+# bytes per generation): the soak test runs its RSS-growth check on it too,
+# and the check must fail it. Only server/http.c is compiled again.
+TEST_LEAK_BYTES := 262144
+$(BUILD)/server/http-leaky.o: server/http.c
+	$(CC) $(CFLAGS) -DARSERVE_TEST_LEAK=$(TEST_LEAK_BYTES) -c -o $@ $<
+
+$(BUILD)/arserve-leaky: $(CLI_OBJ) $(BUILD)/server/http-leaky.o \
+                        $(filter-out $(BUILD)/server/http.o,$(SERVER_OBJ)) $(ENGINE_LIB)
+	$(CC) $(LDFLAGS) -o $@ $^ $(SERVER_LIBS) $(LDLIBS)
+
 $(BUILD)/tests/%: tests/unit/%.c $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h tests/unit/kv_plan_run.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)
 
 # Debian packages the build and tests need; installed only when missing.
 DEB_PKGS := gcc make libopenblas-dev libcjson-dev libpng-dev libmicrohttpd-dev libjemalloc-dev \
-            python3 python3-venv prometheus curl clang-format systemd nginx wrk
+            python3 python3-venv prometheus curl clang-format systemd nginx wrk clang zzuf socat
 deps: $(VENV)/.stamp
 	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

@@ -37,6 +37,28 @@ static inline int dtype_is_float(dtype_t t) {
     return t == DTYPE_F32 || t == DTYPE_F16 || t == DTYPE_BF16;
 }
 
+/* How many of the n values at data (a float type) are NaN or infinite, read
+ * from their bit patterns (all exponent bits set); *first is the index of
+ * the first, when there is one. */
+static inline size_t dtype_count_nonfinite(const void *data, dtype_t t, size_t n, size_t *first) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        int inf_or_nan;
+        if (t == DTYPE_F32) {
+            uint32_t u;
+            memcpy(&u, (const char *)data + 4 * i, 4);
+            inf_or_nan = (u & 0x7f800000u) == 0x7f800000u;
+        } else {
+            uint16_t h;
+            memcpy(&h, (const char *)data + 2 * i, 2);
+            inf_or_nan = t == DTYPE_BF16 ? (h & 0x7f80u) == 0x7f80u : (h & 0x7c00u) == 0x7c00u;
+        }
+        if (inf_or_nan && !bad++)
+            *first = i;
+    }
+    return bad;
+}
+
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;

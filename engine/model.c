@@ -70,6 +70,10 @@ out:
 }
 
 int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err) {
+    return model_load_with(m, dir, be, 0, err);
+}
+
+int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, ar_error_t *err) {
     memset(m, 0, sizeof *m);
     m->be = be;
     if (strlen(dir) >= sizeof m->dir)
@@ -100,6 +104,7 @@ int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err) {
         model_free(m);
         return AR_ERR;
     }
+    ws.check_finite = !(flags & MODEL_LOAD_UNCHECKED);
     m->family = model_family_of(&m->cfg);
     int rc = m->family->load(m, &ws, err);
     m->weight_bytes = ws.bytes_loaded;

@@ -38,6 +38,10 @@ typedef struct model {
  * calibration when there is one (which must fit the model). Errors name the
  * file. */
 int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err);
+/* model_load with flags: MODEL_LOAD_UNCHECKED skips the check that every
+ * weight is finite (a pass over all of them; model_load makes it). */
+#define MODEL_LOAD_UNCHECKED 1u
+int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, ar_error_t *err);
 void model_free(model_t *m);
 
 /* The condition rows of a class (scale family): cond = [label], uncond =

@@ -9,6 +9,7 @@ int weight_set_open(weight_set_t *ws, const char *dir, const model_config_t *cfg
                     ar_error_t *err) {
     memset(ws, 0, sizeof *ws);
     ws->be = be;
+    ws->check_finite = 1;
     for (int i = 0; i < cfg->n_weight_files; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, cfg->weight_files[i]);
@@ -40,6 +41,22 @@ static int find_tensor(weight_set_t *ws, const char *name, int ndim, const int64
                      ws->n_files ? ws->files[0].path : "(no weights)", name);
 }
 
+/* Fails when any of the n values from data of tensor t (of file) is NaN or
+ * infinite: such weights give NaN logits, and images of one colour with
+ * nothing said. */
+static int check_finite(const weight_set_t *ws, const st_tensor_t *t, int file, const char *name,
+                        const void *data, size_t n, ar_error_t *err) {
+    size_t first = 0, bad;
+    if (!ws->check_finite || !dtype_is_float(t->dtype) ||
+        !(bad = dtype_count_nonfinite(data, t->dtype, n, &first)))
+        return AR_OK;
+    return ar_errorf(err,
+                     "%s: tensor '%s' has %zu values that are NaN or infinite (of %zu; the first "
+                     "at index %zu): the file is damaged or the training diverged "
+                     "(--check-weights off loads it anyway)",
+                     ws->files[file].path, name, bad, n, first);
+}
+
 /* Rows [row0, row0 + n_rows) along the first dimension (all of them when
  * n_rows < 0) into backend memory. */
 static int load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_rows, int ndim,
@@ -58,6 +75,8 @@ static int load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_ro
         sub[0] = n_rows;
     const size_t row_bytes = (size_t)row * dtype_size(t->dtype);
     const char *src = (const char *)t->data + (size_t)(n_rows >= 0 ? row0 : 0) * row_bytes;
+    if (check_finite(ws, t, file, name, src, (size_t)sub[0] * (size_t)row, err) != AR_OK)
+        return AR_ERR;
     if (ws->be->weight_load(ws->be, out, src, t->dtype, ndim, sub, err) != AR_OK)
         return ar_error_prefix(err, "%s: tensor '%s'", ws->files[file].path, name);
     ws->bytes_loaded += n_rows >= 0 ? (size_t)sub[0] * row_bytes : t->nbytes;
@@ -98,6 +117,8 @@ int weight_read_f32(weight_set_t *ws, float *host, int ndim, const int64_t *shap
     int64_t n = 1;
     for (int d = 0; d < ndim; d++)
         n *= shape[d];
+    if (check_finite(ws, t, file, name, t->data, (size_t)n, err) != AR_OK)
+        return AR_ERR;
     dtype_to_f32(host, t->data, t->dtype, (size_t)n);
     ws->bytes_loaded += t->nbytes;
     return AR_OK;

@@ -13,6 +13,7 @@ typedef struct weight_set {
     safetensors_t files[MODEL_MAX_WEIGHT_FILES];
     backend_t *be;
     size_t bytes_loaded;
+    int check_finite; /* refuse a tensor holding NaN or Inf (weight_set_open sets it) */
 } weight_set_t;
 
 /* Opens the files cfg lists, relative to dir. */
@@ -21,7 +22,8 @@ int weight_set_open(weight_set_t *ws, const char *dir, const model_config_t *cfg
 void weight_set_close(weight_set_t *ws);
 
 /* Loads the tensor named by fmt (printf-style) with the given shape into
- * out. Errors name the file, the tensor and the expected/actual shape. */
+ * out. Errors name the file, the tensor and the expected/actual shape, or
+ * how many of its values are not finite (unless check_finite is 0). */
 int weight_load(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape, ar_error_t *err,
                 const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 

@@ -68,6 +68,7 @@ typedef struct setting {
 
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
 static const char *const BACKENDS[] = {"auto", "cpu", "cuda", NULL};
+static const char *const ON_OFF[] = {"off", "on", NULL};
 
 static const setting_t SETTINGS[] = {
     STRING_SETTING(model, "", 1, "DIR",
@@ -76,9 +77,10 @@ static const setting_t SETTINGS[] = {
     STRING_SETTING(host, "127.0.0.1", 0, "HOST",
                    "Address to listen on; 0.0.0.0 listens on every interface"),
     INT_SETTING(port, 0, 65535, 8080, "PORT", "TCP port to listen on; 0 picks a free one"),
-    STRING_SETTING(api_key_file, "", 1, "FILE",
+    STRING_SETTING(api_key_file, "", 0, "FILE",
                    "File holding the API key clients must send as 'Authorization: Bearer KEY', "
-                   "trailing whitespace trimmed; empty: no key unless ARSERVE_API_KEY is set"),
+                   "trailing whitespace trimmed; left out: no key unless ARSERVE_API_KEY is set "
+                   "(an empty value is an error, not 'no key')"),
     INT_SETTING(max_running, 1, 4096, 64, "N", "Images generating at once"),
     INT_SETTING(max_waiting, 0, 100000, 256, "N",
                 "Requests waiting for a slot; beyond this new requests get 429"),
@@ -105,6 +107,27 @@ static const setting_t SETTINGS[] = {
                  "Compute backend (auto: cuda when built in and a GPU is present)"),
     INT_SETTING(retry_after_s, 1, 3600, 1, "SECONDS",
                 "Retry-After header value sent with 429 responses"),
+    INT_SETTING(max_connections, 0, 100000, 0, "N",
+                "Connections open at once; past it the connection slowest at sending its "
+                "request is cut (503) to make room; 0: max_waiting + max_running + 64"),
+    INT_SETTING(max_connections_per_ip, 0, 100000, 128, "N",
+                "Connections open at once from one client address, the slowest cut first; 0: "
+                "no limit (behind a proxy every client has the proxy's address)"),
+    INT_SETTING(header_timeout_s, 1, 3600, 10, "SECONDS",
+                "Time a client has to send a request's headers, however slowly they trickle "
+                "(also how long an idle keep-alive connection stays open)"),
+    INT_SETTING(body_timeout_s, 1, 3600, 30, "SECONDS",
+                "Time a client has to send a request's body"),
+    STRING_SETTING(allowed_hosts, "", 1, "NAMES",
+                   "Host header names served (comma-separated, port ignored, '*' any), against "
+                   "DNS rebinding; empty: localhost, 127.0.0.1 and [::1] when --host is a "
+                   "loopback address, any otherwise"),
+    ENUM_SETTING(metrics_auth, "off", ON_OFF, "on|off", "/metrics needs the API key too"),
+    ENUM_SETTING(log_prompts, "off", ON_OFF, "on|off",
+                 "The access log (one line per request, at info) shows each prompt"),
+    ENUM_SETTING(check_weights, "on", ON_OFF, "on|off",
+                 "Check at load that every weight is finite, naming the first tensor that is "
+                 "not; off saves a pass over the weights of a huge model"),
 };
 #define N_SETTINGS (sizeof SETTINGS / sizeof SETTINGS[0])
 
@@ -283,7 +306,11 @@ static int set_string(server_config_t *c, const setting_t *s, const source_t *sr
         return ar_errorf(err, "%s '%s' is not one of %s", where, v, list);
     }
     if (!v[0] && !s->may_be_empty)
-        return ar_errorf(err, "%s %s empty", where, src->file ? "is" : "value is");
+        return ar_errorf(err, "%s %s empty%s", where, src->file ? "is" : "value is",
+                         !strcmp(s->name, "api_key_file")
+                             ? " (leave it out to run without a key: an empty value does not "
+                               "turn authentication off)"
+                             : "");
     if (strlen(v) >= s->size)
         return ar_errorf(err, "%s %s longer than %zu bytes", where, src->file ? "is" : "value is",
                          s->size - 1);
@@ -698,6 +725,10 @@ char *server_config_to_json(const server_config_t *c, int redact) {
     append(&buf, &len, &cap, "{\n");
     for (size_t i = 0; i < N_SETTINGS; i++) {
         const setting_t *s = &SETTINGS[i];
+        /* A setting that may not be empty and is (no key file) is left
+         * out, so that the text loads back. */
+        if (s->kind == KIND_STRING && !s->may_be_empty && !str_field_const(c, s)[0])
+            continue;
         snprintf(piece, sizeof piece, "  \"%s\": ", s->name);
         append(&buf, &len, &cap, piece);
         if (s->kind == KIND_INT) {
@@ -722,6 +753,12 @@ char *server_config_to_json(const server_config_t *c, int redact) {
                c->api_key[0] ? "  \"api_key\": \"<redacted>\"\n" : "  \"api_key\": \"\"\n");
     append(&buf, &len, &cap, "}\n");
     return buf;
+}
+
+int server_config_on(const char *value) { return !strcmp(value, "on"); }
+
+int server_config_max_connections(const server_config_t *c) {
+    return c->max_connections ? c->max_connections : c->max_waiting + c->max_running + 64;
 }
 
 void server_config_kv_defaults(const server_config_t *c, kv_policy_params_t *out) {

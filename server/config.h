@@ -33,11 +33,26 @@ typedef struct server_config {
     char log_level[8]; /* "error", "warn", "info" or "debug" */
     char backend[8];   /* "auto", "cpu" or "cuda" (server/backend_open.c) */
     int retry_after_s; /* Retry-After on 429 */
+    /* Connections (server/conn_guard.h) and request checks (server/http.h). */
+    int max_connections;        /* 0 = max_waiting + max_running + 64 */
+    int max_connections_per_ip; /* 0 = no limit */
+    int header_timeout_s;
+    int body_timeout_s;
+    char allowed_hosts[1024]; /* "" = loopback names when bound to loopback, else any */
+    char metrics_auth[4];     /* "on": /metrics needs the key */
+    char log_prompts[4];      /* "on": the access log shows prompts */
+    char check_weights[4];    /* "on": every weight must be finite at load */
 
     /* Derived, not settings of their own: */
     char config_path[1024]; /* the config file that was read, "" if none */
     char api_key[256];      /* from the key file or ARSERVE_API_KEY; "" = no auth */
 } server_config_t;
+
+/* 1 when an on/off setting's value is "on". */
+int server_config_on(const char *value);
+
+/* Connections open at once: max_connections, or its derived default. */
+int server_config_max_connections(const server_config_t *c);
 
 /* Fills every setting with its built-in default (api_key and config_path empty). */
 void server_config_defaults(server_config_t *c);

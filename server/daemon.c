@@ -161,7 +161,8 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
         return 1;
     }
     const double t0 = clock_now_s();
-    if (model_load(&d->model, cfg->model, d->be, &err) != AR_OK) {
+    const unsigned load_flags = server_config_on(cfg->check_weights) ? 0 : MODEL_LOAD_UNCHECKED;
+    if (model_load_with(&d->model, cfg->model, d->be, load_flags, &err) != AR_OK) {
         fprintf(stderr, "arserve serve: cannot load model: %s\n", err.msg);
         return 1;
     }
@@ -192,7 +193,13 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
                          .api_key = cfg->api_key,
                          .max_body_bytes = (size_t)cfg->max_body_bytes,
                          .max_n = cfg->max_n,
-                         .max_connections = cfg->max_waiting + cfg->max_running + 64,
+                         .max_connections = server_config_max_connections(cfg),
+                         .max_connections_per_ip = cfg->max_connections_per_ip,
+                         .header_timeout_s = cfg->header_timeout_s,
+                         .body_timeout_s = cfg->body_timeout_s,
+                         .allowed_hosts = cfg->allowed_hosts,
+                         .metrics_auth = server_config_on(cfg->metrics_auth),
+                         .log_prompts = server_config_on(cfg->log_prompts),
                          .retry_after_s = cfg->retry_after_s,
                          .request_timeout_s = cfg->request_timeout_s,
                          .kv_defaults = d->kv_defaults};
@@ -203,6 +210,11 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
     http_set_ready(d->http, 1);
     log_msg(LOG_INFO, "listening on http://%s:%d%s", cfg->host, http_port(d->http),
             cfg->api_key[0] ? " (API key required)" : "");
+    if (!cfg->api_key[0] && strncmp(cfg->host, "127.", 4))
+        log_msg(LOG_WARN,
+                "listening on %s, beyond this machine, with no API key: anyone who can reach "
+                "port %d can use it; set ARSERVE_API_KEY or --api-key-file",
+                cfg->host, http_port(d->http));
     /* A line tests and scripts can wait for. */
     fprintf(stdout, "arserve: ready on %s:%d\n", cfg->host, http_port(d->http));
     fflush(stdout);

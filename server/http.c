@@ -2,24 +2,37 @@
 #include "http.h"
 
 #include <arpa/inet.h>
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "engine/clock.h"
 #include "server/api.h"
+#include "server/conn_guard.h"
 #include "server/log.h"
 
 #define WAIT_SLICE_S 0.1
 #define SSE_KEEPALIVE_S 2.0
+/* A body over the limit is read and thrown away (so that its client, still
+ * sending, reads the 413 rather than a reset) up to this many times the
+ * limit; past that the connection is closed at once. */
+#define LINGER_FACTOR 4
+#define MAX_ALLOWED_HOSTS 16
+/* Bytes of a path or method quoted in messages and the access log. */
+#define QUOTE_BYTES 96
+#define LOGGED_PROMPT_BYTES 200
+#define GENERATE_ROUTE "/v1/images/generations"
 
 struct http_server {
     struct MHD_Daemon *d;
@@ -33,23 +46,42 @@ struct http_server {
     long created;
     atomic_int ready, inflight;
     metric_t *m_requests;
+    conn_guard_t *guard;
+    int any_host; /* no Host allow-list */
+    int n_hosts;
+    char hosts[MAX_ALLOWED_HOSTS][256]; /* lower case, without port */
 };
 
-/* Per-connection state, from the first call of the access handler to the
- * completion notice. */
+/* Per-request state, from the request line to the later of the completion
+ * notice and the end of its event stream; the last of them writes the
+ * access log line and frees it. */
 typedef struct conn {
-    const char *route; /* metric label */
+    atomic_int refs;            /* the request, and its event stream while one runs */
+    const char *route;          /* metric label */
+    char path[QUOTE_BYTES + 4]; /* the path as sent, printable (quote_printable) */
+    char method[24];            /* printable */
+    char client[INET_ADDRSTRLEN];
+    int nul_in_path; /* the path encodes a NUL (%00) */
+    int started;     /* the access handler has seen it */
+    double t0;
     char *body;
     size_t len, cap;
+    size_t discarded; /* body bytes read and thrown away */
     int responded;
-    int too_large; /* the body passed the limit: discarded, 413 at the end */
-    int counted;   /* counted in inflight */
+    int status;          /* answered with, 0 before */
+    int close;           /* answer with Connection: close */
+    int too_large;       /* the body passed the limit: discarded, 413 at the end */
+    int unexpected_body; /* a body on a GET route: discarded, 400 at the end */
+    int counted;         /* counted in inflight */
+    atomic_size_t bytes; /* response bytes written */
+    char *prompt;        /* the prompt as logged (--log-prompts), or NULL */
 } conn_t;
 
 /* What a streaming response's reader needs. */
 typedef struct sse {
     http_server_t *h;
     struct MHD_Connection *c;
+    conn_t *cx;
     sched_job_t *job;
     int prompt_tokens;
     unsigned seen; /* the job's version last collected */
@@ -59,13 +91,63 @@ typedef struct sse {
     size_t pending_len, pending_off;
 } sse_t;
 
-static const char *const KNOWN_ROUTES[] = {
-    "/health", "/ready", "/metrics", "/v1/models", "/v1/images/generations", NULL};
+static const char *const KNOWN_ROUTES[] = {"/health",    "/ready",       "/metrics",
+                                           "/v1/models", GENERATE_ROUTE, NULL};
 
 static void count(http_server_t *h, conn_t *cx, int code) {
     char c[8];
     snprintf(c, sizeof c, "%d", code);
     metric_add(h->m_requests, 1, cx->route, c);
+    cx->status = code;
+}
+
+/* in, up to a '?' when stop_at_query, as printable ASCII for messages and
+ * logs: other bytes as %XX, cut to QUOTE_BYTES with "...". Error bodies
+ * quote what a client sent only through this, so they stay valid UTF-8. */
+static void quote_printable(char *out, size_t n, const char *in, int stop_at_query) {
+    static const char hex[] = "0123456789ABCDEF";
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p; p++) {
+        if (stop_at_query && *p == '?')
+            break;
+        if (o + 4 > n || o >= QUOTE_BYTES) {
+            snprintf(out + (o + 4 > n ? n - 4 : o), 4, "...");
+            return;
+        }
+        if (*p > 0x20 && *p < 0x7f) {
+            out[o++] = (char)*p;
+        } else {
+            out[o++] = '%';
+            out[o++] = hex[*p >> 4];
+            out[o++] = hex[*p & 15];
+        }
+    }
+    out[o] = 0;
+}
+
+static conn_t *conn_new(void) {
+    conn_t *cx = calloc(1, sizeof *cx);
+    if (!cx)
+        return NULL;
+    atomic_init(&cx->refs, 1);
+    cx->route = "other";
+    cx->t0 = clock_now_s();
+    return cx;
+}
+
+/* Drops one reference; the last writes the access log line and frees. */
+static void conn_release(conn_t *cx) {
+    if (atomic_fetch_sub(&cx->refs, 1) != 1)
+        return;
+    char status[8] = "-";
+    if (cx->status)
+        snprintf(status, sizeof status, "%d", cx->status);
+    log_msg(LOG_INFO, "access: %s %s %s %s %zu bytes %.3f s%s%s", cx->client[0] ? cx->client : "-",
+            cx->method[0] ? cx->method : "-", cx->path, status, atomic_load(&cx->bytes),
+            clock_now_s() - cx->t0, cx->prompt ? " prompt=" : "", cx->prompt ? cx->prompt : "");
+    free(cx->prompt);
+    free(cx->body);
+    free(cx);
 }
 
 static enum MHD_Result send_buf(http_server_t *h, struct MHD_Connection *c, conn_t *cx, int code,
@@ -84,15 +166,18 @@ static enum MHD_Result send_buf(http_server_t *h, struct MHD_Connection *c, conn
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
     }
     if (code == 405) {
-        const char *allow = strcmp(cx->route, "/v1/images/generations") ? "GET" : "POST";
+        const char *allow = strcmp(cx->route, GENERATE_ROUTE) ? "GET" : "POST";
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     }
     if (code == 401)
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (cx->close)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
     MHD_destroy_response(r);
     cx->responded = 1;
     count(h, cx, code);
+    atomic_store(&cx->bytes, len);
     return ret;
 }
 
@@ -305,6 +390,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             if (s->pending_off == s->pending_len)
                 s->pending_off = s->pending_len = 0;
             s->last_write = clock_now_s();
+            atomic_fetch_add(&s->cx->bytes, n);
             return (ssize_t)n;
         }
         if (s->finished)
@@ -327,6 +413,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 size_t n = sizeof ka - 1 < max ? sizeof ka - 1 : max;
                 memcpy(buf, ka, n);
                 s->last_write = clock_now_s();
+                atomic_fetch_add(&s->cx->bytes, n);
                 return (ssize_t)n;
             }
         }
@@ -343,6 +430,7 @@ static void sse_free(void *cls) {
         sched_job_cancel(s->h->sched, s->job);
     }
     sched_job_release(s->job);
+    conn_release(s->cx);
     free(s->pending);
     free(s);
 }
@@ -355,8 +443,13 @@ static enum MHD_Result respond_stream(http_server_t *h, struct MHD_Connection *c
         sched_job_release(j);
         return fail(h, c, cx, 500, NULL, "out_of_memory", "out of memory");
     }
-    *s = (sse_t){
-        .h = h, .c = c, .job = j, .prompt_tokens = prompt_tokens, .last_write = clock_now_s()};
+    atomic_fetch_add(&cx->refs, 1);
+    *s = (sse_t){.h = h,
+                 .c = c,
+                 .cx = cx,
+                 .job = j,
+                 .prompt_tokens = prompt_tokens,
+                 .last_write = clock_now_s()};
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, sse_read, s, sse_free);
     if (!r) {
@@ -441,11 +534,31 @@ static enum MHD_Result client_gone(http_server_t *h, struct MHD_Connection *c, c
     return send_buf(h, c, cx, 499, "text/plain", (void *)"", 0, 0);
 }
 
+/* A prompt for the access log: a JSON string of at most LOGGED_PROMPT_BYTES
+ * of it (cut at a character's start), or NULL. */
+static char *quoted_prompt(const char *prompt) {
+    char cut[LOGGED_PROMPT_BYTES + 1];
+    size_t n = strlen(prompt);
+    if (n > LOGGED_PROMPT_BYTES) {
+        n = LOGGED_PROMPT_BYTES;
+        while (n && ((unsigned char)prompt[n] & 0xC0) == 0x80)
+            n--;
+    }
+    memcpy(cut, prompt, n);
+    cut[n] = 0;
+    cJSON *str = cJSON_CreateString(cut);
+    char *out = str ? cJSON_PrintUnformatted(str) : NULL;
+    cJSON_Delete(str);
+    return out;
+}
+
 static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *c, conn_t *cx) {
     api_image_request_t req;
     api_error_t e;
     if (api_parse_image_request(cx->body ? cx->body : "", cx->len, &h->limits, &req, &e) != AR_OK)
         return send_error(h, c, cx, &e);
+    if (h->opt.log_prompts && req.prompt)
+        cx->prompt = quoted_prompt(req.prompt);
     int *cond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
     int *uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
     int n_prompt = 0;
@@ -492,6 +605,15 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         ret = send_error(h, c, cx, &e);
     }
     sched_job_release(j);
+#ifdef ARSERVE_TEST_LEAK
+    /* A deliberately leaking build (make's arserve-leaky, for the soak
+     * test's own check): ARSERVE_TEST_LEAK bytes lost per generation. */
+    {
+        char *lost = malloc(ARSERVE_TEST_LEAK);
+        if (lost)
+            memset(lost, 1, ARSERVE_TEST_LEAK);
+    }
+#endif
 out:
     free(cond);
     free(uncond);
@@ -501,28 +623,194 @@ out:
 
 /* ---- dispatch ---- */
 
-/* 404, 405, 401 and 413 (by Content-Length), decided from the headers alone. */
+/* MHD_OPTION_URI_LOG_CALLBACK: the request line's target as sent, before
+ * libmicrohttpd decodes it (a %00 would end the decoded path early, so
+ * "/health%00" would route to /health). Starts the request's state. */
+static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c) {
+    (void)cls;
+    (void)c;
+    conn_t *cx = conn_new();
+    if (!cx)
+        return NULL;
+    quote_printable(cx->path, sizeof cx->path, uri, 1);
+    for (const char *p = uri; *p && *p != '?'; p++)
+        if (p[0] == '%' && p[1] == '0' && p[2] == '0')
+            cx->nul_in_path = 1;
+    return cx;
+}
+
+/* What the headers say about the body's framing. */
+typedef struct framing {
+    int n_length;          /* Content-Length headers */
+    int lengths_differ;    /* two of them disagree */
+    char length[32];       /* the first one's value */
+    int transfer_encoding; /* a Transfer-Encoding header */
+} framing_t;
+
+static enum MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value) {
+    framing_t *f = cls;
+    (void)kind;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+        if (f->n_length++ == 0)
+            snprintf(f->length, sizeof f->length, "%s", value ? value : "");
+        else if (!value || strcmp(f->length, value))
+            f->lengths_differ = 1;
+    } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+        f->transfer_encoding = 1;
+    }
+    return MHD_YES;
+}
+
+/* 1 when the Host header names an allowed host (any port), or there is none
+ * (HTTP/1.0; early_errors refuses HTTP/1.1 without one). */
+static int host_allowed(const http_server_t *h, const char *host) {
+    if (h->any_host || !host)
+        return 1;
+    size_t n = host[0] == '[' ? strcspn(host, "]") + 1 : strcspn(host, ":");
+    if (n > strlen(host))
+        return 0;
+    for (int i = 0; i < h->n_hosts; i++)
+        if (strlen(h->hosts[i]) == n && !strncasecmp(h->hosts[i], host, n))
+            return 1;
+    return 0;
+}
+
+/* Content-Type application/json, parameters (charset) allowed. */
+static int is_json_type(const char *type) {
+    if (!type)
+        return 0;
+    while (*type == ' ')
+        type++;
+    size_t n = strlen("application/json");
+    return !strncasecmp(type, "application/json", n) &&
+           (type[n] == 0 || type[n] == ';' || type[n] == ' ');
+}
+
+/* Everything decided from the request line and headers, answered before any
+ * of the body is read: 400 for an encoded NUL in the path or ambiguous
+ * framing, 403 for a Host not allowed, 404, 405, 401, 415, and 413 by
+ * Content-Length when the body is not worth reading (the client waits for
+ * "100 Continue", or the body is past the lingering bound). A smaller body
+ * over the limit is read and thrown away first (cx->too_large), so that a
+ * client still sending sees the 413. */
 static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
-                                    const char *url, const char *method) {
+                                    const char *method, const char *version) {
+    framing_t f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_framing, &f);
+    if (cx->nul_in_path) {
+        cx->close = 1;
+        return fail(h, c, cx, 400, NULL, "invalid_path", "the path %s encodes a NUL byte",
+                    cx->path);
+    }
+    if (f.lengths_differ || (f.n_length && f.transfer_encoding)) {
+        cx->close = 1;
+        return fail(h, c, cx, 400, NULL, "invalid_framing",
+                    f.lengths_differ ? "the request has Content-Length headers that disagree"
+                                     : "the request has both Content-Length and "
+                                       "Transfer-Encoding; send one");
+    }
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    if (!host && !strcmp(version, MHD_HTTP_VERSION_1_1)) {
+        cx->close = 1;
+        return fail(h, c, cx, 400, NULL, "missing_host",
+                    "an HTTP/1.1 request must have a Host header");
+    }
+    if (!host_allowed(h, host)) {
+        char quoted[QUOTE_BYTES + 4];
+        quote_printable(quoted, sizeof quoted, host, 0);
+        return fail(h, c, cx, 403, NULL, "host_not_allowed",
+                    "Host '%s' is not served here; start arserve with --allowed-hosts to add "
+                    "it",
+                    quoted);
+    }
     int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     int is_post = !strcmp(method, "POST");
     if (!strcmp(cx->route, "other"))
-        return fail(h, c, cx, 404, NULL, "not_found", "no route for %s %s", method, url);
-    int want_post = !strcmp(cx->route, "/v1/images/generations");
+        return fail(h, c, cx, 404, NULL, "not_found", "no route for %s %s", cx->method, cx->path);
+    int want_post = !strcmp(cx->route, GENERATE_ROUTE);
     if (want_post ? !is_post : !is_get)
         return fail(h, c, cx, 405, NULL, "method_not_allowed", "%s is not allowed on %s; use %s",
-                    method, url, want_post ? "POST" : "GET");
-    if (!strcmp(cx->route, "/health") || !strcmp(cx->route, "/metrics"))
+                    cx->method, cx->path, want_post ? "POST" : "GET");
+    if (!strcmp(cx->route, "/health") || (!strcmp(cx->route, "/metrics") && !h->opt.metrics_auth))
         return MHD_YES;
     if (!auth_ok(h, c))
         return fail(h, c, cx, 401, NULL, "invalid_api_key",
                     "missing or wrong API key: send 'Authorization: Bearer <key>'");
-    const char *cl =
-        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (want_post && cl && strtoull(cl, NULL, 10) > h->opt.max_body_bytes)
-        return fail(h, c, cx, 413, NULL, "request_too_large",
-                    "the request body is larger than %zu bytes", h->opt.max_body_bytes);
+    if (!want_post)
+        return MHD_YES;
+    const char *type =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!is_json_type(type))
+        return fail(h, c, cx, 415, NULL, "unsupported_media_type",
+                    "the body must be sent as Content-Type: application/json");
+    unsigned long long length = f.n_length ? strtoull(f.length, NULL, 10) : 0;
+    if (length > h->opt.max_body_bytes) {
+        const char *expect =
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        cx->too_large = 1;
+        if ((expect && !strcasecmp(expect, "100-continue")) ||
+            length > (unsigned long long)h->opt.max_body_bytes * LINGER_FACTOR) {
+            cx->close = 1;
+            return fail(h, c, cx, 413, NULL, "request_too_large",
+                        "the request body is larger than %zu bytes", h->opt.max_body_bytes);
+        }
+    }
     return MHD_YES;
+}
+
+/* The first call for a request: its state, phase, and the early answers. */
+static enum MHD_Result start_request(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
+                                     const char *url, const char *method, const char *version) {
+    cx->started = 1;
+    quote_printable(cx->method, sizeof cx->method, method, 0);
+    for (const char *const *r = KNOWN_ROUTES; *r; r++)
+        if (!strcmp(url, *r))
+            cx->route = *r;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)ci->client_addr)->sin_addr, cx->client,
+                  sizeof cx->client);
+    atomic_fetch_add(&h->inflight, 1);
+    cx->counted = 1;
+    const char *length =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const int has_body =
+        (length && strtoull(length, NULL, 10) > 0) ||
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    conn_guard_phase(h->guard, c, has_body ? CONN_BODY : CONN_ACTIVE);
+    /* libmicrohttpd queues a response only now (headers read) or once the
+     * whole body is in. */
+    return early_errors(h, c, cx, method, version);
+}
+
+/* A piece of body: kept (POST within the limit) or thrown away; MHD_NO
+ * closes the connection (out of memory, or too much to throw away). */
+static enum MHD_Result take_body(http_server_t *h, conn_t *cx, const char *data, size_t n) {
+    const int keep = !cx->responded && !cx->too_large && !strcmp(cx->route, GENERATE_ROUTE);
+    if (keep && cx->len + n > h->opt.max_body_bytes) { /* over the limit once in */
+        cx->too_large = 1;
+        cx->discarded = cx->len;
+    } else if (keep) {
+        if (cx->len + n > cx->cap) {
+            size_t cap = cx->cap ? cx->cap : 4096;
+            while (cap < cx->len + n)
+                cap *= 2;
+            char *b = realloc(cx->body, cap);
+            if (!b)
+                return MHD_NO;
+            cx->body = b;
+            cx->cap = cap;
+        }
+        memcpy(cx->body + cx->len, data, n);
+        cx->len += n;
+        return MHD_YES;
+    }
+    if (!cx->responded && !cx->too_large)
+        cx->unexpected_body = 1;
+    cx->discarded += n;
+    return cx->discarded > h->opt.max_body_bytes * LINGER_FACTOR ? MHD_NO : MHD_YES;
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
@@ -530,28 +818,26 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                               size_t *upload_data_size, void **con_cls) {
     http_server_t *h = cls;
     conn_t *cx = *con_cls;
-    if (!cx) {
-        cx = calloc(1, sizeof *cx);
-        if (!cx)
-            return MHD_NO;
-        cx->route = "other";
-        for (const char *const *r = KNOWN_ROUTES; *r; r++)
-            if (!strcmp(url, *r))
-                cx->route = *r;
-        *con_cls = cx;
-        atomic_fetch_add(&h->inflight, 1);
-        cx->counted = 1;
-        /* libmicrohttpd queues a response only now (headers read) or once
-         * the whole body is in, so every error that does not need the body
-         * is answered now, before any of it is read. */
-        return early_errors(h, c, cx, url, method);
-    }
-    if (cx->responded || (cx->too_large && *upload_data_size)) { /* discard the rest */
+    if (!cx && !(cx = *con_cls = conn_new())) /* the URI callback ran out of memory */
+        return MHD_NO;
+    if (!cx->started)
+        return start_request(h, c, cx, url, method, version);
+    if (*upload_data_size) {
+        enum MHD_Result r = take_body(h, cx, upload_data, *upload_data_size);
         *upload_data_size = 0;
-        return MHD_YES;
+        return r;
     }
-    /* Route, method and key were checked by early_errors on the first call. */
+    if (cx->responded)
+        return MHD_YES;
+    /* The whole request is in. Route, method and key were checked by
+     * early_errors on the first call. */
+    conn_guard_phase(h->guard, c, CONN_ACTIVE);
     const char *route = cx->route;
+    if (cx->unexpected_body) {
+        cx->close = 1;
+        return fail(h, c, cx, 400, NULL, "unexpected_body", "%s %s takes no request body",
+                    cx->method, cx->path);
+    }
     if (!strcmp(route, "/health")) {
         int alive = sched_alive(h->sched);
         return send_json(h, c, cx, alive ? 200 : 503,
@@ -573,32 +859,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                          api_models_json(h->model->cfg.name, h->created,
                                          h->model->cfg.condition.num_classes,
                                          (const char *const *)h->model->class_names));
-
-    /* POST /v1/images/generations: gather the body within the limit. */
-    if (*upload_data_size) {
-        if (cx->len + *upload_data_size > h->opt.max_body_bytes) {
-            *upload_data_size = 0; /* answered once the body is in */
-            cx->too_large = 1;
-            return MHD_YES;
-        }
-        if (cx->len + *upload_data_size > cx->cap) {
-            size_t cap = cx->cap ? cx->cap : 4096;
-            while (cap < cx->len + *upload_data_size)
-                cap *= 2;
-            char *b = realloc(cx->body, cap);
-            if (!b)
-                return MHD_NO;
-            cx->body = b;
-            cx->cap = cap;
-        }
-        memcpy(cx->body + cx->len, upload_data, *upload_data_size);
-        cx->len += *upload_data_size;
-        *upload_data_size = 0;
-        return MHD_YES;
-    }
-    if (cx->too_large)
+    /* POST /v1/images/generations */
+    if (cx->too_large) {
+        cx->close = 1;
         return fail(h, c, cx, 413, NULL, "request_too_large",
                     "the request body is larger than %zu bytes", h->opt.max_body_bytes);
+    }
     if (!atomic_load(&h->ready) || sched_draining(h->sched))
         return fail(h, c, cx, 503, NULL, "not_ready",
                     "the server is not accepting work (loading or shutting down)");
@@ -609,25 +875,83 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe) {
     http_server_t *h = cls;
     conn_t *cx = *con_cls;
-    (void)c;
     (void)toe;
+    conn_guard_phase(h->guard, c, CONN_HEADERS);
     if (!cx)
         return;
     if (cx->counted)
         atomic_fetch_sub(&h->inflight, 1);
-    free(cx->body);
-    free(cx);
     *con_cls = NULL;
+    conn_release(cx);
 }
 
+/* libmicrohttpd's messages, mostly about clients that misbehave (closed
+ * early, sent a bad header): at most MHD_LOG_PER_S a second, so that an
+ * attack cannot flood the log; the next message says how many were left
+ * out. */
+#define MHD_LOG_PER_S 5
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static long second;
+    static int logged, dropped;
     (void)cls;
+    const long now = (long)clock_now_s();
+    pthread_mutex_lock(&lock);
+    if (now != second) {
+        second = now;
+        logged = 0;
+    }
+    int drop = logged >= MHD_LOG_PER_S, skipped = dropped;
+    if (drop) {
+        dropped++;
+    } else {
+        logged++;
+        dropped = 0;
+    }
+    pthread_mutex_unlock(&lock);
+    if (drop)
+        return;
+    if (skipped)
+        log_msg(LOG_WARN, "http: (%d messages like the following left out)", skipped);
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
         msg[--n] = 0;
     log_msg(LOG_WARN, "http: %s", msg);
+}
+
+/* The Host allow-list from list (comma-separated names, "*" for any); an
+ * empty list allows the loopback names when addr is a loopback address, and
+ * any name otherwise. */
+static int set_allowed_hosts(http_server_t *h, const char *list, const struct sockaddr_in *addr,
+                             ar_error_t *err) {
+    if (!list || !list[0]) {
+        if ((ntohl(addr->sin_addr.s_addr) >> 24) != 127) {
+            h->any_host = 1;
+            return AR_OK;
+        }
+        list = "localhost,127.0.0.1,[::1]";
+    }
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        while (n && p[n - 1] == ' ')
+            n--;
+        if (n == 1 && *p == '*')
+            h->any_host = 1;
+        else if (n == 0 || n >= sizeof h->hosts[0])
+            return ar_errorf(err, "--allowed-hosts: an empty or over-long name in '%s'", list);
+        else if (h->n_hosts == MAX_ALLOWED_HOSTS)
+            return ar_errorf(err, "--allowed-hosts: more than %d names", MAX_ALLOWED_HOSTS);
+        else {
+            memcpy(h->hosts[h->n_hosts], p, n);
+            h->hosts[h->n_hosts++][n] = 0;
+        }
+        p += strcspn(p, ",");
+        while (*p == ',' || *p == ' ')
+            p++;
+    }
+    return AR_OK;
 }
 
 http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t *sched,
@@ -665,14 +989,34 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
         ar_errorf(err, "--host: '%s' is not an IPv4 address", opt->host);
         return NULL;
     }
+    if (set_allowed_hosts(h, opt->allowed_hosts, &addr, err)) {
+        free(h);
+        return NULL;
+    }
+    conn_guard_options_t go = {.max_connections = opt->max_connections,
+                               .max_per_ip = opt->max_connections_per_ip,
+                               .header_timeout_s = opt->header_timeout_s,
+                               .body_timeout_s = opt->body_timeout_s};
+    if (!(h->guard = conn_guard_create(&go, metrics, err))) {
+        free(h);
+        return NULL;
+    }
+    /* libmicrohttpd's strict mode stays off: its answer to HTTP/1.1 without
+     * Host (0.9.75) sends the status line and headers twice, so early_errors
+     * makes that check with a JSON answer. The framing checks are ours too;
+     * libmicrohttpd refuses spaces in the target and bad header lines
+     * itself. */
     h->d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
             MHD_USE_POLL,
         (uint16_t)opt->port, NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
         MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)opt->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)120, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024), MHD_OPTION_END);
+        MHD_OPTION_URI_LOG_CALLBACK, uri_logged, h, MHD_OPTION_NOTIFY_CONNECTION, conn_guard_notify,
+        h->guard, MHD_OPTION_STRICT_FOR_CLIENT, (int)0, MHD_OPTION_CONNECTION_LIMIT,
+        conn_guard_hard_limit(h->guard), MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+        MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024), MHD_OPTION_END);
     if (!h->d) {
+        conn_guard_destroy(h->guard);
         free(h);
         ar_errorf(err, "cannot listen on %s:%d (in use, or not permitted)", opt->host, opt->port);
         return NULL;
@@ -693,5 +1037,6 @@ void http_stop(http_server_t *h) {
     if (!h)
         return;
     MHD_stop_daemon(h->d);
+    conn_guard_destroy(h->guard);
     free(h);
 }

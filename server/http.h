@@ -1,5 +1,7 @@
 /* The HTTP front: libmicrohttpd routes, OpenAI error shapes, auth, body
- * limits, SSE streaming and disconnect detection. Each connection has its
+ * limits, strict request checks (framing, Host allow-list, Content-Type),
+ * connection deadlines and limits (server/conn_guard.h), an access log, SSE
+ * streaming and disconnect detection. Each connection has its
  * own thread (MHD's thread-per-connection mode): a request thread waits on
  * its job and checks its socket while waiting, so a client that goes away
  * cancels its job. */
@@ -20,7 +22,15 @@ typedef struct http_options {
     const char *api_key; /* "" or NULL: no auth */
     size_t max_body_bytes;
     int max_n;
-    int max_connections;
+    int max_connections;        /* open at once; the slowest are shed first */
+    int max_connections_per_ip; /* 0: no limit */
+    double header_timeout_s;    /* a request's headers, whole (and idle keep-alive) */
+    double body_timeout_s;      /* a request's body, whole */
+    /* Host header names accepted (comma-separated, "*" any); NULL or "":
+     * the loopback names when host is a loopback address, any otherwise. */
+    const char *allowed_hosts;
+    int metrics_auth; /* /metrics needs the API key too */
+    int log_prompts;  /* the access log shows prompts */
     int retry_after_s;
     double request_timeout_s;
     /* KV policy of requests that name none, and the budget (0: each

@@ -208,7 +208,8 @@ def test_request_after_client_error_still_served(tiny_daemon):
     """A garbage request does not poison the connection's daemon: the next
     request on a fresh connection is served."""
     with httpx.Client(base_url=tiny_daemon.url, timeout=HTTP_TIMEOUT) as c:
-        assert c.post(GEN, content=b"\xff\xfe{").status_code == 400
+        assert c.post(GEN, content=b"\xff\xfe{",
+                      headers={"Content-Type": "application/json"}).status_code == 400
     assert tiny_daemon.client.post(GEN, json={"prompt": "a red circle"}).status_code == 200
 
 

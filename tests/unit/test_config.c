@@ -132,11 +132,30 @@ static void test_env_allow_list_and_foreign_vars_are_ignored(void) {
     CHECK(c.port == 8080);
 }
 
+/* An empty key file name is an error from every source: it used to start
+ * the daemon with no authentication and nothing said. */
+static void test_empty_key_file_is_an_error(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *flag[] = {"--api-key-file=", NULL};
+    CHECK(load(&c, flag, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "--api-key-file");
+    CHECK_STR_CONTAINS(err.msg, "empty");
+    const char *env[] = {"ARSERVE_API_KEY_FILE=", NULL};
+    CHECK(load(&c, NULL, env, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "ARSERVE_API_KEY_FILE");
+    char *path = temp_file("{\"api_key_file\": \"\"}");
+    const char *file[] = {"--config", path, NULL};
+    CHECK(load(&c, file, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'api_key_file' is empty");
+    remove_temp(path);
+}
+
 static void test_file_source(void) {
     server_config_t c;
     ar_error_t err;
     char *path = temp_file("{\"port\": 7000, \"host\": \"::1\", \"backend\": \"cuda\",\n"
-                           " \"api_key_file\": \"\", \"max_running\": 4096}");
+                           " \"max_running\": 4096}");
     const char *args[] = {"--config", path, NULL};
     CHECK_MSG(load(&c, args, NULL, &err) == AR_OK, "%s", err.msg);
     CHECK(c.port == 7000 && !strcmp(c.host, "::1") && !strcmp(c.backend, "cuda"));
@@ -461,7 +480,9 @@ static void test_usage_lists_every_setting(void) {
         CHECK_STR_CONTAINS(text, flag);
         CHECK_STR_CONTAINS(text, env);
     }
-    CHECK(n == 18 + KV_POLICY_N_KNOBS); /* ... kv_policy, kv_budget and every knob */
+    /* Every setting but api_key_file, left out of the JSON form when empty:
+     * ... kv_policy, kv_budget and every knob. */
+    CHECK(n == 25 + KV_POLICY_N_KNOBS);
     CHECK_STR_CONTAINS(text, "--kv-pool-mb MIB");
     CHECK_STR_CONTAINS(text, "KV cache pool size in MiB. 1..1048576, default 1024.\n");
     CHECK_STR_CONTAINS(text, "error|warn|info|debug, default info.\n");
@@ -643,6 +664,7 @@ int main(void) {
     TEST_RUN(test_env_source);
     TEST_RUN(test_env_allow_list_and_foreign_vars_are_ignored);
     TEST_RUN(test_file_source);
+    TEST_RUN(test_empty_key_file_is_an_error);
     TEST_RUN(test_config_from_env_and_flag_beats_env);
     TEST_RUN(test_precedence_file_env_flag);
     TEST_RUN(test_bad_integer);

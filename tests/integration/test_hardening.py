@@ -1,0 +1,426 @@
+"""The daemon's defences against clients that break the rules, on loopback:
+strict HTTP (framing, Host, paths, bodies where none belong), the Host
+allow-list and Content-Type check, the lingering 413, connection deadlines
+and limits (with the slow-header attack beyond the connection limit), the
+access log, safe defaults at start-up and the check that weights are finite.
+
+Timeouts scale with ARSERVE_TIME_FACTOR (sanitizer builds are slower)."""
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import threading
+import time
+import http.client
+
+import pytest
+
+from conftest import ARSERVE_BIN, TINY_MODEL, clean_env
+
+FACTOR = float(os.environ.get("ARSERVE_TIME_FACTOR", "1"))
+GEN = "/v1/images/generations"
+BODY = b'{"prompt": "a red circle"}'
+
+
+def raw(port, data, timeout=5.0):
+    """Sends data on a fresh connection and reads until the server closes
+    (or timeout): the bytes the client saw."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout * FACTOR)
+    out = b""
+    try:
+        s.sendall(data)
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+    except (socket.timeout, ConnectionResetError):
+        pass
+    finally:
+        s.close()
+    return out
+
+
+def status_and_json(resp):
+    """(status, parsed JSON body) of one HTTP/1.1 response in bytes."""
+    head, _, body = resp.partition(b"\r\n\r\n")
+    m = re.match(rb"HTTP/1\.[01] (\d{3}) ", head)
+    assert m, f"not an HTTP response: {resp[:200]!r}"
+    length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+    if length:
+        body = body[:int(length.group(1))]
+    return int(m.group(1)), json.loads(body.decode("utf-8")) if body else None
+
+
+def request(method, path, headers=(), body=b"", host="127.0.0.1"):
+    lines = [f"{method} {path} HTTP/1.1"]
+    if host is not None:
+        lines.append(f"Host: {host}")
+    lines += list(headers) + ["Connection: close"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def post(body=BODY, extra=()):
+    return request("POST", GEN, [f"Content-Length: {len(body)}", "Content-Type: application/json",
+                                 *extra], body)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    from conftest import Daemon
+    d = Daemon(str(tmp_path_factory.mktemp("arserve")), TINY_MODEL,
+               ["--max-body-bytes", "4096", "--header-timeout-s", "2", "--body-timeout-s", "2"])
+    yield d
+    d.finish()
+
+
+# (id, raw request, status, error code)
+STRICT_CASES = [
+    ("no-host-http11", request("GET", "/health", host=None), 400, "missing_host"),
+    ("two-content-lengths", post(extra=["Content-Length: 3"]), 400, "invalid_framing"),
+    ("content-length-and-chunked", request(
+        "POST", GEN, ["Content-Length: 5", "Transfer-Encoding: chunked",
+                      "Content-Type: application/json"], b"0\r\n\r\n"), 400, "invalid_framing"),
+    ("nul-in-path", request("GET", "/health%00"), 400, "invalid_path"),
+    ("nul-in-path-generations", request("GET", "/v1/images%00/generations"), 400,
+     "invalid_path"),
+    ("bytes-not-utf8", request("GET", "/%ff%fe"), 404, "not_found"),
+    ("raw-bytes-not-utf8", b"GET /\xff\xfe\x01 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 404,
+     "not_found"),
+    ("get-health-with-body", request("GET", "/health", ["Content-Length: 5"], b"hello"), 400,
+     "unexpected_body"),
+    ("get-ready-with-body", request("GET", "/ready", ["Content-Length: 2"], b"{}"), 400,
+     "unexpected_body"),
+    ("get-models-with-body", request("GET", "/v1/models", ["Content-Length: 2"], b"{}"), 400,
+     "unexpected_body"),
+    ("get-metrics-with-body", request("GET", "/metrics", ["Content-Length: 2"], b"{}"), 400,
+     "unexpected_body"),
+    ("foreign-host", request("GET", "/v1/models", host="attacker.example"), 403,
+     "host_not_allowed"),
+    ("foreign-host-with-port", request("GET", "/health", host="rebind.example:8080"), 403,
+     "host_not_allowed"),
+    ("text-plain-post", post(extra=[]).replace(b"application/json", b"text/plain"), 415,
+     "unsupported_media_type"),
+    ("form-post", post().replace(b"application/json", b"application/x-www-form-urlencoded"),
+     415, "unsupported_media_type"),
+    ("no-content-type", request("POST", GEN, [f"Content-Length: {len(BODY)}"], BODY), 415,
+     "unsupported_media_type"),
+]
+
+
+@pytest.mark.parametrize("case", STRICT_CASES, ids=[c[0] for c in STRICT_CASES])
+def test_strict_http(daemon, case):
+    _, data, want_status, want_code = case
+    before = daemon.metrics().http_codes()
+    status, body = status_and_json(raw(daemon.port, data))
+    assert (status, body["error"]["code"]) == (want_status, want_code), body
+    # The error body is valid UTF-8 JSON (parsed above) that quotes no raw bytes.
+    assert "\ufffd" not in json.dumps(body)
+    after = daemon.metrics().http_codes()
+    assert after.get(str(want_status), 0) == before.get(str(want_status), 0) + 1, \
+        "the answer was not counted under its own status"
+    assert after.get("200", 0) == before.get("200", 0) + 1  # the scrape itself
+
+
+def test_allowed_host_names_pass(daemon):
+    for host in ("127.0.0.1", "localhost", "LOCALHOST:9", "[::1]:8080"):
+        status, body = status_and_json(raw(daemon.port, request("GET", "/health", host=host)))
+        assert status == 200, (host, body)
+    # HTTP/1.0 has no Host to check.
+    assert raw(daemon.port, b"GET /health HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200")
+    status, _ = status_and_json(raw(daemon.port, post(extra=[]).replace(
+        b"application/json", b"Application/JSON; charset=utf-8")))
+    assert status == 200
+
+
+def test_early_413_reaches_a_client_still_sending(start_daemon):
+    """http.client sends the whole body without waiting. Before lingering
+    close the daemon answered from Content-Length and closed with the body
+    unread, and a client still sending (a body larger than the socket
+    buffers) saw a reset, not the 413."""
+    limit = 8 << 20  # bodies past four times this are closed at once
+    d = start_daemon(args=["--max-body-bytes", str(limit)])
+    for size in (30 << 20, limit + 1):  # far beyond the socket buffers, and just over
+        conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10 * FACTOR)
+        conn.request("POST", GEN, body=b"x" * size, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        assert resp.status == 413 and body["error"]["code"] == "request_too_large"
+        conn.close()
+
+
+def test_413_without_reading_when_the_client_waits_to_continue(daemon):
+    s = socket.create_connection(("127.0.0.1", daemon.port), timeout=5 * FACTOR)
+    s.sendall(request("POST", GEN, ["Content-Length: 100000", "Content-Type: application/json",
+                                    "Expect: 100-continue"]))
+    status, body = status_and_json(s.recv(65536))
+    s.close()
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+
+
+def test_header_and_body_deadlines_are_totals(daemon):
+    """A byte every 0.3 s keeps an idle timeout alive forever; the deadline
+    (2 s here) is for the whole header, and for the whole body."""
+    def trickle(data, prefix=b"", between=0.3):
+        s = socket.create_connection(("127.0.0.1", daemon.port), timeout=10 * FACTOR)
+        got = b""
+        try:
+            s.sendall(prefix)
+            t0 = time.monotonic()
+            for i in range(len(data)):
+                s.sendall(data[i:i + 1])
+                s.settimeout(between)
+                try:
+                    got = s.recv(65536)
+                    if got:
+                        break
+                except socket.timeout:
+                    pass
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            s.close()
+        return got, time.monotonic() - t0
+
+    before = daemon.metrics()
+    got, took = trickle(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Pad: a\r\n" * 20)
+    assert got.startswith(b"HTTP/1.1 408"), got[:100]
+    assert 1.8 < took < 2 + 3 * FACTOR, took
+    body = b'{"prompt": "' + b"a" * 60 + b'"}'
+    head = request("POST", GEN, [f"Content-Length: {len(body)}",
+                                 "Content-Type: application/json"])
+    got, took = trickle(body, prefix=head)
+    assert got.startswith(b"HTTP/1.1 408") and b"body_timeout" in got, got[:200]
+    after = daemon.metrics()
+    for reason in ("header_timeout", "body_timeout"):
+        assert after.get("arserve_http_connections_refused_total", reason=reason) == \
+            before.get("arserve_http_connections_refused_total", reason=reason) + 1, reason
+
+
+def test_idle_keepalive_is_closed_without_an_answer(daemon):
+    s = socket.create_connection(("127.0.0.1", daemon.port), timeout=10 * FACTOR)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    first = s.recv(65536)
+    assert first.startswith(b"HTTP/1.1 200")
+    t0 = time.monotonic()
+    rest = s.recv(65536)  # nothing more is said; the server closes after the deadline
+    assert rest == b"" and 1.8 < time.monotonic() - t0 < 2 + 3 * FACTOR
+    s.close()
+
+
+def test_access_log_lines(daemon):
+    raw(daemon.port, post(b'{"prompt": "a secret blue square"}'))
+    raw(daemon.port, request("GET", "/nowhere%ff"))
+    deadline = time.monotonic() + 5 * FACTOR
+    while time.monotonic() < deadline:
+        log = daemon.stderr()
+        if "GET /nowhere%ff 404" in log:
+            break
+        time.sleep(0.05)
+    assert re.search(r"access: 127\.0\.0\.1 POST /v1/images/generations 200 \d+ bytes "
+                     r"[0-9.]+ s", log), log[-3000:]
+    assert re.search(r"access: 127\.0\.0\.1 GET /nowhere%ff 404 \d+ bytes", log), log[-3000:]
+    assert "secret blue square" not in log  # prompts only with --log-prompts on
+
+
+def test_log_prompts_and_metrics_behind_the_key(start_daemon, tmp_path):
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    d = start_daemon(args=["--log-prompts", "on", "--metrics-auth", "on",
+                           "--api-key-file", str(key)])
+    auth = {"Authorization": "Bearer s3cret"}
+    assert d.client.get("/metrics").status_code == 401
+    assert d.client.get("/metrics", headers=auth).status_code == 200
+    assert d.client.get("/health").status_code == 200  # probes need no key
+    r = d.client.post(GEN, json={"prompt": "a blue square"}, headers=auth)
+    assert r.status_code == 200
+    deadline = time.monotonic() + 5 * FACTOR
+    while 'prompt="a blue square"' not in d.stderr() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert 'prompt="a blue square"' in d.stderr()
+    assert "s3cret" not in d.stderr()
+
+
+def test_allowed_hosts_flag(start_daemon):
+    # (127.0.0.1 for the fixture's own health checks)
+    d = start_daemon(args=["--allowed-hosts", "images.example, 127.0.0.1"])
+    got = lambda host: status_and_json(raw(d.port, request("GET", "/health", host=host)))[0]
+    assert got("images.example:8080") == 200
+    assert got("localhost") == 403  # a list replaces the loopback default
+    d2 = start_daemon(args=["--allowed-hosts", "*"])
+    assert status_and_json(raw(d2.port, request("GET", "/health", host="any.example")))[0] == 200
+
+
+def open_idle(port, n, src="127.0.0.1"):
+    """n connections that send half a request line and then nothing."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind((src, 0))
+        s.settimeout(5 * FACTOR)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /hea")
+        socks.append(s)
+    return socks
+
+
+def test_connection_limit_sheds_the_slowest(start_daemon):
+    d = start_daemon(args=["--max-connections", "8", "--header-timeout-s", "60"])
+    idle = open_idle(d.port, 8)
+    time.sleep(0.2)
+    # A real client still gets in: the oldest idle connection makes room.
+    r = d.client.get("/health", headers={"Connection": "close"})
+    assert r.status_code == 200
+    shed = idle[0].recv(4096)
+    assert shed.startswith(b"HTTP/1.1 503") and b'"code":"shed"' in shed, shed[:200]
+    m = d.metrics()
+    assert m.get("arserve_http_connections_refused_total", reason="shed") >= 1
+    for s in idle:
+        s.close()
+
+
+def test_per_ip_limit_keeps_other_addresses_in(start_daemon):
+    d = start_daemon(args=["--max-connections-per-ip", "4", "--header-timeout-s", "60"])
+    noisy = open_idle(d.port, 6, src="127.0.0.2")
+    time.sleep(0.3)
+    m = d.metrics()
+    assert m.get("arserve_http_connections_refused_total", reason="shed") == 2
+    alive = 0
+    for s in noisy:
+        s.settimeout(0.2)
+        try:
+            s.recv(4096)  # the shed ones read their 503 (or the end)
+        except socket.timeout:
+            alive += 1  # still waiting for the rest of its request
+        s.close()
+    assert alive == 4  # the two oldest from 127.0.0.2 went, the newest four stayed
+    assert d.client.get("/health").status_code == 200  # 127.0.0.1 is not limited by them
+
+
+def test_slowloris_beyond_the_limit_does_not_lock_out_clients(start_daemon):
+    """150 connections (more than the limit of 64; ARSERVE_SLOWLORIS_ATTACKERS
+    and ARSERVE_SLOWLORIS_LIMIT change them) each trickle a header byte
+    every half second, and reconnect when cut; meanwhile a normal client
+    generates images. Every one of its requests is answered within 2 s."""
+    limit = int(os.environ.get("ARSERVE_SLOWLORIS_LIMIT", "64"))  # 0: the default limit
+    attackers = int(os.environ.get("ARSERVE_SLOWLORIS_ATTACKERS", "150"))
+    bound_s = 2.0 * FACTOR
+    d = start_daemon(args=["--max-connections", str(limit), "--header-timeout-s", "5"])
+    stop = threading.Event()
+
+    def attacker(i):
+        src = f"127.0.0.{2 + i % 4}"
+        while not stop.is_set():
+            try:
+                s = socket.socket()
+                s.bind((src, 0))
+                s.settimeout(1)
+                s.connect(("127.0.0.1", d.port))
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                while not stop.wait(0.5):
+                    s.sendall(b"X")
+            except OSError:
+                pass
+            finally:
+                s.close()
+            stop.wait(0.05)
+
+    threads = [threading.Thread(target=attacker, args=(i,), daemon=True) for i in range(attackers)]
+    for t in threads:
+        t.start()
+    latencies = []
+    try:
+        time.sleep(1.5)  # the attack fills the limit
+        t_end = time.monotonic() + 8
+        while time.monotonic() < t_end:
+            t0 = time.monotonic()
+            conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=bound_s * 3)
+            conn.request("POST", GEN, body=BODY, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            conn.close()
+            latencies.append(time.monotonic() - t0)
+            assert resp.status == 200
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
+    latencies.sort()
+    print(f"slowloris: {attackers} attackers, limit {limit}: {len(latencies)} requests, "
+          f"median {latencies[len(latencies) // 2]:.3f} s, max {latencies[-1]:.3f} s")
+    assert latencies[-1] < bound_s, latencies
+    m = d.metrics()
+    assert m.get("arserve_http_connections_refused_total", reason="shed") > 0
+
+
+# ---- safe defaults at start-up ----
+
+def run_serve(args, timeout=30):
+    import subprocess
+    return subprocess.run([ARSERVE_BIN, "serve", "--port", "0", *args], capture_output=True,
+                          text=True, timeout=timeout * FACTOR, env=clean_env())
+
+
+def test_empty_key_file_value_is_an_error(tmp_path):
+    for args in (["--api-key-file="], ["--api-key-file", ""]):
+        p = run_serve(["--model", TINY_MODEL, *args])
+        assert p.returncode != 0 and "--api-key-file" in p.stderr and "empty" in p.stderr, p
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"api_key_file": ""}')
+    p = run_serve(["--model", TINY_MODEL, "--config", str(cfg)])
+    assert p.returncode != 0 and "api_key_file" in p.stderr and "empty" in p.stderr, p
+
+
+def test_warns_when_listening_beyond_loopback_without_a_key():
+    # conftest's Daemon binds 127.0.0.1; this one is started by hand.
+    import subprocess
+    p = subprocess.Popen([ARSERVE_BIN, "serve", "--model", TINY_MODEL, "--host", "0.0.0.0",
+                          "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=clean_env())
+    try:
+        line = p.stdout.readline()
+        assert "ready on 0.0.0.0" in line, line
+    finally:
+        p.terminate()
+        _, err = p.communicate(timeout=20 * FACTOR)
+    assert "no API key" in err and "ARSERVE_API_KEY" in err, err
+
+
+def poison(src, dst, value):
+    """A copy of model src whose first float tensor holds value at index 3."""
+    shutil.copytree(src, dst)
+    cfg = json.load(open(os.path.join(dst, "arserve.json")))
+    path = os.path.join(dst, cfg["weights"][0] if isinstance(cfg["weights"], list)
+                        else cfg["weights"])
+    with open(path, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        name, t = next((k, v) for k, v in header.items()
+                       if k != "__metadata__" and v["dtype"] in ("F32", "F16", "BF16"))
+        size = {"F32": 4, "F16": 2, "BF16": 2}[t["dtype"]]
+        enc = {"F32": struct.pack("<f", value),
+               "F16": struct.pack("<e", value),
+               "BF16": struct.pack("<f", value)[2:]}[t["dtype"]]
+        f.seek(8 + n + t["data_offsets"][0] + 3 * size)
+        f.write(enc)
+    return name
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, value):
+    model = str(tmp_path / "model")
+    name = poison(TINY_MODEL, model, value)
+    p = run_serve(["--model", model])
+    assert p.returncode != 0, p
+    assert f"tensor '{name}'" in p.stderr and "NaN or infinite" in p.stderr, p.stderr
+    assert "index 3" in p.stderr, p.stderr
+
+
+def test_check_weights_off_loads_them_anyway(start_daemon, tmp_path):
+    model = str(tmp_path / "model")
+    poison(TINY_MODEL, model, float("nan"))
+    d = start_daemon(model=model, args=["--check-weights", "off"])
+    assert d.client.get("/health").status_code == 200
