@@ -74,8 +74,8 @@ void server_config_defaults(server_config_t *c);
  * 'prot'", "config.json: 'port' must be an integer", "key.txt: API key file
  * is empty". Unknown flags and positional arguments are errors, and so is an
  * unknown ARSERVE_* variable, except ARSERVE_CONFIG, ARSERVE_API_KEY and
- * those read by tests and tools (ARSERVE_TINY_MODEL, ARSERVE_SLOW_MODEL,
- * ARSERVE_GOLDEN_DIR, ARSERVE_BIN).
+ * those read by tests and tools (ENV_NOT_SETTINGS in config.c; --help lists
+ * them).
  * --help or -h anywhere sets *want_help (may be NULL) and returns AR_OK at
  * once, reading nothing else. Returns AR_OK, or AR_ERR with err filled and
  * c partly updated (do not use it). */

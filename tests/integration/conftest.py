@@ -7,6 +7,9 @@ the default build's paths as fallbacks:
   ARSERVE_BIN         the binary (build/arserve)
   ARSERVE_TINY_MODEL  the tiny model (build/tiny-model): milliseconds per image
   ARSERVE_SLOW_MODEL  the slow model (build/slow-model): a second or two per image
+  ARSERVE_TIME_FACTOR how much slower than a normal build this one runs (default 1;
+                      3-10 for sanitizer builds): tests that wait for the daemon
+                      scale their bounds by it (scaled())
 
 The daemon rejects ARSERVE_* variables it does not know, and a developer's
 shell may export ARSERVE_API_KEY, so every daemon gets an environment with
@@ -57,6 +60,13 @@ def _env_path(name, default):
 ARSERVE_BIN = _env_path("ARSERVE_BIN", "build/arserve")
 TINY_MODEL = _env_path("ARSERVE_TINY_MODEL", "build/tiny-model")
 SLOW_MODEL = _env_path("ARSERVE_SLOW_MODEL", "build/slow-model")
+TIME_FACTOR = float(os.environ.get("ARSERVE_TIME_FACTOR") or 1)
+assert TIME_FACTOR > 0, "ARSERVE_TIME_FACTOR must be a positive number"
+
+
+def scaled(seconds):
+    """A time bound of a normal build, stretched for a slower (sanitizer) one."""
+    return seconds * TIME_FACTOR
 
 
 def clean_env(extra=None):
@@ -133,6 +143,13 @@ class Metrics:
         return self.get(name + "_count") - le
 
 
+def is_idle(m):
+    """A scrape of a daemon with no request running or waiting and an empty KV pool."""
+    return (m.get("arserve_requests_running") == 0 and m.get("arserve_requests_waiting") == 0
+            and m.get("arserve_kv_pool_reserved_bytes") == 0
+            and m.get("arserve_kv_pool_used_bytes") == 0)
+
+
 def _fmt_le(bound):
     return str(int(bound)) if float(bound).is_integer() else repr(bound)
 
@@ -140,9 +157,10 @@ def _fmt_le(bound):
 class Daemon:
     """A running `arserve serve` on 127.0.0.1 with the kernel's free port."""
 
-    def __init__(self, tmp_dir, model, args=(), env=None, drain_timeout_s=10):
-        if not os.access(ARSERVE_BIN, os.X_OK):
-            pytest.fail(f"{ARSERVE_BIN} is missing: build it with `make all` "
+    def __init__(self, tmp_dir, model, args=(), env=None, drain_timeout_s=10, binary=None):
+        binary = repo_path(binary) if binary else ARSERVE_BIN
+        if not os.access(binary, os.X_OK):
+            pytest.fail(f"{binary} is missing: build it with `make all` "
                         "(or point ARSERVE_BIN at a build)")
         if not os.path.exists(os.path.join(model, "arserve.json")):
             pytest.fail(f"model {model} is missing: `make test-integration` builds it")
@@ -150,7 +168,7 @@ class Daemon:
         self.drain_timeout_s = drain_timeout_s
         self.stdout_path = os.path.join(tmp_dir, "daemon.stdout")
         self.stderr_path = os.path.join(tmp_dir, "daemon.stderr")
-        argv = [ARSERVE_BIN, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
+        argv = [binary, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
                 "--drain-timeout-s", str(drain_timeout_s), *args]
         self.argv = argv
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
@@ -197,6 +215,22 @@ class Daemon:
             time.sleep(0.05)
         self.kill()
         pytest.fail(f"/health did not answer 200 within {START_TIMEOUT} s (last: {last})")
+
+    def rss_kib(self):
+        """The process's resident set (VmRSS of /proc/PID/status), in KiB."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        pytest.fail(f"no VmRSS in /proc/{self.proc.pid}/status (has arserve exited?)")
+
+    def open_fds(self):
+        """How many file descriptors the process holds (sockets included)."""
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def wait_idle(self, timeout=10.0, what="the daemon idle"):
+        """Waits until nothing runs or waits and the KV pool holds nothing."""
+        return self.wait_metrics(is_idle, timeout=timeout, what=what)
 
     def stderr(self):
         with open(self.stderr_path, encoding="utf-8", errors="replace") as f:
@@ -263,12 +297,14 @@ class Daemon:
 
 @pytest.fixture
 def start_daemon(tmp_path_factory):
-    """start_daemon(model=TINY_MODEL, args=(), env=None, drain_timeout_s=10) -> Daemon;
-    every daemon started is stopped and checked at the test's teardown."""
+    """start_daemon(model=TINY_MODEL, args=(), env=None, drain_timeout_s=10, binary=None)
+    -> Daemon (binary: another build than ARSERVE_BIN); every daemon started is
+    stopped and checked at the test's teardown."""
     started = []
 
-    def start(model=TINY_MODEL, args=(), env=None, drain_timeout_s=10):
-        d = Daemon(str(tmp_path_factory.mktemp("arserve")), model, args, env, drain_timeout_s)
+    def start(model=TINY_MODEL, args=(), env=None, drain_timeout_s=10, binary=None):
+        d = Daemon(str(tmp_path_factory.mktemp("arserve")), model, args, env, drain_timeout_s,
+                   binary)
         started.append(d)
         return d
 
