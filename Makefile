@@ -139,7 +139,9 @@ help:
 	@echo "make run              build and serve MODEL (default models/shapes, the demo model) on http://HOST:PORT"
 	@echo "make test             build and run every suite (format-check, test-unit, test-cli,"
 	@echo "                      test-integration, test-integration-tsan, test-python, test-backend,"
-	@echo "                      test-cuda-build, test-dockerfile, test-sanitizers)"
+	@echo "                      test-cuda-build, test-dockerfile, test-sanitizers, test-fuzz)"
+	@echo "make fuzz             every libFuzzer target for FUZZ_SECONDS (600) each, then a table"
+	@echo "                      of execs and coverage (tests/fuzz/); not part of make test"
 	@echo "make all              build $(BUILD)/arserve (CUDA=1, SANITIZER=..., DEBUG=1, CI=true)"
 	@echo "make bench-scale      images/s at batch 1 and SCALE_BENCH_BATCH on SCALE_BENCH_MODEL"
 	@echo "                      ($(SCALE_BENCH_MODEL)), side by side in one run"
@@ -219,7 +221,8 @@ $(BUILD)/tests/%: tests/unit/%.c $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) tests/te
 
 # Debian packages the build and tests need; installed only when missing.
 DEB_PKGS := gcc make libopenblas-dev libcjson-dev libpng-dev libmicrohttpd-dev libjemalloc-dev \
-            python3 python3-venv prometheus curl clang-format systemd nginx wrk clang zzuf socat
+            python3 python3-venv prometheus curl clang-format systemd nginx wrk clang libclang-rt-14-dev \
+            zzuf socat
 deps: $(VENV)/.stamp
 	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -261,6 +264,7 @@ test: deps
 	$(MAKE) test-cuda-build
 	$(MAKE) test-dockerfile
 	$(MAKE) test-sanitizers
+	$(MAKE) test-fuzz
 
 # The CUDA emulator's own tests, then every op of the CUDA backend (under
 # the emulator) against the CPU backend.
@@ -461,7 +465,7 @@ golden: tools-deps all
 # fails on any file clang-format would change.
 FORMAT_SRC := $(sort $(wildcard cli/*.c cli/*.h engine/*.c engine/*.h server/*.c server/*.h \
                 kernels/*.cu kernels/*.h kernels/*.cuh bench/*.c tests/*.h tests/unit/*.c \
-                tests/backend/*.c tests/cuda_emu/*.h tests/cuda_emu/*.cpp \
+                tests/backend/*.c tests/fuzz/*.c tests/fuzz/*.h tests/cuda_emu/*.h tests/cuda_emu/*.cpp \
                 tests/cuda_emu/include/*.h))
 format:
 	clang-format -i $(FORMAT_SRC)
@@ -473,6 +477,9 @@ format-check:
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-ubsan $(BUILD)-tsan $(BUILD)-cuda-ci build-cuda
+
+# libFuzzer targets (make fuzz, make test-fuzz): tests/fuzz/fuzz.mk.
+include tests/fuzz/fuzz.mk
 
 -include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend_cuda.d \
          $(BUILD)/kv_bench.d $(BUILD)/scale_bench.d

@@ -2,6 +2,8 @@
  * them (kv_calibration.h). */
 #include "kv_calibration.h"
 
+#include "json_strict.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -246,10 +248,10 @@ int kv_calibration_load(kv_calibration_t *c, const char *path, ar_error_t *err) 
     fclose(f);
     if (!text)
         return ar_errorf(err, "%s: cannot read", path);
-    cJSON *root = cJSON_Parse(text);
+    cJSON *root = json_parse_strict(text, (size_t)n, JSON_STRICT_DEFAULT_DEPTH, NULL, err);
     free(text);
     if (!root)
-        return ar_errorf(err, "%s: not valid JSON", path);
+        return ar_error_prefix(err, "%s: not valid JSON", path);
     int rc = AR_ERR, version = 0;
     kv_geometry_t g = {.step_unit = KV_STEP_SEGMENT};
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");

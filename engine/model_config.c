@@ -3,6 +3,7 @@
 #include "model_config.h"
 
 #include "family.h"
+#include "json_strict.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -401,9 +402,9 @@ static int read_scale(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
 int model_config_parse(model_config_t *cfg, const char *json, size_t len, const char *path,
                        ar_error_t *err) {
     memset(cfg, 0, sizeof *cfg);
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    cJSON *root = json_parse_strict(json, len, JSON_STRICT_DEFAULT_DEPTH, NULL, err);
     if (!root)
-        return ar_errorf(err, "%s: not valid JSON", path);
+        return ar_error_prefix(err, "%s: not valid JSON", path);
     ctx_t c = {path, "", err};
     int version = 0, rc = AR_ERR;
     if (!cJSON_IsObject(root)) {

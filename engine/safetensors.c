@@ -3,6 +3,8 @@
  * spans, unique names), and only then form pointers into the mapping. */
 #include "safetensors.h"
 
+#include "json_strict.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -249,19 +251,17 @@ static int parse_header(safetensors_t *st, const char *hdr, size_t hdr_len, uint
     const char *path = st->path;
     if (hdr_len == 0 || hdr[0] != '{')
         return ar_errorf(err, "%s: header does not start with '{' (not a safetensors file?)", path);
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(hdr, hdr_len, &end, 0);
-    if (!root) {
-        size_t at = end && end >= hdr && end <= hdr + hdr_len ? (size_t)(end - hdr) : 0;
-        return ar_errorf(err, "%s: header is not valid JSON (near byte %zu of %zu)", path, at,
-                         hdr_len);
-    }
+    /* Writers pad the header with spaces, which the strict check allows
+     * after the object; anything else there is junk. */
+    json_strict_fault_t fault;
+    cJSON *root = json_parse_strict(hdr, hdr_len, JSON_STRICT_DEFAULT_DEPTH, &fault, NULL);
+    if (!root && fault.trailing)
+        return ar_errorf(err, "%s: header has junk after the JSON object at byte %zu", path,
+                         fault.offset);
+    if (!root)
+        return ar_errorf(err, "%s: header is not valid JSON: byte %zu of %zu: %s", path,
+                         fault.offset, hdr_len, fault.why);
     st->json = root;
-    /* Writers pad the header with spaces; anything else after the object is junk. */
-    for (const char *p = end; p < hdr + hdr_len; p++)
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
-            return ar_errorf(err, "%s: header has junk after the JSON object at byte %zu", path,
-                             (size_t)(p - hdr));
     if (!cJSON_IsObject(root))
         return ar_errorf(err, "%s: header is not a JSON object", path);
 

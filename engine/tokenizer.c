@@ -3,6 +3,8 @@
  * up in an open-addressing hash table. Contract and HF differences: tokenizer.h. */
 #include "tokenizer.h"
 
+#include "json_strict.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdbool.h>
@@ -566,25 +568,21 @@ tokenizer_t *tokenizer_load(const char *path, ar_error_t *err) {
     char *buf = read_file(path, &len, err);
     if (!buf)
         return NULL;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
+    json_strict_fault_t fault;
+    cJSON *root = json_parse_strict(buf, len, JSON_STRICT_DEFAULT_DEPTH, &fault, NULL);
     if (!root) {
         int line = 1, col = 1;
-        for (const char *p = buf; end && p < end && p < buf + len; p++, col++)
+        for (const char *p = buf; p < buf + fault.offset && p < buf + len; p++, col++)
             if (*p == '\n')
                 line++, col = 0;
         if (len == 0)
             ar_errorf(err, "%s: empty file, expected JSON", path);
+        else if (fault.trailing)
+            ar_errorf(err, "%s: unexpected data after the JSON value (byte %zu)", path,
+                      fault.offset);
         else
-            ar_errorf(err, "%s: invalid JSON at line %d, column %d", path, line, col);
-        free(buf);
-        return NULL;
-    }
-    while (end && end < buf + len && space_len(end, 1))
-        end++;
-    if (end && end < buf + len) {
-        ar_errorf(err, "%s: unexpected data after the JSON value (byte %td)", path, end - buf);
-        cJSON_Delete(root);
+            ar_errorf(err, "%s: invalid JSON at line %d, column %d: %s", path, line, col,
+                      fault.why);
         free(buf);
         return NULL;
     }

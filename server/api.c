@@ -3,6 +3,8 @@
  * cJSON-built response, error and SSE payloads. See api.h for the contract. */
 #include "api.h"
 
+#include "engine/json_strict.h"
+
 #include <cjson/cJSON.h>
 
 #include <math.h>
@@ -314,9 +316,21 @@ static int parse_number_field(const field_t *f, const cJSON *v, const api_limits
     case NUM_U64:
         *(uint64_t *)at = (uint64_t)x;
         break;
-    case NUM_FLOAT:
-        *(float *)at = (float)x;
+    case NUM_FLOAT: {
+        /* A value just inside an open bound can round onto it in a float
+         * (top_p 1e-60 is above 0, (float)1e-60 is 0): refuse it rather
+         * than run with a value the range excludes. Found by fuzz_request. */
+        float fx = (float)x;
+        if (rule.lo_open && !(fx > rule.lo)) {
+            char want[128], got[40];
+            num_rule_describe(&rule, want, sizeof want);
+            return api_errorf(err, 400, f->name, "invalid_value",
+                              "%s must be %s; got %s, which is %g in single precision", f->name,
+                              want, fmt_double(x, got), (double)fx);
+        }
+        *(float *)at = fx;
         break;
+    }
     case NUM_DOUBLE:
         *(double *)at = x;
         break;
@@ -556,23 +570,18 @@ static cJSON *parse_body(const char *body, size_t len, api_error_t *err) {
     }
     if (body_scan((const unsigned char *)body, len, err))
         return NULL;
-    /* ParseWithLengthOpts is ParseWithLength plus the end position, which
-     * is how trailing bytes are caught and syntax errors located without
-     * reading cJSON's global error pointer. */
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    /* The strict check refuses what RFC 8259 does and cJSON would take
+     * (01, 1., trailing commas, data after the value) before cJSON sees it. */
+    json_strict_fault_t fault;
+    cJSON *root = json_parse_strict(body, len, API_MAX_JSON_DEPTH, &fault, NULL);
     if (!root) {
-        size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
-        api_errorf(err, 400, "", "invalid_json", "malformed JSON: syntax error at byte %zu", at);
-        return NULL;
-    }
-    size_t at = (size_t)(end - body);
-    while (at < len && is_json_space((unsigned char)body[at]))
-        at++;
-    if (at < len) {
-        cJSON_Delete(root);
-        api_errorf(err, 400, "", "invalid_json",
-                   "malformed JSON: unexpected data after the JSON value at byte %zu", at);
+        if (fault.trailing)
+            api_errorf(err, 400, "", "invalid_json",
+                       "malformed JSON: unexpected data after the JSON value at byte %zu",
+                       fault.offset);
+        else
+            api_errorf(err, 400, "", "invalid_json", "malformed JSON: %s at byte %zu", fault.why,
+                       fault.offset);
         return NULL;
     }
     if (!cJSON_IsObject(root)) {
@@ -860,9 +869,12 @@ char *api_sse_completed(const char *b64, int image_index, long created_at, int w
 char *api_sse_frame(const char *event, const char *json) {
     if (!event || !json || !event[0] || strpbrk(event, "\r\n"))
         return NULL;
+    /* SSE readers end a line at CRLF, CR or LF alike, so each of them in
+     * json starts another data line; a raw CR left inside one would end it
+     * early and let the rest be read as a field of its own. */
     size_t event_len = strlen(event), json_len = strlen(json), lines = 1;
     for (const char *p = json; *p; p++)
-        lines += *p == '\n';
+        lines += *p == '\n' || (*p == '\r' && p[1] != '\n');
     /* "event: " EVENT "\n", then per line "data: " LINE "\n", then "\n" and NUL */
     char *out = malloc(7 + event_len + 1 + lines * 7 + json_len + 2);
     if (!out)
@@ -874,14 +886,14 @@ char *api_sse_frame(const char *event, const char *json) {
     *w++ = '\n';
     const char *line = json;
     for (;;) {
-        size_t k = strcspn(line, "\n");
+        size_t k = strcspn(line, "\r\n");
         memcpy(w, "data: ", 6);
         memcpy(w + 6, line, k);
         w += 6 + k;
         *w++ = '\n';
         if (!line[k])
             break;
-        line += k + 1;
+        line += k + (line[k] == '\r' && line[k + 1] == '\n' ? 2 : 1);
     }
     *w++ = '\n';
     *w = 0;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/json_strict.h"
 #include "engine/text.h"
 
 typedef enum setting_kind { KIND_INT, KIND_REAL, KIND_STRING, KIND_ENUM } setting_kind_t;
@@ -417,13 +418,11 @@ static int load_file(server_config_t *c, const char *path, ar_error_t *err) {
     if (read_small_file(path, "config file", &text, &len, err))
         return AR_ERR;
     int rc = AR_ERR;
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    json_strict_fault_t fault;
+    cJSON *root = json_parse_strict(text, len, JSON_STRICT_DEFAULT_DEPTH, &fault, NULL);
     if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        if (at && at >= text && at <= text + len)
-            ar_errorf(err, "%s: not valid JSON (line %d)", path, line_of(text, at));
-        else
-            ar_errorf(err, "%s: not valid JSON", path);
+        ar_errorf(err, "%s: not valid JSON (line %d): %s", path, line_of(text, text + fault.offset),
+                  fault.why);
         goto out;
     }
     if (!cJSON_IsObject(root)) {

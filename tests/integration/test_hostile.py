@@ -421,7 +421,7 @@ DEADLINE_CLIENTS = 4
 
 
 def test_clients_that_give_up_early_are_cancelled_and_the_rest_served(start_daemon, slow_info):
-    d = start_daemon(SLOW_MODEL, ["--threads", "2"])
+    d = start_daemon(SLOW_MODEL, SLOW_ARGS)
     m0 = d.metrics()
     fds_before = d.open_fds()
 

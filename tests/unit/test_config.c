@@ -151,6 +151,18 @@ static void test_empty_key_file_is_an_error(void) {
     remove_temp(path);
 }
 
+/* Config files are RFC 8259 JSON: cJSON alone would read 08080 as 8080. */
+static void test_config_file_is_strict_json(void) {
+    server_config_t c;
+    ar_error_t err;
+    char *path = temp_file("{\n \"port\": 08080}");
+    const char *args[] = {"--config", path, NULL};
+    CHECK(load(&c, args, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "not valid JSON (line 2)");
+    CHECK_STR_CONTAINS(err.msg, "leading zero");
+    remove_temp(path);
+}
+
 static void test_file_source(void) {
     server_config_t c;
     ar_error_t err;
@@ -664,6 +676,7 @@ int main(void) {
     TEST_RUN(test_env_source);
     TEST_RUN(test_env_allow_list_and_foreign_vars_are_ignored);
     TEST_RUN(test_file_source);
+    TEST_RUN(test_config_file_is_strict_json);
     TEST_RUN(test_empty_key_file_is_an_error);
     TEST_RUN(test_config_from_env_and_flag_beats_env);
     TEST_RUN(test_precedence_file_env_flag);

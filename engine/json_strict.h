@@ -1,0 +1,58 @@
+/* A strict RFC 8259 check in front of cJSON, which on its own accepts texts
+ * RFC 8259 refuses (01, 1., trailing commas, any nesting up to 1000) and has
+ * read past the end of a buffer on some of them (CVE-2023-53154). Every parse
+ * of a file or request arserve did not write goes through json_parse_strict.
+ * The check is one pass with an explicit depth stack: no recursion, no
+ * allocation, O(len). */
+#ifndef ARSERVE_JSON_STRICT_H
+#define ARSERVE_JSON_STRICT_H
+
+#include "status.h"
+
+#include <stddef.h>
+
+/* Nesting limit for the model, tokenizer, safetensors and config files: their
+ * deepest legitimate nesting is about 6. */
+#define JSON_STRICT_DEFAULT_DEPTH 64
+/* The largest max_depth accepted: cJSON's own compiled-in CJSON_NESTING_LIMIT,
+ * so every text the check accepts is one cJSON can hold. */
+#define JSON_STRICT_MAX_DEPTH 1000
+/* cJSON copies a number into a 64-byte buffer before strtod and fails on a
+ * longer one; the check refuses those itself, with a message that says so. */
+#define JSON_STRICT_MAX_NUMBER_CHARS 63
+
+/* Where and why a text was refused. */
+typedef struct json_strict_fault {
+    size_t offset; /* byte offset of the fault, 0-based */
+    int trailing;  /* 1: the value was complete and the fault is data after it */
+    char why[112]; /* one phrase, e.g. "a number may not have a leading zero" */
+} json_strict_fault_t;
+
+/* Checks that text[0..len) is exactly one JSON text by RFC 8259:
+ *  - one value, with only ' ', \t, \n and \r around it; one leading UTF-8 byte
+ *    order mark is allowed (RFC 8259 8.1 lets a parser ignore it; cJSON
+ *    skips it too). A NUL byte anywhere is refused;
+ *  - numbers -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?, at most
+ *    JSON_STRICT_MAX_NUMBER_CHARS characters;
+ *  - strings: no control character below 0x20, escapes \" \\ \/ \b \f \n \r \t
+ *    and \uXXXX; valid UTF-8 (no overlong forms, no surrogates, nothing above
+ *    U+10FFFF). Refused though RFC 8259's grammar allows them: \u0000 (cJSON
+ *    would cut the string there) and an unpaired surrogate escape, high or
+ *    low (cJSON refuses it, and it names no character);
+ *  - literals true, false and null only; no trailing commas;
+ *  - arrays and objects nested at most max_depth deep (a top-level array or
+ *    object is depth 1), max_depth in 1..JSON_STRICT_MAX_DEPTH.
+ * Returns AR_OK, or AR_ERR with *fault (may be NULL) saying where and why. */
+int json_strict_check(const char *text, size_t len, int max_depth, json_strict_fault_t *fault);
+
+struct cJSON;
+
+/* json_strict_check, then cJSON_ParseWithLengthOpts. Returns the parsed value
+ * (the caller cJSON_Deletes it), or NULL with err (may be NULL) holding
+ * "byte N: why" for the caller to prefix with its file, and *fault (may be
+ * NULL) the same as json_strict_check's. text need not be NUL-terminated:
+ * neither the check nor cJSON reads text[len]. */
+struct cJSON *json_parse_strict(const char *text, size_t len, int max_depth,
+                                json_strict_fault_t *fault, ar_error_t *err);
+
+#endif

@@ -1,0 +1,77 @@
+/* libFuzzer target: bytes as a model's tokenizer.json, through tokenizer_load
+ * (engine/tokenizer.c, which reads a path: the input goes to a memfd), then
+ * encoding with what loaded: fixed prompts, the input itself as a prompt, and
+ * the text of the first tokens. Every id encoded must name a token
+ * (tokenizer_token_text, the decode direction), and looking a token's text
+ * up must give a token with that text.
+ * Build and run: make -f Makefile -f tests/fuzz/fuzz.mk fuzz (tests/fuzz/fuzz.mk). */
+#include "engine/tokenizer.h"
+#include "tests/fuzz/fuzz.h"
+
+#define MAX_IDS 256
+
+static fuzz_file_t file;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    fuzz_file_init(&file, "tokenizer.json");
+    return 0;
+}
+
+static void encode_checked(const tokenizer_t *t, const char *text) {
+    int ids[MAX_IDS], n = -1;
+    ar_error_t err = {{0}};
+    if (tokenizer_encode(t, text, ids, MAX_IDS, &n, &err) != AR_OK) {
+        FUZZ_REQUIRE(n == 0 && err.msg[0], "a failed encode left %d ids or no message", n);
+        return;
+    }
+    FUZZ_REQUIRE(n >= 0 && n <= MAX_IDS, "%d ids", n);
+    for (int i = 0; i < n; i++) {
+        FUZZ_REQUIRE(ids[i] >= 0 && ids[i] < tokenizer_vocab_size(t), "id %d of %d", ids[i],
+                     tokenizer_vocab_size(t));
+        FUZZ_REQUIRE(tokenizer_token_text(t, ids[i]) != NULL, "id %d has no text", ids[i]);
+    }
+    /* The same text with room for one id: the whole count, or the limit error. */
+    int one;
+    if (tokenizer_encode(t, text, ids, 1, &one, &err) == AR_OK)
+        FUZZ_REQUIRE(one == n && n <= 1, "%d ids, then %d with a limit of 1", n, one);
+    else
+        FUZZ_REQUIRE(one == 0 && n > 1, "the limit refused %d ids", n);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fuzz_file_write(&file, data, size);
+    ar_error_t err = {{0}};
+    tokenizer_t *t = tokenizer_load(file.path, &err);
+    if (!t) {
+        FUZZ_REQUIRE(strstr(err.msg, file.path) != NULL, "message does not name the file: %s",
+                     err.msg);
+        return 0;
+    }
+    static const char *const prompts[] = {"a red circle on the left",
+                                          "",
+                                          " ",
+                                          "  two   GREEN triangles\t\n",
+                                          "<bos>a<pad>",
+                                          "\xc3\x80\xc3\x89 caf\xc3\xa9 \xe3\x80\x80 x",
+                                          "\xff\xfe\xc3",
+                                          "a,b.c!?"};
+    for (size_t i = 0; i < sizeof prompts / sizeof prompts[0]; i++)
+        encode_checked(t, prompts[i]);
+    char own[1025];
+    size_t n = size < sizeof own - 1 ? size : sizeof own - 1;
+    memcpy(own, data, n);
+    own[n] = 0;
+    encode_checked(t, own);
+    int vocab = tokenizer_vocab_size(t);
+    for (int id = 0; id < vocab && id < 64; id++) {
+        const char *text = tokenizer_token_text(t, id);
+        if (!text)
+            continue;
+        int back = tokenizer_token_id(t, text);
+        FUZZ_REQUIRE(back >= 0 && strcmp(tokenizer_token_text(t, back), text) == 0,
+                     "token %d '%.40s' looks up as %d", id, text, back);
+        encode_checked(t, text);
+    }
+    tokenizer_free(t);
+    return 0;
+}
