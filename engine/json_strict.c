@@ -362,8 +362,8 @@ cJSON *json_parse_strict(const char *text, size_t len, int max_depth, json_stric
         ar_errorf(err, "byte %zu: %s", fault->offset, fault->why);
         return NULL;
     }
-    /* cJSON skips a byte order mark only when more than four bytes follow
-     * it; skipping it here keeps "\xEF\xBB\xBF1" acceptable to both. */
+    /* cJSON 1.7.15 skips a byte order mark only in a text of five bytes or
+     * more; skipping it here keeps "\xEF\xBB\xBF1" acceptable to both. */
     size_t bom = len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text + bom, len - bom, &end, 0);

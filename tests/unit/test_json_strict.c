@@ -236,8 +236,8 @@ static void test_parse_strict_reports_byte_and_reason(void) {
     CHECK(json_parse_strict("[1,2]", 4, 8, NULL, &err) == NULL);
     CHECK_STR_CONTAINS(err.msg, "byte 4: the text ends inside an array");
     CHECK(json_parse_strict(NULL, 5, 8, NULL, &err) == NULL);
-    /* cJSON skips a byte order mark only when more than four bytes follow;
-     * json_parse_strict skips it itself, so a short text after one parses. */
+    /* cJSON 1.7.15 skips a byte order mark only in a text of five bytes or
+     * more; json_parse_strict skips it itself, so a short text after one parses. */
     root = json_parse_strict("\xef\xbb\xbf"
                              "7",
                              4, 8, NULL, &err);
