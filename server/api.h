@@ -108,8 +108,8 @@ typedef struct api_image_request {
  *      (JSON allows only space, tab, CR, LF between tokens and none inside
  *      strings; cJSON would take them as whitespace), no \u0000 escapes (cJSON
  *      would cut the string there), nesting at most API_MAX_JSON_DEPTH;
- *   2. cJSON parse, then only whitespace may follow the value (cJSON alone
- *      accepts trailing bytes);
+ *   2. the strict RFC 8259 check (engine/json_strict.h: no 01, 1., trailing
+ *      commas or data after the value), then cJSON's parse;
  *   3. the value is an object;
  *   4. its members in document order: duplicates, unknown names, types,
  *      ranges (a KV knob's as KV_POLICY_KNOBS gives); the first fault is
@@ -223,8 +223,9 @@ char *api_sse_completed(const char *b64, int image_index, long created_at, int w
 #define API_SSE_COMPLETED "image_generation.completed"
 #define API_SSE_ERROR "error"
 
-/* One SSE frame: "event: EVENT\ndata: JSON\n\n". A newline inside json
- * starts another "data: " line, which SSE readers join back with "\n". NULL
+/* One SSE frame: "event: EVENT\ndata: JSON\n\n". A line break inside json
+ * (CRLF, CR or LF, as SSE readers end lines) starts another "data: " line,
+ * which readers join back with "\n". NULL
  * when event is empty or holds CR or LF, or memory runs out. */
 char *api_sse_frame(const char *event, const char *json);
 
