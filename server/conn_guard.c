@@ -135,6 +135,16 @@ static void *watch(void *arg) {
     return NULL;
 }
 
+/* Frees everything but the watcher thread (not running, or joined). */
+static void release(conn_guard_t *g) {
+    pthread_mutex_destroy(&g->lock);
+    pthread_cond_destroy(&g->wake);
+    for (int r = 0; r < N_CUT_REASONS; r++)
+        free(g->answers[r]);
+    free(g->entries);
+    free(g);
+}
+
 conn_guard_t *conn_guard_create(const conn_guard_options_t *opt, metrics_t *metrics,
                                 ar_error_t *err) {
     conn_guard_t *g = calloc(1, sizeof *g);
@@ -160,12 +170,7 @@ conn_guard_t *conn_guard_create(const conn_guard_options_t *opt, metrics_t *metr
     pthread_cond_init(&g->wake, NULL);
     if (!g->entries || !g->m_refused || pthread_create(&g->watcher, NULL, watch, g)) {
         ar_errorf(err, "cannot start the connection watcher (out of memory or threads)");
-        pthread_mutex_destroy(&g->lock);
-        pthread_cond_destroy(&g->wake);
-        for (int r = 0; r < N_CUT_REASONS; r++)
-            free(g->answers[r]);
-        free(g->entries);
-        free(g);
+        release(g);
         return NULL;
     }
     return g;
@@ -179,12 +184,7 @@ void conn_guard_destroy(conn_guard_t *g) {
     pthread_cond_signal(&g->wake);
     pthread_mutex_unlock(&g->lock);
     pthread_join(g->watcher, NULL);
-    pthread_mutex_destroy(&g->lock);
-    pthread_cond_destroy(&g->wake);
-    for (int r = 0; r < N_CUT_REASONS; r++)
-        free(g->answers[r]);
-    free(g->entries);
-    free(g);
+    release(g);
 }
 
 unsigned conn_guard_hard_limit(const conn_guard_t *g) { return (unsigned)g->n_entries; }
