@@ -82,7 +82,7 @@ ENGINE_SRC := $(wildcard engine/*.c)
 SERVER_SRC := $(wildcard server/*.c)
 CLI_SRC    := $(wildcard cli/*.c)
 ENGINE_OBJ := $(filter-out $(BUILD)/engine/backend_cuda.o,$(ENGINE_SRC:%.c=$(BUILD)/%.o))
-SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
+SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/playground.o
 CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/%.o)
 KERNEL_SRC := $(wildcard kernels/*.cu)
 KERNEL_HDR := $(wildcard kernels/*.h kernels/*.cuh)
@@ -131,7 +131,7 @@ VAR_MODEL  := models/shapes-var
 .PHONY: all deps test test-unit test-cli test-integration test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
         test-cuda-build test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
-        format format-check info bench-kv bench-scale bench-serve help
+        format format-check info bench-kv bench-scale bench-serve help playground-screenshot
 
 all: info $(BUILD)/arserve
 
@@ -156,6 +156,8 @@ help:
 	@echo "make eval             ShapesEval of MODEL: the 300 standard prompts generated and scored"
 	@echo "                      (EVAL_ARGS, e.g. EVAL_ARGS=\"--limit 48\"; images in $(BUILD)/eval)"
 	@echo "make expected-png     remake the PNG the shipped-model test expects (after retraining)"
+	@echo "make playground-screenshot  remake docs/playground.png, the README's picture of GET /"
+	@echo "                      (the playground test's compare mode in headless Chromium)"
 	@echo "make deps             install the Debian packages and the .venv the build and tests need"
 	@echo "make golden           regenerate the golden data (torch, in .venv-tools)"
 	@echo "make format           clang-format the C, CUDA and headers (format-check: only check)"
@@ -169,6 +171,12 @@ comma := ,
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+# The playground page GET / serves, built into the binary: the assembler
+# includes server/playground.html (server/playground.S).
+$(BUILD)/server/playground.o: server/playground.S server/playground.html
+	@mkdir -p $(dir $@)
+	$(CC) -I. -c $< -o $@
 
 $(BUILD)/kernels/%.o: kernels/%.cu $(KERNEL_HDR)
 	@mkdir -p $(dir $@)
@@ -222,7 +230,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) tests/te
 # Debian packages the build and tests need; installed only when missing.
 DEB_PKGS := gcc make libopenblas-dev libcjson-dev libpng-dev libmicrohttpd-dev libjemalloc-dev \
             python3 python3-venv prometheus curl clang-format systemd nginx wrk clang libclang-rt-14-dev \
-            zzuf socat
+            zzuf socat chromium chromium-driver
 deps: $(VENV)/.stamp
 	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -350,6 +358,13 @@ test-integration: all $(BUILD)/arserve-leaky $(TINY_MODEL)/arserve.json $(SLOW_M
 	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_LEAKY_BIN=$(BUILD)/arserve-leaky ARSERVE_TINY_MODEL=$(TINY_MODEL) \
 		ARSERVE_SLOW_MODEL=$(SLOW_MODEL) ARSERVE_VAR_MODEL=$(VAR_MODEL) \
 		$(VENV)/bin/python -m pytest -q tests/integration
+
+# The README's picture of the playground page (GET /): the browser test's
+# compare-mode screenshot, in headless Chromium against the demo model.
+playground-screenshot: all deps
+	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_SCREENSHOT=$(CURDIR)/docs/playground.png \
+		$(VENV)/bin/python -m pytest -q tests/integration/test_playground.py -k compare_mode
+	@echo "wrote docs/playground.png"
 
 # The same suite on a ThreadSanitizer build of the daemon: conftest.py fails
 # a test whose daemon reported anything (and TSan's exit status fails its

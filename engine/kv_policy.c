@@ -258,6 +258,30 @@ int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const c
     return ops->check ? ops->check(p, g, field, err) : AR_OK;
 }
 
+/* kv_policy_check of p with budget b, quietly. */
+static int passes_with(kv_policy_params_t p, const kv_geometry_t *g, double b) {
+    ar_error_t err;
+    p.budget = b;
+    return kv_policy_check(&p, g, NULL, &err) == AR_OK;
+}
+
+double kv_policy_min_budget(const kv_policy_params_t *p, const kv_geometry_t *g) {
+    if (!p || !g || !passes_with(*p, g, 1.0))
+        return -1;
+    if (!kv_policy_uses_budget(p->kind, g))
+        return 0;
+    const double grid = 1e4;
+    int lo = 0, hi = (int)grid; /* lo fails (a budget of 0 is never one), hi passes */
+    while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        if (passes_with(*p, g, mid / grid))
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return hi / grid;
+}
+
 static int ops_layered(const kv_policy_ops_t *ops, const kv_geometry_t *g) {
     return ops->layer_end && (!ops->layered_on || ops->layered_on(g));
 }

@@ -288,6 +288,14 @@ int kv_policy_trajectory_blocks(const kv_policy_params_t *p, const kv_geometry_t
                                 int block_tokens, long long *blocks, int *tokens,
                                 const char **field, ar_error_t *err);
 
+/* The least budget, on a 1e-4 grid, with which p (its knobs as they are)
+ * passes kv_policy_check on g: the budget a smaller cache cannot go below.
+ * 0 when the budget does not shape p's cache (full); -1 when p fails on g
+ * at any budget (another knob, a missing calibration, a raster policy on a
+ * next-scale model). Assumes, as every policy's check does, that a larger
+ * budget never fails where a smaller one passes. */
+double kv_policy_min_budget(const kv_policy_params_t *p, const kv_geometry_t *g);
+
 /* What p's budget comes to on geometry g, in words, for people ("B = 4 of
  * 24 lines = ..."); the check's message when p does not suit g. */
 void kv_policy_describe(const kv_policy_params_t *p, const kv_geometry_t *g, char *buf, size_t cap);

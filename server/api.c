@@ -524,7 +524,7 @@ static const field_t FIELDS[] = {
     {.name = "kv_policy", .parse = parse_kv_policy},
     NUMBER("kv_budget", 0, 1, 0, 1, NULL, NUM_DOUBLE, kv.budget, -1),
     {.name = "stream", .parse = parse_stream},
-    NUMBER("partial_images", 1, 0, 0, 3, NULL, NUM_INT, partial_images, -1),
+    NUMBER("partial_images", 1, 0, 0, API_MAX_PARTIAL_IMAGES, NULL, NUM_INT, partial_images, -1),
 };
 #define N_FIELDS ((int)(sizeof FIELDS / sizeof FIELDS[0]))
 
@@ -790,9 +790,76 @@ char *api_images_response_json(long created, int n, const char *const *b64_pngs,
     return print_and_delete(root, ok);
 }
 
-char *api_models_json(const char *model_name, long created, int num_classes,
-                      const char *const *class_names) {
-    if (!model_name)
+/* The policies that run on card's geometry with the server's knobs, each
+ * with the budget a request naming only kv_policy gets and the least it
+ * may ask for, when the budget shapes its cache. */
+static int add_kv_policies(cJSON *o, const api_limits_t *lim, const api_model_card_t *card) {
+    const kv_policy_kind_t def = lim->kv_defaults ? lim->kv_defaults->kind : KV_POLICY_FULL;
+    int ok = add_str(o, "kv_policy", kv_policy_name(def));
+    cJSON *arr = cJSON_AddArrayToObject(o, "kv_policies");
+    ok &= arr != NULL;
+    for (int k = 0; ok && k < KV_POLICY_COUNT; k++) {
+        const kv_policy_overrides_t only_kind = {.has_kind = 1, .kind = (kv_policy_kind_t)k};
+        kv_policy_params_t p;
+        ar_error_t err;
+        if (kv_policy_resolve(lim->kv_defaults, &only_kind, &p, NULL, &err) != AR_OK)
+            continue;
+        const double least = kv_policy_min_budget(&p, card->geom);
+        if (least < 0)
+            continue;
+        cJSON *e = cJSON_CreateObject();
+        ok &= e != NULL && cJSON_AddItemToArray(arr, e);
+        if (!ok) {
+            cJSON_Delete(e);
+            break;
+        }
+        ok &= add_str(e, "name", kv_policy_name(p.kind));
+        if (least > 0) {
+            ok &= add_num(e, "budget", p.budget);
+            ok &= add_num(e, "min_budget", least);
+        }
+    }
+    return ok;
+}
+
+/* The "arserve" member of a model card (api_models_json). */
+static int add_model_card(cJSON *m, const api_limits_t *lim, const api_model_card_t *card) {
+    cJSON *a = cJSON_AddObjectToObject(m, "arserve");
+    if (!a)
+        return 0;
+    const kv_geometry_t *g = card->geom;
+    int ok = add_str(a, "family", card->family);
+    ok &= add_str(a, "conditioning", lim->num_classes > 0 ? "class" : "text");
+    ok &= add_num(a, "width", lim->widths[0]) && add_num(a, "height", lim->heights[0]);
+    ok &= add_num(a, "steps", kv_geometry_steps(g));
+    ok &= add_str(a, "step_unit", g->step_unit == KV_STEP_TOKEN ? "token" : "segment");
+    ok &= add_str(a, "segment_name", card->segment_name);
+    cJSON *seg = cJSON_CreateIntArray(g->segment_tokens, g->n_segments);
+    ok &= seg != NULL && cJSON_AddItemToObject(a, "segment_tokens", seg);
+    if (!seg)
+        return 0;
+    const sampler_params_t *sp = &card->sampling;
+    cJSON *s = cJSON_AddObjectToObject(a, "sampling");
+    ok &= s != NULL;
+    if (s) {
+        ok &= add_num(s, "guidance_scale", sp->cfg);
+        ok &= add_num(s, "temperature", sp->temperature > 0 ? sp->temperature : 0);
+        ok &= add_num(s, "top_k", sp->top_k);
+        ok &= add_num(s, "top_p", sp->top_p < 1 ? (sp->top_p > 0 ? sp->top_p : 0) : 1);
+    }
+    cJSON *l = cJSON_AddObjectToObject(a, "limits");
+    ok &= l != NULL;
+    if (l) {
+        ok &= add_num(l, "max_n", lim->max_n);
+        ok &= add_num(l, "max_partial_images", API_MAX_PARTIAL_IMAGES);
+        ok &= add_num(l, "max_prompt_bytes", (double)lim->max_prompt_bytes);
+    }
+    return ok && add_kv_policies(a, lim, card);
+}
+
+char *api_models_json(const api_limits_t *lim, const api_model_card_t *card) {
+    if (!lim || !card || !lim->model_name || lim->n_sizes < 1 || !card->geom || !card->family ||
+        !card->segment_name)
         return NULL;
     cJSON *root = cJSON_CreateObject();
     int ok = add_str(root, "object", "list");
@@ -803,19 +870,20 @@ char *api_models_json(const char *model_name, long created, int num_classes,
         cJSON_Delete(m);
         return print_and_delete(root, 0);
     }
-    ok &= add_str(m, "id", model_name);
+    ok &= add_str(m, "id", lim->model_name);
     ok &= add_str(m, "object", "model");
-    ok &= add_num(m, "created", (double)created);
+    ok &= add_num(m, "created", (double)card->created);
     ok &= add_str(m, "owned_by", "arserve");
-    if (num_classes > 0) {
-        ok &= add_num(m, "num_classes", num_classes);
-        cJSON *names = class_names ? cJSON_AddArrayToObject(m, "classes") : NULL;
-        ok &= !class_names || names != NULL;
-        for (int i = 0; ok && names && i < num_classes; i++) {
-            cJSON *n = cJSON_CreateString(class_names[i]);
+    if (lim->num_classes > 0) {
+        ok &= add_num(m, "num_classes", lim->num_classes);
+        cJSON *names = lim->class_names ? cJSON_AddArrayToObject(m, "classes") : NULL;
+        ok &= !lim->class_names || names != NULL;
+        for (int i = 0; ok && names && i < lim->num_classes; i++) {
+            cJSON *n = cJSON_CreateString(lim->class_names[i]);
             ok &= n != NULL && cJSON_AddItemToArray(names, n);
         }
     }
+    ok &= add_model_card(m, lim, card);
     return print_and_delete(root, ok);
 }
 
@@ -854,7 +922,8 @@ char *api_sse_partial_image(const char *b64, int partial_image_index, int image_
 }
 
 char *api_sse_completed(const char *b64, int image_index, long created_at, int width, int height,
-                        int image_tokens, int prompt_tokens) {
+                        int image_tokens, int prompt_tokens, const api_kv_report_t *kv,
+                        const api_timings_t *timings) {
     if (!b64 || image_index < 0 || image_tokens < 0 || prompt_tokens < 0)
         return NULL;
     cJSON *o = cJSON_CreateObject();
@@ -863,6 +932,10 @@ char *api_sse_completed(const char *b64, int image_index, long created_at, int w
     ok &= add_image_event_common(o, created_at, width, height);
     ok &= add_usage(o, image_tokens, prompt_tokens);
     ok &= add_num(o, "image_index", image_index);
+    if (kv)
+        ok &= add_kv_report(o, kv);
+    if (timings)
+        ok &= add_timings(o, timings);
     return print_and_delete(o, ok);
 }
 

@@ -20,6 +20,8 @@
  * double, but 2^53 + 1 parses to 2^53, so allowing 2^53 itself would accept
  * a seed the client did not send. */
 #define API_MAX_SEED 9007199254740991.0
+/* Previews a streamed image may ask for (OpenAI's partial_images range). */
+#define API_MAX_PARTIAL_IMAGES 3
 
 /* An error as the API reports it. status is the HTTP status; type is
  * "invalid_request_error" (4xx) or "server_error" (5xx); param is the request
@@ -84,7 +86,7 @@ typedef struct api_image_request {
     int width, height;  /* one of the allowed sizes, default the first */
     int want_b64;       /* always 1: "b64_json" is the only format served */
     int stream;         /* default 0 */
-    int partial_images; /* 0..3, default 0; only meaningful with stream */
+    int partial_images; /* 0..API_MAX_PARTIAL_IMAGES, default 0; only meaningful with stream */
     int has_seed;
     uint64_t seed; /* 0..API_MAX_SEED */
     int has_guidance_scale, has_temperature, has_top_k, has_top_p;
@@ -177,12 +179,37 @@ char *api_images_response_json(long created, int n, const char *const *b64_pngs,
                                int height, int image_tokens, int prompt_tokens,
                                const api_kv_report_t *kv, const api_timings_t *timings);
 
-/* {"object": "list", "data": [{"id": model_name, "object": "model",
- *  "created": created, "owned_by": "arserve"}]}; a class-conditional model
- * (num_classes > 0) adds "num_classes" and, when it has names, "classes"
- * (the names, index = class_label). */
-char *api_models_json(const char *model_name, long created, int num_classes,
-                      const char *const *class_names);
+/* What GET /v1/models tells of the served model beyond OpenAI's fields:
+ * what a client needs to build a request form (the playground page does). */
+typedef struct api_model_card {
+    long created;
+    const char *family;        /* arserve.json "family": "raster" or "scale" */
+    const char *segment_name;  /* "line" or "scale" */
+    const kv_geometry_t *geom; /* the shortest request's geometry (calibration included) */
+    sampler_params_t sampling; /* the model's defaults */
+} api_model_card_t;
+
+/* {"object": "list", "data": [{"id": lim->model_name, "object": "model",
+ *  "created": card->created, "owned_by": "arserve", ...}]}; a
+ * class-conditional model (num_classes > 0) adds "num_classes" and, when it
+ * has names, "classes" (the names, index = class_label). An arserve
+ * extension follows:
+ *   "arserve": {"family": "raster", "conditioning": "text" or "class",
+ *     "width": W, "height": H, "steps": S, "step_unit": "token" or "segment",
+ *     "segment_name": "line", "segment_tokens": [tokens of each segment],
+ *     "sampling": {"guidance_scale", "temperature", "top_k", "top_p"},
+ *     "limits": {"max_n", "max_partial_images", "max_prompt_bytes"},
+ *     "kv_policy": the server's default policy,
+ *     "kv_policies": [{"name": "full"},
+ *                     {"name": "linear", "budget": 0.1667, "min_budget": 0.25}, ...]}
+ * kv_policies lists the policies that run on this model with the server's
+ * knobs (the others are refused at any budget); one whose budget shapes
+ * the cache has the budget a request naming only kv_policy gets, and the
+ * least kv_budget the shortest request may ask for (kv_policy_min_budget on
+ * card->geom: a longer prompt may need more; the default may be below it on
+ * a small model, and such a request is refused). NULL when lim or card is
+ * incomplete or memory runs out. */
+char *api_models_json(const api_limits_t *lim, const api_model_card_t *card);
 
 /* Server-Sent Events for `stream: true`. Each payload carries its event name
  * in "type" as well, because the openai client ignores the SSE event line and
@@ -206,6 +233,10 @@ char *api_models_json(const char *model_name, long created, int num_classes,
  *    "quality": "auto", "background": "opaque", "output_format": "png",
  *    "usage": {as in api_images_response_json}, "image_index": i}
  *
+ * A completed event carries "kv_cache" and "timings" too when kv and
+ * timings are given (as in api_images_response_json: the job's, so every
+ * image of it reports the same).
+ *
  * OpenAI's ImageGen*Event schemas mark size, quality, background and
  * output_format required, so strictly typed clients need them: "quality" is
  * "auto" (arserve has no quality setting) and "background" is "opaque" (the
@@ -215,7 +246,8 @@ char *api_sse_progress(int steps_done, int steps_total, int image_index);
 char *api_sse_partial_image(const char *b64, int partial_image_index, int image_index,
                             long created_at, int width, int height);
 char *api_sse_completed(const char *b64, int image_index, long created_at, int width, int height,
-                        int image_tokens, int prompt_tokens);
+                        int image_tokens, int prompt_tokens, const api_kv_report_t *kv,
+                        const api_timings_t *timings);
 
 /* Event names as above, for api_sse_frame. */
 #define API_SSE_PROGRESS "arserve.progress"

@@ -134,17 +134,11 @@ static const setting_t SETTINGS[] = {
 
 /* ARSERVE_* variables that are not settings: read by tests and tools, so the
  * daemon must not reject an environment that carries them. */
-static const char *const ENV_NOT_SETTINGS[] = {"ARSERVE_TINY_MODEL",
-                                               "ARSERVE_SLOW_MODEL",
-                                               "ARSERVE_VAR_MODEL",
-                                               "ARSERVE_VAR_TINY_MODEL",
-                                               "ARSERVE_GOLDEN_DIR",
-                                               "ARSERVE_BIN",
-                                               "ARSERVE_LEAKY_BIN",
-                                               "ARSERVE_TIME_FACTOR",
-                                               "ARSERVE_SLOWLORIS_LIMIT",
-                                               "ARSERVE_SLOWLORIS_ATTACKERS",
-                                               NULL};
+static const char *const ENV_NOT_SETTINGS[] = {
+    "ARSERVE_TINY_MODEL",          "ARSERVE_SLOW_MODEL",  "ARSERVE_VAR_MODEL",
+    "ARSERVE_VAR_TINY_MODEL",      "ARSERVE_GOLDEN_DIR",  "ARSERVE_BIN",
+    "ARSERVE_LEAKY_BIN",           "ARSERVE_TIME_FACTOR", "ARSERVE_SLOWLORIS_LIMIT",
+    "ARSERVE_SLOWLORIS_ATTACKERS", "ARSERVE_SCREENSHOT",  NULL};
 
 #define ENV_PREFIX "ARSERVE_"
 #define ENV_CONFIG "ARSERVE_CONFIG"

@@ -21,6 +21,7 @@
 #include "server/api.h"
 #include "server/conn_guard.h"
 #include "server/log.h"
+#include "server/playground.h"
 
 #define WAIT_SLICE_S 0.1
 #define SSE_KEEPALIVE_S 2.0
@@ -34,6 +35,9 @@
 #define LOGGED_PROMPT_BYTES 200
 #define GENERATE_ROUTE "/v1/images/generations"
 
+_Static_assert(API_MAX_PARTIAL_IMAGES <= SCHED_MAX_PARTIALS,
+               "the scheduler keeps every preview a request may ask for");
+
 struct http_server {
     struct MHD_Daemon *d;
     http_options_t opt;
@@ -42,8 +46,9 @@ struct http_server {
     scheduler_t *sched;
     metrics_t *metrics;
     api_limits_t limits;
+    api_model_card_t card; /* GET /v1/models */
+    kv_geometry_t geom;    /* the card's */
     int width, height;
-    long created;
     atomic_int ready, inflight;
     metric_t *m_requests;
     conn_guard_t *guard;
@@ -91,7 +96,8 @@ typedef struct sse {
     size_t pending_len, pending_off;
 } sse_t;
 
-static const char *const KNOWN_ROUTES[] = {"/health",    "/ready",       "/metrics",
+#define PAGE_ROUTE "/"
+static const char *const KNOWN_ROUTES[] = {PAGE_ROUTE,   "/health",      "/ready", "/metrics",
                                            "/v1/models", GENERATE_ROUTE, NULL};
 
 static void count(http_server_t *h, conn_t *cx, int code) {
@@ -150,6 +156,19 @@ static void conn_release(conn_t *cx) {
     free(cx);
 }
 
+/* The playground page (GET /) may talk to this server's API and nothing
+ * else. It is public (the API calls it makes carry the key); the Host
+ * allow-list applies to it as to every route. */
+static void add_page_headers(struct MHD_Response *r) {
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'unsafe-inline'; "
+                            "style-src 'unsafe-inline'; img-src data:; connect-src 'self'; "
+                            "base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+}
+
 static enum MHD_Result send_buf(http_server_t *h, struct MHD_Connection *c, conn_t *cx, int code,
                                 const char *type, void *buf, size_t len, int free_buf) {
     struct MHD_Response *r = MHD_create_response_from_buffer(
@@ -171,6 +190,8 @@ static enum MHD_Result send_buf(http_server_t *h, struct MHD_Connection *c, conn
     }
     if (code == 401)
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (code == 200 && !strcmp(cx->route, PAGE_ROUTE))
+        add_page_headers(r);
     if (cx->close)
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
@@ -331,6 +352,17 @@ static char *png_b64(sched_job_t *j, int p, int i) {
     return png ? api_base64(png, len) : NULL;
 }
 
+/* What a finished job reports of its KV cache and timings. */
+static void job_report(const sched_snapshot_t *snap, api_kv_report_t *kv, api_timings_t *t) {
+    *kv = (api_kv_report_t){.policy = snap->kv_policy,
+                            .planned_peak_bytes = snap->kv_planned_peak_bytes,
+                            .peak_bytes = snap->kv_peak_bytes};
+    *t = (api_timings_t){.queue_s = snap->queue_s,
+                         .run_s = snap->run_s,
+                         .steps = snap->steps_total,
+                         .decode_png_s = snap->finish_s};
+}
+
 /* Turns what changed in the job since the last call into frames. Returns 1
  * when the stream has said everything, 0 when more is to come, -1 when a
  * frame could not be made (out of memory): the stream then ends broken
@@ -359,12 +391,15 @@ static int sse_collect(sse_t *s, const sched_snapshot_t *snap) {
     if (snap->outcome == SCHED_PENDING)
         return 0;
     if (snap->outcome == SCHED_DONE) {
+        api_kv_report_t kv;
+        api_timings_t timings;
+        job_report(snap, &kv, &timings);
         for (int i = 0; i < snap->n_images; i++) {
             char *b64 = png_b64(j, -1, i);
             int rc = b64 ? sse_append(s, API_SSE_COMPLETED,
                                       api_sse_completed(b64, i, now, W, H,
                                                         model_image_tokens(&s->h->model->cfg),
-                                                        s->prompt_tokens))
+                                                        s->prompt_tokens, &kv, &timings))
                          : -1;
             free(b64);
             if (rc)
@@ -481,13 +516,9 @@ static enum MHD_Result respond_images(http_server_t *h, struct MHD_Connection *c
     int ok = b64 != NULL;
     for (int i = 0; ok && i < snap->n_images; i++)
         ok = (b64[i] = png_b64(j, -1, i)) != NULL;
-    api_kv_report_t kv = {.policy = snap->kv_policy,
-                          .planned_peak_bytes = snap->kv_planned_peak_bytes,
-                          .peak_bytes = snap->kv_peak_bytes};
-    api_timings_t timings = {.queue_s = snap->queue_s,
-                             .run_s = snap->run_s,
-                             .steps = snap->steps_total,
-                             .decode_png_s = snap->finish_s};
+    api_kv_report_t kv;
+    api_timings_t timings;
+    job_report(snap, &kv, &timings);
     char *json = ok ? api_images_response_json((long)time(NULL), snap->n_images,
                                                (const char *const *)b64, h->width, h->height,
                                                model_image_tokens(&h->model->cfg) * snap->n_images,
@@ -737,7 +768,8 @@ static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, 
     if (want_post ? !is_post : !is_get)
         return fail(h, c, cx, 405, NULL, "method_not_allowed", "%s is not allowed on %s; use %s",
                     cx->method, cx->path, want_post ? "POST" : "GET");
-    if (!strcmp(cx->route, "/health") || (!strcmp(cx->route, "/metrics") && !h->opt.metrics_auth))
+    if (!strcmp(cx->route, PAGE_ROUTE) || !strcmp(cx->route, "/health") ||
+        (!strcmp(cx->route, "/metrics") && !h->opt.metrics_auth))
         return MHD_YES;
     if (!auth_ok(h, c))
         return fail(h, c, cx, 401, NULL, "invalid_api_key",
@@ -843,6 +875,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return fail(h, c, cx, 400, NULL, "unexpected_body", "%s %s takes no request body",
                     cx->method, cx->path);
     }
+    if (!strcmp(route, PAGE_ROUTE))
+        return send_buf(h, c, cx, 200, "text/html; charset=utf-8", (void *)playground_html,
+                        playground_html_len, 0);
     if (!strcmp(route, "/health")) {
         int alive = sched_alive(h->sched);
         return send_json(h, c, cx, alive ? 200 : 503,
@@ -860,10 +895,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                          strdup(ready ? "{\"status\":\"ready\"}" : "{\"status\":\"not ready\"}"));
     }
     if (!strcmp(route, "/v1/models"))
-        return send_json(h, c, cx, 200,
-                         api_models_json(h->model->cfg.name, h->created,
-                                         h->model->cfg.condition.num_classes,
-                                         (const char *const *)h->model->class_names));
+        return send_json(h, c, cx, 200, api_models_json(&h->limits, &h->card));
     /* POST /v1/images/generations */
     if (cx->too_large) {
         cx->close = 1;
@@ -959,6 +991,18 @@ static int set_allowed_hosts(http_server_t *h, const char *list, const struct so
     return AR_OK;
 }
 
+/* Condition prefix tokens of the shortest request: a class label, or a
+ * prompt of one token. The least budgets GET /v1/models lists are for it;
+ * a longer prompt may need more, and its refusal says how much. */
+static int shortest_prefix(const model_t *m) {
+    int cond[MODEL_MAX_PROMPT_TOKENS], uncond[MODEL_MAX_PROMPT_TOKENS], n = 1;
+    ar_error_t err;
+    if (model_is_class_conditional(m) ||
+        model_prompt_from_text(m, "a", cond, uncond, &n, &err) != AR_OK)
+        return 1;
+    return n;
+}
+
 http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t *sched,
                           metrics_t *metrics, ar_error_t *err) {
     http_server_t *h = calloc(1, sizeof *h);
@@ -973,7 +1017,6 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
     h->metrics = metrics;
     h->width = model_config_image_width(&model->cfg);
     h->height = model_config_image_height(&model->cfg);
-    h->created = (long)time(NULL);
     h->limits = (api_limits_t){.model_name = model->cfg.name,
                                .max_n = opt->max_n,
                                .n_sizes = 1,
@@ -984,6 +1027,12 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
                                .num_classes = model->cfg.condition.num_classes,
                                .class_names = (const char *const *)model->class_names,
                                .kv_defaults = &h->opt.kv_defaults};
+    model_geometry(&model->cfg, shortest_prefix(model), &h->geom);
+    h->card = (api_model_card_t){.created = (long)time(NULL),
+                                 .family = model->family->name,
+                                 .segment_name = model->family->segment_name,
+                                 .geom = &h->geom,
+                                 .sampling = model->cfg.sampling};
     static const char *const labels[] = {"route", "code"};
     h->m_requests = metrics_counter(metrics, "arserve_http_requests_total",
                                     "HTTP requests answered, by route and status code.", 2, labels);

@@ -98,7 +98,8 @@ static void check_accepted(const api_image_request_t *r, const api_limits_t *lim
     json = api_sse_partial_image(b64, r->partial_images, r->n - 1, 1700000000, r->width, r->height);
     fuzz_require_json(json, "api_sse_partial_image");
     free(json);
-    json = api_sse_completed(b64, r->n - 1, 1700000000, r->width, r->height, 576, prompt_tokens);
+    json = api_sse_completed(b64, r->n - 1, 1700000000, r->width, r->height, 576, prompt_tokens,
+                             NULL, NULL);
     fuzz_require_json(json, "api_sse_completed");
     free(json);
     /* The prompt and user are client text: echoed in an error, still JSON. */

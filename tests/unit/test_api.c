@@ -741,15 +741,107 @@ static void test_images_response_shape(void) {
     cJSON_Delete(root);
 }
 
+/* A raster model's card: 16 lines of 16 tokens, token steps. */
+static api_model_card_t raster_card(kv_geometry_t *g) {
+    kv_geometry_uniform(g, 1, KV_STEP_TOKEN, 16, 16, 2, 2);
+    return (api_model_card_t){.created = 1700000001L,
+                              .family = "raster",
+                              .segment_name = "line",
+                              .geom = g,
+                              .sampling = {.cfg = 4.5f, .temperature = 1, .top_k = 20, .top_p = 1}};
+}
+
 static void test_models_shape(void) {
-    cJSON *root = parse_owned(api_models_json("janus \"pro\"", 1700000001L, 0, NULL));
+    kv_geometry_t g;
+    const api_model_card_t card = raster_card(&g);
+    const int w = 64, h = 48;
+    api_limits_t lim = {.model_name = "janus \"pro\"",
+                        .max_n = 4,
+                        .n_sizes = 1,
+                        .widths = &w,
+                        .heights = &h,
+                        .max_prompt_bytes = 4096};
+    cJSON *root = parse_owned(api_models_json(&lim, &card));
     CHECK(is_str(root, "object", "list"));
     const cJSON *data = get(root, "data");
     CHECK(cJSON_GetArraySize(data) == 1);
     const cJSON *m = cJSON_GetArrayItem(data, 0);
     CHECK(is_str(m, "id", "janus \"pro\"") && is_str(m, "object", "model"));
     CHECK(is_num(m, "created", 1700000001.0) && is_str(m, "owned_by", "arserve"));
+    CHECK(get(m, "num_classes") == NULL && get(m, "classes") == NULL);
+    const cJSON *a = get(m, "arserve");
+    CHECK(is_str(a, "family", "raster") && is_str(a, "conditioning", "text"));
+    CHECK(is_num(a, "width", 64) && is_num(a, "height", 48) && is_num(a, "steps", 256));
+    CHECK(is_str(a, "step_unit", "token") && is_str(a, "segment_name", "line"));
+    const cJSON *seg = get(a, "segment_tokens");
+    CHECK(cJSON_GetArraySize(seg) == 16 && cJSON_GetArrayItem(seg, 15)->valuedouble == 16);
+    const cJSON *sp = get(a, "sampling");
+    CHECK(is_num(sp, "guidance_scale", 4.5) && is_num(sp, "temperature", 1));
+    CHECK(is_num(sp, "top_k", 20) && is_num(sp, "top_p", 1));
+    const cJSON *l = get(a, "limits");
+    CHECK(is_num(l, "max_n", 4) && is_num(l, "max_prompt_bytes", 4096));
+    CHECK(is_num(l, "max_partial_images", API_MAX_PARTIAL_IMAGES));
+    /* Without server defaults: full by default, and only the policies that
+     * run on a raster geometry, each budgeted one with its own budget and
+     * the least it takes. */
+    CHECK(is_str(a, "kv_policy", "full"));
+    const cJSON *pols = get(a, "kv_policies");
+    int n_raster = 0;
+    for (int k = 0; k < KV_POLICY_COUNT; k++)
+        n_raster += kv_policy_suits((kv_policy_kind_t)k, &g);
+    CHECK(n_raster >= 2 && cJSON_GetArraySize(pols) == n_raster);
+    const cJSON *p0 = cJSON_GetArrayItem(pols, 0);
+    CHECK(is_str(p0, "name", "full") && get(p0, "budget") == NULL);
+    int saw_linear = 0;
+    for (const cJSON *p = pols->child; p; p = p->next) {
+        CHECK(!is_str(p, "name", "amskv") && !is_str(p, "name", "heatkv"));
+        if (is_str(p, "name", "linear"))
+            saw_linear = is_num(p, "budget", kv_policy_default_budget(KV_POLICY_LINEAR)) &&
+                         is_num(p, "min_budget", 0.25);
+    }
+    CHECK(saw_linear);
     cJSON_Delete(root);
+
+    /* The server's defaults: its policy, and its budget for every policy. */
+    kv_policy_params_t defaults;
+    kv_policy_defaults(&defaults, KV_POLICY_STREAMING);
+    defaults.budget = 0.5;
+    lim.kv_defaults = &defaults;
+    static const char *const names[] = {"circle", "square"};
+    lim.num_classes = 2;
+    lim.class_names = names;
+    root = parse_owned(api_models_json(&lim, &card));
+    m = cJSON_GetArrayItem(get(root, "data"), 0);
+    a = get(m, "arserve");
+    CHECK(is_num(m, "num_classes", 2) && is_str(a, "conditioning", "class"));
+    const cJSON *second = cJSON_GetArrayItem(get(m, "classes"), 1);
+    CHECK(cJSON_IsString(second) && !strcmp(second->valuestring, "square"));
+    CHECK(is_str(a, "kv_policy", "streaming"));
+    for (const cJSON *p = get(a, "kv_policies")->child; p; p = p->next)
+        CHECK(is_str(p, "name", "full") || is_num(p, "budget", 0.5));
+    cJSON_Delete(root);
+
+    /* A next-scale geometry steps by segment. */
+    const int scales[] = {1, 4, 9};
+    kv_geometry_t gs = g;
+    gs.step_unit = KV_STEP_SEGMENT;
+    gs.n_segments = 3;
+    memcpy(gs.segment_tokens, scales, sizeof scales);
+    api_model_card_t scale_card = card;
+    scale_card.geom = &gs;
+    scale_card.family = "scale";
+    scale_card.segment_name = "scale";
+    root = parse_owned(api_models_json(&lim, &scale_card));
+    a = get(cJSON_GetArrayItem(get(root, "data"), 0), "arserve");
+    CHECK(is_num(a, "steps", 3) && is_str(a, "step_unit", "segment"));
+    CHECK(is_str(a, "segment_name", "scale"));
+    for (const cJSON *p = get(a, "kv_policies")->child; p; p = p->next)
+        CHECK(!is_str(p, "name", "linear"));
+    cJSON_Delete(root);
+
+    lim.model_name = NULL;
+    CHECK(api_models_json(&lim, &card) == NULL);
+    CHECK(api_models_json(&lim, NULL) == NULL);
 }
 
 static void test_sse_payloads(void) {
@@ -766,16 +858,28 @@ static void test_sse_payloads(void) {
     CHECK(is_str(p, "background", "opaque"));
     cJSON_Delete(p);
 
-    p = parse_owned(api_sse_completed("QUJD", 3, 1700000003L, 256, 256, 576, 12));
+    p = parse_owned(api_sse_completed("QUJD", 3, 1700000003L, 256, 256, 576, 12, NULL, NULL));
     CHECK(is_str(p, "type", "image_generation.completed") && is_str(p, "b64_json", "QUJD"));
     CHECK(is_num(p, "image_index", 3) && is_num(p, "created_at", 1700000003.0));
     CHECK(is_str(p, "size", "256x256") && is_str(p, "output_format", "png"));
     check_usage(get(p, "usage"), 576, 12);
+    CHECK(get(p, "kv_cache") == NULL && get(p, "timings") == NULL);
+    cJSON_Delete(p);
+
+    /* With the job's KV report and timings, as a non-streamed answer has. */
+    api_kv_report_t kv = {.planned_peak_bytes = 4096, .peak_bytes = 2048};
+    kv_policy_defaults(&kv.policy, KV_POLICY_LINEAR);
+    const api_timings_t t = {.queue_s = 0.25, .run_s = 1.5, .steps = 16, .decode_png_s = 0.125};
+    p = parse_owned(api_sse_completed("QUJD", 0, 1, 256, 256, 576, 12, &kv, &t));
+    const cJSON *k = get(p, "kv_cache");
+    CHECK(is_str(k, "policy", "linear") && is_num(k, "planned_peak_bytes", 4096));
+    CHECK(is_num(k, "peak_bytes", 2048) && is_num(get(p, "timings"), "steps", 16));
+    CHECK(is_num(get(p, "timings"), "run_s", 1.5));
     cJSON_Delete(p);
 
     CHECK(api_sse_progress(-1, 5, 0) == NULL);
     CHECK(api_sse_partial_image(NULL, 0, 0, 0, 1, 1) == NULL);
-    CHECK(api_sse_completed(NULL, 0, 0, 1, 1, 0, 0) == NULL);
+    CHECK(api_sse_completed(NULL, 0, 0, 1, 1, 0, 0, NULL, NULL) == NULL);
 }
 
 static void test_sse_frame(void) {

@@ -819,6 +819,31 @@ static void test_trajectory_bounds_random_runs(void) {
         CHECK_MSG(compacted[k] >= 50, "%s: %d runs compacted", kv_policy_name(k), compacted[k]);
 }
 
+/* The least budget a policy takes: LineAR needs anchor + recent + the line
+ * being made, so 4 of 16 lines; HeadKV needs 2 recent lines and its buffer,
+ * 40 of 256 tokens; full takes no budget; a knob that fails at any budget
+ * leaves none. */
+static void test_min_budget(void) {
+    kv_geometry_t demo = geom(20, 16, 16, 4, 4), scale = demo;
+    scale.step_unit = KV_STEP_SEGMENT;
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    CHECK_NEAR(kv_policy_min_budget(&p, &demo), 0.25, 1e-12, 0);
+    p.budget = 0.25;
+    CHECK(kv_policy_check(&p, &demo, NULL, NULL) == AR_OK);
+    p.budget = 0.2499;
+    CHECK(kv_policy_check(&p, &demo, NULL, NULL) == AR_ERR);
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    CHECK_NEAR(kv_policy_min_budget(&p, &demo), 0.1563, 1e-12, 0); /* 40/256 = 0.15625, up */
+    kv_policy_defaults(&p, KV_POLICY_FULL);
+    CHECK(kv_policy_min_budget(&p, &demo) == 0);
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    p.anchor_lines = -1;
+    CHECK(kv_policy_min_budget(&p, &demo) == -1);
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    CHECK(kv_policy_min_budget(&p, &scale) == -1);
+}
+
 static void test_validate_messages(void) {
     kv_geometry_t janus = geom(40, 24, 24, 24, 16), demo = geom(20, 16, 16, 4, 4);
     kv_policy_params_t p;
@@ -1245,6 +1270,7 @@ int main(void) {
     TEST_RUN(test_ste_near_range_rounds_half_up);
     TEST_RUN(test_trajectory_bounds_random_runs);
     TEST_RUN(test_knob_table_and_check_fields);
+    TEST_RUN(test_min_budget);
     TEST_RUN(test_validate_messages);
     TEST_RUN(test_full_on_scales);
     TEST_RUN(test_streaming_on_scales);

@@ -1,0 +1,362 @@
+"""The playground page GET / serves, driven in headless Chromium (Debian's
+chromium and chromium-driver, from selenium) against a loopback daemon
+serving the shipped demo models: type a prompt, generate, watch the image
+form, compare two KV policies, a wrong API key, a class-conditional
+next-scale model, a phone-sized window; and the page's HTTP side (headers,
+Host rules, no external assets) with plain requests.
+
+ARSERVE_SCREENSHOT=PATH saves the compare-mode screenshot there (`make
+playground-screenshot` writes docs/playground.png, the README's picture);
+every run saves its screenshots in the test's temporary folder.
+"""
+import base64
+import io
+import json
+import math
+import os
+import re
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import SLOW_MODEL, TINY_MODEL, png_size, repo_path, scaled
+
+SHAPES_MODEL = repo_path("models/shapes")
+VAR_MODEL = repo_path(os.environ.get("ARSERVE_VAR_MODEL") or "models/shapes-var")
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+KEY = "playground-test-key"
+
+
+# ---- the page over plain HTTP ----
+
+def test_page_is_served_self_contained(tiny_daemon):
+    r = tiny_daemon.client.get("/")
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "text/html; charset=utf-8"
+    csp = r.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "connect-src 'self'" in csp
+    assert "frame-ancestors 'none'" in csp and "img-src data:" in csp
+    assert r.headers["x-content-type-options"] == "nosniff"
+    page = r.text
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert '<meta name="viewport"' in page
+    # Nothing from elsewhere: no URL with a scheme or a protocol-relative one
+    # in an attribute or a fetch.
+    assert not re.search(r"""(src|href|action)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
+    assert not re.search(r"""fetch\(\s*["'`](https?:)?//""", page)
+    assert not re.search(r"@import|url\(\s*['\"]?(https?:)?//", page)
+
+    head = tiny_daemon.client.head("/")
+    assert head.status_code == 200 and head.content == b""
+    post = tiny_daemon.client.post("/", json={})
+    assert post.status_code == 405 and post.headers["allow"] == "GET"
+    assert post.json()["error"]["code"] == "method_not_allowed"
+    assert tiny_daemon.client.get("/index.html").status_code == 404
+
+
+def test_page_follows_the_api_rules(start_daemon):
+    """Public like /health (its API calls carry the key), under the Host
+    allow-list like every route."""
+    d = start_daemon(TINY_MODEL, env={"ARSERVE_API_KEY": KEY})
+    assert d.client.get("/").status_code == 200
+    assert d.client.get("/v1/models").status_code == 401
+    r = d.client.get("/", headers={"Host": "evil.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"
+    assert "access-control-allow-origin" not in {k.lower() for k in r.headers}
+
+
+def test_models_card_describes_the_form(tiny_daemon, tiny_info):
+    """What the page builds its form from: GET /v1/models' arserve member."""
+    m = tiny_daemon.client.get("/v1/models").json()["data"][0]
+    a = m["arserve"]
+    assert a["family"] == "raster" and a["conditioning"] == "text"
+    assert (a["width"], a["height"]) == (tiny_info["width"], tiny_info["height"])
+    assert a["steps"] == tiny_info["steps"] and a["step_unit"] == "token"
+    assert a["segment_name"] == "line" and sum(a["segment_tokens"]) == tiny_info["steps"]
+    assert a["limits"]["max_partial_images"] == 3 and a["limits"]["max_n"] >= 1
+    names = [p["name"] for p in a["kv_policies"]]
+    assert names[0] == "full" and a["kv_policy"] == "full"
+    assert "linear" in names and "amskv" not in names and "heatkv" not in names
+    for p in a["kv_policies"]:
+        if p["name"] == "full":
+            assert "budget" not in p
+            continue
+        assert 0 < p["min_budget"] <= 1 and 0 < p["budget"] <= 1
+        # The least budget of the shortest prompt (one token) is the edge: it
+        # is admitted, a hair less is refused.
+        ok = tiny_daemon.client.post("/v1/images/generations", json={
+            "prompt": "red", "kv_policy": p["name"], "kv_budget": p["min_budget"]})
+        assert ok.status_code == 200, (p, ok.text)
+        below = p["min_budget"] - 1e-4
+        if below > 0:
+            bad = tiny_daemon.client.post("/v1/images/generations", json={
+                "prompt": "red", "kv_policy": p["name"], "kv_budget": below})
+            assert bad.status_code == 400, (p, bad.text)
+            # kv_budget, or a knob the smaller budget cannot hold
+            assert bad.json()["error"]["code"] == "invalid_value"
+
+
+def test_streamed_completion_reports_kv_and_timings(tiny_daemon, tiny_info):
+    """The page shows the KV bytes held beside the planner's and the steps:
+    the completed event carries them, as a non-streamed answer does."""
+    body = {"prompt": "a blue square", "stream": True, "seed": 3, "kv_policy": "linear",
+            "kv_budget": 0.5}
+    with tiny_daemon.client.stream("POST", "/v1/images/generations", json=body) as r:
+        assert r.status_code == 200
+        text = "".join(r.iter_text())
+    events = [f for f in text.split("\n\n") if f.startswith("event: image_generation.completed")]
+    assert len(events) == 1
+    data = "\n".join(line[6:] for line in events[0].splitlines() if line.startswith("data: "))
+    done = json.loads(data)
+    kv, t = done["kv_cache"], done["timings"]
+    assert kv["policy"] == "linear" and kv["budget"] == 0.5
+    assert 0 < kv["peak_bytes"] <= kv["planned_peak_bytes"]
+    assert t["steps"] == tiny_info["steps"] and t["run_s"] > 0 and t["queue_s"] >= 0
+
+
+def test_next_scale_card(start_daemon):
+    d = start_daemon(VAR_MODEL)
+    m = d.client.get("/v1/models").json()["data"][0]
+    a = m["arserve"]
+    assert a["family"] == "scale" and a["conditioning"] == "class"
+    assert a["step_unit"] == "segment" and a["segment_name"] == "scale"
+    assert a["steps"] == len(a["segment_tokens"]) and m["num_classes"] == len(m["classes"])
+    names = [p["name"] for p in a["kv_policies"]]
+    assert "amskv" in names and "heatkv" in names and "linear" not in names
+
+
+# ---- the page in a browser ----
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    for path, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        if not os.access(path, os.X_OK):
+            pytest.fail(f"{path} is missing: `make deps` installs Debian's {pkg}")
+    os.environ["SE_OFFLINE"] = "true"  # never let selenium fetch a browser or driver
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1100,900", "--no-first-run", "--disable-extensions",
+                "--force-device-scale-factor=1",
+                f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
+        opts.add_argument(arg)
+    service = Service(executable_path=CHROMEDRIVER,
+                      log_output=str(tmp_path_factory.mktemp("chromedriver") / "driver.log"))
+    drv = webdriver.Chrome(options=opts, service=service)
+    drv.set_page_load_timeout(scaled(30))
+    yield drv
+    drv.quit()
+
+
+def wait_for(drv, js, timeout, what):
+    """Polls a JavaScript expression until it is truthy; its value."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    try:
+        return WebDriverWait(drv, timeout, poll_frequency=0.1).until(
+            lambda d: d.execute_script("return " + js))
+    except Exception:
+        err = drv.execute_script("return document.getElementById('error').textContent")
+        pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (page error: {err!r})")
+
+
+def open_page(drv, daemon, key=None):
+    """The page, fresh, with this tab's session storage set to key."""
+    drv.get(daemon.url + "/")
+    drv.execute_script("sessionStorage.clear()" if key is None else
+                       f"sessionStorage.setItem('arserve-api-key', {key!r})")
+    drv.get(daemon.url + "/")
+
+
+def final_png(drv, slot):
+    src = drv.execute_script(f"return document.getElementById('image-{slot}').src")
+    prefix = "data:image/png;base64,"
+    assert src.startswith(prefix), src[:40]
+    return base64.b64decode(src[len(prefix):], validate=True)
+
+
+def rgb(png):
+    with Image.open(io.BytesIO(png)) as im:
+        return np.asarray(im.convert("RGB"), dtype=np.float64)
+
+
+def text(drv, id_):
+    return drv.execute_script(f"return document.getElementById('{id_}').textContent")
+
+
+def shoot(drv, tmp_path, name):
+    path = tmp_path / f"{name}.png"
+    drv.save_screenshot(str(path))
+    assert png_size(path.read_bytes())[0] > 0
+    return path
+
+
+def test_generate_in_the_browser(browser, start_daemon, tmp_path):
+    """Type a prompt, press Enter, watch the progress and previews, get a PNG
+    of the model's size with the steps and KV figures beside it."""
+    from selenium.webdriver.common.keys import Keys
+    d = start_daemon(SHAPES_MODEL)
+    card = d.client.get("/v1/models").json()["data"][0]["arserve"]
+    open_page(browser, d)
+    wait_for(browser, "!document.getElementById('form').hidden", scaled(15), "the form")
+    assert "shapes" in text(browser, "model")
+    prompt = browser.find_element("id", "prompt")
+    assert browser.switch_to.active_element == prompt  # ready to type
+    prompt.send_keys("a red circle on the left")
+    prompt.send_keys(Keys.ENTER)
+    wait_for(browser, "document.getElementById('image-a').dataset.final", scaled(90),
+             "the final image")
+    png = final_png(browser, "a")
+    assert png_size(png) == (card["width"], card["height"])
+    assert browser.execute_script("return document.getElementById('image-a').naturalWidth") \
+        == card["width"]
+    previews = int(browser.execute_script(
+        "return document.getElementById('image-a').dataset.previews"))
+    assert previews == card["limits"]["max_partial_images"]
+    lines, steps = len(card["segment_tokens"]), card["steps"]
+    assert text(browser, "status-a") == f"line {lines} of {lines} · step {steps} of {steps} · done"
+    assert browser.execute_script("return document.getElementById('progress-a').value") == 1
+    stats = text(browser, "stats-a")
+    assert f"steps{card['steps']}" in stats and "KV held" in stats and "KV planned" in stats
+    dl = browser.find_element("id", "stats-a")
+    peak, planned = int(dl.get_attribute("data-peak")), int(dl.get_attribute("data-planned"))
+    assert 0 < peak <= planned
+    assert text(browser, "error") == ""
+    # The metrics panel has polled the server.
+    wait_for(browser, "/ of /.test(document.getElementById('m-kv-text').textContent)",
+             scaled(10), "the KV pool figure")
+    assert text(browser, "m-running").isdigit() and text(browser, "m-waiting").isdigit()
+    shoot(browser, tmp_path, "generate")
+
+
+def test_compare_mode_shows_two_images_and_their_psnr(browser, start_daemon, tmp_path):
+    from selenium.webdriver.support.ui import Select
+    d = start_daemon(SHAPES_MODEL)
+    card = d.client.get("/v1/models").json()["data"][0]["arserve"]
+    open_page(browser, d)
+    wait_for(browser, "!document.getElementById('form').hidden", scaled(15), "the form")
+    browser.find_element("id", "prompt").send_keys("a green triangle above a blue square")
+    Select(browser.find_element("id", "policy")).select_by_value("linear")
+    linear = next(p for p in card["kv_policies"] if p["name"] == "linear")
+    budget = browser.find_element("id", "budget")
+    assert float(budget.get_attribute("value")) == max(linear["budget"], linear["min_budget"])
+    assert float(budget.get_attribute("min")) == linear["min_budget"]
+    budget.clear()
+    budget.send_keys("0.5")
+    browser.find_element("id", "compare").click()
+    browser.find_element("id", "generate").click()
+    wait_for(browser, "!document.getElementById('psnr').hidden", scaled(120), "the PSNR")
+    a, b = final_png(browser, "a"), final_png(browser, "b")
+    assert png_size(a) == png_size(b) == (card["width"], card["height"])
+    assert text(browser, "caption-a") == "full" and text(browser, "caption-b") == "linear"
+    shown = float(browser.find_element("id", "psnr").get_attribute("data-db"))
+    mse = np.mean((rgb(a) - rgb(b)) ** 2)
+    want = math.inf if mse == 0 else 10 * math.log10(255 ** 2 / mse)
+    assert shown == pytest.approx(want, abs=1e-6) or (shown == want == math.inf)
+    assert "PSNR linear vs full" in text(browser, "psnr")
+    browser.set_window_size(1000, 1150)  # the whole result in the picture
+    try:
+        path = shoot(browser, tmp_path, "compare")
+    finally:
+        browser.set_window_size(1100, 900)
+    out = os.environ.get("ARSERVE_SCREENSHOT")
+    if out:
+        shutil.copyfile(path, out)
+
+
+def test_wrong_api_key_shows_the_servers_message(browser, start_daemon):
+    d = start_daemon(SHAPES_MODEL, env={"ARSERVE_API_KEY": KEY})
+    expected = d.client.get("/v1/models").json()["error"]["message"]
+    open_page(browser, d)
+    wait_for(browser, "document.getElementById('error').textContent", scaled(15), "an error")
+    assert text(browser, "error") == expected
+    assert browser.execute_script("return document.getElementById('key-panel').open")
+    assert browser.execute_script("return document.getElementById('form').hidden")
+
+    key_box = browser.find_element("id", "api-key")
+    key_box.send_keys("not-the-key\n")
+    wait_for(browser, "document.getElementById('key-panel').open", scaled(15),
+             "the key panel again")
+    assert text(browser, "error") == expected
+    assert browser.execute_script("return sessionStorage.getItem('arserve-api-key')") \
+        == "not-the-key"
+
+    key_box.clear()
+    key_box.send_keys(KEY + "\n")
+    wait_for(browser, "!document.getElementById('form').hidden", scaled(15), "the form")
+    assert text(browser, "error") == ""
+    # Kept for the tab: a reload needs no key.
+    browser.refresh()
+    wait_for(browser, "!document.getElementById('form').hidden", scaled(15), "the form again")
+    # A key that goes wrong later: the generation shows the server's message.
+    browser.execute_script("sessionStorage.setItem('arserve-api-key', 'wrong')")
+    browser.find_element("id", "prompt").send_keys("a red circle")
+    browser.find_element("id", "generate").click()
+    wait_for(browser, "document.getElementById('error').textContent", scaled(15), "an error")
+    assert text(browser, "error") == expected
+
+
+def test_class_picker_on_a_next_scale_model(browser, start_daemon):
+    from selenium.webdriver.support.ui import Select
+    d = start_daemon(VAR_MODEL)
+    m = d.client.get("/v1/models").json()["data"][0]
+    card = m["arserve"]
+    open_page(browser, d)
+    wait_for(browser, "!document.getElementById('form').hidden", scaled(15), "the form")
+    assert not browser.find_element("id", "prompt").is_displayed()
+    picker = Select(browser.find_element("id", "class"))
+    assert len(picker.options) == m["num_classes"]
+    assert picker.options[1].text == f"1: {m['classes'][1]}"
+    picker.select_by_value("1")
+    Select(browser.find_element("id", "policy")).select_by_value("amskv")
+    browser.find_element("id", "generate").click()
+    wait_for(browser, "document.getElementById('image-a').dataset.final", scaled(120),
+             "the final image")
+    assert png_size(final_png(browser, "a")) == (card["width"], card["height"])
+    n = len(card["segment_tokens"])
+    assert text(browser, "status-a") == f"scale {n} of {n} · step {n} of {n} · done"
+    assert f"steps{card['steps']}" in text(browser, "stats-a")
+
+
+def test_readable_on_a_phone(browser, start_daemon, tmp_path):
+    d = start_daemon(TINY_MODEL)
+    browser.set_window_size(390, 844)
+    try:
+        open_page(browser, d)
+        wait_for(browser, "!document.getElementById('form').hidden", scaled(15), "the form")
+        overflow = browser.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 0, f"{overflow} px wider than the screen"
+        for id_ in ("generate", "stop", "seed-random"):
+            clipped = browser.execute_script(
+                f"const e = document.getElementById('{id_}'); return e.scrollWidth - e.clientWidth")
+            assert clipped <= 0, f"#{id_} is cut by {clipped} px"
+        font = browser.execute_script(
+            "return parseFloat(getComputedStyle(document.getElementById('prompt')).fontSize)")
+        assert font >= 14
+        shoot(browser, tmp_path, "phone")
+    finally:
+        browser.set_window_size(1100, 900)
+
+
+def test_escape_stops_a_generation(browser, start_daemon):
+    """Esc aborts the stream; the daemon sees the client go and cancels."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+    d = start_daemon(SLOW_MODEL)
+    open_page(browser, d)
+    wait_for(browser, "!document.getElementById('form').hidden", scaled(15), "the form")
+    browser.find_element("id", "prompt").send_keys("a red circle\n")
+    wait_for(browser, "document.getElementById('progress-a').value > 0", scaled(30),
+             "the first progress")
+    ActionChains(browser).send_keys(Keys.ESCAPE).perform()
+    wait_for(browser, "document.getElementById('error').textContent === 'stopped'",
+             scaled(10), "the stop")
+    assert not browser.execute_script("return document.getElementById('generate').disabled")
+    d.wait_metrics(lambda m: m.get("arserve_requests_cancelled_total") >= 1, timeout=scaled(15),
+                   what="the cancellation")
