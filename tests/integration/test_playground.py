@@ -180,6 +180,13 @@ def final_png(drv, slot):
     return base64.b64decode(src[len(prefix):], validate=True)
 
 
+def api_png(daemon, body):
+    """The PNG the API answers body with (not streamed)."""
+    r = daemon.client.post("/v1/images/generations", json=body)
+    assert r.status_code == 200, r.text
+    return base64.b64decode(r.json()["data"][0]["b64_json"])
+
+
 def rgb(png):
     with Image.open(io.BytesIO(png)) as im:
         return np.asarray(im.convert("RGB"), dtype=np.float64)
@@ -215,6 +222,9 @@ def test_generate_in_the_browser(browser, start_daemon, tmp_path):
     assert png_size(png) == (card["width"], card["height"])
     assert browser.execute_script("return document.getElementById('image-a').naturalWidth") \
         == card["width"]
+    # What the form sent: the same request through the API gives the same bytes.
+    assert png == api_png(d, {"prompt": "a red circle on the left", "seed": 1,
+                              "guidance_scale": card["sampling"]["guidance_scale"]})
     previews = int(browser.execute_script(
         "return document.getElementById('image-a').dataset.previews"))
     assert previews == card["limits"]["max_partial_images"]
@@ -230,6 +240,8 @@ def test_generate_in_the_browser(browser, start_daemon, tmp_path):
     # The metrics panel has polled the server.
     wait_for(browser, "/ of /.test(document.getElementById('m-kv-text').textContent)",
              scaled(10), "the KV pool figure")
+    assert re.fullmatch(r"[0-9.]+ [KMG]iB of [0-9.]+ [KMG]iB \([0-9.]+%\)",
+                        text(browser, "m-kv-text")), text(browser, "m-kv-text")
     assert text(browser, "m-running").isdigit() and text(browser, "m-waiting").isdigit()
     shoot(browser, tmp_path, "generate")
 
@@ -317,7 +329,10 @@ def test_class_picker_on_a_next_scale_model(browser, start_daemon):
     browser.find_element("id", "generate").click()
     wait_for(browser, "document.getElementById('image-a').dataset.final", scaled(120),
              "the final image")
-    assert png_size(final_png(browser, "a")) == (card["width"], card["height"])
+    png = final_png(browser, "a")
+    assert png_size(png) == (card["width"], card["height"])
+    assert png == api_png(d, {"class_label": 1, "seed": 1, "kv_policy": "amskv"})
+    assert png != api_png(d, {"class_label": 0, "seed": 1, "kv_policy": "amskv"})
     n = len(card["segment_tokens"])
     assert text(browser, "status-a") == f"scale {n} of {n} · step {n} of {n} · done"
     assert f"steps{card['steps']}" in text(browser, "stats-a")
