@@ -96,7 +96,8 @@ CASES = [
     ("unknown-route", "GET", "/v1/nope", None, 404, None, None),
     ("unknown-route-post", "POST", "/v1/images/edits", ok(), 404, None, None),
     ("route-prefix", "GET", "/v1/models/extra", None, 404, None, None),
-    ("root", "GET", "/", None, 404, None, None),
+    ("post-root", "POST", "/", ok(), 405, None, None),
+    ("root-file", "GET", "/index.html", None, 404, None, None),
 ]
 
 

@@ -94,6 +94,7 @@ def _post(body, accept="application/json"):
 
 # (name, header bytes, body bytes): every route, and generations of each kind.
 TEMPLATES = [
+    ("page", _get("/"), b""),
     ("health", _get("/health"), b""),
     ("ready", _get("/ready"), b""),
     ("models", _get("/v1/models"), b""),
