@@ -131,7 +131,8 @@ VAR_MODEL  := models/shapes-var
 .PHONY: all deps test test-unit test-cli test-integration test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
         test-cuda-build test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
-        format format-check info bench-kv bench-scale bench-serve help playground-screenshot
+        format format-check info bench-kv bench-scale bench-serve bench-gemm help \
+        playground-screenshot
 
 all: info $(BUILD)/arserve
 
@@ -422,6 +423,15 @@ $(BUILD)/kv_bench: bench/kv_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 $(BUILD)/scale_bench: bench/scale_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
 
+$(BUILD)/gemm_bench: bench/gemm_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
+
+# The decode-shaped GEMM against OpenBLAS at 1 to 32 rows on the served
+# models' Linear shapes, side by side, and the crossover the CPU backend
+# uses (bench/gemm_bench.c). Not part of `make test`.
+bench-gemm: $(BUILD)/gemm_bench
+	$(BUILD)/gemm_bench
+
 # Images/s of a next-scale model at batch 1 and SCALE_BENCH_BATCH, side by
 # side in one run (bench/scale_bench.c). Not part of `make test`.
 SCALE_BENCH_MODEL ?= models/shapes-var
@@ -500,4 +510,4 @@ clean:
 include tests/fuzz/fuzz.mk
 
 -include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend_cuda.d \
-         $(BUILD)/kv_bench.d $(BUILD)/scale_bench.d
+         $(BUILD)/kv_bench.d $(BUILD)/scale_bench.d $(BUILD)/gemm_bench.d

@@ -64,6 +64,15 @@ PRESETS = {
                 "head_dim": 64, "intermediate_size": 768},
         "image": {"grid_height": 24, "grid_width": 24, "head_hidden_size": 256},
     },
+    # About 60M parameters, where a decode step's time is the weights' reads:
+    # `make bench`'s mid-size model.
+    "mid": {
+        "name": "mid-random",
+        "llm": {"hidden_size": 768, "num_layers": 8, "num_heads": 12, "num_kv_heads": 12,
+                "head_dim": 64, "intermediate_size": 2048},
+        "image": {"grid_height": 16, "grid_width": 16, "codebook_size": 1024,
+                  "head_hidden_size": 768},
+    },
 }
 
 
@@ -278,7 +287,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True)
     ap.add_argument("--preset", choices=sorted({**PRESETS, **VAR_PRESETS}), default="tiny",
-                    help="model size: tiny (the default, milliseconds per image) or slow "
+                    help="model size: tiny (the default, milliseconds per image), mid (60M "
+                         "parameters, for benchmarks) or slow "
                          "(about a second or two per image on a small CPU); var-tiny and "
                          "var-slow: the same for a next-scale (VAR) model")
     args = ap.parse_args()

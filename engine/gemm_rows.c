@@ -1,0 +1,164 @@
+/* The decode-shaped GEMM (gemm_rows.h): one kernel template
+ * (gemm_rows_kernel.inc) instantiated per instruction set and rows at a
+ * time, and a driver that takes the rows four, two or one at a time. */
+#include "gemm_rows.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <stddef.h>
+
+/* ---- AVX-512: 16 floats a vector, up to 4 rows (16 accumulators) ---- */
+
+#define TARGET __attribute__((target("avx512f")))
+#define VEC __m512
+#define VLEN 16
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VHSUM(v) _mm512_reduce_add_ps(v)
+#define NAME rows4_avx512
+#define MR 4
+#include "gemm_rows_kernel.inc"
+#define NAME rows2_avx512
+#define MR 2
+#include "gemm_rows_kernel.inc"
+#define NAME rows1_avx512
+#define MR 1
+#include "gemm_rows_kernel.inc"
+#undef TARGET
+#undef VEC
+#undef VLEN
+#undef VZERO
+#undef VLOAD
+#undef VFMA
+#undef VHSUM
+
+/* ---- AVX2 + FMA: 8 floats a vector, up to 2 rows (16 registers) ---- */
+
+__attribute__((target("avx2,fma"))) static inline float hsum_avx2(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define TARGET __attribute__((target("avx2,fma")))
+#define VEC __m256
+#define VLEN 8
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VHSUM(v) hsum_avx2(v)
+#define NAME rows2_avx2
+#define MR 2
+#include "gemm_rows_kernel.inc"
+#define NAME rows1_avx2
+#define MR 1
+#include "gemm_rows_kernel.inc"
+#undef TARGET
+#undef VEC
+#undef VLEN
+#undef VZERO
+#undef VLOAD
+#undef VFMA
+#undef VHSUM
+
+/* ---- portable C: one float a "vector" ---- */
+
+#define TARGET
+#define VEC float
+#define VLEN 1
+#define VZERO() 0.0f
+#define VLOAD(p) (*(p))
+#define VFMA(a, b, c) ((a) * (b) + (c))
+#define VHSUM(v) (v)
+#define NAME rows2_portable
+#define MR 2
+#include "gemm_rows_kernel.inc"
+#define NAME rows1_portable
+#define MR 1
+#include "gemm_rows_kernel.inc"
+#undef TARGET
+#undef VEC
+#undef VLEN
+#undef VZERO
+#undef VLOAD
+#undef VFMA
+#undef VHSUM
+
+/* ---- dispatch ---- */
+
+typedef void (*rows_fn)(int nr, int K, const float *x, int ldx, const float *w, int ldw, float *y,
+                        int ldy);
+
+/* Each instruction set's kernels for 4, 2 and 1 rows at a time (NULL: the
+ * next smaller). */
+static const struct {
+    const char *name;
+    rows_fn by[3];
+} KERNELS[GEMM_ROWS_N_ISA] = {
+    [GEMM_ROWS_AVX512] = {"avx512", {rows4_avx512, rows2_avx512, rows1_avx512}},
+    [GEMM_ROWS_AVX2] = {"avx2", {NULL, rows2_avx2, rows1_avx2}},
+    [GEMM_ROWS_PORTABLE] = {"portable", {NULL, rows2_portable, rows1_portable}},
+};
+
+int gemm_rows_supported(gemm_rows_isa_t isa) {
+    __builtin_cpu_init();
+    switch (isa) {
+    case GEMM_ROWS_AVX512:
+        return __builtin_cpu_supports("avx512f");
+    case GEMM_ROWS_AVX2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case GEMM_ROWS_PORTABLE:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static gemm_rows_isa_t chosen = GEMM_ROWS_N_ISA; /* not chosen yet */
+static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
+
+static void choose_best(void) {
+    int isa = 0;
+    while (!gemm_rows_supported((gemm_rows_isa_t)isa))
+        isa++;
+    __atomic_store_n(&chosen, (gemm_rows_isa_t)isa, __ATOMIC_RELEASE);
+}
+
+gemm_rows_isa_t gemm_rows_isa(void) {
+    pthread_once(&choose_once, choose_best);
+    return __atomic_load_n(&chosen, __ATOMIC_ACQUIRE);
+}
+
+int gemm_rows_use(gemm_rows_isa_t isa) {
+    if ((unsigned)isa >= GEMM_ROWS_N_ISA || !gemm_rows_supported(isa))
+        return 0;
+    pthread_once(&choose_once, choose_best);
+    __atomic_store_n(&chosen, isa, __ATOMIC_RELEASE);
+    return 1;
+}
+
+const char *gemm_rows_isa_name(gemm_rows_isa_t isa) {
+    return (unsigned)isa < GEMM_ROWS_N_ISA ? KERNELS[isa].name : "?";
+}
+
+void gemm_rows(int M, int N, int K, const float *x, int ldx, const float *w, int ldw, float *y,
+               int ldy) {
+    if (M <= 0 || N <= 0 || K <= 0)
+        return;
+    const rows_fn *by = KERNELS[gemm_rows_isa()].by;
+    /* Weight rows outermost: a block of four is read from memory once and
+     * stays in L1 while every group of activation rows uses it. */
+    for (int n = 0; n < N; n += 4) {
+        const int nr = N - n < 4 ? N - n : 4;
+        for (int m = 0; m < M;) {
+            const int take = M - m >= 4 && by[0] ? 4 : M - m >= 2 ? 2 : 1;
+            by[take == 4   ? 0
+               : take == 2 ? 1
+                           : 2](nr, K, x + (size_t)m * ldx, ldx, w + (size_t)n * ldw, ldw,
+                                y + (size_t)m * ldy + n, ldy);
+            m += take;
+        }
+    }
+}

@@ -1,0 +1,102 @@
+/* Tests for engine/gemm_rows.c: every kernel this machine runs against a
+ * double-precision reference, on shapes with ragged edges (rows not a
+ * multiple of four, weight rows not a multiple of four, K not a multiple of
+ * the vector width), with strides wider than the rows, accumulating into y,
+ * and never writing outside it. */
+#include "engine/gemm_rows.h"
+#include "tests/test.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+static uint64_t rand_state = 0x2545F4914F6CDD1DULL;
+static float rand_float(void) {
+    rand_state ^= rand_state << 13;
+    rand_state ^= rand_state >> 7;
+    rand_state ^= rand_state << 17;
+    return (float)((double)(rand_state >> 11) * 0x1p-53 * 2.0 - 1.0);
+}
+
+#define GUARD 1e30f
+
+/* One shape on the current kernel; 0 when every y matches. */
+static int check_shape(int M, int N, int K) {
+    const int ldx = K + 3, ldw = K + 5, ldy = N + 2;
+    float *x = malloc(sizeof(float) * (size_t)M * ldx);
+    float *w = malloc(sizeof(float) * (size_t)N * ldw);
+    float *y = malloc(sizeof(float) * ((size_t)M * ldy + 1));
+    for (size_t i = 0; i < (size_t)M * ldx; i++)
+        x[i] = rand_float();
+    for (size_t i = 0; i < (size_t)N * ldw; i++)
+        w[i] = rand_float();
+    for (size_t i = 0; i < (size_t)M * ldy + 1; i++)
+        y[i] = GUARD; /* padding keeps it: only y[m][n < N] may change */
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++)
+            y[(size_t)m * ldy + n] = 0.5f; /* accumulated into, not overwritten */
+    gemm_rows(M, N, K, x, ldx, w, ldw, y, ldy);
+    int bad = 0;
+    for (int m = 0; m < M; m++) {
+        for (int n = 0; n < ldy; n++) {
+            const float got = y[(size_t)m * ldy + n];
+            if (n >= N) {
+                bad += got != GUARD;
+                continue;
+            }
+            double want = 0.5, mag = 0;
+            for (int k = 0; k < K; k++) {
+                want += (double)x[(size_t)m * ldx + k] * w[(size_t)n * ldw + k];
+                mag += fabs((double)x[(size_t)m * ldx + k] * w[(size_t)n * ldw + k]);
+            }
+            if (!(fabs(got - want) <= 1e-6 * (mag + 1))) {
+                if (!bad)
+                    fprintf(stderr, "  %s M=%d N=%d K=%d: y[%d][%d] = %.9g, want %.9g\n",
+                            gemm_rows_isa_name(gemm_rows_isa()), M, N, K, m, n, got, want);
+                bad++;
+            }
+        }
+    }
+    bad += y[(size_t)M * ldy] != GUARD;
+    free(x);
+    free(w);
+    free(y);
+    return bad;
+}
+
+static void test_every_kernel_matches_the_reference(void) {
+    static const int Ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 16};
+    static const int Ns[] = {1, 3, 4, 5, 17, 64};
+    static const int Ks[] = {1, 7, 8, 15, 16, 17, 33, 256, 300};
+    int ran = 0;
+    for (int isa = 0; isa < GEMM_ROWS_N_ISA; isa++) {
+        if (!gemm_rows_use((gemm_rows_isa_t)isa)) {
+            fprintf(stderr, "  (%s: not on this machine)\n", gemm_rows_isa_name(isa));
+            continue;
+        }
+        CHECK(gemm_rows_isa() == (gemm_rows_isa_t)isa);
+        ran++;
+        for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
+            for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+                for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++)
+                    CHECK_MSG(check_shape(Ms[a], Ns[b], Ks[c]) == 0, "%s M=%d N=%d K=%d",
+                              gemm_rows_isa_name(isa), Ms[a], Ns[b], Ks[c]);
+    }
+    CHECK(ran >= 1);
+    CHECK(gemm_rows_supported(GEMM_ROWS_PORTABLE));
+}
+
+static void test_empty_shapes_touch_nothing(void) {
+    float y[2] = {3, 4};
+    const float x[2] = {1, 1}, w[2] = {1, 1};
+    gemm_rows(0, 1, 2, x, 2, w, 2, y, 1);
+    gemm_rows(1, 0, 2, x, 2, w, 2, y, 1);
+    gemm_rows(1, 1, 0, x, 2, w, 2, y, 1);
+    CHECK(y[0] == 3 && y[1] == 4);
+    CHECK(!gemm_rows_use(GEMM_ROWS_N_ISA));
+}
+
+int main(void) {
+    TEST_RUN(test_every_kernel_matches_the_reference);
+    TEST_RUN(test_empty_shapes_touch_nothing);
+    return TEST_SUMMARY();
+}
