@@ -17,6 +17,7 @@
 #include "cli/flags.h"
 #include "engine/clock.h"
 #include "engine/gemm_rows.h"
+#include "engine/vec_isa.h"
 
 #define MAX_REPS 99
 
@@ -90,7 +91,7 @@ int main(int argc, char **argv) {
     memset(y, 0, sizeof(float) * (size_t)max_m * max_n);
 
     printf("gemm_rows kernel: %s; OpenBLAS %s, one thread; median of %lld alternations\n",
-           gemm_rows_isa_name(gemm_rows_isa()), openblas_get_config(), reps);
+           vec_isa_name(vec_isa()), openblas_get_config(), reps);
     printf("%6s %6s %4s  %12s %12s  %8s  %10s\n", "N", "K", "rows", "openblas_us", "rows_us",
            "speedup", "weight_GB/s");
     double worst[N_ROWS];

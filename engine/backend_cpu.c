@@ -4,6 +4,7 @@
  * all threading is OpenMP, where the work is large enough to pay. */
 #include "backend.h"
 #include "gemm_rows.h"
+#include "vec_attn.h"
 
 #include <assert.h>
 #include <cblas.h>
@@ -307,16 +308,6 @@ static inline void walk_next(kv_walk_t *w) {
     }
 }
 
-/* Rows of a paged cache sit in blocks scattered over the pool, where the
- * hardware prefetcher cannot follow; the key loops ask for the row this
- * many ahead themselves. */
-#define PREFETCH_ROWS 8
-
-static inline void prefetch_row(const float *row, int head_dim) {
-    for (int d = 0; d < head_dim; d += 16)
-        __builtin_prefetch(row + d);
-}
-
 static void cpu_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view_t *kv,
                           const float *k, const float *v, const int *q_start, int n_seq,
                           int n_heads) {
@@ -340,17 +331,38 @@ static void cpu_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view_
     }
 }
 
-/* Eight partial sums so the compiler can keep them in vector registers. */
-static float dot_f32(const float *a, const float *b, int n) {
-    float p[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
-            p[l] += a[i + l] * b[i + l];
-    float tail = 0;
-    for (; i < n; i++)
-        tail += a[i] * b[i];
-    return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7])) + tail;
+/* Pointers to the K and V rows of cache indices [j0, j0 + nj) of a paged
+ * sequence. */
+static void paged_rows_at(const kv_blocks_t *pool, const int *blocks, int j0, int nj,
+                          const float **k, const float **v) {
+    kv_walk_t w = walk_at(pool, blocks, j0);
+    for (int j = 0; j < nj; j++, walk_next(&w)) {
+        k[j] = walk_k(&w);
+        if (v)
+            v[j] = walk_v(&w);
+    }
+}
+
+/* Online softmax over one chunk of nj keys whose K and V rows are given by
+ * pointer: the running max m, sum l and weighted sum acc of a query row. */
+static void attend_chunk(float *acc, float *m, double *l, const float *q, const float *const *k,
+                         const float *const *v, int nj, int head_dim, float scale) {
+    float sc[ATTN_CHUNK], cm = -INFINITY;
+    vec_dots(sc, q, k, nj, head_dim, scale);
+    for (int j = 0; j < nj; j++)
+        cm = sc[j] > cm ? sc[j] : cm;
+    if (cm > *m) {
+        const float rescale = expf(*m - cm); /* 0 on the first chunk */
+        *l *= rescale;
+        for (int d = 0; d < head_dim; d++)
+            acc[d] *= rescale;
+        *m = cm;
+    }
+    for (int j = 0; j < nj; j++) {
+        sc[j] = expf(sc[j] - *m);
+        *l += sc[j];
+    }
+    vec_axpys(acc, sc, v, nj, head_dim);
 }
 
 /* One query row against its visible keys [0, n_keys): a softmax computed
@@ -361,45 +373,15 @@ static float dot_f32(const float *a, const float *b, int n) {
 static void attend_row(float *out, const float *q, const kv_blocks_t *pool, const int *blocks,
                        int n_keys, float scale) {
     const int head_dim = pool->head_dim;
-    float acc[MAX_HEAD_DIM], sc[ATTN_CHUNK];
-    float m = -INFINITY;
+    float acc[MAX_HEAD_DIM], m = -INFINITY;
+    const float *k[ATTN_CHUNK], *v[ATTN_CHUNK];
     double l = 0;
     for (int d = 0; d < head_dim; d++)
         acc[d] = 0;
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
-        float cm = -INFINITY;
-        kv_walk_t w = walk_at(pool, blocks, j0);
-        kv_walk_t ahead =
-            walk_at(pool, blocks, j0 + PREFETCH_ROWS < n_keys ? j0 + PREFETCH_ROWS : j0);
-        for (int j = 0; j < nj; j++, walk_next(&w)) {
-            if (j0 + j + PREFETCH_ROWS < n_keys) {
-                prefetch_row(walk_k(&ahead), head_dim);
-                walk_next(&ahead);
-            }
-            sc[j] = dot_f32(q, walk_k(&w), head_dim) * scale;
-            cm = sc[j] > cm ? sc[j] : cm;
-        }
-        if (cm > m) {
-            const float rescale = expf(m - cm); /* 0 on the first chunk */
-            l *= rescale;
-            for (int d = 0; d < head_dim; d++)
-                acc[d] *= rescale;
-            m = cm;
-        }
-        w = walk_at(pool, blocks, j0);
-        ahead = walk_at(pool, blocks, j0 + PREFETCH_ROWS < n_keys ? j0 + PREFETCH_ROWS : j0);
-        for (int j = 0; j < nj; j++, walk_next(&w)) {
-            if (j0 + j + PREFETCH_ROWS < n_keys) {
-                prefetch_row(walk_v(&ahead), head_dim);
-                walk_next(&ahead);
-            }
-            const float p = expf(sc[j] - m);
-            const float *vj = walk_v(&w);
-            l += p;
-            for (int d = 0; d < head_dim; d++)
-                acc[d] += p * vj[d];
-        }
+        paged_rows_at(pool, blocks, j0, nj, k, v);
+        attend_chunk(acc, &m, &l, q, k, v, nj, head_dim, scale);
     }
     const float inv = (float)(1.0 / l);
     for (int d = 0; d < head_dim; d++)
@@ -414,17 +396,17 @@ static void attend_row(float *out, const float *q, const kv_blocks_t *pool, cons
 static void attend_row_mass(float *out, float *mass, const float *q, const kv_blocks_t *pool,
                             const int *blocks, int n_keys, float scale) {
     const int head_dim = pool->head_dim;
-    float acc[MAX_HEAD_DIM];
+    float acc[MAX_HEAD_DIM], sc[ATTN_CHUNK];
+    const float *k[ATTN_CHUNK], *v[ATTN_CHUNK];
     float m = -INFINITY;
     double l = 0;
-    kv_walk_t w = walk_at(pool, blocks, 0);
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
-        float sc[ATTN_CHUNK], cm = -INFINITY;
-        for (int j = 0; j < nj; j++, walk_next(&w)) {
-            sc[j] = dot_f32(q, walk_k(&w), head_dim) * scale;
+        float cm = -INFINITY;
+        paged_rows_at(pool, blocks, j0, nj, k, NULL);
+        vec_dots(sc, q, k, nj, head_dim, scale);
+        for (int j = 0; j < nj; j++)
             cm = sc[j] > cm ? sc[j] : cm;
-        }
         if (cm > m) {
             l *= exp((double)m - cm);
             m = cm;
@@ -435,14 +417,15 @@ static void attend_row_mass(float *out, float *mass, const float *q, const kv_bl
     const double inv = 1.0 / l;
     for (int d = 0; d < head_dim; d++)
         acc[d] = 0;
-    w = walk_at(pool, blocks, 0);
-    for (int j = 0; j < n_keys; j++, walk_next(&w)) {
-        const float s = dot_f32(q, walk_k(&w), head_dim) * scale;
-        const float p = (float)(exp((double)s - m) * inv);
-        const float *vj = walk_v(&w);
-        mass[j] += p;
-        for (int d = 0; d < head_dim; d++)
-            acc[d] += p * vj[d];
+    for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
+        const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
+        paged_rows_at(pool, blocks, j0, nj, k, v);
+        vec_dots(sc, q, k, nj, head_dim, scale);
+        for (int j = 0; j < nj; j++) {
+            sc[j] = (float)(exp((double)sc[j] - m) * inv);
+            mass[j0 + j] += sc[j];
+        }
+        vec_axpys(acc, sc, v, nj, head_dim);
     }
     for (int d = 0; d < head_dim; d++)
         out[d] = acc[d];
@@ -480,30 +463,6 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
             else
                 attend_row(out + at, q + at, pool, kv[i].blocks, n_keys, scale);
         }
-    }
-}
-
-/* Online softmax over one chunk of nj keys whose K and V rows are given by
- * pointer: the running max m, sum l and weighted sum acc of attend_row. */
-static void attend_chunk(float *acc, float *m, double *l, const float *q, const float *const *k,
-                         const float *const *v, int nj, int head_dim, float scale) {
-    float sc[ATTN_CHUNK], cm = -INFINITY;
-    for (int j = 0; j < nj; j++) {
-        sc[j] = dot_f32(q, k[j], head_dim) * scale;
-        cm = sc[j] > cm ? sc[j] : cm;
-    }
-    if (cm > *m) {
-        const float rescale = expf(*m - cm);
-        *l *= rescale;
-        for (int d = 0; d < head_dim; d++)
-            acc[d] *= rescale;
-        *m = cm;
-    }
-    for (int j = 0; j < nj; j++) {
-        const float p = expf(sc[j] - *m);
-        *l += p;
-        for (int d = 0; d < head_dim; d++)
-            acc[d] += p * v[j][d];
     }
 }
 
@@ -557,9 +516,11 @@ static void attend_row_scale(float *out, float *mass, const float *q, const scal
         return;
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
+        float sc[ATTN_CHUNK];
         scale_keys_at(sk, j0, nj, k, v);
+        vec_dots(sc, q, k, nj, head_dim, scale);
         for (int j = 0; j < nj; j++)
-            mass[j0 + j] += (float)(exp((double)dot_f32(q, k[j], head_dim) * scale - m) / l);
+            mass[j0 + j] += (float)(exp((double)sc[j] - m) / l);
     }
 }
 

@@ -4,8 +4,9 @@
 #include "gemm_rows.h"
 
 #include <immintrin.h>
-#include <pthread.h>
 #include <stddef.h>
+
+#include "vec_isa.h"
 
 /* ---- AVX-512: 16 floats a vector, up to 4 rows (16 accumulators) ---- */
 
@@ -93,61 +94,17 @@ typedef void (*rows_fn)(int nr, int K, const float *x, int ldx, const float *w, 
 
 /* Each instruction set's kernels for 4, 2 and 1 rows at a time (NULL: the
  * next smaller). */
-static const struct {
-    const char *name;
-    rows_fn by[3];
-} KERNELS[GEMM_ROWS_N_ISA] = {
-    [GEMM_ROWS_AVX512] = {"avx512", {rows4_avx512, rows2_avx512, rows1_avx512}},
-    [GEMM_ROWS_AVX2] = {"avx2", {NULL, rows2_avx2, rows1_avx2}},
-    [GEMM_ROWS_PORTABLE] = {"portable", {NULL, rows2_portable, rows1_portable}},
+static const rows_fn KERNELS[VEC_N_ISA][3] = {
+    [VEC_AVX512] = {rows4_avx512, rows2_avx512, rows1_avx512},
+    [VEC_AVX2] = {NULL, rows2_avx2, rows1_avx2},
+    [VEC_PORTABLE] = {NULL, rows2_portable, rows1_portable},
 };
-
-int gemm_rows_supported(gemm_rows_isa_t isa) {
-    __builtin_cpu_init();
-    switch (isa) {
-    case GEMM_ROWS_AVX512:
-        return __builtin_cpu_supports("avx512f");
-    case GEMM_ROWS_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case GEMM_ROWS_PORTABLE:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
-static gemm_rows_isa_t chosen = GEMM_ROWS_N_ISA; /* not chosen yet */
-static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
-
-static void choose_best(void) {
-    int isa = 0;
-    while (!gemm_rows_supported((gemm_rows_isa_t)isa))
-        isa++;
-    __atomic_store_n(&chosen, (gemm_rows_isa_t)isa, __ATOMIC_RELEASE);
-}
-
-gemm_rows_isa_t gemm_rows_isa(void) {
-    pthread_once(&choose_once, choose_best);
-    return __atomic_load_n(&chosen, __ATOMIC_ACQUIRE);
-}
-
-int gemm_rows_use(gemm_rows_isa_t isa) {
-    if ((unsigned)isa >= GEMM_ROWS_N_ISA || !gemm_rows_supported(isa))
-        return 0;
-    pthread_once(&choose_once, choose_best);
-    __atomic_store_n(&chosen, isa, __ATOMIC_RELEASE);
-    return 1;
-}
-
-const char *gemm_rows_isa_name(gemm_rows_isa_t isa) {
-    return (unsigned)isa < GEMM_ROWS_N_ISA ? KERNELS[isa].name : "?";
-}
 
 void gemm_rows(int M, int N, int K, const float *x, int ldx, const float *w, int ldw, float *y,
                int ldy) {
     if (M <= 0 || N <= 0 || K <= 0)
         return;
-    const rows_fn *by = KERNELS[gemm_rows_isa()].by;
+    const rows_fn *by = KERNELS[vec_isa()];
     /* Weight rows outermost: a block of four is read from memory once and
      * stays in L1 while every group of activation rows uses it. */
     for (int n = 0; n < N; n += 4) {

@@ -4,6 +4,7 @@
  * the vector width), with strides wider than the rows, accumulating into y,
  * and never writing outside it. */
 #include "engine/gemm_rows.h"
+#include "engine/vec_isa.h"
 #include "tests/test.h"
 
 #include <stdint.h>
@@ -51,7 +52,7 @@ static int check_shape(int M, int N, int K) {
             if (!(fabs(got - want) <= 1e-6 * (mag + 1))) {
                 if (!bad)
                     fprintf(stderr, "  %s M=%d N=%d K=%d: y[%d][%d] = %.9g, want %.9g\n",
-                            gemm_rows_isa_name(gemm_rows_isa()), M, N, K, m, n, got, want);
+                            vec_isa_name(vec_isa()), M, N, K, m, n, got, want);
                 bad++;
             }
         }
@@ -68,21 +69,21 @@ static void test_every_kernel_matches_the_reference(void) {
     static const int Ns[] = {1, 3, 4, 5, 17, 64};
     static const int Ks[] = {1, 7, 8, 15, 16, 17, 33, 256, 300};
     int ran = 0;
-    for (int isa = 0; isa < GEMM_ROWS_N_ISA; isa++) {
-        if (!gemm_rows_use((gemm_rows_isa_t)isa)) {
-            fprintf(stderr, "  (%s: not on this machine)\n", gemm_rows_isa_name(isa));
+    for (int isa = 0; isa < VEC_N_ISA; isa++) {
+        if (!vec_isa_use((vec_isa_t)isa)) {
+            fprintf(stderr, "  (%s: not on this machine)\n", vec_isa_name(isa));
             continue;
         }
-        CHECK(gemm_rows_isa() == (gemm_rows_isa_t)isa);
+        CHECK(vec_isa() == (vec_isa_t)isa);
         ran++;
         for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
             for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
                 for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++)
                     CHECK_MSG(check_shape(Ms[a], Ns[b], Ks[c]) == 0, "%s M=%d N=%d K=%d",
-                              gemm_rows_isa_name(isa), Ms[a], Ns[b], Ks[c]);
+                              vec_isa_name(isa), Ms[a], Ns[b], Ks[c]);
     }
     CHECK(ran >= 1);
-    CHECK(gemm_rows_supported(GEMM_ROWS_PORTABLE));
+    CHECK(vec_isa_supported(VEC_PORTABLE));
 }
 
 static void test_empty_shapes_touch_nothing(void) {
@@ -92,7 +93,7 @@ static void test_empty_shapes_touch_nothing(void) {
     gemm_rows(1, 0, 2, x, 2, w, 2, y, 1);
     gemm_rows(1, 1, 0, x, 2, w, 2, y, 1);
     CHECK(y[0] == 3 && y[1] == 4);
-    CHECK(!gemm_rows_use(GEMM_ROWS_N_ISA));
+    CHECK(!vec_isa_use(VEC_N_ISA));
 }
 
 int main(void) {

@@ -1,0 +1,46 @@
+/* Run-time choice of the CPU kernels' instruction set (vec_isa.h). */
+#include "vec_isa.h"
+
+#include <pthread.h>
+
+int vec_isa_supported(vec_isa_t isa) {
+    __builtin_cpu_init();
+    switch (isa) {
+    case VEC_AVX512:
+        return __builtin_cpu_supports("avx512f");
+    case VEC_AVX2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case VEC_PORTABLE:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static vec_isa_t chosen = VEC_N_ISA;
+static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
+
+static void choose_best(void) {
+    int isa = 0;
+    while (!vec_isa_supported((vec_isa_t)isa))
+        isa++;
+    __atomic_store_n(&chosen, (vec_isa_t)isa, __ATOMIC_RELEASE);
+}
+
+vec_isa_t vec_isa(void) {
+    pthread_once(&choose_once, choose_best);
+    return __atomic_load_n(&chosen, __ATOMIC_ACQUIRE);
+}
+
+int vec_isa_use(vec_isa_t isa) {
+    if ((unsigned)isa >= VEC_N_ISA || !vec_isa_supported(isa))
+        return 0;
+    pthread_once(&choose_once, choose_best);
+    __atomic_store_n(&chosen, isa, __ATOMIC_RELEASE);
+    return 1;
+}
+
+const char *vec_isa_name(vec_isa_t isa) {
+    static const char *const names[VEC_N_ISA] = {"avx512", "avx2", "portable"};
+    return (unsigned)isa < VEC_N_ISA ? names[isa] : "?";
+}

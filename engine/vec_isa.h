@@ -1,0 +1,20 @@
+/* The vector instruction set the CPU kernels run with (engine/gemm_rows.c,
+ * engine/vec_attn.c): the best this machine has, chosen once at run time,
+ * or one a test or bench asks for. */
+#ifndef ARSERVE_VEC_ISA_H
+#define ARSERVE_VEC_ISA_H
+
+/* Best first. */
+typedef enum vec_isa { VEC_AVX512, VEC_AVX2, VEC_PORTABLE, VEC_N_ISA } vec_isa_t;
+
+/* The one the kernels run now. */
+vec_isa_t vec_isa(void);
+/* "avx512", "avx2", "portable" ("?" out of range). */
+const char *vec_isa_name(vec_isa_t isa);
+/* 1 when this machine runs isa's kernels (AVX-512F; AVX2 with FMA; any). */
+int vec_isa_supported(vec_isa_t isa);
+/* Makes the kernels run isa's versions; 0 (and no change) when this machine
+ * cannot. */
+int vec_isa_use(vec_isa_t isa);
+
+#endif
