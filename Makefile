@@ -151,6 +151,8 @@ help:
 	@echo "                      and images/s (ratios to full), PSNR against full, ShapesEval"
 	@echo "                      (KV_BENCH_PER_CATEGORY, KV_BENCH_THREADS, KV_BENCH_POOL_IMAGES,"
 	@echo "                      KV_BENCH_WAVES); a few minutes, not part of make test"
+	@echo "make bench-gemm       the decode-shaped GEMM against OpenBLAS at 1 to 128 rows, side by"
+	@echo "                      side, and the row counts where it wins on every shape"
 	@echo "make bench-serve      the serving sweep: arserve bench at Poisson rates against a daemon,"
 	@echo "                      full vs a compressed policy, the simulator checked, a plot"
 	@echo "                      (docs/capacity.md); ten minutes, not part of make test"
