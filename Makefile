@@ -377,9 +377,6 @@ playground-screenshot: all deps
 # `make run` builds and serves the ordinary binary, which the pass above
 # has already tested. The nginx test is left out: it adds a proxy, not a code
 # path the other drain tests miss, and costs a minute and a half under TSAN.
-# The playground's browser tests are left out of the TSan pass (the ASan one
-# runs them): the daemon's side of them (GET /, the model card, streaming,
-# a cancel) is the other suites', and Chromium cost 20 s there.
 # The soak tests are left out of both sanitizer passes: their RSS means
 # nothing under a sanitizer's allocator, and the plain pass runs them.
 # ARSERVE_TIME_FACTOR stretches the suites' time bounds for the slower
@@ -391,7 +388,7 @@ test-integration-tsan: $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(V
 	$(MAKE) SANITIZER=thread BUILD=$(TSAN_BUILD) all
 	OMP_NUM_THREADS=1 TSAN_OPTIONS="second_deadlock_stack=1" ARSERVE_BIN=$(TSAN_BUILD)/arserve \
 		ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_SLOW_MODEL=$(SLOW_MODEL) ARSERVE_VAR_MODEL=$(VAR_MODEL) \
-		ARSERVE_TIME_FACTOR=4 $(SANITIZED_SUITE) --ignore=tests/integration/test_playground.py
+		ARSERVE_TIME_FACTOR=4 $(SANITIZED_SUITE)
 
 # The suite on this build when it is a sanitizer build (test-sanitizers runs
 # it on the AddressSanitizer + UndefinedBehaviorSanitizer one); conftest.py
