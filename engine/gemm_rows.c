@@ -3,7 +3,6 @@
  * time, and a driver that takes the rows four, two or one at a time. */
 #include "gemm_rows.h"
 
-#include <immintrin.h>
 #include <stddef.h>
 
 #include "vec_isa.h"
@@ -23,15 +22,11 @@
 #define NO_TSAN
 #endif
 
-/* ---- AVX-512: 16 floats a vector, up to 4 rows (16 accumulators) ---- */
+#define VEC_EXTRA_ATTR NO_TSAN
 
-#define TARGET NO_TSAN __attribute__((target("avx512f")))
-#define VEC __m512
-#define VLEN 16
-#define VZERO() _mm512_setzero_ps()
-#define VLOAD(p) _mm512_loadu_ps(p)
-#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define VHSUM(v) _mm512_reduce_add_ps(v)
+/* ---- AVX-512: up to 4 rows at a time (16 accumulators) ---- */
+
+#include "vec_avx512.inc"
 #define NAME rows4_avx512
 #define MR 4
 #include "gemm_rows_kernel.inc"
@@ -41,66 +36,29 @@
 #define NAME rows1_avx512
 #define MR 1
 #include "gemm_rows_kernel.inc"
-#undef TARGET
-#undef VEC
-#undef VLEN
-#undef VZERO
-#undef VLOAD
-#undef VFMA
-#undef VHSUM
+#include "vec_undef.inc"
 
-/* ---- AVX2 + FMA: 8 floats a vector, up to 2 rows (16 registers) ---- */
+/* ---- AVX2 + FMA: up to 2 rows (16 registers) ---- */
 
-__attribute__((target("avx2,fma"))) static inline float hsum_avx2(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-#define TARGET NO_TSAN __attribute__((target("avx2,fma")))
-#define VEC __m256
-#define VLEN 8
-#define VZERO() _mm256_setzero_ps()
-#define VLOAD(p) _mm256_loadu_ps(p)
-#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define VHSUM(v) hsum_avx2(v)
+#include "vec_avx2.inc"
 #define NAME rows2_avx2
 #define MR 2
 #include "gemm_rows_kernel.inc"
 #define NAME rows1_avx2
 #define MR 1
 #include "gemm_rows_kernel.inc"
-#undef TARGET
-#undef VEC
-#undef VLEN
-#undef VZERO
-#undef VLOAD
-#undef VFMA
-#undef VHSUM
+#include "vec_undef.inc"
 
-/* ---- portable C: one float a "vector" ---- */
+/* ---- portable C ---- */
 
-#define TARGET NO_TSAN
-#define VEC float
-#define VLEN 1
-#define VZERO() 0.0f
-#define VLOAD(p) (*(p))
-#define VFMA(a, b, c) ((a) * (b) + (c))
-#define VHSUM(v) (v)
+#include "vec_portable.inc"
 #define NAME rows2_portable
 #define MR 2
 #include "gemm_rows_kernel.inc"
 #define NAME rows1_portable
 #define MR 1
 #include "gemm_rows_kernel.inc"
-#undef TARGET
-#undef VEC
-#undef VLEN
-#undef VZERO
-#undef VLOAD
-#undef VFMA
-#undef VHSUM
+#include "vec_undef.inc"
 
 /* ---- dispatch ---- */
 
