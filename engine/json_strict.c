@@ -109,12 +109,13 @@ static int scan_escape(scan_t *s) {
     return AR_OK;
 }
 
-/* One UTF-8 sequence of two to four bytes at s->i (Unicode 15, table 3-7);
- * advances past it. */
-static int scan_utf8(scan_t *s) {
-    const unsigned char *q = s->p + s->i;
-    size_t room = s->len - s->i;
-    unsigned char c = q[0];
+size_t json_strict_utf8_len(const unsigned char *p, size_t avail, json_utf8_fault_t *fault) {
+    json_utf8_fault_t dummy;
+    fault = fault ? fault : &dummy;
+    *fault = JSON_UTF8_OK;
+    const unsigned char c = p[0];
+    if (c < 0x80)
+        return 1;
     size_t n;
     unsigned char lo = 0x80, hi = 0xBF; /* the range of the second byte */
     if (c >= 0xC2 && c <= 0xDF) {
@@ -131,26 +132,56 @@ static int scan_utf8(scan_t *s) {
             lo = 0x90;
         else if (c == 0xF4)
             hi = 0x8F;
-    } else if (c == 0xC0 || c == 0xC1) {
-        return fail_at(s, s->i, 0, "invalid UTF-8: overlong encoding (lead byte 0x%02x)", c);
-    } else if (c >= 0xF5) {
-        return fail_at(s, s->i, 0, "invalid UTF-8: byte 0x%02x never appears in UTF-8", c);
     } else {
+        *fault = c == 0xC0 || c == 0xC1 ? JSON_UTF8_OVERLONG_LEAD
+                 : c >= 0xF5            ? JSON_UTF8_NEVER
+                                        : JSON_UTF8_STRAY;
+        return 0;
+    }
+    if (avail < 2 || p[1] < 0x80 || p[1] > 0xBF) {
+        *fault = JSON_UTF8_TRUNCATED;
+        return 0;
+    }
+    if (p[1] < lo || p[1] > hi) {
+        *fault = c == 0xED   ? JSON_UTF8_SURROGATE
+                 : c == 0xF4 ? JSON_UTF8_ABOVE_MAX
+                             : JSON_UTF8_OVERLONG;
+        return 0;
+    }
+    for (size_t k = 2; k < n; k++)
+        if (avail <= k || p[k] < 0x80 || p[k] > 0xBF) {
+            *fault = JSON_UTF8_TRUNCATED;
+            return 0;
+        }
+    return n;
+}
+
+/* One UTF-8 sequence of two to four bytes at s->i; advances past it. */
+static int scan_utf8(scan_t *s) {
+    const unsigned char c = s->p[s->i];
+    json_utf8_fault_t fault;
+    const size_t n = json_strict_utf8_len(s->p + s->i, s->len - s->i, &fault);
+    switch (fault) {
+    case JSON_UTF8_OK:
+        s->i += n;
+        return AR_OK;
+    case JSON_UTF8_OVERLONG_LEAD:
+        return fail_at(s, s->i, 0, "invalid UTF-8: overlong encoding (lead byte 0x%02x)", c);
+    case JSON_UTF8_NEVER:
+        return fail_at(s, s->i, 0, "invalid UTF-8: byte 0x%02x never appears in UTF-8", c);
+    case JSON_UTF8_STRAY:
         return fail_at(s, s->i, 0, "invalid UTF-8: continuation byte 0x%02x without a lead byte",
                        c);
-    }
-    if (room < 2 || q[1] < 0x80 || q[1] > 0xBF)
+    case JSON_UTF8_TRUNCATED:
         return fail_at(s, s->i, 0, "invalid UTF-8: truncated sequence");
-    if (q[1] < lo || q[1] > hi)
-        return fail_at(s, s->i, 0, "invalid UTF-8: %s",
-                       c == 0xED   ? "a surrogate (U+D800-U+DFFF) encoded as UTF-8"
-                       : c == 0xF4 ? "a code point above U+10FFFF"
-                                   : "overlong encoding");
-    for (size_t k = 2; k < n; k++)
-        if (room <= k || q[k] < 0x80 || q[k] > 0xBF)
-            return fail_at(s, s->i, 0, "invalid UTF-8: truncated sequence");
-    s->i += n;
-    return AR_OK;
+    case JSON_UTF8_SURROGATE:
+        return fail_at(s, s->i, 0, "invalid UTF-8: a surrogate (U+D800-U+DFFF) encoded as UTF-8");
+    case JSON_UTF8_ABOVE_MAX:
+        return fail_at(s, s->i, 0, "invalid UTF-8: a code point above U+10FFFF");
+    case JSON_UTF8_OVERLONG:
+        break;
+    }
+    return fail_at(s, s->i, 0, "invalid UTF-8: overlong encoding");
 }
 
 /* A string at s->i (the opening quote); advances past the closing quote. */

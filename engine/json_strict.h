@@ -45,6 +45,23 @@ typedef struct json_strict_fault {
  * Returns AR_OK, or AR_ERR with *fault (may be NULL) saying where and why. */
 int json_strict_check(const char *text, size_t len, int max_depth, json_strict_fault_t *fault);
 
+/* What is wrong with a UTF-8 sequence (json_strict_utf8_len). */
+typedef enum json_utf8_fault {
+    JSON_UTF8_OK,
+    JSON_UTF8_OVERLONG_LEAD, /* 0xC0 or 0xC1: only ever an overlong form */
+    JSON_UTF8_NEVER,         /* 0xF5..0xFF never appear */
+    JSON_UTF8_STRAY,         /* a continuation byte without a lead byte */
+    JSON_UTF8_TRUNCATED,
+    JSON_UTF8_SURROGATE, /* U+D800..DFFF encoded as UTF-8 */
+    JSON_UTF8_ABOVE_MAX, /* above U+10FFFF */
+    JSON_UTF8_OVERLONG,
+} json_utf8_fault_t;
+
+/* Length (1 to 4) of the well-formed UTF-8 sequence at p, of which avail
+ * bytes may be read (Unicode 15, table 3-7); 0 when it is malformed, with
+ * *fault (may be NULL) saying how. */
+size_t json_strict_utf8_len(const unsigned char *p, size_t avail, json_utf8_fault_t *fault);
+
 struct cJSON;
 
 /* json_strict_check, then cJSON_ParseWithLengthOpts. Returns the parsed value

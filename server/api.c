@@ -105,40 +105,6 @@ static const char *json_type_name(const cJSON *v) {
 
 /* ---- the lexical pre-scan ---------------------------------------------- */
 
-/* Length of the well-formed UTF-8 sequence at p (1..4), or 0 if it is
- * malformed: a stray continuation byte, a truncated sequence, an overlong
- * form, a UTF-16 surrogate (U+D800..DFFF) or a code point above U+10FFFF. */
-static size_t utf8_seq_len(const unsigned char *p, size_t avail) {
-    unsigned char c = p[0];
-    if (c < 0x80)
-        return 1;
-    size_t n;
-    unsigned char lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        if (c == 0xED)
-            hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        if (c == 0xF4)
-            hi = 0x8F;
-    } else {
-        return 0;
-    }
-    if (avail < n || p[1] < lo || p[1] > hi)
-        return 0;
-    for (size_t k = 2; k < n; k++)
-        if ((p[k] & 0xC0) != 0x80)
-            return 0;
-    return n;
-}
-
 static int is_json_space(unsigned char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
@@ -152,7 +118,7 @@ static int body_scan(const unsigned char *p, size_t len, api_error_t *err) {
     while (i < len) {
         unsigned char c = p[i];
         if (c >= 0x80) {
-            size_t k = utf8_seq_len(p + i, len - i);
+            size_t k = json_strict_utf8_len(p + i, len - i, NULL);
             if (k == 0)
                 return api_errorf(err, 400, "", "invalid_json",
                                   "malformed JSON: invalid UTF-8 at byte %zu", i);

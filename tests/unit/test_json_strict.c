@@ -153,6 +153,8 @@ static const bad_text_t bad_texts[] = {
     {"\"\xe2\x82", 0, 1, 0, "truncated sequence"},
     {"\"\xf0\x9f\x98\"", 0, 1, 0, "truncated sequence"},
     {"\"\xc3\"", 0, 1, 0, "truncated sequence"},
+    {"\"\xe2\x82\xc0\"", 0, 1, 0, "truncated sequence"}, /* a third byte that continues nothing */
+    {"\"\xf0\x9f\x98\xff\"", 0, 1, 0, "truncated sequence"},
     {"\xc3\xa9", 0, 0, 0, "found byte 0xc3"}, /* UTF-8 outside a string */
 };
 
