@@ -131,7 +131,7 @@ VAR_MODEL  := models/shapes-var
 .PHONY: all deps test test-unit test-cli test-integration test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
         test-cuda-build test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
-        format format-check info bench-kv bench-scale bench-serve bench-gemm help \
+        format format-check info bench bench-kv bench-scale bench-serve bench-gemm help \
         playground-screenshot
 
 all: info $(BUILD)/arserve
@@ -144,6 +144,10 @@ help:
 	@echo "make fuzz             every libFuzzer target for FUZZ_SECONDS (600) each, then a table"
 	@echo "                      of execs and coverage (tests/fuzz/); not part of make test"
 	@echo "make all              build $(BUILD)/arserve (CUDA=1, SANITIZER=..., DEBUG=1, CI=true)"
+	@echo "make bench            arserve against PyTorch on the same weights: images/s at batch 1"
+	@echo "                      and BENCH_BATCH on 1 and 2 threads, peak RSS, the decode step's"
+	@echo "                      share of the memory roofline, the daemon at concurrency 1..64;"
+	@echo "                      about ten minutes, not part of make test"
 	@echo "make bench-scale      images/s at batch 1 and SCALE_BENCH_BATCH on SCALE_BENCH_MODEL"
 	@echo "                      ($(SCALE_BENCH_MODEL)), side by side in one run"
 	@echo "make bench-kv         the KV policies side by side on KV_BENCH_MODEL ($(KV_BENCH_MODEL)):"
@@ -226,6 +230,8 @@ $(BUILD)/arserve-leaky: $(CLI_OBJ) $(BUILD)/server/http-leaky.o \
                         $(filter-out $(BUILD)/server/http.o,$(SERVER_OBJ)) $(ENGINE_LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(SERVER_LIBS) $(LDLIBS)
 
+# test_step_allocs counts the engine's allocations through the linker's wraps.
+$(BUILD)/tests/test_step_allocs: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=aligned_alloc
 $(BUILD)/tests/%: tests/unit/%.c $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h tests/unit/kv_plan_run.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)
@@ -337,15 +343,14 @@ test-sanitizers:
 test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json
 	ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_VAR_TINY_MODEL=$(VAR_TINY_MODEL) tests/run_unit.sh $(UNIT_BIN)
 
-test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/scale_bench $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json \
+test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json \
           $(VENV)/.stamp
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
 	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL)
 	tests/cli/test_calibrate.sh $(BUILD)/arserve $(VAR_TINY_MODEL) $(TINY_MODEL)
 	tests/cli/test_simulate.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python $(VAR_MODEL)
-	$(BUILD)/scale_bench --model $(VAR_TINY_MODEL) --batch 2 --images 4 --reps 1 | \
-		grep -E '^batch 2 / batch 1: [0-9.]+x$$' && echo "ok      scale_bench runs a next-scale model at two batch sizes"
+	tests/cli/test_speed_bench.sh $(BUILD)/speed_bench $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 
 # Python tools' tests (numpy, Pillow; no torch): the shapes renderer, the
 # ShapesEval scorer and runner, and the shipped model (models/shapes) drawing
@@ -419,7 +424,7 @@ KV_BENCH_WAVES        ?= 2
 $(BUILD)/kv_bench: bench/kv_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
 
-$(BUILD)/scale_bench: bench/scale_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
+$(BUILD)/speed_bench: bench/speed_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
 
 $(BUILD)/gemm_bench: bench/gemm_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
@@ -432,12 +437,32 @@ bench-gemm: $(BUILD)/gemm_bench
 	$(BUILD)/gemm_bench
 
 # Images/s of a next-scale model at batch 1 and SCALE_BENCH_BATCH, side by
-# side in one run (bench/scale_bench.c). Not part of `make test`.
+# side in one run (bench/speed_bench.c). Not part of `make test`.
 SCALE_BENCH_MODEL ?= models/shapes-var
 SCALE_BENCH_BATCH ?= 16
-bench-scale: $(BUILD)/scale_bench
-	$(BUILD)/scale_bench --model $(SCALE_BENCH_MODEL) --batch $(SCALE_BENCH_BATCH) \
+bench-scale: $(BUILD)/speed_bench
+	$(BUILD)/speed_bench --model $(SCALE_BENCH_MODEL) --batch $(SCALE_BENCH_BATCH) \
 		--images $$(( 2 * $(SCALE_BENCH_BATCH) )) --threads 1
+
+# arserve against PyTorch (bench/speed_bench.py says what each column is):
+# images/s at batch 1 and BENCH_BATCH on BENCH_THREADS threads, the decode
+# step, the VQ decode, peak RSS, the step's share of the memory roofline,
+# and the daemon on loopback at BENCH_CONCURRENCY clients, on the demo model
+# and a 60M-parameter random one. About ten minutes; torch from .venv-tools.
+# Not part of `make test`.
+MID_MODEL         := $(BUILD)/mid-model
+BENCH_MODELS      ?= models/shapes $(MID_MODEL)
+BENCH_THREADS     ?= 1,2
+BENCH_BATCH       ?= 8
+BENCH_CONCURRENCY ?= 1,4,16,64
+BENCH_ARGS        ?=
+$(MID_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
+	$(VENV)/bin/python tools/make_tiny_model.py --preset mid --seed 1 --out $(MID_MODEL)
+
+bench: tools-deps $(BUILD)/speed_bench $(BUILD)/arserve $(MID_MODEL)/arserve.json
+	.venv-tools/bin/python bench/speed_bench.py --bin $(BUILD)/speed_bench --arserve $(BUILD)/arserve \
+		$(foreach m,$(BENCH_MODELS),--model $(m)) --threads $(BENCH_THREADS) --batch $(BENCH_BATCH) \
+		--images $(BENCH_BATCH) --concurrency $(BENCH_CONCURRENCY) --json $(BUILD)/bench.json $(BENCH_ARGS)
 
 bench-kv: $(BUILD)/kv_bench $(VENV)/.stamp
 	$(VENV)/bin/python bench/kv_bench.py --bin $(BUILD)/kv_bench --model $(KV_BENCH_MODEL) \
@@ -509,4 +534,4 @@ clean:
 include tests/fuzz/fuzz.mk
 
 -include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend_cuda.d \
-         $(BUILD)/kv_bench.d $(BUILD)/scale_bench.d $(BUILD)/gemm_bench.d
+         $(BUILD)/kv_bench.d $(BUILD)/speed_bench.d $(BUILD)/gemm_bench.d

@@ -28,6 +28,7 @@ static int raster_family_load(model_t *m, weight_set_t *ws, ar_error_t *err) {
         raster_family_free(m);
         return AR_ERR;
     }
+    m->lm.arena = &m->arena;
     return AR_OK;
 }
 
@@ -37,13 +38,11 @@ static int raster_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t
     if (n <= 0)
         return AR_OK;
     const int K = m->cfg.image.codebook_size;
-    raster_input_t *in = malloc((size_t)2 * n * sizeof *in);
-    float *logits = malloc((size_t)2 * n * K * sizeof *logits);
-    int rc = AR_ERR;
-    if (!in || !logits) {
-        ar_errorf(err, "out of memory");
-        goto out;
-    }
+    /* gen_step's scope: gone when the step ends. */
+    raster_input_t *in = arena_alloc(&m->arena, (size_t)2 * n * sizeof *in);
+    float *logits = arena_alloc(&m->arena, (size_t)2 * n * K * sizeof *logits);
+    if (!in || !logits)
+        return ar_errorf(err, "out of memory");
     for (int i = 0; i < n; i++) {
         gen_request_t *r = reqs[i];
         const int prefill = r->step == 0;
@@ -57,7 +56,7 @@ static int raster_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t
             };
     }
     if (raster_forward(&m->lm, in, 2 * n, logits, err) != AR_OK)
-        goto out;
+        return AR_ERR;
     for (int i = 0; i < n; i++) {
         gen_request_t *r = reqs[i];
         memcpy(r->logits, logits + (size_t)2 * i * K, (size_t)2 * K * sizeof(float));
@@ -66,11 +65,7 @@ static int raster_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t
                                  : sampler_next(&r->sampler, r->logits, r->logits + K, &r->params,
                                                 r->seed, r->stream, (uint64_t)r->step);
     }
-    rc = AR_OK;
-out:
-    free(in);
-    free(logits);
-    return rc;
+    return AR_OK;
 }
 
 static int raster_decode(model_t *m, const int *tokens, uint8_t *rgb, ar_error_t *err) {

@@ -205,7 +205,8 @@ int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
         return AR_OK;
     model_t *m = reqs[0]->model;
     backend_t *be = m->be;
-    gen_request_t **live = malloc((size_t)n * sizeof *live);
+    arena_begin(&m->arena);
+    gen_request_t **live = arena_alloc(&m->arena, (size_t)n * sizeof *live);
     int n_live = 0, rc = AR_ERR;
     if (!live) {
         ar_errorf(err, "out of memory");
@@ -254,7 +255,7 @@ int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err) {
     }
     rc = AR_OK;
 out:
-    free(live);
+    arena_end(&m->arena);
     return rc;
 }
 
@@ -301,9 +302,15 @@ static int job_step(void *ctx, void *const *work, int n, size_t *kv_peak_bytes, 
     int n_req = 0;
     for (int i = 0; i < n; i++)
         n_req += ((gen_job_t *)work[i])->n_images;
-    gen_request_t **batch = malloc((size_t)n_req * sizeof *batch);
-    if (!batch)
+    if (n <= 0)
+        return AR_OK;
+    arena_t *arena = &((gen_job_t *)work[0])->model->arena;
+    arena_begin(arena);
+    gen_request_t **batch = arena_alloc(arena, (size_t)n_req * sizeof *batch);
+    if (!batch) {
+        arena_end(arena);
         return ar_errorf(err, "out of memory for a batch of %d images", n_req);
+    }
     n_req = 0;
     for (int i = 0; i < n; i++) {
         gen_job_t *j = work[i];
@@ -314,7 +321,7 @@ static int job_step(void *ctx, void *const *work, int n, size_t *kv_peak_bytes, 
     int rc = gen_step(batch, n_req, err);
     *kv_peak_bytes = (size_t)pool->peak_in_use *
                      kv_pool_block_bytes(pool->blocks.block_tokens, pool->blocks.head_dim);
-    free(batch);
+    arena_end(arena);
     return rc;
 }
 
@@ -328,8 +335,10 @@ int gen_request_remaining_bytes(const gen_request_t *r, size_t *bytes, int n, ar
     const kv_pool_t *pool = r->pool;
     const int heads = r->seq[0].n_layers * r->seq[0].n_heads;
     const size_t block = kv_pool_block_bytes(pool->blocks.block_tokens, pool->blocks.head_dim);
-    long long *blocks = malloc((size_t)n * sizeof *blocks);
-    int *len = malloc((size_t)heads * sizeof *len), rc = 1;
+    arena_t *arena = &r->model->arena;
+    arena_begin(arena);
+    long long *blocks = arena_alloc(arena, (size_t)n * sizeof *blocks);
+    int *len = arena_alloc(arena, (size_t)heads * sizeof *len), rc = 1;
     if (!blocks || !len) {
         ar_errorf(err, "out of memory");
         rc = -1;
@@ -344,15 +353,16 @@ int gen_request_remaining_bytes(const gen_request_t *r, size_t *bytes, int n, ar
         for (int i = 0; rc == 1 && i < n; i++)
             bytes[i] += (size_t)blocks[i] * block;
     }
-    free(blocks);
-    free(len);
+    arena_end(arena);
     return rc;
 }
 
 static int job_remaining(void *ctx, void *work, size_t *kv_bytes, int n) {
     (void)ctx;
     gen_job_t *j = work;
-    size_t *one = malloc((size_t)n * sizeof *one);
+    arena_t *arena = &j->model->arena;
+    arena_begin(arena);
+    size_t *one = arena_alloc(arena, (size_t)n * sizeof *one);
     int ok = one != NULL;
     for (int i = 0; i < n; i++)
         kv_bytes[i] = 0;
@@ -361,7 +371,7 @@ static int job_remaining(void *ctx, void *work, size_t *kv_bytes, int n) {
         for (int i = 0; ok && i < n; i++)
             kv_bytes[i] += one[i];
     }
-    free(one);
+    arena_end(arena);
     return ok;
 }
 

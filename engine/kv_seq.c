@@ -20,6 +20,16 @@ int kv_seq_init(kv_seq_t *s, kv_pool_t *pool, int n_layers, int n_heads, int cap
         memset(s, 0, sizeof *s);
         return ar_errorf(err, "out of memory");
     }
+    /* Block tables for the whole capacity now, so feeding never allocates. */
+    const int table = kv_pool_blocks_for(pool, capacity);
+    for (size_t i = 0; i < heads; i++) {
+        if (!(s->heads[i].blocks = malloc((size_t)table * sizeof(int)))) {
+            kv_seq_free(s, NULL);
+            return ar_errorf(err, "out of memory for the block tables of a %d-token sequence",
+                             capacity);
+        }
+        s->heads[i].cap = table;
+    }
     if (with_mass) {
         backend_t *be = pool->be;
         const size_t n = heads * (size_t)capacity;

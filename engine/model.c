@@ -142,6 +142,7 @@ void model_free(model_t *m) {
     m->class_names = NULL;
     kv_calibration_free(&m->calib);
     m->cfg.kv_calibration = NULL;
+    arena_free(&m->arena);
 }
 
 int model_is_class_conditional(const model_t *m) { return m->cfg.condition.num_classes > 0; }

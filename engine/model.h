@@ -6,6 +6,7 @@
 #ifndef ARSERVE_MODEL_H
 #define ARSERVE_MODEL_H
 
+#include "arena.h"
 #include "backend.h"
 #include "family.h"
 #include "kv_calibration.h"
@@ -31,6 +32,9 @@ typedef struct model {
     int bos_id, pad_id, image_start_id;
     kv_calibration_t calib; /* KV_CALIBRATION_FILE when the directory has one */
     size_t weight_bytes;    /* as stored in the files */
+    /* Host scratch of the step path (gen_step and what it calls): grown to
+     * the largest step seen, so steady-state steps allocate nothing. */
+    arena_t arena;
     backend_t *be;
 } model_t;
 

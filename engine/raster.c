@@ -69,6 +69,26 @@ static void workspace_free(raster_model_t *m) {
     m->ws_rows = m->ws_seqs = 0;
 }
 
+static size_t tensor_bytes(const tensor_t *t) {
+    return t->data ? (size_t)tensor_numel(t) * dtype_size(t->dtype) : 0;
+}
+
+size_t raster_step_weight_bytes(const raster_model_t *m) {
+    size_t n = tensor_bytes(&m->norm) + tensor_bytes(&m->head_fc1_w) +
+               tensor_bytes(&m->head_fc1_b) + tensor_bytes(&m->head_fc2_w) +
+               tensor_bytes(&m->head_fc2_b);
+    for (int i = 0; i < m->cfg->llm.num_layers; i++) {
+        const raster_layer_t *y = &m->layers[i];
+        const tensor_t *ts[] = {&y->attn_norm, &y->q,    &y->k,  &y->v,   &y->o,
+                                &y->mlp_norm,  &y->gate, &y->up, &y->down};
+        for (size_t j = 0; j < sizeof ts / sizeof ts[0]; j++)
+            n += tensor_bytes(ts[j]);
+    }
+    for (int j = 0; j < RASTER_MAX_ALIGNER; j++)
+        n += tensor_bytes(&m->aligner_w[j]) + tensor_bytes(&m->aligner_b[j]);
+    return n;
+}
+
 void raster_free(raster_model_t *m) {
     if (!m->be)
         return;
@@ -176,11 +196,13 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
     if (n_in <= 0)
         return AR_OK;
     kv_pool_t *pool = in[0].seq->pool;
-    int *q_start = malloc((size_t)(n_in + 1) * sizeof *q_start);
-    int *n_new = malloc((size_t)n_in * sizeof *n_new);
-    kv_seq_t **seqs = malloc((size_t)n_in * sizeof *seqs);
-    kv_view_t *views = malloc((size_t)n_in * H * sizeof *views);
-    float **mass = malloc((size_t)n_in * H * sizeof *mass);
+    arena_t *a = m->arena;
+    arena_begin(a);
+    int *q_start = arena_alloc(a, (size_t)(n_in + 1) * sizeof *q_start);
+    int *n_new = arena_alloc(a, (size_t)n_in * sizeof *n_new);
+    kv_seq_t **seqs = arena_alloc(a, (size_t)n_in * sizeof *seqs);
+    kv_view_t *views = arena_alloc(a, (size_t)n_in * H * sizeof *views);
+    float **mass = arena_alloc(a, (size_t)n_in * H * sizeof *mass);
     int rc = AR_ERR, any_mass = 0;
     if (!q_start || !n_new || !seqs || !views || !mass) {
         ar_errorf(err, "out of memory");
@@ -253,10 +275,6 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
     be->download(be, logits_host, m->logits, (size_t)n_in * K * sizeof(float));
     rc = AR_OK;
 out:
-    free(q_start);
-    free(n_new);
-    free(seqs);
-    free(views);
-    free(mass);
+    arena_end(a);
     return rc;
 }

@@ -7,6 +7,7 @@
 #ifndef ARSERVE_RASTER_H
 #define ARSERVE_RASTER_H
 
+#include "arena.h"
 #include "backend.h"
 #include "kv_seq.h"
 #include "model_config.h"
@@ -30,7 +31,8 @@ typedef struct raster_model {
     /* Workspace, grown on demand (backend memory). */
     int ws_rows, ws_seqs;
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *last, *head, *logits;
-    int *pos; /* host, ws_rows */
+    int *pos;       /* host, ws_rows */
+    arena_t *arena; /* the model's step arena (model_t.arena), for a pass's host arrays */
 } raster_model_t;
 
 /* What one sequence feeds in one forward pass: n tokens, either text ids
@@ -46,6 +48,12 @@ typedef struct raster_input {
 int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, backend_t *be,
                 ar_error_t *err);
 void raster_free(raster_model_t *m);
+
+/* Bytes of the weights one image-token step reads whole, as stored: every
+ * layer, the final norm, the aligner and the head (the embedding tables
+ * are read a row per token and not counted). A step over any number of
+ * rows reads at least this much: the decode step's memory roofline. */
+size_t raster_step_weight_bytes(const raster_model_t *m);
 
 /* Runs one forward pass over n_in inputs (whose sequences share one pool)
  * and writes, for each input, the image-codebook logits after its last

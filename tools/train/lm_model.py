@@ -10,6 +10,7 @@ Linear), logits come from gen.head (Linear, GELU, Linear) on the final-normed st
 """
 
 import math
+import time
 
 import torch
 import torch.nn as nn
@@ -61,7 +62,10 @@ class Layer(nn.Module):
         self.mlp_norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
         self.mlp = Mlp(c)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, cache=None, start=0):
+        """x [B, T, L] at positions whose rotary tables are cos, sin. With a cache
+        (K, V of [B, KV, capacity, D]), the T new keys and values are written at
+        [start, start + T) and the queries attend to [0, start + T) of it under mask."""
         B, T, _ = x.shape
         a = self.attn
         h = self.attn_norm(x)
@@ -69,6 +73,10 @@ class Layer(nn.Module):
         k = a.k(h).view(B, T, a.KV, a.D).transpose(1, 2)
         v = a.v(h).view(B, T, a.KV, a.D).transpose(1, 2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
+        if cache is not None:
+            cache[0][:, :, start:start + T] = k
+            cache[1][:, :, start:start + T] = v
+            k, v = cache[0][:, :, :start + T], cache[1][:, :, :start + T]
         if a.KV != a.H:
             k = k.repeat_interleave(a.H // a.KV, 1)
             v = v.repeat_interleave(a.H // a.KV, 1)
@@ -164,3 +172,40 @@ class JanusLM(nn.Module):
             x = layer(x, cos, sin, mask)
         x = self.llm.norm(x[:, P - 1:])
         return self.gen.head(x)
+
+    @torch.no_grad()
+    def generate(self, cond, uncond, n_images, cfg_w, temperature=1.0, generator=None, times=None):
+        """Samples n_images token grids of one prompt with classifier-free guidance and a
+        KV cache, as the engine does: rows 2i and 2i+1 are image i's conditional and
+        unconditional sequences (cond, uncond: the prompt rows, of one length), one
+        forward pass over every row per token, logits mixed as u + cfg_w * (c - u),
+        then sampled at temperature (greedy at 0). Returns [n_images, N] tokens; appends
+        time.perf_counter() after each step to times when given."""
+        c, im = self.llm_cfg, self.image_cfg
+        P, N = len(cond), im["grid_height"] * im["grid_width"]
+        B = 2 * n_images
+        ids = torch.tensor([cond, uncond] * n_images)
+        shape = (B, c["num_kv_heads"], P + N, c["head_dim"])
+        caches = [(torch.empty(shape), torch.empty(shape)) for _ in self.llm.layers]
+        x = self.llm.embed(ids)
+        causal = torch.ones(P, P, dtype=torch.bool).tril()
+        start, mask = 0, causal
+        toks = torch.empty(n_images, N, dtype=torch.long)
+        for t in range(N):
+            cos, sin = self.rope_tables(torch.arange(start, start + x.shape[1])[None])
+            for layer, cache in zip(self.llm.layers, caches):
+                x = layer(x, cos, sin, mask, cache, start)
+            start += x.shape[1]
+            logits = self.gen.head(self.llm.norm(x[:, -1])).view(n_images, 2, -1)
+            mixed = logits[:, 1] + cfg_w * (logits[:, 0] - logits[:, 1])
+            if temperature > 0:
+                probs = torch.softmax(mixed / temperature, -1)
+                tok = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            else:
+                tok = mixed.argmax(-1)
+            toks[:, t] = tok
+            if times is not None:
+                times.append(time.perf_counter())
+            x = self.gen.align(tok.repeat_interleave(2))[:, None]
+            mask = None  # one query row sees the whole cache
+        return toks

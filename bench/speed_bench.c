@@ -1,0 +1,304 @@
+/* Images per second of any model at batch 1 and at a larger batch,
+ * measured side by side in one run: the engine's half of `make bench`
+ * (bench/speed_bench.py puts PyTorch beside it) and all of `make
+ * bench-scale`. A wave is B images started together and stepped in
+ * lockstep (one gen_step over all of them per step, as the batcher does
+ * when they arrive together), then decoded one by one; the two batch sizes
+ * alternate wave sets --reps times, and the medians are compared. A
+ * text-prompted model draws --prompt with seeds 0, 1, ...; a
+ * class-conditional one classes 0, 1, ... The full KV cache, the model's
+ * sampling settings.
+ *
+ *   build/speed_bench --model DIR [--prompt TEXT] [--batch N] [--images N]
+ *                     [--reps N] [--threads N] [--json]
+ *
+ * Besides images/s, per batch size: the median time of a decode step (a
+ * raster model's steps after the first, which feeds the prompt), the VQ
+ * decode's time per image, and for raster models the step's memory
+ * roofline: the bytes of weights a step reads (raster_step_weight_bytes)
+ * over this machine's read bandwidth, measured here on the same threads
+ * (a buffer twice the last-level cache, within 256 MiB to 1 GiB), as a share of the
+ * measured step. Prints a table, or with --json one JSON object (with the
+ * prompt rows, so another implementation can run the same input).
+ * --measure speed skips the bandwidth's buffer (whose pages would be the
+ * process's peak RSS), --measure roofline runs no images. */
+#include <cjson/cJSON.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/flags.h"
+#include "engine/clock.h"
+#include "engine/generate.h"
+#include "engine/planner.h"
+
+#define MAX_BATCH 256
+#define MAX_REPS 64
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof v[0], cmp_double);
+    return n ? v[n / 2] : 0;
+}
+
+typedef struct bench {
+    model_t m;
+    kv_pool_t pool;
+    int is_raster;
+    int cond[MODEL_MAX_PROMPT_TOKENS], uncond[MODEL_MAX_PROMPT_TOKENS], n_prompt; /* text */
+    uint8_t *rgb;
+    double *step_s, *decode_s; /* per wave set: decode steps, decodes */
+    int n_step, n_decode, cap_step, cap_decode;
+} bench_t;
+
+static void note(double *v, int *n, int cap, double s) {
+    if (*n < cap)
+        v[(*n)++] = s;
+}
+
+static int request_init(bench_t *b, gen_request_t *r, int i, ar_error_t *err) {
+    model_t *m = &b->m;
+    if (b->n_prompt)
+        return gen_request_init(r, m, &b->pool, NULL, b->cond, b->uncond, b->n_prompt,
+                                &m->cfg.sampling, (uint64_t)i, 0, err);
+    int cond, uncond, len;
+    if (model_prompt_from_class(m, i % m->cfg.condition.num_classes, &cond, &uncond, &len, err))
+        return AR_ERR;
+    return gen_request_init(r, m, &b->pool, NULL, &cond, &uncond, len, &m->cfg.sampling,
+                            (uint64_t)i, 0, err);
+}
+
+/* Runs `images` images in waves of `batch`; the seconds taken, or < 0. */
+static double run_waves(bench_t *b, int batch, int images) {
+    gen_request_t *reqs = calloc((size_t)batch, sizeof *reqs);
+    gen_request_t **ptrs = calloc((size_t)batch, sizeof *ptrs);
+    ar_error_t err = {{0}};
+    const double t0 = clock_now_s();
+    double took = -1;
+    b->n_step = b->n_decode = 0;
+    for (int done = 0; reqs && ptrs && done < images; done += batch) {
+        const int n = images - done < batch ? images - done : batch;
+        for (int i = 0; i < n; i++) {
+            ptrs[i] = &reqs[i];
+            if (request_init(b, &reqs[i], done + i, &err) != AR_OK)
+                goto out;
+        }
+        while (!gen_request_done(&reqs[0])) {
+            const int first = reqs[0].step == 0;
+            const double s0 = clock_now_s();
+            if (gen_step(ptrs, n, &err) != AR_OK)
+                goto out;
+            if (!first || !b->is_raster)
+                note(b->step_s, &b->n_step, b->cap_step, clock_now_s() - s0);
+        }
+        for (int i = 0; i < n; i++) {
+            const double s0 = clock_now_s();
+            if (gen_decode(&reqs[i], b->rgb, &err) != AR_OK)
+                goto out;
+            note(b->decode_s, &b->n_decode, b->cap_decode, clock_now_s() - s0);
+            gen_request_free(&reqs[i]);
+        }
+    }
+    took = clock_now_s() - t0;
+out:
+    if (took < 0)
+        fprintf(stderr, "speed_bench: %s\n", err.msg);
+    for (int i = 0; reqs && i < batch; i++)
+        gen_request_free(&reqs[i]);
+    free(reqs);
+    free(ptrs);
+    return took;
+}
+
+typedef float v4f __attribute__((vector_size(16)));
+
+/* Bytes per second of reading a buffer far larger than the caches on
+ * `threads` threads (0: OpenMP's default), best of 5 passes. */
+static double read_bandwidth(int threads) {
+    const size_t lo = (size_t)256 << 20, hi = (size_t)1 << 30;
+    const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    size_t bytes = llc > 0 ? 2 * (size_t)llc : lo;
+    bytes = bytes < lo ? lo : bytes > hi ? hi : bytes;
+    const size_t n = bytes / sizeof(v4f);
+    v4f *buf = aligned_alloc(64, n * sizeof(v4f));
+    if (!buf)
+        return 0;
+    memset(buf, 1, n * sizeof(v4f));
+    double best = 0;
+    volatile float sink = 0;
+    for (int pass = 0; pass < 5; pass++) {
+        const double t0 = clock_now_s();
+        float total = 0;
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) reduction(+ : total)
+        {
+            v4f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+#pragma omp for schedule(static)
+            for (size_t i = 0; i < n; i += 4) {
+                a0 += buf[i];
+                a1 += buf[i + 1];
+                a2 += buf[i + 2];
+                a3 += buf[i + 3];
+            }
+            const v4f s = a0 + a1 + a2 + a3;
+            total += s[0] + s[1] + s[2] + s[3];
+        }
+        const double bw = (double)(n * sizeof(v4f)) / (clock_now_s() - t0);
+        sink = sink + total;
+        if (bw > best)
+            best = bw;
+    }
+    free(buf);
+    return best;
+}
+
+int main(int argc, char **argv) {
+    const char *model_dir = NULL, *prompt = "a red circle on the left";
+    long long batch = 16, images = 32, reps = 3, threads = 1;
+    int json = 0, measure = 0;
+    static const char *const measures[] = {"all", "speed", "roofline", NULL};
+    const cli_flag_t flags[] = {
+        {"model", 0, CLI_STRING, &model_dir, .metavar = "DIR", .help = "a model directory"},
+        {"prompt", 0, CLI_STRING, &prompt, .metavar = "TEXT",
+         .help = "what a text-prompted model draws (default \"a red circle on the left\")"},
+        {"batch", 0, CLI_INT, &batch, 2, MAX_BATCH, .metavar = "N",
+         .help = "the batch compared with batch 1 (default 16)"},
+        {"images", 0, CLI_INT, &images, 1, 1 << 16, .metavar = "N",
+         .help = "images per wave set, a multiple of --batch (default 32)"},
+        {"reps", 0, CLI_INT, &reps, 1, MAX_REPS, .metavar = "N",
+         .help = "wave sets of each batch size, alternating (default 3)"},
+        {"threads", 0, CLI_INT, &threads, 0, 1024, .metavar = "N",
+         .help = "CPU threads, 0 = every core (default 1)"},
+        {"json", 0, CLI_BOOL, &json, .help = "print one JSON object instead of a table"},
+        {"measure", 0, CLI_CHOICE, &measure, .choices = measures, .metavar = "WHAT",
+         .help = "all (default), speed (no bandwidth buffer: peak RSS is the engine's) or "
+                 "roofline (no images)"},
+        {0}};
+    int help = 0, rc = cli_flags_parse("speed_bench", flags, argc, argv, &help);
+    if (rc || help) {
+        if (help)
+            cli_flags_usage(stdout, flags);
+        return rc;
+    }
+    if (!model_dir || images % batch) {
+        fprintf(stderr, "speed_bench: give --model, and --images a multiple of --batch\n");
+        return 2;
+    }
+    ar_error_t err = {{0}};
+    backend_t *be = backend_cpu_create((int)threads, &err);
+    static bench_t b;
+    model_t *m = &b.m;
+    if (!be || model_load(m, model_dir, be, &err) != AR_OK) {
+        fprintf(stderr, "speed_bench: %s\n", err.msg);
+        return 1;
+    }
+    b.is_raster = m->family == model_family_find("raster");
+    if (!model_is_class_conditional(m) &&
+        model_prompt_from_text(m, prompt, b.cond, b.uncond, &b.n_prompt, &err) != AR_OK) {
+        fprintf(stderr, "speed_bench: --prompt: %s\n", err.msg);
+        return 2;
+    }
+    kv_policy_params_t full;
+    kv_policy_defaults(&full, KV_POLICY_FULL);
+    planner_plan_t plan;
+    const int bt = planner_block_tokens(&m->cfg);
+    const size_t block = kv_pool_block_bytes(bt, m->cfg.llm.head_dim);
+    const int steps = model_steps(&m->cfg);
+    b.cap_step = (int)images * steps;
+    b.cap_decode = (int)images;
+    b.step_s = malloc(sizeof(double) * (size_t)b.cap_step);
+    b.decode_s = malloc(sizeof(double) * (size_t)b.cap_decode);
+    b.rgb =
+        malloc((size_t)model_config_image_height(&m->cfg) * model_config_image_width(&m->cfg) * 3);
+    if (!b.rgb || !b.step_s || !b.decode_s ||
+        planner_plan(&plan, &m->cfg, &full, b.n_prompt ? b.n_prompt : 1, bt, NULL, &err) != AR_OK ||
+        kv_pool_init(&b.pool, be, (int)(batch * (long long)(plan.peak_bytes / block)), bt,
+                     m->cfg.llm.head_dim, &err) != AR_OK) {
+        fprintf(stderr, "speed_bench: %s\n", err.msg[0] ? err.msg : "out of memory");
+        return 1;
+    }
+    const double kv_mib = plan.peak_bytes / 1048576.0;
+    planner_plan_free(&plan);
+    const int sizes[2] = {1, (int)batch};
+    double took[2][MAX_REPS], step[2][MAX_REPS], decode[2][MAX_REPS];
+    const int timed = measure != 2, roofline = b.is_raster && measure != 1;
+    if (!timed)
+        reps = 0;
+    else
+        run_waves(&b, 1, 1); /* warm-up: workspaces, page faults */
+    for (int r = 0; r < reps; r++)
+        for (int s = 0; s < 2; s++) {
+            if ((took[s][r] = run_waves(&b, sizes[s], (int)images)) < 0)
+                return 1;
+            step[s][r] = median(b.step_s, b.n_step);
+            decode[s][r] = median(b.decode_s, b.n_decode);
+        }
+    const size_t weight_bytes = roofline ? raster_step_weight_bytes(&m->lm) : 0;
+    const double bw = roofline ? read_bandwidth((int)threads) : 0;
+    cJSON *o = cJSON_CreateObject(), *rows = cJSON_AddArrayToObject(o, "batches");
+    cJSON_AddStringToObject(o, "model", m->cfg.name);
+    cJSON_AddNumberToObject(o, "threads", (double)threads);
+    cJSON_AddNumberToObject(o, "images", (double)images);
+    cJSON_AddNumberToObject(o, "reps", (double)reps);
+    cJSON_AddNumberToObject(o, "kv_mib_per_image", kv_mib);
+    if (b.n_prompt) {
+        cJSON_AddItemToObject(o, "cond", cJSON_CreateIntArray(b.cond, b.n_prompt));
+        cJSON_AddItemToObject(o, "uncond", cJSON_CreateIntArray(b.uncond, b.n_prompt));
+    }
+    if (roofline) {
+        cJSON_AddNumberToObject(o, "step_weight_bytes", (double)weight_bytes);
+        cJSON_AddNumberToObject(o, "read_bytes_per_s", bw);
+    }
+    if (!json)
+        printf("%s: %lld images per wave set, %lld sets each, %lld thread(s), KV %.2f MiB per "
+               "image (full cache)\n",
+               m->cfg.name, images, reps, threads, kv_mib);
+    double ips[2];
+    for (int s = 0; timed && s < 2; s++) {
+        const double set_s = median(took[s], (int)reps);
+        const double step_s = median(step[s], (int)reps), decode_s = median(decode[s], (int)reps);
+        const double share = bw > 0 && step_s > 0 ? weight_bytes / bw / step_s : 0;
+        ips[s] = images / set_s;
+        cJSON *row = cJSON_CreateObject();
+        cJSON_AddNumberToObject(row, "batch", sizes[s]);
+        cJSON_AddNumberToObject(row, "images_per_s", ips[s]);
+        cJSON_AddNumberToObject(row, "step_s", step_s);
+        cJSON_AddNumberToObject(row, "decode_s", decode_s);
+        if (roofline)
+            cJSON_AddNumberToObject(row, "roofline", share);
+        cJSON_AddItemToArray(rows, row);
+        if (!json) {
+            printf("batch %3d: %8.2f images/s (median %.2f s per set; min %.2f, max %.2f); "
+                   "step %.2f ms, VQ decode %.1f ms",
+                   sizes[s], ips[s], set_s, took[s][0], took[s][reps - 1], step_s * 1e3,
+                   decode_s * 1e3);
+            if (roofline)
+                printf(", %.0f%% of the roofline", 100 * share);
+            printf("\n");
+        }
+    }
+    if (json) {
+        char *text = cJSON_PrintUnformatted(o);
+        printf("%s\n", text ? text : "{}");
+        free(text);
+    } else {
+        if (roofline)
+            printf("roofline: %.1f MiB of weights per step at %.1f GB/s read\n",
+                   weight_bytes / 1048576.0, bw / 1e9);
+        if (timed)
+            printf("batch %d / batch 1: %.2fx\n", sizes[1], ips[1] / ips[0]);
+    }
+    cJSON_Delete(o);
+    kv_pool_free(&b.pool);
+    model_free(m);
+    free(b.rgb);
+    free(b.step_s);
+    free(b.decode_s);
+    be->destroy(be);
+    return 0;
+}

@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""`make bench`: arserve against PyTorch on the same model, side by side in one run.
+
+    python bench/speed_bench.py --bin build/speed_bench --arserve build/arserve \\
+        --model models/shapes --model build/mid-model [--threads 1,2] [--batch 8] ...
+
+For every model and thread count, --rounds times in turn: build/speed_bench (the engine
+in-process, bench/speed_bench.c) and the same workload in torch (this script with
+--torch-worker: tools/train/lm_model.py's JanusLM.generate, a KV cache, CFG, the model's
+sampling, then the VQ decoder of tools/train/vq_model.py, all on the model directory's
+weights as fp32). Each process runs waves of 1 and of --batch images of one prompt,
+alternating --reps times, and reports median images/s, the median decode step (a step
+after the prompt's) and the VQ decode per image; this script reads each process's peak
+RSS from the kernel (wait4). The table prints the medians over rounds and each ratio
+arserve / torch, the engine's decode step as a share of the memory roofline (the bytes of
+weights a step reads over the read bandwidth speed_bench measured on the same threads),
+and with --arserve the daemon on loopback at concurrency 1/4/16/... (`arserve bench
+--arrival concurrency`) beside the engine in-process at the same batch.
+
+Needs torch (tools/requirements.txt; `make bench` uses .venv-tools).
+"""
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+# ---- the torch side ----------------------------------------------------------------------
+
+def torch_models(model_dir):
+    """(JanusLM, VQ decode function, arserve.json) from a model directory's files."""
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import safetensors_write
+    from lm_model import JanusLM
+    from vq_model import Decoder
+
+    with open(os.path.join(model_dir, "arserve.json")) as f:
+        cfg = json.load(f)
+    tensors = {}
+    for name in cfg["weights"]:
+        tensors.update(safetensors_write.read(os.path.join(model_dir, name)))
+
+    def f32(v):
+        if isinstance(v, tuple):  # ('BF16', uint16): the upper half of a float32
+            v = (v[1].astype(np.uint32) << 16).view(np.float32)
+        return torch.from_numpy(np.asarray(v, np.float32))
+
+    lm = JanusLM(cfg["llm"], cfg["image"]).eval()
+    lm.load_state_dict({k: f32(v) for k, v in tensors.items() if not k.startswith("vq.")})
+
+    dec_cfg, im = cfg["decoder"], cfg["image"]
+    vq = nn.Module()
+    vq.codebook = nn.Embedding(im["codebook_size"], im["embed_dim"])
+    vq.post_quant_conv = nn.Conv2d(im["embed_dim"], dec_cfg["latent_channels"], 1)
+    vq.decoder = Decoder(dec_cfg)
+    vq.load_state_dict({k[len("vq."):]: f32(v) for k, v in tensors.items() if k.startswith("vq.")})
+    vq.eval()
+
+    @torch.no_grad()
+    def decode(tokens):
+        """[B, N] tokens -> [B, H, W, 3] uint8, as the engine decodes."""
+        grid = tokens.view(-1, im["grid_height"], im["grid_width"])
+        z = F.normalize(vq.codebook.weight, dim=1)[grid].permute(0, 3, 1, 2)
+        x = vq.decoder(vq.post_quant_conv(z))
+        return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
+
+    return lm, decode, cfg
+
+
+def torch_worker(a):
+    import torch
+
+    torch.set_num_threads(a.threads)
+    torch.set_num_interop_threads(1)
+    lm, decode, cfg = torch_models(a.model)
+    s = cfg["sampling"]
+    if s.get("top_k", 0) or s.get("top_p", 1.0) < 1.0:
+        raise SystemExit("speed_bench.py: the torch side samples without top-k/top-p; "
+                         "this model's arserve.json asks for them")
+    cond, uncond = json.loads(a.cond), json.loads(a.uncond)
+    self_check(lm, cond, uncond, s["cfg"])
+
+    def waves(batch, images):
+        steps, decodes = [], []
+        t0 = time.perf_counter()
+        for done in range(0, images, batch):
+            gen = torch.Generator().manual_seed(done)
+            times = []
+            toks = lm.generate(cond, uncond, batch, s["cfg"], s["temperature"], gen, times)
+            steps += [t1 - t0_ for t0_, t1 in zip(times, times[1:])]  # after the prompt's
+            d0 = time.perf_counter()
+            decode(toks)
+            decodes.append((time.perf_counter() - d0) / batch)
+        return time.perf_counter() - t0, statistics.median(steps), statistics.median(decodes)
+
+    waves(1, 1)  # warm-up, as speed_bench.c
+    took = {1: [], a.batch: []}
+    for _ in range(a.reps):
+        for b in (1, a.batch):
+            took[b].append(waves(b, a.images))
+    rows = []
+    for b in (1, a.batch):
+        set_s = statistics.median(t[0] for t in took[b])
+        rows.append({"batch": b, "images_per_s": a.images / set_s,
+                     "step_s": statistics.median(t[1] for t in took[b]),
+                     "decode_s": statistics.median(t[2] for t in took[b])})
+    print(json.dumps({"batches": rows}))
+
+
+def self_check(lm, cond, uncond, cfg_w):
+    """The cached decode's first greedy tokens are the uncached forward's: the torch side
+    runs the model it claims to."""
+    import torch
+
+    n = 8
+    toks = lm.generate(cond, uncond, 1, cfg_w, 0.0)[0, :n].tolist()
+    ids = torch.tensor([cond, uncond])
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():
+        logits = lm(ids, valid, torch.tensor([toks, toks]))
+    mixed = logits[1] + cfg_w * (logits[0] - logits[1])
+    ref = mixed.argmax(-1).tolist()
+    if ref != toks:
+        raise SystemExit("speed_bench.py: torch's cached decode %s differs from its forward %s"
+                         % (toks, ref))
+
+
+# ---- the driver --------------------------------------------------------------------------
+
+def run_rss(cmd):
+    """(stdout, peak RSS in MiB) of a process that must succeed (wait4's rusage)."""
+    with tempfile.TemporaryFile(mode="w+") as out, tempfile.TemporaryFile(mode="w+") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err)
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        text = out.read()
+        if p.returncode != 0:
+            raise SystemExit("speed_bench.py: %s exited %d: %s" % (" ".join(cmd), p.returncode,
+                                                                  err.read()[-2000:]))
+    return json.loads(text.strip().splitlines()[-1]), ru.ru_maxrss / 1024.0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def daemon_sweep(a, model, threads, prompt):
+    """{concurrency: images/s} of a daemon on loopback, `arserve bench` as the client."""
+    port = free_port()
+    log = tempfile.TemporaryFile()
+    top = max(a.concurrency)
+    d = subprocess.Popen([a.arserve, "serve", "--model", model, "--host", "127.0.0.1",
+                          "--port", str(port), "--threads", str(threads),
+                          "--max-running", str(top), "--max-waiting", str(4 * top),
+                          "--kv-pool-mb", str(a.daemon_pool_mib)],
+                         stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = "http://127.0.0.1:%d" % port
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(url + "/healthz", timeout=1)
+                break
+            except OSError:
+                if d.poll() is not None:
+                    log.seek(0)
+                    raise SystemExit("speed_bench.py: the daemon exited: %s" % log.read()[-2000:])
+                time.sleep(0.1)
+        out = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for c in a.concurrency:
+                n = max(a.daemon_requests, c)
+                subprocess.run([a.arserve, "bench", "--url", url, "--arrival", "concurrency",
+                                "--concurrency", str(c), "-n", str(n), "--prompt", prompt,
+                                "--no-progress", "--scrape-interval", "0", "-o", tmp,
+                                "--label", "c%d" % c], check=True, stdout=subprocess.DEVNULL)
+                with open(os.path.join(tmp, "c%d.json" % c)) as f:
+                    r = json.load(f)
+                out[c] = r["images_per_s"]
+        return out
+    finally:
+        d.terminate()
+        d.wait(30)
+
+
+def fmt_ratio(x, y):
+    return "%.2fx" % (x / y) if y else "n/a"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "speed_bench"))
+    ap.add_argument("--arserve", help="also time the daemon at --concurrency (build/arserve)")
+    ap.add_argument("--model", action="append", help="model directories (repeatable)")
+    ap.add_argument("--prompt", default="a red circle on the left")
+    ap.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--images", type=int, default=8, help="images per wave set (a multiple of --batch)")
+    ap.add_argument("--reps", type=int, default=1, help="wave sets per batch size in each process")
+    ap.add_argument("--rounds", type=int, default=2, help="arserve/torch process pairs per row")
+    ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--daemon-requests", type=int, default=16)
+    ap.add_argument("--daemon-pool-mib", type=int, default=2048)
+    ap.add_argument("--json", help="write every measurement here")
+    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cond", help=argparse.SUPPRESS)
+    ap.add_argument("--uncond", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.torch_worker:
+        a.threads = int(a.threads)
+        a.model = a.model[0]
+        return torch_worker(a)
+    a.concurrency = [int(c) for c in a.concurrency.split(",")]
+    models = a.model or [os.path.join(ROOT, "models", "shapes")]
+    results = []
+    for model in models:
+        for threads in (int(t) for t in a.threads.split(",")):
+            common = ["--model", model, "--batch", str(a.batch), "--images", str(a.images),
+                      "--reps", str(a.reps), "--threads", str(threads)]
+            runs = {"arserve": [], "torch": []}
+            roof, _ = run_rss([a.bin, "--json", "--measure", "roofline"] + common)
+            for r in range(a.rounds):
+                ours, rss = run_rss([a.bin, "--prompt", a.prompt, "--json", "--measure", "speed"] + common)
+                runs["arserve"].append((ours, rss))
+                theirs, trss = run_rss([sys.executable, os.path.abspath(__file__), "--torch-worker",
+                                        "--cond", json.dumps(ours["cond"]),
+                                        "--uncond", json.dumps(ours["uncond"])] + common)
+                runs["torch"].append((theirs, trss))
+                print("  %s, %d thread(s), round %d: arserve %s, torch %s images/s" % (
+                    ours["model"], threads, r + 1,
+                    "/".join("%.2f" % b["images_per_s"] for b in ours["batches"]),
+                    "/".join("%.2f" % b["images_per_s"] for b in theirs["batches"])),
+                    file=sys.stderr, flush=True)
+            row = {"model": runs["arserve"][0][0]["model"], "threads": threads, "batches": []}
+            for i, b in enumerate((1, a.batch)):
+                def med(side, key):
+                    return statistics.median(x[0]["batches"][i][key] for x in runs[side])
+                row["batches"].append({
+                    "batch": b,
+                    "arserve": {k: med("arserve", k) for k in ("images_per_s", "step_s", "decode_s")},
+                    "torch": {k: med("torch", k) for k in ("images_per_s", "step_s", "decode_s")}})
+            row["rss_mib"] = {side: max(x[1] for x in runs[side]) for side in runs}
+            row["read_gb_per_s"] = roof["read_bytes_per_s"] / 1e9
+            row["step_weight_mib"] = roof["step_weight_bytes"] / 2**20
+            for b in row["batches"]:  # the step's least time over its measured time
+                o = b["arserve"]
+                o["roofline"] = roof["step_weight_bytes"] / roof["read_bytes_per_s"] / o["step_s"]
+            if a.arserve:
+                row["daemon"] = daemon_sweep(a, model, threads, a.prompt)
+            results.append(row)
+
+    print("%-12s %3s %5s  %9s %9s %6s  %8s %8s %6s  %7s %7s  %8s" % (
+        "model", "thr", "batch", "arserve", "torch", "ratio", "step ms", "torch", "ratio",
+        "VQ ms", "torch", "roofline"))
+    print("%-12s %3s %5s  %9s %9s %6s  %8s %8s %6s  %7s %7s  %8s" % (
+        "", "", "", "images/s", "images/s", "", "arserve", "", "", "arserve", "", ""))
+    for row in results:
+        for b in row["batches"]:
+            o, t = b["arserve"], b["torch"]
+            print("%-12s %3d %5d  %9.2f %9.2f %6s  %8.2f %8.2f %6s  %7.1f %7.1f  %7.0f%%" % (
+                row["model"][:12], row["threads"], b["batch"], o["images_per_s"], t["images_per_s"],
+                fmt_ratio(o["images_per_s"], t["images_per_s"]), o["step_s"] * 1e3, t["step_s"] * 1e3,
+                fmt_ratio(t["step_s"], o["step_s"]), o["decode_s"] * 1e3, t["decode_s"] * 1e3,
+                100 * o["roofline"]))
+    print()
+    print("peak RSS (MiB, the largest of the rounds), and the roofline's terms:")
+    for row in results:
+        print("  %-12s %d thread(s): arserve %.0f, torch %.0f (%.2fx less); %.1f MiB of weights "
+              "per step, %.1f GB/s read" % (
+                  row["model"][:12], row["threads"], row["rss_mib"]["arserve"], row["rss_mib"]["torch"],
+                  row["rss_mib"]["torch"] / row["rss_mib"]["arserve"], row["step_weight_mib"],
+                  row["read_gb_per_s"]))
+    if a.arserve:
+        print()
+        print("the daemon on loopback (arserve bench, a closed loop of C clients), images/s, and "
+              "the ratio to the engine in-process (batch 1 for C=1, else batch %d):" % a.batch)
+        for row in results:
+            inproc = [b["arserve"]["images_per_s"] for b in row["batches"]]
+            print("  %-12s %d thread(s): %s" % (
+                row["model"][:12], row["threads"],
+                ", ".join("C=%d %.2f (%.2fx)" % (c, v, v / inproc[c > 1]) for c, v in row["daemon"].items())))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

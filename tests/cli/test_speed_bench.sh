@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# A smoke test of build/speed_bench (`make bench`'s engine half, `make
+# bench-scale`): a raster model at two batch sizes gives images/s, a decode
+# step and a roofline share in its table and its JSON (with the prompt rows
+# the torch side replays, and the bytes of weights a step reads, checked
+# against arserve.json); --measure roofline runs no images; a next-scale
+# model runs too; a bad --images is refused.
+# usage: tests/cli/test_speed_bench.sh path/to/speed_bench path/to/tiny-model
+#        path/to/var-tiny-model path/to/python
+set -u
+bin=$1 model=$2 var_model=$3 python=$4
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+ok()   { passed=$((passed + 1)); echo "ok      $1"; }
+fail() { failed=$((failed + 1)); echo "not ok  $1"; [ -n "${2:-}" ] && echo "  $2"; }
+
+"$bin" --model "$model" --batch 2 --images 2 --reps 1 >"$tmp/table" 2>&1
+grep -qE '^batch   2: +[0-9.]+ images/s .*step [0-9.]+ ms, VQ decode [0-9.]+ ms, [0-9]+% of the roofline$' "$tmp/table" &&
+    grep -qE '^roofline: [0-9.]+ MiB of weights per step at [0-9.]+ GB/s read$' "$tmp/table" &&
+    grep -qE '^batch 2 / batch 1: [0-9.]+x$' "$tmp/table" &&
+    ok "a raster model's table: images/s, step, VQ decode, roofline" ||
+    fail "a raster model's table: images/s, step, VQ decode, roofline" "$(cat "$tmp/table")"
+
+"$bin" --model "$model" --batch 2 --images 2 --reps 1 --json --measure speed >"$tmp/speed.json" 2>&1
+"$bin" --model "$model" --batch 2 --images 2 --json --measure roofline >"$tmp/roof.json" 2>&1
+"$python" - "$tmp/speed.json" "$tmp/roof.json" "$model" <<'PY' >"$tmp/check" 2>&1 &&
+import json, sys
+speed, roof = (json.load(open(p)) for p in sys.argv[1:3])
+assert [b["batch"] for b in speed["batches"]] == [1, 2], speed
+for b in speed["batches"]:
+    assert b["images_per_s"] > 0 and b["step_s"] > 0 and b["decode_s"] > 0, b
+    assert "roofline" not in b, b  # --measure speed: no bandwidth buffer
+assert len(speed["cond"]) == len(speed["uncond"]) > 2, speed
+assert speed["cond"][-1] == speed["uncond"][-1] and speed["cond"][0] == speed["uncond"][0]
+assert "step_weight_bytes" not in speed
+assert roof["batches"] == [], roof  # --measure roofline: no images
+assert roof["read_bytes_per_s"] > 1e8, roof
+# the bytes a decode step reads, from arserve.json (fp32 on the CPU backend): every
+# layer, the final norm, the aligner, the head; not the embedding tables
+c = json.load(open(sys.argv[3] + "/arserve.json"))
+l, im = c["llm"], c["image"]
+L, HD, KVD, F = l["hidden_size"], l["num_heads"] * l["head_dim"], l["num_kv_heads"] * l["head_dim"], l["intermediate_size"]
+layer = 2 * L + HD * L + 2 * KVD * L + L * HD + 3 * L * F
+aligner = sum((im["embed_dim"] if j == 0 else L) * L + L for j in range(im["aligner_layers"]))
+G, K = im["head_hidden_size"], im["codebook_size"]
+want = 4 * (l["num_layers"] * layer + L + aligner + G * L + G + K * G + K)
+assert roof["step_weight_bytes"] == want, (roof["step_weight_bytes"], want)
+print("ok")
+PY
+    ok "--json: both batch sizes, the prompt rows, a step's weight bytes; --measure splits them" ||
+    fail "--json: both batch sizes, the prompt rows, a step's weight bytes; --measure splits them" \
+        "$(cat "$tmp/check" "$tmp/speed.json" "$tmp/roof.json")"
+
+"$bin" --model "$var_model" --batch 2 --images 4 --reps 1 >"$tmp/var" 2>&1
+grep -qE '^batch 2 / batch 1: [0-9.]+x$' "$tmp/var" && ! grep -q roofline "$tmp/var" &&
+    ok "a next-scale model at two batch sizes (no roofline: its steps are scales)" ||
+    fail "a next-scale model at two batch sizes (no roofline: its steps are scales)" "$(cat "$tmp/var")"
+
+"$bin" --model "$model" --batch 2 --images 3 >"$tmp/bad" 2>&1
+rc=$?
+[ "$rc" = 2 ] && grep -q 'a multiple of --batch' "$tmp/bad" && ok "--images not a multiple of --batch: exit 2" ||
+    fail "--images not a multiple of --batch: exit 2" "exit $rc: $(cat "$tmp/bad")"
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
