@@ -254,7 +254,7 @@ int main(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "step_weight_bytes", (double)weight_bytes);
         cJSON_AddNumberToObject(o, "read_bytes_per_s", bw);
     }
-    if (!json)
+    if (!json && timed)
         printf("%s: %lld images per wave set, %lld sets each, %lld thread(s), KV %.2f MiB per "
                "image (full cache)\n",
                m->cfg.name, images, reps, threads, kv_mib);

@@ -23,7 +23,6 @@ Needs torch (tools/requirements.txt; `make bench` uses .venv-tools).
 import argparse
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -40,7 +39,6 @@ ROOT = os.path.dirname(HERE)
 
 def torch_models(model_dir):
     """(JanusLM, VQ decode function, arserve.json) from a model directory's files."""
-    import numpy as np
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -48,6 +46,7 @@ def torch_models(model_dir):
     sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import safetensors_write
+    from check_lm_engine import as_f32
     from lm_model import JanusLM
     from vq_model import Decoder
 
@@ -58,9 +57,7 @@ def torch_models(model_dir):
         tensors.update(safetensors_write.read(os.path.join(model_dir, name)))
 
     def f32(v):
-        if isinstance(v, tuple):  # ('BF16', uint16): the upper half of a float32
-            v = (v[1].astype(np.uint32) << 16).view(np.float32)
-        return torch.from_numpy(np.asarray(v, np.float32))
+        return torch.from_numpy(as_f32(v))
 
     lm = JanusLM(cfg["llm"], cfg["image"]).eval()
     lm.load_state_dict({k: f32(v) for k, v in tensors.items() if not k.startswith("vq.")})
@@ -104,7 +101,7 @@ def torch_worker(a):
             gen = torch.Generator().manual_seed(done)
             times = []
             toks = lm.generate(cond, uncond, batch, s["cfg"], s["temperature"], gen, times)
-            steps += [t1 - t0_ for t0_, t1 in zip(times, times[1:])]  # after the prompt's
+            steps += [b - a for a, b in zip(times, times[1:])]  # the steps after the prompt's
             d0 = time.perf_counter()
             decode(toks)
             decodes.append((time.perf_counter() - d0) / batch)

@@ -50,12 +50,12 @@ static void arena_reset(arena_t *a) {
         free(a->extra[i]);
     a->n_extra = 0;
     if (a->spill) {
-        const size_t want = a->used + a->spill;
-        unsigned char *b = aligned_alloc(ARENA_ALIGN, round_up(want + want / 2));
+        const size_t want = a->used + a->spill, cap = round_up(want + want / 2);
+        unsigned char *b = aligned_alloc(ARENA_ALIGN, cap);
         if (b) { /* else the next step spills again */
             free(a->base);
             a->base = b;
-            a->cap = round_up(want + want / 2);
+            a->cap = cap;
         }
         a->spill = 0;
     }
@@ -73,7 +73,8 @@ void arena_end(arena_t *a) {
 }
 
 void arena_free(arena_t *a) {
-    arena_reset(a);
+    for (int i = 0; i < a->n_extra; i++)
+        free(a->extra[i]);
     free(a->base);
     free(a->extra);
     memset(a, 0, sizeof *a);

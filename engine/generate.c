@@ -299,11 +299,12 @@ static int job_start(void *ctx, void *work, ar_error_t *err) {
 
 static int job_step(void *ctx, void *const *work, int n, size_t *kv_peak_bytes, ar_error_t *err) {
     kv_pool_t *pool = ctx;
+    *kv_peak_bytes = 0;
+    if (n <= 0)
+        return AR_OK;
     int n_req = 0;
     for (int i = 0; i < n; i++)
         n_req += ((gen_job_t *)work[i])->n_images;
-    if (n <= 0)
-        return AR_OK;
     arena_t *arena = &((gen_job_t *)work[0])->model->arena;
     arena_begin(arena);
     gen_request_t **batch = arena_alloc(arena, (size_t)n_req * sizeof *batch);
