@@ -2,16 +2,16 @@
  * KV planner (engine/batcher.h, engine/planner.h), the daemon's own, run
  * against a simulated clock: each iteration costs what the cost table
  * (cli/cost_model.h) says for its batch, finished images then cost their
- * decode on the engine thread and their PNG on the first free worker, as
- * the daemon's scheduler does it. Requests arrive from the load client's
- * generators or a trace (cli/load_spec.h) and are spread over replicas by
- * least outstanding requests (as deploy/nginx balances them); the report is
- * the load client's, so the two compare key by key. Requests are planned
- * as the daemon plans them: the model's arserve.json (a directory or a
- * preset), its policies, the pool in whole blocks. Not simulated: plans
- * tightening while a request runs (HeadKV's and AMS-KV's, which need the
- * attention itself), so a simulation's admission is the daemon's at the
- * start of each request, a little conservative for those policies. */
+ * decode on the drawing thread and their PNG on the first free worker, as
+ * the daemon's scheduler does it (the drawing thread is taken to have a
+ * core of its own: the engine's iterations do not slow while it draws). Requests arrive from the
+ * load client's generators or a trace (cli/load_spec.h) and are spread over replicas by least
+ * outstanding requests (as deploy/nginx balances them); the report is the load client's, so the two
+ * compare key by key. Requests are planned as the daemon plans them: the model's arserve.json (a
+ * directory or a preset), its policies, the pool in whole blocks. Not simulated: plans tightening
+ * while a request runs (HeadKV's and AMS-KV's, which need the attention itself), so a simulation's
+ * admission is the daemon's at the start of each request, a little conservative for those policies.
+ */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +48,8 @@ typedef struct sim_job {
 
 typedef struct replica {
     batcher_t *b;
-    double t_free; /* when its engine thread is next free */
+    double t_free;    /* when its engine thread is next free */
+    double draw_free; /* when its drawing thread is */
     double png_free[SIM_MAX_WORKERS];
     int outstanding; /* requests sent to it and not answered */
 } replica_t;
@@ -224,7 +225,7 @@ static double next_arrival(const sim_t *x, int *client) {
 }
 
 /* Handles a replica's events at its time; finishing jobs cost their decode
- * on the engine and their PNGs on the workers. at: when the events
+ * on the drawing thread and their PNGs on the workers. at: when the events
  * happened (the iteration's admission or its step's end). */
 static void handle_events(sim_t *x, replica_t *r, double at) {
     batcher_event_t ev[64];
@@ -243,15 +244,15 @@ static void handle_events(sim_t *x, replica_t *r, double at) {
                     j->t_last_step = at;
                 continue;
             }
-            double done = r->t_free;
+            double done = at;
             if (ev[e].end == BATCHER_END_FINISHED) {
-                r->t_free += x->costs->decode_s * j->n_images;
                 for (int i = 0; i < j->n_images; i++) {
+                    r->draw_free = fmax(r->draw_free, at) + x->costs->decode_s;
                     double *w = &r->png_free[0];
                     for (int k = 1; k < x->png_workers; k++)
                         if (r->png_free[k] < *w)
                             w = &r->png_free[k];
-                    *w = fmax(*w, r->t_free) + x->costs->png_s;
+                    *w = fmax(*w, r->draw_free) + x->costs->png_s;
                     done = fmax(done, *w);
                 }
                 rec->status = 200;

@@ -215,6 +215,16 @@ struct backend {
      * sync, once per step; see backend_status(). */
     int (*status)(backend_t *be, ar_error_t *err);
 
+    /* A sibling for another thread: the same device and memory, so
+     * weights loaded through either serve both, with its own scratch,
+     * stream and handles, and n_threads threads (0: as many as this one).
+     * The two may run ops at the same time from two threads. The fork
+     * allocates at most bytes itself (a device backend carves them, with
+     * its scratch, from this one's memory at once); what it allocates, it
+     * frees. Make it while no other thread uses be, and destroy it before
+     * be. NULL with err set when it cannot be made. */
+    backend_t *(*fork)(backend_t *be, size_t bytes, int n_threads, ar_error_t *err);
+
     void (*destroy)(backend_t *be);
 };
 

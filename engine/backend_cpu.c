@@ -943,6 +943,12 @@ static void cpu_destroy(backend_t *be) {
     free(be);
 }
 
+/* Host memory is shared by every thread: a fork is a backend of its own
+ * (its own scratch panel and team size) over the same weights. */
+static backend_t *cpu_fork(backend_t *be, size_t bytes, int n_threads, ar_error_t *err) {
+    return backend_cpu_create(n_threads > 0 ? n_threads : team(be), err);
+}
+
 backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
     if (n_threads < 0) {
         ar_errorf(err, "cpu backend: n_threads must be 0 (all cores) or positive, not %d",
@@ -1004,6 +1010,7 @@ backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
     be->resize_bicubic = cpu_resize_bicubic;
     be->resize_area = cpu_resize_area;
     be->transpose = cpu_transpose;
+    be->fork = cpu_fork;
     be->destroy = cpu_destroy;
     return be;
 }

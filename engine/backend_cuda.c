@@ -47,6 +47,9 @@ static kern_dtype_t kern_type(dtype_t t) { return (kern_dtype_t)t; }
 #define RESERVE_MARGIN ((size_t)512 << 20)
 
 #define MIB(b) ((double)(b) / (1024.0 * 1024.0))
+/* What a backend carves from its reservation for itself. */
+#define OWN_BYTES                                                                                  \
+    (SCRATCH_BYTES + BLAS_WORKSPACE_BYTES + STAGING_INTS * sizeof(int) + 3 * ARENA_ALIGN)
 
 /* ---- the arena --------------------------------------------------------------- */
 
@@ -149,7 +152,8 @@ typedef struct cuda_impl {
     char device_name[256];
     cudaStream_t stream;
     cublasHandle_t blas;
-    void *reservation; /* the one cudaMalloc */
+    void *reservation; /* the one cudaMalloc, or a fork's block of its parent's */
+    backend_t *parent; /* a fork's: its reservation goes back to the parent's arena */
     arena_t arena;
     void *scratch; /* SCRATCH_BYTES */
     int *staging;  /* STAGING_INTS */
@@ -969,8 +973,14 @@ static void cuda_destroy(backend_t *be) {
         }
         if (impl->stream)
             TEARDOWN_CHECK(cudaStreamDestroy(impl->stream));
-        TEARDOWN_CHECK(cudaFree(impl->reservation));
-        tls_device = -1;
+        if (impl->parent) {
+            if (arena_free(&impl_of(impl->parent)->arena, impl->reservation) != AR_OK)
+                fprintf(stderr, "arserve: cuda backend: at teardown, a fork's memory was not "
+                                "its parent's\n");
+        } else {
+            TEARDOWN_CHECK(cudaFree(impl->reservation));
+            tls_device = -1;
+        }
     }
     if (impl) {
         arena_release(&impl->arena);
@@ -991,80 +1001,13 @@ int backend_cuda_device_count(void) {
     return count;
 }
 
-backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err) {
-    backend_t *be = calloc(1, sizeof *be);
-    cuda_impl_t *impl = calloc(1, sizeof *impl);
-    if (!be || !impl) {
-        free(be);
-        free(impl);
-        ar_errorf(err, "cuda backend: out of host memory");
-        return NULL;
-    }
-    be->impl = impl;
-    impl->device = device;
-    impl->kv_host = malloc(STAGING_INTS * sizeof(int));
-    impl->kv_items = malloc(STAGING_INTS * sizeof(int));
-    impl->kv_ints = malloc(STAGING_INTS * sizeof(int));
-    if (!impl->kv_host || !impl->kv_items || !impl->kv_ints) {
-        ar_errorf(err, "cuda backend: out of host memory");
-        goto fail;
-    }
-    /* Launch checks read cudaGetLastError(), which also returns the last
-     * failed runtime call of anyone in the process: start from a clean
-     * slate so an earlier, unrelated failure is not blamed on a kernel. */
-    (void)cudaGetLastError();
-    int count = 0;
-    const cudaError_t ce = cudaGetDeviceCount(&count);
-    if (ce != cudaSuccess || count == 0) {
-        ar_errorf(err, "cuda backend: no CUDA device available (%s)",
-                  ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
-        goto fail;
-    }
-    if (device < 0 || device >= count) {
-        ar_errorf(err, "cuda backend: device %d does not exist (%d device%s: 0 to %d)", device,
-                  count, count == 1 ? "" : "s", count - 1);
-        goto fail;
-    }
-    CUDA_TRY(err, cudaSetDevice(device));
-    tls_device = device;
-    struct cudaDeviceProp prop; /* no typedef in C */
-    CUDA_TRY(err, cudaGetDeviceProperties(&prop, device));
-    snprintf(impl->device_name, sizeof impl->device_name, "%s", prop.name);
+static backend_t *cuda_fork(backend_t *parent, size_t bytes, int n_threads, ar_error_t *err);
 
-    size_t free_b = 0, total_b = 0;
-    CUDA_TRY(err, cudaMemGetInfo(&free_b, &total_b));
-    const size_t own =
-        SCRATCH_BYTES + BLAS_WORKSPACE_BYTES + STAGING_INTS * sizeof(int) + 3 * ARENA_ALIGN;
-    size_t reserve = reserve_bytes;
-    if (reserve == 0) {
-        const size_t margin = free_b / 20 > RESERVE_MARGIN ? free_b / 20 : RESERVE_MARGIN;
-        reserve = free_b > margin ? (free_b - margin) / ARENA_ALIGN * ARENA_ALIGN : 0;
-    }
-    if (reserve < own) {
-        ar_errorf(err,
-                  "cuda backend: a reservation of %.1f MiB on device %d (%s) is less than the "
-                  "%.1f MiB the backend needs for itself (scratch and cuBLAS workspace); %.1f "
-                  "MiB free of %.1f MiB",
-                  MIB(reserve), device, impl->device_name, MIB(own), MIB(free_b), MIB(total_b));
-        goto fail;
-    }
-    if (reserve > free_b) {
-        ar_errorf(err,
-                  "cuda backend: cannot reserve %.1f MiB on device %d (%s): %.1f MiB free of "
-                  "%.1f MiB",
-                  MIB(reserve), device, impl->device_name, MIB(free_b), MIB(total_b));
-        goto fail;
-    }
-    const cudaError_t me = cudaMalloc(&impl->reservation, reserve);
-    if (me != cudaSuccess) {
-        ar_errorf(err,
-                  "cuda backend: cannot reserve %.1f MiB on device %d (%s): cudaMalloc: %s; %.1f "
-                  "MiB were free of %.1f MiB",
-                  MIB(reserve), device, impl->device_name, cudaGetErrorString(me), MIB(free_b),
-                  MIB(total_b));
-        impl->reservation = NULL;
-        goto fail;
-    }
+/* Everything a backend sets up in its reservation (impl->reservation,
+ * size bytes): the arena, its own scratch, its stream and cuBLAS handle,
+ * and the op table. */
+static int cuda_start(backend_t *be, size_t reserve, ar_error_t *err) {
+    cuda_impl_t *impl = impl_of(be);
     if (arena_init(&impl->arena, impl->reservation, reserve) != AR_OK) {
         ar_errorf(err, "cuda backend: out of host memory");
         goto fail;
@@ -1080,20 +1023,6 @@ backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err
     CUBLAS_TRY(err, cublasCreate(&impl->blas));
     CUBLAS_TRY(err, cublasSetStream(impl->blas, impl->stream));
     CUBLAS_TRY(err, cublasSetWorkspace(impl->blas, workspace, BLAS_WORKSPACE_BYTES));
-    /* A first launch: a GPU this build has no code for (CUDA_ARCHS) fails
-     * here, at start-up, rather than at the first request. */
-    cudaError_t le = kern_fill_bias(impl->scratch, NULL, KERN_F32, 1, 1, 0, impl->stream);
-    if (le == cudaSuccess)
-        le = cudaStreamSynchronize(impl->stream);
-    if (le != cudaSuccess) {
-        ar_errorf(err,
-                  "cuda backend: cannot run kernels on device %d (%s, compute capability %d.%d): "
-                  "%s; rebuild with CUDA_ARCHS including %d%d",
-                  device, impl->device_name, prop.major, prop.minor, cudaGetErrorString(le),
-                  prop.major, prop.minor);
-        goto fail;
-    }
-
     be->name = "cuda";
     be->alloc = cuda_alloc;
     be->free = cuda_free;
@@ -1131,6 +1060,139 @@ backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err
     be->transpose = cuda_transpose;
     be->status = cuda_status;
     be->destroy = cuda_destroy;
+    be->fork = cuda_fork;
+    return AR_OK;
+fail:
+    return AR_ERR;
+}
+
+/* A backend's host side for device: NULL when out of host memory. */
+static backend_t *cuda_new(int device, ar_error_t *err) {
+    backend_t *be = calloc(1, sizeof *be);
+    cuda_impl_t *impl = calloc(1, sizeof *impl);
+    if (be && impl) {
+        be->impl = impl;
+        impl->device = device;
+        impl->kv_host = malloc(STAGING_INTS * sizeof(int));
+        impl->kv_items = malloc(STAGING_INTS * sizeof(int));
+        impl->kv_ints = malloc(STAGING_INTS * sizeof(int));
+        if (impl->kv_host && impl->kv_items && impl->kv_ints)
+            return be;
+    }
+    if (be && impl)
+        cuda_destroy(be);
+    else {
+        free(be);
+        free(impl);
+    }
+    ar_errorf(err, "cuda backend: out of host memory");
+    return NULL;
+}
+
+/* A fork's reservation is a block of its parent's: its own scratch,
+ * workspace and staging, and the bytes it will allocate, each allocation
+ * rounded up to the arena's alignment (the slack covers a few hundred). */
+static backend_t *cuda_fork(backend_t *parent, size_t bytes, int n_threads, ar_error_t *err) {
+    cuda_impl_t *p = impl_of(parent);
+    const size_t reserve = OWN_BYTES + bytes + 256 * ARENA_ALIGN;
+    backend_t *be = cuda_new(p->device, err);
+    if (!be)
+        return NULL;
+    cuda_impl_t *impl = impl_of(be);
+    snprintf(impl->device_name, sizeof impl->device_name, "%s", p->device_name);
+    if (use_device(parent) != AR_OK || !(impl->reservation = arena_alloc(&p->arena, reserve))) {
+        ar_errorf(err,
+                  "cuda backend: a fork needs %.1f MiB of the reservation on device %d (%s), "
+                  "which has %.1f MiB of %.1f MiB in use",
+                  MIB(reserve), p->device, p->device_name, MIB(p->arena.in_use),
+                  MIB(p->arena.size));
+        cuda_destroy(be);
+        return NULL;
+    }
+    impl->parent = parent;
+    if (cuda_start(be, reserve, err) != AR_OK) {
+        cuda_destroy(be);
+        return NULL;
+    }
+    return be;
+}
+
+backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err) {
+    backend_t *be = cuda_new(device, err);
+    if (!be)
+        return NULL;
+    cuda_impl_t *impl = impl_of(be);
+    /* Launch checks read cudaGetLastError(), which also returns the last
+     * failed runtime call of anyone in the process: start from a clean
+     * slate so an earlier, unrelated failure is not blamed on a kernel. */
+    (void)cudaGetLastError();
+    int count = 0;
+    const cudaError_t ce = cudaGetDeviceCount(&count);
+    if (ce != cudaSuccess || count == 0) {
+        ar_errorf(err, "cuda backend: no CUDA device available (%s)",
+                  ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
+        goto fail;
+    }
+    if (device < 0 || device >= count) {
+        ar_errorf(err, "cuda backend: device %d does not exist (%d device%s: 0 to %d)", device,
+                  count, count == 1 ? "" : "s", count - 1);
+        goto fail;
+    }
+    CUDA_TRY(err, cudaSetDevice(device));
+    tls_device = device;
+    struct cudaDeviceProp prop; /* no typedef in C */
+    CUDA_TRY(err, cudaGetDeviceProperties(&prop, device));
+    snprintf(impl->device_name, sizeof impl->device_name, "%s", prop.name);
+
+    size_t free_b = 0, total_b = 0;
+    CUDA_TRY(err, cudaMemGetInfo(&free_b, &total_b));
+    const size_t own = OWN_BYTES;
+    size_t reserve = reserve_bytes;
+    if (reserve == 0) {
+        const size_t margin = free_b / 20 > RESERVE_MARGIN ? free_b / 20 : RESERVE_MARGIN;
+        reserve = free_b > margin ? (free_b - margin) / ARENA_ALIGN * ARENA_ALIGN : 0;
+    }
+    if (reserve < own) {
+        ar_errorf(err,
+                  "cuda backend: a reservation of %.1f MiB on device %d (%s) is less than the "
+                  "%.1f MiB the backend needs for itself (scratch and cuBLAS workspace); %.1f "
+                  "MiB free of %.1f MiB",
+                  MIB(reserve), device, impl->device_name, MIB(own), MIB(free_b), MIB(total_b));
+        goto fail;
+    }
+    if (reserve > free_b) {
+        ar_errorf(err,
+                  "cuda backend: cannot reserve %.1f MiB on device %d (%s): %.1f MiB free of "
+                  "%.1f MiB",
+                  MIB(reserve), device, impl->device_name, MIB(free_b), MIB(total_b));
+        goto fail;
+    }
+    const cudaError_t me = cudaMalloc(&impl->reservation, reserve);
+    if (me != cudaSuccess) {
+        ar_errorf(err,
+                  "cuda backend: cannot reserve %.1f MiB on device %d (%s): cudaMalloc: %s; %.1f "
+                  "MiB were free of %.1f MiB",
+                  MIB(reserve), device, impl->device_name, cudaGetErrorString(me), MIB(free_b),
+                  MIB(total_b));
+        impl->reservation = NULL;
+        goto fail;
+    }
+    if (cuda_start(be, reserve, err) != AR_OK)
+        goto fail;
+    /* A first launch: a GPU this build has no code for (CUDA_ARCHS) fails
+     * here, at start-up, rather than at the first request. */
+    cudaError_t le = kern_fill_bias(impl->scratch, NULL, KERN_F32, 1, 1, 0, impl->stream);
+    if (le == cudaSuccess)
+        le = cudaStreamSynchronize(impl->stream);
+    if (le != cudaSuccess) {
+        ar_errorf(err,
+                  "cuda backend: cannot run kernels on device %d (%s, compute capability %d.%d): "
+                  "%s; rebuild with CUDA_ARCHS including %d%d",
+                  device, impl->device_name, prop.major, prop.minor, cudaGetErrorString(le),
+                  prop.major, prop.minor);
+        goto fail;
+    }
+
     return be;
 
 fail:

@@ -17,6 +17,7 @@
 
 struct model;
 struct gen_request;
+struct vq_work;
 
 typedef struct model_family {
     const char *name;                 /* arserve.json "family" */
@@ -34,10 +35,16 @@ typedef struct model_family {
      * collect flags say), then each request's tokens of the step sampled
      * (or taken from its forced tokens) into its token array. */
     int (*step)(struct model *m, struct gen_request *const *reqs, int n, ar_error_t *err);
-    /* A finished request's tokens -> rgb (image_height x image_width x 3). */
-    int (*decode)(struct model *m, const int *tokens, uint8_t *rgb, ar_error_t *err);
-    /* A preview from the first n_done tokens of an unfinished request. */
-    int (*preview)(struct model *m, const int *tokens, int n_done, uint8_t *rgb, ar_error_t *err);
+    /* The image from a request's tokens after n_done of its steps -> rgb
+     * (image_height x image_width x 3): the finished image when n_done is
+     * every step, else a preview. Runs on w's backend (m->be or a fork of
+     * it), touching nothing of m but its read-only weights and config, so
+     * a thread other than the one stepping may draw. */
+    int (*draw)(const struct model *m, struct vq_work *w, const int *tokens, int n_done,
+                uint8_t *rgb, ar_error_t *err);
+    /* The backend memory a draw needs: w's buffers (vq_work_bytes) and
+     * whatever the family allocates per draw, in *n_buffers allocations. */
+    size_t (*draw_bytes)(const struct model *m, size_t *n_buffers);
 } model_family_t;
 
 /* The family called name; NULL if there is none. */

@@ -68,21 +68,23 @@ static int raster_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t
     return AR_OK;
 }
 
-static int raster_decode(model_t *m, const int *tokens, uint8_t *rgb, ar_error_t *err) {
-    return vq_decode(&m->dec, tokens, rgb, NULL, err);
-}
-
 /* Tokens not generated yet are drawn as token 0. */
-static int raster_preview(model_t *m, const int *tokens, int n_done, uint8_t *rgb,
-                          ar_error_t *err) {
+static int raster_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_done, uint8_t *rgb,
+                       ar_error_t *err) {
     const int n = model_image_tokens(&m->cfg);
+    if (n_done >= n)
+        return vq_decode(&m->dec, w, tokens, rgb, NULL, err);
     int *grid = calloc((size_t)n, sizeof *grid);
     if (!grid)
         return ar_errorf(err, "out of memory");
-    memcpy(grid, tokens, (size_t)(n_done < n ? n_done : n) * sizeof *grid);
-    int rc = vq_decode(&m->dec, grid, rgb, NULL, err);
+    memcpy(grid, tokens, (size_t)(n_done > 0 ? n_done : 0) * sizeof *grid);
+    int rc = vq_decode(&m->dec, w, grid, rgb, NULL, err);
     free(grid);
     return rc;
+}
+
+static size_t raster_draw_bytes(const model_t *m, size_t *n_buffers) {
+    return vq_work_bytes(&m->dec, n_buffers);
 }
 
 const model_family_t model_family_raster = {
@@ -93,6 +95,6 @@ const model_family_t model_family_raster = {
     .load = raster_family_load,
     .free = raster_family_free,
     .step = raster_step,
-    .decode = raster_decode,
-    .preview = raster_preview,
+    .draw = raster_draw,
+    .draw_bytes = raster_draw_bytes,
 };

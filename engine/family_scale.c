@@ -90,8 +90,15 @@ typedef struct latent_ws {
     float *fhat, *rows, *map, *up, *conv, *zero; /* E x G x G each */
 } latent_ws_t;
 
+#define LATENT_WS_BUFFERS 6
+
+static size_t latent_ws_bytes(const model_config_t *c) {
+    const size_t G = (size_t)c->image.grid_height;
+    return LATENT_WS_BUFFERS * c->image.embed_dim * G * G * sizeof(float);
+}
+
 static void latent_ws_free(backend_t *be, latent_ws_t *w) {
-    float *bufs[] = {w->fhat, w->rows, w->map, w->up, w->conv, w->zero};
+    float *bufs[LATENT_WS_BUFFERS] = {w->fhat, w->rows, w->map, w->up, w->conv, w->zero};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->free(be, bufs[i]);
     memset(w, 0, sizeof *w);
@@ -100,7 +107,7 @@ static void latent_ws_free(backend_t *be, latent_ws_t *w) {
 static int latent_ws_alloc(backend_t *be, const model_config_t *c, latent_ws_t *w,
                            ar_error_t *err) {
     const size_t G = (size_t)c->image.grid_height, n = (size_t)c->image.embed_dim * G * G;
-    float **bufs[] = {&w->fhat, &w->rows, &w->map, &w->up, &w->conv, &w->zero};
+    float **bufs[LATENT_WS_BUFFERS] = {&w->fhat, &w->rows, &w->map, &w->up, &w->conv, &w->zero};
     float *zeros = calloc(n, sizeof *zeros);
     memset(w, 0, sizeof *w);
     for (size_t i = 0; zeros && i < sizeof bufs / sizeof bufs[0]; i++)
@@ -119,8 +126,8 @@ static int latent_ws_alloc(backend_t *be, const model_config_t *c, latent_ws_t *
 /* w->fhat = the latent map after scales [0, n_scales) of tokens: each
  * scale's codes (E, p, p), bicubic to (E, G, G) (the last scale is already
  * there), Phi(h) = (1 - r) h + r conv3x3(h), summed. */
-static void latent_fhat(model_t *m, const int *tokens, int n_scales, latent_ws_t *w) {
-    backend_t *be = m->be;
+static void latent_fhat(const model_t *m, backend_t *be, const int *tokens, int n_scales,
+                        latent_ws_t *w) {
     const model_config_t *c = &m->cfg;
     const int E = c->image.embed_dim, G = c->image.grid_height, S = c->image.n_scales;
     const size_t n = (size_t)E * G * G;
@@ -150,7 +157,7 @@ static void latent_next_input(model_t *m, const int *tokens, int si, latent_ws_t
     backend_t *be = m->be;
     const model_config_t *c = &m->cfg;
     const int E = c->image.embed_dim, G = c->image.grid_height, p = c->image.scales[si];
-    latent_fhat(m, tokens, si, w);
+    latent_fhat(m, be, tokens, si, w);
     be->resize_area(be, w->map, w->fhat, E, G, G, p, p);
     be->transpose(be, out, w->map, E, p * p);
 }
@@ -251,21 +258,23 @@ out:
     return rc;
 }
 
-/* The image from the first n_scales scales of tokens (all of them when
+/* The image from the first n_done scales of tokens (all of them when
  * finished): f_hat so far through the decoder. */
-static int scale_draw(model_t *m, const int *tokens, int n_scales, uint8_t *rgb, ar_error_t *err) {
+static int scale_draw(const model_t *m, vq_work_t *vw, const int *tokens, int n_done, uint8_t *rgb,
+                      ar_error_t *err) {
     const model_config_t *c = &m->cfg;
+    const int S = c->image.n_scales, n_scales = n_done < 0 ? 0 : n_done > S ? S : n_done;
     const int n = m->var.scale_at[n_scales];
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->image.codebook_size)
             return ar_errorf(err, "image token %d at position %d is outside the codebook (%d)",
                              tokens[i], i, c->image.codebook_size);
     latent_ws_t w;
-    if (latent_ws_alloc(m->be, c, &w, err) != AR_OK)
+    if (latent_ws_alloc(vw->be, c, &w, err) != AR_OK)
         return AR_ERR;
-    latent_fhat(m, tokens, n_scales, &w);
-    int rc = vq_decode_latent(&m->dec, w.fhat, rgb, NULL, err);
-    latent_ws_free(m->be, &w);
+    latent_fhat(m, vw->be, tokens, n_scales, &w);
+    int rc = vq_decode_latent(&m->dec, vw, w.fhat, rgb, NULL, err);
+    latent_ws_free(vw->be, &w);
     return rc;
 }
 
@@ -277,20 +286,19 @@ int scale_latent(model_t *m, const int *tokens, int n_scales, float *fhat_host, 
         return ar_errorf(err, "%d scales: the model has %d", n_scales, c->image.n_scales);
     if (latent_ws_alloc(m->be, c, &w, err) != AR_OK)
         return AR_ERR;
-    latent_fhat(m, tokens, n_scales, &w);
+    latent_fhat(m, m->be, tokens, n_scales, &w);
     m->be->download(m->be, fhat_host, w.fhat, (size_t)c->image.embed_dim * G * G * sizeof(float));
     latent_ws_free(m->be, &w);
     return AR_OK;
 }
 
-static int scale_decode(model_t *m, const int *tokens, uint8_t *rgb, ar_error_t *err) {
-    return scale_draw(m, tokens, m->cfg.image.n_scales, rgb, err);
-}
-
-/* A next-scale model's natural preview: the scales finished so far. */
-static int scale_preview(model_t *m, const int *tokens, int n_done, uint8_t *rgb, ar_error_t *err) {
-    const int S = m->cfg.image.n_scales;
-    return scale_draw(m, tokens, n_done < 0 ? 0 : n_done > S ? S : n_done, rgb, err);
+/* A draw's latent maps come and go with it. */
+static size_t scale_draw_bytes(const model_t *m, size_t *n_buffers) {
+    size_t n = 0;
+    const size_t bytes = vq_work_bytes(&m->dec, &n) + latent_ws_bytes(&m->cfg);
+    if (n_buffers)
+        *n_buffers = n + LATENT_WS_BUFFERS;
+    return bytes;
 }
 
 const model_family_t model_family_scale = {
@@ -301,6 +309,6 @@ const model_family_t model_family_scale = {
     .load = scale_family_load,
     .free = scale_family_free,
     .step = scale_step,
-    .decode = scale_decode,
-    .preview = scale_preview,
+    .draw = scale_draw,
+    .draw_bytes = scale_draw_bytes,
 };

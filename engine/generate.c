@@ -259,14 +259,46 @@ out:
     return rc;
 }
 
+int gen_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_done, uint8_t *rgb,
+             ar_error_t *err) {
+    return m->family->draw(m, w, tokens, n_done, rgb, err);
+}
+
+int gen_drawer_open(gen_drawer_t *d, const model_t *m, int n_threads, ar_error_t *err) {
+    memset(d, 0, sizeof *d);
+    d->model = m;
+    size_t n_buffers = 0;
+    const size_t bytes = m->family->draw_bytes(m, &n_buffers);
+    if (!m->be->fork)
+        return ar_errorf(err, "the %s backend cannot draw images on a thread of their own",
+                         m->be->name);
+    if (!(d->be = m->be->fork(m->be, bytes, n_threads, err)))
+        return ar_error_prefix(err, "a %s backend for drawing images (%.1f MiB in %zu buffers)",
+                               m->be->name, bytes / 1048576.0, n_buffers);
+    if (vq_work_init(&d->work, &m->dec, d->be, err) != AR_OK) {
+        gen_drawer_close(d);
+        return AR_ERR;
+    }
+    return AR_OK;
+}
+
+void gen_drawer_close(gen_drawer_t *d) {
+    vq_work_free(&d->work);
+    if (d->be)
+        d->be->destroy(d->be);
+    memset(d, 0, sizeof *d);
+}
+
 int gen_decode(gen_request_t *r, uint8_t *rgb, ar_error_t *err) {
     if (!gen_request_done(r))
         return ar_errorf(err, "the image is not finished");
-    return r->model->family->decode(r->model, r->tokens, rgb, err);
+    vq_work_t *w = model_draw_work(r->model, err);
+    return w ? gen_draw(r->model, w, r->tokens, r->n_steps, rgb, err) : AR_ERR;
 }
 
 int gen_preview(gen_request_t *r, uint8_t *rgb, ar_error_t *err) {
-    return r->model->family->preview(r->model, r->tokens, r->step, rgb, err);
+    vq_work_t *w = model_draw_work(r->model, err);
+    return w ? gen_draw(r->model, w, r->tokens, r->step, rgb, err) : AR_ERR;
 }
 
 /* ---- jobs ---- */

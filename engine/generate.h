@@ -92,11 +92,37 @@ static inline int gen_request_done(const gen_request_t *r) { return r->step >= r
  * lets each request's policy compact its caches. */
 int gen_step(gen_request_t *const *reqs, int n, ar_error_t *err);
 
-/* Decodes a finished request's tokens into rgb (image_height x image_width x 3). */
+/* Decodes a finished request's tokens into rgb (image_height x image_width
+ * x 3) on the model's backend, with the model's decoder buffers (made at
+ * the first call): for a caller that steps and draws on one thread. */
 int gen_decode(gen_request_t *r, uint8_t *rgb, ar_error_t *err);
 
-/* Decodes an unfinished request's tokens so far into rgb (a preview). */
+/* Decodes an unfinished request's tokens so far into rgb (a preview), the
+ * same way. */
 int gen_preview(gen_request_t *r, uint8_t *rgb, ar_error_t *err);
+
+/* The image from tokens (a copy of a request's, model_image_tokens long)
+ * after n_done of its steps, on w's backend. */
+int gen_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_done, uint8_t *rgb,
+             ar_error_t *err);
+
+/* What a thread needs to draw images while another steps the model: a
+ * fork of the model's backend (its own scratch and threads, the same
+ * weights) holding the decoder's buffers, made once and reused. */
+typedef struct gen_drawer {
+    const model_t *model;
+    backend_t *be;
+    vq_work_t work;
+} gen_drawer_t;
+
+/* Forks m->be with n_threads threads (0: as many as m->be) while no other
+ * thread uses it. The message names the backend and the memory asked. */
+int gen_drawer_open(gen_drawer_t *d, const model_t *m, int n_threads, ar_error_t *err);
+void gen_drawer_close(gen_drawer_t *d); /* accepts a zeroed one */
+static inline int gen_drawer_draw(gen_drawer_t *d, const int *tokens, int n_done, uint8_t *rgb,
+                                  ar_error_t *err) {
+    return gen_draw(d->model, &d->work, tokens, n_done, rgb, err);
+}
 
 /* ---- jobs: what the batcher runs ---- */
 

@@ -131,6 +131,7 @@ int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, 
 }
 
 void model_free(model_t *m) {
+    vq_work_free(&m->draw);
     if (m->family)
         m->family->free(m);
     m->family = NULL;
@@ -143,6 +144,12 @@ void model_free(model_t *m) {
     kv_calibration_free(&m->calib);
     m->cfg.kv_calibration = NULL;
     arena_free(&m->arena);
+}
+
+vq_work_t *model_draw_work(model_t *m, ar_error_t *err) {
+    if (!m->draw.be && vq_work_init(&m->draw, &m->dec, m->be, err) != AR_OK)
+        return NULL;
+    return &m->draw;
 }
 
 int model_is_class_conditional(const model_t *m) { return m->cfg.condition.num_classes > 0; }

@@ -35,6 +35,10 @@ typedef struct model {
     /* Host scratch of the step path (gen_step and what it calls): grown to
      * the largest step seen, so steady-state steps allocate nothing. */
     arena_t arena;
+    /* The image decoder's buffers on be, for gen_decode and gen_preview
+     * (made at the first; a thread drawing beside the stepping one keeps
+     * its own). */
+    vq_work_t draw;
     backend_t *be;
 } model_t;
 
@@ -47,6 +51,10 @@ int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err);
 #define MODEL_LOAD_UNCHECKED 1u
 int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, ar_error_t *err);
 void model_free(model_t *m);
+
+/* m->draw, made on m->be at the first call; NULL (err says why) when its
+ * buffers do not fit. */
+vq_work_t *model_draw_work(model_t *m, ar_error_t *err);
 
 /* The condition rows of a class (scale family): cond = [label], uncond =
  * [num_classes], *n = 1. The message names the valid range. */

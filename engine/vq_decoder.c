@@ -152,15 +152,9 @@ void vq_decoder_free(vq_decoder_t *d) {
     memset(d, 0, sizeof *d);
 }
 
-/* Scratch buffers for one decode, each big enough for the largest
- * activation (C_max * H_max * W_max) or the attention matrix. */
-typedef struct vq_scratch {
-    float *a, *b, *t1, *t2, *q, *k, *v, *scores;
-} vq_scratch_t;
-
 /* x (c_in, h, w) -> out (c_out, h, w); x is preserved. */
 static void resblock(backend_t *be, const vq_resblock_t *r, float *out, const float *x, int h,
-                     int w, vq_scratch_t *s) {
+                     int w, const vq_work_t *s) {
     size_t hw = (size_t)h * w;
     be->groupnorm(be, s->t1, x, &r->norm1_w, &r->norm1_b, r->c_in, (int)hw, GN_GROUPS, GN_EPS);
     be->silu(be, s->t1, (size_t)r->c_in * hw);
@@ -178,7 +172,7 @@ static void resblock(backend_t *be, const vq_resblock_t *r, float *out, const fl
 
 /* Single-head self-attention over the h*w positions, in place on x. */
 static void attnblock(backend_t *be, const vq_attnblock_t *a, float *x, int h, int w,
-                      vq_scratch_t *s) {
+                      const vq_work_t *s) {
     int c = a->c, hw = h * w;
     be->groupnorm(be, s->t1, x, &a->norm_w, &a->norm_b, c, hw, GN_GROUPS, GN_EPS);
     be->conv2d(be, s->t2, s->t1, &a->q_w, &a->q_b, c, h, w, 0);
@@ -209,82 +203,124 @@ int vq_post_quant_kernel(const model_config_t *cfg) {
     return strcmp(cfg->decoder.type, "msvq") == 0 ? 3 : 1;
 }
 
-int vq_decode(vq_decoder_t *d, const int *tokens, uint8_t *rgb, float *pixels_f32,
-              ar_error_t *err) {
-    backend_t *be = d->be;
+/* The largest activation, in floats: the widest channel count at each
+ * level's size, the latent and the grid's widest map. */
+static size_t largest_activation(const vq_decoder_t *d) {
+    const model_config_t *cfg = d->cfg;
+    const decoder_config_t *dc = &cfg->decoder;
+    const size_t h = (size_t)cfg->image.grid_height, w = (size_t)cfg->image.grid_width;
+    size_t cmax = (size_t)dc->latent_channels, act = 0;
+    for (int i = 0; i < d->n_levels; i++) {
+        size_t ci = (size_t)level_width(dc, i), prev = i ? (size_t)level_width(dc, i - 1) : ci;
+        size_t ci_max = ci > prev ? ci : prev;
+        size_t sz = ci_max * (h << i) * (w << i);
+        if (sz > act)
+            act = sz;
+        if (ci_max > cmax)
+            cmax = ci_max;
+    }
+    if (cmax < (size_t)cfg->image.embed_dim)
+        cmax = (size_t)cfg->image.embed_dim;
+    return act > cmax * h * w ? act : cmax * h * w;
+}
+
+/* The sizes vq_work_init allocates, in floats (host: the output). */
+typedef struct work_sizes {
+    size_t act, rows, scores, host;
+} work_sizes_t;
+
+static work_sizes_t work_sizes(const vq_decoder_t *d) {
+    const model_config_t *cfg = d->cfg;
+    const size_t grid = (size_t)cfg->image.grid_height * cfg->image.grid_width;
+    return (work_sizes_t){.act = largest_activation(d),
+                          .rows = grid * cfg->image.embed_dim,
+                          .scores = grid * grid,
+                          .host = (size_t)3 * model_config_image_height(cfg) *
+                                  model_config_image_width(cfg)};
+}
+
+/* Seven activations, two token maps and the attention matrix. */
+#define WORK_BUFFERS 10
+
+size_t vq_work_bytes(const vq_decoder_t *d, size_t *n_buffers) {
+    const work_sizes_t z = work_sizes(d);
+    if (n_buffers)
+        *n_buffers = WORK_BUFFERS;
+    return (7 * z.act + 2 * z.rows + z.scores) * sizeof(float);
+}
+
+int vq_work_init(vq_work_t *w, const vq_decoder_t *d, backend_t *be, ar_error_t *err) {
+    const work_sizes_t z = work_sizes(d);
+    memset(w, 0, sizeof *w);
+    w->be = be;
+    float **bufs[WORK_BUFFERS] = {&w->a, &w->b, &w->t1,   &w->t2,     &w->q,
+                                  &w->k, &w->v, &w->rows, &w->latent, &w->scores};
+    int ok = 1;
+    for (size_t i = 0; i < WORK_BUFFERS; i++) {
+        const size_t n = i < 7 ? z.act : i < 9 ? z.rows : z.scores;
+        ok &= (*bufs[i] = be->alloc(be, n * sizeof(float))) != NULL;
+    }
+    ok &= (w->host = malloc(z.host * sizeof(float))) != NULL;
+    if (!ok) {
+        vq_work_free(w);
+        return ar_errorf(err,
+                         "out of memory for the image decoder's buffers (%.1f MiB on the %s "
+                         "backend)",
+                         vq_work_bytes(d, NULL) / 1048576.0, be->name);
+    }
+    return AR_OK;
+}
+
+void vq_work_free(vq_work_t *w) {
+    backend_t *be = w->be;
+    if (be) {
+        float *bufs[WORK_BUFFERS] = {w->a, w->b, w->t1,   w->t2,     w->q,
+                                     w->k, w->v, w->rows, w->latent, w->scores};
+        for (size_t i = 0; i < WORK_BUFFERS; i++)
+            be->free(be, bufs[i]);
+    }
+    free(w->host);
+    memset(w, 0, sizeof *w);
+}
+
+int vq_decode(const vq_decoder_t *d, vq_work_t *w, const int *tokens, uint8_t *rgb,
+              float *pixels_f32, ar_error_t *err) {
+    backend_t *be = w->be;
     const model_config_t *cfg = d->cfg;
     const int n = cfg->image.grid_height * cfg->image.grid_width, E = cfg->image.embed_dim;
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= cfg->image.codebook_size)
             return ar_errorf(err, "image token %d at position %d is outside the codebook (%d)",
                              tokens[i], i, cfg->image.codebook_size);
-    float *rows = be->alloc(be, (size_t)n * E * sizeof(float));
-    float *latent = be->alloc(be, (size_t)n * E * sizeof(float));
-    int rc = AR_ERR;
-    if (!rows || !latent) {
-        ar_errorf(err, "out of memory for the image decoder");
-    } else {
-        /* Codebook rows, L2-normalised, as (E, h*w). */
-        be->embedding(be, rows, &d->codebook, tokens, n, 1);
-        be->transpose(be, latent, rows, n, E);
-        rc = vq_decode_latent(d, latent, rgb, pixels_f32, err);
-    }
-    be->free(be, rows);
-    be->free(be, latent);
-    return rc;
+    /* Codebook rows, L2-normalised, as (E, h*w). */
+    be->embedding(be, w->rows, &d->codebook, tokens, n, 1);
+    be->transpose(be, w->latent, w->rows, n, E);
+    return vq_decode_latent(d, w, w->latent, rgb, pixels_f32, err);
 }
 
-int vq_decode_latent(vq_decoder_t *d, const float *latent, uint8_t *rgb, float *pixels_f32,
-                     ar_error_t *err) {
-    backend_t *be = d->be;
+int vq_decode_latent(const vq_decoder_t *d, vq_work_t *s, const float *latent, uint8_t *rgb,
+                     float *pixels_f32, ar_error_t *err) {
+    backend_t *be = s->be;
     const model_config_t *cfg = d->cfg;
     const decoder_config_t *dc = &cfg->decoder;
     int h = cfg->image.grid_height, w = cfg->image.grid_width, E = cfg->image.embed_dim;
     int H = model_config_image_height(cfg), W = model_config_image_width(cfg);
-    /* Largest activation: the widest channel count at each level's size. */
-    size_t cmax = (size_t)dc->latent_channels, act = 0;
-    for (int i = 0; i < d->n_levels; i++) {
-        size_t ci = (size_t)level_width(dc, i), prev = i ? (size_t)level_width(dc, i - 1) : ci;
-        size_t ci_max = ci > prev ? ci : prev;
-        size_t sz = ci_max * ((size_t)h << i) * ((size_t)w << i);
-        if (sz > act)
-            act = sz;
-        if (ci_max > cmax)
-            cmax = ci_max;
-    }
-    size_t grid = (size_t)h * w;
-    if (act < cmax * grid)
-        act = cmax * grid;
-    if (act < (size_t)E * grid)
-        act = (size_t)E * grid;
-    vq_scratch_t s = {0};
-    float **bufs[] = {&s.a, &s.b, &s.t1, &s.t2, &s.q, &s.k, &s.v};
-    int ok = 1;
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        ok &= (*bufs[i] = be->alloc(be, act * sizeof(float))) != NULL;
-    ok &= (s.scores = be->alloc(be, grid * grid * sizeof(float))) != NULL;
-    float *host = malloc((size_t)3 * H * W * sizeof(float));
-    int rc = AR_ERR;
-    if (!ok || !host) {
-        ar_errorf(err, "out of memory for the image decoder");
-        goto out;
-    }
     const int k = vq_post_quant_kernel(cfg);
-    be->conv2d(be, s.t1, latent, &d->pq_w, &d->pq_b, E, h, w, k / 2);
-    be->conv2d(be, s.a, s.t1, &d->conv_in_w, &d->conv_in_b, dc->latent_channels, h, w, 1);
-    resblock(be, &d->mid1, s.b, s.a, h, w, &s);
-    attnblock(be, &d->mid_attn, s.b, h, w, &s);
-    resblock(be, &d->mid2, s.a, s.b, h, w, &s);
-    float *cur = s.a, *other = s.b;
+    be->conv2d(be, s->t1, latent, &d->pq_w, &d->pq_b, E, h, w, k / 2);
+    be->conv2d(be, s->a, s->t1, &d->conv_in_w, &d->conv_in_b, dc->latent_channels, h, w, 1);
+    resblock(be, &d->mid1, s->b, s->a, h, w, s);
+    attnblock(be, &d->mid_attn, s->b, h, w, s);
+    resblock(be, &d->mid2, s->a, s->b, h, w, s);
+    float *cur = s->a, *other = s->b;
     for (int i = 0; i < d->n_levels; i++) {
         const vq_level_t *lv = &d->levels[i];
         for (int j = 0; j < lv->n_blocks; j++) {
-            resblock(be, &lv->blocks[j], other, cur, h, w, &s);
+            resblock(be, &lv->blocks[j], other, cur, h, w, s);
             float *t = cur;
             cur = other;
             other = t;
             if (j < lv->n_attn)
-                attnblock(be, &lv->attn[j], cur, h, w, &s);
+                attnblock(be, &lv->attn[j], cur, h, w, s);
         }
         if (lv->has_upsample) {
             int c = lv->blocks[lv->n_blocks - 1].c_out;
@@ -298,19 +334,15 @@ int vq_decode_latent(vq_decoder_t *d, const float *latent, uint8_t *rgb, float *
     be->groupnorm(be, other, cur, &d->norm_out_w, &d->norm_out_b, c_last, h * w, GN_GROUPS, GN_EPS);
     be->silu(be, other, (size_t)c_last * h * w);
     be->conv2d(be, cur, other, &d->conv_out_w, &d->conv_out_b, c_last, h, w, 1);
-    be->download(be, host, cur, (size_t)3 * H * W * sizeof(float));
+    be->download(be, s->host, cur, (size_t)3 * H * W * sizeof(float));
+    if (backend_status(be, err) != AR_OK)
+        return ar_error_prefix(err, "image decoding on the %s backend", be->name);
     if (pixels_f32)
-        memcpy(pixels_f32, host, (size_t)3 * H * W * sizeof(float));
+        memcpy(pixels_f32, s->host, (size_t)3 * H * W * sizeof(float));
     for (int y = 0; y < H; y++)
         for (int x = 0; x < W; x++)
             for (int ch = 0; ch < 3; ch++)
                 rgb[((size_t)y * W + x) * 3 + ch] =
-                    vq_pixel_to_u8(host[((size_t)ch * H + y) * W + x]);
-    rc = AR_OK;
-out:
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        be->free(be, *bufs[i]);
-    be->free(be, s.scores);
-    free(host);
-    return rc;
+                    vq_pixel_to_u8(s->host[((size_t)ch * H + y) * W + x]);
+    return AR_OK;
 }

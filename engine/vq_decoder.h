@@ -46,16 +46,36 @@ int vq_decoder_load(vq_decoder_t *d, const model_config_t *cfg, weight_set_t *ws
                     ar_error_t *err);
 void vq_decoder_free(vq_decoder_t *d);
 
-/* Decodes grid_height * grid_width tokens (raster order) into rgb, which
- * holds image_height * image_width * 3 bytes (row-major, RGB). When
- * pixels_f32 is not NULL it also receives the decoder output before
- * conversion, (3, H, W). */
-int vq_decode(vq_decoder_t *d, const int *tokens, uint8_t *rgb, float *pixels_f32, ar_error_t *err);
+/* The decoder's buffers on one backend, sized for the model's image at
+ * vq_work_init and reused by every decode on that backend: the thread that
+ * draws images keeps one, so a decode allocates nothing. be may be a fork
+ * of the backend the weights were loaded on (backend.h). */
+typedef struct vq_work {
+    backend_t *be;
+    float *rows, *latent;               /* the codebook rows, then (E, h*w) */
+    float *a, *b, *t1, *t2, *q, *k, *v; /* activations, each the largest one */
+    float *scores;                      /* the attention matrix, (h*w)^2 */
+    float *host;                        /* the output (3, H, W), downloaded */
+} vq_work_t;
 
-/* Decodes a latent map (embed_dim, grid_height, grid_width) in backend
- * memory (VAR's accumulated f_hat) the same way, from post_quant_conv on. */
-int vq_decode_latent(vq_decoder_t *d, const float *latent, uint8_t *rgb, float *pixels_f32,
-                     ar_error_t *err);
+/* The backend memory vq_work_init allocates, in *n_buffers allocations
+ * (n_buffers may be NULL). */
+size_t vq_work_bytes(const vq_decoder_t *d, size_t *n_buffers);
+int vq_work_init(vq_work_t *w, const vq_decoder_t *d, backend_t *be, ar_error_t *err);
+void vq_work_free(vq_work_t *w); /* and zeroes it; accepts a zeroed one */
+
+/* Decodes grid_height * grid_width tokens (raster order) into rgb, which
+ * holds image_height * image_width * 3 bytes (row-major, RGB), on w's
+ * backend. When pixels_f32 is not NULL it also receives the decoder output
+ * before conversion, (3, H, W). */
+int vq_decode(const vq_decoder_t *d, vq_work_t *w, const int *tokens, uint8_t *rgb,
+              float *pixels_f32, ar_error_t *err);
+
+/* Decodes a latent map (embed_dim, grid_height, grid_width) in the memory
+ * of w's backend (VAR's accumulated f_hat) the same way, from
+ * post_quant_conv on. latent may be w->latent. */
+int vq_decode_latent(const vq_decoder_t *d, vq_work_t *w, const float *latent, uint8_t *rgb,
+                     float *pixels_f32, ar_error_t *err);
 
 /* The post-quant convolution's kernel: 1 for vq16, 3 for msvq. */
 int vq_post_quant_kernel(const model_config_t *cfg);

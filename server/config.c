@@ -102,6 +102,9 @@ static const setting_t SETTINGS[] = {
     /* Each knob's default for requests of its policy that do not give it. */
     KV_POLICY_KNOBS(KNOB_SETTING)
         INT_SETTING(threads, 0, 1024, 0, "N", "Engine CPU threads; 0 uses every core"),
+    INT_SETTING(draw_threads, 1, 1024, 1, "N",
+                "CPU threads of the image decoder, which draws finished images and previews "
+                "beside the engine"),
     INT_SETTING(png_workers, 1, 64, 2, "N", "Threads encoding PNGs"),
     ENUM_SETTING(log_level, "info", LOG_LEVELS, "LEVEL", "Log verbosity"),
     ENUM_SETTING(backend, "auto", BACKENDS, "NAME",

@@ -29,6 +29,7 @@ typedef struct server_config {
      * name; kv.kind is not a setting (server_config_kv_defaults). */
     kv_policy_params_t kv;
     int threads;       /* engine CPU threads, 0 = all cores */
+    int draw_threads;  /* the image decoder's CPU threads */
     int png_workers;   /* PNG encoder threads */
     char log_level[8]; /* "error", "warn", "info" or "debug" */
     char backend[8];   /* "auto", "cpu" or "cuda" (server/backend_open.c) */

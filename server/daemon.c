@@ -181,7 +181,8 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
     sched_options_t so = {.max_running = cfg->max_running,
                           .max_waiting = cfg->max_waiting,
                           .kv_pool_bytes = (size_t)cfg->kv_pool_mb << 20,
-                          .png_workers = cfg->png_workers};
+                          .png_workers = cfg->png_workers,
+                          .draw_threads = cfg->draw_threads};
     if (!(d->sched = scheduler_create(&d->model, &so, d->metrics, &err))) {
         fprintf(stderr, "arserve serve: %s\n", err.msg);
         return 1;

@@ -1,8 +1,11 @@
-/* The engine thread around the batcher, the PNG workers, the jobs' shared
- * state and the scheduler's metrics (scheduler.h). Lock order: the
- * scheduler's mu, then a job's mu; the batcher is touched only under the
- * scheduler's mu, except batcher_step, which the engine thread runs
- * without it (batcher.h says why that is safe). */
+/* The engine thread around the batcher, the drawing thread and the PNG
+ * workers, the jobs' shared state and the scheduler's metrics
+ * (scheduler.h). An image goes from the engine thread (its tokens, copied)
+ * to the drawing thread (pixels, on a fork of the model's backend) to a PNG
+ * worker, so the engine thread only steps. Lock order: the scheduler's mu,
+ * then a job's mu; a task queue's mu is taken alone. The batcher is touched
+ * only under the scheduler's mu, except batcher_step, which the engine
+ * thread runs without it (batcher.h says why that is safe). */
 #include "scheduler.h"
 
 #include <math.h>
@@ -56,13 +59,25 @@ struct sched_job {
     double t_admitted, t_last_step, t_done;
 };
 
-typedef struct png_task {
-    sched_job_t *job;
+/* One image (or preview) on its way out: tokens to draw, then rgb to
+ * encode. */
+typedef struct img_task {
+    sched_job_t *job; /* a reference, held by the task */
     int image;
     int preview; /* -1 for the final image, else the preview index */
+    int n_done;  /* the steps the tokens are of */
+    int *tokens; /* the image's tokens after n_done steps, until drawn */
     uint8_t *rgb;
-    struct png_task *next;
-} png_task_t;
+    struct img_task *next;
+} img_task_t;
+
+/* A FIFO of tasks for a set of threads. */
+typedef struct task_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    img_task_t *head, *tail;
+    int stop;
+} task_queue_t;
 
 struct scheduler {
     model_t *model;
@@ -81,10 +96,10 @@ struct scheduler {
     pthread_t engine;
     int engine_started;
 
-    pthread_mutex_t png_mu;
-    pthread_cond_t png_wake;
-    png_task_t *png_head, *png_tail;
-    int png_stop;
+    gen_drawer_t drawer; /* the drawing thread's */
+    task_queue_t draw_q, png_q;
+    pthread_t drawing;
+    int drawing_started;
     pthread_t *workers;
     int n_workers;
 
@@ -212,38 +227,105 @@ const uint8_t *sched_job_preview(sched_job_t *j, int preview, int image, size_t 
     return png;
 }
 
-/* ---- PNG workers ---- */
+/* ---- the image tasks: drawing, then PNG encoding ---- */
 
-static void png_push(scheduler_t *s, png_task_t *t) {
-    pthread_mutex_lock(&s->png_mu);
-    t->next = NULL;
-    if (s->png_tail)
-        s->png_tail->next = t;
-    else
-        s->png_head = t;
-    s->png_tail = t;
-    pthread_cond_signal(&s->png_wake);
-    pthread_mutex_unlock(&s->png_mu);
+static void queue_init(task_queue_t *q) {
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->wake, NULL);
 }
 
-/* Hands rgb (taken) of one image of j to the workers. */
-static void png_queue(scheduler_t *s, sched_job_t *j, int image, int preview, uint8_t *rgb) {
-    png_task_t *t = malloc(sizeof *t);
-    if (!t) {
-        free(rgb);
-        log_msg(LOG_ERROR, "job %llu: out of memory queueing a PNG", (unsigned long long)j->id);
-        if (preview < 0) {
-            job_end(j, SCHED_FAILED, "out of memory encoding the image");
-            metric_add(s->m_images, j->n_images, "error");
-        }
+static void queue_push(task_queue_t *q, img_task_t *t) {
+    pthread_mutex_lock(&q->mu);
+    t->next = NULL;
+    if (q->tail)
+        q->tail->next = t;
+    else
+        q->head = t;
+    q->tail = t;
+    pthread_cond_signal(&q->wake);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Waits for tasks and takes the first (all of them when all is set), in
+ * order; NULL once the queue is stopped and empty. */
+static img_task_t *queue_pop(task_queue_t *q, int all) {
+    pthread_mutex_lock(&q->mu);
+    while (!q->head && !q->stop)
+        pthread_cond_wait(&q->wake, &q->mu);
+    img_task_t *t = q->head;
+    if (t) {
+        q->head = all ? NULL : t->next;
+        if (!q->head)
+            q->tail = NULL;
+        if (!all)
+            t->next = NULL;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return t;
+}
+
+static void queue_stop(task_queue_t *q) {
+    pthread_mutex_lock(&q->mu);
+    q->stop = 1;
+    pthread_cond_broadcast(&q->wake);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static void task_free(img_task_t *t) {
+    sched_job_release(t->job);
+    free(t->tokens);
+    free(t->rgb);
+    free(t);
+}
+
+/* Tasks left by a stop hold job references: drop them. */
+static void queue_destroy(task_queue_t *q) {
+    for (img_task_t *t = q->head, *next; t; t = next) {
+        next = t->next;
+        task_free(t);
+    }
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->wake);
+}
+
+/* Fails a job that has not ended yet, counting its images once, before
+ * the waiting request thread can answer (as maybe_done counts). */
+static void job_fail(scheduler_t *s, sched_job_t *j, const char *message) {
+    pthread_mutex_lock(&j->mu);
+    if (j->outcome == SCHED_PENDING) {
+        metric_add(s->m_images, j->n_images, "error");
+        j->outcome = SCHED_FAILED;
+        snprintf(j->message, sizeof j->message, "%s", message);
+        job_changed(j);
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* Hands one image of j to the drawing thread: its tokens after n_done
+ * steps, copied. A preview that cannot be queued is skipped; a final image
+ * fails the job. */
+static void draw_queue(scheduler_t *s, sched_job_t *j, int image, int preview, int n_done) {
+    const gen_request_t *r = &j->gen.images[image];
+    const size_t n = (size_t)model_image_tokens(&s->model->cfg);
+    img_task_t *t = malloc(sizeof *t);
+    int *tokens = malloc(n * sizeof *tokens);
+    if (!t || !tokens) {
+        free(t);
+        free(tokens);
+        log_msg(LOG_ERROR, "job %llu: out of memory queueing %s %d", (unsigned long long)j->id,
+                preview < 0 ? "image" : "a preview of image", image);
+        if (preview < 0)
+            job_fail(s, j, "out of memory drawing the image");
         return;
     }
-    *t = (png_task_t){.job = j, .image = image, .preview = preview, .rgb = rgb};
+    memcpy(tokens, r->tokens, n * sizeof *tokens);
+    *t = (img_task_t){
+        .job = j, .image = image, .preview = preview, .n_done = n_done, .tokens = tokens};
     pthread_mutex_lock(&j->mu);
     j->refs++;
     j->previews_pending += preview >= 0;
     pthread_mutex_unlock(&j->mu);
-    png_push(s, t);
+    queue_push(&s->draw_q, t);
 }
 
 /* DONE once the final PNGs and every preview queued before them are in
@@ -258,10 +340,11 @@ static void maybe_done(scheduler_t *s, sched_job_t *j) {
     j->outcome = SCHED_DONE;
 }
 
-/* Stores one encoded PNG in its job (png NULL: its encoding failed), j->mu
- * held. */
-static void png_store(scheduler_t *s, const png_task_t *t, uint8_t *png, size_t len) {
+/* Stores one encoded PNG in its job (png NULL: the preview was skipped, or
+ * the image failed and its job with it), and lets waiters see it. */
+static void png_store(scheduler_t *s, const img_task_t *t, uint8_t *png, size_t len) {
     sched_job_t *j = t->job;
+    pthread_mutex_lock(&j->mu);
     if (t->preview >= 0) {
         j->previews_pending--;
         if (png) {
@@ -279,101 +362,99 @@ static void png_store(scheduler_t *s, const png_task_t *t, uint8_t *png, size_t 
         j->png_pending--;
     }
     maybe_done(s, j);
+    job_changed(j);
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* What became of a task that produced nothing: logged, a preview skipped,
+ * a final image failing its job. */
+static void task_failed(scheduler_t *s, img_task_t *t, const char *what, const char *why) {
+    sched_job_t *j = t->job;
+    if (t->preview < 0) {
+        log_msg(LOG_ERROR, "job %llu: %s of image %d failed: %s", (unsigned long long)j->id, what,
+                t->image, why);
+        job_fail(s, j, t->tokens ? "image decoding failed" : "PNG encoding failed");
+    } else {
+        log_msg(LOG_WARN, "job %llu: preview %d of image %d skipped: %s: %s",
+                (unsigned long long)j->id, t->preview, t->image, what, why);
+    }
+    png_store(s, t, NULL, 0);
+    task_free(t);
+}
+
+/* The drawing thread: takes every queued image at once and draws them in
+ * turn on its own backend with buffers made once, then hands the pixels to
+ * the PNG workers. An image whose job has failed already is not drawn. */
+static void *draw_main(void *arg) {
+    scheduler_t *s = arg;
+    const size_t rgb_bytes = (size_t)s->width * s->height * 3;
+    for (img_task_t *batch; (batch = queue_pop(&s->draw_q, 1));) {
+        for (img_task_t *t = batch, *next; t; t = next) {
+            next = t->next;
+            pthread_mutex_lock(&t->job->mu);
+            const int failed = t->job->outcome != SCHED_PENDING;
+            pthread_mutex_unlock(&t->job->mu);
+            ar_error_t err = {{0}};
+            if (failed) { /* logged once, by the draw that failed it */
+                png_store(s, t, NULL, 0);
+                task_free(t);
+            } else if (!(t->rgb = malloc(rgb_bytes))) {
+                task_failed(s, t, "drawing", "out of memory");
+            } else if (gen_drawer_draw(&s->drawer, t->tokens, t->n_done, t->rgb, &err) != AR_OK) {
+                task_failed(s, t, "drawing", err.msg);
+            } else {
+                free(t->tokens);
+                t->tokens = NULL;
+                queue_push(&s->png_q, t);
+            }
+        }
+    }
+    return NULL;
 }
 
 static void *png_worker(void *arg) {
     scheduler_t *s = arg;
-    for (;;) {
-        pthread_mutex_lock(&s->png_mu);
-        while (!s->png_head && !s->png_stop)
-            pthread_cond_wait(&s->png_wake, &s->png_mu);
-        png_task_t *t = s->png_head;
-        if (!t) {
-            pthread_mutex_unlock(&s->png_mu);
-            return NULL;
-        }
-        s->png_head = t->next;
-        if (!s->png_head)
-            s->png_tail = NULL;
-        pthread_mutex_unlock(&s->png_mu);
-
-        sched_job_t *j = t->job;
+    for (img_task_t *t; (t = queue_pop(&s->png_q, 0));) {
         uint8_t *png = NULL;
         size_t len = 0;
         ar_error_t err = {{0}};
         if (png_encode(t->rgb, s->width, s->height, &png, &len, &err) != AR_OK) {
-            log_msg(LOG_ERROR, "job %llu: PNG encoding of %s %d failed: %s",
-                    (unsigned long long)j->id, t->preview < 0 ? "image" : "a preview of image",
-                    t->image, err.msg);
-            png = NULL;
-            if (t->preview < 0) {
-                job_end(j, SCHED_FAILED, "PNG encoding failed");
-                metric_add(s->m_images, j->n_images, "error");
-            }
+            task_failed(s, t, "PNG encoding", err.msg);
+            continue;
         }
-        pthread_mutex_lock(&j->mu);
         png_store(s, t, png, len);
-        job_changed(j);
-        pthread_mutex_unlock(&j->mu);
-        free(t->rgb);
-        sched_job_release(j);
-        free(t);
+        task_free(t);
     }
+    return NULL;
 }
 
 /* ---- what the engine thread does with the batcher's events ---- */
 
-static uint8_t *rgb_alloc(const scheduler_t *s) { return malloc((size_t)s->width * s->height * 3); }
-
 /* Previews at steps total * (p + 1) / (P + 1), p < P, from the tokens so
- * far; a preview that cannot be made is logged and skipped. */
+ * far. */
 static void publish_previews(scheduler_t *s, sched_job_t *j, int steps_done) {
     for (int p = 0; p < j->partial_images; p++) {
         if (steps_done != j->steps * (p + 1) / (j->partial_images + 1))
             continue;
-        for (int i = 0; i < j->n_images; i++) {
-            ar_error_t err = {{0}};
-            uint8_t *rgb = rgb_alloc(s);
-            if (!rgb || gen_preview(&j->gen.images[i], rgb, &err) != AR_OK) {
-                log_msg(LOG_WARN, "job %llu: preview %d of image %d skipped: %s",
-                        (unsigned long long)j->id, p, i, rgb ? err.msg : "out of memory");
-                free(rgb);
-                continue;
-            }
-            png_queue(s, j, i, p, rgb);
-        }
+        for (int i = 0; i < j->n_images; i++)
+            draw_queue(s, j, i, p, steps_done);
     }
 }
 
-/* A job whose images are all done: decode on the engine thread (the backend
- * is single-threaded), encode on the workers. */
+/* A job whose images are all done: its KV peak, and its images to the
+ * drawing thread. */
 static void job_finished(scheduler_t *s, sched_job_t *j) {
     const size_t block = kv_pool_block_bytes(s->pool.blocks.block_tokens, s->pool.blocks.head_dim);
     int peak_blocks = 0;
     for (int i = 0; i < j->n_images; i++)
         if (j->gen.images[i].kv_peak_blocks > peak_blocks)
             peak_blocks = j->gen.images[i].kv_peak_blocks;
-    uint8_t *rgb[SCHED_MAX_IMAGES] = {0};
-    ar_error_t err = {{0}};
-    int ok = 1;
-    for (int i = 0; ok && i < j->n_images; i++)
-        ok = (rgb[i] = rgb_alloc(s)) && gen_decode(&j->gen.images[i], rgb[i], &err) == AR_OK;
-    gen_job_free(&j->gen);
-    if (!ok) {
-        log_msg(LOG_ERROR, "job %llu: decoding failed: %s", (unsigned long long)j->id,
-                err.msg[0] ? err.msg : "out of memory");
-        for (int i = 0; i < j->n_images; i++)
-            free(rgb[i]);
-        job_end(j, SCHED_FAILED, "image decoding failed");
-        metric_add(s->m_images, j->n_images, "error");
-        return;
-    }
     pthread_mutex_lock(&j->mu);
     j->kv_peak_bytes = (size_t)peak_blocks * block;
     job_changed(j);
     pthread_mutex_unlock(&j->mu);
     for (int i = 0; i < j->n_images; i++)
-        png_queue(s, j, i, -1, rgb[i]);
+        draw_queue(s, j, i, -1, j->steps);
 }
 
 /* ev happened at time now: its iteration's admission or its step's end
@@ -831,10 +912,11 @@ static void stop_threads(scheduler_t *s) {
     pthread_mutex_unlock(&s->mu);
     if (s->engine_started)
         pthread_join(s->engine, NULL);
-    pthread_mutex_lock(&s->png_mu);
-    s->png_stop = 1;
-    pthread_cond_broadcast(&s->png_wake);
-    pthread_mutex_unlock(&s->png_mu);
+    /* Each stage finishes what the one before left it, then stops. */
+    queue_stop(&s->draw_q);
+    if (s->drawing_started)
+        pthread_join(s->drawing, NULL);
+    queue_stop(&s->png_q);
     for (int i = 0; i < s->n_workers; i++)
         pthread_join(s->workers[i], NULL);
     s->joined = 1;
@@ -859,8 +941,8 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
     s->height = model_config_image_height(&model->cfg);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->wake, NULL);
-    pthread_mutex_init(&s->png_mu, NULL);
-    pthread_cond_init(&s->png_wake, NULL);
+    queue_init(&s->draw_q);
+    queue_init(&s->png_q);
     s->workers = calloc((size_t)opt->png_workers, sizeof *s->workers);
     const model_config_t *c = &model->cfg;
     const int bt = opt->kv_block_tokens > 0 ? opt->kv_block_tokens : planner_block_tokens(c);
@@ -872,6 +954,8 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
         ar_errorf(err, "out of memory");
         goto fail;
     }
+    if (gen_drawer_open(&s->drawer, model, opt->draw_threads, err) != AR_OK)
+        goto fail;
     if (kv_pool_init(&s->pool, model->be, (int)n_blocks, bt, c->llm.head_dim, err) != AR_OK) {
         ar_error_prefix(err, "--kv-pool-mb (%zu bytes, blocks of %zu)", opt->kv_pool_bytes, block);
         goto fail;
@@ -891,6 +975,11 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
         goto fail;
     }
     s->engine_started = 1;
+    if ((rc = pthread_create(&s->drawing, NULL, draw_main, s)) != 0) {
+        ar_errorf(err, "cannot start the image drawing thread: %s", strerror(rc));
+        goto fail;
+    }
+    s->drawing_started = 1;
     for (int i = 0; i < opt->png_workers; i++) {
         if ((rc = pthread_create(&s->workers[i], NULL, png_worker, s)) != 0) {
             ar_errorf(err, "cannot start PNG worker %d of %d: %s", i + 1, opt->png_workers,
@@ -914,19 +1003,13 @@ void scheduler_destroy(scheduler_t *s) {
     if (!s)
         return;
     stop_threads(s);
-    /* PNG tasks left by a stop hold job references: drop them. */
-    for (png_task_t *t = s->png_head, *next; t; t = next) {
-        next = t->next;
-        free(t->rgb);
-        sched_job_release(t->job);
-        free(t);
-    }
+    queue_destroy(&s->draw_q);
+    queue_destroy(&s->png_q);
+    gen_drawer_close(&s->drawer);
     batcher_destroy(s->batcher);
     kv_pool_free(&s->pool);
     free(s->workers);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->wake);
-    pthread_mutex_destroy(&s->png_mu);
-    pthread_cond_destroy(&s->png_wake);
     free(s);
 }

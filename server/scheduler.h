@@ -28,6 +28,7 @@ typedef struct sched_options {
     size_t kv_pool_bytes; /* rounded down to whole blocks */
     int kv_block_tokens;  /* tokens per pool block; 0: planner_block_tokens(model) */
     int png_workers;
+    int draw_threads; /* the image decoder's threads, beside the engine's (0: as many) */
 } sched_options_t;
 
 typedef struct scheduler scheduler_t;

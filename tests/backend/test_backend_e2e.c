@@ -13,6 +13,7 @@
 #include "engine/planner.h"
 #include "tests/test.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -173,6 +174,88 @@ static void test_backend_failure_fails_the_step(void) {
     b->destroy(b);
 }
 
+typedef struct fork_draw {
+    gen_drawer_t *drawer;
+    const int *tokens;
+    int n_done, rounds;
+    uint8_t *rgb;
+    int rc;
+    ar_error_t err;
+} fork_draw_t;
+
+static void *draw_on_fork(void *arg) {
+    fork_draw_t *f = arg;
+    for (int i = 0; i < f->rounds && f->rc == AR_OK; i++)
+        f->rc = gen_drawer_draw(f->drawer, f->tokens, f->n_done, f->rgb, &f->err);
+    return NULL;
+}
+
+/* A fork of m's backend draws, on a thread of its own, the image the
+ * backend itself decodes, byte for byte, while the backend steps a second
+ * request on this thread; that request's tokens equal the first's (greedy,
+ * same prompt): neither side touched the other's scratch. */
+static void check_fork_draws_beside_steps(model_t *m) {
+    const model_config_t *c = &m->cfg;
+    const size_t px = (size_t)model_config_image_height(c) * model_config_image_width(c) * 3;
+    ar_error_t err = {{0}};
+    kv_pool_t pool;
+    CHECK_MSG(pool_for(&pool, m->be, c, 4, &err) == AR_OK, "%s", err.msg);
+    sampler_params_t sp = c->sampling;
+    sp.temperature = 0;
+    gen_request_t r1, r2;
+    CHECK_MSG(gen_request_init(&r1, m, &pool, NULL, cond, uncond, n_prompt, &sp, 1, 0, &err) ==
+                  AR_OK,
+              "%s", err.msg);
+    gen_request_t *b1[] = {&r1}, *b2[] = {&r2};
+    while (!gen_request_done(&r1))
+        CHECK_MSG(gen_step(b1, 1, &err) == AR_OK, "%s", err.msg);
+    uint8_t *want = malloc(px), *got = calloc(px, 1);
+    CHECK_MSG(gen_decode(&r1, want, &err) == AR_OK, "%s", err.msg);
+    const int n = r1.n_steps;
+    int *tokens = malloc((size_t)n * sizeof *tokens);
+    memcpy(tokens, r1.tokens, (size_t)n * sizeof *tokens);
+    gen_request_free(&r1); /* its blocks back: the pool holds one request */
+    gen_drawer_t d;
+    CHECK_MSG(gen_drawer_open(&d, m, 1, &err) == AR_OK, "%s", err.msg);
+    CHECK_MSG(gen_request_init(&r2, m, &pool, NULL, cond, uncond, n_prompt, &sp, 1, 0, &err) ==
+                  AR_OK,
+              "%s", err.msg);
+    fork_draw_t f = {.drawer = &d, .tokens = tokens, .n_done = n, .rounds = 3, .rgb = got};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, draw_on_fork, &f) == 0);
+    while (!gen_request_done(&r2))
+        CHECK_MSG(gen_step(b2, 1, &err) == AR_OK, "%s", err.msg);
+    pthread_join(th, NULL);
+    CHECK_MSG(f.rc == AR_OK, "%s", f.err.msg);
+    CHECK_MSG(!memcmp(want, got, px), "%s: the fork drew another image", m->be->name);
+    CHECK_MSG(!memcmp(tokens, r2.tokens, (size_t)n * sizeof *tokens),
+              "%s: stepping beside a drawing fork changed the tokens", m->be->name);
+    gen_drawer_close(&d);
+    gen_request_free(&r2);
+    free(tokens);
+    free(want);
+    free(got);
+    kv_pool_free(&pool);
+}
+
+static void test_fork_draws_beside_steps(void) {
+    check_fork_draws_beside_steps(&m_cpu);
+    check_fork_draws_beside_steps(&m_dut);
+}
+
+/* A fork that does not fit in its parent's reservation is refused with the
+ * sizes; the parent goes on. */
+static void test_fork_too_large_is_an_error(void) {
+    ar_error_t err = {{0}};
+    backend_t *f = dut->fork(dut, (size_t)1 << 40, 1, &err);
+    CHECK(f == NULL);
+    CHECK_STR_CONTAINS(err.msg, "a fork needs");
+    f = dut->fork(dut, 1 << 20, 1, &err);
+    CHECK_MSG(f != NULL, "%s", err.msg);
+    if (f)
+        f->destroy(f);
+}
+
 int main(void) {
     tiny = getenv("ARSERVE_TINY_MODEL");
     if (!tiny) {
@@ -192,6 +275,8 @@ int main(void) {
     TEST_RUN(test_full_cache_same_tokens);
     TEST_RUN(test_policies_same_tokens);
     TEST_RUN(test_backend_failure_fails_the_step);
+    TEST_RUN(test_fork_draws_beside_steps);
+    TEST_RUN(test_fork_too_large_is_an_error);
     model_free(&m_cpu);
     model_free(&m_dut);
     dut->destroy(dut);

@@ -3,7 +3,7 @@
  * waiting or running, expired: different outcomes), that a job is done only
  * once every preview it asked for is in (two PNG workers could otherwise
  * finish the final image first, and a stream would skip the previews), and
- * that waiting on a job returns when it changes.
+ * that waiting on a job returns when it changes, and what a failing draw does.
  *
  * This file defines png_encode (engine/png_io.h) itself, so the linker
  * takes no PNG encoder from the engine library: its "PNGs" are the PNG
@@ -14,16 +14,19 @@
 
 #include "engine/clock.h"
 #include "engine/family.h"
+#include "engine/generate.h"
 #include "engine/planner.h"
 #include "engine/png_io.h"
 #include "server/scheduler.h"
 #include "tests/test.h"
 
 static int slow_first_encode; /* milliseconds the next first call sleeps */
-static int encodes;
+static int encodes, fail_encodes;
 
 int png_encode(const uint8_t *rgb, int width, int height, uint8_t **out, size_t *out_len,
                ar_error_t *err) {
+    if (__atomic_load_n(&fail_encodes, __ATOMIC_SEQ_CST))
+        return ar_errorf(err, "a planted failure");
     if (__atomic_fetch_add(&encodes, 1, __ATOMIC_SEQ_CST) == 0 && slow_first_encode) {
         struct timespec ts = {0, slow_first_encode * 1000000L};
         nanosleep(&ts, NULL);
@@ -34,6 +37,21 @@ int png_encode(const uint8_t *rgb, int width, int height, uint8_t **out, size_t 
     memcpy(*out, "\x89PNG\r\n\x1a\n", 8);
     memcpy(*out + 8, rgb, 8);
     return AR_OK;
+}
+
+/* The drawing thread's failures, planted: this test is linked with
+ * --wrap=gen_draw (Makefile), so the scheduler's draws come here first. */
+static int fail_previews, fail_finals;
+
+int __real_gen_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_done, uint8_t *rgb,
+                    ar_error_t *err);
+int __wrap_gen_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_done, uint8_t *rgb,
+                    ar_error_t *err) {
+    const int final = n_done >= model_steps(&m->cfg);
+    if (final ? __atomic_load_n(&fail_finals, __ATOMIC_SEQ_CST)
+              : __atomic_load_n(&fail_previews, __ATOMIC_SEQ_CST))
+        return ar_errorf(err, "a planted failure");
+    return __real_gen_draw(m, w, tokens, n_done, rgb, err);
 }
 
 static backend_t *be;
@@ -203,6 +221,66 @@ static void test_done_only_after_its_previews(void) {
     stop(s, m);
 }
 
+/* arserve_images_total{status="error"} as /metrics shows it. */
+static double images_failed(metrics_t *m) {
+    char *text = metrics_render(m);
+    const char *key = "arserve_images_total{status=\"error\"} ", *at = strstr(text, key);
+    const double v = at ? atof(at + strlen(key)) : 0;
+    free(text);
+    return v;
+}
+
+/* A final image that cannot be drawn or encoded fails its job, whose
+ * images count as errors before the end shows, and once however many of
+ * them fail (three encodes fail here, on two workers); a preview that
+ * cannot be drawn is skipped, and its job still ends with its image. */
+static void test_drawing_failures(void) {
+    metrics_t *m;
+    scheduler_t *s = start(&m, 4, 4, 64 * one_image_bytes(), 2);
+    if (!s)
+        return;
+    sched_refusal_info_t why;
+    sched_snapshot_t snap;
+    __atomic_store_n(&fail_finals, 1, __ATOMIC_SEQ_CST);
+    sched_request_t rq = request(3, 1, 60);
+    sched_job_t *j = sched_submit(s, &rq, &why);
+    CHECK_MSG(j != NULL, "%s", why.message);
+    if (j) {
+        CHECK(wait_end(j, &snap) == SCHED_FAILED);
+        CHECK_STR_CONTAINS(snap.message, "image decoding failed");
+        size_t len = 1;
+        CHECK(sched_job_png(j, 0, &len) == NULL && len == 0);
+        sched_job_release(j);
+    }
+    CHECK_MSG(images_failed(m) == 3, "%g images counted as errors", images_failed(m));
+    __atomic_store_n(&fail_finals, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&fail_previews, 1, __ATOMIC_SEQ_CST);
+    rq = request(1, 2, 60);
+    j = sched_submit(s, &rq, &why);
+    CHECK_MSG(j != NULL, "%s", why.message);
+    if (j) {
+        CHECK(wait_end(j, &snap) == SCHED_DONE && snap.n_partials == 0);
+        size_t len = 0;
+        CHECK(sched_job_png(j, 0, &len) != NULL && len == 16);
+        sched_job_release(j);
+    }
+    __atomic_store_n(&fail_previews, 0, __ATOMIC_SEQ_CST);
+    CHECK(images_failed(m) == 3);
+    __atomic_store_n(&fail_encodes, 1, __ATOMIC_SEQ_CST);
+    rq = request(3, 0, 60);
+    j = sched_submit(s, &rq, &why);
+    CHECK_MSG(j != NULL, "%s", why.message);
+    if (j) {
+        CHECK(wait_end(j, &snap) == SCHED_FAILED);
+        CHECK_STR_CONTAINS(snap.message, "PNG encoding failed");
+        sched_job_release(j);
+    }
+    scheduler_destroy(s); /* every encode has been tried */
+    __atomic_store_n(&fail_encodes, 0, __ATOMIC_SEQ_CST);
+    CHECK_MSG(images_failed(m) == 6, "%g images counted as errors", images_failed(m));
+    metrics_destroy(m);
+}
+
 /* sched_job_wait returns as soon as the job changes, not at its timeout. */
 static void test_wait_returns_on_change(void) {
     metrics_t *m;
@@ -249,6 +327,7 @@ int main(void) {
     TEST_RUN(test_outcomes);
     TEST_RUN(test_done_only_after_its_previews);
     TEST_RUN(test_wait_returns_on_change);
+    TEST_RUN(test_drawing_failures);
     model_free(&model);
     be->destroy(be);
     return TEST_SUMMARY();

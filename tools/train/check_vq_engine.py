@@ -55,7 +55,7 @@ int main(int argc, char **argv) {
     unsigned char *rgb = malloc(3 * H * W);
     for (int i = 0; i < n; i++) {
         if (fread(tok, sizeof(int), g, ft) != (size_t)g) return 2;
-        if (vq_decode(&m.dec, tok, rgb, pix, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+        if (vq_decode(&m.dec, model_draw_work(&m, &err), tok, rgb, pix, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
         fwrite(pix, sizeof(float), 3 * H * W, fo);
         fwrite(rgb, 1, 3 * H * W, fo);
     }
