@@ -176,7 +176,7 @@ def daemon_sweep(a, model, threads, prompt):
         url = "http://127.0.0.1:%d" % port
         for _ in range(300):
             try:
-                urllib.request.urlopen(url + "/healthz", timeout=1)
+                urllib.request.urlopen(url + "/health", timeout=1)
                 break
             except OSError:
                 if d.poll() is not None:

@@ -104,12 +104,29 @@ static int version(void) {
     return 0;
 }
 
+/* The daemon's OpenMP teams wait passively (asleep, not spinning) unless
+ * the caller chose otherwise. libgomp reads OMP_WAIT_POLICY once, as it
+ * loads, so `serve` sets it and starts itself again (same process, same
+ * arguments); where that cannot be done it goes on as it is. Spinning
+ * waits made a 2-thread engine 10-20x slower whenever another process
+ * held a core; OMP_WAIT_POLICY=active trades that back for speed on
+ * dedicated cores (README, "Threads"). */
+static void serve_waits_passively(char **argv) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
+        return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+        execv("/proc/self/exe", argv);
+    unsetenv("OMP_WAIT_POLICY"); /* execv failed: this process's libgomp never saw it */
+}
+
 int main(int argc, char **argv, char **envp) {
     if (argc < 2) {
         usage(stderr);
         return 2;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "serve"))
+        serve_waits_passively(argv);
     for (int i = 0; i < N_COMMANDS; i++)
         if (!strcmp(cmd, COMMANDS[i].name))
             return COMMANDS[i].run(argc - 1, argv + 1, envp);

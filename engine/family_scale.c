@@ -30,7 +30,11 @@ static void scale_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_
     g->calibration = cfg->kv_calibration;
 }
 
+static int scale_ws_new(model_t *m, ar_error_t *err);
+static void scale_ws_free(model_t *m);
+
 static void scale_family_free(model_t *m) {
+    scale_ws_free(m);
     var_free(&m->var);
     vq_decoder_free(&m->dec);
     for (int k = 0; k < MODEL_MAX_SCALES && m->be; k++) {
@@ -51,6 +55,9 @@ static int scale_family_load(model_t *m, weight_set_t *ws, ar_error_t *err) {
         return ar_errorf(err, "%s/arserve.json: image.phi_count %d exceeds %d", m->dir,
                          c->image.phi_count, MODEL_MAX_SCALES);
     int rc = var_load(&m->var, c, ws, m->be, err) || vq_decoder_load(&m->dec, c, ws, m->be, err);
+    m->var.arena = &m->arena;
+    if (!rc)
+        rc = scale_ws_new(m, err);
     for (int k = 0; !rc && k < c->image.phi_count; k++)
         rc = weight_load(ws, &m->phi_w[k], SHAPE4(E, E, 3, 3), err, "vq.phi.%d.weight", k) ||
              weight_load(ws, &m->phi_b[k], SHAPE1(E), err, "vq.phi.%d.bias", k);
@@ -123,6 +130,46 @@ static int latent_ws_alloc(backend_t *be, const model_config_t *c, latent_ws_t *
     return AR_OK;
 }
 
+/* The step's backend memory, kept between steps so that a step in steady
+ * state allocates nothing: the latent maps, and the next scale's inputs of
+ * up to cap requests (grown to the largest batch seen). */
+struct scale_ws {
+    latent_ws_t w;
+    float *inputs; /* cap x E x G x G */
+    int cap;
+};
+
+static int scale_ws_reserve(model_t *m, int n, ar_error_t *err) {
+    struct scale_ws *ws = m->scale_ws;
+    backend_t *be = m->be;
+    if (!ws->w.fhat && latent_ws_alloc(be, &m->cfg, &ws->w, err) != AR_OK)
+        return AR_ERR;
+    if (n <= ws->cap)
+        return AR_OK;
+    const size_t G = (size_t)m->cfg.image.grid_height;
+    float *grown = be->alloc(be, (size_t)n * m->cfg.image.embed_dim * G * G * sizeof(float));
+    if (!grown)
+        return ar_errorf(err, "out of backend memory for the next scale's inputs of %d requests",
+                         n);
+    be->free(be, ws->inputs);
+    ws->inputs = grown;
+    ws->cap = n;
+    return AR_OK;
+}
+
+static int scale_ws_new(model_t *m, ar_error_t *err) {
+    return (m->scale_ws = calloc(1, sizeof *m->scale_ws)) ? AR_OK : ar_errorf(err, "out of memory");
+}
+
+static void scale_ws_free(model_t *m) {
+    if (!m->scale_ws)
+        return;
+    latent_ws_free(m->be, &m->scale_ws->w);
+    m->be->free(m->be, m->scale_ws->inputs);
+    free(m->scale_ws);
+    m->scale_ws = NULL;
+}
+
 /* w->fhat = the latent map after scales [0, n_scales) of tokens: each
  * scale's codes (E, p, p), bicubic to (E, G, G) (the last scale is already
  * there), Phi(h) = (1 - r) h + r conv3x3(h), summed. */
@@ -173,16 +220,20 @@ static int scale_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t 
     const model_config_t *c = &m->cfg;
     const int V = c->image.codebook_size, S = c->image.n_scales, E = c->image.embed_dim;
     const size_t G = (size_t)c->image.grid_height;
-    var_input_t *in = calloc((size_t)2 * n, sizeof *in);
-    float **latent = calloc((size_t)n, sizeof *latent);
+    arena_t *a = &m->arena;
+    arena_begin(a);
+    var_input_t *in = arena_calloc(a, (size_t)2 * n, sizeof *in);
+    float **latent = arena_calloc(a, (size_t)n, sizeof *latent);
     float *logits = NULL;
-    latent_ws_t w = {0};
     int rc = AR_ERR;
     size_t rows = 0;
     if (!in || !latent) {
         ar_errorf(err, "out of memory");
         goto out;
     }
+    if (scale_ws_reserve(m, n, err) != AR_OK)
+        goto out;
+    latent_ws_t *w = &m->scale_ws->w;
     for (int i = 0; i < n; i++) {
         const int si = reqs[i]->step;
         rows += (size_t)2 * c->image.scales[si] * c->image.scales[si];
@@ -192,14 +243,10 @@ static int scale_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t 
                 ar_errorf(err, "out of backend memory for the AdaLN tables");
                 goto out;
             }
-        if (si > 0 && !w.fhat && latent_ws_alloc(be, c, &w, err) != AR_OK)
-            goto out;
-        if (si > 0 && !(latent[i] = be->alloc(be, (size_t)E * G * G * sizeof(float)))) {
-            ar_errorf(err, "out of backend memory for the next scale's input");
-            goto out;
-        }
+        if (si > 0)
+            latent[i] = m->scale_ws->inputs + (size_t)i * E * G * G;
     }
-    if (!(logits = malloc(rows * V * sizeof *logits))) {
+    if (!(logits = arena_alloc(a, rows * V * sizeof *logits))) {
         ar_errorf(err, "out of memory for %zu rows of logits", rows);
         goto out;
     }
@@ -207,7 +254,7 @@ static int scale_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t 
         gen_request_t *r = reqs[i];
         const int si = r->step;
         if (si > 0)
-            latent_next_input(m, r->tokens, si, &w, latent[i]);
+            latent_next_input(m, r->tokens, si, w, latent[i]);
         for (int j = 0; j < 2; j++)
             in[2 * i + j] = (var_input_t){
                 .seq = &r->seq[j],
@@ -249,12 +296,7 @@ static int scale_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t 
     }
     rc = AR_OK;
 out:
-    for (int i = 0; latent && i < n; i++)
-        be->free(be, latent[i]);
-    latent_ws_free(be, &w);
-    free(latent);
-    free(in);
-    free(logits);
+    arena_end(a);
     return rc;
 }
 

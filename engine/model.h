@@ -28,7 +28,8 @@ typedef struct model {
     var_model_t var;
     vq_decoder_t dec;
     tensor_t phi_w[MODEL_MAX_SCALES], phi_b[MODEL_MAX_SCALES]; /* scale: image.phi_count */
-    char **class_names; /* scale, when condition.class_names is given: num_classes names */
+    struct scale_ws *scale_ws; /* scale: the step's backend buffers, kept between steps */
+    char **class_names;        /* scale, when condition.class_names is given: num_classes names */
     int bos_id, pad_id, image_start_id;
     kv_calibration_t calib; /* KV_CALIBRATION_FILE when the directory has one */
     size_t weight_bytes;    /* as stored in the files */

@@ -445,23 +445,25 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
     if (n_in <= 0)
         return AR_OK;
     kv_pool_t *pool = in[0].seq->pool;
-    int *q_start = malloc((size_t)(n_in + 1) * sizeof *q_start);
-    int *n_new = malloc((size_t)n_in * sizeof *n_new);
-    int *labels = malloc((size_t)n_in * sizeof *labels);
-    kv_seq_t **seqs = malloc((size_t)n_in * sizeof *seqs);
-    kv_view_t *views = malloc((size_t)n_in * H * sizeof *views);
-    kv_view_t *grown = malloc((size_t)n_in * H * sizeof *grown);
-    float **mass = malloc((size_t)n_in * H * sizeof *mass);
-    const float **tabs = malloc((size_t)n_in * sizeof *tabs);
-    int *keep = NULL;
-    float *host = NULL, *zeros = NULL; /* a head's key mass on the host, and zeros */
+    arena_t *a = m->arena;
+    arena_begin(a);
+    int *q_start = arena_alloc(a, (size_t)(n_in + 1) * sizeof *q_start);
+    int *n_new = arena_alloc(a, (size_t)n_in * sizeof *n_new);
+    int *labels = arena_alloc(a, (size_t)n_in * sizeof *labels);
+    kv_seq_t **seqs = arena_alloc(a, (size_t)n_in * sizeof *seqs);
+    kv_view_t *views = arena_alloc(a, (size_t)n_in * H * sizeof *views);
+    kv_view_t *grown = arena_alloc(a, (size_t)n_in * H * sizeof *grown);
+    float **mass = arena_alloc(a, (size_t)n_in * H * sizeof *mass);
+    const float **tabs = arena_alloc(a, (size_t)n_in * sizeof *tabs);
     int rc = AR_ERR, any_mass = 0, max_cap = 1;
     for (int s = 0; s < n_in; s++)
         max_cap = in[s].seq->capacity > max_cap ? in[s].seq->capacity : max_cap;
-    if (!q_start || !n_new || !labels || !seqs || !views || !grown || !mass || !tabs ||
-        !(keep = malloc((size_t)max_cap * sizeof *keep)) ||
-        !(host = malloc((size_t)max_cap * sizeof *host)) ||
-        !(zeros = calloc((size_t)max_cap, sizeof *zeros))) {
+    int *keep = arena_alloc(a, (size_t)max_cap * sizeof *keep);
+    /* A head's key mass on the host, and zeros. */
+    float *host = arena_alloc(a, (size_t)max_cap * sizeof *host),
+          *zeros = arena_calloc(a, (size_t)max_cap, sizeof *zeros);
+    if (!q_start || !n_new || !labels || !seqs || !views || !grown || !mass || !tabs || !keep ||
+        !host || !zeros) {
         ar_errorf(err, "out of memory");
         goto out;
     }
@@ -561,16 +563,6 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
     be->download(be, logits_host, m->logits, (size_t)rows * V * sizeof(float));
     rc = AR_OK;
 out:
-    free(q_start);
-    free(n_new);
-    free(labels);
-    free(seqs);
-    free(views);
-    free(grown);
-    free(mass);
-    free(tabs);
-    free(keep);
-    free(host);
-    free(zeros);
+    arena_end(a);
     return rc;
 }

@@ -8,6 +8,7 @@
 #ifndef ARSERVE_VAR_H
 #define ARSERVE_VAR_H
 
+#include "arena.h"
 #include "backend.h"
 #include "kv_policy.h"
 #include "kv_seq.h"
@@ -24,7 +25,8 @@ typedef struct var_block {
 typedef struct var_model {
     const model_config_t *cfg;
     backend_t *be;
-    int n_tokens;                       /* tokens of every scale */
+    arena_t *arena; /* the model's step arena (model_t.arena), for a pass's host arrays */
+    int n_tokens;   /* tokens of every scale */
     int scale_at[MODEL_MAX_SCALES + 1]; /* scale si's first token; scale_at[n_scales] = n_tokens */
     tensor_t class_embed, word_embed, word_embed_b;
     tensor_t shared_adaln_w, shared_adaln_b; /* with shared AdaLN */

@@ -101,7 +101,9 @@ static const setting_t SETTINGS[] = {
              "(0.25 or 1/4); 0: each policy's own (streaming and linear 1/6, headkv 1/8)"},
     /* Each knob's default for requests of its policy that do not give it. */
     KV_POLICY_KNOBS(KNOB_SETTING)
-        INT_SETTING(threads, 0, 1024, 0, "N", "Engine CPU threads; 0 uses every core"),
+        INT_SETTING(threads, 0, 1024, 0, "N",
+                    "Engine CPU threads; 0: the cores this process may use less --draw-threads "
+                    "(at least 1)"),
     INT_SETTING(draw_threads, 1, 1024, 1, "N",
                 "CPU threads of the image decoder, which draws finished images and previews "
                 "beside the engine"),

@@ -28,7 +28,7 @@ typedef struct server_config {
      * policy's own), every knob of KV_POLICY_KNOBS is a key of its own
      * name; kv.kind is not a setting (server_config_kv_defaults). */
     kv_policy_params_t kv;
-    int threads;       /* engine CPU threads, 0 = all cores */
+    int threads;       /* engine CPU threads, 0 = the cores less draw_threads */
     int draw_threads;  /* the image decoder's CPU threads */
     int png_workers;   /* PNG encoder threads */
     char log_level[8]; /* "error", "warn", "info" or "debug" */

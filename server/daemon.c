@@ -2,6 +2,7 @@
  * the drain, and a shutdown that releases everything whatever happened. */
 #include "server/daemon.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +104,20 @@ static int check_default_policy(const daemon_t *d, kv_policy_params_t *run) {
     return AR_ERR;
 }
 
+/* --threads 0: the cores this process may run on, less the drawing
+ * thread's, so that the engine's team and the image decoder never take
+ * turns on one core (measured on 2 cores: 1 engine thread beside the
+ * drawing one beat 2 at every concurrency). At least 1. */
+static int engine_threads(const server_config_t *cfg) {
+    if (cfg->threads > 0)
+        return cfg->threads;
+    cpu_set_t set;
+    const int cores = sched_getaffinity(0, sizeof set, &set) == 0
+                          ? CPU_COUNT(&set)
+                          : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return cores - cfg->draw_threads > 1 ? cores - cfg->draw_threads : 1;
+}
+
 /* What the pool admits per policy at the config's budget and knobs, for a
  * typical prompt. */
 static void log_capacity(const daemon_t *d, const server_config_t *cfg) {
@@ -127,10 +142,10 @@ static void log_capacity(const daemon_t *d, const server_config_t *cfg) {
                      p.budget);
     }
     log_msg(LOG_INFO,
-            "backend %s (%d CPU threads, 0 = all cores); KV pool %.1f MiB in blocks of %d "
+            "backend %s (%d engine CPU threads, %d drawing); KV pool %.1f MiB in blocks of %d "
             "tokens: %s",
-            d->be->name, cfg->threads, capacity / 1048576.0, sched_kv_block_tokens(d->sched),
-            per_policy);
+            d->be->name, engine_threads(cfg), cfg->draw_threads, capacity / 1048576.0,
+            sched_kv_block_tokens(d->sched), per_policy);
 }
 
 static void register_info_metrics(daemon_t *d, const char *version, kv_policy_kind_t policy) {
@@ -156,7 +171,7 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
         fprintf(stderr, "arserve serve: out of memory\n");
         return 1;
     }
-    if (!(d->be = backend_open(cfg->backend, cfg->threads, &err))) {
+    if (!(d->be = backend_open(cfg->backend, engine_threads(cfg), &err))) {
         fprintf(stderr, "arserve serve: %s\n", err.msg);
         return 1;
     }

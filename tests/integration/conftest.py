@@ -71,10 +71,15 @@ def scaled(seconds):
 
 def clean_env(extra=None):
     """os.environ without ARSERVE_* (and without make's recursion variables,
-    so a `make` started from a test behaves as if typed in a shell)."""
+    so a `make` started from a test behaves as if typed in a shell), with
+    extra's variables set (those given as None removed)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("ARSERVE_") and k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    env.update(extra or {})
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     return env
 
 

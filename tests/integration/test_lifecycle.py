@@ -359,3 +359,24 @@ def test_stream_queued_behind_a_long_request_gets_keep_alives(start_daemon):
                    and m.get("arserve_kv_pool_reserved_bytes") == 0
                    and m.get("arserve_images_total", status="cancelled") == 17,
                    timeout=10.0, what="both requests cancelled")
+
+
+def _environ(pid):
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+
+
+def test_serve_waits_passively_unless_told_otherwise(start_daemon):
+    """`serve` starts itself again with OMP_WAIT_POLICY=passive (libgomp reads
+    it only as it loads), keeping its pid and arguments; a caller's own
+    OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is."""
+    d = start_daemon(env={"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None})
+    env = _environ(d.proc.pid)
+    assert env.get(b"OMP_WAIT_POLICY") == b"passive"
+    with open(f"/proc/{d.proc.pid}/cmdline", "rb") as f:
+        assert f.read().split(b"\0")[:-1] == [a.encode() for a in d.argv]
+    assert d.client.get("/health").status_code == 200
+    d = start_daemon(env={"OMP_WAIT_POLICY": "active", "GOMP_SPINCOUNT": None})
+    assert _environ(d.proc.pid).get(b"OMP_WAIT_POLICY") == b"active"
+    d = start_daemon(env={"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "1000"})
+    assert b"OMP_WAIT_POLICY" not in _environ(d.proc.pid)

@@ -1,5 +1,5 @@
-/* The raster family's steady state allocates nothing: once a batch has
- * made its first steps (workspaces and the step arena grown), later steps
+/* The engine's steady state allocates nothing: once a batch has made its
+ * first steps (workspaces and the step arena grown), later steps
  * of the same batch call no malloc, calloc, realloc or aligned_alloc,
  * through gen_step or through the batcher's ops as the daemon drives them.
  * The allocators are wrapped at link time (-Wl,--wrap, the Makefile's rule
@@ -71,19 +71,24 @@ static void test_arena(void) {
     arena_free(&a);
 }
 
-static const char *tiny;
+static const char *tiny, *var_tiny;
 static backend_t *be;
 
-static int load(model_t *m, kv_pool_t *pool, int n_images, int cond[], int uncond[], int *n) {
+/* The model at dir, its prompt (a class for a next-scale model), and a
+ * pool for n_images full caches. */
+static int load_dir(const char *dir, model_t *m, kv_pool_t *pool, int n_images, int cond[],
+                    int uncond[], int *n) {
     ar_error_t err = {{0}};
-    if (model_load(m, tiny, be, &err) != AR_OK ||
-        model_prompt_from_text(m, "a red circle", cond, uncond, n, &err) != AR_OK) {
-        CHECK_MSG(0, "%s", err.msg);
+    if (model_load(m, dir, be, &err) != AR_OK ||
+        (model_is_class_conditional(m)
+             ? model_prompt_from_class(m, 1, cond, uncond, n, &err)
+             : model_prompt_from_text(m, "a red circle", cond, uncond, n, &err)) != AR_OK) {
+        CHECK_MSG(0, "%s: %s", dir, err.msg);
         return AR_ERR;
     }
     const int bt = planner_block_tokens(&m->cfg);
     const llm_config_t *l = &m->cfg.llm;
-    const int per_head = (*n + model_steps(&m->cfg) + bt - 1) / bt;
+    const int per_head = (*n + model_image_tokens(&m->cfg) + bt - 1) / bt;
     if (kv_pool_init(pool, be, n_images * 2 * l->num_layers * l->num_kv_heads * per_head, bt,
                      l->head_dim, &err) != AR_OK) {
         CHECK_MSG(0, "%s", err.msg);
@@ -91,6 +96,10 @@ static int load(model_t *m, kv_pool_t *pool, int n_images, int cond[], int uncon
         return AR_ERR;
     }
     return AR_OK;
+}
+
+static int load(model_t *m, kv_pool_t *pool, int n_images, int cond[], int uncond[], int *n) {
+    return load_dir(tiny, m, pool, n_images, cond, uncond, n);
 }
 
 /* Three images under each policy a raster model runs, stepped together:
@@ -138,6 +147,42 @@ static void test_full(void) { test_gen_step(KV_POLICY_FULL, 1); }
 static void test_streaming(void) { test_gen_step(KV_POLICY_STREAMING, 0.5); }
 static void test_linear(void) { test_gen_step(KV_POLICY_LINEAR, 0.5); }
 static void test_headkv(void) { test_gen_step(KV_POLICY_HEADKV, 0.75); }
+
+/* A next-scale model's steps are its scales, each larger than the last:
+ * once a batch of two has run every scale (the step arena, the workspaces
+ * and the latent buffers grown), the next batch of two allocates nothing
+ * after its first step (which makes its requests' AdaLN tables). */
+static void test_scale_steps(void) {
+    model_t m;
+    kv_pool_t pool;
+    int cond[MODEL_MAX_PROMPT_TOKENS], uncond[MODEL_MAX_PROMPT_TOKENS], n;
+    if (load_dir(var_tiny, &m, &pool, 2, cond, uncond, &n) != AR_OK)
+        return;
+    ar_error_t err = {{0}};
+    for (int round = 0; round < 2; round++) {
+        gen_request_t r[2];
+        gen_request_t *b[] = {&r[0], &r[1]};
+        for (int i = 0; i < 2; i++)
+            CHECK_MSG(gen_request_init(&r[i], &m, &pool, NULL, cond, uncond, n, &m.cfg.sampling,
+                                       (uint64_t)i, 0, &err) == AR_OK,
+                      "%s", err.msg);
+        long during = 0;
+        for (int s = 0; s < r[0].n_steps && !err.msg[0]; s++) {
+            n_allocs = 0;
+            counting = round == 1 && s > 0;
+            CHECK_MSG(gen_step(b, 2, &err) == AR_OK, "%s", err.msg);
+            counting = 0;
+            during += n_allocs;
+        }
+        if (round == 1)
+            CHECK_MSG(during == 0, "%ld allocations in scales 1..%d of the second batch", during,
+                      r[0].n_steps - 1);
+        for (int i = 0; i < 2; i++)
+            gen_request_free(&r[i]);
+    }
+    kv_pool_free(&pool);
+    model_free(&m);
+}
 
 /* Two jobs through the batcher (its step and remaining ops, the planner's
  * bookkeeping, the events a driver takes): the iterations between
@@ -214,6 +259,9 @@ int main(void) {
     tiny = getenv("ARSERVE_TINY_MODEL");
     if (!tiny)
         tiny = "build/tiny-model";
+    var_tiny = getenv("ARSERVE_VAR_TINY_MODEL");
+    if (!var_tiny)
+        var_tiny = "build/var-tiny-model";
     ar_error_t err = {{0}};
     be = backend_cpu_create(1, &err);
     if (!be) {
@@ -226,6 +274,7 @@ int main(void) {
     TEST_RUN(test_linear);
     TEST_RUN(test_headkv);
     TEST_RUN(test_batcher);
+    TEST_RUN(test_scale_steps);
     be->destroy(be);
     return TEST_SUMMARY();
 }
