@@ -66,21 +66,28 @@ static int cpu_weight_load(backend_t *be, tensor_t *out, const void *host_src, d
     int64_t numel;
     if (backend_check_weight("cpu", host_src, src_dtype, ndim, shape, &numel, err) != AR_OK)
         return AR_ERR;
-    float *data = cpu_alloc(be, (size_t)numel * 4);
+    /* Matrices (Linear weights, embedding tables) stay in their 16-bit type:
+     * matmul converts them in registers and embedding row by row, so a
+     * decode step reads half the bytes. Everything else is fp32. */
+    const dtype_t keep = ndim == 2 && dtype_size(src_dtype) == 2 ? src_dtype : DTYPE_F32;
+    const size_t src_size = dtype_size(src_dtype), size = dtype_size(keep);
+    void *data = cpu_alloc(be, (size_t)numel * size);
     if (!data)
         return ar_errorf(err, "out of memory for a weight of %lld elements (%zu bytes)",
-                         (long long)numel, (size_t)numel * 4);
+                         (long long)numel, (size_t)numel * size);
     /* Conversion is memory-bound; slices of 64 Ki elements spread it over the team. */
     const int64_t slice = 65536, n_slices = (numel + slice - 1) / slice;
-    const size_t src_size = dtype_size(src_dtype);
 #pragma omp parallel for num_threads(team(be)) if (n_slices > 1) schedule(static)
     for (int64_t s = 0; s < n_slices; s++) {
         int64_t i0 = s * slice, n = numel - i0 < slice ? numel - i0 : slice;
-        dtype_to_f32(data + i0, (const unsigned char *)host_src + (size_t)i0 * src_size, src_dtype,
-                     (size_t)n);
+        const unsigned char *from = (const unsigned char *)host_src + (size_t)i0 * src_size;
+        if (keep == DTYPE_F32)
+            dtype_to_f32((float *)data + i0, from, src_dtype, (size_t)n);
+        else
+            memcpy((char *)data + (size_t)i0 * size, from, (size_t)n * size);
     }
     out->data = data;
-    out->dtype = DTYPE_F32;
+    out->dtype = keep;
     out->ndim = ndim;
     for (int i = 0; i < 4; i++)
         out->shape[i] = i < ndim ? shape[i] : 1;
@@ -152,12 +159,44 @@ static void gemm(const backend_t *be, int M, int N, int K, const float *A, int l
     }
 }
 
+/* y += x w^T for a 16-bit weight [n, k], on the team, each thread a slice
+ * of n: decode-sized m through gemm_rows_typed (converting in registers);
+ * larger m converts chunks of its weight rows to fp32 in its part of the
+ * scratch panel for OpenBLAS's sgemm, so prefill sums as with fp32 weights. */
+static void matmul_16bit(const backend_t *be, float *y, const float *x, const tensor_t *w, int m,
+                         int n, int k) {
+    const int nt = (int64_t)m * n * k >= GEMM_PAR_MIN_WORK ? team(be) : 1;
+    float *scratch = ((const cpu_impl_t *)be->impl)->scratch;
+    const size_t esize = dtype_size(w->dtype);
+#pragma omp parallel num_threads(nt)
+    {
+        const int t = omp_get_thread_num(), nth = omp_get_num_threads();
+        const int lo = split_at(n, t, nth, 16), hi = split_at(n, t + 1, nth, 16);
+        const char *rows = (const char *)w->data + (size_t)lo * k * esize;
+        if (hi > lo && m <= GEMM_ROWS_MAX_M) {
+            gemm_rows_typed(m, hi - lo, k, x, k, rows, w->dtype, k, y + lo, n);
+        } else if (hi > lo) {
+            float *panel = scratch + (size_t)t * (SCRATCH_FLOATS / (size_t)nth);
+            const size_t fit = SCRATCH_FLOATS / (size_t)nth / (size_t)k;
+            const int chunk = fit < 1 ? 1 : fit > (size_t)(hi - lo) ? hi - lo : (int)fit;
+            assert(fit >= 1); /* k of at most 2 Mi per thread */
+            for (int r0 = lo; r0 < hi; r0 += chunk) {
+                const int nr = hi - r0 < chunk ? hi - r0 : chunk;
+                dtype_to_f32(panel, (const char *)w->data + (size_t)r0 * k * esize, w->dtype,
+                             (size_t)nr * k);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nr, k, 1.0f, x, k, panel, k,
+                            1.0f, y + r0, n);
+            }
+        }
+    }
+}
+
 /* y is written first (bias rows or zeros) and the GEMM accumulates into it:
  * with beta = 0 some OpenBLAS versions scale y by zero, which keeps a NaN
  * left in an uninitialised output. */
 static void cpu_matmul(backend_t *be, float *y, const float *x, const tensor_t *w,
                        const tensor_t *bias, int m) {
-    assert(w->dtype == DTYPE_F32 && w->ndim == 2 && m >= 0);
+    assert(w->ndim == 2 && m >= 0);
     assert(w->shape[0] <= INT32_MAX && w->shape[1] <= INT32_MAX);
     const int n = (int)w->shape[0], k = (int)w->shape[1];
     assert(!bias || (bias->dtype == DTYPE_F32 && tensor_numel(bias) == n));
@@ -169,8 +208,10 @@ static void cpu_matmul(backend_t *be, float *y, const float *x, const tensor_t *
         else
             memset(y + (size_t)r * n, 0, (size_t)n * sizeof(float));
     }
-    if (k > 0)
+    if (k > 0 && w->dtype == DTYPE_F32)
         gemm(be, m, n, k, x, k, w->data, k, 1, y, n);
+    else if (k > 0)
+        matmul_16bit(be, y, x, w, m, n, k);
 }
 
 /* ---- transformer ops --------------------------------------------------- */
@@ -693,12 +734,13 @@ static void cpu_softmax(backend_t *be, float *x, int rows, int cols) {
 /* Like torch F.normalize: x / max(||x||_2, 1e-12), the norm summed in double. */
 static void cpu_embedding(backend_t *be, float *out, const tensor_t *table, const int *ids, int n,
                           int l2_normalize) {
-    assert(table->dtype == DTYPE_F32 && table->ndim == 2 && n >= 0);
-    const size_t dim = (size_t)table->shape[1];
+    assert(table->ndim == 2 && n >= 0);
+    const size_t dim = (size_t)table->shape[1], esize = dtype_size(table->dtype);
     for (int i = 0; i < n; i++) {
         assert(ids[i] >= 0 && ids[i] < table->shape[0]);
         float *o = out + (size_t)i * dim;
-        memcpy(o, (const float *)table->data + (size_t)ids[i] * dim, dim * sizeof(float));
+        dtype_to_f32(o, (const char *)table->data + (size_t)ids[i] * dim * esize, table->dtype,
+                     dim);
         if (l2_normalize) {
             double ss = 0;
             for (size_t j = 0; j < dim; j++)

@@ -36,15 +36,27 @@ assert speed["cond"][-1] == speed["uncond"][-1] and speed["cond"][0] == speed["u
 assert "step_weight_bytes" not in speed
 assert roof["batches"] == [], roof  # --measure roofline: no images
 assert roof["read_bytes_per_s"] > 1e8, roof
-# the bytes a decode step reads, from arserve.json (fp32 on the CPU backend): every
-# layer, the final norm, the aligner, the head; not the embedding tables
+# the weights a decode step reads: every layer, the final norm, the aligner, the
+# head; not the embedding tables. Their count from arserve.json, their bytes as the
+# CPU backend keeps them: matrices in the file's 16-bit type, everything else fp32.
+import glob, math, struct
 c = json.load(open(sys.argv[3] + "/arserve.json"))
 l, im = c["llm"], c["image"]
 L, HD, KVD, F = l["hidden_size"], l["num_heads"] * l["head_dim"], l["num_kv_heads"] * l["head_dim"], l["intermediate_size"]
 layer = 2 * L + HD * L + 2 * KVD * L + L * HD + 3 * L * F
 aligner = sum((im["embed_dim"] if j == 0 else L) * L + L for j in range(im["aligner_layers"]))
 G, K = im["head_hidden_size"], im["codebook_size"]
-want = 4 * (l["num_layers"] * layer + L + aligner + G * L + G + K * G + K)
+count = l["num_layers"] * layer + L + aligner + G * L + G + K * G + K
+header = {}
+for path in glob.glob(sys.argv[3] + "/*.safetensors"):
+    with open(path, "rb") as f:
+        header.update(json.loads(f.read(struct.unpack("<Q", f.read(8))[0])))
+step = [v for k, v in header.items() if k.startswith(("llm.layers.", "gen.aligner.", "gen.head."))
+        or k == "llm.norm.weight"]
+assert sum(math.prod(v["shape"]) for v in step) == count, (len(step), count)
+want = sum(math.prod(v["shape"]) * (2 if len(v["shape"]) == 2 and v["dtype"] in ("BF16", "F16") else 4)
+           for v in step)
+assert want < 4 * count  # the tiny model has 16-bit matrices
 assert roof["step_weight_bytes"] == want, (roof["step_weight_bytes"], want)
 print("ok")
 PY

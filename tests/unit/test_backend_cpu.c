@@ -194,8 +194,10 @@ static float decode_small_float(uint16_t h, int e_bits, int m_bits) {
 }
 
 /* Loads every 16-bit pattern (twice over, plus 7, so the conversion is
- * split over threads with a ragged end) as a [3, 43693] weight from an
- * unaligned source and compares with decode_small_float. */
+ * split over threads with a ragged end) from an unaligned source, as a
+ * vector (converted to fp32 at load) and as a [3, 43693] matrix (kept in
+ * its type, read back through the embedding op, which converts), and
+ * compares both with decode_small_float. */
 static void check_weight_load_16bit(dtype_t dt, int e_bits, int m_bits) {
     enum { N = 3 * 43693 };
     unsigned char *raw = malloc(2 * N + 1);
@@ -203,13 +205,18 @@ static void check_weight_load_16bit(dtype_t dt, int e_bits, int m_bits) {
         const uint16_t h = (uint16_t)i;
         memcpy(raw + 1 + 2 * i, &h, 2);
     }
-    const int64_t shape[2] = {3, 43693};
-    tensor_t t;
+    const int64_t shape[2] = {3, 43693}, flat[1] = {N};
+    tensor_t t, m;
     ar_error_t err = {{0}};
-    CHECK(be->weight_load(be, &t, raw + 1, dt, 2, shape, &err) == AR_OK);
-    CHECK(t.dtype == DTYPE_F32 && t.ndim == 2 && t.shape[0] == 3 && t.shape[1] == 43693);
-    float *got = malloc(N * sizeof *got);
+    CHECK(be->weight_load(be, &t, raw + 1, dt, 1, flat, &err) == AR_OK);
+    CHECK(t.dtype == DTYPE_F32 && t.ndim == 1 && t.shape[0] == N);
+    CHECK(be->weight_load(be, &m, raw + 1, dt, 2, shape, &err) == AR_OK);
+    CHECK(m.dtype == dt && m.ndim == 2 && m.shape[0] == 3 && m.shape[1] == 43693);
+    float *got = malloc(N * sizeof *got), *rows = malloc(N * sizeof *rows);
     be->download(be, got, t.data, N * sizeof *got);
+    be->embedding(be, rows, &m, (const int[]){0, 1, 2}, 3, 0);
+    CHECK_MSG(!memcmp(got, rows, N * sizeof *got), "the %s matrix reads back other values",
+              dtype_name(dt));
     int bad = 0;
     for (int i = 0; i < N; i++) {
         const float want = decode_small_float((uint16_t)i, e_bits, m_bits);
@@ -220,7 +227,9 @@ static void check_weight_load_16bit(dtype_t dt, int e_bits, int m_bits) {
     }
     CHECK_MSG(bad == 0, "%d of %d %s values converted wrongly", bad, N, dtype_name(dt));
     be->weight_free(be, &t);
+    be->weight_free(be, &m);
     free(got);
+    free(rows);
     free(raw);
 }
 
@@ -256,7 +265,7 @@ static void test_weight_load_rejects_bad_dtype_and_shape(void) {
     /* An empty weight is legal. */
     const int64_t empty[2] = {0, 4};
     CHECK(be->weight_load(be, &t, NULL, DTYPE_BF16, 2, empty, &err) == AR_OK);
-    CHECK(tensor_numel(&t) == 0 && t.dtype == DTYPE_F32);
+    CHECK(tensor_numel(&t) == 0 && t.dtype == DTYPE_BF16); /* a matrix keeps its type */
     be->weight_free(be, &t);
 }
 
@@ -300,6 +309,63 @@ static void test_matmul_with_and_without_bias(void) {
         free(w);
         free(b);
     }
+}
+
+/* 16-bit weights (bf16 and fp16, kept so by weight_load) give the sums of
+ * the same weights converted to fp32: bit for bit at the decode-sized rows
+ * that gemm_rows takes (2 to 128, the FMA order unchanged), within fp32
+ * GEMM error at one row and at prefill sizes (converted chunks for
+ * OpenBLAS), on every shape that splits over threads or has ragged ends. */
+static void test_matmul_16bit_weights(void) {
+    /* The last converts its rows in more than one chunk of the scratch panel. */
+    const int cases[][3] = {{1, 37, 129},  {2, 3, 1},     {3, 37, 70},     {8, 1000, 257},
+                            {128, 33, 48}, {129, 17, 65}, {300, 260, 100}, {130, 200, 24000}};
+    const dtype_t types[] = {DTYPE_BF16, DTYPE_F16};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (size_t ti = 0; ti < 2; ti++) {
+            const int m = cases[c][0], n = cases[c][1], k = cases[c][2];
+            const dtype_t dt = types[ti];
+            float *x = host_uniform((size_t)m * k, -1, 1), *w = host_uniform((size_t)n * k, -1, 1);
+            uint16_t *h = malloc((size_t)n * k * sizeof *h);
+            for (size_t i = 0; i < (size_t)n * k; i++) {
+                /* fp16: w's sign and mantissa bits under exponents 2^-5 .. 2^0 */
+                uint32_t u;
+                memcpy(&u, &w[i], 4);
+                h[i] = dt == DTYPE_BF16 ? f32_to_bf16(w[i])
+                                        : (uint16_t)((u >> 16 & 0x8000u) | (10u + u % 6u) << 10 |
+                                                     (u >> 13 & 0x3ffu));
+                w[i] = dt == DTYPE_BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+            }
+            const int64_t shape[2] = {n, k};
+            tensor_t t16, t32 = weight_f32(w, 2, n, k, 1, 1);
+            ar_error_t err = {{0}};
+            CHECK_MSG(be->weight_load(be, &t16, h, dt, 2, shape, &err) == AR_OK, "%s", err.msg);
+            CHECK(t16.dtype == dt);
+            float *dx = dev_from(x, (size_t)m * k), *y16 = dev_new((size_t)m * n),
+                  *y32 = dev_new((size_t)m * n);
+            be->matmul(be, y16, dx, &t16, NULL, m);
+            be->matmul(be, y32, dx, &t32, NULL, m);
+            char what[80];
+            snprintf(what, sizeof what, "%s matmul m=%d n=%d k=%d", dtype_name(dt), m, n, k);
+            if (m >= 2 && m <= 128) {
+                CHECK_MSG(!memcmp(y16, y32, (size_t)m * n * sizeof *y16),
+                          "%s: not the fp32 sums bit for bit", what);
+            } else {
+                double *ref = ref_new((size_t)m * n);
+                for (size_t i = 0; i < (size_t)m * n; i++)
+                    ref[i] = y32[i];
+                check_dev(what, y16, ref, (size_t)m * n, 1e-6 + 2e-7 * k, 1e-5);
+                free(ref);
+            }
+            dev_del(dx);
+            dev_del(y16);
+            dev_del(y32);
+            be->weight_free(be, &t16);
+            be->weight_free(be, &t32);
+            free(h);
+            free(x);
+            free(w);
+        }
 }
 
 /* ---- transformer ops ----------------------------------------------------------- */
@@ -1918,6 +1984,7 @@ int main(void) {
     TEST_RUN(test_weight_load_f16_all_patterns);
     TEST_RUN(test_weight_load_rejects_bad_dtype_and_shape);
     TEST_RUN(test_matmul_with_and_without_bias);
+    TEST_RUN(test_matmul_16bit_weights);
     TEST_RUN(test_rmsnorm_rows_and_in_place);
     TEST_RUN(test_rope_2d_llamagen_layout);
     TEST_RUN(test_rope_against_double_and_hf_angles);
