@@ -88,7 +88,7 @@
 #include "gemm_rows_kernel.inc"
 #include "vec_undef.inc"
 
-/* ---- AVX2 + FMA: up to 2 rows (16 registers); fp16 with F16C ---- */
+/* ---- AVX2 + FMA (+ F16C for fp16): up to 2 rows (16 registers) ---- */
 
 #include "vec_avx2.inc"
 #define BF16_AVX2(p)                                                                               \
@@ -199,11 +199,7 @@ static const rows_fn KERNELS[VEC_N_ISA][W_N][3] = {
 };
 
 static const rows_fn *kernels_for(dtype_t wt) {
-    vec_isa_t isa = vec_isa();
-    /* fp16 on AVX2 converts with F16C, which an AVX2 machine may lack. */
-    if (wt == DTYPE_F16 && isa == VEC_AVX2 && !__builtin_cpu_supports("f16c"))
-        isa = VEC_PORTABLE;
-    return KERNELS[isa][wt == DTYPE_BF16 ? W_BF16 : wt == DTYPE_F16 ? W_F16 : W_F32];
+    return KERNELS[vec_isa()][wt == DTYPE_BF16 ? W_BF16 : wt == DTYPE_F16 ? W_F16 : W_F32];
 }
 
 void gemm_rows_typed(int M, int N, int K, const float *x, int ldx, const void *w, dtype_t wt,

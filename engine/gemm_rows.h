@@ -3,8 +3,8 @@
  * for all the rows (OpenBLAS's sgemm packs the whole weight on every call,
  * which at two or eight rows costs more than the multiply; its sgemv reads
  * the weight once per row), in fp32, bf16 or fp16 weights. Vectorised for the machine it runs on:
- * AVX-512, AVX2 with FMA, or portable C, as vec_isa() says. One thread; the caller splits n across
- * its team. */
+ * AVX-512, AVX2 with FMA and F16C, or portable C, as vec_isa() says. One thread; the caller splits
+ * n across its team. */
 #ifndef ARSERVE_GEMM_ROWS_H
 #define ARSERVE_GEMM_ROWS_H
 

@@ -1,7 +1,15 @@
 /* Run-time choice of the CPU kernels' instruction set (vec_isa.h). */
 #include "vec_isa.h"
 
+#include <cpuid.h>
 #include <pthread.h>
+
+/* F16C (fp16 conversions), which every AVX2 processor has; asked of cpuid,
+ * as clang's __builtin_cpu_supports does not know the name. */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
 
 int vec_isa_supported(vec_isa_t isa) {
     __builtin_cpu_init();
@@ -9,7 +17,7 @@ int vec_isa_supported(vec_isa_t isa) {
     case VEC_AVX512:
         return __builtin_cpu_supports("avx512f");
     case VEC_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case VEC_PORTABLE:
         return 1;
     default:

@@ -11,7 +11,8 @@ typedef enum vec_isa { VEC_AVX512, VEC_AVX2, VEC_PORTABLE, VEC_N_ISA } vec_isa_t
 vec_isa_t vec_isa(void);
 /* "avx512", "avx2", "portable" ("?" out of range). */
 const char *vec_isa_name(vec_isa_t isa);
-/* 1 when this machine runs isa's kernels (AVX-512F; AVX2 with FMA; any). */
+/* 1 when this machine runs isa's kernels (AVX-512F; AVX2 with FMA and F16C;
+ * any). */
 int vec_isa_supported(vec_isa_t isa);
 /* Makes the kernels run isa's versions; 0 (and no change) when this machine
  * cannot. */

@@ -2,13 +2,15 @@
  * double-precision reference, on shapes with ragged edges (rows not a
  * multiple of four, weight rows not a multiple of four, K not a multiple of
  * the vector width), with strides wider than the rows, accumulating into y,
- * and never writing outside it. */
+ * and never writing outside it; and its bf16 and fp16 weights against the
+ * same weights in fp32, on every kernel. */
 #include "engine/gemm_rows.h"
 #include "engine/vec_isa.h"
 #include "tests/test.h"
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 static uint64_t rand_state = 0x2545F4914F6CDD1DULL;
 static float rand_float(void) {
@@ -86,6 +88,57 @@ static void test_every_kernel_matches_the_reference(void) {
     CHECK(vec_isa_supported(VEC_PORTABLE));
 }
 
+/* 16-bit weights on one shape of the current kernel: the sums of the same
+ * weights converted to fp32, bit for bit (the conversion happens in
+ * registers; the order of the FMAs is the fp32 kernel's). 0 when equal. */
+static int check_16bit(int M, int N, int K, dtype_t wt) {
+    const int ldx = K + 3, ldw = K + 5, ldy = N + 2;
+    float *x = malloc(sizeof(float) * (size_t)M * ldx),
+          *w = malloc(sizeof(float) * (size_t)N * ldw);
+    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)N * ldw);
+    float *y16 = calloc((size_t)M * ldy, sizeof(float)),
+          *y32 = calloc((size_t)M * ldy, sizeof(float));
+    for (size_t i = 0; i < (size_t)M * ldx; i++)
+        x[i] = rand_float();
+    for (size_t i = 0; i < (size_t)N * ldw; i++) {
+        /* every bit pattern but the exponents that overflow or underflow */
+        h[i] = (uint16_t)(rand_state >> 20);
+        rand_float();
+        if (wt == DTYPE_F16)
+            h[i] = (uint16_t)((h[i] & 0x83ffu) | (uint16_t)(10 + h[i] % 10) << 10);
+        else
+            h[i] = (uint16_t)((h[i] & 0x807fu) | (uint16_t)(120 + h[i] % 10) << 7);
+        w[i] = wt == DTYPE_F16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+    }
+    gemm_rows_typed(M, N, K, x, ldx, h, wt, ldw, y16, ldy);
+    gemm_rows(M, N, K, x, ldx, w, ldw, y32, ldy);
+    const int bad = memcmp(y16, y32, sizeof(float) * (size_t)M * ldy) != 0;
+    free(x);
+    free(w);
+    free(h);
+    free(y16);
+    free(y32);
+    return bad;
+}
+
+static void test_16bit_weights_match_fp32(void) {
+    static const int Ms[] = {1, 2, 3, 4, 5, 9};
+    static const int Ns[] = {1, 3, 5, 17};
+    static const int Ks[] = {1, 7, 16, 17, 33, 300};
+    for (int isa = 0; isa < VEC_N_ISA; isa++) {
+        if (!vec_isa_use((vec_isa_t)isa))
+            continue;
+        for (int t = 0; t < 2; t++)
+            for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
+                for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+                    for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++) {
+                        const dtype_t wt = t ? DTYPE_F16 : DTYPE_BF16;
+                        CHECK_MSG(check_16bit(Ms[a], Ns[b], Ks[c], wt) == 0, "%s %s M=%d N=%d K=%d",
+                                  vec_isa_name(isa), dtype_name(wt), Ms[a], Ns[b], Ks[c]);
+                    }
+    }
+}
+
 static void test_empty_shapes_touch_nothing(void) {
     float y[2] = {3, 4};
     const float x[2] = {1, 1}, w[2] = {1, 1};
@@ -98,6 +151,7 @@ static void test_empty_shapes_touch_nothing(void) {
 
 int main(void) {
     TEST_RUN(test_every_kernel_matches_the_reference);
+    TEST_RUN(test_16bit_weights_match_fp32);
     TEST_RUN(test_empty_shapes_touch_nothing);
     return TEST_SUMMARY();
 }
