@@ -232,8 +232,9 @@ $(BUILD)/arserve-leaky: $(CLI_OBJ) $(BUILD)/server/http-leaky.o \
 
 # test_step_allocs counts the engine's allocations through the linker's wraps.
 $(BUILD)/tests/test_step_allocs: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=aligned_alloc
-# test_scheduler plants drawing failures through a wrap of gen_draw.
-$(BUILD)/tests/test_scheduler: LDFLAGS += -Wl,--wrap=gen_draw
+# test_scheduler plants drawing failures through a wrap of gen_draw, and slows
+# engine iterations through one of batcher_step.
+$(BUILD)/tests/test_scheduler: LDFLAGS += -Wl,--wrap=gen_draw,--wrap=batcher_step
 $(BUILD)/tests/%: tests/unit/%.c $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h tests/unit/kv_plan_run.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)

@@ -532,13 +532,14 @@ static enum MHD_Result respond_images(http_server_t *h, struct MHD_Connection *c
     return send_json(h, c, cx, 200, json);
 }
 
-/* Waits for a job while its client is there. The snapshot of its end, or
- * 0 when the client went away (the job is then cancelled). */
+/* Waits for a job while its client is there, waking for its end or every
+ * WAIT_SLICE_S to look at the client, not at every step. The snapshot of
+ * its end, or 0 when the client went away (the job is then cancelled). */
 static int wait_job(http_server_t *h, struct MHD_Connection *c, sched_job_t *j,
                     sched_snapshot_t *snap) {
     sched_job_snapshot(j, snap);
     while (snap->outcome == SCHED_PENDING) {
-        sched_job_wait(j, snap->version, WAIT_SLICE_S, snap);
+        sched_job_wait_end(j, WAIT_SLICE_S, snap);
         if (snap->outcome == SCHED_PENDING && !client_alive(c)) {
             log_msg(LOG_INFO, "job %llu: client went away; cancelling",
                     (unsigned long long)sched_job_id(j));

@@ -39,6 +39,7 @@ struct sched_job {
 
     pthread_mutex_t mu;
     pthread_cond_t changed; /* broadcast on every change of what follows */
+    pthread_cond_t ended;   /* broadcast once outcome is no longer PENDING */
     int refs;
     /* under mu */
     unsigned version;
@@ -142,6 +143,7 @@ static void job_free(sched_job_t *j) {
     free(j->kv_bytes);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->changed);
+    pthread_cond_destroy(&j->ended);
     free(j);
 }
 
@@ -159,6 +161,8 @@ void sched_job_release(sched_job_t *j) {
 static void job_changed(sched_job_t *j) {
     j->version++;
     pthread_cond_broadcast(&j->changed);
+    if (j->outcome != SCHED_PENDING)
+        pthread_cond_broadcast(&j->ended);
 }
 
 /* Ends a job (unless it ended already). */
@@ -205,6 +209,16 @@ void sched_job_wait(sched_job_t *j, unsigned seen, double timeout_s, sched_snaps
     pthread_mutex_lock(&j->mu);
     for (double left = timeout_s; j->version == seen && left > 0; left = until - clock_now_s())
         cond_wait_s(&j->changed, &j->mu, left);
+    snapshot_locked(j, out);
+    pthread_mutex_unlock(&j->mu);
+}
+
+void sched_job_wait_end(sched_job_t *j, double timeout_s, sched_snapshot_t *out) {
+    const double until = clock_now_s() + timeout_s;
+    pthread_mutex_lock(&j->mu);
+    for (double left = timeout_s; j->outcome == SCHED_PENDING && left > 0;
+         left = until - clock_now_s())
+        cond_wait_s(&j->ended, &j->mu, left);
     snapshot_locked(j, out);
     pthread_mutex_unlock(&j->mu);
 }
@@ -670,6 +684,7 @@ static sched_job_t *job_new(const sched_request_t *req, const planner_plan_t *pl
     j->kv_bytes = malloc((size_t)plan->steps * sizeof *j->kv_bytes);
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->changed, NULL);
+    pthread_cond_init(&j->ended, NULL);
     if (!j->cond || !j->uncond || !j->png || !j->png_len || !j->kv_bytes) {
         job_free(j);
         return NULL;

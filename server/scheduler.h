@@ -116,6 +116,10 @@ void sched_job_snapshot(sched_job_t *j, sched_snapshot_t *out);
 /* Waits until the job's version differs from seen or timeout_s passes,
  * then takes a snapshot. */
 void sched_job_wait(sched_job_t *j, unsigned seen, double timeout_s, sched_snapshot_t *out);
+/* Waits until the job has ended or timeout_s passes, then takes a
+ * snapshot: the steps in between do not wake the caller (a non-streaming
+ * request's thread, which needs only the end). */
+void sched_job_wait_end(sched_job_t *j, double timeout_s, sched_snapshot_t *out);
 /* Image i's PNG once the job is SCHED_DONE; preview p of image i once
  * n_partials > p. The bytes stay valid while the caller holds its
  * reference. NULL otherwise. */

@@ -9,9 +9,12 @@
  * takes no PNG encoder from the engine library: its "PNGs" are the PNG
  * signature and the first bytes of the pixels, and the first call can be
  * made slow, to hold one worker on a preview. */
+#include <pthread.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <time.h>
 
+#include "engine/batcher.h"
 #include "engine/clock.h"
 #include "engine/family.h"
 #include "engine/generate.h"
@@ -52,6 +55,21 @@ int __wrap_gen_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_don
               : __atomic_load_n(&fail_previews, __ATOMIC_SEQ_CST))
         return ar_errorf(err, "a planted failure");
     return __real_gen_draw(m, w, tokens, n_done, rgb, err);
+}
+
+/* Engine iterations made slower on demand (microseconds each), through a
+ * wrap of batcher_step (Makefile), so that a job's steps take long enough
+ * to be waited through. */
+static int step_sleep_us;
+
+int __real_batcher_step(batcher_t *b, ar_error_t *err);
+int __wrap_batcher_step(batcher_t *b, ar_error_t *err) {
+    const int us = __atomic_load_n(&step_sleep_us, __ATOMIC_SEQ_CST);
+    if (us) {
+        struct timespec ts = {0, us * 1000L};
+        nanosleep(&ts, NULL);
+    }
+    return __real_batcher_step(b, err);
 }
 
 static backend_t *be;
@@ -221,6 +239,68 @@ static void test_done_only_after_its_previews(void) {
     stop(s, m);
 }
 
+typedef struct waiter {
+    sched_job_t *job;
+    int end_only;
+    long switches; /* voluntary context switches while waiting */
+    int changes;
+    sched_snapshot_t snap;
+} waiter_t;
+
+static long voluntary_switches(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    return ru.ru_nvcsw;
+}
+
+static void *wait_on_job(void *arg) {
+    waiter_t *w = arg;
+    const long before = voluntary_switches();
+    sched_job_snapshot(w->job, &w->snap);
+    while (w->snap.outcome == SCHED_PENDING) {
+        const unsigned seen = w->snap.version;
+        if (w->end_only)
+            sched_job_wait_end(w->job, 30, &w->snap);
+        else
+            sched_job_wait(w->job, seen, 30, &w->snap);
+        w->changes += w->snap.version != seen;
+    }
+    w->switches = voluntary_switches() - before;
+    return NULL;
+}
+
+/* A thread waiting for a job's end sleeps through its steps (2 ms each
+ * here): one waiting for every change wakes at each of the job's steps, one
+ * waiting for the end a few times (locks taken), at most an eighth as
+ * often. */
+static void test_wait_end_sleeps_through_steps(void) {
+    metrics_t *m;
+    scheduler_t *s = start(&m, 4, 4, 64 * one_image_bytes(), 1);
+    if (!s)
+        return;
+    sched_refusal_info_t why;
+    __atomic_store_n(&step_sleep_us, 2000, __ATOMIC_SEQ_CST);
+    sched_request_t rq = request(1, 0, 60);
+    sched_job_t *j = sched_submit(s, &rq, &why);
+    CHECK_MSG(j != NULL, "%s", why.message);
+    if (j) {
+        waiter_t every = {.job = j}, end = {.job = j, .end_only = 1};
+        pthread_t a, b;
+        CHECK(pthread_create(&a, NULL, wait_on_job, &every) == 0);
+        CHECK(pthread_create(&b, NULL, wait_on_job, &end) == 0);
+        pthread_join(a, NULL);
+        pthread_join(b, NULL);
+        CHECK(every.snap.outcome == SCHED_DONE && end.snap.outcome == SCHED_DONE);
+        CHECK_MSG(every.changes >= model_steps(&model.cfg) / 2, "%d changes seen", every.changes);
+        CHECK_MSG(end.switches * 8 < every.switches,
+                  "the end-only waiter switched %ld times, the every-change one %ld", end.switches,
+                  every.switches);
+        sched_job_release(j);
+    }
+    __atomic_store_n(&step_sleep_us, 0, __ATOMIC_SEQ_CST);
+    stop(s, m);
+}
+
 /* arserve_images_total{status="error"} as /metrics shows it. */
 static double images_failed(metrics_t *m) {
     char *text = metrics_render(m);
@@ -328,6 +408,7 @@ int main(void) {
     TEST_RUN(test_done_only_after_its_previews);
     TEST_RUN(test_wait_returns_on_change);
     TEST_RUN(test_drawing_failures);
+    TEST_RUN(test_wait_end_sleeps_through_steps);
     model_free(&model);
     be->destroy(be);
     return TEST_SUMMARY();
