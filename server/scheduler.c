@@ -165,15 +165,24 @@ static void job_changed(sched_job_t *j) {
         pthread_cond_broadcast(&j->ended);
 }
 
-/* Ends a job (unless it ended already). */
-static void job_end(sched_job_t *j, sched_outcome_t outcome, const char *message) {
+/* Ends a job (unless it ended already). When it ends it here and images is
+ * not NULL, its images are counted there under label first, so that a
+ * waiting request thread answers after the count (as maybe_done does). */
+static void job_end_counted(sched_job_t *j, sched_outcome_t outcome, const char *message,
+                            metric_t *images, const char *label) {
     pthread_mutex_lock(&j->mu);
     if (j->outcome == SCHED_PENDING) {
+        if (images)
+            metric_add(images, j->n_images, label);
         j->outcome = outcome;
         snprintf(j->message, sizeof j->message, "%s", message ? message : "");
         job_changed(j);
     }
     pthread_mutex_unlock(&j->mu);
+}
+
+static void job_end(sched_job_t *j, sched_outcome_t outcome, const char *message) {
+    job_end_counted(j, outcome, message, NULL, NULL);
 }
 
 uint64_t sched_job_id(const sched_job_t *j) { return j->id; }
@@ -302,17 +311,9 @@ static void queue_destroy(task_queue_t *q) {
     pthread_cond_destroy(&q->wake);
 }
 
-/* Fails a job that has not ended yet, counting its images once, before
- * the waiting request thread can answer (as maybe_done counts). */
+/* Fails a job that has not ended yet, its images counted as errors once. */
 static void job_fail(scheduler_t *s, sched_job_t *j, const char *message) {
-    pthread_mutex_lock(&j->mu);
-    if (j->outcome == SCHED_PENDING) {
-        metric_add(s->m_images, j->n_images, "error");
-        j->outcome = SCHED_FAILED;
-        snprintf(j->message, sizeof j->message, "%s", message);
-        job_changed(j);
-    }
-    pthread_mutex_unlock(&j->mu);
+    job_end_counted(j, SCHED_FAILED, message, s->m_images, "error");
 }
 
 /* Hands one image of j to the drawing thread: its tokens after n_done
@@ -380,14 +381,15 @@ static void png_store(scheduler_t *s, const img_task_t *t, uint8_t *png, size_t 
     pthread_mutex_unlock(&j->mu);
 }
 
-/* What became of a task that produced nothing: logged, a preview skipped,
- * a final image failing its job. */
-static void task_failed(scheduler_t *s, img_task_t *t, const char *what, const char *why) {
+/* What became of a task that produced nothing at stage `what`: logged, a
+ * preview skipped, a final image failing its job with `message`. */
+static void task_failed(scheduler_t *s, img_task_t *t, const char *what, const char *message,
+                        const char *why) {
     sched_job_t *j = t->job;
     if (t->preview < 0) {
         log_msg(LOG_ERROR, "job %llu: %s of image %d failed: %s", (unsigned long long)j->id, what,
                 t->image, why);
-        job_fail(s, j, t->tokens ? "image decoding failed" : "PNG encoding failed");
+        job_fail(s, j, message);
     } else {
         log_msg(LOG_WARN, "job %llu: preview %d of image %d skipped: %s: %s",
                 (unsigned long long)j->id, t->preview, t->image, what, why);
@@ -413,9 +415,9 @@ static void *draw_main(void *arg) {
                 png_store(s, t, NULL, 0);
                 task_free(t);
             } else if (!(t->rgb = malloc(rgb_bytes))) {
-                task_failed(s, t, "drawing", "out of memory");
+                task_failed(s, t, "drawing", "image decoding failed", "out of memory");
             } else if (gen_drawer_draw(&s->drawer, t->tokens, t->n_done, t->rgb, &err) != AR_OK) {
-                task_failed(s, t, "drawing", err.msg);
+                task_failed(s, t, "drawing", "image decoding failed", err.msg);
             } else {
                 free(t->tokens);
                 t->tokens = NULL;
@@ -433,7 +435,7 @@ static void *png_worker(void *arg) {
         size_t len = 0;
         ar_error_t err = {{0}};
         if (png_encode(t->rgb, s->width, s->height, &png, &len, &err) != AR_OK) {
-            task_failed(s, t, "PNG encoding", err.msg);
+            task_failed(s, t, "PNG encoding", "PNG encoding failed", err.msg);
             continue;
         }
         png_store(s, t, png, len);
