@@ -237,9 +237,10 @@ def test_sigterm_idle_exits_0_quickly(start_daemon):
 
 
 def test_drain_timeout_cuts_off_and_still_exits_0(start_daemon):
-    d = start_daemon(SLOW_MODEL, SLOW_ARGS, drain_timeout_s=1)
-    # Four images in one request: far longer than the one-second drain.
-    inflight = post_in_thread(d, {"prompt": "a red circle", "seed": 5, "n": 4})
+    d = start_daemon(SLOW_MODEL, SLOW_ARGS + ["--max-n", "16"], drain_timeout_s=1)
+    # Sixteen images in one request: far longer than the one-second drain
+    # (four took 1.2 s once the engine read 16-bit weights, too close to it).
+    inflight = post_in_thread(d, {"prompt": "a red circle", "seed": 5, "n": 16})
     d.wait_metrics(running_is(1), what="the request running")
     t0 = time.monotonic()
     d.signal(signal.SIGTERM)
