@@ -1,10 +1,13 @@
 /* The CPU backend: the reference implementation of every op in backend.h.
- * fp32 throughout; Linear GEMMs of a few rows go to gemm_rows.c, the other
- * GEMMs (large ones, conv2d) to OpenBLAS, everything else is plain loops;
+ * fp32 activations; Linear GEMMs of a few rows go to gemm_rows.c, the other
+ * Linear GEMMs (prefill) to OpenBLAS, convolutions to gemm_panels.c,
+ * everything else is plain loops;
  * all threading is OpenMP, where the work is large enough to pay. */
 #include "backend.h"
+#include "gemm_panels.h"
 #include "gemm_rows.h"
 #include "vec_attn.h"
+#include "vec_math.h"
 
 #include <assert.h>
 #include <cblas.h>
@@ -27,10 +30,10 @@
 /* Keys scored at a time by the online softmax in attention. */
 #define ATTN_CHUNK 256
 
-/* The scratch panel, in floats (16 MiB): conv2d's im2col slices and
- * groupnorm's per-channel affine. Allocated once at creation so that no op
- * allocates (and so none can fail); conv2d does large images in slices of
- * output pixels that fit. A backend is driven by one thread at a time. */
+/* The scratch panel, in floats (16 MiB): conv2d's im2col tiles (one per
+ * thread), the 16-bit weights' converted chunks and groupnorm's per-channel
+ * affine. Allocated once at creation so that no op allocates (and so none
+ * can fail). A backend is driven by one thread at a time. */
 #define SCRATCH_FLOATS ((size_t)1 << 22)
 
 typedef struct cpu_impl {
@@ -618,16 +621,26 @@ static void cpu_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *blo
 
 /* ---- element-wise ------------------------------------------------------ */
 
+/* Element-wise ops over the team: thread t takes the t-th of equal
+ * slices, each a whole number of cache lines. */
+#define EW_SLICE(n, t, nt, lo, hi)                                                                 \
+    const size_t lo = ((n) / (size_t)(nt) * (size_t)(t)) & ~(size_t)15,                            \
+                 hi = (t) == (nt)-1 ? (n) : ((n) / (size_t)(nt) * (size_t)((t) + 1)) & ~(size_t)15
+
 static void cpu_silu_mul(backend_t *be, float *out, const float *gate, const float *up, size_t n) {
-#pragma omp parallel for num_threads(team(be)) if (n >= PAR_MIN_WORK)
-    for (size_t i = 0; i < n; i++)
-        out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+#pragma omp parallel num_threads(team(be)) if (n >= PAR_MIN_WORK)
+    {
+        EW_SLICE(n, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
+        vec_silu_mul(out + lo, gate + lo, up + lo, hi - lo);
+    }
 }
 
 static void cpu_silu(backend_t *be, float *x, size_t n) {
-#pragma omp parallel for num_threads(team(be)) if (n >= PAR_MIN_WORK)
-    for (size_t i = 0; i < n; i++)
-        x[i] = x[i] / (1.0f + expf(-x[i]));
+#pragma omp parallel num_threads(team(be)) if (n >= PAR_MIN_WORK)
+    {
+        EW_SLICE(n, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
+        vec_silu(x + lo, hi - lo);
+    }
 }
 
 static void cpu_gelu(backend_t *be, float *x, size_t n) {
@@ -754,47 +767,67 @@ static void cpu_embedding(backend_t *be, float *out, const tensor_t *table, cons
 
 /* ---- image ops --------------------------------------------------------- */
 
-/* Fills the im2col panel for output pixels [p0, p1) (flattened over ho x
- * wo): row r = (ci*k + ky)*k + kx holds input (ci, oy + ky - pad, ox + kx -
- * pad) for each pixel, 0 outside the image. */
-static void im2col(float *col, const float *in, int c_in, int h, int w, int k, int pad, int wo,
-                   int64_t p0, int64_t p1, int n_threads) {
+/* Packs the im2col columns of output pixels [p0, p0 + n) (flattened over
+ * ho x wo) as panels (gemm_panels.h): row r = (ci*k + ky)*k + kx of pixel
+ * (oy, ox) holds input (ci, oy + ky - pad, ox + kx - pad), 0 outside the
+ * image, and columns past n are 0. */
+static void im2col_panels(float *bp, const float *in, int c_in, int h, int w, int k, int pad,
+                          int wo, int64_t p0, int n) {
     const int kk = c_in * k * k;
-    const int64_t np = p1 - p0;
-#pragma omp parallel for num_threads(n_threads) if ((int64_t)kk * np >= PAR_MIN_WORK)
-    for (int r = 0; r < kk; r++) {
-        const int ci = r / (k * k), ky = (r / k) % k, kx = r % k;
-        const float *plane = in + (size_t)ci * h * w;
-        float *dst = col + (size_t)r * np;
-        /* Output x in [x_lo, x_hi) reads inside the image's columns. */
-        const int x_lo = pad - kx, x_hi = w + pad - kx;
-        for (int64_t p = p0; p < p1;) {
-            const int oy = (int)(p / wo), ox = (int)(p % wo);
-            const int ox_end = p1 - p < wo - ox ? ox + (int)(p1 - p) : wo;
-            const int iy = oy + ky - pad;
-            if (iy < 0 || iy >= h) {
-                memset(dst, 0, (size_t)(ox_end - ox) * sizeof(float));
-            } else {
-                int lo = x_lo > ox ? x_lo : ox, hi = x_hi < ox_end ? x_hi : ox_end;
-                if (lo > ox_end)
-                    lo = ox_end;
-                if (hi < lo)
-                    hi = lo;
-                memset(dst, 0, (size_t)(lo - ox) * sizeof(float));
-                memcpy(dst + (lo - ox), plane + (size_t)iy * w + (lo + kx - pad),
-                       (size_t)(hi - lo) * sizeof(float));
-                memset(dst + (hi - ox), 0, (size_t)(ox_end - hi) * sizeof(float));
-            }
-            dst += ox_end - ox;
-            p += ox_end - ox;
+    for (int q = 0; q * GEMM_PANEL < n; q++) {
+        float *dst = bp + (size_t)q * kk * GEMM_PANEL; /* row r at dst + r * GEMM_PANEL */
+        const int64_t first = p0 + (int64_t)q * GEMM_PANEL;
+        const int cols = n - q * GEMM_PANEL < GEMM_PANEL ? n - q * GEMM_PANEL : GEMM_PANEL;
+        const int oy0 = (int)(first / wo), ox0 = (int)(first % wo);
+        /* The panel's pixels share an output row: each row of the panel is
+         * a run of the input's row, copied whole where it lies inside. */
+        const int one_row = cols == GEMM_PANEL && ox0 + GEMM_PANEL <= wo;
+        for (int ci = 0; ci < c_in; ci++) {
+            const float *plane = in + (size_t)ci * h * w;
+            for (int ky = 0; ky < k; ky++)
+                for (int kx = 0; kx < k; kx++, dst += GEMM_PANEL) {
+                    const int ix0 = ox0 + kx - pad;
+                    if (one_row) {
+                        const int iy = oy0 + ky - pad;
+                        if (iy < 0 || iy >= h) {
+                            memset(dst, 0, GEMM_PANEL * sizeof(float));
+                            continue;
+                        }
+                        const float *src = plane + (size_t)iy * w;
+                        if (ix0 >= 0 && ix0 + GEMM_PANEL <= w) {
+                            memcpy(dst, src + ix0, GEMM_PANEL * sizeof(float));
+                            continue;
+                        }
+                        for (int j = 0; j < GEMM_PANEL; j++)
+                            dst[j] = ix0 + j >= 0 && ix0 + j < w ? src[ix0 + j] : 0.0f;
+                        continue;
+                    }
+                    int oy = oy0, ox = ox0;
+                    for (int j = 0; j < GEMM_PANEL; j++) {
+                        const int iy = oy + ky - pad, ix = ox + kx - pad;
+                        dst[j] = j < cols && iy >= 0 && iy < h && ix >= 0 && ix < w
+                                     ? plane[(size_t)iy * w + ix]
+                                     : 0.0f;
+                        if (++ox == wo) {
+                            ox = 0;
+                            oy++;
+                        }
+                    }
+                }
         }
     }
 }
 
+/* Output pixels a conv2d tile packs and multiplies at most: two AVX-512
+ * tiles of gemm_panels, fewer where c_in * k * k is large, so that a tile's
+ * panels stay within about 256 KiB (a core's L2). */
+#define CONV_TILE_PANELS 6
+#define CONV_TILE_BUDGET_FLOATS ((size_t)1 << 16)
+
 /* out[co, p] = bias[co] + sum over (ci, ky, kx) of w[co, ci, ky, kx] *
- * in[ci, shifted p]: a 1x1 convolution without padding is one GEMM on the
- * image itself; otherwise im2col slices of at most SCRATCH_FLOATS,
- * each a GEMM into its columns of out. */
+ * in[ci, shifted p]. The output pixels go in tiles to the team; each
+ * thread packs its tile's im2col panels in its share of the scratch and
+ * multiplies them at once (gemm_panels), while they are in its cache. */
 static void cpu_conv2d(backend_t *be, float *out, const float *in, const tensor_t *w,
                        const tensor_t *bias, int c_in, int h, int w_, int pad) {
     assert(w->dtype == DTYPE_F32 && w->ndim == 4 && w->shape[1] == c_in);
@@ -807,31 +840,40 @@ static void cpu_conv2d(backend_t *be, float *out, const float *in, const tensor_
     assert(npix <= INT32_MAX);
     if (c_out == 0 || npix == 0)
         return;
-    for (int co = 0; co < c_out; co++) {
-        float *o = out + (size_t)co * npix;
-        if (bias) {
-            const float b = ((const float *)bias->data)[co];
-            for (int64_t p = 0; p < npix; p++)
-                o[p] = b;
-        } else {
-            memset(o, 0, (size_t)npix * sizeof(float));
-        }
-    }
     const int kk = c_in * k * k;
-    if (kk == 0)
-        return;
-    if (k == 1 && pad == 0) {
-        gemm(be, c_out, (int)npix, c_in, w->data, c_in, in, (int)npix, 0, out, (int)npix);
+    const float *b = bias ? bias->data : NULL;
+    if (kk == 0) {
+        for (int co = 0; co < c_out; co++)
+            for (int64_t p = 0; p < npix; p++)
+                out[(size_t)co * npix + p] = b ? b[co] : 0.0f;
         return;
     }
-    assert((size_t)kk <= SCRATCH_FLOATS);
-    float *col = ((cpu_impl_t *)be->impl)->scratch;
-    const int64_t slice = (int64_t)(SCRATCH_FLOATS / (size_t)kk);
-    for (int64_t p0 = 0; p0 < npix; p0 += slice) {
-        const int64_t p1 = npix - p0 < slice ? npix : p0 + slice;
-        const int np = (int)(p1 - p0);
-        im2col(col, in, c_in, h, w_, k, pad, wo, p0, p1, team(be));
-        gemm(be, c_out, np, kk, w->data, kk, col, np, 0, out + p0, (int)npix);
+    const size_t panel_floats = (size_t)kk * GEMM_PANEL;
+    int tile_panels = (int)(CONV_TILE_BUDGET_FLOATS / panel_floats);
+    tile_panels = tile_panels < 1                  ? 1
+                  : tile_panels > CONV_TILE_PANELS ? CONV_TILE_PANELS
+                                                   : tile_panels;
+    const int64_t tile_pix = (int64_t)tile_panels * GEMM_PANEL;
+    const int64_t n_tiles = (npix + tile_pix - 1) / tile_pix;
+    /* Each thread's share of the scratch holds one tile. */
+    const size_t tile_floats = (size_t)tile_panels * panel_floats;
+    assert(tile_floats <= SCRATCH_FLOATS);
+    int nt = (int64_t)c_out * npix * kk >= GEMM_PAR_MIN_WORK ? team(be) : 1;
+    if ((size_t)nt * tile_floats > SCRATCH_FLOATS)
+        nt = (int)(SCRATCH_FLOATS / tile_floats);
+    if (nt > n_tiles)
+        nt = (int)n_tiles;
+    float *scratch = ((cpu_impl_t *)be->impl)->scratch;
+#pragma omp parallel num_threads(nt)
+    {
+        float *bp = scratch + (size_t)omp_get_thread_num() * tile_floats;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < n_tiles; t++) {
+            const int64_t p0 = t * tile_pix;
+            const int n = (int)(npix - p0 < tile_pix ? npix - p0 : tile_pix);
+            im2col_panels(bp, in, c_in, h, w_, k, pad, wo, p0, n);
+            gemm_panels(c_out, n, kk, w->data, kk, bp, b, out + p0, (int)npix);
+        }
     }
 }
 

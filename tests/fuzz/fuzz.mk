@@ -24,9 +24,10 @@ FUZZ_MAX_LEN      ?= 16384
 FUZZ_DIR          := $(BUILD)/fuzz
 FUZZ_TARGETS      := fuzz_request fuzz_sse fuzz_model_config fuzz_tokenizer fuzz_safetensors
 FUZZ_BINS         := $(FUZZ_TARGETS:%=$(FUZZ_DIR)/%)
-# The engine (no CUDA; backend_cpu.c needs OpenMP and no target reaches it)
-# and the HTTP API's JSON half, in an archive: each target links what it uses.
-FUZZ_LIB_SRC      := $(filter-out engine/backend_cuda.c engine/backend_cpu.c,$(wildcard engine/*.c)) \
+# The engine (no CUDA; backend_cpu.c and vec_math.c need OpenMP and no
+# target reaches them) and the HTTP API's JSON half, in an archive: each
+# target links what it uses.
+FUZZ_LIB_SRC      := $(filter-out engine/backend_cuda.c engine/backend_cpu.c engine/vec_math.c,$(wildcard engine/*.c)) \
                      server/api.c
 FUZZ_LIB_OBJ      := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_LIB          := $(FUZZ_DIR)/libfuzzarserve.a

@@ -1,0 +1,20 @@
+/* The CPU backend's element-wise SiLU, vectorised for the machine
+ * (vec_isa.h) around a polynomial exp: libm's expf is a call per element,
+ * which no compiler vectorises, and it was a tenth of an image decode. */
+#ifndef ARSERVE_VEC_MATH_H
+#define ARSERVE_VEC_MATH_H
+
+#include <stddef.h>
+
+/* e^x within 2 ulp (normal results; the tests bound it): 0 below -87.3
+ * (where float's results leave the normal range), +inf above 88 (a few ulp
+ * short of float's largest exp, 88.72), NaN for NaN. */
+float vec_exp(float x);
+
+/* x[i] = x[i] / (1 + e^-x[i]) for i < n. */
+void vec_silu(float *x, size_t n);
+
+/* out[i] = gate[i] / (1 + e^-gate[i]) * up[i] for i < n; out may be gate or up. */
+void vec_silu_mul(float *out, const float *gate, const float *up, size_t n);
+
+#endif

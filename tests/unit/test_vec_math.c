@@ -1,0 +1,89 @@
+/* Tests for engine/vec_math.c on every instruction set this machine runs:
+ * exp within 2 ulp of the double-precision value over its whole normal
+ * range, its edges (0 below, +inf above, NaN through) and SiLU against
+ * double, on lengths that leave a vector loop's remainder. */
+#include "engine/vec_isa.h"
+#include "engine/vec_math.h"
+#include "tests/test.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+
+/* |got - want| in units of float's last place at want. */
+static double ulps(float got, double want) {
+    int e;
+    frexp(want, &e);
+    return fabs(got - want) / ldexp(1.0, e - 24);
+}
+
+static void test_exp_within_two_ulp(void) {
+    double worst = 0, at = 0;
+    for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
+        const double u = ulps(vec_exp(x), exp((double)x));
+        if (u > worst) {
+            worst = u;
+            at = x;
+        }
+    }
+    printf("exp: worst %.2f ulp at %.4f\n", worst, at);
+    CHECK_MSG(worst <= 2.0, "exp off by %.2f ulp at %g", worst, at);
+    CHECK(vec_exp(0.0f) == 1.0f);
+    CHECK(vec_exp(-100.0f) == 0.0f && vec_exp(-INFINITY) == 0.0f);
+    CHECK(vec_exp(89.0f) == INFINITY && vec_exp(INFINITY) == INFINITY);
+    CHECK(isnan(vec_exp(NAN)));
+}
+
+static double silu_ref(double x) { return x / (1 + exp(-x)); }
+
+/* 1e-6 absolute + 4 ulp relative, as the CPU backend's tests ask of it
+ * (tests/unit/test_backend_cpu.c) with room to spare. */
+static int close_to(float got, double want) {
+    if (isnan(want))
+        return isnan(got);
+    if (isinf(want))
+        return got == want;
+    return fabs(got - want) <= 1e-6 + 4.8e-7 * fabs(want);
+}
+
+static void test_silu_on_every_isa(void) {
+    static const size_t lengths[] = {1, 7, 16, 17, 1000};
+    int ran = 0;
+    for (int isa = 0; isa < VEC_N_ISA; isa++) {
+        if (!vec_isa_use((vec_isa_t)isa))
+            continue;
+        ran++;
+        for (size_t l = 0; l < sizeof lengths / sizeof *lengths; l++) {
+            const size_t n = lengths[l];
+            float *x = malloc(n * sizeof *x), *u = malloc(n * sizeof *u);
+            float *out = malloc(n * sizeof *out);
+            for (size_t i = 0; i < n; i++) {
+                x[i] = (float)((double)i / (double)n * 200.0 - 100.0);
+                u[i] = (float)(i % 5) - 2.0f;
+            }
+            static const float specials[] = {NAN, INFINITY, -0.0f, 90.0f, -90.0f, 1e-30f};
+            for (size_t i = 0; i < n && i < sizeof specials / sizeof *specials; i++)
+                x[n - 1 - i] = specials[i];
+            vec_silu_mul(out, x, u, n);
+            for (size_t i = 0; i < n; i++)
+                CHECK_MSG(close_to(out[i], silu_ref(x[i]) * u[i]), "%s silu_mul(%g) * %g = %.9g",
+                          vec_isa_name(isa), x[i], u[i], out[i]);
+            for (size_t i = 0; i < n; i++)
+                out[i] = x[i];
+            vec_silu(out, n);
+            for (size_t i = 0; i < n; i++)
+                CHECK_MSG(close_to(out[i], silu_ref(x[i])), "%s silu(%g) = %.9g", vec_isa_name(isa),
+                          x[i], out[i]);
+            free(x);
+            free(u);
+            free(out);
+        }
+    }
+    CHECK(ran >= 1);
+}
+
+int main(void) {
+    TEST_RUN(test_exp_within_two_ulp);
+    TEST_RUN(test_silu_on_every_isa);
+    return TEST_SUMMARY();
+}
