@@ -18,11 +18,15 @@
  * roofline: the bytes of weights a step reads (raster_step_weight_bytes)
  * over this machine's read bandwidth, measured here on the same threads
  * (a buffer twice the last-level cache, within 256 MiB to 1 GiB), as a share of the
- * measured step. Prints a table, or with --json one JSON object (with the
- * prompt rows, so another implementation can run the same input).
+ * measured step; and its compute roofline: the multiply-adds of those
+ * weights for every row (two per image: the CFG pair) at this machine's
+ * peak rate of fused multiply-adds, measured on the same threads at the
+ * widest vectors the kernels use (vec_isa), as a share of the step. Prints a table, or with --json
+ * one JSON object (with the prompt rows, so another implementation can run the same input).
  * --measure speed skips the bandwidth's buffer (whose pages would be the
  * process's peak RSS), --measure roofline runs no images. */
 #include <cjson/cJSON.h>
+#include <immintrin.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +37,7 @@
 #include "engine/clock.h"
 #include "engine/generate.h"
 #include "engine/planner.h"
+#include "engine/vec_isa.h"
 
 #define MAX_BATCH 256
 #define MAX_REPS 64
@@ -157,6 +162,57 @@ static double read_bandwidth(int threads) {
     return best;
 }
 
+/* Fused multiply-adds a second on one thread: twelve independent chains
+ * of `iters` dependent FMAs each, vectors of the instruction set's width
+ * (a chain per register the latency needs, with room), in FLOPs. */
+#define FMA_CHAINS 12
+#define FMA_PEAK_BODY(VEC, SET1, FMA, LANES)                                                       \
+    VEC acc[FMA_CHAINS];                                                                           \
+    for (int i = 0; i < FMA_CHAINS; i++)                                                           \
+        acc[i] = SET1(1e-3f * (float)i);                                                           \
+    const VEC mul = SET1(0.999f), add = SET1(1e-4f);                                               \
+    const double t0 = clock_now_s();                                                               \
+    for (long k = 0; k < iters; k++)                                                               \
+        _Pragma("GCC unroll 12") for (int i = 0; i < FMA_CHAINS; i++) acc[i] =                     \
+            FMA(acc[i], mul, add);                                                                 \
+    const double took = clock_now_s() - t0;                                                        \
+    float lanes[LANES];                                                                            \
+    for (int i = 0; i < FMA_CHAINS; i++) {                                                         \
+        memcpy(lanes, &acc[i], sizeof lanes);                                                      \
+        *sink += lanes[0];                                                                         \
+    }                                                                                              \
+    return 2.0 * LANES * FMA_CHAINS * (double)iters / took;
+
+__attribute__((target("avx512f"))) static double fma_rate_avx512(long iters, volatile float *sink) {
+    FMA_PEAK_BODY(__m512, _mm512_set1_ps, _mm512_fmadd_ps, 16)
+}
+
+__attribute__((target("avx2,fma"))) static double fma_rate_avx2(long iters, volatile float *sink) {
+    FMA_PEAK_BODY(__m256, _mm256_set1_ps, _mm256_fmadd_ps, 8)
+}
+
+/* The machine's FMA peak in FLOPs a second on `threads` threads (each
+ * running the chains at once), at the kernels' vector width; 0 for the
+ * portable kernels, which have none to measure. Best of 3. */
+static double fma_peak(int threads) {
+    const vec_isa_t isa = vec_isa();
+    if (isa != VEC_AVX512 && isa != VEC_AVX2)
+        return 0;
+    double best = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        double total = 0;
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads()) reduction(+ : total)
+        {
+            volatile float sink = 0;
+            total += isa == VEC_AVX512 ? fma_rate_avx512(20000000, &sink)
+                                       : fma_rate_avx2(20000000, &sink);
+        }
+        if (total > best)
+            best = total;
+    }
+    return best;
+}
+
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *prompt = "a red circle on the left";
     long long batch = 16, images = 32, reps = 3, threads = 1;
@@ -239,7 +295,9 @@ int main(int argc, char **argv) {
             decode[s][r] = median(b.decode_s, b.n_decode);
         }
     const size_t weight_bytes = roofline ? raster_step_weight_bytes(&m->lm) : 0;
+    const size_t weight_elems = roofline ? raster_step_weight_elems(&m->lm) : 0;
     const double bw = roofline ? read_bandwidth((int)threads) : 0;
+    const double peak = roofline ? fma_peak((int)threads) : 0;
     cJSON *o = cJSON_CreateObject(), *rows = cJSON_AddArrayToObject(o, "batches");
     cJSON_AddStringToObject(o, "model", m->cfg.name);
     cJSON_AddNumberToObject(o, "threads", (double)threads);
@@ -253,6 +311,9 @@ int main(int argc, char **argv) {
     if (roofline) {
         cJSON_AddNumberToObject(o, "step_weight_bytes", (double)weight_bytes);
         cJSON_AddNumberToObject(o, "read_bytes_per_s", bw);
+        cJSON_AddNumberToObject(o, "step_weight_elems", (double)weight_elems);
+        cJSON_AddNumberToObject(o, "fma_flops_per_s", peak);
+        cJSON_AddStringToObject(o, "vector_isa", vec_isa_name(vec_isa()));
     }
     if (!json && timed)
         printf("%s: %lld images per wave set, %lld sets each, %lld thread(s), KV %.2f MiB per "
@@ -263,14 +324,20 @@ int main(int argc, char **argv) {
         const double set_s = median(took[s], (int)reps);
         const double step_s = median(step[s], (int)reps), decode_s = median(decode[s], (int)reps);
         const double share = bw > 0 && step_s > 0 ? weight_bytes / bw / step_s : 0;
+        /* Two rows an image (the CFG pair), a multiply-add (2 FLOPs) per
+         * weight per row. */
+        const double flops = 2.0 * 2 * sizes[s] * (double)weight_elems;
+        const double compute = peak > 0 && step_s > 0 ? flops / peak / step_s : 0;
         ips[s] = images / set_s;
         cJSON *row = cJSON_CreateObject();
         cJSON_AddNumberToObject(row, "batch", sizes[s]);
         cJSON_AddNumberToObject(row, "images_per_s", ips[s]);
         cJSON_AddNumberToObject(row, "step_s", step_s);
         cJSON_AddNumberToObject(row, "decode_s", decode_s);
-        if (roofline)
+        if (roofline) {
             cJSON_AddNumberToObject(row, "roofline", share);
+            cJSON_AddNumberToObject(row, "compute_roofline", compute);
+        }
         cJSON_AddItemToArray(rows, row);
         if (!json) {
             printf("batch %3d: %8.2f images/s (median %.2f s per set; min %.2f, max %.2f); "
@@ -278,7 +345,8 @@ int main(int argc, char **argv) {
                    sizes[s], ips[s], set_s, took[s][0], took[s][reps - 1], step_s * 1e3,
                    decode_s * 1e3);
             if (roofline)
-                printf(", %.0f%% of the roofline", 100 * share);
+                printf(", %.0f%% of the memory roofline, %.0f%% of the compute roofline",
+                       100 * share, 100 * compute);
             printf("\n");
         }
     }
@@ -288,8 +356,10 @@ int main(int argc, char **argv) {
         free(text);
     } else {
         if (roofline)
-            printf("roofline: %.1f MiB of weights per step at %.1f GB/s read\n",
-                   weight_bytes / 1048576.0, bw / 1e9);
+            printf("roofline: %.1f MiB of weights per step at %.1f GB/s read; %.1f M "
+                   "multiply-adds per row at %.1f GFLOP/s (%s FMA peak)\n",
+                   weight_bytes / 1048576.0, bw / 1e9, weight_elems / 1e6, peak / 1e9,
+                   vec_isa_name(vec_isa()));
         if (timed)
             printf("batch %d / batch 1: %.2fx\n", sizes[1], ips[1] / ips[0]);
     }

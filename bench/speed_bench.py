@@ -13,8 +13,9 @@ alternating --reps times, and reports median images/s, the median decode step (a
 after the prompt's) and the VQ decode per image; this script reads each process's peak
 RSS from the kernel (wait4). The table prints the medians over rounds and each ratio
 arserve / torch, the engine's decode step as a share of the memory roofline (the bytes of
-weights a step reads over the read bandwidth speed_bench measured on the same threads),
-and with --arserve the daemon on loopback at concurrency 1/4/16/... (`arserve bench
+weights a step reads over the read bandwidth speed_bench measured on the same threads)
+and of the compute roofline (their multiply-adds for the step's rows at the FMA peak it
+measured), and with --arserve the daemon on loopback at concurrency 1/4/16/... (`arserve bench
 --arrival concurrency`) beside the engine in-process at the same batch.
 
 Needs torch (tools/requirements.txt; `make bench` uses .venv-tools).
@@ -259,34 +260,41 @@ def main(argv=None):
             row["rss_mib"] = {side: max(x[1] for x in runs[side]) for side in runs}
             row["read_gb_per_s"] = roof["read_bytes_per_s"] / 1e9
             row["step_weight_mib"] = roof["step_weight_bytes"] / 2**20
+            row["fma_gflops"] = roof["fma_flops_per_s"] / 1e9
+            row["vector_isa"] = roof["vector_isa"]
             for b in row["batches"]:  # the step's least time over its measured time
                 o = b["arserve"]
                 o["roofline"] = roof["step_weight_bytes"] / roof["read_bytes_per_s"] / o["step_s"]
+                # two rows an image (the CFG pair), a multiply-add per weight per row
+                flops = 2 * 2 * b["batch"] * roof["step_weight_elems"]
+                o["compute_roofline"] = (flops / roof["fma_flops_per_s"] / o["step_s"]
+                                         if roof["fma_flops_per_s"] else 0)
             if a.arserve:
                 row["daemon"] = daemon_sweep(a, model, threads, a.prompt)
             results.append(row)
 
-    print("%-12s %3s %5s  %9s %9s %6s  %8s %8s %6s  %7s %7s  %8s" % (
+    print("%-12s %3s %5s  %9s %9s %6s  %8s %8s %6s  %7s %7s  %8s %8s" % (
         "model", "thr", "batch", "arserve", "torch", "ratio", "step ms", "torch", "ratio",
-        "VQ ms", "torch", "roofline"))
-    print("%-12s %3s %5s  %9s %9s %6s  %8s %8s %6s  %7s %7s  %8s" % (
-        "", "", "", "images/s", "images/s", "", "arserve", "", "", "arserve", "", ""))
+        "VQ ms", "torch", "roofline", "roofline"))
+    print("%-12s %3s %5s  %9s %9s %6s  %8s %8s %6s  %7s %7s  %8s %8s" % (
+        "", "", "", "images/s", "images/s", "", "arserve", "", "", "arserve", "", "memory",
+        "compute"))
     for row in results:
         for b in row["batches"]:
             o, t = b["arserve"], b["torch"]
-            print("%-12s %3d %5d  %9.2f %9.2f %6s  %8.2f %8.2f %6s  %7.1f %7.1f  %7.0f%%" % (
+            print("%-12s %3d %5d  %9.2f %9.2f %6s  %8.2f %8.2f %6s  %7.1f %7.1f  %7.0f%% %7.0f%%" % (
                 row["model"][:12], row["threads"], b["batch"], o["images_per_s"], t["images_per_s"],
                 fmt_ratio(o["images_per_s"], t["images_per_s"]), o["step_s"] * 1e3, t["step_s"] * 1e3,
                 fmt_ratio(t["step_s"], o["step_s"]), o["decode_s"] * 1e3, t["decode_s"] * 1e3,
-                100 * o["roofline"]))
+                100 * o["roofline"], 100 * o["compute_roofline"]))
     print()
     print("peak RSS (MiB, the largest of the rounds), and the roofline's terms:")
     for row in results:
         print("  %-12s %d thread(s): arserve %.0f, torch %.0f (%.2fx less); %.1f MiB of weights "
-              "per step, %.1f GB/s read" % (
+              "per step, %.1f GB/s read, %.0f GFLOP/s %s FMA peak" % (
                   row["model"][:12], row["threads"], row["rss_mib"]["arserve"], row["rss_mib"]["torch"],
                   row["rss_mib"]["torch"] / row["rss_mib"]["arserve"], row["step_weight_mib"],
-                  row["read_gb_per_s"]))
+                  row["read_gb_per_s"], row["fma_gflops"], row["vector_isa"]))
     if a.arserve:
         print()
         print("the daemon on loopback (arserve bench, a closed loop of C clients), images/s, and "

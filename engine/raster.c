@@ -73,21 +73,28 @@ static size_t tensor_bytes(const tensor_t *t) {
     return t->data ? (size_t)tensor_numel(t) * dtype_size(t->dtype) : 0;
 }
 
-size_t raster_step_weight_bytes(const raster_model_t *m) {
-    size_t n = tensor_bytes(&m->norm) + tensor_bytes(&m->head_fc1_w) +
-               tensor_bytes(&m->head_fc1_b) + tensor_bytes(&m->head_fc2_w) +
-               tensor_bytes(&m->head_fc2_b);
+/* The weights one image-token step reads whole (raster.h), summed as
+ * bytes or as elements. */
+static size_t step_weights(const raster_model_t *m, size_t (*measure)(const tensor_t *)) {
+    size_t n = measure(&m->norm) + measure(&m->head_fc1_w) + measure(&m->head_fc1_b) +
+               measure(&m->head_fc2_w) + measure(&m->head_fc2_b);
     for (int i = 0; i < m->cfg->llm.num_layers; i++) {
         const raster_layer_t *y = &m->layers[i];
         const tensor_t *ts[] = {&y->attn_norm, &y->q,    &y->k,  &y->v,   &y->o,
                                 &y->mlp_norm,  &y->gate, &y->up, &y->down};
         for (size_t j = 0; j < sizeof ts / sizeof ts[0]; j++)
-            n += tensor_bytes(ts[j]);
+            n += measure(ts[j]);
     }
     for (int j = 0; j < RASTER_MAX_ALIGNER; j++)
-        n += tensor_bytes(&m->aligner_w[j]) + tensor_bytes(&m->aligner_b[j]);
+        n += measure(&m->aligner_w[j]) + measure(&m->aligner_b[j]);
     return n;
 }
+
+static size_t numel(const tensor_t *t) { return t->data ? (size_t)tensor_numel(t) : 0; }
+
+size_t raster_step_weight_bytes(const raster_model_t *m) { return step_weights(m, tensor_bytes); }
+
+size_t raster_step_weight_elems(const raster_model_t *m) { return step_weights(m, numel); }
 
 void raster_free(raster_model_t *m) {
     if (!m->be)

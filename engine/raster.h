@@ -54,6 +54,9 @@ void raster_free(raster_model_t *m);
  * are read a row per token and not counted). A step over any number of
  * rows reads at least this much: the decode step's memory roofline. */
 size_t raster_step_weight_bytes(const raster_model_t *m);
+/* The same weights' elements: each is a multiply-add per row of a step,
+ * the step's compute roofline. */
+size_t raster_step_weight_elems(const raster_model_t *m);
 
 /* Runs one forward pass over n_in inputs (whose sequences share one pool)
  * and writes, for each input, the image-codebook logits after its last

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A smoke test of build/speed_bench (`make bench`'s engine half, `make
 # bench-scale`): a raster model at two batch sizes gives images/s, a decode
-# step and a roofline share in its table and its JSON (with the prompt rows
-# the torch side replays, and the bytes of weights a step reads, checked
-# against arserve.json); --measure roofline runs no images; a next-scale
+# step and its memory and compute roofline shares in its table and its JSON
+# (with the prompt rows the torch side replays, and the bytes and elements
+# of weights a step reads, checked against arserve.json and the files); --measure roofline runs no images; a next-scale
 # model runs too; a bad --images is refused.
 # usage: tests/cli/test_speed_bench.sh path/to/speed_bench path/to/tiny-model
 #        path/to/var-tiny-model path/to/python
@@ -16,8 +16,8 @@ ok()   { passed=$((passed + 1)); echo "ok      $1"; }
 fail() { failed=$((failed + 1)); echo "not ok  $1"; [ -n "${2:-}" ] && echo "  $2"; }
 
 "$bin" --model "$model" --batch 2 --images 2 --reps 1 >"$tmp/table" 2>&1
-grep -qE '^batch   2: +[0-9.]+ images/s .*step [0-9.]+ ms, VQ decode [0-9.]+ ms, [0-9]+% of the roofline$' "$tmp/table" &&
-    grep -qE '^roofline: [0-9.]+ MiB of weights per step at [0-9.]+ GB/s read$' "$tmp/table" &&
+grep -qE '^batch   2: +[0-9.]+ images/s .*step [0-9.]+ ms, VQ decode [0-9.]+ ms, [0-9]+% of the memory roofline, [0-9]+% of the compute roofline$' "$tmp/table" &&
+    grep -qE '^roofline: [0-9.]+ MiB of weights per step at [0-9.]+ GB/s read; [0-9.]+ M multiply-adds per row at [0-9.]+ GFLOP/s \((avx512|avx2|portable) FMA peak\)$' "$tmp/table" &&
     grep -qE '^batch 2 / batch 1: [0-9.]+x$' "$tmp/table" &&
     ok "a raster model's table: images/s, step, VQ decode, roofline" ||
     fail "a raster model's table: images/s, step, VQ decode, roofline" "$(cat "$tmp/table")"
@@ -58,11 +58,33 @@ want = sum(math.prod(v["shape"]) * (2 if len(v["shape"]) == 2 and v["dtype"] in 
            for v in step)
 assert want < 4 * count  # the tiny model has 16-bit matrices
 assert roof["step_weight_bytes"] == want, (roof["step_weight_bytes"], want)
+assert roof["step_weight_elems"] == count, (roof["step_weight_elems"], count)
+# an FMA peak well above one multiply-add a nanosecond, as any vector unit has
+# (none is measured for the portable kernels)
+assert (roof["fma_flops_per_s"] > 4e9 and roof["vector_isa"] in ("avx512", "avx2")
+        or roof["fma_flops_per_s"] == 0 and roof["vector_isa"] == "portable"), roof
 print("ok")
 PY
-    ok "--json: both batch sizes, the prompt rows, a step's weight bytes; --measure splits them" ||
-    fail "--json: both batch sizes, the prompt rows, a step's weight bytes; --measure splits them" \
+    ok "--json: both batch sizes, the prompt rows, a step's weight bytes and elements, the FMA peak; --measure splits them" ||
+    fail "--json: both batch sizes, the prompt rows, a step's weight bytes and elements, the FMA peak; --measure splits them" \
         "$(cat "$tmp/check" "$tmp/speed.json" "$tmp/roof.json")"
+
+"$bin" --model "$model" --batch 2 --images 2 --reps 1 --json >"$tmp/all.json" 2>&1
+"$python" - "$tmp/all.json" <<'PY' >"$tmp/shares" 2>&1 &&
+import json, sys
+o = json.load(open(sys.argv[1]))
+for b in o["batches"]:
+    # a step's time if bound by reading its weights once, or by their
+    # multiply-adds for two rows an image (the CFG pair) at the FMA peak
+    memory = o["step_weight_bytes"] / o["read_bytes_per_s"] / b["step_s"]
+    compute = 2 * 2 * b["batch"] * o["step_weight_elems"] / o["fma_flops_per_s"] / b["step_s"]
+    assert abs(b["roofline"] - memory) <= 1e-9 * memory, (b, memory)
+    assert abs(b["compute_roofline"] - compute) <= 1e-9 * compute, (b, compute)
+print("ok")
+PY
+    ok "the roofline shares: weight bytes at the read bandwidth, two rows' multiply-adds at the FMA peak" ||
+    fail "the roofline shares: weight bytes at the read bandwidth, two rows' multiply-adds at the FMA peak" \
+        "$(cat "$tmp/shares" "$tmp/all.json")"
 
 "$bin" --model "$var_model" --batch 2 --images 4 --reps 1 >"$tmp/var" 2>&1
 grep -qE '^batch 2 / batch 1: [0-9.]+x$' "$tmp/var" && ! grep -q roofline "$tmp/var" &&
