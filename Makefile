@@ -453,7 +453,7 @@ bench-scale: $(BUILD)/speed_bench
 
 # arserve against PyTorch (bench/speed_bench.py says what each column is):
 # images/s at batch 1 and BENCH_BATCH on BENCH_THREADS threads, the decode
-# step, the VQ decode, peak RSS, the step's share of the memory roofline,
+# step, the VQ decode, peak RSS, the step's shares of the memory and compute rooflines,
 # and the daemon on loopback at BENCH_CONCURRENCY clients, on the demo model
 # and a 60M-parameter random one. About ten minutes; torch from .venv-tools.
 # Not part of `make test`.
