@@ -202,23 +202,31 @@ static const rows_fn *kernels_for(dtype_t wt) {
     return KERNELS[vec_isa()][wt == DTYPE_BF16 ? W_BF16 : wt == DTYPE_F16 ? W_F16 : W_F32];
 }
 
+/* Bytes of weight rows taken as a group: each group of activation rows
+ * passes over all of it before the next (an L2's share, so the group is
+ * read from memory once and from L2 by every group of activation rows,
+ * whose own rows stay in L1). */
+#define W_GROUP_BYTES ((size_t)128 << 10)
+
 void gemm_rows_typed(int M, int N, int K, const float *x, int ldx, const void *w, dtype_t wt,
                      int ldw, float *y, int ldy) {
     if (M <= 0 || N <= 0 || K <= 0)
         return;
     const rows_fn *by = kernels_for(wt);
-    const size_t wsize = dtype_size(wt);
-    /* Weight rows outermost: a block of four is read from memory once and
-     * stays in L1 while every group of activation rows uses it. */
-    for (int n = 0; n < N; n += 4) {
-        const int nr = N - n < 4 ? N - n : 4;
+    const size_t wsize = dtype_size(wt), row_bytes = (size_t)K * wsize;
+    int group = (int)(W_GROUP_BYTES / row_bytes) / 4 * 4;
+    if (group < 4)
+        group = 4;
+    for (int g = 0; g < N; g += group) {
+        const int g_end = N - g < group ? N : g + group;
         for (int m = 0; m < M;) {
             const int take = M - m >= 4 && by[0] ? 4 : M - m >= 2 ? 2 : 1;
-            by[take == 4   ? 0
-               : take == 2 ? 1
-                           : 2](nr, K, x + (size_t)m * ldx, ldx,
-                                (const char *)w + (size_t)n * ldw * wsize, ldw,
-                                y + (size_t)m * ldy + n, ldy);
+            const rows_fn f = by[take == 4 ? 0 : take == 2 ? 1 : 2];
+            /* The group's weight rows four at a time, each block loaded
+             * once into registers for all of this kernel's rows. */
+            for (int n = g; n < g_end; n += 4)
+                f(g_end - n < 4 ? g_end - n : 4, K, x + (size_t)m * ldx, ldx,
+                  (const char *)w + (size_t)n * ldw * wsize, ldw, y + (size_t)m * ldy + n, ldy);
             m += take;
         }
     }

@@ -1,7 +1,8 @@
 /* Tests for engine/gemm_rows.c: every kernel this machine runs against a
  * double-precision reference, on shapes with ragged edges (rows not a
  * multiple of four, weight rows not a multiple of four, K not a multiple of
- * the vector width), with strides wider than the rows, accumulating into y,
+ * the vector width, weight rows spanning several of the driver's groups),
+ * with strides wider than the rows, accumulating into y,
  * and never writing outside it; and its bf16 and fp16 weights against the
  * same weights in fp32, on every kernel. */
 #include "engine/gemm_rows.h"
@@ -69,7 +70,9 @@ static int check_shape(int M, int N, int K) {
 static void test_every_kernel_matches_the_reference(void) {
     static const int Ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 16};
     static const int Ns[] = {1, 3, 4, 5, 17, 64};
-    static const int Ks[] = {1, 7, 8, 15, 16, 17, 33, 256, 300};
+    /* K = 4096: weight rows of 16 KiB, several groups (gemm_rows.c's
+     * W_GROUP_BYTES) across N = 17 and 64. */
+    static const int Ks[] = {1, 7, 8, 15, 16, 17, 33, 256, 300, 4096};
     int ran = 0;
     for (int isa = 0; isa < VEC_N_ISA; isa++) {
         if (!vec_isa_use((vec_isa_t)isa)) {
