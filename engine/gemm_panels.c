@@ -7,20 +7,7 @@
 
 #include "vec_isa.h"
 
-/* As in gemm_rows.c: A and the panels are read-only here and C's tiles
- * belong to the calling thread. */
-#if defined(__SANITIZE_THREAD__)
-#define NO_TSAN __attribute__((no_sanitize("thread")))
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define NO_TSAN __attribute__((no_sanitize("thread")))
-#endif
-#endif
-#ifndef NO_TSAN
-#define NO_TSAN
-#endif
-
-#define VEC_EXTRA_ATTR NO_TSAN
+#define VEC_EXTRA_ATTR VEC_NO_TSAN
 
 /* ---- AVX-512: 8 rows x 3 panels (24 of the 32 registers) ---- */
 

@@ -8,22 +8,7 @@
 
 #include "vec_isa.h"
 
-/* ThreadSanitizer does not instrument the kernels (as it never saw inside
- * OpenBLAS, which did this before): the weights are read-only once loaded
- * and the rows belong to the calling thread, and instrumented the kernels
- * made the TSan suite 40 s slower. */
-#if defined(__SANITIZE_THREAD__)
-#define NO_TSAN __attribute__((no_sanitize("thread")))
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define NO_TSAN __attribute__((no_sanitize("thread")))
-#endif
-#endif
-#ifndef NO_TSAN
-#define NO_TSAN
-#endif
-
-#define VEC_EXTRA_ATTR NO_TSAN
+#define VEC_EXTRA_ATTR VEC_NO_TSAN
 
 /* ---- AVX-512: up to 4 rows at a time (16 accumulators) ---- */
 

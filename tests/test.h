@@ -5,8 +5,18 @@
 #define ARSERVE_TEST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+/* A uniform float in [-1, 1) from a xorshift64 state (never 0): the kernel
+ * tests' inputs, the same on every run. */
+static inline float test_rand_float(uint64_t *state) {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return (float)((double)(*state >> 11) * 0x1p-53 * 2.0 - 1.0);
+}
 
 static int test_failures_in_current;
 static int test_passed, test_failed;

@@ -14,12 +14,7 @@
 #include <string.h>
 
 static uint64_t rand_state = 0x2545F4914F6CDD1DULL;
-static float rand_float(void) {
-    rand_state ^= rand_state << 13;
-    rand_state ^= rand_state >> 7;
-    rand_state ^= rand_state << 17;
-    return (float)((double)(rand_state >> 11) * 0x1p-53 * 2.0 - 1.0);
-}
+static float rand_float(void) { return test_rand_float(&rand_state); }
 
 #define GUARD 1e30f
 

@@ -10,12 +10,7 @@
 #include <stdlib.h>
 
 static uint64_t rand_state = 0x9E3779B97F4A7C15ULL;
-static float rand_float(void) {
-    rand_state ^= rand_state << 13;
-    rand_state ^= rand_state >> 7;
-    rand_state ^= rand_state << 17;
-    return (float)((double)(rand_state >> 11) * 0x1p-53 * 2.0 - 1.0);
-}
+static float rand_float(void) { return test_rand_float(&rand_state); }
 
 #define MAX_N 300
 #define MAX_D 160
