@@ -2,6 +2,7 @@
 requests are still running while the test looks): a full queue answers 429,
 a client that goes away frees its KV, SIGTERM drains."""
 import json
+import os
 import signal
 import socket
 import threading
@@ -381,3 +382,18 @@ def test_serve_waits_passively_unless_told_otherwise(start_daemon):
     assert _environ(d.proc.pid).get(b"OMP_WAIT_POLICY") == b"active"
     d = start_daemon(env={"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "1000"})
     assert b"OMP_WAIT_POLICY" not in _environ(d.proc.pid)
+
+
+def test_threads_beyond_the_cores_are_warned_of(start_daemon):
+    """--threads that, with the drawing thread, asks for more cores than the
+    process may use is said once at start, naming both settings; the default
+    (--threads 0, the cores the drawing thread leaves) is not."""
+    cores = len(os.sched_getaffinity(0))
+    d = start_daemon(args=("--threads", str(cores)))
+    assert d.client.get("/health").status_code == 200
+    warned = [l for l in d.stderr().splitlines() if "ask for more than" in l]
+    assert len(warned) == 1, d.stderr()
+    assert f"--threads {cores} and --draw-threads 1" in warned[0]
+    assert f"the {cores} core(s)" in warned[0]
+    d = start_daemon()
+    assert "ask for more than" not in d.stderr()
