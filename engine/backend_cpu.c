@@ -107,9 +107,9 @@ static void cpu_weight_free(backend_t *be, tensor_t *t) {
 /* ---- linear algebra ---------------------------------------------------- */
 
 /* Rows of a Linear GEMM that go to gemm_rows, which reads the weight once
- * for all of them (`make bench-gemm`, one thread, AVX-512: 2.3x OpenBLAS's
- * sgemm at 2 rows, still 1.05x at 128, on every shape of the served
- * models; at one row OpenBLAS's sgemv is 1.25x faster). */
+ * for all of them (`make bench-gemm`, one thread, AVX-512, the worst over
+ * the served models' shapes: 3.5x OpenBLAS's sgemm at 2 rows, still 1.07x
+ * at 128; at one row OpenBLAS's sgemv is 1.27x faster). */
 #define GEMM_ROWS_MIN_M 2
 #define GEMM_ROWS_MAX_M 128
 

@@ -165,7 +165,7 @@
 
 /* A kernel of any weight type (w points at WT elements). */
 typedef void (*rows_fn)(int nr, int K, const float *x, int ldx, const void *w, int ldw, float *y,
-                        int ldy);
+                        int ldy, int fetch);
 
 enum { W_F32, W_BF16, W_F16, W_N };
 
@@ -193,6 +193,9 @@ static const rows_fn *kernels_for(dtype_t wt) {
  * whose own rows stay in L1). */
 #define W_GROUP_BYTES ((size_t)128 << 10)
 
+/* Rows up to which the kernels prefetch the next weight rows. */
+#define GEMM_ROWS_FETCH_MAX_M 16
+
 void gemm_rows_typed(int M, int N, int K, const float *x, int ldx, const void *w, dtype_t wt,
                      int ldw, float *y, int ldy) {
     if (M <= 0 || N <= 0 || K <= 0)
@@ -202,6 +205,10 @@ void gemm_rows_typed(int M, int N, int K, const float *x, int ldx, const void *w
     int group = (int)(W_GROUP_BYTES / row_bytes) / 4 * 4;
     if (group < 4)
         group = 4;
+    /* Prefetching pays where the weights' reads bound the time; at more
+     * rows the multiplies do, and the extra instructions cost (`make
+     * bench-gemm`). */
+    const int fetch = M <= GEMM_ROWS_FETCH_MAX_M;
     for (int g = 0; g < N; g += group) {
         const int g_end = N - g < group ? N : g + group;
         for (int m = 0; m < M;) {
@@ -211,7 +218,8 @@ void gemm_rows_typed(int M, int N, int K, const float *x, int ldx, const void *w
              * once into registers for all of this kernel's rows. */
             for (int n = g; n < g_end; n += 4)
                 f(g_end - n < 4 ? g_end - n : 4, K, x + (size_t)m * ldx, ldx,
-                  (const char *)w + (size_t)n * ldw * wsize, ldw, y + (size_t)m * ldy + n, ldy);
+                  (const char *)w + (size_t)n * ldw * wsize, ldw, y + (size_t)m * ldy + n, ldy,
+                  fetch);
             m += take;
         }
     }
