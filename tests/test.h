@@ -11,7 +11,7 @@
 
 /* A uniform float in [-1, 1) from a xorshift64 state (never 0): the kernel
  * tests' inputs, the same on every run. */
-static inline float test_rand_float(uint64_t *state) {
+static inline float test_xorshift_float(uint64_t *state) {
     *state ^= *state << 13;
     *state ^= *state >> 7;
     *state ^= *state << 17;

@@ -14,7 +14,7 @@
 #include <string.h>
 
 static uint64_t rand_state = 0x2545F4914F6CDD1DULL;
-static float rand_float(void) { return test_rand_float(&rand_state); }
+static float rand_float(void) { return test_xorshift_float(&rand_state); }
 
 #define GUARD 1e30f
 

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 static uint64_t rand_state = 0x9E3779B97F4A7C15ULL;
-static float rand_float(void) { return test_rand_float(&rand_state); }
+static float rand_float(void) { return test_xorshift_float(&rand_state); }
 
 #define MAX_N 300
 #define MAX_D 160
