@@ -138,9 +138,12 @@ def test_disconnect_mid_generation_frees_kv(start_daemon, slow_info, stream):
     s.close()
 
     # A scrape is not atomic across families (each is read under its own
-    # lock, in name order), so wait for every figure the test reads.
+    # lock, in name order), so wait for every figure the test reads: the
+    # scheduler counts the images and ends the job before it frees the
+    # job's KV blocks, and a scrape between the two saw blocks still in use.
     after = d.wait_metrics(lambda m: m.get("arserve_requests_running") == 0
                            and m.get("arserve_kv_pool_reserved_bytes") == 0
+                           and m.get("arserve_kv_pool_used_bytes") == 0
                            and m.get("arserve_images_total", status="cancelled") == 2,
                            timeout=5.0, what="the cancelled request's KV to be freed")
     freed_in = time.monotonic() - t_close
