@@ -127,8 +127,8 @@ static void gemm_one(int M, int N, int K, const float *A, int lda, const float *
 }
 
 /* Start of part t of len split n ways, rounded down to a multiple of align. */
-static int split_at(int len, int t, int n, int align) {
-    return t == n ? len : (int)((int64_t)len * t / n) / align * align;
+static int64_t split_at(int64_t len, int t, int n, int align) {
+    return t == n ? len : len * t / n / align * align;
 }
 
 /* gemm_one on the OpenMP team: each thread takes a slice of N (of M when N
@@ -623,23 +623,22 @@ static void cpu_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *blo
 
 /* Element-wise ops over the team: thread t takes the t-th of equal
  * slices, each a whole number of cache lines. */
-#define EW_SLICE(n, t, nt, lo, hi)                                                                 \
-    const size_t lo = ((n) / (size_t)(nt) * (size_t)(t)) & ~(size_t)15,                            \
-                 hi = (t) == (nt)-1 ? (n) : ((n) / (size_t)(nt) * (size_t)((t) + 1)) & ~(size_t)15
-
 static void cpu_silu_mul(backend_t *be, float *out, const float *gate, const float *up, size_t n) {
 #pragma omp parallel num_threads(team(be)) if (n >= PAR_MIN_WORK)
     {
-        EW_SLICE(n, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
-        vec_silu_mul(out + lo, gate + lo, up + lo, hi - lo);
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const size_t lo = (size_t)split_at((int64_t)n, t, nt, 16);
+        vec_silu_mul(out + lo, gate + lo, up + lo,
+                     (size_t)split_at((int64_t)n, t + 1, nt, 16) - lo);
     }
 }
 
 static void cpu_silu(backend_t *be, float *x, size_t n) {
 #pragma omp parallel num_threads(team(be)) if (n >= PAR_MIN_WORK)
     {
-        EW_SLICE(n, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
-        vec_silu(x + lo, hi - lo);
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const size_t lo = (size_t)split_at((int64_t)n, t, nt, 16);
+        vec_silu(x + lo, (size_t)split_at((int64_t)n, t + 1, nt, 16) - lo);
     }
 }
 

@@ -62,7 +62,7 @@ typedef void (*tile_fn)(int K, const float *a, int lda, const float *bp, int nco
                         const float *bias, float *c, int ldc);
 
 /* An instruction set's tiles: mr x np (the widest), 1 x np, mr x 1 and
- * 1 x 1 (NULL where np is 1). */
+ * 1 x 1 (where np is 1, the first two are the last two). */
 typedef struct tiles {
     int mr, np;
     tile_fn full, rows, panel, one;
