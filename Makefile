@@ -46,7 +46,7 @@ endif
 endif
 
 CC      ?= cc
-CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter -fopenmp \
+CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wpointer-arith -Wno-unused-parameter -fopenmp \
            -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread -MMD -MP
 LDLIBS  := -lopenblas -lcjson -lpng -lm -lpthread
 # The daemon allocates through jemalloc, except in sanitizer builds, which

@@ -689,7 +689,7 @@ static int bench_load(bench_t *b, const char *model_dir, const char *prompts_pat
     const model_config_t *cfg = &b->model.cfg;
     b->steps = model_steps(cfg);
     b->block_tokens = planner_block_tokens(cfg);
-    b->block_bytes = kv_pool_block_bytes(b->block_tokens, cfg->llm.head_dim);
+    b->block_bytes = kv_pool_block_bytes(b->block_tokens, cfg->llm.head_dim, DTYPE_F32);
     b->width = model_config_image_width(cfg);
     b->height = model_config_image_height(cfg);
     for (int i = 0; i < b->n_prompts; i++) {
@@ -715,8 +715,8 @@ static int bench_load(bench_t *b, const char *model_dir, const char *prompts_pat
     }
     free(ft);
     size_t n_blocks = (size_t)floor(pool_images * (double)(full_peak / b->block_bytes));
-    if (kv_pool_init(&b->pool, be, (int)n_blocks, b->block_tokens, cfg->llm.head_dim, &err) !=
-        AR_OK) {
+    if (kv_pool_init(&b->pool, be, (int)n_blocks, b->block_tokens, cfg->llm.head_dim, DTYPE_F32,
+                     &err) != AR_OK) {
         fprintf(stderr, "kv_bench: %s\n", err.msg);
         return AR_ERR;
     }

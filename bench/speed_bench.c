@@ -263,7 +263,7 @@ int main(int argc, char **argv) {
     kv_policy_defaults(&full, KV_POLICY_FULL);
     planner_plan_t plan;
     const int bt = planner_block_tokens(&m->cfg);
-    const size_t block = kv_pool_block_bytes(bt, m->cfg.llm.head_dim);
+    const size_t block = kv_pool_block_bytes(bt, m->cfg.llm.head_dim, DTYPE_F32);
     const int steps = model_steps(&m->cfg);
     b.cap_step = (int)images * steps;
     b.cap_decode = (int)images;
@@ -274,7 +274,7 @@ int main(int argc, char **argv) {
     if (!b.rgb || !b.step_s || !b.decode_s ||
         planner_plan(&plan, &m->cfg, &full, b.n_prompt ? b.n_prompt : 1, bt, NULL, &err) != AR_OK ||
         kv_pool_init(&b.pool, be, (int)(batch * (long long)(plan.peak_bytes / block)), bt,
-                     m->cfg.llm.head_dim, &err) != AR_OK) {
+                     m->cfg.llm.head_dim, DTYPE_F32, &err) != AR_OK) {
         fprintf(stderr, "speed_bench: %s\n", err.msg[0] ? err.msg : "out of memory");
         return 1;
     }

@@ -60,7 +60,7 @@ static int profile_batch(model_t *m, const kv_policy_params_t *p, int batch, con
     planner_plan_t pl;
     if (planner_plan(&pl, &m->cfg, p, n_prompt, bt, NULL, err) != AR_OK)
         return AR_ERR;
-    const size_t block = kv_pool_block_bytes(bt, m->cfg.llm.head_dim);
+    const size_t block = kv_pool_block_bytes(bt, m->cfg.llm.head_dim, DTYPE_F32);
     kv_pool_t pool;
     gen_request_t *reqs = calloc((size_t)batch, sizeof *reqs);
     gen_request_t **ptrs = calloc((size_t)batch, sizeof *ptrs);
@@ -70,7 +70,7 @@ static int profile_batch(model_t *m, const kv_policy_params_t *p, int batch, con
     int made = 0;
     if (rc == AR_OK)
         rc = kv_pool_init(&pool, m->be, (int)(pl.peak_bytes / block + 1) * batch + 1, bt,
-                          m->cfg.llm.head_dim, err);
+                          m->cfg.llm.head_dim, DTYPE_F32, err);
     const int have_pool = rc == AR_OK;
     while (rc == AR_OK && made < batch) {
         rc = gen_request_init(&reqs[made], m, &pool, p, cond, uncond, n_prompt, &m->cfg.sampling,

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 
+#include "engine/dtype.h"
 #include "engine/kv_calibration.h"
 #include "engine/model_config.h"
 
@@ -49,5 +50,10 @@ int cli_model_config(const char *cmd, const char *arg, char *json, size_t cap, m
 
 /* --kv-dtype K,V (a CLI_EACH parser; dest: planner_kv_dtype_t). */
 int cli_parse_kv_dtype(void *dest, const char *value);
+
+/* What `serve --kv-dtype auto` stores K and V in for the model whose
+ * arserve.json is json: its weights' type, or bf16 for a preset, which has
+ * no weights (real checkpoints are bf16); *why says which. */
+dtype_t cli_serve_kv_dtype(const char *json, const model_config_t *cfg, const char **why);
 
 #endif

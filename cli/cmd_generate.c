@@ -18,7 +18,7 @@
 #include "engine/text.h"
 
 typedef struct generate_args {
-    const char *model_dir, *prompt, *prompt_ids, *class_label, *out_path, *backend;
+    const char *model_dir, *prompt, *prompt_ids, *class_label, *out_path, *backend, *kv_dtype;
     long long seed, top_k, threads;
     double cfg, temperature, top_p; /* < 0: the model's default */
     int quiet;
@@ -158,7 +158,13 @@ static int generate(const generate_args_t *a, backend_t *be) {
     rc = 1;
     const double t1 = clock_now_s();
     const int H = model_config_image_height(&model.cfg), W = model_config_image_width(&model.cfg);
-    if (gen_pool_for_one_image(&pool, &model, n_prompt, &err) != AR_OK ||
+    dtype_t kv_dtype;
+    if (planner_kv_dtype_choose(a->kv_dtype, model.weight_dtype, &kv_dtype, &err) != AR_OK) {
+        fprintf(stderr, "arserve generate: --kv-dtype: %s\n", err.msg);
+        rc = 2;
+        goto out;
+    }
+    if (gen_pool_for_one_image(&pool, &model, n_prompt, kv_dtype, &err) != AR_OK ||
         gen_request_init(&req, &model, &pool, NULL, cond, uncond, n_prompt, &sp, (uint64_t)a->seed,
                          0, &err) != AR_OK ||
         run_steps(&req, !a->quiet && isatty(STDERR_FILENO), &err) != AR_OK ||
@@ -189,6 +195,7 @@ out:
 int cmd_generate(int argc, char **argv, char **envp) {
     generate_args_t a = {.out_path = "out.png",
                          .backend = "auto",
+                         .kv_dtype = "auto",
                          .top_k = -1,
                          .cfg = -1,
                          .temperature = -1,
@@ -221,6 +228,9 @@ int cmd_generate(int argc, char **argv, char **envp) {
         {"backend", 0, CLI_STRING, &a.backend, .metavar = "NAME",
          .help = "cpu, cuda, or auto: cuda when built in (make CUDA=1) and a GPU is present, "
                  "else cpu (default auto)"},
+        {"kv-dtype", 0, CLI_STRING, &a.kv_dtype, .metavar = "TYPE",
+         .help = "type the KV cache stores K and V in: f32, bf16, f16, fp8 (e4m3), or auto, "
+                 "the weights' type (default auto)"},
         {"output", 'o', CLI_STRING, &a.out_path, .metavar = "FILE",
          .help = "PNG to write (default out.png)"},
         {"quiet", 'q', CLI_BOOL, &a.quiet, .help = "no progress bar and no summary"},

@@ -24,6 +24,7 @@
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/planner.h"
+#include "engine/weights.h"
 
 /* The daemon's defaults: --kv-pool-mb, and the prompt it sizes its start-up
  * log for (16 text tokens + BOS + image-start). */
@@ -237,6 +238,8 @@ typedef struct plan_ctx {
     int P, steps, bt;
     int batch;             /* images planned together (each a CFG pair) */
     planner_kv_dtype_t dt; /* the types K and V are counted in */
+    dtype_t serve_dt;      /* what `serve --kv-dtype auto` stores both in */
+    const char *serve_why; /* and why */
     long long pool_mb;
     size_t block, capacity;
     const char *unit_name;
@@ -386,8 +389,8 @@ static void print_header(const plan_ctx_t *x) {
         snprintf(types, sizeof types, "K %s, V %s (%zu + %zu bytes per element)",
                  planner_kv_dtype_name(x->dt.k), planner_kv_dtype_name(x->dt.v),
                  dtype_size(x->dt.k), dtype_size(x->dt.v));
-    if (planner_kv_dtype_equal(x->dt, planner_kv_engine))
-        printf("KV dtype %s, as the engine stores K and V: %zu bytes per token\n", types,
+    if (planner_kv_dtype_equal(x->dt, planner_kv_same(x->serve_dt)))
+        printf("KV dtype %s, as `serve` stores K and V: %zu bytes per token\n", types,
                token_head_bytes(x));
     else
         printf("KV dtype %s as planned (--kv-dtype): %zu bytes per token\n", types,
@@ -395,14 +398,19 @@ static void print_header(const plan_ctx_t *x) {
     printf("         per head, %zu bytes per token of one image (all layers and heads, both CFG "
            "rows)\n",
            token_image_bytes(x));
-    if (!planner_kv_dtype_equal(x->dt, planner_kv_engine))
-        printf("         NOTE: the engine's pool holds K and V in f32 (%zu bytes per token per "
-               "head): `serve`\n         reserves %.3gx every byte figure below\n",
-               kv_pool_block_bytes(1, mc->llm.head_dim),
-               (double)kv_pool_block_bytes(1, mc->llm.head_dim) / (double)token_head_bytes(x));
-    else
-        printf("         (the papers' reference code keeps 16-bit KV: see the bf16 row, or "
-               "--kv-dtype)\n");
+    if (x->dt.k != x->dt.v) {
+        /* The pool holds one type: the wider of the two keeps both exact. */
+        const dtype_t wide = dtype_size(x->dt.k) >= dtype_size(x->dt.v) ? x->dt.k : x->dt.v;
+        const size_t one = kv_pool_block_bytes(1, mc->llm.head_dim, wide);
+        printf("         NOTE: the engine's pool holds K and V in one type: `serve --kv-dtype "
+               "%s`\n         (%zu bytes per token per head) reserves %.3gx every byte figure "
+               "below\n",
+               planner_kv_dtype_name(wide), one, (double)one / (double)token_head_bytes(x));
+    } else {
+        printf("         (`serve --kv-dtype auto` stores %s: %s; --kv-dtype takes f32,\n"
+               "         bf16, f16 or fp8)\n",
+               planner_kv_dtype_name(x->serve_dt), x->serve_why);
+    }
     printf("pool     %lld MiB: %zu blocks of %d token%s (%zu bytes: one head's K and V), %zu "
            "bytes\n",
            x->pool_mb, x->capacity / x->block, x->bt, x->bt == 1 ? "" : "s", x->block, x->capacity);
@@ -642,6 +650,21 @@ static void print_details(const plan_ctx_t *x, const policy_plan_t *plans, int n
     }
 }
 
+dtype_t cli_serve_kv_dtype(const char *json, const model_config_t *cfg, const char **why) {
+    char dir[PATH_MAX + 16];
+    snprintf(dir, sizeof dir, "%.*s", (int)(strrchr(json, '/') - json), json);
+    weight_set_t ws;
+    ar_error_t err = {{0}};
+    if (cfg->n_weight_files == 0 || weight_set_open(&ws, dir, cfg, NULL, &err) != AR_OK) {
+        *why = "a preset without weights: bf16, as real checkpoints";
+        return DTYPE_BF16;
+    }
+    const dtype_t t = weight_set_main_dtype(&ws);
+    weight_set_close(&ws);
+    *why = "the weights' type";
+    return t;
+}
+
 /* --kv-dtype's value into a planner_kv_dtype_t (CLI_EACH). */
 int cli_parse_kv_dtype(void *dest, const char *value) {
     ar_error_t err = {{0}};
@@ -657,7 +680,7 @@ int cmd_plan(int argc, char **argv, char **envp) {
     double budget = -1;
     long long budget_tokens = 0;
     long long pool_mb = PLAN_DEFAULT_POOL_MB, n_prompt = PLAN_DEFAULT_PROMPT_TOKENS, batch = 1;
-    planner_kv_dtype_t dt = planner_kv_engine;
+    planner_kv_dtype_t dt = {DTYPE_U8, DTYPE_U8}; /* unset: serve's */
     const cli_flag_t flags[] = {
         {"model", 0, CLI_STRING, &model_arg, .metavar = "DIR_OR_PRESET",
          .help = "a model directory, or a preset from config/models/ (janus-pro-1b, "
@@ -680,9 +703,10 @@ int cmd_plan(int argc, char **argv, char **envp) {
          .help = "images planned together, each a CFG pair of sequences: the batch's peak "
                  "(default 1)"},
         {"kv-dtype", 0, CLI_EACH, &dt, .each = cli_parse_kv_dtype, .metavar = "K,V",
-         .help = "element types of the cache's K and V, each f32, bf16 or f16 (one value: both); "
-                 "e.g. f32,bf16, what VAR's and HeatKV's reference code holds under autocast. "
-                 "Default f32,f32, what the engine's pool holds"},
+         .help = "element types of the cache's K and V, each f32, bf16, f16 or fp8 (one value: "
+                 "both); e.g. f32,bf16, what VAR's and HeatKV's reference code holds under "
+                 "autocast. Default: what `serve --kv-dtype auto` stores, the weights' type "
+                 "(bf16 for a preset: real checkpoints are bf16)"},
         {0}};
     int rc = cli_flags_parse("plan", flags, argc, argv, &help);
     if (rc)
@@ -702,12 +726,11 @@ int cmd_plan(int argc, char **argv, char **envp) {
     const char *calib_note = NULL;
     if ((rc = cli_model_config("plan", model_arg, json, sizeof json, &cfg, &calib, &calib_note)))
         return rc;
-    plan_ctx_t x = {.mc = &cfg,
-                    .json = json,
-                    .P = (int)n_prompt,
-                    .pool_mb = pool_mb,
-                    .batch = (int)batch,
-                    .dt = dt};
+    plan_ctx_t x = {
+        .mc = &cfg, .json = json, .P = (int)n_prompt, .pool_mb = pool_mb, .batch = (int)batch};
+    x.serve_dt = cli_serve_kv_dtype(json, &cfg, &x.serve_why);
+    x.dt = dt.k == DTYPE_U8 ? planner_kv_same(x.serve_dt) : dt;
+    dt = x.dt;
     model_geometry(&cfg, x.P, &x.g);
     x.steps = kv_geometry_steps(&x.g);
     if (budget_tokens > 0) {

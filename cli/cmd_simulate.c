@@ -379,7 +379,7 @@ int cmd_simulate(int argc, char **argv, char **envp) {
     long long replicas = 1, pool_mb = d.kv_pool_mb, max_running = d.max_running,
               max_waiting = d.max_waiting, png_workers = d.png_workers, prompt_tokens = 18;
     int help = 0;
-    planner_kv_dtype_t dt = planner_kv_engine;
+    planner_kv_dtype_t dt = {DTYPE_U8, DTYPE_U8}; /* unset: serve's */
     load_spec_t spec;
     load_spec_defaults(&spec);
     cli_flag_t flags[LOAD_N_FLAGS + 16] = {
@@ -402,9 +402,10 @@ int cmd_simulate(int argc, char **argv, char **envp) {
          .help = "condition prefix of a request whose trace line does not give input_tokens "
                  "(default 18: a 16-token prompt)"},
         {"kv-dtype", 0, CLI_EACH, &dt, .each = cli_parse_kv_dtype, .metavar = "K,V",
-         .help = "element types the pool counts K and V in, each f32, bf16 or f16 (one value: "
-                 "both); default f32,f32, the engine's. A projection of a paper's GPU runs takes "
-                 "the paper's (bf16 for Janus, f32,bf16 for VAR and Infinity)"},
+         .help = "element types the pool counts K and V in, each f32, bf16, f16 or fp8 (one "
+                 "value: both); default: what `serve --kv-dtype auto` stores (the weights' type; "
+                 "bf16 for a preset). A projection of a paper's GPU runs takes the paper's (bf16 "
+                 "for Janus, f32,bf16 for VAR and Infinity)"},
         {"timeline", 0, CLI_STRING, &timeline_path, .metavar = "FILE",
          .help = "CSV of every iteration: run, replica, time, images stepped, running, waiting, "
                  "KV reserved bytes"},
@@ -450,6 +451,10 @@ int cmd_simulate(int argc, char **argv, char **envp) {
                .prompt_tokens = (int)prompt_tokens,
                .block_tokens = planner_block_tokens(&cfg)};
     /* The pool as the scheduler makes it: whole blocks of --kv-pool-mb. */
+    if (dt.k == DTYPE_U8) {
+        const char *because;
+        dt = planner_kv_same(cli_serve_kv_dtype(json, &cfg, &because));
+    }
     x.dt = dt;
     const size_t block =
         (size_t)x.block_tokens * cfg.llm.head_dim * (dtype_size(dt.k) + dtype_size(dt.v));

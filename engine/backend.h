@@ -42,22 +42,28 @@ static inline int64_t tensor_numel(const tensor_t *t) {
 
 /* The KV pool as the backend sees it (engine/kv_pool.h owns the free list
  * and the block tables): one backend allocation cut into blocks of
- * block_tokens tokens of ONE (sequence, layer, head). Block b holds its K
- * rows, then its V rows: K row o of block b is at
+ * block_tokens tokens of ONE (sequence, layer, head), every element stored
+ * as dtype (f32, bf16, f16 or fp8 e4m3). Block b holds its K rows, then its
+ * V rows: in elements, K row o of block b is at
  * base + b * 2 * block_tokens * head_dim + o * head_dim, V row o at the same
- * place + block_tokens * head_dim. */
+ * place + block_tokens * head_dim. Appends round each value to dtype;
+ * attention widens them back and computes in fp32. */
 typedef struct kv_blocks {
-    float *base; /* backend memory */
+    void *base; /* backend memory */
+    dtype_t dtype;
     int block_tokens;
     int head_dim;
 } kv_blocks_t;
 
 /* One (sequence, head) cache: cache index j lives in block
  * blocks[j / block_tokens], row j % block_tokens. Block ids need not be
- * contiguous or ordered. */
+ * contiguous or ordered. In an fp8 pool an element e of K stands for
+ * e * k_scale (V: v_scale): the (layer, head)'s scales, which append
+ * divides by. Other types ignore them. */
 typedef struct kv_view {
     const int *blocks; /* host: at least ceil(len / block_tokens) block ids */
     int len;           /* tokens held, the newest rows included */
+    float k_scale, v_scale;
 } kv_view_t;
 
 /* Attention over per-head paged caches for a ragged batch of sequences.
@@ -154,6 +160,12 @@ struct backend {
      * still to be read). Rows past n_keep are left as they were. */
     void (*kv_gather)(backend_t *be, const kv_blocks_t *pool, const int *blocks, const int *keep,
                       int n_keep, float *mass);
+
+    /* The K rows of cache indices [j0, j0 + n) of one (sequence, head)
+     * cache, widened to fp32 (fp8 times the view's k_scale): out is n rows
+     * of head_dim floats. */
+    void (*kv_read_keys)(backend_t *be, float *out, const kv_blocks_t *pool, const kv_view_t *view,
+                         int j0, int n);
 
     /* LayerNorm without affine parameters: y[r, :] = (x[r, :] - mean) /
      * sqrt(var + eps), the biased variance, rows of dim. y may be x. */

@@ -315,35 +315,35 @@ static void cpu_rope(backend_t *be, float *x, const int *pos, int rows, int n_he
     }
 }
 
-/* Walks the rows of one paged cache in cache order: block b of the table,
- * row o within it. Moving to the next row is an increment, so the key loops
- * below stay free of divisions. */
+/* A position in a paged cache, stepped key by key: the block (index into
+ * the table) and the row within it, so the walks below stay free of
+ * divisions. Offsets are in bytes: a pool holds any cache type. */
 typedef struct kv_walk {
-    const float *base;
+    char *base;
     const int *blocks;
-    size_t block_floats, v_offset; /* 2 * block_tokens * head_dim, block_tokens * head_dim */
-    int block_tokens, head_dim;
+    size_t block_bytes, v_offset, row_bytes; /* 2 * bt * row_bytes, bt * row_bytes, hd * size */
+    int block_tokens;
     int b, o;
 } kv_walk_t;
 
 static kv_walk_t walk_at(const kv_blocks_t *pool, const int *blocks, int j) {
-    const size_t bt = (size_t)pool->block_tokens, hd = (size_t)pool->head_dim;
+    const size_t bt = (size_t)pool->block_tokens,
+                 row = (size_t)pool->head_dim * dtype_size(pool->dtype);
     return (kv_walk_t){pool->base,
                        blocks,
-                       2 * bt * hd,
-                       bt * hd,
+                       2 * bt * row,
+                       bt * row,
+                       row,
                        pool->block_tokens,
-                       pool->head_dim,
                        j / pool->block_tokens,
                        j % pool->block_tokens};
 }
 
-static inline float *walk_k(const kv_walk_t *w) {
-    return (float *)w->base + (size_t)w->blocks[w->b] * w->block_floats +
-           (size_t)w->o * w->head_dim;
+static inline void *walk_k(const kv_walk_t *w) {
+    return w->base + (size_t)w->blocks[w->b] * w->block_bytes + (size_t)w->o * w->row_bytes;
 }
 
-static inline float *walk_v(const kv_walk_t *w) { return walk_k(w) + w->v_offset; }
+static inline void *walk_v(const kv_walk_t *w) { return (char *)walk_k(w) + w->v_offset; }
 
 static inline void walk_next(kv_walk_t *w) {
     if (++w->o == w->block_tokens) {
@@ -352,12 +352,46 @@ static inline void walk_next(kv_walk_t *w) {
     }
 }
 
+/* A row of n cache elements of type t to fp32: each fp8 element times
+ * scale (the view's; the 16-bit types are exact and take none). */
+static void kv_row_to_f32(float *dst, const void *src, dtype_t t, int n, float scale) {
+    if (t == DTYPE_BF16) {
+        const uint16_t *h = src;
+#pragma omp simd
+        for (int i = 0; i < n; i++) {
+            const uint32_t u = (uint32_t)h[i] << 16;
+            memcpy(&dst[i], &u, 4);
+        }
+    } else if (t == DTYPE_F8_E4M3) {
+        const uint8_t *b = src;
+        assert(scale > 0);
+        for (int i = 0; i < n; i++)
+            dst[i] = f8e4m3_to_f32(b[i]) * scale;
+    } else {
+        dtype_to_f32(dst, src, t, (size_t)n);
+    }
+}
+
+/* fp32 to a row of cache elements: rounded to nearest even; fp8 elements
+ * are x / scale, saturated at +-448. */
+static void kv_row_from_f32(void *dst, const float *src, dtype_t t, int n, float scale) {
+    if (t == DTYPE_F8_E4M3) {
+        uint8_t *b = dst;
+        assert(scale > 0);
+        const float inv = 1.0f / scale;
+        for (int i = 0; i < n; i++)
+            b[i] = f32_to_f8e4m3(src[i] * inv);
+    } else {
+        dtype_from_f32(dst, src, t, (size_t)n);
+    }
+}
+
 static void cpu_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view_t *kv,
                           const float *k, const float *v, const int *q_start, int n_seq,
                           int n_heads) {
     const int head_dim = pool->head_dim;
     assert(n_seq >= 0 && n_heads >= 0 && head_dim > 0 && pool->block_tokens > 0);
-    const size_t row = (size_t)n_heads * head_dim, bytes = (size_t)head_dim * sizeof(float);
+    const size_t row = (size_t)n_heads * head_dim;
     for (int s = 0; s < n_seq; s++) {
         const int n_new = q_start[s + 1] - q_start[s];
         assert(n_new >= 0);
@@ -368,22 +402,58 @@ static void cpu_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view_
             assert(c->len >= n_new);
             kv_walk_t w = walk_at(pool, c->blocks, c->len - n_new);
             for (int r = q_start[s]; r < q_start[s + 1]; r++, walk_next(&w)) {
-                memcpy(walk_k(&w), k + (size_t)r * row + (size_t)h * head_dim, bytes);
-                memcpy(walk_v(&w), v + (size_t)r * row + (size_t)h * head_dim, bytes);
+                const size_t at = (size_t)r * row + (size_t)h * head_dim;
+                kv_row_from_f32(walk_k(&w), k + at, pool->dtype, head_dim, c->k_scale);
+                kv_row_from_f32(walk_v(&w), v + at, pool->dtype, head_dim, c->v_scale);
             }
         }
     }
 }
 
-/* Pointers to the K and V rows of cache indices [j0, j0 + nj) of a paged
- * sequence. */
-static void paged_rows_at(const kv_blocks_t *pool, const int *blocks, int j0, int nj,
-                          const float **k, const float **v) {
-    kv_walk_t w = walk_at(pool, blocks, j0);
+/* Floats of the per-thread buffer attention widens a chunk's K and V rows
+ * into when the cache is not fp32. */
+static size_t kv_conv_floats(int head_dim) { return (size_t)2 * ATTN_CHUNK * (size_t)head_dim; }
+
+/* The team for an attention op over pool: every thread's share of the
+ * scratch panel must hold kv_conv_floats when rows are widened. */
+static int attn_team(const backend_t *be, const kv_blocks_t *pool) {
+    int n = team(be);
+    if (pool->dtype != DTYPE_F32) {
+        const int fit = (int)(SCRATCH_FLOATS / kv_conv_floats(pool->head_dim));
+        n = n < fit ? n : fit;
+    }
+    return n > 0 ? n : 1;
+}
+
+/* The calling thread's widening buffer (NULL for an fp32 cache). */
+static float *kv_conv_buffer(const backend_t *be, const kv_blocks_t *pool) {
+    if (pool->dtype == DTYPE_F32)
+        return NULL;
+    const size_t share = SCRATCH_FLOATS / (size_t)attn_team(be, pool);
+    return (float *)((const cpu_impl_t *)be->impl)->scratch + (size_t)omp_get_thread_num() * share;
+}
+
+/* Pointers to the K and V rows (v may be NULL: keys only) of cache indices
+ * [j0, j0 + nj) of a paged sequence: into the pool when it is fp32, else
+ * to the rows widened into conv (kv_conv_floats floats). */
+static void paged_rows_at(const kv_blocks_t *pool, const kv_view_t *view, int j0, int nj,
+                          const float **k, const float **v, float *conv) {
+    kv_walk_t w = walk_at(pool, view->blocks, j0);
+    const int hd = pool->head_dim;
     for (int j = 0; j < nj; j++, walk_next(&w)) {
-        k[j] = walk_k(&w);
-        if (v)
-            v[j] = walk_v(&w);
+        if (!conv) {
+            k[j] = walk_k(&w);
+            if (v)
+                v[j] = walk_v(&w);
+            continue;
+        }
+        float *kj = conv + (size_t)j * hd, *vj = conv + (size_t)(ATTN_CHUNK + j) * hd;
+        kv_row_to_f32(kj, walk_k(&w), pool->dtype, hd, view->k_scale);
+        k[j] = kj;
+        if (v) {
+            kv_row_to_f32(vj, walk_v(&w), pool->dtype, hd, view->v_scale);
+            v[j] = vj;
+        }
     }
 }
 
@@ -414,8 +484,8 @@ static void attend_chunk(float *acc, float *m, double *l, const float *q, const 
  * output rescaled when m grows), so no buffer grows with the context.
  * Chunks are cut by cache index, not by block, so the arithmetic (and the
  * result, bit for bit) does not depend on the block size. */
-static void attend_row(float *out, const float *q, const kv_blocks_t *pool, const int *blocks,
-                       int n_keys, float scale) {
+static void attend_row(float *out, const float *q, const kv_blocks_t *pool, const kv_view_t *view,
+                       int n_keys, float scale, float *conv) {
     const int head_dim = pool->head_dim;
     float acc[MAX_HEAD_DIM], m = -INFINITY;
     const float *k[ATTN_CHUNK], *v[ATTN_CHUNK];
@@ -424,7 +494,7 @@ static void attend_row(float *out, const float *q, const kv_blocks_t *pool, cons
         acc[d] = 0;
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
-        paged_rows_at(pool, blocks, j0, nj, k, v);
+        paged_rows_at(pool, view, j0, nj, k, v, conv);
         attend_chunk(acc, &m, &l, q, k, v, nj, head_dim, scale);
     }
     const float inv = (float)(1.0 / l);
@@ -438,7 +508,7 @@ static void attend_row(float *out, const float *q, const kv_blocks_t *pool, cons
  * weighting v_j with it and adding it to mass[j]. The mass is exactly the
  * softmax the output used; the price is computing every score twice. */
 static void attend_row_mass(float *out, float *mass, const float *q, const kv_blocks_t *pool,
-                            const int *blocks, int n_keys, float scale) {
+                            const kv_view_t *view, int n_keys, float scale, float *conv) {
     const int head_dim = pool->head_dim;
     float acc[MAX_HEAD_DIM], sc[ATTN_CHUNK];
     const float *k[ATTN_CHUNK], *v[ATTN_CHUNK];
@@ -447,7 +517,7 @@ static void attend_row_mass(float *out, float *mass, const float *q, const kv_bl
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         float cm = -INFINITY;
-        paged_rows_at(pool, blocks, j0, nj, k, NULL);
+        paged_rows_at(pool, view, j0, nj, k, NULL, conv);
         vec_dots(sc, q, k, nj, head_dim, scale);
         for (int j = 0; j < nj; j++)
             cm = sc[j] > cm ? sc[j] : cm;
@@ -463,7 +533,7 @@ static void attend_row_mass(float *out, float *mass, const float *q, const kv_bl
         acc[d] = 0;
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
-        paged_rows_at(pool, blocks, j0, nj, k, v);
+        paged_rows_at(pool, view, j0, nj, k, v, conv);
         vec_dots(sc, q, k, nj, head_dim, scale);
         for (int j = 0; j < nj; j++) {
             sc[j] = (float)(exp((double)sc[j] - m) * inv);
@@ -492,20 +562,20 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
     const size_t row = (size_t)n_heads * head_dim;
     /* Pairs differ in cost (ragged lengths), hence the dynamic schedule. A
      * pair's mass array is written by the one thread that runs the pair. */
-#pragma omp parallel for num_threads(team(be)) if (work * head_dim >= PAR_MIN_WORK)                \
+#pragma omp parallel for num_threads(attn_team(be, pool)) if (work * head_dim >= PAR_MIN_WORK)     \
     schedule(dynamic, 1)
     for (int i = 0; i < n_pairs; i++) {
         const int s = i / n_heads, h = i % n_heads;
         const int n_new = q_start[s + 1] - q_start[s];
-        float *mass = batch->mass ? batch->mass[i] : NULL;
+        float *mass = batch->mass ? batch->mass[i] : NULL, *conv = kv_conv_buffer(be, pool);
         for (int t = 0; t < n_new; t++) {
             const size_t r = (size_t)q_start[s] + (size_t)t;
             const size_t at = r * row + (size_t)h * head_dim;
             const int n_keys = kv[i].len - n_new + t + 1;
             if (mass)
-                attend_row_mass(out + at, mass, q + at, pool, kv[i].blocks, n_keys, scale);
+                attend_row_mass(out + at, mass, q + at, pool, &kv[i], n_keys, scale, conv);
             else
-                attend_row(out + at, q + at, pool, kv[i].blocks, n_keys, scale);
+                attend_row(out + at, q + at, pool, &kv[i], n_keys, scale, conv);
         }
     }
 }
@@ -514,10 +584,11 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
  * n_new dense rows (stride apart). Key j's K and V rows, by pointer. */
 typedef struct scale_keys {
     const kv_blocks_t *pool;
-    const int *blocks;
+    const kv_view_t *view;
     int n_cached, n_new;
     const float *k_new, *v_new;
     size_t stride;
+    float *conv; /* widening buffer, NULL for an fp32 cache */
 } scale_keys_t;
 
 /* Pointers to keys [j0, j0 + nj) of sk. */
@@ -525,11 +596,8 @@ static void scale_keys_at(const scale_keys_t *sk, int j0, int nj, const float **
                           const float **v) {
     int j = 0;
     if (j0 < sk->n_cached) {
-        kv_walk_t w = walk_at(sk->pool, sk->blocks, j0);
-        for (; j < nj && j0 + j < sk->n_cached; j++, walk_next(&w)) {
-            k[j] = walk_k(&w);
-            v[j] = walk_v(&w);
-        }
+        j = sk->n_cached - j0 < nj ? sk->n_cached - j0 : nj;
+        paged_rows_at(sk->pool, sk->view, j0, j, k, v, sk->conv);
     }
     for (; j < nj; j++) {
         const size_t r = (size_t)(j0 + j - sk->n_cached) * sk->stride;
@@ -581,17 +649,18 @@ static void cpu_attention_scale(backend_t *be, float *out, const float *q, const
         const int n_new = q_start[i / n_heads + 1] - q_start[i / n_heads];
         work += (int64_t)n_new * (batch->kv[i].len + n_new);
     }
-#pragma omp parallel for num_threads(team(be)) if (work * head_dim >= PAR_MIN_WORK)                \
+#pragma omp parallel for num_threads(attn_team(be, pool)) if (work * head_dim >= PAR_MIN_WORK)     \
     schedule(dynamic, 1)
     for (int i = 0; i < n_pairs; i++) {
         const int s = i / n_heads, h = i % n_heads;
         const scale_keys_t sk = {pool,
-                                 batch->kv[i].blocks,
+                                 &batch->kv[i],
                                  batch->kv[i].len,
                                  q_start[s + 1] - q_start[s],
                                  k_new + (size_t)q_start[s] * row + (size_t)h * head_dim,
                                  v_new + (size_t)q_start[s] * row + (size_t)h * head_dim,
-                                 row};
+                                 row,
+                                 kv_conv_buffer(be, pool)};
         float *mass = batch->mass ? batch->mass[i] : NULL;
         for (int r = q_start[s]; r < q_start[s + 1]; r++) {
             const size_t at = (size_t)r * row + (size_t)h * head_dim;
@@ -605,7 +674,7 @@ static void cpu_attention_scale(backend_t *be, float *out, const float *q, const
 static void cpu_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *blocks,
                           const int *keep, int n_keep, float *mass) {
     assert(n_keep >= 0 && pool->block_tokens > 0 && pool->head_dim > 0);
-    const size_t bytes = (size_t)pool->head_dim * sizeof(float);
+    const size_t bytes = (size_t)pool->head_dim * dtype_size(pool->dtype);
     kv_walk_t dst = walk_at(pool, blocks, 0);
     for (int i = 0; i < n_keep; i++, walk_next(&dst)) {
         assert(keep[i] >= i && (i == 0 || keep[i] > keep[i - 1]));
@@ -617,6 +686,15 @@ static void cpu_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *blo
         if (mass)
             mass[i] = mass[keep[i]];
     }
+}
+
+static void cpu_kv_read_keys(backend_t *be, float *out, const kv_blocks_t *pool,
+                             const kv_view_t *view, int j0, int n) {
+    assert(j0 >= 0 && n >= 0 && j0 + n <= view->len);
+    kv_walk_t w = walk_at(pool, view->blocks, j0);
+    for (int j = 0; j < n; j++, walk_next(&w))
+        kv_row_to_f32(out + (size_t)j * pool->head_dim, walk_k(&w), pool->dtype, pool->head_dim,
+                      view->k_scale);
 }
 
 /* ---- element-wise ------------------------------------------------------ */
@@ -1075,6 +1153,7 @@ backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
     be->attention = cpu_attention;
     be->attention_scale = cpu_attention_scale;
     be->kv_gather = cpu_kv_gather;
+    be->kv_read_keys = cpu_kv_read_keys;
     be->silu_mul = cpu_silu_mul;
     be->silu = cpu_silu;
     be->gelu = cpu_gelu;

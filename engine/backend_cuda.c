@@ -25,9 +25,9 @@
 
 #include "kernels/kernels.h"
 
-/* A weight's storage type as the kernels take it: the same codes. */
+/* A weight's or the cache's storage type as the kernels take it: the same codes. */
 _Static_assert((int)KERN_F32 == (int)DTYPE_F32 && (int)KERN_F16 == (int)DTYPE_F16 &&
-                   (int)KERN_BF16 == (int)DTYPE_BF16,
+                   (int)KERN_BF16 == (int)DTYPE_BF16 && (int)KERN_F8_E4M3 == (int)DTYPE_F8_E4M3,
                "kern_dtype_t and dtype_t must share their float codes");
 static kern_dtype_t kern_type(dtype_t t) { return (kern_dtype_t)t; }
 
@@ -541,12 +541,19 @@ static int kv_stage_upload(backend_t *be, int n_items, int n_ints, const kern_kv
 }
 
 /* Adds an item for rows [t0, t0 + n_rows) of pair (s, h) with its table. */
+/* The pool as the kernels take it. */
+static kern_kv_pool_t kv_pool_of(const kv_blocks_t *p) {
+    return (kern_kv_pool_t){p->base, (int)p->dtype, p->block_tokens, p->head_dim};
+}
+
 static void kv_item_add(cuda_impl_t *impl, int *n_items, int *n_ints, int *rows, const kv_view_t *c,
                         int block_tokens, int n_new, int t0, int n_rows, int q_row, int head,
                         float *mass) {
     const int nb = kv_blocks_of(c->len, block_tokens);
     kern_kv_item_t *it = &impl->kv_items[(*n_items)++];
     it->mass = mass;
+    it->k_scale = c->k_scale;
+    it->v_scale = c->v_scale;
     it->table = *n_ints;
     it->len = c->len;
     it->n_new = n_new;
@@ -587,9 +594,8 @@ static void cuda_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view
                 return;
             }
             if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK ||
-                CUDA_CHECK(be, kern_kv_append(pool->base, bt, pool->head_dim, d_items, n_items,
-                                              rows, d_tables, k, v, n_heads, impl->stream)) !=
-                    AR_OK)
+                CUDA_CHECK(be, kern_kv_append(kv_pool_of(pool), d_items, n_items, rows, d_tables, k,
+                                              v, n_heads, impl->stream)) != AR_OK)
                 return;
             n_items = n_ints = rows = 0;
             i--; /* this pair again, into the empty staging buffer */
@@ -601,8 +607,8 @@ static void cuda_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view
     const kern_kv_item_t *d_items;
     const int *d_tables;
     if (n_items && kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) == AR_OK)
-        CUDA_CHECK(be, kern_kv_append(pool->base, bt, pool->head_dim, d_items, n_items, rows,
-                                      d_tables, k, v, n_heads, impl->stream));
+        CUDA_CHECK(be, kern_kv_append(kv_pool_of(pool), d_items, n_items, rows, d_tables, k, v,
+                                      n_heads, impl->stream));
 }
 
 /* Launches the staged attention items; AR_ERR stops the op. */
@@ -614,9 +620,9 @@ static int attention_flush(backend_t *be, float *out, const float *q, const kv_b
     const int *d_tables;
     if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK)
         return AR_ERR;
-    return CUDA_CHECK(be, kern_attention(out, q, pool->base, pool->block_tokens, pool->head_dim,
-                                         d_items, n_items, rows, max_keys, d_tables, n_heads, scale,
-                                         any_mass, impl->scratch, impl->stream));
+    return CUDA_CHECK(be, kern_attention(out, q, kv_pool_of(pool), d_items, n_items, rows, max_keys,
+                                         d_tables, n_heads, scale, any_mass, impl->scratch,
+                                         impl->stream));
 }
 
 /* Query rows are cut into launches whose split partials fit the scratch;
@@ -683,10 +689,9 @@ static int attention_scale_flush(backend_t *be, float *out, const float *q, cons
     const int *d_tables;
     if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK)
         return AR_ERR;
-    return CUDA_CHECK(be, kern_attention_scale(out, q, k_new, v_new, pool->base, pool->block_tokens,
-                                               pool->head_dim, d_items, n_items, rows, max_keys,
-                                               d_tables, n_heads, scale, any_mass, impl->scratch,
-                                               impl->stream));
+    return CUDA_CHECK(be, kern_attention_scale(out, q, k_new, v_new, kv_pool_of(pool), d_items,
+                                               n_items, rows, max_keys, d_tables, n_heads, scale,
+                                               any_mass, impl->scratch, impl->stream));
 }
 
 /* As cuda_attention, one item per (sequence, head) pair with its whole
@@ -771,10 +776,29 @@ static void cuda_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *bl
             assert(keep[i0 + i] >= i0 + i && (i0 + i == 0 || keep[i0 + i] > keep[i0 + i - 1]));
         memcpy(h + nb, keep + i0, (size_t)n * sizeof(int));
         const int *d = stage_ints(be, h, (size_t)nb + (size_t)n);
-        if (!d || CUDA_CHECK(be, kern_kv_gather(pool->base, bt, hd, d, d + nb, i0, n, mass,
+        if (!d || CUDA_CHECK(be, kern_kv_gather(kv_pool_of(pool), d, d + nb, i0, n, mass,
                                                 impl->scratch, impl->stream)) != AR_OK)
             return;
     }
+}
+
+static void cuda_kv_read_keys(backend_t *be, float *out, const kv_blocks_t *pool,
+                              const kv_view_t *view, int j0, int n) {
+    assert(j0 >= 0 && n >= 0 && j0 + n <= view->len);
+    if (n == 0 || use_device(be) != AR_OK)
+        return;
+    const int nb = kv_blocks_of(j0 + n, pool->block_tokens);
+    if ((size_t)nb > STAGING_INTS) {
+        cuda_fail(be, "kv_read_keys: a block table of %d blocks does not fit the staging buffer",
+                  nb);
+        return;
+    }
+    int *h = (int *)impl_of(be)->kv_host;
+    memcpy(h, view->blocks, (size_t)nb * sizeof(int));
+    const int *d = stage_ints(be, h, (size_t)nb);
+    if (d)
+        CUDA_CHECK(be, kern_kv_read_keys(out, kv_pool_of(pool), d, j0, n, view->k_scale,
+                                         impl_of(be)->stream));
 }
 
 /* ---- element-wise ------------------------------------------------------------------------ */
@@ -1040,6 +1064,7 @@ static int cuda_start(backend_t *be, size_t reserve, ar_error_t *err) {
     be->attention = cuda_attention;
     be->attention_scale = cuda_attention_scale;
     be->kv_gather = cuda_kv_gather;
+    be->kv_read_keys = cuda_kv_read_keys;
     be->layernorm = cuda_layernorm;
     be->modulate = cuda_modulate;
     be->gate_add = cuda_gate_add;

@@ -81,18 +81,21 @@ fail:
 
 static void request_release_kv(gen_request_t *r);
 
-int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, ar_error_t *err) {
+int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, dtype_t kv_dtype,
+                           ar_error_t *err) {
     const model_config_t *c = &m->cfg;
     const int bt = planner_block_tokens(c);
     kv_policy_params_t full;
     kv_policy_defaults(&full, KV_POLICY_FULL);
     planner_plan_t plan;
-    if (planner_plan(&plan, c, &full, n_prompt, bt, NULL, err) != AR_OK)
+    if (planner_plan_dtype(&plan, c, &full, n_prompt, bt, planner_kv_same(kv_dtype), NULL, err) !=
+        AR_OK)
         return AR_ERR;
     const size_t peak = plan.peak_bytes;
     planner_plan_free(&plan);
-    return kv_pool_init(pool, m->be, (int)(peak / kv_pool_block_bytes(bt, c->llm.head_dim)), bt,
-                        c->llm.head_dim, err);
+    return kv_pool_init(pool, m->be,
+                        (int)(peak / kv_pool_block_bytes(bt, c->llm.head_dim, kv_dtype)), bt,
+                        c->llm.head_dim, kv_dtype, err);
 }
 
 int gen_request_collect_mass(gen_request_t *r, ar_error_t *err) {
@@ -352,8 +355,7 @@ static int job_step(void *ctx, void *const *work, int n, size_t *kv_peak_bytes, 
     }
     kv_pool_reset_peak(pool);
     int rc = gen_step(batch, n_req, err);
-    *kv_peak_bytes = (size_t)pool->peak_in_use *
-                     kv_pool_block_bytes(pool->blocks.block_tokens, pool->blocks.head_dim);
+    *kv_peak_bytes = (size_t)pool->peak_in_use * kv_pool_bytes_per_block(pool);
     arena_end(arena);
     return rc;
 }
@@ -367,7 +369,7 @@ static void job_stop(void *ctx, void *work) {
 int gen_request_remaining_bytes(const gen_request_t *r, size_t *bytes, int n, ar_error_t *err) {
     const kv_pool_t *pool = r->pool;
     const int heads = r->seq[0].n_layers * r->seq[0].n_heads;
-    const size_t block = kv_pool_block_bytes(pool->blocks.block_tokens, pool->blocks.head_dim);
+    const size_t block = kv_pool_bytes_per_block(pool);
     arena_t *arena = &r->model->arena;
     arena_begin(arena);
     long long *blocks = arena_alloc(arena, (size_t)n * sizeof *blocks);

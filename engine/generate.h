@@ -71,9 +71,10 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
 int gen_request_collect_mass(gen_request_t *r, ar_error_t *err);
 
 /* A KV pool that holds exactly one full-cache image of n_prompt prefix
- * tokens: the peak of its planned trajectory, in blocks of the size the
- * daemon would choose. */
-int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, ar_error_t *err);
+ * tokens, K and V stored as kv_dtype: the peak of its planned trajectory,
+ * in blocks of the size the daemon would choose. */
+int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, dtype_t kv_dtype,
+                           ar_error_t *err);
 
 /* The request's KV (both CFG sequences) at each of its next n steps,
  * from its policies' states now (kv_policy_remaining_blocks): 1 and

@@ -67,7 +67,7 @@ int kv_calibrate(model_t *m, const int *labels, int n, int sink_scales,
         ar_errorf(err, "out of memory");
         goto out;
     }
-    if (gen_pool_for_one_image(&pool, m, 1, err) != AR_OK)
+    if (gen_pool_for_one_image(&pool, m, 1, DTYPE_F32, err) != AR_OK)
         goto out;
     for (int p = 0; p < n; p++) {
         int cond, uncond, len;

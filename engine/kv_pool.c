@@ -13,22 +13,26 @@ int kv_pool_choose_block_tokens(int min_budget_tokens) {
     return bt;
 }
 
-size_t kv_pool_block_bytes(int block_tokens, int head_dim) {
-    return (size_t)2 * (size_t)block_tokens * (size_t)head_dim * sizeof(float);
+size_t kv_pool_block_bytes(int block_tokens, int head_dim, dtype_t dtype) {
+    return (size_t)2 * (size_t)block_tokens * (size_t)head_dim * dtype_size(dtype);
 }
 
 int kv_pool_init(kv_pool_t *p, backend_t *be, int n_blocks, int block_tokens, int head_dim,
-                 ar_error_t *err) {
+                 dtype_t dtype, ar_error_t *err) {
     memset(p, 0, sizeof *p);
+    if (!kv_dtype_ok(dtype))
+        return ar_errorf(err, "KV pool: elements of type %s: the cache holds f32, bf16, f16 or fp8",
+                         dtype_name(dtype));
     if (n_blocks < 1 || block_tokens < 1 || head_dim < 1)
         return ar_errorf(err,
                          "KV pool: %d blocks of %d tokens x head_dim %d: every size must be "
                          "positive (is the pool smaller than one block?)",
                          n_blocks, block_tokens, head_dim);
-    const size_t block_bytes = kv_pool_block_bytes(block_tokens, head_dim);
+    const size_t block_bytes = kv_pool_block_bytes(block_tokens, head_dim, dtype);
     if ((size_t)n_blocks > SIZE_MAX / block_bytes)
         return ar_errorf(err, "KV pool: %d blocks of %zu bytes overflow", n_blocks, block_bytes);
     p->be = be;
+    p->blocks.dtype = dtype;
     p->blocks.block_tokens = block_tokens;
     p->blocks.head_dim = head_dim;
     p->blocks.base = be->alloc(be, (size_t)n_blocks * block_bytes);

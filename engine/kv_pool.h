@@ -33,7 +33,16 @@ typedef struct kv_head {
     int n_blocks;
     int cap;
     int *blocks; /* host, block ids in cache order */
+    /* fp8 pools: what an element of K (of V) is multiplied by when read
+     * (kv_view_t). 1 (the value vLLM's fp8 cache uses without calibrated
+     * scales) for every head today; kv_seq_init sets them. */
+    float k_scale, v_scale;
 } kv_head_t;
+
+/* h's first len cache indices as backend ops see them. */
+static inline kv_view_t kv_head_view(const kv_head_t *h, int len) {
+    return (kv_view_t){h->blocks, len, h->k_scale, h->v_scale};
+}
 
 /* The largest power of two block_tokens whose worst-case overhead per head
  * (block_tokens - 1 tokens in a last, partial block) stays under 5% of
@@ -41,22 +50,32 @@ typedef struct kv_head {
  * budget served; at least 1. */
 int kv_pool_choose_block_tokens(int min_budget_tokens);
 
-/* Bytes of one block: K and V rows of block_tokens tokens of head_dim floats. */
-size_t kv_pool_block_bytes(int block_tokens, int head_dim);
+/* 1 for the types the cache can hold: f32, bf16, f16 and fp8 (e4m3). */
+static inline int kv_dtype_ok(dtype_t t) {
+    return t == DTYPE_F32 || t == DTYPE_BF16 || t == DTYPE_F16 || t == DTYPE_F8_E4M3;
+}
 
-/* Allocates n_blocks blocks in one backend allocation. AR_ERR (message
- * names the size) when out of memory or a size is not positive. */
+/* Bytes of one block: K and V rows of block_tokens tokens of head_dim
+ * elements of type dtype. */
+size_t kv_pool_block_bytes(int block_tokens, int head_dim, dtype_t dtype);
+
+/* Allocates n_blocks blocks of K and V stored as dtype (kv_dtype_ok) in one
+ * backend allocation. AR_ERR (message names the size) when out of memory,
+ * a size is not positive or the type is not a cache type. */
 int kv_pool_init(kv_pool_t *p, backend_t *be, int n_blocks, int block_tokens, int head_dim,
-                 ar_error_t *err);
+                 dtype_t dtype, ar_error_t *err);
 void kv_pool_free(kv_pool_t *p);
 
 static inline int kv_pool_blocks_in_use(const kv_pool_t *p) { return p->n_blocks - p->n_free; }
+/* Bytes of one of p's blocks. */
+static inline size_t kv_pool_bytes_per_block(const kv_pool_t *p) {
+    return kv_pool_block_bytes(p->blocks.block_tokens, p->blocks.head_dim, p->blocks.dtype);
+}
 static inline size_t kv_pool_capacity_bytes(const kv_pool_t *p) {
-    return (size_t)p->n_blocks * kv_pool_block_bytes(p->blocks.block_tokens, p->blocks.head_dim);
+    return (size_t)p->n_blocks * kv_pool_bytes_per_block(p);
 }
 static inline size_t kv_pool_used_bytes(const kv_pool_t *p) {
-    return (size_t)kv_pool_blocks_in_use(p) *
-           kv_pool_block_bytes(p->blocks.block_tokens, p->blocks.head_dim);
+    return (size_t)kv_pool_blocks_in_use(p) * kv_pool_bytes_per_block(p);
 }
 /* Starts a new high-water mark at the blocks in use now. */
 static inline void kv_pool_reset_peak(kv_pool_t *p) { p->peak_in_use = kv_pool_blocks_in_use(p); }

@@ -108,6 +108,7 @@ int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, 
     m->family = model_family_of(&m->cfg);
     int rc = m->family->load(m, &ws, err);
     m->weight_bytes = ws.bytes_loaded;
+    m->weight_dtype = weight_set_main_dtype(&ws);
     weight_set_close(&ws);
     if (rc != AR_OK) {
         m->family = NULL;

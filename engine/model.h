@@ -33,6 +33,7 @@ typedef struct model {
     int bos_id, pad_id, image_start_id;
     kv_calibration_t calib; /* KV_CALIBRATION_FILE when the directory has one */
     size_t weight_bytes;    /* as stored in the files */
+    dtype_t weight_dtype;   /* the float type most of them are stored in */
     /* Host scratch of the step path (gen_step and what it calls): grown to
      * the largest step seen, so steady-state steps allocate nothing. */
     arena_t arena;

@@ -7,13 +7,16 @@
 #include "family.h"
 #include "kv_pool.h"
 
-const planner_kv_dtype_t planner_kv_engine = {DTYPE_F32, DTYPE_F32};
+const planner_kv_dtype_t planner_kv_f32 = {DTYPE_F32, DTYPE_F32};
+
+planner_kv_dtype_t planner_kv_same(dtype_t t) { return (planner_kv_dtype_t){t, t}; }
 
 /* The cache's element types, in the order `arserve plan` lists them. */
 static const struct {
     const char *name;
     dtype_t t;
-} kv_dtypes[] = {{"f32", DTYPE_F32}, {"bf16", DTYPE_BF16}, {"f16", DTYPE_F16}};
+} kv_dtypes[] = {
+    {"f32", DTYPE_F32}, {"bf16", DTYPE_BF16}, {"f16", DTYPE_F16}, {"fp8", DTYPE_F8_E4M3}};
 #define N_KV_DTYPES (int)(sizeof kv_dtypes / sizeof kv_dtypes[0])
 
 const char *planner_kv_dtype_name(dtype_t t) {
@@ -30,7 +33,7 @@ static int parse_one(const char *s, size_t n, const char *what, dtype_t *t, ar_e
             *t = kv_dtypes[i].t;
             return AR_OK;
         }
-    return ar_errorf(err, "%s type '%.*s' is not one of f32, bf16, f16", what,
+    return ar_errorf(err, "%s type '%.*s' is not one of f32, bf16, f16, fp8", what,
                      (int)(n > 32 ? 32 : n), s);
 }
 
@@ -50,6 +53,23 @@ int planner_kv_dtype_parse(const char *s, planner_kv_dtype_t *out, ar_error_t *e
         return AR_ERR;
     }
     *out = dt;
+    return AR_OK;
+}
+
+int planner_kv_dtype_choose(const char *name, dtype_t weights, dtype_t *out, ar_error_t *err) {
+    if (name && strcmp(name, "auto") == 0) {
+        *out = weights;
+        return AR_OK;
+    }
+    planner_kv_dtype_t dt;
+    if (planner_kv_dtype_parse(name, &dt, err) != AR_OK)
+        return AR_ERR;
+    if (dt.k != dt.v)
+        return ar_errorf(err,
+                         "'%s': the pool stores K and V in one type; give one of f32, bf16, "
+                         "f16, fp8 or auto",
+                         name);
+    *out = dt.k;
     return AR_OK;
 }
 
@@ -77,7 +97,7 @@ size_t planner_full_cache_bytes_dtype(const model_config_t *cfg, int n_prompt,
 }
 
 size_t planner_full_cache_bytes(const model_config_t *cfg, int n_prompt) {
-    return planner_full_cache_bytes_dtype(cfg, n_prompt, planner_kv_engine);
+    return planner_full_cache_bytes_dtype(cfg, n_prompt, planner_kv_f32);
 }
 
 int planner_block_tokens(const model_config_t *cfg) {
@@ -92,7 +112,7 @@ void planner_plan_free(planner_plan_t *pl) {
 
 int planner_plan(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,
                  int n_prompt, int block_tokens, const char **field, ar_error_t *err) {
-    return planner_plan_dtype(pl, cfg, p, n_prompt, block_tokens, planner_kv_engine, field, err);
+    return planner_plan_dtype(pl, cfg, p, n_prompt, block_tokens, planner_kv_f32, field, err);
 }
 
 int planner_plan_dtype(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,

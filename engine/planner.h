@@ -16,21 +16,27 @@
 #include "model_config.h"
 #include "status.h"
 
-/* The element types a plan counts the cache's K and V in (DTYPE_F32,
- * DTYPE_BF16 or DTYPE_F16 each). The engine's pool holds fp32 K and V
- * (planner_kv_engine); VAR's and HeatKV's reference code keep K in fp32 and
- * V in 16 bits under autocast, Janus's and LlamaGen's both in bf16. Only
- * `arserve plan` plans in another type than the engine's. */
+/* The element types a plan counts the cache's K and V in (f32, bf16, f16
+ * or fp8 each). The engine's pool stores both in one type (kv_pool_t's
+ * blocks.dtype: `serve --kv-dtype`, by default the weights' type); VAR's and
+ * HeatKV's reference code keep K in fp32 and V in 16 bits under autocast,
+ * Janus's and LlamaGen's both in bf16, which `arserve plan` can count. */
 typedef struct planner_kv_dtype {
     dtype_t k, v;
 } planner_kv_dtype_t;
-extern const planner_kv_dtype_t planner_kv_engine;
+/* Both in fp32: the golden tests' pool, and planner_plan's. */
+extern const planner_kv_dtype_t planner_kv_f32;
+/* Both in t. */
+planner_kv_dtype_t planner_kv_same(dtype_t t);
 
-/* "f32", "bf16" or "f16" (how `arserve plan` spells them). */
+/* "f32", "bf16", "f16" or "fp8" (how `arserve plan` and `serve` spell them). */
 const char *planner_kv_dtype_name(dtype_t t);
 /* "K,V" (e.g. "f32,bf16") or one type for both -> *out. AR_ERR naming the
  * part at fault and the types allowed. */
 int planner_kv_dtype_parse(const char *s, planner_kv_dtype_t *out, ar_error_t *err);
+/* The pool's type from a setting: "auto" (weights: the model's weights'
+ * type) or one type for K and V. AR_ERR naming the value otherwise. */
+int planner_kv_dtype_choose(const char *name, dtype_t weights, dtype_t *out, ar_error_t *err);
 /* 1 when a and b are the same types. */
 int planner_kv_dtype_equal(planner_kv_dtype_t a, planner_kv_dtype_t b);
 
@@ -39,8 +45,8 @@ int planner_kv_dtype_equal(planner_kv_dtype_t a, planner_kv_dtype_t b);
 size_t planner_token_image_bytes(const model_config_t *cfg, planner_kv_dtype_t dt);
 
 /* Bytes of K and V one image (its CFG pair of sequences) holds at its
- * peak under the full cache with a prompt of n_prompt tokens, in the
- * engine's types (fp32): every token fed (the last scale of a next-scale
+ * peak under the full cache with a prompt of n_prompt tokens, in fp32:
+ * every token fed (the last scale of a next-scale
  * model is never cached), without the pool's block rounding. */
 size_t planner_full_cache_bytes(const model_config_t *cfg, int n_prompt);
 /* The same in dtype dt. */
@@ -71,9 +77,9 @@ typedef struct planner_plan {
     int peak_step;     /* the first step holding the most tokens */
 } planner_plan_t;
 
-/* Plans a request of n_prompt prefix tokens under policy p: the policy is
- * checked once, here (AR_ERR naming the setting in *field, which may be
- * NULL, as kv_policy_check does). */
+/* Plans a request of n_prompt prefix tokens under policy p, K and V in
+ * fp32: the policy is checked once, here (AR_ERR naming the setting in
+ * *field, which may be NULL, as kv_policy_check does). */
 int planner_plan(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,
                  int n_prompt, int block_tokens, const char **field, ar_error_t *err);
 /* The same with K and V counted in dtype dt (a block of block_tokens

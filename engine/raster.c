@@ -245,7 +245,7 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
             for (int h = 0; h < H; h++) {
                 const kv_seq_t *sq = in[s].seq;
                 const kv_head_t *kh = &sq->heads[li * H + h];
-                views[s * H + h] = (kv_view_t){kh->blocks, kh->len + in[s].n};
+                views[s * H + h] = kv_head_view(kh, kh->len + in[s].n);
                 mass[s * H + h] = in[s].collect_mass
                                       ? sq->mass + (size_t)(li * H + h) * (size_t)sq->capacity
                                       : NULL;

@@ -282,20 +282,14 @@ enum { GAMMA1, GAMMA2, SCALE1, SCALE2, SHIFT1, SHIFT2 }; /* chunks of the block 
 double var_key_similarity(backend_t *be, const kv_blocks_t *pool, const kv_view_t *heads,
                           int n_heads, int head_dim, const float *k_cur, int side_prev,
                           int side_cur, float *const scratch[4]) {
-    const int H = n_heads, D = head_dim, C = H * D, bt = pool->block_tokens;
+    const int H = n_heads, D = head_dim, C = H * D;
     const int sp = side_prev, sc = side_cur, rp = sp * sp, rc = sc * sc;
     float *prev = scratch[0], *prev_cm = scratch[1], *up = scratch[2], *cur_cm = scratch[3];
     for (int h = 0; h < H; h++) {
         const kv_view_t *kh = &heads[h];
         if (kh->len < rp)
             return NAN;
-        for (int j = kh->len - rp; j < kh->len;) { /* one copy per run within a block */
-            const int o = j % bt, n = bt - o < kh->len - j ? bt - o : kh->len - j;
-            const float *src = pool->base + ((size_t)kh->blocks[j / bt] * 2 * bt + o) * D;
-            be->copy(be, prev + ((size_t)h * rp + (j - (kh->len - rp))) * D, src,
-                     (size_t)n * D * sizeof(float));
-            j += n;
-        }
+        be->kv_read_keys(be, prev + (size_t)h * rp * D, pool, kh, kh->len - rp, rp);
         be->transpose(be, prev_cm + (size_t)h * D * rp, prev + (size_t)h * rp * D, rp, D);
     }
     be->resize_bicubic(be, up, prev_cm, C, sp, sp, sc, sc);
@@ -326,7 +320,7 @@ static int layered_begin(var_model_t *m, const var_input_t *in, int li, int q0, 
          * attention, each at least rows x hidden floats. */
         float *const scratch[4] = {m->att, m->tmp, m->xn, m->ffn};
         for (int h = 0; h < H; h++)
-            views[h] = (kv_view_t){sq->heads[li * H + h].blocks, sq->heads[li * H + h].len};
+            views[h] = kv_head_view(&sq->heads[li * H + h], sq->heads[li * H + h].len);
         const int *sides = m->cfg->image.scales;
         sim = var_key_similarity(m->be, &sq->pool->blocks, views, H, m->cfg->llm.head_dim,
                                  m->k + (size_t)q0 * H * m->cfg->llm.head_dim, sides[in->scale - 1],
@@ -339,7 +333,7 @@ static int layered_begin(var_model_t *m, const var_input_t *in, int li, int q0, 
             kv_policy_layer_begin(in->policy, in->scale, li, h, kh->len, sim, keep, &n_keep);
         if ((what & KV_COMPACT) && kv_head_compact(sq->pool, kh, keep, n_keep, NULL, err) != AR_OK)
             return ar_error_prefix(err, "scale %d, layer %d, head %d", in->scale, li, h);
-        views[h] = (kv_view_t){kh->blocks, kh->len};
+        views[h] = kv_head_view(kh, kh->len);
     }
     return AR_OK;
 }
@@ -380,7 +374,7 @@ static int layered_append(var_model_t *m, const var_input_t *in, int li, const i
             continue;
         for (int h = 0; h < H; h++) {
             kv_head_t *kh = &sq->heads[li * H + h];
-            views[h] = counts[h] == c ? (kv_view_t){kh->blocks, kh->len + c} : (kv_view_t){NULL, 0};
+            views[h] = counts[h] == c ? kv_head_view(kh, kh->len + c) : (kv_view_t){NULL, 0, 0, 0};
         }
         const int newest[2] = {q[1] - c, q[1]};
         be->kv_append(be, &pool->blocks, views, m->k, m->v, newest, 1, H);
@@ -512,8 +506,8 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
             for (int h = 0; h < H; h++) {
                 const kv_seq_t *sq = in[s].seq;
                 const kv_head_t *kh = &sq->heads[li * H + h];
-                views[s * H + h] = (kv_view_t){kh->blocks, kh->len};
-                grown[s * H + h] = (kv_view_t){kh->blocks, kh->len + n_new[s]};
+                views[s * H + h] = kv_head_view(kh, kh->len);
+                grown[s * H + h] = kv_head_view(kh, kh->len + n_new[s]);
                 mass[s * H + h] = in[s].collect_mass
                                       ? sq->mass + (size_t)(li * H + h) * (size_t)sq->capacity
                                       : NULL;

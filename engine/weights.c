@@ -28,6 +28,21 @@ void weight_set_close(weight_set_t *ws) {
     ws->n_files = 0;
 }
 
+dtype_t weight_set_main_dtype(const weight_set_t *ws) {
+    size_t bytes[3] = {0}; /* DTYPE_F32, DTYPE_F16, DTYPE_BF16 */
+    for (int f = 0; f < ws->n_files; f++)
+        for (int i = 0; i < ws->files[f].n_tensors; i++) {
+            const st_tensor_t *t = &ws->files[f].tensors[i];
+            if (dtype_is_float(t->dtype))
+                bytes[t->dtype] += t->nbytes;
+        }
+    dtype_t best = DTYPE_F32;
+    for (dtype_t t = DTYPE_F16; t <= DTYPE_BF16; t++)
+        if (bytes[t] > bytes[best])
+            best = t;
+    return best;
+}
+
 /* The tensor called name with the given shape, from whichever file has it. */
 static int find_tensor(weight_set_t *ws, const char *name, int ndim, const int64_t *shape,
                        const st_tensor_t **t, int *file, ar_error_t *err) {

@@ -21,6 +21,10 @@ int weight_set_open(weight_set_t *ws, const char *dir, const model_config_t *cfg
                     ar_error_t *err);
 void weight_set_close(weight_set_t *ws);
 
+/* The float type most bytes of the files' tensors are stored in (f32 when
+ * none): the model's "weights' type", which the KV cache takes by default. */
+dtype_t weight_set_main_dtype(const weight_set_t *ws);
+
 /* Loads the tensor named by fmt (printf-style) with the given shape into
  * out. Errors name the file, the tensor and the expected/actual shape, or
  * how many of its values are not finite (unless check_finite is 0). */

@@ -27,6 +27,63 @@ static __device__ __forceinline__ float ld_weight(const void *p, int dtype, size
     return ((const float *)p)[i];
 }
 
+/* ---- the KV cache's element types ---- */
+
+static __host__ __device__ __forceinline__ size_t kv_esize(int dtype) {
+    return dtype == KERN_F32 ? 4 : dtype == KERN_F8_E4M3 ? 1 : 2;
+}
+
+/* fp8 e4m3 to fp32 (engine/dtype.h's f8e4m3_to_f32, bit for bit). */
+static __device__ __forceinline__ float f8e4m3_to_float(unsigned char b) {
+    const float sign = (b & 0x80u) ? -1.0f : 1.0f;
+    const int exp = (b >> 3) & 0xf, man = b & 7;
+    if (exp == 0xf && man == 7)
+        return __uint_as_float(0x7fc00000u);
+    if (exp == 0)
+        return sign * (float)man * (1.0f / 512.0f);
+    return sign * __uint_as_float(((unsigned)(exp - 7 + 127) << 23) | ((unsigned)man << 20));
+}
+
+/* fp32 to fp8 e4m3, round to nearest even, saturating at +-448 (NaN stays
+ * NaN), as engine/dtype.h's f32_to_f8e4m3. */
+static __device__ __forceinline__ unsigned char float_to_f8e4m3(float f) {
+    const unsigned u = __float_as_uint(f);
+    const unsigned char sign = (unsigned char)((u >> 24) & 0x80u);
+    const unsigned a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return (unsigned char)(sign | 0x7fu);
+    if (a >= 0x43e00000u)
+        return (unsigned char)(sign | 0x7eu);
+    if (a < 0x3c800000u)
+        return (unsigned char)(sign | (unsigned char)rintf(__uint_as_float(a) * 512.0f));
+    unsigned code = (((a >> 23) - 127u + 7u) << 3) | ((a >> 20) & 7u);
+    const unsigned rest = a & 0xfffffu;
+    if (rest > 0x80000u || (rest == 0x80000u && (code & 1u)))
+        code++;
+    return (unsigned char)(sign | (code > 0x7eu ? 0x7eu : code));
+}
+
+/* Element i of a cache row of type dtype, as fp32 (fp8 times scale). */
+static __device__ __forceinline__ float ld_kv(const void *row, int dtype, int i, float scale) {
+    if (dtype == KERN_F8_E4M3)
+        return f8e4m3_to_float(((const unsigned char *)row)[i]) * scale;
+    return ld_weight(row, dtype, (size_t)i);
+}
+
+/* Stores v at element i of a cache row, rounded to nearest even (fp8: v
+ * times inv_scale, saturated). */
+static __device__ __forceinline__ void st_kv(void *row, int dtype, int i, float v,
+                                             float inv_scale) {
+    if (dtype == KERN_F8_E4M3)
+        ((unsigned char *)row)[i] = float_to_f8e4m3(v * inv_scale);
+    else if (dtype == KERN_BF16)
+        ((__nv_bfloat16 *)row)[i] = __float2bfloat16(v);
+    else if (dtype == KERN_F16)
+        ((__half *)row)[i] = __float2half(v);
+    else
+        ((float *)row)[i] = v;
+}
+
 /* Stores fp32 v at element i of a GEMM operand: as is for fp32; for 16-bit
  * operands as the pair hi = round(v), lo = round(v - hi). v - hi is exact
  * in fp32, so hi + lo is v to about 16 significant bits (2^-17 relative for

@@ -20,11 +20,17 @@
 extern "C" {
 #endif
 
-/* Storage types of weights as the kernels read them: fp32, IEEE fp16 and
- * bfloat16. The codes are the engine's dtype_t's (engine/dtype.h), so the
- * CUDA backend passes a weight's type through unchanged (it checks that at
- * compile time). */
-typedef enum kern_dtype { KERN_F32 = 0, KERN_F16 = 1, KERN_BF16 = 2 } kern_dtype_t;
+/* Storage types as the kernels read them: fp32, IEEE fp16 and bfloat16
+ * (weights and the KV cache), fp8 e4m3 (the KV cache only: 448 the largest
+ * finite value, 0x7f NaN, saturating stores). The codes are the engine's
+ * dtype_t's (engine/dtype.h), so the CUDA backend passes a type through
+ * unchanged (it checks that at compile time). */
+typedef enum kern_dtype {
+    KERN_F32 = 0,
+    KERN_F16 = 1,
+    KERN_BF16 = 2,
+    KERN_F8_E4M3 = 6
+} kern_dtype_t;
 
 /* ---- norms and softmax (kernels/norm.cu) ---- */
 
@@ -134,15 +140,24 @@ cudaError_t kern_transpose(float *out, const float *in, int rows, int cols, cuda
  * j % block_tokens. row_off is the number of rows of the earlier items of
  * the launch (a prefix sum: launches run one block per row). */
 typedef struct kern_kv_item {
-    float *mass; /* device, len floats to accumulate key mass into, or NULL */
-    int table;   /* offset of the block table in the staged ints */
-    int len;     /* tokens held, the n_new newest included */
-    int n_new;   /* the sequence's new rows this step */
+    float *mass;            /* device, len floats to accumulate key mass into, or NULL */
+    float k_scale, v_scale; /* an fp8 element of K (V) stands for element x scale */
+    int table;              /* offset of the block table in the staged ints */
+    int len;                /* tokens held, the n_new newest included */
+    int n_new;              /* the sequence's new rows this step */
     int t0, n_rows;
     int q_row; /* q_start of the sequence */
     int head;
     int row_off;
 } kern_kv_item_t;
+
+/* The paged pool (engine/backend.h's kv_blocks_t): blocks of block_tokens
+ * K rows then block_tokens V rows of head_dim elements of type dtype. */
+typedef struct kern_kv_pool {
+    void *base;
+    int dtype; /* kern_dtype_t */
+    int block_tokens, head_dim;
+} kern_kv_pool_t;
 
 /* Keys one block of the split attention kernel scores (flash-decoding's
  * split size): a query row with n keys runs ceil(n / KERN_ATTN_SPLIT_KEYS)
@@ -156,9 +171,9 @@ size_t kern_attention_scratch(int rows, int max_keys, int head_dim);
 /* Writes k and v rows (n_heads * head_dim per row) of each item's rows into
  * its cache at indices len - n_new + t. items and tables are device memory
  * (the staging area); rows is the sum of the items' n_rows. */
-cudaError_t kern_kv_append(float *base, int block_tokens, int head_dim, const kern_kv_item_t *items,
-                           int n_items, int rows, const int *tables, const float *k, const float *v,
-                           int n_heads, cudaStream_t stream);
+cudaError_t kern_kv_append(kern_kv_pool_t pool, const kern_kv_item_t *items, int n_items, int rows,
+                           const int *tables, const float *k, const float *v, int n_heads,
+                           cudaStream_t stream);
 
 /* Causal attention of each item's query rows over its paged cache (row t
  * sees cache indices [0, len - n_new + t]): split over keys, one block per
@@ -167,9 +182,9 @@ cudaError_t kern_kv_append(float *base, int block_tokens, int head_dim, const ke
  * NULL). max_keys bounds len over the items; scratch holds
  * kern_attention_scratch(rows, max_keys, head_dim) floats. head_dim is at
  * most 512. */
-cudaError_t kern_attention(float *out, const float *q, const float *base, int block_tokens,
-                           int head_dim, const kern_kv_item_t *items, int n_items, int rows,
-                           int max_keys, const int *tables, int n_heads, float scale, int any_mass,
+cudaError_t kern_attention(float *out, const float *q, kern_kv_pool_t pool,
+                           const kern_kv_item_t *items, int n_items, int rows, int max_keys,
+                           const int *tables, int n_heads, float scale, int any_mass,
                            float *scratch, cudaStream_t stream);
 
 /* Floats of scratch kern_attention_scale needs for rows query rows. */
@@ -185,19 +200,23 @@ size_t kern_attention_scale_scratch(int rows);
  * n_new over the items; scratch holds kern_attention_scale_scratch(rows)
  * floats. head_dim is at most 512. */
 cudaError_t kern_attention_scale(float *out, const float *q, const float *k_new, const float *v_new,
-                                 const float *base, int block_tokens, int head_dim,
-                                 const kern_kv_item_t *items, int n_items, int rows, int max_keys,
-                                 const int *tables, int n_heads, float scale, int any_mass,
-                                 float *scratch, cudaStream_t stream);
+                                 kern_kv_pool_t pool, const kern_kv_item_t *items, int n_items,
+                                 int rows, int max_keys, const int *tables, int n_heads,
+                                 float scale, int any_mass, float *scratch, cudaStream_t stream);
+
+/* The K rows of cache indices [j0, j0 + n) of one head (table: device),
+ * widened to fp32 (fp8 times k_scale), into out (n rows of head_dim). */
+cudaError_t kern_kv_read_keys(float *out, kern_kv_pool_t pool, const int *table, int j0, int n,
+                              float k_scale, cudaStream_t stream);
 
 /* Compaction of cache indices [i0, i0 + n) of one head in place: index i
- * takes the K and V rows (and mass[i], when mass is not NULL) of keep[i -
- * i0], keep ascending with keep[i - i0] >= i. Through scratch (n * (2 *
- * head_dim + 1) floats): everything is read before anything is written, so
- * the copies may overlap. table and keep are device memory. */
-cudaError_t kern_kv_gather(float *base, int block_tokens, int head_dim, const int *table,
-                           const int *keep, int i0, int n, float *mass, float *scratch,
-                           cudaStream_t stream);
+ * takes the K and V rows, as stored (and mass[i], when mass is not NULL) of
+ * keep[i - i0], keep ascending with keep[i - i0] >= i. Through scratch (n *
+ * (2 * head_dim + 1) floats, enough for any type): everything is read
+ * before anything is written, so the copies may overlap. table and keep
+ * are device memory. */
+cudaError_t kern_kv_gather(kern_kv_pool_t pool, const int *table, const int *keep, int i0, int n,
+                           float *mass, float *scratch, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

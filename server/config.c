@@ -70,6 +70,7 @@ typedef struct setting {
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
 static const char *const BACKENDS[] = {"auto", "cpu", "cuda", NULL};
 static const char *const ON_OFF[] = {"off", "on", NULL};
+static const char *const KV_DTYPES[] = {"auto", "f32", "bf16", "f16", "fp8", NULL};
 
 static const setting_t SETTINGS[] = {
     STRING_SETTING(model, "", 1, "DIR",
@@ -93,6 +94,10 @@ static const setting_t SETTINGS[] = {
                 "Largest request body accepted; larger ones get 413"),
     INT_SETTING(max_n, 1, 64, 4, "N", "Most images one request may ask for ('n')"),
     INT_SETTING(kv_pool_mb, 1, 1048576, 1024, "MIB", "KV cache pool size in MiB"),
+    ENUM_SETTING(kv_dtype, "auto", KV_DTYPES, "TYPE",
+                 "Type the KV cache stores K and V in (attention computes in f32): auto, the "
+                 "weights' type (bf16 for real checkpoints, f32 for f32 weights); fp8 is e4m3 "
+                 "(docs/kv-cache.md)"),
     ENUM_SETTING(kv_policy, "full", kv_policy_names, "NAME",
                  "KV cache policy of requests without 'kv_policy' (docs/kv-policies.md)"),
     {FIELD_AT(kv_budget, kv.budget), .kind = KIND_REAL, .rlo = 0, .rhi = 1, .rdef = 0,

@@ -24,6 +24,7 @@ typedef struct server_config {
     int max_n;               /* most images per request */
     int kv_pool_mb;          /* KV cache pool, MiB */
     char kv_policy[16];      /* KV policy of requests that name none */
+    char kv_dtype[8];        /* "auto" (the weights' type), "f32", "bf16", "f16" or "fp8" */
     /* The KV defaults of requests: kv.budget is the key kv_budget (0: each
      * policy's own), every knob of KV_POLICY_KNOBS is a key of its own
      * name; kv.kind is not a setting (server_config_kv_defaults). */

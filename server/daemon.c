@@ -18,6 +18,7 @@
 #include "engine/clock.h"
 #include "engine/kv_policy.h"
 #include "engine/model.h"
+#include "engine/planner.h"
 #include "server/http.h"
 #include "server/log.h"
 #include "server/metrics.h"
@@ -160,10 +161,11 @@ static void log_capacity(const daemon_t *d, const server_config_t *cfg) {
                      p.budget);
     }
     log_msg(LOG_INFO,
-            "backend %s (%d engine CPU threads, %d drawing); KV pool %.1f MiB in blocks of %d "
-            "tokens: %s",
+            "backend %s (%d engine CPU threads, %d drawing); KV pool %.1f MiB of %s K and V in "
+            "blocks of %d tokens: %s",
             d->be->name, engine_threads(cfg), cfg->draw_threads, capacity / 1048576.0,
-            sched_kv_block_tokens(d->sched), per_policy);
+            planner_kv_dtype_name(sched_kv_dtype(d->sched)), sched_kv_block_tokens(d->sched),
+            per_policy);
 }
 
 static void register_info_metrics(daemon_t *d, const char *version, kv_policy_kind_t policy) {
@@ -211,9 +213,15 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
     if (check_default_policy(d, &run) != AR_OK)
         return 2;
     register_info_metrics(d, version, run.kind);
+    dtype_t kv_dtype;
+    if (planner_kv_dtype_choose(cfg->kv_dtype, d->model.weight_dtype, &kv_dtype, &err) != AR_OK) {
+        fprintf(stderr, "arserve serve: --kv-dtype: %s\n", err.msg);
+        return 2;
+    }
     sched_options_t so = {.max_running = cfg->max_running,
                           .max_waiting = cfg->max_waiting,
                           .kv_pool_bytes = (size_t)cfg->kv_pool_mb << 20,
+                          .kv_dtype = kv_dtype,
                           .png_workers = cfg->png_workers,
                           .draw_threads = cfg->draw_threads};
     if (!(d->sched = scheduler_create(&d->model, &so, d->metrics, &err))) {

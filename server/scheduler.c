@@ -460,7 +460,7 @@ static void publish_previews(scheduler_t *s, sched_job_t *j, int steps_done) {
 /* A job whose images are all done: its KV peak, and its images to the
  * drawing thread. */
 static void job_finished(scheduler_t *s, sched_job_t *j) {
-    const size_t block = kv_pool_block_bytes(s->pool.blocks.block_tokens, s->pool.blocks.head_dim);
+    const size_t block = kv_pool_bytes_per_block(&s->pool);
     int peak_blocks = 0;
     for (int i = 0; i < j->n_images; i++)
         if (j->gen.images[i].kv_peak_blocks > peak_blocks)
@@ -720,8 +720,9 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
     /* The plan is pure host arithmetic on read-only geometry: no lock. */
     planner_plan_t plan;
     ar_error_t perr = {{0}};
-    if (planner_plan(&plan, &s->model->cfg, &req->kv_policy, req->n_prompt,
-                     s->pool.blocks.block_tokens, &why->field, &perr) != AR_OK) {
+    if (planner_plan_dtype(&plan, &s->model->cfg, &req->kv_policy, req->n_prompt,
+                           s->pool.blocks.block_tokens, planner_kv_same(s->pool.blocks.dtype),
+                           &why->field, &perr) != AR_OK) {
         snprintf(why->message, sizeof why->message, "%.*s", (int)sizeof why->message - 1, perr.msg);
         return refuse(s, why, SCHED_REFUSED_INVALID_POLICY, "invalid_policy");
     }
@@ -829,8 +830,8 @@ int sched_alive(scheduler_t *s) {
 
 size_t sched_image_peak_bytes(const scheduler_t *s, const kv_policy_params_t *p, int n_prompt) {
     planner_plan_t plan;
-    if (planner_plan(&plan, &s->model->cfg, p, n_prompt, s->pool.blocks.block_tokens, NULL, NULL) !=
-        AR_OK)
+    if (planner_plan_dtype(&plan, &s->model->cfg, p, n_prompt, s->pool.blocks.block_tokens,
+                           planner_kv_same(s->pool.blocks.dtype), NULL, NULL) != AR_OK)
         return 0;
     const size_t peak = plan.peak_bytes;
     planner_plan_free(&plan);
@@ -838,6 +839,8 @@ size_t sched_image_peak_bytes(const scheduler_t *s, const kv_policy_params_t *p,
 }
 
 int sched_kv_block_tokens(const scheduler_t *s) { return s->pool.blocks.block_tokens; }
+
+dtype_t sched_kv_dtype(const scheduler_t *s) { return s->pool.blocks.dtype; }
 
 size_t sched_kv_capacity_bytes(const scheduler_t *s) { return kv_pool_capacity_bytes(&s->pool); }
 
@@ -963,7 +966,7 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
     s->workers = calloc((size_t)opt->png_workers, sizeof *s->workers);
     const model_config_t *c = &model->cfg;
     const int bt = opt->kv_block_tokens > 0 ? opt->kv_block_tokens : planner_block_tokens(c);
-    const size_t block = kv_pool_block_bytes(bt, c->llm.head_dim);
+    const size_t block = kv_pool_block_bytes(bt, c->llm.head_dim, opt->kv_dtype);
     size_t n_blocks = opt->kv_pool_bytes / block;
     if (n_blocks > INT32_MAX)
         n_blocks = INT32_MAX;
@@ -973,7 +976,8 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
     }
     if (gen_drawer_open(&s->drawer, model, opt->draw_threads, err) != AR_OK)
         goto fail;
-    if (kv_pool_init(&s->pool, model->be, (int)n_blocks, bt, c->llm.head_dim, err) != AR_OK) {
+    if (kv_pool_init(&s->pool, model->be, (int)n_blocks, bt, c->llm.head_dim, opt->kv_dtype, err) !=
+        AR_OK) {
         ar_error_prefix(err, "--kv-pool-mb (%zu bytes, blocks of %zu)", opt->kv_pool_bytes, block);
         goto fail;
     }

@@ -27,6 +27,7 @@ typedef struct sched_options {
     int max_waiting;      /* jobs waiting for admission before submissions are refused */
     size_t kv_pool_bytes; /* rounded down to whole blocks */
     int kv_block_tokens;  /* tokens per pool block; 0: planner_block_tokens(model) */
+    dtype_t kv_dtype;     /* what the pool stores K and V as (kv_dtype_ok) */
     int png_workers;
     int draw_threads; /* the image decoder's threads, beside the engine's (0: as many) */
 } sched_options_t;
@@ -144,6 +145,8 @@ int sched_alive(scheduler_t *s);
 size_t sched_image_peak_bytes(const scheduler_t *s, const kv_policy_params_t *p, int n_prompt);
 /* The pool's block size in tokens and its capacity in bytes. */
 int sched_kv_block_tokens(const scheduler_t *s);
+/* The type the pool stores K and V in. */
+dtype_t sched_kv_dtype(const scheduler_t *s);
 size_t sched_kv_capacity_bytes(const scheduler_t *s);
 /* Iterations whose measured KV peak passed the planner's reservation (a
  * planner or policy bug, logged; DEBUG=1 builds abort on the first). */

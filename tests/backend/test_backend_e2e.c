@@ -46,7 +46,7 @@ static int pool_for(kv_pool_t *pool, backend_t *be, const model_config_t *c, int
                     ar_error_t *err) {
     const int per_head = (n_prompt + model_steps(c) + bt - 1) / bt;
     return kv_pool_init(pool, be, 2 * c->llm.num_layers * c->llm.num_kv_heads * per_head, bt,
-                        c->llm.head_dim, err);
+                        c->llm.head_dim, DTYPE_F32, err);
 }
 
 /* One image on both backends under `pol`, compared token by token. */

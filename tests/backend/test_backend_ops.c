@@ -894,14 +894,29 @@ typedef struct kv_case {
     int *perm, n_blocks;
 } kv_case_t;
 
+/* The cache type the KV tests run with (main runs them with each), and
+ * the fp8 scales of K and V their views carry (others ignore them). */
+static dtype_t kv_type = DTYPE_F32;
+#define KV_K_SCALE 0.03125f
+#define KV_V_SCALE 0.0078125f
+
+static kv_view_t kv_view_at(const int *blocks, int len) {
+    return (kv_view_t){blocks, len, KV_K_SCALE, KV_V_SCALE};
+}
+
+/* The pool's elements are kv_type values of random fp32 in [-1, 1]; the
+ * pair holds them as raw bytes (compared as floats: bit patterns of such
+ * values are never NaN, so a difference of 0 means the same bytes). */
 static kv_case_t kv_case_new(int block_tokens, int head_dim, int n_blocks) {
     kv_case_t c;
     const size_t n = (size_t)n_blocks * 2 * block_tokens * head_dim;
-    float *init = host_uniform(n, -1, 1);
-    c.blocks = pair_new(init, n);
-    free(init);
-    c.ref_pool = (kv_blocks_t){c.blocks.ref, block_tokens, head_dim};
-    c.dut_pool = (kv_blocks_t){c.blocks.dut, block_tokens, head_dim};
+    const size_t n_floats = (n * dtype_size(kv_type) + 3) / 4;
+    float *init = host_uniform(n, -1, 1), *raw = calloc(n_floats, sizeof *raw);
+    dtype_from_f32(raw, init, kv_type, n);
+    c.blocks = pair_new(raw, n_floats);
+    free(init), free(raw);
+    c.ref_pool = (kv_blocks_t){c.blocks.ref, kv_type, block_tokens, head_dim};
+    c.dut_pool = (kv_blocks_t){c.blocks.dut, kv_type, block_tokens, head_dim};
     c.n_blocks = n_blocks;
     c.perm = malloc((size_t)n_blocks * sizeof *c.perm);
     for (int i = 0; i < n_blocks; i++)
@@ -945,7 +960,8 @@ static void check_kv_step(int bt, int hd, int n_heads, int n_seq, const int *n_n
     kv_view_t *views = malloc((size_t)n_pairs * sizeof *views);
     int total_blocks = 0, max_len = 0;
     for (int i = 0; i < n_pairs; i++) {
-        views[i].len = n_new[i / n_heads] + (int)(rng_next() % (uint64_t)(max_extra + 1));
+        views[i] =
+            kv_view_at(NULL, n_new[i / n_heads] + (int)(rng_next() % (uint64_t)(max_extra + 1)));
         total_blocks += (views[i].len + bt - 1) / bt;
         max_len = views[i].len > max_len ? views[i].len : max_len;
     }
@@ -961,8 +977,8 @@ static void check_kv_step(int bt, int hd, int n_heads, int n_seq, const int *n_n
     pair_t pk = pair_new(k, (size_t)rows * width), pv = pair_new(v, (size_t)rows * width);
     pair_t pq = pair_new(q, (size_t)rows * width), po = pair_new(NULL, (size_t)rows * width);
     char what[160];
-    snprintf(what, sizeof what, "kv bt=%d hd=%d heads=%d seqs=%d rows=%d max_len=%d mass=%d", bt,
-             hd, n_heads, n_seq, rows, max_len, with_mass);
+    snprintf(what, sizeof what, "kv %s bt=%d hd=%d heads=%d seqs=%d rows=%d max_len=%d mass=%d",
+             dtype_name(kv_type), bt, hd, n_heads, n_seq, rows, max_len, with_mass);
 
     cpu->kv_append(cpu, &c.ref_pool, views, pk.ref, pv.ref, q_start, n_seq, n_heads);
     dut->kv_append(dut, &c.dut_pool, views, pk.dut, pv.dut, q_start, n_seq, n_heads);
@@ -1046,7 +1062,7 @@ static void check_kv_scale_step(int bt, int hd, int n_heads, int n_seq, const in
     kv_view_t *views = malloc((size_t)n_pairs * sizeof *views);
     int total_blocks = 0, max_len = 0;
     for (int i = 0; i < n_pairs; i++) {
-        views[i].len = (int)(rng_next() % (uint64_t)(max_cached + 1));
+        views[i] = kv_view_at(NULL, (int)(rng_next() % (uint64_t)(max_cached + 1)));
         total_blocks += (views[i].len + bt - 1) / bt;
         max_len = views[i].len > max_len ? views[i].len : max_len;
     }
@@ -1061,8 +1077,9 @@ static void check_kv_scale_step(int bt, int hd, int n_heads, int n_seq, const in
     float *k = host_uniform(n, -1, 1), *v = host_uniform(n, -1, 1), *q = host_uniform(n, -2, 2);
     pair_t pk = pair_new(k, n), pv = pair_new(v, n), pq = pair_new(q, n), po = pair_new(NULL, n);
     char what[160], part[200];
-    snprintf(what, sizeof what, "scale bt=%d hd=%d heads=%d seqs=%d rows=%d max_cached=%d mass=%d",
-             bt, hd, n_heads, n_seq, rows, max_len, with_mass);
+    snprintf(what, sizeof what,
+             "scale %s bt=%d hd=%d heads=%d seqs=%d rows=%d max_cached=%d mass=%d",
+             dtype_name(kv_type), bt, hd, n_heads, n_seq, rows, max_len, with_mass);
     pair_t *mass = calloc((size_t)n_pairs, sizeof *mass);
     float **ref_mass = calloc((size_t)n_pairs, sizeof *ref_mass);
     float **dut_mass = calloc((size_t)n_pairs, sizeof *dut_mass);
@@ -1138,8 +1155,8 @@ static void check_kv_gather(int bt, int hd, int len, double p, int with_mass) {
     cpu->kv_gather(cpu, &c.ref_pool, c.perm, keep, n_keep, with_mass ? m.ref : NULL);
     dut->kv_gather(dut, &c.dut_pool, c.perm, keep, n_keep, with_mass ? m.dut : NULL);
     char what[128];
-    snprintf(what, sizeof what, "kv_gather bt=%d hd=%d len=%d keep=%d mass=%d", bt, hd, len, n_keep,
-             with_mass);
+    snprintf(what, sizeof what, "kv_gather %s bt=%d hd=%d len=%d keep=%d mass=%d",
+             dtype_name(kv_type), bt, hd, len, n_keep, with_mass);
     compare(what, c.blocks, 0, 0, NULL, 0);
     compare(what, m, 0, 0, NULL, 0);
     pair_del(m);
@@ -1157,6 +1174,113 @@ static void test_kv_gather(void) {
     check_kv_gather(16, 64, 70, 1.0, 0);
     check_kv_gather(16, 64, 48, 0.9, 1);
     check_status_clean("kv_gather");
+}
+
+/* Rounding at every edge: for neighbouring finite values a < b of kv_type
+ * (all of fp8's, every 61st of the 16-bit types'), the midpoint and the
+ * fp32 values next to it, then values past the largest finite one, as K
+ * and V rows (times the view's scales) appended on both backends: the
+ * same bytes on both, and the bytes the host's dtype_from_f32 gives. */
+static void test_kv_append_rounds_at_every_edge(void) {
+    if (kv_type == DTYPE_F32)
+        return;
+    const int stride = kv_type == DTYPE_F8_E4M3 ? 1 : 61;
+    const unsigned top = kv_type == DTYPE_F8_E4M3 ? 0x7eu
+                         : kv_type == DTYPE_F16   ? 0x7bffu
+                                                  : 0x7f7fu;
+    size_t n = 0, cap = 4 * (top / (unsigned)stride + 2) + 8;
+    float *x = malloc(cap * sizeof *x);
+    for (unsigned c = 0; c + 1 <= top; c += (unsigned)stride) {
+        unsigned char lo[2], hi[2];
+        uint16_t cl = (uint16_t)c, ch = (uint16_t)(c + 1);
+        memcpy(lo, &cl, 2), memcpy(hi, &ch, 2);
+        float a, b;
+        dtype_to_f32(&a, lo, kv_type, 1);
+        dtype_to_f32(&b, hi, kv_type, 1);
+        const float mid = a + (b - a) / 2;
+        x[n++] = mid;
+        x[n++] = nextafterf(mid, 0.0f);
+        x[n++] = nextafterf(mid, INFINITY);
+        x[n++] = -mid;
+    }
+    const float past[] = {500.0f, -500.0f, 1e30f, -1e30f, 70000.0f, 3.0e38f, 0.0f, -0.0f};
+    for (size_t i = 0; i < sizeof past / sizeof past[0]; i++)
+        x[n++] = past[i];
+    const int hd = 8, rows = (int)((n + hd - 1) / hd);
+    float *k = calloc((size_t)rows * hd, sizeof *k), *v = calloc((size_t)rows * hd, sizeof *v);
+    for (size_t i = 0; i < n; i++) {
+        const int fp8 = kv_type == DTYPE_F8_E4M3;
+        k[i] = x[i] * (fp8 ? KV_K_SCALE : 1.0f);
+        v[i] = x[i] * (fp8 ? KV_V_SCALE : 1.0f);
+    }
+    kv_case_t c = kv_case_new(1, hd, rows);
+    kv_view_t view = kv_view_at(c.perm, rows);
+    const int q_start[2] = {0, rows};
+    pair_t pk = pair_new(k, (size_t)rows * hd), pv = pair_new(v, (size_t)rows * hd);
+    cpu->kv_append(cpu, &c.ref_pool, &view, pk.ref, pv.ref, q_start, 1, 1);
+    dut->kv_append(dut, &c.dut_pool, &view, pk.dut, pv.dut, q_start, 1, 1);
+    char what[96];
+    snprintf(what, sizeof what, "kv_append %s at %zu rounding edges", dtype_name(kv_type), n);
+    compare(what, c.blocks, 0, 0, NULL, 0);
+    const size_t row = (size_t)hd * dtype_size(kv_type);
+    unsigned char *got = malloc(c.blocks.n * sizeof(float)), *want = malloc(row);
+    cpu->download(cpu, got, c.blocks.ref, c.blocks.n * sizeof(float));
+    float *xr = calloc((size_t)hd, sizeof *xr);
+    int bad = 0;
+    for (int r = 0; r < rows; r++) {
+        for (int d = 0; d < hd; d++)
+            xr[d] = (size_t)r * hd + d < n ? x[(size_t)r * hd + d] : 0.0f;
+        dtype_from_f32(want, xr, kv_type, (size_t)hd);
+        const size_t at = (size_t)c.perm[r] * 2 * row;
+        bad += memcmp(got + at, want, row) != 0;       /* K */
+        bad += memcmp(got + at + row, want, row) != 0; /* V */
+    }
+    CHECK_MSG(bad == 0, "%s: %d rows differ from dtype_from_f32", what, bad);
+    free(x), free(k), free(v), free(got), free(want), free(xr);
+    pair_del(pk), pair_del(pv);
+    kv_case_del(&c);
+    check_status_clean(what);
+}
+
+/* kv_read_keys of a random run of a scattered cache, widened on both
+ * backends: the same floats exactly; for fp32 the pool's own values. */
+static void check_kv_read_keys(int bt, int hd, int len, int j0, int n) {
+    const int nb = (len + bt - 1) / bt;
+    kv_case_t c = kv_case_new(bt, hd, nb + 2);
+    const kv_view_t view = kv_view_at(c.perm, len);
+    pair_t out = pair_new(NULL, (size_t)n * hd);
+    cpu->kv_read_keys(cpu, out.ref, &c.ref_pool, &view, j0, n);
+    dut->kv_read_keys(dut, out.dut, &c.dut_pool, &view, j0, n);
+    char what[128];
+    snprintf(what, sizeof what, "kv_read_keys %s bt=%d hd=%d len=%d [%d, %d)", dtype_name(kv_type),
+             bt, hd, len, j0, j0 + n);
+    compare(what, out, 0, 0, NULL, 0);
+    /* Key j0 + i against the raw pool, widened here. */
+    const size_t esz = dtype_size(kv_type), row = (size_t)hd * esz;
+    unsigned char *raw = malloc(c.blocks.n * sizeof(float));
+    float *got = malloc((size_t)n * hd * sizeof *got), *want = malloc((size_t)hd * sizeof *want);
+    cpu->download(cpu, raw, c.blocks.ref, c.blocks.n * sizeof(float));
+    cpu->download(cpu, got, out.ref, (size_t)n * hd * sizeof *got);
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        const int j = j0 + i;
+        const size_t at = ((size_t)c.perm[j / bt] * 2 * bt + (size_t)(j % bt)) * row;
+        dtype_to_f32(want, raw + at, kv_type, (size_t)hd);
+        for (int d = 0; d < hd; d++)
+            bad +=
+                got[(size_t)i * hd + d] != want[d] * (kv_type == DTYPE_F8_E4M3 ? KV_K_SCALE : 1.0f);
+    }
+    CHECK_MSG(bad == 0, "%s: %d values differ from the pool's K rows", what, bad);
+    free(raw), free(got), free(want);
+    pair_del(out);
+    kv_case_del(&c);
+}
+
+static void test_kv_read_keys(void) {
+    check_kv_read_keys(1, 8, 5, 0, 5);
+    check_kv_read_keys(3, 20, 31, 7, 17);
+    check_kv_read_keys(16, 64, 70, 40, 30);
+    check_status_clean("kv_read_keys");
 }
 
 int main(void) {
@@ -1188,9 +1312,16 @@ int main(void) {
     TEST_RUN(test_groupnorm);
     TEST_RUN(test_upsample_and_transpose_exact);
     TEST_RUN(test_resize_bicubic_and_area);
-    TEST_RUN(test_kv_append_and_attention);
-    TEST_RUN(test_attention_scale);
-    TEST_RUN(test_kv_gather);
+    static const dtype_t kv_types[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F8_E4M3};
+    for (size_t t = 0; t < sizeof kv_types / sizeof kv_types[0]; t++) {
+        kv_type = kv_types[t];
+        printf("KV cache of %s\n", dtype_name(kv_type));
+        TEST_RUN(test_kv_append_and_attention);
+        TEST_RUN(test_attention_scale);
+        TEST_RUN(test_kv_gather);
+        TEST_RUN(test_kv_read_keys);
+        TEST_RUN(test_kv_append_rounds_at_every_edge);
+    }
     dut->destroy(dut);
     cpu->destroy(cpu);
     return TEST_SUMMARY();

@@ -16,6 +16,9 @@ trap 'rm -rf "$tmp"' EXIT
 passed=0 failed=0
 
 ok()   { passed=$((passed + 1)); echo "ok      $1"; }
+# The hand computations below count fp32 K and V (4 bytes): plan32 asks for
+# them (the default, `serve`'s, is the weights' type: bf16 for presets).
+plan32() { "$bin" plan --kv-dtype f32 "$@"; }
 fail() { failed=$((failed + 1)); echo "not ok  $1"; [ -n "${2:-}" ] && echo "  $2"; }
 
 # expect_fail NAME EXIT_CODE TEXT -- command...: the command must exit with
@@ -46,7 +49,7 @@ check_table() { # NAME FILE
 }
 
 for preset in janus-pro-1b janus-pro-7b llamagen-xl; do
-    if "$bin" plan --model "$preset" >"$tmp/$preset.txt" 2>"$tmp/err"; then
+    if plan32 --model "$preset" >"$tmp/$preset.txt" 2>"$tmp/err"; then
         check_table "plan --model $preset prints the side-by-side table" "$tmp/$preset.txt"
         n=$(for c in 0 1 2 3; do cell "$tmp/$preset.txt" "peak in the pool, blocks (B)" $c; done | grep -cE '^[0-9]+$')
         [ "$n" = 4 ] && ok "$preset: every policy fits its 24 x 24 grid at its default budget" \
@@ -58,7 +61,7 @@ done
 # x tokens x 2 (CFG), tokens = prompt + 576 - 1 (the last token is never fed).
 for P in 18 1 33; do
     args=(); [ "$P" != 18 ] && args=(--prompt-tokens "$P")
-    "$bin" plan --model janus-pro-1b "${args[@]}" >"$tmp/j.txt" 2>&1
+    plan32 --model janus-pro-1b "${args[@]}" >"$tmp/j.txt" 2>&1
     tokens=$((P + 575))
     hand=$((24 * 16 * 128 * 2 * 4 * tokens * 2))
     blocks=$(( (tokens + 3) / 4 * 4 * 24 * 16 * 128 * 2 * 4 * 2 ))
@@ -76,12 +79,12 @@ for P in 18 1 33; do
 done
 
 # Janus-Pro-7B and LlamaGen-XL (c2i: one condition token) by hand too.
-"$bin" plan --model janus-pro-7b --policy full >"$tmp/j7.txt" 2>&1
+plan32 --model janus-pro-7b --policy full >"$tmp/j7.txt" 2>&1
 want=$((30 * 32 * 128 * 2 * 4 * 593 * 2))
 [ "$(cell "$tmp/j7.txt" "peak KV per image, tokens (B)" 0)" = "$want" ] \
     && ok "janus-pro-7b: full cache = 30x32x128x2x4x593x2 = $want bytes" \
     || fail "janus-pro-7b full cache" "$(grep '^peak KV' "$tmp/j7.txt")"
-"$bin" plan --model llamagen-xl --prompt-tokens 1 --policy full >"$tmp/lg.txt" 2>&1
+plan32 --model llamagen-xl --prompt-tokens 1 --policy full >"$tmp/lg.txt" 2>&1
 want=$((36 * 20 * 64 * 2 * 4 * 576 * 2))
 [ "$(cell "$tmp/lg.txt" "peak KV per image, tokens (B)" 0)" = "$want" ] \
     && ok "llamagen-xl: full cache = 36x20x64x2x4x576x2 = $want bytes" \
@@ -99,23 +102,23 @@ grep -qE '^  97-120 +91 -> 114 \(\+1/step\) .*repeats x19, every 24 steps, throu
     || fail "linear's trajectory" "$(grep -A4 '^linear' "$f")"
 
 # Images in the pool: floor(pool / peak); 4096 MiB holds 9 full Janus-Pro-1B images.
-"$bin" plan --model janus-pro-1b --pool-mb 4096 --policy full >"$tmp/p.txt" 2>&1
+plan32 --model janus-pro-1b --pool-mb 4096 --policy full >"$tmp/p.txt" 2>&1
 [ "$(cell "$tmp/p.txt" "images in the pool at once" 0)" = 9 ] && ok "--pool-mb 4096: 9 full-cache images" \
     || fail "--pool-mb" "$(grep '^images' "$tmp/p.txt")"
-"$bin" plan --model janus-pro-7b >"$tmp/p7.txt" 2>&1
+plan32 --model janus-pro-7b >"$tmp/p7.txt" 2>&1
 grep -q "full: one image needs 1117.5 MiB, more than the pool" "$tmp/p7.txt" \
     && ok "janus-pro-7b: a full image does not fit the default 1024 MiB pool, and it says so" \
     || fail "janus-pro-7b too large" "$(grep '^images' "$tmp/p7.txt")"
 
 # --policy limits the table to one column; --budget applies to every policy but full.
-"$bin" plan --model janus-pro-1b --policy linear --budget 1/4 >"$tmp/l.txt" 2>&1
+plan32 --model janus-pro-1b --policy linear --budget 1/4 >"$tmp/l.txt" 2>&1
 if grep -qE '^ +linear$' "$tmp/l.txt" && [ "$(cell "$tmp/l.txt" "peak tokens per head" 0)" = $((18 + 144)) ] &&
    [ "$(cell "$tmp/l.txt" "budget" 0)" = "1/4 = 0.25" ]; then ok "--policy linear --budget 1/4: one column, 18 + 6 lines"
 else fail "--policy linear --budget 1/4" "$(head -c 800 "$tmp/l.txt")"; fi
 
 # The tiny model: a model directory; its 8 x 8 grid does not suit the default
 # budgets, so those policies print why instead of numbers.
-if "$bin" plan --model "$model" >"$tmp/t.txt" 2>"$tmp/err"; then
+if plan32 --model "$model" >"$tmp/t.txt" 2>"$tmp/err"; then
     check_table "plan on the tiny model prints the side-by-side table" "$tmp/t.txt"
     [ "$(cell "$tmp/t.txt" "peak tokens per head" 0)" = $((18 + 63)) ] && ok "tiny model: full holds 18 + 63 tokens" \
         || fail "tiny model full" "$(grep '^peak tokens' "$tmp/t.txt")"
@@ -124,27 +127,28 @@ if "$bin" plan --model "$model" >"$tmp/t.txt" 2>"$tmp/err"; then
         && ok "tiny model: headkv's defaults do not suit 8 x 8, and it says why" \
         || fail "tiny model headkv" "$(grep -A1 '^headkv' "$tmp/t.txt")"
 else fail "plan on the tiny model" "$(cat "$tmp/err")"; fi
-"$bin" plan --model "$model" --budget 1/2 >"$tmp/t2.txt" 2>&1
+plan32 --model "$model" --budget 1/2 >"$tmp/t2.txt" 2>&1
 got="$(cell "$tmp/t2.txt" "peak tokens per head" 1) $(cell "$tmp/t2.txt" "peak tokens per head" 2)"
 [ "$got" = "40 50" ] && ok "tiny model at 1/2: streaming floor(81/2) = 40, linear 18 + 4 lines = 50" \
     || fail "tiny model at 1/2" "got '$got'"
 
 # Only arserve.json is read: a folder holding nothing else plans the same.
 mkdir -p "$tmp/archonly" && cp "$model/arserve.json" "$tmp/archonly/"
-"$bin" plan --model "$tmp/archonly" >"$tmp/a.txt" 2>&1 && diff <(tail -n +2 "$tmp/a.txt") <(tail -n +2 "$tmp/t.txt") >/dev/null \
+plan32 --model "$tmp/archonly" >"$tmp/a.txt" 2>&1 &&
+    diff <(tail -n +2 "$tmp/a.txt" | grep -v 'kv-dtype auto') <(tail -n +2 "$tmp/t.txt" | grep -v 'kv-dtype auto') >/dev/null \
     && ok "a directory with only arserve.json (no weights) plans the same" || fail "arserve.json only" "$(head -5 "$tmp/a.txt")"
-"$bin" plan --model "$root/config/models/janus-pro-1b" >"$tmp/d.txt" 2>&1 &&
+plan32 --model "$root/config/models/janus-pro-1b" >"$tmp/d.txt" 2>&1 &&
     diff <(tail -n +2 "$tmp/d.txt") <(tail -n +2 "$tmp/janus-pro-1b.txt") >/dev/null \
     && ok "a preset's folder works as a model directory" || fail "preset folder as directory"
 
 # Presets are found from any working directory (beside the binary), or in
 # $ARSERVE_PRESETS_DIR.
 if [ "$(cd "$(dirname "$bin")/.." && pwd)" = "$root" ]; then
-    (cd "$tmp" && "$bin" plan --model janus-pro-7b --policy full >/dev/null 2>"$tmp/err") \
+    (cd "$tmp" && plan32 --model janus-pro-7b --policy full >/dev/null 2>"$tmp/err") \
         && ok "presets are found from another working directory" || fail "presets from elsewhere" "$(cat "$tmp/err")"
 else ok "presets from another working directory: skipped (the binary is outside the repository)"; fi
 mkdir -p "$tmp/presets/mine" && cp "$model/arserve.json" "$tmp/presets/mine/"
-ARSERVE_PRESETS_DIR=$tmp/presets "$bin" plan --model mine --policy full >/dev/null 2>"$tmp/err" \
+ARSERVE_PRESETS_DIR=$tmp/presets plan32 --model mine --policy full >/dev/null 2>"$tmp/err" \
     && ok "ARSERVE_PRESETS_DIR adds presets" || fail "ARSERVE_PRESETS_DIR" "$(cat "$tmp/err")"
 
 # ---- next-scale presets (family scale) ----
@@ -165,7 +169,7 @@ within() { awk -v v="$1" -v w="$2" 'BEGIN { d = v - w; if (d < 0) d = -d; exit !
 # its newest 56 are cached).
 for d in 16 20 24 30; do
     f=$tmp/var-d$d.txt
-    if "$bin" plan --model var-d$d >"$f" 2>"$tmp/err"; then
+    if plan32 --model var-d$d >"$f" 2>"$tmp/err"; then
         want=$((d * d * 64 * 2 * 4 * 424 * 2))
         got="$(cell "$f" "peak tokens per head" 0) $(cell "$f" "peak tokens per head" 1) $(cell "$f" "peak KV per image, tokens (B)" 0)"
         [ "$got" = "424 70 $want" ] && ok "var-d$d: full 424 tokens per head = ${d}x${d}x64x2x4x424x2 = $want B; streaming 70" \
@@ -182,7 +186,7 @@ grep -qE '^ +full +streaming +heatkv +heatkv_binary +amskv +scalekv$' "$f" && ! 
 [ "$(cell "$f" "budget" 1)" = "1/6 = 0.1667" ] && grep -q '^streaming at budget 1/6 = 0.1667: cap 70 tokens per head after every layer: prefix 0 + 3 sink scales (14 tokens with the prefix) + the 56 most recent tokens' "$f" \
     && ok "var-d16: streaming on scales caps a head at its budget and says so" || fail "streaming budget on scales" "$(grep -E '^(budget|streaming)' "$f")"
 expect_fail "one policy that refuses scales: exit 1 with the reason" 1 "linear works on raster models" -- \
-    "$bin" plan --model var-d16 --policy linear
+    plan32 --model var-d16 --policy linear
 
 # Infinity (HeatKV's Table 1, full cache at batch 8, "38550 MB" and "84328 MB"):
 # 6425 cached tokens (every scale but the 64 x 64 one) x layers x width x
@@ -220,11 +224,11 @@ for m in "infinity-2b 1300:7800 650:3900 265:1590" "infinity-8b 1300:17062 650:8
     done
 done
 expect_fail "--budget-tokens past the full cache's peak is refused" 2 "--budget-tokens 7000: more than a head holds" -- \
-    "$bin" plan --model infinity-2b --budget-tokens 7000
+    plan32 --model infinity-2b --budget-tokens 7000
 expect_fail "--budget and --budget-tokens together are refused" 2 "give --budget or --budget-tokens, not both" -- \
-    "$bin" plan --model infinity-2b --budget 0.1 --budget-tokens 650
+    plan32 --model infinity-2b --budget 0.1 --budget-tokens 650
 expect_fail "heatkv below its sink scales names the budget" 1 "budget 0.001 holds less than the 3 sink scales" -- \
-    "$bin" plan --model infinity-2b --policy heatkv --budget 0.001
+    plan32 --model infinity-2b --policy heatkv --budget 0.001
 
 f=$tmp/infinity-2b.txt
 [ "$(scale_row "$f" 11 | cut -d' ' -f1-7)" = "11 48 2304 2304 6425 / 38784.0" ] &&
@@ -238,14 +242,15 @@ got="$(cell "$f" "peak tokens per head" 1) $(cell "$f" "batch peak, tokens (MiB)
 [ "$got" = "1070 6420.0" ] && ok "infinity-2b: streaming at 1/6 holds its cap, 1070 tokens per head, 6420.0 MiB for 8" \
     || fail "infinity-2b streaming" "got '$got'"
 grep -q '^KV dtype K f32, V bf16 (4 + 2 bytes per element) as planned (--kv-dtype): 768 bytes per token' "$f" &&
-grep -q "NOTE: the engine's pool holds K and V in f32" "$f" \
-    && ok "--kv-dtype f32,bf16: the header names the types and says the engine's pool is f32" \
+grep -q "NOTE: the engine's pool holds K and V in one type: \`serve --kv-dtype f32\`" "$f" \
+    && ok "--kv-dtype f32,bf16: the header names the types and says the engine's pool holds one" \
     || fail "--kv-dtype header" "$(grep -A3 '^KV dtype' "$f")"
 
 # --batch multiplies the per-image peak; --kv-dtype: one type is both, the
-# default is the engine's f32, 16-bit types halve every byte.
-"$bin" plan --model var-d16 --policy full >"$tmp/b1.txt" 2>&1
-"$bin" plan --model var-d16 --policy full --batch 3 >"$tmp/b3.txt" 2>&1
+# default is serve's (bf16 for a preset), 16-bit types halve every byte, fp8
+# quarters them.
+plan32 --model var-d16 --policy full >"$tmp/b1.txt" 2>&1
+plan32 --model var-d16 --policy full --batch 3 >"$tmp/b3.txt" 2>&1
 one=$(sed -n 's/^full-cache KV of the batch (1 image x 2 CFG rows, --batch): \([0-9]*\) bytes.*/\1/p' "$tmp/b1.txt")
 three=$(sed -n 's/^full-cache KV of the batch (3 images x 2 CFG rows, --batch): \([0-9]*\) bytes.*/\1/p' "$tmp/b3.txt")
 [ -n "$one" ] && [ "$one" = $((16 * 16 * 64 * 2 * 4 * 424 * 2)) ] && [ "$three" = $((3 * one)) ] &&
@@ -253,17 +258,32 @@ three=$(sed -n 's/^full-cache KV of the batch (3 images x 2 CFG rows, --batch): 
     && ok "--batch: default 1; --batch 3 is 3 x the image's $one bytes (318.0 MiB)" || fail "--batch" "one '$one', three '$three'"
 "$bin" plan --model var-d16 --policy full --kv-dtype f32,f32 >"$tmp/k32.txt" 2>&1
 diff -q <(tail -n +2 "$tmp/k32.txt") <(tail -n +2 "$tmp/b1.txt") >/dev/null && ! grep -q NOTE "$tmp/k32.txt" \
-    && ok "--kv-dtype f32,f32 is the default (the engine's types, no note)" || fail "--kv-dtype f32,f32"
+    && ok "--kv-dtype f32,f32 is f32 (one type, no note)" || fail "--kv-dtype f32,f32"
+"$bin" plan --model var-d16 --policy full >"$tmp/kdef.txt" 2>&1
+"$bin" plan --model var-d16 --policy full --kv-dtype fp8 >"$tmp/k8.txt" 2>&1
+[ "$(cell "$tmp/kdef.txt" "peak KV per image, tokens (B)" 0)" = $((one / 2)) ] &&
+grep -q '^KV dtype bf16 (2 bytes per element), as `serve` stores K and V' "$tmp/kdef.txt" &&
+grep -q 'a preset without weights: bf16' "$tmp/kdef.txt" \
+    && ok "a preset's default is bf16, what serve stores for real (bf16) checkpoints" \
+    || fail "preset default" "$(grep -A3 '^KV dtype' "$tmp/kdef.txt")"
+[ "$(cell "$tmp/k8.txt" "peak KV per image, tokens (B)" 0)" = $((one / 4)) ] \
+    && ok "--kv-dtype fp8 quarters the bytes" || fail "--kv-dtype fp8" "$(cell "$tmp/k8.txt" "peak KV per image, tokens (B)" 0)"
+"$bin" plan --model "$model" --policy full >"$tmp/md.txt" 2>&1
+grep -q '^KV dtype f16 (2 bytes per element), as `serve` stores K and V' "$tmp/md.txt" &&
+grep -q "the weights' type" "$tmp/md.txt" \
+    && ok "a model directory's default is its weights' type (the tiny model's f16)" \
+    || fail "model directory default" "$(grep -A2 '^KV dtype' "$tmp/md.txt")"
 "$bin" plan --model var-d16 --policy full --kv-dtype bf16 >"$tmp/k16.txt" 2>&1
 "$bin" plan --model var-d16 --policy full --kv-dtype f16,bf16 >"$tmp/kf16.txt" 2>&1
 h=$(cell "$tmp/k16.txt" "peak KV per image, tokens (B)" 0)
 [ "$h" = $((one / 2)) ] && [ "$(cell "$tmp/kf16.txt" "peak KV per image, tokens (B)" 0)" = "$h" ] &&
-grep -q '^KV dtype bf16 (2 bytes per element) as planned' "$tmp/k16.txt" \
+grep -q '^KV dtype bf16 (2 bytes per element), as `serve` stores' "$tmp/k16.txt" &&
+grep -q '^KV dtype f16 (2 bytes per element) as planned (--kv-dtype)' <("$bin" plan --model var-d16 --policy full --kv-dtype f16) \
     && ok "--kv-dtype bf16 (one value: both) and f16,bf16 halve the bytes" || fail "--kv-dtype 16-bit" "got '$h', want $((one / 2))"
 
 # The tiny next-scale model, a model directory.
 if [ -n "$var_model" ]; then
-    if "$bin" plan --model "$var_model" >"$tmp/vt.txt" 2>"$tmp/err"; then
+    if plan32 --model "$var_model" >"$tmp/vt.txt" 2>"$tmp/err"; then
         [ "$(cell "$tmp/vt.txt" "peak tokens per head" 0)" = 14 ] && [ "$(scale_row "$tmp/vt.txt" 3 | cut -d' ' -f1-4)" = "3 4 16 0" ] \
             && ok "the tiny next-scale model: 1 + 4 + 9 = 14 tokens cached, the 4 x 4 scale never" \
             || fail "tiny next-scale model" "$(head -c 600 "$tmp/vt.txt")"
@@ -273,9 +293,9 @@ else ok "the tiny next-scale model: skipped (no third argument)"; fi
 # Bad --batch and --kv-dtype values name the flag.
 expect_fail "--batch 0 is refused" 2 "--batch" -- "$bin" plan --model var-d16 --batch 0
 expect_fail "--batch that is not an integer is refused" 2 "--batch: 'two' is not an integer" -- \
-    "$bin" plan --model var-d16 --batch two
+    plan32 --model var-d16 --batch two
 expect_fail "--batch past its limit is refused" 2 "--batch" -- "$bin" plan --model var-d16 --batch 100000
-expect_fail "--kv-dtype with an unknown type is refused" 2 "--kv-dtype: the type 'f8' is not one of f32, bf16, f16" -- \
+expect_fail "--kv-dtype with an unknown type is refused" 2 "--kv-dtype: the type 'f8' is not one of f32, bf16, f16, fp8" -- \
     "$bin" plan --model var-d16 --kv-dtype f8
 expect_fail "--kv-dtype names the part at fault" 2 "--kv-dtype: V's type 'int8' is not one of f32, bf16, f16" -- \
     "$bin" plan --model var-d16 --kv-dtype f32,int8
@@ -288,12 +308,12 @@ expect_fail "--kv-dtype without a value is refused" 2 "--kv-dtype needs a value"
 
 # Refusals.
 expect_fail "an unknown preset lists the available ones" 2 "janus-pro-1b, janus-pro-7b, llamagen-xl" -- \
-    "$bin" plan --model janus-pro-3b
+    plan32 --model janus-pro-3b
 expect_fail "an unknown preset is named with --model" 2 "--model: 'janus-pro-3b'" -- \
-    "$bin" plan --model janus-pro-3b
+    plan32 --model janus-pro-3b
 expect_fail "a missing --model is refused" 2 "--model" -- "$bin" plan
 expect_fail "an unknown --policy names the flag and the choices" 2 "--policy: 'h2o' is not one of full, streaming, linear, headkv, heatkv, heatkv_binary, amskv, scalekv" -- \
-    "$bin" plan --model janus-pro-1b --policy h2o
+    plan32 --model janus-pro-1b --policy h2o
 expect_fail "--budget 0 is refused" 2 "--budget" -- "$bin" plan --model janus-pro-1b --budget 0
 expect_fail "--budget above 1 is refused" 2 "--budget" -- "$bin" plan --model janus-pro-1b --budget 1.5
 expect_fail "--budget that is not a number is refused" 2 "--budget" -- "$bin" plan --model janus-pro-1b --budget half
@@ -302,13 +322,13 @@ expect_fail "--pool-mb 0 is refused" 2 "--pool-mb" -- "$bin" plan --model janus-
 expect_fail "--pool-mb that is not an integer is refused" 2 "--pool-mb" -- "$bin" plan --model janus-pro-1b --pool-mb 1.5
 expect_fail "--prompt-tokens 0 is refused" 2 "--prompt-tokens" -- "$bin" plan --model janus-pro-1b --prompt-tokens 0
 expect_fail "--prompt-tokens past the prompt limit is refused" 2 "--prompt-tokens" -- \
-    "$bin" plan --model janus-pro-1b --prompt-tokens 5000
+    plan32 --model janus-pro-1b --prompt-tokens 5000
 expect_fail "an unknown flag is refused" 2 "unrecognized" -- "$bin" plan --model janus-pro-1b --bogus
 expect_fail "a flag without its value is refused" 2 "--budget" -- "$bin" plan --model janus-pro-1b --budget
 expect_fail "a stray argument is refused" 2 "unexpected argument 'extra'" -- "$bin" plan --model janus-pro-1b extra
 expect_fail "one policy that does not suit the grid: exit 1 with the reason" 1 "budget" -- \
-    "$bin" plan --model janus-pro-1b --policy linear --budget 1/8
-"$bin" plan --model janus-pro-1b --budget 1/8 >"$tmp/b8.txt" 2>&1 && grep -q '^linear at budget 1/8 = 0.125: does not suit this grid: budget 0.125 keeps 3 of 24 lines' "$tmp/b8.txt" \
+    plan32 --model janus-pro-1b --policy linear --budget 1/8
+plan32 --model janus-pro-1b --budget 1/8 >"$tmp/b8.txt" 2>&1 && grep -q '^linear at budget 1/8 = 0.125: does not suit this grid: budget 0.125 keeps 3 of 24 lines' "$tmp/b8.txt" \
     && [ "$(cell "$tmp/b8.txt" "peak tokens per head" 3)" = 118 ] \
     && ok "side by side at 1/8: linear says why (3 of 24 lines), the others have numbers" \
     || fail "side by side at 1/8" "$(grep '^linear' "$tmp/b8.txt")"

@@ -31,9 +31,9 @@ static int kv_plan_run(model_t *m, const kv_policy_params_t *p, int label, uint6
     memset(out, 0, sizeof *out);
     if (planner_plan(&plan, &m->cfg, p, 1, block_tokens, NULL, err) != AR_OK)
         return AR_ERR;
-    const size_t block = kv_pool_block_bytes(block_tokens, m->cfg.llm.head_dim);
+    const size_t block = kv_pool_block_bytes(block_tokens, m->cfg.llm.head_dim, DTYPE_F32);
     if (kv_pool_init(&pool, m->be, (int)(plan.peak_bytes / block), block_tokens,
-                     m->cfg.llm.head_dim, err) != AR_OK) {
+                     m->cfg.llm.head_dim, DTYPE_F32, err) != AR_OK) {
         planner_plan_free(&plan);
         return AR_ERR;
     }

@@ -179,7 +179,7 @@ enum { H = 2, D = 4, C = H * D, SP = 2, SC = 3, RP = SP * SP, RC = SC * SC };
  * reverse order (so a head's blocks are neither contiguous nor ordered). */
 static void fill(kv_pool_t *pool, kv_head_t heads[H], const float *prev, int extra, int bt) {
     ar_error_t err = {{0}};
-    CHECK(kv_pool_init(pool, be, 64, bt, D, &err) == AR_OK);
+    CHECK(kv_pool_init(pool, be, 64, bt, D, DTYPE_F32, &err) == AR_OK);
     const int len = extra + RP;
     float *k = calloc((size_t)len * C, sizeof *k), *v = calloc((size_t)len * C, sizeof *v);
     for (int i = 0; i < extra * C; i++)
@@ -190,7 +190,7 @@ static void fill(kv_pool_t *pool, kv_head_t heads[H], const float *prev, int ext
     for (int h = 0; h < H; h++) {
         memset(&heads[h], 0, sizeof heads[h]);
         CHECK(kv_head_reserve(pool, &heads[h], len, &err) == AR_OK);
-        views[h] = (kv_view_t){heads[h].blocks, len};
+        views[h] = kv_head_view(&heads[h], len);
     }
     const int q[2] = {0, len};
     be->kv_append(be, &pool->blocks, views, k, v, q, 1, H);
@@ -206,7 +206,7 @@ static double measure(kv_pool_t *pool, kv_head_t heads[H], const float *cur) {
         scratch[i] = be->alloc(be, sizeof(float) * C * RC);
     kv_view_t views[H];
     for (int h = 0; h < H; h++)
-        views[h] = (kv_view_t){heads[h].blocks, heads[h].len};
+        views[h] = kv_head_view(&heads[h], heads[h].len);
     const double s = var_key_similarity(be, &pool->blocks, views, H, D, cur, SP, SC, scratch);
     for (int i = 0; i < 4; i++)
         be->free(be, scratch[i]);

@@ -599,13 +599,13 @@ static void paged_build(paged_t *pg, int bt, int hd, int n_pairs, const int *cap
     int *perm = random_permutation(pg->n_blocks), next = 0;
     pg->tables = malloc((size_t)n_pairs * sizeof *pg->tables);
     pg->views = malloc((size_t)n_pairs * sizeof *pg->views);
-    pg->pool = (kv_blocks_t){NULL, bt, hd};
+    pg->pool = (kv_blocks_t){NULL, DTYPE_F32, bt, hd};
     for (int i = 0; i < n_pairs; i++) {
         const int nb = (cap_len[i] + bt - 1) / bt;
         pg->tables[i] = malloc((nb ? nb : 1) * sizeof(int));
         for (int b = 0; b < nb; b++)
             pg->tables[i][b] = perm[next++];
-        pg->views[i] = (kv_view_t){pg->tables[i], len[i]};
+        pg->views[i] = (kv_view_t){pg->tables[i], len[i], 1, 1};
         for (int j = 0; j < len[i]; j++) {
             fill_uniform(pg->host + paged_k_at(pg, i, j), hd, -amp, amp);
             fill_uniform(pg->host + paged_v_at(pg, i, j), hd, -1, 1);
@@ -1418,12 +1418,12 @@ static void test_attention_scale_large_scores(void) {
  * (not causal), out = (1 + 3 + 5) / 3 = 3, mass 2/3 each. */
 static void test_attention_scale_by_hand(void) {
     const int q_start[2] = {0, 2}, table[1] = {0};
-    const kv_view_t view = {table, 1};
+    const kv_view_t view = {table, 1, 1, 1};
     const float pool_host[2] = {0, 1}; /* block 0 of 1 token, hd 1: K row, V row */
     const float q[2] = {0.7f, -2}, k_new[2] = {0, 0}, v_new[2] = {3, 5};
     float *dpool = dev_from(pool_host, 2), *dq = dev_from(q, 2), *dk = dev_from(k_new, 2);
     float *dv = dev_from(v_new, 2), *dout = dev_new(2), *dmass = dev_from((float[3]){0}, 3);
-    const kv_blocks_t pool = {dpool, 1, 1};
+    const kv_blocks_t pool = {dpool, DTYPE_F32, 1, 1};
     float *mass[1] = {dmass};
     const attn_batch_t batch = {1, q_start, &view, mass};
     be->attention_scale(be, dout, dq, dk, dv, &pool, &batch, 1, 1.0f);
@@ -1911,9 +1911,9 @@ static void test_results_independent_of_thread_count(void) {
             memcpy(row, kv[h] + (size_t)j * D, D * sizeof(float));
             memcpy(row + BT * D, kv[h] + (size_t)j * D, D * sizeof(float));
         }
-        views[h] = (kv_view_t){tables[h], kv_len[h]};
+        views[h] = (kv_view_t){tables[h], kv_len[h], 1, 1};
     }
-    const kv_blocks_t pool = {pool_mem, BT, D};
+    const kv_blocks_t pool = {pool_mem, DTYPE_F32, BT, D};
     float *mass[2][H];
     int pos[ROWS];
     for (int r = 0; r < ROWS; r++)

@@ -20,7 +20,7 @@ static kv_pool_t *pool_new(const model_t *m, int n) {
     static kv_pool_t p;
     ar_error_t err = {{0}};
     if (kv_pool_init(&p, be, n * 2 * l->num_layers * l->num_kv_heads * per_head, bt, l->head_dim,
-                     &err) != AR_OK) {
+                     DTYPE_F32, &err) != AR_OK) {
         fprintf(stderr, "%s\n", err.msg);
         abort();
     }

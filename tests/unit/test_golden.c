@@ -53,7 +53,7 @@ static int pool_for(kv_pool_t *p, int block_tokens, int n) {
     int per_head = (g.n_prompt + g.n_steps - 1 + block_tokens - 1) / block_tokens;
     ar_error_t err = {{0}};
     if (kv_pool_init(p, be, n * 2 * l->num_layers * l->num_kv_heads * per_head, block_tokens,
-                     l->head_dim, &err) != AR_OK) {
+                     l->head_dim, DTYPE_F32, &err) != AR_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return -1;
     }

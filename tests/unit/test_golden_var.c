@@ -99,9 +99,10 @@ static int load(void) {
     kv_policy_defaults(&full, KV_POLICY_FULL);
     const int bt = planner_block_tokens(c);
     if (planner_plan(&plan, c, &full, 1, bt, NULL, &err) != AR_OK ||
-        kv_pool_init(&pool, be,
-                     6 * (int)(plan.peak_bytes / kv_pool_block_bytes(bt, c->llm.head_dim)), bt,
-                     c->llm.head_dim, &err) != AR_OK) {
+        kv_pool_init(
+            &pool, be,
+            6 * (int)(plan.peak_bytes / kv_pool_block_bytes(bt, c->llm.head_dim, DTYPE_F32)), bt,
+            c->llm.head_dim, DTYPE_F32, &err) != AR_OK) {
         fprintf(stderr, "pool: %s\n", err.msg);
         return -1;
     }

@@ -442,7 +442,7 @@ static void test_measured_kv_equals_the_plan(void) {
         CHECK_MSG(run.request_peak == run.planned_peak, "run %zu: peak %zu, plan %zu", i,
                   run.request_peak, run.planned_peak);
         CHECK(!run.leaked);
-        const size_t block = kv_pool_block_bytes(bt, m.cfg.llm.head_dim);
+        const size_t block = kv_pool_block_bytes(bt, m.cfg.llm.head_dim, DTYPE_F32);
         /* The plan is below the full cache's and the budget holds. */
         const double B = p.budget * g.n_layers * g.n_heads * kv_geometry_held(&g, run.steps - 1);
         CHECK_MSG(bt > 1 || (double)run.planned_peak <= 2 * B * block + 1e-6, "run %zu", i);

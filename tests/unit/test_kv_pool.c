@@ -42,14 +42,14 @@ static void test_block_tokens_keep_last_block_under_5_percent(void) {
 static void test_init_rejects_bad_sizes(void) {
     kv_pool_t p;
     ar_error_t err = {{0}};
-    CHECK(kv_pool_init(&p, be, 0, 4, 16, &err) == AR_ERR);
+    CHECK(kv_pool_init(&p, be, 0, 4, 16, DTYPE_F32, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "smaller than one block");
-    CHECK(kv_pool_init(&p, be, 4, 0, 16, &err) == AR_ERR);
-    CHECK(kv_pool_init(&p, be, 4, 4, -1, &err) == AR_ERR);
-    CHECK(kv_pool_init(&p, be, 3, 4, 16, &err) == AR_OK);
+    CHECK(kv_pool_init(&p, be, 4, 0, 16, DTYPE_F32, &err) == AR_ERR);
+    CHECK(kv_pool_init(&p, be, 4, 4, -1, DTYPE_F32, &err) == AR_ERR);
+    CHECK(kv_pool_init(&p, be, 3, 4, 16, DTYPE_F32, &err) == AR_OK);
     CHECK(p.n_blocks == 3 && kv_pool_blocks_in_use(&p) == 0);
-    CHECK(kv_pool_block_bytes(4, 16) == 2 * 4 * 16 * sizeof(float));
-    CHECK(kv_pool_capacity_bytes(&p) == 3 * kv_pool_block_bytes(4, 16));
+    CHECK(kv_pool_block_bytes(4, 16, DTYPE_F32) == 2 * 4 * 16 * sizeof(float));
+    CHECK(kv_pool_capacity_bytes(&p) == 3 * kv_pool_block_bytes(4, 16, DTYPE_F32));
     kv_pool_free(&p);
 }
 
@@ -58,7 +58,7 @@ static void test_init_rejects_bad_sizes(void) {
 static void test_reserve_whole_blocks_and_exhaustion_changes_nothing(void) {
     kv_pool_t p;
     ar_error_t err = {{0}};
-    CHECK(kv_pool_init(&p, be, 5, 4, 8, &err) == AR_OK);
+    CHECK(kv_pool_init(&p, be, 5, 4, 8, DTYPE_F32, &err) == AR_OK);
     kv_head_t a = {0}, b = {0};
     CHECK(kv_head_reserve(&p, &a, 0, &err) == AR_OK && a.n_blocks == 0);
     CHECK(kv_head_reserve(&p, &a, 1, &err) == AR_OK && a.n_blocks == 1);
@@ -67,7 +67,7 @@ static void test_reserve_whole_blocks_and_exhaustion_changes_nothing(void) {
     CHECK(kv_head_reserve(&p, &a, 9, &err) == AR_OK && a.n_blocks == 3);
     a.len = 9;
     CHECK(kv_pool_blocks_in_use(&p) == 3 &&
-          kv_pool_used_bytes(&p) == 3 * kv_pool_block_bytes(4, 8));
+          kv_pool_used_bytes(&p) == 3 * kv_pool_block_bytes(4, 8, DTYPE_F32));
     CHECK(kv_head_reserve(&p, &b, 8, &err) == AR_OK && b.n_blocks == 2);
     CHECK(p.peak_in_use == 5 && p.n_free == 0);
     /* Exhausted: a third block for b is refused and b is as it was. */
@@ -100,7 +100,7 @@ static void test_reserve_whole_blocks_and_exhaustion_changes_nothing(void) {
 static void test_double_free_is_an_error_not_a_crash(void) {
     kv_pool_t p;
     ar_error_t err = {{0}};
-    CHECK(kv_pool_init(&p, be, 4, 2, 4, &err) == AR_OK);
+    CHECK(kv_pool_init(&p, be, 4, 2, 4, DTYPE_F32, &err) == AR_OK);
     kv_head_t a = {0};
     CHECK(kv_head_reserve(&p, &a, 4, &err) == AR_OK);
     kv_head_t copy = a; /* a second owner of the same blocks: a bug */
@@ -132,7 +132,7 @@ static void write_token(kv_pool_t *p, const kv_head_t *h, int j, float tag) {
     float row[64];
     for (int e = 0; e < hd; e++)
         row[e] = tag + (float)e * 0.001f;
-    float *k = p->blocks.base + ((size_t)h->blocks[j / bt] * 2 * bt + j % bt) * hd;
+    float *k = (float *)p->blocks.base + ((size_t)h->blocks[j / bt] * 2 * bt + j % bt) * hd;
     be->upload(be, k, row, (size_t)hd * sizeof(float));
     for (int e = 0; e < hd; e++)
         row[e] = -row[e];
@@ -142,7 +142,8 @@ static void write_token(kv_pool_t *p, const kv_head_t *h, int j, float tag) {
 static int token_ok(kv_pool_t *p, const kv_head_t *h, int j, float tag) {
     const int bt = p->blocks.block_tokens, hd = p->blocks.head_dim;
     float k[64], v[64];
-    const float *at = p->blocks.base + ((size_t)h->blocks[j / bt] * 2 * bt + j % bt) * hd;
+    const float *at =
+        (const float *)p->blocks.base + ((size_t)h->blocks[j / bt] * 2 * bt + j % bt) * hd;
     be->download(be, k, at, (size_t)hd * sizeof(float));
     be->download(be, v, at + (size_t)bt * hd, (size_t)hd * sizeof(float));
     for (int e = 0; e < hd; e++)
@@ -154,7 +155,7 @@ static int token_ok(kv_pool_t *p, const kv_head_t *h, int j, float tag) {
 static void test_compact_moves_rows_and_returns_whole_blocks(void) {
     kv_pool_t p;
     ar_error_t err = {{0}};
-    CHECK(kv_pool_init(&p, be, 8, 3, 5, &err) == AR_OK);
+    CHECK(kv_pool_init(&p, be, 8, 3, 5, DTYPE_F32, &err) == AR_OK);
     kv_head_t h = {0};
     CHECK(kv_head_reserve(&p, &h, 11, &err) == AR_OK && h.n_blocks == 4);
     h.len = 11;
@@ -206,7 +207,7 @@ static void test_random_heads_against_a_host_model(void) {
         const int n_blocks = HEADS * ((MAXLEN + bt - 1) / bt) / 4; /* too few for all at max */
         kv_pool_t p;
         ar_error_t err = {{0}};
-        CHECK(kv_pool_init(&p, be, n_blocks, bt, 4, &err) == AR_OK);
+        CHECK(kv_pool_init(&p, be, n_blocks, bt, 4, DTYPE_F32, &err) == AR_OK);
         kv_head_t h[HEADS] = {{0}};
         float tags[HEADS][MAXLEN];
         float next_tag = 1;

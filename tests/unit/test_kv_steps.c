@@ -187,12 +187,12 @@ static void test_window_policy_steps_within_plan(void) {
     memset(&stub, 0, sizeof stub);
     for (int k = 0; k < 3; k++) {
         const int bt = sizes[k];
-        const size_t block = kv_pool_block_bytes(bt, c->llm.head_dim);
+        const size_t block = kv_pool_block_bytes(bt, c->llm.head_dim, DTYPE_F32);
         ar_error_t err = {{0}};
         CHECK_MSG(planner_plan(&plan, c, &pol, n_prompt, bt, NULL, &err) == AR_OK, "%s", err.msg);
         kv_pool_t pool;
-        CHECK(kv_pool_init(&pool, be, (int)(plan.peak_bytes / block), bt, c->llm.head_dim, &err) ==
-              AR_OK);
+        CHECK(kv_pool_init(&pool, be, (int)(plan.peak_bytes / block), bt, c->llm.head_dim,
+                           DTYPE_F32, &err) == AR_OK);
         gen_request_t r;
         sampler_params_t sp = c->sampling;
         CHECK_MSG(gen_request_init(&r, &model, &pool, &pol, cond, uncond, n_prompt, &sp, 7, 0,
@@ -284,7 +284,7 @@ static void test_full_policy_costs_no_policy_calls(void) {
     const int bt = planner_block_tokens(c);
     const int per_head = (n_prompt + model_steps(c) + bt - 1) / bt;
     CHECK(kv_pool_init(&pool, be, 2 * c->llm.num_layers * c->llm.num_kv_heads * per_head, bt,
-                       c->llm.head_dim, &err) == AR_OK);
+                       c->llm.head_dim, DTYPE_F32, &err) == AR_OK);
     memset(&stub, 0, sizeof stub);
     gen_request_t r;
     sampler_params_t sp = c->sampling;

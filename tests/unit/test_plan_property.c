@@ -201,7 +201,7 @@ static void make_trace(trace_t *tr, int max_jobs, const int *block_sizes, int n_
     size_t *b = image_plan(&probe, tr->block_tokens);
     const size_t one = peak_of(b, model_steps(&model.cfg));
     free(b);
-    const size_t block = kv_pool_block_bytes(tr->block_tokens, model.cfg.llm.head_dim);
+    const size_t block = kv_pool_block_bytes(tr->block_tokens, model.cfg.llm.head_dim, DTYPE_F32);
     tr->pool_bytes = (size_t)((2.0 + 1.5 * rnd_unit()) * (double)one) / block * block;
     /* Gaps and cancellation times in iterations: the raster model's 64
      * steps take the values these traces were tuned with; a model of a few
@@ -327,11 +327,11 @@ static int replay_events(batcher_t *b, rjob_t *jobs, const trace_t *tr, int it, 
 static void replay(const trace_t *tr) {
     const model_config_t *c = &model.cfg;
     const int S = model_steps(c), bt = tr->block_tokens;
-    const size_t block = kv_pool_block_bytes(bt, c->llm.head_dim);
+    const size_t block = kv_pool_block_bytes(bt, c->llm.head_dim, DTYPE_F32);
     kv_pool_t pool;
     ar_error_t err = {{0}};
-    if (kv_pool_init(&pool, be, (int)(tr->pool_bytes / block), bt, c->llm.head_dim, &err) !=
-        AR_OK) {
+    if (kv_pool_init(&pool, be, (int)(tr->pool_bytes / block), bt, c->llm.head_dim, DTYPE_F32,
+                     &err) != AR_OK) {
         CHECK_MSG(0, "%s", err.msg);
         return;
     }

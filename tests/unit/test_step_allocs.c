@@ -90,7 +90,7 @@ static int load_dir(const char *dir, model_t *m, kv_pool_t *pool, int n_images, 
     const llm_config_t *l = &m->cfg.llm;
     const int per_head = (*n + model_image_tokens(&m->cfg) + bt - 1) / bt;
     if (kv_pool_init(pool, be, n_images * 2 * l->num_layers * l->num_kv_heads * per_head, bt,
-                     l->head_dim, &err) != AR_OK) {
+                     l->head_dim, DTYPE_F32, &err) != AR_OK) {
         CHECK_MSG(0, "%s", err.msg);
         model_free(m);
         return AR_ERR;
@@ -203,8 +203,8 @@ static void test_batcher(void) {
     for (int s = 0; s < plan.steps; s++)
         kv2[s] = 2 * plan.bytes[s];
     const batcher_options_t opt = {
-        .pool_bytes = (size_t)pool.n_blocks *
-                      kv_pool_block_bytes(pool.blocks.block_tokens, pool.blocks.head_dim),
+        .pool_bytes = (size_t)pool.n_blocks * kv_pool_block_bytes(pool.blocks.block_tokens,
+                                                                  pool.blocks.head_dim, DTYPE_F32),
         .max_running = 3,
         .max_waiting = 4};
     batcher_t *bt = batcher_create(&opt, &gen_batcher_ops, &pool, &err);
