@@ -173,8 +173,12 @@ class Daemon:
         self.drain_timeout_s = drain_timeout_s
         self.stdout_path = os.path.join(tmp_dir, "daemon.stdout")
         self.stderr_path = os.path.join(tmp_dir, "daemon.stderr")
+        # The pool figures the tests compute count fp32 K and V: daemons store
+        # them so unless a test names a type (serve's default is the weights',
+        # f16 for the tiny model: test_api's test_kv_dtype_* checks it).
+        kv = [] if any(str(x).startswith("--kv-dtype") for x in args) else ["--kv-dtype", "f32"]
         argv = [binary, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
-                "--drain-timeout-s", str(drain_timeout_s), *args]
+                "--drain-timeout-s", str(drain_timeout_s), *kv, *args]
         self.argv = argv
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,

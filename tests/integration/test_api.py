@@ -217,5 +217,26 @@ def test_startup_log_names_model_backend_and_pool(tiny_daemon, tiny_info):
     log = tiny_daemon.stderr()
     assert tiny_info["model"] in log
     assert "backend cpu" in log
-    # "KV pool 1024.0 MiB in blocks of 1 tokens: full N images, streaming@0.167 M, ..."
-    assert re.search(r"KV pool [0-9.]+ MiB in blocks of [0-9]+ tokens: full [0-9]+ images", log), log
+    # "KV pool 1024.0 MiB of f32 K and V in blocks of 1 tokens: full N images, ..."
+    assert re.search(r"KV pool [0-9.]+ MiB of f32 K and V in blocks of [0-9]+ tokens: "
+                     r"full [0-9]+ images", log), log
+
+
+@pytest.mark.parametrize("kv_dtype, stored, per_token", [
+    ("auto", "f16", 2), ("bf16", "bf16", 2), ("fp8", "fp8", 1)])
+def test_kv_dtype_sets_what_the_pool_stores_and_images_still_come(start_daemon, kv_dtype, stored,
+                                                                  per_token):
+    """--kv-dtype auto stores the weights' type (the tiny model's f16); each
+    type serves images, and the pool holds 4 / per_token times the full-cache
+    images an f32 pool of the same size does (up to the floor of the count)."""
+    def full_images(log):
+        return int(re.search(r"full ([0-9]+) images", log).group(1))
+    ref = start_daemon(args=("--kv-pool-mb", "4", "--threads", "1"))
+    d = start_daemon(args=("--kv-pool-mb", "4", "--threads", "1", "--kv-dtype", kv_dtype))
+    r = d.client.post(GEN, json={"prompt": "a red circle", "response_format": "b64_json"})
+    assert r.status_code == 200, r.text
+    assert base64.b64decode(r.json()["data"][0]["b64_json"]).startswith(b"\x89PNG")
+    log = d.stderr()
+    assert f"of {stored} K and V" in log, log
+    n32, ratio = full_images(ref.stderr()), 4 // per_token
+    assert n32 * ratio <= full_images(log) < (n32 + 1) * ratio, (n32, log)

@@ -73,7 +73,8 @@ INFO = var_info()
 def plan(policy, budget=None):
     """One image's KV bytes in the pool at each step, from `arserve plan`
     (the daemon's planner): the trajectory table's last column, in KiB."""
-    argv = [ARSERVE_BIN, "plan", "--model", VAR_MODEL, "--policy", policy,
+    # fp32, as the test daemons store K and V (conftest's Daemon).
+    argv = [ARSERVE_BIN, "plan", "--model", VAR_MODEL, "--kv-dtype", "f32", "--policy", policy,
             "--pool-mb", str(POOL_MB)]
     if budget is not None:
         argv += ["--budget", str(budget)]

@@ -47,13 +47,14 @@ static backend_t *be;
 static golden_t g;
 static kv_pool_t pool; /* room for two full-cache requests, in the daemon's block size */
 
-/* A pool with room for n full-cache requests on the golden prompt. */
-static int pool_for(kv_pool_t *p, int block_tokens, int n) {
+/* A pool with room for n full-cache requests on the golden prompt, K and
+ * V stored as kv_dtype. */
+static int pool_for(kv_pool_t *p, int block_tokens, int n, dtype_t kv_dtype) {
     const llm_config_t *l = &model.cfg.llm;
     int per_head = (g.n_prompt + g.n_steps - 1 + block_tokens - 1) / block_tokens;
     ar_error_t err = {{0}};
     if (kv_pool_init(p, be, n * 2 * l->num_layers * l->num_kv_heads * per_head, block_tokens,
-                     l->head_dim, DTYPE_F32, &err) != AR_OK) {
+                     l->head_dim, kv_dtype, &err) != AR_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return -1;
     }
@@ -128,7 +129,7 @@ static int load(void) {
         ar_errorf(&err, "metadata cfg_weight is %s", cfg ? cfg : "missing");
         goto bad;
     }
-    return pool_for(&pool, planner_block_tokens(c), 2);
+    return pool_for(&pool, planner_block_tokens(c), 2, DTYPE_F32);
 bad:
     fprintf(stderr, "golden data: %s\n", err.msg[0] ? err.msg : "missing or mistyped cond_ids");
     return -1;
@@ -268,7 +269,7 @@ static void test_greedy_full_policy_through_pool_matches(void) {
     for (int c = 0; c < 2; c++) {
         kv_pool_t p;
         gen_request_t r;
-        if (pool_for(&p, sizes[c], 1) || start_in(&r, &p, &full, &sp, NULL)) {
+        if (pool_for(&p, sizes[c], 1, DTYPE_F32) || start_in(&r, &p, &full, &sp, NULL)) {
             CHECK(0);
             return;
         }
@@ -287,6 +288,54 @@ static void test_greedy_full_policy_through_pool_matches(void) {
         gen_request_free(&r);
         CHECK(kv_pool_blocks_in_use(&p) == 0 && p.bad_frees == 0);
         kv_pool_free(&p);
+    }
+}
+
+/* K and V stored in 16 and 8 bits: teacher-forced logits within a bound
+ * of the type's rounding (bf16 keeps 8 significant bits, f16 11, fp8 4)
+ * and, for the 16-bit types, the reference's greedy tokens exactly. */
+static void test_16_and_8_bit_kv_keep_the_reference(void) {
+    static const struct {
+        dtype_t t;
+        double logit_tol;
+        int greedy_exact;
+    } types[] = {{DTYPE_BF16, 0.05, 1}, {DTYPE_F16, 0.01, 1}, {DTYPE_F8_E4M3, 0.5, 0}};
+    sampler_params_t sp = {g.cfg, 1.0f, 1, 1.0f};
+    for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
+        for (int forced = 1; forced >= 0; forced--) {
+            kv_pool_t p;
+            gen_request_t r;
+            if (pool_for(&p, planner_block_tokens(&model.cfg), 1, types[c].t) ||
+                start_in(&r, &p, NULL, &sp, forced ? g.greedy : NULL)) {
+                CHECK(0);
+                return;
+            }
+            gen_request_t *batch[] = {&r};
+            ar_error_t err = {{0}};
+            double worst = 0;
+            while (!gen_request_done(&r)) {
+                CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
+                const double e = step_error(&r);
+                worst = e > worst ? e : worst;
+            }
+            int same = 0;
+            for (int i = 0; i < g.n_steps; i++)
+                same += r.tokens[i] == g.greedy[i];
+            if (forced) {
+                printf("%s KV: largest teacher-forced logit error %.3g (bound %.2g)\n",
+                       dtype_name(types[c].t), worst, types[c].logit_tol);
+                CHECK_MSG(worst <= types[c].logit_tol, "%s KV: logits off by %.3g",
+                          dtype_name(types[c].t), worst);
+            } else {
+                printf("%s KV: %d of %d greedy tokens as the reference's\n", dtype_name(types[c].t),
+                       same, g.n_steps);
+                if (types[c].greedy_exact)
+                    CHECK_MSG(same == g.n_steps, "%s KV: %d of %d greedy tokens",
+                              dtype_name(types[c].t), same, g.n_steps);
+            }
+            gen_request_free(&r);
+            kv_pool_free(&p);
+        }
     }
 }
 
@@ -343,6 +392,7 @@ int main(void) {
     TEST_RUN(test_greedy_tokens_match);
     TEST_RUN(test_ragged_batch_matches);
     TEST_RUN(test_greedy_full_policy_through_pool_matches);
+    TEST_RUN(test_16_and_8_bit_kv_keep_the_reference);
     TEST_RUN(test_decoded_pixels_match);
     TEST_RUN(test_out_of_range_token_is_an_error);
     kv_pool_free(&pool);
