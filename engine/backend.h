@@ -58,8 +58,8 @@ typedef struct kv_blocks {
 /* One (sequence, head) cache: cache index j lives in block
  * blocks[j / block_tokens], row j % block_tokens. Block ids need not be
  * contiguous or ordered. In an fp8 pool an element e of K stands for
- * e * k_scale (V: v_scale): the (layer, head)'s scales, which append
- * divides by. Other types ignore them. */
+ * e * k_scale (V: v_scale), scales append divides by (kv_head_view
+ * gives them). Other types ignore them. */
 typedef struct kv_view {
     const int *blocks; /* host: at least ceil(len / block_tokens) block ids */
     int len;           /* tokens held, the newest rows included */

@@ -580,12 +580,13 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
     }
 }
 
-/* The keys of a scale's query row: n_cached rows of the paged cache, then
- * n_new dense rows (stride apart). Key j's K and V rows, by pointer. */
+/* The keys of a scale's query row: the view's len rows of the paged
+ * cache, then n_new dense rows (stride apart). Key j's K and V rows, by
+ * pointer. */
 typedef struct scale_keys {
     const kv_blocks_t *pool;
     const kv_view_t *view;
-    int n_cached, n_new;
+    int n_new;
     const float *k_new, *v_new;
     size_t stride;
     float *conv; /* widening buffer, NULL for an fp32 cache */
@@ -595,12 +596,13 @@ typedef struct scale_keys {
 static void scale_keys_at(const scale_keys_t *sk, int j0, int nj, const float **k,
                           const float **v) {
     int j = 0;
-    if (j0 < sk->n_cached) {
-        j = sk->n_cached - j0 < nj ? sk->n_cached - j0 : nj;
+    const int n_cached = sk->view->len;
+    if (j0 < n_cached) {
+        j = n_cached - j0 < nj ? n_cached - j0 : nj;
         paged_rows_at(sk->pool, sk->view, j0, j, k, v, sk->conv);
     }
     for (; j < nj; j++) {
-        const size_t r = (size_t)(j0 + j - sk->n_cached) * sk->stride;
+        const size_t r = (size_t)(j0 + j - n_cached) * sk->stride;
         k[j] = sk->k_new + r;
         v[j] = sk->v_new + r;
     }
@@ -610,7 +612,7 @@ static void scale_keys_at(const scale_keys_t *sk, int j0, int nj, const float **
  * probabilities are added to mass[j] in a second pass (as attend_row_mass). */
 static void attend_row_scale(float *out, float *mass, const float *q, const scale_keys_t *sk,
                              float scale) {
-    const int head_dim = sk->pool->head_dim, n_keys = sk->n_cached + sk->n_new;
+    const int head_dim = sk->pool->head_dim, n_keys = sk->view->len + sk->n_new;
     float acc[MAX_HEAD_DIM], m = -INFINITY;
     const float *k[ATTN_CHUNK], *v[ATTN_CHUNK];
     double l = 0;
@@ -655,7 +657,6 @@ static void cpu_attention_scale(backend_t *be, float *out, const float *q, const
         const int s = i / n_heads, h = i % n_heads;
         const scale_keys_t sk = {pool,
                                  &batch->kv[i],
-                                 batch->kv[i].len,
                                  q_start[s + 1] - q_start[s],
                                  k_new + (size_t)q_start[s] * row + (size_t)h * head_dim,
                                  v_new + (size_t)q_start[s] * row + (size_t)h * head_dim,

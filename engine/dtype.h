@@ -113,6 +113,13 @@ static inline float f16_to_f32(uint16_t h) {
     return f;
 }
 
+/* kept, the leading bits of a value, rounded to nearest even by its
+ * dropped bits rest, half being the weight of half a unit of kept. A carry
+ * out of the mantissa into the exponent is what rounding up means there. */
+static inline uint32_t round_half_even(uint32_t kept, uint32_t rest, uint32_t half) {
+    return kept + (rest > half || (rest == half && (kept & 1u)));
+}
+
 /* Round to nearest even; overflow gives infinity and NaN stays NaN, as
  * torch's .half(). */
 static inline uint16_t f32_to_f16(float f) {
@@ -129,17 +136,11 @@ static inline uint16_t f32_to_f16(float f) {
             return sign;
         const uint32_t man = (a & 0x7fffffu) | 0x800000u;
         const int shift = 126 - (int)(a >> 23); /* 14..24 */
-        uint32_t h = man >> shift;
-        const uint32_t rest = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rest > half || (rest == half && (h & 1u)))
-            h++;
-        return (uint16_t)(sign | h);
+        return (uint16_t)(sign | round_half_even(man >> shift, man & ((1u << shift) - 1),
+                                                 1u << (shift - 1)));
     }
-    uint32_t h = ((a >> 13) - ((127u - 15u) << 10)) & 0xffffu;
-    const uint32_t rest = a & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
-        h++; /* may carry into the exponent, which is right */
-    return (uint16_t)(sign | h);
+    const uint32_t h = ((a >> 13) - ((127u - 15u) << 10)) & 0xffffu;
+    return (uint16_t)(sign | round_half_even(h, a & 0x1fffu, 0x1000u));
 }
 
 /* fp8 e4m3 ("e4m3fn"): 1 sign, 4 exponent (bias 7), 3 mantissa bits;
@@ -177,10 +178,8 @@ static inline uint8_t f32_to_f8e4m3(float f) {
         memcpy(&m, &a, 4);
         return (uint8_t)(sign | (uint8_t)nearbyintf(m * 512.0f));
     }
-    uint32_t code = (((a >> 23) - 127u + 7u) << 3) | ((a >> 20) & 7u);
-    const uint32_t rest = a & 0xfffffu;
-    if (rest > 0x80000u || (rest == 0x80000u && (code & 1u)))
-        code++;
+    const uint32_t code =
+        round_half_even((((a >> 23) - 127u + 7u) << 3) | ((a >> 20) & 7u), a & 0xfffffu, 0x80000u);
     return (uint8_t)(sign | (code > 0x7eu ? 0x7eu : code));
 }
 

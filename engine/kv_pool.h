@@ -33,15 +33,13 @@ typedef struct kv_head {
     int n_blocks;
     int cap;
     int *blocks; /* host, block ids in cache order */
-    /* fp8 pools: what an element of K (of V) is multiplied by when read
-     * (kv_view_t). 1 (the value vLLM's fp8 cache uses without calibrated
-     * scales) for every head today; kv_seq_init sets them. */
-    float k_scale, v_scale;
 } kv_head_t;
 
-/* h's first len cache indices as backend ops see them. */
+/* h's first len cache indices as backend ops see them. fp8's K and V
+ * scales are 1 for every head, what vLLM's fp8 cache uses without
+ * calibrated scales; per-head ones would be given here. */
 static inline kv_view_t kv_head_view(const kv_head_t *h, int len) {
-    return (kv_view_t){h->blocks, len, h->k_scale, h->v_scale};
+    return (kv_view_t){h->blocks, len, 1.0f, 1.0f};
 }
 
 /* The largest power of two block_tokens whose worst-case overhead per head

@@ -29,7 +29,6 @@ int kv_seq_init(kv_seq_t *s, kv_pool_t *pool, int n_layers, int n_heads, int cap
                              capacity);
         }
         s->heads[i].cap = table;
-        s->heads[i].k_scale = s->heads[i].v_scale = 1.0f;
     }
     if (with_mass) {
         backend_t *be = pool->be;

@@ -11,7 +11,10 @@ const planner_kv_dtype_t planner_kv_f32 = {DTYPE_F32, DTYPE_F32};
 
 planner_kv_dtype_t planner_kv_same(dtype_t t) { return (planner_kv_dtype_t){t, t}; }
 
-/* The cache's element types, in the order `arserve plan` lists them. */
+const char *const planner_kv_dtype_settings[] = {"auto", "f32", "bf16", "f16", "fp8", NULL};
+
+/* The cache's element types, in the order `arserve plan` lists them (the
+ * settings above but auto). */
 static const struct {
     const char *name;
     dtype_t t;

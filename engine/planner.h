@@ -34,6 +34,9 @@ const char *planner_kv_dtype_name(dtype_t t);
 /* "K,V" (e.g. "f32,bf16") or one type for both -> *out. AR_ERR naming the
  * part at fault and the types allowed. */
 int planner_kv_dtype_parse(const char *s, planner_kv_dtype_t *out, ar_error_t *err);
+/* The values a pool-type setting takes (NULL-terminated): "auto", then one
+ * type for K and V as planner_kv_dtype_name spells them. */
+extern const char *const planner_kv_dtype_settings[];
 /* The pool's type from a setting: "auto" (weights: the model's weights'
  * type) or one type for K and V. AR_ERR naming the value otherwise. */
 int planner_kv_dtype_choose(const char *name, dtype_t weights, dtype_t *out, ar_error_t *err);

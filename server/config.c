@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine/json_strict.h"
+#include "engine/planner.h"
 #include "engine/text.h"
 
 typedef enum setting_kind { KIND_INT, KIND_REAL, KIND_STRING, KIND_ENUM } setting_kind_t;
@@ -70,7 +71,6 @@ typedef struct setting {
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
 static const char *const BACKENDS[] = {"auto", "cpu", "cuda", NULL};
 static const char *const ON_OFF[] = {"off", "on", NULL};
-static const char *const KV_DTYPES[] = {"auto", "f32", "bf16", "f16", "fp8", NULL};
 
 static const setting_t SETTINGS[] = {
     STRING_SETTING(model, "", 1, "DIR",
@@ -94,7 +94,7 @@ static const setting_t SETTINGS[] = {
                 "Largest request body accepted; larger ones get 413"),
     INT_SETTING(max_n, 1, 64, 4, "N", "Most images one request may ask for ('n')"),
     INT_SETTING(kv_pool_mb, 1, 1048576, 1024, "MIB", "KV cache pool size in MiB"),
-    ENUM_SETTING(kv_dtype, "auto", KV_DTYPES, "TYPE",
+    ENUM_SETTING(kv_dtype, "auto", planner_kv_dtype_settings, "TYPE",
                  "Type the KV cache stores K and V in (attention computes in f32): auto, the "
                  "weights' type (bf16 for real checkpoints, f32 for f32 weights); fp8 is e4m3 "
                  "(docs/kv-cache.md)"),
