@@ -340,6 +340,27 @@ static void test_unsupported_decoder_refuses_to_decode(void) {
     unlink(path);
 }
 
+/* ^ and $ match at line ends, as in HF's Oniguruma (Ruby syntax); the ids
+ * are HF's for this file. */
+static void test_regex_anchors_match_at_line_ends(void) {
+    const char *path = write_fixture(
+        "anchors", "{'pre_tokenizer': {'type': 'Split', 'pattern': {'Regex': 'x$|^b'},"
+                   " 'behavior': 'Isolated'}, 'model': {'type': 'WordLevel', 'vocab': {'[UNK]': 0,"
+                   " 'a': 1, 'x': 2, '\\n': 3, 'b': 4, 'c': 5}, 'unk_token': '[UNK]'}}");
+    ar_error_t err = {{0}};
+    tokenizer_t *t = tokenizer_load(path, &err);
+    CHECK_MSG(t != NULL, "%s", err.msg);
+    if (t) {
+        int ids[8], n = 0;
+        CHECK(tokenizer_encode(t, "ax\nbx", ids, 8, &n, &err) == AR_OK && n == 5 && ids[0] == 1 &&
+              ids[1] == 2 && ids[2] == 3 && ids[3] == 4 && ids[4] == 2);
+        CHECK(tokenizer_encode(t, "axc\nbc", ids, 8, &n, &err) == AR_OK && n == 3 && ids[0] == 0 &&
+              ids[1] == 4 && ids[2] == 5);
+    }
+    tokenizer_free(t);
+    unlink(path);
+}
+
 /* Two threads encoding with one tokenizer get the same ids as one thread. */
 #include <pthread.h>
 
@@ -401,6 +422,7 @@ int main(void) {
     TEST_RUN(test_decode_reports_errors_and_sizes);
     TEST_RUN(test_bpe_load_errors_name_file_and_problem);
     TEST_RUN(test_unsupported_decoder_refuses_to_decode);
+    TEST_RUN(test_regex_anchors_match_at_line_ends);
     TEST_RUN(test_encode_is_thread_safe);
     cJSON_Delete(vectors);
     rmdir(fixture_dir);
