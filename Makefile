@@ -48,7 +48,7 @@ endif
 CC      ?= cc
 CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wpointer-arith -Wno-unused-parameter -fopenmp \
            -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread -MMD -MP
-LDLIBS  := -lopenblas -lcjson -lpng -lm -lpthread
+LDLIBS  := -lopenblas -lcjson -lpng -lpcre2-8 -lm -lpthread
 # The daemon allocates through jemalloc, except in sanitizer builds, which
 # need libc's malloc.
 SERVER_LIBS := -lmicrohttpd
@@ -244,7 +244,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) tests/te
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)
 
 # Debian packages the build and tests need; installed only when missing.
-DEB_PKGS := gcc make libopenblas-dev libcjson-dev libpng-dev libmicrohttpd-dev libjemalloc-dev \
+DEB_PKGS := gcc make libopenblas-dev libcjson-dev libpng-dev libmicrohttpd-dev libjemalloc-dev libpcre2-dev \
             python3 python3-venv prometheus curl clang-format systemd nginx wrk clang libclang-rt-14-dev \
             zzuf socat chromium chromium-driver
 deps: $(VENV)/.stamp

@@ -38,7 +38,7 @@ FUZZ_CFLAGS       := -std=c11 -D_GNU_SOURCE -I. -I/usr/include/x86_64-linux-gnu/
 ifeq ($(CI),true)
 FUZZ_CFLAGS       += -Werror
 endif
-FUZZ_LIBS         := -lcjson -lpng -lm -lopenblas -lpthread
+FUZZ_LIBS         := -lcjson -lpng -lpcre2-8 -lm -lopenblas -lpthread
 # FUZZ_CJSON_SRC=DIR/cJSON.c (a cJSON source tree of the system's version):
 # cJSON compiled with the sanitizers too, instead of the system library,
 # which ASan cannot see into. Use its own BUILD, e.g.

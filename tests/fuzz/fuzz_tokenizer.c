@@ -3,18 +3,50 @@
  * encoding with what loaded: fixed prompts, the input itself as a prompt, and
  * the text of the first tokens. Every id encoded must name a token
  * (tokenizer_token_text, the decode direction), and looking a token's text
- * up must give a token with that text.
+ * up must give a token with that text; decoding what was encoded must work
+ * where the file's decoder is supported. The input also goes, as a prompt,
+ * through a fixed byte-level BPE tokenizer (tests/golden/tokenizer/janus.json,
+ * Janus-Pro's pipeline; run from the repository root): ASCII comes back
+ * unchanged from decode(encode(text)).
  * Build and run: make -f Makefile -f tests/fuzz/fuzz.mk fuzz (tests/fuzz/fuzz.mk). */
 #include "engine/tokenizer.h"
 #include "tests/fuzz/fuzz.h"
 
 #define MAX_IDS 256
+/* Three ids per input byte at most (an invalid byte is U+FFFD: 3 bytes). */
+#define FUZZ_BPE_MAX_IDS 3200
 
 static fuzz_file_t file;
+static tokenizer_t *janus;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     fuzz_file_init(&file, "tokenizer.json");
+    ar_error_t err = {{0}};
+    janus = tokenizer_load("tests/golden/tokenizer/janus.json", &err);
+    if (!janus) {
+        fprintf(stderr, "fuzz_tokenizer: %s (run from the repository root)\n", err.msg);
+        abort();
+    }
     return 0;
+}
+
+/* The prompt through the BPE tokenizer: every id a token, and the text back. */
+static void bpe_round_trip(const char *text, size_t n) {
+    static int ids[FUZZ_BPE_MAX_IDS];
+    static char back[4 * FUZZ_BPE_MAX_IDS + 64];
+    int n_ids = -1;
+    ar_error_t err = {{0}};
+    FUZZ_REQUIRE(tokenizer_encode(janus, text, ids, FUZZ_BPE_MAX_IDS, &n_ids, &err) == AR_OK,
+                 "janus.json refused a prompt: %s", err.msg);
+    size_t len = 0;
+    FUZZ_REQUIRE(tokenizer_decode(janus, ids, n_ids, false, back, sizeof back, &len, &err) == AR_OK,
+                 "decoding %d ids failed: %s", n_ids, err.msg);
+    bool ascii = true;
+    for (size_t i = 0; i < n; i++)
+        ascii = ascii && (unsigned char)text[i] < 0x80;
+    if (ascii)
+        FUZZ_REQUIRE(len == n && memcmp(back, text, n) == 0, "'%.60s' decoded as '%.60s'", text,
+                     back);
 }
 
 static void encode_checked(const tokenizer_t *t, const char *text) {
@@ -30,6 +62,11 @@ static void encode_checked(const tokenizer_t *t, const char *text) {
                      tokenizer_vocab_size(t));
         FUZZ_REQUIRE(tokenizer_token_text(t, ids[i]) != NULL, "id %d has no text", ids[i]);
     }
+    char back[4096];
+    size_t len;
+    if (tokenizer_decode(t, ids, n, false, back, sizeof back, &len, &err) != AR_OK)
+        FUZZ_REQUIRE(strstr(err.msg, "decoder type") || len >= sizeof back,
+                     "decoding %d ids failed: %s", n, err.msg);
     /* The same text with room for one id: the whole count, or the limit error. */
     int one;
     if (tokenizer_encode(t, text, ids, 1, &one, &err) == AR_OK)
@@ -39,6 +76,11 @@ static void encode_checked(const tokenizer_t *t, const char *text) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char prompt[1025];
+    size_t plen = size < sizeof prompt - 1 ? size : sizeof prompt - 1;
+    memcpy(prompt, data, plen);
+    prompt[plen] = 0;
+    bpe_round_trip(prompt, strlen(prompt));
     fuzz_file_write(&file, data, size);
     ar_error_t err = {{0}};
     tokenizer_t *t = tokenizer_load(file.path, &err);

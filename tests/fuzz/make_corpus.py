@@ -152,6 +152,36 @@ def tokenizer():
     small["normalizer"] = None
     small["model"]["unk_token"] = None
     write("corpus", t, "no_pretokenizer_no_unk", json.dumps(small))
+    # Byte-level BPE: a committed golden tokenizer, and a small hand-made one
+    # with every Split behaviour and both merge formats' neighbours.
+    write("corpus", t, "bpe_digits", repo_file("tests/golden/tokenizer/digits.json"))
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    extra = iter(range(256, 324))
+    alphabet = [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    for word in ["\u0120a", "ab", "\u0120ab", "re", "red"]:
+        vocab[word] = len(vocab)
+    bpe = {
+        "version": "1.0",
+        "added_tokens": [{"id": len(vocab), "content": "<|bos|>", "special": True,
+                          "normalized": False}],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Replace", "pattern": {"String": "``"}, "content": "\""},
+            {"type": "Prepend", "prepend": " "}]},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "[\r\n]"}, "behavior": "Isolated", "invert": False},
+            {"type": "Split", "pattern": {"String": "-"}, "behavior": "MergedWithPrevious"},
+            {"type": "Split", "pattern": {"Regex": "\\p{P}"}, "behavior": "MergedWithNext"},
+            {"type": "Split", "pattern": {"Regex": "\\s+$"}, "behavior": "Contiguous"},
+            {"type": "Split", "pattern": {"Regex": "\\S+"}, "behavior": "Removed", "invert": True},
+            {"type": "Digits", "individual_digits": True},
+            {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}]},
+        "decoder": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "fuse_unk": False,
+                  "byte_fallback": False, "ignore_merges": False, "vocab": vocab,
+                  "merges": [["\u0120", "a"], "a b", ["\u0120a", "b"], "r e", ["re", "d"]]},
+    }
+    write("corpus", t, "bpe_split_sequence", json.dumps(bpe, ensure_ascii=False))
     common_json_regressions(t, b'{"model": {"type": "WordLevel", "vocab": {"a": ')
     write("regressions", t, "largest_id",
           json.dumps({"model": {"type": "WordLevel", "vocab": {"a": (1 << 24) - 1}}}))

@@ -202,13 +202,20 @@ static void test_empty_and_blank_text_give_no_ids(void) {
     tokenizer_free(t);
 }
 
-/* Our one known difference from HF's Whitespace: U+2014 (em dash) is a word
- * byte here, so "a\u2014red" stays one (unknown) word; HF gives [1, 0, 2]. */
-static void test_non_ascii_punctuation_is_a_word_character(void) {
+/* Whitespace splits as HF's Oniguruma \w+|[^\w\s]+ does on non-ASCII text:
+ * U+2014 (em dash) and U+00B2 are punctuation, a combining accent and U+2163
+ * (a letter number) are word characters. HF gives these ids. */
+static void test_non_ascii_punctuation_splits_like_hf(void) {
     tokenizer_t *t = load_ok(write_fixture("chat_dash", FIXTURE_CHAT));
     if (!t)
         return;
-    CHECK_IDS(t, "a\xe2\x80\x94red", 0);
+    CHECK_IDS(t, "a\xe2\x80\x94red", 1, 0, 2);
+    CHECK_IDS(t, "a\xc2\xb2red", 1, 0, 2);
+    CHECK_IDS(t,
+              "re\xcc\x81"
+              "d \xe2\x85\xa3"
+              "a",
+              0, 0);
     tokenizer_free(t);
 }
 
@@ -317,7 +324,7 @@ static void test_limit_error_counts_all_tokens(void) {
     tokenizer_free(t);
 }
 
-/* Bytes that are not UTF-8 go through as they are, in every mode. */
+/* Bytes that are not UTF-8 become U+FFFD first (unknown words here), in every mode. */
 static void test_invalid_utf8_is_tokenised_as_bytes(void) {
     tokenizer_t *t = load_ok(write_fixture("chat_utf8", FIXTURE_CHAT));
     tokenizer_t *lower = load_ok(write_fixture("lower_utf8", FIXTURE_LOWER));
@@ -416,13 +423,14 @@ static void test_large_vocab_lookups(void) {
 /* ---- load errors ---- */
 
 static void test_unsupported_model_type_is_an_error(void) {
-    const char *path = write_fixture("bpe", "{'model': {'type': 'BPE', 'vocab': {'a': 0},"
-                                            " 'merges': []}}");
+    const char *path =
+        write_fixture("wordpiece", "{'model': {'type': 'WordPiece', 'vocab': {'a': 0}}}");
     const char *msg = load_error(path);
     CHECK_STR_CONTAINS(msg, path);
-    CHECK_STR_CONTAINS(msg, "tokenizer model type 'BPE' is not supported yet (word-level only)");
+    CHECK_STR_CONTAINS(msg,
+                       "tokenizer model type 'WordPiece' is not supported (WordLevel and BPE are)");
     msg = load_error(write_fixture("unigram", "{'model': {'type': 'Unigram', 'vocab': []}}"));
-    CHECK_STR_CONTAINS(msg, "'Unigram' is not supported yet");
+    CHECK_STR_CONTAINS(msg, "'Unigram' is not supported");
     msg = load_error(write_fixture("no_type", "{'model': {'vocab': {'a': 0}}}"));
     CHECK_STR_CONTAINS(msg, "model.type is missing");
 }
@@ -485,10 +493,10 @@ static void test_unsupported_normalizer_or_pre_tokenizer_is_an_error(void) {
                                                        " 'model': {'type': 'WordLevel',"
                                                        " 'vocab': {'a': 0}}}"));
     CHECK_STR_CONTAINS(msg, "normalizer type 'NFKC' is not supported");
-    msg = load_error(write_fixture("bytelevel", "{'pre_tokenizer': {'type': 'ByteLevel'},"
+    msg = load_error(write_fixture("metaspace", "{'pre_tokenizer': {'type': 'Metaspace'},"
                                                 " 'model': {'type': 'WordLevel',"
                                                 " 'vocab': {'a': 0}}}"));
-    CHECK_STR_CONTAINS(msg, "pre_tokenizer type 'ByteLevel' is not supported");
+    CHECK_STR_CONTAINS(msg, "pre_tokenizer type 'Metaspace' is not supported");
     msg = load_error(write_fixture("strip_bad", "{'normalizer': {'type': 'Strip',"
                                                 " 'strip_left': 1},"
                                                 " 'model': {'type': 'WordLevel',"
@@ -530,7 +538,7 @@ int main(void) {
     }
     TEST_RUN(test_words_and_punctuation_split_like_hf_whitespace);
     TEST_RUN(test_empty_and_blank_text_give_no_ids);
-    TEST_RUN(test_non_ascii_punctuation_is_a_word_character);
+    TEST_RUN(test_non_ascii_punctuation_splits_like_hf);
     TEST_RUN(test_added_tokens_split_out_mid_text);
     TEST_RUN(test_longest_added_token_wins);
     TEST_RUN(test_lowercase_strip_sequence_normalizer);

@@ -119,7 +119,7 @@ def main(argv=None):
         exe = os.path.join(d, "harness")
         cmd = [a.cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fopenmp", "-I" + ROOT,
                "-I/usr/include/x86_64-linux-gnu/openblas-pthread", src, a.lib,
-               "-lopenblas", "-lcjson", "-lpng", "-lm", "-lpthread", "-ljemalloc", "-o", exe]
+               "-lopenblas", "-lcjson", "-lpng", "-lpcre2-8", "-lm", "-lpthread", "-ljemalloc", "-o", exe]
         subprocess.run(cmd, check=True)
         out = os.path.join(d, "out.bin")
         subprocess.run([exe, d, os.path.join(d, "tokens.bin"), out, str(len(val))], check=True,
