@@ -329,7 +329,7 @@ def _take(sd: dict, expected: dict, where: str, skip=lambda k: False) -> dict:
 
 
 def image_size_from_name(path: str) -> int | None:
-    m = re.search(r"_(256|384|512)(?:\D|$)", os.path.basename(path))
+    m = re.search(r"_(\d+)$", os.path.splitext(os.path.basename(path))[0])
     return int(m.group(1)) if m else None
 
 
