@@ -319,12 +319,13 @@ test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops $(BUILD)/t
 # tests linked against the real kernels and CUDA runtime instead of the
 # emulator (tests/gpu/run.sh runs them on a GPU).
 GPU_TESTS := $(BUILD)/tests/gpu/test_backend_ops $(BUILD)/tests/gpu/test_backend_e2e \
-             $(BUILD)/tests/gpu/test_golden
+             $(BUILD)/tests/gpu/test_golden $(BUILD)/tests/gpu/test_golden_llamagen
 $(BUILD)/tests/gpu/test_backend_%: tests/backend/test_backend_%.c $(CUDA_OBJ) $(ENGINE_LIB) tests/test.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CUDA_OBJ) $(ENGINE_LIB) $(LDLIBS)
 
-$(BUILD)/tests/gpu/test_golden: tests/unit/test_golden.c $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h
+$(BUILD)/tests/gpu/test_golden $(BUILD)/tests/gpu/test_golden_llamagen: $(BUILD)/tests/gpu/%: \
+        tests/unit/%.c $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h tests/unit/kv_plan_run.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)
 
