@@ -154,7 +154,9 @@ help:
 	@echo "                      peak KV bytes measured and planned, images admitted into one pool"
 	@echo "                      and images/s (ratios to full), PSNR against full, ShapesEval"
 	@echo "                      (KV_BENCH_PER_CATEGORY, KV_BENCH_THREADS, KV_BENCH_POOL_IMAGES,"
-	@echo "                      KV_BENCH_WAVES); a few minutes, not part of make test"
+	@echo "                      KV_BENCH_WAVES); KV_BENCH_MODEL=tests/golden/llamagen_tiny (or a converted"
+	@echo "                      LlamaGen c2i model) runs the raster rows on LlamaGen; a few minutes,"
+	@echo "                      not part of make test"
 	@echo "make bench-gemm       the decode-shaped GEMM against OpenBLAS at 1 to 128 rows, side by"
 	@echo "                      side, and the row counts where it wins on every shape"
 	@echo "make bench-serve      the serving sweep: arserve bench at Poisson rates against a daemon,"
@@ -317,12 +319,13 @@ test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops $(BUILD)/t
 # tests linked against the real kernels and CUDA runtime instead of the
 # emulator (tests/gpu/run.sh runs them on a GPU).
 GPU_TESTS := $(BUILD)/tests/gpu/test_backend_ops $(BUILD)/tests/gpu/test_backend_e2e \
-             $(BUILD)/tests/gpu/test_golden
+             $(BUILD)/tests/gpu/test_golden $(BUILD)/tests/gpu/test_golden_llamagen
 $(BUILD)/tests/gpu/test_backend_%: tests/backend/test_backend_%.c $(CUDA_OBJ) $(ENGINE_LIB) tests/test.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CUDA_OBJ) $(ENGINE_LIB) $(LDLIBS)
 
-$(BUILD)/tests/gpu/test_golden: tests/unit/test_golden.c $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h
+$(BUILD)/tests/gpu/test_golden $(BUILD)/tests/gpu/test_golden_llamagen: $(BUILD)/tests/gpu/%: \
+        tests/unit/%.c $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h tests/unit/kv_plan_run.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)
 
@@ -418,7 +421,9 @@ test-integration-asan: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json
 # and ShapesEval accuracy, for full, streaming, linear and headkv at 1/4,
 # 1/6 and 1/8 on a raster model; for full, amskv, streaming, heatkv,
 # heatkv_binary and scalekv at 1/25, 1/10 and 1/5 on a next-scale one
-# (KV_BENCH_MODEL=models/shapes-var). Not part of `make test`. KV_BENCH_PER_CATEGORY prompts of
+# (KV_BENCH_MODEL=models/shapes-var); the raster rows on a LlamaGen model too, classes spread
+# over its labels, no ShapesEval (KV_BENCH_MODEL=tests/golden/llamagen_tiny, or a converted
+# c2i model). Not part of `make test`. KV_BENCH_PER_CATEGORY prompts of
 # each ShapesEval category (6 categories); KV_BENCH_THREADS CPU threads (0:
 # every core; 1 by default, steady on a shared machine, and the ratios are
 # what the table is for); KV_BENCH_POOL_IMAGES full-cache images the pool

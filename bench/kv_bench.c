@@ -696,9 +696,17 @@ static int bench_load(bench_t *b, const char *model_dir, const char *prompts_pat
         prompt_t *p = &b->prompts[i];
         p->cond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
         p->uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
+        /* A class-conditional model without class names takes its class
+         * as an index (kv_bench.py writes one for LlamaGen models). */
+        char *end = NULL;
+        const long label = strtol(p->text, &end, 10);
+        const int by_index = model_is_class_conditional(&b->model) &&
+                             model_class_find(&b->model, p->text) < 0 && end != p->text && !*end;
         if (!p->cond || !p->uncond ||
-            model_prompt_from_text(&b->model, p->text, p->cond, p->uncond, &p->n_prompt, &err) !=
-                AR_OK) {
+            (by_index ? model_prompt_from_class(&b->model, (int)label, p->cond, p->uncond,
+                                                &p->n_prompt, &err)
+                      : model_prompt_from_text(&b->model, p->text, p->cond, p->uncond, &p->n_prompt,
+                                               &err)) != AR_OK) {
             fprintf(stderr, "kv_bench: prompt %d: %s\n", p->id, p->cond ? err.msg : "no memory");
             return AR_ERR;
         }

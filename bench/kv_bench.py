@@ -97,6 +97,20 @@ def select_prompts(path, per_category):
     return taken
 
 
+def class_label_prompts(cfg, model_dir, n):
+    """For a class-conditional raster model (LlamaGen): n classes spread over its labels, each
+    named as the engine takes it (a class name when the model has names, else the index).
+    ShapesEval cannot score them: its prompts describe shapes, not ImageNet classes."""
+    num = cfg["condition"]["num_classes"]
+    names = None
+    if cfg["condition"].get("class_names"):
+        with open(os.path.join(model_dir, cfg["condition"]["class_names"])) as f:
+            names = f.read().splitlines()
+    labels = sorted({i * num // n for i in range(n)})
+    return [{"id": i, "prompt": names[lab] if names else str(lab), "category": None,
+             "spec": None} for i, lab in enumerate(labels)]
+
+
 def select_class_prompts(path, per_category, classes):
     """For a class-conditional model: the first per_category prompts of each category whose
     text is one of the model's class names (ShapesEval's single objects and colours)."""
@@ -205,7 +219,12 @@ def main(argv=None):
     with open(os.path.join(a.model, "arserve.json")) as f:
         cfg = json.load(f)
     by_scale = bool(cfg["image"].get("scales"))
-    if by_scale:
+    by_class = not by_scale and "condition" in cfg  # LlamaGen: raster rows, class prompts
+    if by_class:
+        scaled_knobs = fallbacks(cfg["image"]["grid_width"])
+        prompts = class_label_prompts(cfg, a.model, a.per_category * len(scorer.CATEGORIES))
+        row_specs = ["full"] + ["%s:%s" % (p, b) for p in POLICIES for b in BUDGETS]
+    elif by_scale:
         scaled_knobs = scale_fallbacks()
         with open(os.path.join(a.model, cfg["condition"]["class_names"])) as f:
             prompts = select_class_prompts(a.prompts, a.per_category, set(f.read().splitlines()))
@@ -248,14 +267,15 @@ def main(argv=None):
             values.append(psnr(img, full_png[im["id"]]))
             sims.append(ssim(img, full_png[im["id"]]))
             spec = by_id[im["id"]]
-            ok, _, _ = scorer.score_image(img, spec["spec"])
-            results.append({"category": spec["category"], "correct": ok})
+            if not by_class:
+                ok, _, _ = scorer.score_image(img, spec["spec"])
+                results.append({"category": spec["category"], "correct": ok})
             if r["peak_check"] == "equal" and im["peak_bytes"] != im["planned_peak_bytes"]:
                 failed = True
         r["psnr_db"] = float(np.mean(values))
         r["ssim"] = float(np.mean(sims))
         r["identical_images"] = sum(v == PSNR_CAP for v in values)
-        _, r["shapes_eval"], _ = scorer.summarise(results)
+        r["shapes_eval"] = scorer.summarise(results)[1] if not by_class else float("nan")
         if r["peak_check"] == "equal" and r["measured_peak_bytes"] != r["planned_peak_bytes"]:
             failed = True
 
@@ -264,10 +284,12 @@ def main(argv=None):
     lines = []
     shape = ("%d scales, %d px" % (doc["n_scales"], doc["width"]) if by_scale
              else "%dx%d tokens" % (doc["grid_width"], doc["grid_height"]))
-    lines.append("KV policies on %s (%s): %d prompts (up to %d per ShapesEval category), "
-                 "seed = prompt id; one run, %s CPU thread(s), speed over %d fill(s) of the pool"
-                 % (doc["model"], shape, len(prompts), a.per_category, a.threads or "all",
-                    doc["waves"]))
+    what = ("%d classes (%d per ShapesEval category's worth; ShapesEval n/a: its prompts are "
+            "not this model's classes)" % (len(prompts), a.per_category) if by_class else
+            "%d prompts (up to %d per ShapesEval category)" % (len(prompts), a.per_category))
+    lines.append("KV policies on %s (%s): %s, seed = prompt id; one run, %s CPU thread(s), speed "
+                 "over %d fill(s) of the pool"
+                 % (doc["model"], shape, what, a.threads or "all", doc["waves"]))
     lines.append("pool: %.1f KiB = %g full-cache images of the reference prompt %r "
                  "(%d tokens); blocks of %d tokens"
                  % (doc["pool_bytes"] / 1024, doc["pool_images"], doc["reference_prompt"]["text"],
@@ -302,7 +324,8 @@ def main(argv=None):
             "%.2f" % (r["admitted"] / full["admitted"] / ideal),
             "%.2f (%s)" % (r["images_per_s"], ratio(r["images_per_s"], full["images_per_s"])),
             "ref" if r is full else "%.1f" % r["psnr_db"],
-            "ref" if r is full else "%.3f" % r["ssim"], "%.3f" % r["shapes_eval"],
+            "ref" if r is full else "%.3f" % r["ssim"],
+            "n/a" if by_class else "%.3f" % r["shapes_eval"],
             "%.2f > %.2f" % (r["sustained_running_plan"], r["sustained_running_tight"])))
     lines.append("")
 

@@ -374,6 +374,11 @@ static void print_header(const plan_ctx_t *x) {
                "%d image\n         tokens, %d of them cached: the last scale (%d tokens) attends "
                "to itself and is never\n         cached; CFG: 2 sequences per image\n",
                kv_geometry_image_tokens(&x->g), kv_geometry_image_tokens(&x->g) - last, last);
+    } else if (mc->condition.num_classes > 0) {
+        printf(
+            "request  condition prefix: 1 class token (--prompt-tokens does not apply); %d image "
+            "tokens; CFG: 2\n         sequences per image (the class, and the null class)\n",
+            kv_geometry_image_tokens(&x->g));
     } else {
         printf("request  prompt (condition prefix): %d token%s; %d image tokens; CFG: 2 sequences "
                "per image\n",
@@ -684,7 +689,8 @@ int cmd_plan(int argc, char **argv, char **envp) {
     const cli_flag_t flags[] = {
         {"model", 0, CLI_STRING, &model_arg, .metavar = "DIR_OR_PRESET",
          .help = "a model directory, or a preset from config/models/ (janus-pro-1b, "
-                 "janus-pro-7b, llamagen-xl, var-d16 .. var-d30, infinity-2b, infinity-8b)"},
+                 "janus-pro-7b, llamagen-b .. llamagen-xxl, var-d16 .. var-d30, infinity-2b, "
+                 "infinity-8b)"},
         {"policy", 0, CLI_CHOICE, &only, .choices = kv_policy_names, .metavar = "P",
          .help = "only this KV policy (default: every one)"},
         {"budget", 0, CLI_REAL, &budget, 0, 1, 1, .metavar = "B",
@@ -726,8 +732,12 @@ int cmd_plan(int argc, char **argv, char **envp) {
     const char *calib_note = NULL;
     if ((rc = cli_model_config("plan", model_arg, json, sizeof json, &cfg, &calib, &calib_note)))
         return rc;
-    plan_ctx_t x = {
-        .mc = &cfg, .json = json, .P = (int)n_prompt, .pool_mb = pool_mb, .batch = (int)batch};
+    plan_ctx_t x = {.mc = &cfg,
+                    .json = json,
+                    /* A class-conditional raster model's prefix is its one class token. */
+                    .P = cfg.condition.num_classes > 0 ? 1 : (int)n_prompt,
+                    .pool_mb = pool_mb,
+                    .batch = (int)batch};
     x.serve_dt = cli_serve_kv_dtype(json, &cfg, &x.serve_why);
     x.dt = dt.k == DTYPE_U8 ? planner_kv_same(x.serve_dt) : dt;
     dt = x.dt;

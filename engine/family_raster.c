@@ -1,8 +1,9 @@
-/* The raster (next-token) family: Janus-Pro's language model (raster.c)
- * samples one image token per step, in raster order, and the VQ-16 decoder
- * (vq_decoder.c) turns the grid of tokens into pixels. Its KV segments are
- * the grid's lines: grid_height lines of grid_width tokens, one token fed
- * per step. */
+/* The raster (next-token) family: Janus-Pro's or LlamaGen's language model
+ * (raster.c) samples one image token per step, in raster order, and the
+ * VQ-16 decoder (vq_decoder.c) turns the grid of tokens into pixels. Its KV
+ * segments are the grid's lines: grid_height lines of grid_width tokens, one
+ * token fed per step, after the condition prefix (a prompt, or LlamaGen's
+ * one class token). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,9 +11,13 @@
 #include "generate.h"
 #include "model.h"
 
-static const char *const raster_architectures[] = {"janus", NULL};
+static const char *const raster_architectures[] = {"janus", "llamagen", NULL};
 
 static void raster_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g) {
+    /* A class-conditional model's prefix is its one class token, whatever
+     * prompt length a caller (`arserve plan`) assumed. */
+    if (cfg->condition.num_classes > 0)
+        n_prompt = 1;
     kv_geometry_uniform(g, n_prompt, KV_STEP_TOKEN, cfg->image.grid_height, cfg->image.grid_width,
                         cfg->llm.num_layers, cfg->llm.num_kv_heads);
 }
@@ -52,6 +57,7 @@ static int raster_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t
                 .n = prefill ? r->n_prompt : 1,
                 .ids = prefill ? (j ? r->uncond_ids : r->cond_ids) : &r->tokens[r->step - 1],
                 .is_image = !prefill,
+                .image_index = prefill ? 0 : r->step - 1,
                 .collect_mass = r->collect[j],
             };
     }

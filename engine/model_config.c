@@ -137,14 +137,17 @@ static int get_bool(const ctx_t *c, const cJSON *obj, const char *key, int *out)
     return AR_OK;
 }
 
-static int read_llm(const ctx_t *c, const cJSON *root, llm_config_t *l) {
+/* The raster family's Llama-style transformer. Janus-Pro's reads text, so it
+ * has a vocabulary; LlamaGen's first token is a class (the table's rows come
+ * from condition.num_classes), so it has none. */
+static int read_llm(const ctx_t *c, const cJSON *root, int with_vocab, llm_config_t *l) {
     static const char *const keys[] = {
         "vocab_size", "hidden_size",       "num_layers",   "num_heads",  "num_kv_heads",
         "head_dim",   "intermediate_size", "rms_norm_eps", "rope_theta", NULL};
     const cJSON *o;
     ctx_t s;
-    if (get_object(c, root, "llm", &o, &s, keys) ||
-        get_int(&s, o, "vocab_size", 1, 1 << 24, &l->vocab_size) ||
+    if (get_object(c, root, "llm", &o, &s, with_vocab ? keys : keys + 1) ||
+        (with_vocab && get_int(&s, o, "vocab_size", 1, 1 << 24, &l->vocab_size)) ||
         get_int(&s, o, "hidden_size", 1, 1 << 16, &l->hidden_size) ||
         get_int(&s, o, "num_layers", 1, 1024, &l->num_layers) ||
         get_int(&s, o, "num_heads", 1, 1024, &l->num_heads) ||
@@ -190,19 +193,26 @@ static int read_llm_scale(const ctx_t *c, const cJSON *root, llm_config_t *l) {
     return AR_OK;
 }
 
-static int read_image(const ctx_t *c, const cJSON *root, image_config_t *im) {
+/* The raster image grid and codebook; Janus-Pro's generation aligner and
+ * head (with_janus_head), which LlamaGen has not: its image tokens go
+ * through one embedding table and its logits through one Linear, both as
+ * wide as the transformer. */
+static int read_image(const ctx_t *c, const cJSON *root, int with_janus_head, image_config_t *im) {
     static const char *const keys[] = {"grid_height", "grid_width",     "codebook_size",
                                        "embed_dim",   "aligner_layers", "head_hidden_size",
                                        NULL};
+    static const char *const plain_keys[] = {"grid_height", "grid_width", "codebook_size",
+                                             "embed_dim", NULL};
     const cJSON *o;
     ctx_t s;
-    return get_object(c, root, "image", &o, &s, keys) ||
+    return get_object(c, root, "image", &o, &s, with_janus_head ? keys : plain_keys) ||
                    get_int(&s, o, "grid_height", 1, 256, &im->grid_height) ||
                    get_int(&s, o, "grid_width", 1, 256, &im->grid_width) ||
                    get_int(&s, o, "codebook_size", 2, 1 << 20, &im->codebook_size) ||
                    get_int(&s, o, "embed_dim", 1, 4096, &im->embed_dim) ||
-                   get_int(&s, o, "aligner_layers", 1, 16, &im->aligner_layers) ||
-                   get_int(&s, o, "head_hidden_size", 1, 1 << 16, &im->head_hidden_size)
+                   (with_janus_head &&
+                    (get_int(&s, o, "aligner_layers", 1, 16, &im->aligner_layers) ||
+                     get_int(&s, o, "head_hidden_size", 1, 1 << 16, &im->head_hidden_size)))
                ? AR_ERR
                : AR_OK;
 }
@@ -272,16 +282,14 @@ static int read_condition(const ctx_t *c, const cJSON *root, condition_config_t 
 }
 
 static int read_decoder(const ctx_t *c, const cJSON *root, const char *type, decoder_config_t *d) {
-    static const char *const keys[] = {"type",
-                                       "latent_channels",
-                                       "base_channels",
-                                       "channel_multiplier",
-                                       "num_res_blocks",
-                                       "out_channels",
-                                       NULL};
+    static const char *const keys[] = {
+        "type",           "latent_channels", "base_channels", "channel_multiplier",
+        "num_res_blocks", "out_channels",    "pixels",        NULL};
     const cJSON *o;
     ctx_t s;
+    char pixels[16] = "truncate";
     if (get_object(c, root, "decoder", &o, &s, keys) ||
+        get_string(&s, o, "pixels", 0, pixels, sizeof pixels) ||
         get_string(&s, o, "type", 1, d->type, sizeof d->type) ||
         get_int(&s, o, "latent_channels", 1, 1 << 14, &d->latent_channels) ||
         get_int(&s, o, "base_channels", 32, 1 << 14, &d->base_channels) ||
@@ -291,6 +299,13 @@ static int read_decoder(const ctx_t *c, const cJSON *root, const char *type, dec
     if (strcmp(d->type, type) != 0)
         return ar_errorf(c->err, "%s: 'decoder.type' is '%s'; this family's decoder is %s", c->file,
                          d->type, type);
+    if (strcmp(pixels, "truncate") == 0)
+        d->pixels = VQ_PIXELS_TRUNCATE;
+    else if (strcmp(pixels, "round") == 0)
+        d->pixels = VQ_PIXELS_ROUND;
+    else
+        return ar_errorf(c->err, "%s: 'decoder.pixels' is '%s'; supported: truncate, round",
+                         c->file, pixels);
     if (get_int_array(&s, o, "channel_multiplier", MODEL_MAX_LEVELS, 1, 64, d->channel_multiplier,
                       &d->n_levels))
         return AR_ERR;
@@ -365,14 +380,41 @@ static int read_weight_list(const ctx_t *c, const cJSON *root, model_config_t *c
 /* The sections after the family and architecture: the raster family's
  * (tokenizer, Llama-style LM, image grid and aligner, VQ-16, prompt) or the
  * scale family's (transformer, scales, class condition, multi-scale VQVAE). */
+/* LlamaGen (class-to-image): a class token instead of a prompt, no
+ * tokenizer, 2D RoPE (head_dim a multiple of 4, one head group per width). */
+static int read_llamagen(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
+    static const char *const keys[] = {"format_version", "name",     "family", "architecture",
+                                       "weights",        "llm",      "image",  "condition",
+                                       "decoder",        "sampling", NULL};
+    const llm_config_t *l = &cfg->llm;
+    if (check_keys(c, root, keys) || read_llm(c, root, 0, &cfg->llm) ||
+        read_image(c, root, 0, &cfg->image) || read_condition(c, root, &cfg->condition) ||
+        read_decoder(c, root, "vq16", &cfg->decoder))
+        return AR_ERR;
+    cfg->llm.vocab_size = cfg->condition.num_classes + 1;
+    if (l->head_dim % 4)
+        return ar_errorf(c->err,
+                         "%s: 'llm.head_dim' (%d) must be a multiple of 4 (2D RoPE: half the "
+                         "pairs turn with the row, half with the column)",
+                         c->file, l->head_dim);
+    if ((long long)l->num_heads * l->head_dim != l->hidden_size)
+        return ar_errorf(c->err,
+                         "%s: 'llm.num_heads' x 'llm.head_dim' (%d x %d) must equal "
+                         "'llm.hidden_size' (%d)",
+                         c->file, l->num_heads, l->head_dim, l->hidden_size);
+    return AR_OK;
+}
+
 static int read_raster(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
     static const char *const keys[] = {"format_version", "name",      "family",   "architecture",
                                        "weights",        "tokenizer", "llm",      "image",
                                        "decoder",        "prompt",    "sampling", NULL};
+    if (strcmp(cfg->architecture, "llamagen") == 0)
+        return read_llamagen(c, root, cfg);
     strcpy(cfg->tokenizer, "tokenizer.json");
     if (check_keys(c, root, keys) ||
         get_string(c, root, "tokenizer", 0, cfg->tokenizer, sizeof cfg->tokenizer) ||
-        read_llm(c, root, &cfg->llm) || read_image(c, root, &cfg->image) ||
+        read_llm(c, root, 1, &cfg->llm) || read_image(c, root, 1, &cfg->image) ||
         read_decoder(c, root, "vq16", &cfg->decoder) || read_prompt(c, root, &cfg->prompt))
         return AR_ERR;
     if (strstr(cfg->tokenizer, "..") || cfg->tokenizer[0] == '/')

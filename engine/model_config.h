@@ -25,23 +25,31 @@ typedef struct llm_config {
 typedef struct image_config {
     int grid_height, grid_width; /* raster: lines, tokens per line; scale: the last scale */
     int codebook_size, embed_dim;
-    int aligner_layers, head_hidden_size; /* raster */
+    int aligner_layers, head_hidden_size; /* raster, janus (both 0 for llamagen) */
     /* scale family: sides of the square token maps, coarsest first */
     int n_scales, scales[MODEL_MAX_SCALES];
     int phi_count;   /* shared residual convolutions */
     float phi_ratio; /* Phi(h) = (1 - r) h + r conv(h) */
 } image_config_t;
 
-/* What a scale-family request is conditioned on: a class. */
+/* What a class-conditional request (scale family, raster llamagen) is
+ * conditioned on: a class. */
 typedef struct condition_config {
     int num_classes;       /* class num_classes is the unconditional one */
     char class_names[256]; /* optional file, one name per line ("" when none) */
 } condition_config_t;
 
+/* How the decoder's output x (about [-1, 1]) becomes an 8-bit value. */
+typedef enum vq_pixels {
+    VQ_PIXELS_TRUNCATE, /* Janus: clip((x + 1) / 2 * 255, 0, 255), truncated */
+    VQ_PIXELS_ROUND,    /* LlamaGen: clamp(127.5 x + 128, 0, 255), truncated (rounds) */
+} vq_pixels_t;
+
 typedef struct decoder_config {
     char type[16]; /* "vq16", or "msvq" (a 3x3 post-quant conv, no normalised lookup) */
     int latent_channels, base_channels, num_res_blocks, out_channels;
     int n_levels, channel_multiplier[MODEL_MAX_LEVELS];
+    vq_pixels_t pixels; /* optional key "pixels": "truncate" (default) or "round" */
 } decoder_config_t;
 
 typedef struct prompt_config {
@@ -52,15 +60,15 @@ typedef struct prompt_config {
 typedef struct model_config {
     char name[128];
     char family[16];       /* "raster" or "scale" */
-    char architecture[16]; /* "janus"; "var" or "infinity" */
+    char architecture[16]; /* raster: "janus" or "llamagen"; scale: "var" or "infinity" */
     int n_weight_files;
     char weight_files[MODEL_MAX_WEIGHT_FILES][256];
     char tokenizer[256];
     llm_config_t llm;
     image_config_t image;
     decoder_config_t decoder;
-    prompt_config_t prompt;       /* raster */
-    condition_config_t condition; /* scale */
+    prompt_config_t prompt;       /* raster, janus */
+    condition_config_t condition; /* scale; raster, llamagen */
     sampler_params_t sampling;
     /* Not from arserve.json: the model directory's KV calibration, set by
      * model_load when it has one (or by `arserve plan`, a synthetic one). */

@@ -1,6 +1,6 @@
-/* Janus-Pro generation path on any backend: embedding, Llama blocks
- * (RMSNorm, RoPE, attention over paged per-head caches, SwiGLU) and the
- * generation head. */
+/* The raster family's generation path on any backend (Janus-Pro or
+ * LlamaGen, raster.h): embedding, Llama blocks (RMSNorm, RoPE, attention
+ * over paged per-head caches, SwiGLU) and the generation head. */
 #include "raster.h"
 
 #include <math.h>
@@ -19,19 +19,33 @@ int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, 
     if (im->aligner_layers > RASTER_MAX_ALIGNER)
         return ar_errorf(err, "image.aligner_layers %d exceeds %d", im->aligner_layers,
                          RASTER_MAX_ALIGNER);
+    m->llamagen = strcmp(cfg->architecture, "llamagen") == 0;
     m->layers = calloc((size_t)l->num_layers, sizeof *m->layers);
     if (!m->layers)
         return ar_errorf(err, "out of memory");
-    if (weight_load(ws, &m->embed, SHAPE2(l->vocab_size, L), err, "llm.embed.weight") ||
+    /* LlamaGen's prefix is a class: its table (num_classes + 1 rows, the
+     * last the null class) stands where Janus's text embedding does. */
+    if (weight_load(ws, &m->embed, SHAPE2(l->vocab_size, L), err,
+                    m->llamagen ? "llm.class_embed.weight" : "llm.embed.weight") ||
         weight_load(ws, &m->norm, SHAPE1(L), err, "llm.norm.weight"))
         return AR_ERR;
     for (int i = 0; i < l->num_layers; i++) {
         raster_layer_t *y = &m->layers[i];
         const char *p = "llm.layers";
-        if (weight_load(ws, &y->attn_norm, SHAPE1(L), err, "%s.%d.attn_norm.weight", p, i) ||
-            weight_load(ws, &y->q, SHAPE2(qd, L), err, "%s.%d.attn.q.weight", p, i) ||
-            weight_load(ws, &y->k, SHAPE2(kvd, L), err, "%s.%d.attn.k.weight", p, i) ||
-            weight_load(ws, &y->v, SHAPE2(kvd, L), err, "%s.%d.attn.v.weight", p, i) ||
+        /* LlamaGen keeps its fused wqkv (q rows, then k, then v): split here. */
+        const int qkv_err =
+            m->llamagen
+                ? weight_load_rows(ws, &y->q, 0, qd, SHAPE2(qd + 2 * kvd, L), err,
+                                   "%s.%d.attn.wqkv.weight", p, i) ||
+                      weight_load_rows(ws, &y->k, qd, kvd, SHAPE2(qd + 2 * kvd, L), err,
+                                       "%s.%d.attn.wqkv.weight", p, i) ||
+                      weight_load_rows(ws, &y->v, qd + kvd, kvd, SHAPE2(qd + 2 * kvd, L), err,
+                                       "%s.%d.attn.wqkv.weight", p, i)
+                : weight_load(ws, &y->q, SHAPE2(qd, L), err, "%s.%d.attn.q.weight", p, i) ||
+                      weight_load(ws, &y->k, SHAPE2(kvd, L), err, "%s.%d.attn.k.weight", p, i) ||
+                      weight_load(ws, &y->v, SHAPE2(kvd, L), err, "%s.%d.attn.v.weight", p, i);
+        if (qkv_err ||
+            weight_load(ws, &y->attn_norm, SHAPE1(L), err, "%s.%d.attn_norm.weight", p, i) ||
             weight_load(ws, &y->o, SHAPE2(L, qd), err, "%s.%d.attn.o.weight", p, i) ||
             weight_load(ws, &y->mlp_norm, SHAPE1(L), err, "%s.%d.mlp_norm.weight", p, i) ||
             weight_load(ws, &y->gate, SHAPE2(F, L), err, "%s.%d.mlp.gate.weight", p, i) ||
@@ -39,15 +53,20 @@ int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, 
             weight_load(ws, &y->down, SHAPE2(L, F), err, "%s.%d.mlp.down.weight", p, i))
             return AR_ERR;
     }
-    if (weight_load(ws, &m->gen_embed, SHAPE2(im->codebook_size, im->embed_dim), err,
-                    "gen.embed.weight"))
+    int64_t K = im->codebook_size;
+    if (m->llamagen)
+        return weight_load(ws, &m->gen_embed, SHAPE2(K, L), err, "gen.embed.weight") ||
+                       weight_load(ws, &m->head_w, SHAPE2(K, L), err, "gen.head.weight")
+                   ? AR_ERR
+                   : AR_OK;
+    if (weight_load(ws, &m->gen_embed, SHAPE2(K, im->embed_dim), err, "gen.embed.weight"))
         return AR_ERR;
     for (int j = 0; j < im->aligner_layers; j++)
         if (weight_load(ws, &m->aligner_w[j], SHAPE2(L, j ? L : im->embed_dim), err,
                         "gen.aligner.%d.weight", j) ||
             weight_load(ws, &m->aligner_b[j], SHAPE1(L), err, "gen.aligner.%d.bias", j))
             return AR_ERR;
-    int64_t G = im->head_hidden_size, K = im->codebook_size;
+    int64_t G = im->head_hidden_size;
     if (weight_load(ws, &m->head_fc1_w, SHAPE2(G, L), err, "gen.head.fc1.weight") ||
         weight_load(ws, &m->head_fc1_b, SHAPE1(G), err, "gen.head.fc1.bias") ||
         weight_load(ws, &m->head_fc2_w, SHAPE2(K, G), err, "gen.head.fc2.weight") ||
@@ -77,7 +96,7 @@ static size_t tensor_bytes(const tensor_t *t) {
  * bytes or as elements. */
 static size_t step_weights(const raster_model_t *m, size_t (*measure)(const tensor_t *)) {
     size_t n = measure(&m->norm) + measure(&m->head_fc1_w) + measure(&m->head_fc1_b) +
-               measure(&m->head_fc2_w) + measure(&m->head_fc2_b);
+               measure(&m->head_fc2_w) + measure(&m->head_fc2_b) + measure(&m->head_w);
     for (int i = 0; i < m->cfg->llm.num_layers; i++) {
         const raster_layer_t *y = &m->layers[i];
         const tensor_t *ts[] = {&y->attn_norm, &y->q,    &y->k,  &y->v,   &y->o,
@@ -120,6 +139,7 @@ void raster_free(raster_model_t *m) {
     be->weight_free(be, &m->head_fc1_b);
     be->weight_free(be, &m->head_fc2_w);
     be->weight_free(be, &m->head_fc2_b);
+    be->weight_free(be, &m->head_w);
     memset(m, 0, sizeof *m);
 }
 
@@ -149,7 +169,7 @@ static int workspace_reserve(raster_model_t *m, int rows, int seqs, ar_error_t *
                 {&m->gate, R * F},
                 {&m->up, R * F},
                 {&m->last, S * L},
-                {&m->head, S * (size_t)c->image.head_hidden_size},
+                {&m->head, S * (size_t)(c->image.head_hidden_size ? c->image.head_hidden_size : 1)},
                 {&m->logits, S * (size_t)c->image.codebook_size}};
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
         *plan[i].p = be->alloc(be, plan[i].n * sizeof(float));
@@ -158,7 +178,7 @@ static int workspace_reserve(raster_model_t *m, int rows, int seqs, ar_error_t *
             return ar_errorf(err, "out of backend memory for a %d-row workspace", rows);
         }
     }
-    m->pos = malloc(R * sizeof *m->pos);
+    m->pos = malloc(2 * R * sizeof *m->pos);
     if (!m->pos) {
         workspace_free(m);
         return ar_errorf(err, "out of memory");
@@ -176,8 +196,9 @@ static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in,
     size_t L = (size_t)c->llm.hidden_size;
     for (int s = 0; s < n_in; s++) {
         float *dst = m->x + (size_t)q_start[s] * L;
-        if (!in[s].is_image) {
-            be->embedding(be, dst, &m->embed, in[s].ids, in[s].n, 0);
+        if (!in[s].is_image || m->llamagen) {
+            be->embedding(be, dst, in[s].is_image ? &m->gen_embed : &m->embed, in[s].ids, in[s].n,
+                          0);
             continue;
         }
         /* gen.embed -> aligner (Linear, then GELU + Linear per further layer) */
@@ -234,8 +255,22 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
     if (kv_seq_reserve(seqs, n_new, n_in, err) != AR_OK)
         goto out;
     for (int s = 0; s < n_in; s++)
-        for (int i = 0; i < in[s].n; i++)
-            m->pos[q_start[s] + i] = in[s].seq->n_fed + i;
+        for (int i = 0; i < in[s].n; i++) {
+            int *p = m->pos + (m->llamagen ? 2 : 1) * (q_start[s] + i);
+            if (!m->llamagen) {
+                p[0] = in[s].seq->n_fed + i;
+            } else if (in[s].is_image) {
+                /* Image token t at grid (t / w, t % w); a class token gets a
+                 * negative row: rope_2d zeroes its q and k, as LlamaGen's
+                 * cache of zeros at the condition positions does. */
+                const int t = in[s].image_index + i, gw = c->image.grid_width;
+                p[0] = t / gw;
+                p[1] = t % gw;
+            } else {
+                p[0] = -1;
+                p[1] = 0;
+            }
+        }
 
     embed_inputs(m, in, n_in, q_start);
     attn_batch_t batch = {n_in, q_start, views, any_mass ? mass : NULL};
@@ -254,8 +289,13 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
         be->matmul(be, m->q, m->xn, &y->q, NULL, rows);
         be->matmul(be, m->k, m->xn, &y->k, NULL, rows);
         be->matmul(be, m->v, m->xn, &y->v, NULL, rows);
-        be->rope(be, m->q, m->pos, rows, H, hd, l->rope_theta);
-        be->rope(be, m->k, m->pos, rows, H, hd, l->rope_theta);
+        if (m->llamagen) {
+            be->rope_2d(be, m->q, m->pos, rows, H, hd, l->rope_theta);
+            be->rope_2d(be, m->k, m->pos, rows, H, hd, l->rope_theta);
+        } else {
+            be->rope(be, m->q, m->pos, rows, H, hd, l->rope_theta);
+            be->rope(be, m->k, m->pos, rows, H, hd, l->rope_theta);
+        }
         be->kv_append(be, &pool->blocks, views, m->k, m->v, q_start, n_in, H);
         be->attention(be, m->att, m->q, &pool->blocks, &batch, H, 1.0f / sqrtf((float)hd));
         be->matmul(be, m->tmp, m->att, &y->o, NULL, rows);
@@ -276,9 +316,13 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
                  (size_t)L * sizeof(float));
     }
     be->rmsnorm(be, m->last, m->last, &m->norm, n_in, L, l->norm_eps);
-    be->matmul(be, m->head, m->last, &m->head_fc1_w, &m->head_fc1_b, n_in);
-    be->gelu(be, m->head, (size_t)n_in * c->image.head_hidden_size);
-    be->matmul(be, m->logits, m->head, &m->head_fc2_w, &m->head_fc2_b, n_in);
+    if (m->llamagen) {
+        be->matmul(be, m->logits, m->last, &m->head_w, NULL, n_in);
+    } else {
+        be->matmul(be, m->head, m->last, &m->head_fc1_w, &m->head_fc1_b, n_in);
+        be->gelu(be, m->head, (size_t)n_in * c->image.head_hidden_size);
+        be->matmul(be, m->logits, m->head, &m->head_fc2_w, &m->head_fc2_b, n_in);
+    }
     be->download(be, logits_host, m->logits, (size_t)n_in * K * sizeof(float));
     rc = AR_OK;
 out:

@@ -1,9 +1,14 @@
-/* The Janus-Pro language model of the raster family (engine/family_raster.c):
- * a Llama-style model whose image path is gen_embed -> gen_aligner -> LM ->
- * gen_head -> logits over the image codebook. One forward pass advances a
- * ragged batch of sequences, each feeding either prompt text (prefill) or
- * image tokens (decode), over per-(layer, head) caches in the paged KV pool
- * (engine/kv_seq.h) that KV policies may compact between steps. */
+/* The language model of the raster family (engine/family_raster.c), a
+ * Llama-style transformer in one of two architectures:
+ *   janus:    text prompt; image path gen_embed -> gen_aligner -> LM ->
+ *             gen_head (Linear, GELU, Linear); 1D RoPE.
+ *   llamagen: one class token (LlamaGen c2i, cls_token_num = 1); image path
+ *             gen_embed -> LM -> gen_head (one Linear); 2D RoPE over the
+ *             grid, the class token's q and k zeroed (backend rope_2d).
+ * One forward pass advances a ragged batch of sequences, each feeding either
+ * its condition prefix (prefill) or image tokens (decode), over
+ * per-(layer, head) caches in the paged KV pool (engine/kv_seq.h) that KV
+ * policies may compact between steps. */
 #ifndef ARSERVE_RASTER_H
 #define ARSERVE_RASTER_H
 
@@ -27,21 +32,25 @@ typedef struct raster_model {
     raster_layer_t *layers;
     tensor_t gen_embed;
     tensor_t aligner_w[RASTER_MAX_ALIGNER], aligner_b[RASTER_MAX_ALIGNER];
-    tensor_t head_fc1_w, head_fc1_b, head_fc2_w, head_fc2_b;
+    tensor_t head_fc1_w, head_fc1_b, head_fc2_w, head_fc2_b; /* janus */
+    tensor_t head_w;                                         /* llamagen: Linear, no bias */
+    int llamagen; /* architecture "llamagen": class table in embed, 2D RoPE, head_w */
     /* Workspace, grown on demand (backend memory). */
     int ws_rows, ws_seqs;
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *last, *head, *logits;
-    int *pos;       /* host, ws_rows */
+    int *pos;       /* host, 2 * ws_rows: positions (janus) or (grid row, column) pairs */
     arena_t *arena; /* the model's step arena (model_t.arena), for a pass's host arrays */
 } raster_model_t;
 
-/* What one sequence feeds in one forward pass: n tokens, either text ids
- * (through llm.embed) or image ids (through gen.embed and the aligner). */
+/* What one sequence feeds in one forward pass: n tokens, either condition
+ * ids (text through llm.embed; llamagen: a class through llm.class_embed)
+ * or image ids (through gen.embed, and the aligner for janus). */
 typedef struct raster_input {
     kv_seq_t *seq;
     int n;
     const int *ids; /* host */
     int is_image;
+    int image_index;  /* is_image: raster index of ids[0] in the grid (llamagen's 2D RoPE) */
     int collect_mass; /* accumulate key mass into seq->mass (which must exist) */
 } raster_input_t;
 

@@ -190,8 +190,8 @@ static void attnblock(backend_t *be, const vq_attnblock_t *a, float *x, int h, i
     be->add(be, x, s->t1, (size_t)c * hw);
 }
 
-uint8_t vq_pixel_to_u8(float x) {
-    float p = (x + 1.0f) / 2.0f * 255.0f;
+uint8_t vq_pixel_to_u8(float x, vq_pixels_t mode) {
+    float p = mode == VQ_PIXELS_ROUND ? 127.5f * x + 128.0f : (x + 1.0f) / 2.0f * 255.0f;
     if (!(p > 0.0f))
         return 0; /* also NaN */
     if (p >= 255.0f)
@@ -343,6 +343,6 @@ int vq_decode_latent(const vq_decoder_t *d, vq_work_t *s, const float *latent, u
         for (int x = 0; x < W; x++)
             for (int ch = 0; ch < 3; ch++)
                 rgb[((size_t)y * W + x) * 3 + ch] =
-                    vq_pixel_to_u8(s->host[((size_t)ch * H + y) * W + x]);
+                    vq_pixel_to_u8(s->host[((size_t)ch * H + y) * W + x], dc->pixels);
     return AR_OK;
 }

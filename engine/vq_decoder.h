@@ -1,8 +1,8 @@
 /* The VQ-16 image decoder of Janus-Pro and LlamaGen (and, as "msvq", VAR's
  * multi-scale VQVAE decoder, which starts from a latent map and has a 3x3
  * post-quant conv): codebook lookup with L2 normalisation, post-quant conv, conv_in, mid (ResNet,
- * attention, ResNet), upsampling levels of ResNet blocks, GroupNorm + swish + conv_out, then pixels
- * clip((x+1)/2*255) truncated to 8-bit RGB. */
+ * attention, ResNet), upsampling levels of ResNet blocks, GroupNorm + swish + conv_out, then 8-bit
+ * RGB by the model's pixel conversion (vq_pixel_to_u8). */
 #ifndef ARSERVE_VQ_DECODER_H
 #define ARSERVE_VQ_DECODER_H
 
@@ -80,7 +80,9 @@ int vq_decode_latent(const vq_decoder_t *d, vq_work_t *w, const float *latent, u
 /* The post-quant convolution's kernel: 1 for vq16, 3 for msvq. */
 int vq_post_quant_kernel(const model_config_t *cfg);
 
-/* The pixel conversion: clip((x + 1) / 2 * 255, 0, 255), truncated. */
-uint8_t vq_pixel_to_u8(float x);
+/* The pixel conversion, decoder.pixels: clip((x + 1) / 2 * 255, 0, 255)
+ * truncated (Janus), or clamp(127.5 x + 128, 0, 255) truncated, i.e. rounded
+ * (LlamaGen's sample scripts and torchvision's save_image). */
+uint8_t vq_pixel_to_u8(float x, vq_pixels_t mode);
 
 #endif

@@ -5,7 +5,7 @@ Builds a tiny random `JanusForConditionalGeneration` (transformers) from a fixed
 transformers' own image generation on it (greedy, classifier-free guidance) and writes, under
 OUT/janus_tiny/:
 
-* an arserve model directory made by tools/convert_janus.py from the model's save_pretrained
+* an arserve model directory made by tools/convert/janus.py from the model's save_pretrained
   output: arserve.json, model.safetensors (F32), tokenizer.json (word-level, 64 tokens);
 * golden.safetensors: cond_ids, uncond_ids, greedy_tokens, teacher-forced cond_logits and
   uncond_logits, decoded pixels (U8, HWC) and pixels_f32 (decoder output, CHW), with the CFG
@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import convert_janus  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "convert"))
+import janus as convert_janus  # noqa: E402  (tools/convert/janus.py)
 import safetensors_write  # noqa: E402  (tools/safetensors_write.py)
 
 CFG_WEIGHT = 5.0

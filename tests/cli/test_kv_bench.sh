@@ -88,5 +88,18 @@ rows = [r for r in json.load(open(sys.argv[1]))["rows"] if "error" not in r and 
 assert len(rows) >= 10 and all(0 < r["ssim"] <= 1 for r in rows), rows
 PY
 
+# A class-conditional raster model (LlamaGen, the golden tiny one): classes as indices,
+# the raster rows, measured == planned, and no ShapesEval score for ImageNet-style classes.
+"$python" "$root/bench/kv_bench.py" --bin "$bin" --model "$root/tests/golden/llamagen_tiny" \
+    --per-category 1 --threads 1 --waves 1 --out "$tmp/lg" >"$tmp/lg.table" 2>"$tmp/err"
+rc=$?
+[ "$rc" = 0 ] && ok "bench-kv runs on the LlamaGen tiny model" \
+    || fail "bench-kv runs on the LlamaGen tiny model" "exit $rc: $(tail -c 600 "$tmp/err")"
+rows=$(grep -cE '^(full|streaming 1/[468]|linear 1/[468]|headkv 1/[468])[*]* ' "$tmp/lg.table")
+grep -q '^measured == planned peak: every image, both runs' "$tmp/lg.table" && [ "$rows" = 10 ] &&
+    grep -q 'ShapesEval n/a' "$tmp/lg.table" \
+    && ok "LlamaGen: one row per raster policy and budget, measured == planned, ShapesEval n/a" \
+    || fail "LlamaGen rows" "$(cat "$tmp/lg.table")"
+
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

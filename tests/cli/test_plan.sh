@@ -48,11 +48,15 @@ check_table() { # NAME FILE
     else fail "$name" "$(head -c 600 "$f")"; fi
 }
 
-for preset in janus-pro-1b janus-pro-7b llamagen-xl; do
-    if plan32 --model "$preset" >"$tmp/$preset.txt" 2>"$tmp/err"; then
-        check_table "plan --model $preset prints the side-by-side table" "$tmp/$preset.txt"
+# On the 16 x 16 grids of LlamaGen-B and -L (256 px), LineAR's 1/6 and HeadKV's 1/8 hold
+# fewer tokens than their anchor and recent lines: the table says n/a at the defaults, and
+# every policy has numbers from 1/4 on.
+for preset in janus-pro-1b janus-pro-7b llamagen-b llamagen-l llamagen-xl llamagen-xxl; do
+    budget=(); case $preset in llamagen-b | llamagen-l) budget=(--budget 1/4) ;; esac
+    if plan32 --model "$preset" "${budget[@]}" >"$tmp/$preset.txt" 2>"$tmp/err"; then
+        check_table "plan --model $preset ${budget[*]} prints the side-by-side table" "$tmp/$preset.txt"
         n=$(for c in 0 1 2 3; do cell "$tmp/$preset.txt" "peak in the pool, blocks (B)" $c; done | grep -cE '^[0-9]+$')
-        [ "$n" = 4 ] && ok "$preset: every policy fits its 24 x 24 grid at its default budget" \
+        [ "$n" = 4 ] && ok "$preset: every policy fits its grid at ${budget[*]:-its default budget}" \
             || fail "$preset: every policy has numbers" "$(grep '^peak in the pool' "$tmp/$preset.txt")"
     else fail "plan --model $preset" "$(cat "$tmp/err")"; fi
 done
@@ -84,11 +88,23 @@ want=$((30 * 32 * 128 * 2 * 4 * 593 * 2))
 [ "$(cell "$tmp/j7.txt" "peak KV per image, tokens (B)" 0)" = "$want" ] \
     && ok "janus-pro-7b: full cache = 30x32x128x2x4x593x2 = $want bytes" \
     || fail "janus-pro-7b full cache" "$(grep '^peak KV' "$tmp/j7.txt")"
-plan32 --model llamagen-xl --prompt-tokens 1 --policy full >"$tmp/lg.txt" 2>&1
-want=$((36 * 20 * 64 * 2 * 4 * 576 * 2))
-[ "$(cell "$tmp/lg.txt" "peak KV per image, tokens (B)" 0)" = "$want" ] \
-    && ok "llamagen-xl: full cache = 36x20x64x2x4x576x2 = $want bytes" \
-    || fail "llamagen-xl full cache" "$(grep '^peak KV' "$tmp/lg.txt")"
+# The class token is the whole prefix, whatever --prompt-tokens says.
+for P in 1 18; do
+    plan32 --model llamagen-xl --prompt-tokens $P --policy full >"$tmp/lg.txt" 2>&1
+    want=$((36 * 20 * 64 * 2 * 4 * 576 * 2))
+    [ "$(cell "$tmp/lg.txt" "peak KV per image, tokens (B)" 0)" = "$want" ] \
+        && ok "llamagen-xl, --prompt-tokens $P: full cache = 36x20x64x2x4x576x2 = $want bytes" \
+        || fail "llamagen-xl full cache" "$(grep '^peak KV' "$tmp/lg.txt")"
+done
+grep -q '^request  condition prefix: 1 class token' "$tmp/lg.txt" \
+    && ok "llamagen-xl: the header says the prefix is one class token" \
+    || fail "llamagen-xl header" "$(grep '^request' "$tmp/lg.txt")"
+# LlamaGen-B at 256 px: 12 layers x 12 heads x 64, 1 + 255 tokens.
+plan32 --model llamagen-b --policy full >"$tmp/lgb.txt" 2>&1
+want=$((12 * 12 * 64 * 2 * 4 * 256 * 2))
+[ "$(cell "$tmp/lgb.txt" "peak KV per image, tokens (B)" 0)" = "$want" ] \
+    && ok "llamagen-b: full cache = 12x12x64x2x4x256x2 = $want bytes" \
+    || fail "llamagen-b full cache" "$(grep '^peak KV' "$tmp/lgb.txt")"
 
 # The compressed policies on Janus-Pro-1B at their defaults (prompt 18):
 # streaming caps at floor(593/6) = 98, linear peaks at 18 + 4 lines x 24 = 114,
@@ -307,7 +323,7 @@ expect_fail "--kv-dtype is case-sensitive" 2 "--kv-dtype" -- "$bin" plan --model
 expect_fail "--kv-dtype without a value is refused" 2 "--kv-dtype needs a value" -- "$bin" plan --model var-d16 --kv-dtype
 
 # Refusals.
-expect_fail "an unknown preset lists the available ones" 2 "janus-pro-1b, janus-pro-7b, llamagen-xl" -- \
+expect_fail "an unknown preset lists the available ones" 2 "janus-pro-1b, janus-pro-7b, llamagen-b, llamagen-l, llamagen-xl, llamagen-xxl" -- \
     plan32 --model janus-pro-3b
 expect_fail "an unknown preset is named with --model" 2 "--model: 'janus-pro-3b'" -- \
     plan32 --model janus-pro-3b

@@ -26,7 +26,7 @@ status=0
 echo "== conformance, end to end, golden (CUDA backend on the GPU)"
 ARSERVE_TINY_MODEL=$TINY ARSERVE_TEST_BACKEND=cuda tests/run_unit.sh \
     "$BUILD/tests/gpu/test_backend_ops" "$BUILD/tests/gpu/test_backend_e2e" \
-    "$BUILD/tests/gpu/test_golden" || status=1
+    "$BUILD/tests/gpu/test_golden" "$BUILD/tests/gpu/test_golden_llamagen" || status=1
 
 echo "== arserve generate --backend cuda"
 out=$(mktemp -d)

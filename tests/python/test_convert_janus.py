@@ -1,4 +1,4 @@
-"""tools/convert_janus.py refuses, from config.json alone and before any weight is read,
+"""tools/convert/janus.py refuses, from config.json alone and before any weight is read,
 what the engine would refuse at load: grouped-query attention (in the engine's own
 words, checked against build/arserve reading the same architecture), and a
 vision_config.num_image_tokens that is not the grid's. No torch needed: the refusals
@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONVERTER = os.path.join(ROOT, "tools", "convert_janus.py")
+CONVERTER = os.path.join(ROOT, "tools", "convert", "janus.py")
 ARSERVE = os.environ.get("ARSERVE_BIN", os.path.join(ROOT, "build", "arserve"))
 
 

@@ -1,4 +1,4 @@
-"""tools/convert_var.py on the small official-format checkpoints under
+"""tools/convert/var.py on the small official-format checkpoints under
 tests/golden/var_tiny/official/ (written with FoundationVision/VAR's own classes, see
 tests/golden/var_tiny/README.md): its output must equal the committed golden model directory
 tensor by tensor, and what the engine cannot run is refused with a message naming the problem.
@@ -22,7 +22,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS = os.path.join(ROOT, "tools")
-CONVERTER = os.path.join(TOOLS, "convert_var.py")
+CONVERTER = os.path.join(TOOLS, "convert", "var.py")
 GOLDEN = os.path.join(ROOT, "tests", "golden", "var_tiny")
 VAR_PTH = os.path.join(GOLDEN, "official", "var.pth")
 VAE_PTH = os.path.join(GOLDEN, "official", "vae.pth")

@@ -107,6 +107,61 @@ static void test_mistakes_name_the_key(void) {
     }
 }
 
+static const char *LLAMAGEN =
+    "{\"format_version\": 1, \"name\": \"l\", \"family\": \"raster\", \"architecture\": "
+    "\"llamagen\","
+    " \"llm\": {\"hidden_size\": 64, \"num_layers\": 2, \"num_heads\": 4, \"num_kv_heads\": 4,"
+    "  \"head_dim\": 16, \"intermediate_size\": 256, \"rms_norm_eps\": 1e-5, \"rope_theta\": "
+    "10000},"
+    " \"image\": {\"grid_height\": 8, \"grid_width\": 8, \"codebook_size\": 128, \"embed_dim\": 8},"
+    " \"condition\": {\"num_classes\": 10},"
+    " \"decoder\": {\"type\": \"vq16\", \"latent_channels\": 32, \"base_channels\": 32,"
+    "  \"channel_multiplier\": [1, 1, 2], \"num_res_blocks\": 1, \"out_channels\": 3,"
+    "  \"pixels\": \"round\"},"
+    " \"sampling\": {\"cfg\": 4.0, \"temperature\": 1.0, \"top_k\": 2000, \"top_p\": 1.0}}";
+
+/* LlamaGen: a class table of num_classes + 1 rows instead of a vocabulary,
+ * no tokenizer or prompt, no Janus aligner or head keys, a rounding pixel
+ * conversion; its own mistakes named. */
+static void test_llamagen_config(void) {
+    model_config_t c;
+    ar_error_t err = {{0}};
+    CHECK_MSG(model_config_parse(&c, LLAMAGEN, strlen(LLAMAGEN), "l/arserve.json", &err) == AR_OK,
+              "%s", err.msg);
+    CHECK(strcmp(c.architecture, "llamagen") == 0 && c.condition.num_classes == 10);
+    CHECK(c.llm.vocab_size == 11 && c.image.aligner_layers == 0 && c.image.head_hidden_size == 0);
+    CHECK(c.tokenizer[0] == 0 && c.decoder.pixels == VQ_PIXELS_ROUND);
+    CHECK(model_config_image_height(&c) == 32);
+    static const struct {
+        const char *from, *to, *want;
+    } cases[] = {
+        {"\"hidden_size\": 64,", "\"vocab_size\": 11, \"hidden_size\": 64,",
+         "unknown key 'llm.vocab_size'"},
+        {"\"embed_dim\": 8}", "\"embed_dim\": 8, \"aligner_layers\": 1}",
+         "unknown key 'image.aligner_layers'"},
+        {"\"condition\": {\"num_classes\": 10},", "", "missing required key 'condition'"},
+        {"\"head_dim\": 16", "\"head_dim\": 18", "multiple of 4"},
+        {"\"num_heads\": 4, \"num_kv_heads\": 4", "\"num_heads\": 2, \"num_kv_heads\": 2",
+         "must equal 'llm.hidden_size'"},
+        {"\"pixels\": \"round\"", "\"pixels\": \"floor\"", "'decoder.pixels' is 'floor'"},
+        {"\"name\": \"l\",", "\"name\": \"l\", \"tokenizer\": \"t.json\",",
+         "unknown key 'tokenizer'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *at = strstr(LLAMAGEN, cases[i].from);
+        if (!at) {
+            CHECK_MSG(0, "test bug: case %zu", i);
+            continue;
+        }
+        char json[2048];
+        snprintf(json, sizeof json, "%.*s%s%s", (int)(at - LLAMAGEN), LLAMAGEN, cases[i].to,
+                 at + strlen(cases[i].from));
+        CHECK_MSG(model_config_parse(&c, json, strlen(json), "l/arserve.json", &err) == AR_ERR,
+                  "case %zu was accepted", i);
+        CHECK_STR_CONTAINS(err.msg, cases[i].want);
+    }
+}
+
 static void test_not_an_object(void) {
     model_config_t c;
     ar_error_t err = {{0}};
@@ -122,5 +177,6 @@ int main(void) {
     TEST_RUN(test_missing_file_is_named);
     TEST_RUN(test_mistakes_name_the_key);
     TEST_RUN(test_not_an_object);
+    TEST_RUN(test_llamagen_config);
     return TEST_SUMMARY();
 }

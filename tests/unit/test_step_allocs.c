@@ -148,6 +148,18 @@ static void test_streaming(void) { test_gen_step(KV_POLICY_STREAMING, 0.5); }
 static void test_linear(void) { test_gen_step(KV_POLICY_LINEAR, 0.5); }
 static void test_headkv(void) { test_gen_step(KV_POLICY_HEADKV, 0.75); }
 
+/* The same on the LlamaGen architecture (class token, 2D RoPE, plain head):
+ * its golden tiny model under every raster policy. */
+static void test_llamagen(void) {
+    const char *janus = tiny;
+    tiny = "tests/golden/llamagen_tiny";
+    test_gen_step(KV_POLICY_FULL, 1);
+    test_gen_step(KV_POLICY_STREAMING, 0.5);
+    test_gen_step(KV_POLICY_LINEAR, 0.75);
+    test_gen_step(KV_POLICY_HEADKV, 0.75);
+    tiny = janus;
+}
+
 /* A next-scale model's steps are its scales, each larger than the last:
  * once a batch of two has run every scale (the step arena, the workspaces
  * and the latent buffers grown), the next batch of two allocates nothing
@@ -273,6 +285,7 @@ int main(void) {
     TEST_RUN(test_streaming);
     TEST_RUN(test_linear);
     TEST_RUN(test_headkv);
+    TEST_RUN(test_llamagen);
     TEST_RUN(test_batcher);
     TEST_RUN(test_scale_steps);
     be->destroy(be);

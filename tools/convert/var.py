@@ -20,7 +20,7 @@ to the rows of `pos_1LC`. Anything the engine cannot run is refused with a messa
 
 Usage (from the repository root):
 
-    python3 tools/convert_var.py var_d16.pth vae_ch160v4096z32.pth OUT_DIR \\
+    python3 tools/convert/var.py var_d16.pth vae_ch160v4096z32.pth OUT_DIR \\
         [--patch-nums 1,2,3,4,5,6,8,10,13,16] [--class-names FILE] [--name NAME] \\
         [--dtype f32|f16|bf16] [--force]
 
@@ -44,7 +44,7 @@ import zipfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import safetensors_write  # noqa: E402  (tools/safetensors_write.py)
 
 VAR_256_PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)

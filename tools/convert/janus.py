@@ -23,7 +23,7 @@ and writes (docs/model-format.md):
 
 Usage (from the repository root, with the tools venv: `make tools-deps`):
 
-    .venv-tools/bin/python tools/convert_janus.py SRC_DIR OUT_DIR [--dtype f32|f16|bf16|keep]
+    .venv-tools/bin/python tools/convert/janus.py SRC_DIR OUT_DIR [--dtype f32|f16|bf16|keep]
 
 `--dtype keep` keeps each tensor's stored type (the deepseek release is bf16). The output needs
 only numpy (or any safetensors reader) to read; torch is needed here to load the checkpoint.
@@ -41,7 +41,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import safetensors_write  # noqa: E402  (tools/safetensors_write.py)
 
 # Janus-Pro's prompt (deepseek's "deepseek" SFT format with an empty system prompt). The engine
@@ -697,7 +697,7 @@ def convert(args) -> None:
         "sampling": sampling_section(src),
     }
     os.makedirs(out, exist_ok=True)
-    meta = {"converter": "tools/convert_janus.py", "source_layout": layout}
+    meta = {"converter": "tools/convert/janus.py", "source_layout": layout}
     safetensors_write.write(os.path.join(out, "model.safetensors"), weights, metadata=meta)
     shutil.copyfile(tok_path, os.path.join(out, "tokenizer.json"))
     with open(os.path.join(out, "arserve.json"), "w", encoding="utf-8") as f:
