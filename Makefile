@@ -460,10 +460,18 @@ bench-scale: $(BUILD)/speed_bench
 # images/s at batch 1 and BENCH_BATCH on BENCH_THREADS threads, the decode
 # step, the VQ decode, peak RSS, the step's shares of the memory and compute rooflines,
 # and the daemon on loopback at BENCH_CONCURRENCY clients, on the demo model
-# and a 60M-parameter random one. About ten minutes; torch from .venv-tools.
-# Not part of `make test`.
-MID_MODEL         := $(BUILD)/mid-model
-BENCH_MODELS      ?= models/shapes $(MID_MODEL)
+# and a 60M-parameter random one (against tools/train's JanusLM); then real
+# architectures at reduced depth with bf16 weights and bf16 KV against their
+# own PyTorch code: a Janus-Pro-shaped model against transformers' Janus
+# (bench/ref_janus.py) and, when LLAMAGEN_SRC names a checkout of
+# FoundationVision/LlamaGen, a LlamaGen-shaped one against its official
+# classes (bench/ref_llamagen.py). About an hour on two cores; torch from
+# .venv-tools. Not part of `make test`.
+MID_MODEL            := $(BUILD)/mid-model
+JANUS_BENCH_MODEL    := $(BUILD)/bench-janus-pro
+LLAMAGEN_BENCH_MODEL := $(BUILD)/bench-llamagen
+LLAMAGEN_SRC         ?=
+BENCH_MODELS      ?= models/shapes $(MID_MODEL) $(JANUS_BENCH_MODEL) $(if $(LLAMAGEN_SRC),$(LLAMAGEN_BENCH_MODEL))
 BENCH_THREADS     ?= 1,2
 BENCH_BATCH       ?= 8
 BENCH_CONCURRENCY ?= 1,4,16,64
@@ -471,7 +479,16 @@ BENCH_ARGS        ?=
 $(MID_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
 	$(VENV)/bin/python tools/make_tiny_model.py --preset mid --seed 1 --out $(MID_MODEL)
 
-bench: tools-deps $(BUILD)/speed_bench $(BUILD)/arserve $(MID_MODEL)/arserve.json
+$(JANUS_BENCH_MODEL)/arserve.json: bench/ref_janus.py tools/convert/janus.py tools/gen_golden.py
+	$(MAKE) tools-deps
+	.venv-tools/bin/python bench/ref_janus.py build $(JANUS_BENCH_MODEL)
+
+$(LLAMAGEN_BENCH_MODEL)/arserve.json: bench/ref_llamagen.py tools/convert/llamagen.py
+	$(MAKE) tools-deps
+	LLAMAGEN_SRC=$(LLAMAGEN_SRC) .venv-tools/bin/python bench/ref_llamagen.py build $(LLAMAGEN_BENCH_MODEL)
+
+bench: tools-deps $(BUILD)/speed_bench $(BUILD)/arserve $(filter $(BUILD)/%,$(addsuffix /arserve.json,$(BENCH_MODELS)))
+	$(if $(LLAMAGEN_SRC),,@echo "bench: no LlamaGen rows: LLAMAGEN_SRC does not name a checkout of https://github.com/FoundationVision/LlamaGen")
 	.venv-tools/bin/python bench/speed_bench.py --bin $(BUILD)/speed_bench --arserve $(BUILD)/arserve \
 		$(foreach m,$(BENCH_MODELS),--model $(m)) --threads $(BENCH_THREADS) --batch $(BENCH_BATCH) \
 		--images $(BENCH_BATCH) --concurrency $(BENCH_CONCURRENCY) --json $(BUILD)/bench.json $(BENCH_ARGS)
@@ -545,5 +562,5 @@ clean:
 # libFuzzer targets (make fuzz, make test-fuzz): tests/fuzz/fuzz.mk.
 include tests/fuzz/fuzz.mk
 
--include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend_cuda.d \
+-include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(BUILD)/server/http-leaky.d $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend_cuda.d \
          $(BUILD)/kv_bench.d $(BUILD)/speed_bench.d $(BUILD)/gemm_bench.d
