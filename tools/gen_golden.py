@@ -384,6 +384,50 @@ def try_seed(seed: int, cond: list[int], uncond: list[int]):
     return model, tokens, stacked, first_embeds, c, u
 
 
+def write_bf16(model, tok, cond: list[int], uncond: list[int], seed: int, out: str,
+               min_margin: float, min_distinct: int) -> bool:
+    """A model rounded to bfloat16 and run by transformers in bfloat16 (weights, activations
+    and its static KV cache); when its greedy margins all exceed min_margin, `out` gets the
+    converted model (BF16 weights) and golden.safetensors with transformers' greedy tokens and
+    both rows' logits before each of them (float32 copies of its bfloat16 logits)."""
+    import copy
+
+    m16 = copy.deepcopy(model).to(torch.bfloat16).eval()
+    tokens, stacked, _ = run_generate(m16, cond)
+    c, u = stacked[:, 0].float(), stacked[:, 1].float()
+    m = margins(cfg_logits(c, u))
+    distinct = len(set(tokens.tolist()))
+    print(f"bf16 seed {seed}: {distinct} distinct greedy tokens, smallest margin {m.min().item():.4g}")
+    if m.min().item() <= min_margin or distinct < min_distinct:
+        return False
+    os.makedirs(out, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        m16.save_pretrained(tmp)
+        write_hf_tokenizer_files(tok, tmp)
+        if convert_janus.main([tmp, out, "--dtype", "keep", "--name", "janus-tiny-random-bf16"]):
+            sys.exit("gen_golden: convert_janus failed (bf16)")
+    import transformers
+
+    safetensors_write.write(os.path.join(out, "golden.safetensors"), {
+        "cond_ids": np.array(cond, dtype=np.int32),
+        "uncond_ids": np.array(uncond, dtype=np.int32),
+        "greedy_tokens": tokens.numpy().astype(np.int32),
+        "cond_logits": c.numpy().astype(np.float32),
+        "uncond_logits": u.numpy().astype(np.float32),
+    }, metadata={
+        "cfg_weight": repr(CFG_WEIGHT),
+        "seed": str(seed),
+        "greedy_tokens_from": "transformers JanusForConditionalGeneration in bfloat16 (weights, "
+                              "activations, static KV cache), generate(generation_mode='image', "
+                              "do_sample=False, guidance_scale=5); logits: its stacked CFG rows "
+                              "before each greedy token",
+        "min_margin": f"{m.min().item():.6g}",
+        "versions": f"torch {torch.__version__}, transformers {transformers.__version__}",
+    })
+    print(f"wrote {out}")
+    return True
+
+
 def check(cond_ok: bool, what: str) -> None:
     if not cond_ok:
         sys.exit(f"gen_golden: check failed: {what}")
@@ -401,6 +445,11 @@ def main(argv=None) -> int:
                         "exercises little of the codebook)")
     p.add_argument("--max-tries", type=int, default=100, help="seeds to try before giving up")
     p.add_argument("--keep-hf", metavar="DIR", help="also keep the save_pretrained checkpoint in DIR")
+    p.add_argument("--bf16-only", action="store_true", help="write only OUT/janus_tiny_bf16")
+    p.add_argument("--bf16-min-margin", type=float, default=0.25,
+                   help="smallest acceptable greedy margin of the bf16 run: transformers rounds "
+                        "activations and logits to bf16, an engine computing in f32 differs by "
+                        "about 0.1 at these sizes")
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -410,6 +459,14 @@ def main(argv=None) -> int:
     tok = build_tokenizer()
     cond, uncond = prompt_ids(tok)
     print(f"cond   {cond}\nuncond {uncond}")
+
+    if args.bf16_only:
+        for seed in range(args.seed, args.seed + args.max_tries):
+            if write_bf16(build_model(seed), tok, cond, uncond, seed,
+                          os.path.join(args.out, "janus_tiny_bf16"), args.bf16_min_margin,
+                          args.min_distinct):
+                return 0
+        sys.exit("gen_golden: no seed gives a bf16 run with margins > %g" % args.bf16_min_margin)
 
     for seed in range(args.seed, args.seed + args.max_tries):
         model, tokens, stacked, first_embeds, c, u = try_seed(seed, cond, uncond)

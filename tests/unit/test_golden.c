@@ -339,6 +339,123 @@ static void test_16_and_8_bit_kv_keep_the_reference(void) {
     }
 }
 
+/* The same model rounded to bf16 (tests/golden/janus_tiny_bf16, from
+ * tools/gen_golden.py), served as a real checkpoint is: bf16 weights, K and
+ * V in bf16, and its greedy tokens against transformers running the model
+ * in bf16 end to end. transformers also rounds every activation and the
+ * logits to bf16 (steps of 1/32 to 1/8 here) where the engine computes in
+ * f32 from the same weights, and guidance (weight 5) magnifies the gap:
+ * teacher-forced, the logits agree within BF16_LOGIT_TOL, the guided ones
+ * within BF16_GUIDED_TOL, and the engine chooses transformers' token at
+ * every step whose guided margin (top1 - top2) is over twice that;
+ * free-running, the tokens are the same up to the first step that is not.
+ * Steps within the noise may go either way. */
+#define BF16_DIR "tests/golden/janus_tiny_bf16"
+#define BF16_LOGIT_TOL 0.2  /* measured: 0.12 */
+#define BF16_GUIDED_TOL 1.0 /* measured: 0.67 */
+static void test_bf16_weights_and_kv_follow_transformers_in_bf16(void) {
+    static model_t m16;
+    safetensors_t st;
+    ar_error_t err = {{0}};
+    const st_tensor_t *t;
+    CHECK_MSG(model_load(&m16, BF16_DIR, be, &err) == AR_OK, "%s", err.msg);
+    CHECK_MSG(safetensors_open(&st, BF16_DIR "/golden.safetensors", &err) == AR_OK, "%s", err.msg);
+    CHECK(m16.weight_dtype == DTYPE_BF16);
+    const int n_steps = g.n_steps, vocab = g.vocab;
+    const int32_t *greedy;
+    const float *cl, *ul;
+    if (safetensors_get_any(&st, "greedy_tokens", 1, (int64_t[]){n_steps}, &t, &err) ||
+        !(greedy = t->data) ||
+        safetensors_get(&st, "cond_logits", 2, (int64_t[]){n_steps, vocab}, &t, &err) ||
+        !(cl = t->data) ||
+        safetensors_get(&st, "uncond_logits", 2, (int64_t[]){n_steps, vocab}, &t, &err) ||
+        !(ul = t->data)) {
+        CHECK_MSG(0, "%s", err.msg);
+        return;
+    }
+    kv_pool_t p;
+    const llm_config_t *l = &m16.cfg.llm;
+    const int bt = planner_block_tokens(&m16.cfg);
+    CHECK_MSG(kv_pool_init(&p, be,
+                           2 * l->num_layers * l->num_kv_heads *
+                               ((g.n_prompt + n_steps - 1 + bt - 1) / bt),
+                           bt, l->head_dim, DTYPE_BF16, &err) == AR_OK,
+              "%s", err.msg);
+    sampler_params_t sp = {g.cfg, 1.0f, 1, 1.0f};
+    /* transformers' guided margin at each step, and the largest gap of the
+     * engine's guided logits from its, both from the teacher-forced pass. */
+    double *margin = calloc((size_t)n_steps, sizeof *margin), worst_guided = 0;
+    const double noise = 2 * BF16_GUIDED_TOL;
+    for (int forced = 1; forced >= 0; forced--) {
+        gen_request_t r;
+        if (gen_request_init(&r, &m16, &p, NULL, g.cond_ids, g.uncond_ids, g.n_prompt, &sp, 1, 0,
+                             &err)) {
+            CHECK_MSG(0, "%s", err.msg);
+            break;
+        }
+        r.forced = forced ? (const int *)greedy : NULL;
+        gen_request_t *batch[] = {&r};
+        double worst = 0;
+        int agree = 0, clear = 0;
+        while (!gen_request_done(&r)) {
+            CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
+            const size_t at = (size_t)(r.step - 1) * vocab;
+            if (!forced)
+                continue;
+            /* Both rows' logits, and the guided ones the token is drawn
+             * from: transformers' argmax is the token it chose. */
+            int mine = 0;
+            double best = -INFINITY, ref_best = -INFINITY, ref_second = -INFINITY;
+            for (int j = 0; j < vocab; j++) {
+                const double e =
+                    fmax(fabs(r.logits[j] - cl[at + j]), fabs(r.logits[vocab + j] - ul[at + j]));
+                worst = e > worst || isnan(e) ? (isnan(e) ? INFINITY : e) : worst;
+                const double m = r.logits[vocab + j] + g.cfg * (r.logits[j] - r.logits[vocab + j]);
+                const double ref = ul[at + j] + g.cfg * (cl[at + j] - ul[at + j]);
+                worst_guided = fmax(worst_guided, fabs(m - ref));
+                if (m > best)
+                    best = m, mine = j;
+                if (ref > ref_best)
+                    ref_second = ref_best, ref_best = ref;
+                else if (ref > ref_second)
+                    ref_second = ref;
+            }
+            margin[r.step - 1] = ref_best - ref_second;
+            agree += mine == greedy[r.step - 1];
+            clear += margin[r.step - 1] > noise;
+            CHECK_MSG(mine == greedy[r.step - 1] || margin[r.step - 1] <= noise,
+                      "step %d: token %d, transformers' %d by a margin of %.3g", r.step - 1, mine,
+                      greedy[r.step - 1], margin[r.step - 1]);
+        }
+        if (forced) {
+            printf("bf16 weights and KV against transformers in bf16, teacher-forced: largest "
+                   "logit error %.3g (bound %.2g), guided %.3g (bound %.2g); its token at %d of "
+                   "%d steps, all %d whose margin is over %.2g\n",
+                   worst, BF16_LOGIT_TOL, worst_guided, BF16_GUIDED_TOL, agree, n_steps, clear,
+                   noise);
+            CHECK_MSG(worst <= BF16_LOGIT_TOL, "logits off by %.3g", worst);
+            CHECK_MSG(worst_guided <= BF16_GUIDED_TOL, "guided logits off by %.3g", worst_guided);
+        } else {
+            int same = 0, first_diff = n_steps, first_close = n_steps;
+            for (int i = n_steps - 1; i >= 0; i--) {
+                same += r.tokens[i] == greedy[i];
+                first_diff = r.tokens[i] != greedy[i] ? i : first_diff;
+                first_close = margin[i] <= noise ? i : first_close;
+            }
+            printf("bf16 weights and KV: %d of %d greedy tokens as transformers' in bf16, the "
+                   "first %d in a row; its first step within the noise: %d\n",
+                   same, n_steps, first_diff, first_close);
+            CHECK_MSG(first_diff >= first_close, "greedy token %d differs, margin %.3g", first_diff,
+                      margin[first_diff < n_steps ? first_diff : 0]);
+        }
+        gen_request_free(&r);
+    }
+    free(margin);
+    kv_pool_free(&p);
+    model_free(&m16);
+    safetensors_close(&st);
+}
+
 static void test_decoded_pixels_match(void) {
     size_t n = (size_t)g.height * g.width * 3;
     uint8_t *rgb = malloc(n);
@@ -393,6 +510,8 @@ int main(void) {
     TEST_RUN(test_ragged_batch_matches);
     TEST_RUN(test_greedy_full_policy_through_pool_matches);
     TEST_RUN(test_16_and_8_bit_kv_keep_the_reference);
+    if (!getenv("ARSERVE_GOLDEN_DIR")) /* the bf16 goldens are the Janus tiny model's */
+        TEST_RUN(test_bf16_weights_and_kv_follow_transformers_in_bf16);
     TEST_RUN(test_decoded_pixels_match);
     TEST_RUN(test_out_of_range_token_is_an_error);
     kv_pool_free(&pool);
