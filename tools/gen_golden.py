@@ -15,6 +15,10 @@ Usage (from the repository root; `make golden` does this with the tools venv):
 
     .venv-tools/bin/python tools/gen_golden.py --out tests/golden
 
+It also writes OUT/janus_tiny_bf16/: the same model rounded to bfloat16 (BF16 weights, converted
+the same way) and golden.safetensors with transformers' greedy tokens and logits when it runs the
+model in bfloat16 end to end (`--bf16-only` writes just that).
+
 The run is deterministic (fixed seed, float32, CPU, one thread, deterministic algorithms).
 Weights are re-initialised with larger values than transformers' std 0.02 so that logits spread
 out; the first seed from --seed on whose greedy CFG argmax margins (top1 - top2) all exceed
@@ -384,22 +388,19 @@ def try_seed(seed: int, cond: list[int], uncond: list[int]):
     return model, tokens, stacked, first_embeds, c, u
 
 
-def write_bf16(model, tok, cond: list[int], uncond: list[int], seed: int, out: str,
-               min_margin: float, min_distinct: int) -> bool:
-    """A model rounded to bfloat16 and run by transformers in bfloat16 (weights, activations
-    and its static KV cache); when its greedy margins all exceed min_margin, `out` gets the
-    converted model (BF16 weights) and golden.safetensors with transformers' greedy tokens and
-    both rows' logits before each of them (float32 copies of its bfloat16 logits)."""
+def write_bf16(model, tok, cond: list[int], uncond: list[int], seed: int, out: str) -> None:
+    """The golden model rounded to bfloat16 and run by transformers in bfloat16 (weights,
+    activations and its static KV cache): `out` gets the converted model (BF16 weights) and
+    golden.safetensors with transformers' greedy tokens and both rows' logits before each of
+    them (float32 copies of its bfloat16 logits). Its margins are what they are (no seed gives
+    margins above the bf16 noise over 64 steps): the test knows which steps are within it."""
     import copy
 
     m16 = copy.deepcopy(model).to(torch.bfloat16).eval()
     tokens, stacked, _ = run_generate(m16, cond)
     c, u = stacked[:, 0].float(), stacked[:, 1].float()
     m = margins(cfg_logits(c, u))
-    distinct = len(set(tokens.tolist()))
-    print(f"bf16 seed {seed}: {distinct} distinct greedy tokens, smallest margin {m.min().item():.4g}")
-    if m.min().item() <= min_margin or distinct < min_distinct:
-        return False
+    print(f"bf16: {len(set(tokens.tolist()))} distinct greedy tokens, smallest margin {m.min().item():.4g}")
     os.makedirs(out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         m16.save_pretrained(tmp)
@@ -425,7 +426,6 @@ def write_bf16(model, tok, cond: list[int], uncond: list[int], seed: int, out: s
         "versions": f"torch {torch.__version__}, transformers {transformers.__version__}",
     })
     print(f"wrote {out}")
-    return True
 
 
 def check(cond_ok: bool, what: str) -> None:
@@ -446,10 +446,6 @@ def main(argv=None) -> int:
     p.add_argument("--max-tries", type=int, default=100, help="seeds to try before giving up")
     p.add_argument("--keep-hf", metavar="DIR", help="also keep the save_pretrained checkpoint in DIR")
     p.add_argument("--bf16-only", action="store_true", help="write only OUT/janus_tiny_bf16")
-    p.add_argument("--bf16-min-margin", type=float, default=0.25,
-                   help="smallest acceptable greedy margin of the bf16 run: transformers rounds "
-                        "activations and logits to bf16, an engine computing in f32 differs by "
-                        "about 0.1 at these sizes")
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -459,14 +455,6 @@ def main(argv=None) -> int:
     tok = build_tokenizer()
     cond, uncond = prompt_ids(tok)
     print(f"cond   {cond}\nuncond {uncond}")
-
-    if args.bf16_only:
-        for seed in range(args.seed, args.seed + args.max_tries):
-            if write_bf16(build_model(seed), tok, cond, uncond, seed,
-                          os.path.join(args.out, "janus_tiny_bf16"), args.bf16_min_margin,
-                          args.min_distinct):
-                return 0
-        sys.exit("gen_golden: no seed gives a bf16 run with margins > %g" % args.bf16_min_margin)
 
     for seed in range(args.seed, args.seed + args.max_tries):
         model, tokens, stacked, first_embeds, c, u = try_seed(seed, cond, uncond)
@@ -479,6 +467,10 @@ def main(argv=None) -> int:
     else:
         sys.exit(f"gen_golden: no seed in [{args.seed}, {args.seed + args.max_tries}) gives margins > "
                  f"{args.min_margin} and {args.min_distinct} distinct tokens")
+
+    write_bf16(model, tok, cond, uncond, seed, os.path.join(args.out, "janus_tiny_bf16"))
+    if args.bf16_only:
+        return 0
 
     print("checks:")
     embed = model.model.language_model.embed_tokens
