@@ -6,11 +6,12 @@
  * when they arrive together), then decoded one by one; the two batch sizes
  * alternate wave sets --reps times, and the medians are compared. A
  * text-prompted model draws --prompt with seeds 0, 1, ...; a
- * class-conditional one classes 0, 1, ... The full KV cache, the model's
+ * class-conditional one classes 0, 1, ... The full KV cache, stored as
+ * --kv-dtype (default auto: the weights' type, as serve), the model's
  * sampling settings.
  *
  *   build/speed_bench --model DIR [--prompt TEXT] [--batch N] [--images N]
- *                     [--reps N] [--threads N] [--json]
+ *                     [--reps N] [--threads N] [--kv-dtype TYPE] [--json]
  *
  * Besides images/s, per batch size: the median time of a decode step (a
  * raster model's steps after the first, which feeds the prompt), the VQ
@@ -214,7 +215,7 @@ static double fma_peak(int threads) {
 }
 
 int main(int argc, char **argv) {
-    const char *model_dir = NULL, *prompt = "a red circle on the left";
+    const char *model_dir = NULL, *prompt = "a red circle on the left", *kv_name = "auto";
     long long batch = 16, images = 32, reps = 3, threads = 1;
     int json = 0, measure = 0;
     static const char *const measures[] = {"all", "speed", "roofline", NULL};
@@ -230,6 +231,8 @@ int main(int argc, char **argv) {
          .help = "wave sets of each batch size, alternating (default 3)"},
         {"threads", 0, CLI_INT, &threads, 0, 1024, .metavar = "N",
          .help = "CPU threads, 0 = every core (default 1)"},
+        {"kv-dtype", 0, CLI_STRING, &kv_name, .metavar = "TYPE",
+         .help = "K and V in the pool: auto (the weights' type, default), f32, bf16, f16 or fp8"},
         {"json", 0, CLI_BOOL, &json, .help = "print one JSON object instead of a table"},
         {"measure", 0, CLI_CHOICE, &measure, .choices = measures, .metavar = "WHAT",
          .help = "all (default), speed (no bandwidth buffer: peak RSS is the engine's) or "
@@ -253,6 +256,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "speed_bench: %s\n", err.msg);
         return 1;
     }
+    dtype_t kv_dtype;
+    if (planner_kv_dtype_choose(kv_name, m->weight_dtype, &kv_dtype, &err) != AR_OK) {
+        fprintf(stderr, "speed_bench: --kv-dtype: %s\n", err.msg);
+        return 2;
+    }
     b.is_raster = m->family == model_family_find("raster");
     if (!model_is_class_conditional(m) &&
         model_prompt_from_text(m, prompt, b.cond, b.uncond, &b.n_prompt, &err) != AR_OK) {
@@ -263,7 +271,7 @@ int main(int argc, char **argv) {
     kv_policy_defaults(&full, KV_POLICY_FULL);
     planner_plan_t plan;
     const int bt = planner_block_tokens(&m->cfg);
-    const size_t block = kv_pool_block_bytes(bt, m->cfg.llm.head_dim, DTYPE_F32);
+    const size_t block = kv_pool_block_bytes(bt, m->cfg.llm.head_dim, kv_dtype);
     const int steps = model_steps(&m->cfg);
     b.cap_step = (int)images * steps;
     b.cap_decode = (int)images;
@@ -272,9 +280,10 @@ int main(int argc, char **argv) {
     b.rgb =
         malloc((size_t)model_config_image_height(&m->cfg) * model_config_image_width(&m->cfg) * 3);
     if (!b.rgb || !b.step_s || !b.decode_s ||
-        planner_plan(&plan, &m->cfg, &full, b.n_prompt ? b.n_prompt : 1, bt, NULL, &err) != AR_OK ||
+        planner_plan_dtype(&plan, &m->cfg, &full, b.n_prompt ? b.n_prompt : 1, bt,
+                           planner_kv_same(kv_dtype), NULL, &err) != AR_OK ||
         kv_pool_init(&b.pool, be, (int)(batch * (long long)(plan.peak_bytes / block)), bt,
-                     m->cfg.llm.head_dim, DTYPE_F32, &err) != AR_OK) {
+                     m->cfg.llm.head_dim, kv_dtype, &err) != AR_OK) {
         fprintf(stderr, "speed_bench: %s\n", err.msg[0] ? err.msg : "out of memory");
         return 1;
     }
@@ -304,6 +313,9 @@ int main(int argc, char **argv) {
     cJSON_AddNumberToObject(o, "images", (double)images);
     cJSON_AddNumberToObject(o, "reps", (double)reps);
     cJSON_AddNumberToObject(o, "kv_mib_per_image", kv_mib);
+    cJSON_AddStringToObject(o, "kv_dtype", planner_kv_dtype_name(kv_dtype));
+    if (model_is_class_conditional(m))
+        cJSON_AddNumberToObject(o, "num_classes", m->cfg.condition.num_classes);
     if (b.n_prompt) {
         cJSON_AddItemToObject(o, "cond", cJSON_CreateIntArray(b.cond, b.n_prompt));
         cJSON_AddItemToObject(o, "uncond", cJSON_CreateIntArray(b.uncond, b.n_prompt));
@@ -317,8 +329,8 @@ int main(int argc, char **argv) {
     }
     if (!json && timed)
         printf("%s: %lld images per wave set, %lld sets each, %lld thread(s), KV %.2f MiB per "
-               "image (full cache)\n",
-               m->cfg.name, images, reps, threads, kv_mib);
+               "image (full cache, %s)\n",
+               m->cfg.name, images, reps, threads, kv_mib, planner_kv_dtype_name(kv_dtype));
     double ips[2];
     for (int s = 0; timed && s < 2; s++) {
         const double set_s = median(took[s], (int)reps);

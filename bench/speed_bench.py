@@ -82,18 +82,45 @@ def torch_models(model_dir):
     return lm, decode, cfg
 
 
+def reference(model_dir):
+    """A model directory's reference.json (which PyTorch implementation is its torch side),
+    or None: tools/train's JanusLM then."""
+    path = os.path.join(model_dir, "reference.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def reference_load(ref):
+    """The `load(model_dir, ref, threads)` of the file that runs reference `ref`."""
+    sys.path.insert(0, HERE)
+    if ref["impl"] == "transformers-janus":
+        import ref_janus
+        return ref_janus.load
+    if ref["impl"] == "llamagen":
+        import ref_llamagen
+        return ref_llamagen.load
+    raise SystemExit("speed_bench.py: unknown reference implementation %r" % ref["impl"])
+
+
 def torch_worker(a):
     import torch
 
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
-    lm, decode, cfg = torch_models(a.model)
-    s = cfg["sampling"]
-    if s.get("top_k", 0) or s.get("top_p", 1.0) < 1.0:
-        raise SystemExit("speed_bench.py: the torch side samples without top-k/top-p; "
-                         "this model's arserve.json asks for them")
+    ref = reference(a.model)
     cond, uncond = json.loads(a.cond), json.loads(a.uncond)
-    self_check(lm, cond, uncond, s["cfg"])
+    if ref:
+        lm, decode, cfg = reference_load(ref)(a.model, ref, a.threads)
+        s = cfg["sampling"]
+    else:
+        lm, decode, cfg = torch_models(a.model)
+        s = cfg["sampling"]
+        if s.get("top_k", 0) or s.get("top_p", 1.0) < 1.0:
+            raise SystemExit("speed_bench.py: the torch side samples without top-k/top-p; "
+                             "this model's arserve.json asks for them")
+        self_check(lm, cond, uncond, s["cfg"])
 
     def waves(batch, images):
         steps, decodes = [], []
@@ -233,23 +260,30 @@ def main(argv=None):
     results = []
     for model in models:
         for threads in (int(t) for t in a.threads.split(",")):
+            ref = reference(model)
+            prompt = ref.get("prompt", a.prompt) if ref else a.prompt
             common = ["--model", model, "--batch", str(a.batch), "--images", str(a.images),
                       "--reps", str(a.reps), "--threads", str(threads)]
             runs = {"arserve": [], "torch": []}
             roof, _ = run_rss([a.bin, "--json", "--measure", "roofline"] + common)
             for r in range(a.rounds):
-                ours, rss = run_rss([a.bin, "--prompt", a.prompt, "--json", "--measure", "speed"] + common)
+                ours, rss = run_rss([a.bin, "--prompt", prompt, "--json", "--measure", "speed"] + common)
                 runs["arserve"].append((ours, rss))
+                # A class-conditional model's rows: class 0 and the null class.
+                cond = ours.get("cond", [0])
+                uncond = ours.get("uncond", [ours.get("num_classes", 0)])
                 theirs, trss = run_rss([sys.executable, os.path.abspath(__file__), "--torch-worker",
-                                        "--cond", json.dumps(ours["cond"]),
-                                        "--uncond", json.dumps(ours["uncond"])] + common)
+                                        "--cond", json.dumps(cond),
+                                        "--uncond", json.dumps(uncond)] + common)
                 runs["torch"].append((theirs, trss))
                 print("  %s, %d thread(s), round %d: arserve %s, torch %s images/s" % (
                     ours["model"], threads, r + 1,
                     "/".join("%.2f" % b["images_per_s"] for b in ours["batches"]),
                     "/".join("%.2f" % b["images_per_s"] for b in theirs["batches"])),
                     file=sys.stderr, flush=True)
-            row = {"model": runs["arserve"][0][0]["model"], "threads": threads, "batches": []}
+            row = {"model": runs["arserve"][0][0]["model"], "threads": threads, "batches": [],
+                   "reference": ref["impl"] if ref else "JanusLM (tools/train)",
+                   "kv_dtype": runs["arserve"][0][0]["kv_dtype"]}
             for i, b in enumerate((1, a.batch)):
                 def med(side, key):
                     return statistics.median(x[0]["batches"][i][key] for x in runs[side])
@@ -269,8 +303,8 @@ def main(argv=None):
                 flops = 2 * 2 * b["batch"] * roof["step_weight_elems"]
                 o["compute_roofline"] = (flops / roof["fma_flops_per_s"] / o["step_s"]
                                          if roof["fma_flops_per_s"] else 0)
-            if a.arserve:
-                row["daemon"] = daemon_sweep(a, model, threads, a.prompt)
+            if a.arserve and not ref:  # the daemon sweep: text-prompted models of our own
+                row["daemon"] = daemon_sweep(a, model, threads, prompt)
             results.append(row)
 
     print("%-12s %3s %5s  %9s %9s %6s  %8s %8s %6s  %7s %7s  %8s %8s" % (
@@ -288,6 +322,11 @@ def main(argv=None):
                 fmt_ratio(t["step_s"], o["step_s"]), o["decode_s"] * 1e3, t["decode_s"] * 1e3,
                 100 * o["roofline"], 100 * o["compute_roofline"]))
     print()
+    print("the torch side and the KV cache arserve stored:")
+    for model in dict.fromkeys(r["model"] for r in results):
+        row = next(r for r in results if r["model"] == model)
+        print("  %-12s %s; arserve's KV %s" % (model[:12], row["reference"], row["kv_dtype"]))
+    print()
     print("peak RSS (MiB, the largest of the rounds), and the roofline's terms:")
     for row in results:
         print("  %-12s %d thread(s): arserve %.0f, torch %.0f (%.2fx less); %.1f MiB of weights "
@@ -299,7 +338,7 @@ def main(argv=None):
         print()
         print("the daemon on loopback (arserve bench, a closed loop of C clients), images/s, and "
               "the ratio to the engine in-process (batch 1 for C=1, else batch %d):" % a.batch)
-        for row in results:
+        for row in (r for r in results if "daemon" in r):
             inproc = [b["arserve"]["images_per_s"] for b in row["batches"]]
             print("  %-12s %d thread(s): %s" % (
                 row["model"][:12], row["threads"],
