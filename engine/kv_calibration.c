@@ -2,10 +2,9 @@
  * them (kv_calibration.h). */
 #include "kv_calibration.h"
 
-#include "json_strict.h"
+#include "json_file.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,32 +134,6 @@ int kv_calibration_check(const kv_calibration_t *c, const kv_geometry_t *g, ar_e
 
 /* ---- the file ---- */
 
-static cJSON *float_array(const float *v, size_t n) {
-    cJSON *a = cJSON_CreateArray();
-    for (size_t i = 0; a && i < n; i++)
-        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
-    return a;
-}
-
-/* An optional member of n numbers into a new array *out (NULL when absent). */
-static int get_floats(const cJSON *root, const char *name, size_t n, float **out, const char *path,
-                      ar_error_t *err) {
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, name);
-    if (!a)
-        return AR_OK;
-    if (!cJSON_IsArray(a) || (size_t)cJSON_GetArraySize(a) != n)
-        return ar_errorf(err, "%s: \"%s\" must hold %zu numbers", path, name, n);
-    if (!(*out = malloc(n * sizeof **out)))
-        return ar_errorf(err, "out of memory");
-    size_t j = 0;
-    for (const cJSON *it = a->child; it; it = it->next, j++) {
-        if (!cJSON_IsNumber(it))
-            return ar_errorf(err, "%s: %s[%zu] is not a number", path, name, j);
-        (*out)[j] = (float)it->valuedouble;
-    }
-    return AR_OK;
-}
-
 static cJSON *int_array(const int *v, int n) { return cJSON_CreateIntArray(v, n); }
 
 int kv_calibration_save(const kv_calibration_t *c, const char *path, ar_error_t *err) {
@@ -181,31 +154,15 @@ int kv_calibration_save(const kv_calibration_t *c, const char *path, ar_error_t 
         cJSON_AddItemToObject(root, "scas_order", scas);
         scas = NULL;
         if (c->beta)
-            cJSON_AddItemToObject(root, "beta", float_array(c->beta, (size_t)T * K * K));
+            cJSON_AddItemToObject(root, "beta", json_float_array(c->beta, (size_t)T * K * K));
         if (c->htr)
-            cJSON_AddItemToObject(root, "htr", float_array(c->htr, (size_t)T * K));
+            cJSON_AddItemToObject(root, "htr", json_float_array(c->htr, (size_t)T * K));
     }
-    char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
+    const int rc =
+        ok ? json_file_write(root, path, err) : ar_errorf(err, "%s: out of memory", path);
     cJSON_Delete(root);
     cJSON_Delete(scas);
-    if (!text)
-        return ar_errorf(err, "%s: out of memory", path);
-    FILE *f = fopen(path, "w");
-    int rc = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    rc = (f && fclose(f) == 0) && rc;
-    free(text);
-    return rc ? AR_OK : ar_errorf(err, "%s: cannot write: %s", path, strerror(errno));
-}
-
-/* An integer member in [lo, hi]. */
-static int get_int(const cJSON *o, const char *key, int lo, int hi, int *out, const char *path,
-                   ar_error_t *err) {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int)it->valuedouble ||
-        it->valuedouble < lo || it->valuedouble > hi)
-        return ar_errorf(err, "%s: \"%s\" must be an integer from %d to %d", path, key, lo, hi);
-    *out = (int)it->valuedouble;
-    return AR_OK;
+    return rc;
 }
 
 /* A permutation of [0, T) from array a into out. */
@@ -233,25 +190,9 @@ static int get_order(const cJSON *a, int T, int *out, const char *path, const ch
 
 int kv_calibration_load(kv_calibration_t *c, const char *path, ar_error_t *err) {
     memset(c, 0, sizeof *c);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return ar_errorf(err, "%s: cannot open: %s", path, strerror(errno));
-    char *text = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (text = malloc((size_t)n + 1)) && fread(text, 1, (size_t)n, f) == (size_t)n)
-        text[n] = 0;
-    else {
-        free(text);
-        text = NULL;
-    }
-    fclose(f);
-    if (!text)
-        return ar_errorf(err, "%s: cannot read", path);
-    cJSON *root = json_parse_strict(text, (size_t)n, JSON_STRICT_DEFAULT_DEPTH, NULL, err);
-    free(text);
+    cJSON *root = json_file_read(path, err);
     if (!root)
-        return ar_error_prefix(err, "%s: not valid JSON", path);
+        return AR_ERR;
     int rc = AR_ERR, version = 0;
     kv_geometry_t g = {.step_unit = KV_STEP_SEGMENT};
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
@@ -261,10 +202,10 @@ int kv_calibration_load(kv_calibration_t *c, const char *path, ar_error_t *err) 
         ar_errorf(err, "%s: \"format\" must be \"%s\"", path, FORMAT);
         goto out;
     }
-    if (get_int(root, "version", VERSION, VERSION, &version, path, err) ||
-        get_int(root, "n_layers", 1, 1 << 12, &g.n_layers, path, err) ||
-        get_int(root, "n_heads", 1, 1 << 12, &g.n_heads, path, err) ||
-        get_int(root, "prompts", 0, 1 << 30, &prompts, path, err))
+    if (json_get_int(root, "version", VERSION, VERSION, &version, path, err) ||
+        json_get_int(root, "n_layers", 1, 1 << 12, &g.n_layers, path, err) ||
+        json_get_int(root, "n_heads", 1, 1 << 12, &g.n_heads, path, err) ||
+        json_get_int(root, "prompts", 0, 1 << 30, &prompts, path, err))
         goto out;
     g.n_segments = cJSON_GetArraySize(tok);
     if (!cJSON_IsArray(tok) || g.n_segments < 2 || g.n_segments > KV_MAX_SEGMENTS) {
@@ -279,7 +220,7 @@ int kv_calibration_load(kv_calibration_t *c, const char *path, ar_error_t *err) 
         }
         g.segment_tokens[i] = (int)it->valuedouble;
     }
-    if (get_int(root, "sink_scales", 0, g.n_segments, &sinks, path, err) ||
+    if (json_get_int(root, "sink_scales", 0, g.n_segments, &sinks, path, err) ||
         shape_from(c, &g, sinks, err) != AR_OK)
         goto out;
     c->n_prompts = prompts;
@@ -300,8 +241,8 @@ int kv_calibration_load(kv_calibration_t *c, const char *path, ar_error_t *err) 
         if (get_order(it, T, c->scas_order + (size_t)i * T, path, what, err))
             goto out;
     }
-    if (get_floats(root, "beta", (size_t)T * K * K, &c->beta, path, err) != AR_OK ||
-        get_floats(root, "htr", (size_t)T * K, &c->htr, path, err) != AR_OK)
+    if (json_get_floats(root, "beta", (size_t)T * K * K, &c->beta, path, err) != AR_OK ||
+        json_get_floats(root, "htr", (size_t)T * K, &c->htr, path, err) != AR_OK)
         goto out;
     rc = AR_OK;
 out:
