@@ -2,7 +2,10 @@
  * full-cache generation per class listed in the prompts file, records the
  * conditional row's attention mass from each scale to each earlier one,
  * and writes the S-CAS and CAS orderings into the model directory
- * (engine/kv_calibration.h), where heatkv and heatkv_binary find them. */
+ * (engine/kv_calibration.h), where heatkv and heatkv_binary find them.
+ * With --kv-scales, of any model: a full-cache generation per prompt, and
+ * each (layer, head)'s largest |K| and |V| written for fp8 caches
+ * (engine/kv_scales.h). */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -67,19 +70,90 @@ static int read_prompts(const model_t *m, const char *path, int *labels, int cap
     return n ? n : -1;
 }
 
+/* The prompts file's lines for --kv-scales (text, or classes for a
+ * class-conditional model): blank lines and lines starting with '#' are
+ * skipped. *lines holds them (free each, then it); the count, or -1. */
+static int read_lines(const char *path, char ***lines) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "arserve calibrate: %s: cannot open: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char line[4096];
+    int n = 0;
+    *lines = calloc(MAX_PROMPTS, sizeof **lines);
+    while (*lines && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        if (!line[0] || line[0] == '#')
+            continue;
+        if (n == MAX_PROMPTS) {
+            fprintf(stderr, "arserve calibrate: %s: more than %d prompts\n", path, MAX_PROMPTS);
+            n = -1;
+            break;
+        }
+        if (!((*lines)[n++] = strdup(line)))
+            break;
+    }
+    fclose(f);
+    if (n == 0)
+        fprintf(stderr, "arserve calibrate: %s: no prompts (one per line)\n", path);
+    return n > 0 ? n : -1;
+}
+
+static void free_lines(char **lines) {
+    for (int i = 0; lines && i < MAX_PROMPTS && lines[i]; i++)
+        free(lines[i]);
+    free(lines);
+}
+
+/* --kv-scales: measures and writes the fp8 scales; the exit code. */
+static int calibrate_kv_scales(model_t *m, const char *prompts, const char *out) {
+    char **lines = NULL, path[PATH_MAX];
+    const int n = read_lines(prompts, &lines);
+    kv_scales_t s = {0};
+    ar_error_t err = {{0}};
+    int rc = 1;
+    snprintf(path, sizeof path, "%s/%s", m->dir, KV_SCALES_FILE);
+    if (n > 0) {
+        if (kv_scales_measure(m, (const char *const *)lines, n, progress, NULL, &s, &err) !=
+                AR_OK ||
+            kv_scales_save(&s, out ? out : path, &err) != AR_OK)
+            fprintf(stderr, "\narserve calibrate: %s\n", err.msg);
+        else {
+            float k = 0, v = 0;
+            for (int i = 0; i < s.n_layers * s.n_heads; i++) {
+                k = s.k_amax[i] > k ? s.k_amax[i] : k;
+                v = s.v_amax[i] > v ? s.v_amax[i] : v;
+            }
+            printf("wrote %s: fp8 KV scales of %d layers x %d heads from %d generations "
+                   "(largest |K| %.4g, |V| %.4g)\n",
+                   out ? out : path, s.n_layers, s.n_heads, n, k, v);
+            rc = 0;
+        }
+    }
+    kv_scales_free(&s);
+    free_lines(lines);
+    return rc;
+}
+
 int cmd_calibrate(int argc, char **argv, char **envp) {
     const char *model_dir = NULL, *prompts = NULL, *out = NULL, *backend = "cpu";
     long long sinks = 3, threads = 0;
-    int help = 0;
+    int help = 0, scales = 0;
     const cli_flag_t flags[] = {
         {"model", 0, CLI_STRING, &model_dir, .metavar = "DIR",
-         .help = "the next-scale model directory (required)"},
+         .help = "the model directory: a next-scale one, or any with --kv-scales (required)"},
         {"prompts", 0, CLI_STRING, &prompts, .metavar = "FILE",
-         .help = "one class per line, by name or number (HeatKV calibrates on 10) (required)"},
+         .help = "one class per line, by name or number (HeatKV calibrates on 10); with "
+                 "--kv-scales, one prompt per line (a class for a class-conditional model) "
+                 "(required)"},
+        {"kv-scales", 0, CLI_BOOL, &scales,
+         .help = "measure the fp8 KV scales (each layer and head's largest |K| and |V|) into "
+                 "DIR/" KV_SCALES_FILE " instead"},
         {"sink-scales", 0, CLI_INT, &sinks, 0, 256, .metavar = "S",
          .help = "sink scales the CAS ordering leaves out (default 3, HeatKV's)"},
         {"out", 0, CLI_STRING, &out, .metavar = "FILE",
-         .help = "where to write (default DIR/" KV_CALIBRATION_FILE ")"},
+         .help = "where to write (default DIR/" KV_CALIBRATION_FILE " or DIR/" KV_SCALES_FILE ")"},
         {"backend", 0, CLI_STRING, &backend, .metavar = "NAME",
          .help = "cpu or cuda (default cpu)"},
         {"threads", 0, CLI_INT, &threads, 0, 1024, .metavar = "N",
@@ -91,7 +165,8 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
     if (help || !model_dir || !prompts) {
         FILE *f = help ? stdout : stderr;
         fprintf(f, "usage: arserve calibrate --model DIR --prompts FILE [--sink-scales S] "
-                   "[--out FILE]\n\n");
+                   "[--out FILE]\n       arserve calibrate --model DIR --prompts FILE "
+                   "--kv-scales [--out FILE]\n\n");
         cli_flags_usage(f, flags);
         return help ? 0 : 2;
     }
@@ -111,6 +186,13 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
         free(labels);
         be->destroy(be);
         return 1;
+    }
+    if (scales) {
+        rc = calibrate_kv_scales(&m, prompts, out);
+        model_free(&m);
+        free(labels);
+        be->destroy(be);
+        return rc;
     }
     const int n = read_prompts(&m, prompts, labels, MAX_PROMPTS);
     snprintf(path, sizeof path, "%s/%s", model_dir, KV_CALIBRATION_FILE);

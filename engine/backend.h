@@ -161,11 +161,12 @@ struct backend {
     void (*kv_gather)(backend_t *be, const kv_blocks_t *pool, const int *blocks, const int *keep,
                       int n_keep, float *mass);
 
-    /* The K rows of cache indices [j0, j0 + n) of one (sequence, head)
-     * cache, widened to fp32 (fp8 times the view's k_scale): out is n rows
-     * of head_dim floats. */
-    void (*kv_read_keys)(backend_t *be, float *out, const kv_blocks_t *pool, const kv_view_t *view,
-                         int j0, int n);
+    /* The K rows (values 0) or V rows (values 1) of cache indices
+     * [j0, j0 + n) of one (sequence, head) cache, widened to fp32 (fp8
+     * times the view's k_scale or v_scale): out is n rows of head_dim
+     * floats. */
+    void (*kv_read_rows)(backend_t *be, float *out, const kv_blocks_t *pool, const kv_view_t *view,
+                         int j0, int n, int values);
 
     /* LayerNorm without affine parameters: y[r, :] = (x[r, :] - mean) /
      * sqrt(var + eps), the biased variance, rows of dim. y may be x. */

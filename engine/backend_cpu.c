@@ -689,13 +689,13 @@ static void cpu_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *blo
     }
 }
 
-static void cpu_kv_read_keys(backend_t *be, float *out, const kv_blocks_t *pool,
-                             const kv_view_t *view, int j0, int n) {
+static void cpu_kv_read_rows(backend_t *be, float *out, const kv_blocks_t *pool,
+                             const kv_view_t *view, int j0, int n, int values) {
     assert(j0 >= 0 && n >= 0 && j0 + n <= view->len);
     kv_walk_t w = walk_at(pool, view->blocks, j0);
     for (int j = 0; j < n; j++, walk_next(&w))
-        kv_row_to_f32(out + (size_t)j * pool->head_dim, walk_k(&w), pool->dtype, pool->head_dim,
-                      view->k_scale);
+        kv_row_to_f32(out + (size_t)j * pool->head_dim, values ? walk_v(&w) : walk_k(&w),
+                      pool->dtype, pool->head_dim, values ? view->v_scale : view->k_scale);
 }
 
 /* ---- element-wise ------------------------------------------------------ */
@@ -1154,7 +1154,7 @@ backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
     be->attention = cpu_attention;
     be->attention_scale = cpu_attention_scale;
     be->kv_gather = cpu_kv_gather;
-    be->kv_read_keys = cpu_kv_read_keys;
+    be->kv_read_rows = cpu_kv_read_rows;
     be->silu_mul = cpu_silu_mul;
     be->silu = cpu_silu;
     be->gelu = cpu_gelu;

@@ -782,14 +782,14 @@ static void cuda_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *bl
     }
 }
 
-static void cuda_kv_read_keys(backend_t *be, float *out, const kv_blocks_t *pool,
-                              const kv_view_t *view, int j0, int n) {
+static void cuda_kv_read_rows(backend_t *be, float *out, const kv_blocks_t *pool,
+                              const kv_view_t *view, int j0, int n, int values) {
     assert(j0 >= 0 && n >= 0 && j0 + n <= view->len);
     if (n == 0 || use_device(be) != AR_OK)
         return;
     const int nb = kv_blocks_of(j0 + n, pool->block_tokens);
     if ((size_t)nb > STAGING_INTS) {
-        cuda_fail(be, "kv_read_keys: a block table of %d blocks does not fit the staging buffer",
+        cuda_fail(be, "kv_read_rows: a block table of %d blocks does not fit the staging buffer",
                   nb);
         return;
     }
@@ -797,8 +797,9 @@ static void cuda_kv_read_keys(backend_t *be, float *out, const kv_blocks_t *pool
     memcpy(h, view->blocks, (size_t)nb * sizeof(int));
     const int *d = stage_ints(be, h, (size_t)nb);
     if (d)
-        CUDA_CHECK(be, kern_kv_read_keys(out, kv_pool_of(pool), d, j0, n, view->k_scale,
-                                         impl_of(be)->stream));
+        CUDA_CHECK(be,
+                   kern_kv_read_rows(out, kv_pool_of(pool), d, j0, n, values,
+                                     values ? view->v_scale : view->k_scale, impl_of(be)->stream));
 }
 
 /* ---- element-wise ------------------------------------------------------------------------ */
@@ -1064,7 +1065,7 @@ static int cuda_start(backend_t *be, size_t reserve, ar_error_t *err) {
     be->attention = cuda_attention;
     be->attention_scale = cuda_attention_scale;
     be->kv_gather = cuda_kv_gather;
-    be->kv_read_keys = cuda_kv_read_keys;
+    be->kv_read_rows = cuda_kv_read_rows;
     be->layernorm = cuda_layernorm;
     be->modulate = cuda_modulate;
     be->gate_add = cuda_gate_add;

@@ -68,9 +68,13 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
     }
     if (sampler_init(&r->sampler, K, err) != AR_OK)
         goto fail;
-    for (int j = 0; j < 2; j++)
+    for (int j = 0; j < 2; j++) {
         if (kv_seq_init(&r->seq[j], pool, g.n_layers, g.n_heads, capacity, with_mass, err) != AR_OK)
             goto fail;
+        /* An fp8 cache takes the model's measured scales (else 1). */
+        if (pool->blocks.dtype == DTYPE_F8_E4M3 && m->kv_scales.k_amax)
+            kv_scales_apply(&m->kv_scales, &r->seq[j]);
+    }
     return AR_OK;
 oom:
     ar_errorf(err, "out of memory");

@@ -6,6 +6,7 @@
 
 #include "family.h"
 #include "generate.h"
+#include "text.h"
 
 static int by_value_desc(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -111,5 +112,79 @@ out:
     free(scratch);
     free(mass);
     free(zeros);
+    return rc;
+}
+
+/* The condition rows of prompt p: text, or a class by name or number. */
+static int prompt_rows(const model_t *m, const char *p, int *cond, int *uncond, int *len,
+                       ar_error_t *err) {
+    long long v;
+    if (model_is_class_conditional(m) && model_class_find(m, p) < 0) {
+        if (text_parse_int(p, &v) != NUMBER_OK || v < 0 || v >= m->cfg.condition.num_classes)
+            return ar_errorf(err,
+                             "'%s' is neither a class name of the model nor a class number "
+                             "from 0 to %d",
+                             p, m->cfg.condition.num_classes - 1);
+        return model_prompt_from_class(m, (int)v, cond, uncond, len, err);
+    }
+    return model_prompt_from_text(m, p, cond, uncond, len, err);
+}
+
+int kv_scales_measure(model_t *m, const char *const *prompts, int n,
+                      kv_calibrate_progress_fn progress, void *ctx, kv_scales_t *out,
+                      ar_error_t *err) {
+    memset(out, 0, sizeof *out);
+    if (n < 1)
+        return ar_errorf(err, "no prompts to measure on");
+    kv_geometry_t g;
+    model_geometry(&m->cfg, 1, &g);
+    int *cond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof *cond),
+        *uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof *uncond);
+    kv_pool_t pool = {0};
+    int rc = AR_ERR, len, longest = 1;
+    if (!cond || !uncond) {
+        ar_errorf(err, "out of memory");
+        goto out;
+    }
+    for (int p = 0; p < n; p++) { /* the pool holds the longest prompt's image */
+        if (prompt_rows(m, prompts[p], cond, uncond, &len, err) != AR_OK) {
+            ar_error_prefix(err, "prompt %d", p + 1);
+            goto out;
+        }
+        longest = len > longest ? len : longest;
+    }
+    if (gen_pool_for_one_image(&pool, m, longest, DTYPE_F32, err) != AR_OK ||
+        kv_scales_init(out, g.n_layers, g.n_heads, err) != AR_OK)
+        goto out;
+    for (int p = 0; p < n; p++) {
+        gen_request_t r;
+        sampler_params_t sp = m->cfg.sampling;
+        if (prompt_rows(m, prompts[p], cond, uncond, &len, err) != AR_OK ||
+            gen_request_init(&r, m, &pool, NULL, cond, uncond, len, &sp, (uint64_t)p, 0, err) !=
+                AR_OK)
+            goto out;
+        gen_request_t *batch[] = {&r};
+        while (!gen_request_done(&r))
+            if (gen_step(batch, 1, err) != AR_OK) {
+                ar_error_prefix(err, "prompt %d, step %d", p + 1, r.step);
+                gen_request_free(&r);
+                goto out;
+            }
+        const int seen = kv_scales_observe(out, &r.seq[0], err) == AR_OK &&
+                         kv_scales_observe(out, &r.seq[1], err) == AR_OK;
+        gen_request_free(&r);
+        if (!seen)
+            goto out;
+        out->n_prompts = p + 1;
+        if (progress)
+            progress(p + 1, n, ctx);
+    }
+    rc = AR_OK;
+out:
+    if (rc != AR_OK)
+        kv_scales_free(out);
+    kv_pool_free(&pool);
+    free(cond);
+    free(uncond);
     return rc;
 }

@@ -6,6 +6,7 @@
 #define ARSERVE_KV_CALIBRATE_H
 
 #include "kv_calibration.h"
+#include "kv_scales.h"
 #include "model.h"
 
 /* Called after each generation: done of total. */
@@ -17,5 +18,15 @@ typedef void (*kv_calibrate_progress_fn)(int done, int total, void *ctx);
 int kv_calibrate(model_t *m, const int *labels, int n, int sink_scales,
                  kv_calibrate_progress_fn progress, void *ctx, kv_calibration_t *out,
                  ar_error_t *err);
+
+/* fp8 KV scales (kv_scales.h) of any model: one full-cache generation per
+ * prompt (seed = its index, the model's sampling, K and V kept in fp32),
+ * the largest |K| and |V| of both rows' caches per (layer, head) once the
+ * image is done. A prompt is text for a text-prompted model, a class name
+ * or number for a class-conditional one; AR_ERR names the prompt at
+ * fault. */
+int kv_scales_measure(model_t *m, const char *const *prompts, int n,
+                      kv_calibrate_progress_fn progress, void *ctx, kv_scales_t *out,
+                      ar_error_t *err);
 
 #endif

@@ -33,13 +33,16 @@ typedef struct kv_head {
     int n_blocks;
     int cap;
     int *blocks; /* host, block ids in cache order */
+    /* fp8's K and V scales (a cached e is the value e * scale); 0 means 1,
+     * what vLLM's fp8 cache uses without calibrated scales. The model's
+     * per-(layer, head) ones come from its kv_scales.json (engine/model.h). */
+    float k_scale, v_scale;
 } kv_head_t;
 
-/* h's first len cache indices as backend ops see them. fp8's K and V
- * scales are 1 for every head, what vLLM's fp8 cache uses without
- * calibrated scales; per-head ones would be given here. */
+/* h's first len cache indices as backend ops see them. */
 static inline kv_view_t kv_head_view(const kv_head_t *h, int len) {
-    return (kv_view_t){h->blocks, len, 1.0f, 1.0f};
+    return (kv_view_t){h->blocks, len, h->k_scale > 0 ? h->k_scale : 1.0f,
+                       h->v_scale > 0 ? h->v_scale : 1.0f};
 }
 
 /* The largest power of two block_tokens whose worst-case overhead per head

@@ -128,6 +128,23 @@ int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, 
         }
         m->cfg.kv_calibration = &m->calib;
     }
+    snprintf(path, sizeof path, "%s/%s", dir, KV_SCALES_FILE);
+    if (access(path, F_OK) == 0) {
+        kv_geometry_t g;
+        model_geometry(&m->cfg, 0, &g);
+        if (kv_scales_load(&m->kv_scales, path, err) != AR_OK) {
+            model_free(m);
+            return AR_ERR;
+        }
+        if (m->kv_scales.n_layers != g.n_layers || m->kv_scales.n_heads != g.n_heads) {
+            ar_errorf(err,
+                      "%s: measured on %d layers x %d KV heads, the model has %d x %d (run arserve "
+                      "calibrate --kv-scales again, or move it away)",
+                      path, m->kv_scales.n_layers, m->kv_scales.n_heads, g.n_layers, g.n_heads);
+            model_free(m);
+            return AR_ERR;
+        }
+    }
     return AR_OK;
 }
 
@@ -144,6 +161,7 @@ void model_free(model_t *m) {
     m->class_names = NULL;
     kv_calibration_free(&m->calib);
     m->cfg.kv_calibration = NULL;
+    kv_scales_free(&m->kv_scales);
     arena_free(&m->arena);
 }
 

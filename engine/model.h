@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "family.h"
 #include "kv_calibration.h"
+#include "kv_scales.h"
 #include "model_config.h"
 #include "raster.h"
 #include "tokenizer.h"
@@ -32,6 +33,7 @@ typedef struct model {
     char **class_names;        /* scale, when condition.class_names is given: num_classes names */
     int bos_id, pad_id, image_start_id;
     kv_calibration_t calib; /* KV_CALIBRATION_FILE when the directory has one */
+    kv_scales_t kv_scales;  /* KV_SCALES_FILE when it has one: fp8 caches take its scales */
     size_t weight_bytes;    /* as stored in the files */
     dtype_t weight_dtype;   /* the float type most of them are stored in */
     /* Host scratch of the step path (gen_step and what it calls): grown to
@@ -45,8 +47,8 @@ typedef struct model {
 } model_t;
 
 /* Loads dir/arserve.json, its tokenizer and weights, and its KV
- * calibration when there is one (which must fit the model). Errors name the
- * file. */
+ * calibration and fp8 KV scales when there are (which must fit the model).
+ * Errors name the file. */
 int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err);
 /* model_load with flags: MODEL_LOAD_UNCHECKED skips the check that every
  * weight is finite (a pass over all of them; model_load makes it). */

@@ -289,7 +289,7 @@ double var_key_similarity(backend_t *be, const kv_blocks_t *pool, const kv_view_
         const kv_view_t *kh = &heads[h];
         if (kh->len < rp)
             return NAN;
-        be->kv_read_keys(be, prev + (size_t)h * rp * D, pool, kh, kh->len - rp, rp);
+        be->kv_read_rows(be, prev + (size_t)h * rp * D, pool, kh, kh->len - rp, rp, 0);
         be->transpose(be, prev_cm + (size_t)h * D * rp, prev + (size_t)h * rp * D, rp, D);
     }
     be->resize_bicubic(be, up, prev_cm, C, sp, sp, sc, sc);

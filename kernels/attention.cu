@@ -359,23 +359,24 @@ cudaError_t kern_attention_scale(float *out, const float *q, const float *k_new,
     return cudaGetLastError();
 }
 
-/* ---- reading keys --------------------------------------------------------------- */
+/* ---- reading rows --------------------------------------------------------------- */
 
-/* One block per key: cache index j0 + i's K row, widened, to out row i. */
-__global__ void kv_read_keys_kernel(float *out, kern_kv_pool_t p, const int *table, int j0,
-                                    float k_scale) {
+/* One block per token: cache index j0 + i's K row (V row with values),
+ * widened, to out row i. */
+__global__ void kv_read_rows_kernel(float *out, kern_kv_pool_t p, const int *table, int j0,
+                                    int values, float scale) {
     const int i = blockIdx.x;
-    const char *kr = k_row(p, table, j0 + i);
+    const char *r = k_row(p, table, j0 + i) + (values ? v_offset(p) : 0);
     for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x)
-        out[(size_t)i * p.head_dim + d] = ld_kv(kr, p.dtype, d, k_scale);
+        out[(size_t)i * p.head_dim + d] = ld_kv(r, p.dtype, d, scale);
 }
 
-cudaError_t kern_kv_read_keys(float *out, kern_kv_pool_t pool, const int *table, int j0, int n,
-                              float k_scale, cudaStream_t stream) {
+cudaError_t kern_kv_read_rows(float *out, kern_kv_pool_t pool, const int *table, int j0, int n,
+                              int values, float scale, cudaStream_t stream) {
     if (n <= 0 || pool.head_dim <= 0)
         return cudaSuccess;
-    AR_LAUNCH(kv_read_keys_kernel, n, block_for((size_t)pool.head_dim), 0, stream, out, pool, table,
-              j0, k_scale);
+    AR_LAUNCH(kv_read_rows_kernel, n, block_for((size_t)pool.head_dim), 0, stream, out, pool, table,
+              j0, values, scale);
     return cudaGetLastError();
 }
 

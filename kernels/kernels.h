@@ -204,10 +204,11 @@ cudaError_t kern_attention_scale(float *out, const float *q, const float *k_new,
                                  int rows, int max_keys, const int *tables, int n_heads,
                                  float scale, int any_mass, float *scratch, cudaStream_t stream);
 
-/* The K rows of cache indices [j0, j0 + n) of one head (table: device),
- * widened to fp32 (fp8 times k_scale), into out (n rows of head_dim). */
-cudaError_t kern_kv_read_keys(float *out, kern_kv_pool_t pool, const int *table, int j0, int n,
-                              float k_scale, cudaStream_t stream);
+/* The K rows (values 0) or V rows (values 1) of cache indices [j0, j0 + n)
+ * of one head (table: device), widened to fp32 (fp8 times scale), into out
+ * (n rows of head_dim). */
+cudaError_t kern_kv_read_rows(float *out, kern_kv_pool_t pool, const int *table, int j0, int n,
+                              int values, float scale, cudaStream_t stream);
 
 /* Compaction of cache indices [i0, i0 + n) of one head in place: index i
  * takes the K and V rows, as stored (and mass[i], when mass is not NULL) of

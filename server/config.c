@@ -96,7 +96,8 @@ static const setting_t SETTINGS[] = {
     INT_SETTING(kv_pool_mb, 1, 1048576, 1024, "MIB", "KV cache pool size in MiB"),
     ENUM_SETTING(kv_dtype, "auto", planner_kv_dtype_settings, "TYPE",
                  "Type the KV cache stores K and V in (attention computes in f32): auto, the "
-                 "weights' type (bf16 for real checkpoints, f32 for f32 weights); fp8 is e4m3 "
+                 "weights' type (bf16 for real checkpoints, f32 for f32 weights); fp8 is e4m3, "
+                 "scaled per layer and head by the model's kv_scales.json when it has one "
                  "(docs/kv-cache.md)"),
     ENUM_SETTING(kv_policy, "full", kv_policy_names, "NAME",
                  "KV cache policy of requests without 'kv_policy' (docs/kv-policies.md)"),

@@ -166,6 +166,11 @@ static void log_capacity(const daemon_t *d, const server_config_t *cfg) {
             d->be->name, engine_threads(cfg), cfg->draw_threads, capacity / 1048576.0,
             planner_kv_dtype_name(sched_kv_dtype(d->sched)), sched_kv_block_tokens(d->sched),
             per_policy);
+    if (sched_kv_dtype(d->sched) == DTYPE_F8_E4M3)
+        log_msg(LOG_INFO, "fp8 K and V scales: %s",
+                d->model.kv_scales.k_amax ? "per layer and head, from the model's " KV_SCALES_FILE
+                                          : "1 (the model has no " KV_SCALES_FILE
+                                            "; `arserve calibrate --kv-scales` measures them)");
 }
 
 static void register_info_metrics(daemon_t *d, const char *version, kv_policy_kind_t policy) {

@@ -1242,21 +1242,24 @@ static void test_kv_append_rounds_at_every_edge(void) {
     check_status_clean(what);
 }
 
-/* kv_read_keys of a random run of a scattered cache, widened on both
- * backends: the same floats exactly; for fp32 the pool's own values. */
-static void check_kv_read_keys(int bt, int hd, int len, int j0, int n) {
+/* kv_read_rows of a random run of a scattered cache, K or V rows, widened
+ * on both backends: the same floats exactly; for fp32 the pool's own
+ * values. */
+static void check_kv_read_rows(int bt, int hd, int len, int j0, int n, int values) {
     const int nb = (len + bt - 1) / bt;
     kv_case_t c = kv_case_new(bt, hd, nb + 2);
     const kv_view_t view = kv_view_at(c.perm, len);
     pair_t out = pair_new(NULL, (size_t)n * hd);
-    cpu->kv_read_keys(cpu, out.ref, &c.ref_pool, &view, j0, n);
-    dut->kv_read_keys(dut, out.dut, &c.dut_pool, &view, j0, n);
+    cpu->kv_read_rows(cpu, out.ref, &c.ref_pool, &view, j0, n, values);
+    dut->kv_read_rows(dut, out.dut, &c.dut_pool, &view, j0, n, values);
     char what[128];
-    snprintf(what, sizeof what, "kv_read_keys %s bt=%d hd=%d len=%d [%d, %d)", dtype_name(kv_type),
-             bt, hd, len, j0, j0 + n);
+    snprintf(what, sizeof what, "kv_read_rows %s %c bt=%d hd=%d len=%d [%d, %d)",
+             dtype_name(kv_type), values ? 'V' : 'K', bt, hd, len, j0, j0 + n);
     compare(what, out, 0, 0, NULL, 0);
-    /* Key j0 + i against the raw pool, widened here. */
+    /* Row j0 + i against the raw pool, widened here: a block is bt K rows,
+     * then bt V rows. */
     const size_t esz = dtype_size(kv_type), row = (size_t)hd * esz;
+    const float scale = kv_type == DTYPE_F8_E4M3 ? (values ? KV_V_SCALE : KV_K_SCALE) : 1.0f;
     unsigned char *raw = malloc(c.blocks.n * sizeof(float));
     float *got = malloc((size_t)n * hd * sizeof *got), *want = malloc((size_t)hd * sizeof *want);
     cpu->download(cpu, raw, c.blocks.ref, c.blocks.n * sizeof(float));
@@ -1264,23 +1267,25 @@ static void check_kv_read_keys(int bt, int hd, int len, int j0, int n) {
     int bad = 0;
     for (int i = 0; i < n; i++) {
         const int j = j0 + i;
-        const size_t at = ((size_t)c.perm[j / bt] * 2 * bt + (size_t)(j % bt)) * row;
+        const size_t at =
+            ((size_t)c.perm[j / bt] * 2 * bt + (size_t)(values ? bt : 0) + (size_t)(j % bt)) * row;
         dtype_to_f32(want, raw + at, kv_type, (size_t)hd);
         for (int d = 0; d < hd; d++)
-            bad +=
-                got[(size_t)i * hd + d] != want[d] * (kv_type == DTYPE_F8_E4M3 ? KV_K_SCALE : 1.0f);
+            bad += got[(size_t)i * hd + d] != want[d] * scale;
     }
-    CHECK_MSG(bad == 0, "%s: %d values differ from the pool's K rows", what, bad);
+    CHECK_MSG(bad == 0, "%s: %d values differ from the pool's rows", what, bad);
     free(raw), free(got), free(want);
     pair_del(out);
     kv_case_del(&c);
 }
 
-static void test_kv_read_keys(void) {
-    check_kv_read_keys(1, 8, 5, 0, 5);
-    check_kv_read_keys(3, 20, 31, 7, 17);
-    check_kv_read_keys(16, 64, 70, 40, 30);
-    check_status_clean("kv_read_keys");
+static void test_kv_read_rows(void) {
+    for (int values = 0; values <= 1; values++) {
+        check_kv_read_rows(1, 8, 5, 0, 5, values);
+        check_kv_read_rows(3, 20, 31, 7, 17, values);
+        check_kv_read_rows(16, 64, 70, 40, 30, values);
+    }
+    check_status_clean("kv_read_rows");
 }
 
 int main(void) {
@@ -1319,7 +1324,7 @@ int main(void) {
         TEST_RUN(test_kv_append_and_attention);
         TEST_RUN(test_attention_scale);
         TEST_RUN(test_kv_gather);
-        TEST_RUN(test_kv_read_keys);
+        TEST_RUN(test_kv_read_rows);
         TEST_RUN(test_kv_append_rounds_at_every_edge);
     }
     dut->destroy(dut);

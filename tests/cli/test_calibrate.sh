@@ -73,5 +73,58 @@ PY
 [ $? -eq 1 ] && grep -q "kv_calibration.json (move it away" "$tmp/err" && grep -q "arserve calibrate" "$tmp/err" \
     && ok "a calibration of another shape is refused at load, naming the file" || fail "stale calibration" "$(cat "$tmp/err")"
 
+# --kv-scales: each layer and head's largest |K| and |V| for fp8 caches, on
+# a text-prompted model (and a class-conditional one).
+cp -r "$raster_model" "$tmp/r"
+rm -f "$tmp/r/kv_scales.json"
+printf 'a red cat sits under a blue sky\n# skipped\n\nthe small dog runs\n' >"$tmp/text.txt"
+if "$bin" calibrate --model "$tmp/r" --prompts "$tmp/text.txt" --kv-scales >"$tmp/out" 2>"$tmp/err"; then
+    if grep -q "wrote $tmp/r/kv_scales.json: fp8 KV scales of .* from 2 generations" "$tmp/out" &&
+       grep -q '2/2 generations' "$tmp/err" &&
+       python3 - "$tmp/r/kv_scales.json" "$tmp/r/arserve.json" <<'PY'
+import json, sys
+d, c = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))["llm"]
+T = c["num_layers"] * c.get("num_kv_heads", c["num_heads"])
+assert d["format"] == "arserve-kv-scales" and d["prompts"] == 2
+assert d["n_layers"] * d["n_heads"] == T, (d["n_layers"], d["n_heads"], T)
+for key in ("k_amax", "v_amax"):
+    assert len(d[key]) == T and all(0 < x < 1e4 for x in d[key]), d[key]
+PY
+    then ok "calibrate --kv-scales: one positive |K| and |V| per layer and head, a progress bar"
+    else fail "calibrate --kv-scales output" "$(cat "$tmp/out" "$tmp/err")"; fi
+else fail "calibrate --kv-scales on a raster model" "$(cat "$tmp/err")"; fi
+# fp8 caches take the scales; other types ignore them.
+gen() { "$bin" generate --model "$1" --prompt "a red cat sits under a blue sky" --seed 3 \
+            --threads 1 --kv-dtype "$2" -o "$3" >/dev/null 2>"$tmp/err"; }
+if gen "$tmp/r" fp8 "$tmp/scaled.png" && gen "$raster_model" fp8 "$tmp/unscaled.png" &&
+   gen "$tmp/r" f32 "$tmp/f32a.png" && gen "$raster_model" f32 "$tmp/f32b.png"; then
+    ! cmp -s "$tmp/scaled.png" "$tmp/unscaled.png" && cmp -s "$tmp/f32a.png" "$tmp/f32b.png" \
+        && ok "generate --kv-dtype fp8 draws with the measured scales; f32 ignores them" \
+        || fail "kv scales in generate" "fp8 same: $(cmp -s "$tmp/scaled.png" "$tmp/unscaled.png" && echo yes)"
+else fail "generate with kv_scales.json" "$(cat "$tmp/err")"; fi
+rm -f "$tmp/m/kv_calibration.json" # the stale one above
+printf '0\n' >"$tmp/one.txt"
+"$bin" calibrate --model "$tmp/m" --prompts "$tmp/one.txt" --kv-scales --out "$tmp/var_scales.json" >"$tmp/out" 2>"$tmp/err" &&
+    grep -q "wrote $tmp/var_scales.json: .* 1 generations" "$tmp/out" \
+    && ok "calibrate --kv-scales on a class-conditional model, --out" || fail "var --kv-scales" "$(cat "$tmp/err")"
+printf 'no such class\n' >"$tmp/bad.txt"
+"$bin" calibrate --model "$tmp/m" --prompts "$tmp/bad.txt" --kv-scales >/dev/null 2>"$tmp/err"
+[ $? -eq 1 ] && grep -q "prompt 1: 'no such class' is neither a class name" "$tmp/err" \
+    && ok "--kv-scales: an unknown class names the prompt" || fail "--kv-scales bad class" "$(cat "$tmp/err")"
+# Damaged or foreign scale files stop the model's load, naming the file and field.
+cp "$tmp/r/kv_scales.json" "$tmp/good.json"
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d['v_amax'][1]=-1; json.dump(d,open(sys.argv[1],'w'))" "$tmp/r/kv_scales.json"
+gen "$tmp/r" fp8 "$tmp/x.png"
+grep -q "$tmp/r/kv_scales.json: v_amax\[1\] must be a finite number >= 0" "$tmp/err" \
+    && ok "a negative amax is refused at load, naming the file and the entry" || fail "negative amax" "$(cat "$tmp/err")"
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d['n_layers']+=1; n=d['n_layers']*d['n_heads']; d['k_amax']=d['v_amax']=[1.0]*n; json.dump(d,open(sys.argv[1],'w'))" "$tmp/r/kv_scales.json"
+gen "$tmp/r" fp8 "$tmp/x.png"
+grep -q "$tmp/r/kv_scales.json: measured on .* layers .* calibrate --kv-scales again" "$tmp/err" \
+    && ok "scales of another shape are refused at load, saying how to remake them" || fail "scales shape" "$(cat "$tmp/err")"
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('k_amax'); json.dump(d,open(sys.argv[1],'w'))" "$tmp/r/kv_scales.json"
+gen "$tmp/r" fp8 "$tmp/x.png"
+grep -q "$tmp/r/kv_scales.json: \"k_amax\" is missing" "$tmp/err" \
+    && ok "a missing k_amax is named" || fail "missing k_amax" "$(cat "$tmp/err")"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import HTTP_TIMEOUT, b64_png_size, png_size
+from conftest import HTTP_TIMEOUT, TINY_MODEL, b64_png_size, png_size
 
 GEN = "/v1/images/generations"
 
@@ -240,3 +240,33 @@ def test_kv_dtype_sets_what_the_pool_stores_and_images_still_come(start_daemon, 
     assert f"of {stored} K and V" in log, log
     n32, ratio = full_images(ref.stderr()), 4 // per_token
     assert n32 * ratio <= full_images(log) < (n32 + 1) * ratio, (n32, log)
+    # The tiny model has no measured fp8 scales: the log says the cache scales by 1.
+    assert ("fp8 K and V scales: 1 (the model has no kv_scales.json" in log) == (stored == "fp8"), log
+
+
+def test_fp8_daemon_takes_the_models_kv_scales(start_daemon, tmp_path):
+    """A model directory with kv_scales.json (arserve calibrate --kv-scales):
+    an fp8 daemon says it scales per layer and head, and draws a different
+    image from the same seed than with scales of 1 (the scales reach the
+    cache)."""
+    import json
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(TINY_MODEL, model)
+    llm = json.loads((model / "arserve.json").read_text())["llm"]
+    heads = llm["num_layers"] * llm.get("num_kv_heads", llm["num_heads"])
+    (model / "kv_scales.json").write_text(json.dumps({
+        "format": "arserve-kv-scales", "version": 1, "n_layers": llm["num_layers"],
+        "n_heads": heads // llm["num_layers"], "prompts": 1,
+        "k_amax": [0.05 * (i + 1) for i in range(heads)], "v_amax": [0.04] * heads}))
+    body = {"prompt": "a red circle", "response_format": "b64_json", "seed": 4}
+    images = []
+    for m in (model, TINY_MODEL):
+        d = start_daemon(model=str(m), args=("--threads", "1", "--kv-dtype", "fp8"))
+        r = d.client.post(GEN, json=body)
+        assert r.status_code == 200, r.text
+        images.append(r.json()["data"][0]["b64_json"])
+        scaled = "fp8 K and V scales: per layer and head, from the model's kv_scales.json"
+        assert (scaled in d.stderr()) == (m == model), d.stderr()
+    assert images[0] != images[1]
