@@ -15,6 +15,9 @@ import pytest
 
 from conftest import clean_env, repo_path
 
+# Sanitizer passes skip these: the daemon routes they drive are covered without them.
+pytestmark = pytest.mark.clients
+
 GEN = "/v1/images/generations"
 LOCUSTFILE = repo_path("deploy/loadtest/locustfile.py")
 WRK_SCRIPT = repo_path("deploy/loadtest/arserve.lua")

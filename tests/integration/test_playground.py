@@ -24,6 +24,9 @@ from PIL import Image
 
 from conftest import SLOW_MODEL, TINY_MODEL, png_size, repo_path, scaled
 
+# Sanitizer passes skip these: the daemon routes they drive are covered without them.
+pytestmark = pytest.mark.clients
+
 SHAPES_MODEL = repo_path("models/shapes")
 VAR_MODEL = repo_path(os.environ.get("ARSERVE_VAR_MODEL") or "models/shapes-var")
 CHROMIUM = "/usr/bin/chromium"
