@@ -492,7 +492,7 @@ $(LLAMAGEN_BENCH_MODEL)/arserve.json: bench/ref_llamagen.py tools/convert/llamag
 
 bench: tools-deps $(BUILD)/speed_bench $(BUILD)/arserve $(filter $(BUILD)/%,$(addsuffix /arserve.json,$(BENCH_MODELS)))
 	$(if $(LLAMAGEN_SRC),,@echo "bench: no LlamaGen rows: LLAMAGEN_SRC does not name a checkout of https://github.com/FoundationVision/LlamaGen")
-	.venv-tools/bin/python bench/speed_bench.py --bin $(BUILD)/speed_bench --arserve $(BUILD)/arserve \
+	LLAMAGEN_SRC=$(LLAMAGEN_SRC) .venv-tools/bin/python bench/speed_bench.py --bin $(BUILD)/speed_bench --arserve $(BUILD)/arserve \
 		$(foreach m,$(BENCH_MODELS),--model $(m)) --threads $(BENCH_THREADS) --batch $(BENCH_BATCH) \
 		--images $(BENCH_BATCH) --concurrency $(BENCH_CONCURRENCY) --json $(BUILD)/bench.json $(BENCH_ARGS)
 
