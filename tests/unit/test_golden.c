@@ -74,16 +74,7 @@ static int load(void) {
     /* ARSERVE_TEST_BACKEND=cuda (tests/gpu/run.sh) runs the same checks on
      * the CUDA backend of a CUDA=1 build. */
     const char *which = getenv("ARSERVE_TEST_BACKEND");
-    if (which && !strcmp(which, "cuda")) {
-#ifdef ARSERVE_CUDA
-        be = backend_cuda_create(0, 0, &err);
-#else
-        ar_errorf(&err, "ARSERVE_TEST_BACKEND=cuda: this test was built without CUDA=1");
-        be = NULL;
-#endif
-    } else {
-        be = backend_cpu_create(0, &err);
-    }
+    be = backend_open(which ? which : "cpu", 0, &err);
     if (!be || model_load(&model, golden_dir(), be, &err) != AR_OK) {
         fprintf(stderr, "cannot load the golden model: %s\n", err.msg);
         return -1;
