@@ -335,7 +335,9 @@ def sample_training_spec(rng):
     pairs = set()
     while len(pairs) < 3:
         pairs.add((_pick(rng, SHAPES), _pick(rng, COLOURS)))
-    objs = [{"shape": s, "colour": c} for s, c in sorted(pairs, key=lambda _: rng.random())]
+    # A set iterates in hash order, which differs between processes: sort first, so each
+    # pair draws its random key in the same order everywhere.
+    objs = [{"shape": s, "colour": c} for s, c in sorted(sorted(pairs), key=lambda _: rng.random())]
     return "three_objects", {"objects": objs, "total": 3}
 
 
