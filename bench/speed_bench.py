@@ -18,6 +18,11 @@ and of the compute roofline (their multiply-adds for the step's rows at the FMA 
 measured), and with --arserve the daemon on loopback at concurrency 1/4/16/... (`arserve bench
 --arrival concurrency`) beside the engine in-process at the same batch.
 
+A model directory with a reference.json has its own PyTorch reference instead of JanusLM:
+bench/ref_janus.py (transformers' Janus) or bench/ref_llamagen.py (LlamaGen's official
+classes, from the checkout $LLAMAGEN_SRC names), which also build those directories; the
+daemon is not timed on them.
+
 Needs torch (tools/requirements.txt; `make bench` uses .venv-tools).
 """
 
@@ -334,7 +339,7 @@ def main(argv=None):
                   row["model"][:12], row["threads"], row["rss_mib"]["arserve"], row["rss_mib"]["torch"],
                   row["rss_mib"]["torch"] / row["rss_mib"]["arserve"], row["step_weight_mib"],
                   row["read_gb_per_s"], row["fma_gflops"], row["vector_isa"]))
-    if a.arserve:
+    if any("daemon" in r for r in results):
         print()
         print("the daemon on loopback (arserve bench, a closed loop of C clients), images/s, and "
               "the ratio to the engine in-process (batch 1 for C=1, else batch %d):" % a.batch)
