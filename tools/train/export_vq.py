@@ -33,7 +33,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 import safetensors_write  # noqa: E402  (tools/safetensors_write.py)
-from vq_model import VQModel, to_model_input, to_u8  # noqa: E402
+from vq_model import VQModel, to_u8, tokenize_u8  # noqa: E402
 
 
 def expected_names(cfg):
@@ -109,11 +109,11 @@ def fragment_config(cfg, image_size=128):
 
 
 @torch.no_grad()
-def psnr_of(model, images, bs=32):
+def psnr_of(model, images, masks=None, bs=32):
     se = []
     for i in range(0, len(images), bs):
         u8 = images[i : i + bs]
-        rec = to_u8(model.decode_indices(model.tokenize(to_model_input(u8)))).numpy().astype(np.float64)
+        rec = to_u8(model.decode_indices(tokenize_u8(model, u8, masks))).numpy().astype(np.float64)
         se.extend(((rec - u8) ** 2).reshape(len(u8), -1).mean(1).tolist())
     return 10 * math.log10(255.0 ** 2 / float(np.mean(se)))
 
@@ -153,12 +153,12 @@ def main(argv=None):
 
         _, val = load_shards(a.val)
         val = val[: a.val_images]
-        p32 = psnr_of(model, val)
+        p32 = psnr_of(model, val, ck.get("codebook_masks"))
         sd = model.state_dict()
         for k, v in tensors.items():
             sd[k[3:]] = torch.from_numpy(v.astype(np.float32))
         model.load_state_dict(sd)
-        p16 = psnr_of(model, val)
+        p16 = psnr_of(model, val, ck.get("codebook_masks"))
         print("held-out PSNR on %d images: %.2f dB (checkpoint), %.2f dB (exported %s)" % (
             len(val), p32, p16, a.dtype))
 

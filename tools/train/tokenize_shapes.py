@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Turns a shapes dataset (npz shards from tools/shapes/dataset.py) into VQ token grids
-with the trained encoder, for language-model training.
+with the trained encoder (or the fixed code book a checkpoint trained with --codebook
+holds), for language-model training.
 
     OMP_NUM_THREADS=1 nice -n 10 python tools/train/tokenize_shapes.py \\
         --ckpt build/train/vq/ckpt.pt --data build/shapes/train --out build/shapes/train/tokens.npz
@@ -24,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from export_vq import load_model  # noqa: E402
-from vq_model import to_model_input, to_u8  # noqa: E402
+from vq_model import to_u8, tokenize_u8  # noqa: E402
 from tools.shapes.dataset import load_shards  # noqa: E402
 
 
@@ -44,7 +45,7 @@ def main(argv=None):
     t0 = time.time()
     with torch.no_grad():
         for i in range(0, len(images), a.batch):
-            toks[i : i + a.batch] = model.tokenize(to_model_input(images[i : i + a.batch])).numpy()
+            toks[i : i + a.batch] = tokenize_u8(model, images[i : i + a.batch], ck.get("codebook_masks")).numpy()
             if i // a.batch % 20 == 0:
                 print("%d / %d (%.0f s)" % (i, len(images), time.time() - t0), flush=True)
         n = min(64, len(images))

@@ -58,6 +58,11 @@ Which of run 4's changes matters most was not isolated.
 
 Logs: OUT/train.log (one line per --log-every steps, an EVAL line per --eval-every),
 OUT/psnr.csv (step, held-out PSNR of the pooled MSE, mean of per-image PSNR, codes used).
+
+With --codebook FILE (tools/shapes/codebook.py's output) there is no encoder and no
+quantiser to learn: each image's tokens are the code book's (white, or a palette colour over
+a coverage pattern), fixed, and only their embeddings (codebook_size = the code book's codes)
+and the decoder train, to draw what the codes mean.
 PSNR is measured as the engine produces pixels: trunc(clip((x + 1) / 2 * 255)) against the
 original uint8 image. Uses one CPU thread.
 """
@@ -77,9 +82,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
-from vq_model import VQModel, init_reference_channels, to_model_input, to_u8  # noqa: E402
+from vq_model import VQModel, init_reference_channels, to_model_input, to_u8, tokenize_u8  # noqa: E402
 from train_util import log, lr_at, save  # noqa: E402
 from tools.shapes.dataset import load_shards  # noqa: E402
+from tools.shapes import codebook as shapes_codebook  # noqa: E402
 
 DEFAULT_CFG = {
     "base_channels": 32,
@@ -111,14 +117,14 @@ def edge_loss(out, x):
 
 
 @torch.no_grad()
-def evaluate(model, val, bs=32):
-    """(PSNR of the pooled MSE, mean per-image PSNR, distinct codes used, code perplexity)."""
+def evaluate(model, val, bs=32, masks=None):
+    """(PSNR of the pooled MSE, mean per-image PSNR, distinct codes used, code perplexity);
+    with masks, the tokens are the fixed code book's."""
     model.eval()
     se, psnrs, counts = [], [], torch.zeros(model.cfg["codebook_size"])
     for i in range(0, len(val), bs):
         u8 = val[i : i + bs]
-        zn = model.encode(to_model_input(u8))
-        idx, _ = model.quantise(zn)
+        idx = tokenize_u8(model, u8, masks)
         counts += torch.bincount(idx.flatten(), minlength=len(counts)).float()
         rec = to_u8(model.decode_indices(idx)).numpy().astype(np.float64)
         mse = ((rec - u8.astype(np.float64)) ** 2).reshape(len(u8), -1).mean(1)
@@ -189,6 +195,9 @@ def main(argv=None):
     ap.add_argument("--no-reference-init", dest="reference_init", action="store_false",
                     help="skip vq_model.init_reference_channels")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--codebook", metavar="NPZ",
+                    help="fixed tokens from this code book (tools/shapes/codebook.py): only the "
+                         "code embeddings and the decoder train")
     a = ap.parse_args(argv)
 
     torch.set_num_threads(a.threads)
@@ -196,6 +205,11 @@ def main(argv=None):
     logf = os.path.join(a.out, "train.log")
     ckpt_path = os.path.join(a.out, "ckpt.pt")
     cfg = dict(DEFAULT_CFG, **(json.loads(a.config) if a.config else {}))
+    masks = None
+    if a.codebook:
+        with np.load(a.codebook) as z:
+            masks = z["masks"]
+        cfg["codebook_size"] = 1 + len(shapes_codebook.PALETTE) * len(masks)
 
     _, images = load_shards(a.train)
     _, val = load_shards(a.val)
@@ -203,6 +217,10 @@ def main(argv=None):
     model = VQModel(cfg)
     if a.reference_init:
         init_reference_channels(model.decoder)
+    if masks is not None:  # the embeddings learn by gradient; the encoder is unused
+        model.codebook.weight.requires_grad_(True)
+        model.encoder.requires_grad_(False)
+        model.quant_conv.requires_grad_(False)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
     step = 0
     used = torch.zeros(cfg["codebook_size"], dtype=torch.long)
@@ -227,7 +245,7 @@ def main(argv=None):
 
     def checkpoint():
         save(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                         "used": used, "config": cfg, "args": vars(a)})
+                         "used": used, "config": cfg, "args": vars(a), "codebook_masks": masks})
 
     t_last, n_last, acc = time.time(), 0, {}
     end = min(a.steps, a.stop_at) if a.stop_at else a.steps
@@ -236,14 +254,18 @@ def main(argv=None):
             g["lr"] = lr_at(step, a)
         u8 = batch_at(images, step, a)
         x = to_model_input(u8)
-        quantising = step >= a.ae_warmup
+        quantising = step >= a.ae_warmup and masks is None
         frozen = bool(a.freeze_codes_at) and step >= a.freeze_codes_at
         if frozen:
             for mod in (model.encoder, model.quant_conv):
                 mod.requires_grad_(False)
-        if step == a.ae_warmup:
+        if step == a.ae_warmup and masks is None:
             kmeans_init(model, images, a, logf)
-        out, idx, zn, qloss = model(x, beta=a.beta, quantise=quantising)
+        if masks is not None:
+            idx = tokenize_u8(model, u8, masks)
+            out, qloss = model.decode_indices(idx), x.new_zeros(())
+        else:
+            out, idx, zn, qloss = model(x, beta=a.beta, quantise=quantising)
         if a.fg_weight:
             # Pixels that are not background weigh 1 + fg_weight (normalised).
             w = 1.0 + a.fg_weight * (x < 0.99).any(1, keepdim=True).float()
@@ -287,10 +309,10 @@ def main(argv=None):
             t_last, n_last, acc = time.time(), 0, {}
         if step % a.ckpt_every == 0 or step == end:
             checkpoint()
-        if (step % a.eval_every == 0 and step > a.ae_warmup) or step == a.steps:
+        if (step % a.eval_every == 0 and (step > a.ae_warmup or masks is not None)) or step == a.steps:
             n = len(val) if step == a.steps else a.eval_images
             t0 = time.time()
-            p, pm, nu, ppl = evaluate(model, val[:n])
+            p, pm, nu, ppl = evaluate(model, val[:n], masks=masks)
             log(logf, "EVAL step %d val_psnr %.2f dB (mean per image %.2f) on %d held-out images; codes used %d, perplexity %.0f (%.0f s)" % (
                 step, p, pm, n, nu, ppl, time.time() - t0))
             with open(os.path.join(a.out, "psnr.csv"), "a") as f:

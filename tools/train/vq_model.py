@@ -17,9 +17,16 @@ straight-through gradient; codes follow the encoder outputs assigned to them by
 exponential moving average (k-means style) rather than by gradient.
 """
 
+import os
+import sys
+
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tools.shapes import codebook as shapes_codebook  # noqa: E402
 
 GN_GROUPS = 32
 GN_EPS = 1e-6
@@ -277,6 +284,15 @@ def init_reference_channels(decoder, value=8.0):
     else:
         blk.conv2.bias[odd] = value  # the skip adds the input, which is not constant
     return True
+
+
+def tokenize_u8(model, u8, masks=None):
+    """Token grids, long (b, h, w), of uint8 images (b, H, W, 3): with masks (a checkpoint
+    trained on tools/shapes/codebook.py's code book, its "codebook_masks") the code book's
+    fixed tokens, else the model's encoder and quantiser."""
+    if masks is not None:
+        return torch.from_numpy(np.stack([shapes_codebook.encode(im, masks) for im in u8])).long()
+    return model.tokenize(to_model_input(u8))
 
 
 def to_model_input(u8):
