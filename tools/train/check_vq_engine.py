@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 import make_tiny_model  # noqa: E402  (tools/make_tiny_model.py)
 import safetensors_write  # noqa: E402
 from export_vq import fragment_config, load_model, vq_tensors  # noqa: E402
-from vq_model import to_model_input, to_u8  # noqa: E402
+from vq_model import to_u8, tokenize_u8  # noqa: E402
 
 HARNESS = r"""
 #include <stdio.h>
@@ -110,7 +110,7 @@ def main(argv=None):
             sd[k[3:]] = torch.from_numpy(v.astype(np.float32))
         model.load_state_dict(sd)
         with torch.no_grad():
-            tokens = model.tokenize(to_model_input(val))
+            tokens = tokenize_u8(model, val, ck.get("codebook_masks"))
             ref = model.decode_indices(tokens)
         tokens.numpy().astype(np.int32).tofile(os.path.join(d, "tokens.bin"))
         src = os.path.join(d, "harness.c")
