@@ -109,17 +109,7 @@ def load_container(path: str):
                 return (o.float() if o.dtype == torch.bfloat16 else o).numpy()
             return o
         return conv(obj)
-    with zipfile.ZipFile(path) as zf:
-        names = zf.namelist()
-        pkls = [n for n in names if n.endswith("data.pkl") and n.count("/") == 1]
-        if len(pkls) != 1:
-            raise ConversionError(f"{path}: not a torch.save zip archive (no data.pkl)")
-        prefix = pkls[0][: -len("data.pkl")]
-        byteorder = "little"
-        if f"{prefix}byteorder" in names:
-            byteorder = zf.read(f"{prefix}byteorder").decode().strip()
-        with zf.open(pkls[0]) as f:
-            return _Unpickler(f, zf, prefix, path, byteorder).load()
+    return _var.read_zip(path, _Unpickler)
 
 
 def _is_state_dict(o) -> bool:

@@ -143,22 +143,28 @@ class _Unpickler(pickle.Unpickler):
         return self.loaded[key]
 
 
+def read_zip(path: str, unpickler=None):
+    """The object a zip-format torch.save wrote at path, tensors as numpy arrays, through
+    `unpickler` (a subclass of _Unpickler; _Unpickler itself by default)."""
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+        pkls = [n for n in names if n.endswith("data.pkl") and n.count("/") == 1]
+        if len(pkls) != 1:
+            raise ConversionError(f"{path}: not a torch.save zip archive (no data.pkl)")
+        prefix = pkls[0][: -len("data.pkl")]
+        byteorder = "little"
+        if f"{prefix}byteorder" in names:
+            byteorder = zf.read(f"{prefix}byteorder").decode().strip()
+        with zf.open(pkls[0]) as f:
+            return (unpickler or _Unpickler)(f, zf, prefix, path, byteorder).load()
+
+
 def load_checkpoint(path: str) -> dict[str, np.ndarray]:
     """A torch.save'd state dict as {name: numpy array} (bf16 becomes float32)."""
     if not os.path.isfile(path):
         raise ConversionError(f"{path}: no such file")
     if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
-            names = zf.namelist()
-            pkls = [n for n in names if n.endswith("data.pkl") and n.count("/") == 1]
-            if len(pkls) != 1:
-                raise ConversionError(f"{path}: not a torch.save zip archive (no data.pkl)")
-            prefix = pkls[0][: -len("data.pkl")]
-            byteorder = "little"
-            if f"{prefix}byteorder" in names:
-                byteorder = zf.read(f"{prefix}byteorder").decode().strip()
-            with zf.open(pkls[0]) as f:
-                obj = _Unpickler(f, zf, prefix, path, byteorder).load()
+        obj = read_zip(path)
     else:
         try:
             import torch  # legacy format only
