@@ -17,7 +17,6 @@
 #include "engine/backend.h"
 #include "engine/kv_calibrate.h"
 #include "engine/model.h"
-#include "engine/text.h"
 
 #define MAX_PROMPTS 4096
 
@@ -46,11 +45,7 @@ static int read_prompts(const model_t *m, const char *path, int *labels, int cap
         line[strcspn(line, "\r\n")] = 0;
         if (!line[0] || line[0] == '#')
             continue;
-        long long v;
-        int label = model_class_find(m, line);
-        if (label < 0 && text_parse_int(line, &v) == NUMBER_OK && v >= 0 &&
-            v < m->cfg.condition.num_classes)
-            label = (int)v;
+        const int label = model_class_parse(m, line);
         if (label < 0 || n == cap) {
             if (label < 0)
                 fprintf(stderr,
@@ -136,6 +131,34 @@ static int calibrate_kv_scales(model_t *m, const char *prompts, const char *out)
     return rc;
 }
 
+/* HeatKV's orderings of a next-scale model; the exit code. */
+static int calibrate_orderings(model_t *m, const char *prompts, int sinks, const char *out) {
+    int *labels = malloc(MAX_PROMPTS * sizeof *labels);
+    kv_calibration_t c = {0};
+    ar_error_t err = {{0}};
+    char path[PATH_MAX];
+    int rc = 1;
+    if (!labels) {
+        fprintf(stderr, "arserve calibrate: out of memory\n");
+        return 1;
+    }
+    const int n = read_prompts(m, prompts, labels, MAX_PROMPTS);
+    snprintf(path, sizeof path, "%s/%s", m->dir, KV_CALIBRATION_FILE);
+    if (n > 0) {
+        if (kv_calibrate(m, labels, n, sinks, progress, NULL, &c, &err) != AR_OK ||
+            kv_calibration_save(&c, out ? out : path, &err) != AR_OK)
+            fprintf(stderr, "\narserve calibrate: %s\n", err.msg);
+        else {
+            printf("wrote %s: %d layers x %d heads, %d scales, %d generations, %d sink scales\n",
+                   out ? out : path, c.n_layers, c.n_heads, c.n_scales, n, c.sink_scales);
+            rc = 0;
+        }
+    }
+    kv_calibration_free(&c);
+    free(labels);
+    return rc;
+}
+
 int cmd_calibrate(int argc, char **argv, char **envp) {
     const char *model_dir = NULL, *prompts = NULL, *out = NULL, *backend = "cpu";
     long long sinks = 3, threads = 0;
@@ -177,38 +200,14 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
         return 1;
     }
     model_t m;
-    int *labels = malloc(MAX_PROMPTS * sizeof *labels);
-    kv_calibration_t c = {0};
-    char path[PATH_MAX];
-    rc = 1;
-    if (!labels || model_load(&m, model_dir, be, &err) != AR_OK) {
-        fprintf(stderr, "arserve calibrate: %s\n", labels ? err.msg : "out of memory");
-        free(labels);
+    if (model_load(&m, model_dir, be, &err) != AR_OK) {
+        fprintf(stderr, "arserve calibrate: %s\n", err.msg);
         be->destroy(be);
         return 1;
     }
-    if (scales) {
-        rc = calibrate_kv_scales(&m, prompts, out);
-        model_free(&m);
-        free(labels);
-        be->destroy(be);
-        return rc;
-    }
-    const int n = read_prompts(&m, prompts, labels, MAX_PROMPTS);
-    snprintf(path, sizeof path, "%s/%s", model_dir, KV_CALIBRATION_FILE);
-    if (n > 0) {
-        if (kv_calibrate(&m, labels, n, (int)sinks, progress, NULL, &c, &err) != AR_OK ||
-            kv_calibration_save(&c, out ? out : path, &err) != AR_OK)
-            fprintf(stderr, "\narserve calibrate: %s\n", err.msg);
-        else {
-            printf("wrote %s: %d layers x %d heads, %d scales, %d generations, %d sink scales\n",
-                   out ? out : path, c.n_layers, c.n_heads, c.n_scales, n, c.sink_scales);
-            rc = 0;
-        }
-    }
-    kv_calibration_free(&c);
+    rc = scales ? calibrate_kv_scales(&m, prompts, out)
+                : calibrate_orderings(&m, prompts, (int)sinks, out);
     model_free(&m);
-    free(labels);
     be->destroy(be);
     (void)envp;
     return rc;

@@ -6,7 +6,6 @@
 
 #include "family.h"
 #include "generate.h"
-#include "text.h"
 
 static int by_value_desc(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -118,16 +117,15 @@ out:
 /* The condition rows of prompt p: text, or a class by name or number. */
 static int prompt_rows(const model_t *m, const char *p, int *cond, int *uncond, int *len,
                        ar_error_t *err) {
-    long long v;
-    if (model_is_class_conditional(m) && model_class_find(m, p) < 0) {
-        if (text_parse_int(p, &v) != NUMBER_OK || v < 0 || v >= m->cfg.condition.num_classes)
-            return ar_errorf(err,
-                             "'%s' is neither a class name of the model nor a class number "
-                             "from 0 to %d",
-                             p, m->cfg.condition.num_classes - 1);
-        return model_prompt_from_class(m, (int)v, cond, uncond, len, err);
-    }
-    return model_prompt_from_text(m, p, cond, uncond, len, err);
+    if (!model_is_class_conditional(m))
+        return model_prompt_from_text(m, p, cond, uncond, len, err);
+    const int label = model_class_parse(m, p);
+    if (label < 0)
+        return ar_errorf(err,
+                         "'%s' is neither a class name of the model nor a class number from 0 "
+                         "to %d",
+                         p, m->cfg.condition.num_classes - 1);
+    return model_prompt_from_class(m, label, cond, uncond, len, err);
 }
 
 int kv_scales_measure(model_t *m, const char *const *prompts, int n,

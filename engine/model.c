@@ -7,6 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "text.h"
+
 static int special_id(const model_t *m, const char *key, const char *token, int *out,
                       ar_error_t *err) {
     *out = tokenizer_token_id(m->tok, token);
@@ -178,6 +180,15 @@ int model_class_find(const model_t *m, const char *name) {
         if (m->class_names[i] && strcmp(m->class_names[i], name) == 0)
             return i;
     return -1;
+}
+
+int model_class_parse(const model_t *m, const char *s) {
+    long long v;
+    const int by_name = model_class_find(m, s);
+    if (by_name >= 0)
+        return by_name;
+    return text_parse_int(s, &v) == NUMBER_OK && v >= 0 && v < m->cfg.condition.num_classes ? (int)v
+                                                                                            : -1;
 }
 
 int model_prompt_from_class(const model_t *m, int label, int *cond, int *uncond, int *n,

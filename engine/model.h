@@ -69,6 +69,10 @@ int model_prompt_from_class(const model_t *m, int label, int *cond, int *uncond,
  * there is none or the model has no names. */
 int model_class_find(const model_t *m, const char *name);
 
+/* A class written as its name or its number: the class, or -1 when s is
+ * neither a class name nor a decimal number in [0, num_classes). */
+int model_class_parse(const model_t *m, const char *s);
+
 /* 1 when requests name a class (the scale family), 0 when they give a prompt. */
 int model_is_class_conditional(const model_t *m);
 
