@@ -482,12 +482,10 @@ BENCH_ARGS        ?=
 $(MID_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
 	$(VENV)/bin/python tools/make_tiny_model.py --preset mid --seed 1 --out $(MID_MODEL)
 
-$(JANUS_BENCH_MODEL)/arserve.json: bench/ref_janus.py tools/convert/janus.py tools/gen_golden.py
-	$(MAKE) tools-deps
+$(JANUS_BENCH_MODEL)/arserve.json: bench/ref_janus.py tools/convert/janus.py tools/gen_golden.py | tools-deps
 	.venv-tools/bin/python bench/ref_janus.py build $(JANUS_BENCH_MODEL)
 
-$(LLAMAGEN_BENCH_MODEL)/arserve.json: bench/ref_llamagen.py tools/convert/llamagen.py
-	$(MAKE) tools-deps
+$(LLAMAGEN_BENCH_MODEL)/arserve.json: bench/ref_llamagen.py tools/convert/llamagen.py | tools-deps
 	LLAMAGEN_SRC=$(LLAMAGEN_SRC) .venv-tools/bin/python bench/ref_llamagen.py build $(LLAMAGEN_BENCH_MODEL)
 
 bench: tools-deps $(BUILD)/speed_bench $(BUILD)/arserve $(filter $(BUILD)/%,$(addsuffix /arserve.json,$(BENCH_MODELS)))

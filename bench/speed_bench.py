@@ -116,12 +116,9 @@ def torch_worker(a):
     torch.set_num_interop_threads(1)
     ref = reference(a.model)
     cond, uncond = json.loads(a.cond), json.loads(a.uncond)
-    if ref:
-        lm, decode, cfg = reference_load(ref)(a.model, ref, a.threads)
-        s = cfg["sampling"]
-    else:
-        lm, decode, cfg = torch_models(a.model)
-        s = cfg["sampling"]
+    lm, decode, cfg = reference_load(ref)(a.model, ref, a.threads) if ref else torch_models(a.model)
+    s = cfg["sampling"]
+    if not ref:
         if s.get("top_k", 0) or s.get("top_p", 1.0) < 1.0:
             raise SystemExit("speed_bench.py: the torch side samples without top-k/top-p; "
                              "this model's arserve.json asks for them")
