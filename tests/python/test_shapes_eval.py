@@ -44,6 +44,16 @@ def test_prompt_set_is_the_committed_seeded_set(prompts):
         assert p["prompt"] == S.caption(p["spec"])
 
 
+def test_sweep_set_leaves_out_the_standard_captions_where_a_category_has_others(prompts):
+    standard = {p["prompt"] for p in prompts}
+    sweep = make_prompts.make(1, 16, standard)
+    assert len(sweep) == 96
+    shared = {c: sum(p["category"] == c and p["prompt"] in standard for p in sweep) for c in scorer.CATEGORIES}
+    # single_object (12 candidates) and colors (32) are wholly inside the standard 50 each.
+    assert shared == {c: (16 if c in ("single_object", "colors") else 0) for c in scorer.CATEGORIES}
+    assert len({p["prompt"] for p in sweep if p["category"] == "counting"}) == 16
+
+
 def test_scorer_accepts_ground_truth(prompts):
     rng = np.random.default_rng(7)
     results = []

@@ -63,18 +63,28 @@ def candidates(category):
     raise ValueError(category)
 
 
-def make(seed, per_category):
+def make(seed, per_category, exclude=()):
+    """per_category prompts of each category; captions in `exclude` are left out of a
+    category's candidates unless that would leave it none (single_object and colors have
+    fewer candidates than the standard set takes, so it holds them all)."""
     rng = np.random.default_rng(seed)
+    exclude = set(exclude)
+
+    def candidates_left(category):
+        cand = candidates(category)
+        kept = [s for s in cand if S.caption(s) not in exclude]
+        return kept or cand
+
     pools = {}
     for c in CATEGORIES:
         if c == "position":
-            absolute, relative = candidates("position_absolute"), candidates("position_relative")
+            absolute, relative = candidates_left("position_absolute"), candidates_left("position_relative")
             rng.shuffle(absolute)
             rng.shuffle(relative)
             # alternate: absolute, relative, absolute, ...
             pools[c] = [(absolute, relative)[i % 2][i // 2] for i in range(per_category)]
         else:
-            cand = candidates(c)
+            cand = candidates_left(c)
             rng.shuffle(cand)
             pools[c] = [cand[i % len(cand)] for i in range(per_category)]
     out = []
@@ -90,8 +100,15 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--per-category", type=int, default=50)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts.jsonl"))
+    ap.add_argument("--exclude", default=None,
+                    help="a prompts.jsonl whose captions to leave out where a category has others "
+                         "(a sweep set apart from the standard prompts)")
     a = ap.parse_args(argv)
-    prompts = make(a.seed, a.per_category)
+    exclude = []
+    if a.exclude:
+        with open(a.exclude) as f:
+            exclude = [json.loads(line)["prompt"] for line in f if line.strip()]
+    prompts = make(a.seed, a.per_category, exclude)
     with open(a.out, "w") as f:
         for p in prompts:
             f.write(json.dumps(p) + "\n")

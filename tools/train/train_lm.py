@@ -132,6 +132,8 @@ def main(argv=None):
     ap.add_argument("--stop-at", type=int, default=0,
                     help="stop after this step (its checkpoint is written); 0 = run to --steps")
     ap.add_argument("--llm", default=None, help="JSON overriding the llm config")
+    ap.add_argument("--codebook-size", type=int, default=DEFAULT_IMAGE["codebook_size"],
+                    help="image codes the generation head predicts (the VQ's codebook size)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
@@ -158,7 +160,11 @@ def main(argv=None):
     grids, captions = np.concatenate(grids), np.concatenate(captions)
     with np.load(a.val_tokens) as z:
         val_grids, val_captions = z["tokens"], z["captions"]
-    image_cfg = dict(DEFAULT_IMAGE, grid_height=grids.shape[1], grid_width=grids.shape[2])
+    image_cfg = dict(DEFAULT_IMAGE, grid_height=grids.shape[1], grid_width=grids.shape[2],
+                     codebook_size=a.codebook_size)
+    if max(int(grids.max()), int(val_grids.max())) >= a.codebook_size:
+        sys.exit("token grids hold code %d, outside --codebook-size %d" % (
+            max(int(grids.max()), int(val_grids.max())), a.codebook_size))
     cond, uncond = encode_prompts(tok_json, captions)
     val_cond, _ = encode_prompts(tok_json, val_captions)
 
