@@ -544,10 +544,17 @@ int main(void) {
     TEST_RUN(test_greedy_tokens_match);
     TEST_RUN(test_ragged_batch_matches);
     TEST_RUN(test_greedy_full_policy_through_pool_matches);
-    TEST_RUN(test_16_and_8_bit_kv_keep_the_reference);
-    TEST_RUN(test_fp8_scales_from_calibration_bring_the_logits_closer);
-    if (!getenv("ARSERVE_GOLDEN_DIR")) /* the bf16 goldens are the Janus tiny model's */
+    /* The 16- and 8-bit bounds were measured on the Janus tiny model's
+     * logits, and the bf16 goldens are its own: another model's golden
+     * directory (tools/train/check_lm_engine.py) is held to fp32 only. */
+    if (!getenv("ARSERVE_GOLDEN_DIR")) {
+        TEST_RUN(test_16_and_8_bit_kv_keep_the_reference);
+        TEST_RUN(test_fp8_scales_from_calibration_bring_the_logits_closer);
         TEST_RUN(test_bf16_weights_and_kv_follow_transformers_in_bf16);
+    } else {
+        printf("skipped: 16- and 8-bit KV and bf16 weights (their bounds are the tiny "
+               "model's; ARSERVE_GOLDEN_DIR is set)\n");
+    }
     TEST_RUN(test_decoded_pixels_match);
     TEST_RUN(test_out_of_range_token_is_an_error);
     kv_pool_free(&pool);

@@ -116,7 +116,7 @@ def main(argv=None):
     for name in os.listdir(a.model):
         shutil.copyfile(os.path.join(a.model, name), os.path.join(out, name))
     safetensors_write.write(os.path.join(out, "golden.safetensors"), golden,
-                            metadata={"cfg": repr(cfg_w), "prompt": a.prompt})
+                            metadata={"cfg_weight": repr(cfg_w), "prompt": a.prompt})
     print("torch: %d prompt tokens, %d distinct of %d greedy tokens, logits in [%.1f, %.1f]" % (
         len(cond), len(set(toks)), n, float(lc.min()), float(lc.max())), flush=True)
     # float32 rounding grows with the logits' size: 1e-5 of the largest, at least 1e-4.
