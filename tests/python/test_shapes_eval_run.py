@@ -28,8 +28,9 @@ from tools.shapes_eval import scorer  # noqa: E402
 # see docs/demo-model.md). The same model unconditioned (--cfg 0, the prompt ignored) scores
 # 0.000 and 0.250; its own checkpoint at a seventh of the training (step 1,000), 0.083 and
 # 0.938: it draws the right colours as the wrong shapes, which the colour floor alone would
-# pass. The accuracy floor sits about 2.9 standard deviations of a 24-prompt score below the
-# shipped model's, so another machine's sampling (other BLAS rounding) does not trip it.
+# pass. The accuracy floor sits about 2.9 standard deviations of a 24-prompt score (a binomial
+# estimate from the 300-prompt category accuracies) below the shipped model's, so another
+# machine's sampling (other BLAS rounding) does not trip it.
 ACCURACY_FLOOR = 0.25
 COLOUR_RECALL_FLOOR = 0.8
 N_PROMPTS = 24
