@@ -159,9 +159,9 @@ def main(argv=None):
         val_grids, val_captions = z["tokens"], z["captions"]
     image_cfg = dict(DEFAULT_IMAGE, grid_height=grids.shape[1], grid_width=grids.shape[2],
                      codebook_size=a.codebook_size)
-    if max(int(grids.max()), int(val_grids.max())) >= a.codebook_size:
-        sys.exit("token grids hold code %d, outside --codebook-size %d" % (
-            max(int(grids.max()), int(val_grids.max())), a.codebook_size))
+    top_code = max(int(grids.max()), int(val_grids.max()))
+    if top_code >= a.codebook_size:
+        sys.exit("token grids hold code %d, outside --codebook-size %d" % (top_code, a.codebook_size))
     cond, uncond = encode_prompts(tok_json, captions)
     val_cond, _ = encode_prompts(tok_json, val_captions)
 
