@@ -3,6 +3,9 @@
 
 #include <cpuid.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* F16C (fp16 conversions), which every AVX2 processor has; asked of cpuid,
  * as clang's __builtin_cpu_supports does not know the name. */
@@ -28,10 +31,26 @@ int vec_isa_supported(vec_isa_t isa) {
 static vec_isa_t chosen = VEC_N_ISA;
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 
+/* The best this machine runs, or the one ARSERVE_ISA names (the whole test
+ * suite on the AVX2 kernels of an AVX-512 machine: ARSERVE_ISA=avx2); a name
+ * this machine cannot run is said on stderr and the best is used. */
 static void choose_best(void) {
     int isa = 0;
     while (!vec_isa_supported((vec_isa_t)isa))
         isa++;
+    const char *asked = getenv(VEC_ISA_ENV);
+    if (asked && *asked) {
+        int i = 0;
+        while (i < VEC_N_ISA && strcmp(asked, vec_isa_name((vec_isa_t)i)))
+            i++;
+        if (i < VEC_N_ISA && vec_isa_supported((vec_isa_t)i))
+            isa = i;
+        else
+            fprintf(stderr,
+                    "arserve: %s=%s: not one of avx512, avx2, portable that this machine runs; "
+                    "using %s\n",
+                    VEC_ISA_ENV, asked, vec_isa_name((vec_isa_t)isa));
+    }
     __atomic_store_n(&chosen, (vec_isa_t)isa, __ATOMIC_RELEASE);
 }
 

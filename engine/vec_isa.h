@@ -7,6 +7,10 @@
 /* Best first. */
 typedef enum vec_isa { VEC_AVX512, VEC_AVX2, VEC_PORTABLE, VEC_N_ISA } vec_isa_t;
 
+/* The environment variable that chooses the kernels' instruction set for a
+ * whole process (a name of vec_isa_name's), instead of the best one. */
+#define VEC_ISA_ENV "ARSERVE_ISA"
+
 /* The one the kernels run now. */
 vec_isa_t vec_isa(void);
 /* "avx512", "avx2", "portable" ("?" out of range). */

@@ -15,6 +15,7 @@
 #include "engine/json_strict.h"
 #include "engine/planner.h"
 #include "engine/text.h"
+#include "engine/vec_isa.h"
 
 typedef enum setting_kind { KIND_INT, KIND_REAL, KIND_STRING, KIND_ENUM } setting_kind_t;
 
@@ -145,11 +146,19 @@ static const setting_t SETTINGS[] = {
 
 /* ARSERVE_* variables that are not settings: read by tests and tools, so the
  * daemon must not reject an environment that carries them. */
-static const char *const ENV_NOT_SETTINGS[] = {
-    "ARSERVE_TINY_MODEL",          "ARSERVE_SLOW_MODEL",  "ARSERVE_VAR_MODEL",
-    "ARSERVE_VAR_TINY_MODEL",      "ARSERVE_GOLDEN_DIR",  "ARSERVE_BIN",
-    "ARSERVE_LEAKY_BIN",           "ARSERVE_TIME_FACTOR", "ARSERVE_SLOWLORIS_LIMIT",
-    "ARSERVE_SLOWLORIS_ATTACKERS", "ARSERVE_SCREENSHOT",  NULL};
+static const char *const ENV_NOT_SETTINGS[] = {"ARSERVE_TINY_MODEL",
+                                               "ARSERVE_SLOW_MODEL",
+                                               "ARSERVE_VAR_MODEL",
+                                               "ARSERVE_VAR_TINY_MODEL",
+                                               "ARSERVE_GOLDEN_DIR",
+                                               "ARSERVE_BIN",
+                                               "ARSERVE_LEAKY_BIN",
+                                               "ARSERVE_TEST_SPEED",
+                                               "ARSERVE_SLOWLORIS_LIMIT",
+                                               "ARSERVE_SLOWLORIS_ATTACKERS",
+                                               "ARSERVE_SCREENSHOT",
+                                               VEC_ISA_ENV,
+                                               NULL};
 
 #define ENV_PREFIX "ARSERVE_"
 #define ENV_CONFIG "ARSERVE_CONFIG"

@@ -19,6 +19,7 @@
 #include "engine/kv_policy.h"
 #include "engine/model.h"
 #include "engine/planner.h"
+#include "engine/vec_isa.h"
 #include "server/http.h"
 #include "server/log.h"
 #include "server/metrics.h"
@@ -161,11 +162,11 @@ static void log_capacity(const daemon_t *d, const server_config_t *cfg) {
                      p.budget);
     }
     log_msg(LOG_INFO,
-            "backend %s (%d engine CPU threads, %d drawing); KV pool %.1f MiB of %s K and V in "
-            "blocks of %d tokens: %s",
-            d->be->name, engine_threads(cfg), cfg->draw_threads, capacity / 1048576.0,
-            planner_kv_dtype_name(sched_kv_dtype(d->sched)), sched_kv_block_tokens(d->sched),
-            per_policy);
+            "backend %s (%s CPU kernels, %d engine CPU threads, %d drawing); KV pool %.1f MiB of "
+            "%s K and V in blocks of %d tokens: %s",
+            d->be->name, vec_isa_name(vec_isa()), engine_threads(cfg), cfg->draw_threads,
+            capacity / 1048576.0, planner_kv_dtype_name(sched_kv_dtype(d->sched)),
+            sched_kv_block_tokens(d->sched), per_policy);
     if (sched_kv_dtype(d->sched) == DTYPE_F8_E4M3)
         log_msg(LOG_INFO, "fp8 K and V scales: %s",
                 d->model.kv_scales.k_amax ? "per layer and head, from the model's " KV_SCALES_FILE

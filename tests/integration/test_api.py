@@ -216,10 +216,23 @@ def test_request_after_client_error_still_served(tiny_daemon):
 def test_startup_log_names_model_backend_and_pool(tiny_daemon, tiny_info):
     log = tiny_daemon.stderr()
     assert tiny_info["model"] in log
-    assert "backend cpu" in log
+    assert re.search(r"backend cpu \((avx512|avx2|portable) CPU kernels, ", log), log
     # "KV pool 1024.0 MiB of f32 K and V in blocks of 1 tokens: full N images, ..."
     assert re.search(r"KV pool [0-9.]+ MiB of f32 K and V in blocks of [0-9]+ tokens: "
                      r"full [0-9]+ images", log), log
+
+
+def test_arserve_isa_chooses_the_cpu_kernels(start_daemon):
+    """ARSERVE_ISA runs a whole process on the kernels it names (so a suite can run
+    the AVX2 ones on an AVX-512 machine); a name the machine cannot run is said,
+    and the best kernels are used. Every x86-64 machine that runs arserve's
+    AVX2 or AVX-512 kernels runs the portable ones."""
+    d = start_daemon(env={"ARSERVE_ISA": "portable"})
+    assert "backend cpu (portable CPU kernels, " in d.stderr(), d.stderr()
+    assert d.client.post(GEN, json={"prompt": "a red circle"}).status_code == 200
+    d = start_daemon(env={"ARSERVE_ISA": "sse9"})
+    assert "ARSERVE_ISA=sse9: not one of avx512, avx2, portable that this machine runs; " \
+        "using " in d.stderr(), d.stderr()
 
 
 @pytest.mark.parametrize("kv_dtype, stored, per_token", [
