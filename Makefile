@@ -123,6 +123,9 @@ UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TINY_MODEL := $(BUILD)/tiny-model
 SLOW_MODEL := $(BUILD)/slow-model
+# The sanitizer passes' slow model: the same grid, a few seconds an image
+# under ThreadSanitizer where the slow model takes more than a minute.
+SANITIZER_SLOW_MODEL := $(BUILD)/slow-sanitizer-model
 VAR_TINY_MODEL := $(BUILD)/var-tiny-model
 # The next-scale model the daemon's integration tests serve: the shipped
 # multiscale demo model.
@@ -278,19 +281,15 @@ $(VAR_TINY_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write
 $(SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
 	$(VENV)/bin/python tools/make_tiny_model.py --preset slow --seed 1 --out $(SLOW_MODEL)
 
-test: deps
-	$(MAKE) format-check
-	$(MAKE) all
-	$(MAKE) test-unit
-	$(MAKE) test-cli
-	$(MAKE) test-integration
-	$(MAKE) test-integration-tsan
-	$(MAKE) test-python
-	$(MAKE) test-backend
-	$(MAKE) test-cuda-build
-	$(MAKE) test-dockerfile
-	$(MAKE) test-sanitizers
-	$(MAKE) test-fuzz
+$(SANITIZER_SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
+	$(VENV)/bin/python tools/make_tiny_model.py --preset slow-sanitizer --seed 1 --out $(SANITIZER_SLOW_MODEL)
+
+# Every suite, one stage after another (tests/run_stages.sh stops at the
+# first that fails and ends with each stage's seconds).
+TEST_STAGES := deps format-check all test-unit test-cli test-integration test-integration-tsan \
+               test-python test-backend test-cuda-build test-dockerfile test-sanitizers test-fuzz
+test:
+	@tests/run_stages.sh "$(MAKE)" $(TEST_STAGES)
 
 # The CUDA emulator's own tests, then every op of the CUDA backend (under
 # the emulator) against the CPU backend.
@@ -365,8 +364,8 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/
 # Python tools' tests (numpy, Pillow; no torch): the shapes renderer, the
 # ShapesEval scorer and runner, and the shipped model (models/shapes) drawing
 # its expected PNG and passing a small ShapesEval with build/arserve.
-test-python: $(BUILD)/arserve $(VENV)/.stamp
-	ARSERVE_BIN=$(BUILD)/arserve $(VENV)/bin/python -m pytest -q -rP tests/python
+test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
+	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_SLOW_MODEL=$(SLOW_MODEL) $(VENV)/bin/python -m pytest -q -rP tests/python
 
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
 # the OpenAI client, bad requests, batching, 429s, disconnects, drains,
@@ -392,30 +391,30 @@ playground-screenshot: all deps
 # `make run` builds and serves the ordinary binary, which the pass above
 # has already tested. The nginx test is left out: it adds a proxy, not a code
 # path the other drain tests miss, and costs a minute and a half under TSAN.
-# The soak tests are left out of both sanitizer passes: their RSS means
-# nothing under a sanitizer's allocator, and the plain pass runs them.
-# ARSERVE_TIME_FACTOR stretches the suites' time bounds for the slower
-# builds instead of skipping tests.
 TSAN_BUILD := $(BUILD)-tsan
 # The integration suite under a sanitizer: without the soak tests (RSS under a
 # sanitizer means nothing) and the external clients (locust, wrk, Chromium:
 # the routes they drive are covered by the rest, and they cost a minute).
-SANITIZED_SUITE = $(VENV)/bin/python -m pytest -q tests/integration -m "not soak and not clients" \
+# Its tests mostly wait on daemons, so SANITIZER_WORKERS pytest-xdist workers
+# run them, a file each at a time; they serve the sanitizer builds' slow model
+# (the slow model's grid, a few seconds an image there). Time bounds are the
+# machine's measured speed's (tests/machine_speed.py), as in every pass.
+SANITIZER_WORKERS ?= 2
+SANITIZED_SUITE = ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_SLOW_MODEL=$(SANITIZER_SLOW_MODEL) \
+	ARSERVE_VAR_MODEL=$(VAR_MODEL) $(VENV)/bin/python -m pytest -q tests/integration \
+	-n $(SANITIZER_WORKERS) --dist loadfile -m "not soak and not clients" \
 	--ignore=tests/integration/test_make_run.py --ignore=tests/integration/test_nginx.py
-test-integration-tsan: $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
+test-integration-tsan: $(TINY_MODEL)/arserve.json $(SANITIZER_SLOW_MODEL)/arserve.json $(VENV)/.stamp
 	$(MAKE) SANITIZER=thread BUILD=$(TSAN_BUILD) all
 	OMP_NUM_THREADS=1 TSAN_OPTIONS="second_deadlock_stack=1" ARSERVE_BIN=$(TSAN_BUILD)/arserve \
-		ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_SLOW_MODEL=$(SLOW_MODEL) ARSERVE_VAR_MODEL=$(VAR_MODEL) \
-		ARSERVE_TIME_FACTOR=4 $(SANITIZED_SUITE)
+		$(SANITIZED_SUITE)
 
 # The suite on this build when it is a sanitizer build (test-sanitizers runs
 # it on the AddressSanitizer + UndefinedBehaviorSanitizer one); conftest.py
 # fails a test whose daemon wrote a report.
-test-integration-asan: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
+test-integration-asan: all $(TINY_MODEL)/arserve.json $(SANITIZER_SLOW_MODEL)/arserve.json $(VENV)/.stamp
 	@[ -n "$(SANITIZER)" ] || { echo "test-integration-asan: run it through make test-sanitizers"; exit 1; }
-	ASAN_OPTIONS="detect_leaks=1" ARSERVE_BIN=$(BUILD)/arserve ARSERVE_TINY_MODEL=$(TINY_MODEL) \
-		ARSERVE_SLOW_MODEL=$(SLOW_MODEL) ARSERVE_VAR_MODEL=$(VAR_MODEL) ARSERVE_TIME_FACTOR=3 \
-		$(SANITIZED_SUITE)
+	ASAN_OPTIONS="detect_leaks=1" ARSERVE_BIN=$(BUILD)/arserve $(SANITIZED_SUITE)
 
 # The KV policies side by side on the demo model, in one run (bench/kv_bench.py
 # says what each column is): peak KV bytes per image measured and planned

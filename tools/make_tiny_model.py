@@ -12,6 +12,8 @@ the engine, the CLI and the server, not to make pictures.
 grid, 576 steps per image, 96x96 pixels, wider and deeper layers) so one image
 takes a second or two on a small CPU: the daemon's integration tests use it
 to have requests still running while they queue, disconnect or drain.
+`--preset slow-sanitizer` is the same grid with far less work, for the
+sanitizer builds' passes of those tests.
 
     python tools/make_tiny_model.py --preset slow --seed 1 --out build/slow-model
 
@@ -63,6 +65,17 @@ PRESETS = {
         "llm": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 4,
                 "head_dim": 64, "intermediate_size": 768},
         "image": {"grid_height": 24, "grid_width": 24, "head_hidden_size": 256},
+    },
+    # The slow model's grid (24x24 tokens, 576 steps, 96x96 pixels) at about a
+    # twentieth of its work and a tenth of its KV: the sanitizer passes' slow
+    # model. Their instrumented kernels run the slow model 40x slower (75 s an
+    # image under ThreadSanitizer with the other core busy); this one takes a
+    # few seconds there, still long enough to catch requests while they run.
+    "slow-sanitizer": {
+        "name": "slow-sanitizer-random",
+        "llm": {"hidden_size": 48, "num_layers": 2, "num_heads": 3, "num_kv_heads": 3,
+                "head_dim": 16, "intermediate_size": 128},
+        "image": {"grid_height": 24, "grid_width": 24, "head_hidden_size": 48},
     },
     # About 60M parameters, where a decode step's time is the weights' reads:
     # `make bench`'s mid-size model.
@@ -288,8 +301,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--preset", choices=sorted({**PRESETS, **VAR_PRESETS}), default="tiny",
                     help="model size: tiny (the default, milliseconds per image), mid (60M "
-                         "parameters, for benchmarks) or slow "
-                         "(about a second or two per image on a small CPU); var-tiny and "
+                         "parameters, for benchmarks), slow "
+                         "(about a second or two per image on a small CPU) or slow-sanitizer "
+                         "(the slow model's grid, for sanitizer builds); var-tiny and "
                          "var-slow: the same for a next-scale (VAR) model")
     args = ap.parse_args()
     config = preset_config(args.preset)

@@ -115,9 +115,10 @@ expect_fail "ARSERVE_MODEL without arserve.json is named" 1 "ARSERVE_MODEL=$tmp/
 expect_fail "serve without a model says to pass --model" 1 "pass --model DIR" -- \
     env -u ARSERVE_MODEL "$tmp/none/bin/arserve" serve --port 0
 # serve finds the shipped model too: it gets ready, then drains on SIGTERM.
-env -u ARSERVE_MODEL timeout 60 "$tmp/prefix/bin/arserve" serve --port 0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
+# (Waited for as long as it lives; `timeout` only ends a daemon that hangs.)
+env -u ARSERVE_MODEL timeout 600 "$tmp/prefix/bin/arserve" serve --port 0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
 serve_pid=$!
-for _ in $(seq 300); do grep -q "ready on" "$tmp/serve.out" && break; sleep 0.1; done
+until grep -q "ready on" "$tmp/serve.out" || ! kill -0 "$serve_pid" 2>/dev/null; do sleep 0.1; done
 kill -TERM "$serve_pid" 2>/dev/null
 wait "$serve_pid"; serve_rc=$?
 if [ "$serve_rc" -eq 0 ] && grep -q "ready on" "$tmp/serve.out" && grep -qF "from $tmp/prefix/models/shapes" "$tmp/serve.err"

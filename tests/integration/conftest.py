@@ -7,13 +7,18 @@ the default build's paths as fallbacks:
   ARSERVE_BIN         the binary (build/arserve)
   ARSERVE_TINY_MODEL  the tiny model (build/tiny-model): milliseconds per image
   ARSERVE_SLOW_MODEL  the slow model (build/slow-model): a second or two per image
-  ARSERVE_TIME_FACTOR how much slower than a normal build this one runs (default 1;
-                      3-10 for sanitizer builds): tests that wait for the daemon
-                      scale their bounds by it (scaled())
+
+Time bounds come from this machine, not from constants (tests/machine_speed.py
+measures it): a bound is written in the reference machine's seconds and
+scaled() here, as pytest-timeout's limits, HTTP_TIMEOUT, START_TIMEOUT,
+STOP_GRACE and the waits of Daemon.wait_metrics are. Tests wait on events (a
+/metrics figure, a response, a process exit) wherever they can; a bound that
+remains is a safety net, and a failed test's report names the measured speed.
 
 The daemon rejects ARSERVE_* variables it does not know, and a developer's
 shell may export ARSERVE_API_KEY, so every daemon gets an environment with
-all ARSERVE_* variables removed and only the ones a test asks for added.
+all ARSERVE_* variables removed (but ARSERVE_ISA, which chooses the CPU
+kernels for the whole run) and only the ones a test asks for added.
 """
 import base64
 import io
@@ -23,11 +28,17 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import httpx
 import pytest
 from PIL import Image
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import machine_speed  # noqa: E402
+from machine_speed import (  # noqa: E402,F401 (the hooks are pytest's)
+    pytest_collection_modifyitems, pytest_runtest_makereport, pytest_terminal_summary, scaled)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,11 +53,13 @@ SANITIZER_MARKERS = (
 
 READY_RE = re.compile(r"arserve: ready on ([0-9.]+):([0-9]+)")
 
-# Seconds: how long start-up may take, how long a stopped daemon may take to
-# exit after SIGTERM (beyond its drain timeout), one HTTP call's limit.
-START_TIMEOUT = 20.0
-STOP_GRACE = 10.0
-HTTP_TIMEOUT = 30.0
+# Seconds on the reference machine (scaled() by this one's measured speed
+# once the session starts): how long start-up may take, how long a stopped
+# daemon may take to exit after SIGTERM (beyond its drain timeout), one HTTP
+# call's limit.
+REFERENCE_START_TIMEOUT = 20.0
+REFERENCE_STOP_GRACE = 10.0
+REFERENCE_HTTP_TIMEOUT = 30.0
 
 
 def repo_path(p):
@@ -60,21 +73,36 @@ def _env_path(name, default):
 ARSERVE_BIN = _env_path("ARSERVE_BIN", "build/arserve")
 TINY_MODEL = _env_path("ARSERVE_TINY_MODEL", "build/tiny-model")
 SLOW_MODEL = _env_path("ARSERVE_SLOW_MODEL", "build/slow-model")
-TIME_FACTOR = float(os.environ.get("ARSERVE_TIME_FACTOR") or 1)
-assert TIME_FACTOR > 0, "ARSERVE_TIME_FACTOR must be a positive number"
+
+# ---- this machine's speed (tests/machine_speed.py) -----------------------------------
+
+# Set from the measurement in pytest_configure.
+START_TIMEOUT = REFERENCE_START_TIMEOUT
+STOP_GRACE = REFERENCE_STOP_GRACE
+HTTP_TIMEOUT = REFERENCE_HTTP_TIMEOUT
 
 
-def scaled(seconds):
-    """A time bound of a normal build, stretched for a slower (sanitizer) one."""
-    return seconds * TIME_FACTOR
+def pytest_configure(config):
+    """The machine measured once per session (machine_speed), then the bounds."""
+    global START_TIMEOUT, STOP_GRACE, HTTP_TIMEOUT
+    machine_speed.pytest_configure(config)
+    START_TIMEOUT = scaled(REFERENCE_START_TIMEOUT)
+    STOP_GRACE = scaled(REFERENCE_STOP_GRACE)
+    HTTP_TIMEOUT = scaled(REFERENCE_HTTP_TIMEOUT)
+
+
+def speed():
+    """The measurement in words, for a failure message."""
+    return machine_speed.SPEED.describe()
 
 
 def clean_env(extra=None):
-    """os.environ without ARSERVE_* (and without make's recursion variables,
-    so a `make` started from a test behaves as if typed in a shell), with
-    extra's variables set (those given as None removed)."""
+    """os.environ without ARSERVE_* but ARSERVE_ISA (and without make's
+    recursion variables, so a `make` started from a test behaves as if typed in
+    a shell), with extra's variables set (those given as None removed)."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("ARSERVE_") and k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+           if (not k.startswith("ARSERVE_") or k == machine_speed.ISA_ENV)
+           and k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     for k, v in (extra or {}).items():
         if v is None:
             env.pop(k, None)
@@ -148,6 +176,25 @@ class Metrics:
         return self.get(name + "_count") - le
 
 
+def daemon_backlog(port):
+    """What the daemon listening on port has not taken in yet, as the kernel
+    sees it (/proc/net/tcp): connections waiting to be accepted plus accepted
+    ones holding bytes it has not read. None where there is no /proc/net/tcp."""
+    try:
+        with open("/proc/net/tcp") as f:
+            rows = f.read().splitlines()[1:]
+    except OSError:
+        return None
+    n = 0
+    for row in rows:
+        f = row.split()
+        local_port, state = int(f[1].split(":")[1], 16), f[3]
+        rx_queue = int(f[4].split(":")[1], 16)  # a listening socket's: its accept queue
+        if local_port == port and state in ("01", "0A"):  # established, listening
+            n += rx_queue
+    return n
+
+
 def is_idle(m):
     """A scrape of a daemon with no request running or waiting and an empty KV pool."""
     return (m.get("arserve_requests_running") == 0 and m.get("arserve_requests_waiting") == 0
@@ -215,7 +262,7 @@ class Daemon:
         last = None
         while time.monotonic() < deadline:
             try:
-                r = self.client.get("/health", timeout=2)
+                r = self.client.get("/health", timeout=scaled(2))
                 if r.status_code == 200:
                     return
                 last = f"{r.status_code} {r.text}"
@@ -238,8 +285,21 @@ class Daemon:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
     def wait_idle(self, timeout=10.0, what="the daemon idle"):
-        """Waits until nothing runs or waits and the KV pool holds nothing."""
+        """Waits until nothing runs or waits and the KV pool holds nothing
+        (timeout as wait_metrics')."""
         return self.wait_metrics(is_idle, timeout=timeout, what=what)
+
+    def wait_taken_in(self, timeout=5.0):
+        """Waits until the daemon has accepted every connection made to it and read
+        every byte sent (daemon_backlog 0): what a test sent has reached it.
+        timeout as wait_metrics'."""
+        limit = scaled(timeout)
+        deadline = time.monotonic() + limit
+        while daemon_backlog(self.port):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the daemon had not taken in {daemon_backlog(self.port)} "
+                            f"connection(s) or byte(s) after {limit:.1f} s ({speed()})")
+            time.sleep(0.01)
 
     def stderr(self):
         with open(self.stderr_path, encoding="utf-8", errors="replace") as f:
@@ -251,14 +311,17 @@ class Daemon:
         return Metrics(r.text)
 
     def wait_metrics(self, pred, timeout=10.0, what="condition"):
-        """Polls /metrics until pred(Metrics) is true; returns that scrape."""
-        deadline = time.monotonic() + timeout
+        """Polls /metrics until pred(Metrics) is true; returns that scrape. timeout
+        is in the reference machine's seconds: it is scaled() here."""
+        limit = scaled(timeout)
+        deadline = time.monotonic() + limit
         while True:
             m = self.metrics()
             if pred(m):
                 return m
             if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout} s waiting for {what}; metrics:\n{m.text}")
+                pytest.fail(f"timed out after {limit:.1f} s waiting for {what} "
+                            f"({speed()}); metrics:\n{m.text}")
             time.sleep(0.02)
 
     def signal(self, sig):
@@ -269,7 +332,7 @@ class Daemon:
     def kill(self):
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=scaled(10))
 
     def stop(self):
         """SIGTERM, wait for the drain, SIGKILL after that. Returns the exit
@@ -347,6 +410,31 @@ def model_info(model_dir):
     w, h = cfg["image"]["grid_width"] * scale, cfg["image"]["grid_height"] * scale
     return {"model": cfg["name"], "width": w, "height": h, "size": f"{w}x{h}",
             "steps": cfg["image"]["grid_width"] * cfg["image"]["grid_height"]}
+
+
+def full_image_kv_bytes(model_dir):
+    """The pool bytes one full-cache image of model_dir takes, as `arserve plan`
+    counts them for f32 K and V (how the test daemons store them)."""
+    p = subprocess.run([ARSERVE_BIN, "plan", "--model", model_dir, "--kv-dtype", "f32",
+                        "--policy", "full"], capture_output=True, text=True, env=clean_env(),
+                       timeout=scaled(30))
+    assert p.returncode == 0, p.stderr
+    m = re.search(r"^peak in the pool, blocks \(B\)\s+([0-9]+)$", p.stdout, re.M)
+    assert m, p.stdout
+    return int(m.group(1))
+
+
+def one_image_pool_mb(model_dir):
+    """A KV pool, in whole MiB, that holds one full-cache image of model_dir with
+    at least a tenth to spare and can never hold two (nor even one and a half):
+    the slow model's 9.3 MiB image gets 11 MiB, the sanitizer builds' 0.9 MiB one
+    1 MiB."""
+    image = full_image_kv_bytes(model_dir)
+    mb = -(-int(1.1 * image) // (1 << 20))
+    assert (mb << 20) < 1.5 * image, \
+        f"no whole MiB pool holds one {image}-byte image of {model_dir} with a tenth to spare " \
+        "and less than one and a half"
+    return mb
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,8 @@ import subprocess
 
 import pytest
 
-from conftest import ARSERVE_BIN, SLOW_MODEL, TINY_MODEL, Daemon, clean_env, free_port, model_info
+from conftest import (ARSERVE_BIN, SLOW_MODEL, TINY_MODEL, Daemon, clean_env, free_port, model_info,
+                      scaled)
 
 # The keys of a run's report a user compares across runs (vLLM's benchmark_serving
 # names where they apply), and the latency metrics each have mean/median/std/pNN of.
@@ -31,12 +32,13 @@ BAR = "done,"  # in every redraw of the progress bar: "[####...] 10/10 done, 0 f
 
 def bench(args, cwd, timeout=60, stderr=subprocess.PIPE):
     """Runs `arserve bench ARGS`; returns the CompletedProcess (text). No API key from
-    the developer's shell reaches the daemon."""
+    the developer's shell reaches the daemon. timeout: the reference machine's seconds
+    (a safety net, scaled here)."""
     env = clean_env()
     env.pop("OPENAI_API_KEY", None)
     return subprocess.run([ARSERVE_BIN, "bench", *map(str, args)], cwd=str(cwd),
                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
-                          text=True, timeout=timeout, env=env)
+                          text=True, timeout=scaled(timeout), env=env)
 
 
 def bench_ok(args, cwd, timeout=60):
@@ -349,19 +351,21 @@ def test_scrape_interval_is_honoured(tiny, tmp_path):
     every completion loads the daemon being measured at high rates and weights the
     gauges' means toward the moments requests end."""
     out = str(tmp_path / "out")
-    bench_ok(["--url", tiny.url, "--arrival", "burst", "-n", 40, "--scrape-interval", 30,
+    interval = scaled(30)
+    bench_ok(["--url", tiny.url, "--arrival", "burst", "-n", 40, "--scrape-interval", interval,
               "--out", out], tmp_path)
     r = read_report(out, "burst-40")
-    assert r["duration"] < 30
+    assert r["duration"] < interval
     assert 1 <= r["kv_pool"]["samples"] <= 2, \
-        (f"{r['kv_pool']['samples']} scrapes in {r['duration']:.2f} s at --scrape-interval 30: "
+        (f"{r['kv_pool']['samples']} scrapes in {r['duration']:.2f} s at --scrape-interval "
+         f"{interval:.0f}: "
          "the scraper re-scrapes whenever a request finishes (cli/cmd_bench.c scraper: its "
          "pthread_cond_timedwait on r->changed wakes at every send_one broadcast)")
 
 
 def run_on_pty(args, cwd, timeout=60):
     """Runs bench with stderr on a pseudo-terminal; returns (status, what the terminal
-    got)."""
+    got). timeout as bench()'s."""
     master, slave = pty.openpty()
     env = clean_env()
     env.pop("OPENAI_API_KEY", None)
@@ -381,7 +385,7 @@ def run_on_pty(args, cwd, timeout=60):
             if not data:
                 break
             chunks.append(data)
-        return p.wait(timeout=timeout), b"".join(chunks).decode("utf-8", "replace")
+        return p.wait(timeout=scaled(timeout)), b"".join(chunks).decode("utf-8", "replace")
     finally:
         os.close(master)
         if p.poll() is None:

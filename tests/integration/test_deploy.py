@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import HTTP_TIMEOUT, Daemon, TINY_MODEL, repo_path
+from conftest import HTTP_TIMEOUT, Daemon, TINY_MODEL, repo_path, scaled
 
 DEPLOY = repo_path("deploy")
 BIN = os.environ.get("ARSERVE_BIN") or repo_path("build/arserve")
@@ -35,7 +35,8 @@ def load(path):
 
 
 def serve_help():
-    p = subprocess.run([BIN, "serve", "--help"], capture_output=True, text=True, timeout=30)
+    p = subprocess.run([BIN, "serve", "--help"], capture_output=True, text=True,
+                       timeout=scaled(30))
     return p.stdout + p.stderr
 
 

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from conftest import HTTP_TIMEOUT
+from conftest import HTTP_TIMEOUT, scaled
 
 GEN = "/v1/images/generations"
 BODY_LIMIT = 65536  # tiny_daemon's --max-body-bytes
@@ -134,8 +134,9 @@ def test_daemon_serves_after_every_bad_request(tiny_daemon):
 
 
 def raw_request(daemon, data, timeout=10.0):
-    """Sends raw bytes on a fresh connection; returns the status line."""
-    with socket.create_connection(("127.0.0.1", daemon.port), timeout=timeout) as s:
+    """Sends raw bytes on a fresh connection; returns the status line (timeout: the
+    reference machine's seconds, scaled here)."""
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=scaled(timeout)) as s:
         s.sendall(data)
         s.shutdown(socket.SHUT_WR)
         buf = b""

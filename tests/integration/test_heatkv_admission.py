@@ -47,7 +47,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import ARSERVE_BIN, HTTP_TIMEOUT, Daemon, Metrics, b64_png_size, clean_env, repo_path
+from conftest import (ARSERVE_BIN, HTTP_TIMEOUT, Daemon, Metrics, b64_png_size, clean_env, repo_path,
+                      scaled)
 
 GEN = "/v1/images/generations"
 VAR_MODEL = repo_path(os.environ.get("ARSERVE_VAR_MODEL") or "models/shapes-var")
@@ -78,7 +79,7 @@ def plan(policy, budget=None):
             "--pool-mb", str(POOL_MB)]
     if budget is not None:
         argv += ["--budget", str(budget)]
-    out = subprocess.run(argv, capture_output=True, text=True, env=clean_env(), timeout=30)
+    out = subprocess.run(argv, capture_output=True, text=True, env=clean_env(), timeout=scaled(30))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["step", "side"])
@@ -139,7 +140,7 @@ def requests_buffered(port):
 def wait_stopped(pid, timeout=10):
     """Waits until every thread of pid is stopped (kill returns before
     they are)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         states = []
         for tid in os.listdir(f"/proc/{pid}/task"):
@@ -205,7 +206,7 @@ def send_together(d, bodies):
             try:
                 wait_stopped(d.proc.pid)
                 sent.wait(timeout=HTTP_TIMEOUT)
-                deadline = time.monotonic() + 10
+                deadline = time.monotonic() + scaled(10)
                 while (requests_buffered(d.port) or 0) < n and time.monotonic() < deadline:
                     time.sleep(0.005)
                 buffered = requests_buffered(d.port)
@@ -218,7 +219,7 @@ def send_together(d, bodies):
         poller.start()
         responses = [f.result(timeout=2 * HTTP_TIMEOUT) for f in futures]
     poller.halt.set()
-    poller.join(timeout=10)
+    poller.join(timeout=scaled(10))
     assert buffered is None or buffered >= n, \
         f"only {buffered} of {n} requests reached the daemon while it was stopped"
     assert poller.error is None, f"polling /metrics failed: {poller.error!r}"

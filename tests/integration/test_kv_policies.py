@@ -20,13 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import ARSERVE_BIN, HTTP_TIMEOUT, SLOW_MODEL, TINY_MODEL, clean_env, png_size
+from conftest import (ARSERVE_BIN, HTTP_TIMEOUT, SLOW_MODEL, TINY_MODEL, clean_env,
+                      one_image_pool_mb, png_size, scaled)
 
 GEN = "/v1/images/generations"
-# The slow model (24x24 tokens, 4 layers x 4 heads x 64) holds about 9 MiB
-# of KV per image with the full cache and about 2 MiB under LineAR at 1/6:
-# a 12 MiB pool fits one full-cache image, or several LineAR ones.
-POOL_MB = 12
 
 
 def two_at_once(daemon, body):
@@ -49,11 +46,16 @@ def two_at_once(daemon, body):
 
 @pytest.mark.timeout(180)
 def test_small_pool_runs_two_linear_images_at_once_but_one_full(start_daemon):
-    d = start_daemon(model=SLOW_MODEL, args=("--kv-pool-mb", str(POOL_MB), "--threads", "1",
+    # A pool that holds one full-cache image with 10-50% to spare (the slow
+    # model's 24x24 grid holds about a fifth of that under LineAR at 1/6), so
+    # it fits several LineAR images at once.
+    pool_mb = one_image_pool_mb(SLOW_MODEL)
+    d = start_daemon(model=SLOW_MODEL, args=("--kv-pool-mb", str(pool_mb), "--threads", "1",
                                              "--max-running", "4"))
     # Full cache: the second image waits until the first is far enough on:
-    # two 584-token trajectories fit 12 MiB only 400 steps apart, so they
-    # share fewer than half of the 576 iterations.
+    # two growing full-cache trajectories fit the pool only when the second
+    # starts more than half of the first's 576 steps later, so they share
+    # fewer than half of the 576 iterations.
     responses, waited_full, shared_full, _ = two_at_once(
         d, {"prompt": "a red circle", "kv_policy": "full"})
     steps = 24 * 24
@@ -178,6 +180,6 @@ def test_config_sets_the_default_policy_budget_and_knobs(start_daemon, tmp_path)
 def test_default_policy_that_does_not_fit_the_model_stops_start_up():
     p = subprocess.run([ARSERVE_BIN, "serve", "--model", TINY_MODEL, "--port", "0",
                         "--kv-policy", "linear", "--kv-budget", "1/4"],
-                       env=clean_env(), capture_output=True, text=True, timeout=30)
+                       env=clean_env(), capture_output=True, text=True, timeout=scaled(30))
     assert p.returncode == 2, p.stderr
     assert "kv_budget" in p.stderr and "anchor_lines" in p.stderr, p.stderr

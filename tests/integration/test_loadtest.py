@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import clean_env, repo_path
+from conftest import clean_env, repo_path, scaled
 
 # Sanitizer passes skip these: the daemon routes they drive are covered without them.
 pytestmark = pytest.mark.clients
@@ -52,7 +52,7 @@ def run_locust(url, tmp_path, users, seconds, env=None):
     p = subprocess.run([locust_bin(), "-f", LOCUSTFILE, "--headless", "-u", str(users),
                         "-r", str(users), "-t", f"{seconds}s", "--csv", prefix, "--only-summary",
                         "--host", url],
-                       capture_output=True, text=True, timeout=seconds + 30,
+                       capture_output=True, text=True, timeout=seconds + scaled(30),
                        env=clean_env(env), cwd=str(tmp_path))
     out = p.stdout + p.stderr
     with open(prefix + "_stats.csv") as f:
@@ -65,7 +65,7 @@ def run_locust(url, tmp_path, users, seconds, env=None):
 def run_wrk(wrk, url, connections, seconds):
     """Runs the wrk script; returns (output, requests wrk counted)."""
     p = subprocess.run([wrk, "-t1", f"-c{connections}", f"-d{seconds}s", "-s", WRK_SCRIPT,
-                        url + GEN], capture_output=True, text=True, timeout=seconds + 30,
+                        url + GEN], capture_output=True, text=True, timeout=seconds + scaled(30),
                        env=clean_env())
     out = p.stdout + p.stderr
     m = re.search(r"^\s*(\d+) requests in ", out, re.M)

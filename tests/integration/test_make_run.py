@@ -12,9 +12,10 @@ import httpx
 import pytest
 
 from conftest import (HTTP_TIMEOUT, REPO, b64_png_size, clean_env, free_port, png_size,
-                      sanitizer_reports)
+                      sanitizer_reports, scaled)
 
-# make run may have to build first (it runs `make deps all`).
+# make run may have to build first (it runs `make deps all`): the reference
+# machine's seconds, scaled() like every bound.
 MAKE_RUN_START = 240
 
 
@@ -22,7 +23,7 @@ def test_make_run_defaults_to_loopback_8080():
     """`make run` without arguments serves the shipped model, models/shapes,
     on 127.0.0.1:8080 (dry run: what it would execute)."""
     p = subprocess.run(["make", "-n", "run"], cwd=REPO, capture_output=True, text=True,
-                       timeout=60, env=clean_env())
+                       timeout=scaled(60), env=clean_env())
     assert p.returncode == 0, p.stderr
     serve = [line for line in p.stdout.splitlines() if " serve " in line]
     assert serve, p.stdout
@@ -49,13 +50,14 @@ class MakeRun:
             errors="replace")
 
     def wait_ready(self):
-        deadline = time.monotonic() + MAKE_RUN_START
+        deadline = time.monotonic() + scaled(MAKE_RUN_START)
         want = f"arserve: ready on 127.0.0.1:{self.port}"
         while want not in self.out_path.read_text(errors="replace"):
             if self.proc.poll() is not None:
                 pytest.fail(f"make run exited with {self.proc.returncode}:\n{self.output()}")
             if time.monotonic() > deadline:
-                pytest.fail(f"make run not ready within {MAKE_RUN_START} s:\n{self.output()}")
+                pytest.fail(f"make run not ready within {scaled(MAKE_RUN_START):.0f} s:\n"
+                            f"{self.output()}")
             time.sleep(0.1)
         r = httpx.get(self.url + "/health", timeout=HTTP_TIMEOUT)
         assert r.status_code == 200
@@ -76,7 +78,7 @@ class MakeRun:
         "exit now" instead of draining."""
         if self.group_alive():
             os.killpg(self.pgid, signal.SIGINT)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while self.group_alive() and time.monotonic() < deadline:
             try:
                 self.proc.wait(timeout=0.1)
@@ -84,9 +86,10 @@ class MakeRun:
                 pass
         if self.group_alive():
             os.killpg(self.pgid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-            pytest.fail(f"make run did not stop within 30 s of SIGINT:\n{self.output()}")
-        self.proc.wait(timeout=10)
+            self.proc.wait(timeout=scaled(10))
+            pytest.fail(f"make run did not stop within {scaled(30):.0f} s of SIGINT:\n"
+                        f"{self.output()}")
+        self.proc.wait(timeout=scaled(10))
 
 
 @pytest.fixture(scope="module")

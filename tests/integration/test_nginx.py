@@ -2,7 +2,6 @@
 spread over both replicas, and a replica drained under load loses no request (its running
 requests finish; what it refuses while draining, nginx retries on the other)."""
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -12,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import HTTP_TIMEOUT, SLOW_MODEL, Daemon, free_port, repo_path
+from conftest import HTTP_TIMEOUT, SLOW_MODEL, Daemon, free_port, repo_path, scaled
 
 GEN = "/v1/images/generations"
 
@@ -36,10 +35,10 @@ def fleet(tmp_path):
                              "-e", str(tmp_path / "nginx-error.log"), "-g", "daemon off;"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     while True:
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
+            if httpx.get(url + "/health", timeout=scaled(1)).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
@@ -49,7 +48,7 @@ def fleet(tmp_path):
     yield url, daemons
     proc.send_signal(signal.SIGQUIT)
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=scaled(10))
     except subprocess.TimeoutExpired:
         proc.kill()
     for d in daemons:
@@ -84,11 +83,14 @@ def test_a_replica_drained_under_load_loses_no_request(fleet):
         a.wait_metrics(lambda m: m.get("arserve_requests_running") >= 1, timeout=60,
                        what="a running request on the replica to drain")
         a.signal(signal.SIGTERM)
-        time.sleep(0.2)
+        deadline = time.monotonic() + scaled(5)
+        while a.client.get("/ready").status_code != 503:  # the drain has begun
+            assert time.monotonic() < deadline, "the drained replica's /ready stayed 200"
+            time.sleep(0.02)
         later = [pool.submit(post, url, 100 + s) for s in range(6)]
         rs = [f.result() for f in first + later]
     assert [r.status_code for r in rs] == [200] * 10, [(r.status_code, r.text[:200]) for r in rs]
     # The drained replica finished what it had started, and exited cleanly.
-    assert a.proc.wait(timeout=90) == 0, a.stderr()[-2000:]
+    assert a.proc.wait(timeout=scaled(90)) == 0, a.stderr()[-2000:]
     assert "draining" in a.stderr()
     assert served(b) >= 6, "the requests after the drain went to the other replica"

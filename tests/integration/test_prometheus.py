@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from conftest import clean_env, free_port
+from conftest import clean_env, free_port, scaled
 
 GEN = "/v1/images/generations"
 
@@ -43,7 +43,7 @@ def test_promtool_check_metrics_accepts_metrics(busy_daemon):
     promtool = need("promtool")
     text = busy_daemon.client.get("/metrics").text
     p = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True,
-                       timeout=30, env=clean_env())
+                       timeout=scaled(30), env=clean_env())
     out = (p.stdout + p.stderr).decode()
     # promtool prints nothing and exits 0 when the exposition is clean; lint
     # findings (names, units, HELP) are reported and fail the check too.
@@ -94,8 +94,9 @@ def test_prometheus_scrapes_daemon_target_up(busy_daemon, tmp_path):
     port = free_port()
     target = f"127.0.0.1:{busy_daemon.port}"
     config = tmp_path / "prometheus.yml"
+    every = f"{max(1, round(scaled(1)))}s"  # a scrape of a slower build takes longer
     config.write_text(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        f"global:\n  scrape_interval: {every}\n  scrape_timeout: {every}\n"
         "scrape_configs:\n  - job_name: arserve\n    metrics_path: /metrics\n"
         f"    static_configs:\n      - targets: ['{target}']\n")
     log_path = tmp_path / "prometheus.log"
@@ -107,13 +108,13 @@ def test_prometheus_scrapes_daemon_target_up(busy_daemon, tmp_path):
             cwd=tmp_path)
     api = f"http://127.0.0.1:{port}/api/v1"
     try:
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + scaled(40)
         last = None
         while True:
             assert proc.poll() is None, \
                 f"prometheus exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}"
             try:
-                r = httpx.get(f"{api}/targets", timeout=2)
+                r = httpx.get(f"{api}/targets", timeout=scaled(2))
                 if r.status_code == 200:
                     active = r.json()["data"]["activeTargets"]
                     last = [(t["scrapeUrl"], t["health"], t.get("lastError")) for t in active]
@@ -124,23 +125,25 @@ def test_prometheus_scrapes_daemon_target_up(busy_daemon, tmp_path):
                     assert not (mine and mine[0]["health"] == "down"), last
             except httpx.HTTPError as e:
                 last = repr(e)
-            assert time.monotonic() < deadline, f"target not up within 40 s: {last}"
+            assert time.monotonic() < deadline, f"target not up within {scaled(40):.0f} s: {last}"
             time.sleep(0.25)
         # And the samples arrived: build info reads 1 with the daemon's labels.
-        r = httpx.get(f"{api}/query", params={"query": "arserve_build_info"}, timeout=5)
+        r = httpx.get(f"{api}/query", params={"query": "arserve_build_info"},
+                      timeout=scaled(5))
         result = r.json()["data"]["result"]
         assert len(result) == 1, result
         assert result[0]["metric"]["job"] == "arserve"
         assert result[0]["metric"]["backend"] == "cpu"
         assert result[0]["value"][1] == "1"
         # Prometheus' own view of the scrape: no samples dropped or rejected.
-        r = httpx.get(f"{api}/query", params={"query": "scrape_samples_scraped"}, timeout=5)
+        r = httpx.get(f"{api}/query", params={"query": "scrape_samples_scraped"},
+                      timeout=scaled(5))
         assert float(r.json()["data"]["result"][0]["value"][1]) > 0
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=scaled(15))
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(timeout=10)
+            proc.wait(timeout=scaled(10))
     assert os.path.exists(tmp_path / "data")

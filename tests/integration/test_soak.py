@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import TINY_MODEL, is_idle, repo_path
+from conftest import HTTP_TIMEOUT, TINY_MODEL, is_idle, repo_path, scaled
 
 GEN = "/v1/images/generations"
 LEAKY_BIN = repo_path(os.environ.get("ARSERVE_LEAKY_BIN") or "build/arserve-leaky")
@@ -75,7 +75,7 @@ def soak(d):
     t0 = time.monotonic()
 
     def client(k):
-        with httpx.Client(base_url=d.url, timeout=10.0) as c:
+        with httpx.Client(base_url=d.url, timeout=HTTP_TIMEOUT) as c:
             i = 0
             while not stop.is_set():
                 # Client k starts its i-th request at its slot: RATE a second
@@ -108,7 +108,7 @@ def soak(d):
     finally:
         stop.set()
         for t in threads:
-            t.join(15)
+            t.join(scaled(15))
     seconds = time.monotonic() - t0
     assert not any(t.is_alive() for t in threads), "a soak client is still running"
     if errors:

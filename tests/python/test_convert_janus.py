@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+from conftest import scaled
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONVERTER = os.path.join(ROOT, "tools", "convert", "janus.py")
 ARSERVE = os.environ.get("ARSERVE_BIN", os.path.join(ROOT, "build", "arserve"))
@@ -36,7 +38,7 @@ def convert(tmp_path, config):
     src.mkdir()
     (src / "config.json").write_text(json.dumps(config))
     p = subprocess.run([sys.executable, CONVERTER, str(src), str(tmp_path / "out")],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=scaled(60))
     return p.returncode, p.stderr
 
 
@@ -54,7 +56,7 @@ def test_grouped_query_config_is_refused_with_the_engines_message(tmp_path):
     model.mkdir()
     (model / "arserve.json").write_text(json.dumps(manifest))
     p = subprocess.run([ARSERVE, "plan", "--model", str(model)], capture_output=True, text=True,
-                       timeout=60)
+                       timeout=scaled(60))
     assert p.returncode != 0
     engine_says = "'llm.num_kv_heads' (2) differs from 'llm.num_heads' (4): " \
                   "grouped-query attention is not supported yet"

@@ -31,6 +31,7 @@ ARGS = ("--n-head", "4", "--image-size", "32")
 
 sys.path.insert(0, TOOLS)
 import safetensors_write  # noqa: E402
+from conftest import scaled  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("convert_llamagen", CONVERTER)
 conv = importlib.util.module_from_spec(_spec)
@@ -39,7 +40,7 @@ _spec.loader.exec_module(conv)
 
 def run(*args):
     p = subprocess.run([sys.executable, CONVERTER, *map(str, args)], capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=scaled(120))
     return p.returncode, p.stdout, p.stderr
 
 

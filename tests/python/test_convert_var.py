@@ -29,6 +29,7 @@ VAE_PTH = os.path.join(GOLDEN, "official", "vae.pth")
 
 sys.path.insert(0, TOOLS)
 import safetensors_write  # noqa: E402
+from conftest import scaled  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("convert_var", CONVERTER)
 convert_var = importlib.util.module_from_spec(_spec)
@@ -37,7 +38,7 @@ _spec.loader.exec_module(convert_var)
 
 def run(*args):
     p = subprocess.run([sys.executable, CONVERTER, *map(str, args)], capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=scaled(120))
     return p.returncode, p.stderr
 
 

@@ -22,6 +22,7 @@ sys.path.insert(0, ROOT)
 
 from tools.shapes_eval import run as R  # noqa: E402
 from tools.shapes_eval import scorer  # noqa: E402
+from conftest import scaled  # noqa: E402
 
 # What catches a broken model. On these 24 prompts (seed 0, the shipped sampling defaults)
 # models/shapes scores 0.500 overall and a colour recall of 0.938 (0.513 overall on all 300;
@@ -42,7 +43,7 @@ MODEL = os.path.join(ROOT, "models", "shapes")
 
 def run_runner(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "tools.shapes_eval", "run", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=scaled(timeout))
 
 
 def table_of(summary):
