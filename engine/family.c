@@ -55,3 +55,9 @@ int model_image_tokens(const model_config_t *cfg) {
     model_geometry(cfg, 1, &g);
     return kv_geometry_image_tokens(&g);
 }
+
+int model_step_tokens(const model_config_t *cfg, int t) {
+    kv_geometry_t g;
+    model_geometry(cfg, 1, &g);
+    return kv_geometry_sampled(&g, t);
+}

@@ -62,5 +62,10 @@ void model_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g);
 int model_steps(const model_config_t *cfg);
 /* Image tokens of every request of this model. */
 int model_image_tokens(const model_config_t *cfg);
+/* Image tokens one image gets at step t (0-based) of this model: 1 for a
+ * raster model, the whole scale t for a next-scale one; 0 past the last
+ * step. Its CFG pair samples these once: the unconditional sequence's
+ * logits only steer them. */
+int model_step_tokens(const model_config_t *cfg, int t);
 
 #endif

@@ -78,6 +78,12 @@ int kv_geometry_fed(const kv_geometry_t *g, int t) {
     return t >= 0 && t < g->n_segments - 1 ? g->segment_tokens[t] : 0;
 }
 
+int kv_geometry_sampled(const kv_geometry_t *g, int t) {
+    if (t < 0 || t >= kv_geometry_steps(g))
+        return 0;
+    return g->step_unit == KV_STEP_TOKEN ? 1 : g->segment_tokens[t];
+}
+
 int kv_geometry_held(const kv_geometry_t *g, int t) {
     if (g->step_unit == KV_STEP_TOKEN)
         return g->n_prompt + t;

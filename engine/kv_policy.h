@@ -208,6 +208,10 @@ int kv_geometry_image_tokens(const kv_geometry_t *g);
 int kv_geometry_steps(const kv_geometry_t *g);
 /* Image tokens step t feeds into the cache (the prefix not counted). */
 int kv_geometry_fed(const kv_geometry_t *g, int t);
+/* Image tokens step t samples: one for KV_STEP_TOKEN, segment t's for
+ * KV_STEP_SEGMENT; 0 past the last step. Over every step they sum to
+ * kv_geometry_image_tokens. */
+int kv_geometry_sampled(const kv_geometry_t *g, int t);
 /* Tokens every head holds during step t under the full cache (after the
  * step's append): the prefix and every image token fed so far. */
 int kv_geometry_held(const kv_geometry_t *g, int t);

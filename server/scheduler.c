@@ -18,6 +18,7 @@
 
 #include "engine/batcher.h"
 #include "engine/clock.h"
+#include "engine/family.h"
 #include "engine/generate.h"
 #include "engine/kv_pool.h"
 #include "engine/planner.h"
@@ -487,6 +488,11 @@ static void handle_event(scheduler_t *s, const batcher_event_t *ev, double now) 
         pthread_mutex_unlock(&j->mu);
         return;
     case BATCHER_STEPPED:
+        /* What the step sampled, as the model's family says: a token per
+         * image on a raster model, a whole scale per image on a next-scale
+         * one. */
+        metric_add(s->m_tokens,
+                   (double)j->n_images * model_step_tokens(&s->model->cfg, ev->steps_done - 1));
         if (!j->first_step_seen) {
             j->first_step_seen = 1;
             metric_observe(s->m_first_step, now - j->t_submit);
@@ -565,8 +571,6 @@ static void set_gauges(scheduler_t *s) {
 static void check_iteration(scheduler_t *s, const batcher_stats_t *st, double seconds) {
     metric_observe(s->m_step_time, seconds);
     metric_observe(s->m_seqs, 2.0 * st->last_images);
-    /* The raster family samples one token per image per step. */
-    metric_add(s->m_tokens, st->last_images);
     metric_add(s->m_iterations, 1);
     metric_set(s->m_kv_used, (double)kv_pool_used_bytes(&s->pool));
     metric_add(s->m_kv_released, (double)(st->released_bytes - s->released_seen));
@@ -885,8 +889,11 @@ static void register_metrics(scheduler_t *s, metrics_t *m) {
         metrics_histogram(m, "arserve_iteration_sequences",
                           "Sequences (two per image with CFG) advanced per engine iteration.", 0,
                           NULL, SEQ_BUCKETS, NB(SEQ_BUCKETS));
-    s->m_tokens = metrics_counter(m, "arserve_image_tokens_generated_total",
-                                  "Image tokens sampled.", 0, NULL);
+    s->m_tokens = metrics_counter(
+        m, "arserve_image_tokens_generated_total",
+        "Image tokens generated, per image: one per step on a raster model, a whole scale per "
+        "step on a next-scale one (CFG's unconditional sequence not counted).",
+        0, NULL);
     s->m_iterations =
         metrics_counter(m, "arserve_iterations_total", "Engine iterations run.", 0, NULL);
     s->m_images =

@@ -1255,6 +1255,23 @@ static void test_line_policies_refuse_scales(void) {
     }
 }
 
+/* What a step samples: one token per raster step, a whole scale per
+ * next-scale step; over every step, the image's tokens; nothing outside. */
+static void test_geometry_sampled_per_step(void) {
+    const kv_geometry_t raster = geom(5, 4, 3, 2, 2), scales = scale_geom(0, var_sides, 10, 2, 3);
+    const kv_geometry_t *const gs[] = {&raster, &scales};
+    for (int i = 0; i < 2; i++) {
+        const kv_geometry_t *g = gs[i];
+        int sum = 0;
+        for (int t = 0; t < kv_geometry_steps(g); t++)
+            sum += kv_geometry_sampled(g, t);
+        CHECK(sum == kv_geometry_image_tokens(g));
+        CHECK(kv_geometry_sampled(g, -1) == 0 && kv_geometry_sampled(g, kv_geometry_steps(g)) == 0);
+    }
+    CHECK(kv_geometry_sampled(&raster, 0) == 1 && kv_geometry_sampled(&raster, 11) == 1);
+    CHECK(kv_geometry_sampled(&scales, 0) == 1 && kv_geometry_sampled(&scales, 9) == 16 * 16);
+}
+
 int main(void) {
     TEST_RUN(test_parse_names_and_defaults);
     TEST_RUN(test_full_keeps_everything);
@@ -1275,5 +1292,6 @@ int main(void) {
     TEST_RUN(test_full_on_scales);
     TEST_RUN(test_streaming_on_scales);
     TEST_RUN(test_line_policies_refuse_scales);
+    TEST_RUN(test_geometry_sampled_per_step);
     return TEST_SUMMARY();
 }
