@@ -23,6 +23,7 @@ typedef struct model_family {
     const char *name;                 /* arserve.json "family" */
     const char *const *architectures; /* its "architecture" values, NULL-terminated */
     const char *segment_name;         /* what a segment is called: "line" or "scale" */
+    const char *models_name;          /* what its models are called: "raster", "next-scale" */
     /* The KV geometry of a request whose condition prefix has n_prompt
      * tokens (cfg already validated). */
     void (*geometry)(const model_config_t *cfg, int n_prompt, kv_geometry_t *g);

@@ -97,6 +97,7 @@ const model_family_t model_family_raster = {
     .name = "raster",
     .architectures = raster_architectures,
     .segment_name = "line",
+    .models_name = "raster",
     .geometry = raster_geometry,
     .load = raster_family_load,
     .free = raster_family_free,

@@ -347,6 +347,7 @@ const model_family_t model_family_scale = {
     .name = "scale",
     .architectures = scale_architectures,
     .segment_name = "scale",
+    .models_name = "next-scale",
     .geometry = scale_geometry,
     .load = scale_family_load,
     .free = scale_family_free,

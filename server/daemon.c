@@ -139,17 +139,27 @@ static void warn_oversubscribed(const server_config_t *cfg) {
 }
 
 /* What the pool admits per policy at the config's budget and knobs, for a
- * typical prompt. */
+ * typical prompt: n/a for a policy that does not run on the model's family
+ * at all (HeatKV on a raster model, LineAR on a next-scale one), or whose
+ * budget cannot hold what it must keep on this grid. */
 static void log_capacity(const daemon_t *d, const server_config_t *cfg) {
     const size_t capacity = sched_kv_capacity_bytes(d->sched);
-    char per_policy[512] = "";
+    kv_geometry_t g;
+    model_geometry(&d->model.cfg, TYPICAL_PROMPT_TOKENS, &g);
+    char per_policy[768] = "";
     for (int k = 0; k < KV_POLICY_COUNT; k++) {
         kv_policy_params_t p;
         kv_policy_overrides_t ask = {.has_kind = 1, .kind = (kv_policy_kind_t)k};
         if (kv_policy_resolve(&d->kv_defaults, &ask, &p, NULL, NULL) != AR_OK)
             continue;
-        const size_t peak = sched_image_peak_bytes(d->sched, &p, TYPICAL_PROMPT_TOKENS);
         const size_t len = strlen(per_policy);
+        if (!kv_policy_suits(p.kind, &g)) {
+            snprintf(per_policy + len, sizeof per_policy - len,
+                     ", %s n/a (does not apply to %s models)", kv_policy_name(p.kind),
+                     model_family_of(&d->model.cfg)->models_name);
+            continue;
+        }
+        const size_t peak = sched_image_peak_bytes(d->sched, &p, TYPICAL_PROMPT_TOKENS);
         if (k == KV_POLICY_FULL)
             snprintf(per_policy + len, sizeof per_policy - len, "full %zu images",
                      peak ? capacity / peak : 0);

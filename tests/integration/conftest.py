@@ -206,6 +206,17 @@ def _fmt_le(bound):
     return str(int(bound)) if float(bound).is_integer() else repr(bound)
 
 
+CAPACITY_RE = re.compile(r"KV pool [0-9.]+ MiB of \S+ K and V in blocks of [0-9]+ tokens: (.*)")
+
+
+def capacity_cells(log):
+    """The start-up capacity line's cells by policy: {"full": "full 12945 images",
+    "streaming": "streaming@0.167 1440", "heatkv": "heatkv n/a (...)", ...}."""
+    m = CAPACITY_RE.search(log)
+    assert m, f"no capacity line in the log:\n{log}"
+    return {re.match(r"[a-z_]+", cell).group(0): cell for cell in m.group(1).split(", ")}
+
+
 class Daemon:
     """A running `arserve serve` on 127.0.0.1 with the kernel's free port."""
 

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import HTTP_TIMEOUT, TINY_MODEL, b64_png_size, png_size
+from conftest import HTTP_TIMEOUT, TINY_MODEL, b64_png_size, capacity_cells, png_size
 
 GEN = "/v1/images/generations"
 
@@ -233,6 +233,18 @@ def test_arserve_isa_chooses_the_cpu_kernels(start_daemon):
     d = start_daemon(env={"ARSERVE_ISA": "sse9"})
     assert "ARSERVE_ISA=sse9: not one of avx512, avx2, portable that this machine runs; " \
         "using " in d.stderr(), d.stderr()
+
+
+def test_capacity_line_tells_policies_that_do_not_apply_from_budgets_too_small(tiny_daemon):
+    """On a raster model the next-scale policies do not apply at all; a
+    raster policy whose default budget cannot hold its prefix and window on
+    the tiny grid is "budget too small" (streaming needs 23 of 81 tokens)."""
+    cells = capacity_cells(tiny_daemon.stderr())
+    for name in ("heatkv", "heatkv_binary", "amskv", "scalekv"):
+        assert cells[name] == f"{name} n/a (does not apply to raster models)", cells
+    assert cells["streaming"] == "streaming@0.167 n/a (budget too small for this grid)", cells
+    for name in ("linear", "headkv"):
+        assert "does not apply" not in cells[name], cells
 
 
 @pytest.mark.parametrize("kv_dtype, stored, per_token", [

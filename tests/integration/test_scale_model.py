@@ -14,7 +14,7 @@ import openai
 import pytest
 from PIL import Image
 
-from conftest import HTTP_TIMEOUT, Daemon, b64_png_size, repo_path
+from conftest import HTTP_TIMEOUT, Daemon, b64_png_size, capacity_cells, repo_path
 from test_streaming import read_sse
 
 GEN = "/v1/images/generations"
@@ -52,6 +52,18 @@ def png_of(b64):
 def error_of(r, status=400):
     assert r.status_code == status, r.text
     return r.json()["error"]
+
+
+def test_capacity_line_tells_policies_that_do_not_apply_from_budgets_too_small(d):
+    """On a next-scale model LineAR and HeadKV (lines of tokens) do not apply at
+    all; HeatKV at its default budget 0.1 cannot keep its 3 sink scales
+    whole on this model's scales: "budget too small"."""
+    cells = capacity_cells(d.stderr())
+    for name in ("linear", "headkv"):
+        assert cells[name] == f"{name} n/a (does not apply to next-scale models)", cells
+    assert cells["heatkv"] == "heatkv@0.1 n/a (budget too small for this grid)", cells
+    for name in ("streaming", "heatkv_binary", "amskv", "scalekv"):
+        assert "does not apply" not in cells[name], cells
 
 
 def test_models_lists_the_classes(d):
