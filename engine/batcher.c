@@ -13,7 +13,8 @@ typedef struct slot {
     uint64_t id;
     batcher_job_t job;
     int steps_done;
-    int cancel; /* 0, or the batcher_end_t + 1 asked for by batcher_cancel */
+    int cancel;   /* 0, or the batcher_end_t + 1 asked for by batcher_cancel */
+    int reserved; /* waiting with max_waiting 0: its KV is in the planner already */
 } slot_t;
 
 struct batcher {
@@ -40,8 +41,8 @@ struct batcher {
     size_t last_reserved, last_peak;
 };
 
-static const char *const refusal_names[] = {"accepted",        "draining",   "too_large",
-                                            "too_many_images", "queue_full", "invalid"};
+static const char *const refusal_names[] = {
+    "accepted", "draining", "too_large", "too_many_images", "queue_full", "invalid", "no_memory"};
 static const char *const end_names[] = {"finished", "cancelled", "expired", "failed", "shutdown"};
 
 const char *batcher_refusal_name(batcher_refusal_t r) {
@@ -115,7 +116,9 @@ batcher_t *batcher_create(const batcher_options_t *opt, const batcher_ops_t *ops
     b->opt = *opt;
     b->ops = *ops;
     b->ctx = ctx;
-    b->w_cap = opt->max_waiting > 0 ? opt->max_waiting : 1;
+    /* Without a queue, jobs accepted for the next admission wait there: at
+     * most one per running image. */
+    b->w_cap = opt->max_waiting > 0 ? opt->max_waiting : opt->max_running;
     b->waiting = calloc((size_t)b->w_cap, sizeof *b->waiting);
     b->running = calloc((size_t)opt->max_running, sizeof *b->running);
     b->batch = calloc((size_t)opt->max_running, sizeof *b->batch);
@@ -155,11 +158,42 @@ static void waiting_remove(batcher_t *b, int i) {
     b->w_count--;
 }
 
+/* Ends the i-th waiting job as how, giving back the KV reserved for it. */
+static void waiting_end(batcher_t *b, int i, batcher_end_t how) {
+    slot_t *s = waiting_at(b, i);
+    push_end(b, s, how, 0, NULL);
+    if (s->reserved)
+        planner_remove(&b->planner, s->id);
+    waiting_remove(b, i);
+}
+
 static size_t peak_of(const size_t *bytes, int n) {
     size_t peak = 0;
     for (int i = 0; i < n; i++)
         peak = bytes[i] > peak ? bytes[i] : peak;
     return peak;
+}
+
+/* Iterations until the next batcher_admit: 1 while a step is in flight
+ * (batcher_finish will move the plan on first), else 0. */
+static int admission_delay(const batcher_t *b) { return b->n_batch > 0; }
+
+/* max_waiting 0: does job start at the next batcher_admit? Its images must
+ * fit beside those of the running jobs still running then and of the jobs
+ * accepted for it already, and its KV beside what the planner holds then
+ * (theirs included). */
+static int starts_next(const batcher_t *b, const batcher_job_t *job) {
+    const int delay = admission_delay(b);
+    int images = job->n_images;
+    for (int i = 0; i < b->n_running; i++) {
+        const slot_t *s = &b->running[i];
+        if (!(delay && s->steps_done + 1 >= s->job.steps)) /* not done by then */
+            images += s->job.n_images;
+    }
+    for (int i = 0; i < b->w_count; i++)
+        images += b->waiting[(b->w_head + i) % b->w_cap].job.n_images;
+    return images <= b->opt.max_running &&
+           planner_fits_after(&b->planner, job->kv_bytes, job->steps, delay);
 }
 
 batcher_refusal_t batcher_submit(batcher_t *b, const batcher_job_t *job, uint64_t *id) {
@@ -171,10 +205,16 @@ batcher_refusal_t batcher_submit(batcher_t *b, const batcher_job_t *job, uint64_
         return BATCHER_REFUSED_TOO_LARGE;
     if (job->n_images > b->opt.max_running)
         return BATCHER_REFUSED_TOO_MANY_IMAGES;
-    if (b->w_count >= b->opt.max_waiting)
+    const int no_queue = b->opt.max_waiting == 0;
+    if (no_queue ? !starts_next(b, job) : b->w_count >= b->opt.max_waiting)
         return BATCHER_REFUSED_QUEUE_FULL;
+    const uint64_t next = b->next_id + 1;
+    if (no_queue && planner_add_after(&b->planner, next, job->kv_bytes, job->steps,
+                                      admission_delay(b)) != AR_OK)
+        return BATCHER_REFUSED_NO_MEMORY;
+    b->next_id = next;
     slot_t *s = waiting_at(b, b->w_count++);
-    *s = (slot_t){.id = ++b->next_id, .job = *job};
+    *s = (slot_t){.id = next, .job = *job, .reserved = no_queue};
     if (id)
         *id = s->id;
     return BATCHER_ACCEPTED;
@@ -183,8 +223,7 @@ batcher_refusal_t batcher_submit(batcher_t *b, const batcher_job_t *job, uint64_
 int batcher_cancel(batcher_t *b, uint64_t id, batcher_end_t how) {
     for (int i = 0; i < b->w_count; i++)
         if (waiting_at(b, i)->id == id) {
-            push_end(b, waiting_at(b, i), how, 0, NULL);
-            waiting_remove(b, i);
+            waiting_end(b, i, how);
             return 1;
         }
     for (int i = 0; i < b->n_running; i++)
@@ -213,10 +252,8 @@ static void running_end(batcher_t *b, int i, batcher_end_t how, const char *why)
 void batcher_shutdown(batcher_t *b) {
     while (b->n_running)
         running_end(b, 0, BATCHER_END_SHUTDOWN, NULL);
-    while (b->w_count) {
-        push_end(b, waiting_at(b, 0), BATCHER_END_SHUTDOWN, 0, NULL);
-        waiting_remove(b, 0);
-    }
+    while (b->w_count)
+        waiting_end(b, 0, BATCHER_END_SHUTDOWN);
     b->n_batch = 0;
 }
 
@@ -233,23 +270,23 @@ int batcher_admit(batcher_t *b, double now) {
             i++;
     }
     for (int i = 0; i < b->w_count;) {
-        if (now > waiting_at(b, i)->job.deadline) {
-            push_end(b, waiting_at(b, i), BATCHER_END_EXPIRED, 0, NULL);
-            waiting_remove(b, i);
-        } else {
+        if (now > waiting_at(b, i)->job.deadline)
+            waiting_end(b, i, BATCHER_END_EXPIRED);
+        else
             i++;
-        }
     }
-    /* FIFO: the head of the queue blocks it. */
+    /* FIFO: the head of the queue blocks it. A reserved job's KV is in the
+     * planner already (and fits: batcher_submit checked). */
     while (b->w_count) {
         slot_t head = *waiting_at(b, 0);
         if (b->running_images + head.job.n_images > b->opt.max_running ||
-            !planner_fits(&b->planner, head.job.kv_bytes, head.job.steps))
+            (!head.reserved && !planner_fits(&b->planner, head.job.kv_bytes, head.job.steps)))
             break;
         b->w_head = (b->w_head + 1) % b->w_cap;
         b->w_count--;
         ar_error_t err = {{0}};
-        if (planner_add(&b->planner, head.id, head.job.kv_bytes, head.job.steps) != AR_OK) {
+        if (!head.reserved &&
+            planner_add(&b->planner, head.id, head.job.kv_bytes, head.job.steps) != AR_OK) {
             push_end(b, &head, BATCHER_END_FAILED, 0, "out of memory admitting the job");
             continue;
         }

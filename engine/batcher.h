@@ -11,7 +11,15 @@
  * trajectory fits beside every running job at every future iteration
  * (planner_fits) and its images fit max_running, so a large job is not
  * starved by small ones, and an admitted job never runs out of KV. Jobs
- * that could never be admitted are refused at submission. */
+ * that could never be admitted are refused at submission.
+ *
+ * max_waiting 0 means no queue: a job is accepted only when it starts at
+ * the next batcher_admit, i.e. its images fit max_running and its whole KV
+ * trajectory fits beside the running jobs (those that will still run then)
+ * and the jobs accepted before it for that admission; its KV is reserved
+ * at submission, so nothing can take it before then. Otherwise it is
+ * refused (BATCHER_REFUSED_QUEUE_FULL): run now or retry. A job cancelled
+ * or past its deadline still counts until the admission that ends it. */
 #ifndef ARSERVE_BATCHER_H
 #define ARSERVE_BATCHER_H
 
@@ -25,7 +33,8 @@ typedef struct batcher batcher_t;
 typedef struct batcher_options {
     size_t pool_bytes; /* KV the planner may reserve: the pool's capacity */
     int max_running;   /* images stepping at once (>= 1) */
-    int max_waiting;   /* jobs queued before submissions are refused (>= 0) */
+    int max_waiting;   /* jobs queued before submissions are refused (>= 0; 0: no queue, see
+                          above) */
 } batcher_options_t;
 
 /* How jobs' work is run. ctx is batcher_create's; work is each job's. The
@@ -62,8 +71,10 @@ typedef enum batcher_refusal {
     BATCHER_REFUSED_DRAINING,        /* batcher_drain was called */
     BATCHER_REFUSED_TOO_LARGE,       /* its KV plan peaks above the whole pool */
     BATCHER_REFUSED_TOO_MANY_IMAGES, /* more images than max_running */
-    BATCHER_REFUSED_QUEUE_FULL,      /* max_waiting jobs are waiting */
+    BATCHER_REFUSED_QUEUE_FULL,      /* max_waiting jobs are waiting (max_waiting 0: it
+                                        cannot start at the next admission) */
     BATCHER_REFUSED_INVALID,         /* a job the batcher cannot run (no steps, no images) */
+    BATCHER_REFUSED_NO_MEMORY,       /* out of memory reserving its KV (max_waiting 0) */
 } batcher_refusal_t;
 
 /* How a job left. */
@@ -143,7 +154,8 @@ int batcher_take_events(batcher_t *b, batcher_event_t *out, int cap);
 /* ---- counts ---- */
 
 typedef struct batcher_stats {
-    int waiting, running;  /* jobs */
+    int waiting, running;  /* jobs (waiting with max_waiting 0: accepted, starting at the
+                              next admission) */
     int running_images;    /* images of the running jobs */
     size_t reserved_bytes; /* the planner's reservation for the current iteration */
     long long iterations;  /* iterations that stepped something */

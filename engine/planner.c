@@ -167,11 +167,15 @@ void planner_free(planner_t *p) {
 }
 
 int planner_fits(const planner_t *p, const size_t *bytes, int n_steps) {
+    return planner_fits_after(p, bytes, n_steps, 0);
+}
+
+int planner_fits_after(const planner_t *p, const size_t *bytes, int n_steps, int delay) {
     for (int t = 0; t < n_steps; t++) {
         size_t total = bytes[t];
         for (int i = 0; i < p->n; i++)
-            if (t < p->entries[i].steps_left)
-                total += p->entries[i].bytes[t];
+            if (t + delay < p->entries[i].steps_left)
+                total += p->entries[i].bytes[t + delay];
         if (total > p->pool_bytes)
             return 0;
     }
@@ -179,6 +183,10 @@ int planner_fits(const planner_t *p, const size_t *bytes, int n_steps) {
 }
 
 int planner_add(planner_t *p, uint64_t id, const size_t *bytes, int n_steps) {
+    return planner_add_after(p, id, bytes, n_steps, 0);
+}
+
+int planner_add_after(planner_t *p, uint64_t id, const size_t *bytes, int n_steps, int delay) {
     if (p->n == p->cap) {
         int cap = p->cap ? 2 * p->cap : 16;
         planner_entry_t *e = realloc(p->entries, (size_t)cap * sizeof *e);
@@ -187,11 +195,11 @@ int planner_add(planner_t *p, uint64_t id, const size_t *bytes, int n_steps) {
         p->entries = e;
         p->cap = cap;
     }
-    size_t *copy = malloc((size_t)n_steps * sizeof *copy);
+    size_t *copy = calloc((size_t)(delay + n_steps), sizeof *copy);
     if (!copy)
         return AR_ERR;
-    memcpy(copy, bytes, (size_t)n_steps * sizeof *copy);
-    p->entries[p->n++] = (planner_entry_t){id, n_steps, copy};
+    memcpy(copy + delay, bytes, (size_t)n_steps * sizeof *copy);
+    p->entries[p->n++] = (planner_entry_t){id, delay + n_steps, copy};
     return AR_OK;
 }
 

@@ -112,9 +112,15 @@ void planner_free(planner_t *p);
 /* Would a request holding bytes[i] at its i-th iteration from now (n_steps
  * entries) fit beside everything admitted, at every future iteration? */
 int planner_fits(const planner_t *p, const size_t *bytes, int n_steps);
+/* The same for a request that starts `delay` iterations from now (planner_tick
+ * calls away) and holds nothing before. */
+int planner_fits_after(const planner_t *p, const size_t *bytes, int n_steps, int delay);
 
 /* Records an admitted request (copies bytes). AR_ERR on out of memory. */
 int planner_add(planner_t *p, uint64_t id, const size_t *bytes, int n_steps);
+/* The same for a request that starts `delay` iterations from now: its
+ * entry reserves nothing until then, then bytes[0] at its first iteration. */
+int planner_add_after(planner_t *p, uint64_t id, const size_t *bytes, int n_steps, int delay);
 
 /* Advances every entry by one iteration (drops entries that are done). */
 void planner_tick(planner_t *p);

@@ -86,7 +86,9 @@ static const setting_t SETTINGS[] = {
                    "(an empty value is an error, not 'no key')"),
     INT_SETTING(max_running, 1, 4096, 64, "N", "Images generating at once"),
     INT_SETTING(max_waiting, 0, 100000, 256, "N",
-                "Requests waiting for a slot; beyond this new requests get 429"),
+                "Requests waiting for a slot; beyond this new requests get 429; 0: no queue, a "
+                "request starts at the next engine iteration (a slot and its whole KV free "
+                "now) or gets 429"),
     INT_SETTING(request_timeout_s, 1, 86400, 600, "SECONDS",
                 "Deadline for one request, waiting included"),
     INT_SETTING(drain_timeout_s, 0, 3600, 30, "SECONDS",

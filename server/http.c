@@ -259,9 +259,16 @@ void http_refusal_error(const sched_refusal_info_t *why, int n_images, int retry
                    why->max_running);
         return;
     case SCHED_REFUSED_QUEUE_FULL:
-        api_errorf(e, 429, NULL, "queue_full",
-                   "the waiting queue is full (%d requests); retry after %d s", why->max_waiting,
-                   retry_after_s);
+        if (why->max_waiting == 0)
+            api_errorf(e, 429, NULL, "queue_full",
+                       "the request cannot start now (its images or its KV cache do not fit beside "
+                       "the running ones) and this server keeps no waiting queue (max_waiting "
+                       "0); retry after %d s",
+                       retry_after_s);
+        else
+            api_errorf(e, 429, NULL, "queue_full",
+                       "the waiting queue is full (%d requests); retry after %d s",
+                       why->max_waiting, retry_after_s);
         snprintf(e->type, sizeof e->type, "rate_limit_error");
         return;
     case SCHED_REFUSED_NO_MEMORY:

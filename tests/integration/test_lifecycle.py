@@ -106,6 +106,38 @@ def codes_count(responses, code):
     return sum(1 for r in responses if r.status_code == code)
 
 
+def test_max_waiting_0_runs_now_or_answers_429(start_daemon):
+    """--max-waiting 0 is no queue: a request that can start now runs, one
+    that cannot (the one slot taken) gets 429 at once, saying why, and
+    nothing is left waiting."""
+    d = start_daemon(SLOW_MODEL, [*SLOW_ARGS, "--max-running", "1", "--max-waiting", "0",
+                                  "--retry-after-s", "3"])
+    r = d.client.post(GEN, json={"prompt": "a red circle", "seed": 1})
+    assert r.status_code == 200, r.text
+
+    a = post_in_thread(d, {"prompt": "a red circle", "seed": 2})
+    d.wait_metrics(running_is(1), timeout=scaled(10), what="request A running")
+    t0 = time.monotonic()
+    r = d.client.post(GEN, json={"prompt": "a blue square", "seed": 3})
+    assert time.monotonic() - t0 < scaled(2.0), "a 429 must not wait for a slot"
+    assert r.status_code == 429, r.text
+    assert r.headers["retry-after"] == "3"
+    err = r.json()["error"]
+    assert err["code"] == "queue_full" and err["type"] == "rate_limit_error"
+    assert "no waiting queue (max_waiting 0)" in err["message"], err
+    assert d.metrics().get("arserve_requests_waiting") == 0
+    resp = joined(*a)
+    assert resp.status_code == 200, resp.text
+
+    # Free again: the next request runs.
+    d.wait_idle(timeout=scaled(10))
+    r = d.client.post(GEN, json={"prompt": "a blue square", "seed": 3})
+    assert r.status_code == 200, r.text
+    m = d.metrics()
+    assert m.get("arserve_admissions_refused_total", reason="queue_full") == 1
+    assert m.get("arserve_images_total", status="ok") == 3
+
+
 # ---- a client that goes away --------------------------------------------
 
 def raw_post(daemon, body):

@@ -5,7 +5,8 @@
  * FIFO admission through the planner with the head blocking the queue,
  * max_running counted in images, each refusal reason, cancellation and
  * deadlines of waiting and running jobs, start and step failures, the
- * event sequence of a job, the plan check, shutdown and draining. */
+ * event sequence of a job, the plan check, shutdown and draining, and
+ * max_waiting 0 (no queue: start at the next admission or be refused). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -319,6 +320,105 @@ static void test_shutdown_ends_everything(void) {
     batcher_destroy(b);
 }
 
+static batcher_refusal_t try_submit(batcher_t *b, fake_t *f) {
+    batcher_job_t j = job_of(f);
+    return batcher_submit(b, &j, NULL);
+}
+
+/* max_waiting 0 is no queue: a job is accepted only when it starts at the
+ * next admission (its images within max_running, its KV beside what is
+ * running and what was accepted before it), else refused queue_full; the
+ * accepted ones all start at the next admission. */
+static void test_no_queue_starts_now_or_refuses(void) {
+    world_t w;
+    batcher_t *b = make(&w, 50, 3, 0);
+    fake_t a = fake(1, 4, 10), c = fake(1, 2, 10), d = fake(1, 1, 20), e = fake(1, 1, 1),
+           two = fake(2, 1, 1), big = fake(1, 1, 31);
+    CHECK(try_submit(b, &a) == BATCHER_ACCEPTED);
+    CHECK(try_submit(b, &c) == BATCHER_ACCEPTED);             /* 10 + 10, then 20 + 20 */
+    CHECK(try_submit(b, &big) == BATCHER_REFUSED_QUEUE_FULL); /* 10 + 10 + 31 > 50 */
+    CHECK(try_submit(b, &two) == BATCHER_REFUSED_QUEUE_FULL); /* 4 images > 3 */
+    CHECK(try_submit(b, &d) == BATCHER_ACCEPTED);             /* 10 + 10 + 20 */
+    CHECK(try_submit(b, &e) == BATCHER_REFUSED_QUEUE_FULL);   /* a 4th image */
+    CHECK(batcher_iterate(b, 0) == 3);
+    CHECK_EVENTS(b, "A1 A2 A3 S1 S2 S3 E3:finished");
+    /* A holds 20, 30, 40 from now, C 20: 10, 20, 30 more would pass 50 at
+     * the third step; one step of 10 fits. */
+    fake_t f = fake(1, 3, 10), g = fake(1, 1, 10);
+    CHECK(try_submit(b, &f) == BATCHER_REFUSED_QUEUE_FULL);
+    CHECK(try_submit(b, &g) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 0) == 3);
+    CHECK_EVENTS(b, "A4 S1 S2 E2:finished S4 E4:finished");
+    batcher_stats_t st;
+    batcher_stats(b, &st);
+    CHECK(st.overruns == 0 && st.waiting == 0);
+    batcher_destroy(b);
+}
+
+/* Without a queue, a job submitted while a step is in flight starts after
+ * that step: it is checked against the running jobs' next iteration (their
+ * KV then; the jobs whose last step is in flight gone, their images too),
+ * so what it reserves is exact and the step after never passes the pool. */
+static void test_no_queue_submitted_during_a_step(void) {
+    world_t w;
+    batcher_t *b = make(&w, 40, 4, 0);
+    fake_t a = fake(1, 4, 10), last = fake(1, 1, 5);
+    CHECK(try_submit(b, &a) == BATCHER_ACCEPTED);
+    CHECK(try_submit(b, &last) == BATCHER_ACCEPTED);
+    CHECK(batcher_admit(b, 0) == 2); /* A holds 10 in this step, 20 in the next */
+    fake_t x = fake(1, 1, 25), y = fake(1, 1, 20);
+    CHECK(try_submit(b, &x) == BATCHER_REFUSED_QUEUE_FULL); /* 10 + 5 + 25 now, 20 + 25 next */
+    CHECK(try_submit(b, &y) == BATCHER_ACCEPTED);           /* 20 + 20 */
+    ar_error_t err = {{0}};
+    CHECK(batcher_step(b, &err) == AR_OK);
+    batcher_finish(b, AR_OK, &err);
+    CHECK_EVENTS(b, "A1 A2 S1 S2 E2:finished");
+    CHECK(batcher_iterate(b, 0) == 2);
+    CHECK_EVENTS(b, "A3 S1 S3 E3:finished");
+    batcher_stats_t st;
+    batcher_stats(b, &st);
+    CHECK_MSG(st.overruns == 0 && st.last_reserved_bytes == 40 && st.last_kv_peak_bytes == 40,
+              "%zu reserved, %zu used, %lld overruns", st.last_reserved_bytes,
+              st.last_kv_peak_bytes, st.overruns);
+    batcher_destroy(b);
+
+    b = make(&w, 1000, 2, 0);
+    fake_t p = fake(1, 3, 1), q = fake(1, 1, 1), r = fake(1, 1, 1), t = fake(1, 1, 1);
+    CHECK(try_submit(b, &p) == BATCHER_ACCEPTED);
+    CHECK(try_submit(b, &q) == BATCHER_ACCEPTED);
+    CHECK(batcher_admit(b, 0) == 2);
+    CHECK(try_submit(b, &r) == BATCHER_ACCEPTED);           /* q's slot: its last step */
+    CHECK(try_submit(b, &t) == BATCHER_REFUSED_QUEUE_FULL); /* p's goes on */
+    CHECK(batcher_step(b, &err) == AR_OK);
+    batcher_finish(b, AR_OK, &err);
+    CHECK(batcher_iterate(b, 0) == 2);
+    CHECK_EVENTS(b, "A1 A2 S1 S2 E2:finished A3 S1 S3 E3:finished");
+    batcher_destroy(b);
+}
+
+/* Without a queue, a job accepted but cancelled or expired before it
+ * starts gives back the KV reserved for it. */
+static void test_no_queue_gives_back_reservations(void) {
+    world_t w;
+    batcher_t *b = make(&w, 40, 4, 0);
+    fake_t a = fake(1, 1, 40), c = fake(1, 1, 40), d = fake(1, 1, 40);
+    batcher_job_t ja = job_of(&a), jc = job_of(&c);
+    uint64_t ia = 0;
+    CHECK(batcher_submit(b, &ja, &ia) == BATCHER_ACCEPTED);
+    CHECK(batcher_submit(b, &jc, NULL) == BATCHER_REFUSED_QUEUE_FULL);
+    CHECK(batcher_cancel(b, ia, BATCHER_END_CANCELLED) == 1);
+    CHECK_EVENTS(b, "E1:cancelled");
+    jc.deadline = 1;
+    CHECK(batcher_submit(b, &jc, NULL) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 2) == 0);
+    CHECK_EVENTS(b, "E2:expired");
+    CHECK(try_submit(b, &d) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 2) == 1);
+    CHECK_EVENTS(b, "A3 S3 E3:finished");
+    CHECK(a.started == 0 && c.started == 0 && d.stopped == 1);
+    batcher_destroy(b);
+}
+
 int main(void) {
     TEST_RUN(test_job_life_cycle_events);
     TEST_RUN(test_fifo_admission_head_blocks);
@@ -329,5 +429,8 @@ int main(void) {
     TEST_RUN(test_start_and_step_failures);
     TEST_RUN(test_overrun_is_counted);
     TEST_RUN(test_shutdown_ends_everything);
+    TEST_RUN(test_no_queue_starts_now_or_refuses);
+    TEST_RUN(test_no_queue_submitted_during_a_step);
+    TEST_RUN(test_no_queue_gives_back_reservations);
     return TEST_SUMMARY();
 }

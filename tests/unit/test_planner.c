@@ -68,6 +68,27 @@ static void test_tick_and_remove_release(void) {
     planner_free(&p);
 }
 
+/* A request that starts an iteration later meets the running ones one
+ * iteration on, and reserves nothing until then. */
+static void test_delayed_start(void) {
+    planner_t p;
+    planner_init(&p, 100);
+    size_t a[3] = {10, 50, 90}, b[2] = {51, 10};
+    CHECK(planner_add(&p, 1, a, 3) == AR_OK);
+    /* Now: 10 + 51, 50 + 10. An iteration later: 50 + 51 > 100. */
+    CHECK(planner_fits(&p, b, 2) && !planner_fits_after(&p, b, 2, 1));
+    size_t c[2] = {50, 1};
+    CHECK(planner_fits_after(&p, c, 2, 1) && planner_add_after(&p, 2, c, 2, 1) == AR_OK);
+    CHECK(planner_reserved_now(&p) == 10);
+    planner_tick(&p);
+    CHECK(planner_reserved_now(&p) == 100);
+    planner_tick(&p);
+    CHECK(planner_reserved_now(&p) == 91);
+    planner_tick(&p);
+    CHECK(p.n == 0);
+    planner_free(&p);
+}
+
 /* Random traces: whatever the planner admits never overflows the pool at
  * any iteration, and whatever it refuses would have. */
 static void test_random_traces_never_overflow(void) {
@@ -110,6 +131,7 @@ int main(void) {
     TEST_RUN(test_block_tokens_per_model);
     TEST_RUN(test_admits_exactly_what_fits);
     TEST_RUN(test_tick_and_remove_release);
+    TEST_RUN(test_delayed_start);
     TEST_RUN(test_random_traces_never_overflow);
     return TEST_SUMMARY();
 }

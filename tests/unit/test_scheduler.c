@@ -159,13 +159,30 @@ static void test_refusals_say_why(void) {
           why.max_running == 1);
     stop(s, m);
 
-    /* No room to wait: refused, not queued. */
+    /* No queue (max_waiting 0): a request that can start now runs; one
+     * that cannot (the 4-image job, tens of milliseconds, holds every slot
+     * microseconds after its submission) is refused, not queued; once the
+     * slots are free again, a request runs. */
     s = start(&m, 4, 0, 64 * one, 1);
     if (!s)
         return;
+    rq = request(4, 0, 60);
+    sched_job_t *now = sched_submit(s, &rq, &why);
+    CHECK_MSG(now != NULL, "%s", why.message);
     rq = request(1, 0, 60);
     CHECK(sched_submit(s, &rq, &why) == NULL && why.reason == SCHED_REFUSED_QUEUE_FULL &&
           why.max_waiting == 0);
+    sched_snapshot_t snap;
+    if (now) {
+        CHECK(wait_end(now, &snap) == SCHED_DONE);
+        sched_job_release(now);
+    }
+    sched_job_t *later = sched_submit(s, &rq, &why);
+    CHECK_MSG(later != NULL, "%s", why.message);
+    if (later) {
+        CHECK(wait_end(later, &snap) == SCHED_DONE);
+        sched_job_release(later);
+    }
     stop(s, m);
 }
 
