@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from conftest import TINY_MODEL, repo_path, scaled
+from conftest import TINY_MODEL, repo_path
 
 GEN = "/v1/images/generations"
 VAR_MODEL = repo_path(os.environ.get("ARSERVE_VAR_MODEL") or "models/shapes-var")
@@ -40,7 +40,7 @@ def test_tokens_counter_counts_every_image_token(start_daemon, model, body):
     assert len(r.json()["data"]) == n
     ok = before.get("arserve_images_total", status="ok")
     after = d.wait_metrics(lambda m: m.get("arserve_images_total", status="ok") - ok >= n,
-                           timeout=scaled(10), what=f"{n} images counted ok")
+                           timeout=10, what=f"{n} images counted ok")
     want = n * image_tokens(model)
     assert after.get(TOKENS) - before.get(TOKENS) == want, \
         f"{n} images of {image_tokens(model)} tokens each:\n{after.text}"
