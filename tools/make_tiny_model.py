@@ -13,7 +13,7 @@ grid, 576 steps per image, 96x96 pixels, wider and deeper layers) so one image
 takes a second or two on a small CPU: the daemon's integration tests use it
 to have requests still running while they queue, disconnect or drain.
 `--preset slow-sanitizer` is the same grid with far less work, for the
-sanitizer builds' passes of those tests.
+ThreadSanitizer pass of those tests.
 
     python tools/make_tiny_model.py --preset slow --seed 1 --out build/slow-model
 
@@ -67,10 +67,10 @@ PRESETS = {
         "image": {"grid_height": 24, "grid_width": 24, "head_hidden_size": 256},
     },
     # The slow model's grid (24x24 tokens, 576 steps, 96x96 pixels) at about a
-    # twentieth of its work and a tenth of its KV: the sanitizer passes' slow
-    # model. Their instrumented kernels run the slow model 40x slower (75 s an
-    # image under ThreadSanitizer with the other core busy); this one takes a
-    # few seconds there, still long enough to catch requests while they run.
+    # twentieth of its work and a tenth of its KV: the ThreadSanitizer pass's
+    # slow model. ThreadSanitizer runs the slow model 90x slower (37 s an image,
+    # 75 s with the other core busy); this one takes 3 s there, still long
+    # enough to catch requests while they run.
     "slow-sanitizer": {
         "name": "slow-sanitizer-random",
         "llm": {"hidden_size": 48, "num_layers": 2, "num_heads": 3, "num_kv_heads": 3,
