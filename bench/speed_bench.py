@@ -7,16 +7,17 @@
 For every model and thread count, --rounds times in turn: build/speed_bench (the engine
 in-process, bench/speed_bench.c) and the same workload in torch (this script with
 --torch-worker: tools/train/lm_model.py's JanusLM.generate, a KV cache, CFG, the model's
-sampling, then the VQ decoder of tools/train/vq_model.py, all on the model directory's
-weights as fp32). Each process runs waves of 1 and of --batch images of one prompt,
-alternating --reps times, and reports median images/s, the median decode step (a step
-after the prompt's) and the VQ decode per image; this script reads each process's peak
-RSS from the kernel (wait4). The table prints the medians over rounds and each ratio
-arserve / torch, the engine's decode step as a share of the memory roofline (the bytes of
-weights a step reads over the read bandwidth speed_bench measured on the same threads)
-and of the compute roofline (their multiply-adds for the step's rows at the FMA peak it
-measured), and with --arserve the daemon on loopback at concurrency 1/4/16/... (`arserve bench
---arrival concurrency`) beside the engine in-process at the same batch.
+sampling (temperature, top-k and top-p in engine/sampler.c's order), then the VQ decoder of
+tools/train/vq_model.py, all on the model directory's weights as fp32). Each process runs
+waves of 1 and of --batch images of one prompt, alternating --reps times, and reports
+median images/s, the median decode step (a step after the prompt's) and the VQ decode per
+image; this script reads each process's peak RSS from the kernel (wait4). The table prints
+the medians over rounds and each ratio arserve / torch, the engine's decode step as a share
+of the memory roofline (the bytes of weights a step reads over the read bandwidth
+speed_bench measured on the same threads) and of the compute roofline (their multiply-adds
+for the step's rows at the FMA peak it measured), and with --arserve the daemon on loopback
+at concurrency 1/4/16/... (`arserve bench --arrival concurrency`) beside the engine
+in-process at the same batch.
 
 A model directory with a reference.json has its own PyTorch reference instead of JanusLM:
 bench/ref_janus.py (transformers' Janus) or bench/ref_llamagen.py (LlamaGen's official
@@ -118,10 +119,10 @@ def torch_worker(a):
     cond, uncond = json.loads(a.cond), json.loads(a.uncond)
     lm, decode, cfg = reference_load(ref)(a.model, ref, a.threads) if ref else torch_models(a.model)
     s = cfg["sampling"]
+    # JanusLM samples with the model's top-k and top-p as the engine does (lm_model.py's
+    # sample_next); the references read them from arserve.json themselves.
+    extra = {} if ref else {"top_k": s.get("top_k", 0), "top_p": s.get("top_p", 1.0)}
     if not ref:
-        if s.get("top_k", 0) or s.get("top_p", 1.0) < 1.0:
-            raise SystemExit("speed_bench.py: the torch side samples without top-k/top-p; "
-                             "this model's arserve.json asks for them")
         self_check(lm, cond, uncond, s["cfg"])
 
     def waves(batch, images):
@@ -130,7 +131,7 @@ def torch_worker(a):
         for done in range(0, images, batch):
             gen = torch.Generator().manual_seed(done)
             times = []
-            toks = lm.generate(cond, uncond, batch, s["cfg"], s["temperature"], gen, times)
+            toks = lm.generate(cond, uncond, batch, s["cfg"], s["temperature"], gen, times, **extra)
             steps += [b - a for a, b in zip(times, times[1:])]  # the steps after the prompt's
             d0 = time.perf_counter()
             decode(toks)
@@ -148,7 +149,9 @@ def torch_worker(a):
         rows.append({"batch": b, "images_per_s": a.images / set_s,
                      "step_s": statistics.median(t[1] for t in took[b]),
                      "decode_s": statistics.median(t[2] for t in took[b])})
-    print(json.dumps({"batches": rows}))
+    used = {"cfg": s["cfg"], "temperature": s["temperature"], "top_k": s.get("top_k", 0),
+            "top_p": s.get("top_p", 1.0)}
+    print(json.dumps({"batches": rows, "sampling": used}))
 
 
 def self_check(lm, cond, uncond, cfg_w):
@@ -285,6 +288,7 @@ def main(argv=None):
                     file=sys.stderr, flush=True)
             row = {"model": runs["arserve"][0][0]["model"], "threads": threads, "batches": [],
                    "reference": ref["impl"] if ref else "JanusLM (tools/train)",
+                   "torch_sampling": runs["torch"][0][0]["sampling"],
                    "kv_dtype": runs["arserve"][0][0]["kv_dtype"]}
             for i, b in enumerate((1, a.batch)):
                 def med(side, key):
@@ -324,10 +328,13 @@ def main(argv=None):
                 fmt_ratio(t["step_s"], o["step_s"]), o["decode_s"] * 1e3, t["decode_s"] * 1e3,
                 100 * o["roofline"], 100 * o["compute_roofline"]))
     print()
-    print("the torch side and the KV cache arserve stored:")
+    print("the torch side, the sampling both sides ran, and the KV cache arserve stored:")
     for model in dict.fromkeys(r["model"] for r in results):
         row = next(r for r in results if r["model"] == model)
-        print("  %-12s %s; arserve's KV %s" % (model[:12], row["reference"], row["kv_dtype"]))
+        print("  %-12s %s; cfg %g, temperature %g, top-k %d, top-p %g; arserve's KV %s" % (
+            model[:12], row["reference"], *(row["torch_sampling"][k] for k in
+                                              ("cfg", "temperature", "top_k", "top_p")),
+            row["kv_dtype"]))
     print()
     print("peak RSS (MiB, the largest of the rounds), and the roofline's terms:")
     for row in results:

@@ -124,6 +124,39 @@ class Gen(nn.Module):
         return x
 
 
+def sample_next(mixed, temperature, top_k=0, top_p=1.0, generator=None):
+    """[B, V] guided logits -> [B] next tokens, in engine/sampler.c's order (sampler_next):
+    NaN logits count as -inf and +inf as the largest float; greedy (the highest logit, the
+    lowest id on ties) when top_k is 1 or the temperature is not a positive finite number;
+    otherwise the top_k highest logits (all when top_k is 0 or >= V), softmax(logit /
+    temperature) over them, then top-p: the shortest prefix of those tokens by descending
+    probability whose mass reaches top_p (at least one token; off at >= 1), and a draw from
+    what is kept. A row of only -inf gives token 0. The draw is torch's, not the engine's
+    (rng.c): the same distribution, not the same tokens for a seed."""
+    lg = torch.nan_to_num(mixed.float(), nan=-math.inf, posinf=torch.finfo(torch.float32).max,
+                          neginf=-math.inf)
+    V = lg.shape[-1]
+    if top_k == 1 or not 0 < temperature < math.inf:
+        return lg.argmax(-1)  # the first maximum: the lowest id, as the engine
+    dead = lg.amax(-1) == -math.inf
+    if dead.any():  # every logit -inf: the engine returns token 0
+        lg = lg.clone()
+        lg[dead, 0] = 0
+    ids = None
+    if 1 < top_k < V:
+        lg, ids = lg.topk(top_k, -1)  # descending; ties at the k-th logit in torch's order
+    elif top_p < 1:
+        lg, ids = lg.sort(dim=-1, descending=True, stable=True)  # ties: the lower id first
+    probs = torch.softmax(lg / temperature, -1)
+    if top_p < 1:
+        before = probs.cumsum(-1) - probs  # the mass of the tokens ranked above each
+        keep = before < top_p
+        keep[:, 0] = True
+        probs = probs.masked_fill(~keep, 0)
+    pick = torch.multinomial(probs, 1, generator=generator)
+    return (pick if ids is None else ids.gather(-1, pick))[:, 0]
+
+
 class JanusLM(nn.Module):
     def __init__(self, llm_cfg, image_cfg):
         super().__init__()
@@ -174,13 +207,15 @@ class JanusLM(nn.Module):
         return self.gen.head(x)
 
     @torch.no_grad()
-    def generate(self, cond, uncond, n_images, cfg_w, temperature=1.0, generator=None, times=None):
+    def generate(self, cond, uncond, n_images, cfg_w, temperature=1.0, generator=None, times=None,
+                 top_k=0, top_p=1.0):
         """Samples n_images token grids of one prompt with classifier-free guidance and a
         KV cache, as the engine does: rows 2i and 2i+1 are image i's conditional and
         unconditional sequences (cond, uncond: the prompt rows, of one length), one
         forward pass over every row per token, logits mixed as u + cfg_w * (c - u),
-        then sampled at temperature (greedy at 0). Returns [n_images, N] tokens; appends
-        time.perf_counter() after each step to times when given."""
+        then sampled by sample_next (temperature, top-k, top-p; greedy at temperature 0).
+        Returns [n_images, N] tokens; appends time.perf_counter() after each step to times
+        when given."""
         c, im = self.llm_cfg, self.image_cfg
         P, N = len(cond), im["grid_height"] * im["grid_width"]
         B = 2 * n_images
@@ -198,11 +233,7 @@ class JanusLM(nn.Module):
             start += x.shape[1]
             logits = self.gen.head(self.llm.norm(x[:, -1])).view(n_images, 2, -1)
             mixed = logits[:, 1] + cfg_w * (logits[:, 0] - logits[:, 1])
-            if temperature > 0:
-                probs = torch.softmax(mixed / temperature, -1)
-                tok = torch.multinomial(probs, 1, generator=generator)[:, 0]
-            else:
-                tok = mixed.argmax(-1)
+            tok = sample_next(mixed, temperature, top_k, top_p, generator)
             toks[:, t] = tok
             if times is not None:
                 times.append(time.perf_counter())
