@@ -25,6 +25,8 @@ NVCC      ?= $(CUDA_HOME)/bin/nvcc
 CUDA_ARCHS ?= 80 90
 PYTHON    ?= python3
 VENV      := .venv
+# torch for the CPU alone: make bench's torch side with BENCH_TORCH=cpu
+BENCH_CPU_VENV := .venv-bench
 PORT      ?= 8080
 HOST      ?= 127.0.0.1
 
@@ -433,12 +435,14 @@ test-integration-asan: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json
 # each ShapesEval category (6 categories); KV_BENCH_THREADS CPU threads (0:
 # every core; 1 by default, steady on a shared machine, and the ratios are
 # what the table is for); KV_BENCH_POOL_IMAGES full-cache images the pool
-# holds; KV_BENCH_WAVES fills of the pool timed per row.
+# holds; KV_BENCH_WAVES fills of the pool timed per row; KV_BENCH_OUT where
+# the table, results.json and the images go.
 KV_BENCH_MODEL        ?= models/shapes
 KV_BENCH_PER_CATEGORY ?= 4
 KV_BENCH_THREADS      ?= 1
 KV_BENCH_POOL_IMAGES  ?= 2
 KV_BENCH_WAVES        ?= 2
+KV_BENCH_OUT          ?= $(BUILD)/bench-kv
 $(BUILD)/kv_bench: bench/kv_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
 
@@ -448,11 +452,13 @@ $(BUILD)/speed_bench: bench/speed_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 $(BUILD)/gemm_bench: bench/gemm_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
 
-# The decode-shaped GEMM against OpenBLAS at 1 to 32 rows on the served
+# The decode-shaped GEMM against OpenBLAS at 1 to 128 rows on the served
 # models' Linear shapes, side by side, and the crossover the CPU backend
-# uses (bench/gemm_bench.c). Not part of `make test`.
+# uses (bench/gemm_bench.c). GEMM_BENCH_ARGS adds flags (--reps, --min-ms).
+# Not part of `make test`.
+GEMM_BENCH_ARGS ?=
 bench-gemm: $(BUILD)/gemm_bench
-	$(BUILD)/gemm_bench
+	$(BUILD)/gemm_bench $(GEMM_BENCH_ARGS)
 
 # Images/s of a next-scale model at batch 1 and SCALE_BENCH_BATCH, side by
 # side in one run (bench/speed_bench.c). Not part of `make test`.
@@ -471,8 +477,11 @@ bench-scale: $(BUILD)/speed_bench
 # own PyTorch code: a Janus-Pro-shaped model against transformers' Janus
 # (bench/ref_janus.py) and, when LLAMAGEN_SRC names a checkout of
 # FoundationVision/LlamaGen, a LlamaGen-shaped one against its official
-# classes (bench/ref_llamagen.py). About an hour on two cores; torch from
-# .venv-tools. Not part of `make test`.
+# classes (bench/ref_llamagen.py). About an hour on two cores. Not part of
+# `make test`.
+# BENCH_TORCH=tools (the default) takes torch from .venv-tools (make
+# tools-deps, transformers too); BENCH_TORCH=cpu from .venv-bench, torch
+# without its CUDA wheels (below): enough for the models of tools/train.
 MID_MODEL            := $(BUILD)/mid-model
 JANUS_BENCH_MODEL    := $(BUILD)/bench-janus-pro
 LLAMAGEN_BENCH_MODEL := $(BUILD)/bench-llamagen
@@ -482,6 +491,13 @@ BENCH_THREADS     ?= 1,2
 BENCH_BATCH       ?= 8
 BENCH_CONCURRENCY ?= 1,4,16,64
 BENCH_ARGS        ?=
+BENCH_JSON        ?= $(BUILD)/bench.json
+BENCH_TORCH       ?= tools
+ifeq ($(filter $(BENCH_TORCH),tools cpu),)
+$(error BENCH_TORCH must be tools or cpu, not '$(BENCH_TORCH)')
+endif
+BENCH_TORCH_VENV  := $(if $(filter cpu,$(BENCH_TORCH)),$(BENCH_CPU_VENV),.venv-tools)
+BENCH_TORCH_DEPS  := $(if $(filter cpu,$(BENCH_TORCH)),$(BENCH_CPU_VENV)/.stamp,tools-deps)
 $(MID_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
 	$(VENV)/bin/python tools/make_tiny_model.py --preset mid --seed 1 --out $(MID_MODEL)
 
@@ -491,29 +507,48 @@ $(JANUS_BENCH_MODEL)/arserve.json: bench/ref_janus.py tools/convert/janus.py too
 $(LLAMAGEN_BENCH_MODEL)/arserve.json: bench/ref_llamagen.py tools/convert/llamagen.py | tools-deps
 	LLAMAGEN_SRC=$(LLAMAGEN_SRC) .venv-tools/bin/python bench/ref_llamagen.py build $(LLAMAGEN_BENCH_MODEL)
 
-bench: tools-deps $(BUILD)/speed_bench $(BUILD)/arserve $(filter $(BUILD)/%,$(addsuffix /arserve.json,$(BENCH_MODELS)))
+bench: $(BENCH_TORCH_DEPS) $(BUILD)/speed_bench $(BUILD)/arserve $(filter $(BUILD)/%,$(addsuffix /arserve.json,$(BENCH_MODELS)))
 	$(if $(LLAMAGEN_SRC),,@echo "bench: no LlamaGen rows: LLAMAGEN_SRC does not name a checkout of https://github.com/FoundationVision/LlamaGen")
-	LLAMAGEN_SRC=$(LLAMAGEN_SRC) .venv-tools/bin/python bench/speed_bench.py --bin $(BUILD)/speed_bench --arserve $(BUILD)/arserve \
+	LLAMAGEN_SRC=$(LLAMAGEN_SRC) $(BENCH_TORCH_VENV)/bin/python bench/speed_bench.py --bin $(BUILD)/speed_bench --arserve $(BUILD)/arserve \
 		$(foreach m,$(BENCH_MODELS),--model $(m)) --threads $(BENCH_THREADS) --batch $(BENCH_BATCH) \
-		--images $(BENCH_BATCH) --concurrency $(BENCH_CONCURRENCY) --json $(BUILD)/bench.json $(BENCH_ARGS)
+		--images $(BENCH_BATCH) --concurrency $(BENCH_CONCURRENCY) --json $(BENCH_JSON) $(BENCH_ARGS)
+
+# torch for the CPU (BENCH_TORCH=cpu): the PyPI wheel of torch is built for
+# CUDA and pulls in 4 GB of CUDA wheels (make tools-deps: 110 to 145 s and
+# 5.6 GB here, all of it downloaded each time: pip caches nothing from this
+# mirror); bench/requirements-torch-cpu.txt installs it without them but for
+# the four libraries it links that the CUDA toolkit lacks (about 50 s, 2.1 GB).
+# Where torch does not load even so (no CUDA toolkit on the loader's path),
+# pip adds the rest of its dependencies (80 s in all, the toolkit hidden).
+$(BENCH_CPU_VENV)/.stamp: bench/requirements-torch-cpu.txt
+	@[ -x $(BENCH_CPU_VENV)/bin/python ] || $(PYTHON) -m venv $(BENCH_CPU_VENV)
+	$(BENCH_CPU_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r bench/requirements-torch-cpu.txt
+	@$(BENCH_CPU_VENV)/bin/python -c 'import torch; torch.ones(2) @ torch.ones(2)' 2>/dev/null || { \
+		echo "$(BENCH_CPU_VENV): torch does not load with this machine's CUDA libraries; installing its CUDA wheels"; \
+		$(BENCH_CPU_VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements-torch-cpu.txt; }
+	$(BENCH_CPU_VENV)/bin/python -c 'import torch; torch.ones(2) @ torch.ones(2)'
+	@touch $@
 
 bench-kv: $(BUILD)/kv_bench $(VENV)/.stamp
 	$(VENV)/bin/python bench/kv_bench.py --bin $(BUILD)/kv_bench --model $(KV_BENCH_MODEL) \
 		--per-category $(KV_BENCH_PER_CATEGORY) --threads $(KV_BENCH_THREADS) \
-		--pool-images $(KV_BENCH_POOL_IMAGES) --waves $(KV_BENCH_WAVES) --out $(BUILD)/bench-kv
+		--pool-images $(KV_BENCH_POOL_IMAGES) --waves $(KV_BENCH_WAVES) --out $(KV_BENCH_OUT)
 
 # The serving sweep of docs/capacity.md (tools/serving_sweep.py): the cost
 # table fitted on this machine, `arserve bench` over a sweep of Poisson rates
 # against a daemon on loopback, full cache against a compressed policy in one
 # KV pool, the simulator checked against one measured trace, and the plot
 # (docs/serving-sweep.png). About ten minutes on two cores; not part of
-# `make test`. SWEEP_ARGS adds flags (python tools/serving_sweep.py --help).
+# `make test`. SWEEP_ARGS adds flags (python tools/serving_sweep.py --help); SWEEP_OUT and
+# SWEEP_PNG say where the runs and the plot go.
 SWEEP_ARGS ?=
+SWEEP_OUT  ?= $(BUILD)/sweep
+SWEEP_PNG  ?= docs/serving-sweep.png
 bench-serve: $(BUILD)/arserve $(VENV)/.stamp
 	@$(VENV)/bin/python -c 'import matplotlib' 2>/dev/null || \
 		$(VENV)/bin/pip install -q --disable-pip-version-check matplotlib==3.11.2
 	$(VENV)/bin/python tools/serving_sweep.py --arserve $(BUILD)/arserve --model $(MODEL) \
-		--out $(BUILD)/sweep --png docs/serving-sweep.png $(SWEEP_ARGS)
+		--out $(SWEEP_OUT) --png $(SWEEP_PNG) $(SWEEP_ARGS)
 
 # Serves MODEL on HOST:PORT: the shipped demo model unless told otherwise
 # (MODEL=build/tiny-model makes and serves the tiny random one).
@@ -524,13 +559,14 @@ run: deps
 
 # ShapesEval of MODEL: all 300 prompts of tools/shapes_eval/prompts.jsonl
 # through `arserve generate` (one process per core), then scored; images and
-# numbers in $(BUILD)/eval/. EVAL_ARGS adds runner flags, e.g.
+# numbers in EVAL_OUT ($(BUILD)/eval/). EVAL_ARGS adds runner flags, e.g.
 # EVAL_ARGS='--limit 48 --images-per-prompt 2 --arserve-arg="--cfg 3"'
 # (python -m tools.shapes_eval run --help).
 EVAL_ARGS ?=
+EVAL_OUT  ?= $(BUILD)/eval
 eval: $(BUILD)/arserve $(VENV)/.stamp
 	$(VENV)/bin/python -m tools.shapes_eval run --arserve $(BUILD)/arserve --model $(MODEL) \
-		--out $(BUILD)/eval --json $(BUILD)/eval/shapes_eval.json $(EVAL_ARGS)
+		--out $(EVAL_OUT) --json $(EVAL_OUT)/shapes_eval.json $(EVAL_ARGS)
 
 # The PNG tests/python/test_shipped_model.py expects models/shapes to draw;
 # remake it (and commit it) when the model files change.

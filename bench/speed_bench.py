@@ -24,7 +24,8 @@ bench/ref_janus.py (transformers' Janus) or bench/ref_llamagen.py (LlamaGen's of
 classes, from the checkout $LLAMAGEN_SRC names), which also build those directories; the
 daemon is not timed on them.
 
-Needs torch (tools/requirements.txt; `make bench` uses .venv-tools).
+Needs torch (tools/requirements.txt; `make bench` uses .venv-tools, or with BENCH_TORCH=cpu
+.venv-bench: torch without its CUDA wheels, bench/requirements-torch-cpu.txt).
 """
 
 import argparse
