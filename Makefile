@@ -26,6 +26,7 @@ CUDA_ARCHS ?= 80 90
 PYTHON    ?= python3
 VENV      := .venv
 # torch for the CPU alone: make bench's torch side with BENCH_TORCH=cpu
+# (test-bench-smoke)
 BENCH_CPU_VENV := .venv-bench
 PORT      ?= 8080
 HOST      ?= 127.0.0.1
@@ -137,7 +138,7 @@ VAR_MODEL  := models/shapes-var
         test-integration-asan test-sanitizers test-backend \
         test-cuda-build test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
         format format-check info bench bench-kv bench-scale bench-serve bench-gemm help \
-        playground-screenshot
+        playground-screenshot test-bench-smoke
 
 all: info $(BUILD)/arserve
 
@@ -145,7 +146,8 @@ help:
 	@echo "make run              build and serve MODEL (default models/shapes, the demo model) on http://HOST:PORT"
 	@echo "make test             build and run every suite (format-check, test-unit, test-cli,"
 	@echo "                      test-integration, test-integration-tsan, test-python, test-backend,"
-	@echo "                      test-cuda-build, test-dockerfile, test-sanitizers, test-fuzz)"
+	@echo "                      test-cuda-build, test-dockerfile, test-sanitizers, test-fuzz,"
+	@echo "                      test-bench-smoke: every bench target and make eval for seconds)"
 	@echo "make fuzz             every libFuzzer target for FUZZ_SECONDS (600) each, then a table"
 	@echo "                      of execs and coverage (tests/fuzz/); not part of make test"
 	@echo "make all              build $(BUILD)/arserve (CUDA=1, SANITIZER=..., DEBUG=1, CI=true)"
@@ -289,7 +291,8 @@ $(SANITIZER_SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors
 # Every suite, one stage after another (tests/run_stages.sh stops at the
 # first that fails and ends with each stage's seconds).
 TEST_STAGES := deps format-check all test-unit test-cli test-integration test-integration-tsan \
-               test-python test-backend test-cuda-build test-dockerfile test-sanitizers test-fuzz
+               test-python test-backend test-cuda-build test-dockerfile test-sanitizers test-fuzz \
+               test-bench-smoke
 test:
 	@tests/run_stages.sh "$(MAKE)" $(TEST_STAGES)
 
@@ -369,6 +372,19 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/
 test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
 	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_SLOW_MODEL=$(SLOW_MODEL) $(VENV)/bin/python -m pytest -q -rP tests/python
 
+# Every bench target the suites above do not run, for seconds each, through its
+# own recipe (tests/cli/test_bench_smoke.sh): make bench on the demo model, its
+# torch side included (torch for the CPU, .venv-bench: about 50 s to install
+# the first time), make bench-kv, bench-scale and bench-serve on the tiny
+# models, bench-gemm, and make eval on six prompts; each one's table or JSON
+# is checked. The torch side's sampler against the engine's rules too
+# (tests/bench/test_sample_next.py).
+test-bench-smoke: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUILD)/gemm_bench \
+                  $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json $(VENV)/.stamp \
+                  $(BENCH_CPU_VENV)/.stamp
+	$(BENCH_CPU_VENV)/bin/python tests/bench/test_sample_next.py
+	tests/cli/test_bench_smoke.sh "$(MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
+
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
 # the OpenAI client, bad requests, batching, 429s, disconnects, drains,
 # streaming, Prometheus scraping it, and `make run`.
@@ -431,7 +447,8 @@ test-integration-asan: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json
 # heatkv_binary and scalekv at 1/25, 1/10 and 1/5 on a next-scale one
 # (KV_BENCH_MODEL=models/shapes-var); the raster rows on a LlamaGen model too, classes spread
 # over its labels, no ShapesEval (KV_BENCH_MODEL=tests/golden/llamagen_tiny, or a converted
-# c2i model). Not part of `make test`. KV_BENCH_PER_CATEGORY prompts of
+# c2i model). Not part of `make test` (test-cli runs bench/kv_bench.py on the
+# tiny models, test-bench-smoke this recipe on one). KV_BENCH_PER_CATEGORY prompts of
 # each ShapesEval category (6 categories); KV_BENCH_THREADS CPU threads (0:
 # every core; 1 by default, steady on a shared machine, and the ratios are
 # what the table is for); KV_BENCH_POOL_IMAGES full-cache images the pool
@@ -455,13 +472,14 @@ $(BUILD)/gemm_bench: bench/gemm_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 # The decode-shaped GEMM against OpenBLAS at 1 to 128 rows on the served
 # models' Linear shapes, side by side, and the crossover the CPU backend
 # uses (bench/gemm_bench.c). GEMM_BENCH_ARGS adds flags (--reps, --min-ms).
-# Not part of `make test`.
+# Not part of `make test` (test-bench-smoke runs it for a second).
 GEMM_BENCH_ARGS ?=
 bench-gemm: $(BUILD)/gemm_bench
 	$(BUILD)/gemm_bench $(GEMM_BENCH_ARGS)
 
 # Images/s of a next-scale model at batch 1 and SCALE_BENCH_BATCH, side by
-# side in one run (bench/speed_bench.c). Not part of `make test`.
+# side in one run (bench/speed_bench.c). Not part of `make test`
+# (test-bench-smoke runs it on the tiny next-scale model).
 SCALE_BENCH_MODEL ?= models/shapes-var
 SCALE_BENCH_BATCH ?= 16
 bench-scale: $(BUILD)/speed_bench
@@ -478,7 +496,7 @@ bench-scale: $(BUILD)/speed_bench
 # (bench/ref_janus.py) and, when LLAMAGEN_SRC names a checkout of
 # FoundationVision/LlamaGen, a LlamaGen-shaped one against its official
 # classes (bench/ref_llamagen.py). About an hour on two cores. Not part of
-# `make test`.
+# `make test` (test-bench-smoke runs it on the demo model for seconds).
 # BENCH_TORCH=tools (the default) takes torch from .venv-tools (make
 # tools-deps, transformers too); BENCH_TORCH=cpu from .venv-bench, torch
 # without its CUDA wheels (below): enough for the models of tools/train.
@@ -539,7 +557,8 @@ bench-kv: $(BUILD)/kv_bench $(VENV)/.stamp
 # against a daemon on loopback, full cache against a compressed policy in one
 # KV pool, the simulator checked against one measured trace, and the plot
 # (docs/serving-sweep.png). About ten minutes on two cores; not part of
-# `make test`. SWEEP_ARGS adds flags (python tools/serving_sweep.py --help); SWEEP_OUT and
+# `make test` (test-bench-smoke runs it on the tiny model for seconds).
+# SWEEP_ARGS adds flags (python tools/serving_sweep.py --help); SWEEP_OUT and
 # SWEEP_PNG say where the runs and the plot go.
 SWEEP_ARGS ?=
 SWEEP_OUT  ?= $(BUILD)/sweep

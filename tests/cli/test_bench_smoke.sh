@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# A smoke run of every bench target that the other suites do not run, each
+# through its own make recipe with small variables, for seconds, and each
+# one's output checked, so that none rots unseen:
+#   make bench        the demo model (top-k 20), one thread, batches 1 and 2,
+#                     one round, both sides, the daemon at concurrency 1
+#                     (torch from .venv-bench, BENCH_TORCH=cpu)
+#   make bench-kv     the tiny model, one prompt per category, one pool fill
+#   make bench-scale  the tiny next-scale model at batch 2
+#   make bench-gemm   one alternation of 1 ms per timing
+#   make bench-serve  the tiny model at two Poisson rates of 4 requests
+#   make eval         the demo model on six prompts
+# Outputs go to a temporary folder, not to build/ or docs/. Each make is
+# killed, with everything it started, after RUN_TIMEOUT seconds (300: they
+# take 0.1 to 15 here), so a hang fails the test instead of stalling it.
+# usage: tests/cli/test_bench_smoke.sh MAKE tiny-model var-tiny-model path/to/python
+set -u
+make=$1 tiny=$2 var_tiny=$3 python=$4
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+ok()   { passed=$((passed + 1)); echo "ok      $1"; }
+fail() { failed=$((failed + 1)); echo "not ok  $1"; [ -n "${2:-}" ] && echo "$2" | sed 's/^/  /'; }
+
+RUN_TIMEOUT=${RUN_TIMEOUT:-300}
+
+# run NAME make-args...: runs make, its output in $tmp/NAME.out, and sets $secs.
+run() {
+    local name=$1
+    shift
+    local t0=$EPOCHREALTIME rc
+    timeout -k 10 "$RUN_TIMEOUT" "$make" --no-print-directory "$@" >"$tmp/$name.out" 2>&1
+    rc=$?
+    [ "$rc" = 124 ] && echo "make $1: killed after $RUN_TIMEOUT s" >>"$tmp/$name.out"
+    secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+    return $rc
+}
+
+# make bench: both sides' rows at batches 1 and 2 with positive numbers, in the
+# JSON and in the table, the torch side sampling with the model's settings
+# (top-k 20: the torch side refused it before it sampled as the engine does),
+# and the daemon's images/s.
+if run bench bench BENCH_TORCH=cpu BENCH_MODELS=models/shapes BENCH_THREADS=1 BENCH_BATCH=2 \
+    BENCH_CONCURRENCY=1 BENCH_ARGS="--rounds 1 --daemon-requests 2" BENCH_JSON="$tmp/bench.json"; then
+    if "$python" - "$tmp/bench.json" models/shapes/arserve.json "$tmp/bench.out" <<'PY' >"$tmp/bench.check" 2>&1
+import json, re, sys
+rows = json.load(open(sys.argv[1]))
+want = json.load(open(sys.argv[2]))["sampling"]
+table = open(sys.argv[3]).read()
+assert len(rows) == 1, rows
+r = rows[0]
+assert r["model"] == "shapes" and r["threads"] == 1 and r["reference"] == "JanusLM (tools/train)", r
+assert [b["batch"] for b in r["batches"]] == [1, 2], r
+for b in r["batches"]:
+    for side in ("arserve", "torch"):
+        for k in ("images_per_s", "step_s", "decode_s"):
+            assert b[side][k] > 0, (b["batch"], side, k, b)
+    assert 0 < b["arserve"]["roofline"] and 0 <= b["arserve"]["compute_roofline"], b
+assert r["rss_mib"]["arserve"] > 0 and r["rss_mib"]["torch"] > 0, r["rss_mib"]
+assert want["top_k"] > 0, want  # the demo model asks for top-k: the case that was refused
+assert r["torch_sampling"] == want, (r["torch_sampling"], want)
+assert list(r["daemon"]) == ["1"] and r["daemon"]["1"] > 0, r["daemon"]
+num = r"[0-9]+\.[0-9]+"
+for batch in (1, 2):
+    assert re.search(r"^shapes +1 +%d +%s +%s +%sx +%s +%s" % (batch, num, num, num, num, num),
+                     table, re.M), "no table row for batch %d" % batch
+assert re.search(r"^  shapes +JanusLM \(tools/train\); cfg [0-9.]+, temperature [0-9.]+, "
+                 r"top-k %d, top-p [0-9.]+;" % want["top_k"], table, re.M), "no sampling line"
+assert re.search(r"^  shapes +1 thread\(s\): C=1 %s \(" % num, table, re.M), "no daemon line"
+print("ok")
+PY
+    then ok "make bench: both sides at batches 1 and 2, the model's sampling, the daemon ($secs s)"
+    else fail "make bench: both sides at batches 1 and 2, the model's sampling, the daemon" \
+        "$(cat "$tmp/bench.check"; tail -30 "$tmp/bench.out")"
+    fi
+else
+    fail "make bench runs on the demo model" "$(tail -30 "$tmp/bench.out")"
+fi
+
+# make bench-kv: every row of the tiny model's table ran or says why not;
+# full and the rows that ran have images/s, and measured peaks equal planned.
+if run kv bench-kv KV_BENCH_MODEL="$tiny" KV_BENCH_PER_CATEGORY=1 KV_BENCH_WAVES=1 \
+    KV_BENCH_OUT="$tmp/kv"; then
+    if "$python" - "$tmp/kv/results.json" "$tmp/kv/table.txt" <<'PY' >"$tmp/kv.check" 2>&1
+import json, sys
+res = json.load(open(sys.argv[1]))
+rows = res["rows"]
+ran = [r for r in rows if "error" not in r]
+assert len(rows) == 10 and res["checks_failed"] == 0, res["checks_failed"]
+assert ran[0]["policy"] == "full" and len(ran) >= 2, [r["name"] for r in ran]
+for r in ran:
+    assert r["images_per_s"] > 0 and r["admitted"] > 0, r["name"]
+    assert r["measured_peak_bytes"] == r["planned_peak_bytes"] > 0, r["name"]
+assert open(sys.argv[2]).read().startswith("KV policies on tiny-random")
+print("ok")
+PY
+    then ok "make bench-kv: the tiny model's rows, images/s, measured == planned ($secs s)"
+    else fail "make bench-kv: the tiny model's rows" "$(cat "$tmp/kv.check"; tail -20 "$tmp/kv.out")"
+    fi
+else
+    fail "make bench-kv runs on the tiny model" "$(tail -30 "$tmp/kv.out")"
+fi
+
+# make bench-scale: images/s at batch 1 and 2 on the next-scale model.
+num='[0-9]+\.[0-9]+'
+if run scale bench-scale SCALE_BENCH_MODEL="$var_tiny" SCALE_BENCH_BATCH=2; then
+    if grep -qE "^batch +1: +$num images/s" "$tmp/scale.out" &&
+        grep -qE "^batch +2: +$num images/s" "$tmp/scale.out" &&
+        grep -qE "^batch 2 / batch 1: ${num}x$" "$tmp/scale.out" &&
+        ! grep -qE "^batch +[12]: +0\.00 images/s" "$tmp/scale.out"; then
+        ok "make bench-scale: images/s at batches 1 and 2 on the tiny next-scale model ($secs s)"
+    else
+        fail "make bench-scale: images/s at batches 1 and 2" "$(cat "$tmp/scale.out")"
+    fi
+else
+    fail "make bench-scale runs on the tiny next-scale model" "$(tail -30 "$tmp/scale.out")"
+fi
+
+# make bench-gemm: a row per shape and row count with both sides' times, and
+# the crossover line.
+if run gemm bench-gemm GEMM_BENCH_ARGS="--reps 1 --min-ms 1"; then
+    rows=$(awk '$1 ~ /^[0-9]+$/ && NF == 7 && $4 > 0 && $5 > 0 && $7 > 0' "$tmp/gemm.out" | wc -l)
+    if [ "$rows" = 98 ] && grep -q '^crossover: gemm_rows is faster on every shape ' "$tmp/gemm.out"; then
+        ok "make bench-gemm: 7 shapes x 14 row counts, both sides timed, the crossover ($secs s)"
+    else
+        fail "make bench-gemm: 7 shapes x 14 row counts and the crossover" \
+            "$rows rows: $(tail -20 "$tmp/gemm.out")"
+    fi
+else
+    fail "make bench-gemm runs" "$(tail -30 "$tmp/gemm.out")"
+fi
+
+# make bench-serve: both policies' sweeps completed every request, the
+# simulator replayed the trace, the cost table and the plot exist. The tiny
+# model's 8 lines need linear at 1/2 (its default 1/4 is refused on them).
+if run serve bench-serve MODEL="$tiny" SWEEP_OUT="$tmp/sweep" SWEEP_PNG="$tmp/sweep.png" \
+    SWEEP_ARGS="--rates 20,40 -n 4 --compressed '{\"kv_policy\": \"linear\", \"kv_budget\": 0.5}'"; then
+    if "$python" - "$tmp/sweep" "$tmp/sweep.png" <<'PY' >"$tmp/serve.check" 2>&1
+import csv, json, os, sys
+out, png = sys.argv[1:3]
+for policy in ("full", "compressed"):
+    rows = list(csv.DictReader(open(os.path.join(out, policy, "results.csv"))))
+    assert [r["label"] for r in rows] == ["rate-20", "rate-40"], (policy, rows)
+    for r in rows:
+        assert float(r["completed"]) == 4 and float(r["num_failed"]) == 0, (policy, r)
+        assert float(r["images_per_s"]) > 0 and float(r["p99_e2el_ms"]) > 0, (policy, r)
+sim = json.load(open(os.path.join(out, "simulated", "trace.json")))
+assert sim["completed"] == 4 and sim["request_throughput"] > 0, sim
+assert json.load(open(os.path.join(out, "costs.json")))
+assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+print("ok")
+PY
+    then ok "make bench-serve: both policies at two rates, the simulator, the plot ($secs s)"
+    else fail "make bench-serve: both policies, the simulator, the plot" \
+        "$(cat "$tmp/serve.check"; tail -20 "$tmp/serve.out")"
+    fi
+else
+    fail "make bench-serve runs on the tiny model" "$(tail -30 "$tmp/serve.out")"
+fi
+
+# make eval: six prompts generated and scored, one per category.
+if run eval eval EVAL_ARGS="--limit 6" EVAL_OUT="$tmp/eval"; then
+    if "$python" - "$tmp/eval" <<'PY' >"$tmp/eval.check" 2>&1
+import json, os, sys
+s = json.load(open(os.path.join(sys.argv[1], "shapes_eval.json")))
+assert s["n_prompts"] == 6 and len(s["results"]) == 6, s["n_prompts"]
+assert all(v["n"] == 1 for v in s["categories"].values()) and len(s["categories"]) == 6
+assert sorted(os.listdir(sys.argv[1])) == ["%05d.png" % i for i in range(6)] + ["shapes_eval.json"]
+assert 0 <= s["overall"] <= 1 and 0 <= s["colour_recall"] <= 1 and s["generation_s"] > 0, s
+print("ok")
+PY
+    then ok "make eval: six prompts generated and scored ($secs s)"
+    else fail "make eval: six prompts generated and scored" "$(cat "$tmp/eval.check"; tail -20 "$tmp/eval.out")"
+    fi
+else
+    fail "make eval runs on six prompts" "$(tail -30 "$tmp/eval.out")"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
