@@ -379,11 +379,15 @@ test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
 # models, bench-gemm, and make eval on six prompts; each one's table or JSON
 # is checked. The torch side's sampler against the engine's rules too
 # (tests/bench/test_sample_next.py).
+# make reaches the script through SMOKE_MAKE, not $(MAKE) in the recipe
+# itself, so that `make -n` does not run the script (it runs any recipe line
+# that names $(MAKE)).
+SMOKE_MAKE = $(MAKE)
 test-bench-smoke: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUILD)/gemm_bench \
                   $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json $(VENV)/.stamp \
                   $(BENCH_CPU_VENV)/.stamp
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_sample_next.py
-	tests/cli/test_bench_smoke.sh "$(MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
+	tests/cli/test_bench_smoke.sh "$(SMOKE_MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
 # the OpenAI client, bad requests, batching, 429s, disconnects, drains,
