@@ -210,42 +210,79 @@ static int scan_string(scan_t *s) {
     return fail_at(s, open, 0, "unterminated string");
 }
 
+/* RFC 8259's number grammar from p[i] ('-' or a digit), without a length
+ * limit: NUMBER_OK with the number's end in *at, or what is wrong with it
+ * and the byte it is wrong at in *at. */
+typedef enum number_fault {
+    NUMBER_OK,
+    NUMBER_BARE_MINUS,
+    NUMBER_LEADING_ZERO,
+    NUMBER_BARE_POINT,
+    NUMBER_BARE_EXPONENT,
+} number_fault_t;
+
+static number_fault_t number_grammar(const unsigned char *p, size_t len, size_t i, size_t *at) {
+    const size_t start = i;
+    *at = start;
+    if (i < len && p[i] == '-')
+        i++;
+    if (i >= len || !is_digit(p[i]))
+        return NUMBER_BARE_MINUS;
+    if (p[i] == '0') {
+        i++;
+        if (i < len && is_digit(p[i]))
+            return NUMBER_LEADING_ZERO;
+    } else {
+        while (i < len && is_digit(p[i]))
+            i++;
+    }
+    if (i < len && p[i] == '.') {
+        *at = i++;
+        if (i >= len || !is_digit(p[i]))
+            return NUMBER_BARE_POINT;
+        while (i < len && is_digit(p[i]))
+            i++;
+    }
+    if (i < len && (p[i] == 'e' || p[i] == 'E')) {
+        *at = i++;
+        if (i < len && (p[i] == '+' || p[i] == '-'))
+            i++;
+        if (i >= len || !is_digit(p[i]))
+            return NUMBER_BARE_EXPONENT;
+        while (i < len && is_digit(p[i]))
+            i++;
+    }
+    *at = i;
+    return NUMBER_OK;
+}
+
 /* A number at s->i ('-' or a digit); advances past it. What follows it is
  * the caller's to judge, so "1x" fails as data after a value. */
 static int scan_number(scan_t *s) {
-    size_t start = s->i;
-    if (s->p[s->i] == '-')
-        s->i++;
-    if (s->i >= s->len || !is_digit(s->p[s->i]))
-        return fail_at(s, start, 0, "a '-' must be followed by a digit");
-    if (s->p[s->i] == '0') {
-        s->i++;
-        if (s->i < s->len && is_digit(s->p[s->i]))
-            return fail_at(s, start, 0, "a number may not have a leading zero");
-    } else {
-        while (s->i < s->len && is_digit(s->p[s->i]))
-            s->i++;
+    const size_t start = s->i;
+    size_t at;
+    switch (number_grammar(s->p, s->len, start, &at)) {
+    case NUMBER_BARE_MINUS:
+        return fail_at(s, at, 0, "a '-' must be followed by a digit");
+    case NUMBER_LEADING_ZERO:
+        return fail_at(s, at, 0, "a number may not have a leading zero");
+    case NUMBER_BARE_POINT:
+        return fail_at(s, at, 0, "a '.' in a number must be followed by a digit");
+    case NUMBER_BARE_EXPONENT:
+        return fail_at(s, at, 0, "an exponent must have a digit");
+    case NUMBER_OK:
+        break;
     }
-    if (s->i < s->len && s->p[s->i] == '.') {
-        s->i++;
-        if (s->i >= s->len || !is_digit(s->p[s->i]))
-            return fail_at(s, s->i - 1, 0, "a '.' in a number must be followed by a digit");
-        while (s->i < s->len && is_digit(s->p[s->i]))
-            s->i++;
-    }
-    if (s->i < s->len && (s->p[s->i] == 'e' || s->p[s->i] == 'E')) {
-        size_t e = s->i++;
-        if (s->i < s->len && (s->p[s->i] == '+' || s->p[s->i] == '-'))
-            s->i++;
-        if (s->i >= s->len || !is_digit(s->p[s->i]))
-            return fail_at(s, e, 0, "an exponent must have a digit");
-        while (s->i < s->len && is_digit(s->p[s->i]))
-            s->i++;
-    }
+    s->i = at;
     if (s->i - start > JSON_STRICT_MAX_NUMBER_CHARS)
         return fail_at(s, start, 0, "a number of %zu characters; at most %d are read", s->i - start,
                        JSON_STRICT_MAX_NUMBER_CHARS);
     return AR_OK;
+}
+
+size_t json_strict_number_len(const char *p, size_t avail) {
+    size_t end;
+    return p && number_grammar((const unsigned char *)p, avail, 0, &end) == NUMBER_OK ? end : 0;
 }
 
 /* Why the byte at s->i cannot start a value (the caller knows it cannot). */

@@ -45,6 +45,12 @@ typedef struct json_strict_fault {
  * Returns AR_OK, or AR_ERR with *fault (may be NULL) saying where and why. */
 int json_strict_check(const char *text, size_t len, int max_depth, json_strict_fault_t *fault);
 
+/* Length of the RFC 8259 number at p (the grammar above, without the
+ * JSON_STRICT_MAX_NUMBER_CHARS limit), of which avail bytes may be read; 0
+ * when what is there is not a number. Whatever follows it is not looked at:
+ * "12x" is a number of 2. */
+size_t json_strict_number_len(const char *p, size_t avail);
+
 /* What is wrong with a UTF-8 sequence (json_strict_utf8_len). */
 typedef enum json_utf8_fault {
     JSON_UTF8_OK,

@@ -329,7 +329,7 @@ static int parse_prompt(const field_t *f, const cJSON *v, const api_limits_t *li
 /* class_label: an index in [0, num_classes) or one of the class names. */
 static int parse_class_label(const field_t *f, const cJSON *v, const api_limits_t *lim,
                              api_image_request_t *r, api_error_t *err) {
-    char buf[72];
+    char buf[72], num[40];
     if (lim->num_classes <= 0)
         return api_errorf(err, 400, f->name, "invalid_value",
                           "class_label: this model is not class-conditional; give a prompt");
@@ -352,8 +352,8 @@ static int parse_class_label(const field_t *f, const cJSON *v, const api_limits_
                           lim->num_classes - 1, where, json_type_name(v));
     if (v->valuedouble < 0 || v->valuedouble >= lim->num_classes)
         return api_errorf(err, 400, f->name, "invalid_value",
-                          "class_label must be an integer from 0 to %d%s; got %.0f",
-                          lim->num_classes - 1, where, v->valuedouble);
+                          "class_label must be an integer from 0 to %d%s; got %s",
+                          lim->num_classes - 1, where, fmt_double(v->valuedouble, num));
     r->has_class = 1;
     r->class_label = (int)v->valuedouble;
     return AR_OK;
@@ -523,6 +523,66 @@ static int limits_valid(const api_limits_t *lim) {
            lim->max_prompt_bytes >= 1 && lim->codebook_size >= 0;
 }
 
+/* The number at p[0..n) as a JSON number of at most 24 characters that reads
+ * back as the same double: strtod's nearest, or 1e999 past the largest
+ * double (which cJSON reads back as infinity, as strtod does). p[n] must be
+ * writable: it is a NUL while strtod reads. */
+static void spell_short(char *p, size_t n, char out[32]) {
+    const char after = p[n];
+    p[n] = 0;
+    const double x = strtod(p, NULL);
+    p[n] = after;
+    if (isinf(x))
+        snprintf(out, 32, "%s", x < 0 ? "-1e999" : "1e999");
+    else
+        snprintf(out, 32, "%.17g", x);
+}
+
+/* cJSON reads at most JSON_STRICT_MAX_NUMBER_CHARS characters of a number,
+ * so a longer one (a seed written with 400 digits) would be malformed JSON
+ * with no field to name. Returns body, or a copy of it (*copy, the caller
+ * frees it) where every such number is respelled as its nearest double,
+ * padded with spaces to its length (byte offsets stay true): the field's own
+ * checks then judge it like any number (400 digits: too large for a double,
+ * out of every range). Strings are skipped; NULL when memory runs out. */
+static const char *shorten_long_numbers(const char *body, size_t len, char **copy) {
+    *copy = NULL;
+    int in_string = 0;
+    for (size_t i = 0; i < len;) {
+        const char c = body[i];
+        if (in_string) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_string = 0;
+            i++;
+            continue;
+        }
+        if (c == '"') {
+            in_string = 1;
+            i++;
+            continue;
+        }
+        size_t n =
+            c == '-' || (c >= '0' && c <= '9') ? json_strict_number_len(body + i, len - i) : 0;
+        if (n > JSON_STRICT_MAX_NUMBER_CHARS) {
+            if (!*copy) {
+                if (!(*copy = malloc(len + 1)))
+                    return NULL;
+                memcpy(*copy, body, len);
+                (*copy)[len] = 0;
+            }
+            char spelled[32];
+            spell_short(*copy + i, n, spelled);
+            size_t k = strlen(spelled);
+            memcpy(*copy + i, spelled, k);
+            memset(*copy + i + k, ' ', n - k);
+        }
+        i += n ? n : 1;
+    }
+    return *copy ? *copy : body;
+}
+
 /* Steps 1-3 of api_parse_image_request: the body as a cJSON object. */
 static cJSON *parse_body(const char *body, size_t len, api_error_t *err) {
     if (!body)
@@ -536,10 +596,17 @@ static cJSON *parse_body(const char *body, size_t len, api_error_t *err) {
     }
     if (body_scan((const unsigned char *)body, len, err))
         return NULL;
+    char *copy;
+    const char *text = shorten_long_numbers(body, len, &copy);
+    if (!text) {
+        api_errorf(err, 500, "", "out_of_memory", "out of memory reading the body");
+        return NULL;
+    }
     /* The strict check refuses what RFC 8259 does and cJSON would take
      * (01, 1., trailing commas, data after the value) before cJSON sees it. */
     json_strict_fault_t fault;
-    cJSON *root = json_parse_strict(body, len, API_MAX_JSON_DEPTH, &fault, NULL);
+    cJSON *root = json_parse_strict(text, len, API_MAX_JSON_DEPTH, &fault, NULL);
+    free(copy);
     if (!root) {
         if (fault.trailing)
             api_errorf(err, 400, "", "invalid_json",

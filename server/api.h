@@ -111,7 +111,9 @@ typedef struct api_image_request {
  *      strings; cJSON would take them as whitespace), no \u0000 escapes (cJSON
  *      would cut the string there), nesting at most API_MAX_JSON_DEPTH;
  *   2. the strict RFC 8259 check (engine/json_strict.h: no 01, 1., trailing
- *      commas or data after the value), then cJSON's parse;
+ *      commas or data after the value), then cJSON's parse; a number longer
+ *      than cJSON reads (JSON_STRICT_MAX_NUMBER_CHARS) is read as its
+ *      nearest double first, so its field's range check names it in step 4;
  *   3. the value is an object;
  *   4. its members in document order: duplicates, unknown names, types,
  *      ranges (a KV knob's as KV_POLICY_KNOBS gives); the first fault is

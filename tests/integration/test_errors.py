@@ -17,6 +17,11 @@ def ok(**kw):
     return json.dumps({"prompt": "a red circle", **kw}).encode()
 
 
+def long_number(field, sign=""):
+    """A valid body whose field is a number written with 400 digits."""
+    return b'{"prompt": "a red circle", "%s": %s%s}' % (field.encode(), sign.encode(), b"9" * 400)
+
+
 # (id, method, path, raw body or None, status, param, code)
 CASES = [
     # malformed JSON
@@ -71,6 +76,17 @@ CASES = [
     ("kv-policy-unknown", "POST", GEN, ok(kv_policy="magic"), 400, "kv_policy",
      "invalid_value"),
     ("kv-budget-above-1", "POST", GEN, ok(kv_budget=1.5), 400, "kv_budget", "invalid_value"),
+    # numbers longer than cJSON reads (63 characters): their field's range check, not
+    # invalid_json without a field
+    ("seed-400-digits", "POST", GEN, long_number("seed"), 400, "seed", "invalid_value"),
+    ("n-400-digits", "POST", GEN, long_number("n"), 400, "n", "invalid_value"),
+    ("top-k-400-digits", "POST", GEN, long_number("top_k"), 400, "top_k", "invalid_value"),
+    ("partial-images-400-digits", "POST", GEN, long_number("partial_images"), 400,
+     "partial_images", "invalid_value"),
+    ("seed-minus-400-digits", "POST", GEN, long_number("seed", "-"), 400, "seed",
+     "invalid_value"),
+    ("temperature-400-digits", "POST", GEN, long_number("temperature"), 400, "temperature",
+     "invalid_value"),
     # sizes and formats
     ("size-not-served", "POST", GEN, ok(size="1024x1024"), 400, "size", "invalid_value"),
     ("size-garbage", "POST", GEN, ok(size="big"), 400, "size", "invalid_value"),
@@ -124,6 +140,17 @@ def test_bad_request(tiny_daemon, method, path, body, status, param, code):
     after = tiny_daemon.metrics()
     assert after.http_codes().get(str(status), 0) > before.http_codes().get(str(status), 0)
     assert after.get("arserve_iterations_total") == before.get("arserve_iterations_total")
+
+
+@pytest.mark.parametrize("field", ["seed", "n", "top_k"])
+def test_a_400_digit_number_is_out_of_its_fields_range(tiny_daemon, field):
+    r = tiny_daemon.client.post(GEN, content=long_number(field),
+                                headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"]) == (field, "invalid_value"), err
+    assert err["message"].startswith(f"{field} must be an integer from "), err
+    assert err["message"].endswith("got a number too large for a double"), err
 
 
 def test_daemon_serves_after_every_bad_request(tiny_daemon):

@@ -543,6 +543,90 @@ static void test_long_unknown_key_truncated_on_char_boundary(void) {
     check_error_shape(&err);
 }
 
+/* A number longer than cJSON reads is judged by its field like any number:
+ * every numeric field through the same check, byte offsets of later faults
+ * unchanged, numbers inside strings left alone. */
+static void test_long_numbers_name_their_field(void) {
+    static const struct {
+        const char *field, *code, *message_has;
+        const char *head, *digit; /* the number: head, then 400 of digit */
+    } cases[] = {
+        {"seed", "invalid_value", "too large for a double", "", "9"},
+        {"seed", "invalid_value", "too small for a double", "-", "9"},
+        {"n", "invalid_value", "an integer from 1 to 4; got a number too large", "", "9"},
+        {"top_k", "invalid_value", "too large for a double", "", "1"},
+        {"partial_images", "invalid_value", "too large for a double", "", "7"},
+        {"temperature", "invalid_value", "too large for a double", "", "5"},
+        {"kv_budget", "invalid_value", "too large for a double", "", "3"},
+        {"anchor_lines", "invalid_value", "too large for a double", "", "3"},
+        {"prompt", "invalid_type", "got a number", "", "9"},
+        {"seed", "invalid_value", "got 1e+99", "1", "0"}, /* in a double's range, not seed's */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[600];
+        int k = snprintf(body, sizeof body, "{\"prompt\":\"x\",\"%s\":%s", cases[i].field,
+                         cases[i].head);
+        if (!strcmp(cases[i].field, "prompt"))
+            k = snprintf(body, sizeof body, "{\"prompt\":%s", cases[i].head);
+        if (!strcmp(cases[i].field, "anchor_lines"))
+            k = snprintf(body, sizeof body, "{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"%s\":%s",
+                         cases[i].field, cases[i].head);
+        int digits = !strcmp(cases[i].head, "1") ? 99 : 400;
+        for (int d = 0; d < digits; d++)
+            body[k++] = cases[i].digit[0];
+        snprintf(body + k, sizeof body - k, "}");
+        api_image_request_t r;
+        api_error_t err;
+        int rc = parse(body, &r, &err);
+        CHECK_MSG(rc == AR_ERR, "case %zu accepted", i);
+        if (rc != AR_ERR) {
+            api_image_request_free(&r);
+            continue;
+        }
+        CHECK_MSG(err.status == 400 && !strcmp(err.param, cases[i].field) &&
+                      !strcmp(err.code, cases[i].code),
+                  "case %zu: %d param '%s' code '%s': %s", i, err.status, err.param, err.code,
+                  err.message);
+        CHECK_STR_CONTAINS(err.message, cases[i].message_has);
+        check_error_shape(&err);
+    }
+    /* Equal to a value in range: accepted as that value. */
+    char body[600];
+    int k = snprintf(body, sizeof body, "{\"prompt\":\"x\",\"n\":2.");
+    for (int d = 0; d < 100; d++)
+        body[k++] = '0';
+    snprintf(body + k, sizeof body - k, ",\"seed\":7}");
+    api_image_request_t r;
+    api_error_t err;
+    CHECK_MSG(parse(body, &r, &err) == AR_OK, "%s", err.message);
+    CHECK(r.n == 2 && r.has_seed && r.seed == 7);
+    api_image_request_free(&r);
+    /* A long run of digits in a string is text; a fault after a long number
+     * is reported at its own byte. */
+    char digits[101];
+    memset(digits, '9', 100);
+    digits[100] = 0;
+    snprintf(body, sizeof body, "{\"prompt\":\"x\",\"user\":\"%s\"}", digits);
+    CHECK_MSG(parse(body, &r, &err) == AR_OK, "%s", err.message);
+    CHECK(strcmp(r.user, digits) == 0);
+    api_image_request_free(&r);
+    k = snprintf(body, sizeof body, "{\"prompt\":\"x\",\"seed\":");
+    for (int d = 0; d < 100; d++)
+        body[k++] = '9';
+    k += snprintf(body + k, sizeof body - k, ",}");
+    CHECK(parse(body, &r, &err) == AR_ERR && !strcmp(err.code, "invalid_json"));
+    char at[32];
+    snprintf(at, sizeof at, "at byte %d", k - 2);
+    CHECK_STR_CONTAINS(err.message, at);
+    /* Malformed long numbers stay malformed. */
+    k = snprintf(body, sizeof body, "{\"prompt\":\"x\",\"seed\":0");
+    for (int d = 0; d < 100; d++)
+        body[k++] = '9';
+    snprintf(body + k, sizeof body - k, "}");
+    CHECK(parse(body, &r, &err) == AR_ERR && !strcmp(err.code, "invalid_json"));
+    CHECK_STR_CONTAINS(err.message, "leading zero");
+}
+
 static void test_invalid_limits_are_a_server_error(void) {
     api_limits_t lim = test_limits;
     lim.n_sizes = 0;
@@ -975,6 +1059,7 @@ int main(void) {
     TEST_RUN(test_nesting_cap_counts_structure_only);
     TEST_RUN(test_embedded_nul_bytes_rejected);
     TEST_RUN(test_long_unknown_key_truncated_on_char_boundary);
+    TEST_RUN(test_long_numbers_name_their_field);
     TEST_RUN(test_invalid_limits_are_a_server_error);
     TEST_RUN(test_mutated_bodies_never_misbehave);
     TEST_RUN(test_sampler_params_overlay);

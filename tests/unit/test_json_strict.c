@@ -185,6 +185,30 @@ static char *nested(size_t n) {
     return s;
 }
 
+/* The number grammar alone, without the length limit, for callers that
+ * respell long numbers (server/api.c). */
+static void test_number_len(void) {
+    static const struct {
+        const char *text;
+        size_t len;
+    } cases[] = {
+        {"0", 1},  {"-0", 2}, {"12x", 2}, {"1.5e-3,", 6}, {"1E+9}", 4}, {"01", 0},
+        {"-", 0},  {"-a", 0}, {"1.", 0},  {"1.e5", 0},    {"1e", 0},    {"1e+", 0},
+        {".5", 0}, {"+1", 0}, {"x", 0},   {"0.5.5", 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t n = json_strict_number_len(cases[i].text, strlen(cases[i].text));
+        CHECK_MSG(n == cases[i].len, "%s: %zu, want %zu", cases[i].text, n, cases[i].len);
+    }
+    /* No length limit, and never a byte past avail. */
+    char digits[400];
+    memset(digits, '9', sizeof digits);
+    CHECK(json_strict_number_len(digits, sizeof digits) == sizeof digits);
+    CHECK(json_strict_number_len(digits, 10) == 10);
+    CHECK(json_strict_number_len("-5", 1) == 0);
+    CHECK(json_strict_number_len("", 0) == 0);
+}
+
 static void test_nesting_limit(void) {
     json_strict_fault_t f;
     char *s = nested(64);
@@ -382,6 +406,7 @@ static void test_every_parse_site_is_strict(void) {
 int main(void) {
     TEST_RUN(test_valid_texts_accepted);
     TEST_RUN(test_invalid_texts_refused_with_byte_and_reason);
+    TEST_RUN(test_number_len);
     TEST_RUN(test_nesting_limit);
     TEST_RUN(test_parse_strict_reports_byte_and_reason);
     TEST_RUN(test_accepted_texts_parse_in_cjson);
