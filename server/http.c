@@ -685,11 +685,29 @@ static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c) {
 
 /* What the headers say about the body's framing. */
 typedef struct framing {
-    int n_length;          /* Content-Length headers */
-    int lengths_differ;    /* two of them disagree */
-    char length[32];       /* the first one's value */
-    int transfer_encoding; /* a Transfer-Encoding header */
+    int n_length;                 /* Content-Length headers */
+    int lengths_differ;           /* two of them disagree */
+    char length[32];              /* the first one's value */
+    int transfer_encoding;        /* Transfer-Encoding headers */
+    int only_chunked;             /* one of them, and its value is "chunked" (any case) */
+    char coding[QUOTE_BYTES + 4]; /* the first coding named that is not chunked, printable */
 } framing_t;
+
+/* Notes in f the first coding of a Transfer-Encoding list (RFC 9110 5.6.1:
+ * comma-separated, optional whitespace) that is not chunked. */
+static void scan_codings(framing_t *f, const char *list) {
+    for (const char *p = list; *p && !f->coding[0];) {
+        p += strspn(p, " \t,");
+        size_t n = strcspn(p, ",");
+        while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
+            n--;
+        char coding[QUOTE_BYTES + 4];
+        snprintf(coding, sizeof coding, "%.*s", (int)(n < QUOTE_BYTES ? n : QUOTE_BYTES), p);
+        if (n && strcasecmp(coding, "chunked"))
+            quote_printable(f->coding, sizeof f->coding, coding, 0);
+        p += strcspn(p, ",");
+    }
+}
 
 static enum MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const char *key,
                                     const char *value) {
@@ -701,7 +719,11 @@ static enum MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const ch
         else if (!value || strcmp(f->length, value))
             f->lengths_differ = 1;
     } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
-        f->transfer_encoding = 1;
+        /* libmicrohttpd decodes the body as chunked when the first such
+         * header is "chunked" and reads it to the end of the connection
+         * otherwise: anything but that one header is refused. */
+        f->only_chunked = f->transfer_encoding++ == 0 && value && !strcasecmp(value, "chunked");
+        scan_codings(f, value ? value : "");
     }
     return MHD_YES;
 }
@@ -733,11 +755,10 @@ static int is_json_type(const char *type) {
 
 /* Everything decided from the request line and headers, answered before any
  * of the body is read: 400 for an encoded NUL in the path or ambiguous
- * framing, 403 for a Host not allowed, 404, 405, 401, 415, and 413 by
- * Content-Length when the body is not worth reading (the client waits for
- * "100 Continue", or the body is past the lingering bound). A smaller body
- * over the limit is read and thrown away first (cx->too_large), so that a
- * client still sending sees the 413. */
+ * framing, 501 for a transfer coding other than chunked, 403 for a Host not allowed, 404, 405, 401,
+ * 415, and 413 by Content-Length when the body is not worth reading (the client waits for "100
+ * Continue", or the body is past the lingering bound). A smaller body over the limit is read and
+ * thrown away first (cx->too_large), so that a client still sending sees the 413. */
 static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
                                     const char *method, const char *version) {
     framing_t f = {0};
@@ -753,6 +774,23 @@ static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, 
                     f.lengths_differ ? "the request has Content-Length headers that disagree"
                                      : "the request has both Content-Length and "
                                        "Transfer-Encoding; send one");
+    }
+    if (f.transfer_encoding && !f.only_chunked) {
+        /* RFC 9112 6.1: a coding the server does not understand is a 501;
+         * 6.3: a body whose last coding is not chunked has no length to
+         * find, so the connection cannot be read past it either way. */
+        cx->close = 1;
+        if (f.coding[0]) {
+            api_error_t e;
+            api_errorf(&e, 501, NULL, "unsupported_transfer_encoding",
+                       "Transfer-Encoding '%s' is not implemented: send the body with "
+                       "Content-Length, or with 'Transfer-Encoding: chunked' alone",
+                       f.coding);
+            snprintf(e.type, sizeof e.type, "invalid_request_error");
+            return send_error(h, c, cx, &e);
+        }
+        return fail(h, c, cx, 400, NULL, "invalid_framing",
+                    "Transfer-Encoding must be 'chunked', once (RFC 9112 6.1)");
     }
     const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
     if (!host && !strcmp(version, MHD_HTTP_VERSION_1_1)) {

@@ -127,6 +127,107 @@ def test_strict_http(daemon, case):
     assert after.get("200", 0) == before.get("200", 0) + 1  # the scrape itself
 
 
+# ---- answers that must come at once, not at a deadline ----
+
+# The body deadline of the daemons below: an answer that waited for it would
+# come this late; ANSWER_S is what "at once" may take.
+LONG_BODY_TIMEOUT_S = 60
+ANSWER_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def patient_daemon(tmp_path_factory):
+    """A daemon whose body deadline is a minute away (and a 64 KiB body limit)."""
+    from conftest import Daemon
+    d = Daemon(str(tmp_path_factory.mktemp("arserve")), TINY_MODEL,
+               ["--max-body-bytes", "65536", "--body-timeout-s", str(LONG_BODY_TIMEOUT_S)])
+    yield d
+    d.finish()
+
+
+def first_answer(port, data, timeout=10.0):
+    """Sends data on a fresh connection, keeps it open, and reads the first
+    response, returning as soon as it is whole. (status, parsed JSON body or
+    None, seconds from the send, the response's bytes). The socket timeout
+    (scaled) is a safety net only: a daemon that waits for its body deadline
+    fails the test there."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=scaled(timeout))
+    t0 = time.monotonic()
+    buf = b""
+    try:
+        s.sendall(data)
+        while True:
+            head, sep, body = buf.partition(b"\r\n\r\n")
+            if sep:
+                m = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                if m and len(body) >= int(m.group(1)):
+                    break
+            got = s.recv(65536)
+            if not got:
+                break
+            buf += got
+    except socket.timeout:
+        pytest.fail(f"no answer within {scaled(timeout)} s (got {buf[:200]!r}): the daemon "
+                    "waits for a deadline")
+    except ConnectionResetError:
+        pass
+    finally:
+        s.close()
+    took = time.monotonic() - t0
+    if not buf:
+        pytest.fail(f"the daemon closed after {took:.2f} s without an answer")
+    status, body = status_and_json(buf)
+    return status, body, took, buf
+
+
+# (id, Transfer-Encoding header lines, status, error code)
+TRANSFER_ENCODING_CASES = [
+    ("gzip", ["gzip"], 501, "unsupported_transfer_encoding"),
+    ("gzip-then-chunked", ["gzip, chunked"], 501, "unsupported_transfer_encoding"),
+    ("chunked-then-gzip", ["chunked, gzip"], 501, "unsupported_transfer_encoding"),
+    ("deflate-header-then-chunked-header", ["deflate", "chunked"], 501,
+     "unsupported_transfer_encoding"),
+    ("chunked-header-then-gzip-header", ["chunked", "gzip"], 501,
+     "unsupported_transfer_encoding"),
+    ("identity", ["identity"], 501, "unsupported_transfer_encoding"),
+    ("chunked-twice", ["chunked, chunked"], 400, "invalid_framing"),
+    ("chunked-twice-in-two-headers", ["chunked", "chunked"], 400, "invalid_framing"),
+    ("empty-element", [", chunked"], 400, "invalid_framing"),
+]
+
+
+@pytest.mark.parametrize("case", TRANSFER_ENCODING_CASES,
+                         ids=[c[0] for c in TRANSFER_ENCODING_CASES])
+def test_a_transfer_coding_other_than_chunked_is_refused_at_once(patient_daemon, case):
+    """RFC 9112 6.1: a coding the server does not implement is a 501; 6.3: a
+    body whose last coding is not chunked has no length. libmicrohttpd reads
+    such a body to the end of the connection, so before this the client
+    waited for the body deadline. The answer names the header and closes."""
+    _, codings, want_status, want_code = case
+    data = request("POST", GEN, ["Content-Type: application/json"]
+                   + [f"Transfer-Encoding: {c}" for c in codings], b"5\r\nhello\r\n")
+    status, body, took, resp = first_answer(patient_daemon.port, data.replace(
+        b"Connection: close\r\n", b""))
+    assert (status, body["error"]["code"]) == (want_status, want_code), body
+    assert took < scaled(ANSWER_S), f"answered after {took:.2f} s"
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert err["type"] == "invalid_request_error"
+    assert "Transfer-Encoding" in err["message"], err
+    if want_status == 501:
+        first = next(c for c in ", ".join(codings).split(", ") if c != "chunked")
+        assert f"'{first}'" in err["message"], err
+    assert re.search(rb"(?i)\r\nconnection: *close\r\n", resp), resp[:300]
+
+
+def test_a_transfer_coding_is_refused_on_any_route(patient_daemon):
+    status, body, took, _ = first_answer(patient_daemon.port, request(
+        "GET", "/health", ["Transfer-Encoding: gzip"], b"abc").replace(
+            b"Connection: close\r\n", b""))
+    assert (status, body["error"]["code"]) == (501, "unsupported_transfer_encoding"), body
+    assert took < scaled(ANSWER_S)
+
+
 def test_allowed_host_names_pass(daemon):
     for host in ("127.0.0.1", "localhost", "LOCALHOST:9", "[::1]:8080"):
         status, body = status_and_json(raw(daemon.port, request("GET", "/health", host=host)))
