@@ -30,6 +30,15 @@
  * limit; past that the connection is closed at once. */
 #define LINGER_FACTOR 4
 #define MAX_ALLOWED_HOSTS 16
+/* The longest request target read, and the most query parameters: no route
+ * takes any. libmicrohttpd 0.9.75 stores every query parameter as a record
+ * in the connection's 32 KiB memory pool before any callback but the URI
+ * log sees the request; a few hundred exhaust it, and the 431 it then
+ * queues is lost (parse_initial_message_line's caller overwrites the state
+ * it set) and the connection closes without a word. uri_logged answers 414
+ * first. 8192 covers RFC 9112 3's recommended 8000-octet request line. */
+#define MAX_TARGET_BYTES 8192
+#define MAX_QUERY_PARAMS 64
 /* Bytes of a path or method quoted in messages and the access log. */
 #define QUOTE_BYTES 96
 #define LOGGED_PROMPT_BYTES 200
@@ -78,6 +87,7 @@ typedef struct conn {
     int too_large;       /* the body passed the limit: discarded, 413 at the end */
     int unexpected_body; /* a body on a GET route: discarded, 400 at the end */
     int counted;         /* counted in inflight */
+    int closed;          /* answered and shut by answer_and_close: end the connection */
     atomic_size_t bytes; /* response bytes written */
     char *prompt;        /* the prompt as logged (--log-prompts), or NULL */
 } conn_t;
@@ -129,6 +139,15 @@ static void quote_printable(char *out, size_t n, const char *in, int stop_at_que
         }
     }
     out[o] = 0;
+}
+
+/* The client's address, for the access log. */
+static void note_client(conn_t *cx, struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)ci->client_addr)->sin_addr, cx->client,
+                  sizeof cx->client);
 }
 
 static conn_t *conn_new(void) {
@@ -227,6 +246,52 @@ static enum MHD_Result fail(http_server_t *h, struct MHD_Connection *c, conn_t *
     api_error_t e;
     api_errorf(&e, status, param, code, "%s", msg);
     return send_error(h, c, cx, &e);
+}
+
+/* Set on a connection's thread (each connection has its own) once
+ * answer_and_close has answered and shut it: libmicrohttpd's messages about
+ * ending it ("Application reported internal error, closing connection.",
+ * or the pool running out under a query arserve already refused) describe
+ * no error, and mhd_log leaves them out. */
+static _Thread_local int closed_by_us;
+
+/* Writes e as a whole HTTP response to c's socket and shuts the socket down,
+ * for an answer libmicrohttpd cannot queue: it queues a response only once
+ * the headers are in or the whole body is, and some requests must be
+ * answered before (an over-long target, in the URI callback) or in the
+ * middle of a body whose end will not come. As conn_guard's cuts do. The
+ * caller ends the connection: MHD_NO, which this returns, or for the URI
+ * callback handle's check of cx->closed. */
+static enum MHD_Result answer_and_close(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
+                                        const api_error_t *e) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    char *body = api_error_json(e);
+    const char *reason = MHD_get_reason_phrase_for((unsigned)e->status);
+    size_t sent = 0;
+    count(h, cx, e->status); /* before the client can read the answer and ask /metrics */
+    if (ci && body) {
+        size_t cap = strlen(body) + strlen(reason) + 128;
+        char *resp = malloc(cap);
+        int n = resp ? snprintf(resp, cap,
+                                "HTTP/1.1 %d %s\r\nConnection: close\r\n"
+                                "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                                e->status, reason, strlen(body), body)
+                     : -1;
+        /* The socket's send buffer is empty (nothing else is being
+         * answered on it), so a short answer goes at once. */
+        ssize_t k = n > 0 ? send(ci->connect_fd, resp, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) : -1;
+        sent = k > 0 ? (size_t)k : 0;
+        free(resp);
+    }
+    if (ci)
+        shutdown(ci->connect_fd, SHUT_RDWR);
+    free(body);
+    cx->responded = 1;
+    cx->closed = 1;
+    atomic_store(&cx->bytes, sent);
+    closed_by_us = 1;
+    return MHD_NO;
 }
 
 /* ---- the scheduler's reasons as HTTP ---- */
@@ -671,15 +736,33 @@ out:
  * libmicrohttpd decodes it (a %00 would end the decoded path early, so
  * "/health%00" would route to /health). Starts the request's state. */
 static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c) {
-    (void)cls;
-    (void)c;
+    http_server_t *h = cls;
     conn_t *cx = conn_new();
     if (!cx)
         return NULL;
     quote_printable(cx->path, sizeof cx->path, uri, 1);
+    note_client(cx, c);
     for (const char *p = uri; *p && *p != '?'; p++)
         if (p[0] == '%' && p[1] == '0' && p[2] == '0')
             cx->nul_in_path = 1;
+    const size_t target = strlen(uri);
+    const char *query = strchr(uri, '?');
+    int params = query && query[1];
+    for (const char *p = query; params && *p; p++)
+        params += *p == '&';
+    if (target > MAX_TARGET_BYTES || params > MAX_QUERY_PARAMS) {
+        api_error_t e;
+        if (target > MAX_TARGET_BYTES)
+            api_errorf(&e, 414, NULL, "uri_too_long",
+                       "the request target is %zu bytes long; at most %d are read", target,
+                       MAX_TARGET_BYTES);
+        else
+            api_errorf(&e, 414, NULL, "uri_too_long",
+                       "the query string has %d parameters; at most %d are read, and no route "
+                       "takes any",
+                       params, MAX_QUERY_PARAMS);
+        answer_and_close(h, c, cx, &e);
+    }
     return cx;
 }
 
@@ -850,11 +933,8 @@ static enum MHD_Result start_request(http_server_t *h, struct MHD_Connection *c,
     for (const char *const *r = KNOWN_ROUTES; *r; r++)
         if (!strcmp(url, *r))
             cx->route = *r;
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)ci->client_addr)->sin_addr, cx->client,
-                  sizeof cx->client);
+    if (!cx->client[0])
+        note_client(cx, c);
     atomic_fetch_add(&h->inflight, 1);
     cx->counted = 1;
     const char *length =
@@ -903,6 +983,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     conn_t *cx = *con_cls;
     if (!cx && !(cx = *con_cls = conn_new())) /* the URI callback ran out of memory */
         return MHD_NO;
+    if (cx->closed) { /* answered already, on the socket */
+        *upload_data_size = 0;
+        return MHD_NO;
+    }
     if (!cx->started)
         return start_request(h, c, cx, url, method, version);
     if (*upload_data_size) {
@@ -978,6 +1062,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     static long second;
     static int logged, dropped;
     (void)cls;
+    if (closed_by_us)
+        return;
     const long now = (long)clock_now_s();
     pthread_mutex_lock(&lock);
     if (now != second) {

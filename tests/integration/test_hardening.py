@@ -228,6 +228,40 @@ def test_a_transfer_coding_is_refused_on_any_route(patient_daemon):
     assert took < scaled(ANSWER_S)
 
 
+# (id, request target): each over a limit of the target (8192 bytes, 64 query
+# parameters). libmicrohttpd stores each parameter in the connection's 32 KiB
+# memory pool; a few hundred exhausted it and the connection closed without
+# an answer.
+LONG_TARGETS = [
+    ("8k-of-a=1&", "/health?" + "a=1&" * 2048),
+    ("600-parameters", "/health?" + "a&" * 600),
+    ("65-parameters", "/health?" + "&".join(["a=1"] * 65)),
+    ("9k-value", "/health?x=" + "a" * 9000),
+    ("9k-path", "/" + "a" * 9000),
+]
+
+
+@pytest.mark.parametrize("target", [t[1] for t in LONG_TARGETS], ids=[t[0] for t in LONG_TARGETS])
+def test_a_long_request_target_is_414(patient_daemon, target):
+    before = patient_daemon.metrics().http_codes()
+    status, body, took, resp = first_answer(patient_daemon.port, f"GET {target} HTTP/1.1\r\n"
+                                            "Host: 127.0.0.1\r\n\r\n".encode())
+    assert (status, body["error"]["code"]) == (414, "uri_too_long"), body
+    assert took < scaled(ANSWER_S), f"answered after {took:.2f} s"
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert re.search(rb"(?i)\r\nconnection: *close\r\n", resp), resp[:300]
+    after = patient_daemon.metrics().http_codes()
+    assert after.get("414", 0) == before.get("414", 0) + 1, "the 414 was not counted"
+
+
+def test_a_short_query_string_is_still_served(patient_daemon):
+    for target in ("/health?probe=1", "/health?" + "&".join(["a=1"] * 64),
+                   "/health?x=" + "a" * 8000):
+        status, body, _, _ = first_answer(patient_daemon.port, f"GET {target} HTTP/1.1\r\n"
+                                          "Host: 127.0.0.1\r\n\r\n".encode())
+        assert (status, body) == (200, {"status": "ok"}), target[:40]
+
+
 def test_allowed_host_names_pass(daemon):
     for host in ("127.0.0.1", "localhost", "LOCALHOST:9", "[::1]:8080"):
         status, body = status_and_json(raw(daemon.port, request("GET", "/health", host=host)))
