@@ -133,6 +133,11 @@ static const setting_t SETTINGS[] = {
                 "(also how long an idle keep-alive connection stays open)"),
     INT_SETTING(body_timeout_s, 1, 3600, 30, "SECONDS",
                 "Time a client has to send a request's body"),
+    INT_SETTING(linger_s, 1, 3600, 5, "SECONDS",
+                "How long a body that will be refused (over --max-body-bytes, or on a route that "
+                "takes none) is read and thrown away, so that a client still sending reads the "
+                "answer rather than a reset; past it the answer is sent and the connection "
+                "closed"),
     STRING_SETTING(allowed_hosts, "", 1, "NAMES",
                    "Host header names served (comma-separated, port ignored, '*' any), against "
                    "DNS rebinding; empty: localhost, 127.0.0.1 and [::1] when --host is a "

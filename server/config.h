@@ -40,6 +40,7 @@ typedef struct server_config {
     int max_connections_per_ip; /* 0 = no limit */
     int header_timeout_s;
     int body_timeout_s;
+    int linger_s;             /* how long a refused body is read and thrown away */
     char allowed_hosts[1024]; /* "" = loopback names when bound to loopback, else any */
     char metrics_auth[4];     /* "on": /metrics needs the key */
     char log_prompts[4];      /* "on": the access log shows prompts */

@@ -256,6 +256,7 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
                          .max_connections_per_ip = cfg->max_connections_per_ip,
                          .header_timeout_s = cfg->header_timeout_s,
                          .body_timeout_s = cfg->body_timeout_s,
+                         .linger_s = cfg->linger_s,
                          .allowed_hosts = cfg->allowed_hosts,
                          .metrics_auth = server_config_on(cfg->metrics_auth),
                          .log_prompts = server_config_on(cfg->log_prompts),

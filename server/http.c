@@ -25,10 +25,6 @@
 
 #define WAIT_SLICE_S 0.1
 #define SSE_KEEPALIVE_S 2.0
-/* A body over the limit is read and thrown away (so that its client, still
- * sending, reads the 413 rather than a reset) up to this many times the
- * limit; past that the connection is closed at once. */
-#define LINGER_FACTOR 4
 #define MAX_ALLOWED_HOSTS 16
 /* The longest request target read, and the most query parameters: no route
  * takes any. libmicrohttpd 0.9.75 stores every query parameter as a record
@@ -80,7 +76,8 @@ typedef struct conn {
     double t0;
     char *body;
     size_t len, cap;
-    size_t discarded; /* body bytes read and thrown away */
+    size_t discarded;    /* body bytes read and thrown away */
+    double linger_since; /* when the first was, 0 before */
     int responded;
     int status;          /* answered with, 0 before */
     int close;           /* answer with Connection: close */
@@ -836,12 +833,24 @@ static int is_json_type(const char *type) {
            (type[n] == 0 || type[n] == ';' || type[n] == ' ');
 }
 
+/* The answer to a body read and thrown away: 413 over the limit, or 400 on
+ * a route that takes none. */
+static void discarded_body_error(const http_server_t *h, const conn_t *cx, api_error_t *e) {
+    if (cx->too_large)
+        api_errorf(e, 413, NULL, "request_too_large", "the request body is larger than %zu bytes",
+                   h->opt.max_body_bytes);
+    else
+        api_errorf(e, 400, NULL, "unexpected_body", "%s %s takes no request body", cx->method,
+                   cx->path);
+}
+
 /* Everything decided from the request line and headers, answered before any
  * of the body is read: 400 for an encoded NUL in the path or ambiguous
- * framing, 501 for a transfer coding other than chunked, 403 for a Host not allowed, 404, 405, 401,
- * 415, and 413 by Content-Length when the body is not worth reading (the client waits for "100
- * Continue", or the body is past the lingering bound). A smaller body over the limit is read and
- * thrown away first (cx->too_large), so that a client still sending sees the 413. */
+ * framing, 501 for a transfer coding other than chunked, 403 for a Host not
+ * allowed, 404, 405, 401, 415, and 413 by Content-Length when the client
+ * waits for "100 Continue" before sending the body. Any other body over the
+ * limit is read and thrown away first (cx->too_large, take_body), so that a
+ * client still sending sees the 413 rather than a reset. */
 static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
                                     const char *method, const char *version) {
     framing_t f = {0};
@@ -915,11 +924,11 @@ static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, 
         const char *expect =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
         cx->too_large = 1;
-        if ((expect && !strcasecmp(expect, "100-continue")) ||
-            length > (unsigned long long)h->opt.max_body_bytes * LINGER_FACTOR) {
+        if (expect && !strcasecmp(expect, "100-continue")) {
+            api_error_t e;
+            discarded_body_error(h, cx, &e);
             cx->close = 1;
-            return fail(h, c, cx, 413, NULL, "request_too_large",
-                        "the request body is larger than %zu bytes", h->opt.max_body_bytes);
+            return send_error(h, c, cx, &e);
         }
     }
     return MHD_YES;
@@ -948,13 +957,20 @@ static enum MHD_Result start_request(http_server_t *h, struct MHD_Connection *c,
     return early_errors(h, c, cx, method, version);
 }
 
-/* A piece of body: kept (POST within the limit) or thrown away; MHD_NO
- * closes the connection (out of memory, or too much to throw away). */
-static enum MHD_Result take_body(http_server_t *h, conn_t *cx, const char *data, size_t n) {
+/* A piece of body: kept (POST within the limit) or thrown away, nothing of
+ * it stored, for up to linger_s (nginx's lingering close is bounded by time
+ * too): a client that finishes sending by then reads the queued answer, one
+ * still sending is answered on the socket and cut. MHD_NO closes the
+ * connection (out of memory, or that answer). */
+static enum MHD_Result take_body(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
+                                 const char *data, size_t n) {
     const int keep = !cx->responded && !cx->too_large && !strcmp(cx->route, GENERATE_ROUTE);
     if (keep && cx->len + n > h->opt.max_body_bytes) { /* over the limit once in */
         cx->too_large = 1;
         cx->discarded = cx->len;
+        free(cx->body);
+        cx->body = NULL;
+        cx->len = cx->cap = 0;
     } else if (keep) {
         if (cx->len + n > cx->cap) {
             size_t cap = cx->cap ? cx->cap : 4096;
@@ -973,7 +989,16 @@ static enum MHD_Result take_body(http_server_t *h, conn_t *cx, const char *data,
     if (!cx->responded && !cx->too_large)
         cx->unexpected_body = 1;
     cx->discarded += n;
-    return cx->discarded > h->opt.max_body_bytes * LINGER_FACTOR ? MHD_NO : MHD_YES;
+    const double now = clock_now_s();
+    if (!cx->linger_since)
+        cx->linger_since = now;
+    if (now - cx->linger_since <= h->opt.linger_s)
+        return MHD_YES;
+    api_error_t e;
+    discarded_body_error(h, cx, &e);
+    log_msg(LOG_DEBUG, "http: %zu body bytes thrown away in %.1f s and more coming; answering %d",
+            cx->discarded, now - cx->linger_since, e.status);
+    return answer_and_close(h, c, cx, &e);
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
@@ -990,7 +1015,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!cx->started)
         return start_request(h, c, cx, url, method, version);
     if (*upload_data_size) {
-        enum MHD_Result r = take_body(h, cx, upload_data, *upload_data_size);
+        enum MHD_Result r = take_body(h, c, cx, upload_data, *upload_data_size);
         *upload_data_size = 0;
         return r;
     }
@@ -1000,10 +1025,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
      * early_errors on the first call. */
     conn_guard_phase(h->guard, c, CONN_ACTIVE);
     const char *route = cx->route;
-    if (cx->unexpected_body) {
+    if (cx->unexpected_body || cx->too_large) {
+        api_error_t e;
+        discarded_body_error(h, cx, &e);
         cx->close = 1;
-        return fail(h, c, cx, 400, NULL, "unexpected_body", "%s %s takes no request body",
-                    cx->method, cx->path);
+        return send_error(h, c, cx, &e);
     }
     if (!strcmp(route, PAGE_ROUTE))
         return send_buf(h, c, cx, 200, "text/html; charset=utf-8", (void *)playground_html,
@@ -1027,11 +1053,6 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!strcmp(route, "/v1/models"))
         return send_json(h, c, cx, 200, api_models_json(&h->limits, &h->card));
     /* POST /v1/images/generations */
-    if (cx->too_large) {
-        cx->close = 1;
-        return fail(h, c, cx, 413, NULL, "request_too_large",
-                    "the request body is larger than %zu bytes", h->opt.max_body_bytes);
-    }
     if (!atomic_load(&h->ready) || sched_draining(h->sched))
         return fail(h, c, cx, 503, NULL, "not_ready",
                     "the server is not accepting work (loading or shutting down)");

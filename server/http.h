@@ -26,6 +26,10 @@ typedef struct http_options {
     int max_connections_per_ip; /* 0: no limit */
     double header_timeout_s;    /* a request's headers, whole (and idle keep-alive) */
     double body_timeout_s;      /* a request's body, whole */
+    /* How long a body that will be refused (413, or 400 on a route that
+     * takes none) is read and thrown away before the answer; a client still
+     * sending then is answered on the socket and cut. */
+    double linger_s;
     /* Host header names accepted (comma-separated, "*" any); NULL or "":
      * the loopback names when host is a loopback address, any otherwise. */
     const char *allowed_hosts;
