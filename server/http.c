@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -62,6 +63,13 @@ struct http_server {
     char hosts[MAX_ALLOWED_HOSTS][256]; /* lower case, without port */
 };
 
+/* Follows a body's top-level JSON array or object through its bytes as
+ * they come (strings, escapes and brackets only), to find bytes after it. */
+typedef struct value_tracker {
+    int depth, in_string, escaped;
+    int done; /* the value has closed */
+} value_tracker_t;
+
 /* Per-request state, from the request line to the later of the completion
  * notice and the end of its event stream; the last of them writes the
  * access log line and frees it. */
@@ -76,8 +84,10 @@ typedef struct conn {
     double t0;
     char *body;
     size_t len, cap;
-    size_t discarded;    /* body bytes read and thrown away */
-    double linger_since; /* when the first was, 0 before */
+    size_t discarded;     /* body bytes read and thrown away */
+    double linger_since;  /* when the first was, 0 before */
+    int chunked;          /* the body comes in chunks (Transfer-Encoding: chunked) */
+    value_tracker_t json; /* a chunked body's, through the bytes kept */
     int responded;
     int status;          /* answered with, 0 before */
     int close;           /* answer with Connection: close */
@@ -833,6 +843,56 @@ static int is_json_type(const char *type) {
            (type[n] == 0 || type[n] == ';' || type[n] == ' ');
 }
 
+/* Feeds the next n bytes of a body to t. Returns the offset among them of
+ * the first byte other than JSON whitespace after the top-level array or
+ * object has closed, or n when there is none: a body with such a byte can
+ * never be a JSON text. */
+static size_t value_tracker_feed(value_tracker_t *t, const char *p, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const char ch = p[i];
+        if (t->done) {
+            if (ch != ' ' && ch != '\t' && ch != '\r' && ch != '\n')
+                return i;
+        } else if (t->in_string) {
+            if (t->escaped)
+                t->escaped = 0;
+            else if (ch == '\\')
+                t->escaped = 1;
+            else if (ch == '"')
+                t->in_string = 0;
+        } else if (ch == '"') {
+            t->in_string = 1;
+        } else if (ch == '{' || ch == '[') {
+            t->depth++;
+        } else if ((ch == '}' || ch == ']') && t->depth > 0) {
+            t->done = --t->depth == 0;
+        }
+    }
+    return n;
+}
+
+/* A chunked body that goes on after its JSON value (at byte at of it). The
+ * usual cause: a chunk size larger than the chunk sent. libmicrohttpd reads
+ * chunk sizes itself and takes any that fits 64 bits (ffffffffffffffff, or
+ * 17 digits with a leading zero), then hands on everything after the size
+ * line as that chunk's data: the JSON, and after it the CRLF, the last
+ * chunk's "0" line and the final CRLF, and waits for the rest of a chunk
+ * that never comes (a size past 64 bits it answers 413 itself). The body's
+ * end will not come, and libmicrohttpd queues no answer before it, so this
+ * one is written on the socket (answer_and_close). */
+static void trailing_data_error(const conn_t *cx, size_t at, api_error_t *e) {
+    const char *b = cx->body;
+    const int chunk_line = isxdigit((unsigned char)b[at]) && at > 0 && b[at - 1] == '\n';
+    if (chunk_line)
+        api_errorf(e, 400, NULL, "invalid_framing",
+                   "the chunked body goes on after its JSON value with what reads as a chunk "
+                   "size line at byte %zu: a chunk size larger than the chunk sent",
+                   at);
+    else
+        api_errorf(e, 400, NULL, "invalid_json",
+                   "malformed JSON: unexpected data after the JSON value at byte %zu", at);
+}
+
 /* The answer to a body read and thrown away: 413 over the limit, or 400 on
  * a route that takes none. */
 static void discarded_body_error(const http_server_t *h, const conn_t *cx, api_error_t *e) {
@@ -948,9 +1008,10 @@ static enum MHD_Result start_request(http_server_t *h, struct MHD_Connection *c,
     cx->counted = 1;
     const char *length =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    const int has_body =
-        (length && strtoull(length, NULL, 10) > 0) ||
-        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    /* early_errors refuses any Transfer-Encoding but "chunked". */
+    cx->chunked =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL;
+    const int has_body = (length && strtoull(length, NULL, 10) > 0) || cx->chunked;
     conn_guard_phase(h->guard, c, has_body ? CONN_BODY : CONN_ACTIVE);
     /* libmicrohttpd queues a response only now (headers read) or once the
      * whole body is in. */
@@ -984,7 +1045,12 @@ static enum MHD_Result take_body(http_server_t *h, struct MHD_Connection *c, con
         }
         memcpy(cx->body + cx->len, data, n);
         cx->len += n;
-        return MHD_YES;
+        size_t after = cx->chunked ? value_tracker_feed(&cx->json, data, n) : n;
+        if (after == n)
+            return MHD_YES;
+        api_error_t e;
+        trailing_data_error(cx, cx->len - n + after, &e);
+        return answer_and_close(h, c, cx, &e);
     }
     if (!cx->responded && !cx->too_large)
         cx->unexpected_body = 1;

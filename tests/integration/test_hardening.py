@@ -177,6 +177,8 @@ def first_answer(port, data, timeout=10.0):
     took = time.monotonic() - t0
     if not buf:
         pytest.fail(f"the daemon closed after {took:.2f} s without an answer")
+    if not re.search(rb"(?i)\r\ncontent-type: *application/json", buf.split(b"\r\n\r\n")[0]):
+        return int(buf[9:12]), None, took, buf  # libmicrohttpd's own answer, in HTML
     status, body = status_and_json(buf)
     return status, body, took, buf
 
@@ -227,6 +229,63 @@ def test_a_transfer_coding_is_refused_on_any_route(patient_daemon):
             b"Connection: close\r\n", b""))
     assert (status, body["error"]["code"]) == (501, "unsupported_transfer_encoding"), body
     assert took < scaled(ANSWER_S)
+
+
+# (id, chunk size line): sizes that fit in 64 bits, larger than the chunk sent.
+# libmicrohttpd takes the rest of the message (the JSON, then the CRLF, the
+# last chunk's "0" line and the final CRLF) as that chunk's data and waits for
+# the rest, so before this the client waited for the body deadline.
+LYING_CHUNK_SIZES = [
+    ("ffffffffffffffff", b"ffffffffffffffff"),
+    ("17-digits-with-a-leading-zero", b"0ffffffffffffffff"),
+    ("FFFFFFFFFFFFFFFF", b"FFFFFFFFFFFFFFFF"),
+    ("with-an-extension", b"ffffffffffffffff;name=value"),
+    ("256-for-a-chunk-of-14", b"100"),
+]
+CHUNK_JSON = b'{"prompt":"a"}'
+
+
+@pytest.mark.parametrize("size", [c[1] for c in LYING_CHUNK_SIZES],
+                         ids=[c[0] for c in LYING_CHUNK_SIZES])
+def test_a_chunk_size_larger_than_its_chunk_is_400_at_once(patient_daemon, size):
+    before = patient_daemon.metrics().http_codes()
+    data = chunked_request_head() + size + b"\r\n" + CHUNK_JSON + b"\r\n0\r\n\r\n"
+    status, body, took, resp = first_answer(patient_daemon.port, data)
+    assert (status, body["error"]["code"]) == (400, "invalid_framing"), body
+    assert took < scaled(ANSWER_S), f"answered after {took:.2f} s"
+    assert "chunk size" in body["error"]["message"], body
+    assert re.search(rb"(?i)\r\nconnection: *close\r\n", resp), resp[:300]
+    assert patient_daemon.metrics().http_codes().get("400", 0) == before.get("400", 0) + 1
+
+
+def test_a_chunked_body_with_data_after_its_json_is_400_at_once(patient_daemon):
+    """Honestly framed, but what follows the JSON value makes the body
+    malformed whatever comes next: answered without waiting for the rest."""
+    chunk = CHUNK_JSON + b" x}\n  y"
+    data = chunked_request_head() + b"%x\r\n%s\r\n" % (len(chunk), chunk)
+    status, body, took, _ = first_answer(patient_daemon.port, data)
+    assert (status, body["error"]["code"]) == (400, "invalid_json"), body
+    assert "after the JSON value at byte 15" in body["error"]["message"], body
+    assert took < scaled(ANSWER_S)
+
+
+def test_a_chunk_size_past_64_bits_is_answered_at_once(patient_daemon):
+    """17 significant hex digits: libmicrohttpd answers this itself, at once,
+    with its own 413 in HTML (no callback of arserve's runs for it)."""
+    data = chunked_request_head() + b"fffffffffffffffff\r\n" + CHUNK_JSON + b"\r\n0\r\n\r\n"
+    status, _, took, _ = first_answer(patient_daemon.port, data)
+    assert status == 413 and took < scaled(ANSWER_S), (status, took)
+
+
+def test_honest_chunked_bodies_are_served(patient_daemon):
+    """The check for data after the JSON value leaves well-framed chunked
+    bodies alone: split anywhere, with whitespace after the value."""
+    body = b'{"prompt": "a red circle", "seed": 3, "user": "[{\\"}]"}\r\n \n'
+    for cuts in ([], [1], [9, 10, 30], list(range(1, len(body)))):
+        pieces = [body[a:b] for a, b in zip([0] + cuts, cuts + [len(body)])]
+        data = chunked_request_head() + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces)
+        status, answer, _, _ = first_answer(patient_daemon.port, data + b"0\r\n\r\n")
+        assert status == 200, (cuts, answer)
 
 
 # (id, request target): each over a limit of the target (8192 bytes, 64 query
