@@ -391,12 +391,16 @@ test-bench-smoke: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUIL
 
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
 # the OpenAI client, bad requests, batching, 429s, disconnects, drains,
-# streaming, Prometheus scraping it, and `make run`.
+# streaming, Prometheus scraping it, and `make run`. Its tests mostly wait on
+# daemons, so INTEGRATION_WORKERS pytest-xdist workers run them, a file each
+# at a time (the sanitizer passes too); every time bound is scaled by the
+# machine's speed measured with that many generating at once.
+INTEGRATION_WORKERS ?= 2
 test-integration: all $(BUILD)/arserve-leaky $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json \
                   $(VENV)/.stamp
 	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_LEAKY_BIN=$(BUILD)/arserve-leaky ARSERVE_TINY_MODEL=$(TINY_MODEL) \
 		ARSERVE_SLOW_MODEL=$(SLOW_MODEL) ARSERVE_VAR_MODEL=$(VAR_MODEL) \
-		$(VENV)/bin/python -m pytest -q tests/integration
+		$(VENV)/bin/python -m pytest -q tests/integration -n $(INTEGRATION_WORKERS) --dist loadfile
 
 # The README's picture of the playground page (GET /): the browser test's
 # compare-mode screenshot, in headless Chromium against the demo model.
@@ -417,17 +421,15 @@ TSAN_BUILD := $(BUILD)-tsan
 # The integration suite under a sanitizer: without the soak tests (RSS under a
 # sanitizer means nothing) and the external clients (locust, wrk, Chromium:
 # the routes they drive are covered by the rest, and they cost a minute).
-# Its tests mostly wait on daemons, so SANITIZER_WORKERS pytest-xdist workers
-# run them, a file each at a time. Time bounds are the machine's measured
-# speed's (tests/machine_speed.py), as in every pass. The ThreadSanitizer pass
+# Time bounds are the machine's measured speed's (tests/machine_speed.py), as
+# in every pass. The ThreadSanitizer pass
 # serves the sanitizer builds' slow model (the slow model's grid, 3 s an image
 # there against 37 s); the AddressSanitizer one the slow model itself (4.5 s an
 # image there; the small one's 0.8 s, its eight images in a batch 0.8 s
 # together, is too quick for the tests that need a request still running).
-SANITIZER_WORKERS ?= 2
 SANITIZED_SUITE = ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_VAR_MODEL=$(VAR_MODEL) \
 	$(VENV)/bin/python -m pytest -q tests/integration \
-	-n $(SANITIZER_WORKERS) --dist loadfile -m "not soak and not clients" \
+	-n $(INTEGRATION_WORKERS) --dist loadfile -m "not soak and not clients" \
 	--ignore=tests/integration/test_make_run.py --ignore=tests/integration/test_nginx.py
 test-integration-tsan: $(TINY_MODEL)/arserve.json $(SANITIZER_SLOW_MODEL)/arserve.json $(VENV)/.stamp
 	$(MAKE) SANITIZER=thread BUILD=$(TSAN_BUILD) all

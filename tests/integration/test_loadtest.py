@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import clean_env, repo_path, scaled
+from conftest import SLOW_MODEL, clean_env, repo_path, scaled
 
 # Sanitizer passes skip these: the daemon routes they drive are covered without them.
 pytestmark = pytest.mark.clients
@@ -110,9 +110,11 @@ def test_locust_and_wrk_requests_succeed_and_the_daemon_counts_them(start_daemon
 
 
 def test_a_full_queue_is_reported_by_its_code(start_daemon, tmp_path):
-    """One image at a time and one waiting: most requests of four busy clients get 429."""
+    """One image at a time and one waiting: most requests of four busy clients get 429.
+    The slow model's images keep the slots full whatever the clients' pace (with the
+    tiny model's milliseconds, clients slowed by a busy machine never filled them)."""
     wrk = wrk_bin()
-    d = start_daemon(args=("--threads", "1", "--max-running", "1", "--max-waiting", "1"))
+    d = start_daemon(SLOW_MODEL, ("--threads", "1", "--max-running", "1", "--max-waiting", "1"))
     before = gen_count(d, "429")
     rc, out, stats, failures = run_locust(d.url, tmp_path, users=4, seconds=2)
     assert rc == 1, out  # locust's exit status when requests failed
