@@ -176,23 +176,29 @@ class Metrics:
         return self.get(name + "_count") - le
 
 
-def daemon_backlog(port):
-    """What the daemon listening on port has not taken in yet, as the kernel
-    sees it (/proc/net/tcp): connections waiting to be accepted plus accepted
-    ones holding bytes it has not read. None where there is no /proc/net/tcp."""
+def tcp_sockets(port):
+    """(state, bytes received and not read) of each IPv4 socket whose local port
+    is port, from the kernel's table (/proc/net/tcp; state 01 established, 0A
+    listening, whose count is then its accept queue), or None where there is none."""
     try:
         with open("/proc/net/tcp") as f:
             rows = f.read().splitlines()[1:]
     except OSError:
         return None
-    n = 0
+    out = []
     for row in rows:
         f = row.split()
-        local_port, state = int(f[1].split(":")[1], 16), f[3]
-        rx_queue = int(f[4].split(":")[1], 16)  # a listening socket's: its accept queue
-        if local_port == port and state in ("01", "0A"):  # established, listening
-            n += rx_queue
-    return n
+        if int(f[1].split(":")[1], 16) == port:
+            out.append((f[3], int(f[4].split(":")[1], 16)))
+    return out
+
+
+def daemon_backlog(port):
+    """What the daemon listening on port has not taken in yet: connections waiting
+    to be accepted plus accepted ones holding bytes it has not read (None where
+    the kernel's table cannot be read)."""
+    sockets = tcp_sockets(port)
+    return None if sockets is None else sum(n for state, n in sockets if state in ("01", "0A"))
 
 
 def is_idle(m):

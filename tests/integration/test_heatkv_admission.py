@@ -48,7 +48,7 @@ import httpx
 import pytest
 
 from conftest import (ARSERVE_BIN, HTTP_TIMEOUT, Daemon, Metrics, b64_png_size, clean_env, repo_path,
-                      scaled)
+                      scaled, tcp_sockets)
 
 GEN = "/v1/images/generations"
 VAR_MODEL = repo_path(os.environ.get("ARSERVE_VAR_MODEL") or "models/shapes-var")
@@ -123,18 +123,8 @@ def max_shared(traj, pool):
 def requests_buffered(port):
     """Connections to the daemon at port with bytes in the kernel that the
     daemon has not read yet (None: no /proc/net/tcp to read)."""
-    try:
-        with open("/proc/net/tcp") as f:
-            rows = f.read().splitlines()[1:]
-    except OSError:
-        return None
-    n = 0
-    for row in rows:
-        f = row.split()
-        # local address, state (01: established), tx_queue:rx_queue
-        if int(f[1].split(":")[1], 16) == port and f[3] == "01" and int(f[4].split(":")[1], 16):
-            n += 1
-    return n
+    sockets = tcp_sockets(port)
+    return None if sockets is None else sum(1 for state, n in sockets if state == "01" and n)
 
 
 def wait_stopped(pid, timeout=10):
