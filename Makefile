@@ -339,9 +339,12 @@ gpu-tests:
 
 # arserve with CUDA=1, warnings as errors (nvcc's included), in its own
 # folder, and the GPU test binaries: a CUDA change that does not compile or
-# link fails here, on machines without a GPU too. Nothing runs.
+# link fails here, on machines without a GPU too. Nothing runs. Two makes one
+# after the other: under -j, gpu-tests' own make would build the engine's
+# archive beside the first goal's, two ar writing one file.
 test-cuda-build:
-	$(MAKE) CUDA=1 CI=true BUILD=$(BUILD)-cuda-ci all gpu-tests
+	$(MAKE) CUDA=1 CI=true BUILD=$(BUILD)-cuda-ci all
+	$(MAKE) CUDA=1 CI=true BUILD=$(BUILD)-cuda-ci gpu-tests
 
 # The Dockerfile's structure and that everything it copies exists (Docker
 # itself cannot run here).
