@@ -442,6 +442,18 @@ static void job_report(const sched_snapshot_t *snap, api_kv_report_t *kv, api_ti
                          .decode_png_s = snap->finish_s};
 }
 
+/* A progress event per image for the steps up to `steps`, unless they were
+ * said already; -1 when it could not be made. */
+static int sse_progress(sse_t *s, const sched_snapshot_t *snap, int steps) {
+    if (steps <= s->sent_steps)
+        return 0;
+    for (int i = 0; i < snap->n_images; i++)
+        if (sse_append(s, API_SSE_PROGRESS, api_sse_progress(steps, snap->steps_total, i)))
+            return -1;
+    s->sent_steps = steps;
+    return 0;
+}
+
 /* Turns what changed in the job since the last call into frames. Returns 1
  * when the stream has said everything, 0 when more is to come, -1 when a
  * frame could not be made (out of memory): the stream then ends broken
@@ -450,14 +462,14 @@ static int sse_collect(sse_t *s, const sched_snapshot_t *snap) {
     sched_job_t *j = s->job;
     const long now = (long)time(NULL);
     const int W = s->h->width, H = s->h->height;
-    if (snap->steps_done > s->sent_steps) {
-        for (int i = 0; i < snap->n_images; i++)
-            if (sse_append(s, API_SSE_PROGRESS,
-                           api_sse_progress(snap->steps_done, snap->steps_total, i)))
-                return -1;
-        s->sent_steps = snap->steps_done;
-    }
-    for (; s->sent_partials < snap->n_partials; s->sent_partials++)
+    /* In the order they happened, however many steps passed since the last
+     * call: each preview after the progress up to its step, then the
+     * progress since. */
+    for (; s->sent_partials < snap->n_partials; s->sent_partials++) {
+        if (sse_progress(
+                s, snap,
+                sched_preview_step(snap->steps_total, snap->partial_images, s->sent_partials)))
+            return -1;
         for (int i = 0; i < snap->n_images; i++) {
             char *b64 = png_b64(j, s->sent_partials, i);
             int rc = b64 ? sse_append(s, API_SSE_PARTIAL_IMAGE,
@@ -467,6 +479,9 @@ static int sse_collect(sse_t *s, const sched_snapshot_t *snap) {
             if (rc)
                 return -1;
         }
+    }
+    if (sse_progress(s, snap, snap->steps_done))
+        return -1;
     if (snap->outcome == SCHED_PENDING)
         return 0;
     if (snap->outcome == SCHED_DONE) {

@@ -195,6 +195,7 @@ static void snapshot_locked(const sched_job_t *j, sched_snapshot_t *out) {
                               .steps_done = j->steps_done,
                               .steps_total = j->steps,
                               .n_partials = j->n_partials,
+                              .partial_images = j->partial_images,
                               .n_images = j->n_images,
                               .kv_policy = j->kv_policy,
                               .kv_planned_peak_bytes = j->kv_planned_peak_bytes,
@@ -447,11 +448,14 @@ static void *png_worker(void *arg) {
 
 /* ---- what the engine thread does with the batcher's events ---- */
 
-/* Previews at steps total * (p + 1) / (P + 1), p < P, from the tokens so
- * far. */
+int sched_preview_step(int steps, int n_previews, int p) {
+    return steps * (p + 1) / (n_previews + 1);
+}
+
+/* Previews at their steps (sched_preview_step), from the tokens so far. */
 static void publish_previews(scheduler_t *s, sched_job_t *j, int steps_done) {
     for (int p = 0; p < j->partial_images; p++) {
-        if (steps_done != j->steps * (p + 1) / (j->partial_images + 1))
+        if (steps_done != sched_preview_step(j->steps, j->partial_images, p))
             continue;
         for (int i = 0; i < j->n_images; i++)
             draw_queue(s, j, i, p, steps_done);

@@ -79,13 +79,18 @@ typedef enum sched_outcome {
     SCHED_SHUTDOWN,  /* the scheduler stopped first */
 } sched_outcome_t;
 
+/* The step after which preview p (of n_previews) of a job of `steps` steps is
+ * drawn: steps * (p + 1) / (n_previews + 1). */
+int sched_preview_step(int steps, int n_previews, int p);
+
 /* A job as its caller may read it. */
 typedef struct sched_snapshot {
     unsigned version; /* changes whenever anything below does */
     sched_outcome_t outcome;
     int started; /* admitted (it left the queue) */
     int steps_done, steps_total;
-    int n_partials; /* previews ready for every image */
+    int n_partials;     /* previews ready for every image */
+    int partial_images; /* previews asked for */
     int n_images;
     char message[256]; /* SCHED_FAILED: what failed */
     kv_policy_params_t kv_policy;
