@@ -754,6 +754,13 @@ out:
 
 /* ---- dispatch ---- */
 
+/* What uri_logged gives libmicrohttpd for a request it has answered and
+ * closed itself (414): libmicrohttpd may then end the connection without
+ * calling the access handler or the completion callback (it calls them
+ * only once the handler has run), so no state of the request is left with
+ * it to free. */
+static char answered_by_uri_log;
+
 /* MHD_OPTION_URI_LOG_CALLBACK: the request line's target as sent, before
  * libmicrohttpd decodes it (a %00 would end the decoded path early, so
  * "/health%00" would route to /health). Starts the request's state. */
@@ -784,6 +791,8 @@ static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c) {
                        "takes any",
                        params, MAX_QUERY_PARAMS);
         answer_and_close(h, c, cx, &e);
+        conn_release(cx); /* its access log line */
+        return &answered_by_uri_log;
     }
     return cx;
 }
@@ -1086,6 +1095,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                               const char *method, const char *version, const char *upload_data,
                               size_t *upload_data_size, void **con_cls) {
     http_server_t *h = cls;
+    if (*con_cls == &answered_by_uri_log) {
+        *upload_data_size = 0;
+        return MHD_NO;
+    }
     conn_t *cx = *con_cls;
     if (!cx && !(cx = *con_cls = conn_new())) /* the URI callback ran out of memory */
         return MHD_NO;
@@ -1146,7 +1159,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     conn_t *cx = *con_cls;
     (void)toe;
     conn_guard_phase(h->guard, c, CONN_HEADERS);
-    if (!cx)
+    if (!cx || *con_cls == &answered_by_uri_log)
         return;
     if (cx->counted)
         atomic_fetch_sub(&h->inflight, 1);
