@@ -127,7 +127,7 @@ UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TINY_MODEL := $(BUILD)/tiny-model
 SLOW_MODEL := $(BUILD)/slow-model
 # The ThreadSanitizer pass's slow model: the same grid, 3 s an image under
-# ThreadSanitizer where the slow model takes 37.
+# ThreadSanitizer where the slow model took 75 (37 s of CPU, the other core busy).
 SANITIZER_SLOW_MODEL := $(BUILD)/slow-sanitizer-model
 VAR_TINY_MODEL := $(BUILD)/var-tiny-model
 # The next-scale model the daemon's integration tests serve: the shipped
@@ -427,7 +427,7 @@ TSAN_BUILD := $(BUILD)-tsan
 # Time bounds are the machine's measured speed's (tests/machine_speed.py), as
 # in every pass. The ThreadSanitizer pass
 # serves the sanitizer builds' slow model (the slow model's grid, 3 s an image
-# there against 37 s); the AddressSanitizer one the slow model itself (4.5 s an
+# there against 75 s); the AddressSanitizer one the slow model itself (4.5 s an
 # image there; the small one's 0.8 s, its eight images in a batch 0.8 s
 # together, is too quick for the tests that need a request still running).
 SANITIZED_SUITE = ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_VAR_MODEL=$(VAR_MODEL) \

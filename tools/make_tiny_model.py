@@ -68,9 +68,9 @@ PRESETS = {
     },
     # The slow model's grid (24x24 tokens, 576 steps, 96x96 pixels) at about a
     # twentieth of its work and a tenth of its KV: the ThreadSanitizer pass's
-    # slow model. ThreadSanitizer runs the slow model 90x slower (37 s an image,
-    # 75 s with the other core busy); this one takes 3 s there, still long
-    # enough to catch requests while they run.
+    # slow model. Under ThreadSanitizer the slow model took 75 s an image with
+    # the other core busy (37 s of CPU) against 0.4 s; this one takes 3 s there,
+    # still long enough to catch requests while they run.
     "slow-sanitizer": {
         "name": "slow-sanitizer-random",
         "llm": {"hidden_size": 48, "num_layers": 2, "num_heads": 3, "num_kv_heads": 3,
