@@ -22,6 +22,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Makefile ./
+COPY base/ base/
 COPY engine/ engine/
 COPY cli/ cli/
 COPY server/ server/

@@ -58,7 +58,7 @@ SERVER_LIBS := -lmicrohttpd
 LDFLAGS := -fopenmp
 # DEBUG=1: no optimisation, asserts on, and ARSERVE_DEBUG (a KV plan overrun
 # aborts the daemon). A release build turns the asserts off (NDEBUG), as
-# engine/backend.h says; sanitizer builds, which are test builds, keep them.
+# engine/backend/backend.h says; sanitizer builds, which are test builds, keep them.
 ifeq ($(DEBUG),1)
 CFLAGS  += -O0 -g -DARSERVE_DEBUG
 ASSERTS := on
@@ -81,16 +81,19 @@ ifeq ($(CI),true)
 CFLAGS  += -Werror
 endif
 
-ENGINE_SRC := $(wildcard engine/*.c)
+# The engine's archive: base/ (what every floor uses), the CPU kernels
+# (kernels/cpu/) and the engine's rooms (engine/ and its folders).
+ENGINE_DIRS := base kernels/cpu engine engine/backend engine/family engine/format engine/kv engine/policy
+ENGINE_SRC := $(foreach d,$(ENGINE_DIRS),$(wildcard $(d)/*.c))
 SERVER_SRC := $(wildcard server/*.c)
 CLI_SRC    := $(wildcard cli/*.c)
-ENGINE_OBJ := $(filter-out $(BUILD)/engine/backend_cuda.o,$(ENGINE_SRC:%.c=$(BUILD)/%.o))
+ENGINE_OBJ := $(filter-out $(BUILD)/engine/backend/backend_cuda.o,$(ENGINE_SRC:%.c=$(BUILD)/%.o))
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/playground.o
 CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/%.o)
-KERNEL_SRC := $(wildcard kernels/*.cu)
-KERNEL_HDR := $(wildcard kernels/*.h kernels/*.cuh)
+KERNEL_SRC := $(wildcard kernels/cuda/*.cu)
+KERNEL_HDR := $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh)
 
-# The CUDA backend: engine/backend_cuda.c (C, gcc) and kernels/*.cu (nvcc).
+# The CUDA backend: engine/backend/backend_cuda.c (C, gcc) and kernels/cuda/*.cu (nvcc).
 NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                 -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
 NVCCFLAGS := -std=c++17 -O2 -g -lineinfo -I. $(NVCC_GENCODE) --threads 0 \
@@ -102,7 +105,7 @@ endif
 # that all of them and everything they call must link.
 CUDA_OBJ :=
 ifeq ($(CUDA),1)
-CUDA_OBJ   := $(BUILD)/engine/backend_cuda.o $(KERNEL_SRC:%.cu=$(BUILD)/%.o)
+CUDA_OBJ   := $(BUILD)/engine/backend/backend_cuda.o $(KERNEL_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS     += -DARSERVE_CUDA -I$(CUDA_HOME)/include
 LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 endif
@@ -116,7 +119,7 @@ EMU_FLAGS := -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -fopenmp -MMD -
 ifeq ($(CI),true)
 EMU_FLAGS += -Werror
 endif
-EMU_OBJ   := $(EMU)/cuda_emu.o $(EMU)/backend_cuda.o $(KERNEL_SRC:kernels/%.cu=$(EMU)/kernels/%.o)
+EMU_OBJ   := $(EMU)/cuda_emu.o $(EMU)/backend_cuda.o $(KERNEL_SRC:kernels/cuda/%.cu=$(EMU)/kernels/%.o)
 ENGINE_LIB := $(BUILD)/libarengine.a
 SERVER_LIB := $(BUILD)/libarserver.a
 # cli/ without main(): the unit tests of the load client's and the
@@ -190,7 +193,7 @@ $(BUILD)/%.o: %.c
 
 # The SiLU loops vectorise only where a float comparison may be evaluated
 # for every lane: nothing here reads the floating-point exception flags.
-$(BUILD)/engine/vec_math.o: CFLAGS += -fno-trapping-math
+$(BUILD)/kernels/cpu/vec_math.o: CFLAGS += -fno-trapping-math
 
 # The playground page GET / serves, built into the binary: the assembler
 # includes server/playground.html (server/playground.S).
@@ -198,7 +201,7 @@ $(BUILD)/server/playground.o: server/playground.S server/playground.html
 	@mkdir -p $(dir $@)
 	$(CC) -I. -c $< -o $@
 
-$(BUILD)/kernels/%.o: kernels/%.cu $(KERNEL_HDR)
+$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(KERNEL_HDR)
 	@mkdir -p $(dir $@)
 	@[ -x "$(NVCC)" ] || command -v "$(NVCC)" >/dev/null || { \
 		echo "CUDA=1: nvcc not found at $(NVCC); install the CUDA 13 toolkit or set CUDA_HOME or NVCC"; exit 1; }
@@ -208,11 +211,11 @@ $(EMU)/cuda_emu.o: tests/cuda_emu/cuda_emu.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++17 $(EMU_FLAGS) -c $< -o $@
 
-$(EMU)/kernels/%.o: kernels/%.cu
+$(EMU)/kernels/%.o: kernels/cuda/%.cu
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++17 $(EMU_FLAGS) -x c++ -c $< -o $@
 
-$(EMU)/backend_cuda.o: engine/backend_cuda.c
+$(EMU)/backend_cuda.o: engine/backend/backend_cuda.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE $(EMU_FLAGS) -c $< -o $@
 
@@ -612,8 +615,9 @@ golden: tools-deps all
 # Every C, C++ and CUDA source and header of ours, formatted by the
 # repository's .clang-format; `make format-check` (part of `make test`)
 # fails on any file clang-format would change.
-FORMAT_SRC := $(sort $(wildcard cli/*.c cli/*.h engine/*.c engine/*.h server/*.c server/*.h \
-                kernels/*.cu kernels/*.h kernels/*.cuh bench/*.c tests/*.h tests/unit/*.c \
+FORMAT_SRC := $(sort $(wildcard cli/*.c cli/*.h server/*.c server/*.h \
+                $(foreach d,$(ENGINE_DIRS),$(d)/*.c $(d)/*.h) \
+                kernels/cuda/*.cu kernels/cuda/*.h kernels/cuda/*.cuh bench/*.c tests/*.h tests/unit/*.c \
                 tests/backend/*.c tests/fuzz/*.c tests/fuzz/*.h tests/cuda_emu/*.h tests/cuda_emu/*.cpp \
                 tests/cuda_emu/include/*.h))
 format:
@@ -630,5 +634,5 @@ clean:
 # libFuzzer targets (make fuzz, make test-fuzz): tests/fuzz/fuzz.mk.
 include tests/fuzz/fuzz.mk
 
--include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(BUILD)/server/http-leaky.d $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend_cuda.d \
+-include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(BUILD)/server/http-leaky.d $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend/backend_cuda.d \
          $(BUILD)/kv_bench.d $(BUILD)/speed_bench.d $(BUILD)/gemm_bench.d

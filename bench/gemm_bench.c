@@ -1,4 +1,4 @@
-/* `make bench-gemm`: the decode-shaped GEMM (engine/gemm_rows.c) against
+/* `make bench-gemm`: the decode-shaped GEMM (kernels/cpu/gemm_rows.c) against
  * OpenBLAS (sgemv for one row, sgemm otherwise: what the CPU backend called
  * before) on Linear shapes of the models served, at 1 to 128 rows, one thread,
  * measured side by side: the two alternate --reps times and the medians are
@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "cli/flags.h"
-#include "engine/clock.h"
-#include "engine/gemm_rows.h"
-#include "engine/vec_isa.h"
+#include "kernels/cpu/gemm_rows.h"
+#include "kernels/cpu/vec_isa.h"
 
 #define MAX_REPS 99
 

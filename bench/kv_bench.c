@@ -38,17 +38,17 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/clock.h"
+#include "base/text.h"
 #include "cli/flags.h"
 #include "engine/batcher.h"
-#include "engine/clock.h"
 #include "engine/family.h"
+#include "engine/format/png_io.h"
 #include "engine/generate.h"
-#include "engine/kv_policy.h"
-#include "engine/kv_pool.h"
+#include "engine/kv/kv_pool.h"
 #include "engine/model.h"
 #include "engine/planner.h"
-#include "engine/png_io.h"
-#include "engine/text.h"
+#include "engine/policy/kv_policy.h"
 
 #define MAX_ROWS 64
 #define MAX_PROMPTS 4096

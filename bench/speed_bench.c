@@ -34,11 +34,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "cli/flags.h"
-#include "engine/clock.h"
 #include "engine/generate.h"
 #include "engine/planner.h"
-#include "engine/vec_isa.h"
+#include "kernels/cpu/vec_isa.h"
 
 #define MAX_BATCH 256
 #define MAX_REPS 64

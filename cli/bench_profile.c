@@ -10,14 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "cli/cli.h"
 #include "cli/cost_model.h"
-#include "engine/backend.h"
-#include "engine/clock.h"
+#include "engine/backend/backend.h"
 #include "engine/family.h"
+#include "engine/format/png_io.h"
 #include "engine/generate.h"
 #include "engine/model.h"
-#include "engine/png_io.h"
 
 #define PROFILE_PROMPT "a red circle above a blue square"
 

@@ -5,9 +5,9 @@
 
 #include <stddef.h>
 
-#include "engine/dtype.h"
-#include "engine/kv_calibration.h"
+#include "base/dtype.h"
 #include "engine/model_config.h"
+#include "engine/policy/kv_calibration.h"
 
 #define ARSERVE_VERSION "0.1.0"
 

@@ -17,13 +17,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "cli/bench_report.h"
 #include "cli/cli.h"
 #include "cli/flags.h"
 #include "cli/http_client.h"
 #include "cli/load_spec.h"
 #include "cli/loadgen.h"
-#include "engine/clock.h"
 
 #define IMAGES_PATH "/v1/images/generations"
 

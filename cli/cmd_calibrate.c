@@ -2,10 +2,10 @@
  * full-cache generation per class listed in the prompts file, records the
  * conditional row's attention mass from each scale to each earlier one,
  * and writes the S-CAS and CAS orderings into the model directory
- * (engine/kv_calibration.h), where heatkv and heatkv_binary find them.
+ * (engine/policy/kv_calibration.h), where heatkv and heatkv_binary find them.
  * With --kv-scales, of any model: a full-cache generation per prompt, and
  * each (layer, head)'s largest |K| and |V| written for fp8 caches
- * (engine/kv_scales.h). */
+ * (engine/kv/fp8_scales.h). */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -14,8 +14,8 @@
 
 #include "cli/cli.h"
 #include "cli/flags.h"
-#include "engine/backend.h"
-#include "engine/kv_calibrate.h"
+#include "engine/backend/backend.h"
+#include "engine/calibration_run.h"
 #include "engine/model.h"
 
 #define MAX_PROMPTS 4096
@@ -105,14 +105,14 @@ static void free_lines(char **lines) {
 static int calibrate_kv_scales(model_t *m, const char *prompts, const char *out) {
     char **lines = NULL, path[PATH_MAX];
     const int n = read_lines(prompts, &lines);
-    kv_scales_t s = {0};
+    fp8_scales_t s = {0};
     ar_error_t err = {{0}};
     int rc = 1;
-    snprintf(path, sizeof path, "%s/%s", m->dir, KV_SCALES_FILE);
+    snprintf(path, sizeof path, "%s/%s", m->dir, FP8_SCALES_FILE);
     if (n > 0) {
-        if (kv_scales_measure(m, (const char *const *)lines, n, progress, NULL, &s, &err) !=
+        if (fp8_scales_measure(m, (const char *const *)lines, n, progress, NULL, &s, &err) !=
                 AR_OK ||
-            kv_scales_save(&s, out ? out : path, &err) != AR_OK)
+            fp8_scales_save(&s, out ? out : path, &err) != AR_OK)
             fprintf(stderr, "\narserve calibrate: %s\n", err.msg);
         else {
             float k = 0, v = 0;
@@ -126,7 +126,7 @@ static int calibrate_kv_scales(model_t *m, const char *prompts, const char *out)
             rc = 0;
         }
     }
-    kv_scales_free(&s);
+    fp8_scales_free(&s);
     free_lines(lines);
     return rc;
 }
@@ -145,7 +145,7 @@ static int calibrate_orderings(model_t *m, const char *prompts, int sinks, const
     const int n = read_prompts(m, prompts, labels, MAX_PROMPTS);
     snprintf(path, sizeof path, "%s/%s", m->dir, KV_CALIBRATION_FILE);
     if (n > 0) {
-        if (kv_calibrate(m, labels, n, sinks, progress, NULL, &c, &err) != AR_OK ||
+        if (calibration_run(m, labels, n, sinks, progress, NULL, &c, &err) != AR_OK ||
             kv_calibration_save(&c, out ? out : path, &err) != AR_OK)
             fprintf(stderr, "\narserve calibrate: %s\n", err.msg);
         else {
@@ -172,11 +172,11 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
                  "(required)"},
         {"kv-scales", 0, CLI_BOOL, &scales,
          .help = "measure the fp8 KV scales (each layer and head's largest |K| and |V|) into "
-                 "DIR/" KV_SCALES_FILE " instead"},
+                 "DIR/" FP8_SCALES_FILE " instead"},
         {"sink-scales", 0, CLI_INT, &sinks, 0, 256, .metavar = "S",
          .help = "sink scales the CAS ordering leaves out (default 3, HeatKV's)"},
         {"out", 0, CLI_STRING, &out, .metavar = "FILE",
-         .help = "where to write (default DIR/" KV_CALIBRATION_FILE " or DIR/" KV_SCALES_FILE ")"},
+         .help = "where to write (default DIR/" KV_CALIBRATION_FILE " or DIR/" FP8_SCALES_FILE ")"},
         {"backend", 0, CLI_STRING, &backend, .metavar = "NAME",
          .help = "cpu or cuda (default cpu)"},
         {"threads", 0, CLI_INT, &threads, 0, 1024, .metavar = "N",

@@ -6,16 +6,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/text.h"
 #include "cli/cli.h"
 #include "cli/flags.h"
-#include "engine/backend.h"
-#include "engine/clock.h"
+#include "engine/backend/backend.h"
+#include "engine/format/png_io.h"
 #include "engine/generate.h"
-#include "engine/kv_pool.h"
+#include "engine/kv/kv_pool.h"
 #include "engine/model.h"
 #include "engine/planner.h"
-#include "engine/png_io.h"
-#include "engine/text.h"
 
 typedef struct generate_args {
     const char *model_dir, *prompt, *prompt_ids, *class_label, *out_path, *backend, *kv_dtype;

@@ -18,12 +18,12 @@
 #include "cli/cli.h"
 #include "cli/flags.h"
 #include "engine/family.h"
-#include "engine/kv_calibration.h"
-#include "engine/kv_policy.h"
-#include "engine/kv_pool.h"
+#include "engine/kv/kv_pool.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/planner.h"
+#include "engine/policy/kv_calibration.h"
+#include "engine/policy/kv_policy.h"
 #include "engine/weights.h"
 
 /* The daemon's defaults: --kv-pool-mb, and the prompt it sizes its start-up

@@ -9,8 +9,8 @@
 
 #include <stddef.h>
 
-#include "engine/kv_policy.h"
 #include "engine/planner.h"
+#include "engine/policy/kv_policy.h"
 
 /* What an iteration's cost is keyed by, summed over the batch's sequences
  * (two per image: the CFG pair). */

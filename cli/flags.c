@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/text.h"
+#include "base/text.h"
 
 static const cli_flag_t *find_long(const cli_flag_t *flags, const char *name, size_t len) {
     for (const cli_flag_t *f = flags; f->name; f++)

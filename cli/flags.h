@@ -2,7 +2,7 @@
  * flags in a table, and parsing, range checks, error messages and --help
  * all come from it. (`serve` reads its settings through server/config.h,
  * where every flag is also an environment variable and a config key; the
- * numbers parse alike: engine/text.h.) */
+ * numbers parse alike: base/text.h.) */
 #ifndef ARSERVE_CLI_FLAGS_H
 #define ARSERVE_CLI_FLAGS_H
 

@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "engine/clock.h"
+#include "base/clock.h"
 
 int http_target_parse(http_target_t *t, const char *url, char *why, size_t why_cap) {
     memset(t, 0, sizeof *t);

@@ -1,5 +1,5 @@
 /* Arrival processes, request mixes and traces for the load client and the
- * simulator. Random draws are Philox (engine/rng.h) on fixed streams, so a
+ * simulator. Random draws are Philox (base/rng.h) on fixed streams, so a
  * seed gives the same schedule and picks in bench and in simulate. */
 #include "cli/loadgen.h"
 
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/rng.h"
+#include "base/rng.h"
 
 const char *const loadgen_arrival_names[] = {"poisson", "gamma", "burst", "concurrency", NULL};
 

@@ -1,13 +1,13 @@
 /* The batching core (batcher.h): a FIFO ring of waiting jobs, the running
  * set, the planner that admits by whole KV trajectories, and an event log. */
-#include "batcher.h"
+#include "engine/batcher.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "planner.h"
+#include "engine/planner.h"
 
 typedef struct slot {
     uint64_t id;

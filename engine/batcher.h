@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "base/status.h"
 
 typedef struct batcher batcher_t;
 

@@ -1,5 +1,5 @@
 /* The table of model families (family.h) and what derives from it. */
-#include "family.h"
+#include "engine/family.h"
 
 #include <stdio.h>
 #include <string.h>

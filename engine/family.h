@@ -10,10 +10,10 @@
 
 #include <stdint.h>
 
-#include "kv_policy.h"
-#include "model_config.h"
-#include "status.h"
-#include "weights.h"
+#include "base/status.h"
+#include "engine/model_config.h"
+#include "engine/policy/kv_policy.h"
+#include "engine/weights.h"
 
 struct model;
 struct gen_request;

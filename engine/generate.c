@@ -1,13 +1,13 @@
 /* Stepping image requests through their model's family (forward pass and
  * sampling), with the KV policy hooks between steps. */
-#include "generate.h"
+#include "engine/generate.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "batcher.h"
-#include "family.h"
-#include "planner.h"
+#include "engine/batcher.h"
+#include "engine/family.h"
+#include "engine/planner.h"
 
 /* Tokens a sequence of geometry g holds at most: what the last step holds
  * (the family's geometry says what is fed); with key mass on a next-scale
@@ -72,8 +72,8 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
         if (kv_seq_init(&r->seq[j], pool, g.n_layers, g.n_heads, capacity, with_mass, err) != AR_OK)
             goto fail;
         /* An fp8 cache takes the model's measured scales (else 1). */
-        if (pool->blocks.dtype == DTYPE_F8_E4M3 && m->kv_scales.k_amax)
-            kv_scales_apply(&m->kv_scales, &r->seq[j]);
+        if (pool->blocks.dtype == DTYPE_F8_E4M3 && m->fp8_scales.k_amax)
+            fp8_scales_apply(&m->fp8_scales, &r->seq[j]);
     }
     return AR_OK;
 oom:

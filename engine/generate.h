@@ -3,18 +3,18 @@
  * request owns its CFG pair of sequences (conditional, unconditional); its
  * model's family decides what each step feeds and how many steps there are
  * (engine/family.h), and samples the step's tokens. The pair's KV lives in
- * a pool shared by every request; a KV policy (engine/kv_policy.h) may
+ * a pool shared by every request; a KV policy (engine/policy/kv_policy.h) may
  * compact it after each step. */
 #ifndef ARSERVE_GENERATE_H
 #define ARSERVE_GENERATE_H
 
 #include <stdint.h>
 
-#include "kv_policy.h"
-#include "kv_pool.h"
-#include "kv_seq.h"
-#include "model.h"
-#include "sampler.h"
+#include "engine/kv/kv_pool.h"
+#include "engine/kv/kv_seq.h"
+#include "engine/model.h"
+#include "engine/policy/kv_policy.h"
+#include "engine/sampler.h"
 
 typedef struct gen_request {
     model_t *model;
@@ -67,7 +67,7 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
  * key receives from the step's queries into r->seq[0].mass (for head i at
  * i * capacity; on a next-scale model the step's own keys follow the
  * cache's). Nothing clears it: the caller reads and zeroes it (calibration,
- * engine/kv_calibrate.h). */
+ * engine/calibration_run.h). */
 int gen_request_collect_mass(gen_request_t *r, ar_error_t *err);
 
 /* A KV pool that holds exactly one full-cache image of n_prompt prefix

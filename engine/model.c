@@ -1,5 +1,5 @@
 /* Loading a model directory and building its CFG prompt rows. */
-#include "model.h"
+#include "engine/model.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "text.h"
+#include "base/text.h"
 
 static int special_id(const model_t *m, const char *key, const char *token, int *out,
                       ar_error_t *err) {
@@ -130,19 +130,19 @@ int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, 
         }
         m->cfg.kv_calibration = &m->calib;
     }
-    snprintf(path, sizeof path, "%s/%s", dir, KV_SCALES_FILE);
+    snprintf(path, sizeof path, "%s/%s", dir, FP8_SCALES_FILE);
     if (access(path, F_OK) == 0) {
         kv_geometry_t g;
         model_geometry(&m->cfg, 0, &g);
-        if (kv_scales_load(&m->kv_scales, path, err) != AR_OK) {
+        if (fp8_scales_load(&m->fp8_scales, path, err) != AR_OK) {
             model_free(m);
             return AR_ERR;
         }
-        if (m->kv_scales.n_layers != g.n_layers || m->kv_scales.n_heads != g.n_heads) {
+        if (m->fp8_scales.n_layers != g.n_layers || m->fp8_scales.n_heads != g.n_heads) {
             ar_errorf(err,
                       "%s: measured on %d layers x %d KV heads, the model has %d x %d (run arserve "
                       "calibrate --kv-scales again, or move it away)",
-                      path, m->kv_scales.n_layers, m->kv_scales.n_heads, g.n_layers, g.n_heads);
+                      path, m->fp8_scales.n_layers, m->fp8_scales.n_heads, g.n_layers, g.n_heads);
             model_free(m);
             return AR_ERR;
         }
@@ -163,7 +163,7 @@ void model_free(model_t *m) {
     m->class_names = NULL;
     kv_calibration_free(&m->calib);
     m->cfg.kv_calibration = NULL;
-    kv_scales_free(&m->kv_scales);
+    fp8_scales_free(&m->fp8_scales);
     arena_free(&m->arena);
 }
 

@@ -6,16 +6,16 @@
 #ifndef ARSERVE_MODEL_H
 #define ARSERVE_MODEL_H
 
-#include "arena.h"
-#include "backend.h"
-#include "family.h"
-#include "kv_calibration.h"
-#include "kv_scales.h"
-#include "model_config.h"
-#include "raster.h"
-#include "tokenizer.h"
-#include "var.h"
-#include "vq_decoder.h"
+#include "base/arena.h"
+#include "engine/backend/backend.h"
+#include "engine/family.h"
+#include "engine/family/raster.h"
+#include "engine/family/var.h"
+#include "engine/family/vq_decoder.h"
+#include "engine/format/tokenizer.h"
+#include "engine/kv/fp8_scales.h"
+#include "engine/model_config.h"
+#include "engine/policy/kv_calibration.h"
 
 /* Longest prompt row (BOS + templated text + image-start) we accept. */
 #define MODEL_MAX_PROMPT_TOKENS 1024
@@ -32,10 +32,10 @@ typedef struct model {
     struct scale_ws *scale_ws; /* scale: the step's backend buffers, kept between steps */
     char **class_names;        /* scale, when condition.class_names is given: num_classes names */
     int bos_id, pad_id, image_start_id;
-    kv_calibration_t calib; /* KV_CALIBRATION_FILE when the directory has one */
-    kv_scales_t kv_scales;  /* KV_SCALES_FILE when it has one: fp8 caches take its scales */
-    size_t weight_bytes;    /* as stored in the files */
-    dtype_t weight_dtype;   /* the float type most of them are stored in */
+    kv_calibration_t calib;  /* KV_CALIBRATION_FILE when the directory has one */
+    fp8_scales_t fp8_scales; /* FP8_SCALES_FILE when it has one: fp8 caches take its scales */
+    size_t weight_bytes;     /* as stored in the files */
+    dtype_t weight_dtype;    /* the float type most of them are stored in */
     /* Host scratch of the step path (gen_step and what it calls): grown to
      * the largest step seen, so steady-state steps allocate nothing. */
     arena_t arena;

@@ -1,9 +1,9 @@
 /* Strict reader for arserve.json (docs/model-format.md): every value is
  * type- and range-checked, and every error names the file and the key path. */
-#include "model_config.h"
+#include "engine/model_config.h"
 
-#include "family.h"
-#include "json_strict.h"
+#include "engine/family.h"
+#include "engine/format/json_strict.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -4,8 +4,8 @@
 #ifndef ARSERVE_MODEL_CONFIG_H
 #define ARSERVE_MODEL_CONFIG_H
 
-#include "sampler.h"
-#include "status.h"
+#include "base/status.h"
+#include "engine/sampler.h"
 
 #define MODEL_MAX_LEVELS 8
 #define MODEL_MAX_WEIGHT_FILES 16

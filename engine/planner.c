@@ -1,11 +1,11 @@
 /* Exact admission against known KV trajectories. */
-#include "planner.h"
+#include "engine/planner.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "family.h"
-#include "kv_pool.h"
+#include "engine/family.h"
+#include "engine/kv/kv_pool.h"
 
 const planner_kv_dtype_t planner_kv_f32 = {DTYPE_F32, DTYPE_F32};
 

@@ -11,10 +11,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dtype.h"
-#include "kv_policy.h"
-#include "model_config.h"
-#include "status.h"
+#include "base/dtype.h"
+#include "base/status.h"
+#include "engine/model_config.h"
+#include "engine/policy/kv_policy.h"
 
 /* The element types a plan counts the cache's K and V in (f32, bf16, f16
  * or fp8 each). The engine's pool stores both in one type (kv_pool_t's

@@ -1,9 +1,9 @@
 /* Host sampler: CFG, temperature, top-k, top-p and an inverse-CDF draw over
  * the kept tokens in rank order. Top-k is an introselect; the ranking comes
  * lazily from a heap over the tokens that carry the mass, never a full sort. */
-#include "sampler.h"
+#include "engine/sampler.h"
 
-#include "rng.h"
+#include "base/rng.h"
 
 #include <float.h>
 #include <math.h>

@@ -4,7 +4,7 @@
 #ifndef ARSERVE_SAMPLER_H
 #define ARSERVE_SAMPLER_H
 
-#include "status.h"
+#include "base/status.h"
 
 #include <stdint.h>
 

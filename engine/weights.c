@@ -1,5 +1,5 @@
 /* Loading named, shape-checked tensors from a model's safetensors files. */
-#include "weights.h"
+#include "engine/weights.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -4,9 +4,9 @@
 #ifndef ARSERVE_WEIGHTS_H
 #define ARSERVE_WEIGHTS_H
 
-#include "backend.h"
-#include "model_config.h"
-#include "safetensors.h"
+#include "engine/backend/backend.h"
+#include "engine/format/safetensors.h"
+#include "engine/model_config.h"
 
 typedef struct weight_set {
     int n_files;

@@ -1,9 +1,9 @@
 /* The JSON half of the HTTP API: a lexical pre-scan and cJSON parse of image
  * requests with field-by-field validation that names the field at fault, and
  * cJSON-built response, error and SSE payloads. See api.h for the contract. */
-#include "api.h"
+#include "server/api.h"
 
-#include "engine/json_strict.h"
+#include "engine/format/json_strict.h"
 
 #include <cjson/cJSON.h>
 

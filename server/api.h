@@ -4,9 +4,9 @@
 #ifndef ARSERVE_API_H
 #define ARSERVE_API_H
 
-#include "engine/kv_policy.h"
+#include "base/status.h"
+#include "engine/policy/kv_policy.h"
 #include "engine/sampler.h"
-#include "engine/status.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -110,7 +110,7 @@ typedef struct api_image_request {
  *      (JSON allows only space, tab, CR, LF between tokens and none inside
  *      strings; cJSON would take them as whitespace), no \u0000 escapes (cJSON
  *      would cut the string there), nesting at most API_MAX_JSON_DEPTH;
- *   2. the strict RFC 8259 check (engine/json_strict.h: no 01, 1., trailing
+ *   2. the strict RFC 8259 check (engine/format/json_strict.h: no 01, 1., trailing
  *      commas or data after the value), then cJSON's parse; a number longer
  *      than cJSON reads (JSON_STRICT_MAX_NUMBER_CHARS) is read as its
  *      nearest double first, so its field's range check names it in step 4;

@@ -1,7 +1,7 @@
 /* Settings of `arserve serve` from defaults, a JSON file, the environment and
  * flags. SETTINGS below is the only place a setting is described; parsing,
  * validation, --help and the example config file are all driven by it. */
-#include "config.h"
+#include "server/config.h"
 
 #include <assert.h>
 #include <cjson/cJSON.h>
@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/json_strict.h"
+#include "base/text.h"
+#include "engine/format/json_strict.h"
 #include "engine/planner.h"
-#include "engine/text.h"
-#include "engine/vec_isa.h"
+#include "kernels/cpu/vec_isa.h"
 
 typedef enum setting_kind { KIND_INT, KIND_REAL, KIND_STRING, KIND_ENUM } setting_kind_t;
 
@@ -45,7 +45,7 @@ typedef struct setting {
 #define FIELD_AT(name_, member)                                                                    \
     .name = #name_, .offset = offsetof(server_config_t, member),                                   \
     .size = sizeof(((server_config_t *)0)->member)
-/* The KV policy knobs, straight from KV_POLICY_KNOBS (engine/kv_policy.h). */
+/* The KV policy knobs, straight from KV_POLICY_KNOBS (engine/policy/kv_policy.h). */
 #define KNOB_SETTING_INT(f, lo_, lo_open_, hi_, def_, h)                                           \
     {FIELD_AT(f, kv.f),                                                                            \
      .kind = KIND_INT,                                                                             \

@@ -6,8 +6,8 @@
 
 #include <stdio.h>
 
-#include "engine/kv_policy.h"
-#include "engine/status.h"
+#include "base/status.h"
+#include "engine/policy/kv_policy.h"
 
 /* The field names are the JSON keys. */
 typedef struct server_config {

@@ -6,7 +6,7 @@
  * libmicrohttpd notifies MHD_CONNECTION_NOTIFY_CLOSED before it closes the
  * socket, and the notice takes the same mutex: an entry's descriptor is
  * never one that was closed and reused. */
-#include "conn_guard.h"
+#include "server/conn_guard.h"
 
 #include <netinet/in.h>
 #include <pthread.h>
@@ -16,7 +16,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "engine/clock.h"
+#include "base/clock.h"
 #include "server/api.h"
 #include "server/log.h"
 

@@ -22,7 +22,7 @@
 
 #include <microhttpd.h>
 
-#include "engine/status.h"
+#include "base/status.h"
 #include "server/metrics.h"
 
 typedef enum conn_phase { CONN_HEADERS, CONN_BODY, CONN_ACTIVE } conn_phase_t;

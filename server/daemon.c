@@ -14,12 +14,12 @@
 #include <jemalloc/jemalloc.h>
 #endif
 
-#include "engine/backend.h"
-#include "engine/clock.h"
-#include "engine/kv_policy.h"
+#include "base/clock.h"
+#include "engine/backend/backend.h"
 #include "engine/model.h"
 #include "engine/planner.h"
-#include "engine/vec_isa.h"
+#include "engine/policy/kv_policy.h"
+#include "kernels/cpu/vec_isa.h"
 #include "server/http.h"
 #include "server/log.h"
 #include "server/metrics.h"
@@ -179,9 +179,9 @@ static void log_capacity(const daemon_t *d, const server_config_t *cfg) {
             sched_kv_block_tokens(d->sched), per_policy);
     if (sched_kv_dtype(d->sched) == DTYPE_F8_E4M3)
         log_msg(LOG_INFO, "fp8 K and V scales: %s",
-                d->model.kv_scales.k_amax ? "per layer and head, from the model's " KV_SCALES_FILE
-                                          : "1 (the model has no " KV_SCALES_FILE
-                                            "; `arserve calibrate --kv-scales` measures them)");
+                d->model.fp8_scales.k_amax ? "per layer and head, from the model's " FP8_SCALES_FILE
+                                           : "1 (the model has no " FP8_SCALES_FILE
+                                             "; `arserve calibrate --kv-scales` measures them)");
 }
 
 static void register_info_metrics(daemon_t *d, const char *version, kv_policy_kind_t policy) {

@@ -1,5 +1,5 @@
 /* Routes and request handling on libmicrohttpd. */
-#include "http.h"
+#include "server/http.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/clock.h"
+#include "base/clock.h"
 #include "server/api.h"
 #include "server/conn_guard.h"
 #include "server/log.h"

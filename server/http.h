@@ -10,8 +10,8 @@
 
 #include <stddef.h>
 
-#include "engine/kv_policy.h"
 #include "engine/model.h"
+#include "engine/policy/kv_policy.h"
 #include "server/api.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"

@@ -1,5 +1,5 @@
 /* One line per message: UTC time, level, text. */
-#include "log.h"
+#include "server/log.h"
 
 #include <stdarg.h>
 #include <stdio.h>

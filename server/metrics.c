@@ -1,7 +1,7 @@
 /* The Prometheus registry behind GET /metrics: families hold their series in
  * an array kept sorted by label values, so an update is a mutex and a binary
  * search, and a render walks them in order. Format: text exposition 0.0.4. */
-#include "metrics.h"
+#include "server/metrics.h"
 
 #include <math.h>
 #include <pthread.h>

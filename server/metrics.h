@@ -114,7 +114,7 @@ double *metrics_buckets_linear(double *out, int n, double start, double width);
 /* Implementation details of the macros above: the values array (after a
  * leading NULL, so that no values is still a valid array) and its length.
  * With no values, ", ##__VA_ARGS__" (GNU C, like the attributes in
- * engine/status.h) either drops the comma or, under -std=c11, leaves
+ * base/status.h) either drops the comma or, under -std=c11, leaves
  * "{NULL,}", which C accepts too: the count is 0 either way. */
 #define METRICS_LABELS_(...)                                                                       \
     (const char *const[]){NULL, ##__VA_ARGS__} + 1,                                                \

@@ -6,7 +6,7 @@
  * then a job's mu; a task queue's mu is taken alone. The batcher is touched
  * only under the scheduler's mu, except batcher_step, which the engine
  * thread runs without it (batcher.h says why that is safe). */
-#include "scheduler.h"
+#include "server/scheduler.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -16,13 +16,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "engine/batcher.h"
-#include "engine/clock.h"
 #include "engine/family.h"
+#include "engine/format/png_io.h"
 #include "engine/generate.h"
-#include "engine/kv_pool.h"
+#include "engine/kv/kv_pool.h"
 #include "engine/planner.h"
-#include "engine/png_io.h"
 #include "server/log.h"
 
 struct sched_job {

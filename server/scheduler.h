@@ -12,8 +12,8 @@
 #include <stdint.h>
 
 #include "engine/batcher.h"
-#include "engine/kv_policy.h"
 #include "engine/model.h"
+#include "engine/policy/kv_policy.h"
 #include "engine/sampler.h"
 #include "server/metrics.h"
 

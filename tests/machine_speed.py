@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # included, on the reference machine.
 REFERENCE_IMAGE_S = 0.40
 SPEED_ENV = "ARSERVE_TEST_SPEED"
-# Chooses the CPU kernels of every arserve process (engine/vec_isa.h): kept in
+# Chooses the CPU kernels of every arserve process (kernels/cpu/vec_isa.h): kept in
 # the environment the tests give the binaries they run.
 ISA_ENV = "ARSERVE_ISA"
 

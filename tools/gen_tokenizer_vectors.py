@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden data for engine/tokenizer.c's byte-level BPE: small tokenizers trained with the PyPI
+"""Golden data for engine/format/tokenizer.c's byte-level BPE: small tokenizers trained with the PyPI
 `tokenizers` library (the one Hugging Face models ship for) and the ids and text it gives for a
 few thousand strings. tests/unit/test_tokenizer_bpe.c checks arserve gives the same.
 

@@ -1,5 +1,5 @@
 """Minimal safetensors writer and reader (numpy only) for the scripts that make
-tiny models and golden data; files it writes open with engine/safetensors.c.
+tiny models and golden data; files it writes open with engine/format/safetensors.c.
 Self-check by hand: python tools/safetensors_write.py --self-check
 """
 

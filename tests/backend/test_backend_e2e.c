@@ -6,9 +6,9 @@
  * not, the test fails naming the first differing step and the CPU's logit
  * margin there (top-1 minus top-2 of the guided logits): a small margin
  * means float differences between the backends, a large one a bug. */
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/generate.h"
-#include "engine/kv_pool.h"
+#include "engine/kv/kv_pool.h"
 #include "engine/model.h"
 #include "engine/planner.h"
 #include "tests/test.h"

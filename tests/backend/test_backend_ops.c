@@ -9,7 +9,7 @@
  *
  * In CI the CUDA backend is compiled with g++ against tests/cuda_emu and
  * runs on the CPU (make test-backend); tests/gpu runs it on a GPU. */
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 #include "tests/test.h"
 
 #include <math.h>

@@ -1,7 +1,7 @@
 /* CUDA on the CPU, for tests: the subset of the CUDA runtime, cuBLAS, the
  * half/bfloat16 types and the kernel language that arserve's kernels and
  * CUDA backend use, so that kernels/ *.cu (as C++ under g++) and
- * engine/backend_cuda.c (as C under gcc) build and run on a machine without
+ * engine/backend/backend_cuda.c (as C under gcc) build and run on a machine without
  * a GPU. The forwarding headers in tests/cuda_emu/include/ (cuda_runtime.h,
  * cublas_v2.h, ...) make the same #include lines work for both compilers.
  *
@@ -234,7 +234,7 @@ unsigned long long cuda_emu_launch_count(void);
 /* Static shared memory: one copy per OS thread, shared by the fibers (the
  * threads) of the block running on it; blocks on one OS thread run one
  * after another. Dynamic shared memory: see AR_DYNAMIC_SHARED in
- * kernels/launch.h and cuda_emu_dynamic_shared() below. */
+ * kernels/cuda/launch.h and cuda_emu_dynamic_shared() below. */
 #define __shared__ static __thread
 
 /* Built-in variables: set by the scheduler for the fiber it resumes. */

@@ -3,7 +3,7 @@
  * against the bit patterns the hardware produces, launch-configuration and
  * memory errors, deadlock reports, and the cuBLAS GEMM shim. Kernels here are
  * written as they would be for nvcc and launched through AR_LAUNCH. */
-#include "kernels/launch.h"
+#include "kernels/cuda/launch.h"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>

@@ -5,7 +5,7 @@
 #ifndef ARSERVE_FUZZ_H
 #define ARSERVE_FUZZ_H
 
-#include "engine/json_strict.h"
+#include "engine/format/json_strict.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -27,7 +27,7 @@ FUZZ_BINS         := $(FUZZ_TARGETS:%=$(FUZZ_DIR)/%)
 # The engine (no CUDA; backend_cpu.c and vec_math.c need OpenMP and no
 # target reaches them) and the HTTP API's JSON half, in an archive: each
 # target links what it uses.
-FUZZ_LIB_SRC      := $(filter-out engine/backend_cuda.c engine/backend_cpu.c engine/vec_math.c,$(wildcard engine/*.c)) \
+FUZZ_LIB_SRC      := $(filter-out engine/backend/backend_cuda.c engine/backend/backend_cpu.c kernels/cpu/vec_math.c,$(ENGINE_SRC)) \
                      server/api.c
 FUZZ_LIB_OBJ      := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_LIB          := $(FUZZ_DIR)/libfuzzarserve.a

@@ -6,7 +6,7 @@
  *      the response and SSE payloads built from it are strict JSON; a refused
  *      one is a well-formed error whose JSON is strict too.
  * Build and run: make -f Makefile -f tests/fuzz/fuzz.mk fuzz (tests/fuzz/fuzz.mk). */
-#include "engine/json_strict.h"
+#include "engine/format/json_strict.h"
 #include "server/api.h"
 #include "tests/fuzz/fuzz.h"
 

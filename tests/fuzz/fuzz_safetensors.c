@@ -1,12 +1,12 @@
 /* libFuzzer target: bytes as a .safetensors file, through safetensors_open
- * (engine/safetensors.c, which maps a path: the input goes to a memfd), then
+ * (engine/format/safetensors.c, which maps a path: the input goes to a memfd), then
  * the tensor index: every tensor found by name, checked against its own shape,
  * its bytes inside the mapping and equal to its shape's size. Each input is
  * opened twice: as given, and with the 8-byte header length rewritten to end
  * at the header's last '}', so mutations inside the JSON keep a length that
  * fits them.
  * Build and run: make -f Makefile -f tests/fuzz/fuzz.mk fuzz (tests/fuzz/fuzz.mk). */
-#include "engine/safetensors.h"
+#include "engine/format/safetensors.h"
 #include "tests/fuzz/fuzz.h"
 
 static fuzz_file_t file;

@@ -1,5 +1,5 @@
 /* libFuzzer target: bytes as a model's tokenizer.json, through tokenizer_load
- * (engine/tokenizer.c, which reads a path: the input goes to a memfd), then
+ * (engine/format/tokenizer.c, which reads a path: the input goes to a memfd), then
  * encoding with what loaded: fixed prompts, the input itself as a prompt, and
  * the text of the first tokens. Every id encoded must name a token
  * (tokenizer_token_text, the decode direction), and looking a token's text
@@ -9,7 +9,7 @@
  * Janus-Pro's pipeline; run from the repository root): ASCII comes back
  * unchanged from decode(encode(text)).
  * Build and run: make -f Makefile -f tests/fuzz/fuzz.mk fuzz (tests/fuzz/fuzz.mk). */
-#include "engine/tokenizer.h"
+#include "engine/format/tokenizer.h"
 #include "tests/fuzz/fuzz.h"
 
 #define MAX_IDS 256

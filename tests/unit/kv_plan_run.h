@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "engine/generate.h"
-#include "engine/kv_pool.h"
+#include "engine/kv/kv_pool.h"
 #include "engine/model.h"
 #include "engine/planner.h"
 

@@ -3,14 +3,14 @@
  * threshold; the similarity on constructed keys; the planner's worst case
  * (every layer expanded) is never exceeded on the demo model, and is met
  * exactly when every layer expands. */
-#include "../../engine/backend.h"
-#include "../../engine/generate.h"
-#include "../../engine/kv_policy.h"
-#include "../../engine/kv_pool.h"
-#include "../../engine/model.h"
-#include "../../engine/planner.h"
-#include "../../engine/var.h"
 #include "../test.h"
+#include "engine/backend/backend.h"
+#include "engine/family/var.h"
+#include "engine/generate.h"
+#include "engine/kv/kv_pool.h"
+#include "engine/model.h"
+#include "engine/planner.h"
+#include "engine/policy/kv_policy.h"
 #include "tests/unit/kv_plan_run.h"
 
 #include <math.h>

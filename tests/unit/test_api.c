@@ -3,7 +3,7 @@
  * mutations under ASan), the JSON and SSE builders parsed back with cJSON, and
  * base64 against RFC 4648's vectors.
  * Run: gcc -std=c11 -D_GNU_SOURCE -I. tests/unit/test_api.c server/api.c
- *      engine/kv_policy.c engine/status.c -lcjson -lm && ./a.out */
+ *      engine/policy/kv_policy.c base/status.c -lcjson -lm && ./a.out */
 #include "server/api.h"
 #include "tests/test.h"
 

@@ -1,7 +1,7 @@
 /* Checks every op of the CPU backend against a naive reference written here
  * (plain loops, double accumulation) on fixed-seed random inputs of awkward
  * sizes, with NaN/Inf checks and guard floats around every output buffer. */
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 #include "tests/test.h"
 
 #include <math.h>

@@ -1,10 +1,10 @@
-/* Tests for engine/gemm_panels.c: every instruction set's kernels against a
+/* Tests for kernels/cpu/gemm_panels.c: every instruction set's kernels against a
  * double-precision reference, on shapes that take each tile (rows not a
  * multiple of the widest tile's, panels not a multiple of its panels, a
  * last panel partly filled), with and without a bias, writing C (not adding
  * to it) and nothing outside its rows' first N columns. */
-#include "engine/gemm_panels.h"
-#include "engine/vec_isa.h"
+#include "kernels/cpu/gemm_panels.h"
+#include "kernels/cpu/vec_isa.h"
 #include "tests/test.h"
 
 #include <stdint.h>

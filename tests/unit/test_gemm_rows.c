@@ -1,12 +1,12 @@
-/* Tests for engine/gemm_rows.c: every kernel this machine runs against a
+/* Tests for kernels/cpu/gemm_rows.c: every kernel this machine runs against a
  * double-precision reference, on shapes with ragged edges (rows not a
  * multiple of four, weight rows not a multiple of four, K not a multiple of
  * the vector width, weight rows spanning several of the driver's groups),
  * with strides wider than the rows, accumulating into y,
  * and never writing outside it; and its bf16 and fp16 weights against the
  * same weights in fp32, on every kernel. */
-#include "engine/gemm_rows.h"
-#include "engine/vec_isa.h"
+#include "kernels/cpu/gemm_rows.h"
+#include "kernels/cpu/vec_isa.h"
 #include "tests/test.h"
 
 #include <stdint.h>

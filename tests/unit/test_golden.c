@@ -13,10 +13,10 @@
  * the conversion to 8 bits) and the reference's, values in about [-1, 1]. */
 #define DECODER_F32_TOL 2e-5
 
+#include "engine/calibration_run.h"
+#include "engine/format/safetensors.h"
 #include "engine/generate.h"
-#include "engine/kv_calibrate.h"
 #include "engine/planner.h"
-#include "engine/safetensors.h"
 #include "tests/test.h"
 
 /* Absolute tolerance on logits: 1e-4 for the tiny golden model (logits of a few
@@ -456,16 +456,16 @@ static void test_bf16_weights_and_kv_follow_transformers_in_bf16(void) {
 static void test_fp8_scales_from_calibration_bring_the_logits_closer(void) {
     const char *prompt = safetensors_metadata(&g.st, "prompt");
     ar_error_t err = {{0}};
-    kv_scales_t measured;
+    fp8_scales_t measured;
     CHECK(prompt != NULL);
-    if (!prompt || kv_scales_measure(&model, &prompt, 1, NULL, NULL, &measured, &err) != AR_OK) {
+    if (!prompt || fp8_scales_measure(&model, &prompt, 1, NULL, NULL, &measured, &err) != AR_OK) {
         CHECK_MSG(0, "%s", err.msg);
         return;
     }
     sampler_params_t sp = {g.cfg, 1.0f, 1, 1.0f};
     double worst[2] = {0, 0};
     for (int calibrated = 0; calibrated <= 1; calibrated++) {
-        model.kv_scales = calibrated ? measured : (kv_scales_t){0};
+        model.fp8_scales = calibrated ? measured : (fp8_scales_t){0};
         kv_pool_t p;
         gen_request_t r;
         if (pool_for(&p, planner_block_tokens(&model.cfg), 1, DTYPE_F8_E4M3) ||
@@ -473,7 +473,7 @@ static void test_fp8_scales_from_calibration_bring_the_logits_closer(void) {
             CHECK(0);
             break;
         }
-        CHECK(r.seq[0].heads[0].k_scale == (calibrated ? kv_scale_of(measured.k_amax[0]) : 0));
+        CHECK(r.seq[0].heads[0].k_scale == (calibrated ? fp8_scale_of(measured.k_amax[0]) : 0));
         gen_request_t *batch[] = {&r};
         while (!gen_request_done(&r)) {
             CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
@@ -482,13 +482,13 @@ static void test_fp8_scales_from_calibration_bring_the_logits_closer(void) {
         gen_request_free(&r);
         kv_pool_free(&p);
     }
-    model.kv_scales = (kv_scales_t){0};
+    model.fp8_scales = (fp8_scales_t){0};
     printf("fp8 KV: largest teacher-forced logit error %.3g with scales of 1, %.3g with the "
            "measured ones (largest |K| of a head %.3g)\n",
            worst[0], worst[1], measured.k_amax[0]);
     CHECK_MSG(worst[1] < worst[0], "calibrated %.3g, not under %.3g", worst[1], worst[0]);
     CHECK_MSG(worst[1] <= 0.36, "calibrated %.3g (bound 0.36, measured 0.327)", worst[1]);
-    kv_scales_free(&measured);
+    fp8_scales_free(&measured);
 }
 
 static void test_decoded_pixels_match(void) {

@@ -12,10 +12,10 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "engine/format/safetensors.h"
 #include "engine/generate.h"
-#include "engine/kv_policy.h"
 #include "engine/planner.h"
-#include "engine/safetensors.h"
+#include "engine/policy/kv_policy.h"
 #include "tests/test.h"
 #include "tests/unit/kv_plan_run.h"
 

@@ -9,10 +9,10 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "engine/family_scale.h"
+#include "engine/family/family_scale.h"
+#include "engine/format/safetensors.h"
 #include "engine/generate.h"
 #include "engine/planner.h"
-#include "engine/safetensors.h"
 #include "tests/test.h"
 
 #define LOGIT_TOL 1e-4

@@ -11,12 +11,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/generate.h"
-#include "engine/heatkv.h"
-#include "engine/kv_calibration.h"
 #include "engine/model.h"
 #include "engine/planner.h"
+#include "engine/policy/heatkv.h"
+#include "engine/policy/kv_calibration.h"
 #include "tests/test.h"
 #include "tests/unit/kv_plan_run.h"
 

@@ -1,13 +1,13 @@
-/* Unit tests for engine/json_strict.c: RFC 8259 texts it must accept, a table
+/* Unit tests for engine/format/json_strict.c: RFC 8259 texts it must accept, a table
  * of texts cJSON alone would take (or over-read) that it must refuse with the
  * byte and the reason, the nesting limit, and a property check: every text the
  * check accepts, cJSON parses to its end. Each text is copied into a buffer of
  * exactly its length, so under ASan a read past the end is a failure. */
-#include "engine/json_strict.h"
-#include "engine/kv_calibration.h"
+#include "engine/format/json_strict.h"
+#include "engine/format/safetensors.h"
+#include "engine/format/tokenizer.h"
 #include "engine/model_config.h"
-#include "engine/safetensors.h"
-#include "engine/tokenizer.h"
+#include "engine/policy/kv_calibration.h"
 #include "server/api.h"
 #include "tests/test.h"
 

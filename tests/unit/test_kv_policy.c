@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "engine/kv_policy.h"
+#include "engine/policy/kv_policy.h"
 #include "tests/test.h"
 
 /* ---- deterministic randomness ---- */

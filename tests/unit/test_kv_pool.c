@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kv_pool.h"
+#include "engine/kv/kv_pool.h"
 #include "tests/test.h"
 
 static backend_t *be;

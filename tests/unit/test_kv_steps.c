@@ -1,7 +1,7 @@
 /* The engine's KV policy hooks, the planner's trajectories and the
  * scheduler's check that measured pool use never passes the plan, on the
  * tiny model with a stub policy defined here: this file links its own
- * policy table (engine/kv_policy_impl.h), whose streaming slot holds the
+ * policy table (engine/policy/kv_policy_impl.h), whose streaming slot holds the
  * stub, so the engine's dispatcher, generation loop, planner and scheduler
  * run it as they would any policy.
  *
@@ -18,8 +18,8 @@
 
 #include "engine/family.h"
 #include "engine/generate.h"
-#include "engine/kv_policy_impl.h"
 #include "engine/planner.h"
+#include "engine/policy/kv_policy_impl.h"
 #include "server/scheduler.h"
 #include "tests/test.h"
 

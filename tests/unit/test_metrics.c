@@ -3,7 +3,7 @@
  * the overflow series, ordering, concurrent updates, and that programmer
  * errors abort with a message (checked in a forked child).
  * Run: gcc -std=c11 -D_GNU_SOURCE -I. tests/unit/test_metrics.c server/metrics.c
- *      engine/status.c -lpthread -lm && ./a.out */
+ *      base/status.c -lpthread -lm && ./a.out */
 #include "server/metrics.h"
 #include "tests/test.h"
 

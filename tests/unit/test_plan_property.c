@@ -1,5 +1,5 @@
 /* The KV planner's property test (issue 5), on the tiny model with the
- * real policies (engine/kv_policy.c), the real pool and the real planner.
+ * real policies (engine/policy/kv_policy.c), the real pool and the real planner.
  * Random arrival traces mix policies and budgets that suit the 8 x 8 grid
  * (full, streaming, linear at budget >= 1/2, headkv with a small buffer and
  * window), prompt lengths, n = 1..2 images and cancellations, against a
@@ -36,9 +36,9 @@
 #include "engine/batcher.h"
 #include "engine/family.h"
 #include "engine/generate.h"
-#include "engine/kv_calibration.h"
-#include "engine/kv_pool.h"
+#include "engine/kv/kv_pool.h"
 #include "engine/planner.h"
+#include "engine/policy/kv_calibration.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
 #include "tests/test.h"

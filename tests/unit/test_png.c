@@ -1,10 +1,10 @@
-/* Tests for engine/png_io.c: round trips at odd sizes, byte-identical
+/* Tests for engine/format/png_io.c: round trips at odd sizes, byte-identical
  * re-encoding, an independent decode through libpng's simplified API, file
  * output and its errors, decoding every color type, and corrupt, truncated
  * and oversized input returning AR_ERR instead of crashing.
- * Run: gcc -std=c11 -D_GNU_SOURCE -I. tests/unit/test_png.c engine/png_io.c
- *      engine/status.c -lpng && ./a.out */
-#include "engine/png_io.h"
+ * Run: gcc -std=c11 -D_GNU_SOURCE -I. tests/unit/test_png.c engine/format/png_io.c
+ *      base/status.c -lpng && ./a.out */
+#include "engine/format/png_io.h"
 #include "tests/test.h"
 
 #include <png.h>

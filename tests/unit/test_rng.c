@@ -1,7 +1,7 @@
-/* Tests for engine/rng.c: Philox4x32-10 against Random123's known answers, and
+/* Tests for base/rng.c: Philox4x32-10 against Random123's known answers, and
  * the range, independence and rough uniformity of rng_uniform.
- * Run: gcc -std=c11 -I. tests/unit/test_rng.c engine/rng.c -lm && ./a.out */
-#include "engine/rng.h"
+ * Run: gcc -std=c11 -I. tests/unit/test_rng.c base/rng.c -lm && ./a.out */
+#include "base/rng.h"
 #include "tests/test.h"
 
 #include <stdint.h>

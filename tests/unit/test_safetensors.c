@@ -1,7 +1,7 @@
-/* Unit tests for engine/safetensors.c: valid files of every dtype, lookup and
+/* Unit tests for engine/format/safetensors.c: valid files of every dtype, lookup and
  * shape checks, metadata, and a table of malformed files, each of which must be
  * refused with a message naming the file, the tensor and the problem. */
-#include "engine/safetensors.h"
+#include "engine/format/safetensors.h"
 #include "tests/test.h"
 
 #include <stdint.h>

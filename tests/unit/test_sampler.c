@@ -1,9 +1,9 @@
 /* Tests for engine/sampler.c: seeded determinism, CFG arithmetic, greedy
  * tie-breaking, top-k and top-p support, draw frequencies, NaN handling, and
  * agreement with a naive full-sort reference on random inputs.
- * Run: gcc -std=c11 -I. tests/unit/test_sampler.c engine/sampler.c engine/rng.c
- *      engine/status.c -lm && ./a.out */
-#include "engine/rng.h"
+ * Run: gcc -std=c11 -I. tests/unit/test_sampler.c engine/sampler.c base/rng.c
+ *      base/status.c -lm && ./a.out */
+#include "base/rng.h"
 #include "engine/sampler.h"
 #include "tests/test.h"
 

@@ -2,14 +2,14 @@
  * Z-score; every compacted scale's budgets add up to budget x layers, the
  * drafters' above the refiners'; a compaction keeps the observation window
  * and the most attended keys; the engine's pool use equals the plan. */
-#include "../../engine/backend.h"
-#include "../../engine/generate.h"
-#include "../../engine/kv_calibration.h"
-#include "../../engine/kv_policy.h"
-#include "../../engine/kv_pool.h"
-#include "../../engine/model.h"
-#include "../../engine/planner.h"
 #include "../test.h"
+#include "engine/backend/backend.h"
+#include "engine/generate.h"
+#include "engine/kv/kv_pool.h"
+#include "engine/model.h"
+#include "engine/planner.h"
+#include "engine/policy/kv_calibration.h"
+#include "engine/policy/kv_policy.h"
 #include "tests/unit/kv_plan_run.h"
 
 #include <math.h>

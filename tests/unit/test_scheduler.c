@@ -5,7 +5,7 @@
  * finish the final image first, and a stream would skip the previews), and
  * that waiting on a job returns when it changes, and what a failing draw does.
  *
- * This file defines png_encode (engine/png_io.h) itself, so the linker
+ * This file defines png_encode (engine/format/png_io.h) itself, so the linker
  * takes no PNG encoder from the engine library: its "PNGs" are the PNG
  * signature and the first bytes of the pixels, and the first call can be
  * made slow, to hold one worker on a preview. */
@@ -14,12 +14,12 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "engine/batcher.h"
-#include "engine/clock.h"
 #include "engine/family.h"
+#include "engine/format/png_io.h"
 #include "engine/generate.h"
 #include "engine/planner.h"
-#include "engine/png_io.h"
 #include "server/scheduler.h"
 #include "tests/test.h"
 

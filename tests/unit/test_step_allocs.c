@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/arena.h"
+#include "base/arena.h"
 #include "engine/batcher.h"
 #include "engine/generate.h"
 #include "engine/planner.h"

@@ -1,7 +1,7 @@
-/* Unit tests for engine/tokenizer.c: writes small tokenizer.json files to a
+/* Unit tests for engine/format/tokenizer.c: writes small tokenizer.json files to a
  * temp dir and checks encoding and load errors. Set TEST_TOKENIZER_KEEP=1 to
  * keep the files (their paths are printed), e.g. to re-check them against HF. */
-#include "engine/tokenizer.h"
+#include "engine/format/tokenizer.h"
 #include "tests/test.h"
 
 #include <stdlib.h>

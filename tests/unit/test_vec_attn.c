@@ -1,9 +1,9 @@
-/* Tests for engine/vec_attn.c: every kernel this machine runs against a
+/* Tests for kernels/cpu/vec_attn.c: every kernel this machine runs against a
  * double-precision reference, on head sizes that are and are not multiples
  * of the vector widths, keys scattered in memory, and the values'
  * accumulation adding into acc without touching past d. */
-#include "engine/vec_attn.h"
-#include "engine/vec_isa.h"
+#include "kernels/cpu/vec_attn.h"
+#include "kernels/cpu/vec_isa.h"
 #include "tests/test.h"
 
 #include <stdint.h>

@@ -1,9 +1,9 @@
-/* Tests for engine/vec_math.c on every instruction set this machine runs:
+/* Tests for kernels/cpu/vec_math.c on every instruction set this machine runs:
  * exp within 2 ulp of the double-precision value over its whole normal
  * range, its edges (0 below, +inf above, NaN through) and SiLU against
  * double, on lengths that leave a vector loop's remainder. */
-#include "engine/vec_isa.h"
-#include "engine/vec_math.h"
+#include "kernels/cpu/vec_isa.h"
+#include "kernels/cpu/vec_math.h"
 #include "tests/test.h"
 
 #include <float.h>

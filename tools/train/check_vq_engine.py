@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks that arserve's own VQ decoder (engine/vq_decoder.c) decodes the exported
+"""Checks that arserve's own VQ decoder (engine/family/vq_decoder.c) decodes the exported
 decoder exactly as torch does.
 
     python tools/train/check_vq_engine.py --ckpt build/train/vq/ckpt.pt \\

@@ -37,7 +37,7 @@ from vq_model import VQModel, to_u8, tokenize_u8  # noqa: E402
 
 
 def expected_names(cfg):
-    """The vq.* names engine/vq_decoder.c loads for a decoder config."""
+    """The vq.* names engine/family/vq_decoder.c loads for a decoder config."""
     n = len(cfg["channel_multiplier"])
     widths = [cfg["base_channels"] * cfg["channel_multiplier"][n - 1 - i] for i in range(n)]
     names = ["vq.codebook.weight"]

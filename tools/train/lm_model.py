@@ -1,6 +1,6 @@
 """The Janus-architecture language model of the shapes demo model, in torch.
 
-Parameter names are the engine's tensor names (engine/raster.c) without a prefix change,
+Parameter names are the engine's tensor names (engine/family/raster.c) without a prefix change,
 so export is a dtype conversion: llm.embed, llm.layers.N.{attn_norm, attn.{q,k,v,o},
 mlp_norm, mlp.{gate,up,down}}, llm.norm, gen.embed, gen.aligner.J, gen.head.{fc1,fc2}.
 The forward is the one the engine runs (and tools/gen_golden.py checks in numpy):

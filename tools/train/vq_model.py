@@ -1,6 +1,6 @@
 """The VQ tokenizer trained for the shapes demo model, in torch.
 
-The decoder is exactly the VQ-16 decoder arserve runs (engine/vq_decoder.c): codebook
+The decoder is exactly the VQ-16 decoder arserve runs (engine/family/vq_decoder.c): codebook
 rows L2-normalised at lookup, post_quant_conv 1x1, conv_in 3x3, mid block_1 / attn_1 /
 block_2, levels coarsest first with num_res_blocks + 1 ResNet blocks each (attention after
 every block of level 0 only), nearest 2x upsample + 3x3 conv between levels, GroupNorm(32,

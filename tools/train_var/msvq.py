@@ -1,7 +1,7 @@
 """The multi-scale VQVAE of the shapes VAR model, in torch (VAR's tokenizer at toy size).
 
 Decoder: exactly the decoder arserve's `msvq` decoder runs: f_hat (Cvae, n, n) ->
-post_quant_conv 3x3 (Cvae -> Cvae) -> the VQ-16 decoder body of engine/vq_decoder.c
+post_quant_conv 3x3 (Cvae -> Cvae) -> the VQ-16 decoder body of engine/family/vq_decoder.c
 (conv_in, mid block_1 / attn_1 / block_2, levels coarsest first with num_res_blocks + 1
 ResNet blocks, attention after every block of level 0 only, nearest 2x + 3x3 conv between
 levels, GroupNorm(32, eps 1e-6) + SiLU + conv_out). The body is tools/train/vq_model.py's

@@ -1,0 +1,28 @@
+/* Checks shared by every backend implementation. */
+#include <stdint.h>
+
+#include "engine/backend/backend.h"
+
+int backend_check_weight(const char *backend, const void *host_src, dtype_t dtype, int ndim,
+                         const int64_t *shape, int64_t *numel, ar_error_t *err) {
+    if (!dtype_is_float(dtype))
+        return ar_errorf(err, "weight of type %s: the %s backend loads only F32, F16 and BF16",
+                         dtype_name(dtype), backend);
+    if (ndim < 1 || ndim > 4)
+        return ar_errorf(err, "weight with %d dimensions: expected 1 to 4", ndim);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return ar_errorf(err, "weight dimension %d is negative (%lld)", i, (long long)shape[i]);
+        if (shape[i] > 0 && n > (INT64_MAX / 4) / shape[i])
+            return ar_errorf(err, "weight too large (dimension %d is %lld)", i,
+                             (long long)shape[i]);
+        n *= shape[i];
+    }
+    if ((uint64_t)n > SIZE_MAX / 4)
+        return ar_errorf(err, "weight of %lld elements is too large", (long long)n);
+    if (n > 0 && !host_src)
+        return ar_errorf(err, "weight has no data");
+    *numel = n;
+    return AR_OK;
+}

@@ -1,0 +1,1227 @@
+/* The CUDA backend: GEMMs through cuBLAS, every other op a kernel from
+ * kernels/, all queued in order on one stream. C, like the rest of the
+ * engine; only kernels/ is C++. Built with CUDA=1 against the CUDA toolkit,
+ * and in tests against the CPU emulator (tests/cuda_emu), which runs the
+ * same code without a GPU.
+ *
+ * Memory: one cudaMalloc at creation (the reservation), cut up by a
+ * first-fit arena for weights, buffers, the KV pool and this backend's
+ * scratch, so nothing is allocated on the device after start-up.
+ *
+ * Errors: ops return nothing, so every CUDA and cuBLAS call goes through
+ * CUDA_CHECK / CUBLAS_CHECK, which keep the first failure (statement, file,
+ * line, CUDA's message) for ->status and print it once; kernel launchers
+ * return the launch's cudaGetLastError(), checked the same way. */
+#include "engine/backend/backend.h"
+
+#include <assert.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/kernels.h"
+
+/* A weight's or the cache's storage type as the kernels take it: the same codes. */
+_Static_assert((int)KERN_F32 == (int)DTYPE_F32 && (int)KERN_F16 == (int)DTYPE_F16 &&
+                   (int)KERN_BF16 == (int)DTYPE_BF16 && (int)KERN_F8_E4M3 == (int)DTYPE_F8_E4M3,
+               "kern_dtype_t and dtype_t must share their float codes");
+static kern_dtype_t kern_type(dtype_t t) { return (kern_dtype_t)t; }
+
+/* Scratch for the GEMM operands (16-bit activation halves, im2col panels,
+ * the two half-products) and GroupNorm's statistics; large ops run in
+ * slices that fit. 64 MiB holds a 4096-wide decode batch of 1600 rows. */
+#define SCRATCH_BYTES ((size_t)64 << 20)
+/* cuBLAS's workspace, given to it so that it never allocates: 32 MiB is
+ * what NVIDIA recommends for Hopper. */
+#define BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+/* Host arrays that ops take (positions, ids) are copied here first. */
+#define STAGING_INTS ((size_t)1 << 16)
+/* Every arena allocation starts on this boundary (cudaMalloc's). */
+#define ARENA_ALIGN ((size_t)256)
+/* With reserve_bytes = 0, this much of the free memory (or 5%, if more)
+ * stays free for the CUDA context, cuBLAS's own state and other processes. */
+#define RESERVE_MARGIN ((size_t)512 << 20)
+
+#define MIB(b) ((double)(b) / (1024.0 * 1024.0))
+/* What a backend carves from its reservation for itself. */
+#define OWN_BYTES                                                                                  \
+    (SCRATCH_BYTES + BLAS_WORKSPACE_BYTES + STAGING_INTS * sizeof(int) + 3 * ARENA_ALIGN)
+
+/* ---- the arena --------------------------------------------------------------- */
+
+/* Blocks in address order, free ones coalesced with free neighbours. A
+ * daemon makes a few thousand allocations (weights, buffers) at start-up and
+ * few afterwards, so a linked list is enough. */
+typedef struct arena_block {
+    size_t off, size;
+    int used;
+    struct arena_block *prev, *next;
+} arena_block_t;
+
+typedef struct arena {
+    char *base;
+    size_t size, in_use;
+    arena_block_t *head;
+} arena_t;
+
+static int arena_init(arena_t *a, void *base, size_t size) {
+    a->base = base;
+    a->size = size;
+    a->in_use = 0;
+    a->head = calloc(1, sizeof *a->head);
+    if (!a->head)
+        return AR_ERR;
+    a->head->size = size;
+    return AR_OK;
+}
+
+static void arena_release(arena_t *a) {
+    for (arena_block_t *b = a->head, *next; b; b = next) {
+        next = b->next;
+        free(b);
+    }
+    a->head = NULL;
+}
+
+/* NULL when no free block is large enough (or the host is out of memory). */
+static void *arena_alloc(arena_t *a, size_t bytes) {
+    if (bytes > SIZE_MAX - ARENA_ALIGN)
+        return NULL;
+    const size_t need = bytes ? (bytes + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1) : ARENA_ALIGN;
+    for (arena_block_t *b = a->head; b; b = b->next) {
+        if (b->used || b->size < need)
+            continue;
+        if (b->size > need) { /* split: the rest stays free */
+            arena_block_t *rest = calloc(1, sizeof *rest);
+            if (!rest)
+                return NULL;
+            rest->off = b->off + need;
+            rest->size = b->size - need;
+            rest->prev = b;
+            rest->next = b->next;
+            if (b->next)
+                b->next->prev = rest;
+            b->next = rest;
+            b->size = need;
+        }
+        b->used = 1;
+        a->in_use += b->size;
+        return a->base + b->off;
+    }
+    return NULL;
+}
+
+static void arena_merge_next(arena_block_t *b) {
+    arena_block_t *n = b->next;
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next)
+        n->next->prev = b;
+    free(n);
+}
+
+/* AR_ERR when p is not a live allocation of this arena. */
+static int arena_free(arena_t *a, void *p) {
+    if ((char *)p < a->base || (char *)p >= a->base + a->size)
+        return AR_ERR;
+    const size_t off = (size_t)((char *)p - a->base);
+    for (arena_block_t *b = a->head; b; b = b->next) {
+        if (b->off != off)
+            continue;
+        if (!b->used)
+            return AR_ERR;
+        b->used = 0;
+        a->in_use -= b->size;
+        if (b->next && !b->next->used)
+            arena_merge_next(b);
+        if (b->prev && !b->prev->used)
+            arena_merge_next(b->prev);
+        return AR_OK;
+    }
+    return AR_ERR;
+}
+
+/* ---- state and errors ---------------------------------------------------------- */
+
+typedef struct cuda_impl {
+    int device;
+    char device_name[256];
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *reservation; /* the one cudaMalloc, or a fork's block of its parent's */
+    backend_t *parent; /* a fork's: its reservation goes back to the parent's arena */
+    arena_t arena;
+    void *scratch; /* SCRATCH_BYTES */
+    int *staging;  /* STAGING_INTS */
+    /* Host side of the KV ops' staging: the copy (KV_STAGE_BYTES) and the
+     * items and tables it is assembled from. */
+    char *kv_host;
+    kern_kv_item_t *kv_items;
+    int *kv_ints;
+    unsigned n_errors; /* failures since creation; the first is kept */
+    ar_error_t first_error;
+} cuda_impl_t;
+
+static cuda_impl_t *impl_of(const backend_t *be) { return (cuda_impl_t *)be->impl; }
+
+static void cuda_fail(backend_t *be, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Failures printed before the rest are only counted: one device fault
+ * makes every later call fail too. */
+#define MAX_PRINTED_ERRORS 8
+
+/* Records a failure of an op: the first is kept for ->status, the first few
+ * are printed. */
+static void cuda_fail(backend_t *be, const char *fmt, ...) {
+    cuda_impl_t *impl = impl_of(be);
+    const unsigned nth = ++impl->n_errors;
+    if (nth > MAX_PRINTED_ERRORS)
+        return;
+    ar_error_t e;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    va_end(ap);
+    if (nth == 1)
+        impl->first_error = e;
+    fprintf(stderr, "arserve: cuda backend: %s%s\n", e.msg,
+            nth == MAX_PRINTED_ERRORS ? " (later errors are counted, not printed)" : "");
+}
+
+static int cuda_check(backend_t *be, cudaError_t e, const char *stmt, const char *file, int line) {
+    if (e == cudaSuccess)
+        return AR_OK;
+    (void)cudaGetLastError(); /* consumed: the next launch check must not report it again */
+    cuda_fail(be, "%s failed at %s:%d: %s (%s)", stmt, file, line, cudaGetErrorString(e),
+              cudaGetErrorName(e));
+    return AR_ERR;
+}
+
+static int cublas_check(backend_t *be, cublasStatus_t s, const char *stmt, const char *file,
+                        int line) {
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return AR_OK;
+    cuda_fail(be, "%s failed at %s:%d: %s (%s)", stmt, file, line, cublasGetStatusString(s),
+              cublasGetStatusName(s));
+    return AR_ERR;
+}
+
+/* Every CUDA runtime call, kernel launcher and cuBLAS call in an op goes
+ * through one of these; they return AR_OK or AR_ERR. */
+#define CUDA_CHECK(be, stmt) cuda_check((be), (stmt), #stmt, __FILE__, __LINE__)
+#define CUBLAS_CHECK(be, stmt) cublas_check((be), (stmt), #stmt, __FILE__, __LINE__)
+
+/* At creation the error goes straight to the caller's err. */
+#define CUBLAS_TRY(err, stmt)                                                                      \
+    do {                                                                                           \
+        cublasStatus_t s_ = (stmt);                                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+            ar_errorf((err), "cuda backend: %s failed at %s:%d: %s (%s)", #stmt, __FILE__,         \
+                      __LINE__, cublasGetStatusString(s_), cublasGetStatusName(s_));               \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+#define CUDA_TRY(err, stmt)                                                                        \
+    do {                                                                                           \
+        cudaError_t e_ = (stmt);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            ar_errorf((err), "cuda backend: %s failed at %s:%d: %s (%s)", #stmt, __FILE__,         \
+                      __LINE__, cudaGetErrorString(e_), cudaGetErrorName(e_));                     \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+static int cuda_status(backend_t *be, ar_error_t *err) {
+    const cuda_impl_t *impl = impl_of(be);
+    if (!impl->n_errors)
+        return AR_OK;
+    if (impl->n_errors == 1)
+        return ar_errorf(err, "cuda backend: %s", impl->first_error.msg);
+    return ar_errorf(err, "cuda backend: %s (and %u later errors)", impl->first_error.msg,
+                     impl->n_errors - 1);
+}
+
+/* cudaSetDevice is per host thread, and the thread driving a backend may
+ * change (the daemon's scheduler is not the thread that loaded the model),
+ * so each op makes its device current; a thread-local cache keeps that to
+ * a compare when nothing changed. */
+static _Thread_local int tls_device = -1;
+
+static int use_device(backend_t *be) {
+    const int d = impl_of(be)->device;
+    if (tls_device == d)
+        return AR_OK;
+    if (CUDA_CHECK(be, cudaSetDevice(d)) != AR_OK)
+        return AR_ERR;
+    tls_device = d;
+    return AR_OK;
+}
+
+/* ---- memory ---------------------------------------------------------------------- */
+
+static void *cuda_alloc(backend_t *be, size_t bytes) {
+    return arena_alloc(&impl_of(be)->arena, bytes);
+}
+
+static void cuda_free(backend_t *be, void *p) {
+    if (p && arena_free(&impl_of(be)->arena, p) != AR_OK)
+        cuda_fail(be, "free of %p, which is not a live allocation of this backend", p);
+}
+
+/* Returns once the host buffer may be reused (the copy is synchronised:
+ * uploads happen at load time and for the odd host buffer, not per op). */
+static void cuda_upload(backend_t *be, void *dst, const void *host_src, size_t bytes) {
+    cuda_impl_t *impl = impl_of(be);
+    if (!bytes || use_device(be) != AR_OK)
+        return;
+    if (CUDA_CHECK(be, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice,
+                                       impl->stream)) == AR_OK)
+        CUDA_CHECK(be, cudaStreamSynchronize(impl->stream));
+}
+
+/* Waits for the queued work that produces src, then for the copy. */
+static void cuda_download(backend_t *be, void *host_dst, const void *src, size_t bytes) {
+    cuda_impl_t *impl = impl_of(be);
+    if (!bytes || use_device(be) != AR_OK)
+        return;
+    if (CUDA_CHECK(be, cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost,
+                                       impl->stream)) == AR_OK)
+        CUDA_CHECK(be, cudaStreamSynchronize(impl->stream));
+}
+
+static void cuda_copy(backend_t *be, void *dst, const void *src, size_t bytes) {
+    if (!bytes || use_device(be) != AR_OK)
+        return;
+    CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_of(be)->stream));
+}
+
+static void cuda_sync(backend_t *be) {
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, cudaStreamSynchronize(impl_of(be)->stream));
+}
+
+/* Copies n host ints into the staging buffer (n <= STAGING_INTS). The
+ * stream orders the copy after every kernel that still reads the previous
+ * contents; from pageable memory, cudaMemcpyAsync returns once it has taken
+ * the host data, so the caller's array may change at once. */
+static const int *stage_ints(backend_t *be, const int *host, size_t n) {
+    cuda_impl_t *impl = impl_of(be);
+    assert(n <= STAGING_INTS);
+    if (CUDA_CHECK(be, cudaMemcpyAsync(impl->staging, host, n * sizeof(int), cudaMemcpyHostToDevice,
+                                       impl->stream)) != AR_OK)
+        return NULL;
+    return impl->staging;
+}
+
+/* ---- weights ---------------------------------------------------------------------- */
+
+/* Weights stay in the type they were stored in: bf16/fp16 halve the memory
+ * and the bandwidth of every decode GEMM (which is bandwidth-bound) and feed
+ * the tensor cores directly; kernels widen small weights (norms, biases,
+ * tables) as they read them. */
+static int cuda_weight_load(backend_t *be, tensor_t *out, const void *host_src, dtype_t src_dtype,
+                            int ndim, const int64_t *shape, ar_error_t *err) {
+    memset(out, 0, sizeof *out);
+    int64_t numel;
+    if (backend_check_weight("cuda", host_src, src_dtype, ndim, shape, &numel, err) != AR_OK)
+        return AR_ERR;
+    cuda_impl_t *impl = impl_of(be);
+    const size_t bytes = (size_t)numel * dtype_size(src_dtype);
+    void *data = arena_alloc(&impl->arena, bytes);
+    if (!data)
+        return ar_errorf(err,
+                         "out of device memory for a weight of %lld elements (%.1f MiB): %.1f of "
+                         "%.1f MiB reserved on device %d are in use",
+                         (long long)numel, MIB(bytes), MIB(impl->arena.in_use),
+                         MIB(impl->arena.size), impl->device);
+    const unsigned before = impl->n_errors;
+    cuda_upload(be, data, host_src, bytes);
+    if (impl->n_errors != before) {
+        arena_free(&impl->arena, data);
+        return ar_errorf(err, "copying a weight to the device: %s", impl->first_error.msg);
+    }
+    out->data = data;
+    out->dtype = src_dtype;
+    out->ndim = ndim;
+    for (int i = 0; i < 4; i++)
+        out->shape[i] = i < ndim ? shape[i] : 1;
+    return AR_OK;
+}
+
+static void cuda_weight_free(backend_t *be, tensor_t *t) {
+    if (!t)
+        return;
+    cuda_free(be, t->data);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---- GEMMs ---------------------------------------------------------------------------- */
+
+static cudaDataType blas_type(dtype_t t) {
+    return t == DTYPE_BF16 ? CUDA_R_16BF : t == DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* Row-major C[M, N] = A[M, K] * B where B is [N, K] (b_trans, a Linear
+ * weight) or [K, N], with beta 0 or 1, as a column-major cuBLAS call
+ * (C^T = op(B) * A^T). A and B share type t; C is fp32; fp32 compute (no
+ * TF32: fp32 operands stay fp32). */
+static int gemm_rowmajor(backend_t *be, int M, int N, int K, const void *A, int lda, const void *B,
+                         int ldb, int b_trans, dtype_t t, float beta, float *C, int ldc) {
+    const float one = 1.0f;
+    return CUBLAS_CHECK(be, cublasGemmEx(impl_of(be)->blas, b_trans ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         CUBLAS_OP_N, N, M, K, &one, B, blas_type(t), ldb, A,
+                                         blas_type(t), lda, &beta, C, CUDA_R_32F, ldc,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* 16-bit weights meet fp32 activations: cuBLAS wants both operands in one
+ * type, and rounding activations to bf16 would cost 8 bits of them (the
+ * CPU reference keeps all 24). So x is split into hi + lo halves of the
+ * weight's type (kern_split_16), stacked as 2m rows of one GEMM, and the two
+ * half-products are added: about 16 bits of x survive, the weight is read
+ * once (decode stays bandwidth-bound on it, as with plain bf16), and only
+ * prefill pays twice the tensor-core work. Rows go in slices that fit the
+ * scratch. */
+static void cuda_matmul(backend_t *be, float *y, const float *x, const tensor_t *w,
+                        const tensor_t *bias, int m) {
+    assert(w->ndim == 2 && m >= 0 && w->shape[0] <= INT32_MAX && w->shape[1] <= INT32_MAX);
+    const int n = (int)w->shape[0], k = (int)w->shape[1];
+    assert(!bias || tensor_numel(bias) == n);
+    cuda_impl_t *impl = impl_of(be);
+    if (m == 0 || n == 0 || use_device(be) != AR_OK)
+        return;
+    const void *b_data = bias ? bias->data : NULL;
+    const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
+    if (k == 0) {
+        CUDA_CHECK(be, kern_fill_bias(y, b_data, b_type, m, n, 0, impl->stream));
+        return;
+    }
+    if (w->dtype == DTYPE_F32) {
+        if (bias &&
+            CUDA_CHECK(be, kern_fill_bias(y, b_data, b_type, m, n, 0, impl->stream)) != AR_OK)
+            return;
+        gemm_rowmajor(be, m, n, k, x, k, w->data, k, 1, DTYPE_F32, bias ? 1.0f : 0.0f, y, n);
+        return;
+    }
+    /* per row: 2 halves of k 16-bit values, 2 product rows of n floats */
+    const size_t row_bytes = (size_t)k * 4 + (size_t)n * 8 + 2 * ARENA_ALIGN;
+    const size_t fit = (SCRATCH_BYTES - 2 * ARENA_ALIGN) / row_bytes;
+    if (fit == 0) {
+        cuda_fail(be, "matmul: a row of k=%d, n=%d does not fit the %.0f MiB scratch", k, n,
+                  MIB(SCRATCH_BYTES));
+        return;
+    }
+    const int slice = fit < (size_t)m ? (int)fit : m;
+    for (int r0 = 0; r0 < m; r0 += slice) {
+        const int rows = m - r0 < slice ? m - r0 : slice;
+        char *halves = impl->scratch; /* [2 * rows, k]: hi rows, then lo rows */
+        const size_t half_bytes = (size_t)2 * rows * k * 2;
+        float *prod = (float *)(halves + ((half_bytes + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1)));
+        if (CUDA_CHECK(be, kern_split_16(halves, halves + (size_t)rows * k * 2, kern_type(w->dtype),
+                                         x + (size_t)r0 * k, (size_t)rows * k, impl->stream)) !=
+            AR_OK)
+            return;
+        if (gemm_rowmajor(be, 2 * rows, n, k, halves, k, w->data, k, 1, w->dtype, 0.0f, prod, n) !=
+            AR_OK)
+            return;
+        if (CUDA_CHECK(be, kern_add_pair_bias(y + (size_t)r0 * n, prod, prod + (size_t)rows * n,
+                                              b_data, b_type, rows, n, impl->stream)) != AR_OK)
+            return;
+    }
+}
+
+/* ---- transformer ops ------------------------------------------------------------------ */
+
+static void cuda_rmsnorm(backend_t *be, float *y, const float *x, const tensor_t *w, int rows,
+                         int dim, float eps) {
+    assert(tensor_numel(w) == dim && rows >= 0 && dim > 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_rmsnorm(y, x, w->data, kern_type(w->dtype), rows, dim, eps,
+                                    impl_of(be)->stream));
+}
+
+static void cuda_layernorm(backend_t *be, float *y, const float *x, int rows, int dim, float eps) {
+    assert(rows >= 0 && dim > 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_layernorm(y, x, rows, dim, eps, impl_of(be)->stream));
+}
+
+static void cuda_modulate(backend_t *be, float *y, const float *x, const float *scale,
+                          const float *shift, int rows, int dim) {
+    assert(rows >= 0 && dim >= 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_modulate(y, x, scale, shift, rows, dim, impl_of(be)->stream));
+}
+
+static void cuda_gate_add(backend_t *be, float *y, const float *a, const float *gate, int rows,
+                          int dim) {
+    assert(rows >= 0 && dim >= 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_gate_add(y, a, gate, rows, dim, impl_of(be)->stream));
+}
+
+static void cuda_l2norm_heads(backend_t *be, float *x, const float *mul, int rows, int n_heads,
+                              int head_dim) {
+    assert(rows >= 0 && n_heads >= 0 && head_dim > 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_l2norm_heads(x, mul, rows, n_heads, head_dim, impl_of(be)->stream));
+}
+
+/* Positions go through the staging buffer, STAGING_INTS at a time. */
+static void cuda_rope(backend_t *be, float *x, const int *pos, int rows, int n_heads, int head_dim,
+                      float theta) {
+    assert(head_dim > 0 && head_dim % 2 == 0 && rows >= 0 && n_heads >= 0 && theta > 0);
+    if (rows == 0 || n_heads == 0 || use_device(be) != AR_OK)
+        return;
+    for (int r0 = 0; r0 < rows; r0 += (int)STAGING_INTS) {
+        const int n = rows - r0 < (int)STAGING_INTS ? rows - r0 : (int)STAGING_INTS;
+        const int *d_pos = stage_ints(be, pos + r0, (size_t)n);
+        if (!d_pos ||
+            CUDA_CHECK(be, kern_rope(x + (size_t)r0 * n_heads * head_dim, d_pos, n, n_heads,
+                                     head_dim, theta, impl_of(be)->stream)) != AR_OK)
+            return;
+    }
+}
+
+static void cuda_rope_2d(backend_t *be, float *x, const int *pos, int rows, int n_heads,
+                         int head_dim, float theta) {
+    assert(head_dim > 0 && head_dim % 4 == 0 && rows >= 0 && n_heads >= 0 && theta > 0);
+    if (rows == 0 || n_heads == 0 || use_device(be) != AR_OK)
+        return;
+    const int per = (int)STAGING_INTS / 2;
+    for (int r0 = 0; r0 < rows; r0 += per) {
+        const int n = rows - r0 < per ? rows - r0 : per;
+        const int *d_pos = stage_ints(be, pos + 2 * (size_t)r0, 2 * (size_t)n);
+        if (!d_pos ||
+            CUDA_CHECK(be, kern_rope_2d(x + (size_t)r0 * n_heads * head_dim, d_pos, n, n_heads,
+                                        head_dim, theta, impl_of(be)->stream)) != AR_OK)
+            return;
+    }
+}
+
+/* The KV ops take host block tables and views; each launch stages them,
+ * with one kern_kv_item_t per (sequence, head) pair, into the staging
+ * buffer in one copy. A batch too large for the staging buffer (or, for
+ * attention, for the scratch that holds the split partials) goes in
+ * several launches, queued in order on the stream, which also orders each
+ * staging copy after the kernels that read the previous one. */
+#define KV_STAGE_BYTES (STAGING_INTS * sizeof(int))
+
+static size_t kv_items_bytes(int n_items) {
+    return ((size_t)n_items * sizeof(kern_kv_item_t) + 15) & ~(size_t)15;
+}
+
+static int kv_stage_fits(int n_items, int n_ints) {
+    return kv_items_bytes(n_items) + (size_t)n_ints * sizeof(int) <= KV_STAGE_BYTES;
+}
+
+/* Blocks holding cache indices [0, len). */
+static int kv_blocks_of(int len, int block_tokens) {
+    return (len + block_tokens - 1) / block_tokens;
+}
+
+/* The items and tables gathered on the host (impl->kv_items, kv_ints) in
+ * one copy to the staging buffer: items first, tables after. */
+static int kv_stage_upload(backend_t *be, int n_items, int n_ints, const kern_kv_item_t **d_items,
+                           const int **d_tables) {
+    cuda_impl_t *impl = impl_of(be);
+    const size_t ib = kv_items_bytes(n_items);
+    memcpy(impl->kv_host, impl->kv_items, (size_t)n_items * sizeof(kern_kv_item_t));
+    memcpy(impl->kv_host + ib, impl->kv_ints, (size_t)n_ints * sizeof(int));
+    if (CUDA_CHECK(be, cudaMemcpyAsync(impl->staging, impl->kv_host, ib + (size_t)n_ints * 4,
+                                       cudaMemcpyHostToDevice, impl->stream)) != AR_OK)
+        return AR_ERR;
+    *d_items = (const kern_kv_item_t *)impl->staging;
+    *d_tables = (const int *)((const char *)impl->staging + ib);
+    return AR_OK;
+}
+
+/* Adds an item for rows [t0, t0 + n_rows) of pair (s, h) with its table. */
+/* The pool as the kernels take it. */
+static kern_kv_pool_t kv_pool_of(const kv_blocks_t *p) {
+    return (kern_kv_pool_t){p->base, (int)p->dtype, p->block_tokens, p->head_dim};
+}
+
+static void kv_item_add(cuda_impl_t *impl, int *n_items, int *n_ints, int *rows, const kv_view_t *c,
+                        int block_tokens, int n_new, int t0, int n_rows, int q_row, int head,
+                        float *mass) {
+    const int nb = kv_blocks_of(c->len, block_tokens);
+    kern_kv_item_t *it = &impl->kv_items[(*n_items)++];
+    it->mass = mass;
+    it->k_scale = c->k_scale;
+    it->v_scale = c->v_scale;
+    it->table = *n_ints;
+    it->len = c->len;
+    it->n_new = n_new;
+    it->t0 = t0;
+    it->n_rows = n_rows;
+    it->q_row = q_row;
+    it->head = head;
+    it->row_off = *rows;
+    if (nb) /* an empty cache (a first scale) may have no table at all */
+        memcpy(impl->kv_ints + *n_ints, c->blocks, (size_t)nb * sizeof(int));
+    *n_ints += nb;
+    *rows += n_rows;
+}
+
+static void cuda_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view_t *kv,
+                           const float *k, const float *v, const int *q_start, int n_seq,
+                           int n_heads) {
+    assert(n_seq >= 0 && n_heads >= 0 && pool->head_dim > 0 && pool->block_tokens > 0);
+    cuda_impl_t *impl = impl_of(be);
+    const int bt = pool->block_tokens;
+    if (n_seq == 0 || n_heads == 0 || use_device(be) != AR_OK)
+        return;
+    int n_items = 0, n_ints = 0, rows = 0;
+    for (int i = 0; i < n_seq * n_heads; i++) {
+        const int s = i / n_heads, n_new = q_start[s + 1] - q_start[s];
+        if (n_new == 0 || !kv[i].blocks)
+            continue; /* nothing to write, or a head that does not cache these rows */
+        assert(n_new >= 0 && kv[i].len >= n_new);
+        const int nb = kv_blocks_of(kv[i].len, bt);
+        if (!kv_stage_fits(n_items + 1, n_ints + nb)) {
+            const kern_kv_item_t *d_items;
+            const int *d_tables;
+            if (n_items == 0) {
+                cuda_fail(be,
+                          "kv_append: a block table of %d blocks does not fit the staging "
+                          "buffer",
+                          nb);
+                return;
+            }
+            if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK ||
+                CUDA_CHECK(be, kern_kv_append(kv_pool_of(pool), d_items, n_items, rows, d_tables, k,
+                                              v, n_heads, impl->stream)) != AR_OK)
+                return;
+            n_items = n_ints = rows = 0;
+            i--; /* this pair again, into the empty staging buffer */
+            continue;
+        }
+        kv_item_add(impl, &n_items, &n_ints, &rows, &kv[i], bt, n_new, 0, n_new, q_start[s],
+                    i % n_heads, NULL);
+    }
+    const kern_kv_item_t *d_items;
+    const int *d_tables;
+    if (n_items && kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) == AR_OK)
+        CUDA_CHECK(be, kern_kv_append(kv_pool_of(pool), d_items, n_items, rows, d_tables, k, v,
+                                      n_heads, impl->stream));
+}
+
+/* Launches the staged attention items; AR_ERR stops the op. */
+static int attention_flush(backend_t *be, float *out, const float *q, const kv_blocks_t *pool,
+                           int n_items, int n_ints, int rows, int max_keys, int any_mass,
+                           int n_heads, float scale) {
+    cuda_impl_t *impl = impl_of(be);
+    const kern_kv_item_t *d_items;
+    const int *d_tables;
+    if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK)
+        return AR_ERR;
+    return CUDA_CHECK(be, kern_attention(out, q, kv_pool_of(pool), d_items, n_items, rows, max_keys,
+                                         d_tables, n_heads, scale, any_mass, impl->scratch,
+                                         impl->stream));
+}
+
+/* Query rows are cut into launches whose split partials fit the scratch;
+ * a sequence with more rows than one launch holds is cut between rows (its
+ * mass then gets each launch's rows in turn). */
+static void cuda_attention(backend_t *be, float *out, const float *q, const kv_blocks_t *pool,
+                           const attn_batch_t *batch, int n_heads, float scale) {
+    const int hd = pool->head_dim, bt = pool->block_tokens;
+    assert(batch->n_seq >= 0 && n_heads >= 0 && hd > 0 && bt > 0);
+    if (hd > 512) {
+        cuda_fail(be, "attention: head_dim %d is more than the kernels' 512", hd);
+        return;
+    }
+    if (batch->n_seq == 0 || n_heads == 0 || use_device(be) != AR_OK)
+        return;
+    cuda_impl_t *impl = impl_of(be);
+    const size_t scratch_floats = SCRATCH_BYTES / sizeof(float);
+    int n_items = 0, n_ints = 0, rows = 0, max_keys = 0, any_mass = 0;
+    for (int i = 0; i < batch->n_seq * n_heads; i++) {
+        const int s = i / n_heads, q0 = batch->q_start[s];
+        const int n_new = batch->q_start[s + 1] - q0;
+        const kv_view_t *c = &batch->kv[i];
+        assert(n_new >= 0 && c->len >= n_new);
+        float *mass = batch->mass ? batch->mass[i] : NULL;
+        for (int t = 0; t < n_new;) {
+            const int keys = c->len > max_keys ? c->len : max_keys;
+            const size_t per_row = kern_attention_scratch(1, keys, hd);
+            const int64_t room = (int64_t)(scratch_floats / per_row) - rows;
+            const int nb = kv_blocks_of(c->len, bt);
+            if (room < 1 || !kv_stage_fits(n_items + 1, n_ints + nb)) {
+                if (n_items == 0) {
+                    cuda_fail(be,
+                              "attention: one query row over %d keys (%d blocks) does not "
+                              "fit the scratch and staging buffers",
+                              c->len, nb);
+                    return;
+                }
+                if (attention_flush(be, out, q, pool, n_items, n_ints, rows, max_keys, any_mass,
+                                    n_heads, scale) != AR_OK)
+                    return;
+                n_items = n_ints = rows = max_keys = any_mass = 0;
+                continue;
+            }
+            const int take = n_new - t < room ? n_new - t : (int)room;
+            kv_item_add(impl, &n_items, &n_ints, &rows, c, bt, n_new, t, take, q0, i % n_heads,
+                        mass);
+            max_keys = keys;
+            any_mass |= mass != NULL;
+            t += take;
+        }
+    }
+    if (n_items)
+        attention_flush(be, out, q, pool, n_items, n_ints, rows, max_keys, any_mass, n_heads,
+                        scale);
+}
+
+/* Launches the staged attention_scale items; AR_ERR stops the op. */
+static int attention_scale_flush(backend_t *be, float *out, const float *q, const float *k_new,
+                                 const float *v_new, const kv_blocks_t *pool, int n_items,
+                                 int n_ints, int rows, int max_keys, int any_mass, int n_heads,
+                                 float scale) {
+    cuda_impl_t *impl = impl_of(be);
+    const kern_kv_item_t *d_items;
+    const int *d_tables;
+    if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK)
+        return AR_ERR;
+    return CUDA_CHECK(be, kern_attention_scale(out, q, k_new, v_new, kv_pool_of(pool), d_items,
+                                               n_items, rows, max_keys, d_tables, n_heads, scale,
+                                               any_mass, impl->scratch, impl->stream));
+}
+
+/* As cuda_attention, one item per (sequence, head) pair with its whole
+ * scale of rows, in launches that fit the staging buffer (and the scratch,
+ * which holds each row's max and sum for the mass). A cache may be empty
+ * (the first scale): its item has no table. */
+static void cuda_attention_scale(backend_t *be, float *out, const float *q, const float *k_new,
+                                 const float *v_new, const kv_blocks_t *pool,
+                                 const attn_batch_t *batch, int n_heads, float scale) {
+    const int hd = pool->head_dim, bt = pool->block_tokens;
+    assert(batch->n_seq >= 0 && n_heads >= 0 && hd > 0 && bt > 0);
+    if (hd > 512) {
+        cuda_fail(be, "attention_scale: head_dim %d is more than the kernels' 512", hd);
+        return;
+    }
+    if (batch->n_seq == 0 || n_heads == 0 || use_device(be) != AR_OK)
+        return;
+    cuda_impl_t *impl = impl_of(be);
+    const int64_t max_rows =
+        (int64_t)(SCRATCH_BYTES / sizeof(float) / kern_attention_scale_scratch(1));
+    int n_items = 0, n_ints = 0, rows = 0, max_keys = 0, any_mass = 0;
+    for (int i = 0; i < batch->n_seq * n_heads; i++) {
+        const int s = i / n_heads, q0 = batch->q_start[s];
+        const int n_new = batch->q_start[s + 1] - q0;
+        const kv_view_t *c = &batch->kv[i];
+        assert(n_new >= 0 && c->len >= 0);
+        float *mass = batch->mass ? batch->mass[i] : NULL;
+        for (int t = 0; t < n_new;) {
+            const int64_t room = max_rows - rows;
+            const int nb = kv_blocks_of(c->len, bt);
+            if (room < 1 || !kv_stage_fits(n_items + 1, n_ints + nb)) {
+                if (n_items == 0) {
+                    cuda_fail(be,
+                              "attention_scale: a block table of %d blocks does not fit the "
+                              "staging buffer",
+                              nb);
+                    return;
+                }
+                if (attention_scale_flush(be, out, q, k_new, v_new, pool, n_items, n_ints, rows,
+                                          max_keys, any_mass, n_heads, scale) != AR_OK)
+                    return;
+                n_items = n_ints = rows = max_keys = any_mass = 0;
+                continue;
+            }
+            const int take = n_new - t < room ? n_new - t : (int)room;
+            kv_item_add(impl, &n_items, &n_ints, &rows, c, bt, n_new, t, take, q0, i % n_heads,
+                        mass);
+            max_keys = c->len + n_new > max_keys ? c->len + n_new : max_keys;
+            any_mass |= mass != NULL;
+            t += take;
+        }
+    }
+    if (n_items)
+        attention_scale_flush(be, out, q, k_new, v_new, pool, n_items, n_ints, rows, max_keys,
+                              any_mass, n_heads, scale);
+}
+
+/* In launches of as many kept rows as the staging buffer (the table and
+ * the keep list) and the scratch (the rows in transit) hold: a launch
+ * writes indices [i0, i0 + n) and reads keep[i] >= i >= i0, which no
+ * earlier launch has written. */
+static void cuda_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *blocks,
+                           const int *keep, int n_keep, float *mass) {
+    assert(n_keep >= 0 && pool->block_tokens > 0 && pool->head_dim > 0);
+    if (n_keep == 0 || use_device(be) != AR_OK)
+        return;
+    cuda_impl_t *impl = impl_of(be);
+    const int hd = pool->head_dim, bt = pool->block_tokens;
+    const int nb = keep[n_keep - 1] / bt + 1;
+    const int64_t by_scratch = (int64_t)(SCRATCH_BYTES / sizeof(float) / (2 * (size_t)hd + 1));
+    const int64_t by_staging = (int64_t)STAGING_INTS - nb;
+    const int64_t per = by_scratch < by_staging ? by_scratch : by_staging;
+    if (per < 1) {
+        cuda_fail(be, "kv_gather: a block table of %d blocks does not fit the staging buffer", nb);
+        return;
+    }
+    int *h = (int *)impl->kv_host;
+    memcpy(h, blocks, (size_t)nb * sizeof(int));
+    for (int i0 = 0; i0 < n_keep; i0 += (int)per) {
+        const int n = n_keep - i0 < per ? n_keep - i0 : (int)per;
+        for (int i = 0; i < n; i++)
+            assert(keep[i0 + i] >= i0 + i && (i0 + i == 0 || keep[i0 + i] > keep[i0 + i - 1]));
+        memcpy(h + nb, keep + i0, (size_t)n * sizeof(int));
+        const int *d = stage_ints(be, h, (size_t)nb + (size_t)n);
+        if (!d || CUDA_CHECK(be, kern_kv_gather(kv_pool_of(pool), d, d + nb, i0, n, mass,
+                                                impl->scratch, impl->stream)) != AR_OK)
+            return;
+    }
+}
+
+static void cuda_kv_read_rows(backend_t *be, float *out, const kv_blocks_t *pool,
+                              const kv_view_t *view, int j0, int n, int values) {
+    assert(j0 >= 0 && n >= 0 && j0 + n <= view->len);
+    if (n == 0 || use_device(be) != AR_OK)
+        return;
+    const int nb = kv_blocks_of(j0 + n, pool->block_tokens);
+    if ((size_t)nb > STAGING_INTS) {
+        cuda_fail(be, "kv_read_rows: a block table of %d blocks does not fit the staging buffer",
+                  nb);
+        return;
+    }
+    int *h = (int *)impl_of(be)->kv_host;
+    memcpy(h, view->blocks, (size_t)nb * sizeof(int));
+    const int *d = stage_ints(be, h, (size_t)nb);
+    if (d)
+        CUDA_CHECK(be,
+                   kern_kv_read_rows(out, kv_pool_of(pool), d, j0, n, values,
+                                     values ? view->v_scale : view->k_scale, impl_of(be)->stream));
+}
+
+/* ---- element-wise ------------------------------------------------------------------------ */
+
+static void cuda_silu_mul(backend_t *be, float *out, const float *gate, const float *up, size_t n) {
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_silu_mul(out, gate, up, n, impl_of(be)->stream));
+}
+
+static void cuda_silu(backend_t *be, float *x, size_t n) {
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_silu(x, n, impl_of(be)->stream));
+}
+
+static void cuda_gelu(backend_t *be, float *x, size_t n) {
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_gelu(x, n, impl_of(be)->stream));
+}
+
+static void cuda_gelu_tanh(backend_t *be, float *x, size_t n) {
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_gelu_tanh(x, n, impl_of(be)->stream));
+}
+
+static void cuda_add(backend_t *be, float *y, const float *a, size_t n) {
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_add(y, a, n, impl_of(be)->stream));
+}
+
+static void cuda_scale(backend_t *be, float *x, size_t n, float s) {
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_scale(x, n, s, impl_of(be)->stream));
+}
+
+static void cuda_softmax(backend_t *be, float *x, int rows, int cols) {
+    assert(rows >= 0 && cols > 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_softmax(x, rows, cols, impl_of(be)->stream));
+}
+
+/* The ids are on the host, so they are checked here: an id outside the
+ * table would read outside it on the device. */
+static void cuda_embedding(backend_t *be, float *out, const tensor_t *table, const int *ids, int n,
+                           int l2_normalize) {
+    assert(table->ndim == 2 && n >= 0 && table->shape[1] <= INT32_MAX);
+    const int64_t vocab = table->shape[0];
+    const int dim = (int)table->shape[1];
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab) {
+            cuda_fail(be, "embedding: id %d (at %d) is outside the table's %lld rows", ids[i], i,
+                      (long long)vocab);
+            return;
+        }
+    if (n == 0 || use_device(be) != AR_OK)
+        return;
+    for (int i0 = 0; i0 < n; i0 += (int)STAGING_INTS) {
+        const int cnt = n - i0 < (int)STAGING_INTS ? n - i0 : (int)STAGING_INTS;
+        const int *d_ids = stage_ints(be, ids + i0, (size_t)cnt);
+        if (!d_ids || CUDA_CHECK(be, kern_embedding(out + (size_t)i0 * dim, table->data,
+                                                    kern_type(table->dtype), dim, d_ids, cnt,
+                                                    l2_normalize, impl_of(be)->stream)) != AR_OK)
+            return;
+    }
+}
+
+/* ---- image ops ----------------------------------------------------------------------------- */
+
+/* im2col into the scratch and a cuBLAS GEMM, in slices of output pixels that
+ * fit, rather than an implicit-GEMM kernel or cuDNN: the GEMM is cuBLAS's
+ * tensor-core code, which a hand-written implicit GEMM would have to match
+ * in tiling and pipelining to be worth it; the panel costs one extra write
+ * and read (at 384 px the largest is about 0.3 GB of traffic, well under a
+ * millisecond) in a decoder that runs once per image; and it adds no
+ * dependency (cuDNN is 1 GB of libraries). For 16-bit weights the panel
+ * holds the hi/lo halves (see cuda_matmul) and two GEMMs accumulate into
+ * out; fp32 1x1 convolutions without padding are one GEMM on the input. */
+static void cuda_conv2d(backend_t *be, float *out, const float *in, const tensor_t *w,
+                        const tensor_t *bias, int c_in, int h, int w_, int pad) {
+    assert(w->ndim == 4 && w->shape[1] == c_in && w->shape[2] == w->shape[3]);
+    assert(pad >= 0 && h >= 0 && w_ >= 0);
+    cuda_impl_t *impl = impl_of(be);
+    const int c_out = (int)w->shape[0], k = (int)w->shape[2];
+    const int ho = h + 2 * pad - k + 1, wo = w_ + 2 * pad - k + 1;
+    assert(!bias || tensor_numel(bias) == c_out);
+    assert(ho >= 0 && wo >= 0);
+    const int64_t npix = (int64_t)ho * wo;
+    assert(npix <= INT32_MAX);
+    if (c_out == 0 || npix == 0 || use_device(be) != AR_OK)
+        return;
+    const void *b_data = bias ? bias->data : NULL;
+    const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
+    if (CUDA_CHECK(be, kern_fill_bias(out, b_data, b_type, c_out, npix, 1, impl->stream)) != AR_OK)
+        return;
+    const int kk = c_in * k * k;
+    if (kk == 0)
+        return;
+    /* out^T [npix, c_out] (column-major, ld npix) = panel^T [npix, kk] * W^T */
+    const float beta = bias ? 1.0f : 0.0f;
+    if (w->dtype == DTYPE_F32 && k == 1 && pad == 0) {
+        gemm_rowmajor(be, c_out, (int)npix, kk, w->data, kk, in, (int)npix, 0, DTYPE_F32, beta, out,
+                      (int)npix);
+        return;
+    }
+    const size_t px_bytes = (size_t)kk * 4; /* one fp32, or two 16-bit values, per row */
+    const int64_t fit = (int64_t)((SCRATCH_BYTES - ARENA_ALIGN) / px_bytes);
+    if (fit == 0) {
+        cuda_fail(be, "conv2d: a column of %d values does not fit the %.0f MiB scratch", kk,
+                  MIB(SCRATCH_BYTES));
+        return;
+    }
+    char *panel = impl->scratch;
+    for (int64_t p0 = 0; p0 < npix; p0 += fit) {
+        const int np = (int)(npix - p0 < fit ? npix - p0 : fit);
+        char *lo = panel + (((size_t)kk * np * 2 + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1));
+        if (CUDA_CHECK(be, kern_im2col(panel, lo, kern_type(w->dtype), in, c_in, h, w_, k, pad, wo,
+                                       p0, np, impl->stream)) != AR_OK)
+            return;
+        /* W [c_out, kk] times panel [kk, np] into out's columns p0.. (ld npix) */
+        if (gemm_rowmajor(be, c_out, np, kk, w->data, kk, panel, np, 0, w->dtype, beta, out + p0,
+                          (int)npix) != AR_OK)
+            return;
+        if (w->dtype != DTYPE_F32 && gemm_rowmajor(be, c_out, np, kk, w->data, kk, lo, np, 0,
+                                                   w->dtype, 1.0f, out + p0, (int)npix) != AR_OK)
+            return;
+    }
+}
+
+static void cuda_groupnorm(backend_t *be, float *out, const float *in, const tensor_t *gamma,
+                           const tensor_t *beta, int c, int hw, int groups, float eps) {
+    assert(groups > 0 && c % groups == 0 && hw > 0);
+    assert(tensor_numel(gamma) == c && tensor_numel(beta) == c && gamma->dtype == beta->dtype);
+    if (use_device(be) != AR_OK)
+        return;
+    if (kern_groupnorm_scratch(c, hw, groups) * sizeof(double) > SCRATCH_BYTES) {
+        cuda_fail(be, "groupnorm: %d channels in %d groups need more than the scratch", c, groups);
+        return;
+    }
+    CUDA_CHECK(be, kern_groupnorm(out, in, gamma->data, beta->data, kern_type(gamma->dtype), c, hw,
+                                  groups, eps, impl_of(be)->scratch, impl_of(be)->stream));
+}
+
+static void cuda_upsample_nearest2x(backend_t *be, float *out, const float *in, int c, int h,
+                                    int w) {
+    assert(c >= 0 && h >= 0 && w >= 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_upsample_nearest2x(out, in, c, h, w, impl_of(be)->stream));
+}
+
+static void cuda_resize_bicubic(backend_t *be, float *out, const float *in, int c, int h, int w,
+                                int H, int W) {
+    assert(c >= 0 && h > 0 && w > 0 && H >= 0 && W >= 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_resize_bicubic(out, in, c, h, w, H, W, impl_of(be)->stream));
+}
+
+static void cuda_resize_area(backend_t *be, float *out, const float *in, int c, int h, int w, int H,
+                             int W) {
+    assert(c >= 0 && h > 0 && w > 0 && H >= 0 && W >= 0);
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_resize_area(out, in, c, h, w, H, W, impl_of(be)->stream));
+}
+
+static void cuda_transpose(backend_t *be, float *out, const float *in, int rows, int cols) {
+    assert(rows >= 0 && cols >= 0 && (out != in || rows == 0 || cols == 0));
+    if (use_device(be) == AR_OK)
+        CUDA_CHECK(be, kern_transpose(out, in, rows, cols, impl_of(be)->stream));
+}
+
+/* ---- lifetime ------------------------------------------------------------------------------- */
+
+/* Teardown cannot fail the caller, but a failure still says something
+ * (a fault in the last queued work, say): printed, with the statement. */
+#define TEARDOWN_CHECK(stmt)                                                                       \
+    do {                                                                                           \
+        cudaError_t e_ = (stmt);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            fprintf(stderr, "arserve: cuda backend: at teardown, %s failed at %s:%d: %s\n", #stmt, \
+                    __FILE__, __LINE__, cudaGetErrorString(e_));                                   \
+    } while (0)
+
+static void cuda_destroy(backend_t *be) {
+    if (!be)
+        return;
+    cuda_impl_t *impl = impl_of(be);
+    /* Only a device that was set up is touched: a failing call here would
+     * leave an error for the next cudaGetLastError. */
+    if (impl && impl->reservation) {
+        TEARDOWN_CHECK(cudaSetDevice(impl->device));
+        if (impl->stream)
+            TEARDOWN_CHECK(cudaStreamSynchronize(impl->stream));
+        if (impl->blas) {
+            const cublasStatus_t s = cublasDestroy(impl->blas);
+            if (s != CUBLAS_STATUS_SUCCESS)
+                fprintf(stderr, "arserve: cuda backend: at teardown, cublasDestroy failed: %s\n",
+                        cublasGetStatusString(s));
+        }
+        if (impl->stream)
+            TEARDOWN_CHECK(cudaStreamDestroy(impl->stream));
+        if (impl->parent) {
+            if (arena_free(&impl_of(impl->parent)->arena, impl->reservation) != AR_OK)
+                fprintf(stderr, "arserve: cuda backend: at teardown, a fork's memory was not "
+                                "its parent's\n");
+        } else {
+            TEARDOWN_CHECK(cudaFree(impl->reservation));
+            tls_device = -1;
+        }
+    }
+    if (impl) {
+        arena_release(&impl->arena);
+        free(impl->kv_host);
+        free(impl->kv_items);
+        free(impl->kv_ints);
+    }
+    free(impl);
+    free(be);
+}
+
+int backend_cuda_device_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not a failure of anything that runs later */
+        return 0;
+    }
+    return count;
+}
+
+static backend_t *cuda_fork(backend_t *parent, size_t bytes, int n_threads, ar_error_t *err);
+
+/* Everything a backend sets up in its reservation (impl->reservation,
+ * size bytes): the arena, its own scratch, its stream and cuBLAS handle,
+ * and the op table. */
+static int cuda_start(backend_t *be, size_t reserve, ar_error_t *err) {
+    cuda_impl_t *impl = impl_of(be);
+    if (arena_init(&impl->arena, impl->reservation, reserve) != AR_OK) {
+        ar_errorf(err, "cuda backend: out of host memory");
+        goto fail;
+    }
+    void *workspace = arena_alloc(&impl->arena, BLAS_WORKSPACE_BYTES);
+    impl->scratch = arena_alloc(&impl->arena, SCRATCH_BYTES);
+    impl->staging = arena_alloc(&impl->arena, STAGING_INTS * sizeof(int));
+    if (!workspace || !impl->scratch || !impl->staging) {
+        ar_errorf(err, "cuda backend: out of host memory");
+        goto fail;
+    }
+    CUDA_TRY(err, cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+    CUBLAS_TRY(err, cublasCreate(&impl->blas));
+    CUBLAS_TRY(err, cublasSetStream(impl->blas, impl->stream));
+    CUBLAS_TRY(err, cublasSetWorkspace(impl->blas, workspace, BLAS_WORKSPACE_BYTES));
+    be->name = "cuda";
+    be->alloc = cuda_alloc;
+    be->free = cuda_free;
+    be->upload = cuda_upload;
+    be->download = cuda_download;
+    be->copy = cuda_copy;
+    be->sync = cuda_sync;
+    be->weight_load = cuda_weight_load;
+    be->weight_free = cuda_weight_free;
+    be->matmul = cuda_matmul;
+    be->rmsnorm = cuda_rmsnorm;
+    be->rope = cuda_rope;
+    be->rope_2d = cuda_rope_2d;
+    be->kv_append = cuda_kv_append;
+    be->attention = cuda_attention;
+    be->attention_scale = cuda_attention_scale;
+    be->kv_gather = cuda_kv_gather;
+    be->kv_read_rows = cuda_kv_read_rows;
+    be->layernorm = cuda_layernorm;
+    be->modulate = cuda_modulate;
+    be->gate_add = cuda_gate_add;
+    be->l2norm_heads = cuda_l2norm_heads;
+    be->silu_mul = cuda_silu_mul;
+    be->silu = cuda_silu;
+    be->gelu = cuda_gelu;
+    be->gelu_tanh = cuda_gelu_tanh;
+    be->add = cuda_add;
+    be->scale = cuda_scale;
+    be->softmax = cuda_softmax;
+    be->embedding = cuda_embedding;
+    be->conv2d = cuda_conv2d;
+    be->groupnorm = cuda_groupnorm;
+    be->upsample_nearest2x = cuda_upsample_nearest2x;
+    be->resize_bicubic = cuda_resize_bicubic;
+    be->resize_area = cuda_resize_area;
+    be->transpose = cuda_transpose;
+    be->status = cuda_status;
+    be->destroy = cuda_destroy;
+    be->fork = cuda_fork;
+    return AR_OK;
+fail:
+    return AR_ERR;
+}
+
+/* A backend's host side for device: NULL when out of host memory. */
+static backend_t *cuda_new(int device, ar_error_t *err) {
+    backend_t *be = calloc(1, sizeof *be);
+    cuda_impl_t *impl = calloc(1, sizeof *impl);
+    if (be && impl) {
+        be->impl = impl;
+        impl->device = device;
+        impl->kv_host = malloc(STAGING_INTS * sizeof(int));
+        impl->kv_items = malloc(STAGING_INTS * sizeof(int));
+        impl->kv_ints = malloc(STAGING_INTS * sizeof(int));
+        if (impl->kv_host && impl->kv_items && impl->kv_ints)
+            return be;
+    }
+    if (be && impl)
+        cuda_destroy(be);
+    else {
+        free(be);
+        free(impl);
+    }
+    ar_errorf(err, "cuda backend: out of host memory");
+    return NULL;
+}
+
+/* A fork's reservation is a block of its parent's: its own scratch,
+ * workspace and staging, and the bytes it will allocate, each allocation
+ * rounded up to the arena's alignment (the slack covers a few hundred). */
+static backend_t *cuda_fork(backend_t *parent, size_t bytes, int n_threads, ar_error_t *err) {
+    cuda_impl_t *p = impl_of(parent);
+    const size_t reserve = OWN_BYTES + bytes + 256 * ARENA_ALIGN;
+    backend_t *be = cuda_new(p->device, err);
+    if (!be)
+        return NULL;
+    cuda_impl_t *impl = impl_of(be);
+    snprintf(impl->device_name, sizeof impl->device_name, "%s", p->device_name);
+    if (use_device(parent) != AR_OK || !(impl->reservation = arena_alloc(&p->arena, reserve))) {
+        ar_errorf(err,
+                  "cuda backend: a fork needs %.1f MiB of the reservation on device %d (%s), "
+                  "which has %.1f MiB of %.1f MiB in use",
+                  MIB(reserve), p->device, p->device_name, MIB(p->arena.in_use),
+                  MIB(p->arena.size));
+        cuda_destroy(be);
+        return NULL;
+    }
+    impl->parent = parent;
+    if (cuda_start(be, reserve, err) != AR_OK) {
+        cuda_destroy(be);
+        return NULL;
+    }
+    return be;
+}
+
+backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err) {
+    backend_t *be = cuda_new(device, err);
+    if (!be)
+        return NULL;
+    cuda_impl_t *impl = impl_of(be);
+    /* Launch checks read cudaGetLastError(), which also returns the last
+     * failed runtime call of anyone in the process: start from a clean
+     * slate so an earlier, unrelated failure is not blamed on a kernel. */
+    (void)cudaGetLastError();
+    int count = 0;
+    const cudaError_t ce = cudaGetDeviceCount(&count);
+    if (ce != cudaSuccess || count == 0) {
+        ar_errorf(err, "cuda backend: no CUDA device available (%s)",
+                  ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
+        goto fail;
+    }
+    if (device < 0 || device >= count) {
+        ar_errorf(err, "cuda backend: device %d does not exist (%d device%s: 0 to %d)", device,
+                  count, count == 1 ? "" : "s", count - 1);
+        goto fail;
+    }
+    CUDA_TRY(err, cudaSetDevice(device));
+    tls_device = device;
+    struct cudaDeviceProp prop; /* no typedef in C */
+    CUDA_TRY(err, cudaGetDeviceProperties(&prop, device));
+    snprintf(impl->device_name, sizeof impl->device_name, "%s", prop.name);
+
+    size_t free_b = 0, total_b = 0;
+    CUDA_TRY(err, cudaMemGetInfo(&free_b, &total_b));
+    const size_t own = OWN_BYTES;
+    size_t reserve = reserve_bytes;
+    if (reserve == 0) {
+        const size_t margin = free_b / 20 > RESERVE_MARGIN ? free_b / 20 : RESERVE_MARGIN;
+        reserve = free_b > margin ? (free_b - margin) / ARENA_ALIGN * ARENA_ALIGN : 0;
+    }
+    if (reserve < own) {
+        ar_errorf(err,
+                  "cuda backend: a reservation of %.1f MiB on device %d (%s) is less than the "
+                  "%.1f MiB the backend needs for itself (scratch and cuBLAS workspace); %.1f "
+                  "MiB free of %.1f MiB",
+                  MIB(reserve), device, impl->device_name, MIB(own), MIB(free_b), MIB(total_b));
+        goto fail;
+    }
+    if (reserve > free_b) {
+        ar_errorf(err,
+                  "cuda backend: cannot reserve %.1f MiB on device %d (%s): %.1f MiB free of "
+                  "%.1f MiB",
+                  MIB(reserve), device, impl->device_name, MIB(free_b), MIB(total_b));
+        goto fail;
+    }
+    const cudaError_t me = cudaMalloc(&impl->reservation, reserve);
+    if (me != cudaSuccess) {
+        ar_errorf(err,
+                  "cuda backend: cannot reserve %.1f MiB on device %d (%s): cudaMalloc: %s; %.1f "
+                  "MiB were free of %.1f MiB",
+                  MIB(reserve), device, impl->device_name, cudaGetErrorString(me), MIB(free_b),
+                  MIB(total_b));
+        impl->reservation = NULL;
+        goto fail;
+    }
+    if (cuda_start(be, reserve, err) != AR_OK)
+        goto fail;
+    /* A first launch: a GPU this build has no code for (CUDA_ARCHS) fails
+     * here, at start-up, rather than at the first request. */
+    cudaError_t le = kern_fill_bias(impl->scratch, NULL, KERN_F32, 1, 1, 0, impl->stream);
+    if (le == cudaSuccess)
+        le = cudaStreamSynchronize(impl->stream);
+    if (le != cudaSuccess) {
+        ar_errorf(err,
+                  "cuda backend: cannot run kernels on device %d (%s, compute capability %d.%d): "
+                  "%s; rebuild with CUDA_ARCHS including %d%d",
+                  device, impl->device_name, prop.major, prop.minor, cudaGetErrorString(le),
+                  prop.major, prop.minor);
+        goto fail;
+    }
+
+    return be;
+
+fail:
+    cuda_destroy(be);
+    return NULL;
+}

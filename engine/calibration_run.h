@@ -1,0 +1,32 @@
+/* Calibration runs (HeatKV §3.1): full-cache generations of a next-scale
+ * model whose conditional row's attention mass, per (layer, head), from
+ * each query scale to each source scale (eq. 2) is averaged over the
+ * classes given, then turned into orderings (engine/policy/kv_calibration.h). */
+#ifndef ARSERVE_CALIBRATION_RUN_H
+#define ARSERVE_CALIBRATION_RUN_H
+
+#include "engine/kv/fp8_scales.h"
+#include "engine/model.h"
+#include "engine/policy/kv_calibration.h"
+
+/* Called after each generation: done of total. */
+typedef void (*calibration_progress_fn)(int done, int total, void *ctx);
+
+/* Generates one image per class in labels[0..n) (seed = its index) under
+ * the full cache, with the model's sampling, and fills *out for
+ * sink_scales. AR_ERR names the class or step at fault. */
+int calibration_run(model_t *m, const int *labels, int n, int sink_scales,
+                    calibration_progress_fn progress, void *ctx, kv_calibration_t *out,
+                    ar_error_t *err);
+
+/* fp8 KV scales (fp8_scales.h) of any model: one full-cache generation per
+ * prompt (seed = its index, the model's sampling, K and V kept in fp32),
+ * the largest |K| and |V| of both rows' caches per (layer, head) once the
+ * image is done. A prompt is text for a text-prompted model, a class name
+ * or number for a class-conditional one; AR_ERR names the prompt at
+ * fault. */
+int fp8_scales_measure(model_t *m, const char *const *prompts, int n,
+                       calibration_progress_fn progress, void *ctx, fp8_scales_t *out,
+                       ar_error_t *err);
+
+#endif

@@ -1,0 +1,331 @@
+/* The raster family's generation path on any backend (Janus-Pro or
+ * LlamaGen, raster.h): embedding, Llama blocks (RMSNorm, RoPE, attention
+ * over paged per-head caches, SwiGLU) and the generation head. */
+#include "engine/family/raster.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, backend_t *be,
+                ar_error_t *err) {
+    memset(m, 0, sizeof *m);
+    m->cfg = cfg;
+    m->be = be;
+    const llm_config_t *l = &cfg->llm;
+    const image_config_t *im = &cfg->image;
+    int64_t L = l->hidden_size, qd = (int64_t)l->num_heads * l->head_dim,
+            kvd = (int64_t)l->num_kv_heads * l->head_dim, F = l->intermediate_size;
+    if (im->aligner_layers > RASTER_MAX_ALIGNER)
+        return ar_errorf(err, "image.aligner_layers %d exceeds %d", im->aligner_layers,
+                         RASTER_MAX_ALIGNER);
+    m->llamagen = strcmp(cfg->architecture, "llamagen") == 0;
+    m->layers = calloc((size_t)l->num_layers, sizeof *m->layers);
+    if (!m->layers)
+        return ar_errorf(err, "out of memory");
+    /* LlamaGen's prefix is a class: its table (num_classes + 1 rows, the
+     * last the null class) stands where Janus's text embedding does. */
+    if (weight_load(ws, &m->embed, SHAPE2(l->vocab_size, L), err,
+                    m->llamagen ? "llm.class_embed.weight" : "llm.embed.weight") ||
+        weight_load(ws, &m->norm, SHAPE1(L), err, "llm.norm.weight"))
+        return AR_ERR;
+    for (int i = 0; i < l->num_layers; i++) {
+        raster_layer_t *y = &m->layers[i];
+        const char *p = "llm.layers";
+        /* LlamaGen keeps its fused wqkv (q rows, then k, then v): split here. */
+        const int qkv_err =
+            m->llamagen
+                ? weight_load_rows(ws, &y->q, 0, qd, SHAPE2(qd + 2 * kvd, L), err,
+                                   "%s.%d.attn.wqkv.weight", p, i) ||
+                      weight_load_rows(ws, &y->k, qd, kvd, SHAPE2(qd + 2 * kvd, L), err,
+                                       "%s.%d.attn.wqkv.weight", p, i) ||
+                      weight_load_rows(ws, &y->v, qd + kvd, kvd, SHAPE2(qd + 2 * kvd, L), err,
+                                       "%s.%d.attn.wqkv.weight", p, i)
+                : weight_load(ws, &y->q, SHAPE2(qd, L), err, "%s.%d.attn.q.weight", p, i) ||
+                      weight_load(ws, &y->k, SHAPE2(kvd, L), err, "%s.%d.attn.k.weight", p, i) ||
+                      weight_load(ws, &y->v, SHAPE2(kvd, L), err, "%s.%d.attn.v.weight", p, i);
+        if (qkv_err ||
+            weight_load(ws, &y->attn_norm, SHAPE1(L), err, "%s.%d.attn_norm.weight", p, i) ||
+            weight_load(ws, &y->o, SHAPE2(L, qd), err, "%s.%d.attn.o.weight", p, i) ||
+            weight_load(ws, &y->mlp_norm, SHAPE1(L), err, "%s.%d.mlp_norm.weight", p, i) ||
+            weight_load(ws, &y->gate, SHAPE2(F, L), err, "%s.%d.mlp.gate.weight", p, i) ||
+            weight_load(ws, &y->up, SHAPE2(F, L), err, "%s.%d.mlp.up.weight", p, i) ||
+            weight_load(ws, &y->down, SHAPE2(L, F), err, "%s.%d.mlp.down.weight", p, i))
+            return AR_ERR;
+    }
+    int64_t K = im->codebook_size;
+    if (m->llamagen)
+        return weight_load(ws, &m->gen_embed, SHAPE2(K, L), err, "gen.embed.weight") ||
+                       weight_load(ws, &m->head_w, SHAPE2(K, L), err, "gen.head.weight")
+                   ? AR_ERR
+                   : AR_OK;
+    if (weight_load(ws, &m->gen_embed, SHAPE2(K, im->embed_dim), err, "gen.embed.weight"))
+        return AR_ERR;
+    for (int j = 0; j < im->aligner_layers; j++)
+        if (weight_load(ws, &m->aligner_w[j], SHAPE2(L, j ? L : im->embed_dim), err,
+                        "gen.aligner.%d.weight", j) ||
+            weight_load(ws, &m->aligner_b[j], SHAPE1(L), err, "gen.aligner.%d.bias", j))
+            return AR_ERR;
+    int64_t G = im->head_hidden_size;
+    if (weight_load(ws, &m->head_fc1_w, SHAPE2(G, L), err, "gen.head.fc1.weight") ||
+        weight_load(ws, &m->head_fc1_b, SHAPE1(G), err, "gen.head.fc1.bias") ||
+        weight_load(ws, &m->head_fc2_w, SHAPE2(K, G), err, "gen.head.fc2.weight") ||
+        weight_load(ws, &m->head_fc2_b, SHAPE1(K), err, "gen.head.fc2.bias"))
+        return AR_ERR;
+    return AR_OK;
+}
+
+static void workspace_free(raster_model_t *m) {
+    backend_t *be = m->be;
+    float **bufs[] = {&m->x,   &m->xn,   &m->q,  &m->k,    &m->v,    &m->att,
+                      &m->tmp, &m->gate, &m->up, &m->last, &m->head, &m->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        be->free(be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    free(m->pos);
+    m->pos = NULL;
+    m->ws_rows = m->ws_seqs = 0;
+}
+
+static size_t tensor_bytes(const tensor_t *t) {
+    return t->data ? (size_t)tensor_numel(t) * dtype_size(t->dtype) : 0;
+}
+
+/* The weights one image-token step reads whole (raster.h), summed as
+ * bytes or as elements. */
+static size_t step_weights(const raster_model_t *m, size_t (*measure)(const tensor_t *)) {
+    size_t n = measure(&m->norm) + measure(&m->head_fc1_w) + measure(&m->head_fc1_b) +
+               measure(&m->head_fc2_w) + measure(&m->head_fc2_b) + measure(&m->head_w);
+    for (int i = 0; i < m->cfg->llm.num_layers; i++) {
+        const raster_layer_t *y = &m->layers[i];
+        const tensor_t *ts[] = {&y->attn_norm, &y->q,    &y->k,  &y->v,   &y->o,
+                                &y->mlp_norm,  &y->gate, &y->up, &y->down};
+        for (size_t j = 0; j < sizeof ts / sizeof ts[0]; j++)
+            n += measure(ts[j]);
+    }
+    for (int j = 0; j < RASTER_MAX_ALIGNER; j++)
+        n += measure(&m->aligner_w[j]) + measure(&m->aligner_b[j]);
+    return n;
+}
+
+static size_t numel(const tensor_t *t) { return t->data ? (size_t)tensor_numel(t) : 0; }
+
+size_t raster_step_weight_bytes(const raster_model_t *m) { return step_weights(m, tensor_bytes); }
+
+size_t raster_step_weight_elems(const raster_model_t *m) { return step_weights(m, numel); }
+
+void raster_free(raster_model_t *m) {
+    if (!m->be)
+        return;
+    workspace_free(m);
+    backend_t *be = m->be;
+    be->weight_free(be, &m->embed);
+    be->weight_free(be, &m->norm);
+    for (int i = 0; m->layers && i < m->cfg->llm.num_layers; i++) {
+        raster_layer_t *y = &m->layers[i];
+        tensor_t *ts[] = {&y->attn_norm, &y->q,    &y->k,  &y->v,   &y->o,
+                          &y->mlp_norm,  &y->gate, &y->up, &y->down};
+        for (size_t j = 0; j < sizeof ts / sizeof ts[0]; j++)
+            be->weight_free(be, ts[j]);
+    }
+    free(m->layers);
+    be->weight_free(be, &m->gen_embed);
+    for (int j = 0; j < RASTER_MAX_ALIGNER; j++) {
+        be->weight_free(be, &m->aligner_w[j]);
+        be->weight_free(be, &m->aligner_b[j]);
+    }
+    be->weight_free(be, &m->head_fc1_w);
+    be->weight_free(be, &m->head_fc1_b);
+    be->weight_free(be, &m->head_fc2_w);
+    be->weight_free(be, &m->head_fc2_b);
+    be->weight_free(be, &m->head_w);
+    memset(m, 0, sizeof *m);
+}
+
+static int workspace_reserve(raster_model_t *m, int rows, int seqs, ar_error_t *err) {
+    if (rows <= m->ws_rows && seqs <= m->ws_seqs)
+        return AR_OK;
+    if (rows < m->ws_rows)
+        rows = m->ws_rows;
+    if (seqs < m->ws_seqs)
+        seqs = m->ws_seqs;
+    workspace_free(m);
+    backend_t *be = m->be;
+    const model_config_t *c = m->cfg;
+    size_t L = (size_t)c->llm.hidden_size, qd = (size_t)c->llm.num_heads * c->llm.head_dim,
+           F = (size_t)c->llm.intermediate_size, R = (size_t)rows, S = (size_t)seqs;
+    size_t wide = L > (size_t)c->image.embed_dim ? L : (size_t)c->image.embed_dim;
+    struct {
+        float **p;
+        size_t n;
+    } plan[] = {{&m->x, R * L},
+                {&m->xn, R * wide},
+                {&m->q, R * qd},
+                {&m->k, R * qd},
+                {&m->v, R * qd},
+                {&m->att, R * qd},
+                {&m->tmp, R * L},
+                {&m->gate, R * F},
+                {&m->up, R * F},
+                {&m->last, S * L},
+                {&m->head, S * (size_t)(c->image.head_hidden_size ? c->image.head_hidden_size : 1)},
+                {&m->logits, S * (size_t)c->image.codebook_size}};
+    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
+        *plan[i].p = be->alloc(be, plan[i].n * sizeof(float));
+        if (!*plan[i].p) {
+            workspace_free(m);
+            return ar_errorf(err, "out of backend memory for a %d-row workspace", rows);
+        }
+    }
+    m->pos = malloc(2 * R * sizeof *m->pos);
+    if (!m->pos) {
+        workspace_free(m);
+        return ar_errorf(err, "out of memory");
+    }
+    m->ws_rows = rows;
+    m->ws_seqs = seqs;
+    return AR_OK;
+}
+
+/* Writes the input embeddings of every row into m->x. */
+static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in,
+                         const int *q_start) {
+    backend_t *be = m->be;
+    const model_config_t *c = m->cfg;
+    size_t L = (size_t)c->llm.hidden_size;
+    for (int s = 0; s < n_in; s++) {
+        float *dst = m->x + (size_t)q_start[s] * L;
+        if (!in[s].is_image || m->llamagen) {
+            be->embedding(be, dst, in[s].is_image ? &m->gen_embed : &m->embed, in[s].ids, in[s].n,
+                          0);
+            continue;
+        }
+        /* gen.embed -> aligner (Linear, then GELU + Linear per further layer) */
+        be->embedding(be, m->xn, &m->gen_embed, in[s].ids, in[s].n, 0);
+        float *a = m->xn, *b = m->tmp;
+        for (int j = 0; j < c->image.aligner_layers; j++) {
+            if (j)
+                be->gelu(be, a, (size_t)in[s].n * L);
+            float *out = j == c->image.aligner_layers - 1 ? dst : b;
+            be->matmul(be, out, a, &m->aligner_w[j], &m->aligner_b[j], in[s].n);
+            b = a;
+            a = out;
+        }
+    }
+}
+
+int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float *logits_host,
+                   ar_error_t *err) {
+    backend_t *be = m->be;
+    const model_config_t *c = m->cfg;
+    const llm_config_t *l = &c->llm;
+    int H = l->num_heads, hd = l->head_dim, L = l->hidden_size, K = c->image.codebook_size;
+    if (n_in <= 0)
+        return AR_OK;
+    kv_pool_t *pool = in[0].seq->pool;
+    arena_t *a = m->arena;
+    arena_begin(a);
+    int *q_start = arena_alloc(a, (size_t)(n_in + 1) * sizeof *q_start);
+    int *n_new = arena_alloc(a, (size_t)n_in * sizeof *n_new);
+    kv_seq_t **seqs = arena_alloc(a, (size_t)n_in * sizeof *seqs);
+    kv_view_t *views = arena_alloc(a, (size_t)n_in * H * sizeof *views);
+    float **mass = arena_alloc(a, (size_t)n_in * H * sizeof *mass);
+    int rc = AR_ERR, any_mass = 0;
+    if (!q_start || !n_new || !seqs || !views || !mass) {
+        ar_errorf(err, "out of memory");
+        goto out;
+    }
+    q_start[0] = 0;
+    for (int s = 0; s < n_in; s++) {
+        if (in[s].collect_mass && !in[s].seq->mass) {
+            ar_errorf(err, "sequence %d: key mass asked for, but the sequence has no mass arrays",
+                      s);
+            goto out;
+        }
+        any_mass |= in[s].collect_mass;
+        seqs[s] = in[s].seq;
+        n_new[s] = in[s].n;
+        q_start[s + 1] = q_start[s] + in[s].n;
+    }
+    int rows = q_start[n_in];
+    if (workspace_reserve(m, rows, n_in, err) != AR_OK)
+        goto out;
+    /* Nothing fails past this point, so the blocks reserved here are used. */
+    if (kv_seq_reserve(seqs, n_new, n_in, err) != AR_OK)
+        goto out;
+    for (int s = 0; s < n_in; s++)
+        for (int i = 0; i < in[s].n; i++) {
+            int *p = m->pos + (m->llamagen ? 2 : 1) * (q_start[s] + i);
+            if (!m->llamagen) {
+                p[0] = in[s].seq->n_fed + i;
+            } else if (in[s].is_image) {
+                /* Image token t at grid (t / w, t % w); a class token gets a
+                 * negative row: rope_2d zeroes its q and k, as LlamaGen's
+                 * cache of zeros at the condition positions does. */
+                const int t = in[s].image_index + i, gw = c->image.grid_width;
+                p[0] = t / gw;
+                p[1] = t % gw;
+            } else {
+                p[0] = -1;
+                p[1] = 0;
+            }
+        }
+
+    embed_inputs(m, in, n_in, q_start);
+    attn_batch_t batch = {n_in, q_start, views, any_mass ? mass : NULL};
+    for (int li = 0; li < l->num_layers; li++) {
+        const raster_layer_t *y = &m->layers[li];
+        for (int s = 0; s < n_in; s++)
+            for (int h = 0; h < H; h++) {
+                const kv_seq_t *sq = in[s].seq;
+                const kv_head_t *kh = &sq->heads[li * H + h];
+                views[s * H + h] = kv_head_view(kh, kh->len + in[s].n);
+                mass[s * H + h] = in[s].collect_mass
+                                      ? sq->mass + (size_t)(li * H + h) * (size_t)sq->capacity
+                                      : NULL;
+            }
+        be->rmsnorm(be, m->xn, m->x, &y->attn_norm, rows, L, l->norm_eps);
+        be->matmul(be, m->q, m->xn, &y->q, NULL, rows);
+        be->matmul(be, m->k, m->xn, &y->k, NULL, rows);
+        be->matmul(be, m->v, m->xn, &y->v, NULL, rows);
+        if (m->llamagen) {
+            be->rope_2d(be, m->q, m->pos, rows, H, hd, l->rope_theta);
+            be->rope_2d(be, m->k, m->pos, rows, H, hd, l->rope_theta);
+        } else {
+            be->rope(be, m->q, m->pos, rows, H, hd, l->rope_theta);
+            be->rope(be, m->k, m->pos, rows, H, hd, l->rope_theta);
+        }
+        be->kv_append(be, &pool->blocks, views, m->k, m->v, q_start, n_in, H);
+        be->attention(be, m->att, m->q, &pool->blocks, &batch, H, 1.0f / sqrtf((float)hd));
+        be->matmul(be, m->tmp, m->att, &y->o, NULL, rows);
+        be->add(be, m->x, m->tmp, (size_t)rows * L);
+        be->rmsnorm(be, m->xn, m->x, &y->mlp_norm, rows, L, l->norm_eps);
+        be->matmul(be, m->gate, m->xn, &y->gate, NULL, rows);
+        be->matmul(be, m->up, m->xn, &y->up, NULL, rows);
+        be->silu_mul(be, m->gate, m->gate, m->up, (size_t)rows * l->intermediate_size);
+        be->matmul(be, m->tmp, m->gate, &y->down, NULL, rows);
+        be->add(be, m->x, m->tmp, (size_t)rows * L);
+    }
+    for (int s = 0; s < n_in; s++) {
+        kv_seq_t *sq = in[s].seq;
+        for (int i = 0; i < sq->n_layers * sq->n_heads; i++)
+            sq->heads[i].len += in[s].n;
+        sq->n_fed += in[s].n;
+        be->copy(be, m->last + (size_t)s * L, m->x + (size_t)(q_start[s + 1] - 1) * L,
+                 (size_t)L * sizeof(float));
+    }
+    be->rmsnorm(be, m->last, m->last, &m->norm, n_in, L, l->norm_eps);
+    if (m->llamagen) {
+        be->matmul(be, m->logits, m->last, &m->head_w, NULL, n_in);
+    } else {
+        be->matmul(be, m->head, m->last, &m->head_fc1_w, &m->head_fc1_b, n_in);
+        be->gelu(be, m->head, (size_t)n_in * c->image.head_hidden_size);
+        be->matmul(be, m->logits, m->head, &m->head_fc2_w, &m->head_fc2_b, n_in);
+    }
+    be->download(be, logits_host, m->logits, (size_t)n_in * K * sizeof(float));
+    rc = AR_OK;
+out:
+    arena_end(a);
+    return rc;
+}

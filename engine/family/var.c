@@ -1,0 +1,562 @@
+/* VAR's transformer on any backend: AdaLN blocks (non-affine LayerNorm
+ * modulated per sequence by its class), cosine attention (q and k
+ * L2-normalised, q times a learned per-head multiplier, softmax scale 1)
+ * over each sequence's earlier scales and its own scale, GELU-tanh FFN,
+ * and the AdaLN before the codebook head. Names: docs/model-format.md. */
+#include "engine/family/var.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VAR_MAX_HEADS 1024
+
+static int load_block(var_model_t *m, weight_set_t *ws, int i, ar_error_t *err) {
+    const llm_config_t *l = &m->cfg->llm;
+    var_block_t *b = &m->blocks[i];
+    const int64_t C = l->hidden_size, F = l->intermediate_size, H = l->num_heads;
+    const char *p = "var.blocks";
+    if (l->shared_adaln) {
+        /* Added to activations as raw floats: held as fp32 whatever the file's type. */
+        float *gss = malloc((size_t)(6 * C) * sizeof *gss);
+        int rc =
+            !gss ? ar_errorf(err, "out of memory")
+                 : weight_read_f32(ws, gss, SHAPE2(6, C), err, "%s.%d.adaln_gss", p, i) ||
+                       m->be->weight_load(m->be, &b->adaln_gss, gss, DTYPE_F32, SHAPE1(6 * C), err);
+        free(gss);
+        if (rc)
+            return AR_ERR;
+    } else if (weight_load(ws, &b->adaln_w, SHAPE2(6 * C, C), err, "%s.%d.adaln.weight", p, i) ||
+               weight_load(ws, &b->adaln_b, SHAPE1(6 * C), err, "%s.%d.adaln.bias", p, i)) {
+        return AR_ERR;
+    }
+    /* The fused qkv matrix, split into its three row blocks. */
+    tensor_t *parts[] = {&b->q, &b->k, &b->v};
+    for (int j = 0; j < 3; j++)
+        if (weight_load_rows(ws, parts[j], j * C, C, SHAPE2(3 * C, C), err, "%s.%d.attn.qkv.weight",
+                             p, i))
+            return AR_ERR;
+    /* exp(min(s, ln 100)) per head, once, at load. */
+    float mul[VAR_MAX_HEADS];
+    if (weight_read_f32(ws, mul, SHAPE1(H), err, "%s.%d.attn.scale_mul", p, i))
+        return AR_ERR;
+    for (int h = 0; h < H; h++)
+        mul[h] = expf(fminf(mul[h], logf(100.0f)));
+    if (m->be->weight_load(m->be, &b->head_mul, mul, DTYPE_F32, SHAPE1(H), err) ||
+        weight_load(ws, &b->q_bias, SHAPE1(C), err, "%s.%d.attn.q_bias", p, i) ||
+        weight_load(ws, &b->v_bias, SHAPE1(C), err, "%s.%d.attn.v_bias", p, i) ||
+        weight_load(ws, &b->proj, SHAPE2(C, C), err, "%s.%d.attn.proj.weight", p, i) ||
+        weight_load(ws, &b->proj_b, SHAPE1(C), err, "%s.%d.attn.proj.bias", p, i) ||
+        weight_load(ws, &b->fc1, SHAPE2(F, C), err, "%s.%d.ffn.fc1.weight", p, i) ||
+        weight_load(ws, &b->fc1_b, SHAPE1(F), err, "%s.%d.ffn.fc1.bias", p, i) ||
+        weight_load(ws, &b->fc2, SHAPE2(C, F), err, "%s.%d.ffn.fc2.weight", p, i) ||
+        weight_load(ws, &b->fc2_b, SHAPE1(C), err, "%s.%d.ffn.fc2.bias", p, i))
+        return AR_ERR;
+    return AR_OK;
+}
+
+/* level_pos and start, from the level table, the positions and pos_start. */
+static int make_positions(var_model_t *m, weight_set_t *ws, ar_error_t *err) {
+    backend_t *be = m->be;
+    const image_config_t *im = &m->cfg->image;
+    const int64_t C = m->cfg->llm.hidden_size, first = m->scale_at[1];
+    tensor_t level = {0}, pos = {0}, pos_start = {0};
+    int *level_of = malloc((size_t)m->n_tokens * sizeof *level_of);
+    int *token = malloc((size_t)m->n_tokens * sizeof *token);
+    float *tmp = be->alloc(be, (size_t)(m->n_tokens * C) * sizeof(float));
+    int rc = AR_ERR;
+    m->level_pos = be->alloc(be, (size_t)(m->n_tokens * C) * sizeof(float));
+    m->start = be->alloc(be, (size_t)(first * C) * sizeof(float));
+    if (!level_of || !token || !tmp || !m->level_pos || !m->start) {
+        ar_errorf(err, "out of memory");
+        goto out;
+    }
+    if (weight_load(ws, &level, SHAPE2(im->n_scales, C), err, "var.level_embed.weight") ||
+        weight_load(ws, &pos, SHAPE2(m->n_tokens, C), err, "var.pos_embed") ||
+        weight_load(ws, &pos_start, SHAPE2(first, C), err, "var.pos_start"))
+        goto out;
+    for (int si = 0; si < im->n_scales; si++)
+        for (int t = m->scale_at[si]; t < m->scale_at[si + 1]; t++)
+            level_of[t] = si;
+    for (int t = 0; t < m->n_tokens; t++)
+        token[t] = t;
+    /* Weights may be stored in a backend's own type; the tables go through
+     * the embedding op, which reads any of them, into fp32 rows. */
+    be->embedding(be, m->level_pos, &level, level_of, m->n_tokens, 0);
+    be->embedding(be, tmp, &pos, token, m->n_tokens, 0);
+    be->add(be, m->level_pos, tmp, (size_t)(m->n_tokens * C));
+    be->embedding(be, m->start, &pos_start, token, (int)first, 0);
+    be->add(be, m->start, m->level_pos, (size_t)(first * C));
+    be->sync(be);
+    rc = AR_OK;
+out:
+    free(level_of);
+    free(token);
+    be->free(be, tmp);
+    be->weight_free(be, &level);
+    be->weight_free(be, &pos);
+    be->weight_free(be, &pos_start);
+    return rc;
+}
+
+int var_load(var_model_t *m, const model_config_t *cfg, weight_set_t *ws, backend_t *be,
+             ar_error_t *err) {
+    memset(m, 0, sizeof *m);
+    m->cfg = cfg;
+    m->be = be;
+    const llm_config_t *l = &cfg->llm;
+    const image_config_t *im = &cfg->image;
+    const int64_t C = l->hidden_size, V = im->codebook_size;
+    if (l->num_heads > VAR_MAX_HEADS)
+        return ar_errorf(err, "llm.num_heads %d exceeds %d", l->num_heads, VAR_MAX_HEADS);
+    for (int si = 0; si < im->n_scales; si++) {
+        m->scale_at[si] = m->n_tokens;
+        m->n_tokens += im->scales[si] * im->scales[si];
+    }
+    m->scale_at[im->n_scales] = m->n_tokens;
+    m->blocks = calloc((size_t)l->num_layers, sizeof *m->blocks);
+    if (!m->blocks)
+        return ar_errorf(err, "out of memory");
+    if (weight_load(ws, &m->class_embed, SHAPE2(l->vocab_size, C), err, "var.class_embed.weight") ||
+        weight_load(ws, &m->word_embed, SHAPE2(C, im->embed_dim), err, "var.word_embed.weight") ||
+        weight_load(ws, &m->word_embed_b, SHAPE1(C), err, "var.word_embed.bias") ||
+        (l->shared_adaln &&
+         (weight_load(ws, &m->shared_adaln_w, SHAPE2(6 * C, C), err, "var.shared_adaln.weight") ||
+          weight_load(ws, &m->shared_adaln_b, SHAPE1(6 * C), err, "var.shared_adaln.bias"))) ||
+        weight_load(ws, &m->head_adaln_w, SHAPE2(2 * C, C), err, "var.head_adaln.weight") ||
+        weight_load(ws, &m->head_adaln_b, SHAPE1(2 * C), err, "var.head_adaln.bias") ||
+        weight_load(ws, &m->head, SHAPE2(V, C), err, "var.head.weight") ||
+        weight_load(ws, &m->head_b, SHAPE1(V), err, "var.head.bias") || make_positions(m, ws, err))
+        return AR_ERR;
+    for (int i = 0; i < l->num_layers; i++)
+        if (load_block(m, ws, i, err) != AR_OK)
+            return AR_ERR;
+    return AR_OK;
+}
+
+static void workspace_free(var_model_t *m) {
+    backend_t *be = m->be;
+    float **bufs[] = {&m->x,   &m->xn,  &m->q,   &m->k,    &m->v,
+                      &m->att, &m->tmp, &m->ffn, &m->cond, &m->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        be->free(be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    m->ws_rows = m->ws_seqs = 0;
+}
+
+void var_free(var_model_t *m) {
+    backend_t *be = m->be;
+    if (!be)
+        return;
+    workspace_free(m);
+    tensor_t *ts[] = {&m->class_embed,    &m->word_embed,     &m->word_embed_b,
+                      &m->shared_adaln_w, &m->shared_adaln_b, &m->head_adaln_w,
+                      &m->head_adaln_b,   &m->head,           &m->head_b};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        be->weight_free(be, ts[i]);
+    for (int i = 0; m->blocks && i < m->cfg->llm.num_layers; i++)
+        for (tensor_t *t = &m->blocks[i].adaln_w; t <= &m->blocks[i].fc2_b; t++)
+            be->weight_free(be, t);
+    free(m->blocks);
+    be->free(be, m->level_pos);
+    be->free(be, m->start);
+    memset(m, 0, sizeof *m);
+}
+
+static int workspace_reserve(var_model_t *m, int rows, int seqs, ar_error_t *err) {
+    if (rows <= m->ws_rows && seqs <= m->ws_seqs)
+        return AR_OK;
+    rows = rows > m->ws_rows ? rows : m->ws_rows;
+    seqs = seqs > m->ws_seqs ? seqs : m->ws_seqs;
+    workspace_free(m);
+    backend_t *be = m->be;
+    const model_config_t *c = m->cfg;
+    const size_t C = (size_t)c->llm.hidden_size, F = (size_t)c->llm.intermediate_size,
+                 R = (size_t)rows, S = (size_t)seqs;
+    struct {
+        float **p;
+        size_t n;
+    } plan[] = {{&m->x, R * C},    {&m->xn, R * C},
+                {&m->q, R * C},    {&m->k, R * C},
+                {&m->v, R * C},    {&m->att, R * C},
+                {&m->tmp, R * C},  {&m->ffn, R * F},
+                {&m->cond, S * C}, {&m->logits, R * (size_t)c->image.codebook_size}};
+    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
+        if (!(*plan[i].p = be->alloc(be, plan[i].n * sizeof(float)))) {
+            workspace_free(m);
+            return ar_errorf(err, "out of backend memory for a %d-row workspace", rows);
+        }
+    m->ws_rows = rows;
+    m->ws_seqs = seqs;
+    return AR_OK;
+}
+
+/* y = x w^T + b over every sequence's rows, one GEMM per sequence: a GEMM's
+ * rounding depends on how many rows it has (OpenBLAS and cuBLAS pick their
+ * kernels and tiles by shape), so a request's rows are always multiplied
+ * as a block of their own, and its tokens do not depend on what else runs
+ * in the batch. */
+static void rows_matmul(var_model_t *m, float *y, const float *x, const tensor_t *w,
+                        const tensor_t *b, const int *q_start, int n_seq) {
+    const size_t in = (size_t)w->shape[1], out = (size_t)w->shape[0];
+    for (int s = 0; s < n_seq; s++)
+        m->be->matmul(m->be, y + (size_t)q_start[s] * out, x + (size_t)q_start[s] * in, w, b,
+                      q_start[s + 1] - q_start[s]);
+}
+
+/* Every row's input into m->x: the class embedding plus the start
+ * positions at scale 0, else word_embed(latent) plus the scale's level and
+ * positions. */
+static void embed_inputs(var_model_t *m, const var_input_t *in, int n_in, const int *q_start,
+                         const int *labels) {
+    backend_t *be = m->be;
+    const size_t C = (size_t)m->cfg->llm.hidden_size;
+    for (int s = 0; s < n_in; s++) {
+        float *dst = m->x + (size_t)q_start[s] * C;
+        const int n = q_start[s + 1] - q_start[s], si = in[s].scale;
+        if (si == 0) {
+            for (int r = 0; r < n; r++)
+                be->embedding(be, dst + (size_t)r * C, &m->class_embed, &labels[s], 1, 0);
+            be->add(be, dst, m->start, (size_t)n * C);
+        } else {
+            be->matmul(be, dst, in[s].latent, &m->word_embed, &m->word_embed_b, n);
+            be->add(be, dst, m->level_pos + (size_t)m->scale_at[si] * C, (size_t)n * C);
+        }
+    }
+}
+
+size_t var_adaln_floats(const var_model_t *m) {
+    const size_t C = (size_t)m->cfg->llm.hidden_size;
+    return (size_t)m->cfg->llm.num_layers * 6 * C + 2 * C;
+}
+
+/* A sequence's AdaLN tables from its class: SiLU(class embedding) through
+ * every block's Linear (or the shared one plus the block's own table) and
+ * the head's, one row at a time so the result never depends on the batch. */
+static void make_adaln(var_model_t *m, float *table, int label) {
+    backend_t *be = m->be;
+    const llm_config_t *l = &m->cfg->llm;
+    const size_t C = (size_t)l->hidden_size, C6 = 6 * C;
+    be->embedding(be, m->cond, &m->class_embed, &label, 1, 0);
+    be->silu(be, m->cond, C);
+    for (int li = 0; li < l->num_layers; li++) {
+        const var_block_t *b = &m->blocks[li];
+        float *t = table + (size_t)li * C6;
+        if (!l->shared_adaln) {
+            be->matmul(be, t, m->cond, &b->adaln_w, &b->adaln_b, 1);
+        } else {
+            be->matmul(be, t, m->cond, &m->shared_adaln_w, &m->shared_adaln_b, 1);
+            be->add(be, t, b->adaln_gss.data, C6);
+        }
+    }
+    be->matmul(be, table + (size_t)l->num_layers * C6, m->cond, &m->head_adaln_w, &m->head_adaln_b,
+               1);
+}
+
+/* xn = LayerNorm(x) * (1 + scale) + shift, each sequence with its own
+ * table: scale at tab[s] + sc, shift at tab[s] + sh. */
+static void norm_modulate(var_model_t *m, const int *q_start, int n_seq, const float *const *tab,
+                          size_t sc, size_t sh) {
+    backend_t *be = m->be;
+    const int C = m->cfg->llm.hidden_size;
+    be->layernorm(be, m->xn, m->x, q_start[n_seq], C, m->cfg->llm.norm_eps);
+    for (int s = 0; s < n_seq; s++) {
+        float *xs = m->xn + (size_t)q_start[s] * C;
+        be->modulate(be, xs, xs, tab[s] + sc, tab[s] + sh, q_start[s + 1] - q_start[s], C);
+    }
+}
+
+/* x += a * gate, the gate at tab[s] + g. */
+static void gated_residual(var_model_t *m, const int *q_start, int n_seq, const float *a,
+                           const float *const *tab, size_t g) {
+    backend_t *be = m->be;
+    const size_t C = (size_t)m->cfg->llm.hidden_size;
+    for (int s = 0; s < n_seq; s++)
+        be->gate_add(be, m->x + q_start[s] * C, a + q_start[s] * C, tab[s] + g,
+                     q_start[s + 1] - q_start[s], (int)C);
+}
+
+enum { GAMMA1, GAMMA2, SCALE1, SCALE2, SHIFT1, SHIFT2 }; /* chunks of the block AdaLN */
+
+double var_key_similarity(backend_t *be, const kv_blocks_t *pool, const kv_view_t *heads,
+                          int n_heads, int head_dim, const float *k_cur, int side_prev,
+                          int side_cur, float *const scratch[4]) {
+    const int H = n_heads, D = head_dim, C = H * D;
+    const int sp = side_prev, sc = side_cur, rp = sp * sp, rc = sc * sc;
+    float *prev = scratch[0], *prev_cm = scratch[1], *up = scratch[2], *cur_cm = scratch[3];
+    for (int h = 0; h < H; h++) {
+        const kv_view_t *kh = &heads[h];
+        if (kh->len < rp)
+            return NAN;
+        be->kv_read_rows(be, prev + (size_t)h * rp * D, pool, kh, kh->len - rp, rp, 0);
+        be->transpose(be, prev_cm + (size_t)h * D * rp, prev + (size_t)h * rp * D, rp, D);
+    }
+    be->resize_bicubic(be, up, prev_cm, C, sp, sp, sc, sc);
+    be->transpose(be, cur_cm, k_cur, rc, C);
+    be->scale(be, up, (size_t)C * rc, -1.0f);
+    be->add(be, up, cur_cm, (size_t)C * rc);
+    float *diff = malloc((size_t)C * rc * sizeof *diff);
+    if (!diff)
+        return NAN;
+    be->download(be, diff, up, (size_t)C * rc * sizeof *diff);
+    double sum = 0;
+    for (size_t i = 0; i < (size_t)C * rc; i++)
+        sum += (double)diff[i] * diff[i];
+    free(diff);
+    return -sum / ((double)C * rc);
+}
+
+/* Before layer li attends: the layered policy may evict from each of the
+ * layer's heads of this sequence (measuring the layer's key similarity
+ * first when it asks), and the views the attention reads follow. */
+static int layered_begin(var_model_t *m, const var_input_t *in, int li, int q0, int *keep,
+                         kv_view_t *views, ar_error_t *err) {
+    kv_seq_t *sq = in->seq;
+    const int H = sq->n_heads;
+    double sim = NAN;
+    if (kv_policy_layer_similarity(in->policy, in->scale, li)) {
+        /* Scratch: the buffers free between the layer's Q/K/V and its
+         * attention, each at least rows x hidden floats. */
+        float *const scratch[4] = {m->att, m->tmp, m->xn, m->ffn};
+        for (int h = 0; h < H; h++)
+            views[h] = kv_head_view(&sq->heads[li * H + h], sq->heads[li * H + h].len);
+        const int *sides = m->cfg->image.scales;
+        sim = var_key_similarity(m->be, &sq->pool->blocks, views, H, m->cfg->llm.head_dim,
+                                 m->k + (size_t)q0 * H * m->cfg->llm.head_dim, sides[in->scale - 1],
+                                 sides[in->scale], scratch);
+    }
+    for (int h = 0; h < H; h++) {
+        kv_head_t *kh = &sq->heads[li * H + h];
+        int n_keep;
+        const int what =
+            kv_policy_layer_begin(in->policy, in->scale, li, h, kh->len, sim, keep, &n_keep);
+        if ((what & KV_COMPACT) && kv_head_compact(sq->pool, kh, keep, n_keep, NULL, err) != AR_OK)
+            return ar_error_prefix(err, "scale %d, layer %d, head %d", in->scale, li, h);
+        views[h] = kv_head_view(kh, kh->len);
+    }
+    return AR_OK;
+}
+
+/* After layer li has attended: the layered policy compacts each of the
+ * layer's heads of this sequence, then the heads it says cache the scale
+ * take their blocks and the newest rows it says of the scale's K and V
+ * (rows q[0] .. q[1] of m->k, m->v); every compaction comes before any
+ * reserve. */
+static int layered_append(var_model_t *m, const var_input_t *in, int li, const int *q, int *keep,
+                          ar_error_t *err) {
+    backend_t *be = m->be;
+    kv_seq_t *sq = in->seq;
+    kv_pool_t *pool = sq->pool;
+    const int H = sq->n_heads, rows = q[1] - q[0];
+    kv_view_t views[VAR_MAX_HEADS];
+    int counts[VAR_MAX_HEADS];
+    for (int h = 0; h < H; h++) {
+        kv_head_t *kh = &sq->heads[li * H + h];
+        int n_keep, cache;
+        const int what =
+            kv_policy_layer_end(in->policy, in->scale, li, h, kh->len, keep, &n_keep, &cache);
+        if ((what & KV_COMPACT) && kv_head_compact(pool, kh, keep, n_keep, NULL, err) != AR_OK)
+            return ar_error_prefix(err, "scale %d, layer %d, head %d", in->scale, li, h);
+        counts[h] = in->cache ? (cache < rows ? cache : rows) : 0;
+    }
+    for (int h = 0; h < H; h++) {
+        kv_head_t *kh = &sq->heads[li * H + h];
+        if (counts[h] > 0 && kv_head_reserve(pool, kh, kh->len + counts[h], err) != AR_OK)
+            return ar_error_prefix(err, "scale %d, layer %d, head %d: the KV plan was exceeded",
+                                   in->scale, li, h);
+    }
+    /* One append per distinct count (a policy's heads mostly share one):
+     * each takes the scale's newest rows. */
+    for (int first = 0; first < H; first++) {
+        const int c = counts[first];
+        if (c == 0)
+            continue;
+        for (int h = 0; h < H; h++) {
+            kv_head_t *kh = &sq->heads[li * H + h];
+            views[h] = counts[h] == c ? kv_head_view(kh, kh->len + c) : (kv_view_t){NULL, 0, 0, 0};
+        }
+        const int newest[2] = {q[1] - c, q[1]};
+        be->kv_append(be, &pool->blocks, views, m->k, m->v, newest, 1, H);
+        for (int h = 0; h < H; h++)
+            if (counts[h] == c) {
+                sq->heads[li * H + h].len += c;
+                counts[h] = 0;
+            }
+    }
+    return AR_OK;
+}
+
+/* Once every sequence of the batch has layer li's new tokens (so a CFG
+ * pair peaks together, as planned): a head holding more than the policy
+ * keeps is cut (kv_policy_layer_stored), by the key mass the step's
+ * queries gave it when the sequence collects (then zeroed for the next
+ * step). host: len floats of host scratch; zeros: as many zeros. */
+static int layered_cut(var_model_t *m, const var_input_t *in, int li, int *keep, float *host,
+                       const float *zeros, ar_error_t *err) {
+    backend_t *be = m->be;
+    kv_seq_t *sq = in->seq;
+    for (int h = 0; h < sq->n_heads; h++) {
+        const int i = li * sq->n_heads + h;
+        kv_head_t *kh = &sq->heads[i];
+        const int len = kh->len;
+        float *mass = in->collect_mass ? sq->mass + (size_t)i * sq->capacity : NULL;
+        if (mass)
+            be->download(be, host, mass, (size_t)len * sizeof *host);
+        int n_keep;
+        const int what = kv_policy_layer_stored(in->policy, in->scale, li, h, len,
+                                                mass ? host : NULL, keep, &n_keep);
+        if ((what & KV_COMPACT) && kv_head_compact(sq->pool, kh, keep, n_keep, NULL, err) != AR_OK)
+            return ar_error_prefix(err, "scale %d, layer %d, head %d", in->scale, li, h);
+        if (mass)
+            be->upload(be, mass, zeros, (size_t)len * sizeof *zeros);
+    }
+    return AR_OK;
+}
+
+/* Each peak_blocks pointer's sequences' blocks now, if more than before. */
+static void track_peaks(const var_input_t *in, int n_in) {
+    for (int s = 0; s < n_in; s++) {
+        int first = in[s].peak_blocks != NULL, total = 0;
+        for (int t = 0; t < s && first; t++)
+            first = in[t].peak_blocks != in[s].peak_blocks; /* counted with input t */
+        if (!first)
+            continue;
+        for (int t = s; t < n_in; t++)
+            if (in[t].peak_blocks == in[s].peak_blocks)
+                total += kv_seq_blocks(in[t].seq);
+        if (total > *in[s].peak_blocks)
+            *in[s].peak_blocks = total;
+    }
+}
+
+int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_host,
+                ar_error_t *err) {
+    backend_t *be = m->be;
+    const model_config_t *c = m->cfg;
+    const llm_config_t *l = &c->llm;
+    const int H = l->num_heads, C = l->hidden_size, V = c->image.codebook_size;
+    if (n_in <= 0)
+        return AR_OK;
+    kv_pool_t *pool = in[0].seq->pool;
+    arena_t *a = m->arena;
+    arena_begin(a);
+    int *q_start = arena_alloc(a, (size_t)(n_in + 1) * sizeof *q_start);
+    int *n_new = arena_alloc(a, (size_t)n_in * sizeof *n_new);
+    int *labels = arena_alloc(a, (size_t)n_in * sizeof *labels);
+    kv_seq_t **seqs = arena_alloc(a, (size_t)n_in * sizeof *seqs);
+    kv_view_t *views = arena_alloc(a, (size_t)n_in * H * sizeof *views);
+    kv_view_t *grown = arena_alloc(a, (size_t)n_in * H * sizeof *grown);
+    float **mass = arena_alloc(a, (size_t)n_in * H * sizeof *mass);
+    const float **tabs = arena_alloc(a, (size_t)n_in * sizeof *tabs);
+    int rc = AR_ERR, any_mass = 0, max_cap = 1;
+    for (int s = 0; s < n_in; s++)
+        max_cap = in[s].seq->capacity > max_cap ? in[s].seq->capacity : max_cap;
+    int *keep = arena_alloc(a, (size_t)max_cap * sizeof *keep);
+    /* A head's key mass on the host, and zeros. */
+    float *host = arena_alloc(a, (size_t)max_cap * sizeof *host),
+          *zeros = arena_calloc(a, (size_t)max_cap, sizeof *zeros);
+    if (!q_start || !n_new || !labels || !seqs || !views || !grown || !mass || !tabs || !keep ||
+        !host || !zeros) {
+        ar_errorf(err, "out of memory");
+        goto out;
+    }
+    q_start[0] = 0;
+    for (int s = 0; s < n_in; s++) {
+        const int si = in[s].scale;
+        if (si < 0 || si >= c->image.n_scales || (si > 0 && !in[s].latent) || in[s].label < 0 ||
+            in[s].label > c->condition.num_classes) {
+            ar_errorf(err, "sequence %d: scale %d or class %d is out of range", s, si, in[s].label);
+            goto out;
+        }
+        if (!in[s].adaln) {
+            ar_errorf(err, "sequence %d: no AdaLN table", s);
+            goto out;
+        }
+        if (in[s].collect_mass && !in[s].seq->mass) {
+            ar_errorf(err, "sequence %d: key mass asked for, but the sequence has no mass arrays",
+                      s);
+            goto out;
+        }
+        any_mass |= in[s].collect_mass;
+        seqs[s] = in[s].seq;
+        labels[s] = in[s].label;
+        q_start[s + 1] = q_start[s] + c->image.scales[si] * c->image.scales[si];
+        /* A layered sequence reserves layer by layer (layered_append). */
+        n_new[s] =
+            in[s].cache && !kv_policy_layered(in[s].policy) ? q_start[s + 1] - q_start[s] : 0;
+    }
+    const int rows = q_start[n_in];
+    if (workspace_reserve(m, rows, n_in, err) != AR_OK)
+        goto out;
+    /* Nothing fails past this point, so the blocks reserved here are used. */
+    if (kv_seq_reserve(seqs, n_new, n_in, err) != AR_OK)
+        goto out;
+
+    for (int s = 0; s < n_in; s++) {
+        tabs[s] = in[s].adaln;
+        if (!in[s].adaln_ready)
+            make_adaln(m, in[s].adaln, labels[s]);
+    }
+    embed_inputs(m, in, n_in, q_start, labels);
+    attn_batch_t batch = {n_in, q_start, views, any_mass ? mass : NULL};
+    for (int li = 0; li < l->num_layers; li++) {
+        const var_block_t *b = &m->blocks[li];
+        for (int s = 0; s < n_in; s++)
+            for (int h = 0; h < H; h++) {
+                const kv_seq_t *sq = in[s].seq;
+                const kv_head_t *kh = &sq->heads[li * H + h];
+                views[s * H + h] = kv_head_view(kh, kh->len);
+                grown[s * H + h] = kv_head_view(kh, kh->len + n_new[s]);
+                mass[s * H + h] = in[s].collect_mass
+                                      ? sq->mass + (size_t)(li * H + h) * (size_t)sq->capacity
+                                      : NULL;
+            }
+        const size_t at = (size_t)li * 6 * C; /* the block's chunks in each table */
+        norm_modulate(m, q_start, n_in, tabs, at + SCALE1 * (size_t)C, at + SHIFT1 * (size_t)C);
+        rows_matmul(m, m->q, m->xn, &b->q, &b->q_bias, q_start, n_in);
+        rows_matmul(m, m->k, m->xn, &b->k, NULL, q_start, n_in);
+        rows_matmul(m, m->v, m->xn, &b->v, &b->v_bias, q_start, n_in);
+        be->l2norm_heads(be, m->q, b->head_mul.data, rows, H, l->head_dim);
+        be->l2norm_heads(be, m->k, NULL, rows, H, l->head_dim);
+        for (int s = 0; s < n_in; s++)
+            if (kv_policy_layered(in[s].policy) &&
+                layered_begin(m, &in[s], li, q_start[s], keep, &views[s * H], err) != AR_OK)
+                goto out;
+        be->attention_scale(be, m->att, m->q, m->k, m->v, &pool->blocks, &batch, H, 1.0f);
+        for (int s = 0; s < n_in; s++) {
+            if (kv_policy_layered(in[s].policy)) {
+                if (layered_append(m, &in[s], li, &q_start[s], keep, err) != AR_OK)
+                    goto out;
+            } else if (n_new[s]) {
+                be->kv_append(be, &pool->blocks, &grown[s * H], m->k, m->v, &q_start[s], 1, H);
+            }
+        }
+        track_peaks(in, n_in);
+        for (int s = 0; s < n_in; s++)
+            if (kv_policy_layered(in[s].policy) &&
+                layered_cut(m, &in[s], li, keep, host, zeros, err) != AR_OK)
+                goto out;
+        rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
+        gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA1 * (size_t)C);
+        norm_modulate(m, q_start, n_in, tabs, at + SCALE2 * (size_t)C, at + SHIFT2 * (size_t)C);
+        rows_matmul(m, m->ffn, m->xn, &b->fc1, &b->fc1_b, q_start, n_in);
+        be->gelu_tanh(be, m->ffn, (size_t)rows * l->intermediate_size);
+        rows_matmul(m, m->tmp, m->ffn, &b->fc2, &b->fc2_b, q_start, n_in);
+        gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA2 * (size_t)C);
+    }
+    for (int s = 0; s < n_in; s++) {
+        kv_seq_t *sq = in[s].seq;
+        for (int i = 0; i < sq->n_layers * sq->n_heads; i++)
+            sq->heads[i].len += n_new[s];
+        sq->n_fed += in[s].cache ? q_start[s + 1] - q_start[s] : 0;
+    }
+    const size_t head = (size_t)l->num_layers * 6 * C; /* scale, then shift */
+    norm_modulate(m, q_start, n_in, tabs, head, head + C);
+    rows_matmul(m, m->logits, m->xn, &m->head, &m->head_b, q_start, n_in);
+    be->download(be, logits_host, m->logits, (size_t)rows * V * sizeof(float));
+    rc = AR_OK;
+out:
+    arena_end(a);
+    return rc;
+}

@@ -1,0 +1,110 @@
+/* Text <-> token ids from a Hugging Face tokenizer.json: WordLevel and BPE
+ * models (byte-level BPE as in GPT-2 and Janus-Pro / DeepSeek-LLM). The
+ * supported pieces, and where we knowingly differ from HF `tokenizers`, are
+ * listed below; tests/unit/test_tokenizer_bpe.c checks thousands of strings
+ * against HF. */
+#ifndef ARSERVE_TOKENIZER_H
+#define ARSERVE_TOKENIZER_H
+
+#include "base/status.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Ids must lie in [0, TOKENIZER_MAX_ID]; a larger one is a load error (it
+ * would make the id -> text table absurdly large). */
+#define TOKENIZER_MAX_ID ((1 << 24) - 1)
+
+/* What tokenizer_load accepts:
+ *  - model: {"type": "WordLevel", "vocab": {word: id}, "unk_token": str|null}:
+ *    a word missing from vocab becomes unk_token's id if unk_token is in
+ *    vocab, else an encoding error. Or {"type": "BPE", "vocab", "merges",
+ *    "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+ *    "fuse_unk", "byte_fallback", "ignore_merges", "dropout"}: merges as
+ *    "left right" strings or ["left", "right"] pairs, ranked by position (a
+ *    repeated pair keeps its last rank, as in HF); both parts and their
+ *    concatenation (less the right part's continuing_subword_prefix) must be
+ *    in vocab. dropout must be null or 0 (dropout is random). prefix and
+ *    suffix up to 32 bytes. As in HF, a character that is not in vocab
+ *    becomes its <0xAB> byte tokens (byte_fallback), else unk_token (runs
+ *    fused with fuse_unk), else is dropped; an unk_token missing from vocab
+ *    is an encoding error when it is needed. Merging is HF's: lowest rank
+ *    first, leftmost among equals, with a heap over the word's symbols, so a
+ *    word of n characters costs O(n log n) and at most 3n heap entries.
+ *    Other types (Unigram, WordPiece) are load errors.
+ *  - normalizer: null, Lowercase, Strip, NFC, Replace with a String pattern,
+ *    Prepend, or a Sequence of these. Lowercase folds ASCII and Latin-1
+ *    letters (U+00C0..U+00DE); other scripts are left alone (HF folds all of
+ *    Unicode). NFC is accepted and does nothing: it is the identity on ASCII
+ *    and on text already composed; decomposed input (e + U+0301) would differ
+ *    from HF. Replace with a Regex pattern, NFD, NFKC, ... are load errors.
+ *  - pre_tokenizer: null (the whole text is one word), or a Sequence of:
+ *    Split ({"String": s} or {"Regex": r}; behavior Removed, Isolated,
+ *    MergedWithPrevious, MergedWithNext or Contiguous; invert), Whitespace
+ *    (HF's \w+|[^\w\s]+ with Oniguruma's Unicode \w), WhitespaceSplit,
+ *    Digits (individual_digits; "digit" is Unicode N, as char::is_numeric),
+ *    ByteLevel (add_prefix_space, per piece as in HF; use_regex: the GPT-2
+ *    regex; then each byte as its GPT-2 character). Regexes run on PCRE2
+ *    with UTF and UCP, ^ and $ matching at line ends as in Oniguruma's Ruby
+ *    syntax; compiled once at load (JIT where available). A regex that can
+ *    match the empty string is a load error (HF's splits around empty
+ *    matches are not followed). PCRE2's Unicode tables (10.42: Unicode 14)
+ *    may differ from Oniguruma's on characters assigned since, and PCRE2's
+ *    \s also matches U+180E.
+ *  - added_tokens: [{id, content, special, normalized, single_word, lstrip,
+ *    rstrip}], booleans optional (normalized defaults to !special). As in HF,
+ *    tokens with normalized=false are split out of the raw text before
+ *    normalisation, the others out of the normalised text; the longest
+ *    match at the leftmost position wins. Their ids must be those HF would
+ *    give: the vocab's id if the content is in vocab, else the ids that follow
+ *    the vocab, in file order.
+ *  - decoder (tokenizer_decode only): null (tokens joined with spaces, as HF
+ *    does without a decoder), ByteLevel (each token's characters mapped back
+ *    to bytes, a token with any other character kept as it is), BPEDecoder
+ *    (suffix becomes a space, nothing at the end). Any other type loads, and
+ *    tokenizer_decode refuses it. Added tokens with normalized=true decode
+ *    as their normalised content, as in HF.
+ *  - post_processor, truncation, padding: ignored (the caller adds BOS and
+ *    enforces its own length limit).
+ * Input text may be any bytes: invalid UTF-8 is first made valid by replacing
+ * each maximal ill-formed subsequence with U+FFFD, exactly as Python's
+ * bytes.decode("utf-8", errors="replace"), so raw bytes tokenise as HF does
+ * on the decoded string. Decoding replaces byte sequences that are not UTF-8
+ * the same way (HF's from_utf8_lossy). */
+
+typedef struct tokenizer tokenizer_t;
+
+/* Reads and validates the tokenizer.json at path. Returns NULL and fills err
+ * with a message naming the file and the problem on any error. */
+tokenizer_t *tokenizer_load(const char *path, ar_error_t *err);
+
+/* Frees t; NULL is fine. */
+void tokenizer_free(tokenizer_t *t);
+
+/* Encodes text into ids[0..*n_ids). Returns AR_OK, or AR_ERR (with *n_ids = 0)
+ * if more than max_ids ids would be needed ("prompt is N tokens, more than the
+ * limit M") or a word is unknown and there is no unk token. Thread-safe: t is
+ * not modified. */
+int tokenizer_encode(const tokenizer_t *t, const char *text, int *ids, int max_ids, int *n_ids,
+                     ar_error_t *err);
+
+/* Decodes ids[0..n_ids) into out (cap bytes, NUL-terminated), as HF's
+ * tokenizer.decode(ids, skip_special_tokens=skip_special) does with the
+ * decoder the file declares (see above); *len (if not NULL) gets the text's
+ * length in bytes, also when it does not fit. Returns AR_ERR if an id is not
+ * a token, the decoder is not supported, or the text and its NUL do not fit
+ * in cap. Thread-safe. */
+int tokenizer_decode(const tokenizer_t *t, const int *ids, int n_ids, bool skip_special, char *out,
+                     size_t cap, size_t *len, ar_error_t *err);
+
+/* The id of an added token or vocab word (added tokens first); -1 if absent. */
+int tokenizer_token_id(const tokenizer_t *t, const char *token);
+
+/* 1 + the largest id of any vocab word or added token. */
+int tokenizer_vocab_size(const tokenizer_t *t);
+
+/* The text of id (added token or vocab word), NULL if no token has that id.
+ * For logs and tests; the pointer lives as long as t. */
+const char *tokenizer_token_text(const tokenizer_t *t, int id);
+
+#endif

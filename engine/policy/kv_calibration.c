@@ -1,0 +1,253 @@
+/* KV calibration: orderings from attention mass, and the file that holds
+ * them (kv_calibration.h). */
+#include "engine/policy/kv_calibration.h"
+
+#include "engine/format/json_file.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FORMAT "arserve-kv-calibration"
+#define VERSION 1
+
+void kv_calibration_free(kv_calibration_t *c) {
+    free(c->beta);
+    free(c->htr);
+    free(c->cas_order);
+    free(c->scas_order);
+    memset(c, 0, sizeof *c);
+}
+
+static int shape_from(kv_calibration_t *c, const kv_geometry_t *g, int sink_scales,
+                      ar_error_t *err) {
+    memset(c, 0, sizeof *c);
+    if (g->step_unit != KV_STEP_SEGMENT || g->n_segments < 2)
+        return ar_errorf(err, "a KV calibration is for next-scale models (two scales or more)");
+    c->n_layers = g->n_layers;
+    c->n_heads = g->n_heads;
+    c->n_scales = g->n_segments;
+    memcpy(c->scale_tokens, g->segment_tokens, sizeof c->scale_tokens);
+    c->sink_scales = sink_scales;
+    const size_t T = (size_t)g->n_layers * g->n_heads;
+    c->cas_order = malloc(T * sizeof *c->cas_order);
+    c->scas_order = malloc(T * (size_t)(c->n_scales - 1) * sizeof *c->scas_order);
+    if (!c->cas_order || !c->scas_order) {
+        kv_calibration_free(c);
+        return ar_errorf(err, "out of memory");
+    }
+    return AR_OK;
+}
+
+int kv_calibration_synthetic(kv_calibration_t *c, const kv_geometry_t *g, int sink_scales,
+                             ar_error_t *err) {
+    if (shape_from(c, g, sink_scales, err) != AR_OK)
+        return AR_ERR;
+    const int T = c->n_layers * c->n_heads;
+    for (int i = 0; i < T; i++)
+        c->cas_order[i] = i;
+    for (int src = 0; src < c->n_scales - 1; src++)
+        memcpy(c->scas_order + (size_t)src * T, c->cas_order, (size_t)T * sizeof(int));
+    /* Statistics alike for every head: each query scale's mass spread
+     * evenly over the scales so far, no history top-K. */
+    const int K = c->n_scales;
+    c->beta = calloc((size_t)T * K * K, sizeof *c->beta);
+    c->htr = calloc((size_t)T * K, sizeof *c->htr);
+    if (!c->beta || !c->htr) {
+        kv_calibration_free(c);
+        return ar_errorf(err, "out of memory");
+    }
+    for (int h = 0; h < T; h++)
+        for (int q = 0; q < K; q++)
+            for (int src = 0; src <= q; src++)
+                c->beta[((size_t)h * K + q) * K + src] = 1.0f / (float)(q + 1);
+    return AR_OK;
+}
+
+/* Heads by ascending score, ties by head number (qsort is not stable). */
+static int by_score(const void *a, const void *b, void *scores) {
+    const int x = *(const int *)a, y = *(const int *)b;
+    const double *score = scores;
+    if (score[x] != score[y])
+        return score[x] < score[y] ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+static void order_by(int *order, const double *score, int T) {
+    for (int i = 0; i < T; i++)
+        order[i] = i;
+    qsort_r(order, (size_t)T, sizeof *order, by_score, (void *)score);
+}
+
+int kv_calibration_from_beta(kv_calibration_t *c, const kv_geometry_t *g, const float *beta,
+                             int n_prompts, int sink_scales, ar_error_t *err) {
+    if (shape_from(c, g, sink_scales, err) != AR_OK)
+        return AR_ERR;
+    const int T = c->n_layers * c->n_heads, K = c->n_scales;
+    const size_t n_beta = (size_t)T * K * K;
+    double *score = malloc((size_t)T * sizeof *score);
+    c->beta = malloc(n_beta * sizeof *c->beta);
+    if (!score || !c->beta) {
+        free(score);
+        kv_calibration_free(c);
+        return ar_errorf(err, "out of memory");
+    }
+    memcpy(c->beta, beta, n_beta * sizeof *beta);
+    c->n_prompts = n_prompts;
+#define BETA(head, q, src) (double)beta[((size_t)(head)*K + (q)) * K + (src)]
+    /* S-CAS (eq. 4): the mass later scales give source src, averaged. */
+    for (int src = 0; src < K - 1; src++) {
+        for (int h = 0; h < T; h++) {
+            double sum = 0;
+            for (int q = src + 1; q < K; q++)
+                sum += BETA(h, q, src);
+            score[h] = sum / (K - 1 - src);
+        }
+        order_by(c->scas_order + (size_t)src * T, score, T);
+    }
+    /* CAS (eq. 3): the last scale's mass on the cached non-sink scales. */
+    for (int h = 0; h < T; h++) {
+        double sum = 0;
+        for (int src = sink_scales; src < K - 1; src++)
+            sum += BETA(h, K - 1, src);
+        score[h] = sink_scales < K - 1 ? sum / (K - 1 - sink_scales) : 0;
+    }
+#undef BETA
+    order_by(c->cas_order, score, T);
+    free(score);
+    return AR_OK;
+}
+
+int kv_calibration_check(const kv_calibration_t *c, const kv_geometry_t *g, ar_error_t *err) {
+    int same = c->n_layers == g->n_layers && c->n_heads == g->n_heads &&
+               c->n_scales == g->n_segments && g->step_unit == KV_STEP_SEGMENT;
+    for (int i = 0; same && i < c->n_scales; i++)
+        same = c->scale_tokens[i] == g->segment_tokens[i];
+    if (same)
+        return AR_OK;
+    return ar_errorf(err,
+                     "the KV calibration is for %d layers x %d heads and %d scales, this model "
+                     "has %d x %d and %d scales of these sizes: run `arserve calibrate` on it",
+                     c->n_layers, c->n_heads, c->n_scales, g->n_layers, g->n_heads, g->n_segments);
+}
+
+/* ---- the file ---- */
+
+static cJSON *int_array(const int *v, int n) { return cJSON_CreateIntArray(v, n); }
+
+int kv_calibration_save(const kv_calibration_t *c, const char *path, ar_error_t *err) {
+    const int T = c->n_layers * c->n_heads, K = c->n_scales;
+    cJSON *root = cJSON_CreateObject(), *scas = cJSON_CreateArray();
+    int ok = root && scas;
+    if (ok) {
+        cJSON_AddStringToObject(root, "format", FORMAT);
+        cJSON_AddNumberToObject(root, "version", VERSION);
+        cJSON_AddNumberToObject(root, "n_layers", c->n_layers);
+        cJSON_AddNumberToObject(root, "n_heads", c->n_heads);
+        cJSON_AddItemToObject(root, "scale_tokens", int_array(c->scale_tokens, K));
+        cJSON_AddNumberToObject(root, "sink_scales", c->sink_scales);
+        cJSON_AddNumberToObject(root, "prompts", c->n_prompts);
+        cJSON_AddItemToObject(root, "cas_order", int_array(c->cas_order, T));
+        for (int src = 0; src < K - 1; src++)
+            cJSON_AddItemToArray(scas, int_array(c->scas_order + (size_t)src * T, T));
+        cJSON_AddItemToObject(root, "scas_order", scas);
+        scas = NULL;
+        if (c->beta)
+            cJSON_AddItemToObject(root, "beta", json_float_array(c->beta, (size_t)T * K * K));
+        if (c->htr)
+            cJSON_AddItemToObject(root, "htr", json_float_array(c->htr, (size_t)T * K));
+    }
+    const int rc =
+        ok ? json_file_write(root, path, err) : ar_errorf(err, "%s: out of memory", path);
+    cJSON_Delete(root);
+    cJSON_Delete(scas);
+    return rc;
+}
+
+/* A permutation of [0, T) from array a into out. */
+static int get_order(const cJSON *a, int T, int *out, const char *path, const char *what,
+                     ar_error_t *err) {
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != T)
+        return ar_errorf(err, "%s: %s must be an array of the %d heads", path, what, T);
+    unsigned char *seen = calloc((size_t)T, 1);
+    if (!seen)
+        return ar_errorf(err, "out of memory");
+    int i = 0, rc = AR_OK;
+    for (const cJSON *it = a->child; it; it = it->next, i++) {
+        const double v = it->valuedouble;
+        if (!cJSON_IsNumber(it) || v != (double)(int)v || v < 0 || v >= T || seen[(int)v]) {
+            rc = ar_errorf(err, "%s: %s[%d] is not a head number of its own (0 to %d, each once)",
+                           path, what, i, T - 1);
+            break;
+        }
+        seen[(int)v] = 1;
+        out[i] = (int)v;
+    }
+    free(seen);
+    return rc;
+}
+
+int kv_calibration_load(kv_calibration_t *c, const char *path, ar_error_t *err) {
+    memset(c, 0, sizeof *c);
+    cJSON *root = json_file_read(path, err);
+    if (!root)
+        return AR_ERR;
+    int rc = AR_ERR, version = 0;
+    kv_geometry_t g = {.step_unit = KV_STEP_SEGMENT};
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    const cJSON *tok = cJSON_GetObjectItemCaseSensitive(root, "scale_tokens");
+    int sinks = 0, prompts = 0;
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, FORMAT) != 0) {
+        ar_errorf(err, "%s: \"format\" must be \"%s\"", path, FORMAT);
+        goto out;
+    }
+    if (json_get_int(root, "version", VERSION, VERSION, &version, path, err) ||
+        json_get_int(root, "n_layers", 1, 1 << 12, &g.n_layers, path, err) ||
+        json_get_int(root, "n_heads", 1, 1 << 12, &g.n_heads, path, err) ||
+        json_get_int(root, "prompts", 0, 1 << 30, &prompts, path, err))
+        goto out;
+    g.n_segments = cJSON_GetArraySize(tok);
+    if (!cJSON_IsArray(tok) || g.n_segments < 2 || g.n_segments > KV_MAX_SEGMENTS) {
+        ar_errorf(err, "%s: \"scale_tokens\" must list 2 to %d scales", path, KV_MAX_SEGMENTS);
+        goto out;
+    }
+    int i = 0;
+    for (const cJSON *it = tok->child; it; it = it->next, i++) {
+        if (!cJSON_IsNumber(it) || it->valuedouble < 1 || it->valuedouble > 1 << 20) {
+            ar_errorf(err, "%s: scale_tokens[%d] must be a positive integer", path, i);
+            goto out;
+        }
+        g.segment_tokens[i] = (int)it->valuedouble;
+    }
+    if (json_get_int(root, "sink_scales", 0, g.n_segments, &sinks, path, err) ||
+        shape_from(c, &g, sinks, err) != AR_OK)
+        goto out;
+    c->n_prompts = prompts;
+    const int T = g.n_layers * g.n_heads, K = g.n_segments;
+    const cJSON *scas = cJSON_GetObjectItemCaseSensitive(root, "scas_order");
+    if (get_order(cJSON_GetObjectItemCaseSensitive(root, "cas_order"), T, c->cas_order, path,
+                  "cas_order", err))
+        goto out;
+    if (!cJSON_IsArray(scas) || cJSON_GetArraySize(scas) != K - 1) {
+        ar_errorf(err, "%s: \"scas_order\" must hold one ordering per source scale (%d)", path,
+                  K - 1);
+        goto out;
+    }
+    i = 0;
+    for (const cJSON *it = scas->child; it; it = it->next, i++) {
+        char what[32];
+        snprintf(what, sizeof what, "scas_order[%d]", i);
+        if (get_order(it, T, c->scas_order + (size_t)i * T, path, what, err))
+            goto out;
+    }
+    if (json_get_floats(root, "beta", (size_t)T * K * K, &c->beta, path, err) != AR_OK ||
+        json_get_floats(root, "htr", (size_t)T * K, &c->htr, path, err) != AR_OK)
+        goto out;
+    rc = AR_OK;
+out:
+    cJSON_Delete(root);
+    if (rc != AR_OK)
+        kv_calibration_free(c);
+    return rc;
+}

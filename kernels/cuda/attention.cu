@@ -1,0 +1,428 @@
+/* The paged KV cache's kernels: append through block tables, causal
+ * attention split over keys (flash-decoding: partial max / sum / weighted
+ * values per split, merged by a combine kernel) for one or many query rows
+ * per sequence, next-scale attention (the cache, then a scale's own dense
+ * keys), the exact key mass policies ask for, and in-place compaction.
+ * References: cpu_kv_append, cpu_attention, cpu_attention_scale,
+ * cpu_kv_gather in engine/backend/backend_cpu.c; the layout is backend.h's
+ * kv_blocks_t. */
+#include "kernels/cuda/common.cuh"
+
+/* Head dims up to this fit the per-lane accumulators (16 per lane). */
+#define ATTN_MAX_HEAD_DIM 512
+#define ATTN_ACC (ATTN_MAX_HEAD_DIM / 32)
+
+/* K row of cache index j (elements of the pool's type); its V row is
+ * v_offset(p) bytes further. */
+static __device__ __forceinline__ char *k_row(const kern_kv_pool_t &p, const int *table, int j) {
+    const int bt = p.block_tokens;
+    return (char *)p.base + ((size_t)table[j / bt] * 2 * bt + (size_t)(j % bt)) *
+                                (size_t)p.head_dim * kv_esize(p.dtype);
+}
+
+static __device__ __forceinline__ size_t v_offset(const kern_kv_pool_t &p) {
+    return (size_t)p.block_tokens * (size_t)p.head_dim * kv_esize(p.dtype);
+}
+
+/* The item holding launch row r (items sorted by row_off). */
+static __device__ __forceinline__ int item_of(const kern_kv_item_t *items, int n_items, int r) {
+    int lo = 0, hi = n_items - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (items[mid].row_off <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* One thread's dot product of a with a cache row (widened as ld_kv does),
+ * in index order: the split kernel and the mass kernel both score with it,
+ * so the mass is the softmax the output used. */
+static __device__ __forceinline__ float dot_row(const float *a, const void *row, int dtype, int n,
+                                                float scale) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++)
+        s += a[i] * ld_kv(row, dtype, i, scale);
+    return s;
+}
+
+/* The same against a dense fp32 row (a scale's new keys). */
+static __device__ __forceinline__ float dot_f32(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* ---- append -------------------------------------------------------------------- */
+
+/* One block per new row of a pair: its K and V rows into the cache. */
+__global__ void kv_append_kernel(kern_kv_pool_t p, const kern_kv_item_t *items, int n_items,
+                                 const int *tables, const float *k, const float *v, int n_heads) {
+    const int r = blockIdx.x, hd = p.head_dim;
+    const kern_kv_item_t it = items[item_of(items, n_items, r)];
+    const int t = it.t0 + (r - it.row_off);
+    const int j = it.len - it.n_new + t;
+    char *dk = k_row(p, tables + it.table, j), *dv = dk + v_offset(p);
+    const size_t src = ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
+    const float k_inv = 1.0f / it.k_scale, v_inv = 1.0f / it.v_scale;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        st_kv(dk, p.dtype, d, k[src + d], k_inv);
+        st_kv(dv, p.dtype, d, v[src + d], v_inv);
+    }
+}
+
+cudaError_t kern_kv_append(kern_kv_pool_t pool, const kern_kv_item_t *items, int n_items, int rows,
+                           const int *tables, const float *k, const float *v, int n_heads,
+                           cudaStream_t stream) {
+    if (rows <= 0 || n_items <= 0 || pool.head_dim <= 0)
+        return cudaSuccess;
+    AR_LAUNCH(kv_append_kernel, rows, block_for((size_t)pool.head_dim), 0, stream, pool, items,
+              n_items, tables, k, v, n_heads);
+    return cudaGetLastError();
+}
+
+/* ---- attention ------------------------------------------------------------------- */
+
+static __host__ __device__ __forceinline__ int n_splits_for(int keys) {
+    return (keys + KERN_ATTN_SPLIT_KEYS - 1) / KERN_ATTN_SPLIT_KEYS;
+}
+
+/* Partials: per (row, split) the running max m, the sum l and the weighted
+ * values acc[head_dim]; then per row the final max and sum for the mass. */
+size_t kern_attention_scratch(int rows, int max_keys, int head_dim) {
+    const size_t splits = (size_t)n_splits_for(max_keys > 0 ? max_keys : 1);
+    return (size_t)rows * splits * ((size_t)head_dim + 2) + (size_t)rows * 2;
+}
+
+/* Visible keys of row t of an item. */
+static __device__ __forceinline__ int keys_of(const kern_kv_item_t &it, int t) {
+    return it.len - it.n_new + t + 1;
+}
+
+/* One warp per (row, split): keys in tiles of 32, lane l scoring key
+ * tile + l (a whole row each: K rows are contiguous, q sits in shared
+ * memory); the tile's max and sum by shuffles; then every lane adds the
+ * tile's weighted V rows for its own dimensions (d = lane + 32 i). */
+__global__ void attn_split_kernel(float *part, const float *q, kern_kv_pool_t p,
+                                  const kern_kv_item_t *items, int n_items, const int *tables,
+                                  int n_heads, float scale, int n_splits) {
+    const int hd = p.head_dim;
+    AR_DYNAMIC_SHARED(float, qs);
+    __shared__ float ps[32];
+    const int r = blockIdx.x, split = blockIdx.y, lane = threadIdx.x;
+    const kern_kv_item_t it = items[item_of(items, n_items, r)];
+    const int t = it.t0 + (r - it.row_off);
+    const int n_keys = keys_of(it, t);
+    const int j0 = split * KERN_ATTN_SPLIT_KEYS;
+    if (j0 >= n_keys)
+        return; /* the combine kernel reads only the splits a row has */
+    const int j1 = min(n_keys, j0 + KERN_ATTN_SPLIT_KEYS);
+    const int *table = tables + it.table;
+    const float *qr = q + ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
+    for (int d = lane; d < hd; d += 32)
+        qs[d] = qr[d];
+    __syncthreads();
+    float m = -INFINITY, l = 0.0f, acc[ATTN_ACC];
+    for (int i = 0; i < ATTN_ACC; i++)
+        acc[i] = 0.0f;
+    for (int tile = j0; tile < j1; tile += 32) {
+        const int j = tile + lane;
+        const float s =
+            j < j1 ? dot_row(qs, k_row(p, table, j), p.dtype, hd, it.k_scale) * scale : -INFINITY;
+        const float m_new = fmaxf(m, warp_max(s)); /* finite: key `tile` is visible */
+        const float rescale = expf(m - m_new);     /* 0 on the first tile */
+        const float pr = j < j1 ? expf(s - m_new) : 0.0f;
+        l = l * rescale + warp_sum(pr);
+        m = m_new;
+        ps[lane] = pr;
+        __syncthreads();
+        for (int i = 0; i < ATTN_ACC; i++)
+            acc[i] *= rescale;
+        const int nt = min(32, j1 - tile);
+        for (int jj = 0; jj < nt; jj++) {
+            const char *vr = k_row(p, table, tile + jj) + v_offset(p);
+            const float pj = ps[jj];
+            for (int i = 0; i < ATTN_ACC && lane + 32 * i < hd; i++)
+                acc[i] += pj * ld_kv(vr, p.dtype, lane + 32 * i, it.v_scale);
+        }
+        __syncthreads(); /* ps is rewritten by the next tile */
+    }
+    float *out = part + ((size_t)r * n_splits + split) * (size_t)(hd + 2);
+    if (lane == 0) {
+        out[0] = m;
+        out[1] = l;
+    }
+    for (int i = 0; i < ATTN_ACC && lane + 32 * i < hd; i++)
+        out[2 + lane + 32 * i] = acc[i];
+}
+
+/* One warp per row: the splits' partials rescaled to the common max and
+ * summed (flash-decoding's reduction); keeps the row's max and sum for
+ * the mass kernel. */
+__global__ void attn_combine_kernel(float *out, const float *part, float *stats,
+                                    const kern_kv_item_t *items, int n_items, int hd, int n_heads,
+                                    int n_splits) {
+    const int r = blockIdx.x;
+    const kern_kv_item_t it = items[item_of(items, n_items, r)];
+    const int t = it.t0 + (r - it.row_off);
+    const int ns = n_splits_for(keys_of(it, t));
+    const float *pr = part + (size_t)r * n_splits * (size_t)(hd + 2);
+    float m = -INFINITY;
+    for (int s = 0; s < ns; s++)
+        m = fmaxf(m, pr[(size_t)s * (hd + 2)]);
+    float l = 0.0f;
+    for (int s = 0; s < ns; s++)
+        l += pr[(size_t)s * (hd + 2) + 1] * expf(pr[(size_t)s * (hd + 2)] - m);
+    const float inv = 1.0f / l;
+    float *o = out + ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < ns; s++)
+            a += pr[(size_t)s * (hd + 2) + 2 + d] * expf(pr[(size_t)s * (hd + 2)] - m);
+        o[d] = a * inv;
+    }
+    if (threadIdx.x == 0) {
+        stats[2 * (size_t)r] = m;
+        stats[2 * (size_t)r + 1] = l;
+    }
+}
+
+/* One thread per (item, key j): the probability every row of the item gave
+ * key j, rescored with the split kernel's dot product and normalised with
+ * the row's final max and sum, added to mass[j] in row order (as the CPU
+ * does). No atomics: a key belongs to one thread, an item to one pair. */
+__global__ void attn_mass_kernel(const float *q, kern_kv_pool_t p, const kern_kv_item_t *items,
+                                 const int *tables, int n_heads, float scale, const float *stats) {
+    const kern_kv_item_t it = items[blockIdx.y];
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, hd = p.head_dim;
+    if (!it.mass || it.n_rows == 0 || j >= keys_of(it, it.t0 + it.n_rows - 1))
+        return;
+    const char *kr = k_row(p, tables + it.table, j);
+    float add = 0.0f;
+    for (int t = it.t0; t < it.t0 + it.n_rows; t++) {
+        if (j >= keys_of(it, t))
+            continue;
+        const size_t r = (size_t)it.row_off + (size_t)(t - it.t0);
+        const float *qr = q + ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
+        const float s = dot_row(qr, kr, p.dtype, hd, it.k_scale) * scale;
+        add += expf(s - stats[2 * r]) / stats[2 * r + 1];
+    }
+    it.mass[j] += add;
+}
+
+cudaError_t kern_attention(float *out, const float *q, kern_kv_pool_t pool,
+                           const kern_kv_item_t *items, int n_items, int rows, int max_keys,
+                           const int *tables, int n_heads, float scale, int any_mass,
+                           float *scratch, cudaStream_t stream) {
+    const int head_dim = pool.head_dim;
+    if (rows <= 0 || n_items <= 0 || head_dim <= 0)
+        return cudaSuccess;
+    if (head_dim > ATTN_MAX_HEAD_DIM || max_keys <= 0)
+        return cudaErrorInvalidValue;
+    const int n_splits = n_splits_for(max_keys);
+    float *part = scratch;
+    float *stats = scratch + (size_t)rows * n_splits * (size_t)(head_dim + 2);
+    AR_LAUNCH(attn_split_kernel, dim3((unsigned)rows, (unsigned)n_splits), 32,
+              (size_t)head_dim * sizeof(float), stream, part, q, pool, items, n_items, tables,
+              n_heads, scale, n_splits);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return e;
+    AR_LAUNCH(attn_combine_kernel, rows, 32, 0, stream, out, part, stats, items, n_items, head_dim,
+              n_heads, n_splits);
+    e = cudaGetLastError();
+    if (e != cudaSuccess || !any_mass)
+        return e;
+    AR_LAUNCH(attn_mass_kernel,
+              dim3((unsigned)((max_keys + AR_BLOCK - 1) / AR_BLOCK), (unsigned)n_items), AR_BLOCK,
+              0, stream, q, pool, items, tables, n_heads, scale, stats);
+    return cudaGetLastError();
+}
+
+/* ---- attention of next-scale models -------------------------------------------- */
+
+size_t kern_attention_scale_scratch(int rows) { return (size_t)rows * 2; }
+
+/* The score of key j of a scale item: a cached key (j < len, through the
+ * block table, widened) or the sequence's new key j - len (fp32 rows of
+ * k_new). */
+static __device__ __forceinline__ float scale_score(const float *qs, const kern_kv_pool_t &p,
+                                                    const int *table, const kern_kv_item_t &it,
+                                                    const float *k_new, int n_heads, int j) {
+    if (j < it.len)
+        return dot_row(qs, k_row(p, table, j), p.dtype, p.head_dim, it.k_scale);
+    return dot_f32(qs, k_new + ((size_t)(it.q_row + j - it.len) * n_heads + it.head) * p.head_dim,
+                   p.head_dim);
+}
+
+/* Element d of key j's value, as scale_score finds the key. */
+static __device__ __forceinline__ float scale_value(const kern_kv_pool_t &p, const int *table,
+                                                    const kern_kv_item_t &it, const float *v_new,
+                                                    int n_heads, int j, int d) {
+    if (j < it.len)
+        return ld_kv(k_row(p, table, j) + v_offset(p), p.dtype, d, it.v_scale);
+    return v_new[((size_t)(it.q_row + j - it.len) * n_heads + it.head) * p.head_dim + d];
+}
+
+/* One warp per query row over all len + n_new keys, in tiles of 32 as
+ * attn_split_kernel scores them (lane l scores key tile + l; every lane then
+ * adds the tile's weighted V rows for its own dimensions), without splits:
+ * a scale's rows are many and its keys a few thousand at most, so the rows
+ * alone fill the GPU. Keeps each row's final max and sum for the mass. */
+__global__ void attn_scale_kernel(float *out, float *stats, const float *q, const float *k_new,
+                                  const float *v_new, kern_kv_pool_t p, const kern_kv_item_t *items,
+                                  int n_items, const int *tables, int n_heads, float scale) {
+    AR_DYNAMIC_SHARED(float, qs);
+    __shared__ float ps[32];
+    const int r = blockIdx.x, lane = threadIdx.x, hd = p.head_dim;
+    const kern_kv_item_t it = items[item_of(items, n_items, r)];
+    const int t = it.t0 + (r - it.row_off), n_keys = it.len + it.n_new;
+    const int *table = tables + it.table;
+    const size_t at = ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
+    for (int d = lane; d < hd; d += 32)
+        qs[d] = q[at + d];
+    __syncthreads();
+    float m = -INFINITY, l = 0.0f, acc[ATTN_ACC];
+    for (int i = 0; i < ATTN_ACC; i++)
+        acc[i] = 0.0f;
+    for (int tile = 0; tile < n_keys; tile += 32) {
+        const int j = tile + lane;
+        const float s =
+            j < n_keys ? scale_score(qs, p, table, it, k_new, n_heads, j) * scale : -INFINITY;
+        const float m_new = fmaxf(m, warp_max(s)); /* finite: key `tile` exists */
+        const float rescale = expf(m - m_new);     /* 0 on the first tile */
+        const float pr = j < n_keys ? expf(s - m_new) : 0.0f;
+        l = l * rescale + warp_sum(pr);
+        m = m_new;
+        ps[lane] = pr;
+        __syncthreads();
+        for (int i = 0; i < ATTN_ACC; i++)
+            acc[i] *= rescale;
+        const int nt = min(32, n_keys - tile);
+        for (int jj = 0; jj < nt; jj++) {
+            const float pj = ps[jj];
+            for (int i = 0; i < ATTN_ACC && lane + 32 * i < hd; i++)
+                acc[i] += pj * scale_value(p, table, it, v_new, n_heads, tile + jj, lane + 32 * i);
+        }
+        __syncthreads(); /* ps is rewritten by the next tile */
+    }
+    const float inv = 1.0f / l;
+    for (int i = 0; i < ATTN_ACC && lane + 32 * i < hd; i++)
+        out[at + lane + 32 * i] = acc[i] * inv;
+    if (lane == 0) {
+        stats[2 * (size_t)r] = m;
+        stats[2 * (size_t)r + 1] = l;
+    }
+}
+
+/* The second pass for key mass, as attn_mass_kernel: one thread per (item,
+ * key j of len + n_new), the probability each of the item's rows gave key
+ * j rescored with the same dot product and normalised with the row's
+ * final max and sum, added to mass[j]. */
+__global__ void attn_scale_mass_kernel(const float *q, const float *k_new, kern_kv_pool_t p,
+                                       const kern_kv_item_t *items, const int *tables, int n_heads,
+                                       float scale, const float *stats) {
+    const kern_kv_item_t it = items[blockIdx.y];
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (!it.mass || j >= it.len + it.n_new)
+        return;
+    float add = 0.0f;
+    for (int t = it.t0; t < it.t0 + it.n_rows; t++) {
+        const size_t r = (size_t)it.row_off + (size_t)(t - it.t0);
+        const float *qr = q + ((size_t)(it.q_row + t) * n_heads + it.head) * p.head_dim;
+        const float s = scale_score(qr, p, tables + it.table, it, k_new, n_heads, j) * scale;
+        add += expf(s - stats[2 * r]) / stats[2 * r + 1];
+    }
+    it.mass[j] += add;
+}
+
+cudaError_t kern_attention_scale(float *out, const float *q, const float *k_new, const float *v_new,
+                                 kern_kv_pool_t pool, const kern_kv_item_t *items, int n_items,
+                                 int rows, int max_keys, const int *tables, int n_heads,
+                                 float scale, int any_mass, float *scratch, cudaStream_t stream) {
+    const int head_dim = pool.head_dim;
+    if (rows <= 0 || n_items <= 0 || head_dim <= 0)
+        return cudaSuccess;
+    if (head_dim > ATTN_MAX_HEAD_DIM || max_keys <= 0)
+        return cudaErrorInvalidValue;
+    AR_LAUNCH(attn_scale_kernel, rows, 32, (size_t)head_dim * sizeof(float), stream, out, scratch,
+              q, k_new, v_new, pool, items, n_items, tables, n_heads, scale);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || !any_mass)
+        return e;
+    AR_LAUNCH(attn_scale_mass_kernel,
+              dim3((unsigned)((max_keys + AR_BLOCK - 1) / AR_BLOCK), (unsigned)n_items), AR_BLOCK,
+              0, stream, q, k_new, pool, items, tables, n_heads, scale, scratch);
+    return cudaGetLastError();
+}
+
+/* ---- reading rows --------------------------------------------------------------- */
+
+/* One block per token: cache index j0 + i's K row (V row with values),
+ * widened, to out row i. */
+__global__ void kv_read_rows_kernel(float *out, kern_kv_pool_t p, const int *table, int j0,
+                                    int values, float scale) {
+    const int i = blockIdx.x;
+    const char *r = k_row(p, table, j0 + i) + (values ? v_offset(p) : 0);
+    for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x)
+        out[(size_t)i * p.head_dim + d] = ld_kv(r, p.dtype, d, scale);
+}
+
+cudaError_t kern_kv_read_rows(float *out, kern_kv_pool_t pool, const int *table, int j0, int n,
+                              int values, float scale, cudaStream_t stream) {
+    if (n <= 0 || pool.head_dim <= 0)
+        return cudaSuccess;
+    AR_LAUNCH(kv_read_rows_kernel, n, block_for((size_t)pool.head_dim), 0, stream, out, pool, table,
+              j0, values, scale);
+    return cudaGetLastError();
+}
+
+/* ---- compaction ------------------------------------------------------------------- */
+
+/* Rows keep[i] (and mass[keep[i]]) into scratch row i, as stored (bytes:
+ * the pool's type goes through unchanged) ... */
+__global__ void kv_gather_read_kernel(float *scratch, kern_kv_pool_t p, const int *table,
+                                      const int *keep, int n, const float *mass) {
+    const int i = blockIdx.x;
+    const size_t row = (size_t)p.head_dim * kv_esize(p.dtype);
+    const char *kr = k_row(p, table, keep[i]), *vr = kr + v_offset(p);
+    char *dst = (char *)scratch + (size_t)i * 2 * row;
+    for (size_t d = threadIdx.x; d < row; d += blockDim.x) {
+        dst[d] = kr[d];
+        dst[row + d] = vr[d];
+    }
+    if (mass && threadIdx.x == 0)
+        scratch[(size_t)n * 2 * p.head_dim + i] = mass[keep[i]];
+}
+
+/* ... then back to cache indices i0 + i, once every read is done (a
+ * second launch on the same stream). */
+__global__ void kv_gather_write_kernel(kern_kv_pool_t p, const int *table, int i0, int n,
+                                       const float *scratch, float *mass) {
+    const int i = blockIdx.x;
+    const size_t row = (size_t)p.head_dim * kv_esize(p.dtype);
+    char *kr = k_row(p, table, i0 + i), *vr = kr + v_offset(p);
+    const char *src = (const char *)scratch + (size_t)i * 2 * row;
+    for (size_t d = threadIdx.x; d < row; d += blockDim.x) {
+        kr[d] = src[d];
+        vr[d] = src[row + d];
+    }
+    if (mass && threadIdx.x == 0)
+        mass[i0 + i] = scratch[(size_t)n * 2 * p.head_dim + i];
+}
+
+cudaError_t kern_kv_gather(kern_kv_pool_t pool, const int *table, const int *keep, int i0, int n,
+                           float *mass, float *scratch, cudaStream_t stream) {
+    if (n <= 0 || pool.head_dim <= 0)
+        return cudaSuccess;
+    const unsigned threads = block_for((size_t)pool.head_dim);
+    AR_LAUNCH(kv_gather_read_kernel, n, threads, 0, stream, scratch, pool, table, keep, n, mass);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return e;
+    AR_LAUNCH(kv_gather_write_kernel, n, threads, 0, stream, pool, table, i0, n, scratch, mass);
+    return cudaGetLastError();
+}
