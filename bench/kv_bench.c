@@ -42,11 +42,11 @@
 #include "base/text.h"
 #include "cli/flags.h"
 #include "engine/batcher.h"
-#include "engine/family.h"
 #include "engine/format/png_io.h"
 #include "engine/generate.h"
 #include "engine/kv/kv_pool.h"
 #include "engine/model.h"
+#include "engine/model_family.h"
 #include "engine/planner.h"
 #include "engine/policy/kv_policy.h"
 

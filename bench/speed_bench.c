@@ -36,6 +36,7 @@
 
 #include "base/clock.h"
 #include "cli/flags.h"
+#include "engine/family/family_raster.h"
 #include "engine/generate.h"
 #include "engine/planner.h"
 #include "kernels/cpu/vec_isa.h"
@@ -303,8 +304,8 @@ int main(int argc, char **argv) {
             step[s][r] = median(b.step_s, b.n_step);
             decode[s][r] = median(b.decode_s, b.n_decode);
         }
-    const size_t weight_bytes = roofline ? raster_step_weight_bytes(&m->lm) : 0;
-    const size_t weight_elems = roofline ? raster_step_weight_elems(&m->lm) : 0;
+    const size_t weight_bytes = roofline ? raster_step_weight_bytes(&raster_net_of(m)->lm) : 0;
+    const size_t weight_elems = roofline ? raster_step_weight_elems(&raster_net_of(m)->lm) : 0;
     const double bw = roofline ? read_bandwidth((int)threads) : 0;
     const double peak = roofline ? fma_peak((int)threads) : 0;
     cJSON *o = cJSON_CreateObject(), *rows = cJSON_AddArrayToObject(o, "batches");

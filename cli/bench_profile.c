@@ -14,10 +14,10 @@
 #include "cli/cli.h"
 #include "cli/cost_model.h"
 #include "engine/backend/backend.h"
-#include "engine/family.h"
 #include "engine/format/png_io.h"
 #include "engine/generate.h"
 #include "engine/model.h"
+#include "engine/model_family.h"
 
 #define PROFILE_PROMPT "a red circle above a blue square"
 

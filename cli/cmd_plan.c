@@ -17,10 +17,10 @@
 
 #include "cli/cli.h"
 #include "cli/flags.h"
-#include "engine/family.h"
 #include "engine/kv/kv_pool.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
+#include "engine/model_family.h"
 #include "engine/planner.h"
 #include "engine/policy/kv_calibration.h"
 #include "engine/policy/kv_policy.h"

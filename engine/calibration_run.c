@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/family.h"
 #include "engine/generate.h"
+#include "engine/model_family.h"
 
 static int by_value_desc(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "engine/batcher.h"
-#include "engine/family.h"
+#include "engine/model_family.h"
 #include "engine/planner.h"
 
 /* Tokens a sequence of geometry g holds at most: what the last step holds
@@ -266,7 +266,7 @@ out:
     return rc;
 }
 
-int gen_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_done, uint8_t *rgb,
+int gen_draw(const model_t *m, struct vq_work *w, const int *tokens, int n_done, uint8_t *rgb,
              ar_error_t *err) {
     return m->family->draw(m, w, tokens, n_done, rgb, err);
 }
@@ -282,7 +282,7 @@ int gen_drawer_open(gen_drawer_t *d, const model_t *m, int n_threads, ar_error_t
     if (!(d->be = m->be->fork(m->be, bytes, n_threads, err)))
         return ar_error_prefix(err, "a %s backend for drawing images (%.1f MiB in %zu buffers)",
                                m->be->name, bytes / 1048576.0, n_buffers);
-    if (vq_work_init(&d->work, &m->dec, d->be, err) != AR_OK) {
+    if (!(d->work = m->family->draw_work_new(m, d->be, err))) {
         gen_drawer_close(d);
         return AR_ERR;
     }
@@ -290,7 +290,8 @@ int gen_drawer_open(gen_drawer_t *d, const model_t *m, int n_threads, ar_error_t
 }
 
 void gen_drawer_close(gen_drawer_t *d) {
-    vq_work_free(&d->work);
+    if (d->model)
+        d->model->family->draw_work_free(d->work);
     if (d->be)
         d->be->destroy(d->be);
     memset(d, 0, sizeof *d);
@@ -299,12 +300,12 @@ void gen_drawer_close(gen_drawer_t *d) {
 int gen_decode(gen_request_t *r, uint8_t *rgb, ar_error_t *err) {
     if (!gen_request_done(r))
         return ar_errorf(err, "the image is not finished");
-    vq_work_t *w = model_draw_work(r->model, err);
+    struct vq_work *w = model_draw_work(r->model, err);
     return w ? gen_draw(r->model, w, r->tokens, r->n_steps, rgb, err) : AR_ERR;
 }
 
 int gen_preview(gen_request_t *r, uint8_t *rgb, ar_error_t *err) {
-    vq_work_t *w = model_draw_work(r->model, err);
+    struct vq_work *w = model_draw_work(r->model, err);
     return w ? gen_draw(r->model, w, r->tokens, r->step, rgb, err) : AR_ERR;
 }
 

@@ -2,7 +2,7 @@
  * line, the batcher) can advance many requests in one forward pass. A
  * request owns its CFG pair of sequences (conditional, unconditional); its
  * model's family decides what each step feeds and how many steps there are
- * (engine/family.h), and samples the step's tokens. The pair's KV lives in
+ * (engine/model_family.h), and samples the step's tokens. The pair's KV lives in
  * a pool shared by every request; a KV policy (engine/policy/kv_policy.h) may
  * compact it after each step. */
 #ifndef ARSERVE_GENERATE_H
@@ -104,7 +104,7 @@ int gen_preview(gen_request_t *r, uint8_t *rgb, ar_error_t *err);
 
 /* The image from tokens (a copy of a request's, model_image_tokens long)
  * after n_done of its steps, on w's backend. */
-int gen_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_done, uint8_t *rgb,
+int gen_draw(const model_t *m, struct vq_work *w, const int *tokens, int n_done, uint8_t *rgb,
              ar_error_t *err);
 
 /* What a thread needs to draw images while another steps the model: a
@@ -113,7 +113,7 @@ int gen_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_done, uint
 typedef struct gen_drawer {
     const model_t *model;
     backend_t *be;
-    vq_work_t work;
+    struct vq_work *work;
 } gen_drawer_t;
 
 /* Forks m->be with n_threads threads (0: as many as m->be) while no other
@@ -122,7 +122,7 @@ int gen_drawer_open(gen_drawer_t *d, const model_t *m, int n_threads, ar_error_t
 void gen_drawer_close(gen_drawer_t *d); /* accepts a zeroed one */
 static inline int gen_drawer_draw(gen_drawer_t *d, const int *tokens, int n_done, uint8_t *rgb,
                                   ar_error_t *err) {
-    return gen_draw(d->model, &d->work, tokens, n_done, rgb, err);
+    return gen_draw(d->model, d->work, tokens, n_done, rgb, err);
 }
 
 /* ---- jobs: what the batcher runs ---- */

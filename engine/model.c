@@ -151,9 +151,11 @@ int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, 
 }
 
 void model_free(model_t *m) {
-    vq_work_free(&m->draw);
-    if (m->family)
+    if (m->family) {
+        m->family->draw_work_free(m->draw);
         m->family->free(m);
+    }
+    m->draw = NULL;
     m->family = NULL;
     tokenizer_free(m->tok);
     m->tok = NULL;
@@ -167,10 +169,10 @@ void model_free(model_t *m) {
     arena_free(&m->arena);
 }
 
-vq_work_t *model_draw_work(model_t *m, ar_error_t *err) {
-    if (!m->draw.be && vq_work_init(&m->draw, &m->dec, m->be, err) != AR_OK)
-        return NULL;
-    return &m->draw;
+struct vq_work *model_draw_work(model_t *m, ar_error_t *err) {
+    if (!m->draw)
+        m->draw = m->family->draw_work_new(m, m->be, err);
+    return m->draw;
 }
 
 int model_is_class_conditional(const model_t *m) { return m->cfg.condition.num_classes > 0; }

@@ -1,20 +1,17 @@
 /* A loaded model directory: config, tokenizer or class names, and its
- * family's networks (raster: the language model and the VQ decoder; scale:
- * the VAR transformer, the Phi convolutions and the VQVAE decoder) on one
- * backend; and the condition rows it feeds (the conditional row and the
- * unconditional row for classifier-free guidance). */
+ * family's networks (engine/family/: raster: the language model and the VQ
+ * decoder; scale: the VAR transformer, the Phi convolutions and the VQVAE
+ * decoder) on one backend, which only the family reads; and the condition rows it feeds (the
+ * conditional row and the unconditional row for classifier-free guidance). */
 #ifndef ARSERVE_MODEL_H
 #define ARSERVE_MODEL_H
 
 #include "base/arena.h"
 #include "engine/backend/backend.h"
-#include "engine/family.h"
-#include "engine/family/raster.h"
-#include "engine/family/var.h"
-#include "engine/family/vq_decoder.h"
 #include "engine/format/tokenizer.h"
 #include "engine/kv/fp8_scales.h"
 #include "engine/model_config.h"
+#include "engine/model_family.h"
 #include "engine/policy/kv_calibration.h"
 
 /* Longest prompt row (BOS + templated text + image-start) we accept. */
@@ -25,12 +22,10 @@ typedef struct model {
     model_config_t cfg;
     const model_family_t *family;
     tokenizer_t *tok;
-    raster_model_t lm;
-    var_model_t var;
-    vq_decoder_t dec;
-    tensor_t phi_w[MODEL_MAX_SCALES], phi_b[MODEL_MAX_SCALES]; /* scale: image.phi_count */
-    struct scale_ws *scale_ws; /* scale: the step's backend buffers, kept between steps */
-    char **class_names;        /* scale, when condition.class_names is given: num_classes names */
+    /* The family's networks and step buffers: its load makes them, its free
+     * frees them; nothing but the family reads them. */
+    void *net;
+    char **class_names; /* scale, when condition.class_names is given: num_classes names */
     int bos_id, pad_id, image_start_id;
     kv_calibration_t calib;  /* KV_CALIBRATION_FILE when the directory has one */
     fp8_scales_t fp8_scales; /* FP8_SCALES_FILE when it has one: fp8 caches take its scales */
@@ -42,7 +37,7 @@ typedef struct model {
     /* The image decoder's buffers on be, for gen_decode and gen_preview
      * (made at the first; a thread drawing beside the stepping one keeps
      * its own). */
-    vq_work_t draw;
+    struct vq_work *draw;
     backend_t *be;
 } model_t;
 
@@ -58,7 +53,7 @@ void model_free(model_t *m);
 
 /* m->draw, made on m->be at the first call; NULL (err says why) when its
  * buffers do not fit. */
-vq_work_t *model_draw_work(model_t *m, ar_error_t *err);
+struct vq_work *model_draw_work(model_t *m, ar_error_t *err);
 
 /* The condition rows of a class (scale family): cond = [label], uncond =
  * [num_classes], *n = 1. The message names the valid range. */

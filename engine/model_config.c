@@ -2,8 +2,8 @@
  * type- and range-checked, and every error names the file and the key path. */
 #include "engine/model_config.h"
 
-#include "engine/family.h"
 #include "engine/format/json_strict.h"
+#include "engine/model_family.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/family.h"
 #include "engine/kv/kv_pool.h"
+#include "engine/model_family.h"
 
 const planner_kv_dtype_t planner_kv_f32 = {DTYPE_F32, DTYPE_F32};
 

@@ -18,10 +18,10 @@
 
 #include "base/clock.h"
 #include "engine/batcher.h"
-#include "engine/family.h"
 #include "engine/format/png_io.h"
 #include "engine/generate.h"
 #include "engine/kv/kv_pool.h"
+#include "engine/model_family.h"
 #include "engine/planner.h"
 #include "server/log.h"
 

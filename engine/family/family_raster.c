@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/family.h"
+#include "engine/family/family_raster.h"
 #include "engine/generate.h"
-#include "engine/model.h"
+#include "engine/model_family.h"
 
 static const char *const raster_architectures[] = {"janus", "llamagen", NULL};
 
@@ -23,17 +23,25 @@ static void raster_geometry(const model_config_t *cfg, int n_prompt, kv_geometry
 }
 
 static void raster_family_free(model_t *m) {
-    raster_free(&m->lm);
-    vq_decoder_free(&m->dec);
+    raster_net_t *net = m->net;
+    if (!net)
+        return;
+    raster_free(&net->lm);
+    vq_decoder_free(&net->dec);
+    free(net);
+    m->net = NULL;
 }
 
 static int raster_family_load(model_t *m, weight_set_t *ws, ar_error_t *err) {
-    if (raster_load(&m->lm, &m->cfg, ws, m->be, err) != AR_OK ||
-        vq_decoder_load(&m->dec, &m->cfg, ws, m->be, err) != AR_OK) {
+    raster_net_t *net = m->net = calloc(1, sizeof *net);
+    if (!net)
+        return ar_errorf(err, "out of memory");
+    if (raster_load(&net->lm, &m->cfg, ws, m->be, err) != AR_OK ||
+        vq_decoder_load(&net->dec, &m->cfg, ws, m->be, err) != AR_OK) {
         raster_family_free(m);
         return AR_ERR;
     }
-    m->lm.arena = &m->arena;
+    net->lm.arena = &m->arena;
     return AR_OK;
 }
 
@@ -61,7 +69,7 @@ static int raster_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t
                 .collect_mass = r->collect[j],
             };
     }
-    if (raster_forward(&m->lm, in, 2 * n, logits, err) != AR_OK)
+    if (raster_forward(&raster_net_of(m)->lm, in, 2 * n, logits, err) != AR_OK)
         return AR_ERR;
     for (int i = 0; i < n; i++) {
         gen_request_t *r = reqs[i];
@@ -79,18 +87,22 @@ static int raster_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_
                        ar_error_t *err) {
     const int n = model_image_tokens(&m->cfg);
     if (n_done >= n)
-        return vq_decode(&m->dec, w, tokens, rgb, NULL, err);
+        return vq_decode(&raster_net_of(m)->dec, w, tokens, rgb, NULL, err);
     int *grid = calloc((size_t)n, sizeof *grid);
     if (!grid)
         return ar_errorf(err, "out of memory");
     memcpy(grid, tokens, (size_t)(n_done > 0 ? n_done : 0) * sizeof *grid);
-    int rc = vq_decode(&m->dec, w, grid, rgb, NULL, err);
+    int rc = vq_decode(&raster_net_of(m)->dec, w, grid, rgb, NULL, err);
     free(grid);
     return rc;
 }
 
 static size_t raster_draw_bytes(const model_t *m, size_t *n_buffers) {
-    return vq_work_bytes(&m->dec, n_buffers);
+    return vq_work_bytes(&raster_net_of(m)->dec, n_buffers);
+}
+
+static struct vq_work *raster_draw_work_new(const model_t *m, backend_t *be, ar_error_t *err) {
+    return vq_work_new(&raster_net_of(m)->dec, be, err);
 }
 
 const model_family_t model_family_raster = {
@@ -104,4 +116,6 @@ const model_family_t model_family_raster = {
     .step = raster_step,
     .draw = raster_draw,
     .draw_bytes = raster_draw_bytes,
+    .draw_work_new = raster_draw_work_new,
+    .draw_work_free = vq_work_delete,
 };

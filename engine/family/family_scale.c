@@ -9,10 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/family.h"
 #include "engine/family/family_scale.h"
 #include "engine/generate.h"
-#include "engine/model.h"
+#include "engine/model_family.h"
 
 static const char *const scale_architectures[] = {"var", "infinity", NULL};
 
@@ -34,13 +33,18 @@ static int scale_ws_new(model_t *m, ar_error_t *err);
 static void scale_ws_free(model_t *m);
 
 static void scale_family_free(model_t *m) {
+    scale_net_t *net = m->net;
+    if (!net)
+        return;
     scale_ws_free(m);
-    var_free(&m->var);
-    vq_decoder_free(&m->dec);
+    var_free(&net->var);
+    vq_decoder_free(&net->dec);
     for (int k = 0; k < MODEL_MAX_SCALES && m->be; k++) {
-        m->be->weight_free(m->be, &m->phi_w[k]);
-        m->be->weight_free(m->be, &m->phi_b[k]);
+        m->be->weight_free(m->be, &net->phi_w[k]);
+        m->be->weight_free(m->be, &net->phi_b[k]);
     }
+    free(net);
+    m->net = NULL;
 }
 
 static int scale_family_load(model_t *m, weight_set_t *ws, ar_error_t *err) {
@@ -54,13 +58,17 @@ static int scale_family_load(model_t *m, weight_set_t *ws, ar_error_t *err) {
     if (c->image.phi_count > MODEL_MAX_SCALES)
         return ar_errorf(err, "%s/arserve.json: image.phi_count %d exceeds %d", m->dir,
                          c->image.phi_count, MODEL_MAX_SCALES);
-    int rc = var_load(&m->var, c, ws, m->be, err) || vq_decoder_load(&m->dec, c, ws, m->be, err);
-    m->var.arena = &m->arena;
+    scale_net_t *net = m->net = calloc(1, sizeof *net);
+    if (!net)
+        return ar_errorf(err, "out of memory");
+    int rc =
+        var_load(&net->var, c, ws, m->be, err) || vq_decoder_load(&net->dec, c, ws, m->be, err);
+    net->var.arena = &m->arena;
     if (!rc)
         rc = scale_ws_new(m, err);
     for (int k = 0; !rc && k < c->image.phi_count; k++)
-        rc = weight_load(ws, &m->phi_w[k], SHAPE4(E, E, 3, 3), err, "vq.phi.%d.weight", k) ||
-             weight_load(ws, &m->phi_b[k], SHAPE1(E), err, "vq.phi.%d.bias", k);
+        rc = weight_load(ws, &net->phi_w[k], SHAPE4(E, E, 3, 3), err, "vq.phi.%d.weight", k) ||
+             weight_load(ws, &net->phi_b[k], SHAPE1(E), err, "vq.phi.%d.bias", k);
     if (rc) {
         scale_family_free(m);
         return AR_ERR;
@@ -140,7 +148,7 @@ struct scale_ws {
 };
 
 static int scale_ws_reserve(model_t *m, int n, ar_error_t *err) {
-    struct scale_ws *ws = m->scale_ws;
+    struct scale_ws *ws = scale_net_of(m)->ws;
     backend_t *be = m->be;
     if (!ws->w.fhat && latent_ws_alloc(be, &m->cfg, &ws->w, err) != AR_OK)
         return AR_ERR;
@@ -158,16 +166,18 @@ static int scale_ws_reserve(model_t *m, int n, ar_error_t *err) {
 }
 
 static int scale_ws_new(model_t *m, ar_error_t *err) {
-    return (m->scale_ws = calloc(1, sizeof *m->scale_ws)) ? AR_OK : ar_errorf(err, "out of memory");
+    scale_net_t *net = m->net;
+    return (net->ws = calloc(1, sizeof *net->ws)) ? AR_OK : ar_errorf(err, "out of memory");
 }
 
 static void scale_ws_free(model_t *m) {
-    if (!m->scale_ws)
+    scale_net_t *net = m->net;
+    if (!net->ws)
         return;
-    latent_ws_free(m->be, &m->scale_ws->w);
-    m->be->free(m->be, m->scale_ws->inputs);
-    free(m->scale_ws);
-    m->scale_ws = NULL;
+    latent_ws_free(m->be, &net->ws->w);
+    m->be->free(m->be, net->ws->inputs);
+    free(net->ws);
+    net->ws = NULL;
 }
 
 /* w->fhat = the latent map after scales [0, n_scales) of tokens: each
@@ -175,22 +185,23 @@ static void scale_ws_free(model_t *m) {
  * there), Phi(h) = (1 - r) h + r conv3x3(h), summed. */
 static void latent_fhat(const model_t *m, backend_t *be, const int *tokens, int n_scales,
                         latent_ws_t *w) {
+    const scale_net_t *net = scale_net_of(m);
     const model_config_t *c = &m->cfg;
     const int E = c->image.embed_dim, G = c->image.grid_height, S = c->image.n_scales;
     const size_t n = (size_t)E * G * G;
     const float r = c->image.phi_ratio;
     be->copy(be, w->fhat, w->zero, n * sizeof(float));
     for (int si = 0; si < n_scales; si++) {
-        const int p = c->image.scales[si], at = m->var.scale_at[si],
+        const int p = c->image.scales[si], at = net->var.scale_at[si],
                   k = scale_phi_index(c->image.phi_count, S, si);
-        be->embedding(be, w->rows, &m->dec.codebook, tokens + at, p * p, 0);
+        be->embedding(be, w->rows, &net->dec.codebook, tokens + at, p * p, 0);
         be->transpose(be, w->map, w->rows, p * p, E); /* (E, p, p) */
         float *h = w->map;
         if (si != S - 1) {
             be->resize_bicubic(be, w->up, w->map, E, p, p, G, G);
             h = w->up;
         }
-        be->conv2d(be, w->conv, h, &m->phi_w[k], &m->phi_b[k], E, G, G, 1);
+        be->conv2d(be, w->conv, h, &net->phi_w[k], &net->phi_b[k], E, G, G, 1);
         be->scale(be, h, n, 1.0f - r);
         be->scale(be, w->conv, n, r);
         be->add(be, h, w->conv, n);
@@ -214,6 +225,7 @@ static void latent_next_input(model_t *m, const int *tokens, int si, latent_ws_t
  * logits (1 + t) cond - t uncond, i.e. sampler_next's weight 1 + t_si,
  * its draw numbered by the token's place in the whole pyramid. */
 static int scale_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t *err) {
+    scale_net_t *net = scale_net_of(m);
     if (n <= 0)
         return AR_OK;
     backend_t *be = m->be;
@@ -233,18 +245,19 @@ static int scale_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t 
     }
     if (scale_ws_reserve(m, n, err) != AR_OK)
         goto out;
-    latent_ws_t *w = &m->scale_ws->w;
+    latent_ws_t *w = &net->ws->w;
     for (int i = 0; i < n; i++) {
         const int si = reqs[i]->step;
         rows += (size_t)2 * c->image.scales[si] * c->image.scales[si];
         for (int j = 0; j < 2; j++)
-            if (!reqs[i]->cond_table[j] && !(reqs[i]->cond_table[j] = be->alloc(
-                                                 be, var_adaln_floats(&m->var) * sizeof(float)))) {
+            if (!reqs[i]->cond_table[j] &&
+                !(reqs[i]->cond_table[j] =
+                      be->alloc(be, var_adaln_floats(&net->var) * sizeof(float)))) {
                 ar_errorf(err, "out of backend memory for the AdaLN tables");
                 goto out;
             }
         if (si > 0)
-            latent[i] = m->scale_ws->inputs + (size_t)i * E * G * G;
+            latent[i] = net->ws->inputs + (size_t)i * E * G * G;
     }
     if (!(logits = arena_alloc(a, rows * V * sizeof *logits))) {
         ar_errorf(err, "out of memory for %zu rows of logits", rows);
@@ -267,12 +280,12 @@ static int scale_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t 
                 .peak_blocks = kv_policy_layered(r->policy_state[j]) ? &r->kv_peak_blocks : NULL,
             };
     }
-    if (var_forward(&m->var, in, 2 * n, logits, err) != AR_OK)
+    if (var_forward(&net->var, in, 2 * n, logits, err) != AR_OK)
         goto out;
     const float *row = logits;
     for (int i = 0; i < n; i++) {
         gen_request_t *r = reqs[i];
-        const int si = r->step, at = m->var.scale_at[si],
+        const int si = r->step, at = net->var.scale_at[si],
                   pp = c->image.scales[si] * c->image.scales[si];
         if (r->forced) {
             /* Teacher forcing (tests, calibration): keep every row's logits. */
@@ -304,9 +317,10 @@ out:
  * finished): f_hat so far through the decoder. */
 static int scale_draw(const model_t *m, vq_work_t *vw, const int *tokens, int n_done, uint8_t *rgb,
                       ar_error_t *err) {
+    const scale_net_t *net = scale_net_of(m);
     const model_config_t *c = &m->cfg;
     const int S = c->image.n_scales, n_scales = n_done < 0 ? 0 : n_done > S ? S : n_done;
-    const int n = m->var.scale_at[n_scales];
+    const int n = net->var.scale_at[n_scales];
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->image.codebook_size)
             return ar_errorf(err, "image token %d at position %d is outside the codebook (%d)",
@@ -315,7 +329,7 @@ static int scale_draw(const model_t *m, vq_work_t *vw, const int *tokens, int n_
     if (latent_ws_alloc(vw->be, c, &w, err) != AR_OK)
         return AR_ERR;
     latent_fhat(m, vw->be, tokens, n_scales, &w);
-    int rc = vq_decode_latent(&m->dec, vw, w.fhat, rgb, NULL, err);
+    int rc = vq_decode_latent(&net->dec, vw, w.fhat, rgb, NULL, err);
     latent_ws_free(vw->be, &w);
     return rc;
 }
@@ -337,10 +351,14 @@ int scale_latent(model_t *m, const int *tokens, int n_scales, float *fhat_host, 
 /* A draw's latent maps come and go with it. */
 static size_t scale_draw_bytes(const model_t *m, size_t *n_buffers) {
     size_t n = 0;
-    const size_t bytes = vq_work_bytes(&m->dec, &n) + latent_ws_bytes(&m->cfg);
+    const size_t bytes = vq_work_bytes(&scale_net_of(m)->dec, &n) + latent_ws_bytes(&m->cfg);
     if (n_buffers)
         *n_buffers = n + LATENT_WS_BUFFERS;
     return bytes;
+}
+
+static struct vq_work *scale_draw_work_new(const model_t *m, backend_t *be, ar_error_t *err) {
+    return vq_work_new(&scale_net_of(m)->dec, be, err);
 }
 
 const model_family_t model_family_scale = {
@@ -354,4 +372,6 @@ const model_family_t model_family_scale = {
     .step = scale_step,
     .draw = scale_draw,
     .draw_bytes = scale_draw_bytes,
+    .draw_work_new = scale_draw_work_new,
+    .draw_work_free = vq_work_delete,
 };

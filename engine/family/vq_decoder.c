@@ -283,6 +283,26 @@ void vq_work_free(vq_work_t *w) {
     memset(w, 0, sizeof *w);
 }
 
+vq_work_t *vq_work_new(const vq_decoder_t *d, backend_t *be, ar_error_t *err) {
+    vq_work_t *w = calloc(1, sizeof *w);
+    if (!w) {
+        ar_errorf(err, "out of memory");
+        return NULL;
+    }
+    if (vq_work_init(w, d, be, err) != AR_OK) {
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+void vq_work_delete(vq_work_t *w) {
+    if (!w)
+        return;
+    vq_work_free(w);
+    free(w);
+}
+
 int vq_decode(const vq_decoder_t *d, vq_work_t *w, const int *tokens, uint8_t *rgb,
               float *pixels_f32, ar_error_t *err) {
     backend_t *be = w->be;

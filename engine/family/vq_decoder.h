@@ -63,6 +63,9 @@ typedef struct vq_work {
 size_t vq_work_bytes(const vq_decoder_t *d, size_t *n_buffers);
 int vq_work_init(vq_work_t *w, const vq_decoder_t *d, backend_t *be, ar_error_t *err);
 void vq_work_free(vq_work_t *w); /* and zeroes it; accepts a zeroed one */
+/* vq_work_init into a new allocation, and its free (accepts NULL). */
+vq_work_t *vq_work_new(const vq_decoder_t *d, backend_t *be, ar_error_t *err);
+void vq_work_delete(vq_work_t *w);
 
 /* Decodes grid_height * grid_width tokens (raster order) into rgb, which
  * holds image_height * image_width * 3 bytes (row-major, RGB), on w's

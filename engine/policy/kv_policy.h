@@ -181,7 +181,7 @@ typedef enum kv_step_unit {
  * segment 0, step t > 0 feeds segment t; the last segment's keys and values
  * serve its own step's attention and are never cached (nothing attends to
  * them later; HeatKV's convention, so the cache peaks before the last
- * scale). The model's family makes it (engine/family.h); nothing else
+ * scale). The model's family makes it (engine/model_family.h); nothing else
  * computes steps. */
 typedef struct kv_geometry {
     int n_prompt;

@@ -14,6 +14,7 @@
 #define DECODER_F32_TOL 2e-5
 
 #include "engine/calibration_run.h"
+#include "engine/family/family_raster.h"
 #include "engine/format/safetensors.h"
 #include "engine/generate.h"
 #include "engine/planner.h"
@@ -499,7 +500,8 @@ static void test_decoded_pixels_match(void) {
     int *tokens = malloc((size_t)g.n_steps * sizeof *tokens);
     for (int i = 0; i < g.n_steps; i++)
         tokens[i] = g.greedy[i];
-    CHECK_MSG(vq_decode(&model.dec, model_draw_work(&model, &err), tokens, rgb, f, &err) == AR_OK,
+    CHECK_MSG(vq_decode(&raster_net_of(&model)->dec, model_draw_work(&model, &err), tokens, rgb, f,
+                        &err) == AR_OK,
               "%s", err.msg);
     int worst = 0;
     double worst_f = 0;
@@ -528,7 +530,8 @@ static void test_out_of_range_token_is_an_error(void) {
     uint8_t *rgb = malloc((size_t)g.height * g.width * 3);
     tokens[3] = g.vocab;
     ar_error_t err = {{0}};
-    CHECK(vq_decode(&model.dec, model_draw_work(&model, &err), tokens, rgb, NULL, &err) == AR_ERR);
+    CHECK(vq_decode(&raster_net_of(&model)->dec, model_draw_work(&model, &err), tokens, rgb, NULL,
+                    &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "outside the codebook");
     free(tokens);
     free(rgb);

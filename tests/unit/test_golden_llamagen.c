@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "engine/family/family_raster.h"
 #include "engine/format/safetensors.h"
 #include "engine/generate.h"
 #include "engine/planner.h"
@@ -278,8 +279,8 @@ static void test_decoded_pixels_match(void) {
     float *f = malloc(n * sizeof *f);
     ar_error_t err = {{0}};
     CHECK(model.cfg.decoder.pixels == VQ_PIXELS_ROUND);
-    CHECK_MSG(vq_decode(&model.dec, model_draw_work(&model, &err), greedy_ids, rgb, f, &err) ==
-                  AR_OK,
+    CHECK_MSG(vq_decode(&raster_net_of(&model)->dec, model_draw_work(&model, &err), greedy_ids, rgb,
+                        f, &err) == AR_OK,
               "%s", err.msg);
     int worst = 0, off_clear = 0;
     double worst_f = 0;

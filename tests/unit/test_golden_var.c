@@ -224,8 +224,8 @@ static void test_decoded_images_match(void) {
         CHECK_MSG(scale_latent(&model, run_ ? sample_tokens : tf_tokens, g.S, f, &err) == AR_OK,
                   "%s", err.msg);
         /* CPU backend memory is host memory. */
-        CHECK_MSG(vq_decode_latent(&model.dec, model_draw_work(&model, &err), f, rgb, pix, &err) ==
-                      AR_OK,
+        CHECK_MSG(vq_decode_latent(&scale_net_of(&model)->dec, model_draw_work(&model, &err), f,
+                                   rgb, pix, &err) == AR_OK,
                   "%s", err.msg);
         double worst = 0;
         int worst_px = 0;

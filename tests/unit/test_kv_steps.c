@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "engine/family.h"
 #include "engine/generate.h"
+#include "engine/model_family.h"
 #include "engine/planner.h"
 #include "engine/policy/kv_policy_impl.h"
 #include "server/scheduler.h"

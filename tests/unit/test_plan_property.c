@@ -34,9 +34,9 @@
 #include <time.h>
 
 #include "engine/batcher.h"
-#include "engine/family.h"
 #include "engine/generate.h"
 #include "engine/kv/kv_pool.h"
+#include "engine/model_family.h"
 #include "engine/planner.h"
 #include "engine/policy/kv_calibration.h"
 #include "server/metrics.h"

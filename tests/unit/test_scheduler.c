@@ -16,9 +16,9 @@
 
 #include "base/clock.h"
 #include "engine/batcher.h"
-#include "engine/family.h"
 #include "engine/format/png_io.h"
 #include "engine/generate.h"
+#include "engine/model_family.h"
 #include "engine/planner.h"
 #include "server/scheduler.h"
 #include "tests/test.h"
@@ -46,10 +46,10 @@ int png_encode(const uint8_t *rgb, int width, int height, uint8_t **out, size_t 
  * --wrap=gen_draw (Makefile), so the scheduler's draws come here first. */
 static int fail_previews, fail_finals;
 
-int __real_gen_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_done, uint8_t *rgb,
-                    ar_error_t *err);
-int __wrap_gen_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_done, uint8_t *rgb,
-                    ar_error_t *err) {
+int __real_gen_draw(const model_t *m, struct vq_work *w, const int *tokens, int n_done,
+                    uint8_t *rgb, ar_error_t *err);
+int __wrap_gen_draw(const model_t *m, struct vq_work *w, const int *tokens, int n_done,
+                    uint8_t *rgb, ar_error_t *err) {
     const int final = n_done >= model_steps(&m->cfg);
     if (final ? __atomic_load_n(&fail_finals, __ATOMIC_SEQ_CST)
               : __atomic_load_n(&fail_previews, __ATOMIC_SEQ_CST))

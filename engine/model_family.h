@@ -5,8 +5,8 @@
  * turns finished or unfinished tokens into pixels. The planner, the
  * policies and the generation loop ask the family; none of them computes
  * "steps" or "tokens per step" itself. */
-#ifndef ARSERVE_FAMILY_H
-#define ARSERVE_FAMILY_H
+#ifndef ARSERVE_MODEL_FAMILY_H
+#define ARSERVE_MODEL_FAMILY_H
 
 #include <stdint.h>
 
@@ -18,6 +18,7 @@
 struct model;
 struct gen_request;
 struct vq_work;
+struct backend;
 
 typedef struct model_family {
     const char *name;                 /* arserve.json "family" */
@@ -27,8 +28,8 @@ typedef struct model_family {
     /* The KV geometry of a request whose condition prefix has n_prompt
      * tokens (cfg already validated). */
     void (*geometry)(const model_config_t *cfg, int n_prompt, kv_geometry_t *g);
-    /* Loads the family's networks from ws onto m->be; frees what it took
-     * on failure. */
+    /* Loads the family's networks from ws onto m->be into m->net (which
+     * only the family reads); frees what it took on failure. */
     int (*load)(struct model *m, weight_set_t *ws, ar_error_t *err);
     void (*free)(struct model *m);
     /* One forward pass over both sequences of every request in reqs (each
@@ -46,6 +47,10 @@ typedef struct model_family {
     /* The backend memory a draw needs: w's buffers (vq_work_bytes) and
      * whatever the family allocates per draw, in *n_buffers allocations. */
     size_t (*draw_bytes)(const struct model *m, size_t *n_buffers);
+    /* A draw's buffers on be (draw_bytes of it), made once and reused by
+     * every draw on that backend; NULL when they do not fit (err says why). */
+    struct vq_work *(*draw_work_new)(const struct model *m, struct backend *be, ar_error_t *err);
+    void (*draw_work_free)(struct vq_work *w); /* accepts NULL */
 } model_family_t;
 
 /* The family called name; NULL if there is none. */

@@ -1,5 +1,5 @@
-/* The table of model families (family.h) and what derives from it. */
-#include "engine/family.h"
+/* The table of model families (model_family.h) and what derives from it. */
+#include "engine/model_family.h"
 
 #include <stdio.h>
 #include <string.h>
