@@ -531,7 +531,7 @@ BENCH_TORCH_DEPS  := $(if $(filter cpu,$(BENCH_TORCH)),$(BENCH_CPU_VENV)/.stamp,
 $(MID_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
 	$(VENV)/bin/python tools/make_tiny_model.py --preset mid --seed 1 --out $(MID_MODEL)
 
-$(JANUS_BENCH_MODEL)/arserve.json: bench/ref_janus.py tools/convert/janus.py tools/gen_golden.py | tools-deps
+$(JANUS_BENCH_MODEL)/arserve.json: bench/ref_janus.py tools/convert/janus.py tests/golden/gen_golden.py | tools-deps
 	.venv-tools/bin/python bench/ref_janus.py build $(JANUS_BENCH_MODEL)
 
 $(LLAMAGEN_BENCH_MODEL)/arserve.json: bench/ref_llamagen.py tools/convert/llamagen.py | tools-deps
@@ -564,13 +564,13 @@ bench-kv: $(BUILD)/kv_bench $(VENV)/.stamp
 		--per-category $(KV_BENCH_PER_CATEGORY) --threads $(KV_BENCH_THREADS) \
 		--pool-images $(KV_BENCH_POOL_IMAGES) --waves $(KV_BENCH_WAVES) --out $(KV_BENCH_OUT)
 
-# The serving sweep of docs/capacity.md (tools/serving_sweep.py): the cost
+# The serving sweep of docs/capacity.md (bench/serving_sweep.py): the cost
 # table fitted on this machine, `arserve bench` over a sweep of Poisson rates
 # against a daemon on loopback, full cache against a compressed policy in one
 # KV pool, the simulator checked against one measured trace, and the plot
 # (docs/serving-sweep.png). About ten minutes on two cores; not part of
 # `make test` (test-bench-smoke runs it on the tiny model for seconds).
-# SWEEP_ARGS adds flags (python tools/serving_sweep.py --help); SWEEP_OUT and
+# SWEEP_ARGS adds flags (python bench/serving_sweep.py --help); SWEEP_OUT and
 # SWEEP_PNG say where the runs and the plot go.
 SWEEP_ARGS ?=
 SWEEP_OUT  ?= $(BUILD)/sweep
@@ -578,7 +578,7 @@ SWEEP_PNG  ?= docs/serving-sweep.png
 bench-serve: $(BUILD)/arserve $(VENV)/.stamp
 	@$(VENV)/bin/python -c 'import matplotlib' 2>/dev/null || \
 		$(VENV)/bin/pip install -q --disable-pip-version-check matplotlib==3.11.2
-	$(VENV)/bin/python tools/serving_sweep.py --arserve $(BUILD)/arserve --model $(MODEL) \
+	$(VENV)/bin/python bench/serving_sweep.py --arserve $(BUILD)/arserve --model $(MODEL) \
 		--out $(SWEEP_OUT) --png $(SWEEP_PNG) $(SWEEP_ARGS)
 
 # Serves MODEL on HOST:PORT: the shipped demo model unless told otherwise
@@ -610,7 +610,7 @@ tools-deps:
 	.venv-tools/bin/pip install -q -r tools/requirements.txt
 
 golden: tools-deps all
-	.venv-tools/bin/python tools/gen_golden.py --out tests/golden
+	.venv-tools/bin/python tests/golden/gen_golden.py --out tests/golden
 
 # Every C, C++ and CUDA source and header of ours, formatted by the
 # repository's .clang-format; `make format-check` (part of `make test`)

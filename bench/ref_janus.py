@@ -9,8 +9,8 @@ shapes at reduced depth: hidden 2048, 16 heads of 128, FFN 5632, RMSNorm, RoPE, 
 layers; the generation path as released (a 16384-code VQ of dimension 8, the aligner MLP
 8 -> 2048 -> 2048, the generation head 2048 -> 2048 -> 16384, 24 x 24 tokens, the VQ decoder
 of 128 base channels x (1, 1, 2, 2, 4) drawing 384 x 384 pixels). The text vocabulary is the
-64 words of the golden model's tokenizer (tools/gen_golden.py), so the unused text tables do
-not dwarf the layers. Weights are drawn from a fixed seed with tools/gen_golden.py's rule (so
+64 words of the golden model's tokenizer (tests/golden/gen_golden.py), so the unused text tables do
+not dwarf the layers. Weights are drawn from a fixed seed with tests/golden/gen_golden.py's rule (so
 that logits spread out), stored in bfloat16, written with `save_pretrained` under OUT_DIR/hf
 and converted by tools/convert/janus.py (`--dtype keep`: bf16) into OUT_DIR itself.
 OUT_DIR/reference.json tells bench/speed_bench.py to run this file's `load` as the torch side.
@@ -31,6 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TOOLS = os.path.join(ROOT, "tools")
+GOLDEN = os.path.join(ROOT, "tests", "golden")  # gen_golden.py
 
 SEED = 7
 PROMPT = "a red cat sits under a blue sky"  # words of the golden tokenizer's vocabulary
@@ -48,7 +49,7 @@ VQ = {"num_patches": 24, "projection_dim": 2048, "image_token_embed_dim": 2048}
 def build(out_dir: str) -> None:
     import torch
 
-    sys.path.insert(0, TOOLS)
+    sys.path.insert(0, GOLDEN)
     sys.path.insert(0, os.path.join(TOOLS, "convert"))
     import gen_golden
     import janus as convert_janus
@@ -160,7 +161,7 @@ def main(argv=None) -> int:
     with open(os.path.join(a.out_dir, "reference.json")) as f:
         ref = json.load(f)
     lm, decode, cfg = load(a.out_dir, ref, 1)
-    sys.path.insert(0, TOOLS)
+    sys.path.insert(0, GOLDEN)
     import gen_golden
 
     cond, uncond = gen_golden.prompt_ids(gen_golden.build_tokenizer())

@@ -5,7 +5,7 @@
  * peak, the peak of a batch of images, and how many images a pool of a
  * given size admits together; in the engine's fp32 K and V, or in the types
  * --kv-dtype names (to compare with papers whose caches are 16-bit).
- * Presets for published models live in config/models/. */
+ * Presets for published models live in config/presets/. */
 #include <dirent.h>
 #include <limits.h>
 #include <math.h>
@@ -54,9 +54,9 @@ static int is_file(const char *p) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* Where presets may live, in order: $ARSERVE_PRESETS_DIR, config/models
- * beside the binary's folder (build/arserve -> config/models), and
- * config/models under the current directory. Returns how many exist. */
+/* Where presets may live, in order: $ARSERVE_PRESETS_DIR, config/presets
+ * beside the binary's folder (build/arserve -> config/presets), and
+ * config/presets under the current directory. Returns how many exist. */
 static int preset_dirs(char dirs[][PATH_MAX], int cap) {
     int n = 0;
     const char *env = getenv("ARSERVE_PRESETS_DIR");
@@ -69,7 +69,7 @@ static int preset_dirs(char dirs[][PATH_MAX], int cap) {
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = 0;
-            static const char *const rel[] = {"/../config/models", "/config/models"};
+            static const char *const rel[] = {"/../config/presets", "/config/presets"};
             for (int i = 0; i < 2 && n < cap; i++) {
                 char d[PATH_MAX];
                 if ((size_t)snprintf(d, sizeof d, "%s%s", exe, rel[i]) >= sizeof d || !is_dir(d))
@@ -86,7 +86,7 @@ static int preset_dirs(char dirs[][PATH_MAX], int cap) {
         }
     }
     char real[PATH_MAX];
-    if (n < cap && is_dir("config/models") && realpath("config/models", real)) {
+    if (n < cap && is_dir("config/presets") && realpath("config/presets", real)) {
         int dup = 0;
         for (int k = 0; k < n; k++)
             dup |= strcmp(dirs[k], real) == 0;
@@ -159,7 +159,7 @@ static int resolve_model(const char *cmd, const char *arg, char *json, size_t ca
     fprintf(stderr, "arserve %s: --model: '%s' is neither a model directory nor a preset\n", cmd,
             arg);
     if (n == 0)
-        fprintf(stderr, "  no preset folder found (config/models beside the binary or here; or set "
+        fprintf(stderr, "  no preset folder found (config/presets beside the binary or here; or set "
                         "ARSERVE_PRESETS_DIR)\n");
     for (int i = 0; i < n; i++) {
         fprintf(stderr, "  presets in %s: ", dirs[i]);
@@ -688,7 +688,7 @@ int cmd_plan(int argc, char **argv, char **envp) {
     planner_kv_dtype_t dt = {DTYPE_U8, DTYPE_U8}; /* unset: serve's */
     const cli_flag_t flags[] = {
         {"model", 0, CLI_STRING, &model_arg, .metavar = "DIR_OR_PRESET",
-         .help = "a model directory, or a preset from config/models/ (janus-pro-1b, "
+         .help = "a model directory, or a preset from config/presets/ (janus-pro-1b, "
                  "janus-pro-7b, llamagen-b .. llamagen-xxl, var-d16 .. var-d30, infinity-2b, "
                  "infinity-8b)"},
         {"policy", 0, CLI_CHOICE, &only, .choices = kv_policy_names, .metavar = "P",

@@ -384,7 +384,7 @@ int cmd_simulate(int argc, char **argv, char **envp) {
     load_spec_defaults(&spec);
     cli_flag_t flags[LOAD_N_FLAGS + 16] = {
         {"model", 0, CLI_STRING, &model_arg, .metavar = "DIR_OR_PRESET",
-         .help = "the model's directory or a preset (config/models); only arserve.json is read "
+         .help = "the model's directory or a preset (config/presets); only arserve.json is read "
                  "(required)"},
         {"costs", 0, CLI_STRING, &costs_path, .metavar = "FILE",
          .help = "the cost table: `arserve bench --profile` writes one (required)"},

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CLI tests for `arserve plan`: the side-by-side table on every preset in
-# config/models/ and on the tiny models, full-cache figures against a hand
+# config/presets/ and on the tiny models, full-cache figures against a hand
 # computation (HeatKV's Table 1 for Infinity), the per-scale trajectory of
 # next-scale models, --batch and --kv-dtype, presets found from any
 # directory, and bad flags refused with exit 2 and a message naming the flag.
@@ -153,7 +153,7 @@ mkdir -p "$tmp/archonly" && cp "$model/arserve.json" "$tmp/archonly/"
 plan32 --model "$tmp/archonly" >"$tmp/a.txt" 2>&1 &&
     diff <(tail -n +2 "$tmp/a.txt" | grep -v 'kv-dtype auto') <(tail -n +2 "$tmp/t.txt" | grep -v 'kv-dtype auto') >/dev/null \
     && ok "a directory with only arserve.json (no weights) plans the same" || fail "arserve.json only" "$(head -5 "$tmp/a.txt")"
-plan32 --model "$root/config/models/janus-pro-1b" >"$tmp/d.txt" 2>&1 &&
+plan32 --model "$root/config/presets/janus-pro-1b" >"$tmp/d.txt" 2>&1 &&
     diff <(tail -n +2 "$tmp/d.txt") <(tail -n +2 "$tmp/janus-pro-1b.txt") >/dev/null \
     && ok "a preset's folder works as a model directory" || fail "preset folder as directory"
 

@@ -117,8 +117,8 @@ def sse():
 def model_config():
     t = "fuzz_model_config"
     for rel in ["models/shapes/arserve.json", "models/shapes-var/arserve.json",
-                "config/models/janus-pro-1b/arserve.json", "config/models/llamagen-xl/arserve.json",
-                "config/models/var-d16/arserve.json", "config/models/infinity-2b/arserve.json"]:
+                "config/presets/janus-pro-1b/arserve.json", "config/presets/llamagen-xl/arserve.json",
+                "config/presets/var-d16/arserve.json", "config/presets/infinity-2b/arserve.json"]:
         write("corpus", t, rel.split("/")[-2], repo_file(rel))
     common_json_regressions(t, b'{"format_version": 1, "name": "t", "family": "raster", "llm": {"vocab_size": ')
     # The largest image: 256 x 2^7 (UBSan checks the shift).

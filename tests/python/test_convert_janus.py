@@ -20,7 +20,7 @@ ARSERVE = os.environ.get("ARSERVE_BIN", os.path.join(ROOT, "build", "arserve"))
 
 
 def tiny_config(**text):
-    """A transformers-layout Janus config.json, as tools/gen_golden.py writes its tiny one."""
+    """A transformers-layout Janus config.json, as tests/golden/gen_golden.py writes its tiny one."""
     text_config = {"head_dim": 16, "hidden_act": "silu", "hidden_size": 64,
                    "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
                    "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,

@@ -1,5 +1,5 @@
 /* The engine against the reference implementation (PyPI transformers' Janus,
- * tiny random configuration; data made by tools/gen_golden.py): teacher-forced
+ * tiny random configuration; data made by tests/golden/gen_golden.py): teacher-forced
  * logits of both CFG rows within 1e-4, the identical greedy token sequence,
  * the decoder's float output within DECODER_F32_TOL and its pixels within
  * 1 of 255. Also: a request's results do not depend
@@ -113,7 +113,7 @@ static int load(void) {
     if (safetensors_get_any(&g.st, "pixels", 3, (int64_t[]){g.height, g.width, 3}, &t, &err))
         goto bad;
     g.pixels = t->data;
-    /* tools/gen_golden.py writes the guidance weight the greedy tokens were
+    /* tests/golden/gen_golden.py writes the guidance weight the greedy tokens were
      * made with; without it the tokens cannot be checked. */
     const char *cfg = safetensors_metadata(&g.st, "cfg_weight");
     char *cfg_end = NULL;
@@ -333,7 +333,7 @@ static void test_16_and_8_bit_kv_keep_the_reference(void) {
 }
 
 /* The same model rounded to bf16 (tests/golden/janus_tiny_bf16, from
- * tools/gen_golden.py), served as a real checkpoint is: bf16 weights, K and
+ * tests/golden/gen_golden.py), served as a real checkpoint is: bf16 weights, K and
  * V in bf16, and its greedy tokens against transformers running the model
  * in bf16 end to end. transformers also rounds every activation and the
  * logits to bf16 (steps of 1/32 to 1/8 here) where the engine computes in

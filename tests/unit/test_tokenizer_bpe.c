@@ -1,6 +1,6 @@
 /* Byte-level BPE in engine/format/tokenizer.c against HF `tokenizers`: every string
  * of tests/golden/tokenizer/vectors.json through every committed tokenizer
- * (made by tools/gen_tokenizer_vectors.py; Janus-Pro's pre-tokenizer among
+ * (made by tests/golden/gen_tokenizer_vectors.py; Janus-Pro's pre-tokenizer among
  * them), ids and decoded text compared; long inputs timed; load errors
  * checked to name the file and the problem. ARSERVE_TOKENIZER_GOLDEN
  * overrides the folder. */

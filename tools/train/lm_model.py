@@ -3,7 +3,7 @@
 Parameter names are the engine's tensor names (engine/family/raster.c) without a prefix change,
 so export is a dtype conversion: llm.embed, llm.layers.N.{attn_norm, attn.{q,k,v,o},
 mlp_norm, mlp.{gate,up,down}}, llm.norm, gen.embed, gen.aligner.J, gen.head.{fc1,fc2}.
-The forward is the one the engine runs (and tools/gen_golden.py checks in numpy):
+The forward is the one the engine runs (and tests/golden/gen_golden.py checks in numpy):
 RMSNorm, rotate-half RoPE over the sequence position, SwiGLU MLP, no biases in the
 language model; image tokens enter through gen.embed and an MLP aligner (Linear, GELU,
 Linear), logits come from gen.head (Linear, GELU, Linear) on the final-normed state.

@@ -13,7 +13,7 @@ OUT/janus_tiny/:
 
 Usage (from the repository root; `make golden` does this with the tools venv):
 
-    .venv-tools/bin/python tools/gen_golden.py --out tests/golden
+    .venv-tools/bin/python tests/golden/gen_golden.py --out tests/golden
 
 It also writes OUT/janus_tiny_bf16/: the same model rounded to bfloat16 (BF16 weights, converted
 the same way) and golden.safetensors with transformers' greedy tokens and logits when it runs the
@@ -39,8 +39,9 @@ import tempfile
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "convert"))
+TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools")
+sys.path.insert(0, TOOLS)
+sys.path.insert(0, os.path.join(TOOLS, "convert"))
 import janus as convert_janus  # noqa: E402  (tools/convert/janus.py)
 import safetensors_write  # noqa: E402  (tools/safetensors_write.py)
 

@@ -6,7 +6,7 @@ holds at once and its throughput when saturated; then Poisson arrivals at a
 share of that throughput, for the latency a serving team would see. Prints a
 Markdown table; every number in it is a projection.
 
-usage: python tools/capacity_projections.py [--arserve build/arserve] [--images-per-s 10]
+usage: python bench/capacity_projections.py [--arserve build/arserve] [--images-per-s 10]
 """
 import argparse
 import glob

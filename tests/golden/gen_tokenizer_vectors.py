@@ -24,7 +24,7 @@ Writes OUT (default tests/golden/tokenizer/):
 
 Procedure to remake (deterministic: fixed seed, single-threaded training):
 
-    RAYON_NUM_THREADS=1 .venv-tools/bin/python tools/gen_tokenizer_vectors.py
+    RAYON_NUM_THREADS=1 .venv-tools/bin/python tests/golden/gen_tokenizer_vectors.py
     make build/tests/test_tokenizer_bpe && build/tests/test_tokenizer_bpe
 
 then commit tests/golden/tokenizer/. The committed files are what the tests read; nothing

@@ -10,7 +10,7 @@
    on throughput, mean and p99 latency and mean queue wait;
 4. the curves are plotted (matplotlib) into a PNG.
 
-usage: python tools/serving_sweep.py --arserve build/arserve --model models/shapes \
+usage: python bench/serving_sweep.py --arserve build/arserve --model models/shapes \
            --out build/sweep --png docs/serving-sweep.png
 """
 import argparse
