@@ -215,56 +215,73 @@ static double fma_peak(int threads) {
     return best;
 }
 
-int main(int argc, char **argv) {
-    const char *model_dir = NULL, *prompt = "a red circle on the left", *kv_name = "auto";
-    long long batch = 16, images = 32, reps = 3, threads = 1;
-    int json = 0, measure = 0;
+/* What the command line asks. */
+typedef struct args {
+    const char *model_dir, *prompt, *kv_name;
+    long long batch, images, reps, threads;
+    int json, measure; /* measure: 0 all, 1 speed, 2 roofline */
+} args_t;
+
+/* 0 to go on, else main's exit status (help printed: 0 with *done set). */
+static int args_parse(args_t *a, int argc, char **argv, int *done) {
+    *a = (args_t){.prompt = "a red circle on the left",
+                  .kv_name = "auto",
+                  .batch = 16,
+                  .images = 32,
+                  .reps = 3,
+                  .threads = 1};
     static const char *const measures[] = {"all", "speed", "roofline", NULL};
     const cli_flag_t flags[] = {
-        {"model", 0, CLI_STRING, &model_dir, .metavar = "DIR", .help = "a model directory"},
-        {"prompt", 0, CLI_STRING, &prompt, .metavar = "TEXT",
+        {"model", 0, CLI_STRING, &a->model_dir, .metavar = "DIR", .help = "a model directory"},
+        {"prompt", 0, CLI_STRING, &a->prompt, .metavar = "TEXT",
          .help = "what a text-prompted model draws (default \"a red circle on the left\")"},
-        {"batch", 0, CLI_INT, &batch, 2, MAX_BATCH, .metavar = "N",
+        {"batch", 0, CLI_INT, &a->batch, 2, MAX_BATCH, .metavar = "N",
          .help = "the batch compared with batch 1 (default 16)"},
-        {"images", 0, CLI_INT, &images, 1, 1 << 16, .metavar = "N",
+        {"images", 0, CLI_INT, &a->images, 1, 1 << 16, .metavar = "N",
          .help = "images per wave set, a multiple of --batch (default 32)"},
-        {"reps", 0, CLI_INT, &reps, 1, MAX_REPS, .metavar = "N",
+        {"reps", 0, CLI_INT, &a->reps, 1, MAX_REPS, .metavar = "N",
          .help = "wave sets of each batch size, alternating (default 3)"},
-        {"threads", 0, CLI_INT, &threads, 0, 1024, .metavar = "N",
+        {"threads", 0, CLI_INT, &a->threads, 0, 1024, .metavar = "N",
          .help = "CPU threads, 0 = every core (default 1)"},
-        {"kv-dtype", 0, CLI_STRING, &kv_name, .metavar = "TYPE",
+        {"kv-dtype", 0, CLI_STRING, &a->kv_name, .metavar = "TYPE",
          .help = "K and V in the pool: auto (the weights' type, default), f32, bf16, f16 or fp8"},
-        {"json", 0, CLI_BOOL, &json, .help = "print one JSON object instead of a table"},
-        {"measure", 0, CLI_CHOICE, &measure, .choices = measures, .metavar = "WHAT",
+        {"json", 0, CLI_BOOL, &a->json, .help = "print one JSON object instead of a table"},
+        {"measure", 0, CLI_CHOICE, &a->measure, .choices = measures, .metavar = "WHAT",
          .help = "all (default), speed (no bandwidth buffer: peak RSS is the engine's) or "
                  "roofline (no images)"},
         {0}};
     int help = 0, rc = cli_flags_parse("speed_bench", flags, argc, argv, &help);
-    if (rc || help) {
+    *done = rc || help;
+    if (*done) {
         if (help)
             cli_flags_usage(stdout, flags);
         return rc;
     }
-    if (!model_dir || images % batch) {
+    if (!a->model_dir || a->images % a->batch) {
         fprintf(stderr, "speed_bench: give --model, and --images a multiple of --batch\n");
+        *done = 1;
         return 2;
     }
+    return 0;
+}
+
+/* Loads the model onto be and makes b's pool (batch full-cache images) and
+ * buffers; *kv_mib = one image's KV. 0, or main's exit status (printed). */
+static int bench_open(bench_t *b, const args_t *a, backend_t *be, dtype_t *kv_dtype,
+                      double *kv_mib) {
     ar_error_t err = {{0}};
-    backend_t *be = backend_cpu_create((int)threads, &err);
-    static bench_t b;
-    model_t *m = &b.m;
-    if (!be || model_load(m, model_dir, be, &err) != AR_OK) {
+    model_t *m = &b->m;
+    if (model_load(m, a->model_dir, be, &err) != AR_OK) {
         fprintf(stderr, "speed_bench: %s\n", err.msg);
         return 1;
     }
-    dtype_t kv_dtype;
-    if (planner_kv_dtype_choose(kv_name, m->weight_dtype, &kv_dtype, &err) != AR_OK) {
+    if (planner_kv_dtype_choose(a->kv_name, m->weight_dtype, kv_dtype, &err) != AR_OK) {
         fprintf(stderr, "speed_bench: --kv-dtype: %s\n", err.msg);
         return 2;
     }
-    b.is_raster = m->family == model_family_find("raster");
+    b->is_raster = m->family == model_family_find("raster");
     if (!model_is_class_conditional(m) &&
-        model_prompt_from_text(m, prompt, b.cond, b.uncond, &b.n_prompt, &err) != AR_OK) {
+        model_prompt_from_text(m, a->prompt, b->cond, b->uncond, &b->n_prompt, &err) != AR_OK) {
         fprintf(stderr, "speed_bench: --prompt: %s\n", err.msg);
         return 2;
     }
@@ -272,116 +289,168 @@ int main(int argc, char **argv) {
     kv_policy_defaults(&full, KV_POLICY_FULL);
     planner_plan_t plan;
     const int bt = planner_block_tokens(&m->cfg);
-    const size_t block = kv_pool_block_bytes(bt, m->cfg.llm.head_dim, kv_dtype);
-    const int steps = model_steps(&m->cfg);
-    b.cap_step = (int)images * steps;
-    b.cap_decode = (int)images;
-    b.step_s = malloc(sizeof(double) * (size_t)b.cap_step);
-    b.decode_s = malloc(sizeof(double) * (size_t)b.cap_decode);
-    b.rgb =
+    const size_t block = kv_pool_block_bytes(bt, m->cfg.llm.head_dim, *kv_dtype);
+    b->cap_step = (int)a->images * model_steps(&m->cfg);
+    b->cap_decode = (int)a->images;
+    b->step_s = malloc(sizeof(double) * (size_t)b->cap_step);
+    b->decode_s = malloc(sizeof(double) * (size_t)b->cap_decode);
+    b->rgb =
         malloc((size_t)model_config_image_height(&m->cfg) * model_config_image_width(&m->cfg) * 3);
-    if (!b.rgb || !b.step_s || !b.decode_s ||
-        planner_plan_dtype(&plan, &m->cfg, &full, b.n_prompt ? b.n_prompt : 1, bt,
-                           planner_kv_same(kv_dtype), NULL, &err) != AR_OK ||
-        kv_pool_init(&b.pool, be, (int)(batch * (long long)(plan.peak_bytes / block)), bt,
-                     m->cfg.llm.head_dim, kv_dtype, &err) != AR_OK) {
+    if (!b->rgb || !b->step_s || !b->decode_s ||
+        planner_plan_dtype(&plan, &m->cfg, &full, b->n_prompt ? b->n_prompt : 1, bt,
+                           planner_kv_same(*kv_dtype), NULL, &err) != AR_OK ||
+        kv_pool_init(&b->pool, be, (int)(a->batch * (long long)(plan.peak_bytes / block)), bt,
+                     m->cfg.llm.head_dim, *kv_dtype, &err) != AR_OK) {
         fprintf(stderr, "speed_bench: %s\n", err.msg[0] ? err.msg : "out of memory");
         return 1;
     }
-    const double kv_mib = plan.peak_bytes / 1048576.0;
+    *kv_mib = plan.peak_bytes / 1048576.0;
     planner_plan_free(&plan);
-    const int sizes[2] = {1, (int)batch};
-    double took[2][MAX_REPS], step[2][MAX_REPS], decode[2][MAX_REPS];
-    const int timed = measure != 2, roofline = b.is_raster && measure != 1;
-    if (!timed)
-        reps = 0;
-    else
-        run_waves(&b, 1, 1); /* warm-up: workspaces, page faults */
-    for (int r = 0; r < reps; r++)
-        for (int s = 0; s < 2; s++) {
-            if ((took[s][r] = run_waves(&b, sizes[s], (int)images)) < 0)
-                return 1;
-            step[s][r] = median(b.step_s, b.n_step);
-            decode[s][r] = median(b.decode_s, b.n_decode);
-        }
-    const size_t weight_bytes = roofline ? raster_step_weight_bytes(&raster_net_of(m)->lm) : 0;
-    const size_t weight_elems = roofline ? raster_step_weight_elems(&raster_net_of(m)->lm) : 0;
-    const double bw = roofline ? read_bandwidth((int)threads) : 0;
-    const double peak = roofline ? fma_peak((int)threads) : 0;
-    cJSON *o = cJSON_CreateObject(), *rows = cJSON_AddArrayToObject(o, "batches");
+    return 0;
+}
+
+static void bench_close(bench_t *b) {
+    kv_pool_free(&b->pool);
+    model_free(&b->m);
+    free(b->rgb);
+    free(b->step_s);
+    free(b->decode_s);
+}
+
+/* The medians of a batch size's wave sets. */
+typedef struct timing {
+    double took[MAX_REPS], step[MAX_REPS], decode[MAX_REPS];
+} timing_t;
+
+/* The machine's limits and the step's weights, for the rooflines. */
+typedef struct roofline {
+    int on;
+    size_t weight_bytes, weight_elems;
+    double bw, peak;
+} roofline_t;
+
+static cJSON *report_head(const bench_t *b, const args_t *a, dtype_t kv_dtype, double kv_mib,
+                          const roofline_t *rl) {
+    const model_t *m = &b->m;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddArrayToObject(o, "batches"); /* report_row's */
     cJSON_AddStringToObject(o, "model", m->cfg.name);
-    cJSON_AddNumberToObject(o, "threads", (double)threads);
-    cJSON_AddNumberToObject(o, "images", (double)images);
-    cJSON_AddNumberToObject(o, "reps", (double)reps);
+    cJSON_AddNumberToObject(o, "threads", (double)a->threads);
+    cJSON_AddNumberToObject(o, "images", (double)a->images);
+    cJSON_AddNumberToObject(o, "reps", (double)a->reps);
     cJSON_AddNumberToObject(o, "kv_mib_per_image", kv_mib);
     cJSON_AddStringToObject(o, "kv_dtype", planner_kv_dtype_name(kv_dtype));
     if (model_is_class_conditional(m))
         cJSON_AddNumberToObject(o, "num_classes", m->cfg.condition.num_classes);
-    if (b.n_prompt) {
-        cJSON_AddItemToObject(o, "cond", cJSON_CreateIntArray(b.cond, b.n_prompt));
-        cJSON_AddItemToObject(o, "uncond", cJSON_CreateIntArray(b.uncond, b.n_prompt));
+    if (b->n_prompt) {
+        cJSON_AddItemToObject(o, "cond", cJSON_CreateIntArray(b->cond, b->n_prompt));
+        cJSON_AddItemToObject(o, "uncond", cJSON_CreateIntArray(b->uncond, b->n_prompt));
     }
-    if (roofline) {
-        cJSON_AddNumberToObject(o, "step_weight_bytes", (double)weight_bytes);
-        cJSON_AddNumberToObject(o, "read_bytes_per_s", bw);
-        cJSON_AddNumberToObject(o, "step_weight_elems", (double)weight_elems);
-        cJSON_AddNumberToObject(o, "fma_flops_per_s", peak);
+    if (rl->on) {
+        cJSON_AddNumberToObject(o, "step_weight_bytes", (double)rl->weight_bytes);
+        cJSON_AddNumberToObject(o, "read_bytes_per_s", rl->bw);
+        cJSON_AddNumberToObject(o, "step_weight_elems", (double)rl->weight_elems);
+        cJSON_AddNumberToObject(o, "fma_flops_per_s", rl->peak);
         cJSON_AddStringToObject(o, "vector_isa", vec_isa_name(vec_isa()));
     }
-    if (!json && timed)
+    return o;
+}
+
+/* One batch size's row (JSON into rows; a line unless --json); its images/s. */
+static double report_row(const args_t *a, int size, timing_t *t, const roofline_t *rl,
+                         cJSON *rows) {
+    const int reps = (int)a->reps;
+    const double set_s = median(t->took, reps);
+    const double step_s = median(t->step, reps), decode_s = median(t->decode, reps);
+    const double share = rl->bw > 0 && step_s > 0 ? rl->weight_bytes / rl->bw / step_s : 0;
+    /* Two rows an image (the CFG pair), a multiply-add (2 FLOPs) per
+     * weight per row. */
+    const double flops = 2.0 * 2 * size * (double)rl->weight_elems;
+    const double compute = rl->peak > 0 && step_s > 0 ? flops / rl->peak / step_s : 0;
+    const double ips = a->images / set_s;
+    cJSON *row = cJSON_CreateObject();
+    cJSON_AddNumberToObject(row, "batch", size);
+    cJSON_AddNumberToObject(row, "images_per_s", ips);
+    cJSON_AddNumberToObject(row, "step_s", step_s);
+    cJSON_AddNumberToObject(row, "decode_s", decode_s);
+    if (rl->on) {
+        cJSON_AddNumberToObject(row, "roofline", share);
+        cJSON_AddNumberToObject(row, "compute_roofline", compute);
+    }
+    cJSON_AddItemToArray(rows, row);
+    if (!a->json) {
+        printf("batch %3d: %8.2f images/s (median %.2f s per set; min %.2f, max %.2f); "
+               "step %.2f ms, VQ decode %.1f ms",
+               size, ips, set_s, t->took[0], t->took[reps - 1], step_s * 1e3, decode_s * 1e3);
+        if (rl->on)
+            printf(", %.0f%% of the memory roofline, %.0f%% of the compute roofline", 100 * share,
+                   100 * compute);
+        printf("\n");
+    }
+    return ips;
+}
+
+int main(int argc, char **argv) {
+    args_t a;
+    int done, rc = args_parse(&a, argc, argv, &done);
+    if (done)
+        return rc;
+    ar_error_t err = {{0}};
+    backend_t *be = backend_cpu_create((int)a.threads, &err);
+    if (!be) {
+        fprintf(stderr, "speed_bench: %s\n", err.msg);
+        return 1;
+    }
+    static bench_t b;
+    dtype_t kv_dtype;
+    double kv_mib;
+    if ((rc = bench_open(&b, &a, be, &kv_dtype, &kv_mib)))
+        return rc;
+    const int sizes[2] = {1, (int)a.batch};
+    static timing_t t[2];
+    const int timed = a.measure != 2;
+    if (!timed)
+        a.reps = 0;
+    else
+        run_waves(&b, 1, 1); /* warm-up: workspaces, page faults */
+    for (int r = 0; r < a.reps; r++)
+        for (int s = 0; s < 2; s++) {
+            if ((t[s].took[r] = run_waves(&b, sizes[s], (int)a.images)) < 0)
+                return 1;
+            t[s].step[r] = median(b.step_s, b.n_step);
+            t[s].decode[r] = median(b.decode_s, b.n_decode);
+        }
+    roofline_t rl = {.on = b.is_raster && a.measure != 1};
+    if (rl.on) {
+        rl.weight_bytes = raster_step_weight_bytes(&raster_net_of(&b.m)->lm);
+        rl.weight_elems = raster_step_weight_elems(&raster_net_of(&b.m)->lm);
+        rl.bw = read_bandwidth((int)a.threads);
+        rl.peak = fma_peak((int)a.threads);
+    }
+    cJSON *o = report_head(&b, &a, kv_dtype, kv_mib, &rl);
+    cJSON *rows = cJSON_GetObjectItemCaseSensitive(o, "batches");
+    if (!a.json && timed)
         printf("%s: %lld images per wave set, %lld sets each, %lld thread(s), KV %.2f MiB per "
                "image (full cache, %s)\n",
-               m->cfg.name, images, reps, threads, kv_mib, planner_kv_dtype_name(kv_dtype));
+               b.m.cfg.name, a.images, a.reps, a.threads, kv_mib, planner_kv_dtype_name(kv_dtype));
     double ips[2];
-    for (int s = 0; timed && s < 2; s++) {
-        const double set_s = median(took[s], (int)reps);
-        const double step_s = median(step[s], (int)reps), decode_s = median(decode[s], (int)reps);
-        const double share = bw > 0 && step_s > 0 ? weight_bytes / bw / step_s : 0;
-        /* Two rows an image (the CFG pair), a multiply-add (2 FLOPs) per
-         * weight per row. */
-        const double flops = 2.0 * 2 * sizes[s] * (double)weight_elems;
-        const double compute = peak > 0 && step_s > 0 ? flops / peak / step_s : 0;
-        ips[s] = images / set_s;
-        cJSON *row = cJSON_CreateObject();
-        cJSON_AddNumberToObject(row, "batch", sizes[s]);
-        cJSON_AddNumberToObject(row, "images_per_s", ips[s]);
-        cJSON_AddNumberToObject(row, "step_s", step_s);
-        cJSON_AddNumberToObject(row, "decode_s", decode_s);
-        if (roofline) {
-            cJSON_AddNumberToObject(row, "roofline", share);
-            cJSON_AddNumberToObject(row, "compute_roofline", compute);
-        }
-        cJSON_AddItemToArray(rows, row);
-        if (!json) {
-            printf("batch %3d: %8.2f images/s (median %.2f s per set; min %.2f, max %.2f); "
-                   "step %.2f ms, VQ decode %.1f ms",
-                   sizes[s], ips[s], set_s, took[s][0], took[s][reps - 1], step_s * 1e3,
-                   decode_s * 1e3);
-            if (roofline)
-                printf(", %.0f%% of the memory roofline, %.0f%% of the compute roofline",
-                       100 * share, 100 * compute);
-            printf("\n");
-        }
-    }
-    if (json) {
+    for (int s = 0; timed && s < 2; s++)
+        ips[s] = report_row(&a, sizes[s], &t[s], &rl, rows);
+    if (a.json) {
         char *text = cJSON_PrintUnformatted(o);
         printf("%s\n", text ? text : "{}");
         free(text);
     } else {
-        if (roofline)
+        if (rl.on)
             printf("roofline: %.1f MiB of weights per step at %.1f GB/s read; %.1f M "
                    "multiply-adds per row at %.1f GFLOP/s (%s FMA peak)\n",
-                   weight_bytes / 1048576.0, bw / 1e9, weight_elems / 1e6, peak / 1e9,
+                   rl.weight_bytes / 1048576.0, rl.bw / 1e9, rl.weight_elems / 1e6, rl.peak / 1e9,
                    vec_isa_name(vec_isa()));
         if (timed)
             printf("batch %d / batch 1: %.2fx\n", sizes[1], ips[1] / ips[0]);
     }
     cJSON_Delete(o);
-    kv_pool_free(&b.pool);
-    model_free(m);
-    free(b.rgb);
-    free(b.step_s);
-    free(b.decode_s);
+    bench_close(&b);
     be->destroy(be);
     return 0;
 }

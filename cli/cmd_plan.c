@@ -159,8 +159,9 @@ static int resolve_model(const char *cmd, const char *arg, char *json, size_t ca
     fprintf(stderr, "arserve %s: --model: '%s' is neither a model directory nor a preset\n", cmd,
             arg);
     if (n == 0)
-        fprintf(stderr, "  no preset folder found (config/presets beside the binary or here; or set "
-                        "ARSERVE_PRESETS_DIR)\n");
+        fprintf(stderr,
+                "  no preset folder found (config/presets beside the binary or here; or set "
+                "ARSERVE_PRESETS_DIR)\n");
     for (int i = 0; i < n; i++) {
         fprintf(stderr, "  presets in %s: ", dirs[i]);
         list_presets(stderr, dirs[i]);
