@@ -372,6 +372,56 @@ static void simulate_usage(FILE *f, const cli_flag_t *flags) {
     cli_flags_usage(f, flags);
 }
 
+/* The simulated daemons as serve makes them: the pool in whole blocks of
+ * pool_mb (K and V in dt, or serve's --kv-dtype auto when dt is unset), the
+ * batcher's limits, the API's request limits. */
+static void sim_setup(sim_t *x, const char *json, planner_kv_dtype_t dt, long long pool_mb,
+                      long long max_running, long long max_waiting) {
+    const model_config_t *cfg = x->cfg;
+    x->block_tokens = planner_block_tokens(cfg);
+    if (dt.k == DTYPE_U8) {
+        const char *because;
+        dt = planner_kv_same(cli_serve_kv_dtype(json, cfg, &because));
+    }
+    x->dt = dt;
+    const size_t block =
+        (size_t)x->block_tokens * cfg->llm.head_dim * (dtype_size(dt.k) + dtype_size(dt.v));
+    x->pool_bytes = ((size_t)pool_mb << 20) / block * block;
+    x->bo = (batcher_options_t){.pool_bytes = x->pool_bytes,
+                                .max_running = (int)max_running,
+                                .max_waiting = (int)max_waiting};
+    kv_policy_defaults(&x->kv_defaults, KV_POLICY_FULL);
+    x->widths[0] = model_config_image_width(cfg);
+    x->heights[0] = model_config_image_height(cfg);
+    x->limits = (api_limits_t){.max_n = SCHED_MAX_IMAGES,
+                               .n_sizes = 1,
+                               .widths = x->widths,
+                               .heights = x->heights,
+                               .max_prompt_bytes = 1 << 20,
+                               .codebook_size = cfg->image.codebook_size,
+                               .num_classes = cfg->condition.num_classes,
+                               .kv_defaults = &x->kv_defaults};
+}
+
+/* What is simulated, before the runs. */
+static void sim_print_setup(const sim_t *x, const char *json, const char *costs_path,
+                            const char *calib_note) {
+    printf("simulating %s (%s family) on %d replica%s: KV pool %.1f MiB each (K %s, V %s), "
+           "max running %d, max waiting %d, %d PNG workers\n",
+           json, x->cfg->family, x->n_replicas, x->n_replicas == 1 ? "" : "s",
+           x->pool_bytes / 1048576.0, planner_kv_dtype_name(x->dt.k),
+           planner_kv_dtype_name(x->dt.v), x->bo.max_running, x->bo.max_waiting, x->png_workers);
+    const cost_table_t *costs = x->costs;
+    if (costs->fit_samples > 0)
+        printf("cost table %s: %s (fit over %d iterations: relative RMS error %.1f%%)\n",
+               costs_path, costs->source, costs->fit_samples, 100 * costs->fit_rel_rms);
+    else
+        printf("cost table %s (derived, not fitted): %s\n", costs_path, costs->source);
+    if (calib_note)
+        printf("heatkv and scalekv calibration: %s\n", calib_note);
+    fflush(stdout);
+}
+
 int cmd_simulate(int argc, char **argv, char **envp) {
     server_config_t d;
     server_config_defaults(&d);
@@ -431,16 +481,14 @@ int cmd_simulate(int argc, char **argv, char **envp) {
     cost_table_t costs;
     if (cost_table_load(&costs, costs_path, why, sizeof why)) {
         fprintf(stderr, "arserve simulate: --costs: %s\n", why);
-        kv_calibration_free(&calib);
-        return 2;
-    }
-    if (strcmp(costs.family, cfg.family) != 0) {
+        rc = 2;
+    } else if (strcmp(costs.family, cfg.family) != 0) {
         fprintf(stderr, "arserve simulate: --costs %s is for the %s family; %s is a %s model\n",
                 costs_path, costs.family, json, cfg.family);
-        kv_calibration_free(&calib);
-        return 2;
-    }
-    if ((rc = load_spec_finish(&spec, "simulate")) != 0) {
+        rc = 2;
+    } else
+        rc = load_spec_finish(&spec, "simulate");
+    if (rc) {
         kv_calibration_free(&calib);
         return rc;
     }
@@ -448,31 +496,8 @@ int cmd_simulate(int argc, char **argv, char **envp) {
                .costs = &costs,
                .n_replicas = (int)replicas,
                .png_workers = (int)png_workers,
-               .prompt_tokens = (int)prompt_tokens,
-               .block_tokens = planner_block_tokens(&cfg)};
-    /* The pool as the scheduler makes it: whole blocks of --kv-pool-mb. */
-    if (dt.k == DTYPE_U8) {
-        const char *because;
-        dt = planner_kv_same(cli_serve_kv_dtype(json, &cfg, &because));
-    }
-    x.dt = dt;
-    const size_t block =
-        (size_t)x.block_tokens * cfg.llm.head_dim * (dtype_size(dt.k) + dtype_size(dt.v));
-    x.pool_bytes = ((size_t)pool_mb << 20) / block * block;
-    x.bo = (batcher_options_t){.pool_bytes = x.pool_bytes,
-                               .max_running = (int)max_running,
-                               .max_waiting = (int)max_waiting};
-    kv_policy_defaults(&x.kv_defaults, KV_POLICY_FULL);
-    x.widths[0] = model_config_image_width(&cfg);
-    x.heights[0] = model_config_image_height(&cfg);
-    x.limits = (api_limits_t){.max_n = SCHED_MAX_IMAGES,
-                              .n_sizes = 1,
-                              .widths = x.widths,
-                              .heights = x.heights,
-                              .max_prompt_bytes = 1 << 20,
-                              .codebook_size = cfg.image.codebook_size,
-                              .num_classes = cfg.condition.num_classes,
-                              .kv_defaults = &x.kv_defaults};
+               .prompt_tokens = (int)prompt_tokens};
+    sim_setup(&x, json, dt, pool_mb, max_running, max_waiting);
     if (timeline_path && !(x.timeline = fopen(timeline_path, "w"))) {
         fprintf(stderr, "arserve simulate: --timeline %s: cannot write\n", timeline_path);
         rc = 1;
@@ -480,19 +505,7 @@ int cmd_simulate(int argc, char **argv, char **envp) {
     if (x.timeline)
         fprintf(x.timeline, "run,replica,t,images_stepped,running,waiting,kv_reserved_bytes\n");
     if (rc == 0) {
-        printf("simulating %s (%s family) on %lld replica%s: KV pool %.1f MiB each (K %s, V %s), "
-               "max running %lld, max waiting %lld, %lld PNG workers\n",
-               json, cfg.family, replicas, replicas == 1 ? "" : "s", x.pool_bytes / 1048576.0,
-               planner_kv_dtype_name(dt.k), planner_kv_dtype_name(dt.v), max_running, max_waiting,
-               png_workers);
-        if (costs.fit_samples > 0)
-            printf("cost table %s: %s (fit over %d iterations: relative RMS error %.1f%%)\n",
-                   costs_path, costs.source, costs.fit_samples, 100 * costs.fit_rel_rms);
-        else
-            printf("cost table %s (derived, not fitted): %s\n", costs_path, costs.source);
-        if (calib_note)
-            printf("heatkv and scalekv calibration: %s\n", calib_note);
-        fflush(stdout);
+        sim_print_setup(&x, json, costs_path, calib_note);
         rc = load_sweep(&spec, "simulate", sim_run, &x);
     }
     if (x.timeline)
