@@ -680,6 +680,40 @@ int cli_parse_kv_dtype(void *dest, const char *value) {
     return 2;
 }
 
+/* x's KV types (dt, or serve's when dt is unset), geometry, blocks, pool
+ * and the unit its tables print in. */
+static void plan_ctx_setup(plan_ctx_t *x, planner_kv_dtype_t dt) {
+    const model_config_t *cfg = x->mc;
+    x->serve_dt = cli_serve_kv_dtype(x->json, cfg, &x->serve_why);
+    x->dt = dt.k == DTYPE_U8 ? planner_kv_same(x->serve_dt) : dt;
+    model_geometry(cfg, x->P, &x->g);
+    x->steps = kv_geometry_steps(&x->g);
+    x->bt = planner_block_tokens(cfg);
+    x->block = (size_t)x->bt * token_head_bytes(x);
+    x->capacity = ((size_t)x->pool_mb << 20) / x->block * x->block; /* the scheduler rounds down */
+    const int small = planner_full_cache_bytes_dtype(cfg, x->P, x->dt) < ((size_t)10 << 20);
+    x->unit_name = small ? "KiB" : "MiB";
+    x->unit_div = small ? 1024.0 : 1048576.0;
+}
+
+/* Plans policy only (every one that suits the model when only < 0) at its
+ * defaults, budget in place of its own when > 0; returns how many. */
+static int plan_policies(const plan_ctx_t *x, policy_plan_t plans[KV_POLICY_COUNT], int only,
+                         double budget) {
+    int np = 0;
+    memset(plans, 0, sizeof(policy_plan_t) * KV_POLICY_COUNT);
+    for (int k = 0; k < KV_POLICY_COUNT; k++) {
+        if (only >= 0 ? k != only : !kv_policy_suits((kv_policy_kind_t)k, &x->g))
+            continue;
+        policy_plan_t *pp = &plans[np++];
+        kv_policy_defaults(&pp->p, (kv_policy_kind_t)k);
+        if (budget > 0 && k != KV_POLICY_FULL)
+            pp->p.budget = budget;
+        plan_policy(x, pp);
+    }
+    return np;
+}
+
 int cmd_plan(int argc, char **argv, char **envp) {
     const char *model_arg = NULL;
     int only = -1, help = 0;
@@ -739,11 +773,7 @@ int cmd_plan(int argc, char **argv, char **envp) {
                     .P = cfg.condition.num_classes > 0 ? 1 : (int)n_prompt,
                     .pool_mb = pool_mb,
                     .batch = (int)batch};
-    x.serve_dt = cli_serve_kv_dtype(json, &cfg, &x.serve_why);
-    x.dt = dt.k == DTYPE_U8 ? planner_kv_same(x.serve_dt) : dt;
-    dt = x.dt;
-    model_geometry(&cfg, x.P, &x.g);
-    x.steps = kv_geometry_steps(&x.g);
+    plan_ctx_setup(&x, dt);
     if (budget_tokens > 0) {
         const int peak = kv_geometry_held(&x.g, x.steps - 1);
         if (budget > 0 || budget_tokens > peak) {
@@ -755,25 +785,8 @@ int cmd_plan(int argc, char **argv, char **envp) {
         }
         budget = (double)budget_tokens / peak;
     }
-    x.bt = planner_block_tokens(&cfg);
-    x.block = (size_t)x.bt * token_head_bytes(&x);
-    x.capacity = ((size_t)pool_mb << 20) / x.block * x.block; /* the scheduler rounds down */
-    const int small = planner_full_cache_bytes_dtype(&cfg, x.P, dt) < ((size_t)10 << 20);
-    x.unit_name = small ? "KiB" : "MiB";
-    x.unit_div = small ? 1024.0 : 1048576.0;
-
     policy_plan_t plans[KV_POLICY_COUNT];
-    int np = 0;
-    memset(plans, 0, sizeof plans);
-    for (int k = 0; k < KV_POLICY_COUNT; k++) {
-        if (only >= 0 ? k != only : !kv_policy_suits((kv_policy_kind_t)k, &x.g))
-            continue;
-        policy_plan_t *pp = &plans[np++];
-        kv_policy_defaults(&pp->p, (kv_policy_kind_t)k);
-        if (budget > 0 && k != KV_POLICY_FULL)
-            pp->p.budget = budget;
-        plan_policy(&x, pp);
-    }
+    const int np = plan_policies(&x, plans, only, budget);
     print_header(&x);
     print_side_by_side(&x, plans, np);
     if (by_scale(&x))
