@@ -278,12 +278,3 @@ void conn_guard_phase(conn_guard_t *g, struct MHD_Connection *c, conn_phase_t ph
     }
     pthread_mutex_unlock(&g->lock);
 }
-
-int conn_guard_open(conn_guard_t *g) {
-    int n = 0;
-    pthread_mutex_lock(&g->lock);
-    for (int i = 0; i < g->n_entries; i++)
-        n += g->entries[i].in_use && !g->entries[i].cut;
-    pthread_mutex_unlock(&g->lock);
-    return n;
-}

@@ -53,7 +53,5 @@ void conn_guard_notify(void *cls, struct MHD_Connection *c, void **socket_contex
  * CONN_HEADERS also counts an answered request. A connection the guard
  * has no entry for (or no longer has) is left alone. */
 void conn_guard_phase(conn_guard_t *g, struct MHD_Connection *c, conn_phase_t phase);
-/* Connections open now. */
-int conn_guard_open(conn_guard_t *g);
 
 #endif
