@@ -513,25 +513,11 @@ void metric_set_v(metric_t *m, double v, const char *const *values) {
     do_set(m, v, values);
 }
 
-void metric_observe_v(metric_t *m, double v, const char *const *values) {
-    if (!m)
-        return;
-    check_labels(m, m->n_labels, values, "metric_observe");
-    do_observe(m, v, values);
-}
-
 double metric_value_v(metric_t *m, const char *const *values) {
     if (!m)
         return 0;
     check_labels(m, m->n_labels, values, "metric_value");
     return do_value(m, values, false);
-}
-
-double metric_histogram_sum_v(metric_t *m, const char *const *values) {
-    if (!m)
-        return 0;
-    check_labels(m, m->n_labels, values, "metric_histogram_sum");
-    return do_value(m, values, true);
 }
 
 /* The macro entry points, which know how many values the caller wrote. */

@@ -95,9 +95,7 @@ metric_t *metrics_gauge_fn(metrics_t *reg, const char *name, const char *help,
 
 void metric_add_v(metric_t *m, double v, const char *const *label_values);
 void metric_set_v(metric_t *m, double v, const char *const *label_values);
-void metric_observe_v(metric_t *m, double v, const char *const *label_values);
 double metric_value_v(metric_t *m, const char *const *label_values);
-double metric_histogram_sum_v(metric_t *m, const char *const *label_values);
 
 /* Renders every family, sorted by name: HELP and TYPE once each, series
  * sorted by their label values (byte order, first label first), histogram
