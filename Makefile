@@ -371,6 +371,7 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/
 	tests/cli/test_simulate.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python $(VAR_MODEL)
 	tests/cli/test_speed_bench.sh $(BUILD)/speed_bench $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
+	tests/cli/test_test_only_api.sh $(CC) $(filter-out -MMD -MP,$(CFLAGS))
 
 # Python tools' tests (numpy, Pillow; no torch): the shapes renderer, the
 # ShapesEval scorer and runner, and the shipped model (models/shapes) drawing

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/batcher_test.h"
 #include "engine/planner.h"
 
 typedef struct slot {

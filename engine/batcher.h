@@ -143,10 +143,6 @@ int batcher_step(batcher_t *b, ar_error_t *err);
  * FAILED, when the step failed). */
 void batcher_finish(batcher_t *b, int step_rc, const ar_error_t *step_err);
 
-/* The three parts in a row, for single-threaded drivers; returns how many
- * jobs were stepped (0: nothing was running) or -1 when the step failed. */
-int batcher_iterate(batcher_t *b, double now);
-
 /* Moves up to cap events, oldest first, into out; returns how many. Events
  * pile up until taken. */
 int batcher_take_events(batcher_t *b, batcher_event_t *out, int cap);

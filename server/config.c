@@ -16,6 +16,7 @@
 #include "engine/format/json_strict.h"
 #include "engine/planner.h"
 #include "kernels/cpu/vec_isa.h"
+#include "server/config_test.h"
 
 typedef enum setting_kind { KIND_INT, KIND_REAL, KIND_STRING, KIND_ENUM } setting_kind_t;
 

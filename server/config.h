@@ -93,11 +93,4 @@ void server_config_kv_defaults(const server_config_t *c, kv_policy_params_t *out
  * environment variable; then the other variables. No "usage:" line. */
 void server_config_usage(FILE *f);
 
-/* The settings as a JSON object, one key per line in table order, as a
- * malloc'd string (NULL if out of memory; free() it). The key itself is never
- * written. redact = 0: exactly the keys a config file may hold, so the output
- * loads back (config/arserve.example.json is to_json(defaults, 0)). redact != 0,
- * for logs: adds "api_key": "<redacted>", or "" when no key is set. */
-char *server_config_to_json(const server_config_t *c, int redact);
-
 #endif

@@ -24,6 +24,7 @@
 #include "engine/model_family.h"
 #include "engine/planner.h"
 #include "server/log.h"
+#include "server/scheduler_test.h"
 
 struct sched_job {
     uint64_t id;

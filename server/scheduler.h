@@ -153,8 +153,5 @@ int sched_kv_block_tokens(const scheduler_t *s);
 /* The type the pool stores K and V in. */
 dtype_t sched_kv_dtype(const scheduler_t *s);
 size_t sched_kv_capacity_bytes(const scheduler_t *s);
-/* Iterations whose measured KV peak passed the planner's reservation (a
- * planner or policy bug, logged; DEBUG=1 builds abort on the first). */
-long long sched_kv_overruns(scheduler_t *s);
 
 #endif

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "engine/batcher.h"
+#include "engine/batcher_test.h"
 #include "tests/test.h"
 
 /* ---- fake jobs ---------------------------------------------------------- */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "server/config.h"
+#include "server/config_test.h"
 #include "tests/test.h"
 
 #define EXAMPLE_FILE "config/arserve.example.json"

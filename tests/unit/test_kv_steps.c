@@ -20,7 +20,7 @@
 #include "engine/model_family.h"
 #include "engine/planner.h"
 #include "engine/policy/kv_policy_impl.h"
-#include "server/scheduler.h"
+#include "server/scheduler_test.h"
 #include "tests/test.h"
 
 /* ---- the stub policy ------------------------------------------------------------ */

@@ -40,7 +40,7 @@
 #include "engine/planner.h"
 #include "engine/policy/kv_calibration.h"
 #include "server/metrics.h"
-#include "server/scheduler.h"
+#include "server/scheduler_test.h"
 #include "tests/test.h"
 
 static const char *tiny, *var_tiny;

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "base/arena.h"
-#include "engine/batcher.h"
+#include "engine/batcher_test.h"
 #include "engine/generate.h"
 #include "engine/planner.h"
 #include "tests/test.h"
