@@ -235,15 +235,17 @@ $(CLI_LIB): $(filter-out $(BUILD)/cli/main.o,$(CLI_OBJ))
 $(BUILD)/arserve: $(CLI_OBJ) $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(SERVER_LIBS) $(LDLIBS)
 
-# The daemon with a deliberate leak (server/http.c loses ARSERVE_TEST_LEAK
-# bytes per generation): the soak test runs its RSS-growth check on it too,
-# and the check must fail it. Only server/http.c is compiled again.
+# The daemon with a deliberate leak: the same objects as arserve, plus
+# tests/integration/arserve_leaky.c, which wraps sched_job_release (the
+# linker's --wrap) to lose TEST_LEAK_BYTES per generation. The soak test runs
+# its RSS-growth check on it too, and the check must fail it.
 TEST_LEAK_BYTES := 262144
-$(BUILD)/server/http-leaky.o: server/http.c
-	$(CC) $(CFLAGS) -DARSERVE_TEST_LEAK=$(TEST_LEAK_BYTES) -c -o $@ $<
+$(BUILD)/leaky/arserve_leaky.o: tests/integration/arserve_leaky.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DARSERVE_TEST_LEAK_BYTES=$(TEST_LEAK_BYTES) -c -o $@ $<
 
-$(BUILD)/arserve-leaky: $(CLI_OBJ) $(BUILD)/server/http-leaky.o \
-                        $(filter-out $(BUILD)/server/http.o,$(SERVER_OBJ)) $(ENGINE_LIB)
+$(BUILD)/arserve-leaky: LDFLAGS += -Wl,--wrap=sched_job_release
+$(BUILD)/arserve-leaky: $(CLI_OBJ) $(BUILD)/leaky/arserve_leaky.o $(SERVER_LIB) $(ENGINE_LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(SERVER_LIBS) $(LDLIBS)
 
 # test_step_allocs counts the engine's allocations through the linker's wraps.
@@ -619,7 +621,7 @@ golden: tools-deps all
 FORMAT_SRC := $(sort $(wildcard cli/*.c cli/*.h server/*.c server/*.h \
                 $(foreach d,$(ENGINE_DIRS),$(d)/*.c $(d)/*.h) \
                 kernels/cuda/*.cu kernels/cuda/*.h kernels/cuda/*.cuh bench/*.c tests/*.h tests/unit/*.c \
-                tests/backend/*.c tests/fuzz/*.c tests/fuzz/*.h tests/cuda_emu/*.h tests/cuda_emu/*.cpp \
+                tests/backend/*.c tests/integration/*.c tests/fuzz/*.c tests/fuzz/*.h tests/cuda_emu/*.h tests/cuda_emu/*.cpp \
                 tests/cuda_emu/include/*.h))
 format:
 	clang-format -i $(FORMAT_SRC)
@@ -635,5 +637,5 @@ clean:
 # libFuzzer targets (make fuzz, make test-fuzz): tests/fuzz/fuzz.mk.
 include tests/fuzz/fuzz.mk
 
--include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(BUILD)/server/http-leaky.d $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend/backend_cuda.d \
+-include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(BUILD)/leaky/arserve_leaky.d $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend/backend_cuda.d \
          $(BUILD)/kv_bench.d $(BUILD)/speed_bench.d $(BUILD)/gemm_bench.d

@@ -678,10 +678,6 @@ static char *quoted_prompt(const char *prompt) {
     return out;
 }
 
-#ifdef ARSERVE_TEST_LEAK
-static void *volatile test_leak_sink; /* the lost block escapes, so it is not optimised away */
-#endif
-
 static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *c, conn_t *cx) {
     api_image_request_t req;
     api_error_t e;
@@ -735,16 +731,6 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         ret = send_error(h, c, cx, &e);
     }
     sched_job_release(j);
-#ifdef ARSERVE_TEST_LEAK
-    /* A deliberately leaking build (make's arserve-leaky, for the soak
-     * test's own check): ARSERVE_TEST_LEAK bytes lost per generation. */
-    {
-        char *lost = malloc(ARSERVE_TEST_LEAK);
-        if (lost)
-            memset(lost, 1, ARSERVE_TEST_LEAK);
-        test_leak_sink = lost;
-    }
-#endif
 out:
     free(cond);
     free(uncond);

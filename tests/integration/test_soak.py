@@ -20,7 +20,7 @@ from conftest import HTTP_TIMEOUT, TINY_MODEL, is_idle, repo_path, scaled
 
 GEN = "/v1/images/generations"
 LEAKY_BIN = repo_path(os.environ.get("ARSERVE_LEAKY_BIN") or "build/arserve-leaky")
-LEAK_PER_REQUEST_MIB = 262144 / 2**20  # the leaky build's ARSERVE_TEST_LEAK
+LEAK_PER_REQUEST_MIB = 262144 / 2**20  # the Makefile's TEST_LEAK_BYTES (arserve_leaky.c)
 
 SOAK_S = 20.0        # seconds of traffic, warm-up included
 WARMUP_S = 5.0       # samples before this are discarded (pools, caches, arenas filling)
