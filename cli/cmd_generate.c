@@ -130,20 +130,17 @@ static int generate(const generate_args_t *a, backend_t *be) {
     int *cond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
     int *uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
     uint8_t *rgb = NULL;
-    int n_prompt = 0, rc = 1;
+    int n_prompt = 0, rc = 1, loaded = 0;
     const double t0 = clock_now_s();
     if (!cond || !uncond) {
         fprintf(stderr, "arserve generate: out of memory\n");
-        free(cond);
-        free(uncond);
-        return 1;
+        goto out;
     }
     if (model_load(&model, a->model_dir, be, &err) != AR_OK) {
         fprintf(stderr, "arserve generate: cannot load model: %s\n", err.msg);
-        free(cond);
-        free(uncond);
-        return 1;
+        goto out;
     }
+    loaded = 1;
     sampler_params_t sp = model.cfg.sampling;
     if (a->cfg >= 0)
         sp.cfg = (float)a->cfg;
@@ -183,9 +180,11 @@ static int generate(const generate_args_t *a, backend_t *be) {
                 req.n_steps / (t2 - t1), 1.0 / (t2 - t1), t1 - t0);
     rc = 0;
 out:
+    /* model_load frees what it loaded when it fails. */
     gen_request_free(&req);
     kv_pool_free(&pool);
-    model_free(&model);
+    if (loaded)
+        model_free(&model);
     free(rgb);
     free(cond);
     free(uncond);
