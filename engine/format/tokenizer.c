@@ -1043,96 +1043,121 @@ static int added_cmp(const void *pa, const void *pb) {
     return 0;
 }
 
-/* Reads added_tokens; checks each id is the one HF would assign: the vocab's
- * id if the content is a vocab word, otherwise (vocab word count + number of
- * earlier added tokens that were not vocab words), which is what HF
- * `tokenizers` 0.23 does whatever the file says. */
-static int parse_added_tokens(tokenizer_t *t, const cJSON *list, const char *path,
-                              ar_error_t *err) {
-    if (!list || cJSON_IsNull(list))
-        return AR_OK;
-    if (!cJSON_IsArray(list))
-        return ar_errorf(err, "%s: added_tokens is not an array", path);
-    int n = cJSON_GetArraySize(list);
-    t->added = calloc((size_t)n + 1, sizeof *t->added);
-    if (!t->added || table_init(&t->added_index, (size_t)n) != AR_OK)
-        return ar_errorf(err, "%s: out of memory for added_tokens", path);
-    int index = 0, n_new = 0;
-    tok_buf_t norm = {0}, tmp = {0};
-    const cJSON *item;
-    cJSON_ArrayForEach(item, list) {
-        char where[64];
-        snprintf(where, sizeof where, "added_tokens[%d]", index++);
-        if (!cJSON_IsObject(item))
-            return ar_errorf(err, "%s: %s is not an object", path, where);
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(item, "content");
-        if (!cJSON_IsString(content))
-            return ar_errorf(err, "%s: %s.content is missing or not a string", path, where);
-        int id = json_id(cJSON_GetObjectItemCaseSensitive(item, "id"));
-        if (id < 0)
-            return ar_errorf(err, "%s: %s.id is missing or not a whole number in [0, %d]", path,
-                             where, TOKENIZER_MAX_ID);
-        added_token_t tok = {.id = id};
-        if (json_opt_bool(item, "special", &tok.special, path, where, err) != AR_OK)
-            return AR_ERR;
-        tok.normalized = !tok.special;
-        if (json_opt_bool(item, "normalized", &tok.normalized, path, where, err) != AR_OK ||
-            json_opt_bool(item, "single_word", &tok.single_word, path, where, err) != AR_OK ||
-            json_opt_bool(item, "lstrip", &tok.lstrip, path, where, err) != AR_OK ||
-            json_opt_bool(item, "rstrip", &tok.rstrip, path, where, err) != AR_OK)
-            return AR_ERR;
-        const char *text = content->valuestring;
-        size_t len = strlen(text);
-        if (len == 0)
-            continue; /* HF skips empty added tokens too */
-        tok_slot_t *slot = table_slot(&t->added_index, text, len);
-        if (slot->text) {
-            if (slot->id == id)
-                continue; /* a harmless repeat */
-            return ar_errorf(err, "%s: added token '%s' appears twice, with ids %d and %d", path,
-                             text, slot->id, id);
-        }
-        int vocab_id = table_get(&t->vocab, text, len);
-        if (vocab_id >= 0 && vocab_id != id)
+/* Reads the fields of one added token (where: "added_tokens[i]") into tok,
+ * and its content into *text. */
+static int added_token_read(const cJSON *item, const char *where, const char *path,
+                            added_token_t *tok, const char **text, ar_error_t *err) {
+    if (!cJSON_IsObject(item))
+        return ar_errorf(err, "%s: %s is not an object", path, where);
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(item, "content");
+    if (!cJSON_IsString(content))
+        return ar_errorf(err, "%s: %s.content is missing or not a string", path, where);
+    int id = json_id(cJSON_GetObjectItemCaseSensitive(item, "id"));
+    if (id < 0)
+        return ar_errorf(err, "%s: %s.id is missing or not a whole number in [0, %d]", path, where,
+                         TOKENIZER_MAX_ID);
+    *tok = (added_token_t){.id = id};
+    if (json_opt_bool(item, "special", &tok->special, path, where, err) != AR_OK)
+        return AR_ERR;
+    tok->normalized = !tok->special;
+    if (json_opt_bool(item, "normalized", &tok->normalized, path, where, err) != AR_OK ||
+        json_opt_bool(item, "single_word", &tok->single_word, path, where, err) != AR_OK ||
+        json_opt_bool(item, "lstrip", &tok->lstrip, path, where, err) != AR_OK ||
+        json_opt_bool(item, "rstrip", &tok->rstrip, path, where, err) != AR_OK)
+        return AR_ERR;
+    *text = content->valuestring;
+    return AR_OK;
+}
+
+/* added_token_check_id's answer for the same token listed again. */
+enum { ADDED_REPEAT = 1 };
+
+/* Checks that id is the one HF would give the added token text (len bytes):
+ * the vocab's id if text is a vocab word, otherwise (vocab word count + number
+ * of earlier added tokens that were not vocab words, *n_new), which is what
+ * HF `tokenizers` 0.23 does whatever the file says. Returns AR_OK for a new
+ * token (*slot: its empty place in added_index), ADDED_REPEAT for a harmless
+ * repeat, AR_ERR for a file HF would read differently. */
+static int added_token_check_id(tokenizer_t *t, const char *text, size_t len, int id, int *n_new,
+                                tok_slot_t **slot, const char *path, ar_error_t *err) {
+    *slot = table_slot(&t->added_index, text, len);
+    if ((*slot)->text) {
+        if ((*slot)->id == id)
+            return ADDED_REPEAT;
+        return ar_errorf(err, "%s: added token '%s' appears twice, with ids %d and %d", path, text,
+                         (*slot)->id, id);
+    }
+    int vocab_id = table_get(&t->vocab, text, len);
+    if (vocab_id >= 0) {
+        if (vocab_id != id)
             return ar_errorf(err, "%s: added token '%s' has id %d, but model.vocab gives it id %d",
                              path, text, id, vocab_id);
-        if (vocab_id < 0) {
-            int expected = (int)t->vocab.count + n_new++;
-            if (id != expected)
-                return ar_errorf(err,
-                                 "%s: added token '%s' has id %d, but HF tokenizers would give "
-                                 "it id %d (added tokens outside model.vocab take the ids after "
-                                 "it, in order)",
-                                 path, text, id, expected);
-            if (id < t->vocab_size && t->id_text[id])
-                return ar_errorf(err,
-                                 "%s: added token '%s' has id %d, which model.vocab gives to '%s'",
-                                 path, text, id, t->id_text[id]);
-        }
-        tok.content = strdup(text);
-        tok.match = NULL;
-        tok.match_len = len;
-        if (tok.content && tok.normalized) {
-            if (normalize(t, text, len, &norm, &tmp) == AR_OK) {
-                tok.match = norm.p;
-                tok.match_len = norm.n;
-                norm = (tok_buf_t){0};
-            }
-        } else if (tok.content) {
-            tok.match = strdup(text);
-        }
-        t->added[t->n_added++] = tok; /* owned by t from here, even on error */
-        if (!tok.content || !tok.match) {
-            free(norm.p);
-            free(tmp.p);
-            return ar_errorf(err, "%s: out of memory for added_tokens", path);
-        }
-        *slot = (tok_slot_t){tok.content, len, id};
-        t->added_index.count++;
+        return AR_OK;
     }
-    free(norm.p);
-    free(tmp.p);
-    /* Grow id_text to cover the added ids, then point them at the content. */
+    int expected = (int)t->vocab.count + (*n_new)++;
+    if (id != expected)
+        return ar_errorf(err,
+                         "%s: added token '%s' has id %d, but HF tokenizers would give "
+                         "it id %d (added tokens outside model.vocab take the ids after "
+                         "it, in order)",
+                         path, text, id, expected);
+    if (id < t->vocab_size && t->id_text[id])
+        return ar_errorf(err, "%s: added token '%s' has id %d, which model.vocab gives to '%s'",
+                         path, text, id, t->id_text[id]);
+    return AR_OK;
+}
+
+/* Fills tok's content and match: text itself, or text run through the
+ * normalizer when tok is normalized (norm and tmp: normalize's buffers, kept
+ * from one token to the next). AR_ERR: out of memory (what was allocated is
+ * in tok). */
+static int added_token_match(const tokenizer_t *t, added_token_t *tok, const char *text, size_t len,
+                             tok_buf_t *norm, tok_buf_t *tmp) {
+    tok->content = strdup(text);
+    tok->match = NULL;
+    tok->match_len = len;
+    if (!tok->content)
+        return AR_ERR;
+    if (!tok->normalized) {
+        tok->match = strdup(text);
+        return tok->match ? AR_OK : AR_ERR;
+    }
+    if (normalize(t, text, len, norm, tmp) != AR_OK)
+        return AR_ERR;
+    tok->match = norm->p;
+    tok->match_len = norm->n;
+    *norm = (tok_buf_t){0};
+    return AR_OK;
+}
+
+/* Reads added_tokens[index] into t (n_new, norm, tmp: as above). */
+static int added_token_add(tokenizer_t *t, const cJSON *item, int index, int *n_new,
+                           tok_buf_t *norm, tok_buf_t *tmp, const char *path, ar_error_t *err) {
+    char where[64];
+    snprintf(where, sizeof where, "added_tokens[%d]", index);
+    added_token_t tok;
+    const char *text = NULL;
+    if (added_token_read(item, where, path, &tok, &text, err) != AR_OK)
+        return AR_ERR;
+    size_t len = strlen(text);
+    if (len == 0)
+        return AR_OK; /* HF skips empty added tokens too */
+    tok_slot_t *slot;
+    int rc = added_token_check_id(t, text, len, tok.id, n_new, &slot, path, err);
+    if (rc != AR_OK)
+        return rc == ADDED_REPEAT ? AR_OK : AR_ERR;
+    rc = added_token_match(t, &tok, text, len, norm, tmp);
+    t->added[t->n_added++] = tok; /* owned by t from here, even on error */
+    if (rc != AR_OK)
+        return ar_errorf(err, "%s: out of memory for added_tokens", path);
+    *slot = (tok_slot_t){tok.content, len, tok.id};
+    t->added_index.count++;
+    return AR_OK;
+}
+
+/* Points id_text at the added tokens' content, growing it to cover their
+ * ids, and sorts them for matching (added_first). */
+static int added_tokens_index(tokenizer_t *t, const char *path, ar_error_t *err) {
     int max_id = t->vocab_size - 1;
     for (int i = 0; i < t->n_added; i++)
         if (t->added[i].id > max_id)
@@ -1156,6 +1181,29 @@ static int parse_added_tokens(tokenizer_t *t, const cJSON *list, const char *pat
         t->added_first[b] = i;
     }
     return AR_OK;
+}
+
+/* Reads added_tokens, each checked as added_token_check_id says. */
+static int parse_added_tokens(tokenizer_t *t, const cJSON *list, const char *path,
+                              ar_error_t *err) {
+    if (!list || cJSON_IsNull(list))
+        return AR_OK;
+    if (!cJSON_IsArray(list))
+        return ar_errorf(err, "%s: added_tokens is not an array", path);
+    int n = cJSON_GetArraySize(list);
+    t->added = calloc((size_t)n + 1, sizeof *t->added);
+    if (!t->added || table_init(&t->added_index, (size_t)n) != AR_OK)
+        return ar_errorf(err, "%s: out of memory for added_tokens", path);
+    int rc = AR_OK, index = 0, n_new = 0;
+    tok_buf_t norm = {0}, tmp = {0};
+    const cJSON *item;
+    cJSON_ArrayForEach(item, list) {
+        if ((rc = added_token_add(t, item, index++, &n_new, &norm, &tmp, path, err)) != AR_OK)
+            break;
+    }
+    free(norm.p);
+    free(tmp.p);
+    return rc == AR_OK ? added_tokens_index(t, path, err) : AR_ERR;
 }
 
 static int parse_root(tokenizer_t *t, const cJSON *root, const char *path, ar_error_t *err) {

@@ -528,6 +528,19 @@ static void test_added_token_ids_must_match_hf(void) {
     CHECK_STR_CONTAINS(msg, "added_tokens[0].content");
 }
 
+/* An added token refused after a normalized one: the normalizer's scratch
+ * buffers are freed too (LeakSanitizer fails this test in the sanitizer
+ * builds when they are not). */
+static void test_added_token_error_after_a_normalized_one_frees_the_scratch(void) {
+    const char *msg = load_error(write_fixture(
+        "added_late_error", "{'normalizer': {'type': 'Replace', 'pattern': {'String': 'x'},"
+                            " 'content': 'y'},"
+                            " 'added_tokens': [{'id': 1, 'content': '<x>', 'normalized': true},"
+                            "  {'id': 9, 'content': '<z>', 'special': true}],"
+                            " 'model': {'type': 'WordLevel', 'vocab': {'a': 0}}}"));
+    CHECK_STR_CONTAINS(msg, "added token '<z>' has id 9, but HF tokenizers would give it id 2");
+}
+
 int main(void) {
     const char *tmp = getenv("TMPDIR");
     snprintf(fixture_dir, sizeof fixture_dir, "%s/test_tokenizer.XXXXXX",
@@ -556,6 +569,7 @@ int main(void) {
     TEST_RUN(test_duplicate_words_or_ids_are_errors);
     TEST_RUN(test_unsupported_normalizer_or_pre_tokenizer_is_an_error);
     TEST_RUN(test_added_token_ids_must_match_hf);
+    TEST_RUN(test_added_token_error_after_a_normalized_one_frees_the_scratch);
     if (getenv("TEST_TOKENIZER_KEEP")) {
         fprintf(stderr, "fixtures kept in %s\n", fixture_dir);
     } else {
