@@ -65,3 +65,46 @@ def test_true_scenes_round_trip(masks):
         assert codes.min() >= 0 and codes.max() < 1 + len(S.COLOURS) * len(masks)
         worst = min(worst, C.psnr(img, C.decode(codes, masks)))
     assert worst > 20, worst
+
+
+def test_the_shapes_world_does_not_import_its_scorer():
+    """tools/shapes is below tools/shapes_eval (the scorer reads scene.py): nothing in it may
+    import the scorer back, at the top of a file or inside a function."""
+    import ast
+
+    here = os.path.join(ROOT, "tools", "shapes")
+    for name in sorted(os.listdir(here)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(here, name)) as f:
+            tree = ast.parse(f.read(), name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                mods = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            else:
+                continue
+            for m in mods:
+                assert not m.startswith("tools.shapes_eval"), \
+                    "tools/shapes/%s:%d imports %s" % (name, node.lineno, m)
+
+
+def test_codebook_upper_bound_on_true_scenes(masks, tmp_path, capsys):
+    """python -m tools.shapes_eval codebook: true scenes of one prompt per category, through a
+    small code book, mostly score right, and every category is printed."""
+    from tools.shapes_eval.__main__ import main as cli_main
+
+    path = tmp_path / "codebook.npz"
+    np.savez(path, masks=masks, palette=C.PALETTE.astype(np.uint8))
+    prompts = os.path.join(ROOT, "tools", "shapes_eval", "prompts.jsonl")
+    with open(prompts) as f:
+        first = [line for line in f if line.strip()][:6]
+    (tmp_path / "p.jsonl").write_text("".join(first))
+    assert cli_main(["codebook", "--codebook", str(path), "--prompts", str(tmp_path / "p.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("round trip of true scenes: ShapesEval "), out
+    assert "of %d codes used" % (1 + len(S.COLOURS) * len(masks)) in out, out
+    for cat in ("single_object", "two_object", "counting", "colors", "position", "color_attr"):
+        assert "\n  %-14s " % cat in out, out
+    assert float(out.split("ShapesEval ")[1].split(",")[0]) >= 0.5, out

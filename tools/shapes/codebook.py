@@ -1,8 +1,7 @@
 """A code book made for the shapes world: one code for a white patch, and per palette colour
 one code per coverage pattern.
 
-    python -m tools.shapes.codebook --out build/codebook.npz --masks 33 [--images 2000]
-        [--seed 1] [--score tools/shapes_eval/prompts.jsonl]
+    python -m tools.shapes.codebook --out build/codebook.npz --masks 33 [--images 2000] [--seed 1]
 
 A token covers 8 x 8 pixels of a 128 x 128 image (the 16 x 16 grid of the demo model). Scenes
 are flat palette colours on white, antialiased at their edges, so a patch is white, or one
@@ -14,9 +13,10 @@ the full patch always among them. Code 0 is white; code 1 + c * masks + m is pal
 521.
 
 `encode` maps an image to its tokens (each patch to its colour and nearest prototype),
-`decode` paints tokens back. --score prints ShapesEval of true scenes for the prompts file's
-specs, encoded and decoded: the accuracy a model that predicts the right tokens would get
-(the code book's upper bound), and the PSNR of the round trip.
+`decode` paints tokens back. `python -m tools.shapes_eval codebook --codebook build/codebook.npz`
+prints ShapesEval of true scenes encoded and decoded: the accuracy a model that predicts the
+right tokens would get (the code book's upper bound), and the PSNR of the round trip (it lives in
+tools/shapes_eval/codebook_bound.py: the shapes world does not import its scorer).
 
 The output holds `masks` (float32 [masks, 8, 8]) and `palette` (uint8 [colours, 3]). Needs
 numpy and Pillow.
@@ -127,48 +127,18 @@ def psnr(a, b):
     return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
 
 
-def upper_bound(prompts, masks, seed):
-    """ShapesEval of true scenes for the prompts' specs after a round trip through the code
-    book: (overall, per-category table, mean PSNR, codes used)."""
-    from tools.shapes_eval import scorer
-
-    rng = np.random.default_rng(seed)
-    results, psnrs, used = [], [], set()
-    for p in prompts:
-        img = scene.render(scene.realise(p["spec"], rng))
-        codes = encode(img, masks)
-        used.update(codes.reshape(-1).tolist())
-        back = decode(codes, masks)
-        psnrs.append(psnr(img, back))
-        ok, _, _ = scorer.score_image(back, p["spec"])
-        results.append({"category": p["category"], "correct": ok})
-    table, overall, _ = scorer.summarise(results)
-    return overall, table, float(np.mean(psnrs)), len(used)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--masks", type=int, default=33)
     ap.add_argument("--images", type=int, default=2000, help="training scenes the masks come from")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--score", metavar="PROMPTS", help="print the upper bound on these prompts")
     a = ap.parse_args(argv)
     masks, palette = build(a.masks, a.images, a.seed)
     np.savez(a.out, masks=masks, palette=palette)
     n_codes = 1 + len(palette) * len(masks)
     print("codebook.py: wrote %s: %d codes (white, %d colours x %d coverage masks)"
           % (a.out, n_codes, len(palette), len(masks)))
-    if a.score:
-        from tools.shapes_eval import scorer
-
-        overall, table, mean_psnr, used = upper_bound(scorer.load_prompts(a.score), masks, a.seed)
-        print("round trip of true scenes: ShapesEval %.3f, PSNR %.1f dB, %d of %d codes used"
-              % (overall, mean_psnr, used, n_codes))
-        for cat in scorer.CATEGORIES:
-            if cat in table:
-                c, n, acc = table[cat]
-                print("  %-14s %3d / %3d  %.3f" % (cat, c, n, acc))
     return 0
 
 

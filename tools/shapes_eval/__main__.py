@@ -1,6 +1,7 @@
 """Command line: python -m tools.shapes_eval score --images DIR --prompts prompts.jsonl
               python -m tools.shapes_eval detect IMAGE.png ...
               python -m tools.shapes_eval run [--model DIR] [--limit N] ...  (generate, then score)
+              python -m tools.shapes_eval codebook --codebook build/codebook.npz  (its upper bound)
 
 Images are DIR/<id>.png or DIR/<id>_<n>.png, the prompt id as five digits (00042.png).
 Prints per-category and overall accuracy; --json writes every image's result and
@@ -15,7 +16,7 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from tools.shapes_eval import run, scorer  # noqa: E402
+from tools.shapes_eval import codebook_bound, run, scorer  # noqa: E402
 
 
 def main(argv=None):
@@ -34,10 +35,15 @@ def main(argv=None):
     ru = sub.add_parser("run", help="generate the prompts' images with arserve, then score them",
                         description=run.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_arguments(ru)
+    cb = sub.add_parser("codebook", help="score true scenes after a round trip through a code book",
+                        description=codebook_bound.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    codebook_bound.add_arguments(cb)
     a = ap.parse_args(argv)
 
     if a.cmd == "run":
         return run.run_cli(a)
+    if a.cmd == "codebook":
+        return codebook_bound.codebook_cli(a)
 
     if a.cmd == "detect":
         import numpy as np
