@@ -499,27 +499,6 @@ static double do_value(metric_t *m, const char *const *values, bool want_sum) {
     return out;
 }
 
-void metric_add_v(metric_t *m, double v, const char *const *values) {
-    if (!m)
-        return;
-    check_labels(m, m->n_labels, values, "metric_add");
-    do_add(m, v, values);
-}
-
-void metric_set_v(metric_t *m, double v, const char *const *values) {
-    if (!m)
-        return;
-    check_labels(m, m->n_labels, values, "metric_set");
-    do_set(m, v, values);
-}
-
-double metric_value_v(metric_t *m, const char *const *values) {
-    if (!m)
-        return 0;
-    check_labels(m, m->n_labels, values, "metric_value");
-    return do_value(m, values, false);
-}
-
 /* The macro entry points, which know how many values the caller wrote. */
 void metric_add_n_(metric_t *m, double v, const char *const *values, int n) {
     if (!m)
@@ -554,6 +533,21 @@ double metric_histogram_sum_n_(metric_t *m, const char *const *values, int n) {
         return 0;
     check_labels(m, n, values, "metric_histogram_sum");
     return do_value(m, values, true);
+}
+
+/* The _v forms: the macro entry points, with the family's own count. */
+void metric_add_v(metric_t *m, double v, const char *const *values) {
+    if (m)
+        metric_add_n_(m, v, values, m->n_labels);
+}
+
+void metric_set_v(metric_t *m, double v, const char *const *values) {
+    if (m)
+        metric_set_n_(m, v, values, m->n_labels);
+}
+
+double metric_value_v(metric_t *m, const char *const *values) {
+    return m ? metric_value_n_(m, values, m->n_labels) : 0;
 }
 
 /* ---- rendering ---- */
