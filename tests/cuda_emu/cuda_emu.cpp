@@ -335,6 +335,9 @@ static cudaError_t g_last = cudaSuccess;   /* for cudaGetLastError */
 static cudaError_t g_sticky = cudaSuccess; /* a kernel fault: every call fails until reset */
 static char g_fault[512];
 static unsigned long long g_launches;
+/* A planted fault (cuda_emu_fault_launch): launches to let through first, then the error. */
+static cudaError_t g_planted = cudaSuccess;
+static unsigned long long g_planted_after;
 
 static cudaError_t set_error(cudaError_t e) {
     if (e != cudaSuccess)
@@ -351,6 +354,12 @@ static cudaError_t set_error(cudaError_t e) {
 
 const char *cuda_emu_last_fault(void) { return g_fault; }
 unsigned long long cuda_emu_launch_count(void) { return g_launches; }
+
+void cuda_emu_fault_launch(unsigned long long after, cudaError_t error) {
+    std::lock_guard<std::mutex> lk(g_lock);
+    g_planted = error;
+    g_planted_after = after;
+}
 
 cudaError_t cudaGetLastError(void) {
     std::lock_guard<std::mutex> lk(g_lock);
@@ -484,6 +493,13 @@ cudaError_t cuda_emu_run(const char *name, dim3 grid, dim3 block, size_t shmem, 
             return set_error(cudaErrorInvalidValue);
         if (!stream_ok(stream))
             return set_error(cudaErrorInvalidResourceHandle);
+        if (g_planted != cudaSuccess && g_planted_after-- == 0) {
+            snprintf(g_fault, sizeof g_fault, "%s: a planted fault (cuda_emu_fault_launch)", name);
+            fprintf(stderr, "cuda_emu: kernel fault in %s\n", g_fault);
+            g_sticky = g_planted;
+            g_planted = cudaSuccess;
+            return set_error(g_sticky);
+        }
         g_launches++;
     }
     const long long n_blocks = (long long)grid.x * grid.y * grid.z;
@@ -622,6 +638,7 @@ cudaError_t cudaDeviceReset(void) {
     g_sticky = cudaSuccess;
     g_last = cudaSuccess;
     g_fault[0] = 0;
+    g_planted = cudaSuccess;
     return cudaSuccess;
 }
 

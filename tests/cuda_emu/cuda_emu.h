@@ -209,6 +209,13 @@ size_t cuda_emu_allocated_bytes(void);
 const char *cuda_emu_last_fault(void);
 /* Kernel launches so far (counts the ones that ran). */
 unsigned long long cuda_emu_launch_count(void);
+/* Plants a device fault: the launch `after` launches from now (0: the
+ * next one) does not run and fails with error, sticky as a kernel fault
+ * is (every call returns it until cudaDeviceReset), so that tests can see
+ * what code above CUDA does when the device dies (cudaErrorIllegalAddress
+ * stands for an out-of-bounds kernel). cuda_emu_last_fault() names the
+ * kernel. cudaSuccess, or cudaDeviceReset, disarms a fault not yet fired. */
+void cuda_emu_fault_launch(unsigned long long after, cudaError_t error);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -473,6 +473,39 @@ static void test_kernel_faults_are_sticky_until_reset(void) {
     cudaFree(d);
 }
 
+/* A planted fault lets the launches before it run, fails its own as a
+ * device fault does (sticky until reset, the kernel named), and is gone
+ * after a reset; a disarmed one never fires. */
+static void test_planted_fault_fires_on_its_launch(void) {
+    int *d = dev_alloc<int>(32);
+    const unsigned long long ran = cuda_emu_launch_count();
+    cuda_emu_fault_launch(2, cudaErrorIllegalAddress);
+    for (int i = 0; i < 2; i++) {
+        AR_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, 0, d, 32);
+        CHECK(cudaGetLastError() == cudaSuccess);
+    }
+    AR_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, 0, d, 32);
+    CHECK(cudaGetLastError() == cudaErrorIllegalAddress);
+    CHECK(cuda_emu_launch_count() == ran + 2); /* the faulting launch did not run */
+    CHECK_STR_CONTAINS(cuda_emu_last_fault(), "exited_lane_shuffle_kernel");
+    CHECK_STR_CONTAINS(cuda_emu_last_fault(), "planted");
+    CHECK(cudaDeviceSynchronize() == cudaErrorIllegalAddress); /* sticky */
+    CHECK(cudaMemset(d, 0, 4) == cudaErrorIllegalAddress);
+    CHECK(cudaDeviceReset() == cudaSuccess);
+    AR_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, 0, d, 32); /* fired once, not again */
+    CHECK(cudaGetLastError() == cudaSuccess);
+
+    cuda_emu_fault_launch(0, cudaErrorIllegalAddress);
+    cuda_emu_fault_launch(0, cudaSuccess); /* disarmed */
+    AR_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, 0, d, 32);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    cuda_emu_fault_launch(0, cudaErrorIllegalAddress);
+    CHECK(cudaDeviceReset() == cudaSuccess); /* a reset disarms too */
+    AR_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, 0, d, 32);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    cudaFree(d);
+}
+
 static void test_memory_errors_and_accounting(void) {
     size_t free0, total;
     CHECK(cudaMemGetInfo(&free0, &total) == cudaSuccess);
@@ -607,6 +640,7 @@ int main(void) {
     TEST_RUN(test_half_bf16_round_trip_all_patterns);
     TEST_RUN(test_launch_configuration_errors);
     TEST_RUN(test_kernel_faults_are_sticky_until_reset);
+    TEST_RUN(test_planted_fault_fires_on_its_launch);
     TEST_RUN(test_memory_errors_and_accounting);
     TEST_RUN(test_cublas_gemm_types_and_transposes);
     TEST_RUN(test_cublas_argument_errors_and_beta_zero);
