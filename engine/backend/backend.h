@@ -228,6 +228,16 @@ struct backend {
      * sync, once per step; see backend_status(). */
     int (*status)(backend_t *be, ar_error_t *err);
 
+    /* Optional (NULL: never, as on the CPU). NULL while the backend can
+     * still run a step; once it cannot, why, from then on for as long as
+     * it lives. A backend whose failures are sticky (CUDA: a faulted
+     * context fails every later call, and ->status keeps the first failure,
+     * so every later step fails) answers with its first failure. Called
+     * from the thread driving the backend, like an op; the string stays
+     * valid until destroy, and a caller that shows it to other threads
+     * copies it. See backend_unusable(). */
+    const char *(*unusable)(backend_t *be);
+
     /* A sibling for another thread: the same device and memory, so
      * weights loaded through either serve both, with its own scratch,
      * stream and handles, and n_threads threads (0: as many as this one).
@@ -244,6 +254,11 @@ struct backend {
 /* be->status where the backend has one, AR_OK otherwise. */
 static inline int backend_status(backend_t *be, ar_error_t *err) {
     return be->status ? be->status(be, err) : AR_OK;
+}
+
+/* be->unusable where the backend has one, NULL (usable) otherwise. */
+static inline const char *backend_unusable(backend_t *be) {
+    return be->unusable ? be->unusable(be) : NULL;
 }
 
 /* Checks a weight every backend can load: a float dtype, 1 to 4

@@ -245,6 +245,14 @@ static int cuda_status(backend_t *be, ar_error_t *err) {
                      impl->n_errors - 1);
 }
 
+/* Every failure is sticky (->status reports the first for as long as the
+ * backend lives, so every later step fails with it), as a faulted CUDA
+ * context is: the first failure makes the backend unusable. */
+static const char *cuda_unusable(backend_t *be) {
+    const cuda_impl_t *impl = impl_of(be);
+    return impl->n_errors ? impl->first_error.msg : NULL;
+}
+
 /* cudaSetDevice is per host thread, and the thread driving a backend may
  * change (the daemon's scheduler is not the thread that loaded the model),
  * so each op makes its device current; a thread-local cache keeps that to
@@ -1085,6 +1093,7 @@ static int cuda_start(backend_t *be, size_t reserve, ar_error_t *err) {
     be->resize_area = cuda_resize_area;
     be->transpose = cuda_transpose;
     be->status = cuda_status;
+    be->unusable = cuda_unusable;
     be->destroy = cuda_destroy;
     be->fork = cuda_fork;
     return AR_OK;

@@ -312,8 +312,10 @@ static void test_create_reserves_or_reports_errors(void) {
     CHECK_STR_CONTAINS(err.msg, "device 7 does not exist");
 }
 
-/* An embedding id outside the table is an error, not a read outside it. A
- * fresh backend keeps the shared one's status clean. */
+/* An embedding id outside the table is an error, not a read outside it,
+ * and it leaves the backend unusable, naming it (failures are sticky); the
+ * CPU backend never is. A fresh backend keeps the shared one's status
+ * clean. */
 static void test_invalid_ops_fail_loudly(void) {
     ar_error_t err = {{0}};
     backend_t *b;
@@ -327,10 +329,16 @@ static void test_invalid_ops_fail_loudly(void) {
     CHECK(b->weight_load(b, &t, table, DTYPE_F32, 2, shape, &err) == AR_OK);
     float *out = b->alloc(b, 64);
     const int ids[2] = {1, 3};
+    CHECK(backend_unusable(b) == NULL);
     b->embedding(b, out, &t, ids, 2, 0);
     CHECK(backend_status(b, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "id 3 (at 1) is outside the table's 3 rows");
+    const char *why = backend_unusable(b);
+    CHECK(why != NULL);
+    if (why)
+        CHECK_STR_CONTAINS(why, "id 3 (at 1) is outside the table's 3 rows");
     b->destroy(b);
+    CHECK(backend_unusable(cpu) == NULL);
 }
 
 /* ---- GEMMs --------------------------------------------------------------------- */
