@@ -1077,6 +1077,19 @@ static enum MHD_Result take_body(http_server_t *h, struct MHD_Connection *c, con
     return answer_and_close(h, c, cx, &e);
 }
 
+/* /health's and /ready's answer once the backend cannot run anything:
+ * {"status":"unhealthy","reason":...}, so an orchestrator restarts the
+ * daemon and whoever looks sees why. NULL when out of memory. */
+static char *unhealthy_json(const char *reason) {
+    cJSON *o = cJSON_CreateObject();
+    char *out = NULL;
+    if (o && cJSON_AddStringToObject(o, "status", "unhealthy") &&
+        cJSON_AddStringToObject(o, "reason", reason))
+        out = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return out;
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
                               const char *method, const char *version, const char *upload_data,
                               size_t *upload_data_size, void **con_cls) {
@@ -1114,6 +1127,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!strcmp(route, PAGE_ROUTE))
         return send_buf(h, c, cx, 200, "text/html; charset=utf-8", (void *)playground_html,
                         playground_html_len, 0);
+    if (!strcmp(route, "/health") || !strcmp(route, "/ready")) {
+        const char *unusable = sched_backend_unusable(h->sched);
+        if (unusable)
+            return send_json(h, c, cx, 503, unhealthy_json(unusable));
+    }
     if (!strcmp(route, "/health")) {
         int alive = sched_alive(h->sched);
         return send_json(h, c, cx, alive ? 200 : 503,

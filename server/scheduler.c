@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,9 +107,15 @@ struct scheduler {
     pthread_t *workers;
     int n_workers;
 
+    /* Why the backend (the model's, or the drawing thread's fork) can no
+     * longer run anything: written once, under mu, by the first thread to
+     * see it, then published by unusable; read without a lock. */
+    atomic_int unusable;
+    char unusable_why[sizeof(ar_error_t) + 64];
+
     metric_t *m_running, *m_waiting, *m_queue_wait, *m_first_step, *m_latency, *m_step_time,
         *m_seqs, *m_tokens, *m_images, *m_refused, *m_cancelled, *m_kv_capacity, *m_kv_reserved,
-        *m_kv_used, *m_iterations, *m_kv_overruns, *m_kv_released, *m_policy;
+        *m_kv_used, *m_iterations, *m_kv_overruns, *m_kv_released, *m_policy, *m_backend_healthy;
 };
 
 /* Waits on c for at most seconds (mu held). */
@@ -401,6 +408,32 @@ static void task_failed(scheduler_t *s, img_task_t *t, const char *what, const c
     task_free(t);
 }
 
+/* After a failure on be (the model's backend or the drawing fork): when be
+ * says it can no longer run anything, every later step or draw would fail
+ * too, so the scheduler records why (the first such reason), says so once
+ * in the log and turns arserve_backend_healthy to 0. Called from the thread
+ * driving be. */
+static void check_backend(scheduler_t *s, backend_t *be) {
+    const char *why = backend_unusable(be);
+    if (!why)
+        return;
+    pthread_mutex_lock(&s->mu);
+    const int first = !atomic_load(&s->unusable);
+    if (first) {
+        snprintf(s->unusable_why, sizeof s->unusable_why, "backend %s unusable after: %s", be->name,
+                 why);
+        atomic_store(&s->unusable, 1);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!first)
+        return;
+    metric_set(s->m_backend_healthy, 0);
+    log_msg(LOG_ERROR,
+            "%s; every request will fail from now on, and /health and /ready answer 503: restart "
+            "the daemon",
+            s->unusable_why);
+}
+
 /* The drawing thread: takes every queued image at once and draws them in
  * turn on its own backend with buffers made once, then hands the pixels to
  * the PNG workers. An image whose job has failed already is not drawn. */
@@ -421,6 +454,7 @@ static void *draw_main(void *arg) {
                 task_failed(s, t, "drawing", "image decoding failed", "out of memory");
             } else if (gen_drawer_draw(&s->drawer, t->tokens, t->n_done, t->rgb, &err) != AR_OK) {
                 task_failed(s, t, "drawing", "image decoding failed", err.msg);
+                check_backend(s, s->drawer.be);
             } else {
                 free(t->tokens);
                 t->tokens = NULL;
@@ -648,8 +682,10 @@ static void *engine_main(void *arg) {
         const double t0 = clock_now_s();
         const int rc = batcher_step(s->batcher, &err);
         const double t1 = clock_now_s();
-        if (rc != AR_OK)
+        if (rc != AR_OK) {
             log_msg(LOG_ERROR, "engine step failed: %s", err.msg);
+            check_backend(s, s->model->be);
+        }
         pthread_mutex_lock(&s->mu);
         batcher_finish(s->batcher, rc, &err);
         n_ev = take_events(s, &ev, &cap);
@@ -830,6 +866,10 @@ int sched_active_jobs(scheduler_t *s) {
     return st.waiting + st.running;
 }
 
+const char *sched_backend_unusable(scheduler_t *s) {
+    return atomic_load(&s->unusable) ? s->unusable_why : NULL;
+}
+
 int sched_alive(scheduler_t *s) {
     pthread_mutex_lock(&s->mu);
     int a = s->alive;
@@ -927,11 +967,17 @@ static void register_metrics(scheduler_t *s, metrics_t *m) {
         "How far running requests' reserved KV peaks went down when their plans tightened "
         "(HeadKV after grouping, AMS-KV once a layer has decided).",
         0, NULL);
+    s->m_backend_healthy =
+        metrics_gauge(m, "arserve_backend_healthy",
+                      "1 while the backend can run steps; 0 once it cannot (a CUDA fault: every "
+                      "later step fails until the daemon restarts).",
+                      0, NULL);
     metric_set(s->m_kv_capacity, (double)kv_pool_capacity_bytes(&s->pool));
     metric_set(s->m_kv_reserved, 0);
     metric_set(s->m_kv_used, 0);
     metric_set(s->m_running, 0);
     metric_set(s->m_waiting, 0);
+    metric_set(s->m_backend_healthy, 1);
 }
 
 /* Stops and joins whatever threads run (idempotent). */

@@ -144,6 +144,11 @@ int sched_draining(scheduler_t *s);
 int sched_active_jobs(scheduler_t *s);
 /* 1 while the engine thread is alive (for /health). */
 int sched_alive(scheduler_t *s);
+/* NULL while the backend can run steps; once it cannot (backend_unusable
+ * said so after a step or a draw failed), why: "backend NAME unusable
+ * after: ...", for /health and /ready. Cheap and safe from any thread; the
+ * string lives as long as the scheduler. */
+const char *sched_backend_unusable(scheduler_t *s);
 
 /* Peak KV bytes of one image (its CFG pair) under policy p with a prompt of
  * n_prompt tokens; 0 when p does not suit the model. */

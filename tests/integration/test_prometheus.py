@@ -77,6 +77,7 @@ def test_metrics_names_and_types(busy_daemon):
         "arserve_admissions_refused_total": "counter",
         "arserve_requests_cancelled_total": "counter",
         "arserve_build_info": "gauge",
+        "arserve_backend_healthy": "gauge",
     }
     missing = {n: k for n, k in want.items() if types.get(n) != k}
     assert not missing, f"missing or mistyped: {missing}\n{text}"
@@ -86,6 +87,7 @@ def test_metrics_names_and_types(busy_daemon):
     assert 'arserve_http_requests_total{route="/v1/images/generations",code="200"}' in text
     assert 'arserve_http_requests_total{route="other",code="404"}' in text
     assert 'backend="cpu"' in text and 'model="tiny-random"' in text
+    assert "\narserve_backend_healthy 1\n" in text  # the CPU backend never dies
     assert 'arserve_images_admitted_total{policy="full"}' in text
 
 
