@@ -320,8 +320,17 @@ $(BUILD)/tests/test_backend_e2e: tests/backend/test_backend_e2e.c $(EMU_OBJ) $(E
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
 
+# The daemon's scheduler and HTTP front on loopback serving the tiny model on
+# the CUDA backend under the emulator: a device fault planted in a launch
+# turns /health and /ready to 503 with the CUDA error, and the health gauge to 0.
+$(BUILD)/tests/test_backend_health: tests/backend/test_backend_health.c $(EMU_OBJ) $(CLI_LIB) \
+                                    $(SERVER_LIB) $(ENGINE_LIB) tests/test.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) \
+	    $(SERVER_LIBS) $(LDLIBS) -lstdc++
+
 test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops $(BUILD)/tests/test_backend_e2e \
-              $(TINY_MODEL)/arserve.json
+              $(BUILD)/tests/test_backend_health $(TINY_MODEL)/arserve.json
 	OMP_WAIT_POLICY=passive ARSERVE_TINY_MODEL=$(TINY_MODEL) tests/run_unit.sh $(filter $(BUILD)/tests/%,$^)
 
 # With CUDA=1: the conformance suite, the end-to-end test and the golden
