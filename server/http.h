@@ -48,7 +48,9 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
                           metrics_t *metrics, ar_error_t *err);
 /* The port actually bound (useful with port 0). */
 int http_port(const http_server_t *h);
-/* /ready answers 200 only when set (model loaded and not draining). */
+/* /ready answers 200 only when set (model loaded and not draining) and the
+ * backend can run (sched_backend_unusable); /health, only while the engine
+ * loop lives and the backend can run. */
 void http_set_ready(http_server_t *h, int ready);
 /* Requests being answered now (bodies read, responses not yet sent). */
 int http_inflight(http_server_t *h);
