@@ -1154,6 +1154,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!atomic_load(&h->ready) || sched_draining(h->sched))
         return fail(h, c, cx, 503, NULL, "not_ready",
                     "the server is not accepting work (loading or shutting down)");
+    /* A dead backend would fail the request at its first step: refuse it
+     * now, as /health and /ready say. */
+    const char *unusable = sched_backend_unusable(h->sched);
+    if (unusable)
+        return fail(h, c, cx, 503, NULL, "backend_unusable",
+                    "the server cannot generate until it is restarted: %s", unusable);
     return handle_generate(h, c, cx);
 }
 

@@ -107,14 +107,20 @@ static int request(const char *method, const char *path, const char *json, char 
 
 static int get(const char *path, char **body) { return request("GET", path, NULL, body); }
 
-static int generate(void) {
-    char *body = NULL;
+/* POST a generation; its body into *body when body is given (free it). */
+static int generate_body(char **body) {
+    char *text = NULL;
     const int status =
         request("POST", "/v1/images/generations",
-                "{\"prompt\":\"a red circle\",\"response_format\":\"b64_json\"}", &body);
-    free(body);
+                "{\"prompt\":\"a red circle\",\"response_format\":\"b64_json\"}", &text);
+    if (body)
+        *body = text;
+    else
+        free(text);
     return status;
 }
+
+static int generate(void) { return generate_body(NULL); }
 
 /* The value of the sample line "name value" in a /metrics text; NAN when absent. */
 static double sample(const char *text, const char *name) {
@@ -213,11 +219,16 @@ static void fail_twice(void) {
     check_unhealthy("/health");
     check_unhealthy("/ready");
     CHECK(backend_healthy() == 0);
-    CHECK(generate() == 500); /* every later step fails too */
+    /* a later request is refused before it queues: no step runs on a dead device */
+    char *body = NULL;
+    CHECK(generate_body(&body) == 503);
+    CHECK_STR_CONTAINS(body ? body : "", "\"backend_unusable\"");
+    CHECK_STR_CONTAINS(body ? body : "", "backend cuda unusable after: ");
+    free(body);
 }
 
 /* After a device fault: 503 from /health and /ready with the reason, the
- * gauge at 0, and one log line however many requests fail after it. */
+ * gauge at 0, later generations refused with 503, and one log line. */
 static void test_device_fault_turns_health_and_ready_503(void) {
     char *log = capture_stderr(fail_twice);
     CHECK(log != NULL);
