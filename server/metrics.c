@@ -2,6 +2,7 @@
  * an array kept sorted by label values, so an update is a mutex and a binary
  * search, and a render walks them in order. Format: text exposition 0.0.4. */
 #include "server/metrics.h"
+#include "server/metrics_test.h"
 
 #include <math.h>
 #include <pthread.h>

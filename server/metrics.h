@@ -85,17 +85,12 @@ metric_t *metrics_gauge_fn(metrics_t *reg, const char *name, const char *help,
  *
  * These are macros that pass the values as an array of const char *, so a
  * value of another type (an int status code) does not compile, and the count
- * is checked at run time. The _v forms take an array of exactly n_labels
- * values instead (the count cannot be checked there). */
+ * is checked at run time. */
 #define metric_add(m, v, ...) metric_add_n_((m), (v), METRICS_LABELS_(__VA_ARGS__))
 #define metric_set(m, v, ...) metric_set_n_((m), (v), METRICS_LABELS_(__VA_ARGS__))
 #define metric_observe(m, v, ...) metric_observe_n_((m), (v), METRICS_LABELS_(__VA_ARGS__))
 #define metric_value(m, ...) metric_value_n_((m), METRICS_LABELS_(__VA_ARGS__))
 #define metric_histogram_sum(m, ...) metric_histogram_sum_n_((m), METRICS_LABELS_(__VA_ARGS__))
-
-void metric_add_v(metric_t *m, double v, const char *const *label_values);
-void metric_set_v(metric_t *m, double v, const char *const *label_values);
-double metric_value_v(metric_t *m, const char *const *label_values);
 
 /* Renders every family, sorted by name: HELP and TYPE once each, series
  * sorted by their label values (byte order, first label first), histogram

@@ -36,6 +36,9 @@ done <<'LIST'
 engine/batcher.h batcher_iterate engine/batcher_test.h
 server/scheduler.h sched_kv_overruns server/scheduler_test.h
 server/config.h server_config_to_json server/config_test.h
+server/metrics.h metric_add_v server/metrics_test.h
+server/metrics.h metric_set_v server/metrics_test.h
+server/metrics.h metric_value_v server/metrics_test.h
 LIST
 
 # A *_test.h may be included by tests and by the file that defines what it

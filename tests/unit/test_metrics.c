@@ -4,7 +4,7 @@
  * errors abort with a message (checked in a forked child).
  * Run: gcc -std=c11 -D_GNU_SOURCE -I. tests/unit/test_metrics.c server/metrics.c
  *      base/status.c -lpthread -lm && ./a.out */
-#include "server/metrics.h"
+#include "server/metrics_test.h"
 #include "tests/test.h"
 
 #include <math.h>
