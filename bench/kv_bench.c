@@ -24,11 +24,12 @@
  * Checks, in both runs: every image's measured peak (its blocks after a
  * step's appends, gen_request_t.kv_peak_blocks) equals its planned peak, and
  * at every iteration the pool's high-water mark equals the planner's
- * reservation. Both are exact for full, streaming and linear. HeadKV plans
- * every head as global: an image's peak is exact when it comes before heads
- * are grouped (the table's rows), else a bound (`<=`); the pool's use per
- * iteration is always a bound once heads are grouped, since local heads
- * hold less than the global plan.
+ * reservation. Both are exact for a policy whose plan is
+ * (kv_policy_plan_exact). A worst-case plan's peak is exact where
+ * kv_policy_peak_exact says so (HeadKV's, every head planned global, when
+ * it comes before heads are grouped: the table's rows), else a bound
+ * (`<=`); the pool's use per iteration is always a bound under a
+ * worst-case plan, since some heads hold less than it.
  * Exit status: 0; 1 on an error; 3 when a check failed (the JSON says where). */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -232,18 +233,11 @@ static size_t *plan(const bench_t *b, const kv_policy_params_t *pol, const promp
     return t;
 }
 
-/* Is the plan of pol exact for prompt p (see the top of the file)? */
+/* Is the planned peak of pol exact for prompt p (see the top of the file)? */
 static int plan_is_exact(const bench_t *b, const kv_policy_params_t *pol, const prompt_t *p) {
-    if (pol->kind == KV_POLICY_AMSKV)
-        return 0; /* planned as if every layer expands */
-    if (pol->kind != KV_POLICY_HEADKV)
-        return 1;
-    planner_plan_t pl;
-    if (planner_plan(&pl, &b->model.cfg, pol, p->n_prompt, b->block_tokens, NULL, NULL) != AR_OK)
-        return 0;
-    const int first_peak = pl.peak_step;
-    planner_plan_free(&pl);
-    return first_peak <= pol->headkv_group_tokens;
+    kv_geometry_t g;
+    model_geometry(&b->model.cfg, p->n_prompt, &g);
+    return kv_policy_peak_exact(pol, &g);
 }
 
 /* ---- runs ---- */
@@ -421,8 +415,7 @@ static int run(bench_t *b, const kv_policy_params_t *pol, int exact, item_t *ite
                   .exact = exact,
                   /* Layered requests at different steps peak at different
                    * layers: the pool's peak is then below the plans' sum. */
-                  .step_exact = exact && pol->kind != KV_POLICY_HEADKV &&
-                                pol->kind != KV_POLICY_AMSKV &&
+                  .step_exact = exact && kv_policy_plan_exact(pol->kind) &&
                                 (waves > 0 || !kv_policy_kind_layered(pol->kind, &geo)),
                   .png_dir = png_dir,
                   .rgb = malloc((size_t)b->width * b->height * 3),

@@ -409,6 +409,33 @@ int kv_policy_trajectory(const kv_policy_params_t *p, const kv_geometry_t *g, in
     return kv_policy_trajectory_blocks(p, g, 1, NULL, tokens, field, err);
 }
 
+int kv_policy_plan_exact(kv_policy_kind_t kind) {
+    const kv_policy_ops_t *ops = ops_of(kind);
+    return ops && !ops->plan_bound;
+}
+
+int kv_policy_peak_exact(const kv_policy_params_t *p, const kv_geometry_t *g) {
+    const kv_policy_ops_t *ops = ops_of(p->kind);
+    if (!ops || kv_policy_check(p, g, NULL, NULL) != AR_OK)
+        return 0;
+    if (!ops->plan_bound)
+        return 1;
+    if (!ops->plan_exact_through)
+        return 0;
+    const int steps = kv_geometry_steps(g);
+    int *tokens = malloc((size_t)steps * sizeof *tokens);
+    if (!tokens || kv_policy_trajectory(p, g, tokens, NULL, NULL) != AR_OK) {
+        free(tokens);
+        return 0;
+    }
+    int first_peak = 0;
+    for (int t = 1; t < steps; t++)
+        if (tokens[t] > tokens[first_peak])
+            first_peak = t;
+    free(tokens);
+    return first_peak <= ops->plan_exact_through(p);
+}
+
 void kv_policy_describe(const kv_policy_params_t *p, const kv_geometry_t *g, char *buf,
                         size_t cap) {
     ar_error_t err = {{0}};

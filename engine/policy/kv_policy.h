@@ -275,9 +275,9 @@ int kv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, const c
 /* kv_policy_check, then the worst-case tokens one head holds during each
  * step t (after the step's append, before its compaction), for t in
  * [0, kv_geometry_steps(g)); a layered policy's heads differ, and tokens[t]
- * is the most any head holds. Exact for full, streaming, linear, heatkv and
- * heatkv_binary; HeadKV plans every head as global, AMS-KV every layer
- * expanded (kv_policy_remaining_blocks tightens them as requests run). */
+ * is the most any head holds. Exact where kv_policy_plan_exact says so,
+ * else a worst case (kv_policy_remaining_blocks tightens it as requests
+ * run). */
 int kv_policy_trajectory(const kv_policy_params_t *p, const kv_geometry_t *g, int *tokens,
                          const char **field, ar_error_t *err);
 
@@ -291,6 +291,19 @@ int kv_policy_trajectory(const kv_policy_params_t *p, const kv_geometry_t *g, in
 int kv_policy_trajectory_blocks(const kv_policy_params_t *p, const kv_geometry_t *g,
                                 int block_tokens, long long *blocks, int *tokens,
                                 const char **field, ar_error_t *err);
+
+/* 1 when kind's trajectory is exact: every (layer, head) holds what it says
+ * during every step, so a pool's use equals the sum of its requests'
+ * plans; 0 when it is a worst case some heads stay below. The policy
+ * table says which (kv_policy_ops_t.plan_bound). */
+int kv_policy_plan_exact(kv_policy_kind_t kind);
+
+/* 1 when every sequence of p on g holds, at its peak, exactly the plan's
+ * peak (kv_policy_trajectory's most tokens, and so its blocks): every exact
+ * plan, and a worst case whose first peak comes while every head still
+ * holds what it says (HeadKV's when it peaks no later than its grouping);
+ * 0 otherwise, when p fails on g, or out of memory. */
+int kv_policy_peak_exact(const kv_policy_params_t *p, const kv_geometry_t *g);
 
 /* The least budget, on a 1e-4 grid, with which p (its knobs as they are)
  * passes kv_policy_check on g: the budget a smaller cache cannot go below.

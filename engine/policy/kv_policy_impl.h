@@ -16,6 +16,15 @@ typedef struct kv_policy_ops {
     unsigned stats;        /* KV_STATS_* it asks the engine to collect */
     /* The step units (1 << KV_STEP_*) it runs on; 0: every one. */
     unsigned step_units;
+    /* 1 when its trajectory is a worst case that some heads stay below
+     * (what it settles while a request runs: kv_policy_remaining_blocks
+     * tightens it through clone); 0 when every head holds what it says
+     * during every step. kv_policy_plan_exact reads it. */
+    int plan_bound;
+    /* With plan_bound: the last step during which every head still holds
+     * what the plan says (nothing has settled yet), for kv_policy_peak_exact;
+     * NULL: none is promised. */
+    int (*plan_exact_through)(const kv_policy_params_t *p);
     /* Whether the budget means anything on geometry g (streaming on scales:
      * no). NULL: takes_budget. */
     int (*uses_budget)(const kv_geometry_t *g);

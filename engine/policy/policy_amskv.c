@@ -215,6 +215,7 @@ const kv_policy_ops_t kv_policy_amskv = {
     .default_budget = 1, /* its capacities come from the pyramid, not a budget */
     .takes_budget = 0,
     .step_units = 1u << KV_STEP_SEGMENT,
+    .plan_bound = 1, /* every layer planned expanded at its first decision */
     .check = amskv_check,
     .begin = amskv_begin,
     .end = amskv_end,

@@ -132,6 +132,10 @@ static int headkv_collect(const void *state, int t) {
 /* The grouping classifies every head: the rest of the plan is known. */
 static int headkv_settled(const void *state, int t) { return groups(state, t); }
 
+/* Until the grouping step's compaction every head holds every token, as
+ * the plan (every head global) says. */
+static int headkv_exact_through(const kv_policy_params_t *p) { return p->headkv_group_tokens; }
+
 static int headkv_kept_after(const void *state, int t, int v) {
     const headkv_t *s = state;
     if ((groups(s, t) || updates(s, t)) && v > s->G - s->buf)
@@ -220,6 +224,8 @@ const kv_policy_ops_t kv_policy_headkv = {
     .takes_budget = 1,
     .step_units = 1u << KV_STEP_TOKEN,
     .stats = KV_STATS_KEY_MASS,
+    .plan_bound = 1, /* every head planned global */
+    .plan_exact_through = headkv_exact_through,
     .check = headkv_check,
     .begin = headkv_begin,
     .end = headkv_end,

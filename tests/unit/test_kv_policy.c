@@ -74,7 +74,7 @@ static int sim_init(sim_t *m, const kv_policy_params_t *p, const kv_geometry_t *
     m->steps = kv_geometry_steps(g);
     m->cap = g->n_prompt + m->steps;
     m->n_heads_total = g->n_layers * g->n_heads;
-    m->exact = p->kind != KV_POLICY_HEADKV;
+    m->exact = kv_policy_plan_exact(p->kind);
     m->attn = attn;
     m->ctx = ctx;
     ar_error_t err;
@@ -1272,6 +1272,38 @@ static void test_geometry_sampled_per_step(void) {
     CHECK(kv_geometry_sampled(&scales, 0) == 1 && kv_geometry_sampled(&scales, 9) == 16 * 16);
 }
 
+/* Whose planned peak is exact: every policy whose plan is exact; HeadKV
+ * (every head planned global) when its peak comes no later than its
+ * grouping, as with the paper's grouping length on the demo grid, not when
+ * it groups early and peaks later; AMS-KV (every layer planned expanded)
+ * never; and nothing that fails its check. */
+static void test_peak_exact(void) {
+    kv_geometry_t demo = geom(20, 16, 16, 4, 4);
+    kv_policy_params_t p;
+    for (int k = 0; k < KV_POLICY_COUNT; k++) {
+        kv_policy_defaults(&p, (kv_policy_kind_t)k);
+        if (kv_policy_plan_exact((kv_policy_kind_t)k) && kv_policy_suits(p.kind, &demo))
+            CHECK_MSG(kv_policy_peak_exact(&p, &demo) ==
+                          (kv_policy_check(&p, &demo, NULL, NULL) == AR_OK),
+                      "%s", kv_policy_name(p.kind));
+    }
+    CHECK(!kv_policy_plan_exact(KV_POLICY_HEADKV) && !kv_policy_plan_exact(KV_POLICY_AMSKV));
+    kv_policy_defaults(&p, KV_POLICY_HEADKV);
+    p.budget = 0.25; /* G = 64: the peak is the grouping step's P + 100 */
+    int traj[256];
+    CHECK(kv_policy_trajectory(&p, &demo, traj, NULL, NULL) == AR_OK && traj[100] == 120);
+    CHECK(kv_policy_peak_exact(&p, &demo));
+    p.headkv_group_tokens = 20; /* groups at 20, peaks at P + G = 84 later */
+    CHECK(!kv_policy_peak_exact(&p, &demo));
+    p.budget = 0.01; /* too small: fails its check */
+    CHECK(!kv_policy_peak_exact(&p, &demo));
+    kv_geometry_t var = scale_geom(1, var_sides, 10, 2, 2);
+    kv_policy_defaults(&p, KV_POLICY_AMSKV);
+    CHECK(kv_policy_check(&p, &var, NULL, NULL) == AR_OK && !kv_policy_peak_exact(&p, &var));
+    kv_policy_defaults(&p, KV_POLICY_FULL);
+    CHECK(kv_policy_peak_exact(&p, &var));
+}
+
 int main(void) {
     TEST_RUN(test_parse_names_and_defaults);
     TEST_RUN(test_full_keeps_everything);
@@ -1288,6 +1320,7 @@ int main(void) {
     TEST_RUN(test_trajectory_bounds_random_runs);
     TEST_RUN(test_knob_table_and_check_fields);
     TEST_RUN(test_min_budget);
+    TEST_RUN(test_peak_exact);
     TEST_RUN(test_validate_messages);
     TEST_RUN(test_full_on_scales);
     TEST_RUN(test_streaming_on_scales);
