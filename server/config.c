@@ -33,6 +33,9 @@ typedef struct setting {
     const char *const *choices; /* KIND_ENUM, NULL-terminated */
     int may_be_empty;           /* KIND_STRING */
     const char *metavar, *help;
+    /* What --help adds to help in parentheses, from the table that knows
+     * it (kv_budget: each policy's own budget); NULL: nothing. */
+    const char *(*help_list)(char *buf, size_t cap);
 } setting_t;
 
 #define FIELD(f)                                                                                   \
@@ -108,7 +111,8 @@ static const setting_t SETTINGS[] = {
     {FIELD_AT(kv_budget, kv.budget), .kind = KIND_REAL, .rlo = 0, .rhi = 1, .rdef = 0,
      .metavar = "B",
      .help = "KV budget of requests without 'kv_budget', as a fraction of the full cache "
-             "(0.25 or 1/4); 0: each policy's own (streaming and linear 1/6, headkv 1/8)"},
+             "(0.25 or 1/4); 0: each policy's own",
+     .help_list = kv_policy_budget_list},
     /* Each knob's default for requests of its policy that do not give it. */
     KV_POLICY_KNOBS(KNOB_SETTING)
         INT_SETTING(threads, 0, 1024, 0, "N",
@@ -677,7 +681,7 @@ int server_config_load(server_config_t *c, int argc, char **argv, char **envp, i
 }
 
 void server_config_usage(FILE *f) {
-    char flag[128], env[128], left[160], text[512];
+    char flag[128], env[128], left[160], text[1024], list[512];
     fprintf(f, "Every option is also an environment variable and a key of the JSON config\n"
                "file; a flag beats the environment, which beats the file.\n\n");
     fprintf(f, "  %-29s env %s\n", "--config FILE", ENV_CONFIG);
@@ -687,7 +691,9 @@ void server_config_usage(FILE *f) {
         const setting_t *s = &SETTINGS[i];
         snprintf(left, sizeof left, "%s %s", flag_name(s, flag, sizeof flag), s->metavar);
         fprintf(f, "  %-29s env %s\n", left, env_name(s, env, sizeof env));
-        int n = snprintf(text, sizeof text, "%s. ", s->help);
+        int n = s->help_list ? snprintf(text, sizeof text, "%s (%s). ", s->help,
+                                        s->help_list(list, sizeof list))
+                             : snprintf(text, sizeof text, "%s. ", s->help);
         if (s->kind == KIND_INT) {
             snprintf(text + n, sizeof text - n, "%lld..%lld, default %lld.", s->lo, s->hi, s->def);
         } else if (s->kind == KIND_REAL) {

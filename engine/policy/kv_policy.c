@@ -7,6 +7,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +157,56 @@ const char *kv_policy_list(char *buf, size_t cap) {
 double kv_policy_default_budget(kv_policy_kind_t kind) {
     const kv_policy_ops_t *ops = ops_of(kind);
     return ops ? ops->default_budget : 1.0;
+}
+
+/* A budget as people write it: "1/6" when it is one over a whole number
+ * (as a double, exactly), else "%g" ("0.3"); returns buf. */
+static const char *budget_text(double budget, char *buf, size_t cap) {
+    const double inv = budget > 0 ? floor(1 / budget + 0.5) : 0;
+    if (inv >= 1 && inv <= 1e6 && 1 / inv == budget)
+        snprintf(buf, cap, "1/%.0f", inv);
+    else
+        snprintf(buf, cap, "%g", budget);
+    return buf;
+}
+
+/* Appends the printf-style text to buf[*used..cap), never past cap. */
+static void list_append(char *buf, size_t cap, size_t *used, const char *fmt, ...) {
+    if (*used >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(buf + *used, cap - *used, fmt, ap);
+    va_end(ap);
+    *used += n > 0 ? (size_t)n : 0;
+}
+
+const char *kv_policy_budget_list(char *buf, size_t cap) {
+    size_t used = 0;
+    int n_with = 0, n_none = 0, none_left = 0;
+    if (cap)
+        buf[0] = 0;
+    for (int i = 0; i < KV_POLICY_COUNT; i++)
+        none_left += !kv_policy_table[i]->takes_budget;
+    for (int i = 0; i < KV_POLICY_COUNT; i++) {
+        const kv_policy_ops_t *ops = kv_policy_table[i];
+        if (!ops->takes_budget)
+            continue;
+        char b[32];
+        list_append(buf, cap, &used, "%s%s %s", n_with++ ? ", " : "", kv_policy_names[i],
+                    budget_text(ops->default_budget, b, sizeof b));
+    }
+    for (int i = 0; i < KV_POLICY_COUNT; i++) {
+        if (kv_policy_table[i]->takes_budget)
+            continue;
+        const char *sep = n_none == 0 ? (n_with ? "; " : "") : none_left == 1 ? " and " : ", ";
+        list_append(buf, cap, &used, "%s%s", sep, kv_policy_names[i]);
+        n_none++;
+        none_left--;
+    }
+    if (n_none)
+        list_append(buf, cap, &used, " take%s none", n_none == 1 ? "s" : "");
+    return buf;
 }
 
 int kv_policy_uses_budget(kv_policy_kind_t kind, const kv_geometry_t *g) {

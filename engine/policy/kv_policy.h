@@ -234,6 +234,10 @@ extern const char *const kv_policy_names[KV_POLICY_COUNT + 1];
 const char *kv_policy_list(char *buf, size_t cap);
 /* A policy's budget when a request or the config gives none. */
 double kv_policy_default_budget(kv_policy_kind_t kind);
+/* Every policy that takes a budget with its own (1/6 where it is one over
+ * a whole number), then those that take none, in table order: "streaming
+ * 1/6, linear 1/6, ...; full and amskv take none" into buf; returns buf. */
+const char *kv_policy_budget_list(char *buf, size_t cap);
 /* 1 when a policy's budget shapes its cache on geometry g (0 for full, and
  * for streaming on scales, where the sink and recent scales fix it). */
 int kv_policy_uses_budget(kv_policy_kind_t kind, const kv_geometry_t *g);

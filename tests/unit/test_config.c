@@ -588,6 +588,83 @@ static void test_kv_defaults_are_the_papers(void) {
     free(json);
 }
 
+/* The text of --help's paragraph for flag (its lines joined, the
+ * indentation gone) into out. */
+static void usage_paragraph(const char *usage, const char *flag, char *out, size_t cap) {
+    out[0] = 0;
+    const char *p = strstr(usage, flag);
+    if (!p)
+        return;
+    p += strcspn(p, "\n"); /* past the flag's own line */
+    size_t n = 0;
+    while (*p == '\n' && !strncmp(p + 1, "      ", 6)) {
+        p += 1 + 6;
+        if (n && n + 1 < cap)
+            out[n++] = ' ';
+        while (*p && *p != '\n' && n + 1 < cap)
+            out[n++] = *p++;
+    }
+    out[n] = 0;
+}
+
+/* --kv-budget's help says each policy's own budget: exactly the policies
+ * of the table that take one, each with its default, then the others. */
+static void test_kv_budget_help_lists_every_policy(void) {
+    char *text = NULL, para[2048], *save = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    server_config_usage(f);
+    fclose(f);
+    usage_paragraph(text, "--kv-budget B", para, sizeof para);
+    const char *open = strstr(para, "each policy's own (");
+    CHECK_MSG(open != NULL, "%s", para);
+    char list[1024] = "";
+    if (open)
+        snprintf(list, sizeof list, "%.*s", (int)strcspn(open + 19, ")"), open + 19);
+    int listed[KV_POLICY_COUNT] = {0};
+    char *none = strstr(list, "; ");
+    if (none) {
+        *none = 0;
+        none += 2;
+    }
+    /* "name B, name B, ..." */
+    for (char *item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char name[64];
+        int num = 0, den = 0;
+        double b = 0;
+        if (sscanf(item, " %63s %d/%d", name, &num, &den) == 3 && den > 0)
+            b = (double)num / den;
+        else if (sscanf(item, " %63s %lf", name, &b) != 2)
+            CHECK_MSG(0, "'%s' is not 'policy budget'", item);
+        const int k = kv_policy_parse(name);
+        CHECK_MSG(k >= 0 && kv_policy_uses_budget((kv_policy_kind_t)k, NULL) && !listed[k],
+                  "'%s' listed with a budget", name);
+        if (k >= 0) {
+            listed[k]++;
+            CHECK_NEAR(b, kv_policy_default_budget((kv_policy_kind_t)k), 1e-12, 0);
+        }
+    }
+    /* "name, name and name take none" */
+    char *end = none ? strstr(none, " take") : NULL;
+    CHECK_MSG(end != NULL, "no policies without a budget in '%s'", para);
+    if (end) {
+        *end = 0;
+        for (char *item = strtok_r(none, ", ", &save); item; item = strtok_r(NULL, ", ", &save)) {
+            if (!strcmp(item, "and"))
+                continue;
+            const int k = kv_policy_parse(item);
+            CHECK_MSG(k >= 0 && !kv_policy_uses_budget((kv_policy_kind_t)k, NULL) && !listed[k],
+                      "'%s' listed as taking no budget", item);
+            if (k >= 0)
+                listed[k]++;
+        }
+    }
+    for (int k = 0; k < KV_POLICY_COUNT; k++)
+        CHECK_MSG(listed[k] == 1, "%s is not in --kv-budget's help: %s",
+                  kv_policy_name((kv_policy_kind_t)k), para);
+    free(text);
+}
+
 static void test_kv_settings_from_every_source(void) {
     server_config_t c;
     ar_error_t err;
@@ -694,6 +771,7 @@ int main(void) {
     TEST_RUN(test_bad_key_file);
     TEST_RUN(test_help);
     TEST_RUN(test_usage_lists_every_setting);
+    TEST_RUN(test_kv_budget_help_lists_every_policy);
     TEST_RUN(test_to_json_redacts_key);
     TEST_RUN(test_to_json_round_trips);
     TEST_RUN(test_example_file_equals_defaults);
