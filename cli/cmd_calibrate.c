@@ -163,6 +163,9 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
     const char *model_dir = NULL, *prompts = NULL, *out = NULL, *backend = "cpu";
     long long sinks = 3, threads = 0;
     int help = 0, scales = 0;
+    char names[128], backend_help[256];
+    snprintf(backend_help, sizeof backend_help, "%s, or %s (default cpu)",
+             backend_list(0, names, sizeof names), BACKEND_AUTO);
     const cli_flag_t flags[] = {
         {"model", 0, CLI_STRING, &model_dir, .metavar = "DIR",
          .help = "the model directory: a next-scale one, or any with --kv-scales (required)"},
@@ -177,8 +180,7 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
          .help = "sink scales the CAS ordering leaves out (default 3, HeatKV's)"},
         {"out", 0, CLI_STRING, &out, .metavar = "FILE",
          .help = "where to write (default DIR/" KV_CALIBRATION_FILE " or DIR/" FP8_SCALES_FILE ")"},
-        {"backend", 0, CLI_STRING, &backend, .metavar = "NAME",
-         .help = "cpu or cuda (default cpu)"},
+        {"backend", 0, CLI_STRING, &backend, .metavar = "NAME", .help = backend_help},
         {"threads", 0, CLI_INT, &threads, 0, 1024, .metavar = "N",
          .help = "CPU threads, 0 = all cores (default 0)"},
         {0}};

@@ -199,6 +199,17 @@ int cmd_generate(int argc, char **argv, char **envp) {
                          .cfg = -1,
                          .temperature = -1,
                          .top_p = -1};
+    /* The backends' and the KV types' names from their tables. */
+    char names[128], rule[256], backend_help[512], types[128] = "", kv_dtype_help[512];
+    snprintf(backend_help, sizeof backend_help, "%s, or %s: %s (default %s)",
+             backend_list(0, names, sizeof names), BACKEND_AUTO,
+             backend_auto_rule(rule, sizeof rule), BACKEND_AUTO);
+    for (const char *const *t = planner_kv_dtype_settings + 1; *t; t++)
+        snprintf(types + strlen(types), sizeof types - strlen(types), "%s, ", *t);
+    snprintf(kv_dtype_help, sizeof kv_dtype_help,
+             "type the KV cache stores K and V in: %sor %s, the weights' type (default %s); "
+             "fp8 is e4m3",
+             types, planner_kv_dtype_settings[0], planner_kv_dtype_settings[0]);
     const cli_flag_t flags[] = {
         {"model", 0, CLI_STRING, &a.model_dir, .metavar = "DIR",
          .help = "model directory (arserve.json, weights, tokenizer.json); default: "
@@ -224,12 +235,8 @@ int cmd_generate(int argc, char **argv, char **envp) {
          .help = "nucleus sampling mass in (0, 1], 1 = off"},
         {"threads", 0, CLI_INT, &a.threads, 0, 1024, .metavar = "N",
          .help = "CPU threads, 0 = all cores (default 0)"},
-        {"backend", 0, CLI_STRING, &a.backend, .metavar = "NAME",
-         .help = "cpu, cuda, or auto: cuda when built in (make CUDA=1) and a GPU is present, "
-                 "else cpu (default auto)"},
-        {"kv-dtype", 0, CLI_STRING, &a.kv_dtype, .metavar = "TYPE",
-         .help = "type the KV cache stores K and V in: f32, bf16, f16, fp8 (e4m3), or auto, "
-                 "the weights' type (default auto)"},
+        {"backend", 0, CLI_STRING, &a.backend, .metavar = "NAME", .help = backend_help},
+        {"kv-dtype", 0, CLI_STRING, &a.kv_dtype, .metavar = "TYPE", .help = kv_dtype_help},
         {"output", 'o', CLI_STRING, &a.out_path, .metavar = "FILE",
          .help = "PNG to write (default out.png)"},
         {"quiet", 'q', CLI_BOOL, &a.quiet, .help = "no progress bar and no summary"},

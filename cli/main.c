@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "engine/backend/backend.h"
 
 /* The shipped demo model, found from the executable's own path so that any
  * working directory works: build/arserve finds models/shapes of the checkout,
@@ -96,11 +97,9 @@ static void usage(FILE *f) {
 }
 
 static int version(void) {
-#ifdef ARSERVE_CUDA
-    printf("arserve %s (backends: cpu, cuda)\n", ARSERVE_VERSION);
-#else
-    printf("arserve %s (backend: cpu)\n", ARSERVE_VERSION);
-#endif
+    char names[128];
+    backend_list(1, names, sizeof names);
+    printf("arserve %s (backend%s: %s)\n", ARSERVE_VERSION, strchr(names, ',') ? "s" : "", names);
     return 0;
 }
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/text.h"
+#include "engine/backend/backend.h"
 #include "engine/format/json_strict.h"
 #include "engine/planner.h"
 #include "kernels/cpu/vec_isa.h"
@@ -73,8 +74,14 @@ typedef struct setting {
                   .help = (h)                                                                      \
     }
 
+/* "auto: cuda when built in and a GPU is present, else cpu" */
+static const char *backend_auto_help(char *buf, size_t cap) {
+    char rule[256];
+    snprintf(buf, cap, "%s: %s", BACKEND_AUTO, backend_auto_rule(rule, sizeof rule));
+    return buf;
+}
+
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
-static const char *const BACKENDS[] = {"auto", "cpu", "cuda", NULL};
 static const char *const ON_OFF[] = {"off", "on", NULL};
 
 static const setting_t SETTINGS[] = {
@@ -123,8 +130,8 @@ static const setting_t SETTINGS[] = {
                 "beside the engine"),
     INT_SETTING(png_workers, 1, 64, 2, "N", "Threads encoding PNGs"),
     ENUM_SETTING(log_level, "info", LOG_LEVELS, "LEVEL", "Log verbosity"),
-    ENUM_SETTING(backend, "auto", BACKENDS, "NAME",
-                 "Compute backend (auto: cuda when built in and a GPU is present)"),
+    {FIELD(backend), .kind = KIND_ENUM, .def_str = BACKEND_AUTO, .choices = backend_names,
+     .metavar = "NAME", .help = "Compute backend", .help_list = backend_auto_help},
     INT_SETTING(retry_after_s, 1, 3600, 1, "SECONDS",
                 "Retry-After header value sent with 429 responses"),
     INT_SETTING(max_connections, 0, 100000, 0, "N",

@@ -33,7 +33,7 @@ typedef struct server_config {
     int draw_threads;  /* the image decoder's CPU threads */
     int png_workers;   /* PNG encoder threads */
     char log_level[8]; /* "error", "warn", "info" or "debug" */
-    char backend[8];   /* "auto", "cpu" or "cuda" (server/backend_open.c) */
+    char backend[8];   /* one of backend_names (engine/backend/backend.h) */
     int retry_after_s; /* Retry-After on 429 */
     /* Connections (server/conn_guard.h) and request checks (server/http.h). */
     int max_connections;        /* 0 = max_waiting + max_running + 64 */

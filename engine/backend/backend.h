@@ -270,11 +270,24 @@ int backend_check_weight(const char *backend, const void *host_src, dtype_t dtyp
 /* Creates the CPU backend with n_threads worker threads (0: all cores). */
 backend_t *backend_cpu_create(int n_threads, ar_error_t *err);
 
-/* The backend called name ("cpu", "cuda" or "auto": cuda when this binary
- * has it and a GPU is present, else cpu); threads is the CPU backend's
- * thread count (0: all cores). NULL with a message in err when the name is
- * unknown, cuda is asked of a binary built without CUDA=1, or the backend
- * cannot start (engine/backend/backend_open.c). */
+/* The name with which backend_open chooses: a GPU backend when this binary
+ * has it and a GPU is present, else cpu. */
+#define BACKEND_AUTO "auto"
+/* The names backend_open takes, NULL-terminated: BACKEND_AUTO, then every
+ * backend arserve has, built into this binary or not (the config's
+ * choices). engine/backend/backend_open.c is the only list of them. */
+extern const char *const backend_names[];
+/* "cpu, cuda": the backends (built_in_only: those this binary has), in
+ * backend_names' order, into buf (cap bytes); returns buf. */
+const char *backend_list(int built_in_only, char *buf, size_t cap);
+/* What BACKEND_AUTO chooses, in words ("cuda when built in and a GPU is
+ * present, else cpu"), into buf; returns buf. */
+const char *backend_auto_rule(char *buf, size_t cap);
+
+/* The backend called name (one of backend_names); threads is the CPU
+ * backend's thread count (0: all cores). NULL with a message in err when
+ * the name is unknown, names a backend this binary was built without (the
+ * message says how to build it in), or the backend cannot start. */
 backend_t *backend_open(const char *name, int threads, ar_error_t *err);
 
 /* Creates the CUDA backend on device `device` (builds with CUDA=1 only).

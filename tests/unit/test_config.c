@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "engine/backend/backend.h"
 #include "server/config_test.h"
 #include "tests/test.h"
 
@@ -263,6 +264,48 @@ static void test_bad_enum_lists_choices(void) {
     CHECK(load_json(&c, "{\"log_level\": \"INFO\"}", &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg,
                        ".json: 'log_level' is 'INFO', not one of error, warn, info, debug");
+}
+
+/* 1 when name is one of the comma-separated list's names. */
+static int listed(const char *list, const char *name) {
+    const size_t n = strlen(name);
+    for (const char *p = list; *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+        p += strspn(p, " ");
+        if (strcspn(p, ",") == n && !strncmp(p, name, n))
+            return 1;
+    }
+    return 0;
+}
+
+/* --backend takes exactly the names backend_open knows: the config accepts
+ * a name where backend_open does not call it unknown, and a backend this
+ * binary was built without says how to build it in. */
+static void test_backend_choices_are_backend_opens(void) {
+    const char *others[] = {"metal", "gpu", "CPU", "", NULL};
+    const char *candidates[16];
+    int n = 0;
+    for (const char *const *b = backend_names; *b && n < 10; b++)
+        candidates[n++] = *b;
+    CHECK(n >= 2 && !strcmp(backend_names[0], BACKEND_AUTO));
+    for (const char **o = others; *o; o++)
+        candidates[n++] = *o;
+    char built[128];
+    backend_list(1, built, sizeof built);
+    for (int i = 0; i < n; i++) {
+        server_config_t c;
+        ar_error_t err, open_err = {{0}};
+        const char *args[] = {"--backend", candidates[i], NULL};
+        const int accepted = load(&c, args, NULL, &err) == AR_OK;
+        backend_t *be = backend_open(candidates[i], 1, &open_err);
+        const int known = be != NULL || !strstr(open_err.msg, "unknown backend");
+        CHECK_MSG(accepted == known, "'%s': the config %s it, backend_open says '%s'",
+                  candidates[i], accepted ? "takes" : "refuses", be ? "ok" : open_err.msg);
+        if (!be && known && strcmp(candidates[i], BACKEND_AUTO) && !listed(built, candidates[i]))
+            CHECK_STR_CONTAINS(open_err.msg, "rebuild with");
+        if (be)
+            be->destroy(be);
+    }
+    CHECK(listed(built, "cpu") && !listed(built, "cp"));
 }
 
 static void test_bad_string(void) {
@@ -760,6 +803,7 @@ int main(void) {
     TEST_RUN(test_bad_integer);
     TEST_RUN(test_out_of_range);
     TEST_RUN(test_bad_enum_lists_choices);
+    TEST_RUN(test_backend_choices_are_backend_opens);
     TEST_RUN(test_bad_string);
     TEST_RUN(test_unknown_flag_and_bad_arguments);
     TEST_RUN(test_unknown_env);
