@@ -66,7 +66,7 @@ typedef struct prompt {
 typedef struct row {
     char spec[256], name[64];
     kv_policy_params_t p;
-    unsigned knobs_set; /* bit i: kv_policy_knobs[i] given in the spec */
+    unsigned char knobs_set[KV_POLICY_N_KNOBS]; /* 1: kv_policy_knobs[i] given in the spec */
 } row_t;
 
 typedef struct bench {
@@ -114,10 +114,9 @@ static int parse_budget(const char *s, double *out) {
     return text_parse_real(s, out) == NUMBER_OK && *out > 0 && *out <= 1;
 }
 
-/* "knob=v,knob=v" onto p; returns the bits of the knobs set, or -1. */
-static long long parse_knobs(const char *s, kv_policy_kind_t kind, kv_policy_params_t *p,
-                             const char *what) {
-    unsigned bits = 0;
+/* "knob=v,knob=v" onto p, set[i] = 1 for each knob set; AR_ERR on a bad one. */
+static int parse_knobs(const char *s, kv_policy_kind_t kind, kv_policy_params_t *p,
+                       unsigned char *set, const char *what) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", s);
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
@@ -125,7 +124,7 @@ static long long parse_knobs(const char *s, kv_policy_kind_t kind, kv_policy_par
         char *eq = strchr(tok, '=');
         if (!eq) {
             fprintf(stderr, "kv_bench: %s: '%s' is not knob=value\n", what, tok);
-            return -1;
+            return AR_ERR;
         }
         *eq = 0;
         const kv_policy_knob_t *k = kv_policy_knob_find(tok);
@@ -133,16 +132,16 @@ static long long parse_knobs(const char *s, kv_policy_kind_t kind, kv_policy_par
         if (!k || !kv_policy_knob_of(k, kind)) {
             fprintf(stderr, "kv_bench: %s: '%s' is not a knob of %s\n", what, tok,
                     kv_policy_name(kind));
-            return -1;
+            return AR_ERR;
         }
         if (text_parse_real(eq + 1, &v) != NUMBER_OK || !kv_policy_knob_ok(k, v)) {
             fprintf(stderr, "kv_bench: %s: bad value for %s\n", what, tok);
-            return -1;
+            return AR_ERR;
         }
         kv_policy_knob_set(p, k, v);
-        bits |= 1u << (k - kv_policy_knobs);
+        set[k - kv_policy_knobs] = 1;
     }
-    return bits;
+    return AR_OK;
 }
 
 static int parse_row(const char *spec, row_t *r) {
@@ -174,10 +173,8 @@ static int parse_row(const char *spec, row_t *r) {
         fprintf(stderr, "kv_bench: --row %s: needs a budget in (0, 1]\n", spec);
         return AR_ERR;
     }
-    long long bits = knobs ? parse_knobs(knobs, (kv_policy_kind_t)kind, &r->p, spec) : 0;
-    if (bits < 0)
+    if (knobs && parse_knobs(knobs, (kv_policy_kind_t)kind, &r->p, r->knobs_set, spec) != AR_OK)
         return AR_ERR;
-    r->knobs_set = (unsigned)bits;
     snprintf(r->name, sizeof r->name, "%.16s-%.24s%s", buf, budget, knobs ? "-knobs" : "");
     for (char *c = r->name; *c; c++)
         if (*c == '/')
@@ -478,7 +475,7 @@ static int row_knobs_fit(const bench_t *b, row_t *r, const row_t *fallbacks, int
             break;
         cJSON_AddStringToObject(o, "defaults_refused", why->msg);
         for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
-            if (fb->knobs_set & (1u << i) && !(r->knobs_set & (1u << i)))
+            if (fb->knobs_set[i] && !r->knobs_set[i])
                 kv_policy_knob_set(&r->p, &kv_policy_knobs[i],
                                    kv_policy_knob_get(&fb->p, &kv_policy_knobs[i]));
         scaled = 1;

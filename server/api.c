@@ -471,7 +471,7 @@ static double codebook_of(const api_limits_t *lim) { return lim->codebook_size; 
         .hi_of = hi_of_, .store = store_, .offset = REQ(dest), .has_offset = has                   \
     }
 
-/* The fields arserve knows; the index is the field's bit in the seen-mask. */
+/* The fields arserve knows; the index is the field's place in the seen-set. */
 static const field_t FIELDS[] = {
     {.name = "prompt", .parse = parse_prompt},
     {.name = "class_label", .parse = parse_class_label},
@@ -494,8 +494,10 @@ static const field_t FIELDS[] = {
 };
 #define N_FIELDS ((int)(sizeof FIELDS / sizeof FIELDS[0]))
 
-/* The seen-mask holds the fields, then the KV knobs. */
-_Static_assert(N_FIELDS + KV_POLICY_N_KNOBS <= 32, "the seen-mask has 32 bits");
+/* The members a request may give: the fields, then the KV knobs. The
+ * seen-set has a flag for each, however many there are (no word's width
+ * caps them). */
+enum { N_MEMBERS = N_FIELDS + KV_POLICY_N_KNOBS };
 
 static int parse_member(const field_t *f, const cJSON *v, const api_limits_t *lim,
                         api_image_request_t *r, api_error_t *err) {
@@ -514,7 +516,7 @@ static int parse_knob(const kv_policy_knob_t *k, const cJSON *v, api_image_reque
     if (check_number(v, &rule, &x, err))
         return AR_ERR;
     kv_policy_knob_set(&r->kv.knobs, k, x);
-    r->kv.knobs_given |= 1u << (k - kv_policy_knobs);
+    r->kv.knobs_given[k - kv_policy_knobs] = 1;
     return AR_OK;
 }
 
@@ -640,8 +642,8 @@ int api_parse_image_request(const char *body, size_t len, const api_limits_t *li
     out->height = lim->heights[0];
     out->want_b64 = 1;
     /* Every member is either a known field, seen at most once, or an error:
-     * the loop stops within N_FIELDS + 1 members whatever the body holds. */
-    unsigned seen = 0;
+     * the loop stops within N_MEMBERS + 1 members whatever the body holds. */
+    unsigned char seen[N_MEMBERS] = {0};
     int rc = AR_OK;
     char buf[72];
     for (const cJSON *m = root->child; m && rc == AR_OK; m = m->next) {
@@ -655,11 +657,11 @@ int api_parse_image_request(const char *body, size_t len, const api_limits_t *li
         if (f == N_FIELDS && !knob) {
             rc = api_errorf(err, 400, key, "unknown_parameter", "unknown parameter '%s'",
                             excerpt(key, buf));
-        } else if (seen & (1u << f)) {
+        } else if (seen[f]) {
             rc = api_errorf(err, 400, key, "duplicate_parameter", "parameter '%s' is given twice",
                             key);
         } else {
-            seen |= 1u << f;
+            seen[f] = 1;
             if (cJSON_IsNull(m))
                 continue;
             rc = knob ? parse_knob(knob, m, out, err) : parse_member(&FIELDS[f], m, lim, out, err);

@@ -262,7 +262,7 @@ int kv_policy_resolve(const kv_policy_params_t *defaults, const kv_policy_overri
         out->budget = o->budget;
     for (int i = 0; i < KV_POLICY_N_KNOBS; i++) {
         const kv_policy_knob_t *k = &kv_policy_knobs[i];
-        if (!(o->knobs_given & (1u << i)))
+        if (!o->knobs_given[i])
             continue;
         if (!kv_policy_knob_of(k, kind)) {
             char owners[128];

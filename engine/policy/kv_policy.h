@@ -31,6 +31,7 @@ typedef enum kv_policy_kind { KV_POLICIES(KV_POLICY_KIND_) KV_POLICY_COUNT } kv_
 
 /* A set of policies, as a knob's owners: KV_ONLY(STREAMING) | KV_ONLY(HEATKV). */
 #define KV_ONLY(kind) (1u << KV_POLICY_##kind)
+_Static_assert(KV_POLICY_COUNT <= 32, "a knob's owners are the bits of an unsigned");
 
 struct kv_calibration;
 
@@ -248,13 +249,14 @@ int kv_policy_uses_budget(kv_policy_kind_t kind, const kv_geometry_t *g);
 int kv_policy_suits(kv_policy_kind_t kind, const kv_geometry_t *g);
 
 /* What a request or a config says about its KV policy, each part optional.
- * has_kind 0: the default's kind; budget 0: none given; bit i of
- * knobs_given: knob kv_policy_knobs[i] given, its value in knobs. */
+ * has_kind 0: the default's kind; budget 0: none given; knobs_given[i]
+ * nonzero: knob kv_policy_knobs[i] given, its value in knobs (a flag per
+ * knob: no word's width caps the knobs). */
 typedef struct kv_policy_overrides {
     int has_kind;
     kv_policy_kind_t kind;
     double budget;
-    unsigned knobs_given;
+    unsigned char knobs_given[KV_POLICY_N_KNOBS];
     kv_policy_params_t knobs;
 } kv_policy_overrides_t;
 

@@ -402,7 +402,8 @@ static void test_kv_knobs_given_and_resolved(void) {
                        "\"recent_lines\":null}";
     CHECK_MSG(parse(body, &r, &err) == AR_OK, "%s", err.message);
     const kv_policy_knob_t *anchor = kv_policy_knob_find("anchor_lines");
-    CHECK(anchor && r.kv.knobs_given == 1u << (anchor - kv_policy_knobs));
+    for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
+        CHECK(anchor && r.kv.knobs_given[i] == (i == anchor - kv_policy_knobs));
     /* No daemon defaults: the papers' knobs and the policy's own budget. */
     kv_policy_resolve(NULL, &r.kv, &p, NULL, NULL);
     CHECK(p.kind == KV_POLICY_LINEAR && p.budget == 1.0 / 6);
@@ -454,6 +455,61 @@ static void test_kv_knobs_given_and_resolved(void) {
         kv_policy_resolve(NULL, &r.kv, &p, NULL, NULL);
         CHECK_MSG(kv_policy_knob_get(&p, k) == k->hi, "%s", k->name);
         api_image_request_free(&r);
+    }
+}
+
+/* The seen-set has room for every member, however many fields and knobs
+ * there are: a request may give every field and all of its policy's knobs
+ * at once, and any one of them given twice is a duplicate naming it. A
+ * seen-set narrower than the members (a 32-bit mask once there are 33)
+ * misses some duplicates or sees some that are not. */
+static void test_every_member_once_and_each_twice(void) {
+    static const char *const fields =
+        "\"prompt\":\"x\",\"model\":\"janus-pro-tiny\",\"n\":1,\"size\":\"384x384\","
+        "\"response_format\":\"b64_json\",\"output_format\":\"png\",\"user\":\"u\","
+        "\"seed\":1,\"guidance_scale\":1,\"temperature\":1,\"top_k\":1,\"top_p\":1,"
+        "\"kv_budget\":0.5,\"stream\":false,\"partial_images\":0";
+    for (int k = 0; k < KV_POLICY_COUNT; k++) {
+        /* {fields, "kv_policy": k, every knob of k at its default} */
+        char members[64][96];
+        int n = 0;
+        char copy[1024];
+        snprintf(copy, sizeof copy, "%s", fields);
+        for (char *save = NULL, *m = strtok_r(copy, ",", &save); m; m = strtok_r(NULL, ",", &save))
+            snprintf(members[n++], sizeof members[0], "%s", m);
+        snprintf(members[n++], sizeof members[0], "\"kv_policy\":\"%s\"",
+                 kv_policy_name((kv_policy_kind_t)k));
+        for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
+            if (kv_policy_knob_of(&kv_policy_knobs[i], (kv_policy_kind_t)k))
+                snprintf(members[n++], sizeof members[0], "\"%s\":%.17g", kv_policy_knobs[i].name,
+                         kv_policy_knobs[i].def);
+        for (int twice = -1; twice < n; twice++) {
+            char body[8192] = "{";
+            for (int i = 0; i < n; i++)
+                snprintf(body + strlen(body), sizeof body - strlen(body), "%s%s", i ? "," : "",
+                         members[i]);
+            if (twice >= 0)
+                snprintf(body + strlen(body), sizeof body - strlen(body), ",%s", members[twice]);
+            strcat(body, "}");
+            api_image_request_t r;
+            api_error_t err = {0};
+            const int rc = parse(body, &r, &err);
+            if (twice < 0) {
+                CHECK_MSG(rc == AR_OK, "%s: %s", kv_policy_name((kv_policy_kind_t)k), err.message);
+                for (int i = 0; rc == AR_OK && i < KV_POLICY_N_KNOBS; i++)
+                    CHECK(r.kv.knobs_given[i] ==
+                          kv_policy_knob_of(&kv_policy_knobs[i], (kv_policy_kind_t)k));
+            } else {
+                char name[96];
+                snprintf(name, sizeof name, "%.*s", (int)strcspn(members[twice] + 1, "\""),
+                         members[twice] + 1);
+                CHECK_MSG(rc == AR_ERR && !strcmp(err.code, "duplicate_parameter") &&
+                              !strcmp(err.param, name),
+                          "%s twice: %s", name, rc == AR_OK ? "accepted" : err.message);
+            }
+            if (rc == AR_OK)
+                api_image_request_free(&r);
+        }
     }
 }
 
@@ -1055,6 +1111,7 @@ int main(void) {
     TEST_RUN(test_edge_values_accepted);
     TEST_RUN(test_bad_requests_table);
     TEST_RUN(test_kv_knobs_given_and_resolved);
+    TEST_RUN(test_every_member_once_and_each_twice);
     TEST_RUN(test_size_message_lists_allowed_sizes);
     TEST_RUN(test_nesting_cap_counts_structure_only);
     TEST_RUN(test_embedded_nul_bytes_rejected);
