@@ -825,9 +825,36 @@ char *api_images_response_json(long created, int n, const char *const *b64_pngs,
     return print_and_delete(root, ok);
 }
 
+/* The knobs of p's policy (KV_POLICY_KNOBS), each with its type, range,
+ * what a request that does not give it gets (p's value: the server's
+ * default) and what it does, as o's "knobs". */
+static int add_knobs(cJSON *o, const kv_policy_params_t *p) {
+    cJSON *arr = cJSON_AddArrayToObject(o, "knobs");
+    int ok = arr != NULL;
+    for (int i = 0; ok && i < KV_POLICY_N_KNOBS; i++) {
+        const kv_policy_knob_t *k = &kv_policy_knobs[i];
+        if (!kv_policy_knob_of(k, p->kind))
+            continue;
+        cJSON *e = cJSON_CreateObject();
+        ok &= e != NULL && cJSON_AddItemToArray(arr, e);
+        if (!ok) {
+            cJSON_Delete(e);
+            break;
+        }
+        ok &= add_str(e, "name", k->name);
+        ok &= add_str(e, "type", k->type == KV_KNOB_INT ? "integer" : "number");
+        ok &= add_num(e, "min", k->lo);
+        ok &= cJSON_AddBoolToObject(e, "min_exclusive", k->lo_open) != NULL;
+        ok &= add_num(e, "max", k->hi);
+        ok &= add_num(e, "default", kv_policy_knob_get(p, k));
+        ok &= add_str(e, "description", k->help);
+    }
+    return ok;
+}
+
 /* The policies that run on card's geometry with the server's knobs, each
  * with the budget a request naming only kv_policy gets and the least it
- * may ask for, when the budget shapes its cache. */
+ * may ask for, when the budget shapes its cache, and its knobs. */
 static int add_kv_policies(cJSON *o, const api_limits_t *lim, const api_model_card_t *card) {
     const kv_policy_kind_t def = lim->kv_defaults ? lim->kv_defaults->kind : KV_POLICY_FULL;
     int ok = add_str(o, "kv_policy", kv_policy_name(def));
@@ -853,6 +880,7 @@ static int add_kv_policies(cJSON *o, const api_limits_t *lim, const api_model_ca
             ok &= add_num(e, "budget", p.budget);
             ok &= add_num(e, "min_budget", least);
         }
+        ok &= add_knobs(e, &p);
     }
     return ok;
 }

@@ -202,14 +202,20 @@ typedef struct api_model_card {
  *     "sampling": {"guidance_scale", "temperature", "top_k", "top_p"},
  *     "limits": {"max_n", "max_partial_images", "max_prompt_bytes"},
  *     "kv_policy": the server's default policy,
- *     "kv_policies": [{"name": "full"},
- *                     {"name": "linear", "budget": 0.1667, "min_budget": 0.25}, ...]}
+ *     "kv_policies": [{"name": "full", "knobs": []},
+ *                     {"name": "linear", "budget": 0.1667, "min_budget": 0.25,
+ *                      "knobs": [{"name": "anchor_lines", "type": "integer", "min": 0,
+ *                                 "min_exclusive": false, "max": 4096, "default": 1,
+ *                                 "description": "..."}, ...]}, ...]}
  * kv_policies lists the policies that run on this model with the server's
  * knobs (the others are refused at any budget); one whose budget shapes
  * the cache has the budget a request naming only kv_policy gets, and the
  * least kv_budget the shortest request may ask for (kv_policy_min_budget on
  * card->geom: a longer prompt may need more; the default may be below it on
- * a small model, and such a request is refused). NULL when lim or card is
+ * a small model, and such a request is refused). Each lists its knobs
+ * (KV_POLICY_KNOBS): type ("integer" or "number"), range ([min, max], or
+ * (min, max] when min_exclusive), the value a request that does not give
+ * it gets (the server's default) and its help. NULL when lim or card is
  * incomplete or memory runs out. */
 char *api_models_json(const api_limits_t *lim, const api_model_card_t *card);
 

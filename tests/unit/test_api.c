@@ -984,6 +984,59 @@ static void test_models_shape(void) {
     CHECK(api_models_json(&lim, NULL) == NULL);
 }
 
+/* Each policy of a model card lists exactly its knobs of the knob table,
+ * in its order, with type, range, help and the server's default. */
+static void test_models_list_every_knob(void) {
+    kv_geometry_t g;
+    const api_model_card_t card = raster_card(&g);
+    const int w = 64, h = 48;
+    kv_policy_params_t d;
+    kv_policy_defaults(&d, KV_POLICY_FULL);
+    d.recent_lines = 1; /* the server's default differs from the paper's */
+    const api_limits_t lim = {.model_name = "m",
+                              .max_n = 4,
+                              .n_sizes = 1,
+                              .widths = &w,
+                              .heights = &h,
+                              .max_prompt_bytes = 4096,
+                              .kv_defaults = &d};
+    cJSON *root = parse_owned(api_models_json(&lim, &card));
+    const cJSON *a = get(cJSON_GetArrayItem(get(root, "data"), 0), "arserve");
+    int policies = 0;
+    for (const cJSON *p = get(a, "kv_policies")->child; p; p = p->next, policies++) {
+        const int kind = kv_policy_parse(cJSON_GetStringValue(get(p, "name")));
+        CHECK(kind >= 0);
+        const cJSON *k = get(p, "knobs")->child;
+        for (int i = 0; kind >= 0 && i < KV_POLICY_N_KNOBS; i++) {
+            const kv_policy_knob_t *t = &kv_policy_knobs[i];
+            if (!kv_policy_knob_of(t, (kv_policy_kind_t)kind))
+                continue;
+            CHECK_MSG(k && is_str(k, "name", t->name), "%s: %s missing", kv_policy_name(kind),
+                      t->name);
+            if (!k)
+                break;
+            CHECK(is_str(k, "type", t->type == KV_KNOB_INT ? "integer" : "number"));
+            CHECK(is_num(k, "min", t->lo) && is_num(k, "max", t->hi));
+            CHECK(cJSON_IsBool(get(k, "min_exclusive")) &&
+                  cJSON_IsTrue(get(k, "min_exclusive")) == t->lo_open);
+            CHECK(is_num(k, "default", kv_policy_knob_get(&d, t)) &&
+                  is_str(k, "description", t->help));
+            k = k->next;
+        }
+        CHECK_MSG(k == NULL, "%s lists a knob of another policy", kv_policy_name(kind));
+    }
+    CHECK(policies >= 2);
+    const cJSON *linear = NULL;
+    for (const cJSON *p = get(a, "kv_policies")->child; p; p = p->next)
+        if (is_str(p, "name", "linear"))
+            linear = p;
+    int saw_recent = 0;
+    for (const cJSON *k = linear ? get(linear, "knobs")->child : NULL; k; k = k->next)
+        saw_recent += is_str(k, "name", "recent_lines") && is_num(k, "default", 1);
+    CHECK(saw_recent == 1);
+    cJSON_Delete(root);
+}
+
 static void test_sse_payloads(void) {
     cJSON *p = parse_owned(api_sse_progress(10, 576, 1));
     CHECK(is_str(p, "type", API_SSE_PROGRESS) && is_num(p, "steps_done", 10));
@@ -1123,6 +1176,7 @@ int main(void) {
     TEST_RUN(test_error_json_shape);
     TEST_RUN(test_images_response_shape);
     TEST_RUN(test_models_shape);
+    TEST_RUN(test_models_list_every_knob);
     TEST_RUN(test_sse_payloads);
     TEST_RUN(test_sse_frame);
     TEST_RUN(test_base64_rfc4648_vectors);
