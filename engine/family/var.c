@@ -5,6 +5,8 @@
  * and the AdaLN before the codebook head. Names: docs/model-format.md. */
 #include "engine/family/var.h"
 
+#include "engine/policy/kv_policy_layer.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,15 +309,23 @@ double var_key_similarity(backend_t *be, const kv_blocks_t *pool, const kv_view_
     return -sum / ((double)C * rc);
 }
 
-/* Before layer li attends: the layered policy may evict from each of the
- * layer's heads of this sequence (measuring the layer's key similarity
- * first when it asks), and the views the attention reads follow. */
-static int layered_begin(var_model_t *m, const var_input_t *in, int li, int q0, int *keep,
-                         kv_view_t *views, ar_error_t *err) {
+/* The layered policy's hook (engine/policy/kv_policy_layer.h) on input
+ * in, whose rows are q[0] .. q[1], at moment `when` of layer li; before the
+ * layer attends (KV_LAYER_KEYS) with the layer's key similarity when the
+ * policy asks for it, and views (its heads) follow. t: the pass's scratch. */
+static int layered(var_model_t *m, const var_input_t *in, const int *q, kv_layer_seq_t *t,
+                   kv_layer_moment_t when, int li, kv_view_t *views, ar_error_t *err) {
     kv_seq_t *sq = in->seq;
     const int H = sq->n_heads;
+    t->policy = in->policy;
+    t->seq = sq;
+    t->step = in->scale;
+    t->cache = in->cache;
+    t->collect_mass = in->collect_mass;
+    t->row0 = q[0];
+    t->row1 = q[1];
     double sim = NAN;
-    if (kv_policy_layer_similarity(in->policy, in->scale, li)) {
+    if (when == KV_LAYER_KEYS && kv_policy_layer_similarity(in->policy, in->scale, li)) {
         /* Scratch: the buffers free between the layer's Q/K/V and its
          * attention, each at least rows x hidden floats. */
         float *const scratch[4] = {m->att, m->tmp, m->xn, m->ffn};
@@ -323,95 +333,10 @@ static int layered_begin(var_model_t *m, const var_input_t *in, int li, int q0, 
             views[h] = kv_head_view(&sq->heads[li * H + h], sq->heads[li * H + h].len);
         const int *sides = m->cfg->image.scales;
         sim = var_key_similarity(m->be, &sq->pool->blocks, views, H, m->cfg->llm.head_dim,
-                                 m->k + (size_t)q0 * H * m->cfg->llm.head_dim, sides[in->scale - 1],
-                                 sides[in->scale], scratch);
+                                 m->k + (size_t)q[0] * H * m->cfg->llm.head_dim,
+                                 sides[in->scale - 1], sides[in->scale], scratch);
     }
-    for (int h = 0; h < H; h++) {
-        kv_head_t *kh = &sq->heads[li * H + h];
-        int n_keep;
-        const int what =
-            kv_policy_layer_begin(in->policy, in->scale, li, h, kh->len, sim, keep, &n_keep);
-        if ((what & KV_COMPACT) && kv_head_compact(sq->pool, kh, keep, n_keep, NULL, err) != AR_OK)
-            return ar_error_prefix(err, "scale %d, layer %d, head %d", in->scale, li, h);
-        views[h] = kv_head_view(kh, kh->len);
-    }
-    return AR_OK;
-}
-
-/* After layer li has attended: the layered policy compacts each of the
- * layer's heads of this sequence, then the heads it says cache the scale
- * take their blocks and the newest rows it says of the scale's K and V
- * (rows q[0] .. q[1] of m->k, m->v); every compaction comes before any
- * reserve. */
-static int layered_append(var_model_t *m, const var_input_t *in, int li, const int *q, int *keep,
-                          ar_error_t *err) {
-    backend_t *be = m->be;
-    kv_seq_t *sq = in->seq;
-    kv_pool_t *pool = sq->pool;
-    const int H = sq->n_heads, rows = q[1] - q[0];
-    kv_view_t views[VAR_MAX_HEADS];
-    int counts[VAR_MAX_HEADS];
-    for (int h = 0; h < H; h++) {
-        kv_head_t *kh = &sq->heads[li * H + h];
-        int n_keep, cache;
-        const int what =
-            kv_policy_layer_end(in->policy, in->scale, li, h, kh->len, keep, &n_keep, &cache);
-        if ((what & KV_COMPACT) && kv_head_compact(pool, kh, keep, n_keep, NULL, err) != AR_OK)
-            return ar_error_prefix(err, "scale %d, layer %d, head %d", in->scale, li, h);
-        counts[h] = in->cache ? (cache < rows ? cache : rows) : 0;
-    }
-    for (int h = 0; h < H; h++) {
-        kv_head_t *kh = &sq->heads[li * H + h];
-        if (counts[h] > 0 && kv_head_reserve(pool, kh, kh->len + counts[h], err) != AR_OK)
-            return ar_error_prefix(err, "scale %d, layer %d, head %d: the KV plan was exceeded",
-                                   in->scale, li, h);
-    }
-    /* One append per distinct count (a policy's heads mostly share one):
-     * each takes the scale's newest rows. */
-    for (int first = 0; first < H; first++) {
-        const int c = counts[first];
-        if (c == 0)
-            continue;
-        for (int h = 0; h < H; h++) {
-            kv_head_t *kh = &sq->heads[li * H + h];
-            views[h] = counts[h] == c ? kv_head_view(kh, kh->len + c) : (kv_view_t){NULL, 0, 0, 0};
-        }
-        const int newest[2] = {q[1] - c, q[1]};
-        be->kv_append(be, &pool->blocks, views, m->k, m->v, newest, 1, H);
-        for (int h = 0; h < H; h++)
-            if (counts[h] == c) {
-                sq->heads[li * H + h].len += c;
-                counts[h] = 0;
-            }
-    }
-    return AR_OK;
-}
-
-/* Once every sequence of the batch has layer li's new tokens (so a CFG
- * pair peaks together, as planned): a head holding more than the policy
- * keeps is cut (kv_policy_layer_stored), by the key mass the step's
- * queries gave it when the sequence collects (then zeroed for the next
- * step). host: len floats of host scratch; zeros: as many zeros. */
-static int layered_cut(var_model_t *m, const var_input_t *in, int li, int *keep, float *host,
-                       const float *zeros, ar_error_t *err) {
-    backend_t *be = m->be;
-    kv_seq_t *sq = in->seq;
-    for (int h = 0; h < sq->n_heads; h++) {
-        const int i = li * sq->n_heads + h;
-        kv_head_t *kh = &sq->heads[i];
-        const int len = kh->len;
-        float *mass = in->collect_mass ? sq->mass + (size_t)i * sq->capacity : NULL;
-        if (mass)
-            be->download(be, host, mass, (size_t)len * sizeof *host);
-        int n_keep;
-        const int what = kv_policy_layer_stored(in->policy, in->scale, li, h, len,
-                                                mass ? host : NULL, keep, &n_keep);
-        if ((what & KV_COMPACT) && kv_head_compact(sq->pool, kh, keep, n_keep, NULL, err) != AR_OK)
-            return ar_error_prefix(err, "scale %d, layer %d, head %d", in->scale, li, h);
-        if (mass)
-            be->upload(be, mass, zeros, (size_t)len * sizeof *zeros);
-    }
-    return AR_OK;
+    return kv_policy_on_layer(t, when, li, sim, views, err);
 }
 
 /* Each peak_blocks pointer's sequences' blocks now, if more than before. */
@@ -452,12 +377,14 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
     int rc = AR_ERR, any_mass = 0, max_cap = 1;
     for (int s = 0; s < n_in; s++)
         max_cap = in[s].seq->capacity > max_cap ? in[s].seq->capacity : max_cap;
-    int *keep = arena_alloc(a, (size_t)max_cap * sizeof *keep);
+    int *keep = arena_alloc(a, (size_t)max_cap * sizeof *keep),
+        *counts = arena_alloc(a, (size_t)H * sizeof *counts);
     /* A head's key mass on the host, and zeros. */
     float *host = arena_alloc(a, (size_t)max_cap * sizeof *host),
           *zeros = arena_calloc(a, (size_t)max_cap, sizeof *zeros);
+    kv_view_t *append = arena_alloc(a, (size_t)H * sizeof *append);
     if (!q_start || !n_new || !labels || !seqs || !views || !grown || !mass || !tabs || !keep ||
-        !host || !zeros) {
+        !host || !zeros || !counts || !append) {
         ar_errorf(err, "out of memory");
         goto out;
     }
@@ -499,6 +426,13 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
             make_adaln(m, in[s].adaln, labels[s]);
     }
     embed_inputs(m, in, n_in, q_start, labels);
+    kv_layer_seq_t lay = {.k = m->k,
+                          .v = m->v,
+                          .keep = keep,
+                          .counts = counts,
+                          .host = host,
+                          .zeros = zeros,
+                          .append = append};
     attn_batch_t batch = {n_in, q_start, views, any_mass ? mass : NULL};
     for (int li = 0; li < l->num_layers; li++) {
         const var_block_t *b = &m->blocks[li];
@@ -521,12 +455,14 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
         be->l2norm_heads(be, m->k, NULL, rows, H, l->head_dim);
         for (int s = 0; s < n_in; s++)
             if (kv_policy_layered(in[s].policy) &&
-                layered_begin(m, &in[s], li, q_start[s], keep, &views[s * H], err) != AR_OK)
+                layered(m, &in[s], &q_start[s], &lay, KV_LAYER_KEYS, li, &views[s * H], err) !=
+                    AR_OK)
                 goto out;
         be->attention_scale(be, m->att, m->q, m->k, m->v, &pool->blocks, &batch, H, 1.0f);
         for (int s = 0; s < n_in; s++) {
             if (kv_policy_layered(in[s].policy)) {
-                if (layered_append(m, &in[s], li, &q_start[s], keep, err) != AR_OK)
+                if (layered(m, &in[s], &q_start[s], &lay, KV_LAYER_ATTENDED, li, NULL, err) !=
+                    AR_OK)
                     goto out;
             } else if (n_new[s]) {
                 be->kv_append(be, &pool->blocks, &grown[s * H], m->k, m->v, &q_start[s], 1, H);
@@ -535,7 +471,7 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
         track_peaks(in, n_in);
         for (int s = 0; s < n_in; s++)
             if (kv_policy_layered(in[s].policy) &&
-                layered_cut(m, &in[s], li, keep, host, zeros, err) != AR_OK)
+                layered(m, &in[s], &q_start[s], &lay, KV_LAYER_STORED, li, NULL, err) != AR_OK)
                 goto out;
         rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
         gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA1 * (size_t)C);
