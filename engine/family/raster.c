@@ -3,6 +3,8 @@
  * over paged per-head caches, SwiGLU) and the generation head. */
 #include "engine/family/raster.h"
 
+#include "engine/family/forward.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,45 +217,11 @@ static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in,
     }
 }
 
-int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float *logits_host,
-                   ar_error_t *err) {
-    backend_t *be = m->be;
-    const model_config_t *c = m->cfg;
-    const llm_config_t *l = &c->llm;
-    int H = l->num_heads, hd = l->head_dim, L = l->hidden_size, K = c->image.codebook_size;
-    if (n_in <= 0)
-        return AR_OK;
-    kv_pool_t *pool = in[0].seq->pool;
-    arena_t *a = m->arena;
-    arena_begin(a);
-    int *q_start = arena_alloc(a, (size_t)(n_in + 1) * sizeof *q_start);
-    int *n_new = arena_alloc(a, (size_t)n_in * sizeof *n_new);
-    kv_seq_t **seqs = arena_alloc(a, (size_t)n_in * sizeof *seqs);
-    kv_view_t *views = arena_alloc(a, (size_t)n_in * H * sizeof *views);
-    float **mass = arena_alloc(a, (size_t)n_in * H * sizeof *mass);
-    int rc = AR_ERR, any_mass = 0;
-    if (!q_start || !n_new || !seqs || !views || !mass) {
-        ar_errorf(err, "out of memory");
-        goto out;
-    }
-    q_start[0] = 0;
-    for (int s = 0; s < n_in; s++) {
-        if (in[s].collect_mass && !in[s].seq->mass) {
-            ar_errorf(err, "sequence %d: key mass asked for, but the sequence has no mass arrays",
-                      s);
-            goto out;
-        }
-        any_mass |= in[s].collect_mass;
-        seqs[s] = in[s].seq;
-        n_new[s] = in[s].n;
-        q_start[s + 1] = q_start[s] + in[s].n;
-    }
-    int rows = q_start[n_in];
-    if (workspace_reserve(m, rows, n_in, err) != AR_OK)
-        goto out;
-    /* Nothing fails past this point, so the blocks reserved here are used. */
-    if (kv_seq_reserve(seqs, n_new, n_in, err) != AR_OK)
-        goto out;
+/* Every row's position in m->pos: its place in the sequence (1D RoPE, janus), or
+ * its (grid row, column) with llamagen's 2D RoPE. */
+static void set_positions(raster_model_t *m, const raster_input_t *in, int n_in,
+                          const int *q_start) {
+    const int gw = m->cfg->image.grid_width;
     for (int s = 0; s < n_in; s++)
         for (int i = 0; i < in[s].n; i++) {
             int *p = m->pos + (m->llamagen ? 2 : 1) * (q_start[s] + i);
@@ -263,7 +231,7 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
                 /* Image token t at grid (t / w, t % w); a class token gets a
                  * negative row: rope_2d zeroes its q and k, as LlamaGen's
                  * cache of zeros at the condition positions does. */
-                const int t = in[s].image_index + i, gw = c->image.grid_width;
+                const int t = in[s].image_index + i;
                 p[0] = t / gw;
                 p[1] = t % gw;
             } else {
@@ -271,61 +239,86 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
                 p[1] = 0;
             }
         }
+}
 
-    embed_inputs(m, in, n_in, q_start);
-    attn_batch_t batch = {n_in, q_start, views, any_mass ? mass : NULL};
-    for (int li = 0; li < l->num_layers; li++) {
-        const raster_layer_t *y = &m->layers[li];
-        for (int s = 0; s < n_in; s++)
-            for (int h = 0; h < H; h++) {
-                const kv_seq_t *sq = in[s].seq;
-                const kv_head_t *kh = &sq->heads[li * H + h];
-                views[s * H + h] = kv_head_view(kh, kh->len + in[s].n);
-                mass[s * H + h] = in[s].collect_mass
-                                      ? sq->mass + (size_t)(li * H + h) * (size_t)sq->capacity
-                                      : NULL;
-            }
-        be->rmsnorm(be, m->xn, m->x, &y->attn_norm, rows, L, l->norm_eps);
-        be->matmul(be, m->q, m->xn, &y->q, NULL, rows);
-        be->matmul(be, m->k, m->xn, &y->k, NULL, rows);
-        be->matmul(be, m->v, m->xn, &y->v, NULL, rows);
-        if (m->llamagen) {
-            be->rope_2d(be, m->q, m->pos, rows, H, hd, l->rope_theta);
-            be->rope_2d(be, m->k, m->pos, rows, H, hd, l->rope_theta);
-        } else {
-            be->rope(be, m->q, m->pos, rows, H, hd, l->rope_theta);
-            be->rope(be, m->k, m->pos, rows, H, hd, l->rope_theta);
-        }
-        be->kv_append(be, &pool->blocks, views, m->k, m->v, q_start, n_in, H);
-        be->attention(be, m->att, m->q, &pool->blocks, &batch, H, 1.0f / sqrtf((float)hd));
-        be->matmul(be, m->tmp, m->att, &y->o, NULL, rows);
-        be->add(be, m->x, m->tmp, (size_t)rows * L);
-        be->rmsnorm(be, m->xn, m->x, &y->mlp_norm, rows, L, l->norm_eps);
-        be->matmul(be, m->gate, m->xn, &y->gate, NULL, rows);
-        be->matmul(be, m->up, m->xn, &y->up, NULL, rows);
-        be->silu_mul(be, m->gate, m->gate, m->up, (size_t)rows * l->intermediate_size);
-        be->matmul(be, m->tmp, m->gate, &y->down, NULL, rows);
-        be->add(be, m->x, m->tmp, (size_t)rows * L);
+/* Layer li over the pass's rows (m->x): attention, the rows' K and V
+ * appended first, then the SwiGLU MLP. */
+static int run_layer(raster_model_t *m, forward_t *f, int li, ar_error_t *err) {
+    backend_t *be = m->be;
+    const llm_config_t *l = &m->cfg->llm;
+    const raster_layer_t *y = &m->layers[li];
+    const int H = l->num_heads, hd = l->head_dim, L = l->hidden_size, rows = f->q_start[f->n_seq];
+    forward_layer(f, li);
+    be->rmsnorm(be, m->xn, m->x, &y->attn_norm, rows, L, l->norm_eps);
+    be->matmul(be, m->q, m->xn, &y->q, NULL, rows);
+    be->matmul(be, m->k, m->xn, &y->k, NULL, rows);
+    be->matmul(be, m->v, m->xn, &y->v, NULL, rows);
+    if (m->llamagen) {
+        be->rope_2d(be, m->q, m->pos, rows, H, hd, l->rope_theta);
+        be->rope_2d(be, m->k, m->pos, rows, H, hd, l->rope_theta);
+    } else {
+        be->rope(be, m->q, m->pos, rows, H, hd, l->rope_theta);
+        be->rope(be, m->k, m->pos, rows, H, hd, l->rope_theta);
     }
-    for (int s = 0; s < n_in; s++) {
-        kv_seq_t *sq = in[s].seq;
-        for (int i = 0; i < sq->n_layers * sq->n_heads; i++)
-            sq->heads[i].len += in[s].n;
-        sq->n_fed += in[s].n;
+    if (forward_store(f, li, m->k, m->v, err) != AR_OK)
+        return AR_ERR;
+    be->attention(be, m->att, m->q, &f->pool->blocks, &f->batch, H, 1.0f / sqrtf((float)hd));
+    be->matmul(be, m->tmp, m->att, &y->o, NULL, rows);
+    be->add(be, m->x, m->tmp, (size_t)rows * L);
+    be->rmsnorm(be, m->xn, m->x, &y->mlp_norm, rows, L, l->norm_eps);
+    be->matmul(be, m->gate, m->xn, &y->gate, NULL, rows);
+    be->matmul(be, m->up, m->xn, &y->up, NULL, rows);
+    be->silu_mul(be, m->gate, m->gate, m->up, (size_t)rows * l->intermediate_size);
+    be->matmul(be, m->tmp, m->gate, &y->down, NULL, rows);
+    be->add(be, m->x, m->tmp, (size_t)rows * L);
+    return AR_OK;
+}
+
+int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float *logits_host,
+                   ar_error_t *err) {
+    backend_t *be = m->be;
+    const model_config_t *c = m->cfg;
+    const llm_config_t *l = &c->llm;
+    const int H = l->num_heads, L = l->hidden_size, K = c->image.codebook_size;
+    if (n_in <= 0)
+        return AR_OK;
+    forward_t f = {.be = be, .arena = m->arena, .n_heads = H, .attend_new = 1};
+    int rc = AR_ERR;
+    if (forward_begin(&f, n_in, err) != AR_OK)
+        goto out;
+    for (int s = 0; s < n_in; s++)
+        if (forward_add(&f, s,
+                        &(forward_seq_t){.seq = in[s].seq,
+                                         .rows = in[s].n,
+                                         .n_new = in[s].n,
+                                         .n_fed = in[s].n,
+                                         .collect_mass = in[s].collect_mass},
+                        err) != AR_OK)
+            goto out;
+    const int *q_start = f.q_start, rows = q_start[n_in];
+    if (workspace_reserve(m, rows, n_in, err) != AR_OK || forward_reserve(&f, err) != AR_OK)
+        goto out;
+
+    set_positions(m, in, n_in, q_start);
+    embed_inputs(m, in, n_in, q_start);
+    for (int li = 0; li < l->num_layers; li++)
+        if (run_layer(m, &f, li, err) != AR_OK)
+            goto out;
+    forward_advance(&f);
+    for (int s = 0; s < n_in; s++)
         be->copy(be, m->last + (size_t)s * L, m->x + (size_t)(q_start[s + 1] - 1) * L,
                  (size_t)L * sizeof(float));
-    }
     be->rmsnorm(be, m->last, m->last, &m->norm, n_in, L, l->norm_eps);
-    if (m->llamagen) {
-        be->matmul(be, m->logits, m->last, &m->head_w, NULL, n_in);
-    } else {
+    if (!m->llamagen) {
         be->matmul(be, m->head, m->last, &m->head_fc1_w, &m->head_fc1_b, n_in);
         be->gelu(be, m->head, (size_t)n_in * c->image.head_hidden_size);
         be->matmul(be, m->logits, m->head, &m->head_fc2_w, &m->head_fc2_b, n_in);
+    } else {
+        be->matmul(be, m->logits, m->last, &m->head_w, NULL, n_in);
     }
     be->download(be, logits_host, m->logits, (size_t)n_in * K * sizeof(float));
     rc = AR_OK;
 out:
-    arena_end(a);
+    forward_end(&f);
     return rc;
 }

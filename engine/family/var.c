@@ -5,7 +5,7 @@
  * and the AdaLN before the codebook head. Names: docs/model-format.md. */
 #include "engine/family/var.h"
 
-#include "engine/policy/kv_policy_layer.h"
+#include "engine/family/forward.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -210,8 +210,7 @@ static void rows_matmul(var_model_t *m, float *y, const float *x, const tensor_t
 /* Every row's input into m->x: the class embedding plus the start
  * positions at scale 0, else word_embed(latent) plus the scale's level and
  * positions. */
-static void embed_inputs(var_model_t *m, const var_input_t *in, int n_in, const int *q_start,
-                         const int *labels) {
+static void embed_inputs(var_model_t *m, const var_input_t *in, int n_in, const int *q_start) {
     backend_t *be = m->be;
     const size_t C = (size_t)m->cfg->llm.hidden_size;
     for (int s = 0; s < n_in; s++) {
@@ -219,7 +218,7 @@ static void embed_inputs(var_model_t *m, const var_input_t *in, int n_in, const 
         const int n = q_start[s + 1] - q_start[s], si = in[s].scale;
         if (si == 0) {
             for (int r = 0; r < n; r++)
-                be->embedding(be, dst + (size_t)r * C, &m->class_embed, &labels[s], 1, 0);
+                be->embedding(be, dst + (size_t)r * C, &m->class_embed, &in[s].label, 1, 0);
             be->add(be, dst, m->start, (size_t)n * C);
         } else {
             be->matmul(be, dst, in[s].latent, &m->word_embed, &m->word_embed_b, n);
@@ -309,50 +308,76 @@ double var_key_similarity(backend_t *be, const kv_blocks_t *pool, const kv_view_
     return -sum / ((double)C * rc);
 }
 
-/* The layered policy's hook (engine/policy/kv_policy_layer.h) on input
- * in, whose rows are q[0] .. q[1], at moment `when` of layer li; before the
- * layer attends (KV_LAYER_KEYS) with the layer's key similarity when the
- * policy asks for it, and views (its heads) follow. t: the pass's scratch. */
-static int layered(var_model_t *m, const var_input_t *in, const int *q, kv_layer_seq_t *t,
-                   kv_layer_moment_t when, int li, kv_view_t *views, ar_error_t *err) {
-    kv_seq_t *sq = in->seq;
-    const int H = sq->n_heads;
-    t->policy = in->policy;
-    t->seq = sq;
-    t->step = in->scale;
-    t->cache = in->cache;
-    t->collect_mass = in->collect_mass;
-    t->row0 = q[0];
-    t->row1 = q[1];
-    double sim = NAN;
-    if (when == KV_LAYER_KEYS && kv_policy_layer_similarity(in->policy, in->scale, li)) {
-        /* Scratch: the buffers free between the layer's Q/K/V and its
-         * attention, each at least rows x hidden floats. */
-        float *const scratch[4] = {m->att, m->tmp, m->xn, m->ffn};
-        for (int h = 0; h < H; h++)
-            views[h] = kv_head_view(&sq->heads[li * H + h], sq->heads[li * H + h].len);
-        const int *sides = m->cfg->image.scales;
-        sim = var_key_similarity(m->be, &sq->pool->blocks, views, H, m->cfg->llm.head_dim,
-                                 m->k + (size_t)q[0] * H * m->cfg->llm.head_dim,
-                                 sides[in->scale - 1], sides[in->scale], scratch);
-    }
-    return kv_policy_on_layer(t, when, li, sim, views, err);
+/* The layer's key similarity of input s for AMS-KV (forward.h's
+ * forward_similarity_fn): its keys against the previous scale's, from the
+ * views forward_layer made of its heads. */
+static double key_similarity(void *family, const forward_t *f, int s, const float *k) {
+    var_model_t *m = family;
+    const int H = f->n_heads, hd = m->cfg->llm.head_dim, si = f->in[s].step;
+    const int *sides = m->cfg->image.scales;
+    /* Scratch: the buffers free between the layer's Q/K/V and its
+     * attention, each at least rows x hidden floats. */
+    float *const scratch[4] = {m->att, m->tmp, m->xn, m->ffn};
+    return var_key_similarity(m->be, &f->pool->blocks, &f->views[s * H], H, hd,
+                              k + (size_t)f->q_start[s] * H * hd, sides[si - 1], sides[si],
+                              scratch);
 }
 
-/* Each peak_blocks pointer's sequences' blocks now, if more than before. */
-static void track_peaks(const var_input_t *in, int n_in) {
-    for (int s = 0; s < n_in; s++) {
-        int first = in[s].peak_blocks != NULL, total = 0;
-        for (int t = 0; t < s && first; t++)
-            first = in[t].peak_blocks != in[s].peak_blocks; /* counted with input t */
-        if (!first)
-            continue;
-        for (int t = s; t < n_in; t++)
-            if (in[t].peak_blocks == in[s].peak_blocks)
-                total += kv_seq_blocks(in[t].seq);
-        if (total > *in[s].peak_blocks)
-            *in[s].peak_blocks = total;
-    }
+/* Checks input s and adds it to the pass. */
+static int add_input(var_model_t *m, forward_t *f, const var_input_t *in, int s, ar_error_t *err) {
+    const image_config_t *im = &m->cfg->image;
+    const int si = in->scale;
+    if (si < 0 || si >= im->n_scales || (si > 0 && !in->latent) || in->label < 0 ||
+        in->label > m->cfg->condition.num_classes)
+        return ar_errorf(err, "sequence %d: scale %d or class %d is out of range", s, si,
+                         in->label);
+    if (!in->adaln)
+        return ar_errorf(err, "sequence %d: no AdaLN table", s);
+    const int rows = im->scales[si] * im->scales[si];
+    return forward_add(f, s,
+                       &(forward_seq_t){.seq = in->seq,
+                                        .rows = rows,
+                                        .n_new = in->cache ? rows : 0,
+                                        .n_fed = in->cache ? rows : 0,
+                                        .collect_mass = in->collect_mass,
+                                        .policy = in->policy,
+                                        .step = si,
+                                        .cache = in->cache,
+                                        .peak_blocks = in->peak_blocks},
+                       err);
+}
+
+/* Block li over the pass's rows (m->x), each sequence modulated by its
+ * AdaLN table tabs[s]: attention to its cache and its own scale, the rows'
+ * K and V cached after, then the FFN. */
+static int run_block(var_model_t *m, forward_t *f, const float *const *tabs, int li,
+                     ar_error_t *err) {
+    backend_t *be = m->be;
+    const llm_config_t *l = &m->cfg->llm;
+    const var_block_t *b = &m->blocks[li];
+    const int H = l->num_heads, C = l->hidden_size, n_in = f->n_seq;
+    const int *q_start = f->q_start, rows = q_start[n_in];
+    const size_t at = (size_t)li * 6 * C; /* the block's chunks in each table */
+    forward_layer(f, li);
+    norm_modulate(m, q_start, n_in, tabs, at + SCALE1 * (size_t)C, at + SHIFT1 * (size_t)C);
+    rows_matmul(m, m->q, m->xn, &b->q, &b->q_bias, q_start, n_in);
+    rows_matmul(m, m->k, m->xn, &b->k, NULL, q_start, n_in);
+    rows_matmul(m, m->v, m->xn, &b->v, &b->v_bias, q_start, n_in);
+    be->l2norm_heads(be, m->q, b->head_mul.data, rows, H, l->head_dim);
+    be->l2norm_heads(be, m->k, NULL, rows, H, l->head_dim);
+    if (forward_prune(f, li, m->k, err) != AR_OK)
+        return AR_ERR;
+    be->attention_scale(be, m->att, m->q, m->k, m->v, &f->pool->blocks, &f->batch, H, 1.0f);
+    if (forward_store(f, li, m->k, m->v, err) != AR_OK)
+        return AR_ERR;
+    rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
+    gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA1 * (size_t)C);
+    norm_modulate(m, q_start, n_in, tabs, at + SCALE2 * (size_t)C, at + SHIFT2 * (size_t)C);
+    rows_matmul(m, m->ffn, m->xn, &b->fc1, &b->fc1_b, q_start, n_in);
+    be->gelu_tanh(be, m->ffn, (size_t)rows * l->intermediate_size);
+    rows_matmul(m, m->tmp, m->ffn, &b->fc2, &b->fc2_b, q_start, n_in);
+    gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA2 * (size_t)C);
+    return AR_OK;
 }
 
 int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_host,
@@ -360,139 +385,45 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
     backend_t *be = m->be;
     const model_config_t *c = m->cfg;
     const llm_config_t *l = &c->llm;
-    const int H = l->num_heads, C = l->hidden_size, V = c->image.codebook_size;
+    const int C = l->hidden_size, V = c->image.codebook_size;
     if (n_in <= 0)
         return AR_OK;
-    kv_pool_t *pool = in[0].seq->pool;
-    arena_t *a = m->arena;
-    arena_begin(a);
-    int *q_start = arena_alloc(a, (size_t)(n_in + 1) * sizeof *q_start);
-    int *n_new = arena_alloc(a, (size_t)n_in * sizeof *n_new);
-    int *labels = arena_alloc(a, (size_t)n_in * sizeof *labels);
-    kv_seq_t **seqs = arena_alloc(a, (size_t)n_in * sizeof *seqs);
-    kv_view_t *views = arena_alloc(a, (size_t)n_in * H * sizeof *views);
-    kv_view_t *grown = arena_alloc(a, (size_t)n_in * H * sizeof *grown);
-    float **mass = arena_alloc(a, (size_t)n_in * H * sizeof *mass);
-    const float **tabs = arena_alloc(a, (size_t)n_in * sizeof *tabs);
-    int rc = AR_ERR, any_mass = 0, max_cap = 1;
-    for (int s = 0; s < n_in; s++)
-        max_cap = in[s].seq->capacity > max_cap ? in[s].seq->capacity : max_cap;
-    int *keep = arena_alloc(a, (size_t)max_cap * sizeof *keep),
-        *counts = arena_alloc(a, (size_t)H * sizeof *counts);
-    /* A head's key mass on the host, and zeros. */
-    float *host = arena_alloc(a, (size_t)max_cap * sizeof *host),
-          *zeros = arena_calloc(a, (size_t)max_cap, sizeof *zeros);
-    kv_view_t *append = arena_alloc(a, (size_t)H * sizeof *append);
-    if (!q_start || !n_new || !labels || !seqs || !views || !grown || !mass || !tabs || !keep ||
-        !host || !zeros || !counts || !append) {
+    forward_t f = {.be = be,
+                   .arena = m->arena,
+                   .n_heads = l->num_heads,
+                   .similarity = key_similarity,
+                   .family = m};
+    int rc = AR_ERR;
+    const float **tabs = NULL;
+    if (forward_begin(&f, n_in, err) != AR_OK)
+        goto out;
+    if (!(tabs = arena_alloc(m->arena, (size_t)n_in * sizeof *tabs))) {
         ar_errorf(err, "out of memory");
         goto out;
     }
-    q_start[0] = 0;
-    for (int s = 0; s < n_in; s++) {
-        const int si = in[s].scale;
-        if (si < 0 || si >= c->image.n_scales || (si > 0 && !in[s].latent) || in[s].label < 0 ||
-            in[s].label > c->condition.num_classes) {
-            ar_errorf(err, "sequence %d: scale %d or class %d is out of range", s, si, in[s].label);
+    for (int s = 0; s < n_in; s++)
+        if (add_input(m, &f, &in[s], s, err) != AR_OK)
             goto out;
-        }
-        if (!in[s].adaln) {
-            ar_errorf(err, "sequence %d: no AdaLN table", s);
-            goto out;
-        }
-        if (in[s].collect_mass && !in[s].seq->mass) {
-            ar_errorf(err, "sequence %d: key mass asked for, but the sequence has no mass arrays",
-                      s);
-            goto out;
-        }
-        any_mass |= in[s].collect_mass;
-        seqs[s] = in[s].seq;
-        labels[s] = in[s].label;
-        q_start[s + 1] = q_start[s] + c->image.scales[si] * c->image.scales[si];
-        /* A layered sequence reserves layer by layer (layered_append). */
-        n_new[s] =
-            in[s].cache && !kv_policy_layered(in[s].policy) ? q_start[s + 1] - q_start[s] : 0;
-    }
-    const int rows = q_start[n_in];
-    if (workspace_reserve(m, rows, n_in, err) != AR_OK)
-        goto out;
-    /* Nothing fails past this point, so the blocks reserved here are used. */
-    if (kv_seq_reserve(seqs, n_new, n_in, err) != AR_OK)
+    const int *q_start = f.q_start, rows = q_start[n_in];
+    if (workspace_reserve(m, rows, n_in, err) != AR_OK || forward_reserve(&f, err) != AR_OK)
         goto out;
 
     for (int s = 0; s < n_in; s++) {
         tabs[s] = in[s].adaln;
         if (!in[s].adaln_ready)
-            make_adaln(m, in[s].adaln, labels[s]);
+            make_adaln(m, in[s].adaln, in[s].label);
     }
-    embed_inputs(m, in, n_in, q_start, labels);
-    kv_layer_seq_t lay = {.k = m->k,
-                          .v = m->v,
-                          .keep = keep,
-                          .counts = counts,
-                          .host = host,
-                          .zeros = zeros,
-                          .append = append};
-    attn_batch_t batch = {n_in, q_start, views, any_mass ? mass : NULL};
-    for (int li = 0; li < l->num_layers; li++) {
-        const var_block_t *b = &m->blocks[li];
-        for (int s = 0; s < n_in; s++)
-            for (int h = 0; h < H; h++) {
-                const kv_seq_t *sq = in[s].seq;
-                const kv_head_t *kh = &sq->heads[li * H + h];
-                views[s * H + h] = kv_head_view(kh, kh->len);
-                grown[s * H + h] = kv_head_view(kh, kh->len + n_new[s]);
-                mass[s * H + h] = in[s].collect_mass
-                                      ? sq->mass + (size_t)(li * H + h) * (size_t)sq->capacity
-                                      : NULL;
-            }
-        const size_t at = (size_t)li * 6 * C; /* the block's chunks in each table */
-        norm_modulate(m, q_start, n_in, tabs, at + SCALE1 * (size_t)C, at + SHIFT1 * (size_t)C);
-        rows_matmul(m, m->q, m->xn, &b->q, &b->q_bias, q_start, n_in);
-        rows_matmul(m, m->k, m->xn, &b->k, NULL, q_start, n_in);
-        rows_matmul(m, m->v, m->xn, &b->v, &b->v_bias, q_start, n_in);
-        be->l2norm_heads(be, m->q, b->head_mul.data, rows, H, l->head_dim);
-        be->l2norm_heads(be, m->k, NULL, rows, H, l->head_dim);
-        for (int s = 0; s < n_in; s++)
-            if (kv_policy_layered(in[s].policy) &&
-                layered(m, &in[s], &q_start[s], &lay, KV_LAYER_KEYS, li, &views[s * H], err) !=
-                    AR_OK)
-                goto out;
-        be->attention_scale(be, m->att, m->q, m->k, m->v, &pool->blocks, &batch, H, 1.0f);
-        for (int s = 0; s < n_in; s++) {
-            if (kv_policy_layered(in[s].policy)) {
-                if (layered(m, &in[s], &q_start[s], &lay, KV_LAYER_ATTENDED, li, NULL, err) !=
-                    AR_OK)
-                    goto out;
-            } else if (n_new[s]) {
-                be->kv_append(be, &pool->blocks, &grown[s * H], m->k, m->v, &q_start[s], 1, H);
-            }
-        }
-        track_peaks(in, n_in);
-        for (int s = 0; s < n_in; s++)
-            if (kv_policy_layered(in[s].policy) &&
-                layered(m, &in[s], &q_start[s], &lay, KV_LAYER_STORED, li, NULL, err) != AR_OK)
-                goto out;
-        rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
-        gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA1 * (size_t)C);
-        norm_modulate(m, q_start, n_in, tabs, at + SCALE2 * (size_t)C, at + SHIFT2 * (size_t)C);
-        rows_matmul(m, m->ffn, m->xn, &b->fc1, &b->fc1_b, q_start, n_in);
-        be->gelu_tanh(be, m->ffn, (size_t)rows * l->intermediate_size);
-        rows_matmul(m, m->tmp, m->ffn, &b->fc2, &b->fc2_b, q_start, n_in);
-        gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA2 * (size_t)C);
-    }
-    for (int s = 0; s < n_in; s++) {
-        kv_seq_t *sq = in[s].seq;
-        for (int i = 0; i < sq->n_layers * sq->n_heads; i++)
-            sq->heads[i].len += n_new[s];
-        sq->n_fed += in[s].cache ? q_start[s + 1] - q_start[s] : 0;
-    }
+    embed_inputs(m, in, n_in, q_start);
+    for (int li = 0; li < l->num_layers; li++)
+        if (run_block(m, &f, tabs, li, err) != AR_OK)
+            goto out;
+    forward_advance(&f);
     const size_t head = (size_t)l->num_layers * 6 * C; /* scale, then shift */
     norm_modulate(m, q_start, n_in, tabs, head, head + C);
     rows_matmul(m, m->logits, m->xn, &m->head, &m->head_b, q_start, n_in);
     be->download(be, logits_host, m->logits, (size_t)rows * V * sizeof(float));
     rc = AR_OK;
 out:
-    arena_end(a);
+    forward_end(&f);
     return rc;
 }
