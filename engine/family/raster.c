@@ -16,7 +16,7 @@ int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, 
     m->be = be;
     const llm_config_t *l = &cfg->llm;
     const image_config_t *im = &cfg->image;
-    int64_t L = l->hidden_size, qd = (int64_t)l->num_heads * l->head_dim,
+    int64_t hidden = l->hidden_size, qd = (int64_t)l->num_heads * l->head_dim,
             kvd = (int64_t)l->num_kv_heads * l->head_dim, F = l->intermediate_size;
     if (im->aligner_layers > RASTER_MAX_ALIGNER)
         return ar_errorf(err, "image.aligner_layers %d exceeds %d", im->aligner_layers,
@@ -27,9 +27,9 @@ int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, 
         return ar_errorf(err, "out of memory");
     /* LlamaGen's prefix is a class: its table (num_classes + 1 rows, the
      * last the null class) stands where Janus's text embedding does. */
-    if (weight_load(ws, &m->embed, SHAPE2(l->vocab_size, L), err,
+    if (weight_load(ws, &m->embed, SHAPE2(l->vocab_size, hidden), err,
                     m->llamagen ? "llm.class_embed.weight" : "llm.embed.weight") ||
-        weight_load(ws, &m->norm, SHAPE1(L), err, "llm.norm.weight"))
+        weight_load(ws, &m->norm, SHAPE1(hidden), err, "llm.norm.weight"))
         return AR_ERR;
     for (int i = 0; i < l->num_layers; i++) {
         raster_layer_t *y = &m->layers[i];
@@ -37,39 +37,40 @@ int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, 
         /* LlamaGen keeps its fused wqkv (q rows, then k, then v): split here. */
         const int qkv_err =
             m->llamagen
-                ? weight_load_rows(ws, &y->q, 0, qd, SHAPE2(qd + 2 * kvd, L), err,
+                ? weight_load_rows(ws, &y->q, 0, qd, SHAPE2(qd + 2 * kvd, hidden), err,
                                    "%s.%d.attn.wqkv.weight", p, i) ||
-                      weight_load_rows(ws, &y->k, qd, kvd, SHAPE2(qd + 2 * kvd, L), err,
+                      weight_load_rows(ws, &y->k, qd, kvd, SHAPE2(qd + 2 * kvd, hidden), err,
                                        "%s.%d.attn.wqkv.weight", p, i) ||
-                      weight_load_rows(ws, &y->v, qd + kvd, kvd, SHAPE2(qd + 2 * kvd, L), err,
+                      weight_load_rows(ws, &y->v, qd + kvd, kvd, SHAPE2(qd + 2 * kvd, hidden), err,
                                        "%s.%d.attn.wqkv.weight", p, i)
-                : weight_load(ws, &y->q, SHAPE2(qd, L), err, "%s.%d.attn.q.weight", p, i) ||
-                      weight_load(ws, &y->k, SHAPE2(kvd, L), err, "%s.%d.attn.k.weight", p, i) ||
-                      weight_load(ws, &y->v, SHAPE2(kvd, L), err, "%s.%d.attn.v.weight", p, i);
+                : weight_load(ws, &y->q, SHAPE2(qd, hidden), err, "%s.%d.attn.q.weight", p, i) ||
+                      weight_load(ws, &y->k, SHAPE2(kvd, hidden), err, "%s.%d.attn.k.weight", p,
+                                  i) ||
+                      weight_load(ws, &y->v, SHAPE2(kvd, hidden), err, "%s.%d.attn.v.weight", p, i);
         if (qkv_err ||
-            weight_load(ws, &y->attn_norm, SHAPE1(L), err, "%s.%d.attn_norm.weight", p, i) ||
-            weight_load(ws, &y->o, SHAPE2(L, qd), err, "%s.%d.attn.o.weight", p, i) ||
-            weight_load(ws, &y->mlp_norm, SHAPE1(L), err, "%s.%d.mlp_norm.weight", p, i) ||
-            weight_load(ws, &y->gate, SHAPE2(F, L), err, "%s.%d.mlp.gate.weight", p, i) ||
-            weight_load(ws, &y->up, SHAPE2(F, L), err, "%s.%d.mlp.up.weight", p, i) ||
-            weight_load(ws, &y->down, SHAPE2(L, F), err, "%s.%d.mlp.down.weight", p, i))
+            weight_load(ws, &y->attn_norm, SHAPE1(hidden), err, "%s.%d.attn_norm.weight", p, i) ||
+            weight_load(ws, &y->o, SHAPE2(hidden, qd), err, "%s.%d.attn.o.weight", p, i) ||
+            weight_load(ws, &y->mlp_norm, SHAPE1(hidden), err, "%s.%d.mlp_norm.weight", p, i) ||
+            weight_load(ws, &y->gate, SHAPE2(F, hidden), err, "%s.%d.mlp.gate.weight", p, i) ||
+            weight_load(ws, &y->up, SHAPE2(F, hidden), err, "%s.%d.mlp.up.weight", p, i) ||
+            weight_load(ws, &y->down, SHAPE2(hidden, F), err, "%s.%d.mlp.down.weight", p, i))
             return AR_ERR;
     }
     int64_t K = im->codebook_size;
     if (m->llamagen)
-        return weight_load(ws, &m->gen_embed, SHAPE2(K, L), err, "gen.embed.weight") ||
-                       weight_load(ws, &m->head_w, SHAPE2(K, L), err, "gen.head.weight")
+        return weight_load(ws, &m->gen_embed, SHAPE2(K, hidden), err, "gen.embed.weight") ||
+                       weight_load(ws, &m->head_w, SHAPE2(K, hidden), err, "gen.head.weight")
                    ? AR_ERR
                    : AR_OK;
     if (weight_load(ws, &m->gen_embed, SHAPE2(K, im->embed_dim), err, "gen.embed.weight"))
         return AR_ERR;
     for (int j = 0; j < im->aligner_layers; j++)
-        if (weight_load(ws, &m->aligner_w[j], SHAPE2(L, j ? L : im->embed_dim), err,
+        if (weight_load(ws, &m->aligner_w[j], SHAPE2(hidden, j ? hidden : im->embed_dim), err,
                         "gen.aligner.%d.weight", j) ||
-            weight_load(ws, &m->aligner_b[j], SHAPE1(L), err, "gen.aligner.%d.bias", j))
+            weight_load(ws, &m->aligner_b[j], SHAPE1(hidden), err, "gen.aligner.%d.bias", j))
             return AR_ERR;
     int64_t G = im->head_hidden_size;
-    if (weight_load(ws, &m->head_fc1_w, SHAPE2(G, L), err, "gen.head.fc1.weight") ||
+    if (weight_load(ws, &m->head_fc1_w, SHAPE2(G, hidden), err, "gen.head.fc1.weight") ||
         weight_load(ws, &m->head_fc1_b, SHAPE1(G), err, "gen.head.fc1.bias") ||
         weight_load(ws, &m->head_fc2_w, SHAPE2(K, G), err, "gen.head.fc2.weight") ||
         weight_load(ws, &m->head_fc2_b, SHAPE1(K), err, "gen.head.fc2.bias"))
@@ -155,22 +156,22 @@ static int workspace_reserve(raster_model_t *m, int rows, int seqs, ar_error_t *
     workspace_free(m);
     backend_t *be = m->be;
     const model_config_t *c = m->cfg;
-    size_t L = (size_t)c->llm.hidden_size, qd = (size_t)c->llm.num_heads * c->llm.head_dim,
+    size_t hidden = (size_t)c->llm.hidden_size, qd = (size_t)c->llm.num_heads * c->llm.head_dim,
            F = (size_t)c->llm.intermediate_size, R = (size_t)rows, S = (size_t)seqs;
-    size_t wide = L > (size_t)c->image.embed_dim ? L : (size_t)c->image.embed_dim;
+    size_t wide = hidden > (size_t)c->image.embed_dim ? hidden : (size_t)c->image.embed_dim;
     struct {
         float **p;
         size_t n;
-    } plan[] = {{&m->x, R * L},
+    } plan[] = {{&m->x, R * hidden},
                 {&m->xn, R * wide},
                 {&m->q, R * qd},
                 {&m->k, R * qd},
                 {&m->v, R * qd},
                 {&m->att, R * qd},
-                {&m->tmp, R * L},
+                {&m->tmp, R * hidden},
                 {&m->gate, R * F},
                 {&m->up, R * F},
-                {&m->last, S * L},
+                {&m->last, S * hidden},
                 {&m->head, S * (size_t)(c->image.head_hidden_size ? c->image.head_hidden_size : 1)},
                 {&m->logits, S * (size_t)c->image.codebook_size}};
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
@@ -195,9 +196,9 @@ static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in,
                          const int *q_start) {
     backend_t *be = m->be;
     const model_config_t *c = m->cfg;
-    size_t L = (size_t)c->llm.hidden_size;
+    size_t hidden = (size_t)c->llm.hidden_size;
     for (int s = 0; s < n_in; s++) {
-        float *dst = m->x + (size_t)q_start[s] * L;
+        float *dst = m->x + (size_t)q_start[s] * hidden;
         if (!in[s].is_image || m->llamagen) {
             be->embedding(be, dst, in[s].is_image ? &m->gen_embed : &m->embed, in[s].ids, in[s].n,
                           0);
@@ -208,7 +209,7 @@ static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in,
         float *a = m->xn, *b = m->tmp;
         for (int j = 0; j < c->image.aligner_layers; j++) {
             if (j)
-                be->gelu(be, a, (size_t)in[s].n * L);
+                be->gelu(be, a, (size_t)in[s].n * hidden);
             float *out = j == c->image.aligner_layers - 1 ? dst : b;
             be->matmul(be, out, a, &m->aligner_w[j], &m->aligner_b[j], in[s].n);
             b = a;
@@ -247,9 +248,10 @@ static int run_layer(raster_model_t *m, forward_t *f, int li, ar_error_t *err) {
     backend_t *be = m->be;
     const llm_config_t *l = &m->cfg->llm;
     const raster_layer_t *y = &m->layers[li];
-    const int H = l->num_heads, hd = l->head_dim, L = l->hidden_size, rows = f->q_start[f->n_seq];
+    const int H = l->num_heads, hd = l->head_dim, hidden = l->hidden_size,
+              rows = f->q_start[f->n_seq];
     forward_layer(f, li);
-    be->rmsnorm(be, m->xn, m->x, &y->attn_norm, rows, L, l->norm_eps);
+    be->rmsnorm(be, m->xn, m->x, &y->attn_norm, rows, hidden, l->norm_eps);
     be->matmul(be, m->q, m->xn, &y->q, NULL, rows);
     be->matmul(be, m->k, m->xn, &y->k, NULL, rows);
     be->matmul(be, m->v, m->xn, &y->v, NULL, rows);
@@ -264,13 +266,13 @@ static int run_layer(raster_model_t *m, forward_t *f, int li, ar_error_t *err) {
         return AR_ERR;
     be->attention(be, m->att, m->q, &f->pool->blocks, &f->batch, H, 1.0f / sqrtf((float)hd));
     be->matmul(be, m->tmp, m->att, &y->o, NULL, rows);
-    be->add(be, m->x, m->tmp, (size_t)rows * L);
-    be->rmsnorm(be, m->xn, m->x, &y->mlp_norm, rows, L, l->norm_eps);
+    be->add(be, m->x, m->tmp, (size_t)rows * hidden);
+    be->rmsnorm(be, m->xn, m->x, &y->mlp_norm, rows, hidden, l->norm_eps);
     be->matmul(be, m->gate, m->xn, &y->gate, NULL, rows);
     be->matmul(be, m->up, m->xn, &y->up, NULL, rows);
     be->silu_mul(be, m->gate, m->gate, m->up, (size_t)rows * l->intermediate_size);
     be->matmul(be, m->tmp, m->gate, &y->down, NULL, rows);
-    be->add(be, m->x, m->tmp, (size_t)rows * L);
+    be->add(be, m->x, m->tmp, (size_t)rows * hidden);
     return AR_OK;
 }
 
@@ -279,7 +281,7 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
     backend_t *be = m->be;
     const model_config_t *c = m->cfg;
     const llm_config_t *l = &c->llm;
-    const int H = l->num_heads, L = l->hidden_size, K = c->image.codebook_size;
+    const int H = l->num_heads, hidden = l->hidden_size, K = c->image.codebook_size;
     if (n_in <= 0)
         return AR_OK;
     forward_t f = {.be = be, .arena = m->arena, .n_heads = H, .attend_new = 1};
@@ -306,9 +308,9 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
             goto out;
     forward_advance(&f);
     for (int s = 0; s < n_in; s++)
-        be->copy(be, m->last + (size_t)s * L, m->x + (size_t)(q_start[s + 1] - 1) * L,
-                 (size_t)L * sizeof(float));
-    be->rmsnorm(be, m->last, m->last, &m->norm, n_in, L, l->norm_eps);
+        be->copy(be, m->last + (size_t)s * hidden, m->x + (size_t)(q_start[s + 1] - 1) * hidden,
+                 (size_t)hidden * sizeof(float));
+    be->rmsnorm(be, m->last, m->last, &m->norm, n_in, hidden, l->norm_eps);
     if (!m->llamagen) {
         be->matmul(be, m->head, m->last, &m->head_fc1_w, &m->head_fc1_b, n_in);
         be->gelu(be, m->head, (size_t)n_in * c->image.head_hidden_size);

@@ -16,27 +16,28 @@
 static int load_block(var_model_t *m, weight_set_t *ws, int i, ar_error_t *err) {
     const llm_config_t *l = &m->cfg->llm;
     var_block_t *b = &m->blocks[i];
-    const int64_t C = l->hidden_size, F = l->intermediate_size, H = l->num_heads;
+    const int64_t hidden = l->hidden_size, F = l->intermediate_size, H = l->num_heads;
     const char *p = "var.blocks";
     if (l->shared_adaln) {
         /* Added to activations as raw floats: held as fp32 whatever the file's type. */
-        float *gss = malloc((size_t)(6 * C) * sizeof *gss);
-        int rc =
-            !gss ? ar_errorf(err, "out of memory")
-                 : weight_read_f32(ws, gss, SHAPE2(6, C), err, "%s.%d.adaln_gss", p, i) ||
-                       m->be->weight_load(m->be, &b->adaln_gss, gss, DTYPE_F32, SHAPE1(6 * C), err);
+        float *gss = malloc((size_t)(6 * hidden) * sizeof *gss);
+        int rc = !gss ? ar_errorf(err, "out of memory")
+                      : weight_read_f32(ws, gss, SHAPE2(6, hidden), err, "%s.%d.adaln_gss", p, i) ||
+                            m->be->weight_load(m->be, &b->adaln_gss, gss, DTYPE_F32,
+                                               SHAPE1(6 * hidden), err);
         free(gss);
         if (rc)
             return AR_ERR;
-    } else if (weight_load(ws, &b->adaln_w, SHAPE2(6 * C, C), err, "%s.%d.adaln.weight", p, i) ||
-               weight_load(ws, &b->adaln_b, SHAPE1(6 * C), err, "%s.%d.adaln.bias", p, i)) {
+    } else if (weight_load(ws, &b->adaln_w, SHAPE2(6 * hidden, hidden), err, "%s.%d.adaln.weight",
+                           p, i) ||
+               weight_load(ws, &b->adaln_b, SHAPE1(6 * hidden), err, "%s.%d.adaln.bias", p, i)) {
         return AR_ERR;
     }
     /* The fused qkv matrix, split into its three row blocks. */
     tensor_t *parts[] = {&b->q, &b->k, &b->v};
     for (int j = 0; j < 3; j++)
-        if (weight_load_rows(ws, parts[j], j * C, C, SHAPE2(3 * C, C), err, "%s.%d.attn.qkv.weight",
-                             p, i))
+        if (weight_load_rows(ws, parts[j], j * hidden, hidden, SHAPE2(3 * hidden, hidden), err,
+                             "%s.%d.attn.qkv.weight", p, i))
             return AR_ERR;
     /* exp(min(s, ln 100)) per head, once, at load. */
     float mul[VAR_MAX_HEADS];
@@ -45,14 +46,14 @@ static int load_block(var_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
     for (int h = 0; h < H; h++)
         mul[h] = expf(fminf(mul[h], logf(100.0f)));
     if (m->be->weight_load(m->be, &b->head_mul, mul, DTYPE_F32, SHAPE1(H), err) ||
-        weight_load(ws, &b->q_bias, SHAPE1(C), err, "%s.%d.attn.q_bias", p, i) ||
-        weight_load(ws, &b->v_bias, SHAPE1(C), err, "%s.%d.attn.v_bias", p, i) ||
-        weight_load(ws, &b->proj, SHAPE2(C, C), err, "%s.%d.attn.proj.weight", p, i) ||
-        weight_load(ws, &b->proj_b, SHAPE1(C), err, "%s.%d.attn.proj.bias", p, i) ||
-        weight_load(ws, &b->fc1, SHAPE2(F, C), err, "%s.%d.ffn.fc1.weight", p, i) ||
+        weight_load(ws, &b->q_bias, SHAPE1(hidden), err, "%s.%d.attn.q_bias", p, i) ||
+        weight_load(ws, &b->v_bias, SHAPE1(hidden), err, "%s.%d.attn.v_bias", p, i) ||
+        weight_load(ws, &b->proj, SHAPE2(hidden, hidden), err, "%s.%d.attn.proj.weight", p, i) ||
+        weight_load(ws, &b->proj_b, SHAPE1(hidden), err, "%s.%d.attn.proj.bias", p, i) ||
+        weight_load(ws, &b->fc1, SHAPE2(F, hidden), err, "%s.%d.ffn.fc1.weight", p, i) ||
         weight_load(ws, &b->fc1_b, SHAPE1(F), err, "%s.%d.ffn.fc1.bias", p, i) ||
-        weight_load(ws, &b->fc2, SHAPE2(C, F), err, "%s.%d.ffn.fc2.weight", p, i) ||
-        weight_load(ws, &b->fc2_b, SHAPE1(C), err, "%s.%d.ffn.fc2.bias", p, i))
+        weight_load(ws, &b->fc2, SHAPE2(hidden, F), err, "%s.%d.ffn.fc2.weight", p, i) ||
+        weight_load(ws, &b->fc2_b, SHAPE1(hidden), err, "%s.%d.ffn.fc2.bias", p, i))
         return AR_ERR;
     return AR_OK;
 }
@@ -61,21 +62,21 @@ static int load_block(var_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
 static int make_positions(var_model_t *m, weight_set_t *ws, ar_error_t *err) {
     backend_t *be = m->be;
     const image_config_t *im = &m->cfg->image;
-    const int64_t C = m->cfg->llm.hidden_size, first = m->scale_at[1];
+    const int64_t hidden = m->cfg->llm.hidden_size, first = m->scale_at[1];
     tensor_t level = {0}, pos = {0}, pos_start = {0};
     int *level_of = malloc((size_t)m->n_tokens * sizeof *level_of);
     int *token = malloc((size_t)m->n_tokens * sizeof *token);
-    float *tmp = be->alloc(be, (size_t)(m->n_tokens * C) * sizeof(float));
+    float *tmp = be->alloc(be, (size_t)(m->n_tokens * hidden) * sizeof(float));
     int rc = AR_ERR;
-    m->level_pos = be->alloc(be, (size_t)(m->n_tokens * C) * sizeof(float));
-    m->start = be->alloc(be, (size_t)(first * C) * sizeof(float));
+    m->level_pos = be->alloc(be, (size_t)(m->n_tokens * hidden) * sizeof(float));
+    m->start = be->alloc(be, (size_t)(first * hidden) * sizeof(float));
     if (!level_of || !token || !tmp || !m->level_pos || !m->start) {
         ar_errorf(err, "out of memory");
         goto out;
     }
-    if (weight_load(ws, &level, SHAPE2(im->n_scales, C), err, "var.level_embed.weight") ||
-        weight_load(ws, &pos, SHAPE2(m->n_tokens, C), err, "var.pos_embed") ||
-        weight_load(ws, &pos_start, SHAPE2(first, C), err, "var.pos_start"))
+    if (weight_load(ws, &level, SHAPE2(im->n_scales, hidden), err, "var.level_embed.weight") ||
+        weight_load(ws, &pos, SHAPE2(m->n_tokens, hidden), err, "var.pos_embed") ||
+        weight_load(ws, &pos_start, SHAPE2(first, hidden), err, "var.pos_start"))
         goto out;
     for (int si = 0; si < im->n_scales; si++)
         for (int t = m->scale_at[si]; t < m->scale_at[si + 1]; t++)
@@ -86,9 +87,9 @@ static int make_positions(var_model_t *m, weight_set_t *ws, ar_error_t *err) {
      * the embedding op, which reads any of them, into fp32 rows. */
     be->embedding(be, m->level_pos, &level, level_of, m->n_tokens, 0);
     be->embedding(be, tmp, &pos, token, m->n_tokens, 0);
-    be->add(be, m->level_pos, tmp, (size_t)(m->n_tokens * C));
+    be->add(be, m->level_pos, tmp, (size_t)(m->n_tokens * hidden));
     be->embedding(be, m->start, &pos_start, token, (int)first, 0);
-    be->add(be, m->start, m->level_pos, (size_t)(first * C));
+    be->add(be, m->start, m->level_pos, (size_t)(first * hidden));
     be->sync(be);
     rc = AR_OK;
 out:
@@ -108,7 +109,7 @@ int var_load(var_model_t *m, const model_config_t *cfg, weight_set_t *ws, backen
     m->be = be;
     const llm_config_t *l = &cfg->llm;
     const image_config_t *im = &cfg->image;
-    const int64_t C = l->hidden_size, V = im->codebook_size;
+    const int64_t hidden = l->hidden_size, V = im->codebook_size;
     if (l->num_heads > VAR_MAX_HEADS)
         return ar_errorf(err, "llm.num_heads %d exceeds %d", l->num_heads, VAR_MAX_HEADS);
     for (int si = 0; si < im->n_scales; si++) {
@@ -119,15 +120,19 @@ int var_load(var_model_t *m, const model_config_t *cfg, weight_set_t *ws, backen
     m->blocks = calloc((size_t)l->num_layers, sizeof *m->blocks);
     if (!m->blocks)
         return ar_errorf(err, "out of memory");
-    if (weight_load(ws, &m->class_embed, SHAPE2(l->vocab_size, C), err, "var.class_embed.weight") ||
-        weight_load(ws, &m->word_embed, SHAPE2(C, im->embed_dim), err, "var.word_embed.weight") ||
-        weight_load(ws, &m->word_embed_b, SHAPE1(C), err, "var.word_embed.bias") ||
+    if (weight_load(ws, &m->class_embed, SHAPE2(l->vocab_size, hidden), err,
+                    "var.class_embed.weight") ||
+        weight_load(ws, &m->word_embed, SHAPE2(hidden, im->embed_dim), err,
+                    "var.word_embed.weight") ||
+        weight_load(ws, &m->word_embed_b, SHAPE1(hidden), err, "var.word_embed.bias") ||
         (l->shared_adaln &&
-         (weight_load(ws, &m->shared_adaln_w, SHAPE2(6 * C, C), err, "var.shared_adaln.weight") ||
-          weight_load(ws, &m->shared_adaln_b, SHAPE1(6 * C), err, "var.shared_adaln.bias"))) ||
-        weight_load(ws, &m->head_adaln_w, SHAPE2(2 * C, C), err, "var.head_adaln.weight") ||
-        weight_load(ws, &m->head_adaln_b, SHAPE1(2 * C), err, "var.head_adaln.bias") ||
-        weight_load(ws, &m->head, SHAPE2(V, C), err, "var.head.weight") ||
+         (weight_load(ws, &m->shared_adaln_w, SHAPE2(6 * hidden, hidden), err,
+                      "var.shared_adaln.weight") ||
+          weight_load(ws, &m->shared_adaln_b, SHAPE1(6 * hidden), err, "var.shared_adaln.bias"))) ||
+        weight_load(ws, &m->head_adaln_w, SHAPE2(2 * hidden, hidden), err,
+                    "var.head_adaln.weight") ||
+        weight_load(ws, &m->head_adaln_b, SHAPE1(2 * hidden), err, "var.head_adaln.bias") ||
+        weight_load(ws, &m->head, SHAPE2(V, hidden), err, "var.head.weight") ||
         weight_load(ws, &m->head_b, SHAPE1(V), err, "var.head.bias") || make_positions(m, ws, err))
         return AR_ERR;
     for (int i = 0; i < l->num_layers; i++)
@@ -174,16 +179,16 @@ static int workspace_reserve(var_model_t *m, int rows, int seqs, ar_error_t *err
     workspace_free(m);
     backend_t *be = m->be;
     const model_config_t *c = m->cfg;
-    const size_t C = (size_t)c->llm.hidden_size, F = (size_t)c->llm.intermediate_size,
+    const size_t hidden = (size_t)c->llm.hidden_size, F = (size_t)c->llm.intermediate_size,
                  R = (size_t)rows, S = (size_t)seqs;
     struct {
         float **p;
         size_t n;
-    } plan[] = {{&m->x, R * C},    {&m->xn, R * C},
-                {&m->q, R * C},    {&m->k, R * C},
-                {&m->v, R * C},    {&m->att, R * C},
-                {&m->tmp, R * C},  {&m->ffn, R * F},
-                {&m->cond, S * C}, {&m->logits, R * (size_t)c->image.codebook_size}};
+    } plan[] = {{&m->x, R * hidden},    {&m->xn, R * hidden},
+                {&m->q, R * hidden},    {&m->k, R * hidden},
+                {&m->v, R * hidden},    {&m->att, R * hidden},
+                {&m->tmp, R * hidden},  {&m->ffn, R * F},
+                {&m->cond, S * hidden}, {&m->logits, R * (size_t)c->image.codebook_size}};
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
         if (!(*plan[i].p = be->alloc(be, plan[i].n * sizeof(float)))) {
             workspace_free(m);
@@ -212,24 +217,24 @@ static void rows_matmul(var_model_t *m, float *y, const float *x, const tensor_t
  * positions. */
 static void embed_inputs(var_model_t *m, const var_input_t *in, int n_in, const int *q_start) {
     backend_t *be = m->be;
-    const size_t C = (size_t)m->cfg->llm.hidden_size;
+    const size_t hidden = (size_t)m->cfg->llm.hidden_size;
     for (int s = 0; s < n_in; s++) {
-        float *dst = m->x + (size_t)q_start[s] * C;
+        float *dst = m->x + (size_t)q_start[s] * hidden;
         const int n = q_start[s + 1] - q_start[s], si = in[s].scale;
         if (si == 0) {
             for (int r = 0; r < n; r++)
-                be->embedding(be, dst + (size_t)r * C, &m->class_embed, &in[s].label, 1, 0);
-            be->add(be, dst, m->start, (size_t)n * C);
+                be->embedding(be, dst + (size_t)r * hidden, &m->class_embed, &in[s].label, 1, 0);
+            be->add(be, dst, m->start, (size_t)n * hidden);
         } else {
             be->matmul(be, dst, in[s].latent, &m->word_embed, &m->word_embed_b, n);
-            be->add(be, dst, m->level_pos + (size_t)m->scale_at[si] * C, (size_t)n * C);
+            be->add(be, dst, m->level_pos + (size_t)m->scale_at[si] * hidden, (size_t)n * hidden);
         }
     }
 }
 
 size_t var_adaln_floats(const var_model_t *m) {
-    const size_t C = (size_t)m->cfg->llm.hidden_size;
-    return (size_t)m->cfg->llm.num_layers * 6 * C + 2 * C;
+    const size_t hidden = (size_t)m->cfg->llm.hidden_size;
+    return (size_t)m->cfg->llm.num_layers * 6 * hidden + 2 * hidden;
 }
 
 /* A sequence's AdaLN tables from its class: SiLU(class embedding) through
@@ -238,21 +243,21 @@ size_t var_adaln_floats(const var_model_t *m) {
 static void make_adaln(var_model_t *m, float *table, int label) {
     backend_t *be = m->be;
     const llm_config_t *l = &m->cfg->llm;
-    const size_t C = (size_t)l->hidden_size, C6 = 6 * C;
+    const size_t hidden = (size_t)l->hidden_size, per_block = 6 * hidden;
     be->embedding(be, m->cond, &m->class_embed, &label, 1, 0);
-    be->silu(be, m->cond, C);
+    be->silu(be, m->cond, hidden);
     for (int li = 0; li < l->num_layers; li++) {
         const var_block_t *b = &m->blocks[li];
-        float *t = table + (size_t)li * C6;
+        float *t = table + (size_t)li * per_block;
         if (!l->shared_adaln) {
             be->matmul(be, t, m->cond, &b->adaln_w, &b->adaln_b, 1);
         } else {
             be->matmul(be, t, m->cond, &m->shared_adaln_w, &m->shared_adaln_b, 1);
-            be->add(be, t, b->adaln_gss.data, C6);
+            be->add(be, t, b->adaln_gss.data, per_block);
         }
     }
-    be->matmul(be, table + (size_t)l->num_layers * C6, m->cond, &m->head_adaln_w, &m->head_adaln_b,
-               1);
+    be->matmul(be, table + (size_t)l->num_layers * per_block, m->cond, &m->head_adaln_w,
+               &m->head_adaln_b, 1);
 }
 
 /* xn = LayerNorm(x) * (1 + scale) + shift, each sequence with its own
@@ -260,11 +265,11 @@ static void make_adaln(var_model_t *m, float *table, int label) {
 static void norm_modulate(var_model_t *m, const int *q_start, int n_seq, const float *const *tab,
                           size_t sc, size_t sh) {
     backend_t *be = m->be;
-    const int C = m->cfg->llm.hidden_size;
-    be->layernorm(be, m->xn, m->x, q_start[n_seq], C, m->cfg->llm.norm_eps);
+    const int hidden = m->cfg->llm.hidden_size;
+    be->layernorm(be, m->xn, m->x, q_start[n_seq], hidden, m->cfg->llm.norm_eps);
     for (int s = 0; s < n_seq; s++) {
-        float *xs = m->xn + (size_t)q_start[s] * C;
-        be->modulate(be, xs, xs, tab[s] + sc, tab[s] + sh, q_start[s + 1] - q_start[s], C);
+        float *xs = m->xn + (size_t)q_start[s] * hidden;
+        be->modulate(be, xs, xs, tab[s] + sc, tab[s] + sh, q_start[s + 1] - q_start[s], hidden);
     }
 }
 
@@ -272,10 +277,10 @@ static void norm_modulate(var_model_t *m, const int *q_start, int n_seq, const f
 static void gated_residual(var_model_t *m, const int *q_start, int n_seq, const float *a,
                            const float *const *tab, size_t g) {
     backend_t *be = m->be;
-    const size_t C = (size_t)m->cfg->llm.hidden_size;
+    const size_t hidden = (size_t)m->cfg->llm.hidden_size;
     for (int s = 0; s < n_seq; s++)
-        be->gate_add(be, m->x + q_start[s] * C, a + q_start[s] * C, tab[s] + g,
-                     q_start[s + 1] - q_start[s], (int)C);
+        be->gate_add(be, m->x + q_start[s] * hidden, a + q_start[s] * hidden, tab[s] + g,
+                     q_start[s + 1] - q_start[s], (int)hidden);
 }
 
 enum { GAMMA1, GAMMA2, SCALE1, SCALE2, SHIFT1, SHIFT2 }; /* chunks of the block AdaLN */
@@ -355,11 +360,12 @@ static int run_block(var_model_t *m, forward_t *f, const float *const *tabs, int
     backend_t *be = m->be;
     const llm_config_t *l = &m->cfg->llm;
     const var_block_t *b = &m->blocks[li];
-    const int H = l->num_heads, C = l->hidden_size, n_in = f->n_seq;
+    const int H = l->num_heads, hidden = l->hidden_size, n_in = f->n_seq;
     const int *q_start = f->q_start, rows = q_start[n_in];
-    const size_t at = (size_t)li * 6 * C; /* the block's chunks in each table */
+    const size_t at = (size_t)li * 6 * hidden; /* the block's chunks in each table */
     forward_layer(f, li);
-    norm_modulate(m, q_start, n_in, tabs, at + SCALE1 * (size_t)C, at + SHIFT1 * (size_t)C);
+    norm_modulate(m, q_start, n_in, tabs, at + SCALE1 * (size_t)hidden,
+                  at + SHIFT1 * (size_t)hidden);
     rows_matmul(m, m->q, m->xn, &b->q, &b->q_bias, q_start, n_in);
     rows_matmul(m, m->k, m->xn, &b->k, NULL, q_start, n_in);
     rows_matmul(m, m->v, m->xn, &b->v, &b->v_bias, q_start, n_in);
@@ -371,12 +377,13 @@ static int run_block(var_model_t *m, forward_t *f, const float *const *tabs, int
     if (forward_store(f, li, m->k, m->v, err) != AR_OK)
         return AR_ERR;
     rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
-    gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA1 * (size_t)C);
-    norm_modulate(m, q_start, n_in, tabs, at + SCALE2 * (size_t)C, at + SHIFT2 * (size_t)C);
+    gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA1 * (size_t)hidden);
+    norm_modulate(m, q_start, n_in, tabs, at + SCALE2 * (size_t)hidden,
+                  at + SHIFT2 * (size_t)hidden);
     rows_matmul(m, m->ffn, m->xn, &b->fc1, &b->fc1_b, q_start, n_in);
     be->gelu_tanh(be, m->ffn, (size_t)rows * l->intermediate_size);
     rows_matmul(m, m->tmp, m->ffn, &b->fc2, &b->fc2_b, q_start, n_in);
-    gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA2 * (size_t)C);
+    gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA2 * (size_t)hidden);
     return AR_OK;
 }
 
@@ -385,7 +392,7 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
     backend_t *be = m->be;
     const model_config_t *c = m->cfg;
     const llm_config_t *l = &c->llm;
-    const int C = l->hidden_size, V = c->image.codebook_size;
+    const int hidden = l->hidden_size, V = c->image.codebook_size;
     if (n_in <= 0)
         return AR_OK;
     forward_t f = {.be = be,
@@ -418,8 +425,8 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
         if (run_block(m, &f, tabs, li, err) != AR_OK)
             goto out;
     forward_advance(&f);
-    const size_t head = (size_t)l->num_layers * 6 * C; /* scale, then shift */
-    norm_modulate(m, q_start, n_in, tabs, head, head + C);
+    const size_t head = (size_t)l->num_layers * 6 * hidden; /* scale, then shift */
+    norm_modulate(m, q_start, n_in, tabs, head, head + hidden);
     rows_matmul(m, m->logits, m->xn, &m->head, &m->head_b, q_start, n_in);
     be->download(be, logits_host, m->logits, (size_t)rows * V * sizeof(float));
     rc = AR_OK;

@@ -16,8 +16,8 @@
 #include "engine/weights.h"
 
 typedef struct var_block {
-    tensor_t adaln_w, adaln_b; /* [6C, C], [6C] without shared AdaLN */
-    tensor_t adaln_gss;        /* [6, C] with shared AdaLN */
+    tensor_t adaln_w, adaln_b; /* [6 hidden, hidden], [6 hidden] without shared AdaLN */
+    tensor_t adaln_gss;        /* [6, hidden] with shared AdaLN */
     tensor_t q, k, v, q_bias, v_bias, head_mul, proj, proj_b;
     tensor_t fc1, fc1_b, fc2, fc2_b;
 } var_block_t;
@@ -31,8 +31,8 @@ typedef struct var_model {
     tensor_t class_embed, word_embed, word_embed_b;
     tensor_t shared_adaln_w, shared_adaln_b; /* with shared AdaLN */
     tensor_t head_adaln_w, head_adaln_b, head, head_b;
-    float *level_pos; /* backend, n_tokens x C: level embedding + position, per token */
-    float *start;     /* backend, scales[0]^2 x C: pos_start + level_pos of scale 0 */
+    float *level_pos; /* backend, n_tokens x hidden: level embedding + position, per token */
+    float *start;     /* backend, scales[0]^2 x hidden: pos_start + level_pos of scale 0 */
     var_block_t *blocks;
     /* Workspace, grown on demand (backend memory). */
     int ws_rows, ws_seqs;
