@@ -9,73 +9,89 @@
 #include <stdlib.h>
 #include <string.h>
 
-int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, backend_t *be,
-                ar_error_t *err) {
-    memset(m, 0, sizeof *m);
-    m->cfg = cfg;
-    m->be = be;
-    const llm_config_t *l = &cfg->llm;
-    const image_config_t *im = &cfg->image;
-    int64_t hidden = l->hidden_size, qd = (int64_t)l->num_heads * l->head_dim,
-            kvd = (int64_t)l->num_kv_heads * l->head_dim, F = l->intermediate_size;
-    if (im->aligner_layers > RASTER_MAX_ALIGNER)
-        return ar_errorf(err, "image.aligner_layers %d exceeds %d", im->aligner_layers,
-                         RASTER_MAX_ALIGNER);
-    m->llamagen = strcmp(cfg->architecture, "llamagen") == 0;
-    m->layers = calloc((size_t)l->num_layers, sizeof *m->layers);
-    if (!m->layers)
-        return ar_errorf(err, "out of memory");
-    /* LlamaGen's prefix is a class: its table (num_classes + 1 rows, the
-     * last the null class) stands where Janus's text embedding does. */
-    if (weight_load(ws, &m->embed, SHAPE2(l->vocab_size, hidden), err,
-                    m->llamagen ? "llm.class_embed.weight" : "llm.embed.weight") ||
-        weight_load(ws, &m->norm, SHAPE1(hidden), err, "llm.norm.weight"))
-        return AR_ERR;
-    for (int i = 0; i < l->num_layers; i++) {
-        raster_layer_t *y = &m->layers[i];
-        const char *p = "llm.layers";
-        /* LlamaGen keeps its fused wqkv (q rows, then k, then v): split here. */
-        const int qkv_err =
-            m->llamagen
-                ? weight_load_rows(ws, &y->q, 0, qd, SHAPE2(qd + 2 * kvd, hidden), err,
+/* Layer i's weights; fused_qkv: LlamaGen's wqkv (q rows, then k, then v),
+ * split here. */
+static int load_layer(raster_model_t *m, weight_set_t *ws, int i, int fused_qkv, ar_error_t *err) {
+    const llm_config_t *l = &m->cfg->llm;
+    const int64_t hidden = l->hidden_size, qd = (int64_t)l->num_heads * l->head_dim,
+                  kvd = (int64_t)l->num_kv_heads * l->head_dim, F = l->intermediate_size;
+    raster_layer_t *y = &m->layers[i];
+    const char *p = "llm.layers";
+    const int qkv_err =
+        fused_qkv
+            ? weight_load_rows(ws, &y->q, 0, qd, SHAPE2(qd + 2 * kvd, hidden), err,
+                               "%s.%d.attn.wqkv.weight", p, i) ||
+                  weight_load_rows(ws, &y->k, qd, kvd, SHAPE2(qd + 2 * kvd, hidden), err,
                                    "%s.%d.attn.wqkv.weight", p, i) ||
-                      weight_load_rows(ws, &y->k, qd, kvd, SHAPE2(qd + 2 * kvd, hidden), err,
-                                       "%s.%d.attn.wqkv.weight", p, i) ||
-                      weight_load_rows(ws, &y->v, qd + kvd, kvd, SHAPE2(qd + 2 * kvd, hidden), err,
-                                       "%s.%d.attn.wqkv.weight", p, i)
-                : weight_load(ws, &y->q, SHAPE2(qd, hidden), err, "%s.%d.attn.q.weight", p, i) ||
-                      weight_load(ws, &y->k, SHAPE2(kvd, hidden), err, "%s.%d.attn.k.weight", p,
-                                  i) ||
-                      weight_load(ws, &y->v, SHAPE2(kvd, hidden), err, "%s.%d.attn.v.weight", p, i);
-        if (qkv_err ||
-            weight_load(ws, &y->attn_norm, SHAPE1(hidden), err, "%s.%d.attn_norm.weight", p, i) ||
-            weight_load(ws, &y->o, SHAPE2(hidden, qd), err, "%s.%d.attn.o.weight", p, i) ||
-            weight_load(ws, &y->mlp_norm, SHAPE1(hidden), err, "%s.%d.mlp_norm.weight", p, i) ||
-            weight_load(ws, &y->gate, SHAPE2(F, hidden), err, "%s.%d.mlp.gate.weight", p, i) ||
-            weight_load(ws, &y->up, SHAPE2(F, hidden), err, "%s.%d.mlp.up.weight", p, i) ||
-            weight_load(ws, &y->down, SHAPE2(hidden, F), err, "%s.%d.mlp.down.weight", p, i))
-            return AR_ERR;
-    }
-    int64_t K = im->codebook_size;
-    if (m->llamagen)
-        return weight_load(ws, &m->gen_embed, SHAPE2(K, hidden), err, "gen.embed.weight") ||
-                       weight_load(ws, &m->head_w, SHAPE2(K, hidden), err, "gen.head.weight")
-                   ? AR_ERR
-                   : AR_OK;
-    if (weight_load(ws, &m->gen_embed, SHAPE2(K, im->embed_dim), err, "gen.embed.weight"))
+                  weight_load_rows(ws, &y->v, qd + kvd, kvd, SHAPE2(qd + 2 * kvd, hidden), err,
+                                   "%s.%d.attn.wqkv.weight", p, i)
+            : weight_load(ws, &y->q, SHAPE2(qd, hidden), err, "%s.%d.attn.q.weight", p, i) ||
+                  weight_load(ws, &y->k, SHAPE2(kvd, hidden), err, "%s.%d.attn.k.weight", p, i) ||
+                  weight_load(ws, &y->v, SHAPE2(kvd, hidden), err, "%s.%d.attn.v.weight", p, i);
+    if (qkv_err ||
+        weight_load(ws, &y->attn_norm, SHAPE1(hidden), err, "%s.%d.attn_norm.weight", p, i) ||
+        weight_load(ws, &y->o, SHAPE2(hidden, qd), err, "%s.%d.attn.o.weight", p, i) ||
+        weight_load(ws, &y->mlp_norm, SHAPE1(hidden), err, "%s.%d.mlp_norm.weight", p, i) ||
+        weight_load(ws, &y->gate, SHAPE2(F, hidden), err, "%s.%d.mlp.gate.weight", p, i) ||
+        weight_load(ws, &y->up, SHAPE2(F, hidden), err, "%s.%d.mlp.up.weight", p, i) ||
+        weight_load(ws, &y->down, SHAPE2(hidden, F), err, "%s.%d.mlp.down.weight", p, i))
         return AR_ERR;
-    for (int j = 0; j < im->aligner_layers; j++)
+    return AR_OK;
+}
+
+/* The image path's weights: gen.embed, the aligner behind it and the head. */
+static int load_image_path(raster_model_t *m, weight_set_t *ws, ar_error_t *err) {
+    const image_config_t *im = &m->cfg->image;
+    const int64_t hidden = m->cfg->llm.hidden_size, K = im->codebook_size, G = im->head_hidden_size;
+    /* Without an aligner an image token's embedding enters the LM as it is. */
+    if (weight_load(ws, &m->gen_embed, SHAPE2(K, m->image_aligner ? im->embed_dim : hidden), err,
+                    "gen.embed.weight"))
+        return AR_ERR;
+    for (int j = 0; m->image_aligner && j < im->aligner_layers; j++)
         if (weight_load(ws, &m->aligner_w[j], SHAPE2(hidden, j ? hidden : im->embed_dim), err,
                         "gen.aligner.%d.weight", j) ||
             weight_load(ws, &m->aligner_b[j], SHAPE1(hidden), err, "gen.aligner.%d.bias", j))
             return AR_ERR;
-    int64_t G = im->head_hidden_size;
+    if (!m->head_mlp)
+        return weight_load(ws, &m->head_w, SHAPE2(K, hidden), err, "gen.head.weight") ? AR_ERR
+                                                                                      : AR_OK;
     if (weight_load(ws, &m->head_fc1_w, SHAPE2(G, hidden), err, "gen.head.fc1.weight") ||
         weight_load(ws, &m->head_fc1_b, SHAPE1(G), err, "gen.head.fc1.bias") ||
         weight_load(ws, &m->head_fc2_w, SHAPE2(K, G), err, "gen.head.fc2.weight") ||
         weight_load(ws, &m->head_fc2_b, SHAPE1(K), err, "gen.head.fc2.bias"))
         return AR_ERR;
     return AR_OK;
+}
+
+int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, backend_t *be,
+                ar_error_t *err) {
+    memset(m, 0, sizeof *m);
+    m->cfg = cfg;
+    m->be = be;
+    /* What the architecture switches, named once. LlamaGen's prefix is a
+     * class: its table (num_classes + 1 rows, the last the null class)
+     * stands where Janus's text embedding does. */
+    const int llamagen = strcmp(cfg->architecture, "llamagen") == 0;
+    const int class_prefix = llamagen, fused_qkv = llamagen;
+    m->image_aligner = !llamagen;
+    m->rope_2d = llamagen;
+    m->head_mlp = !llamagen;
+    const llm_config_t *l = &cfg->llm;
+    const image_config_t *im = &cfg->image;
+    if (im->aligner_layers > RASTER_MAX_ALIGNER)
+        return ar_errorf(err, "image.aligner_layers %d exceeds %d", im->aligner_layers,
+                         RASTER_MAX_ALIGNER);
+    m->layers = calloc((size_t)l->num_layers, sizeof *m->layers);
+    if (!m->layers)
+        return ar_errorf(err, "out of memory");
+    if (weight_load(ws, &m->embed, SHAPE2(l->vocab_size, l->hidden_size), err,
+                    class_prefix ? "llm.class_embed.weight" : "llm.embed.weight") ||
+        weight_load(ws, &m->norm, SHAPE1(l->hidden_size), err, "llm.norm.weight"))
+        return AR_ERR;
+    for (int i = 0; i < l->num_layers; i++)
+        if (load_layer(m, ws, i, fused_qkv, err) != AR_OK)
+            return AR_ERR;
+    return load_image_path(m, ws, err);
 }
 
 static void workspace_free(raster_model_t *m) {
@@ -199,7 +215,7 @@ static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in,
     size_t hidden = (size_t)c->llm.hidden_size;
     for (int s = 0; s < n_in; s++) {
         float *dst = m->x + (size_t)q_start[s] * hidden;
-        if (!in[s].is_image || m->llamagen) {
+        if (!in[s].is_image || !m->image_aligner) {
             be->embedding(be, dst, in[s].is_image ? &m->gen_embed : &m->embed, in[s].ids, in[s].n,
                           0);
             continue;
@@ -218,15 +234,15 @@ static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in,
     }
 }
 
-/* Every row's position in m->pos: its place in the sequence (1D RoPE, janus), or
- * its (grid row, column) with llamagen's 2D RoPE. */
+/* Every row's position in m->pos: its place in the sequence (1D RoPE), or
+ * its (grid row, column) with rope_2d. */
 static void set_positions(raster_model_t *m, const raster_input_t *in, int n_in,
                           const int *q_start) {
     const int gw = m->cfg->image.grid_width;
     for (int s = 0; s < n_in; s++)
         for (int i = 0; i < in[s].n; i++) {
-            int *p = m->pos + (m->llamagen ? 2 : 1) * (q_start[s] + i);
-            if (!m->llamagen) {
+            int *p = m->pos + (m->rope_2d ? 2 : 1) * (q_start[s] + i);
+            if (!m->rope_2d) {
                 p[0] = in[s].seq->n_fed + i;
             } else if (in[s].is_image) {
                 /* Image token t at grid (t / w, t % w); a class token gets a
@@ -255,7 +271,7 @@ static int run_layer(raster_model_t *m, forward_t *f, int li, ar_error_t *err) {
     be->matmul(be, m->q, m->xn, &y->q, NULL, rows);
     be->matmul(be, m->k, m->xn, &y->k, NULL, rows);
     be->matmul(be, m->v, m->xn, &y->v, NULL, rows);
-    if (m->llamagen) {
+    if (m->rope_2d) {
         be->rope_2d(be, m->q, m->pos, rows, H, hd, l->rope_theta);
         be->rope_2d(be, m->k, m->pos, rows, H, hd, l->rope_theta);
     } else {
@@ -311,7 +327,7 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
         be->copy(be, m->last + (size_t)s * hidden, m->x + (size_t)(q_start[s + 1] - 1) * hidden,
                  (size_t)hidden * sizeof(float));
     be->rmsnorm(be, m->last, m->last, &m->norm, n_in, hidden, l->norm_eps);
-    if (!m->llamagen) {
+    if (m->head_mlp) {
         be->matmul(be, m->head, m->last, &m->head_fc1_w, &m->head_fc1_b, n_in);
         be->gelu(be, m->head, (size_t)n_in * c->image.head_hidden_size);
         be->matmul(be, m->logits, m->head, &m->head_fc2_w, &m->head_fc2_b, n_in);

@@ -32,13 +32,17 @@ typedef struct raster_model {
     raster_layer_t *layers;
     tensor_t gen_embed;
     tensor_t aligner_w[RASTER_MAX_ALIGNER], aligner_b[RASTER_MAX_ALIGNER];
-    tensor_t head_fc1_w, head_fc1_b, head_fc2_w, head_fc2_b; /* janus */
-    tensor_t head_w;                                         /* llamagen: Linear, no bias */
-    int llamagen; /* architecture "llamagen": class table in embed, 2D RoPE, head_w */
+    tensor_t head_fc1_w, head_fc1_b, head_fc2_w, head_fc2_b; /* head_mlp */
+    tensor_t head_w;                                         /* else: Linear, no bias */
+    /* What the architecture switches, set at load (janus: aligner and
+     * head_mlp; llamagen: rope_2d). */
+    int image_aligner; /* image embeddings go through the aligner (else gen_embed is hidden wide) */
+    int rope_2d;       /* RoPE over (grid row, column) pairs; else 1D over positions */
+    int head_mlp;      /* head Linear, GELU, Linear; else one Linear (head_w) */
     /* Workspace, grown on demand (backend memory). */
     int ws_rows, ws_seqs;
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *last, *head, *logits;
-    int *pos;       /* host, 2 * ws_rows: positions (janus) or (grid row, column) pairs */
+    int *pos;       /* host, 2 * ws_rows: positions, or (grid row, column) pairs (rope_2d) */
     arena_t *arena; /* the model's step arena (model_t.arena), for a pass's host arrays */
 } raster_model_t;
 
@@ -50,7 +54,7 @@ typedef struct raster_input {
     int n;
     const int *ids; /* host */
     int is_image;
-    int image_index;  /* is_image: raster index of ids[0] in the grid (llamagen's 2D RoPE) */
+    int image_index;  /* is_image: raster index of ids[0] in the grid (rope_2d) */
     int collect_mass; /* accumulate key mass into seq->mass (which must exist) */
 } raster_input_t;
 
