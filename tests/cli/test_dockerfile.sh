@@ -92,9 +92,18 @@ build_stage=$(printf '%s\n' "$instr" | awk 'toupper($1) == "FROM" { n++ } n == 1
 src_dirs=$(cd "$ctx" && make -n CUDA=1 BUILD=/nonexistent/dockerfile-check all 2>/dev/null |
            grep -oE ' -c [^ ]+' | awk '{ print $2 }' | xargs -r -n1 dirname | sort -u)
 not_copied=""
+# copies DIR: the build stage copies DIR or a folder above it.
+copies() {
+    local d=$1
+    while :; do
+        printf '%s\n' "$build_stage" | grep -qiE "^COPY[[:space:]]+(.*[[:space:]])?$d/?[[:space:]]" &&
+            return 0
+        [ "${d%/*}" = "$d" ] && return 1
+        d=${d%/*}
+    done
+}
 for d in $src_dirs; do
-    printf '%s\n' "$build_stage" | grep -qiE "^COPY[[:space:]]+(.*[[:space:]])?$d/?[[:space:]]" ||
-        not_copied="$not_copied $d/"
+    copies "$d" || not_copied="$not_copied $d/"
 done
 if [ -n "$src_dirs" ] && [ -z "$not_copied" ]; then
     ok "the build stage copies every source folder of the binary ($(echo $src_dirs))"
