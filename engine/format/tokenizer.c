@@ -575,31 +575,53 @@ static int parse_pattern(const cJSON *node, const char **string, const char **re
     return AR_OK;
 }
 
-static int parse_normalizer(tokenizer_t *t, const cJSON *node, const char *where, int depth,
-                            const char *path, ar_error_t *err) {
+/* A normalizer or pre-tokenizer at where: parses node (nested depth deep). */
+typedef int (*component_parse_fn)(tokenizer_t *t, const cJSON *node, const char *where, int depth,
+                                  const char *path, ar_error_t *err);
+
+/* What every component (normalizer, pre-tokenizer) begins with: null is
+ * none, a Sequence is its list (list_key; what names the kind in errors)
+ * parsed child by child with parse. *type is then NULL (nothing left to
+ * do); otherwise the component's type, for the caller. */
+static int parse_component(tokenizer_t *t, const cJSON *node, const char *where, int depth,
+                           const char *path, const char *list_key, const char *what,
+                           component_parse_fn parse, const char **type, ar_error_t *err) {
+    *type = NULL;
     if (!node || cJSON_IsNull(node))
         return AR_OK;
     if (!cJSON_IsObject(node))
         return ar_errorf(err, "%s: %s is not an object", path, where);
-    const char *type = json_type_name(node);
-    if (!type)
+    const char *name = json_type_name(node);
+    if (!name)
         return ar_errorf(err, "%s: %s.type is missing or not a string", path, where);
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(node, "normalizers");
-        if (!cJSON_IsArray(list))
-            return ar_errorf(err, "%s: %s.normalizers is missing or not an array", path, where);
-        if (depth >= TOKENIZER_MAX_NESTING)
-            return ar_errorf(err, "%s: %s: Sequence normalizers nested too deeply", path, where);
-        int i = 0;
-        const cJSON *child;
-        cJSON_ArrayForEach(child, list) {
-            char child_where[128];
-            snprintf(child_where, sizeof child_where, "%s.normalizers[%d]", where, i++);
-            if (parse_normalizer(t, child, child_where, depth + 1, path, err) != AR_OK)
-                return AR_ERR;
-        }
+    if (strcmp(name, "Sequence") != 0) {
+        *type = name;
         return AR_OK;
     }
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(node, list_key);
+    if (!cJSON_IsArray(list))
+        return ar_errorf(err, "%s: %s.%s is missing or not an array", path, where, list_key);
+    if (depth >= TOKENIZER_MAX_NESTING)
+        return ar_errorf(err, "%s: %s: Sequence %s nested too deeply", path, where, what);
+    int i = 0;
+    const cJSON *child;
+    cJSON_ArrayForEach(child, list) {
+        char child_where[128];
+        snprintf(child_where, sizeof child_where, "%s.%s[%d]", where, list_key, i++);
+        if (parse(t, child, child_where, depth + 1, path, err) != AR_OK)
+            return AR_ERR;
+    }
+    return AR_OK;
+}
+
+static int parse_normalizer(tokenizer_t *t, const cJSON *node, const char *where, int depth,
+                            const char *path, ar_error_t *err) {
+    const char *type;
+    if (parse_component(t, node, where, depth, path, "normalizers", "normalizers", parse_normalizer,
+                        &type, err) != AR_OK)
+        return AR_ERR;
+    if (!type)
+        return AR_OK;
     if (strcmp(type, "NFC") == 0)
         return AR_OK; /* identity on what we handle; see tokenizer.h */
     if (t->n_norm == TOKENIZER_MAX_NORM_STEPS)
@@ -707,29 +729,12 @@ static int parse_split(tokenizer_t *t, const cJSON *node, const char *where, con
 
 static int parse_pre_tokenizer(tokenizer_t *t, const cJSON *node, const char *where, int depth,
                                const char *path, ar_error_t *err) {
-    if (!node || cJSON_IsNull(node))
-        return AR_OK;
-    if (!cJSON_IsObject(node))
-        return ar_errorf(err, "%s: %s is not an object", path, where);
-    const char *type = json_type_name(node);
+    const char *type;
+    if (parse_component(t, node, where, depth, path, "pretokenizers", "pre-tokenizers",
+                        parse_pre_tokenizer, &type, err) != AR_OK)
+        return AR_ERR;
     if (!type)
-        return ar_errorf(err, "%s: %s.type is missing or not a string", path, where);
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(node, "pretokenizers");
-        if (!cJSON_IsArray(list))
-            return ar_errorf(err, "%s: %s.pretokenizers is missing or not an array", path, where);
-        if (depth >= TOKENIZER_MAX_NESTING)
-            return ar_errorf(err, "%s: %s: Sequence pre-tokenizers nested too deeply", path, where);
-        int i = 0;
-        const cJSON *child;
-        cJSON_ArrayForEach(child, list) {
-            char child_where[128];
-            snprintf(child_where, sizeof child_where, "%s.pretokenizers[%d]", where, i++);
-            if (parse_pre_tokenizer(t, child, child_where, depth + 1, path, err) != AR_OK)
-                return AR_ERR;
-        }
         return AR_OK;
-    }
     if (strcmp(type, "Split") == 0)
         return parse_split(t, node, where, path, err);
     pre_step_t *step;
