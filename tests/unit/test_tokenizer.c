@@ -504,6 +504,49 @@ static void test_unsupported_normalizer_or_pre_tokenizer_is_an_error(void) {
     CHECK_STR_CONTAINS(msg, "normalizer.strip_left is not a boolean");
 }
 
+/* Sequences in Sequences: a few levels load, deeper ones are refused with
+ * the path to the offending one; a Sequence without its list is named. */
+static void test_sequences_nest_to_a_limit(void) {
+    char norm[1024] = "{'type': 'Lowercase'}", pre[1024] = "{'type': 'WhitespaceSplit'}",
+         json[4096];
+    for (int level = 1; level <= 5; level++) {
+        char tmp[1024];
+        snprintf(tmp, sizeof tmp, "{'type': 'Sequence', 'normalizers': [%s]}", norm);
+        snprintf(norm, sizeof norm, "%s", tmp);
+        snprintf(tmp, sizeof tmp, "{'type': 'Sequence', 'pretokenizers': [%s]}", pre);
+        snprintf(pre, sizeof pre, "%s", tmp);
+        snprintf(json, sizeof json,
+                 "{'normalizer': %s, 'pre_tokenizer': %s,"
+                 " 'model': {'type': 'WordLevel', 'vocab': {'a': 0}}}",
+                 norm, pre);
+        char name[32];
+        snprintf(name, sizeof name, "nest%d", level);
+        const char *path = write_fixture(name, json);
+        if (level <= 4) {
+            ar_error_t err = {{0}};
+            tokenizer_t *tk = tokenizer_load(path, &err);
+            CHECK_MSG(tk != NULL, "%d levels: %s", level, err.msg);
+            tokenizer_free(tk);
+        } else
+            CHECK_STR_CONTAINS(load_error(path), "normalizer.normalizers[0].normalizers[0]"
+                                                 ".normalizers[0].normalizers[0]: Sequence "
+                                                 "normalizers nested too deeply");
+    }
+    const char *msg = load_error(write_fixture("nest_pre", "{'pre_tokenizer': {'type': 'Sequence',"
+                                                           " 'pretokenizers': [{'type': 'Sequence',"
+                                                           " 'pretokenizers': [{'type': 'Sequence',"
+                                                           " 'pretokenizers': [{'type': 'Sequence',"
+                                                           " 'pretokenizers': [{'type': 'Sequence',"
+                                                           " 'pretokenizers': []}]}]}]}]},"
+                                                           " 'model': {'type': 'WordLevel',"
+                                                           " 'vocab': {'a': 0}}}"));
+    CHECK_STR_CONTAINS(msg ? msg : "", "Sequence pre-tokenizers nested too deeply");
+    msg = load_error(write_fixture("seq_no_list", "{'normalizer': {'type': 'Sequence'},"
+                                                  " 'model': {'type': 'WordLevel',"
+                                                  " 'vocab': {'a': 0}}}"));
+    CHECK_STR_CONTAINS(msg ? msg : "", "normalizer.normalizers is missing or not an array");
+}
+
 /* HF ignores the ids in added_tokens and assigns its own; we refuse a file
  * whose ids disagree rather than encode differently from the model's HF. */
 static void test_added_token_ids_must_match_hf(void) {
@@ -568,6 +611,7 @@ int main(void) {
     TEST_RUN(test_missing_or_bad_vocab_is_an_error);
     TEST_RUN(test_duplicate_words_or_ids_are_errors);
     TEST_RUN(test_unsupported_normalizer_or_pre_tokenizer_is_an_error);
+    TEST_RUN(test_sequences_nest_to_a_limit);
     TEST_RUN(test_added_token_ids_must_match_hf);
     TEST_RUN(test_added_token_error_after_a_normalized_one_frees_the_scratch);
     if (getenv("TEST_TOKENIZER_KEEP")) {
