@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,4 +60,14 @@ void text_print_wrapped(FILE *f, int first, int indent, const char *text) {
         while (*text == ' ')
             text++;
     }
+}
+
+void text_append(char *buf, size_t cap, size_t *used, const char *fmt, ...) {
+    if (*used >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(buf + *used, cap - *used, fmt, ap);
+    va_end(ap);
+    *used += n > 0 ? (size_t)n : 0;
 }

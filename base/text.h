@@ -5,6 +5,7 @@
 #ifndef ARSERVE_TEXT_H
 #define ARSERVE_TEXT_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 typedef enum number_status {
@@ -25,5 +26,12 @@ number_status_t text_parse_real(const char *s, double *out);
  * the others after `indent` spaces (first 0: the cursor stands where the
  * text should start). A word longer than a line gets a line of its own. */
 void text_print_wrapped(FILE *f, int first, int indent, const char *text);
+
+/* Appends the printf-style text at buf + *used, never writing past cap
+ * (the text is cut there, still terminated), and advances *used by what it
+ * would have written: lists of names for help texts and error messages are
+ * built with it. Nothing happens once *used >= cap. */
+void text_append(char *buf, size_t cap, size_t *used, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #endif

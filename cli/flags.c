@@ -23,10 +23,8 @@ static const cli_flag_t *find_short(const cli_flag_t *flags, char c) {
 static void choices_list(const cli_flag_t *f, char *buf, size_t cap) {
     size_t used = 0;
     buf[0] = 0;
-    for (const char *const *c = f->choices; c && *c && used < cap; c++) {
-        int n = snprintf(buf + used, cap - used, "%s%s", c == f->choices ? "" : ", ", *c);
-        used += n > 0 ? (size_t)n : 0;
-    }
+    for (const char *const *c = f->choices; c && *c; c++)
+        text_append(buf, cap, &used, "%s%s", c == f->choices ? "" : ", ", *c);
 }
 
 /* Stores value into f's destination, or prints why not and returns 2. */

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/text.h"
+
 extern const model_family_t model_family_raster, model_family_scale;
 
 static const model_family_t *const families[] = {&model_family_raster, &model_family_scale};
@@ -20,10 +22,8 @@ const char *model_family_list(char *buf, size_t cap) {
     size_t used = 0;
     if (cap)
         buf[0] = 0;
-    for (int i = 0; i < N_FAMILIES && used < cap; i++) {
-        int n = snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", families[i]->name);
-        used += n > 0 ? (size_t)n : 0;
-    }
+    for (int i = 0; i < N_FAMILIES; i++)
+        text_append(buf, cap, &used, "%s%s", i ? ", " : "", families[i]->name);
     return buf;
 }
 

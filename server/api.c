@@ -3,6 +3,7 @@
  * cJSON-built response, error and SSE payloads. See api.h for the contract. */
 #include "server/api.h"
 
+#include "base/text.h"
 #include "engine/format/json_strict.h"
 
 #include <cjson/cJSON.h>
@@ -212,13 +213,8 @@ static int check_string(const cJSON *v, const char *name, const char *want, api_
 static void sizes_list(const api_limits_t *lim, char *buf, size_t cap) {
     size_t used = 0;
     buf[0] = 0;
-    for (int i = 0; i < lim->n_sizes && used < cap; i++) {
-        int k = snprintf(buf + used, cap - used, "%s%dx%d", i ? ", " : "", lim->widths[i],
-                         lim->heights[i]);
-        if (k < 0)
-            break;
-        used += (size_t)k;
-    }
+    for (int i = 0; i < lim->n_sizes; i++)
+        text_append(buf, cap, &used, "%s%dx%d", i ? ", " : "", lim->widths[i], lim->heights[i]);
 }
 
 /* Parses "WxH", each 1..5 digits without a leading zero, and nothing else;

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/text.h"
+
 static backend_t *open_cpu(int threads, ar_error_t *err) {
     return backend_cpu_create(threads, err);
 }
@@ -53,12 +55,9 @@ const char *backend_list(int built_in_only, char *buf, size_t cap) {
     size_t used = 0;
     if (cap)
         buf[0] = 0;
-    for (int i = 0; i < N_KINDS && used < cap; i++) {
-        if (built_in_only && !KINDS[i].open)
-            continue;
-        const int w = snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", KINDS[i].name);
-        used += w > 0 ? (size_t)w : 0;
-    }
+    for (int i = 0; i < N_KINDS; i++)
+        if (!built_in_only || KINDS[i].open)
+            text_append(buf, cap, &used, "%s%s", used ? ", " : "", KINDS[i].name);
     return buf;
 }
 
@@ -66,15 +65,11 @@ const char *backend_auto_rule(char *buf, size_t cap) {
     size_t used = 0;
     if (cap)
         buf[0] = 0;
-    for (int i = N_KINDS - 1; i >= 0 && used < cap; i--) {
-        const int w =
-            KINDS[i].device
-                ? snprintf(buf + used, cap - used, "%s%s when built in and %s is present",
-                           used ? ", else " : "", KINDS[i].name, KINDS[i].device)
-                : snprintf(buf + used, cap - used, "%s%s", used ? ", else " : "", KINDS[i].name);
-        used += w > 0 ? (size_t)w : 0;
+    for (int i = N_KINDS - 1; i >= 0; i--) {
+        text_append(buf, cap, &used, "%s%s", used ? ", else " : "", KINDS[i].name);
         if (!KINDS[i].device)
             break; /* always there: auto never looks further */
+        text_append(buf, cap, &used, " when built in and %s is present", KINDS[i].device);
     }
     return buf;
 }

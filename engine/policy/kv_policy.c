@@ -7,10 +7,11 @@
 
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "base/text.h"
 
 struct kv_policy_state {
     const kv_policy_ops_t *ops;
@@ -147,10 +148,8 @@ const char *kv_policy_list(char *buf, size_t cap) {
     size_t used = 0;
     if (cap)
         buf[0] = 0;
-    for (int i = 0; i < KV_POLICY_COUNT && used < cap; i++) {
-        int n = snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", kv_policy_names[i]);
-        used += n > 0 ? (size_t)n : 0;
-    }
+    for (int i = 0; i < KV_POLICY_COUNT; i++)
+        text_append(buf, cap, &used, "%s%s", i ? ", " : "", kv_policy_names[i]);
     return buf;
 }
 
@@ -170,17 +169,6 @@ static const char *budget_text(double budget, char *buf, size_t cap) {
     return buf;
 }
 
-/* Appends the printf-style text to buf[*used..cap), never past cap. */
-static void list_append(char *buf, size_t cap, size_t *used, const char *fmt, ...) {
-    if (*used >= cap)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    const int n = vsnprintf(buf + *used, cap - *used, fmt, ap);
-    va_end(ap);
-    *used += n > 0 ? (size_t)n : 0;
-}
-
 const char *kv_policy_budget_list(char *buf, size_t cap) {
     size_t used = 0;
     int n_with = 0, n_none = 0, none_left = 0;
@@ -193,19 +181,19 @@ const char *kv_policy_budget_list(char *buf, size_t cap) {
         if (!ops->takes_budget)
             continue;
         char b[32];
-        list_append(buf, cap, &used, "%s%s %s", n_with++ ? ", " : "", kv_policy_names[i],
+        text_append(buf, cap, &used, "%s%s %s", n_with++ ? ", " : "", kv_policy_names[i],
                     budget_text(ops->default_budget, b, sizeof b));
     }
     for (int i = 0; i < KV_POLICY_COUNT; i++) {
         if (kv_policy_table[i]->takes_budget)
             continue;
         const char *sep = n_none == 0 ? (n_with ? "; " : "") : none_left == 1 ? " and " : ", ";
-        list_append(buf, cap, &used, "%s%s", sep, kv_policy_names[i]);
+        text_append(buf, cap, &used, "%s%s", sep, kv_policy_names[i]);
         n_none++;
         none_left--;
     }
     if (n_none)
-        list_append(buf, cap, &used, " take%s none", n_none == 1 ? "s" : "");
+        text_append(buf, cap, &used, " take%s none", n_none == 1 ? "s" : "");
     return buf;
 }
 

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/text.h"
+
 #define KV_KNOB_TYPE_INT KV_KNOB_INT
 #define KV_KNOB_TYPE_REAL KV_KNOB_REAL
 #define KNOB_ENTRY(name_, policies_, type_, lo_, lo_open_, hi_, def_, help_)                       \
@@ -51,12 +53,10 @@ const char *kv_policy_knob_owners(const kv_policy_knob_t *k, char *buf, size_t c
     size_t used = 0;
     if (cap)
         buf[0] = 0;
-    for (int i = 0; i < KV_POLICY_COUNT && used < cap; i++)
-        if (kv_policy_knob_of(k, (kv_policy_kind_t)i)) {
-            int n = snprintf(buf + used, cap - used, "%s%s", used ? ", " : "",
-                             kv_policy_name((kv_policy_kind_t)i));
-            used += n > 0 ? (size_t)n : 0;
-        }
+    for (int i = 0; i < KV_POLICY_COUNT; i++)
+        if (kv_policy_knob_of(k, (kv_policy_kind_t)i))
+            text_append(buf, cap, &used, "%s%s", used ? ", " : "",
+                        kv_policy_name((kv_policy_kind_t)i));
     return buf;
 }
 
