@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import ARSERVE_BIN, REPO, Daemon, clean_env, repo_path
+from conftest import ARSERVE_BIN, REPO, Daemon, clean_env, repo_path, scaled
 
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import kv_knob_docs  # noqa: E402
@@ -42,7 +42,7 @@ def test_the_demo_models_run_every_policy(cards):
     """Every policy --kv-policy takes runs on one of the two models, so the
     tables miss none."""
     help_text = subprocess.run([ARSERVE_BIN, "serve", "--help"], capture_output=True, text=True,
-                               env=clean_env(), timeout=30).stdout
+                               env=clean_env(), timeout=scaled(30)).stdout
     m = re.search(r"--kv-policy NAME\s.*?One of\s+([a-z_|]+),\s+default", help_text, re.S)
     assert m, help_text
     listed = {p["name"] for c in cards for p in c["kv_policies"]}
