@@ -462,9 +462,8 @@ static int sse_collect(sse_t *s, const sched_snapshot_t *snap) {
     sched_job_t *j = s->job;
     const long now = (long)time(NULL);
     const int W = s->h->width, H = s->h->height;
-    /* In the order they happened, however many steps passed since the last
-     * call: each preview after the progress up to its step, then the
-     * progress since. */
+    /* In step order, however many steps passed since the last call: each
+     * preview after the progress up to its step, then the progress since. */
     for (; s->sent_partials < snap->n_partials; s->sent_partials++) {
         if (sse_progress(
                 s, snap,
@@ -480,7 +479,7 @@ static int sse_collect(sse_t *s, const sched_snapshot_t *snap) {
                 return -1;
         }
     }
-    if (sse_progress(s, snap, snap->steps_done))
+    if (sse_progress(s, snap, sched_reportable_steps(snap, s->sent_partials)))
         return -1;
     if (snap->outcome == SCHED_PENDING)
         return 0;

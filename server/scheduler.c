@@ -487,6 +487,16 @@ int sched_preview_step(int steps, int n_previews, int p) {
     return steps * (p + 1) / (n_previews + 1);
 }
 
+int sched_reportable_steps(const sched_snapshot_t *snap, int previews_said) {
+    int steps = snap->steps_done;
+    if (snap->outcome == SCHED_PENDING && previews_said < snap->partial_images) {
+        const int next = sched_preview_step(snap->steps_total, snap->partial_images, previews_said);
+        if (steps > next)
+            steps = next;
+    }
+    return steps;
+}
+
 /* Previews at their steps (sched_preview_step), from the tokens so far. */
 static void publish_previews(scheduler_t *s, sched_job_t *j, int steps_done) {
     for (int p = 0; p < j->partial_images; p++) {

@@ -102,6 +102,12 @@ typedef struct sched_snapshot {
     double queue_s, run_s, finish_s;
 } sched_snapshot_t;
 
+/* The steps a stream that has said `previews_said` previews may report now:
+ * the steps done, but while the job runs no further than the step of the
+ * next preview not yet said, so that however far decoding runs ahead of the
+ * drawing threads, a stream says its progress and previews in step order. */
+int sched_reportable_steps(const sched_snapshot_t *snap, int previews_said);
+
 /* Starts the engine thread and the PNG workers. NULL (err says why, with
  * nothing left running) on a bad option, out of memory or a thread that
  * cannot start. */

@@ -256,6 +256,30 @@ static void test_done_only_after_its_previews(void) {
     stop(s, m);
 }
 
+/* A stream's progress waits at a preview's step until that preview is said:
+ * a job of 12 steps with 2 previews draws them after steps 4 and 8. The CI
+ * failure this guards: on a slow machine the last steps were done before
+ * preview 1 was drawn, and the stream said step 12 before preview 1. */
+static void test_progress_waits_for_previews(void) {
+    sched_snapshot_t snap = {.outcome = SCHED_PENDING, .steps_total = 12, .partial_images = 2};
+    snap.steps_done = 3;
+    CHECK(sched_reportable_steps(&snap, 0) == 3);
+    snap.steps_done = 6;
+    CHECK(sched_reportable_steps(&snap, 0) == 4);
+    CHECK(sched_reportable_steps(&snap, 1) == 6);
+    snap.steps_done = 12;
+    CHECK(sched_reportable_steps(&snap, 1) == 8);
+    CHECK(sched_reportable_steps(&snap, 2) == 12);
+    /* An ended job says all it did: a skipped preview holds nothing back. */
+    snap.outcome = SCHED_DONE;
+    CHECK(sched_reportable_steps(&snap, 1) == 12);
+    snap.outcome = SCHED_FAILED;
+    snap.steps_done = 7;
+    CHECK(sched_reportable_steps(&snap, 0) == 7);
+    snap = (sched_snapshot_t){.outcome = SCHED_PENDING, .steps_total = 12, .steps_done = 9};
+    CHECK(sched_reportable_steps(&snap, 0) == 9);
+}
+
 typedef struct waiter {
     sched_job_t *job;
     int end_only;
@@ -423,6 +447,7 @@ int main(void) {
     TEST_RUN(test_refusals_say_why);
     TEST_RUN(test_outcomes);
     TEST_RUN(test_done_only_after_its_previews);
+    TEST_RUN(test_progress_waits_for_previews);
     TEST_RUN(test_wait_returns_on_change);
     TEST_RUN(test_drawing_failures);
     TEST_RUN(test_wait_end_sleeps_through_steps);
