@@ -5,9 +5,12 @@
 # for a quick look); `make bench-kv` compares the KV policies on it.
 #
 # Switches (validated): CUDA=0|1, SANITIZER=address|undefined|address,undefined|thread,
-# DEBUG=0|1.
+# DEBUG=0|1, KIT=0|1.
 # CI=true adds -Werror. CUDA=1 builds arserve with the CUDA backend too (nvcc
-# from CUDA_HOME, GPU architectures CUDA_ARCHS) into build-cuda/.
+# from CUDA_HOME, GPU architectures CUDA_ARCHS) into build-cuda/. KIT=1 (with
+# CUDA=1; `make gpu-kit` sets both) links binaries for the GPU kit: the CUDA
+# runtime static, and the shared libraries looked up in ../lib beside the
+# binary before anywhere else.
 
 comma     := ,
 CUDA      ?= 0
@@ -39,6 +42,13 @@ $(error CUDA_ARCHS is empty; give compute capabilities such as 80 90)
 endif
 $(foreach a,$(CUDA_ARCHS),$(if $(shell echo '$(a)' | grep -Ex '[0-9]{2,3}[af]?'),,\
   $(error CUDA_ARCHS: '$(a)' is not a compute capability such as 80, 90 or 90a)))
+KIT ?= 0
+ifeq ($(filter $(KIT),0 1),)
+$(error KIT must be 0 or 1, not '$(KIT)')
+endif
+ifeq ($(KIT)$(CUDA),10)
+$(error KIT=1 builds the GPU kit's binaries and needs CUDA=1 (make gpu-kit sets both))
+endif
 ifeq ($(filter $(DEBUG),0 1),)
 $(error DEBUG must be 0 or 1, not '$(DEBUG)')
 endif
@@ -107,7 +117,14 @@ CUDA_OBJ :=
 ifeq ($(CUDA),1)
 CUDA_OBJ   := $(BUILD)/engine/backend/backend_cuda.o $(KERNEL_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS     += -DARSERVE_CUDA -I$(CUDA_HOME)/include
+ifeq ($(KIT),1)
+# DT_RPATH (not RUNPATH): it serves the libraries' own dependencies too.
+# cuBLAS is the GPU machine's (tests/gpu/run.sh finds it and links it in).
+LDFLAGS    += -Wl,-rpath,'$$ORIGIN/../lib' -Wl,--disable-new-dtags
+LDLIBS     += -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
+else
 LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+endif
 endif
 
 # The same backend and kernels built against the CPU emulator of CUDA
@@ -139,7 +156,7 @@ VAR_MODEL  := models/shapes-var
 
 .PHONY: all deps test test-unit test-cli test-integration test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
-        test-cuda-build test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
+        test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
         format format-check info bench bench-kv bench-scale bench-serve bench-gemm help \
         playground-screenshot test-bench-smoke
 
@@ -149,7 +166,7 @@ help:
 	@echo "make run              build and serve MODEL (default models/shapes, the demo model) on http://HOST:PORT"
 	@echo "make test             build and run every suite (format-check, test-unit, test-cli,"
 	@echo "                      test-integration, test-integration-tsan, test-python, test-backend,"
-	@echo "                      test-cuda-build, test-dockerfile, test-sanitizers, test-fuzz,"
+	@echo "                      test-gpu-kit, test-dockerfile, test-sanitizers, test-fuzz,"
 	@echo "                      test-bench-smoke: every bench target and make eval for seconds)"
 	@echo "make fuzz             every libFuzzer target for FUZZ_SECONDS (600) each, then a table"
 	@echo "                      of execs and coverage (tests/fuzz/); not part of make test"
@@ -179,6 +196,8 @@ help:
 	@echo "                      (the playground test's compare mode in headless Chromium)"
 	@echo "make deps             install the Debian packages and the .venv the build and tests need"
 	@echo "make golden           regenerate the golden data (torch, in .venv-tools)"
+	@echo "make gpu-kit          the GPU kit in $(KIT_DIR) (.tar.xz): prebuilt CUDA binaries, their"
+	@echo "                      libraries and test models for tests/gpu/run.sh --kit on a bare GPU machine"
 	@echo "make format           clang-format the C, CUDA and headers (format-check: only check)"
 	@echo "make clean            remove the build folders"
 
@@ -296,7 +315,7 @@ $(SANITIZER_SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors
 # Every suite, one stage after another (tests/run_stages.sh stops at the
 # first that fails and ends with each stage's seconds).
 TEST_STAGES := deps format-check all test-unit test-cli test-integration test-integration-tsan \
-               test-python test-backend test-cuda-build test-dockerfile test-sanitizers test-fuzz \
+               test-python test-backend test-gpu-kit test-dockerfile test-sanitizers test-fuzz \
                test-bench-smoke
 test:
 	@tests/run_stages.sh "$(MAKE)" $(TEST_STAGES)
@@ -351,14 +370,30 @@ gpu-tests:
 	@[ "$(CUDA)" = 1 ] || { echo "gpu-tests: build with CUDA=1"; exit 1; }
 	$(MAKE) $(GPU_TESTS)
 
-# arserve with CUDA=1, warnings as errors (nvcc's included), in its own
-# folder, and the GPU test binaries: a CUDA change that does not compile or
-# link fails here, on machines without a GPU too. Nothing runs. Two makes one
-# after the other: under -j, gpu-tests' own make would build the engine's
-# archive beside the first goal's, two ar writing one file.
-test-cuda-build:
-	$(MAKE) CUDA=1 CI=true BUILD=$(BUILD)-cuda-ci all
-	$(MAKE) CUDA=1 CI=true BUILD=$(BUILD)-cuda-ci gpu-tests
+# The GPU kit: what `tests/gpu/run.sh --kit` runs on a GPU machine that has
+# the NVIDIA driver, cuBLAS and python3 but none of our Debian libraries, no
+# network and no time to build. arserve, the speed bench and the GPU test
+# binaries built with CUDA=1 KIT=1 (stripped), the shared libraries they
+# need, the tiny test models and a manifest with checksums, in $(KIT_DIR),
+# packed into $(KIT_DIR).tar.xz, which is what travels
+# (tests/gpu/make_kit.sh). Two makes one after the other: under -j,
+# gpu-tests' own make would build the engine's archive beside the first
+# goal's, two ar writing one file.
+KIT_DIR   := $(BUILD)/gpu-kit
+KIT_BUILD := $(BUILD)/gpu-kit-build
+gpu-kit: $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json
+	$(MAKE) CUDA=1 KIT=1 BUILD=$(KIT_BUILD) all
+	$(MAKE) CUDA=1 KIT=1 BUILD=$(KIT_BUILD) gpu-tests $(KIT_BUILD)/speed_bench
+	CUDA_ARCHS="$(CUDA_ARCHS)" tests/gpu/make_kit.sh $(KIT_BUILD) $(KIT_DIR) $(TINY_MODEL) $(VAR_TINY_MODEL)
+
+# The kit built with warnings as errors (nvcc's included), so a CUDA change
+# that does not compile or link fails here, on machines without a GPU too;
+# then checked: self-contained, and `run.sh --kit` run here, where it must
+# pass its preflight's library check and skip for want of a GPU
+# (tests/gpu/test_kit.sh).
+test-gpu-kit:
+	$(MAKE) CI=true gpu-kit
+	tests/gpu/test_kit.sh $(KIT_DIR)
 
 # The Dockerfile's structure and that everything it copies exists (Docker
 # itself cannot run here).
@@ -641,7 +676,7 @@ format-check:
 	@echo "format-check: $(words $(FORMAT_SRC)) files formatted as .clang-format says"
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-ubsan $(BUILD)-tsan $(BUILD)-cuda-ci build-cuda
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-ubsan $(BUILD)-tsan build-cuda
 
 # libFuzzer targets (make fuzz, make test-fuzz): tests/fuzz/fuzz.mk.
 include tests/fuzz/fuzz.mk
