@@ -335,9 +335,13 @@ static cudaError_t g_last = cudaSuccess;   /* for cudaGetLastError */
 static cudaError_t g_sticky = cudaSuccess; /* a kernel fault: every call fails until reset */
 static char g_fault[512];
 static unsigned long long g_launches;
-/* A planted fault (cuda_emu_fault_launch): launches to let through first, then the error. */
+/* A planted fault (cuda_emu_fault_launch): launches to let through first, then the error;
+ * g_planted_async: fired as cuda_emu_fault_launch_async says, through g_pending. */
 static cudaError_t g_planted = cudaSuccess;
 static unsigned long long g_planted_after;
+static int g_planted_async;
+/* An asynchronous fault that has happened but that no call has reported yet. */
+static cudaError_t g_pending = cudaSuccess;
 
 static cudaError_t set_error(cudaError_t e) {
     if (e != cudaSuccess)
@@ -345,9 +349,18 @@ static cudaError_t set_error(cudaError_t e) {
     return e;
 }
 
+/* A pending asynchronous fault becomes the sticky error at the first call
+ * that touches the device after it. Caller holds g_lock. */
+static void surface_pending(void) {
+    if (g_pending != cudaSuccess && g_sticky == cudaSuccess)
+        g_sticky = g_pending;
+    g_pending = cudaSuccess;
+}
+
 /* Every API call returns the sticky error first, as a faulted context does. */
 #define STICKY_CHECK()                                                                             \
     do {                                                                                           \
+        surface_pending();                                                                         \
         if (g_sticky != cudaSuccess)                                                               \
             return g_sticky;                                                                       \
     } while (0)
@@ -359,6 +372,14 @@ void cuda_emu_fault_launch(unsigned long long after, cudaError_t error) {
     std::lock_guard<std::mutex> lk(g_lock);
     g_planted = error;
     g_planted_after = after;
+    g_planted_async = 0;
+}
+
+void cuda_emu_fault_launch_async(unsigned long long after, cudaError_t error) {
+    std::lock_guard<std::mutex> lk(g_lock);
+    g_planted = error;
+    g_planted_after = after;
+    g_planted_async = 1;
 }
 
 cudaError_t cudaGetLastError(void) {
@@ -494,10 +515,16 @@ cudaError_t cuda_emu_run(const char *name, dim3 grid, dim3 block, size_t shmem, 
         if (!stream_ok(stream))
             return set_error(cudaErrorInvalidResourceHandle);
         if (g_planted != cudaSuccess && g_planted_after-- == 0) {
-            snprintf(g_fault, sizeof g_fault, "%s: a planted fault (cuda_emu_fault_launch)", name);
+            snprintf(g_fault, sizeof g_fault, "%s: a planted fault (%s)", name,
+                     g_planted_async ? "cuda_emu_fault_launch_async" : "cuda_emu_fault_launch");
             fprintf(stderr, "cuda_emu: kernel fault in %s\n", g_fault);
-            g_sticky = g_planted;
+            const cudaError_t e = g_planted;
             g_planted = cudaSuccess;
+            if (g_planted_async) { /* the launch went through; the kernel faults later */
+                g_pending = e;
+                return cudaSuccess;
+            }
+            g_sticky = e;
             return set_error(g_sticky);
         }
         g_launches++;
@@ -639,6 +666,7 @@ cudaError_t cudaDeviceReset(void) {
     g_last = cudaSuccess;
     g_fault[0] = 0;
     g_planted = cudaSuccess;
+    g_pending = cudaSuccess;
     return cudaSuccess;
 }
 
@@ -973,6 +1001,7 @@ static cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
         return CUBLAS_STATUS_SUCCESS;
     {
         std::lock_guard<std::mutex> lk(g_lock);
+        surface_pending();
         if (g_sticky != cudaSuccess)
             return CUBLAS_STATUS_EXECUTION_FAILED;
         const size_t es_a = at == CUDA_R_32F ? 4 : 2, es_b = bt == CUDA_R_32F ? 4 : 2;

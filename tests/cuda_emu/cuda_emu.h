@@ -216,6 +216,12 @@ unsigned long long cuda_emu_launch_count(void);
  * stands for an out-of-bounds kernel). cuda_emu_last_fault() names the
  * kernel. cudaSuccess, or cudaDeviceReset, disarms a fault not yet fired. */
 void cuda_emu_fault_launch(unsigned long long after, cudaError_t error);
+/* As cuda_emu_fault_launch, but the way a GPU reports a kernel that faults
+ * while it runs: the launch itself succeeds (cudaGetLastError right after
+ * it says cudaSuccess) and the error surfaces at the next call that
+ * touches the device (a copy, a synchronisation, the next launch, a
+ * cuBLAS call), sticky from then on. The kernel does not run. */
+void cuda_emu_fault_launch_async(unsigned long long after, cudaError_t error);
 
 #ifdef __cplusplus
 } /* extern "C" */

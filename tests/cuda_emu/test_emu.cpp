@@ -506,6 +506,36 @@ static void test_planted_fault_fires_on_its_launch(void) {
     cudaFree(d);
 }
 
+/* An asynchronous planted fault is a GPU's: its launch reports success,
+ * the kernel does not run, and the next call that touches the device (here
+ * a synchronisation; a copy or a launch would do) fails, sticky until a
+ * reset. */
+static void test_planted_async_fault_surfaces_at_the_next_call(void) {
+    int *d = dev_alloc<int>(32);
+    const unsigned long long ran = cuda_emu_launch_count();
+    cuda_emu_fault_launch_async(1, cudaErrorIllegalAddress);
+    AR_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, 0, d, 32);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    AR_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, 0, d, 32); /* the faulting one */
+    CHECK(cudaGetLastError() == cudaSuccess);                  /* not yet */
+    CHECK(cuda_emu_launch_count() == ran + 1);
+    CHECK_STR_CONTAINS(cuda_emu_last_fault(), "exited_lane_shuffle_kernel");
+    CHECK_STR_CONTAINS(cuda_emu_last_fault(), "cuda_emu_fault_launch_async");
+    CHECK(cudaDeviceSynchronize() == cudaErrorIllegalAddress); /* now */
+    CHECK(cudaGetLastError() == cudaErrorIllegalAddress);      /* and sticky */
+    CHECK(cudaMemset(d, 0, 4) == cudaErrorIllegalAddress);
+    CHECK(cudaDeviceReset() == cudaSuccess);
+    AR_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, 0, d, 32);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+
+    cuda_emu_fault_launch_async(0, cudaErrorIllegalAddress); /* fired, not yet reported */
+    AR_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, 0, d, 32);
+    CHECK(cudaDeviceReset() == cudaSuccess); /* a reset forgets it */
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    cudaFree(d);
+}
+
 static void test_memory_errors_and_accounting(void) {
     size_t free0, total;
     CHECK(cudaMemGetInfo(&free0, &total) == cudaSuccess);
@@ -641,6 +671,7 @@ int main(void) {
     TEST_RUN(test_launch_configuration_errors);
     TEST_RUN(test_kernel_faults_are_sticky_until_reset);
     TEST_RUN(test_planted_fault_fires_on_its_launch);
+    TEST_RUN(test_planted_async_fault_surfaces_at_the_next_call);
     TEST_RUN(test_memory_errors_and_accounting);
     TEST_RUN(test_cublas_gemm_types_and_transposes);
     TEST_RUN(test_cublas_argument_errors_and_beta_zero);
