@@ -348,8 +348,16 @@ $(BUILD)/tests/test_backend_health: tests/backend/test_backend_health.c $(EMU_OB
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) \
 	    $(SERVER_LIBS) $(LDLIBS) -lstdc++
 
+# ARSERVE_CUDA_CHECK=1 naming the op where a fault planted in the emulator
+# (as late as a GPU reports one) happened.
+$(BUILD)/tests/test_backend_cuda_check: tests/backend/test_backend_cuda_check.c $(EMU_OBJ) \
+                                        $(ENGINE_LIB) tests/test.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
+
 test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops $(BUILD)/tests/test_backend_e2e \
-              $(BUILD)/tests/test_backend_health $(TINY_MODEL)/arserve.json
+              $(BUILD)/tests/test_backend_health $(BUILD)/tests/test_backend_cuda_check \
+              $(TINY_MODEL)/arserve.json
 	OMP_WAIT_POLICY=passive ARSERVE_TINY_MODEL=$(TINY_MODEL) tests/run_unit.sh $(filter $(BUILD)/tests/%,$^)
 
 # With CUDA=1: the conformance suite, the end-to-end test and the golden

@@ -84,6 +84,21 @@ typedef struct attn_batch {
     float *const *mass;  /* NULL, or host array of n_seq * n_heads backend pointers (or NULL) */
 } attn_batch_t;
 
+/* What a device backend has done since it was created (->stats), for
+ * benchmarks and the GPU run's report: how many launches and copies a
+ * decode step costs, and how much of its reservation it ever used. */
+typedef struct backend_stats {
+    /* Kernel launches: every kernel launcher call and every cuBLAS call
+     * issued (one cuBLAS call may run more than one kernel). */
+    uint64_t launches;
+    uint64_t h2d_copies, h2d_bytes; /* host to device (uploads and staged host arrays) */
+    uint64_t d2h_copies, d2h_bytes; /* device to host (downloads) */
+    uint64_t d2d_copies, d2d_bytes; /* device to device (->copy) */
+    uint64_t syncs;                 /* waits for the stream to drain */
+    size_t device_peak_bytes;       /* the most of its reservation in use at once */
+    size_t device_reserved_bytes;   /* the reservation */
+} backend_stats_t;
+
 typedef struct backend backend_t;
 
 struct backend {
@@ -248,8 +263,23 @@ struct backend {
      * be. NULL with err set when it cannot be made. */
     backend_t *(*fork)(backend_t *be, size_t bytes, int n_threads, ar_error_t *err);
 
+    /* Optional (NULL: no counters, as on the CPU, which launches and
+     * copies nothing). The counters since creation into out; a fork
+     * counts its own. Counting is a few increments per call, always on.
+     * See backend_stats(). */
+    void (*stats)(backend_t *be, backend_stats_t *out);
+
     void (*destroy)(backend_t *be);
 };
+
+/* be->stats into out where the backend has counters (1), else out zeroed (0). */
+static inline int backend_stats(backend_t *be, backend_stats_t *out) {
+    *out = (backend_stats_t){0};
+    if (!be->stats)
+        return 0;
+    be->stats(be, out);
+    return 1;
+}
 
 /* be->status where the backend has one, AR_OK otherwise. */
 static inline int backend_status(backend_t *be, ar_error_t *err) {

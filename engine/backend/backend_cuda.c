@@ -11,7 +11,15 @@
  * Errors: ops return nothing, so every CUDA and cuBLAS call goes through
  * CUDA_CHECK / CUBLAS_CHECK, which keep the first failure (statement, file,
  * line, CUDA's message) for ->status and print it once; kernel launchers
- * return the launch's cudaGetLastError(), checked the same way. */
+ * return the launch's cudaGetLastError(), checked the same way. A kernel
+ * that faults on a GPU does so after its launch returned, so the failure
+ * surfaces at a later call, in a later op: ARSERVE_CUDA_CHECK=1 in the
+ * environment at creation synchronises and checks after every op instead,
+ * so that the op that faulted is the one named (checked_ops below).
+ *
+ * Counters (->stats): launches, copies and syncs are counted where they are
+ * issued (LAUNCH_CHECK, gemm_rowmajor, copy_async, stream_sync), the
+ * memory high-water mark by the arena. */
 #include "engine/backend/backend.h"
 
 #include <assert.h>
@@ -65,13 +73,14 @@ typedef struct arena_block {
 typedef struct arena {
     char *base;
     size_t size, in_use;
+    size_t peak; /* the most in_use has been */
     arena_block_t *head;
 } arena_t;
 
 static int arena_init(arena_t *a, void *base, size_t size) {
     a->base = base;
     a->size = size;
-    a->in_use = 0;
+    a->in_use = a->peak = 0;
     a->head = calloc(1, sizeof *a->head);
     if (!a->head)
         return AR_ERR;
@@ -110,6 +119,8 @@ static void *arena_alloc(arena_t *a, size_t bytes) {
         }
         b->used = 1;
         a->in_use += b->size;
+        if (a->in_use > a->peak)
+            a->peak = a->in_use;
         return a->base + b->off;
     }
     return NULL;
@@ -164,6 +175,14 @@ typedef struct cuda_impl {
     int *kv_ints;
     unsigned n_errors; /* failures since creation; the first is kept */
     ar_error_t first_error;
+    /* ARSERVE_CUDA_CHECK=1: the op table holds checked_ops' wrappers, and
+     * op names the op running in one of them (NULL outside), which
+     * cuda_fail puts in front of its message. */
+    int check_ops;
+    const char *op;
+    /* Launches, copies and syncs since creation; the arena keeps the
+     * memory figures (cuda_stats fills them in). */
+    backend_stats_t counts;
 } cuda_impl_t;
 
 static cuda_impl_t *impl_of(const backend_t *be) { return (cuda_impl_t *)be->impl; }
@@ -182,9 +201,11 @@ static void cuda_fail(backend_t *be, const char *fmt, ...) {
     if (nth > MAX_PRINTED_ERRORS)
         return;
     ar_error_t e;
+    int used = impl->op ? snprintf(e.msg, sizeof e.msg, "in op %s: ", impl->op) : 0;
+    used = used < 0 || (size_t)used >= sizeof e.msg ? 0 : used;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    vsnprintf(e.msg + used, sizeof e.msg - (size_t)used, fmt, ap);
     va_end(ap);
     if (nth == 1)
         impl->first_error = e;
@@ -214,6 +235,9 @@ static int cublas_check(backend_t *be, cublasStatus_t s, const char *stmt, const
  * through one of these; they return AR_OK or AR_ERR. */
 #define CUDA_CHECK(be, stmt) cuda_check((be), (stmt), #stmt, __FILE__, __LINE__)
 #define CUBLAS_CHECK(be, stmt) cublas_check((be), (stmt), #stmt, __FILE__, __LINE__)
+/* A kernel launcher's call, counted as a launch (->stats). */
+#define LAUNCH_CHECK(be, stmt)                                                                     \
+    (impl_of(be)->counts.launches++, cuda_check((be), (stmt), #stmt, __FILE__, __LINE__))
 
 /* At creation the error goes straight to the caller's err. */
 #define CUBLAS_TRY(err, stmt)                                                                      \
@@ -280,36 +304,53 @@ static void cuda_free(backend_t *be, void *p) {
         cuda_fail(be, "free of %p, which is not a live allocation of this backend", p);
 }
 
+/* Every copy an op makes: queued on the stream, counted by direction. */
+static int copy_async(backend_t *be, void *dst, const void *src, size_t bytes,
+                      enum cudaMemcpyKind kind) {
+    cuda_impl_t *impl = impl_of(be);
+    backend_stats_t *c = &impl->counts;
+    if (kind == cudaMemcpyHostToDevice)
+        c->h2d_copies++, c->h2d_bytes += bytes;
+    else if (kind == cudaMemcpyDeviceToHost)
+        c->d2h_copies++, c->d2h_bytes += bytes;
+    else
+        c->d2d_copies++, c->d2d_bytes += bytes;
+    return CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, kind, impl->stream));
+}
+
+/* Every wait for the stream, counted. */
+static int stream_sync(backend_t *be) {
+    cuda_impl_t *impl = impl_of(be);
+    impl->counts.syncs++;
+    return CUDA_CHECK(be, cudaStreamSynchronize(impl->stream));
+}
+
 /* Returns once the host buffer may be reused (the copy is synchronised:
  * uploads happen at load time and for the odd host buffer, not per op). */
 static void cuda_upload(backend_t *be, void *dst, const void *host_src, size_t bytes) {
-    cuda_impl_t *impl = impl_of(be);
     if (!bytes || use_device(be) != AR_OK)
         return;
-    if (CUDA_CHECK(be, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice,
-                                       impl->stream)) == AR_OK)
-        CUDA_CHECK(be, cudaStreamSynchronize(impl->stream));
+    if (copy_async(be, dst, host_src, bytes, cudaMemcpyHostToDevice) == AR_OK)
+        stream_sync(be);
 }
 
 /* Waits for the queued work that produces src, then for the copy. */
 static void cuda_download(backend_t *be, void *host_dst, const void *src, size_t bytes) {
-    cuda_impl_t *impl = impl_of(be);
     if (!bytes || use_device(be) != AR_OK)
         return;
-    if (CUDA_CHECK(be, cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost,
-                                       impl->stream)) == AR_OK)
-        CUDA_CHECK(be, cudaStreamSynchronize(impl->stream));
+    if (copy_async(be, host_dst, src, bytes, cudaMemcpyDeviceToHost) == AR_OK)
+        stream_sync(be);
 }
 
 static void cuda_copy(backend_t *be, void *dst, const void *src, size_t bytes) {
     if (!bytes || use_device(be) != AR_OK)
         return;
-    CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_of(be)->stream));
+    copy_async(be, dst, src, bytes, cudaMemcpyDeviceToDevice);
 }
 
 static void cuda_sync(backend_t *be) {
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, cudaStreamSynchronize(impl_of(be)->stream));
+        stream_sync(be);
 }
 
 /* Copies n host ints into the staging buffer (n <= STAGING_INTS). The
@@ -319,8 +360,7 @@ static void cuda_sync(backend_t *be) {
 static const int *stage_ints(backend_t *be, const int *host, size_t n) {
     cuda_impl_t *impl = impl_of(be);
     assert(n <= STAGING_INTS);
-    if (CUDA_CHECK(be, cudaMemcpyAsync(impl->staging, host, n * sizeof(int), cudaMemcpyHostToDevice,
-                                       impl->stream)) != AR_OK)
+    if (copy_async(be, impl->staging, host, n * sizeof(int), cudaMemcpyHostToDevice) != AR_OK)
         return NULL;
     return impl->staging;
 }
@@ -380,6 +420,7 @@ static cudaDataType blas_type(dtype_t t) {
 static int gemm_rowmajor(backend_t *be, int M, int N, int K, const void *A, int lda, const void *B,
                          int ldb, int b_trans, dtype_t t, float beta, float *C, int ldc) {
     const float one = 1.0f;
+    impl_of(be)->counts.launches++;
     return CUBLAS_CHECK(be, cublasGemmEx(impl_of(be)->blas, b_trans ? CUBLAS_OP_T : CUBLAS_OP_N,
                                          CUBLAS_OP_N, N, M, K, &one, B, blas_type(t), ldb, A,
                                          blas_type(t), lda, &beta, C, CUDA_R_32F, ldc,
@@ -405,12 +446,12 @@ static void cuda_matmul(backend_t *be, float *y, const float *x, const tensor_t 
     const void *b_data = bias ? bias->data : NULL;
     const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
     if (k == 0) {
-        CUDA_CHECK(be, kern_fill_bias(y, b_data, b_type, m, n, 0, impl->stream));
+        LAUNCH_CHECK(be, kern_fill_bias(y, b_data, b_type, m, n, 0, impl->stream));
         return;
     }
     if (w->dtype == DTYPE_F32) {
         if (bias &&
-            CUDA_CHECK(be, kern_fill_bias(y, b_data, b_type, m, n, 0, impl->stream)) != AR_OK)
+            LAUNCH_CHECK(be, kern_fill_bias(y, b_data, b_type, m, n, 0, impl->stream)) != AR_OK)
             return;
         gemm_rowmajor(be, m, n, k, x, k, w->data, k, 1, DTYPE_F32, bias ? 1.0f : 0.0f, y, n);
         return;
@@ -429,15 +470,15 @@ static void cuda_matmul(backend_t *be, float *y, const float *x, const tensor_t 
         char *halves = impl->scratch; /* [2 * rows, k]: hi rows, then lo rows */
         const size_t half_bytes = (size_t)2 * rows * k * 2;
         float *prod = (float *)(halves + ((half_bytes + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1)));
-        if (CUDA_CHECK(be, kern_split_16(halves, halves + (size_t)rows * k * 2, kern_type(w->dtype),
-                                         x + (size_t)r0 * k, (size_t)rows * k, impl->stream)) !=
-            AR_OK)
+        if (LAUNCH_CHECK(be, kern_split_16(halves, halves + (size_t)rows * k * 2,
+                                           kern_type(w->dtype), x + (size_t)r0 * k,
+                                           (size_t)rows * k, impl->stream)) != AR_OK)
             return;
         if (gemm_rowmajor(be, 2 * rows, n, k, halves, k, w->data, k, 1, w->dtype, 0.0f, prod, n) !=
             AR_OK)
             return;
-        if (CUDA_CHECK(be, kern_add_pair_bias(y + (size_t)r0 * n, prod, prod + (size_t)rows * n,
-                                              b_data, b_type, rows, n, impl->stream)) != AR_OK)
+        if (LAUNCH_CHECK(be, kern_add_pair_bias(y + (size_t)r0 * n, prod, prod + (size_t)rows * n,
+                                                b_data, b_type, rows, n, impl->stream)) != AR_OK)
             return;
     }
 }
@@ -448,35 +489,35 @@ static void cuda_rmsnorm(backend_t *be, float *y, const float *x, const tensor_t
                          int dim, float eps) {
     assert(tensor_numel(w) == dim && rows >= 0 && dim > 0);
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_rmsnorm(y, x, w->data, kern_type(w->dtype), rows, dim, eps,
-                                    impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_rmsnorm(y, x, w->data, kern_type(w->dtype), rows, dim, eps,
+                                      impl_of(be)->stream));
 }
 
 static void cuda_layernorm(backend_t *be, float *y, const float *x, int rows, int dim, float eps) {
     assert(rows >= 0 && dim > 0);
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_layernorm(y, x, rows, dim, eps, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_layernorm(y, x, rows, dim, eps, impl_of(be)->stream));
 }
 
 static void cuda_modulate(backend_t *be, float *y, const float *x, const float *scale,
                           const float *shift, int rows, int dim) {
     assert(rows >= 0 && dim >= 0);
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_modulate(y, x, scale, shift, rows, dim, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_modulate(y, x, scale, shift, rows, dim, impl_of(be)->stream));
 }
 
 static void cuda_gate_add(backend_t *be, float *y, const float *a, const float *gate, int rows,
                           int dim) {
     assert(rows >= 0 && dim >= 0);
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_gate_add(y, a, gate, rows, dim, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_gate_add(y, a, gate, rows, dim, impl_of(be)->stream));
 }
 
 static void cuda_l2norm_heads(backend_t *be, float *x, const float *mul, int rows, int n_heads,
                               int head_dim) {
     assert(rows >= 0 && n_heads >= 0 && head_dim > 0);
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_l2norm_heads(x, mul, rows, n_heads, head_dim, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_l2norm_heads(x, mul, rows, n_heads, head_dim, impl_of(be)->stream));
 }
 
 /* Positions go through the staging buffer, STAGING_INTS at a time. */
@@ -489,8 +530,8 @@ static void cuda_rope(backend_t *be, float *x, const int *pos, int rows, int n_h
         const int n = rows - r0 < (int)STAGING_INTS ? rows - r0 : (int)STAGING_INTS;
         const int *d_pos = stage_ints(be, pos + r0, (size_t)n);
         if (!d_pos ||
-            CUDA_CHECK(be, kern_rope(x + (size_t)r0 * n_heads * head_dim, d_pos, n, n_heads,
-                                     head_dim, theta, impl_of(be)->stream)) != AR_OK)
+            LAUNCH_CHECK(be, kern_rope(x + (size_t)r0 * n_heads * head_dim, d_pos, n, n_heads,
+                                       head_dim, theta, impl_of(be)->stream)) != AR_OK)
             return;
     }
 }
@@ -505,8 +546,8 @@ static void cuda_rope_2d(backend_t *be, float *x, const int *pos, int rows, int 
         const int n = rows - r0 < per ? rows - r0 : per;
         const int *d_pos = stage_ints(be, pos + 2 * (size_t)r0, 2 * (size_t)n);
         if (!d_pos ||
-            CUDA_CHECK(be, kern_rope_2d(x + (size_t)r0 * n_heads * head_dim, d_pos, n, n_heads,
-                                        head_dim, theta, impl_of(be)->stream)) != AR_OK)
+            LAUNCH_CHECK(be, kern_rope_2d(x + (size_t)r0 * n_heads * head_dim, d_pos, n, n_heads,
+                                          head_dim, theta, impl_of(be)->stream)) != AR_OK)
             return;
     }
 }
@@ -540,8 +581,8 @@ static int kv_stage_upload(backend_t *be, int n_items, int n_ints, const kern_kv
     const size_t ib = kv_items_bytes(n_items);
     memcpy(impl->kv_host, impl->kv_items, (size_t)n_items * sizeof(kern_kv_item_t));
     memcpy(impl->kv_host + ib, impl->kv_ints, (size_t)n_ints * sizeof(int));
-    if (CUDA_CHECK(be, cudaMemcpyAsync(impl->staging, impl->kv_host, ib + (size_t)n_ints * 4,
-                                       cudaMemcpyHostToDevice, impl->stream)) != AR_OK)
+    if (copy_async(be, impl->staging, impl->kv_host, ib + (size_t)n_ints * 4,
+                   cudaMemcpyHostToDevice) != AR_OK)
         return AR_ERR;
     *d_items = (const kern_kv_item_t *)impl->staging;
     *d_tables = (const int *)((const char *)impl->staging + ib);
@@ -602,8 +643,8 @@ static void cuda_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view
                 return;
             }
             if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK ||
-                CUDA_CHECK(be, kern_kv_append(kv_pool_of(pool), d_items, n_items, rows, d_tables, k,
-                                              v, n_heads, impl->stream)) != AR_OK)
+                LAUNCH_CHECK(be, kern_kv_append(kv_pool_of(pool), d_items, n_items, rows, d_tables,
+                                                k, v, n_heads, impl->stream)) != AR_OK)
                 return;
             n_items = n_ints = rows = 0;
             i--; /* this pair again, into the empty staging buffer */
@@ -615,8 +656,8 @@ static void cuda_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view
     const kern_kv_item_t *d_items;
     const int *d_tables;
     if (n_items && kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) == AR_OK)
-        CUDA_CHECK(be, kern_kv_append(kv_pool_of(pool), d_items, n_items, rows, d_tables, k, v,
-                                      n_heads, impl->stream));
+        LAUNCH_CHECK(be, kern_kv_append(kv_pool_of(pool), d_items, n_items, rows, d_tables, k, v,
+                                        n_heads, impl->stream));
 }
 
 /* Launches the staged attention items; AR_ERR stops the op. */
@@ -628,9 +669,9 @@ static int attention_flush(backend_t *be, float *out, const float *q, const kv_b
     const int *d_tables;
     if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK)
         return AR_ERR;
-    return CUDA_CHECK(be, kern_attention(out, q, kv_pool_of(pool), d_items, n_items, rows, max_keys,
-                                         d_tables, n_heads, scale, any_mass, impl->scratch,
-                                         impl->stream));
+    return LAUNCH_CHECK(be, kern_attention(out, q, kv_pool_of(pool), d_items, n_items, rows,
+                                           max_keys, d_tables, n_heads, scale, any_mass,
+                                           impl->scratch, impl->stream));
 }
 
 /* Query rows are cut into launches whose split partials fit the scratch;
@@ -697,9 +738,9 @@ static int attention_scale_flush(backend_t *be, float *out, const float *q, cons
     const int *d_tables;
     if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK)
         return AR_ERR;
-    return CUDA_CHECK(be, kern_attention_scale(out, q, k_new, v_new, kv_pool_of(pool), d_items,
-                                               n_items, rows, max_keys, d_tables, n_heads, scale,
-                                               any_mass, impl->scratch, impl->stream));
+    return LAUNCH_CHECK(be, kern_attention_scale(out, q, k_new, v_new, kv_pool_of(pool), d_items,
+                                                 n_items, rows, max_keys, d_tables, n_heads, scale,
+                                                 any_mass, impl->scratch, impl->stream));
 }
 
 /* As cuda_attention, one item per (sequence, head) pair with its whole
@@ -784,8 +825,8 @@ static void cuda_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *bl
             assert(keep[i0 + i] >= i0 + i && (i0 + i == 0 || keep[i0 + i] > keep[i0 + i - 1]));
         memcpy(h + nb, keep + i0, (size_t)n * sizeof(int));
         const int *d = stage_ints(be, h, (size_t)nb + (size_t)n);
-        if (!d || CUDA_CHECK(be, kern_kv_gather(kv_pool_of(pool), d, d + nb, i0, n, mass,
-                                                impl->scratch, impl->stream)) != AR_OK)
+        if (!d || LAUNCH_CHECK(be, kern_kv_gather(kv_pool_of(pool), d, d + nb, i0, n, mass,
+                                                  impl->scratch, impl->stream)) != AR_OK)
             return;
     }
 }
@@ -805,47 +846,47 @@ static void cuda_kv_read_rows(backend_t *be, float *out, const kv_blocks_t *pool
     memcpy(h, view->blocks, (size_t)nb * sizeof(int));
     const int *d = stage_ints(be, h, (size_t)nb);
     if (d)
-        CUDA_CHECK(be,
-                   kern_kv_read_rows(out, kv_pool_of(pool), d, j0, n, values,
-                                     values ? view->v_scale : view->k_scale, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_kv_read_rows(out, kv_pool_of(pool), d, j0, n, values,
+                                           values ? view->v_scale : view->k_scale,
+                                           impl_of(be)->stream));
 }
 
 /* ---- element-wise ------------------------------------------------------------------------ */
 
 static void cuda_silu_mul(backend_t *be, float *out, const float *gate, const float *up, size_t n) {
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_silu_mul(out, gate, up, n, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_silu_mul(out, gate, up, n, impl_of(be)->stream));
 }
 
 static void cuda_silu(backend_t *be, float *x, size_t n) {
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_silu(x, n, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_silu(x, n, impl_of(be)->stream));
 }
 
 static void cuda_gelu(backend_t *be, float *x, size_t n) {
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_gelu(x, n, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_gelu(x, n, impl_of(be)->stream));
 }
 
 static void cuda_gelu_tanh(backend_t *be, float *x, size_t n) {
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_gelu_tanh(x, n, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_gelu_tanh(x, n, impl_of(be)->stream));
 }
 
 static void cuda_add(backend_t *be, float *y, const float *a, size_t n) {
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_add(y, a, n, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_add(y, a, n, impl_of(be)->stream));
 }
 
 static void cuda_scale(backend_t *be, float *x, size_t n, float s) {
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_scale(x, n, s, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_scale(x, n, s, impl_of(be)->stream));
 }
 
 static void cuda_softmax(backend_t *be, float *x, int rows, int cols) {
     assert(rows >= 0 && cols > 0);
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_softmax(x, rows, cols, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_softmax(x, rows, cols, impl_of(be)->stream));
 }
 
 /* The ids are on the host, so they are checked here: an id outside the
@@ -866,9 +907,9 @@ static void cuda_embedding(backend_t *be, float *out, const tensor_t *table, con
     for (int i0 = 0; i0 < n; i0 += (int)STAGING_INTS) {
         const int cnt = n - i0 < (int)STAGING_INTS ? n - i0 : (int)STAGING_INTS;
         const int *d_ids = stage_ints(be, ids + i0, (size_t)cnt);
-        if (!d_ids || CUDA_CHECK(be, kern_embedding(out + (size_t)i0 * dim, table->data,
-                                                    kern_type(table->dtype), dim, d_ids, cnt,
-                                                    l2_normalize, impl_of(be)->stream)) != AR_OK)
+        if (!d_ids || LAUNCH_CHECK(be, kern_embedding(out + (size_t)i0 * dim, table->data,
+                                                      kern_type(table->dtype), dim, d_ids, cnt,
+                                                      l2_normalize, impl_of(be)->stream)) != AR_OK)
             return;
     }
 }
@@ -899,7 +940,8 @@ static void cuda_conv2d(backend_t *be, float *out, const float *in, const tensor
         return;
     const void *b_data = bias ? bias->data : NULL;
     const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
-    if (CUDA_CHECK(be, kern_fill_bias(out, b_data, b_type, c_out, npix, 1, impl->stream)) != AR_OK)
+    if (LAUNCH_CHECK(be, kern_fill_bias(out, b_data, b_type, c_out, npix, 1, impl->stream)) !=
+        AR_OK)
         return;
     const int kk = c_in * k * k;
     if (kk == 0)
@@ -922,8 +964,8 @@ static void cuda_conv2d(backend_t *be, float *out, const float *in, const tensor
     for (int64_t p0 = 0; p0 < npix; p0 += fit) {
         const int np = (int)(npix - p0 < fit ? npix - p0 : fit);
         char *lo = panel + (((size_t)kk * np * 2 + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1));
-        if (CUDA_CHECK(be, kern_im2col(panel, lo, kern_type(w->dtype), in, c_in, h, w_, k, pad, wo,
-                                       p0, np, impl->stream)) != AR_OK)
+        if (LAUNCH_CHECK(be, kern_im2col(panel, lo, kern_type(w->dtype), in, c_in, h, w_, k, pad,
+                                         wo, p0, np, impl->stream)) != AR_OK)
             return;
         /* W [c_out, kk] times panel [kk, np] into out's columns p0.. (ld npix) */
         if (gemm_rowmajor(be, c_out, np, kk, w->data, kk, panel, np, 0, w->dtype, beta, out + p0,
@@ -945,35 +987,157 @@ static void cuda_groupnorm(backend_t *be, float *out, const float *in, const ten
         cuda_fail(be, "groupnorm: %d channels in %d groups need more than the scratch", c, groups);
         return;
     }
-    CUDA_CHECK(be, kern_groupnorm(out, in, gamma->data, beta->data, kern_type(gamma->dtype), c, hw,
-                                  groups, eps, impl_of(be)->scratch, impl_of(be)->stream));
+    LAUNCH_CHECK(be, kern_groupnorm(out, in, gamma->data, beta->data, kern_type(gamma->dtype), c,
+                                    hw, groups, eps, impl_of(be)->scratch, impl_of(be)->stream));
 }
 
 static void cuda_upsample_nearest2x(backend_t *be, float *out, const float *in, int c, int h,
                                     int w) {
     assert(c >= 0 && h >= 0 && w >= 0);
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_upsample_nearest2x(out, in, c, h, w, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_upsample_nearest2x(out, in, c, h, w, impl_of(be)->stream));
 }
 
 static void cuda_resize_bicubic(backend_t *be, float *out, const float *in, int c, int h, int w,
                                 int H, int W) {
     assert(c >= 0 && h > 0 && w > 0 && H >= 0 && W >= 0);
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_resize_bicubic(out, in, c, h, w, H, W, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_resize_bicubic(out, in, c, h, w, H, W, impl_of(be)->stream));
 }
 
 static void cuda_resize_area(backend_t *be, float *out, const float *in, int c, int h, int w, int H,
                              int W) {
     assert(c >= 0 && h > 0 && w > 0 && H >= 0 && W >= 0);
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_resize_area(out, in, c, h, w, H, W, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_resize_area(out, in, c, h, w, H, W, impl_of(be)->stream));
 }
 
 static void cuda_transpose(backend_t *be, float *out, const float *in, int rows, int cols) {
     assert(rows >= 0 && cols >= 0 && (out != in || rows == 0 || cols == 0));
     if (use_device(be) == AR_OK)
-        CUDA_CHECK(be, kern_transpose(out, in, rows, cols, impl_of(be)->stream));
+        LAUNCH_CHECK(be, kern_transpose(out, in, rows, cols, impl_of(be)->stream));
+}
+
+/* ---- ARSERVE_CUDA_CHECK=1 and the counters ------------------------------------------------- */
+
+/* Before an op under ARSERVE_CUDA_CHECK=1: failures from here on name it. */
+static unsigned op_begin(backend_t *be, const char *op) {
+    cuda_impl_t *impl = impl_of(be);
+    impl->op = op;
+    return impl->n_errors;
+}
+
+/* After it: waits for the op's work and records what failed there (a
+ * fault that the op's own calls did not see, since a kernel faults after
+ * its launch has returned), named with the op. An op that already failed
+ * is not blamed twice. */
+static void op_end(backend_t *be, unsigned errors_before) {
+    cuda_impl_t *impl = impl_of(be);
+    if (impl->n_errors == errors_before && use_device(be) == AR_OK) {
+        impl->counts.syncs++;
+        cuda_check(be, cudaStreamSynchronize(impl->stream),
+                   "cudaStreamSynchronize after the op (ARSERVE_CUDA_CHECK=1)", __FILE__, __LINE__);
+    }
+    impl->op = NULL;
+}
+
+/* The ops that queue device work, X(op, parameters, arguments): with
+ * ARSERVE_CUDA_CHECK=1, cuda_start puts checked_<op> in the table instead
+ * of cuda_<op>, so that a backend without the switch pays nothing for it.
+ * An op added to the table belongs here too. */
+#define CHECKED_OPS(X)                                                                             \
+    X(upload, (backend_t * be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))   \
+    X(download, (backend_t * be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes)) \
+    X(copy, (backend_t * be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))     \
+    X(matmul,                                                                                      \
+      (backend_t * be, float *y, const float *x, const tensor_t *w, const tensor_t *bias, int m),  \
+      (be, y, x, w, bias, m))                                                                      \
+    X(rmsnorm,                                                                                     \
+      (backend_t * be, float *y, const float *x, const tensor_t *w, int rows, int dim, float eps), \
+      (be, y, x, w, rows, dim, eps))                                                               \
+    X(rope,                                                                                        \
+      (backend_t * be, float *x, const int *pos, int rows, int n_heads, int head_dim,              \
+       float theta),                                                                               \
+      (be, x, pos, rows, n_heads, head_dim, theta))                                                \
+    X(rope_2d,                                                                                     \
+      (backend_t * be, float *x, const int *pos, int rows, int n_heads, int head_dim,              \
+       float theta),                                                                               \
+      (be, x, pos, rows, n_heads, head_dim, theta))                                                \
+    X(kv_append,                                                                                   \
+      (backend_t * be, const kv_blocks_t *pool, const kv_view_t *kv, const float *k,               \
+       const float *v, const int *q_start, int n_seq, int n_heads),                                \
+      (be, pool, kv, k, v, q_start, n_seq, n_heads))                                               \
+    X(attention,                                                                                   \
+      (backend_t * be, float *out, const float *q, const kv_blocks_t *pool,                        \
+       const attn_batch_t *batch, int n_heads, float scale),                                       \
+      (be, out, q, pool, batch, n_heads, scale))                                                   \
+    X(attention_scale,                                                                             \
+      (backend_t * be, float *out, const float *q, const float *k_new, const float *v_new,         \
+       const kv_blocks_t *pool, const attn_batch_t *batch, int n_heads, float scale),              \
+      (be, out, q, k_new, v_new, pool, batch, n_heads, scale))                                     \
+    X(kv_gather,                                                                                   \
+      (backend_t * be, const kv_blocks_t *pool, const int *blocks, const int *keep, int n_keep,    \
+       float *mass),                                                                               \
+      (be, pool, blocks, keep, n_keep, mass))                                                      \
+    X(kv_read_rows,                                                                                \
+      (backend_t * be, float *out, const kv_blocks_t *pool, const kv_view_t *view, int j0, int n,  \
+       int values),                                                                                \
+      (be, out, pool, view, j0, n, values))                                                        \
+    X(layernorm, (backend_t * be, float *y, const float *x, int rows, int dim, float eps),         \
+      (be, y, x, rows, dim, eps))                                                                  \
+    X(modulate,                                                                                    \
+      (backend_t * be, float *y, const float *x, const float *scale, const float *shift, int rows, \
+       int dim),                                                                                   \
+      (be, y, x, scale, shift, rows, dim))                                                         \
+    X(gate_add, (backend_t * be, float *y, const float *a, const float *gate, int rows, int dim),  \
+      (be, y, a, gate, rows, dim))                                                                 \
+    X(l2norm_heads,                                                                                \
+      (backend_t * be, float *x, const float *mul, int rows, int n_heads, int head_dim),           \
+      (be, x, mul, rows, n_heads, head_dim))                                                       \
+    X(silu_mul, (backend_t * be, float *out, const float *gate, const float *up, size_t n),        \
+      (be, out, gate, up, n))                                                                      \
+    X(silu, (backend_t * be, float *x, size_t n), (be, x, n))                                      \
+    X(gelu, (backend_t * be, float *x, size_t n), (be, x, n))                                      \
+    X(gelu_tanh, (backend_t * be, float *x, size_t n), (be, x, n))                                 \
+    X(add, (backend_t * be, float *y, const float *a, size_t n), (be, y, a, n))                    \
+    X(scale, (backend_t * be, float *x, size_t n, float s), (be, x, n, s))                         \
+    X(softmax, (backend_t * be, float *x, int rows, int cols), (be, x, rows, cols))                \
+    X(embedding,                                                                                   \
+      (backend_t * be, float *out, const tensor_t *table, const int *ids, int n,                   \
+       int l2_normalize),                                                                          \
+      (be, out, table, ids, n, l2_normalize))                                                      \
+    X(conv2d,                                                                                      \
+      (backend_t * be, float *out, const float *in, const tensor_t *w, const tensor_t *bias,       \
+       int c_in, int h, int w_, int pad),                                                          \
+      (be, out, in, w, bias, c_in, h, w_, pad))                                                    \
+    X(groupnorm,                                                                                   \
+      (backend_t * be, float *out, const float *in, const tensor_t *gamma, const tensor_t *beta,   \
+       int c, int hw, int groups, float eps),                                                      \
+      (be, out, in, gamma, beta, c, hw, groups, eps))                                              \
+    X(upsample_nearest2x, (backend_t * be, float *out, const float *in, int c, int h, int w),      \
+      (be, out, in, c, h, w))                                                                      \
+    X(resize_bicubic,                                                                              \
+      (backend_t * be, float *out, const float *in, int c, int h, int w, int H, int W),            \
+      (be, out, in, c, h, w, H, W))                                                                \
+    X(resize_area,                                                                                 \
+      (backend_t * be, float *out, const float *in, int c, int h, int w, int H, int W),            \
+      (be, out, in, c, h, w, H, W))                                                                \
+    X(transpose, (backend_t * be, float *out, const float *in, int rows, int cols),                \
+      (be, out, in, rows, cols))
+
+#define CHECKED_OP_DEFINE(op, params, args)                                                        \
+    static void checked_##op params {                                                              \
+        const unsigned before = op_begin(be, #op);                                                 \
+        cuda_##op args;                                                                            \
+        op_end(be, before);                                                                        \
+    }
+CHECKED_OPS(CHECKED_OP_DEFINE)
+
+static void cuda_stats(backend_t *be, backend_stats_t *out) {
+    const cuda_impl_t *impl = impl_of(be);
+    *out = impl->counts;
+    out->device_peak_bytes = impl->arena.peak;
+    out->device_reserved_bytes = impl->arena.size;
 }
 
 /* ---- lifetime ------------------------------------------------------------------------------- */
@@ -1096,6 +1260,12 @@ static int cuda_start(backend_t *be, size_t reserve, ar_error_t *err) {
     be->unusable = cuda_unusable;
     be->destroy = cuda_destroy;
     be->fork = cuda_fork;
+    be->stats = cuda_stats;
+    if (impl->check_ops) {
+#define CHECKED_OP_INSTALL(op, params, args) be->op = checked_##op;
+        CHECKED_OPS(CHECKED_OP_INSTALL)
+#undef CHECKED_OP_INSTALL
+    }
     return AR_OK;
 fail:
     return AR_ERR;
@@ -1145,6 +1315,7 @@ static backend_t *cuda_fork(backend_t *parent, size_t bytes, int n_threads, ar_e
         return NULL;
     }
     impl->parent = parent;
+    impl->check_ops = p->check_ops;
     if (cuda_start(be, reserve, err) != AR_OK) {
         cuda_destroy(be);
         return NULL;
@@ -1157,6 +1328,15 @@ backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err
     if (!be)
         return NULL;
     cuda_impl_t *impl = impl_of(be);
+    const char *check = getenv("ARSERVE_CUDA_CHECK");
+    if (check && *check && strcmp(check, "0") && strcmp(check, "1")) {
+        ar_errorf(err,
+                  "cuda backend: ARSERVE_CUDA_CHECK=%s: expected 1 (synchronise and check after "
+                  "every op) or 0",
+                  check);
+        goto fail;
+    }
+    impl->check_ops = check && !strcmp(check, "1");
     /* Launch checks read cudaGetLastError(), which also returns the last
      * failed runtime call of anyone in the process: start from a clean
      * slate so an earlier, unrelated failure is not blamed on a kernel. */
@@ -1227,7 +1407,9 @@ backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err
                   prop.major, prop.minor);
         goto fail;
     }
-
+    if (impl->check_ops)
+        fprintf(stderr, "arserve: cuda backend: ARSERVE_CUDA_CHECK=1: synchronising and checking "
+                        "after every op (slower; a fault is blamed on the op that caused it)\n");
     return be;
 
 fail:

@@ -341,6 +341,189 @@ static void test_invalid_ops_fail_loudly(void) {
     CHECK(backend_unusable(cpu) == NULL);
 }
 
+/* ---- counters and ARSERVE_CUDA_CHECK ------------------------------------------- */
+
+/* A CUDA backend of reserve bytes made with ARSERVE_CUDA_CHECK=check,
+ * whatever the environment this test runs in says (tests/gpu reruns the
+ * suite with the switch on); the environment is put back. */
+static backend_t *create_checked(const char *check, size_t reserve, ar_error_t *err) {
+    const char *env = getenv("ARSERVE_CUDA_CHECK");
+    char *was = env ? strdup(env) : NULL;
+    setenv("ARSERVE_CUDA_CHECK", check, 1);
+    backend_t *b = backend_cuda_create(0, reserve, err);
+    if (was)
+        setenv("ARSERVE_CUDA_CHECK", was, 1);
+    else
+        unsetenv("ARSERVE_CUDA_CHECK");
+    free(was);
+    return b;
+}
+
+#define STATS_RESERVE ((size_t)128 << 20)
+
+/* s - t, field by field (the counts; the memory figures are s's). */
+static backend_stats_t stats_since(backend_t *b, const backend_stats_t *t) {
+    backend_stats_t s;
+    CHECK(backend_stats(b, &s) == 1);
+    s.launches -= t->launches;
+    s.h2d_copies -= t->h2d_copies, s.h2d_bytes -= t->h2d_bytes;
+    s.d2h_copies -= t->d2h_copies, s.d2h_bytes -= t->d2h_bytes;
+    s.d2d_copies -= t->d2d_copies, s.d2d_bytes -= t->d2d_bytes;
+    s.syncs -= t->syncs;
+    return s;
+}
+
+static int stats_no_copies(const backend_stats_t *d) {
+    return d->h2d_copies == 0 && d->d2h_copies == 0 && d->d2d_copies == 0 && d->syncs == 0;
+}
+
+/* ->stats counts exactly: a copy by its direction and bytes, a wait for
+ * every upload, download and sync, a launch for every kernel launcher and
+ * cuBLAS call (f32 matmul: the GEMM, plus the bias fill with a bias; a
+ * 16-bit weight: split, GEMM, sum), a host array staged as one upload; the
+ * memory high-water mark and the reservation. The CPU backend has none. */
+static void test_stats_count_launches_copies_syncs_and_memory(void) {
+    backend_stats_t s;
+    CHECK(backend_stats(cpu, &s) == 0 && s.launches == 0 && s.device_reserved_bytes == 0);
+    ar_error_t err = {{0}};
+    backend_t *b = create_checked("0", STATS_RESERVE, &err);
+    CHECK_MSG(b != NULL, "%s", err.msg);
+    if (!b)
+        return;
+    backend_stats_t zero = {0}, d = stats_since(b, &zero);
+    CHECK(d.launches == 0 && d.h2d_bytes == 0 && d.d2h_bytes == 0 && d.d2d_bytes == 0);
+    CHECK(stats_no_copies(&d));
+    CHECK(d.device_reserved_bytes == STATS_RESERVE);
+    /* its own scratch and cuBLAS workspace, from the start */
+    CHECK(d.device_peak_bytes >= ((size_t)96 << 20) && d.device_peak_bytes < STATS_RESERVE);
+
+    float host[1000];
+    for (int i = 0; i < 1000; i++)
+        host[i] = (float)i;
+    float *x = b->alloc(b, sizeof host), *y = b->alloc(b, sizeof host);
+    backend_stats_t t;
+    backend_stats(b, &t);
+    b->upload(b, x, host, sizeof host);
+    b->copy(b, y, x, 400);
+    b->download(b, host, y, 40);
+    b->sync(b);
+    d = stats_since(b, &t);
+    CHECK(d.h2d_copies == 1 && d.h2d_bytes == sizeof host);
+    CHECK(d.d2d_copies == 1 && d.d2d_bytes == 400);
+    CHECK(d.d2h_copies == 1 && d.d2h_bytes == 40);
+    CHECK_MSG(d.syncs == 3, "%llu syncs: upload, download and sync wait once each",
+              (unsigned long long)d.syncs);
+    CHECK(d.launches == 0);
+
+    tensor_t w32, w16, bias;
+    const int64_t wshape[2] = {4, 8}, bshape[1] = {4};
+    uint16_t wbf[32];
+    for (int i = 0; i < 32; i++)
+        wbf[i] = 0x3f80; /* bf16 1.0 */
+    backend_stats(b, &t);
+    CHECK(b->weight_load(b, &w32, host, DTYPE_F32, 2, wshape, &err) == AR_OK);
+    CHECK(b->weight_load(b, &w16, wbf, DTYPE_BF16, 2, wshape, &err) == AR_OK);
+    CHECK(b->weight_load(b, &bias, host, DTYPE_F32, 1, bshape, &err) == AR_OK);
+    d = stats_since(b, &t);
+    CHECK(d.h2d_copies == 3 && d.h2d_bytes == 32 * 4 + 32 * 2 + 4 * 4 && d.syncs == 3);
+
+    const struct {
+        const char *what;
+        const tensor_t *w, *bias;
+        unsigned long long launches;
+    } mm[] = {{"f32", &w32, NULL, 1}, {"f32 with bias", &w32, &bias, 2}, {"bf16", &w16, NULL, 3}};
+    for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
+        backend_stats(b, &t);
+        b->matmul(b, y, x, mm[i].w, mm[i].bias, 2);
+        d = stats_since(b, &t);
+        CHECK_MSG(d.launches == mm[i].launches && stats_no_copies(&d),
+                  "matmul %s: %llu launches, %llu copies in, %llu syncs", mm[i].what,
+                  (unsigned long long)d.launches, (unsigned long long)d.h2d_copies,
+                  (unsigned long long)d.syncs);
+    }
+    backend_stats(b, &t);
+    b->rmsnorm(b, y, x, &bias, 8, 4, 1e-6f);
+    d = stats_since(b, &t);
+    CHECK(d.launches == 1 && stats_no_copies(&d));
+    const int pos[2] = {3, 4};
+    backend_stats(b, &t);
+    b->rope(b, x, pos, 2, 2, 4, 10000.0f);
+    d = stats_since(b, &t);
+    CHECK(d.launches == 1 && d.h2d_copies == 1 && d.h2d_bytes == sizeof pos && d.syncs == 0);
+
+    /* the high-water mark rises with an allocation and stays after its free */
+    backend_stats(b, &t);
+    CHECK(t.device_peak_bytes < STATS_RESERVE - ((size_t)8 << 20));
+    void *big = b->alloc(b, (size_t)8 << 20);
+    CHECK(big != NULL);
+    b->free(b, big);
+    void *small = b->alloc(b, (size_t)1 << 20);
+    d = stats_since(b, &t);
+    CHECK_MSG(d.device_peak_bytes == t.device_peak_bytes + ((size_t)8 << 20),
+              "peak %zu, was %zu before 8 MiB", d.device_peak_bytes, t.device_peak_bytes);
+    b->free(b, small);
+    CHECK(backend_status(b, &err) == AR_OK);
+    b->weight_free(b, &w32);
+    b->weight_free(b, &w16);
+    b->weight_free(b, &bias);
+    b->destroy(b);
+}
+
+/* ARSERVE_CUDA_CHECK=1 waits after every op (one more sync each, and an
+ * upload's own wait besides), computes the same bits as without it, and
+ * a fork inherits it. */
+static void test_check_mode_syncs_after_every_op(void) {
+    ar_error_t err = {{0}};
+    backend_t *b = create_checked("1", (size_t)256 << 20, &err);
+    CHECK_MSG(b != NULL, "%s", err.msg);
+    if (!b)
+        return;
+    enum { R = 5, D = 48 };
+    float *hx = host_uniform(R * D, -2, 2), *hw = host_uniform(D, 0.5f, 1.5f);
+    const int64_t shape[1] = {D};
+    tensor_t wb, wd;
+    CHECK(b->weight_load(b, &wb, hw, DTYPE_F32, 1, shape, &err) == AR_OK);
+    CHECK(dut->weight_load(dut, &wd, hw, DTYPE_F32, 1, shape, &err) == AR_OK);
+    float *xb = b->alloc(b, sizeof(float) * R * D), *xd = dut->alloc(dut, sizeof(float) * R * D);
+    backend_stats_t t, d;
+    backend_stats(b, &t);
+    b->upload(b, xb, hx, sizeof(float) * R * D);
+    d = stats_since(b, &t);
+    CHECK(d.h2d_copies == 1 && d.syncs == 2);
+    dut->upload(dut, xd, hx, sizeof(float) * R * D);
+    backend_stats(b, &t);
+    b->rmsnorm(b, xb, xb, &wb, R, D, 1e-6f);
+    d = stats_since(b, &t);
+    CHECK(d.launches == 1 && d.syncs == 1);
+    backend_stats(b, &t);
+    b->copy(b, xb, xb, 0); /* nothing to copy: the check still waits */
+    b->silu(b, xb, (size_t)R * D);
+    d = stats_since(b, &t);
+    CHECK(d.launches == 1 && d.d2d_copies == 0 && d.syncs == 2);
+    dut->rmsnorm(dut, xd, xd, &wd, R, D, 1e-6f);
+    dut->silu(dut, xd, (size_t)R * D);
+    float *ob = malloc(sizeof(float) * R * D), *od = malloc(sizeof(float) * R * D);
+    b->download(b, ob, xb, sizeof(float) * R * D);
+    dut->download(dut, od, xd, sizeof(float) * R * D);
+    CHECK(memcmp(ob, od, sizeof(float) * R * D) == 0);
+    backend_t *f = b->fork(b, (size_t)1 << 20, 0, &err);
+    CHECK_MSG(f != NULL, "%s", err.msg);
+    if (f) {
+        backend_stats(f, &t);
+        f->silu(f, xb, (size_t)R * D);
+        d = stats_since(f, &t);
+        CHECK(d.launches == 1 && d.syncs == 1);
+        CHECK(backend_status(f, &err) == AR_OK);
+        f->destroy(f);
+    }
+    CHECK(backend_status(b, &err) == AR_OK);
+    dut->free(dut, xd);
+    dut->weight_free(dut, &wd);
+    b->destroy(b);
+    free(hx), free(hw), free(ob), free(od);
+    check_status_clean("ARSERVE_CUDA_CHECK=1");
+}
+
 /* ---- GEMMs --------------------------------------------------------------------- */
 
 /* y = x w^T (+ bias) for one shape, weight type and bias type. */
@@ -1309,6 +1492,8 @@ int main(void) {
     TEST_RUN(test_weight_load_keeps_type_and_bits);
     TEST_RUN(test_create_reserves_or_reports_errors);
     TEST_RUN(test_invalid_ops_fail_loudly);
+    TEST_RUN(test_stats_count_launches_copies_syncs_and_memory);
+    TEST_RUN(test_check_mode_syncs_after_every_op);
     TEST_RUN(test_matmul_types_shapes_and_bias);
     TEST_RUN(test_matmul_sliced_over_scratch);
     TEST_RUN(test_conv2d_types_pads_and_slices);

@@ -1,0 +1,122 @@
+/* ARSERVE_CUDA_CHECK=1 blames a device fault on the op that caused it. On
+ * a GPU a kernel faults after its launch has returned, so without the
+ * switch the fault surfaces in whatever call comes next, in a later op;
+ * with it, the backend synchronises after every op and the first error
+ * names the op. The faults are planted in the CUDA emulator
+ * (tests/cuda_emu), asynchronously as a GPU reports them
+ * (cuda_emu_fault_launch_async), so this test needs the emulator. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend/backend.h"
+#include "tests/cuda_emu/cuda_emu.h"
+#include "tests/test.h"
+
+#define RESERVE ((size_t)128 << 20)
+#define ROWS 3
+#define DIM 64
+
+/* A backend made with ARSERVE_CUDA_CHECK set to value (NULL: unset). */
+static backend_t *create_with(const char *value, ar_error_t *err) {
+    if (value)
+        setenv("ARSERVE_CUDA_CHECK", value, 1);
+    else
+        unsetenv("ARSERVE_CUDA_CHECK");
+    backend_t *be = backend_cuda_create(0, RESERVE, err);
+    unsetenv("ARSERVE_CUDA_CHECK");
+    return be;
+}
+
+/* Two ops in a row, the first one's kernel faulting after its launch:
+ * rmsnorm (one launch), then silu. The backend's status, in err. */
+static void fault_in_rmsnorm_then_silu(const char *check, ar_error_t *out) {
+    ar_error_t err = {{0}};
+    backend_t *be = create_with(check, &err);
+    CHECK_MSG(be != NULL, "%s", err.msg);
+    out->msg[0] = 0;
+    if (!be)
+        return;
+    float host[ROWS * DIM];
+    for (int i = 0; i < ROWS * DIM; i++)
+        host[i] = (float)(i % 7) - 3.0f;
+    tensor_t w;
+    const int64_t shape[1] = {DIM};
+    CHECK(be->weight_load(be, &w, host, DTYPE_F32, 1, shape, &err) == AR_OK);
+    float *x = be->alloc(be, sizeof host);
+    be->upload(be, x, host, sizeof host);
+    CHECK(backend_status(be, &err) == AR_OK);
+    cuda_emu_fault_launch_async(0, cudaErrorIllegalAddress);
+    be->rmsnorm(be, x, x, &w, ROWS, DIM, 1e-6f);
+    be->silu(be, x, (size_t)ROWS * DIM);
+    CHECK(backend_status(be, out) == AR_ERR);
+    const char *why = backend_unusable(be);
+    CHECK(why != NULL);
+    be->destroy(be);
+    cudaDeviceReset();
+}
+
+/* Without the switch the fault surfaces at silu's launch: the error names
+ * silu's kernel, not rmsnorm. This is why the switch exists, and it shows
+ * that the emulator's fault is as late as a GPU's. */
+static void test_without_check_a_fault_is_blamed_on_a_later_op(void) {
+    ar_error_t err = {{0}};
+    fault_in_rmsnorm_then_silu(NULL, &err);
+    const char *msg = err.msg;
+    CHECK_STR_CONTAINS(msg, "kern_silu");
+    CHECK_MSG(!strstr(msg, "rmsnorm"), "\"%s\" names rmsnorm without the switch", msg);
+}
+
+/* With it, the synchronisation after rmsnorm reports the fault, naming
+ * the op; silu is not blamed. */
+static void test_check_names_the_op_that_faulted(void) {
+    ar_error_t err = {{0}};
+    fault_in_rmsnorm_then_silu("1", &err);
+    const char *msg = err.msg;
+    CHECK_STR_CONTAINS(msg, "in op rmsnorm: ");
+    CHECK_STR_CONTAINS(msg, "ARSERVE_CUDA_CHECK=1");
+    CHECK_STR_CONTAINS(msg, "illegal memory access");
+    CHECK_MSG(!strstr(msg, "silu"), "\"%s\" blames silu", msg);
+}
+
+/* A fault that an op's own later call already sees (matmul with a 16-bit
+ * weight: the activation split faults, its GEMM fails) names the op too,
+ * with the call that saw it. */
+static void test_check_names_the_op_when_its_own_call_fails(void) {
+    ar_error_t err = {{0}};
+    backend_t *be = create_with("1", &err);
+    CHECK_MSG(be != NULL, "%s", err.msg);
+    if (!be)
+        return;
+    uint16_t wh[4 * 8];
+    for (int i = 0; i < 4 * 8; i++)
+        wh[i] = 0x3f80; /* bf16 1.0 */
+    tensor_t w;
+    const int64_t shape[2] = {4, 8};
+    CHECK(be->weight_load(be, &w, wh, DTYPE_BF16, 2, shape, &err) == AR_OK);
+    float *x = be->alloc(be, 2 * 8 * sizeof(float)), *y = be->alloc(be, 2 * 4 * sizeof(float));
+    cuda_emu_fault_launch_async(0, cudaErrorIllegalAddress);
+    be->matmul(be, y, x, &w, NULL, 2);
+    CHECK(backend_status(be, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "in op matmul: cublasGemmEx");
+    be->destroy(be);
+    cudaDeviceReset();
+}
+
+/* Any value but 0 or 1 is refused at creation, naming the variable. */
+static void test_check_refuses_other_values(void) {
+    ar_error_t err = {{0}};
+    CHECK(create_with("yes", &err) == NULL);
+    CHECK_STR_CONTAINS(err.msg, "ARSERVE_CUDA_CHECK=yes: expected 1");
+    backend_t *be = create_with("0", &err);
+    CHECK_MSG(be != NULL, "%s", err.msg);
+    if (be)
+        be->destroy(be);
+}
+
+int main(void) {
+    TEST_RUN(test_without_check_a_fault_is_blamed_on_a_later_op);
+    TEST_RUN(test_check_names_the_op_that_faulted);
+    TEST_RUN(test_check_names_the_op_when_its_own_call_fails);
+    TEST_RUN(test_check_refuses_other_values);
+    return TEST_SUMMARY();
+}
