@@ -439,15 +439,18 @@ test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
 # the first time), make bench-kv, bench-scale and bench-serve on the tiny
 # models, bench-gemm, and make eval on six prompts; each one's table or JSON
 # is checked. The torch side's sampler against the engine's rules too
-# (tests/bench/test_sample_next.py).
+# (tests/bench/test_sample_next.py), and the speed bench on the CUDA backend
+# under the emulator: launches, copies and peak device memory per step
+# (tests/cli/test_speed_bench_emu.sh).
 # make reaches the script through SMOKE_MAKE, not $(MAKE) in the recipe
 # itself, so that `make -n` does not run the script (it runs any recipe line
 # that names $(MAKE)).
 SMOKE_MAKE = $(MAKE)
 test-bench-smoke: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUILD)/gemm_bench \
-                  $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json $(VENV)/.stamp \
-                  $(BENCH_CPU_VENV)/.stamp
+                  $(BUILD)/speed_bench-emu $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json \
+                  $(VENV)/.stamp $(BENCH_CPU_VENV)/.stamp
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_sample_next.py
+	tests/cli/test_speed_bench_emu.sh $(BUILD)/speed_bench-emu $(TINY_MODEL) $(VENV)/bin/python
 	tests/cli/test_bench_smoke.sh "$(SMOKE_MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
@@ -530,8 +533,23 @@ KV_BENCH_OUT          ?= $(BUILD)/bench-kv
 $(BUILD)/kv_bench: bench/kv_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
 
-$(BUILD)/speed_bench: bench/speed_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
+# With CUDA=1 it links the CUDA backend, for --backend cuda on a GPU.
+$(BUILD)/speed_bench: bench/speed_bench.c $(BUILD)/cli/flags.o $(CUDA_OBJ) $(ENGINE_LIB)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(CUDA_OBJ) $(ENGINE_LIB) $(LDLIBS)
+
+# The speed bench with the CUDA backend under the emulator (tests/cuda_emu),
+# for --backend cuda without a GPU: its launches and copies per step are a
+# GPU's, its times are not. backend_open is built again with the CUDA
+# backend in it, ahead of the engine's archive. A test tool, like the
+# emulator: not for CUDA=1 builds, which link the real runtime.
+$(EMU)/backend_open.o: engine/backend/backend_open.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DARSERVE_CUDA -c $< -o $@
+
+$(BUILD)/speed_bench-emu: bench/speed_bench.c $(BUILD)/cli/flags.o $(EMU)/backend_open.o $(EMU_OBJ) \
+                          $(ENGINE_LIB)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(EMU)/backend_open.o $(EMU_OBJ) \
+	    $(ENGINE_LIB) $(LDLIBS) -lstdc++
 
 $(BUILD)/gemm_bench: bench/gemm_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
@@ -690,4 +708,5 @@ clean:
 include tests/fuzz/fuzz.mk
 
 -include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(BUILD)/leaky/arserve_leaky.d $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend/backend_cuda.d \
-         $(BUILD)/kv_bench.d $(BUILD)/speed_bench.d $(BUILD)/gemm_bench.d
+         $(BUILD)/kv_bench.d $(BUILD)/speed_bench.d $(BUILD)/gemm_bench.d \
+         $(BUILD)/speed_bench-emu.d $(EMU)/backend_open.d

@@ -25,7 +25,16 @@
  * widest vectors the kernels use (vec_isa), as a share of the step. Prints a table, or with --json
  * one JSON object (with the prompt rows, so another implementation can run the same input).
  * --measure speed skips the bandwidth's buffer (whose pages would be the
- * process's peak RSS), --measure roofline runs no images. */
+ * process's peak RSS), --measure roofline runs no images.
+ *
+ * --backend NAME (default cpu; the names backend_open takes) runs it on
+ * another backend. On a device backend (one with counters, ->stats), each
+ * batch size also gets the kernel launches, host<->device copies (and
+ * their bytes) and stream waits a decode step costs, averaged over its
+ * steps, and the backend's peak device memory; and the memory roofline is
+ * the step's weight bytes over the device's bandwidth, measured as a large
+ * device-to-device copy through the backend (bytes read and written), not
+ * the CPU's (there is no compute roofline on a device). */
 #include <cjson/cJSON.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -55,6 +64,8 @@ static double median(double *v, int n) {
 }
 
 typedef struct bench {
+    backend_t *be;
+    int has_stats; /* be has counters (a device backend) */
     model_t m;
     kv_pool_t pool;
     int is_raster;
@@ -62,7 +73,23 @@ typedef struct bench {
     uint8_t *rgb;
     double *step_s, *decode_s; /* per wave set: decode steps, decodes */
     int n_step, n_decode, cap_step, cap_decode;
+    /* What the timed decode steps of the last run_waves cost the device
+     * (the counters' sums; memory figures unused), and how many there were. */
+    backend_stats_t step_counts;
+    long counted_steps;
 } bench_t;
+
+/* sum += b - a, the counts only. */
+static void counts_add(backend_stats_t *sum, const backend_stats_t *b, const backend_stats_t *a) {
+    sum->launches += b->launches - a->launches;
+    sum->h2d_copies += b->h2d_copies - a->h2d_copies;
+    sum->h2d_bytes += b->h2d_bytes - a->h2d_bytes;
+    sum->d2h_copies += b->d2h_copies - a->d2h_copies;
+    sum->d2h_bytes += b->d2h_bytes - a->d2h_bytes;
+    sum->d2d_copies += b->d2d_copies - a->d2d_copies;
+    sum->d2d_bytes += b->d2d_bytes - a->d2d_bytes;
+    sum->syncs += b->syncs - a->syncs;
+}
 
 static void note(double *v, int *n, int cap, double s) {
     if (*n < cap)
@@ -89,6 +116,8 @@ static double run_waves(bench_t *b, int batch, int images) {
     const double t0 = clock_now_s();
     double took = -1;
     b->n_step = b->n_decode = 0;
+    b->step_counts = (backend_stats_t){0};
+    b->counted_steps = 0;
     for (int done = 0; reqs && ptrs && done < images; done += batch) {
         const int n = images - done < batch ? images - done : batch;
         for (int i = 0; i < n; i++) {
@@ -97,12 +126,21 @@ static double run_waves(bench_t *b, int batch, int images) {
                 goto out;
         }
         while (!gen_request_done(&reqs[0])) {
-            const int first = reqs[0].step == 0;
+            const int timed = reqs[0].step != 0 || !b->is_raster;
+            backend_stats_t c0, c1;
+            if (b->has_stats)
+                backend_stats(b->be, &c0);
             const double s0 = clock_now_s();
             if (gen_step(ptrs, n, &err) != AR_OK)
                 goto out;
-            if (!first || !b->is_raster)
-                note(b->step_s, &b->n_step, b->cap_step, clock_now_s() - s0);
+            if (!timed)
+                continue;
+            note(b->step_s, &b->n_step, b->cap_step, clock_now_s() - s0);
+            if (b->has_stats) {
+                backend_stats(b->be, &c1);
+                counts_add(&b->step_counts, &c1, &c0);
+                b->counted_steps++;
+            }
         }
         for (int i = 0; i < n; i++) {
             const double s0 = clock_now_s();
@@ -215,9 +253,65 @@ static double fma_peak(int threads) {
     return best;
 }
 
+/* The device copy that measures a device's bandwidth: large enough that a
+ * copy's fixed cost is noise (on a GPU, tens of microseconds against a
+ * launch's few), halved while the backend cannot hold two of them. */
+#define DEVICE_COPY_BYTES ((size_t)128 << 20)
+#define DEVICE_COPY_MIN_BYTES ((size_t)8 << 20)
+/* Copies are queued back to back for about this long between waits, so
+ * that the wait's own cost is noise too. */
+#define DEVICE_COPY_PASS_S 0.02
+
+/* Bytes a second that be moves in a device-to-device copy (each byte read
+ * and written: twice the copy's size), queued through ->copy and waited
+ * for with ->sync; best of 3 passes. *bytes: the copy's size. 0 when no
+ * two buffers fit or the backend failed. */
+static double device_copy_bandwidth(backend_t *be, size_t *bytes) {
+    void *src = NULL, *dst = NULL;
+    size_t n = DEVICE_COPY_BYTES;
+    for (; n >= DEVICE_COPY_MIN_BYTES; n /= 2) {
+        src = be->alloc(be, n);
+        dst = src ? be->alloc(be, n) : NULL;
+        if (dst)
+            break;
+        be->free(be, src);
+        src = NULL;
+    }
+    *bytes = dst ? n : 0;
+    if (!dst)
+        return 0;
+    /* One copy first: it touches the pages and says how many make a pass. */
+    double t0 = clock_now_s();
+    be->copy(be, dst, src, n);
+    be->sync(be);
+    const double one = clock_now_s() - t0;
+    const int reps = one <= 0                          ? 100
+                     : one >= DEVICE_COPY_PASS_S       ? 1
+                     : DEVICE_COPY_PASS_S / one >= 100 ? 100
+                                                       : (int)(DEVICE_COPY_PASS_S / one) + 1;
+    double best = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        t0 = clock_now_s();
+        for (int r = 0; r < reps; r++)
+            be->copy(be, dst, src, n);
+        be->sync(be);
+        const double bw = 2.0 * (double)n * reps / (clock_now_s() - t0);
+        if (bw > best)
+            best = bw;
+    }
+    be->free(be, dst);
+    be->free(be, src);
+    ar_error_t err = {{0}};
+    if (backend_status(be, &err) != AR_OK) {
+        fprintf(stderr, "speed_bench: the device copy failed: %s\n", err.msg);
+        return 0;
+    }
+    return best;
+}
+
 /* What the command line asks. */
 typedef struct args {
-    const char *model_dir, *prompt, *kv_name;
+    const char *model_dir, *prompt, *kv_name, *backend;
     long long batch, images, reps, threads;
     int json, measure; /* measure: 0 all, 1 speed, 2 roofline */
 } args_t;
@@ -226,11 +320,18 @@ typedef struct args {
 static int args_parse(args_t *a, int argc, char **argv, int *done) {
     *a = (args_t){.prompt = "a red circle on the left",
                   .kv_name = "auto",
+                  .backend = "cpu",
                   .batch = 16,
                   .images = 32,
                   .reps = 3,
                   .threads = 1};
     static const char *const measures[] = {"all", "speed", "roofline", NULL};
+    char names[128], rule[256], backend_help[512];
+    snprintf(backend_help, sizeof backend_help,
+             "%s, or %s: %s (default cpu); a device backend adds launches, copies and peak "
+             "device memory per step",
+             backend_list(0, names, sizeof names), BACKEND_AUTO,
+             backend_auto_rule(rule, sizeof rule));
     const cli_flag_t flags[] = {
         {"model", 0, CLI_STRING, &a->model_dir, .metavar = "DIR", .help = "a model directory"},
         {"prompt", 0, CLI_STRING, &a->prompt, .metavar = "TEXT",
@@ -243,6 +344,7 @@ static int args_parse(args_t *a, int argc, char **argv, int *done) {
          .help = "wave sets of each batch size, alternating (default 3)"},
         {"threads", 0, CLI_INT, &a->threads, 0, 1024, .metavar = "N",
          .help = "CPU threads, 0 = every core (default 1)"},
+        {"backend", 0, CLI_STRING, &a->backend, .metavar = "NAME", .help = backend_help},
         {"kv-dtype", 0, CLI_STRING, &a->kv_name, .metavar = "TYPE",
          .help = "K and V in the pool: auto (the weights' type, default), f32, bf16, f16 or fp8"},
         {"json", 0, CLI_BOOL, &a->json, .help = "print one JSON object instead of a table"},
@@ -271,6 +373,8 @@ static int bench_open(bench_t *b, const args_t *a, backend_t *be, dtype_t *kv_dt
                       double *kv_mib) {
     ar_error_t err = {{0}};
     model_t *m = &b->m;
+    b->be = be;
+    b->has_stats = be->stats != NULL;
     if (model_load(m, a->model_dir, be, &err) != AR_OK) {
         fprintf(stderr, "speed_bench: %s\n", err.msg);
         return 1;
@@ -317,15 +421,25 @@ static void bench_close(bench_t *b) {
     free(b->decode_s);
 }
 
-/* The medians of a batch size's wave sets. */
+/* The medians of a batch size's wave sets; on a device backend, what its
+ * timed steps cost the device, summed over every set, and the backend's
+ * memory high-water mark after its first set (batch 1's sets run first,
+ * so each size's is its own; both hold the weights and the KV pool, which
+ * is made once, for the larger batch). */
 typedef struct timing {
     double took[MAX_REPS], step[MAX_REPS], decode[MAX_REPS];
+    backend_stats_t counts;
+    long steps;
+    size_t device_peak;
 } timing_t;
 
-/* The machine's limits and the step's weights, for the rooflines. */
+/* The machine's limits and the step's weights, for the rooflines. On a
+ * device backend, bw is the device copy's bandwidth and there is no
+ * compute peak (0). */
 typedef struct roofline {
-    int on;
+    int on, device;
     size_t weight_bytes, weight_elems;
+    size_t copy_bytes; /* the device copy's size */
     double bw, peak;
 } roofline_t;
 
@@ -335,6 +449,7 @@ static cJSON *report_head(const bench_t *b, const args_t *a, dtype_t kv_dtype, d
     cJSON *o = cJSON_CreateObject();
     cJSON_AddArrayToObject(o, "batches"); /* report_row's */
     cJSON_AddStringToObject(o, "model", m->cfg.name);
+    cJSON_AddStringToObject(o, "backend", b->be->name);
     cJSON_AddNumberToObject(o, "threads", (double)a->threads);
     cJSON_AddNumberToObject(o, "images", (double)a->images);
     cJSON_AddNumberToObject(o, "reps", (double)a->reps);
@@ -352,13 +467,22 @@ static cJSON *report_head(const bench_t *b, const args_t *a, dtype_t kv_dtype, d
         cJSON_AddNumberToObject(o, "step_weight_elems", (double)rl->weight_elems);
         cJSON_AddNumberToObject(o, "fma_flops_per_s", rl->peak);
         cJSON_AddStringToObject(o, "vector_isa", vec_isa_name(vec_isa()));
+        cJSON_AddStringToObject(o, "roofline_bandwidth", rl->device ? "device copy" : "cpu read");
+        if (rl->device)
+            cJSON_AddNumberToObject(o, "device_copy_bytes", (double)rl->copy_bytes);
+    }
+    if (b->has_stats) {
+        backend_stats_t st;
+        backend_stats(b->be, &st);
+        cJSON_AddNumberToObject(o, "device_reserved_bytes", (double)st.device_reserved_bytes);
     }
     return o;
 }
 
-/* One batch size's row (JSON into rows; a line unless --json); its images/s. */
+/* One batch size's row (JSON into rows; a line unless --json); its images/s.
+ * A device backend's counters (has_stats) are per timed step. */
 static double report_row(const args_t *a, int size, timing_t *t, const roofline_t *rl,
-                         cJSON *rows) {
+                         int has_stats, cJSON *rows) {
     const int reps = (int)a->reps;
     const double set_s = median(t->took, reps);
     const double step_s = median(t->step, reps), decode_s = median(t->decode, reps);
@@ -377,15 +501,35 @@ static double report_row(const args_t *a, int size, timing_t *t, const roofline_
         cJSON_AddNumberToObject(row, "roofline", share);
         cJSON_AddNumberToObject(row, "compute_roofline", compute);
     }
+    const double steps = t->steps > 0 ? (double)t->steps : 1;
+    const backend_stats_t *c = &t->counts;
+    const double launches = (double)c->launches / steps, syncs = (double)c->syncs / steps;
+    const double h2d = (double)c->h2d_copies / steps, d2h = (double)c->d2h_copies / steps;
+    const double bytes = (double)(c->h2d_bytes + c->d2h_bytes) / steps;
+    if (has_stats) {
+        cJSON_AddNumberToObject(row, "launches_per_step", launches);
+        cJSON_AddNumberToObject(row, "h2d_copies_per_step", h2d);
+        cJSON_AddNumberToObject(row, "d2h_copies_per_step", d2h);
+        cJSON_AddNumberToObject(row, "copy_bytes_per_step", bytes);
+        cJSON_AddNumberToObject(row, "d2d_copies_per_step", (double)c->d2d_copies / steps);
+        cJSON_AddNumberToObject(row, "syncs_per_step", syncs);
+        cJSON_AddNumberToObject(row, "device_peak_bytes", (double)t->device_peak);
+    }
     cJSON_AddItemToArray(rows, row);
     if (!a->json) {
         printf("batch %3d: %8.2f images/s (median %.2f s per set; min %.2f, max %.2f); "
                "step %.2f ms, VQ decode %.1f ms",
                size, ips, set_s, t->took[0], t->took[reps - 1], step_s * 1e3, decode_s * 1e3);
-        if (rl->on)
+        if (rl->on && rl->device)
+            printf(", %.0f%% of the memory roofline", 100 * share);
+        else if (rl->on)
             printf(", %.0f%% of the memory roofline, %.0f%% of the compute roofline", 100 * share,
                    100 * compute);
         printf("\n");
+        if (has_stats)
+            printf("           per step: %.1f launches, %.1f host->device and %.1f device->host "
+                   "copies (%.1f KiB), %.1f stream waits; peak device memory %.1f MiB\n",
+                   launches, h2d, d2h, bytes / 1024.0, syncs, t->device_peak / 1048576.0);
     }
     return ips;
 }
@@ -396,7 +540,7 @@ int main(int argc, char **argv) {
     if (done)
         return rc;
     ar_error_t err = {{0}};
-    backend_t *be = backend_cpu_create((int)a.threads, &err);
+    backend_t *be = backend_open(a.backend, (int)a.threads, &err);
     if (!be) {
         fprintf(stderr, "speed_bench: %s\n", err.msg);
         return 1;
@@ -419,31 +563,52 @@ int main(int argc, char **argv) {
                 return 1;
             t[s].step[r] = median(b.step_s, b.n_step);
             t[s].decode[r] = median(b.decode_s, b.n_decode);
+            const backend_stats_t zero = {0};
+            counts_add(&t[s].counts, &b.step_counts, &zero);
+            t[s].steps += b.counted_steps;
+            backend_stats_t st;
+            if (r == 0 && backend_stats(be, &st))
+                t[s].device_peak = st.device_peak_bytes;
         }
-    roofline_t rl = {.on = b.is_raster && a.measure != 1};
+    /* After the runs: the device copy's buffers must not count in their peak. */
+    roofline_t rl = {.on = b.is_raster && a.measure != 1, .device = b.has_stats};
     if (rl.on) {
         rl.weight_bytes = raster_step_weight_bytes(&raster_net_of(&b.m)->lm);
         rl.weight_elems = raster_step_weight_elems(&raster_net_of(&b.m)->lm);
-        rl.bw = read_bandwidth((int)a.threads);
-        rl.peak = fma_peak((int)a.threads);
+        rl.bw =
+            rl.device ? device_copy_bandwidth(be, &rl.copy_bytes) : read_bandwidth((int)a.threads);
+        rl.peak = rl.device ? 0 : fma_peak((int)a.threads);
+        if (rl.device && rl.bw <= 0) {
+            fprintf(stderr,
+                    "speed_bench: no room on the device for two %.0f MiB buffers to "
+                    "measure its bandwidth\n",
+                    DEVICE_COPY_MIN_BYTES / 1048576.0);
+            return 1;
+        }
     }
     cJSON *o = report_head(&b, &a, kv_dtype, kv_mib, &rl);
     cJSON *rows = cJSON_GetObjectItemCaseSensitive(o, "batches");
     if (!a.json && timed)
-        printf("%s: %lld images per wave set, %lld sets each, %lld thread(s), KV %.2f MiB per "
-               "image (full cache, %s)\n",
-               b.m.cfg.name, a.images, a.reps, a.threads, kv_mib, planner_kv_dtype_name(kv_dtype));
+        printf("%s on the %s backend: %lld images per wave set, %lld sets each, %lld thread(s), "
+               "KV %.2f MiB per image (full cache, %s)\n",
+               b.m.cfg.name, be->name, a.images, a.reps, a.threads, kv_mib,
+               planner_kv_dtype_name(kv_dtype));
     double ips[2];
     for (int s = 0; timed && s < 2; s++)
-        ips[s] = report_row(&a, sizes[s], &t[s], &rl, rows);
+        ips[s] = report_row(&a, sizes[s], &t[s], &rl, b.has_stats, rows);
     if (a.json) {
         char *text = cJSON_PrintUnformatted(o);
         printf("%s\n", text ? text : "{}");
         free(text);
     } else {
-        if (rl.on)
-            printf("roofline: %.1f MiB of weights per step at %.1f GB/s read; %.1f M "
-                   "multiply-adds per row at %.1f GFLOP/s (%s FMA peak)\n",
+        if (rl.on && rl.device)
+            printf("roofline: device copy bandwidth: %.1f MiB of weights per step at %.1f GB/s "
+                   "(a %.0f MiB device-to-device copy, bytes read and written); no compute "
+                   "roofline on a device\n",
+                   rl.weight_bytes / 1048576.0, rl.bw / 1e9, rl.copy_bytes / 1048576.0);
+        else if (rl.on)
+            printf("roofline: CPU read bandwidth: %.1f MiB of weights per step at %.1f GB/s read; "
+                   "%.1f M multiply-adds per row at %.1f GFLOP/s (%s FMA peak)\n",
                    rl.weight_bytes / 1048576.0, rl.bw / 1e9, rl.weight_elems / 1e6, rl.peak / 1e9,
                    vec_isa_name(vec_isa()));
         if (timed)

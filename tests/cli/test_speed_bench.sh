@@ -4,7 +4,10 @@
 # step and its memory and compute roofline shares in its table and its JSON
 # (with the prompt rows the torch side replays, and the bytes and elements
 # of weights a step reads, checked against arserve.json and the files); --measure roofline runs no images; a next-scale
-# model runs too; a bad --images is refused.
+# model runs too; a bad --images is refused, and so are --backend cuda in a
+# build without it (test-cli builds without CUDA=1) and an unknown backend.
+# The CPU backend has no device counters (tests/cli/test_speed_bench_emu.sh
+# checks them on the emulated CUDA backend).
 # usage: tests/cli/test_speed_bench.sh path/to/speed_bench path/to/tiny-model
 #        path/to/var-tiny-model path/to/python
 set -u
@@ -17,7 +20,7 @@ fail() { failed=$((failed + 1)); echo "not ok  $1"; [ -n "${2:-}" ] && echo "  $
 
 "$bin" --model "$model" --batch 2 --images 2 --reps 1 >"$tmp/table" 2>&1
 grep -qE '^batch   2: +[0-9.]+ images/s .*step [0-9.]+ ms, VQ decode [0-9.]+ ms, [0-9]+% of the memory roofline, [0-9]+% of the compute roofline$' "$tmp/table" &&
-    grep -qE '^roofline: [0-9.]+ MiB of weights per step at [0-9.]+ GB/s read; [0-9.]+ M multiply-adds per row at [0-9.]+ GFLOP/s \((avx512|avx2|portable) FMA peak\)$' "$tmp/table" &&
+    grep -qE '^roofline: CPU read bandwidth: [0-9.]+ MiB of weights per step at [0-9.]+ GB/s read; [0-9.]+ M multiply-adds per row at [0-9.]+ GFLOP/s \((avx512|avx2|portable) FMA peak\)$' "$tmp/table" &&
     grep -qE '^batch 2 / batch 1: [0-9.]+x$' "$tmp/table" &&
     ok "a raster model's table: images/s, step, VQ decode, roofline" ||
     fail "a raster model's table: images/s, step, VQ decode, roofline" "$(cat "$tmp/table")"
@@ -31,11 +34,13 @@ assert [b["batch"] for b in speed["batches"]] == [1, 2], speed
 for b in speed["batches"]:
     assert b["images_per_s"] > 0 and b["step_s"] > 0 and b["decode_s"] > 0, b
     assert "roofline" not in b, b  # --measure speed: no bandwidth buffer
+    assert "launches_per_step" not in b and "device_peak_bytes" not in b, b  # no device
+assert speed["backend"] == "cpu", speed
 assert len(speed["cond"]) == len(speed["uncond"]) > 2, speed
 assert speed["cond"][-1] == speed["uncond"][-1] and speed["cond"][0] == speed["uncond"][0]
 assert "step_weight_bytes" not in speed
 assert roof["batches"] == [], roof  # --measure roofline: no images
-assert roof["read_bytes_per_s"] > 1e8, roof
+assert roof["read_bytes_per_s"] > 1e8 and roof["roofline_bandwidth"] == "cpu read", roof
 # the weights a decode step reads: every layer, the final norm, the aligner, the
 # head; not the embedding tables. Their count from arserve.json, their bytes as the
 # CPU backend keeps them: matrices in the file's 16-bit type, everything else fp32.
@@ -95,5 +100,15 @@ grep -qE '^batch 2 / batch 1: [0-9.]+x$' "$tmp/var" && ! grep -q roofline "$tmp/
 rc=$?
 [ "$rc" = 2 ] && grep -q 'a multiple of --batch' "$tmp/bad" && ok "--images not a multiple of --batch: exit 2" ||
     fail "--images not a multiple of --batch: exit 2" "exit $rc: $(cat "$tmp/bad")"
+"$bin" --model "$model" --batch 2 --images 2 --backend cuda >"$tmp/cuda" 2>&1
+rc=$?
+[ "$rc" = 1 ] && grep -q '^speed_bench: --backend cuda: .*built without the cuda backend.*rebuild with make CUDA=1$' "$tmp/cuda" &&
+    ok "--backend cuda in a build without it: exit 1, saying how to build it in" ||
+    fail "--backend cuda in a build without it: exit 1, saying how to build it in" "exit $rc: $(cat "$tmp/cuda")"
+"$bin" --model "$model" --batch 2 --images 2 --backend metal >"$tmp/metal" 2>&1
+rc=$?
+[ "$rc" = 1 ] && grep -q '^speed_bench: --backend metal: unknown backend (cpu, cuda or auto)$' "$tmp/metal" &&
+    ok "an unknown --backend: exit 1, naming the backends" ||
+    fail "an unknown --backend: exit 1, naming the backends" "exit $rc: $(cat "$tmp/metal")"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
