@@ -18,7 +18,7 @@
  * so that the op that faulted is the one named (checked_ops below).
  *
  * Counters (->stats): launches, copies and syncs are counted where they are
- * issued (LAUNCH_CHECK, gemm_rowmajor, copy_async, stream_sync), the
+ * issued (LAUNCH_CHECK, gemm_rowmajor, copy_async, stream_wait), the
  * memory high-water mark by the arena. */
 #include "engine/backend/backend.h"
 
@@ -318,12 +318,13 @@ static int copy_async(backend_t *be, void *dst, const void *src, size_t bytes,
     return CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, kind, impl->stream));
 }
 
-/* Every wait for the stream, counted. */
-static int stream_sync(backend_t *be) {
+/* Every wait for the stream, counted; stmt and line name it in an error. */
+static int stream_wait(backend_t *be, const char *stmt, int line) {
     cuda_impl_t *impl = impl_of(be);
     impl->counts.syncs++;
-    return CUDA_CHECK(be, cudaStreamSynchronize(impl->stream));
+    return cuda_check(be, cudaStreamSynchronize(impl->stream), stmt, __FILE__, line);
 }
+#define STREAM_SYNC(be) stream_wait((be), "cudaStreamSynchronize", __LINE__)
 
 /* Returns once the host buffer may be reused (the copy is synchronised:
  * uploads happen at load time and for the odd host buffer, not per op). */
@@ -331,7 +332,7 @@ static void cuda_upload(backend_t *be, void *dst, const void *host_src, size_t b
     if (!bytes || use_device(be) != AR_OK)
         return;
     if (copy_async(be, dst, host_src, bytes, cudaMemcpyHostToDevice) == AR_OK)
-        stream_sync(be);
+        STREAM_SYNC(be);
 }
 
 /* Waits for the queued work that produces src, then for the copy. */
@@ -339,7 +340,7 @@ static void cuda_download(backend_t *be, void *host_dst, const void *src, size_t
     if (!bytes || use_device(be) != AR_OK)
         return;
     if (copy_async(be, host_dst, src, bytes, cudaMemcpyDeviceToHost) == AR_OK)
-        stream_sync(be);
+        STREAM_SYNC(be);
 }
 
 static void cuda_copy(backend_t *be, void *dst, const void *src, size_t bytes) {
@@ -350,7 +351,7 @@ static void cuda_copy(backend_t *be, void *dst, const void *src, size_t bytes) {
 
 static void cuda_sync(backend_t *be) {
     if (use_device(be) == AR_OK)
-        stream_sync(be);
+        STREAM_SYNC(be);
 }
 
 /* Copies n host ints into the staging buffer (n <= STAGING_INTS). The
@@ -1033,11 +1034,8 @@ static unsigned op_begin(backend_t *be, const char *op) {
  * is not blamed twice. */
 static void op_end(backend_t *be, unsigned errors_before) {
     cuda_impl_t *impl = impl_of(be);
-    if (impl->n_errors == errors_before && use_device(be) == AR_OK) {
-        impl->counts.syncs++;
-        cuda_check(be, cudaStreamSynchronize(impl->stream),
-                   "cudaStreamSynchronize after the op (ARSERVE_CUDA_CHECK=1)", __FILE__, __LINE__);
-    }
+    if (impl->n_errors == errors_before && use_device(be) == AR_OK)
+        stream_wait(be, "cudaStreamSynchronize after the op (ARSERVE_CUDA_CHECK=1)", __LINE__);
     impl->op = NULL;
 }
 
