@@ -272,7 +272,8 @@ $(BUILD)/tests/test_step_allocs: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wr
 # test_scheduler plants drawing failures through a wrap of gen_draw, and slows
 # engine iterations through one of batcher_step.
 $(BUILD)/tests/test_scheduler: LDFLAGS += -Wl,--wrap=gen_draw,--wrap=batcher_step
-$(BUILD)/tests/%: tests/unit/%.c $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h tests/unit/kv_plan_run.h
+$(BUILD)/tests/%: tests/unit/%.c $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h tests/test_backend.h \
+                  tests/unit/kv_plan_run.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CLI_LIB) $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)
 
@@ -355,22 +356,37 @@ $(BUILD)/tests/test_backend_cuda_check: tests/backend/test_backend_cuda_check.c 
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
 
+# The golden tests of Janus, LlamaGen and VAR on the CUDA backend under the
+# emulator (ARSERVE_TEST_BACKEND=cuda): the same sources as the unit tests,
+# with ARSERVE_TEST_CUDA_EMU so that tests/test_backend.h opens the emulated
+# backend.
+EMU_GOLDEN := $(BUILD)/tests/emu/test_golden $(BUILD)/tests/emu/test_golden_llamagen \
+              $(BUILD)/tests/emu/test_golden_var
+$(EMU_GOLDEN): $(BUILD)/tests/emu/%: tests/unit/%.c $(EMU_OBJ) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h \
+               tests/test_backend.h tests/unit/kv_plan_run.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DARSERVE_TEST_CUDA_EMU $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(SERVER_LIB) $(ENGINE_LIB) \
+	    $(SERVER_LIBS) $(LDLIBS) -lstdc++
+
 test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops $(BUILD)/tests/test_backend_e2e \
-              $(BUILD)/tests/test_backend_health $(BUILD)/tests/test_backend_cuda_check \
+              $(BUILD)/tests/test_backend_health $(BUILD)/tests/test_backend_cuda_check $(EMU_GOLDEN) \
               $(TINY_MODEL)/arserve.json
-	OMP_WAIT_POLICY=passive ARSERVE_TINY_MODEL=$(TINY_MODEL) tests/run_unit.sh $(filter $(BUILD)/tests/%,$^)
+	OMP_WAIT_POLICY=passive ARSERVE_TINY_MODEL=$(TINY_MODEL) tests/run_unit.sh \
+	    $(filter-out $(EMU_GOLDEN),$(filter $(BUILD)/tests/%,$^))
+	OMP_WAIT_POLICY=passive ARSERVE_TEST_BACKEND=cuda tests/run_unit.sh $(EMU_GOLDEN)
 
 # With CUDA=1: the conformance suite, the end-to-end test and the golden
 # tests linked against the real kernels and CUDA runtime instead of the
 # emulator (tests/gpu/run.sh runs them on a GPU).
-GPU_TESTS := $(BUILD)/tests/gpu/test_backend_ops $(BUILD)/tests/gpu/test_backend_e2e \
-             $(BUILD)/tests/gpu/test_golden $(BUILD)/tests/gpu/test_golden_llamagen
+GPU_GOLDEN := $(BUILD)/tests/gpu/test_golden $(BUILD)/tests/gpu/test_golden_llamagen \
+              $(BUILD)/tests/gpu/test_golden_var
+GPU_TESTS := $(BUILD)/tests/gpu/test_backend_ops $(BUILD)/tests/gpu/test_backend_e2e $(GPU_GOLDEN)
 $(BUILD)/tests/gpu/test_backend_%: tests/backend/test_backend_%.c $(CUDA_OBJ) $(ENGINE_LIB) tests/test.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CUDA_OBJ) $(ENGINE_LIB) $(LDLIBS)
 
-$(BUILD)/tests/gpu/test_golden $(BUILD)/tests/gpu/test_golden_llamagen: $(BUILD)/tests/gpu/%: \
-        tests/unit/%.c $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h tests/unit/kv_plan_run.h
+$(GPU_GOLDEN): $(BUILD)/tests/gpu/%: tests/unit/%.c $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h \
+        tests/test_backend.h tests/unit/kv_plan_run.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CUDA_OBJ) $(SERVER_LIB) $(ENGINE_LIB) $(SERVER_LIBS) $(LDLIBS)
 

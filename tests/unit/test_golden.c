@@ -19,6 +19,7 @@
 #include "engine/generate.h"
 #include "engine/planner.h"
 #include "tests/test.h"
+#include "tests/test_backend.h"
 
 /* Absolute tolerance on logits: 1e-4 for the tiny golden model (logits of a few
  * units). ARSERVE_GOLDEN_LOGIT_TOL overrides it for golden data of other models
@@ -72,10 +73,9 @@ static int32_t *copy_i32(const void *p, int n) {
 static int load(void) {
     ar_error_t err = {{0}};
     char path[1024];
-    /* ARSERVE_TEST_BACKEND=cuda (tests/gpu/run.sh) runs the same checks on
-     * the CUDA backend of a CUDA=1 build. */
-    const char *which = getenv("ARSERVE_TEST_BACKEND");
-    be = backend_open(which ? which : "cpu", 0, &err);
+    /* ARSERVE_TEST_BACKEND=cuda runs the same checks on the CUDA backend:
+     * on a GPU (tests/gpu/run.sh) or under the emulator (make test-backend). */
+    be = test_backend_open(&err);
     if (!be || model_load(&model, golden_dir(), be, &err) != AR_OK) {
         fprintf(stderr, "cannot load the golden model: %s\n", err.msg);
         return -1;

@@ -18,6 +18,7 @@
 #include "engine/planner.h"
 #include "engine/policy/kv_policy.h"
 #include "tests/test.h"
+#include "tests/test_backend.h"
 #include "tests/unit/kv_plan_run.h"
 
 #define LOGIT_TOL 1e-4
@@ -61,8 +62,7 @@ static int pool_for(kv_pool_t *p, int block_tokens, int n) {
 static int load(void) {
     ar_error_t err = {{0}};
     char path[1024];
-    const char *which = getenv("ARSERVE_TEST_BACKEND");
-    be = backend_open(which ? which : "cpu", 0, &err);
+    be = test_backend_open(&err);
     if (!be || model_load(&model, golden_dir(), be, &err) != AR_OK) {
         fprintf(stderr, "cannot load the golden model: %s\n", err.msg);
         return -1;

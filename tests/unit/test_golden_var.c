@@ -5,7 +5,8 @@
  * identical greedy token pyramid under VAR's guidance ramp, the decoded
  * image within 1/255; Phi's tick rule on VAR's 10 and 13 scales; and a
  * ragged batch (a second request joining at a later scale) giving each
- * request what it gives alone. */
+ * request what it gives alone. ARSERVE_TEST_BACKEND=cuda runs the same
+ * checks on the CUDA backend (tests/test_backend.h). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -14,6 +15,7 @@
 #include "engine/generate.h"
 #include "engine/planner.h"
 #include "tests/test.h"
+#include "tests/test_backend.h"
 
 #define LOGIT_TOL 1e-4
 #define FHAT_TOL 1e-5
@@ -56,7 +58,7 @@ static int *get_i32(const char *name, int n, ar_error_t *err) {
 static int load(void) {
     ar_error_t err = {{0}};
     char path[1024];
-    be = backend_cpu_create(0, &err);
+    be = test_backend_open(&err);
     if (!be || model_load(&model, dir, be, &err) != AR_OK) {
         fprintf(stderr, "cannot load the golden model: %s\n", err.msg);
         return -1;
@@ -223,9 +225,14 @@ static void test_decoded_images_match(void) {
         const float *want = run_ ? g.sample_image : g.tf_image;
         CHECK_MSG(scale_latent(&model, run_ ? sample_tokens : tf_tokens, g.S, f, &err) == AR_OK,
                   "%s", err.msg);
-        /* CPU backend memory is host memory. */
-        CHECK_MSG(vq_decode_latent(&scale_net_of(&model)->dec, model_draw_work(&model, &err), f,
-                                   rgb, pix, &err) == AR_OK,
+        /* f_hat into the backend's memory, where the decoder reads it. */
+        struct vq_work *w = model_draw_work(&model, &err);
+        CHECK_MSG(w != NULL, "%s", err.msg);
+        if (!w)
+            break;
+        be->upload(be, w->latent, f, nf * sizeof *f);
+        CHECK_MSG(vq_decode_latent(&scale_net_of(&model)->dec, w, w->latent, rgb, pix, &err) ==
+                      AR_OK,
                   "%s", err.msg);
         double worst = 0;
         int worst_px = 0;

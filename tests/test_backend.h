@@ -1,0 +1,31 @@
+/* The backend a model test runs on: ARSERVE_TEST_BACKEND (cpu when unset),
+ * so one test binary checks the CPU backend in `make test-unit`, the CUDA
+ * backend on a GPU (tests/gpu/run.sh) and under the CPU emulator of CUDA
+ * (`make test-backend`). Header-only: each test is one file. */
+#ifndef ARSERVE_TESTS_TEST_BACKEND_H
+#define ARSERVE_TESTS_TEST_BACKEND_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend/backend.h"
+
+/* The emulator's device memory is host memory allocated on first touch; a
+ * golden model and its pools fit in far less than this. */
+#define TEST_EMU_RESERVE_BYTES ((size_t)1 << 30)
+
+/* backend_open knows cuda only in a CUDA=1 build (ARSERVE_CUDA); a binary
+ * linked against the emulator (compiled with -DARSERVE_TEST_CUDA_EMU, never
+ * part of arserve) creates the emulated CUDA backend itself. */
+static inline backend_t *test_backend_open(ar_error_t *err) {
+    const char *which = getenv("ARSERVE_TEST_BACKEND");
+    if (!which || !*which)
+        which = "cpu";
+#ifdef ARSERVE_TEST_CUDA_EMU
+    if (!strcmp(which, "cuda"))
+        return backend_cuda_create(0, TEST_EMU_RESERVE_BYTES, err);
+#endif
+    return backend_open(which, 0, err);
+}
+
+#endif
