@@ -332,13 +332,15 @@ $(BUILD)/tests/test_backend_ops: tests/backend/test_backend_ops.c $(EMU_OBJ) $(E
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
 
 # The tiny model generating the same tokens on the CPU backend and on the
-# CUDA backend under the emulator, for the full cache and every policy.
+# CUDA backend under the emulator, for the full cache and every policy, K and
+# V in f32, bf16, f16 and fp8, tie-tolerant (tests/lockstep.h); under the
+# emulator (ARSERVE_TEST_CUDA_EMU) the guided logits' gap is held too.
 # Passive OpenMP waits: the CPU backend's and the emulator's thread teams
 # take turns thousands of times a second, and spinning idle threads made
 # the end-to-end test 40x slower on a 2-core machine (2 min against 3 s).
-$(BUILD)/tests/test_backend_e2e: tests/backend/test_backend_e2e.c $(EMU_OBJ) $(ENGINE_LIB) tests/test.h
+$(BUILD)/tests/test_backend_e2e: tests/backend/test_backend_e2e.c $(EMU_OBJ) $(ENGINE_LIB) tests/test.h tests/lockstep.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
+	$(CC) $(CFLAGS) -DARSERVE_TEST_CUDA_EMU $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
 
 # The daemon's scheduler and HTTP front on loopback serving the tiny model on
 # the CUDA backend under the emulator: a device fault planted in a launch
@@ -381,7 +383,7 @@ test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops $(BUILD)/t
 GPU_GOLDEN := $(BUILD)/tests/gpu/test_golden $(BUILD)/tests/gpu/test_golden_llamagen \
               $(BUILD)/tests/gpu/test_golden_var
 GPU_TESTS := $(BUILD)/tests/gpu/test_backend_ops $(BUILD)/tests/gpu/test_backend_e2e $(GPU_GOLDEN)
-$(BUILD)/tests/gpu/test_backend_%: tests/backend/test_backend_%.c $(CUDA_OBJ) $(ENGINE_LIB) tests/test.h
+$(BUILD)/tests/gpu/test_backend_%: tests/backend/test_backend_%.c $(CUDA_OBJ) $(ENGINE_LIB) tests/test.h tests/lockstep.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CUDA_OBJ) $(ENGINE_LIB) $(LDLIBS)
 
