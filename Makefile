@@ -342,6 +342,18 @@ $(BUILD)/tests/test_backend_e2e: tests/backend/test_backend_e2e.c $(EMU_OBJ) $(E
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DARSERVE_TEST_CUDA_EMU $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
 
+# The shipped models (models/shapes, models/shapes-var) on the CUDA backend
+# under the emulator against the CPU backend, tie-tolerant, and the largest
+# pixel difference of their images. A GPU runs every policy of both (50 s
+# here under the emulator); make test the full cache of models/shapes (the
+# raster policies run on the tiny model in test_backend_e2e) and of
+# models/shapes-var, HeatKV (compaction) and AMS-KV (key mass): 17 s.
+TEST_MODELS := models/shapes=full models/shapes-var=full,heatkv,amskv
+$(BUILD)/tests/test_backend_models: tests/backend/test_backend_models.c $(EMU_OBJ) $(ENGINE_LIB) tests/test.h \
+                                    tests/lockstep.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DARSERVE_TEST_CUDA_EMU $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
+
 # The daemon's scheduler and HTTP front on loopback serving the tiny model on
 # the CUDA backend under the emulator: a device fault planted in a launch
 # turns /health and /ready to 503 with the CUDA error, and the health gauge to 0.
@@ -371,9 +383,9 @@ $(EMU_GOLDEN): $(BUILD)/tests/emu/%: tests/unit/%.c $(EMU_OBJ) $(SERVER_LIB) $(E
 	    $(SERVER_LIBS) $(LDLIBS) -lstdc++
 
 test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops $(BUILD)/tests/test_backend_e2e \
-              $(BUILD)/tests/test_backend_health $(BUILD)/tests/test_backend_cuda_check $(EMU_GOLDEN) \
-              $(TINY_MODEL)/arserve.json
-	OMP_WAIT_POLICY=passive ARSERVE_TINY_MODEL=$(TINY_MODEL) tests/run_unit.sh \
+              $(BUILD)/tests/test_backend_health $(BUILD)/tests/test_backend_cuda_check \
+              $(BUILD)/tests/test_backend_models $(EMU_GOLDEN) $(TINY_MODEL)/arserve.json
+	OMP_WAIT_POLICY=passive ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_TEST_MODELS="$(TEST_MODELS)" tests/run_unit.sh \
 	    $(filter-out $(EMU_GOLDEN),$(filter $(BUILD)/tests/%,$^))
 	OMP_WAIT_POLICY=passive ARSERVE_TEST_BACKEND=cuda tests/run_unit.sh $(EMU_GOLDEN)
 
@@ -382,7 +394,8 @@ test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops $(BUILD)/t
 # emulator (tests/gpu/run.sh runs them on a GPU).
 GPU_GOLDEN := $(BUILD)/tests/gpu/test_golden $(BUILD)/tests/gpu/test_golden_llamagen \
               $(BUILD)/tests/gpu/test_golden_var
-GPU_TESTS := $(BUILD)/tests/gpu/test_backend_ops $(BUILD)/tests/gpu/test_backend_e2e $(GPU_GOLDEN)
+GPU_TESTS := $(BUILD)/tests/gpu/test_backend_ops $(BUILD)/tests/gpu/test_backend_e2e \
+             $(BUILD)/tests/gpu/test_backend_models $(GPU_GOLDEN)
 $(BUILD)/tests/gpu/test_backend_%: tests/backend/test_backend_%.c $(CUDA_OBJ) $(ENGINE_LIB) tests/test.h tests/lockstep.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CUDA_OBJ) $(ENGINE_LIB) $(LDLIBS)
