@@ -344,10 +344,10 @@ $(BUILD)/tests/test_backend_e2e: tests/backend/test_backend_e2e.c $(EMU_OBJ) $(E
 
 # The shipped models (models/shapes, models/shapes-var) on the CUDA backend
 # under the emulator against the CPU backend, tie-tolerant, and the largest
-# pixel difference of their images. A GPU runs every policy of both (50 s
+# pixel difference of their images. A GPU runs every policy of both (38 s
 # here under the emulator); make test the full cache of models/shapes (the
 # raster policies run on the tiny model in test_backend_e2e) and of
-# models/shapes-var, HeatKV (compaction) and AMS-KV (key mass): 17 s.
+# models/shapes-var, HeatKV (compaction) and AMS-KV (key mass): 12 s.
 TEST_MODELS := models/shapes=full models/shapes-var=full,heatkv,amskv
 $(BUILD)/tests/test_backend_models: tests/backend/test_backend_models.c $(EMU_OBJ) $(ENGINE_LIB) tests/test.h \
                                     tests/lockstep.h
