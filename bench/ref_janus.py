@@ -3,6 +3,7 @@
 
     .venv-tools/bin/python bench/ref_janus.py build OUT_DIR    # the model, both formats
     .venv-tools/bin/python bench/ref_janus.py check OUT_DIR    # one image through transformers
+    python3 bench/ref_janus.py build OUT_DIR --layers 24 --device cuda    # Janus-Pro-1B's depth
 
 `build` makes a `JanusForConditionalGeneration` (PyPI transformers) with Janus-Pro-1B's layer
 shapes at reduced depth: hidden 2048, 16 heads of 128, FFN 5632, RMSNorm, RoPE, 2 decoder
@@ -14,6 +15,12 @@ not dwarf the layers. Weights are drawn from a fixed seed with tests/golden/gen_
 that logits spread out), stored in bfloat16, written with `save_pretrained` under OUT_DIR/hf
 and converted by tools/convert/janus.py (`--dtype keep`: bf16) into OUT_DIR itself.
 OUT_DIR/reference.json tells bench/speed_bench.py to run this file's `load` as the torch side.
+
+`--layers N` sets the depth (24 is Janus-Pro-1B's whole language model: bench/gpu_bench.py's
+model), `--device` where the weights are drawn (cuda: seconds for 1.3 G parameters; the
+draws differ from the CPU's, so a model is only reproducible on one kind of device), and
+`--shape tiny` the golden model's toy shapes instead (tests/golden/gen_golden.py's TINY: 64
+wide, 8 x 8 tokens of 32 x 32 pixels) for `bench/gpu_bench.py --small`.
 
 `load` runs transformers' own image generation (`generate(generation_mode="image")`: its static
 KV cache in the model's bfloat16, CFG through its logits processor, its sampler) with the
@@ -44,9 +51,84 @@ TEXT = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 2,
 VISION = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 384,
           "patch_size": 16, "projection_dim": 2048, "num_image_tokens": 576}
 VQ = {"num_patches": 24, "projection_dim": 2048, "image_token_embed_dim": 2048}
+SHAPES = ("pro-1b", "tiny")
 
 
-def build(out_dir: str) -> None:
+def shape_configs(shape: str, gen_golden) -> tuple[dict, dict, dict]:
+    """(text, vision, vq) keyword sets of the transformers configs of a shape."""
+    if shape == "pro-1b":
+        return dict(TEXT), dict(VISION), dict(VQ)
+    if shape == "tiny":
+        t = gen_golden.TINY
+        return dict(t["text_config"]), dict(t["vision_config"]), dict(t["vq_config"])
+    raise ValueError("ref_janus.py: unknown shape %r (%s)" % (shape, ", ".join(SHAPES)))
+
+
+@__import__("contextlib").contextmanager
+def _no_init():
+    """transformers' own initialisation skipped: reinit_ overwrites every parameter anyway,
+    and drawing 1.3 G parameters twice on a CPU takes a minute."""
+    import torch.nn.init as init
+
+    names = ("normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_",
+             "xavier_uniform_", "xavier_normal_", "constant_", "zeros_", "ones_")
+    saved = {n: getattr(init, n) for n in names if hasattr(init, n)}
+    for n in saved:
+        setattr(init, n, lambda t, *a, **k: t)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(init, n, f)
+
+
+def reinit_(model, seed: int, device) -> None:
+    """gen_golden.reinit_'s rule, drawn on `device` (its own generator there)."""
+    import torch
+
+    sys.path.insert(0, GOLDEN)
+    import gen_golden
+
+    if torch.device(device).type == "cpu":
+        gen_golden.reinit_(model, seed)  # make bench's model, as it always was
+    else:
+        reinit_on_(model, seed, device)
+
+
+def reinit_on_(model, seed: int, device) -> None:
+    """gen_golden.reinit_'s rule, drawn with a generator of `device`, in place."""
+    import math
+
+    import torch
+
+    sys.path.insert(0, GOLDEN)
+    import gen_golden
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    tables = ("embed_tokens.weight", "generation_embeddings.weight", "quantize.embedding.weight",
+              "position_embedding.weight")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g, device=device, dtype=torch.float32)
+            if name.endswith(tables):
+                pass
+            elif p.ndim >= 2:
+                gain = gen_golden.HEAD_GAIN if name.endswith("generation_head.vision_head.weight") \
+                    else 1.0
+                r.mul_(gain / math.sqrt(p[0].numel()))
+            elif name.endswith(".weight"):
+                r.mul_(gen_golden.NORM_NOISE).add_(1.0)
+            elif name.endswith(".bias"):
+                r.mul_(gen_golden.BIAS_NOISE)
+            else:
+                raise RuntimeError(f"no initialisation rule for parameter {name}")
+            p.copy_(r)
+
+
+def build(out_dir: str, layers: int | None = None, device: str = "cpu",
+          shape: str = "pro-1b") -> None:
+    """The model at `shape` (SHAPES) with `layers` decoder layers (None: the shape's own, 2),
+    drawn on `device`, written under OUT_DIR/hf and converted into OUT_DIR."""
     import torch
 
     sys.path.insert(0, GOLDEN)
@@ -56,18 +138,22 @@ def build(out_dir: str) -> None:
     from transformers import (JanusConfig, JanusForConditionalGeneration, JanusVisionConfig,
                               JanusVQVAEConfig, LlamaConfig)
 
-    text = dict(TEXT, vocab_size=len(gen_golden.VOCAB))
+    text, vision, vq = shape_configs(shape, gen_golden)
+    text["vocab_size"] = len(gen_golden.VOCAB)
+    if layers:
+        text["num_hidden_layers"] = layers
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": text.pop("rope_theta")}
     tid = gen_golden.token_id
     config = JanusConfig(
         text_config=LlamaConfig(**text, bos_token_id=tid("<bos>"), pad_token_id=tid("<pad>"),
                                 eos_token_id=None),
-        vision_config=JanusVisionConfig(**VISION),
-        vq_config=JanusVQVAEConfig(**VQ),
+        vision_config=JanusVisionConfig(**vision),
+        vq_config=JanusVQVAEConfig(**vq),
         image_token_id=tid(gen_golden.UNK))
     torch.manual_seed(SEED)
-    model = JanusForConditionalGeneration._from_config(config).to(torch.float32).eval()
-    gen_golden.reinit_(model, SEED)
+    with torch.device(device), _no_init():
+        model = JanusForConditionalGeneration._from_config(config, dtype=torch.float32).eval()
+    reinit_(model, SEED, device)
     model = model.to(torch.bfloat16)
     gc = model.generation_config
     gc.bos_token_id, gc.pad_token_id = tid("<bos>"), tid("<pad>")
@@ -77,7 +163,9 @@ def build(out_dir: str) -> None:
     os.makedirs(hf, exist_ok=True)
     model.save_pretrained(hf)
     gen_golden.write_hf_tokenizer_files(gen_golden.build_tokenizer(), hf)
-    if convert_janus.main([hf, out_dir, "--dtype", "keep", "--name", "janus-pro-2l-random"]):
+    name = "janus-%s-%dl-random" % ("pro" if shape == "pro-1b" else shape,
+                                     text["num_hidden_layers"])
+    if convert_janus.main([hf, out_dir, "--dtype", "keep", "--name", name]):
         raise SystemExit("ref_janus.py: tools/convert/janus.py failed")
     with open(os.path.join(out_dir, "reference.json"), "w") as f:
         json.dump({"impl": "transformers-janus", "checkpoint": "hf", "prompt": PROMPT}, f, indent=1)
@@ -90,10 +178,11 @@ def build(out_dir: str) -> None:
 class Reference:
     """transformers' JanusForConditionalGeneration with speed_bench.py's generate/decode."""
 
-    def __init__(self, model, sampling):
-        self.model, self.sampling = model, sampling
+    def __init__(self, model, sampling, device="cpu"):
+        self.model, self.sampling, self.device = model, sampling, device
 
-    def generate(self, cond, uncond, batch, cfg_w, temperature, gen, times=None):
+    def generate(self, cond, uncond, batch, cfg_w, temperature, gen, times=None, **extra):
+        """[batch, N] image tokens; `extra` goes to transformers' generate as it is."""
         import torch
 
         # transformers builds the unconditional row itself (pad for all but BOS and BOI), as
@@ -111,7 +200,7 @@ class Reference:
         if times is not None:
             stamp = self.model.model.generation_head.register_forward_hook(
                 lambda m, i, o: times.append(time.perf_counter()))
-        ids = torch.tensor([cond] * batch)
+        ids = torch.tensor([cond] * batch, device=self.device)
         s = self.sampling
         try:
             with torch.no_grad():
@@ -119,7 +208,7 @@ class Reference:
                     ids, attention_mask=torch.ones_like(ids), generation_mode="image",
                     do_sample=temperature > 0, temperature=temperature or None,
                     top_k=s.get("top_k") or None, top_p=s.get("top_p", 1.0),
-                    guidance_scale=cfg_w)
+                    guidance_scale=cfg_w, **extra)
         finally:
             if stamp is not None:
                 stamp.remove()
@@ -134,8 +223,9 @@ class Reference:
         return ((x.permute(0, 2, 3, 1) + 1) / 2 * 255).clamp(0, 255).to(torch.uint8)
 
 
-def load(model_dir: str, ref: dict, threads: int):
-    """(lm, decode, arserve.json) for bench/speed_bench.py's torch worker."""
+def load(model_dir: str, ref: dict, threads: int, device: str = "cpu"):
+    """(lm, decode, arserve.json) for bench/speed_bench.py's torch worker (and
+    bench/gpu_bench.py's, on `device`)."""
     import torch
     from transformers import JanusForConditionalGeneration
 
@@ -143,8 +233,9 @@ def load(model_dir: str, ref: dict, threads: int):
     with open(os.path.join(model_dir, "arserve.json")) as f:
         cfg = json.load(f)
     model = JanusForConditionalGeneration.from_pretrained(
-        os.path.join(model_dir, ref["checkpoint"]), dtype=torch.bfloat16).eval()
-    r = Reference(model, cfg["sampling"])
+        os.path.join(model_dir, ref["checkpoint"]), dtype=torch.bfloat16,
+        device_map=None if device == "cpu" else device).eval()
+    r = Reference(model, cfg["sampling"], device)
     return r, r.decode, cfg
 
 
@@ -154,9 +245,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=("build", "check"))
     p.add_argument("out_dir")
+    p.add_argument("--layers", type=int, help="decoder layers (default: the shape's, 2)")
+    p.add_argument("--device", default="cpu", help="where build draws the weights (default cpu)")
+    p.add_argument("--shape", choices=SHAPES, default="pro-1b",
+                   help="layer shapes: Janus-Pro-1B's (default) or the golden model's tiny ones")
     a = p.parse_args(argv)
     if a.what == "build":
-        build(a.out_dir)
+        build(a.out_dir, a.layers, a.device, a.shape)
         return 0
     with open(os.path.join(a.out_dir, "reference.json")) as f:
         ref = json.load(f)
