@@ -13,7 +13,11 @@ grid, 576 steps per image, 96x96 pixels, wider and deeper layers) so one image
 takes a second or two on a small CPU: the daemon's integration tests use it
 to have requests still running while they queue, disconnect or drain.
 `--preset slow-sanitizer` is the same grid with far less work, for the
-ThreadSanitizer pass of those tests.
+ThreadSanitizer pass of those tests. `--preset var-d16` is VAR-d16's shapes
+(16 blocks of 1024, 16 heads, 10 scales to 16 x 16, the released
+4096 x 32 codebook and 160-channel decoder: 256 x 256 pixels, 1000 classes),
+random, for bench/gpu_bench.py; `--dtype bf16` stores a VAR model's
+transformer matrices in bfloat16 (default f32).
 
     python tools/make_tiny_model.py --preset slow --seed 1 --out build/slow-model
 
@@ -116,6 +120,22 @@ VAR_PRESETS = {
         "llm": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "head_dim": 64,
                 "intermediate_size": 1024},
         "image": {"scales": [1, 2, 3, 4, 5, 6, 8, 10, 13, 16]},
+    },
+    # VAR-d16's shapes (VAR's build_vae_var at depth 16: width 64 d, d heads of 64, FFN 4x;
+    # the 256-pixel scales; the VQVAE's 4096 x 32 codebook and ch=160, (1, 1, 2, 2, 4),
+    # two ResNet blocks a level; 1000 classes, named "class 0" .. "class 999"), with the
+    # sampling tools/convert/var.py writes for the released checkpoints. About 310 M
+    # transformer parameters: bench/gpu_bench.py's next-scale model (with --dtype bf16).
+    "var-d16": {
+        "name": "var-d16-random",
+        "llm": {"hidden_size": 1024, "num_layers": 16, "num_heads": 16, "head_dim": 64,
+                "intermediate_size": 4096},
+        "image": {"scales": [1, 2, 3, 4, 5, 6, 8, 10, 13, 16], "codebook_size": 4096,
+                  "embed_dim": 32},
+        "condition": {"num_classes": 1000},
+        "decoder": {"latent_channels": 32, "base_channels": 160,
+                    "channel_multiplier": [1, 1, 2, 2, 4], "num_res_blocks": 2},
+        "sampling": {"cfg": 1.5, "top_k": 900, "top_p": 0.96},
     },
 }
 
@@ -232,10 +252,10 @@ def make_weights(cfg, rng):
     return w
 
 
-def make_var_weights(cfg, rng):
+def make_var_weights(cfg, rng, dtype="f32"):
     """Random VAR weights under the scale family's names (docs/model-format.md): F32
     transformer (its AdaLN gammas far from VAR's near-zero init, so every block
-    matters), F16 decoder."""
+    matters; its matrices BF16 with dtype "bf16"), F16 decoder."""
     w = {}
     llm, im = cfg["llm"], cfg["image"]
     C, F, H = llm["hidden_size"], llm["intermediate_size"], llm["num_heads"]
@@ -243,6 +263,10 @@ def make_var_weights(cfg, rng):
     L = sum(p * p for p in im["scales"])
 
     def lin(out, inp, scale=1.0):
+        if dtype == "bf16":  # drawn as float32 at once: 310 M of them for VAR-d16
+            m = rng.standard_normal((out, inp), dtype=np.float32)
+            m *= np.float32(scale / np.sqrt(inp))
+            return bf16(m)
         return (rng.standard_normal((out, inp)) * scale / np.sqrt(inp)).astype(np.float32)
 
     def vec(c, scale=0.05):
@@ -299,6 +323,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                    help="a VAR model's transformer matrices: f32 (default) or bf16")
     ap.add_argument("--preset", choices=sorted({**PRESETS, **VAR_PRESETS}), default="tiny",
                     help="model size: tiny (the default, milliseconds per image), mid (60M "
                          "parameters, for benchmarks), slow "
@@ -310,13 +336,15 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     rng = np.random.default_rng(args.seed)
     var = args.preset in VAR_PRESETS
-    weights = (make_var_weights if var else make_weights)(config, rng)
+    weights = make_var_weights(config, rng, args.dtype) if var else make_weights(config, rng)
     safetensors_write.write(os.path.join(args.out, "model.safetensors"), weights,
                             metadata={"made_by": "tools/make_tiny_model.py",
                                       "seed": str(args.seed)})
     if var:
+        n = config["condition"]["num_classes"]
+        names = VAR_CLASSES if n == len(VAR_CLASSES) else ["class %d" % i for i in range(n)]
         with open(os.path.join(args.out, "classes.txt"), "w") as f:
-            f.write("".join(c + "\n" for c in VAR_CLASSES))
+            f.write("".join(c + "\n" for c in names))
     else:
         with open(os.path.join(args.out, "tokenizer.json"), "w") as f:
             json.dump(word_level_tokenizer(SPECIALS, WORDS, config["llm"]["vocab_size"]), f,
