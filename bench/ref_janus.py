@@ -232,9 +232,13 @@ def load(model_dir: str, ref: dict, threads: int, device: str = "cpu"):
     torch.set_num_threads(threads)
     with open(os.path.join(model_dir, "arserve.json")) as f:
         cfg = json.load(f)
-    model = JanusForConditionalGeneration.from_pretrained(
-        os.path.join(model_dir, ref["checkpoint"]), dtype=torch.bfloat16,
-        device_map=None if device == "cpu" else device).eval()
+    path = os.path.join(model_dir, ref["checkpoint"])
+    try:  # straight onto the device; transformers versions that need accelerate for it refuse
+        model = JanusForConditionalGeneration.from_pretrained(
+            path, dtype=torch.bfloat16, device_map=None if device == "cpu" else device)
+    except (ImportError, ValueError):
+        model = JanusForConditionalGeneration.from_pretrained(path, dtype=torch.bfloat16)
+    model = model.to(device).eval()
     r = Reference(model, cfg["sampling"], device)
     return r, r.decode, cfg
 
