@@ -470,9 +470,11 @@ test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
 # the first time), make bench-kv, bench-scale and bench-serve on the tiny
 # models, bench-gemm, and make eval on six prompts; each one's table or JSON
 # is checked. The torch side's sampler against the engine's rules too
-# (tests/bench/test_sample_next.py), and the speed bench on the CUDA backend
+# (tests/bench/test_sample_next.py), the speed bench on the CUDA backend
 # under the emulator: launches, copies and peak device memory per step
-# (tests/cli/test_speed_bench_emu.sh).
+# (tests/cli/test_speed_bench_emu.sh), and the GPU run's timing stage end to
+# end at toy shapes on the CPU (tests/bench/test_gpu_bench.py:
+# bench/gpu_bench.py --small --backend cpu, about 20 s).
 # make reaches the script through SMOKE_MAKE, not $(MAKE) in the recipe
 # itself, so that `make -n` does not run the script (it runs any recipe line
 # that names $(MAKE)).
@@ -482,6 +484,7 @@ test-bench-smoke: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUIL
                   $(VENV)/.stamp $(BENCH_CPU_VENV)/.stamp
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_sample_next.py
 	tests/cli/test_speed_bench_emu.sh $(BUILD)/speed_bench-emu $(TINY_MODEL) $(VENV)/bin/python
+	$(BENCH_CPU_VENV)/bin/python tests/bench/test_gpu_bench.py $(BUILD)
 	tests/cli/test_bench_smoke.sh "$(SMOKE_MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
