@@ -153,6 +153,10 @@ def build(out_dir: str, layers: int | None = None, device: str = "cpu",
     torch.manual_seed(SEED)
     with torch.device(device), _no_init():
         model = JanusForConditionalGeneration._from_config(config, dtype=torch.float32).eval()
+    where = {p.device.type for p in model.parameters()}
+    if where != {torch.device(device).type}:  # a transformers that builds on "meta" first
+        raise SystemExit("ref_janus.py: the model's parameters are on %s, not %s"
+                         % (", ".join(sorted(where)), device))
     reinit_(model, SEED, device)
     model = model.to(torch.bfloat16)
     gc = model.generation_config
