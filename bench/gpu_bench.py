@@ -88,6 +88,10 @@ class StageError(Exception):
     """A stage that failed; the message says why."""
 
 
+class UsageError(Exception):
+    """The run cannot start (no GPU, a binary missing): exit 2, saying why."""
+
+
 class StageTimeout(StageError):
     """A process that ran past its time; .out holds what it printed before."""
 
@@ -346,7 +350,8 @@ class Bench:
         dirs += glob.glob("/usr/local/cuda*/lib64") + glob.glob("/usr/local/cuda*/targets/*/lib")
         add = [d for d in dirs if any(os.path.exists(os.path.join(d, lib)) for lib in missing)]
         if add:
-            self.env["LD_LIBRARY_PATH"] = ":".join(add + [self.env.get("LD_LIBRARY_PATH", "")])
+            self.env["LD_LIBRARY_PATH"] = ":".join(
+                add + [p for p in self.env.get("LD_LIBRARY_PATH", "").split(":") if p])
             self.r["machine"]["ld_library_path_added"] = add
         still = self.ldd_missing()
         if still:
@@ -503,7 +508,7 @@ class Bench:
         cmd = [self.arserve, "serve", "--model", model["dir"], "--host", "127.0.0.1", "--port",
                str(port), "--backend", a.backend, "--threads", str(a.threads),
                "--max-running", str(max(CONCURRENCY)), "--max-waiting", str(4 * max(CONCURRENCY)),
-               "--kv-pool-mb", str(pool), "--log-level", "warn"]
+               "--kv-pool-mb", str(pool), "--drain-timeout-s", "5", "--log-level", "warn"]
         logf = tempfile.TemporaryFile(mode="w+")
         results = self.r["arserve"][key]["daemon"]
         with GpuMemory(a.backend == "cuda") as mem:
@@ -620,8 +625,7 @@ class Bench:
 
 
 def usage_error(msg):
-    print("gpu_bench.py: " + msg, file=sys.stderr)
-    sys.exit(2)
+    raise UsageError(msg)
 
 
 def free_port():
@@ -998,7 +1002,15 @@ def main(argv=None):
     if not a.work:
         a.work = tempfile.mkdtemp(prefix="gpu_bench.")
     b = Bench(a)
-    b.run()
+    try:
+        b.run()
+    except UsageError as e:
+        b.r["error"] = str(e)
+        b.save()
+        print("gpu_bench.py: %s" % e, file=sys.stderr)
+        if a.work_is_temp:
+            shutil.rmtree(a.work, ignore_errors=True)
+        return 2
     return 1 if b.failed else 0
 
 
