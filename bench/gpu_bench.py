@@ -994,13 +994,13 @@ def main(argv=None):
         ap.error("--budget-s must be positive")
     if a.threads is None:
         a.threads = 0 if a.backend == "cuda" else 1
+    a.out = os.path.abspath(a.out)  # the workers run in the repository's root
     os.makedirs(a.out, exist_ok=True)
     for name in ("timing.json", "timing.md", "timing.log"):
         if os.path.exists(os.path.join(a.out, name)):
             os.remove(os.path.join(a.out, name))
     a.work_is_temp = not a.work
-    if not a.work:
-        a.work = tempfile.mkdtemp(prefix="gpu_bench.")
+    a.work = os.path.abspath(a.work) if a.work else tempfile.mkdtemp(prefix="gpu_bench.")
     b = Bench(a)
     try:
         b.run()
