@@ -709,9 +709,12 @@ def markdown(r):
             fmt(c.get("images_per_s")), ratio(o.get("images_per_s"), c.get("images_per_s"))))
     warm = co and ", ".join("%.0f s at batch %s" % (co[b]["warmup_s"], b) for b in co)
     if warm:
+        cs = pt["compiled"].get("compile_stats", {})
         L.append("")
         L.append("PyTorch compiled: the warm-up before each batch's timed run (8 steps: compiling "
-                 "and recording CUDA graphs) took %s." % warm)
+                 "and recording CUDA graphs) took %s; %s graph breaks, CUDA graphs skipped %s "
+                 "times (timing.json: compile_stats)." % (
+                     warm, cs.get("graph_breaks", "?"), cs.get("cudagraph_skips", "?")))
     for mode in ("eager", "compiled"):
         if pt.get(mode, {}).get("error"):
             L.append("")
@@ -924,6 +927,15 @@ def worker_torch(a):
             row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
             row["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
         print(json.dumps(row), flush=True)
+    if a.mode == "compiled":  # what the compiler did: graphs, breaks, CUDA graphs skipped
+        from torch._dynamo.utils import counters
+
+        breaks = counters.get("graph_break", {})
+        print(json.dumps({"compile_stats": {
+            "stats": dict(counters.get("stats", {})),
+            "graph_breaks": sum(breaks.values()), "graph_break_reasons": list(breaks)[:5],
+            "cudagraph_skips": counters.get("inductor", {}).get("cudagraph_skips", 0)}}),
+            flush=True)
     return 0
 
 
