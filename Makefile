@@ -427,12 +427,12 @@ gpu-kit: $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json
 
 # The kit built with warnings as errors (nvcc's included), so a CUDA change
 # that does not compile or link fails here, on machines without a GPU too;
-# then checked: self-contained, and `run.sh --kit` run here, where it must
-# pass its preflight's library check and skip for want of a GPU
-# (tests/gpu/test_kit.sh).
-test-gpu-kit:
+# then checked: self-contained (also run with this machine's copies of its
+# libraries hidden), and `run.sh --kit` run here, where it must pass its
+# preflight's library check and skip for want of a GPU (tests/gpu/test_kit.sh).
+test-gpu-kit: $(BUILD)/arserve
 	$(MAKE) CI=true gpu-kit
-	tests/gpu/test_kit.sh $(KIT_DIR)
+	tests/gpu/test_kit.sh $(KIT_DIR) $(BUILD)/arserve
 
 # The Dockerfile's structure and that everything it copies exists (Docker
 # itself cannot run here).

@@ -9,9 +9,15 @@
 # cannot use (a stand-in nvidia-smi), every stage runs, fails, is run again
 # synchronised into reruns.log, and the summary says so in at most 8 files.
 #
-#   tests/gpu/test_kit.sh KIT_DIR        # KIT_DIR.tar.xz beside it
+# And on a machine made bare of the kit's libraries (a mount namespace binds
+# /dev/null over this machine's copy of each), the kit's arserve still draws
+# the tiny model's image, byte for byte as this machine's own arserve does,
+# which in that namespace cannot start.
+#
+#   tests/gpu/test_kit.sh KIT_DIR [ARSERVE]    # KIT_DIR.tar.xz beside it; ARSERVE: this machine's build
 set -u
-kit=${1:?usage: tests/gpu/test_kit.sh KIT_DIR}
+kit=${1:?usage: tests/gpu/test_kit.sh KIT_DIR [ARSERVE]}
+host_arserve=${2:-}
 cd "$(dirname "$0")/../.." || exit 1
 RUN=tests/gpu/run.sh
 passed=0 failed=0
@@ -119,6 +125,41 @@ PATH=$tmp/bin:$PATH "$RUN" --kit "$kit" "$tmp/arch" >"$tmp/arch.out" 2>&1
 rc=$?
 [ "$rc" = 1 ] && grep -q 'preflight: arch .*fail .*this GPU is sm_75' "$tmp/arch.out"
 check "a GPU the kit has no code for fails the preflight" $? "exit $rc: $(grep preflight "$tmp/arch.out" | tail -n 1)"
+
+# The bare machine. Each of the kit's libraries hidden where this machine's
+# loader would find it; the kit's binaries must not notice.
+if [ -z "$host_arserve" ]; then
+    echo "skip    the kit on a machine without its libraries: no ARSERVE to compare with given"
+elif ! unshare -m true 2>/dev/null; then
+    echo "skip    the kit on a machine without its libraries: unshare -m is not permitted here (needs root)"
+else
+    # The libraries mount itself loads (PCRE2 among them) are hidden last:
+    # once one is hidden, mount cannot start again. -f: a file hidden once
+    # through /lib is not hidden again through /usr/lib (the same folder).
+    mount_libs=$(ldd "$(command -v mount)" | awk '{print $1}')
+    libs="$(ls "$kit/lib" | grep -vxF "$mount_libs") $(ls "$kit/lib" | grep -xF "$mount_libs")"
+    bare() { # command...: run with every kit library hidden from the system's folders
+        unshare -m bash -c '
+            for l in '"$(echo $libs)"'; do
+                for d in /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu /lib64 /usr/lib64 /usr/local/lib; do
+                    if [ -f "$d/$l" ] && ! mount --bind /dev/null "$d/$l"; then
+                        echo "cannot hide $d/$l"; exit 99
+                    fi
+                done
+            done
+            exec "$@"' bare "$@"
+    }
+    gen=(generate --backend cpu --model "$kit/models/tiny-model" --prompt "a red circle" --seed 3 -q)
+    "$host_arserve" "${gen[@]}" -o "$tmp/host.png" >/dev/null 2>&1
+    bare "$host_arserve" --version >"$tmp/bare-host.out" 2>&1
+    rc=$?
+    check "hidden libraries stop this machine's own arserve" "$([ $rc != 0 ] && [ $rc != 99 ] && echo 0 || echo 1)" \
+        "$(head -c 300 "$tmp/bare-host.out")"
+    bare "$kit/bin/arserve" "${gen[@]}" -o "$tmp/kit.png" >"$tmp/bare-kit.out" 2>&1
+    check "the kit's arserve draws without them" $? "$(head -c 300 "$tmp/bare-kit.out")"
+    cmp -s "$tmp/host.png" "$tmp/kit.png"
+    check "its image is this machine's, byte for byte" $?
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
