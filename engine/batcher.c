@@ -16,6 +16,7 @@ typedef struct slot {
     int steps_done;
     int cancel;   /* 0, or the batcher_end_t + 1 asked for by batcher_cancel */
     int reserved; /* waiting with max_waiting 0: its KV is in the planner already */
+    int level;    /* the level it runs at (reserved: chosen at submission) */
 } slot_t;
 
 struct batcher {
@@ -74,6 +75,7 @@ static batcher_event_t *push_event(batcher_t *b, batcher_event_type_t type, cons
     e->work = s->job.work;
     e->iteration = b->iterations; /* the one in progress */
     e->steps_done = s->steps_done;
+    e->level = s->level;
     return e;
 }
 
@@ -175,14 +177,30 @@ static size_t peak_of(const size_t *bytes, int n) {
     return peak;
 }
 
+/* The plan of a job at one of its levels. */
+static const size_t *level_plan(const batcher_job_t *job, int level) {
+    return job->n_levels > 0 ? job->level_kv_bytes[level] : job->kv_bytes;
+}
+
+/* The first (largest budget) level of job whose trajectory fits beside
+ * what the planner holds `delay` iterations from now; -1 when not even the
+ * floor does. A job without levels has one: its plan. */
+static int fitting_level(const batcher_t *b, const batcher_job_t *job, int delay) {
+    const int n = job->n_levels > 0 ? job->n_levels : 1;
+    for (int l = 0; l < n; l++)
+        if (planner_fits_after(&b->planner, level_plan(job, l), job->steps, delay))
+            return l;
+    return -1;
+}
+
 /* Iterations until the next batcher_admit: 1 while a step is in flight
  * (batcher_finish will move the plan on first), else 0. */
 static int admission_delay(const batcher_t *b) { return b->n_batch > 0; }
 
-/* max_waiting 0: does job start at the next batcher_admit? Its images must
- * fit beside those of the running jobs still running then and of the jobs
- * accepted for it already, and its KV beside what the planner holds then
- * (theirs included). */
+/* max_waiting 0: the level at which job starts at the next batcher_admit,
+ * or -1 when it does not. Its images must fit beside those of the running
+ * jobs still running then and of the jobs accepted for it already, and its
+ * KV beside what the planner holds then (theirs included). */
 static int starts_next(const batcher_t *b, const batcher_job_t *job) {
     const int delay = admission_delay(b);
     int images = job->n_images;
@@ -193,13 +211,16 @@ static int starts_next(const batcher_t *b, const batcher_job_t *job) {
     }
     for (int i = 0; i < b->w_count; i++)
         images += b->waiting[(b->w_head + i) % b->w_cap].job.n_images;
-    return images <= b->opt.max_running &&
-           planner_fits_after(&b->planner, job->kv_bytes, job->steps, delay);
+    return images <= b->opt.max_running ? fitting_level(b, job, delay) : -1;
 }
 
 batcher_refusal_t batcher_submit(batcher_t *b, const batcher_job_t *job, uint64_t *id) {
-    if (job->n_images < 1 || job->steps < 1 || !job->kv_bytes)
+    if (job->n_images < 1 || job->steps < 1 || !job->kv_bytes || job->n_levels < 0 ||
+        (job->n_levels > 0 && !job->level_kv_bytes))
         return BATCHER_REFUSED_INVALID;
+    for (int l = 0; l < job->n_levels; l++)
+        if (!job->level_kv_bytes[l])
+            return BATCHER_REFUSED_INVALID;
     if (b->draining)
         return BATCHER_REFUSED_DRAINING;
     if (peak_of(job->kv_bytes, job->steps) > b->opt.pool_bytes)
@@ -207,15 +228,16 @@ batcher_refusal_t batcher_submit(batcher_t *b, const batcher_job_t *job, uint64_
     if (job->n_images > b->opt.max_running)
         return BATCHER_REFUSED_TOO_MANY_IMAGES;
     const int no_queue = b->opt.max_waiting == 0;
-    if (no_queue ? !starts_next(b, job) : b->w_count >= b->opt.max_waiting)
+    const int level = no_queue ? starts_next(b, job) : 0;
+    if (no_queue ? level < 0 : b->w_count >= b->opt.max_waiting)
         return BATCHER_REFUSED_QUEUE_FULL;
     const uint64_t next = b->next_id + 1;
-    if (no_queue && planner_add_after(&b->planner, next, job->kv_bytes, job->steps,
+    if (no_queue && planner_add_after(&b->planner, next, level_plan(job, level), job->steps,
                                       admission_delay(b)) != AR_OK)
         return BATCHER_REFUSED_NO_MEMORY;
     b->next_id = next;
     slot_t *s = waiting_at(b, b->w_count++);
-    *s = (slot_t){.id = next, .job = *job, .reserved = no_queue};
+    *s = (slot_t){.id = next, .job = *job, .reserved = no_queue, .level = level};
     if (id)
         *id = s->id;
     return BATCHER_ACCEPTED;
@@ -276,21 +298,25 @@ int batcher_admit(batcher_t *b, double now) {
         else
             i++;
     }
-    /* FIFO: the head of the queue blocks it. A reserved job's KV is in the
-     * planner already (and fits: batcher_submit checked). */
+    /* FIFO: the head of the queue blocks it, at the largest budget that
+     * fits (fitting_level). A reserved job's KV is in the planner already
+     * (and fits: batcher_submit checked). */
     while (b->w_count) {
         slot_t head = *waiting_at(b, 0);
-        if (b->running_images + head.job.n_images > b->opt.max_running ||
-            (!head.reserved && !planner_fits(&b->planner, head.job.kv_bytes, head.job.steps)))
+        if (b->running_images + head.job.n_images > b->opt.max_running)
+            break;
+        if (!head.reserved && (head.level = fitting_level(b, &head.job, 0)) < 0)
             break;
         b->w_head = (b->w_head + 1) % b->w_cap;
         b->w_count--;
         ar_error_t err = {{0}};
-        if (!head.reserved &&
-            planner_add(&b->planner, head.id, head.job.kv_bytes, head.job.steps) != AR_OK) {
+        if (!head.reserved && planner_add(&b->planner, head.id, level_plan(&head.job, head.level),
+                                          head.job.steps) != AR_OK) {
             push_end(b, &head, BATCHER_END_FAILED, 0, "out of memory admitting the job");
             continue;
         }
+        if (head.job.n_levels > 0 && b->ops.set_level)
+            b->ops.set_level(b->ctx, head.job.work, head.level);
         if (b->ops.start && b->ops.start(b->ctx, head.job.work, &err) != AR_OK) {
             planner_remove(&b->planner, head.id);
             push_end(b, &head, BATCHER_END_FAILED, 0, err.msg);

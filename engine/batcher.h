@@ -13,6 +13,12 @@
  * starved by small ones, and an admitted job never runs out of KV. Jobs
  * that could never be admitted are refused at submission.
  *
+ * Elastic budgets: a job may come with several plans (levels: the budgets
+ * of its range its policy can tell apart, the largest first). The head of
+ * the queue is admitted at the first level whose trajectory fits, and
+ * waits only when even its last (the floor) does not; a running job keeps
+ * the level it was admitted at.
+ *
  * max_waiting 0 means no queue: a job is accepted only when it starts at
  * the next batcher_admit, i.e. its images fit max_running and its whole KV
  * trajectory fits beside the running jobs (those that will still run then)
@@ -54,15 +60,24 @@ typedef struct batcher_ops {
      * images together, when it knows them better than its plan (1), else
      * 0. The batcher hands them to the planner (planner_tighten). */
     int (*remaining)(void *ctx, void *work, size_t *kv_bytes, int n);
+    /* Optional: a job with levels is told the one it runs at (an index into
+     * its level_kv_bytes) just before start. */
+    void (*set_level)(void *ctx, void *work, int level);
 } batcher_ops_t;
 
 typedef struct batcher_job {
     int n_images;           /* >= 1 */
     int steps;              /* iterations it runs once admitted (>= 1) */
     const size_t *kv_bytes; /* the job's planned KV at each of its steps (steps entries), all
-                               images together; the driver keeps it alive until the job ends */
-    double deadline;        /* in the driver's clock (batcher_admit's now); INFINITY: none */
-    void *work;             /* handed to the ops */
+                               images together; the driver keeps it alive until the job ends.
+                               With levels: the floor's, level_kv_bytes[n_levels - 1] */
+    /* Elastic budgets (0 and NULL: none): n_levels plans (steps entries
+     * each, all images together, kept alive like kv_bytes), the largest
+     * budget first. */
+    int n_levels;
+    const size_t *const *level_kv_bytes;
+    double deadline; /* in the driver's clock (batcher_admit's now); INFINITY: none */
+    void *work;      /* handed to the ops */
 } batcher_job_t;
 
 /* Why batcher_submit refused a job. */
@@ -100,6 +115,7 @@ typedef struct batcher_event {
     int steps_done;      /* steps the job has done */
     batcher_end_t end;   /* ENDED */
     int started;         /* ENDED: it had been admitted */
+    int level;           /* ADMITTED and after: the level it runs at (0 without levels) */
     char why[200];       /* ENDED with FAILED: what failed */
 } batcher_event_t;
 

@@ -415,8 +415,18 @@ static int job_remaining(void *ctx, void *work, size_t *kv_bytes, int n) {
     return ok;
 }
 
-const batcher_ops_t gen_batcher_ops = {
-    .start = job_start, .step = job_step, .stop = job_stop, .remaining = job_remaining};
+static void job_set_level(void *ctx, void *work, int level) {
+    (void)ctx;
+    gen_job_t *j = work;
+    if (j->level_budgets)
+        j->policy.budget = j->level_budgets[level];
+}
+
+const batcher_ops_t gen_batcher_ops = {.start = job_start,
+                                       .step = job_step,
+                                       .stop = job_stop,
+                                       .remaining = job_remaining,
+                                       .set_level = job_set_level};
 
 void gen_job_free(gen_job_t *j) {
     for (int i = 0; j->images && i < j->n_images; i++)

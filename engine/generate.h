@@ -138,6 +138,10 @@ typedef struct gen_job {
     sampler_params_t params;
     uint64_t seed;
     kv_policy_params_t policy;
+    /* Elastic budgets: the budget of each of the batcher job's levels
+     * (batcher_job_t.n_levels entries), the driver's; set_level copies the
+     * admitted one into policy.budget. NULL without levels. */
+    const double *level_budgets;
     gen_request_t *images; /* n_images, while it runs and after it finished */
 } gen_job_t;
 
@@ -145,7 +149,8 @@ typedef struct gen_job {
  * the kv_pool_t every job takes its KV from. start makes the job's
  * requests, step advances every image of the batch in one gen_step and
  * reports the pool's peak, stop gives back the KV but keeps the tokens, so
- * a finished job can still be decoded; gen_job_free frees the rest. */
+ * a finished job can still be decoded; gen_job_free frees the rest;
+ * set_level runs the job at its admitted level's budget. */
 extern const struct batcher_ops gen_batcher_ops;
 void gen_job_free(gen_job_t *j);
 

@@ -6,9 +6,11 @@
  * max_running counted in images, each refusal reason, cancellation and
  * deadlines of waiting and running jobs, start and step failures, the
  * event sequence of a job, the plan check, shutdown and draining, and
- * max_waiting 0 (no queue: start at the next admission or be refused). */
+ * max_waiting 0 (no queue: start at the next admission or be refused),
+ * and elastic budgets (a job with levels runs at the largest that fits). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/batcher_test.h"
 #include "tests/test.h"
@@ -54,7 +56,24 @@ static int fake_step(void *ctx, void *const *work, int n, size_t *kv_peak_bytes,
 
 static void fake_stop(void *ctx, void *work) { ((fake_t *)work)->stopped++; }
 
-static const batcher_ops_t fake_ops = {.start = fake_start, .step = fake_step, .stop = fake_stop};
+/* Elastic fakes: three levels of constant KV, the largest first; set_level
+ * makes the job hold its admitted level's bytes. */
+#define N_LEVELS 3
+typedef struct elastic {
+    fake_t f; /* first: the work is the fake */
+    size_t levels[N_LEVELS][MAX_STEPS];
+    const size_t *level_ptrs[N_LEVELS];
+    int level; /* set_level's, -1 before */
+} elastic_t;
+
+static void fake_set_level(void *ctx, void *work, int level) {
+    elastic_t *e = work;
+    e->level = level;
+    memcpy(e->f.bytes, e->levels[level], sizeof e->f.bytes);
+}
+
+static const batcher_ops_t fake_ops = {
+    .start = fake_start, .step = fake_step, .stop = fake_stop, .set_level = fake_set_level};
 
 /* A job of n images, steps steps, holding per_step * (t + 1) bytes at step t. */
 static fake_t fake(int n_images, int steps, size_t per_step) {
@@ -419,6 +438,109 @@ static void test_no_queue_gives_back_reservations(void) {
     batcher_destroy(b);
 }
 
+/* A job of `steps` steps whose levels hold a, b and c bytes at every step. */
+static void elastic_make(elastic_t *e, int steps, size_t a, size_t b, size_t c) {
+    const size_t each[N_LEVELS] = {a, b, c};
+    memset(e, 0, sizeof *e);
+    e->f = fake(1, steps, 0);
+    e->level = -1;
+    for (int l = 0; l < N_LEVELS; l++) {
+        for (int t = 0; t < steps; t++)
+            e->levels[l][t] = each[l];
+        e->level_ptrs[l] = e->levels[l];
+    }
+    memcpy(e->f.bytes, e->levels[N_LEVELS - 1], sizeof e->f.bytes);
+}
+
+static uint64_t submit_elastic(batcher_t *b, elastic_t *e) {
+    batcher_job_t j = job_of(&e->f);
+    j.n_levels = N_LEVELS;
+    j.level_kv_bytes = e->level_ptrs;
+    uint64_t id = 0;
+    batcher_refusal_t r = batcher_submit(b, &j, &id);
+    CHECK_MSG(r == BATCHER_ACCEPTED, "refused: %s", batcher_refusal_name(r));
+    return id;
+}
+
+/* The level of the last ADMITTED event taken, or -1. */
+static int admitted_level(batcher_t *b) {
+    batcher_event_t ev[64];
+    int n = batcher_take_events(b, ev, 64), level = -1;
+    for (int i = 0; i < n; i++)
+        if (ev[i].type == BATCHER_ADMITTED)
+            level = ev[i].level;
+    return level;
+}
+
+/* An idle pool admits an elastic job at its largest level; a busy one at
+ * the largest that fits beside the running job's whole plan; when not
+ * even the floor fits it waits, and the next admission after the pool
+ * frees gives it the largest again. The step holds what the level says,
+ * so the reservation is never passed. */
+static void test_elastic_admits_largest_level_that_fits(void) {
+    world_t w;
+    batcher_t *b = make(&w, 100, 4, 4);
+    elastic_t idle;
+    elastic_make(&idle, 2, 80, 40, 20);
+    submit_elastic(b, &idle);
+    CHECK(batcher_iterate(b, 0) == 1);
+    CHECK(admitted_level(b) == 0 && idle.level == 0 && idle.f.bytes[0] == 80);
+    CHECK(batcher_iterate(b, 0) == 1 && batcher_iterate(b, 0) == 0);
+
+    fake_t big = fake(1, 4, 0);
+    for (int t = 0; t < 4; t++)
+        big.bytes[t] = 60;
+    submit(b, &big);
+    CHECK(batcher_iterate(b, 0) == 1);
+    elastic_t busy;
+    elastic_make(&busy, 2, 80, 40, 20);
+    submit_elastic(b, &busy);
+    CHECK(batcher_iterate(b, 0) == 2);
+    CHECK(admitted_level(b) == 1 && busy.level == 1);
+    batcher_stats_t st;
+    batcher_stats(b, &st);
+    CHECK(st.overruns == 0 && st.last_reserved_bytes == 100);
+    while (batcher_iterate(b, 0) > 0)
+        ;
+    admitted_level(b);
+
+    /* 90 held for three steps: not even the floor (20) fits beside it. */
+    for (int t = 0; t < 4; t++)
+        big.bytes[t] = 90;
+    big.stepped = 0;
+    submit(b, &big);
+    CHECK(batcher_iterate(b, 0) == 1);
+    elastic_t wait;
+    elastic_make(&wait, 2, 80, 40, 20);
+    submit_elastic(b, &wait);
+    CHECK(batcher_iterate(b, 0) == 1 && batcher_iterate(b, 0) == 1 && batcher_iterate(b, 0) == 1);
+    CHECK(wait.level == -1);
+    CHECK(batcher_iterate(b, 0) == 1);
+    CHECK(wait.level == 0 && admitted_level(b) == 0);
+    batcher_stats(b, &st);
+    CHECK(st.overruns == 0);
+    batcher_destroy(b);
+}
+
+/* Without a queue the level is chosen (and reserved) at submission. */
+static void test_elastic_no_queue_reserves_the_level_that_fits(void) {
+    world_t w;
+    batcher_t *b = make(&w, 100, 4, 0);
+    fake_t big = fake(1, 4, 0);
+    for (int t = 0; t < 4; t++)
+        big.bytes[t] = 70;
+    submit(b, &big);
+    elastic_t e;
+    elastic_make(&e, 2, 80, 40, 20);
+    submit_elastic(b, &e);
+    CHECK(batcher_iterate(b, 0) == 2);
+    CHECK(e.level == 2);
+    batcher_stats_t st;
+    batcher_stats(b, &st);
+    CHECK(st.overruns == 0 && st.last_reserved_bytes == 90);
+    batcher_destroy(b);
+}
+
 int main(void) {
     TEST_RUN(test_job_life_cycle_events);
     TEST_RUN(test_fifo_admission_head_blocks);
@@ -432,5 +554,7 @@ int main(void) {
     TEST_RUN(test_no_queue_starts_now_or_refuses);
     TEST_RUN(test_no_queue_submitted_during_a_step);
     TEST_RUN(test_no_queue_gives_back_reservations);
+    TEST_RUN(test_elastic_admits_largest_level_that_fits);
+    TEST_RUN(test_elastic_no_queue_reserves_the_level_that_fits);
     return TEST_SUMMARY();
 }
