@@ -1,6 +1,7 @@
 /* Exact admission against known KV trajectories. */
 #include "engine/planner.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -151,6 +152,74 @@ int planner_plan_dtype(planner_plan_t *pl, const model_config_t *cfg, const kv_p
             pl->peak_step = t;
     }
     free(blocks);
+    return AR_OK;
+}
+
+/* The candidate budgets of [lo, hi], descending, at most PLANNER_MAX_LEVELS:
+ * hi, k / n_tokens strictly between, lo. */
+static int level_candidates(double lo, double hi, int n_tokens, double *out) {
+    double all[4096 + 2];
+    int n = 0;
+    all[n++] = hi;
+    const int k_hi = (int)floor(hi * n_tokens), k_lo = (int)ceil(lo * n_tokens);
+    for (int k = k_hi; k >= k_lo && n < 4096; k--) {
+        const double b = (double)k / n_tokens;
+        if (b < hi && b > lo)
+            all[n++] = b;
+    }
+    if (lo < hi)
+        all[n++] = lo;
+    if (n <= PLANNER_MAX_LEVELS) {
+        memcpy(out, all, (size_t)n * sizeof *out);
+        return n;
+    }
+    /* Evenly sampled, both ends kept. */
+    for (int i = 0; i < PLANNER_MAX_LEVELS; i++)
+        out[i] = all[(int)((long long)i * (n - 1) / (PLANNER_MAX_LEVELS - 1))];
+    return PLANNER_MAX_LEVELS;
+}
+
+void planner_levels_free(planner_levels_t *lv) {
+    for (int i = 0; i < lv->n; i++)
+        planner_plan_free(&lv->plans[i]);
+    lv->n = 0;
+}
+
+static int same_plan(const planner_plan_t *a, const planner_plan_t *b) {
+    return a->steps == b->steps &&
+           memcmp(a->bytes, b->bytes, (size_t)a->steps * sizeof *a->bytes) == 0;
+}
+
+int planner_plan_levels(planner_levels_t *lv, const model_config_t *cfg,
+                        const kv_policy_params_t *p, double lo, double hi, int n_prompt,
+                        int block_tokens, planner_kv_dtype_t dt, const char **field,
+                        ar_error_t *err) {
+    memset(lv, 0, sizeof *lv);
+    if (field)
+        *field = NULL;
+    if (!(lo > 0 && lo <= hi && hi <= 1))
+        return ar_errorf(err, "budget range [%g, %g]: need 0 < min <= max <= 1", lo, hi);
+    double cand[PLANNER_MAX_LEVELS];
+    const int n_cand = level_candidates(lo, hi, model_image_tokens(cfg), cand);
+    for (int i = 0; i < n_cand; i++) {
+        kv_policy_params_t q = *p;
+        q.budget = cand[i];
+        planner_plan_t plan;
+        const int floor_level = i == n_cand - 1;
+        if (planner_plan_dtype(&plan, cfg, &q, n_prompt, block_tokens, dt,
+                               floor_level ? field : NULL, floor_level ? err : NULL) != AR_OK) {
+            if (!floor_level)
+                continue;
+            planner_levels_free(lv);
+            return AR_ERR;
+        }
+        if (lv->n > 0 && same_plan(&lv->plans[lv->n - 1], &plan)) {
+            planner_plan_free(&plan); /* the larger budget above holds the same */
+            continue;
+        }
+        lv->budgets[lv->n] = cand[i];
+        lv->plans[lv->n++] = plan;
+    }
     return AR_OK;
 }
 

@@ -92,6 +92,35 @@ int planner_plan_dtype(planner_plan_t *pl, const model_config_t *cfg, const kv_p
                        ar_error_t *err);
 void planner_plan_free(planner_plan_t *pl);
 
+/* ---- elastic budgets ---- */
+
+/* The most levels a budget range is planned at (a range finer than this is
+ * sampled evenly, its ends kept). */
+#define PLANNER_MAX_LEVELS 32
+
+/* A request's plans over a budget range [lo, hi]: the budgets its policy
+ * can tell apart, the largest first. Candidates are hi, every k / (image
+ * tokens) strictly inside, and lo; of candidates whose plans are the same
+ * bytes at every step only the largest budget stays (same memory, more
+ * cache kept), so every level needs less KV somewhere than the one above
+ * it. The last level (the floor) has lo's plan, at the largest budget
+ * that has it. */
+typedef struct planner_levels {
+    int n;
+    double budgets[PLANNER_MAX_LEVELS];
+    planner_plan_t plans[PLANNER_MAX_LEVELS];
+} planner_levels_t;
+
+/* Plans p at the levels of [lo, hi] (0 < lo <= hi <= 1; p's own budget is
+ * ignored), as planner_plan_dtype. AR_ERR when the floor's plan fails (the
+ * check's message; *field as planner_plan's) or memory runs out. A
+ * candidate between the ends that fails its check is left out. */
+int planner_plan_levels(planner_levels_t *lv, const model_config_t *cfg,
+                        const kv_policy_params_t *p, double lo, double hi, int n_prompt,
+                        int block_tokens, planner_kv_dtype_t dt, const char **field,
+                        ar_error_t *err);
+void planner_levels_free(planner_levels_t *lv);
+
 /* ---- admission ---- */
 
 typedef struct planner_entry {

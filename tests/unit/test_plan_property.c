@@ -23,12 +23,19 @@
  *    request's whole trajectory from the iteration it started, at every
  *    future iteration. So the batcher never refuses a request (the head of
  *    the queue) that would have fitted, and never admits one that would not.
+ *    Half the requests whose policy takes a budget bring a budget range
+ *    (elastic budgets: planner_plan_levels' levels from a random floor at or
+ *    above the policy's least budget up to a random top): the brute force
+ *    takes the first level whose whole trajectory fits, the batcher must
+ *    admit the same job at the same level, and the job then runs (and is
+ *    checked) at that level's budget.
  * 2. The same kind of traces through the real scheduler (threads, batching,
  *    cancellation): arrivals and cancellations are keyed to its iteration
  *    counter; every job that was not cancelled finishes, the pool gauges
  *    never pass the capacity, and arserve_kv_plan_overruns_total (the
  *    scheduler's check of the measured peak against the reservation at
  *    every iteration) stays 0. */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +81,7 @@ typedef struct tjob {
     int n_prompt;
     int cond[MAX_IDS + 2], uncond[MAX_IDS + 2];
     kv_policy_params_t pol;
+    double lo, hi; /* a budget range (elastic), or 0, 0 */
 } tjob_t;
 
 typedef struct trace {
@@ -230,6 +238,15 @@ static void make_trace(trace_t *tr, int max_jobs, const int *block_sizes, int n_
                       "%s", err.msg);
         }
         j->pol = random_policy(j->n_prompt);
+        kv_geometry_t g;
+        model_geometry(&model.cfg, j->n_prompt, &g);
+        const double least = kv_policy_min_budget(&j->pol, &g);
+        if (kv_policy_uses_budget(j->pol.kind, &g) && least > 0 && rnd() % 2) {
+            j->hi = j->pol.budget + (1 - j->pol.budget) * rnd_unit();
+            j->lo = ceil((least + (j->hi - least) * 0.6 * rnd_unit()) * 1e4) / 1e4;
+            if (j->lo > j->hi)
+                j->lo = j->hi;
+        }
         j->cancel_at = rnd() % 5 == 0 ? j->arrive + rnd_in(0, late) : -1;
     }
 }
@@ -239,8 +256,13 @@ static void make_trace(trace_t *tr, int max_jobs, const int *block_sizes, int n_
 /* A job of the trace as the replay drives it. */
 typedef struct rjob {
     gen_job_t gen; /* the batcher's work */
-    size_t *plan1; /* per image */
-    size_t *kv;    /* all its images: the batcher's plan */
+    /* Its levels (one without a range), the largest budget first: */
+    int n_levels, level;
+    double budgets[PLANNER_MAX_LEVELS];
+    size_t *lv_plan1[PLANNER_MAX_LEVELS]; /* per image */
+    size_t *lv_kv[PLANNER_MAX_LEVELS];    /* all its images */
+    size_t *plan1;                        /* per image, at its level (the floor's until admitted) */
+    size_t *kv;                           /* all its images: the batcher's plan at its level */
     size_t *tight; /* the same, tightened after each step as the batcher does */
     uint64_t id;
     int state; /* 0 not arrived, 1 waiting, 2 running, 3 ended */
@@ -251,7 +273,8 @@ typedef struct rjob {
 typedef struct totals {
     long long traces, iterations, admissions, refusals, fits_checked, steps_checked;
     long long cancelled_running, cancelled_waiting, contention_iters;
-    long long tightened; /* request-steps whose plan a tightening lowered */
+    long long tightened;                  /* request-steps whose plan a tightening lowered */
+    long long elastic_top, elastic_below; /* ranged admissions at their top, below it */
     /* Per policy: request-steps that used less than a worst-case plan. */
     long long under_bound[KV_POLICY_COUNT];
 } totals_t;
@@ -309,6 +332,19 @@ static int replay_events(batcher_t *b, rjob_t *jobs, const trace_t *tr, int it, 
         for (int i = 0; i < n; i++) {
             const int k = job_index(jobs, tr->n, ev[i].work);
             if (ev[i].type == BATCHER_ADMITTED) {
+                CHECK_MSG(ev[i].level == jobs[k].level,
+                          "job %d admitted at level %d, the brute "
+                          "force's %d",
+                          k, ev[i].level, jobs[k].level);
+                if (jobs[k].n_levels > 1) {
+                    if (ev[i].level == 0)
+                        tot.elastic_top++;
+                    else
+                        tot.elastic_below++;
+                }
+                jobs[k].plan1 = jobs[k].lv_plan1[jobs[k].level];
+                jobs[k].kv = jobs[k].lv_kv[jobs[k].level];
+                memcpy(jobs[k].tight, jobs[k].kv, (size_t)model_steps(&model.cfg) * sizeof(size_t));
                 jobs[k].state = 2;
                 jobs[k].start = it;
                 admitted[n_adm++] = k;
@@ -351,11 +387,33 @@ static void replay(const trace_t *tr) {
     tot.traces++;
     for (int k = 0; k < tr->n; k++) {
         const tjob_t *j = &tr->jobs[k];
-        jobs[k].plan1 = image_plan(j, bt);
-        jobs[k].kv = malloc((size_t)S * sizeof *jobs[k].kv);
+        if (j->lo > 0) {
+            planner_levels_t lv;
+            CHECK_MSG(planner_plan_levels(&lv, c, &j->pol, j->lo, j->hi, j->n_prompt, bt,
+                                          planner_kv_f32, NULL, &err) == AR_OK,
+                      "levels of [%g, %g]: %s", j->lo, j->hi, err.msg);
+            for (int l = 0; l < lv.n; l++) {
+                jobs[k].budgets[l] = lv.budgets[l];
+                jobs[k].lv_plan1[l] = malloc((size_t)S * sizeof(size_t));
+                memcpy(jobs[k].lv_plan1[l], lv.plans[l].bytes, (size_t)S * sizeof(size_t));
+            }
+            jobs[k].n_levels = lv.n;
+            planner_levels_free(&lv);
+        } else {
+            jobs[k].n_levels = 1;
+            jobs[k].budgets[0] = j->pol.budget;
+            jobs[k].lv_plan1[0] = image_plan(j, bt);
+        }
+        for (int l = 0; l < jobs[k].n_levels; l++) {
+            jobs[k].lv_kv[l] = malloc((size_t)S * sizeof(size_t));
+            for (int t = 0; t < S; t++)
+                jobs[k].lv_kv[l][t] = jobs[k].lv_plan1[l][t] * (size_t)j->n_images;
+        }
+        jobs[k].level = jobs[k].n_levels - 1;
+        jobs[k].plan1 = jobs[k].lv_plan1[jobs[k].level];
+        jobs[k].kv = jobs[k].lv_kv[jobs[k].level];
         jobs[k].tight = malloc((size_t)S * sizeof *jobs[k].tight);
-        for (int t = 0; t < S; t++)
-            jobs[k].kv[t] = jobs[k].tight[t] = jobs[k].plan1[t] * (size_t)j->n_images;
+        memcpy(jobs[k].tight, jobs[k].kv, (size_t)S * sizeof *jobs[k].tight);
         jobs[k].gen = (gen_job_t){.model = &model,
                                   .cond = j->cond,
                                   .uncond = j->uncond,
@@ -363,7 +421,8 @@ static void replay(const trace_t *tr) {
                                   .n_images = j->n_images,
                                   .params = c->sampling,
                                   .seed = 1000 + (uint64_t)k,
-                                  .policy = j->pol};
+                                  .policy = j->pol,
+                                  .level_budgets = jobs[k].budgets};
         jobs[k].start = -1;
     }
     for (int it = 0; b && finished < tr->n && it < 100000; it++) {
@@ -373,11 +432,16 @@ static void replay(const trace_t *tr) {
         if (st.running == 0 && st.waiting == 0 && next < tr->n && tr->jobs[next].arrive > it)
             it = tr->jobs[next].arrive;
         for (; next < tr->n && tr->jobs[next].arrive <= it; next++) {
+            /* A job with a range brings its levels; one without none. */
             batcher_job_t bj = {.n_images = tr->jobs[next].n_images,
                                 .steps = S,
                                 .kv_bytes = jobs[next].kv,
                                 .deadline = INFINITY,
                                 .work = &jobs[next].gen};
+            if (tr->jobs[next].lo > 0) {
+                bj.n_levels = jobs[next].n_levels;
+                bj.level_kv_bytes = (const size_t *const *)jobs[next].lv_kv;
+            }
             CHECK(batcher_submit(b, &bj, &jobs[next].id) == BATCHER_ACCEPTED);
             jobs[next].state = 1;
             queue[q_len++] = next;
@@ -398,16 +462,24 @@ static void replay(const trace_t *tr) {
                 if (jobs[k].state == 2)
                     jobs[k].state = 4; /* leaving: not in the brute force's running set */
             }
-        /* What a brute force admits: the queue's head while it fits. */
+        /* What a brute force admits: the queue's head while it fits, at
+         * the first (largest budget) level that fits. */
         int expect[MAX_JOBS], n_expect = 0;
         for (int q = 0; q < q_len; q++) {
             const int k = queue[q];
-            tot.fits_checked++;
-            if (!brute_fits(jobs, tr, it, jobs[k].kv, S, capacity)) {
+            int level = -1;
+            for (int l = 0; level < 0 && l < jobs[k].n_levels; l++) {
+                tot.fits_checked++;
+                if (brute_fits(jobs, tr, it, jobs[k].lv_kv[l], S, capacity))
+                    level = l;
+            }
+            if (level < 0) {
                 tot.refusals++;
                 break;
             }
             expect[n_expect++] = k;
+            jobs[k].level = level;
+            jobs[k].tight = memcpy(jobs[k].tight, jobs[k].lv_kv[level], (size_t)S * sizeof(size_t));
             jobs[k].state = 2; /* counted as running for the next head */
             jobs[k].start = it;
         }
@@ -538,8 +610,10 @@ static void replay(const trace_t *tr) {
     batcher_destroy(b);
     for (int k = 0; k < tr->n; k++) {
         gen_job_free(&jobs[k].gen);
-        free(jobs[k].plan1);
-        free(jobs[k].kv);
+        for (int l = 0; l < jobs[k].n_levels; l++) {
+            free(jobs[k].lv_plan1[l]);
+            free(jobs[k].lv_kv[l]);
+        }
         free(jobs[k].tight);
     }
     CHECK(kv_pool_blocks_in_use(&pool) == 0 && pool.bad_frees == 0);
@@ -566,10 +640,10 @@ static void replay_traces(int min_refusals) {
             "admissions, %lld "
             "refusals (the head of the queue waited), %lld iterations with a job waiting; "
             "cancelled %lld running, %lld waiting; %lld request-steps' plans tightened; "
-            "policies %s\n",
+            "budget ranges admitted %lld at their top, %lld below; policies %s\n",
             tot.traces, now_s() - t0, tot.iterations, tot.steps_checked, tot.admissions,
             tot.refusals, tot.contention_iters, tot.cancelled_running, tot.cancelled_waiting,
-            tot.tightened, policy_counts(words, sizeof words));
+            tot.tightened, tot.elastic_top, tot.elastic_below, policy_counts(words, sizeof words));
     /* The traces must exercise what they claim to (when none stopped early). */
     if (test_failures_in_current == failures_before) {
         CHECK(tot.refusals > min_refusals && tot.cancelled_running > 0 &&
@@ -584,6 +658,9 @@ static void replay_traces(int min_refusals) {
                       kv_policy_name(kinds[k]));
         }
         CHECK_MSG(tot.tightened > 0, "no plan ever tightened");
+        CHECK_MSG(tot.elastic_top > 0 && tot.elastic_below > 0,
+                  "budget ranges admitted %lld times at their top, %lld below: both must happen",
+                  tot.elastic_top, tot.elastic_below);
     }
 }
 

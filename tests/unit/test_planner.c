@@ -2,6 +2,7 @@
  * against trajectories: it admits what fits at every future iteration and
  * refuses what would overflow at any one of them. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/planner.h"
 #include "tests/test.h"
@@ -126,10 +127,52 @@ static void test_random_traces_never_overflow(void) {
     }
 }
 
+/* A budget range is planned at the budgets its policy tells apart: the top
+ * first, each level's plan different from the one above and never larger
+ * at its peak, and the floor's plan that of the range's least budget. */
+static void test_levels_of_a_budget_range(void) {
+    model_config_t c = {0};
+    c.llm.num_layers = 2;
+    c.llm.num_kv_heads = 2;
+    c.llm.head_dim = 8;
+    c.image.grid_height = c.image.grid_width = 8;
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    planner_levels_t lv;
+    ar_error_t err = {{0}};
+    CHECK_MSG(planner_plan_levels(&lv, &c, &p, 0.5, 1, 4, 1, planner_kv_f32, NULL, &err) == AR_OK,
+              "%s", err.msg);
+    CHECK(lv.n >= 2 && lv.n <= PLANNER_MAX_LEVELS && lv.budgets[0] == 1);
+    for (int l = 1; l < lv.n; l++) {
+        CHECK(lv.budgets[l] < lv.budgets[l - 1]);
+        CHECK(lv.plans[l].peak_bytes <= lv.plans[l - 1].peak_bytes);
+        CHECK(memcmp(lv.plans[l].bytes, lv.plans[l - 1].bytes,
+                     (size_t)lv.plans[l].steps * sizeof(size_t)) != 0);
+    }
+    kv_policy_params_t at_lo = p;
+    at_lo.budget = 0.5;
+    planner_plan_t floor_plan;
+    CHECK(planner_plan(&floor_plan, &c, &at_lo, 4, 1, NULL, &err) == AR_OK);
+    CHECK(memcmp(floor_plan.bytes, lv.plans[lv.n - 1].bytes,
+                 (size_t)floor_plan.steps * sizeof(size_t)) == 0);
+    planner_plan_free(&floor_plan);
+    planner_levels_free(&lv);
+    /* One budget: one level. */
+    CHECK(planner_plan_levels(&lv, &c, &p, 0.75, 0.75, 4, 1, planner_kv_f32, NULL, &err) == AR_OK &&
+          lv.n == 1 && lv.budgets[0] == 0.75);
+    planner_levels_free(&lv);
+    /* A floor too small for the policy's knobs fails, naming the budget. */
+    const char *field = NULL;
+    CHECK(planner_plan_levels(&lv, &c, &p, 0.01, 1, 4, 1, planner_kv_f32, &field, &err) == AR_ERR &&
+          field && strcmp(field, "budget") == 0);
+    CHECK(planner_plan_levels(&lv, &c, &p, 0.8, 0.5, 4, 1, planner_kv_f32, NULL, &err) == AR_ERR);
+}
+
 int main(void) {
     TEST_RUN(test_full_cache_bytes_by_hand);
     TEST_RUN(test_block_tokens_per_model);
     TEST_RUN(test_admits_exactly_what_fits);
+    TEST_RUN(test_levels_of_a_budget_range);
     TEST_RUN(test_tick_and_remove_release);
     TEST_RUN(test_delayed_start);
     TEST_RUN(test_random_traces_never_overflow);
