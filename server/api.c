@@ -435,10 +435,19 @@ static int parse_user(const field_t *f, const cJSON *v, const api_limits_t *lim,
 
 static int parse_kv_policy(const field_t *f, const cJSON *v, const api_limits_t *lim,
                            api_image_request_t *r, api_error_t *err) {
-    char buf[72], names[128], want[160];
-    snprintf(want, sizeof want, "one of %s", kv_policy_list(names, sizeof names));
+    char buf[72], names[128], want[176];
+    snprintf(want, sizeof want, "one of %s, auto", kv_policy_list(names, sizeof names));
     if (check_string(v, f->name, want, err))
         return AR_ERR;
+    if (strcmp(v->valuestring, "auto") == 0) {
+        if (lim->kv_auto <= KV_POLICY_FULL)
+            return api_errorf(err, 400, f->name, "invalid_value",
+                              "kv_policy auto: no compressed policy runs on this model");
+        r->kv_auto = 1;
+        r->kv.has_kind = 1;
+        r->kv.kind = (kv_policy_kind_t)lim->kv_auto;
+        return AR_OK;
+    }
     int kind = kv_policy_parse(v->valuestring);
     if (kind < 0)
         return api_errorf(err, 400, f->name, "invalid_value", "kv_policy must be %s; got '%s'",
@@ -485,6 +494,7 @@ static const field_t FIELDS[] = {
     NUMBER("top_p", 0, 1, 0, 1, NULL, NUM_FLOAT, top_p, (long)REQ(has_top_p)),
     {.name = "kv_policy", .parse = parse_kv_policy},
     NUMBER("kv_budget", 0, 1, 0, 1, NULL, NUM_DOUBLE, kv.budget, -1),
+    NUMBER("kv_budget_min", 0, 1, 0, 1, NULL, NUM_DOUBLE, kv_budget_min, -1),
     {.name = "stream", .parse = parse_stream},
     NUMBER("partial_images", 1, 0, 0, API_MAX_PARTIAL_IMAGES, NULL, NUM_INT, partial_images, -1),
 };
@@ -513,6 +523,28 @@ static int parse_knob(const kv_policy_knob_t *k, const cJSON *v, api_image_reque
         return AR_ERR;
     kv_policy_knob_set(&r->kv.knobs, k, x);
     r->kv.knobs_given[k - kv_policy_knobs] = 1;
+    return AR_OK;
+}
+
+/* A budget range (step 7 of api_parse_image_request): auto's defaults,
+ * then the range's own checks. */
+static int check_budget_range(api_image_request_t *r, api_error_t *err) {
+    if (r->kv_auto) {
+        if (r->kv.budget == 0)
+            r->kv_policy.budget = 1;
+        if (r->kv_budget_min == 0)
+            r->kv_budget_min = API_BUDGET_LEAST;
+    }
+    if (r->kv_budget_min <= 0)
+        return AR_OK;
+    if (r->kv_policy.kind == KV_POLICY_FULL)
+        return api_errorf(err, 400, "kv_budget_min", "invalid_value",
+                          "kv_budget_min: kv_policy full takes no budget, so it has no range");
+    if (r->kv_budget_min > r->kv_policy.budget)
+        return api_errorf(err, 400, "kv_budget_min", "invalid_value",
+                          "kv_budget_min %.4g is above the range's top, kv_budget %.4g%s",
+                          r->kv_budget_min, r->kv_policy.budget,
+                          r->kv.budget > 0 ? "" : " (the policy's budget)");
     return AR_OK;
 }
 
@@ -684,6 +716,8 @@ int api_parse_image_request(const char *body, size_t len, const api_limits_t *li
     if (rc == AR_OK &&
         kv_policy_resolve(lim->kv_defaults, &out->kv, &out->kv_policy, &field, &kv_err) != AR_OK)
         rc = api_errorf(err, 400, field ? field : "kv_policy", "invalid_value", "%s", kv_err.msg);
+    if (rc == AR_OK)
+        rc = check_budget_range(out, err);
     if (rc != AR_OK)
         api_image_request_free(out);
     return rc;
@@ -774,6 +808,11 @@ static int add_kv_report(cJSON *o, const api_kv_report_t *kv) {
     int ok = add_str(k, "policy", kv_policy_name(p->kind));
     if (p->kind != KV_POLICY_FULL)
         ok &= add_num(k, "budget", p->budget);
+    if (kv->budget_min > 0) {
+        const double range[2] = {kv->budget_min, kv->budget_max};
+        cJSON *r = cJSON_CreateDoubleArray(range, 2);
+        ok &= r != NULL && cJSON_AddItemToObject(k, "budget_range", r);
+    }
     for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
         if (kv_policy_knob_of(&kv_policy_knobs[i], p->kind))
             ok &= add_num(k, kv_policy_knobs[i].name, kv_policy_knob_get(p, &kv_policy_knobs[i]));
@@ -946,7 +985,8 @@ char *api_models_json(const api_limits_t *lim, const api_model_card_t *card) {
     return print_and_delete(root, ok);
 }
 
-char *api_sse_progress(int steps_done, int steps_total, int image_index) {
+char *api_sse_progress_kv(int steps_done, int steps_total, int image_index,
+                          const kv_policy_params_t *admitted) {
     if (steps_done < 0 || steps_total < 0 || image_index < 0)
         return NULL;
     cJSON *o = cJSON_CreateObject();
@@ -954,7 +994,17 @@ char *api_sse_progress(int steps_done, int steps_total, int image_index) {
     ok &= add_num(o, "image_index", image_index);
     ok &= add_num(o, "steps_done", steps_done);
     ok &= add_num(o, "steps_total", steps_total);
+    if (admitted) {
+        cJSON *k = cJSON_AddObjectToObject(o, "kv_cache");
+        ok &= k && add_str(k, "policy", kv_policy_name(admitted->kind));
+        if (k && admitted->kind != KV_POLICY_FULL)
+            ok &= add_num(k, "budget", admitted->budget);
+    }
     return print_and_delete(o, ok);
+}
+
+char *api_sse_progress(int steps_done, int steps_total, int image_index) {
+    return api_sse_progress_kv(steps_done, steps_total, image_index, NULL);
 }
 
 /* The members partial and completed events share after b64_json. */

@@ -73,6 +73,9 @@ typedef struct api_limits {
      * knob): kind is the policy of requests without `kv_policy`, budget 0
      * means each policy's own. NULL: full, and the papers' knobs. */
     const kv_policy_params_t *kv_defaults;
+    /* The policy `kv_policy: "auto"` names (kv_policy_auto on the served
+     * model); full (0) or -1 when the model has none (auto is refused). */
+    int kv_auto;
 } api_limits_t;
 
 /* A validated request. Fields the client left out (or sent as null) keep the
@@ -99,8 +102,17 @@ typedef struct api_image_request {
      * the policy it runs with: that, resolved against lim->kv_defaults. */
     kv_policy_overrides_t kv;
     kv_policy_params_t kv_policy;
+    /* Elastic budgets (an arserve extension): kv_budget_min, the least
+     * budget of a range up to kv_policy.budget; 0: none (the budget is
+     * fixed); API_BUDGET_LEAST: from the least the policy takes on the
+     * request (kv_policy "auto" without kv_budget_min). Whether the least
+     * suits the request is the scheduler's check. */
+    double kv_budget_min;
+    int kv_auto;    /* kv_policy was "auto" */
     char user[128]; /* "" when not given; at most 127 bytes */
 } api_image_request_t;
+
+#define API_BUDGET_LEAST (-1.0)
 
 /* Validates a request body of len bytes (need not be NUL-terminated) against
  * lim. AR_OK with *out filled (free it with api_image_request_free), or AR_ERR
@@ -124,7 +136,12 @@ typedef struct api_image_request {
  *      a knob given for another policy than the request's (`kv_policy`,
  *      else the daemon's default) is a 400 naming the knob. Whether the
  *      values suit the model (a budget too small for the knobs) is the
- *      scheduler's check, when it plans the request.
+ *      scheduler's check, when it plans the request;
+ *   7. a budget range: kv_budget_min on a policy that takes no budget, or
+ *      above the range's top (kv_budget, else the policy's budget), is a
+ *      400 naming kv_budget_min. kv_policy "auto" is lim->kv_auto with the
+ *      range [its least, 1] where kv_budget_min and kv_budget are not
+ *      given.
  * Thread-safe apart from cJSON's global error pointer, which cJSON writes on
  * every failed parse and arserve never reads. Cost O(len). */
 int api_parse_image_request(const char *body, size_t len, const api_limits_t *lim,
@@ -161,12 +178,15 @@ char *api_error_json(const api_error_t *e);
  * NULL), an arserve extension follows:
  *   "kv_cache": {"policy": "linear", "budget": 0.25, "anchor_lines": 1,
  *                "recent_lines": 2, "planned_peak_bytes": P, "peak_bytes": M}
- * the policy the request ran with, its budget and knobs (full has none),
+ * the policy the request ran with, its budget and knobs (full has none;
+ * with a budget range, the budget it was admitted at, and "budget_range":
+ * [least, most] follows it),
  * the planner's peak KV bytes of one image (its CFG pair) and the most one
  * of its images measured. */
 typedef struct api_kv_report {
     kv_policy_params_t policy;
     size_t planned_peak_bytes, peak_bytes;
+    double budget_min, budget_max; /* a budget range: "budget_range": [min, max]; 0: none */
 } api_kv_report_t;
 /* With timings (may be NULL), another extension follows, for load clients
  * (`arserve bench`) to split a request's latency:
@@ -227,6 +247,9 @@ char *api_models_json(const api_limits_t *lim, const api_model_card_t *card);
  *
  *   event: arserve.progress        (arserve extension, every step or fewer)
  *   {"type": "arserve.progress", "image_index": i, "steps_done": d, "steps_total": t}
+ *     Once, when the job is admitted and before any step's progress, the
+ *     event also says "kv_cache": {"policy": "linear", "budget": 0.5}: the
+ *     budget it runs at (api_sse_progress_kv).
  *     An arserve name, so it cannot collide with OpenAI's own events; the
  *     openai client has no class for it and yields it as a loosely built
  *     object, which clients that only want images skip by "type".
@@ -251,6 +274,11 @@ char *api_models_json(const api_limits_t *lim, const api_model_card_t *card);
  * PNGs are RGB). A completed event's usage is that image's own: its image
  * tokens and the prompt's tokens. */
 char *api_sse_progress(int steps_done, int steps_total, int image_index);
+/* The same with "kv_cache": {"policy", "budget"} (full: no budget): the
+ * policy and budget the job was admitted at, which a stream says once,
+ * when the job starts, before its first step's progress. */
+char *api_sse_progress_kv(int steps_done, int steps_total, int image_index,
+                          const kv_policy_params_t *admitted);
 char *api_sse_partial_image(const char *b64, int partial_image_index, int image_index,
                             long created_at, int width, int height);
 char *api_sse_completed(const char *b64, int image_index, long created_at, int width, int height,

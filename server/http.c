@@ -108,6 +108,7 @@ typedef struct sse {
     int prompt_tokens;
     unsigned seen; /* the job's version last collected */
     int sent_steps, sent_partials, finished;
+    int said_admitted; /* the progress event with the admitted budget went out */
     double last_write;
     char *pending;
     size_t pending_len, pending_off;
@@ -307,6 +308,8 @@ static enum MHD_Result answer_and_close(http_server_t *h, struct MHD_Connection 
 static const char *policy_param(const char *field) {
     if (!field)
         return "kv_policy";
+    if (strcmp(field, "budget_min") == 0)
+        return "kv_budget_min";
     return strcmp(field, "budget") == 0 ? "kv_budget" : field;
 }
 
@@ -435,7 +438,9 @@ static char *png_b64(sched_job_t *j, int p, int i) {
 static void job_report(const sched_snapshot_t *snap, api_kv_report_t *kv, api_timings_t *t) {
     *kv = (api_kv_report_t){.policy = snap->kv_policy,
                             .planned_peak_bytes = snap->kv_planned_peak_bytes,
-                            .peak_bytes = snap->kv_peak_bytes};
+                            .peak_bytes = snap->kv_peak_bytes,
+                            .budget_min = snap->kv_budget_min,
+                            .budget_max = snap->kv_budget_max};
     *t = (api_timings_t){.queue_s = snap->queue_s,
                          .run_s = snap->run_s,
                          .steps = snap->steps_total,
@@ -462,6 +467,12 @@ static int sse_collect(sse_t *s, const sched_snapshot_t *snap) {
     sched_job_t *j = s->job;
     const long now = (long)time(NULL);
     const int W = s->h->width, H = s->h->height;
+    /* Once admitted, before any step's progress: the budget it runs at. */
+    for (int i = 0; snap->started && !s->said_admitted && i < snap->n_images; i++)
+        if (sse_append(s, API_SSE_PROGRESS,
+                       api_sse_progress_kv(s->sent_steps, snap->steps_total, i, &snap->kv_policy)))
+            return -1;
+    s->said_admitted |= snap->started;
     /* In step order, however many steps passed since the last call: each
      * preview after the progress up to its step, then the progress since. */
     for (; s->sent_partials < snap->n_partials; s->sent_partials++) {
@@ -706,6 +717,8 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
                           .n_images = req.n,
                           .seed = req.has_seed ? req.seed : random_seed(),
                           .kv_policy = req.kv_policy,
+                          .kv_budget_min =
+                              req.kv_budget_min < 0 ? SCHED_BUDGET_LEAST : req.kv_budget_min,
                           .partial_images = req.stream ? req.partial_images : 0,
                           .timeout_s = h->opt.request_timeout_s};
     api_image_request_sampler_params(&req, &h->model->cfg.sampling, &rq.params);
@@ -1284,6 +1297,7 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
                                .class_names = (const char *const *)model->class_names,
                                .kv_defaults = &h->opt.kv_defaults};
     model_geometry(&model->cfg, shortest_prefix(model), &h->geom);
+    h->limits.kv_auto = kv_policy_auto(&h->opt.kv_defaults, &h->geom);
     h->card = (api_model_card_t){.created = (long)time(NULL),
                                  .family = model->family->name,
                                  .segment_name = model->family->segment_name,

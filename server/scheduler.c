@@ -34,7 +34,14 @@ struct sched_job {
     kv_policy_params_t kv_policy;
     size_t *kv_bytes; /* the planned KV of all its images, per step */
     int steps;
-    size_t kv_planned_peak_bytes; /* one image's */
+    size_t kv_planned_peak_bytes; /* one image's (at the admitted level, once admitted) */
+    /* Elastic budgets: the levels of its range (0: none), their budgets,
+     * plans (all images) and one image's peaks; kv_bytes is the floor's. */
+    int n_levels;
+    double level_budgets[PLANNER_MAX_LEVELS];
+    size_t *level_kv[PLANNER_MAX_LEVELS];
+    size_t level_peak[PLANNER_MAX_LEVELS];
+    double kv_budget_min, kv_budget_max;
     double t_submit;
     /* engine thread only */
     gen_job_t gen;
@@ -115,7 +122,8 @@ struct scheduler {
 
     metric_t *m_running, *m_waiting, *m_queue_wait, *m_first_step, *m_latency, *m_step_time,
         *m_seqs, *m_tokens, *m_images, *m_refused, *m_cancelled, *m_kv_capacity, *m_kv_reserved,
-        *m_kv_used, *m_iterations, *m_kv_overruns, *m_kv_released, *m_policy, *m_backend_healthy;
+        *m_kv_used, *m_iterations, *m_kv_overruns, *m_kv_released, *m_policy, *m_backend_healthy,
+        *m_kv_budget, *m_kv_below_max;
 };
 
 /* Waits on c for at most seconds (mu held). */
@@ -150,6 +158,8 @@ static void job_free(sched_job_t *j) {
     free(j->cond);
     free(j->uncond);
     free(j->kv_bytes);
+    for (int l = 0; l < j->n_levels; l++)
+        free(j->level_kv[l]);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->changed);
     pthread_cond_destroy(&j->ended);
@@ -206,6 +216,8 @@ static void snapshot_locked(const sched_job_t *j, sched_snapshot_t *out) {
                               .partial_images = j->partial_images,
                               .n_images = j->n_images,
                               .kv_policy = j->kv_policy,
+                              .kv_budget_min = j->kv_budget_min,
+                              .kv_budget_max = j->kv_budget_max,
                               .kv_planned_peak_bytes = j->kv_planned_peak_bytes,
                               .kv_peak_bytes = j->kv_peak_bytes};
     if (j->t_admitted > 0)
@@ -528,14 +540,24 @@ static void job_finished(scheduler_t *s, sched_job_t *j) {
 static void handle_event(scheduler_t *s, const batcher_event_t *ev, double now) {
     sched_job_t *j = job_of_work(ev->work);
     switch (ev->type) {
-    case BATCHER_ADMITTED:
+    case BATCHER_ADMITTED: {
         metric_observe(s->m_queue_wait, now - j->t_submit);
         pthread_mutex_lock(&j->mu);
         j->started = 1;
         j->t_admitted = now;
+        if (j->n_levels > 0) { /* the budget the batcher found room for */
+            j->kv_policy.budget = j->level_budgets[ev->level];
+            j->kv_planned_peak_bytes = j->level_peak[ev->level];
+        }
+        const kv_policy_params_t p = j->kv_policy;
         job_changed(j);
         pthread_mutex_unlock(&j->mu);
+        const char *name = kv_policy_name(p.kind);
+        metric_observe(s->m_kv_budget, p.kind == KV_POLICY_FULL ? 1.0 : p.budget, name);
+        if (j->n_levels > 0 && ev->level > 0)
+            metric_add(s->m_kv_below_max, 1, name);
         return;
+    }
     case BATCHER_STEPPED:
         /* What the step sampled, as the model's family says: a token per
          * image on a raster model, a whole scale per image on a next-scale
@@ -761,6 +783,72 @@ static sched_job_t *job_new(const sched_request_t *req, const planner_plan_t *pl
     return j;
 }
 
+/* A range's levels into j (its kv_bytes and peak become the floor's). */
+static int job_set_levels(sched_job_t *j, const planner_levels_t *lv, double lo, double hi) {
+    for (int l = 0; l < lv->n; l++) {
+        if (!(j->level_kv[l] = malloc((size_t)j->steps * sizeof *j->level_kv[l])))
+            return AR_ERR;
+        j->n_levels = l + 1;
+        for (int t = 0; t < j->steps; t++)
+            j->level_kv[l][t] = lv->plans[l].bytes[t] * (size_t)j->n_images;
+        j->level_budgets[l] = lv->budgets[l];
+        j->level_peak[l] = lv->plans[l].peak_bytes;
+    }
+    j->kv_budget_min = lo;
+    j->kv_budget_max = hi;
+    return AR_OK;
+}
+
+/* A budget range's plans (req->kv_budget_min != 0): checks the range
+ * against what the policy takes on this request, then plans its levels.
+ * AR_ERR with why's field and message filled. */
+static int plan_range(const scheduler_t *s, const sched_request_t *req, planner_levels_t *lv,
+                      double *lo, sched_refusal_info_t *why) {
+    const kv_policy_params_t *p = &req->kv_policy;
+    kv_geometry_t g;
+    model_geometry(&s->model->cfg, req->n_prompt, &g);
+    const double hi = p->budget, least = kv_policy_min_budget(p, &g);
+    if (!kv_policy_uses_budget(p->kind, &g)) {
+        why->field = "budget_min";
+        snprintf(why->message, sizeof why->message,
+                 "kv_budget_min: %s takes no budget on this model, so it has no range",
+                 kv_policy_name(p->kind));
+        return AR_ERR;
+    }
+    /* A policy that fails at every budget fails at the top, with its reason. */
+    *lo = req->kv_budget_min > 0 ? req->kv_budget_min : least > 0 ? least : hi;
+    if (least > 0 && hi < least) {
+        why->field = "budget";
+        snprintf(why->message, sizeof why->message,
+                 "kv_budget %.4g is below %.4g, the least budget %s takes on this request (its "
+                 "knobs and prompt)",
+                 hi, least, kv_policy_name(p->kind));
+        return AR_ERR;
+    }
+    if (least > 0 && *lo < least) {
+        why->field = "budget_min";
+        snprintf(why->message, sizeof why->message,
+                 "kv_budget_min %.4g is below %.4g, the least budget %s takes on this request "
+                 "(its knobs and prompt)",
+                 *lo, least, kv_policy_name(p->kind));
+        return AR_ERR;
+    }
+    if (*lo > hi) {
+        why->field = "budget_min";
+        snprintf(why->message, sizeof why->message,
+                 "kv_budget_min %.4g is above the range's top, kv_budget %.4g", *lo, hi);
+        return AR_ERR;
+    }
+    ar_error_t err = {{0}};
+    if (planner_plan_levels(lv, &s->model->cfg, p, *lo, hi, req->n_prompt,
+                            s->pool.blocks.block_tokens, planner_kv_same(s->pool.blocks.dtype),
+                            &why->field, &err) != AR_OK) {
+        snprintf(why->message, sizeof why->message, "%.*s", (int)sizeof why->message - 1, err.msg);
+        return AR_ERR;
+    }
+    return AR_OK;
+}
+
 sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refusal_info_t *why) {
     memset(why, 0, sizeof *why);
     why->pool_bytes = kv_pool_capacity_bytes(&s->pool);
@@ -772,18 +860,37 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
                  req->n_images, req->partial_images);
         return refuse(s, why, SCHED_REFUSED_NO_MEMORY, NULL);
     }
-    /* The plan is pure host arithmetic on read-only geometry: no lock. */
+    /* The plan is pure host arithmetic on read-only geometry: no lock. A
+     * range is planned at each of its levels; the job's own plan is the
+     * floor's, the one that decides whether it can ever run. */
     planner_plan_t plan;
+    planner_levels_t lv = {0};
+    double lo = 0;
     ar_error_t perr = {{0}};
-    if (planner_plan_dtype(&plan, &s->model->cfg, &req->kv_policy, req->n_prompt,
-                           s->pool.blocks.block_tokens, planner_kv_same(s->pool.blocks.dtype),
-                           &why->field, &perr) != AR_OK) {
+    if (req->kv_budget_min != 0) {
+        if (plan_range(s, req, &lv, &lo, why) != AR_OK)
+            return refuse(s, why, SCHED_REFUSED_INVALID_POLICY, "invalid_policy");
+    } else if (planner_plan_dtype(&plan, &s->model->cfg, &req->kv_policy, req->n_prompt,
+                                  s->pool.blocks.block_tokens,
+                                  planner_kv_same(s->pool.blocks.dtype), &why->field,
+                                  &perr) != AR_OK) {
         snprintf(why->message, sizeof why->message, "%.*s", (int)sizeof why->message - 1, perr.msg);
         return refuse(s, why, SCHED_REFUSED_INVALID_POLICY, "invalid_policy");
     }
-    why->need_bytes = plan.peak_bytes * (size_t)req->n_images;
-    sched_job_t *j = job_new(req, &plan);
-    planner_plan_free(&plan);
+    const planner_plan_t *own = lv.n > 0 ? &lv.plans[lv.n - 1] : &plan;
+    why->need_bytes = own->peak_bytes * (size_t)req->n_images;
+    sched_job_t *j = job_new(req, own);
+    if (j && lv.n > 0) {
+        j->kv_policy.budget = lv.budgets[lv.n - 1]; /* until admitted */
+        if (job_set_levels(j, &lv, lo, req->kv_policy.budget) != AR_OK) {
+            job_free(j);
+            j = NULL;
+        }
+    }
+    if (lv.n > 0)
+        planner_levels_free(&lv);
+    else
+        planner_plan_free(&plan);
     if (!j) {
         snprintf(why->message, sizeof why->message, "out of memory");
         return refuse(s, why, SCHED_REFUSED_NO_MEMORY, NULL);
@@ -795,10 +902,13 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
                          .n_images = req->n_images,
                          .params = req->params,
                          .seed = req->seed,
-                         .policy = req->kv_policy};
+                         .policy = j->kv_policy,
+                         .level_budgets = j->n_levels > 0 ? j->level_budgets : NULL};
     batcher_job_t bj = {.n_images = j->n_images,
                         .steps = j->steps,
                         .kv_bytes = j->kv_bytes,
+                        .n_levels = j->n_levels,
+                        .level_kv_bytes = (const size_t *const *)j->level_kv,
                         .deadline = j->t_submit + req->timeout_s,
                         .work = &j->gen};
     pthread_mutex_lock(&s->mu);
@@ -918,6 +1028,8 @@ static const double LATENCY_BUCKETS[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
 static const double STEP_BUCKETS[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                                       0.025,  0.05,    0.1,    0.25,  0.5,    1};
 static const double SEQ_BUCKETS[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+static const double BUDGET_BUCKETS[] = {0.05, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3,
+                                        0.4,  0.5, 0.6,   0.7,  0.8, 0.9,  1};
 #define NB(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static void register_metrics(scheduler_t *s, metrics_t *m) {
@@ -959,6 +1071,16 @@ static void register_metrics(scheduler_t *s, metrics_t *m) {
     s->m_policy = metrics_counter(m, "arserve_images_admitted_total",
                                   "Images accepted into the queue, by KV policy (the policy mix).",
                                   1, policy);
+    s->m_kv_budget = metrics_histogram(
+        m, "arserve_kv_budget_admitted",
+        "KV budget requests were admitted at, by KV policy (1 for full): with a budget range "
+        "(kv_budget_min), the largest of it that fitted the pool at admission.",
+        1, policy, BUDGET_BUCKETS, NB(BUDGET_BUCKETS));
+    s->m_kv_below_max = metrics_counter(
+        m, "arserve_kv_budget_below_max_total",
+        "Requests with a budget range admitted below its top (kv_budget) because the pool was "
+        "busy, by KV policy.",
+        1, policy);
     s->m_cancelled = metrics_counter(m, "arserve_requests_cancelled_total",
                                      "Requests cancelled because the client went away.", 0, NULL);
     s->m_kv_capacity = metrics_gauge(m, "arserve_kv_pool_capacity_bytes", "KV pool size.", 0, NULL);

@@ -43,9 +43,17 @@ typedef struct sched_request {
     sampler_params_t params;
     uint64_t seed;
     kv_policy_params_t kv_policy; /* resolved (kv_policy_resolve); checked at submission */
-    int partial_images;           /* previews per image, 0..SCHED_MAX_PARTIALS */
-    double timeout_s;             /* the deadline, from submission */
+    /* Elastic budgets: 0 runs at kv_policy.budget; > 0 is the least budget
+     * of a range up to kv_policy.budget, SCHED_BUDGET_LEAST the least the
+     * policy takes on this request. The job is admitted at the largest
+     * budget of its range whose whole plan fits the pool now (batcher.h). */
+    double kv_budget_min;
+    int partial_images; /* previews per image, 0..SCHED_MAX_PARTIALS */
+    double timeout_s;   /* the deadline, from submission */
 } sched_request_t;
+
+/* kv_budget_min: from the least budget the policy takes on the request. */
+#define SCHED_BUDGET_LEAST (-1.0)
 
 /* Why sched_submit refused a request. */
 typedef enum sched_refusal {
@@ -63,7 +71,8 @@ sched_refusal_t sched_refusal_of(batcher_refusal_t r);
 
 typedef struct sched_refusal_info {
     sched_refusal_t reason;
-    const char *field; /* INVALID_POLICY: "budget", a knob's name, or NULL (the policy) */
+    const char *field; /* INVALID_POLICY: "budget", "budget_min" (the range's least), a knob's
+                          name, or NULL (the policy) */
     char message[512]; /* INVALID_POLICY: the policy's words */
     size_t need_bytes, pool_bytes; /* TOO_LARGE: the job's peak and the pool */
     int max_running, max_waiting;
@@ -92,9 +101,11 @@ typedef struct sched_snapshot {
     int n_partials;     /* previews ready for every image */
     int partial_images; /* previews asked for */
     int n_images;
-    char message[256]; /* SCHED_FAILED: what failed */
-    kv_policy_params_t kv_policy;
-    size_t kv_planned_peak_bytes; /* one image's planned KV peak */
+    char message[256];            /* SCHED_FAILED: what failed */
+    kv_policy_params_t kv_policy; /* its budget: the admitted one once started */
+    /* A budget range (kv_budget_min > 0; 0 without): its least and most. */
+    double kv_budget_min, kv_budget_max;
+    size_t kv_planned_peak_bytes; /* one image's planned KV peak (at the admitted budget) */
     size_t kv_peak_bytes;         /* the most KV one of its images held (when done) */
     /* Seconds from submission to admission, from admission to its last
      * step, and from its last step to its last PNG (decoding and encoding);

@@ -327,6 +327,21 @@ double kv_policy_min_budget(const kv_policy_params_t *p, const kv_geometry_t *g)
     return hi / grid;
 }
 
+int kv_policy_auto(const kv_policy_params_t *defaults, const kv_geometry_t *g) {
+    static const kv_policy_kind_t prefer[] = {KV_POLICY_LINEAR, KV_POLICY_HEATKV, KV_POLICY_SCALEKV,
+                                              KV_POLICY_STREAMING};
+    if (defaults && kv_policy_uses_budget(defaults->kind, g) &&
+        kv_policy_min_budget(defaults, g) > 0)
+        return (int)defaults->kind;
+    for (size_t i = 0; i < sizeof prefer / sizeof prefer[0]; i++) {
+        kv_policy_params_t p;
+        kv_policy_defaults(&p, prefer[i]);
+        if (kv_policy_uses_budget(p.kind, g) && kv_policy_min_budget(&p, g) > 0)
+            return (int)p.kind;
+    }
+    return -1;
+}
+
 static int ops_layered(const kv_policy_ops_t *ops, const kv_geometry_t *g) {
     return ops->layer_end && (!ops->layered_on || ops->layered_on(g));
 }

@@ -311,6 +311,13 @@ int kv_policy_plan_exact(kv_policy_kind_t kind);
  * 0 otherwise, when p fails on g, or out of memory. */
 int kv_policy_peak_exact(const kv_policy_params_t *p, const kv_geometry_t *g);
 
+/* The policy kv_policy "auto" means on geometry g (elastic budgets run it
+ * from its least budget up to 1): defaults' kind when its budget shapes
+ * g's cache and it runs on g, else the first of linear, heatkv, scalekv,
+ * streaming that does (with the papers' knobs); -1 when none does.
+ * defaults may be NULL. */
+int kv_policy_auto(const kv_policy_params_t *defaults, const kv_geometry_t *g);
+
 /* The least budget, on a 1e-4 grid, with which p (its knobs as they are)
  * passes kv_policy_check on g: the budget a smaller cache cannot go below.
  * 0 when the budget does not shape p's cache (full); -1 when p fails on g

@@ -308,12 +308,23 @@ static const bad_case_t bad_cases[] = {
     {"{\"prompt\":\"x\",\"top_p\":\"0.9\"}", 400, "top_p", "invalid_type", NULL},
     /* KV and streaming */
     {"{\"prompt\":\"x\",\"kv_policy\":\"lru\"}", 400, "kv_policy", "invalid_value",
-     "one of full, streaming, linear, headkv, heatkv, heatkv_binary, amskv, scalekv; got 'lru'"},
+     "one of full, streaming, linear, headkv, heatkv, heatkv_binary, amskv, scalekv, auto; got "
+     "'lru'"},
     {"{\"prompt\":\"x\",\"kv_policy\":\"FULL\"}", 400, "kv_policy", "invalid_value", NULL},
     {"{\"prompt\":\"x\",\"kv_policy\":1}", 400, "kv_policy", "invalid_type", NULL},
     {"{\"prompt\":\"x\",\"kv_budget\":0}", 400, "kv_budget", "invalid_value", "greater than 0"},
     {"{\"prompt\":\"x\",\"kv_budget\":1.5}", 400, "kv_budget", "invalid_value", NULL},
     {"{\"prompt\":\"x\",\"kv_budget\":\"0.5\"}", 400, "kv_budget", "invalid_type", NULL},
+    {"{\"prompt\":\"x\",\"kv_budget_min\":0}", 400, "kv_budget_min", "invalid_value",
+     "greater than 0"},
+    {"{\"prompt\":\"x\",\"kv_budget_min\":1.5}", 400, "kv_budget_min", "invalid_value", NULL},
+    {"{\"prompt\":\"x\",\"kv_budget_min\":\"0.5\"}", 400, "kv_budget_min", "invalid_type", NULL},
+    {"{\"prompt\":\"x\",\"kv_budget_min\":0.5}", 400, "kv_budget_min", "invalid_value",
+     "full takes no budget"},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"kv_budget\":0.5,\"kv_budget_min\":0.6}", 400,
+     "kv_budget_min", "invalid_value", "above the range's top, kv_budget 0.5"},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"auto\"}", 400, "kv_policy", "invalid_value",
+     "no compressed policy"},
     {"{\"prompt\":\"x\",\"stream\":\"true\"}", 400, "stream", "invalid_type", "boolean"},
     {"{\"prompt\":\"x\",\"stream\":1}", 400, "stream", "invalid_type", NULL},
     {"{\"prompt\":\"x\",\"partial_images\":4}", 400, "partial_images", "invalid_value",
@@ -1156,8 +1167,46 @@ static void test_base64_round_trips(void) {
     }
 }
 
+/* A budget range: kv_budget_min below kv_budget, or below the policy's
+ * own budget when kv_budget is not given; kv_policy auto is the model's
+ * compressed policy from its least budget (the scheduler's to find) to 1. */
+static void test_budget_range(void) {
+    api_image_request_t r;
+    api_error_t err;
+    const char *body =
+        "{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"kv_budget\":0.75,\"kv_budget_min\":0.25}";
+    CHECK_MSG(parse_exact(body, strlen(body), &test_limits, &r, &err) == AR_OK, "%s", err.message);
+    CHECK(r.kv_policy.kind == KV_POLICY_LINEAR && r.kv_policy.budget == 0.75 &&
+          r.kv_budget_min == 0.25 && !r.kv_auto);
+    api_image_request_free(&r);
+    body = "{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"kv_budget_min\":0.125}";
+    CHECK_MSG(parse_exact(body, strlen(body), &test_limits, &r, &err) == AR_OK, "%s", err.message);
+    CHECK(r.kv_budget_min == 0.125 &&
+          r.kv_policy.budget == kv_policy_default_budget(KV_POLICY_LINEAR));
+    api_image_request_free(&r);
+    body = "{\"prompt\":\"x\",\"kv_policy\":\"linear\"}";
+    CHECK(parse_exact(body, strlen(body), &test_limits, &r, &err) == AR_OK && r.kv_budget_min == 0);
+    api_image_request_free(&r);
+    api_limits_t lim = test_limits;
+    lim.kv_auto = KV_POLICY_LINEAR;
+    body = "{\"prompt\":\"x\",\"kv_policy\":\"auto\"}";
+    CHECK_MSG(parse_exact(body, strlen(body), &lim, &r, &err) == AR_OK, "%s", err.message);
+    CHECK(r.kv_auto && r.kv_policy.kind == KV_POLICY_LINEAR && r.kv_policy.budget == 1 &&
+          r.kv_budget_min == API_BUDGET_LEAST);
+    api_image_request_free(&r);
+    body = "{\"prompt\":\"x\",\"kv_policy\":\"auto\",\"kv_budget\":0.5,\"kv_budget_min\":0.3}";
+    CHECK_MSG(parse_exact(body, strlen(body), &lim, &r, &err) == AR_OK, "%s", err.message);
+    CHECK(r.kv_policy.budget == 0.5 && r.kv_budget_min == 0.3);
+    api_image_request_free(&r);
+    /* auto's knobs are linear's. */
+    body = "{\"prompt\":\"x\",\"kv_policy\":\"auto\",\"sink_tokens\":2}";
+    CHECK(parse_exact(body, strlen(body), &lim, &r, &err) == AR_ERR &&
+          strcmp(err.param, "sink_tokens") == 0);
+}
+
 int main(void) {
     TEST_RUN(test_minimal_request_gets_defaults);
+    TEST_RUN(test_budget_range);
     TEST_RUN(test_full_request_sets_every_field);
     TEST_RUN(test_null_means_not_given);
     TEST_RUN(test_size_auto_is_first_size);

@@ -758,7 +758,10 @@ static void run_scheduler_trace(const trace_t *tr, long long *iterations, long l
                                   .params = model.cfg.sampling,
                                   .seed = 77 + (uint64_t)submitted,
                                   .kv_policy = j->pol,
+                                  .kv_budget_min = j->lo,
                                   .timeout_s = 120};
+            if (j->lo > 0)
+                rq.kv_policy.budget = j->hi;
             sched_refusal_info_t why;
             jobs[submitted] = sched_submit(s, &rq, &why);
             CHECK_MSG(jobs[submitted] != NULL, "job %d: %s", submitted, why.message);
@@ -786,6 +789,12 @@ static void run_scheduler_trace(const trace_t *tr, long long *iterations, long l
             CHECK_MSG(o == SCHED_DONE, "job %d (%s, n=%d) ended as %d: %s", k,
                       kv_policy_name(tr->jobs[k].pol.kind), tr->jobs[k].n_images, (int)o,
                       snap.message);
+        /* A range ran at a budget of its range. */
+        if (o == SCHED_DONE && tr->jobs[k].lo > 0)
+            CHECK_MSG(snap.kv_policy.budget >= tr->jobs[k].lo &&
+                          snap.kv_policy.budget <= tr->jobs[k].hi,
+                      "job %d ran at budget %g, outside [%g, %g]", k, snap.kv_policy.budget,
+                      tr->jobs[k].lo, tr->jobs[k].hi);
         sched_job_release(jobs[k]);
     }
     CHECK_MSG(submitted == tr->n, "%d of %d jobs submitted", submitted, tr->n);
