@@ -817,20 +817,24 @@ static int plan_range(const scheduler_t *s, const sched_request_t *req, planner_
     }
     /* A policy that fails at every budget fails at the top, with its reason. */
     *lo = req->kv_budget_min > 0 ? req->kv_budget_min : least > 0 ? least : hi;
-    if (least > 0 && hi < least) {
+    /* least is on a 1e-4 grid (rounded up): the policy's own check says
+     * whether a budget just below it (1/6 < 0.1667) still holds its knobs. */
+    kv_policy_params_t q = *p;
+    if (least > 0 && kv_policy_check(p, &g, NULL, NULL) != AR_OK) {
         why->field = "budget";
         snprintf(why->message, sizeof why->message,
-                 "kv_budget %.4g is below %.4g, the least budget %s takes on this request (its "
+                 "kv_budget %.4g is below the least budget %s takes on this request, %.4g (its "
                  "knobs and prompt)",
-                 hi, least, kv_policy_name(p->kind));
+                 hi, kv_policy_name(p->kind), least);
         return AR_ERR;
     }
-    if (least > 0 && *lo < least) {
+    q.budget = *lo;
+    if (least > 0 && kv_policy_check(&q, &g, NULL, NULL) != AR_OK) {
         why->field = "budget_min";
         snprintf(why->message, sizeof why->message,
-                 "kv_budget_min %.4g is below %.4g, the least budget %s takes on this request "
+                 "kv_budget_min %.4g is below the least budget %s takes on this request, %.4g "
                  "(its knobs and prompt)",
-                 *lo, least, kv_policy_name(p->kind));
+                 *lo, kv_policy_name(p->kind), least);
         return AR_ERR;
     }
     if (*lo > hi) {
@@ -1072,7 +1076,7 @@ static void register_metrics(scheduler_t *s, metrics_t *m) {
                                   "Images accepted into the queue, by KV policy (the policy mix).",
                                   1, policy);
     s->m_kv_budget = metrics_histogram(
-        m, "arserve_kv_budget_admitted",
+        m, "arserve_kv_admitted_budget_ratio",
         "KV budget requests were admitted at, by KV policy (1 for full): with a budget range "
         "(kv_budget_min), the largest of it that fitted the pool at admission.",
         1, policy, BUDGET_BUCKETS, NB(BUDGET_BUCKETS));

@@ -27,9 +27,11 @@ def need(binary):
 @pytest.fixture(scope="module")
 def busy_daemon(tiny_daemon):
     """The tiny daemon after traffic that fills every kind of series:
-    images, a stream, errors, a 404, a 405."""
+    images, a budget range, a stream, errors, a 404, a 405."""
     c = tiny_daemon.client
     assert c.post(GEN, json={"prompt": "a red circle", "n": 2}).status_code == 200
+    assert c.post(GEN, json={"prompt": "a red circle", "kv_policy": "linear", "kv_budget": 1,
+                             "kv_budget_min": 0.5}).status_code == 200
     with c.stream("POST", GEN, json={"prompt": "a red circle", "stream": True,
                                      "partial_images": 1}) as r:
         r.read()
@@ -78,6 +80,8 @@ def test_metrics_names_and_types(busy_daemon):
         "arserve_requests_cancelled_total": "counter",
         "arserve_build_info": "gauge",
         "arserve_backend_healthy": "gauge",
+        "arserve_kv_admitted_budget_ratio": "histogram",
+        "arserve_kv_budget_below_max_total": "counter",
     }
     missing = {n: k for n, k in want.items() if types.get(n) != k}
     assert not missing, f"missing or mistyped: {missing}\n{text}"
@@ -89,6 +93,10 @@ def test_metrics_names_and_types(busy_daemon):
     assert 'backend="cpu"' in text and 'model="tiny-random"' in text
     assert "\narserve_backend_healthy 1\n" in text  # the CPU backend never dies
     assert 'arserve_images_admitted_total{policy="full"}' in text
+    # Budgets by policy: full counts as the whole cache; the range ran at its top (idle).
+    assert 'arserve_kv_admitted_budget_ratio_bucket{policy="full",le="0.9"} 0\n' in text
+    assert 'arserve_kv_admitted_budget_ratio_bucket{policy="linear",le="0.9"} 0\n' in text
+    assert 'arserve_kv_admitted_budget_ratio_count{policy="linear"} 1\n' in text
 
 
 def test_prometheus_scrapes_daemon_target_up(busy_daemon, tmp_path):

@@ -70,7 +70,10 @@ def test_stream_progress_partials_and_completed(slow_daemon, slow_info):
     done = [p["steps_done"] for p in progress]
     assert done == sorted(done) and len(set(done)) == len(done), done
     assert all(p["steps_total"] == slow_info["steps"] for p in progress)
-    assert all(0 < p["steps_done"] <= slow_info["steps"] for p in progress)
+    # The first, once admitted and before any step, says the budget it runs at.
+    assert progress[0]["steps_done"] == 0 and progress[0]["kv_cache"] == {"policy": "full"}, \
+        progress[0]
+    assert all(0 < p["steps_done"] <= slow_info["steps"] for p in progress[1:])
     assert all(p["image_index"] == 0 for p in progress)
 
     partials = [d for e, d in events if e == "image_generation.partial_image"]
