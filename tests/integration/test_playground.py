@@ -267,7 +267,9 @@ def test_compare_mode_shows_two_images_and_their_psnr(browser, start_daemon, tmp
     wait_for(browser, "!document.getElementById('psnr').hidden", scaled(120), "the PSNR")
     a, b = final_png(browser, "a"), final_png(browser, "b")
     assert png_size(a) == png_size(b) == (card["width"], card["height"])
-    assert text(browser, "caption-a") == "full" and text(browser, "caption-b") == "linear"
+    # Each caption says the budget the server admitted the request at.
+    assert text(browser, "caption-a") == "full"
+    assert text(browser, "caption-b") == "linear at budget 0.5"
     shown = float(browser.find_element("id", "psnr").get_attribute("data-db"))
     mse = np.mean((rgb(a) - rgb(b)) ** 2)
     want = math.inf if mse == 0 else 10 * math.log10(255 ** 2 / mse)
@@ -281,6 +283,32 @@ def test_compare_mode_shows_two_images_and_their_psnr(browser, start_daemon, tmp
     out = os.environ.get("ARSERVE_SCREENSHOT")
     if out:
         shutil.copyfile(path, out)
+
+
+def test_budget_range_shows_the_budget_it_got(browser, start_daemon):
+    """A budget range from the form: the caption (from the stream's first
+    progress event) and the figures say the budget the request ran at, the
+    range's top on an idle server, and the range."""
+    from selenium.webdriver.support.ui import Select
+    d = start_daemon(SHAPES_MODEL)
+    open_page(browser, d)
+    wait_for(browser, "!document.getElementById('form').hidden", scaled(15), "the form")
+    browser.find_element("id", "prompt").send_keys("a red circle")
+    Select(browser.find_element("id", "policy")).select_by_value("linear")
+    budget, low = browser.find_element("id", "budget"), browser.find_element("id", "budget-min")
+    assert low.is_enabled() and low.get_attribute("value") == ""
+    budget.clear()
+    budget.send_keys("1")
+    low.send_keys("0.5")
+    browser.find_element("id", "generate").click()
+    wait_for(browser, "document.getElementById('image-a').dataset.final", scaled(90),
+             "the final image")
+    assert text(browser, "caption-a") == "linear at budget 1"
+    assert "KV budget1 (range 0.5–1)" in text(browser, "stats-a"), text(browser, "stats-a")
+    assert browser.find_element("id", "stats-a").get_attribute("data-budget") == "1"
+    # full takes no budget: no range either.
+    Select(browser.find_element("id", "policy")).select_by_value("full")
+    assert not low.is_enabled()
 
 
 def test_wrong_api_key_shows_the_servers_message(browser, start_daemon):
