@@ -893,6 +893,8 @@ static int add_knobs(cJSON *o, const kv_policy_params_t *p) {
 static int add_kv_policies(cJSON *o, const api_limits_t *lim, const api_model_card_t *card) {
     const kv_policy_kind_t def = lim->kv_defaults ? lim->kv_defaults->kind : KV_POLICY_FULL;
     int ok = add_str(o, "kv_policy", kv_policy_name(def));
+    if (lim->kv_auto > KV_POLICY_FULL && lim->kv_auto < KV_POLICY_COUNT)
+        ok &= add_str(o, "kv_policy_auto", kv_policy_name((kv_policy_kind_t)lim->kv_auto));
     cJSON *arr = cJSON_AddArrayToObject(o, "kv_policies");
     ok &= arr != NULL;
     for (int k = 0; ok && k < KV_POLICY_COUNT; k++) {

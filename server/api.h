@@ -222,6 +222,7 @@ typedef struct api_model_card {
  *     "sampling": {"guidance_scale", "temperature", "top_k", "top_p"},
  *     "limits": {"max_n", "max_partial_images", "max_prompt_bytes"},
  *     "kv_policy": the server's default policy,
+ *     "kv_policy_auto": what kv_policy "auto" runs (absent when nothing),
  *     "kv_policies": [{"name": "full", "knobs": []},
  *                     {"name": "linear", "budget": 0.1667, "min_budget": 0.25,
  *                      "knobs": [{"name": "anchor_lines", "type": "integer", "min": 0,

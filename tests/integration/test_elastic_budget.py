@@ -125,6 +125,8 @@ def test_bad_ranges_are_400s_naming_the_field(tiny_daemon, body, param, words):
 
 
 def test_auto_is_the_models_compressed_policy_from_its_least_budget_to_full(tiny_daemon):
+    card = tiny_daemon.client.get("/v1/models").json()["data"][0]["arserve"]
+    assert card["kv_policy_auto"] == "linear", card
     r = tiny_daemon.client.post(GEN, json={"prompt": "a red circle", "kv_policy": "auto"})
     assert r.status_code == 200, r.text[:300]
     kv = r.json()["kv_cache"]
