@@ -2,9 +2,13 @@
 
 1. `arserve bench --profile` fits this machine's cost table for the model;
 2. a daemon serves the model with a small KV pool, and `arserve bench` sweeps
-   Poisson request rates for the full cache and for a compressed policy, the
-   same pool for both: the throughput-latency curve of each, and the rate at
-   which p99 end-to-end latency passes the SLO;
+   Poisson request rates for the full cache, for a compressed policy at a
+   fixed budget and for an elastic budget range (kv_budget_min: admitted at
+   the largest budget that fits the pool), the same pool for all: the
+   throughput-latency curve of each, goodput at the SLO, the mean budget
+   requests were admitted at (from the daemon's
+   arserve_kv_admitted_budget_ratio histogram, scraped around each rate), and
+   the rate at which p99 end-to-end latency passes the SLO;
 3. one measured run's per-request trace is replayed through `arserve simulate`
    with the fitted cost table and the daemon's settings: the simulator's error
    on throughput, mean and p99 latency and mean queue wait;
@@ -56,6 +60,19 @@ def rows(path):
                 for r in csv.DictReader(f)]
 
 
+def budget_sums(url, policy):
+    """(sum, count) of arserve_kv_admitted_budget_ratio for policy, from /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    got = [0.0, 0.0]
+    for line in text.splitlines():
+        for i, part in enumerate(("_sum", "_count")):
+            head = f'arserve_kv_admitted_budget_ratio{part}{{policy="{policy}"}} '
+            if line.startswith(head):
+                got[i] = float(line[len(head):])
+    return got
+
+
 def slo_crossing(rs, slo_ms):
     """The request rate at which p99 end-to-end latency passes slo_ms, interpolated
     linearly between the two sweep points around it (None if it never does, or
@@ -81,6 +98,9 @@ def main():
     ap.add_argument("--slo-ms", type=float, default=3000, help="the p99 end-to-end SLO")
     ap.add_argument("--compressed", default='{"kv_policy": "linear", "kv_budget": 0.25}',
                     help="the compressed policy's request fields (JSON)")
+    ap.add_argument("--elastic", default='{"kv_policy": "linear", "kv_budget": 1, '
+                    '"kv_budget_min": 0.25}',
+                    help="the elastic range's request fields (JSON); empty: no elastic run")
     ap.add_argument("--validate-rate", default=None,
                     help="the compressed run replayed through the simulator (default: the "
                     "sweep's middle rate)")
@@ -91,6 +111,9 @@ def main():
          "--max-batch", "16", "--out", costs])
 
     policies = {"full": {"kv_policy": "full"}, "compressed": json.loads(a.compressed)}
+    if a.elastic:
+        policies["elastic"] = json.loads(a.elastic)
+    budgets = {}  # (policy, rate) -> the mean budget requests were admitted at
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     daemon_flags = ["--kv-pool-mb", str(a.pool_mb), "--max-running", "64", "--max-waiting",
@@ -106,22 +129,32 @@ def main():
             d = os.path.join(a.out, name)
             if os.path.exists(os.path.join(d, "results.csv")):
                 os.remove(os.path.join(d, "results.csv"))
-            run([a.arserve, "bench", "--url", url, "--mix", mix, "--rates", a.rates, "-n",
-                 str(a.n), "--seed", "1", "--goodput-e2el-ms", str(a.slo_ms), "--out", d,
-                 "--no-progress"])
+            # One rate at a time (results.csv gains a row each), so the
+            # daemon's budget histogram can be read around each.
+            kind = fields.get("kv_policy", "full")
+            for rate in a.rates.split(","):
+                before = budget_sums(url, kind)
+                run([a.arserve, "bench", "--url", url, "--mix", mix, "--rates", rate, "-n",
+                     str(a.n), "--seed", "1", "--goodput-e2el-ms", str(a.slo_ms), "--out", d,
+                     "--no-progress"])
+                after = budget_sums(url, kind)
+                n = after[1] - before[1]
+                budgets[(name, float(rate))] = (after[0] - before[0]) / n if n else float("nan")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
 
     curves = {name: rows(os.path.join(a.out, name, "results.csv")) for name in policies}
     print(f"\nKV pool {a.pool_mb} MiB, {a.threads} thread(s); p99 SLO {a.slo_ms:g} ms")
-    print(f"{'policy':<12}{'rate':>6}{'req/s':>8}{'images/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
-          f"{'queue ms':>10}{'running':>9}")
+    print(f"{'policy':<12}{'rate':>6}{'req/s':>8}{'goodput':>9}{'images/s':>10}{'p50 ms':>9}"
+          f"{'p99 ms':>9}{'queue ms':>10}{'running':>9}{'budget':>8}")
     for name, rs in curves.items():
         for r in rs:
+            b = budgets.get((name, r["request_rate"]), float("nan"))
             print(f"{name:<12}{r['request_rate']:>6g}{r['request_throughput']:>8.2f}"
+                  f"{r['request_goodput']:>9.2f}"
                   f"{r['images_per_s']:>10.2f}{r['median_e2el_ms']:>9.0f}{r['p99_e2el_ms']:>9.0f}"
-                  f"{r['mean_queue_ms']:>10.0f}{r['kv_pool.max_running']:>9g}")
+                  f"{r['mean_queue_ms']:>10.0f}{r['kv_pool.max_running']:>9g}{b:>8.3f}")
         x = slo_crossing(rs, a.slo_ms)
         print(f"{name}: p99 passes {a.slo_ms:g} ms at "
               + (f"{x:.2f} requests/s" if x else "no rate of the sweep"))
@@ -147,7 +180,7 @@ def main():
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     for name, rs in curves.items():
-        label = "full cache" if name == "full" else a.compressed
+        label = {"full": "full cache", "compressed": a.compressed}.get(name, a.elastic)
         ax[0].plot([r["request_rate"] for r in rs], [r["images_per_s"] for r in rs], "o-",
                    label=label)
         ax[1].plot([r["images_per_s"] for r in rs], [r["p99_e2el_ms"] / 1e3 for r in rs], "o-",

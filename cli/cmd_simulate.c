@@ -41,8 +41,12 @@ typedef struct sim_job {
     int n_images;
     int step; /* steps done */
     kv_geometry_t g;
-    planner_plan_t plan;
-    size_t *kv_bytes; /* the plan times n_images */
+    planner_plan_t plan; /* with a budget range, the admitted level's (the floor's before) */
+    size_t *kv_bytes;    /* the plan times n_images */
+    /* A budget range (kv_budget_min): its levels, as the daemon plans them
+     * (sched_plan_range); level_kv[l] is level l's plan times n_images. */
+    planner_levels_t lv;
+    size_t *level_kv[PLANNER_MAX_LEVELS];
     double t_admitted, t_last_step;
 } sim_job_t;
 
@@ -77,6 +81,10 @@ typedef struct sim {
     int next_open;    /* open loop: the next request to arrive */
     int next_closed;  /* closed loop: the next request a client takes */
     double *client_ready;
+    /* Budget ranges admitted in this run: their budgets summed, how many,
+     * how many below their top. */
+    double budget_sum;
+    int budget_n, budget_below;
 } sim_t;
 
 static int sim_start(void *ctx, void *work, ar_error_t *err) {
@@ -108,6 +116,9 @@ static void job_free(sim_job_t *j) {
         return;
     planner_plan_free(&j->plan);
     free(j->kv_bytes);
+    for (int l = 0; l < j->lv.n; l++)
+        free(j->level_kv[l]);
+    planner_levels_free(&j->lv);
     free(j);
 }
 
@@ -150,8 +161,21 @@ static void arrive(sim_t *x, int i, double t, int client) {
                                                             : x->prompt_tokens;
     ar_error_t err = {{0}};
     sched_refusal_info_t why = {.reason = SCHED_REFUSED_INVALID_POLICY};
-    if (!j || planner_plan_dtype(&j->plan, x->cfg, &req.kv_policy, n_prompt, x->block_tokens, x->dt,
-                                 &why.field, &err) != AR_OK) {
+    double lo = 0;
+    if (j && req.kv_budget_min != 0) {
+        const double min = req.kv_budget_min < 0 ? SCHED_BUDGET_LEAST : req.kv_budget_min;
+        if (sched_plan_range(x->cfg, &req.kv_policy, min, n_prompt, x->block_tokens, x->dt, &j->lv,
+                             &lo, &why) != AR_OK) {
+            refuse_as_daemon(x, rec, &why, req.n, t);
+            api_image_request_free(&req);
+            free(j);
+            return;
+        }
+        /* The floor's plan is the job's until it is admitted. */
+        j->plan = j->lv.plans[j->lv.n - 1];
+        j->lv.plans[j->lv.n - 1] = (planner_plan_t){0};
+    } else if (!j || planner_plan_dtype(&j->plan, x->cfg, &req.kv_policy, n_prompt, x->block_tokens,
+                                        x->dt, &why.field, &err) != AR_OK) {
         if (!j)
             why.reason = SCHED_REFUSED_NO_MEMORY;
         snprintf(why.message, sizeof why.message, "%.*s", (int)sizeof why.message - 1, err.msg);
@@ -172,6 +196,16 @@ static void arrive(sim_t *x, int i, double t, int client) {
     }
     for (int s = 0; s < j->plan.steps; s++)
         j->kv_bytes[s] = j->plan.bytes[s] * (size_t)j->n_images;
+    for (int l = 0; l < j->lv.n; l++) {
+        const planner_plan_t *p = l == j->lv.n - 1 ? &j->plan : &j->lv.plans[l];
+        if (!(j->level_kv[l] = malloc((size_t)p->steps * sizeof *j->level_kv[l]))) {
+            refuse(rec, 500, "internal_error", t);
+            job_free(j);
+            return;
+        }
+        for (int s = 0; s < p->steps; s++)
+            j->level_kv[l][s] = p->bytes[s] * (size_t)j->n_images;
+    }
     replica_t *best = &x->r[0];
     for (int k = 1; k < x->n_replicas; k++)
         if (x->r[k].outstanding < best->outstanding)
@@ -183,6 +217,8 @@ static void arrive(sim_t *x, int i, double t, int client) {
     batcher_job_t bj = {.n_images = j->n_images,
                         .steps = j->plan.steps,
                         .kv_bytes = j->kv_bytes,
+                        .n_levels = j->lv.n,
+                        .level_kv_bytes = (const size_t *const *)j->level_kv,
                         .deadline = INFINITY,
                         .work = j};
     const batcher_refusal_t r = batcher_submit(best->b, &bj, NULL);
@@ -235,6 +271,17 @@ static void handle_events(sim_t *x, replica_t *r, double at) {
             sim_job_t *j = ev[e].work;
             bench_record_t *rec = &x->rec[j->rec];
             if (ev[e].type == BATCHER_ADMITTED) {
+                const int l = ev[e].level;
+                if (j->lv.n > 0 && l < j->lv.n - 1) { /* it runs at level l's plan */
+                    planner_plan_free(&j->plan);
+                    j->plan = j->lv.plans[l];
+                    j->lv.plans[l] = (planner_plan_t){0};
+                }
+                if (j->lv.n > 0) {
+                    x->budget_sum += j->lv.budgets[l];
+                    x->budget_n++;
+                    x->budget_below += l > 0;
+                }
                 j->t_admitted = at;
                 rec->queue_s = at - rec->scheduled;
                 continue;
@@ -303,6 +350,8 @@ static int sim_run(void *ctx, const load_spec_t *s, const char *label, double ra
     x->n = n;
     x->pool = pool;
     x->next_open = x->next_closed = 0;
+    x->budget_sum = 0;
+    x->budget_n = x->budget_below = 0;
     pool->capacity_bytes = (double)x->pool_bytes;
     free(x->client_ready);
     x->client_ready = calloc((size_t)s->concurrency, sizeof *x->client_ready);
@@ -357,6 +406,10 @@ static int sim_run(void *ctx, const load_spec_t *s, const char *label, double ra
         batcher_destroy(x->r[k].b);
         x->r[k].b = NULL;
     }
+    if (x->budget_n > 0)
+        printf("%s: %d requests with a budget range admitted at a mean budget of %.3f, %d below "
+               "their top\n",
+               label, x->budget_n, x->budget_sum / x->budget_n, x->budget_below);
     return rc;
 }
 
@@ -401,6 +454,9 @@ static void sim_setup(sim_t *x, const char *json, planner_kv_dtype_t dt, long lo
                                .codebook_size = cfg->image.codebook_size,
                                .num_classes = cfg->condition.num_classes,
                                .kv_defaults = &x->kv_defaults};
+    kv_geometry_t g; /* what kv_policy "auto" runs, as the daemon finds it */
+    model_geometry(cfg, 1, &g);
+    x->limits.kv_auto = kv_policy_auto(&x->kv_defaults, &g);
 }
 
 /* What is simulated, before the runs. */

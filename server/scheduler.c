@@ -799,14 +799,11 @@ static int job_set_levels(sched_job_t *j, const planner_levels_t *lv, double lo,
     return AR_OK;
 }
 
-/* A budget range's plans (req->kv_budget_min != 0): checks the range
- * against what the policy takes on this request, then plans its levels.
- * AR_ERR with why's field and message filled. */
-static int plan_range(const scheduler_t *s, const sched_request_t *req, planner_levels_t *lv,
-                      double *lo, sched_refusal_info_t *why) {
-    const kv_policy_params_t *p = &req->kv_policy;
+int sched_plan_range(const model_config_t *cfg, const kv_policy_params_t *p, double budget_min,
+                     int n_prompt, int block_tokens, planner_kv_dtype_t dt, planner_levels_t *lv,
+                     double *lo, sched_refusal_info_t *why) {
     kv_geometry_t g;
-    model_geometry(&s->model->cfg, req->n_prompt, &g);
+    model_geometry(cfg, n_prompt, &g);
     const double hi = p->budget, least = kv_policy_min_budget(p, &g);
     if (!kv_policy_uses_budget(p->kind, &g)) {
         why->field = "budget_min";
@@ -816,7 +813,7 @@ static int plan_range(const scheduler_t *s, const sched_request_t *req, planner_
         return AR_ERR;
     }
     /* A policy that fails at every budget fails at the top, with its reason. */
-    *lo = req->kv_budget_min > 0 ? req->kv_budget_min : least > 0 ? least : hi;
+    *lo = budget_min > 0 ? budget_min : least > 0 ? least : hi;
     /* least is on a 1e-4 grid (rounded up): the policy's own check says
      * whether a budget just below it (1/6 < 0.1667) still holds its knobs. */
     kv_policy_params_t q = *p;
@@ -844,9 +841,8 @@ static int plan_range(const scheduler_t *s, const sched_request_t *req, planner_
         return AR_ERR;
     }
     ar_error_t err = {{0}};
-    if (planner_plan_levels(lv, &s->model->cfg, p, *lo, hi, req->n_prompt,
-                            s->pool.blocks.block_tokens, planner_kv_same(s->pool.blocks.dtype),
-                            &why->field, &err) != AR_OK) {
+    if (planner_plan_levels(lv, cfg, p, *lo, hi, n_prompt, block_tokens, dt, &why->field, &err) !=
+        AR_OK) {
         snprintf(why->message, sizeof why->message, "%.*s", (int)sizeof why->message - 1, err.msg);
         return AR_ERR;
     }
@@ -872,7 +868,9 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
     double lo = 0;
     ar_error_t perr = {{0}};
     if (req->kv_budget_min != 0) {
-        if (plan_range(s, req, &lv, &lo, why) != AR_OK)
+        if (sched_plan_range(&s->model->cfg, &req->kv_policy, req->kv_budget_min, req->n_prompt,
+                             s->pool.blocks.block_tokens, planner_kv_same(s->pool.blocks.dtype),
+                             &lv, &lo, why) != AR_OK)
             return refuse(s, why, SCHED_REFUSED_INVALID_POLICY, "invalid_policy");
     } else if (planner_plan_dtype(&plan, &s->model->cfg, &req->kv_policy, req->n_prompt,
                                   s->pool.blocks.block_tokens,

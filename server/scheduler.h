@@ -13,6 +13,7 @@
 
 #include "engine/batcher.h"
 #include "engine/model.h"
+#include "engine/planner.h"
 #include "engine/policy/kv_policy.h"
 #include "engine/sampler.h"
 #include "server/metrics.h"
@@ -166,6 +167,16 @@ int sched_alive(scheduler_t *s);
  * after: ...", for /health and /ready. Cheap and safe from any thread; the
  * string lives as long as the scheduler. */
 const char *sched_backend_unusable(scheduler_t *s);
+
+/* A budget range's plans, as sched_submit makes them (the simulator too):
+ * checks the range [budget_min (SCHED_BUDGET_LEAST: the policy's least on
+ * this request), p->budget] against what p takes on a request of n_prompt
+ * tokens, then plans its levels (planner_plan_levels) into *lv, the floor
+ * into *lo. AR_ERR with why's field ("budget_min", "budget" or the
+ * policy's) and message filled. */
+int sched_plan_range(const model_config_t *cfg, const kv_policy_params_t *p, double budget_min,
+                     int n_prompt, int block_tokens, planner_kv_dtype_t dt, planner_levels_t *lv,
+                     double *lo, sched_refusal_info_t *why);
 
 /* Peak KV bytes of one image (its CFG pair) under policy p with a prompt of
  * n_prompt tokens; 0 when p does not suit the model. */

@@ -71,6 +71,21 @@ sim "five replicas of --max-running 1 take one each" \
 sim "a 1 MiB pool admits the second request of 4 images when the two trajectories fit: iteration 34" \
     'near(r["duration"], 0.98) and near(r["mean_queue_ms"], 170) and r["kv_pool"]["max_reserved_bytes"] <= 1048576' \
     --costs "$tmp/c.json" --arrival burst -n 2 --images 4 --kv-pool-mb 1
+# The same two with a budget range (LineAR from 1/2 up to 1, the whole
+# cache): the first, alone, runs at the top; the second starts two
+# iterations later at a lower budget whose trajectory fits beside the
+# first's (its floor, 4 of 8 lines, fits from there on), instead of waiting
+# for iteration 34: queued 0 and 20 ms.
+echo '{"prompt": "a red circle", "n": 4, "kv_policy": "linear", "kv_budget": 1, "kv_budget_min": 0.5}' \
+    >"$tmp/elastic.mix.jsonl"
+sim "a budget range starts the second of those two at iteration 2, below its top" \
+    'near(r["mean_queue_ms"], 10) and r["kv_pool"]["max_running"] == 2 and r["kv_pool"]["max_reserved_bytes"] <= 1048576' \
+    --costs "$tmp/c.json" --arrival burst -n 2 --kv-pool-mb 1 --mix "$tmp/elastic.mix.jsonl"
+if grep -q "run: 2 requests with a budget range admitted at a mean budget of 0\.[0-9]*, 1 below their top" "$tmp/log"; then
+    ok "simulate says the budgets the ranges were admitted at"
+else
+    fail "simulate says the budgets the ranges were admitted at" "$(grep budget "$tmp/log")"
+fi
 sim "a request of 7 images (1.1 MiB) is larger than the pool: 400 kv_pool_too_small" \
     'r["failed"] == {"400": 1} and q[0]["code"] == "kv_pool_too_small"' \
     --costs "$tmp/c.json" --arrival burst -n 1 --images 7 --kv-pool-mb 1
