@@ -528,13 +528,16 @@ static int parse_knob(const kv_policy_knob_t *k, const cJSON *v, api_image_reque
 
 /* A budget range (step 7 of api_parse_image_request): auto's defaults,
  * then the range's own checks. */
-static int check_budget_range(api_image_request_t *r, api_error_t *err) {
+static int check_budget_range(api_image_request_t *r, const api_limits_t *lim, api_error_t *err) {
     if (r->kv_auto) {
         if (r->kv.budget == 0)
             r->kv_policy.budget = 1;
         if (r->kv_budget_min == 0)
             r->kv_budget_min = API_BUDGET_LEAST;
     }
+    if (lim->kv_budget_min > 0 && r->kv_budget_min == 0 && !r->kv.has_kind && r->kv.budget == 0 &&
+        lim->kv_budget_min <= r->kv_policy.budget && r->kv_policy.kind != KV_POLICY_FULL)
+        r->kv_budget_min = lim->kv_budget_min; /* the daemon's default range */
     if (r->kv_budget_min <= 0)
         return AR_OK;
     if (r->kv_policy.kind == KV_POLICY_FULL)
@@ -717,7 +720,7 @@ int api_parse_image_request(const char *body, size_t len, const api_limits_t *li
         kv_policy_resolve(lim->kv_defaults, &out->kv, &out->kv_policy, &field, &kv_err) != AR_OK)
         rc = api_errorf(err, 400, field ? field : "kv_policy", "invalid_value", "%s", kv_err.msg);
     if (rc == AR_OK)
-        rc = check_budget_range(out, err);
+        rc = check_budget_range(out, lim, err);
     if (rc != AR_OK)
         api_image_request_free(out);
     return rc;

@@ -120,6 +120,11 @@ static const setting_t SETTINGS[] = {
      .help = "KV budget of requests without 'kv_budget', as a fraction of the full cache "
              "(0.25 or 1/4); 0: each policy's own",
      .help_list = kv_policy_budget_list},
+    {FIELD(kv_budget_min), .kind = KIND_REAL, .rlo = 0, .rhi = 1, .rdef = 0, .metavar = "B",
+     .help = "Elastic budgets: requests that give neither 'kv_policy', 'kv_budget' nor "
+             "'kv_budget_min' run kv_policy with a budget range from this up to kv_budget (or the "
+             "policy's own), admitted at the largest budget of it that fits the KV pool; 0: none "
+             "(docs/kv-policies.md)"},
     /* Each knob's default for requests of its policy that do not give it. */
     KV_POLICY_KNOBS(KNOB_SETTING)
         INT_SETTING(threads, 0, 1024, 0, "N",

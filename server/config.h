@@ -29,6 +29,10 @@ typedef struct server_config {
      * policy's own), every knob of KV_POLICY_KNOBS is a key of its own
      * name; kv.kind is not a setting (server_config_kv_defaults). */
     kv_policy_params_t kv;
+    /* The floor of the default policy's budget range (elastic budgets) for
+     * requests that give neither kv_policy, kv_budget nor kv_budget_min;
+     * 0: none, their budget is fixed. */
+    double kv_budget_min;
     int threads;       /* engine CPU threads, 0 = the cores less draw_threads */
     int draw_threads;  /* the image decoder's CPU threads */
     int png_workers;   /* PNG encoder threads */

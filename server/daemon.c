@@ -106,6 +106,28 @@ static int check_default_policy(const daemon_t *d, kv_policy_params_t *run) {
     return AR_ERR;
 }
 
+/* The default range's floor must be one the default policy runs at, at or
+ * below its budget (config kv_budget_min), for a typical prompt. */
+static int check_default_range(const daemon_t *d, const server_config_t *cfg,
+                               const kv_policy_params_t *run) {
+    if (cfg->kv_budget_min <= 0)
+        return AR_OK;
+    kv_geometry_t g;
+    model_geometry(&d->model.cfg, TYPICAL_PROMPT_TOKENS, &g);
+    kv_policy_params_t lo = *run;
+    lo.budget = cfg->kv_budget_min;
+    ar_error_t err = {{0}};
+    if (!kv_policy_uses_budget(run->kind, &g))
+        ar_errorf(&err, "kv_policy %s takes no budget on this model", kv_policy_name(run->kind));
+    else if (cfg->kv_budget_min > run->budget)
+        ar_errorf(&err, "above kv_budget %g, the range's top", run->budget);
+    else if (kv_policy_check(&lo, &g, NULL, &err) == AR_OK)
+        return AR_OK;
+    fprintf(stderr, "arserve serve: kv_budget_min %g does not suit model %s: %s\n",
+            cfg->kv_budget_min, d->model.cfg.name, err.msg);
+    return AR_ERR;
+}
+
 /* --threads 0: the cores this process may run on, less the drawing
  * thread's, so that the engine's team and the image decoder never take
  * turns on one core (measured on 2 cores: 1 engine thread beside the
@@ -226,7 +248,7 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
             d->model.weight_bytes / 1e6, clock_now_s() - t0);
     server_config_kv_defaults(cfg, &d->kv_defaults);
     kv_policy_params_t run;
-    if (check_default_policy(d, &run) != AR_OK)
+    if (check_default_policy(d, &run) != AR_OK || check_default_range(d, cfg, &run) != AR_OK)
         return 2;
     register_info_metrics(d, version, run.kind);
     dtype_t kv_dtype;
@@ -262,7 +284,8 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
                          .log_prompts = server_config_on(cfg->log_prompts),
                          .retry_after_s = cfg->retry_after_s,
                          .request_timeout_s = cfg->request_timeout_s,
-                         .kv_defaults = d->kv_defaults};
+                         .kv_defaults = d->kv_defaults,
+                         .kv_budget_min = cfg->kv_budget_min};
     if (!(d->http = http_start(&ho, &d->model, d->sched, d->metrics, &err))) {
         fprintf(stderr, "arserve serve: %s\n", err.msg);
         return 1;

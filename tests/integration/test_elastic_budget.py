@@ -17,12 +17,14 @@ some budget of about 0.6 or less (the first's remaining growth plus the
 second's LineAR cache stay within 1.6 images), so it starts at once, below
 its top, well before the first ends."""
 import json
+import subprocess
 import threading
 
 import httpx
 import pytest
 
-from conftest import HTTP_TIMEOUT, SLOW_MODEL, full_image_kv_bytes, scaled
+from conftest import (ARSERVE_BIN, HTTP_TIMEOUT, SLOW_MODEL, TINY_MODEL, clean_env,
+                      full_image_kv_bytes, scaled)
 
 GEN = "/v1/images/generations"
 RANGE = {"prompt": "a red circle", "kv_policy": "linear", "kv_budget": 1, "kv_budget_min": 1 / 6}
@@ -145,3 +147,23 @@ def test_auto_is_the_models_compressed_policy_from_its_least_budget_to_full(tiny
     r = tiny_daemon.client.post(GEN, json={"prompt": "a red circle", "kv_policy": "linear",
                                            "kv_budget_min": least})
     assert r.status_code == 400 and r.json()["error"]["param"] == "kv_budget_min", r.text
+
+
+def test_config_gives_the_default_policy_a_range(start_daemon):
+    d = start_daemon(args=("--kv-policy", "linear", "--kv-budget", "1", "--kv-budget-min", "0.5"))
+    r = d.client.post(GEN, json={"prompt": "a red circle"})
+    assert r.status_code == 200, r.text[:300]
+    kv = r.json()["kv_cache"]
+    assert kv["policy"] == "linear" and kv["budget"] == 1 and kv["budget_range"] == [0.5, 1], kv
+    # A request that sets its own budget (or policy) has no range unless it asks.
+    kv = d.client.post(GEN, json={"prompt": "a red circle", "kv_budget": 0.75}).json()["kv_cache"]
+    assert kv["budget"] == 0.75 and "budget_range" not in kv, kv
+
+
+def test_config_floor_the_policy_cannot_run_at_stops_start_up(tmp_path):
+    p = subprocess.run([ARSERVE_BIN, "serve", "--model", TINY_MODEL, "--port", "0",
+                        "--kv-policy", "linear", "--kv-budget", "1", "--kv-budget-min", "0.1"],
+                       capture_output=True, text=True, env=clean_env(), cwd=tmp_path,
+                       timeout=scaled(60))
+    assert p.returncode == 2, p.stderr
+    assert "kv_budget_min 0.1 does not suit model" in p.stderr, p.stderr

@@ -536,8 +536,8 @@ static void test_usage_lists_every_setting(void) {
         CHECK_STR_CONTAINS(text, env);
     }
     /* Every setting but api_key_file, left out of the JSON form when empty:
-     * ... kv_policy, kv_budget and every knob. */
-    CHECK(n == 28 + KV_POLICY_N_KNOBS);
+     * ... kv_policy, kv_budget, kv_budget_min and every knob. */
+    CHECK(n == 29 + KV_POLICY_N_KNOBS);
     CHECK_STR_CONTAINS(text, "--kv-pool-mb MIB");
     CHECK_STR_CONTAINS(text, "KV cache pool size in MiB. 1..1048576, default 1024.\n");
     CHECK_STR_CONTAINS(text, "error|warn|info|debug, default info.\n");
