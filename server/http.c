@@ -898,8 +898,8 @@ static enum MHD_Result submit_async(http_server_t *h, struct MHD_Connection *c, 
     } else { /* forgotten already: it ended and its retention passed */
         ret = fail(h, c, cx, 500, NULL, "internal_error", "the job was forgotten at once");
     }
-    sched_job_release(j);
     log_msg(LOG_DEBUG, "job %llu: async as %s", (unsigned long long)sched_job_id(j), id);
+    sched_job_release(j);
     return ret;
 }
 
