@@ -414,3 +414,10 @@ void batcher_stats(const batcher_t *b, batcher_stats_t *out) {
         .released_bytes = b->released,
     };
 }
+
+int batcher_waiting_position(const batcher_t *b, uint64_t id) {
+    for (int i = 0; i < b->w_count; i++)
+        if (b->waiting[(b->w_head + i) % b->w_cap].id == id)
+            return i;
+    return -1;
+}

@@ -184,6 +184,10 @@ typedef struct batcher_stats {
 
 void batcher_stats(const batcher_t *b, batcher_stats_t *out);
 
+/* Where job id stands in the waiting queue: 0 at its head (the next to be
+ * admitted), -1 when it is not waiting (running, or ended). O(waiting). */
+int batcher_waiting_position(const batcher_t *b, uint64_t id);
+
 /* A refusal or an end as words ("queue_full", "expired"), for logs and labels. */
 const char *batcher_refusal_name(batcher_refusal_t r);
 const char *batcher_end_name(batcher_end_t e);

@@ -466,6 +466,15 @@ static int parse_stream(const field_t *f, const cJSON *v, const api_limits_t *li
     return AR_OK;
 }
 
+static int parse_async(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                       api_image_request_t *r, api_error_t *err) {
+    if (!cJSON_IsBool(v))
+        return api_errorf(err, 400, f->name, "invalid_type", "async must be a boolean; got %s",
+                          json_type_name(v));
+    r->async = cJSON_IsTrue(v);
+    return AR_OK;
+}
+
 static double max_n_of(const api_limits_t *lim) { return lim->max_n; }
 static double codebook_of(const api_limits_t *lim) { return lim->codebook_size; }
 
@@ -497,6 +506,7 @@ static const field_t FIELDS[] = {
     NUMBER("kv_budget_min", 0, 1, 0, 1, NULL, NUM_DOUBLE, kv_budget_min, -1),
     {.name = "stream", .parse = parse_stream},
     NUMBER("partial_images", 1, 0, 0, API_MAX_PARTIAL_IMAGES, NULL, NUM_INT, partial_images, -1),
+    {.name = "async", .parse = parse_async},
 };
 #define N_FIELDS ((int)(sizeof FIELDS / sizeof FIELDS[0]))
 
@@ -699,6 +709,11 @@ int api_parse_image_request(const char *body, size_t len, const api_limits_t *li
         }
     }
     cJSON_Delete(root);
+    if (rc == AR_OK && out->stream && out->async)
+        rc = api_errorf(err, 400, "async", "invalid_value",
+                        "stream and async cannot both be true: a stream answers as the job "
+                        "runs, async answers at once with a job to poll at GET "
+                        "/v1/images/jobs/ID; choose one");
     if (rc == AR_OK && out->prompt && out->has_class)
         rc = api_errorf(err, 400, "class_label", "invalid_value",
                         "give class_label or a prompt naming a class, not both");
@@ -786,10 +801,8 @@ static int add_size(cJSON *o, int width, int height) {
     return add_str(o, "size", size);
 }
 
-char *api_error_json(const api_error_t *e) {
-    if (!e)
-        return NULL;
-    cJSON *root = cJSON_CreateObject();
+/* e as o's member "error": {"message", "type", "param", "code"}. */
+static int add_error(cJSON *root, const api_error_t *e) {
     cJSON *o = cJSON_AddObjectToObject(root, "error");
     int ok = o != NULL;
     if (o) {
@@ -800,7 +813,14 @@ char *api_error_json(const api_error_t *e) {
         ok &= (e->code[0] ? cJSON_AddStringToObject(o, "code", e->code)
                           : cJSON_AddNullToObject(o, "code")) != NULL;
     }
-    return print_and_delete(root, ok);
+    return ok;
+}
+
+char *api_error_json(const api_error_t *e) {
+    if (!e)
+        return NULL;
+    cJSON *root = cJSON_CreateObject();
+    return print_and_delete(root, root && add_error(root, e));
 }
 
 static int add_kv_report(cJSON *o, const api_kv_report_t *kv) {
@@ -835,12 +855,10 @@ static int add_timings(cJSON *o, const api_timings_t *t) {
     return ok;
 }
 
-char *api_images_response_json(long created, int n, const char *const *b64_pngs, int width,
-                               int height, int image_tokens, int prompt_tokens,
+/* The images response's members, added to root. */
+static int add_images_response(cJSON *root, long created, int n, const char *const *b64_pngs,
+                               int width, int height, int image_tokens, int prompt_tokens,
                                const api_kv_report_t *kv, const api_timings_t *timings) {
-    if (n < 0 || (n > 0 && !b64_pngs) || image_tokens < 0 || prompt_tokens < 0)
-        return NULL;
-    cJSON *root = cJSON_CreateObject();
     int ok = add_num(root, "created", (double)created);
     cJSON *data = cJSON_AddArrayToObject(root, "data");
     ok &= data != NULL;
@@ -860,6 +878,64 @@ char *api_images_response_json(long created, int n, const char *const *b64_pngs,
         ok &= add_kv_report(root, kv);
     if (timings)
         ok &= add_timings(root, timings);
+    return ok;
+}
+
+char *api_images_response_json(long created, int n, const char *const *b64_pngs, int width,
+                               int height, int image_tokens, int prompt_tokens,
+                               const api_kv_report_t *kv, const api_timings_t *timings) {
+    if (n < 0 || (n > 0 && !b64_pngs) || image_tokens < 0 || prompt_tokens < 0)
+        return NULL;
+    cJSON *root = cJSON_CreateObject();
+    return print_and_delete(root,
+                            root && add_images_response(root, created, n, b64_pngs, width, height,
+                                                        image_tokens, prompt_tokens, kv, timings));
+}
+
+/* A time member: T, or null for 0. */
+static int add_time(cJSON *o, const char *k, long t) {
+    return (t ? cJSON_AddNumberToObject(o, k, (double)t) : cJSON_AddNullToObject(o, k)) != NULL;
+}
+
+char *api_job_json(const api_job_report_t *j) {
+    const int done = j && j->status && !strcmp(j->status, "done");
+    if (!j || !j->id || !j->status || !j->poll_url ||
+        (done &&
+         (j->n < 0 || (j->n > 0 && !j->b64_pngs) || j->image_tokens < 0 || j->prompt_tokens < 0)))
+        return NULL;
+    cJSON *root = cJSON_CreateObject();
+    int ok = root && add_str(root, "id", j->id);
+    ok &= add_str(root, "object", "image.generation.job");
+    ok &= add_str(root, "status", j->status);
+    ok &= add_num(root, "created", (double)j->created);
+    ok &= add_time(root, "started", j->started);
+    ok &= add_time(root, "completed", j->completed);
+    ok &= add_num(root, "queue_position", j->queue_position);
+    cJSON *p = cJSON_AddObjectToObject(root, "progress");
+    ok &= p && add_num(p, "steps_done", j->steps_done) && add_num(p, "steps_total", j->steps_total);
+    ok &= add_str(root, "poll_url", j->poll_url);
+    if (done) {
+        cJSON *r = cJSON_AddObjectToObject(root, "result");
+        ok &= r && add_images_response(r, j->completed, j->n, j->b64_pngs, j->width, j->height,
+                                       j->image_tokens, j->prompt_tokens, j->kv, j->timings);
+    } else {
+        ok &= cJSON_AddNullToObject(root, "result") != NULL;
+    }
+    if (j->error)
+        ok &= add_error(root, j->error);
+    else
+        ok &= cJSON_AddNullToObject(root, "error") != NULL;
+    return print_and_delete(root, ok);
+}
+
+char *api_job_deleted_json(const char *id, const char *status, int deleted) {
+    if (!id || !status)
+        return NULL;
+    cJSON *root = cJSON_CreateObject();
+    int ok = root && add_str(root, "id", id);
+    ok &= add_str(root, "object", "image.generation.job");
+    ok &= add_str(root, "status", status);
+    ok &= cJSON_AddBoolToObject(root, "deleted", deleted) != NULL;
     return print_and_delete(root, ok);
 }
 

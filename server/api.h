@@ -88,11 +88,12 @@ typedef struct api_image_request {
     char *prompt; /* malloc'd, non-empty, <= max_prompt_bytes, valid UTF-8, no NUL;
                      NULL when a class-conditional request gives class_label */
     int has_class;
-    int class_label;    /* 0..num_classes-1: class_label as given, or its name looked up */
-    int n;              /* 1..max_n, default 1 */
-    int width, height;  /* one of the allowed sizes, default the first */
-    int want_b64;       /* always 1: "b64_json" is the only format served */
-    int stream;         /* default 0 */
+    int class_label;   /* 0..num_classes-1: class_label as given, or its name looked up */
+    int n;             /* 1..max_n, default 1 */
+    int width, height; /* one of the allowed sizes, default the first */
+    int want_b64;      /* always 1: "b64_json" is the only format served */
+    int stream;        /* default 0 */
+    int async; /* default 0; 1: answered at once (202) with a job to poll; never with stream */
     int partial_images; /* 0..API_MAX_PARTIAL_IMAGES, default 0; only meaningful with stream */
     int has_seed;
     uint64_t seed; /* 0..API_MAX_SEED */
@@ -204,6 +205,37 @@ typedef struct api_timings {
 char *api_images_response_json(long created, int n, const char *const *b64_pngs, int width,
                                int height, int image_tokens, int prompt_tokens,
                                const api_kv_report_t *kv, const api_timings_t *timings);
+
+/* An async job as GET /v1/images/jobs/ID (and the 202 that accepted it)
+ * shows it, after the job object of stable-diffusion.cpp's server
+ * (examples/server, GET /sdcpp/v1/jobs/{id}):
+ *   {"id": "job_...", "object": "image.generation.job",
+ *    "status": "queued" | "running" | "done" | "failed" | "cancelled" | "expired",
+ *    "created": T, "started": T or null, "completed": T or null (Unix seconds),
+ *    "queue_position": P (1 = next to start; 0 once not queued),
+ *    "progress": {"steps_done": d, "steps_total": t},
+ *    "poll_url": "/v1/images/jobs/job_...",
+ *    "result": null, or when done the synchronous response's object
+ *              (api_images_response_json: created, data, usage, kv_cache, ...),
+ *    "error": null, or the error object of api_error_json (its "error"
+ *             member) when failed, cancelled or expired}
+ * b64_pngs etc. are read only when status is "done" (n images). */
+typedef struct api_job_report {
+    const char *id, *status, *poll_url;
+    long created, started, completed; /* 0: null */
+    int queue_position, steps_done, steps_total;
+    const api_error_t *error; /* NULL: null */
+    /* The result, when done: */
+    int n;
+    const char *const *b64_pngs;
+    int width, height, image_tokens, prompt_tokens;
+    const api_kv_report_t *kv;
+    const api_timings_t *timings;
+} api_job_report_t;
+char *api_job_json(const api_job_report_t *job);
+/* DELETE's answer on an ended job: {"id", "object": "image.generation.job",
+ * "status", "deleted": deleted (0: another request forgot it first)}. */
+char *api_job_deleted_json(const char *id, const char *status, int deleted);
 
 /* What GET /v1/models tells of the served model beyond OpenAI's fields:
  * what a client needs to build a request form (the playground page does). */

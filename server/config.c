@@ -104,6 +104,12 @@ static const setting_t SETTINGS[] = {
                 "Deadline for one request, waiting included"),
     INT_SETTING(drain_timeout_s, 0, 3600, 30, "SECONDS",
                 "After SIGTERM or SIGINT, how long running requests may take to finish"),
+    INT_SETTING(async_max_jobs, 1, 65536, 256, "N",
+                "Async jobs (\"async\": true) kept at once, waiting, running or ended and not yet "
+                "forgotten; past it a new async job gets 429"),
+    INT_SETTING(async_retention_s, 1, 86400, 300, "SECONDS",
+                "How long an ended async job (its images or its error) is kept for GET "
+                "/v1/images/jobs/ID; then it is forgotten (404)"),
     INT_SETTING(max_body_bytes, 1024, 64 << 20, 1 << 20, "BYTES",
                 "Largest request body accepted; larger ones get 413"),
     INT_SETTING(max_n, 1, 64, 4, "N", "Most images one request may ask for ('n')"),

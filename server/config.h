@@ -20,6 +20,8 @@ typedef struct server_config {
     int max_waiting;         /* queued requests before 429 */
     int request_timeout_s;   /* per-request deadline */
     int drain_timeout_s;     /* grace for running requests after SIGTERM/SIGINT */
+    int async_max_jobs;      /* async jobs kept at once, pending or ended */
+    int async_retention_s;   /* how long an ended async job is kept */
     int max_body_bytes;      /* request bodies above this get 413 */
     int max_n;               /* most images per request */
     int kv_pool_mb;          /* KV cache pool, MiB */

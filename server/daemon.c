@@ -284,6 +284,8 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
                          .log_prompts = server_config_on(cfg->log_prompts),
                          .retry_after_s = cfg->retry_after_s,
                          .request_timeout_s = cfg->request_timeout_s,
+                         .async_max_jobs = cfg->async_max_jobs,
+                         .async_retention_s = cfg->async_retention_s,
                          .kv_defaults = d->kv_defaults,
                          .kv_budget_min = cfg->kv_budget_min};
     if (!(d->http = http_start(&ho, &d->model, d->sched, d->metrics, &err))) {

@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -21,6 +22,7 @@
 #include "base/clock.h"
 #include "server/api.h"
 #include "server/conn_guard.h"
+#include "server/job_store.h"
 #include "server/log.h"
 #include "server/playground.h"
 
@@ -40,6 +42,17 @@
 #define QUOTE_BYTES 96
 #define LOGGED_PROMPT_BYTES 200
 #define GENERATE_ROUTE "/v1/images/generations"
+/* GET (or DELETE) /v1/images/jobs/ID: the route's label is the pattern, so
+ * that ids never become metric labels. */
+#define JOBS_PREFIX "/v1/images/jobs/"
+#define JOBS_ROUTE "/v1/images/jobs/{id}"
+/* How long DELETE on a job that has not ended waits for it to end, so that
+ * its answer usually says "cancelled" (the engine ends it at its next
+ * iteration). */
+#define CANCEL_WAIT_S 1.0
+/* Defaults where http_options_t leaves the store's settings 0. */
+#define DEFAULT_ASYNC_MAX_JOBS 256
+#define DEFAULT_ASYNC_RETENTION_S 300.0
 
 _Static_assert(API_MAX_PARTIAL_IMAGES <= SCHED_MAX_PARTIALS,
                "the scheduler keeps every preview a request may ask for");
@@ -57,6 +70,8 @@ struct http_server {
     int width, height;
     atomic_int ready, inflight;
     metric_t *m_requests;
+    metric_t *m_jobs; /* arserve_async_jobs{state}, counted at each scrape */
+    job_store_t *jobs;
     conn_guard_t *guard;
     int any_host; /* no Host allow-list */
     int n_hosts;
@@ -97,6 +112,8 @@ typedef struct conn {
     int closed;          /* answered and shut by answer_and_close: end the connection */
     atomic_size_t bytes; /* response bytes written */
     char *prompt;        /* the prompt as logged (--log-prompts), or NULL */
+    char job_id[JOB_STORE_ID_LEN + 1]; /* JOBS_ROUTE: the id in the path, "" if malformed */
+    char location[64];                 /* a Location header to answer with, "" for none */
 } conn_t;
 
 /* What a streaming response's reader needs. */
@@ -211,8 +228,12 @@ static enum MHD_Result send_buf(http_server_t *h, struct MHD_Connection *c, conn
         snprintf(ra, sizeof ra, "%d", h->opt.retry_after_s);
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
     }
+    if (cx->location[0])
+        MHD_add_response_header(r, MHD_HTTP_HEADER_LOCATION, cx->location);
     if (code == 405) {
-        const char *allow = strcmp(cx->route, GENERATE_ROUTE) ? "GET" : "POST";
+        const char *allow = !strcmp(cx->route, GENERATE_ROUTE) ? "POST"
+                            : !strcmp(cx->route, JOBS_ROUTE)   ? "GET, HEAD, DELETE"
+                                                               : "GET";
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     }
     if (code == 401)
@@ -688,6 +709,9 @@ static char *quoted_prompt(const char *prompt) {
     return out;
 }
 
+static enum MHD_Result submit_async(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
+                                    const sched_request_t *rq);
+
 static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *c, conn_t *cx) {
     api_image_request_t req;
     api_error_t e;
@@ -722,6 +746,10 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
                           .partial_images = req.stream ? req.partial_images : 0,
                           .timeout_s = h->opt.request_timeout_s};
     api_image_request_sampler_params(&req, &h->model->cfg.sampling, &rq.params);
+    if (req.async) {
+        ret = submit_async(h, c, cx, &rq);
+        goto out;
+    }
     sched_refusal_info_t why;
     sched_job_t *j = sched_submit(h->sched, &rq, &why);
     if (!j) {
@@ -748,6 +776,201 @@ out:
     free(uncond);
     api_image_request_free(&req);
     return ret;
+}
+
+/* ---- async jobs ---- */
+
+/* The store's view of a scheduler job. */
+static double store_ended_at(void *job) { return sched_job_ended_at(job); }
+static void store_retain(void *job) { sched_job_retain(job); }
+static void store_release(void *job) { sched_job_release(job); }
+static const job_store_ops_t STORE_OPS = {
+    .ended_at = store_ended_at, .retain = store_retain, .release = store_release};
+
+/* A job's status as GET /v1/images/jobs/ID says it (api_job_report_t). */
+static const char *job_status(const sched_snapshot_t *snap) {
+    switch (snap->outcome) {
+    case SCHED_PENDING:
+        return snap->started ? "running" : "queued";
+    case SCHED_DONE:
+        return "done";
+    case SCHED_CANCELLED:
+        return "cancelled";
+    case SCHED_EXPIRED:
+        return "expired";
+    default: /* failed, or the server stopped first */
+        return "failed";
+    }
+}
+
+/* Answers with the job's object (api_job_json): status code (200, or 202
+ * when it was just made), its images when it is done. */
+static enum MHD_Result respond_job(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
+                                   const job_store_entry_t *e, int code) {
+    sched_job_t *j = e->job;
+    /* The queue position first: a job admitted in between then reads as
+     * running, never as queued at 0. */
+    const int position = sched_job_queue_position(h->sched, j);
+    sched_snapshot_t snap;
+    sched_job_snapshot(j, &snap);
+    const double ended = sched_job_ended_at(j);
+    char poll_url[sizeof JOBS_PREFIX + JOB_STORE_ID_LEN];
+    snprintf(poll_url, sizeof poll_url, JOBS_PREFIX "%s", e->id);
+    api_job_report_t r = {.id = e->id,
+                          .status = job_status(&snap),
+                          .poll_url = poll_url,
+                          .created = e->created,
+                          .steps_done = snap.steps_done,
+                          .steps_total = snap.steps_total};
+    if (snap.started)
+        r.started = e->created + lround(snap.queue_s);
+    if (ended > 0)
+        r.completed = e->created + lround(ended - e->created_at);
+    if (!strcmp(r.status, "queued"))
+        r.queue_position = position > 0 ? position : 1; /* 0: being admitted now */
+    api_error_t err;
+    if (snap.outcome != SCHED_PENDING && snap.outcome != SCHED_DONE) {
+        outcome_error(&snap, &err);
+        r.error = &err;
+    }
+    char **b64 = NULL;
+    api_kv_report_t kv;
+    api_timings_t timings;
+    int ok = 1;
+    if (snap.outcome == SCHED_DONE) {
+        ok = (b64 = calloc((size_t)snap.n_images, sizeof *b64)) != NULL;
+        for (int i = 0; ok && i < snap.n_images; i++)
+            ok = (b64[i] = png_b64(j, -1, i)) != NULL;
+        job_report(&snap, &kv, &timings);
+        r.n = snap.n_images;
+        r.b64_pngs = (const char *const *)b64;
+        r.width = h->width;
+        r.height = h->height;
+        r.image_tokens = model_image_tokens(&h->model->cfg) * snap.n_images;
+        r.prompt_tokens = e->prompt_tokens;
+        r.kv = &kv;
+        r.timings = &timings;
+    }
+    char *json = ok ? api_job_json(&r) : NULL;
+    for (int i = 0; b64 && i < snap.n_images; i++)
+        free(b64[i]);
+    free(b64);
+    if (!json)
+        return fail(h, c, cx, 500, NULL, "out_of_memory", "out of memory building the job");
+    if (code == 202)
+        snprintf(cx->location, sizeof cx->location, "%s", poll_url);
+    return send_json(h, c, cx, code, json);
+}
+
+/* 429 for a full store, saying what fills it and when room comes. */
+static enum MHD_Result store_full(http_server_t *h, struct MHD_Connection *c, conn_t *cx) {
+    job_store_counts_t n;
+    job_store_counts(h->jobs, &n);
+    char when[128] = "";
+    if (n.oldest_ended > 0)
+        snprintf(when, sizeof when, "; the oldest ended one is forgotten in %.0f s",
+                 fmax(0, h->opt.async_retention_s - (clock_now_s() - n.oldest_ended)));
+    api_error_t e;
+    api_errorf(&e, 429, "async", "job_store_full",
+               "the async job store is full: it keeps at most %d jobs (async_max_jobs), and holds "
+               "%d waiting or running and %d ended, each ended one kept %.0f s "
+               "(async_retention_s)%s; retry after %d s, or DELETE ended jobs once collected",
+               n.max_jobs, n.pending + n.reserved, n.ended, h->opt.async_retention_s, when,
+               h->opt.retry_after_s);
+    snprintf(e.type, sizeof e.type, "rate_limit_error");
+    return send_error(h, c, cx, &e);
+}
+
+/* Queues rq as an async job and answers 202 with it at once. */
+static enum MHD_Result submit_async(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
+                                    const sched_request_t *rq) {
+    char id[JOB_STORE_ID_LEN + 1];
+    job_store_refusal_t jr;
+    if (job_store_reserve(h->jobs, id, &jr) != AR_OK) {
+        if (jr == JOB_STORE_FULL)
+            return store_full(h, c, cx);
+        log_msg(LOG_ERROR, "async job: getrandom gave no id; refusing the job");
+        return fail(h, c, cx, 500, NULL, "internal_error",
+                    "no job id could be drawn from the kernel's random source");
+    }
+    sched_refusal_info_t why;
+    sched_job_t *j = sched_submit(h->sched, rq, &why);
+    if (!j) {
+        job_store_unreserve(h->jobs, id);
+        api_error_t e;
+        http_refusal_error(&why, rq->n_images, h->opt.retry_after_s, &e);
+        return send_error(h, c, cx, &e);
+    }
+    sched_job_retain(j); /* ours, for the answer; the submission's goes to the store */
+    job_store_fill(h->jobs, id, j, (long)time(NULL), rq->n_prompt);
+    job_store_entry_t e;
+    enum MHD_Result ret;
+    if (job_store_get(h->jobs, id, &e) == AR_OK) {
+        ret = respond_job(h, c, cx, &e, 202);
+        sched_job_release(e.job);
+    } else { /* forgotten already: it ended and its retention passed */
+        ret = fail(h, c, cx, 500, NULL, "internal_error", "the job was forgotten at once");
+    }
+    log_msg(LOG_DEBUG, "job %llu: async as %s", (unsigned long long)sched_job_id(j), id);
+    sched_job_release(j);
+    return ret;
+}
+
+/* GET and DELETE /v1/images/jobs/ID. */
+static enum MHD_Result handle_job(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
+                                  const char *method) {
+    job_store_entry_t e;
+    if (!cx->job_id[0] || job_store_get(h->jobs, cx->job_id, &e) != AR_OK)
+        return fail(h, c, cx, 404, "id", "job_not_found",
+                    "no job at %s: an id is 'job_' and 32 hex digits, as the 202 that accepted "
+                    "the job gave it; a job is forgotten %.0f s after it ends "
+                    "(async_retention_s), or when DELETE is sent once it has ended",
+                    cx->path, h->opt.async_retention_s);
+    enum MHD_Result ret;
+    if (strcmp(method, "DELETE")) {
+        ret = respond_job(h, c, cx, &e, 200);
+    } else if (sched_job_ended_at(e.job) > 0) {
+        sched_snapshot_t snap;
+        sched_job_snapshot(e.job, &snap);
+        const int gone = job_store_forget(h->jobs, e.id);
+        ret = send_json(h, c, cx, 200, api_job_deleted_json(e.id, job_status(&snap), gone));
+    } else {
+        /* Cancelled: a waiting job leaves the queue at once, a running one
+         * frees its KV at the engine's next iteration; it stays readable
+         * as cancelled until its retention passes. */
+        log_msg(LOG_INFO, "job %llu (%s): cancelled by DELETE",
+                (unsigned long long)sched_job_id(e.job), e.id);
+        sched_job_cancel(h->sched, e.job);
+        sched_snapshot_t snap;
+        sched_job_wait_end(e.job, CANCEL_WAIT_S, &snap);
+        ret = respond_job(h, c, cx, &e, 200);
+    }
+    sched_job_release(e.job);
+    return ret;
+}
+
+/* arserve_async_jobs{state}: the kept jobs by status, at each scrape. */
+typedef struct job_census {
+    int n[6];
+} job_census_t;
+static const char *const JOB_STATES[6] = {"queued",    "running", "done",
+                                          "cancelled", "expired", "failed"};
+
+static void census_add(void *job, void *arg) {
+    job_census_t *census = arg;
+    sched_snapshot_t snap;
+    sched_job_snapshot(job, &snap);
+    const char *status = job_status(&snap);
+    for (int i = 0; i < 6; i++)
+        if (!strcmp(status, JOB_STATES[i]))
+            census->n[i]++;
+}
+
+static void count_jobs(http_server_t *h) {
+    job_census_t census = {{0}};
+    job_store_each(h->jobs, census_add, &census);
+    for (int i = 0; i < 6; i++)
+        metric_set(h->m_jobs, census.n[i], JOB_STATES[i]);
 }
 
 /* ---- dispatch ---- */
@@ -985,9 +1208,13 @@ static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, 
     if (!strcmp(cx->route, "other"))
         return fail(h, c, cx, 404, NULL, "not_found", "no route for %s %s", cx->method, cx->path);
     int want_post = !strcmp(cx->route, GENERATE_ROUTE);
-    if (want_post ? !is_post : !is_get)
+    int is_jobs = !strcmp(cx->route, JOBS_ROUTE);
+    if (want_post ? !is_post : !(is_get || (is_jobs && !strcmp(method, "DELETE"))))
         return fail(h, c, cx, 405, NULL, "method_not_allowed", "%s is not allowed on %s; use %s",
-                    cx->method, cx->path, want_post ? "POST" : "GET");
+                    cx->method, cx->path,
+                    want_post ? "POST"
+                    : is_jobs ? "GET or DELETE"
+                              : "GET");
     if (!strcmp(cx->route, PAGE_ROUTE) || !strcmp(cx->route, "/health") ||
         (!strcmp(cx->route, "/metrics") && !h->opt.metrics_auth))
         return MHD_YES;
@@ -1024,6 +1251,11 @@ static enum MHD_Result start_request(http_server_t *h, struct MHD_Connection *c,
     for (const char *const *r = KNOWN_ROUTES; *r; r++)
         if (!strcmp(url, *r))
             cx->route = *r;
+    if (!strncmp(url, JOBS_PREFIX, strlen(JOBS_PREFIX))) {
+        cx->route = JOBS_ROUTE;
+        if (job_store_id_valid(url + strlen(JOBS_PREFIX)))
+            memcpy(cx->job_id, url + strlen(JOBS_PREFIX), sizeof cx->job_id);
+    }
     if (!cx->client[0])
         note_client(cx, c);
     atomic_fetch_add(&h->inflight, 1);
@@ -1150,6 +1382,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                          strdup(alive ? "{\"status\":\"ok\"}" : "{\"status\":\"engine stopped\"}"));
     }
     if (!strcmp(route, "/metrics")) {
+        count_jobs(h);
         char *text = metrics_render(h->metrics);
         if (!text)
             return MHD_NO;
@@ -1162,6 +1395,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     if (!strcmp(route, "/v1/models"))
         return send_json(h, c, cx, 200, api_models_json(&h->limits, &h->card));
+    if (!strcmp(route, JOBS_ROUTE))
+        return handle_job(h, c, cx, method);
     /* POST /v1/images/generations */
     if (!atomic_load(&h->ready) || sched_draining(h->sched))
         return fail(h, c, cx, 503, NULL, "not_ready",
@@ -1307,6 +1542,13 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
     static const char *const labels[] = {"route", "code"};
     h->m_requests = metrics_counter(metrics, "arserve_http_requests_total",
                                     "HTTP requests answered, by route and status code.", 2, labels);
+    static const char *const state[] = {"state"};
+    h->m_jobs = metrics_gauge(metrics, "arserve_async_jobs",
+                              "Async jobs kept (for GET /v1/images/jobs/ID), by status.", 1, state);
+    if (h->opt.async_max_jobs <= 0)
+        h->opt.async_max_jobs = DEFAULT_ASYNC_MAX_JOBS;
+    if (!(h->opt.async_retention_s > 0))
+        h->opt.async_retention_s = DEFAULT_ASYNC_RETENTION_S;
 
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)opt->port)};
     if (inet_pton(AF_INET, opt->host, &addr.sin_addr) != 1) {
@@ -1326,6 +1568,14 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
         free(h);
         return NULL;
     }
+    job_store_options_t jo = {
+        .max_jobs = h->opt.async_max_jobs, .retention_s = h->opt.async_retention_s, .sweeper = 1};
+    if (!(h->jobs = job_store_create(&jo, &STORE_OPS, metrics, err))) {
+        conn_guard_destroy(h->guard);
+        free(h);
+        return NULL;
+    }
+    count_jobs(h);
     /* libmicrohttpd's strict mode stays off: its answer to HTTP/1.1 without
      * Host (0.9.75) sends the status line and headers twice, so early_errors
      * makes that check with a JSON answer. The framing checks are ours too;
@@ -1341,6 +1591,7 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
         conn_guard_hard_limit(h->guard), MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
         MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024), MHD_OPTION_END);
     if (!h->d) {
+        job_store_destroy(h->jobs);
         conn_guard_destroy(h->guard);
         free(h);
         ar_errorf(err, "cannot listen on %s:%d (in use, or not permitted)", opt->host, opt->port);
@@ -1362,6 +1613,7 @@ void http_stop(http_server_t *h) {
     if (!h)
         return;
     MHD_stop_daemon(h->d);
+    job_store_destroy(h->jobs); /* no request thread is left to read it */
     conn_guard_destroy(h->guard);
     free(h);
 }

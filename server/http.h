@@ -37,6 +37,8 @@ typedef struct http_options {
     int log_prompts;  /* the access log shows prompts */
     int retry_after_s;
     double request_timeout_s;
+    int async_max_jobs;       /* the async job store's slots (server/job_store.h) */
+    double async_retention_s; /* how long an ended async job is kept */
     /* KV policy of requests that name none, and the budget (0: each
      * policy's own) and knobs of those that do not give them. */
     kv_policy_params_t kv_defaults;

@@ -68,6 +68,7 @@ struct sched_job {
     size_t kv_peak_bytes;
     /* When it was admitted, did its last step, and had every PNG (0: not yet). */
     double t_admitted, t_last_step, t_done;
+    double t_ended; /* when outcome left SCHED_PENDING (0: not yet) */
 };
 
 /* One image (or preview) on its way out: tokens to draw, then rgb to
@@ -176,12 +177,28 @@ void sched_job_release(sched_job_t *j) {
         job_free(j);
 }
 
+void sched_job_retain(sched_job_t *j) {
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    pthread_mutex_unlock(&j->mu);
+}
+
+double sched_job_ended_at(sched_job_t *j) {
+    pthread_mutex_lock(&j->mu);
+    const double t = j->t_ended;
+    pthread_mutex_unlock(&j->mu);
+    return t;
+}
+
 /* Publishes a change (the caller holds j->mu). */
 static void job_changed(sched_job_t *j) {
     j->version++;
     pthread_cond_broadcast(&j->changed);
-    if (j->outcome != SCHED_PENDING)
+    if (j->outcome != SCHED_PENDING) {
+        if (!j->t_ended)
+            j->t_ended = clock_now_s();
         pthread_cond_broadcast(&j->ended);
+    }
 }
 
 /* Ends a job (unless it ended already). When it ends it here and images is
@@ -964,6 +981,13 @@ void sched_job_cancel(scheduler_t *s, sched_job_t *j) {
         pthread_cond_signal(&s->wake);
     }
     pthread_mutex_unlock(&s->mu);
+}
+
+int sched_job_queue_position(scheduler_t *s, sched_job_t *j) {
+    pthread_mutex_lock(&s->mu);
+    const int at = batcher_waiting_position(s->batcher, j->id);
+    pthread_mutex_unlock(&s->mu);
+    return at + 1;
 }
 
 void sched_drain(scheduler_t *s) {

@@ -154,6 +154,13 @@ const uint8_t *sched_job_preview(sched_job_t *j, int preview, int image, size_t 
 void sched_job_cancel(scheduler_t *s, sched_job_t *j);
 /* Drops the caller's reference. */
 void sched_job_release(sched_job_t *j);
+/* Takes another reference (a job kept past its request: server/job_store.h). */
+void sched_job_retain(sched_job_t *j);
+/* When the job ended (clock_now_s), or 0 while it is SCHED_PENDING. */
+double sched_job_ended_at(sched_job_t *j);
+/* Where the job waits for admission: 1 for the head of the queue, 0 once
+ * it is not waiting (admitted, or ended). */
+int sched_job_queue_position(scheduler_t *s, sched_job_t *j);
 
 /* Stops admitting new jobs (SIGTERM); running and waiting jobs go on. */
 void sched_drain(scheduler_t *s);

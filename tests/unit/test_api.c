@@ -331,6 +331,11 @@ static const bad_case_t bad_cases[] = {
      "from 0 to 3; got 4"},
     {"{\"prompt\":\"x\",\"partial_images\":-1}", 400, "partial_images", "invalid_value", NULL},
     {"{\"prompt\":\"x\",\"partial_images\":\"2\"}", 400, "partial_images", "invalid_type", NULL},
+    /* async jobs: a boolean, and never with a stream (either order) */
+    {"{\"prompt\":\"x\",\"async\":1}", 400, "async", "invalid_type", "async must be a boolean"},
+    {"{\"prompt\":\"x\",\"async\":true,\"stream\":true}", 400, "async", "invalid_value",
+     "stream and async cannot both be true"},
+    {"{\"stream\":true,\"prompt\":\"x\",\"async\":true}", 400, "async", "invalid_value", NULL},
     /* the first fault in document order is the one reported */
     {"{\"n\":9,\"prompt\":\"\",\"bogus\":1}", 400, "n", "invalid_value", NULL},
     /* KV policy knobs: ranges, types, duplicates, and the policy they belong to */
@@ -479,7 +484,7 @@ static void test_every_member_once_and_each_twice(void) {
         "\"prompt\":\"x\",\"model\":\"janus-pro-tiny\",\"n\":1,\"size\":\"384x384\","
         "\"response_format\":\"b64_json\",\"output_format\":\"png\",\"user\":\"u\","
         "\"seed\":1,\"guidance_scale\":1,\"temperature\":1,\"top_k\":1,\"top_p\":1,"
-        "\"kv_budget\":0.5,\"stream\":false,\"partial_images\":0";
+        "\"kv_budget\":0.5,\"stream\":false,\"partial_images\":0,\"async\":false";
     for (int k = 0; k < KV_POLICY_COUNT; k++) {
         /* {fields, "kv_policy": k, every knob of k at its default} */
         char members[64][96];
@@ -892,6 +897,87 @@ static void test_images_response_shape(void) {
     cJSON_Delete(root);
 }
 
+static void test_async_parsed(void) {
+    api_image_request_t r;
+    api_error_t err = {0};
+    CHECK(parse("{\"prompt\":\"x\",\"async\":true}", &r, &err) == AR_OK && r.async == 1);
+    api_image_request_free(&r);
+    CHECK(parse("{\"prompt\":\"x\",\"async\":true,\"stream\":false}", &r, &err) == AR_OK);
+    CHECK(r.async == 1 && r.stream == 0);
+    api_image_request_free(&r);
+    CHECK(parse("{\"prompt\":\"x\"}", &r, &err) == AR_OK && r.async == 0);
+    api_image_request_free(&r);
+}
+
+static void test_job_json_shape(void) {
+    api_job_report_t j = {.id = "job_0123456789abcdef0123456789abcdef",
+                          .status = "queued",
+                          .poll_url = "/v1/images/jobs/job_0123456789abcdef0123456789abcdef",
+                          .created = 1700000000L,
+                          .queue_position = 3,
+                          .steps_total = 64};
+    cJSON *root = parse_owned(api_job_json(&j));
+    CHECK(is_str(root, "id", j.id) && is_str(root, "object", "image.generation.job"));
+    CHECK(is_str(root, "status", "queued") && is_num(root, "created", 1700000000.0));
+    CHECK(cJSON_IsNull(get(root, "started")) && cJSON_IsNull(get(root, "completed")));
+    CHECK(is_num(root, "queue_position", 3) && is_str(root, "poll_url", j.poll_url));
+    CHECK(is_num(get(root, "progress"), "steps_done", 0));
+    CHECK(is_num(get(root, "progress"), "steps_total", 64));
+    CHECK(cJSON_IsNull(get(root, "result")) && cJSON_IsNull(get(root, "error")));
+    CHECK(cJSON_GetArraySize(root) == 11);
+    cJSON_Delete(root);
+
+    /* Done: the result is the synchronous response's object. */
+    const char *const pngs[] = {"AAAA"};
+    const api_timings_t t = {.queue_s = 0.5, .run_s = 1, .steps = 64, .decode_png_s = 0.25};
+    j = (api_job_report_t){.id = j.id,
+                           .status = "done",
+                           .poll_url = j.poll_url,
+                           .created = 1700000000L,
+                           .started = 1700000001L,
+                           .completed = 1700000002L,
+                           .steps_done = 64,
+                           .steps_total = 64,
+                           .n = 1,
+                           .b64_pngs = pngs,
+                           .width = 32,
+                           .height = 32,
+                           .image_tokens = 64,
+                           .prompt_tokens = 5,
+                           .timings = &t};
+    root = parse_owned(api_job_json(&j));
+    CHECK(is_num(root, "started", 1700000001.0) && is_num(root, "completed", 1700000002.0));
+    const cJSON *res = get(root, "result");
+    CHECK(is_num(res, "created", 1700000002.0) && is_str(res, "size", "32x32"));
+    CHECK(is_str(cJSON_GetArrayItem(get(res, "data"), 0), "b64_json", "AAAA"));
+    check_usage(get(res, "usage"), 64, 5);
+    CHECK(is_num(get(res, "timings"), "steps", 64));
+    CHECK(cJSON_IsNull(get(root, "error")));
+    cJSON_Delete(root);
+
+    /* Cancelled: the API's error object, no result. */
+    api_error_t e;
+    api_errorf(&e, 499, NULL, "cancelled", "the request was cancelled");
+    j = (api_job_report_t){.id = j.id,
+                           .status = "cancelled",
+                           .poll_url = j.poll_url,
+                           .created = 1,
+                           .completed = 2,
+                           .error = &e};
+    root = parse_owned(api_job_json(&j));
+    CHECK(cJSON_IsNull(get(root, "result")));
+    CHECK(is_str(get(root, "error"), "code", "cancelled"));
+    CHECK(is_str(get(root, "error"), "message", "the request was cancelled"));
+    cJSON_Delete(root);
+    j.id = NULL;
+    CHECK(api_job_json(&j) == NULL);
+
+    root = parse_owned(api_job_deleted_json("job_x", "done", 1));
+    CHECK(is_str(root, "id", "job_x") && is_str(root, "status", "done"));
+    CHECK(cJSON_IsTrue(get(root, "deleted")));
+    cJSON_Delete(root);
+}
+
 /* A raster model's card: 16 lines of 16 tokens, token steps. */
 static api_model_card_t raster_card(kv_geometry_t *g) {
     kv_geometry_uniform(g, 1, KV_STEP_TOKEN, 16, 16, 2, 2);
@@ -1224,6 +1310,8 @@ int main(void) {
     TEST_RUN(test_sampler_params_overlay);
     TEST_RUN(test_error_json_shape);
     TEST_RUN(test_images_response_shape);
+    TEST_RUN(test_async_parsed);
+    TEST_RUN(test_job_json_shape);
     TEST_RUN(test_models_shape);
     TEST_RUN(test_models_list_every_knob);
     TEST_RUN(test_sse_payloads);

@@ -245,6 +245,16 @@ static void test_out_of_range(void) {
     const char *a3[] = {"--kv-pool-mb", "99999999999999999999999", NULL};
     CHECK(load(&c, a3, NULL, &err) == AR_ERR);
     CHECK(!strcmp(err.msg, "--kv-pool-mb: 99999999999999999999999 is outside [1, 1048576]"));
+    /* The async job store's bounds: a store of no slots or no retention
+     * would refuse every async job or forget it before it is read. */
+    const char *a4[] = {"--async-max-jobs", "0", NULL};
+    CHECK(load(&c, a4, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "--async-max-jobs: 0 is outside [1, 65536]"));
+    const char *a5[] = {"--async-retention-s=0", NULL};
+    CHECK(load(&c, a5, NULL, &err) == AR_ERR);
+    CHECK(!strcmp(err.msg, "--async-retention-s: 0 is outside [1, 86400]"));
+    CHECK(load_json(&c, "{\"async_max_jobs\": 2.5}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'async_max_jobs' must be an integer");
     CHECK(load_json(&c, "{\"max_body_bytes\": 1023}", &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, ".json: 'max_body_bytes' is 1023, outside [1024, 67108864]");
     CHECK(load_json(&c, "{\"port\": 1e300}", &err) == AR_ERR);
@@ -537,7 +547,7 @@ static void test_usage_lists_every_setting(void) {
     }
     /* Every setting but api_key_file, left out of the JSON form when empty:
      * ... kv_policy, kv_budget, kv_budget_min and every knob. */
-    CHECK(n == 29 + KV_POLICY_N_KNOBS);
+    CHECK(n == 31 + KV_POLICY_N_KNOBS);
     CHECK_STR_CONTAINS(text, "--kv-pool-mb MIB");
     CHECK_STR_CONTAINS(text, "KV cache pool size in MiB. 1..1048576, default 1024.\n");
     CHECK_STR_CONTAINS(text, "error|warn|info|debug, default info.\n");
