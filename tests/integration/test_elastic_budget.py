@@ -25,29 +25,10 @@ import pytest
 
 from conftest import (ARSERVE_BIN, HTTP_TIMEOUT, SLOW_MODEL, TINY_MODEL, clean_env,
                       full_image_kv_bytes, scaled)
+from test_streaming import read_sse
 
 GEN = "/v1/images/generations"
 RANGE = {"prompt": "a red circle", "kv_policy": "linear", "kv_budget": 1, "kv_budget_min": 1 / 6}
-
-
-def read_sse(client, body):
-    """POSTs body as a stream and returns its events as (event, data dict)."""
-    events, event, data = [], None, []
-    with client.stream("POST", GEN, json=dict(body, stream=True)) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line == "":
-                if event is not None or data:
-                    events.append((event, json.loads("\n".join(data))))
-                event, data = None, []
-                continue
-            field, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if field == "event":
-                event = value
-            elif field == "data":
-                data.append(value)
-    return events
 
 
 def pool_mb_for(model, low, high):
@@ -77,7 +58,7 @@ def test_range_runs_at_its_top_when_idle_and_below_it_when_busy(start_daemon):
         d.wait_metrics(lambda m: m.get("arserve_requests_running") == 1
                        and m.get("arserve_iterations_total") >= 40,
                        timeout=30, what="the first request running")
-        events = read_sse(d.client, dict(RANGE, seed=2))
+        events = read_sse(d, dict(RANGE, seed=2, stream=True))
     finally:
         t.join(timeout=scaled(120))
     a = first["r"]
