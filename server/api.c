@@ -457,22 +457,23 @@ static int parse_kv_policy(const field_t *f, const cJSON *v, const api_limits_t 
     return AR_OK;
 }
 
+/* A boolean member: 400 naming the field for anything but true or false. */
+static int read_bool(const field_t *f, const cJSON *v, int *out, api_error_t *err) {
+    if (!cJSON_IsBool(v))
+        return api_errorf(err, 400, f->name, "invalid_type", "%s must be a boolean; got %s",
+                          f->name, json_type_name(v));
+    *out = cJSON_IsTrue(v);
+    return AR_OK;
+}
+
 static int parse_stream(const field_t *f, const cJSON *v, const api_limits_t *lim,
                         api_image_request_t *r, api_error_t *err) {
-    if (!cJSON_IsBool(v))
-        return api_errorf(err, 400, f->name, "invalid_type", "stream must be a boolean; got %s",
-                          json_type_name(v));
-    r->stream = cJSON_IsTrue(v);
-    return AR_OK;
+    return read_bool(f, v, &r->stream, err);
 }
 
 static int parse_async(const field_t *f, const cJSON *v, const api_limits_t *lim,
                        api_image_request_t *r, api_error_t *err) {
-    if (!cJSON_IsBool(v))
-        return api_errorf(err, 400, f->name, "invalid_type", "async must be a boolean; got %s",
-                          json_type_name(v));
-    r->async = cJSON_IsTrue(v);
-    return AR_OK;
+    return read_bool(f, v, &r->async, err);
 }
 
 static double max_n_of(const api_limits_t *lim) { return lim->max_n; }
