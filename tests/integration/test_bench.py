@@ -178,7 +178,11 @@ def test_latency_counts_from_the_scheduled_time(slow, tmp_path):
     last = max(lines, key=lambda q: q["sent"])
     assert last["e2el_ms"] >= 0.9 * sum(service), \
         f"last e2el {last['e2el_ms']} ms < 0.9 x total service {sum(service)} ms: {lines}"
-    assert last["e2el_ms"] > 2.5 * (last["done"] - last["sent"]) * 1e3, last
+    # Beyond its own service, it waited out the others' (a client timing from
+    # the send would report its own service alone); compared with what the
+    # others took, not a multiple of its own, since service times vary.
+    own = (last["done"] - last["sent"]) * 1e3
+    assert last["e2el_ms"] - own >= 0.9 * (sum(service) - own), (own, lines)
 
     # The report's latency is the same, counted from the schedule.
     r = read_report(out, "burst-4")
