@@ -546,9 +546,16 @@ static int check_budget_range(api_image_request_t *r, const api_limits_t *lim, a
         if (r->kv_budget_min == 0)
             r->kv_budget_min = API_BUDGET_LEAST;
     }
-    if (lim->kv_budget_min > 0 && r->kv_budget_min == 0 && !r->kv.has_kind && r->kv.budget == 0 &&
-        lim->kv_budget_min <= r->kv_policy.budget && r->kv_policy.kind != KV_POLICY_FULL)
-        r->kv_budget_min = lim->kv_budget_min; /* the daemon's default range */
+    /* The daemon's range for the policy fills what the request left out:
+     * the top of a request that gave only its floor, both ends of one
+     * that gave neither (a request's own kv_budget fixes its budget). */
+    const kv_budget_range_t *def = lim->kv_ranges ? &lim->kv_ranges[r->kv_policy.kind] : NULL;
+    if (!r->kv_auto && def && def->min > 0 && r->kv.budget == 0) {
+        if (def->max > 0)
+            r->kv_policy.budget = def->max;
+        if (r->kv_budget_min == 0)
+            r->kv_budget_min = def->min;
+    }
     if (r->kv_budget_min <= 0)
         return AR_OK;
     if (r->kv_policy.kind == KV_POLICY_FULL)
@@ -558,7 +565,9 @@ static int check_budget_range(api_image_request_t *r, const api_limits_t *lim, a
         return api_errorf(err, 400, "kv_budget_min", "invalid_value",
                           "kv_budget_min %.4g is above the range's top, kv_budget %.4g%s",
                           r->kv_budget_min, r->kv_policy.budget,
-                          r->kv.budget > 0 ? "" : " (the policy's budget)");
+                          r->kv.budget > 0                     ? ""
+                          : !r->kv_auto && def && def->max > 0 ? " (the top of the daemon's range)"
+                                                               : " (the policy's budget)");
     return AR_OK;
 }
 
@@ -969,7 +978,8 @@ static int add_knobs(cJSON *o, const kv_policy_params_t *p) {
 
 /* The policies that run on card's geometry with the server's knobs, each
  * with the budget a request naming only kv_policy gets and the least it
- * may ask for, when the budget shapes its cache, and its knobs. */
+ * may ask for, when the budget shapes its cache, the daemon's default
+ * range for it when it has one, and its knobs. */
 static int add_kv_policies(cJSON *o, const api_limits_t *lim, const api_model_card_t *card) {
     const kv_policy_kind_t def = lim->kv_defaults ? lim->kv_defaults->kind : KV_POLICY_FULL;
     int ok = add_str(o, "kv_policy", kv_policy_name(def));
@@ -996,6 +1006,13 @@ static int add_kv_policies(cJSON *o, const api_limits_t *lim, const api_model_ca
         if (least > 0) {
             ok &= add_num(e, "budget", p.budget);
             ok &= add_num(e, "min_budget", least);
+        }
+        const kv_budget_range_t *range = lim->kv_ranges ? &lim->kv_ranges[k] : NULL;
+        if (range && range->min > 0) {
+            cJSON *b = cJSON_AddArrayToObject(e, "budget_range");
+            ok &=
+                b && cJSON_AddItemToArray(b, cJSON_CreateNumber(range->min)) &&
+                cJSON_AddItemToArray(b, cJSON_CreateNumber(range->max > 0 ? range->max : p.budget));
         }
         ok &= add_knobs(e, &p);
     }

@@ -73,10 +73,10 @@ typedef struct api_limits {
      * knob): kind is the policy of requests without `kv_policy`, budget 0
      * means each policy's own. NULL: full, and the papers' knobs. */
     const kv_policy_params_t *kv_defaults;
-    /* The floor of a range the daemon's default policy runs with for
-     * requests that give neither kv_policy, kv_budget nor kv_budget_min
-     * (config kv_budget_min); 0: none. */
-    double kv_budget_min;
+    /* The budget range each policy runs with for requests that give
+     * neither kv_budget nor kv_budget_min (kv_ranges[kind]; config
+     * kv_budget_ranges and kv_budget_min); NULL or min 0: none. */
+    const kv_budget_range_t *kv_ranges;
     /* The policy `kv_policy: "auto"` names (kv_policy_auto on the served
      * model); full (0) or -1 when the model has none (auto is refused). */
     int kv_auto;

@@ -37,6 +37,9 @@ typedef struct setting {
     /* What --help adds to help in parentheses, from the table that knows
      * it (kv_budget: each policy's own budget); NULL: nothing. */
     const char *(*help_list)(char *buf, size_t cap);
+    /* KIND_STRING: what the value must also be (AR_ERR with a message that
+     * the caller prefixes with where the value came from); NULL: any text. */
+    int (*check)(const char *value, ar_error_t *err);
 } setting_t;
 
 #define FIELD(f)                                                                                   \
@@ -84,6 +87,58 @@ static const char *backend_auto_help(char *buf, size_t cap) {
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
 static const char *const ON_OFF[] = {"off", "on", NULL};
 
+/* Reads kv_budget_ranges' text into out[kind] (zeroed first): entries
+ * POLICY=MIN[:MAX] joined by commas, spaces allowed around them. */
+static int parse_kv_ranges(const char *text, kv_budget_range_t out[KV_POLICY_COUNT],
+                           ar_error_t *err) {
+    memset(out, 0, KV_POLICY_COUNT * sizeof *out);
+    for (const char *p = text; *p;) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        if (!*p)
+            break;
+        const size_t n = strcspn(p, ",");
+        char entry[64], names[160];
+        if (n >= sizeof entry)
+            return ar_errorf(err, "entry '%.*s...' is too long", 20, p);
+        memcpy(entry, p, n);
+        entry[n] = 0;
+        p += n;
+        for (size_t e = n; e > 0 && entry[e - 1] == ' '; e--)
+            entry[e - 1] = 0;
+        char *eq = strchr(entry, '=');
+        if (!eq)
+            return ar_errorf(err, "entry '%s' is not POLICY=MIN[:MAX]", entry);
+        *eq = 0;
+        const int kind = kv_policy_parse(entry);
+        if (kind < 0)
+            return ar_errorf(err, "'%s' is not a KV policy (%s)", entry,
+                             kv_policy_list(names, sizeof names));
+        if (kind == KV_POLICY_FULL)
+            return ar_errorf(err, "full takes no budget, so it has no range");
+        if (out[kind].min > 0)
+            return ar_errorf(err, "%s is given twice", entry);
+        char *colon = strchr(eq + 1, ':');
+        if (colon)
+            *colon = 0;
+        double lo, hi = 0;
+        if (text_parse_real(eq + 1, &lo) != NUMBER_OK ||
+            (colon && text_parse_real(colon + 1, &hi) != NUMBER_OK))
+            return ar_errorf(err, "%s's range is not MIN or MIN:MAX, numbers", entry);
+        if (!(lo > 0 && lo <= 1) || (colon && !(hi > 0 && hi <= 1)))
+            return ar_errorf(err, "%s's budgets must be in (0, 1]", entry);
+        if (colon && lo > hi)
+            return ar_errorf(err, "%s's MIN %g is above its MAX %g", entry, lo, hi);
+        out[kind] = (kv_budget_range_t){lo, hi};
+    }
+    return AR_OK;
+}
+
+static int check_kv_ranges(const char *value, ar_error_t *err) {
+    kv_budget_range_t ranges[KV_POLICY_COUNT];
+    return parse_kv_ranges(value, ranges, err);
+}
+
 static const setting_t SETTINGS[] = {
     STRING_SETTING(model, "", 1, "DIR",
                    "Model directory (arserve.json, weights, tokenizer.json); empty: the shipped "
@@ -127,10 +182,17 @@ static const setting_t SETTINGS[] = {
              "(0.25 or 1/4); 0: each policy's own",
      .help_list = kv_policy_budget_list},
     {FIELD(kv_budget_min), .kind = KIND_REAL, .rlo = 0, .rhi = 1, .rdef = 0, .metavar = "B",
-     .help = "Elastic budgets: requests that give neither 'kv_policy', 'kv_budget' nor "
-             "'kv_budget_min' run kv_policy with a budget range from this up to kv_budget (or the "
-             "policy's own), admitted at the largest budget of it that fits the KV pool; 0: none "
-             "(docs/kv-policies.md)"},
+     .help = "Elastic budgets: requests that run kv_policy (named or by default) without "
+             "'kv_budget' or 'kv_budget_min' run it with a budget range from this up to "
+             "kv_budget (or the policy's own), admitted at the largest budget of it that fits "
+             "the KV pool; 0: none (docs/kv-policies.md)"},
+    {FIELD(kv_budget_ranges), .kind = KIND_STRING, .def_str = "", .may_be_empty = 1,
+     .metavar = "LIST", .check = check_kv_ranges,
+     .help = "Elastic budgets per policy: POLICY=MIN[:MAX] entries joined by commas "
+             "(heatkv=0.25,scalekv=0.1:0.5); a request that runs POLICY without 'kv_budget' "
+             "runs it with that range, or from its own 'kv_budget_min' up to MAX (left out: "
+             "kv_budget or the policy's own budget); the default kv_policy's range is "
+             "kv_budget_min's; \"\": none"},
     /* Each knob's default for requests of its policy that do not give it. */
     KV_POLICY_KNOBS(KNOB_SETTING)
         INT_SETTING(threads, 0, 1024, 0, "N",
@@ -368,6 +430,9 @@ static int set_string(server_config_t *c, const setting_t *s, const source_t *sr
     if (strlen(v) >= s->size)
         return ar_errorf(err, "%s %s longer than %zu bytes", where, src->file ? "is" : "value is",
                          s->size - 1);
+    ar_error_t why;
+    if (s->check && s->check(v, &why) != AR_OK)
+        return ar_errorf(err, "%s %s", where, why.msg);
     strcpy(str_field(c, s), v);
     /* A key file named at a higher rank replaces a key from ARSERVE_API_KEY. */
     if (!strcmp(s->name, "api_key_file"))
@@ -695,7 +760,8 @@ int server_config_load(server_config_t *c, int argc, char **argv, char **envp, i
     }
     if (c->api_key_file[0] && load_key_file(c, err))
         return AR_ERR;
-    return AR_OK;
+    kv_budget_range_t ranges[KV_POLICY_COUNT];
+    return server_config_kv_ranges(c, ranges, err);
 }
 
 void server_config_usage(FILE *f) {
@@ -819,4 +885,23 @@ void server_config_kv_defaults(const server_config_t *c, kv_policy_params_t *out
     *out = c->kv;
     int kind = kv_policy_parse(c->kv_policy);
     out->kind = kind < 0 ? KV_POLICY_FULL : (kv_policy_kind_t)kind;
+}
+
+int server_config_kv_ranges(const server_config_t *c, kv_budget_range_t out[KV_POLICY_COUNT],
+                            ar_error_t *err) {
+    ar_error_t why;
+    if (parse_kv_ranges(c->kv_budget_ranges, out, &why) != AR_OK)
+        return ar_errorf(err, "kv_budget_ranges: %s", why.msg);
+    if (c->kv_budget_min <= 0)
+        return AR_OK;
+    const int def = kv_policy_parse(c->kv_policy);
+    if (def < 0)
+        return ar_errorf(err, "kv_policy '%s' is not a KV policy", c->kv_policy);
+    if (out[def].min > 0)
+        return ar_errorf(err,
+                         "kv_budget_ranges names %s, the default kv_policy, whose range "
+                         "kv_budget_min gives: give it in one of the two",
+                         c->kv_policy);
+    out[def] = (kv_budget_range_t){c->kv_budget_min, c->kv.budget};
+    return AR_OK;
 }

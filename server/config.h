@@ -31,10 +31,13 @@ typedef struct server_config {
      * policy's own), every knob of KV_POLICY_KNOBS is a key of its own
      * name; kv.kind is not a setting (server_config_kv_defaults). */
     kv_policy_params_t kv;
-    /* The floor of the default policy's budget range (elastic budgets) for
-     * requests that give neither kv_policy, kv_budget nor kv_budget_min;
-     * 0: none, their budget is fixed. */
+    /* The floor of the default policy's budget range (elastic budgets),
+     * up to kv.budget; 0: none, its budget is fixed. */
     double kv_budget_min;
+    /* Each other policy's default budget range, "POLICY=MIN[:MAX],...",
+     * for the requests that run POLICY without kv_budget
+     * (server_config_kv_ranges); "": none. */
+    char kv_budget_ranges[256];
     int threads;       /* engine CPU threads, 0 = the cores less draw_threads */
     int draw_threads;  /* the image decoder's CPU threads */
     int png_workers;   /* PNG encoder threads */
@@ -90,6 +93,15 @@ void server_config_defaults(server_config_t *c);
  * c partly updated (do not use it). */
 int server_config_load(server_config_t *c, int argc, char **argv, char **envp, int *want_help,
                        ar_error_t *err);
+
+/* The default budget range of each policy (out[kind]; min 0: none): the
+ * entries of kv_budget_ranges, and for the default kv_policy the range
+ * kv_budget_min up to kv_budget. AR_ERR naming the key when kv_budget_ranges
+ * is not a list of POLICY=MIN[:MAX] with 0 < MIN <= MAX <= 1, names a policy
+ * twice or one that takes no budget, or names the default policy while
+ * kv_budget_min gives its range too. */
+int server_config_kv_ranges(const server_config_t *c, kv_budget_range_t out[KV_POLICY_COUNT],
+                            ar_error_t *err);
 
 /* The daemon's KV defaults as the API takes them (api_limits_t.kv_defaults):
  * c->kv with kind from kv_policy. */

@@ -106,26 +106,48 @@ static int check_default_policy(const daemon_t *d, kv_policy_params_t *run) {
     return AR_ERR;
 }
 
-/* The default range's floor must be one the default policy runs at, at or
- * below its budget (config kv_budget_min), for a typical prompt. */
-static int check_default_range(const daemon_t *d, const server_config_t *cfg,
-                               const kv_policy_params_t *run) {
-    if (cfg->kv_budget_min <= 0)
-        return AR_OK;
+/* Each default budget range (config kv_budget_ranges, and kv_budget_min
+ * for the default policy) must be one its policy runs at on this model for
+ * a typical prompt, both ends. Fills ranges. */
+static int check_default_ranges(const daemon_t *d, const server_config_t *cfg,
+                                kv_budget_range_t ranges[KV_POLICY_COUNT]) {
+    ar_error_t err = {{0}};
+    if (server_config_kv_ranges(cfg, ranges, &err) != AR_OK) {
+        fprintf(stderr, "arserve serve: %s\n", err.msg);
+        return AR_ERR;
+    }
     kv_geometry_t g;
     model_geometry(&d->model.cfg, TYPICAL_PROMPT_TOKENS, &g);
-    kv_policy_params_t lo = *run;
-    lo.budget = cfg->kv_budget_min;
-    ar_error_t err = {{0}};
-    if (!kv_policy_uses_budget(run->kind, &g))
-        ar_errorf(&err, "kv_policy %s takes no budget on this model", kv_policy_name(run->kind));
-    else if (cfg->kv_budget_min > run->budget)
-        ar_errorf(&err, "above kv_budget %g, the range's top", run->budget);
-    else if (kv_policy_check(&lo, &g, NULL, &err) == AR_OK)
-        return AR_OK;
-    fprintf(stderr, "arserve serve: kv_budget_min %g does not suit model %s: %s\n",
-            cfg->kv_budget_min, d->model.cfg.name, err.msg);
-    return AR_ERR;
+    for (int k = 0; k < KV_POLICY_COUNT; k++) {
+        const kv_budget_range_t *r = &ranges[k];
+        if (r->min <= 0)
+            continue;
+        const kv_policy_overrides_t only_kind = {.has_kind = 1, .kind = (kv_policy_kind_t)k};
+        kv_policy_params_t lo, hi = {0};
+        if (kv_policy_resolve(&d->kv_defaults, &only_kind, &hi, NULL, &err) != AR_OK)
+            goto bad;
+        if (r->max > 0)
+            hi.budget = r->max;
+        lo = hi;
+        lo.budget = r->min;
+        if (!kv_policy_uses_budget(lo.kind, &g))
+            ar_errorf(&err, "kv_policy %s takes no budget on this model", kv_policy_name(lo.kind));
+        else if (r->min > hi.budget)
+            ar_errorf(&err, "above %g, the range's top", hi.budget);
+        else if (kv_policy_check(&lo, &g, NULL, &err) == AR_OK &&
+                 kv_policy_check(&hi, &g, NULL, &err) == AR_OK)
+            continue;
+    bad:
+        if (k == kv_policy_parse(cfg->kv_policy) && cfg->kv_budget_min > 0)
+            fprintf(stderr, "arserve serve: kv_budget_min %g does not suit model %s: %s\n", r->min,
+                    d->model.cfg.name, err.msg);
+        else
+            fprintf(
+                stderr, "arserve serve: kv_budget_ranges: %s=%g:%g does not suit model %s: %s\n",
+                kv_policy_name((kv_policy_kind_t)k), r->min, hi.budget, d->model.cfg.name, err.msg);
+        return AR_ERR;
+    }
+    return AR_OK;
 }
 
 /* --threads 0: the cores this process may run on, less the drawing
@@ -248,7 +270,8 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
             d->model.weight_bytes / 1e6, clock_now_s() - t0);
     server_config_kv_defaults(cfg, &d->kv_defaults);
     kv_policy_params_t run;
-    if (check_default_policy(d, &run) != AR_OK || check_default_range(d, cfg, &run) != AR_OK)
+    kv_budget_range_t ranges[KV_POLICY_COUNT];
+    if (check_default_policy(d, &run) != AR_OK || check_default_ranges(d, cfg, ranges) != AR_OK)
         return 2;
     register_info_metrics(d, version, run.kind);
     dtype_t kv_dtype;
@@ -286,8 +309,8 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
                          .request_timeout_s = cfg->request_timeout_s,
                          .async_max_jobs = cfg->async_max_jobs,
                          .async_retention_s = cfg->async_retention_s,
-                         .kv_defaults = d->kv_defaults,
-                         .kv_budget_min = cfg->kv_budget_min};
+                         .kv_defaults = d->kv_defaults};
+    memcpy(ho.kv_ranges, ranges, sizeof ho.kv_ranges);
     if (!(d->http = http_start(&ho, &d->model, d->sched, d->metrics, &err))) {
         fprintf(stderr, "arserve serve: %s\n", err.msg);
         return 1;

@@ -1531,7 +1531,7 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
                                .num_classes = model->cfg.condition.num_classes,
                                .class_names = (const char *const *)model->class_names,
                                .kv_defaults = &h->opt.kv_defaults,
-                               .kv_budget_min = h->opt.kv_budget_min};
+                               .kv_ranges = h->opt.kv_ranges};
     model_geometry(&model->cfg, shortest_prefix(model), &h->geom);
     h->limits.kv_auto = kv_policy_auto(&h->opt.kv_defaults, &h->geom);
     h->card = (api_model_card_t){.created = (long)time(NULL),

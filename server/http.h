@@ -42,7 +42,8 @@ typedef struct http_options {
     /* KV policy of requests that name none, and the budget (0: each
      * policy's own) and knobs of those that do not give them. */
     kv_policy_params_t kv_defaults;
-    double kv_budget_min; /* the config's kv_budget_min: the default policy's range floor */
+    /* Each policy's default budget range (server_config_kv_ranges); min 0: none. */
+    kv_budget_range_t kv_ranges[KV_POLICY_COUNT];
 } http_options_t;
 
 typedef struct http_server http_server_t;

@@ -260,6 +260,13 @@ typedef struct kv_policy_overrides {
     kv_policy_params_t knobs;
 } kv_policy_overrides_t;
 
+/* A budget range (elastic budgets): a request runs at the largest budget
+ * from min up to max that fits the KV pool when it is admitted. min 0: no
+ * range (one fixed budget); max 0: the budget the request resolves to. */
+typedef struct kv_budget_range {
+    double min, max;
+} kv_budget_range_t;
+
 /* The policy a request runs with, resolved once: o's kind, else the
  * defaults' (the daemon's config); o's budget, else the defaults' when
  * positive, else the policy's own; o's knobs over the defaults' knobs.

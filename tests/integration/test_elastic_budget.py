@@ -130,21 +130,44 @@ def test_auto_is_the_models_compressed_policy_from_its_least_budget_to_full(tiny
     assert r.status_code == 400 and r.json()["error"]["param"] == "kv_budget_min", r.text
 
 
-def test_config_gives_the_default_policy_a_range(start_daemon):
-    d = start_daemon(args=("--kv-policy", "linear", "--kv-budget", "1", "--kv-budget-min", "0.5"))
+def test_config_gives_each_policy_a_range(start_daemon):
+    d = start_daemon(args=("--kv-policy", "linear", "--kv-budget", "1", "--kv-budget-min", "0.5",
+                           "--kv-budget-ranges", "streaming=0.5:0.75"))
     r = d.client.post(GEN, json={"prompt": "a red circle"})
     assert r.status_code == 200, r.text[:300]
     kv = r.json()["kv_cache"]
     assert kv["policy"] == "linear" and kv["budget"] == 1 and kv["budget_range"] == [0.5, 1], kv
-    # A request that sets its own budget (or policy) has no range unless it asks.
+    # Naming the policy is the same as running it by default.
+    kv = d.client.post(GEN, json={"prompt": "a red circle",
+                                  "kv_policy": "linear"}).json()["kv_cache"]
+    assert kv["budget"] == 1 and kv["budget_range"] == [0.5, 1], kv
+    # Another policy's range, from kv_budget_ranges; its own floor up to the range's top.
+    kv = d.client.post(GEN, json={"prompt": "a red circle",
+                                  "kv_policy": "streaming"}).json()["kv_cache"]
+    assert kv["policy"] == "streaming" and kv["budget"] == 0.75, kv
+    assert kv["budget_range"] == [0.5, 0.75], kv
+    kv = d.client.post(GEN, json={"prompt": "a red circle", "kv_policy": "streaming",
+                                  "kv_budget_min": 0.6}).json()["kv_cache"]
+    assert kv["budget_range"] == [0.6, 0.75], kv
+    # A request that sets its own budget has no range unless it asks.
     kv = d.client.post(GEN, json={"prompt": "a red circle", "kv_budget": 0.75}).json()["kv_cache"]
     assert kv["budget"] == 0.75 and "budget_range" not in kv, kv
+    # GET /v1/models says each policy's range.
+    card = d.client.get("/v1/models").json()["data"][0]["arserve"]
+    ranges = {p["name"]: p.get("budget_range") for p in card["kv_policies"]}
+    assert ranges["linear"] == [0.5, 1] and ranges["streaming"] == [0.5, 0.75], ranges
+    assert ranges["full"] is None and ranges["headkv"] is None, ranges
 
 
-def test_config_floor_the_policy_cannot_run_at_stops_start_up(tmp_path):
-    p = subprocess.run([ARSERVE_BIN, "serve", "--model", TINY_MODEL, "--port", "0",
-                        "--kv-policy", "linear", "--kv-budget", "1", "--kv-budget-min", "0.1"],
+@pytest.mark.parametrize("args, words", [
+    (("--kv-policy", "linear", "--kv-budget", "1", "--kv-budget-min", "0.1"),
+     "kv_budget_min 0.1 does not suit model"),
+    (("--kv-budget-ranges", "linear=0.1:1"), "kv_budget_ranges: linear=0.1:1 does not suit model"),
+    (("--kv-budget-ranges", "streaming=0.9:0.5"), "streaming's MIN 0.9 is above its MAX 0.5"),
+])
+def test_config_range_the_policy_cannot_run_at_stops_start_up(tmp_path, args, words):
+    p = subprocess.run([ARSERVE_BIN, "serve", "--model", TINY_MODEL, "--port", "0", *args],
                        capture_output=True, text=True, env=clean_env(), cwd=tmp_path,
                        timeout=scaled(60))
     assert p.returncode == 2, p.stderr
-    assert "kv_budget_min 0.1 does not suit model" in p.stderr, p.stderr
+    assert words in p.stderr, p.stderr

@@ -1290,9 +1290,57 @@ static void test_budget_range(void) {
           strcmp(err.param, "sink_tokens") == 0);
 }
 
+/* The daemon's range for a policy (config kv_budget_ranges) fills what a
+ * request running it leaves out; its own kv_budget fixes the budget; other
+ * policies and auto are untouched. */
+static void test_daemon_budget_ranges(void) {
+    kv_budget_range_t ranges[KV_POLICY_COUNT] = {{0}};
+    ranges[KV_POLICY_LINEAR] = (kv_budget_range_t){0.25, 0.75};
+    api_limits_t lim = test_limits;
+    lim.kv_ranges = ranges;
+    lim.kv_auto = KV_POLICY_LINEAR;
+    static const struct {
+        const char *body;
+        double budget, min; /* min -1: API_BUDGET_LEAST */
+    } cases[] = {
+        {"{\"prompt\":\"x\",\"kv_policy\":\"linear\"}", 0.75, 0.25},
+        {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"kv_budget\":0.5}", 0.5, 0},
+        {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"kv_budget_min\":0.5}", 0.75, 0.5},
+        {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"kv_budget\":0.5,\"kv_budget_min\":0.3}", 0.5,
+         0.3},
+        {"{\"prompt\":\"x\",\"kv_policy\":\"auto\"}", 1, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        api_image_request_t r;
+        api_error_t err;
+        CHECK_MSG(parse_exact(cases[i].body, strlen(cases[i].body), &lim, &r, &err) == AR_OK,
+                  "%s: %s", cases[i].body, err.message);
+        CHECK_MSG(r.kv_policy.budget == cases[i].budget && r.kv_budget_min == cases[i].min,
+                  "%s: budget %g min %g", cases[i].body, r.kv_policy.budget, r.kv_budget_min);
+        api_image_request_free(&r);
+    }
+    api_image_request_t r;
+    api_error_t err;
+    const char *body = "{\"prompt\":\"x\",\"kv_policy\":\"streaming\"}";
+    CHECK(parse_exact(body, strlen(body), &lim, &r, &err) == AR_OK && r.kv_budget_min == 0);
+    api_image_request_free(&r);
+    body = "{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"kv_budget_min\":0.8}";
+    CHECK(parse_exact(body, strlen(body), &lim, &r, &err) == AR_ERR);
+    CHECK(!strcmp(err.param, "kv_budget_min"));
+    CHECK_STR_CONTAINS(err.message, "above the range's top, kv_budget 0.75 (the top of the "
+                                    "daemon's range)");
+    /* A range without its top runs up to the policy's own budget. */
+    ranges[KV_POLICY_LINEAR] = (kv_budget_range_t){0.0625, 0};
+    body = "{\"prompt\":\"x\",\"kv_policy\":\"linear\"}";
+    CHECK(parse_exact(body, strlen(body), &lim, &r, &err) == AR_OK && r.kv_budget_min == 0.0625 &&
+          r.kv_policy.budget == kv_policy_default_budget(KV_POLICY_LINEAR));
+    api_image_request_free(&r);
+}
+
 int main(void) {
     TEST_RUN(test_minimal_request_gets_defaults);
     TEST_RUN(test_budget_range);
+    TEST_RUN(test_daemon_budget_ranges);
     TEST_RUN(test_full_request_sets_every_field);
     TEST_RUN(test_null_means_not_given);
     TEST_RUN(test_size_auto_is_first_size);

@@ -546,8 +546,8 @@ static void test_usage_lists_every_setting(void) {
         CHECK_STR_CONTAINS(text, env);
     }
     /* Every setting but api_key_file, left out of the JSON form when empty:
-     * ... kv_policy, kv_budget, kv_budget_min and every knob. */
-    CHECK(n == 31 + KV_POLICY_N_KNOBS);
+     * ... kv_policy, kv_budget, kv_budget_min, kv_budget_ranges and every knob. */
+    CHECK(n == 32 + KV_POLICY_N_KNOBS);
     CHECK_STR_CONTAINS(text, "--kv-pool-mb MIB");
     CHECK_STR_CONTAINS(text, "KV cache pool size in MiB. 1..1048576, default 1024.\n");
     CHECK_STR_CONTAINS(text, "error|warn|info|debug, default info.\n");
@@ -798,6 +798,63 @@ static void test_kv_bad_values_name_the_setting(void) {
     CHECK_STR_CONTAINS(err.msg, "did you mean 'anchor_lines'");
 }
 
+/* kv_budget_ranges: each policy's default range from a flag, a variable or
+ * a key; the default policy's from kv_budget_min up to kv_budget; every
+ * mistake named with where it came from. */
+static void test_kv_budget_ranges(void) {
+    server_config_t c;
+    ar_error_t err;
+    kv_budget_range_t r[KV_POLICY_COUNT];
+    const char *args[] = {"--kv-budget-ranges", " heatkv=0.25, scalekv=1/10:0.5 ,", NULL};
+    CHECK_MSG(load(&c, args, NULL, &err) == AR_OK, "%s", err.msg);
+    CHECK(server_config_kv_ranges(&c, r, &err) == AR_OK);
+    CHECK(r[KV_POLICY_HEATKV].min == 0.25 && r[KV_POLICY_HEATKV].max == 0);
+    CHECK(r[KV_POLICY_SCALEKV].min == 0.1 && r[KV_POLICY_SCALEKV].max == 0.5);
+    CHECK(r[KV_POLICY_LINEAR].min == 0 && r[KV_POLICY_FULL].min == 0);
+    const char *env[] = {"ARSERVE_KV_BUDGET_RANGES=linear=0.5:1", NULL};
+    const char *def_args[] = {"--kv-policy",     "streaming", "--kv-budget", "0.75",
+                              "--kv-budget-min", "0.25",      NULL};
+    CHECK_MSG(load(&c, def_args, env, &err) == AR_OK, "%s", err.msg);
+    CHECK(server_config_kv_ranges(&c, r, &err) == AR_OK);
+    CHECK(r[KV_POLICY_LINEAR].min == 0.5 && r[KV_POLICY_LINEAR].max == 1);
+    CHECK(r[KV_POLICY_STREAMING].min == 0.25 && r[KV_POLICY_STREAMING].max == 0.75);
+    CHECK(load_json(&c, "{\"kv_budget_ranges\": \"amskv=0.3\"}", &err) == AR_OK);
+    CHECK(server_config_kv_ranges(&c, r, &err) == AR_OK && r[KV_POLICY_AMSKV].min == 0.3);
+    static const struct {
+        const char *arg, *msg;
+    } bad[] = {
+        {"--kv-budget-ranges=heatkv", "--kv-budget-ranges: entry 'heatkv' is not POLICY=MIN[:MAX]"},
+        {"--kv-budget-ranges=lru=0.5", "--kv-budget-ranges: 'lru' is not a KV policy (full, "
+                                       "streaming, linear, headkv, heatkv, heatkv_binary, amskv, "
+                                       "scalekv)"},
+        {"--kv-budget-ranges=full=0.5", "--kv-budget-ranges: full takes no budget, so it has no "
+                                        "range"},
+        {"--kv-budget-ranges=heatkv=0.2,heatkv=0.3", "--kv-budget-ranges: heatkv is given twice"},
+        {"--kv-budget-ranges=heatkv=x", "--kv-budget-ranges: heatkv's range is not MIN or "
+                                        "MIN:MAX, numbers"},
+        {"--kv-budget-ranges=heatkv=0.2:", "--kv-budget-ranges: heatkv's range is not MIN or "
+                                           "MIN:MAX, numbers"},
+        {"--kv-budget-ranges=heatkv=0", "--kv-budget-ranges: heatkv's budgets must be in (0, 1]"},
+        {"--kv-budget-ranges=heatkv=0.5:1.5", "--kv-budget-ranges: heatkv's budgets must be in "
+                                              "(0, 1]"},
+        {"--kv-budget-ranges=heatkv=0.5:0.25", "--kv-budget-ranges: heatkv's MIN 0.5 is above "
+                                               "its MAX 0.25"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *a[] = {bad[i].arg, NULL};
+        CHECK(load(&c, a, NULL, &err) == AR_ERR);
+        CHECK_MSG(!strcmp(err.msg, bad[i].msg), "%s: got '%s'", bad[i].arg, err.msg);
+    }
+    CHECK(load_json(&c, "{\"kv_budget_ranges\": \"heatkv=2\"}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'kv_budget_ranges' heatkv's budgets must be in (0, 1]");
+    /* The default policy's range is given once. */
+    const char *twice[] = {"--kv-policy", "linear", "--kv-budget-min", "0.25", "--kv-budget-ranges",
+                           "linear=0.5",  NULL};
+    CHECK(load(&c, twice, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "kv_budget_ranges names linear, the default kv_policy, whose "
+                                "range kv_budget_min gives");
+}
+
 int main(void) {
     TEST_RUN(test_defaults);
     TEST_RUN(test_no_sources_gives_defaults);
@@ -832,5 +889,6 @@ int main(void) {
     TEST_RUN(test_kv_defaults_are_the_papers);
     TEST_RUN(test_kv_settings_from_every_source);
     TEST_RUN(test_kv_bad_values_name_the_setting);
+    TEST_RUN(test_kv_budget_ranges);
     return TEST_SUMMARY();
 }
