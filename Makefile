@@ -557,7 +557,10 @@ test-integration-asan: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json
 # every core; 1 by default, steady on a shared machine, and the ratios are
 # what the table is for); KV_BENCH_POOL_IMAGES full-cache images the pool
 # holds; KV_BENCH_WAVES fills of the pool timed per row; KV_BENCH_OUT where
-# the table, results.json and the images go.
+# the table, results.json and the images go; KV_BENCH_ROWS other rows than
+# the defaults, POLICY:BUDGET joined by commas (docs/capacity.md's quality
+# per budget: linear:1/4,linear:1/2,linear:3/4).
+KV_BENCH_ROWS         ?=
 KV_BENCH_MODEL        ?= models/shapes
 KV_BENCH_PER_CATEGORY ?= 4
 KV_BENCH_THREADS      ?= 1
@@ -669,7 +672,8 @@ $(BENCH_CPU_VENV)/.stamp: bench/requirements-torch-cpu.txt
 bench-kv: $(BUILD)/kv_bench $(VENV)/.stamp
 	$(VENV)/bin/python bench/kv_bench.py --bin $(BUILD)/kv_bench --model $(KV_BENCH_MODEL) \
 		--per-category $(KV_BENCH_PER_CATEGORY) --threads $(KV_BENCH_THREADS) \
-		--pool-images $(KV_BENCH_POOL_IMAGES) --waves $(KV_BENCH_WAVES) --out $(KV_BENCH_OUT)
+		--pool-images $(KV_BENCH_POOL_IMAGES) --waves $(KV_BENCH_WAVES) --out $(KV_BENCH_OUT) \
+		$(if $(KV_BENCH_ROWS),--rows $(KV_BENCH_ROWS))
 
 # The serving sweep of docs/capacity.md (bench/serving_sweep.py): the cost
 # table fitted on this machine, `arserve bench` over a sweep of Poisson rates

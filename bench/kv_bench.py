@@ -212,6 +212,9 @@ def main(argv=None):
     ap.add_argument("--fills", type=int, default=4,
                     help="pool-fills of the reference prompt queued at once in the sustained runs")
     ap.add_argument("--out", default=os.path.join(REPO, "build", "bench-kv"))
+    ap.add_argument("--rows", default="",
+                    help="POLICY:BUDGET rows after full, joined by commas (linear:1/2,linear:3/4),"
+                         " instead of the model family's default rows")
     a = ap.parse_args(argv)
     if not os.path.exists(os.path.join(a.model, "arserve.json")):
         sys.exit(f"kv_bench: no model at {a.model} (make bench-kv KV_BENCH_MODEL=DIR)")
@@ -234,6 +237,8 @@ def main(argv=None):
         scaled_knobs = fallbacks(cfg["image"]["grid_width"])
         prompts = select_prompts(a.prompts, a.per_category)
         row_specs = ["full"] + ["%s:%s" % (p, b) for p in POLICIES for b in BUDGETS]
+    if a.rows:
+        row_specs = ["full"] + [r.strip() for r in a.rows.split(",") if r.strip()]
     by_id = {p["id"]: p for p in prompts}
     tsv = os.path.join(a.out, "prompts.tsv")
     with open(tsv, "w") as f:

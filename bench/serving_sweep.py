@@ -61,16 +61,30 @@ def rows(path):
 
 
 def budget_sums(url, policy):
-    """(sum, count) of arserve_kv_admitted_budget_ratio for policy, from /metrics."""
+    """(sum, count) of arserve_kv_admitted_budget_ratio for policy, and
+    arserve_kv_budget_below_max_total's count for it, from /metrics."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         text = r.read().decode()
-    got = [0.0, 0.0]
+    got = [0.0, 0.0, 0.0]
+    heads = (f'arserve_kv_admitted_budget_ratio_sum{{policy="{policy}"}} ',
+             f'arserve_kv_admitted_budget_ratio_count{{policy="{policy}"}} ',
+             f'arserve_kv_budget_below_max_total{{policy="{policy}"}} ')
     for line in text.splitlines():
-        for i, part in enumerate(("_sum", "_count")):
-            head = f'arserve_kv_admitted_budget_ratio{part}{{policy="{policy}"}} '
+        for i, head in enumerate(heads):
             if line.startswith(head):
                 got[i] = float(line[len(head):])
     return got
+
+
+def admitted(before, after, top):
+    """(mean budget, share admitted below the top, their mean budget) between
+    two budget_sums readings, top the range's top (the rest ran at it); nan
+    where nothing was admitted (or none below)."""
+    total, n, below = (b - a for a, b in zip(before, after))
+    if not n:
+        return float("nan"), float("nan"), float("nan")
+    rest = (total - (n - below) * top) / below if below else float("nan")
+    return total / n, below / n, rest
 
 
 def slo_crossing(rs, slo_ms):
@@ -138,8 +152,8 @@ def main():
                      str(a.n), "--seed", "1", "--goodput-e2el-ms", str(a.slo_ms), "--out", d,
                      "--no-progress"])
                 after = budget_sums(url, kind)
-                n = after[1] - before[1]
-                budgets[(name, float(rate))] = (after[0] - before[0]) / n if n else float("nan")
+                budgets[(name, float(rate))] = admitted(before, after,
+                                                        float(fields.get("kv_budget", 1)))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -147,17 +161,22 @@ def main():
     curves = {name: rows(os.path.join(a.out, name, "results.csv")) for name in policies}
     print(f"\nKV pool {a.pool_mb} MiB, {a.threads} thread(s); p99 SLO {a.slo_ms:g} ms")
     print(f"{'policy':<12}{'rate':>6}{'req/s':>8}{'goodput':>9}{'images/s':>10}{'p50 ms':>9}"
-          f"{'p99 ms':>9}{'queue ms':>10}{'running':>9}{'budget':>8}")
+          f"{'p99 ms':>9}{'queue ms':>10}{'running':>9}{'budget':>8}{'below top':>10}"
+          f"{'at':>7}")
+    nan3 = (float("nan"),) * 3
     for name, rs in curves.items():
         for r in rs:
-            b = budgets.get((name, r["request_rate"]), float("nan"))
+            b, below, at = budgets.get((name, r["request_rate"]), nan3)
             print(f"{name:<12}{r['request_rate']:>6g}{r['request_throughput']:>8.2f}"
                   f"{r['request_goodput']:>9.2f}"
                   f"{r['images_per_s']:>10.2f}{r['median_e2el_ms']:>9.0f}{r['p99_e2el_ms']:>9.0f}"
-                  f"{r['mean_queue_ms']:>10.0f}{r['kv_pool.max_running']:>9g}{b:>8.3f}")
+                  f"{r['mean_queue_ms']:>10.0f}{r['kv_pool.max_running']:>9g}{b:>8.3f}"
+                  f"{below:>10.2f}{at:>7.3f}")
         x = slo_crossing(rs, a.slo_ms)
         print(f"{name}: p99 passes {a.slo_ms:g} ms at "
               + (f"{x:.2f} requests/s" if x else "no rate of the sweep"))
+    print("budget: the mean budget requests were admitted at; below top: the share admitted "
+          "below their range's top; at: their mean budget")
 
     # The simulator against one measured trace.
     rates = a.rates.split(",")

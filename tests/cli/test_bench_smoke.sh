@@ -130,15 +130,17 @@ else
     fail "make bench-gemm runs" "$(tail -30 "$tmp/gemm.out")"
 fi
 
-# make bench-serve: both policies' sweeps completed every request, the
-# simulator replayed the trace, the cost table and the plot exist. The tiny
-# model's 8 lines need linear at 1/2 (its default 1/4 is refused on them).
+# make bench-serve: the three policies' sweeps completed every request, the
+# table says the admitted budgets, the simulator replayed the trace, the cost
+# table and the plot exist. The tiny model's 8 lines need linear at 1/2 (its
+# default 1/4 is refused on them), in the fixed and the elastic runs.
 if run serve bench-serve MODEL="$tiny" SWEEP_OUT="$tmp/sweep" SWEEP_PNG="$tmp/sweep.png" \
-    SWEEP_ARGS="--rates 20,40 -n 4 --compressed '{\"kv_policy\": \"linear\", \"kv_budget\": 0.5}'"; then
-    if "$python" - "$tmp/sweep" "$tmp/sweep.png" <<'PY' >"$tmp/serve.check" 2>&1
-import csv, json, os, sys
-out, png = sys.argv[1:3]
-for policy in ("full", "compressed"):
+    SWEEP_ARGS="--rates 20,40 -n 4 --compressed '{\"kv_policy\": \"linear\", \"kv_budget\": 0.5}' \
+    --elastic '{\"kv_policy\": \"linear\", \"kv_budget\": 1, \"kv_budget_min\": 0.5}'"; then
+    if "$python" - "$tmp/sweep" "$tmp/sweep.png" "$tmp/serve.out" <<'PY' >"$tmp/serve.check" 2>&1
+import csv, json, os, re, sys
+out, png, log = sys.argv[1:4]
+for policy in ("full", "compressed", "elastic"):
     rows = list(csv.DictReader(open(os.path.join(out, policy, "results.csv"))))
     assert [r["label"] for r in rows] == ["rate-20", "rate-40"], (policy, rows)
     for r in rows:
@@ -148,10 +150,17 @@ sim = json.load(open(os.path.join(out, "simulated", "trace.json")))
 assert sim["completed"] == 4 and sim["request_throughput"] > 0, sim
 assert json.load(open(os.path.join(out, "costs.json")))
 assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+# Each elastic row: a mean budget in [0.5, 1] and a share below the top in [0, 1].
+text = open(log).read()
+assert "below top" in text, text
+rows = re.findall(r"^elastic +(\d+) .* ([\d.]+) +([\d.]+) +(nan|[\d.]+)$", text, re.M)
+assert [r[0] for r in rows] == ["20", "40"], text
+for _, budget, below, _ in rows:
+    assert 0.5 <= float(budget) <= 1 and 0 <= float(below) <= 1, rows
 print("ok")
 PY
-    then ok "make bench-serve: both policies at two rates, the simulator, the plot ($secs s)"
-    else fail "make bench-serve: both policies, the simulator, the plot" \
+    then ok "make bench-serve: three policies at two rates, the budgets, the simulator, the plot ($secs s)"
+    else fail "make bench-serve: three policies, the budgets, the simulator, the plot" \
         "$(cat "$tmp/serve.check"; tail -20 "$tmp/serve.out")"
     fi
 else
