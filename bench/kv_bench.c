@@ -575,6 +575,14 @@ static cJSON *bench_row(bench_t *b, row_t *r, const row_t *fallbacks, int n_fall
     for (int i = 0; i < b->n_prompts; i++)
         exact &= plan_is_exact(b, &r->p, &b->prompts[i]);
     cJSON_AddStringToObject(o, "peak_check", exact ? "equal" : "at most");
+    /* What the pool's use is held to at every iteration (the policy table's
+     * words, for the table's footnote): the plans' sum where the plan is
+     * exact, at most it where it is a worst case; a layered policy's
+     * requests at different steps peak at different layers. */
+    kv_geometry_t geo;
+    model_geometry(&b->model.cfg, b->prompts[b->ref].n_prompt, &geo);
+    cJSON_AddBoolToObject(o, "plan_exact", kv_policy_plan_exact(r->p.kind));
+    cJSON_AddBoolToObject(o, "layered", kv_policy_kind_layered(r->p.kind, &geo));
     run_result_t q = {0}, c = {0}, tight = {0}, loose = {0};
     if (row_quality(b, r, exact, o, &q, err) != AR_OK ||
         row_copies(b, r, exact, 0, b->waves, 1, &c, err) != AR_OK) {

@@ -33,7 +33,7 @@ rows=$(grep -cE '^(full|streaming 1/[468]|linear 1/[468]|headkv 1/[468])[*]* ' "
 bad=$(awk '/^(full|[a-z]+ 1\/[0-9])[*]* +[0-9]/ {
         n = split($0, f, / +/); m = (f[2] ~ /^1\//) ? 4 : 3
         if (f[m] != f[m + 1]) print }' "$tmp/table")
-[ -z "$bad" ] && grep -q '^measured == planned peak: every image, both runs; the pool.s use == the planner.s reservation at every iteration' "$tmp/table" \
+[ -z "$bad" ] && grep -q '^measured == planned peak: every image, both runs; the pool.s use vs the planner.s reservation at every iteration: == for full, streaming, linear; <= for headkv ' "$tmp/table" \
     && ok "measured peaks equal the planned ones" || fail "measured peaks equal the planned ones" \
     "$bad $(grep '^measured' "$tmp/table")"
 
@@ -73,6 +73,7 @@ rows=$(grep -cE '^(full|amskv|(streaming|heatkv|heatkv_binary|scalekv) 1/(25|10|
 bad=$(awk '/^(heatkv|heatkv_binary|streaming|scalekv) 1\/[0-9]+[*]* +[0-9]/ {
         n = split($0, f, / +/); if (f[4] != f[5]) print }' "$tmp/vtable")
 [ -z "$bad" ] && grep -qE '^amskv +91 +[0-9.]+ +1456.0( <=)? ' "$tmp/vtable" \
+    && grep -q "<= for amskv (" "$tmp/vtable" \
     && ok "next-scale: measured == planned, amskv within its all-expanded plan" \
     || fail "next-scale: measured == planned" "$bad $(grep '^amskv' "$tmp/vtable")"
 grep -qE '^heatkv_binary 1/25 +n/a \(needs budget >= 0.1538' "$tmp/vtable" &&
