@@ -136,21 +136,24 @@ def main():
                              "--threads", str(a.threads), "--log-level", "warn"] + daemon_flags)
     try:
         wait_ready(url, proc)
+        mixes = {}
         for name, fields in policies.items():
-            mix = os.path.join(a.out, f"{name}.mix.jsonl")
-            with open(mix, "w") as f:
+            mixes[name] = os.path.join(a.out, f"{name}.mix.jsonl")
+            with open(mixes[name], "w") as f:
                 f.write(json.dumps({"prompt": "a red circle above a blue square", **fields}) + "\n")
-            d = os.path.join(a.out, name)
-            if os.path.exists(os.path.join(d, "results.csv")):
-                os.remove(os.path.join(d, "results.csv"))
-            # One rate at a time (results.csv gains a row each), so the
-            # daemon's budget histogram can be read around each.
-            kind = fields.get("kv_policy", "full")
-            for rate in a.rates.split(","):
+            if os.path.exists(os.path.join(a.out, name, "results.csv")):
+                os.remove(os.path.join(a.out, name, "results.csv"))
+        # Rate by rate, the policies in turn at each (a machine whose speed
+        # drifts during the sweep moves all three alike), one run at a time
+        # (results.csv gains a row each), so the daemon's budget histogram
+        # can be read around each.
+        for rate in a.rates.split(","):
+            for name, fields in policies.items():
+                kind = fields.get("kv_policy", "full")
                 before = budget_sums(url, kind)
-                run([a.arserve, "bench", "--url", url, "--mix", mix, "--rates", rate, "-n",
-                     str(a.n), "--seed", "1", "--goodput-e2el-ms", str(a.slo_ms), "--out", d,
-                     "--no-progress"])
+                run([a.arserve, "bench", "--url", url, "--mix", mixes[name], "--rates", rate,
+                     "-n", str(a.n), "--seed", "1", "--goodput-e2el-ms", str(a.slo_ms), "--out",
+                     os.path.join(a.out, name), "--no-progress"])
                 after = budget_sums(url, kind)
                 budgets[(name, float(rate))] = admitted(before, after,
                                                         float(fields.get("kv_budget", 1)))
