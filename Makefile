@@ -454,7 +454,8 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/
 	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL)
 	tests/cli/test_calibrate.sh $(BUILD)/arserve $(VAR_TINY_MODEL) $(TINY_MODEL)
 	tests/cli/test_simulate.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
-	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python $(VAR_MODEL)
+	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python $(VAR_MODEL) \
+		$(if $(SANITIZER),sanitizer)
 	tests/cli/test_speed_bench.sh $(BUILD)/speed_bench $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 	tests/cli/test_test_only_api.sh $(CC) $(filter-out -MMD -MP,$(CFLAGS))
 
