@@ -138,7 +138,7 @@ static int check_default_ranges(const daemon_t *d, const server_config_t *cfg,
                  kv_policy_check(&hi, &g, NULL, &err) == AR_OK)
             continue;
     bad:
-        if (k == kv_policy_parse(cfg->kv_policy) && cfg->kv_budget_min > 0)
+        if (k == (int)d->kv_defaults.kind && cfg->kv_budget_min > 0)
             fprintf(stderr, "arserve serve: kv_budget_min %g does not suit model %s: %s\n", r->min,
                     d->model.cfg.name, err.msg);
         else
