@@ -44,7 +44,7 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
     const int capacity = seq_capacity(&g, with_mass);
     r->cond_ids = malloc((size_t)n_prompt * sizeof(int));
     r->uncond_ids = malloc((size_t)n_prompt * sizeof(int));
-    r->tokens = calloc((size_t)r->n_tokens, sizeof(int));
+    r->tokens = calloc((size_t)model_token_values(&m->cfg), sizeof(int));
     r->logits = malloc((size_t)2 * K * sizeof(float));
     if (!r->cond_ids || !r->uncond_ids || !r->tokens || !r->logits)
         goto oom;

@@ -89,10 +89,11 @@ int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, 
         snprintf(path, sizeof path, "%s/%s", dir, m->cfg.tokenizer);
         if (!(m->tok = tokenizer_load(path, err)))
             return AR_ERR;
-        if (special_id(m, "bos_token", m->cfg.prompt.bos_token, &m->bos_id, err) ||
-            special_id(m, "pad_token", m->cfg.prompt.pad_token, &m->pad_id, err) ||
-            special_id(m, "image_start_token", m->cfg.prompt.image_start_token, &m->image_start_id,
-                       err)) {
+        if (m->cfg.prompt.bos_token[0] &&
+            (special_id(m, "bos_token", m->cfg.prompt.bos_token, &m->bos_id, err) ||
+             special_id(m, "pad_token", m->cfg.prompt.pad_token, &m->pad_id, err) ||
+             special_id(m, "image_start_token", m->cfg.prompt.image_start_token, &m->image_start_id,
+                        err))) {
             model_free(m);
             return AR_ERR;
         }
@@ -206,8 +207,32 @@ int model_prompt_from_class(const model_t *m, int label, int *cond, int *uncond,
     return AR_OK;
 }
 
+/* Infinity: the prompt's T5 ids and </s>; the unconditional row is the
+ * learned rows cfg_uncond[:n], marked -1 (no ids). */
+static int prompt_from_ids_t5(const model_t *m, const int *ids, int n_ids, int *cond, int *uncond,
+                              int *n, ar_error_t *err) {
+    const text_config_t *t = &m->cfg.text;
+    if (n_ids + 1 > t->max_tokens)
+        return ar_errorf(err, "prompt is %d tokens with </s>, more than the model's limit %d",
+                         n_ids + 1, t->max_tokens);
+    for (int i = 0; i < n_ids; i++)
+        if (ids[i] < 0 || ids[i] >= t->vocab_size)
+            return ar_errorf(err, "prompt token id %d is outside the vocabulary [0, %d)", ids[i],
+                             t->vocab_size);
+    for (int i = 0; i < n_ids; i++) {
+        cond[i] = ids[i];
+        uncond[i] = -1;
+    }
+    cond[n_ids] = t->eos_id;
+    uncond[n_ids] = -1;
+    *n = n_ids + 1;
+    return AR_OK;
+}
+
 int model_prompt_from_ids(const model_t *m, const int *ids, int n_ids, int *cond, int *uncond,
                           int *n, ar_error_t *err) {
+    if (m->cfg.text.max_tokens)
+        return prompt_from_ids_t5(m, ids, n_ids, cond, uncond, n, err);
     if (model_is_class_conditional(m))
         return ar_errorf(err, "this model is class-conditional: give a class, not token ids");
     if (n_ids + 2 > MODEL_MAX_PROMPT_TOKENS)
@@ -241,7 +266,8 @@ int model_prompt_from_text(const model_t *m, const char *text, int *cond, int *u
                              text, m->cfg.condition.num_classes, m->cfg.condition.class_names);
         return model_prompt_from_class(m, label, cond, uncond, n, err);
     }
-    const char *tpl = m->cfg.prompt.template_text, *at = strstr(tpl, "{prompt}");
+    const char *tpl = m->cfg.prompt.template_text[0] ? m->cfg.prompt.template_text : "{prompt}";
+    const char *at = strstr(tpl, "{prompt}");
     size_t len = strlen(tpl) - strlen("{prompt}") + strlen(text) + 1;
     char *full = malloc(len);
     int *ids = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof *ids);

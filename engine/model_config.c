@@ -424,6 +424,19 @@ static int read_raster(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
     return AR_OK;
 }
 
+/* VAR's one size: its square scales, named by the image's pixels. */
+static void image_single_size(model_config_t *cfg) {
+    image_config_t *im = &cfg->image;
+    image_size_t *z = &im->sizes[0];
+    im->n_sizes = 1;
+    im->default_size = 0;
+    z->n_scales = im->n_scales;
+    for (int i = 0; i < im->n_scales; i++)
+        z->h[i] = z->w[i] = im->scales[i];
+    snprintf(z->name, sizeof z->name, "%dx%d", model_config_image_width(cfg),
+             model_config_image_height(cfg));
+}
+
 static int read_scale(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
     static const char *const keys[] = {"format_version", "name",     "family", "architecture",
                                        "weights",        "llm",      "image",  "condition",
@@ -438,6 +451,202 @@ static int read_scale(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
                          "%s: 'decoder.latent_channels' (%d) must equal 'image.embed_dim' (%d): "
                          "the decoder reads the accumulated latent map",
                          c->file, cfg->decoder.latent_channels, cfg->image.embed_dim);
+    image_single_size(cfg);
+    return AR_OK;
+}
+
+/* Infinity's T5 encoder and the condition it feeds. */
+static int read_text(const ctx_t *c, const cJSON *root, text_config_t *t) {
+    static const char *const keys[] = {"vocab_size", "hidden_size",      "num_layers",
+                                       "num_heads",  "head_dim",         "intermediate_size",
+                                       "norm_eps",   "relative_buckets", "relative_max_distance",
+                                       "max_tokens", "pool_heads",       "eos_id",
+                                       NULL};
+    const cJSON *o;
+    ctx_t s;
+    if (get_object(c, root, "text", &o, &s, keys) ||
+        get_int(&s, o, "vocab_size", 2, 1 << 20, &t->vocab_size) ||
+        get_int(&s, o, "hidden_size", 1, 1 << 16, &t->hidden_size) ||
+        get_int(&s, o, "num_layers", 1, 1024, &t->num_layers) ||
+        get_int(&s, o, "num_heads", 1, 1024, &t->num_heads) ||
+        get_int(&s, o, "head_dim", 1, 1024, &t->head_dim) ||
+        get_int(&s, o, "intermediate_size", 1, 1 << 18, &t->intermediate_size) ||
+        get_float(&s, o, "norm_eps", 0, 1, &t->norm_eps) ||
+        get_int(&s, o, "relative_buckets", 2, 1024, &t->relative_buckets) ||
+        get_int(&s, o, "relative_max_distance", 2, 1 << 16, &t->relative_max_distance) ||
+        get_int(&s, o, "max_tokens", 1, 1 << 14, &t->max_tokens) ||
+        get_int(&s, o, "pool_heads", 1, 1024, &t->pool_heads) ||
+        get_int(&s, o, "eos_id", 0, 1 << 20, &t->eos_id))
+        return AR_ERR;
+    if (t->eos_id >= t->vocab_size)
+        return ar_errorf(c->err, "%s: 'text.eos_id' (%d) is not below 'text.vocab_size' (%d)",
+                         c->file, t->eos_id, t->vocab_size);
+    if (t->relative_buckets % 2)
+        return ar_errorf(c->err,
+                         "%s: 'text.relative_buckets' (%d) must be even (bidirectional: half "
+                         "for each direction)",
+                         c->file, t->relative_buckets);
+    if (t->hidden_size % t->pool_heads)
+        return ar_errorf(c->err, "%s: 'text.pool_heads' (%d) must divide 'text.hidden_size' (%d)",
+                         c->file, t->pool_heads, t->hidden_size);
+    return AR_OK;
+}
+
+/* A [height, width] pair; what names it in messages (a key path). */
+static int get_hw(const ctx_t *c, const cJSON *pair, const char *what, int *h, int *w) {
+    if (!cJSON_IsArray(pair) || cJSON_GetArraySize(pair) != 2)
+        return ar_errorf(c->err, "%s: '%s' must be a pair [height, width]", c->file, what);
+    int v[2];
+    for (int k = 0; k < 2; k++) {
+        const cJSON *x = cJSON_GetArrayItem(pair, k);
+        if (!cJSON_IsNumber(x) || floor(x->valuedouble) != x->valuedouble || x->valuedouble < 1 ||
+            x->valuedouble > 256)
+            return ar_errorf(c->err, "%s: '%s[%d]' must be an integer in [1, 256]", c->file, what,
+                             k);
+        v[k] = (int)x->valuedouble;
+    }
+    *h = v[0];
+    *w = v[1];
+    return AR_OK;
+}
+
+/* image.sizes[i]: {"name", "scales": [[h, w], ...], "rope_grid": [h, w]}. */
+static int read_size(const ctx_t *c, const cJSON *o, int i, image_size_t *z) {
+    static const char *const keys[] = {"name", "scales", "rope_grid", NULL};
+    char kp[64];
+    snprintf(kp, sizeof kp, "image.sizes[%d]", i);
+    ctx_t s = {c->file, kp, c->err};
+    if (!cJSON_IsObject(o))
+        return ar_errorf(c->err, "%s: '%s' must be an object", c->file, kp);
+    if (check_keys(&s, o, keys) || get_string(&s, o, "name", 1, z->name, sizeof z->name))
+        return AR_ERR;
+    int st;
+    const cJSON *arr = get_item(&s, o, "scales", 1, &st);
+    if (!arr)
+        return st;
+    char sp[96];
+    snprintf(sp, sizeof sp, "%s.scales", kp);
+    const int n = cJSON_GetArraySize(arr);
+    if (!cJSON_IsArray(arr) || n < 2 || n > MODEL_MAX_SCALES)
+        return ar_errorf(c->err, "%s: '%s' must be an array of 2 to %d [height, width] pairs",
+                         c->file, sp, MODEL_MAX_SCALES);
+    z->n_scales = n;
+    for (int k = 0; k < n; k++) {
+        char ip[112];
+        snprintf(ip, sizeof ip, "%s[%d]", sp, k);
+        if (get_hw(c, cJSON_GetArrayItem(arr, k), ip, &z->h[k], &z->w[k]))
+            return AR_ERR;
+        if (k && (z->h[k] < z->h[k - 1] || z->w[k] < z->w[k - 1] ||
+                  z->h[k] * z->w[k] <= z->h[k - 1] * z->w[k - 1]))
+            return ar_errorf(c->err, "%s: '%s' must grow: [%d, %d] follows [%d, %d]", c->file, sp,
+                             z->h[k], z->w[k], z->h[k - 1], z->w[k - 1]);
+    }
+    const cJSON *rg = get_item(&s, o, "rope_grid", 1, &st);
+    if (!rg)
+        return st;
+    snprintf(sp, sizeof sp, "%s.rope_grid", kp);
+    return get_hw(c, rg, sp, &z->rope_h, &z->rope_w);
+}
+
+/* Infinity's image section: bits per token, patchify, and its sizes. */
+static int read_image_infinity(const ctx_t *c, const cJSON *root, image_config_t *im) {
+    static const char *const keys[] = {"bits", "spatial_patchify", "sizes", "default_size", NULL};
+    const cJSON *o;
+    ctx_t s;
+    char def[24];
+    if (get_object(c, root, "image", &o, &s, keys) || get_int(&s, o, "bits", 1, 1024, &im->bits) ||
+        get_bool(&s, o, "spatial_patchify", &im->spatial_patchify) ||
+        get_string(&s, o, "default_size", 1, def, sizeof def))
+        return AR_ERR;
+    if (im->spatial_patchify && im->bits % 4)
+        return ar_errorf(c->err,
+                         "%s: 'image.bits' (%d) must be a multiple of 4 with "
+                         "'image.spatial_patchify' (2x2 patches of the VAE's bits)",
+                         c->file, im->bits);
+    int st;
+    const cJSON *arr = get_item(&s, o, "sizes", 1, &st);
+    if (!arr)
+        return st;
+    const int n = cJSON_GetArraySize(arr);
+    if (!cJSON_IsArray(arr) || n < 1 || n > MODEL_MAX_SIZES)
+        return ar_errorf(c->err, "%s: 'image.sizes' must be an array of 1 to %d sizes", c->file,
+                         MODEL_MAX_SIZES);
+    im->n_sizes = n;
+    im->default_size = -1;
+    for (int i = 0; i < n; i++) {
+        image_size_t *z = &im->sizes[i];
+        if (read_size(c, cJSON_GetArrayItem(arr, i), i, z))
+            return AR_ERR;
+        for (int j = 0; j < i; j++)
+            if (strcmp(im->sizes[j].name, z->name) == 0)
+                return ar_errorf(c->err, "%s: 'image.sizes' names '%s' twice", c->file, z->name);
+        if (z->n_scales != im->sizes[0].n_scales)
+            return ar_errorf(c->err,
+                             "%s: 'image.sizes[%d]' has %d scales, 'image.sizes[0]' %d: every "
+                             "size of a model runs the same schedule",
+                             c->file, i, z->n_scales, im->sizes[0].n_scales);
+        if (strcmp(z->name, def) == 0)
+            im->default_size = i;
+    }
+    if (im->default_size < 0)
+        return ar_errorf(c->err, "%s: 'image.default_size' is '%s', which 'image.sizes' lacks",
+                         c->file, def);
+    im->embed_dim = im->bits;
+    return AR_OK;
+}
+
+/* Infinity: T5 text encoder, cross-attention transformer with bitwise
+ * head, a schedule per aspect ratio, BSQ-VAE decoder (docs/model-format.md). */
+static int read_infinity(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
+    static const char *const keys[] = {"format_version", "name",      "family",   "architecture",
+                                       "weights",        "tokenizer", "llm",      "text",
+                                       "image",          "decoder",   "sampling", NULL};
+    image_config_t *im = &cfg->image;
+    strcpy(cfg->tokenizer, "tokenizer.json");
+    if (check_keys(c, root, keys) ||
+        get_string(c, root, "tokenizer", 0, cfg->tokenizer, sizeof cfg->tokenizer) ||
+        read_llm_scale(c, root, &cfg->llm) || read_text(c, root, &cfg->text) ||
+        read_image_infinity(c, root, im) || read_decoder(c, root, "bsq", &cfg->decoder))
+        return AR_ERR;
+    if (strstr(cfg->tokenizer, "..") || cfg->tokenizer[0] == '/')
+        return ar_errorf(c->err,
+                         "%s: 'tokenizer' must be a relative file name inside the model directory",
+                         c->file);
+    if (!cfg->llm.shared_adaln)
+        return ar_errorf(c->err,
+                         "%s: 'llm.shared_adaln' must be true for infinity (its released models "
+                         "share one AdaLN table)",
+                         c->file);
+    if (cfg->llm.head_dim % 4)
+        return ar_errorf(c->err, "%s: 'llm.head_dim' (%d) must be a multiple of 4 (2D RoPE)",
+                         c->file, cfg->llm.head_dim);
+    const int vae_bits = im->spatial_patchify ? im->bits / 4 : im->bits;
+    if (cfg->decoder.latent_channels != vae_bits)
+        return ar_errorf(c->err,
+                         "%s: 'decoder.latent_channels' (%d) must equal the VAE's bits per "
+                         "position (%d: 'image.bits'%s)",
+                         c->file, cfg->decoder.latent_channels, vae_bits,
+                         im->spatial_patchify ? " / 4, patchified" : "");
+    const image_size_t *z = &im->sizes[im->default_size];
+    im->n_scales = z->n_scales;
+    for (int i = 0; i < z->n_scales; i++)
+        im->scales[i] = z->h[i] == z->w[i] ? z->h[i] : 0;
+    const int up = im->spatial_patchify ? 2 : 1;
+    im->grid_height = z->h[z->n_scales - 1] * up;
+    im->grid_width = z->w[z->n_scales - 1] * up;
+    for (int i = 0; i < im->n_sizes; i++) {
+        const image_size_t *y = &im->sizes[i];
+        char want[24];
+        snprintf(want, sizeof want, "%dx%d",
+                 (y->w[y->n_scales - 1] * up) << (cfg->decoder.n_levels - 1),
+                 (y->h[y->n_scales - 1] * up) << (cfg->decoder.n_levels - 1));
+        if (strcmp(want, y->name) != 0)
+            return ar_errorf(c->err,
+                             "%s: 'image.sizes[%d].name' is '%s', but its last scale draws %s "
+                             "(WIDTHxHEIGHT pixels)",
+                             c->file, i, y->name, want);
+    }
+    cfg->llm.vocab_size = 0;
     return AR_OK;
 }
 
@@ -465,18 +674,17 @@ int model_config_parse(model_config_t *cfg, const char *json, size_t len, const 
                   model_family_list(names, sizeof names));
         goto out;
     }
-    if (!model_family_has_architecture(family, cfg->architecture)) {
-        char names[128] = "";
-        for (const char *const *a = family->architectures; *a; a++)
-            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
-                     a == family->architectures ? "" : ", ", *a);
+    if (!model_family_find_arch(cfg->family, cfg->architecture)) {
+        char names[128];
         ar_errorf(err, "%s: 'architecture' is '%s'; supported for family %s: %s", path,
-                  cfg->architecture, family->name, names);
+                  cfg->architecture, family->name,
+                  model_family_architectures(family->name, names, sizeof names));
         goto out;
     }
     if (read_weight_list(&c, root, cfg) ||
-        (strcmp(family->name, "scale") == 0 ? read_scale(&c, root, cfg)
-                                            : read_raster(&c, root, cfg)) ||
+        (strcmp(family->name, "scale") != 0           ? read_raster(&c, root, cfg)
+         : strcmp(cfg->architecture, "infinity") == 0 ? read_infinity(&c, root, cfg)
+                                                      : read_scale(&c, root, cfg)) ||
         read_sampling(&c, root, &cfg->sampling))
         goto out;
     rc = AR_OK;

@@ -11,6 +11,8 @@
 #define MODEL_MAX_WEIGHT_FILES 16
 
 #define MODEL_MAX_SCALES 32
+/* Infinity's aspect-ratio templates: 15 in the released schedules. */
+#define MODEL_MAX_SIZES 16
 
 /* The transformer that holds the KV cache, whatever the family. For the
  * scale family vocab_size is the class table's rows (num_classes + 1),
@@ -22,6 +24,17 @@ typedef struct llm_config {
     int shared_adaln; /* scale family: one AdaLN table for every block */
 } llm_config_t;
 
+/* One image size a next-scale model serves (Infinity: an aspect-ratio
+ * template at the model's schedule): the token map of every scale, coarsest
+ * first, and the grid 2D RoPE positions are scaled to (the last scale of the
+ * 1M schedule of that aspect ratio). VAR has one, square. */
+typedef struct image_size {
+    char name[24]; /* "WIDTHxHEIGHT" in pixels, as the API's size field */
+    int n_scales;
+    int h[MODEL_MAX_SCALES], w[MODEL_MAX_SCALES];
+    int rope_h, rope_w; /* Infinity only */
+} image_size_t;
+
 typedef struct image_config {
     int grid_height, grid_width; /* raster: lines, tokens per line; scale: the last scale */
     int codebook_size, embed_dim;
@@ -30,7 +43,27 @@ typedef struct image_config {
     int n_scales, scales[MODEL_MAX_SCALES];
     int phi_count;   /* shared residual convolutions */
     float phi_ratio; /* Phi(h) = (1 - r) h + r conv(h) */
+    /* scale family: the sizes a request may ask for (VAR: one, its scales);
+     * grid_height/width, n_scales and scales describe sizes[default_size] */
+    int n_sizes, default_size;
+    image_size_t sizes[MODEL_MAX_SIZES];
+    /* infinity: bits per token the transformer predicts (embed_dim is the
+     * same number), and the 2x2 spatial patchify of Infinity-8B (the VAE's
+     * latent is then twice each side of the token map, with bits / 4
+     * channels) */
+    int bits, spatial_patchify;
 } image_config_t;
+
+/* Infinity's text encoder: a T5 encoder (flan-t5-xl's for the released
+ * models) and what turns its output into the transformer's condition. */
+typedef struct text_config {
+    int vocab_size, hidden_size, num_layers, num_heads, head_dim, intermediate_size;
+    int relative_buckets, relative_max_distance; /* T5's relative position bias */
+    float norm_eps;
+    int max_tokens; /* the longest prompt, in tokens with </s> (rows of cfg_uncond) */
+    int pool_heads; /* heads of the attentive pool that makes the start token */
+    int eos_id;     /* </s>, appended to every prompt */
+} text_config_t;
 
 /* What a class-conditional request (scale family, raster llamagen) is
  * conditioned on: a class. */
@@ -69,6 +102,7 @@ typedef struct model_config {
     decoder_config_t decoder;
     prompt_config_t prompt;       /* raster, janus */
     condition_config_t condition; /* scale; raster, llamagen */
+    text_config_t text;           /* scale, infinity */
     sampler_params_t sampling;
     /* Not from arserve.json: the model directory's KV calibration, set by
      * model_load when it has one (or by `arserve plan`, a synthetic one). */

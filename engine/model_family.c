@@ -6,9 +6,12 @@
 
 #include "base/text.h"
 
-extern const model_family_t model_family_raster, model_family_scale;
+extern const model_family_t model_family_raster, model_family_scale, model_family_infinity;
 
-static const model_family_t *const families[] = {&model_family_raster, &model_family_scale};
+/* Several entries may share a name (the scale family: VAR and Infinity):
+ * the architecture picks one. */
+static const model_family_t *const families[] = {&model_family_raster, &model_family_scale,
+                                                 &model_family_infinity};
 #define N_FAMILIES (int)(sizeof families / sizeof families[0])
 
 const model_family_t *model_family_find(const char *name) {
@@ -18,12 +21,33 @@ const model_family_t *model_family_find(const char *name) {
     return NULL;
 }
 
+const model_family_t *model_family_find_arch(const char *name, const char *arch) {
+    for (int i = 0; name && i < N_FAMILIES; i++)
+        if (strcmp(name, families[i]->name) == 0 &&
+            model_family_has_architecture(families[i], arch))
+            return families[i];
+    return NULL;
+}
+
 const char *model_family_list(char *buf, size_t cap) {
     size_t used = 0;
     if (cap)
         buf[0] = 0;
     for (int i = 0; i < N_FAMILIES; i++)
-        text_append(buf, cap, &used, "%s%s", i ? ", " : "", families[i]->name);
+        if (model_family_find(families[i]->name) == families[i])
+            text_append(buf, cap, &used, "%s%s", used ? ", " : "", families[i]->name);
+    return buf;
+}
+
+/* Every architecture of the families called name, comma-separated. */
+const char *model_family_architectures(const char *name, char *buf, size_t cap) {
+    size_t used = 0;
+    if (cap)
+        buf[0] = 0;
+    for (int i = 0; i < N_FAMILIES; i++)
+        for (const char *const *a = families[i]->architectures;
+             strcmp(name, families[i]->name) == 0 && *a; a++)
+            text_append(buf, cap, &used, "%s%s", used ? ", " : "", *a);
     return buf;
 }
 
@@ -35,7 +59,7 @@ int model_family_has_architecture(const model_family_t *f, const char *arch) {
 }
 
 const model_family_t *model_family_of(const model_config_t *cfg) {
-    const model_family_t *f = model_family_find(cfg->family);
+    const model_family_t *f = model_family_find_arch(cfg->family, cfg->architecture);
     /* model_config_parse accepts only the table's families. */
     return f ? f : families[0];
 }
@@ -54,6 +78,11 @@ int model_image_tokens(const model_config_t *cfg) {
     kv_geometry_t g;
     model_geometry(cfg, 1, &g);
     return kv_geometry_image_tokens(&g);
+}
+
+int model_token_values(const model_config_t *cfg) {
+    const model_family_t *f = model_family_of(cfg);
+    return model_image_tokens(cfg) * (f->token_width ? f->token_width(cfg) : 1);
 }
 
 int model_step_tokens(const model_config_t *cfg, int t) {

@@ -28,6 +28,9 @@ typedef struct model_family {
     /* The KV geometry of a request whose condition prefix has n_prompt
      * tokens (cfg already validated). */
     void (*geometry)(const model_config_t *cfg, int n_prompt, kv_geometry_t *g);
+    /* Optional (NULL: 1): values a request keeps per image token (Infinity:
+     * one per bit). */
+    int (*token_width)(const model_config_t *cfg);
     /* Loads the family's networks from ws onto m->be into m->net (which
      * only the family reads); frees what it took on failure. */
     int (*load)(struct model *m, weight_set_t *ws, ar_error_t *err);
@@ -53,10 +56,15 @@ typedef struct model_family {
     void (*draw_work_free)(struct vq_work *w); /* accepts NULL */
 } model_family_t;
 
-/* The family called name; NULL if there is none. */
+/* The first family called name; NULL if there is none. */
 const model_family_t *model_family_find(const char *name);
+/* The family called name whose architectures include arch; NULL if none. */
+const model_family_t *model_family_find_arch(const char *name, const char *arch);
 /* "raster" (the names, comma-separated) into buf; returns buf. */
 const char *model_family_list(char *buf, size_t cap);
+/* Every architecture of the families called name ("var, infinity") into
+ * buf; returns buf. */
+const char *model_family_architectures(const char *name, char *buf, size_t cap);
 /* 1 when arch is one of f's architectures. */
 int model_family_has_architecture(const model_family_t *f, const char *arch);
 
@@ -68,6 +76,9 @@ void model_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g);
 int model_steps(const model_config_t *cfg);
 /* Image tokens of every request of this model. */
 int model_image_tokens(const model_config_t *cfg);
+/* Values in a request's token array: image tokens x the family's token
+ * width. */
+int model_token_values(const model_config_t *cfg);
 /* Image tokens one image gets at step t (0-based) of this model: 1 for a
  * raster model, the whole scale t for a next-scale one; 0 past the last
  * step. Its CFG pair samples these once: the unconditional sequence's

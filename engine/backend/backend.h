@@ -168,6 +168,20 @@ struct backend {
                             const float *v_new, const kv_blocks_t *pool, const attn_batch_t *batch,
                             int n_heads, float scale);
 
+    /* Dense attention of sequences over keys of their own (not cached,
+     * not causal): sequence s's query rows [q_start[s], q_start[s+1]) of q
+     * (n_heads * head_dim per row) attend to its key rows [k_start[s],
+     * k_start[s+1]) of k and v, rows of kv_stride floats with head h at
+     * h * head_dim. Scores are q.k * scale, plus, when bias is not NULL,
+     * bias[h * (2 * bias_span - 1) + (j - i) + bias_span - 1] for query row
+     * i and key row j of the sequence (both 0-based; |j - i| < bias_span):
+     * T5's relative position bias. Infinity's cross-attention to the text,
+     * its attentive pool and the T5 encoder run on it. */
+    void (*attention_dense)(backend_t *be, float *out, const float *q, const float *k,
+                            const float *v, int kv_stride, const int *q_start, const int *k_start,
+                            int n_seq, int n_heads, int head_dim, float scale, const float *bias,
+                            int bias_span);
+
     /* Compaction of one (sequence, layer, head) cache in place: cache index
      * i takes the K and V rows (and mass[i] the value, when mass is not
      * NULL) of index keep[i], for i < n_keep. keep is host memory, strictly
@@ -204,6 +218,7 @@ struct backend {
     void (*gelu)(backend_t *be, float *x, size_t n);                /* exact erf form */
     void (*gelu_tanh)(backend_t *be, float *x, size_t n);           /* tanh approximation */
     void (*add)(backend_t *be, float *y, const float *a, size_t n); /* y += a */
+    void (*mul)(backend_t *be, float *y, const float *a, size_t n); /* y *= a */
     void (*scale)(backend_t *be, float *x, size_t n, float s);      /* x *= s */
     /* Row-wise softmax in place over cols, rows of x. */
     void (*softmax)(backend_t *be, float *x, int rows, int cols);

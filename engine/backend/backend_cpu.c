@@ -460,9 +460,12 @@ static void paged_rows_at(const kv_blocks_t *pool, const kv_view_t *view, int j0
 /* Online softmax over one chunk of nj keys whose K and V rows are given by
  * pointer: the running max m, sum l and weighted sum acc of a query row. */
 static void attend_chunk(float *acc, float *m, double *l, const float *q, const float *const *k,
-                         const float *const *v, int nj, int head_dim, float scale) {
+                         const float *const *v, int nj, int head_dim, float scale,
+                         const float *bias) {
     float sc[ATTN_CHUNK], cm = -INFINITY;
     vec_dots(sc, q, k, nj, head_dim, scale);
+    for (int j = 0; bias && j < nj; j++)
+        sc[j] += bias[j];
     for (int j = 0; j < nj; j++)
         cm = sc[j] > cm ? sc[j] : cm;
     if (cm > *m) {
@@ -495,7 +498,7 @@ static void attend_row(float *out, const float *q, const kv_blocks_t *pool, cons
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         paged_rows_at(pool, view, j0, nj, k, v, conv);
-        attend_chunk(acc, &m, &l, q, k, v, nj, head_dim, scale);
+        attend_chunk(acc, &m, &l, q, k, v, nj, head_dim, scale, NULL);
     }
     const float inv = (float)(1.0 / l);
     for (int d = 0; d < head_dim; d++)
@@ -621,7 +624,7 @@ static void attend_row_scale(float *out, float *mass, const float *q, const scal
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         scale_keys_at(sk, j0, nj, k, v);
-        attend_chunk(acc, &m, &l, q, k, v, nj, head_dim, scale);
+        attend_chunk(acc, &m, &l, q, k, v, nj, head_dim, scale, NULL);
     }
     const float inv = (float)(1.0 / l);
     for (int d = 0; d < head_dim; d++)
@@ -666,6 +669,55 @@ static void cpu_attention_scale(backend_t *be, float *out, const float *q, const
         for (int r = q_start[s]; r < q_start[s + 1]; r++) {
             const size_t at = (size_t)r * row + (size_t)h * head_dim;
             attend_row_scale(out + at, mass, q + at, &sk, scale);
+        }
+    }
+}
+
+/* One query row of one head against n keys (rows of stride floats), each
+ * score plus bias[j] when bias is not NULL, as attend_row. */
+static void attend_row_dense(float *out, const float *q, const float *k, const float *v,
+                             size_t stride, int n, int head_dim, float scale, const float *bias) {
+    float acc[MAX_HEAD_DIM], m = -INFINITY;
+    const float *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
+    double l = 0;
+    for (int d = 0; d < head_dim; d++)
+        acc[d] = 0;
+    for (int j0 = 0; j0 < n; j0 += ATTN_CHUNK) {
+        const int nj = n - j0 < ATTN_CHUNK ? n - j0 : ATTN_CHUNK;
+        for (int j = 0; j < nj; j++) {
+            kp[j] = k + (size_t)(j0 + j) * stride;
+            vp[j] = v + (size_t)(j0 + j) * stride;
+        }
+        attend_chunk(acc, &m, &l, q, kp, vp, nj, head_dim, scale, bias ? bias + j0 : NULL);
+    }
+    const float inv = l > 0 ? (float)(1.0 / l) : 0.0f;
+    for (int d = 0; d < head_dim; d++)
+        out[d] = acc[d] * inv;
+}
+
+static void cpu_attention_dense(backend_t *be, float *out, const float *q, const float *k,
+                                const float *v, int kv_stride, const int *q_start,
+                                const int *k_start, int n_seq, int n_heads, int head_dim,
+                                float scale, const float *bias, int bias_span) {
+    assert(n_seq >= 0 && n_heads > 0 && head_dim > 0 && head_dim <= MAX_HEAD_DIM);
+    const size_t row = (size_t)n_heads * head_dim;
+    int64_t work = 0;
+    for (int s = 0; s < n_seq; s++)
+        work += (int64_t)(q_start[s + 1] - q_start[s]) * (k_start[s + 1] - k_start[s]);
+    const int n_pairs = n_seq * n_heads;
+#pragma omp parallel for num_threads(team(be)) if (work * row >= PAR_MIN_WORK) schedule(dynamic, 1)
+    for (int i = 0; i < n_pairs; i++) {
+        const int s = i / n_heads, h = i % n_heads, nk = k_start[s + 1] - k_start[s];
+        const float *ks = k + (size_t)k_start[s] * kv_stride + (size_t)h * head_dim;
+        const float *vs = v + (size_t)k_start[s] * kv_stride + (size_t)h * head_dim;
+        for (int r = q_start[s]; r < q_start[s + 1]; r++) {
+            const int qi = r - q_start[s];
+            const size_t at = (size_t)r * row + (size_t)h * head_dim;
+            /* Key j's bias is at (j - qi) + span - 1: the row's biases start there. */
+            const float *b =
+                bias ? bias + (size_t)h * (2 * bias_span - 1) + (bias_span - 1 - qi) : NULL;
+            assert(!bias || (qi < bias_span && nk <= bias_span));
+            attend_row_dense(out + at, q + at, ks, vs, (size_t)kv_stride, nk, head_dim, scale, b);
         }
     }
 }
@@ -794,6 +846,12 @@ static void cpu_add(backend_t *be, float *y, const float *a, size_t n) {
 #pragma omp parallel for num_threads(team(be)) if (n >= PAR_MIN_WORK)
     for (size_t i = 0; i < n; i++)
         y[i] += a[i];
+}
+
+static void cpu_mul(backend_t *be, float *y, const float *a, size_t n) {
+#pragma omp parallel for num_threads(team(be)) if (n >= PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++)
+        y[i] *= a[i];
 }
 
 static void cpu_scale(backend_t *be, float *x, size_t n, float s) {
@@ -1164,6 +1222,8 @@ backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
     be->gate_add = cpu_gate_add;
     be->l2norm_heads = cpu_l2norm_heads;
     be->add = cpu_add;
+    be->mul = cpu_mul;
+    be->attention_dense = cpu_attention_dense;
     be->scale = cpu_scale;
     be->softmax = cpu_softmax;
     be->embedding = cpu_embedding;

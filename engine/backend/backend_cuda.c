@@ -879,6 +879,22 @@ static void cuda_add(backend_t *be, float *y, const float *a, size_t n) {
         LAUNCH_CHECK(be, kern_add(y, a, n, impl_of(be)->stream));
 }
 
+/* Infinity's ops (its T5 encoder and cross-attention) have CPU references
+ * only so far: the CUDA backend refuses them, stickily, with the op named. */
+static void cuda_mul(backend_t *be, float *y, const float *a, size_t n) {
+    (void)y, (void)a, (void)n;
+    cuda_fail(be, "mul: not implemented on the CUDA backend yet");
+}
+
+static void cuda_attention_dense(backend_t *be, float *out, const float *q, const float *k,
+                                 const float *v, int kv_stride, const int *q_start,
+                                 const int *k_start, int n_seq, int n_heads, int head_dim,
+                                 float scale, const float *bias, int bias_span) {
+    (void)out, (void)q, (void)k, (void)v, (void)kv_stride, (void)q_start, (void)k_start;
+    (void)n_seq, (void)n_heads, (void)head_dim, (void)scale, (void)bias, (void)bias_span;
+    cuda_fail(be, "attention_dense: not implemented on the CUDA backend yet");
+}
+
 static void cuda_scale(backend_t *be, float *x, size_t n, float s) {
     if (use_device(be) == AR_OK)
         LAUNCH_CHECK(be, kern_scale(x, n, s, impl_of(be)->stream));
@@ -1245,6 +1261,8 @@ static int cuda_start(backend_t *be, size_t reserve, ar_error_t *err) {
     be->gelu = cuda_gelu;
     be->gelu_tanh = cuda_gelu_tanh;
     be->add = cuda_add;
+    be->mul = cuda_mul;
+    be->attention_dense = cuda_attention_dense;
     be->scale = cuda_scale;
     be->softmax = cuda_softmax;
     be->embedding = cuda_embedding;

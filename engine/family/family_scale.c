@@ -13,7 +13,7 @@
 #include "engine/generate.h"
 #include "engine/model_family.h"
 
-static const char *const scale_architectures[] = {"var", "infinity", NULL};
+static const char *const scale_architectures[] = {"var", NULL};
 
 static void scale_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g) {
     /* The class is a condition, not a cached prefix: nothing before scale 0. */
@@ -50,11 +50,6 @@ static void scale_family_free(model_t *m) {
 static int scale_family_load(model_t *m, weight_set_t *ws, ar_error_t *err) {
     const model_config_t *c = &m->cfg;
     const int64_t E = c->image.embed_dim;
-    if (strcmp(c->architecture, "var") != 0)
-        return ar_errorf(err,
-                         "%s/arserve.json: architecture '%s' is geometry only for now: `arserve "
-                         "plan` reads it, but its forward pass is not implemented",
-                         m->dir, c->architecture);
     if (c->image.phi_count > MODEL_MAX_SCALES)
         return ar_errorf(err, "%s/arserve.json: image.phi_count %d exceeds %d", m->dir,
                          c->image.phi_count, MODEL_MAX_SCALES);

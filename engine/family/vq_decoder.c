@@ -71,20 +71,22 @@ int vq_decoder_load(vq_decoder_t *d, const model_config_t *cfg, weight_set_t *ws
     const decoder_config_t *dc = &cfg->decoder;
     int E = cfg->image.embed_dim, lat = dc->latent_channels, c = level_width(dc, 0);
     d->n_levels = dc->n_levels;
-    if (weight_load(ws, &d->codebook, SHAPE2(cfg->image.codebook_size, E), err,
-                    "vq.codebook.weight") ||
-        load_conv(ws, &d->pq_w, &d->pq_b, lat, E, vq_post_quant_kernel(cfg), err,
-                  "vq.post_quant_conv") ||
+    /* bsq (Infinity): the latent goes straight to conv_in; no attention. */
+    d->bsq = strcmp(dc->type, "bsq") == 0;
+    if ((!d->bsq && (weight_load(ws, &d->codebook, SHAPE2(cfg->image.codebook_size, E), err,
+                                 "vq.codebook.weight") ||
+                     load_conv(ws, &d->pq_w, &d->pq_b, lat, E, vq_post_quant_kernel(cfg), err,
+                               "vq.post_quant_conv"))) ||
         load_conv(ws, &d->conv_in_w, &d->conv_in_b, c, lat, 3, err, "vq.decoder.conv_in") ||
         load_resblock(ws, &d->mid1, c, c, err, "vq.decoder.mid.block_1") ||
-        load_attn(ws, &d->mid_attn, c, err, "vq.decoder.mid.attn_1") ||
+        (!d->bsq && load_attn(ws, &d->mid_attn, c, err, "vq.decoder.mid.attn_1")) ||
         load_resblock(ws, &d->mid2, c, c, err, "vq.decoder.mid.block_2"))
         return AR_ERR;
     for (int i = 0; i < d->n_levels; i++) {
         vq_level_t *lv = &d->levels[i];
         int c_out = level_width(dc, i);
         lv->n_blocks = dc->num_res_blocks + 1;
-        lv->n_attn = i == 0 ? lv->n_blocks : 0;
+        lv->n_attn = i == 0 && !d->bsq ? lv->n_blocks : 0;
         lv->blocks = calloc((size_t)lv->n_blocks, sizeof *lv->blocks);
         lv->attn = lv->n_attn ? calloc((size_t)lv->n_attn, sizeof *lv->attn) : NULL;
         if (!lv->blocks || (lv->n_attn && !lv->attn))
@@ -208,7 +210,8 @@ int vq_post_quant_kernel(const model_config_t *cfg) {
 static size_t largest_activation(const vq_decoder_t *d) {
     const model_config_t *cfg = d->cfg;
     const decoder_config_t *dc = &cfg->decoder;
-    const size_t h = (size_t)cfg->image.grid_height, w = (size_t)cfg->image.grid_width;
+    size_t h, w;
+    vq_largest_latent(cfg, &h, &w);
     size_t cmax = (size_t)dc->latent_channels, act = 0;
     for (int i = 0; i < d->n_levels; i++) {
         size_t ci = (size_t)level_width(dc, i), prev = i ? (size_t)level_width(dc, i - 1) : ci;
@@ -231,12 +234,29 @@ typedef struct work_sizes {
 
 static work_sizes_t work_sizes(const vq_decoder_t *d) {
     const model_config_t *cfg = d->cfg;
-    const size_t grid = (size_t)cfg->image.grid_height * cfg->image.grid_width;
+    size_t h, w;
+    vq_largest_latent(cfg, &h, &w);
+    const size_t grid = h * w, up = (size_t)1 << (cfg->decoder.n_levels - 1);
     return (work_sizes_t){.act = largest_activation(d),
                           .rows = grid * cfg->image.embed_dim,
-                          .scores = grid * grid,
-                          .host = (size_t)3 * model_config_image_height(cfg) *
-                                  model_config_image_width(cfg)};
+                          .scores = d->bsq ? 1 : grid * grid,
+                          .host = (size_t)3 * grid * up * up};
+}
+
+void vq_largest_latent(const model_config_t *cfg, size_t *h, size_t *w) {
+    const image_config_t *im = &cfg->image;
+    const size_t up = im->spatial_patchify ? 2 : 1;
+    *h = (size_t)im->grid_height;
+    *w = (size_t)im->grid_width;
+    for (int i = 0; i < im->n_sizes; i++) {
+        const image_size_t *z = &im->sizes[i];
+        const size_t zh = (size_t)z->h[z->n_scales - 1] * up,
+                     zw = (size_t)z->w[z->n_scales - 1] * up;
+        if (zh * zw > *h * *w) {
+            *h = zh;
+            *w = zw;
+        }
+    }
 }
 
 /* Seven activations, two token maps and the attention matrix. */
@@ -320,16 +340,27 @@ int vq_decode(const vq_decoder_t *d, vq_work_t *w, const int *tokens, uint8_t *r
 
 int vq_decode_latent(const vq_decoder_t *d, vq_work_t *s, const float *latent, uint8_t *rgb,
                      float *pixels_f32, ar_error_t *err) {
+    return vq_decode_latent_hw(d, s, latent, d->cfg->image.grid_height, d->cfg->image.grid_width,
+                               rgb, pixels_f32, err);
+}
+
+int vq_decode_latent_hw(const vq_decoder_t *d, vq_work_t *s, const float *latent, int h, int w,
+                        uint8_t *rgb, float *pixels_f32, ar_error_t *err) {
     backend_t *be = s->be;
     const model_config_t *cfg = d->cfg;
     const decoder_config_t *dc = &cfg->decoder;
-    int h = cfg->image.grid_height, w = cfg->image.grid_width, E = cfg->image.embed_dim;
-    int H = model_config_image_height(cfg), W = model_config_image_width(cfg);
+    const int E = cfg->image.embed_dim;
+    const int H = h << (dc->n_levels - 1), W = w << (dc->n_levels - 1);
     const int k = vq_post_quant_kernel(cfg);
-    be->conv2d(be, s->t1, latent, &d->pq_w, &d->pq_b, E, h, w, k / 2);
-    be->conv2d(be, s->a, s->t1, &d->conv_in_w, &d->conv_in_b, dc->latent_channels, h, w, 1);
+    if (d->bsq) {
+        be->conv2d(be, s->a, latent, &d->conv_in_w, &d->conv_in_b, dc->latent_channels, h, w, 1);
+    } else {
+        be->conv2d(be, s->t1, latent, &d->pq_w, &d->pq_b, E, h, w, k / 2);
+        be->conv2d(be, s->a, s->t1, &d->conv_in_w, &d->conv_in_b, dc->latent_channels, h, w, 1);
+    }
     resblock(be, &d->mid1, s->b, s->a, h, w, s);
-    attnblock(be, &d->mid_attn, s->b, h, w, s);
+    if (!d->bsq)
+        attnblock(be, &d->mid_attn, s->b, h, w, s);
     resblock(be, &d->mid2, s->a, s->b, h, w, s);
     float *cur = s->a, *other = s->b;
     for (int i = 0; i < d->n_levels; i++) {

@@ -2,7 +2,8 @@
  * multi-scale VQVAE decoder, which starts from a latent map and has a 3x3
  * post-quant conv): codebook lookup with L2 normalisation, post-quant conv, conv_in, mid (ResNet,
  * attention, ResNet), upsampling levels of ResNet blocks, GroupNorm + swish + conv_out, then 8-bit
- * RGB by the model's pixel conversion (vq_pixel_to_u8). */
+ * RGB by the model's pixel conversion (vq_pixel_to_u8). As "bsq", Infinity's BSQ-VAE decoder:
+ * the latent map straight into conv_in, no attention anywhere. */
 #ifndef ARSERVE_VQ_DECODER_H
 #define ARSERVE_VQ_DECODER_H
 
@@ -40,6 +41,7 @@ typedef struct vq_decoder {
     int n_levels;
     vq_level_t levels[MODEL_MAX_LEVELS];
     tensor_t norm_out_w, norm_out_b, conv_out_w, conv_out_b;
+    int bsq; /* decoder.type "bsq": no codebook, post-quant conv or attention */
 } vq_decoder_t;
 
 int vq_decoder_load(vq_decoder_t *d, const model_config_t *cfg, weight_set_t *ws, backend_t *be,
@@ -79,6 +81,14 @@ int vq_decode(const vq_decoder_t *d, vq_work_t *w, const int *tokens, uint8_t *r
  * post_quant_conv on. latent may be w->latent. */
 int vq_decode_latent(const vq_decoder_t *d, vq_work_t *w, const float *latent, uint8_t *rgb,
                      float *pixels_f32, ar_error_t *err);
+
+/* The same for a latent of h x w (a model with several image sizes);
+ * h * w at most the largest size's (vq_largest_latent). */
+int vq_decode_latent_hw(const vq_decoder_t *d, vq_work_t *w, const float *latent, int h, int w_,
+                        uint8_t *rgb, float *pixels_f32, ar_error_t *err);
+
+/* The latent map of the model's largest image size (the buffers' size). */
+void vq_largest_latent(const model_config_t *cfg, size_t *h, size_t *w);
 
 /* The post-quant convolution's kernel: 1 for vq16, 3 for msvq. */
 int vq_post_quant_kernel(const model_config_t *cfg);

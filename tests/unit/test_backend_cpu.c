@@ -1970,6 +1970,81 @@ static void test_results_independent_of_thread_count(void) {
     two->destroy(two);
 }
 
+/* Dense attention (Infinity's cross-attention, attentive pool and T5):
+ * ragged sequences with more or fewer keys than queries, keys and values
+ * in rows wider than the heads (kv_stride), and T5's relative position
+ * bias, against plain double loops. */
+static void check_attention_dense(int n_seq, const int *nq, const int *nk, int H, int D, int stride,
+                                  int with_bias, float scale) {
+    int q_start[8] = {0}, k_start[8] = {0}, span = 1;
+    for (int s = 0; s < n_seq; s++) {
+        q_start[s + 1] = q_start[s] + nq[s];
+        k_start[s + 1] = k_start[s] + nk[s];
+        span = nq[s] > span ? nq[s] : span;
+        span = nk[s] > span ? nk[s] : span;
+    }
+    const int rows = q_start[n_seq], keys = k_start[n_seq], nb = 2 * span - 1;
+    const size_t row = (size_t)H * D;
+    float *q = host_uniform(rows * row, -2, 2), *k = host_uniform((size_t)keys * stride, -2, 2);
+    float *v = host_uniform((size_t)keys * stride, -3, 3),
+          *bias = host_uniform((size_t)H * nb, -4, 4);
+    double *ref = ref_new(rows * row);
+    for (int s = 0; s < n_seq; s++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < nq[s]; i++) {
+                const float *qi = q + (size_t)(q_start[s] + i) * row + (size_t)h * D;
+                double sc[64], mx = -INFINITY, l = 0;
+                for (int j = 0; j < nk[s]; j++) {
+                    const float *kj = k + (size_t)(k_start[s] + j) * stride + (size_t)h * D;
+                    double dot = 0;
+                    for (int d = 0; d < D; d++)
+                        dot += (double)qi[d] * kj[d];
+                    sc[j] = dot * scale + (with_bias ? bias[(size_t)h * nb + j - i + span - 1] : 0);
+                    mx = sc[j] > mx ? sc[j] : mx;
+                }
+                for (int j = 0; j < nk[s]; j++)
+                    l += (sc[j] = exp(sc[j] - mx));
+                for (int d = 0; d < D; d++) {
+                    double acc = 0;
+                    for (int j = 0; j < nk[s]; j++)
+                        acc += sc[j] * v[(size_t)(k_start[s] + j) * stride + (size_t)h * D + d];
+                    ref[(size_t)(q_start[s] + i) * row + (size_t)h * D + d] = acc / l;
+                }
+            }
+    float *dq = dev_from(q, rows * row), *dk = dev_from(k, (size_t)keys * stride);
+    float *dv = dev_from(v, (size_t)keys * stride), *db = dev_from(bias, (size_t)H * nb);
+    float *dout = dev_new(rows * row);
+    be->attention_dense(be, dout, dq, dk, dv, stride, q_start, k_start, n_seq, H, D, scale,
+                        with_bias ? db : NULL, span);
+    check_dev("attention_dense", dout, ref, rows * row, 1e-5, 1e-5);
+    float *bufs[] = {dq, dk, dv, db, dout};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        dev_del(bufs[i]);
+    free(q), free(k), free(v), free(bias), free(ref);
+}
+
+static void test_attention_dense_ragged_strided_biased(void) {
+    const int nq[3] = {1, 7, 40}, nk[3] = {5, 3, 40};
+    check_attention_dense(3, nq, nk, 2, 16, 2 * 2 * 16, 0, 0.25f); /* K and V rows of mat_kv */
+    check_attention_dense(3, nq, nk, 3, 8, 3 * 8, 1, 1.0f);        /* T5: bias, no scaling */
+    const int one[1] = {1}, many[1] = {37};
+    check_attention_dense(1, one, many, 4, 32, 4 * 32, 0, 1 / sqrtf(32)); /* the pool */
+}
+
+/* mul: y *= a, element by element, in place. */
+static void test_mul(void) {
+    const size_t n = 1000;
+    float *y = host_uniform(n, -5, 5), *a = host_uniform(n, -5, 5);
+    double *ref = ref_new(n);
+    for (size_t i = 0; i < n; i++)
+        ref[i] = (double)(y[i] * a[i]);
+    float *dy = dev_from(y, n), *da = dev_from(a, n);
+    be->mul(be, dy, da, n);
+    check_dev("mul", dy, ref, n, 0, 0);
+    dev_del(dy), dev_del(da);
+    free(y), free(a), free(ref);
+}
+
 int main(void) {
     ar_error_t err = {{0}};
     be = backend_cpu_create(0, &err);
@@ -1978,6 +2053,8 @@ int main(void) {
         return 1;
     }
     TEST_RUN(test_memory_roundtrip_and_alignment);
+    TEST_RUN(test_attention_dense_ragged_strided_biased);
+    TEST_RUN(test_mul);
     TEST_RUN(test_create_rejects_negative_threads);
     TEST_RUN(test_weight_load_f32_4d_from_unaligned_host);
     TEST_RUN(test_weight_load_bf16_all_patterns);
