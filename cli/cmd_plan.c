@@ -371,9 +371,10 @@ static void print_header(const plan_ctx_t *x) {
            model_config_image_height(mc), model_config_image_width(mc));
     if (by_scale(x)) {
         const int last = x->g.segment_tokens[x->g.n_segments - 1];
-        printf("request  condition: a class, not a cached prefix (--prompt-tokens does not apply); "
+        printf("request  condition: %s, not a cached prefix (--prompt-tokens does not apply); "
                "%d image\n         tokens, %d of them cached: the last scale (%d tokens) attends "
                "to itself and is never\n         cached; CFG: 2 sequences per image\n",
+               mc->text.max_tokens ? "a prompt read by cross-attention" : "a class",
                kv_geometry_image_tokens(&x->g), kv_geometry_image_tokens(&x->g) - last, last);
     } else if (mc->condition.num_classes > 0) {
         printf(
@@ -576,9 +577,14 @@ static void print_scales(const plan_ctx_t *x, const policy_plan_t *plans, int np
     for (int i = 0; i < np; i++)
         cell(kv_policy_name(plans[i].p.kind), i == np - 1);
     printf("\n");
+    const image_size_t *z = &x->mc->image.sizes[x->mc->image.default_size];
     for (int t = 0; t < x->steps; t++) {
-        const int side = x->mc->image.scales[t];
-        printf("%-6d%-6d%-8d%-8d", t, side, x->g.segment_tokens[t], kv_geometry_fed(&x->g, t));
+        char side[16];
+        if (z->h[t] == z->w[t])
+            snprintf(side, sizeof side, "%d", z->h[t]);
+        else
+            snprintf(side, sizeof side, "%dx%d", z->h[t], z->w[t]);
+        printf("%-6d%-6s%-8d%-8d", t, side, x->g.segment_tokens[t], kv_geometry_fed(&x->g, t));
         for (int i = 0; i < np; i++) {
             char c[48] = "n/a";
             if (plans[i].ok)
@@ -587,6 +593,29 @@ static void print_scales(const plan_ctx_t *x, const policy_plan_t *plans, int np
             cell(c, i == np - 1);
         }
         printf("\n");
+    }
+}
+
+/* A model with several image sizes (Infinity's aspect ratios): each
+ * size's schedule and its full cache, per image and for the batch. */
+static void print_sizes(const plan_ctx_t *x) {
+    const image_config_t *im = &x->mc->image;
+    printf("\nimage sizes (size in a request; the full cache holds every scale but the last)\n");
+    printf("%-12s%-8s%-10s%-9s%-9s%-16s%s\n", "size", "h:w", "last", "tokens", "cached",
+           "full, MiB", "full of the batch, MiB");
+    for (int i = 0; i < im->n_sizes; i++) {
+        const image_size_t *z = &im->sizes[i];
+        kv_geometry_t g;
+        model_geometry_sized(x->mc, x->P, i, &g);
+        const int steps = kv_geometry_steps(&g), held = kv_geometry_held(&g, steps - 1);
+        const size_t full = (size_t)held * token_image_bytes(x);
+        char last[16], ratio[16];
+        snprintf(last, sizeof last, "%dx%d", z->h[z->n_scales - 1], z->w[z->n_scales - 1]);
+        snprintf(ratio, sizeof ratio, "%.3f",
+                 (double)z->h[z->n_scales - 1] / z->w[z->n_scales - 1]);
+        printf("%-12s%-8s%-10s%-9d%-9d%-16.1f%.1f%s\n", z->name, ratio, last,
+               kv_geometry_image_tokens(&g), held, mib(full), mib(full * (size_t)x->batch),
+               i == im->default_size ? "   (default)" : "");
     }
 }
 
@@ -791,6 +820,8 @@ int cmd_plan(int argc, char **argv, char **envp) {
     print_side_by_side(&x, plans, np);
     if (by_scale(&x))
         print_scales(&x, plans, np);
+    if (x.mc->image.n_sizes > 1)
+        print_sizes(&x);
     else
         print_segment_ends(&x, plans, np);
     print_details(&x, plans, np);

@@ -65,7 +65,11 @@ const model_family_t *model_family_of(const model_config_t *cfg) {
 }
 
 void model_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g) {
-    model_family_of(cfg)->geometry(cfg, n_prompt, g);
+    model_geometry_sized(cfg, n_prompt, cfg->image.default_size, g);
+}
+
+void model_geometry_sized(const model_config_t *cfg, int n_prompt, int size, kv_geometry_t *g) {
+    model_family_of(cfg)->geometry(cfg, n_prompt, size, g);
 }
 
 int model_steps(const model_config_t *cfg) {

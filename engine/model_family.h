@@ -26,8 +26,9 @@ typedef struct model_family {
     const char *segment_name;         /* what a segment is called: "line" or "scale" */
     const char *models_name;          /* what its models are called: "raster", "next-scale" */
     /* The KV geometry of a request whose condition prefix has n_prompt
-     * tokens (cfg already validated). */
-    void (*geometry)(const model_config_t *cfg, int n_prompt, kv_geometry_t *g);
+     * tokens, of image size `size` (an index into image.sizes; 0 for a
+     * model with one size), cfg already validated. */
+    void (*geometry)(const model_config_t *cfg, int n_prompt, int size, kv_geometry_t *g);
     /* Optional (NULL: 1): values a request keeps per image token (Infinity:
      * one per bit). */
     int (*token_width)(const model_config_t *cfg);
@@ -70,8 +71,12 @@ int model_family_has_architecture(const model_family_t *f, const char *arch);
 
 /* The family of a validated config. */
 const model_family_t *model_family_of(const model_config_t *cfg);
-/* The KV geometry of a request of this model with n_prompt prefix tokens. */
+/* The KV geometry of a request of this model with n_prompt prefix tokens,
+ * at the model's default image size. */
 void model_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g);
+/* The same at image size `size` (an index into image.sizes, checked by the
+ * caller). */
+void model_geometry_sized(const model_config_t *cfg, int n_prompt, int size, kv_geometry_t *g);
 /* Steps of every request of this model (the prefix does not change them). */
 int model_steps(const model_config_t *cfg);
 /* Image tokens of every request of this model. */

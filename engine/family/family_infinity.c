@@ -23,10 +23,10 @@
 
 static const char *const infinity_architectures[] = {"infinity", NULL};
 
-static void infinity_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g) {
+static void infinity_geometry(const model_config_t *cfg, int n_prompt, int size, kv_geometry_t *g) {
     /* The text is read by cross-attention, never cached: no prefix. */
     (void)n_prompt;
-    const image_size_t *z = &cfg->image.sizes[cfg->image.default_size];
+    const image_size_t *z = &cfg->image.sizes[size];
     memset(g, 0, sizeof *g);
     g->step_unit = KV_STEP_SEGMENT;
     g->n_segments = z->n_scales;

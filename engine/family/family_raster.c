@@ -13,7 +13,8 @@
 
 static const char *const raster_architectures[] = {"janus", "llamagen", NULL};
 
-static void raster_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g) {
+static void raster_geometry(const model_config_t *cfg, int n_prompt, int size, kv_geometry_t *g) {
+    (void)size; /* one grid */
     /* A class-conditional model's prefix is its one class token, whatever
      * prompt length a caller (`arserve plan`) assumed. */
     if (cfg->condition.num_classes > 0)

@@ -15,9 +15,9 @@
 
 static const char *const scale_architectures[] = {"var", NULL};
 
-static void scale_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g) {
+static void scale_geometry(const model_config_t *cfg, int n_prompt, int size, kv_geometry_t *g) {
     /* The class is a condition, not a cached prefix: nothing before scale 0. */
-    (void)n_prompt;
+    (void)n_prompt, (void)size; /* VAR has one size */
     memset(g, 0, sizeof *g);
     g->n_prompt = 0;
     g->step_unit = KV_STEP_SEGMENT;

@@ -252,6 +252,16 @@ f=$tmp/infinity-2b.txt
 [ "$(scale_row "$f" 0 | cut -d' ' -f1-5)" = "0 1 1 1 1" ] \
     && ok "infinity-2b: per scale (side, tokens, cached, held per head): 48 x 48 peaks at 6425, 64 x 64 is never cached" \
     || fail "infinity-2b per-scale table" "$(sed -n '/^trajectory by scale/,/^$/p' "$f")"
+# The aspect-ratio table: Infinity's 15 templates at 1M (dynamic_resolution's
+# schedules), 10521 tokens at 1:1 and 10774 at 1.25 (70 x 56 last, 3920 of
+# them never cached), each size's full cache at the planned batch.
+sz=$(sed -n '/^image sizes/,/^$/p' "$f")
+[ "$(printf '%s\n' "$sz" | grep -c 'x')" -ge 15 ] &&
+printf '%s\n' "$sz" | grep -Eq '^1024x1024 +1\.000 +64x64 +10521 +6425 +4818\.8 +38550\.0 +\(default\)$' &&
+printf '%s\n' "$sz" | grep -Eq '^896x1120 +1\.250 +70x56 +10774 +6854 ' &&
+printf '%s\n' "$sz" | grep -Eq '^1776x592 +0\.333 +37x111 +11123 +7016 ' \
+    && ok "infinity-2b: the aspect-ratio table lists the 15 sizes with their tokens and full caches" \
+    || fail "infinity-2b aspect-ratio table" "$sz"
 got="$(cell "$f" "peak tokens per head" 1) $(cell "$f" "batch peak, tokens (MiB)" 1)"
 # Streaming at 1/6 caps a head at floor(6425/6) = 1070 tokens after every
 # layer: 1070 x 32 layers x 16 heads x 2 (CFG) x 8 x 768 B = 6420.0 MiB.
