@@ -164,8 +164,8 @@ static void arrive(sim_t *x, int i, double t, int client) {
     double lo = 0;
     if (j && req.kv_budget_min != 0) {
         const double min = req.kv_budget_min < 0 ? SCHED_BUDGET_LEAST : req.kv_budget_min;
-        if (sched_plan_range(x->cfg, &req.kv_policy, min, n_prompt, x->block_tokens, x->dt, &j->lv,
-                             &lo, &why) != AR_OK) {
+        if (sched_plan_range(x->cfg, &req.kv_policy, min, n_prompt, 0, x->block_tokens, x->dt,
+                             &j->lv, &lo, &why) != AR_OK) {
             refuse_as_daemon(x, rec, &why, req.n, t);
             api_image_request_free(&req);
             free(j);

@@ -23,7 +23,19 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
                      const kv_policy_params_t *policy, const int *cond, const int *uncond,
                      int n_prompt, const sampler_params_t *params, uint64_t seed, uint64_t stream,
                      ar_error_t *err) {
+    return gen_request_init_sized(r, m, pool, policy, cond, uncond, n_prompt, 0, params, seed,
+                                  stream, err);
+}
+
+int gen_request_init_sized(gen_request_t *r, model_t *m, kv_pool_t *pool,
+                           const kv_policy_params_t *policy, const int *cond, const int *uncond,
+                           int n_prompt, int size, const sampler_params_t *params, uint64_t seed,
+                           uint64_t stream, ar_error_t *err) {
     memset(r, 0, sizeof *r);
+    const int n_sizes = m->cfg.image.n_sizes > 0 ? m->cfg.image.n_sizes : 1;
+    if (size < 0 || size >= n_sizes)
+        return ar_errorf(err, "image size %d: the model has %d", size, n_sizes);
+    r->size = size;
     r->model = m;
     r->params = *params;
     r->seed = seed;
@@ -35,7 +47,7 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
     else
         kv_policy_defaults(&r->policy, KV_POLICY_FULL);
     kv_geometry_t g;
-    model_geometry(&m->cfg, n_prompt, &g);
+    model_geometry_sized(&m->cfg, n_prompt, size, &g);
     r->n_steps = kv_geometry_steps(&g);
     r->n_tokens = kv_geometry_image_tokens(&g);
     const int with_policy = r->policy.kind != KV_POLICY_FULL;
@@ -106,7 +118,7 @@ int gen_request_collect_mass(gen_request_t *r, ar_error_t *err) {
     if (r->step != 0 || r->policy.kind != KV_POLICY_FULL)
         return ar_errorf(err, "key mass for every step: only before the first step, full cache");
     kv_geometry_t g;
-    model_geometry(&r->model->cfg, r->n_prompt, &g);
+    model_geometry_sized(&r->model->cfg, r->n_prompt, r->size, &g);
     kv_seq_free(&r->seq[0], NULL);
     if (kv_seq_init(&r->seq[0], r->pool, g.n_layers, g.n_heads, seq_capacity(&g, 1), 1, err) !=
         AR_OK)
@@ -266,9 +278,9 @@ out:
     return rc;
 }
 
-int gen_draw(const model_t *m, struct vq_work *w, const int *tokens, int n_done, uint8_t *rgb,
-             ar_error_t *err) {
-    return m->family->draw(m, w, tokens, n_done, rgb, err);
+int gen_draw(const model_t *m, struct vq_work *w, const int *tokens, int size, int n_done,
+             uint8_t *rgb, ar_error_t *err) {
+    return m->family->draw(m, w, tokens, size, n_done, rgb, err);
 }
 
 int gen_drawer_open(gen_drawer_t *d, const model_t *m, int n_threads, ar_error_t *err) {
@@ -301,12 +313,12 @@ int gen_decode(gen_request_t *r, uint8_t *rgb, ar_error_t *err) {
     if (!gen_request_done(r))
         return ar_errorf(err, "the image is not finished");
     struct vq_work *w = model_draw_work(r->model, err);
-    return w ? gen_draw(r->model, w, r->tokens, r->n_steps, rgb, err) : AR_ERR;
+    return w ? gen_draw(r->model, w, r->tokens, r->size, r->n_steps, rgb, err) : AR_ERR;
 }
 
 int gen_preview(gen_request_t *r, uint8_t *rgb, ar_error_t *err) {
     struct vq_work *w = model_draw_work(r->model, err);
-    return w ? gen_draw(r->model, w, r->tokens, r->step, rgb, err) : AR_ERR;
+    return w ? gen_draw(r->model, w, r->tokens, r->size, r->step, rgb, err) : AR_ERR;
 }
 
 /* ---- jobs ---- */
@@ -329,8 +341,9 @@ static int job_start(void *ctx, void *work, ar_error_t *err) {
     if (!j->images)
         return ar_errorf(err, "out of memory");
     for (int i = 0; i < j->n_images; i++)
-        if (gen_request_init(&j->images[i], j->model, pool, &j->policy, j->cond, j->uncond,
-                             j->n_prompt, &j->params, j->seed, (uint64_t)i, err) != AR_OK) {
+        if (gen_request_init_sized(&j->images[i], j->model, pool, &j->policy, j->cond, j->uncond,
+                                   j->n_prompt, j->size, &j->params, j->seed, (uint64_t)i,
+                                   err) != AR_OK) {
             gen_job_free(j);
             return AR_ERR;
         }

@@ -21,6 +21,7 @@ typedef struct gen_request {
     sampler_params_t params;
     uint64_t seed, stream; /* the RNG draws (seed, stream, step) */
     int n_prompt;
+    int size; /* image size: an index into image.sizes (0: the default) */
     int *cond_ids, *uncond_ids;
     kv_seq_t seq[2]; /* conditional, unconditional */
     int step, n_steps;
@@ -62,6 +63,12 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
                      const kv_policy_params_t *policy, const int *cond, const int *uncond,
                      int n_prompt, const sampler_params_t *params, uint64_t seed, uint64_t stream,
                      ar_error_t *err);
+/* The same at image size `size` (an index into image.sizes; out of range
+ * is an error). */
+int gen_request_init_sized(gen_request_t *r, model_t *m, kv_pool_t *pool,
+                           const kv_policy_params_t *policy, const int *cond, const int *uncond,
+                           int n_prompt, int size, const sampler_params_t *params, uint64_t seed,
+                           uint64_t stream, ar_error_t *err);
 /* Before the first step of a request under the full cache: its
  * conditional sequence accumulates, at every step, the softmax mass each
  * key receives from the step's queries into r->seq[0].mass (for head i at
@@ -104,8 +111,8 @@ int gen_preview(gen_request_t *r, uint8_t *rgb, ar_error_t *err);
 
 /* The image from tokens (a copy of a request's, model_image_tokens long)
  * after n_done of its steps, on w's backend. */
-int gen_draw(const model_t *m, struct vq_work *w, const int *tokens, int n_done, uint8_t *rgb,
-             ar_error_t *err);
+int gen_draw(const model_t *m, struct vq_work *w, const int *tokens, int size, int n_done,
+             uint8_t *rgb, ar_error_t *err);
 
 /* What a thread needs to draw images while another steps the model: a
  * fork of the model's backend (its own scratch and threads, the same
@@ -120,9 +127,9 @@ typedef struct gen_drawer {
  * thread uses it. The message names the backend and the memory asked. */
 int gen_drawer_open(gen_drawer_t *d, const model_t *m, int n_threads, ar_error_t *err);
 void gen_drawer_close(gen_drawer_t *d); /* accepts a zeroed one */
-static inline int gen_drawer_draw(gen_drawer_t *d, const int *tokens, int n_done, uint8_t *rgb,
-                                  ar_error_t *err) {
-    return gen_draw(d->model, d->work, tokens, n_done, rgb, err);
+static inline int gen_drawer_draw(gen_drawer_t *d, const int *tokens, int size, int n_done,
+                                  uint8_t *rgb, ar_error_t *err) {
+    return gen_draw(d->model, d->work, tokens, size, n_done, rgb, err);
 }
 
 /* ---- jobs: what the batcher runs ---- */
@@ -134,6 +141,7 @@ typedef struct gen_job {
     model_t *model;
     const int *cond, *uncond;
     int n_prompt;
+    int size; /* image size, an index into image.sizes (0: the default) */
     int n_images;
     sampler_params_t params;
     uint64_t seed;

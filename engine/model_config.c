@@ -591,6 +591,12 @@ static int read_image_infinity(const ctx_t *c, const cJSON *root, image_config_t
     if (im->default_size < 0)
         return ar_errorf(c->err, "%s: 'image.default_size' is '%s', which 'image.sizes' lacks",
                          c->file, def);
+    /* The default first, the others in file order: size 0 is the default
+     * wherever a size is left zeroed. */
+    const image_size_t first = im->sizes[im->default_size];
+    memmove(&im->sizes[1], &im->sizes[0], (size_t)im->default_size * sizeof im->sizes[0]);
+    im->sizes[0] = first;
+    im->default_size = 0;
     im->embed_dim = im->bits;
     return AR_OK;
 }

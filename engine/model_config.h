@@ -43,8 +43,9 @@ typedef struct image_config {
     int n_scales, scales[MODEL_MAX_SCALES];
     int phi_count;   /* shared residual convolutions */
     float phi_ratio; /* Phi(h) = (1 - r) h + r conv(h) */
-    /* scale family: the sizes a request may ask for (VAR: one, its scales);
-     * grid_height/width, n_scales and scales describe sizes[default_size] */
+    /* scale family: the sizes a request may ask for (VAR: one, its scales),
+     * the default first (default_size is 0); grid_height/width, n_scales and
+     * scales describe the default */
     int n_sizes, default_size;
     image_size_t sizes[MODEL_MAX_SIZES];
     /* infinity: bits per token the transformer predicts (embed_dim is the

@@ -84,6 +84,18 @@ int model_image_tokens(const model_config_t *cfg) {
     return kv_geometry_image_tokens(&g);
 }
 
+void model_image_dims(const model_config_t *cfg, int size, int *width, int *height) {
+    const image_config_t *im = &cfg->image;
+    *width = model_config_image_width(cfg);
+    *height = model_config_image_height(cfg);
+    if (size > 0 && size < im->n_sizes) {
+        /* Other sizes scale the default's pixels by their last scale. */
+        const image_size_t *z = &im->sizes[size], *d = &im->sizes[0];
+        *width = *width / d->w[d->n_scales - 1] * z->w[z->n_scales - 1];
+        *height = *height / d->h[d->n_scales - 1] * z->h[z->n_scales - 1];
+    }
+}
+
 int model_token_values(const model_config_t *cfg) {
     const model_family_t *f = model_family_of(cfg);
     return model_image_tokens(cfg) * (f->token_width ? f->token_width(cfg) : 1);

@@ -46,7 +46,7 @@ typedef struct model_family {
      * every step, else a preview. Runs on w's backend (m->be or a fork of
      * it), touching nothing of m but its read-only weights and config, so
      * a thread other than the one stepping may draw. */
-    int (*draw)(const struct model *m, struct vq_work *w, const int *tokens, int n_done,
+    int (*draw)(const struct model *m, struct vq_work *w, const int *tokens, int size, int n_done,
                 uint8_t *rgb, ar_error_t *err);
     /* The backend memory a draw needs: w's buffers (vq_work_bytes) and
      * whatever the family allocates per draw, in *n_buffers allocations. */
@@ -81,6 +81,9 @@ void model_geometry_sized(const model_config_t *cfg, int n_prompt, int size, kv_
 int model_steps(const model_config_t *cfg);
 /* Image tokens of every request of this model. */
 int model_image_tokens(const model_config_t *cfg);
+/* The pixels of image size `size` (0: the default, the only one of a
+ * model with one size). */
+void model_image_dims(const model_config_t *cfg, int size, int *width, int *height);
 /* Values in a request's token array: image tokens x the family's token
  * width. */
 int model_token_values(const model_config_t *cfg);

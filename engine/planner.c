@@ -122,13 +122,19 @@ int planner_plan(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_
 int planner_plan_dtype(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,
                        int n_prompt, int block_tokens, planner_kv_dtype_t dt, const char **field,
                        ar_error_t *err) {
+    return planner_plan_sized(pl, cfg, p, n_prompt, 0, block_tokens, dt, field, err);
+}
+
+int planner_plan_sized(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,
+                       int n_prompt, int size, int block_tokens, planner_kv_dtype_t dt,
+                       const char **field, ar_error_t *err) {
     memset(pl, 0, sizeof *pl);
     if (field)
         *field = NULL;
     if (block_tokens < 1)
         return ar_errorf(err, "block_tokens %d: must be positive", block_tokens);
     kv_geometry_t g;
-    model_geometry(cfg, n_prompt, &g);
+    model_geometry_sized(cfg, n_prompt, size, &g);
     pl->steps = kv_geometry_steps(&g);
     pl->tokens = malloc((size_t)pl->steps * sizeof *pl->tokens);
     pl->bytes = malloc((size_t)pl->steps * sizeof *pl->bytes);
@@ -191,7 +197,7 @@ static int same_plan(const planner_plan_t *a, const planner_plan_t *b) {
 }
 
 int planner_plan_levels(planner_levels_t *lv, const model_config_t *cfg,
-                        const kv_policy_params_t *p, double lo, double hi, int n_prompt,
+                        const kv_policy_params_t *p, double lo, double hi, int n_prompt, int size,
                         int block_tokens, planner_kv_dtype_t dt, const char **field,
                         ar_error_t *err) {
     memset(lv, 0, sizeof *lv);
@@ -206,7 +212,7 @@ int planner_plan_levels(planner_levels_t *lv, const model_config_t *cfg,
         q.budget = cand[i];
         planner_plan_t plan;
         const int floor_level = i == n_cand - 1;
-        if (planner_plan_dtype(&plan, cfg, &q, n_prompt, block_tokens, dt,
+        if (planner_plan_sized(&plan, cfg, &q, n_prompt, size, block_tokens, dt,
                                floor_level ? field : NULL, floor_level ? err : NULL) != AR_OK) {
             if (!floor_level)
                 continue;

@@ -90,6 +90,11 @@ int planner_plan(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_
 int planner_plan_dtype(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,
                        int n_prompt, int block_tokens, planner_kv_dtype_t dt, const char **field,
                        ar_error_t *err);
+/* The same for a request of image size `size` (an index into
+ * image.sizes; planner_plan_dtype plans size 0, the default). */
+int planner_plan_sized(planner_plan_t *pl, const model_config_t *cfg, const kv_policy_params_t *p,
+                       int n_prompt, int size, int block_tokens, planner_kv_dtype_t dt,
+                       const char **field, ar_error_t *err);
 void planner_plan_free(planner_plan_t *pl);
 
 /* ---- elastic budgets ---- */
@@ -116,7 +121,7 @@ typedef struct planner_levels {
  * check's message; *field as planner_plan's) or memory runs out. A
  * candidate between the ends that fails its check is left out. */
 int planner_plan_levels(planner_levels_t *lv, const model_config_t *cfg,
-                        const kv_policy_params_t *p, double lo, double hi, int n_prompt,
+                        const kv_policy_params_t *p, double lo, double hi, int n_prompt, int size,
                         int block_tokens, planner_kv_dtype_t dt, const char **field,
                         ar_error_t *err);
 void planner_levels_free(planner_levels_t *lv);

@@ -76,9 +76,10 @@ struct sched_job {
 typedef struct img_task {
     sched_job_t *job; /* a reference, held by the task */
     int image;
-    int preview; /* -1 for the final image, else the preview index */
-    int n_done;  /* the steps the tokens are of */
-    int *tokens; /* the image's tokens after n_done steps, until drawn */
+    int preview;             /* -1 for the final image, else the preview index */
+    int n_done;              /* the steps the tokens are of */
+    int *tokens;             /* the image's tokens after n_done steps, until drawn */
+    int size, width, height; /* the image's size (an index) and pixels */
     uint8_t *rgb;
     struct img_task *next;
 } img_task_t;
@@ -95,7 +96,6 @@ struct scheduler {
     model_t *model;
     sched_options_t opt;
     metrics_t *metrics;
-    int width, height;
 
     pthread_mutex_t mu;
     pthread_cond_t wake; /* new job, cancellation or stop */
@@ -373,8 +373,13 @@ static void draw_queue(scheduler_t *s, sched_job_t *j, int image, int preview, i
         return;
     }
     memcpy(tokens, r->tokens, n * sizeof *tokens);
-    *t = (img_task_t){
-        .job = j, .image = image, .preview = preview, .n_done = n_done, .tokens = tokens};
+    *t = (img_task_t){.job = j,
+                      .image = image,
+                      .preview = preview,
+                      .n_done = n_done,
+                      .tokens = tokens,
+                      .size = r->size};
+    model_image_dims(&s->model->cfg, r->size, &t->width, &t->height);
     pthread_mutex_lock(&j->mu);
     j->refs++;
     j->previews_pending += preview >= 0;
@@ -468,7 +473,6 @@ static void check_backend(scheduler_t *s, backend_t *be) {
  * the PNG workers. An image whose job has failed already is not drawn. */
 static void *draw_main(void *arg) {
     scheduler_t *s = arg;
-    const size_t rgb_bytes = (size_t)s->width * s->height * 3;
     for (img_task_t *batch; (batch = queue_pop(&s->draw_q, 1));) {
         for (img_task_t *t = batch, *next; t; t = next) {
             next = t->next;
@@ -479,9 +483,10 @@ static void *draw_main(void *arg) {
             if (failed) { /* logged once, by the draw that failed it */
                 png_store(s, t, NULL, 0);
                 task_free(t);
-            } else if (!(t->rgb = malloc(rgb_bytes))) {
+            } else if (!(t->rgb = malloc((size_t)t->width * t->height * 3))) {
                 task_failed(s, t, "drawing", "image decoding failed", "out of memory");
-            } else if (gen_drawer_draw(&s->drawer, t->tokens, t->n_done, t->rgb, &err) != AR_OK) {
+            } else if (gen_drawer_draw(&s->drawer, t->tokens, t->size, t->n_done, t->rgb, &err) !=
+                       AR_OK) {
                 task_failed(s, t, "drawing", "image decoding failed", err.msg);
                 check_backend(s, s->drawer.be);
             } else {
@@ -500,7 +505,7 @@ static void *png_worker(void *arg) {
         uint8_t *png = NULL;
         size_t len = 0;
         ar_error_t err = {{0}};
-        if (png_encode(t->rgb, s->width, s->height, &png, &len, &err) != AR_OK) {
+        if (png_encode(t->rgb, t->width, t->height, &png, &len, &err) != AR_OK) {
             task_failed(s, t, "PNG encoding", "PNG encoding failed", err.msg);
             continue;
         }
@@ -817,10 +822,10 @@ static int job_set_levels(sched_job_t *j, const planner_levels_t *lv, double lo,
 }
 
 int sched_plan_range(const model_config_t *cfg, const kv_policy_params_t *p, double budget_min,
-                     int n_prompt, int block_tokens, planner_kv_dtype_t dt, planner_levels_t *lv,
-                     double *lo, sched_refusal_info_t *why) {
+                     int n_prompt, int size, int block_tokens, planner_kv_dtype_t dt,
+                     planner_levels_t *lv, double *lo, sched_refusal_info_t *why) {
     kv_geometry_t g;
-    model_geometry(cfg, n_prompt, &g);
+    model_geometry_sized(cfg, n_prompt, size, &g);
     const double hi = p->budget, least = kv_policy_min_budget(p, &g);
     if (!kv_policy_uses_budget(p->kind, &g)) {
         why->field = "budget_min";
@@ -858,8 +863,8 @@ int sched_plan_range(const model_config_t *cfg, const kv_policy_params_t *p, dou
         return AR_ERR;
     }
     ar_error_t err = {{0}};
-    if (planner_plan_levels(lv, cfg, p, *lo, hi, n_prompt, block_tokens, dt, &why->field, &err) !=
-        AR_OK) {
+    if (planner_plan_levels(lv, cfg, p, *lo, hi, n_prompt, size, block_tokens, dt, &why->field,
+                            &err) != AR_OK) {
         snprintf(why->message, sizeof why->message, "%.*s", (int)sizeof why->message - 1, err.msg);
         return AR_ERR;
     }
@@ -886,10 +891,10 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
     ar_error_t perr = {{0}};
     if (req->kv_budget_min != 0) {
         if (sched_plan_range(&s->model->cfg, &req->kv_policy, req->kv_budget_min, req->n_prompt,
-                             s->pool.blocks.block_tokens, planner_kv_same(s->pool.blocks.dtype),
-                             &lv, &lo, why) != AR_OK)
+                             req->size, s->pool.blocks.block_tokens,
+                             planner_kv_same(s->pool.blocks.dtype), &lv, &lo, why) != AR_OK)
             return refuse(s, why, SCHED_REFUSED_INVALID_POLICY, "invalid_policy");
-    } else if (planner_plan_dtype(&plan, &s->model->cfg, &req->kv_policy, req->n_prompt,
+    } else if (planner_plan_sized(&plan, &s->model->cfg, &req->kv_policy, req->n_prompt, req->size,
                                   s->pool.blocks.block_tokens,
                                   planner_kv_same(s->pool.blocks.dtype), &why->field,
                                   &perr) != AR_OK) {
@@ -918,6 +923,7 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
                          .cond = j->cond,
                          .uncond = j->uncond,
                          .n_prompt = req->n_prompt,
+                         .size = req->size,
                          .n_images = req->n_images,
                          .params = req->params,
                          .seed = req->seed,
@@ -1173,8 +1179,6 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
     s->model = model;
     s->opt = *opt;
     s->metrics = metrics;
-    s->width = model_config_image_width(&model->cfg);
-    s->height = model_config_image_height(&model->cfg);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->wake, NULL);
     queue_init(&s->draw_q);

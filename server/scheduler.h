@@ -40,6 +40,7 @@ typedef struct sched_job sched_job_t;
 typedef struct sched_request {
     const int *cond, *uncond; /* the prompt rows (copied) */
     int n_prompt;
+    int size;     /* image size: an index into the model's image.sizes (0: the default) */
     int n_images; /* 1..SCHED_MAX_IMAGES */
     sampler_params_t params;
     uint64_t seed;
@@ -182,8 +183,8 @@ const char *sched_backend_unusable(scheduler_t *s);
  * into *lo. AR_ERR with why's field ("budget_min", "budget" or the
  * policy's) and message filled. */
 int sched_plan_range(const model_config_t *cfg, const kv_policy_params_t *p, double budget_min,
-                     int n_prompt, int block_tokens, planner_kv_dtype_t dt, planner_levels_t *lv,
-                     double *lo, sched_refusal_info_t *why);
+                     int n_prompt, int size, int block_tokens, planner_kv_dtype_t dt,
+                     planner_levels_t *lv, double *lo, sched_refusal_info_t *why);
 
 /* Peak KV bytes of one image (its CFG pair) under policy p with a prompt of
  * n_prompt tokens; 0 when p does not suit the model. */

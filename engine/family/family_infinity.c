@@ -254,11 +254,7 @@ static int infinity_step(model_t *m, gen_request_t *const *reqs, int n, ar_error
         return AR_OK;
     backend_t *be = m->be;
     const model_config_t *c = &m->cfg;
-    const int bits = c->image.bits, V = 2 * bits, size = c->image.default_size;
-    const image_size_t *z = &c->image.sizes[size];
-    const int S = z->n_scales;
-    int offs[MODEL_MAX_SCALES + 1];
-    scale_offsets(z, offs);
+    const int bits = c->image.bits, V = 2 * bits;
     arena_t *a = &m->arena;
     arena_begin(a);
     inf_input_t *in = arena_calloc(a, (size_t)2 * n, sizeof *in);
@@ -271,6 +267,7 @@ static int infinity_step(model_t *m, gen_request_t *const *reqs, int n, ar_error
     }
     for (int i = 0; i < n; i++) {
         const int si = reqs[i]->step;
+        const image_size_t *z = &c->image.sizes[reqs[i]->size];
         rows += (size_t)2 * z->h[si] * z->w[si];
         if (si > 0)
             in_floats += (size_t)z->h[si] * z->w[si] * bits;
@@ -288,7 +285,8 @@ static int infinity_step(model_t *m, gen_request_t *const *reqs, int n, ar_error
     size_t at_in = 0;
     for (int i = 0; i < n; i++) {
         gen_request_t *r = reqs[i];
-        const int si = r->step;
+        const int si = r->step, size = r->size;
+        const image_size_t *z = &c->image.sizes[size];
         const float *dev_rows = NULL;
         if (si > 0) {
             if (infinity_latent(c, size, r->tokens, si, fhat, err) != AR_OK ||
@@ -307,7 +305,7 @@ static int infinity_step(model_t *m, gen_request_t *const *reqs, int n, ar_error
                 .rows = dev_rows,
                 .cond = r->cond_table[j],
                 .n_text = r->n_prompt,
-                .cache = si < S - 1,
+                .cache = si < z->n_scales - 1,
                 .collect_mass = r->collect[j],
                 .policy = r->policy_state[j],
                 .peak_blocks = kv_policy_layered(r->policy_state[j]) ? &r->kv_peak_blocks : NULL,
@@ -318,7 +316,10 @@ static int infinity_step(model_t *m, gen_request_t *const *reqs, int n, ar_error
     const float *row = logits;
     for (int i = 0; i < n; i++) {
         gen_request_t *r = reqs[i];
+        const image_size_t *z = &c->image.sizes[r->size];
         const int si = r->step, pp = z->h[si] * z->w[si];
+        int offs[MODEL_MAX_SCALES + 1];
+        scale_offsets(z, offs);
         if (r->forced) {
             float *keep = realloc(r->logits, (size_t)2 * pp * V * sizeof *keep);
             if (!keep) {
@@ -349,11 +350,13 @@ out:
     return rc;
 }
 
-static int infinity_draw(const model_t *m, vq_work_t *vw, const int *tokens, int n_done,
+static int infinity_draw(const model_t *m, vq_work_t *vw, const int *tokens, int size, int n_done,
                          uint8_t *rgb, ar_error_t *err) {
     const infinity_net_t *net = m->net;
     const model_config_t *c = &m->cfg;
-    const int size = c->image.default_size, P = c->image.spatial_patchify ? 2 : 1;
+    const int P = c->image.spatial_patchify ? 2 : 1;
+    if (size < 0 || size >= c->image.n_sizes)
+        return ar_errorf(err, "image size %d: the model has %d", size, c->image.n_sizes);
     const image_size_t *z = &c->image.sizes[size];
     const int S = z->n_scales, n_scales = n_done < 0 ? 0 : n_done > S ? S : n_done;
     const int h = z->h[S - 1] * P, w = z->w[S - 1] * P;

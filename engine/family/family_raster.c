@@ -84,8 +84,9 @@ static int raster_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t
 }
 
 /* Tokens not generated yet are drawn as token 0. */
-static int raster_draw(const model_t *m, vq_work_t *w, const int *tokens, int n_done, uint8_t *rgb,
-                       ar_error_t *err) {
+static int raster_draw(const model_t *m, vq_work_t *w, const int *tokens, int size, int n_done,
+                       uint8_t *rgb, ar_error_t *err) {
+    (void)size; /* one grid */
     const int n = model_image_tokens(&m->cfg);
     if (n_done >= n)
         return vq_decode(&raster_net_of(m)->dec, w, tokens, rgb, NULL, err);

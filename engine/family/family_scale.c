@@ -310,8 +310,9 @@ out:
 
 /* The image from the first n_done scales of tokens (all of them when
  * finished): f_hat so far through the decoder. */
-static int scale_draw(const model_t *m, vq_work_t *vw, const int *tokens, int n_done, uint8_t *rgb,
-                      ar_error_t *err) {
+static int scale_draw(const model_t *m, vq_work_t *vw, const int *tokens, int size, int n_done,
+                      uint8_t *rgb, ar_error_t *err) {
+    (void)size; /* VAR has one size */
     const scale_net_t *net = scale_net_of(m);
     const model_config_t *c = &m->cfg;
     const int S = c->image.n_scales, n_scales = n_done < 0 ? 0 : n_done > S ? S : n_done;

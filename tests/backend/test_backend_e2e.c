@@ -291,7 +291,7 @@ typedef struct fork_draw {
 static void *draw_on_fork(void *arg) {
     fork_draw_t *f = arg;
     for (int i = 0; i < f->rounds && f->rc == AR_OK; i++)
-        f->rc = gen_drawer_draw(f->drawer, f->tokens, f->n_done, f->rgb, &f->err);
+        f->rc = gen_drawer_draw(f->drawer, f->tokens, 0, f->n_done, f->rgb, &f->err);
     return NULL;
 }
 

@@ -389,7 +389,7 @@ static void replay(const trace_t *tr) {
         const tjob_t *j = &tr->jobs[k];
         if (j->lo > 0) {
             planner_levels_t lv;
-            CHECK_MSG(planner_plan_levels(&lv, c, &j->pol, j->lo, j->hi, j->n_prompt, bt,
+            CHECK_MSG(planner_plan_levels(&lv, c, &j->pol, j->lo, j->hi, j->n_prompt, 0, bt,
                                           planner_kv_f32, NULL, &err) == AR_OK,
                       "levels of [%g, %g]: %s", j->lo, j->hi, err.msg);
             for (int l = 0; l < lv.n; l++) {

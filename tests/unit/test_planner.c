@@ -140,7 +140,8 @@ static void test_levels_of_a_budget_range(void) {
     kv_policy_defaults(&p, KV_POLICY_LINEAR);
     planner_levels_t lv;
     ar_error_t err = {{0}};
-    CHECK_MSG(planner_plan_levels(&lv, &c, &p, 0.5, 1, 4, 1, planner_kv_f32, NULL, &err) == AR_OK,
+    CHECK_MSG(planner_plan_levels(&lv, &c, &p, 0.5, 1, 4, 0, 1, planner_kv_f32, NULL, &err) ==
+                  AR_OK,
               "%s", err.msg);
     CHECK(lv.n >= 2 && lv.n <= PLANNER_MAX_LEVELS && lv.budgets[0] == 1);
     for (int l = 1; l < lv.n; l++) {
@@ -158,14 +159,17 @@ static void test_levels_of_a_budget_range(void) {
     planner_plan_free(&floor_plan);
     planner_levels_free(&lv);
     /* One budget: one level. */
-    CHECK(planner_plan_levels(&lv, &c, &p, 0.75, 0.75, 4, 1, planner_kv_f32, NULL, &err) == AR_OK &&
+    CHECK(planner_plan_levels(&lv, &c, &p, 0.75, 0.75, 4, 0, 1, planner_kv_f32, NULL, &err) ==
+              AR_OK &&
           lv.n == 1 && lv.budgets[0] == 0.75);
     planner_levels_free(&lv);
     /* A floor too small for the policy's knobs fails, naming the budget. */
     const char *field = NULL;
-    CHECK(planner_plan_levels(&lv, &c, &p, 0.01, 1, 4, 1, planner_kv_f32, &field, &err) == AR_ERR &&
+    CHECK(planner_plan_levels(&lv, &c, &p, 0.01, 1, 4, 0, 1, planner_kv_f32, &field, &err) ==
+              AR_ERR &&
           field && strcmp(field, "budget") == 0);
-    CHECK(planner_plan_levels(&lv, &c, &p, 0.8, 0.5, 4, 1, planner_kv_f32, NULL, &err) == AR_ERR);
+    CHECK(planner_plan_levels(&lv, &c, &p, 0.8, 0.5, 4, 0, 1, planner_kv_f32, NULL, &err) ==
+          AR_ERR);
 }
 
 int main(void) {

@@ -46,15 +46,15 @@ int png_encode(const uint8_t *rgb, int width, int height, uint8_t **out, size_t 
  * --wrap=gen_draw (Makefile), so the scheduler's draws come here first. */
 static int fail_previews, fail_finals;
 
-int __real_gen_draw(const model_t *m, struct vq_work *w, const int *tokens, int n_done,
+int __real_gen_draw(const model_t *m, struct vq_work *w, const int *tokens, int size, int n_done,
                     uint8_t *rgb, ar_error_t *err);
-int __wrap_gen_draw(const model_t *m, struct vq_work *w, const int *tokens, int n_done,
+int __wrap_gen_draw(const model_t *m, struct vq_work *w, const int *tokens, int size, int n_done,
                     uint8_t *rgb, ar_error_t *err) {
     const int final = n_done >= model_steps(&m->cfg);
     if (final ? __atomic_load_n(&fail_finals, __ATOMIC_SEQ_CST)
               : __atomic_load_n(&fail_previews, __ATOMIC_SEQ_CST))
         return ar_errorf(err, "a planted failure");
-    return __real_gen_draw(m, w, tokens, n_done, rgb, err);
+    return __real_gen_draw(m, w, tokens, size, n_done, rgb, err);
 }
 
 /* Engine iterations made slower on demand (microseconds each), through a
