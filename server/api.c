@@ -1028,6 +1028,13 @@ static int add_model_card(cJSON *m, const api_limits_t *lim, const api_model_car
     int ok = add_str(a, "family", card->family);
     ok &= add_str(a, "conditioning", lim->num_classes > 0 ? "class" : "text");
     ok &= add_num(a, "width", lim->widths[0]) && add_num(a, "height", lim->heights[0]);
+    cJSON *sizes = cJSON_AddArrayToObject(a, "sizes");
+    ok &= sizes != NULL;
+    for (int i = 0; sizes && i < lim->n_sizes; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "%dx%d", lim->widths[i], lim->heights[i]);
+        ok &= cJSON_AddItemToArray(sizes, cJSON_CreateString(name));
+    }
     ok &= add_num(a, "steps", kv_geometry_steps(g));
     ok &= add_str(a, "step_unit", g->step_unit == KV_STEP_TOKEN ? "token" : "segment");
     ok &= add_str(a, "segment_name", card->segment_name);

@@ -67,7 +67,8 @@ struct http_server {
     api_limits_t limits;
     api_model_card_t card; /* GET /v1/models */
     kv_geometry_t geom;    /* the card's */
-    int width, height;
+    int n_sizes;           /* the model's image sizes, its default first */
+    int widths[MODEL_MAX_SIZES], heights[MODEL_MAX_SIZES];
     atomic_int ready, inflight;
     metric_t *m_requests;
     metric_t *m_jobs; /* arserve_async_jobs{state}, counted at each scrape */
@@ -487,7 +488,7 @@ static int sse_progress(sse_t *s, const sched_snapshot_t *snap, int steps) {
 static int sse_collect(sse_t *s, const sched_snapshot_t *snap) {
     sched_job_t *j = s->job;
     const long now = (long)time(NULL);
-    const int W = s->h->width, H = s->h->height;
+    const int W = snap->width, H = snap->height;
     /* Once admitted, before any step's progress: the budget it runs at. */
     for (int i = 0; snap->started && !s->said_admitted && i < snap->n_images; i++)
         if (sse_append(s, API_SSE_PROGRESS,
@@ -645,9 +646,9 @@ static enum MHD_Result respond_images(http_server_t *h, struct MHD_Connection *c
     api_timings_t timings;
     job_report(snap, &kv, &timings);
     char *json = ok ? api_images_response_json((long)time(NULL), snap->n_images,
-                                               (const char *const *)b64, h->width, h->height,
-                                               model_image_tokens(&h->model->cfg) * snap->n_images,
-                                               prompt_tokens, &kv, &timings)
+                                               (const char *const *)b64, snap->width, snap->height,
+                                               snap->image_tokens * snap->n_images, prompt_tokens,
+                                               &kv, &timings)
                     : NULL;
     for (int i = 0; b64 && i < snap->n_images; i++)
         free(b64[i]);
@@ -712,6 +713,14 @@ static char *quoted_prompt(const char *prompt) {
 static enum MHD_Result submit_async(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
                                     const sched_request_t *rq);
 
+/* The model's size index of a validated request's width and height. */
+static int http_size_index(const http_server_t *h, int width, int height) {
+    for (int i = 0; i < h->n_sizes; i++)
+        if (h->widths[i] == width && h->heights[i] == height)
+            return i;
+    return 0; /* api_parse_image_request accepts only the model's sizes */
+}
+
 static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *c, conn_t *cx) {
     api_image_request_t req;
     api_error_t e;
@@ -738,6 +747,7 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
     sched_request_t rq = {.cond = cond,
                           .uncond = uncond,
                           .n_prompt = n_prompt,
+                          .size = http_size_index(h, req.width, req.height),
                           .n_images = req.n,
                           .seed = req.has_seed ? req.seed : random_seed(),
                           .kv_policy = req.kv_policy,
@@ -844,9 +854,9 @@ static enum MHD_Result respond_job(http_server_t *h, struct MHD_Connection *c, c
         job_report(&snap, &kv, &timings);
         r.n = snap.n_images;
         r.b64_pngs = (const char *const *)b64;
-        r.width = h->width;
-        r.height = h->height;
-        r.image_tokens = model_image_tokens(&h->model->cfg) * snap.n_images;
+        r.width = snap.width;
+        r.height = snap.height;
+        r.image_tokens = snap.image_tokens * snap.n_images;
         r.prompt_tokens = e->prompt_tokens;
         r.kv = &kv;
         r.timings = &timings;
@@ -1519,13 +1529,14 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
     h->model = model;
     h->sched = sched;
     h->metrics = metrics;
-    h->width = model_config_image_width(&model->cfg);
-    h->height = model_config_image_height(&model->cfg);
+    h->n_sizes = model->cfg.image.n_sizes > 0 ? model->cfg.image.n_sizes : 1;
+    for (int i = 0; i < h->n_sizes; i++)
+        model_image_dims(&model->cfg, i, &h->widths[i], &h->heights[i]);
     h->limits = (api_limits_t){.model_name = model->cfg.name,
                                .max_n = opt->max_n,
-                               .n_sizes = 1,
-                               .widths = &h->width,
-                               .heights = &h->height,
+                               .n_sizes = h->n_sizes,
+                               .widths = h->widths,
+                               .heights = h->heights,
                                .max_prompt_bytes = 4096,
                                .codebook_size = model->cfg.image.codebook_size,
                                .num_classes = model->cfg.condition.num_classes,

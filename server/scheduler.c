@@ -30,6 +30,7 @@
 struct sched_job {
     uint64_t id;
     int n_images, partial_images;
+    int width, height, image_tokens; /* one image's, at its size */
     int *cond, *uncond;
     kv_policy_params_t kv_policy;
     size_t *kv_bytes; /* the planned KV of all its images, per step */
@@ -232,6 +233,9 @@ static void snapshot_locked(const sched_job_t *j, sched_snapshot_t *out) {
                               .n_partials = j->n_partials,
                               .partial_images = j->partial_images,
                               .n_images = j->n_images,
+                              .width = j->width,
+                              .height = j->height,
+                              .image_tokens = j->image_tokens,
                               .kv_policy = j->kv_policy,
                               .kv_budget_min = j->kv_budget_min,
                               .kv_budget_max = j->kv_budget_max,
@@ -876,10 +880,13 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
     why->pool_bytes = kv_pool_capacity_bytes(&s->pool);
     why->max_running = s->opt.max_running;
     why->max_waiting = s->opt.max_waiting;
+    const int n_sizes = s->model->cfg.image.n_sizes > 0 ? s->model->cfg.image.n_sizes : 1;
     if (req->n_images < 1 || req->n_images > SCHED_MAX_IMAGES || req->n_prompt < 1 ||
-        req->partial_images < 0 || req->partial_images > SCHED_MAX_PARTIALS) {
-        snprintf(why->message, sizeof why->message, "a request of %d images and %d previews",
-                 req->n_images, req->partial_images);
+        req->partial_images < 0 || req->partial_images > SCHED_MAX_PARTIALS || req->size < 0 ||
+        req->size >= n_sizes) {
+        snprintf(why->message, sizeof why->message,
+                 "a request of %d images, %d previews and size %d", req->n_images,
+                 req->partial_images, req->size);
         return refuse(s, why, SCHED_REFUSED_NO_MEMORY, NULL);
     }
     /* The plan is pure host arithmetic on read-only geometry: no lock. A
@@ -904,6 +911,12 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
     const planner_plan_t *own = lv.n > 0 ? &lv.plans[lv.n - 1] : &plan;
     why->need_bytes = own->peak_bytes * (size_t)req->n_images;
     sched_job_t *j = job_new(req, own);
+    if (j) {
+        kv_geometry_t g;
+        model_geometry_sized(&s->model->cfg, req->n_prompt, req->size, &g);
+        j->image_tokens = kv_geometry_image_tokens(&g);
+        model_image_dims(&s->model->cfg, req->size, &j->width, &j->height);
+    }
     if (j && lv.n > 0) {
         j->kv_policy.budget = lv.budgets[lv.n - 1]; /* until admitted */
         if (job_set_levels(j, &lv, lo, req->kv_policy.budget) != AR_OK) {

@@ -103,8 +103,9 @@ typedef struct sched_snapshot {
     int n_partials;     /* previews ready for every image */
     int partial_images; /* previews asked for */
     int n_images;
-    char message[256];            /* SCHED_FAILED: what failed */
-    kv_policy_params_t kv_policy; /* its budget: the admitted one once started */
+    int width, height, image_tokens; /* each image's pixels and tokens (its size's) */
+    char message[256];               /* SCHED_FAILED: what failed */
+    kv_policy_params_t kv_policy;    /* its budget: the admitted one once started */
     /* A budget range (kv_budget_min > 0; 0 without): its least and most. */
     double kv_budget_min, kv_budget_max;
     size_t kv_planned_peak_bytes; /* one image's planned KV peak (at the admitted budget) */
