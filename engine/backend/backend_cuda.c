@@ -879,13 +879,13 @@ static void cuda_add(backend_t *be, float *y, const float *a, size_t n) {
         LAUNCH_CHECK(be, kern_add(y, a, n, impl_of(be)->stream));
 }
 
-/* Infinity's ops (its T5 encoder and cross-attention) have CPU references
- * only so far: the CUDA backend refuses them, stickily, with the op named. */
 static void cuda_mul(backend_t *be, float *y, const float *a, size_t n) {
-    (void)y, (void)a, (void)n;
-    cuda_fail(be, "mul: not implemented on the CUDA backend yet");
+    if (use_device(be) == AR_OK)
+        LAUNCH_CHECK(be, kern_mul(y, a, n, impl_of(be)->stream));
 }
 
+/* Infinity's T5 encoder and cross-attention have a CPU reference only so
+ * far: the CUDA backend refuses the op, stickily, with the op named. */
 static void cuda_attention_dense(backend_t *be, float *out, const float *q, const float *k,
                                  const float *v, int kv_stride, const int *q_start,
                                  const int *k_start, int n_seq, int n_heads, int head_dim,
@@ -1114,6 +1114,7 @@ static void op_end(backend_t *be, unsigned errors_before) {
     X(gelu, (backend_t * be, float *x, size_t n), (be, x, n))                                      \
     X(gelu_tanh, (backend_t * be, float *x, size_t n), (be, x, n))                                 \
     X(add, (backend_t * be, float *y, const float *a, size_t n), (be, y, a, n))                    \
+    X(mul, (backend_t * be, float *y, const float *a, size_t n), (be, y, a, n))                    \
     X(scale, (backend_t * be, float *x, size_t n, float s), (be, x, n, s))                         \
     X(softmax, (backend_t * be, float *x, int rows, int cols), (be, x, rows, cols))                \
     X(embedding,                                                                                   \

@@ -78,6 +78,7 @@ cudaError_t kern_silu_mul(float *out, const float *gate, const float *up, size_t
 cudaError_t kern_gelu(float *x, size_t n, cudaStream_t stream);      /* exact erf form */
 cudaError_t kern_gelu_tanh(float *x, size_t n, cudaStream_t stream); /* tanh approximation */
 cudaError_t kern_add(float *y, const float *a, size_t n, cudaStream_t stream); /* y += a */
+cudaError_t kern_mul(float *y, const float *a, size_t n, cudaStream_t stream); /* y *= a */
 cudaError_t kern_scale(float *x, size_t n, float s, cudaStream_t stream);      /* x *= s */
 
 /* AdaLN: y[r, j] = x[r, j] * (1 + scale[j]) + shift[j]; y may be x. */

@@ -450,6 +450,10 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
     b->rope(b, x, pos, 2, 2, 4, 10000.0f);
     d = stats_since(b, &t);
     CHECK(d.launches == 1 && d.h2d_copies == 1 && d.h2d_bytes == sizeof pos && d.syncs == 0);
+    backend_stats(b, &t);
+    b->mul(b, y, x, 100);
+    d = stats_since(b, &t);
+    CHECK(d.launches == 1 && stats_no_copies(&d));
 
     /* the high-water mark rises with an allocation and stays after its free */
     backend_stats(b, &t);
@@ -840,8 +844,8 @@ static float *ew_input(size_t n) {
 
 /* Sizes 0, 1, a partial block, and more elements than the capped grid
  * covers in one pass (4096 * 256 = 1048576). silu/gelu/gelu_tanh 1e-6 abs +
- * 1e-5 rel (GPU expf/erff/tanhf are within 2 ulp); add and scale are exact
- * fp32. */
+ * 1e-5 rel (GPU expf/erff/tanhf are within 2 ulp); add, mul and scale are
+ * exact fp32, the specials' Inf and NaN included. */
 static void test_elementwise(void) {
     const size_t sizes[] = {0, 1, 31, 257, 100003, 1048576 + 1000};
     for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
@@ -881,6 +885,12 @@ static void test_elementwise(void) {
         dut->add(dut, pg.dut, pu.dut, n);
         snprintf(what, sizeof what, "add n=%zu", n);
         compare(what, pg, 0, 0, NULL, 0);
+
+        cpu->mul(cpu, pg.ref, pu.ref, n);
+        dut->mul(dut, pg.dut, pu.dut, n);
+        snprintf(what, sizeof what, "mul n=%zu", n);
+        compare(what, pg, 0, 0, NULL, 0);
+        check_unchanged(what, pu, u);
 
         cpu->scale(cpu, pg.ref, n, -0.37f);
         dut->scale(dut, pg.dut, n, -0.37f);
