@@ -879,20 +879,45 @@ static void cuda_add(backend_t *be, float *y, const float *a, size_t n) {
         LAUNCH_CHECK(be, kern_add(y, a, n, impl_of(be)->stream));
 }
 
-/* Infinity's ops (its T5 encoder and cross-attention) have CPU references
- * only so far: the CUDA backend refuses them, stickily, with the op named. */
 static void cuda_mul(backend_t *be, float *y, const float *a, size_t n) {
-    (void)y, (void)a, (void)n;
-    cuda_fail(be, "mul: not implemented on the CUDA backend yet");
+    if (use_device(be) == AR_OK)
+        LAUNCH_CHECK(be, kern_mul(y, a, n, impl_of(be)->stream));
 }
 
+/* q_start and k_start are host arrays: each launch stages a run of
+ * sequences' starts (both arrays, n + 1 ints each) in one copy, as many
+ * sequences as the staging buffer holds; the kernel finds a row's sequence
+ * in them. */
 static void cuda_attention_dense(backend_t *be, float *out, const float *q, const float *k,
                                  const float *v, int kv_stride, const int *q_start,
                                  const int *k_start, int n_seq, int n_heads, int head_dim,
                                  float scale, const float *bias, int bias_span) {
-    (void)out, (void)q, (void)k, (void)v, (void)kv_stride, (void)q_start, (void)k_start;
-    (void)n_seq, (void)n_heads, (void)head_dim, (void)scale, (void)bias, (void)bias_span;
-    cuda_fail(be, "attention_dense: not implemented on the CUDA backend yet");
+    assert(n_seq >= 0 && n_heads > 0 && head_dim > 0 && kv_stride >= n_heads * head_dim);
+    if (head_dim > 512) {
+        cuda_fail(be, "attention_dense: head_dim %d is more than the kernels' 512", head_dim);
+        return;
+    }
+    if (n_seq == 0 || q_start[n_seq] == q_start[0] || use_device(be) != AR_OK)
+        return;
+    int *h = (int *)impl_of(be)->kv_host;
+    const int per = (int)(STAGING_INTS / 2) - 1;
+    for (int s0 = 0; s0 < n_seq; s0 += per) {
+        const int n = n_seq - s0 < per ? n_seq - s0 : per;
+        const int rows = q_start[s0 + n] - q_start[s0];
+        for (int s = s0; s < s0 + n; s++)
+            assert(q_start[s + 1] >= q_start[s] && k_start[s + 1] >= k_start[s] &&
+                   (!bias || (q_start[s + 1] - q_start[s] <= bias_span &&
+                              k_start[s + 1] - k_start[s] <= bias_span)));
+        if (rows == 0)
+            continue;
+        memcpy(h, q_start + s0, ((size_t)n + 1) * sizeof(int));
+        memcpy(h + n + 1, k_start + s0, ((size_t)n + 1) * sizeof(int));
+        const int *d = stage_ints(be, h, 2 * ((size_t)n + 1));
+        if (!d || LAUNCH_CHECK(be, kern_attention_dense(out, q, k, v, kv_stride, d, d + n + 1, n,
+                                                        rows, n_heads, head_dim, scale, bias,
+                                                        bias_span, impl_of(be)->stream)) != AR_OK)
+            return;
+    }
 }
 
 static void cuda_scale(backend_t *be, float *x, size_t n, float s) {
@@ -1089,6 +1114,12 @@ static void op_end(backend_t *be, unsigned errors_before) {
       (backend_t * be, float *out, const float *q, const float *k_new, const float *v_new,         \
        const kv_blocks_t *pool, const attn_batch_t *batch, int n_heads, float scale),              \
       (be, out, q, k_new, v_new, pool, batch, n_heads, scale))                                     \
+    X(attention_dense,                                                                             \
+      (backend_t * be, float *out, const float *q, const float *k, const float *v, int kv_stride,  \
+       const int *q_start, const int *k_start, int n_seq, int n_heads, int head_dim, float scale,  \
+       const float *bias, int bias_span),                                                          \
+      (be, out, q, k, v, kv_stride, q_start, k_start, n_seq, n_heads, head_dim, scale, bias,       \
+       bias_span))                                                                                 \
     X(kv_gather,                                                                                   \
       (backend_t * be, const kv_blocks_t *pool, const int *blocks, const int *keep, int n_keep,    \
        float *mass),                                                                               \
@@ -1114,6 +1145,7 @@ static void op_end(backend_t *be, unsigned errors_before) {
     X(gelu, (backend_t * be, float *x, size_t n), (be, x, n))                                      \
     X(gelu_tanh, (backend_t * be, float *x, size_t n), (be, x, n))                                 \
     X(add, (backend_t * be, float *y, const float *a, size_t n), (be, y, a, n))                    \
+    X(mul, (backend_t * be, float *y, const float *a, size_t n), (be, y, a, n))                    \
     X(scale, (backend_t * be, float *x, size_t n, float s), (be, x, n, s))                         \
     X(softmax, (backend_t * be, float *x, int rows, int cols), (be, x, rows, cols))                \
     X(embedding,                                                                                   \

@@ -2,10 +2,11 @@
  * attention split over keys (flash-decoding: partial max / sum / weighted
  * values per split, merged by a combine kernel) for one or many query rows
  * per sequence, next-scale attention (the cache, then a scale's own dense
- * keys), the exact key mass policies ask for, and in-place compaction.
+ * keys), the exact key mass policies ask for, and in-place compaction; and
+ * dense attention over keys outside the cache (Infinity's text, T5).
  * References: cpu_kv_append, cpu_attention, cpu_attention_scale,
- * cpu_kv_gather in engine/backend/backend_cpu.c; the layout is backend.h's
- * kv_blocks_t. */
+ * cpu_kv_gather, cpu_attention_dense in engine/backend/backend_cpu.c; the
+ * layout is backend.h's kv_blocks_t. */
 #include "kernels/cuda/common.cuh"
 
 /* Head dims up to this fit the per-lane accumulators (16 per lane). */
@@ -356,6 +357,91 @@ cudaError_t kern_attention_scale(float *out, const float *q, const float *k_new,
     AR_LAUNCH(attn_scale_mass_kernel,
               dim3((unsigned)((max_keys + AR_BLOCK - 1) / AR_BLOCK), (unsigned)n_items), AR_BLOCK,
               0, stream, q, k_new, pool, items, tables, n_heads, scale, scratch);
+    return cudaGetLastError();
+}
+
+/* ---- dense attention ------------------------------------------------------------ */
+
+/* The sequence holding query row r: the last s < n_seq with q_start[s] <= r
+ * (an empty sequence shares its start with the next one, which wins). */
+static __device__ __forceinline__ int seq_of(const int *q_start, int n_seq, int r) {
+    int lo = 0, hi = n_seq - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (q_start[mid] <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* One warp per (query row, head), as attn_scale_kernel: the sequence's
+ * keys in tiles of 32, lane l scoring key tile + l (a whole strided K row;
+ * plus its relative-position bias), the online softmax's max and sum by
+ * shuffles, then every lane adds the tile's weighted V rows for its own
+ * dimensions (d = lane + 32 i). The keys are few (a text of at most 512
+ * tokens), so no splits. A sequence without keys gives zeros, as the CPU. */
+__global__ void attn_dense_kernel(float *out, const float *q, const float *k, const float *v,
+                                  int kv_stride, const int *q_start, const int *k_start, int n_seq,
+                                  int n_heads, int hd, float scale, const float *bias,
+                                  int bias_span) {
+    AR_DYNAMIC_SHARED(float, qs);
+    __shared__ float ps[32];
+    const int lane = threadIdx.x, h = blockIdx.y;
+    const int r = q_start[0] + (int)blockIdx.x, s = seq_of(q_start, n_seq, r);
+    const int i = r - q_start[s], n_keys = k_start[s + 1] - k_start[s];
+    const size_t at = ((size_t)r * n_heads + h) * hd;
+    const size_t kv0 = (size_t)k_start[s] * kv_stride + (size_t)h * hd;
+    /* Key j's bias is bs[j]: (j - i) + span - 1 into the head's table. */
+    const float *bs = bias ? bias + (size_t)h * (2 * bias_span - 1) + (bias_span - 1 - i) : NULL;
+    for (int d = lane; d < hd; d += 32)
+        qs[d] = q[at + d];
+    __syncthreads();
+    float m = -INFINITY, l = 0.0f, acc[ATTN_ACC];
+    for (int a = 0; a < ATTN_ACC; a++)
+        acc[a] = 0.0f;
+    for (int tile = 0; tile < n_keys; tile += 32) {
+        const int j = tile + lane;
+        float sc = -INFINITY;
+        if (j < n_keys) {
+            sc = dot_f32(qs, k + kv0 + (size_t)j * kv_stride, hd) * scale;
+            if (bs)
+                sc += bs[j];
+        }
+        const float m_new = fmaxf(m, warp_max(sc)); /* finite: key `tile` exists */
+        const float rescale = expf(m - m_new);      /* 0 on the first tile */
+        const float pr = j < n_keys ? expf(sc - m_new) : 0.0f;
+        l = l * rescale + warp_sum(pr);
+        m = m_new;
+        ps[lane] = pr;
+        __syncthreads();
+        for (int a = 0; a < ATTN_ACC; a++)
+            acc[a] *= rescale;
+        const int nt = min(32, n_keys - tile);
+        for (int jj = 0; jj < nt; jj++) {
+            const float pj = ps[jj], *vr = v + kv0 + (size_t)(tile + jj) * kv_stride;
+            for (int a = 0; a < ATTN_ACC && lane + 32 * a < hd; a++)
+                acc[a] += pj * vr[lane + 32 * a];
+        }
+        __syncthreads(); /* ps is rewritten by the next tile */
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int a = 0; a < ATTN_ACC && lane + 32 * a < hd; a++)
+        out[at + lane + 32 * a] = acc[a] * inv;
+}
+
+cudaError_t kern_attention_dense(float *out, const float *q, const float *k, const float *v,
+                                 int kv_stride, const int *q_start, const int *k_start, int n_seq,
+                                 int rows, int n_heads, int head_dim, float scale,
+                                 const float *bias, int bias_span, cudaStream_t stream) {
+    if (rows <= 0 || n_seq <= 0 || n_heads <= 0 || head_dim <= 0)
+        return cudaSuccess;
+    if (head_dim > ATTN_MAX_HEAD_DIM)
+        return cudaErrorInvalidValue;
+    AR_LAUNCH(attn_dense_kernel, dim3((unsigned)rows, (unsigned)n_heads), 32,
+              (size_t)head_dim * sizeof(float), stream, out, q, k, v, kv_stride, q_start, k_start,
+              n_seq, n_heads, head_dim, scale, bias, bias_span);
     return cudaGetLastError();
 }
 

@@ -1,8 +1,9 @@
 /* Element-wise kernels: activations (SiLU, SiLU-gated product, exact and
- * tanh GELU), add, scale, AdaLN's modulation and gated residual, and the helpers around cuBLAS
- * GEMMs (bias broadcast, the hi/lo split of fp32 activations into 16-bit halves, the sum of the two
- * half-products). Grid-stride loops; the formulas are the CPU reference's,
- * with the accurate expf/erff (not __expf) so results agree to an ulp or so. */
+ * tanh GELU), add, mul, scale, AdaLN's modulation and gated residual, and
+ * the helpers around cuBLAS GEMMs (bias broadcast, the hi/lo split of fp32
+ * activations into 16-bit halves, the sum of the two half-products).
+ * Grid-stride loops; the formulas are the CPU reference's, with the
+ * accurate expf/erff (not __expf) so results agree to an ulp or so. */
 #include "kernels/cuda/common.cuh"
 
 __global__ void silu_kernel(float *x, size_t n) {
@@ -49,6 +50,10 @@ __global__ void gate_add_kernel(float *y, const float *a, const float *gate, siz
 
 __global__ void add_kernel(float *y, const float *a, size_t n) {
     GRID_STRIDE_LOOP(i, n) { y[i] += a[i]; }
+}
+
+__global__ void mul_kernel(float *y, const float *a, size_t n) {
+    GRID_STRIDE_LOOP(i, n) { y[i] *= a[i]; }
 }
 
 __global__ void scale_kernel(float *x, size_t n, float s) {
@@ -107,6 +112,13 @@ cudaError_t kern_add(float *y, const float *a, size_t n, cudaStream_t stream) {
     if (n == 0)
         return cudaSuccess;
     AR_LAUNCH(add_kernel, grid_for(n), AR_BLOCK, 0, stream, y, a, n);
+    return cudaGetLastError();
+}
+
+cudaError_t kern_mul(float *y, const float *a, size_t n, cudaStream_t stream) {
+    if (n == 0)
+        return cudaSuccess;
+    AR_LAUNCH(mul_kernel, grid_for(n), AR_BLOCK, 0, stream, y, a, n);
     return cudaGetLastError();
 }
 

@@ -78,6 +78,7 @@ cudaError_t kern_silu_mul(float *out, const float *gate, const float *up, size_t
 cudaError_t kern_gelu(float *x, size_t n, cudaStream_t stream);      /* exact erf form */
 cudaError_t kern_gelu_tanh(float *x, size_t n, cudaStream_t stream); /* tanh approximation */
 cudaError_t kern_add(float *y, const float *a, size_t n, cudaStream_t stream); /* y += a */
+cudaError_t kern_mul(float *y, const float *a, size_t n, cudaStream_t stream); /* y *= a */
 cudaError_t kern_scale(float *x, size_t n, float s, cudaStream_t stream);      /* x *= s */
 
 /* AdaLN: y[r, j] = x[r, j] * (1 + scale[j]) + shift[j]; y may be x. */
@@ -218,6 +219,20 @@ cudaError_t kern_kv_read_rows(float *out, kern_kv_pool_t pool, const int *table,
  * are device memory. */
 cudaError_t kern_kv_gather(kern_kv_pool_t pool, const int *table, const int *keep, int i0, int n,
                            float *mass, float *scratch, cudaStream_t stream);
+
+/* ---- dense attention (kernels/cuda/attention.cu) ---- */
+
+/* Dense attention (backend.h's attention_dense) of sequences [0, n_seq)
+ * whose starts are staged on the device: q_start and k_start hold n_seq + 1
+ * ascending row indices each (absolute rows of q/out and of k/v, so a
+ * launch may cover any run of sequences), rows = q_start[n_seq] -
+ * q_start[0]. K and V rows are kv_stride floats with head h at h *
+ * head_dim; bias (n_heads * (2 * bias_span - 1) floats) or NULL. One block
+ * per (query row, head); head_dim is at most 512. */
+cudaError_t kern_attention_dense(float *out, const float *q, const float *k, const float *v,
+                                 int kv_stride, const int *q_start, const int *k_start, int n_seq,
+                                 int rows, int n_heads, int head_dim, float scale,
+                                 const float *bias, int bias_span, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

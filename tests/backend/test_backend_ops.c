@@ -380,8 +380,9 @@ static int stats_no_copies(const backend_stats_t *d) {
 /* ->stats counts exactly: a copy by its direction and bytes, a wait for
  * every upload, download and sync, a launch for every kernel launcher and
  * cuBLAS call (f32 matmul: the GEMM, plus the bias fill with a bias; a
- * 16-bit weight: split, GEMM, sum), a host array staged as one upload; the
- * memory high-water mark and the reservation. The CPU backend has none. */
+ * 16-bit weight: split, GEMM, sum), a host array staged as one upload
+ * (dense attention's two start arrays together); the memory high-water
+ * mark and the reservation. The CPU backend has none. */
 static void test_stats_count_launches_copies_syncs_and_memory(void) {
     backend_stats_t s;
     CHECK(backend_stats(cpu, &s) == 0 && s.launches == 0 && s.device_reserved_bytes == 0);
@@ -450,6 +451,16 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
     b->rope(b, x, pos, 2, 2, 4, 10000.0f);
     d = stats_since(b, &t);
     CHECK(d.launches == 1 && d.h2d_copies == 1 && d.h2d_bytes == sizeof pos && d.syncs == 0);
+    backend_stats(b, &t);
+    b->mul(b, y, x, 100);
+    d = stats_since(b, &t);
+    CHECK(d.launches == 1 && stats_no_copies(&d));
+    /* dense attention stages both host start arrays in one copy */
+    const int q_start[3] = {0, 1, 3}, k_start[3] = {0, 2, 4};
+    backend_stats(b, &t);
+    b->attention_dense(b, y, x, x, x + 8, 16, q_start, k_start, 2, 2, 4, 0.5f, NULL, 0);
+    d = stats_since(b, &t);
+    CHECK(d.launches == 1 && d.h2d_copies == 1 && d.h2d_bytes == 6 * sizeof(int) && d.syncs == 0);
 
     /* the high-water mark rises with an allocation and stays after its free */
     backend_stats(b, &t);
@@ -840,8 +851,8 @@ static float *ew_input(size_t n) {
 
 /* Sizes 0, 1, a partial block, and more elements than the capped grid
  * covers in one pass (4096 * 256 = 1048576). silu/gelu/gelu_tanh 1e-6 abs +
- * 1e-5 rel (GPU expf/erff/tanhf are within 2 ulp); add and scale are exact
- * fp32. */
+ * 1e-5 rel (GPU expf/erff/tanhf are within 2 ulp); add, mul and scale are
+ * exact fp32, the specials' Inf and NaN included. */
 static void test_elementwise(void) {
     const size_t sizes[] = {0, 1, 31, 257, 100003, 1048576 + 1000};
     for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
@@ -881,6 +892,12 @@ static void test_elementwise(void) {
         dut->add(dut, pg.dut, pu.dut, n);
         snprintf(what, sizeof what, "add n=%zu", n);
         compare(what, pg, 0, 0, NULL, 0);
+
+        cpu->mul(cpu, pg.ref, pu.ref, n);
+        dut->mul(dut, pg.dut, pu.dut, n);
+        snprintf(what, sizeof what, "mul n=%zu", n);
+        compare(what, pg, 0, 0, NULL, 0);
+        check_unchanged(what, pu, u);
 
         cpu->scale(cpu, pg.ref, n, -0.37f);
         dut->scale(dut, pg.dut, n, -0.37f);
@@ -1479,6 +1496,92 @@ static void test_kv_read_rows(void) {
     check_status_clean("kv_read_rows");
 }
 
+/* ---- dense attention -------------------------------------------------------- */
+
+/* Dense attention of a ragged batch on both backends: sequence s has nq[s]
+ * query rows and nk[s] keys (either may be 0; no keys gives zeros). With
+ * fused, K and V are the two halves of one buffer's rows (a fused K/V
+ * projection: kv_stride = 2 * n_heads * hd, v = k + n_heads * hd); else
+ * two buffers whose rows are 3 floats wider than the heads (an odd stride;
+ * Infinity's own K and V have stride n_heads * hd, the easy case). With
+ * bias, T5's table of span = the longest sequence + 2 (entries no pair
+ * reads sit at its ends), values in [-4, 4]. q, K/V and the table must come
+ * back unchanged. */
+static void check_attention_dense(int n_seq, const int *nq, const int *nk, int n_heads, int hd,
+                                  int fused, int with_bias, float scale) {
+    int *q_start = malloc(((size_t)n_seq + 1) * sizeof *q_start);
+    int *k_start = malloc(((size_t)n_seq + 1) * sizeof *k_start);
+    int span = 1;
+    q_start[0] = k_start[0] = 0;
+    for (int s = 0; s < n_seq; s++) {
+        q_start[s + 1] = q_start[s] + nq[s];
+        k_start[s + 1] = k_start[s] + nk[s];
+        span = nq[s] + 2 > span ? nq[s] + 2 : span;
+        span = nk[s] + 2 > span ? nk[s] + 2 : span;
+    }
+    const int rows = q_start[n_seq], keys = k_start[n_seq];
+    const size_t width = (size_t)n_heads * hd, n = (size_t)rows * width;
+    const int stride = fused ? 2 * (int)width : (int)width + 3;
+    const size_t n_kv = (size_t)keys * stride, n_bias = (size_t)n_heads * (2 * span - 1);
+    float *q = host_uniform(n, -2, 2), *k = host_uniform(n_kv, -1, 1);
+    float *v = host_uniform(n_kv, -1, 1), *bias = host_uniform(n_bias, -4, 4);
+    pair_t pq = pair_new(q, n), pk = pair_new(k, n_kv), pv = pair_new(v, n_kv);
+    pair_t pb = pair_new(bias, n_bias), po = pair_new(NULL, n);
+    /* fused: V is the second half of K's rows */
+    const float *vr = fused ? pk.ref + width : pv.ref, *vd = fused ? pk.dut + width : pv.dut;
+    cpu->attention_dense(cpu, po.ref, pq.ref, pk.ref, vr, stride, q_start, k_start, n_seq, n_heads,
+                         hd, scale, with_bias ? pb.ref : NULL, span);
+    dut->attention_dense(dut, po.dut, pq.dut, pk.dut, vd, stride, q_start, k_start, n_seq, n_heads,
+                         hd, scale, with_bias ? pb.dut : NULL, span);
+    char what[160];
+    snprintf(what, sizeof what,
+             "attention_dense seqs=%d rows=%d keys=%d heads=%d hd=%d stride=%d bias=%d", n_seq,
+             rows, keys, n_heads, hd, stride, with_bias);
+    /* The attention tolerances hold for scores scaled by 1 / sqrt(hd), as
+     * the KV tests'; a score's rounding error grows with the score, so T5's
+     * unscaled ones (scale 1) get them times scale * sqrt(hd). */
+    const double grow = scale * sqrt((double)hd) > 1 ? scale * sqrt((double)hd) : 1;
+    compare(what, po, ATTN_ABS_TOL * grow, ATTN_REL_TOL * grow, NULL, 0);
+    check_unchanged(what, pq, q);
+    check_unchanged(what, pk, k);
+    check_unchanged(what, pv, v);
+    check_unchanged(what, pb, bias);
+    pair_del(pq), pair_del(pk), pair_del(pv), pair_del(pb), pair_del(po);
+    free(q), free(k), free(v), free(bias), free(q_start), free(k_start);
+}
+
+/* Infinity's three uses and their edges: cross-attention of ragged image
+ * rows to texts (sequences without rows, without keys, more keys than a
+ * warp tile; fused and separate K/V); T5's encoder (scale 1, the bias
+ * table, as many keys as queries, past the CPU's 256-key chunk); the
+ * attentive pool (one query, head_dim 224 as Infinity-8B's); head dims 1,
+ * 20 (not a warp multiple) and 512 (the kernels' most); and more sequences
+ * than one staging copy holds (32767), most of them without rows. */
+static void test_attention_dense(void) {
+    const int cq[] = {3, 0, 40, 1, 9}, ck[] = {5, 7, 33, 0, 64};
+    check_attention_dense(5, cq, ck, 3, 20, 1, 0, 1 / sqrtf(20));
+    check_attention_dense(5, cq, ck, 2, 64, 0, 0, 1 / sqrtf(64));
+    check_attention_dense(5, cq, ck, 2, 224, 1, 0, 1 / sqrtf(224));
+    const int tq[] = {1, 7, 40}, tk[] = {5, 3, 40};
+    check_attention_dense(3, tq, tk, 3, 8, 0, 1, 1.0f);
+    const int t5[] = {300};
+    check_attention_dense(1, t5, t5, 2, 64, 0, 1, 1.0f);
+    const int one[] = {1}, text[] = {300};
+    check_attention_dense(1, one, text, 2, 224, 0, 0, 1 / sqrtf(224));
+    const int sq[] = {2, 1}, sk[] = {3, 40};
+    check_attention_dense(2, sq, sk, 1, 1, 0, 1, 1.0f);
+    check_attention_dense(2, sq, sk, 2, 512, 1, 0, 1 / sqrtf(512));
+    enum { MANY = 40000 };
+    int *mq = malloc(MANY * sizeof *mq), *mk = malloc(MANY * sizeof *mk);
+    for (int s = 0; s < MANY; s++) {
+        mq[s] = s % 997 == 0 || s == MANY - 1 ? 1 + s % 3 : 0;
+        mk[s] = 1 + s % 5;
+    }
+    check_attention_dense(MANY, mq, mk, 2, 8, 1, 0, 1 / sqrtf(8));
+    free(mq), free(mk);
+    check_status_clean("attention_dense");
+}
+
 int main(void) {
     ar_error_t err = {{0}};
     cpu = backend_cpu_create(0, &err);
@@ -1510,6 +1613,7 @@ int main(void) {
     TEST_RUN(test_groupnorm);
     TEST_RUN(test_upsample_and_transpose_exact);
     TEST_RUN(test_resize_bicubic_and_area);
+    TEST_RUN(test_attention_dense);
     static const dtype_t kv_types[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F8_E4M3};
     for (size_t t = 0; t < sizeof kv_types / sizeof kv_types[0]; t++) {
         kv_type = kv_types[t];
