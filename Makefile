@@ -375,7 +375,7 @@ $(BUILD)/tests/test_backend_cuda_check: tests/backend/test_backend_cuda_check.c 
 # with ARSERVE_TEST_CUDA_EMU so that tests/test_backend.h opens the emulated
 # backend.
 EMU_GOLDEN := $(BUILD)/tests/emu/test_golden $(BUILD)/tests/emu/test_golden_llamagen \
-              $(BUILD)/tests/emu/test_golden_var
+              $(BUILD)/tests/emu/test_golden_var $(BUILD)/tests/emu/test_golden_infinity
 $(EMU_GOLDEN): $(BUILD)/tests/emu/%: tests/unit/%.c $(EMU_OBJ) $(SERVER_LIB) $(ENGINE_LIB) tests/test.h \
                tests/test_backend.h tests/unit/kv_plan_run.h
 	@mkdir -p $(dir $@)
@@ -393,7 +393,7 @@ test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops $(BUILD)/t
 # tests linked against the real kernels and CUDA runtime instead of the
 # emulator (tests/gpu/run.sh runs them on a GPU).
 GPU_GOLDEN := $(BUILD)/tests/gpu/test_golden $(BUILD)/tests/gpu/test_golden_llamagen \
-              $(BUILD)/tests/gpu/test_golden_var
+              $(BUILD)/tests/gpu/test_golden_var $(BUILD)/tests/gpu/test_golden_infinity
 GPU_TESTS := $(BUILD)/tests/gpu/test_backend_ops $(BUILD)/tests/gpu/test_backend_e2e \
              $(BUILD)/tests/gpu/test_backend_models $(GPU_GOLDEN)
 $(BUILD)/tests/gpu/test_backend_%: tests/backend/test_backend_%.c $(CUDA_OBJ) $(ENGINE_LIB) tests/test.h tests/lockstep.h

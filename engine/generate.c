@@ -23,19 +23,33 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
                      const kv_policy_params_t *policy, const int *cond, const int *uncond,
                      int n_prompt, const sampler_params_t *params, uint64_t seed, uint64_t stream,
                      ar_error_t *err) {
-    return gen_request_init_sized(r, m, pool, policy, cond, uncond, n_prompt, 0, params, seed,
-                                  stream, err);
+    return gen_request_init_opts(r, m, pool, policy, cond, uncond, n_prompt, NULL, params, seed,
+                                 stream, err);
 }
 
-int gen_request_init_sized(gen_request_t *r, model_t *m, kv_pool_t *pool,
-                           const kv_policy_params_t *policy, const int *cond, const int *uncond,
-                           int n_prompt, int size, const sampler_params_t *params, uint64_t seed,
-                           uint64_t stream, ar_error_t *err) {
+int gen_request_init_opts(gen_request_t *r, model_t *m, kv_pool_t *pool,
+                          const kv_policy_params_t *policy, const int *cond, const int *uncond,
+                          int n_prompt, const gen_image_opts_t *opts,
+                          const sampler_params_t *params, uint64_t seed, uint64_t stream,
+                          ar_error_t *err) {
+    static const gen_image_opts_t none;
+    opts = opts ? opts : &none;
     memset(r, 0, sizeof *r);
-    const int n_sizes = m->cfg.image.n_sizes > 0 ? m->cfg.image.n_sizes : 1;
+    const int n_sizes = m->cfg.image.n_sizes > 0 ? m->cfg.image.n_sizes : 1, size = opts->size;
     if (size < 0 || size >= n_sizes)
         return ar_errorf(err, "image size %d: the model has %d", size, n_sizes);
+    if (opts->n_negative && (!m->cfg.text.max_tokens || opts->n_negative < 0 ||
+                             opts->n_negative > m->cfg.text.max_tokens || !opts->negative))
+        return ar_errorf(err, "a negative prompt of %d tokens: the model takes %s",
+                         opts->n_negative,
+                         m->cfg.text.max_tokens ? "1 to text.max_tokens" : "none");
     r->size = size;
+    if (opts->n_negative) {
+        if (!(r->neg_ids = malloc((size_t)opts->n_negative * sizeof(int))))
+            return ar_errorf(err, "out of memory");
+        memcpy(r->neg_ids, opts->negative, (size_t)opts->n_negative * sizeof(int));
+        r->n_neg = opts->n_negative;
+    }
     r->model = m;
     r->params = *params;
     r->seed = seed;
@@ -52,7 +66,9 @@ int gen_request_init_sized(gen_request_t *r, model_t *m, kv_pool_t *pool,
     r->n_tokens = kv_geometry_image_tokens(&g);
     const int with_policy = r->policy.kind != KV_POLICY_FULL;
     const int with_mass = with_policy && (kv_policy_stats(r->policy.kind) & KV_STATS_KEY_MASS);
-    const int K = m->cfg.image.codebook_size;
+    /* The logits of one token: its codebook, or Infinity's two per bit. */
+    const int K =
+        m->cfg.image.codebook_size > 0 ? m->cfg.image.codebook_size : 2 * m->cfg.image.bits;
     const int capacity = seq_capacity(&g, with_mass);
     r->cond_ids = malloc((size_t)n_prompt * sizeof(int));
     r->uncond_ids = malloc((size_t)n_prompt * sizeof(int));
@@ -138,6 +154,7 @@ void gen_request_free(gen_request_t *r) {
     sampler_free(&r->sampler);
     free(r->cond_ids);
     free(r->uncond_ids);
+    free(r->neg_ids);
     free(r->tokens);
     free(r->logits);
     free(r->mass_host);
@@ -341,9 +358,9 @@ static int job_start(void *ctx, void *work, ar_error_t *err) {
     if (!j->images)
         return ar_errorf(err, "out of memory");
     for (int i = 0; i < j->n_images; i++)
-        if (gen_request_init_sized(&j->images[i], j->model, pool, &j->policy, j->cond, j->uncond,
-                                   j->n_prompt, j->size, &j->params, j->seed, (uint64_t)i,
-                                   err) != AR_OK) {
+        if (gen_request_init_opts(&j->images[i], j->model, pool, &j->policy, j->cond, j->uncond,
+                                  j->n_prompt, &j->opts, &j->params, j->seed, (uint64_t)i,
+                                  err) != AR_OK) {
             gen_job_free(j);
             return AR_ERR;
         }

@@ -16,6 +16,15 @@
 #include "engine/policy/kv_policy.h"
 #include "engine/sampler.h"
 
+/* What a request may ask beyond its prompt rows: its image size, and
+ * (Infinity) a negative prompt's token ids, which replace the learned
+ * unconditional rows of its unconditional sequence. Zeroed: the default. */
+typedef struct gen_image_opts {
+    int size;            /* an index into image.sizes (0: the default) */
+    const int *negative; /* n_negative text ids with </s>, or NULL */
+    int n_negative;
+} gen_image_opts_t;
+
 typedef struct gen_request {
     model_t *model;
     sampler_params_t params;
@@ -23,7 +32,8 @@ typedef struct gen_request {
     int n_prompt;
     int size; /* image size: an index into image.sizes (0: the default) */
     int *cond_ids, *uncond_ids;
-    kv_seq_t seq[2]; /* conditional, unconditional */
+    int *neg_ids, n_neg; /* a negative prompt (NULL, 0 without) */
+    kv_seq_t seq[2];     /* conditional, unconditional */
     int step, n_steps;
     int n_tokens;      /* image tokens of the whole request */
     int *tokens;       /* n_tokens image tokens, in the family's order */
@@ -63,12 +73,13 @@ int gen_request_init(gen_request_t *r, model_t *m, kv_pool_t *pool,
                      const kv_policy_params_t *policy, const int *cond, const int *uncond,
                      int n_prompt, const sampler_params_t *params, uint64_t seed, uint64_t stream,
                      ar_error_t *err);
-/* The same at image size `size` (an index into image.sizes; out of range
- * is an error). */
-int gen_request_init_sized(gen_request_t *r, model_t *m, kv_pool_t *pool,
-                           const kv_policy_params_t *policy, const int *cond, const int *uncond,
-                           int n_prompt, int size, const sampler_params_t *params, uint64_t seed,
-                           uint64_t stream, ar_error_t *err);
+/* The same with opts (NULL: the defaults); a size out of range, or a
+ * negative prompt for a model that takes none, is an error. */
+int gen_request_init_opts(gen_request_t *r, model_t *m, kv_pool_t *pool,
+                          const kv_policy_params_t *policy, const int *cond, const int *uncond,
+                          int n_prompt, const gen_image_opts_t *opts,
+                          const sampler_params_t *params, uint64_t seed, uint64_t stream,
+                          ar_error_t *err);
 /* Before the first step of a request under the full cache: its
  * conditional sequence accumulates, at every step, the softmax mass each
  * key receives from the step's queries into r->seq[0].mass (for head i at
@@ -141,7 +152,7 @@ typedef struct gen_job {
     model_t *model;
     const int *cond, *uncond;
     int n_prompt;
-    int size; /* image size, an index into image.sizes (0: the default) */
+    gen_image_opts_t opts; /* size and negative prompt (the driver's rows) */
     int n_images;
     sampler_params_t params;
     uint64_t seed;

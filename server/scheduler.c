@@ -31,7 +31,7 @@ struct sched_job {
     uint64_t id;
     int n_images, partial_images;
     int width, height, image_tokens; /* one image's, at its size */
-    int *cond, *uncond;
+    int *cond, *uncond, *negative;
     kv_policy_params_t kv_policy;
     size_t *kv_bytes; /* the planned KV of all its images, per step */
     int steps;
@@ -159,6 +159,7 @@ static void job_free(sched_job_t *j) {
     free(j->png_len);
     free(j->cond);
     free(j->uncond);
+    free(j->negative);
     free(j->kv_bytes);
     for (int l = 0; l < j->n_levels; l++)
         free(j->level_kv[l]);
@@ -787,10 +788,13 @@ static sched_job_t *job_new(const sched_request_t *req, const planner_plan_t *pl
     j->png = calloc((size_t)req->n_images, sizeof *j->png);
     j->png_len = calloc((size_t)req->n_images, sizeof *j->png_len);
     j->kv_bytes = malloc((size_t)plan->steps * sizeof *j->kv_bytes);
+    if (req->n_negative > 0 && (j->negative = malloc((size_t)req->n_negative * sizeof(int))))
+        memcpy(j->negative, req->negative, (size_t)req->n_negative * sizeof(int));
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->changed, NULL);
     pthread_cond_init(&j->ended, NULL);
-    if (!j->cond || !j->uncond || !j->png || !j->png_len || !j->kv_bytes) {
+    if (!j->cond || !j->uncond || !j->png || !j->png_len || !j->kv_bytes ||
+        (req->n_negative > 0 && !j->negative)) {
         job_free(j);
         return NULL;
     }
@@ -932,16 +936,17 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
         snprintf(why->message, sizeof why->message, "out of memory");
         return refuse(s, why, SCHED_REFUSED_NO_MEMORY, NULL);
     }
-    j->gen = (gen_job_t){.model = s->model,
-                         .cond = j->cond,
-                         .uncond = j->uncond,
-                         .n_prompt = req->n_prompt,
-                         .size = req->size,
-                         .n_images = req->n_images,
-                         .params = req->params,
-                         .seed = req->seed,
-                         .policy = j->kv_policy,
-                         .level_budgets = j->n_levels > 0 ? j->level_budgets : NULL};
+    j->gen = (gen_job_t){
+        .model = s->model,
+        .cond = j->cond,
+        .uncond = j->uncond,
+        .n_prompt = req->n_prompt,
+        .opts = {.size = req->size, .negative = j->negative, .n_negative = req->n_negative},
+        .n_images = req->n_images,
+        .params = req->params,
+        .seed = req->seed,
+        .policy = j->kv_policy,
+        .level_budgets = j->n_levels > 0 ? j->level_budgets : NULL};
     batcher_job_t bj = {.n_images = j->n_images,
                         .steps = j->steps,
                         .kv_bytes = j->kv_bytes,

@@ -40,7 +40,9 @@ typedef struct sched_job sched_job_t;
 typedef struct sched_request {
     const int *cond, *uncond; /* the prompt rows (copied) */
     int n_prompt;
-    int size;     /* image size: an index into the model's image.sizes (0: the default) */
+    int size;            /* image size: an index into the model's image.sizes (0: the default) */
+    const int *negative; /* Infinity: a negative prompt's text ids (copied), or NULL */
+    int n_negative;
     int n_images; /* 1..SCHED_MAX_IMAGES */
     sampler_params_t params;
     uint64_t seed;

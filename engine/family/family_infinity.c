@@ -229,21 +229,33 @@ static int rows_reserve(model_t *m, size_t floats, ar_error_t *err) {
     return AR_OK;
 }
 
+/* The text rows of a request's sequence j: the prompt's, then the negative
+ * prompt's or (without one) as many learned unconditional rows. */
+static int text_rows(const gen_request_t *r, int j) {
+    return j == 1 && r->n_neg ? r->n_neg : r->n_prompt;
+}
+
 /* Each row's conditioning at the request's first step: T5 over the prompt
- * for the conditional row, the learned unconditional rows for the other. */
+ * for the conditional row; for the other, T5 over the negative prompt, or
+ * the learned unconditional rows cfg_uncond[:n_prompt]. */
 static int condition_request(model_t *m, gen_request_t *r, ar_error_t *err) {
     infinity_net_t *net = m->net;
     backend_t *be = m->be;
     const size_t n = inf_cond_floats(&net->inf);
+    const int longest = r->n_neg > r->n_prompt ? r->n_neg : r->n_prompt;
     for (int j = 0; j < 2; j++)
         if (!r->cond_table[j] && !(r->cond_table[j] = be->alloc(be, n * sizeof(float))))
             return ar_errorf(err, "out of backend memory for a prompt's conditioning");
-    float *text = be->alloc(be, (size_t)r->n_prompt * m->cfg.text.hidden_size * sizeof(float));
+    float *text = be->alloc(be, (size_t)longest * m->cfg.text.hidden_size * sizeof(float));
     if (!text)
         return ar_errorf(err, "out of backend memory for the text encoder's output");
     int rc = inf_t5_encode(&net->inf, r->cond_ids, r->n_prompt, text, err) ||
-             inf_condition(&net->inf, r->cond_table[0], text, r->n_prompt, err) ||
-             inf_condition(&net->inf, r->cond_table[1], NULL, r->n_prompt, err);
+             inf_condition(&net->inf, r->cond_table[0], text, r->n_prompt, err);
+    if (!rc && r->n_neg)
+        rc = inf_t5_encode(&net->inf, r->neg_ids, r->n_neg, text, err) ||
+             inf_condition(&net->inf, r->cond_table[1], text, r->n_neg, err);
+    else if (!rc)
+        rc = inf_condition(&net->inf, r->cond_table[1], NULL, r->n_prompt, err);
     be->free(be, text);
     return rc ? AR_ERR : AR_OK;
 }
@@ -304,7 +316,7 @@ static int infinity_step(model_t *m, gen_request_t *const *reqs, int n, ar_error
                 .scale = si,
                 .rows = dev_rows,
                 .cond = r->cond_table[j],
-                .n_text = r->n_prompt,
+                .n_text = text_rows(r, j),
                 .cache = si < z->n_scales - 1,
                 .collect_mass = r->collect[j],
                 .policy = r->policy_state[j],

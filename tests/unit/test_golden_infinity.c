@@ -1,0 +1,519 @@
+/* The infinity architecture against the official Infinity code
+ * (FoundationVision/Infinity at a tiny random configuration; the data and
+ * how it was made: tests/golden/infinity_tiny/README.md): the T5 encoder's
+ * output, teacher-forced logits of both CFG rows at every scale (the
+ * learned unconditional rows, and a negative prompt's), the next-scale
+ * inputs and latent maps, the decoded image and its 8-bit pixels, for a
+ * square and a non-square size; the bits the sampler draws from the
+ * reference's own uniforms; and a batch of both sizes giving each request
+ * what it gives alone. ARSERVE_TEST_BACKEND=cuda runs the same checks on
+ * the CUDA backend (tests/test_backend.h). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/family/family_infinity.h"
+#include "engine/format/safetensors.h"
+#include "engine/generate.h"
+#include "engine/planner.h"
+#include "tests/test.h"
+#include "tests/test_backend.h"
+
+#define T5_TOL 1e-4
+#define LOGIT_TOL 1e-4
+#define LATENT_TOL 1e-5
+#define IMAGE_TOL 1e-4
+
+static const char *dir = "tests/golden/infinity_tiny";
+
+static model_t model;
+static backend_t *be;
+static safetensors_t st;
+static kv_pool_t pool;
+
+static const void *get(const char *name, dtype_t dtype, int ndim, const int64_t *shape) {
+    const st_tensor_t *t;
+    ar_error_t err = {{0}};
+    if (safetensors_get_any(&st, name, ndim, shape, &t, &err) != AR_OK || t->dtype != dtype) {
+        fprintf(stderr, "golden %s: %s\n", name, err.msg[0] ? err.msg : "wrong dtype");
+        return NULL;
+    }
+    return t->data;
+}
+
+/* An I32 tensor's n values as ints (a fresh array). */
+static int *get_ints(const char *name, int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    const int32_t *src = get(name, DTYPE_I32, ndim, shape);
+    int *out = src ? malloc((size_t)n * sizeof *out) : NULL;
+    for (int64_t i = 0; out && i < n; i++)
+        out[i] = src[i];
+    return out;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = fabs((double)a[i] - b[i]);
+        worst = isnan(e) ? INFINITY : e > worst ? e : worst;
+    }
+    return worst;
+}
+
+/* The model's size drawing width x height. */
+static int size_of(int width, int height) {
+    for (int i = 0; i < model.cfg.image.n_sizes; i++) {
+        int w, h;
+        model_image_dims(&model.cfg, i, &w, &h);
+        if (w == width && h == height)
+            return i;
+    }
+    return -1;
+}
+
+static int load(void) {
+    ar_error_t err = {{0}};
+    char path[1024];
+    be = test_backend_open(&err);
+    if (!be || model_load(&model, dir, be, &err) != AR_OK) {
+        fprintf(stderr, "cannot load the golden model: %s\n", err.msg);
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
+    if (safetensors_open(&st, path, &err) != AR_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    /* Room for four requests' full caches at the largest size. */
+    const model_config_t *c = &model.cfg;
+    kv_policy_params_t full;
+    kv_policy_defaults(&full, KV_POLICY_FULL);
+    const int bt = planner_block_tokens(c);
+    size_t peak = 0;
+    for (int i = 0; i < c->image.n_sizes; i++) {
+        planner_plan_t plan;
+        if (planner_plan_sized(&plan, c, &full, 1, i, bt, planner_kv_f32, NULL, &err) != AR_OK) {
+            fprintf(stderr, "plan: %s\n", err.msg);
+            return -1;
+        }
+        peak = plan.peak_bytes > peak ? plan.peak_bytes : peak;
+        planner_plan_free(&plan);
+    }
+    if (kv_pool_init(&pool, be,
+                     4 * (int)(peak / kv_pool_block_bytes(bt, c->llm.head_dim, DTYPE_F32)), bt,
+                     c->llm.head_dim, DTYPE_F32, &err) != AR_OK) {
+        fprintf(stderr, "pool: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* A teacher-forced run of golden case `name` (tf_0, tf_1, tf_wide_0) of
+ * prompt ids `ids` (n, with </s>): its shape, bits and the reference's
+ * tensors. */
+typedef struct tf_case {
+    const char *name;
+    int prompt, size, L, S, n_ids, H, W, h, w; /* h, w: the latent */
+    int *ids, *neg, n_neg, *bits;
+    const float *cond, *uncond, *negl, *input, *fhat, *image;
+    const uint8_t *rgb;
+} tf_case_t;
+
+static int case_load(tf_case_t *k, const char *name, int prompt, const char *suffix) {
+    memset(k, 0, sizeof *k);
+    k->name = name;
+    k->prompt = prompt;
+    char key[64];
+    const int V = 2 * model.cfg.image.bits, E = model.cfg.decoder.latent_channels;
+    snprintf(key, sizeof key, "%s_image_%s", name, suffix);
+    const st_tensor_t *t = safetensors_find(&st, key);
+    if (!t || t->ndim != 3) {
+        fprintf(stderr, "golden %s: missing or not 3-D\n", key);
+        return -1;
+    }
+    k->H = (int)t->shape[1];
+    k->W = (int)t->shape[2];
+    k->image = t->data;
+    if ((k->size = size_of(k->W, k->H)) < 0) {
+        fprintf(stderr, "no size of the model draws %dx%d\n", k->W, k->H);
+        return -1;
+    }
+    const image_size_t *z = &model.cfg.image.sizes[k->size];
+    const int P = model.cfg.image.spatial_patchify ? 2 : 1;
+    k->S = z->n_scales;
+    for (int i = 0; i < k->S; i++)
+        k->L += z->h[i] * z->w[i];
+    k->h = z->h[k->S - 1] * P;
+    k->w = z->w[k->S - 1] * P;
+    snprintf(key, sizeof key, "t5_ids_%d", prompt);
+    if (!(t = safetensors_find(&st, key)))
+        return -1;
+    k->n_ids = (int)t->shape[0];
+    k->ids = get_ints(key, 1, (int64_t[]){k->n_ids});
+    if (!(t = safetensors_find(&st, "t5_ids_neg")))
+        return -1;
+    k->n_neg = (int)t->shape[0];
+    k->neg = get_ints("t5_ids_neg", 1, (int64_t[]){k->n_neg});
+    const int64_t lv[2] = {k->L, V};
+#define GETF(field, fmt, nd, ...)                                                                  \
+    snprintf(key, sizeof key, fmt, name, suffix);                                                  \
+    if (!(k->field = get(key, DTYPE_F32, nd, (const int64_t[]){__VA_ARGS__})))                     \
+        return -1;
+    GETF(cond, "%s_logits_cond_%s", 2, lv[0], lv[1]);
+    GETF(uncond, "%s_logits_uncond_%s", 2, lv[0], lv[1]);
+    GETF(negl, "%s_logits_neg_%s", 2, lv[0], lv[1]);
+    GETF(input, "%s_input_%s", 2, k->L - 1, model.cfg.image.bits);
+#undef GETF
+    /* Not every case records its latents. */
+    snprintf(key, sizeof key, "%s_fhat_%s", name, suffix);
+    if (safetensors_find(&st, key))
+        k->fhat = get(key, DTYPE_F32, 4, (const int64_t[]){k->S, E, k->h, k->w});
+    snprintf(key, sizeof key, "%s_bits_%s", name, suffix);
+    k->bits = get_ints(key, 2, (int64_t[]){k->L, model.cfg.image.bits});
+    snprintf(key, sizeof key, "%s_rgb_%s", name, suffix);
+    k->rgb = get(key, DTYPE_U8, 3, (int64_t[]){k->H, k->W, 3});
+    return k->ids && k->neg && k->bits && k->rgb ? 0 : -1;
+}
+
+static void case_free(tf_case_t *k) {
+    free(k->ids);
+    free(k->neg);
+    free(k->bits);
+}
+
+static tf_case_t cases[3];
+static int n_cases;
+
+static void test_t5_output_matches(void) {
+    ar_error_t err = {{0}};
+    inf_model_t *inf = &((infinity_net_t *)model.net)->inf;
+    const int T = model.cfg.text.hidden_size;
+    const char *names[] = {"0", "1", "neg"};
+    double worst = 0;
+    for (int p = 0; p < 3; p++) {
+        char key[32];
+        snprintf(key, sizeof key, "t5_ids_%s", names[p]);
+        const st_tensor_t *t = safetensors_find(&st, key);
+        if (!t) {
+            CHECK_MSG(0, "golden %s missing", key);
+            return;
+        }
+        const int n = (int)t->shape[0];
+        int *ids = get_ints(key, 1, (int64_t[]){n});
+        snprintf(key, sizeof key, "t5_out_%s", names[p]);
+        const float *want = get(key, DTYPE_F32, 2, (int64_t[]){n, T});
+        float *out = be->alloc(be, (size_t)n * T * sizeof(float));
+        float *host = malloc((size_t)n * T * sizeof *host);
+        CHECK_MSG(inf_t5_encode(inf, ids, n, out, &err) == AR_OK, "%s", err.msg);
+        be->download(be, host, out, (size_t)n * T * sizeof(float));
+        const double e = want ? max_abs_diff(host, want, (size_t)n * T) : INFINITY;
+        CHECK_MSG(e <= T5_TOL, "t5 output of prompt %s off by %g", names[p], e);
+        worst = fmax(worst, e);
+        be->free(be, out);
+        free(host);
+        free(ids);
+    }
+    printf("largest T5 error: %.3g\n", worst);
+}
+
+/* Starts a request of case k (its bits forced), its unconditional row the
+ * learned rows or (negative) the negative prompt's. */
+static int start(gen_request_t *r, const tf_case_t *k, const int *forced, int negative) {
+    ar_error_t err = {{0}};
+    sampler_params_t sp = {3.0f, 1.0f, 0, 0.0f};
+    int *uncond = malloc((size_t)k->n_ids * sizeof *uncond);
+    for (int i = 0; i < k->n_ids; i++)
+        uncond[i] = -1;
+    const gen_image_opts_t opts = {.size = k->size,
+                                   .negative = negative ? k->neg : NULL,
+                                   .n_negative = negative ? k->n_neg : 0};
+    const int rc = gen_request_init_opts(r, &model, &pool, NULL, k->ids, uncond, k->n_ids, &opts,
+                                         &sp, 1, 0, &err);
+    free(uncond);
+    if (rc != AR_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    r->forced = forced;
+    return 0;
+}
+
+/* Every case twice: the learned unconditional rows, then the negative
+ * prompt's T5 features as the unconditional row. */
+static void test_teacher_forced_logits_match(void) {
+    const int V = 2 * model.cfg.image.bits;
+    for (int c = 0; c < 2 * n_cases; c++) {
+        const tf_case_t *k = &cases[c % n_cases];
+        const int neg = c >= n_cases;
+        const float *uncond = neg ? k->negl : k->uncond;
+        gen_request_t r;
+        if (start(&r, k, k->bits, neg)) {
+            CHECK(0);
+            continue;
+        }
+        gen_request_t *batch[] = {&r};
+        ar_error_t err = {{0}};
+        double worst = 0;
+        const image_size_t *z = &model.cfg.image.sizes[k->size];
+        for (int at = 0; !gen_request_done(&r);) {
+            const int si = r.step, pp = z->h[si] * z->w[si];
+            CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
+            const double ec = max_abs_diff(r.logits, k->cond + (size_t)at * V, (size_t)pp * V);
+            const double eu =
+                max_abs_diff(r.logits + (size_t)pp * V, uncond + (size_t)at * V, (size_t)pp * V);
+            CHECK_MSG(ec <= LOGIT_TOL && eu <= LOGIT_TOL,
+                      "%s scale %d: logits off by %g (cond), %g", k->name, si, ec, eu);
+            worst = fmax(worst, fmax(ec, eu));
+            at += pp;
+        }
+        printf("%s (%dx%d, %s): largest logit error over %d tokens x 2 rows: %.3g\n", k->name, k->W,
+               k->H, neg ? "negative prompt" : "learned unconditional rows", k->L, worst);
+        gen_request_free(&r);
+    }
+}
+
+/* The next-scale inputs and the latent after each scale, from the bits. */
+static void test_inputs_and_latents_match(void) {
+    const model_config_t *c = &model.cfg;
+    const int E = c->decoder.latent_channels, bits = c->image.bits;
+    float *fhat = malloc(infinity_latent_floats(c) * sizeof *fhat);
+    float *rows = malloc(infinity_latent_floats(c) * 4 * sizeof *rows);
+    for (int ci = 0; ci < n_cases; ci++) {
+        const tf_case_t *k = &cases[ci];
+        const image_size_t *z = &c->image.sizes[k->size];
+        const size_t n = (size_t)E * k->h * k->w;
+        ar_error_t err = {{0}};
+        double wf = 0, wi = 0;
+        for (int si = 1, at = 1; si <= k->S; si++) {
+            CHECK_MSG(infinity_latent(c, k->size, k->bits, si, fhat, &err) == AR_OK, "%s", err.msg);
+            if (k->fhat)
+                wf = fmax(wf, max_abs_diff(fhat, k->fhat + (size_t)(si - 1) * n, n));
+            if (si == k->S)
+                break;
+            const int pp = z->h[si] * z->w[si];
+            CHECK_MSG(infinity_next_input(c, k->size, fhat, si, rows, &err) == AR_OK, "%s",
+                      err.msg);
+            /* tf_input's rows start at scale 1 (token 1). */
+            wi =
+                fmax(wi, max_abs_diff(rows, k->input + (size_t)(at - 1) * bits, (size_t)pp * bits));
+            at += pp;
+        }
+        CHECK_MSG(wf <= LATENT_TOL && wi <= LATENT_TOL, "%s: latent off by %g, inputs by %g",
+                  k->name, wf, wi);
+        printf("%s: largest latent error %.3g, input error %.3g\n", k->name, wf, wi);
+    }
+    free(fhat);
+    free(rows);
+}
+
+/* The decoder: float output (clamped to [-1, 1]) and the 8-bit RGB. */
+static void test_decoded_images_match(void) {
+    const model_config_t *c = &model.cfg;
+    infinity_net_t *net = model.net;
+    float *fhat = malloc(infinity_latent_floats(c) * sizeof *fhat);
+    for (int ci = 0; ci < n_cases; ci++) {
+        const tf_case_t *k = &cases[ci];
+        const size_t n = (size_t)k->H * k->W * 3;
+        uint8_t *rgb = malloc(n);
+        float *pix = malloc(n * sizeof *pix);
+        ar_error_t err = {{0}};
+        struct vq_work *w = model_draw_work(&model, &err);
+        CHECK_MSG(w && infinity_latent(c, k->size, k->bits, k->S, fhat, &err) == AR_OK, "%s",
+                  err.msg);
+        if (!w)
+            break;
+        be->upload(be, w->latent, fhat, (size_t)c->decoder.latent_channels * k->h * k->w * 4);
+        CHECK_MSG(vq_decode_latent_hw(&net->dec, w, w->latent, k->h, k->w, rgb, pix, &err) == AR_OK,
+                  "%s", err.msg);
+        double worst = 0;
+        int worst_px = 0;
+        for (size_t i = 0; i < n; i++) {
+            worst = fmax(worst, fabs(fmin(fmax(pix[i], -1.0), 1.0) - k->image[i]));
+            const size_t ch = i / ((size_t)k->H * k->W), yx = i % ((size_t)k->H * k->W);
+            const int d = abs(rgb[yx * 3 + ch] - k->rgb[yx * 3 + ch]);
+            worst_px = d > worst_px ? d : worst_px;
+        }
+        printf("%s image: largest error %.3g, pixels within %d/255\n", k->name, worst, worst_px);
+        CHECK_MSG(worst <= IMAGE_TOL, "%s image off by %g", k->name, worst);
+        CHECK_MSG(worst_px <= 1, "%s: pixels differ by %d", k->name, worst_px);
+        free(rgb);
+        free(pix);
+    }
+    free(fhat);
+}
+
+/* The reference's sampling runs (s0, s1: the 1:1 size, s1 with the
+ * negative prompt and top-p, s2: the wide size):
+ * teacher-forced on the bits they drew, our logits guided as the reference
+ * guides them (cfg * cond / tau + (1 - cfg) * uncond / tau) must be its
+ * logits, and infinity_sample_bit must draw its bits from its own uniforms
+ * wherever the uniform is not within rounding of the bit's probability. */
+static void test_sampled_bits_match(void) {
+    const model_config_t *c = &model.cfg;
+    const int bits = c->image.bits, V = 2 * bits;
+    const char *runs[] = {"s0", "s1", "s2"};
+    for (int ri = 0; ri < 3; ri++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s_params", runs[ri]);
+        const float *par = get(key, DTYPE_F32, 1, (const int64_t[]){3});
+        snprintf(key, sizeof key, "%s_image", runs[ri]);
+        const st_tensor_t *img = safetensors_find(&st, key);
+        if (!par || !img) {
+            CHECK_MSG(0, "golden run %s missing", runs[ri]);
+            continue;
+        }
+        /* s0: prompt 0; s1: prompt 1 with the negative prompt; s2: prompt
+         * 0 at the wide size (README). */
+        const tf_case_t *k = ri == 2 ? &cases[2] : &cases[ri];
+        CHECK(img->shape[1] == k->H && img->shape[2] == k->W);
+        snprintf(key, sizeof key, "%s_bits", runs[ri]);
+        int *want_bits = get_ints(key, 2, (const int64_t[]){k->L, bits});
+        snprintf(key, sizeof key, "%s_uniforms", runs[ri]);
+        const float *u = get(key, DTYPE_F32, 2, (const int64_t[]){k->L, bits});
+        snprintf(key, sizeof key, "%s_logits", runs[ri]);
+        const float *want = get(key, DTYPE_F32, 2, (const int64_t[]){k->L, V});
+        const float cfg = par[0], tau = par[1], top_p = par[2];
+        gen_request_t r;
+        if (!want_bits || !u || !want || start(&r, k, want_bits, ri == 1)) {
+            CHECK(0);
+            free(want_bits);
+            continue;
+        }
+        gen_request_t *batch[] = {&r};
+        ar_error_t err = {{0}};
+        const image_size_t *z = &c->image.sizes[k->size];
+        double worst = 0;
+        int differ = 0, near = 0;
+        for (int at = 0; !gen_request_done(&r);) {
+            const int si = r.step, pp = z->h[si] * z->w[si];
+            CHECK_MSG(gen_step(batch, 1, &err) == AR_OK, "%s", err.msg);
+            for (int t = 0; t < pp; t++)
+                for (int b = 0; b < bits; b++) {
+                    const float *lc = r.logits + (size_t)t * V + 2 * b;
+                    const float *lu = r.logits + (size_t)(pp + t) * V + 2 * b;
+                    const float *lw = want + (size_t)(at + t) * V + 2 * b;
+                    for (int v = 0; v < 2; v++) {
+                        const double g = cfg * (lc[v] / tau) + (1 - cfg) * (lu[v] / tau);
+                        worst = fmax(worst, fabs(g - lw[v]));
+                    }
+                    const size_t place = (size_t)(at + t) * bits + b;
+                    const int bit = infinity_sample_bit(lc, lu, cfg, tau, 0, top_p, u[place]);
+                    /* p(0) from the reference's own logits: a uniform within
+                     * 1e-5 of it may fall either way. */
+                    const double p0 = 1.0 / (1.0 + exp((double)lw[1] - lw[0]));
+                    if (bit != want_bits[place]) {
+                        if (fabs(u[place] - p0) < 1e-5 || top_p > 0)
+                            near++;
+                        else
+                            differ++;
+                    }
+                }
+            at += pp;
+        }
+        const double tol = LOGIT_TOL * (fabs(cfg) + fabs(1 - cfg)) / tau;
+        printf("%s (cfg %g, tau %g, top-p %g): guided logits within %.3g, %d bits differ (%d of "
+               "them at the margin)\n",
+               runs[ri], cfg, tau, top_p, worst, differ + near, near);
+        CHECK_MSG(worst <= tol, "%s: guided logits off by %g", runs[ri], worst);
+        CHECK_MSG(differ == 0, "%s: %d bits differ away from the margin", runs[ri], differ);
+        gen_request_free(&r);
+        free(want_bits);
+    }
+}
+
+/* Logits of every step of a request run alone, kept per step. */
+static float **run_alone(const tf_case_t *k, int negative, int *steps) {
+    gen_request_t r;
+    if (start(&r, k, k->bits, negative))
+        return NULL;
+    const int V = 2 * model.cfg.image.bits;
+    float **out = calloc((size_t)r.n_steps, sizeof *out);
+    gen_request_t *batch[] = {&r};
+    ar_error_t err = {{0}};
+    const image_size_t *z = &model.cfg.image.sizes[k->size];
+    while (out && !gen_request_done(&r)) {
+        const int si = r.step, n = 2 * z->h[si] * z->w[si] * V;
+        if (gen_step(batch, 1, &err) != AR_OK || !(out[si] = malloc((size_t)n * sizeof(float))))
+            break;
+        memcpy(out[si], r.logits, (size_t)n * sizeof(float));
+    }
+    *steps = r.n_steps;
+    gen_request_free(&r);
+    return out;
+}
+
+/* Requests of two sizes, one of them with a negative prompt, in one batch,
+ * the second joining two scales later: each gets, bit for bit, the logits
+ * it gets alone (one GEMM per sequence; its own text, RoPE grid and KV). */
+static void test_two_sizes_in_one_batch_equal_alone(void) {
+    const int V = 2 * model.cfg.image.bits;
+    const tf_case_t *ka = &cases[0], *kb = &cases[2];
+    int na = 0, nb = 0;
+    float **wa = run_alone(ka, 0, &na), **wb = run_alone(kb, 1, &nb);
+    gen_request_t a, b;
+    if (!wa || !wb || start(&a, ka, ka->bits, 0) || start(&b, kb, kb->bits, 1)) {
+        CHECK(0);
+        return;
+    }
+    ar_error_t err = {{0}};
+    int same = 1;
+    while (!gen_request_done(&a) || !gen_request_done(&b)) {
+        gen_request_t *batch[2];
+        int n = 0;
+        const int sa = a.step, sb = b.step;
+        if (!gen_request_done(&a))
+            batch[n++] = &a;
+        if (sa >= 2 && !gen_request_done(&b))
+            batch[n++] = &b;
+        CHECK_MSG(gen_step(batch, n, &err) == AR_OK, "%s", err.msg);
+        for (int i = 0; i < n; i++) {
+            const int is_a = batch[i] == &a, si = is_a ? sa : sb;
+            const tf_case_t *k = is_a ? ka : kb;
+            const image_size_t *z = &model.cfg.image.sizes[k->size];
+            const size_t len = (size_t)2 * z->h[si] * z->w[si] * V;
+            const float *want = (is_a ? wa : wb)[si];
+            if (!want || memcmp(batch[i]->logits, want, len * sizeof(float))) {
+                same = 0;
+                fprintf(stderr, "  %s at scale %d differs in the batch\n", is_a ? "1:1" : "wide",
+                        si);
+            }
+        }
+    }
+    CHECK_MSG(same, "a request's logits depend on the batch");
+    for (int i = 0; i < na; i++)
+        free(wa[i]);
+    for (int i = 0; i < nb; i++)
+        free(wb[i]);
+    free(wa);
+    free(wb);
+    gen_request_free(&a);
+    gen_request_free(&b);
+}
+
+int main(void) {
+    if (load() != 0) {
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    if (case_load(&cases[0], "tf", 0, "0") || case_load(&cases[1], "tf", 1, "1") ||
+        case_load(&cases[2], "tf_wide", 0, "0")) {
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    n_cases = 3;
+    TEST_RUN(test_t5_output_matches);
+    TEST_RUN(test_teacher_forced_logits_match);
+    TEST_RUN(test_inputs_and_latents_match);
+    TEST_RUN(test_decoded_images_match);
+    TEST_RUN(test_sampled_bits_match);
+    TEST_RUN(test_two_sizes_in_one_batch_equal_alone);
+    for (int i = 0; i < n_cases; i++)
+        case_free(&cases[i]);
+    kv_pool_free(&pool);
+    model_free(&model);
+    safetensors_close(&st);
+    be->destroy(be);
+    return TEST_SUMMARY();
+}
