@@ -102,7 +102,11 @@ int model_token_values(const model_config_t *cfg) {
 }
 
 int model_step_tokens(const model_config_t *cfg, int t) {
+    return model_step_tokens_sized(cfg, 0, t);
+}
+
+int model_step_tokens_sized(const model_config_t *cfg, int size, int t) {
     kv_geometry_t g;
-    model_geometry(cfg, 1, &g);
+    model_geometry_sized(cfg, 1, size, &g);
     return kv_geometry_sampled(&g, t);
 }

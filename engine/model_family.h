@@ -92,5 +92,7 @@ int model_token_values(const model_config_t *cfg);
  * step. Its CFG pair samples these once: the unconditional sequence's
  * logits only steer them. */
 int model_step_tokens(const model_config_t *cfg, int t);
+/* The same for a request of image size `size`. */
+int model_step_tokens_sized(const model_config_t *cfg, int size, int t);
 
 #endif

@@ -302,24 +302,40 @@ static int parse_number_field(const field_t *f, const cJSON *v, const api_limits
     return AR_OK;
 }
 
-static int parse_prompt(const field_t *f, const cJSON *v, const api_limits_t *lim,
-                        api_image_request_t *r, api_error_t *err) {
+/* A prompt-like text field into *out: a non-empty string of at most
+ * max_prompt_bytes. */
+static int parse_text(const field_t *f, const cJSON *v, const api_limits_t *lim, char **out,
+                      api_error_t *err) {
     char want[128];
     snprintf(want, sizeof want, "a non-empty string of at most %zu bytes", lim->max_prompt_bytes);
     if (check_string(v, f->name, want, err))
         return AR_ERR;
     size_t len = strlen(v->valuestring);
     if (len == 0)
-        return api_errorf(err, 400, f->name, "invalid_value",
-                          "prompt must be %s; got an empty string", want);
+        return api_errorf(err, 400, f->name, "invalid_value", "%s must be %s; got an empty string",
+                          f->name, want);
     if (len > lim->max_prompt_bytes)
-        return api_errorf(err, 400, f->name, "invalid_value", "prompt must be %s; got %zu bytes",
-                          want, len);
-    r->prompt = malloc(len + 1);
-    if (!r->prompt)
-        return api_errorf(err, 500, "", "out_of_memory", "out of memory copying the prompt");
-    memcpy(r->prompt, v->valuestring, len + 1);
+        return api_errorf(err, 400, f->name, "invalid_value", "%s must be %s; got %zu bytes",
+                          f->name, want, len);
+    *out = malloc(len + 1);
+    if (!*out)
+        return api_errorf(err, 500, "", "out_of_memory", "out of memory copying the %s", f->name);
+    memcpy(*out, v->valuestring, len + 1);
     return AR_OK;
+}
+
+static int parse_prompt(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                        api_image_request_t *r, api_error_t *err) {
+    return parse_text(f, v, lim, &r->prompt, err);
+}
+
+static int parse_negative_prompt(const field_t *f, const cJSON *v, const api_limits_t *lim,
+                                 api_image_request_t *r, api_error_t *err) {
+    if (!lim->negative_prompt)
+        return api_errorf(err, 400, f->name, "invalid_value",
+                          "negative_prompt: this model takes none (only Infinity-architecture "
+                          "models do)");
+    return parse_text(f, v, lim, &r->negative_prompt, err);
 }
 
 /* class_label: an index in [0, num_classes) or one of the class names. */
@@ -489,6 +505,7 @@ static double codebook_of(const api_limits_t *lim) { return lim->codebook_size; 
 /* The fields arserve knows; the index is the field's place in the seen-set. */
 static const field_t FIELDS[] = {
     {.name = "prompt", .parse = parse_prompt},
+    {.name = "negative_prompt", .parse = parse_negative_prompt},
     {.name = "class_label", .parse = parse_class_label},
     {.name = "model", .parse = parse_model},
     NUMBER("n", 1, 0, 1, 0, max_n_of, NUM_INT, n, -1),
@@ -755,6 +772,7 @@ void api_image_request_free(api_image_request_t *r) {
     if (!r)
         return;
     free(r->prompt);
+    free(r->negative_prompt);
     memset(r, 0, sizeof *r);
 }
 

@@ -63,6 +63,10 @@ typedef struct api_limits {
     const int *widths, *heights; /* the sizes the model produces */
     size_t max_prompt_bytes;     /* >= 1 */
     int codebook_size;           /* top_k upper bound */
+    /* 1 when the model takes a negative_prompt (an arserve extension, as
+     * stable-diffusion.cpp's): Infinity, whose unconditional row is then the
+     * negative prompt's text instead of its learned rows. */
+    int negative_prompt;
     /* Class-conditional models (the scale family): num_classes > 0, and
      * class_names (num_classes names, or NULL when the model has none).
      * Requests then give class_label (an index or a name) or a prompt that
@@ -85,8 +89,9 @@ typedef struct api_limits {
 /* A validated request. Fields the client left out (or sent as null) keep the
  * defaults below and their has_* flag 0, so the engine's model defaults apply. */
 typedef struct api_image_request {
-    char *prompt; /* malloc'd, non-empty, <= max_prompt_bytes, valid UTF-8, no NUL;
-                     NULL when a class-conditional request gives class_label */
+    char *prompt;          /* malloc'd, non-empty, <= max_prompt_bytes, valid UTF-8, no NUL;
+                              NULL when a class-conditional request gives class_label */
+    char *negative_prompt; /* the same rules, or NULL (only where limits allow one) */
     int has_class;
     int class_label;   /* 0..num_classes-1: class_label as given, or its name looked up */
     int n;             /* 1..max_n, default 1 */

@@ -730,10 +730,11 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         cx->prompt = quoted_prompt(req.prompt);
     int *cond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
     int *uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
-    int n_prompt = 0;
+    int *negative = malloc(2 * MODEL_MAX_PROMPT_TOKENS * sizeof(int));
+    int n_prompt = 0, n_negative = 0;
     ar_error_t err = {{0}};
     enum MHD_Result ret;
-    if (!cond || !uncond) {
+    if (!cond || !uncond || !negative) {
         ret = fail(h, c, cx, 500, NULL, "out_of_memory", "out of memory");
         goto out;
     }
@@ -744,10 +745,21 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         ret = fail(h, c, cx, 400, field, "invalid_value", "%s: %s", field, err.msg);
         goto out;
     }
+    /* A negative prompt's rows: its ids are the conditional rows it would
+     * give as a prompt (the unconditional ones are not needed). */
+    if (req.negative_prompt &&
+        model_prompt_from_text(h->model, req.negative_prompt, negative,
+                               negative + MODEL_MAX_PROMPT_TOKENS, &n_negative, &err)) {
+        ret =
+            fail(h, c, cx, 400, "negative_prompt", "invalid_value", "negative_prompt: %s", err.msg);
+        goto out;
+    }
     sched_request_t rq = {.cond = cond,
                           .uncond = uncond,
                           .n_prompt = n_prompt,
                           .size = http_size_index(h, req.width, req.height),
+                          .negative = n_negative ? negative : NULL,
+                          .n_negative = n_negative,
                           .n_images = req.n,
                           .seed = req.has_seed ? req.seed : random_seed(),
                           .kv_policy = req.kv_policy,
@@ -784,6 +796,7 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
 out:
     free(cond);
     free(uncond);
+    free(negative);
     api_image_request_free(&req);
     return ret;
 }
@@ -1532,17 +1545,20 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
     h->n_sizes = model->cfg.image.n_sizes > 0 ? model->cfg.image.n_sizes : 1;
     for (int i = 0; i < h->n_sizes; i++)
         model_image_dims(&model->cfg, i, &h->widths[i], &h->heights[i]);
-    h->limits = (api_limits_t){.model_name = model->cfg.name,
-                               .max_n = opt->max_n,
-                               .n_sizes = h->n_sizes,
-                               .widths = h->widths,
-                               .heights = h->heights,
-                               .max_prompt_bytes = 4096,
-                               .codebook_size = model->cfg.image.codebook_size,
-                               .num_classes = model->cfg.condition.num_classes,
-                               .class_names = (const char *const *)model->class_names,
-                               .kv_defaults = &h->opt.kv_defaults,
-                               .kv_ranges = h->opt.kv_ranges};
+    h->limits = (api_limits_t){
+        .model_name = model->cfg.name,
+        .max_n = opt->max_n,
+        .n_sizes = h->n_sizes,
+        .widths = h->widths,
+        .heights = h->heights,
+        .max_prompt_bytes = 4096,
+        /* Infinity samples each bit from two values. */
+        .codebook_size = model->cfg.image.codebook_size > 0 ? model->cfg.image.codebook_size : 2,
+        .negative_prompt = model->cfg.text.max_tokens > 0,
+        .num_classes = model->cfg.condition.num_classes,
+        .class_names = (const char *const *)model->class_names,
+        .kv_defaults = &h->opt.kv_defaults,
+        .kv_ranges = h->opt.kv_ranges};
     model_geometry(&model->cfg, shortest_prefix(model), &h->geom);
     h->limits.kv_auto = kv_policy_auto(&h->opt.kv_defaults, &h->geom);
     h->card = (api_model_card_t){.created = (long)time(NULL),

@@ -30,7 +30,7 @@
 struct sched_job {
     uint64_t id;
     int n_images, partial_images;
-    int width, height, image_tokens; /* one image's, at its size */
+    int size, width, height, image_tokens; /* one image's size (an index), at that size */
     int *cond, *uncond, *negative;
     kv_policy_params_t kv_policy;
     size_t *kv_bytes; /* the planned KV of all its images, per step */
@@ -590,7 +590,8 @@ static void handle_event(scheduler_t *s, const batcher_event_t *ev, double now) 
          * image on a raster model, a whole scale per image on a next-scale
          * one. */
         metric_add(s->m_tokens,
-                   (double)j->n_images * model_step_tokens(&s->model->cfg, ev->steps_done - 1));
+                   (double)j->n_images *
+                       model_step_tokens_sized(&s->model->cfg, j->size, ev->steps_done - 1));
         if (!j->first_step_seen) {
             j->first_step_seen = 1;
             metric_observe(s->m_first_step, now - j->t_submit);
@@ -919,6 +920,7 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
         kv_geometry_t g;
         model_geometry_sized(&s->model->cfg, req->n_prompt, req->size, &g);
         j->image_tokens = kv_geometry_image_tokens(&g);
+        j->size = req->size;
         model_image_dims(&s->model->cfg, req->size, &j->width, &j->height);
     }
     if (j && lv.n > 0) {

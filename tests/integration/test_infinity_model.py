@@ -1,0 +1,121 @@
+"""An Infinity-architecture model (text-to-image next-scale: T5 encoder,
+cross-attention, bitwise tokens, a schedule per aspect ratio) served end to
+end: its sizes in /v1/models, two aspect ratios and a negative prompt in one
+batch with each image's planned KV peak equal to what it held, each image
+equal to itself alone, and clear 400s for a size, a prompt or a negative
+prompt the model cannot take.
+
+The model is ARSERVE_INFINITY_MODEL, else the golden tiny random model
+(tests/golden/infinity_tiny: the official code's configuration, so its
+images are noise; what is checked is the serving)."""
+import base64
+import json
+import os
+
+import pytest
+
+from conftest import Daemon, b64_png_size, repo_path
+from test_heatkv_admission import iterations_above, send_together
+
+GEN = "/v1/images/generations"
+MODEL = repo_path(os.environ.get("ARSERVE_INFINITY_MODEL") or "tests/golden/infinity_tiny")
+
+
+def model_sizes():
+    """Each size's name, pixels and image tokens, the default first, as
+    arserve.json lists them."""
+    with open(os.path.join(MODEL, "arserve.json")) as f:
+        cfg = json.load(f)
+    im, up = cfg["image"], 2 if cfg["image"]["spatial_patchify"] else 1
+    stride = up * 2 ** (len(cfg["decoder"]["channel_multiplier"]) - 1)
+    sizes = {}
+    for z in im["sizes"]:
+        h, w = z["scales"][-1]
+        sizes[z["name"]] = {"width": w * stride, "height": h * stride,
+                            "tokens": sum(a * b for a, b in z["scales"])}
+    default = im["default_size"]
+    order = [default] + [n for n in sizes if n != default]
+    return cfg, {n: sizes[n] for n in order}
+
+
+CFG, SIZES = model_sizes()
+DEFAULT = next(iter(SIZES))
+# Two sizes of different aspect ratios: the default and the widest.
+WIDE = max(SIZES, key=lambda n: SIZES[n]["width"] / SIZES[n]["height"])
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory):
+    daemon = Daemon(str(tmp_path_factory.mktemp("arserve")), MODEL, ["--threads", "1"])
+    yield daemon
+    daemon.finish()
+
+
+def error_of(r, status=400):
+    assert r.status_code == status, r.text
+    return r.json()["error"]
+
+
+def test_models_lists_every_size_the_default_first(d):
+    card = d.client.get("/v1/models").json()["data"][0]["arserve"]
+    assert card["conditioning"] == "text"
+    assert card["sizes"] == list(SIZES)
+    assert (card["width"], card["height"]) == (SIZES[DEFAULT]["width"], SIZES[DEFAULT]["height"])
+
+
+def test_two_sizes_and_a_negative_prompt_in_one_batch(d):
+    """Three requests sent together (two aspect ratios, one with a negative
+    prompt) run in shared iterations; each PNG has its size's pixels, each
+    response its size's tokens, each image's planned KV peak is the peak it
+    held, and each image is what it is alone."""
+    bodies = [{"prompt": "a dog", "size": DEFAULT, "seed": 1},
+              {"prompt": "a dog", "size": WIDE, "seed": 2},
+              {"prompt": "a golden dragon", "size": WIDE, "seed": 3,
+               "negative_prompt": "dark blurry"}]
+    responses, before, after, _ = send_together(d, bodies)
+    assert [r.status_code for r in responses] == [200] * 3, [r.text[:300] for r in responses]
+    assert iterations_above(before, after, 1) > 0, \
+        "no iteration advanced two images at once:\n" + after.text
+    assert after.get("arserve_kv_plan_overruns_total") == \
+        before.get("arserve_kv_plan_overruns_total")
+    tokens = 0
+    for body, r in zip(bodies, responses):
+        j, z = r.json(), SIZES[body["size"]]
+        assert j["size"] == body["size"]
+        assert b64_png_size(j["data"][0]["b64_json"]) == (z["width"], z["height"])
+        assert j["usage"]["output_tokens"] == z["tokens"]
+        kv = j["kv_cache"]
+        assert kv["planned_peak_bytes"] == kv["peak_bytes"] > 0, kv
+        tokens += z["tokens"]
+    assert after.get("arserve_image_tokens_generated_total") - \
+        before.get("arserve_image_tokens_generated_total") == tokens
+    # The wide images hold less KV than the square one at full cache
+    # whenever their cached tokens are fewer (every scale but the last).
+    for body, r in zip(bodies, responses):
+        alone = d.client.post(GEN, json=body)
+        assert alone.status_code == 200, alone.text
+        assert base64.b64decode(alone.json()["data"][0]["b64_json"]) == \
+            base64.b64decode(r.json()["data"][0]["b64_json"]), f"{body} differs alone"
+
+
+def test_a_size_the_model_lacks_is_a_400_listing_its_sizes(d):
+    e = error_of(d.client.post(GEN, json={"prompt": "a dog", "size": "65x65"}))
+    assert e["param"] == "size"
+    assert all(name in e["message"] for name in SIZES), e["message"]
+
+
+def test_a_prompt_past_the_text_limit_is_a_400_naming_it(d):
+    limit = CFG["text"]["max_tokens"]
+    e = error_of(d.client.post(GEN, json={"prompt": " ".join(["dragon"] * (4 * limit))}))
+    assert e["param"] == "prompt"
+    assert f"limit {limit}" in e["message"], e["message"]
+    e = error_of(d.client.post(GEN, json={"prompt": "a dog",
+                                          "negative_prompt": " ".join(["blurry"] * (4 * limit))}))
+    assert e["param"] == "negative_prompt" and f"limit {limit}" in e["message"], e
+
+
+def test_negative_prompt_is_refused_by_a_model_without_one(tiny_daemon):
+    e = error_of(tiny_daemon.client.post(GEN, json={"prompt": "a red circle",
+                                                    "negative_prompt": "blue"}))
+    assert e["param"] == "negative_prompt"
+    assert "takes none" in e["message"]
