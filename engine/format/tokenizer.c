@@ -6,9 +6,11 @@
 #include "engine/format/tokenizer.h"
 
 #include "engine/format/json_strict.h"
+#include "engine/format/tokenizer_unigram.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -277,18 +279,37 @@ static bool is_word_byte(unsigned char c) {
 
 /* ---- the tokenizer ---- */
 
-typedef enum { NORM_LOWERCASE, NORM_STRIP, NORM_REPLACE, NORM_PREPEND } norm_kind_t;
+typedef enum {
+    NORM_LOWERCASE,
+    NORM_STRIP,
+    NORM_REPLACE,
+    NORM_PREPEND,
+    NORM_PRECOMPILED
+} norm_kind_t;
 
 typedef struct norm_step {
     norm_kind_t kind;
     bool strip_left, strip_right; /* NORM_STRIP */
-    char *pattern;                /* NORM_REPLACE: what is replaced; owned */
+    char *pattern;                /* NORM_REPLACE: what is replaced (a String); owned */
     size_t pattern_len;
-    char *content; /* NORM_REPLACE: the replacement; NORM_PREPEND: the prefix; owned */
+    pcre2_code *re;       /* NORM_REPLACE with a Regex pattern (then pattern is NULL) */
+    charsmap_t *charsmap; /* NORM_PRECOMPILED */
+    char *content;        /* NORM_REPLACE: the replacement; NORM_PREPEND: the prefix; owned */
     size_t content_len;
 } norm_step_t;
 
-typedef enum { PRE_SPLIT, PRE_WHITESPACE_SPLIT, PRE_BYTE_LEVEL } pre_kind_t;
+typedef enum { PRE_SPLIT, PRE_WHITESPACE_SPLIT, PRE_BYTE_LEVEL, PRE_METASPACE } pre_kind_t;
+
+/* HF's Metaspace PrependScheme. */
+typedef enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER } prepend_scheme_t;
+
+/* Metaspace's replacement character: up to 4 UTF-8 bytes. */
+typedef struct metaspace {
+    char rep[5];
+    size_t rep_len;
+    prepend_scheme_t prepend;
+    bool split;
+} metaspace_t;
 
 /* HF's SplitDelimiterBehavior. */
 typedef enum {
@@ -309,11 +330,18 @@ typedef struct pre_step {
     split_behavior_t behavior;
     bool invert;
     bool add_prefix_space; /* PRE_BYTE_LEVEL */
+    metaspace_t metaspace; /* PRE_METASPACE */
 } pre_step_t;
 
-typedef enum { MODEL_WORD_LEVEL, MODEL_BPE } model_kind_t;
+typedef enum { MODEL_WORD_LEVEL, MODEL_BPE, MODEL_UNIGRAM } model_kind_t;
 
-typedef enum { DEC_JOIN_SPACES, DEC_BYTE_LEVEL, DEC_BPE, DEC_UNSUPPORTED } decoder_kind_t;
+typedef enum {
+    DEC_JOIN_SPACES,
+    DEC_BYTE_LEVEL,
+    DEC_BPE,
+    DEC_METASPACE,
+    DEC_UNSUPPORTED
+} decoder_kind_t;
 
 typedef struct added_token {
     char *content; /* owned */
@@ -342,9 +370,11 @@ struct tokenizer {
     /* No steps: the whole text is one word. */
     pre_step_t pre[TOKENIZER_MAX_PRE_STEPS];
     int n_pre;
+    unigram_t *unigram; /* MODEL_UNIGRAM */
     decoder_kind_t decoder;
-    char decoder_type[48]; /* DEC_UNSUPPORTED: the type the file names */
-    char *decoder_suffix;  /* DEC_BPE; owned */
+    metaspace_t decoder_metaspace; /* DEC_METASPACE */
+    char decoder_type[48];         /* DEC_UNSUPPORTED: the type the file names */
+    char *decoder_suffix;          /* DEC_BPE; owned */
     /* GPT-2's byte <-> character map: byte b is the UTF-8 string
      * byte_char[b] (byte_char_len[b] bytes); char_byte[c] is the byte of
      * code point c < 324, -1 if none. */
@@ -385,7 +415,10 @@ void tokenizer_free(tokenizer_t *t) {
     for (int i = 0; i < t->n_norm; i++) {
         free(t->norm[i].pattern);
         free(t->norm[i].content);
+        pcre2_code_free(t->norm[i].re);
+        charsmap_free(t->norm[i].charsmap);
     }
+    unigram_free(t->unigram);
     for (int i = 0; i < t->n_pre; i++) {
         pcre2_code_free(t->pre[i].re);
         free(t->pre[i].literal);
@@ -640,21 +673,22 @@ static int parse_normalizer(tokenizer_t *t, const cJSON *node, const char *where
         const char *string, *regex;
         if (parse_pattern(node, &string, &regex, path, where, err) != AR_OK)
             return AR_ERR;
-        if (regex)
-            return ar_errorf(err,
-                             "%s: %s: Replace with a Regex pattern is not supported (a String "
-                             "pattern is)",
-                             path, where);
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(node, "content");
         if (!cJSON_IsString(content))
             return ar_errorf(err, "%s: %s.content is missing or not a string", path, where);
         step->kind = NORM_REPLACE;
-        step->pattern = strdup(string);
+        if (regex) {
+            char re_where[160];
+            snprintf(re_where, sizeof re_where, "%s.pattern.Regex", where);
+            if (!(step->re = regex_compile(regex, path, re_where, err)))
+                return AR_ERR;
+        }
+        step->pattern = regex ? NULL : strdup(string);
         step->content = strdup(content->valuestring);
         t->n_norm++; /* owned by t from here */
-        if (!step->pattern || !step->content)
+        if ((!regex && !step->pattern) || !step->content)
             return ar_errorf(err, "%s: out of memory", path);
-        step->pattern_len = strlen(step->pattern);
+        step->pattern_len = regex ? 0 : strlen(step->pattern);
         step->content_len = strlen(step->content);
         return AR_OK;
     } else if (strcmp(type, "Prepend") == 0) {
@@ -668,11 +702,20 @@ static int parse_normalizer(tokenizer_t *t, const cJSON *node, const char *where
             return ar_errorf(err, "%s: out of memory", path);
         step->content_len = strlen(step->content);
         return AR_OK;
+    } else if (strcmp(type, "Precompiled") == 0) {
+        const cJSON *map = cJSON_GetObjectItemCaseSensitive(node, "precompiled_charsmap");
+        if (!cJSON_IsString(map))
+            return ar_errorf(err, "%s: %s.precompiled_charsmap is missing or not a string", path,
+                             where);
+        char map_where[160];
+        snprintf(map_where, sizeof map_where, "%s.precompiled_charsmap", where);
+        step->kind = NORM_PRECOMPILED;
+        if (!(step->charsmap = charsmap_load(map->valuestring, path, map_where, err)))
+            return AR_ERR;
     } else {
         return ar_errorf(err,
                          "%s: normalizer type '%s' is not supported (supported: Lowercase, "
-                         "Strip, NFC, Replace with a String pattern, Prepend, or a Sequence of "
-                         "these)",
+                         "Strip, NFC, Replace, Prepend, Precompiled, or a Sequence of these)",
                          path, type);
     }
     t->n_norm++;
@@ -727,6 +770,46 @@ static int parse_split(tokenizer_t *t, const cJSON *node, const char *where, con
     return step->literal ? AR_OK : ar_errorf(err, "%s: out of memory", path);
 }
 
+/* HF's Metaspace (pre-tokenizer and decoder alike): replacement, one
+ * character; prepend_scheme "always" (the default), "first" or "never"; the
+ * legacy add_prefix_space, where false means "never" and contradicts any
+ * other declared scheme (HF refuses that file too); split (default true). */
+static int parse_metaspace(const cJSON *node, const char *where, metaspace_t *ms, const char *path,
+                           ar_error_t *err) {
+    const cJSON *rep = cJSON_GetObjectItemCaseSensitive(node, "replacement");
+    size_t len = cJSON_IsString(rep) ? strlen(rep->valuestring) : 0;
+    if (len == 0 || len > 4 || utf8_char_len((unsigned char)rep->valuestring[0]) != len ||
+        !utf8_is_valid(rep->valuestring, len))
+        return ar_errorf(err, "%s: %s.replacement is missing or not one character", path, where);
+    *ms = (metaspace_t){.rep_len = len, .prepend = PREPEND_ALWAYS, .split = true};
+    memcpy(ms->rep, rep->valuestring, len);
+    const cJSON *scheme = cJSON_GetObjectItemCaseSensitive(node, "prepend_scheme");
+    if (scheme && !cJSON_IsNull(scheme)) {
+        static const char *const names[] = {"always", "first", "never"};
+        int k = -1;
+        for (int i = 0; i < 3 && cJSON_IsString(scheme); i++)
+            if (strcmp(scheme->valuestring, names[i]) == 0)
+                k = i;
+        if (k < 0)
+            return ar_errorf(err, "%s: %s.prepend_scheme is not \"always\", \"first\" or \"never\"",
+                             path, where);
+        ms->prepend = (prepend_scheme_t)k;
+    }
+    bool add_prefix_space = true;
+    const cJSON *aps = cJSON_GetObjectItemCaseSensitive(node, "add_prefix_space");
+    if (json_opt_bool(node, "add_prefix_space", &add_prefix_space, path, where, err) != AR_OK ||
+        json_opt_bool(node, "split", &ms->split, path, where, err) != AR_OK)
+        return AR_ERR;
+    if (aps && !cJSON_IsNull(aps) && !add_prefix_space) {
+        if (ms->prepend != PREPEND_NEVER)
+            return ar_errorf(err,
+                             "%s: %s.add_prefix_space is false but prepend_scheme is not "
+                             "\"never\" (HF refuses this too)",
+                             path, where);
+    }
+    return AR_OK;
+}
+
 static int parse_pre_tokenizer(tokenizer_t *t, const cJSON *node, const char *where, int depth,
                                const char *path, ar_error_t *err) {
     const char *type;
@@ -749,6 +832,14 @@ static int parse_pre_tokenizer(tokenizer_t *t, const cJSON *node, const char *wh
     }
     if (strcmp(type, "WhitespaceSplit") == 0)
         return pre_step_add(t, PRE_WHITESPACE_SPLIT, path, err) ? AR_OK : AR_ERR;
+    if (strcmp(type, "Metaspace") == 0) {
+        metaspace_t ms;
+        if (parse_metaspace(node, where, &ms, path, err) != AR_OK ||
+            !(step = pre_step_add(t, PRE_METASPACE, path, err)))
+            return AR_ERR;
+        step->metaspace = ms;
+        return AR_OK;
+    }
     if (strcmp(type, "Digits") == 0) {
         /* HF splits on char::is_numeric (Nd, Nl, No), each digit alone or in runs. */
         bool individual = false;
@@ -775,7 +866,8 @@ static int parse_pre_tokenizer(tokenizer_t *t, const cJSON *node, const char *wh
     }
     return ar_errorf(err,
                      "%s: pre_tokenizer type '%s' is not supported (supported: Whitespace, "
-                     "WhitespaceSplit, Split, Digits, ByteLevel, a Sequence of these, null)",
+                     "WhitespaceSplit, Split, Digits, ByteLevel, Metaspace, a Sequence of these, "
+                     "null)",
                      path, type);
 }
 
@@ -794,6 +886,9 @@ static int parse_decoder(tokenizer_t *t, const cJSON *node, const char *path, ar
             return AR_ERR;
         if (!t->decoder_suffix && !(t->decoder_suffix = strdup("</w>")))
             return ar_errorf(err, "%s: out of memory", path);
+    } else if (strcmp(type, "Metaspace") == 0) {
+        t->decoder = DEC_METASPACE;
+        return parse_metaspace(node, "decoder", &t->decoder_metaspace, path, err);
     } else {
         /* Encoding does not need the decoder: tokenizer_decode refuses instead. */
         t->decoder = DEC_UNSUPPORTED;
@@ -840,6 +935,128 @@ static int parse_vocab(tokenizer_t *t, const cJSON *vocab, const char *path, ar_
         t->id_text[id] = copy;
     }
     return AR_OK;
+}
+
+/* The file's text, for what cJSON does not keep: where each number is. */
+typedef struct json_source {
+    const char *text;
+    size_t len;
+} json_source_t;
+
+/* Counts the numbers in node's tree that come before target in document
+ * order (cJSON keeps it); true once target is reached. */
+static bool numbers_before(const cJSON *node, const cJSON *target, size_t *count) {
+    if (node == target)
+        return true;
+    if (cJSON_IsNumber(node))
+        (*count)++;
+    for (const cJSON *c = node->child; c; c = c->next)
+        if (numbers_before(c, target, count))
+            return true;
+    return false;
+}
+
+/* The offset in src of the number after the first skip numbers (the text
+ * passed json_strict_check, so strings and numbers are well formed). */
+static const char *nth_number(const json_source_t *src, size_t skip, size_t *len) {
+    const char *p = src->text, *end = src->text + src->len;
+    while (p < end) {
+        if (*p == '"') {
+            for (p++; p < end && *p != '"'; p++)
+                if (*p == '\\')
+                    p++;
+            p++;
+        } else if (*p == '-' || (*p >= '0' && *p <= '9')) {
+            size_t n = json_strict_number_len(p, (size_t)(end - p));
+            if (skip-- == 0) {
+                *len = n;
+                return p;
+            }
+            p += n ? n : 1;
+        } else {
+            p++;
+        }
+    }
+    return NULL;
+}
+
+/* A Unigram model: {"vocab": [[piece, score], ...], "unk_id": id or null,
+ * "byte_fallback"}; ids are positions in vocab. A piece listed twice maps to
+ * its last id, as in HF. Scores are read from the file's text as HF's
+ * serde_json reads them (unigram_score_parse). */
+static int parse_unigram(tokenizer_t *t, const cJSON *root, const cJSON *model,
+                         const json_source_t *src, const char *path, ar_error_t *err) {
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    if (!cJSON_IsArray(vocab))
+        return ar_errorf(err, "%s: model.vocab is missing or not an array of [piece, score]", path);
+    int n = cJSON_GetArraySize(vocab);
+    if (n > TOKENIZER_MAX_ID)
+        return ar_errorf(err, "%s: model.vocab has %d pieces, more than %d", path, n,
+                         TOKENIZER_MAX_ID);
+    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_id");
+    t->unk_id = -1;
+    if (unk && !cJSON_IsNull(unk)) {
+        t->unk_id = json_id(unk);
+        if (t->unk_id < 0)
+            return ar_errorf(err, "%s: model.unk_id is not null or a whole number", path);
+        if (t->unk_id >= n)
+            return ar_errorf(err, "%s: model.unk_id %d is out of range: model.vocab has %d pieces",
+                             path, t->unk_id, n);
+    }
+    bool byte_fallback = false;
+    if (json_opt_bool(model, "byte_fallback", &byte_fallback, path, "model", err) != AR_OK)
+        return AR_ERR;
+    double *scores = malloc(((size_t)n + 1) * sizeof *scores);
+    t->vocab_size = n;
+    t->id_text = calloc((size_t)n + 1, sizeof *t->id_text);
+    if (!scores || !t->id_text || table_init(&t->vocab, (size_t)n) != AR_OK) {
+        free(scores);
+        return ar_errorf(err, "%s: out of memory for the vocab", path);
+    }
+    size_t number_index = 0;
+    numbers_before(root, vocab, &number_index);
+    const char *number = nth_number(src, number_index, &(size_t){0});
+    int id = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, vocab) {
+        const cJSON *piece = cJSON_GetArrayItem(item, 0), *score = cJSON_GetArrayItem(item, 1);
+        if (!cJSON_IsArray(item) || cJSON_GetArraySize(item) != 2 || !cJSON_IsString(piece)) {
+            free(scores);
+            return ar_errorf(err, "%s: model.vocab[%d] is not [piece, score]", path, id);
+        }
+        /* Each earlier item held one number, so this score is the next in the text. */
+        size_t number_len = 0;
+        const char *at =
+            number ? nth_number(&(json_source_t){number, src->len - (size_t)(number - src->text)},
+                                0, &number_len)
+                   : NULL;
+        double value = 0;
+        if (!cJSON_IsNumber(score) || !at || unigram_score_parse(at, number_len, &value) != AR_OK) {
+            free(scores);
+            return ar_errorf(err,
+                             "%s: model.vocab[%d] ('%s'): the score is not a number in f64 range",
+                             path, id, piece->valuestring);
+        }
+        number = at + number_len;
+        const char *word = piece->valuestring;
+        tok_slot_t *slot = table_slot(&t->vocab, word, strlen(word));
+        if (slot->text) {
+            slot->id = id; /* HF's map keeps the last id */
+        } else {
+            char *copy = strdup(word);
+            if (!copy) {
+                free(scores);
+                return ar_errorf(err, "%s: out of memory for the vocab", path);
+            }
+            *slot = (tok_slot_t){copy, strlen(copy), id};
+            t->vocab.count++;
+        }
+        t->id_text[id] = slot->text;
+        scores[id++] = value;
+    }
+    t->unigram = unigram_new(t->id_text, scores, n, t->unk_id, byte_fallback, path, err);
+    free(scores);
+    return t->unigram ? AR_OK : AR_ERR;
 }
 
 /* model.merges: ["a b", ...] or [["a", "b"], ...]; rank = index; a later
@@ -988,17 +1205,67 @@ static void lowercase(char *str, size_t n) {
     }
 }
 
+/* Replaces every match of re in b (left to right) with with[0..with_len).
+ * *lead_dropped is set when a match at offset 0 is replaced by nothing. */
+static int replace_regex(tok_buf_t *b, const pcre2_code *re, const char *with, size_t with_len,
+                         tok_buf_t *tmp, bool *lead_dropped) {
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    if (!md)
+        return AR_ERR;
+    tmp->n = 0;
+    int rc = buf_reserve(tmp, b->n);
+    size_t from = 0;
+    while (rc == AR_OK && from < b->n) {
+        int found = pcre2_match(re, (PCRE2_SPTR)b->p, b->n, from, PCRE2_NO_UTF_CHECK, md, NULL);
+        if (found <= 0)
+            break; /* no match, or a matching error: the rest is kept */
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        if (ov[1] <= ov[0] || ov[0] < from)
+            break; /* empty matches are refused at load; \K tricks end the scan */
+        if (ov[0] == 0 && with_len == 0)
+            *lead_dropped = true;
+        rc = buf_append(tmp, b->p + from, ov[0] - from);
+        if (rc == AR_OK)
+            rc = buf_append(tmp, with, with_len);
+        from = ov[1];
+    }
+    pcre2_match_data_free(md);
+    if (rc == AR_OK)
+        rc = buf_append(tmp, b->p + from, b->n - from);
+    if (rc != AR_OK)
+        return AR_ERR;
+    tok_buf_t swap = *b;
+    *b = *tmp;
+    *tmp = swap;
+    return AR_OK;
+}
+
 /* Applies the normalizer steps to s[0..n), leaving the result in out (tmp is
- * scratch). */
-static int normalize(const tokenizer_t *t, const char *s, size_t n, tok_buf_t *out,
-                     tok_buf_t *tmp) {
+ * scratch). *lead_dropped (may be NULL) tells whether the text's first
+ * character was removed (stripped, mapped or replaced to nothing), so that
+ * the result no longer starts at the text's original offset; Metaspace's
+ * prepend_scheme "first" asks. */
+static int normalize(const tokenizer_t *t, const char *s, size_t n, tok_buf_t *out, tok_buf_t *tmp,
+                     bool *lead_dropped) {
+    bool dropped = false;
     out->n = 0;
     if (buf_append(out, s, n) != AR_OK)
         return AR_ERR;
     for (int k = 0; k < t->n_norm; k++) {
         const norm_step_t *step = &t->norm[k];
         size_t off = 0, len = out->n, sp;
+        bool first_gone = false;
+        char *mapped = NULL;
+        size_t mapped_len = 0;
         switch (step->kind) {
+        case NORM_PRECOMPILED:
+            if (charsmap_normalize(step->charsmap, out->p, out->n, &mapped, &mapped_len,
+                                   &first_gone) != AR_OK)
+                return AR_ERR;
+            free(out->p);
+            *out = (tok_buf_t){mapped, mapped_len, mapped_len + 1};
+            dropped |= first_gone;
+            break;
         case NORM_LOWERCASE:
             lowercase(out->p, out->n);
             break;
@@ -1006,6 +1273,7 @@ static int normalize(const tokenizer_t *t, const char *s, size_t n, tok_buf_t *o
             if (step->strip_left)
                 while ((sp = space_len(out->p + off, len)))
                     off += sp, len -= sp;
+            dropped |= off > 0;
             if (step->strip_right)
                 while ((sp = space_len_before(out->p + off, len)))
                     len -= sp;
@@ -1014,6 +1282,15 @@ static int normalize(const tokenizer_t *t, const char *s, size_t n, tok_buf_t *o
             out->p[len] = '\0';
             break;
         case NORM_REPLACE:
+            if (step->re) {
+                if (replace_regex(out, step->re, step->content, step->content_len, tmp, &dropped) !=
+                    AR_OK)
+                    return AR_ERR;
+                break;
+            }
+            if (step->content_len == 0 && out->n >= step->pattern_len && step->pattern_len &&
+                memcmp(out->p, step->pattern, step->pattern_len) == 0)
+                dropped = true;
             if (replace_all(out, step->pattern, step->pattern_len, step->content, step->content_len,
                             tmp) != AR_OK)
                 return AR_ERR;
@@ -1030,6 +1307,8 @@ static int normalize(const tokenizer_t *t, const char *s, size_t n, tok_buf_t *o
             break;
         }
     }
+    if (lead_dropped)
+        *lead_dropped = dropped;
     return AR_OK;
 }
 
@@ -1099,7 +1378,9 @@ static int added_token_check_id(tokenizer_t *t, const char *text, size_t len, in
                              path, text, id, vocab_id);
         return AR_OK;
     }
-    int expected = (int)t->vocab.count + (*n_new)++;
+    /* HF counts the model's vocab: for Unigram every listed piece, repeats too. */
+    int base = t->model == MODEL_UNIGRAM ? t->vocab_size : (int)t->vocab.count;
+    int expected = base + (*n_new)++;
     if (id != expected)
         return ar_errorf(err,
                          "%s: added token '%s' has id %d, but HF tokenizers would give "
@@ -1127,7 +1408,7 @@ static int added_token_match(const tokenizer_t *t, added_token_t *tok, const cha
         tok->match = strdup(text);
         return tok->match ? AR_OK : AR_ERR;
     }
-    if (normalize(t, text, len, norm, tmp) != AR_OK)
+    if (normalize(t, text, len, norm, tmp, NULL) != AR_OK)
         return AR_ERR;
     tok->match = norm->p;
     tok->match_len = norm->n;
@@ -1211,7 +1492,8 @@ static int parse_added_tokens(tokenizer_t *t, const cJSON *list, const char *pat
     return rc == AR_OK ? added_tokens_index(t, path, err) : AR_ERR;
 }
 
-static int parse_root(tokenizer_t *t, const cJSON *root, const char *path, ar_error_t *err) {
+static int parse_root(tokenizer_t *t, const cJSON *root, const json_source_t *src, const char *path,
+                      ar_error_t *err) {
     if (!cJSON_IsObject(root))
         return ar_errorf(err, "%s: top level is not a JSON object", path);
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -1227,17 +1509,25 @@ static int parse_root(tokenizer_t *t, const cJSON *root, const char *path, ar_er
         t->model = MODEL_WORD_LEVEL;
     else if (strcmp(type, "BPE") == 0)
         t->model = MODEL_BPE;
+    else if (strcmp(type, "Unigram") == 0)
+        t->model = MODEL_UNIGRAM;
     else
         return ar_errorf(err,
-                         "%s: tokenizer model type '%s' is not supported (WordLevel and BPE are)",
+                         "%s: tokenizer model type '%s' is not supported (WordLevel, BPE and "
+                         "Unigram are)",
                          path, type);
-    if (parse_vocab(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), path, err) != AR_OK)
-        return AR_ERR;
     t->unk_id = -1;
+    if (t->model == MODEL_UNIGRAM) {
+        if (parse_unigram(t, root, model, src, path, err) != AR_OK)
+            return AR_ERR;
+    } else if (parse_vocab(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), path, err) !=
+               AR_OK) {
+        return AR_ERR;
+    }
     if (t->model == MODEL_BPE) {
         if (parse_bpe(t, model, path, err) != AR_OK)
             return AR_ERR;
-    } else {
+    } else if (t->model == MODEL_WORD_LEVEL) {
         const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
         if (cJSON_IsString(unk))
             t->unk_id = table_get(&t->vocab, unk->valuestring, strlen(unk->valuestring));
@@ -1299,7 +1589,7 @@ tokenizer_t *tokenizer_load(const char *path, ar_error_t *err) {
         t = NULL;
     } else {
         byte_level_init(t);
-        if (parse_root(t, root, path, err) != AR_OK) {
+        if (parse_root(t, root, &(json_source_t){buf, len}, path, err) != AR_OK) {
             tokenizer_free(t);
             t = NULL;
         }
@@ -1336,6 +1626,15 @@ typedef struct encode_state {
     pcre2_match_data *match;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit_stack;
+    unigram_scratch_t unigram; /* Unigram scratch */
+    tok_buf_t meta;            /* Metaspace's rewritten piece */
+    /* Where a piece lies in the original text, for Metaspace's "first":
+     * text is the start of the whole (UTF-8-cleaned) prompt, seg the start of
+     * the normalised segment being pre-tokenised and seg_origin whether that
+     * segment begins at the prompt's offset 0 (seg_lead_dropped: but its
+     * first character was normalised away). */
+    const char *text, *seg;
+    bool seg_origin, seg_lead_dropped;
     ar_error_t *err;
 } encode_state_t;
 
@@ -1524,9 +1823,13 @@ static int encode_bpe(encode_state_t *st, const char *s, size_t n) {
     return AR_OK;
 }
 
+static void emit_cb(void *ctx, int id) { emit(ctx, id); }
+
 static int encode_model(encode_state_t *st, const char *s, size_t n) {
     if (st->t->model == MODEL_BPE)
         return encode_bpe(st, s, n);
+    if (st->t->model == MODEL_UNIGRAM)
+        return unigram_encode(st->t->unigram, s, n, &st->unigram, emit_cb, st, st->err);
     return n ? encode_word_level(st, s, n) : AR_OK;
 }
 
@@ -1732,6 +2035,48 @@ static int run_byte_level(encode_state_t *st, int step_index, const char *s, siz
     return rc;
 }
 
+/* Metaspace: spaces become the replacement character, which is put in front
+ * (prepend_scheme "always"; "first": only for the piece at the prompt's
+ * offset 0) unless the piece starts with it; then, with split, a new piece
+ * begins at each replacement character (HF's MergedWithNext). */
+static int run_metaspace(encode_state_t *st, int step_index, const char *s, size_t n) {
+    const metaspace_t *ms = &st->t->pre[step_index].metaspace;
+    tok_buf_t *b = &st->meta;
+    bool at_origin = st->seg_origin && s == st->seg &&
+                     (step_index == 0 || !st->seg_lead_dropped); /* see tokenizer.h */
+    b->n = 0;
+    int rc = buf_reserve(b, n + ms->rep_len);
+    bool starts = n >= ms->rep_len && memcmp(s, ms->rep, ms->rep_len) == 0;
+    bool leading_space = n > 0 && s[0] == ' ';
+    if (!starts && !leading_space &&
+        (ms->prepend == PREPEND_ALWAYS || (ms->prepend == PREPEND_FIRST && at_origin)))
+        rc = buf_append(b, ms->rep, ms->rep_len);
+    for (size_t i = 0; i < n && rc == AR_OK; i++)
+        rc = s[i] == ' ' ? buf_append(b, ms->rep, ms->rep_len) : buf_append(b, s + i, 1);
+    if (rc != AR_OK)
+        return ar_errorf(st->err, "out of memory encoding a prompt");
+    /* The next steps may use st->meta again: work on a private copy. */
+    char *text = b->p;
+    size_t len = b->n;
+    *b = (tok_buf_t){0};
+    if (!ms->split) {
+        rc = run_pre(st, step_index + 1, text, len);
+    } else {
+        size_t start = 0;
+        for (size_t i = 1; i <= len && rc == AR_OK; i++) {
+            if (i < len && (len - i < ms->rep_len || memcmp(text + i, ms->rep, ms->rep_len) != 0))
+                continue;
+            rc = run_pre(st, step_index + 1, text + start, i - start);
+            start = i;
+        }
+    }
+    if (!st->meta.p)
+        st->meta = (tok_buf_t){text, 0, len + 1};
+    else
+        free(text);
+    return rc;
+}
+
 /* Applies pre-tokenizer steps step.. to one piece; the model gets what the
  * last one gives. */
 static int run_pre(encode_state_t *st, int step, const char *s, size_t n) {
@@ -1744,6 +2089,8 @@ static int run_pre(encode_state_t *st, int step, const char *s, size_t n) {
         return run_whitespace_split(st, step, s, n);
     case PRE_BYTE_LEVEL:
         return run_byte_level(st, step, s, n);
+    case PRE_METASPACE:
+        return run_metaspace(st, step, s, n);
     }
     return AR_ERR;
 }
@@ -1812,10 +2159,15 @@ static int split_added(encode_state_t *st, const char *s, size_t n, bool normali
  * split out normalised added tokens and pre-tokenise the rest. */
 static int encode_raw_segment(encode_state_t *st, const char *s, size_t n) {
     const tokenizer_t *t = st->t;
-    if (t->n_norm == 0)
+    st->seg_origin = s == st->text;
+    st->seg_lead_dropped = false;
+    if (t->n_norm == 0) {
+        st->seg = s;
         return split_added(st, s, n, true, pre_tokenize);
-    if (normalize(t, s, n, &st->norm, &st->norm_tmp) != AR_OK)
+    }
+    if (normalize(t, s, n, &st->norm, &st->norm_tmp, &st->seg_lead_dropped) != AR_OK)
         return ar_errorf(st->err, "out of memory encoding a %zu-byte prompt", n);
+    st->seg = st->norm.p;
     return split_added(st, st->norm.p, st->norm.n, true, pre_tokenize);
 }
 
@@ -1839,8 +2191,11 @@ int tokenizer_encode(const tokenizer_t *t, const char *text, int *ids, int max_i
         text = clean.p;
         n = clean.n;
     }
+    st.text = text;
     int rc = split_added(&st, text, n, false, encode_raw_segment);
     free(clean.p);
+    free(st.meta.p);
+    unigram_scratch_free(&st.unigram);
     free(st.norm.p);
     free(st.norm_tmp.p);
     free(st.syms);
@@ -1900,8 +2255,8 @@ int tokenizer_decode(const tokenizer_t *t, const int *ids, int n_ids, bool skip_
         return ar_errorf(err, "tokenizer_decode: bad ids (n_ids %d)", n_ids);
     if (t->decoder == DEC_UNSUPPORTED)
         return ar_errorf(err,
-                         "%s: decoder type '%s' is not supported (ByteLevel, BPEDecoder and "
-                         "null are)",
+                         "%s: decoder type '%s' is not supported (ByteLevel, BPEDecoder, "
+                         "Metaspace and null are)",
                          t->path, t->decoder_type);
     int last = -1; /* the last token kept, for BPEDecoder */
     for (int i = 0; i < n_ids; i++) {
@@ -1932,6 +2287,20 @@ int tokenizer_decode(const tokenizer_t *t, const int *ids, int n_ids, bool skip_
                 rc = buf_append(&raw, one.p, one.n);
             free(one.p);
             free(tmp.p);
+        } else if (t->decoder == DEC_METASPACE) {
+            /* Each replacement character becomes a space; in the first token
+             * kept, every one is dropped unless prepend_scheme is "never". */
+            const metaspace_t *ms = &t->decoder_metaspace;
+            bool drop = first && ms->prepend != PREPEND_NEVER;
+            for (const char *p = tok; *p && rc == AR_OK;) {
+                if (strncmp(p, ms->rep, ms->rep_len) == 0) {
+                    if (!drop)
+                        rc = buf_append(&raw, " ", 1);
+                    p += ms->rep_len;
+                } else {
+                    rc = buf_append(&raw, p++, 1);
+                }
+            }
         } else {
             if (!first)
                 rc = buf_append(&raw, " ", 1);

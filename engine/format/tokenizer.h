@@ -1,8 +1,10 @@
 /* Text <-> token ids from a Hugging Face tokenizer.json: WordLevel and BPE
- * models (byte-level BPE as in GPT-2 and Janus-Pro / DeepSeek-LLM). The
- * supported pieces, and where we knowingly differ from HF `tokenizers`, are
- * listed below; tests/unit/test_tokenizer_bpe.c checks thousands of strings
- * against HF. */
+ * models (byte-level BPE as in GPT-2 and Janus-Pro / DeepSeek-LLM) and
+ * SentencePiece Unigram (T5 / flan-t5, Infinity's text encoder; the model
+ * and its charsmap live in tokenizer_unigram.c). The supported pieces, and
+ * where we knowingly differ from HF `tokenizers`, are listed below;
+ * tests/unit/test_tokenizer_bpe.c and test_tokenizer_unigram.c check
+ * thousands of strings against HF. */
 #ifndef ARSERVE_TOKENIZER_H
 #define ARSERVE_TOKENIZER_H
 
@@ -31,13 +33,39 @@
  *    is an encoding error when it is needed. Merging is HF's: lowest rank
  *    first, leftmost among equals, with a heap over the word's symbols, so a
  *    word of n characters costs O(n log n) and at most 3n heap entries.
- *    Other types (Unigram, WordPiece) are load errors.
- *  - normalizer: null, Lowercase, Strip, NFC, Replace with a String pattern,
- *    Prepend, or a Sequence of these. Lowercase folds ASCII and Latin-1
+ *    Or {"type": "Unigram", "vocab": [[piece, score], ...], "unk_id": id or
+ *    null, "byte_fallback"}: ids are positions in vocab (a piece listed twice
+ *    is looked up as its last id, as in HF); unk_id out of range, a score
+ *    that is not a number, an item that is not a pair are load errors. Each
+ *    word is segmented as HF's Unigram does (encode_optimized): Viterbi over
+ *    every piece starting at each character, found with a byte trie, so a
+ *    word of n bytes costs O(n * longest piece); a character no piece spells
+ *    alone scores min(score) - 10 as unk; a later candidate replaces an
+ *    earlier one only if strictly better, so on ties the path whose last
+ *    piece starts first wins; consecutive unks fuse into one; a fused run
+ *    becomes its <0xAB> pieces with byte_fallback, else unk_id (without
+ *    unk_id: an encoding error, as HF's MissingUnkId). Scores are read from
+ *    the file's digits as HF's serde_json reads them (not correctly rounded:
+ *    ties between the same pieces in another order depend on those ulps).
+ *    Other types (WordPiece) are load errors.
+ *  - normalizer: null, Lowercase, Strip, NFC, Replace, Prepend, Precompiled,
+ *    or a Sequence of these. Lowercase folds ASCII and Latin-1
  *    letters (U+00C0..U+00DE); other scripts are left alone (HF folds all of
  *    Unicode). NFC is accepted and does nothing: it is the identity on ASCII
  *    and on text already composed; decomposed input (e + U+0301) would differ
- *    from HF. Replace with a Regex pattern, NFD, NFKC, ... are load errors.
+ *    from HF. Replace's pattern is a String or a Regex (PCRE2, as for Split
+ *    below; T5's collapses " {2,}"). Precompiled: SentencePiece's
+ *    precompiled_charsmap (base64 of a u32 trie size, a Darts double-array
+ *    trie and NUL-terminated replacements; a bad base64, size or non-UTF-8
+ *    blob is a load error, and so is an empty trie, on which HF would panic
+ *    when encoding), applied as HF's spm_precompiled does: per extended
+ *    grapheme cluster, a cluster under 6 bytes is replaced by the mapping of
+ *    its *shortest* mapped prefix (the rest of the cluster is dropped: HF's
+ *    quirk, kept), else each character is mapped or kept. Clusters are
+ *    PCRE2's \X (10.42: Unicode 14, without Unicode 15.1's Indic conjunct
+ *    rule GB9c): a cluster HF's unicode-segmentation draws differently
+ *    (characters assigned after Unicode 14, Devanagari conjuncts) may
+ *    normalise differently. NFD, NFKC, ... are load errors.
  *  - pre_tokenizer: null (the whole text is one word), or a Sequence of:
  *    Split ({"String": s} or {"Regex": r}; behavior Removed, Isolated,
  *    MergedWithPrevious, MergedWithNext or Contiguous; invert), Whitespace
@@ -50,7 +78,16 @@
  *    match the empty string is a load error (HF's splits around empty
  *    matches are not followed). PCRE2's Unicode tables (10.42: Unicode 14)
  *    may differ from Oniguruma's on characters assigned since, and PCRE2's
- *    \s also matches U+180E.
+ *    \s also matches U+180E. Metaspace (replacement, one character;
+ *    prepend_scheme "always", "first" or "never"; legacy add_prefix_space,
+ *    false meaning "never"; split, default true): spaces become the
+ *    replacement, which is prepended unless the piece starts with it
+ *    ("always": every piece, so also the text after an added token as in
+ *    HF; "first": only a piece at the prompt's offset 0), then with split a
+ *    piece begins at each replacement. For "first", HF asks the piece's
+ *    offset in the original text; arserve tracks it across the normalizers
+ *    it has (a first character stripped, replaced or mapped to nothing moves
+ *    it), not through ByteLevel or Prepend placed before it.
  *  - added_tokens: [{id, content, special, normalized, single_word, lstrip,
  *    rstrip}], booleans optional (normalized defaults to !special). As in HF,
  *    tokens with normalized=false are split out of the raw text before
@@ -61,11 +98,18 @@
  *  - decoder (tokenizer_decode only): null (tokens joined with spaces, as HF
  *    does without a decoder), ByteLevel (each token's characters mapped back
  *    to bytes, a token with any other character kept as it is), BPEDecoder
- *    (suffix becomes a space, nothing at the end). Any other type loads, and
+ *    (suffix becomes a space, nothing at the end), Metaspace (each
+ *    replacement becomes a space; in the first token kept every one is
+ *    dropped unless prepend_scheme is "never", as in HF). Any other type loads, and
  *    tokenizer_decode refuses it. Added tokens with normalized=true decode
  *    as their normalised content, as in HF.
  *  - post_processor, truncation, padding: ignored (the caller adds BOS and
- *    enforces its own length limit).
+ *    enforces its own length limit; for T5 the caller appends </s>, which
+ *    HF's TemplateProcessing would add).
+ * T5's tokenizer.json (Precompiled then Replace " {2,}" -> " ", Metaspace
+ * with add_prefix_space as pre-tokenizer and decoder, Unigram, the added
+ * tokens <pad>, </s>, <unk>, <extra_id_0..99>) is supported whole:
+ * tokenizer_encode gives HF's encode(text, add_special_tokens=False).ids.
  * Input text may be any bytes: invalid UTF-8 is first made valid by replacing
  * each maximal ill-formed subsequence with U+FFFD, exactly as Python's
  * bytes.decode("utf-8", errors="replace"), so raw bytes tokenise as HF does

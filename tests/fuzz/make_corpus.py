@@ -12,6 +12,7 @@ and for safetensors u64 wrap in offsets and the length prefix, shape-product
 overflow, a header length past the 100 MB cap, overlapping offsets and
 offsets past the end of the file."""
 
+import base64
 import json
 import os
 import shutil
@@ -130,6 +131,25 @@ def model_config():
 
 # ---- fuzz_tokenizer ----------------------------------------------------------
 
+def tiny_charsmap():
+    """A hand-built SentencePiece precompiled charsmap (a Darts double array, then the
+    NUL-terminated replacements): 'a' -> 'b', 'ab' -> 'c', tab -> ' ', 'x' -> ''."""
+    blob = b"b\0c\0 \0\0"
+    units = [0] * 769
+    units[0] = 256 << 10  # the root: its children at 256 ^ byte
+
+    def node(pos, label, base, value):  # a key ending at pos; its value at base
+        units[pos] = label | 1 << 8 | (pos ^ base) << 10
+        units[base] = 1 << 31 | value
+
+    node(256 ^ ord("a"), ord("a"), 512, 0)
+    node(512 ^ ord("b"), ord("b"), 768, 2)
+    node(256 ^ ord("\t"), ord("\t"), 1, 4)
+    node(256 ^ ord("x"), ord("x"), 2, 6)
+    raw = struct.pack("<I", 4 * len(units)) + struct.pack("<%dI" % len(units), *units) + blob
+    return base64.b64encode(raw).decode()
+
+
 def tokenizer():
     t = "fuzz_tokenizer"
     write("corpus", t, "shapes", repo_file("models/shapes/tokenizer.json"))
@@ -182,6 +202,23 @@ def tokenizer():
                   "merges": [["\u0120", "a"], "a b", ["\u0120a", "b"], "r e", ["re", "d"]]},
     }
     write("corpus", t, "bpe_split_sequence", json.dumps(bpe, ensure_ascii=False))
+    # SentencePiece Unigram (T5's pipeline) with a hand-built precompiled charsmap.
+    unigram = {
+        "version": "1.0",
+        "added_tokens": [{"id": 1, "content": "</s>", "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Precompiled", "precompiled_charsmap": tiny_charsmap()},
+            {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "WhitespaceSplit"},
+            {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True}]},
+        "decoder": {"type": "Metaspace", "replacement": "\u2581", "add_prefix_space": True},
+        "model": {"type": "Unigram", "unk_id": 0, "byte_fallback": True, "vocab": [
+            ["<unk>", 0.0], ["</s>", 0.0], ["\u2581", -2.0], ["b", -1.5], ["c", -2.5],
+            ["\u2581b", -3.0], ["bb", -2.75], ["<0x41>", -9.0], ["<0xE2>", -9.0]]},
+    }
+    write("corpus", t, "unigram_metaspace", json.dumps(unigram, ensure_ascii=False))
     common_json_regressions(t, b'{"model": {"type": "WordLevel", "vocab": {"a": ')
     write("regressions", t, "largest_id",
           json.dumps({"model": {"type": "WordLevel", "vocab": {"a": (1 << 24) - 1}}}))

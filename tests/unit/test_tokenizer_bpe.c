@@ -288,16 +288,16 @@ static void test_bpe_load_errors_name_file_and_problem(void) {
     msg = load_error(write_fixture("dropout", "{'model': {'type': 'BPE', " BPE_VOCAB
                                               ", 'merges': [], 'dropout': 0.1}}"));
     CHECK_STR_CONTAINS(msg, "model.dropout must be null or 0");
-    msg = load_error(write_fixture("unigram", "{'model': {'type': 'Unigram', 'vocab': []}}"));
-    CHECK_STR_CONTAINS(msg, "tokenizer model type 'Unigram' is not supported");
+    msg = load_error(write_fixture("wordpiece", "{'model': {'type': 'WordPiece', 'vocab': {}}}"));
+    CHECK_STR_CONTAINS(msg, "tokenizer model type 'WordPiece' is not supported");
     msg = load_error(write_fixture("nfkc", "{'normalizer': {'type': 'NFKC'}, 'model': {'type': "
                                            "'BPE', " BPE_VOCAB ", 'merges': []}}"));
     CHECK_STR_CONTAINS(msg, "normalizer type 'NFKC' is not supported");
     msg = load_error(write_fixture("replace_regex",
                                    "{'normalizer': {'type': 'Replace', "
-                                   "'pattern': {'Regex': 'a+'}, 'content': ''},"
+                                   "'pattern': {'Regex': ' *'}, 'content': ''},"
                                    " 'model': {'type': 'BPE', " BPE_VOCAB ", 'merges': []}}"));
-    CHECK_STR_CONTAINS(msg, "Replace with a Regex pattern is not supported");
+    CHECK_STR_CONTAINS(msg, "normalizer.pattern.Regex: regex ' *' can match the empty string");
     msg = load_error(write_fixture("bad_regex",
                                    "{'pre_tokenizer': {'type': 'Split', 'pattern':"
                                    " {'Regex': '[a-'}, 'behavior': 'Isolated'},"
@@ -317,7 +317,8 @@ static void test_bpe_load_errors_name_file_and_problem(void) {
                                    "{'pre_tokenizer': {'type': 'Sequence', "
                                    "'pretokenizers': [{'type': 'Metaspace'}]},"
                                    " 'model': {'type': 'BPE', " BPE_VOCAB ", 'merges': []}}"));
-    CHECK_STR_CONTAINS(msg, "pre_tokenizer type 'Metaspace' is not supported");
+    CHECK_STR_CONTAINS(msg, "pre_tokenizer.pretokenizers[0].replacement is missing or not one "
+                            "character");
 }
 
 /* A tokenizer whose decoder we do not know still encodes; decoding says why not. */
