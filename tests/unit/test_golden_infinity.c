@@ -24,7 +24,10 @@
 #define LATENT_TOL 1e-5
 #define IMAGE_TOL 1e-4
 
-static const char *dir = "tests/golden/infinity_tiny";
+/* The 2B-like model, then the 8B-like one (2x2 spatial patchify). */
+static const char *const dirs[] = {"tests/golden/infinity_tiny",
+                                   "tests/golden/infinity_tiny_patchify"};
+static const char *dir;
 
 static model_t model;
 static backend_t *be;
@@ -41,15 +44,17 @@ static const void *get(const char *name, dtype_t dtype, int ndim, const int64_t 
     return t->data;
 }
 
-/* An I32 tensor's n values as ints (a fresh array). */
+/* An I32 or U8 tensor's n values as ints (a fresh array). */
 static int *get_ints(const char *name, int ndim, const int64_t *shape) {
     int64_t n = 1;
     for (int i = 0; i < ndim; i++)
         n *= shape[i];
-    const int32_t *src = get(name, DTYPE_I32, ndim, shape);
+    const st_tensor_t *t = safetensors_find(&st, name);
+    const dtype_t dt = t && t->dtype == DTYPE_U8 ? DTYPE_U8 : DTYPE_I32;
+    const void *src = get(name, dt, ndim, shape);
     int *out = src ? malloc((size_t)n * sizeof *out) : NULL;
     for (int64_t i = 0; out && i < n; i++)
-        out[i] = src[i];
+        out[i] = dt == DTYPE_U8 ? ((const uint8_t *)src)[i] : ((const int32_t *)src)[i];
     return out;
 }
 
@@ -365,9 +370,17 @@ static void test_sampled_bits_match(void) {
             continue;
         }
         /* s0: prompt 0; s1: prompt 1 with the negative prompt; s2: prompt
-         * 0 at the wide size (README). */
-        const tf_case_t *k = ri == 2 ? &cases[2] : &cases[ri];
+         * 0 at the wide size (README): the run's shape from its image, its
+         * prompt from the case of its size with that prompt's ids. */
+        tf_case_t run = ri == 2 ? cases[n_cases - 1] : cases[0];
+        const tf_case_t *k = &run;
         CHECK(img->shape[1] == k->H && img->shape[2] == k->W);
+        int *ids1 = NULL;
+        if (ri == 1) {
+            const st_tensor_t *t = safetensors_find(&st, "t5_ids_1");
+            run.n_ids = t ? (int)t->shape[0] : 0;
+            run.ids = ids1 = t ? get_ints("t5_ids_1", 1, (const int64_t[]){run.n_ids}) : NULL;
+        }
         snprintf(key, sizeof key, "%s_bits", runs[ri]);
         int *want_bits = get_ints(key, 2, (const int64_t[]){k->L, bits});
         snprintf(key, sizeof key, "%s_uniforms", runs[ri]);
@@ -379,6 +392,7 @@ static void test_sampled_bits_match(void) {
         if (!want_bits || !u || !want || start(&r, k, want_bits, ri == 1)) {
             CHECK(0);
             free(want_bits);
+            free(ids1);
             continue;
         }
         gen_request_t *batch[] = {&r};
@@ -420,6 +434,7 @@ static void test_sampled_bits_match(void) {
         CHECK_MSG(differ == 0, "%s: %d bits differ away from the margin", runs[ri], differ);
         gen_request_free(&r);
         free(want_bits);
+        free(ids1);
     }
 }
 
@@ -449,7 +464,7 @@ static float **run_alone(const tf_case_t *k, int negative, int *steps) {
  * it gets alone (one GEMM per sequence; its own text, RoPE grid and KV). */
 static void test_two_sizes_in_one_batch_equal_alone(void) {
     const int V = 2 * model.cfg.image.bits;
-    const tf_case_t *ka = &cases[0], *kb = &cases[2];
+    const tf_case_t *ka = &cases[0], *kb = &cases[n_cases - 1];
     int na = 0, nb = 0;
     float **wa = run_alone(ka, 0, &na), **wb = run_alone(kb, 1, &nb);
     gen_request_t a, b;
@@ -492,17 +507,17 @@ static void test_two_sizes_in_one_batch_equal_alone(void) {
     gen_request_free(&b);
 }
 
-int main(void) {
-    if (load() != 0) {
-        printf("0 passed, 1 failed\n");
-        return 1;
-    }
-    if (case_load(&cases[0], "tf", 0, "0") || case_load(&cases[1], "tf", 1, "1") ||
-        case_load(&cases[2], "tf_wide", 0, "0")) {
-        printf("0 passed, 1 failed\n");
-        return 1;
-    }
-    n_cases = 3;
+/* Every test on the model in dir; 0 when its data loaded. */
+static int run_folder(void) {
+    printf("== %s\n", dir);
+    if (load() != 0)
+        return -1;
+    n_cases = 0;
+    const int with_second = safetensors_find(&st, "tf_image_1") != NULL;
+    if (case_load(&cases[n_cases++], "tf", 0, "0") ||
+        (with_second && case_load(&cases[n_cases++], "tf", 1, "1")) ||
+        case_load(&cases[n_cases++], "tf_wide", 0, "0"))
+        return -1;
     TEST_RUN(test_t5_output_matches);
     TEST_RUN(test_teacher_forced_logits_match);
     TEST_RUN(test_inputs_and_latents_match);
@@ -515,5 +530,16 @@ int main(void) {
     model_free(&model);
     safetensors_close(&st);
     be->destroy(be);
+    return 0;
+}
+
+int main(void) {
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        dir = dirs[i];
+        if (run_folder() != 0) {
+            printf("0 passed, 1 failed\n");
+            return 1;
+        }
+    }
     return TEST_SUMMARY();
 }
