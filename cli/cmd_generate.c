@@ -19,6 +19,7 @@
 
 typedef struct generate_args {
     const char *model_dir, *prompt, *prompt_ids, *class_label, *out_path, *backend, *kv_dtype;
+    const char *size, *negative_prompt; /* NULL: the default size, none */
     long long seed, top_k, threads;
     double cfg, temperature, top_p; /* < 0: the model's default */
     int quiet;
@@ -108,6 +109,46 @@ static int prompt_rows(const generate_args_t *a, const model_t *m, int *cond, in
     return 0;
 }
 
+/* --size and --negative-prompt into opts (neg: room for two prompts' rows,
+ * the negative prompt's ids first); 0 or the exit status. */
+static int image_opts(const generate_args_t *a, const model_t *m, gen_image_opts_t *opts,
+                      int *neg) {
+    const int n_sizes = m->cfg.image.n_sizes > 0 ? m->cfg.image.n_sizes : 1;
+    if (a->size && strcmp(a->size, "auto") != 0) {
+        char list[1024] = "";
+        opts->size = -1;
+        for (int i = 0; i < n_sizes; i++) {
+            int w, h;
+            char name[32];
+            model_image_dims(&m->cfg, i, &w, &h);
+            snprintf(name, sizeof name, "%dx%d", w, h);
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", name);
+            if (strcmp(name, a->size) == 0)
+                opts->size = i;
+        }
+        if (opts->size < 0) {
+            fprintf(stderr, "arserve generate: --size: '%s' is not one of the model's sizes: %s\n",
+                    a->size, list);
+            return 2;
+        }
+    }
+    if (a->negative_prompt) {
+        ar_error_t err = {{0}};
+        if (!m->cfg.text.max_tokens) {
+            fprintf(stderr, "arserve generate: --negative-prompt: this model takes none (only "
+                            "Infinity-architecture models do)\n");
+            return 2;
+        }
+        if (model_prompt_from_text(m, a->negative_prompt, neg, neg + MODEL_MAX_PROMPT_TOKENS,
+                                   &opts->n_negative, &err) != AR_OK) {
+            fprintf(stderr, "arserve generate: --negative-prompt: %s\n", err.msg);
+            return 2;
+        }
+        opts->negative = neg;
+    }
+    return 0;
+}
+
 /* Steps the request to its end, showing progress on a terminal. */
 static int run_steps(gen_request_t *req, int show, ar_error_t *err) {
     const double t0 = clock_now_s();
@@ -127,7 +168,8 @@ static int generate(const generate_args_t *a, backend_t *be) {
     gen_request_t req = {0};
     kv_pool_t pool = {0};
     ar_error_t err = {{0}};
-    int *cond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
+    /* cond, then the negative prompt's rows (--negative-prompt) */
+    int *cond = malloc(3 * MODEL_MAX_PROMPT_TOKENS * sizeof(int));
     int *uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
     uint8_t *rgb = NULL;
     int n_prompt = 0, rc = 1, loaded = 0;
@@ -154,16 +196,21 @@ static int generate(const generate_args_t *a, backend_t *be) {
         goto out;
     rc = 1;
     const double t1 = clock_now_s();
-    const int H = model_config_image_height(&model.cfg), W = model_config_image_width(&model.cfg);
+    int H = model_config_image_height(&model.cfg), W = model_config_image_width(&model.cfg);
     dtype_t kv_dtype;
     if (planner_kv_dtype_choose(a->kv_dtype, model.weight_dtype, &kv_dtype, &err) != AR_OK) {
         fprintf(stderr, "arserve generate: --kv-dtype: %s\n", err.msg);
         rc = 2;
         goto out;
     }
+    gen_image_opts_t opts = {0};
+    if ((rc = image_opts(a, &model, &opts, cond + MODEL_MAX_PROMPT_TOKENS)) != 0)
+        goto out;
+    rc = 1;
+    model_image_dims(&model.cfg, opts.size, &W, &H);
     if (gen_pool_for_one_image(&pool, &model, n_prompt, kv_dtype, &err) != AR_OK ||
-        gen_request_init(&req, &model, &pool, NULL, cond, uncond, n_prompt, &sp, (uint64_t)a->seed,
-                         0, &err) != AR_OK ||
+        gen_request_init_opts(&req, &model, &pool, NULL, cond, uncond, n_prompt, &opts, &sp,
+                              (uint64_t)a->seed, 0, &err) != AR_OK ||
         run_steps(&req, !a->quiet && isatty(STDERR_FILENO), &err) != AR_OK ||
         !(rgb = malloc((size_t)H * W * 3)) || gen_decode(&req, rgb, &err) != AR_OK ||
         png_write_file(a->out_path, rgb, W, H, &err) != AR_OK) {
@@ -223,6 +270,11 @@ int cmd_generate(int argc, char **argv, char **envp) {
         {"class", 0, CLI_STRING, &a.class_label, .metavar = "LABEL",
          .help = "class-conditional models: the class, as an index or one of the model's "
                  "class names"},
+        {"size", 0, CLI_STRING, &a.size, .metavar = "WxH",
+         .help = "image size, one of the model's (Infinity: one per aspect ratio; `arserve plan` "
+                 "lists them), or auto, the default size"},
+        {"negative-prompt", 0, CLI_STRING, &a.negative_prompt, .metavar = "TEXT",
+         .help = "Infinity: a prompt the unconditional row follows instead of its learned rows"},
         {"seed", 0, CLI_INT, &a.seed, 0, (double)INT64_MAX, .metavar = "N",
          .help = "RNG seed (default 0)"},
         {"cfg", 0, CLI_REAL, &a.cfg, 0, 100, .metavar = "W",

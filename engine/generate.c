@@ -119,12 +119,16 @@ int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, dtype_t kv
     const int bt = planner_block_tokens(c);
     kv_policy_params_t full;
     kv_policy_defaults(&full, KV_POLICY_FULL);
-    planner_plan_t plan;
-    if (planner_plan_dtype(&plan, c, &full, n_prompt, bt, planner_kv_same(kv_dtype), NULL, err) !=
-        AR_OK)
-        return AR_ERR;
-    const size_t peak = plan.peak_bytes;
-    planner_plan_free(&plan);
+    /* The largest of its sizes' peaks (Infinity's aspect ratios differ). */
+    size_t peak = 0;
+    for (int size = 0; size < (c->image.n_sizes > 0 ? c->image.n_sizes : 1); size++) {
+        planner_plan_t plan;
+        if (planner_plan_sized(&plan, c, &full, n_prompt, size, bt, planner_kv_same(kv_dtype), NULL,
+                               err) != AR_OK)
+            return AR_ERR;
+        peak = plan.peak_bytes > peak ? plan.peak_bytes : peak;
+        planner_plan_free(&plan);
+    }
     return kv_pool_init(pool, m->be,
                         (int)(peak / kv_pool_block_bytes(bt, c->llm.head_dim, kv_dtype)), bt,
                         c->llm.head_dim, kv_dtype, err);

@@ -89,8 +89,9 @@ int gen_request_init_opts(gen_request_t *r, model_t *m, kv_pool_t *pool,
 int gen_request_collect_mass(gen_request_t *r, ar_error_t *err);
 
 /* A KV pool that holds exactly one full-cache image of n_prompt prefix
- * tokens, K and V stored as kv_dtype: the peak of its planned trajectory,
- * in blocks of the size the daemon would choose. */
+ * tokens, K and V stored as kv_dtype: the peak of its planned trajectory
+ * (at the model's largest-caching image size), in blocks of the size the
+ * daemon would choose. */
 int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, dtype_t kv_dtype,
                            ar_error_t *err);
 

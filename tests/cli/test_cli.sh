@@ -6,6 +6,7 @@
 # usage: tests/cli/test_cli.sh path/to/arserve path/to/tiny-model
 set -u
 bin=$1 model=$2
+root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passed=0 failed=0
@@ -133,6 +134,24 @@ if [ -f "$(dirname "$bin")/../models/shapes/arserve.json" ]; then
         && [ "$(png_size "$tmp/s.png")" = "128 128" ]; then ok "no --model: $bin finds models/shapes (128x128)"
     else fail "no --model: $bin finds models/shapes" "$(cat "$tmp/err")"; fi
 fi
+
+# An Infinity-architecture model (the golden tiny one): --size picks an
+# aspect ratio, --negative-prompt replaces the unconditional row; a size the
+# model lacks lists its sizes; a model without a negative path refuses one.
+inf="$root/tests/golden/infinity_tiny"
+if "$bin" generate --model "$inf" --prompt "a golden dragon" --size 100x40 \
+        --negative-prompt "dark blurry" -q -o "$tmp/inf.png" 2>"$tmp/err" &&
+   [ "$(png_size "$tmp/inf.png")" = "100 40" ] &&
+   "$bin" generate --model "$inf" --prompt "a golden dragon" --size 100x40 -q \
+        -o "$tmp/inf2.png" 2>"$tmp/err" && ! cmp -s "$tmp/inf.png" "$tmp/inf2.png"; then
+    ok "infinity: --size 100x40 draws 100x40, and --negative-prompt changes the image"
+else fail "infinity --size / --negative-prompt" "$(cat "$tmp/err")"; fi
+expect_fail "infinity: a size the model lacks is refused with its sizes" 2 \
+    "--size: '65x65' is not one of the model's sizes: 64x64, " -- \
+    "$bin" generate --model "$inf" --prompt a --size 65x65 -o "$tmp/x.png"
+expect_fail "a model without a negative path refuses --negative-prompt" 2 \
+    "--negative-prompt: this model takes none" -- \
+    "$bin" generate --model "$model" --prompt a --negative-prompt b -o "$tmp/x.png"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
