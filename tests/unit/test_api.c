@@ -542,6 +542,30 @@ static void test_size_message_lists_allowed_sizes(void) {
     CHECK_STR_CONTAINS(err.message, "size '512x512' is not supported; supported: 384x384");
 }
 
+/* negative_prompt: kept where the model takes one (Infinity), with the
+ * prompt's rules; refused by name where it does not. */
+static void test_negative_prompt_where_the_model_takes_one(void) {
+    api_limits_t lim = test_limits;
+    api_image_request_t r;
+    api_error_t err;
+    const char *ok_body = "{\"prompt\":\"x\",\"negative_prompt\":\"blurry\"}";
+    CHECK(parse_exact(ok_body, strlen(ok_body), &lim, &r, &err) == AR_ERR);
+    CHECK(strcmp(err.param, "negative_prompt") == 0);
+    CHECK_STR_CONTAINS(err.message, "negative_prompt: this model takes none");
+    lim.negative_prompt = 1;
+    CHECK_MSG(parse_exact(ok_body, strlen(ok_body), &lim, &r, &err) == AR_OK, "%s", err.message);
+    CHECK(r.negative_prompt && strcmp(r.negative_prompt, "blurry") == 0);
+    api_image_request_free(&r);
+    CHECK(r.negative_prompt == NULL);
+    const char *bad[] = {
+        "{\"prompt\":\"x\",\"negative_prompt\":\"\"}", "{\"prompt\":\"x\",\"negative_prompt\":3}",
+        "{\"prompt\":\"x\",\"negative_prompt\":\"0123456789012345678901234567890123\"}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK_MSG(parse_exact(bad[i], strlen(bad[i]), &lim, &r, &err) == AR_ERR, "%s", bad[i]);
+        CHECK_MSG(strcmp(err.param, "negative_prompt") == 0, "%s: param %s", bad[i], err.param);
+    }
+}
+
 static void test_nesting_cap_counts_structure_only(void) {
     char body[256];
     /* "a" holds 15 arrays: with the body object that is 16 levels, allowed by
@@ -978,6 +1002,12 @@ static void test_job_json_shape(void) {
     cJSON_Delete(root);
 }
 
+/* Item i of array a is the string s. */
+static int is_str_item(const cJSON *a, int i, const char *s) {
+    const cJSON *v = cJSON_GetArrayItem(a, i);
+    return cJSON_IsString(v) && strcmp(v->valuestring, s) == 0;
+}
+
 /* A raster model's card: 16 lines of 16 tokens, token steps. */
 static api_model_card_t raster_card(kv_geometry_t *g) {
     kv_geometry_uniform(g, 1, KV_STEP_TOKEN, 16, 16, 2, 2);
@@ -1009,6 +1039,8 @@ static void test_models_shape(void) {
     const cJSON *a = get(m, "arserve");
     CHECK(is_str(a, "family", "raster") && is_str(a, "conditioning", "text"));
     CHECK(is_num(a, "width", 64) && is_num(a, "height", 48) && is_num(a, "steps", 256));
+    const cJSON *sizes = get(a, "sizes");
+    CHECK(cJSON_GetArraySize(sizes) == 1 && is_str_item(sizes, 0, "64x48"));
     CHECK(is_str(a, "step_unit", "token") && is_str(a, "segment_name", "line"));
     const cJSON *seg = get(a, "segment_tokens");
     CHECK(cJSON_GetArraySize(seg) == 16 && cJSON_GetArrayItem(seg, 15)->valuedouble == 16);
@@ -1348,6 +1380,7 @@ int main(void) {
     TEST_RUN(test_bad_requests_table);
     TEST_RUN(test_kv_knobs_given_and_resolved);
     TEST_RUN(test_every_member_once_and_each_twice);
+    TEST_RUN(test_negative_prompt_where_the_model_takes_one);
     TEST_RUN(test_size_message_lists_allowed_sizes);
     TEST_RUN(test_nesting_cap_counts_structure_only);
     TEST_RUN(test_embedded_nul_bytes_rejected);
