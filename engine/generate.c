@@ -134,6 +134,15 @@ int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, dtype_t kv
                         c->llm.head_dim, kv_dtype, err);
 }
 
+int gen_request_keep_logits(gen_request_t *r, const float *logits, size_t n, ar_error_t *err) {
+    float *keep = realloc(r->logits, n * sizeof *keep);
+    if (!keep)
+        return ar_errorf(err, "out of memory for %zu logits", n);
+    r->logits = keep;
+    memcpy(r->logits, logits, n * sizeof *keep);
+    return AR_OK;
+}
+
 int gen_request_collect_mass(gen_request_t *r, ar_error_t *err) {
     if (r->step != 0 || r->policy.kind != KV_POLICY_FULL)
         return ar_errorf(err, "key mass for every step: only before the first step, full cache");

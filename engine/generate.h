@@ -101,6 +101,10 @@ int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, dtype_t kv
  * -1 out of memory. n is the steps it has left. */
 int gen_request_remaining_bytes(const gen_request_t *r, size_t *bytes, int n, ar_error_t *err);
 
+/* Teacher forcing (tests, calibration): a copy of the step's n logits
+ * (every row of both sequences) into r->logits, grown as needed. */
+int gen_request_keep_logits(gen_request_t *r, const float *logits, size_t n, ar_error_t *err);
+
 /* Returns the request's blocks to the pool. A double free found there is
  * counted in pool->bad_frees (a bug: the pool reports it, nothing crashes). */
 void gen_request_free(gen_request_t *r);

@@ -332,15 +332,8 @@ static int infinity_step(model_t *m, gen_request_t *const *reqs, int n, ar_error
         const int si = r->step, pp = z->h[si] * z->w[si];
         int offs[MODEL_MAX_SCALES + 1];
         scale_offsets(z, offs);
-        if (r->forced) {
-            float *keep = realloc(r->logits, (size_t)2 * pp * V * sizeof *keep);
-            if (!keep) {
-                ar_errorf(err, "out of memory");
-                goto out;
-            }
-            r->logits = keep;
-            memcpy(r->logits, row, (size_t)2 * pp * V * sizeof *keep);
-        }
+        if (r->forced && gen_request_keep_logits(r, row, (size_t)2 * pp * V, err) != AR_OK)
+            goto out;
         const sampler_params_t *p = &r->params;
         for (int t = 0; t < pp; t++)
             for (int b = 0; b < bits; b++) {

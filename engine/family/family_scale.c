@@ -282,16 +282,8 @@ static int scale_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t 
         gen_request_t *r = reqs[i];
         const int si = r->step, at = net->var.scale_at[si],
                   pp = c->image.scales[si] * c->image.scales[si];
-        if (r->forced) {
-            /* Teacher forcing (tests, calibration): keep every row's logits. */
-            float *keep = realloc(r->logits, (size_t)2 * pp * V * sizeof *keep);
-            if (!keep) {
-                ar_errorf(err, "out of memory");
-                goto out;
-            }
-            r->logits = keep;
-            memcpy(r->logits, row, (size_t)2 * pp * V * sizeof *keep);
-        }
+        if (r->forced && gen_request_keep_logits(r, row, (size_t)2 * pp * V, err) != AR_OK)
+            goto out;
         sampler_params_t p = r->params;
         p.cfg = 1.0f + r->params.cfg * (float)si / (float)(S - 1);
         for (int t = 0; t < pp; t++) {

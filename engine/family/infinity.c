@@ -10,6 +10,7 @@
 #include "engine/family/infinity.h"
 
 #include "engine/family/forward.h"
+#include "engine/family/seq_rows.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -19,8 +20,6 @@
 #define INF_LEVELS 15 /* rows of lvl_embed */
 #define SHAPE3(a, b, c)                                                                            \
     3, (const int64_t[]) { (a), (b), (c) }
-
-enum { GAMMA1, GAMMA2, SCALE1, SCALE2, SHIFT1, SHIFT2 }; /* chunks of a block's table */
 
 size_t inf_cond_floats(const inf_model_t *m) {
     const model_config_t *c = m->cfg;
@@ -411,34 +410,22 @@ void inf_rope_position(int i, int j, int h, int w, int gh, int gw, int *row, int
     *col = (int)nearbyintf((float)j * fw);
 }
 
-/* y = x w^T + b, one GEMM per sequence (batch invariance, as var.c). */
 static void rows_matmul(inf_model_t *m, float *y, const float *x, const tensor_t *w,
                         const tensor_t *b, const int *q_start, int n_seq) {
-    const size_t in = (size_t)w->shape[1], out = (size_t)w->shape[0];
-    for (int s = 0; s < n_seq; s++)
-        m->be->matmul(m->be, y + (size_t)q_start[s] * out, x + (size_t)q_start[s] * in, w, b,
-                      q_start[s + 1] - q_start[s]);
+    seq_rows_matmul(m->be, y, x, w, b, q_start, n_seq);
 }
 
 /* xn = LayerNorm(x) * (1 + scale) + shift, sequence s's scale and shift at
- * in[s].cond + sc and + sh (sc == sh == 0 and shared: the same two tensors). */
-static void norm_modulate(inf_model_t *m, const inf_input_t *in, const int *q_start, int n_seq,
+ * tabs[s] + sc and + sh (its conditioning buffer). */
+static void norm_modulate(inf_model_t *m, const float *const *tabs, const int *q_start, int n_seq,
                           size_t sc, size_t sh) {
-    backend_t *be = m->be;
-    const int C = m->cfg->llm.hidden_size;
-    be->layernorm(be, m->xn, m->x, q_start[n_seq], C, m->cfg->llm.norm_eps);
-    for (int s = 0; s < n_seq; s++) {
-        float *xs = m->xn + (size_t)q_start[s] * C;
-        be->modulate(be, xs, xs, in[s].cond + sc, in[s].cond + sh, q_start[s + 1] - q_start[s], C);
-    }
+    seq_rows_norm_modulate(m->be, m->xn, m->x, q_start, n_seq, tabs, sc, sh,
+                           m->cfg->llm.hidden_size, m->cfg->llm.norm_eps);
 }
 
-static void gated_residual(inf_model_t *m, const inf_input_t *in, const int *q_start, int n_seq,
+static void gated_residual(inf_model_t *m, const float *const *tabs, const int *q_start, int n_seq,
                            const float *a, size_t g) {
-    const size_t C = (size_t)m->cfg->llm.hidden_size;
-    for (int s = 0; s < n_seq; s++)
-        m->be->gate_add(m->be, m->x + q_start[s] * C, a + q_start[s] * C, in[s].cond + g,
-                        q_start[s + 1] - q_start[s], (int)C);
+    seq_rows_gated_residual(m->be, m->x, a, q_start, n_seq, tabs, g, m->cfg->llm.hidden_size);
 }
 
 /* The rows' first input: the start token plus pos_start at scale 0, else
@@ -500,8 +487,8 @@ static void text_kv(inf_model_t *m, const inf_block_t *b, const inf_input_t *in,
     }
 }
 
-static int run_block(inf_model_t *m, forward_t *f, const inf_input_t *in, const int *pos,
-                     const int *t_start, int li, ar_error_t *err) {
+static int run_block(inf_model_t *m, forward_t *f, const inf_input_t *in, const float *const *tabs,
+                     const int *pos, const int *t_start, int li, ar_error_t *err) {
     backend_t *be = m->be;
     const llm_config_t *l = &m->cfg->llm;
     const inf_block_t *b = &m->blocks[li];
@@ -509,7 +496,8 @@ static int run_block(inf_model_t *m, forward_t *f, const inf_input_t *in, const 
     const int *q_start = f->q_start, rows = q_start[n_in];
     const size_t at = (size_t)li * 6 * C;
     forward_layer(f, li);
-    norm_modulate(m, in, q_start, n_in, at + SCALE1 * (size_t)C, at + SHIFT1 * (size_t)C);
+    norm_modulate(m, tabs, q_start, n_in, at + ADALN_SCALE1 * (size_t)C,
+                  at + ADALN_SHIFT1 * (size_t)C);
     rows_matmul(m, m->q, m->xn, &b->q, &b->q_bias, q_start, n_in);
     rows_matmul(m, m->k, m->xn, &b->k, NULL, q_start, n_in);
     rows_matmul(m, m->v, m->xn, &b->v, &b->v_bias, q_start, n_in);
@@ -523,7 +511,7 @@ static int run_block(inf_model_t *m, forward_t *f, const inf_input_t *in, const 
     if (forward_store(f, li, m->k, m->v, err) != AR_OK)
         return AR_ERR;
     rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
-    gated_residual(m, in, q_start, n_in, m->tmp, at + GAMMA1 * (size_t)C);
+    gated_residual(m, tabs, q_start, n_in, m->tmp, at + ADALN_GAMMA1 * (size_t)C);
     /* Cross-attention to the sequence's own text, ungated. */
     be->layernorm(be, m->xn, m->x, rows, C, l->norm_eps);
     be->modulate(be, m->xn, m->xn, b->ca_norm_scale.data, b->ca_norm_b.data, rows, C);
@@ -533,11 +521,12 @@ static int run_block(inf_model_t *m, forward_t *f, const inf_input_t *in, const 
                         1.0f / sqrtf((float)hd), NULL, 0);
     rows_matmul(m, m->tmp, m->att, &b->ca_proj, &b->ca_proj_b, q_start, n_in);
     be->add(be, m->x, m->tmp, (size_t)rows * C);
-    norm_modulate(m, in, q_start, n_in, at + SCALE2 * (size_t)C, at + SHIFT2 * (size_t)C);
+    norm_modulate(m, tabs, q_start, n_in, at + ADALN_SCALE2 * (size_t)C,
+                  at + ADALN_SHIFT2 * (size_t)C);
     rows_matmul(m, m->ffn, m->xn, &b->fc1, &b->fc1_b, q_start, n_in);
     be->gelu_tanh(be, m->ffn, (size_t)rows * l->intermediate_size);
     rows_matmul(m, m->tmp, m->ffn, &b->fc2, &b->fc2_b, q_start, n_in);
-    gated_residual(m, in, q_start, n_in, m->tmp, at + GAMMA2 * (size_t)C);
+    gated_residual(m, tabs, q_start, n_in, m->tmp, at + ADALN_GAMMA2 * (size_t)C);
     return AR_OK;
 }
 
@@ -559,12 +548,14 @@ int inf_forward(inf_model_t *m, const inf_input_t *in, int n_in, float *logits_h
     const int *q_start = f.q_start, rows = q_start[n_in];
     int *t_start = arena_alloc(m->arena, (size_t)(n_in + 1) * sizeof *t_start);
     int *pos = arena_alloc(m->arena, (size_t)2 * rows * sizeof *pos);
-    if (!t_start || !pos) {
+    const float **tabs = arena_alloc(m->arena, (size_t)n_in * sizeof *tabs);
+    if (!t_start || !pos || !tabs) {
         ar_errorf(err, "out of memory");
         goto out;
     }
     t_start[0] = 0;
     for (int s = 0; s < n_in; s++) {
+        tabs[s] = in[s].cond; /* the AdaLN tables lead the conditioning buffer */
         t_start[s + 1] = t_start[s] + in[s].n_text;
         const image_size_t *z = &c->image.sizes[in[s].size];
         const int si = in[s].scale, h = z->h[si], w = z->w[si];
@@ -579,11 +570,11 @@ int inf_forward(inf_model_t *m, const inf_input_t *in, int n_in, float *logits_h
         goto out;
     embed_inputs(m, in, n_in, q_start);
     for (int li = 0; li < l->num_layers; li++)
-        if (run_block(m, &f, in, pos, t_start, li, err) != AR_OK)
+        if (run_block(m, &f, in, tabs, pos, t_start, li, err) != AR_OK)
             goto out;
     forward_advance(&f);
     const size_t head = cond_head_at(m); /* scale, then shift */
-    norm_modulate(m, in, q_start, n_in, head, head + C);
+    norm_modulate(m, tabs, q_start, n_in, head, head + C);
     rows_matmul(m, m->logits, m->xn, &m->head, &m->head_b, q_start, n_in);
     be->download(be, logits_host, m->logits, (size_t)rows * V * sizeof(float));
     rc = AR_OK;

@@ -6,6 +6,7 @@
 #include "engine/family/var.h"
 
 #include "engine/family/forward.h"
+#include "engine/family/seq_rows.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -199,17 +200,9 @@ static int workspace_reserve(var_model_t *m, int rows, int seqs, ar_error_t *err
     return AR_OK;
 }
 
-/* y = x w^T + b over every sequence's rows, one GEMM per sequence: a GEMM's
- * rounding depends on how many rows it has (OpenBLAS and cuBLAS pick their
- * kernels and tiles by shape), so a request's rows are always multiplied
- * as a block of their own, and its tokens do not depend on what else runs
- * in the batch. */
 static void rows_matmul(var_model_t *m, float *y, const float *x, const tensor_t *w,
                         const tensor_t *b, const int *q_start, int n_seq) {
-    const size_t in = (size_t)w->shape[1], out = (size_t)w->shape[0];
-    for (int s = 0; s < n_seq; s++)
-        m->be->matmul(m->be, y + (size_t)q_start[s] * out, x + (size_t)q_start[s] * in, w, b,
-                      q_start[s + 1] - q_start[s]);
+    seq_rows_matmul(m->be, y, x, w, b, q_start, n_seq);
 }
 
 /* Every row's input into m->x: the class embedding plus the start
@@ -264,26 +257,15 @@ static void make_adaln(var_model_t *m, float *table, int label) {
  * table: scale at tab[s] + sc, shift at tab[s] + sh. */
 static void norm_modulate(var_model_t *m, const int *q_start, int n_seq, const float *const *tab,
                           size_t sc, size_t sh) {
-    backend_t *be = m->be;
-    const int hidden = m->cfg->llm.hidden_size;
-    be->layernorm(be, m->xn, m->x, q_start[n_seq], hidden, m->cfg->llm.norm_eps);
-    for (int s = 0; s < n_seq; s++) {
-        float *xs = m->xn + (size_t)q_start[s] * hidden;
-        be->modulate(be, xs, xs, tab[s] + sc, tab[s] + sh, q_start[s + 1] - q_start[s], hidden);
-    }
+    seq_rows_norm_modulate(m->be, m->xn, m->x, q_start, n_seq, tab, sc, sh, m->cfg->llm.hidden_size,
+                           m->cfg->llm.norm_eps);
 }
 
 /* x += a * gate, the gate at tab[s] + g. */
 static void gated_residual(var_model_t *m, const int *q_start, int n_seq, const float *a,
                            const float *const *tab, size_t g) {
-    backend_t *be = m->be;
-    const size_t hidden = (size_t)m->cfg->llm.hidden_size;
-    for (int s = 0; s < n_seq; s++)
-        be->gate_add(be, m->x + q_start[s] * hidden, a + q_start[s] * hidden, tab[s] + g,
-                     q_start[s + 1] - q_start[s], (int)hidden);
+    seq_rows_gated_residual(m->be, m->x, a, q_start, n_seq, tab, g, m->cfg->llm.hidden_size);
 }
-
-enum { GAMMA1, GAMMA2, SCALE1, SCALE2, SHIFT1, SHIFT2 }; /* chunks of the block AdaLN */
 
 double var_key_similarity(backend_t *be, const kv_blocks_t *pool, const kv_view_t *heads,
                           int n_heads, int head_dim, const float *k_cur, int side_prev,
@@ -364,8 +346,8 @@ static int run_block(var_model_t *m, forward_t *f, const float *const *tabs, int
     const int *q_start = f->q_start, rows = q_start[n_in];
     const size_t at = (size_t)li * 6 * hidden; /* the block's chunks in each table */
     forward_layer(f, li);
-    norm_modulate(m, q_start, n_in, tabs, at + SCALE1 * (size_t)hidden,
-                  at + SHIFT1 * (size_t)hidden);
+    norm_modulate(m, q_start, n_in, tabs, at + ADALN_SCALE1 * (size_t)hidden,
+                  at + ADALN_SHIFT1 * (size_t)hidden);
     rows_matmul(m, m->q, m->xn, &b->q, &b->q_bias, q_start, n_in);
     rows_matmul(m, m->k, m->xn, &b->k, NULL, q_start, n_in);
     rows_matmul(m, m->v, m->xn, &b->v, &b->v_bias, q_start, n_in);
@@ -377,13 +359,13 @@ static int run_block(var_model_t *m, forward_t *f, const float *const *tabs, int
     if (forward_store(f, li, m->k, m->v, err) != AR_OK)
         return AR_ERR;
     rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
-    gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA1 * (size_t)hidden);
-    norm_modulate(m, q_start, n_in, tabs, at + SCALE2 * (size_t)hidden,
-                  at + SHIFT2 * (size_t)hidden);
+    gated_residual(m, q_start, n_in, m->tmp, tabs, at + ADALN_GAMMA1 * (size_t)hidden);
+    norm_modulate(m, q_start, n_in, tabs, at + ADALN_SCALE2 * (size_t)hidden,
+                  at + ADALN_SHIFT2 * (size_t)hidden);
     rows_matmul(m, m->ffn, m->xn, &b->fc1, &b->fc1_b, q_start, n_in);
     be->gelu_tanh(be, m->ffn, (size_t)rows * l->intermediate_size);
     rows_matmul(m, m->tmp, m->ffn, &b->fc2, &b->fc2_b, q_start, n_in);
-    gated_residual(m, q_start, n_in, m->tmp, tabs, at + GAMMA2 * (size_t)hidden);
+    gated_residual(m, q_start, n_in, m->tmp, tabs, at + ADALN_GAMMA2 * (size_t)hidden);
     return AR_OK;
 }
 
