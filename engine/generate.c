@@ -72,7 +72,7 @@ int gen_request_init_opts(gen_request_t *r, model_t *m, kv_pool_t *pool,
     const int capacity = seq_capacity(&g, with_mass);
     r->cond_ids = malloc((size_t)n_prompt * sizeof(int));
     r->uncond_ids = malloc((size_t)n_prompt * sizeof(int));
-    r->tokens = calloc((size_t)model_token_values(&m->cfg), sizeof(int));
+    r->tokens = calloc(gen_request_token_values(r), sizeof(int));
     r->logits = malloc((size_t)2 * K * sizeof(float));
     if (!r->cond_ids || !r->uncond_ids || !r->tokens || !r->logits)
         goto oom;
@@ -132,6 +132,10 @@ int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, dtype_t kv
     return kv_pool_init(pool, m->be,
                         (int)(peak / kv_pool_block_bytes(bt, c->llm.head_dim, kv_dtype)), bt,
                         c->llm.head_dim, kv_dtype, err);
+}
+
+size_t gen_request_token_values(const gen_request_t *r) {
+    return (size_t)r->n_tokens * (size_t)model_token_width(&r->model->cfg);
 }
 
 int gen_request_keep_logits(gen_request_t *r, const float *logits, size_t n, ar_error_t *err) {

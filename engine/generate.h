@@ -101,6 +101,10 @@ int gen_pool_for_one_image(kv_pool_t *pool, model_t *m, int n_prompt, dtype_t kv
  * -1 out of memory. n is the steps it has left. */
 int gen_request_remaining_bytes(const gen_request_t *r, size_t *bytes, int n, ar_error_t *err);
 
+/* The values in r->tokens: its image tokens (at its size) times the
+ * family's token width. */
+size_t gen_request_token_values(const gen_request_t *r);
+
 /* Teacher forcing (tests, calibration): a copy of the step's n logits
  * (every row of both sequences) into r->logits, grown as needed. */
 int gen_request_keep_logits(gen_request_t *r, const float *logits, size_t n, ar_error_t *err);

@@ -96,9 +96,9 @@ void model_image_dims(const model_config_t *cfg, int size, int *width, int *heig
     }
 }
 
-int model_token_values(const model_config_t *cfg) {
+int model_token_width(const model_config_t *cfg) {
     const model_family_t *f = model_family_of(cfg);
-    return model_image_tokens(cfg) * (f->token_width ? f->token_width(cfg) : 1);
+    return f->token_width ? f->token_width(cfg) : 1;
 }
 
 int model_step_tokens(const model_config_t *cfg, int t) {

@@ -84,9 +84,9 @@ int model_image_tokens(const model_config_t *cfg);
 /* The pixels of image size `size` (0: the default, the only one of a
  * model with one size). */
 void model_image_dims(const model_config_t *cfg, int size, int *width, int *height);
-/* Values in a request's token array: image tokens x the family's token
- * width. */
-int model_token_values(const model_config_t *cfg);
+/* Values a request keeps per image token (the family's token width: 1,
+ * or Infinity's bits). */
+int model_token_width(const model_config_t *cfg);
 /* Image tokens one image gets at step t (0-based) of this model: 1 for a
  * raster model, the whole scale t for a next-scale one; 0 past the last
  * step. Its CFG pair samples these once: the unconditional sequence's

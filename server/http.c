@@ -523,8 +523,7 @@ static int sse_collect(sse_t *s, const sched_snapshot_t *snap) {
         for (int i = 0; i < snap->n_images; i++) {
             char *b64 = png_b64(j, -1, i);
             int rc = b64 ? sse_append(s, API_SSE_COMPLETED,
-                                      api_sse_completed(b64, i, now, W, H,
-                                                        model_image_tokens(&s->h->model->cfg),
+                                      api_sse_completed(b64, i, now, W, H, snap->image_tokens,
                                                         s->prompt_tokens, &kv, &timings))
                          : -1;
             free(b64);

@@ -365,7 +365,7 @@ static void job_fail(scheduler_t *s, sched_job_t *j, const char *message) {
  * fails the job. */
 static void draw_queue(scheduler_t *s, sched_job_t *j, int image, int preview, int n_done) {
     const gen_request_t *r = &j->gen.images[image];
-    const size_t n = (size_t)model_token_values(&s->model->cfg);
+    const size_t n = gen_request_token_values(r);
     img_task_t *t = malloc(sizeof *t);
     int *tokens = malloc(n * sizeof *tokens);
     if (!t || !tokens) {

@@ -12,10 +12,12 @@ import base64
 import json
 import os
 
+import openai
 import pytest
 
-from conftest import Daemon, b64_png_size, repo_path
+from conftest import HTTP_TIMEOUT, Daemon, b64_png_size, repo_path
 from test_heatkv_admission import iterations_above, send_together
+from test_streaming import read_sse
 
 GEN = "/v1/images/generations"
 MODEL = repo_path(os.environ.get("ARSERVE_INFINITY_MODEL") or "tests/golden/infinity_tiny")
@@ -119,3 +121,28 @@ def test_negative_prompt_is_refused_by_a_model_without_one(tiny_daemon):
                                                     "negative_prompt": "blue"}))
     assert e["param"] == "negative_prompt"
     assert "takes none" in e["message"]
+
+
+def test_stream_previews_at_a_wide_size_and_the_openai_client(d):
+    """Previews decode the scales so far at the request's own size; the
+    official openai client passes size and negative_prompt through."""
+    body = {"prompt": "a dog", "size": WIDE, "seed": 9, "stream": True, "partial_images": 3}
+    events = read_sse(d, body)
+    names = [e for e, _ in events]
+    partials = [p for e, p in events if e == "image_generation.partial_image"]
+    assert [p["partial_image_index"] for p in partials] == [0, 1, 2], names
+    done = events[-1]
+    assert done[0] == "image_generation.completed", names
+    assert done[1]["usage"]["output_tokens"] == SIZES[WIDE]["tokens"]
+    z = SIZES[WIDE]
+    for b in [p["b64_json"] for p in partials] + [done[1]["b64_json"]]:
+        assert b64_png_size(b) == (z["width"], z["height"])
+    plain = d.client.post(GEN, json={k: v for k, v in body.items()
+                                     if k not in ("stream", "partial_images")})
+    assert plain.json()["data"][0]["b64_json"] == done[1]["b64_json"]
+    client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", timeout=HTTP_TIMEOUT,
+                           max_retries=0)
+    r = client.images.generate(model=CFG["name"], prompt="a dog", size=WIDE,
+                               extra_body={"seed": 9, "negative_prompt": "dark blurry"})
+    assert b64_png_size(r.data[0].b64_json) == (z["width"], z["height"])
+    assert r.data[0].b64_json != plain.json()["data"][0]["b64_json"]

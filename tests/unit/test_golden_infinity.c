@@ -24,9 +24,14 @@
 #define LATENT_TOL 1e-5
 #define IMAGE_TOL 1e-4
 
-/* The 2B-like model, then the 8B-like one (2x2 spatial patchify). */
+/* The 2B-like model, then the 8B-like one (2x2 spatial patchify). The
+ * emulated CUDA backend, about ten times slower, runs the first: the
+ * patchify differs only in host arithmetic the CPU run checks. */
 static const char *const dirs[] = {"tests/golden/infinity_tiny",
-                                   "tests/golden/infinity_tiny_patchify"};
+#ifndef ARSERVE_TEST_CUDA_EMU
+                                   "tests/golden/infinity_tiny_patchify"
+#endif
+};
 static const char *dir;
 
 static model_t model;
@@ -522,7 +527,15 @@ static int run_folder(void) {
     TEST_RUN(test_teacher_forced_logits_match);
     TEST_RUN(test_inputs_and_latents_match);
     TEST_RUN(test_decoded_images_match);
+#ifdef ARSERVE_TEST_CUDA_EMU
+    /* The sampler runs on the host: its check repeats the teacher-forced
+     * passes above on the same backend. */
+    printf("skip: test_sampled_bits_match under the emulator (host sampling; the CPU run "
+           "checks it)\n");
+    (void)test_sampled_bits_match;
+#else
     TEST_RUN(test_sampled_bits_match);
+#endif
     TEST_RUN(test_two_sizes_in_one_batch_equal_alone);
     for (int i = 0; i < n_cases; i++)
         case_free(&cases[i]);
