@@ -18,8 +18,8 @@
 # Then each stage under `timeout`, within the budget (default 480 s, so a
 # rerun of the whole fits a 10-minute call), its output streamed to
 # OUTDIR/run.log: the backend ops against the CPU, the tiny model end to end
-# on both backends for every KV policy, the golden tests of Janus, LlamaGen
-# and VAR on the CUDA backend, the shipped models on cuda against cpu,
+# on both backends for every KV policy, the golden tests of Janus, LlamaGen,
+# VAR and Infinity on the CUDA backend, the shipped models on cuda against cpu,
 # `arserve generate --backend cuda` against cpu, and the timings against
 # PyTorch on the same GPU (bench/gpu_bench.py). A stage that fails is run
 # again with CUDA_LAUNCH_BLOCKING=1 and ARSERVE_CUDA_CHECK=1 (every op
@@ -350,7 +350,7 @@ RESERVE=$((budget / 2 < 240 ? budget / 2 : 240))
 B=$KIT/bin
 run ops 90 "$B/test_backend_ops"
 run e2e 120 "$B/test_backend_e2e"
-for g in test_golden test_golden_llamagen test_golden_var; do
+for g in test_golden test_golden_llamagen test_golden_var test_golden_infinity; do
     if [ -x "$B/$g" ]; then
         run "${g#test_}" 90 "$B/$g"
     else

@@ -31,7 +31,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 # What the kit holds.
 for b in arserve speed_bench test_backend_ops test_backend_e2e test_golden test_golden_llamagen \
-    test_golden_var test_backend_models; do
+    test_golden_var test_golden_infinity test_backend_models; do
     [ -x "$kit/bin/$b" ]
     check "the kit holds bin/$b" $? "$(ls "$kit/bin" 2>&1 | tr '\n' ' ')"
 done
