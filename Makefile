@@ -149,6 +149,9 @@ SLOW_MODEL := $(BUILD)/slow-model
 # The ThreadSanitizer pass's slow model: the same grid, 3 s an image under
 # ThreadSanitizer where the slow model took 75 (37 s of CPU, the other core busy).
 SANITIZER_SLOW_MODEL := $(BUILD)/slow-sanitizer-model
+# The slow model's grid at a third of its work, for the AddressSanitizer
+# pass: there it takes about what the slow model takes in a plain build.
+ASAN_SLOW_MODEL := $(BUILD)/slow-asan-model
 VAR_TINY_MODEL := $(BUILD)/var-tiny-model
 # The next-scale model the daemon's integration tests serve: the shipped
 # multiscale demo model.
@@ -312,6 +315,9 @@ $(SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py 
 
 $(SANITIZER_SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
 	$(VENV)/bin/python tools/make_tiny_model.py --preset slow-sanitizer --seed 1 --out $(SANITIZER_SLOW_MODEL)
+
+$(ASAN_SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
+	$(VENV)/bin/python tools/make_tiny_model.py --preset slow-asan --seed 1 --out $(ASAN_SLOW_MODEL)
 
 # Every suite, one stage after another (tests/run_stages.sh stops at the
 # first that fails and ends with each stage's seconds).
@@ -538,9 +544,9 @@ test-integration-tsan: $(TINY_MODEL)/arserve.json $(SANITIZER_SLOW_MODEL)/arserv
 # The suite on this build when it is a sanitizer build (test-sanitizers runs
 # it on the AddressSanitizer + UndefinedBehaviorSanitizer one); conftest.py
 # fails a test whose daemon wrote a report.
-test-integration-asan: all $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
+test-integration-asan: all $(TINY_MODEL)/arserve.json $(ASAN_SLOW_MODEL)/arserve.json $(VENV)/.stamp
 	@[ -n "$(SANITIZER)" ] || { echo "test-integration-asan: run it through make test-sanitizers"; exit 1; }
-	ASAN_OPTIONS="detect_leaks=1" ARSERVE_BIN=$(BUILD)/arserve ARSERVE_SLOW_MODEL=$(SLOW_MODEL) \
+	ASAN_OPTIONS="detect_leaks=1" ARSERVE_BIN=$(BUILD)/arserve ARSERVE_SLOW_MODEL=$(ASAN_SLOW_MODEL) \
 		$(SANITIZED_SUITE)
 
 # The KV policies side by side on the demo model, in one run (bench/kv_bench.py

@@ -13,7 +13,8 @@ grid, 576 steps per image, 96x96 pixels, wider and deeper layers) so one image
 takes a second or two on a small CPU: the daemon's integration tests use it
 to have requests still running while they queue, disconnect or drain.
 `--preset slow-sanitizer` is the same grid with far less work, for the
-ThreadSanitizer pass of those tests. `--preset var-d16` is VAR-d16's shapes
+ThreadSanitizer pass of those tests, `--preset slow-asan` with a third of the
+work, for the AddressSanitizer pass. `--preset var-d16` is VAR-d16's shapes
 (16 blocks of 1024, 16 heads, 10 scales to 16 x 16, the released
 4096 x 32 codebook and 160-channel decoder: 256 x 256 pixels, 1000 classes),
 random, for bench/gpu_bench.py; `--dtype bf16` stores a VAR model's
@@ -80,6 +81,17 @@ PRESETS = {
         "llm": {"hidden_size": 48, "num_layers": 2, "num_heads": 3, "num_kv_heads": 3,
                 "head_dim": 16, "intermediate_size": 128},
         "image": {"grid_height": 24, "grid_width": 24, "head_hidden_size": 48},
+    },
+    # The slow model's grid at about a third of its work: the AddressSanitizer
+    # pass's slow model. AddressSanitizer makes an image about 4x slower (the
+    # slow model: 4.9 s against 1.2 s, `arserve generate` with one thread), so
+    # there this one takes about what the slow model takes in a plain build,
+    # the time the integration tests' bounds were written for.
+    "slow-asan": {
+        "name": "slow-asan-random",
+        "llm": {"hidden_size": 128, "num_layers": 4, "num_heads": 2, "num_kv_heads": 2,
+                "head_dim": 64, "intermediate_size": 384},
+        "image": {"grid_height": 24, "grid_width": 24, "head_hidden_size": 128},
     },
     # About 60M parameters, where a decode step's time is the weights' reads:
     # `make bench`'s mid-size model.
@@ -329,7 +341,8 @@ def main():
                     help="model size: tiny (the default, milliseconds per image), mid (60M "
                          "parameters, for benchmarks), slow "
                          "(about a second or two per image on a small CPU) or slow-sanitizer "
-                         "(the slow model's grid, for sanitizer builds); var-tiny and "
+                         "(the slow model's grid, for sanitizer builds), slow-asan (a third of the slow "
+                         "model's work, for the AddressSanitizer build); var-tiny and "
                          "var-slow: the same for a next-scale (VAR) model")
     args = ap.parse_args()
     config = preset_config(args.preset)
