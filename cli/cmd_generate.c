@@ -134,7 +134,7 @@ static int image_opts(const generate_args_t *a, const model_t *m, gen_image_opts
     }
     if (a->negative_prompt) {
         ar_error_t err = {{0}};
-        if (!m->cfg.text.max_tokens) {
+        if (!model_config_has_text_encoder(&m->cfg)) {
             fprintf(stderr, "arserve generate: --negative-prompt: this model takes none (only "
                             "Infinity-architecture models do)\n");
             return 2;

@@ -374,7 +374,7 @@ static void print_header(const plan_ctx_t *x) {
         printf("request  condition: %s, not a cached prefix (--prompt-tokens does not apply); "
                "%d image\n         tokens, %d of them cached: the last scale (%d tokens) attends "
                "to itself and is never\n         cached; CFG: 2 sequences per image\n",
-               mc->text.max_tokens ? "a prompt read by cross-attention" : "a class",
+               model_config_has_text_encoder(mc) ? "a prompt read by cross-attention" : "a class",
                kv_geometry_image_tokens(&x->g), kv_geometry_image_tokens(&x->g) - last, last);
     } else if (mc->condition.num_classes > 0) {
         printf(

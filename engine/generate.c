@@ -38,11 +38,11 @@ int gen_request_init_opts(gen_request_t *r, model_t *m, kv_pool_t *pool,
     const int n_sizes = m->cfg.image.n_sizes > 0 ? m->cfg.image.n_sizes : 1, size = opts->size;
     if (size < 0 || size >= n_sizes)
         return ar_errorf(err, "image size %d: the model has %d", size, n_sizes);
-    if (opts->n_negative && (!m->cfg.text.max_tokens || opts->n_negative < 0 ||
+    if (opts->n_negative && (!model_config_has_text_encoder(&m->cfg) || opts->n_negative < 0 ||
                              opts->n_negative > m->cfg.text.max_tokens || !opts->negative))
         return ar_errorf(err, "a negative prompt of %d tokens: the model takes %s",
                          opts->n_negative,
-                         m->cfg.text.max_tokens ? "1 to text.max_tokens" : "none");
+                         model_config_has_text_encoder(&m->cfg) ? "1 to text.max_tokens" : "none");
     r->size = size;
     if (opts->n_negative) {
         if (!(r->neg_ids = malloc((size_t)opts->n_negative * sizeof(int))))

@@ -231,7 +231,7 @@ static int prompt_from_ids_t5(const model_t *m, const int *ids, int n_ids, int *
 
 int model_prompt_from_ids(const model_t *m, const int *ids, int n_ids, int *cond, int *uncond,
                           int *n, ar_error_t *err) {
-    if (m->cfg.text.max_tokens)
+    if (model_config_has_text_encoder(&m->cfg))
         return prompt_from_ids_t5(m, ids, n_ids, cond, uncond, n, err);
     if (model_is_class_conditional(m))
         return ar_errorf(err, "this model is class-conditional: give a class, not token ids");

@@ -635,8 +635,6 @@ static int read_infinity(const ctx_t *c, const cJSON *root, model_config_t *cfg)
                          im->spatial_patchify ? " / 4, patchified" : "");
     const image_size_t *z = &im->sizes[im->default_size];
     im->n_scales = z->n_scales;
-    for (int i = 0; i < z->n_scales; i++)
-        im->scales[i] = z->h[i] == z->w[i] ? z->h[i] : 0;
     const int up = im->spatial_patchify ? 2 : 1;
     im->grid_height = z->h[z->n_scales - 1] * up;
     im->grid_width = z->w[z->n_scales - 1] * up;

@@ -44,8 +44,8 @@ typedef struct image_config {
     int phi_count;   /* shared residual convolutions */
     float phi_ratio; /* Phi(h) = (1 - r) h + r conv(h) */
     /* scale family: the sizes a request may ask for (VAR: one, its scales),
-     * the default first (default_size is 0); grid_height/width, n_scales and
-     * scales describe the default */
+     * the default first (default_size is 0); grid_height/width and n_scales
+     * describe the default (scales is VAR's, square) */
     int n_sizes, default_size;
     image_size_t sizes[MODEL_MAX_SIZES];
     /* infinity: bits per token the transformer predicts (embed_dim is the
@@ -109,6 +109,12 @@ typedef struct model_config {
      * model_load when it has one (or by `arserve plan`, a synthetic one). */
     const struct kv_calibration *kv_calibration;
 } model_config_t;
+
+/* 1 when the model reads its prompt with a text encoder (Infinity's T5),
+ * which also takes a negative prompt as its unconditional row. */
+static inline int model_config_has_text_encoder(const model_config_t *cfg) {
+    return cfg->text.max_tokens > 0;
+}
 
 /* Parses and validates the arserve.json at path. */
 int model_config_load(model_config_t *cfg, const char *path, ar_error_t *err);

@@ -1553,7 +1553,7 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
         .max_prompt_bytes = 4096,
         /* Infinity samples each bit from two values. */
         .codebook_size = model->cfg.image.codebook_size > 0 ? model->cfg.image.codebook_size : 2,
-        .negative_prompt = model->cfg.text.max_tokens > 0,
+        .negative_prompt = model_config_has_text_encoder(&model->cfg),
         .num_classes = model->cfg.condition.num_classes,
         .class_names = (const char *const *)model->class_names,
         .kv_defaults = &h->opt.kv_defaults,

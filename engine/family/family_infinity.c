@@ -151,8 +151,8 @@ int infinity_latent(const model_config_t *cfg, int size, const int *bits, int n_
     memset(fhat, 0, (size_t)d * H * W * sizeof *fhat);
     for (int si = 0; si < n_scales; si++) {
         const int h = z->h[si], w = z->w[si];
-        for (size_t t = 0; t < (size_t)offs[si + 1] * im->bits; t++)
-            if (t >= (size_t)offs[si] * im->bits && bits[t] != 0 && bits[t] != 1) {
+        for (size_t t = (size_t)offs[si] * im->bits; t < (size_t)offs[si + 1] * im->bits; t++)
+            if (bits[t] != 0 && bits[t] != 1) {
                 free(codes);
                 free(up);
                 return ar_errorf(err, "bit %zu is %d, not 0 or 1", t, bits[t]);

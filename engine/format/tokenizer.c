@@ -175,12 +175,7 @@ static size_t utf8_char_len(unsigned char c) {
     return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
 }
 
-/* ---- growable byte buffer ---- */
-
-typedef struct tok_buf {
-    char *p;
-    size_t n, cap;
-} tok_buf_t;
+/* ---- growable byte buffer (tok_buf_t: tokenizer_unigram.h) ---- */
 
 static int buf_reserve(tok_buf_t *b, size_t extra) {
     if (b->n + extra + 1 <= b->cap)
@@ -196,7 +191,7 @@ static int buf_reserve(tok_buf_t *b, size_t extra) {
     return AR_OK;
 }
 
-static int buf_append(tok_buf_t *b, const void *s, size_t n) {
+int tok_buf_append(tok_buf_t *b, const void *s, size_t n) {
     if (buf_reserve(b, n) != AR_OK)
         return AR_ERR;
     memcpy(b->p + b->n, s, n);
@@ -215,12 +210,12 @@ static int buf_append_lossy(tok_buf_t *b, const char *str, size_t n) {
             run += len;
             continue;
         }
-        if (buf_append(b, s + i, run) != AR_OK || buf_append(b, "\xEF\xBF\xBD", 3) != AR_OK)
+        if (tok_buf_append(b, s + i, run) != AR_OK || tok_buf_append(b, "\xEF\xBF\xBD", 3) != AR_OK)
             return AR_ERR;
         i += run + bad;
         run = 0;
     }
-    return buf_append(b, s + i, run);
+    return tok_buf_append(b, s + i, run);
 }
 
 static bool utf8_is_valid(const char *str, size_t n) {
@@ -1113,7 +1108,8 @@ static int parse_merges(tokenizer_t *t, const cJSON *list, const char *path, ar_
         if (t->prefix && b_len >= t->prefix_len && memcmp(b, t->prefix, t->prefix_len) == 0)
             b += t->prefix_len, b_len -= t->prefix_len;
         joined.n = 0;
-        if (buf_append(&joined, a, a_len) != AR_OK || buf_append(&joined, b, b_len) != AR_OK) {
+        if (tok_buf_append(&joined, a, a_len) != AR_OK ||
+            tok_buf_append(&joined, b, b_len) != AR_OK) {
             rc = ar_errorf(err, "%s: out of memory for model.merges", path);
             break;
         }
@@ -1174,11 +1170,11 @@ static int replace_all(tok_buf_t *b, const char *pat, size_t pat_len, const char
     while (i < b->n) {
         const char *hit = memmem(b->p + i, b->n - i, pat, pat_len);
         size_t stop = hit ? (size_t)(hit - b->p) : b->n;
-        if (buf_append(tmp, b->p + i, stop - i) != AR_OK)
+        if (tok_buf_append(tmp, b->p + i, stop - i) != AR_OK)
             return AR_ERR;
         if (!hit)
             break;
-        if (buf_append(tmp, with, with_len) != AR_OK)
+        if (tok_buf_append(tmp, with, with_len) != AR_OK)
             return AR_ERR;
         i = stop + pat_len;
     }
@@ -1224,14 +1220,14 @@ static int replace_regex(tok_buf_t *b, const pcre2_code *re, const char *with, s
             break; /* empty matches are refused at load; \K tricks end the scan */
         if (ov[0] == 0 && with_len == 0)
             *lead_dropped = true;
-        rc = buf_append(tmp, b->p + from, ov[0] - from);
+        rc = tok_buf_append(tmp, b->p + from, ov[0] - from);
         if (rc == AR_OK)
-            rc = buf_append(tmp, with, with_len);
+            rc = tok_buf_append(tmp, with, with_len);
         from = ov[1];
     }
     pcre2_match_data_free(md);
     if (rc == AR_OK)
-        rc = buf_append(tmp, b->p + from, b->n - from);
+        rc = tok_buf_append(tmp, b->p + from, b->n - from);
     if (rc != AR_OK)
         return AR_ERR;
     tok_buf_t swap = *b;
@@ -1249,7 +1245,7 @@ static int normalize(const tokenizer_t *t, const char *s, size_t n, tok_buf_t *o
                      bool *lead_dropped) {
     bool dropped = false;
     out->n = 0;
-    if (buf_append(out, s, n) != AR_OK)
+    if (tok_buf_append(out, s, n) != AR_OK)
         return AR_ERR;
     for (int k = 0; k < t->n_norm; k++) {
         const norm_step_t *step = &t->norm[k];
@@ -1998,7 +1994,7 @@ static int run_byte_level(encode_state_t *st, int step_index, const char *s, siz
     tok_buf_t text = {0}, mapped = {0};
     int rc = AR_OK;
     if (step->add_prefix_space && (n == 0 || s[0] != ' ')) {
-        if (buf_append(&text, " ", 1) != AR_OK || buf_append(&text, s, n) != AR_OK) {
+        if (tok_buf_append(&text, " ", 1) != AR_OK || tok_buf_append(&text, s, n) != AR_OK) {
             free(text.p);
             return ar_errorf(st->err, "out of memory encoding a prompt");
         }
@@ -2022,7 +2018,7 @@ static int run_byte_level(encode_state_t *st, int step_index, const char *s, siz
             mapped.n = 0;
             for (size_t i = cuts[c][0]; i < cuts[c][1] && rc == AR_OK; i++) {
                 unsigned char b = (unsigned char)s[i];
-                if (buf_append(&mapped, t->byte_char[b], t->byte_char_len[b]) != AR_OK)
+                if (tok_buf_append(&mapped, t->byte_char[b], t->byte_char_len[b]) != AR_OK)
                     rc = ar_errorf(st->err, "out of memory encoding a prompt");
             }
             if (rc == AR_OK)
@@ -2050,9 +2046,9 @@ static int run_metaspace(encode_state_t *st, int step_index, const char *s, size
     bool leading_space = n > 0 && s[0] == ' ';
     if (!starts && !leading_space &&
         (ms->prepend == PREPEND_ALWAYS || (ms->prepend == PREPEND_FIRST && at_origin)))
-        rc = buf_append(b, ms->rep, ms->rep_len);
+        rc = tok_buf_append(b, ms->rep, ms->rep_len);
     for (size_t i = 0; i < n && rc == AR_OK; i++)
-        rc = s[i] == ' ' ? buf_append(b, ms->rep, ms->rep_len) : buf_append(b, s + i, 1);
+        rc = s[i] == ' ' ? tok_buf_append(b, ms->rep, ms->rep_len) : tok_buf_append(b, s + i, 1);
     if (rc != AR_OK)
         return ar_errorf(st->err, "out of memory encoding a prompt");
     /* The next steps may use st->meta again: work on a private copy. */
@@ -2235,10 +2231,10 @@ static int byte_level_token(const tokenizer_t *t, const char *tok, tok_buf_t *ou
         uint32_t cp = utf8_decode(s + i, len);
         if (cp >= 324 || t->char_byte[cp] < 0) {
             out->n = mark;
-            return buf_append(out, tok, n);
+            return tok_buf_append(out, tok, n);
         }
         unsigned char b = (unsigned char)t->char_byte[cp];
-        if (buf_append(out, &b, 1) != AR_OK)
+        if (tok_buf_append(out, &b, 1) != AR_OK)
             return AR_ERR;
         i += len;
     }
@@ -2278,13 +2274,13 @@ int tokenizer_decode(const tokenizer_t *t, const int *ids, int n_ids, bool skip_
         } else if (t->decoder == DEC_BPE) {
             /* Each end_of_word_suffix becomes a space, or nothing in the last token. */
             tok_buf_t one = {0}, tmp = {0};
-            rc = buf_append(&one, tok, strlen(tok));
+            rc = tok_buf_append(&one, tok, strlen(tok));
             const char *sep = i == last ? "" : " ";
             size_t suffix_len = strlen(t->decoder_suffix);
             if (rc == AR_OK)
                 rc = replace_all(&one, t->decoder_suffix, suffix_len, sep, strlen(sep), &tmp);
             if (rc == AR_OK)
-                rc = buf_append(&raw, one.p, one.n);
+                rc = tok_buf_append(&raw, one.p, one.n);
             free(one.p);
             free(tmp.p);
         } else if (t->decoder == DEC_METASPACE) {
@@ -2295,17 +2291,17 @@ int tokenizer_decode(const tokenizer_t *t, const int *ids, int n_ids, bool skip_
             for (const char *p = tok; *p && rc == AR_OK;) {
                 if (strncmp(p, ms->rep, ms->rep_len) == 0) {
                     if (!drop)
-                        rc = buf_append(&raw, " ", 1);
+                        rc = tok_buf_append(&raw, " ", 1);
                     p += ms->rep_len;
                 } else {
-                    rc = buf_append(&raw, p++, 1);
+                    rc = tok_buf_append(&raw, p++, 1);
                 }
             }
         } else {
             if (!first)
-                rc = buf_append(&raw, " ", 1);
+                rc = tok_buf_append(&raw, " ", 1);
             if (rc == AR_OK)
-                rc = buf_append(&raw, tok, strlen(tok));
+                rc = tok_buf_append(&raw, tok, strlen(tok));
         }
         first = false;
     }

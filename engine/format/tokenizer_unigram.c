@@ -554,32 +554,10 @@ static const char *charsmap_transform(const charsmap_t *m, const char *s, size_t
     return NULL;
 }
 
-typedef struct out_buf {
-    char *p;
-    size_t n, cap;
-} out_buf_t;
-
-static int out_append(out_buf_t *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return AR_ERR;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-    return AR_OK;
-}
-
 int charsmap_normalize(const charsmap_t *m, const char *s, size_t n, char **out, size_t *out_len,
                        bool *lead_dropped) {
-    out_buf_t b = {0};
-    int rc = out_append(&b, "", 0);
+    tok_buf_t b = {0};
+    int rc = tok_buf_append(&b, "", 0);
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
     if (!md)
         rc = AR_ERR;
@@ -600,7 +578,7 @@ int charsmap_normalize(const charsmap_t *m, const char *s, size_t n, char **out,
         const char *r =
             glen < CHARSMAP_GRAPHEME_MAX ? charsmap_transform(m, s + i, glen, &rlen) : NULL;
         if (r) {
-            rc = out_append(&b, r, rlen);
+            rc = tok_buf_append(&b, r, rlen);
             if (i == 0 && rlen == 0 && lead_dropped)
                 *lead_dropped = true;
         } else {
@@ -609,7 +587,7 @@ int charsmap_normalize(const charsmap_t *m, const char *s, size_t n, char **out,
                 if (clen > i + glen - k)
                     clen = i + glen - k;
                 r = charsmap_transform(m, s + k, clen, &rlen);
-                rc = r ? out_append(&b, r, rlen) : out_append(&b, s + k, clen);
+                rc = r ? tok_buf_append(&b, r, rlen) : tok_buf_append(&b, s + k, clen);
                 if (k == 0 && r && rlen == 0 && lead_dropped)
                     *lead_dropped = true;
                 k += clen;

@@ -11,6 +11,16 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* ---- a growable byte buffer, NUL-terminated (tokenizer.c) ---- */
+
+typedef struct tok_buf {
+    char *p;
+    size_t n, cap;
+} tok_buf_t;
+
+/* Appends s[0..n) and a NUL past it; AR_ERR when out of memory. */
+int tok_buf_append(tok_buf_t *b, const void *s, size_t n);
+
 /* ---- the Unigram model ---- */
 
 typedef struct unigram unigram_t;
