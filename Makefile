@@ -187,8 +187,9 @@ help:
 	@echo "                      KV_BENCH_WAVES); KV_BENCH_MODEL=tests/golden/llamagen_tiny (or a converted"
 	@echo "                      LlamaGen c2i model) runs the raster rows on LlamaGen; a few minutes,"
 	@echo "                      not part of make test"
-	@echo "make bench-gemm       the decode-shaped GEMM against OpenBLAS at 1 to 128 rows, side by"
-	@echo "                      side, and the row counts where it wins on every shape"
+	@echo "make bench-gemm       the Linear GEMM on packed weights against OpenBLAS and gemm_rows at"
+	@echo "                      1 to 576 rows, side by side, on each instruction set (AVX2 forced"
+	@echo "                      too), and the row counts where it wins on every shape"
 	@echo "make bench-serve      the serving sweep: arserve bench at Poisson rates against a daemon,"
 	@echo "                      full vs a compressed policy, the simulator checked, a plot"
 	@echo "                      (docs/capacity.md); ten minutes, not part of make test"
@@ -598,10 +599,13 @@ $(BUILD)/speed_bench-emu: bench/speed_bench.c $(BUILD)/cli/flags.o $(EMU)/backen
 $(BUILD)/gemm_bench: bench/gemm_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
 
-# The decode-shaped GEMM against OpenBLAS at 1 to 128 rows on the served
-# models' Linear shapes, side by side, and the crossover the CPU backend
-# uses (bench/gemm_bench.c). GEMM_BENCH_ARGS adds flags (--reps, --min-ms).
-# Not part of `make test` (test-bench-smoke runs it for a second).
+# The CPU backend's Linear GEMM on packed weights (kernels/cpu/gemm_packed.c)
+# against OpenBLAS and gemm_rows at 1 to 576 rows on the served models'
+# Linear shapes, side by side, on every instruction set this machine runs
+# (AVX2 forced on an AVX-512 machine), and the crossovers
+# (bench/gemm_bench.c). GEMM_BENCH_ARGS adds flags (--reps, --min-ms, --isa,
+# --dtype bf16). Not part of `make test` (test-bench-smoke runs it for
+# seconds).
 GEMM_BENCH_ARGS ?=
 bench-gemm: $(BUILD)/gemm_bench
 	$(BUILD)/gemm_bench $(GEMM_BENCH_ARGS)

@@ -37,6 +37,15 @@ int weight_load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_ro
                      const int64_t *shape, ar_error_t *err, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
 
+/* weight_load and weight_load_rows of a matrix used only as a Linear
+ * weight (matmul's w): the backend may then store it in its own layout
+ * (backend.h's linear_prepare), so no other op may read it. */
+int weight_load_linear(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape,
+                       ar_error_t *err, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+int weight_load_linear_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_rows, int ndim,
+                            const int64_t *shape, ar_error_t *err, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+
 /* The whole tensor as host fp32 in host (numel floats), for weights that
  * are transformed before use. */
 int weight_read_f32(weight_set_t *ws, float *host, int ndim, const int64_t *shape, ar_error_t *err,

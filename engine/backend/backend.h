@@ -31,6 +31,9 @@ typedef struct tensor {
     dtype_t dtype; /* as stored in backend memory */
     int ndim;
     int64_t shape[4];
+    /* 1 once linear_prepare stored it in the backend's own Linear layout:
+     * then only matmul reads it. */
+    int linear;
 } tensor_t;
 
 static inline int64_t tensor_numel(const tensor_t *t) {
@@ -119,6 +122,12 @@ struct backend {
     int (*weight_load)(backend_t *be, tensor_t *out, const void *host_src, dtype_t src_dtype,
                        int ndim, const int64_t *shape, ar_error_t *err);
     void (*weight_free)(backend_t *be, tensor_t *t);
+    /* Optional (NULL: matmul reads weights as loaded, as on CUDA). Says
+     * that the matrix w is from now on only matmul's weight, so that the
+     * backend may store it in the layout its matmul reads fastest (the
+     * CPU's panels, kernels/cpu/gemm_packed.h) and set w->linear; no other
+     * op may read it after. AR_ERR if out of memory (w unchanged). */
+    int (*linear_prepare)(backend_t *be, tensor_t *w, ar_error_t *err);
 
     /* y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when bias is not NULL), with
      * n = w->shape[0], k = w->shape[1]. */

@@ -1,9 +1,12 @@
 /* The CPU backend: the reference implementation of every op in backend.h.
- * fp32 activations; Linear GEMMs of a few rows go to gemm_rows.c, the other
- * Linear GEMMs (prefill) to OpenBLAS, convolutions to gemm_panels.c,
+ * fp32 activations; a model's Linear weights are packed at load and
+ * multiplied by gemm_packed.c at any number of rows, other matrices' GEMMs
+ * of a few rows go to gemm_rows.c and the rest to OpenBLAS, convolutions to
+ * gemm_panels.c,
  * everything else is plain loops;
  * all threading is OpenMP, where the work is large enough to pay. */
 #include "engine/backend/backend.h"
+#include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/gemm_panels.h"
 #include "kernels/cpu/gemm_rows.h"
 #include "kernels/cpu/vec_attn.h"
@@ -104,6 +107,24 @@ static void cpu_weight_free(backend_t *be, tensor_t *t) {
     memset(t, 0, sizeof *t);
 }
 
+/* A matrix from now on only matmul's weight: repacked in gemm_packed's
+ * panels, in its own type. */
+static int cpu_linear_prepare(backend_t *be, tensor_t *w, ar_error_t *err) {
+    assert(w->ndim == 2 && !w->linear);
+    assert(w->shape[0] <= INT32_MAX && w->shape[1] <= INT32_MAX);
+    const int n = (int)w->shape[0], k = (int)w->shape[1];
+    const size_t bytes = gemm_packed_elems(n, k) * dtype_size(w->dtype);
+    void *packed = cpu_alloc(be, bytes);
+    if (!packed)
+        return ar_errorf(err, "out of memory packing a Linear weight [%d, %d] (%zu bytes)", n, k,
+                         bytes);
+    gemm_packed_pack(packed, w->data, w->dtype, n, k, k);
+    free(w->data);
+    w->data = packed;
+    w->linear = 1;
+    return AR_OK;
+}
+
 /* ---- linear algebra ---------------------------------------------------- */
 
 /* Rows of a Linear GEMM that go to gemm_rows, which reads the weight once
@@ -194,6 +215,33 @@ static void matmul_16bit(const backend_t *be, float *y, const float *x, const te
     }
 }
 
+/* y += x w^T for a packed weight (cpu_linear_prepare), on the team: each
+ * thread a slice of n's panels, or of m's rows where n has too few panels
+ * for every thread. The sums are the same bytes whatever the split
+ * (gemm_packed.h). */
+static void matmul_packed(const backend_t *be, float *y, const float *x, const tensor_t *w, int m,
+                          int n, int k) {
+    const int nt = (int64_t)m * n * k >= GEMM_PAR_MIN_WORK ? team(be) : 1;
+    const int panels = (n + GEMM_PANEL - 1) / GEMM_PANEL, split_n = panels >= 4 * nt || m < nt;
+#pragma omp parallel num_threads(nt)
+    {
+        const int t = omp_get_thread_num(), nth = omp_get_num_threads();
+        if (split_n) {
+            const int lo = (int)split_at(panels, t, nth, 1),
+                      hi = (int)split_at(panels, t + 1, nth, 1);
+            const int c0 = lo * GEMM_PANEL, c1 = hi * GEMM_PANEL < n ? hi * GEMM_PANEL : n;
+            if (c1 > c0)
+                gemm_packed(m, c1 - c0, k, x, k, gemm_packed_panel(w->data, w->dtype, k, lo),
+                            w->dtype, y + c0, n);
+        } else {
+            const int lo = (int)split_at(m, t, nth, 1), hi = (int)split_at(m, t + 1, nth, 1);
+            if (hi > lo)
+                gemm_packed(hi - lo, n, k, x + (size_t)lo * k, k, w->data, w->dtype,
+                            y + (size_t)lo * n, n);
+        }
+    }
+}
+
 /* y is written first (bias rows or zeros) and the GEMM accumulates into it:
  * with beta = 0 some OpenBLAS versions scale y by zero, which keeps a NaN
  * left in an uninitialised output. */
@@ -211,7 +259,9 @@ static void cpu_matmul(backend_t *be, float *y, const float *x, const tensor_t *
         else
             memset(y + (size_t)r * n, 0, (size_t)n * sizeof(float));
     }
-    if (k > 0 && w->dtype == DTYPE_F32)
+    if (k > 0 && w->linear)
+        matmul_packed(be, y, x, w, m, n, k);
+    else if (k > 0 && w->dtype == DTYPE_F32)
         gemm(be, m, n, k, x, k, w->data, k, 1, y, n);
     else if (k > 0)
         matmul_16bit(be, y, x, w, m, n, k);
@@ -883,7 +933,7 @@ static void cpu_softmax(backend_t *be, float *x, int rows, int cols) {
 /* Like torch F.normalize: x / max(||x||_2, 1e-12), the norm summed in double. */
 static void cpu_embedding(backend_t *be, float *out, const tensor_t *table, const int *ids, int n,
                           int l2_normalize) {
-    assert(table->ndim == 2 && n >= 0);
+    assert(table->ndim == 2 && !table->linear && n >= 0);
     const size_t dim = (size_t)table->shape[1], esize = dtype_size(table->dtype);
     for (int i = 0; i < n; i++) {
         assert(ids[i] >= 0 && ids[i] < table->shape[0]);
@@ -1204,6 +1254,7 @@ backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
     be->sync = cpu_sync;
     be->weight_load = cpu_weight_load;
     be->weight_free = cpu_weight_free;
+    be->linear_prepare = cpu_linear_prepare;
     be->matmul = cpu_matmul;
     be->rmsnorm = cpu_rmsnorm;
     be->rope = cpu_rope;

@@ -60,21 +60,21 @@ static int load_t5(inf_model_t *m, weight_set_t *ws, ar_error_t *err) {
     for (int i = 0; i < t->num_layers; i++) {
         t5_layer_t *L = &m->t5[i];
         if (weight_load(ws, &L->ln1, SHAPE1(D), err, "%s.%d.layer.0.layer_norm.weight", p, i) ||
-            weight_load(ws, &L->q, SHAPE2(I, D), err, "%s.%d.layer.0.SelfAttention.q.weight", p,
-                        i) ||
-            weight_load(ws, &L->k, SHAPE2(I, D), err, "%s.%d.layer.0.SelfAttention.k.weight", p,
-                        i) ||
-            weight_load(ws, &L->v, SHAPE2(I, D), err, "%s.%d.layer.0.SelfAttention.v.weight", p,
-                        i) ||
-            weight_load(ws, &L->o, SHAPE2(D, I), err, "%s.%d.layer.0.SelfAttention.o.weight", p,
-                        i) ||
+            weight_load_linear(ws, &L->q, SHAPE2(I, D), err, "%s.%d.layer.0.SelfAttention.q.weight",
+                               p, i) ||
+            weight_load_linear(ws, &L->k, SHAPE2(I, D), err, "%s.%d.layer.0.SelfAttention.k.weight",
+                               p, i) ||
+            weight_load_linear(ws, &L->v, SHAPE2(I, D), err, "%s.%d.layer.0.SelfAttention.v.weight",
+                               p, i) ||
+            weight_load_linear(ws, &L->o, SHAPE2(D, I), err, "%s.%d.layer.0.SelfAttention.o.weight",
+                               p, i) ||
             weight_load(ws, &L->ln2, SHAPE1(D), err, "%s.%d.layer.1.layer_norm.weight", p, i) ||
-            weight_load(ws, &L->wi0, SHAPE2(F, D), err, "%s.%d.layer.1.DenseReluDense.wi_0.weight",
-                        p, i) ||
-            weight_load(ws, &L->wi1, SHAPE2(F, D), err, "%s.%d.layer.1.DenseReluDense.wi_1.weight",
-                        p, i) ||
-            weight_load(ws, &L->wo, SHAPE2(D, F), err, "%s.%d.layer.1.DenseReluDense.wo.weight", p,
-                        i))
+            weight_load_linear(ws, &L->wi0, SHAPE2(F, D), err,
+                               "%s.%d.layer.1.DenseReluDense.wi_0.weight", p, i) ||
+            weight_load_linear(ws, &L->wi1, SHAPE2(F, D), err,
+                               "%s.%d.layer.1.DenseReluDense.wi_1.weight", p, i) ||
+            weight_load_linear(ws, &L->wo, SHAPE2(D, F), err,
+                               "%s.%d.layer.1.DenseReluDense.wo.weight", p, i))
             return AR_ERR;
     }
     return AR_OK;
@@ -99,8 +99,8 @@ static int load_block(inf_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
         goto out;
     tensor_t *qkv[] = {&b->q, &b->k, &b->v};
     for (int j = 0; j < 3; j++)
-        if (weight_load_rows(ws, qkv[j], j * C, C, SHAPE2(3 * C, C), err, "%s.%d.sa.mat_qkv.weight",
-                             p, i))
+        if (weight_load_linear_rows(ws, qkv[j], j * C, C, SHAPE2(3 * C, C), err,
+                                    "%s.%d.sa.mat_qkv.weight", p, i))
             goto out;
     if (weight_read_f32(ws, mul, SHAPE1(H), err, "%s.%d.sa.scale_mul_1H11", p, i))
         goto out;
@@ -113,24 +113,24 @@ static int load_block(inf_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
         host[j] -= 1.0f;
     tensor_t *kv[] = {&b->ca_k, &b->ca_v};
     for (int j = 0; j < 2; j++)
-        if (weight_load_rows(ws, kv[j], j * C, C, SHAPE2(2 * C, C), err, "%s.%d.ca.mat_kv.weight",
-                             p, i))
+        if (weight_load_linear_rows(ws, kv[j], j * C, C, SHAPE2(2 * C, C), err,
+                                    "%s.%d.ca.mat_kv.weight", p, i))
             goto out;
     if (load_host_f32(be, &b->head_mul, mul, H, err) ||
         load_host_f32(be, &b->ca_norm_scale, host, C, err) ||
         weight_load(ws, &b->ca_norm_b, SHAPE1(C), err, "%s.%d.ca_norm.bias", p, i) ||
         weight_load(ws, &b->q_bias, SHAPE1(C), err, "%s.%d.sa.q_bias", p, i) ||
         weight_load(ws, &b->v_bias, SHAPE1(C), err, "%s.%d.sa.v_bias", p, i) ||
-        weight_load(ws, &b->proj, SHAPE2(C, C), err, "%s.%d.sa.proj.weight", p, i) ||
+        weight_load_linear(ws, &b->proj, SHAPE2(C, C), err, "%s.%d.sa.proj.weight", p, i) ||
         weight_load(ws, &b->proj_b, SHAPE1(C), err, "%s.%d.sa.proj.bias", p, i) ||
-        weight_load(ws, &b->ca_q, SHAPE2(C, C), err, "%s.%d.ca.mat_q.weight", p, i) ||
+        weight_load_linear(ws, &b->ca_q, SHAPE2(C, C), err, "%s.%d.ca.mat_q.weight", p, i) ||
         weight_load(ws, &b->ca_q_b, SHAPE1(C), err, "%s.%d.ca.mat_q.bias", p, i) ||
         weight_load(ws, &b->ca_v_b, SHAPE1(C), err, "%s.%d.ca.v_bias", p, i) ||
-        weight_load(ws, &b->ca_proj, SHAPE2(C, C), err, "%s.%d.ca.proj.weight", p, i) ||
+        weight_load_linear(ws, &b->ca_proj, SHAPE2(C, C), err, "%s.%d.ca.proj.weight", p, i) ||
         weight_load(ws, &b->ca_proj_b, SHAPE1(C), err, "%s.%d.ca.proj.bias", p, i) ||
-        weight_load(ws, &b->fc1, SHAPE2(F, C), err, "%s.%d.ffn.fc1.weight", p, i) ||
+        weight_load_linear(ws, &b->fc1, SHAPE2(F, C), err, "%s.%d.ffn.fc1.weight", p, i) ||
         weight_load(ws, &b->fc1_b, SHAPE1(F), err, "%s.%d.ffn.fc1.bias", p, i) ||
-        weight_load(ws, &b->fc2, SHAPE2(C, F), err, "%s.%d.ffn.fc2.weight", p, i) ||
+        weight_load_linear(ws, &b->fc2, SHAPE2(C, F), err, "%s.%d.ffn.fc2.weight", p, i) ||
         weight_load(ws, &b->fc2_b, SHAPE1(C), err, "%s.%d.ffn.fc2.bias", p, i))
         goto out;
     rc = AR_OK;
@@ -174,22 +174,26 @@ int inf_load(inf_model_t *m, const model_config_t *cfg, weight_set_t *ws, backen
     if (load_t5(m, ws, err) ||
         weight_load(ws, &m->cfg_uncond, SHAPE2(t->max_tokens, T), err, "inf.cfg_uncond") ||
         weight_load(ws, &m->text_norm, SHAPE1(T), err, "inf.text_norm.weight") ||
-        weight_load_rows(ws, &m->pool_k, 0, C, SHAPE2(2 * C, T), err, "%s.mat_kv.weight", sp) ||
-        weight_load_rows(ws, &m->pool_v, C, C, SHAPE2(2 * C, T), err, "%s.mat_kv.weight", sp) ||
+        weight_load_linear_rows(ws, &m->pool_k, 0, C, SHAPE2(2 * C, T), err, "%s.mat_kv.weight",
+                                sp) ||
+        weight_load_linear_rows(ws, &m->pool_v, C, C, SHAPE2(2 * C, T), err, "%s.mat_kv.weight",
+                                sp) ||
         weight_load(ws, &m->pool_v_b, SHAPE1(C), err, "%s.v_bias", sp) ||
-        weight_load(ws, &m->pool_proj, SHAPE2(C, C), err, "%s.proj.weight", sp) ||
+        weight_load_linear(ws, &m->pool_proj, SHAPE2(C, C), err, "%s.proj.weight", sp) ||
         weight_load(ws, &m->pool_proj_b, SHAPE1(C), err, "%s.proj.bias", sp) ||
-        weight_load(ws, &m->ca1, SHAPE2(C, T), err, "inf.text_proj_for_ca.0.weight") ||
+        weight_load_linear(ws, &m->ca1, SHAPE2(C, T), err, "inf.text_proj_for_ca.0.weight") ||
         weight_load(ws, &m->ca1_b, SHAPE1(C), err, "inf.text_proj_for_ca.0.bias") ||
-        weight_load(ws, &m->ca2, SHAPE2(C, C), err, "inf.text_proj_for_ca.2.weight") ||
+        weight_load_linear(ws, &m->ca2, SHAPE2(C, C), err, "inf.text_proj_for_ca.2.weight") ||
         weight_load(ws, &m->ca2_b, SHAPE1(C), err, "inf.text_proj_for_ca.2.bias") ||
-        weight_load(ws, &m->shared_ada, SHAPE2(6 * C, C), err, "inf.shared_ada_lin.1.weight") ||
+        weight_load_linear(ws, &m->shared_ada, SHAPE2(6 * C, C), err,
+                           "inf.shared_ada_lin.1.weight") ||
         weight_load(ws, &m->shared_ada_b, SHAPE1(6 * C), err, "inf.shared_ada_lin.1.bias") ||
-        weight_load(ws, &m->head_ada, SHAPE2(2 * C, C), err, "inf.head_nm.ada_lin.1.weight") ||
+        weight_load_linear(ws, &m->head_ada, SHAPE2(2 * C, C), err,
+                           "inf.head_nm.ada_lin.1.weight") ||
         weight_load(ws, &m->head_ada_b, SHAPE1(2 * C), err, "inf.head_nm.ada_lin.1.bias") ||
-        weight_load(ws, &m->head, SHAPE2(2 * bits, C), err, "inf.head.weight") ||
+        weight_load_linear(ws, &m->head, SHAPE2(2 * bits, C), err, "inf.head.weight") ||
         weight_load(ws, &m->head_b, SHAPE1(2 * bits), err, "inf.head.bias") ||
-        weight_load(ws, &m->word_embed, SHAPE2(C, bits), err, "inf.word_embed.weight") ||
+        weight_load_linear(ws, &m->word_embed, SHAPE2(C, bits), err, "inf.word_embed.weight") ||
         weight_load(ws, &m->word_embed_b, SHAPE1(C), err, "inf.word_embed.bias") ||
         weight_load(ws, &m->lvl_embed, SHAPE2(INF_LEVELS, C), err, "inf.lvl_embed.weight"))
         return AR_ERR;

@@ -19,22 +19,24 @@ static int load_layer(raster_model_t *m, weight_set_t *ws, int i, int fused_qkv,
     const char *p = "llm.layers";
     const int qkv_err =
         fused_qkv
-            ? weight_load_rows(ws, &y->q, 0, qd, SHAPE2(qd + 2 * kvd, hidden), err,
-                               "%s.%d.attn.wqkv.weight", p, i) ||
-                  weight_load_rows(ws, &y->k, qd, kvd, SHAPE2(qd + 2 * kvd, hidden), err,
-                                   "%s.%d.attn.wqkv.weight", p, i) ||
-                  weight_load_rows(ws, &y->v, qd + kvd, kvd, SHAPE2(qd + 2 * kvd, hidden), err,
-                                   "%s.%d.attn.wqkv.weight", p, i)
-            : weight_load(ws, &y->q, SHAPE2(qd, hidden), err, "%s.%d.attn.q.weight", p, i) ||
-                  weight_load(ws, &y->k, SHAPE2(kvd, hidden), err, "%s.%d.attn.k.weight", p, i) ||
-                  weight_load(ws, &y->v, SHAPE2(kvd, hidden), err, "%s.%d.attn.v.weight", p, i);
+            ? weight_load_linear_rows(ws, &y->q, 0, qd, SHAPE2(qd + 2 * kvd, hidden), err,
+                                      "%s.%d.attn.wqkv.weight", p, i) ||
+                  weight_load_linear_rows(ws, &y->k, qd, kvd, SHAPE2(qd + 2 * kvd, hidden), err,
+                                          "%s.%d.attn.wqkv.weight", p, i) ||
+                  weight_load_linear_rows(ws, &y->v, qd + kvd, kvd, SHAPE2(qd + 2 * kvd, hidden),
+                                          err, "%s.%d.attn.wqkv.weight", p, i)
+            : weight_load_linear(ws, &y->q, SHAPE2(qd, hidden), err, "%s.%d.attn.q.weight", p, i) ||
+                  weight_load_linear(ws, &y->k, SHAPE2(kvd, hidden), err, "%s.%d.attn.k.weight", p,
+                                     i) ||
+                  weight_load_linear(ws, &y->v, SHAPE2(kvd, hidden), err, "%s.%d.attn.v.weight", p,
+                                     i);
     if (qkv_err ||
         weight_load(ws, &y->attn_norm, SHAPE1(hidden), err, "%s.%d.attn_norm.weight", p, i) ||
-        weight_load(ws, &y->o, SHAPE2(hidden, qd), err, "%s.%d.attn.o.weight", p, i) ||
+        weight_load_linear(ws, &y->o, SHAPE2(hidden, qd), err, "%s.%d.attn.o.weight", p, i) ||
         weight_load(ws, &y->mlp_norm, SHAPE1(hidden), err, "%s.%d.mlp_norm.weight", p, i) ||
-        weight_load(ws, &y->gate, SHAPE2(F, hidden), err, "%s.%d.mlp.gate.weight", p, i) ||
-        weight_load(ws, &y->up, SHAPE2(F, hidden), err, "%s.%d.mlp.up.weight", p, i) ||
-        weight_load(ws, &y->down, SHAPE2(hidden, F), err, "%s.%d.mlp.down.weight", p, i))
+        weight_load_linear(ws, &y->gate, SHAPE2(F, hidden), err, "%s.%d.mlp.gate.weight", p, i) ||
+        weight_load_linear(ws, &y->up, SHAPE2(F, hidden), err, "%s.%d.mlp.up.weight", p, i) ||
+        weight_load_linear(ws, &y->down, SHAPE2(hidden, F), err, "%s.%d.mlp.down.weight", p, i))
         return AR_ERR;
     return AR_OK;
 }
@@ -48,16 +50,17 @@ static int load_image_path(raster_model_t *m, weight_set_t *ws, ar_error_t *err)
                     "gen.embed.weight"))
         return AR_ERR;
     for (int j = 0; m->image_aligner && j < im->aligner_layers; j++)
-        if (weight_load(ws, &m->aligner_w[j], SHAPE2(hidden, j ? hidden : im->embed_dim), err,
-                        "gen.aligner.%d.weight", j) ||
+        if (weight_load_linear(ws, &m->aligner_w[j], SHAPE2(hidden, j ? hidden : im->embed_dim),
+                               err, "gen.aligner.%d.weight", j) ||
             weight_load(ws, &m->aligner_b[j], SHAPE1(hidden), err, "gen.aligner.%d.bias", j))
             return AR_ERR;
     if (!m->head_mlp)
-        return weight_load(ws, &m->head_w, SHAPE2(K, hidden), err, "gen.head.weight") ? AR_ERR
-                                                                                      : AR_OK;
-    if (weight_load(ws, &m->head_fc1_w, SHAPE2(G, hidden), err, "gen.head.fc1.weight") ||
+        return weight_load_linear(ws, &m->head_w, SHAPE2(K, hidden), err, "gen.head.weight")
+                   ? AR_ERR
+                   : AR_OK;
+    if (weight_load_linear(ws, &m->head_fc1_w, SHAPE2(G, hidden), err, "gen.head.fc1.weight") ||
         weight_load(ws, &m->head_fc1_b, SHAPE1(G), err, "gen.head.fc1.bias") ||
-        weight_load(ws, &m->head_fc2_w, SHAPE2(K, G), err, "gen.head.fc2.weight") ||
+        weight_load_linear(ws, &m->head_fc2_w, SHAPE2(K, G), err, "gen.head.fc2.weight") ||
         weight_load(ws, &m->head_fc2_b, SHAPE1(K), err, "gen.head.fc2.bias"))
         return AR_ERR;
     return AR_OK;

@@ -29,16 +29,16 @@ static int load_block(var_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
         free(gss);
         if (rc)
             return AR_ERR;
-    } else if (weight_load(ws, &b->adaln_w, SHAPE2(6 * hidden, hidden), err, "%s.%d.adaln.weight",
-                           p, i) ||
+    } else if (weight_load_linear(ws, &b->adaln_w, SHAPE2(6 * hidden, hidden), err,
+                                  "%s.%d.adaln.weight", p, i) ||
                weight_load(ws, &b->adaln_b, SHAPE1(6 * hidden), err, "%s.%d.adaln.bias", p, i)) {
         return AR_ERR;
     }
     /* The fused qkv matrix, split into its three row blocks. */
     tensor_t *parts[] = {&b->q, &b->k, &b->v};
     for (int j = 0; j < 3; j++)
-        if (weight_load_rows(ws, parts[j], j * hidden, hidden, SHAPE2(3 * hidden, hidden), err,
-                             "%s.%d.attn.qkv.weight", p, i))
+        if (weight_load_linear_rows(ws, parts[j], j * hidden, hidden, SHAPE2(3 * hidden, hidden),
+                                    err, "%s.%d.attn.qkv.weight", p, i))
             return AR_ERR;
     /* exp(min(s, ln 100)) per head, once, at load. */
     float mul[VAR_MAX_HEADS];
@@ -49,11 +49,12 @@ static int load_block(var_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
     if (m->be->weight_load(m->be, &b->head_mul, mul, DTYPE_F32, SHAPE1(H), err) ||
         weight_load(ws, &b->q_bias, SHAPE1(hidden), err, "%s.%d.attn.q_bias", p, i) ||
         weight_load(ws, &b->v_bias, SHAPE1(hidden), err, "%s.%d.attn.v_bias", p, i) ||
-        weight_load(ws, &b->proj, SHAPE2(hidden, hidden), err, "%s.%d.attn.proj.weight", p, i) ||
+        weight_load_linear(ws, &b->proj, SHAPE2(hidden, hidden), err, "%s.%d.attn.proj.weight", p,
+                           i) ||
         weight_load(ws, &b->proj_b, SHAPE1(hidden), err, "%s.%d.attn.proj.bias", p, i) ||
-        weight_load(ws, &b->fc1, SHAPE2(F, hidden), err, "%s.%d.ffn.fc1.weight", p, i) ||
+        weight_load_linear(ws, &b->fc1, SHAPE2(F, hidden), err, "%s.%d.ffn.fc1.weight", p, i) ||
         weight_load(ws, &b->fc1_b, SHAPE1(F), err, "%s.%d.ffn.fc1.bias", p, i) ||
-        weight_load(ws, &b->fc2, SHAPE2(hidden, F), err, "%s.%d.ffn.fc2.weight", p, i) ||
+        weight_load_linear(ws, &b->fc2, SHAPE2(hidden, F), err, "%s.%d.ffn.fc2.weight", p, i) ||
         weight_load(ws, &b->fc2_b, SHAPE1(hidden), err, "%s.%d.ffn.fc2.bias", p, i))
         return AR_ERR;
     return AR_OK;
@@ -123,17 +124,17 @@ int var_load(var_model_t *m, const model_config_t *cfg, weight_set_t *ws, backen
         return ar_errorf(err, "out of memory");
     if (weight_load(ws, &m->class_embed, SHAPE2(l->vocab_size, hidden), err,
                     "var.class_embed.weight") ||
-        weight_load(ws, &m->word_embed, SHAPE2(hidden, im->embed_dim), err,
-                    "var.word_embed.weight") ||
+        weight_load_linear(ws, &m->word_embed, SHAPE2(hidden, im->embed_dim), err,
+                           "var.word_embed.weight") ||
         weight_load(ws, &m->word_embed_b, SHAPE1(hidden), err, "var.word_embed.bias") ||
         (l->shared_adaln &&
-         (weight_load(ws, &m->shared_adaln_w, SHAPE2(6 * hidden, hidden), err,
-                      "var.shared_adaln.weight") ||
+         (weight_load_linear(ws, &m->shared_adaln_w, SHAPE2(6 * hidden, hidden), err,
+                             "var.shared_adaln.weight") ||
           weight_load(ws, &m->shared_adaln_b, SHAPE1(6 * hidden), err, "var.shared_adaln.bias"))) ||
-        weight_load(ws, &m->head_adaln_w, SHAPE2(2 * hidden, hidden), err,
-                    "var.head_adaln.weight") ||
+        weight_load_linear(ws, &m->head_adaln_w, SHAPE2(2 * hidden, hidden), err,
+                           "var.head_adaln.weight") ||
         weight_load(ws, &m->head_adaln_b, SHAPE1(2 * hidden), err, "var.head_adaln.bias") ||
-        weight_load(ws, &m->head, SHAPE2(V, hidden), err, "var.head.weight") ||
+        weight_load_linear(ws, &m->head, SHAPE2(V, hidden), err, "var.head.weight") ||
         weight_load(ws, &m->head_b, SHAPE1(V), err, "var.head.bias") || make_positions(m, ws, err))
         return AR_ERR;
     for (int i = 0; i < l->num_layers; i++)

@@ -182,7 +182,8 @@ static void attnblock(backend_t *be, const vq_attnblock_t *a, float *x, int h, i
     be->conv2d(be, s->t2, s->t1, &a->k_w, &a->k_b, c, h, w, 0);
     be->transpose(be, s->k, s->t2, c, hw);                     /* (hw, c) */
     be->conv2d(be, s->v, s->t1, &a->v_w, &a->v_b, c, h, w, 0); /* (c, hw) */
-    tensor_t kt = {s->k, DTYPE_F32, 2, {hw, c}}, vt = {s->v, DTYPE_F32, 2, {c, hw}};
+    tensor_t kt = {.data = s->k, .dtype = DTYPE_F32, .ndim = 2, .shape = {hw, c}},
+             vt = {.data = s->v, .dtype = DTYPE_F32, .ndim = 2, .shape = {c, hw}};
     be->matmul(be, s->scores, s->q, &kt, NULL, hw); /* (hw_q, hw_k) */
     be->scale(be, s->scores, (size_t)hw * hw, 1.0f / sqrtf((float)c));
     be->softmax(be, s->scores, hw, hw);

@@ -13,10 +13,6 @@
 /* ---- AVX-512: up to 4 rows at a time (16 accumulators) ---- */
 
 #include "vec_avx512.inc"
-#define BF16_AVX512(p)                                                                             \
-    _mm512_castsi512_ps(                                                                           \
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
-#define F16_AVX512(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define NAME rows4_avx512
 #define MR 4
 #define WT float
@@ -38,37 +34,37 @@
 #define NAME rows4_avx512_bf16
 #define MR 4
 #define WT uint16_t
-#define WLOAD BF16_AVX512
+#define WLOAD VLOAD_BF16
 #define WTOF bf16_to_f32
 #include "gemm_rows_kernel.inc"
 #define NAME rows2_avx512_bf16
 #define MR 2
 #define WT uint16_t
-#define WLOAD BF16_AVX512
+#define WLOAD VLOAD_BF16
 #define WTOF bf16_to_f32
 #include "gemm_rows_kernel.inc"
 #define NAME rows1_avx512_bf16
 #define MR 1
 #define WT uint16_t
-#define WLOAD BF16_AVX512
+#define WLOAD VLOAD_BF16
 #define WTOF bf16_to_f32
 #include "gemm_rows_kernel.inc"
 #define NAME rows4_avx512_f16
 #define MR 4
 #define WT uint16_t
-#define WLOAD F16_AVX512
+#define WLOAD VLOAD_F16
 #define WTOF f16_to_f32
 #include "gemm_rows_kernel.inc"
 #define NAME rows2_avx512_f16
 #define MR 2
 #define WT uint16_t
-#define WLOAD F16_AVX512
+#define WLOAD VLOAD_F16
 #define WTOF f16_to_f32
 #include "gemm_rows_kernel.inc"
 #define NAME rows1_avx512_f16
 #define MR 1
 #define WT uint16_t
-#define WLOAD F16_AVX512
+#define WLOAD VLOAD_F16
 #define WTOF f16_to_f32
 #include "gemm_rows_kernel.inc"
 #include "vec_undef.inc"
@@ -76,10 +72,6 @@
 /* ---- AVX2 + FMA (+ F16C for fp16): up to 2 rows (16 registers) ---- */
 
 #include "vec_avx2.inc"
-#define BF16_AVX2(p)                                                                               \
-    _mm256_castsi256_ps(                                                                           \
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
-#define F16_AVX2(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define NAME rows2_avx2
 #define MR 2
 #define WT float
@@ -95,27 +87,25 @@
 #define NAME rows2_avx2_bf16
 #define MR 2
 #define WT uint16_t
-#define WLOAD BF16_AVX2
+#define WLOAD VLOAD_BF16
 #define WTOF bf16_to_f32
 #include "gemm_rows_kernel.inc"
 #define NAME rows1_avx2_bf16
 #define MR 1
 #define WT uint16_t
-#define WLOAD BF16_AVX2
+#define WLOAD VLOAD_BF16
 #define WTOF bf16_to_f32
 #include "gemm_rows_kernel.inc"
-#undef TARGET
-#define TARGET VEC_EXTRA_ATTR __attribute__((target("avx2,fma,f16c")))
 #define NAME rows2_avx2_f16
 #define MR 2
 #define WT uint16_t
-#define WLOAD F16_AVX2
+#define WLOAD VLOAD_F16
 #define WTOF f16_to_f32
 #include "gemm_rows_kernel.inc"
 #define NAME rows1_avx2_f16
 #define MR 1
 #define WT uint16_t
-#define WLOAD F16_AVX2
+#define WLOAD VLOAD_F16
 #define WTOF f16_to_f32
 #include "gemm_rows_kernel.inc"
 #include "vec_undef.inc"
@@ -138,25 +128,25 @@
 #define NAME rows2_portable_bf16
 #define MR 2
 #define WT uint16_t
-#define WLOAD(p) bf16_to_f32(*(p))
+#define WLOAD VLOAD_BF16
 #define WTOF bf16_to_f32
 #include "gemm_rows_kernel.inc"
 #define NAME rows1_portable_bf16
 #define MR 1
 #define WT uint16_t
-#define WLOAD(p) bf16_to_f32(*(p))
+#define WLOAD VLOAD_BF16
 #define WTOF bf16_to_f32
 #include "gemm_rows_kernel.inc"
 #define NAME rows2_portable_f16
 #define MR 2
 #define WT uint16_t
-#define WLOAD(p) f16_to_f32(*(p))
+#define WLOAD VLOAD_F16
 #define WTOF f16_to_f32
 #include "gemm_rows_kernel.inc"
 #define NAME rows1_portable_f16
 #define MR 1
 #define WT uint16_t
-#define WLOAD(p) f16_to_f32(*(p))
+#define WLOAD VLOAD_F16
 #define WTOF f16_to_f32
 #include "gemm_rows_kernel.inc"
 #include "vec_undef.inc"

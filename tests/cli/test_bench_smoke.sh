@@ -7,7 +7,7 @@
 #                     (torch from .venv-bench, BENCH_TORCH=cpu)
 #   make bench-kv     the tiny model, one prompt per category, one pool fill
 #   make bench-scale  the tiny next-scale model at batch 2
-#   make bench-gemm   one alternation of 1 ms per timing
+#   make bench-gemm   one alternation of 1 ms per timing, each instruction set
 #   make bench-serve  the tiny model at two Poisson rates of 4 requests
 #   make eval         the demo model on six prompts
 # Outputs go to a temporary folder, not to build/ or docs/. Each make is
@@ -116,15 +116,18 @@ else
     fail "make bench-scale runs on the tiny next-scale model" "$(tail -30 "$tmp/scale.out")"
 fi
 
-# make bench-gemm: a row per shape and row count with both sides' times, and
-# the crossover line.
+# make bench-gemm: per instruction set this machine runs (AVX-512 and the
+# AVX2 forced, or AVX2 alone), a row per shape and row count with the three
+# sides' times, and both crossover lines.
 if run gemm bench-gemm GEMM_BENCH_ARGS="--reps 1 --min-ms 1"; then
-    rows=$(awk '$1 ~ /^[0-9]+$/ && NF == 7 && $4 > 0 && $5 > 0 && $7 > 0' "$tmp/gemm.out" | wc -l)
-    if [ "$rows" = 98 ] && grep -q '^crossover: gemm_rows is faster on every shape ' "$tmp/gemm.out"; then
-        ok "make bench-gemm: 7 shapes x 14 row counts, both sides timed, the crossover ($secs s)"
+    isas=$(grep -c '^kernels: \(avx512\|avx2\), F32 weights; ' "$tmp/gemm.out")
+    rows=$(awk '$1 ~ /^[0-9]+$/ && NF == 9 && $4 > 0 && $5 > 0 && $6 > 0 && $9 > 0' "$tmp/gemm.out" | wc -l)
+    crossings=$(grep -c '^crossover against \(openblas\|gemm_rows\): gemm_packed is faster on every shape ' "$tmp/gemm.out")
+    if [ "$isas" -ge 1 ] && [ "$rows" = $((isas * 91)) ] && [ "$crossings" = $((isas * 2)) ]; then
+        ok "make bench-gemm: $isas instruction set(s) x 7 shapes x 13 row counts, three sides timed, the crossovers ($secs s)"
     else
-        fail "make bench-gemm: 7 shapes x 14 row counts and the crossover" \
-            "$rows rows: $(tail -20 "$tmp/gemm.out")"
+        fail "make bench-gemm: per instruction set 7 shapes x 13 row counts and two crossovers" \
+            "$isas instruction sets, $rows rows, $crossings crossovers: $(tail -20 "$tmp/gemm.out")"
     fi
 else
     fail "make bench-gemm runs" "$(tail -30 "$tmp/gemm.out")"

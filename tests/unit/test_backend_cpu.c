@@ -371,6 +371,82 @@ static void test_matmul_16bit_weights(void) {
 /* ---- transformer ops ----------------------------------------------------------- */
 
 /* Tolerance 1e-5 abs + 1e-5 rel; rows scaled up to 1e3 and down to 1e-3. */
+/* A model's Linear weights (linear_prepare: packed in panels): matmul
+ * within fp32 GEMM error of a double reference with and without bias, in
+ * fp32, bf16 and fp16, on shapes that split over threads by columns and by
+ * rows (one panel); the same bytes on one thread and on two, and each row
+ * the same bytes alone as among the others (an image does not depend on its
+ * batch); no other op may read the packed weight. */
+static void test_matmul_linear_weights(void) {
+    ar_error_t err = {{0}};
+    backend_t *one = backend_cpu_create(1, &err), *two = backend_cpu_create(2, &err);
+    CHECK_MSG(one && two, "backend_cpu_create: %s", err.msg);
+    if (!one || !two)
+        return;
+    const int cases[][3] = {{1, 37, 129},  {2, 3, 1},    {16, 1000, 257},
+                            {70, 16, 900}, {9, 77, 500}, {300, 130, 64}};
+    const dtype_t types[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (size_t ti = 0; ti < 3; ti++) {
+            const int m = cases[c][0], n = cases[c][1], k = cases[c][2];
+            const dtype_t dt = types[ti];
+            float *x = host_uniform((size_t)m * k, -1, 1), *w = host_uniform((size_t)n * k, -1, 1);
+            float *b = host_uniform((size_t)n, -1, 1);
+            uint16_t *h = malloc((size_t)n * k * sizeof *h);
+            for (size_t i = 0; i < (size_t)n * k; i++) {
+                h[i] = dt == DTYPE_F16 ? f32_to_f16(w[i]) : f32_to_bf16(w[i]);
+                w[i] = dt == DTYPE_F32   ? w[i]
+                       : dt == DTYPE_F16 ? f16_to_f32(h[i])
+                                         : bf16_to_f32(h[i]);
+            }
+            const int64_t shape[2] = {n, k}, bshape[1] = {n};
+            tensor_t tw[2], tb[2];
+            float *y[2];
+            backend_t *bes[2] = {one, two};
+            for (int t = 0; t < 2; t++) {
+                backend_t *e = bes[t];
+                CHECK(e->weight_load(e, &tw[t], dt == DTYPE_F32 ? (const void *)w : h, dt, 2, shape,
+                                     &err) == AR_OK);
+                CHECK(e->weight_load(e, &tb[t], b, DTYPE_F32, 1, bshape, &err) == AR_OK);
+                CHECK(!tw[t].linear);
+                CHECK_MSG(e->linear_prepare(e, &tw[t], &err) == AR_OK, "%s", err.msg);
+                CHECK(tw[t].linear && tw[t].dtype == dt && tw[t].shape[0] == n);
+                y[t] = malloc(sizeof(float) * ((size_t)m * n + 1));
+                y[t][(size_t)m * n] = 1e30f; /* past the end: never written */
+                e->matmul(e, y[t], x, &tw[t], &tb[t], m);
+                CHECK(y[t][(size_t)m * n] == 1e30f);
+            }
+            double *ref = ref_new((size_t)m * n);
+            for (int i = 0; i < m; i++)
+                for (int j = 0; j < n; j++) {
+                    double sum = b[j];
+                    for (int l = 0; l < k; l++)
+                        sum += (double)x[(size_t)i * k + l] * w[(size_t)j * k + l];
+                    ref[(size_t)i * n + j] = sum;
+                }
+            char what[80];
+            snprintf(what, sizeof what, "%s linear matmul m=%d n=%d k=%d", dtype_name(dt), m, n, k);
+            check_close(what, y[1], ref, (size_t)m * n, 1e-6 + 2e-7 * k, 1e-5);
+            CHECK_MSG(!memcmp(y[0], y[1], sizeof(float) * (size_t)m * n),
+                      "%s: one thread and two differ", what);
+            float *alone = malloc(sizeof(float) * (size_t)n);
+            int differ = 0;
+            for (int i = 0; i<m; i += m> 8 ? m / 5 : 1) {
+                two->matmul(two, alone, x + (size_t)i * k, &tw[1], &tb[1], 1);
+                differ += memcmp(alone, y[1] + (size_t)i * n, sizeof(float) * (size_t)n) != 0;
+            }
+            CHECK_MSG(differ == 0, "%s: %d rows differ alone", what, differ);
+            for (int t = 0; t < 2; t++) {
+                bes[t]->weight_free(bes[t], &tw[t]);
+                bes[t]->weight_free(bes[t], &tb[t]);
+                free(y[t]);
+            }
+            free(alone), free(ref), free(x), free(w), free(b), free(h);
+        }
+    one->destroy(one);
+    two->destroy(two);
+}
+
 static void test_rmsnorm_rows_and_in_place(void) {
     const int cases[][2] = {{1, 1}, {3, 7}, {2, 2048}, {0, 5}, {4, 33}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
@@ -2062,6 +2138,7 @@ int main(void) {
     TEST_RUN(test_weight_load_rejects_bad_dtype_and_shape);
     TEST_RUN(test_matmul_with_and_without_bias);
     TEST_RUN(test_matmul_16bit_weights);
+    TEST_RUN(test_matmul_linear_weights);
     TEST_RUN(test_rmsnorm_rows_and_in_place);
     TEST_RUN(test_rope_2d_llamagen_layout);
     TEST_RUN(test_rope_against_double_and_hf_angles);

@@ -1,0 +1,243 @@
+/* The Linear GEMM over packed weights (gemm_packed.h): one kernel template
+ * (gemm_packed_kernel.inc) instantiated per instruction set, weight type
+ * and tile (gemm_packed_tiles.inc), and a driver that blocks rows and k so
+ * that a block's rows of x and a panel group's block of w stay in cache
+ * while every tile of the block passes over them. */
+#include "kernels/cpu/gemm_packed.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/cpu/vec_isa.h"
+
+#define VEC_EXTRA_ATTR VEC_NO_TSAN
+#define PACKED_CAT(isa, w, mr, np) packed_##isa##_##w##_##mr##x##np
+#define PACKED_FN(isa, w, mr, np) PACKED_CAT(isa, w, mr, np)
+
+/* ---- AVX-512: 8, 4, 2 or 1 rows x 3 panels (up to 24 of the 32 registers) ---- */
+
+#include "vec_avx512.inc"
+#define PACKED_ISA avx512
+#define PACKED_MR 8
+#define PACKED_NP_MR 3
+#define PACKED_NP_4 3
+#define PACKED_NP_2 3
+#define PACKED_NP_1 3
+#define WT float
+#define WLOAD VLOAD
+#define PACKED_W f32
+#include "gemm_packed_tiles.inc"
+#undef WT
+#undef WLOAD
+#undef PACKED_W
+#define WT uint16_t
+#define WLOAD VLOAD_BF16
+#define PACKED_W bf16
+#include "gemm_packed_tiles.inc"
+#undef WLOAD
+#undef PACKED_W
+#define WLOAD VLOAD_F16
+#define PACKED_W f16
+#include "gemm_packed_tiles.inc"
+#undef WT
+#undef WLOAD
+#undef PACKED_W
+#undef PACKED_ISA
+#undef PACKED_MR
+#undef PACKED_NP_MR
+#undef PACKED_NP_4
+#undef PACKED_NP_2
+#undef PACKED_NP_1
+#include "vec_undef.inc"
+
+/* ---- AVX2 + FMA: 6 or 4 rows x 1 panel, 2 or 1 rows x 3 panels (up to 12
+ * of the 16 registers: short tiles go wide, so that a panel row loaded
+ * still serves several multiply-adds) ---- */
+
+#include "vec_avx2.inc"
+#define PACKED_ISA avx2
+#define PACKED_MR 6
+#define PACKED_NP_MR 1
+#define PACKED_NP_4 1
+#define PACKED_NP_2 3
+#define PACKED_NP_1 3
+#define WT float
+#define WLOAD VLOAD
+#define PACKED_W f32
+#include "gemm_packed_tiles.inc"
+#undef WT
+#undef WLOAD
+#undef PACKED_W
+#define WT uint16_t
+#define WLOAD VLOAD_BF16
+#define PACKED_W bf16
+#include "gemm_packed_tiles.inc"
+#undef WLOAD
+#undef PACKED_W
+#define WLOAD VLOAD_F16
+#define PACKED_W f16
+#include "gemm_packed_tiles.inc"
+#undef WT
+#undef WLOAD
+#undef PACKED_W
+#undef PACKED_ISA
+#undef PACKED_MR
+#undef PACKED_NP_MR
+#undef PACKED_NP_4
+#undef PACKED_NP_2
+#undef PACKED_NP_1
+#include "vec_undef.inc"
+
+/* ---- portable C: 6, 4, 2 or 1 rows x 1 panel ---- */
+
+#include "vec_portable.inc"
+#define PACKED_ISA portable
+#define PACKED_MR 6
+#define PACKED_NP_MR 1
+#define PACKED_NP_4 1
+#define PACKED_NP_2 1
+#define PACKED_NP_1 1
+#define WT float
+#define WLOAD VLOAD
+#define PACKED_W f32
+#include "gemm_packed_tiles.inc"
+#undef WT
+#undef WLOAD
+#undef PACKED_W
+#define WT uint16_t
+#define WLOAD VLOAD_BF16
+#define PACKED_W bf16
+#include "gemm_packed_tiles.inc"
+#undef WLOAD
+#undef PACKED_W
+#define WLOAD VLOAD_F16
+#define PACKED_W f16
+#include "gemm_packed_tiles.inc"
+#undef WT
+#undef WLOAD
+#undef PACKED_W
+#undef PACKED_ISA
+#undef PACKED_MR
+#undef PACKED_NP_MR
+#undef PACKED_NP_4
+#undef PACKED_NP_2
+#undef PACKED_NP_1
+#include "vec_undef.inc"
+
+/* ---- dispatch ---- */
+
+typedef void (*tile_fn)(int kc, const float *x, int ldx, const void *wp, size_t pstride, float *y,
+                        int ldy, int ncols);
+
+enum { W_F32, W_BF16, W_F16, W_N };
+enum { N_HEIGHTS = 4 }; /* the widest tile's rows, 4, 2, 1 */
+
+/* An instruction set's tiles for one weight type: heights mr[h], each
+ * np[h] panels wide (wide[h]) and one panel wide (one[h], for the panels
+ * short of np[h] at the end of a group); a group is the widest np. */
+typedef struct tiles {
+    int group, mr[N_HEIGHTS], np[N_HEIGHTS];
+    tile_fn wide[N_HEIGHTS], one[N_HEIGHTS];
+} tiles_t;
+
+#define PACKED_TILES(isa, w, mr, np_mr, np_4, np_2, np_1)                                          \
+    {                                                                                              \
+        np_mr > np_2 ? np_mr : np_2, {mr, 4, 2, 1}, {np_mr, np_4, np_2, np_1},                     \
+            {PACKED_FN(isa, w, mr, np_mr), PACKED_FN(isa, w, 4, np_4), PACKED_FN(isa, w, 2, np_2), \
+             PACKED_FN(isa, w, 1, np_1)},                                                          \
+        {                                                                                          \
+            PACKED_FN(isa, w, mr, 1), PACKED_FN(isa, w, 4, 1), PACKED_FN(isa, w, 2, 1),            \
+                PACKED_FN(isa, w, 1, 1)                                                            \
+        }                                                                                          \
+    }
+
+static const tiles_t TILES[VEC_N_ISA][W_N] = {
+    [VEC_AVX512] = {PACKED_TILES(avx512, f32, 8, 3, 3, 3, 3),
+                    PACKED_TILES(avx512, bf16, 8, 3, 3, 3, 3),
+                    PACKED_TILES(avx512, f16, 8, 3, 3, 3, 3)},
+    [VEC_AVX2] = {PACKED_TILES(avx2, f32, 6, 1, 1, 3, 3), PACKED_TILES(avx2, bf16, 6, 1, 1, 3, 3),
+                  PACKED_TILES(avx2, f16, 6, 1, 1, 3, 3)},
+    [VEC_PORTABLE] = {PACKED_TILES(portable, f32, 6, 1, 1, 1, 1),
+                      PACKED_TILES(portable, bf16, 6, 1, 1, 1, 1),
+                      PACKED_TILES(portable, f16, 6, 1, 1, 1, 1)},
+};
+
+/* k a block: a panel group's block of w (3 panels of fp32: 48 KiB) is read
+ * from L1 or L2 by every tile of a row block. */
+#define PACKED_KC 256
+/* Rows a block: their k block of x (64 KiB) stays in L2 while the panel
+ * groups pass. */
+#define PACKED_MC 64
+
+/* The tile height for the next of rem rows: the tallest no taller than
+ * an even share of them over as few tiles as the tallest needs (8 rows
+ * on AVX2 go 4 + 4, not 6 + 2: a short tile reads the panels for few rows). */
+static int height(const tiles_t *t, int rem) {
+    const int tiles = (rem + t->mr[0] - 1) / t->mr[0], share = (rem + tiles - 1) / tiles;
+    int h = 0;
+    while (t->mr[h] > share)
+        h++;
+    return h;
+}
+
+size_t gemm_packed_elems(int N, int K) {
+    return (size_t)((N + GEMM_PANEL - 1) / GEMM_PANEL) * GEMM_PANEL * (size_t)K;
+}
+
+const void *gemm_packed_panel(const void *wp, dtype_t wt, int K, int p) {
+    return (const char *)wp + (size_t)p * GEMM_PANEL * (size_t)K * dtype_size(wt);
+}
+
+void gemm_packed_pack(void *dst, const void *w, dtype_t wt, int N, int K, int ldw) {
+    const size_t es = dtype_size(wt);
+    const int n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL;
+    for (int p = 0; p < n_panels; p++) {
+        char *panel = (char *)dst + (size_t)p * GEMM_PANEL * K * es;
+        for (int j = 0; j < GEMM_PANEL; j++) {
+            const int n = p * GEMM_PANEL + j;
+            const char *from = (const char *)w + (size_t)n * ldw * es;
+            for (int k = 0; k < K; k++) {
+                char *to = panel + ((size_t)k * GEMM_PANEL + j) * es;
+                if (n < N)
+                    memcpy(to, from + (size_t)k * es, es);
+                else
+                    memset(to, 0, es);
+            }
+        }
+    }
+}
+
+void gemm_packed(int M, int N, int K, const float *x, int ldx, const void *wp, dtype_t wt, float *y,
+                 int ldy) {
+    if (M <= 0 || N <= 0 || K <= 0)
+        return;
+    const tiles_t *t = &TILES[vec_isa()][wt == DTYPE_BF16  ? W_BF16
+                                         : wt == DTYPE_F16 ? W_F16
+                                                           : W_F32];
+    const size_t es = dtype_size(wt), pstride = (size_t)K * GEMM_PANEL;
+    const int n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL;
+    for (int m0 = 0; m0 < M; m0 += PACKED_MC) {
+        const int m1 = M - m0 < PACKED_MC ? M : m0 + PACKED_MC;
+        for (int g = 0; g < n_panels; g += t->group) {
+            const int g_end = n_panels - g < t->group ? n_panels : g + t->group;
+            for (int k0 = 0; k0 < K; k0 += PACKED_KC) {
+                const int kc = K - k0 < PACKED_KC ? K - k0 : PACKED_KC;
+                for (int m = m0; m < m1;) {
+                    const int h = height(t, m1 - m);
+                    for (int p = g; p < g_end;) {
+                        const int np = g_end - p >= t->np[h] ? t->np[h] : 1;
+                        const int n0 = p * GEMM_PANEL;
+                        const int cols = N - n0 < np * GEMM_PANEL ? N - n0 : np * GEMM_PANEL;
+                        const char *wk =
+                            (const char *)wp + ((size_t)p * pstride + (size_t)k0 * GEMM_PANEL) * es;
+                        (np == t->np[h] ? t->wide : t->one)[h](kc, x + (size_t)m * ldx + k0, ldx,
+                                                               wk, pstride,
+                                                               y + (size_t)m * ldy + n0, ldy, cols);
+                        p += np;
+                    }
+                    m += t->mr[h];
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,41 @@
+/* The Linear GEMM over weights packed once at load: y[m][n] += sum_k
+ * x[m][k] * w[n][k], with w [N, K] (PyTorch's Linear layout) stored in
+ * panels of GEMM_PANEL output columns, each K deep, in its own type (fp32,
+ * bf16 or fp16, converted in registers). A tile of rows x panels of y stays
+ * in registers while, per k, a panel row of w is loaded once and multiplied
+ * by a broadcast element of each of the tile's rows: no horizontal sums,
+ * and the weight is read once per tile of rows (gemm_rows.h reads it once
+ * per two rows on AVX2). Vectorised for the machine it runs on
+ * (vec_isa()); one thread, the caller splits N across its team at
+ * multiples of GEMM_PANEL.
+ *
+ * Every y[m][n] is one chain of fused multiply-adds over k in order,
+ * started from y's value: the same bytes whatever M, the tiles or the
+ * split, so an image does not depend on what else shares its batch. */
+#ifndef ARSERVE_GEMM_PACKED_H
+#define ARSERVE_GEMM_PACKED_H
+
+#include <stddef.h>
+
+#include "base/dtype.h"
+#include "kernels/cpu/gemm_panels.h"
+
+/* Elements a packed weight of N output columns, K deep, takes (the last
+ * panel padded with zeros). Element (n, k) lies at
+ * (n / GEMM_PANEL) * K * GEMM_PANEL + k * GEMM_PANEL + n % GEMM_PANEL. */
+size_t gemm_packed_elems(int N, int K);
+
+/* Packs w [N, K] (row stride ldw elements, of type wt) into dst, which
+ * holds gemm_packed_elems(N, K) elements of wt. */
+void gemm_packed_pack(void *dst, const void *w, dtype_t wt, int N, int K, int ldw);
+
+/* Panel p of a packed weight K deep: its columns from p * GEMM_PANEL. */
+const void *gemm_packed_panel(const void *wp, dtype_t wt, int K, int p);
+
+/* y[m * ldy + n] += sum over k < K of x[m * ldx + k] * w(n, k), m < M,
+ * n < N, with wp packed as above from its first column (gemm_packed_panel
+ * for a slice). Columns of y past N are neither read nor written. */
+void gemm_packed(int M, int N, int K, const float *x, int ldx, const void *wp, dtype_t wt, float *y,
+                 int ldy);
+
+#endif
