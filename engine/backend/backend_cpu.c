@@ -484,10 +484,11 @@ static float *kv_conv_buffer(const backend_t *be, const kv_blocks_t *pool) {
 }
 
 /* Pointers to the K and V rows (v may be NULL: keys only) of cache indices
- * [j0, j0 + nj) of a paged sequence: into the pool when it is fp32, else
- * to the rows widened into conv (kv_conv_floats floats). */
+ * [j0, j0 + nj) of a paged sequence: into the pool (elements of its type)
+ * when conv is NULL, else to the rows widened to fp32 into conv
+ * (kv_conv_floats floats). */
 static void paged_rows_at(const kv_blocks_t *pool, const kv_view_t *view, int j0, int nj,
-                          const float **k, const float **v, float *conv) {
+                          const void **k, const void **v, float *conv) {
     kv_walk_t w = walk_at(pool, view->blocks, j0);
     const int hd = pool->head_dim;
     for (int j = 0; j < nj; j++, walk_next(&w)) {
@@ -509,11 +510,11 @@ static void paged_rows_at(const kv_blocks_t *pool, const kv_view_t *view, int j0
 
 /* Online softmax over one chunk of nj keys whose K and V rows are given by
  * pointer: the running max m, sum l and weighted sum acc of a query row. */
-static void attend_chunk(float *acc, float *m, double *l, const float *q, const float *const *k,
-                         const float *const *v, int nj, int head_dim, float scale,
+static void attend_chunk(float *acc, float *m, double *l, const float *q, const void *const *k,
+                         const void *const *v, dtype_t kvt, int nj, int head_dim, float scale,
                          const float *bias) {
     float sc[ATTN_CHUNK], cm = -INFINITY;
-    vec_dots(sc, q, k, nj, head_dim, scale);
+    vec_dots(sc, q, k, kvt, nj, head_dim, scale);
     for (int j = 0; bias && j < nj; j++)
         sc[j] += bias[j];
     for (int j = 0; j < nj; j++)
@@ -529,7 +530,14 @@ static void attend_chunk(float *acc, float *m, double *l, const float *q, const 
         sc[j] = expf(sc[j] - *m);
         *l += sc[j];
     }
-    vec_axpys(acc, sc, v, nj, head_dim);
+    vec_axpys(acc, sc, v, kvt, nj, head_dim);
+}
+
+/* The widening buffer raster attention reads pool's rows through: none
+ * where the kernels widen them in registers (fp32, bf16, fp16), conv for
+ * fp8 (its scale). */
+static float *raster_conv(const kv_blocks_t *pool, float *conv) {
+    return pool->dtype == DTYPE_F8_E4M3 ? conv : NULL;
 }
 
 /* One query row against its visible keys [0, n_keys): a softmax computed
@@ -540,15 +548,16 @@ static void attend_chunk(float *acc, float *m, double *l, const float *q, const 
 static void attend_row(float *out, const float *q, const kv_blocks_t *pool, const kv_view_t *view,
                        int n_keys, float scale, float *conv) {
     const int head_dim = pool->head_dim;
+    const dtype_t kvt = conv ? DTYPE_F32 : pool->dtype;
     float acc[MAX_HEAD_DIM], m = -INFINITY;
-    const float *k[ATTN_CHUNK], *v[ATTN_CHUNK];
+    const void *k[ATTN_CHUNK], *v[ATTN_CHUNK];
     double l = 0;
     for (int d = 0; d < head_dim; d++)
         acc[d] = 0;
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         paged_rows_at(pool, view, j0, nj, k, v, conv);
-        attend_chunk(acc, &m, &l, q, k, v, nj, head_dim, scale, NULL);
+        attend_chunk(acc, &m, &l, q, k, v, kvt, nj, head_dim, scale, NULL);
     }
     const float inv = (float)(1.0 / l);
     for (int d = 0; d < head_dim; d++)
@@ -563,15 +572,16 @@ static void attend_row(float *out, const float *q, const kv_blocks_t *pool, cons
 static void attend_row_mass(float *out, float *mass, const float *q, const kv_blocks_t *pool,
                             const kv_view_t *view, int n_keys, float scale, float *conv) {
     const int head_dim = pool->head_dim;
+    const dtype_t kvt = conv ? DTYPE_F32 : pool->dtype;
     float acc[MAX_HEAD_DIM], sc[ATTN_CHUNK];
-    const float *k[ATTN_CHUNK], *v[ATTN_CHUNK];
+    const void *k[ATTN_CHUNK], *v[ATTN_CHUNK];
     float m = -INFINITY;
     double l = 0;
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         float cm = -INFINITY;
         paged_rows_at(pool, view, j0, nj, k, NULL, conv);
-        vec_dots(sc, q, k, nj, head_dim, scale);
+        vec_dots(sc, q, k, kvt, nj, head_dim, scale);
         for (int j = 0; j < nj; j++)
             cm = sc[j] > cm ? sc[j] : cm;
         if (cm > m) {
@@ -587,12 +597,12 @@ static void attend_row_mass(float *out, float *mass, const float *q, const kv_bl
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         paged_rows_at(pool, view, j0, nj, k, v, conv);
-        vec_dots(sc, q, k, nj, head_dim, scale);
+        vec_dots(sc, q, k, kvt, nj, head_dim, scale);
         for (int j = 0; j < nj; j++) {
             sc[j] = (float)(exp((double)sc[j] - m) * inv);
             mass[j0 + j] += sc[j];
         }
-        vec_axpys(acc, sc, v, nj, head_dim);
+        vec_axpys(acc, sc, v, kvt, nj, head_dim);
     }
     for (int d = 0; d < head_dim; d++)
         out[d] = acc[d];
@@ -620,7 +630,8 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
     for (int i = 0; i < n_pairs; i++) {
         const int s = i / n_heads, h = i % n_heads;
         const int n_new = q_start[s + 1] - q_start[s];
-        float *mass = batch->mass ? batch->mass[i] : NULL, *conv = kv_conv_buffer(be, pool);
+        float *mass = batch->mass ? batch->mass[i] : NULL;
+        float *conv = raster_conv(pool, kv_conv_buffer(be, pool));
         for (int t = 0; t < n_new; t++) {
             const size_t r = (size_t)q_start[s] + (size_t)t;
             const size_t at = r * row + (size_t)h * head_dim;
@@ -635,7 +646,8 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
 
 /* The keys of a scale's query row: the view's len rows of the paged
  * cache, then n_new dense rows (stride apart). Key j's K and V rows, by
- * pointer. */
+ * pointer, all fp32 (a 16-bit cache's rows widened into conv, as the new
+ * rows are fp32). */
 typedef struct scale_keys {
     const kv_blocks_t *pool;
     const kv_view_t *view;
@@ -646,8 +658,7 @@ typedef struct scale_keys {
 } scale_keys_t;
 
 /* Pointers to keys [j0, j0 + nj) of sk. */
-static void scale_keys_at(const scale_keys_t *sk, int j0, int nj, const float **k,
-                          const float **v) {
+static void scale_keys_at(const scale_keys_t *sk, int j0, int nj, const void **k, const void **v) {
     int j = 0;
     const int n_cached = sk->view->len;
     if (j0 < n_cached) {
@@ -667,14 +678,14 @@ static void attend_row_scale(float *out, float *mass, const float *q, const scal
                              float scale) {
     const int head_dim = sk->pool->head_dim, n_keys = sk->view->len + sk->n_new;
     float acc[MAX_HEAD_DIM], m = -INFINITY;
-    const float *k[ATTN_CHUNK], *v[ATTN_CHUNK];
+    const void *k[ATTN_CHUNK], *v[ATTN_CHUNK];
     double l = 0;
     for (int d = 0; d < head_dim; d++)
         acc[d] = 0;
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         scale_keys_at(sk, j0, nj, k, v);
-        attend_chunk(acc, &m, &l, q, k, v, nj, head_dim, scale, NULL);
+        attend_chunk(acc, &m, &l, q, k, v, DTYPE_F32, nj, head_dim, scale, NULL);
     }
     const float inv = (float)(1.0 / l);
     for (int d = 0; d < head_dim; d++)
@@ -685,7 +696,7 @@ static void attend_row_scale(float *out, float *mass, const float *q, const scal
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         float sc[ATTN_CHUNK];
         scale_keys_at(sk, j0, nj, k, v);
-        vec_dots(sc, q, k, nj, head_dim, scale);
+        vec_dots(sc, q, k, DTYPE_F32, nj, head_dim, scale);
         for (int j = 0; j < nj; j++)
             mass[j0 + j] += (float)(exp((double)sc[j] - m) / l);
     }
@@ -728,7 +739,7 @@ static void cpu_attention_scale(backend_t *be, float *out, const float *q, const
 static void attend_row_dense(float *out, const float *q, const float *k, const float *v,
                              size_t stride, int n, int head_dim, float scale, const float *bias) {
     float acc[MAX_HEAD_DIM], m = -INFINITY;
-    const float *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
+    const void *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
     double l = 0;
     for (int d = 0; d < head_dim; d++)
         acc[d] = 0;
@@ -738,7 +749,8 @@ static void attend_row_dense(float *out, const float *q, const float *k, const f
             kp[j] = k + (size_t)(j0 + j) * stride;
             vp[j] = v + (size_t)(j0 + j) * stride;
         }
-        attend_chunk(acc, &m, &l, q, kp, vp, nj, head_dim, scale, bias ? bias + j0 : NULL);
+        attend_chunk(acc, &m, &l, q, kp, vp, DTYPE_F32, nj, head_dim, scale,
+                     bias ? bias + j0 : NULL);
     }
     const float inv = l > 0 ? (float)(1.0 / l) : 0.0f;
     for (int d = 0; d < head_dim; d++)
