@@ -126,7 +126,10 @@ struct backend {
      * that the matrix w is from now on only matmul's weight, so that the
      * backend may store it in the layout its matmul reads fastest (the
      * CPU's panels, kernels/cpu/gemm_packed.h) and set w->linear; no other
-     * op may read it after. AR_ERR if out of memory (w unchanged). */
+     * op may read it after. A backend that sets w->linear keeps matmul's
+     * rows over it independent: each row's bytes are the same whatever m
+     * (so a ragged batch's sequences may share one call). AR_ERR if out of
+     * memory (w unchanged). */
     int (*linear_prepare)(backend_t *be, tensor_t *w, ar_error_t *err);
 
     /* y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when bias is not NULL), with

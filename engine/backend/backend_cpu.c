@@ -508,13 +508,29 @@ static void paged_rows_at(const kv_blocks_t *pool, const kv_view_t *view, int j0
     }
 }
 
+/* A chunk's keys are rows of type kvt before n_typed (a cache's, read where
+ * they lie) and fp32 from there (a scale's new rows): the kernels per part,
+ * which gives the bytes of one call over widened rows (scores are per key;
+ * the values' terms are added per element in order of j either way). */
+static void chunk_dots(float *sc, const float *q, const void *const *k, dtype_t kvt, int n_typed,
+                       int nj, int head_dim, float scale) {
+    vec_dots(sc, q, k, kvt, n_typed, head_dim, scale);
+    vec_dots(sc + n_typed, q, k + n_typed, DTYPE_F32, nj - n_typed, head_dim, scale);
+}
+
+static void chunk_axpys(float *acc, const float *p, const void *const *v, dtype_t kvt, int n_typed,
+                        int nj, int head_dim) {
+    vec_axpys(acc, p, v, kvt, n_typed, head_dim);
+    vec_axpys(acc, p + n_typed, v + n_typed, DTYPE_F32, nj - n_typed, head_dim);
+}
+
 /* Online softmax over one chunk of nj keys whose K and V rows are given by
  * pointer: the running max m, sum l and weighted sum acc of a query row. */
 static void attend_chunk(float *acc, float *m, double *l, const float *q, const void *const *k,
-                         const void *const *v, dtype_t kvt, int nj, int head_dim, float scale,
-                         const float *bias) {
+                         const void *const *v, dtype_t kvt, int n_typed, int nj, int head_dim,
+                         float scale, const float *bias) {
     float sc[ATTN_CHUNK], cm = -INFINITY;
-    vec_dots(sc, q, k, kvt, nj, head_dim, scale);
+    chunk_dots(sc, q, k, kvt, n_typed, nj, head_dim, scale);
     for (int j = 0; bias && j < nj; j++)
         sc[j] += bias[j];
     for (int j = 0; j < nj; j++)
@@ -530,7 +546,7 @@ static void attend_chunk(float *acc, float *m, double *l, const float *q, const 
         sc[j] = expf(sc[j] - *m);
         *l += sc[j];
     }
-    vec_axpys(acc, sc, v, kvt, nj, head_dim);
+    chunk_axpys(acc, sc, v, kvt, n_typed, nj, head_dim);
 }
 
 /* The widening buffer raster attention reads pool's rows through: none
@@ -557,7 +573,7 @@ static void attend_row(float *out, const float *q, const kv_blocks_t *pool, cons
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         paged_rows_at(pool, view, j0, nj, k, v, conv);
-        attend_chunk(acc, &m, &l, q, k, v, kvt, nj, head_dim, scale, NULL);
+        attend_chunk(acc, &m, &l, q, k, v, kvt, nj, nj, head_dim, scale, NULL);
     }
     const float inv = (float)(1.0 / l);
     for (int d = 0; d < head_dim; d++)
@@ -645,31 +661,34 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
 }
 
 /* The keys of a scale's query row: the view's len rows of the paged
- * cache, then n_new dense rows (stride apart). Key j's K and V rows, by
- * pointer, all fp32 (a 16-bit cache's rows widened into conv, as the new
- * rows are fp32). */
+ * cache (of type kvt: the pool's, or fp32 widened into conv for fp8), then
+ * n_new dense fp32 rows (stride apart). Key j's K and V rows, by pointer. */
 typedef struct scale_keys {
     const kv_blocks_t *pool;
     const kv_view_t *view;
     int n_new;
     const float *k_new, *v_new;
     size_t stride;
-    float *conv; /* widening buffer, NULL for an fp32 cache */
+    float *conv; /* widening buffer for an fp8 cache, else NULL */
+    dtype_t kvt;
 } scale_keys_t;
 
-/* Pointers to keys [j0, j0 + nj) of sk. */
-static void scale_keys_at(const scale_keys_t *sk, int j0, int nj, const void **k, const void **v) {
+/* Pointers to keys [j0, j0 + nj) of sk; returns how many of them are the
+ * cache's (of type sk->kvt; the rest are fp32). */
+static int scale_keys_at(const scale_keys_t *sk, int j0, int nj, const void **k, const void **v) {
     int j = 0;
     const int n_cached = sk->view->len;
     if (j0 < n_cached) {
         j = n_cached - j0 < nj ? n_cached - j0 : nj;
         paged_rows_at(sk->pool, sk->view, j0, j, k, v, sk->conv);
     }
+    const int cached = j;
     for (; j < nj; j++) {
         const size_t r = (size_t)(j0 + j - n_cached) * sk->stride;
         k[j] = sk->k_new + r;
         v[j] = sk->v_new + r;
     }
+    return cached;
 }
 
 /* One query row of a scale against every key of sk; with mass, the exact
@@ -684,8 +703,8 @@ static void attend_row_scale(float *out, float *mass, const float *q, const scal
         acc[d] = 0;
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
-        scale_keys_at(sk, j0, nj, k, v);
-        attend_chunk(acc, &m, &l, q, k, v, DTYPE_F32, nj, head_dim, scale, NULL);
+        const int n_cached = scale_keys_at(sk, j0, nj, k, v);
+        attend_chunk(acc, &m, &l, q, k, v, sk->kvt, n_cached, nj, head_dim, scale, NULL);
     }
     const float inv = (float)(1.0 / l);
     for (int d = 0; d < head_dim; d++)
@@ -695,8 +714,8 @@ static void attend_row_scale(float *out, float *mass, const float *q, const scal
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         float sc[ATTN_CHUNK];
-        scale_keys_at(sk, j0, nj, k, v);
-        vec_dots(sc, q, k, DTYPE_F32, nj, head_dim, scale);
+        const int n_cached = scale_keys_at(sk, j0, nj, k, v);
+        chunk_dots(sc, q, k, sk->kvt, n_cached, nj, head_dim, scale);
         for (int j = 0; j < nj; j++)
             mass[j0 + j] += (float)(exp((double)sc[j] - m) / l);
     }
@@ -725,7 +744,8 @@ static void cpu_attention_scale(backend_t *be, float *out, const float *q, const
                                  k_new + (size_t)q_start[s] * row + (size_t)h * head_dim,
                                  v_new + (size_t)q_start[s] * row + (size_t)h * head_dim,
                                  row,
-                                 kv_conv_buffer(be, pool)};
+                                 raster_conv(pool, kv_conv_buffer(be, pool)),
+                                 pool->dtype == DTYPE_F8_E4M3 ? DTYPE_F32 : pool->dtype};
         float *mass = batch->mass ? batch->mass[i] : NULL;
         for (int r = q_start[s]; r < q_start[s + 1]; r++) {
             const size_t at = (size_t)r * row + (size_t)h * head_dim;
@@ -749,7 +769,7 @@ static void attend_row_dense(float *out, const float *q, const float *k, const f
             kp[j] = k + (size_t)(j0 + j) * stride;
             vp[j] = v + (size_t)(j0 + j) * stride;
         }
-        attend_chunk(acc, &m, &l, q, kp, vp, DTYPE_F32, nj, head_dim, scale,
+        attend_chunk(acc, &m, &l, q, kp, vp, DTYPE_F32, nj, nj, head_dim, scale,
                      bias ? bias + j0 : NULL);
     }
     const float inv = l > 0 ? (float)(1.0 / l) : 0.0f;

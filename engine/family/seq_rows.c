@@ -4,6 +4,11 @@
 void seq_rows_matmul(backend_t *be, float *y, const float *x, const tensor_t *w, const tensor_t *b,
                      const int *q_start, int n_seq) {
     const size_t in = (size_t)w->shape[1], out = (size_t)w->shape[0];
+    if (w->linear) { /* rows independent (backend.h): one GEMM reads w once for all */
+        be->matmul(be, y + (size_t)q_start[0] * out, x + (size_t)q_start[0] * in, w, b,
+                   q_start[n_seq] - q_start[0]);
+        return;
+    }
     for (int s = 0; s < n_seq; s++)
         be->matmul(be, y + (size_t)q_start[s] * out, x + (size_t)q_start[s] * in, w, b,
                    q_start[s + 1] - q_start[s]);

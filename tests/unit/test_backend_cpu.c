@@ -1458,6 +1458,67 @@ static void check_attention_scale(int n_seq, const int *n_new, const int *cache_
         free(mass_ref), free(mass0);
 }
 
+/* A bf16 or fp16 cache is read where it lies, widened in registers: attention
+ * and attention_scale (whose chunks mix cached rows with the scale's new
+ * fp32 ones) give the bytes they give on an fp32 cache holding the same
+ * values, with key mass, on ragged lengths across chunk boundaries. */
+static void test_attention_16bit_cache_equals_its_fp32_widening(void) {
+    enum { SEQS = 3, H = 2, HD = 24, BT = 16 };
+    const int n_new[SEQS] = {1, 5, 3}, cache_len[SEQS * H] = {0, 7, 250, 300, 33, 256};
+    int q_start[SEQS + 1] = {0}, kv_len[SEQS * H];
+    for (int s = 0; s < SEQS; s++)
+        q_start[s + 1] = q_start[s] + n_new[s];
+    for (int i = 0; i < SEQS * H; i++)
+        kv_len[i] = cache_len[i] + n_new[i / H];
+    const size_t n = (size_t)q_start[SEQS] * H * HD;
+    for (int t = 0; t < 2; t++) {
+        const dtype_t dt = t ? DTYPE_F16 : DTYPE_BF16;
+        paged_t pg;
+        paged_build(&pg, BT, HD, SEQS * H, kv_len, kv_len, 1, 2);
+        uint16_t *h16 = malloc(pg.n_floats * sizeof *h16);
+        for (size_t e = 0; e < pg.n_floats; e++) { /* NaN sentinels stay NaN */
+            h16[e] = dt == DTYPE_F16 ? f32_to_f16(pg.host[e]) : f32_to_bf16(pg.host[e]);
+            pg.host[e] = dt == DTYPE_F16 ? f16_to_f32(h16[e]) : bf16_to_f32(h16[e]);
+        }
+        float *wide = dev_from(pg.host, pg.n_floats);
+        void *narrow = be->alloc(be, pg.n_floats * sizeof *h16);
+        be->upload(be, narrow, h16, pg.n_floats * sizeof *h16);
+        const kv_blocks_t pools[2] = {{wide, DTYPE_F32, BT, HD}, {narrow, dt, BT, HD}};
+        float *q = host_uniform(n, -1, 1), *kn = host_uniform(n, -1, 1),
+              *vn = host_uniform(n, -1, 1);
+        float *out[2][2], *mass[2][SEQS * H];
+        for (int p = 0; p < 2; p++) {
+            for (int i = 0; i < SEQS * H; i++) {
+                mass[p][i] = calloc((size_t)kv_len[i], sizeof(float));
+                pg.views[i].len = kv_len[i]; /* attention: the new rows are cached */
+            }
+            attn_batch_t batch = {SEQS, q_start, pg.views, mass[p]};
+            out[p][0] = calloc(n, sizeof(float));
+            be->attention(be, out[p][0], q, &pools[p], &batch, H, 0.2f);
+            for (int i = 0; i < SEQS * H; i++)
+                pg.views[i].len = cache_len[i]; /* attention_scale: they are not */
+            out[p][1] = calloc(n, sizeof(float));
+            be->attention_scale(be, out[p][1], q, kn, vn, &pools[p], &batch, H, 0.2f);
+        }
+        for (int o = 0; o < 2; o++)
+            CHECK_MSG(!memcmp(out[0][o], out[1][o], n * sizeof(float)),
+                      "%s cache: %s differs from the fp32 cache's", dtype_name(dt),
+                      o ? "attention_scale" : "attention");
+        for (int i = 0; i < SEQS * H; i++)
+            CHECK_MSG(!memcmp(mass[0][i], mass[1][i], (size_t)kv_len[i] * sizeof(float)),
+                      "%s cache: key mass of pair %d differs", dtype_name(dt), i);
+        for (int p = 0; p < 2; p++) {
+            free(out[p][0]), free(out[p][1]);
+            for (int i = 0; i < SEQS * H; i++)
+                free(mass[p][i]);
+        }
+        dev_del(wide);
+        be->free(be, narrow);
+        free(h16), free(q), free(kn), free(vn);
+        paged_free(&pg);
+    }
+}
+
 /* Five sequences of 1, 4, 0, 3 and 9 new rows (a scale each); per head a
  * cache of 0 (the first scale), 1, 5, 37, 250 (cached and new keys share a
  * 256-key chunk of the online softmax), 256 or 300 tokens, at every block
@@ -2157,6 +2218,7 @@ int main(void) {
     TEST_RUN(test_transpose_exact);
     TEST_RUN(test_attention_scale_by_hand);
     TEST_RUN(test_attention_scale_ragged_paged_against_dense);
+    TEST_RUN(test_attention_16bit_cache_equals_its_fp32_widening);
     TEST_RUN(test_attention_scale_large_scores);
     TEST_RUN(test_layernorm_against_torch_and_double);
     TEST_RUN(test_modulate_and_gate_add);
