@@ -2,12 +2,11 @@
  * fp32 activations; a model's Linear weights are packed at load and
  * multiplied by gemm_packed.c at any number of rows, other matrices' GEMMs
  * of a few rows go to gemm_rows.c and the rest to OpenBLAS, convolutions to
- * gemm_panels.c,
+ * gemm_packed.c too (the im2col columns as its panels),
  * everything else is plain loops;
  * all threading is OpenMP, where the work is large enough to pay. */
 #include "engine/backend/backend.h"
 #include "kernels/cpu/gemm_packed.h"
-#include "kernels/cpu/gemm_panels.h"
 #include "kernels/cpu/gemm_rows.h"
 #include "kernels/cpu/vec_attn.h"
 #include "kernels/cpu/vec_math.h"
@@ -986,9 +985,9 @@ static void cpu_embedding(backend_t *be, float *out, const tensor_t *table, cons
 /* ---- image ops --------------------------------------------------------- */
 
 /* Packs the im2col columns of output pixels [p0, p0 + n) (flattened over
- * ho x wo) as panels (gemm_panels.h): row r = (ci*k + ky)*k + kx of pixel
- * (oy, ox) holds input (ci, oy + ky - pad, ox + kx - pad), 0 outside the
- * image, and columns past n are 0. */
+ * ho x wo) as panels (gemm_packed.h's layout, K = c_in * k * k): row r = (ci*k + ky)*k + kx of
+ * pixel (oy, ox) holds input (ci, oy + ky - pad, ox + kx - pad), 0 outside the image, and columns
+ * past n are 0. */
 static void im2col_panels(float *bp, const float *in, int c_in, int h, int w, int k, int pad,
                           int wo, int64_t p0, int n) {
     const int kk = c_in * k * k;
@@ -1037,7 +1036,7 @@ static void im2col_panels(float *bp, const float *in, int c_in, int h, int w, in
 }
 
 /* Output pixels a conv2d tile packs and multiplies at most: two AVX-512
- * tiles of gemm_panels, fewer where c_in * k * k is large, so that a tile's
+ * tiles of gemm_packed, fewer where c_in * k * k is large, so that a tile's
  * panels stay within about 256 KiB (a core's L2). */
 #define CONV_TILE_PANELS 6
 #define CONV_TILE_BUDGET_FLOATS ((size_t)1 << 16)
@@ -1045,7 +1044,8 @@ static void im2col_panels(float *bp, const float *in, int c_in, int h, int w, in
 /* out[co, p] = bias[co] + sum over (ci, ky, kx) of w[co, ci, ky, kx] *
  * in[ci, shifted p]. The output pixels go in tiles to the team; each
  * thread packs its tile's im2col panels in its share of the scratch and
- * multiplies them at once (gemm_panels), while they are in its cache. */
+ * multiplies them at once (gemm_packed, on the output started at the
+ * bias), while they are in its cache. */
 static void cpu_conv2d(backend_t *be, float *out, const float *in, const tensor_t *w,
                        const tensor_t *bias, int c_in, int h, int w_, int pad) {
     assert(w->dtype == DTYPE_F32 && w->ndim == 4 && w->shape[1] == c_in);
@@ -1090,7 +1090,12 @@ static void cpu_conv2d(backend_t *be, float *out, const float *in, const tensor_
             const int64_t p0 = t * tile_pix;
             const int n = (int)(npix - p0 < tile_pix ? npix - p0 : tile_pix);
             im2col_panels(bp, in, c_in, h, w_, k, pad, wo, p0, n);
-            gemm_panels(c_out, n, kk, w->data, kk, bp, b, out + p0, (int)npix);
+            for (int co = 0; co < c_out; co++) {
+                float *o = out + (size_t)co * npix + p0;
+                for (int j = 0; j < n; j++)
+                    o[j] = b ? b[co] : 0.0f;
+            }
+            gemm_packed(c_out, n, kk, w->data, kk, bp, DTYPE_F32, out + p0, (int)npix);
         }
     }
 }

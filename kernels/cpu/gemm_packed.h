@@ -9,6 +9,9 @@
  * (vec_isa()); one thread, the caller splits N across its team at
  * multiples of GEMM_PANEL.
  *
+ * The CPU backend's convolutions run here too: their weights are x, the
+ * im2col columns of their output pixels, packed as panels, are w.
+ *
  * Every y[m][n] is one chain of fused multiply-adds over k in order,
  * started from y's value: the same bytes whatever M, the tiles or the
  * split, so an image does not depend on what else shares its batch. */
@@ -18,7 +21,9 @@
 #include <stddef.h>
 
 #include "base/dtype.h"
-#include "kernels/cpu/gemm_panels.h"
+
+/* Output columns a panel. */
+#define GEMM_PANEL 16
 
 /* Elements a packed weight of N output columns, K deep, takes (the last
  * panel padded with zeros). Element (n, k) lies at
