@@ -641,6 +641,9 @@ BENCH_MODELS      ?= models/shapes $(MID_MODEL) $(JANUS_BENCH_MODEL) $(if $(LLAM
 BENCH_THREADS     ?= 1,2
 BENCH_BATCH       ?= 8
 BENCH_CONCURRENCY ?= 1,4,16,64
+# Instruction sets, comma-separated (avx512, avx2): each row run held to one
+# (bench/speed_bench.py --isa); empty, the machine's best.
+BENCH_ISA         ?=
 BENCH_ARGS        ?=
 BENCH_JSON        ?= $(BUILD)/bench.json
 BENCH_TORCH       ?= tools
@@ -662,7 +665,8 @@ bench: $(BENCH_TORCH_DEPS) $(BUILD)/speed_bench $(BUILD)/arserve $(filter $(BUIL
 	$(if $(LLAMAGEN_SRC),,@echo "bench: no LlamaGen rows: LLAMAGEN_SRC does not name a checkout of https://github.com/FoundationVision/LlamaGen")
 	LLAMAGEN_SRC=$(LLAMAGEN_SRC) $(BENCH_TORCH_VENV)/bin/python bench/speed_bench.py --bin $(BUILD)/speed_bench --arserve $(BUILD)/arserve \
 		$(foreach m,$(BENCH_MODELS),--model $(m)) --threads $(BENCH_THREADS) --batch $(BENCH_BATCH) \
-		--images $(BENCH_BATCH) --concurrency $(BENCH_CONCURRENCY) --json $(BENCH_JSON) $(BENCH_ARGS)
+		--images $(BENCH_BATCH) --concurrency $(BENCH_CONCURRENCY) --json $(BENCH_JSON) \
+		$(if $(BENCH_ISA),--isa $(BENCH_ISA)) $(BENCH_ARGS)
 
 # torch for the CPU (BENCH_TORCH=cpu): the PyPI wheel of torch is built for
 # CUDA and pulls in 4 GB of CUDA wheels (make tools-deps: 110 to 145 s and

@@ -17,7 +17,10 @@ of the memory roofline (the bytes of weights a step reads over the read bandwidt
 speed_bench measured on the same threads) and of the compute roofline (their multiply-adds
 for the step's rows at the FMA peak it measured), and with --arserve the daemon on loopback
 at concurrency 1/4/16/... (`arserve bench --arrival concurrency`) beside the engine
-in-process at the same batch.
+in-process at the same batch. Each table row names the instruction set arserve's kernels ran
+and the read bandwidth and FMA peak measured with it: --isa avx2,avx512 measures both in one
+run, each side held to the set by its environment (ARSERVE_ISA; ATEN_CPU_CAPABILITY, oneDNN's
+and MKL's limits for torch), so an AVX-512 machine also stands in for an AVX2-only one.
 
 A model directory with a reference.json has its own PyTorch reference instead of JanusLM:
 bench/ref_janus.py (transformers' Janus) or bench/ref_llamagen.py (LlamaGen's official
@@ -175,10 +178,26 @@ def self_check(lm, cond, uncond, cfg_w):
 
 # ---- the driver --------------------------------------------------------------------------
 
-def run_rss(cmd):
+# An instruction set asked for with --isa: each side's environment that holds it (and
+# its libraries: OpenBLAS, oneDNN, MKL) to that set. avx2 on an AVX-512 machine is
+# how this machine stands in for the AVX2-only ones (most AMD Zen 2/3, Intel client).
+ISA_ENV = {
+    "avx2": {"arserve": {"ARSERVE_ISA": "avx2", "OPENBLAS_CORETYPE": "Haswell"},
+             "torch": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                       "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}},
+    "avx512": {"arserve": {"ARSERVE_ISA": "avx512"}, "torch": {}},
+}
+
+
+def side_env(isa, side):
+    """os.environ with what holds `side` (arserve or torch) to `isa` ("" = the machine's best)."""
+    return dict(os.environ, **(ISA_ENV[isa][side] if isa else {}))
+
+
+def run_rss(cmd, env=None):
     """(stdout, peak RSS in MiB) of a process that must succeed (wait4's rusage)."""
     with tempfile.TemporaryFile(mode="w+") as out, tempfile.TemporaryFile(mode="w+") as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err)
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
         _, status, ru = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -196,7 +215,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def daemon_sweep(a, model, threads, prompt):
+def daemon_sweep(a, model, threads, prompt, env):
     """{concurrency: images/s} of a daemon on loopback, `arserve bench` as the client."""
     port = free_port()
     log = tempfile.TemporaryFile()
@@ -205,7 +224,7 @@ def daemon_sweep(a, model, threads, prompt):
                           "--port", str(port), "--threads", str(threads),
                           "--max-running", str(top), "--max-waiting", str(4 * top),
                           "--kv-pool-mb", str(a.daemon_pool_mib)],
-                         stdout=log, stderr=subprocess.STDOUT)
+                         stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         url = "http://127.0.0.1:%d" % port
         for _ in range(300):
@@ -252,6 +271,9 @@ def main(argv=None):
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--daemon-requests", type=int, default=16)
     ap.add_argument("--daemon-pool-mib", type=int, default=2048)
+    ap.add_argument("--isa", default="",
+                    help="instruction sets, comma-separated (avx512, avx2: each side held to it "
+                         "by its environment); default the machine's best")
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cond", help=argparse.SUPPRESS)
@@ -262,72 +284,82 @@ def main(argv=None):
         a.model = a.model[0]
         return torch_worker(a)
     a.concurrency = [int(c) for c in a.concurrency.split(",")]
+    isas = a.isa.split(",") if a.isa else [""]
+    for isa in isas:
+        if isa and isa not in ISA_ENV:
+            ap.error("--isa %s: not one of %s" % (isa, ", ".join(ISA_ENV)))
     models = a.model or [os.path.join(ROOT, "models", "shapes")]
     results = []
-    for model in models:
-        for threads in (int(t) for t in a.threads.split(",")):
-            ref = reference(model)
-            prompt = ref.get("prompt", a.prompt) if ref else a.prompt
-            common = ["--model", model, "--batch", str(a.batch), "--images", str(a.images),
-                      "--reps", str(a.reps), "--threads", str(threads)]
-            runs = {"arserve": [], "torch": []}
-            roof, _ = run_rss([a.bin, "--json", "--measure", "roofline"] + common)
-            for r in range(a.rounds):
-                ours, rss = run_rss([a.bin, "--prompt", prompt, "--json", "--measure", "speed"] + common)
-                runs["arserve"].append((ours, rss))
-                # A class-conditional model's rows: class 0 and the null class.
-                cond = ours.get("cond", [0])
-                uncond = ours.get("uncond", [ours.get("num_classes", 0)])
-                theirs, trss = run_rss([sys.executable, os.path.abspath(__file__), "--torch-worker",
-                                        "--cond", json.dumps(cond),
-                                        "--uncond", json.dumps(uncond)] + common)
-                runs["torch"].append((theirs, trss))
-                print("  %s, %d thread(s), round %d: arserve %s, torch %s images/s" % (
-                    ours["model"], threads, r + 1,
-                    "/".join("%.2f" % b["images_per_s"] for b in ours["batches"]),
-                    "/".join("%.2f" % b["images_per_s"] for b in theirs["batches"])),
-                    file=sys.stderr, flush=True)
-            row = {"model": runs["arserve"][0][0]["model"], "threads": threads, "batches": [],
-                   "reference": ref["impl"] if ref else "JanusLM (tools/train)",
-                   "torch_sampling": runs["torch"][0][0]["sampling"],
-                   "kv_dtype": runs["arserve"][0][0]["kv_dtype"]}
-            for i, b in enumerate((1, a.batch)):
-                def med(side, key):
-                    return statistics.median(x[0]["batches"][i][key] for x in runs[side])
-                row["batches"].append({
-                    "batch": b,
-                    "arserve": {k: med("arserve", k) for k in ("images_per_s", "step_s", "decode_s")},
-                    "torch": {k: med("torch", k) for k in ("images_per_s", "step_s", "decode_s")}})
-            row["rss_mib"] = {side: max(x[1] for x in runs[side]) for side in runs}
-            row["read_gb_per_s"] = roof["read_bytes_per_s"] / 1e9
-            row["step_weight_mib"] = roof["step_weight_bytes"] / 2**20
-            row["fma_gflops"] = roof["fma_flops_per_s"] / 1e9
-            row["vector_isa"] = roof["vector_isa"]
-            for b in row["batches"]:  # the step's least time over its measured time
-                o = b["arserve"]
-                o["roofline"] = roof["step_weight_bytes"] / roof["read_bytes_per_s"] / o["step_s"]
-                # two rows an image (the CFG pair), a multiply-add per weight per row
-                flops = 2 * 2 * b["batch"] * roof["step_weight_elems"]
-                o["compute_roofline"] = (flops / roof["fma_flops_per_s"] / o["step_s"]
-                                         if roof["fma_flops_per_s"] else 0)
-            if a.arserve and not ref:  # the daemon sweep: text-prompted models of our own
-                row["daemon"] = daemon_sweep(a, model, threads, prompt)
-            results.append(row)
+    for model, threads, isa in ((m, int(t), i) for m in models for t in a.threads.split(",")
+                                for i in isas):
+        ours_env, torch_env = side_env(isa, "arserve"), side_env(isa, "torch")
+        ref = reference(model)
+        prompt = ref.get("prompt", a.prompt) if ref else a.prompt
+        common = ["--model", model, "--batch", str(a.batch), "--images", str(a.images),
+                  "--reps", str(a.reps), "--threads", str(threads)]
+        runs = {"arserve": [], "torch": []}
+        roof, _ = run_rss([a.bin, "--json", "--measure", "roofline"] + common, ours_env)
+        for r in range(a.rounds):
+            ours, rss = run_rss([a.bin, "--prompt", prompt, "--json", "--measure", "speed"] + common,
+                                ours_env)
+            runs["arserve"].append((ours, rss))
+            # A class-conditional model's rows: class 0 and the null class.
+            cond = ours.get("cond", [0])
+            uncond = ours.get("uncond", [ours.get("num_classes", 0)])
+            theirs, trss = run_rss([sys.executable, os.path.abspath(__file__), "--torch-worker",
+                                    "--cond", json.dumps(cond),
+                                    "--uncond", json.dumps(uncond)] + common, torch_env)
+            runs["torch"].append((theirs, trss))
+            print("  %s, %d thread(s), %s, round %d: arserve %s, torch %s images/s" % (
+                ours["model"], threads, roof["vector_isa"], r + 1,
+                "/".join("%.2f" % b["images_per_s"] for b in ours["batches"]),
+                "/".join("%.2f" % b["images_per_s"] for b in theirs["batches"])),
+                file=sys.stderr, flush=True)
+        row = {"model": runs["arserve"][0][0]["model"], "threads": threads, "batches": [],
+               "reference": ref["impl"] if ref else "JanusLM (tools/train)",
+               "torch_sampling": runs["torch"][0][0]["sampling"],
+               "kv_dtype": runs["arserve"][0][0]["kv_dtype"]}
+        for i, b in enumerate((1, a.batch)):
+            def med(side, key):
+                return statistics.median(x[0]["batches"][i][key] for x in runs[side])
+            row["batches"].append({
+                "batch": b,
+                "arserve": {k: med("arserve", k) for k in ("images_per_s", "step_s", "decode_s")},
+                "torch": {k: med("torch", k) for k in ("images_per_s", "step_s", "decode_s")}})
+        row["rss_mib"] = {side: max(x[1] for x in runs[side]) for side in runs}
+        row["read_gb_per_s"] = roof["read_bytes_per_s"] / 1e9
+        row["step_weight_mib"] = roof["step_weight_bytes"] / 2**20
+        row["fma_gflops"] = roof["fma_flops_per_s"] / 1e9
+        row["vector_isa"] = roof["vector_isa"]
+        for b in row["batches"]:  # the step's least time over its measured time
+            o = b["arserve"]
+            o["roofline"] = roof["step_weight_bytes"] / roof["read_bytes_per_s"] / o["step_s"]
+            # two rows an image (the CFG pair), a multiply-add per weight per row
+            flops = 2 * 2 * b["batch"] * roof["step_weight_elems"]
+            o["compute_roofline"] = (flops / roof["fma_flops_per_s"] / o["step_s"]
+                                     if roof["fma_flops_per_s"] else 0)
+        if a.arserve and not ref:  # the daemon sweep: text-prompted models of our own
+            row["daemon"] = daemon_sweep(a, model, threads, prompt, ours_env)
+        results.append(row)
 
-    print("%-12s %3s %5s  %9s %9s %6s  %8s %8s %6s  %7s %7s  %8s %8s" % (
-        "model", "thr", "batch", "arserve", "torch", "ratio", "step ms", "torch", "ratio",
-        "VQ ms", "torch", "roofline", "roofline"))
-    print("%-12s %3s %5s  %9s %9s %6s  %8s %8s %6s  %7s %7s  %8s %8s" % (
-        "", "", "", "images/s", "images/s", "", "arserve", "", "", "arserve", "", "memory",
-        "compute"))
+    # Each row says which machine made it: the instruction set arserve's kernels ran and
+    # the read bandwidth and FMA peak measured on its threads with that set.
+    head = "%-12s %3s %-8s %5s  %9s %9s %6s  %8s %8s %6s  %7s %7s  %8s %8s  %6s %7s"
+    print(head % ("model", "thr", "isa", "batch", "arserve", "torch", "ratio", "step ms", "torch",
+                  "ratio", "VQ ms", "torch", "roofline", "roofline", "read", "FMA"))
+    print(head % ("", "", "", "", "images/s", "images/s", "", "arserve", "", "", "arserve", "",
+                  "memory", "compute", "GB/s", "GFLOP/s"))
     for row in results:
         for b in row["batches"]:
             o, t = b["arserve"], b["torch"]
-            print("%-12s %3d %5d  %9.2f %9.2f %6s  %8.2f %8.2f %6s  %7.1f %7.1f  %7.0f%% %7.0f%%" % (
-                row["model"][:12], row["threads"], b["batch"], o["images_per_s"], t["images_per_s"],
-                fmt_ratio(o["images_per_s"], t["images_per_s"]), o["step_s"] * 1e3, t["step_s"] * 1e3,
-                fmt_ratio(t["step_s"], o["step_s"]), o["decode_s"] * 1e3, t["decode_s"] * 1e3,
-                100 * o["roofline"], 100 * o["compute_roofline"]))
+            print("%-12s %3d %-8s %5d  %9.2f %9.2f %6s  %8.2f %8.2f %6s  %7.1f %7.1f  %7.0f%% %7.0f%%"
+                  "  %6.1f %7.0f" % (
+                      row["model"][:12], row["threads"], row["vector_isa"], b["batch"],
+                      o["images_per_s"], t["images_per_s"],
+                      fmt_ratio(o["images_per_s"], t["images_per_s"]), o["step_s"] * 1e3,
+                      t["step_s"] * 1e3, fmt_ratio(t["step_s"], o["step_s"]), o["decode_s"] * 1e3,
+                      t["decode_s"] * 1e3, 100 * o["roofline"], 100 * o["compute_roofline"],
+                      row["read_gb_per_s"], row["fma_gflops"]))
     print()
     print("the torch side, the sampling both sides ran, and the KV cache arserve stored:")
     for model in dict.fromkeys(r["model"] for r in results):
@@ -339,19 +371,19 @@ def main(argv=None):
     print()
     print("peak RSS (MiB, the largest of the rounds), and the roofline's terms:")
     for row in results:
-        print("  %-12s %d thread(s): arserve %.0f, torch %.0f (%.2fx less); %.1f MiB of weights "
-              "per step, %.1f GB/s read, %.0f GFLOP/s %s FMA peak" % (
-                  row["model"][:12], row["threads"], row["rss_mib"]["arserve"], row["rss_mib"]["torch"],
+        print("  %-12s %d thread(s), %s: arserve %.0f, torch %.0f (%.2fx less); %.1f MiB of weights "
+              "per step, %.1f GB/s read, %.0f GFLOP/s FMA peak" % (
+                  row["model"][:12], row["threads"], row["vector_isa"], row["rss_mib"]["arserve"], row["rss_mib"]["torch"],
                   row["rss_mib"]["torch"] / row["rss_mib"]["arserve"], row["step_weight_mib"],
-                  row["read_gb_per_s"], row["fma_gflops"], row["vector_isa"]))
+                  row["read_gb_per_s"], row["fma_gflops"]))
     if any("daemon" in r for r in results):
         print()
         print("the daemon on loopback (arserve bench, a closed loop of C clients), images/s, and "
               "the ratio to the engine in-process (batch 1 for C=1, else batch %d):" % a.batch)
         for row in (r for r in results if "daemon" in r):
             inproc = [b["arserve"]["images_per_s"] for b in row["batches"]]
-            print("  %-12s %d thread(s): %s" % (
-                row["model"][:12], row["threads"],
+            print("  %-12s %d thread(s), %s: %s" % (
+                row["model"][:12], row["threads"], row["vector_isa"],
                 ", ".join("C=%d %.2f (%.2fx)" % (c, v, v / inproc[c > 1]) for c, v in row["daemon"].items())))
     if a.json:
         with open(a.json, "w") as f:
