@@ -23,31 +23,7 @@
 #define PACKED_NP_4 3
 #define PACKED_NP_2 3
 #define PACKED_NP_1 3
-#define WT float
-#define WLOAD VLOAD
-#define PACKED_W f32
-#include "gemm_packed_tiles.inc"
-#undef WT
-#undef WLOAD
-#undef PACKED_W
-#define WT uint16_t
-#define WLOAD VLOAD_BF16
-#define PACKED_W bf16
-#include "gemm_packed_tiles.inc"
-#undef WLOAD
-#undef PACKED_W
-#define WLOAD VLOAD_F16
-#define PACKED_W f16
-#include "gemm_packed_tiles.inc"
-#undef WT
-#undef WLOAD
-#undef PACKED_W
-#undef PACKED_ISA
-#undef PACKED_MR
-#undef PACKED_NP_MR
-#undef PACKED_NP_4
-#undef PACKED_NP_2
-#undef PACKED_NP_1
+#include "gemm_packed_types.inc"
 #include "vec_undef.inc"
 
 /* ---- AVX2 + FMA: 6 or 4 rows x 1 panel, 2 or 1 rows x 3 panels (up to 12
@@ -61,31 +37,7 @@
 #define PACKED_NP_4 1
 #define PACKED_NP_2 3
 #define PACKED_NP_1 3
-#define WT float
-#define WLOAD VLOAD
-#define PACKED_W f32
-#include "gemm_packed_tiles.inc"
-#undef WT
-#undef WLOAD
-#undef PACKED_W
-#define WT uint16_t
-#define WLOAD VLOAD_BF16
-#define PACKED_W bf16
-#include "gemm_packed_tiles.inc"
-#undef WLOAD
-#undef PACKED_W
-#define WLOAD VLOAD_F16
-#define PACKED_W f16
-#include "gemm_packed_tiles.inc"
-#undef WT
-#undef WLOAD
-#undef PACKED_W
-#undef PACKED_ISA
-#undef PACKED_MR
-#undef PACKED_NP_MR
-#undef PACKED_NP_4
-#undef PACKED_NP_2
-#undef PACKED_NP_1
+#include "gemm_packed_types.inc"
 #include "vec_undef.inc"
 
 /* ---- portable C: 6, 4, 2 or 1 rows x 1 panel ---- */
@@ -97,31 +49,7 @@
 #define PACKED_NP_4 1
 #define PACKED_NP_2 1
 #define PACKED_NP_1 1
-#define WT float
-#define WLOAD VLOAD
-#define PACKED_W f32
-#include "gemm_packed_tiles.inc"
-#undef WT
-#undef WLOAD
-#undef PACKED_W
-#define WT uint16_t
-#define WLOAD VLOAD_BF16
-#define PACKED_W bf16
-#include "gemm_packed_tiles.inc"
-#undef WLOAD
-#undef PACKED_W
-#define WLOAD VLOAD_F16
-#define PACKED_W f16
-#include "gemm_packed_tiles.inc"
-#undef WT
-#undef WLOAD
-#undef PACKED_W
-#undef PACKED_ISA
-#undef PACKED_MR
-#undef PACKED_NP_MR
-#undef PACKED_NP_4
-#undef PACKED_NP_2
-#undef PACKED_NP_1
+#include "gemm_packed_types.inc"
 #include "vec_undef.inc"
 
 /* ---- dispatch ---- */
