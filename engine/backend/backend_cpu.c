@@ -460,23 +460,32 @@ static void cpu_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view_
 }
 
 /* Floats of the per-thread buffer attention widens a chunk's K and V rows
- * into when the cache is not fp32. */
+ * into where it widens them (kv_widened). */
 static size_t kv_conv_floats(int head_dim) { return (size_t)2 * ATTN_CHUNK * (size_t)head_dim; }
+
+/* Attention widens a cache's rows into a buffer only for fp8 (its scale):
+ * the kernels read fp32, bf16 and fp16 rows where they lie. */
+static int kv_widened(const kv_blocks_t *pool) { return pool->dtype == DTYPE_F8_E4M3; }
+
+/* The type attention's kernels read pool's rows in. */
+static dtype_t kv_read_type(const kv_blocks_t *pool) {
+    return kv_widened(pool) ? DTYPE_F32 : pool->dtype;
+}
 
 /* The team for an attention op over pool: every thread's share of the
  * scratch panel must hold kv_conv_floats when rows are widened. */
 static int attn_team(const backend_t *be, const kv_blocks_t *pool) {
     int n = team(be);
-    if (pool->dtype != DTYPE_F32) {
+    if (kv_widened(pool)) {
         const int fit = (int)(SCRATCH_FLOATS / kv_conv_floats(pool->head_dim));
         n = n < fit ? n : fit;
     }
     return n > 0 ? n : 1;
 }
 
-/* The calling thread's widening buffer (NULL for an fp32 cache). */
+/* The calling thread's widening buffer (NULL where rows are not widened). */
 static float *kv_conv_buffer(const backend_t *be, const kv_blocks_t *pool) {
-    if (pool->dtype == DTYPE_F32)
+    if (!kv_widened(pool))
         return NULL;
     const size_t share = SCRATCH_FLOATS / (size_t)attn_team(be, pool);
     return (float *)((const cpu_impl_t *)be->impl)->scratch + (size_t)omp_get_thread_num() * share;
@@ -548,13 +557,6 @@ static void attend_chunk(float *acc, float *m, double *l, const float *q, const 
     chunk_axpys(acc, sc, v, kvt, n_typed, nj, head_dim);
 }
 
-/* The widening buffer raster attention reads pool's rows through: none
- * where the kernels widen them in registers (fp32, bf16, fp16), conv for
- * fp8 (its scale). */
-static float *raster_conv(const kv_blocks_t *pool, float *conv) {
-    return pool->dtype == DTYPE_F8_E4M3 ? conv : NULL;
-}
-
 /* One query row against its visible keys [0, n_keys): a softmax computed
  * online over chunks of ATTN_CHUNK keys (running max m, running sum l, the
  * output rescaled when m grows), so no buffer grows with the context.
@@ -563,7 +565,7 @@ static float *raster_conv(const kv_blocks_t *pool, float *conv) {
 static void attend_row(float *out, const float *q, const kv_blocks_t *pool, const kv_view_t *view,
                        int n_keys, float scale, float *conv) {
     const int head_dim = pool->head_dim;
-    const dtype_t kvt = conv ? DTYPE_F32 : pool->dtype;
+    const dtype_t kvt = kv_read_type(pool);
     float acc[MAX_HEAD_DIM], m = -INFINITY;
     const void *k[ATTN_CHUNK], *v[ATTN_CHUNK];
     double l = 0;
@@ -587,7 +589,7 @@ static void attend_row(float *out, const float *q, const kv_blocks_t *pool, cons
 static void attend_row_mass(float *out, float *mass, const float *q, const kv_blocks_t *pool,
                             const kv_view_t *view, int n_keys, float scale, float *conv) {
     const int head_dim = pool->head_dim;
-    const dtype_t kvt = conv ? DTYPE_F32 : pool->dtype;
+    const dtype_t kvt = kv_read_type(pool);
     float acc[MAX_HEAD_DIM], sc[ATTN_CHUNK];
     const void *k[ATTN_CHUNK], *v[ATTN_CHUNK];
     float m = -INFINITY;
@@ -646,7 +648,7 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
         const int s = i / n_heads, h = i % n_heads;
         const int n_new = q_start[s + 1] - q_start[s];
         float *mass = batch->mass ? batch->mass[i] : NULL;
-        float *conv = raster_conv(pool, kv_conv_buffer(be, pool));
+        float *conv = kv_conv_buffer(be, pool);
         for (int t = 0; t < n_new; t++) {
             const size_t r = (size_t)q_start[s] + (size_t)t;
             const size_t at = r * row + (size_t)h * head_dim;
@@ -660,7 +662,7 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
 }
 
 /* The keys of a scale's query row: the view's len rows of the paged
- * cache (of type kvt: the pool's, or fp32 widened into conv for fp8), then
+ * cache (of type kv_read_type: fp8 rows widened into conv), then
  * n_new dense fp32 rows (stride apart). Key j's K and V rows, by pointer. */
 typedef struct scale_keys {
     const kv_blocks_t *pool;
@@ -668,12 +670,11 @@ typedef struct scale_keys {
     int n_new;
     const float *k_new, *v_new;
     size_t stride;
-    float *conv; /* widening buffer for an fp8 cache, else NULL */
-    dtype_t kvt;
+    float *conv; /* kv_conv_buffer */
 } scale_keys_t;
 
 /* Pointers to keys [j0, j0 + nj) of sk; returns how many of them are the
- * cache's (of type sk->kvt; the rest are fp32). */
+ * cache's (of type kv_read_type; the rest are fp32). */
 static int scale_keys_at(const scale_keys_t *sk, int j0, int nj, const void **k, const void **v) {
     int j = 0;
     const int n_cached = sk->view->len;
@@ -703,7 +704,8 @@ static void attend_row_scale(float *out, float *mass, const float *q, const scal
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         const int n_cached = scale_keys_at(sk, j0, nj, k, v);
-        attend_chunk(acc, &m, &l, q, k, v, sk->kvt, n_cached, nj, head_dim, scale, NULL);
+        attend_chunk(acc, &m, &l, q, k, v, kv_read_type(sk->pool), n_cached, nj, head_dim, scale,
+                     NULL);
     }
     const float inv = (float)(1.0 / l);
     for (int d = 0; d < head_dim; d++)
@@ -714,7 +716,7 @@ static void attend_row_scale(float *out, float *mass, const float *q, const scal
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         float sc[ATTN_CHUNK];
         const int n_cached = scale_keys_at(sk, j0, nj, k, v);
-        chunk_dots(sc, q, k, sk->kvt, n_cached, nj, head_dim, scale);
+        chunk_dots(sc, q, k, kv_read_type(sk->pool), n_cached, nj, head_dim, scale);
         for (int j = 0; j < nj; j++)
             mass[j0 + j] += (float)(exp((double)sc[j] - m) / l);
     }
@@ -743,8 +745,7 @@ static void cpu_attention_scale(backend_t *be, float *out, const float *q, const
                                  k_new + (size_t)q_start[s] * row + (size_t)h * head_dim,
                                  v_new + (size_t)q_start[s] * row + (size_t)h * head_dim,
                                  row,
-                                 raster_conv(pool, kv_conv_buffer(be, pool)),
-                                 pool->dtype == DTYPE_F8_E4M3 ? DTYPE_F32 : pool->dtype};
+                                 kv_conv_buffer(be, pool)};
         float *mass = batch->mass ? batch->mass[i] : NULL;
         for (int r = q_start[s]; r < q_start[s + 1]; r++) {
             const size_t at = (size_t)r * row + (size_t)h * head_dim;
