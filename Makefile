@@ -160,7 +160,7 @@ VAR_MODEL  := models/shapes-var
 .PHONY: all deps test test-unit test-cli test-integration test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
         test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
-        format format-check info bench bench-kv bench-scale bench-serve bench-gemm help \
+        format format-check info bench bench-kv bench-scale bench-serve bench-gemm bench-conv help \
         playground-screenshot test-bench-smoke
 
 all: info $(BUILD)/arserve
@@ -190,6 +190,8 @@ help:
 	@echo "make bench-gemm       the Linear GEMM on packed weights against OpenBLAS and gemm_rows at"
 	@echo "                      1 to 576 rows, side by side, on each instruction set (AVX2 forced"
 	@echo "                      too), and the row counts where it wins on every shape"
+	@echo "make bench-conv       the 3x3 convolution, direct against Winograd, on the decoders' channel"
+	@echo "                      counts and image sides, on each instruction set, and the crossover"
 	@echo "make bench-serve      the serving sweep: arserve bench at Poisson rates against a daemon,"
 	@echo "                      full vs a compressed policy, the simulator checked, a plot"
 	@echo "                      (docs/capacity.md); ten minutes, not part of make test"
@@ -217,6 +219,10 @@ $(BUILD)/%.o: %.c
 # The SiLU loops vectorise only where a float comparison may be evaluated
 # for every lane: nothing here reads the floating-point exception flags.
 $(BUILD)/kernels/cpu/vec_math.o: CFLAGS += -fno-trapping-math
+
+# The Winograd transforms are loops over a panel's 16 tiles, which -O2's
+# cheap vectoriser leaves scalar.
+$(BUILD)/kernels/cpu/conv_winograd.o: CFLAGS += -O3
 
 # The playground page GET / serves, built into the binary: the assembler
 # includes server/playground.html (server/playground.S).
@@ -487,7 +493,7 @@ test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
 # itself, so that `make -n` does not run the script (it runs any recipe line
 # that names $(MAKE)).
 SMOKE_MAKE = $(MAKE)
-test-bench-smoke: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUILD)/gemm_bench \
+test-bench-smoke: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUILD)/gemm_bench $(BUILD)/conv_bench \
                   $(BUILD)/speed_bench-emu $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json \
                   $(VENV)/.stamp $(BENCH_CPU_VENV)/.stamp
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_sample_next.py
@@ -599,6 +605,9 @@ $(BUILD)/speed_bench-emu: bench/speed_bench.c $(BUILD)/cli/flags.o $(EMU)/backen
 $(BUILD)/gemm_bench: bench/gemm_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
 
+$(BUILD)/conv_bench: bench/conv_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(ENGINE_LIB) $(LDLIBS)
+
 # The CPU backend's Linear GEMM on packed weights (kernels/cpu/gemm_packed.c)
 # against OpenBLAS and gemm_rows at 1 to 576 rows on the served models'
 # Linear shapes, side by side, on every instruction set this machine runs
@@ -609,6 +618,16 @@ $(BUILD)/gemm_bench: bench/gemm_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 GEMM_BENCH_ARGS ?=
 bench-gemm: $(BUILD)/gemm_bench
 	$(BUILD)/gemm_bench $(GEMM_BENCH_ARGS)
+
+# The CPU backend's 3x3 convolution, direct against Winograd F(2x2, 3x3), on
+# the VQ decoders' channel counts and image sides, side by side, on every
+# instruction set this machine runs, and the channel count from which
+# Winograd wins (bench/conv_bench.c). CONV_BENCH_ARGS adds flags (--reps,
+# --min-ms, --isa, --max-side). Not part of `make test` (test-bench-smoke
+# runs it for seconds).
+CONV_BENCH_ARGS ?=
+bench-conv: $(BUILD)/conv_bench
+	$(BUILD)/conv_bench $(CONV_BENCH_ARGS)
 
 # Images/s of a next-scale model at batch 1 and SCALE_BENCH_BATCH, side by
 # side in one run (bench/speed_bench.c). Not part of `make test`
@@ -761,5 +780,5 @@ clean:
 include tests/fuzz/fuzz.mk
 
 -include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(BUILD)/leaky/arserve_leaky.d $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend/backend_cuda.d \
-         $(BUILD)/kv_bench.d $(BUILD)/speed_bench.d $(BUILD)/gemm_bench.d \
+         $(BUILD)/kv_bench.d $(BUILD)/speed_bench.d $(BUILD)/gemm_bench.d $(BUILD)/conv_bench.d \
          $(BUILD)/speed_bench-emu.d $(EMU)/backend_open.d

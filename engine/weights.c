@@ -73,10 +73,10 @@ static int check_finite(const weight_set_t *ws, const st_tensor_t *t, int file, 
 }
 
 /* Rows [row0, row0 + n_rows) along the first dimension (all of them when
- * n_rows < 0) into backend memory; a Linear weight (linear) in the
- * backend's own layout for it. */
+ * n_rows < 0) into backend memory; a weight of one op (use, not
+ * LAYOUT_PLAIN) in the backend's own layout for it. */
 static int load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_rows, int ndim,
-                     const int64_t *shape, int linear, ar_error_t *err, const char *name) {
+                     const int64_t *shape, tensor_layout_t use, ar_error_t *err, const char *name) {
     memset(out, 0, sizeof *out);
     const st_tensor_t *t;
     int file;
@@ -95,7 +95,8 @@ static int load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_ro
         return AR_ERR;
     if (ws->be->weight_load(ws->be, out, src, t->dtype, ndim, sub, err) != AR_OK)
         return ar_error_prefix(err, "%s: tensor '%s'", ws->files[file].path, name);
-    if (linear && ws->be->linear_prepare && ws->be->linear_prepare(ws->be, out, err) != AR_OK) {
+    if (use != LAYOUT_PLAIN && ws->be->weight_prepare &&
+        ws->be->weight_prepare(ws->be, out, use, err) != AR_OK) {
         ws->be->weight_free(ws->be, out);
         return ar_error_prefix(err, "%s: tensor '%s'", ws->files[file].path, name);
     }
@@ -104,34 +105,39 @@ static int load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_ro
 }
 
 /* The four loaders: load_rows with the name formatted. */
-#define LOAD_ROWS(row0, n_rows, linear)                                                            \
+#define LOAD_ROWS(row0, n_rows, use)                                                               \
     do {                                                                                           \
         char name[256];                                                                            \
         va_list ap;                                                                                \
         va_start(ap, fmt);                                                                         \
         vsnprintf(name, sizeof name, fmt, ap);                                                     \
         va_end(ap);                                                                                \
-        return load_rows(ws, out, row0, n_rows, ndim, shape, linear, err, name);                   \
+        return load_rows(ws, out, row0, n_rows, ndim, shape, use, err, name);                      \
     } while (0)
 
 int weight_load(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape, ar_error_t *err,
                 const char *fmt, ...) {
-    LOAD_ROWS(0, -1, 0);
+    LOAD_ROWS(0, -1, LAYOUT_PLAIN);
 }
 
 int weight_load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_rows, int ndim,
                      const int64_t *shape, ar_error_t *err, const char *fmt, ...) {
-    LOAD_ROWS(row0, n_rows, 0);
+    LOAD_ROWS(row0, n_rows, LAYOUT_PLAIN);
 }
 
 int weight_load_linear(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape,
                        ar_error_t *err, const char *fmt, ...) {
-    LOAD_ROWS(0, -1, 1);
+    LOAD_ROWS(0, -1, LAYOUT_LINEAR);
 }
 
 int weight_load_linear_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_rows, int ndim,
                             const int64_t *shape, ar_error_t *err, const char *fmt, ...) {
-    LOAD_ROWS(row0, n_rows, 1);
+    LOAD_ROWS(row0, n_rows, LAYOUT_LINEAR);
+}
+
+int weight_load_conv(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape,
+                     ar_error_t *err, const char *fmt, ...) {
+    LOAD_ROWS(0, -1, LAYOUT_CONV);
 }
 
 int weight_read_f32(weight_set_t *ws, float *host, int ndim, const int64_t *shape, ar_error_t *err,

@@ -39,12 +39,18 @@ int weight_load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_ro
 
 /* weight_load and weight_load_rows of a matrix used only as a Linear
  * weight (matmul's w): the backend may then store it in its own layout
- * (backend.h's linear_prepare), so no other op may read it. */
+ * (backend.h's weight_prepare), so no other op may read it. */
 int weight_load_linear(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape,
                        ar_error_t *err, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 int weight_load_linear_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_rows, int ndim,
                             const int64_t *shape, ar_error_t *err, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
+
+/* weight_load of a convolution's kernels, used only as conv2d's w: the
+ * backend may then store them in its own layout (backend.h's
+ * weight_prepare), so no other op may read them. */
+int weight_load_conv(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape,
+                     ar_error_t *err, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 /* The whole tensor as host fp32 in host (numel floats), for weights that
  * are transformed before use. */

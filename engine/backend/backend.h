@@ -26,14 +26,17 @@
 /* A weight in backend memory. shape[0] is the output dimension for
  * matrices (PyTorch Linear layout: [out, in]); conv weights are
  * [C_out, C_in, kh, kw]. */
+/* How a weight is stored in backend memory: as loaded (row-major, its
+ * shape's order), or in the backend's own layout for the one op that may
+ * read it after weight_prepare: matmul's (a Linear weight) or conv2d's. */
+typedef enum { LAYOUT_PLAIN = 0, LAYOUT_LINEAR, LAYOUT_CONV } tensor_layout_t;
+
 typedef struct tensor {
     void *data;
     dtype_t dtype; /* as stored in backend memory */
     int ndim;
-    int64_t shape[4];
-    /* 1 once linear_prepare stored it in the backend's own Linear layout:
-     * then only matmul reads it. */
-    int linear;
+    int64_t shape[4]; /* the logical shape, whatever the layout */
+    tensor_layout_t layout;
 } tensor_t;
 
 static inline int64_t tensor_numel(const tensor_t *t) {
@@ -122,15 +125,18 @@ struct backend {
     int (*weight_load)(backend_t *be, tensor_t *out, const void *host_src, dtype_t src_dtype,
                        int ndim, const int64_t *shape, ar_error_t *err);
     void (*weight_free)(backend_t *be, tensor_t *t);
-    /* Optional (NULL: matmul reads weights as loaded, as on CUDA). Says
-     * that the matrix w is from now on only matmul's weight, so that the
-     * backend may store it in the layout its matmul reads fastest (the
-     * CPU's panels, kernels/cpu/gemm_packed.h) and set w->linear; no other
-     * op may read it after. A backend that sets w->linear keeps matmul's
-     * rows over it independent: each row's bytes are the same whatever m
-     * (so a ragged batch's sequences may share one call). AR_ERR if out of
-     * memory (w unchanged). */
-    int (*linear_prepare)(backend_t *be, tensor_t *w, ar_error_t *err);
+    /* Optional (NULL: every op reads weights as loaded, as on CUDA). Says
+     * that w is from now on only the weight of one op, `use`: LAYOUT_LINEAR
+     * (matmul's w, a matrix) or LAYOUT_CONV (conv2d's w), so that the
+     * backend may store it in the layout that op reads fastest and set
+     * w->layout = use, or leave it as it is. No other op may read it after.
+     * The CPU stores Linear weights in gemm_packed.h's panels, and 3x3
+     * kernels of CONV_WINOGRAD_MIN_CHANNELS or more channels as Winograd's
+     * transformed kernels (kernels/cpu/conv_winograd.h). A backend that
+     * sets LAYOUT_LINEAR keeps matmul's rows over w independent: each
+     * row's bytes are the same whatever m (so a ragged batch's sequences
+     * may share one call). AR_ERR if out of memory (w unchanged). */
+    int (*weight_prepare)(backend_t *be, tensor_t *w, tensor_layout_t use, ar_error_t *err);
 
     /* y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when bias is not NULL), with
      * n = w->shape[0], k = w->shape[1]. */

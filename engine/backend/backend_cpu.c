@@ -6,6 +6,7 @@
  * everything else is plain loops;
  * all threading is OpenMP, where the work is large enough to pay. */
 #include "engine/backend/backend.h"
+#include "kernels/cpu/conv_winograd.h"
 #include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/gemm_rows.h"
 #include "kernels/cpu/vec_attn.h"
@@ -108,8 +109,8 @@ static void cpu_weight_free(backend_t *be, tensor_t *t) {
 
 /* A matrix from now on only matmul's weight: repacked in gemm_packed's
  * panels, in its own type. */
-static int cpu_linear_prepare(backend_t *be, tensor_t *w, ar_error_t *err) {
-    assert(w->ndim == 2 && !w->linear);
+static int linear_pack(backend_t *be, tensor_t *w, ar_error_t *err) {
+    assert(w->ndim == 2);
     assert(w->shape[0] <= INT32_MAX && w->shape[1] <= INT32_MAX);
     const int n = (int)w->shape[0], k = (int)w->shape[1];
     const size_t bytes = gemm_packed_elems(n, k) * dtype_size(w->dtype);
@@ -120,8 +121,46 @@ static int cpu_linear_prepare(backend_t *be, tensor_t *w, ar_error_t *err) {
     gemm_packed_pack(packed, w->data, w->dtype, n, k, k);
     free(w->data);
     w->data = packed;
-    w->linear = 1;
+    w->layout = LAYOUT_LINEAR;
     return AR_OK;
+}
+
+/* 3x3 convolutions with at least this many input and output channels run
+ * as Winograd F(2x2, 3x3): 16 multiplies a tile where the direct
+ * convolution makes 36, for transforms that cost additions per channel
+ * rather than per channel pair (the crossover: `make bench-gemm`'s conv
+ * table). Their kernels take 16/9 of the memory. */
+#define CONV_WINOGRAD_MIN_CHANNELS 32
+
+/* Kernels from now on only conv2d's weight: 3x3 ones wide enough are
+ * stored transformed (conv_winograd.h), in fp32 as every conv weight is
+ * here; the rest stay as loaded. */
+static int conv_transform(backend_t *be, tensor_t *w, ar_error_t *err) {
+    assert(w->ndim == 4 && w->dtype == DTYPE_F32);
+    const int64_t c_out = w->shape[0], c_in = w->shape[1];
+    if (w->shape[2] != 3 || w->shape[3] != 3 || c_out < CONV_WINOGRAD_MIN_CHANNELS ||
+        c_in < CONV_WINOGRAD_MIN_CHANNELS)
+        return AR_OK;
+    assert(c_out <= INT32_MAX && c_in <= INT32_MAX);
+    const size_t bytes = winograd_weight_floats((int)c_out, (int)c_in) * sizeof(float);
+    float *u = cpu_alloc(be, bytes);
+    if (!u)
+        return ar_errorf(err,
+                         "out of memory transforming a 3x3 convolution's kernels [%lld, %lld] "
+                         "(%zu bytes)",
+                         (long long)c_out, (long long)c_in, bytes);
+    winograd_weights(u, w->data, (int)c_out, (int)c_in);
+    free(w->data);
+    w->data = u;
+    w->layout = LAYOUT_CONV;
+    return AR_OK;
+}
+
+static int cpu_weight_prepare(backend_t *be, tensor_t *w, tensor_layout_t use, ar_error_t *err) {
+    assert(w->layout == LAYOUT_PLAIN);
+    return use == LAYOUT_LINEAR ? linear_pack(be, w, err)
+           : use == LAYOUT_CONV ? conv_transform(be, w, err)
+                                : AR_OK;
 }
 
 /* ---- linear algebra ---------------------------------------------------- */
@@ -214,7 +253,7 @@ static void matmul_16bit(const backend_t *be, float *y, const float *x, const te
     }
 }
 
-/* y += x w^T for a packed weight (cpu_linear_prepare), on the team: each
+/* y += x w^T for a packed weight (linear_pack), on the team: each
  * thread a slice of n's panels, or of m's rows where n has too few panels
  * for every thread. The sums are the same bytes whatever the split
  * (gemm_packed.h). */
@@ -258,7 +297,7 @@ static void cpu_matmul(backend_t *be, float *y, const float *x, const tensor_t *
         else
             memset(y + (size_t)r * n, 0, (size_t)n * sizeof(float));
     }
-    if (k > 0 && w->linear)
+    if (k > 0 && w->layout == LAYOUT_LINEAR)
         matmul_packed(be, y, x, w, m, n, k);
     else if (k > 0 && w->dtype == DTYPE_F32)
         gemm(be, m, n, k, x, k, w->data, k, 1, y, n);
@@ -965,7 +1004,7 @@ static void cpu_softmax(backend_t *be, float *x, int rows, int cols) {
 /* Like torch F.normalize: x / max(||x||_2, 1e-12), the norm summed in double. */
 static void cpu_embedding(backend_t *be, float *out, const tensor_t *table, const int *ids, int n,
                           int l2_normalize) {
-    assert(table->ndim == 2 && !table->linear && n >= 0);
+    assert(table->ndim == 2 && table->layout == LAYOUT_PLAIN && n >= 0);
     const size_t dim = (size_t)table->shape[1], esize = dtype_size(table->dtype);
     for (int i = 0; i < n; i++) {
         assert(ids[i] >= 0 && ids[i] < table->shape[0]);
@@ -1042,11 +1081,49 @@ static void im2col_panels(float *bp, const float *in, int c_in, int h, int w, in
 #define CONV_TILE_PANELS 6
 #define CONV_TILE_BUDGET_FLOATS ((size_t)1 << 16)
 
+/* conv2d over transformed kernels (conv_transform): the output's tiles go
+ * in blocks to the team, each thread transforming, multiplying and
+ * transforming back its blocks in its share of the scratch. Blocks are cut
+ * evenly for the team in whole panels (a 24 x 24 image has 144 tiles) and
+ * made smaller where the team's shares would not fit the scratch. */
+static void conv2d_winograd(backend_t *be, float *out, const float *in, const tensor_t *w,
+                            const float *bias, int c_in, int h, int w_, int pad) {
+    const int c_out = (int)w->shape[0];
+    const int ho = h + 2 * pad - 2, wo = w_ + 2 * pad - 2;
+    const int64_t tiles = winograd_tiles(ho, wo);
+    int nt = (int64_t)c_out * c_in * ho * wo * 9 >= GEMM_PAR_MIN_WORK ? team(be) : 1;
+    int64_t per = (tiles + nt - 1) / nt;
+    per = (per + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL;
+    int block = per < WINOGRAD_BLOCK_TILES ? (int)per : WINOGRAD_BLOCK_TILES;
+    while (block > GEMM_PANEL &&
+           (size_t)nt * winograd_scratch_floats(c_in, c_out, block) > SCRATCH_FLOATS)
+        block -= GEMM_PANEL;
+    const size_t share = winograd_scratch_floats(c_in, c_out, block);
+    assert(share <= SCRATCH_FLOATS);
+    if ((size_t)nt * share > SCRATCH_FLOATS)
+        nt = (int)(SCRATCH_FLOATS / share);
+    const int64_t n_blocks = (tiles + block - 1) / block;
+    if (nt > n_blocks)
+        nt = (int)n_blocks;
+    float *scratch = ((cpu_impl_t *)be->impl)->scratch;
+#pragma omp parallel num_threads(nt)
+    {
+        float *mine = scratch + (size_t)omp_get_thread_num() * share;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < n_blocks; b++) {
+            const int64_t t0 = b * block;
+            const int n = (int)(tiles - t0 < block ? tiles - t0 : block);
+            winograd_conv3x3(out, in, w->data, bias, c_in, c_out, h, w_, pad, t0, n, mine);
+        }
+    }
+}
+
 /* out[co, p] = bias[co] + sum over (ci, ky, kx) of w[co, ci, ky, kx] *
  * in[ci, shifted p]. The output pixels go in tiles to the team; each
  * thread packs its tile's im2col panels in its share of the scratch and
  * multiplies them at once (gemm_packed, on the output started at the
- * bias), while they are in its cache. */
+ * bias), while they are in its cache. Transformed kernels go to
+ * conv2d_winograd instead. */
 static void cpu_conv2d(backend_t *be, float *out, const float *in, const tensor_t *w,
                        const tensor_t *bias, int c_in, int h, int w_, int pad) {
     assert(w->dtype == DTYPE_F32 && w->ndim == 4 && w->shape[1] == c_in);
@@ -1061,6 +1138,11 @@ static void cpu_conv2d(backend_t *be, float *out, const float *in, const tensor_
         return;
     const int kk = c_in * k * k;
     const float *b = bias ? bias->data : NULL;
+    if (w->layout == LAYOUT_CONV) {
+        assert(k == 3 && c_in > 0);
+        conv2d_winograd(be, out, in, w, b, c_in, h, w_, pad);
+        return;
+    }
     if (kk == 0) {
         for (int co = 0; co < c_out; co++)
             for (int64_t p = 0; p < npix; p++)
@@ -1292,7 +1374,7 @@ backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
     be->sync = cpu_sync;
     be->weight_load = cpu_weight_load;
     be->weight_free = cpu_weight_free;
-    be->linear_prepare = cpu_linear_prepare;
+    be->weight_prepare = cpu_weight_prepare;
     be->matmul = cpu_matmul;
     be->rmsnorm = cpu_rmsnorm;
     be->rope = cpu_rope;

@@ -17,7 +17,7 @@ enum { ADALN_GAMMA1, ADALN_GAMMA2, ADALN_SCALE1, ADALN_SCALE2, ADALN_SHIFT1, ADA
 /* y = x w^T + b over every sequence's rows, one GEMM per sequence: a GEMM's
  * rounding depends on how many rows it has (OpenBLAS and cuBLAS pick their
  * kernels and tiles by shape); one GEMM for all where w is a prepared Linear
- * weight (w->linear), whose rows the backend keeps independent. */
+ * weight (w->layout == LAYOUT_LINEAR), whose rows the backend keeps independent. */
 void seq_rows_matmul(backend_t *be, float *y, const float *x, const tensor_t *w, const tensor_t *b,
                      const int *q_start, int n_seq);
 

@@ -12,7 +12,7 @@
 
 static int load_conv(weight_set_t *ws, tensor_t *w, tensor_t *b, int c_out, int c_in, int k,
                      ar_error_t *err, const char *name) {
-    return weight_load(ws, w, SHAPE4(c_out, c_in, k, k), err, "%s.weight", name) ||
+    return weight_load_conv(ws, w, SHAPE4(c_out, c_in, k, k), err, "%s.weight", name) ||
                    weight_load(ws, b, SHAPE1(c_out), err, "%s.bias", name)
                ? AR_ERR
                : AR_OK;

@@ -8,6 +8,7 @@
 #   make bench-kv     the tiny model, one prompt per category, one pool fill
 #   make bench-scale  the tiny next-scale model at batch 2
 #   make bench-gemm   one alternation of 1 ms per timing, each instruction set
+#   make bench-conv   one alternation of 1 ms per timing, images up to 24 pixels
 #   make bench-serve  the tiny model at two Poisson rates of 4 requests
 #   make eval         the demo model on six prompts
 # Outputs go to a temporary folder, not to build/ or docs/. Each make is
@@ -139,6 +140,23 @@ if run gemm bench-gemm GEMM_BENCH_ARGS="--reps 1 --min-ms 1"; then
     fi
 else
     fail "make bench-gemm runs" "$(tail -30 "$tmp/gemm.out")"
+fi
+
+# make bench-conv: per instruction set, a row per channel count and image side
+# with both sides' times and a difference within Winograd's rounding, and the
+# crossover line.
+if run conv bench-conv CONV_BENCH_ARGS="--reps 1 --min-ms 1 --max-side 24"; then
+    isas=$(grep -c '^kernels: \(avx512\|avx2\), one thread; ' "$tmp/conv.out")
+    rows=$(awk '$1 ~ /^[0-9]+$/ && NF == 6 && $3 > 0 && $4 > 0 && $6 + 0 < 1e-4' "$tmp/conv.out" | wc -l)
+    crossings=$(grep -c '^crossover: Winograd is ' "$tmp/conv.out")
+    if [ "$isas" -ge 1 ] && [ "$rows" = $((isas * 16)) ] && [ "$crossings" = "$isas" ]; then
+        ok "make bench-conv: $isas instruction set(s) x 8 channel counts x 2 sides, both timed, outputs agreeing, the crossover ($secs s)"
+    else
+        fail "make bench-conv: per instruction set 8 channel counts x 2 sides and the crossover" \
+            "$isas instruction sets, $rows rows, $crossings crossovers: $(tail -20 "$tmp/conv.out")"
+    fi
+else
+    fail "make bench-conv runs" "$(tail -30 "$tmp/conv.out")"
 fi
 
 # make bench-serve: the three policies' sweeps completed every request, the

@@ -371,7 +371,7 @@ static void test_matmul_16bit_weights(void) {
 /* ---- transformer ops ----------------------------------------------------------- */
 
 /* Tolerance 1e-5 abs + 1e-5 rel; rows scaled up to 1e3 and down to 1e-3. */
-/* A model's Linear weights (linear_prepare: packed in panels): matmul
+/* A model's Linear weights (weight_prepare: packed in panels): matmul
  * within fp32 GEMM error of a double reference with and without bias, in
  * fp32, bf16 and fp16, on shapes that split over threads by columns and by
  * rows (one panel); the same bytes on one thread and on two, and each row
@@ -408,9 +408,10 @@ static void test_matmul_linear_weights(void) {
                 CHECK(e->weight_load(e, &tw[t], dt == DTYPE_F32 ? (const void *)w : h, dt, 2, shape,
                                      &err) == AR_OK);
                 CHECK(e->weight_load(e, &tb[t], b, DTYPE_F32, 1, bshape, &err) == AR_OK);
-                CHECK(!tw[t].linear);
-                CHECK_MSG(e->linear_prepare(e, &tw[t], &err) == AR_OK, "%s", err.msg);
-                CHECK(tw[t].linear && tw[t].dtype == dt && tw[t].shape[0] == n);
+                CHECK(tw[t].layout == LAYOUT_PLAIN);
+                CHECK_MSG(e->weight_prepare(e, &tw[t], LAYOUT_LINEAR, &err) == AR_OK, "%s",
+                          err.msg);
+                CHECK(tw[t].layout == LAYOUT_LINEAR && tw[t].dtype == dt && tw[t].shape[0] == n);
                 y[t] = malloc(sizeof(float) * ((size_t)m * n + 1));
                 y[t][(size_t)m * n] = 1e30f; /* past the end: never written */
                 e->matmul(e, y[t], x, &tw[t], &tb[t], m);
@@ -1190,13 +1191,19 @@ static void test_embedding_with_and_without_l2(void) {
 
 /* ---- image ops ----------------------------------------------------------------- */
 
-/* Tolerance as matmul, with k = c_in * kernel^2. */
+/* Tolerance as matmul, with k = c_in * kernel^2. Each case runs on the
+ * kernels as loaded and on the kernels weight_prepare made conv2d's own:
+ * 3x3 ones of CONV_WINOGRAD_MIN_CHANNELS (32) or more channels in and out
+ * become Winograd's transformed kernels, the rest stay as they are. */
 static void test_conv2d_kernels_pads_and_slices(void) {
-    /* c_in, c_out, h, w, kernel, pad. The last two are split over threads;
-     * the very last needs two im2col slices, the second starting mid-row. */
-    const int cases[][6] = {{5, 3, 7, 11, 1, 0}, {4, 6, 9, 13, 3, 1},    {3, 2, 8, 5, 3, 0},
-                            {2, 3, 6, 4, 1, 1},  {3, 4, 1, 1, 3, 1},     {1, 1, 1, 1, 1, 0},
-                            {3, 2, 6, 7, 5, 2},  {64, 33, 40, 41, 1, 0}, {128, 3, 64, 61, 3, 1}};
+    /* c_in, c_out, h, w, kernel, pad. The last three are split over threads;
+     * the third from last needs two im2col slices, the second starting
+     * mid-row; the last two run as Winograd when prepared (both widths 31
+     * and 33 over 2x2 tiles leave a half tile). */
+    const int cases[][7] = {{5, 3, 7, 11, 1, 0},    {4, 6, 9, 13, 3, 1},    {3, 2, 8, 5, 3, 0},
+                            {2, 3, 6, 4, 1, 1},     {3, 4, 1, 1, 3, 1},     {1, 1, 1, 1, 1, 0},
+                            {3, 2, 6, 7, 5, 2},     {64, 33, 40, 41, 1, 0}, {128, 3, 64, 61, 3, 1},
+                            {32, 48, 29, 31, 3, 1}, {40, 32, 35, 31, 3, 2}, {31, 64, 9, 9, 3, 1}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         const int ci = cases[c][0], co = cases[c][1], h = cases[c][2], w = cases[c][3];
         const int k = cases[c][4], pad = cases[c][5];
@@ -1205,6 +1212,11 @@ static void test_conv2d_kernels_pads_and_slices(void) {
         float *in = host_uniform(n_in, -1, 1), *wt = host_uniform((size_t)co * ci * k * k, -1, 1);
         float *b = host_uniform((size_t)co, -1, 1);
         tensor_t tw = weight_f32(wt, 4, co, ci, k, k), tb = weight_f32(b, 1, co, 1, 1, 1);
+        tensor_t tp = weight_f32(wt, 4, co, ci, k, k);
+        ar_error_t err = {{0}};
+        CHECK_MSG(be->weight_prepare(be, &tp, LAYOUT_CONV, &err) == AR_OK, "%s", err.msg);
+        CHECK_MSG(tp.layout == (k == 3 && ci >= 32 && co >= 32 ? LAYOUT_CONV : LAYOUT_PLAIN),
+                  "case %zu: layout %d", c, (int)tp.layout);
         float *din = dev_from(in, n_in);
         for (int with_bias = 0; with_bias < 2; with_bias++) {
             double *ref = ref_new(n_out);
@@ -1222,18 +1234,22 @@ static void test_conv2d_kernels_pads_and_slices(void) {
                                 }
                         ref[((size_t)o * ho + y) * wo + x] = s;
                     }
-            float *dout = dev_new(n_out);
-            be->conv2d(be, dout, din, &tw, with_bias ? &tb : NULL, ci, h, w, pad);
-            char what[96];
-            snprintf(what, sizeof what, "conv2d %dx%dx%d k=%d pad=%d bias=%d", ci, h, w, k, pad,
-                     with_bias);
-            check_dev(what, dout, ref, n_out, 1e-6 + 2e-7 * ci * k * k, 1e-5);
-            CHECK(dev_guards_ok(din, n_in));
-            dev_del(dout);
+            for (int prepared = 0; prepared < 2; prepared++) {
+                float *dout = dev_new(n_out);
+                be->conv2d(be, dout, din, prepared ? &tp : &tw, with_bias ? &tb : NULL, ci, h, w,
+                           pad);
+                char what[96];
+                snprintf(what, sizeof what, "conv2d %dx%dx%d k=%d pad=%d bias=%d%s", ci, h, w, k,
+                         pad, with_bias, tp.layout == LAYOUT_CONV && prepared ? " winograd" : "");
+                check_dev(what, dout, ref, n_out, 1e-6 + 2e-7 * ci * k * k, 1e-5);
+                CHECK(dev_guards_ok(din, n_in));
+                dev_del(dout);
+            }
             free(ref);
         }
         dev_del(din);
         be->weight_free(be, &tw);
+        be->weight_free(be, &tp);
         be->weight_free(be, &tb);
         free(in);
         free(wt);
@@ -2027,12 +2043,13 @@ static void test_results_independent_of_thread_count(void) {
     CHECK_MSG(one && two, "backend_cpu_create: %s", err.msg);
     if (!one || !two)
         return;
-    enum { H = 4, D = 32, L = 700, C = 64, HW = 40 * 40, ROWS = C * HW / (H * D), OPS = 6 };
+    enum { H = 4, D = 32, L = 700, C = 64, HW = 40 * 40, ROWS = C * HW / (H * D), OPS = 8 };
     enum { BT = 16, NB = (L + BT - 1) / BT };
     const int q_start[2] = {0, 200}, kv_len[H] = {L, L - 100, 300, 200};
     const size_t nq = 200 * H * D, nx = (size_t)C * HW;
     float *q = host_uniform(nq, -1, 1), *x = host_uniform(nx, -3, 3);
     float *kv[H], *g = host_uniform(HW, 0.5f, 1.5f), *b = host_uniform(C, -1, 1);
+    float *k3 = host_uniform((size_t)C * C * 9, -0.1f, 0.1f);
     for (int h = 0; h < H; h++)
         kv[h] = host_uniform((size_t)L * D, -1, 1);
     /* The CPU backend's memory is host memory: one pool, head h in blocks
@@ -2055,8 +2072,9 @@ static void test_results_independent_of_thread_count(void) {
     int pos[ROWS];
     for (int r = 0; r < ROWS; r++)
         pos[r] = 7 * r;
-    static const char *names[OPS] = {"attention", "groupnorm", "softmax+gelu",
-                                     "rmsnorm",   "rope",      "attention with mass"};
+    static const char *names[OPS] = {
+        "attention", "groupnorm",           "softmax+gelu", "rmsnorm",
+        "rope",      "attention with mass", "conv2d",       "conv2d over Winograd"};
     float *res[2][OPS];
     backend_t *bes[2] = {one, two};
     for (int t = 0; t < 2; t++) {
@@ -2081,6 +2099,16 @@ static void test_results_independent_of_thread_count(void) {
         bk->gelu(bk, res[t][2], nx);
         bk->rmsnorm(bk, res[t][3], x, &tw, C, HW, 1e-6f);
         bk->rope(bk, res[t][4], pos, ROWS, H, D, 10000.0f);
+        tensor_t tk[2];
+        const int64_t shape_k[4] = {C, C, 3, 3};
+        for (int p = 0; p < 2; p++) {
+            CHECK(bk->weight_load(bk, &tk[p], k3, DTYPE_F32, 4, shape_k, &err) == AR_OK);
+            if (p)
+                CHECK(bk->weight_prepare(bk, &tk[p], LAYOUT_CONV, &err) == AR_OK &&
+                      tk[p].layout == LAYOUT_CONV);
+            bk->conv2d(bk, res[t][6 + p], x, &tk[p], &tb, C, 40, 40, 1);
+            bk->weight_free(bk, &tk[p]);
+        }
         bk->weight_free(bk, &tg);
         bk->weight_free(bk, &tb);
         bk->weight_free(bk, &tw);
@@ -2103,6 +2131,7 @@ static void test_results_independent_of_thread_count(void) {
     free(x);
     free(g);
     free(b);
+    free(k3);
     one->destroy(one);
     two->destroy(two);
 }

@@ -1,0 +1,179 @@
+/* Winograd F(2x2, 3x3) convolution over gemm_packed (conv_winograd.h). With
+ * B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; .5 .5 .5;
+ * .5 -.5 .5; 0 0 1] and A^T = [1 1 1 0; 0 1 -1 -1]: a tile's patch d is
+ * transformed as V = B^T d B (additions only), multiplied element-wise by
+ * U = G g G^T and summed over the input channels (the GEMMs), and the sum
+ * M turned back into the 2x2 outputs by A^T M A. */
+#include "kernels/cpu/conv_winograd.h"
+
+#include <assert.h>
+#include <string.h>
+
+#include "kernels/cpu/gemm_packed.h"
+
+size_t winograd_weight_floats(int c_out, int c_in) {
+    return (size_t)WINOGRAD_POS * (size_t)c_out * (size_t)c_in;
+}
+
+void winograd_weights(float *u, const float *w, int c_out, int c_in) {
+    const size_t plane = (size_t)c_out * c_in;
+    for (int co = 0; co < c_out; co++)
+        for (int ci = 0; ci < c_in; ci++) {
+            const float *g = w + ((size_t)co * c_in + ci) * 9;
+            float gg[4][3]; /* G g: rows of G times the kernel's columns */
+            for (int c = 0; c < 3; c++) {
+                const float g0 = g[c], g1 = g[3 + c], g2 = g[6 + c];
+                gg[0][c] = g0;
+                gg[1][c] = 0.5f * (g0 + g1 + g2);
+                gg[2][c] = 0.5f * (g0 - g1 + g2);
+                gg[3][c] = g2;
+            }
+            for (int r = 0; r < 4; r++) { /* (G g) G^T */
+                const float a = gg[r][0], b = gg[r][1], c = gg[r][2];
+                const float row[4] = {a, 0.5f * (a + b + c), 0.5f * (a - b + c), c};
+                for (int s = 0; s < 4; s++)
+                    u[(size_t)(4 * r + s) * plane + (size_t)co * c_in + ci] = row[s];
+            }
+        }
+}
+
+int64_t winograd_tiles(int ho, int wo) { return (int64_t)((ho + 1) / 2) * ((wo + 1) / 2); }
+
+/* Tiles rounded up to whole panels: the width of a block's GEMMs. */
+static int padded(int n) { return (n + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL; }
+
+size_t winograd_scratch_floats(int c_in, int c_out, int n) {
+    return (size_t)WINOGRAD_POS * ((size_t)c_in + (size_t)c_out) * (size_t)padded(n);
+}
+
+/* Input columns the patches of a panel's tiles in one row span. */
+#define SEG (2 * GEMM_PANEL + 2)
+
+/* seg[a][s] = plane(iy0 + a, ix0 + s), 0 outside the image. */
+static void read_rows(float seg[4][SEG], const float *plane, int h, int w, int iy0, int ix0) {
+    for (int a = 0; a < 4; a++) {
+        const int iy = iy0 + a;
+        if (iy < 0 || iy >= h) {
+            memset(seg[a], 0, sizeof seg[a]);
+            continue;
+        }
+        const float *row = plane + (size_t)iy * w;
+        if (ix0 >= 0 && ix0 + SEG <= w) {
+            memcpy(seg[a], row + ix0, sizeof seg[a]);
+            continue;
+        }
+        const int lo = ix0 < 0 ? -ix0 : 0, hi = w - ix0 < SEG ? w - ix0 : SEG;
+        memset(seg[a], 0, sizeof seg[a]);
+        if (hi > lo)
+            memcpy(seg[a] + lo, row + ix0 + lo, (size_t)(hi - lo) * sizeof(float));
+    }
+}
+
+/* V = B^T d B of the patches of tiles j0 .. j0 + len - 1 of a panel, in one
+ * row (tile j0 + i's at seg columns 2i .. 2i + 3): position pos of tile j
+ * at v[pos * v_pos + j]. */
+static void transform_patches(float *v, size_t v_pos, float seg[4][SEG], int j0, int len) {
+    float t[4][4][GEMM_PANEL]; /* B^T d */
+    for (int b = 0; b < 4; b++)
+        for (int i = 0; i < len; i++) {
+            const float d0 = seg[0][2 * i + b], d1 = seg[1][2 * i + b];
+            const float d2 = seg[2][2 * i + b], d3 = seg[3][2 * i + b];
+            t[0][b][i] = d0 - d2;
+            t[1][b][i] = d1 + d2;
+            t[2][b][i] = d2 - d1;
+            t[3][b][i] = d1 - d3;
+        }
+    for (int r = 0; r < 4; r++) { /* (B^T d) B */
+        float *o = v + (size_t)(4 * r) * v_pos + j0;
+        for (int i = 0; i < len; i++) {
+            const float x0 = t[r][0][i], x1 = t[r][1][i], x2 = t[r][2][i], x3 = t[r][3][i];
+            o[i] = x0 - x2;
+            o[v_pos + i] = x1 + x2;
+            o[2 * v_pos + i] = x2 - x1;
+            o[3 * v_pos + i] = x1 - x3;
+        }
+    }
+}
+
+/* Output rows oy, oy + 1 (those < ho) of plane, columns from ox (those <
+ * wo), from the sums M of len tiles in one row (position pos of the i-th
+ * at m[pos * m_pos + i]): b0 + A^T M A. */
+static void transform_sums(float *plane, int ho, int wo, int oy, int ox, const float *m,
+                           size_t m_pos, int len, float b0) {
+    float s[4][2][GEMM_PANEL]; /* M A */
+    for (int r = 0; r < 4; r++) {
+        const float *x = m + (size_t)(4 * r) * m_pos;
+        for (int i = 0; i < len; i++) {
+            const float x0 = x[i], x1 = x[m_pos + i], x2 = x[2 * m_pos + i], x3 = x[3 * m_pos + i];
+            s[r][0][i] = x0 + x1 + x2;
+            s[r][1][i] = x1 - x2 - x3;
+        }
+    }
+    float row[2][2 * GEMM_PANEL]; /* A^T (M A), interleaved as the image's columns */
+    for (int dx = 0; dx < 2; dx++)
+        for (int i = 0; i < len; i++) {
+            row[0][2 * i + dx] = b0 + (s[0][dx][i] + s[1][dx][i] + s[2][dx][i]);
+            row[1][2 * i + dx] = b0 + (s[1][dx][i] - s[2][dx][i] - s[3][dx][i]);
+        }
+    const int cols = wo - ox < 2 * len ? wo - ox : 2 * len;
+    for (int dy = 0; dy < 2 && oy + dy < ho; dy++)
+        memcpy(plane + (size_t)(oy + dy) * wo + ox, row[dy], (size_t)cols * sizeof(float));
+}
+
+/* The runs of tiles [t, end) that lie in one row of a tile grid tw wide:
+ * the next one's row ty, column tx and length. */
+static int next_run(int64_t t, int64_t end, int tw, int *ty, int *tx) {
+    *ty = (int)(t / tw);
+    *tx = (int)(t % tw);
+    return (int)(end - t < tw - *tx ? end - t : tw - *tx);
+}
+
+void winograd_conv3x3(float *out, const float *in, const float *u, const float *bias, int c_in,
+                      int c_out, int h, int w, int pad, int64_t t0, int n, float *scratch) {
+    const int ho = h + 2 * pad - 2, wo = w + 2 * pad - 2, tw = (wo + 1) / 2;
+    assert(ho > 0 && wo > 0 && n > 0 && t0 + n <= winograd_tiles(ho, wo));
+    const int np = padded(n);
+    const size_t v_pos = (size_t)c_in * np, m_pos = (size_t)c_out * np,
+                 u_pos = (size_t)c_out * c_in;
+    float *v = scratch, *m = scratch + WINOGRAD_POS * v_pos;
+
+    /* The patches, transformed: panel q's channel ci at v + (q * c_in + ci) * 16, tiles
+     * past n 0. A channel's panels lie next to each other in its rows: read them in turn;
+     * a panel's tiles that lie in one row are read as runs of its input rows. */
+    if (np > n)
+        for (int pos = 0; pos < WINOGRAD_POS; pos++)
+            for (int ci = 0; ci < c_in; ci++)
+                memset(v + pos * v_pos + ((size_t)(np / GEMM_PANEL - 1) * c_in + ci) * GEMM_PANEL +
+                           n % GEMM_PANEL,
+                       0, (size_t)(np - n) * sizeof(float));
+    for (int ci = 0; ci < c_in; ci++)
+        for (int q = 0; q * GEMM_PANEL < n; q++) {
+            const int64_t first = t0 + q * GEMM_PANEL;
+            const int64_t end =
+                first + (n - q * GEMM_PANEL < GEMM_PANEL ? n - q * GEMM_PANEL : GEMM_PANEL);
+            float *vq = v + ((size_t)q * c_in + ci) * GEMM_PANEL;
+            for (int64_t t = first; t < end;) {
+                int ty, tx;
+                const int len = next_run(t, end, tw, &ty, &tx);
+                float seg[4][SEG];
+                read_rows(seg, in + (size_t)ci * h * w, h, w, 2 * ty - pad, 2 * tx - pad);
+                transform_patches(vq, v_pos, seg, (int)(t - first), len);
+                t += len;
+            }
+        }
+    /* M[pos] = U[pos] V[pos], summed over the channels. */
+    memset(m, 0, WINOGRAD_POS * m_pos * sizeof(float));
+    for (int pos = 0; pos < WINOGRAD_POS; pos++)
+        gemm_packed(c_out, n, c_in, u + pos * u_pos, c_in, v + pos * v_pos, DTYPE_F32,
+                    m + pos * m_pos, np);
+    /* The outputs. */
+    for (int co = 0; co < c_out; co++)
+        for (int64_t t = t0; t < t0 + n;) {
+            int ty, tx;
+            const int64_t end = (t - t0) / GEMM_PANEL * GEMM_PANEL + GEMM_PANEL + t0;
+            const int len = next_run(t, end < t0 + n ? end : t0 + n, tw, &ty, &tx);
+            transform_sums(out + (size_t)co * ho * wo, ho, wo, 2 * ty, 2 * tx,
+                           m + (size_t)co * np + (t - t0), m_pos, len, bias ? bias[co] : 0.0f);
+            t += len;
+        }
+}
