@@ -1081,6 +1081,15 @@ static void im2col_panels(float *bp, const float *in, int c_in, int h, int w, in
 #define CONV_TILE_PANELS 6
 #define CONV_TILE_BUDGET_FLOATS ((size_t)1 << 16)
 
+/* Threads of a team of nt that each take a share of `share` floats of the
+ * scratch: as many as fit, and no more than the items they split. */
+static int scratch_team(int nt, size_t share, int64_t items) {
+    assert(share <= SCRATCH_FLOATS);
+    if ((size_t)nt * share > SCRATCH_FLOATS)
+        nt = (int)(SCRATCH_FLOATS / share);
+    return nt > items ? (int)items : nt;
+}
+
 /* conv2d over transformed kernels (conv_transform): the output's tiles go
  * in blocks to the team, each thread transforming, multiplying and
  * transforming back its blocks in its share of the scratch. Blocks are cut
@@ -1099,12 +1108,8 @@ static void conv2d_winograd(backend_t *be, float *out, const float *in, const te
            (size_t)nt * winograd_scratch_floats(c_in, c_out, block) > SCRATCH_FLOATS)
         block -= GEMM_PANEL;
     const size_t share = winograd_scratch_floats(c_in, c_out, block);
-    assert(share <= SCRATCH_FLOATS);
-    if ((size_t)nt * share > SCRATCH_FLOATS)
-        nt = (int)(SCRATCH_FLOATS / share);
     const int64_t n_blocks = (tiles + block - 1) / block;
-    if (nt > n_blocks)
-        nt = (int)n_blocks;
+    nt = scratch_team(nt, share, n_blocks);
     float *scratch = ((cpu_impl_t *)be->impl)->scratch;
 #pragma omp parallel num_threads(nt)
     {
@@ -1158,12 +1163,8 @@ static void cpu_conv2d(backend_t *be, float *out, const float *in, const tensor_
     const int64_t n_tiles = (npix + tile_pix - 1) / tile_pix;
     /* Each thread's share of the scratch holds one tile. */
     const size_t tile_floats = (size_t)tile_panels * panel_floats;
-    assert(tile_floats <= SCRATCH_FLOATS);
-    int nt = (int64_t)c_out * npix * kk >= GEMM_PAR_MIN_WORK ? team(be) : 1;
-    if ((size_t)nt * tile_floats > SCRATCH_FLOATS)
-        nt = (int)(SCRATCH_FLOATS / tile_floats);
-    if (nt > n_tiles)
-        nt = (int)n_tiles;
+    const int nt = scratch_team((int64_t)c_out * npix * kk >= GEMM_PAR_MIN_WORK ? team(be) : 1,
+                                tile_floats, n_tiles);
     float *scratch = ((cpu_impl_t *)be->impl)->scratch;
 #pragma omp parallel num_threads(nt)
     {
