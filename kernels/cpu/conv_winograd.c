@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kernels/cpu/gemm_packed.h"
+#include "kernels/cpu/vec_isa.h"
 
 size_t winograd_weight_floats(int c_out, int c_in) {
     return (size_t)WINOGRAD_POS * (size_t)c_out * (size_t)c_in;
@@ -69,56 +70,40 @@ static void read_rows(float seg[4][SEG], const float *plane, int h, int w, int i
     }
 }
 
-/* V = B^T d B of the patches of tiles j0 .. j0 + len - 1 of a panel, in one
- * row (tile j0 + i's at seg columns 2i .. 2i + 3): position pos of tile j
- * at v[pos * v_pos + j]. */
-static void transform_patches(float *v, size_t v_pos, float seg[4][SEG], int j0, int len) {
-    float t[4][4][GEMM_PANEL]; /* B^T d */
-    for (int b = 0; b < 4; b++)
-        for (int i = 0; i < len; i++) {
-            const float d0 = seg[0][2 * i + b], d1 = seg[1][2 * i + b];
-            const float d2 = seg[2][2 * i + b], d3 = seg[3][2 * i + b];
-            t[0][b][i] = d0 - d2;
-            t[1][b][i] = d1 + d2;
-            t[2][b][i] = d2 - d1;
-            t[3][b][i] = d1 - d3;
-        }
-    for (int r = 0; r < 4; r++) { /* (B^T d) B */
-        float *o = v + (size_t)(4 * r) * v_pos + j0;
-        for (int i = 0; i < len; i++) {
-            const float x0 = t[r][0][i], x1 = t[r][1][i], x2 = t[r][2][i], x3 = t[r][3][i];
-            o[i] = x0 - x2;
-            o[v_pos + i] = x1 + x2;
-            o[2 * v_pos + i] = x2 - x1;
-            o[3 * v_pos + i] = x1 - x3;
-        }
-    }
-}
+#define WINO_CAT(name, isa) name##_##isa
+#define WINO_NAME(name, isa) WINO_CAT(name, isa)
+#define WINO_FN(name) WINO_NAME(name, WINO_ISA)
 
-/* Output rows oy, oy + 1 (those < ho) of plane, columns from ox (those <
- * wo), from the sums M of len tiles in one row (position pos of the i-th
- * at m[pos * m_pos + i]): b0 + A^T M A. */
-static void transform_sums(float *plane, int ho, int wo, int oy, int ox, const float *m,
-                           size_t m_pos, int len, float b0) {
-    float s[4][2][GEMM_PANEL]; /* M A */
-    for (int r = 0; r < 4; r++) {
-        const float *x = m + (size_t)(4 * r) * m_pos;
-        for (int i = 0; i < len; i++) {
-            const float x0 = x[i], x1 = x[m_pos + i], x2 = x[2 * m_pos + i], x3 = x[3 * m_pos + i];
-            s[r][0][i] = x0 + x1 + x2;
-            s[r][1][i] = x1 - x2 - x3;
-        }
-    }
-    float row[2][2 * GEMM_PANEL]; /* A^T (M A), interleaved as the image's columns */
-    for (int dx = 0; dx < 2; dx++)
-        for (int i = 0; i < len; i++) {
-            row[0][2 * i + dx] = b0 + (s[0][dx][i] + s[1][dx][i] + s[2][dx][i]);
-            row[1][2 * i + dx] = b0 + (s[1][dx][i] - s[2][dx][i] - s[3][dx][i]);
-        }
-    const int cols = wo - ox < 2 * len ? wo - ox : 2 * len;
-    for (int dy = 0; dy < 2 && oy + dy < ho; dy++)
-        memcpy(plane + (size_t)(oy + dy) * wo + ox, row[dy], (size_t)cols * sizeof(float));
-}
+#include "vec_avx512.inc"
+#define WINO_ISA avx512
+#include "conv_winograd_kernel.inc"
+#undef WINO_ISA
+#include "vec_undef.inc"
+
+#include "vec_avx2.inc"
+#define WINO_ISA avx2
+#include "conv_winograd_kernel.inc"
+#undef WINO_ISA
+#include "vec_undef.inc"
+
+#include "vec_portable.inc"
+#define WINO_ISA portable
+#include "conv_winograd_kernel.inc"
+#undef WINO_ISA
+#include "vec_undef.inc"
+
+/* An instruction set's transforms. */
+typedef struct transforms {
+    void (*patches)(float *v, size_t v_pos, float seg[4][SEG], int j0, int len);
+    void (*sums)(float *plane, int ho, int wo, int oy, int ox, const float *m, size_t m_pos,
+                 int len, float b0);
+} transforms_t;
+
+static const transforms_t TRANSFORMS[VEC_N_ISA] = {
+    [VEC_AVX512] = {transform_patches_avx512, transform_sums_avx512},
+    [VEC_AVX2] = {transform_patches_avx2, transform_sums_avx2},
+    [VEC_PORTABLE] = {transform_patches_portable, transform_sums_portable},
+};
 
 /* The runs of tiles [t, end) that lie in one row of a tile grid tw wide:
  * the next one's row ty, column tx and length. */
@@ -136,6 +121,7 @@ void winograd_conv3x3(float *out, const float *in, const float *u, const float *
     const size_t v_pos = (size_t)c_in * np, m_pos = (size_t)c_out * np,
                  u_pos = (size_t)c_out * c_in;
     float *v = scratch, *m = scratch + WINOGRAD_POS * v_pos;
+    const transforms_t *tf = &TRANSFORMS[vec_isa()];
 
     /* The patches, transformed: panel q's channel ci at v + (q * c_in + ci) * 16, tiles
      * past n 0. A channel's panels lie next to each other in its rows: read them in turn;
@@ -157,7 +143,7 @@ void winograd_conv3x3(float *out, const float *in, const float *u, const float *
                 const int len = next_run(t, end, tw, &ty, &tx);
                 float seg[4][SEG];
                 read_rows(seg, in + (size_t)ci * h * w, h, w, 2 * ty - pad, 2 * tx - pad);
-                transform_patches(vq, v_pos, seg, (int)(t - first), len);
+                tf->patches(vq, v_pos, seg, (int)(t - first), len);
                 t += len;
             }
         }
@@ -172,8 +158,8 @@ void winograd_conv3x3(float *out, const float *in, const float *u, const float *
             int ty, tx;
             const int64_t end = (t - t0) / GEMM_PANEL * GEMM_PANEL + GEMM_PANEL + t0;
             const int len = next_run(t, end < t0 + n ? end : t0 + n, tw, &ty, &tx);
-            transform_sums(out + (size_t)co * ho * wo, ho, wo, 2 * ty, 2 * tx,
-                           m + (size_t)co * np + (t - t0), m_pos, len, bias ? bias[co] : 0.0f);
+            tf->sums(out + (size_t)co * ho * wo, ho, wo, 2 * ty, 2 * tx,
+                     m + (size_t)co * np + (t - t0), m_pos, len, bias ? bias[co] : 0.0f);
             t += len;
         }
 }
