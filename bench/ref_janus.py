@@ -227,21 +227,22 @@ class Reference:
         return ((x.permute(0, 2, 3, 1) + 1) / 2 * 255).clamp(0, 255).to(torch.uint8)
 
 
-def load(model_dir: str, ref: dict, threads: int, device: str = "cpu"):
+def load(model_dir: str, ref: dict, threads: int, device: str = "cpu", dtype=None):
     """(lm, decode, arserve.json) for bench/speed_bench.py's torch worker (and
-    bench/gpu_bench.py's, on `device`)."""
+    bench/gpu_bench.py's, on `device`), in `dtype` (None: the checkpoint's bfloat16)."""
     import torch
     from transformers import JanusForConditionalGeneration
 
+    dtype = dtype or torch.bfloat16
     torch.set_num_threads(threads)
     with open(os.path.join(model_dir, "arserve.json")) as f:
         cfg = json.load(f)
     path = os.path.join(model_dir, ref["checkpoint"])
     try:  # straight onto the device; transformers versions that need accelerate for it refuse
         model = JanusForConditionalGeneration.from_pretrained(
-            path, dtype=torch.bfloat16, device_map=None if device == "cpu" else device)
+            path, dtype=dtype, device_map=None if device == "cpu" else device)
     except (ImportError, ValueError):
-        model = JanusForConditionalGeneration.from_pretrained(path, dtype=torch.bfloat16)
+        model = JanusForConditionalGeneration.from_pretrained(path, dtype=dtype)
     model = model.to(device).eval()
     r = Reference(model, cfg["sampling"], device)
     return r, r.decode, cfg

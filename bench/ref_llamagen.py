@@ -240,10 +240,11 @@ class OfficialLM:
         return out[:, self.gpt.cls_token_num - 1:]
 
 
-def load(model_dir, ref=None, threads=None, src=None):
-    """(lm, decode, cfg) for the model directory build() wrote: the official GPT (bf16) and
-    VQModel from ref's files (ref: reference.json's dict, read from model_dir if None), cfg the
-    parsed arserve.json. threads: torch's intra-op threads (None: torch's default)."""
+def load(model_dir, ref=None, threads=None, src=None, dtype=None):
+    """(lm, decode, cfg) for the model directory build() wrote: the official GPT (in
+    reference.json's precision, bf16 by default, or `dtype`) and VQModel from ref's files (ref:
+    reference.json's dict, read from model_dir if None), cfg the parsed arserve.json. threads:
+    torch's intra-op threads (None: torch's default)."""
     o = official(src)
     torch = o.torch
     if threads:
@@ -267,8 +268,8 @@ def load(model_dir, ref=None, threads=None, src=None):
         sd.pop("freqs_cis", None)  # recomputed by the model, as sample_c2i.py ignores it
         return sd
 
-    precision = {"none": torch.float32, "bf16": torch.bfloat16,
-                 "fp16": torch.float16}[ref.get("precision", "bf16")]
+    precision = dtype or {"none": torch.float32, "bf16": torch.bfloat16,
+                          "fp16": torch.float16}[ref.get("precision", "bf16")]
     gpt = o.gpt.Transformer(o.gpt.ModelArgs(**ref["gpt_args"])).to(dtype=precision)
     gpt.load_state_dict(state("gpt"))
     gpt.eval()

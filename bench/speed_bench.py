@@ -114,6 +114,27 @@ def reference_load(ref):
     raise SystemExit("speed_bench.py: unknown reference implementation %r" % ref["impl"])
 
 
+# The dtype each reference implementation runs in by default (JanusLM: fp32).
+REFERENCE_DTYPE = {"transformers-janus": "bfloat16", "llamagen": "bfloat16"}
+
+
+def reference_dtype(ref, choice):
+    """The torch dtype name a reference runs in under --torch-dtype `choice`: its own
+    (REFERENCE_DTYPE, or reference.json's precision) for "model"; float32 for "float32"; for
+    "auto" its own where torch runs AVX-512 kernels, else float32: without AVX-512, torch's
+    bf16 matmuls and convolutions fall to slow paths (a Janus-Pro-shaped decoder took more
+    than 150 s an image with torch limited to AVX2, 4.2 s in float32), so float32 is what a
+    user of such a machine would run."""
+    import torch
+
+    own = REFERENCE_DTYPE[ref["impl"]]
+    if ref["impl"] == "llamagen":
+        own = {"none": "float32", "bf16": "bfloat16", "fp16": "float16"}[ref.get("precision", "bf16")]
+    if choice == "float32" or (choice == "auto" and torch.backends.cpu.get_cpu_capability() != "AVX512"):
+        return "float32"
+    return own
+
+
 def torch_worker(a):
     import torch
 
@@ -121,7 +142,11 @@ def torch_worker(a):
     torch.set_num_interop_threads(1)
     ref = reference(a.model)
     cond, uncond = json.loads(a.cond), json.loads(a.uncond)
-    lm, decode, cfg = reference_load(ref)(a.model, ref, a.threads) if ref else torch_models(a.model)
+    dtype = reference_dtype(ref, a.torch_dtype) if ref else "float32"
+    if ref:
+        lm, decode, cfg = reference_load(ref)(a.model, ref, a.threads, dtype=getattr(torch, dtype))
+    else:
+        lm, decode, cfg = torch_models(a.model)
     s = cfg["sampling"]
     # JanusLM samples with the model's top-k and top-p as the engine does (lm_model.py's
     # sample_next); the references read them from arserve.json themselves.
@@ -155,7 +180,7 @@ def torch_worker(a):
                      "decode_s": statistics.median(t[2] for t in took[b])})
     used = {"cfg": s["cfg"], "temperature": s["temperature"], "top_k": s.get("top_k", 0),
             "top_p": s.get("top_p", 1.0)}
-    print(json.dumps({"batches": rows, "sampling": used}))
+    print(json.dumps({"batches": rows, "sampling": used, "dtype": dtype}))
 
 
 def self_check(lm, cond, uncond, cfg_w):
@@ -274,6 +299,10 @@ def main(argv=None):
     ap.add_argument("--isa", default="",
                     help="instruction sets, comma-separated (avx512, avx2: each side held to it "
                          "by its environment); default the machine's best")
+    ap.add_argument("--torch-dtype", choices=("auto", "model", "float32"), default="auto",
+                    help="the dtype of a reference implementation's torch side (reference.json's "
+                         "models): its own (model), float32, or auto: its own where torch runs "
+                         "AVX-512 kernels, float32 elsewhere (default auto)")
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cond", help=argparse.SUPPRESS)
@@ -307,7 +336,7 @@ def main(argv=None):
             cond = ours.get("cond", [0])
             uncond = ours.get("uncond", [ours.get("num_classes", 0)])
             theirs, trss = run_rss([sys.executable, os.path.abspath(__file__), "--torch-worker",
-                                    "--cond", json.dumps(cond),
+                                    "--torch-dtype", a.torch_dtype, "--cond", json.dumps(cond),
                                     "--uncond", json.dumps(uncond)] + common, torch_env)
             runs["torch"].append((theirs, trss))
             print("  %s, %d thread(s), %s, round %d: arserve %s, torch %s images/s" % (
@@ -318,6 +347,7 @@ def main(argv=None):
         row = {"model": runs["arserve"][0][0]["model"], "threads": threads, "batches": [],
                "reference": ref["impl"] if ref else "JanusLM (tools/train)",
                "torch_sampling": runs["torch"][0][0]["sampling"],
+               "torch_dtype": runs["torch"][0][0]["dtype"],
                "kv_dtype": runs["arserve"][0][0]["kv_dtype"]}
         for i, b in enumerate((1, a.batch)):
             def med(side, key):
@@ -361,12 +391,16 @@ def main(argv=None):
                       t["decode_s"] * 1e3, 100 * o["roofline"], 100 * o["compute_roofline"],
                       row["read_gb_per_s"], row["fma_gflops"]))
     print()
-    print("the torch side, the sampling both sides ran, and the KV cache arserve stored:")
+    print("the torch side (and its dtype on each instruction set), the sampling both sides ran,"
+          " and the KV cache arserve stored:")
     for model in dict.fromkeys(r["model"] for r in results):
-        row = next(r for r in results if r["model"] == model)
-        print("  %-12s %s; cfg %g, temperature %g, top-k %d, top-p %g; arserve's KV %s" % (
-            model[:12], row["reference"], *(row["torch_sampling"][k] for k in
-                                              ("cfg", "temperature", "top_k", "top_p")),
+        rows = [r for r in results if r["model"] == model]
+        row = rows[0]
+        dtypes = ", ".join(dict.fromkeys("%s on %s" % (r["torch_dtype"], r["vector_isa"])
+                                         for r in rows))
+        print("  %-12s %s (%s); cfg %g, temperature %g, top-k %d, top-p %g; arserve's KV %s" % (
+            model[:12], row["reference"], dtypes, *(row["torch_sampling"][k] for k in
+                                                    ("cfg", "temperature", "top_k", "top_p")),
             row["kv_dtype"]))
     print()
     print("peak RSS (MiB, the largest of the rounds), and the roofline's terms:")

@@ -72,7 +72,9 @@ for batch in (1, 2):
     assert re.search(r"^shapes +1 +(avx512|avx2|portable) +%d +%s +%s +%sx +%s +%s .* %s +[0-9]+$"
                      % (batch, num, num, num, num, num, num), table, re.M), \
         "no table row for batch %d" % batch
-assert re.search(r"^  shapes +JanusLM \(tools/train\); cfg [0-9.]+, temperature [0-9.]+, "
+assert r["torch_dtype"] == "float32", r["torch_dtype"]  # JanusLM: the demo model's fp32
+assert re.search(r"^  shapes +JanusLM \(tools/train\) \(float32 on (avx2|portable)\); cfg [0-9.]+, "
+                 r"temperature [0-9.]+, "
                  r"top-k %d, top-p [0-9.]+;" % want["top_k"], table, re.M), "no sampling line"
 assert re.search(r"^  shapes +1 thread\(s\), (avx512|avx2|portable): C=1 %s \(" % num, table,
                  re.M), "no daemon line"
