@@ -8,7 +8,7 @@
  * compared. Prints per instruction set, channels and size the two times, Winograd's speedup and the
  * largest difference between the two outputs; then the crossover: the fewest channels from which
  * Winograd is faster at every size and channel count measured (what the backend's
- * CONV_WINOGRAD_MIN_CHANNELS is set from).
+ * CONV_WINOGRAD_MIN_CHANNELS is chosen from).
  *
  *   build/conv_bench [--reps N] [--min-ms N] [--isa NAME] [--max-side N] */
 #include <math.h>

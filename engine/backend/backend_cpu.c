@@ -128,8 +128,10 @@ static int linear_pack(backend_t *be, tensor_t *w, ar_error_t *err) {
 /* 3x3 convolutions with at least this many input and output channels run
  * as Winograd F(2x2, 3x3): 16 multiplies a tile where the direct
  * convolution makes 36, for transforms that cost additions per channel
- * rather than per channel pair (the crossover: `make bench-gemm`'s conv
- * table). Their kernels take 16/9 of the memory. */
+ * rather than per channel pair. `make bench-conv` puts the crossover at 16
+ * channels on AVX2 and AVX-512, but at 16 the AVX-512 margin is within
+ * run-to-run noise (1.00x to 1.08x at 48 pixels): 32 leaves a margin. Their
+ * kernels take 16/9 of the memory. */
 #define CONV_WINOGRAD_MIN_CHANNELS 32
 
 /* Kernels from now on only conv2d's weight: 3x3 ones wide enough are
