@@ -17,6 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import speed_bench  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_tests  # noqa: E402
+
 JANUS = {"impl": "transformers-janus"}
 LLAMAGEN_BF16 = {"impl": "llamagen"}
 LLAMAGEN_FP32 = {"impl": "llamagen", "precision": "none"}
@@ -56,21 +59,5 @@ def test_auto_keeps_the_own_dtype_where_torch_runs_avx512():
     assert in_child({}, "auto") == ["bfloat16", "bfloat16", "float32"]
 
 
-def main():
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_")]
-    passed = failed = 0
-    for name, f in tests:
-        try:
-            f()
-        except Exception as e:  # noqa: BLE001 (a crash is a failure too)
-            failed += 1
-            print("not ok  %s\n  %r" % (name, e))
-        else:
-            passed += 1
-            print("ok      %s" % name)
-    print("%d passed, %d failed" % (passed, failed))
-    return failed != 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench_tests.run(globals()))

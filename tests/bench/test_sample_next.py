@@ -17,6 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 from lm_model import sample_next  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_tests  # noqa: E402
+
 ROWS = 20000
 
 
@@ -95,21 +98,5 @@ def test_temperature_comes_before_top_p():
     assert draws([0.7, 0.2, 0.1], temperature=0.5, top_p=0.75) == [ROWS, 0, 0]
 
 
-def main():
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_")]
-    passed = failed = 0
-    for name, f in tests:
-        try:
-            f()
-        except Exception as e:  # noqa: BLE001 (a crash is a failure too)
-            failed += 1
-            print("not ok  %s\n  %r" % (name, e))
-        else:
-            passed += 1
-            print("ok      %s" % name)
-    print("%d passed, %d failed" % (passed, failed))
-    return failed != 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench_tests.run(globals()))
