@@ -185,6 +185,11 @@ class Reference:
     def __init__(self, model, sampling, device="cpu"):
         self.model, self.sampling, self.device = model, sampling, device
 
+    @property
+    def dtype(self):
+        """The torch dtype the model runs in."""
+        return self.model.dtype
+
     def generate(self, cond, uncond, batch, cfg_w, temperature, gen, times=None, **extra):
         """[batch, N] image tokens; `extra` goes to transformers' generate as it is."""
         import torch

@@ -192,6 +192,11 @@ class OfficialLM:
     def __init__(self, o, gpt, sampling, n_tokens):
         self.o, self.gpt, self.sampling, self.n_tokens = o, gpt, sampling, n_tokens
 
+    @property
+    def dtype(self):
+        """The torch dtype the GPT runs in."""
+        return next(self.gpt.parameters()).dtype
+
     def _label(self, cond, uncond):
         if len(cond) != 1 or not 0 <= cond[0] < self.gpt.num_classes:
             raise ValueError("cond %r: one class in [0, %d)" % (cond, self.gpt.num_classes))

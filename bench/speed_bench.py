@@ -114,25 +114,18 @@ def reference_load(ref):
     raise SystemExit("speed_bench.py: unknown reference implementation %r" % ref["impl"])
 
 
-# The dtype each reference implementation runs in by default (JanusLM: fp32).
-REFERENCE_DTYPE = {"transformers-janus": "bfloat16", "llamagen": "bfloat16"}
-
-
-def reference_dtype(ref, choice):
-    """The torch dtype name a reference runs in under --torch-dtype `choice`: its own
-    (REFERENCE_DTYPE, or reference.json's precision) for "model"; float32 for "float32"; for
-    "auto" its own where torch runs AVX-512 kernels, else float32: without AVX-512, torch's
-    bf16 matmuls and convolutions fall to slow paths (a Janus-Pro-shaped decoder took more
-    than 150 s an image with torch limited to AVX2, 4.2 s in float32), so float32 is what a
-    user of such a machine would run."""
+def reference_in_float32(choice):
+    """Whether a reference implementation's torch side runs in float32 under --torch-dtype
+    `choice` rather than in its own dtype (the one its loader picks: bf16 for transformers'
+    Janus, reference.json's precision for LlamaGen): always for "float32", never for "model",
+    and for "auto" where torch does not run AVX-512 kernels: there its bf16 matmuls and
+    convolutions fall to slow paths (a Janus-Pro-shaped decoder took more than 150 s an image
+    with torch limited to AVX2, 4.2 s in float32), so float32 is what a user of such a
+    machine would run."""
     import torch
 
-    own = REFERENCE_DTYPE[ref["impl"]]
-    if ref["impl"] == "llamagen":
-        own = {"none": "float32", "bf16": "bfloat16", "fp16": "float16"}[ref.get("precision", "bf16")]
-    if choice == "float32" or (choice == "auto" and torch.backends.cpu.get_cpu_capability() != "AVX512"):
-        return "float32"
-    return own
+    return choice == "float32" or (choice == "auto"
+                                   and torch.backends.cpu.get_cpu_capability() != "AVX512")
 
 
 def torch_worker(a):
@@ -142,11 +135,13 @@ def torch_worker(a):
     torch.set_num_interop_threads(1)
     ref = reference(a.model)
     cond, uncond = json.loads(a.cond), json.loads(a.uncond)
-    dtype = reference_dtype(ref, a.torch_dtype) if ref else "float32"
     if ref:
-        lm, decode, cfg = reference_load(ref)(a.model, ref, a.threads, dtype=getattr(torch, dtype))
+        dtype = torch.float32 if reference_in_float32(a.torch_dtype) else None
+        lm, decode, cfg = reference_load(ref)(a.model, ref, a.threads, dtype=dtype)
+        dtype = str(lm.dtype).replace("torch.", "")
     else:
         lm, decode, cfg = torch_models(a.model)
+        dtype = "float32"
     s = cfg["sampling"]
     # JanusLM samples with the model's top-k and top-p as the engine does (lm_model.py's
     # sample_next); the references read them from arserve.json themselves.
