@@ -23,14 +23,14 @@
 #include "base/dtype.h"
 #include "base/status.h"
 
-/* A weight in backend memory. shape[0] is the output dimension for
- * matrices (PyTorch Linear layout: [out, in]); conv weights are
- * [C_out, C_in, kh, kw]. */
 /* How a weight is stored in backend memory: as loaded (row-major, its
  * shape's order), or in the backend's own layout for the one op that may
  * read it after weight_prepare: matmul's (a Linear weight) or conv2d's. */
 typedef enum { LAYOUT_PLAIN = 0, LAYOUT_LINEAR, LAYOUT_CONV } tensor_layout_t;
 
+/* A weight in backend memory. shape[0] is the output dimension for
+ * matrices (PyTorch Linear layout: [out, in]); conv weights are
+ * [C_out, C_in, kh, kw]. */
 typedef struct tensor {
     void *data;
     dtype_t dtype; /* as stored in backend memory */
