@@ -80,17 +80,6 @@ typedef struct bench {
 } bench_t;
 
 /* sum += b - a, the counts only. */
-static void counts_add(backend_stats_t *sum, const backend_stats_t *b, const backend_stats_t *a) {
-    sum->launches += b->launches - a->launches;
-    sum->h2d_copies += b->h2d_copies - a->h2d_copies;
-    sum->h2d_bytes += b->h2d_bytes - a->h2d_bytes;
-    sum->d2h_copies += b->d2h_copies - a->d2h_copies;
-    sum->d2h_bytes += b->d2h_bytes - a->d2h_bytes;
-    sum->d2d_copies += b->d2d_copies - a->d2d_copies;
-    sum->d2d_bytes += b->d2d_bytes - a->d2d_bytes;
-    sum->syncs += b->syncs - a->syncs;
-}
-
 static void note(double *v, int *n, int cap, double s) {
     if (*n < cap)
         v[(*n)++] = s;
@@ -138,7 +127,7 @@ static double run_waves(bench_t *b, int batch, int images) {
             note(b->step_s, &b->n_step, b->cap_step, clock_now_s() - s0);
             if (b->has_stats) {
                 backend_stats(b->be, &c1);
-                counts_add(&b->step_counts, &c1, &c0);
+                backend_stats_add(&b->step_counts, &c1, &c0);
                 b->counted_steps++;
             }
         }
@@ -526,10 +515,10 @@ static double report_row(const args_t *a, int size, timing_t *t, const roofline_
             printf(", %.0f%% of the memory roofline, %.0f%% of the compute roofline", 100 * share,
                    100 * compute);
         printf("\n");
+        char line[256];
         if (has_stats)
-            printf("           per step: %.1f launches, %.1f host->device and %.1f device->host "
-                   "copies (%.1f KiB), %.1f stream waits; peak device memory %.1f MiB\n",
-                   launches, h2d, d2h, bytes / 1024.0, syncs, t->device_peak / 1048576.0);
+            printf("           per step: %s; peak device memory %.1f MiB\n",
+                   backend_stats_per_step(c, steps, line, sizeof line), t->device_peak / 1048576.0);
     }
     return ips;
 }
@@ -564,7 +553,7 @@ int main(int argc, char **argv) {
             t[s].step[r] = median(b.step_s, b.n_step);
             t[s].decode[r] = median(b.decode_s, b.n_decode);
             const backend_stats_t zero = {0};
-            counts_add(&t[s].counts, &b.step_counts, &zero);
+            backend_stats_add(&t[s].counts, &b.step_counts, &zero);
             t[s].steps += b.counted_steps;
             backend_stats_t st;
             if (r == 0 && backend_stats(be, &st))

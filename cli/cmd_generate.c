@@ -23,6 +23,7 @@ typedef struct generate_args {
     long long seed, top_k, threads;
     double cfg, temperature, top_p; /* < 0: the model's default */
     int quiet;
+    int verbose;
 } generate_args_t;
 
 static void generate_usage(FILE *f, const cli_flag_t *flags) {
@@ -149,21 +150,44 @@ static int image_opts(const generate_args_t *a, const model_t *m, gen_image_opts
     return 0;
 }
 
-/* Steps the request to its end, showing progress on a terminal. */
-static int run_steps(gen_request_t *req, int show, ar_error_t *err) {
+/* Steps the request to its end, showing progress on a terminal; adds what
+ * the steps cost the backend (launches, copies, waits) into counts. */
+static int run_steps(gen_request_t *req, backend_t *be, int show, backend_stats_t *counts,
+                     ar_error_t *err) {
     const double t0 = clock_now_s();
     gen_request_t *batch[1] = {req};
+    backend_stats_t before, after;
+    backend_stats(be, &before);
     while (!gen_request_done(req)) {
         if (gen_step(batch, 1, err) != AR_OK)
             return AR_ERR;
         if (show && (req->step % 8 == 0 || gen_request_done(req)))
             progress(req->step, req->n_steps, clock_now_s() - t0);
     }
+    backend_stats(be, &after);
+    backend_stats_add(counts, &after, &before);
     return AR_OK;
+}
+
+/* -v: what a step cost the backend, or why there is nothing to count. */
+static void print_step_counts(backend_t *be, const backend_stats_t *counts, int steps) {
+    backend_stats_t st;
+    char line[256];
+    if (!backend_stats(be, &st)) {
+        fprintf(stderr,
+                "backend %s: computes in host memory, with no kernel launches or copies "
+                "to count\n",
+                be->name);
+        return;
+    }
+    fprintf(stderr, "backend %s, per step over %d steps: %s; peak device memory %.1f MiB\n",
+            be->name, steps, backend_stats_per_step(counts, steps, line, sizeof line),
+            (double)st.device_peak_bytes / 1048576.0);
 }
 
 /* Loads, generates and writes; 0 or the exit status. */
 static int generate(const generate_args_t *a, backend_t *be) {
+    backend_stats_t counts = {0};
     model_t model;
     gen_request_t req = {0};
     kv_pool_t pool = {0};
@@ -211,7 +235,7 @@ static int generate(const generate_args_t *a, backend_t *be) {
     if (gen_pool_for_one_image(&pool, &model, n_prompt, kv_dtype, &err) != AR_OK ||
         gen_request_init_opts(&req, &model, &pool, NULL, cond, uncond, n_prompt, &opts, &sp,
                               (uint64_t)a->seed, 0, &err) != AR_OK ||
-        run_steps(&req, !a->quiet && isatty(STDERR_FILENO), &err) != AR_OK ||
+        run_steps(&req, be, !a->quiet && isatty(STDERR_FILENO), &counts, &err) != AR_OK ||
         !(rgb = malloc((size_t)H * W * 3)) || gen_decode(&req, rgb, &err) != AR_OK ||
         png_write_file(a->out_path, rgb, W, H, &err) != AR_OK) {
         fprintf(stderr, "arserve generate: %s\n", err.msg[0] ? err.msg : "out of memory");
@@ -225,6 +249,8 @@ static int generate(const generate_args_t *a, backend_t *be) {
                 a->out_path, W, H, model_is_class_conditional(&model) ? "class" : "prompt tokens:",
                 model_is_class_conditional(&model) ? cond[0] : n_prompt, req.n_steps, t2 - t1,
                 req.n_steps / (t2 - t1), 1.0 / (t2 - t1), t1 - t0);
+    if (a->verbose)
+        print_step_counts(be, &counts, req.n_steps);
     rc = 0;
 out:
     /* model_load frees what it loaded when it fails. */
@@ -292,6 +318,9 @@ int cmd_generate(int argc, char **argv, char **envp) {
         {"output", 'o', CLI_STRING, &a.out_path, .metavar = "FILE",
          .help = "PNG to write (default out.png)"},
         {"quiet", 'q', CLI_BOOL, &a.quiet, .help = "no progress bar and no summary"},
+        {"verbose", 'v', CLI_BOOL, &a.verbose,
+         .help = "also what a step cost the backend: kernel launches, copies each way and "
+                 "stream waits per step (a device backend), and its peak device memory"},
         {0}};
     int help = 0, rc = cli_flags_parse("generate", flags, argc, argv, &help);
     if (rc)

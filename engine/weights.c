@@ -1,8 +1,10 @@
 /* Loading named, shape-checked tensors from a model's safetensors files. */
 #include "engine/weights.h"
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int weight_set_open(weight_set_t *ws, const char *dir, const model_config_t *cfg, backend_t *be,
@@ -138,6 +140,53 @@ int weight_load_linear_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64
 int weight_load_conv(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *shape,
                      ar_error_t *err, const char *fmt, ...) {
     LOAD_ROWS(0, -1, LAYOUT_CONV);
+}
+
+int weight_load_linear_stack(weight_set_t *ws, tensor_t *out, int groups,
+                             const weight_part_t *parts, int64_t n, int64_t k, ar_error_t *err) {
+    memset(out, 0, sizeof *out);
+    const st_tensor_t *t[WEIGHT_MAX_STACK];
+    int file[WEIGHT_MAX_STACK];
+    if (groups < 1 || groups > WEIGHT_MAX_STACK)
+        return ar_errorf(err, "a stacked Linear weight of %d parts (1 to %d)", groups,
+                         WEIGHT_MAX_STACK);
+    for (int g = 0; g < groups; g++) {
+        const weight_part_t *p = &parts[g];
+        if (find_tensor(ws, p->name, SHAPE2(p->rows, k), &t[g], &file[g], err) != AR_OK)
+            return AR_ERR;
+        assert(p->row0 >= 0 && p->row0 + n <= p->rows);
+        if (t[g]->dtype != t[0]->dtype)
+            return ar_errorf(err,
+                             "%s: tensor '%s' is %s where '%s' is %s: the Linears stacked into "
+                             "one weight must share a type",
+                             ws->files[file[g]].path, p->name, dtype_name(t[g]->dtype),
+                             parts[0].name, dtype_name(t[0]->dtype));
+    }
+    const size_t esize = dtype_size(t[0]->dtype), part_bytes = (size_t)n * (size_t)k * esize;
+    char *host = malloc(part_bytes * (size_t)groups + 1);
+    if (!host)
+        return ar_errorf(err, "out of memory stacking '%s' and %d more Linear weights",
+                         parts[0].name, groups - 1);
+    int rc = AR_OK;
+    for (int g = 0; g < groups && rc == AR_OK; g++) {
+        const char *src = (const char *)t[g]->data + (size_t)parts[g].row0 * (size_t)k * esize;
+        rc = check_finite(ws, t[g], file[g], parts[g].name, src, (size_t)n * (size_t)k, err);
+        memcpy(host + g * part_bytes, src, part_bytes);
+    }
+    if (rc == AR_OK &&
+        ws->be->weight_load(ws->be, out, host, t[0]->dtype, SHAPE3(groups, n, k), err) != AR_OK)
+        rc = ar_error_prefix(err, "%s: tensor '%s' stacked with %d more", ws->files[file[0]].path,
+                             parts[0].name, groups - 1);
+    free(host);
+    if (rc == AR_OK && ws->be->weight_prepare &&
+        ws->be->weight_prepare(ws->be, out, LAYOUT_LINEAR, err) != AR_OK) {
+        ws->be->weight_free(ws->be, out);
+        rc = ar_error_prefix(err, "%s: tensor '%s' stacked with %d more", ws->files[file[0]].path,
+                             parts[0].name, groups - 1);
+    }
+    if (rc == AR_OK)
+        ws->bytes_loaded += part_bytes * (size_t)groups;
+    return rc;
 }
 
 int weight_read_f32(weight_set_t *ws, float *host, int ndim, const int64_t *shape, ar_error_t *err,

@@ -46,6 +46,23 @@ int weight_load_linear_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64
                             const int64_t *shape, ar_error_t *err, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
 
+/* One matrix of a stacked Linear weight: rows [row0, row0 + n) of the
+ * tensor called name, whose shape is [rows, k]. */
+typedef struct weight_part {
+    char name[256];
+    int64_t row0, rows;
+} weight_part_t;
+
+/* The most matrices one stacked Linear weight holds (q, k and v). */
+#define WEIGHT_MAX_STACK 4
+
+/* The stacked Linear weight [groups, n, k] (backend.h's matmul: one call
+ * for Linears that read the same input) from its groups parts, which must
+ * share a storage type; used only as matmul's w, like weight_load_linear.
+ * Errors name the file and the part. */
+int weight_load_linear_stack(weight_set_t *ws, tensor_t *out, int groups,
+                             const weight_part_t *parts, int64_t n, int64_t k, ar_error_t *err);
+
 /* weight_load of a convolution's kernels, used only as conv2d's w: the
  * backend may then store them in its own layout (backend.h's
  * weight_prepare), so no other op may read them. */
@@ -62,6 +79,8 @@ int weight_read_f32(weight_set_t *ws, float *host, int ndim, const int64_t *shap
     1, (const int64_t[]) { (a) }
 #define SHAPE2(a, b)                                                                               \
     2, (const int64_t[]) { (a), (b) }
+#define SHAPE3(a, b, c)                                                                            \
+    3, (const int64_t[]) { (a), (b), (c) }
 #define SHAPE4(a, b, c, d)                                                                         \
     4, (const int64_t[]) { (a), (b), (c), (d) }
 

@@ -102,6 +102,14 @@ PRESETS = {
         "image": {"grid_height": 16, "grid_width": 16, "codebook_size": 1024,
                   "head_hidden_size": 768},
     },
+    # Janus-Pro-1B's depth (24 layers) at the tiny widths, bf16 as the real
+    # one: a decode step makes the real model's kernel launches and copies
+    # (their count follows the layers, not the widths), in seconds under the
+    # CUDA emulator: `make bench-launches`.
+    "janus-1b-depth": {
+        "name": "janus-1b-depth-random",
+        "llm": {"num_layers": 24},
+    },
 }
 
 
@@ -148,6 +156,14 @@ VAR_PRESETS = {
         "decoder": {"latent_channels": 32, "base_channels": 160,
                     "channel_multiplier": [1, 1, 2, 2, 4], "num_res_blocks": 2},
         "sampling": {"cfg": 1.5, "top_k": 900, "top_p": 0.96},
+    },
+    # VAR-d16's depth and scales (16 blocks, 10 scales to 16 x 16) at the tiny
+    # widths: its launches and copies a scale, in seconds under the CUDA
+    # emulator (`make bench-launches`).
+    "var-d16-depth": {
+        "name": "var-d16-depth-random",
+        "llm": {"num_layers": 16},
+        "image": {"scales": [1, 2, 3, 4, 5, 6, 8, 10, 13, 16]},
     },
 }
 

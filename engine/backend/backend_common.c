@@ -1,5 +1,6 @@
 /* Checks shared by every backend implementation. */
 #include <stdint.h>
+#include <stdio.h>
 
 #include "engine/backend/backend.h"
 
@@ -25,4 +26,27 @@ int backend_check_weight(const char *backend, const void *host_src, dtype_t dtyp
         return ar_errorf(err, "weight has no data");
     *numel = n;
     return AR_OK;
+}
+
+void backend_stats_add(backend_stats_t *sum, const backend_stats_t *after,
+                       const backend_stats_t *before) {
+    sum->launches += after->launches - before->launches;
+    sum->h2d_copies += after->h2d_copies - before->h2d_copies;
+    sum->h2d_bytes += after->h2d_bytes - before->h2d_bytes;
+    sum->d2h_copies += after->d2h_copies - before->d2h_copies;
+    sum->d2h_bytes += after->d2h_bytes - before->d2h_bytes;
+    sum->d2d_copies += after->d2d_copies - before->d2d_copies;
+    sum->d2d_bytes += after->d2d_bytes - before->d2d_bytes;
+    sum->syncs += after->syncs - before->syncs;
+}
+
+const char *backend_stats_per_step(const backend_stats_t *sum, double steps, char *buf,
+                                   size_t cap) {
+    const double n = steps > 0 ? steps : 1;
+    snprintf(buf, cap,
+             "%.1f launches, %.1f host->device and %.1f device->host copies (%.1f KiB), %.1f "
+             "stream waits",
+             (double)sum->launches / n, (double)sum->h2d_copies / n, (double)sum->d2h_copies / n,
+             (double)(sum->h2d_bytes + sum->d2h_bytes) / n / 1024.0, (double)sum->syncs / n);
+    return buf;
 }

@@ -72,10 +72,12 @@ static int cpu_weight_load(backend_t *be, tensor_t *out, const void *host_src, d
     int64_t numel;
     if (backend_check_weight("cpu", host_src, src_dtype, ndim, shape, &numel, err) != AR_OK)
         return AR_ERR;
-    /* Matrices (Linear weights, embedding tables) stay in their 16-bit type:
-     * matmul converts them in registers and embedding row by row, so a
-     * decode step reads half the bytes. Everything else is fp32. */
-    const dtype_t keep = ndim == 2 && dtype_size(src_dtype) == 2 ? src_dtype : DTYPE_F32;
+    /* Matrices (Linear weights, stacks of them, embedding tables) stay in
+     * their 16-bit type: matmul converts them in registers and embedding
+     * row by row, so a decode step reads half the bytes. Everything else
+     * is fp32. */
+    const dtype_t keep =
+        (ndim == 2 || ndim == 3) && dtype_size(src_dtype) == 2 ? src_dtype : DTYPE_F32;
     const size_t src_size = dtype_size(src_dtype), size = dtype_size(keep);
     void *data = cpu_alloc(be, (size_t)numel * size);
     if (!data)
@@ -107,18 +109,40 @@ static void cpu_weight_free(backend_t *be, tensor_t *t) {
     memset(t, 0, sizeof *t);
 }
 
-/* A matrix from now on only matmul's weight: repacked in gemm_packed's
- * panels, in its own type. */
+/* A Linear weight's shape: G stacked matrices (1 for a plain one) of
+ * [n, k] (backend.h's matmul). */
+typedef struct linear_shape {
+    int groups, n, k;
+} linear_shape_t;
+
+static linear_shape_t linear_shape(const tensor_t *w) {
+    assert(w->ndim == 2 || w->ndim == 3);
+    const int64_t *d = w->shape + (w->ndim - 2);
+    assert(d[0] <= INT32_MAX && d[1] <= INT32_MAX && (w->ndim == 2 || w->shape[0] <= INT32_MAX));
+    return (linear_shape_t){w->ndim == 3 ? (int)w->shape[0] : 1, (int)d[0], (int)d[1]};
+}
+
+/* Bytes from one stacked matrix to the next, in w's layout. */
+static size_t linear_group_bytes(const tensor_t *w, linear_shape_t s) {
+    const size_t elems =
+        w->layout == LAYOUT_LINEAR ? gemm_packed_elems(s.n, s.k) : (size_t)s.n * s.k;
+    return elems * dtype_size(w->dtype);
+}
+
+/* A matrix (or each of a stack) from now on only matmul's weight:
+ * repacked in gemm_packed's panels, in its own type. */
 static int linear_pack(backend_t *be, tensor_t *w, ar_error_t *err) {
-    assert(w->ndim == 2);
-    assert(w->shape[0] <= INT32_MAX && w->shape[1] <= INT32_MAX);
-    const int n = (int)w->shape[0], k = (int)w->shape[1];
-    const size_t bytes = gemm_packed_elems(n, k) * dtype_size(w->dtype);
+    const linear_shape_t s = linear_shape(w);
+    const size_t group = gemm_packed_elems(s.n, s.k) * dtype_size(w->dtype),
+                 bytes = group * (size_t)s.groups;
     void *packed = cpu_alloc(be, bytes);
     if (!packed)
-        return ar_errorf(err, "out of memory packing a Linear weight [%d, %d] (%zu bytes)", n, k,
-                         bytes);
-    gemm_packed_pack(packed, w->data, w->dtype, n, k, k);
+        return ar_errorf(err, "out of memory packing a Linear weight [%d, %d, %d] (%zu bytes)",
+                         s.groups, s.n, s.k, bytes);
+    const size_t plain = (size_t)s.n * s.k * dtype_size(w->dtype);
+    for (int g = 0; g < s.groups; g++)
+        gemm_packed_pack((char *)packed + g * group, (const char *)w->data + g * plain, w->dtype,
+                         s.n, s.k, s.k);
     free(w->data);
     w->data = packed;
     w->layout = LAYOUT_LINEAR;
@@ -285,17 +309,11 @@ static void matmul_packed(const backend_t *be, float *y, const float *x, const t
 /* y is written first (bias rows or zeros) and the GEMM accumulates into it:
  * with beta = 0 some OpenBLAS versions scale y by zero, which keeps a NaN
  * left in an uninitialised output. */
-static void cpu_matmul(backend_t *be, float *y, const float *x, const tensor_t *w,
-                       const tensor_t *bias, int m) {
-    assert(w->ndim == 2 && m >= 0);
-    assert(w->shape[0] <= INT32_MAX && w->shape[1] <= INT32_MAX);
-    const int n = (int)w->shape[0], k = (int)w->shape[1];
-    assert(!bias || (bias->dtype == DTYPE_F32 && tensor_numel(bias) == n));
-    if (m == 0 || n == 0)
-        return;
+static void matmul_one(backend_t *be, float *y, const float *x, const tensor_t *w,
+                       const float *bias, int m, int n, int k) {
     for (int r = 0; r < m; r++) {
         if (bias)
-            memcpy(y + (size_t)r * n, bias->data, (size_t)n * sizeof(float));
+            memcpy(y + (size_t)r * n, bias, (size_t)n * sizeof(float));
         else
             memset(y + (size_t)r * n, 0, (size_t)n * sizeof(float));
     }
@@ -305,6 +323,24 @@ static void cpu_matmul(backend_t *be, float *y, const float *x, const tensor_t *
         gemm(be, m, n, k, x, k, w->data, k, 1, y, n);
     else if (k > 0)
         matmul_16bit(be, y, x, w, m, n, k);
+}
+
+/* A stacked weight is its matrices one after the other, each as matmul_one
+ * runs a plain one: the same bytes either way. */
+static void cpu_matmul(backend_t *be, float *y, const float *x, const tensor_t *w,
+                       const tensor_t *bias, int m) {
+    const linear_shape_t s = linear_shape(w);
+    assert(m >= 0);
+    assert(!bias || (bias->dtype == DTYPE_F32 && tensor_numel(bias) == (int64_t)s.groups * s.n));
+    if (m == 0 || s.n == 0)
+        return;
+    const size_t group = linear_group_bytes(w, s);
+    for (int g = 0; g < s.groups; g++) {
+        tensor_t part = *w;
+        part.data = (char *)w->data + g * group;
+        matmul_one(be, y + (size_t)g * m * s.n, x, &part,
+                   bias ? (const float *)bias->data + (size_t)g * s.n : NULL, m, s.n, s.k);
+    }
 }
 
 /* ---- transformer ops --------------------------------------------------- */

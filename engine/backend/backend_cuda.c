@@ -417,15 +417,29 @@ static cudaDataType blas_type(dtype_t t) {
 /* Row-major C[M, N] = A[M, K] * B where B is [N, K] (b_trans, a Linear
  * weight) or [K, N], with beta 0 or 1, as a column-major cuBLAS call
  * (C^T = op(B) * A^T). A and B share type t; C is fp32; fp32 compute (no
- * TF32: fp32 operands stay fp32). */
-static int gemm_rowmajor(backend_t *be, int M, int N, int K, const void *A, int lda, const void *B,
-                         int ldb, int b_trans, dtype_t t, float beta, float *C, int ldc) {
+ * TF32: fp32 operands stay fp32). With batch > 1, batch products in one
+ * call: B and C step by stride_b and stride_c elements, A stays (the
+ * matrices of a stacked Linear weight over one input). */
+static int gemm_batched(backend_t *be, int M, int N, int K, const void *A, int lda, const void *B,
+                        int ldb, int b_trans, dtype_t t, float beta, float *C, int ldc, int batch,
+                        long long stride_b, long long stride_c) {
     const float one = 1.0f;
     impl_of(be)->counts.launches++;
-    return CUBLAS_CHECK(be, cublasGemmEx(impl_of(be)->blas, b_trans ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                         CUBLAS_OP_N, N, M, K, &one, B, blas_type(t), ldb, A,
-                                         blas_type(t), lda, &beta, C, CUDA_R_32F, ldc,
-                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    const cublasOperation_t tb = b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (batch == 1)
+        return CUBLAS_CHECK(be,
+                            cublasGemmEx(impl_of(be)->blas, tb, CUBLAS_OP_N, N, M, K, &one, B,
+                                         blas_type(t), ldb, A, blas_type(t), lda, &beta, C,
+                                         CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return CUBLAS_CHECK(be, cublasGemmStridedBatchedEx(
+                                impl_of(be)->blas, tb, CUBLAS_OP_N, N, M, K, &one, B, blas_type(t),
+                                ldb, stride_b, A, blas_type(t), lda, 0, &beta, C, CUDA_R_32F, ldc,
+                                stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+static int gemm_rowmajor(backend_t *be, int M, int N, int K, const void *A, int lda, const void *B,
+                         int ldb, int b_trans, dtype_t t, float beta, float *C, int ldc) {
+    return gemm_batched(be, M, N, K, A, lda, B, ldb, b_trans, t, beta, C, ldc, 1, 0, 0);
 }
 
 /* 16-bit weights meet fp32 activations: cuBLAS wants both operands in one
@@ -435,34 +449,40 @@ static int gemm_rowmajor(backend_t *be, int M, int N, int K, const void *A, int 
  * half-products are added: about 16 bits of x survive, the weight is read
  * once (decode stays bandwidth-bound on it, as with plain bf16), and only
  * prefill pays twice the tensor-core work. Rows go in slices that fit the
- * scratch. */
+ * scratch. A stacked weight (backend.h) costs what one matrix does in
+ * launches: one split, one batched GEMM, one sum for all its matrices. */
 static void cuda_matmul(backend_t *be, float *y, const float *x, const tensor_t *w,
                         const tensor_t *bias, int m) {
-    assert(w->ndim == 2 && m >= 0 && w->shape[0] <= INT32_MAX && w->shape[1] <= INT32_MAX);
-    const int n = (int)w->shape[0], k = (int)w->shape[1];
-    assert(!bias || tensor_numel(bias) == n);
+    assert((w->ndim == 2 || w->ndim == 3) && m >= 0);
+    const int64_t *d = w->shape + (w->ndim - 2);
+    assert(d[0] <= INT32_MAX && d[1] <= INT32_MAX && (w->ndim == 2 || w->shape[0] <= INT32_MAX));
+    const int groups = w->ndim == 3 ? (int)w->shape[0] : 1, n = (int)d[0], k = (int)d[1];
+    assert(!bias || tensor_numel(bias) == (int64_t)groups * n);
     cuda_impl_t *impl = impl_of(be);
     if (m == 0 || n == 0 || use_device(be) != AR_OK)
         return;
     const void *b_data = bias ? bias->data : NULL;
     const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
-    if (k == 0) {
-        LAUNCH_CHECK(be, kern_fill_bias(y, b_data, b_type, m, n, 0, impl->stream));
-        return;
+    const size_t y_group = (size_t)m * n, b_group = bias ? (size_t)n * dtype_size(bias->dtype) : 0;
+    if (k == 0 || (w->dtype == DTYPE_F32 && bias)) {
+        for (int g = 0; g < groups; g++)
+            if (LAUNCH_CHECK(be, kern_fill_bias(y + g * y_group, (const char *)b_data + g * b_group,
+                                                b_type, m, n, 0, impl->stream)) != AR_OK)
+                return;
+        if (k == 0)
+            return;
     }
     if (w->dtype == DTYPE_F32) {
-        if (bias &&
-            LAUNCH_CHECK(be, kern_fill_bias(y, b_data, b_type, m, n, 0, impl->stream)) != AR_OK)
-            return;
-        gemm_rowmajor(be, m, n, k, x, k, w->data, k, 1, DTYPE_F32, bias ? 1.0f : 0.0f, y, n);
+        gemm_batched(be, m, n, k, x, k, w->data, k, 1, DTYPE_F32, bias ? 1.0f : 0.0f, y, n, groups,
+                     (long long)n * k, (long long)y_group);
         return;
     }
-    /* per row: 2 halves of k 16-bit values, 2 product rows of n floats */
-    const size_t row_bytes = (size_t)k * 4 + (size_t)n * 8 + 2 * ARENA_ALIGN;
+    /* per row: 2 halves of k 16-bit values, 2 product rows of n floats a matrix */
+    const size_t row_bytes = (size_t)k * 4 + (size_t)groups * n * 8 + 2 * ARENA_ALIGN;
     const size_t fit = (SCRATCH_BYTES - 2 * ARENA_ALIGN) / row_bytes;
     if (fit == 0) {
-        cuda_fail(be, "matmul: a row of k=%d, n=%d does not fit the %.0f MiB scratch", k, n,
-                  MIB(SCRATCH_BYTES));
+        cuda_fail(be, "matmul: a row of k=%d, n=%d x %d does not fit the %.0f MiB scratch", k,
+                  groups, n, MIB(SCRATCH_BYTES));
         return;
     }
     const int slice = fit < (size_t)m ? (int)fit : m;
@@ -470,16 +490,17 @@ static void cuda_matmul(backend_t *be, float *y, const float *x, const tensor_t 
         const int rows = m - r0 < slice ? m - r0 : slice;
         char *halves = impl->scratch; /* [2 * rows, k]: hi rows, then lo rows */
         const size_t half_bytes = (size_t)2 * rows * k * 2;
+        /* [groups][2 * rows, n]: each matrix's hi products, then its lo ones */
         float *prod = (float *)(halves + ((half_bytes + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1)));
         if (LAUNCH_CHECK(be, kern_split_16(halves, halves + (size_t)rows * k * 2,
                                            kern_type(w->dtype), x + (size_t)r0 * k,
                                            (size_t)rows * k, impl->stream)) != AR_OK)
             return;
-        if (gemm_rowmajor(be, 2 * rows, n, k, halves, k, w->data, k, 1, w->dtype, 0.0f, prod, n) !=
-            AR_OK)
+        if (gemm_batched(be, 2 * rows, n, k, halves, k, w->data, k, 1, w->dtype, 0.0f, prod, n,
+                         groups, (long long)n * k, (long long)2 * rows * n) != AR_OK)
             return;
-        if (LAUNCH_CHECK(be, kern_add_pair_bias(y + (size_t)r0 * n, prod, prod + (size_t)rows * n,
-                                                b_data, b_type, rows, n, impl->stream)) != AR_OK)
+        if (LAUNCH_CHECK(be, kern_add_pair_bias(y + (size_t)r0 * n, y_group, prod, b_data, b_type,
+                                                groups, rows, n, impl->stream)) != AR_OK)
             return;
     }
 }

@@ -18,8 +18,6 @@
 
 #define INF_MAX_HEADS 1024
 #define INF_LEVELS 15 /* rows of lvl_embed */
-#define SHAPE3(a, b, c)                                                                            \
-    3, (const int64_t[]) { (a), (b), (c) }
 
 size_t inf_cond_floats(const inf_model_t *m) {
     const model_config_t *c = m->cfg;

@@ -6,36 +6,42 @@
 #include "engine/family/forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Layer i's weights; fused_qkv: LlamaGen's wqkv (q rows, then k, then v),
- * split here. */
+/* Layer i's weights. q, k and v are one stacked weight (backend.h's
+ * matmul), as are gate and up: one GEMM each where there would be three
+ * and two. fused_qkv: LlamaGen's wqkv (q rows, then k, then v), whose
+ * blocks are the stack's parts. */
 static int load_layer(raster_model_t *m, weight_set_t *ws, int i, int fused_qkv, ar_error_t *err) {
     const llm_config_t *l = &m->cfg->llm;
+    /* model_config keeps num_kv_heads == num_heads: q, k and v are alike */
     const int64_t hidden = l->hidden_size, qd = (int64_t)l->num_heads * l->head_dim,
-                  kvd = (int64_t)l->num_kv_heads * l->head_dim, F = l->intermediate_size;
+                  F = l->intermediate_size;
     raster_layer_t *y = &m->layers[i];
     const char *p = "llm.layers";
-    const int qkv_err =
-        fused_qkv
-            ? weight_load_linear_rows(ws, &y->q, 0, qd, SHAPE2(qd + 2 * kvd, hidden), err,
-                                      "%s.%d.attn.wqkv.weight", p, i) ||
-                  weight_load_linear_rows(ws, &y->k, qd, kvd, SHAPE2(qd + 2 * kvd, hidden), err,
-                                          "%s.%d.attn.wqkv.weight", p, i) ||
-                  weight_load_linear_rows(ws, &y->v, qd + kvd, kvd, SHAPE2(qd + 2 * kvd, hidden),
-                                          err, "%s.%d.attn.wqkv.weight", p, i)
-            : weight_load_linear(ws, &y->q, SHAPE2(qd, hidden), err, "%s.%d.attn.q.weight", p, i) ||
-                  weight_load_linear(ws, &y->k, SHAPE2(kvd, hidden), err, "%s.%d.attn.k.weight", p,
-                                     i) ||
-                  weight_load_linear(ws, &y->v, SHAPE2(kvd, hidden), err, "%s.%d.attn.v.weight", p,
-                                     i);
-    if (qkv_err ||
+    static const char *const qkv_names[3] = {"q", "k", "v"};
+    weight_part_t qkv[3], gate_up[2];
+    for (int j = 0; j < 3; j++) {
+        if (fused_qkv)
+            snprintf(qkv[j].name, sizeof qkv[j].name, "%s.%d.attn.wqkv.weight", p, i);
+        else
+            snprintf(qkv[j].name, sizeof qkv[j].name, "%s.%d.attn.%s.weight", p, i, qkv_names[j]);
+        qkv[j].row0 = fused_qkv ? j * qd : 0;
+        qkv[j].rows = fused_qkv ? 3 * qd : qd;
+    }
+    for (int j = 0; j < 2; j++) {
+        snprintf(gate_up[j].name, sizeof gate_up[j].name, "%s.%d.mlp.%s.weight", p, i,
+                 j ? "up" : "gate");
+        gate_up[j].row0 = 0;
+        gate_up[j].rows = F;
+    }
+    if (weight_load_linear_stack(ws, &y->qkv, 3, qkv, qd, hidden, err) ||
         weight_load(ws, &y->attn_norm, SHAPE1(hidden), err, "%s.%d.attn_norm.weight", p, i) ||
         weight_load_linear(ws, &y->o, SHAPE2(hidden, qd), err, "%s.%d.attn.o.weight", p, i) ||
         weight_load(ws, &y->mlp_norm, SHAPE1(hidden), err, "%s.%d.mlp_norm.weight", p, i) ||
-        weight_load_linear(ws, &y->gate, SHAPE2(F, hidden), err, "%s.%d.mlp.gate.weight", p, i) ||
-        weight_load_linear(ws, &y->up, SHAPE2(F, hidden), err, "%s.%d.mlp.up.weight", p, i) ||
+        weight_load_linear_stack(ws, &y->gate_up, 2, gate_up, F, hidden, err) ||
         weight_load_linear(ws, &y->down, SHAPE2(hidden, F), err, "%s.%d.mlp.down.weight", p, i))
         return AR_ERR;
     return AR_OK;
@@ -99,8 +105,8 @@ int raster_load(raster_model_t *m, const model_config_t *cfg, weight_set_t *ws, 
 
 static void workspace_free(raster_model_t *m) {
     backend_t *be = m->be;
-    float **bufs[] = {&m->x,   &m->xn,   &m->q,  &m->k,    &m->v,    &m->att,
-                      &m->tmp, &m->gate, &m->up, &m->last, &m->head, &m->logits};
+    float **bufs[] = {&m->x,       &m->xn,   &m->qkv,  &m->att,   &m->tmp,
+                      &m->gate_up, &m->last, &m->head, &m->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         be->free(be, *bufs[i]);
         *bufs[i] = NULL;
@@ -121,8 +127,7 @@ static size_t step_weights(const raster_model_t *m, size_t (*measure)(const tens
                measure(&m->head_fc2_w) + measure(&m->head_fc2_b) + measure(&m->head_w);
     for (int i = 0; i < m->cfg->llm.num_layers; i++) {
         const raster_layer_t *y = &m->layers[i];
-        const tensor_t *ts[] = {&y->attn_norm, &y->q,    &y->k,  &y->v,   &y->o,
-                                &y->mlp_norm,  &y->gate, &y->up, &y->down};
+        const tensor_t *ts[] = {&y->attn_norm, &y->qkv, &y->o, &y->mlp_norm, &y->gate_up, &y->down};
         for (size_t j = 0; j < sizeof ts / sizeof ts[0]; j++)
             n += measure(ts[j]);
     }
@@ -146,8 +151,7 @@ void raster_free(raster_model_t *m) {
     be->weight_free(be, &m->norm);
     for (int i = 0; m->layers && i < m->cfg->llm.num_layers; i++) {
         raster_layer_t *y = &m->layers[i];
-        tensor_t *ts[] = {&y->attn_norm, &y->q,    &y->k,  &y->v,   &y->o,
-                          &y->mlp_norm,  &y->gate, &y->up, &y->down};
+        tensor_t *ts[] = {&y->attn_norm, &y->qkv, &y->o, &y->mlp_norm, &y->gate_up, &y->down};
         for (size_t j = 0; j < sizeof ts / sizeof ts[0]; j++)
             be->weight_free(be, ts[j]);
     }
@@ -183,13 +187,10 @@ static int workspace_reserve(raster_model_t *m, int rows, int seqs, ar_error_t *
         size_t n;
     } plan[] = {{&m->x, R * hidden},
                 {&m->xn, R * wide},
-                {&m->q, R * qd},
-                {&m->k, R * qd},
-                {&m->v, R * qd},
+                {&m->qkv, 3 * R * qd},
                 {&m->att, R * qd},
                 {&m->tmp, R * hidden},
-                {&m->gate, R * F},
-                {&m->up, R * F},
+                {&m->gate_up, 2 * R * F},
                 {&m->last, S * hidden},
                 {&m->head, S * (size_t)(c->image.head_hidden_size ? c->image.head_hidden_size : 1)},
                 {&m->logits, S * (size_t)c->image.codebook_size}};
@@ -200,7 +201,7 @@ static int workspace_reserve(raster_model_t *m, int rows, int seqs, ar_error_t *
             return ar_errorf(err, "out of backend memory for a %d-row workspace", rows);
         }
     }
-    m->pos = malloc(2 * R * sizeof *m->pos);
+    m->pos = malloc(4 * R * sizeof *m->pos);
     if (!m->pos) {
         workspace_free(m);
         return ar_errorf(err, "out of memory");
@@ -238,13 +239,14 @@ static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in,
 }
 
 /* Every row's position in m->pos: its place in the sequence (1D RoPE), or
- * its (grid row, column) with rope_2d. */
+ * its (grid row, column) with rope_2d; then all of them again, for the k
+ * rows that follow the q rows in one rope call. */
 static void set_positions(raster_model_t *m, const raster_input_t *in, int n_in,
                           const int *q_start) {
-    const int gw = m->cfg->image.grid_width;
+    const int gw = m->cfg->image.grid_width, per_row = m->rope_2d ? 2 : 1;
     for (int s = 0; s < n_in; s++)
         for (int i = 0; i < in[s].n; i++) {
-            int *p = m->pos + (m->rope_2d ? 2 : 1) * (q_start[s] + i);
+            int *p = m->pos + per_row * (q_start[s] + i);
             if (!m->rope_2d) {
                 p[0] = in[s].seq->n_fed + i;
             } else if (in[s].is_image) {
@@ -259,6 +261,8 @@ static void set_positions(raster_model_t *m, const raster_input_t *in, int n_in,
                 p[1] = 0;
             }
         }
+    const size_t n = (size_t)per_row * q_start[n_in];
+    memcpy(m->pos + n, m->pos, n * sizeof *m->pos);
 }
 
 /* Layer li over the pass's rows (m->x): attention, the rows' K and V
@@ -269,28 +273,28 @@ static int run_layer(raster_model_t *m, forward_t *f, int li, ar_error_t *err) {
     const raster_layer_t *y = &m->layers[li];
     const int H = l->num_heads, hd = l->head_dim, hidden = l->hidden_size,
               rows = f->q_start[f->n_seq];
+    /* The stacked weights' outputs, each a block of rows (backend.h's matmul). */
+    const size_t qd = (size_t)H * hd, F = (size_t)l->intermediate_size;
+    float *q = m->qkv, *k = q + rows * qd, *v = k + rows * qd;
+    float *gate = m->gate_up, *up = gate + rows * F;
     forward_layer(f, li);
     be->rmsnorm(be, m->xn, m->x, &y->attn_norm, rows, hidden, l->norm_eps);
-    be->matmul(be, m->q, m->xn, &y->q, NULL, rows);
-    be->matmul(be, m->k, m->xn, &y->k, NULL, rows);
-    be->matmul(be, m->v, m->xn, &y->v, NULL, rows);
-    if (m->rope_2d) {
-        be->rope_2d(be, m->q, m->pos, rows, H, hd, l->rope_theta);
-        be->rope_2d(be, m->k, m->pos, rows, H, hd, l->rope_theta);
-    } else {
-        be->rope(be, m->q, m->pos, rows, H, hd, l->rope_theta);
-        be->rope(be, m->k, m->pos, rows, H, hd, l->rope_theta);
-    }
-    if (forward_store(f, li, m->k, m->v, err) != AR_OK)
+    be->matmul(be, m->qkv, m->xn, &y->qkv, NULL, rows);
+    /* q's rows and k's, back to back, turned in one call (set_positions
+     * lists the positions twice) */
+    if (m->rope_2d)
+        be->rope_2d(be, q, m->pos, 2 * rows, H, hd, l->rope_theta);
+    else
+        be->rope(be, q, m->pos, 2 * rows, H, hd, l->rope_theta);
+    if (forward_store(f, li, k, v, err) != AR_OK)
         return AR_ERR;
-    be->attention(be, m->att, m->q, &f->pool->blocks, &f->batch, H, 1.0f / sqrtf((float)hd));
+    be->attention(be, m->att, q, &f->pool->blocks, &f->batch, H, 1.0f / sqrtf((float)hd));
     be->matmul(be, m->tmp, m->att, &y->o, NULL, rows);
     be->add(be, m->x, m->tmp, (size_t)rows * hidden);
     be->rmsnorm(be, m->xn, m->x, &y->mlp_norm, rows, hidden, l->norm_eps);
-    be->matmul(be, m->gate, m->xn, &y->gate, NULL, rows);
-    be->matmul(be, m->up, m->xn, &y->up, NULL, rows);
-    be->silu_mul(be, m->gate, m->gate, m->up, (size_t)rows * l->intermediate_size);
-    be->matmul(be, m->tmp, m->gate, &y->down, NULL, rows);
+    be->matmul(be, gate, m->xn, &y->gate_up, NULL, rows);
+    be->silu_mul(be, gate, gate, up, (size_t)rows * F);
+    be->matmul(be, m->tmp, gate, &y->down, NULL, rows);
     be->add(be, m->x, m->tmp, (size_t)rows * hidden);
     return AR_OK;
 }

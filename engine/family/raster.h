@@ -21,8 +21,8 @@
 #define RASTER_MAX_ALIGNER 16
 
 typedef struct raster_layer {
-    tensor_t attn_norm, q, k, v, o;
-    tensor_t mlp_norm, gate, up, down;
+    tensor_t attn_norm, qkv, o;       /* qkv: q, k and v stacked ([3, H * head_dim, hidden]) */
+    tensor_t mlp_norm, gate_up, down; /* gate_up: gate and up stacked ([2, F, hidden]) */
 } raster_layer_t;
 
 typedef struct raster_model {
@@ -41,8 +41,9 @@ typedef struct raster_model {
     int head_mlp;      /* head Linear, GELU, Linear; else one Linear (head_w) */
     /* Workspace, grown on demand (backend memory). */
     int ws_rows, ws_seqs;
-    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *last, *head, *logits;
-    int *pos;       /* host, 2 * ws_rows: positions, or (grid row, column) pairs (rope_2d) */
+    float *x, *xn, *att, *tmp, *last, *head, *logits;
+    float *qkv, *gate_up; /* the stacked weights' outputs: q, k, v (gate, up) row blocks */
+    int *pos;       /* host, 4 * ws_rows: positions, or (grid row, column) pairs (rope_2d), twice */
     arena_t *arena; /* the model's step arena (model_t.arena), for a pass's host arrays */
 } raster_model_t;
 

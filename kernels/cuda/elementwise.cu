@@ -168,22 +168,26 @@ cudaError_t kern_split_16(void *hi, void *lo, kern_dtype_t dtype, const float *x
     return cudaGetLastError();
 }
 
-__global__ void add_pair_bias_kernel(float *y, const float *a, const float *b, const void *bias,
-                                     int bias_dtype, int cols, size_t n) {
+__global__ void add_pair_bias_kernel(float *y, size_t y_group_stride, const float *prod,
+                                     const void *bias, int bias_dtype, int cols, size_t per_group,
+                                     size_t n) {
     GRID_STRIDE_LOOP(i, n) {
-        float v = a[i] + b[i];
+        const size_t g = i / per_group, e = i % per_group, col = e % (size_t)cols;
+        const float *a = prod + g * 2 * per_group;
+        float v = a[e] + a[per_group + e];
         if (bias)
-            v += ld_weight(bias, bias_dtype, i % (size_t)cols);
-        y[i] = v;
+            v += ld_weight(bias, bias_dtype, g * (size_t)cols + col);
+        y[g * y_group_stride + e] = v;
     }
 }
 
-cudaError_t kern_add_pair_bias(float *y, const float *a, const float *b, const void *bias,
-                               kern_dtype_t bias_dtype, int rows, int cols, cudaStream_t stream) {
-    const size_t n = (size_t)rows * (size_t)cols;
-    if (rows <= 0 || cols <= 0)
+cudaError_t kern_add_pair_bias(float *y, size_t y_group_stride, const float *prod, const void *bias,
+                               kern_dtype_t bias_dtype, int groups, int rows, int cols,
+                               cudaStream_t stream) {
+    const size_t per_group = (size_t)rows * (size_t)cols, n = per_group * (size_t)groups;
+    if (rows <= 0 || cols <= 0 || groups <= 0)
         return cudaSuccess;
-    AR_LAUNCH(add_pair_bias_kernel, grid_for(n), AR_BLOCK, 0, stream, y, a, b, bias,
-              (int)bias_dtype, cols, n);
+    AR_LAUNCH(add_pair_bias_kernel, grid_for(n), AR_BLOCK, 0, stream, y, y_group_stride, prod, bias,
+              (int)bias_dtype, cols, per_group, n);
     return cudaGetLastError();
 }

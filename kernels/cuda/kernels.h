@@ -100,9 +100,14 @@ cudaError_t kern_fill_bias(float *y, const void *bias, kern_dtype_t bias_dtype, 
 cudaError_t kern_split_16(void *hi, void *lo, kern_dtype_t dtype, const float *x, size_t n,
                           cudaStream_t stream);
 
-/* y[r, j] = a[r, j] + b[r, j] (+ bias[j] when bias is not NULL). */
-cudaError_t kern_add_pair_bias(float *y, const float *a, const float *b, const void *bias,
-                               kern_dtype_t bias_dtype, int rows, int cols, cudaStream_t stream);
+/* The two half-products of a split GEMM summed, for each of `groups`
+ * matrices g: y[g][r, j] = a[r, j] + b[r, j] (+ bias[g * cols + j] when
+ * bias is not NULL), where a is prod's rows x cols block at
+ * g * 2 * rows * cols and b the block after it; y's groups are
+ * y_group_stride floats apart. */
+cudaError_t kern_add_pair_bias(float *y, size_t y_group_stride, const float *prod, const void *bias,
+                               kern_dtype_t bias_dtype, int groups, int rows, int cols,
+                               cudaStream_t stream);
 
 /* ---- lookups (kernels/cuda/embedding.cu) ---- */
 

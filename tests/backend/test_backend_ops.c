@@ -416,10 +416,10 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
               (unsigned long long)d.syncs);
     CHECK(d.launches == 0);
 
-    tensor_t w32, w16, bias;
-    const int64_t wshape[2] = {4, 8}, bshape[1] = {4};
-    uint16_t wbf[32];
-    for (int i = 0; i < 32; i++)
+    tensor_t w32, w16, w16s, bias;
+    const int64_t wshape[2] = {4, 8}, bshape[1] = {4}, sshape[3] = {3, 4, 8};
+    uint16_t wbf[96];
+    for (int i = 0; i < 96; i++)
         wbf[i] = 0x3f80; /* bf16 1.0 */
     backend_stats(b, &t);
     CHECK(b->weight_load(b, &w32, host, DTYPE_F32, 2, wshape, &err) == AR_OK);
@@ -427,12 +427,17 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
     CHECK(b->weight_load(b, &bias, host, DTYPE_F32, 1, bshape, &err) == AR_OK);
     d = stats_since(b, &t);
     CHECK(d.h2d_copies == 3 && d.h2d_bytes == 32 * 4 + 32 * 2 + 4 * 4 && d.syncs == 3);
+    CHECK(b->weight_load(b, &w16s, wbf, DTYPE_BF16, 3, sshape, &err) == AR_OK);
 
+    /* a stack of three bf16 matrices costs what one does */
     const struct {
         const char *what;
         const tensor_t *w, *bias;
         unsigned long long launches;
-    } mm[] = {{"f32", &w32, NULL, 1}, {"f32 with bias", &w32, &bias, 2}, {"bf16", &w16, NULL, 3}};
+    } mm[] = {{"f32", &w32, NULL, 1},
+              {"f32 with bias", &w32, &bias, 2},
+              {"bf16", &w16, NULL, 3},
+              {"bf16 stacked", &w16s, NULL, 3}};
     for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
         backend_stats(b, &t);
         b->matmul(b, y, x, mm[i].w, mm[i].bias, 2);
@@ -476,6 +481,7 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
     CHECK(backend_status(b, &err) == AR_OK);
     b->weight_free(b, &w32);
     b->weight_free(b, &w16);
+    b->weight_free(b, &w16s);
     b->weight_free(b, &bias);
     b->destroy(b);
 }
@@ -585,6 +591,86 @@ static void test_matmul_types_shapes_and_bias(void) {
 static void test_matmul_sliced_over_scratch(void) {
     check_matmul(45, 400000, 3, DTYPE_BF16, 1, DTYPE_F16);
     check_status_clean("matmul sliced");
+}
+
+/* The CPU's matmul of each of w's G matrices ([G, n, k], stored as ws in
+ * type wt, bias bf [G, n] or NULL) over x, one call each, into y's G
+ * blocks; packed: the matrices prepared for matmul first. */
+static void cpu_matmul_parts(float *y, const float *x, const void *ws, dtype_t wt, const float *bf,
+                             int G, int m, int n, int k, int packed) {
+    ar_error_t err = {{0}};
+    const size_t part = (size_t)n * k * dtype_size(wt);
+    for (int g = 0; g < G; g++) {
+        tensor_t w, b;
+        CHECK(cpu->weight_load(cpu, &w, (const char *)ws + g * part, wt, 2, (const int64_t[]){n, k},
+                               &err) == AR_OK);
+        CHECK(!bf || cpu->weight_load(cpu, &b, bf + (size_t)g * n, DTYPE_F32, 1,
+                                      (const int64_t[]){n}, &err) == AR_OK);
+        CHECK(!packed || cpu->weight_prepare(cpu, &w, LAYOUT_LINEAR, &err) == AR_OK);
+        cpu->matmul(cpu, y + (size_t)g * m * n, x, &w, bf ? &b : NULL, m);
+        cpu->weight_free(cpu, &w);
+        if (bf)
+            cpu->weight_free(cpu, &b);
+    }
+}
+
+/* A stacked weight [G, n, k] (backend.h's matmul): on the CPU, as loaded
+ * and prepared, the same bytes as its G matrices one call each; on the
+ * backend under test within matmul's tolerance of them. */
+static void check_matmul_stacked(int G, int m, int n, int k, dtype_t wt, int with_bias) {
+    const size_t nk = (size_t)n * k, out = (size_t)G * m * n;
+    float *x = host_uniform((size_t)m * k, -1, 1), *wf = host_uniform(G * nk, -1, 1);
+    float *bf = host_uniform((size_t)G * n, -1, 1), *wr = malloc((G * nk + 1) * 4);
+    void *ws = host_as(wf, G * nk, wt, wr);
+    wpair_t w = wpair_load(ws, wt, 3, G, n, k, 1), b = wpair_load(bf, DTYPE_F32, 2, G, n, 1, 1);
+    pair_t px = pair_new(x, (size_t)m * k), py = pair_new(NULL, out);
+    cpu->matmul(cpu, py.ref, px.ref, &w.ref, with_bias ? &b.ref : NULL, m);
+    dut->matmul(dut, py.dut, px.dut, &w.dut, with_bias ? &b.dut : NULL, m);
+    char what[112];
+    snprintf(what, sizeof what, "matmul stacked %d x %s m=%d n=%d k=%d bias=%d", G, type_name(wt),
+             m, n, k, with_bias);
+    float *parts = malloc((out + 1) * 4), *stacked = malloc((out + 1) * 4);
+    cpu_matmul_parts(parts, px.ref, ws, wt, with_bias ? bf : NULL, G, m, n, k, 0);
+    CHECK_MSG(memcmp(parts, py.ref, out * 4) == 0, "%s: the CPU's stack differs from its parts",
+              what);
+    ar_error_t err = {{0}};
+    tensor_t packed;
+    CHECK(cpu->weight_load(cpu, &packed, ws, wt, 3, (const int64_t[]){G, n, k}, &err) == AR_OK);
+    CHECK(cpu->weight_prepare(cpu, &packed, LAYOUT_LINEAR, &err) == AR_OK);
+    cpu->matmul(cpu, stacked, px.ref, &packed, with_bias ? &b.ref : NULL, m);
+    cpu_matmul_parts(parts, px.ref, ws, wt, with_bias ? bf : NULL, G, m, n, k, 1);
+    CHECK_MSG(memcmp(parts, stacked, out * 4) == 0,
+              "%s: the CPU's prepared stack differs from its prepared parts", what);
+    cpu->weight_free(cpu, &packed);
+    double *mag = malloc((out + 1) * sizeof *mag);
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) {
+                double sum = 0;
+                for (int p = 0; p < k; p++)
+                    sum += fabs((double)x[(size_t)i * k + p] * wr[g * nk + (size_t)j * k + p]);
+                mag[((size_t)g * m + i) * n + j] = sum;
+            }
+    compare(what, py, 1e-6, 1e-6, mag, gemm_mag_tol(wt, k));
+    check_unchanged(what, px, x);
+    pair_del(px);
+    pair_del(py);
+    wpair_free(&w);
+    wpair_free(&b);
+    free(x), free(wf), free(bf), free(wr), free(ws), free(parts), free(stacked), free(mag);
+}
+
+/* q, k and v stacked (3) and gate and up (2), in every type, with and
+ * without biases; rows from a decode step to more than one scratch slice. */
+static void test_matmul_stacked_equals_its_parts(void) {
+    const int shapes[][4] = {{3, 1, 64, 48}, {3, 37, 65, 129}, {2, 5, 33, 17}, {2, 0, 4, 3}};
+    for (int t = 0; t < 3; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+            for (int bias = 0; bias < 2; bias++)
+                check_matmul_stacked(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3],
+                                     all_types[t], bias);
+    check_matmul_stacked(3, 45, 133334, 3, DTYPE_BF16, 1);
+    check_status_clean("matmul stacked");
 }
 
 /* Stride-1 convolutions; the last case needs two im2col slices of the
@@ -1599,6 +1685,7 @@ int main(void) {
     TEST_RUN(test_check_mode_syncs_after_every_op);
     TEST_RUN(test_matmul_types_shapes_and_bias);
     TEST_RUN(test_matmul_sliced_over_scratch);
+    TEST_RUN(test_matmul_stacked_equals_its_parts);
     TEST_RUN(test_conv2d_types_pads_and_slices);
     TEST_RUN(test_conv2d_sliced_over_scratch);
     TEST_RUN(test_rmsnorm);

@@ -40,6 +40,12 @@ size=$(png_size "$tmp/a.png" 2>/dev/null)
 grep -qE '64 steps in [0-9.]+ s .*images/s' "$tmp/err" && ok "summary line names steps, seconds, images/s" \
     || fail "summary line" "$(cat "$tmp/err")"
 
+! grep -q '^backend ' "$tmp/err" && "$bin" generate --model "$model" --prompt-ids 10,11,12 --seed 7 \
+    -o "$tmp/v.png" -v 2>"$tmp/verr" && cmp -s "$tmp/a.png" "$tmp/v.png" &&
+    grep -qx 'backend cpu: computes in host memory, with no kernel launches or copies to count' "$tmp/verr" &&
+    ok "-v says what a step cost the backend (the CPU: nothing to count), same image" ||
+    fail "-v says what a step cost the backend" "$(cat "$tmp/verr")"
+
 "$bin" generate --model "$model" --prompt-ids 10,11,12 --seed 7 -o "$tmp/b.png" -q
 cmp -s "$tmp/a.png" "$tmp/b.png" && ok "same seed gives the same bytes" || fail "same seed gives the same bytes"
 

@@ -1062,3 +1062,25 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     return gemm(handle, transa, transb, m, n, k, *(const float *)alpha, A, Atype, lda, B, Btype,
                 ldb, *(const float *)beta, (float *)C, ldc);
 }
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void *alpha, const void *A, cudaDataType Atype,
+                                          int lda, long long strideA, const void *B,
+                                          cudaDataType Btype, int ldb, long long strideB,
+                                          const void *beta, void *C, cudaDataType Ctype, int ldc,
+                                          long long strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+    if (batchCount < 0 || strideA < 0 || strideB < 0 || strideC < 0)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const size_t es_a = Atype == CUDA_R_32F ? 4 : 2, es_b = Btype == CUDA_R_32F ? 4 : 2;
+    for (int i = 0; i < batchCount; i++) {
+        const cublasStatus_t st = cublasGemmEx(
+            handle, transa, transb, m, n, k, alpha, (const char *)A + i * strideA * (long long)es_a,
+            Atype, lda, (const char *)B + i * strideB * (long long)es_b, Btype, ldb, beta,
+            (float *)C + i * strideC, Ctype, ldc, computeType, algo);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return st;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}

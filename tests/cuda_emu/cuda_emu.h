@@ -198,6 +198,18 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
                             cublasGemmAlgo_t algo);
 
+/* batchCount products of cublasGemmEx's form; product i reads A + i *
+ * strideA, B + i * strideB and writes C + i * strideC (elements; a stride
+ * of 0 shares the operand). */
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void *alpha, const void *A, cudaDataType Atype,
+                                          int lda, long long strideA, const void *B,
+                                          cudaDataType Btype, int ldb, long long strideB,
+                                          const void *beta, void *C, cudaDataType Ctype, int ldc,
+                                          long long strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo);
+
 /* ---- emulator controls (tests only) -------------------------------------- */
 
 /* Sets the device memory the emulator pretends to have (default 16 GiB);

@@ -1,7 +1,9 @@
 /* Unit tests for engine/format/safetensors.c: valid files of every dtype, lookup and
  * shape checks, metadata, and a table of malformed files, each of which must be
- * refused with a message naming the file, the tensor and the problem. */
+ * refused with a message naming the file, the tensor and the problem; and the
+ * stacked Linear weights engine/weights.c assembles from a file's tensors. */
 #include "engine/format/safetensors.h"
+#include "engine/weights.h"
 #include "tests/test.h"
 
 #include <stdint.h>
@@ -476,6 +478,47 @@ static void test_close_is_safe_when_nothing_is_open(void) {
     CHECK_STR_CONTAINS(err.msg, "not found");
 }
 
+/* A stack from separate tensors and from row blocks of one fused tensor
+ * holds each part's rows in order (read back through matmul with x =
+ * [1, 0, 0], which picks column 0 of every row); parts of two types and a
+ * missing part are refused, naming the file and the tensor. */
+static void test_stacked_linear_from_parts(void) {
+    const char *json = "{" T("a", "F32", "[2,3]", 0, 24) "," T("b", "F32", "[2,3]", 24, 48) "," T(
+        "f", "F32", "[6,3]", 48, 120) "," T("c", "BF16", "[2,3]", 120, 132) "}";
+    float data[33] = {0};
+    for (int i = 0; i < 30; i++)
+        data[i] = (float)(i + 1);
+    safetensors_t st;
+    ar_error_t err = {{0}};
+    CHECK_MSG(open_st(&st, "stack.safetensors", json, data, 132, &err) == AR_OK, "%s", err.msg);
+    backend_t *be = backend_cpu_create(1, &err);
+    weight_set_t ws = {.n_files = 1, .be = be, .check_finite = 1};
+    ws.files[0] = st;
+    tensor_t w;
+    weight_part_t two[2] = {{"b", 0, 2}, {"a", 0, 2}};
+    CHECK_MSG(weight_load_linear_stack(&ws, &w, 2, two, 2, 3, &err) == AR_OK, "%s", err.msg);
+    CHECK(w.ndim == 3 && w.shape[0] == 2 && w.shape[1] == 2 && w.shape[2] == 3);
+    CHECK(ws.bytes_loaded == 48);
+    float x[3] = {1, 0, 0}, y[6];
+    be->matmul(be, y, x, &w, NULL, 1);
+    CHECK(y[0] == 7 && y[1] == 10 && y[2] == 1 && y[3] == 4); /* b's rows, then a's */
+    be->weight_free(be, &w);
+    weight_part_t fused[3] = {{"f", 0, 6}, {"f", 2, 6}, {"f", 4, 6}};
+    CHECK_MSG(weight_load_linear_stack(&ws, &w, 3, fused, 2, 3, &err) == AR_OK, "%s", err.msg);
+    be->matmul(be, y, x, &w, NULL, 1);
+    for (int i = 0; i < 6; i++)
+        CHECK_MSG(y[i] == (float)(13 + 3 * i), "row %d: %g", i, y[i]);
+    be->weight_free(be, &w);
+    weight_part_t mixed[2] = {{"a", 0, 2}, {"c", 0, 2}};
+    CHECK(weight_load_linear_stack(&ws, &w, 2, mixed, 2, 3, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "stack.safetensors: tensor 'c' is BF16 where 'a' is F32");
+    weight_part_t missing[2] = {{"a", 0, 2}, {"zz", 0, 2}};
+    CHECK(weight_load_linear_stack(&ws, &w, 2, missing, 2, 3, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "tensor 'zz' not found");
+    be->destroy(be);
+    safetensors_close(&st);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR");
     snprintf(tmp_dir, sizeof tmp_dir, "%s/test_safetensors.XXXXXX", base && *base ? base : "/tmp");
@@ -494,6 +537,7 @@ int main(void) {
     TEST_RUN(test_malformed_headers);
     TEST_RUN(test_unopenable_paths);
     TEST_RUN(test_close_is_safe_when_nothing_is_open);
+    TEST_RUN(test_stacked_linear_from_parts);
     rmdir(tmp_dir);
     return TEST_SUMMARY();
 }
