@@ -498,7 +498,8 @@ test-bench-smoke: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUIL
                   $(VENV)/.stamp $(BENCH_CPU_VENV)/.stamp
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_sample_next.py
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_reference_dtype.py
-	tests/cli/test_speed_bench_emu.sh $(BUILD)/speed_bench-emu $(TINY_MODEL) $(VENV)/bin/python
+	tests/cli/test_speed_bench_emu.sh $(BUILD)/speed_bench-emu $(TINY_MODEL) $(VENV)/bin/python \
+	    $(VAR_TINY_MODEL)
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_gpu_bench.py $(BUILD)
 	tests/cli/test_bench_smoke.sh "$(SMOKE_MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 

@@ -302,7 +302,8 @@ static double device_copy_bandwidth(backend_t *be, size_t *bytes) {
 typedef struct args {
     const char *model_dir, *prompt, *kv_name, *backend;
     long long batch, images, reps, threads;
-    int json, measure; /* measure: 0 all, 1 speed, 2 roofline */
+    int json, measure;   /* measure: 0 all, 1 speed, 2 roofline */
+    int batch_invariant; /* backend.h's batch_invariant */
 } args_t;
 
 /* 0 to go on, else main's exit status (help printed: 0 with *done set). */
@@ -315,6 +316,7 @@ static int args_parse(args_t *a, int argc, char **argv, int *done) {
                   .reps = 3,
                   .threads = 1};
     static const char *const measures[] = {"all", "speed", "roofline", NULL};
+    static const char *const on_off[] = {"off", "on", NULL};
     char names[128], rule[256], backend_help[512];
     snprintf(backend_help, sizeof backend_help,
              "%s, or %s: %s (default cpu); a device backend adds launches, copies and peak "
@@ -336,6 +338,10 @@ static int args_parse(args_t *a, int argc, char **argv, int *done) {
         {"backend", 0, CLI_STRING, &a->backend, .metavar = "NAME", .help = backend_help},
         {"kv-dtype", 0, CLI_STRING, &a->kv_name, .metavar = "TYPE",
          .help = "K and V in the pool: auto (the weights' type, default), f32, bf16, f16 or fp8"},
+        {"batch-invariant", 0, CLI_CHOICE, &a->batch_invariant, .choices = on_off,
+         .metavar = "on|off",
+         .help = "next-scale models: a GEMM per image where the backend's rows depend on the "
+                 "batch (default off: one GEMM over the batch's rows)"},
         {"json", 0, CLI_BOOL, &a->json, .help = "print one JSON object instead of a table"},
         {"measure", 0, CLI_CHOICE, &a->measure, .choices = measures, .metavar = "WHAT",
          .help = "all (default), speed (no bandwidth buffer: peak RSS is the engine's) or "
@@ -439,6 +445,7 @@ static cJSON *report_head(const bench_t *b, const args_t *a, dtype_t kv_dtype, d
     cJSON_AddArrayToObject(o, "batches"); /* report_row's */
     cJSON_AddStringToObject(o, "model", m->cfg.name);
     cJSON_AddStringToObject(o, "backend", b->be->name);
+    cJSON_AddBoolToObject(o, "batch_invariant", b->be->batch_invariant);
     cJSON_AddNumberToObject(o, "threads", (double)a->threads);
     cJSON_AddNumberToObject(o, "images", (double)a->images);
     cJSON_AddNumberToObject(o, "reps", (double)a->reps);
@@ -534,6 +541,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "speed_bench: %s\n", err.msg);
         return 1;
     }
+    be->batch_invariant = a.batch_invariant;
     static bench_t b;
     dtype_t kv_dtype;
     double kv_mib;

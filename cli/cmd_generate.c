@@ -24,6 +24,7 @@ typedef struct generate_args {
     double cfg, temperature, top_p; /* < 0: the model's default */
     int quiet;
     int verbose;
+    int batch_invariant; /* backend.h's batch_invariant */
 } generate_args_t;
 
 static void generate_usage(FILE *f, const cli_flag_t *flags) {
@@ -283,6 +284,7 @@ int cmd_generate(int argc, char **argv, char **envp) {
              "type the KV cache stores K and V in: %sor %s, the weights' type (default %s); "
              "fp8 is e4m3",
              types, planner_kv_dtype_settings[0], planner_kv_dtype_settings[0]);
+    static const char *const on_off[] = {"off", "on", NULL};
     const cli_flag_t flags[] = {
         {"model", 0, CLI_STRING, &a.model_dir, .metavar = "DIR",
          .help = "model directory (arserve.json, weights, tokenizer.json); default: "
@@ -314,6 +316,11 @@ int cmd_generate(int argc, char **argv, char **envp) {
         {"threads", 0, CLI_INT, &a.threads, 0, 1024, .metavar = "N",
          .help = "CPU threads, 0 = all cores (default 0)"},
         {"backend", 0, CLI_STRING, &a.backend, .metavar = "NAME", .help = backend_help},
+        {"batch-invariant", 0, CLI_CHOICE, &a.batch_invariant, .choices = on_off,
+         .metavar = "on|off",
+         .help = "next-scale models: the image's rows and the guidance row's as GEMMs of their "
+                 "own where the backend's rows depend on the batch, as serve's batch_invariant "
+                 "(default off)"},
         {"kv-dtype", 0, CLI_STRING, &a.kv_dtype, .metavar = "TYPE", .help = kv_dtype_help},
         {"output", 'o', CLI_STRING, &a.out_path, .metavar = "FILE",
          .help = "PNG to write (default out.png)"},
@@ -350,6 +357,7 @@ int cmd_generate(int argc, char **argv, char **envp) {
         fprintf(stderr, "arserve generate: %s\n", err.msg);
         return 1;
     }
+    be->batch_invariant = a.batch_invariant;
     rc = generate(&a, be);
     be->destroy(be);
     (void)envp;

@@ -205,6 +205,11 @@ static const setting_t SETTINGS[] = {
     ENUM_SETTING(log_level, "info", LOG_LEVELS, "LEVEL", "Log verbosity"),
     {FIELD(backend), .kind = KIND_ENUM, .def_str = BACKEND_AUTO, .choices = backend_names,
      .metavar = "NAME", .help = "Compute backend", .help_list = backend_auto_help},
+    ENUM_SETTING(batch_invariant, "off", ON_OFF, "on|off",
+                 "Next-scale models: each image's Linears as GEMMs of their own, so its bytes do "
+                 "not depend on what else runs in its step, at the cost of reading the weights "
+                 "once per image (on CUDA); off: one GEMM over every image's rows. The CPU "
+                 "backend is batch invariant either way"),
     INT_SETTING(retry_after_s, 1, 3600, 1, "SECONDS",
                 "Retry-After header value sent with 429 responses"),
     INT_SETTING(max_connections, 0, 100000, 0, "N",

@@ -54,6 +54,7 @@ typedef struct server_config {
     char metrics_auth[4];     /* "on": /metrics needs the key */
     char log_prompts[4];      /* "on": the access log shows prompts */
     char check_weights[4];    /* "on": every weight must be finite at load */
+    char batch_invariant[4];  /* "on": a GEMM per sequence where rows depend on the batch */
 
     /* Derived, not settings of their own: */
     char config_path[1024]; /* the config file that was read, "" if none */

@@ -255,6 +255,7 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
         fprintf(stderr, "arserve serve: %s\n", err.msg);
         return 1;
     }
+    d->be->batch_invariant = server_config_on(cfg->batch_invariant);
     const double t0 = clock_now_s();
     const unsigned load_flags = server_config_on(cfg->check_weights) ? 0 : MODEL_LOAD_UNCHECKED;
     if (model_load_with(&d->model, cfg->model, d->be, load_flags, &err) != AR_OK) {

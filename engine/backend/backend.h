@@ -110,6 +110,14 @@ typedef struct backend backend_t;
 struct backend {
     const char *name;
     void *impl; /* backend private state */
+    /* Not an op: how the engine drives this backend, set by whoever opened
+     * it (serve's batch_invariant, --batch-invariant). When set, a ragged
+     * batch's sequences (next-scale steps, seq_rows.h) each get a GEMM of
+     * their own wherever matmul's rows are not independent of the batch
+     * (a weight not in LAYOUT_LINEAR, as on CUDA), so an image's bytes do
+     * not depend on what else is in its step; 0 (default): one GEMM over
+     * every sequence's rows, the weights read once a step. */
+    int batch_invariant;
 
     /* Memory. alloc returns NULL when out of memory; free accepts NULL. */
     void *(*alloc)(backend_t *be, size_t bytes);

@@ -1375,7 +1375,10 @@ static void cpu_destroy(backend_t *be) {
 /* Host memory is shared by every thread: a fork is a backend of its own
  * (its own scratch panel and team size) over the same weights. */
 static backend_t *cpu_fork(backend_t *be, size_t bytes, int n_threads, ar_error_t *err) {
-    return backend_cpu_create(n_threads > 0 ? n_threads : team(be), err);
+    backend_t *f = backend_cpu_create(n_threads > 0 ? n_threads : team(be), err);
+    if (f)
+        f->batch_invariant = be->batch_invariant;
+    return f;
 }
 
 backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {

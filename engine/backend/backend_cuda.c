@@ -1385,6 +1385,7 @@ static backend_t *cuda_fork(backend_t *parent, size_t bytes, int n_threads, ar_e
     }
     impl->parent = parent;
     impl->check_ops = p->check_ops;
+    be->batch_invariant = parent->batch_invariant;
     if (cuda_start(be, reserve, err) != AR_OK) {
         cuda_destroy(be);
         return NULL;

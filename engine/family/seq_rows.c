@@ -5,8 +5,8 @@ void seq_rows_matmul(backend_t *be, float *y, const float *x, const tensor_t *w,
                      const int *q_start, int n_seq) {
     const size_t in = (size_t)w->shape[1], out = (size_t)w->shape[0];
     /* A prepared Linear weight keeps rows independent (backend.h): one GEMM
-     * reads w once for all. */
-    if (w->layout == LAYOUT_LINEAR) {
+     * reads w once for all, batch invariant or not. */
+    if (w->layout == LAYOUT_LINEAR || !be->batch_invariant) {
         be->matmul(be, y + (size_t)q_start[0] * out, x + (size_t)q_start[0] * in, w, b,
                    q_start[n_seq] - q_start[0]);
         return;

@@ -1,8 +1,8 @@
-/* Row ops of a ragged batch done sequence by sequence, shared by the
- * next-scale transformers (var.c, infinity.c): sequence s owns rows
- * [q_start[s], q_start[s + 1]). Each sequence's rows go through a GEMM of
- * their own, so a request's numbers never depend on what else is in the
- * batch, and its AdaLN modulation comes from its own table. */
+/* Row ops of a ragged batch, shared by the next-scale transformers
+ * (var.c, infinity.c): sequence s owns rows [q_start[s], q_start[s + 1]).
+ * Linears run over every sequence's rows at once, or sequence by sequence
+ * where the backend is asked for batch invariance (backend.h); each
+ * sequence's AdaLN modulation comes from its own table. */
 #ifndef ARSERVE_SEQ_ROWS_H
 #define ARSERVE_SEQ_ROWS_H
 
@@ -14,10 +14,11 @@
  * order VAR and Infinity lay them out. */
 enum { ADALN_GAMMA1, ADALN_GAMMA2, ADALN_SCALE1, ADALN_SCALE2, ADALN_SHIFT1, ADALN_SHIFT2 };
 
-/* y = x w^T + b over every sequence's rows, one GEMM per sequence: a GEMM's
- * rounding depends on how many rows it has (OpenBLAS and cuBLAS pick their
- * kernels and tiles by shape); one GEMM for all where w is a prepared Linear
- * weight (w->layout == LAYOUT_LINEAR), whose rows the backend keeps independent. */
+/* y = x w^T + b over every sequence's rows: one GEMM for all, or, where
+ * be->batch_invariant asks for it, one GEMM per sequence (a GEMM's rounding
+ * may depend on how many rows it has: OpenBLAS and cuBLAS pick their
+ * kernels and tiles by shape) unless w is a prepared Linear weight (w->layout
+ * == LAYOUT_LINEAR), whose rows the backend keeps independent anyway. */
 void seq_rows_matmul(backend_t *be, float *y, const float *x, const tensor_t *w, const tensor_t *b,
                      const int *q_start, int n_seq);
 

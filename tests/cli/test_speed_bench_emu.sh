@@ -5,9 +5,12 @@
 # decode step, and the peak device memory, in the table and in --json (the
 # keys bench/gpu_bench.py reads), and the memory roofline against the
 # device copy's bandwidth instead of the CPU's.
-# usage: tests/cli/test_speed_bench_emu.sh path/to/speed_bench-emu path/to/tiny-model path/to/python
+# On the tiny next-scale model, a step's launches with --batch-invariant
+# off (one GEMM over every image's rows) fewer than with it on (a GEMM per
+# sequence) at both batch sizes.
+# usage: tests/cli/test_speed_bench_emu.sh path/to/speed_bench-emu path/to/tiny-model path/to/python path/to/var-tiny-model
 set -u
-bin=$1 model=$2 python=$3
+bin=$1 model=$2 python=$3 var_model=$4
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passed=0 failed=0
@@ -55,6 +58,22 @@ PY
     ok "--json: launches_per_step, h2d/d2h_copies_per_step, copy_bytes_per_step, device_peak_bytes per batch; the roofline at the device copy's bandwidth" ||
     fail "--json: launches_per_step, h2d/d2h_copies_per_step, copy_bytes_per_step, device_peak_bytes per batch; the roofline at the device copy's bandwidth" \
         "$(cat "$tmp/check" "$tmp/out.json" "$tmp/err")"
+
+for mode in on off; do
+    timeout 120 "$bin" --model "$var_model" --backend cuda --batch 4 --images 4 --reps 1 --json \
+        --batch-invariant $mode >"$tmp/var-$mode.json" 2>"$tmp/err-$mode"
+done
+"$python" - "$tmp/var-on.json" "$tmp/var-off.json" <<'PY' >"$tmp/check" 2>&1 &&
+import json, sys
+on, off = (json.load(open(p)) for p in sys.argv[1:3])
+assert on["batch_invariant"] is True and off["batch_invariant"] is False, (on, off)
+for a, b in zip(on["batches"], off["batches"]):
+    assert b["launches_per_step"] < a["launches_per_step"], (a, b)
+print("ok")
+PY
+    ok "next-scale: --batch-invariant off (one GEMM for the batch) launches fewer kernels a step than on" ||
+    fail "next-scale: --batch-invariant off (one GEMM for the batch) launches fewer kernels a step than on" \
+        "$(cat "$tmp/check" "$tmp/var-on.json" "$tmp/var-off.json" "$tmp/err-on" "$tmp/err-off")"
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
