@@ -18,7 +18,9 @@ enum { ADALN_GAMMA1, ADALN_GAMMA2, ADALN_SCALE1, ADALN_SCALE2, ADALN_SHIFT1, ADA
  * be->batch_invariant asks for it, one GEMM per sequence (a GEMM's rounding
  * may depend on how many rows it has: OpenBLAS and cuBLAS pick their
  * kernels and tiles by shape) unless w is a prepared Linear weight (w->layout
- * == LAYOUT_LINEAR), whose rows the backend keeps independent anyway. */
+ * == LAYOUT_LINEAR), whose rows the backend keeps independent anyway. A
+ * stacked w (backend.h's matmul) gives its blocks of every sequence's rows
+ * either way; q_start[0] is then 0. */
 void seq_rows_matmul(backend_t *be, float *y, const float *x, const tensor_t *w, const tensor_t *b,
                      const int *q_start, int n_seq);
 

@@ -9,6 +9,7 @@
 #include "engine/family/seq_rows.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,12 +35,25 @@ static int load_block(var_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
                weight_load(ws, &b->adaln_b, SHAPE1(6 * hidden), err, "%s.%d.adaln.bias", p, i)) {
         return AR_ERR;
     }
-    /* The fused qkv matrix, split into its three row blocks. */
-    tensor_t *parts[] = {&b->q, &b->k, &b->v};
-    for (int j = 0; j < 3; j++)
-        if (weight_load_linear_rows(ws, parts[j], j * hidden, hidden, SHAPE2(3 * hidden, hidden),
-                                    err, "%s.%d.attn.qkv.weight", p, i))
-            return AR_ERR;
+    /* The fused qkv matrix as a stack of its three row blocks (one matmul),
+     * with q's and v's biases around k's zeros. */
+    weight_part_t parts[3];
+    for (int j = 0; j < 3; j++) {
+        snprintf(parts[j].name, sizeof parts[j].name, "%s.%d.attn.qkv.weight", p, i);
+        parts[j].row0 = j * hidden;
+        parts[j].rows = 3 * hidden;
+    }
+    float *qkv_b = calloc(3 * (size_t)hidden, sizeof *qkv_b);
+    int rc =
+        !qkv_b ? ar_errorf(err, "out of memory")
+               : weight_load_linear_stack(ws, &b->qkv, 3, parts, hidden, hidden, err) ||
+                     weight_read_f32(ws, qkv_b, SHAPE1(hidden), err, "%s.%d.attn.q_bias", p, i) ||
+                     weight_read_f32(ws, qkv_b + 2 * hidden, SHAPE1(hidden), err,
+                                     "%s.%d.attn.v_bias", p, i) ||
+                     m->be->weight_load(m->be, &b->qkv_b, qkv_b, DTYPE_F32, SHAPE2(3, hidden), err);
+    free(qkv_b);
+    if (rc)
+        return AR_ERR;
     /* exp(min(s, ln 100)) per head, once, at load. */
     float mul[VAR_MAX_HEADS];
     if (weight_read_f32(ws, mul, SHAPE1(H), err, "%s.%d.attn.scale_mul", p, i))
@@ -47,8 +61,6 @@ static int load_block(var_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
     for (int h = 0; h < H; h++)
         mul[h] = expf(fminf(mul[h], logf(100.0f)));
     if (m->be->weight_load(m->be, &b->head_mul, mul, DTYPE_F32, SHAPE1(H), err) ||
-        weight_load(ws, &b->q_bias, SHAPE1(hidden), err, "%s.%d.attn.q_bias", p, i) ||
-        weight_load(ws, &b->v_bias, SHAPE1(hidden), err, "%s.%d.attn.v_bias", p, i) ||
         weight_load_linear(ws, &b->proj, SHAPE2(hidden, hidden), err, "%s.%d.attn.proj.weight", p,
                            i) ||
         weight_load(ws, &b->proj_b, SHAPE1(hidden), err, "%s.%d.attn.proj.bias", p, i) ||
@@ -145,8 +157,7 @@ int var_load(var_model_t *m, const model_config_t *cfg, weight_set_t *ws, backen
 
 static void workspace_free(var_model_t *m) {
     backend_t *be = m->be;
-    float **bufs[] = {&m->x,   &m->xn,  &m->q,   &m->k,    &m->v,
-                      &m->att, &m->tmp, &m->ffn, &m->cond, &m->logits};
+    float **bufs[] = {&m->x, &m->xn, &m->qkv, &m->att, &m->tmp, &m->ffn, &m->cond, &m->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         be->free(be, *bufs[i]);
         *bufs[i] = NULL;
@@ -186,11 +197,10 @@ static int workspace_reserve(var_model_t *m, int rows, int seqs, ar_error_t *err
     struct {
         float **p;
         size_t n;
-    } plan[] = {{&m->x, R * hidden},    {&m->xn, R * hidden},
-                {&m->q, R * hidden},    {&m->k, R * hidden},
-                {&m->v, R * hidden},    {&m->att, R * hidden},
-                {&m->tmp, R * hidden},  {&m->ffn, R * F},
-                {&m->cond, S * hidden}, {&m->logits, R * (size_t)c->image.codebook_size}};
+    } plan[] = {{&m->x, R * hidden},       {&m->xn, R * hidden},
+                {&m->qkv, 3 * R * hidden}, {&m->att, R * hidden},
+                {&m->tmp, R * hidden},     {&m->ffn, R * F},
+                {&m->cond, S * hidden},    {&m->logits, R * (size_t)c->image.codebook_size}};
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
         if (!(*plan[i].p = be->alloc(be, plan[i].n * sizeof(float)))) {
             workspace_free(m);
@@ -349,15 +359,15 @@ static int run_block(var_model_t *m, forward_t *f, const float *const *tabs, int
     forward_layer(f, li);
     norm_modulate(m, q_start, n_in, tabs, at + ADALN_SCALE1 * (size_t)hidden,
                   at + ADALN_SHIFT1 * (size_t)hidden);
-    rows_matmul(m, m->q, m->xn, &b->q, &b->q_bias, q_start, n_in);
-    rows_matmul(m, m->k, m->xn, &b->k, NULL, q_start, n_in);
-    rows_matmul(m, m->v, m->xn, &b->v, &b->v_bias, q_start, n_in);
-    be->l2norm_heads(be, m->q, b->head_mul.data, rows, H, l->head_dim);
-    be->l2norm_heads(be, m->k, NULL, rows, H, l->head_dim);
-    if (forward_prune(f, li, m->k, err) != AR_OK)
+    /* the stacked q, k, v: three blocks of rows (backend.h's matmul) */
+    float *q = m->qkv, *k = q + (size_t)rows * hidden, *v = k + (size_t)rows * hidden;
+    rows_matmul(m, m->qkv, m->xn, &b->qkv, &b->qkv_b, q_start, n_in);
+    be->l2norm_heads(be, q, b->head_mul.data, rows, H, l->head_dim);
+    be->l2norm_heads(be, k, NULL, rows, H, l->head_dim);
+    if (forward_prune(f, li, k, err) != AR_OK)
         return AR_ERR;
-    be->attention_scale(be, m->att, m->q, m->k, m->v, &f->pool->blocks, &f->batch, H, 1.0f);
-    if (forward_store(f, li, m->k, m->v, err) != AR_OK)
+    be->attention_scale(be, m->att, q, k, v, &f->pool->blocks, &f->batch, H, 1.0f);
+    if (forward_store(f, li, k, v, err) != AR_OK)
         return AR_ERR;
     rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
     gated_residual(m, q_start, n_in, m->tmp, tabs, at + ADALN_GAMMA1 * (size_t)hidden);

@@ -18,7 +18,8 @@
 typedef struct var_block {
     tensor_t adaln_w, adaln_b; /* [6 hidden, hidden], [6 hidden] without shared AdaLN */
     tensor_t adaln_gss;        /* [6, hidden] with shared AdaLN */
-    tensor_t q, k, v, q_bias, v_bias, head_mul, proj, proj_b;
+    tensor_t qkv, qkv_b; /* q, k, v stacked [3, hidden, hidden]; biases [3, hidden], k's zeros */
+    tensor_t head_mul, proj, proj_b;
     tensor_t fc1, fc1_b, fc2, fc2_b;
 } var_block_t;
 
@@ -36,7 +37,7 @@ typedef struct var_model {
     var_block_t *blocks;
     /* Workspace, grown on demand (backend memory). */
     int ws_rows, ws_seqs;
-    float *x, *xn, *q, *k, *v, *att, *tmp, *ffn, *cond, *logits;
+    float *x, *xn, *qkv, *att, *tmp, *ffn, *cond, *logits; /* qkv: q, k, v row blocks */
 } var_model_t;
 
 /* What one sequence feeds in one forward pass: scale si's n = scales[si]^2
