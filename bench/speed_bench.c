@@ -304,6 +304,7 @@ typedef struct args {
     long long batch, images, reps, threads;
     int json, measure;   /* measure: 0 all, 1 speed, 2 roofline */
     int batch_invariant; /* backend.h's batch_invariant */
+    int activations;     /* backend.h's backend_activations_t */
 } args_t;
 
 /* 0 to go on, else main's exit status (help printed: 0 with *done set). */
@@ -342,6 +343,10 @@ static int args_parse(args_t *a, int argc, char **argv, int *done) {
          .metavar = "on|off",
          .help = "next-scale models: a GEMM per image where the backend's rows depend on the "
                  "batch (default off: one GEMM over the batch's rows)"},
+        {"gpu-activations", 0, CLI_CHOICE, &a->activations, .choices = backend_activations_names,
+         .metavar = "MODE",
+         .help = "a device backend's GEMMs with 16-bit weights: bf16 (default) or split "
+                 "(backend.h)"},
         {"json", 0, CLI_BOOL, &a->json, .help = "print one JSON object instead of a table"},
         {"measure", 0, CLI_CHOICE, &a->measure, .choices = measures, .metavar = "WHAT",
          .help = "all (default), speed (no bandwidth buffer: peak RSS is the engine's) or "
@@ -446,6 +451,7 @@ static cJSON *report_head(const bench_t *b, const args_t *a, dtype_t kv_dtype, d
     cJSON_AddStringToObject(o, "model", m->cfg.name);
     cJSON_AddStringToObject(o, "backend", b->be->name);
     cJSON_AddBoolToObject(o, "batch_invariant", b->be->batch_invariant);
+    cJSON_AddStringToObject(o, "gpu_activations", backend_activations_names[b->be->activations]);
     cJSON_AddNumberToObject(o, "threads", (double)a->threads);
     cJSON_AddNumberToObject(o, "images", (double)a->images);
     cJSON_AddNumberToObject(o, "reps", (double)a->reps);
@@ -542,6 +548,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     be->batch_invariant = a.batch_invariant;
+    be->activations = (backend_activations_t)a.activations;
     static bench_t b;
     dtype_t kv_dtype;
     double kv_mib;

@@ -25,6 +25,7 @@ typedef struct generate_args {
     int quiet;
     int verbose;
     int batch_invariant; /* backend.h's batch_invariant */
+    int activations;     /* backend.h's backend_activations_t */
 } generate_args_t;
 
 static void generate_usage(FILE *f, const cli_flag_t *flags) {
@@ -316,6 +317,11 @@ int cmd_generate(int argc, char **argv, char **envp) {
         {"threads", 0, CLI_INT, &a.threads, 0, 1024, .metavar = "N",
          .help = "CPU threads, 0 = all cores (default 0)"},
         {"backend", 0, CLI_STRING, &a.backend, .metavar = "NAME", .help = backend_help},
+        {"gpu-activations", 0, CLI_CHOICE, &a.activations, .choices = backend_activations_names,
+         .metavar = "MODE",
+         .help = "GPU backends with 16-bit weights, as serve's gpu_activations: bf16 (default), "
+                 "activations rounded to the weights' type for their GEMMs, or split, within "
+                 "rounding of the CPU at twice the GEMM work"},
         {"batch-invariant", 0, CLI_CHOICE, &a.batch_invariant, .choices = on_off,
          .metavar = "on|off",
          .help = "next-scale models: the image's rows and the guidance row's as GEMMs of their "
@@ -358,6 +364,7 @@ int cmd_generate(int argc, char **argv, char **envp) {
         return 1;
     }
     be->batch_invariant = a.batch_invariant;
+    be->activations = (backend_activations_t)a.activations;
     rc = generate(&a, be);
     be->destroy(be);
     (void)envp;

@@ -205,6 +205,11 @@ static const setting_t SETTINGS[] = {
     ENUM_SETTING(log_level, "info", LOG_LEVELS, "LEVEL", "Log verbosity"),
     {FIELD(backend), .kind = KIND_ENUM, .def_str = BACKEND_AUTO, .choices = backend_names,
      .metavar = "NAME", .help = "Compute backend", .help_list = backend_auto_help},
+    ENUM_SETTING(gpu_activations, "bf16", backend_activations_names, "MODE",
+                 "GPU backends with 16-bit weights: bf16, activations rounded to the weights' "
+                 "type for their GEMMs (fp32 accumulation, as GPU servers and transformers in "
+                 "bf16 multiply); split, each activation as two 16-bit halves, within rounding of "
+                 "the CPU at twice the GEMM work. The CPU computes in fp32 either way"),
     ENUM_SETTING(batch_invariant, "off", ON_OFF, "on|off",
                  "Next-scale models: each image's Linears as GEMMs of their own, so its bytes do "
                  "not depend on what else runs in its step, at the cost of reading the weights "
@@ -881,6 +886,13 @@ char *server_config_to_json(const server_config_t *c, int redact) {
 }
 
 int server_config_on(const char *value) { return !strcmp(value, "on"); }
+
+backend_activations_t server_config_activations(const char *value) {
+    for (int i = 0; backend_activations_names[i]; i++)
+        if (!strcmp(value, backend_activations_names[i]))
+            return (backend_activations_t)i;
+    return ACTIVATIONS_16BIT;
+}
 
 int server_config_max_connections(const server_config_t *c) {
     return c->max_connections ? c->max_connections : c->max_waiting + c->max_running + 64;

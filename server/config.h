@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "base/status.h"
+#include "engine/backend/backend.h"
 #include "engine/policy/kv_policy.h"
 
 /* The field names are the JSON keys. */
@@ -55,6 +56,7 @@ typedef struct server_config {
     char log_prompts[4];      /* "on": the access log shows prompts */
     char check_weights[4];    /* "on": every weight must be finite at load */
     char batch_invariant[4];  /* "on": a GEMM per sequence where rows depend on the batch */
+    char gpu_activations[8];  /* backend_activations_names: "bf16" or "split" */
 
     /* Derived, not settings of their own: */
     char config_path[1024]; /* the config file that was read, "" if none */
@@ -63,6 +65,8 @@ typedef struct server_config {
 
 /* 1 when an on/off setting's value is "on". */
 int server_config_on(const char *value);
+/* The activation mode a gpu_activations value names (a checked setting). */
+backend_activations_t server_config_activations(const char *value);
 
 /* Connections open at once: max_connections, or its derived default. */
 int server_config_max_connections(const server_config_t *c);

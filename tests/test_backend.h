@@ -17,7 +17,7 @@
 /* backend_open knows cuda only in a CUDA=1 build (ARSERVE_CUDA); a binary
  * linked against the emulator (compiled with -DARSERVE_TEST_CUDA_EMU, never
  * part of arserve) creates the emulated CUDA backend itself. */
-static inline backend_t *test_backend_open(ar_error_t *err) {
+static inline backend_t *test_backend_open_raw(ar_error_t *err) {
     const char *which = getenv("ARSERVE_TEST_BACKEND");
     if (!which || !*which)
         which = "cpu";
@@ -26,6 +26,16 @@ static inline backend_t *test_backend_open(ar_error_t *err) {
         return backend_cuda_create(0, TEST_EMU_RESERVE_BYTES, err);
 #endif
     return backend_open(which, 0, err);
+}
+
+/* The backend in split activations (backend.h): the mode the checks
+ * against the CPU and the official code hold to their tight bounds; a test
+ * of the 16-bit mode sets be->activations itself. */
+static inline backend_t *test_backend_open(ar_error_t *err) {
+    backend_t *be = test_backend_open_raw(err);
+    if (be)
+        be->activations = ACTIVATIONS_SPLIT;
+    return be;
 }
 
 #endif

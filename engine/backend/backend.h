@@ -107,6 +107,15 @@ typedef struct backend_stats {
 
 typedef struct backend backend_t;
 
+/* How a device backend multiplies fp32 activations by 16-bit weights:
+ * rounded to the weight's type, fp32 accumulation (16BIT: bf16 for bf16
+ * weights, as GPU servers and transformers in bf16 do; the default), or as
+ * hi + lo halves of it, about 16 bits of each value kept at twice the GEMM
+ * work (SPLIT: within rounding of the CPU, which keeps all 24). */
+typedef enum { ACTIVATIONS_16BIT = 0, ACTIVATIONS_SPLIT } backend_activations_t;
+/* Their setting names, in the enum's order, NULL-terminated: "bf16", "split". */
+extern const char *const backend_activations_names[];
+
 struct backend {
     const char *name;
     void *impl; /* backend private state */
@@ -118,6 +127,10 @@ struct backend {
      * not depend on what else is in its step; 0 (default): one GEMM over
      * every sequence's rows, the weights read once a step. */
     int batch_invariant;
+    /* Not an op either, set the same way (serve's gpu_activations,
+     * --gpu-activations): how a device backend feeds fp32 activations to
+     * GEMMs with 16-bit weights. The CPU computes in fp32 whatever it says. */
+    backend_activations_t activations;
 
     /* Memory. alloc returns NULL when out of memory; free accepts NULL. */
     void *(*alloc)(backend_t *be, size_t bytes);
@@ -146,6 +159,12 @@ struct backend {
      * row's bytes are the same whatever m (so a ragged batch's sequences
      * may share one call). AR_ERR if out of memory (w unchanged). */
     int (*weight_prepare)(backend_t *be, tensor_t *w, tensor_layout_t use, ar_error_t *err);
+
+    /* Optional (NULL: the engine runs matmul into a buffer, then add; see
+     * backend_matmul_add). y[m, n] += x[m, k] * w[n, k]^T, each product
+     * rounded before it is added (as matmul then add would), for a
+     * residual: one op where there would be two. */
+    void (*matmul_add)(backend_t *be, float *y, const float *x, const tensor_t *w, int m);
 
     /* y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when bias is not NULL), with
      * n = w->shape[0], k = w->shape[1].
@@ -335,6 +354,18 @@ void backend_stats_add(backend_stats_t *sum, const backend_stats_t *after,
  * host->device and ..."), into buf; returns buf. One wording for every
  * tool that prints them. */
 const char *backend_stats_per_step(const backend_stats_t *sum, double steps, char *buf, size_t cap);
+
+/* y += x w^T over m rows: be->matmul_add where the backend has it, else
+ * matmul into tmp (m * n floats of backend memory) and add. */
+static inline void backend_matmul_add(backend_t *be, float *y, const float *x, const tensor_t *w,
+                                      int m, float *tmp) {
+    if (be->matmul_add) {
+        be->matmul_add(be, y, x, w, m);
+        return;
+    }
+    be->matmul(be, tmp, x, w, NULL, m);
+    be->add(be, y, tmp, (size_t)m * (size_t)w->shape[w->ndim - 2]);
+}
 
 /* be->status where the backend has one, AR_OK otherwise. */
 static inline int backend_status(backend_t *be, ar_error_t *err) {

@@ -4,6 +4,8 @@
 
 #include "engine/backend/backend.h"
 
+const char *const backend_activations_names[] = {"bf16", "split", NULL};
+
 int backend_check_weight(const char *backend, const void *host_src, dtype_t dtype, int ndim,
                          const int64_t *shape, int64_t *numel, ar_error_t *err) {
     if (!dtype_is_float(dtype))

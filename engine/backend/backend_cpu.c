@@ -1377,7 +1377,7 @@ static void cpu_destroy(backend_t *be) {
 static backend_t *cpu_fork(backend_t *be, size_t bytes, int n_threads, ar_error_t *err) {
     backend_t *f = backend_cpu_create(n_threads > 0 ? n_threads : team(be), err);
     if (f)
-        f->batch_invariant = be->batch_invariant;
+        f->batch_invariant = be->batch_invariant, f->activations = be->activations;
     return f;
 }
 

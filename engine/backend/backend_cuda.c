@@ -442,18 +442,26 @@ static int gemm_rowmajor(backend_t *be, int M, int N, int K, const void *A, int 
     return gemm_batched(be, M, N, K, A, lda, B, ldb, b_trans, t, beta, C, ldc, 1, 0, 0);
 }
 
-/* 16-bit weights meet fp32 activations: cuBLAS wants both operands in one
- * type, and rounding activations to bf16 would cost 8 bits of them (the
- * CPU reference keeps all 24). So x is split into hi + lo halves of the
- * weight's type (kern_split_16), stacked as 2m rows of one GEMM, and the two
- * half-products are added: about 16 bits of x survive, the weight is read
- * once (decode stays bandwidth-bound on it, as with plain bf16), and only
- * prefill pays twice the tensor-core work. Rows go in slices that fit the
- * scratch. A stacked weight (backend.h) costs what one matrix does in
- * launches: one split, one batched GEMM, one sum for all its matrices. */
-static void cuda_matmul(backend_t *be, float *y, const float *x, const tensor_t *w,
-                        const tensor_t *bias, int m) {
-    assert((w->ndim == 2 || w->ndim == 3) && m >= 0);
+/* y (+)= x w^T (+ bias), the Linear of cuda_matmul and cuda_matmul_add
+ * (accumulate: y += the product, no bias).
+ *
+ * 16-bit weights meet fp32 activations, and cuBLAS wants both operands of
+ * one type. be->activations says how:
+ * - ACTIVATIONS_16BIT (the default): x rounded to the weight's type (as
+ *   every GPU server and transformers in bf16 multiply), one GEMM with
+ *   fp32 accumulation straight into y: a cast and a GEMM.
+ * - ACTIVATIONS_SPLIT: x split into hi + lo halves of the weight's type
+ *   (kern_split_16), stacked as 2m rows of one GEMM, and the two
+ *   half-products added: about 16 bits of x survive (the CPU reference
+ *   keeps all 24), the weight is still read once (decode stays
+ *   bandwidth-bound on it), and prefill pays twice the tensor-core work: a
+ *   split, a GEMM and a sum. The end-to-end and golden checks against the
+ *   CPU run in this mode.
+ * Rows go in slices that fit the scratch. A stacked weight (backend.h)
+ * costs what one matrix does in launches: its matrices in one batched GEMM. */
+static void linear(backend_t *be, float *y, const float *x, const tensor_t *w, const tensor_t *bias,
+                   int m, int accumulate) {
+    assert((w->ndim == 2 || w->ndim == 3) && m >= 0 && !(accumulate && bias));
     const int64_t *d = w->shape + (w->ndim - 2);
     assert(d[0] <= INT32_MAX && d[1] <= INT32_MAX && (w->ndim == 2 || w->shape[0] <= INT32_MAX));
     const int groups = w->ndim == 3 ? (int)w->shape[0] : 1, n = (int)d[0], k = (int)d[1];
@@ -464,21 +472,25 @@ static void cuda_matmul(backend_t *be, float *y, const float *x, const tensor_t 
     const void *b_data = bias ? bias->data : NULL;
     const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
     const size_t y_group = (size_t)m * n, b_group = bias ? (size_t)n * dtype_size(bias->dtype) : 0;
-    if (k == 0 || (w->dtype == DTYPE_F32 && bias)) {
-        for (int g = 0; g < groups; g++)
+    const int split = w->dtype != DTYPE_F32 && be->activations == ACTIVATIONS_SPLIT;
+    /* The GEMM writes y itself except in split mode: a bias goes in first. */
+    if (k == 0 || (!split && bias)) {
+        for (int g = 0; g < groups && !accumulate; g++)
             if (LAUNCH_CHECK(be, kern_fill_bias(y + g * y_group, (const char *)b_data + g * b_group,
                                                 b_type, m, n, 0, impl->stream)) != AR_OK)
                 return;
         if (k == 0)
             return;
     }
+    const float beta = bias || accumulate ? 1.0f : 0.0f;
     if (w->dtype == DTYPE_F32) {
-        gemm_batched(be, m, n, k, x, k, w->data, k, 1, DTYPE_F32, bias ? 1.0f : 0.0f, y, n, groups,
+        gemm_batched(be, m, n, k, x, k, w->data, k, 1, DTYPE_F32, beta, y, n, groups,
                      (long long)n * k, (long long)y_group);
         return;
     }
-    /* per row: 2 halves of k 16-bit values, 2 product rows of n floats a matrix */
-    const size_t row_bytes = (size_t)k * 4 + (size_t)groups * n * 8 + 2 * ARENA_ALIGN;
+    /* per row: k 16-bit values of x (split: 2 of them, and 2 product rows of n floats a matrix) */
+    const size_t row_bytes =
+        split ? (size_t)k * 4 + (size_t)groups * n * 8 + 2 * ARENA_ALIGN : (size_t)k * 2;
     const size_t fit = (SCRATCH_BYTES - 2 * ARENA_ALIGN) / row_bytes;
     if (fit == 0) {
         cuda_fail(be, "matmul: a row of k=%d, n=%d x %d does not fit the %.0f MiB scratch", k,
@@ -488,21 +500,42 @@ static void cuda_matmul(backend_t *be, float *y, const float *x, const tensor_t 
     const int slice = fit < (size_t)m ? (int)fit : m;
     for (int r0 = 0; r0 < m; r0 += slice) {
         const int rows = m - r0 < slice ? m - r0 : slice;
-        char *halves = impl->scratch; /* [2 * rows, k]: hi rows, then lo rows */
+        char *halves = impl->scratch; /* [rows, k] (split: [2 * rows, k], hi rows then lo rows) */
+        const float *xs = x + (size_t)r0 * k;
+        if (!split) {
+            if (LAUNCH_CHECK(be, kern_split_16(halves, NULL, kern_type(w->dtype), xs,
+                                               (size_t)rows * k, impl->stream)) != AR_OK)
+                return;
+            if (gemm_batched(be, rows, n, k, halves, k, w->data, k, 1, w->dtype, beta,
+                             y + (size_t)r0 * n, n, groups, (long long)n * k,
+                             (long long)y_group) != AR_OK)
+                return;
+            continue;
+        }
         const size_t half_bytes = (size_t)2 * rows * k * 2;
         /* [groups][2 * rows, n]: each matrix's hi products, then its lo ones */
         float *prod = (float *)(halves + ((half_bytes + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1)));
-        if (LAUNCH_CHECK(be, kern_split_16(halves, halves + (size_t)rows * k * 2,
-                                           kern_type(w->dtype), x + (size_t)r0 * k,
-                                           (size_t)rows * k, impl->stream)) != AR_OK)
+        if (LAUNCH_CHECK(be,
+                         kern_split_16(halves, halves + (size_t)rows * k * 2, kern_type(w->dtype),
+                                       xs, (size_t)rows * k, impl->stream)) != AR_OK)
             return;
         if (gemm_batched(be, 2 * rows, n, k, halves, k, w->data, k, 1, w->dtype, 0.0f, prod, n,
                          groups, (long long)n * k, (long long)2 * rows * n) != AR_OK)
             return;
         if (LAUNCH_CHECK(be, kern_add_pair_bias(y + (size_t)r0 * n, y_group, prod, b_data, b_type,
-                                                groups, rows, n, impl->stream)) != AR_OK)
+                                                groups, rows, n, accumulate, impl->stream)) !=
+            AR_OK)
             return;
     }
+}
+
+static void cuda_matmul(backend_t *be, float *y, const float *x, const tensor_t *w,
+                        const tensor_t *bias, int m) {
+    linear(be, y, x, w, bias, m, 0);
+}
+
+static void cuda_matmul_add(backend_t *be, float *y, const float *x, const tensor_t *w, int m) {
+    linear(be, y, x, w, NULL, m, 1);
 }
 
 /* ---- transformer ops ------------------------------------------------------------------ */
@@ -1297,6 +1330,7 @@ static int cuda_start(backend_t *be, size_t reserve, ar_error_t *err) {
     be->weight_load = cuda_weight_load;
     be->weight_free = cuda_weight_free;
     be->matmul = cuda_matmul;
+    be->matmul_add = cuda_matmul_add;
     be->rmsnorm = cuda_rmsnorm;
     be->rope = cuda_rope;
     be->rope_2d = cuda_rope_2d;
@@ -1386,6 +1420,7 @@ static backend_t *cuda_fork(backend_t *parent, size_t bytes, int n_threads, ar_e
     impl->parent = parent;
     impl->check_ops = p->check_ops;
     be->batch_invariant = parent->batch_invariant;
+    be->activations = parent->activations;
     if (cuda_start(be, reserve, err) != AR_OK) {
         cuda_destroy(be);
         return NULL;

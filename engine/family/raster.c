@@ -289,13 +289,11 @@ static int run_layer(raster_model_t *m, forward_t *f, int li, ar_error_t *err) {
     if (forward_store(f, li, k, v, err) != AR_OK)
         return AR_ERR;
     be->attention(be, m->att, q, &f->pool->blocks, &f->batch, H, 1.0f / sqrtf((float)hd));
-    be->matmul(be, m->tmp, m->att, &y->o, NULL, rows);
-    be->add(be, m->x, m->tmp, (size_t)rows * hidden);
+    backend_matmul_add(be, m->x, m->att, &y->o, rows, m->tmp);
     be->rmsnorm(be, m->xn, m->x, &y->mlp_norm, rows, hidden, l->norm_eps);
     be->matmul(be, gate, m->xn, &y->gate_up, NULL, rows);
     be->silu_mul(be, gate, gate, up, (size_t)rows * F);
-    be->matmul(be, m->tmp, gate, &y->down, NULL, rows);
-    be->add(be, m->x, m->tmp, (size_t)rows * hidden);
+    backend_matmul_add(be, m->x, gate, &y->down, rows, m->tmp);
     return AR_OK;
 }
 

@@ -96,13 +96,15 @@ static __device__ __forceinline__ void split_store(__nv_bfloat16 *hi, __nv_bfloa
                                                    float v) {
     const __nv_bfloat16 h = __float2bfloat16(v);
     hi[i] = h;
-    lo[i] = __float2bfloat16(v - __bfloat162float(h));
+    if (lo)
+        lo[i] = __float2bfloat16(v - __bfloat162float(h));
 }
 
 static __device__ __forceinline__ void split_store(__half *hi, __half *lo, size_t i, float v) {
     const __half h = __float2half(v);
     hi[i] = h;
-    lo[i] = __float2half(v - __half2float(h));
+    if (lo)
+        lo[i] = __float2half(v - __half2float(h));
 }
 
 template <typename T> static __device__ __forceinline__ T warp_sum(T v) {

@@ -170,24 +170,25 @@ cudaError_t kern_split_16(void *hi, void *lo, kern_dtype_t dtype, const float *x
 
 __global__ void add_pair_bias_kernel(float *y, size_t y_group_stride, const float *prod,
                                      const void *bias, int bias_dtype, int cols, size_t per_group,
-                                     size_t n) {
+                                     int accumulate, size_t n) {
     GRID_STRIDE_LOOP(i, n) {
         const size_t g = i / per_group, e = i % per_group, col = e % (size_t)cols;
         const float *a = prod + g * 2 * per_group;
         float v = a[e] + a[per_group + e];
         if (bias)
             v += ld_weight(bias, bias_dtype, g * (size_t)cols + col);
-        y[g * y_group_stride + e] = v;
+        float *out = y + g * y_group_stride + e;
+        *out = accumulate ? *out + v : v;
     }
 }
 
 cudaError_t kern_add_pair_bias(float *y, size_t y_group_stride, const float *prod, const void *bias,
                                kern_dtype_t bias_dtype, int groups, int rows, int cols,
-                               cudaStream_t stream) {
+                               int accumulate, cudaStream_t stream) {
     const size_t per_group = (size_t)rows * (size_t)cols, n = per_group * (size_t)groups;
     if (rows <= 0 || cols <= 0 || groups <= 0)
         return cudaSuccess;
     AR_LAUNCH(add_pair_bias_kernel, grid_for(n), AR_BLOCK, 0, stream, y, y_group_stride, prod, bias,
-              (int)bias_dtype, cols, per_group, n);
+              (int)bias_dtype, cols, per_group, accumulate, n);
     return cudaGetLastError();
 }

@@ -96,7 +96,8 @@ cudaError_t kern_fill_bias(float *y, const void *bias, kern_dtype_t bias_dtype, 
 /* Splits fp32 x into two 16-bit values of type dtype (F16 or BF16) with
  * hi = round(x) and lo = round(x - hi), so hi + lo carries about 16 bits of
  * x's 24-bit significand: GEMMs on both halves with fp32 accumulation give
- * nearly fp32 products from tensor cores. n elements each. */
+ * nearly fp32 products from tensor cores. n elements each. lo may be NULL:
+ * x rounded to dtype into hi alone (16-bit activations). */
 cudaError_t kern_split_16(void *hi, void *lo, kern_dtype_t dtype, const float *x, size_t n,
                           cudaStream_t stream);
 
@@ -104,10 +105,11 @@ cudaError_t kern_split_16(void *hi, void *lo, kern_dtype_t dtype, const float *x
  * matrices g: y[g][r, j] = a[r, j] + b[r, j] (+ bias[g * cols + j] when
  * bias is not NULL), where a is prod's rows x cols block at
  * g * 2 * rows * cols and b the block after it; y's groups are
- * y_group_stride floats apart. */
+ * y_group_stride floats apart. accumulate: y[g][r, j] += that sum instead
+ * (rounded as the sum, then the add). */
 cudaError_t kern_add_pair_bias(float *y, size_t y_group_stride, const float *prod, const void *bias,
                                kern_dtype_t bias_dtype, int groups, int rows, int cols,
-                               cudaStream_t stream);
+                               int accumulate, cudaStream_t stream);
 
 /* ---- lookups (kernels/cuda/embedding.cu) ---- */
 

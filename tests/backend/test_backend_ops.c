@@ -429,18 +429,33 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
     CHECK(d.h2d_copies == 3 && d.h2d_bytes == 32 * 4 + 32 * 2 + 4 * 4 && d.syncs == 3);
     CHECK(b->weight_load(b, &w16s, wbf, DTYPE_BF16, 3, sshape, &err) == AR_OK);
 
-    /* a stack of three bf16 matrices costs what one does */
+    /* a stack of three bf16 matrices costs what one does; 16-bit
+     * activations a cast and a GEMM, split ones a split, a GEMM and a sum;
+     * matmul_add the same as matmul (the sum or the GEMM adds into y) */
     const struct {
         const char *what;
         const tensor_t *w, *bias;
+        backend_activations_t act;
+        int add;
         unsigned long long launches;
-    } mm[] = {{"f32", &w32, NULL, 1},
-              {"f32 with bias", &w32, &bias, 2},
-              {"bf16", &w16, NULL, 3},
-              {"bf16 stacked", &w16s, NULL, 3}};
+    } mm[] = {{"f32", &w32, NULL, ACTIVATIONS_16BIT, 0, 1},
+              {"f32 with bias", &w32, &bias, ACTIVATIONS_16BIT, 0, 2},
+              {"f32 add", &w32, NULL, ACTIVATIONS_16BIT, 1, 1},
+              {"bf16", &w16, NULL, ACTIVATIONS_16BIT, 0, 2},
+              {"bf16 with bias", &w16, &bias, ACTIVATIONS_16BIT, 0, 3},
+              {"bf16 add", &w16, NULL, ACTIVATIONS_16BIT, 1, 2},
+              {"bf16 stacked", &w16s, NULL, ACTIVATIONS_16BIT, 0, 2},
+              {"bf16 split", &w16, NULL, ACTIVATIONS_SPLIT, 0, 3},
+              {"bf16 split with bias", &w16, &bias, ACTIVATIONS_SPLIT, 0, 3},
+              {"bf16 split add", &w16, NULL, ACTIVATIONS_SPLIT, 1, 3},
+              {"bf16 split stacked", &w16s, NULL, ACTIVATIONS_SPLIT, 0, 3}};
     for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
+        b->activations = mm[i].act;
         backend_stats(b, &t);
-        b->matmul(b, y, x, mm[i].w, mm[i].bias, 2);
+        if (mm[i].add)
+            b->matmul_add(b, y, x, mm[i].w, 2);
+        else
+            b->matmul(b, y, x, mm[i].w, mm[i].bias, 2);
         d = stats_since(b, &t);
         CHECK_MSG(d.launches == mm[i].launches && stats_no_copies(&d),
                   "matmul %s: %llu launches, %llu copies in, %llu syncs", mm[i].what,
@@ -591,6 +606,67 @@ static void test_matmul_types_shapes_and_bias(void) {
 static void test_matmul_sliced_over_scratch(void) {
     check_matmul(45, 400000, 3, DTYPE_BF16, 1, DTYPE_F16);
     check_status_clean("matmul sliced");
+}
+
+/* matmul (add: matmul_add over y0, no bias) in activation mode act against
+ * the CPU's matmul (then add): split within matmul's tolerance, 16-bit
+ * within the rounding of x to the weight's type (2^-8 of each |x| for
+ * bf16, 2^-11 for f16) on top. */
+static void check_matmul_mode(int m, int n, int k, dtype_t wt, int with_bias, int add,
+                              backend_activations_t act) {
+    float *x = host_uniform((size_t)m * k, -1, 1), *wf = host_uniform((size_t)n * k, -1, 1);
+    float *bf = host_uniform((size_t)n, -1, 1), *y0 = host_uniform((size_t)m * n, -1, 1);
+    float *wr = malloc(((size_t)n * k + 1) * 4);
+    void *ws = host_as(wf, (size_t)n * k, wt, wr);
+    wpair_t w = wpair_load(ws, wt, 2, n, k, 1, 1), b = wpair_load(bf, DTYPE_F32, 1, n, 1, 1, 1);
+    pair_t px = pair_new(x, (size_t)m * k), py = pair_new(add ? y0 : NULL, (size_t)m * n);
+    pair_t pt = pair_new(NULL, (size_t)m * n);
+    dut->activations = act;
+    if (add) {
+        backend_matmul_add(cpu, py.ref, px.ref, &w.ref, m, pt.ref);
+        dut->matmul_add(dut, py.dut, px.dut, &w.dut, m);
+    } else {
+        cpu->matmul(cpu, py.ref, px.ref, &w.ref, with_bias ? &b.ref : NULL, m);
+        dut->matmul(dut, py.dut, px.dut, &w.dut, with_bias ? &b.dut : NULL, m);
+    }
+    dut->activations = ACTIVATIONS_SPLIT;
+    double *mag = malloc(((size_t)m * n + 1) * sizeof *mag);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double sum = 0;
+            for (int p = 0; p < k; p++)
+                sum += fabs((double)x[(size_t)i * k + p] * wr[(size_t)j * k + p]);
+            mag[(size_t)i * n + j] = sum;
+        }
+    char what[112];
+    snprintf(what, sizeof what, "matmul%s %s activations %s m=%d n=%d k=%d bias=%d",
+             add ? "_add" : "", act == ACTIVATIONS_SPLIT ? "split" : "16-bit", type_name(wt), m, n,
+             k, with_bias);
+    const double x_round = act == ACTIVATIONS_SPLIT ? 0 : wt == DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+    compare(what, py, 1e-6, 1e-6, mag, gemm_mag_tol(wt, k) + x_round);
+    check_unchanged(what, px, x);
+    pair_del(px), pair_del(py), pair_del(pt);
+    wpair_free(&w);
+    wpair_free(&b);
+    free(x), free(wf), free(bf), free(y0), free(wr), free(ws), free(mag);
+}
+
+/* 16-bit activations, and matmul_add in both modes, over the shapes of a
+ * decode row, a prime-sized block and more than one scratch slice. */
+static void test_matmul_activation_modes_and_add(void) {
+    const int shapes[][3] = {{1, 300, 257}, {37, 65, 129}, {3, 7, 0}};
+    const dtype_t types[2] = {DTYPE_BF16, DTYPE_F16};
+    for (int t = 0; t < 2; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            const int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+            check_matmul_mode(m, n, k, types[t], 0, 0, ACTIVATIONS_16BIT);
+            check_matmul_mode(m, n, k, types[t], 1, 0, ACTIVATIONS_16BIT);
+            check_matmul_mode(m, n, k, types[t], 0, 1, ACTIVATIONS_16BIT);
+            check_matmul_mode(m, n, k, types[t], 0, 1, ACTIVATIONS_SPLIT);
+        }
+    check_matmul_mode(5, 33, 17, DTYPE_F32, 0, 1, ACTIVATIONS_16BIT);
+    check_matmul_mode(45, 400000, 3, DTYPE_BF16, 0, 1, ACTIVATIONS_16BIT);
+    check_status_clean("matmul activation modes");
 }
 
 /* The CPU's matmul of each of w's G matrices ([G, n, k], stored as ws in
@@ -1672,6 +1748,8 @@ int main(void) {
     ar_error_t err = {{0}};
     cpu = backend_cpu_create(0, &err);
     dut = cpu ? backend_cuda_create(0, DUT_RESERVE, &err) : NULL;
+    if (dut) /* the mode held to the CPU's bounds (backend.h) */
+        dut->activations = ACTIVATIONS_SPLIT;
     if (!cpu || !dut) {
         fprintf(stderr, "cannot create the backends: %s\n", err.msg);
         printf("0 passed, 1 failed\n");
@@ -1686,6 +1764,7 @@ int main(void) {
     TEST_RUN(test_matmul_types_shapes_and_bias);
     TEST_RUN(test_matmul_sliced_over_scratch);
     TEST_RUN(test_matmul_stacked_equals_its_parts);
+    TEST_RUN(test_matmul_activation_modes_and_add);
     TEST_RUN(test_conv2d_types_pads_and_slices);
     TEST_RUN(test_conv2d_sliced_over_scratch);
     TEST_RUN(test_rmsnorm);

@@ -365,12 +365,14 @@ else
     status=1
 fi
 
-# The tiny model's greedy image on both backends: identical PNGs expected.
+# The tiny model's greedy image on both backends, the GPU in split
+# activations (the mode within rounding of the CPU): identical PNGs expected.
 generate() {
     local be
     for be in cuda cpu; do
-        "$B/arserve" generate --backend "$be" --model "$ARSERVE_TINY_MODEL" --prompt "a red circle" \
-            --seed 1 --temperature 0 -q -o "$out/generate-$be.png" || return 1
+        "$B/arserve" generate --backend "$be" --gpu-activations split --model "$ARSERVE_TINY_MODEL" \
+            --prompt "a red circle" --seed 1 --temperature 0 -q -o "$out/generate-$be.png" ||
+            return 1
     done
     if cmp -s "$out/generate-cpu.png" "$out/generate-cuda.png"; then
         echo "generate: the cuda and cpu images are identical"

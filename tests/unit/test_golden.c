@@ -346,7 +346,7 @@ static void test_16_and_8_bit_kv_keep_the_reference(void) {
 #define BF16_DIR "tests/golden/janus_tiny_bf16"
 #define BF16_LOGIT_TOL 0.2  /* measured: 0.12 */
 #define BF16_GUIDED_TOL 1.0 /* measured: 0.67 */
-static void test_bf16_weights_and_kv_follow_transformers_in_bf16(void) {
+static void check_bf16_follows_transformers(void) {
     static model_t m16;
     safetensors_t st;
     ar_error_t err = {{0}};
@@ -421,11 +421,11 @@ static void test_bf16_weights_and_kv_follow_transformers_in_bf16(void) {
                       greedy[r.step - 1], margin[r.step - 1]);
         }
         if (forced) {
-            printf("bf16 weights and KV against transformers in bf16, teacher-forced: largest "
-                   "logit error %.3g (bound %.2g), guided %.3g (bound %.2g); its token at %d of "
-                   "%d steps, all %d whose margin is over %.2g\n",
-                   worst, BF16_LOGIT_TOL, worst_guided, BF16_GUIDED_TOL, agree, n_steps, clear,
-                   noise);
+            printf("bf16 weights and KV against transformers in bf16, teacher-forced (%s "
+                   "activations): largest logit error %.3g (bound %.2g), guided %.3g (bound "
+                   "%.2g); its token at %d of %d steps, all %d whose margin is over %.2g\n",
+                   backend_activations_names[be->activations], worst, BF16_LOGIT_TOL, worst_guided,
+                   BF16_GUIDED_TOL, agree, n_steps, clear, noise);
             CHECK_MSG(worst <= BF16_LOGIT_TOL, "logits off by %.3g", worst);
             CHECK_MSG(worst_guided <= BF16_GUIDED_TOL, "guided logits off by %.3g", worst_guided);
         } else {
@@ -447,6 +447,21 @@ static void test_bf16_weights_and_kv_follow_transformers_in_bf16(void) {
     kv_pool_free(&p);
     model_free(&m16);
     safetensors_close(&st);
+}
+
+/* On a device backend in both of its activation modes (backend.h): the
+ * 16-bit one multiplies as transformers in bf16 does. */
+static void test_bf16_weights_and_kv_follow_transformers_in_bf16(void) {
+    if (!strcmp(be->name, "cpu")) {
+        check_bf16_follows_transformers();
+        return;
+    }
+    const backend_activations_t was = be->activations;
+    for (int mode = 0; backend_activations_names[mode]; mode++) {
+        be->activations = (backend_activations_t)mode;
+        check_bf16_follows_transformers();
+    }
+    be->activations = was;
 }
 
 /* fp8 K and V with the scales `arserve calibrate --kv-scales` measures
