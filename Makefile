@@ -160,7 +160,7 @@ VAR_MODEL  := models/shapes-var
 .PHONY: all deps test test-unit test-cli test-integration test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
         test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
-        format format-check info bench bench-kv bench-scale bench-serve bench-gemm bench-conv help \
+        format format-check info bench bench-kv bench-scale bench-serve bench-gemm bench-conv bench-launches help \
         playground-screenshot test-bench-smoke
 
 all: info $(BUILD)/arserve
@@ -192,6 +192,8 @@ help:
 	@echo "                      too), and the row counts where it wins on every shape"
 	@echo "make bench-conv       the 3x3 convolution, direct against Winograd, on the decoders' channel"
 	@echo "                      counts and image sides, on each instruction set, and the crossover"
+	@echo "make bench-launches   kernel launches, uploads and waits a step costs the CUDA backend"
+	@echo "                      (emulator): per layer at Janus-Pro-1B's depth, per scale at VAR-d16's"
 	@echo "make bench-serve      the serving sweep: arserve bench at Poisson rates against a daemon,"
 	@echo "                      full vs a compressed policy, the simulator checked, a plot"
 	@echo "                      (docs/capacity.md); ten minutes, not part of make test"
@@ -500,6 +502,7 @@ test-bench-smoke: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUIL
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_reference_dtype.py
 	tests/cli/test_speed_bench_emu.sh $(BUILD)/speed_bench-emu $(TINY_MODEL) $(VENV)/bin/python \
 	    $(VAR_TINY_MODEL)
+	$(SMOKE_MAKE) -s bench-launches LAUNCH_COUNTS_ARGS="--modes bf16 --batch 2"
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_gpu_bench.py $(BUILD)
 	tests/cli/test_bench_smoke.sh "$(SMOKE_MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 
@@ -630,6 +633,25 @@ bench-gemm: $(BUILD)/gemm_bench
 CONV_BENCH_ARGS ?=
 bench-conv: $(BUILD)/conv_bench
 	$(BUILD)/conv_bench $(CONV_BENCH_ARGS)
+
+# What a step costs the CUDA backend in kernel launches, uploads and waits,
+# counted under the emulator (the counts depend on the ops issued, not the
+# device): the raster decode step at Janus-Pro-1B's depth against the tiny
+# model's (the launches one layer adds) in both GPU activation modes, and a
+# next-scale step at VAR-d16's depth and scales with batch invariance on and
+# off (bench/launch_counts.py). A few minutes; test-bench-smoke runs the
+# raster half in bf16 for seconds and holds a layer to 12 launches.
+JANUS_DEPTH_MODEL := $(BUILD)/janus-1b-depth
+VAR_DEPTH_MODEL   := $(BUILD)/var-d16-depth
+$(JANUS_DEPTH_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
+	$(VENV)/bin/python tools/make_tiny_model.py --preset janus-1b-depth --seed 1 --out $(JANUS_DEPTH_MODEL)
+$(VAR_DEPTH_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
+	$(VENV)/bin/python tools/make_tiny_model.py --preset var-d16-depth --seed 1 --out $(VAR_DEPTH_MODEL)
+LAUNCH_COUNTS_ARGS ?= --next-scale $(VAR_DEPTH_MODEL)
+bench-launches: $(BUILD)/speed_bench-emu $(TINY_MODEL)/arserve.json $(JANUS_DEPTH_MODEL)/arserve.json \
+                $(VAR_DEPTH_MODEL)/arserve.json $(VENV)/.stamp
+	$(VENV)/bin/python bench/launch_counts.py --bench $(BUILD)/speed_bench-emu \
+	    --shallow $(TINY_MODEL) --deep $(JANUS_DEPTH_MODEL) --max-per-layer 12 $(LAUNCH_COUNTS_ARGS)
 
 # Images/s of a next-scale model at batch 1 and SCALE_BENCH_BATCH, side by
 # side in one run (bench/speed_bench.c). Not part of `make test`

@@ -183,6 +183,13 @@ typedef struct cuda_impl {
     /* Launches, copies and syncs since creation; the arena keeps the
      * memory figures (cuda_stats fills them in). */
     backend_stats_t counts;
+    /* 16-bit activations: the op just run (rmsnorm, silu_mul) also left
+     * its output, rounded to bf16, in the scratch; x16_src and x16_n say
+     * whose (its fp32 address and length), so that a matmul of a bf16
+     * weight reading it next skips its cast. Every op clears them on entry
+     * (use_device), so they never outlive the next op. */
+    const float *x16_src;
+    size_t x16_n;
 } cuda_impl_t;
 
 static cuda_impl_t *impl_of(const backend_t *be) { return (cuda_impl_t *)be->impl; }
@@ -284,6 +291,7 @@ static const char *cuda_unusable(backend_t *be) {
 static _Thread_local int tls_device = -1;
 
 static int use_device(backend_t *be) {
+    impl_of(be)->x16_src = NULL;
     const int d = impl_of(be)->device;
     if (tls_device == d)
         return AR_OK;
@@ -467,12 +475,17 @@ static void linear(backend_t *be, float *y, const float *x, const tensor_t *w, c
     const int groups = w->ndim == 3 ? (int)w->shape[0] : 1, n = (int)d[0], k = (int)d[1];
     assert(!bias || tensor_numel(bias) == (int64_t)groups * n);
     cuda_impl_t *impl = impl_of(be);
+    const int split = w->dtype != DTYPE_F32 && be->activations == ACTIVATIONS_SPLIT;
+    /* x already in bf16, left by the op before (x16_src) */
+    const void *x16 = !split && w->dtype == DTYPE_BF16 && impl->x16_src == x &&
+                              impl->x16_n == (size_t)m * (size_t)k
+                          ? impl->scratch
+                          : NULL;
     if (m == 0 || n == 0 || use_device(be) != AR_OK)
         return;
     const void *b_data = bias ? bias->data : NULL;
     const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
     const size_t y_group = (size_t)m * n, b_group = bias ? (size_t)n * dtype_size(bias->dtype) : 0;
-    const int split = w->dtype != DTYPE_F32 && be->activations == ACTIVATIONS_SPLIT;
     /* The GEMM writes y itself except in split mode: a bias goes in first. */
     if (k == 0 || (!split && bias)) {
         for (int g = 0; g < groups && !accumulate; g++)
@@ -483,8 +496,8 @@ static void linear(backend_t *be, float *y, const float *x, const tensor_t *w, c
             return;
     }
     const float beta = bias || accumulate ? 1.0f : 0.0f;
-    if (w->dtype == DTYPE_F32) {
-        gemm_batched(be, m, n, k, x, k, w->data, k, 1, DTYPE_F32, beta, y, n, groups,
+    if (w->dtype == DTYPE_F32 || x16) {
+        gemm_batched(be, m, n, k, x16 ? x16 : x, k, w->data, k, 1, w->dtype, beta, y, n, groups,
                      (long long)n * k, (long long)y_group);
         return;
     }
@@ -540,12 +553,33 @@ static void cuda_matmul_add(backend_t *be, float *y, const float *x, const tenso
 
 /* ---- transformer ops ------------------------------------------------------------------ */
 
+/* Where an op producing a matmul's input (rmsnorm, silu_mul) puts a bf16
+ * copy of its n-float output: the scratch, in 16-bit activations when it
+ * fits; else NULL. */
+static void *x16_slot(backend_t *be, size_t n) {
+    return be->activations == ACTIVATIONS_16BIT && n * 2 <= SCRATCH_BYTES ? impl_of(be)->scratch
+                                                                          : NULL;
+}
+
+/* After the producing op's launch: y (n floats) has its bf16 copy. */
+static void x16_made(backend_t *be, const float *y, size_t n, int launch_rc) {
+    if (launch_rc == AR_OK) {
+        impl_of(be)->x16_src = y;
+        impl_of(be)->x16_n = n;
+    }
+}
+
 static void cuda_rmsnorm(backend_t *be, float *y, const float *x, const tensor_t *w, int rows,
                          int dim, float eps) {
     assert(tensor_numel(w) == dim && rows >= 0 && dim > 0);
-    if (use_device(be) == AR_OK)
-        LAUNCH_CHECK(be, kern_rmsnorm(y, x, w->data, kern_type(w->dtype), rows, dim, eps,
-                                      impl_of(be)->stream));
+    if (use_device(be) != AR_OK)
+        return;
+    const size_t n = (size_t)rows * dim;
+    void *y16 = x16_slot(be, n);
+    const int rc = LAUNCH_CHECK(be, kern_rmsnorm(y, y16, x, w->data, kern_type(w->dtype), rows, dim,
+                                                 eps, impl_of(be)->stream));
+    if (y16)
+        x16_made(be, y, n, rc);
 }
 
 static void cuda_layernorm(backend_t *be, float *y, const float *x, int rows, int dim, float eps) {
@@ -909,8 +943,12 @@ static void cuda_kv_read_rows(backend_t *be, float *out, const kv_blocks_t *pool
 /* ---- element-wise ------------------------------------------------------------------------ */
 
 static void cuda_silu_mul(backend_t *be, float *out, const float *gate, const float *up, size_t n) {
-    if (use_device(be) == AR_OK)
-        LAUNCH_CHECK(be, kern_silu_mul(out, gate, up, n, impl_of(be)->stream));
+    if (use_device(be) != AR_OK)
+        return;
+    void *out16 = x16_slot(be, n);
+    const int rc = LAUNCH_CHECK(be, kern_silu_mul(out, out16, gate, up, n, impl_of(be)->stream));
+    if (out16)
+        x16_made(be, out, n, rc);
 }
 
 static void cuda_silu(backend_t *be, float *x, size_t n) {

@@ -13,10 +13,13 @@ __global__ void silu_kernel(float *x, size_t n) {
     }
 }
 
-__global__ void silu_mul_kernel(float *out, const float *gate, const float *up, size_t n) {
+__global__ void silu_mul_kernel(float *out, __nv_bfloat16 *out16, const float *gate,
+                                const float *up, size_t n) {
     GRID_STRIDE_LOOP(i, n) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        const float g = gate[i], v = g / (1.0f + expf(-g)) * up[i];
+        out[i] = v;
+        if (out16)
+            out16[i] = __float2bfloat16(v);
     }
 }
 
@@ -67,11 +70,12 @@ cudaError_t kern_silu(float *x, size_t n, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-cudaError_t kern_silu_mul(float *out, const float *gate, const float *up, size_t n,
+cudaError_t kern_silu_mul(float *out, void *out16, const float *gate, const float *up, size_t n,
                           cudaStream_t stream) {
     if (n == 0)
         return cudaSuccess;
-    AR_LAUNCH(silu_mul_kernel, grid_for(n), AR_BLOCK, 0, stream, out, gate, up, n);
+    AR_LAUNCH(silu_mul_kernel, grid_for(n), AR_BLOCK, 0, stream, out, (__nv_bfloat16 *)out16, gate,
+              up, n);
     return cudaGetLastError();
 }
 

@@ -34,9 +34,11 @@ typedef enum kern_dtype {
 
 /* ---- norms and softmax (kernels/cuda/norm.cu) ---- */
 
-/* y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w[:]; y may be x. */
-cudaError_t kern_rmsnorm(float *y, const float *x, const void *w, kern_dtype_t w_dtype, int rows,
-                         int dim, float eps, cudaStream_t stream);
+/* y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w[:]; y may be x.
+ * y16, when not NULL, gets y rounded to bf16 too (the next GEMM's input in
+ * 16-bit activations, without a cast of its own). */
+cudaError_t kern_rmsnorm(float *y, void *y16, const float *x, const void *w, kern_dtype_t w_dtype,
+                         int rows, int dim, float eps, cudaStream_t stream);
 
 /* LayerNorm without affine: y[r, :] = (x[r, :] - mean) / sqrt(var + eps),
  * the biased variance; y may be x. */
@@ -73,7 +75,8 @@ cudaError_t kern_rope_2d(float *x, const int *pos, int rows, int n_heads, int he
 /* ---- element-wise (kernels/cuda/elementwise.cu) ---- */
 
 cudaError_t kern_silu(float *x, size_t n, cudaStream_t stream);
-cudaError_t kern_silu_mul(float *out, const float *gate, const float *up, size_t n,
+/* out = silu(gate) * up; out16, when not NULL, gets out rounded to bf16 too. */
+cudaError_t kern_silu_mul(float *out, void *out16, const float *gate, const float *up, size_t n,
                           cudaStream_t stream);
 cudaError_t kern_gelu(float *x, size_t n, cudaStream_t stream);      /* exact erf form */
 cudaError_t kern_gelu_tanh(float *x, size_t n, cudaStream_t stream); /* tanh approximation */

@@ -10,8 +10,8 @@
 /* One block per row: the sum of squares in fp32 per thread and over the
  * block (rows are at most a few thousand wide), then y = x * inv * w. Each
  * thread reads and writes only its own elements, so y may be x. */
-__global__ void rmsnorm_kernel(float *y, const float *x, const void *w, int w_dtype, int dim,
-                               float eps) {
+__global__ void rmsnorm_kernel(float *y, __nv_bfloat16 *y16, const float *x, const void *w,
+                               int w_dtype, int dim, float eps) {
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *yr = y + (size_t)blockIdx.x * dim;
@@ -20,16 +20,21 @@ __global__ void rmsnorm_kernel(float *y, const float *x, const void *w, int w_dt
         ss += xr[i] * xr[i];
     ss = block_sum(ss, red);
     const float inv = rsqrtf(ss / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        yr[i] = (xr[i] * inv) * ld_weight(w, w_dtype, (size_t)i);
+    __nv_bfloat16 *y16r = y16 ? y16 + (size_t)blockIdx.x * dim : NULL;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = (xr[i] * inv) * ld_weight(w, w_dtype, (size_t)i);
+        yr[i] = v;
+        if (y16r)
+            y16r[i] = __float2bfloat16(v);
+    }
 }
 
-cudaError_t kern_rmsnorm(float *y, const float *x, const void *w, kern_dtype_t w_dtype, int rows,
-                         int dim, float eps, cudaStream_t stream) {
+cudaError_t kern_rmsnorm(float *y, void *y16, const float *x, const void *w, kern_dtype_t w_dtype,
+                         int rows, int dim, float eps, cudaStream_t stream) {
     if (rows <= 0 || dim <= 0)
         return cudaSuccess;
-    AR_LAUNCH(rmsnorm_kernel, rows, block_for((size_t)dim), 0, stream, y, x, w, (int)w_dtype, dim,
-              eps);
+    AR_LAUNCH(rmsnorm_kernel, rows, block_for((size_t)dim), 0, stream, y, (__nv_bfloat16 *)y16, x,
+              w, (int)w_dtype, dim, eps);
     return cudaGetLastError();
 }
 

@@ -558,6 +558,22 @@ static void test_check_mode_syncs_after_every_op(void) {
 
 /* ---- GEMMs --------------------------------------------------------------------- */
 
+/* sum over p of |x[i, p] w_g[j, p]| for each output of G stacked matrices
+ * wr ([G, n, k], as rounded to their type) over x [m, k]: the bound's scale
+ * for every GEMM check (gemm_mag_tol). Freed by the caller. */
+static double *gemm_mags(const float *x, const float *wr, int G, int m, int n, int k) {
+    double *mag = malloc(((size_t)G * m * n + 1) * sizeof *mag);
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) {
+                double sum = 0;
+                for (int p = 0; p < k; p++)
+                    sum += fabs((double)x[(size_t)i * k + p] * wr[((size_t)g * n + j) * k + p]);
+                mag[((size_t)g * m + i) * n + j] = sum;
+            }
+    return mag;
+}
+
 /* y = x w^T (+ bias) for one shape, weight type and bias type. */
 static void check_matmul(int m, int n, int k, dtype_t wt, int with_bias, dtype_t bt) {
     float *x = host_uniform((size_t)m * k, -1, 1), *wf = host_uniform((size_t)n * k, -1, 1);
@@ -568,14 +584,7 @@ static void check_matmul(int m, int n, int k, dtype_t wt, int with_bias, dtype_t
     pair_t px = pair_new(x, (size_t)m * k), py = pair_new(NULL, (size_t)m * n);
     cpu->matmul(cpu, py.ref, px.ref, &w.ref, with_bias ? &b.ref : NULL, m);
     dut->matmul(dut, py.dut, px.dut, &w.dut, with_bias ? &b.dut : NULL, m);
-    double *mag = malloc(((size_t)m * n + 1) * sizeof *mag);
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < n; j++) {
-            double s = 0;
-            for (int p = 0; p < k; p++)
-                s += fabs((double)x[(size_t)i * k + p] * wr[(size_t)j * k + p]);
-            mag[(size_t)i * n + j] = s;
-        }
+    double *mag = gemm_mags(x, wr, 1, m, n, k);
     char what[96];
     snprintf(what, sizeof what, "matmul %s m=%d n=%d k=%d bias=%s", type_name(wt), m, n, k,
              with_bias ? type_name(bt) : "none");
@@ -630,14 +639,7 @@ static void check_matmul_mode(int m, int n, int k, dtype_t wt, int with_bias, in
         dut->matmul(dut, py.dut, px.dut, &w.dut, with_bias ? &b.dut : NULL, m);
     }
     dut->activations = ACTIVATIONS_SPLIT;
-    double *mag = malloc(((size_t)m * n + 1) * sizeof *mag);
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < n; j++) {
-            double sum = 0;
-            for (int p = 0; p < k; p++)
-                sum += fabs((double)x[(size_t)i * k + p] * wr[(size_t)j * k + p]);
-            mag[(size_t)i * n + j] = sum;
-        }
+    double *mag = gemm_mags(x, wr, 1, m, n, k);
     char what[112];
     snprintf(what, sizeof what, "matmul%s %s activations %s m=%d n=%d k=%d bias=%d",
              add ? "_add" : "", act == ACTIVATIONS_SPLIT ? "split" : "16-bit", type_name(wt), m, n,
@@ -667,6 +669,90 @@ static void test_matmul_activation_modes_and_add(void) {
     check_matmul_mode(5, 33, 17, DTYPE_F32, 0, 1, ACTIVATIONS_16BIT);
     check_matmul_mode(45, 400000, 3, DTYPE_BF16, 0, 1, ACTIVATIONS_16BIT);
     check_status_clean("matmul activation modes");
+}
+
+/* The dut's z = matmul(w) of rmsnorm's output (produce 0) or silu_mul's
+ * (1) over rows x k, in 16-bit activations, with `between` run on the
+ * output first when not NULL (0: nothing); the launches taken into
+ * *launches. z is read back into host (rows * n floats). */
+static void produce_then_matmul(int produce, void (*between)(float *, size_t), const tensor_t *w,
+                                const tensor_t *norm_w, float *a, float *b, float *y, float *z,
+                                int rows, int k, float *host, unsigned long long *launches) {
+    backend_stats_t t, d;
+    dut->activations = ACTIVATIONS_16BIT;
+    backend_stats(dut, &t);
+    if (produce == 0)
+        dut->rmsnorm(dut, y, a, norm_w, rows, k, 1e-6f);
+    else
+        dut->silu_mul(dut, y, a, b, (size_t)rows * k);
+    if (between)
+        between(y, (size_t)rows * k);
+    dut->matmul(dut, z, y, w, NULL, rows);
+    d = stats_since(dut, &t);
+    *launches = d.launches;
+    dut->activations = ACTIVATIONS_SPLIT;
+    dut->download(dut, host, z, (size_t)rows * (size_t)w->shape[0] * sizeof(float));
+}
+
+static void scale_by_two(float *y, size_t n) { dut->scale(dut, y, n, 2.0f); }
+static void copy_to_itself(float *y, size_t n) { dut->copy(dut, y, y, n * sizeof(float)); }
+
+/* In 16-bit activations, rmsnorm and silu_mul leave a bf16 copy of their
+ * output that the next matmul of a bf16 weight takes instead of casting it
+ * (one launch fewer): the same bytes as the cast; never after another op
+ * has run (a stale copy of a changed output would be used), nor for an
+ * f16 weight. */
+static void test_norm_and_silu_hand_bf16_to_the_next_matmul(void) {
+    const int rows = 5, k = 96, n = 40;
+    float *ha = host_uniform((size_t)rows * k, -2, 2), *hb = host_uniform((size_t)rows * k, -2, 2);
+    float *hn = host_uniform((size_t)k, 0.5f, 1.5f), *hw = host_uniform((size_t)n * k, -1, 1);
+    float *wr = malloc((size_t)n * k * 4), *got = malloc((size_t)rows * n * 4),
+          *want = malloc((size_t)rows * n * 4);
+    void *w16 = host_as(hw, (size_t)n * k, DTYPE_BF16, wr),
+         *wf16 = host_as(hw, (size_t)n * k, DTYPE_F16, wr);
+    wpair_t wb = wpair_load(w16, DTYPE_BF16, 2, n, k, 1, 1),
+            wf = wpair_load(wf16, DTYPE_F16, 2, n, k, 1, 1),
+            nw = wpair_load(hn, DTYPE_F32, 1, k, 1, 1, 1);
+    pair_t pa = pair_new(ha, (size_t)rows * k), pb = pair_new(hb, (size_t)rows * k);
+    pair_t py = pair_new(NULL, (size_t)rows * k), pz = pair_new(NULL, (size_t)rows * n);
+    for (int produce = 0; produce < 2; produce++) {
+        unsigned long long direct, cast;
+        produce_then_matmul(produce, NULL, &wb.dut, &nw.dut, pa.dut, pb.dut, py.dut, pz.dut, rows,
+                            k, got, &direct);
+        produce_then_matmul(produce, copy_to_itself, &wb.dut, &nw.dut, pa.dut, pb.dut, py.dut,
+                            pz.dut, rows, k, want, &cast);
+        CHECK_MSG(direct == 2 && cast == 3, "%s then matmul: %llu launches, %llu with a cast",
+                  produce ? "silu_mul" : "rmsnorm", direct, cast);
+        CHECK_MSG(memcmp(got, want, (size_t)rows * n * 4) == 0,
+                  "%s then matmul: the handed bf16 differs from the cast",
+                  produce ? "silu_mul" : "rmsnorm");
+        /* a changed output and an f16 weight: against the CPU */
+        const tensor_t *ws[2] = {&wb.dut, &wf.dut}, *wrf[2] = {&wb.ref, &wf.ref};
+        for (int f = 0; f < 2; f++) {
+            if (produce == 0)
+                cpu->rmsnorm(cpu, py.ref, pa.ref, &nw.ref, rows, k, 1e-6f);
+            else
+                cpu->silu_mul(cpu, py.ref, pa.ref, pb.ref, (size_t)rows * k);
+            if (!f)
+                cpu->scale(cpu, py.ref, (size_t)rows * k, 2.0f);
+            cpu->matmul(cpu, pz.ref, py.ref, wrf[f], NULL, rows);
+            unsigned long long l;
+            produce_then_matmul(produce, f ? NULL : scale_by_two, ws[f], &nw.dut, pa.dut, pb.dut,
+                                py.dut, pz.dut, rows, k, got, &l);
+            double worst = 0, bound = 0;
+            for (size_t i = 0; i < (size_t)rows * n; i++) {
+                worst = fmax(worst, fabs((double)got[i] - pz.ref[i]));
+                bound = fmax(bound, 0.02 * fabs((double)pz.ref[i]) + 0.05);
+            }
+            CHECK_MSG(worst <= bound, "%s, %s: off by %.3g (bound %.3g)",
+                      produce ? "silu_mul" : "rmsnorm",
+                      f ? "an f16 weight" : "the output doubled before the matmul", worst, bound);
+        }
+    }
+    pair_del(pa), pair_del(pb), pair_del(py), pair_del(pz);
+    wpair_free(&wb), wpair_free(&wf), wpair_free(&nw);
+    free(ha), free(hb), free(hn), free(hw), free(wr), free(got), free(want), free(w16), free(wf16);
+    check_status_clean("bf16 hand-off");
 }
 
 /* The CPU's matmul of each of w's G matrices ([G, n, k], stored as ws in
@@ -718,15 +804,7 @@ static void check_matmul_stacked(int G, int m, int n, int k, dtype_t wt, int wit
     CHECK_MSG(memcmp(parts, stacked, out * 4) == 0,
               "%s: the CPU's prepared stack differs from its prepared parts", what);
     cpu->weight_free(cpu, &packed);
-    double *mag = malloc((out + 1) * sizeof *mag);
-    for (int g = 0; g < G; g++)
-        for (int i = 0; i < m; i++)
-            for (int j = 0; j < n; j++) {
-                double sum = 0;
-                for (int p = 0; p < k; p++)
-                    sum += fabs((double)x[(size_t)i * k + p] * wr[g * nk + (size_t)j * k + p]);
-                mag[((size_t)g * m + i) * n + j] = sum;
-            }
+    double *mag = gemm_mags(x, wr, G, m, n, k);
     compare(what, py, 1e-6, 1e-6, mag, gemm_mag_tol(wt, k));
     check_unchanged(what, px, x);
     pair_del(px);
@@ -1765,6 +1843,7 @@ int main(void) {
     TEST_RUN(test_matmul_sliced_over_scratch);
     TEST_RUN(test_matmul_stacked_equals_its_parts);
     TEST_RUN(test_matmul_activation_modes_and_add);
+    TEST_RUN(test_norm_and_silu_hand_bf16_to_the_next_matmul);
     TEST_RUN(test_conv2d_types_pads_and_slices);
     TEST_RUN(test_conv2d_sliced_over_scratch);
     TEST_RUN(test_rmsnorm);
