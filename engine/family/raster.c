@@ -211,30 +211,47 @@ static int workspace_reserve(raster_model_t *m, int rows, int seqs, ar_error_t *
     return AR_OK;
 }
 
-/* Writes the input embeddings of every row into m->x. */
-static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in,
-                         const int *q_start) {
+/* The embeddings of n rows of ids (condition ids, or image ids) into dst. */
+static void embed_rows(raster_model_t *m, float *dst, int is_image, const int *ids, int n) {
     backend_t *be = m->be;
     const model_config_t *c = m->cfg;
-    size_t hidden = (size_t)c->llm.hidden_size;
-    for (int s = 0; s < n_in; s++) {
-        float *dst = m->x + (size_t)q_start[s] * hidden;
-        if (!in[s].is_image || !m->image_aligner) {
-            be->embedding(be, dst, in[s].is_image ? &m->gen_embed : &m->embed, in[s].ids, in[s].n,
-                          0);
-            continue;
-        }
-        /* gen.embed -> aligner (Linear, then GELU + Linear per further layer) */
-        be->embedding(be, m->xn, &m->gen_embed, in[s].ids, in[s].n, 0);
-        float *a = m->xn, *b = m->tmp;
-        for (int j = 0; j < c->image.aligner_layers; j++) {
-            if (j)
-                be->gelu(be, a, (size_t)in[s].n * hidden);
-            float *out = j == c->image.aligner_layers - 1 ? dst : b;
-            be->matmul(be, out, a, &m->aligner_w[j], &m->aligner_b[j], in[s].n);
-            b = a;
-            a = out;
-        }
+    if (!is_image || !m->image_aligner) {
+        be->embedding(be, dst, is_image ? &m->gen_embed : &m->embed, ids, n, 0);
+        return;
+    }
+    /* gen.embed -> aligner (Linear, then GELU + Linear per further layer) */
+    be->embedding(be, m->xn, &m->gen_embed, ids, n, 0);
+    float *a = m->xn, *b = m->tmp;
+    for (int j = 0; j < c->image.aligner_layers; j++) {
+        if (j)
+            be->gelu(be, a, (size_t)n * c->llm.hidden_size);
+        float *out = j == c->image.aligner_layers - 1 ? dst : b;
+        be->matmul(be, out, a, &m->aligner_w[j], &m->aligner_b[j], n);
+        b = a;
+        a = out;
+    }
+}
+
+/* Writes the input embeddings of every row into m->x: each run of inputs of
+ * one kind (condition or image ids; their rows are consecutive) in one
+ * embedding and one aligner pass, so a decode step's cost in launches does
+ * not grow with its batch. A row's bytes are the same either way (a
+ * prepared Linear weight keeps rows independent). */
+static void embed_inputs(raster_model_t *m, const raster_input_t *in, int n_in,
+                         const int *q_start) {
+    const size_t hidden = (size_t)m->cfg->llm.hidden_size;
+    for (int s0 = 0, s1; s0 < n_in; s0 = s1) {
+        for (s1 = s0 + 1; s1 < n_in && in[s1].is_image == in[s0].is_image; s1++)
+            ;
+        int *ids = s1 - s0 > 1
+                       ? arena_alloc(m->arena, (size_t)(q_start[s1] - q_start[s0]) * sizeof *ids)
+                       : NULL;
+        if (!ids) /* one input, or no room for the run's ids: input by input */
+            s1 = s0 + 1;
+        for (int s = s0; ids && s < s1; s++)
+            memcpy(ids + (q_start[s] - q_start[s0]), in[s].ids, (size_t)in[s].n * sizeof *ids);
+        embed_rows(m, m->x + (size_t)q_start[s0] * hidden, in[s0].is_image, ids ? ids : in[s0].ids,
+                   q_start[s1] - q_start[s0]);
     }
 }
 
