@@ -256,6 +256,15 @@ struct backend {
                      const float *shift, int rows, int dim);
     /* Gated residual: y[r, :] += a[r, :] * gate[:], rows of dim. */
     void (*gate_add)(backend_t *be, float *y, const float *a, const float *gate, int rows, int dim);
+    /* Optional (NULL: the engine calls modulate and gate_add once a
+     * sequence, seq_rows.h). The two over a ragged batch in one op:
+     * sequence s's rows [q_start[s], q_start[s + 1]) (host, n_seq + 1 ints)
+     * take their scale, shift and gate from its own table tabs[s] (host
+     * array of n_seq backend pointers) at offsets sc, sh and g. */
+    void (*modulate_seqs)(backend_t *be, float *y, const float *x, const int *q_start,
+                          const float *const *tabs, int n_seq, size_t sc, size_t sh, int dim);
+    void (*gate_add_seqs)(backend_t *be, float *y, const float *a, const int *q_start,
+                          const float *const *tabs, int n_seq, size_t g, int dim);
     /* Each head of each row (rows of n_heads * head_dim) divided by its L2
      * norm (max(norm, 1e-12), as torch's F.normalize), then multiplied by
      * mul[h] when mul (n_heads floats, backend) is not NULL. In place. */

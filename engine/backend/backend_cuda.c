@@ -48,6 +48,11 @@ static kern_dtype_t kern_type(dtype_t t) { return (kern_dtype_t)t; }
 #define BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 /* Host arrays that ops take (positions, ids) are copied here first. */
 #define STAGING_INTS ((size_t)1 << 16)
+/* Host ints staged again and again unchanged (stage_ints_kept) have
+ * regions of their own, one a kind, copied only when they change: RoPE's
+ * positions, and a ragged batch's row starts and AdaLN tables. */
+#define KEPT_INTS ((size_t)1 << 14)
+enum { KEPT_POSITIONS, KEPT_SEQ_TABLES, KEPT_SLOTS };
 /* Every arena allocation starts on this boundary (cudaMalloc's). */
 #define ARENA_ALIGN ((size_t)256)
 /* With reserve_bytes = 0, this much of the free memory (or 5%, if more)
@@ -57,7 +62,8 @@ static kern_dtype_t kern_type(dtype_t t) { return (kern_dtype_t)t; }
 #define MIB(b) ((double)(b) / (1024.0 * 1024.0))
 /* What a backend carves from its reservation for itself. */
 #define OWN_BYTES                                                                                  \
-    (SCRATCH_BYTES + BLAS_WORKSPACE_BYTES + STAGING_INTS * sizeof(int) + 3 * ARENA_ALIGN)
+    (SCRATCH_BYTES + BLAS_WORKSPACE_BYTES +                                                        \
+     (STAGING_INTS + KEPT_SLOTS * KEPT_INTS) * sizeof(int) + (3 + KEPT_SLOTS) * ARENA_ALIGN)
 
 /* ---- the arena --------------------------------------------------------------- */
 
@@ -168,6 +174,11 @@ typedef struct cuda_impl {
     arena_t arena;
     void *scratch; /* SCRATCH_BYTES */
     int *staging;  /* STAGING_INTS */
+    /* stage_ints_kept's regions (KEPT_INTS each) and host copies of what
+     * they hold: kept_n ints, or none when kept_n is 0; pack: a host array
+     * of KEPT_INTS that an op assembles its kept ints in. */
+    int *kept[KEPT_SLOTS], *kept_host[KEPT_SLOTS], *pack;
+    size_t kept_n[KEPT_SLOTS];
     /* Host side of the KV ops' staging: the copy (KV_STAGE_BYTES) and the
      * items and tables it is assembled from. */
     char *kv_host;
@@ -372,6 +383,25 @@ static const int *stage_ints(backend_t *be, const int *host, size_t n) {
     if (copy_async(be, impl->staging, host, n * sizeof(int), cudaMemcpyHostToDevice) != AR_OK)
         return NULL;
     return impl->staging;
+}
+
+/* stage_ints for host ints an op is given again and again unchanged (the
+ * positions RoPE turns q and k by, the same in every layer of a step):
+ * copied into the kept region only when they differ from what it holds,
+ * so a step uploads them once. The region is written only here, in stream
+ * order, so a kernel that read it earlier is never overtaken. */
+static const int *stage_ints_kept(backend_t *be, int slot, const int *host, size_t n) {
+    cuda_impl_t *impl = impl_of(be);
+    if (n > KEPT_INTS)
+        return stage_ints(be, host, n);
+    if (n && impl->kept_n[slot] == n && !memcmp(impl->kept_host[slot], host, n * sizeof(int)))
+        return impl->kept[slot];
+    impl->kept_n[slot] = 0;
+    if (copy_async(be, impl->kept[slot], host, n * sizeof(int), cudaMemcpyHostToDevice) != AR_OK)
+        return NULL;
+    memcpy(impl->kept_host[slot], host, n * sizeof(int));
+    impl->kept_n[slot] = n;
+    return impl->kept[slot];
 }
 
 /* ---- weights ---------------------------------------------------------------------- */
@@ -602,6 +632,48 @@ static void cuda_gate_add(backend_t *be, float *y, const float *a, const float *
         LAUNCH_CHECK(be, kern_gate_add(y, a, gate, rows, dim, impl_of(be)->stream));
 }
 
+/* modulate_seqs (gate 0) and gate_add_seqs (gate 1): the row starts and
+ * the tables' addresses packed into one kept upload (the same for every
+ * call of a step, so copied once), one launch; sequence by sequence where
+ * they do not fit. */
+static void adaln_seqs(backend_t *be, float *y, const float *x, const int *q_start,
+                       const float *const *tabs, int n_seq, size_t a, size_t b, int dim, int gate) {
+    assert(n_seq >= 0 && dim >= 0);
+    cuda_impl_t *impl = impl_of(be);
+    if (n_seq == 0 || dim == 0 || use_device(be) != AR_OK)
+        return;
+    /* q_start, padded to 8 bytes, then the n_seq addresses */
+    const size_t at = ((size_t)n_seq + 2) & ~(size_t)1, n = at + 2 * (size_t)n_seq;
+    if (q_start[0] == 0 && n <= KEPT_INTS) {
+        memcpy(impl->pack, q_start, ((size_t)n_seq + 1) * sizeof(int));
+        memcpy(impl->pack + at, tabs, (size_t)n_seq * sizeof *tabs);
+        const int *d = stage_ints_kept(be, KEPT_SEQ_TABLES, impl->pack, n);
+        if (d)
+            LAUNCH_CHECK(be, kern_adaln_seqs(y, x, d, (const float *const *)(d + at), n_seq,
+                                             q_start[n_seq], a, b, dim, gate, impl->stream));
+        return;
+    }
+    for (int s = 0; s < n_seq; s++) {
+        const size_t r0 = (size_t)q_start[s] * dim;
+        const int rows = q_start[s + 1] - q_start[s];
+        const cudaError_t e =
+            gate ? kern_gate_add(y + r0, x + r0, tabs[s] + a, rows, dim, impl->stream)
+                 : kern_modulate(y + r0, x + r0, tabs[s] + a, tabs[s] + b, rows, dim, impl->stream);
+        if (LAUNCH_CHECK(be, e) != AR_OK)
+            return;
+    }
+}
+
+static void cuda_modulate_seqs(backend_t *be, float *y, const float *x, const int *q_start,
+                               const float *const *tabs, int n_seq, size_t sc, size_t sh, int dim) {
+    adaln_seqs(be, y, x, q_start, tabs, n_seq, sc, sh, dim, 0);
+}
+
+static void cuda_gate_add_seqs(backend_t *be, float *y, const float *a, const int *q_start,
+                               const float *const *tabs, int n_seq, size_t g, int dim) {
+    adaln_seqs(be, y, a, q_start, tabs, n_seq, g, 0, dim, 1);
+}
+
 static void cuda_l2norm_heads(backend_t *be, float *x, const float *mul, int rows, int n_heads,
                               int head_dim) {
     assert(rows >= 0 && n_heads >= 0 && head_dim > 0);
@@ -617,7 +689,7 @@ static void cuda_rope(backend_t *be, float *x, const int *pos, int rows, int n_h
         return;
     for (int r0 = 0; r0 < rows; r0 += (int)STAGING_INTS) {
         const int n = rows - r0 < (int)STAGING_INTS ? rows - r0 : (int)STAGING_INTS;
-        const int *d_pos = stage_ints(be, pos + r0, (size_t)n);
+        const int *d_pos = stage_ints_kept(be, KEPT_POSITIONS, pos + r0, (size_t)n);
         if (!d_pos ||
             LAUNCH_CHECK(be, kern_rope(x + (size_t)r0 * n_heads * head_dim, d_pos, n, n_heads,
                                        head_dim, theta, impl_of(be)->stream)) != AR_OK)
@@ -633,7 +705,7 @@ static void cuda_rope_2d(backend_t *be, float *x, const int *pos, int rows, int 
     const int per = (int)STAGING_INTS / 2;
     for (int r0 = 0; r0 < rows; r0 += per) {
         const int n = rows - r0 < per ? rows - r0 : per;
-        const int *d_pos = stage_ints(be, pos + 2 * (size_t)r0, 2 * (size_t)n);
+        const int *d_pos = stage_ints_kept(be, KEPT_POSITIONS, pos + 2 * (size_t)r0, 2 * (size_t)n);
         if (!d_pos ||
             LAUNCH_CHECK(be, kern_rope_2d(x + (size_t)r0 * n_heads * head_dim, d_pos, n, n_heads,
                                           head_dim, theta, impl_of(be)->stream)) != AR_OK)
@@ -1322,6 +1394,9 @@ static void cuda_destroy(backend_t *be) {
         free(impl->kv_host);
         free(impl->kv_items);
         free(impl->kv_ints);
+        for (int k = 0; k < KEPT_SLOTS; k++)
+            free(impl->kept_host[k]);
+        free(impl->pack);
     }
     free(impl);
     free(be);
@@ -1350,7 +1425,11 @@ static int cuda_start(backend_t *be, size_t reserve, ar_error_t *err) {
     void *workspace = arena_alloc(&impl->arena, BLAS_WORKSPACE_BYTES);
     impl->scratch = arena_alloc(&impl->arena, SCRATCH_BYTES);
     impl->staging = arena_alloc(&impl->arena, STAGING_INTS * sizeof(int));
-    if (!workspace || !impl->scratch || !impl->staging) {
+    int kept_ok = (impl->pack = malloc(KEPT_INTS * sizeof(int))) != NULL;
+    for (int k = 0; k < KEPT_SLOTS; k++)
+        kept_ok &= (impl->kept[k] = arena_alloc(&impl->arena, KEPT_INTS * sizeof(int))) != NULL &&
+                   (impl->kept_host[k] = malloc(KEPT_INTS * sizeof(int))) != NULL;
+    if (!workspace || !impl->scratch || !impl->staging || !kept_ok) {
         ar_errorf(err, "cuda backend: out of host memory");
         goto fail;
     }
@@ -1369,6 +1448,8 @@ static int cuda_start(backend_t *be, size_t reserve, ar_error_t *err) {
     be->weight_free = cuda_weight_free;
     be->matmul = cuda_matmul;
     be->matmul_add = cuda_matmul_add;
+    be->modulate_seqs = cuda_modulate_seqs;
+    be->gate_add_seqs = cuda_gate_add_seqs;
     be->rmsnorm = cuda_rmsnorm;
     be->rope = cuda_rope;
     be->rope_2d = cuda_rope_2d;

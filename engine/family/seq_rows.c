@@ -40,6 +40,10 @@ void seq_rows_matmul(backend_t *be, float *y, const float *x, const tensor_t *w,
 void seq_rows_norm_modulate(backend_t *be, float *xn, const float *x, const int *q_start, int n_seq,
                             const float *const *tabs, size_t sc, size_t sh, int dim, float eps) {
     be->layernorm(be, xn, x, q_start[n_seq], dim, eps);
+    if (be->modulate_seqs) {
+        be->modulate_seqs(be, xn, xn, q_start, tabs, n_seq, sc, sh, dim);
+        return;
+    }
     for (int s = 0; s < n_seq; s++) {
         float *xs = xn + (size_t)q_start[s] * dim;
         be->modulate(be, xs, xs, tabs[s] + sc, tabs[s] + sh, q_start[s + 1] - q_start[s], dim);
@@ -48,6 +52,10 @@ void seq_rows_norm_modulate(backend_t *be, float *xn, const float *x, const int 
 
 void seq_rows_gated_residual(backend_t *be, float *x, const float *a, const int *q_start, int n_seq,
                              const float *const *tabs, size_t g, int dim) {
+    if (be->gate_add_seqs) {
+        be->gate_add_seqs(be, x, a, q_start, tabs, n_seq, g, dim);
+        return;
+    }
     for (int s = 0; s < n_seq; s++)
         be->gate_add(be, x + (size_t)q_start[s] * dim, a + (size_t)q_start[s] * dim, tabs[s] + g,
                      q_start[s + 1] - q_start[s], dim);

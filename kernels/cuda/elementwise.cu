@@ -51,6 +51,28 @@ __global__ void gate_add_kernel(float *y, const float *a, const float *gate, siz
     GRID_STRIDE_LOOP(i, n) { y[i] += a[i] * gate[i % dim]; }
 }
 
+__global__ void adaln_seqs_kernel(float *y, const float *x, const int *q_start,
+                                  const float *const *tabs, int n_seq, size_t a, size_t b,
+                                  size_t dim, int gate, size_t n) {
+    GRID_STRIDE_LOOP(i, n) {
+        const int r = (int)(i / dim);
+        const size_t c = i % dim;
+        int lo = 0, hi = n_seq - 1; /* the last s with q_start[s] <= r */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (q_start[mid] <= r)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        const float *t = tabs[lo];
+        if (gate)
+            y[i] += x[i] * t[a + c];
+        else
+            y[i] = x[i] * (1.0f + t[a + c]) + t[b + c];
+    }
+}
+
 __global__ void add_kernel(float *y, const float *a, size_t n) {
     GRID_STRIDE_LOOP(i, n) { y[i] += a[i]; }
 }
@@ -194,5 +216,16 @@ cudaError_t kern_add_pair_bias(float *y, size_t y_group_stride, const float *pro
         return cudaSuccess;
     AR_LAUNCH(add_pair_bias_kernel, grid_for(n), AR_BLOCK, 0, stream, y, y_group_stride, prod, bias,
               (int)bias_dtype, cols, per_group, accumulate, n);
+    return cudaGetLastError();
+}
+
+cudaError_t kern_adaln_seqs(float *y, const float *x, const int *q_start, const float *const *tabs,
+                            int n_seq, int rows, size_t a, size_t b, int dim, int gate,
+                            cudaStream_t stream) {
+    const size_t n = (size_t)rows * (size_t)dim;
+    if (n_seq <= 0 || rows <= 0 || dim <= 0)
+        return cudaSuccess;
+    AR_LAUNCH(adaln_seqs_kernel, grid_for(n), AR_BLOCK, 0, stream, y, x, q_start, tabs, n_seq, a, b,
+              (size_t)dim, gate, n);
     return cudaGetLastError();
 }

@@ -87,6 +87,16 @@ cudaError_t kern_scale(float *x, size_t n, float s, cudaStream_t stream);      /
 /* AdaLN: y[r, j] = x[r, j] * (1 + scale[j]) + shift[j]; y may be x. */
 cudaError_t kern_modulate(float *y, const float *x, const float *scale, const float *shift,
                           int rows, int dim, cudaStream_t stream);
+/* AdaLN over a ragged batch of rows rows (q_start[0] = 0, q_start[n_seq] =
+ * rows), one launch for every sequence: row r belongs to sequence s with
+ * q_start[s] <= r < q_start[s + 1] (device, n_seq + 1 ints) and reads its
+ * table tabs[s] (device, n_seq device pointers). gate 0: y[r, j] =
+ * x[r, j] * (1 + tabs[s][a + j]) + tabs[s][b + j] (y may be x); gate 1:
+ * y[r, j] += x[r, j] * tabs[s][a + j]. The same arithmetic as
+ * kern_modulate and kern_gate_add. */
+cudaError_t kern_adaln_seqs(float *y, const float *x, const int *q_start, const float *const *tabs,
+                            int n_seq, int rows, size_t a, size_t b, int dim, int gate,
+                            cudaStream_t stream);
 /* Gated residual: y[r, j] += a[r, j] * gate[j]. */
 cudaError_t kern_gate_add(float *y, const float *a, const float *gate, int rows, int dim,
                           cudaStream_t stream);

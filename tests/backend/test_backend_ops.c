@@ -466,11 +466,24 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
     b->rmsnorm(b, y, x, &bias, 8, 4, 1e-6f);
     d = stats_since(b, &t);
     CHECK(d.launches == 1 && stats_no_copies(&d));
-    const int pos[2] = {3, 4};
+    int pos[2] = {3, 4};
     backend_stats(b, &t);
     b->rope(b, x, pos, 2, 2, 4, 10000.0f);
     d = stats_since(b, &t);
     CHECK(d.launches == 1 && d.h2d_copies == 1 && d.h2d_bytes == sizeof pos && d.syncs == 0);
+    /* the same positions again (every layer of a step): kept, not copied;
+     * changed ones are */
+    backend_stats(b, &t);
+    b->rope(b, x, pos, 2, 2, 4, 10000.0f);
+    b->rope_2d(b, x, pos, 1, 2, 4, 10000.0f);
+    d = stats_since(b, &t);
+    CHECK_MSG(d.launches == 2 && d.h2d_copies == 0, "positions kept: %llu copies",
+              (unsigned long long)d.h2d_copies);
+    pos[1] = 5;
+    backend_stats(b, &t);
+    b->rope(b, x, pos, 2, 2, 4, 10000.0f);
+    d = stats_since(b, &t);
+    CHECK(d.launches == 1 && d.h2d_copies == 1 && d.h2d_bytes == sizeof pos);
     backend_stats(b, &t);
     b->mul(b, y, x, 100);
     d = stats_since(b, &t);
@@ -939,11 +952,18 @@ static void test_rope(void) {
         float *x = host_uniform(n, -1, 1);
         pair_t px = pair_new(x, n);
         const float theta = c % 2 ? 500000.0f : 10000.0f;
-        cpu->rope(cpu, px.ref, pos, rows, heads, hd, theta);
-        dut->rope(dut, px.dut, pos, rows, heads, hd, theta);
+        /* twice by the same positions (uploaded once: the second call
+         * finds them kept), then by changed ones in the same array */
+        for (int round = 0; round < 3; round++) {
+            if (round == 2)
+                for (int r = 0; r < rows; r++)
+                    pos[r] = (pos[r] * 7 + 3) % 200000;
+            cpu->rope(cpu, px.ref, pos, rows, heads, hd, theta);
+            dut->rope(dut, px.dut, pos, rows, heads, hd, theta);
+        }
         char what[80];
         snprintf(what, sizeof what, "rope d=%d heads=%d rows=%d", hd, heads, rows);
-        compare(what, px, 2e-6, 0, NULL, 0);
+        compare(what, px, 1e-5, 0, NULL, 0);
         pair_del(px);
         free(x);
         free(pos);
@@ -1043,6 +1063,64 @@ static void test_modulate_and_gate_add(void) {
         free(x), free(a), free(sc), free(sh);
     }
     check_status_clean("modulate/gate_add");
+}
+
+/* modulate_seqs and gate_add_seqs against the CPU's modulate and gate_add
+ * sequence by sequence: each sequence's rows (one of them empty) with its
+ * own table, the tables at offsets into one buffer as the engine keeps
+ * them; n_seq sequences of rows_each rows; the second call of a step reuses
+ * the uploaded starts and tables (no copy); 6000 sequences do not fit the
+ * kept region and go sequence by sequence. */
+static void check_adaln_seqs(int n_seq, int rows_each, int dim) {
+    int *q_start = malloc(((size_t)n_seq + 1) * sizeof *q_start);
+    q_start[0] = 0;
+    for (int s = 0; s < n_seq; s++)
+        q_start[s + 1] = q_start[s] + (s == 1 ? 0 : rows_each); /* sequence 1 is empty */
+    const int rows = q_start[n_seq];
+    const size_t n = (size_t)rows * dim, tab = 3 * (size_t)dim; /* scale, shift, gate */
+    float *x = host_uniform(n, -3, 3), *a = host_uniform(n, -3, 3);
+    float *t = host_uniform(tab * n_seq, -1, 1);
+    pair_t px = pair_new(x, n), pa = pair_new(a, n), py = pair_new(NULL, n);
+    pair_t pt = pair_new(t, tab * n_seq);
+    const float **tr = malloc((size_t)n_seq * sizeof *tr),
+                **td = malloc((size_t)n_seq * sizeof *td);
+    for (int s = 0; s < n_seq; s++)
+        tr[s] = pt.ref + (size_t)s * tab, td[s] = pt.dut + (size_t)((s * 7) % n_seq) * tab;
+    for (int s = 0; s < n_seq; s++) /* the dut's tables in another order, the same values */
+        dut->upload(dut, (float *)td[s], t + (size_t)s * tab, tab * sizeof(float));
+    for (int s = 0; s < n_seq; s++) {
+        const size_t r0 = (size_t)q_start[s] * dim;
+        const int nr = q_start[s + 1] - q_start[s];
+        cpu->modulate(cpu, py.ref + r0, px.ref + r0, tr[s], tr[s] + dim, nr, dim);
+        cpu->gate_add(cpu, py.ref + r0, pa.ref + r0, tr[s] + 2 * dim, nr, dim);
+    }
+    backend_stats_t t0, d;
+    backend_stats(dut, &t0);
+    dut->modulate_seqs(dut, py.dut, px.dut, q_start, td, n_seq, 0, (size_t)dim, dim);
+    backend_stats_t t1;
+    backend_stats(dut, &t1);
+    dut->gate_add_seqs(dut, py.dut, pa.dut, q_start, td, n_seq, 2 * (size_t)dim, dim);
+    d = stats_since(dut, &t1);
+    const int fits = n_seq < 5000;
+    CHECK_MSG(!fits || (d.launches == 1 && d.h2d_copies == 0),
+              "gate_add_seqs after modulate_seqs: %llu launches, %llu copies",
+              (unsigned long long)d.launches, (unsigned long long)d.h2d_copies);
+    d = stats_since(dut, &t0);
+    CHECK_MSG(!fits || d.launches == 2, "%llu launches", (unsigned long long)d.launches);
+    char what[80];
+    snprintf(what, sizeof what, "modulate_seqs + gate_add_seqs %d x %d rows x %d", n_seq, rows_each,
+             dim);
+    compare(what, py, 1e-6, 1e-6, NULL, 0);
+    check_unchanged(what, px, x);
+    pair_del(px), pair_del(pa), pair_del(py), pair_del(pt);
+    free(q_start), free(x), free(a), free(t), free(tr), free(td);
+}
+
+static void test_modulate_and_gate_add_over_sequences(void) {
+    check_adaln_seqs(3, 5, 33);
+    check_adaln_seqs(17, 4, 64);
+    check_adaln_seqs(6000, 1, 2);
+    check_status_clean("modulate_seqs/gate_add_seqs");
 }
 
 /* Per-head L2 normalisation: head dims 1 to 128 (a warp per head, partial
@@ -1851,6 +1929,7 @@ int main(void) {
     TEST_RUN(test_rope_2d);
     TEST_RUN(test_layernorm);
     TEST_RUN(test_modulate_and_gate_add);
+    TEST_RUN(test_modulate_and_gate_add_over_sequences);
     TEST_RUN(test_l2norm_heads);
     TEST_RUN(test_elementwise);
     TEST_RUN(test_softmax);
