@@ -145,7 +145,7 @@ int weight_load_conv(weight_set_t *ws, tensor_t *out, int ndim, const int64_t *s
 int weight_load_linear_stack(weight_set_t *ws, tensor_t *out, int groups,
                              const weight_part_t *parts, int64_t n, int64_t k, ar_error_t *err) {
     memset(out, 0, sizeof *out);
-    const st_tensor_t *t[WEIGHT_MAX_STACK];
+    const st_tensor_t *t[WEIGHT_MAX_STACK] = {0};
     int file[WEIGHT_MAX_STACK];
     if (groups < 1 || groups > WEIGHT_MAX_STACK)
         return ar_errorf(err, "a stacked Linear weight of %d parts (1 to %d)", groups,
@@ -187,6 +187,28 @@ int weight_load_linear_stack(weight_set_t *ws, tensor_t *out, int groups,
     if (rc == AR_OK)
         ws->bytes_loaded += part_bytes * (size_t)groups;
     return rc;
+}
+
+int weight_load_qkv_biased(weight_set_t *ws, tensor_t *qkv, tensor_t *qkv_b, const char *prefix,
+                           const char *matrix, int64_t dim, ar_error_t *err) {
+    weight_part_t parts[3];
+    for (int j = 0; j < 3; j++) {
+        snprintf(parts[j].name, sizeof parts[j].name, "%s.%s", prefix, matrix);
+        parts[j].row0 = j * dim;
+        parts[j].rows = 3 * dim;
+    }
+    memset(qkv_b, 0, sizeof *qkv_b);
+    float *b = calloc(3 * (size_t)dim, sizeof *b);
+    const int rc =
+        !b ? ar_errorf(err, "out of memory")
+           : weight_load_linear_stack(ws, qkv, 3, parts, dim, dim, err) ||
+                 weight_read_f32(ws, b, SHAPE1(dim), err, "%s.q_bias", prefix) ||
+                 weight_read_f32(ws, b + 2 * dim, SHAPE1(dim), err, "%s.v_bias", prefix) ||
+                 ws->be->weight_load(ws->be, qkv_b, b, DTYPE_F32, SHAPE2(3, dim), err);
+    free(b);
+    if (rc && qkv->data)
+        ws->be->weight_free(ws->be, qkv);
+    return rc ? AR_ERR : AR_OK;
 }
 
 int weight_read_f32(weight_set_t *ws, float *host, int ndim, const int64_t *shape, ar_error_t *err,

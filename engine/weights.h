@@ -63,6 +63,13 @@ typedef struct weight_part {
 int weight_load_linear_stack(weight_set_t *ws, tensor_t *out, int groups,
                              const weight_part_t *parts, int64_t n, int64_t k, ar_error_t *err);
 
+/* The fused q/k/v matrix prefix.matrix ([3 dim, dim], VAR's and
+ * Infinity's self-attention) as a stacked Linear weight [3, dim, dim] into
+ * qkv, and its biases as [3, dim] fp32 into qkv_b: prefix.q_bias, zeros for
+ * k, prefix.v_bias. */
+int weight_load_qkv_biased(weight_set_t *ws, tensor_t *qkv, tensor_t *qkv_b, const char *prefix,
+                           const char *matrix, int64_t dim, ar_error_t *err);
+
 /* weight_load of a convolution's kernels, used only as conv2d's w: the
  * backend may then store them in its own layout (backend.h's
  * weight_prepare), so no other op may read them. */

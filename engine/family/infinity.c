@@ -13,6 +13,7 @@
 #include "engine/family/seq_rows.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,11 +96,10 @@ static int load_block(inf_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
     if (weight_read_f32(ws, host, SHAPE2(6, C), err, "%s.%d.ada_gss", p, i) ||
         load_host_f32(be, &b->gss, host, 6 * C, err))
         goto out;
-    tensor_t *qkv[] = {&b->q, &b->k, &b->v};
-    for (int j = 0; j < 3; j++)
-        if (weight_load_linear_rows(ws, qkv[j], j * C, C, SHAPE2(3 * C, C), err,
-                                    "%s.%d.sa.mat_qkv.weight", p, i))
-            goto out;
+    char sa[128];
+    snprintf(sa, sizeof sa, "%s.%d.sa", p, i);
+    if (weight_load_qkv_biased(ws, &b->qkv, &b->qkv_b, sa, "mat_qkv.weight", C, err))
+        goto out;
     if (weight_read_f32(ws, mul, SHAPE1(H), err, "%s.%d.sa.scale_mul_1H11", p, i))
         goto out;
     for (int h = 0; h < H; h++)
@@ -117,8 +117,6 @@ static int load_block(inf_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
     if (load_host_f32(be, &b->head_mul, mul, H, err) ||
         load_host_f32(be, &b->ca_norm_scale, host, C, err) ||
         weight_load(ws, &b->ca_norm_b, SHAPE1(C), err, "%s.%d.ca_norm.bias", p, i) ||
-        weight_load(ws, &b->q_bias, SHAPE1(C), err, "%s.%d.sa.q_bias", p, i) ||
-        weight_load(ws, &b->v_bias, SHAPE1(C), err, "%s.%d.sa.v_bias", p, i) ||
         weight_load_linear(ws, &b->proj, SHAPE2(C, C), err, "%s.%d.sa.proj.weight", p, i) ||
         weight_load(ws, &b->proj_b, SHAPE1(C), err, "%s.%d.sa.proj.bias", p, i) ||
         weight_load_linear(ws, &b->ca_q, SHAPE2(C, C), err, "%s.%d.ca.mat_q.weight", p, i) ||
@@ -206,8 +204,8 @@ int inf_load(inf_model_t *m, const model_config_t *cfg, weight_set_t *ws, backen
 
 static void workspace_free(inf_model_t *m) {
     backend_t *be = m->be;
-    float **bufs[] = {&m->x,   &m->xn,  &m->q,      &m->k,  &m->v, &m->att,
-                      &m->tmp, &m->ffn, &m->logits, &m->kt, &m->vt};
+    float **bufs[] = {&m->x,   &m->xn,     &m->qkv, &m->att, &m->tmp,
+                      &m->ffn, &m->logits, &m->kt,  &m->vt};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         be->free(be, *bufs[i]);
         *bufs[i] = NULL;
@@ -254,10 +252,15 @@ static int workspace_reserve(inf_model_t *m, int rows, int text, ar_error_t *err
     struct {
         float **p;
         size_t n;
-    } plan[] = {{&m->x, R * C},   {&m->xn, R * C},  {&m->q, R * C},
-                {&m->k, R * C},   {&m->v, R * C},   {&m->att, R * C},
-                {&m->tmp, R * C}, {&m->ffn, R * F}, {&m->logits, R * 2 * (size_t)c->image.bits},
-                {&m->kt, T * C},  {&m->vt, T * C}};
+    } plan[] = {{&m->x, R * C},
+                {&m->xn, R * C},
+                {&m->qkv, 3 * R * C},
+                {&m->att, R * C},
+                {&m->tmp, R * C},
+                {&m->ffn, R * F},
+                {&m->logits, R * 2 * (size_t)c->image.bits},
+                {&m->kt, T * C},
+                {&m->vt, T * C}};
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
         if (!(*plan[i].p = m->be->alloc(m->be, (plan[i].n ? plan[i].n : 1) * sizeof(float)))) {
             workspace_free(m);
@@ -500,26 +503,27 @@ static int run_block(inf_model_t *m, forward_t *f, const inf_input_t *in, const 
     forward_layer(f, li);
     norm_modulate(m, tabs, q_start, n_in, at + ADALN_SCALE1 * (size_t)C,
                   at + ADALN_SHIFT1 * (size_t)C);
-    rows_matmul(m, m->q, m->xn, &b->q, &b->q_bias, q_start, n_in);
-    rows_matmul(m, m->k, m->xn, &b->k, NULL, q_start, n_in);
-    rows_matmul(m, m->v, m->xn, &b->v, &b->v_bias, q_start, n_in);
-    be->l2norm_heads(be, m->q, b->head_mul.data, rows, H, hd);
-    be->l2norm_heads(be, m->k, NULL, rows, H, hd);
-    be->rope_2d(be, m->q, pos, rows, H, hd, 10000.0f);
-    be->rope_2d(be, m->k, pos, rows, H, hd, 10000.0f);
-    if (forward_prune(f, li, m->k, err) != AR_OK)
+    /* the stacked q, k, v: three blocks of rows (backend.h's matmul) */
+    float *q = m->qkv, *k = q + (size_t)rows * C, *v = k + (size_t)rows * C;
+    rows_matmul(m, m->qkv, m->xn, &b->qkv, &b->qkv_b, q_start, n_in);
+    be->l2norm_heads(be, q, b->head_mul.data, rows, H, hd);
+    be->l2norm_heads(be, k, NULL, rows, H, hd);
+    /* q's rows and k's, back to back, turned in one call (pos lists the
+     * positions twice) */
+    be->rope_2d(be, q, pos, 2 * rows, H, hd, 10000.0f);
+    if (forward_prune(f, li, k, err) != AR_OK)
         return AR_ERR;
-    be->attention_scale(be, m->att, m->q, m->k, m->v, &f->pool->blocks, &f->batch, H, 1.0f);
-    if (forward_store(f, li, m->k, m->v, err) != AR_OK)
+    be->attention_scale(be, m->att, q, k, v, &f->pool->blocks, &f->batch, H, 1.0f);
+    if (forward_store(f, li, k, v, err) != AR_OK)
         return AR_ERR;
     rows_matmul(m, m->tmp, m->att, &b->proj, &b->proj_b, q_start, n_in);
     gated_residual(m, tabs, q_start, n_in, m->tmp, at + ADALN_GAMMA1 * (size_t)C);
     /* Cross-attention to the sequence's own text, ungated. */
     be->layernorm(be, m->xn, m->x, rows, C, l->norm_eps);
     be->modulate(be, m->xn, m->xn, b->ca_norm_scale.data, b->ca_norm_b.data, rows, C);
-    rows_matmul(m, m->q, m->xn, &b->ca_q, &b->ca_q_b, q_start, n_in);
+    rows_matmul(m, q, m->xn, &b->ca_q, &b->ca_q_b, q_start, n_in);
     text_kv(m, b, in, n_in, t_start);
-    be->attention_dense(be, m->att, m->q, m->kt, m->vt, C, q_start, t_start, n_in, H, hd,
+    be->attention_dense(be, m->att, q, m->kt, m->vt, C, q_start, t_start, n_in, H, hd,
                         1.0f / sqrtf((float)hd), NULL, 0);
     rows_matmul(m, m->tmp, m->att, &b->ca_proj, &b->ca_proj_b, q_start, n_in);
     be->add(be, m->x, m->tmp, (size_t)rows * C);
@@ -549,7 +553,8 @@ int inf_forward(inf_model_t *m, const inf_input_t *in, int n_in, float *logits_h
             goto out;
     const int *q_start = f.q_start, rows = q_start[n_in];
     int *t_start = arena_alloc(m->arena, (size_t)(n_in + 1) * sizeof *t_start);
-    int *pos = arena_alloc(m->arena, (size_t)2 * rows * sizeof *pos);
+    /* (row, column) per row, then all of them again for k's rows (run_block) */
+    int *pos = arena_alloc(m->arena, (size_t)4 * rows * sizeof *pos);
     const float **tabs = arena_alloc(m->arena, (size_t)n_in * sizeof *tabs);
     if (!t_start || !pos || !tabs) {
         ar_errorf(err, "out of memory");
@@ -567,6 +572,7 @@ int inf_forward(inf_model_t *m, const inf_input_t *in, int n_in, float *logits_h
                 inf_rope_position(i, j, h, w, z->rope_h, z->rope_w, &p[0], &p[1]);
             }
     }
+    memcpy(pos + 2 * (size_t)rows, pos, 2 * (size_t)rows * sizeof *pos);
     if (workspace_reserve(m, rows, t_start[n_in], err) != AR_OK ||
         forward_reserve(&f, err) != AR_OK)
         goto out;

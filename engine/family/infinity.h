@@ -22,8 +22,9 @@ typedef struct t5_layer {
 } t5_layer_t;
 
 typedef struct inf_block {
-    tensor_t gss; /* [6 C]: added to the shared AdaLN output */
-    tensor_t q, k, v, q_bias, v_bias, head_mul, proj, proj_b;
+    tensor_t gss;        /* [6 C]: added to the shared AdaLN output */
+    tensor_t qkv, qkv_b; /* q, k, v stacked [3, C, C]; biases [3, C], k's zeros */
+    tensor_t head_mul, proj, proj_b;
     tensor_t ca_norm_scale, ca_norm_b; /* ca_norm as a modulation: weight - 1, bias */
     tensor_t ca_q, ca_q_b, ca_k, ca_v, ca_v_b, ca_proj, ca_proj_b;
     tensor_t fc1, fc1_b, fc2, fc2_b;
@@ -48,7 +49,7 @@ typedef struct inf_model {
     inf_block_t *blocks;
     /* Workspace (backend), grown on demand. */
     int ws_rows, ws_text;
-    float *x, *xn, *q, *k, *v, *att, *tmp, *ffn, *logits, *kt, *vt;
+    float *x, *xn, *qkv, *att, *tmp, *ffn, *logits, *kt, *vt; /* qkv: q, k, v row blocks */
 } inf_model_t;
 
 /* A sequence's conditioning, in one backend buffer of inf_cond_floats: its

@@ -35,24 +35,10 @@ static int load_block(var_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
                weight_load(ws, &b->adaln_b, SHAPE1(6 * hidden), err, "%s.%d.adaln.bias", p, i)) {
         return AR_ERR;
     }
-    /* The fused qkv matrix as a stack of its three row blocks (one matmul),
-     * with q's and v's biases around k's zeros. */
-    weight_part_t parts[3];
-    for (int j = 0; j < 3; j++) {
-        snprintf(parts[j].name, sizeof parts[j].name, "%s.%d.attn.qkv.weight", p, i);
-        parts[j].row0 = j * hidden;
-        parts[j].rows = 3 * hidden;
-    }
-    float *qkv_b = calloc(3 * (size_t)hidden, sizeof *qkv_b);
-    int rc =
-        !qkv_b ? ar_errorf(err, "out of memory")
-               : weight_load_linear_stack(ws, &b->qkv, 3, parts, hidden, hidden, err) ||
-                     weight_read_f32(ws, qkv_b, SHAPE1(hidden), err, "%s.%d.attn.q_bias", p, i) ||
-                     weight_read_f32(ws, qkv_b + 2 * hidden, SHAPE1(hidden), err,
-                                     "%s.%d.attn.v_bias", p, i) ||
-                     m->be->weight_load(m->be, &b->qkv_b, qkv_b, DTYPE_F32, SHAPE2(3, hidden), err);
-    free(qkv_b);
-    if (rc)
+    /* The fused qkv matrix as a stack of its three row blocks (one matmul). */
+    char attn[128];
+    snprintf(attn, sizeof attn, "%s.%d.attn", p, i);
+    if (weight_load_qkv_biased(ws, &b->qkv, &b->qkv_b, attn, "qkv.weight", hidden, err))
         return AR_ERR;
     /* exp(min(s, ln 100)) per head, once, at load. */
     float mul[VAR_MAX_HEADS];

@@ -362,20 +362,6 @@ cudaError_t kern_attention_scale(float *out, const float *q, const float *k_new,
 
 /* ---- dense attention ------------------------------------------------------------ */
 
-/* The sequence holding query row r: the last s < n_seq with q_start[s] <= r
- * (an empty sequence shares its start with the next one, which wins). */
-static __device__ __forceinline__ int seq_of(const int *q_start, int n_seq, int r) {
-    int lo = 0, hi = n_seq - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (q_start[mid] <= r)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
 /* One warp per (query row, head), as attn_scale_kernel: the sequence's
  * keys in tiles of 32, lane l scoring key tile + l (a whole strided K row;
  * plus its relative-position bias), the online softmax's max and sum by

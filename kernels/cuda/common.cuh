@@ -107,6 +107,20 @@ static __device__ __forceinline__ void split_store(__half *hi, __half *lo, size_
         lo[i] = __float2half(v - __half2float(h));
 }
 
+/* The sequence holding row r of a ragged batch: the last s < n_seq with q_start[s] <= r
+ * (an empty sequence shares its start with the next one, which wins). */
+static __device__ __forceinline__ int seq_of(const int *q_start, int n_seq, int r) {
+    int lo = 0, hi = n_seq - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (q_start[mid] <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 template <typename T> static __device__ __forceinline__ T warp_sum(T v) {
     for (int o = 16; o > 0; o /= 2)
         v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -57,15 +57,7 @@ __global__ void adaln_seqs_kernel(float *y, const float *x, const int *q_start,
     GRID_STRIDE_LOOP(i, n) {
         const int r = (int)(i / dim);
         const size_t c = i % dim;
-        int lo = 0, hi = n_seq - 1; /* the last s with q_start[s] <= r */
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (q_start[mid] <= r)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        const float *t = tabs[lo];
+        const float *t = tabs[seq_of(q_start, n_seq, r)];
         if (gate)
             y[i] += x[i] * t[a + c];
         else
