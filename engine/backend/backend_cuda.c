@@ -1255,6 +1255,8 @@ static void op_end(backend_t *be, unsigned errors_before) {
     X(matmul,                                                                                      \
       (backend_t * be, float *y, const float *x, const tensor_t *w, const tensor_t *bias, int m),  \
       (be, y, x, w, bias, m))                                                                      \
+    X(matmul_add, (backend_t * be, float *y, const float *x, const tensor_t *w, int m),            \
+      (be, y, x, w, m))                                                                            \
     X(rmsnorm,                                                                                     \
       (backend_t * be, float *y, const float *x, const tensor_t *w, int rows, int dim, float eps), \
       (be, y, x, w, rows, dim, eps))                                                               \
@@ -1300,6 +1302,14 @@ static void op_end(backend_t *be, unsigned errors_before) {
       (be, y, x, scale, shift, rows, dim))                                                         \
     X(gate_add, (backend_t * be, float *y, const float *a, const float *gate, int rows, int dim),  \
       (be, y, a, gate, rows, dim))                                                                 \
+    X(modulate_seqs,                                                                               \
+      (backend_t * be, float *y, const float *x, const int *q_start, const float *const *tabs,     \
+       int n_seq, size_t sc, size_t sh, int dim),                                                  \
+      (be, y, x, q_start, tabs, n_seq, sc, sh, dim))                                               \
+    X(gate_add_seqs,                                                                               \
+      (backend_t * be, float *y, const float *a, const int *q_start, const float *const *tabs,     \
+       int n_seq, size_t g, int dim),                                                              \
+      (be, y, a, q_start, tabs, n_seq, g, dim))                                                    \
     X(l2norm_heads,                                                                                \
       (backend_t * be, float *x, const float *mul, int rows, int n_heads, int head_dim),           \
       (be, x, mul, rows, n_heads, head_dim))                                                       \

@@ -547,6 +547,28 @@ static void test_check_mode_syncs_after_every_op(void) {
     CHECK(d.launches == 1 && d.d2d_copies == 0 && d.syncs == 2);
     dut->rmsnorm(dut, xd, xd, &wd, R, D, 1e-6f);
     dut->silu(dut, xd, (size_t)R * D);
+    /* the optional ops are checked as every other one: a launch, a wait */
+    float *hl = host_uniform(D * D, 0, 0), *tab = b->alloc(b, sizeof(float) * 3 * D);
+    const int q_start[2] = {0, R};
+    const float *tabs[1] = {tab};
+    tensor_t wl;
+    CHECK(b->weight_load(b, &wl, hl, DTYPE_F32, 2, (const int64_t[]){D, D}, &err) == AR_OK);
+    b->upload(b, tab, hl, sizeof(float) * 3 * D); /* zeros: x * (1 + 0) + 0, x += x * 0 */
+    for (int op = 0; op < 3; op++) {
+        backend_stats(b, &t);
+        if (op == 0)
+            b->matmul_add(b, xb, xb, &wl, R); /* x += x 0 */
+        else if (op == 1)
+            b->modulate_seqs(b, xb, xb, q_start, tabs, 1, 0, D, D);
+        else
+            b->gate_add_seqs(b, xb, xb, q_start, tabs, 1, 2 * D, D);
+        d = stats_since(b, &t);
+        CHECK_MSG(d.launches == 1 && d.syncs == 1, "optional op %d: %llu launches, %llu syncs", op,
+                  (unsigned long long)d.launches, (unsigned long long)d.syncs);
+    }
+    b->weight_free(b, &wl);
+    b->free(b, tab);
+    free(hl);
     float *ob = malloc(sizeof(float) * R * D), *od = malloc(sizeof(float) * R * D);
     b->download(b, ob, xb, sizeof(float) * R * D);
     dut->download(dut, od, xd, sizeof(float) * R * D);
