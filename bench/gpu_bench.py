@@ -80,8 +80,8 @@ BATCHES = (1, 8, 32)
 CONCURRENCY = (1, 8, 32)
 JANUS_STEPS_FULL = 576
 # Keys speed_bench --backend cuda adds to each batch row (and copies here as they are).
-DEVICE_KEYS = ("launches_per_step", "h2d_copies_per_step", "d2h_copies_per_step",
-               "copy_bytes_per_step", "device_peak_bytes")
+DEVICE_KEYS = ("launches_per_step", "kernels_per_step", "h2d_copies_per_step",
+               "d2h_copies_per_step", "copy_bytes_per_step", "device_peak_bytes")
 
 
 class StageError(Exception):

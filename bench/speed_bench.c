@@ -510,6 +510,7 @@ static double report_row(const args_t *a, int size, timing_t *t, const roofline_
     const double bytes = (double)(c->h2d_bytes + c->d2h_bytes) / steps;
     if (has_stats) {
         cJSON_AddNumberToObject(row, "launches_per_step", launches);
+        cJSON_AddNumberToObject(row, "kernels_per_step", (double)c->kernels / steps);
         cJSON_AddNumberToObject(row, "h2d_copies_per_step", h2d);
         cJSON_AddNumberToObject(row, "d2h_copies_per_step", d2h);
         cJSON_AddNumberToObject(row, "copy_bytes_per_step", bytes);

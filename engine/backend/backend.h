@@ -97,6 +97,10 @@ typedef struct backend_stats {
     /* Kernel launches: every kernel launcher call and every cuBLAS call
      * issued (one cuBLAS call may run more than one kernel). */
     uint64_t launches;
+    /* Kernels started: each launcher's own (attention's launcher starts a
+     * split and a combine kernel), and one per cuBLAS call (whose own
+     * kernels only the GPU knows). */
+    uint64_t kernels;
     uint64_t h2d_copies, h2d_bytes; /* host to device (uploads and staged host arrays) */
     uint64_t d2h_copies, d2h_bytes; /* device to host (downloads) */
     uint64_t d2d_copies, d2d_bytes; /* device to device (->copy) */

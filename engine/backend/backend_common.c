@@ -33,6 +33,7 @@ int backend_check_weight(const char *backend, const void *host_src, dtype_t dtyp
 void backend_stats_add(backend_stats_t *sum, const backend_stats_t *after,
                        const backend_stats_t *before) {
     sum->launches += after->launches - before->launches;
+    sum->kernels += after->kernels - before->kernels;
     sum->h2d_copies += after->h2d_copies - before->h2d_copies;
     sum->h2d_bytes += after->h2d_bytes - before->h2d_bytes;
     sum->d2h_copies += after->d2h_copies - before->d2h_copies;
@@ -46,9 +47,10 @@ const char *backend_stats_per_step(const backend_stats_t *sum, double steps, cha
                                    size_t cap) {
     const double n = steps > 0 ? steps : 1;
     snprintf(buf, cap,
-             "%.1f launches, %.1f host->device and %.1f device->host copies (%.1f KiB), %.1f "
-             "stream waits",
-             (double)sum->launches / n, (double)sum->h2d_copies / n, (double)sum->d2h_copies / n,
-             (double)(sum->h2d_bytes + sum->d2h_bytes) / n / 1024.0, (double)sum->syncs / n);
+             "%.1f launches (%.1f kernels), %.1f host->device and %.1f device->host copies (%.1f "
+             "KiB), %.1f stream waits",
+             (double)sum->launches / n, (double)sum->kernels / n, (double)sum->h2d_copies / n,
+             (double)sum->d2h_copies / n, (double)(sum->h2d_bytes + sum->d2h_bytes) / n / 1024.0,
+             (double)sum->syncs / n);
     return buf;
 }

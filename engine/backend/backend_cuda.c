@@ -194,6 +194,7 @@ typedef struct cuda_impl {
     /* Launches, copies and syncs since creation; the arena keeps the
      * memory figures (cuda_stats fills them in). */
     backend_stats_t counts;
+    unsigned long long kernels_mark; /* kern_kernels_started before the launcher running now */
     /* 16-bit activations: the op just run (rmsnorm, silu_mul) also left
      * its output, rounded to bf16, in the scratch; x16_src and x16_n say
      * whose (its fp32 address and length), so that a matmul of a bf16
@@ -253,9 +254,18 @@ static int cublas_check(backend_t *be, cublasStatus_t s, const char *stmt, const
  * through one of these; they return AR_OK or AR_ERR. */
 #define CUDA_CHECK(be, stmt) cuda_check((be), (stmt), #stmt, __FILE__, __LINE__)
 #define CUBLAS_CHECK(be, stmt) cublas_check((be), (stmt), #stmt, __FILE__, __LINE__)
-/* A kernel launcher's call, counted as a launch (->stats). */
+/* A kernel launcher's call, counted as a launch and by the kernels it
+ * started (->stats). */
 #define LAUNCH_CHECK(be, stmt)                                                                     \
-    (impl_of(be)->counts.launches++, cuda_check((be), (stmt), #stmt, __FILE__, __LINE__))
+    (impl_of(be)->kernels_mark = kern_kernels_started(),                                           \
+     launch_check((be), (stmt), #stmt, __LINE__))
+
+static int launch_check(backend_t *be, cudaError_t e, const char *stmt, int line) {
+    cuda_impl_t *impl = impl_of(be);
+    impl->counts.launches++;
+    impl->counts.kernels += kern_kernels_started() - impl->kernels_mark;
+    return cuda_check(be, e, stmt, __FILE__, line);
+}
 
 /* At creation the error goes straight to the caller's err. */
 #define CUBLAS_TRY(err, stmt)                                                                      \
@@ -463,6 +473,7 @@ static int gemm_batched(backend_t *be, int M, int N, int K, const void *A, int l
                         long long stride_b, long long stride_c) {
     const float one = 1.0f;
     impl_of(be)->counts.launches++;
+    impl_of(be)->counts.kernels++;
     const cublasOperation_t tb = b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (batch == 1)
         return CUBLAS_CHECK(be,

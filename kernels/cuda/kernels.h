@@ -32,6 +32,11 @@ typedef enum kern_dtype {
     KERN_F8_E4M3 = 6
 } kern_dtype_t;
 
+/* Kernels this host thread has started since it began (kernels/cuda/
+ * elementwise.cu keeps the count): a launcher's count of kernels is the
+ * difference around its call. */
+unsigned long long kern_kernels_started(void);
+
 /* ---- norms and softmax (kernels/cuda/norm.cu) ---- */
 
 /* y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w[:]; y may be x.

@@ -8,10 +8,14 @@
 
 #include <cuda_runtime.h>
 
+/* Kernels this host thread has started through AR_LAUNCH (kernels.h's
+ * kern_kernels_started reads it for the backend's counters). */
+extern thread_local unsigned long long ar_kernels_started;
+
 #if defined(__CUDACC__)
 
 #define AR_LAUNCH(kernel, grid, block, shmem, stream, ...)                                         \
-    kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
+    (++ar_kernels_started, kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__))
 
 /* `type *name` pointing at the launch's dynamic shared memory. */
 #define AR_DYNAMIC_SHARED(type, name)                                                              \
@@ -21,7 +25,8 @@
 #elif defined(CUDA_EMU)
 
 #define AR_LAUNCH(kernel, grid, block, shmem, stream, ...)                                         \
-    cuda_emu_launch(#kernel, kernel, (grid), (block), (shmem), (stream), __VA_ARGS__)
+    (++ar_kernels_started,                                                                         \
+     cuda_emu_launch(#kernel, kernel, (grid), (block), (shmem), (stream), __VA_ARGS__))
 
 #define AR_DYNAMIC_SHARED(type, name)                                                              \
     type *name = reinterpret_cast<type *>(cuda_emu_dynamic_shared())

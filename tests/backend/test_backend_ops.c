@@ -366,6 +366,7 @@ static backend_stats_t stats_since(backend_t *b, const backend_stats_t *t) {
     backend_stats_t s;
     CHECK(backend_stats(b, &s) == 1);
     s.launches -= t->launches;
+    s.kernels -= t->kernels;
     s.h2d_copies -= t->h2d_copies, s.h2d_bytes -= t->h2d_bytes;
     s.d2h_copies -= t->d2h_copies, s.d2h_bytes -= t->d2h_bytes;
     s.d2d_copies -= t->d2d_copies, s.d2d_bytes -= t->d2d_bytes;
@@ -457,7 +458,7 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
         else
             b->matmul(b, y, x, mm[i].w, mm[i].bias, 2);
         d = stats_since(b, &t);
-        CHECK_MSG(d.launches == mm[i].launches && stats_no_copies(&d),
+        CHECK_MSG(d.launches == mm[i].launches && d.kernels == d.launches && stats_no_copies(&d),
                   "matmul %s: %llu launches, %llu copies in, %llu syncs", mm[i].what,
                   (unsigned long long)d.launches, (unsigned long long)d.h2d_copies,
                   (unsigned long long)d.syncs);
@@ -465,7 +466,13 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
     backend_stats(b, &t);
     b->rmsnorm(b, y, x, &bias, 8, 4, 1e-6f);
     d = stats_since(b, &t);
-    CHECK(d.launches == 1 && stats_no_copies(&d));
+    CHECK(d.launches == 1 && d.kernels == 1 && stats_no_copies(&d));
+    /* GroupNorm's launcher starts three kernels (partial sums, merge, apply) */
+    backend_stats(b, &t);
+    b->groupnorm(b, y, x, &bias, &bias, 4, 25, 2, 1e-6f);
+    d = stats_since(b, &t);
+    CHECK_MSG(d.launches == 1 && d.kernels == 3, "groupnorm: %llu launches, %llu kernels",
+              (unsigned long long)d.launches, (unsigned long long)d.kernels);
     int pos[2] = {3, 4};
     backend_stats(b, &t);
     b->rope(b, x, pos, 2, 2, 4, 10000.0f);

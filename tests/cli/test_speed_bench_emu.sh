@@ -22,12 +22,12 @@ export OMP_WAIT_POLICY=passive
 
 timeout 120 "$bin" --model "$model" --backend cuda --batch 2 --images 2 --reps 1 >"$tmp/table" 2>&1
 # every count of a batch size's per-step line, positive where it must be
-positive='per step: ([0-9.]+) launches, ([0-9.]+) host->device and ([0-9.]+) device->host copies \(([0-9.]+) KiB\), [0-9.]+ stream waits; peak device memory ([0-9.]+) MiB$'
+positive='per step: ([0-9.]+) launches \(([0-9.]+) kernels\), ([0-9.]+) host->device and ([0-9.]+) device->host copies \(([0-9.]+) KiB\), [0-9.]+ stream waits; peak device memory ([0-9.]+) MiB$'
 grep -qE '^tiny-random on the cuda backend: ' "$tmp/table" &&
     [ "$(grep -cE "^batch +[12]: .*, [0-9]+% of the memory roofline$" "$tmp/table")" = 2 ] &&
     [ "$(grep -cE "$positive" "$tmp/table")" = 2 ] &&
-    grep -E "$positive" "$tmp/table" | sed -E "s/.*$positive/\1 \2 \3 \4 \5/" |
-    awk '{ for (i = 1; i <= 5; i++) if (!($i > 0)) exit 1 } END { exit NR == 2 ? 0 : 1 }' &&
+    grep -E "$positive" "$tmp/table" | sed -E "s/.*$positive/\1 \2 \3 \4 \5 \6/" |
+    awk '{ for (i = 1; i <= 6; i++) if (!($i > 0)) exit 1; if ($2 < $1) exit 1 } END { exit NR == 2 ? 0 : 1 }' &&
     grep -qE '^roofline: device copy bandwidth: [0-9.]+ MiB of weights per step at [0-9.]+ GB/s \(a [0-9]+ MiB device-to-device copy, bytes read and written\); no compute roofline on a device$' "$tmp/table" &&
     ok "the table: launches, copies and their bytes per step and peak device memory, positive, for both batch sizes; the device copy roofline" ||
     fail "the table: launches, copies and their bytes per step and peak device memory, positive, for both batch sizes; the device copy roofline" "$(cat "$tmp/table")"
@@ -39,6 +39,7 @@ o = json.load(open(sys.argv[1]))
 assert o["backend"] == "cuda", o
 assert [b["batch"] for b in o["batches"]] == [1, 2], o
 for b in o["batches"]:
+    assert b["kernels_per_step"] > b["launches_per_step"], b  # attention: split and combine
     for k in ("images_per_s", "step_s", "decode_s", "launches_per_step", "h2d_copies_per_step",
               "d2h_copies_per_step", "copy_bytes_per_step", "device_peak_bytes"):
         assert b[k] > 0, (k, b)
