@@ -153,8 +153,8 @@ struct backend {
     /* Optional (NULL: every op reads weights as loaded, as on CUDA). Says
      * that w is from now on only the weight of one op, `use`: LAYOUT_LINEAR
      * (matmul's w, a matrix or a stack of them) or LAYOUT_CONV (conv2d's
-     * w), so that the
-     * backend may store it in the layout that op reads fastest and set
+     * w), so that the backend may store it in the layout that op reads
+     * fastest and set
      * w->layout = use, or leave it as it is. No other op may read it after.
      * The CPU stores Linear weights in gemm_packed.h's panels, and 3x3
      * kernels of CONV_WINOGRAD_MIN_CHANNELS or more channels as Winograd's
@@ -164,20 +164,20 @@ struct backend {
      * may share one call). AR_ERR if out of memory (w unchanged). */
     int (*weight_prepare)(backend_t *be, tensor_t *w, tensor_layout_t use, ar_error_t *err);
 
+    /* y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when bias is not NULL), with
+     * n = w->shape[0], k = w->shape[1].
+     * A stacked weight (w->ndim 3, shape [G, n, k]: G Linears of one input
+     * fused at load, as q, k and v) gives G outputs back to back in one
+     * call: y + g*m*n = x * w[g]^T (+ bias[g], bias then of [G, n]), what
+     * G matmuls over its matrices give (on the CPU, the same bytes). */
+    void (*matmul)(backend_t *be, float *y, const float *x, const tensor_t *w, const tensor_t *bias,
+                   int m);
+
     /* Optional (NULL: the engine runs matmul into a buffer, then add; see
      * backend_matmul_add). y[m, n] += x[m, k] * w[n, k]^T, each product
      * rounded before it is added (as matmul then add would), for a
      * residual: one op where there would be two. */
     void (*matmul_add)(backend_t *be, float *y, const float *x, const tensor_t *w, int m);
-
-    /* y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when bias is not NULL), with
-     * n = w->shape[0], k = w->shape[1].
-     * A stacked weight (w->ndim 3, shape [G, n, k]: G Linears of one input
-     * fused at load, as q, k and v) gives G outputs back to back in one
-     * call: y + g*m*n = x * w[g]^T (+ bias[g], bias then of [G, n]), each
-     * the same bytes as the G matmuls over the parts would give. */
-    void (*matmul)(backend_t *be, float *y, const float *x, const tensor_t *w, const tensor_t *bias,
-                   int m);
 
     /* y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w[:], rows of dim. y may be x. */
     void (*rmsnorm)(backend_t *be, float *y, const float *x, const tensor_t *w, int rows, int dim,
@@ -359,13 +359,13 @@ static inline int backend_stats(backend_t *be, backend_stats_t *out) {
     return 1;
 }
 
-/* Adds the counts from before to after (launches, copies, bytes, syncs;
- * not the memory figures) into sum. */
+/* Adds the counts from before to after (launches, kernels, copies, bytes,
+ * syncs; not the memory figures) into sum. */
 void backend_stats_add(backend_stats_t *sum, const backend_stats_t *after,
                        const backend_stats_t *before);
-/* sum's counts per step over steps steps, in words ("775.0 launches, 1.0
- * host->device and ..."), into buf; returns buf. One wording for every
- * tool that prints them. */
+/* sum's counts per step over steps steps, in words ("280.0 launches (304.0
+ * kernels), 50.0 host->device and ..."), into buf; returns buf. One
+ * wording for every tool that prints them. */
 const char *backend_stats_per_step(const backend_stats_t *sum, double steps, char *buf, size_t cap);
 
 /* y += x w^T over m rows: be->matmul_add where the backend has it, else

@@ -17,9 +17,9 @@
  * environment at creation synchronises and checks after every op instead,
  * so that the op that faulted is the one named (checked_ops below).
  *
- * Counters (->stats): launches, copies and syncs are counted where they are
- * issued (LAUNCH_CHECK, gemm_rowmajor, copy_async, stream_wait), the
- * memory high-water mark by the arena. */
+ * Counters (->stats): launches, kernels, copies and syncs are counted where
+ * they are issued (LAUNCH_CHECK, gemm_batched, copy_async, stream_wait),
+ * the memory high-water mark by the arena. */
 #include "engine/backend/backend.h"
 
 #include <assert.h>
