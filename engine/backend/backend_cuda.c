@@ -195,6 +195,9 @@ typedef struct cuda_impl {
      * memory figures (cuda_stats fills them in). */
     backend_stats_t counts;
     unsigned long long kernels_mark; /* kern_kernels_started before the launcher running now */
+    /* Work queued on the stream since its last wait (a launch, a cuBLAS
+     * call, a copy): ->sync with none has nothing to wait for. */
+    int queued;
     /* 16-bit activations: the op just run (rmsnorm, silu_mul) also left
      * its output, rounded to bf16, in the scratch; x16_src and x16_n say
      * whose (its fp32 address and length), so that a matmul of a bf16
@@ -262,6 +265,7 @@ static int cublas_check(backend_t *be, cublasStatus_t s, const char *stmt, const
 
 static int launch_check(backend_t *be, cudaError_t e, const char *stmt, int line) {
     cuda_impl_t *impl = impl_of(be);
+    impl->queued = 1;
     impl->counts.launches++;
     impl->counts.kernels += kern_kernels_started() - impl->kernels_mark;
     return cuda_check(be, e, stmt, __FILE__, line);
@@ -338,6 +342,7 @@ static int copy_async(backend_t *be, void *dst, const void *src, size_t bytes,
                       enum cudaMemcpyKind kind) {
     cuda_impl_t *impl = impl_of(be);
     backend_stats_t *c = &impl->counts;
+    impl->queued = 1;
     if (kind == cudaMemcpyHostToDevice)
         c->h2d_copies++, c->h2d_bytes += bytes;
     else if (kind == cudaMemcpyDeviceToHost)
@@ -351,6 +356,7 @@ static int copy_async(backend_t *be, void *dst, const void *src, size_t bytes,
 static int stream_wait(backend_t *be, const char *stmt, int line) {
     cuda_impl_t *impl = impl_of(be);
     impl->counts.syncs++;
+    impl->queued = 0;
     return cuda_check(be, cudaStreamSynchronize(impl->stream), stmt, __FILE__, line);
 }
 #define STREAM_SYNC(be) stream_wait((be), "cudaStreamSynchronize", __LINE__)
@@ -378,8 +384,10 @@ static void cuda_copy(backend_t *be, void *dst, const void *src, size_t bytes) {
     copy_async(be, dst, src, bytes, cudaMemcpyDeviceToDevice);
 }
 
+/* Nothing queued since the last wait: the stream is idle, and any failure
+ * of its work was reported by that wait. */
 static void cuda_sync(backend_t *be) {
-    if (use_device(be) == AR_OK)
+    if (impl_of(be)->queued && use_device(be) == AR_OK)
         STREAM_SYNC(be);
 }
 
@@ -474,6 +482,7 @@ static int gemm_batched(backend_t *be, int M, int N, int K, const void *A, int l
     const float one = 1.0f;
     impl_of(be)->counts.launches++;
     impl_of(be)->counts.kernels++;
+    impl_of(be)->queued = 1;
     const cublasOperation_t tb = b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (batch == 1)
         return CUBLAS_CHECK(be,
@@ -667,10 +676,10 @@ static void adaln_seqs(backend_t *be, float *y, const float *x, const int *q_sta
     for (int s = 0; s < n_seq; s++) {
         const size_t r0 = (size_t)q_start[s] * dim;
         const int rows = q_start[s + 1] - q_start[s];
-        const cudaError_t e =
-            gate ? kern_gate_add(y + r0, x + r0, tabs[s] + a, rows, dim, impl->stream)
-                 : kern_modulate(y + r0, x + r0, tabs[s] + a, tabs[s] + b, rows, dim, impl->stream);
-        if (LAUNCH_CHECK(be, e) != AR_OK)
+        if (LAUNCH_CHECK(be,
+                         gate ? kern_gate_add(y + r0, x + r0, tabs[s] + a, rows, dim, impl->stream)
+                              : kern_modulate(y + r0, x + r0, tabs[s] + a, tabs[s] + b, rows, dim,
+                                              impl->stream)) != AR_OK)
             return;
     }
 }

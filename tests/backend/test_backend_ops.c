@@ -413,9 +413,19 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
     CHECK(d.h2d_copies == 1 && d.h2d_bytes == sizeof host);
     CHECK(d.d2d_copies == 1 && d.d2d_bytes == 400);
     CHECK(d.d2h_copies == 1 && d.d2h_bytes == 40);
-    CHECK_MSG(d.syncs == 3, "%llu syncs: upload, download and sync wait once each",
+    CHECK_MSG(d.syncs == 2,
+              "%llu syncs: upload and download wait once each, sync not at all "
+              "(nothing queued since the download)",
               (unsigned long long)d.syncs);
     CHECK(d.launches == 0);
+    /* sync waits when work was queued since the last wait, and only then */
+    backend_stats(b, &t);
+    b->scale(b, x, 10, 1.0f);
+    b->sync(b);
+    b->sync(b);
+    d = stats_since(b, &t);
+    CHECK_MSG(d.launches == 1 && d.syncs == 1, "a launch, two syncs: %llu waits",
+              (unsigned long long)d.syncs);
 
     tensor_t w32, w16, w16s, bias;
     const int64_t wshape[2] = {4, 8}, bshape[1] = {4}, sshape[3] = {3, 4, 8};
