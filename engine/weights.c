@@ -163,21 +163,28 @@ int weight_load_linear_stack(weight_set_t *ws, tensor_t *out, int groups,
                              parts[0].name, dtype_name(t[0]->dtype));
     }
     const size_t esize = dtype_size(t[0]->dtype), part_bytes = (size_t)n * (size_t)k * esize;
-    char *host = malloc(part_bytes * (size_t)groups + 1);
-    if (!host)
+    /* Consecutive row blocks of one tensor (a fused qkv) are the stack as
+     * stored: loaded from the file's bytes, not copied first. */
+    int in_place = 1;
+    for (int g = 1; g < groups; g++)
+        in_place &= t[g] == t[0] && parts[g].row0 == parts[0].row0 + g * n;
+    const char *first = (const char *)t[0]->data + (size_t)parts[0].row0 * (size_t)k * esize;
+    char *copy = in_place ? NULL : malloc(part_bytes * (size_t)groups + 1);
+    if (!in_place && !copy)
         return ar_errorf(err, "out of memory stacking '%s' and %d more Linear weights",
                          parts[0].name, groups - 1);
     int rc = AR_OK;
     for (int g = 0; g < groups && rc == AR_OK; g++) {
         const char *src = (const char *)t[g]->data + (size_t)parts[g].row0 * (size_t)k * esize;
         rc = check_finite(ws, t[g], file[g], parts[g].name, src, (size_t)n * (size_t)k, err);
-        memcpy(host + g * part_bytes, src, part_bytes);
+        if (copy)
+            memcpy(copy + g * part_bytes, src, part_bytes);
     }
-    if (rc == AR_OK &&
-        ws->be->weight_load(ws->be, out, host, t[0]->dtype, SHAPE3(groups, n, k), err) != AR_OK)
+    if (rc == AR_OK && ws->be->weight_load(ws->be, out, copy ? copy : first, t[0]->dtype,
+                                           SHAPE3(groups, n, k), err) != AR_OK)
         rc = ar_error_prefix(err, "%s: tensor '%s' stacked with %d more", ws->files[file[0]].path,
                              parts[0].name, groups - 1);
-    free(host);
+    free(copy);
     if (rc == AR_OK && ws->be->weight_prepare &&
         ws->be->weight_prepare(ws->be, out, LAYOUT_LINEAR, err) != AR_OK) {
         ws->be->weight_free(ws->be, out);

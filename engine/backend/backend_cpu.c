@@ -1376,8 +1376,10 @@ static void cpu_destroy(backend_t *be) {
  * (its own scratch panel and team size) over the same weights. */
 static backend_t *cpu_fork(backend_t *be, size_t bytes, int n_threads, ar_error_t *err) {
     backend_t *f = backend_cpu_create(n_threads > 0 ? n_threads : team(be), err);
-    if (f)
-        f->batch_invariant = be->batch_invariant, f->activations = be->activations;
+    if (f) {
+        f->batch_invariant = be->batch_invariant;
+        f->activations = be->activations;
+    }
     return f;
 }
 

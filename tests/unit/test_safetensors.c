@@ -509,6 +509,20 @@ static void test_stacked_linear_from_parts(void) {
     for (int i = 0; i < 6; i++)
         CHECK_MSG(y[i] == (float)(13 + 3 * i), "row %d: %g", i, y[i]);
     be->weight_free(be, &w);
+    /* consecutive blocks from row 2 (loaded as stored, not copied), and
+     * blocks out of order (copied) */
+    weight_part_t later[2] = {{"f", 2, 6}, {"f", 4, 6}}, swapped[2] = {{"f", 4, 6}, {"f", 2, 6}};
+    const weight_part_t *cases[2] = {later, swapped};
+    for (int c = 0; c < 2; c++) {
+        CHECK_MSG(weight_load_linear_stack(&ws, &w, 2, cases[c], 2, 3, &err) == AR_OK, "%s",
+                  err.msg);
+        be->matmul(be, y, x, &w, NULL, 1);
+        for (int i = 0; i < 4; i++) {
+            const int row = c ? (i < 2 ? 4 + i : i) : 2 + i;
+            CHECK_MSG(y[i] == (float)(13 + 3 * row), "case %d, row %d: %g", c, i, y[i]);
+        }
+        be->weight_free(be, &w);
+    }
     weight_part_t mixed[2] = {{"a", 0, 2}, {"c", 0, 2}};
     CHECK(weight_load_linear_stack(&ws, &w, 2, mixed, 2, 3, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "stack.safetensors: tensor 'c' is BF16 where 'a' is F32");
