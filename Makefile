@@ -338,9 +338,10 @@ test:
 
 # The CUDA emulator's own tests, then every op of the CUDA backend (under
 # the emulator) against the CPU backend.
-$(BUILD)/tests/test_emu: tests/cuda_emu/test_emu.cpp $(EMU)/cuda_emu.o tests/test.h
+$(BUILD)/tests/test_emu: tests/cuda_emu/test_emu.cpp $(EMU)/cuda_emu.o $(EMU)/kernels/launch.o \
+                        tests/test.h
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++17 $(EMU_FLAGS) -o $@ $< $(EMU)/cuda_emu.o -lopenblas
+	$(CXX) -std=c++17 $(EMU_FLAGS) -o $@ $< $(EMU)/cuda_emu.o $(EMU)/kernels/launch.o -lopenblas
 
 $(BUILD)/tests/test_backend_ops: tests/backend/test_backend_ops.c $(EMU_OBJ) $(ENGINE_LIB) tests/test.h
 	@mkdir -p $(dir $@)

@@ -6,10 +6,6 @@
  * accurate expf/erff (not __expf) so results agree to an ulp or so. */
 #include "kernels/cuda/common.cuh"
 
-thread_local unsigned long long ar_kernels_started = 0;
-
-unsigned long long kern_kernels_started(void) { return ar_kernels_started; }
-
 __global__ void silu_kernel(float *x, size_t n) {
     GRID_STRIDE_LOOP(i, n) {
         const float v = x[i];
