@@ -428,6 +428,16 @@ const char *cudaGetErrorName(cudaError_t e) {
         return "cudaErrorLaunchFailure";
     case cudaErrorNotSupported:
         return "cudaErrorNotSupported";
+    case cudaErrorIllegalState:
+        return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported:
+        return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+        return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureWrongThread:
+        return "cudaErrorStreamCaptureWrongThread";
+    case cudaErrorGraphExecUpdateFailure:
+        return "cudaErrorGraphExecUpdateFailure";
     case cudaErrorUnknown:
         return "cudaErrorUnknown";
     }
@@ -467,6 +477,17 @@ const char *cudaGetErrorString(cudaError_t e) {
         return "unspecified launch failure";
     case cudaErrorNotSupported:
         return "operation not supported";
+    case cudaErrorIllegalState:
+        return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported:
+        return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+        return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureWrongThread:
+        return "attempt to terminate a thread-local capture sequence from another thread";
+    case cudaErrorGraphExecUpdateFailure:
+        return "the graph update was not performed because it included changes which violated "
+               "constraints specific to instantiated graph update";
     case cudaErrorUnknown:
         return "unknown error";
     }
@@ -475,14 +496,38 @@ const char *cudaGetErrorString(cudaError_t e) {
 
 /* ---- launches -------------------------------------------------------------------------- */
 
+struct emu_node {
+    cuda_emu_node_kind kind;
+    std::function<cudaError_t()> run;
+};
+struct CUgraph_st {
+    unsigned magic;
+    std::vector<emu_node> nodes;
+};
+struct CUgraphExec_st {
+    unsigned magic;
+    std::vector<emu_node> nodes;
+};
 struct CUstream_st {
     unsigned magic;
+    /* While capturing: the graph being recorded, the thread that began it,
+     * and whether a forbidden call has invalidated it. */
+    CUgraph_st *capture;
+    pthread_t capture_thread;
+    cudaStreamCaptureMode capture_mode;
+    int invalidated;
 };
 struct CUevent_st {
     unsigned magic;
     struct timespec at;
 };
-enum { STREAM_MAGIC = 0x57e4a11u, EVENT_MAGIC = 0xe7e47u, DEAD_MAGIC = 0xdeadu };
+enum {
+    STREAM_MAGIC = 0x57e4a11u,
+    EVENT_MAGIC = 0xe7e47u,
+    GRAPH_MAGIC = 0x96a9u,
+    EXEC_MAGIC = 0xe8ecu,
+    DEAD_MAGIC = 0xdeadu
+};
 
 static int stream_ok(cudaStream_t s) { return s == NULL || s->magic == STREAM_MAGIC; }
 
@@ -500,20 +545,34 @@ static int n_workers(void) {
     return n;
 }
 
+/* Caller holds g_lock. */
+static cudaError_t launch_config_error(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream) {
+    const unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
+    if (nt == 0 || nt > MAX_THREADS || block.x > 1024 || block.y > 1024 || block.z > 64 ||
+        grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 ||
+        grid.z > 65535)
+        return set_error(cudaErrorInvalidConfiguration);
+    if (shmem > MAX_DYN_SMEM)
+        return set_error(cudaErrorInvalidValue);
+    if (!stream_ok(stream))
+        return set_error(cudaErrorInvalidResourceHandle);
+    return cudaSuccess;
+}
+
+cudaError_t cuda_emu_launch_config(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lk(g_lock);
+    STICKY_CHECK();
+    return launch_config_error(grid, block, shmem, stream);
+}
+
 cudaError_t cuda_emu_run(const char *name, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
                          void (*body)(void *), void *ctx) {
     {
         std::lock_guard<std::mutex> lk(g_lock);
         STICKY_CHECK();
-        const unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
-        if (nt == 0 || nt > MAX_THREADS || block.x > 1024 || block.y > 1024 || block.z > 64 ||
-            grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 ||
-            grid.z > 65535)
-            return set_error(cudaErrorInvalidConfiguration);
-        if (shmem > MAX_DYN_SMEM)
-            return set_error(cudaErrorInvalidValue);
-        if (!stream_ok(stream))
-            return set_error(cudaErrorInvalidResourceHandle);
+        const cudaError_t config = launch_config_error(grid, block, shmem, stream);
+        if (config != cudaSuccess)
+            return config;
         if (g_planted != cudaSuccess && g_planted_after-- == 0) {
             snprintf(g_fault, sizeof g_fault, "%s: a planted fault (%s)", name,
                      g_planted_async ? "cuda_emu_fault_launch_async" : "cuda_emu_fault_launch");
@@ -575,6 +634,29 @@ cudaError_t cuda_emu_run(const char *name, dim3 grid, dim3 block, size_t shmem, 
         return set_error(cudaErrorLaunchFailure);
     }
     return cudaSuccess;
+}
+
+/* ---- capture state ----------------------------------------------------------------------- */
+
+/* The streams capturing now (under g_lock). */
+static std::vector<cudaStream_t> g_capturing;
+
+static int captured_by_me(cudaStream_t s) {
+    return s && s->capture && pthread_equal(s->capture_thread, pthread_self());
+}
+
+/* A synchronising call while captures run: as CUDA's capture modes say,
+ * it fails where a capture forbids it (a global one: from any thread; a
+ * thread-local one: from its own thread; a relaxed one: never), and the
+ * captures that forbid it are invalidated (cudaStreamEndCapture then
+ * fails). Caller holds g_lock. */
+static cudaError_t capture_forbids(void) {
+    int any = 0;
+    for (cudaStream_t s : g_capturing)
+        if (s->capture_mode == cudaStreamCaptureModeGlobal ||
+            (s->capture_mode == cudaStreamCaptureModeThreadLocal && captured_by_me(s)))
+            s->invalidated = any = 1;
+    return any ? set_error(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
 }
 
 /* ---- devices ----------------------------------------------------------------------------- */
@@ -657,7 +739,7 @@ cudaError_t cudaRuntimeGetVersion(int *version) { return cudaDriverGetVersion(ve
 cudaError_t cudaDeviceSynchronize(void) {
     std::lock_guard<std::mutex> lk(g_lock);
     STICKY_CHECK();
-    return cudaSuccess;
+    return capture_forbids();
 }
 
 cudaError_t cudaDeviceReset(void) {
@@ -675,6 +757,8 @@ cudaError_t cudaDeviceReset(void) {
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     std::lock_guard<std::mutex> lk(g_lock);
     STICKY_CHECK();
+    if (capture_forbids() != cudaSuccess)
+        return cudaErrorStreamCaptureUnsupported;
     if (!p)
         return set_error(cudaErrorInvalidValue);
     *p = NULL;
@@ -704,6 +788,8 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
 cudaError_t cudaFree(void *p) {
     std::lock_guard<std::mutex> lk(g_lock);
     STICKY_CHECK();
+    if (capture_forbids() != cudaSuccess)
+        return cudaErrorStreamCaptureUnsupported;
     if (!p)
         return cudaSuccess;
     auto it = g_allocs.find((uintptr_t)p);
@@ -751,8 +837,8 @@ static int device_range_ok(const void *p, size_t bytes) {
     return a >= lo && a <= hi && bytes <= hi - a;
 }
 
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
-    std::lock_guard<std::mutex> lk(g_lock);
+/* A copy, done now. Caller holds g_lock. */
+static cudaError_t copy_now(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
     STICKY_CHECK();
     if (bytes == 0)
         return cudaSuccess;
@@ -768,15 +854,16 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
     return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t stream) {
-    if (!stream_ok(stream))
-        return set_error(cudaErrorInvalidResourceHandle);
-    return cudaMemcpy(dst, src, bytes, kind);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+    std::lock_guard<std::mutex> lk(g_lock);
+    STICKY_CHECK();
+    if (capture_forbids() != cudaSuccess)
+        return cudaErrorStreamCaptureUnsupported;
+    return copy_now(dst, src, bytes, kind);
 }
 
-cudaError_t cudaMemset(void *p, int value, size_t bytes) {
-    std::lock_guard<std::mutex> lk(g_lock);
+/* Caller holds g_lock. */
+static cudaError_t memset_now(void *p, int value, size_t bytes) {
     STICKY_CHECK();
     if (bytes == 0)
         return cudaSuccess;
@@ -786,10 +873,43 @@ cudaError_t cudaMemset(void *p, int value, size_t bytes) {
     return cudaSuccess;
 }
 
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+    if (!stream_ok(stream))
+        return set_error(cudaErrorInvalidResourceHandle);
+    if (cuda_emu_capturing(stream)) {
+        if (kind != cudaMemcpyDeviceToDevice) {
+            std::lock_guard<std::mutex> lk(g_lock);
+            stream->invalidated = 1;
+            return set_error(cudaErrorStreamCaptureUnsupported);
+        }
+        return cuda_emu_capture(stream, CUDA_EMU_NODE_COPY, [=]() {
+            std::lock_guard<std::mutex> lk(g_lock);
+            return copy_now(dst, src, bytes, kind);
+        });
+    }
+    std::lock_guard<std::mutex> lk(g_lock);
+    return copy_now(dst, src, bytes, kind);
+}
+
+cudaError_t cudaMemset(void *p, int value, size_t bytes) {
+    std::lock_guard<std::mutex> lk(g_lock);
+    STICKY_CHECK();
+    if (capture_forbids() != cudaSuccess)
+        return cudaErrorStreamCaptureUnsupported;
+    return memset_now(p, value, bytes);
+}
+
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream) {
     if (!stream_ok(stream))
         return set_error(cudaErrorInvalidResourceHandle);
-    return cudaMemset(p, value, bytes);
+    if (cuda_emu_capturing(stream))
+        return cuda_emu_capture(stream, CUDA_EMU_NODE_MEMSET, [=]() {
+            std::lock_guard<std::mutex> lk(g_lock);
+            return memset_now(p, value, bytes);
+        });
+    std::lock_guard<std::mutex> lk(g_lock);
+    return memset_now(p, value, bytes);
 }
 
 /* ---- streams and events: work is done when it is issued ---------------------------- */
@@ -801,7 +921,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) 
     STICKY_CHECK();
     if (!stream || flags > cudaStreamNonBlocking)
         return set_error(cudaErrorInvalidValue);
-    *stream = (cudaStream_t)malloc(sizeof **stream);
+    *stream = (cudaStream_t)calloc(1, sizeof **stream);
     (*stream)->magic = STREAM_MAGIC;
     return cudaSuccess;
 }
@@ -817,7 +937,150 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     std::lock_guard<std::mutex> lk(g_lock);
     STICKY_CHECK();
-    return stream_ok(stream) ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle);
+    if (!stream_ok(stream))
+        return set_error(cudaErrorInvalidResourceHandle);
+    if (stream && stream->capture) {
+        stream->invalidated = 1;
+        return set_error(cudaErrorStreamCaptureUnsupported);
+    }
+    return capture_forbids();
+}
+
+/* ---- graphs: a capture records, a launch replays ------------------------------------- */
+
+int cuda_emu_capturing(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lk(g_lock);
+    return stream && stream->magic == STREAM_MAGIC && stream->capture;
+}
+
+cudaError_t cuda_emu_capture(cudaStream_t stream, cuda_emu_node_kind kind,
+                             std::function<cudaError_t()> run) {
+    std::lock_guard<std::mutex> lk(g_lock);
+    STICKY_CHECK();
+    if (!stream_ok(stream) || !stream || !stream->capture)
+        return set_error(cudaErrorInvalidResourceHandle);
+    stream->capture->nodes.push_back(emu_node{kind, std::move(run)});
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+    std::lock_guard<std::mutex> lk(g_lock);
+    STICKY_CHECK();
+    if (!stream_ok(stream) || mode > cudaStreamCaptureModeRelaxed)
+        return set_error(cudaErrorInvalidValue);
+    if (!stream) /* the legacy default stream cannot be captured */
+        return set_error(cudaErrorStreamCaptureUnsupported);
+    if (stream->capture)
+        return set_error(cudaErrorIllegalState);
+    stream->capture = new CUgraph_st{GRAPH_MAGIC, {}};
+    stream->capture_thread = pthread_self();
+    stream->capture_mode = mode;
+    stream->invalidated = 0;
+    g_capturing.push_back(stream);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
+    std::lock_guard<std::mutex> lk(g_lock);
+    if (!graph || !stream_ok(stream) || !stream)
+        return set_error(cudaErrorInvalidValue);
+    *graph = NULL;
+    if (!stream->capture)
+        return set_error(cudaErrorIllegalState);
+    if (stream->capture_mode != cudaStreamCaptureModeRelaxed && !captured_by_me(stream))
+        return set_error(cudaErrorStreamCaptureWrongThread);
+    CUgraph_st *g = stream->capture;
+    const int invalidated = stream->invalidated;
+    stream->capture = NULL;
+    for (size_t i = 0; i < g_capturing.size(); i++)
+        if (g_capturing[i] == stream) {
+            g_capturing.erase(g_capturing.begin() + (long)i);
+            break;
+        }
+    if (invalidated) {
+        delete g;
+        return set_error(cudaErrorStreamCaptureInvalidated);
+    }
+    *graph = g;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus *status) {
+    std::lock_guard<std::mutex> lk(g_lock);
+    if (!status || !stream_ok(stream))
+        return set_error(cudaErrorInvalidValue);
+    *status = !stream || !stream->capture ? cudaStreamCaptureStatusNone
+              : stream->invalidated       ? cudaStreamCaptureStatusInvalidated
+                                          : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *n_nodes) {
+    if (!graph || graph->magic != GRAPH_MAGIC || !n_nodes || nodes)
+        return set_error(cudaErrorInvalidValue);
+    *n_nodes = graph->nodes.size();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                 unsigned long long flags) {
+    if (!exec || !graph || graph->magic != GRAPH_MAGIC || flags)
+        return set_error(cudaErrorInvalidValue);
+    *exec = new CUgraphExec_st{EXEC_MAGIC, graph->nodes};
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
+                                cudaGraphExecUpdateResultInfo *info) {
+    if (!exec || exec->magic != EXEC_MAGIC || !graph || graph->magic != GRAPH_MAGIC || !info)
+        return set_error(cudaErrorInvalidValue);
+    *info = cudaGraphExecUpdateResultInfo{cudaGraphExecUpdateSuccess, NULL, NULL};
+    if (exec->nodes.size() != graph->nodes.size())
+        info->result = cudaGraphExecUpdateErrorTopologyChanged;
+    for (size_t i = 0; i < exec->nodes.size() && !info->result; i++)
+        if (exec->nodes[i].kind != graph->nodes[i].kind)
+            info->result = cudaGraphExecUpdateErrorNodeTypeChanged;
+    if (info->result)
+        return set_error(cudaErrorGraphExecUpdateFailure);
+    exec->nodes = graph->nodes;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+    {
+        std::lock_guard<std::mutex> lk(g_lock);
+        STICKY_CHECK();
+        if (!exec || exec->magic != EXEC_MAGIC || !stream_ok(stream))
+            return set_error(cudaErrorInvalidResourceHandle);
+        if (stream && stream->capture) /* a graph inside a capture: not needed, not emulated */
+            return set_error(cudaErrorNotSupported);
+    }
+    for (const emu_node &n : exec->nodes) {
+        const cudaError_t e = n.run();
+        if (e != cudaSuccess) {
+            std::lock_guard<std::mutex> lk(g_lock);
+            if (g_sticky == cudaSuccess) /* a replayed node that fails faults the context */
+                g_sticky = e;
+            return set_error(e);
+        }
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    if (!graph || graph->magic != GRAPH_MAGIC)
+        return set_error(cudaErrorInvalidValue);
+    graph->magic = DEAD_MAGIC;
+    delete graph;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    if (!exec || exec->magic != EXEC_MAGIC)
+        return set_error(cudaErrorInvalidValue);
+    exec->magic = DEAD_MAGIC;
+    delete exec;
+    return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
@@ -984,6 +1247,12 @@ static float *operand_f32(const void *p, cudaDataType t, int rows, int cols, int
     return out;
 }
 
+static cublasStatus_t gemm_run(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                               float alpha, const void *A, cudaDataType at, int lda, const void *B,
+                               cudaDataType bt, int ldb, float beta, float *C, int ldc);
+
+/* Checks the arguments, then runs the product (gemm_run), or records it
+ * where the handle's stream is capturing. */
 static cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                            int n, int k, float alpha, const void *A, cudaDataType at, int lda,
                            const void *B, cudaDataType bt, int ldb, float beta, float *C, int ldc) {
@@ -993,12 +1262,29 @@ static cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
         (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T))
         return CUBLAS_STATUS_INVALID_VALUE;
     /* op(A) is m x k: A is stored m x k (N) or k x m (T), column-major. */
-    const int a_rows = ta == CUBLAS_OP_N ? m : k, a_cols = ta == CUBLAS_OP_N ? k : m;
-    const int b_rows = tb == CUBLAS_OP_N ? k : n, b_cols = tb == CUBLAS_OP_N ? n : k;
+    const int a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
     if (lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (m == 0 || n == 0)
         return CUBLAS_STATUS_SUCCESS;
+    if (cuda_emu_capturing(h->stream)) { /* alpha and beta are read now, as cuBLAS reads them */
+        const cudaError_t e = cuda_emu_capture(h->stream, CUDA_EMU_NODE_KERNEL, [=]() {
+            return gemm_run(ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ldc) ==
+                           CUBLAS_STATUS_SUCCESS
+                       ? cudaSuccess
+                       : cudaErrorIllegalAddress;
+        });
+        return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    return gemm_run(ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ldc);
+}
+
+/* The product itself, its arguments checked (m, n > 0). */
+static cublasStatus_t gemm_run(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                               float alpha, const void *A, cudaDataType at, int lda, const void *B,
+                               cudaDataType bt, int ldb, float beta, float *C, int ldc) {
+    const int a_rows = ta == CUBLAS_OP_N ? m : k, a_cols = ta == CUBLAS_OP_N ? k : m;
+    const int b_rows = tb == CUBLAS_OP_N ? k : n, b_cols = tb == CUBLAS_OP_N ? n : k;
     {
         std::lock_guard<std::mutex> lk(g_lock);
         surface_pending();

@@ -42,11 +42,16 @@ typedef enum cudaError {
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
     cudaErrorLaunchOutOfResources = 701,
     cudaErrorLaunchFailure = 719,
     cudaErrorNotSupported = 801,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureWrongThread = 908,
+    cudaErrorGraphExecUpdateFailure = 910,
     cudaErrorUnknown = 999
 } cudaError_t;
 
@@ -126,6 +131,58 @@ cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+/* Graphs, as far as stream capture makes them: between
+ * cudaStreamBeginCapture and cudaStreamEndCapture a stream records its
+ * kernel launches, device-to-device copies, memsets and cuBLAS calls (with
+ * their arguments as they were at the call) instead of running them;
+ * cudaGraphLaunch runs the recording, in order. Stricter than CUDA where
+ * that catches bugs early: a capture records only device work (a copy to
+ * or from host memory fails with cudaErrorStreamCaptureUnsupported, even
+ * pinned). As in CUDA, a wait for the capturing stream fails, and so do
+ * synchronising calls (cudaDeviceSynchronize, cudaStreamSynchronize,
+ * cudaMemcpy, cudaMemset, cudaMalloc, cudaFree) where the capture's mode
+ * forbids them; each invalidates the capture. cudaGraphExecUpdate succeeds
+ * where the new graph has the same nodes, one for one, of the same kinds
+ * (a kernel's function and arguments, a copy's addresses may change). */
+typedef struct CUgraph_st *cudaGraph_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
+typedef struct CUgraphNode_st *cudaGraphNode_t;
+
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+};
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
+enum cudaGraphExecUpdateResult {
+    cudaGraphExecUpdateSuccess = 0,
+    cudaGraphExecUpdateError = 1,
+    cudaGraphExecUpdateErrorTopologyChanged = 2,
+    cudaGraphExecUpdateErrorNodeTypeChanged = 3
+};
+typedef struct cudaGraphExecUpdateResultInfo_st {
+    enum cudaGraphExecUpdateResult result;
+    cudaGraphNode_t errorNode;
+    cudaGraphNode_t errorFromNode;
+} cudaGraphExecUpdateResultInfo;
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *status);
+/* nodes NULL: *n_nodes is set to the graph's node count. */
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *n_nodes);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                 unsigned long long flags);
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
+                                cudaGraphExecUpdateResultInfo *info);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 
 /* Returns and clears the last error (a sticky one stays). */
 cudaError_t cudaGetLastError(void);
@@ -245,9 +302,21 @@ void cuda_emu_fault_launch_async(unsigned long long after, cudaError_t error);
 #include <stdio.h>
 #include <string.h>
 
+#include <functional>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+
+/* Stream capture (the graph API above): whether stream is capturing, and
+ * a node appended to its capture (kind: what cudaGraphExecUpdate compares;
+ * run: the work, returning the error it ends with). */
+enum cuda_emu_node_kind { CUDA_EMU_NODE_KERNEL = 1, CUDA_EMU_NODE_COPY, CUDA_EMU_NODE_MEMSET };
+int cuda_emu_capturing(cudaStream_t stream);
+cudaError_t cuda_emu_capture(cudaStream_t stream, enum cuda_emu_node_kind kind,
+                             std::function<cudaError_t()> run);
+/* A launch's grid, block and shared memory checked as a launch checks them. */
+cudaError_t cuda_emu_launch_config(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream);
 
 #define __global__
 #define __device__
@@ -573,13 +642,20 @@ static inline void cuda_emu_launch(const char *name, void (*kernel)(Params...), 
         void (*kernel)(Params...);
         std::tuple<typename std::decay<Params>::type...> params;
     } c{kernel, std::tuple<typename std::decay<Params>::type...>(std::forward<Args>(args)...)};
-    cuda_emu_run(
-        name, grid, block, shmem, stream,
-        [](void *p) {
-            closure *cl = static_cast<closure *>(p);
-            std::apply(cl->kernel, cl->params);
-        },
-        &c);
+    void (*body)(void *) = [](void *p) {
+        closure *cl = static_cast<closure *>(p);
+        std::apply(cl->kernel, cl->params);
+    };
+    if (!cuda_emu_capturing(stream)) {
+        cuda_emu_run(name, grid, block, shmem, stream, body, &c);
+        return;
+    }
+    if (cuda_emu_launch_config(grid, block, shmem, stream) != cudaSuccess)
+        return;
+    auto kept = std::make_shared<closure>(c);
+    cuda_emu_capture(stream, CUDA_EMU_NODE_KERNEL, [=]() {
+        return cuda_emu_run(name, grid, block, shmem, NULL, body, kept.get());
+    });
 }
 
 #endif /* __cplusplus */

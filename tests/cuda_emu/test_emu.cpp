@@ -1,7 +1,8 @@
 /* Tests of the CUDA emulator itself (tests/cuda_emu): barriers, warp
  * shuffles and votes, shared memory, atomics, half/bfloat16 conversions
  * against the bit patterns the hardware produces, launch-configuration and
- * memory errors, deadlock reports, and the cuBLAS GEMM shim. Kernels here are
+ * memory errors, deadlock reports, the cuBLAS GEMM shim, and stream
+ * capture with graph replay. Kernels here are
  * written as they would be for nvcc and launched through AR_LAUNCH. */
 #include "kernels/cuda/launch.h"
 
@@ -658,6 +659,134 @@ static void test_cublas_argument_errors_and_beta_zero(void) {
     cublasDestroy(h);
 }
 
+/* ---- stream capture and graphs -------------------------------------------- */
+
+__global__ void add_scalar_kernel(float *x, float v, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] += v;
+}
+
+/* A capture records (nothing runs), a launch replays in order, a replay
+ * reads device memory as it is then, and an update swaps in new arguments. */
+static void test_capture_records_and_graph_replays(void) {
+    const int n = 40;
+    float h[n], out[n];
+    for (int i = 0; i < n; i++)
+        h[i] = (float)i;
+    float one_h = 1.0f;
+    float *a = dev_alloc(n, h), *b = dev_alloc<float>(n), *one = dev_alloc(1, &one_h);
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess);
+    cublasHandle_t blas;
+    CHECK(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasSetStream(blas, st) == CUBLAS_STATUS_SUCCESS);
+    const unsigned long long launches = cuda_emu_launch_count();
+
+    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    cudaStreamCaptureStatus status;
+    CHECK(cudaStreamIsCapturing(st, &status) == cudaSuccess &&
+          status == cudaStreamCaptureStatusActive);
+    AR_LAUNCH(add_scalar_kernel, 1, 64, 0, st, a, 1.0f, n); /* a += 1 */
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(cudaMemcpyAsync(b, a, n * sizeof(float), cudaMemcpyDeviceToDevice, st) == cudaSuccess);
+    const float two = 2.0f, zero = 0.0f;
+    /* b (1 x n, ld 1) = 2 * b: a GEMM of m = 1, k = 1 with a 1x1 "matrix" of 1 */
+    CHECK(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, n, 1, &two, one, 1, b, 1, &zero, b, 1) ==
+          CUBLAS_STATUS_SUCCESS);
+    CHECK(cudaMemsetAsync(a, 0, sizeof(float), st) == cudaSuccess); /* a[0] = 0 */
+    cudaGraph_t g;
+    CHECK(cudaStreamEndCapture(st, &g) == cudaSuccess && g);
+    CHECK(cuda_emu_launch_count() == launches);
+    to_host(out, a, n);
+    CHECK_MSG(out[0] == 0.0f && out[5] == 5.0f, "the capture ran: a[0] %g, a[5] %g", out[0],
+              out[5]);
+    size_t nodes = 0;
+    CHECK(cudaGraphGetNodes(g, NULL, &nodes) == cudaSuccess && nodes == 4);
+
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, g, 0) == cudaSuccess);
+    for (int rep = 1; rep <= 2; rep++) { /* each replay adds 1 to what a holds then */
+        CHECK(cudaGraphLaunch(exec, st) == cudaSuccess);
+        CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+        to_host(out, b, n);
+        CHECK_MSG(out[7] == 2.0f * (7.0f + (float)rep), "replay %d: b[7] = %g", rep, out[7]);
+        to_host(out, a, n);
+        CHECK(out[0] == 0.0f && out[7] == 7.0f + (float)rep);
+    }
+    CHECK(cuda_emu_launch_count() == launches + 2);
+
+    /* The same nodes with another scalar: the update takes; one node fewer: refused. */
+    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    AR_LAUNCH(add_scalar_kernel, 1, 64, 0, st, a, 100.0f, n);
+    CHECK(cudaMemcpyAsync(b, a, n * sizeof(float), cudaMemcpyDeviceToDevice, st) == cudaSuccess);
+    CHECK(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, n, 1, &two, one, 1, b, 1, &zero, b, 1) ==
+          CUBLAS_STATUS_SUCCESS);
+    CHECK(cudaMemsetAsync(a, 0, sizeof(float), st) == cudaSuccess);
+    cudaGraph_t g2;
+    CHECK(cudaStreamEndCapture(st, &g2) == cudaSuccess);
+    cudaGraphExecUpdateResultInfo info;
+    CHECK(cudaGraphExecUpdate(exec, g2, &info) == cudaSuccess &&
+          info.result == cudaGraphExecUpdateSuccess);
+    CHECK(cudaGraphLaunch(exec, st) == cudaSuccess);
+    to_host(out, a, n);
+    CHECK_MSG(out[7] == 109.0f, "updated replay: a[7] = %g", out[7]);
+    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    AR_LAUNCH(add_scalar_kernel, 1, 64, 0, st, a, 1.0f, n);
+    cudaGraph_t g3;
+    CHECK(cudaStreamEndCapture(st, &g3) == cudaSuccess);
+    CHECK(cudaGraphExecUpdate(exec, g3, &info) == cudaErrorGraphExecUpdateFailure &&
+          info.result == cudaGraphExecUpdateErrorTopologyChanged);
+    CHECK(cudaGetLastError() == cudaErrorGraphExecUpdateFailure);
+
+    CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
+    CHECK(cudaGraphDestroy(g) == cudaSuccess && cudaGraphDestroy(g2) == cudaSuccess &&
+          cudaGraphDestroy(g3) == cudaSuccess);
+    cublasDestroy(blas);
+    cudaStreamDestroy(st);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(one);
+}
+
+/* What a capture refuses: host copies (recorded host memory could change
+ * before the replay), a wait for the capturing stream, synchronous calls
+ * from the capturing thread; each invalidates the capture. */
+static void test_capture_refuses_host_copies_and_waits(void) {
+    float h[4] = {0}, *d = dev_alloc<float>(4);
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess);
+    for (int what = 0; what < 4; what++) {
+        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+        AR_LAUNCH(add_scalar_kernel, 1, 32, 0, st, d, 1.0f, 4);
+        cudaError_t e;
+        if (what == 0)
+            e = cudaMemcpyAsync(d, h, sizeof h, cudaMemcpyHostToDevice, st);
+        else if (what == 1)
+            e = cudaStreamSynchronize(st);
+        else if (what == 2)
+            e = cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+        else {
+            void *p;
+            e = cudaMalloc(&p, 16);
+        }
+        CHECK_MSG(e == cudaErrorStreamCaptureUnsupported, "case %d: %s", what, cudaGetErrorName(e));
+        cudaStreamCaptureStatus status;
+        CHECK(cudaStreamIsCapturing(st, &status) == cudaSuccess &&
+              status == cudaStreamCaptureStatusInvalidated);
+        cudaGraph_t g = (cudaGraph_t)1;
+        CHECK(cudaStreamEndCapture(st, &g) == cudaErrorStreamCaptureInvalidated && !g);
+        CHECK(cudaGetLastError() == cudaErrorStreamCaptureInvalidated);
+    }
+    to_host(h, d, 4);
+    CHECK_MSG(h[0] == 0.0f, "a kernel of an invalidated capture ran: %g", h[0]);
+    CHECK(cudaStreamBeginCapture(NULL, cudaStreamCaptureModeThreadLocal) ==
+          cudaErrorStreamCaptureUnsupported);
+    CHECK(cudaGetLastError() == cudaErrorStreamCaptureUnsupported);
+    cudaStreamDestroy(st);
+    cudaFree(d);
+}
+
 int main(void) {
     TEST_RUN(test_block_reduction_with_syncthreads);
     TEST_RUN(test_returned_threads_do_not_block_syncthreads);
@@ -675,5 +804,7 @@ int main(void) {
     TEST_RUN(test_memory_errors_and_accounting);
     TEST_RUN(test_cublas_gemm_types_and_transposes);
     TEST_RUN(test_cublas_argument_errors_and_beta_zero);
+    TEST_RUN(test_capture_records_and_graph_replays);
+    TEST_RUN(test_capture_refuses_host_copies_and_waits);
     return TEST_SUMMARY();
 }
