@@ -337,13 +337,16 @@ test:
 	@tests/run_stages.sh "$(MAKE)" $(TEST_STAGES)
 
 # The CUDA emulator's own tests, then every op of the CUDA backend (under
-# the emulator) against the CPU backend.
+# the emulator) against the CPU backend, the models end to end and the
+# goldens, steps captured into graphs (the default); then the ops and the
+# end-to-end suite again op by op (ARSERVE_TEST_GRAPHS=off: the rest costs a
+# minute more and takes the same ops).
 $(BUILD)/tests/test_emu: tests/cuda_emu/test_emu.cpp $(EMU)/cuda_emu.o $(EMU)/kernels/launch.o \
                         tests/test.h
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++17 $(EMU_FLAGS) -o $@ $< $(EMU)/cuda_emu.o $(EMU)/kernels/launch.o -lopenblas
 
-$(BUILD)/tests/test_backend_ops: tests/backend/test_backend_ops.c $(EMU_OBJ) $(ENGINE_LIB) tests/test.h
+$(BUILD)/tests/test_backend_ops: tests/backend/test_backend_ops.c $(EMU_OBJ) $(ENGINE_LIB) tests/test.h tests/test_backend.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
 
@@ -354,7 +357,8 @@ $(BUILD)/tests/test_backend_ops: tests/backend/test_backend_ops.c $(EMU_OBJ) $(E
 # Passive OpenMP waits: the CPU backend's and the emulator's thread teams
 # take turns thousands of times a second, and spinning idle threads made
 # the end-to-end test 40x slower on a 2-core machine (2 min against 3 s).
-$(BUILD)/tests/test_backend_e2e: tests/backend/test_backend_e2e.c $(EMU_OBJ) $(ENGINE_LIB) tests/test.h tests/lockstep.h
+$(BUILD)/tests/test_backend_e2e: tests/backend/test_backend_e2e.c $(EMU_OBJ) $(ENGINE_LIB) tests/test.h \
+                                  tests/test_backend.h tests/lockstep.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DARSERVE_TEST_CUDA_EMU $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
 
@@ -365,8 +369,9 @@ $(BUILD)/tests/test_backend_e2e: tests/backend/test_backend_e2e.c $(EMU_OBJ) $(E
 # raster policies run on the tiny model in test_backend_e2e) and of
 # models/shapes-var, HeatKV (compaction) and AMS-KV (key mass): 12 s.
 TEST_MODELS := models/shapes=full models/shapes-var=full,heatkv,amskv
-$(BUILD)/tests/test_backend_models: tests/backend/test_backend_models.c $(EMU_OBJ) $(ENGINE_LIB) tests/test.h \
-                                    tests/lockstep.h
+$(BUILD)/tests/test_backend_models: tests/backend/test_backend_models.c $(EMU_OBJ) $(ENGINE_LIB) \
+                                     tests/test.h tests/test_backend.h \
+                                     tests/lockstep.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DARSERVE_TEST_CUDA_EMU $(LDFLAGS) -o $@ $< $(EMU_OBJ) $(ENGINE_LIB) $(LDLIBS) -lstdc++
 
@@ -404,6 +409,8 @@ test-backend: $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops $(BUILD)/t
 	OMP_WAIT_POLICY=passive ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_TEST_MODELS="$(TEST_MODELS)" tests/run_unit.sh \
 	    $(filter-out $(EMU_GOLDEN),$(filter $(BUILD)/tests/%,$^))
 	OMP_WAIT_POLICY=passive ARSERVE_TEST_BACKEND=cuda tests/run_unit.sh $(EMU_GOLDEN)
+	OMP_WAIT_POLICY=passive ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_TEST_GRAPHS=off tests/run_unit.sh \
+	    $(BUILD)/tests/test_backend_ops $(BUILD)/tests/test_backend_e2e
 
 # With CUDA=1: the conformance suite, the end-to-end test and the golden
 # tests linked against the real kernels and CUDA runtime instead of the
@@ -503,7 +510,7 @@ test-bench-smoke: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUIL
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_reference_dtype.py
 	tests/cli/test_speed_bench_emu.sh $(BUILD)/speed_bench-emu $(TINY_MODEL) $(VENV)/bin/python \
 	    $(VAR_TINY_MODEL)
-	$(SMOKE_MAKE) -s bench-launches LAUNCH_COUNTS_ARGS="--modes bf16 --batch 2"
+	$(SMOKE_MAKE) -s bench-launches LAUNCH_COUNTS_ARGS="--modes bf16 --graphs on --batch 2"
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_gpu_bench.py $(BUILD)
 	tests/cli/test_bench_smoke.sh "$(SMOKE_MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 

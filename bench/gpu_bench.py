@@ -81,7 +81,8 @@ CONCURRENCY = (1, 8, 32)
 JANUS_STEPS_FULL = 576
 # Keys speed_bench --backend cuda adds to each batch row (and copies here as they are).
 DEVICE_KEYS = ("launches_per_step", "kernels_per_step", "h2d_copies_per_step",
-               "d2h_copies_per_step", "copy_bytes_per_step", "device_peak_bytes")
+               "d2h_copies_per_step", "copy_bytes_per_step", "device_peak_bytes",
+               "graph_launches_per_step", "syncs_per_step")
 
 
 class StageError(Exception):
@@ -236,7 +237,8 @@ class Bench:
             "machine": {"hostname": platform.node(), "cpus": os.cpu_count(),
                         "python": platform.python_version()},
             "stages": [], "skipped": [], "models": {},
-            "arserve": {"janus": {"speed": {}, "daemon": {}}, "var": {"speed": {}, "daemon": {}}},
+            "arserve": {"janus": {"speed": {}, "daemon": {}, "speed_graphs_off": {}},
+                        "var": {"speed": {}, "daemon": {}}},
             "pytorch": {"janus": {}},
         }
         # The least time each stage needs to say anything (seconds): what the stages after the
@@ -332,6 +334,7 @@ class Bench:
         helptext = subprocess.run([self.speed_bench, "--help"], capture_output=True, text=True,
                                   timeout=30, env=self.env)
         self.sb_backend_flag = "--backend" in helptext.stdout + helptext.stderr
+        self.sb_graphs_flag = "--gpu-graphs" in helptext.stdout + helptext.stderr
         if a.backend != "cpu" and not self.sb_backend_flag:
             usage_error("%s has no --backend: it times the CPU backend only (speed_bench "
                         "before --backend cuda); rebuild the kit" % self.speed_bench)
@@ -415,24 +418,36 @@ class Bench:
         return True
 
     # -- stage 2: arserve in-process
-    def speed(self, key, batch, timeout):
+    def speed(self, key, batch, timeout, graphs="on"):
+        """speed_bench on `key` at batch 1 and `batch`; graphs "off": the same op by op (a
+        device backend's steps not captured into graphs), kept in speed_graphs_off."""
         a, model = self.a, self.r["models"][key]
         cmd = [self.speed_bench, "--model", model["dir"], "--batch", str(batch), "--images",
                str(batch), "--reps", "1", "--threads", str(a.threads), "--json"]
         if self.sb_backend_flag:
             cmd += ["--backend", a.backend]
+        if graphs == "off":
+            if not self.sb_graphs_flag:
+                raise StageError("%s has no --gpu-graphs: rebuild the kit" % self.speed_bench)
+            cmd += ["--gpu-graphs", "off"]
         if key == "janus":
             cmd += ["--prompt", model["prompt"]]
         t = time.monotonic()
         with GpuMemory(a.backend == "cuda") as mem:
-            out = run_proc(a, "speed_bench %s --batch %d" % (key, batch), cmd, timeout, self.env)
+            out = run_proc(a, "speed_bench %s --batch %d --gpu-graphs %s" % (key, batch, graphs),
+                           cmd, timeout, self.env)
         took = time.monotonic() - t
         j = last_json(out)
         rows = {r["batch"]: r for r in j["batches"]}
         dest = self.r["arserve"][key]
         dest.setdefault("speed_runs", []).append(
-            {"batch_arg": batch, "seconds": round(took, 2), "gpu_mem_mib_nvidia_smi": mem.mib(),
+            {"batch_arg": batch, "graphs": graphs, "seconds": round(took, 2),
+             "gpu_mem_mib_nvidia_smi": mem.mib(),
              "head": {k: v for k, v in j.items() if k != "batches"}})
+        if graphs == "off":
+            for b, row in rows.items():
+                dest["speed_graphs_off"][str(b)] = self.speed_row(row, j, mem.mib())
+            return took
         if key == "janus" and "cond" in j:
             model["cond"], model["uncond"] = j["cond"], j["uncond"]
         model["kv_mib_per_image"] = j.get("kv_mib_per_image")
@@ -463,7 +478,7 @@ class Bench:
         time per image (an upper bound where batching pays)."""
         d = self.r["arserve"][key]
         s1, s8 = d["speed"].get("1"), d["speed"].get("8")
-        runs = [r for r in d.get("speed_runs", []) if r["batch_arg"] == 8]
+        runs = [r for r in d.get("speed_runs", []) if r["batch_arg"] == 8 and r["graphs"] == "on"]
         if not (s1 and s8 and runs):
             return None
         t1, t8 = 1 / s1["images_per_s"], 1 / s8["images_per_s"]
@@ -600,6 +615,10 @@ class Bench:
         self.stage("daemon var", lambda t: self.daemon("var", t), reserve=f["torch"],
                    floor=f["daemon"])
         self.stage("pytorch eager", lambda t: self.torch("eager", t), floor=f["torch"])
+        # The same card op by op: what capturing each step into a graph bought.
+        self.stage("arserve janus batch 1, 8, graphs off",
+                   lambda t: self.speed("janus", 8, t, graphs="off"), floor=f["speed"],
+                   optional=True)
         # The extras, with what is left: PyTorch with CUDA graphs (the fairer baseline for a
         # server that replays them; compiling takes a minute or two), then arserve's Janus at
         # batch 32 in-process (the daemon at C=32 has it already, less precisely).
@@ -751,6 +770,29 @@ def markdown(r):
                 fmt(mib(o.get("device_peak_bytes")), "%.0f"),
                 fmt(o.get("gpu_mem_mib_nvidia_smi"), "%.0f"),
                 fmt(mib(e.get("peak_reserved_bytes")), "%.0f", "" if key != "janus" else "n/a")))
+    L.append("")
+    L.append("## Steps as CUDA graphs against op by op (Janus, this card, this run)")
+    L.append("")
+    L.append("On: each step captured into a graph and launched as one, its host arrays in one "
+             "upload (the default). Off: --gpu-graphs off, every op's kernels launched as the op "
+             "is called. Ratio: step ms off over on (above 1: graphs faster).")
+    L.append("")
+    L.append("| batch | step ms on | step ms off | ratio | graph launches on | uploads on | "
+             "uploads off | waits on | waits off |")
+    L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    on_rows, off_rows = r["arserve"]["janus"]["speed"], r["arserve"]["janus"]["speed_graphs_off"]
+    for b in BATCHES:
+        on, off = on_rows.get(str(b), {}), off_rows.get(str(b), {})
+        if not off:
+            continue
+        L.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            b, fmt(on.get("step_ms")), fmt(off.get("step_ms")),
+            ratio(off.get("step_ms"), on.get("step_ms")),
+            fmt(on.get("graph_launches_per_step"), "%.1f"),
+            fmt(on.get("h2d_copies_per_step"), "%.1f"), fmt(off.get("h2d_copies_per_step"), "%.1f"),
+            fmt(on.get("syncs_per_step"), "%.1f"), fmt(off.get("syncs_per_step"), "%.1f")))
+    if not off_rows:
+        L.append("| n/a | | | | | | | | |")
     L.append("")
     L.append("## The daemon on loopback (arserve bench, closed loop of C clients)")
     L.append("")

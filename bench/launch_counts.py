@@ -7,16 +7,18 @@ that differ only in depth (make_tiny_model.py's tiny and janus-1b-depth presets:
 2 and 24 layers), in each GPU activation mode, and prints the launches (launcher and cuBLAS
 calls), kernels (a launcher may start more than one; a cuBLAS call counts one), uploads and
 stream waits of a decode step, and the kernels and launches one layer adds:
-(deep - shallow) / (layers_deep - layers_shallow). With --next-scale DIR it also
-prints a next-scale model's per-step counts (a step is a scale) with batch
-invariance on and off.
+(deep - shallow) / (layers_deep - layers_shallow), with the step captured into a CUDA
+graph (--gpu-graphs on, the default: the graph launches and the graphs built are
+counted too) and op by op (off). With --next-scale DIR it also prints a next-scale
+model's per-step counts (a step is a scale) with batch invariance on and off.
 
     python bench/launch_counts.py --bench build/speed_bench-emu \\
         --shallow build/tiny-model --deep build/janus-1b-depth [--max-per-layer 12] \\
-        [--modes bf16,split] [--batch 8] [--next-scale build/var-d16-depth]
+        [--modes bf16,split] [--graphs on,off] [--batch 8] [--next-scale build/var-d16-depth]
 
 --max-per-layer N exits 1 when a layer in 16-bit (bf16) activations starts more
-than N kernels: the smoke run in `make test` holds the goal of 12.
+than N kernels, and when a decode step with graphs costs more than one upload, one
+graph launch, one download and one wait: the smoke run in `make test` holds both goals.
 """
 import argparse
 import json
@@ -52,6 +54,8 @@ def main():
                     help="fail when a layer starts more kernels in bf16 activations (0: no check)")
     ap.add_argument("--modes", default="bf16,split",
                     help="GPU activation modes to count, comma-separated (default bf16,split)")
+    ap.add_argument("--graphs", default="on,off",
+                    help="graph modes to count, comma-separated (default on,off)")
     ap.add_argument("--next-scale", help="a next-scale model for per-step counts")
     ap.add_argument("--next-scale-batch", type=int, default=4,
                     help="the next-scale model's batch beside batch 1 (default 4: a scale of "
@@ -63,40 +67,55 @@ def main():
                  f"({n_deep} <= {n_shallow})")
     print(f"raster decode step, per step; {n_deep} layers "
           f"({os.path.basename(a.deep.rstrip('/'))}) against {n_shallow}")
-    print("| activations | batch | kernels | launches | uploads | waits | kernels a layer | "
-          "launches a layer |")
-    print("|---|---|---|---|---|---|---|---|")
-    worst = 0.0
+    print("| activations | graphs | batch | kernels | launches | graph launches | uploads | "
+          "downloads | waits | kernels a layer | launches a layer | graphs built |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    worst, over = 0.0, []
     for mode in a.modes.split(","):
-        shallow = run(a.bench, a.shallow, a.batch, ["--gpu-activations", mode])
-        deep = run(a.bench, a.deep, a.batch, ["--gpu-activations", mode])
-        for batch in (1, a.batch):
-            s, d = row(shallow, batch), row(deep, batch)
-            layer = {k: (d[k] - s[k]) / (n_deep - n_shallow)
-                     for k in ("kernels_per_step", "launches_per_step")}
-            if mode == "bf16":
-                worst = max(worst, layer["kernels_per_step"])
-            print(f"| {mode} | {batch} | {d['kernels_per_step']:.1f} | "
-                  f"{d['launches_per_step']:.1f} | {d['h2d_copies_per_step']:.1f} | "
-                  f"{d['syncs_per_step']:.1f} | {layer['kernels_per_step']:.1f} | "
-                  f"{layer['launches_per_step']:.1f} |")
+        for graphs in a.graphs.split(","):
+            flags = ["--gpu-activations", mode, "--gpu-graphs", graphs]
+            shallow = run(a.bench, a.shallow, a.batch, flags)
+            deep = run(a.bench, a.deep, a.batch, flags)
+            for batch in (1, a.batch):
+                s, d = row(shallow, batch), row(deep, batch)
+                layer = {k: (d[k] - s[k]) / (n_deep - n_shallow)
+                         for k in ("kernels_per_step", "launches_per_step")}
+                if mode == "bf16":
+                    worst = max(worst, layer["kernels_per_step"])
+                step = (d["h2d_copies_per_step"], d["graph_launches_per_step"],
+                        d["d2h_copies_per_step"], d["syncs_per_step"])
+                if graphs == "on" and max(step) > 1.0:
+                    over.append(f"{mode} batch {batch}: {step[0]:.1f} uploads, {step[1]:.1f} graph "
+                                f"launches, {step[2]:.1f} downloads, {step[3]:.1f} waits a step")
+                print(f"| {mode} | {graphs} | {batch} | {d['kernels_per_step']:.1f} | "
+                      f"{d['launches_per_step']:.1f} | {step[1]:.1f} | {step[0]:.1f} | "
+                      f"{step[2]:.1f} | {step[3]:.1f} | {layer['kernels_per_step']:.1f} | "
+                      f"{layer['launches_per_step']:.1f} | {d['graph_builds']:.0f} |")
     if a.next_scale:
         print(f"\nnext-scale step (a scale), {os.path.basename(a.next_scale.rstrip('/'))}, "
               f"bf16 activations")
-        print("| batch invariant | batch | kernels | launches | uploads | waits |")
-        print("|---|---|---|---|---|---|")
+        print("| batch invariant | graphs | batch | kernels | launches | graph launches | uploads | "
+              "waits |")
+        print("|---|---|---|---|---|---|---|---|")
         for inv in ("on", "off"):
-            o = run(a.bench, a.next_scale, a.next_scale_batch, ["--batch-invariant", inv])
-            for batch in (1, a.next_scale_batch):
-                r = row(o, batch)
-                print(f"| {inv} | {batch} | {r['kernels_per_step']:.1f} | "
-                      f"{r['launches_per_step']:.1f} | "
-                      f"{r['h2d_copies_per_step']:.1f} | {r['syncs_per_step']:.1f} |")
+            for graphs in a.graphs.split(","):
+                o = run(a.bench, a.next_scale, a.next_scale_batch,
+                        ["--batch-invariant", inv, "--gpu-graphs", graphs])
+                for batch in (1, a.next_scale_batch):
+                    r = row(o, batch)
+                    print(f"| {inv} | {graphs} | {batch} | {r['kernels_per_step']:.1f} | "
+                          f"{r['launches_per_step']:.1f} | {r['graph_launches_per_step']:.1f} | "
+                          f"{r['h2d_copies_per_step']:.1f} | {r['syncs_per_step']:.1f} |")
+    failed = 0
     if a.max_per_layer and worst > a.max_per_layer:
         print(f"launch_counts: FAIL: a layer starts {worst:.1f} kernels in bf16 activations, "
               f"more than {a.max_per_layer:g}")
-        return 1
-    return 0
+        failed = 1
+    if a.max_per_layer and over:
+        for o in over:
+            print(f"launch_counts: FAIL: with graphs, {o} (goal: one of each)")
+        failed = 1
+    return failed
 
 
 if __name__ == "__main__":

@@ -305,6 +305,7 @@ typedef struct args {
     int json, measure;   /* measure: 0 all, 1 speed, 2 roofline */
     int batch_invariant; /* backend.h's batch_invariant */
     int activations;     /* backend.h's backend_activations_t */
+    int graphs;          /* backend.h's backend_graphs_t */
 } args_t;
 
 /* 0 to go on, else main's exit status (help printed: 0 with *done set). */
@@ -347,6 +348,9 @@ static int args_parse(args_t *a, int argc, char **argv, int *done) {
          .metavar = "MODE",
          .help = "a device backend's GEMMs with 16-bit weights: bf16 (default) or split "
                  "(backend.h)"},
+        {"gpu-graphs", 0, CLI_CHOICE, &a->graphs, .choices = backend_graphs_names,
+         .metavar = "on|off",
+         .help = "a device backend's steps as CUDA graphs (default on) or op by op (backend.h)"},
         {"json", 0, CLI_BOOL, &a->json, .help = "print one JSON object instead of a table"},
         {"measure", 0, CLI_CHOICE, &a->measure, .choices = measures, .metavar = "WHAT",
          .help = "all (default), speed (no bandwidth buffer: peak RSS is the engine's) or "
@@ -452,6 +456,7 @@ static cJSON *report_head(const bench_t *b, const args_t *a, dtype_t kv_dtype, d
     cJSON_AddStringToObject(o, "backend", b->be->name);
     cJSON_AddBoolToObject(o, "batch_invariant", b->be->batch_invariant);
     cJSON_AddStringToObject(o, "gpu_activations", backend_activations_names[b->be->activations]);
+    cJSON_AddStringToObject(o, "gpu_graphs", backend_graphs_names[b->be->graphs]);
     cJSON_AddNumberToObject(o, "threads", (double)a->threads);
     cJSON_AddNumberToObject(o, "images", (double)a->images);
     cJSON_AddNumberToObject(o, "reps", (double)a->reps);
@@ -516,6 +521,8 @@ static double report_row(const args_t *a, int size, timing_t *t, const roofline_
         cJSON_AddNumberToObject(row, "copy_bytes_per_step", bytes);
         cJSON_AddNumberToObject(row, "d2d_copies_per_step", (double)c->d2d_copies / steps);
         cJSON_AddNumberToObject(row, "syncs_per_step", syncs);
+        cJSON_AddNumberToObject(row, "graph_launches_per_step", (double)c->graph_launches / steps);
+        cJSON_AddNumberToObject(row, "graph_builds", (double)c->graph_builds);
         cJSON_AddNumberToObject(row, "device_peak_bytes", (double)t->device_peak);
     }
     cJSON_AddItemToArray(rows, row);
@@ -550,6 +557,7 @@ int main(int argc, char **argv) {
     }
     be->batch_invariant = a.batch_invariant;
     be->activations = (backend_activations_t)a.activations;
+    be->graphs = (backend_graphs_t)a.graphs;
     static bench_t b;
     dtype_t kv_dtype;
     double kv_mib;

@@ -26,6 +26,7 @@ typedef struct generate_args {
     int verbose;
     int batch_invariant; /* backend.h's batch_invariant */
     int activations;     /* backend.h's backend_activations_t */
+    int graphs;          /* backend.h's backend_graphs_t */
 } generate_args_t;
 
 static void generate_usage(FILE *f, const cli_flag_t *flags) {
@@ -322,6 +323,10 @@ int cmd_generate(int argc, char **argv, char **envp) {
          .help = "GPU backends with 16-bit weights, as serve's gpu_activations: bf16 (default), "
                  "activations rounded to the weights' type for their GEMMs, or split, within "
                  "rounding of the CPU at twice the GEMM work"},
+        {"gpu-graphs", 0, CLI_CHOICE, &a.graphs, .choices = backend_graphs_names,
+         .metavar = "on|off",
+         .help = "GPU backends, as serve's gpu_graphs: each step captured into a CUDA graph and "
+                 "launched as one (default on), or its ops launched one by one"},
         {"batch-invariant", 0, CLI_CHOICE, &a.batch_invariant, .choices = on_off,
          .metavar = "on|off",
          .help = "next-scale models: the image's rows and the guidance row's as GEMMs of their "
@@ -365,6 +370,7 @@ int cmd_generate(int argc, char **argv, char **envp) {
     }
     be->batch_invariant = a.batch_invariant;
     be->activations = (backend_activations_t)a.activations;
+    be->graphs = (backend_graphs_t)a.graphs;
     rc = generate(&a, be);
     be->destroy(be);
     (void)envp;

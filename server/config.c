@@ -210,6 +210,11 @@ static const setting_t SETTINGS[] = {
                  "type for their GEMMs (fp32 accumulation, as GPU servers and transformers in "
                  "bf16 multiply); split, each activation as two 16-bit halves, within rounding of "
                  "the CPU at twice the GEMM work. The CPU computes in fp32 either way"),
+    ENUM_SETTING(gpu_graphs, "on", backend_graphs_names, "on|off",
+                 "GPU backends: each step (what is queued between two waits for the device) "
+                 "captured into a CUDA graph and launched as one, with the step's host arrays in "
+                 "one upload; off: every op's kernels launched as the op is called. The bytes "
+                 "are the same either way"),
     ENUM_SETTING(batch_invariant, "off", ON_OFF, "on|off",
                  "Next-scale models: each image's Linears as GEMMs of their own, so its bytes do "
                  "not depend on what else runs in its step, at the cost of reading the weights "
@@ -887,11 +892,11 @@ char *server_config_to_json(const server_config_t *c, int redact) {
 
 int server_config_on(const char *value) { return !strcmp(value, "on"); }
 
-backend_activations_t server_config_activations(const char *value) {
-    for (int i = 0; backend_activations_names[i]; i++)
-        if (!strcmp(value, backend_activations_names[i]))
-            return (backend_activations_t)i;
-    return ACTIVATIONS_16BIT;
+int server_config_choice(const char *value, const char *const *names) {
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(value, names[i]))
+            return i;
+    return 0;
 }
 
 int server_config_max_connections(const server_config_t *c) {

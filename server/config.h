@@ -57,6 +57,7 @@ typedef struct server_config {
     char check_weights[4];    /* "on": every weight must be finite at load */
     char batch_invariant[4];  /* "on": a GEMM per sequence where rows depend on the batch */
     char gpu_activations[8];  /* backend_activations_names: "bf16" or "split" */
+    char gpu_graphs[4];       /* backend_graphs_names: "on" or "off" */
 
     /* Derived, not settings of their own: */
     char config_path[1024]; /* the config file that was read, "" if none */
@@ -65,8 +66,9 @@ typedef struct server_config {
 
 /* 1 when an on/off setting's value is "on". */
 int server_config_on(const char *value);
-/* The activation mode a gpu_activations value names (a checked setting). */
-backend_activations_t server_config_activations(const char *value);
+/* The index in names (NULL-terminated) of a checked choice setting's
+ * value: backend_activations_names for gpu_activations, say. */
+int server_config_choice(const char *value, const char *const *names);
 
 /* Connections open at once: max_connections, or its derived default. */
 int server_config_max_connections(const server_config_t *c);

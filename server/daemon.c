@@ -256,7 +256,9 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
         return 1;
     }
     d->be->batch_invariant = server_config_on(cfg->batch_invariant);
-    d->be->activations = server_config_activations(cfg->gpu_activations);
+    d->be->activations = (backend_activations_t)server_config_choice(cfg->gpu_activations,
+                                                                     backend_activations_names);
+    d->be->graphs = (backend_graphs_t)server_config_choice(cfg->gpu_graphs, backend_graphs_names);
     const double t0 = clock_now_s();
     const unsigned load_flags = server_config_on(cfg->check_weights) ? 0 : MODEL_LOAD_UNCHECKED;
     if (model_load_with(&d->model, cfg->model, d->be, load_flags, &err) != AR_OK) {

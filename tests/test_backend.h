@@ -14,6 +14,17 @@
  * golden model and its pools fit in far less than this. */
 #define TEST_EMU_RESERVE_BYTES ((size_t)1 << 30)
 
+/* The CUDA backend a test checks, in the graph mode ARSERVE_TEST_GRAPHS
+ * names ("off": op by op; else the default, steps as graphs), so that
+ * `make test-backend` runs the same suites both ways. */
+static inline backend_t *test_cuda_create(int device, size_t reserve, ar_error_t *err) {
+    backend_t *be = backend_cuda_create(device, reserve, err);
+    const char *graphs = getenv("ARSERVE_TEST_GRAPHS");
+    if (be && graphs && !strcmp(graphs, "off"))
+        be->graphs = GRAPHS_OFF;
+    return be;
+}
+
 /* backend_open knows cuda only in a CUDA=1 build (ARSERVE_CUDA); a binary
  * linked against the emulator (compiled with -DARSERVE_TEST_CUDA_EMU, never
  * part of arserve) creates the emulated CUDA backend itself. */
@@ -23,7 +34,7 @@ static inline backend_t *test_backend_open_raw(ar_error_t *err) {
         which = "cpu";
 #ifdef ARSERVE_TEST_CUDA_EMU
     if (!strcmp(which, "cuda"))
-        return backend_cuda_create(0, TEST_EMU_RESERVE_BYTES, err);
+        return test_cuda_create(0, TEST_EMU_RESERVE_BYTES, err);
 #endif
     return backend_open(which, 0, err);
 }

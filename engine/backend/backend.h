@@ -105,8 +105,11 @@ typedef struct backend_stats {
     uint64_t d2h_copies, d2h_bytes; /* device to host (downloads) */
     uint64_t d2d_copies, d2d_bytes; /* device to device (->copy) */
     uint64_t syncs;                 /* waits for the stream to drain */
-    size_t device_peak_bytes;       /* the most of its reservation in use at once */
-    size_t device_reserved_bytes;   /* the reservation */
+    /* Graphs (be->graphs): launched, instantiated, and updated in place of
+     * an instantiation. */
+    uint64_t graph_launches, graph_builds, graph_updates;
+    size_t device_peak_bytes;     /* the most of its reservation in use at once */
+    size_t device_reserved_bytes; /* the reservation */
 } backend_stats_t;
 
 typedef struct backend backend_t;
@@ -119,6 +122,14 @@ typedef struct backend backend_t;
 typedef enum { ACTIVATIONS_16BIT = 0, ACTIVATIONS_SPLIT } backend_activations_t;
 /* Their setting names, in the enum's order, NULL-terminated: "bf16", "split". */
 extern const char *const backend_activations_names[];
+
+/* Whether a device backend captures each step (what it queues between two
+ * waits for its stream) into a graph and launches that (ON, the default),
+ * or launches each op's kernels as the op is called (OFF). The bytes are
+ * the same either way. */
+typedef enum { GRAPHS_ON = 0, GRAPHS_OFF } backend_graphs_t;
+/* Their setting names, in the enum's order, NULL-terminated: "on", "off". */
+extern const char *const backend_graphs_names[];
 
 struct backend {
     const char *name;
@@ -135,6 +146,9 @@ struct backend {
      * --gpu-activations): how a device backend feeds fp32 activations to
      * GEMMs with 16-bit weights. The CPU computes in fp32 whatever it says. */
     backend_activations_t activations;
+    /* Set the same way (serve's gpu_graphs, --gpu-graphs); the CPU has no
+     * graphs. */
+    backend_graphs_t graphs;
 
     /* Memory. alloc returns NULL when out of memory; free accepts NULL. */
     void *(*alloc)(backend_t *be, size_t bytes);

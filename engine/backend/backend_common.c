@@ -5,6 +5,7 @@
 #include "engine/backend/backend.h"
 
 const char *const backend_activations_names[] = {"bf16", "split", NULL};
+const char *const backend_graphs_names[] = {"on", "off", NULL};
 
 int backend_check_weight(const char *backend, const void *host_src, dtype_t dtype, int ndim,
                          const int64_t *shape, int64_t *numel, ar_error_t *err) {
@@ -41,16 +42,19 @@ void backend_stats_add(backend_stats_t *sum, const backend_stats_t *after,
     sum->d2d_copies += after->d2d_copies - before->d2d_copies;
     sum->d2d_bytes += after->d2d_bytes - before->d2d_bytes;
     sum->syncs += after->syncs - before->syncs;
+    sum->graph_launches += after->graph_launches - before->graph_launches;
+    sum->graph_builds += after->graph_builds - before->graph_builds;
+    sum->graph_updates += after->graph_updates - before->graph_updates;
 }
 
 const char *backend_stats_per_step(const backend_stats_t *sum, double steps, char *buf,
                                    size_t cap) {
     const double n = steps > 0 ? steps : 1;
     snprintf(buf, cap,
-             "%.1f launches (%.1f kernels), %.1f host->device and %.1f device->host copies (%.1f "
-             "KiB), %.1f stream waits",
-             (double)sum->launches / n, (double)sum->kernels / n, (double)sum->h2d_copies / n,
-             (double)sum->d2h_copies / n, (double)(sum->h2d_bytes + sum->d2h_bytes) / n / 1024.0,
-             (double)sum->syncs / n);
+             "%.1f launches (%.1f kernels), %.1f graph launches, %.1f host->device and %.1f "
+             "device->host copies (%.1f KiB), %.1f stream waits",
+             (double)sum->launches / n, (double)sum->kernels / n, (double)sum->graph_launches / n,
+             (double)sum->h2d_copies / n, (double)sum->d2h_copies / n,
+             (double)(sum->h2d_bytes + sum->d2h_bytes) / n / 1024.0, (double)sum->syncs / n);
     return buf;
 }

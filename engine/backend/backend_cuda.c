@@ -17,9 +17,23 @@
  * environment at creation synchronises and checks after every op instead,
  * so that the op that faulted is the one named (checked_ops below).
  *
+ * Steps as graphs (be->graphs, on by default): the first op after a wait
+ * for the stream begins a stream capture, so the step's launches, cuBLAS
+ * calls and device copies are recorded, not run; the host arrays ops take
+ * are written into the step's staging (a pinned host area whose pieces
+ * kernels read at the same offsets of a device area). The next wait (a
+ * download, ->sync) ends the capture, copies the staging in one upload and
+ * launches the graph: a step costs one upload, one graph launch, one
+ * download and one wait. A step's graph updates an instantiated graph of
+ * the same number of nodes (cudaGraphExecUpdate, cheaper than
+ * instantiating), so replays need no per-step instantiation. Off (and with
+ * ARSERVE_CUDA_CHECK=1): every op runs as it is issued and each staged
+ * piece is copied as it is staged.
+ *
  * Counters (->stats): launches, kernels, copies and syncs are counted where
  * they are issued (LAUNCH_CHECK, gemm_batched, copy_async, stream_wait),
- * the memory high-water mark by the arena. */
+ * graphs where they are launched (step_submit), the memory high-water mark
+ * by the arena. */
 #include "engine/backend/backend.h"
 
 #include <assert.h>
@@ -46,13 +60,20 @@ static kern_dtype_t kern_type(dtype_t t) { return (kern_dtype_t)t; }
 /* cuBLAS's workspace, given to it so that it never allocates: 32 MiB is
  * what NVIDIA recommends for Hopper. */
 #define BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
-/* Host arrays that ops take (positions, ids) are copied here first. */
+/* The step's staging (host and device, STEP_STAGING_BYTES each), which
+ * the host arrays that ops take (positions, ids, block tables) are written
+ * into; one op stages at most STAGING_INTS ints at once, and an op with
+ * more goes in pieces. */
+#define STEP_STAGING_BYTES ((size_t)8 << 20)
 #define STAGING_INTS ((size_t)1 << 16)
-/* Host ints staged again and again unchanged (stage_ints_kept) have
- * regions of their own, one a kind, copied only when they change: RoPE's
- * positions, and a ragged batch's row starts and AdaLN tables. */
+#define STAGE_ALIGN ((size_t)16)
+/* Host ints staged again and again unchanged within a step
+ * (stage_ints_kept) are staged once: RoPE's positions, and a ragged
+ * batch's row starts and AdaLN tables, one slot a kind, up to KEPT_INTS. */
 #define KEPT_INTS ((size_t)1 << 14)
 enum { KEPT_POSITIONS, KEPT_SEQ_TABLES, KEPT_SLOTS };
+/* Instantiated graphs kept for updates, one per node count seen lately. */
+#define GRAPH_CACHE 8
 /* Every arena allocation starts on this boundary (cudaMalloc's). */
 #define ARENA_ALIGN ((size_t)256)
 /* With reserve_bytes = 0, this much of the free memory (or 5%, if more)
@@ -61,9 +82,7 @@ enum { KEPT_POSITIONS, KEPT_SEQ_TABLES, KEPT_SLOTS };
 
 #define MIB(b) ((double)(b) / (1024.0 * 1024.0))
 /* What a backend carves from its reservation for itself. */
-#define OWN_BYTES                                                                                  \
-    (SCRATCH_BYTES + BLAS_WORKSPACE_BYTES +                                                        \
-     (STAGING_INTS + KEPT_SLOTS * KEPT_INTS) * sizeof(int) + (3 + KEPT_SLOTS) * ARENA_ALIGN)
+#define OWN_BYTES (SCRATCH_BYTES + BLAS_WORKSPACE_BYTES + STEP_STAGING_BYTES + 3 * ARENA_ALIGN)
 
 /* ---- the arena --------------------------------------------------------------- */
 
@@ -173,14 +192,28 @@ typedef struct cuda_impl {
     backend_t *parent; /* a fork's: its reservation goes back to the parent's arena */
     arena_t arena;
     void *scratch; /* SCRATCH_BYTES */
-    int *staging;  /* STAGING_INTS */
-    /* stage_ints_kept's regions (KEPT_INTS each) and host copies of what
-     * they hold: kept_n ints, or none when kept_n is 0; pack: a host array
-     * of KEPT_INTS that an op assembles its kept ints in. */
-    int *kept[KEPT_SLOTS], *kept_host[KEPT_SLOTS], *pack;
-    size_t kept_n[KEPT_SLOTS];
-    /* Host side of the KV ops' staging: the copy (KV_STAGE_BYTES) and the
-     * items and tables it is assembled from. */
+    /* The step's staging: stage_host (pinned) and stage_dev, the first
+     * stage_used bytes in use, the first stage_sent of them copied or
+     * queued to be; stage_epoch counts the restarts (stage_reset). */
+    char *stage_host, *stage_dev;
+    size_t stage_used, stage_sent;
+    unsigned stage_epoch;
+    /* stage_ints_kept's slots: kept_n ints at kept_off of the staging,
+     * valid in epoch kept_epoch; pack: a host array of KEPT_INTS that an
+     * op assembles its kept ints in. */
+    size_t kept_off[KEPT_SLOTS], kept_n[KEPT_SLOTS];
+    unsigned kept_epoch[KEPT_SLOTS];
+    int *pack;
+    /* Whether the stream is capturing the step (be->graphs), and the
+     * instantiated graphs that a step's graph updates. */
+    int capturing;
+    struct graph_slot {
+        cudaGraphExec_t exec;
+        size_t nodes;
+        unsigned long long used; /* the graph launch that last used it */
+    } graphs[GRAPH_CACHE];
+    /* Host assembly areas of the KV ops (STAGING_INTS ints each): the
+     * items and tables, and the tables and lists of the others. */
     char *kv_host;
     kern_kv_item_t *kv_items;
     int *kv_ints;
@@ -352,34 +385,62 @@ static int copy_async(backend_t *be, void *dst, const void *src, size_t bytes,
     return CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, kind, impl->stream));
 }
 
-/* Every wait for the stream, counted; stmt and line name it in an error. */
+static void step_submit(backend_t *be);
+static void stage_reset(cuda_impl_t *impl);
+
+/* Every wait for the stream, counted; stmt and line name it in an error.
+ * A step being captured is launched first; after the wait nothing queued
+ * reads the staging, so it starts again. */
 static int stream_wait(backend_t *be, const char *stmt, int line) {
     cuda_impl_t *impl = impl_of(be);
+    step_submit(be);
     impl->counts.syncs++;
     impl->queued = 0;
-    return cuda_check(be, cudaStreamSynchronize(impl->stream), stmt, __FILE__, line);
+    const int rc = cuda_check(be, cudaStreamSynchronize(impl->stream), stmt, __FILE__, line);
+    stage_reset(impl);
+    return rc;
 }
 #define STREAM_SYNC(be) stream_wait((be), "cudaStreamSynchronize", __LINE__)
 
-/* Returns once the host buffer may be reused (the copy is synchronised:
- * uploads happen at load time and for the odd host buffer, not per op). */
+static void *stage_reserve(backend_t *be, size_t bytes, char **host);
+
+/* Returns once the host buffer may be reused. In a step being captured, a
+ * small buffer goes with the step's staging (a device copy from there in
+ * the graph); otherwise the copy is synchronised (uploads happen at load
+ * time and for the odd host buffer, not per op). */
 static void cuda_upload(backend_t *be, void *dst, const void *host_src, size_t bytes) {
     if (!bytes || use_device(be) != AR_OK)
+        return;
+    cuda_impl_t *impl = impl_of(be);
+    if (impl->capturing && bytes <= STAGING_INTS * sizeof(int)) {
+        char *h;
+        const void *d = stage_reserve(be, bytes, &h);
+        if (d) {
+            memcpy(h, host_src, bytes);
+            copy_async(be, dst, d, bytes, cudaMemcpyDeviceToDevice);
+        }
+        return;
+    }
+    if (impl->capturing && STREAM_SYNC(be) != AR_OK)
         return;
     if (copy_async(be, dst, host_src, bytes, cudaMemcpyHostToDevice) == AR_OK)
         STREAM_SYNC(be);
 }
 
-/* Waits for the queued work that produces src, then for the copy. */
+/* Launches the step being captured, waits for the queued work that
+ * produces src, then for the copy. */
 static void cuda_download(backend_t *be, void *host_dst, const void *src, size_t bytes) {
     if (!bytes || use_device(be) != AR_OK)
         return;
+    step_submit(be);
     if (copy_async(be, host_dst, src, bytes, cudaMemcpyDeviceToHost) == AR_OK)
         STREAM_SYNC(be);
 }
 
+static int use_stream(backend_t *be);
+
 static void cuda_copy(backend_t *be, void *dst, const void *src, size_t bytes) {
-    if (!bytes || use_device(be) != AR_OK)
+    if (!bytes || use_stream(be) != AR_OK)
         return;
     copy_async(be, dst, src, bytes, cudaMemcpyDeviceToDevice);
 }
@@ -391,35 +452,157 @@ static void cuda_sync(backend_t *be) {
         STREAM_SYNC(be);
 }
 
-/* Copies n host ints into the staging buffer (n <= STAGING_INTS). The
- * stream orders the copy after every kernel that still reads the previous
- * contents; from pageable memory, cudaMemcpyAsync returns once it has taken
- * the host data, so the caller's array may change at once. */
-static const int *stage_ints(backend_t *be, const int *host, size_t n) {
+/* ---- the step: staging, capture, graphs ------------------------------------------------ */
+
+/* Begins capturing the step, where graphs are on and nothing failed. */
+static int capture_begin(backend_t *be) {
     cuda_impl_t *impl = impl_of(be);
-    assert(n <= STAGING_INTS);
-    if (copy_async(be, impl->staging, host, n * sizeof(int), cudaMemcpyHostToDevice) != AR_OK)
+    if (impl->capturing || be->graphs != GRAPHS_ON || impl->check_ops || impl->n_errors)
+        return AR_OK;
+    /* relaxed: the thread driving a backend may change between two ops */
+    if (CUDA_CHECK(be, cudaStreamBeginCapture(impl->stream, cudaStreamCaptureModeRelaxed)) != AR_OK)
+        return AR_ERR;
+    impl->capturing = 1;
+    return AR_OK;
+}
+
+/* use_device for an op that queues work: the step's capture begins with it. */
+static int use_stream(backend_t *be) {
+    if (use_device(be) != AR_OK)
+        return AR_ERR;
+    return capture_begin(be);
+}
+
+static void stage_reset(cuda_impl_t *impl) {
+    impl->stage_used = impl->stage_sent = 0;
+    impl->stage_epoch++;
+}
+
+/* The instantiated graph to launch g with: one of the same node count
+ * updated to g, else g instantiated in the least recently used slot. */
+static cudaGraphExec_t graph_exec_for(backend_t *be, cudaGraph_t g) {
+    cuda_impl_t *impl = impl_of(be);
+    size_t nodes = 0;
+    if (CUDA_CHECK(be, cudaGraphGetNodes(g, NULL, &nodes)) != AR_OK)
         return NULL;
-    return impl->staging;
+    struct graph_slot *lru = &impl->graphs[0];
+    for (int i = 0; i < GRAPH_CACHE; i++) {
+        struct graph_slot *sl = &impl->graphs[i];
+        if (sl->exec && sl->nodes == nodes) {
+            cudaGraphExecUpdateResultInfo info;
+            if (cudaGraphExecUpdate(sl->exec, g, &info) == cudaSuccess) {
+                impl->counts.graph_updates++;
+                return sl->exec;
+            }
+            (void)cudaGetLastError(); /* a refused update is not a failure: instantiate */
+            lru = sl;
+            break;
+        }
+        if (!sl->exec || sl->used < lru->used)
+            lru = sl;
+    }
+    if (lru->exec && CUDA_CHECK(be, cudaGraphExecDestroy(lru->exec)) != AR_OK)
+        return NULL;
+    lru->exec = NULL;
+    if (CUDA_CHECK(be, cudaGraphInstantiate(&lru->exec, g, 0)) != AR_OK)
+        return NULL;
+    lru->nodes = nodes;
+    impl->counts.graph_builds++;
+    return lru->exec;
+}
+
+/* Ends the step's capture and launches it: the staging not yet sent in one
+ * copy, then the graph. A step that failed while it was captured is not
+ * launched (its failure is already recorded). */
+static void step_submit(backend_t *be) {
+    cuda_impl_t *impl = impl_of(be);
+    if (!impl->capturing)
+        return;
+    impl->capturing = 0;
+    const unsigned errors = impl->n_errors;
+    cudaGraph_t g = NULL;
+    if (CUDA_CHECK(be, cudaStreamEndCapture(impl->stream, &g)) != AR_OK || !g)
+        return;
+    cudaGraphExec_t exec = errors ? NULL : graph_exec_for(be, g);
+    for (int i = 0; exec && i < GRAPH_CACHE; i++)
+        if (impl->graphs[i].exec == exec)
+            impl->graphs[i].used = impl->counts.graph_launches + 1;
+    if (exec && impl->stage_used > impl->stage_sent &&
+        copy_async(be, impl->stage_dev + impl->stage_sent, impl->stage_host + impl->stage_sent,
+                   impl->stage_used - impl->stage_sent, cudaMemcpyHostToDevice) != AR_OK)
+        exec = NULL;
+    impl->stage_sent = impl->stage_used;
+    if (exec && CUDA_CHECK(be, cudaGraphLaunch(exec, impl->stream)) == AR_OK) {
+        impl->counts.graph_launches++;
+        impl->queued = 1;
+    }
+    CUDA_CHECK(be, cudaGraphDestroy(g));
+}
+
+/* Room for bytes in the staging: the device address kernels will read
+ * them at, and in *host where to write them now; NULL on failure. A full
+ * staging first waits for the stream (launching a captured step, which
+ * then goes on in a new capture). */
+static void *stage_reserve(backend_t *be, size_t bytes, char **host) {
+    cuda_impl_t *impl = impl_of(be);
+    assert(bytes <= STEP_STAGING_BYTES);
+    size_t off = (impl->stage_used + STAGE_ALIGN - 1) & ~(STAGE_ALIGN - 1);
+    if (off + bytes > STEP_STAGING_BYTES) {
+        const int was_capturing = impl->capturing;
+        if (STREAM_SYNC(be) != AR_OK || (was_capturing && capture_begin(be) != AR_OK))
+            return NULL;
+        off = 0;
+    }
+    if (impl->stage_sent == impl->stage_used) /* nothing waits to be sent: skip the padding */
+        impl->stage_sent = off;
+    impl->stage_used = off + bytes;
+    *host = impl->stage_host + off;
+    return impl->stage_dev + off;
+}
+
+/* The pieces reserved since the last commit, written: outside a capture
+ * copied now (the stream orders the copy before the kernels that read
+ * it); in a capture they go with the step (step_submit). */
+static int stage_commit(backend_t *be) {
+    cuda_impl_t *impl = impl_of(be);
+    if (impl->capturing || impl->stage_used == impl->stage_sent)
+        return AR_OK;
+    const size_t from = impl->stage_sent;
+    impl->stage_sent = impl->stage_used;
+    return copy_async(be, impl->stage_dev + from, impl->stage_host + from, impl->stage_used - from,
+                      cudaMemcpyHostToDevice);
+}
+
+/* n host ints (n <= STAGING_INTS) staged: their device address, NULL on
+ * failure. The caller's array may change at once. */
+static const int *stage_ints(backend_t *be, const int *host, size_t n) {
+    assert(n <= STAGING_INTS);
+    char *h;
+    const int *d = stage_reserve(be, n * sizeof(int), &h);
+    if (!d)
+        return NULL;
+    memcpy(h, host, n * sizeof(int));
+    return stage_commit(be) == AR_OK ? d : NULL;
 }
 
 /* stage_ints for host ints an op is given again and again unchanged (the
  * positions RoPE turns q and k by, the same in every layer of a step):
- * copied into the kept region only when they differ from what it holds,
- * so a step uploads them once. The region is written only here, in stream
- * order, so a kernel that read it earlier is never overtaken. */
+ * staged again only when they differ from what the slot staged last in
+ * this epoch of the staging, so a step stages them once. */
 static const int *stage_ints_kept(backend_t *be, int slot, const int *host, size_t n) {
     cuda_impl_t *impl = impl_of(be);
     if (n > KEPT_INTS)
         return stage_ints(be, host, n);
-    if (n && impl->kept_n[slot] == n && !memcmp(impl->kept_host[slot], host, n * sizeof(int)))
-        return impl->kept[slot];
-    impl->kept_n[slot] = 0;
-    if (copy_async(be, impl->kept[slot], host, n * sizeof(int), cudaMemcpyHostToDevice) != AR_OK)
-        return NULL;
-    memcpy(impl->kept_host[slot], host, n * sizeof(int));
-    impl->kept_n[slot] = n;
-    return impl->kept[slot];
+    if (n && impl->kept_epoch[slot] == impl->stage_epoch && impl->kept_n[slot] == n &&
+        !memcmp(impl->stage_host + impl->kept_off[slot], host, n * sizeof(int)))
+        return (const int *)(impl->stage_dev + impl->kept_off[slot]);
+    const int *d = stage_ints(be, host, n);
+    if (d) {
+        impl->kept_epoch[slot] = impl->stage_epoch;
+        impl->kept_off[slot] = (size_t)((const char *)d - impl->stage_dev);
+        impl->kept_n[slot] = n;
+    }
+    return d;
 }
 
 /* ---- weights ---------------------------------------------------------------------- */
@@ -531,7 +714,7 @@ static void linear(backend_t *be, float *y, const float *x, const tensor_t *w, c
                               impl->x16_n == (size_t)m * (size_t)k
                           ? impl->scratch
                           : NULL;
-    if (m == 0 || n == 0 || use_device(be) != AR_OK)
+    if (m == 0 || n == 0 || use_stream(be) != AR_OK)
         return;
     const void *b_data = bias ? bias->data : NULL;
     const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
@@ -622,7 +805,7 @@ static void x16_made(backend_t *be, const float *y, size_t n, int launch_rc) {
 static void cuda_rmsnorm(backend_t *be, float *y, const float *x, const tensor_t *w, int rows,
                          int dim, float eps) {
     assert(tensor_numel(w) == dim && rows >= 0 && dim > 0);
-    if (use_device(be) != AR_OK)
+    if (use_stream(be) != AR_OK)
         return;
     const size_t n = (size_t)rows * dim;
     void *y16 = x16_slot(be, n);
@@ -634,21 +817,21 @@ static void cuda_rmsnorm(backend_t *be, float *y, const float *x, const tensor_t
 
 static void cuda_layernorm(backend_t *be, float *y, const float *x, int rows, int dim, float eps) {
     assert(rows >= 0 && dim > 0);
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_layernorm(y, x, rows, dim, eps, impl_of(be)->stream));
 }
 
 static void cuda_modulate(backend_t *be, float *y, const float *x, const float *scale,
                           const float *shift, int rows, int dim) {
     assert(rows >= 0 && dim >= 0);
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_modulate(y, x, scale, shift, rows, dim, impl_of(be)->stream));
 }
 
 static void cuda_gate_add(backend_t *be, float *y, const float *a, const float *gate, int rows,
                           int dim) {
     assert(rows >= 0 && dim >= 0);
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_gate_add(y, a, gate, rows, dim, impl_of(be)->stream));
 }
 
@@ -660,7 +843,7 @@ static void adaln_seqs(backend_t *be, float *y, const float *x, const int *q_sta
                        const float *const *tabs, int n_seq, size_t a, size_t b, int dim, int gate) {
     assert(n_seq >= 0 && dim >= 0);
     cuda_impl_t *impl = impl_of(be);
-    if (n_seq == 0 || dim == 0 || use_device(be) != AR_OK)
+    if (n_seq == 0 || dim == 0 || use_stream(be) != AR_OK)
         return;
     /* q_start, padded to 8 bytes, then the n_seq addresses */
     const size_t at = ((size_t)n_seq + 2) & ~(size_t)1, n = at + 2 * (size_t)n_seq;
@@ -697,7 +880,7 @@ static void cuda_gate_add_seqs(backend_t *be, float *y, const float *a, const in
 static void cuda_l2norm_heads(backend_t *be, float *x, const float *mul, int rows, int n_heads,
                               int head_dim) {
     assert(rows >= 0 && n_heads >= 0 && head_dim > 0);
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_l2norm_heads(x, mul, rows, n_heads, head_dim, impl_of(be)->stream));
 }
 
@@ -705,7 +888,7 @@ static void cuda_l2norm_heads(backend_t *be, float *x, const float *mul, int row
 static void cuda_rope(backend_t *be, float *x, const int *pos, int rows, int n_heads, int head_dim,
                       float theta) {
     assert(head_dim > 0 && head_dim % 2 == 0 && rows >= 0 && n_heads >= 0 && theta > 0);
-    if (rows == 0 || n_heads == 0 || use_device(be) != AR_OK)
+    if (rows == 0 || n_heads == 0 || use_stream(be) != AR_OK)
         return;
     for (int r0 = 0; r0 < rows; r0 += (int)STAGING_INTS) {
         const int n = rows - r0 < (int)STAGING_INTS ? rows - r0 : (int)STAGING_INTS;
@@ -720,7 +903,7 @@ static void cuda_rope(backend_t *be, float *x, const int *pos, int rows, int n_h
 static void cuda_rope_2d(backend_t *be, float *x, const int *pos, int rows, int n_heads,
                          int head_dim, float theta) {
     assert(head_dim > 0 && head_dim % 4 == 0 && rows >= 0 && n_heads >= 0 && theta > 0);
-    if (rows == 0 || n_heads == 0 || use_device(be) != AR_OK)
+    if (rows == 0 || n_heads == 0 || use_stream(be) != AR_OK)
         return;
     const int per = (int)STAGING_INTS / 2;
     for (int r0 = 0; r0 < rows; r0 += per) {
@@ -754,20 +937,21 @@ static int kv_blocks_of(int len, int block_tokens) {
     return (len + block_tokens - 1) / block_tokens;
 }
 
-/* The items and tables gathered on the host (impl->kv_items, kv_ints) in
- * one copy to the staging buffer: items first, tables after. */
+/* The items and tables gathered on the host (impl->kv_items, kv_ints)
+ * staged as one piece: items first, tables after. */
 static int kv_stage_upload(backend_t *be, int n_items, int n_ints, const kern_kv_item_t **d_items,
                            const int **d_tables) {
     cuda_impl_t *impl = impl_of(be);
     const size_t ib = kv_items_bytes(n_items);
-    memcpy(impl->kv_host, impl->kv_items, (size_t)n_items * sizeof(kern_kv_item_t));
-    memcpy(impl->kv_host + ib, impl->kv_ints, (size_t)n_ints * sizeof(int));
-    if (copy_async(be, impl->staging, impl->kv_host, ib + (size_t)n_ints * 4,
-                   cudaMemcpyHostToDevice) != AR_OK)
+    char *h;
+    const char *d = stage_reserve(be, ib + (size_t)n_ints * sizeof(int), &h);
+    if (!d)
         return AR_ERR;
-    *d_items = (const kern_kv_item_t *)impl->staging;
-    *d_tables = (const int *)((const char *)impl->staging + ib);
-    return AR_OK;
+    memcpy(h, impl->kv_items, (size_t)n_items * sizeof(kern_kv_item_t));
+    memcpy(h + ib, impl->kv_ints, (size_t)n_ints * sizeof(int));
+    *d_items = (const kern_kv_item_t *)d;
+    *d_tables = (const int *)(d + ib);
+    return stage_commit(be);
 }
 
 /* Adds an item for rows [t0, t0 + n_rows) of pair (s, h) with its table. */
@@ -804,7 +988,7 @@ static void cuda_kv_append(backend_t *be, const kv_blocks_t *pool, const kv_view
     assert(n_seq >= 0 && n_heads >= 0 && pool->head_dim > 0 && pool->block_tokens > 0);
     cuda_impl_t *impl = impl_of(be);
     const int bt = pool->block_tokens;
-    if (n_seq == 0 || n_heads == 0 || use_device(be) != AR_OK)
+    if (n_seq == 0 || n_heads == 0 || use_stream(be) != AR_OK)
         return;
     int n_items = 0, n_ints = 0, rows = 0;
     for (int i = 0; i < n_seq * n_heads; i++) {
@@ -866,7 +1050,7 @@ static void cuda_attention(backend_t *be, float *out, const float *q, const kv_b
         cuda_fail(be, "attention: head_dim %d is more than the kernels' 512", hd);
         return;
     }
-    if (batch->n_seq == 0 || n_heads == 0 || use_device(be) != AR_OK)
+    if (batch->n_seq == 0 || n_heads == 0 || use_stream(be) != AR_OK)
         return;
     cuda_impl_t *impl = impl_of(be);
     const size_t scratch_floats = SCRATCH_BYTES / sizeof(float);
@@ -937,7 +1121,7 @@ static void cuda_attention_scale(backend_t *be, float *out, const float *q, cons
         cuda_fail(be, "attention_scale: head_dim %d is more than the kernels' 512", hd);
         return;
     }
-    if (batch->n_seq == 0 || n_heads == 0 || use_device(be) != AR_OK)
+    if (batch->n_seq == 0 || n_heads == 0 || use_stream(be) != AR_OK)
         return;
     cuda_impl_t *impl = impl_of(be);
     const int64_t max_rows =
@@ -986,7 +1170,7 @@ static void cuda_attention_scale(backend_t *be, float *out, const float *q, cons
 static void cuda_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *blocks,
                            const int *keep, int n_keep, float *mass) {
     assert(n_keep >= 0 && pool->block_tokens > 0 && pool->head_dim > 0);
-    if (n_keep == 0 || use_device(be) != AR_OK)
+    if (n_keep == 0 || use_stream(be) != AR_OK)
         return;
     cuda_impl_t *impl = impl_of(be);
     const int hd = pool->head_dim, bt = pool->block_tokens;
@@ -1015,7 +1199,7 @@ static void cuda_kv_gather(backend_t *be, const kv_blocks_t *pool, const int *bl
 static void cuda_kv_read_rows(backend_t *be, float *out, const kv_blocks_t *pool,
                               const kv_view_t *view, int j0, int n, int values) {
     assert(j0 >= 0 && n >= 0 && j0 + n <= view->len);
-    if (n == 0 || use_device(be) != AR_OK)
+    if (n == 0 || use_stream(be) != AR_OK)
         return;
     const int nb = kv_blocks_of(j0 + n, pool->block_tokens);
     if ((size_t)nb > STAGING_INTS) {
@@ -1035,7 +1219,7 @@ static void cuda_kv_read_rows(backend_t *be, float *out, const kv_blocks_t *pool
 /* ---- element-wise ------------------------------------------------------------------------ */
 
 static void cuda_silu_mul(backend_t *be, float *out, const float *gate, const float *up, size_t n) {
-    if (use_device(be) != AR_OK)
+    if (use_stream(be) != AR_OK)
         return;
     void *out16 = x16_slot(be, n);
     const int rc = LAUNCH_CHECK(be, kern_silu_mul(out, out16, gate, up, n, impl_of(be)->stream));
@@ -1044,27 +1228,27 @@ static void cuda_silu_mul(backend_t *be, float *out, const float *gate, const fl
 }
 
 static void cuda_silu(backend_t *be, float *x, size_t n) {
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_silu(x, n, impl_of(be)->stream));
 }
 
 static void cuda_gelu(backend_t *be, float *x, size_t n) {
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_gelu(x, n, impl_of(be)->stream));
 }
 
 static void cuda_gelu_tanh(backend_t *be, float *x, size_t n) {
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_gelu_tanh(x, n, impl_of(be)->stream));
 }
 
 static void cuda_add(backend_t *be, float *y, const float *a, size_t n) {
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_add(y, a, n, impl_of(be)->stream));
 }
 
 static void cuda_mul(backend_t *be, float *y, const float *a, size_t n) {
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_mul(y, a, n, impl_of(be)->stream));
 }
 
@@ -1081,7 +1265,7 @@ static void cuda_attention_dense(backend_t *be, float *out, const float *q, cons
         cuda_fail(be, "attention_dense: head_dim %d is more than the kernels' 512", head_dim);
         return;
     }
-    if (n_seq == 0 || q_start[n_seq] == q_start[0] || use_device(be) != AR_OK)
+    if (n_seq == 0 || q_start[n_seq] == q_start[0] || use_stream(be) != AR_OK)
         return;
     int *h = (int *)impl_of(be)->kv_host;
     const int per = (int)(STAGING_INTS / 2) - 1;
@@ -1105,13 +1289,13 @@ static void cuda_attention_dense(backend_t *be, float *out, const float *q, cons
 }
 
 static void cuda_scale(backend_t *be, float *x, size_t n, float s) {
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_scale(x, n, s, impl_of(be)->stream));
 }
 
 static void cuda_softmax(backend_t *be, float *x, int rows, int cols) {
     assert(rows >= 0 && cols > 0);
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_softmax(x, rows, cols, impl_of(be)->stream));
 }
 
@@ -1128,7 +1312,7 @@ static void cuda_embedding(backend_t *be, float *out, const tensor_t *table, con
                       (long long)vocab);
             return;
         }
-    if (n == 0 || use_device(be) != AR_OK)
+    if (n == 0 || use_stream(be) != AR_OK)
         return;
     for (int i0 = 0; i0 < n; i0 += (int)STAGING_INTS) {
         const int cnt = n - i0 < (int)STAGING_INTS ? n - i0 : (int)STAGING_INTS;
@@ -1162,7 +1346,7 @@ static void cuda_conv2d(backend_t *be, float *out, const float *in, const tensor
     assert(ho >= 0 && wo >= 0);
     const int64_t npix = (int64_t)ho * wo;
     assert(npix <= INT32_MAX);
-    if (c_out == 0 || npix == 0 || use_device(be) != AR_OK)
+    if (c_out == 0 || npix == 0 || use_stream(be) != AR_OK)
         return;
     const void *b_data = bias ? bias->data : NULL;
     const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
@@ -1207,7 +1391,7 @@ static void cuda_groupnorm(backend_t *be, float *out, const float *in, const ten
                            const tensor_t *beta, int c, int hw, int groups, float eps) {
     assert(groups > 0 && c % groups == 0 && hw > 0);
     assert(tensor_numel(gamma) == c && tensor_numel(beta) == c && gamma->dtype == beta->dtype);
-    if (use_device(be) != AR_OK)
+    if (use_stream(be) != AR_OK)
         return;
     if (kern_groupnorm_scratch(c, hw, groups) * sizeof(double) > SCRATCH_BYTES) {
         cuda_fail(be, "groupnorm: %d channels in %d groups need more than the scratch", c, groups);
@@ -1220,27 +1404,27 @@ static void cuda_groupnorm(backend_t *be, float *out, const float *in, const ten
 static void cuda_upsample_nearest2x(backend_t *be, float *out, const float *in, int c, int h,
                                     int w) {
     assert(c >= 0 && h >= 0 && w >= 0);
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_upsample_nearest2x(out, in, c, h, w, impl_of(be)->stream));
 }
 
 static void cuda_resize_bicubic(backend_t *be, float *out, const float *in, int c, int h, int w,
                                 int H, int W) {
     assert(c >= 0 && h > 0 && w > 0 && H >= 0 && W >= 0);
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_resize_bicubic(out, in, c, h, w, H, W, impl_of(be)->stream));
 }
 
 static void cuda_resize_area(backend_t *be, float *out, const float *in, int c, int h, int w, int H,
                              int W) {
     assert(c >= 0 && h > 0 && w > 0 && H >= 0 && W >= 0);
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_resize_area(out, in, c, h, w, H, W, impl_of(be)->stream));
 }
 
 static void cuda_transpose(backend_t *be, float *out, const float *in, int rows, int cols) {
     assert(rows >= 0 && cols >= 0 && (out != in || rows == 0 || cols == 0));
-    if (use_device(be) == AR_OK)
+    if (use_stream(be) == AR_OK)
         LAUNCH_CHECK(be, kern_transpose(out, in, rows, cols, impl_of(be)->stream));
 }
 
@@ -1400,8 +1584,19 @@ static void cuda_destroy(backend_t *be) {
      * leave an error for the next cudaGetLastError. */
     if (impl && impl->reservation) {
         TEARDOWN_CHECK(cudaSetDevice(impl->device));
+        if (impl->capturing) { /* a step never launched: its graph is dropped */
+            cudaGraph_t g = NULL;
+            TEARDOWN_CHECK(cudaStreamEndCapture(impl->stream, &g));
+            if (g)
+                TEARDOWN_CHECK(cudaGraphDestroy(g));
+        }
         if (impl->stream)
             TEARDOWN_CHECK(cudaStreamSynchronize(impl->stream));
+        for (int i = 0; i < GRAPH_CACHE; i++)
+            if (impl->graphs[i].exec)
+                TEARDOWN_CHECK(cudaGraphExecDestroy(impl->graphs[i].exec));
+        if (impl->stage_host)
+            TEARDOWN_CHECK(cudaFreeHost(impl->stage_host));
         if (impl->blas) {
             const cublasStatus_t s = cublasDestroy(impl->blas);
             if (s != CUBLAS_STATUS_SUCCESS)
@@ -1424,8 +1619,6 @@ static void cuda_destroy(backend_t *be) {
         free(impl->kv_host);
         free(impl->kv_items);
         free(impl->kv_ints);
-        for (int k = 0; k < KEPT_SLOTS; k++)
-            free(impl->kept_host[k]);
         free(impl->pack);
     }
     free(impl);
@@ -1454,15 +1647,13 @@ static int cuda_start(backend_t *be, size_t reserve, ar_error_t *err) {
     }
     void *workspace = arena_alloc(&impl->arena, BLAS_WORKSPACE_BYTES);
     impl->scratch = arena_alloc(&impl->arena, SCRATCH_BYTES);
-    impl->staging = arena_alloc(&impl->arena, STAGING_INTS * sizeof(int));
-    int kept_ok = (impl->pack = malloc(KEPT_INTS * sizeof(int))) != NULL;
-    for (int k = 0; k < KEPT_SLOTS; k++)
-        kept_ok &= (impl->kept[k] = arena_alloc(&impl->arena, KEPT_INTS * sizeof(int))) != NULL &&
-                   (impl->kept_host[k] = malloc(KEPT_INTS * sizeof(int))) != NULL;
-    if (!workspace || !impl->scratch || !impl->staging || !kept_ok) {
+    impl->stage_dev = arena_alloc(&impl->arena, STEP_STAGING_BYTES);
+    impl->pack = malloc(KEPT_INTS * sizeof(int));
+    if (!workspace || !impl->scratch || !impl->stage_dev || !impl->pack) {
         ar_errorf(err, "cuda backend: out of host memory");
         goto fail;
     }
+    CUDA_TRY(err, cudaMallocHost((void **)&impl->stage_host, STEP_STAGING_BYTES));
     CUDA_TRY(err, cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
     CUBLAS_TRY(err, cublasCreate(&impl->blas));
     CUBLAS_TRY(err, cublasSetStream(impl->blas, impl->stream));
@@ -1570,6 +1761,7 @@ static backend_t *cuda_fork(backend_t *parent, size_t bytes, int n_threads, ar_e
     impl->check_ops = p->check_ops;
     be->batch_invariant = parent->batch_invariant;
     be->activations = parent->activations;
+    be->graphs = parent->graphs;
     if (cuda_start(be, reserve, err) != AR_OK) {
         cuda_destroy(be);
         return NULL;

@@ -28,14 +28,17 @@ static backend_t *create_with(const char *value, ar_error_t *err) {
 }
 
 /* Two ops in a row, the first one's kernel faulting after its launch:
- * rmsnorm (one launch), then silu. The backend's status, in err. */
-static void fault_in_rmsnorm_then_silu(const char *check, ar_error_t *out) {
+ * rmsnorm (one launch), then silu, then (wait) a wait for the stream,
+ * with graphs as given. The backend's status, in err. */
+static void fault_in_rmsnorm_then_silu(const char *check, backend_graphs_t graphs, int wait,
+                                       ar_error_t *out) {
     ar_error_t err = {{0}};
     backend_t *be = create_with(check, &err);
     CHECK_MSG(be != NULL, "%s", err.msg);
     out->msg[0] = 0;
     if (!be)
         return;
+    be->graphs = graphs;
     float host[ROWS * DIM];
     for (int i = 0; i < ROWS * DIM; i++)
         host[i] = (float)(i % 7) - 3.0f;
@@ -48,6 +51,8 @@ static void fault_in_rmsnorm_then_silu(const char *check, ar_error_t *out) {
     cuda_emu_fault_launch_async(0, cudaErrorIllegalAddress);
     be->rmsnorm(be, x, x, &w, ROWS, DIM, 1e-6f);
     be->silu(be, x, (size_t)ROWS * DIM);
+    if (wait)
+        be->sync(be);
     CHECK(backend_status(be, out) == AR_ERR);
     const char *why = backend_unusable(be);
     CHECK(why != NULL);
@@ -55,12 +60,12 @@ static void fault_in_rmsnorm_then_silu(const char *check, ar_error_t *out) {
     cudaDeviceReset();
 }
 
-/* Without the switch the fault surfaces at silu's launch: the error names
- * silu's kernel, not rmsnorm. This is why the switch exists, and it shows
- * that the emulator's fault is as late as a GPU's. */
+/* Without the switch, op by op, the fault surfaces at silu's launch: the
+ * error names silu's kernel, not rmsnorm. This is why the switch exists,
+ * and it shows that the emulator's fault is as late as a GPU's. */
 static void test_without_check_a_fault_is_blamed_on_a_later_op(void) {
     ar_error_t err = {{0}};
-    fault_in_rmsnorm_then_silu(NULL, &err);
+    fault_in_rmsnorm_then_silu(NULL, GRAPHS_OFF, 0, &err);
     const char *msg = err.msg;
     CHECK_STR_CONTAINS(msg, "kern_silu");
     CHECK_MSG(!strstr(msg, "rmsnorm"), "\"%s\" names rmsnorm without the switch", msg);
@@ -70,12 +75,24 @@ static void test_without_check_a_fault_is_blamed_on_a_later_op(void) {
  * the op; silu is not blamed. */
 static void test_check_names_the_op_that_faulted(void) {
     ar_error_t err = {{0}};
-    fault_in_rmsnorm_then_silu("1", &err);
+    fault_in_rmsnorm_then_silu("1", GRAPHS_ON, 0, &err);
     const char *msg = err.msg;
     CHECK_STR_CONTAINS(msg, "in op rmsnorm: ");
     CHECK_STR_CONTAINS(msg, "ARSERVE_CUDA_CHECK=1");
     CHECK_STR_CONTAINS(msg, "illegal memory access");
     CHECK_MSG(!strstr(msg, "silu"), "\"%s\" blames silu", msg);
+}
+
+/* With graphs, the step's ops are recorded, not run: nothing fails until
+ * the step is launched, at the wait that ends it, which reports the
+ * device's error (the emulator's faulting kernel stops its graph's launch;
+ * a GPU's surfaces at the wait). The switch turns graphs off. */
+static void test_with_graphs_a_fault_surfaces_when_the_step_runs(void) {
+    ar_error_t err = {{0}};
+    fault_in_rmsnorm_then_silu(NULL, GRAPHS_ON, 1, &err);
+    CHECK_STR_CONTAINS(err.msg, "illegal memory access");
+    CHECK_MSG(strstr(err.msg, "cudaGraphLaunch") || strstr(err.msg, "cudaStreamSynchronize"),
+              "\"%s\" is not the step's launch or wait", err.msg);
 }
 
 /* A fault that an op's own later call already sees (matmul with a 16-bit
@@ -116,6 +133,7 @@ static void test_check_refuses_other_values(void) {
 int main(void) {
     TEST_RUN(test_without_check_a_fault_is_blamed_on_a_later_op);
     TEST_RUN(test_check_names_the_op_that_faulted);
+    TEST_RUN(test_with_graphs_a_fault_surfaces_when_the_step_runs);
     TEST_RUN(test_check_names_the_op_when_its_own_call_fails);
     TEST_RUN(test_check_refuses_other_values);
     return TEST_SUMMARY();

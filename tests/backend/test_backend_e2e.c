@@ -16,6 +16,7 @@
 #include "engine/planner.h"
 #include "tests/lockstep.h"
 #include "tests/test.h"
+#include "tests/test_backend.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -349,16 +350,28 @@ static void test_fork_draws_beside_steps(void) {
 }
 
 /* A fork that does not fit in its parent's reservation is refused with the
- * sizes; the parent goes on. */
+ * sizes; the parent goes on. A fork drives its device as its parent does
+ * (graphs, activations, batch invariance). */
 static void test_fork_too_large_is_an_error(void) {
     ar_error_t err = {{0}};
     backend_t *f = dut->fork(dut, (size_t)1 << 40, 1, &err);
     CHECK(f == NULL);
     CHECK_STR_CONTAINS(err.msg, "a fork needs");
+    const backend_graphs_t graphs = dut->graphs;
+    const backend_activations_t activations = dut->activations;
+    dut->graphs = graphs == GRAPHS_ON ? GRAPHS_OFF : GRAPHS_ON;
+    dut->activations = activations == ACTIVATIONS_SPLIT ? ACTIVATIONS_16BIT : ACTIVATIONS_SPLIT;
+    dut->batch_invariant = !dut->batch_invariant;
     f = dut->fork(dut, 1 << 20, 1, &err);
     CHECK_MSG(f != NULL, "%s", err.msg);
-    if (f)
+    if (f) {
+        CHECK(f->graphs == dut->graphs && f->activations == dut->activations &&
+              f->batch_invariant == dut->batch_invariant);
         f->destroy(f);
+    }
+    dut->graphs = graphs;
+    dut->activations = activations;
+    dut->batch_invariant = !dut->batch_invariant;
 }
 
 int main(void) {
@@ -369,7 +382,7 @@ int main(void) {
     }
     ar_error_t err = {{0}};
     cpu = backend_cpu_create(0, &err);
-    dut = cpu ? backend_cuda_create(0, (size_t)256 << 20, &err) : NULL;
+    dut = cpu ? test_cuda_create(0, (size_t)256 << 20, &err) : NULL;
     if (dut) /* the mode held to the CPU's bounds (backend.h) */
         dut->activations = ACTIVATIONS_SPLIT;
     if (!dut || model_load(&m_cpu, tiny, cpu, &err) != AR_OK ||

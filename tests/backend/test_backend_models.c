@@ -19,6 +19,7 @@
 #include "engine/policy/kv_policy.h"
 #include "tests/lockstep.h"
 #include "tests/test.h"
+#include "tests/test_backend.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -220,7 +221,7 @@ int main(int argc, char **argv) {
     }
     ar_error_t err = {{0}};
     cpu = backend_cpu_create(0, &err);
-    dut = cpu ? backend_cuda_create(0, CUDA_RESERVE_BYTES, &err) : NULL;
+    dut = cpu ? test_cuda_create(0, CUDA_RESERVE_BYTES, &err) : NULL;
     if (dut) /* the mode held to the CPU's bounds (backend.h) */
         dut->activations = ACTIVATIONS_SPLIT;
     if (!dut) {

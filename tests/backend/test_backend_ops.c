@@ -11,6 +11,7 @@
  * runs on the CPU (make test-backend); tests/gpu runs it on a GPU. */
 #include "engine/backend/backend.h"
 #include "tests/test.h"
+#include "tests/test_backend.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -371,6 +372,9 @@ static backend_stats_t stats_since(backend_t *b, const backend_stats_t *t) {
     s.d2h_copies -= t->d2h_copies, s.d2h_bytes -= t->d2h_bytes;
     s.d2d_copies -= t->d2d_copies, s.d2d_bytes -= t->d2d_bytes;
     s.syncs -= t->syncs;
+    s.graph_launches -= t->graph_launches;
+    s.graph_builds -= t->graph_builds;
+    s.graph_updates -= t->graph_updates;
     return s;
 }
 
@@ -383,7 +387,8 @@ static int stats_no_copies(const backend_stats_t *d) {
  * cuBLAS call (f32 matmul: the GEMM, plus the bias fill with a bias; a
  * 16-bit weight: split, GEMM, sum), a host array staged as one upload
  * (dense attention's two start arrays together); the memory high-water
- * mark and the reservation. The CPU backend has none. */
+ * mark and the reservation. The CPU backend has none. Op by op (graphs
+ * off): a step as a graph is counted below. */
 static void test_stats_count_launches_copies_syncs_and_memory(void) {
     backend_stats_t s;
     CHECK(backend_stats(cpu, &s) == 0 && s.launches == 0 && s.device_reserved_bytes == 0);
@@ -392,6 +397,7 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
     CHECK_MSG(b != NULL, "%s", err.msg);
     if (!b)
         return;
+    b->graphs = GRAPHS_OFF;
     backend_stats_t zero = {0}, d = stats_since(b, &zero);
     CHECK(d.launches == 0 && d.h2d_bytes == 0 && d.d2h_bytes == 0 && d.d2d_bytes == 0);
     CHECK(stats_no_copies(&d));
@@ -529,6 +535,89 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
     b->weight_free(b, &w16s);
     b->weight_free(b, &bias);
     b->destroy(b);
+}
+
+/* One step of a few ops that stage host arrays (RoPE's positions, twice,
+ * dense attention's starts, an embedding's ids, a small upload) on a
+ * backend with graphs, then a download: b's result, op by op. */
+static void graph_step(backend_t *b, float *x, float *y, float *out, const tensor_t *table,
+                       const int *pos, int rows, int extra) {
+    static const int q_start[3] = {0, 1, 3}, k_start[3] = {0, 2, 4}, ids[3] = {2, 0, 1};
+    const float ones[4] = {1, 1, 1, 1};
+    b->rope(b, x, pos, rows, 2, 4, 10000.0f);
+    b->rope(b, x, pos, rows, 2, 4, 10000.0f); /* the same positions: staged once */
+    b->attention_dense(b, y, x, x, x + 8, 16, q_start, k_start, 2, 2, 4, 0.5f, NULL, 0);
+    b->embedding(b, y + 48, table, ids, 3, 0);
+    b->upload(b, y + 60, ones, sizeof ones);
+    b->add(b, y, y + 48, 16);
+    if (extra)
+        b->scale(b, y, 16, 0.5f);
+    b->download(b, out, y, 64 * sizeof(float));
+}
+
+/* With graphs on (the default), a step (what is queued between two waits)
+ * is recorded and launched as one graph: one upload of everything staged,
+ * one graph launch, one download, one wait, and the bytes of the same
+ * step op by op. The next step of the same shape updates the instantiated
+ * graph instead of building another; a step of another shape builds one. */
+static void test_a_step_runs_as_one_graph(void) {
+    ar_error_t err = {{0}};
+    backend_t *g = create_checked("0", STATS_RESERVE, &err),
+              *e = g ? create_checked("0", STATS_RESERVE, &err) : NULL;
+    CHECK_MSG(g && e, "%s", err.msg);
+    if (!g || !e)
+        goto out;
+    g->graphs = GRAPHS_ON;
+    e->graphs = GRAPHS_OFF;
+    float *hx = host_uniform(64, -1, 1), *hy = host_uniform(64, -1, 1),
+          *hw = host_uniform(6, -1, 1);
+    const int64_t shape[2] = {3, 2};
+    tensor_t tg, te;
+    CHECK(g->weight_load(g, &tg, hw, DTYPE_F32, 2, shape, &err) == AR_OK);
+    CHECK(e->weight_load(e, &te, hw, DTYPE_F32, 2, shape, &err) == AR_OK);
+    float *xg = g->alloc(g, 64 * sizeof(float)), *yg = g->alloc(g, 64 * sizeof(float));
+    float *xe = e->alloc(e, 64 * sizeof(float)), *ye = e->alloc(e, 64 * sizeof(float));
+    g->upload(g, xg, hx, 64 * sizeof(float));
+    g->upload(g, yg, hy, 64 * sizeof(float));
+    e->upload(e, xe, hx, 64 * sizeof(float));
+    e->upload(e, ye, hy, 64 * sizeof(float));
+    float out_g[64], out_e[64];
+    int pos[3] = {3, 4, 5};
+    for (int step = 0; step < 3; step++) {
+        /* the third step has more rows (the same graph) and one op more (another) */
+        const int rows = step < 2 ? 2 : 3, extra = step == 2;
+        backend_stats_t t, d;
+        backend_stats(g, &t);
+        graph_step(g, xg, yg, out_g, &tg, pos, rows, extra);
+        d = stats_since(g, &t);
+        graph_step(e, xe, ye, out_e, &te, pos, rows, extra);
+        CHECK_MSG(!memcmp(out_g, out_e, sizeof out_g), "step %d: the graph's bytes differ", step);
+        const size_t staged =
+            (size_t)rows * sizeof(int) + 6 * sizeof(int) + 3 * sizeof(int) + 4 * sizeof(float);
+        CHECK_MSG(d.graph_launches == 1 && d.h2d_copies == 1 && d.d2h_copies == 1 && d.syncs == 1,
+                  "step %d: %llu graph launches, %llu uploads, %llu downloads, %llu waits", step,
+                  (unsigned long long)d.graph_launches, (unsigned long long)d.h2d_copies,
+                  (unsigned long long)d.d2h_copies, (unsigned long long)d.syncs);
+        CHECK_MSG(d.h2d_bytes >= staged && d.h2d_bytes < staged + 4 * 16,
+                  "step %d: %llu bytes uploaded for %zu staged", step,
+                  (unsigned long long)d.h2d_bytes, staged);
+        CHECK_MSG(d.launches == 5u + (unsigned)extra && d.d2d_copies == 1,
+                  "step %d: %llu launches recorded", step, (unsigned long long)d.launches);
+        CHECK_MSG(d.graph_builds == (step == 1 ? 0u : 1u) &&
+                      d.graph_updates == (step == 1 ? 1u : 0u),
+                  "step %d: %llu graphs built, %llu updated", step,
+                  (unsigned long long)d.graph_builds, (unsigned long long)d.graph_updates);
+        pos[0] += 3, pos[1] += 3, pos[2] += 3;
+    }
+    CHECK(backend_status(g, &err) == AR_OK && backend_status(e, &err) == AR_OK);
+    free(hx);
+    free(hy);
+    free(hw);
+out:
+    if (g)
+        g->destroy(g);
+    if (e)
+        e->destroy(e);
 }
 
 /* ARSERVE_CUDA_CHECK=1 waits after every op (one more sync each, and an
@@ -1942,7 +2031,7 @@ static void test_attention_dense(void) {
 int main(void) {
     ar_error_t err = {{0}};
     cpu = backend_cpu_create(0, &err);
-    dut = cpu ? backend_cuda_create(0, DUT_RESERVE, &err) : NULL;
+    dut = cpu ? test_cuda_create(0, DUT_RESERVE, &err) : NULL;
     if (dut) /* the mode held to the CPU's bounds (backend.h) */
         dut->activations = ACTIVATIONS_SPLIT;
     if (!cpu || !dut) {
@@ -1955,6 +2044,7 @@ int main(void) {
     TEST_RUN(test_create_reserves_or_reports_errors);
     TEST_RUN(test_invalid_ops_fail_loudly);
     TEST_RUN(test_stats_count_launches_copies_syncs_and_memory);
+    TEST_RUN(test_a_step_runs_as_one_graph);
     TEST_RUN(test_check_mode_syncs_after_every_op);
     TEST_RUN(test_matmul_types_shapes_and_bias);
     TEST_RUN(test_matmul_sliced_over_scratch);

@@ -90,7 +90,8 @@ def test_small_run(tmp, bin_dir):
 
     stages = {s["name"]: s for s in r.get("stages", [])}
     want = ["build", "arserve janus batch 1, 8", "arserve var batch 1, 8", "arserve var batch 32",
-            "daemon janus", "daemon var", "pytorch eager", "arserve janus batch 32"]
+            "daemon janus", "daemon var", "pytorch eager", "arserve janus batch 1, 8, graphs off",
+            "arserve janus batch 32"]
     check(all(stages.get(n, {}).get("status") == "ok" for n in want),
           "every stage ran and passed", {n: stages.get(n) for n in want})
     check(all(positive(stages[n]["seconds"]) for n in want if n in stages),
@@ -118,6 +119,9 @@ def test_small_run(tmp, bin_dir):
                    for c in BATCHES)
         check(good, "the %s daemon at concurrency 1, 8 and 32: images/s and p50 <= p90 <= p99"
               % key, d)
+    off = r["arserve"]["janus"].get("speed_graphs_off", {})
+    check(all(positive(off.get(b, {}).get("step_ms")) for b in ("1", "8")),
+          "the Janus step op by op (--gpu-graphs off) at batch 1 and 8", off)
     check(all(0 < r["arserve"]["janus"]["speed"][b]["roofline"] <= 1.5 for b in BATCHES),
           "the Janus step's memory roofline share is there", r["arserve"]["janus"]["speed"])
 
@@ -138,6 +142,9 @@ def test_small_run(tmp, bin_dir):
     ratio_rows = [line for line in md.splitlines() if line.startswith("| 1 | ")]
     check(ratio_rows and ratio_rows[0].count("x |") >= 2,
           "... and arserve / PyTorch ratios in it", ratio_rows)
+    check("## Steps as CUDA graphs against op by op" in md and
+          "| batch | step ms on | step ms off | ratio |" in md,
+          "timing.md has the graphs on/off table", md)
     check("## Stages" in md and "| build | ok |" in md, "timing.md lists the stages", md[-1500:])
     check(header in p.stdout and "build: ok in" in p.stdout,
           "the table and each stage's seconds are printed", p.stdout[-1500:])

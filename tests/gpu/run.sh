@@ -350,6 +350,10 @@ RESERVE=$((budget / 2 < 240 ? budget / 2 : 240))
 B=$KIT/bin
 run ops 90 "$B/test_backend_ops"
 run e2e 120 "$B/test_backend_e2e"
+# The same two op by op: a step captured into a graph is the default, and
+# where it fails on a GPU and this passes, the graphs are to blame.
+run ops-graphs-off 90 env ARSERVE_TEST_GRAPHS=off "$B/test_backend_ops"
+run e2e-graphs-off 120 env ARSERVE_TEST_GRAPHS=off "$B/test_backend_e2e"
 for g in test_golden test_golden_llamagen test_golden_var test_golden_infinity; do
     if [ -x "$B/$g" ]; then
         run "${g#test_}" 90 "$B/$g"

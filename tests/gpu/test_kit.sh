@@ -99,7 +99,7 @@ rc=$?
 check "stages that fail make it exit 1" "$([ $rc = 1 ] && echo 0 || echo 1)" "exit $rc: $(tail -n 3 "$tmp/gpu.out")"
 grep -q 'preflight: gpu        ok   NVIDIA H100 80GB HBM3, 81559 MiB (80000 free)' "$tmp/gpu.out"
 check "the preflight names the GPU and its memory" $? "$(grep preflight "$tmp/gpu.out")"
-for s in ops e2e golden golden_llamagen golden_var models generate; do
+for s in ops e2e ops-graphs-off e2e-graphs-off golden golden_llamagen golden_var models generate; do
     grep -q "\"name\": \"$s\", \"status\": \"fail\"" "$tmp/gpu/summary.json" 2>/dev/null
     check "summary.json: stage $s ran and failed" $? "$(grep -o "\"name\": \"$s\"[^}]*" "$tmp/gpu/summary.json" 2>&1)"
 done
