@@ -57,6 +57,96 @@ static __device__ __forceinline__ float dot_f32(const float *a, const float *b, 
     return s;
 }
 
+/* ---- cache rows read by lane groups ------------------------------------------------ */
+
+/* Decode attention reads cache rows with groups of L lanes of a warp (L a
+ * power of two, at most 32; 32 / L keys at once), lane `sub` of a group
+ * reading the row's 16-byte pieces sub, sub + L, ...: a group's lanes read
+ * consecutive 16 bytes each, so a row is read in whole 16-byte loads (as
+ * FlashDecoding's and vLLM's paged kernels read), each piece widened in
+ * registers. Rows whose pieces are not 16-byte aligned (a row of
+ * head_dim * element size not a multiple of 16) are read element by
+ * element, in the same pieces. */
+struct __align__(16) kv_piece {
+    unsigned w[4];
+};
+
+/* Elements a 16-byte piece holds. */
+template <int DT> static __host__ __device__ __forceinline__ constexpr int piece_elems() {
+    return DT == KERN_F32 ? 4 : DT == KERN_F8_E4M3 ? 16 : 8;
+}
+
+/* Element i of a piece, as ld_kv widens it. */
+template <int DT>
+static __device__ __forceinline__ float piece_elem(const kv_piece &v, int i, float scale) {
+    if (DT == KERN_F32)
+        return __uint_as_float(v.w[i]);
+    if (DT == KERN_BF16)
+        return __uint_as_float(i % 2 ? v.w[i / 2] & 0xffff0000u : v.w[i / 2] << 16);
+    if (DT == KERN_F16)
+        return __half2float(__ushort_as_half((unsigned short)(v.w[i / 2] >> (i % 2 ? 16 : 0))));
+    return f8e4m3_to_float((unsigned char)(v.w[i / 4] >> (8 * (i % 4)))) * scale;
+}
+
+/* Piece c of a row of n elements, widened into out (elements past n: 0). */
+template <int DT>
+static __device__ __forceinline__ void ld_piece(const char *row, int c, int n, float scale,
+                                                bool aligned, float *out) {
+    constexpr int E = piece_elems<DT>();
+    const int i0 = c * E;
+    if (aligned && i0 + E <= n) {
+        const kv_piece v = *(const kv_piece *)(row + (size_t)c * 16);
+        for (int i = 0; i < E; i++)
+            out[i] = piece_elem<DT>(v, i, scale);
+    } else {
+        for (int i = 0; i < E; i++)
+            out[i] = i0 + i < n ? ld_kv(row, DT, i0 + i, scale) : 0.0f;
+    }
+}
+
+/* Sum over the L lanes of each group (every lane gets its group's sum,
+ * the same bits on each: the butterfly adds the same pairs). */
+static __device__ __forceinline__ float group_sum(float v, int L) {
+    for (int o = L / 2; o > 0; o /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over the groups of a warp of a value that every lane of a group
+ * holds alike. */
+static __device__ __forceinline__ float across_groups(float v, int L) {
+    for (int o = 16; o >= L; o /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* The dot product of q (head_dim floats) with a cache row, by a group: its
+ * pieces' products summed in element order, then over the group. Every
+ * lane of the warp must call it (shuffles); the split kernel and the mass
+ * kernel score with it, so the mass is the softmax the output used. */
+template <int DT>
+static __device__ __forceinline__ float group_dot(const float *q, const char *row, int sub, int L,
+                                                  int hd, float kscale, bool aligned) {
+    constexpr int E = piece_elems<DT>();
+    const int n_pieces = (hd + E - 1) / E;
+    float s = 0.0f, k[E];
+    for (int c = sub; c < n_pieces; c += L) {
+        ld_piece<DT>(row, c, hd, kscale, aligned, k);
+        for (int i = 0; i < E && c * E + i < hd; i++)
+            s += q[c * E + i] * k[i];
+    }
+    return group_sum(s, L);
+}
+
+/* Lanes per group for a row of hd elements: enough for one piece each, at most 32. */
+template <int DT> static int group_lanes(int hd) {
+    const int pieces = (hd + piece_elems<DT>() - 1) / piece_elems<DT>();
+    int L = 1;
+    while (L < pieces && L < 32)
+        L *= 2;
+    return L;
+}
+
 /* ---- append -------------------------------------------------------------------- */
 
 /* One block per new row of a pair: its K and V rows into the cache. */
@@ -103,17 +193,21 @@ static __device__ __forceinline__ int keys_of(const kern_kv_item_t &it, int t) {
     return it.len - it.n_new + t + 1;
 }
 
-/* One warp per (row, split): keys in tiles of 32, lane l scoring key
- * tile + l (a whole row each: K rows are contiguous, q sits in shared
- * memory); the tile's max and sum by shuffles; then every lane adds the
- * tile's weighted V rows for its own dimensions (d = lane + 32 i). */
+/* One warp per (row, split), 32 / L keys at a time, a lane group each
+ * (group_dot): the keys' max and their probabilities' sum over the groups
+ * by shuffles (online softmax, one rescale a round); each group adds its
+ * key's weighted V row to the accumulators of its lanes' pieces; at the
+ * end the groups' accumulators are summed and the first group writes the
+ * split's partials. */
+template <int DT>
 __global__ void attn_split_kernel(float *part, const float *q, kern_kv_pool_t p,
                                   const kern_kv_item_t *items, int n_items, const int *tables,
-                                  int n_heads, float scale, int n_splits) {
-    const int hd = p.head_dim;
+                                  int n_heads, float scale, int n_splits, int L, bool aligned) {
+    constexpr int E = piece_elems<DT>();
+    const int hd = p.head_dim, n_pieces = (hd + E - 1) / E;
     AR_DYNAMIC_SHARED(float, qs);
-    __shared__ float ps[32];
     const int r = blockIdx.x, split = blockIdx.y, lane = threadIdx.x;
+    const int g = lane / L, sub = lane % L, per_round = 32 / L;
     const kern_kv_item_t it = items[item_of(items, n_items, r)];
     const int t = it.t0 + (r - it.row_off);
     const int n_keys = keys_of(it, t);
@@ -126,38 +220,57 @@ __global__ void attn_split_kernel(float *part, const float *q, kern_kv_pool_t p,
     for (int d = lane; d < hd; d += 32)
         qs[d] = qr[d];
     __syncthreads();
-    float m = -INFINITY, l = 0.0f, acc[ATTN_ACC];
+    float m = -INFINITY, l = 0.0f, acc[ATTN_ACC], v[E];
     for (int i = 0; i < ATTN_ACC; i++)
         acc[i] = 0.0f;
-    for (int tile = j0; tile < j1; tile += 32) {
-        const int j = tile + lane;
-        const float s =
-            j < j1 ? dot_row(qs, k_row(p, table, j), p.dtype, hd, it.k_scale) * scale : -INFINITY;
-        const float m_new = fmaxf(m, warp_max(s)); /* finite: key `tile` is visible */
-        const float rescale = expf(m - m_new);     /* 0 on the first tile */
-        const float pr = j < j1 ? expf(s - m_new) : 0.0f;
-        l = l * rescale + warp_sum(pr);
+    const size_t voff = v_offset(p);
+    for (int base = j0; base < j1; base += per_round) {
+        const int j = base + g;
+        const bool valid = j < j1;
+        const char *kr = k_row(p, table, valid ? j : base); /* every lane shuffles */
+        const float dot = group_dot<DT>(qs, kr, sub, L, hd, it.k_scale, aligned);
+        const float sc = valid ? dot * scale : -INFINITY;
+        const float m_new = fmaxf(m, warp_max(sc)); /* finite: key `base` is visible */
+        const float rescale = expf(m - m_new);      /* 0 in the first round */
+        const float pr = valid ? expf(sc - m_new) : 0.0f;
+        l = l * rescale + warp_sum(sub == 0 ? pr : 0.0f); /* each group's once */
         m = m_new;
-        ps[lane] = pr;
-        __syncthreads();
+        AR_UNROLL
         for (int i = 0; i < ATTN_ACC; i++)
             acc[i] *= rescale;
-        const int nt = min(32, j1 - tile);
-        for (int jj = 0; jj < nt; jj++) {
-            const char *vr = k_row(p, table, tile + jj) + v_offset(p);
-            const float pj = ps[jj];
-            for (int i = 0; i < ATTN_ACC && lane + 32 * i < hd; i++)
-                acc[i] += pj * ld_kv(vr, p.dtype, lane + 32 * i, it.v_scale);
+        /* a lane's pieces c = sub + k L, at most ATTN_ACC / E of them (head
+         * dims to 512): unrolled, so that acc stays in registers */
+        AR_UNROLL
+        for (int k = 0; k < ATTN_ACC / E; k++) {
+            const int c = sub + k * L;
+            if (!valid || c >= n_pieces)
+                break;
+            ld_piece<DT>(kr + voff, c, hd, it.v_scale, aligned, v);
+            AR_UNROLL
+            for (int i = 0; i < E; i++)
+                acc[k * E + i] += pr * v[i];
         }
-        __syncthreads(); /* ps is rewritten by the next tile */
     }
+    AR_UNROLL
+    for (int i = 0; i < ATTN_ACC; i++)
+        acc[i] = across_groups(acc[i], L);
     float *out = part + ((size_t)r * n_splits + split) * (size_t)(hd + 2);
     if (lane == 0) {
         out[0] = m;
         out[1] = l;
     }
-    for (int i = 0; i < ATTN_ACC && lane + 32 * i < hd; i++)
-        out[2 + lane + 32 * i] = acc[i];
+    if (g == 0) {
+        AR_UNROLL
+        for (int k = 0; k < ATTN_ACC / E; k++) {
+            const int c = sub + k * L;
+            if (c >= n_pieces)
+                break;
+            AR_UNROLL
+            for (int i = 0; i < E; i++)
+                if (c * E + i < hd)
+                    out[2 + c * E + i] = acc[k * E + i];
+        }
+    }
 }
 
 /* One warp per row: the splits' partials rescaled to the common max and
@@ -191,27 +304,63 @@ __global__ void attn_combine_kernel(float *out, const float *part, float *stats,
     }
 }
 
-/* One thread per (item, key j): the probability every row of the item gave
- * key j, rescored with the split kernel's dot product and normalised with
- * the row's final max and sum, added to mass[j] in row order (as the CPU
- * does). No atomics: a key belongs to one thread, an item to one pair. */
+/* One warp per (item, 32 / L keys), a lane group per key j: the
+ * probability every row of the item gave key j, rescored with the split
+ * kernel's group_dot and normalised with the row's final max and sum,
+ * added to mass[j] in row order (as the CPU does). No atomics: a key
+ * belongs to one group, an item to one pair. */
+template <int DT>
 __global__ void attn_mass_kernel(const float *q, kern_kv_pool_t p, const kern_kv_item_t *items,
-                                 const int *tables, int n_heads, float scale, const float *stats) {
+                                 const int *tables, int n_heads, float scale, const float *stats,
+                                 int L, bool aligned) {
     const kern_kv_item_t it = items[blockIdx.y];
-    const int j = blockIdx.x * blockDim.x + threadIdx.x, hd = p.head_dim;
-    if (!it.mass || it.n_rows == 0 || j >= keys_of(it, it.t0 + it.n_rows - 1))
+    const int lane = threadIdx.x, g = lane / L, sub = lane % L, hd = p.head_dim;
+    if (!it.mass || it.n_rows == 0)
         return;
-    const char *kr = k_row(p, tables + it.table, j);
+    const int last = keys_of(it, it.t0 + it.n_rows - 1); /* keys the item's last row sees */
+    const int base = blockIdx.x * (32 / L), j = base + g;
+    if (base >= last)
+        return;
+    const char *kr = k_row(p, tables + it.table, j < last ? j : base);
     float add = 0.0f;
     for (int t = it.t0; t < it.t0 + it.n_rows; t++) {
-        if (j >= keys_of(it, t))
-            continue;
         const size_t r = (size_t)it.row_off + (size_t)(t - it.t0);
         const float *qr = q + ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
-        const float s = dot_row(qr, kr, p.dtype, hd, it.k_scale) * scale;
-        add += expf(s - stats[2 * r]) / stats[2 * r + 1];
+        const float s = group_dot<DT>(qr, kr, sub, L, hd, it.k_scale, aligned) * scale;
+        if (j < keys_of(it, t))
+            add += expf(s - stats[2 * r]) / stats[2 * r + 1];
     }
-    it.mass[j] += add;
+    if (j < last && sub == 0)
+        it.mass[j] += add;
+}
+
+/* The decode kernels of one cache type. */
+template <int DT>
+static cudaError_t attention_of(float *out, const float *q, kern_kv_pool_t pool,
+                                const kern_kv_item_t *items, int n_items, int rows, int max_keys,
+                                const int *tables, int n_heads, float scale, int any_mass,
+                                float *scratch, cudaStream_t stream) {
+    const int head_dim = pool.head_dim, n_splits = n_splits_for(max_keys);
+    const int L = group_lanes<DT>(head_dim);
+    const bool aligned = ((size_t)head_dim * kv_esize(DT)) % 16 == 0 && (size_t)pool.base % 16 == 0;
+    float *part = scratch;
+    float *stats = scratch + (size_t)rows * n_splits * (size_t)(head_dim + 2);
+    AR_LAUNCH(attn_split_kernel<DT>, dim3((unsigned)rows, (unsigned)n_splits), 32,
+              (size_t)head_dim * sizeof(float), stream, part, q, pool, items, n_items, tables,
+              n_heads, scale, n_splits, L, aligned);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return e;
+    AR_LAUNCH(attn_combine_kernel, rows, 32, 0, stream, out, part, stats, items, n_items, head_dim,
+              n_heads, n_splits);
+    e = cudaGetLastError();
+    if (e != cudaSuccess || !any_mass)
+        return e;
+    const int per_block = 32 / L;
+    AR_LAUNCH(attn_mass_kernel<DT>,
+              dim3((unsigned)((max_keys + per_block - 1) / per_block), (unsigned)n_items), 32, 0,
+              stream, q, pool, items, tables, n_heads, scale, stats, L, aligned);
+    return cudaGetLastError();
 }
 
 cudaError_t kern_attention(float *out, const float *q, kern_kv_pool_t pool,
@@ -223,24 +372,20 @@ cudaError_t kern_attention(float *out, const float *q, kern_kv_pool_t pool,
         return cudaSuccess;
     if (head_dim > ATTN_MAX_HEAD_DIM || max_keys <= 0)
         return cudaErrorInvalidValue;
-    const int n_splits = n_splits_for(max_keys);
-    float *part = scratch;
-    float *stats = scratch + (size_t)rows * n_splits * (size_t)(head_dim + 2);
-    AR_LAUNCH(attn_split_kernel, dim3((unsigned)rows, (unsigned)n_splits), 32,
-              (size_t)head_dim * sizeof(float), stream, part, q, pool, items, n_items, tables,
-              n_heads, scale, n_splits);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess)
-        return e;
-    AR_LAUNCH(attn_combine_kernel, rows, 32, 0, stream, out, part, stats, items, n_items, head_dim,
-              n_heads, n_splits);
-    e = cudaGetLastError();
-    if (e != cudaSuccess || !any_mass)
-        return e;
-    AR_LAUNCH(attn_mass_kernel,
-              dim3((unsigned)((max_keys + AR_BLOCK - 1) / AR_BLOCK), (unsigned)n_items), AR_BLOCK,
-              0, stream, q, pool, items, tables, n_heads, scale, stats);
-    return cudaGetLastError();
+    switch (pool.dtype) {
+    case KERN_BF16:
+        return attention_of<KERN_BF16>(out, q, pool, items, n_items, rows, max_keys, tables,
+                                       n_heads, scale, any_mass, scratch, stream);
+    case KERN_F16:
+        return attention_of<KERN_F16>(out, q, pool, items, n_items, rows, max_keys, tables, n_heads,
+                                      scale, any_mass, scratch, stream);
+    case KERN_F8_E4M3:
+        return attention_of<KERN_F8_E4M3>(out, q, pool, items, n_items, rows, max_keys, tables,
+                                          n_heads, scale, any_mass, scratch, stream);
+    default:
+        return attention_of<KERN_F32>(out, q, pool, items, n_items, rows, max_keys, tables, n_heads,
+                                      scale, any_mass, scratch, stream);
+    }
 }
 
 /* ---- attention of next-scale models -------------------------------------------- */

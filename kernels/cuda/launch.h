@@ -1,4 +1,4 @@
-/* Kernel launches and dynamic shared memory, spelled once for both
+/* Kernel launches, dynamic shared memory and unrolled loops, spelled once for both
  * compilers: nvcc builds the real kernels; g++ builds the same files against
  * the CPU emulator (tests/cuda_emu), which has no <<<>>> syntax and no way to
  * bind an `extern __shared__` array. Every launch in kernels/ goes through
@@ -14,6 +14,9 @@ extern thread_local unsigned long long ar_kernels_started;
 
 #if defined(__CUDACC__)
 
+/* A loop nvcc unrolls (so that an array it indexes stays in registers). */
+#define AR_UNROLL _Pragma("unroll")
+
 #define AR_LAUNCH(kernel, grid, block, shmem, stream, ...)                                         \
     (++ar_kernels_started, kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__))
 
@@ -23,6 +26,8 @@ extern thread_local unsigned long long ar_kernels_started;
     type *name = reinterpret_cast<type *>(ar_dynamic_smem_)
 
 #elif defined(CUDA_EMU)
+
+#define AR_UNROLL
 
 #define AR_LAUNCH(kernel, grid, block, shmem, stream, ...)                                         \
     (++ar_kernels_started,                                                                         \
