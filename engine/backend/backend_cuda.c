@@ -1101,11 +1101,16 @@ static int attention_scale_flush(backend_t *be, float *out, const float *q, cons
     cuda_impl_t *impl = impl_of(be);
     const kern_kv_item_t *d_items;
     const int *d_tables;
+    int max_item_rows = 1;
+    for (int i = 0; i < n_items; i++)
+        max_item_rows =
+            impl->kv_items[i].n_rows > max_item_rows ? impl->kv_items[i].n_rows : max_item_rows;
     if (kv_stage_upload(be, n_items, n_ints, &d_items, &d_tables) != AR_OK)
         return AR_ERR;
     return LAUNCH_CHECK(be, kern_attention_scale(out, q, k_new, v_new, kv_pool_of(pool), d_items,
-                                                 n_items, rows, max_keys, d_tables, n_heads, scale,
-                                                 any_mass, impl->scratch, impl->stream));
+                                                 n_items, rows, max_keys, max_item_rows, d_tables,
+                                                 n_heads, scale, any_mass, impl->scratch,
+                                                 impl->stream));
 }
 
 /* As cuda_attention, one item per (sequence, head) pair with its whole

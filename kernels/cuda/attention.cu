@@ -464,6 +464,110 @@ __global__ void attn_scale_kernel(float *out, float *stats, const float *q, cons
     }
 }
 
+/* Head dims up to this take the tiled kernel (its K and V tiles fit the
+ * default 48 KiB of shared memory); larger ones the per-row kernel. */
+#define SCALE_TILE_MAX_HEAD_DIM 128
+/* Query rows of a tile (a warp each) and keys of a K/V tile (a lane each). */
+#define SCALE_TILE_ROWS 8
+#define SCALE_TILE_KEYS 32
+
+static size_t scale_tile_smem(int hd) {
+    return ((size_t)SCALE_TILE_KEYS * (2 * (size_t)hd + 1) + (size_t)SCALE_TILE_ROWS * hd +
+            (size_t)SCALE_TILE_ROWS * SCALE_TILE_KEYS) *
+           sizeof(float);
+}
+
+/* attn_scale_kernel's arithmetic for SCALE_TILE_ROWS rows of an item at
+ * once (block (item, tile): its rows t0 + tile * 8 + warp), each key and
+ * value row read once per tile instead of once per query row: the block
+ * loads a tile of 32 keys' K and V rows into shared memory, widened to
+ * fp32, in coalesced reads (consecutive threads, consecutive elements of
+ * a row), then each warp scores and accumulates its row against the tile
+ * exactly as the per-row kernel does (lane l: key l, the dot product in
+ * element order; V in key order), so the two kernels give the same bits.
+ * K rows are padded to hd + 1 floats: lane l's reads of row l fall in
+ * distinct banks. */
+__global__ void attn_scale_tiled_kernel(float *out, float *stats, const float *q,
+                                        const float *k_new, const float *v_new, kern_kv_pool_t p,
+                                        const kern_kv_item_t *items, const int *tables, int n_heads,
+                                        float scale) {
+    AR_DYNAMIC_SHARED(float, smem);
+    const int hd = p.head_dim, kst = hd + 1;
+    float *ks = smem, *vs = ks + SCALE_TILE_KEYS * kst, *qs = vs + SCALE_TILE_KEYS * hd;
+    float *ps = qs + SCALE_TILE_ROWS * hd;
+    const kern_kv_item_t it = items[blockIdx.x];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int first = blockIdx.y * SCALE_TILE_ROWS;
+    if (first >= it.n_rows)
+        return; /* the whole block: an item with fewer tiles */
+    const int t = it.t0 + first + warp, n_keys = it.len + it.n_new;
+    const bool active = first + warp < it.n_rows;
+    const int *table = tables + it.table;
+    const size_t at = ((size_t)(it.q_row + t) * n_heads + it.head) * hd;
+    float *qw = qs + warp * hd, *pw = ps + warp * SCALE_TILE_KEYS;
+    if (active)
+        for (int d = lane; d < hd; d += 32)
+            qw[d] = q[at + d];
+    float m = -INFINITY, l = 0.0f, acc[SCALE_TILE_MAX_HEAD_DIM / 32];
+    for (int i = 0; i < SCALE_TILE_MAX_HEAD_DIM / 32; i++)
+        acc[i] = 0.0f;
+    for (int tile = 0; tile < n_keys; tile += SCALE_TILE_KEYS) {
+        const int nt = min(SCALE_TILE_KEYS, n_keys - tile);
+        __syncthreads(); /* the previous tile has been used */
+        for (int e = threadIdx.x; e < nt * hd; e += blockDim.x) {
+            const int kk = e / hd, d = e % hd, j = tile + kk;
+            float kv, vv;
+            if (j < it.len) {
+                const char *kr = k_row(p, table, j);
+                kv = ld_kv(kr, p.dtype, d, it.k_scale);
+                vv = ld_kv(kr + v_offset(p), p.dtype, d, it.v_scale);
+            } else {
+                const size_t nr = ((size_t)(it.q_row + j - it.len) * n_heads + it.head) * hd;
+                kv = k_new[nr + d];
+                vv = v_new[nr + d];
+            }
+            ks[kk * kst + d] = kv;
+            vs[kk * hd + d] = vv;
+        }
+        __syncthreads();
+        if (!active)
+            continue;
+        float sc = -INFINITY;
+        if (lane < nt) {
+            const float *kr = ks + lane * kst;
+            float dot = 0.0f;
+            for (int d = 0; d < hd; d++)
+                dot += qw[d] * kr[d];
+            sc = dot * scale;
+        }
+        const float m_new = fmaxf(m, warp_max(sc)); /* finite: key `tile` exists */
+        const float rescale = expf(m - m_new);      /* 0 on the first tile */
+        const float pr = lane < nt ? expf(sc - m_new) : 0.0f;
+        l = l * rescale + warp_sum(pr);
+        m = m_new;
+        pw[lane] = pr;
+        __syncwarp();
+        for (int i = 0; i < SCALE_TILE_MAX_HEAD_DIM / 32; i++)
+            acc[i] *= rescale;
+        for (int jj = 0; jj < nt; jj++) {
+            const float pj = pw[jj];
+            for (int i = 0; i < SCALE_TILE_MAX_HEAD_DIM / 32 && lane + 32 * i < hd; i++)
+                acc[i] += pj * vs[jj * hd + lane + 32 * i];
+        }
+        __syncwarp(); /* pw is rewritten by the next tile */
+    }
+    if (!active)
+        return;
+    const float inv = 1.0f / l;
+    for (int i = 0; i < SCALE_TILE_MAX_HEAD_DIM / 32 && lane + 32 * i < hd; i++)
+        out[at + lane + 32 * i] = acc[i] * inv;
+    if (lane == 0) {
+        const size_t r = (size_t)it.row_off + (size_t)(t - it.t0);
+        stats[2 * r] = m;
+        stats[2 * r + 1] = l;
+    }
+}
+
 /* The second pass for key mass, as attn_mass_kernel: one thread per (item,
  * key j of len + n_new), the probability each of the item's rows gave key
  * j rescored with the same dot product and normalised with the row's
@@ -487,15 +591,23 @@ __global__ void attn_scale_mass_kernel(const float *q, const float *k_new, kern_
 
 cudaError_t kern_attention_scale(float *out, const float *q, const float *k_new, const float *v_new,
                                  kern_kv_pool_t pool, const kern_kv_item_t *items, int n_items,
-                                 int rows, int max_keys, const int *tables, int n_heads,
-                                 float scale, int any_mass, float *scratch, cudaStream_t stream) {
+                                 int rows, int max_keys, int max_item_rows, const int *tables,
+                                 int n_heads, float scale, int any_mass, float *scratch,
+                                 cudaStream_t stream) {
     const int head_dim = pool.head_dim;
     if (rows <= 0 || n_items <= 0 || head_dim <= 0)
         return cudaSuccess;
-    if (head_dim > ATTN_MAX_HEAD_DIM || max_keys <= 0)
+    if (head_dim > ATTN_MAX_HEAD_DIM || max_keys <= 0 || max_item_rows <= 0)
         return cudaErrorInvalidValue;
-    AR_LAUNCH(attn_scale_kernel, rows, 32, (size_t)head_dim * sizeof(float), stream, out, scratch,
-              q, k_new, v_new, pool, items, n_items, tables, n_heads, scale);
+    if (head_dim <= SCALE_TILE_MAX_HEAD_DIM)
+        AR_LAUNCH(attn_scale_tiled_kernel,
+                  dim3((unsigned)n_items,
+                       (unsigned)((max_item_rows + SCALE_TILE_ROWS - 1) / SCALE_TILE_ROWS)),
+                  32 * SCALE_TILE_ROWS, scale_tile_smem(head_dim), stream, out, scratch, q, k_new,
+                  v_new, pool, items, tables, n_heads, scale);
+    else
+        AR_LAUNCH(attn_scale_kernel, rows, 32, (size_t)head_dim * sizeof(float), stream, out,
+                  scratch, q, k_new, v_new, pool, items, n_items, tables, n_heads, scale);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || !any_mass)
         return e;

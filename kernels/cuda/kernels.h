@@ -220,15 +220,18 @@ size_t kern_attention_scale_scratch(int rows);
  * mask, to all len keys of its cache (here len counts the cached keys
  * only) and then to all n_new new keys of its
  * sequence, rows q_row .. q_row + n_new - 1 of k_new and v_new (n_heads *
- * head_dim per row, not in the cache). One block per query row; with
+ * head_dim per row, not in the cache). Head dims to 128: blocks of 8 query
+ * rows of an item that read each K and V row once (max_item_rows bounds
+ * n_rows over the items); larger ones a block per query row; with
  * any_mass, a second kernel adds the exact probabilities of the len + n_new
  * keys to the items' mass arrays (those not NULL). max_keys bounds len +
  * n_new over the items; scratch holds kern_attention_scale_scratch(rows)
  * floats. head_dim is at most 512. */
 cudaError_t kern_attention_scale(float *out, const float *q, const float *k_new, const float *v_new,
                                  kern_kv_pool_t pool, const kern_kv_item_t *items, int n_items,
-                                 int rows, int max_keys, const int *tables, int n_heads,
-                                 float scale, int any_mass, float *scratch, cudaStream_t stream);
+                                 int rows, int max_keys, int max_item_rows, const int *tables,
+                                 int n_heads, float scale, int any_mass, float *scratch,
+                                 cudaStream_t stream);
 
 /* The K rows (values 0) or V rows (values 1) of cache indices [j0, j0 + n)
  * of one head (table: device), widened to fp32 (fp8 times scale), into out

@@ -1771,11 +1771,12 @@ static void check_kv_scale_step(int bt, int hd, int n_heads, int n_seq, const in
         free(dut_mass), free(pool_before);
 }
 
-/* Block sizes 1, 3 and 16; caches of 0 (every pair: the first scale) to
- * 300 tokens, across block and warp-tile (32 keys) boundaries; ragged
- * scales of 0, 1, 4, 9 and 17 rows and one of 40; head dims 8, 20 (not a
- * warp multiple) and 64; mass off and on; and more pairs than one staging
- * copy holds (several launches). */
+/* Block sizes 1, 3, 4 and 16; caches of 0 (every pair: the first scale) to
+ * 300 tokens, across block and key-tile (32 keys) boundaries; ragged
+ * scales of 0, 1, 4, 9 and 17 rows and one of 40 (row tiles of 8, full and
+ * not); head dims 8, 20 (not a warp multiple), 64 and 128 (the tiled
+ * kernel) and 160 (the per-row kernel); mass off and on; and more pairs
+ * than one staging copy holds (several launches). */
 static void test_attention_scale(void) {
     const int ragged[] = {1, 4, 0, 9}, first[] = {1}, big[] = {17, 40};
     check_kv_scale_step(1, 8, 3, 4, ragged, 0, 1); /* nothing cached yet */
@@ -1785,6 +1786,8 @@ static void test_attention_scale(void) {
     check_kv_scale_step(3, 20, 4, 4, ragged, 140, 1);
     check_kv_scale_step(16, 64, 2, 2, big, 300, 1);
     check_kv_scale_step(16, 64, 2, 4, ragged, 33, 1);
+    check_kv_scale_step(16, 128, 2, 2, big, 70, 1); /* the tiled kernel's widest rows */
+    check_kv_scale_step(4, 160, 2, 2, big, 40, 1);  /* wider: the per-row kernel */
     enum { MANY = 3500 };
     int *ones = malloc(MANY * sizeof *ones);
     for (int i = 0; i < MANY; i++)
