@@ -205,8 +205,10 @@ typedef struct cuda_impl {
     unsigned kept_epoch[KEPT_SLOTS];
     int *pack;
     /* Whether the stream is capturing the step (be->graphs), and the
-     * instantiated graphs that a step's graph updates. */
+     * instantiated graphs that a step's graph updates; no_graphs: why
+     * graphs do not work here (graphs_probe), "" where they do. */
     int capturing;
+    char no_graphs[256];
     struct graph_slot {
         cudaGraphExec_t exec;
         size_t nodes;
@@ -457,7 +459,8 @@ static void cuda_sync(backend_t *be) {
 /* Begins capturing the step, where graphs are on and nothing failed. */
 static int capture_begin(backend_t *be) {
     cuda_impl_t *impl = impl_of(be);
-    if (impl->capturing || be->graphs != GRAPHS_ON || impl->check_ops || impl->n_errors)
+    if (impl->capturing || be->graphs != GRAPHS_ON || impl->check_ops || impl->n_errors ||
+        impl->no_graphs[0])
         return AR_OK;
     /* relaxed: the thread driving a backend may change between two ops */
     if (CUDA_CHECK(be, cudaStreamBeginCapture(impl->stream, cudaStreamCaptureModeRelaxed)) != AR_OK)
@@ -1641,6 +1644,67 @@ int backend_cuda_device_count(void) {
 
 static backend_t *cuda_fork(backend_t *parent, size_t bytes, int n_threads, ar_error_t *err);
 
+/* Records why graphs are off for good (impl->no_graphs) and clears the
+ * error state the failure left; AR_ERR. */
+static int graphs_refused(cuda_impl_t *impl, const char *what, cudaError_t e) {
+    snprintf(impl->no_graphs, sizeof impl->no_graphs, "%s: %s", what, cudaGetErrorString(e));
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(impl->stream, &st) == cudaSuccess &&
+        st != cudaStreamCaptureStatusNone) {
+        cudaGraph_t g = NULL;
+        if (cudaStreamEndCapture(impl->stream, &g) == cudaSuccess && g)
+            cudaGraphDestroy(g);
+    }
+    (void)cudaGetLastError();
+    return AR_ERR;
+}
+
+/* Whether this device and these libraries capture and replay what a step
+ * records (a kernel, a cuBLAS GEMM, a memset and a device copy), checked
+ * once at creation: a stream capture of y = (3 x0) (3 x1) into scratch,
+ * replayed, must give 9. Where it does not, impl->no_graphs says why and
+ * every step runs op by op (capture_begin). */
+static int graphs_probe(cuda_impl_t *impl) {
+    float *x = impl->scratch, ones[2] = {1.0f, 1.0f}, y = 0.0f, one = 1.0f, zero = 0.0f;
+    cudaError_t e = cudaMemcpy(x, ones, sizeof ones, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess)
+        return graphs_refused(impl, "cudaMemcpy", e);
+    if ((e = cudaStreamBeginCapture(impl->stream, cudaStreamCaptureModeRelaxed)) != cudaSuccess)
+        return graphs_refused(impl, "cudaStreamBeginCapture", e);
+    if ((e = cudaMemsetAsync(x + 4, 0, 4 * sizeof(float), impl->stream)) != cudaSuccess)
+        return graphs_refused(impl, "cudaMemsetAsync in a capture", e);
+    if ((e = kern_scale(x, 2, 3.0f, impl->stream)) != cudaSuccess)
+        return graphs_refused(impl, "a kernel in a capture", e);
+    if (cublasSgemm(impl->blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, x, 1, x + 1, 1, &zero,
+                    x + 4, 1) != CUBLAS_STATUS_SUCCESS)
+        return graphs_refused(impl, "cublasSgemm in a capture", cudaErrorNotSupported);
+    if ((e = cudaMemcpyAsync(x + 8, x + 4, sizeof(float), cudaMemcpyDeviceToDevice,
+                             impl->stream)) != cudaSuccess)
+        return graphs_refused(impl, "cudaMemcpyAsync in a capture", e);
+    cudaGraph_t g = NULL;
+    if ((e = cudaStreamEndCapture(impl->stream, &g)) != cudaSuccess)
+        return graphs_refused(impl, "cudaStreamEndCapture", e);
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess)
+        return graphs_refused(impl, "cudaGraphInstantiate", e);
+    e = cudaGraphLaunch(exec, impl->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(impl->stream);
+    cudaGraphExecDestroy(exec);
+    if (e != cudaSuccess)
+        return graphs_refused(impl, "cudaGraphLaunch", e);
+    if ((e = cudaMemcpy(&y, x + 8, sizeof y, cudaMemcpyDeviceToHost)) != cudaSuccess)
+        return graphs_refused(impl, "cudaMemcpy", e);
+    if (y != 9.0f) {
+        snprintf(impl->no_graphs, sizeof impl->no_graphs,
+                 "a replayed test graph computed %g where 9 was expected", (double)y);
+        return AR_ERR;
+    }
+    return AR_OK;
+}
+
 /* Everything a backend sets up in its reservation (impl->reservation,
  * size bytes): the arena, its own scratch, its stream and cuBLAS handle,
  * and the op table. */
@@ -1764,6 +1828,7 @@ static backend_t *cuda_fork(backend_t *parent, size_t bytes, int n_threads, ar_e
     }
     impl->parent = parent;
     impl->check_ops = p->check_ops;
+    memcpy(impl->no_graphs, p->no_graphs, sizeof impl->no_graphs);
     be->batch_invariant = parent->batch_invariant;
     be->activations = parent->activations;
     be->graphs = parent->graphs;
@@ -1861,6 +1926,11 @@ backend_t *backend_cuda_create(int device, size_t reserve_bytes, ar_error_t *err
     if (impl->check_ops)
         fprintf(stderr, "arserve: cuda backend: ARSERVE_CUDA_CHECK=1: synchronising and checking "
                         "after every op (slower; a fault is blamed on the op that caused it)\n");
+    else if (graphs_probe(impl) != AR_OK)
+        fprintf(stderr,
+                "arserve: cuda backend: CUDA graphs do not work on device %d (%s): %s; steps run "
+                "op by op\n",
+                device, impl->device_name, impl->no_graphs);
     return be;
 
 fail:

@@ -95,6 +95,56 @@ static void test_with_graphs_a_fault_surfaces_when_the_step_runs(void) {
               "\"%s\" is not the step's launch or wait", err.msg);
 }
 
+/* Where the device cannot capture a graph (the probe at creation fails),
+ * the backend is made all the same and runs its steps op by op, with the
+ * same results: no graph launches, an upload per staged array. */
+static void test_a_device_without_graphs_runs_op_by_op(void) {
+    ar_error_t err = {{0}};
+    cuda_emu_refuse_capture(1);
+    backend_t *be = create_with(NULL, &err);
+    cuda_emu_refuse_capture(0);
+    CHECK_MSG(be != NULL, "%s", err.msg);
+    if (!be)
+        return;
+    CHECK(be->graphs == GRAPHS_ON); /* the setting stands; the device declines it */
+    float host[ROWS * DIM], out[ROWS * DIM];
+    for (int i = 0; i < ROWS * DIM; i++)
+        host[i] = (float)(i % 5);
+    float *x = be->alloc(be, sizeof host);
+    be->upload(be, x, host, sizeof host);
+    const int pos[ROWS] = {1, 2, 3};
+    backend_stats_t t, d;
+    backend_stats(be, &t);
+    be->scale(be, x, (size_t)ROWS * DIM, 2.0f);
+    be->rope(be, x, pos, ROWS, 2, DIM / 2, 10000.0f);
+    be->download(be, out, x, sizeof out);
+    backend_stats(be, &d);
+    CHECK_MSG(d.graph_launches == t.graph_launches && d.h2d_copies == t.h2d_copies + 1 &&
+                  d.syncs == t.syncs + 1,
+              "%llu graph launches, %llu uploads, %llu waits",
+              (unsigned long long)(d.graph_launches - t.graph_launches),
+              (unsigned long long)(d.h2d_copies - t.h2d_copies),
+              (unsigned long long)(d.syncs - t.syncs));
+    CHECK(backend_status(be, &err) == AR_OK);
+    CHECK(out[DIM * 2 + 1] != 0.0f || out[DIM * 2] != 0.0f); /* the ops ran */
+    be->destroy(be);
+    /* and a device that captures gets graphs: the same step, one graph launch */
+    be = create_with(NULL, &err);
+    CHECK_MSG(be != NULL, "%s", err.msg);
+    if (!be)
+        return;
+    x = be->alloc(be, sizeof host);
+    be->upload(be, x, host, sizeof host);
+    backend_stats(be, &t);
+    be->scale(be, x, (size_t)ROWS * DIM, 2.0f);
+    be->rope(be, x, pos, ROWS, 2, DIM / 2, 10000.0f);
+    be->download(be, host, x, sizeof host);
+    backend_stats(be, &d);
+    CHECK(d.graph_launches == t.graph_launches + 1);
+    CHECK_MSG(!memcmp(host, out, sizeof out), "graphs and op by op differ");
+    be->destroy(be);
+}
+
 /* A fault that an op's own later call already sees (matmul with a 16-bit
  * weight: the activation split faults, its GEMM fails) names the op too,
  * with the call that saw it. */
@@ -134,6 +184,7 @@ int main(void) {
     TEST_RUN(test_without_check_a_fault_is_blamed_on_a_later_op);
     TEST_RUN(test_check_names_the_op_that_faulted);
     TEST_RUN(test_with_graphs_a_fault_surfaces_when_the_step_runs);
+    TEST_RUN(test_a_device_without_graphs_runs_op_by_op);
     TEST_RUN(test_check_names_the_op_when_its_own_call_fails);
     TEST_RUN(test_check_refuses_other_values);
     return TEST_SUMMARY();

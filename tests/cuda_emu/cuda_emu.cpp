@@ -963,9 +963,18 @@ cudaError_t cuda_emu_capture(cudaStream_t stream, cuda_emu_node_kind kind,
     return cudaSuccess;
 }
 
+static int g_refuse_capture;
+
+void cuda_emu_refuse_capture(int refuse) {
+    std::lock_guard<std::mutex> lk(g_lock);
+    g_refuse_capture = refuse;
+}
+
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
     std::lock_guard<std::mutex> lk(g_lock);
     STICKY_CHECK();
+    if (g_refuse_capture)
+        return set_error(cudaErrorNotSupported);
     if (!stream_ok(stream) || mode > cudaStreamCaptureModeRelaxed)
         return set_error(cudaErrorInvalidValue);
     if (!stream) /* the legacy default stream cannot be captured */

@@ -291,6 +291,9 @@ void cuda_emu_fault_launch(unsigned long long after, cudaError_t error);
  * touches the device (a copy, a synchronisation, the next launch, a
  * cuBLAS call), sticky from then on. The kernel does not run. */
 void cuda_emu_fault_launch_async(unsigned long long after, cudaError_t error);
+/* With refuse set, cudaStreamBeginCapture fails with cudaErrorNotSupported,
+ * as on a driver or platform without stream capture. */
+void cuda_emu_refuse_capture(int refuse);
 
 #ifdef __cplusplus
 } /* extern "C" */
