@@ -21,8 +21,8 @@ fail() { failed=$((failed + 1)); echo "not ok  $1"; [ -n "${2:-}" ] && echo "  $
 export OMP_WAIT_POLICY=passive
 
 timeout 120 "$bin" --model "$model" --backend cuda --batch 2 --images 2 --reps 1 >"$tmp/table" 2>&1
-# every count of a batch size's per-step line, positive where it must be
-positive='per step: ([0-9.]+) launches \(([0-9.]+) kernels\), ([0-9.]+) host->device and ([0-9.]+) device->host copies \(([0-9.]+) KiB\), [0-9.]+ stream waits; peak device memory ([0-9.]+) MiB$'
+# every count of a batch size's per-step line, positive where it must be; one graph a step
+positive='per step: ([0-9.]+) launches \(([0-9.]+) kernels\), 1\.0 graph launches, ([0-9.]+) host->device and ([0-9.]+) device->host copies \(([0-9.]+) KiB\), [0-9.]+ stream waits; peak device memory ([0-9.]+) MiB$'
 grep -qE '^tiny-random on the cuda backend: ' "$tmp/table" &&
     [ "$(grep -cE "^batch +[12]: .*, [0-9]+% of the memory roofline$" "$tmp/table")" = 2 ] &&
     [ "$(grep -cE "$positive" "$tmp/table")" = 2 ] &&
