@@ -57,6 +57,22 @@ static __device__ __forceinline__ float dot_f32(const float *a, const float *b, 
     return s;
 }
 
+/* One round of the online softmax over the scores a warp holds (sc:
+ * -INFINITY where a lane has no key; at least one lane's is finite): the
+ * lane's probability (0 where invalid) into *pr, m and l updated (counted:
+ * whether this lane's probability joins the sum; a key scored by a group
+ * of lanes counts once). Returns the factor what was accumulated before
+ * is rescaled by (0 in the first round). */
+static __device__ __forceinline__ float softmax_round(float sc, bool valid, bool counted, float &m,
+                                                      float &l, float *pr) {
+    const float m_new = fmaxf(m, warp_max(sc));
+    const float rescale = expf(m - m_new);
+    *pr = valid ? expf(sc - m_new) : 0.0f;
+    l = l * rescale + warp_sum(counted ? *pr : 0.0f);
+    m = m_new;
+    return rescale;
+}
+
 /* ---- cache rows read by lane groups ------------------------------------------------ */
 
 /* Decode attention reads cache rows with groups of L lanes of a warp (L a
@@ -230,11 +246,8 @@ __global__ void attn_split_kernel(float *part, const float *q, kern_kv_pool_t p,
         const char *kr = k_row(p, table, valid ? j : base); /* every lane shuffles */
         const float dot = group_dot<DT>(qs, kr, sub, L, hd, it.k_scale, aligned);
         const float sc = valid ? dot * scale : -INFINITY;
-        const float m_new = fmaxf(m, warp_max(sc)); /* finite: key `base` is visible */
-        const float rescale = expf(m - m_new);      /* 0 in the first round */
-        const float pr = valid ? expf(sc - m_new) : 0.0f;
-        l = l * rescale + warp_sum(sub == 0 ? pr : 0.0f); /* each group's once */
-        m = m_new;
+        float pr; /* key `base` is visible: a finite score */
+        const float rescale = softmax_round(sc, valid, sub == 0, m, l, &pr);
         AR_UNROLL
         for (int i = 0; i < ATTN_ACC; i++)
             acc[i] *= rescale;
@@ -438,11 +451,8 @@ __global__ void attn_scale_kernel(float *out, float *stats, const float *q, cons
         const int j = tile + lane;
         const float s =
             j < n_keys ? scale_score(qs, p, table, it, k_new, n_heads, j) * scale : -INFINITY;
-        const float m_new = fmaxf(m, warp_max(s)); /* finite: key `tile` exists */
-        const float rescale = expf(m - m_new);     /* 0 on the first tile */
-        const float pr = j < n_keys ? expf(s - m_new) : 0.0f;
-        l = l * rescale + warp_sum(pr);
-        m = m_new;
+        float pr; /* key `tile` exists: a finite score */
+        const float rescale = softmax_round(s, j < n_keys, true, m, l, &pr);
         ps[lane] = pr;
         __syncthreads();
         for (int i = 0; i < ATTN_ACC; i++)
@@ -540,11 +550,8 @@ __global__ void attn_scale_tiled_kernel(float *out, float *stats, const float *q
                 dot += qw[d] * kr[d];
             sc = dot * scale;
         }
-        const float m_new = fmaxf(m, warp_max(sc)); /* finite: key `tile` exists */
-        const float rescale = expf(m - m_new);      /* 0 on the first tile */
-        const float pr = lane < nt ? expf(sc - m_new) : 0.0f;
-        l = l * rescale + warp_sum(pr);
-        m = m_new;
+        float pr; /* key `tile` exists: a finite score */
+        const float rescale = softmax_round(sc, lane < nt, true, m, l, &pr);
         pw[lane] = pr;
         __syncwarp();
         for (int i = 0; i < SCALE_TILE_MAX_HEAD_DIM / 32; i++)
@@ -652,11 +659,8 @@ __global__ void attn_dense_kernel(float *out, const float *q, const float *k, co
             if (bs)
                 sc += bs[j];
         }
-        const float m_new = fmaxf(m, warp_max(sc)); /* finite: key `tile` exists */
-        const float rescale = expf(m - m_new);      /* 0 on the first tile */
-        const float pr = j < n_keys ? expf(sc - m_new) : 0.0f;
-        l = l * rescale + warp_sum(pr);
-        m = m_new;
+        float pr; /* key `tile` exists: a finite score */
+        const float rescale = softmax_round(sc, j < n_keys, true, m, l, &pr);
         ps[lane] = pr;
         __syncthreads();
         for (int a = 0; a < ATTN_ACC; a++)

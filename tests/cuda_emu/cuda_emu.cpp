@@ -1076,21 +1076,18 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     return cudaSuccess;
 }
 
-cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
-    if (!graph || graph->magic != GRAPH_MAGIC)
+/* A graph or an instantiated graph, checked by its magic, then freed. */
+template <typename T> static cudaError_t destroy_handle(T *h, unsigned magic) {
+    if (!h || h->magic != magic)
         return set_error(cudaErrorInvalidValue);
-    graph->magic = DEAD_MAGIC;
-    delete graph;
+    h->magic = DEAD_MAGIC;
+    delete h;
     return cudaSuccess;
 }
 
-cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
-    if (!exec || exec->magic != EXEC_MAGIC)
-        return set_error(cudaErrorInvalidValue);
-    exec->magic = DEAD_MAGIC;
-    delete exec;
-    return cudaSuccess;
-}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) { return destroy_handle(graph, GRAPH_MAGIC); }
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) { return destroy_handle(exec, EXEC_MAGIC); }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
     if (!stream_ok(stream) || !event || event->magic != EVENT_MAGIC)
