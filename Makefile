@@ -512,7 +512,8 @@ test-bench-smoke: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUIL
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_reference_dtype.py
 	tests/cli/test_speed_bench_emu.sh $(BUILD)/speed_bench-emu $(TINY_MODEL) $(VENV)/bin/python \
 	    $(VAR_TINY_MODEL)
-	$(SMOKE_MAKE) -s bench-launches LAUNCH_COUNTS_ARGS="--modes bf16 --graphs on --batch 2"
+	$(SMOKE_MAKE) -s bench-launches LAUNCH_COUNTS_ARGS="--modes bf16 --graphs on --batch 2 \
+	    --next-scale $(VAR_TINY_MODEL) --next-scale-batch 2"
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_gpu_bench.py $(BUILD)
 	tests/cli/test_bench_smoke.sh "$(SMOKE_MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 

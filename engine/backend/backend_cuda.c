@@ -482,7 +482,8 @@ static void stage_reset(cuda_impl_t *impl) {
 }
 
 /* The instantiated graph to launch g with: one of the same node count
- * updated to g, else g instantiated in the least recently used slot. */
+ * updated to g, else g instantiated in the least recently used slot; the
+ * slot is marked used by the coming launch. */
 static cudaGraphExec_t graph_exec_for(backend_t *be, cudaGraph_t g) {
     cuda_impl_t *impl = impl_of(be);
     size_t nodes = 0;
@@ -495,6 +496,7 @@ static cudaGraphExec_t graph_exec_for(backend_t *be, cudaGraph_t g) {
             cudaGraphExecUpdateResultInfo info;
             if (cudaGraphExecUpdate(sl->exec, g, &info) == cudaSuccess) {
                 impl->counts.graph_updates++;
+                sl->used = impl->counts.graph_launches + 1;
                 return sl->exec;
             }
             (void)cudaGetLastError(); /* a refused update is not a failure: instantiate */
@@ -510,6 +512,7 @@ static cudaGraphExec_t graph_exec_for(backend_t *be, cudaGraph_t g) {
     if (CUDA_CHECK(be, cudaGraphInstantiate(&lru->exec, g, 0)) != AR_OK)
         return NULL;
     lru->nodes = nodes;
+    lru->used = impl->counts.graph_launches + 1;
     impl->counts.graph_builds++;
     return lru->exec;
 }
@@ -527,9 +530,6 @@ static void step_submit(backend_t *be) {
     if (CUDA_CHECK(be, cudaStreamEndCapture(impl->stream, &g)) != AR_OK || !g)
         return;
     cudaGraphExec_t exec = errors ? NULL : graph_exec_for(be, g);
-    for (int i = 0; exec && i < GRAPH_CACHE; i++)
-        if (impl->graphs[i].exec == exec)
-            impl->graphs[i].used = impl->counts.graph_launches + 1;
     if (exec && impl->stage_used > impl->stage_sent &&
         copy_async(be, impl->stage_dev + impl->stage_sent, impl->stage_host + impl->stage_sent,
                    impl->stage_used - impl->stage_sent, cudaMemcpyHostToDevice) != AR_OK)
