@@ -161,7 +161,7 @@ VAR_MODEL  := models/shapes-var
         test-integration-asan test-sanitizers test-backend \
         test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
         format format-check info bench bench-kv bench-scale bench-serve bench-gemm bench-conv bench-launches help \
-        playground-screenshot test-bench-smoke
+        playground-screenshot test-bench-smoke bench-smoke-emu bench-smoke-torch
 
 all: info $(BUILD)/arserve
 
@@ -488,7 +488,7 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/
 # ShapesEval scorer and runner, and the shipped model (models/shapes) drawing
 # its expected PNG and passing a small ShapesEval with build/arserve.
 test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
-	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_SLOW_MODEL=$(SLOW_MODEL) $(VENV)/bin/python -m pytest -q -rP tests/python
+	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_SLOW_MODEL=$(SLOW_MODEL) $(VENV)/bin/python -m pytest -q -rP -n 2 tests/python
 
 # Every bench target the suites above do not run, for seconds each, through its
 # own recipe (tests/cli/test_bench_smoke.sh): make bench on the demo model, its
@@ -504,16 +504,20 @@ test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
 # make reaches the script through SMOKE_MAKE, not $(MAKE) in the recipe
 # itself, so that `make -n` does not run the script (it runs any recipe line
 # that names $(MAKE)).
+# Two halves, which make -j runs beside each other: the emulator's (no torch)
+# while the torch side's virtual environment installs (95 s on a 2-core AVX2
+# machine, the first time).
 SMOKE_MAKE = $(MAKE)
-test-bench-smoke: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUILD)/gemm_bench $(BUILD)/conv_bench \
-                  $(BUILD)/speed_bench-emu $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json \
-                  $(VENV)/.stamp $(BENCH_CPU_VENV)/.stamp
-	$(BENCH_CPU_VENV)/bin/python tests/bench/test_sample_next.py
-	$(BENCH_CPU_VENV)/bin/python tests/bench/test_reference_dtype.py
+test-bench-smoke: bench-smoke-emu bench-smoke-torch
+bench-smoke-emu: $(BUILD)/speed_bench-emu $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json $(VENV)/.stamp
 	tests/cli/test_speed_bench_emu.sh $(BUILD)/speed_bench-emu $(TINY_MODEL) $(VENV)/bin/python \
 	    $(VAR_TINY_MODEL)
 	$(SMOKE_MAKE) -s bench-launches LAUNCH_COUNTS_ARGS="--modes bf16 --graphs on --batch 2 \
 	    --next-scale $(VAR_TINY_MODEL) --next-scale-batch 2"
+bench-smoke-torch: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUILD)/gemm_bench $(BUILD)/conv_bench \
+                   $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json $(VENV)/.stamp $(BENCH_CPU_VENV)/.stamp
+	$(BENCH_CPU_VENV)/bin/python tests/bench/test_sample_next.py
+	$(BENCH_CPU_VENV)/bin/python tests/bench/test_reference_dtype.py
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_gpu_bench.py $(BUILD)
 	tests/cli/test_bench_smoke.sh "$(SMOKE_MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 
