@@ -161,7 +161,7 @@ VAR_MODEL  := models/shapes-var
         test-integration-asan test-sanitizers test-backend \
         test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
         format format-check info bench bench-kv bench-scale bench-serve bench-gemm bench-conv bench-launches help \
-        playground-screenshot test-bench-smoke bench-smoke-emu bench-smoke-torch
+        playground-screenshot test-bench-smoke bench-smoke-emu bench-smoke-torch bench-smoke-targets
 
 all: info $(BUILD)/arserve
 
@@ -504,21 +504,24 @@ test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
 # make reaches the script through SMOKE_MAKE, not $(MAKE) in the recipe
 # itself, so that `make -n` does not run the script (it runs any recipe line
 # that names $(MAKE)).
-# Two halves, which make -j runs beside each other: the emulator's (no torch)
+# Three parts, which make -j runs beside each other: the emulator's (no torch)
 # while the torch side's virtual environment installs (95 s on a 2-core AVX2
-# machine, the first time).
+# machine, the first time), then the torch side's tests beside the bench
+# targets' smoke runs.
 SMOKE_MAKE = $(MAKE)
-test-bench-smoke: bench-smoke-emu bench-smoke-torch
+SMOKE_DEPS = $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUILD)/gemm_bench $(BUILD)/conv_bench \
+             $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json $(VENV)/.stamp $(BENCH_CPU_VENV)/.stamp
+test-bench-smoke: bench-smoke-emu bench-smoke-torch bench-smoke-targets
 bench-smoke-emu: $(BUILD)/speed_bench-emu $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json $(VENV)/.stamp
 	tests/cli/test_speed_bench_emu.sh $(BUILD)/speed_bench-emu $(TINY_MODEL) $(VENV)/bin/python \
 	    $(VAR_TINY_MODEL)
 	$(SMOKE_MAKE) -s bench-launches LAUNCH_COUNTS_ARGS="--modes bf16 --graphs on --batch 2 \
 	    --next-scale $(VAR_TINY_MODEL) --next-scale-batch 2"
-bench-smoke-torch: $(BUILD)/arserve $(BUILD)/speed_bench $(BUILD)/kv_bench $(BUILD)/gemm_bench $(BUILD)/conv_bench \
-                   $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json $(VENV)/.stamp $(BENCH_CPU_VENV)/.stamp
+bench-smoke-torch: $(SMOKE_DEPS)
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_sample_next.py
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_reference_dtype.py
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_gpu_bench.py $(BUILD)
+bench-smoke-targets: $(SMOKE_DEPS)
 	tests/cli/test_bench_smoke.sh "$(SMOKE_MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
