@@ -157,7 +157,7 @@ VAR_TINY_MODEL := $(BUILD)/var-tiny-model
 # multiscale demo model.
 VAR_MODEL  := models/shapes-var
 
-.PHONY: all deps test test-unit test-cli test-integration test-integration-tsan test-python \
+.PHONY: all deps test test-unit test-cli test-integration test-integration-release test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
         test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
         format format-check info bench bench-kv bench-scale bench-serve bench-gemm bench-conv bench-launches help \
@@ -330,7 +330,7 @@ $(ASAN_SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_writ
 
 # Every suite, one stage after another (tests/run_stages.sh stops at the
 # first that fails and ends with each stage's seconds).
-TEST_STAGES := deps format-check all test-unit test-cli test-integration test-integration-tsan \
+TEST_STAGES := deps format-check all test-unit test-cli test-integration-release test-integration-tsan \
                test-python test-backend test-gpu-kit test-dockerfile test-sanitizers test-fuzz \
                test-bench-smoke
 test:
@@ -531,11 +531,22 @@ bench-smoke-targets: $(SMOKE_DEPS)
 # at a time (the sanitizer passes too); every time bound is scaled by the
 # machine's speed measured with that many generating at once.
 INTEGRATION_WORKERS ?= 2
+INTEGRATION_SELECT  ?=
 test-integration: all $(BUILD)/arserve-leaky $(TINY_MODEL)/arserve.json $(SLOW_MODEL)/arserve.json \
                   $(VENV)/.stamp
 	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_LEAKY_BIN=$(BUILD)/arserve-leaky ARSERVE_TINY_MODEL=$(TINY_MODEL) \
 		ARSERVE_SLOW_MODEL=$(SLOW_MODEL) ARSERVE_VAR_MODEL=$(VAR_MODEL) \
-		$(VENV)/bin/python -m pytest -q tests/integration -n $(INTEGRATION_WORKERS) --dist loadfile
+		$(VENV)/bin/python -m pytest -q tests/integration -n $(INTEGRATION_WORKERS) --dist loadfile \
+		$(INTEGRATION_SELECT)
+
+# make test's release pass: what the sanitizer passes below leave out (the
+# soak, the external clients, the release_build suites; 80 s against 145 s for
+# the whole suite on a 2-core machine). Every other integration test runs on
+# the AddressSanitizer + UndefinedBehaviorSanitizer build (test-sanitizers),
+# which answers for the same code paths and more; `make test-integration`
+# still runs all of them on this build.
+test-integration-release:
+	$(MAKE) INTEGRATION_SELECT='-m "soak or clients or release_build"' test-integration
 
 # The README's picture of the playground page (GET /): the browser test's
 # compare-mode screenshot, in headless Chromium against the demo model.
@@ -556,9 +567,9 @@ TSAN_BUILD := $(BUILD)-tsan
 # The integration suite under a sanitizer: without the soak tests (RSS under a
 # sanitizer means nothing), the external clients (locust, wrk, Chromium: the
 # routes they drive are covered by the rest, and they cost a minute), and the
-# suites whose subject is Python (the load client, test_bench.py; the docs'
-# tables, test_kv_docs.py): 80 s under ThreadSanitizer on a 2-core AVX2 machine
-# for no daemon path the rest miss. The ThreadSanitizer pass leaves out the
+# release_build suites (make run's build, the nginx proxy, the load client, the
+# docs' tables: tests/integration/pytest.ini): 80 s under ThreadSanitizer on a
+# 2-core AVX2 machine for no daemon path the rest miss. The ThreadSanitizer pass leaves out the
 # models' and the KV policies' suites too (TSAN_SKIP): the engine runs on one
 # thread there, beside the same scheduler and HTTP threads whichever model or
 # policy it runs, and the AddressSanitizer pass runs them.
@@ -568,13 +579,11 @@ TSAN_BUILD := $(BUILD)-tsan
 # there against 75 s); the AddressSanitizer one the slow model itself (4.5 s an
 # image there; the small one's 0.8 s, its eight images in a batch 0.8 s
 # together, is too quick for the tests that need a request still running).
-SANITIZED_SKIP = test_make_run test_nginx test_bench test_kv_docs
 TSAN_SKIP      = test_infinity_model test_scale_model test_llamagen_model test_token_counter \
                  test_kv_policies test_heatkv_admission test_elastic_budget
 SANITIZED_SUITE = ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_VAR_MODEL=$(VAR_MODEL) \
 	$(VENV)/bin/python -m pytest -q tests/integration \
-	-n $(INTEGRATION_WORKERS) --dist loadfile -m "not soak and not clients" \
-	$(foreach t,$(SANITIZED_SKIP),--ignore=tests/integration/$(t).py)
+	-n $(INTEGRATION_WORKERS) --dist loadfile -m "not soak and not clients and not release_build"
 test-integration-tsan: $(TINY_MODEL)/arserve.json $(SANITIZER_SLOW_MODEL)/arserve.json $(VENV)/.stamp
 	$(MAKE) SANITIZER=thread BUILD=$(TSAN_BUILD) all
 	OMP_NUM_THREADS=1 TSAN_OPTIONS="second_deadlock_stack=1" ARSERVE_BIN=$(TSAN_BUILD)/arserve \
@@ -746,13 +755,21 @@ bench: $(BENCH_TORCH_DEPS) $(BUILD)/speed_bench $(BUILD)/arserve $(filter $(BUIL
 # the four libraries it links that the CUDA toolkit lacks (about 50 s, 2.1 GB).
 # Where torch does not load even so (no CUDA toolkit on the loader's path),
 # pip adds the rest of its dependencies (80 s in all, the toolkit hidden).
+# The torch venv installs without compiling every module pip writes
+# (--no-compile: torch alone has 9,000, 45 s of a 2-core machine's CPU); the
+# warm-up import after it compiles, once, the modules the tests import, which
+# PYTHONDONTWRITEBYTECODE (set on some machines) would otherwise have every
+# run compile again.
+PIP_INSTALL = pip install -q --disable-pip-version-check --no-compile
+PY_WARM     = env -u PYTHONDONTWRITEBYTECODE
 $(BENCH_CPU_VENV)/.stamp: bench/requirements-torch-cpu.txt
 	@[ -x $(BENCH_CPU_VENV)/bin/python ] || $(PYTHON) -m venv $(BENCH_CPU_VENV)
-	$(BENCH_CPU_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r bench/requirements-torch-cpu.txt
-	@$(BENCH_CPU_VENV)/bin/python -c 'import torch; torch.ones(2) @ torch.ones(2)' 2>/dev/null || { \
+	$(BENCH_CPU_VENV)/bin/$(PIP_INSTALL) --no-deps -r bench/requirements-torch-cpu.txt
+	@$(PY_WARM) $(BENCH_CPU_VENV)/bin/python -c 'import torch; torch.ones(2) @ torch.ones(2)' 2>/dev/null || { \
 		echo "$(BENCH_CPU_VENV): torch does not load with this machine's CUDA libraries; installing its CUDA wheels"; \
-		$(BENCH_CPU_VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements-torch-cpu.txt; }
-	$(BENCH_CPU_VENV)/bin/python -c 'import torch; torch.ones(2) @ torch.ones(2)'
+		$(BENCH_CPU_VENV)/bin/$(PIP_INSTALL) -r bench/requirements-torch-cpu.txt; }
+	$(PY_WARM) $(BENCH_CPU_VENV)/bin/python -c 'import numpy, PIL.Image, torch, safetensors.torch; \
+	    from transformers import JanusForConditionalGeneration; torch.ones(2) @ torch.ones(2)'
 	@touch $@
 
 bench-kv: $(BUILD)/kv_bench $(VENV)/.stamp

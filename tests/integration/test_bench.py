@@ -16,6 +16,9 @@ import pytest
 from conftest import (ARSERVE_BIN, SLOW_MODEL, TINY_MODEL, Daemon, clean_env, free_port, model_info,
                       scaled)
 
+# The subject is the load client (Python): the release build only.
+pytestmark = pytest.mark.release_build
+
 # The keys of a run's report a user compares across runs (vLLM's benchmark_serving
 # names where they apply), and the latency metrics each have mean/median/std/pNN of.
 REPORT_KEYS = ("label", "source", "arrival", "request_rate", "num_requests", "duration",

@@ -16,6 +16,9 @@ import pytest
 
 from conftest import ARSERVE_BIN, REPO, Daemon, clean_env, repo_path, scaled
 
+# The subject is the docs' tables: the release build only.
+pytestmark = pytest.mark.release_build
+
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import kv_knob_docs  # noqa: E402
 

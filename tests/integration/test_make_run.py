@@ -14,6 +14,9 @@ import pytest
 from conftest import (HTTP_TIMEOUT, REPO, b64_png_size, clean_env, free_port, png_size,
                       sanitizer_reports, scaled)
 
+# `make run` builds and serves the ordinary binary: the release build only.
+pytestmark = pytest.mark.release_build
+
 # make run may have to build first (it runs `make deps all`): the reference
 # machine's seconds, scaled() like every bound.
 MAKE_RUN_START = 240

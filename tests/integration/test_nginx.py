@@ -13,6 +13,9 @@ import pytest
 
 from conftest import HTTP_TIMEOUT, SLOW_MODEL, Daemon, free_port, repo_path, scaled
 
+# nginx adds a proxy, not a daemon path the drain tests miss: the release build only.
+pytestmark = pytest.mark.release_build
+
 GEN = "/v1/images/generations"
 
 
