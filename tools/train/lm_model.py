@@ -183,7 +183,7 @@ class JanusLM(nn.Module):
 
     def rope_tables(self, pos):
         D = self.llm_cfg["head_dim"]
-        inv = 1.0 / self.llm_cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+        inv = 1.0 / self.llm_cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64, device=pos.device) / D)
         ang = pos.to(torch.float64)[..., None] * inv
         ang = torch.cat([ang, ang], -1)
         return ang.cos().float()[:, None], ang.sin().float()[:, None]  # [B, 1, T, D]
@@ -195,10 +195,11 @@ class JanusLM(nn.Module):
         B, P = ids.shape
         x = torch.cat([self.llm.embed(ids), self.gen.align(image[:, :-1])], 1)
         T = x.shape[1]
-        keep = torch.cat([valid, torch.ones(B, T - P, dtype=torch.bool)], 1)
+        dev = ids.device
+        keep = torch.cat([valid, torch.ones(B, T - P, dtype=torch.bool, device=dev)], 1)
         pos = (keep.long().cumsum(1) - 1).clamp(min=0)
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
-        mask = (causal[None] & keep[:, None, :]) | torch.eye(T, dtype=torch.bool)[None]
+        causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+        mask = (causal[None] & keep[:, None, :]) | torch.eye(T, dtype=torch.bool, device=dev)[None]
         cos, sin = self.rope_tables(pos)
         mask = mask[:, None]
         for layer in self.llm.layers:

@@ -8,7 +8,10 @@ holds), for language-model training.
 
 OUT holds `tokens`, uint16 [N, 16, 16] (raster order: row by row), aligned with the
 records of the shards in order, and `captions` (the records' captions). Shows the
-reconstruction PSNR of the first images as a check. Needs torch and numpy.
+reconstruction PSNR of the first images as a check. The encoder runs on --device (F32
+there too: the tokens are the same on every machine, up to ties); a code-book checkpoint's
+tokens come from numpy on the CPU, in --workers processes. OUT is written whole or not at
+all (through a temporary file). Needs torch and numpy.
 """
 
 import argparse
@@ -25,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from export_vq import load_model  # noqa: E402
+from train_util import pick_device, worker_pool  # noqa: E402
 from vq_model import to_u8, tokenize_u8  # noqa: E402
 from tools.shapes.dataset import load_shards  # noqa: E402
 
@@ -36,25 +40,41 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes that encode with a code-book checkpoint's code book")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     a = ap.parse_args(argv)
+    if a.workers < 1:
+        ap.error("--workers must be >= 1")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device")
+    with worker_pool(a.workers) as pool:
+        return tokenize(a, pool)
+
+
+def tokenize(a, pool):
     torch.set_num_threads(a.threads)
     model, ck = load_model(a.ckpt)
+    model.to(pick_device(a.device))
     records, images = load_shards(a.data)
     toks = np.zeros((len(images),) + (images.shape[1] >> (len(ck["config"]["channel_multiplier"]) - 1),) * 2,
                     np.uint16)
     t0 = time.time()
     with torch.no_grad():
         for i in range(0, len(images), a.batch):
-            toks[i : i + a.batch] = tokenize_u8(model, images[i : i + a.batch], ck.get("codebook_masks")).numpy()
+            toks[i : i + a.batch] = tokenize_u8(model, images[i : i + a.batch], ck.get("codebook_masks"), pool).cpu().numpy()
             if i // a.batch % 20 == 0:
                 print("%d / %d (%.0f s)" % (i, len(images), time.time() - t0), flush=True)
         n = min(64, len(images))
-        rec = to_u8(model.decode_indices(torch.from_numpy(toks[:n].astype(np.int64)))).numpy()
+        idx = torch.from_numpy(toks[:n].astype(np.int64)).to(model.codebook.weight.device)
+        rec = to_u8(model.decode_indices(idx)).cpu().numpy()
     mse = ((rec.astype(np.float64) - images[:n]) ** 2).mean()
-    np.savez_compressed(a.out, tokens=toks, captions=np.array([r["caption"] for r in records]))
+    tmp = a.out + ".tmp.npz"
+    np.savez_compressed(tmp, tokens=toks, captions=np.array([r["caption"] for r in records]))
+    os.replace(tmp, a.out)
     print("wrote %s: %d token grids %s, %d distinct codes; PSNR of the first %d: %.2f dB" % (
         a.out, len(toks), toks.shape[1:], len(np.unique(toks)), n, 10 * math.log10(255.0 ** 2 / mse)))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

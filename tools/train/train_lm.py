@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -41,7 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from lm_model import DEFAULT_IMAGE, DEFAULT_LLM, JanusLM  # noqa: E402
-from train_util import log, lr_at, save  # noqa: E402
+from train_util import (EXIT_TIME_LIMIT, WallClock, add_run_args, autocast, check_run_args,  # noqa: E402
+                        describe_device, log, lr_at, pick_device, save)
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from make_tiny_model import word_level_tokenizer  # noqa: E402
@@ -61,15 +63,45 @@ def tokenizer_json(vocab_size):
     return word_level_tokenizer(SPECIALS, vocabulary_words(), vocab_size)
 
 
-def encode_prompts(tok_json, captions):
-    """(cond rows, uncond rows) of token ids, as the engine builds them."""
-    from tokenizers import Tokenizer
-    tok = Tokenizer.from_str(json.dumps(tok_json))
+def word_level_ids(tok_json, text):
+    """What the tokenizers package's encode(text, add_special_tokens=False).ids gives for a
+    tokenizer_json(), in plain Python, for machines without that package: the added (special)
+    tokens are matched verbatim first; the rest is lower-cased (the Lowercase normalizer), split
+    into runs of word characters and runs of other non-space characters (the Whitespace
+    pre-tokenizer), and each piece looked up, [UNK] if absent."""
+    vocab = tok_json["model"]["vocab"]
+    unk = vocab[tok_json["model"]["unk_token"]]
+    specials = sorted((t["content"] for t in tok_json["added_tokens"]), key=len, reverse=True)
+    parts = re.split("(" + "|".join(re.escape(t) for t in specials) + ")", text)
+    ids = []
+    for i, part in enumerate(parts):
+        if i % 2:
+            ids.append(vocab[part])
+        else:
+            ids.extend(vocab.get(w, unk) for w in re.findall(r"\w+|[^\w\s]+", part.lower()))
+    return ids
+
+
+def encode_prompts(tok_json, captions, use_package=True):
+    """(cond rows, uncond rows) of token ids, as the engine builds them. Through the tokenizers
+    package when it is installed (and use_package), else word_level_ids."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        use_package = False
+    if use_package:
+        tok = Tokenizer.from_str(json.dumps(tok_json))
+
+        def encode(text):
+            return tok.encode(text, add_special_tokens=False).ids
+    else:
+        def encode(text):
+            return word_level_ids(tok_json, text)
     v = tok_json["model"]["vocab"]
     bos, pad, boi, unk = v["<bos>"], v["<pad>"], v["<begin_of_image>"], v["[UNK]"]
     cond, uncond = [], []
     for c in captions:
-        ids = tok.encode(TEMPLATE.replace("{prompt}", str(c)), add_special_tokens=False).ids
+        ids = encode(TEMPLATE.replace("{prompt}", str(c)))
         if unk in ids:
             raise ValueError("caption %r has words outside the vocabulary" % c)
         row = [bos] + ids + [boi]
@@ -97,11 +129,13 @@ def batch_rows(cond, uncond, grids, idx, drop, pad):
 
 @torch.no_grad()
 def held_out_loss(model, cond, grids, pad, bs=32):
+    """Mean cross-entropy per image token of the rows (F32 on every device)."""
     model.eval()
+    dev = model.gen.embed.weight.device
     tot, n = 0.0, 0
     for i in range(0, len(cond), bs):
         idx = np.arange(i, min(i + bs, len(cond)))
-        ids, valid, image = batch_rows(cond, cond, grids, idx, np.zeros(len(idx), bool), pad)
+        ids, valid, image = (t.to(dev) for t in batch_rows(cond, cond, grids, idx, np.zeros(len(idx), bool), pad))
         logits = model(ids, valid, image)
         tot += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), image.reshape(-1), reduction="sum"))
         n += image.numel()
@@ -133,9 +167,12 @@ def main(argv=None):
                     help="image codes the generation head predicts (the VQ's codebook size)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
+    add_run_args(ap)
     a = ap.parse_args(argv)
+    check_run_args(ap, a)
 
     torch.set_num_threads(a.threads)
+    dev = pick_device(a.device)
     os.makedirs(a.out, exist_ok=True)
     logf, ckpt_path = os.path.join(a.out, "train.log"), os.path.join(a.out, "ckpt.pt")
     tok_path = os.path.join(a.out, "tokenizer.json")
@@ -166,7 +203,7 @@ def main(argv=None):
     val_cond, _ = encode_prompts(tok_json, val_captions)
 
     torch.manual_seed(a.seed)
-    model = JanusLM(llm_cfg, image_cfg)
+    model = JanusLM(llm_cfg, image_cfg).to(dev)
     decay = [p for n, p in model.named_parameters() if p.ndim == 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim == 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
@@ -187,11 +224,17 @@ def main(argv=None):
             len(cond), len(val_cond), min(map(len, cond)), max(map(len, cond))))
         with open(os.path.join(a.out, "val.csv"), "w") as f:
             f.write("step,val_loss,val_ppl\n")
+    log(logf, "device %s" % describe_device(dev))
+    clock = WallClock(a.max_minutes, a.ckpt_minutes)
 
     def checkpoint(path):
         save(path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                     "llm": llm_cfg, "image": image_cfg, "args": vars(a)})
+        if path == ckpt_path:
+            clock.checkpointed()
+        return step
 
+    saved = step
     t_last, n_last, acc = time.time(), 0, 0.0
     end = min(a.steps, a.stop_at) if a.stop_at else a.steps
     while step < end:
@@ -200,9 +243,10 @@ def main(argv=None):
         rng = np.random.default_rng([a.seed, step])
         idx = rng.integers(0, len(cond), a.batch)
         drop = rng.random(a.batch) < a.uncond_prob
-        ids, valid, image = batch_rows(cond, uncond, grids, idx, drop, pad)
-        logits = model(ids, valid, image)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), image.reshape(-1))
+        ids, valid, image = (t.to(dev) for t in batch_rows(cond, uncond, grids, idx, drop, pad))
+        with autocast(dev):
+            logits = model(ids, valid, image)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), image.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -214,8 +258,8 @@ def main(argv=None):
             log(logf, "step %d lr %.2e loss %.4f %.2f s/step" % (
                 step, lr_at(step - 1, a), acc / n_last, (time.time() - t_last) / n_last))
             t_last, n_last, acc = time.time(), 0, 0.0
-        if step % a.ckpt_every == 0 or step == end:
-            checkpoint(ckpt_path)
+        if step % a.ckpt_every == 0 or step == end or clock.ckpt_due():
+            saved = checkpoint(ckpt_path)
         if step % a.eval_every == 0 or step == a.steps:
             t0 = time.time()
             vl = held_out_loss(model, val_cond, val_grids, pad)
@@ -226,8 +270,15 @@ def main(argv=None):
             if step % 1000 == 0:
                 checkpoint(os.path.join(a.out, "ckpt-%06d.pt" % step))
             t_last, n_last, acc = time.time(), 0, 0.0
+        if step < end and clock.out_of_time():
+            if saved != step:
+                saved = checkpoint(ckpt_path)
+            log(logf, "stopped at step %d of %d after %.1f minutes (--max-minutes %g); the same command "
+                "with --resume continues" % (step, end, clock.minutes(), a.max_minutes))
+            return EXIT_TIME_LIMIT
     log(logf, "done at step %d" % step)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

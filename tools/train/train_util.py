@@ -1,10 +1,18 @@
-"""What the training scripts share: the learning-rate schedule, the log, atomic checkpoints."""
+"""What the training scripts share: the learning-rate schedule, the log, atomic checkpoints,
+and how a run uses its machine (--device, bf16 autocast on CUDA) and its wall clock
+(--max-minutes, --ckpt-minutes)."""
 
+import contextlib
 import math
+import multiprocessing
 import os
 import time
 
 import torch
+
+# The exit status of a run that stopped at --max-minutes after writing its checkpoint: the
+# same command continues it (sysexits.h's EX_TEMPFAIL, "try again later").
+EXIT_TIME_LIMIT = 75
 
 
 def lr_at(step, a):
@@ -29,3 +37,89 @@ def save(path, obj):
     tmp = path + ".tmp"
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def add_run_args(ap):
+    """The flags every training script takes for its machine and its wall clock."""
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="auto: CUDA when torch sees a GPU, else the CPU. On CUDA the forward "
+                         "and loss run under bf16 autocast and TF32 is allowed; on the CPU "
+                         "everything stays F32, as before")
+    ap.add_argument("--max-minutes", type=float, default=0.0,
+                    help="stop after the first step that ends past this many minutes of wall "
+                         "time, with its checkpoint written (exit status %d); the same command "
+                         "with --resume continues; 0 = no limit" % EXIT_TIME_LIMIT)
+    ap.add_argument("--ckpt-minutes", type=float, default=0.0,
+                    help="also write OUT/ckpt.pt whenever this many minutes have passed since "
+                         "the last one (besides every --ckpt-every steps); 0 = off")
+
+
+def check_run_args(ap, a):
+    """Refuses what add_run_args' flags cannot mean, through ap.error (exit status 2)."""
+    if a.max_minutes < 0 or a.ckpt_minutes < 0:
+        ap.error("--max-minutes and --ckpt-minutes must be >= 0")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch %s sees no CUDA device (torch.cuda.is_available() is "
+                 "false)" % torch.__version__)
+
+
+def pick_device(name):
+    """torch.device for --device; on CUDA, TF32 matrix products and convolutions are allowed."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    return dev
+
+
+def autocast(dev):
+    """bf16 autocast on CUDA; nothing on the CPU (F32 there, bit for bit what it was)."""
+    if dev.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def describe_device(dev):
+    if dev.type == "cuda":
+        return "cuda (%s, bf16 autocast, TF32 allowed)" % torch.cuda.get_device_name(dev)
+    return "cpu (%d threads, F32)" % torch.get_num_threads()
+
+
+class WallClock:
+    """When a run checkpoints by time (--ckpt-minutes) and when it must stop (--max-minutes)."""
+
+    def __init__(self, max_minutes, ckpt_minutes):
+        self.start = self.last_ckpt = time.monotonic()
+        self.max_s = max_minutes * 60.0
+        self.ckpt_s = ckpt_minutes * 60.0
+
+    def checkpointed(self):
+        """Call after every write of OUT/ckpt.pt: the next timed one is ckpt_s from now."""
+        self.last_ckpt = time.monotonic()
+
+    def ckpt_due(self):
+        return self.ckpt_s > 0 and time.monotonic() - self.last_ckpt >= self.ckpt_s
+
+    def out_of_time(self):
+        return self.max_s > 0 and time.monotonic() - self.start >= self.max_s
+
+    def minutes(self):
+        return (time.monotonic() - self.start) / 60.0
+
+
+@contextlib.contextmanager
+def worker_pool(n):
+    """A pool of n forked processes for numpy work (None when n <= 1), ended on exit. Made
+    before the run touches CUDA: the children never do."""
+    if n <= 1:
+        yield None
+        return
+    pool = multiprocessing.get_context("fork").Pool(n)
+    try:
+        yield pool
+    finally:
+        pool.terminate()
+        pool.join()

@@ -83,7 +83,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from vq_model import VQModel, init_reference_channels, to_model_input, to_u8, tokenize_u8  # noqa: E402
-from train_util import log, lr_at, save  # noqa: E402
+from train_util import (EXIT_TIME_LIMIT, WallClock, add_run_args, autocast, check_run_args,  # noqa: E402
+                        describe_device, log, lr_at, pick_device, save, worker_pool)
 from tools.shapes.dataset import load_shards  # noqa: E402
 from tools.shapes import codebook as shapes_codebook  # noqa: E402
 
@@ -125,8 +126,8 @@ def evaluate(model, val, bs=32, masks=None):
     for i in range(0, len(val), bs):
         u8 = val[i : i + bs]
         idx = tokenize_u8(model, u8, masks)
-        counts += torch.bincount(idx.flatten(), minlength=len(counts)).float()
-        rec = to_u8(model.decode_indices(idx)).numpy().astype(np.float64)
+        counts += torch.bincount(idx.flatten(), minlength=len(counts)).float().cpu()
+        rec = to_u8(model.decode_indices(idx)).cpu().numpy().astype(np.float64)
         mse = ((rec - u8.astype(np.float64)) ** 2).reshape(len(u8), -1).mean(1)
         se.extend(mse.tolist())
         psnrs.extend((10 * np.log10(255.0 ** 2 / np.maximum(mse, 1e-10))).tolist())
@@ -141,20 +142,21 @@ def kmeans_init(model, images, a, logf, n_vectors=65536):
     """Spherical k-means of encoder outputs into the codebook."""
     t0 = time.time()
     model.eval()
+    dev = model.codebook.weight.device
     rng = np.random.default_rng([a.seed, 7])
     pick = rng.choice(len(images), min(a.kmeans_images, len(images)), replace=False)
     e, k = model.cfg["embed_dim"], model.cfg["codebook_size"]
-    vecs = torch.cat([model.encode(to_model_input(images[np.sort(pick[i : i + 32])])).permute(0, 2, 3, 1).reshape(-1, e)
+    vecs = torch.cat([model.encode(to_model_input(images[np.sort(pick[i : i + 32])]).to(dev)).permute(0, 2, 3, 1).reshape(-1, e)
                       for i in range(0, len(pick), 32)])
-    g = torch.Generator().manual_seed(a.seed)
-    vecs = vecs[torch.randperm(len(vecs), generator=g)[:n_vectors]]
-    cent = vecs[torch.randperm(len(vecs), generator=g)[:k]].clone()
+    g = torch.Generator().manual_seed(a.seed)  # on the CPU, so the draws do not depend on the device
+    vecs = vecs[torch.randperm(len(vecs), generator=g)[:n_vectors].to(dev)]
+    cent = vecs[torch.randperm(len(vecs), generator=g)[:k].to(dev)].clone()
     for _ in range(a.kmeans_iters):
         assign = torch.cat([torch.argmax(c @ cent.t(), 1) for c in vecs.split(8192)])
         sums = torch.zeros_like(cent).index_add_(0, assign, vecs)
         counts = torch.bincount(assign, minlength=k)
         empty = (counts == 0).nonzero().flatten()
-        sums[empty] = vecs[torch.randint(0, len(vecs), (len(empty),), generator=g)]
+        sums[empty] = vecs[torch.randint(0, len(vecs), (len(empty),), generator=g).to(dev)]
         cent = F.normalize(sums, dim=1)
     model.codebook.set(cent, count=a.batch * 256 / k)
     model.train()
@@ -198,9 +200,22 @@ def main(argv=None):
     ap.add_argument("--codebook", metavar="NPZ",
                     help="fixed tokens from this code book (tools/shapes/codebook.py): only the "
                          "code embeddings and the decoder train")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes that encode each batch with --codebook's code book (numpy, "
+                         "on the CPU: on a GPU it is most of a step's time); 1 = in this process")
+    add_run_args(ap)
     a = ap.parse_args(argv)
+    check_run_args(ap, a)
+    if a.workers < 1:
+        ap.error("--workers must be >= 1")
+    with worker_pool(a.workers if a.codebook else 1) as pool:
+        return train(a, pool)
 
+
+def train(a, pool):
+    """The run main() parsed; pool encodes batches with the code book (None: in this process)."""
     torch.set_num_threads(a.threads)
+    dev = pick_device(a.device)
     os.makedirs(a.out, exist_ok=True)
     logf = os.path.join(a.out, "train.log")
     ckpt_path = os.path.join(a.out, "ckpt.pt")
@@ -221,16 +236,17 @@ def main(argv=None):
         model.codebook.weight.requires_grad_(True)
         model.encoder.requires_grad_(False)
         model.quant_conv.requires_grad_(False)
+    model.to(dev)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
     step = 0
-    used = torch.zeros(cfg["codebook_size"], dtype=torch.long)
+    used = torch.zeros(cfg["codebook_size"], dtype=torch.long, device=dev)
     if a.resume and os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         if ck["config"] != cfg:
             sys.exit("checkpoint config %r differs from %r" % (ck["config"], cfg))
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
-        step, used = ck["step"], ck["used"]
+        step, used = ck["step"], ck["used"].to(dev)
         log(logf, "resumed from %s at step %d" % (ckpt_path, step))
     else:
         log(logf, "start: args %s" % json.dumps(vars(a)))
@@ -242,18 +258,23 @@ def main(argv=None):
              + model.codebook.weight.numel()) / 1e6, len(images), len(val)))
         with open(os.path.join(a.out, "psnr.csv"), "w") as f:
             f.write("step,val_psnr,val_psnr_mean_per_image,codes_used\n")
+    log(logf, "device %s" % describe_device(dev))
+    clock = WallClock(a.max_minutes, a.ckpt_minutes)
 
     def checkpoint():
         save(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                          "used": used, "config": cfg, "args": vars(a), "codebook_masks": masks})
+        clock.checkpointed()
+        return step
 
+    saved = step
     t_last, n_last, acc = time.time(), 0, {}
     end = min(a.steps, a.stop_at) if a.stop_at else a.steps
     while step < end:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a)
         u8 = batch_at(images, step, a)
-        x = to_model_input(u8)
+        x = to_model_input(u8).to(dev)
         quantising = step >= a.ae_warmup and masks is None
         frozen = bool(a.freeze_codes_at) and step >= a.freeze_codes_at
         if frozen:
@@ -261,27 +282,29 @@ def main(argv=None):
                 mod.requires_grad_(False)
         if step == a.ae_warmup and masks is None:
             kmeans_init(model, images, a, logf)
-        if masks is not None:
-            idx = tokenize_u8(model, u8, masks)
-            out, qloss = model.decode_indices(idx), x.new_zeros(())
-        else:
-            out, idx, zn, qloss = model(x, beta=a.beta, quantise=quantising)
-        if a.fg_weight:
-            # Pixels that are not background weigh 1 + fg_weight (normalised).
-            w = 1.0 + a.fg_weight * (x < 0.99).any(1, keepdim=True).float()
-            w = w / w.mean()
-            mse = (w * (out - x) ** 2).mean()
-            l1 = (w * (out - x).abs()).mean()
-        else:
-            mse = F.mse_loss(out, x)
-            l1 = (out - x).abs().mean()
-        el = edge_loss(out, x)
-        loss = mse + l1 + a.edge_weight * el + qloss
+        with autocast(dev):
+            if masks is not None:
+                idx = tokenize_u8(model, u8, masks, pool)
+                out, qloss = model.decode_indices(idx), x.new_zeros(())
+            else:
+                out, idx, zn, qloss = model(x, beta=a.beta, quantise=quantising)
+            out = out.float()
+            if a.fg_weight:
+                # Pixels that are not background weigh 1 + fg_weight (normalised).
+                w = 1.0 + a.fg_weight * (x < 0.99).any(1, keepdim=True).float()
+                w = w / w.mean()
+                mse = (w * (out - x) ** 2).mean()
+                l1 = (w * (out - x).abs()).mean()
+            else:
+                mse = F.mse_loss(out, x)
+                l1 = (out - x).abs().mean()
+            el = edge_loss(out, x)
+            loss = mse + l1 + a.edge_weight * el + qloss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if quantising and not frozen:
-            flat = zn.detach().permute(0, 2, 3, 1).reshape(-1, cfg["embed_dim"])
+            flat = zn.detach().float().permute(0, 2, 3, 1).reshape(-1, cfg["embed_dim"])
             model.codebook.ema_update(flat, idx.flatten(), a.ema_decay)
             used += torch.bincount(idx.flatten(), minlength=cfg["codebook_size"])
         step += 1
@@ -294,8 +317,9 @@ def main(argv=None):
             dead = (used == 0).nonzero().flatten()
             if len(dead):
                 g = torch.Generator().manual_seed(a.seed * 1000003 + step)
-                pick = torch.randint(0, len(flat), (len(dead),), generator=g)
-                model.codebook.restart(dead, flat[pick] + 0.02 * torch.randn(len(dead), flat.shape[1], generator=g))
+                pick = torch.randint(0, len(flat), (len(dead),), generator=g).to(dev)
+                noise = torch.randn(len(dead), flat.shape[1], generator=g).to(dev)
+                model.codebook.restart(dead, flat[pick] + 0.02 * noise)
             log(logf, "step %d: %d of %d codes unused in the last %d steps, restarted" % (
                 step, len(dead), cfg["codebook_size"], a.restart_every))
             used.zero_()
@@ -307,8 +331,8 @@ def main(argv=None):
             log(logf, "step %d lr %.2e loss %.4f mse %.5f l1 %.4f edge %.4f q %.4f train_psnr %.2f %.2f s/step" % (
                 step, lr_at(step - 1, a), m["loss"], m["mse"], m["l1"], m["edge"], m["q"], train_psnr, dt))
             t_last, n_last, acc = time.time(), 0, {}
-        if step % a.ckpt_every == 0 or step == end:
-            checkpoint()
+        if step % a.ckpt_every == 0 or step == end or clock.ckpt_due():
+            saved = checkpoint()
         if (step % a.eval_every == 0 and (step > a.ae_warmup or masks is not None)) or step == a.steps:
             n = len(val) if step == a.steps else a.eval_images
             t0 = time.time()
@@ -320,8 +344,15 @@ def main(argv=None):
             if step % 1000 == 0 or step == a.steps:
                 save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": model.state_dict(), "step": step, "config": cfg})
             t_last, n_last, acc = time.time(), 0, {}
+        if step < end and clock.out_of_time():
+            if saved != step:
+                saved = checkpoint()
+            log(logf, "stopped at step %d of %d after %.1f minutes (--max-minutes %g); the same command "
+                "with --resume continues" % (step, end, clock.minutes(), a.max_minutes))
+            return EXIT_TIME_LIMIT
     log(logf, "done at step %d" % step)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -233,11 +233,13 @@ class VQModel(nn.Module):
         return F.normalize(self.quant_conv(self.encoder(x)), dim=1)
 
     def quantise(self, zn):
-        """Nearest normalised code by cosine similarity: (indices (b, h, w), codes)."""
+        """Nearest normalised code by cosine similarity: (indices (b, h, w), codes). In F32
+        under autocast too: bf16 similarities would tie codes that differ."""
         cb = F.normalize(self.codebook.weight, dim=1)
         b, e, h, w = zn.shape
-        flat = zn.permute(0, 2, 3, 1).reshape(-1, e)
-        idx = torch.argmax(flat @ cb.t(), dim=1)
+        flat = zn.float().permute(0, 2, 3, 1).reshape(-1, e)
+        with torch.autocast(zn.device.type, enabled=False):
+            idx = torch.argmax(flat @ cb.t(), dim=1)
         zq = cb[idx].reshape(b, h, w, e).permute(0, 3, 1, 2)
         return idx.reshape(b, h, w), zq
 
@@ -286,13 +288,20 @@ def init_reference_channels(decoder, value=8.0):
     return True
 
 
-def tokenize_u8(model, u8, masks=None):
-    """Token grids, long (b, h, w), of uint8 images (b, H, W, 3): with masks (a checkpoint
-    trained on tools/shapes/codebook.py's code book, its "codebook_masks") the code book's
-    fixed tokens, else the model's encoder and quantiser."""
+def tokenize_u8(model, u8, masks=None, pool=None):
+    """Token grids, long (b, h, w) on the model's device, of uint8 images (b, H, W, 3): with
+    masks (a checkpoint trained on tools/shapes/codebook.py's code book, its "codebook_masks")
+    the code book's fixed tokens, else the model's encoder and quantiser. The code book
+    encodes on the CPU in numpy; a multiprocessing pool, if given, shares the images out
+    (the same tokens, sooner)."""
+    dev = model.codebook.weight.device
     if masks is not None:
-        return torch.from_numpy(np.stack([shapes_codebook.encode(im, masks) for im in u8])).long()
-    return model.tokenize(to_model_input(u8))
+        if pool is not None:
+            grids = pool.starmap(shapes_codebook.encode, [(im, masks) for im in u8])
+        else:
+            grids = [shapes_codebook.encode(im, masks) for im in u8]
+        return torch.from_numpy(np.stack(grids)).long().to(dev)
+    return model.tokenize(to_model_input(u8).to(dev))
 
 
 def to_model_input(u8):

@@ -57,7 +57,7 @@ DEFAULT_CFG = {
 def reference_odd(decoder):
     """(last ResNet block, odd channel indices) of the reference-channel construction."""
     blk = decoder.up[-1].block[-1]
-    return blk, torch.arange(1, blk.conv2.out_channels, 2)
+    return blk, torch.arange(1, blk.conv2.out_channels, 2, device=blk.conv2.weight.device)
 
 
 @torch.no_grad()
@@ -198,7 +198,12 @@ class MSVQ(nn.Module):
 
     def quantise(self, f, beta=0.25):
         """f (B, E, n, n) -> (straight-through f_hat, [idx (B, pn, pn)] per scale, loss,
-        rest vectors per scale for dead-code restarts)."""
+        rest vectors per scale for dead-code restarts). In F32 under autocast too: the
+        residuals shrink scale by scale, and bf16 would round the last ones away."""
+        with torch.autocast(f.device.type, enabled=False):
+            return self._quantise(f.float(), beta)
+
+    def _quantise(self, f, beta):
         fd = f.detach()
         rest = fd.clone()
         f_hat = torch.zeros_like(fd)

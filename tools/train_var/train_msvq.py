@@ -67,7 +67,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 import data  # noqa: E402
 from msvq import DEFAULT_CFG, MSVQ, down_to, impose_reference, init_reference, to_model_input, to_u8, up_to  # noqa: E402
-from train_util import log, lr_at, save  # noqa: E402
+from train_util import (EXIT_TIME_LIMIT, WallClock, add_run_args, autocast, check_run_args,  # noqa: E402
+                        describe_device, log, lr_at, pick_device, save)
 
 
 def edge_loss(out, x):
@@ -80,14 +81,15 @@ def edge_loss(out, x):
 def evaluate(model, val, bs=32):
     """(PSNR of the pooled MSE, mean per-image PSNR, codes used per scale)."""
     model.eval()
+    dev = model.codebook.weight.device
     se, psnrs = [], []
     used = [set() for _ in model.scales]
     for i in range(0, len(val), bs):
         u8 = val[i:i + bs]
-        idxs = model.tokenize(to_model_input(u8))
+        idxs = model.tokenize(to_model_input(u8).to(dev))
         for s, idx in enumerate(idxs):
             used[s].update(idx.flatten().tolist())
-        rec = to_u8(model.decode_fhat(model.fhat_from_codes(idxs))).numpy().astype(np.float64)
+        rec = to_u8(model.decode_fhat(model.fhat_from_codes(idxs))).cpu().numpy().astype(np.float64)
         mse = ((rec - u8.astype(np.float64)) ** 2).reshape(len(u8), -1).mean(1)
         se.extend(mse.tolist())
         psnrs.extend((10 * np.log10(255.0 ** 2 / np.maximum(mse, 1e-10))).tolist())
@@ -97,7 +99,7 @@ def evaluate(model, val, bs=32):
 
 @torch.no_grad()
 def init_codebook(model, x, seed):
-    f = model.encoder(x)
+    f = model.encoder(x).float()
     n = model.scales[-1]
     vecs = []
     for pn in model.scales:
@@ -105,9 +107,9 @@ def init_codebook(model, x, seed):
         vecs.append(d.permute(0, 2, 3, 1).reshape(-1, f.shape[1]))
         vecs.append((f - up_to(d, n)).permute(0, 2, 3, 1).reshape(-1, f.shape[1]))
     vecs = torch.cat(vecs)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)  # on the CPU, so the draws do not depend on the device
     k = model.codebook.weight.shape[0]
-    model.codebook.weight.copy_(vecs[torch.randint(0, len(vecs), (k,), generator=g)])
+    model.codebook.weight.copy_(vecs[torch.randint(0, len(vecs), (k,), generator=g).to(vecs.device)])
 
 
 def main(argv=None):
@@ -135,9 +137,12 @@ def main(argv=None):
     ap.add_argument("--config", default=None, help="JSON overriding msvq.DEFAULT_CFG")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
+    add_run_args(ap)
     a = ap.parse_args(argv)
+    check_run_args(ap, a)
 
     torch.set_num_threads(a.threads)
+    dev = pick_device(a.device)
     os.makedirs(a.out, exist_ok=True)
     logf = os.path.join(a.out, "train.log")
     ckpt_path = os.path.join(a.out, "ckpt.pt")
@@ -147,17 +152,18 @@ def main(argv=None):
     torch.manual_seed(a.seed)
     model = MSVQ(cfg)
     init_reference(model.decoder, a.ref_value)
+    model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
     K = cfg["codebook_size"]
     step = 0
-    used = torch.zeros(K, dtype=torch.long)
+    used = torch.zeros(K, dtype=torch.long, device=dev)
     if a.resume and os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         if ck["config"] != cfg:
             sys.exit("checkpoint config %r differs from %r" % (ck["config"], cfg))
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
-        step, used = ck["step"], ck["used"]
+        step, used = ck["step"], ck["used"].to(dev)
         log(logf, "resumed from %s at step %d" % (ckpt_path, step))
     else:
         log(logf, "start: args %s" % json.dumps(vars(a)))
@@ -167,27 +173,34 @@ def main(argv=None):
             sum(p.numel() for p in model.parameters()) / 1e6, n_dec / 1e6))
         with open(os.path.join(a.out, "psnr.csv"), "w") as f:
             f.write("step,val_psnr,val_psnr_mean_per_image,codes_used\n")
+    log(logf, "device %s" % describe_device(dev))
+    clock = WallClock(a.max_minutes, a.ckpt_minutes)
 
     def checkpoint():
         save(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                          "used": used, "config": cfg, "args": vars(a)})
+        clock.checkpointed()
+        return step
 
+    saved = step
     t_last, n_last, acc = time.time(), 0, {}
     end = min(a.steps, a.stop_at) if a.stop_at else a.steps
     while step < end:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a)
         _, u8 = data.make_set(a.seed, a.batch, start=step * a.batch, size=cfg["image_size"])
-        x = to_model_input(u8)
+        x = to_model_input(u8).to(dev)
         quantising = step >= a.ae_warmup
         if step == a.ae_warmup:
             init_codebook(model, x, a.seed)
             log(logf, "step %d: codebook set from encoder vectors; quantising from here" % step)
-        out, idxs, qloss, rests = model(x, beta=a.beta, quantise=quantising)
-        mse = F.mse_loss(out, x)
-        l1 = (out - x).abs().mean()
-        el = edge_loss(out, x)
-        loss = mse + l1 + a.edge_weight * el + qloss
+        with autocast(dev):
+            out, idxs, qloss, rests = model(x, beta=a.beta, quantise=quantising)
+            out = out.float()
+            mse = F.mse_loss(out, x)
+            l1 = (out - x).abs().mean()
+            el = edge_loss(out, x)
+            loss = mse + l1 + a.edge_weight * el + qloss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -205,9 +218,10 @@ def main(argv=None):
             if len(dead):
                 pool = torch.cat(rests)
                 g = torch.Generator().manual_seed(a.seed * 1000003 + step)
-                pick = torch.randint(0, len(pool), (len(dead),), generator=g)
+                pick = torch.randint(0, len(pool), (len(dead),), generator=g).to(dev)
+                noise = torch.randn(len(dead), pool.shape[1], generator=g).to(dev)
                 with torch.no_grad():
-                    model.codebook.weight[dead] = pool[pick] + 0.01 * torch.randn(len(dead), pool.shape[1], generator=g)
+                    model.codebook.weight[dead] = pool[pick] + 0.01 * noise
             log(logf, "step %d: %d of %d codes unused in the last %d steps, restarted" % (step, len(dead), K, a.restart_every))
             used.zero_()
 
@@ -218,8 +232,8 @@ def main(argv=None):
                 step, lr_at(step - 1, a), m["loss"], m["mse"], m["l1"], m["edge"], m["q"],
                 10 * math.log10(4.0 / max(m["mse"], 1e-12)), dt))
             t_last, n_last, acc = time.time(), 0, {}
-        if step % a.ckpt_every == 0 or step == end:
-            checkpoint()
+        if step % a.ckpt_every == 0 or step == end or clock.ckpt_due():
+            saved = checkpoint()
         if (step % a.eval_every == 0 and step > a.ae_warmup) or step == a.steps:
             n = a.final_eval_images if step == a.steps else a.eval_images
             t0 = time.time()
@@ -230,8 +244,15 @@ def main(argv=None):
                 f.write("%d,%.3f,%.3f,%d\n" % (step, p, pm, nu))
             save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": model.state_dict(), "step": step, "config": cfg})
             t_last, n_last, acc = time.time(), 0, {}
+        if step < end and clock.out_of_time():
+            if saved != step:
+                saved = checkpoint()
+            log(logf, "stopped at step %d of %d after %.1f minutes (--max-minutes %g); the same command "
+                "with --resume continues" % (step, end, clock.minutes(), a.max_minutes))
+            return EXIT_TIME_LIMIT
     log(logf, "done at step %d" % step)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

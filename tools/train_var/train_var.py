@@ -31,6 +31,7 @@ first-scale accuracy every --eval-every steps in OUT/val.csv.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -47,17 +48,18 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 import data  # noqa: E402
 from msvq import MSVQ, to_model_input  # noqa: E402
-from train_util import log, lr_at, save  # noqa: E402
+from train_util import (EXIT_TIME_LIMIT, WallClock, add_run_args, autocast, check_run_args,  # noqa: E402
+                        describe_device, log, lr_at, pick_device, save)
 from var_model import VAR, next_scale_inputs  # noqa: E402
 
 DEFAULT_CFG = {"width": 256, "heads": 4, "depth": 6, "ffn": 1024}
 
 
-def load_vq(path):
+def load_vq(path, dev=torch.device("cpu")):
     ck = torch.load(path, map_location="cpu", weights_only=False)
     vq = MSVQ(ck["config"])
     vq.load_state_dict(ck["model"])
-    vq.eval()
+    vq.to(dev).eval()
     for p in vq.parameters():
         p.requires_grad_(False)
     return vq
@@ -76,9 +78,9 @@ def tokenize_set(vq, seed, n, path, logf, bs=64):
     for s in range(0, n, bs):
         m = min(bs, n - s)
         lab, img = data.make_set(seed, m, start=s, size=vq.cfg["image_size"])
-        idxs = vq.tokenize(to_model_input(img))
+        idxs = vq.tokenize(to_model_input(img).to(vq.codebook.weight.device))
         labels[s:s + m] = lab
-        codes[s:s + m] = torch.cat([i.flatten(1) for i in idxs], 1).numpy()
+        codes[s:s + m] = torch.cat([i.flatten(1) for i in idxs], 1).cpu().numpy()
     np.savez(path + ".tmp.npz", labels=labels, codes=codes)
     os.replace(path + ".tmp.npz", path)
     log(logf, "tokenised %d samples of stream %d into %s (%.0f s)" % (n, seed, path, time.time() - t0))
@@ -93,16 +95,23 @@ def split_codes(codes, scales):
     return out
 
 
-def batch_loss(var, vq, labels, codes, cond_drop=0.0, gen=None):
+def batch_loss(var, vq, labels, codes, cond_drop=0.0, gen=None, amp=False):
+    """(cross-entropy per token (B, L), logits) of a batch; the class dropout draws from gen
+    (on the CPU, so they do not depend on the device). amp: the transformer and the loss
+    under train_util.autocast (the teacher-forcing inputs stay F32)."""
+    dev = var.head.weight.device
     codes = torch.as_tensor(codes).long()
     labels = torch.as_tensor(labels).long()
     if cond_drop > 0:
         drop = torch.rand(len(labels), generator=gen) < cond_drop
         labels = torch.where(drop, torch.full_like(labels, var.num_classes), labels)
+    codes, labels = codes.to(dev), labels.to(dev)
     with torch.no_grad():
         x_in = next_scale_inputs(vq, split_codes(codes, vq.scales))
-    logits = var(labels, x_in)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), codes.reshape(-1), reduction="none").view(codes.shape)
+    with autocast(dev) if amp else contextlib.nullcontext():
+        logits = var(labels, x_in)
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), codes.reshape(-1),
+                             reduction="none").view(codes.shape)
     return ce, logits
 
 
@@ -113,7 +122,7 @@ def evaluate(var, vq, labels, codes, bs=64):
     for s in range(0, len(labels), bs):
         ce, logits = batch_loss(var, vq, labels[s:s + bs], codes[s:s + bs])
         ces.append(ce)
-        acc0.append((logits[:, 0].argmax(-1) == torch.as_tensor(codes[s:s + bs, 0]).long()).float())
+        acc0.append((logits[:, 0].argmax(-1) == torch.as_tensor(codes[s:s + bs, 0]).long().to(logits.device)).float())
     var.train()
     ce = torch.cat(ces)
     per_scale, o = [], 0
@@ -147,13 +156,16 @@ def main(argv=None):
     ap.add_argument("--config", default=None, help="JSON overriding DEFAULT_CFG")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
+    add_run_args(ap)
     a = ap.parse_args(argv)
+    check_run_args(ap, a)
 
     torch.set_num_threads(a.threads)
+    dev = pick_device(a.device)
     os.makedirs(a.out, exist_ok=True)
     logf = os.path.join(a.out, "train.log")
     ckpt_path = os.path.join(a.out, "ckpt.pt")
-    vq = load_vq(a.vq)
+    vq = load_vq(a.vq, dev)
     cfg = dict(DEFAULT_CFG, **(json.loads(a.config) if a.config else {}))
     cfg.update(ffn=cfg.get("ffn", 4 * cfg["width"]), num_classes=data.NUM_CLASSES, scales=list(vq.scales),
                codebook_size=vq.cfg["codebook_size"], embed_dim=vq.cfg["embed_dim"])
@@ -161,7 +173,7 @@ def main(argv=None):
     va_lab, va_codes = tokenize_set(vq, a.val_seed, a.n_val, os.path.join(a.out, "tokens-val.npz"), logf)
 
     torch.manual_seed(a.seed)
-    var = VAR(cfg)
+    var = VAR(cfg).to(dev)
     decay = [p for n, p in var.named_parameters() if p.ndim == 2 and "embed" not in n and "pos_" not in n]
     other = [p for n, p in var.named_parameters() if not (p.ndim == 2 and "embed" not in n and "pos_" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": other, "weight_decay": 0.0}],
@@ -182,11 +194,16 @@ def main(argv=None):
             sum(p.numel() for p in var.parameters()) / 1e6, var.L, len(tr_lab), len(va_lab)))
         with open(os.path.join(a.out, "val.csv"), "w") as f:
             f.write("step,val_loss,%s,first_token_acc\n" % ",".join("loss_s%d" % p for p in vq.scales))
+    log(logf, "device %s" % describe_device(dev))
+    clock = WallClock(a.max_minutes, a.ckpt_minutes)
 
     def checkpoint():
         save(ckpt_path, {"model": var.state_dict(), "opt": opt.state_dict(), "step": step,
                          "config": cfg, "args": vars(a), "vq": os.path.abspath(a.vq)})
+        clock.checkpointed()
+        return step
 
+    saved = step
     t_last, n_last, acc = time.time(), 0, 0.0
     end = min(a.steps, a.stop_at) if a.stop_at else a.steps
     while step < end:
@@ -195,7 +212,7 @@ def main(argv=None):
         rng = np.random.default_rng([a.seed, step])
         pick = rng.integers(0, len(tr_lab), a.batch)
         gen = torch.Generator().manual_seed(a.seed * 1000003 + step)
-        ce, _ = batch_loss(var, vq, tr_lab[pick], tr_codes[pick], a.cond_drop, gen)
+        ce, _ = batch_loss(var, vq, tr_lab[pick], tr_codes[pick], a.cond_drop, gen, amp=True)
         loss = ce.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -208,8 +225,8 @@ def main(argv=None):
             log(logf, "step %d lr %.2e loss %.4f %.2f s/step" % (step, lr_at(step - 1, a), acc / n_last,
                                                                  (time.time() - t_last) / n_last))
             t_last, n_last, acc = time.time(), 0, 0.0
-        if step % a.ckpt_every == 0 or step == end:
-            checkpoint()
+        if step % a.ckpt_every == 0 or step == end or clock.ckpt_due():
+            saved = checkpoint()
         if step % a.eval_every == 0 or step == end:
             t0 = time.time()
             vl, per, a0 = evaluate(var, vq, va_lab, va_codes)
@@ -221,8 +238,15 @@ def main(argv=None):
                 save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": var.state_dict(), "step": step, "config": cfg})
             t_last, n_last = time.time(), 0
             acc = 0.0
+        if step < end and clock.out_of_time():
+            if saved != step:
+                saved = checkpoint()
+            log(logf, "stopped at step %d of %d after %.1f minutes (--max-minutes %g); the same command "
+                "with --resume continues" % (step, end, clock.minutes(), a.max_minutes))
+            return EXIT_TIME_LIMIT
     log(logf, "done at step %d" % step)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
