@@ -12,7 +12,10 @@ DIR/shard-00000.jsonl one record per image, in order:
 DIR/records.jsonl (each record also names its "file").
 
 Shard k is drawn from numpy's default_rng([seed, k]), so a shard's content depends only
-on the seed, the shard index and --shard-size; DIR/meta.json records the arguments.
+on the seed, the shard index and --shard-size; DIR/meta.json records the arguments. A shard's
+two files are written through temporary names, the npz last, so a killed run leaves whole
+shards only; with --resume the shards already there are kept (an interrupted run continues,
+a finished one costs nothing), provided meta.json records the same arguments.
 Needs numpy and Pillow.
 """
 
@@ -40,7 +43,8 @@ def generate(seed, shard, n):
 
 def load_shards(directory):
     """(records, images) of every npz shard in directory, in order."""
-    names = sorted(f for f in os.listdir(directory) if f.startswith("shard-") and f.endswith(".npz"))
+    names = sorted(f for f in os.listdir(directory)
+                   if f.startswith("shard-") and f.endswith(".npz") and not f.endswith(".tmp.npz"))
     records, images = [], []
     for name in names:
         with np.load(os.path.join(directory, name)) as z:
@@ -59,17 +63,35 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--shard-size", type=int, default=5000)
     ap.add_argument("--png", action="store_true", help="write PNG files and records.jsonl")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the npz shards already in OUT (written by the same arguments)")
     a = ap.parse_args(argv)
+    if a.resume and a.png:
+        ap.error("--resume works on npz shards, not with --png")
+    if a.n < 1 or a.shard_size < 1:
+        ap.error("--n and --shard-size must be >= 1")
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "meta.json"), "w") as f:
-        json.dump({"n": a.n, "seed": a.seed, "shard_size": a.shard_size, "png": a.png,
-                   "generator": "tools/shapes/dataset.py"}, f, indent=1)
+    meta = {"n": a.n, "seed": a.seed, "shard_size": a.shard_size, "png": a.png,
+            "generator": "tools/shapes/dataset.py"}
+    meta_path = os.path.join(a.out, "meta.json")
+    if a.resume and os.path.exists(meta_path):
+        with open(meta_path) as f:
+            old = json.load(f)
+        if old != meta:
+            sys.exit("dataset.py: %s holds a dataset made with %s, not %s; use another --out"
+                     % (a.out, json.dumps(old), json.dumps(meta)))
+    with open(meta_path, "w") as f:
+        json.dump(meta, f, indent=1)
     from PIL import Image
 
     done = 0
     jl = open(os.path.join(a.out, "records.jsonl"), "w") if a.png else None
     for shard in range((a.n + a.shard_size - 1) // a.shard_size):
         n = min(a.shard_size, a.n - done)
+        base = os.path.join(a.out, "shard-%05d" % shard)
+        if a.resume and os.path.exists(base + ".npz") and os.path.exists(base + ".jsonl"):
+            done += n
+            continue
         records, images = generate(a.seed, shard, n)
         for i, r in enumerate(records):
             r["id"] = done + i
@@ -79,15 +101,18 @@ def main(argv=None):
                 Image.fromarray(im).save(os.path.join(a.out, r["file"]))
                 jl.write(json.dumps(r) + "\n")
         else:
-            np.savez_compressed(os.path.join(a.out, "shard-%05d.npz" % shard), images=images)
-            with open(os.path.join(a.out, "shard-%05d.jsonl" % shard), "w") as f:
+            with open(base + ".jsonl.tmp", "w") as f:
                 for r in records:
                     f.write(json.dumps(r) + "\n")
+            np.savez_compressed(base + ".tmp.npz", images=images)
+            os.replace(base + ".jsonl.tmp", base + ".jsonl")
+            os.replace(base + ".tmp.npz", base + ".npz")
         done += n
         print("wrote %d / %d" % (done, a.n), flush=True)
     if jl:
         jl.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
