@@ -161,7 +161,8 @@ VAR_MODEL  := models/shapes-var
         test-integration-asan test-sanitizers test-backend \
         test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
         format format-check info bench bench-kv bench-scale bench-serve bench-gemm bench-conv bench-launches help \
-        playground-screenshot test-bench-smoke bench-smoke-emu bench-smoke-torch bench-smoke-targets
+        playground-screenshot test-bench-smoke bench-smoke-emu bench-smoke-torch bench-smoke-targets \
+        test-train-pipeline
 
 all: info $(BUILD)/arserve
 
@@ -197,6 +198,8 @@ help:
 	@echo "make bench-serve      the serving sweep: arserve bench at Poisson rates against a daemon,"
 	@echo "                      full vs a compressed policy, the simulator checked, a plot"
 	@echo "                      (docs/capacity.md); ten minutes, not part of make test"
+	@echo "make test-train-pipeline  the demo models' training pipeline at its tiny size, stopped"
+	@echo "                      and resumed (tools/train/pipeline.py; part of make test)"
 	@echo "make eval             ShapesEval of MODEL: the 300 standard prompts generated and scored"
 	@echo "                      (EVAL_ARGS, e.g. EVAL_ARGS=\"--limit 48\"; images in $(BUILD)/eval)"
 	@echo "make expected-png     remake the PNG the shipped-model test expects (after retraining)"
@@ -500,7 +503,8 @@ test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
 # under the emulator: launches, copies and peak device memory per step
 # (tests/cli/test_speed_bench_emu.sh), and the GPU run's timing stage end to
 # end at toy shapes on the CPU (tests/bench/test_gpu_bench.py:
-# bench/gpu_bench.py --small --backend cpu, about 20 s).
+# bench/gpu_bench.py --small --backend cpu, about 20 s), and the training
+# pipeline at its tiny size (test-train-pipeline, below).
 # make reaches the script through SMOKE_MAKE, not $(MAKE) in the recipe
 # itself, so that `make -n` does not run the script (it runs any recipe line
 # that names $(MAKE)).
@@ -521,8 +525,18 @@ bench-smoke-torch: $(SMOKE_DEPS)
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_sample_next.py
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_reference_dtype.py
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_gpu_bench.py $(BUILD)
+	OMP_NUM_THREADS=1 $(BENCH_CPU_VENV)/bin/python tests/python/test_train_pipeline.py
 bench-smoke-targets: $(SMOKE_DEPS)
 	tests/cli/test_bench_smoke.sh "$(SMOKE_MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
+
+# The demo models' training pipeline (tools/train/pipeline.py) at its --tiny
+# size on the CPU, one thread: both models from nothing to a model directory,
+# a run stopped by --max-minutes and run again resuming from its checkpoint to
+# the same weights as an unbroken run, bad flags refused. torch, so the bench
+# venv; about 25 s on a busy 2-core machine. make test runs it in
+# bench-smoke-torch.
+test-train-pipeline: $(BENCH_CPU_VENV)/.stamp
+	OMP_NUM_THREADS=1 $(BENCH_CPU_VENV)/bin/python tests/python/test_train_pipeline.py
 
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
 # the OpenAI client, bad requests, batching, 429s, disconnects, drains,

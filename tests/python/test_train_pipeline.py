@@ -1,0 +1,193 @@
+"""The training pipeline (tools/train/pipeline.py) end to end at its --tiny size on the CPU:
+both demo models from nothing to a model directory, a run stopped by its time limit and run
+again continues from its checkpoint (not from scratch) to the same weights as an unbroken run,
+and bad flags are refused. Needs torch, so it runs under the bench venv:
+
+    .venv-bench/bin/python tests/python/test_train_pipeline.py     (make test-train-pipeline,
+                                                                    part of make test-bench-smoke)
+
+Under pytest without torch (make test-python's .venv) it is skipped, saying so.
+"""
+
+import contextlib
+import io
+import os
+import shutil
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+try:
+    import torch
+except ImportError:
+    torch = None
+    REASON = "torch is not installed in %s (the bench venv has it: make test-train-pipeline)" % sys.executable
+    if __name__ == "__main__":
+        print("SKIP test_train_pipeline.py: " + REASON)
+        sys.exit(0)
+    import pytest
+    pytest.skip(REASON, allow_module_level=True)
+
+sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
+import pipeline  # noqa: E402
+from train_util import EXIT_TIME_LIMIT  # noqa: E402
+
+STEPS = 6  # the --tiny training stages' --steps
+
+
+def run(args):
+    """pipeline.main(args) with its output held back: (exit status, output)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            rc = pipeline.main(args + ["--device", "cpu", "--threads", "1"])
+        except SystemExit as e:
+            rc = e.code
+        except Exception:
+            print(buf.getvalue()[-4000:])
+            raise
+    return rc, buf.getvalue()
+
+
+def ckpt(path):
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def same_weights(a, b):
+    sa, sb = ckpt(a)["model"], ckpt(b)["model"]
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def check_stopped_then_resumed(out, stage, model, tail):
+    """One run at a tiny --max-minutes stops in `stage` after its first step (status 75,
+    checkpoint written); the same command again makes at least one step more, starting from
+    that checkpoint; without the limit it finishes."""
+    limited = ["--model", model, "--tiny", "--out", out, "--max-minutes", "0.0001"]
+    rc, log = run(limited)
+    assert rc == EXIT_TIME_LIMIT, (rc, log[-2000:])
+    assert "time limit" in log and "run the same command again" in log, log[-1000:]
+    first = ckpt(os.path.join(out, stage, "ckpt.pt"))["step"]
+    assert 1 <= first < STEPS, first
+    assert not os.path.exists(os.path.join(out, "model")), "exported before training finished"
+    rc, log = run(limited)
+    assert rc == EXIT_TIME_LIMIT, (rc, log[-2000:])
+    second = ckpt(os.path.join(out, stage, "ckpt.pt"))["step"]
+    assert first < second < STEPS, (first, second)
+    rc, log = run(["--model", model, "--tiny", "--out", out])
+    assert rc == 0, (rc, log[-2000:])
+    with open(os.path.join(out, stage, "train.log")) as f:
+        trainlog = f.read()
+    assert trainlog.count("start: args") == 1, "the stage started again from scratch"
+    for step in (first, second):
+        assert "resumed from %s at step %d" % (os.path.join(out, stage, "ckpt.pt"), step) in trainlog, trainlog
+    assert "done at step %d" % STEPS in trainlog
+    assert ckpt(os.path.join(out, stage, "ckpt.pt"))["step"] == STEPS
+    for name in tail:
+        assert os.path.getsize(os.path.join(out, "model", name)) > 0, name
+
+
+def test_tiny_shapes_pipeline_stops_and_resumes_to_the_same_model():
+    tmp = tempfile.mkdtemp(prefix="train-pipeline-")
+    try:
+        ref, out = os.path.join(tmp, "unbroken"), os.path.join(tmp, "stopped")
+        rc, log = run(["--model", "shapes", "--tiny", "--out", ref])
+        assert rc == 0, (rc, log[-2000:])
+        for stage in ("data", "codebook", "vq", "tokens", "lm", "export"):
+            assert "== %s:" % stage in log, stage
+        check_stopped_then_resumed(out, "vq", "shapes",
+                                   ["arserve.json", "lm.safetensors", "vq.safetensors", "tokenizer.json"])
+        for stage in ("vq", "lm"):
+            assert same_weights(os.path.join(ref, stage, "ckpt.pt"), os.path.join(out, stage, "ckpt.pt")), \
+                "%s: the resumed run's weights differ from the unbroken run's" % stage
+        for name in ("arserve.json", "lm.safetensors", "vq.safetensors", "tokenizer.json"):
+            assert read(os.path.join(ref, "model", name)) == read(os.path.join(out, "model", name)), name
+        # A finished pipeline under a spent budget: every stage returns at once, status 0.
+        stamp = os.stat(os.path.join(out, "model", "lm.safetensors")).st_mtime_ns
+        rc, log = run(["--model", "shapes", "--tiny", "--out", out, "--max-minutes", "0.0001",
+                       "--copy-to", os.path.join(tmp, "copy")])
+        assert rc == 0, (rc, log[-2000:])
+        assert os.stat(os.path.join(out, "model", "lm.safetensors")).st_mtime_ns == stamp, "exported again"
+        assert read(os.path.join(tmp, "copy", "model", "lm.safetensors")) == read(
+            os.path.join(out, "model", "lm.safetensors"))
+        assert os.path.exists(os.path.join(tmp, "copy", "vq", "train.log"))
+        assert not os.path.exists(os.path.join(tmp, "copy", "vq", "ckpt.pt")), "checkpoints copied unasked"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_tiny_var_pipeline_stops_and_resumes_to_the_same_model():
+    tmp = tempfile.mkdtemp(prefix="train-pipeline-var-")
+    try:
+        ref, out = os.path.join(tmp, "unbroken"), os.path.join(tmp, "stopped")
+        rc, log = run(["--model", "shapes-var", "--tiny", "--out", ref])
+        assert rc == 0, (rc, log[-2000:])
+        check_stopped_then_resumed(out, "msvq", "shapes-var",
+                                   ["arserve.json", "classes.txt", "model-00001-of-00001.safetensors"])
+        for stage in ("msvq", "var"):
+            assert same_weights(os.path.join(ref, stage, "ckpt.pt"), os.path.join(out, stage, "ckpt.pt")), stage
+        name = "model-00001-of-00001.safetensors"
+        assert read(os.path.join(ref, "model", name)) == read(os.path.join(out, "model", name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_prompt_rows_without_the_tokenizers_package_are_the_packages():
+    """train_lm.word_level_ids, used where the tokenizers package is missing (a bare GPU
+    machine), encodes every caption of a sample of the world as the package does."""
+    import train_lm
+    from tools.shapes import dataset
+
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        print("skip: the tokenizers package is not installed here; nothing to compare with")
+        return
+    records, _ = dataset.generate(5, 0, 300)
+    captions = [r["caption"] for r in records] + ["A Red circle, left of: a blue square!"]
+    tok = train_lm.tokenizer_json(64)
+    with_package = train_lm.encode_prompts(tok, captions[:-1], use_package=True)
+    without = train_lm.encode_prompts(tok, captions[:-1], use_package=False)
+    assert with_package == without
+    odd = train_lm.TEMPLATE.replace("{prompt}", captions[-1])
+    from tokenizers import Tokenizer
+    import json
+    want = Tokenizer.from_str(json.dumps(tok)).encode(odd, add_special_tokens=False).ids
+    assert train_lm.word_level_ids(tok, odd) == want
+
+
+def test_bad_flags_are_refused():
+    import train_lm
+
+    def status(f, args):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                f(args)
+            except SystemExit as e:
+                return e.code, err.getvalue()
+        return None, err.getvalue()
+
+    code, msg = status(pipeline.main, ["--model", "shapes", "--stage-args", "msvq", "--steps 3"])
+    assert code == 2 and "no stage 'msvq'" in msg, (code, msg)
+    code, msg = status(pipeline.main, ["--model", "shapes", "--batch-mult", "0"])
+    assert code == 2, (code, msg)
+    base = ["--tokens", "x.npz", "--val-tokens", "y.npz", "--out", "z"]
+    code, msg = status(train_lm.main, base + ["--max-minutes", "-1"])
+    assert code == 2 and "--max-minutes" in msg, (code, msg)
+    code, msg = status(train_lm.main, base + ["--device", "tpu"])
+    assert code == 2 and "invalid choice" in msg, (code, msg)
+    if not torch.cuda.is_available():
+        code, msg = status(train_lm.main, base + ["--device", "cuda"])
+        assert code == 2 and "no CUDA device" in msg, (code, msg)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.join(ROOT, "tests", "bench"))
+    import bench_tests
+
+    sys.exit(bench_tests.run(globals()))
