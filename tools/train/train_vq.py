@@ -64,7 +64,8 @@ quantiser to learn: each image's tokens are the code book's (white, or a palette
 a coverage pattern), fixed, and only their embeddings (codebook_size = the code book's codes)
 and the decoder train, to draw what the codes mean.
 PSNR is measured as the engine produces pixels: trunc(clip((x + 1) / 2 * 255)) against the
-original uint8 image. Uses one CPU thread.
+original uint8 image. Uses --threads CPU threads (1), or the GPU: --device, --max-minutes and
+--ckpt-minutes (train_util.add_run_args) are what tools/train/pipeline.py drives it with.
 """
 
 import argparse
