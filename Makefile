@@ -525,18 +525,18 @@ bench-smoke-torch: $(SMOKE_DEPS)
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_sample_next.py
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_reference_dtype.py
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_gpu_bench.py $(BUILD)
-	OMP_NUM_THREADS=1 $(BENCH_CPU_VENV)/bin/python tests/python/test_train_pipeline.py
+	OMP_NUM_THREADS=1 $(BENCH_CPU_VENV)/bin/python tests/python/test_train_pipeline.py $(BUILD)/arserve
 bench-smoke-targets: $(SMOKE_DEPS)
 	tests/cli/test_bench_smoke.sh "$(SMOKE_MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 
 # The demo models' training pipeline (tools/train/pipeline.py) at its --tiny
 # size on the CPU, one thread: both models from nothing to a model directory,
 # a run stopped by --max-minutes and run again resuming from its checkpoint to
-# the same weights as an unbroken run, bad flags refused. torch, so the bench
-# venv; about 25 s on a busy 2-core machine. make test runs it in
-# bench-smoke-torch.
-test-train-pipeline: $(BENCH_CPU_VENV)/.stamp
-	OMP_NUM_THREADS=1 $(BENCH_CPU_VENV)/bin/python tests/python/test_train_pipeline.py
+# the same weights as an unbroken run, bad flags refused, each tiny model
+# drawing an image with build/arserve. torch, so the bench venv; about 25 s on
+# a busy 2-core machine. make test runs it in bench-smoke-torch.
+test-train-pipeline: $(BUILD)/arserve $(BENCH_CPU_VENV)/.stamp
+	OMP_NUM_THREADS=1 $(BENCH_CPU_VENV)/bin/python tests/python/test_train_pipeline.py $(BUILD)/arserve
 
 # The daemon, started for real on loopback ports (tests/integration/, pytest):
 # the OpenAI client, bad requests, batching, 429s, disconnects, drains,

@@ -1,10 +1,11 @@
 """The training pipeline (tools/train/pipeline.py) end to end at its --tiny size on the CPU:
 both demo models from nothing to a model directory, a run stopped by its time limit and run
 again continues from its checkpoint (not from scratch) to the same weights as an unbroken run,
-and bad flags are refused. Needs torch, so it runs under the bench venv:
+and bad flags are refused; given the arserve binary, each tiny model directory draws an image
+with it. Needs torch, so it runs under the bench venv:
 
-    .venv-bench/bin/python tests/python/test_train_pipeline.py     (make test-train-pipeline,
-                                                                    part of make test-bench-smoke)
+    .venv-bench/bin/python tests/python/test_train_pipeline.py [build/arserve]
+        (make test-train-pipeline, part of make test-bench-smoke)
 
 Under pytest without torch (make test-python's .venv) it is skipped, saying so.
 """
@@ -13,6 +14,7 @@ import contextlib
 import io
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -33,6 +35,7 @@ import pipeline  # noqa: E402
 from train_util import EXIT_TIME_LIMIT  # noqa: E402
 
 STEPS = 6  # the --tiny training stages' --steps
+ARSERVE = None  # the binary, when the command line names one
 
 
 def run(args):
@@ -63,11 +66,25 @@ def read(path):
         return f.read()
 
 
-def check_stopped_then_resumed(out, stage, model, tail):
+def draws_with_arserve(model_dir):
+    """arserve generate loads the exported directory and writes a PNG (when ARSERVE is set)."""
+    if ARSERVE is None:
+        print("skip: no arserve binary named on the command line; the model is not served")
+        return
+    png = os.path.join(model_dir, "..", "a-red-circle.png")
+    r = subprocess.run([ARSERVE, "generate", "--model", model_dir, "--prompt", "a red circle", "--seed", "1",
+                        "--threads", "1", "--quiet", "--output", png], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def check_stopped_then_resumed(out, stage, model, tail, extra=()):
     """One run at a tiny --max-minutes stops in `stage` after its first step (status 75,
     checkpoint written); the same command again makes at least one step more, starting from
     that checkpoint; without the limit it finishes."""
-    limited = ["--model", model, "--tiny", "--out", out, "--max-minutes", "0.0001"]
+    limited = ["--model", model, "--tiny", "--out", out, "--max-minutes", "0.0001"] + list(extra)
     rc, log = run(limited)
     assert rc == EXIT_TIME_LIMIT, (rc, log[-2000:])
     assert "time limit" in log and "run the same command again" in log, log[-1000:]
@@ -78,7 +95,7 @@ def check_stopped_then_resumed(out, stage, model, tail):
     assert rc == EXIT_TIME_LIMIT, (rc, log[-2000:])
     second = ckpt(os.path.join(out, stage, "ckpt.pt"))["step"]
     assert first < second < STEPS, (first, second)
-    rc, log = run(["--model", model, "--tiny", "--out", out])
+    rc, log = run(["--model", model, "--tiny", "--out", out] + list(extra))
     assert rc == 0, (rc, log[-2000:])
     with open(os.path.join(out, stage, "train.log")) as f:
         trainlog = f.read()
@@ -99,8 +116,11 @@ def test_tiny_shapes_pipeline_stops_and_resumes_to_the_same_model():
         assert rc == 0, (rc, log[-2000:])
         for stage in ("data", "codebook", "vq", "tokens", "lm", "export"):
             assert "== %s:" % stage in log, stage
+        draws_with_arserve(os.path.join(ref, "model"))
+        # The stopped run encodes with the code book in 2 processes: the same tokens.
         check_stopped_then_resumed(out, "vq", "shapes",
-                                   ["arserve.json", "lm.safetensors", "vq.safetensors", "tokenizer.json"])
+                                   ["arserve.json", "lm.safetensors", "vq.safetensors", "tokenizer.json"],
+                                   ["--workers", "2"])
         for stage in ("vq", "lm"):
             assert same_weights(os.path.join(ref, stage, "ckpt.pt"), os.path.join(out, stage, "ckpt.pt")), \
                 "%s: the resumed run's weights differ from the unbroken run's" % stage
@@ -126,6 +146,7 @@ def test_tiny_var_pipeline_stops_and_resumes_to_the_same_model():
         ref, out = os.path.join(tmp, "unbroken"), os.path.join(tmp, "stopped")
         rc, log = run(["--model", "shapes-var", "--tiny", "--out", ref])
         assert rc == 0, (rc, log[-2000:])
+        draws_with_arserve(os.path.join(ref, "model"))
         check_stopped_then_resumed(out, "msvq", "shapes-var",
                                    ["arserve.json", "classes.txt", "model-00001-of-00001.safetensors"])
         for stage in ("msvq", "var"):
@@ -189,5 +210,10 @@ def test_bad_flags_are_refused():
 if __name__ == "__main__":
     sys.path.insert(0, os.path.join(ROOT, "tests", "bench"))
     import bench_tests
+
+    if len(sys.argv) > 1:
+        ARSERVE = os.path.abspath(sys.argv[1])
+        if not os.access(ARSERVE, os.X_OK):
+            sys.exit("test_train_pipeline.py: %s is not an executable" % ARSERVE)
 
     sys.exit(bench_tests.run(globals()))
