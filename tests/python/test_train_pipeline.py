@@ -80,6 +80,33 @@ def draws_with_arserve(model_dir):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def checkpoints_by_wall_time(ref, out):
+    """--ckpt-minutes writes ckpt.pt by the clock between the step-based saves: with a tiny
+    one and --ckpt-every far off, every step is saved."""
+    import train_lm
+
+    saves = []
+    real_save = train_lm.save
+
+    def spy(path, obj):
+        saves.append((os.path.basename(path), obj["step"]))
+        real_save(path, obj)
+
+    train_lm.save = spy
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = train_lm.main(["--tokens", os.path.join(ref, "tokens-train.npz"), "--val-tokens",
+                                os.path.join(ref, "tokens-val.npz"), "--out", out, "--codebook-size", "41",
+                                "--llm", '{"hidden_size": 16, "num_layers": 1, "num_heads": 1, "num_kv_heads": 1, '
+                                '"head_dim": 16, "intermediate_size": 32}', "--batch", "2", "--steps", "4",
+                                "--device", "cpu", "--ckpt-every", "1000", "--eval-every", "1000",
+                                "--ckpt-minutes", "0.000001"])
+    finally:
+        train_lm.save = real_save
+    assert rc == 0
+    assert saves == [("ckpt.pt", s) for s in (1, 2, 3, 4)], saves
+
+
 def check_stopped_then_resumed(out, stage, model, tail, extra=()):
     """One run at a tiny --max-minutes stops in `stage` after its first step (status 75,
     checkpoint written); the same command again makes at least one step more, starting from
@@ -117,6 +144,7 @@ def test_tiny_shapes_pipeline_stops_and_resumes_to_the_same_model():
         for stage in ("data", "codebook", "vq", "tokens", "lm", "export"):
             assert "== %s:" % stage in log, stage
         draws_with_arserve(os.path.join(ref, "model"))
+        checkpoints_by_wall_time(ref, os.path.join(tmp, "lm-timed"))
         # The stopped run encodes with the code book in 2 processes: the same tokens.
         check_stopped_then_resumed(out, "vq", "shapes",
                                    ["arserve.json", "lm.safetensors", "vq.safetensors", "tokenizer.json"],
