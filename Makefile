@@ -480,7 +480,7 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/
           $(VENV)/.stamp
 	tests/cli/test_cli.sh $(BUILD)/arserve $(TINY_MODEL)
 	tests/cli/test_plan.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL)
-	tests/cli/test_calibrate.sh $(BUILD)/arserve $(VAR_TINY_MODEL) $(TINY_MODEL)
+	tests/cli/test_calibrate.sh $(BUILD)/arserve $(VAR_TINY_MODEL) $(TINY_MODEL) tests/golden/infinity_tiny
 	tests/cli/test_simulate.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python $(VAR_MODEL) \
 		$(if $(SANITIZER),sanitizer)

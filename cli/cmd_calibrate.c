@@ -1,5 +1,6 @@
 /* `arserve calibrate`: HeatKV's calibration of a next-scale model. Runs a
- * full-cache generation per class listed in the prompts file, records the
+ * full-cache generation per prompt of the prompts file (text for Infinity,
+ * a class for VAR), records the
  * conditional row's attention mass from each scale to each earlier one,
  * and writes the S-CAS and CAS orderings into the model directory
  * (engine/policy/kv_calibration.h), where heatkv and heatkv_binary find them.
@@ -30,57 +31,33 @@ static void progress(int done, int total, void *ctx) {
     fflush(stderr);
 }
 
-/* The classes of the prompts file: one per line, a class name of the model
- * or its number; blank lines and lines starting with '#' are skipped. */
-static int read_prompts(const model_t *m, const char *path, int *labels, int cap) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "arserve calibrate: %s: cannot open: %s\n", path, strerror(errno));
-        return -1;
-    }
-    char line[1024];
-    int n = 0, no = 0;
-    while (fgets(line, sizeof line, f)) {
-        no++;
-        line[strcspn(line, "\r\n")] = 0;
-        if (!line[0] || line[0] == '#')
-            continue;
-        const int label = model_class_parse(m, line);
-        if (label < 0 || n == cap) {
-            if (label < 0)
-                fprintf(stderr,
-                        "arserve calibrate: %s:%d: '%s' is neither a class name of the model nor "
-                        "a class number from 0 to %d\n",
-                        path, no, line, m->cfg.condition.num_classes - 1);
-            else
-                fprintf(stderr, "arserve calibrate: %s: more than %d prompts\n", path, cap);
-            fclose(f);
-            return -1;
-        }
-        labels[n++] = label;
-    }
-    fclose(f);
-    if (n == 0)
-        fprintf(stderr, "arserve calibrate: %s: no prompts (one class per line)\n", path);
-    return n ? n : -1;
-}
-
-/* The prompts file's lines for --kv-scales (text, or classes for a
+/* The prompts file's lines (text, or classes by name or number for a
  * class-conditional model): blank lines and lines starting with '#' are
- * skipped. *lines holds them (free each, then it); the count, or -1. */
-static int read_lines(const char *path, char ***lines) {
+ * skipped. *lines holds them (free each, then it); the count, or -1. A
+ * class-conditional model's lines are checked here, so that a bad one is
+ * named by its file and line. */
+static int read_lines(const model_t *m, const char *path, char ***lines) {
     FILE *f = fopen(path, "r");
     if (!f) {
         fprintf(stderr, "arserve calibrate: %s: cannot open: %s\n", path, strerror(errno));
         return -1;
     }
     char line[4096];
-    int n = 0;
+    int n = 0, no = 0;
     *lines = calloc(MAX_PROMPTS, sizeof **lines);
     while (*lines && fgets(line, sizeof line, f)) {
+        no++;
         line[strcspn(line, "\r\n")] = 0;
         if (!line[0] || line[0] == '#')
             continue;
+        if (model_is_class_conditional(m) && model_class_parse(m, line) < 0) {
+            fprintf(stderr,
+                    "arserve calibrate: %s:%d: '%s' is neither a class name of the model nor "
+                    "a class number from 0 to %d\n",
+                    path, no, line, m->cfg.condition.num_classes - 1);
+            n = -1;
+            break;
+        }
         if (n == MAX_PROMPTS) {
             fprintf(stderr, "arserve calibrate: %s: more than %d prompts\n", path, MAX_PROMPTS);
             n = -1;
@@ -104,7 +81,7 @@ static void free_lines(char **lines) {
 /* --kv-scales: measures and writes the fp8 scales; the exit code. */
 static int calibrate_kv_scales(model_t *m, const char *prompts, const char *out) {
     char **lines = NULL, path[PATH_MAX];
-    const int n = read_lines(prompts, &lines);
+    const int n = read_lines(m, prompts, &lines);
     fp8_scales_t s = {0};
     ar_error_t err = {{0}};
     int rc = 1;
@@ -133,19 +110,15 @@ static int calibrate_kv_scales(model_t *m, const char *prompts, const char *out)
 
 /* HeatKV's orderings of a next-scale model; the exit code. */
 static int calibrate_orderings(model_t *m, const char *prompts, int sinks, const char *out) {
-    int *labels = malloc(MAX_PROMPTS * sizeof *labels);
+    char **lines = NULL, path[PATH_MAX];
     kv_calibration_t c = {0};
     ar_error_t err = {{0}};
-    char path[PATH_MAX];
     int rc = 1;
-    if (!labels) {
-        fprintf(stderr, "arserve calibrate: out of memory\n");
-        return 1;
-    }
-    const int n = read_prompts(m, prompts, labels, MAX_PROMPTS);
+    const int n = read_lines(m, prompts, &lines);
     snprintf(path, sizeof path, "%s/%s", m->dir, KV_CALIBRATION_FILE);
     if (n > 0) {
-        if (calibration_run(m, labels, n, sinks, progress, NULL, &c, &err) != AR_OK ||
+        if (calibration_run(m, (const char *const *)lines, n, sinks, progress, NULL, &c, &err) !=
+                AR_OK ||
             kv_calibration_save(&c, out ? out : path, &err) != AR_OK)
             fprintf(stderr, "\narserve calibrate: %s\n", err.msg);
         else {
@@ -155,7 +128,7 @@ static int calibrate_orderings(model_t *m, const char *prompts, int sinks, const
         }
     }
     kv_calibration_free(&c);
-    free(labels);
+    free_lines(lines);
     return rc;
 }
 
@@ -170,8 +143,8 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
         {"model", 0, CLI_STRING, &model_dir, .metavar = "DIR",
          .help = "the model directory: a next-scale one, or any with --kv-scales (required)"},
         {"prompts", 0, CLI_STRING, &prompts, .metavar = "FILE",
-         .help = "one class per line, by name or number (HeatKV calibrates on 10); with "
-                 "--kv-scales, one prompt per line (a class for a class-conditional model) "
+         .help = "one prompt per line: text for a text-prompted model (Infinity), a class "
+                 "by name or number for a class-conditional one (HeatKV calibrates on 10) "
                  "(required)"},
         {"kv-scales", 0, CLI_BOOL, &scales,
          .help = "measure the fp8 KV scales (each layer and head's largest |K| and |V|) into "

@@ -42,7 +42,21 @@ static void add_step(const kv_geometry_t *g, const float *mass, size_t cap, int 
     }
 }
 
-int calibration_run(model_t *m, const int *labels, int n, int sink_scales,
+/* The condition rows of prompt p: text, or a class by name or number. */
+static int prompt_rows(const model_t *m, const char *p, int *cond, int *uncond, int *len,
+                       ar_error_t *err) {
+    if (!model_is_class_conditional(m))
+        return model_prompt_from_text(m, p, cond, uncond, len, err);
+    const int label = model_class_parse(m, p);
+    if (label < 0)
+        return ar_errorf(err,
+                         "'%s' is neither a class name of the model nor a class number from 0 "
+                         "to %d",
+                         p, m->cfg.condition.num_classes - 1);
+    return model_prompt_from_class(m, label, cond, uncond, len, err);
+}
+
+int calibration_run(model_t *m, const char *const *prompts, int n, int sink_scales,
                     calibration_progress_fn progress, void *ctx, kv_calibration_t *out,
                     ar_error_t *err) {
     memset(out, 0, sizeof *out);
@@ -52,45 +66,64 @@ int calibration_run(model_t *m, const int *labels, int n, int sink_scales,
         return ar_errorf(err, "calibration is for next-scale models; %s is a raster model",
                          m->cfg.name);
     if (n < 1)
-        return ar_errorf(err, "no classes to calibrate on");
+        return ar_errorf(err, "no prompts to calibrate on");
     const int K = g.n_segments, T = g.n_layers * g.n_heads;
-    const size_t cap = (size_t)g.n_prompt + kv_geometry_image_tokens(&g);
-    const size_t n_mass = (size_t)T * cap;
     double *beta = calloc((size_t)T * K * K, sizeof *beta),
            *htr = calloc((size_t)T * K, sizeof *htr);
-    float *mass = malloc(n_mass * sizeof *mass), *zeros = calloc(n_mass, sizeof *zeros);
-    float *beta_f = malloc((size_t)T * K * K * sizeof *beta_f),
-          *scratch = malloc(cap * sizeof *scratch);
+    float *beta_f = malloc((size_t)T * K * K * sizeof *beta_f), *mass = NULL, *zeros = NULL,
+          *scratch = NULL;
+    int *cond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof *cond),
+        *uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof *uncond);
     kv_pool_t pool = {0};
-    int rc = AR_ERR;
-    if (!beta || !htr || !mass || !zeros || !beta_f || !scratch) {
+    int rc = AR_ERR, len, longest = 1;
+    if (!beta || !htr || !beta_f || !cond || !uncond) {
         ar_errorf(err, "out of memory");
         goto out;
     }
-    if (gen_pool_for_one_image(&pool, m, 1, DTYPE_F32, err) != AR_OK)
+    for (int p = 0; p < n; p++) { /* the pool and the mass hold the longest prompt's image */
+        if (prompt_rows(m, prompts[p], cond, uncond, &len, err) != AR_OK) {
+            ar_error_prefix(err, "prompt %d", p + 1);
+            goto out;
+        }
+        longest = len > longest ? len : longest;
+    }
+    kv_geometry_t gl;
+    model_geometry(&m->cfg, longest, &gl);
+    const size_t cap = (size_t)gl.n_prompt + kv_geometry_image_tokens(&gl);
+    const size_t n_mass = (size_t)T * cap;
+    mass = malloc(n_mass * sizeof *mass);
+    zeros = calloc(n_mass, sizeof *zeros);
+    scratch = malloc(cap * sizeof *scratch);
+    if (!mass || !zeros || !scratch) {
+        ar_errorf(err, "out of memory");
+        goto out;
+    }
+    if (gen_pool_for_one_image(&pool, m, longest, DTYPE_F32, err) != AR_OK)
         goto out;
     for (int p = 0; p < n; p++) {
-        int cond, uncond, len;
         gen_request_t r;
         sampler_params_t sp = m->cfg.sampling;
-        if (model_prompt_from_class(m, labels[p], &cond, &uncond, &len, err) != AR_OK ||
-            gen_request_init(&r, m, &pool, NULL, &cond, &uncond, len, &sp, (uint64_t)p, 0, err) !=
+        if (prompt_rows(m, prompts[p], cond, uncond, &len, err) != AR_OK ||
+            gen_request_init(&r, m, &pool, NULL, cond, uncond, len, &sp, (uint64_t)p, 0, err) !=
                 AR_OK)
             goto out;
         if (gen_request_collect_mass(&r, err) != AR_OK) {
             gen_request_free(&r);
             goto out;
         }
+        /* This prompt's geometry (its own prefix) and its sequence's mass rows. */
+        model_geometry(&m->cfg, len, &g);
+        const size_t stride = (size_t)r.seq[0].capacity, n_seq = (size_t)T * stride;
         gen_request_t *batch[] = {&r};
         for (int t = 0; t < r.n_steps; t++) {
             if (gen_step(batch, 1, err) != AR_OK) {
-                ar_error_prefix(err, "class %d, scale %d", labels[p], t);
+                ar_error_prefix(err, "prompt %d, scale %d", p + 1, t);
                 gen_request_free(&r);
                 goto out;
             }
-            m->be->download(m->be, mass, r.seq[0].mass, n_mass * sizeof *mass);
-            m->be->upload(m->be, r.seq[0].mass, zeros, n_mass * sizeof *zeros);
-            add_step(&g, mass, cap, t, beta, htr, scratch);
+            m->be->download(m->be, mass, r.seq[0].mass, n_seq * sizeof *mass);
+            m->be->upload(m->be, r.seq[0].mass, zeros, n_seq * sizeof *zeros);
+            add_step(&g, mass, stride, t, beta, htr, scratch);
         }
         gen_request_free(&r);
         if (progress)
@@ -111,21 +144,9 @@ out:
     free(scratch);
     free(mass);
     free(zeros);
+    free(cond);
+    free(uncond);
     return rc;
-}
-
-/* The condition rows of prompt p: text, or a class by name or number. */
-static int prompt_rows(const model_t *m, const char *p, int *cond, int *uncond, int *len,
-                       ar_error_t *err) {
-    if (!model_is_class_conditional(m))
-        return model_prompt_from_text(m, p, cond, uncond, len, err);
-    const int label = model_class_parse(m, p);
-    if (label < 0)
-        return ar_errorf(err,
-                         "'%s' is neither a class name of the model nor a class number from 0 "
-                         "to %d",
-                         p, m->cfg.condition.num_classes - 1);
-    return model_prompt_from_class(m, label, cond, uncond, len, err);
 }
 
 int fp8_scales_measure(model_t *m, const char *const *prompts, int n,

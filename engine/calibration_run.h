@@ -1,7 +1,7 @@
 /* Calibration runs (HeatKV §3.1): full-cache generations of a next-scale
  * model whose conditional row's attention mass, per (layer, head), from
  * each query scale to each source scale (eq. 2) is averaged over the
- * classes given, then turned into orderings (engine/policy/kv_calibration.h). */
+ * prompts given, then turned into orderings (engine/policy/kv_calibration.h). */
 #ifndef ARSERVE_CALIBRATION_RUN_H
 #define ARSERVE_CALIBRATION_RUN_H
 
@@ -12,10 +12,12 @@
 /* Called after each generation: done of total. */
 typedef void (*calibration_progress_fn)(int done, int total, void *ctx);
 
-/* Generates one image per class in labels[0..n) (seed = its index) under
+/* Generates one image per prompt in prompts[0..n) (seed = its index) under
  * the full cache, with the model's sampling, and fills *out for
- * sink_scales. AR_ERR names the class or step at fault. */
-int calibration_run(model_t *m, const int *labels, int n, int sink_scales,
+ * sink_scales. A prompt is text for a text-prompted model (Infinity), a
+ * class name or number for a class-conditional one (VAR); AR_ERR names the
+ * prompt or step at fault. */
+int calibration_run(model_t *m, const char *const *prompts, int n, int sink_scales,
                     calibration_progress_fn progress, void *ctx, kv_calibration_t *out,
                     ar_error_t *err);
 

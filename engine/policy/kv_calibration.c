@@ -65,19 +65,31 @@ int kv_calibration_synthetic(kv_calibration_t *c, const kv_geometry_t *g, int si
     return AR_OK;
 }
 
-/* Heads by ascending score, ties by head number (qsort is not stable). */
-static int by_score(const void *a, const void *b, void *scores) {
+/* Units (layer * n_heads + head) by ascending score, ties by head, then
+ * layer: HeatKV's calibration sorts (score, head, layer) tuples, and on
+ * equal scores the order decides which units go first (qsort is not
+ * stable, so every tie is broken here). */
+typedef struct {
+    const double *score;
+    int n_heads;
+} order_key_t;
+
+static int by_score(const void *a, const void *b, void *key) {
     const int x = *(const int *)a, y = *(const int *)b;
-    const double *score = scores;
-    if (score[x] != score[y])
-        return score[x] < score[y] ? -1 : 1;
+    const order_key_t *k = key;
+    if (k->score[x] != k->score[y])
+        return k->score[x] < k->score[y] ? -1 : 1;
+    const int hx = x % k->n_heads, hy = y % k->n_heads;
+    if (hx != hy)
+        return (hx > hy) - (hx < hy);
     return (x > y) - (x < y);
 }
 
-static void order_by(int *order, const double *score, int T) {
+static void order_by(int *order, const double *score, int T, int n_heads) {
     for (int i = 0; i < T; i++)
         order[i] = i;
-    qsort_r(order, (size_t)T, sizeof *order, by_score, (void *)score);
+    order_key_t key = {score, n_heads};
+    qsort_r(order, (size_t)T, sizeof *order, by_score, &key);
 }
 
 int kv_calibration_from_beta(kv_calibration_t *c, const kv_geometry_t *g, const float *beta,
@@ -104,7 +116,7 @@ int kv_calibration_from_beta(kv_calibration_t *c, const kv_geometry_t *g, const 
                 sum += BETA(h, q, src);
             score[h] = sum / (K - 1 - src);
         }
-        order_by(c->scas_order + (size_t)src * T, score, T);
+        order_by(c->scas_order + (size_t)src * T, score, T, c->n_heads);
     }
     /* CAS (eq. 3): the last scale's mass on the cached non-sink scales. */
     for (int h = 0; h < T; h++) {
@@ -114,9 +126,23 @@ int kv_calibration_from_beta(kv_calibration_t *c, const kv_geometry_t *g, const 
         score[h] = sink_scales < K - 1 ? sum / (K - 1 - sink_scales) : 0;
     }
 #undef BETA
-    order_by(c->cas_order, score, T);
+    order_by(c->cas_order, score, T, c->n_heads);
     free(score);
     return AR_OK;
+}
+
+/* v[0..n) as "a,b,c" into buf, cut short (ending "...") where it does not fit. */
+static void join_ints(char *buf, size_t cap, const int *v, int n) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const int w = snprintf(buf + used, cap - used, "%s%d", i ? "," : "", v[i]);
+        if (w < 0 || (size_t)w >= cap - used) {
+            snprintf(buf + (cap > 4 ? cap - 4 : 0), cap > 4 ? 4 : cap, "...");
+            return;
+        }
+        used += (size_t)w;
+    }
 }
 
 int kv_calibration_check(const kv_calibration_t *c, const kv_geometry_t *g, ar_error_t *err) {
@@ -126,6 +152,17 @@ int kv_calibration_check(const kv_calibration_t *c, const kv_geometry_t *g, ar_e
         same = c->scale_tokens[i] == g->segment_tokens[i];
     if (same)
         return AR_OK;
+    if (c->n_layers == g->n_layers && c->n_heads == g->n_heads && c->n_scales == g->n_segments &&
+        g->step_unit == KV_STEP_SEGMENT) {
+        char made[96], here[96];
+        join_ints(made, sizeof made, c->scale_tokens, c->n_scales);
+        join_ints(here, sizeof here, g->segment_tokens, g->n_segments);
+        return ar_errorf(err,
+                         "the KV calibration was made at another image size (scales of %s "
+                         "tokens; this size's: %s): policies that need it run at the "
+                         "calibrated size only",
+                         made, here);
+    }
     return ar_errorf(err,
                      "the KV calibration is for %d layers x %d heads and %d scales, this model "
                      "has %d x %d and %d scales of these sizes: run `arserve calibrate` on it",

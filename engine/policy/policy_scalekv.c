@@ -213,36 +213,41 @@ static int scalekv_layer_end(void *state, int t, int l, int head, int len, int *
     return 0; /* it caches the whole scale, then compacts (scalekv_layer_stored) */
 }
 
-/* Once the scale is appended: the window (the centres of a 4 x 4 grid of
- * the scale's cells; its newest tokens when it is smaller than the grid)
- * and the budget's rest by max-pooled key mass (ties and no mass: the
- * newest). */
+/* Whether token j of a cache of len whose last n tokens are the scale just
+ * appended (side: the scale's side when square) is in the window: the
+ * centres of a 4 x 4 grid of the scale's cells, or its newest tokens when
+ * it is smaller than the grid or not square. */
+static int in_window(int j, int len, int n, int side) {
+    const int first = len - n;
+    if (j < first)
+        return 0;
+    if (side < WINDOW_SIDE || side * side != n)
+        return j >= len - (n < WINDOW ? n : WINDOW);
+    const int cell = side / WINDOW_SIDE, r = (j - first) / side, c = (j - first) % side;
+    return r % cell == (cell - 1) / 2 && r / cell < WINDOW_SIDE && c % cell == (cell - 1) / 2 &&
+           c / cell < WINDOW_SIDE;
+}
+
+/* Once the scale is appended: the window, and the budget's rest by key
+ * mass max-pooled over the keys outside the window (ScaleKV's code masks
+ * the window before pooling, so its mass does not lift its neighbours;
+ * ties and no mass: the newest). */
 static int scalekv_layer_stored(void *state, int t, int l, int head, int len, const float *mass,
                                 int *keep, int *n_keep) {
     (void)head;
     scalekv_t *s = state;
     if (t >= s->steps - 1 || s->budget[t * s->n_layers + l] < 0)
         return 0;
-    const int budget = s->budget[t * s->n_layers + l], n = s->seg[t], first = len - n;
-    if (len <= budget || first < 0)
+    const int budget = s->budget[t * s->n_layers + l], n = s->seg[t];
+    if (len <= budget || len - n < 0)
         return 0;
+    const int side = (int)lround(sqrt((double)n));
     for (int j = 0; j < len; j++) {
         float m = 0;
         for (int d = -POOL_KERNEL / 2; mass && d <= POOL_KERNEL / 2; d++)
-            if (j + d >= 0 && j + d < len && mass[j + d] > m)
+            if (j + d >= 0 && j + d < len && mass[j + d] > m && !in_window(j + d, len, n, side))
                 m = mass[j + d];
-        s->score[j] = m;
-    }
-    const int side = (int)lround(sqrt((double)n));
-    if (side >= WINDOW_SIDE && side * side == n) {
-        const int cell = side / WINDOW_SIDE;
-        for (int i = 0; i < WINDOW_SIDE; i++)
-            for (int j = 0; j < WINDOW_SIDE; j++)
-                s->score[first + (i * cell + (cell - 1) / 2) * side + j * cell + (cell - 1) / 2] =
-                    INFINITY;
-    } else {
-        for (int j = len - (n < WINDOW ? n : WINDOW); j < len; j++)
-            s->score[j] = INFINITY;
+        s->score[j] = in_window(j, len, n, side) ? INFINITY : m;
     }
     kv_keep_top(keep, 0, len, budget, s->score);
     *n_keep = budget;

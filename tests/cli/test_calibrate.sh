@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # CLI tests for `arserve calibrate` on a copy of a next-scale model: it
-# writes a calibration whose attention rows each sum to 1 (every query row's
-# softmax mass, the scale's own keys included), which the model then loads
+# writes a calibration (of VAR from classes, of Infinity from text) whose
+# attention rows each sum to 1 (every query row's softmax mass, the scale's
+# own keys included), which the model then loads
 # and `arserve plan` uses for heatkv; bad prompts files and a raster model
 # are refused with the file, line or reason named.
 # usage: tests/cli/test_calibrate.sh path/to/arserve path/to/var-model path/to/raster-model
+#        path/to/infinity-model
 set -u
-bin=$1 var_model=$2 raster_model=$3
+bin=$1 var_model=$2 raster_model=$3 inf_model=$4
 case $bin in /*) ;; *) bin=$PWD/$bin ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -14,19 +16,14 @@ passed=0 failed=0
 ok()   { passed=$((passed + 1)); echo "ok      $1"; }
 fail() { failed=$((failed + 1)); echo "not ok  $1"; [ -n "${2:-}" ] && echo "  $2"; }
 
-cp -r "$var_model" "$tmp/m"
-rm -f "$tmp/m/kv_calibration.json"
-classes=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['condition']['num_classes'])" "$tmp/m/arserve.json")
-printf '# two classes\n0\n\n%d\n' $((classes - 1)) >"$tmp/prompts.txt"
-if "$bin" calibrate --model "$tmp/m" --prompts "$tmp/prompts.txt" --sink-scales 1 >"$tmp/out" 2>"$tmp/err"; then
-    if grep -q "wrote $tmp/m/kv_calibration.json: .* 2 generations, 1 sink scales" "$tmp/out" &&
-       grep -q '2/2 generations' "$tmp/err" &&
-       python3 - "$tmp/m/kv_calibration.json" <<'PY'
+# The calibration file's invariants: every attention row sums to 1 and sees
+# no later scale; orderings are permutations; history top-K ratios bounded.
+cat >"$tmp/check.py" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 K, T = len(d["scale_tokens"]), d["n_layers"] * d["n_heads"]
 b = d["beta"]
-assert d["prompts"] == 2 and d["sink_scales"] == 1
+assert d["prompts"] == 2 and d["sink_scales"] == int(sys.argv[2])
 assert sorted(d["cas_order"]) == list(range(T)) and len(d["scas_order"]) == K - 1
 for h in range(T):
     for q in range(K):
@@ -43,12 +40,39 @@ for h in range(T):
         hist = 1 - b[(h * K + q) * K + q]
         assert 0 < htr[h * K + q] <= hist + 1e-5, (h, q, htr[h * K + q], hist)
 PY
+
+cp -r "$var_model" "$tmp/m"
+rm -f "$tmp/m/kv_calibration.json"
+classes=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['condition']['num_classes'])" "$tmp/m/arserve.json")
+printf '# two classes\n0\n\n%d\n' $((classes - 1)) >"$tmp/prompts.txt"
+if "$bin" calibrate --model "$tmp/m" --prompts "$tmp/prompts.txt" --sink-scales 1 >"$tmp/out" 2>"$tmp/err"; then
+    if grep -q "wrote $tmp/m/kv_calibration.json: .* 2 generations, 1 sink scales" "$tmp/out" &&
+       grep -q '2/2 generations' "$tmp/err" &&
+       python3 "$tmp/check.py" "$tmp/m/kv_calibration.json" 1
     then ok "calibrate: writes orderings, a progress bar, attention rows that sum to 1, and history top-K ratios"
     else fail "calibrate output" "$(cat "$tmp/out" "$tmp/err")"; fi
 else fail "calibrate --model var-tiny" "$(cat "$tmp/err")"; fi
 "$bin" plan --model "$tmp/m" --policy heatkv --budget 1 >"$tmp/plan" 2>&1 &&
     grep -q "^heatkv and scalekv calibration: the model's calibration" "$tmp/plan" \
     && ok "plan reads the model's calibration" || fail "plan with a calibration" "$(tail -5 "$tmp/plan")"
+
+# Infinity (text prompts, read by cross-attention: no cached prefix).
+mkdir "$tmp/inf"
+cp "$inf_model"/arserve.json "$inf_model"/*.safetensors "$inf_model"/tokenizer.json "$tmp/inf/"
+rm -f "$tmp/inf/golden.safetensors"
+printf 'a red circle\n# a comment\na blue square\n' >"$tmp/text.txt"
+if "$bin" calibrate --model "$tmp/inf" --prompts "$tmp/text.txt" >"$tmp/out" 2>"$tmp/err"; then
+    if grep -q "wrote $tmp/inf/kv_calibration.json: 2 layers x 2 heads, 7 scales, 2 generations, 3 sink scales" \
+            "$tmp/out" && python3 "$tmp/check.py" "$tmp/inf/kv_calibration.json" 3 &&
+       "$bin" plan --model "$tmp/inf" --policy heatkv --budget 0.4 2>&1 |
+           grep -q "^heatkv and scalekv calibration: the model's calibration"
+    then ok "calibrate on Infinity: text prompts, attention rows that sum to 1, read by plan"
+    else fail "calibrate on Infinity's output" "$(cat "$tmp/out" "$tmp/err")"; fi
+else fail "calibrate --model infinity_tiny" "$(cat "$tmp/err")"; fi
+printf 'a red circle\na small blue square on the left of a large green circle\n' >"$tmp/long.txt"
+"$bin" calibrate --model "$tmp/inf" --prompts "$tmp/long.txt" >/dev/null 2>"$tmp/err"
+[ $? -eq 1 ] && grep -q "prompt 2: prompt is [0-9]* tokens with </s>, more than the model's limit 16" "$tmp/err" \
+    && ok "a text prompt too long for the model names the prompt" || fail "long prompt" "$(cat "$tmp/err")"
 
 printf 'no such class\n' >"$tmp/bad.txt"
 "$bin" calibrate --model "$tmp/m" --prompts "$tmp/bad.txt" >/dev/null 2>"$tmp/err"
@@ -109,8 +133,8 @@ printf '0\n' >"$tmp/one.txt"
     && ok "calibrate --kv-scales on a class-conditional model, --out" || fail "var --kv-scales" "$(cat "$tmp/err")"
 printf 'no such class\n' >"$tmp/bad.txt"
 "$bin" calibrate --model "$tmp/m" --prompts "$tmp/bad.txt" --kv-scales >/dev/null 2>"$tmp/err"
-[ $? -eq 1 ] && grep -q "prompt 1: 'no such class' is neither a class name" "$tmp/err" \
-    && ok "--kv-scales: an unknown class names the prompt" || fail "--kv-scales bad class" "$(cat "$tmp/err")"
+[ $? -eq 1 ] && grep -q "$tmp/bad.txt:1: 'no such class' is neither a class name" "$tmp/err" \
+    && ok "--kv-scales: an unknown class names the file and line" || fail "--kv-scales bad class" "$(cat "$tmp/err")"
 # Damaged or foreign scale files stop the model's load, naming the file and field.
 cp "$tmp/r/kv_scales.json" "$tmp/good.json"
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d['v_amax'][1]=-1; json.dump(d,open(sys.argv[1],'w'))" "$tmp/r/kv_scales.json"

@@ -11,11 +11,13 @@ images are noise; what is checked is the serving)."""
 import base64
 import json
 import os
+import shutil
+import subprocess
 
 import openai
 import pytest
 
-from conftest import HTTP_TIMEOUT, Daemon, b64_png_size, repo_path
+from conftest import ARSERVE_BIN, HTTP_TIMEOUT, Daemon, b64_png_size, clean_env, repo_path
 from test_heatkv_admission import iterations_above, send_together
 from test_streaming import read_sse
 
@@ -145,3 +147,50 @@ def test_stream_previews_at_a_wide_size_and_the_openai_client(d):
                                extra_body={"seed": 9, "negative_prompt": "dark blurry"})
     assert b64_png_size(r.data[0].b64_json) == (z["width"], z["height"])
     assert r.data[0].b64_json != plain.json()["data"][0]["b64_json"]
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """A copy of the model calibrated by `arserve calibrate` from two text
+    prompts, served."""
+    root = tmp_path_factory.mktemp("calibrated")
+    model = root / "model"
+    model.mkdir()
+    for name in os.listdir(MODEL):
+        if name.endswith((".json", ".safetensors")) and name != "golden.safetensors":
+            shutil.copy(os.path.join(MODEL, name), model / name)
+    (model / "kv_calibration.json").unlink(missing_ok=True)
+    prompts = root / "prompts.txt"
+    prompts.write_text("a dog\n# a comment\na golden dragon\n")
+    out = subprocess.run([ARSERVE_BIN, "calibrate", "--model", str(model), "--prompts",
+                          str(prompts), "--threads", "1"], env=clean_env(), capture_output=True,
+                         text=True, timeout=HTTP_TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    assert "2 generations, 3 sink scales" in out.stdout, out.stdout
+    daemon = Daemon(str(root), str(model), ["--threads", "1"])
+    yield daemon
+    daemon.finish()
+
+
+def test_a_calibrated_model_serves_heatkv_and_scalekv(calibrated):
+    """HeatKV (both variants) and ScaleKV on Infinity with its calibration:
+    each image's measured KV peak is its plan and under the full cache's; a
+    size other than the calibration's is refused, saying so."""
+    full = calibrated.client.post(GEN, json={"prompt": "a dog", "seed": 1})
+    assert full.status_code == 200, full.text
+    full_peak = full.json()["kv_cache"]["peak_bytes"]
+    for policy in ("heatkv", "heatkv_binary", "scalekv"):
+        r = calibrated.client.post(GEN, json={"prompt": "a dog", "seed": 1, "kv_policy": policy,
+                                              "kv_budget": 0.4})
+        assert r.status_code == 200, (policy, r.text)
+        j = r.json()
+        kv = j["kv_cache"]
+        assert kv["policy"] == policy, kv
+        assert kv["planned_peak_bytes"] == kv["peak_bytes"] < full_peak, (policy, kv, full_peak)
+        assert b64_png_size(j["data"][0]["b64_json"]) == \
+            (SIZES[DEFAULT]["width"], SIZES[DEFAULT]["height"])
+    r = calibrated.client.post(GEN, json={"prompt": "a dog", "size": WIDE, "kv_policy": "heatkv",
+                                          "kv_budget": 0.4})
+    e = error_of(r)
+    assert e["param"] == "kv_policy" and "calibration was made at another image size" in \
+        e["message"], e

@@ -139,6 +139,41 @@ static void test_window_and_top_mass_kept(void) {
     kv_calibration_free(&c);
 }
 
+/* The window's own mass does not lift its neighbours: ScaleKV's code masks
+ * the window before max-pooling. A window key (the scale's first token) with
+ * the most mass of all, and the older a history token the more mass: the
+ * window's neighbours (the newest history tokens, the scale's second) rank
+ * by their own neighbourhoods, below the oldest history, and are dropped. */
+static void test_window_mass_does_not_lift_its_neighbours(void) {
+    kv_geometry_t g;
+    kv_calibration_t c;
+    setup(&g, &c);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_SCALEKV);
+    p.budget = 0.25;
+    p.scalekv_drafters = 0;
+    ar_error_t err = {{0}};
+    kv_policy_state_t *s = kv_policy_begin(&p, &g, &err);
+    const int len = 255, first = 155; /* step 7, as above; budget 106 */
+    float mass[255] = {0};
+    for (int j = 0; j < first; j++)
+        mass[j] = 0.001f * (float)(first - j);
+    mass[first] = 5;
+    int keep[255], n_keep, cache;
+    for (int t = 0; t < 7; t++)
+        for (int l = 0; l < 6; l++)
+            kv_policy_layer_end(s, t, l, 0, 0, keep, &n_keep, &cache);
+    CHECK(kv_policy_layer_stored(s, 7, 0, 0, len, mass, keep, &n_keep) == KV_COMPACT);
+    int has[255] = {0};
+    for (int i = 0; i < n_keep; i++)
+        has[keep[i]] = 1;
+    CHECK(has[first] && has[0] && has[89]);
+    for (int j = first - 2; j <= first + 1; j++)
+        CHECK_MSG(j == first || !has[j], "token %d kept for the window's mass", j);
+    kv_policy_end(s);
+    kv_calibration_free(&c);
+}
+
 static void test_refusals(void) {
     kv_geometry_t g;
     kv_calibration_t c;
@@ -194,6 +229,7 @@ int main(void) {
     }
     TEST_RUN(test_drafters_and_budgets);
     TEST_RUN(test_window_and_top_mass_kept);
+    TEST_RUN(test_window_mass_does_not_lift_its_neighbours);
     TEST_RUN(test_refusals);
     TEST_RUN(test_measured_kv_equals_the_plan);
     be->destroy(be);
