@@ -5,6 +5,7 @@
  * calibration file (round trip, orderings from attention mass, refusal of
  * another model's), and on the shipped multiscale demo model the engine's
  * measured KV, step by step, equal to the plan byte for byte. */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -289,6 +290,94 @@ static void test_budget_below_the_sinks_is_refused(void) {
     kv_calibration_free(&c);
 }
 
+/* ---- HeatKV's public code ---- */
+
+static int json_int(const cJSON *o, const char *key) {
+    return cJSON_GetObjectItemCaseSensitive(o, key)->valueint;
+}
+
+/* Our schedule against the one HeatKV's code computes
+ * (tests/golden/heatkv_schedule/README.md) from the same orderings, on
+ * Infinity-2B's 1M 1:1 schedule at HeatKV's Table 1 budgets and on two small
+ * ones at budgets where greedy early pruning acts: at every step, the
+ * (source scale, layer, head) units attention does not see, and those not
+ * cached after the step. */
+static void test_schedule_equals_the_public_code(void) {
+    FILE *f = fopen("tests/golden/heatkv_schedule/schedule.json", "rb");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fseek(f, 0, SEEK_END);
+    const long size = ftell(f);
+    rewind(f);
+    char *text = malloc((size_t)size + 1);
+    CHECK(text && fread(text, 1, (size_t)size, f) == (size_t)size);
+    fclose(f);
+    text[size] = 0;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    CHECK(root != NULL);
+    const cJSON *cases = cJSON_GetObjectItemCaseSensitive(root, "cases"), *tc;
+    int n_cases = 0;
+    cJSON_ArrayForEach(tc, cases) {
+        kv_geometry_t g = {.step_unit = KV_STEP_SEGMENT};
+        g.n_layers = json_int(tc, "n_layers");
+        g.n_heads = json_int(tc, "n_heads");
+        const int sinks = json_int(tc, "sinks"), T = g.n_layers * g.n_heads;
+        const double budget = cJSON_GetObjectItemCaseSensitive(tc, "budget")->valuedouble;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(tc, "scale_tokens"))
+            g.segment_tokens[g.n_segments++] = x->valueint;
+        const int K = g.n_segments;
+        kv_calibration_t c;
+        ar_error_t err = {{0}};
+        CHECK(kv_calibration_synthetic(&c, &g, sinks, &err) == AR_OK);
+        int src = sinks;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(tc, "scas_order")) {
+            int i = 0;
+            const cJSON *u;
+            cJSON_ArrayForEach(u, x) c.scas_order[(size_t)src * T + i++] = u->valueint;
+            src++;
+        }
+        heatkv_schedule_t s;
+        CHECK_MSG(heatkv_schedule_build(&s, &g, &c, sinks, budget, 0, &err) == AR_OK, "%s",
+                  err.msg);
+        const char *what[2] = {"attention_removed", "cached_removed"};
+        int differ = 0;
+        for (int kind = 0; kind < 2; kind++) {
+            const cJSON *steps = cJSON_GetObjectItemCaseSensitive(tc, what[kind]);
+            for (int t = 0; t < K - kind; t++)
+                for (int i = sinks; i <= K - 2; i++)
+                    for (int l = 0; l < g.n_layers; l++) {
+                        const int mask =
+                            cJSON_GetArrayItem(
+                                cJSON_GetArrayItem(cJSON_GetArrayItem(steps, t), i - sinks), l)
+                                ->valueint;
+                        for (int h = 0; h < g.n_heads; h++) {
+                            /* attention: earlier scales only; cache: this one too */
+                            if (i > t || (kind == 0 && i == t))
+                                continue;
+                            const int theirs = !(mask >> h & 1),
+                                      ours = heatkv_present(&s, i, l * g.n_heads + h, t, !kind);
+                            if (theirs != ours && differ++ < 5)
+                                CHECK_MSG(0,
+                                          "%s sinks %d budget %g: step %d, %s, scale %d, layer "
+                                          "%d, head %d: theirs %s, ours %s",
+                                          cJSON_GetObjectItemCaseSensitive(tc, "name")->valuestring,
+                                          sinks, budget, t, what[kind], i, l, h,
+                                          theirs ? "kept" : "removed", ours ? "kept" : "removed");
+                        }
+                    }
+        }
+        CHECK_MSG(differ == 0, "%d units differ", differ);
+        heatkv_schedule_free(&s);
+        kv_calibration_free(&c);
+        n_cases++;
+    }
+    CHECK(n_cases == 12);
+    cJSON_Delete(root);
+}
+
 /* ---- calibration ---- */
 
 static void test_orderings_from_beta(void) {
@@ -484,6 +573,7 @@ int main(void) {
     TEST_RUN(test_scale_schedule_properties_and_greedy_is_least_on_equal_scales);
     TEST_RUN(test_scale_schedule_properties_on_any_scales);
     TEST_RUN(test_budget_below_the_sinks_is_refused);
+    TEST_RUN(test_schedule_equals_the_public_code);
     TEST_RUN(test_orderings_from_beta);
     TEST_RUN(test_model_refuses_a_calibration_of_another_shape);
     TEST_RUN(test_measured_kv_equals_the_plan);
