@@ -273,8 +273,7 @@ def main(argv=None):
         if step < end and clock.out_of_time():
             if saved != step:
                 saved = checkpoint(ckpt_path)
-            log(logf, "stopped at step %d of %d after %.1f minutes (--max-minutes %g); the same command "
-                "with --resume continues" % (step, end, clock.minutes(), a.max_minutes))
+            log(logf, clock.stopped(step, end))
             return EXIT_TIME_LIMIT
     log(logf, "done at step %d" % step)
     return 0

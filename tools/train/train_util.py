@@ -109,6 +109,11 @@ class WallClock:
     def minutes(self):
         return (time.monotonic() - self.start) / 60.0
 
+    def stopped(self, step, end):
+        """The log line of a run that stops at its time limit after step of end."""
+        return ("stopped at step %d of %d after %.1f minutes (--max-minutes %g); the same command "
+                "with --resume continues" % (step, end, self.minutes(), self.max_s / 60.0))
+
 
 @contextlib.contextmanager
 def worker_pool(n):

@@ -348,8 +348,7 @@ def train(a, pool):
         if step < end and clock.out_of_time():
             if saved != step:
                 saved = checkpoint()
-            log(logf, "stopped at step %d of %d after %.1f minutes (--max-minutes %g); the same command "
-                "with --resume continues" % (step, end, clock.minutes(), a.max_minutes))
+            log(logf, clock.stopped(step, end))
             return EXIT_TIME_LIMIT
     log(logf, "done at step %d" % step)
     return 0
