@@ -59,6 +59,12 @@ static int prompt_rows(const model_t *m, const char *p, int *cond, int *uncond, 
 int calibration_run(model_t *m, const char *const *prompts, int n, int sink_scales,
                     calibration_progress_fn progress, void *ctx, kv_calibration_t *out,
                     ar_error_t *err) {
+    return calibration_run_forced(m, prompts, NULL, n, sink_scales, progress, ctx, out, err);
+}
+
+int calibration_run_forced(model_t *m, const char *const *prompts, const int *const *forced, int n,
+                           int sink_scales, calibration_progress_fn progress, void *ctx,
+                           kv_calibration_t *out, ar_error_t *err) {
     memset(out, 0, sizeof *out);
     kv_geometry_t g;
     model_geometry(&m->cfg, 1, &g);
@@ -107,6 +113,7 @@ int calibration_run(model_t *m, const char *const *prompts, int n, int sink_scal
             gen_request_init(&r, m, &pool, NULL, cond, uncond, len, &sp, (uint64_t)p, 0, err) !=
                 AR_OK)
             goto out;
+        r.forced = forced ? forced[p] : NULL;
         if (gen_request_collect_mass(&r, err) != AR_OK) {
             gen_request_free(&r);
             goto out;

@@ -21,6 +21,15 @@ int calibration_run(model_t *m, const char *const *prompts, int n, int sink_scal
                     calibration_progress_fn progress, void *ctx, kv_calibration_t *out,
                     ar_error_t *err);
 
+/* The same, teacher-forced (tests against a reference's calibration): where
+ * forced and forced[p] are not NULL, prompt p's image takes the tokens
+ * forced[p] (the family's layout at the default size, as
+ * gen_request_t.forced) instead of sampling them, so that both sides
+ * attend over the same image. */
+int calibration_run_forced(model_t *m, const char *const *prompts, const int *const *forced, int n,
+                           int sink_scales, calibration_progress_fn progress, void *ctx,
+                           kv_calibration_t *out, ar_error_t *err);
+
 /* fp8 KV scales (fp8_scales.h) of any model: one full-cache generation per
  * prompt (seed = its index, the model's sampling, K and V kept in fp32),
  * the largest |K| and |V| of both rows' caches per (layer, head) once the
