@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
+#include "engine/calibration_run.h"
 #include "engine/family/family_infinity.h"
 #include "engine/format/safetensors.h"
 #include "engine/generate.h"
@@ -23,6 +26,9 @@
 #define LOGIT_TOL 1e-4
 #define LATENT_TOL 1e-5
 #define IMAGE_TOL 1e-4
+/* Attention mass is a probability: both sides sum the same fp32 softmax
+ * rows (measured 2.1e-7 on the CPU backend). */
+#define BETA_TOL 1e-5
 
 /* The 2B-like model, then the 8B-like one (2x2 spatial patchify). */
 static const char *const dirs[] = {"tests/golden/infinity_tiny",
@@ -529,6 +535,96 @@ static void test_two_sizes_in_one_batch_equal_alone(void) {
     check_two_sizes_in_one_batch(0);
 }
 
+/* `arserve calibrate` against HeatKV's calibration (arm-research/heatkv's
+ * tools/compute_scas.py, run on the official code; the fixture and how it
+ * was made: scas.json and the README beside it): teacher-forced on the
+ * golden bit pyramids of both prompts, the conditional row's mass per
+ * (layer, head, query scale, source scale) and the S-CAS scores and
+ * orderings of every source scale. Folders without scas.json skip it. */
+static void test_calibration_matches_heatkv(void) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/scas.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        printf("skip: no %s\n", path);
+        return;
+    }
+    char *text = malloc(1 << 20);
+    const size_t got = fread(text, 1, (1 << 20) - 1, f);
+    fclose(f);
+    text[got] = 0;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root) {
+        CHECK_MSG(0, "%s does not parse", path);
+        return;
+    }
+    const cJSON *prompts = cJSON_GetObjectItemCaseSensitive(root, "prompts"),
+                *bits = cJSON_GetObjectItemCaseSensitive(root, "forced_bits"),
+                *beta = cJSON_GetObjectItemCaseSensitive(root, "beta"),
+                *score = cJSON_GetObjectItemCaseSensitive(root, "scas_score"),
+                *order = cJSON_GetObjectItemCaseSensitive(root, "scas_order");
+    const int n = cJSON_GetArraySize(prompts), K = model.cfg.image.sizes[0].n_scales,
+              T = model.cfg.llm.num_layers * model.cfg.llm.num_heads;
+    CHECK(n >= 1 && n <= 4 && cJSON_GetArraySize(bits) == n);
+    CHECK(cJSON_GetArraySize(beta) == T * K * K && cJSON_GetArraySize(score) == T * K &&
+          cJSON_GetArraySize(order) == K - 1);
+    const char *text_of[4] = {0};
+    int *forced[4] = {0}, L = 0;
+    for (int i = 0; i < K; i++)
+        L += model.cfg.image.sizes[0].h[i] * model.cfg.image.sizes[0].w[i];
+    for (int p = 0; p < n && p < 4; p++) {
+        text_of[p] = cJSON_GetArrayItem(prompts, p)->valuestring;
+        forced[p] = get_ints(cJSON_GetArrayItem(bits, p)->valuestring, 2,
+                             (int64_t[]){L, model.cfg.image.bits});
+    }
+    kv_calibration_t c;
+    ar_error_t err = {{0}};
+    const int ran = n >= 1 && n <= 4 && forced[n - 1] &&
+                    calibration_run_forced(&model, text_of, (const int *const *)forced, n, 0, NULL,
+                                           NULL, &c, &err) == AR_OK;
+    CHECK_MSG(ran, "calibration: %s", err.msg);
+    if (ran) {
+        /* beta: theirs is null where their calibration does not look (a
+         * query scale's own keys, and scale 0's queries). */
+        double worst = 0, worst_score = 0;
+        int compared = 0;
+        for (int i = 0; i < T * K * K; i++) {
+            const cJSON *v = cJSON_GetArrayItem(beta, i);
+            if (!cJSON_IsNumber(v))
+                continue;
+            worst = fmax(worst, fabs((double)c.beta[i] - v->valuedouble));
+            compared++;
+        }
+        for (int u = 0; u < T; u++)
+            for (int src = 0; src < K - 1; src++) {
+                double sum = 0;
+                for (int q = src + 1; q < K; q++)
+                    sum += c.beta[((size_t)u * K + q) * K + src];
+                const double want = cJSON_GetArrayItem(score, u * K + src)->valuedouble;
+                worst_score = fmax(worst_score, fabs(sum / (K - 1 - src) - want));
+            }
+        CHECK_MSG(compared == T * K * (K - 1) / 2, "%d beta entries in %s", compared, path);
+        CHECK_MSG(worst <= BETA_TOL && worst_score <= BETA_TOL,
+                  "attention mass off by %g, S-CAS scores by %g", worst, worst_score);
+        int same = 1;
+        for (int src = 0; src < K - 1; src++) {
+            const cJSON *o = cJSON_GetArrayItem(order, src);
+            for (int i = 0; i < T; i++)
+                same &= cJSON_GetArrayItem(o, i)->valueint == c.scas_order[(size_t)src * T + i];
+        }
+        CHECK_MSG(same, "S-CAS orderings differ from HeatKV's");
+        printf(
+            "calibration vs HeatKV (%d prompts, teacher-forced): largest mass error %.3g over %d "
+            "entries, S-CAS score error %.3g, orderings %s\n",
+            n, worst, compared, worst_score, same ? "equal" : "differ");
+        kv_calibration_free(&c);
+    }
+    for (int p = 0; p < n && p < 4; p++)
+        free(forced[p]);
+    cJSON_Delete(root);
+}
+
 /* Every test on the model in dir; 0 when its data loaded. */
 static int run_folder(void) {
     printf("== %s\n", dir);
@@ -544,6 +640,7 @@ static int run_folder(void) {
     TEST_RUN(test_teacher_forced_logits_match);
     TEST_RUN(test_inputs_and_latents_match);
     TEST_RUN(test_decoded_images_match);
+    TEST_RUN(test_calibration_matches_heatkv);
 #ifdef ARSERVE_TEST_CUDA_EMU
     /* The emulated CUDA backend is about ten times slower: the sampler runs
      * on the host (its check repeats the teacher-forced passes above), and
