@@ -304,11 +304,19 @@ deps: $(VENV)/.stamp
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
+# The venvs install without compiling every module pip writes (--no-compile:
+# torch alone has 9,000, 45 s of a 2-core machine's CPU; the test venv's 14 s);
+# the warm-up import after it compiles, once, the modules the tests import,
+# which PYTHONDONTWRITEBYTECODE (set on some machines) would otherwise have
+# every run compile again.
+PIP_INSTALL = pip install -q --disable-pip-version-check --no-compile
+PY_WARM     = env -u PYTHONDONTWRITEBYTECODE
 $(VENV)/.stamp: tests/requirements.txt
 	@[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV) || { \
 		echo "python3 -m venv failed; installing python3-venv"; \
 		apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
-	$(VENV)/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
+	$(VENV)/bin/$(PIP_INSTALL) -r tests/requirements.txt
+	$(PY_WARM) $(VENV)/bin/python -c 'import pytest, xdist, pytest_timeout, openai, httpx, numpy, PIL.Image, yaml'
 	@touch $@
 
 # The tiny random model used by tests, made from a fixed seed.
@@ -769,13 +777,6 @@ bench: $(BENCH_TORCH_DEPS) $(BUILD)/speed_bench $(BUILD)/arserve $(filter $(BUIL
 # the four libraries it links that the CUDA toolkit lacks (about 50 s, 2.1 GB).
 # Where torch does not load even so (no CUDA toolkit on the loader's path),
 # pip adds the rest of its dependencies (80 s in all, the toolkit hidden).
-# The torch venv installs without compiling every module pip writes
-# (--no-compile: torch alone has 9,000, 45 s of a 2-core machine's CPU); the
-# warm-up import after it compiles, once, the modules the tests import, which
-# PYTHONDONTWRITEBYTECODE (set on some machines) would otherwise have every
-# run compile again.
-PIP_INSTALL = pip install -q --disable-pip-version-check --no-compile
-PY_WARM     = env -u PYTHONDONTWRITEBYTECODE
 $(BENCH_CPU_VENV)/.stamp: bench/requirements-torch-cpu.txt
 	@[ -x $(BENCH_CPU_VENV)/bin/python ] || $(PYTHON) -m venv $(BENCH_CPU_VENV)
 	$(BENCH_CPU_VENV)/bin/$(PIP_INSTALL) --no-deps -r bench/requirements-torch-cpu.txt
