@@ -326,7 +326,8 @@ $(VENV)/.stamp: tests/requirements.txt
 		echo "python3 -m venv failed; installing python3-venv"; \
 		apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(VENV)/bin/$(PIP_INSTALL) -r tests/requirements.txt
-	$(PY_WARM) $(VENV)/bin/python -c 'import pytest, xdist, pytest_timeout, openai, httpx, numpy, PIL.Image, yaml'
+	$(PY_WARM) $(VENV)/bin/python -c 'import pytest, xdist, pytest_timeout, openai, httpx, numpy, PIL.Image, yaml, \
+	    selenium.webdriver, locust.main'
 	@touch $@
 
 # The tiny random model used by tests, made from a fixed seed.
@@ -362,6 +363,10 @@ TEST_PARALLEL := test-backend test-bench-smoke test-gpu-kit test-fuzz test-cli t
 TEST_STAGES   := deps format-check all test-parallel test-integration-release test-integration-tsan \
                  test-sanitizers
 test-parallel: $(TEST_PARALLEL)
+# OpenMP's threads sleep when they wait (libgomp spins first by default): with
+# more threads than cores, a spinning thread takes the core another suite's
+# thread is waiting for.
+test-parallel: export OMP_WAIT_POLICY = passive
 test:
 	@tests/run_stages.sh "$(MAKE)" $(TEST_STAGES)
 
@@ -545,7 +550,8 @@ test-bench-smoke: bench-smoke-emu bench-smoke-torch bench-smoke-targets
 bench-smoke-emu: $(BUILD)/speed_bench-emu $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json $(VENV)/.stamp
 	tests/cli/test_speed_bench_emu.sh $(BUILD)/speed_bench-emu $(TINY_MODEL) $(VENV)/bin/python \
 	    $(VAR_TINY_MODEL)
-	$(SMOKE_MAKE) -s bench-launches LAUNCH_COUNTS_ARGS="--modes bf16 --graphs on --batch 2 \
+	$(SMOKE_MAKE) -s bench-launches LAUNCH_DEEP_MODEL=$(SMOKE_DEPTH_MODEL) \
+	    LAUNCH_COUNTS_ARGS="--modes bf16 --graphs on --batch 2 \
 	    --next-scale $(VAR_TINY_MODEL) --next-scale-batch 2"
 bench-smoke-torch: $(SMOKE_DEPS)
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_sample_next.py
@@ -726,10 +732,15 @@ $(JANUS_DEPTH_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_wr
 $(VAR_DEPTH_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
 	$(VENV)/bin/python tools/make_tiny_model.py --preset var-d16-depth --seed 1 --out $(VAR_DEPTH_MODEL)
 LAUNCH_COUNTS_ARGS ?= --next-scale $(VAR_DEPTH_MODEL)
-bench-launches: $(BUILD)/speed_bench-emu $(TINY_MODEL)/arserve.json $(JANUS_DEPTH_MODEL)/arserve.json \
+# LAUNCH_DEEP_MODEL: the deep model (test-bench-smoke's is six layers deep).
+LAUNCH_DEEP_MODEL ?= $(JANUS_DEPTH_MODEL)
+SMOKE_DEPTH_MODEL := $(BUILD)/depth-6
+$(SMOKE_DEPTH_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_write.py $(VENV)/.stamp
+	$(VENV)/bin/python tools/make_tiny_model.py --preset depth-6 --seed 1 --out $(SMOKE_DEPTH_MODEL)
+bench-launches: $(BUILD)/speed_bench-emu $(TINY_MODEL)/arserve.json $(LAUNCH_DEEP_MODEL)/arserve.json \
                 $(VAR_DEPTH_MODEL)/arserve.json $(VENV)/.stamp
 	$(VENV)/bin/python bench/launch_counts.py --bench $(BUILD)/speed_bench-emu \
-	    --shallow $(TINY_MODEL) --deep $(JANUS_DEPTH_MODEL) --max-per-layer 12 $(LAUNCH_COUNTS_ARGS)
+	    --shallow $(TINY_MODEL) --deep $(LAUNCH_DEEP_MODEL) --max-per-layer 12 $(LAUNCH_COUNTS_ARGS)
 
 # Images/s of a next-scale model at batch 1 and SCALE_BENCH_BATCH, side by
 # side in one run (bench/speed_bench.c). Not part of `make test`

@@ -110,6 +110,13 @@ PRESETS = {
         "name": "janus-1b-depth-random",
         "llm": {"num_layers": 24},
     },
+    # Six layers at the tiny widths: test-bench-smoke's deep model for
+    # bench-launches (a layer's launches are (deep - shallow) / 4 layers),
+    # a quarter of janus-1b-depth's emulated work.
+    "depth-6": {
+        "name": "depth-6-random",
+        "llm": {"num_layers": 6},
+    },
 }
 
 
