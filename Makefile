@@ -520,9 +520,11 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/
 
 # Python tools' tests (numpy, Pillow; no torch): the shapes renderer, the
 # ShapesEval scorer and runner, and the shipped model (models/shapes) drawing
-# its expected PNG and passing a small ShapesEval with build/arserve.
+# its expected PNG and passing a small ShapesEval with build/arserve. A file
+# to a worker (--dist loadfile): the ShapesEval run is a module's fixture, made
+# on every worker that runs one of its tests (twice, 7 s each, with --dist load).
 test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
-	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_SLOW_MODEL=$(SLOW_MODEL) $(VENV)/bin/python -m pytest -q -rP -n 2 tests/python
+	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_SLOW_MODEL=$(SLOW_MODEL) $(VENV)/bin/python -m pytest -q -rP -n 2 --dist loadfile tests/python
 
 # Every bench target the suites above do not run, for seconds each, through its
 # own recipe (tests/cli/test_bench_smoke.sh): make bench on the demo model, its
