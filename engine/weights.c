@@ -196,8 +196,8 @@ int weight_load_linear_stack(weight_set_t *ws, tensor_t *out, int groups,
     return rc;
 }
 
-int weight_load_qkv_biased(weight_set_t *ws, tensor_t *qkv, tensor_t *qkv_b, const char *prefix,
-                           const char *matrix, int64_t dim, ar_error_t *err) {
+int weight_load_qkv_biased(weight_set_t *ws, tensor_t *qkv, tensor_t *qkv_b, float **q_bias,
+                           const char *prefix, const char *matrix, int64_t dim, ar_error_t *err) {
     weight_part_t parts[3];
     for (int j = 0; j < 3; j++) {
         snprintf(parts[j].name, sizeof parts[j].name, "%s.%s", prefix, matrix);
@@ -206,15 +206,23 @@ int weight_load_qkv_biased(weight_set_t *ws, tensor_t *qkv, tensor_t *qkv_b, con
     }
     memset(qkv_b, 0, sizeof *qkv_b);
     float *b = calloc(3 * (size_t)dim, sizeof *b);
+    *q_bias = malloc((size_t)dim * sizeof **q_bias);
     const int rc =
-        !b ? ar_errorf(err, "out of memory")
-           : weight_load_linear_stack(ws, qkv, 3, parts, dim, dim, err) ||
-                 weight_read_f32(ws, b, SHAPE1(dim), err, "%s.q_bias", prefix) ||
-                 weight_read_f32(ws, b + 2 * dim, SHAPE1(dim), err, "%s.v_bias", prefix) ||
-                 ws->be->weight_load(ws->be, qkv_b, b, DTYPE_F32, SHAPE2(3, dim), err);
+        !b || !*q_bias
+            ? ar_errorf(err, "out of memory")
+            : weight_load_linear_stack(ws, qkv, 3, parts, dim, dim, err) ||
+                  weight_read_f32(ws, b, SHAPE1(dim), err, "%s.q_bias", prefix) ||
+                  weight_read_f32(ws, b + 2 * dim, SHAPE1(dim), err, "%s.v_bias", prefix) ||
+                  ws->be->weight_load(ws->be, qkv_b, b, DTYPE_F32, SHAPE2(3, dim), err);
+    if (!rc)
+        memcpy(*q_bias, b, (size_t)dim * sizeof **q_bias);
     free(b);
     if (rc && qkv->data)
         ws->be->weight_free(ws->be, qkv);
+    if (rc) {
+        free(*q_bias);
+        *q_bias = NULL;
+    }
     return rc ? AR_ERR : AR_OK;
 }
 

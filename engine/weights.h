@@ -66,9 +66,11 @@ int weight_load_linear_stack(weight_set_t *ws, tensor_t *out, int groups,
 /* The fused q/k/v matrix prefix.matrix ([3 dim, dim], VAR's and
  * Infinity's self-attention) as a stacked Linear weight [3, dim, dim] into
  * qkv, and its biases as [3, dim] fp32 into qkv_b: prefix.q_bias, zeros for
- * k, prefix.v_bias. */
-int weight_load_qkv_biased(weight_set_t *ws, tensor_t *qkv, tensor_t *qkv_b, const char *prefix,
-                           const char *matrix, int64_t dim, ar_error_t *err);
+ * k, prefix.v_bias. *q_bias: a host copy of prefix.q_bias (dim floats,
+ * malloc'd; the caller frees it), what ScaleKV's scores take off the query
+ * rows (kv_policy_layer.h). */
+int weight_load_qkv_biased(weight_set_t *ws, tensor_t *qkv, tensor_t *qkv_b, float **q_bias,
+                           const char *prefix, const char *matrix, int64_t dim, ar_error_t *err);
 
 /* weight_load of a convolution's kernels, used only as conv2d's w: the
  * backend may then store them in its own layout (backend.h's

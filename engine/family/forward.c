@@ -17,7 +17,9 @@ int forward_begin(forward_t *f, int n_seq, ar_error_t *err) {
     if (!f->in || !f->q_start || !f->views || !f->grown || !f->mass)
         return ar_errorf(err, "out of memory");
     f->q_start[0] = 0;
-    f->any_mass = f->any_layered = 0;
+    f->any_mass = f->any_layered = f->any_window = 0;
+    f->keys = NULL;
+    f->q_proj = f->q_bias = NULL;
     return AR_OK;
 }
 
@@ -35,6 +37,7 @@ int forward_add(forward_t *f, int s, const forward_seq_t *in, ar_error_t *err) {
                              s);
         q->n_new = 0; /* it caches layer by layer (kv_policy_on_layer) */
         f->any_layered = 1;
+        f->any_window |= kv_policy_window_logits(q->policy);
     }
     if (f->attend_new && q->n_new != q->rows)
         return ar_errorf(err,
@@ -71,6 +74,14 @@ int forward_reserve(forward_t *f, ar_error_t *err) {
         t->zeros = zeros;
         if (!t->keep || !t->host || !zeros || !t->counts || !t->append)
             return ar_errorf(err, "out of memory");
+        if (f->any_window) {
+            const size_t D = (size_t)f->head_dim;
+            t->keys_host = arena_alloc(a, (size_t)max_cap * D * sizeof *t->keys_host);
+            t->queries_host = arena_alloc(a, KV_MAX_WINDOW_QUERIES * D * sizeof *t->queries_host);
+            f->keys = t->keys = f->be->alloc(f->be, (size_t)max_cap * D * sizeof *t->keys);
+            if (!D || !t->keys_host || !t->queries_host || !t->keys)
+                return ar_errorf(err, "out of memory for the window scores' keys");
+        }
     }
     f->batch = (attn_batch_t){n, f->q_start, f->views, f->any_mass ? f->mass : NULL};
     return kv_seq_reserve(seqs, n_new, n, err);
@@ -111,6 +122,8 @@ static kv_layer_seq_t layered_seq(const forward_t *f, int s, const float *k, con
     t.v = v;
     t.row0 = f->q_start[s];
     t.row1 = f->q_start[s + 1];
+    t.q_proj = f->q_proj;
+    t.q_bias = f->q_bias;
     return t;
 }
 
@@ -149,6 +162,12 @@ static void track_peaks(const forward_t *f) {
     }
 }
 
+void forward_queries(forward_t *f, float *dst, const float *q, const float *bias, int rows) {
+    f->be->copy(f->be, dst, q, (size_t)rows * f->n_heads * f->head_dim * sizeof *dst);
+    f->q_proj = dst;
+    f->q_bias = bias;
+}
+
 int forward_store(forward_t *f, int layer, const float *k, const float *v, ar_error_t *err) {
     backend_t *be = f->be;
     int any_new = 0;
@@ -182,4 +201,9 @@ void forward_advance(forward_t *f) {
     }
 }
 
-void forward_end(forward_t *f) { arena_end(f->arena); }
+void forward_end(forward_t *f) {
+    if (f->keys)
+        f->be->free(f->be, f->keys);
+    f->keys = NULL;
+    arena_end(f->arena);
+}

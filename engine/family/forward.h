@@ -53,6 +53,13 @@ struct forward {
                        (backend attention): then every sequence caches all its rows */
     forward_similarity_fn similarity; /* NULL: a layered policy that asks gets NaN */
     void *family;                     /* similarity's first argument */
+    int head_dim;                     /* of every cache (window scores' scratch) */
+
+    /* Set by the family at each layer when any_window (below), before
+     * forward_store: the layer's query projections before normalisation
+     * (backend, rows as the keys'), and the bias they include (host,
+     * n_heads * head_dim); kv_policy_layer.h's q_proj and q_bias. */
+    const float *q_proj, *q_bias;
 
     /* Filled by forward_begin, forward_add and forward_reserve. */
     int n_seq;
@@ -65,8 +72,11 @@ struct forward {
     float **mass;       /* each head's key mass (backend), NULL where not collected */
     attn_batch_t batch; /* attention's batch: q_start, views, and mass when any is collected */
 
+    int any_window; /* some sequence's policy scores keys by its queries' logits */
+
     /* Private. */
     int any_mass, any_layered;
+    float *keys;            /* window scores' backend scratch (forward_reserve) */
     kv_layer_seq_t scratch; /* a layered policy's host scratch */
 };
 
@@ -87,6 +97,11 @@ void forward_layer(forward_t *f, int layer);
 /* Once the layer's keys k are computed, before it attends: each layered
  * policy's KV_LAYER_KEYS (its views follow). */
 int forward_prune(forward_t *f, int layer, const float *k, ar_error_t *err);
+/* With any_window, before the layer normalises its queries q (rows x
+ * n_heads * head_dim, backend): copies them to dst (as many floats, free
+ * until forward_store returns) and points q_proj at it, q_bias at bias
+ * (host). */
+void forward_queries(forward_t *f, float *dst, const float *q, const float *bias, int rows);
 /* The layer's new K and V rows into the caches: each layered policy's
  * KV_LAYER_ATTENDED (it appends what it keeps), the other sequences' n_new
  * newest rows in one append, the peaks, then each layered policy's

@@ -98,7 +98,7 @@ static int load_block(inf_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
         goto out;
     char sa[128];
     snprintf(sa, sizeof sa, "%s.%d.sa", p, i);
-    if (weight_load_qkv_biased(ws, &b->qkv, &b->qkv_b, sa, "mat_qkv.weight", C, err))
+    if (weight_load_qkv_biased(ws, &b->qkv, &b->qkv_b, &b->q_bias, sa, "mat_qkv.weight", C, err))
         goto out;
     if (weight_read_f32(ws, mul, SHAPE1(H), err, "%s.%d.sa.scale_mul_1H11", p, i))
         goto out;
@@ -228,9 +228,11 @@ void inf_free(inf_model_t *m) {
     for (int i = 0; m->t5 && i < m->cfg->text.num_layers; i++)
         for (tensor_t *t = &m->t5[i].ln1; t <= &m->t5[i].wo; t++)
             be->weight_free(be, t);
-    for (int i = 0; m->blocks && i < m->cfg->llm.num_layers; i++)
+    for (int i = 0; m->blocks && i < m->cfg->llm.num_layers; i++) {
         for (tensor_t *t = &m->blocks[i].gss; t <= &m->blocks[i].fc2_b; t++)
             be->weight_free(be, t);
+        free(m->blocks[i].q_bias);
+    }
     free(m->t5);
     free(m->t5_rel_host);
     free(m->blocks);
@@ -506,6 +508,8 @@ static int run_block(inf_model_t *m, forward_t *f, const inf_input_t *in, const 
     /* the stacked q, k, v: three blocks of rows (backend.h's matmul) */
     float *q = m->qkv, *k = q + (size_t)rows * C, *v = k + (size_t)rows * C;
     rows_matmul(m, m->qkv, m->xn, &b->qkv, &b->qkv_b, q_start, n_in);
+    if (f->any_window) /* the queries as projected, for ScaleKV (tmp is free until the proj) */
+        forward_queries(f, m->tmp, q, b->q_bias, rows);
     be->l2norm_heads(be, q, b->head_mul.data, rows, H, hd);
     be->l2norm_heads(be, k, NULL, rows, H, hd);
     /* q's rows and k's, back to back, turned in one call (pos lists the
@@ -544,7 +548,7 @@ int inf_forward(inf_model_t *m, const inf_input_t *in, int n_in, float *logits_h
     const int C = l->hidden_size, V = 2 * c->image.bits;
     if (n_in <= 0)
         return AR_OK;
-    forward_t f = {.be = be, .arena = m->arena, .n_heads = l->num_heads};
+    forward_t f = {.be = be, .arena = m->arena, .n_heads = l->num_heads, .head_dim = l->head_dim};
     int rc = AR_ERR;
     if (forward_begin(&f, n_in, err) != AR_OK)
         goto out;

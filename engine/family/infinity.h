@@ -28,6 +28,7 @@ typedef struct inf_block {
     tensor_t ca_norm_scale, ca_norm_b; /* ca_norm as a modulation: weight - 1, bias */
     tensor_t ca_q, ca_q_b, ca_k, ca_v, ca_v_b, ca_proj, ca_proj_b;
     tensor_t fc1, fc1_b, fc2, fc2_b;
+    float *q_bias; /* host [C]: qkv_b's first row, for ScaleKV's raw queries */
 } inf_block_t;
 
 typedef struct inf_model {

@@ -322,7 +322,8 @@ int raster_forward(raster_model_t *m, const raster_input_t *in, int n_in, float 
     const int H = l->num_heads, hidden = l->hidden_size, K = c->image.codebook_size;
     if (n_in <= 0)
         return AR_OK;
-    forward_t f = {.be = be, .arena = m->arena, .n_heads = H, .attend_new = 1};
+    forward_t f = {
+        .be = be, .arena = m->arena, .n_heads = H, .head_dim = l->head_dim, .attend_new = 1};
     int rc = AR_ERR;
     if (forward_begin(&f, n_in, err) != AR_OK)
         goto out;

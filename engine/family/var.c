@@ -38,7 +38,7 @@ static int load_block(var_model_t *m, weight_set_t *ws, int i, ar_error_t *err) 
     /* The fused qkv matrix as a stack of its three row blocks (one matmul). */
     char attn[128];
     snprintf(attn, sizeof attn, "%s.%d.attn", p, i);
-    if (weight_load_qkv_biased(ws, &b->qkv, &b->qkv_b, attn, "qkv.weight", hidden, err))
+    if (weight_load_qkv_biased(ws, &b->qkv, &b->qkv_b, &b->q_bias, attn, "qkv.weight", hidden, err))
         return AR_ERR;
     /* exp(min(s, ln 100)) per head, once, at load. */
     float mul[VAR_MAX_HEADS];
@@ -161,9 +161,11 @@ void var_free(var_model_t *m) {
                       &m->head_adaln_b,   &m->head,           &m->head_b};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         be->weight_free(be, ts[i]);
-    for (int i = 0; m->blocks && i < m->cfg->llm.num_layers; i++)
+    for (int i = 0; m->blocks && i < m->cfg->llm.num_layers; i++) {
         for (tensor_t *t = &m->blocks[i].adaln_w; t <= &m->blocks[i].fc2_b; t++)
             be->weight_free(be, t);
+        free(m->blocks[i].q_bias);
+    }
     free(m->blocks);
     be->free(be, m->level_pos);
     be->free(be, m->start);
@@ -348,10 +350,12 @@ static int run_block(var_model_t *m, forward_t *f, const float *const *tabs, int
     /* the stacked q, k, v: three blocks of rows (backend.h's matmul) */
     float *q = m->qkv, *k = q + (size_t)rows * hidden, *v = k + (size_t)rows * hidden;
     rows_matmul(m, m->qkv, m->xn, &b->qkv, &b->qkv_b, q_start, n_in);
-    be->l2norm_heads(be, q, b->head_mul.data, rows, H, l->head_dim);
     be->l2norm_heads(be, k, NULL, rows, H, l->head_dim);
-    if (forward_prune(f, li, k, err) != AR_OK)
+    if (forward_prune(f, li, k, err) != AR_OK) /* AMS-KV's similarity may use tmp */
         return AR_ERR;
+    if (f->any_window) /* the queries as projected, for ScaleKV (tmp is free until the proj) */
+        forward_queries(f, m->tmp, q, b->q_bias, rows);
+    be->l2norm_heads(be, q, b->head_mul.data, rows, H, l->head_dim);
     be->attention_scale(be, m->att, q, k, v, &f->pool->blocks, &f->batch, H, 1.0f);
     if (forward_store(f, li, k, v, err) != AR_OK)
         return AR_ERR;
@@ -377,6 +381,7 @@ int var_forward(var_model_t *m, const var_input_t *in, int n_in, float *logits_h
     forward_t f = {.be = be,
                    .arena = m->arena,
                    .n_heads = l->num_heads,
+                   .head_dim = l->head_dim,
                    .similarity = key_similarity,
                    .family = m};
     int rc = AR_ERR;

@@ -21,6 +21,7 @@ typedef struct var_block {
     tensor_t qkv, qkv_b; /* q, k, v stacked [3, hidden, hidden]; biases [3, hidden], k's zeros */
     tensor_t head_mul, proj, proj_b;
     tensor_t fc1, fc1_b, fc2, fc2_b;
+    float *q_bias; /* host [hidden]: qkv_b's first row, for ScaleKV's raw queries */
 } var_block_t;
 
 typedef struct var_model {

@@ -18,7 +18,24 @@ struct kv_policy_state {
     void *impl;
     int steps; /* kv_geometry_steps(&g) */
     kv_geometry_t g;
+    kv_policy_observer_fn observer; /* kv_policy_observe */
+    void *observer_ctx;
 };
+
+/* What a compaction hook returned, shown to the state's observer. */
+static int observed(const kv_policy_state_t *s, int what, int step, int layer, int head, int len,
+                    const int *keep, const int *n_keep) {
+    if ((what & KV_COMPACT) && s->observer)
+        s->observer(s->observer_ctx, step, layer, head, len, keep, *n_keep);
+    return what;
+}
+
+void kv_policy_observe(kv_policy_state_t *s, kv_policy_observer_fn fn, void *ctx) {
+    if (s) {
+        s->observer = fn;
+        s->observer_ctx = ctx;
+    }
+}
 
 /* ---- geometry ---- */
 
@@ -551,7 +568,8 @@ int kv_policy_step_end(kv_policy_state_t *s, int step, int layer, int head, int 
     if (!s || !s->ops->step_end || !keep || !n_keep || step < 0 || step >= s->steps || layer < 0 ||
         layer >= s->g.n_layers || head < 0 || head >= s->g.n_heads || len < s->g.n_prompt)
         return 0;
-    return s->ops->step_end(s->impl, step, layer, head, len, mass, keep, n_keep);
+    return observed(s, s->ops->step_end(s->impl, step, layer, head, len, mass, keep, n_keep), step,
+                    layer, head, len, keep, n_keep);
 }
 
 int kv_policy_layered(const kv_policy_state_t *s) { return s && ops_layered(s->ops, &s->g); }
@@ -593,7 +611,8 @@ int kv_policy_step_begin(kv_policy_state_t *s, int step, int layer, int head, in
         *n_keep = len;
     if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->step_begin)
         return 0;
-    return s->ops->step_begin(s->impl, step, layer, head, len, keep, n_keep);
+    return observed(s, s->ops->step_begin(s->impl, step, layer, head, len, keep, n_keep), step,
+                    layer, head, len, keep, n_keep);
 }
 
 int kv_policy_layer_stored(kv_policy_state_t *s, int step, int layer, int head, int len,
@@ -602,7 +621,20 @@ int kv_policy_layer_stored(kv_policy_state_t *s, int step, int layer, int head, 
         *n_keep = len;
     if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->layer_stored)
         return 0;
-    return s->ops->layer_stored(s->impl, step, layer, head, len, mass, keep, n_keep);
+    return observed(s, s->ops->layer_stored(s->impl, step, layer, head, len, mass, keep, n_keep),
+                    step, layer, head, len, keep, n_keep);
+}
+
+int kv_policy_window_logits(const kv_policy_state_t *s) {
+    return s && (s->ops->stats & KV_STATS_WINDOW_LOGITS) && s->ops->window_queries;
+}
+
+int kv_policy_window_queries(const kv_policy_state_t *s, int step, int layer, int head, int len,
+                             int *rows) {
+    if (!kv_policy_window_logits(s) || !rows || step < 0 || step >= s->steps || layer < 0 ||
+        layer >= s->g.n_layers || head < 0 || head >= s->g.n_heads || len < 0)
+        return 0;
+    return s->ops->window_queries(s->impl, step, layer, head, len, rows);
 }
 
 int kv_policy_layer_similarity(const kv_policy_state_t *s, int step, int layer) {
@@ -618,7 +650,9 @@ int kv_policy_layer_begin(kv_policy_state_t *s, int step, int layer, int head, i
         *n_keep = len;
     if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->layer_begin)
         return 0;
-    return s->ops->layer_begin(s->impl, step, layer, head, len, similarity, keep, n_keep);
+    return observed(s,
+                    s->ops->layer_begin(s->impl, step, layer, head, len, similarity, keep, n_keep),
+                    step, layer, head, len, keep, n_keep);
 }
 
 int kv_policy_layer_end(kv_policy_state_t *s, int step, int layer, int head, int len, int *keep,
@@ -628,7 +662,8 @@ int kv_policy_layer_end(kv_policy_state_t *s, int step, int layer, int head, int
     *cache = s ? kv_geometry_fed(&s->g, step) + (step == 0 ? s->g.n_prompt : 0) : 0;
     if (!layer_args_ok(s, step, layer, head, len, keep, n_keep) || !s->ops->layer_end)
         return 0;
-    return s->ops->layer_end(s->impl, step, layer, head, len, keep, n_keep, cache);
+    return observed(s, s->ops->layer_end(s->impl, step, layer, head, len, keep, n_keep, cache),
+                    step, layer, head, len, keep, n_keep);
 }
 
 int kv_keep_segments(const kv_geometry_t *g, unsigned have, unsigned want, int len, int *keep) {

@@ -340,8 +340,14 @@ void kv_policy_describe(const kv_policy_params_t *p, const kv_geometry_t *g, cha
 /* Statistics a policy asks the engine to collect (bits). */
 enum {
     KV_STATS_KEY_MASS = 1, /* softmax mass each key received from the step's queries */
+    /* Raw logits (kv_policy_window_queries) each key received from a few of
+     * the step's queries, summed (ScaleKV's scores) */
+    KV_STATS_WINDOW_LOGITS = 2,
 };
 unsigned kv_policy_stats(kv_policy_kind_t kind);
+
+/* The most queries kv_policy_window_queries names. */
+#define KV_MAX_WINDOW_QUERIES 64
 
 /* One sequence's policy state. kv_policy_begin checks p on g (NULL, err
  * filled, when kv_policy_check fails or memory runs out). */
@@ -416,8 +422,31 @@ int kv_policy_layer_end(kv_policy_state_t *s, int step, int layer, int head, int
 /* Once the layer's cached heads have the step's new tokens (len counts
  * them): KV_COMPACT and a keep list, or 0 (a scale larger than what the
  * head may keep is appended, then cut). mass: the head's key mass from the
- * step's queries (len floats, host), or NULL when not collected. */
+ * step's queries (len floats, host), or NULL when not collected; for a
+ * policy collecting KV_STATS_WINDOW_LOGITS, the scores its window queries
+ * gave (below). */
 int kv_policy_layer_stored(kv_policy_state_t *s, int step, int layer, int head, int len,
                            const float *mass, int *keep, int *n_keep);
+
+/* For a policy collecting KV_STATS_WINDOW_LOGITS, before
+ * kv_policy_layer_stored of the same (layer, head, len): the queries that
+ * score the head's keys, as rows of the step (0-based, the order they are
+ * summed in, repeats counted), into rows (KV_MAX_WINDOW_QUERIES entries);
+ * 0 when the head is not cut and needs no scores. The engine then passes
+ * layer_stored, for every key j < len, sum over those rows r of
+ * q_r . k_j / sqrt(head_dim), q_r the row's raw query projection (before
+ * any bias, normalisation or rotation; ScaleKV's `mat_qkv(x)`) and k_j
+ * the key as cached. */
+int kv_policy_window_queries(const kv_policy_state_t *s, int step, int layer, int head, int len,
+                             int *rows);
+/* 1 when s's policy collects KV_STATS_WINDOW_LOGITS (s may be NULL). */
+int kv_policy_window_logits(const kv_policy_state_t *s);
+
+/* Watches a state's compactions (tests, tracing): after every call above
+ * that returns KV_COMPACT, fn gets its step, layer, head, len and keep list.
+ * fn NULL stops. */
+typedef void (*kv_policy_observer_fn)(void *ctx, int step, int layer, int head, int len,
+                                      const int *keep, int n_keep);
+void kv_policy_observe(kv_policy_state_t *s, kv_policy_observer_fn fn, void *ctx);
 
 #endif

@@ -63,6 +63,8 @@ typedef struct kv_policy_ops {
                      int *cache);
     int (*layer_stored)(void *state, int t, int layer, int head, int len, const float *mass,
                         int *keep, int *n_keep);
+    /* With KV_STATS_WINDOW_LOGITS: kv_policy_window_queries. */
+    int (*window_queries)(const void *state, int t, int layer, int head, int len, int *rows);
     /* Whether it is layered on geometry g; NULL: whenever it has layer_end. */
     int (*layered_on)(const kv_geometry_t *g);
     /* What its budget comes to on this geometry, in words (kv_policy_describe). */

@@ -3,6 +3,8 @@
  * applied to the sequence's caches in the paged pool. */
 #include "engine/policy/kv_policy_layer.h"
 
+#include <math.h>
+
 /* Before the layer attends: the policy may evict from each head (with the
  * layer's key similarity when it asked for it), and the views the
  * attention reads follow. */
@@ -69,8 +71,60 @@ static int on_attended(const kv_layer_seq_t *s, int li, ar_error_t *err) {
     return AR_OK;
 }
 
+/* Head h's scores for a policy that asks for its window queries' logits
+ * (kv_policy_window_queries), into s->host; 0 when it asks for none (the
+ * head is not cut), -1 on error. Each logit is rounded to float, divided by
+ * sqrt(head_dim) and summed in the order of rows, as torch sums a float
+ * matmul's rows. */
+static int window_scores(const kv_layer_seq_t *s, int li, int h, int len, ar_error_t *err) {
+    kv_seq_t *sq = s->seq;
+    backend_t *be = sq->pool->be;
+    const int H = sq->n_heads, D = sq->pool->blocks.head_dim;
+    int rows[KV_MAX_WINDOW_QUERIES];
+    const int n = kv_policy_window_queries(s->policy, s->step, li, h, len, rows);
+    if (n <= 0)
+        return 0;
+    if (!s->q_proj || !s->q_bias || !s->keys || !s->keys_host || !s->queries_host) {
+        ar_errorf(err,
+                  "step %d, layer %d: the KV policy scores keys by its queries, and this model "
+                  "family does not give them",
+                  s->step, li);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        float *q = s->queries_host + (size_t)i * D;
+        if (rows[i] < 0 || rows[i] >= s->row1 - s->row0) {
+            ar_errorf(err, "step %d, layer %d: window query row %d of %d", s->step, li, rows[i],
+                      s->row1 - s->row0);
+            return -1;
+        }
+        be->download(be, q, s->q_proj + ((size_t)(s->row0 + rows[i]) * H + h) * D,
+                     (size_t)D * sizeof(float));
+        for (int d = 0; d < D; d++)
+            q[d] -= s->q_bias[h * D + d];
+    }
+    const kv_view_t view = kv_head_view(&sq->heads[li * H + h], len);
+    be->kv_read_rows(be, s->keys, &sq->pool->blocks, &view, 0, len, 0);
+    be->download(be, s->keys_host, s->keys, (size_t)len * D * sizeof(float));
+    const float root = sqrtf((float)D);
+    for (int j = 0; j < len; j++) {
+        const float *k = s->keys_host + (size_t)j * D;
+        float sum = 0;
+        for (int i = 0; i < n; i++) {
+            const float *q = s->queries_host + (size_t)i * D;
+            double dot = 0;
+            for (int d = 0; d < D; d++)
+                dot += (double)q[d] * k[d];
+            sum += (float)dot / root;
+        }
+        s->host[j] = sum;
+    }
+    return 1;
+}
+
 /* Once the batch holds the layer's new tokens: cuts by the step's key mass
- * (downloaded into s->host, then zeroed on the backend). */
+ * (downloaded into s->host, then zeroed on the backend), or by the window
+ * queries' logits when the policy asks for them. */
 static int on_stored(const kv_layer_seq_t *s, int li, ar_error_t *err) {
     kv_seq_t *sq = s->seq;
     backend_t *be = sq->pool->be;
@@ -81,9 +135,12 @@ static int on_stored(const kv_layer_seq_t *s, int li, ar_error_t *err) {
         float *mass = s->collect_mass ? sq->mass + (size_t)i * sq->capacity : NULL;
         if (mass)
             be->download(be, s->host, mass, (size_t)len * sizeof *s->host);
+        const int scored = window_scores(s, li, h, len, err);
+        if (scored < 0)
+            return AR_ERR;
         int n_keep;
         const int what = kv_policy_layer_stored(s->policy, s->step, li, h, len,
-                                                mass ? s->host : NULL, s->keep, &n_keep);
+                                                mass || scored ? s->host : NULL, s->keep, &n_keep);
         if ((what & KV_COMPACT) &&
             kv_head_compact(sq->pool, kh, s->keep, n_keep, NULL, err) != AR_OK)
             return ar_error_prefix(err, "step %d, layer %d, head %d", s->step, li, h);

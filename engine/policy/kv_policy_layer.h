@@ -27,7 +27,8 @@ typedef enum kv_layer_moment {
      * pair peaks together, as planned): a head holding more than the policy
      * keeps is cut (kv_policy_layer_stored), by the key mass the step's
      * queries gave it when the sequence collects (then zeroed for the next
-     * step). */
+     * step), or by its window queries' logits when the policy asks for
+     * them (kv_policy_window_queries). */
     KV_LAYER_STORED,
 } kv_layer_moment_t;
 
@@ -49,6 +50,15 @@ typedef struct kv_layer_seq {
     float *host;
     const float *zeros;
     kv_view_t *append;
+    /* For a policy collecting KV_STATS_WINDOW_LOGITS: the layer's query
+     * projections before normalisation (backend, rows as k's), q_bias (host,
+     * n_heads * head_dim: what they include beyond the raw projection), and
+     * scratch for one head's keys (keys on the backend, keys_host on the
+     * host, seq->capacity x head_dim floats each) and its window's queries
+     * (host, KV_MAX_WINDOW_QUERIES x head_dim). NULL when the family gives
+     * none: such a policy then fails. */
+    const float *q_proj, *q_bias;
+    float *keys, *keys_host, *queries_host;
 } kv_layer_seq_t;
 
 /* Runs the policy's part of layer `layer` at moment `when` on s.

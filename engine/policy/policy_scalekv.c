@@ -1,16 +1,16 @@
 /* ScaleKV (scale-aware KV compression for next-scale models, Li et al.
- * 2025; HeatKV's strongest baseline): offline, every (layer, scale) whose
- * cache passes the budget is classified by its Attention Selectivity Index
- * (ASI = the scale's attention on itself x its top-K attention on history,
- * from the model's calibration); the least selective, per scale by
- * Z-score and ranked together, are drafters and keep nearly everything,
- * the refiners share what is left, so every compacted scale holds
- * budget x layers in all. After a layer attends, each of its heads keeps a
- * 4 x 4 grid of the scale's tokens (the observation window; the newest
- * of them when the budget is smaller) and the keys that attention weighted
- * most (max-pooled over 5 neighbours). The budgets
- * are fixed before the request, so its trajectory is exact.
- * docs/kv-policies.md. */
+ * 2025; HeatKV's strongest baseline), as its public code runs it: offline,
+ * every (layer, scale) whose cache passes the budget is classified by its
+ * Attention Selectivity Index (ASI = the scale's attention on itself x its
+ * top-K attention on history, from the model's calibration); the least
+ * selective, per scale by Z-score and ranked together, are drafters and
+ * keep nearly everything, the refiners share what is left, so every
+ * compacted scale holds budget x layers in all. After a layer attends,
+ * each of its heads keeps an observation window (the centres of a 4 x 4
+ * grid of the scale's cells; the newest 16 tokens when the scale is
+ * smaller) and the keys the window's raw queries scored highest (their
+ * summed logits, max-pooled over 5 neighbours). The budgets are fixed
+ * before the request, so its trajectory is exact. docs/kv-policies.md. */
 #include "engine/policy/kv_calibration.h"
 #include "engine/policy/kv_policy_impl.h"
 
@@ -24,6 +24,7 @@ enum {
     WINDOW = WINDOW_SIDE * WINDOW_SIDE, /* its tokens (the public code's 16) */
     POOL_KERNEL = 5,                    /* max pooling of the scores over key order */
 };
+_Static_assert(WINDOW <= KV_MAX_WINDOW_QUERIES, "the window's queries fit the engine's list");
 
 typedef struct scalekv {
     int n_layers, steps, first; /* first: the first compacted step (-1: none) */
@@ -33,6 +34,7 @@ typedef struct scalekv {
     int *budget;            /* [step * n_layers + layer]: tokens kept after compacting, -1 none */
     unsigned char *drafter; /* same indexing */
     float *score;           /* scratch: one head's scores */
+    int window[WINDOW];     /* scratch: one head's window, ascending cache indices */
 } scalekv_t;
 
 /* The tokens a full-cache head holds at the end. */
@@ -123,53 +125,41 @@ static int classify(scalekv_t *s, const kv_calibration_t *c, double share) {
     return 0;
 }
 
-/* Budgets per (layer, compacted scale): drafters keep what they hold
- * (their previous budget and the new scale), up to what leaves every
- * refiner its window; refiners share the rest, so the layers hold B x L
- * in all. A scale with no drafter, or only drafters, gives each B. */
-static int allot(scalekv_t *s) {
+/* Budgets per (layer, compacted scale), by the rule the public code's
+ * budget files follow: the drafters' budget is the largest count that is
+ * at most their limit (the full cache at the first compacted scale, then
+ * their previous budget plus the new scale) and at most what leaves every
+ * refiner its window, and leaves the refiners an equal whole share of the
+ * rest, so the layers' budgets add up to B x L. (Infinity-2B at 650 tokens:
+ * 920/632, 1490/594, 2510/526, 4100/420, 6385/465, the shipped file's.) A
+ * scale with no drafter, or only drafters, gives each layer B. */
+static void allot(scalekv_t *s) {
     const int L = s->n_layers, last = s->steps - 1, B = s->cap;
-    int *held = calloc((size_t)L, sizeof *held); /* what each layer's heads hold */
-    int before = 0;                              /* a full head's tokens through step t */
-    if (!held)
-        return -1;
+    const long long total = (long long)B * L, floor_r = B < WINDOW ? B : WINDOW;
+    long long limit = 0; /* what a drafter may hold after this scale */
     for (int t = 0; t < last; t++) {
-        int *bud = s->budget + (size_t)t * L;
-        if (s->first < 0 || t < s->first) {
-            before += s->seg[t];
-            for (int l = 0; l < L; l++)
-                held[l] = before;
+        limit += s->seg[t];
+        if (s->first < 0 || t < s->first)
             continue;
-        }
-        int n_d = 0;
+        int *bud = s->budget + (size_t)t * L, n_d = 0;
         for (int l = 0; l < L; l++)
             n_d += s->drafter[t * L + l];
         if (n_d == 0 || n_d == L) {
             for (int l = 0; l < L; l++)
                 bud[l] = B;
-        } else {
-            /* A refiner keeps at least its window (all of B when B is less). */
-            const long long total = (long long)B * L, floor_r = B < WINDOW ? B : WINDOW;
-            const long long max_d = (total - (long long)(L - n_d) * floor_r) / n_d;
-            long long sum_d = 0;
-            for (int l = 0; l < L; l++)
-                if (s->drafter[t * L + l]) {
-                    const long long limit = (long long)held[l] + s->seg[t];
-                    bud[l] = (int)(limit < max_d ? limit : max_d);
-                    sum_d += bud[l];
-                }
-            const int min_r = (int)((total - sum_d) / (L - n_d));
-            for (int l = 0; l < L; l++)
-                if (!s->drafter[t * L + l])
-                    bud[l] = min_r;
+            limit = B;
+            continue;
         }
-        for (int l = 0; l < L; l++) {
-            const int limit = held[l] + s->seg[t];
-            held[l] = limit < bud[l] ? limit : bud[l];
-        }
+        /* B itself leaves a whole share (B x (L - n_d)), so this stops. */
+        long long max_d = (total - (L - n_d) * floor_r) / n_d;
+        max_d = limit < max_d ? limit : max_d;
+        while ((total - n_d * max_d) % (L - n_d) != 0)
+            max_d--;
+        const int min_r = (int)((total - n_d * max_d) / (L - n_d));
+        for (int l = 0; l < L; l++)
+            bud[l] = s->drafter[t * L + l] ? (int)max_d : min_r;
+        limit = max_d;
     }
-    free(held);
-    return 0;
 }
 
 static void *scalekv_begin(const kv_policy_params_t *p, const kv_geometry_t *g) {
@@ -188,23 +178,19 @@ static void *scalekv_begin(const kv_policy_params_t *p, const kv_geometry_t *g) 
             s->first = t;
     s->budget = malloc((size_t)S * L * sizeof *s->budget);
     s->drafter = calloc((size_t)S * L, 1);
-    s->score = malloc((size_t)(full_tokens(g) + 1) * sizeof *s->score);
+    s->score = malloc((size_t)2 * (full_tokens(g) + 1) * sizeof *s->score);
     if (!s->budget || !s->drafter || !s->score) {
         scalekv_end(s);
         return NULL;
     }
     for (int i = 0; i < S * L; i++)
         s->budget[i] = -1;
-    if (classify(s, g->calibration, p->scalekv_drafters) != 0 || allot(s) != 0) {
+    if (classify(s, g->calibration, p->scalekv_drafters) != 0) {
         scalekv_end(s);
         return NULL;
     }
+    allot(s);
     return s;
-}
-
-static int scalekv_collect(const void *state, int t) {
-    const scalekv_t *s = state;
-    return s->first >= 0 && t >= s->first && t < s->steps - 1;
 }
 
 static int scalekv_layer_end(void *state, int t, int l, int head, int len, int *keep, int *n_keep,
@@ -213,44 +199,82 @@ static int scalekv_layer_end(void *state, int t, int l, int head, int len, int *
     return 0; /* it caches the whole scale, then compacts (scalekv_layer_stored) */
 }
 
-/* Whether token j of a cache of len whose last n tokens are the scale just
- * appended (side: the scale's side when square) is in the window: the
- * centres of a 4 x 4 grid of the scale's cells, or its newest tokens when
- * it is smaller than the grid or not square. */
-static int in_window(int j, int len, int n, int side) {
-    const int first = len - n;
-    if (j < first)
-        return 0;
-    if (side < WINDOW_SIDE || side * side != n)
-        return j >= len - (n < WINDOW ? n : WINDOW);
-    const int cell = side / WINDOW_SIDE, r = (j - first) / side, c = (j - first) % side;
-    return r % cell == (cell - 1) / 2 && r / cell < WINDOW_SIDE && c % cell == (cell - 1) / 2 &&
-           c / cell < WINDOW_SIDE;
+/* The budget head cuts (layer, scale t) to when it holds len tokens, or
+ * -1 when it is not cut. */
+static int cut_to(const scalekv_t *s, int t, int l, int len) {
+    if (t >= s->steps - 1 || s->budget[t * s->n_layers + l] < 0)
+        return -1;
+    const int budget = s->budget[t * s->n_layers + l];
+    return len > budget ? budget : -1;
 }
 
-/* Once the scale is appended: the window, and the budget's rest by key
- * mass max-pooled over the keys outside the window (ScaleKV's code masks
- * the window before pooling, so its mass does not lift its neighbours;
- * ties and no mass: the newest). */
-static int scalekv_layer_stored(void *state, int t, int l, int head, int len, const float *mass,
+/* The observation window of a head holding len tokens after scale t (the
+ * public code's _select_window_indices): the centres of a 4 x 4 grid of
+ * the scale's cells, i x cell + (cell - 1) / 2 down and across, when the
+ * scale is a square of side 4 or more; else the cache's newest 16 tokens
+ * (which may reach back before the scale). Ascending cache indices into
+ * w; returns how many. */
+static int window_of(const scalekv_t *s, int t, int len, int *w) {
+    const int n = s->seg[t] < len ? s->seg[t] : len, side = (int)lround(sqrt((double)n));
+    if (side < WINDOW_SIDE || side * side != n) {
+        const int k = len < WINDOW ? len : WINDOW;
+        for (int i = 0; i < k; i++)
+            w[i] = len - k + i;
+        return k;
+    }
+    const int cell = side / WINDOW_SIDE, first = len - n;
+    for (int i = 0; i < WINDOW_SIDE; i++)
+        for (int j = 0; j < WINDOW_SIDE; j++)
+            w[i * WINDOW_SIDE + j] =
+                first + (i * cell + (cell - 1) / 2) * side + j * cell + (cell - 1) / 2;
+    return WINDOW;
+}
+
+/* The window's queries: each window token's row in the step, a token from
+ * before the step counted as the step's first row (the public code clamps
+ * its index). */
+static int scalekv_window_queries(const void *state, int t, int l, int head, int len, int *rows) {
+    (void)head;
+    const scalekv_t *s = state;
+    if (cut_to(s, t, l, len) < 0)
+        return 0;
+    int w[WINDOW];
+    const int k = window_of(s, t, len, w), n = s->seg[t], first = len - n;
+    for (int i = 0; i < k; i++)
+        rows[i] = w[i] < first ? 0 : w[i] - first;
+    return k;
+}
+
+/* Once the scale is appended: the window, and the budget's rest by the
+ * window queries' summed logits (score; NULL: none, as when planning),
+ * max-pooled over 5 neighbours with the window's own scores left out, so
+ * that they do not lift their neighbours (the public code masks them to
+ * -inf before it pools); ties keep the newer key. A budget smaller than
+ * the window keeps the window (the public code's rule). */
+static int scalekv_layer_stored(void *state, int t, int l, int head, int len, const float *score,
                                 int *keep, int *n_keep) {
     (void)head;
     scalekv_t *s = state;
-    if (t >= s->steps - 1 || s->budget[t * s->n_layers + l] < 0)
+    const int budget = cut_to(s, t, l, len);
+    if (budget < 0)
         return 0;
-    const int budget = s->budget[t * s->n_layers + l], n = s->seg[t];
-    if (len <= budget || len - n < 0)
-        return 0;
-    const int side = (int)lround(sqrt((double)n));
+    const int k = window_of(s, t, len, s->window);
+    float *raw = s->score + len; /* the scores with the window's at -inf */
+    for (int j = 0; j < len; j++)
+        raw[j] = score ? score[j] : 0.0f;
+    for (int i = 0; i < k; i++)
+        raw[s->window[i]] = -INFINITY;
     for (int j = 0; j < len; j++) {
-        float m = 0;
-        for (int d = -POOL_KERNEL / 2; mass && d <= POOL_KERNEL / 2; d++)
-            if (j + d >= 0 && j + d < len && mass[j + d] > m && !in_window(j + d, len, n, side))
-                m = mass[j + d];
-        s->score[j] = in_window(j, len, n, side) ? INFINITY : m;
+        float m = -INFINITY;
+        for (int d = -POOL_KERNEL / 2; d <= POOL_KERNEL / 2; d++)
+            if (j + d >= 0 && j + d < len && raw[j + d] > m)
+                m = raw[j + d];
+        s->score[j] = m;
     }
-    kv_keep_top(keep, 0, len, budget, s->score);
-    *n_keep = budget;
+    for (int i = 0; i < k; i++)
+        s->score[s->window[i]] = INFINITY;
+    *n_keep = budget > k ? budget : k;
+    kv_keep_top(keep, 0, len, *n_keep, s->score);
     return KV_COMPACT;
 }
 
@@ -271,6 +295,15 @@ static void scalekv_describe(const void *state, const kv_policy_params_t *p, cha
         }
         used += snprintf(buf + used, cap - (size_t)used, " %d/%d", hi, lo);
     }
+    /* Which layers draft, as step:layer (what the public code's budget
+     * files list as their "Block" entries of 1). */
+    const char *sep = "; drafters (step:layer):";
+    for (int t = s->first; t >= 0 && t < s->steps - 1; t++)
+        for (int l = 0; l < s->n_layers && used > 0 && (size_t)used < cap; l++)
+            if (s->drafter[t * s->n_layers + l]) {
+                used += snprintf(buf + used, cap - (size_t)used, "%s %d:%d", sep, t, l);
+                sep = "";
+            }
     (void)p;
 }
 
@@ -278,13 +311,13 @@ const kv_policy_ops_t kv_policy_scalekv = {
     .name = "scalekv",
     .default_budget = 0.1, /* its 650 of Infinity's 6425 tokens */
     .takes_budget = 1,
-    .stats = KV_STATS_KEY_MASS,
+    .stats = KV_STATS_WINDOW_LOGITS,
     .step_units = 1u << KV_STEP_SEGMENT,
     .check = scalekv_check,
     .begin = scalekv_begin,
     .end = scalekv_end,
-    .collect = scalekv_collect,
     .layer_end = scalekv_layer_end,
     .layer_stored = scalekv_layer_stored,
+    .window_queries = scalekv_window_queries,
     .describe = scalekv_describe,
 };

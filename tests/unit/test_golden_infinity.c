@@ -230,8 +230,10 @@ static void test_t5_output_matches(void) {
 }
 
 /* Starts a request of case k (its bits forced), its unconditional row the
- * learned rows or (negative) the negative prompt's. */
-static int start(gen_request_t *r, const tf_case_t *k, const int *forced, int negative) {
+ * learned rows or (negative) the negative prompt's, under policy (NULL:
+ * the full cache). */
+static int start_with(gen_request_t *r, const tf_case_t *k, const int *forced, int negative,
+                      const kv_policy_params_t *policy) {
     ar_error_t err = {{0}};
     sampler_params_t sp = {3.0f, 1.0f, 0, 0.0f};
     int *uncond = malloc((size_t)k->n_ids * sizeof *uncond);
@@ -240,7 +242,7 @@ static int start(gen_request_t *r, const tf_case_t *k, const int *forced, int ne
     const gen_image_opts_t opts = {.size = k->size,
                                    .negative = negative ? k->neg : NULL,
                                    .n_negative = negative ? k->n_neg : 0};
-    const int rc = gen_request_init_opts(r, &model, &pool, NULL, k->ids, uncond, k->n_ids, &opts,
+    const int rc = gen_request_init_opts(r, &model, &pool, policy, k->ids, uncond, k->n_ids, &opts,
                                          &sp, 1, 0, &err);
     free(uncond);
     if (rc != AR_OK) {
@@ -249,6 +251,10 @@ static int start(gen_request_t *r, const tf_case_t *k, const int *forced, int ne
     }
     r->forced = forced;
     return 0;
+}
+
+static int start(gen_request_t *r, const tf_case_t *k, const int *forced, int negative) {
+    return start_with(r, k, forced, negative, NULL);
 }
 
 /* Every case twice: the learned unconditional rows, then the negative
@@ -541,50 +547,107 @@ static void test_two_sizes_in_one_batch_equal_alone(void) {
  * golden bit pyramids of both prompts, the conditional row's mass per
  * (layer, head, query scale, source scale) and the S-CAS scores and
  * orderings of every source scale. Folders without scas.json skip it. */
-static void test_calibration_matches_heatkv(void) {
+/* dir/name parsed, or NULL (printed: a skip when the folder has no such
+ * file, a failure when it does not parse). */
+static cJSON *read_json(const char *name) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/scas.json", dir);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "rb");
     if (!f) {
         printf("skip: no %s\n", path);
-        return;
+        return NULL;
     }
     char *text = malloc(1 << 20);
-    const size_t got = fread(text, 1, (1 << 20) - 1, f);
+    const size_t got = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
     fclose(f);
-    text[got] = 0;
-    cJSON *root = cJSON_Parse(text);
+    if (text)
+        text[got] = 0;
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
     free(text);
-    if (!root) {
-        CHECK_MSG(0, "%s does not parse", path);
-        return;
-    }
+    CHECK_MSG(root, "%s does not parse", path);
+    return root;
+}
+
+/* The prompts of a reference file (root's "prompts", at most 4) and the
+ * golden bit pyramids they are forced to ("forced_bits"), into text and
+ * forced (freed by the caller); how many, 0 when they do not load. */
+static int forced_prompts(const cJSON *root, const char **text, int **forced) {
     const cJSON *prompts = cJSON_GetObjectItemCaseSensitive(root, "prompts"),
-                *bits = cJSON_GetObjectItemCaseSensitive(root, "forced_bits"),
-                *beta = cJSON_GetObjectItemCaseSensitive(root, "beta"),
-                *score = cJSON_GetObjectItemCaseSensitive(root, "scas_score"),
-                *order = cJSON_GetObjectItemCaseSensitive(root, "scas_order");
-    const int n = cJSON_GetArraySize(prompts), K = model.cfg.image.sizes[0].n_scales,
-              T = model.cfg.llm.num_layers * model.cfg.llm.num_heads;
-    CHECK(n >= 1 && n <= 4 && cJSON_GetArraySize(bits) == n);
-    CHECK(cJSON_GetArraySize(beta) == T * K * K && cJSON_GetArraySize(score) == T * K &&
-          cJSON_GetArraySize(order) == K - 1);
-    const char *text_of[4] = {0};
-    int *forced[4] = {0}, L = 0;
+                *bits = cJSON_GetObjectItemCaseSensitive(root, "forced_bits");
+    const int n = cJSON_GetArraySize(prompts), K = model.cfg.image.sizes[0].n_scales;
+    if (n < 1 || n > 4 || cJSON_GetArraySize(bits) != n)
+        return 0;
+    int L = 0, ok = 1;
     for (int i = 0; i < K; i++)
         L += model.cfg.image.sizes[0].h[i] * model.cfg.image.sizes[0].w[i];
-    for (int p = 0; p < n && p < 4; p++) {
-        text_of[p] = cJSON_GetArrayItem(prompts, p)->valuestring;
+    for (int p = 0; p < n; p++) {
+        text[p] = cJSON_GetArrayItem(prompts, p)->valuestring;
         forced[p] = get_ints(cJSON_GetArrayItem(bits, p)->valuestring, 2,
                              (int64_t[]){L, model.cfg.image.bits});
+        ok &= text[p] && forced[p];
     }
+    return ok ? n : 0;
+}
+
+/* `arserve calibrate`'s code on the prompts of root, teacher-forced; made
+ * once per folder for the same prompts and bits (the reference files share
+ * them), freed by calibration_drop. NULL when it fails. */
+static struct {
+    char key[512];
     kv_calibration_t c;
+    int made;
+} calibration_cache;
+
+static const kv_calibration_t *forced_calibration(const cJSON *root) {
+    char *key = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(root, "forced_bits"));
+    char *prompts = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(root, "prompts"));
+    char both[512];
+    snprintf(both, sizeof both, "%s %s", key ? key : "", prompts ? prompts : "");
+    free(key);
+    free(prompts);
+    if (calibration_cache.made && strcmp(both, calibration_cache.key) == 0)
+        return &calibration_cache.c;
+    const char *text[4] = {0};
+    int *forced[4] = {0};
+    const int n = forced_prompts(root, text, forced);
     ar_error_t err = {{0}};
-    const int ran = n >= 1 && n <= 4 && forced[n - 1] &&
-                    calibration_run_forced(&model, text_of, (const int *const *)forced, n, 0, NULL,
-                                           NULL, &c, &err) == AR_OK;
-    CHECK_MSG(ran, "calibration: %s", err.msg);
-    if (ran) {
+    if (calibration_cache.made)
+        kv_calibration_free(&calibration_cache.c);
+    calibration_cache.made = 0;
+    const int rc = n ? calibration_run_forced(&model, text, (const int *const *)forced, n, 0, NULL,
+                                              NULL, &calibration_cache.c, &err)
+                     : AR_ERR;
+    for (int p = 0; p < 4; p++)
+        free(forced[p]);
+    CHECK_MSG(rc == AR_OK, "calibration: %s", n ? err.msg : "no prompts and forced bits");
+    if (rc != AR_OK)
+        return NULL;
+    snprintf(calibration_cache.key, sizeof calibration_cache.key, "%s", both);
+    calibration_cache.made = 1;
+    return &calibration_cache.c;
+}
+
+static void calibration_drop(void) {
+    if (calibration_cache.made)
+        kv_calibration_free(&calibration_cache.c);
+    calibration_cache.made = 0;
+}
+
+static void test_calibration_matches_heatkv(void) {
+    cJSON *root = read_json("scas.json");
+    if (!root)
+        return;
+    const cJSON *beta = cJSON_GetObjectItemCaseSensitive(root, "beta"),
+                *score = cJSON_GetObjectItemCaseSensitive(root, "scas_score"),
+                *order = cJSON_GetObjectItemCaseSensitive(root, "scas_order");
+    const int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, "prompts")),
+              K = model.cfg.image.sizes[0].n_scales,
+              T = model.cfg.llm.num_layers * model.cfg.llm.num_heads;
+    CHECK(cJSON_GetArraySize(beta) == T * K * K && cJSON_GetArraySize(score) == T * K &&
+          cJSON_GetArraySize(order) == K - 1);
+    const kv_calibration_t *cal = forced_calibration(root);
+    if (cal) {
+        const kv_calibration_t c = *cal;
         /* beta: theirs is null where their calibration does not look (a
          * query scale's own keys, and scale 0's queries). */
         double worst = 0, worst_score = 0;
@@ -604,7 +667,8 @@ static void test_calibration_matches_heatkv(void) {
                 const double want = cJSON_GetArrayItem(score, u * K + src)->valuedouble;
                 worst_score = fmax(worst_score, fabs(sum / (K - 1 - src) - want));
             }
-        CHECK_MSG(compared == T * K * (K - 1) / 2, "%d beta entries in %s", compared, path);
+        CHECK_MSG(compared == T * K * (K - 1) / 2, "%d beta entries in %s/scas.json", compared,
+                  dir);
         CHECK_MSG(worst <= BETA_TOL && worst_score <= BETA_TOL,
                   "attention mass off by %g, S-CAS scores by %g", worst, worst_score);
         int same = 1;
@@ -618,10 +682,314 @@ static void test_calibration_matches_heatkv(void) {
             "calibration vs HeatKV (%d prompts, teacher-forced): largest mass error %.3g over %d "
             "entries, S-CAS score error %.3g, orderings %s\n",
             n, worst, compared, worst_score, same ? "equal" : "differ");
-        kv_calibration_free(&c);
     }
-    for (int p = 0; p < n && p < 4; p++)
-        free(forced[p]);
+    cJSON_Delete(root);
+}
+
+/* ---- ScaleKV against its public code ---- */
+
+/* One compaction: which tokens (by their place in the whole image,
+ * coarsest scale first) a (layer, CFG row, head) kept after a scale. */
+typedef struct kept {
+    int step, layer, row, head, n;
+    int *ids;
+} kept_t;
+
+/* What a run's compactions kept, followed through the observer. */
+typedef struct kept_trace {
+    int n_heads, n_units;              /* units: layer x head */
+    int at, n_new;                     /* the current step's first token and its tokens */
+    int *ids[2], *len[2], *step_of[2]; /* per row: unit u's tokens at ids[row] + u * cap */
+    int cap;
+    kept_t *events;
+    int n_events;
+} kept_trace_t;
+
+typedef struct kept_row {
+    kept_trace_t *t;
+    int row;
+} kept_row_t;
+
+/* Unit u of row r holds the current step's tokens too (once a step). */
+static void kept_extend(kept_trace_t *t, int r, int u, int step) {
+    if (t->step_of[r][u] >= step)
+        return;
+    int *ids = t->ids[r] + (size_t)u * t->cap;
+    for (int i = 0; i < t->n_new && t->len[r][u] < t->cap; i++)
+        ids[t->len[r][u]++] = t->at + i;
+    t->step_of[r][u] = step;
+}
+
+static void kept_observe(void *ctx, int step, int layer, int head, int len, const int *keep,
+                         int n_keep) {
+    kept_row_t *kr = ctx;
+    kept_trace_t *t = kr->t;
+    const int r = kr->row, u = layer * t->n_heads + head;
+    kept_extend(t, r, u, step);
+    int *ids = t->ids[r] + (size_t)u * t->cap;
+    kept_t *e = &t->events[t->n_events];
+    CHECK_MSG(len == t->len[r][u], "step %d layer %d head %d: %d tokens, traced %d", step, layer,
+              head, len, t->len[r][u]);
+    *e = (kept_t){step, layer, r, head, n_keep, malloc((size_t)n_keep * sizeof(int))};
+    for (int i = 0; i < n_keep; i++)
+        ids[i] = e->ids[i] = ids[keep[i]];
+    t->len[r][u] = n_keep;
+    t->n_events++;
+}
+
+/* ScaleKV as its public code runs it (StargazerX0/ScaleKV's ScaleKVCluster
+ * on the official Infinity; the fixture and how it was made: scalekv.json,
+ * scalekv.safetensors and the README beside them): teacher-forced on both
+ * prompts at three budgets, with the budgets our calibration gives (the
+ * same as theirs, given to their code), every (scale, layer, CFG row,
+ * head) keeps the tokens theirs keeps, and the logits of both rows after
+ * pruning are theirs within LOGIT_TOL. Folders without scalekv.json skip. */
+static void test_scalekv_matches_public_code(void) {
+    cJSON *root = read_json("scalekv.json");
+    if (!root)
+        return;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/scalekv.safetensors", dir);
+    safetensors_t ref;
+    ar_error_t err = {{0}};
+    if (safetensors_open(&ref, path, &err) != AR_OK) {
+        CHECK_MSG(0, "%s", err.msg);
+        cJSON_Delete(root);
+        return;
+    }
+    const kv_calibration_t *c = forced_calibration(root);
+    if (!c) {
+        safetensors_close(&ref);
+        cJSON_Delete(root);
+        return;
+    }
+    model.cfg.kv_calibration = c;
+    const int V = 2 * model.cfg.image.bits, H = model.cfg.llm.num_heads,
+              U = model.cfg.llm.num_layers * H;
+    const cJSON *runs = cJSON_GetObjectItemCaseSensitive(root, "runs"), *run;
+#ifdef ARSERVE_TEST_CUDA_EMU
+    int n_runs = 0; /* the emulator's backend ops: one run checks them (the CPU runs all) */
+#endif
+    cJSON_ArrayForEach(run, runs) {
+#ifdef ARSERVE_TEST_CUDA_EMU
+        if (n_runs++ == 1)
+            printf("skip: the other scalekv runs under the emulator (the CPU run checks them)\n");
+        if (n_runs > 1)
+            continue;
+#endif
+        const double budget = cJSON_GetObjectItemCaseSensitive(run, "budget")->valuedouble;
+        const int prompt = cJSON_GetObjectItemCaseSensitive(run, "prompt")->valueint;
+        const char *name = cJSON_GetObjectItemCaseSensitive(run, "logits")->valuestring;
+        const cJSON *want_kept = cJSON_GetObjectItemCaseSensitive(run, "kept");
+        const tf_case_t *k = &cases[prompt];
+        char key[64];
+        snprintf(key, sizeof key, "%s_cond", name);
+        const st_tensor_t *lc = safetensors_find(&ref, key);
+        snprintf(key, sizeof key, "%s_uncond", name);
+        const st_tensor_t *lu = safetensors_find(&ref, key);
+        kv_policy_params_t p;
+        kv_policy_defaults(&p, KV_POLICY_SCALEKV);
+        p.budget = budget;
+        gen_request_t r;
+        if (!lc || !lu || lc->shape[0] != k->L || k->size != 0 ||
+            start_with(&r, k, k->bits, 0, &p)) {
+            CHECK_MSG(0, "run %s: no reference logits, or the request does not start", name);
+            continue;
+        }
+        kept_trace_t t = {.n_heads = H, .n_units = U, .cap = k->L};
+        kept_row_t rows[2] = {{&t, 0}, {&t, 1}};
+        for (int j = 0; j < 2; j++) {
+            t.ids[j] = malloc((size_t)U * k->L * sizeof(int));
+            t.len[j] = calloc((size_t)U, sizeof(int));
+            t.step_of[j] = malloc((size_t)U * sizeof(int));
+            for (int u = 0; u < U; u++)
+                t.step_of[j][u] = -1;
+            kv_policy_observe(r.policy_state[j], kept_observe, &rows[j]);
+        }
+        t.events = malloc((size_t)2 * U * k->S * sizeof *t.events);
+        gen_request_t *batch[] = {&r};
+        const image_size_t *z = &model.cfg.image.sizes[k->size];
+        double worst = 0;
+        for (int at = 0; !gen_request_done(&r);) {
+            const int si = r.step, pp = z->h[si] * z->w[si];
+            t.at = at;
+            t.n_new = pp;
+            if (gen_step(batch, 1, &err) != AR_OK) {
+                CHECK_MSG(0, "%s", err.msg);
+                break;
+            }
+            for (int j = 0; j < 2 && si < k->S - 1; j++)
+                for (int u = 0; u < U; u++)
+                    kept_extend(&t, j, u, si);
+            const float *want[2] = {(const float *)lc->data + (size_t)at * V,
+                                    (const float *)lu->data + (size_t)at * V};
+            for (int j = 0; j < 2; j++)
+                worst = fmax(worst,
+                             max_abs_diff(r.logits + (size_t)j * pp * V, want[j], (size_t)pp * V));
+            at += pp;
+        }
+        /* Theirs also cuts the last scale, which nothing reads after (ours
+         * never caches it): those are not compared. */
+        int compared = 0, same = 0;
+        const cJSON *w;
+        cJSON_ArrayForEach(w, want_kept) {
+            const int ws = cJSON_GetArrayItem(w, 0)->valueint,
+                      wl = cJSON_GetArrayItem(w, 1)->valueint,
+                      wr = cJSON_GetArrayItem(w, 2)->valueint,
+                      wh = cJSON_GetArrayItem(w, 3)->valueint;
+            const cJSON *wids = cJSON_GetArrayItem(w, 4);
+            if (ws >= k->S - 1)
+                continue;
+            compared++;
+            const kept_t *e = NULL;
+            for (int i = 0; i < t.n_events && !e; i++)
+                if (t.events[i].step == ws && t.events[i].layer == wl && t.events[i].row == wr &&
+                    t.events[i].head == wh)
+                    e = &t.events[i];
+            int equal = e && e->n == cJSON_GetArraySize(wids);
+            for (int i = 0; equal && i < e->n; i++)
+                equal = e->ids[i] == cJSON_GetArrayItem(wids, i)->valueint;
+            same += equal;
+            CHECK_MSG(equal,
+                      "run %s: scale %d layer %d row %d head %d keeps %d tokens, theirs %d%s", name,
+                      ws, wl, wr, wh, e ? e->n : -1, cJSON_GetArraySize(wids),
+                      e ? " (different ones)" : "");
+        }
+        CHECK_MSG(compared == t.n_events, "run %s: %d cuts, theirs %d", name, t.n_events, compared);
+        CHECK_MSG(worst <= LOGIT_TOL, "run %s: logits off by %g after pruning", name, worst);
+        printf("scalekv %g, prompt %d: %d of %d cuts keep their tokens (%d ours), logits within "
+               "%.3g\n",
+               budget, prompt, same, compared, t.n_events, worst);
+        for (int i = 0; i < t.n_events; i++)
+            free(t.events[i].ids);
+        free(t.events);
+        for (int j = 0; j < 2; j++) {
+            free(t.ids[j]);
+            free(t.len[j]);
+            free(t.step_of[j]);
+        }
+        gen_request_free(&r);
+    }
+    model.cfg.kv_calibration = NULL;
+    safetensors_close(&ref);
+    cJSON_Delete(root);
+}
+
+/* HeatKV as its public code runs it (arm-research/heatkv's real pruning,
+ * scale-specific, on the official Infinity with the orderings of its own
+ * calibration; how it was made: heatkv.json and the README): teacher-forced
+ * on both prompts at two budgets, every (CFG row, layer, head) caches after
+ * each scale the source scales their schedule keeps for the next (the
+ * sinks, and the prunable scales whose (head, layer) unit is not removed),
+ * and the logits of both rows are theirs within LOGIT_TOL. */
+static void test_heatkv_matches_public_code(void) {
+    cJSON *root = read_json("heatkv.json");
+    if (!root)
+        return;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/heatkv.safetensors", dir);
+    safetensors_t ref;
+    ar_error_t err = {{0}};
+    if (safetensors_open(&ref, path, &err) != AR_OK) {
+        CHECK_MSG(0, "%s", err.msg);
+        cJSON_Delete(root);
+        return;
+    }
+    const kv_calibration_t *c = forced_calibration(root);
+    if (!c) {
+        safetensors_close(&ref);
+        cJSON_Delete(root);
+        return;
+    }
+    model.cfg.kv_calibration = c;
+    const int V = 2 * model.cfg.image.bits, H = model.cfg.llm.num_heads,
+              L = model.cfg.llm.num_layers,
+              sinks = cJSON_GetObjectItemCaseSensitive(root, "sink_scales")->valueint;
+    const cJSON *run;
+#ifdef ARSERVE_TEST_CUDA_EMU
+    /* One run checks the emulator's backend ops (the CPU runs all): the
+     * third, at 20%, where some units of a scale stay and others go. */
+    int n_runs = 0;
+#endif
+    cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(root, "runs")) {
+#ifdef ARSERVE_TEST_CUDA_EMU
+        if (n_runs++ != 2)
+            continue;
+#endif
+        const double budget = cJSON_GetObjectItemCaseSensitive(run, "budget")->valuedouble;
+        const int prompt = cJSON_GetObjectItemCaseSensitive(run, "prompt")->valueint;
+        const char *name = cJSON_GetObjectItemCaseSensitive(run, "logits")->valuestring;
+        const cJSON *removed = cJSON_GetObjectItemCaseSensitive(run, "removed");
+        const tf_case_t *k = &cases[prompt];
+        char key[64];
+        snprintf(key, sizeof key, "%s_cond", name);
+        const st_tensor_t *lc = safetensors_find(&ref, key);
+        snprintf(key, sizeof key, "%s_uncond", name);
+        const st_tensor_t *lu = safetensors_find(&ref, key);
+        kv_policy_params_t p;
+        kv_policy_defaults(&p, KV_POLICY_HEATKV);
+        p.budget = budget;
+        p.sink_scales = sinks;
+        gen_request_t r;
+        if (!lc || !lu || lc->shape[0] != k->L || k->size != 0 ||
+            start_with(&r, k, k->bits, 0, &p)) {
+            CHECK_MSG(0, "run %s: no reference logits, or the request does not start", name);
+            continue;
+        }
+        gen_request_t *batch[] = {&r};
+        const image_size_t *z = &model.cfg.image.sizes[k->size];
+        double worst = 0;
+        int heads_differ = 0, heads = 0;
+        for (int at = 0; !gen_request_done(&r);) {
+            const int si = r.step, pp = z->h[si] * z->w[si];
+            if (gen_step(batch, 1, &err) != AR_OK) {
+                CHECK_MSG(0, "%s", err.msg);
+                break;
+            }
+            const float *want[2] = {(const float *)lc->data + (size_t)at * V,
+                                    (const float *)lu->data + (size_t)at * V};
+            for (int j = 0; j < 2; j++)
+                worst = fmax(worst,
+                             max_abs_diff(r.logits + (size_t)j * pp * V, want[j], (size_t)pp * V));
+            at += pp;
+            /* What each head caches now: the scales their schedule keeps
+             * for the next one (scale sizes here add up uniquely). */
+            char t1[16];
+            snprintf(t1, sizeof t1, "%d", si + 1);
+            const cJSON *next = cJSON_GetObjectItemCaseSensitive(removed, t1);
+            for (int l = 0; next && si < k->S - 1 && l < L; l++)
+                for (int h = 0; h < H; h++) {
+                    int want_len = 0;
+                    for (int s = 0; s <= si; s++) {
+                        char ks[16], kl[16];
+                        snprintf(ks, sizeof ks, "%d", s);
+                        snprintf(kl, sizeof kl, "%d", l);
+                        const cJSON *gone = cJSON_GetObjectItemCaseSensitive(
+                            cJSON_GetObjectItemCaseSensitive(next, ks), kl);
+                        int is_gone = 0;
+                        const cJSON *g;
+                        cJSON_ArrayForEach(g, gone) is_gone |= g->valueint == h;
+                        want_len += s < sinks || !is_gone ? z->h[s] * z->w[s] : 0;
+                    }
+                    for (int j = 0; j < 2; j++) {
+                        const int len = r.seq[j].heads[l * H + h].len;
+                        heads++;
+                        heads_differ += len != want_len;
+                        CHECK_MSG(len == want_len,
+                                  "run %s: after scale %d, row %d layer %d head %d caches %d "
+                                  "tokens, theirs %d",
+                                  name, si, j, l, h, len, want_len);
+                    }
+                }
+        }
+        CHECK_MSG(worst <= LOGIT_TOL, "run %s: logits off by %g after pruning", name, worst);
+        printf("heatkv %g, prompt %d: %d of %d (step, row, layer, head) caches hold their scales, "
+               "logits within %.3g\n",
+               budget, prompt, heads - heads_differ, heads, worst);
+        gen_request_free(&r);
+    }
+    model.cfg.kv_calibration = NULL;
+    safetensors_close(&ref);
     cJSON_Delete(root);
 }
 
@@ -641,6 +1009,8 @@ static int run_folder(void) {
     TEST_RUN(test_inputs_and_latents_match);
     TEST_RUN(test_decoded_images_match);
     TEST_RUN(test_calibration_matches_heatkv);
+    TEST_RUN(test_scalekv_matches_public_code);
+    TEST_RUN(test_heatkv_matches_public_code);
 #ifdef ARSERVE_TEST_CUDA_EMU
     /* The emulated CUDA backend is about ten times slower: the sampler runs
      * on the host (its check repeats the teacher-forced passes above), and
@@ -657,6 +1027,7 @@ static int run_folder(void) {
 #endif
     for (int i = 0; i < n_cases; i++)
         case_free(&cases[i]);
+    calibration_drop();
     kv_pool_free(&pool);
     model_free(&model);
     safetensors_close(&st);
