@@ -10,9 +10,11 @@
  * heads of each source scale i <= k (eq. 5; 0 when c_k <= bP), the first
  * N_k of that scale's S-CAS ordering (scale-dependent) or of the CAS
  * ordering (binary, where a pruned head keeps only its sinks). G_k, the
- * union, only grows. The engine applies step k as: before the forward, the
- * early set E_k goes; after layer l's attention, layer l drops the rest of
- * G_k and appends scale k unless (k, l, h) is in G_k. The budget B = b T P
+ * union, only grows. Step k's attention sees what is left once the early
+ * set E_k is gone; after layer l's attention at step k, layer l drops the
+ * rest of G_k and E_{k+1} (nothing reads them again) and appends scale k
+ * unless it is in either (HeatKV's code: each layer compacts after its
+ * attention to the next scale's schedule). The budget B = b T P
  * tokens holds after every layer: whenever it would not, greedy early
  * pruning adds candidates of G_k \ G_{k-1} from layers past l to E_k, by
  * layer descending, then source scale descending, then rank (a binary

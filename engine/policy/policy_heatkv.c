@@ -1,8 +1,10 @@
 /* HeatKV (static per head-scale pruning for next-scale models): the
  * schedule (engine/policy/heatkv.h) is built once per request from the model's
- * calibration; each (layer, head) then holds whole scales, and drops them
- * when the schedule says: early ones before a step, the rest right after
- * its layer has attended. The policy keeps, per head, the set of scales
+ * calibration; each (layer, head) then holds whole scales, and drops, as
+ * soon as its layer has attended at a step, every scale the next step's
+ * attention does not see (the step's G and the next step's early set E:
+ * HeatKV's code compacts each layer after its attention to the next
+ * scale's schedule). The policy keeps, per head, the set of scales
  * it holds, so it can turn the schedule into keep lists. heatkv prunes
  * head-scales by S-CAS; heatkv_binary (policy_heatkv_binary.c) whole heads
  * by CAS. docs/kv-policies.md. */
@@ -114,8 +116,10 @@ int heatkv_policy_layer_end(void *state, int t, int layer, int head, int len, in
                             int *n_keep, int *cache) {
     heatkv_t *s = state;
     const int u = layer * s->g.n_heads + head;
-    const int what = compact_to(s, u, old_scales(s, u, t, 0), len, keep, n_keep);
-    if (!heatkv_present(&s->sch, t, u, t, 0))
+    /* What step t + 1 attends to, once its early set has gone: nothing
+     * before that reads the head again. */
+    const int what = compact_to(s, u, old_scales(s, u, t + 1, 1), len, keep, n_keep);
+    if (!heatkv_present(&s->sch, t, u, t + 1, 1))
         *cache = 0;
     if (*cache)
         s->have[u] |= 1u << t;

@@ -8,9 +8,11 @@
  * reference's own uniforms; and a batch of both sizes giving each request
  * what it gives alone. ARSERVE_TEST_BACKEND=cuda runs the same checks on
  * the CUDA backend (tests/test_backend.h). */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -686,7 +688,19 @@ static void test_calibration_matches_heatkv(void) {
     cJSON_Delete(root);
 }
 
-/* ---- ScaleKV against its public code ---- */
+/* ---- HeatKV and ScaleKV against their public code ---- */
+
+/* A reference run of a KV policy's public code, teacher-forced: the model
+ * and pool to run on, each prompt's ids and forced bits, and the file of
+ * its logits (every stride-th token's, both CFG rows). */
+typedef struct policy_ref {
+    model_t *m;
+    kv_pool_t *pool;
+    const int *ids[2], *bits[2];
+    int n_ids[2];
+    safetensors_t *st;
+    int stride;
+} policy_ref_t;
 
 /* One compaction: which tokens (by their place in the whole image,
  * coarsest scale first) a (layer, CFG row, head) kept after a scale. */
@@ -697,7 +711,7 @@ typedef struct kept {
 
 /* What a run's compactions kept, followed through the observer. */
 typedef struct kept_trace {
-    int n_heads, n_units;              /* units: layer x head */
+    int n_heads;
     int at, n_new;                     /* the current step's first token and its tokens */
     int *ids[2], *len[2], *step_of[2]; /* per row: unit u's tokens at ids[row] + u * cap */
     int cap;
@@ -737,141 +751,281 @@ static void kept_observe(void *ctx, int step, int layer, int head, int len, cons
     t->n_events++;
 }
 
+/* The tokens of the model's default size, and its scales into *n_scales. */
+static int ref_tokens(const model_t *m, int *n_scales) {
+    const image_size_t *z = &m->cfg.image.sizes[0];
+    int L = 0;
+    for (int i = 0; i < z->n_scales; i++)
+        L += z->h[i] * z->w[i];
+    *n_scales = z->n_scales;
+    return L;
+}
+
+/* Runs reference run `run` (its "budget", "prompt" and "logits") of policy
+ * p on ref's model, teacher-forced at its default size, both CFG rows'
+ * logits held to the reference's at every stride-th token. Between steps,
+ * after_step(ctx, r, step) checks the caches. Returns the request's worst
+ * logit error (its caches freed), or -1 when it could not run. */
+typedef void (*after_step_fn)(void *ctx, gen_request_t *r, int step);
+static double run_reference(const policy_ref_t *ref, const cJSON *run, kv_policy_params_t *p,
+                            after_step_fn after_step, void *ctx, gen_request_t *r) {
+    const int prompt = cJSON_GetObjectItemCaseSensitive(run, "prompt")->valueint;
+    const char *name = cJSON_GetObjectItemCaseSensitive(run, "logits")->valuestring;
+    p->budget = cJSON_GetObjectItemCaseSensitive(run, "budget")->valuedouble;
+    int S;
+    const int L = ref_tokens(ref->m, &S), V = 2 * ref->m->cfg.image.bits,
+              n_ref = (L + ref->stride - 1) / ref->stride;
+    char key[64];
+    snprintf(key, sizeof key, "%s_cond", name);
+    const st_tensor_t *lc = safetensors_find(ref->st, key);
+    snprintf(key, sizeof key, "%s_uncond", name);
+    const st_tensor_t *lu = safetensors_find(ref->st, key);
+    ar_error_t err = {{0}};
+    int *uncond = malloc((size_t)ref->n_ids[prompt] * sizeof *uncond);
+    for (int i = 0; uncond && i < ref->n_ids[prompt]; i++)
+        uncond[i] = -1;
+    const gen_image_opts_t opts = {0};
+    const sampler_params_t sp = {3.0f, 1.0f, 0, 0.0f};
+    const int ok = lc && lu && lc->shape[0] == n_ref && lu->shape[0] == n_ref && uncond &&
+                   gen_request_init_opts(r, ref->m, ref->pool, p, ref->ids[prompt], uncond,
+                                         ref->n_ids[prompt], &opts, &sp, 1, 0, &err) == AR_OK;
+    free(uncond);
+    if (!ok) {
+        CHECK_MSG(0, "run %s: no reference logits, or the request does not start: %s", name,
+                  err.msg);
+        return -1;
+    }
+    r->forced = ref->bits[prompt];
+    after_step(ctx, r, -1);
+    gen_request_t *batch[] = {r};
+    const image_size_t *z = &ref->m->cfg.image.sizes[0];
+    double worst = 0;
+    for (int at = 0; !gen_request_done(r);) {
+        const int si = r->step, pp = z->h[si] * z->w[si];
+        if (gen_step(batch, 1, &err) != AR_OK) {
+            CHECK_MSG(0, "run %s: %s", name, err.msg);
+            break;
+        }
+        after_step(ctx, r, si);
+        /* the reference's tokens at, at + stride, ... of this scale */
+        for (int i = (at + ref->stride - 1) / ref->stride * ref->stride; i < at + pp;
+             i += ref->stride)
+            for (int j = 0; j < 2; j++) {
+                const float *want =
+                    (const float *)(j ? lu : lc)->data + (size_t)(i / ref->stride) * V;
+                worst = fmax(worst, max_abs_diff(r->logits + ((size_t)j * pp + (i - at)) * V, want,
+                                                 (size_t)V));
+            }
+        at += pp;
+    }
+    CHECK_MSG(worst <= LOGIT_TOL, "run %s: logits off by %g after pruning", name, worst);
+    return worst;
+}
+
+/* ScaleKV: the tokens each cut keeps, followed through the observer. */
+typedef struct scalekv_ctx {
+    const policy_ref_t *ref;
+    kept_trace_t t;
+    kept_row_t rows[2];
+    int at;
+} scalekv_ctx_t;
+
+static void scalekv_after_step(void *ctx, gen_request_t *r, int si) {
+    scalekv_ctx_t *c = ctx;
+    kept_trace_t *t = &c->t;
+    const image_size_t *z = &c->ref->m->cfg.image.sizes[0];
+    int S;
+    ref_tokens(c->ref->m, &S);
+    const int U = c->ref->m->cfg.llm.num_layers * t->n_heads;
+    if (si < 0) { /* before the first step */
+        for (int j = 0; j < 2; j++)
+            kv_policy_observe(r->policy_state[j], kept_observe, &c->rows[j]);
+        t->at = 0;
+        t->n_new = z->h[0] * z->w[0];
+        return;
+    }
+    for (int j = 0; j < 2 && si < S - 1; j++)
+        for (int u = 0; u < U; u++)
+            kept_extend(t, j, u, si);
+    t->at += z->h[si] * z->w[si];
+    t->n_new = si + 1 < S ? z->h[si + 1] * z->w[si + 1] : 0;
+}
+
+/* Every cut of ScaleKV's code (`kept`: [scale, layer, row, head, tokens])
+ * but the last scale's (theirs cuts it, ours never caches it) keeps the
+ * same tokens as ours, and ours cuts nowhere else. */
+static void check_scalekv_run(const policy_ref_t *ref, const cJSON *run) {
+    const char *name = cJSON_GetObjectItemCaseSensitive(run, "logits")->valuestring;
+    int S;
+    const int L = ref_tokens(ref->m, &S), H = ref->m->cfg.llm.num_heads,
+              U = ref->m->cfg.llm.num_layers * H;
+    scalekv_ctx_t c = {.ref = ref, .t = {.n_heads = H, .cap = L}};
+    c.rows[0] = (kept_row_t){&c.t, 0};
+    c.rows[1] = (kept_row_t){&c.t, 1};
+    for (int j = 0; j < 2; j++) {
+        c.t.ids[j] = malloc((size_t)U * L * sizeof(int));
+        c.t.len[j] = calloc((size_t)U, sizeof(int));
+        c.t.step_of[j] = malloc((size_t)U * sizeof(int));
+        for (int u = 0; u < U; u++)
+            c.t.step_of[j][u] = -1;
+    }
+    c.t.events = malloc((size_t)2 * U * S * sizeof *c.t.events);
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_SCALEKV);
+    gen_request_t r;
+    const double worst = run_reference(ref, run, &p, scalekv_after_step, &c, &r);
+    int compared = 0, same = 0;
+    const cJSON *w, *want_kept = worst >= 0 ? cJSON_GetObjectItemCaseSensitive(run, "kept") : NULL;
+    cJSON_ArrayForEach(w, want_kept) {
+        const int ws = cJSON_GetArrayItem(w, 0)->valueint, wl = cJSON_GetArrayItem(w, 1)->valueint,
+                  wr = cJSON_GetArrayItem(w, 2)->valueint, wh = cJSON_GetArrayItem(w, 3)->valueint;
+        const cJSON *wids = cJSON_GetArrayItem(w, 4);
+        if (ws >= S - 1)
+            continue;
+        compared++;
+        const kept_t *e = NULL;
+        for (int i = 0; i < c.t.n_events && !e; i++)
+            if (c.t.events[i].step == ws && c.t.events[i].layer == wl && c.t.events[i].row == wr &&
+                c.t.events[i].head == wh)
+                e = &c.t.events[i];
+        int equal = e && e->n == cJSON_GetArraySize(wids);
+        for (int i = 0; equal && i < e->n; i++)
+            equal = e->ids[i] == cJSON_GetArrayItem(wids, i)->valueint;
+        same += equal;
+        CHECK_MSG(equal, "run %s: scale %d layer %d row %d head %d keeps %d tokens, theirs %d%s",
+                  name, ws, wl, wr, wh, e ? e->n : -1, cJSON_GetArraySize(wids),
+                  e ? " (different ones)" : "");
+    }
+    if (worst >= 0) {
+        CHECK_MSG(compared == c.t.n_events, "run %s: %d cuts, theirs %d", name, c.t.n_events,
+                  compared);
+        printf("scalekv %g, prompt %d (%d tokens): %d of %d cuts keep their tokens (%d ours), "
+               "logits within %.3g\n",
+               p.budget, cJSON_GetObjectItemCaseSensitive(run, "prompt")->valueint, L, same,
+               compared, c.t.n_events, worst);
+        gen_request_free(&r);
+    }
+    for (int i = 0; i < c.t.n_events; i++)
+        free(c.t.events[i].ids);
+    free(c.t.events);
+    for (int j = 0; j < 2; j++) {
+        free(c.t.ids[j]);
+        free(c.t.len[j]);
+        free(c.t.step_of[j]);
+    }
+}
+
+/* HeatKV: after each scale, what each (row, layer, head) caches against
+ * their schedule's `removed` for the next scale (source scale -> layer ->
+ * heads whose unit is gone): the sink scales, and each prunable scale whose
+ * unit stays. Scale sizes add up uniquely here, so the length tells the
+ * scales. */
+typedef struct heatkv_ctx {
+    const policy_ref_t *ref;
+    const cJSON *removed;
+    int sinks, heads, differ;
+} heatkv_ctx_t;
+
+static void heatkv_after_step(void *ctx, gen_request_t *r, int si) {
+    heatkv_ctx_t *c = ctx;
+    const model_t *m = c->ref->m;
+    const image_size_t *z = &m->cfg.image.sizes[0];
+    const int H = m->cfg.llm.num_heads;
+    char t1[16];
+    snprintf(t1, sizeof t1, "%d", si + 1);
+    const cJSON *next =
+        si < 0 || si >= z->n_scales - 1 ? NULL : cJSON_GetObjectItemCaseSensitive(c->removed, t1);
+    for (int l = 0; next && l < m->cfg.llm.num_layers; l++)
+        for (int h = 0; h < H; h++) {
+            int want = 0;
+            for (int s = 0; s <= si; s++) {
+                char ks[16], kl[16];
+                snprintf(ks, sizeof ks, "%d", s);
+                snprintf(kl, sizeof kl, "%d", l);
+                const cJSON *gone = cJSON_GetObjectItemCaseSensitive(
+                                cJSON_GetObjectItemCaseSensitive(next, ks), kl),
+                            *g;
+                int is_gone = 0;
+                cJSON_ArrayForEach(g, gone) is_gone |= g->valueint == h;
+                want += s < c->sinks || !is_gone ? z->h[s] * z->w[s] : 0;
+            }
+            for (int j = 0; j < 2; j++) {
+                const int len = r->seq[j].heads[l * H + h].len;
+                c->heads++;
+                c->differ += len != want;
+                CHECK_MSG(len == want,
+                          "after scale %d, row %d layer %d head %d caches %d tokens, theirs %d", si,
+                          j, l, h, len, want);
+            }
+        }
+}
+
+static void check_heatkv_run(const policy_ref_t *ref, const cJSON *run, int sinks) {
+    heatkv_ctx_t c = {ref, cJSON_GetObjectItemCaseSensitive(run, "removed"), sinks, 0, 0};
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_HEATKV);
+    p.sink_scales = sinks;
+    gen_request_t r;
+    int S;
+    const int L = ref_tokens(ref->m, &S);
+    const double worst = run_reference(ref, run, &p, heatkv_after_step, &c, &r);
+    if (worst < 0)
+        return;
+    printf("heatkv %g, prompt %d (%d tokens): %d of %d (scale, row, layer, head) caches hold "
+           "their scales, logits within %.3g\n",
+           p.budget, cJSON_GetObjectItemCaseSensitive(run, "prompt")->valueint, L,
+           c.heads - c.differ, c.heads, worst);
+    gen_request_free(&r);
+}
+
+/* The golden cases' ids and bits as a reference's (stride 1: every token). */
+static int golden_ref(policy_ref_t *ref, safetensors_t *file, const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ar_error_t err = {{0}};
+    if (safetensors_open(file, path, &err) != AR_OK) {
+        CHECK_MSG(0, "%s", err.msg);
+        return -1;
+    }
+    *ref = (policy_ref_t){.m = &model, .pool = &pool, .st = file, .stride = 1};
+    for (int j = 0; j < 2 && j < n_cases; j++) {
+        ref->ids[j] = cases[j].ids;
+        ref->n_ids[j] = cases[j].n_ids;
+        ref->bits[j] = cases[j].bits;
+    }
+    return cases[0].size == 0 && cases[1].size == 0 ? 0 : -1;
+}
+
 /* ScaleKV as its public code runs it (StargazerX0/ScaleKV's ScaleKVCluster
  * on the official Infinity; the fixture and how it was made: scalekv.json,
  * scalekv.safetensors and the README beside them): teacher-forced on both
- * prompts at three budgets, with the budgets our calibration gives (the
- * same as theirs, given to their code), every (scale, layer, CFG row,
- * head) keeps the tokens theirs keeps, and the logits of both rows after
- * pruning are theirs within LOGIT_TOL. Folders without scalekv.json skip. */
+ * prompts at two budgets, with the budgets our calibration gives (given to
+ * their code), every (scale, layer, CFG row, head) keeps the tokens theirs
+ * keeps, and the logits of both rows after pruning are theirs within
+ * LOGIT_TOL. Folders without scalekv.json skip it. */
 static void test_scalekv_matches_public_code(void) {
     cJSON *root = read_json("scalekv.json");
+    policy_ref_t ref;
+    safetensors_t file;
     if (!root)
         return;
-    char path[1024];
-    snprintf(path, sizeof path, "%s/scalekv.safetensors", dir);
-    safetensors_t ref;
-    ar_error_t err = {{0}};
-    if (safetensors_open(&ref, path, &err) != AR_OK) {
-        CHECK_MSG(0, "%s", err.msg);
-        cJSON_Delete(root);
-        return;
-    }
     const kv_calibration_t *c = forced_calibration(root);
-    if (!c) {
-        safetensors_close(&ref);
-        cJSON_Delete(root);
-        return;
-    }
-    model.cfg.kv_calibration = c;
-    const int V = 2 * model.cfg.image.bits, H = model.cfg.llm.num_heads,
-              U = model.cfg.llm.num_layers * H;
-    const cJSON *runs = cJSON_GetObjectItemCaseSensitive(root, "runs"), *run;
+    if (c && golden_ref(&ref, &file, "scalekv.safetensors") == 0) {
+        model.cfg.kv_calibration = c;
+        const cJSON *run;
+        int n_runs = 0;
+        cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(root, "runs")) {
 #ifdef ARSERVE_TEST_CUDA_EMU
-    int n_runs = 0; /* the emulator's backend ops: one run checks them (the CPU runs all) */
-#endif
-    cJSON_ArrayForEach(run, runs) {
-#ifdef ARSERVE_TEST_CUDA_EMU
-        if (n_runs++ == 1)
-            printf("skip: the other scalekv runs under the emulator (the CPU run checks them)\n");
-        if (n_runs > 1)
-            continue;
-#endif
-        const double budget = cJSON_GetObjectItemCaseSensitive(run, "budget")->valuedouble;
-        const int prompt = cJSON_GetObjectItemCaseSensitive(run, "prompt")->valueint;
-        const char *name = cJSON_GetObjectItemCaseSensitive(run, "logits")->valuestring;
-        const cJSON *want_kept = cJSON_GetObjectItemCaseSensitive(run, "kept");
-        const tf_case_t *k = &cases[prompt];
-        char key[64];
-        snprintf(key, sizeof key, "%s_cond", name);
-        const st_tensor_t *lc = safetensors_find(&ref, key);
-        snprintf(key, sizeof key, "%s_uncond", name);
-        const st_tensor_t *lu = safetensors_find(&ref, key);
-        kv_policy_params_t p;
-        kv_policy_defaults(&p, KV_POLICY_SCALEKV);
-        p.budget = budget;
-        gen_request_t r;
-        if (!lc || !lu || lc->shape[0] != k->L || k->size != 0 ||
-            start_with(&r, k, k->bits, 0, &p)) {
-            CHECK_MSG(0, "run %s: no reference logits, or the request does not start", name);
-            continue;
-        }
-        kept_trace_t t = {.n_heads = H, .n_units = U, .cap = k->L};
-        kept_row_t rows[2] = {{&t, 0}, {&t, 1}};
-        for (int j = 0; j < 2; j++) {
-            t.ids[j] = malloc((size_t)U * k->L * sizeof(int));
-            t.len[j] = calloc((size_t)U, sizeof(int));
-            t.step_of[j] = malloc((size_t)U * sizeof(int));
-            for (int u = 0; u < U; u++)
-                t.step_of[j][u] = -1;
-            kv_policy_observe(r.policy_state[j], kept_observe, &rows[j]);
-        }
-        t.events = malloc((size_t)2 * U * k->S * sizeof *t.events);
-        gen_request_t *batch[] = {&r};
-        const image_size_t *z = &model.cfg.image.sizes[k->size];
-        double worst = 0;
-        for (int at = 0; !gen_request_done(&r);) {
-            const int si = r.step, pp = z->h[si] * z->w[si];
-            t.at = at;
-            t.n_new = pp;
-            if (gen_step(batch, 1, &err) != AR_OK) {
-                CHECK_MSG(0, "%s", err.msg);
-                break;
-            }
-            for (int j = 0; j < 2 && si < k->S - 1; j++)
-                for (int u = 0; u < U; u++)
-                    kept_extend(&t, j, u, si);
-            const float *want[2] = {(const float *)lc->data + (size_t)at * V,
-                                    (const float *)lu->data + (size_t)at * V};
-            for (int j = 0; j < 2; j++)
-                worst = fmax(worst,
-                             max_abs_diff(r.logits + (size_t)j * pp * V, want[j], (size_t)pp * V));
-            at += pp;
-        }
-        /* Theirs also cuts the last scale, which nothing reads after (ours
-         * never caches it): those are not compared. */
-        int compared = 0, same = 0;
-        const cJSON *w;
-        cJSON_ArrayForEach(w, want_kept) {
-            const int ws = cJSON_GetArrayItem(w, 0)->valueint,
-                      wl = cJSON_GetArrayItem(w, 1)->valueint,
-                      wr = cJSON_GetArrayItem(w, 2)->valueint,
-                      wh = cJSON_GetArrayItem(w, 3)->valueint;
-            const cJSON *wids = cJSON_GetArrayItem(w, 4);
-            if (ws >= k->S - 1)
+            /* One run checks the emulator's backend ops (the CPU runs all). */
+            if (n_runs++ > 0)
                 continue;
-            compared++;
-            const kept_t *e = NULL;
-            for (int i = 0; i < t.n_events && !e; i++)
-                if (t.events[i].step == ws && t.events[i].layer == wl && t.events[i].row == wr &&
-                    t.events[i].head == wh)
-                    e = &t.events[i];
-            int equal = e && e->n == cJSON_GetArraySize(wids);
-            for (int i = 0; equal && i < e->n; i++)
-                equal = e->ids[i] == cJSON_GetArrayItem(wids, i)->valueint;
-            same += equal;
-            CHECK_MSG(equal,
-                      "run %s: scale %d layer %d row %d head %d keeps %d tokens, theirs %d%s", name,
-                      ws, wl, wr, wh, e ? e->n : -1, cJSON_GetArraySize(wids),
-                      e ? " (different ones)" : "");
+#endif
+            check_scalekv_run(&ref, run);
         }
-        CHECK_MSG(compared == t.n_events, "run %s: %d cuts, theirs %d", name, t.n_events, compared);
-        CHECK_MSG(worst <= LOGIT_TOL, "run %s: logits off by %g after pruning", name, worst);
-        printf("scalekv %g, prompt %d: %d of %d cuts keep their tokens (%d ours), logits within "
-               "%.3g\n",
-               budget, prompt, same, compared, t.n_events, worst);
-        for (int i = 0; i < t.n_events; i++)
-            free(t.events[i].ids);
-        free(t.events);
-        for (int j = 0; j < 2; j++) {
-            free(t.ids[j]);
-            free(t.len[j]);
-            free(t.step_of[j]);
-        }
-        gen_request_free(&r);
+        (void)n_runs;
+        model.cfg.kv_calibration = NULL;
+        safetensors_close(&file);
     }
-    model.cfg.kv_calibration = NULL;
-    safetensors_close(&ref);
     cJSON_Delete(root);
 }
 
@@ -879,117 +1033,188 @@ static void test_scalekv_matches_public_code(void) {
  * scale-specific, on the official Infinity with the orderings of its own
  * calibration; how it was made: heatkv.json and the README): teacher-forced
  * on both prompts at two budgets, every (CFG row, layer, head) caches after
- * each scale the source scales their schedule keeps for the next (the
- * sinks, and the prunable scales whose (head, layer) unit is not removed),
- * and the logits of both rows are theirs within LOGIT_TOL. */
+ * each scale the source scales their schedule keeps for the next, and the
+ * logits of both rows are theirs within LOGIT_TOL. */
 static void test_heatkv_matches_public_code(void) {
     cJSON *root = read_json("heatkv.json");
+    policy_ref_t ref;
+    safetensors_t file;
     if (!root)
         return;
-    char path[1024];
-    snprintf(path, sizeof path, "%s/heatkv.safetensors", dir);
-    safetensors_t ref;
-    ar_error_t err = {{0}};
-    if (safetensors_open(&ref, path, &err) != AR_OK) {
-        CHECK_MSG(0, "%s", err.msg);
-        cJSON_Delete(root);
-        return;
-    }
     const kv_calibration_t *c = forced_calibration(root);
-    if (!c) {
-        safetensors_close(&ref);
+    if (c && golden_ref(&ref, &file, "heatkv.safetensors") == 0) {
+        model.cfg.kv_calibration = c;
+        const int sinks = cJSON_GetObjectItemCaseSensitive(root, "sink_scales")->valueint;
+        const cJSON *run;
+        int n_runs = 0;
+        cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(root, "runs")) {
+#ifdef ARSERVE_TEST_CUDA_EMU
+            /* One run checks the emulator's backend ops (the CPU runs all):
+             * the third, at 20%, where some units of a scale stay and others go. */
+            if (n_runs++ != 2)
+                continue;
+#endif
+            check_heatkv_run(&ref, run, sinks);
+        }
+        (void)n_runs;
+        model.cfg.kv_calibration = NULL;
+        safetensors_close(&file);
+    }
+    cJSON_Delete(root);
+}
+
+/* dir's model with one size of the given scales (a temporary directory:
+ * arserve.json rewritten, the weights and tokenizer linked), loaded into
+ * *m with a pool for two full requests; the directory's path into tmp. */
+static int load_resized(model_t *m, kv_pool_t *p, const cJSON *scales, const cJSON *rope,
+                        const char *size, char *tmp) {
+    char path[2048], target[PATH_MAX];
+    ar_error_t err = {{0}};
+    strcpy(tmp, "/tmp/arserve-test-XXXXXX");
+    if (!mkdtemp(tmp))
+        return -1;
+    snprintf(path, sizeof path, "%s/arserve.json", dir);
+    FILE *f = fopen(path, "rb");
+    char *text = malloc(1 << 20);
+    const size_t got = f && text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+    if (f)
+        fclose(f);
+    if (!text)
+        return -1;
+    text[got] = 0;
+    cJSON *cfg = cJSON_Parse(text);
+    free(text);
+    cJSON *image = cJSON_GetObjectItemCaseSensitive(cfg, "image"), *one = cJSON_CreateObject(),
+          *sizes = cJSON_CreateArray();
+    cJSON_AddStringToObject(one, "name", size);
+    cJSON_AddItemToObject(one, "scales", cJSON_Duplicate(scales, 1));
+    cJSON_AddItemToObject(one, "rope_grid", cJSON_Duplicate(rope, 1));
+    cJSON_AddItemToArray(sizes, one);
+    cJSON_ReplaceItemInObjectCaseSensitive(image, "sizes", sizes);
+    cJSON_ReplaceItemInObjectCaseSensitive(image, "default_size", cJSON_CreateString(size));
+    char *out = cJSON_Print(cfg);
+    cJSON_Delete(cfg);
+    snprintf(path, sizeof path, "%s/arserve.json", tmp);
+    f = fopen(path, "wb");
+    const int wrote = f && out && fputs(out, f) >= 0;
+    if (f)
+        fclose(f);
+    free(out);
+    static const char *const linked[] = {"model.safetensors", "tokenizer.json"};
+    int ok = wrote;
+    for (int i = 0; i < 2 && ok; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, linked[i]);
+        ok = realpath(path, target) != NULL;
+        snprintf(path, sizeof path, "%s/%s", tmp, linked[i]);
+        ok = ok && symlink(target, path) == 0;
+    }
+    if (!ok || model_load(m, tmp, be, &err) != AR_OK) {
+        CHECK_MSG(0, "the resized model does not load: %s", err.msg);
+        return -1;
+    }
+    kv_policy_params_t full;
+    kv_policy_defaults(&full, KV_POLICY_FULL);
+    const int bt = planner_block_tokens(&m->cfg);
+    planner_plan_t plan;
+    if (planner_plan_sized(&plan, &m->cfg, &full, 1, 0, bt, planner_kv_f32, NULL, &err) != AR_OK) {
+        model_free(m);
+        return -1;
+    }
+    const int blocks =
+        2 * (int)(plan.peak_bytes / kv_pool_block_bytes(bt, m->cfg.llm.head_dim, DTYPE_F32));
+    planner_plan_free(&plan);
+    if (kv_pool_init(p, be, blocks, bt, m->cfg.llm.head_dim, DTYPE_F32, &err) != AR_OK) {
+        model_free(m);
+        return -1;
+    }
+    return 0;
+}
+
+static void unlink_resized(const char *tmp) {
+    static const char *const files[] = {"arserve.json", "model.safetensors", "tokenizer.json"};
+    char path[2048];
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, files[i]);
+        unlink(path);
+    }
+    rmdir(tmp);
+}
+
+/* The same checks on a schedule with more scales (schedule_025.json: the
+ * '0.25M' one, 10 scales, 2,521 tokens, where 4% is above the sinks and
+ * the window): this model with that schedule, its own forced bits, HeatKV's
+ * calibration orderings (compute_scas) equal to ours, then ScaleKV's cuts
+ * and HeatKV's schedule at 4%, 10% and 20%, every 7th token's logits. */
+static void test_policies_on_a_longer_schedule(void) {
+    cJSON *root = read_json("schedule_025.json");
+    if (!root)
+        return;
+    model_t m;
+    kv_pool_t p;
+    char tmp[64], path[1024];
+    if (load_resized(&m, &p, cJSON_GetObjectItemCaseSensitive(root, "scales"),
+                     cJSON_GetObjectItemCaseSensitive(root, "rope_grid"),
+                     cJSON_GetObjectItemCaseSensitive(root, "size")->valuestring, tmp) != 0) {
+        unlink_resized(tmp);
         cJSON_Delete(root);
         return;
     }
-    model.cfg.kv_calibration = c;
-    const int V = 2 * model.cfg.image.bits, H = model.cfg.llm.num_heads,
-              L = model.cfg.llm.num_layers,
-              sinks = cJSON_GetObjectItemCaseSensitive(root, "sink_scales")->valueint;
-    const cJSON *run;
-#ifdef ARSERVE_TEST_CUDA_EMU
-    /* One run checks the emulator's backend ops (the CPU runs all): the
-     * third, at 20%, where some units of a scale stay and others go. */
-    int n_runs = 0;
-#endif
-    cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(root, "runs")) {
-#ifdef ARSERVE_TEST_CUDA_EMU
-        if (n_runs++ != 2)
-            continue;
-#endif
-        const double budget = cJSON_GetObjectItemCaseSensitive(run, "budget")->valuedouble;
-        const int prompt = cJSON_GetObjectItemCaseSensitive(run, "prompt")->valueint;
-        const char *name = cJSON_GetObjectItemCaseSensitive(run, "logits")->valuestring;
-        const cJSON *removed = cJSON_GetObjectItemCaseSensitive(run, "removed");
-        const tf_case_t *k = &cases[prompt];
-        char key[64];
-        snprintf(key, sizeof key, "%s_cond", name);
-        const st_tensor_t *lc = safetensors_find(&ref, key);
-        snprintf(key, sizeof key, "%s_uncond", name);
-        const st_tensor_t *lu = safetensors_find(&ref, key);
-        kv_policy_params_t p;
-        kv_policy_defaults(&p, KV_POLICY_HEATKV);
-        p.budget = budget;
-        p.sink_scales = sinks;
-        gen_request_t r;
-        if (!lc || !lu || lc->shape[0] != k->L || k->size != 0 ||
-            start_with(&r, k, k->bits, 0, &p)) {
-            CHECK_MSG(0, "run %s: no reference logits, or the request does not start", name);
-            continue;
-        }
-        gen_request_t *batch[] = {&r};
-        const image_size_t *z = &model.cfg.image.sizes[k->size];
-        double worst = 0;
-        int heads_differ = 0, heads = 0;
-        for (int at = 0; !gen_request_done(&r);) {
-            const int si = r.step, pp = z->h[si] * z->w[si];
-            if (gen_step(batch, 1, &err) != AR_OK) {
-                CHECK_MSG(0, "%s", err.msg);
-                break;
-            }
-            const float *want[2] = {(const float *)lc->data + (size_t)at * V,
-                                    (const float *)lu->data + (size_t)at * V};
-            for (int j = 0; j < 2; j++)
-                worst = fmax(worst,
-                             max_abs_diff(r.logits + (size_t)j * pp * V, want[j], (size_t)pp * V));
-            at += pp;
-            /* What each head caches now: the scales their schedule keeps
-             * for the next one (scale sizes here add up uniquely). */
-            char t1[16];
-            snprintf(t1, sizeof t1, "%d", si + 1);
-            const cJSON *next = cJSON_GetObjectItemCaseSensitive(removed, t1);
-            for (int l = 0; next && si < k->S - 1 && l < L; l++)
-                for (int h = 0; h < H; h++) {
-                    int want_len = 0;
-                    for (int s = 0; s <= si; s++) {
-                        char ks[16], kl[16];
-                        snprintf(ks, sizeof ks, "%d", s);
-                        snprintf(kl, sizeof kl, "%d", l);
-                        const cJSON *gone = cJSON_GetObjectItemCaseSensitive(
-                            cJSON_GetObjectItemCaseSensitive(next, ks), kl);
-                        int is_gone = 0;
-                        const cJSON *g;
-                        cJSON_ArrayForEach(g, gone) is_gone |= g->valueint == h;
-                        want_len += s < sinks || !is_gone ? z->h[s] * z->w[s] : 0;
-                    }
-                    for (int j = 0; j < 2; j++) {
-                        const int len = r.seq[j].heads[l * H + h].len;
-                        heads++;
-                        heads_differ += len != want_len;
-                        CHECK_MSG(len == want_len,
-                                  "run %s: after scale %d, row %d layer %d head %d caches %d "
-                                  "tokens, theirs %d",
-                                  name, si, j, l, h, len, want_len);
-                    }
-                }
-        }
-        CHECK_MSG(worst <= LOGIT_TOL, "run %s: logits off by %g after pruning", name, worst);
-        printf("heatkv %g, prompt %d: %d of %d (step, row, layer, head) caches hold their scales, "
-               "logits within %.3g\n",
-               budget, prompt, heads - heads_differ, heads, worst);
-        gen_request_free(&r);
+    snprintf(path, sizeof path, "%s/schedule_025.safetensors", dir);
+    safetensors_t file;
+    ar_error_t err = {{0}};
+    int S;
+    const int L = ref_tokens(&m, &S), T = m.cfg.llm.num_layers * m.cfg.llm.num_heads;
+    policy_ref_t ref = {.m = &m, .pool = &p, .st = &file};
+    ref.stride = cJSON_GetObjectItemCaseSensitive(root, "logit_stride")->valueint;
+    int *bits[2] = {0};
+    const char *text[2];
+    kv_calibration_t c;
+    const int opened = safetensors_open(&file, path, &err) == AR_OK;
+    CHECK_MSG(opened, "%s", err.msg);
+    for (int j = 0; opened && j < 2; j++) {
+        char key[16];
+        snprintf(key, sizeof key, "bits_%d", j);
+        const st_tensor_t *t = safetensors_find(&file, key);
+        bits[j] = malloc((size_t)L * m.cfg.image.bits * sizeof(int));
+        for (int i = 0; t && t->dtype == DTYPE_U8 && i < L * m.cfg.image.bits; i++)
+            bits[j][i] = ((const uint8_t *)t->data)[i];
+        ref.bits[j] = t && t->shape[0] == L ? bits[j] : NULL;
+        ref.ids[j] = cases[j].ids;
+        ref.n_ids[j] = cases[j].n_ids;
+        text[j] =
+            cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "prompts"), j)->valuestring;
     }
-    model.cfg.kv_calibration = NULL;
-    safetensors_close(&ref);
+    const int ran = opened && ref.bits[0] && ref.bits[1] &&
+                    calibration_run_forced(&m, text, (const int *const *)bits, 2, 0, NULL, NULL, &c,
+                                           &err) == AR_OK;
+    CHECK_MSG(ran, "calibration on the longer schedule: %s", err.msg);
+    if (ran) {
+        /* compute_scas's orderings of the prunable source scales */
+        const int sinks = cJSON_GetObjectItemCaseSensitive(root, "sink_scales")->valueint;
+        const cJSON *order = cJSON_GetObjectItemCaseSensitive(root, "scas_order"), *o;
+        int src = sinks, same = cJSON_GetArraySize(order) == S - 1 - sinks;
+        cJSON_ArrayForEach(o, order) {
+            for (int i = 0; i < T; i++)
+                same &= cJSON_GetArrayItem(o, i)->valueint == c.scas_order[(size_t)src * T + i];
+            src++;
+        }
+        CHECK_MSG(same, "S-CAS orderings on %d scales differ from HeatKV's", S);
+        m.cfg.kv_calibration = &c;
+        const cJSON *run;
+        cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(root, "scalekv"))
+            check_scalekv_run(&ref, run);
+        cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(root, "heatkv"))
+            check_heatkv_run(&ref, run, sinks);
+        m.cfg.kv_calibration = NULL;
+        kv_calibration_free(&c);
+    }
+    if (opened)
+        safetensors_close(&file);
+    free(bits[0]);
+    free(bits[1]);
+    kv_pool_free(&p);
+    model_free(&m);
+    unlink_resized(tmp);
     cJSON_Delete(root);
 }
 
@@ -1011,6 +1236,13 @@ static int run_folder(void) {
     TEST_RUN(test_calibration_matches_heatkv);
     TEST_RUN(test_scalekv_matches_public_code);
     TEST_RUN(test_heatkv_matches_public_code);
+#ifdef ARSERVE_TEST_CUDA_EMU
+    printf("skip: test_policies_on_a_longer_schedule under the emulator (its backend ops are the "
+           "runs above; the CPU run checks it)\n");
+    (void)test_policies_on_a_longer_schedule;
+#else
+    TEST_RUN(test_policies_on_a_longer_schedule);
+#endif
 #ifdef ARSERVE_TEST_CUDA_EMU
     /* The emulated CUDA backend is about ten times slower: the sampler runs
      * on the host (its check repeats the teacher-forced passes above), and
