@@ -295,6 +295,9 @@ static void scalekv_describe(const void *state, const kv_policy_params_t *p, cha
         }
         used += snprintf(buf + used, cap - (size_t)used, " %d/%d", hi, lo);
     }
+    if (s->cap < WINDOW && used > 0 && (size_t)used < cap)
+        used += snprintf(buf + used, cap - (size_t)used,
+                         "; a cut keeps at least its %d-token window, more than B", WINDOW);
     /* Which layers draft, as step:layer (what the public code's budget
      * files list as their "Block" entries of 1). */
     const char *sep = "; drafters (step:layer):";
