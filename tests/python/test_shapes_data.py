@@ -58,3 +58,51 @@ def test_resume_keeps_whole_shards_and_remakes_missing_ones(tmp_path):
         assert "made with" in str(e.code), e.code
     else:
         raise AssertionError("--resume into a dataset of another seed was not refused")
+
+
+def test_caption_mix_shares_and_default():
+    """--mix (issue 40's data mix): the default mix draws exactly what no mix draws (the
+    shipped model's data stays reproducible), and a mix weighted towards 'and' captions and
+    counts yields those categories in about its shares; bad mixes are refused by name."""
+    sys.path.insert(0, ROOT)
+    import numpy as np
+    import pytest
+
+    from tools.shapes import scene
+
+    def categories(mix, n=3000):
+        rng = np.random.default_rng(5)
+        return [scene.sample_training_spec(rng, mix)[0] for _ in range(n)]
+
+    assert categories(None, 500) == categories(dict(scene.DEFAULT_MIX), 500)
+    base, mixed = categories(None), categories({"and": 3, "count": 1})
+    share = lambda cats, names: sum(c in names for c in cats) / len(cats)  # noqa: E731
+    # 'and' captions are color_attr, two_object or counting; counts are counting
+    assert share(mixed, ("color_attr", "two_object", "counting")) == 1.0
+    assert share(mixed, ("two_object",)) > 2.5 * share(base, ("two_object",))
+    assert abs(share(mixed, ("color_attr",)) - 0.75 * 0.75) < 0.04  # with colour: 3 in 4
+    assert share(mixed, ("single_object", "position", "three_objects")) == 0.0
+    for bad, word in (({"four": 1}, "four"), ({"one": -1}, ">= 0"), ({"one": 0}, "not all 0")):
+        with pytest.raises(ValueError, match=word):
+            scene.mix_thresholds(bad)
+
+
+def test_dataset_mix_flag(tmp_path):
+    """dataset.py --mix is recorded in meta.json (so --resume refuses another mix) and a
+    malformed one is a usage error naming the flag."""
+    import json
+
+    out = tmp_path / "d"
+    run = lambda *extra: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "tools.shapes.dataset", "--out", str(out), "--n", "8", "--seed", "1",
+         "--shard-size", "8", "--resume", *extra], cwd=ROOT, capture_output=True, text=True)
+    assert run("--mix", "and=1").returncode == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["mix"] == {"and": 1.0}
+    with open(out / "shard-00000.jsonl") as f:
+        cats = {json.loads(line)["category"] for line in f}
+    assert cats <= {"color_attr", "two_object", "counting"}, cats
+    again = run("--mix", "one=1")
+    assert again.returncode != 0 and "holds a dataset made with" in again.stderr
+    bad = run("--mix", "one")
+    assert bad.returncode == 2 and "--mix" in bad.stderr, bad.stderr

@@ -3,6 +3,8 @@
     python -m tools.shapes.dataset --out build/shapes/train --n 20000 --seed 1
     python -m tools.shapes.dataset --out build/shapes/val --n 512 --seed 2
     python -m tools.shapes.dataset --out /tmp/pngs --n 16 --seed 3 --png
+    python -m tools.shapes.dataset --out build/shapes/mix --n 20000 --seed 1 \
+        --mix one=0.15,and=0.4,relation=0.15,count=0.2,three=0.1
 
 npz layout: DIR/shard-00000.npz holds `images`, uint8 [n, 128, 128, 3], and
 DIR/shard-00000.jsonl one record per image, in order:
@@ -31,12 +33,13 @@ if __package__ in (None, ""):
 from tools.shapes import scene  # noqa: E402
 
 
-def generate(seed, shard, n):
-    """n samples of shard `shard`: (records, images uint8 [n, 128, 128, 3])."""
+def generate(seed, shard, n, mix=None):
+    """n samples of shard `shard`: (records, images uint8 [n, 128, 128, 3]); mix: the
+    caption kinds' shares (scene.sample_training_spec), None for the default."""
     rng = np.random.default_rng([seed, shard])
     records, images = [], np.zeros((n, scene.SIZE, scene.SIZE, 3), np.uint8)
     for i in range(n):
-        rec, images[i] = scene.sample_training_scene(rng)
+        rec, images[i] = scene.sample_training_scene(rng, mix)
         records.append(rec)
     return records, images
 
@@ -65,7 +68,18 @@ def main(argv=None):
     ap.add_argument("--png", action="store_true", help="write PNG files and records.jsonl")
     ap.add_argument("--resume", action="store_true",
                     help="keep the npz shards already in OUT (written by the same arguments)")
+    ap.add_argument("--mix", default="",
+                    help="shares of the caption kinds, KIND=WEIGHT,... (kinds: %s; default %s; "
+                         "missing kinds weigh 0)" % (", ".join(scene.CAPTION_KINDS), ",".join(
+                             "%s=%g" % kv for kv in scene.DEFAULT_MIX.items())))
     a = ap.parse_args(argv)
+    mix = None
+    if a.mix:
+        try:
+            mix = {k: float(v) for k, v in (part.split("=", 1) for part in a.mix.split(","))}
+            scene.mix_thresholds(mix)
+        except ValueError as e:
+            ap.error("--mix %r: %s" % (a.mix, e if "=" in a.mix else "expected KIND=WEIGHT,..."))
     if a.resume and a.png:
         ap.error("--resume works on npz shards, not with --png")
     if a.n < 1 or a.shard_size < 1:
@@ -73,6 +87,8 @@ def main(argv=None):
     os.makedirs(a.out, exist_ok=True)
     meta = {"n": a.n, "seed": a.seed, "shard_size": a.shard_size, "png": a.png,
             "generator": "tools/shapes/dataset.py"}
+    if mix is not None:
+        meta["mix"] = mix
     meta_path = os.path.join(a.out, "meta.json")
     if a.resume and os.path.exists(meta_path):
         with open(meta_path) as f:
@@ -92,7 +108,7 @@ def main(argv=None):
         if a.resume and os.path.exists(base + ".npz") and os.path.exists(base + ".jsonl"):
             done += n
             continue
-        records, images = generate(a.seed, shard, n)
+        records, images = generate(a.seed, shard, n, mix)
         for i, r in enumerate(records):
             r["id"] = done + i
         if a.png:

@@ -273,13 +273,38 @@ def _clean(o):
     return {k: v for k, v in o.items() if v is not None}
 
 
-def sample_training_spec(rng):
+# The kinds of training caption and their shares (sample_training_spec): one object, two
+# joined by 'and' (the colour-attribute and two-object categories, and counts of two), two
+# in a relation, a count, three objects.
+CAPTION_KINDS = ("one", "and", "relation", "count", "three")
+DEFAULT_MIX = {"one": 0.30, "and": 0.20, "relation": 0.22, "count": 0.16, "three": 0.12}
+
+
+def mix_thresholds(mix):
+    """The cumulative shares of CAPTION_KINDS but the last, from a dict of non-negative
+    weights (missing kinds weigh 0; normalised to sum 1). ValueError names a bad kind."""
+    bad = sorted(set(mix) - set(CAPTION_KINDS))
+    if bad:
+        raise ValueError("unknown caption kind %r (kinds: %s)" % (bad[0], ", ".join(CAPTION_KINDS)))
+    w = [float(mix.get(k, 0.0)) for k in CAPTION_KINDS]
+    if any(x < 0 or x != x for x in w) or sum(w) <= 0:
+        raise ValueError("caption mix weights must be >= 0 and not all 0: %r" % (mix,))
+    total, acc, out = sum(w), 0.0, []
+    for x in w[:-1]:
+        acc += x
+        out.append(acc / total)
+    return out
+
+
+def sample_training_spec(rng, mix=None):
     """(category, spec) from the training caption distribution: one object (with or
     without colour, size, position), two objects joined by 'and' or by a relation, a
-    count of two or three, or three objects. Attributes a caption leaves out are drawn
-    at random when the scene is realised."""
+    count of two or three, or three objects, in the shares of mix (DEFAULT_MIX when None;
+    see mix_thresholds). Attributes a caption leaves out are drawn at random when the scene
+    is realised."""
+    t = (0.30, 0.50, 0.72, 0.88) if mix is None else mix_thresholds(mix)
     u = rng.random()
-    if u < 0.30:  # one object
+    if u < t[0]:  # one object
         o = _clean({
             "shape": _pick(rng, SHAPES),
             "colour": _maybe(rng, 0.85, _pick(rng, COLOURS)),
@@ -287,7 +312,7 @@ def sample_training_spec(rng):
             "position": _maybe(rng, 0.5, _pick(rng, POSITIONS)),
         })
         return ("position" if "position" in o else "single_object"), {"objects": [o], "total": 1}
-    if u < 0.50:  # two objects, 'and'
+    if u < t[1]:  # two objects, 'and'
         s1, s2 = rng.choice(len(SHAPES), 2, replace=rng.random() < 0.2)
         with_colour = rng.random() < 0.75
         c1, c2 = rng.choice(len(COLOURS), 2, replace=False)
@@ -309,7 +334,7 @@ def sample_training_spec(rng):
             for o, p in zip(objs, pair):
                 o["position"] = p
         return ("color_attr" if with_colour else "two_object"), {"objects": objs, "total": 2}
-    if u < 0.72:  # two objects in a relation
+    if u < t[2]:  # two objects in a relation
         s1, s2 = rng.choice(len(SHAPES), 2, replace=True)
         c1, c2 = rng.choice(len(COLOURS), 2, replace=False)
         with_colour = rng.random() < 0.85
@@ -322,7 +347,7 @@ def sample_training_spec(rng):
         ]
         return "position", {"objects": objs, "relation": {"a": 0, "rel": _pick(rng, RELATIONS), "b": 1},
                             "total": 2}
-    if u < 0.88:  # counting
+    if u < t[3]:  # counting
         n = 2 if rng.random() < 0.55 else 3
         o = _clean({
             "shape": _pick(rng, SHAPES),
@@ -341,8 +366,9 @@ def sample_training_spec(rng):
     return "three_objects", {"objects": objs, "total": 3}
 
 
-def sample_training_scene(rng):
-    """A training sample: dict(category, caption, spec, scene) and the image."""
-    category, spec = sample_training_spec(rng)
+def sample_training_scene(rng, mix=None):
+    """A training sample: dict(category, caption, spec, scene) and the image (mix: as
+    sample_training_spec)."""
+    category, spec = sample_training_spec(rng, mix)
     scene = realise(spec, rng)
     return {"category": category, "caption": caption(spec), "spec": spec, "objects": scene}, render(scene)
