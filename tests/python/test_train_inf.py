@@ -1,0 +1,111 @@
+"""tools/train_inf/model.py (the Infinity architecture the shapes-inf demo trains) against the
+official code's outputs in tests/golden/infinity_tiny: with the folder's released-format
+weights loaded by name (strict), the teacher-forced logits of both CFG rows at 1:1 and at
+h/w 0.5, the next-scale inputs and latents from the bits, the decoded image and the T5
+encoder's output. Needs torch and transformers, so it runs under the bench venv:
+
+    .venv-bench/bin/python tests/python/test_train_inf.py     (part of make test-bench-smoke)
+
+Under pytest without torch (make test-python's .venv) it is skipped, saying so.
+"""
+
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GOLDEN = os.path.join(ROOT, "tests", "golden", "infinity_tiny")
+try:
+    import torch
+except ImportError:
+    torch = None
+    REASON = "torch is not installed in %s (the bench venv has it)" % sys.executable
+    if __name__ == "__main__":
+        print("SKIP test_train_inf.py: " + REASON)
+        sys.exit(0)
+    import pytest
+
+    pytestmark = pytest.mark.skip(reason=REASON)
+
+LOGIT_TOL = 1e-4
+
+
+def _setup():
+    sys.path.insert(0, os.path.join(ROOT, "tools", "train_inf"))
+    import model as M
+    from safetensors.numpy import load_file
+
+    gold = {k: torch.from_numpy(v) for k, v in load_file(os.path.join(GOLDEN, "golden.safetensors")).items()}
+    with open(os.path.join(GOLDEN, "arserve.json")) as f:
+        sizes = {s["name"]: s for s in json.load(f)["image"]["sizes"]}
+    return M, gold, sizes
+
+
+def _transformer(M):
+    net = M.Infinity(C=64, depth=2, H=2, d=8, text_channels=256, text_maxlen=16, chunks=2)
+    sd = torch.load(os.path.join(GOLDEN, "official", "infinity.pth"), map_location="cpu", weights_only=True)
+    net.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
+    return net.eval()
+
+
+def _worst(a, b):
+    return float((a - b).abs().max())
+
+
+def test_teacher_forced_logits_match_the_official_code():
+    M, gold, sizes = _setup()
+    net = _transformer(M)
+    for case, size in (("tf", "64x64"), ("tf_wide", "88x44")):
+        sched = [tuple(s) for s in sizes[size]["scales"]]
+        grid = tuple(sizes[size]["rope_grid"])
+        feats = gold["t5_out_0"][None]
+        n = feats.shape[1]
+        mask = torch.ones(1, n, dtype=torch.bool)
+        inputs = gold["%s_input_0" % case][None]
+        with torch.no_grad():
+            cond = net(feats, mask, inputs, sched, grid).reshape(-1, 16)
+            uncond = net(net.cfg_uncond[:n][None], mask, inputs, sched, grid).reshape(-1, 16)
+            neg_feats = gold["t5_out_neg"][None]
+            neg = net(neg_feats, torch.ones(1, neg_feats.shape[1], dtype=torch.bool), inputs, sched, grid)
+        errs = (_worst(cond, gold["%s_logits_cond_0" % case]),
+                _worst(uncond, gold["%s_logits_uncond_0" % case]),
+                _worst(neg.reshape(-1, 16), gold["%s_logits_neg_0" % case]))
+        print("%s: logits within %.3g (cond), %.3g (learned uncond), %.3g (negative prompt)" % ((case,) + errs))
+        assert max(errs) <= LOGIT_TOL, (case, errs)
+
+
+def test_next_scale_inputs_and_latents_match():
+    M, gold, sizes = _setup()
+    sched = [tuple(s) for s in sizes["64x64"]["scales"]]
+    inputs, fhats = M.next_scale_inputs(gold["tf_bits_0"][None].long(), sched)
+    e_in = _worst(inputs[0], gold["tf_input_0"])
+    e_f = _worst(torch.stack([f[0] for f in fhats]), gold["tf_fhat_0"])
+    print("next-scale inputs within %.3g, f_hat within %.3g" % (e_in, e_f))
+    assert e_in <= 2e-6 and e_f <= 2e-6
+
+
+def test_decoder_and_t5_match():
+    M, gold, _ = _setup()
+    dec = M.Decoder(d=8, base=32, mult=[2, 1, 1], num_res_blocks=1, patch=4)
+    sd = torch.load(os.path.join(GOLDEN, "official", "vae.pth"), map_location="cpu", weights_only=True)["vae"]
+    dec.load_state_dict({k[len("decoder."):]: v.float() for k, v in sd.items() if k.startswith("decoder.")},
+                        strict=True)
+    with torch.no_grad():
+        img = dec.eval()(gold["tf_fhat_0"][-1][None]).clamp(-1, 1)[0]
+    e_img = _worst(img, gold["tf_image_0"])
+    from transformers import T5EncoderModel
+
+    t5 = T5EncoderModel.from_pretrained(os.path.join(GOLDEN, "official", "t5")).float().eval()
+    with torch.no_grad():
+        out = t5(input_ids=gold["t5_ids_0"][None].long()).last_hidden_state[0]
+    e_t5 = _worst(out, gold["t5_out_0"])
+    print("decoded image within %.3g, T5 output within %.3g" % (e_img, e_t5))
+    assert e_img <= 1e-4 and e_t5 <= 1e-4
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    for name, fn in sorted(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            fn()
+            print("ok", name)
