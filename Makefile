@@ -562,7 +562,7 @@ bench-smoke-torch: $(SMOKE_DEPS)
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_reference_dtype.py
 	$(BENCH_CPU_VENV)/bin/python tests/bench/test_gpu_bench.py $(BUILD)
 	OMP_NUM_THREADS=1 $(BENCH_CPU_VENV)/bin/python tests/python/test_train_pipeline.py $(BUILD)/arserve
-	OMP_NUM_THREADS=1 $(BENCH_CPU_VENV)/bin/python tests/python/test_train_inf.py
+	OMP_NUM_THREADS=1 $(BENCH_CPU_VENV)/bin/python tests/python/test_train_inf.py $(BUILD)/arserve
 bench-smoke-targets: $(SMOKE_DEPS)
 	tests/cli/test_bench_smoke.sh "$(SMOKE_MAKE)" $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 

@@ -2,9 +2,13 @@
 official code's outputs in tests/golden/infinity_tiny: with the folder's released-format
 weights loaded by name (strict), the teacher-forced logits of both CFG rows at 1:1 and at
 h/w 0.5, the next-scale inputs and latents from the bits, the decoded image and the T5
-encoder's output. Needs torch and transformers, so it runs under the bench venv:
+encoder's output. Then tools/train_inf/train.py at its --tiny size: every stage, a second run
+with more steps continuing from the checkpoints, the export converted, and (given the arserve
+binary) the model directory drawing an image. Needs torch and transformers, so it runs under
+the bench venv:
 
-    .venv-bench/bin/python tests/python/test_train_inf.py     (part of make test-bench-smoke)
+    .venv-bench/bin/python tests/python/test_train_inf.py [build/arserve]
+        (part of make test-bench-smoke)
 
 Under pytest without torch (make test-python's .venv) it is skipped, saying so.
 """
@@ -101,6 +105,49 @@ def test_decoder_and_t5_match():
     e_t5 = _worst(out, gold["t5_out_0"])
     print("decoded image within %.3g, T5 output within %.3g" % (e_img, e_t5))
     assert e_img <= 1e-4 and e_t5 <= 1e-4
+
+
+def test_tiny_training_to_a_model_arserve_serves(tmp_path=None):
+    import tempfile
+
+    if tmp_path is None:
+        with tempfile.TemporaryDirectory(prefix="train-inf-") as tmp:
+            return test_tiny_training_to_a_model_arserve_serves(tmp)
+    import subprocess
+
+    import contextlib
+    import io
+
+    sys.path.insert(0, os.path.join(ROOT, "tools", "train_inf"))
+    import train
+
+    out = str(tmp_path)
+    args = ["--out", out, "--tiny"]
+    assert train.main(args + ["--stages", "vae,lm", "--set", "lm_steps=2"]) == 0
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        assert train.main(args + ["--set", "lm_steps=4"]) == 0
+    assert "lm from step 2 of 4" in said.getvalue(), said.getvalue()  # continued, not restarted
+    assert "vae from step" not in said.getvalue()  # the finished stage is not run again
+    with open(os.path.join(out, "model", "arserve.json")) as f:
+        manifest = json.load(f)
+    assert manifest["architecture"] == "infinity" and manifest["image"]["default_size"] == "64x64"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            train.main(args + ["--set", "no_such=1"])
+            raise AssertionError("an unknown --set was accepted")
+        except SystemExit as e:
+            assert e.code == 2 and "no such setting" in err.getvalue(), err.getvalue()
+    arserve = os.environ.get("ARSERVE_BIN") or (sys.argv[1] if len(sys.argv) > 1 else "")
+    if not arserve:
+        print("skip: drawing with the tiny model (no arserve binary given)")
+        return
+    png = os.path.join(out, "x.png")
+    run = subprocess.run([arserve, "generate", "--model", os.path.join(out, "model"), "--prompt",
+                          "a red circle on the left", "-o", png], capture_output=True, text=True)
+    assert run.returncode == 0 and os.path.getsize(png) > 0, run.stdout + run.stderr
+    print("tiny shapes-inf: trained, resumed, converted, drawn:", (run.stdout + run.stderr).strip())
 
 
 if __name__ == "__main__":
