@@ -482,6 +482,7 @@ gpu-tests:
 KIT_DIR   := $(BUILD)/gpu-kit
 KIT_BUILD := $(BUILD)/gpu-kit-build
 gpu-kit: $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json
+	tests/gpu/seed_kit_objects.sh $(BUILD) $(KIT_BUILD)
 	$(MAKE) CUDA=1 KIT=1 BUILD=$(KIT_BUILD) all
 	$(MAKE) CUDA=1 KIT=1 BUILD=$(KIT_BUILD) gpu-tests $(KIT_BUILD)/speed_bench
 	CUDA_ARCHS="$(CUDA_ARCHS)" tests/gpu/make_kit.sh $(KIT_BUILD) $(KIT_DIR) $(TINY_MODEL) $(VAR_TINY_MODEL)
