@@ -4,7 +4,8 @@ weights loaded by name (strict), the teacher-forced logits of both CFG rows at 1
 h/w 0.5, the next-scale inputs and latents from the bits, the decoded image and the T5
 encoder's output. Then tools/train_inf/train.py at its --tiny size: every stage, a second run
 with more steps continuing from the checkpoints, the export converted, and (given the arserve
-binary) the model directory drawing an image. Needs torch and transformers, so it runs under
+binary) arserve's engine on the converted directory giving torch's teacher-forced logits
+(tools/train_inf/check_engine.py) and drawing an image. Needs torch and transformers, so it runs under
 the bench venv:
 
     .venv-bench/bin/python tests/python/test_train_inf.py [build/arserve]
@@ -141,8 +142,12 @@ def test_tiny_training_to_a_model_arserve_serves(tmp_path=None):
             assert e.code == 2 and "no such setting" in err.getvalue(), err.getvalue()
     arserve = os.environ.get("ARSERVE_BIN") or (sys.argv[1] if len(sys.argv) > 1 else "")
     if not arserve:
-        print("skip: drawing with the tiny model (no arserve binary given)")
+        print("skip: the engine's logits and drawing with the tiny model (no arserve binary given)")
         return
+    import check_engine
+
+    lib = os.path.join(os.path.dirname(os.path.abspath(arserve)), "libarengine.a")
+    assert check_engine.main(["--out", out, "--lib", lib]) == 0, "arserve's logits are not torch's"
     png = os.path.join(out, "x.png")
     run = subprocess.run([arserve, "generate", "--model", os.path.join(out, "model"), "--prompt",
                           "a red circle on the left", "-o", png], capture_output=True, text=True)

@@ -266,7 +266,9 @@ def stage_export(a, cfg):
     ck = torch.load(os.path.join(a.out, "lm", "ckpt.pt"), map_location="cpu", weights_only=False)
     t5.load_state_dict(ck["models"][0])
     net.load_state_dict(ck["models"][1])
-    half = lambda sd: {k: (v.half() if v.dim() >= 2 else v.float()) for k, v in sd.items()}  # noqa: E731
+    # Matrices as F16, as released; vectors F32 holding F16 values: the converter's --dtype f16
+    # stores every tensor in F16, so these files are exactly what arserve runs.
+    half = lambda sd: {k: (v.half() if v.dim() >= 2 else v.half().float()) for k, v in sd.items()}  # noqa: E731
     torch.save(half(net.state_dict()), os.path.join(off, "infinity.pth"))
     vsd = {"decoder." + k: v for k, v in vae.decoder.state_dict().items()}
     vsd.update({"encoder." + k: v for k, v in vae.encoder.state_dict().items()})
