@@ -167,7 +167,7 @@ VAR_TINY_MODEL := $(BUILD)/var-tiny-model
 # multiscale demo model.
 VAR_MODEL  := models/shapes-var
 
-.PHONY: all deps test test-parallel test-unit test-cli test-integration test-integration-release test-integration-tsan test-python \
+.PHONY: all deps deps-debian build-and-venv test test-parallel test-unit test-cli test-integration test-integration-release test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
         test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
         format format-check info bench bench-kv bench-scale bench-serve bench-gemm bench-conv bench-launches help \
@@ -307,6 +307,9 @@ DEB_PKGS := gcc make libopenblas-dev libcjson-dev libpng-dev libmicrohttpd-dev l
             python3 python3-venv prometheus curl clang-format systemd nginx wrk clang libclang-rt-14-dev \
             zzuf socat chromium chromium-driver
 deps: $(VENV)/.stamp
+# The Debian packages alone (make test's first stage: the build needs them, the
+# venv is made beside the build).
+deps-debian:
 	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:" $$missing; \
@@ -321,7 +324,7 @@ deps: $(VENV)/.stamp
 # every run compile again.
 PIP_INSTALL = pip install -q --disable-pip-version-check --no-compile
 PY_WARM     = env -u PYTHONDONTWRITEBYTECODE
-$(VENV)/.stamp: tests/requirements.txt
+$(VENV)/.stamp: tests/requirements.txt | deps-debian
 	@[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV) || { \
 		echo "python3 -m venv failed; installing python3-venv"; \
 		apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
@@ -362,9 +365,11 @@ $(ASAN_SLOW_MODEL)/arserve.json: tools/make_tiny_model.py tools/safetensors_writ
 # machine to themselves. Longest first, so that make starts them first.
 TEST_PARALLEL := test-backend test-bench-smoke test-gpu-kit test-fuzz test-cli test-python test-unit \
                  test-dockerfile
-TEST_STAGES   := deps format-check all test-parallel test-integration-release test-integration-tsan \
-                 test-sanitizers
+TEST_STAGES   := deps-debian format-check build-and-venv test-parallel test-integration-release \
+                 test-integration-tsan test-sanitizers
 test-parallel: $(TEST_PARALLEL)
+# The build and the test venv (pip, one core) beside each other.
+build-and-venv: all $(VENV)/.stamp
 # OpenMP's threads sleep when they wait (libgomp spins first by default): with
 # more threads than cores, a spinning thread takes the core another suite's
 # thread is waiting for.
