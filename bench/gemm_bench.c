@@ -119,7 +119,9 @@ static void run_isa(const operands_t *o, long long reps, double min_s) {
             }
             const double vs_blas = med[SIDE_BLAS] / med[SIDE_PACKED],
                          vs_rows = med[SIDE_ROWS] / med[SIDE_PACKED];
-            printf("%6d %6d %4d  %11.1f %11.1f %11.1f  %8.2fx %8.2fx  %10.1f\n", N, K, M,
+            /* %.3g: a rate of a loaded machine (a timing descheduled) still reads as one,
+             * not as 0.0 */
+            printf("%6d %6d %4d  %11.1f %11.1f %11.1f  %8.2fx %8.2fx  %10.3g\n", N, K, M,
                    med[SIDE_BLAS] * 1e6, med[SIDE_ROWS] * 1e6, med[SIDE_PACKED] * 1e6, vs_blas,
                    vs_rows, (double)N * K * dtype_size(o->dt) / med[SIDE_PACKED] * 1e-9);
             worst[0][r] = vs_blas < worst[0][r] ? vs_blas : worst[0][r];
