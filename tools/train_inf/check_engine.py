@@ -139,15 +139,13 @@ def main(argv=None):
             res = os.path.join(tmp, "logits.bin")
             subprocess.run([exe, os.path.join(a.out, "model"), os.path.join(tmp, "ids.bin"), str(len(ids)),
                             os.path.join(tmp, "bits.bin"), res], check=True)
-            got, at = np.fromfile(res, np.float32), 0
+            got, at, tok = np.fromfile(res, np.float32), 0, 0  # floats read, tokens done
             for h, w in T.SCHEDULE:
-                n = h * w * 2 * d
-                step, rows = got[at:at + 2 * n].reshape(2, h * w, 2 * d), slice(0, 0)
-                start = sum(hh * ww for hh, ww in T.SCHEDULE[:T.SCHEDULE.index((h, w))])
-                rows = slice(start, start + h * w)
+                step = got[at:at + 2 * h * w * 2 * d].reshape(2, h * w, 2 * d)  # cond, uncond
+                rows = slice(tok, tok + h * w)
                 worst = max(worst, float(np.abs(step[0] - lc[rows].numpy()).max()),
                             float(np.abs(step[1] - lu[rows].numpy()).max()))
-                at += 2 * n
+                at, tok = at + step.size, tok + h * w
     print("check_engine: %d captions x %d tokens x 2 rows, teacher-forced: arserve's logits within "
           "%.3g of torch's (tolerance %g)" % (len(captions), L, worst, a.tol))
     return 0 if worst <= a.tol else 1

@@ -25,6 +25,7 @@ same command again). Needs torch, numpy, Pillow and transformers; nothing is dow
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -66,7 +68,6 @@ def sample(seed, i, mix=None):
     """(caption, uint8 image [64, 64, 3]) of sample i of stream `seed`."""
     rng = np.random.default_rng([seed, i])
     rec, img = S.sample_training_scene(rng, mix)
-    from PIL import Image
     return rec["caption"], np.asarray(Image.fromarray(img).reduce(S.SIZE // IMAGE))
 
 
@@ -91,7 +92,6 @@ def tokenizer_json():
 
 def encode(vocab, caption):
     """Ids of a caption and </s> (what arserve feeds T5: its tokenizer's ids, then eos)."""
-    import re
     return [vocab.get(w, 2) for w in re.findall(r"\w+|[^\w\s]+", caption.lower())] + [1]
 
 
