@@ -52,8 +52,8 @@ class SelfAttention(nn.Module):
         q = F.normalize(q, dim=-1, eps=1e-12) * mul
         k = F.normalize(k, dim=-1, eps=1e-12)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
-        att = (q @ k.transpose(-1, -2)).masked_fill(~mask, float("-inf")).softmax(-1)
-        return self.proj((att @ v).transpose(1, 2).reshape(B, L, C))
+        out = F.scaled_dot_product_attention(q, k, v.to(q.dtype), attn_mask=mask, scale=1.0)
+        return self.proj(out.transpose(1, 2).reshape(B, L, C))
 
 
 class CrossAttention(nn.Module):
