@@ -1053,6 +1053,7 @@ static int add_model_card(cJSON *m, const api_limits_t *lim, const api_model_car
         snprintf(name, sizeof name, "%dx%d", lim->widths[i], lim->heights[i]);
         ok &= cJSON_AddItemToArray(sizes, cJSON_CreateString(name));
     }
+    ok &= cJSON_AddBoolToObject(a, "negative_prompt", lim->negative_prompt) != NULL;
     ok &= add_num(a, "steps", kv_geometry_steps(g));
     ok &= add_str(a, "step_unit", g->step_unit == KV_STEP_TOKEN ? "token" : "segment");
     ok &= add_str(a, "segment_name", card->segment_name);

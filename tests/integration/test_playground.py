@@ -28,6 +28,7 @@ pytestmark = pytest.mark.clients
 
 SHAPES_MODEL = repo_path("models/shapes")
 VAR_MODEL = repo_path(os.environ.get("ARSERVE_VAR_MODEL") or "models/shapes-var")
+INFINITY_MODEL = repo_path("tests/golden/infinity_tiny")  # sizes of several aspect ratios
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 KEY = "playground-test-key"
@@ -76,6 +77,8 @@ def test_models_card_describes_the_form(tiny_daemon, tiny_info):
     m = tiny_daemon.client.get("/v1/models").json()["data"][0]
     a = m["arserve"]
     assert a["family"] == "raster" and a["conditioning"] == "text"
+    assert a["negative_prompt"] is False
+    assert a["sizes"] == ["%dx%d" % (tiny_info["width"], tiny_info["height"])]
     assert (a["width"], a["height"]) == (tiny_info["width"], tiny_info["height"])
     assert a["steps"] == tiny_info["steps"] and a["step_unit"] == "token"
     assert a["segment_name"] == "line" and sum(a["segment_tokens"]) == tiny_info["steps"]
@@ -216,6 +219,9 @@ def test_generate_in_the_browser(browser, start_daemon, tmp_path):
     assert "shapes" in text(browser, "model")
     prompt = browser.find_element("id", "prompt")
     assert browser.switch_to.active_element == prompt  # ready to type
+    # One size and no negative prompt: neither control is offered.
+    assert not browser.find_element("id", "negative").is_displayed()
+    assert not browser.find_element("id", "size").is_displayed()
     prompt.send_keys("a red circle on the left")
     prompt.send_keys(Keys.ENTER)
     wait_for(browser, "document.getElementById('image-a').dataset.final", scaled(90),
@@ -366,6 +372,42 @@ def test_class_picker_on_a_next_scale_model(browser, start_daemon):
     n = len(card["segment_tokens"])
     assert text(browser, "status-a") == f"scale {n} of {n} · step {n} of {n} · done"
     assert f"steps{card['steps']}" in text(browser, "stats-a")
+
+
+def test_size_and_negative_prompt_on_an_infinity_model(browser, start_daemon):
+    """A text-to-image next-scale model with sizes of several aspect ratios and a
+    negative prompt: the page offers both, and sends what was picked."""
+    from selenium.webdriver.support.ui import Select
+    d = start_daemon(INFINITY_MODEL)
+    card = d.client.get("/v1/models").json()["data"][0]["arserve"]
+    assert card["negative_prompt"] is True and len(card["sizes"]) > 1
+    open_page(browser, d)
+    wait_for(browser, "!document.getElementById('form').hidden", scaled(15), "the form")
+    assert browser.find_element("id", "negative").is_displayed()
+    picker = Select(browser.find_element("id", "size"))
+    assert [o.get_attribute("value") for o in picker.options] == card["sizes"]
+    wide = max(card["sizes"], key=lambda z: int(z.split("x")[0]) / int(z.split("x")[1]))
+    w, h = map(int, wide.split("x"))
+    picker.select_by_value(wide)
+    g = math.gcd(w, h)
+    assert picker.first_selected_option.text == f"{wide} ({w // g}:{h // g})"
+    browser.find_element("id", "prompt").send_keys("a dog")
+    browser.find_element("id", "negative").send_keys("dark blurry")
+    browser.find_element("id", "generate").click()
+    wait_for(browser, "document.getElementById('image-a').dataset.final", scaled(120),
+             "the final image")
+    png = final_png(browser, "a")
+    assert png_size(png) == (w, h)
+    box = browser.execute_script(
+        "const r = document.getElementById('image-a').getBoundingClientRect();"
+        "return [r.width, r.height]")
+    assert box[0] / box[1] == pytest.approx(w / h, rel=0.03), box  # the frame takes its shape
+    body = {"prompt": "a dog", "seed": 1, "size": wide,
+            "guidance_scale": card["sampling"]["guidance_scale"]}
+    assert png == api_png(d, dict(body, negative_prompt="dark blurry"))
+    assert png != api_png(d, body)
+    n = len(card["segment_tokens"])  # every size of Infinity's schedules has as many scales
+    assert text(browser, "status-a") == f"scale {n} of {n} · step {n} of {n} · done"
 
 
 def test_readable_on_a_phone(browser, start_daemon, tmp_path):
