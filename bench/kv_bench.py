@@ -245,7 +245,7 @@ def main(argv=None):
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.model, "arserve.json")) as f:
         cfg = json.load(f)
-    by_scale = bool(cfg["image"].get("scales"))
+    by_scale = cfg.get("family") == "scale"  # VAR (class names), Infinity (text)
     by_class = not by_scale and "condition" in cfg  # LlamaGen: raster rows, class prompts
     if by_class:
         scaled_knobs = fallbacks(cfg["image"]["grid_width"])
@@ -253,8 +253,11 @@ def main(argv=None):
         row_specs = ["full"] + ["%s:%s" % (p, b) for p in POLICIES for b in BUDGETS]
     elif by_scale:
         scaled_knobs = scale_fallbacks()
-        with open(os.path.join(a.model, cfg["condition"]["class_names"])) as f:
-            prompts = select_class_prompts(a.prompts, a.per_category, set(f.read().splitlines()))
+        if "condition" in cfg:
+            with open(os.path.join(a.model, cfg["condition"]["class_names"])) as f:
+                prompts = select_class_prompts(a.prompts, a.per_category, set(f.read().splitlines()))
+        else:
+            prompts = select_prompts(a.prompts, a.per_category)
         row_specs = ["full"] + SCALE_SINGLE_ROWS + [
             "%s:%s" % (p, b) for p in SCALE_POLICIES for b in SCALE_BUDGETS]
     else:

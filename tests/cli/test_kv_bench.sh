@@ -11,10 +11,12 @@
 # script took 200 s, then 120 s with the policies at 1/10 (now 57 s), and the
 # rows left out run the same code as the rows kept (the release pass runs them
 # all).
+# Outside sanitizer mode, the text-to-image next-scale demo model (Infinity) too:
+# calibrated afresh, heatkv and scalekv at 1/5 on ShapesEval's text prompts.
 # usage: tests/cli/test_kv_bench.sh path/to/kv_bench path/to/tiny-model path/to/python
-#        path/to/next-scale-model [sanitizer]
+#        path/to/next-scale-model path/to/text-next-scale-model [sanitizer]
 set -u
-bin=$1 model=$2 python=$3 var_model=$4 mode=${5:-}
+bin=$1 model=$2 python=$3 var_model=$4 inf_model=$5 mode=${6:-}
 case $var_model in /*) ;; *) var_model=$PWD/$var_model ;; esac
 case $bin in /*) ;; *) bin=$PWD/$bin ;; esac
 case $model in /*) ;; *) model=$PWD/$model ;; esac
@@ -38,11 +40,20 @@ fi
 "$python" "$root/bench/kv_bench.py" --bin "$bin" --model "$var_model" --per-category 1 --threads 1 \
     --waves 1 --fills 1 --pool-images 1 --out "$tmp/var" "${var_rows[@]}" >"$tmp/vtable" 2>"$tmp/verr" &
 var_pid=$!
-lg_pid=
+lg_pid= inf_pid=
 if [ "$mode" != sanitizer ]; then
     "$python" "$root/bench/kv_bench.py" --bin "$bin" --model "$root/tests/golden/llamagen_tiny" \
         --per-category 1 --threads 1 --waves 1 --out "$tmp/lg" >"$tmp/lg.table" 2>"$tmp/lgerr" &
     lg_pid=$!
+    # The text-to-image next-scale model (Infinity), calibrated here on two captions:
+    # ShapesEval's text prompts of every category, the next-scale rows.
+    cp -r "$inf_model" "$tmp/inf"
+    printf 'a red circle\na blue square\n' >"$tmp/inf.prompts"
+    ("$(dirname "$bin")/arserve" calibrate --model "$tmp/inf" --prompts "$tmp/inf.prompts" \
+        >/dev/null 2>"$tmp/inferr" && "$python" "$root/bench/kv_bench.py" --bin "$bin" --model "$tmp/inf" \
+        --per-category 1 --threads 1 --waves 1 --fills 1 --pool-images 1 --out "$tmp/infout" \
+        --rows heatkv:1/5,scalekv:1/5 >"$tmp/inf.table" 2>"$tmp/inferr") &
+    inf_pid=$!
 fi
 
 "$python" "$root/bench/kv_bench.py" --bin "$bin" --model "$model" --per-category 1 --threads 1 \
@@ -126,6 +137,16 @@ if [ "$mode" != sanitizer ]; then
         grep -q 'ShapesEval n/a' "$tmp/lg.table" \
         && ok "LlamaGen: one row per raster policy and budget, measured == planned, ShapesEval n/a" \
         || fail "LlamaGen rows" "$(cat "$tmp/lg.table")"
+    wait "$inf_pid"
+    rc=$?
+    [ "$rc" = 0 ] && ok "bench-kv runs on the Infinity tiny model" \
+        || fail "bench-kv runs on the Infinity tiny model" "exit $rc: $(tail -c 600 "$tmp/inferr")"
+    prompts=$(cut -f3 "$tmp/infout/prompts.tsv" | grep -c .)
+    grep -qE '^KV policies on [^ ]+ \(7 scales, ' "$tmp/inf.table" &&
+        grep -qE '^(heatkv|scalekv) 1/5 +[0-9]+ +([0-9.]+) +\2 ' "$tmp/inf.table" &&
+        [ "$(grep -cE '^(full|heatkv 1/5|scalekv 1/5) ' "$tmp/inf.table")" = 3 ] && [ "$prompts" = 6 ] \
+        && ok "Infinity: next-scale rows on text prompts of every category, measured == planned" \
+        || fail "Infinity rows" "$prompts prompts: $(cat "$tmp/inf.table")"
 fi
 
 echo "$passed passed, $failed failed"

@@ -1041,6 +1041,7 @@ static void test_models_shape(void) {
     CHECK(is_num(a, "width", 64) && is_num(a, "height", 48) && is_num(a, "steps", 256));
     const cJSON *sizes = get(a, "sizes");
     CHECK(cJSON_GetArraySize(sizes) == 1 && is_str_item(sizes, 0, "64x48"));
+    CHECK(cJSON_IsFalse(get(a, "negative_prompt")));
     CHECK(is_str(a, "step_unit", "token") && is_str(a, "segment_name", "line"));
     const cJSON *seg = get(a, "segment_tokens");
     CHECK(cJSON_GetArraySize(seg) == 16 && cJSON_GetArrayItem(seg, 15)->valuedouble == 16);
