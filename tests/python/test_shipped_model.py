@@ -1,6 +1,7 @@
 """The shipped demo models load and draw, for a fixed prompt (or class) and seed on the CPU
 backend, exactly the committed PNGs: models/shapes tests/golden/shapes/red_circle_left_seed1.png,
-models/shapes-var tests/golden/shapes_var/red_circle_seed1.png.
+models/shapes-var tests/golden/shapes_var/red_circle_seed1.png, models/shapes-inf
+tests/golden/shapes_inf/red_circle_seed1.png.
 
 The command and its environment are tools/shapes_eval/make_expected.py's, which also
 regenerates the PNG (`make expected-png`) when the model files change.

@@ -1,5 +1,5 @@
 """Regenerates the PNGs that tests/python/test_shipped_model.py expects the shipped models
-(models/shapes, models/shapes-var) to draw, with the test's own command, and records the
+(models/shapes, models/shapes-var, models/shapes-inf) to draw, with the test's own command, and records the
 SHA-256 of the model files each was made from beside it.
 
     make expected-png        # or: python tools/shapes_eval/make_expected.py [--arserve BIN]
@@ -62,6 +62,8 @@ SHIPPED = [
             "tests/golden/shapes/red_circle_left_seed1.png"),
     Shipped("models/shapes-var", "--class", "a red circle", 1, 64,
             "tests/golden/shapes_var/red_circle_seed1.png"),
+    Shipped("models/shapes-inf", "--prompt", "a red circle", 1, 64,
+            "tests/golden/shapes_inf/red_circle_seed1.png"),
 ]
 
 
