@@ -166,6 +166,8 @@ VAR_TINY_MODEL := $(BUILD)/var-tiny-model
 # The next-scale model the daemon's integration tests serve: the shipped
 # multiscale demo model.
 VAR_MODEL  := models/shapes-var
+# The text-to-image next-scale demo model (Infinity architecture).
+INF_MODEL  := models/shapes-inf
 
 .PHONY: all deps deps-debian build-and-venv test test-parallel test-unit test-cli test-integration test-integration-release test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
@@ -522,7 +524,7 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/
 	tests/cli/test_calibrate.sh $(BUILD)/arserve $(VAR_TINY_MODEL) $(TINY_MODEL) tests/golden/infinity_tiny
 	tests/cli/test_simulate.sh $(BUILD)/arserve $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 	tests/cli/test_kv_bench.sh $(BUILD)/kv_bench $(TINY_MODEL) $(VENV)/bin/python $(VAR_MODEL) \
-		$(if $(SANITIZER),sanitizer)
+		$(INF_MODEL) $(if $(SANITIZER),sanitizer)
 	tests/cli/test_speed_bench.sh $(BUILD)/speed_bench $(TINY_MODEL) $(VAR_TINY_MODEL) $(VENV)/bin/python
 	tests/cli/test_test_only_api.sh $(CC) $(filter-out -MMD -MP,$(CFLAGS))
 

@@ -139,8 +139,8 @@ if [ "$mode" != sanitizer ]; then
         || fail "LlamaGen rows" "$(cat "$tmp/lg.table")"
     wait "$inf_pid"
     rc=$?
-    [ "$rc" = 0 ] && ok "bench-kv runs on the Infinity tiny model" \
-        || fail "bench-kv runs on the Infinity tiny model" "exit $rc: $(tail -c 600 "$tmp/inferr")"
+    [ "$rc" = 0 ] && ok "bench-kv runs on the Infinity demo model" \
+        || fail "bench-kv runs on the Infinity demo model" "exit $rc: $(tail -c 600 "$tmp/inferr")"
     prompts=$(cut -f3 "$tmp/infout/prompts.tsv" | grep -c .)
     grep -qE '^KV policies on [^ ]+ \(7 scales, ' "$tmp/inf.table" &&
         grep -qE '^(heatkv|scalekv) 1/5 +[0-9]+ +([0-9.]+) +\2 ' "$tmp/inf.table" &&
