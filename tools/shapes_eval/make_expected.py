@@ -1,6 +1,6 @@
 """Regenerates the PNGs that tests/python/test_shipped_model.py expects the shipped models
-(models/shapes, models/shapes-var, models/shapes-inf) to draw, with the test's own command, and records the
-SHA-256 of the model files each was made from beside it.
+(models/shapes, models/shapes-var, models/shapes-inf) to draw, with the test's own command,
+and records the SHA-256 of the model files each was made from beside it.
 
     make expected-png        # or: python tools/shapes_eval/make_expected.py [--arserve BIN]
 
