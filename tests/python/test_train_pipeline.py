@@ -31,7 +31,9 @@ except ImportError:
     pytest.skip(REASON, allow_module_level=True)
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
+import numpy as np  # noqa: E402
 import pipeline  # noqa: E402
+import tokenize_shapes  # noqa: E402
 from train_util import EXIT_TIME_LIMIT  # noqa: E402
 
 STEPS = 6  # the --tiny training stages' --steps
@@ -78,6 +80,19 @@ def draws_with_arserve(model_dir):
     assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def tokens_from_the_codebook_alone(ref, out):
+    """tokenize_shapes --codebook (no checkpoint) gives the tokens the pipeline got from its
+    decoder's checkpoint."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = tokenize_shapes.main(["--codebook", os.path.join(ref, "codebook.npz"),
+                                   "--data", os.path.join(ref, "data", "train"), "--out", out, "--batch", "5"])
+    assert rc in (None, 0), rc
+    with np.load(out) as got, np.load(os.path.join(ref, "tokens-train.npz")) as want:
+        assert got["tokens"].dtype == want["tokens"].dtype
+        assert (got["tokens"] == want["tokens"]).all(), "the code book's tokens differ from the checkpoint's"
+        assert (got["captions"] == want["captions"]).all()
 
 
 def checkpoints_by_wall_time(ref, out):
@@ -144,6 +159,7 @@ def test_tiny_shapes_pipeline_stops_and_resumes_to_the_same_model():
         for stage in ("data", "codebook", "vq", "tokens", "lm", "export"):
             assert "== %s:" % stage in log, stage
         draws_with_arserve(os.path.join(ref, "model"))
+        tokens_from_the_codebook_alone(ref, os.path.join(tmp, "tokens-cb.npz"))
         checkpoints_by_wall_time(ref, os.path.join(tmp, "lm-timed"))
         # The stopped run encodes with the code book in 2 processes: the same tokens.
         check_stopped_then_resumed(out, "vq", "shapes",

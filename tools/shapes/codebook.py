@@ -113,7 +113,7 @@ def encode(img, masks):
 
 def decode(codes, masks):
     """int (GRID, GRID) codes -> uint8 (128, 128, 3)."""
-    codes = np.asarray(codes).reshape(-1)
+    codes = np.asarray(codes, np.int64).reshape(-1)  # signed: codes - 1 of white is -1
     colour = np.maximum(codes - 1, 0) // len(masks)
     alpha = masks[np.maximum(codes - 1, 0) % len(masks)]
     alpha = np.where((codes == 0)[:, None, None], 0.0, alpha)
