@@ -121,14 +121,20 @@ def test_tiny_training_to_a_model_arserve_serves(tmp_path=None):
 
     sys.path.insert(0, os.path.join(ROOT, "tools", "train_inf"))
     import train
+    import train_util as U
 
     out = str(tmp_path)
     args = ["--out", out, "--tiny"]
     assert train.main(args + ["--stages", "vae,lm", "--set", "lm_steps=2"]) == 0
     said = io.StringIO()
+    with contextlib.redirect_stdout(said):  # a time limit: one step, its checkpoint, exit 75
+        assert train.main(args + ["--set", "lm_steps=4", "--max-minutes", "1e-9"]) == U.EXIT_TIME_LIMIT
+    stop = [line for line in said.getvalue().splitlines() if "stopped at step 3 of 4" in line]
+    assert stop and stop[0].endswith("the same command continues"), said.getvalue()  # no --resume here
+    said = io.StringIO()
     with contextlib.redirect_stdout(said):
         assert train.main(args + ["--set", "lm_steps=4"]) == 0
-    assert "lm from step 2 of 4" in said.getvalue(), said.getvalue()  # continued, not restarted
+    assert "lm from step 3 of 4" in said.getvalue(), said.getvalue()  # continued, not restarted
     assert "vae from step" not in said.getvalue()  # the finished stage is not run again
     with open(os.path.join(out, "model", "arserve.json")) as f:
         manifest = json.load(f)

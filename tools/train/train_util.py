@@ -39,8 +39,9 @@ def save(path, obj):
     os.replace(tmp, path)
 
 
-def add_run_args(ap):
-    """The flags every training script takes for its machine and its wall clock."""
+def add_run_args(ap, again="with --resume"):
+    """The flags every training script takes for its machine and its wall clock; again: what
+    the same command needs to continue after a time limit (WallClock.stopped's)."""
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="auto: CUDA when torch sees a GPU, else the CPU. On CUDA the forward "
                          "and loss run under bf16 autocast and TF32 is allowed; on the CPU "
@@ -48,7 +49,7 @@ def add_run_args(ap):
     ap.add_argument("--max-minutes", type=float, default=0.0,
                     help="stop after the first step that ends past this many minutes of wall "
                          "time, with its checkpoint written (exit status %d); the same command "
-                         "with --resume continues; 0 = no limit" % EXIT_TIME_LIMIT)
+                         "%scontinues; 0 = no limit" % (EXIT_TIME_LIMIT, again + " " if again else ""))
     ap.add_argument("--ckpt-minutes", type=float, default=0.0,
                     help="also write OUT/ckpt.pt whenever this many minutes have passed since "
                          "the last one (besides every --ckpt-every steps); 0 = off")
@@ -109,10 +110,11 @@ class WallClock:
     def minutes(self):
         return (time.monotonic() - self.start) / 60.0
 
-    def stopped(self, step, end):
-        """The log line of a run that stops at its time limit after step of end."""
+    def stopped(self, step, end, again="with --resume"):
+        """The log line of a run that stops at its time limit after step of end; again: what
+        the same command needs to continue ("" for a script that always resumes)."""
         return ("stopped at step %d of %d after %.1f minutes (--max-minutes %g); the same command "
-                "with --resume continues" % (step, end, self.minutes(), self.max_s / 60.0))
+                "%scontinues" % (step, end, self.minutes(), self.max_s / 60.0, again + " " if again else ""))
 
 
 @contextlib.contextmanager

@@ -200,7 +200,7 @@ def run_stage(name, a, cfg, dev, modules, step_fn, steps, lr, seed):
             save()
         if clock.out_of_time() and step < steps:
             save()
-            U.log(logf, clock.stopped(step, steps))
+            U.log(logf, clock.stopped(step, steps, again=""))
             return U.EXIT_TIME_LIMIT
     return 0
 
@@ -293,7 +293,7 @@ def main(argv=None):
     ap.add_argument("--stages", default="vae,lm,export")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                     help="override a size or step count, e.g. --set lm_steps=20000")
-    U.add_run_args(ap)
+    U.add_run_args(ap, again="")  # it always resumes from OUT
     a = ap.parse_args(argv)
     U.check_run_args(ap, a)
     cfg = dict(TINY if a.tiny else FULL)
