@@ -34,7 +34,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from export_vq import load_model  # noqa: E402
 from train_util import pick_device, worker_pool  # noqa: E402
-from vq_model import to_u8, tokenize_u8  # noqa: E402
+from vq_model import codebook_grids, to_u8, tokenize_u8  # noqa: E402
 from tools.shapes import codebook as shapes_codebook  # noqa: E402
 from tools.shapes.dataset import load_shards  # noqa: E402
 
@@ -85,13 +85,11 @@ def tokenize_with_codebook(a, pool, records, images):
     with np.load(a.codebook) as z:
         masks = z["masks"]
     t0 = time.time()
-    grids = []
+    toks = np.zeros((len(images), shapes_codebook.GRID, shapes_codebook.GRID), np.uint16)
     for i in range(0, len(images), a.batch):
-        batch = [(im, masks) for im in images[i : i + a.batch]]
-        grids += pool.starmap(shapes_codebook.encode, batch) if pool else [shapes_codebook.encode(*b) for b in batch]
+        toks[i : i + a.batch] = codebook_grids(images[i : i + a.batch], masks, pool)
         if i // a.batch % 20 == 0:
             print("%d / %d (%.0f s)" % (i, len(images), time.time() - t0), flush=True)
-    toks = np.stack(grids).astype(np.uint16)
     n = min(64, len(images))
     write(a.out, toks, records, np.stack([shapes_codebook.decode(t, masks) for t in toks[:n]]), images[:n])
 

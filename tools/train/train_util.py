@@ -39,7 +39,16 @@ def save(path, obj):
     os.replace(tmp, path)
 
 
-def add_run_args(ap, again="with --resume"):
+# What the same command needs to continue after a time limit, for the scripts that take --resume.
+RESUME_WITH = "with --resume"
+
+
+def continues(again):
+    """'the same command ... continues' with again ("" for a script that always resumes)."""
+    return "the same command %scontinues" % (again + " " if again else "")
+
+
+def add_run_args(ap, again=RESUME_WITH):
     """The flags every training script takes for its machine and its wall clock; again: what
     the same command needs to continue after a time limit (WallClock.stopped's)."""
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
@@ -48,8 +57,8 @@ def add_run_args(ap, again="with --resume"):
                          "everything stays F32, as before")
     ap.add_argument("--max-minutes", type=float, default=0.0,
                     help="stop after the first step that ends past this many minutes of wall "
-                         "time, with its checkpoint written (exit status %d); the same command "
-                         "%scontinues; 0 = no limit" % (EXIT_TIME_LIMIT, again + " " if again else ""))
+                         "time, with its checkpoint written (exit status %d); %s; 0 = no limit"
+                         % (EXIT_TIME_LIMIT, continues(again)))
     ap.add_argument("--ckpt-minutes", type=float, default=0.0,
                     help="also write OUT/ckpt.pt whenever this many minutes have passed since "
                          "the last one (besides every --ckpt-every steps); 0 = off")
@@ -110,11 +119,11 @@ class WallClock:
     def minutes(self):
         return (time.monotonic() - self.start) / 60.0
 
-    def stopped(self, step, end, again="with --resume"):
+    def stopped(self, step, end, again=RESUME_WITH):
         """The log line of a run that stops at its time limit after step of end; again: what
         the same command needs to continue ("" for a script that always resumes)."""
-        return ("stopped at step %d of %d after %.1f minutes (--max-minutes %g); the same command "
-                "%scontinues" % (step, end, self.minutes(), self.max_s / 60.0, again + " " if again else ""))
+        return ("stopped at step %d of %d after %.1f minutes (--max-minutes %g); %s"
+                % (step, end, self.minutes(), self.max_s / 60.0, continues(again)))
 
 
 @contextlib.contextmanager

@@ -296,12 +296,16 @@ def tokenize_u8(model, u8, masks=None, pool=None):
     (the same tokens, sooner)."""
     dev = model.codebook.weight.device
     if masks is not None:
-        if pool is not None:
-            grids = pool.starmap(shapes_codebook.encode, [(im, masks) for im in u8])
-        else:
-            grids = [shapes_codebook.encode(im, masks) for im in u8]
-        return torch.from_numpy(np.stack(grids)).long().to(dev)
+        return torch.from_numpy(codebook_grids(u8, masks, pool)).long().to(dev)
     return model.tokenize(to_model_input(u8).to(dev))
+
+
+def codebook_grids(u8, masks, pool=None):
+    """The code book's token grids, int32 numpy (b, h, w), of uint8 images (b, H, W, 3), in the
+    pool's processes if one is given."""
+    if pool is not None:
+        return np.stack(pool.starmap(shapes_codebook.encode, [(im, masks) for im in u8]))
+    return np.stack([shapes_codebook.encode(im, masks) for im in u8])
 
 
 def to_model_input(u8):

@@ -49,6 +49,8 @@ from tools.shapes import scene as S  # noqa: E402
 SCHEDULE = [(1, 1), (2, 2), (4, 4), (6, 6), (8, 8), (12, 12), (16, 16)]  # '0.06M' at 1:1
 ROPE_GRID = (64, 64)  # the '1M' schedule's last 1:1 scale
 IMAGE = 64
+# What the same command needs to continue after a time limit: nothing, it always resumes from OUT.
+AGAIN = ""
 SPECIALS = ["<pad>", "</s>", "<unk>"]  # T5's ids 0, 1, 2
 
 FULL = {"d": 16, "vae_base": 32, "vae_mult": [1, 2, 2], "vae_blocks": 1,
@@ -200,7 +202,7 @@ def run_stage(name, a, cfg, dev, modules, step_fn, steps, lr, seed):
             save()
         if clock.out_of_time() and step < steps:
             save()
-            U.log(logf, clock.stopped(step, steps, again=""))
+            U.log(logf, clock.stopped(step, steps, again=AGAIN))
             return U.EXIT_TIME_LIMIT
     return 0
 
@@ -293,7 +295,7 @@ def main(argv=None):
     ap.add_argument("--stages", default="vae,lm,export")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                     help="override a size or step count, e.g. --set lm_steps=20000")
-    U.add_run_args(ap, again="")  # it always resumes from OUT
+    U.add_run_args(ap, again=AGAIN)
     a = ap.parse_args(argv)
     U.check_run_args(ap, a)
     cfg = dict(TINY if a.tiny else FULL)
