@@ -201,6 +201,81 @@ def test_tiny_var_pipeline_stops_and_resumes_to_the_same_model():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def folded_adaln(shared):
+    """The per-block VAR that a shared-AdaLN VAR is: each block's table is the shared Linear
+    with the block's own rows added to its bias."""
+    from var_model import VAR
+
+    cfg = dict(shared.cfg, shared_adaln=False)
+    sd = {k: v for k, v in shared.state_dict().items() if not k.startswith("shared_adaln.")}
+    for i in range(cfg["depth"]):
+        gss = sd.pop("blocks.%d.adaln_gss" % i)
+        sd["blocks.%d.adaln.weight" % i] = shared.shared_adaln.weight.detach().clone()
+        sd["blocks.%d.adaln.bias" % i] = shared.shared_adaln.bias.detach() + gss.flatten()
+    folded = VAR(cfg)
+    folded.load_state_dict(sd, strict=True)
+    return folded.eval()
+
+
+def greedy_png(model_dir, out):
+    r = subprocess.run([ARSERVE, "generate", "--model", model_dir, "--class", "5", "--top-k", "1",
+                        "--seed", "1", "--threads", "1", "--quiet", "--output", out],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    from PIL import Image
+
+    return np.asarray(Image.open(out).convert("RGB"), dtype=np.int16)
+
+
+def test_shared_adaln_var_trains_and_serves_as_its_per_block_fold():
+    """var_model's shared AdaLN (VAR's shared_aln: one table for every block plus each block's
+    own rows, the smaller export) computes what the per-block model it folds into computes:
+    in torch, and through export.py in arserve (the same greedy image)."""
+    import data
+    import export
+    from msvq import DEFAULT_CFG as MSVQ_CFG
+    from msvq import MSVQ
+    from var_model import VAR
+
+    torch.manual_seed(3)
+    vq = MSVQ(dict(MSVQ_CFG, base_channels=32, channel_multiplier=[2, 1, 1, 1], encoder_widths=[32, 32, 32],
+                   codebook_size=32)).eval()
+    shared = VAR({"width": 32, "heads": 2, "depth": 2, "ffn": 64, "num_classes": data.NUM_CLASSES,
+                  "scales": vq.cfg["scales"], "codebook_size": 32, "embed_dim": vq.cfg["embed_dim"],
+                  "shared_adaln": True})
+    with torch.no_grad():  # away from the damped start, so every table matters
+        for p in shared.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    shared.eval()
+    assert not any(k.startswith("blocks.0.adaln.") for k in shared.state_dict())
+    folded = folded_adaln(shared)
+    labels = torch.tensor([0, 5, data.NUM_CLASSES])
+    x_in = torch.randn(3, shared.L - shared.first_l, vq.cfg["embed_dim"])
+    with torch.no_grad():
+        want, got = folded(labels, x_in), shared(labels, x_in)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    if ARSERVE is None:
+        print("skip: no arserve binary named on the command line; the exports are not served")
+        return
+    tmp = tempfile.mkdtemp(prefix="train-var-shared-")
+    try:
+        torch.save({"model": vq.state_dict(), "config": vq.cfg}, os.path.join(tmp, "vq.pt"))
+        images = []
+        for name, var in (("shared", shared), ("folded", folded)):
+            torch.save({"model": var.state_dict(), "config": var.cfg}, os.path.join(tmp, name + ".pt"))
+            with contextlib.redirect_stdout(io.StringIO()):
+                export.main(["--vq", os.path.join(tmp, "vq.pt"), "--var", os.path.join(tmp, name + ".pt"),
+                             "--out", os.path.join(tmp, name)])
+            images.append(greedy_png(os.path.join(tmp, name), os.path.join(tmp, name + ".png")))
+        with open(os.path.join(tmp, "shared", "arserve.json")) as f:
+            assert '"shared_adaln": true' in f.read()
+        assert int(np.abs(images[0] - images[1]).max()) <= 1, np.abs(images[0] - images[1]).max()
+        assert os.path.getsize(os.path.join(tmp, "shared", "model-00001-of-00001.safetensors")) < \
+            os.path.getsize(os.path.join(tmp, "folded", "model-00001-of-00001.safetensors"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_prompt_rows_without_the_tokenizers_package_are_the_packages():
     """train_lm.word_level_ids, used where the tokenizers package is missing (a bare GPU
     machine), encodes every caption of a sample of the world as the package does."""

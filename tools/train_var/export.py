@@ -90,7 +90,7 @@ def config(vq, var, name, sampling, files):
         "weights": files,
         "llm": {"hidden_size": mc["width"], "num_layers": mc["depth"], "num_heads": mc["heads"],
                 "head_dim": mc["width"] // mc["heads"], "intermediate_size": mc["ffn"],
-                "norm_eps": 1e-6, "shared_adaln": False},
+                "norm_eps": 1e-6, "shared_adaln": bool(mc.get("shared_adaln", False))},
         "image": {"scales": list(vc["scales"]), "codebook_size": vc["codebook_size"],
                   "embed_dim": vc["embed_dim"], "phi_count": vc["phi_count"], "phi_ratio": vc["phi_ratio"]},
         "condition": {"num_classes": mc["num_classes"], "class_names": "classes.txt"},

@@ -57,7 +57,8 @@ def load_model_dir(d):
                 out_channels=dec["out_channels"])
     mcfg = {"width": llm["hidden_size"], "heads": llm["num_heads"], "depth": llm["num_layers"],
             "ffn": llm["intermediate_size"], "num_classes": js["condition"]["num_classes"],
-            "scales": im["scales"], "codebook_size": im["codebook_size"], "embed_dim": im["embed_dim"]}
+            "scales": im["scales"], "codebook_size": im["codebook_size"], "embed_dim": im["embed_dim"],
+            "shared_adaln": bool(llm.get("shared_adaln", False))}
     t = {}
     for w in js.get("weights", ["model.safetensors"]):
         t.update(safetensors_write.read(os.path.join(d, w)))

@@ -13,7 +13,8 @@ gamma1, gamma2, scale1, scale2, shift1, shift2;
 LN non-affine, eps 1e-6. Attention: qkv = x W^T + [q_bias, 0, v_bias]; q and k L2-normalised
 per head, q times exp(min(scale_mul[h], ln 100)); softmax scale 1; block-causal mask (a
 token sees every token of its own and earlier scales). FFN fc1 -> GELU(tanh) -> fc2.
-Head: LN(x) * (1 + scale) + shift (SiLU -> Linear(C, 2C) of the class embedding, chunks
+With `shared_adaln` (VAR's shared_aln) one Linear(C, 6C) makes the table for every block and
+each block adds its own [6, C] constant rows (`adaln_gss`). Head: LN(x) * (1 + scale) + shift (SiLU -> Linear(C, 2C) of the class embedding, chunks
 scale, shift) -> Linear(C, V). The condition is class_embed[c] (D = C); the unconditional
 class is index num_classes.
 """
@@ -60,15 +61,20 @@ class FFN(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, c, heads, f):
+    def __init__(self, c, heads, f, shared_adaln=False):
         super().__init__()
         self.c = c
-        self.adaln = nn.Linear(c, 6 * c)
+        if shared_adaln:  # the model's one table plus this block's own constant rows
+            self.adaln_gss = nn.Parameter(torch.randn(6, c) / math.sqrt(c))
+        else:
+            self.adaln = nn.Linear(c, 6 * c)
         self.attn = Attention(c, heads)
         self.ffn = FFN(c, f)
 
-    def forward(self, x, cond, mask):
-        g1, g2, s1, s2, b1, b2 = self.adaln(F.silu(cond)).view(-1, 1, 6, self.c).unbind(2)
+    def forward(self, x, cond, mask, shared_table=None):
+        """shared_table: the shared AdaLN Linear's output (B, 6C), with shared_adaln."""
+        table = self.adaln(F.silu(cond)) if shared_table is None else shared_table + self.adaln_gss.flatten()
+        g1, g2, s1, s2, b1, b2 = table.view(-1, 1, 6, self.c).unbind(2)
         x = x + self.attn(F.layer_norm(x, (self.c,), eps=LN_EPS) * (1 + s1) + b1, mask) * g1
         x = x + self.ffn(F.layer_norm(x, (self.c,), eps=LN_EPS) * (1 + s2) + b2) * g2
         return x
@@ -92,7 +98,10 @@ class VAR(nn.Module):
         for p in (self.class_embed.weight, self.pos_start, self.pos_embed, self.level_embed.weight):
             nn.init.trunc_normal_(p, std=std)
         self.word_embed = nn.Linear(E, c)
-        self.blocks = nn.ModuleList(Block(c, h, cfg["ffn"]) for _ in range(d))
+        self.shared = bool(cfg.get("shared_adaln", False))
+        if self.shared:
+            self.shared_adaln = nn.Linear(c, 6 * c)
+        self.blocks = nn.ModuleList(Block(c, h, cfg["ffn"], self.shared) for _ in range(d))
         self.head_adaln = nn.Linear(c, 2 * c)
         self.head = nn.Linear(c, V)
         lvl = torch.cat([torch.full((p * p,), i) for i, p in enumerate(self.scales)])
@@ -109,11 +118,15 @@ class VAR(nn.Module):
                 if m.bias is not None:
                     m.bias.zero_()
         c = self.C
+        tables = [self.shared_adaln.weight] if self.shared else []
         for b in self.blocks:
             b.attn.proj.weight.div_(math.sqrt(2 * depth))
             b.ffn.fc2.weight.div_(math.sqrt(2 * depth))
-            b.adaln.weight[2 * c:].mul_(0.5)      # scales and shifts
-            b.adaln.weight[:2 * c].mul_(1e-5)     # gammas
+            tables.append(b.adaln_gss if self.shared else b.adaln.weight)
+        for t in tables:  # rows in six chunks: gammas, then scales and shifts
+            chunks = t.view(6, c, -1)
+            chunks[2:].mul_(0.5)
+            chunks[:2].mul_(1e-5)
         self.head_adaln.weight.mul_(0.5)
         self.head.weight.mul_(0.02)
 
@@ -127,8 +140,9 @@ class VAR(nn.Module):
         l = x.shape[1]
         x = x + self.level_embed(self.lvl[:l])[None] + self.pos_embed[None, :l]
         mask = self.mask[:l, :l]
+        shared_table = self.shared_adaln(F.silu(cond)) if self.shared else None
         for blk in self.blocks:
-            x = blk(x, cond, mask)
+            x = blk(x, cond, mask, shared_table)
         s, t = self.head_adaln(F.silu(cond)).view(-1, 1, 2, self.C).unbind(2)
         x = F.layer_norm(x, (self.C,), eps=LN_EPS) * (1 + s) + t
         return self.head(x)
