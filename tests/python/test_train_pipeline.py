@@ -68,16 +68,21 @@ def read(path):
         return f.read()
 
 
+def arserve_generate(model_dir, png, args):
+    """arserve generate on one thread, seed 1, into png; fails the test on a non-zero exit."""
+    r = subprocess.run([ARSERVE, "generate", "--model", model_dir, "--seed", "1", "--threads", "1", "--quiet",
+                        "--output", png] + args, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+
+
 def draws_with_arserve(model_dir):
     """arserve generate loads the exported directory and writes a PNG (when ARSERVE is set)."""
     if ARSERVE is None:
         print("skip: no arserve binary named on the command line; the model is not served")
         return
     png = os.path.join(model_dir, "..", "a-red-circle.png")
-    r = subprocess.run([ARSERVE, "generate", "--model", model_dir, "--prompt", "a red circle", "--seed", "1",
-                        "--threads", "1", "--quiet", "--output", png], stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    arserve_generate(model_dir, png, ["--prompt", "a red circle"])
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -218,16 +223,14 @@ def folded_adaln(shared):
 
 
 def greedy_png(model_dir, out):
-    r = subprocess.run([ARSERVE, "generate", "--model", model_dir, "--class", "5", "--top-k", "1",
-                        "--seed", "1", "--threads", "1", "--quiet", "--output", out],
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    """arserve's greedy image of class 5, as int16 RGB."""
     from PIL import Image
 
+    arserve_generate(model_dir, out, ["--class", "5", "--top-k", "1"])
     return np.asarray(Image.open(out).convert("RGB"), dtype=np.int16)
 
 
-def test_shared_adaln_var_trains_and_serves_as_its_per_block_fold():
+def test_shared_adaln_var_computes_and_serves_as_its_per_block_fold():
     """var_model's shared AdaLN (VAR's shared_aln: one table for every block plus each block's
     own rows, the smaller export) computes what the per-block model it folds into computes:
     in torch, and through export.py in arserve (the same greedy image)."""

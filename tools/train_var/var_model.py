@@ -14,7 +14,8 @@ LN non-affine, eps 1e-6. Attention: qkv = x W^T + [q_bias, 0, v_bias]; q and k L
 per head, q times exp(min(scale_mul[h], ln 100)); softmax scale 1; block-causal mask (a
 token sees every token of its own and earlier scales). FFN fc1 -> GELU(tanh) -> fc2.
 With `shared_adaln` (VAR's shared_aln) one Linear(C, 6C) makes the table for every block and
-each block adds its own [6, C] constant rows (`adaln_gss`). Head: LN(x) * (1 + scale) + shift (SiLU -> Linear(C, 2C) of the class embedding, chunks
+each block adds its own [6, C] constant rows (`adaln_gss`).
+Head: LN(x) * (1 + scale) + shift (SiLU -> Linear(C, 2C) of the class embedding, chunks
 scale, shift) -> Linear(C, V). The condition is class_embed[c] (D = C); the unconditional
 class is index num_classes.
 """
