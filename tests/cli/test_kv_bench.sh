@@ -112,7 +112,7 @@ unequal_scale_rows() {
         n = split($0, f, / +/); if (f[4] != f[5]) print }' "$1"
 }
 bad=$(unequal_scale_rows "$tmp/vtable")
-[ -z "$bad" ] && grep -qE '^amskv +91 +[0-9.]+ +1456.0( <=)? ' "$tmp/vtable" \
+[ -z "$bad" ] && grep -qE '^amskv +91 +[0-9.]+ +1820.0( <=)? ' "$tmp/vtable" \
     && grep -q "<= for amskv (" "$tmp/vtable" \
     && ok "next-scale: measured == planned, amskv within its all-expanded plan" \
     || fail "next-scale: measured == planned" "$bad $(grep '^amskv' "$tmp/vtable")"

@@ -16,8 +16,8 @@ Stages of --model shapes (models/shapes, tools/train/README.md sections 1, 2b, 4
   export    export_vq.py and export_lm.py (--cfg 1.5 --top-k 20) -> OUT/model
 Stages of --model shapes-var (models/shapes-var, tools/train_var/README.md; its samples are
 drawn from seeded streams as it trains, so it needs no data stage):
-  msvq      train_msvq.py, 2,600 steps of batch 16 -> OUT/msvq
-  var       train_var.py (depth 4), 1,500 steps of batch 32 on 32,000 samples -> OUT/var
+  msvq      train_msvq.py (1,024 codes), 4,000 steps of batch 16 -> OUT/msvq
+  var       train_var.py (depth 5, shared AdaLN), 3,000 steps of batch 32 on 32,000 samples -> OUT/var
   export    tools/train_var/export.py (--cfg 3) -> OUT/model
 
 The hyper-parameters are those of the shipped models. Training stages resume from their
@@ -70,9 +70,10 @@ FULL = {
     "lm": ["--seed", "1", "--steps", "7000"],
     "lm_batch": 16, "vq_batch": 8,
     "export_lm": ["--cfg", "1.5", "--top-k", "20"],
-    "msvq": ["--seed", "1", "--steps", "2600"],
+    "msvq": ["--seed", "1", "--steps", "4000", "--config", '{"codebook_size": 1024}'],
     "msvq_batch": 16,
-    "var": ["--seed", "1", "--steps", "1500", "--n-train", "32000", "--config", '{"depth": 4}'],
+    "var": ["--seed", "1", "--steps", "3000", "--n-train", "32000", "--config",
+            '{"depth": 5, "shared_adaln": true}'],
     "var_batch": 32,
     "export_var": ["--cfg", "3.0", "--temperature", "1.0", "--top-k", "0", "--top-p", "1.0"],
 }

@@ -2,7 +2,16 @@
 """Trains the multi-scale VQVAE of the shapes VAR model (models/shapes-var).
 
 Exact command that made the shipped tokenizer (from the repository root; training stream
-seed 1, held-out stream seed 2; one thread):
+seed 1, held-out stream seed 2; 1,024 codes; its first 500 steps on one thread, the rest on
+two, resumed over three sessions; tools/train_var/README.md section 5):
+
+    mkdir -p build/train_var/msvq-cb1024
+    OMP_NUM_THREADS=2 nohup .venv-bench/bin/python tools/train_var/train_msvq.py \\
+        --out build/train_var/msvq-cb1024 --config '{"codebook_size": 1024}' --seed 1 \\
+        --steps 4000 --batch 16 --resume --threads 2 --ckpt-minutes 2 \\
+        >> build/train_var/msvq-cb1024/stdout.log 2>&1 &
+
+The first model's tokenizer (256 codes, section 1), one thread:
 
     mkdir -p build/train_var/msvq
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv-tools/bin/python tools/train_var/train_msvq.py \\
@@ -19,8 +28,8 @@ t*B .. t*B+B-1 of the seeded stream (tools/train_var/data.py), so a resumed run 
 same data as an unbroken one. Logs: OUT/train.log, held-out PSNR in OUT/psnr.csv.
 
 Model (msvq.py DEFAULT_CFG): 64x64 RGB (the 128 px scene box-filtered by 2) -> 8x8 latent
-of Cvae 16, scales 1,2,3,4,5,6,8 (155 tokens), codebook 256 x 16, four shared Phi convs
-(ratio 0.5); decoder widths 128 (8 px, attention), 128, 64, 64 (64 px), one ResNet block
+of Cvae 16, scales 1,2,3,4,5,6,8 (155 tokens), codebook 256 x 16 (the shipped one: 1024 x
+16, --config), four shared Phi convs (ratio 0.5); decoder widths 128 (8 px, attention), 128, 64, 64 (64 px), one ResNet block
 per level. The last block's odd output channels are held at the constant 256 throughout
 training (msvq.impose_reference, after every step) and norm_out starts as about the
 identity on the even channels (msvq.init_reference), so that norm_out's GroupNorm (pairs

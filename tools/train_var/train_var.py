@@ -2,9 +2,18 @@
 """Trains the VAR transformer of the shapes VAR model (models/shapes-var) on multi-scale
 codes of the msvq tokenizer.
 
-Exact command that made the shipped transformer (from the repository root; one thread;
+Exact command that made the shipped transformer (from the repository root; two threads;
 training samples 0..N-1 of stream seed 3, held-out samples of stream seed 4, batch order
-and class dropout from --seed 1):
+and class dropout from --seed 1; the 1,024-code tokenizer of train_msvq.py's header; 109
+minutes; tools/train_var/README.md section 6):
+
+    mkdir -p build/train_var/var-cb1024-shared5
+    OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 nohup .venv-bench/bin/python tools/train_var/train_var.py \\
+        --vq build/train_var/msvq-cb1024/ckpt.pt --out build/train_var/var-cb1024-shared5 \\
+        --seed 1 --steps 3000 --n-train 32000 --config '{"depth": 5, "shared_adaln": true}' \\
+        --resume --threads 2 --ckpt-minutes 2 >> build/train_var/var-cb1024-shared5/stdout.log 2>&1 &
+
+The first model's transformer (256 codes, depth 4; sections 1 and 2), one thread:
 
     mkdir -p build/train_var/var
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv-tools/bin/python tools/train_var/train_var.py \\
@@ -21,11 +30,12 @@ OUT/tokens-train.npz / OUT/tokens-val.npz (labels and the codes of every scale, 
 first, raster order within a scale); later runs reuse them. Resumes from OUT/ckpt.pt
 (every 100 steps); the batch of step t depends only on the seed and t.
 
-Model: width 256, 4 heads of 64, depth 4 (--config; DEFAULT_CFG has 6), FFN 1024, 44
-classes + the unconditional one, scales of the tokenizer (155 tokens); 5.0 M parameters. Loss: cross-entropy over all L tokens (mean),
-teacher forcing with the block-causal mask; 10% of rows get the unconditional class.
+Model: width 256, 4 heads of 64, depth 5 (--config; DEFAULT_CFG has 6), FFN 1024, 44
+classes + the unconditional one, scales of the tokenizer (155 tokens); 4.80 M parameters
+with 1,024 codes (the first model: depth 4, 5.0 M). Loss: cross-entropy over all L tokens
+(mean), teacher forcing with the block-causal mask; 10% of rows get the unconditional class.
 --config '{"shared_adaln": true}' gives VAR's shared AdaLN (one table for every block plus
-each block's own rows; 2.4 MB smaller at the shipped size).
+each block's own rows; 2.4 MB smaller at depth 4).
 AdamW (0.9, 0.95), weight decay 0.05 on matrices, lr --lr with a 100-step warm-up and
 cosine decay to 5% at --steps, gradient clip 2.0, batch 32.
 Logs: OUT/train.log, held-out loss per token (nats; overall and per scale) and
