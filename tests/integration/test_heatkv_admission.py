@@ -9,8 +9,9 @@ Admission plans whole KV trajectories (engine/batcher.h): an image starts
 once the running ones leave room for its trajectory at every future step.
 So full-cache images still overlap in their small early scales: in 2 MiB the
 second of two starts when the first is five scales in (they share 2 of 7
-iterations), and at most two ever share an iteration. Both bounds are computed here from the planner's trajectories
-(`arserve plan`), and the test checks:
+iterations), and at most two ever share an iteration. Both bounds are
+computed here from the planner's trajectories (`arserve plan`), and the
+test checks:
 
   full:   two requests sent together share no more iterations than that
           (the second waits for the first's peak to pass), but some (they

@@ -29,8 +29,8 @@ same data as an unbroken one. Logs: OUT/train.log, held-out PSNR in OUT/psnr.csv
 
 Model (msvq.py DEFAULT_CFG): 64x64 RGB (the 128 px scene box-filtered by 2) -> 8x8 latent
 of Cvae 16, scales 1,2,3,4,5,6,8 (155 tokens), codebook 256 x 16 (the shipped one: 1024 x
-16, --config), four shared Phi convs (ratio 0.5); decoder widths 128 (8 px, attention), 128, 64, 64 (64 px), one ResNet block
-per level. The last block's odd output channels are held at the constant 256 throughout
+16, --config), four shared Phi convs (ratio 0.5); decoder widths 128 (8 px, attention), 128,
+64, 64 (64 px), one ResNet block per level. The last block's odd output channels are held at the constant 256 throughout
 training (msvq.impose_reference, after every step) and norm_out starts as about the
 identity on the even channels (msvq.init_reference), so that norm_out's GroupNorm (pairs
 of channels) passes absolute colour levels. Encoder without GroupNorm (msvq.PlainBlock).
