@@ -4,6 +4,7 @@ Self-check by hand: python tools/safetensors_write.py --self-check
 """
 
 import json
+import os
 import struct
 import sys
 
@@ -47,69 +48,145 @@ def _as_tensor(name, value):
     return dtype, np.asarray(arr, dtype=arr.dtype.newbyteorder("<"), order="C")
 
 
+# Bytes per element of every safetensors dtype (the format's list); readers take a subset.
+ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8,
+            "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+
+
 def write(path, tensors, metadata=None):
     """Writes tensors (dict name -> numpy array, or ('BF16', uint16 array)) to
     path, sorted by name and packed contiguously; metadata is an optional
     dict[str, str] stored as __metadata__. The header is padded with spaces to
     a multiple of 8 bytes so the data section starts 8-byte aligned."""
+    entries = []
+    for name in tensors:
+        dtype, arr = _as_tensor(name, tensors[name])
+        entries.append((name, dtype, arr.shape, (lambda arr=arr: [arr])))
+    write_stream(path, entries, metadata)
+
+
+def write_stream(path, entries, metadata=None, progress=None):
+    """Writes a safetensors file from entries (name, dtype, shape, pieces): the header from
+    the names, types and shapes first, then each tensor in name order from pieces(), an
+    iterable of arrays whose bytes, in turn, are its C-order data (written little-endian);
+    their total must be the shape's. progress(bytes written so far) follows each piece."""
     header = {}
     if metadata:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise TypeError("metadata must be a dict of str to str")
         header["__metadata__"] = dict(metadata)
-    arrays = []
+    entries = sorted(entries, key=lambda e: e[0])
     offset = 0
-    for name in sorted(tensors):
-        dtype, arr = _as_tensor(name, tensors[name])
-        header[name] = {
-            "dtype": dtype,
-            "shape": [int(d) for d in arr.shape],
-            "data_offsets": [offset, offset + arr.nbytes],
-        }
-        offset += arr.nbytes
-        arrays.append(arr)
+    for name, dtype, shape, _ in entries:
+        if not isinstance(name, str) or not name or name == "__metadata__" or name in header:
+            raise ValueError(f"bad or repeated tensor name {name!r}")
+        nbytes = int(np.prod(shape, dtype=object)) * ITEMSIZE[dtype]
+        header[name] = {"dtype": dtype, "shape": [int(d) for d in shape],
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
     blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     blob += b" " * (-len(blob) % 8)
     if len(blob) > MAX_HEADER:
         raise ValueError(f"{path}: header of {len(blob)} bytes exceeds {MAX_HEADER}")
+    done = 0
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        for arr in arrays:
-            f.write(arr.tobytes())
+        for name, _dtype, _shape, pieces in entries:
+            begin, end = header[name]["data_offsets"]
+            for piece in pieces():
+                piece = np.asarray(piece)
+                piece = np.ascontiguousarray(piece, dtype=piece.dtype.newbyteorder("<"))
+                f.write(piece.reshape(-1).view(np.uint8).data)
+                done += piece.nbytes
+                if progress:
+                    progress(done)
+            wrote = f.tell() - len(blob) - 8 - begin
+            if wrote != end - begin:
+                raise ValueError(f"{path}: tensor {name!r} wrote {wrote} bytes, its shape "
+                                 f"needs {end - begin}")
 
 
-def _read_header(path):
+def _unique_keys(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} appears twice")
+        out[k] = v
+    return out
+
+
+def _int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def read_header(path, dtypes=None):
+    """(header, byte offset of the data section) of the safetensors file at path, checked as
+    the reference implementation checks it, before any tensor is read: the header's length,
+    a JSON object without repeated keys, each tensor's dtype (one of `dtypes`, default
+    ITEMSIZE's), shape, and data_offsets inside the file, of the shape's size and not
+    overlapping another's. Raises ValueError naming the file and the problem."""
+    dtypes = ITEMSIZE if dtypes is None else dtypes
     with open(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 8:
-        raise ValueError(f"{path}: file shorter than 8 bytes")
-    (n,) = struct.unpack("<Q", raw[:8])
-    if n > MAX_HEADER or n > len(raw) - 8:
-        raise ValueError(f"{path}: bad header length {n}")
-    header = json.loads(raw[8 : 8 + n].decode("utf-8"))
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path}: file shorter than 8 bytes: not safetensors")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER or n > size - 8:
+            raise ValueError(f"{path}: header length {n} does not fit the file of {size} bytes "
+                             f"(or exceeds {MAX_HEADER}): not safetensors")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{path}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: header is not a JSON object")
-    return header, memoryview(raw)[8 + n :]
+    data = size - 8 - n
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise ValueError(f"{path}: __metadata__ is not a map of strings")
+            continue
+        where = f"{path}: tensor {name!r}"
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise ValueError(f"{where}: needs exactly dtype, shape and data_offsets")
+        dtype, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in dtypes or dtype not in ITEMSIZE:
+            raise ValueError(f"{where}: dtype {dtype!r} is not one of {', '.join(dtypes)}")
+        if not isinstance(shape, list) or not all(_int(d) and d >= 0 for d in shape):
+            raise ValueError(f"{where}: shape {shape!r} is not a list of sizes")
+        if not isinstance(offs, list) or len(offs) != 2 or not all(_int(o) for o in offs) or \
+                not 0 <= offs[0] <= offs[1] <= data:
+            raise ValueError(f"{where}: data_offsets {offs!r} outside the {data} data bytes")
+        nbytes = int(np.prod(shape, dtype=object)) * ITEMSIZE[dtype]
+        if offs[1] - offs[0] != nbytes:
+            raise ValueError(f"{where}: data_offsets {offs} hold {offs[1] - offs[0]} bytes, "
+                             f"shape {shape} x {dtype} needs {nbytes}")
+        spans.append((offs[0], offs[1], name))
+    spans.sort()
+    for (_, e0, a), (b1, _, b) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise ValueError(f"{path}: tensors {a!r} and {b!r} overlap")
+    return header, 8 + n
 
 
 def read(path):
     """Returns dict name -> numpy array (a copy); BF16 tensors come back as
     ('BF16', uint16 array), as write takes them. Checks offsets and sizes."""
-    header, data = _read_header(path)
+    header, start = read_header(path, _NUMPY)
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = memoryview(f.read())
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = _NUMPY.get(info["dtype"])
-        if dtype is None:
-            raise ValueError(f"{path}: tensor {name!r}: unknown dtype {info['dtype']!r}")
+        dtype = _NUMPY[info["dtype"]]
         begin, end = info["data_offsets"]
-        shape = tuple(info["shape"])
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if not 0 <= begin <= end <= len(data) or end - begin != nbytes:
-            raise ValueError(f"{path}: tensor {name!r}: bad data_offsets {[begin, end]}")
-        arr = np.frombuffer(data[begin:end], dtype=dtype.newbyteorder("<")).reshape(shape)
+        arr = np.frombuffer(data[begin:end], dtype=dtype.newbyteorder("<")).reshape(info["shape"])
         arr = arr.astype(dtype)  # native byte order, and a copy that outlives the file
         out[name] = ("BF16", arr) if info["dtype"] == "BF16" else arr
     return out
@@ -117,7 +194,7 @@ def read(path):
 
 def read_metadata(path):
     """Returns the __metadata__ dict (empty if there is none)."""
-    header, _ = _read_header(path)
+    header, _ = read_header(path)
     return dict(header.get("__metadata__", {}))
 
 

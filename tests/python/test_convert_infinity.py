@@ -75,7 +75,7 @@ def same_as_golden(out, golden):
     want = safetensors_write.read(os.path.join(golden, "model.safetensors"))
     assert sorted(got) == sorted(want)
     for name in want:
-        assert got[name].dtype == np.float32 and want[name].dtype == np.float32, name
+        assert got[name].dtype == want[name].dtype, name
         assert got[name].shape == want[name].shape, name
         assert np.array_equal(got[name], want[name]), name
 
@@ -149,8 +149,11 @@ def test_f16_output_is_the_golden_rounded(tmp_path):
     got = safetensors_write.read(str(tmp_path / "out" / "model.safetensors"))
     want = safetensors_write.read(os.path.join(GOLDEN, "model.safetensors"))
     for name in want:
-        assert got[name].dtype == np.float16
-        assert np.array_equal(got[name], want[name].astype(np.float16)), name
+        if want[name].ndim >= 2:  # matrices in the type asked for
+            assert got[name].dtype == np.float16, name
+            assert np.array_equal(got[name], want[name].astype(np.float16)), name
+        else:  # vectors as stored
+            assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
 
 
 def _write_shards(sd, folder, n=3):

@@ -30,8 +30,10 @@ Usage (from the repository root):
     python3 tools/convert/infinity.py infinity_2b_reg.pth infinity_vae_d32reg.pth flan-t5-xl \\
         OUT_DIR [--pn 1M] [--ratios 1.0,0.5] [--name NAME] [--dtype f32|f16|bf16] [--force]
 
-Needs only numpy: torch checkpoints are read by tools/convert/var.py's restricted unpickler
-(tensors and dicts only, so no code in a checkpoint runs).
+`--dtype` sets the type of the matrices; vectors (biases, norms, scale_mul) keep their stored
+type, as the released checkpoints keep them in f32 beside bf16 matrices. Needs only numpy, and
+holds one tensor's chunk at a time (tools/convert/ckpt.py): torch checkpoints are read by its
+restricted unpickler (tensors and dicts only, so no code in a checkpoint runs).
 """
 
 from __future__ import annotations
@@ -48,13 +50,13 @@ import sys
 import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(_HERE))
-import safetensors_write  # noqa: E402  (tools/safetensors_write.py)
+sys.path.insert(0, _HERE)
+import ckpt  # noqa: E402  (tools/convert/ckpt.py: lazy checkpoint reading, streamed writing)
 
 _spec = importlib.util.spec_from_file_location("convert_var", os.path.join(_HERE, "var.py"))
 _var = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_var)
-ConversionError = _var.ConversionError
+ConversionError = ckpt.ConversionError
 
 # Not stored in the checkpoints: Infinity's norm_eps (infinity.py, run_infinity.py).
 NORM_EPS = 1e-6
@@ -93,76 +95,23 @@ def templates() -> list[tuple[float, list[tuple[int, int]]]]:
 # reading
 # --------------------------------------------------------------------------------------------
 
-def _f32(v):
-    if isinstance(v, tuple):  # ('BF16', uint16) from safetensors_write.read
-        return (v[1].astype(np.uint32) << 16).view(np.float32)
-    return v
-
-
-def _read_tensor_file(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise ConversionError(f"{path}: no such file")
-    if path.endswith(".safetensors"):
-        try:
-            return {k: _f32(v) for k, v in safetensors_write.read(path).items()}
-        except ValueError as e:
-            raise ConversionError(f"{path}: {e}") from None
-    obj = _var.read_zip(path) if _is_zip(path) else None
-    if obj is None:
-        raise ConversionError(f"{path}: neither safetensors nor a zip-format torch checkpoint")
-    return obj
-
-
-def _is_zip(path):
-    import zipfile
-    return zipfile.is_zipfile(path)
-
-
-def _state_dict(obj, path: str, what: str) -> dict:
-    if not isinstance(obj, dict) or not all(isinstance(v, np.ndarray) for v in obj.values()):
-        kinds = sorted(obj)[:6] if isinstance(obj, dict) else type(obj).__name__
-        raise ConversionError(f"{path}: expected {what} as a state dict of tensors, found {kinds}")
-    return dict(obj)
-
-
 def _shards_of(path: str) -> list[str]:
     """The files of a (possibly sharded) checkpoint: a file, a comma-separated list, or a folder
     with an *.index.json weight map (or else all its *.safetensors / *.pth / *.bin files)."""
     if "," in path:
         return [p for p in path.split(",") if p]
-    if not os.path.isdir(path):
-        return [path]
-    idx = sorted(f for f in os.listdir(path) if f.endswith(".index.json"))
-    if len(idx) > 1:
-        raise ConversionError(f"{path}: several weight maps ({', '.join(idx)})")
-    if idx:
-        with open(os.path.join(path, idx[0]), encoding="utf-8") as f:
-            wm = json.load(f).get("weight_map")
-        if not isinstance(wm, dict) or not wm:
-            raise ConversionError(f"{path}/{idx[0]}: no weight_map")
-        return [os.path.join(path, s) for s in sorted(set(wm.values()))]
-    files = sorted(f for f in os.listdir(path) if f.endswith((".safetensors", ".pth", ".bin")))
-    if not files:
-        raise ConversionError(f"{path}: a folder without an *.index.json or weight files")
-    return [os.path.join(path, f) for f in files]
+    return ckpt.shard_files(path) if os.path.isdir(path) else [path]
 
 
 def load_infinity(path: str) -> dict:
-    sd = {}
-    for shard in _shards_of(path):
-        part = _state_dict(_read_tensor_file(shard), shard, "an Infinity transformer (shard)")
-        for k, v in part.items():
-            if k in sd:
-                raise ConversionError(f"{shard}: tensor '{k}' is also in another shard")
-            sd[k] = v
-    return sd
+    return ckpt.read_shards(_shards_of(path), "an Infinity transformer (shard)")
 
 
 def load_vae(path: str) -> dict:
-    obj = _read_tensor_file(path)
+    obj = ckpt.read_file(path)
     if isinstance(obj, dict) and "vae" in obj and isinstance(obj["vae"], dict):
         obj = obj["vae"]
-    return _state_dict(obj, path, "a BSQ-VAE ({'vae': state_dict})")
+    return ckpt.state_dict(obj, path, "a BSQ-VAE ({'vae': state_dict})")
 
 
 def load_t5(folder: str) -> tuple[dict, dict]:
@@ -173,18 +122,14 @@ def load_t5(folder: str) -> tuple[dict, dict]:
         cfg = json.load(f)
     names = os.listdir(folder)
     if "model.safetensors.index.json" in names:
-        files = _shards_of(folder)
-        files = [p for p in files if p.endswith(".safetensors")]
+        files = ckpt.shard_files(folder, ("model.safetensors.index.json",))
     elif "model.safetensors" in names:
         files = [os.path.join(folder, "model.safetensors")]
     elif "pytorch_model.bin" in names:
         files = [os.path.join(folder, "pytorch_model.bin")]
     else:
         raise ConversionError(f"{folder}: no model.safetensors (or its index, or pytorch_model.bin)")
-    sd = {}
-    for p in files:
-        sd.update(_state_dict(_read_tensor_file(p), p, "T5 weights"))
-    return cfg, sd
+    return cfg, ckpt.read_shards(files, "T5 weights")
 
 
 # --------------------------------------------------------------------------------------------
@@ -528,7 +473,7 @@ def convert_t5(cfg: dict, sd: dict, where: str) -> tuple[dict, dict, list]:
     emb = None
     for k in ("shared.weight", "encoder.embed_tokens.weight"):
         if k in sd:
-            if emb is not None and not np.array_equal(emb, sd[k]):
+            if emb is not None and not ckpt.equal(emb, sd[k]):
                 raise ConversionError(f"{where}: 'shared.weight' and 'encoder.embed_tokens.weight' differ")
             emb = take(k, (cfg["vocab_size"], d))
     if emb is None:
@@ -570,7 +515,7 @@ def convert_t5(cfg: dict, sd: dict, where: str) -> tuple[dict, dict, list]:
 def build(inf_sd: dict, vae_sd: dict, t5_cfg: dict, t5_sd: dict, pn: str, name: str,
           ratios=None, inf_path="Infinity checkpoint", vae_path="VAE checkpoint",
           t5_path="T5 folder") -> tuple[dict, dict, list]:
-    """Returns (arserve.json dict, canonical tensors as float32 arrays, notes)."""
+    """Returns (arserve.json dict, canonical tensors: ckpt.Tensors, read when written, notes)."""
     if pn not in PN_SCALES:
         raise ConversionError(f"--pn {pn!r}: one of {', '.join(PN_SCALES)}")
     inf, it = convert_infinity(inf_sd, inf_path)
@@ -640,12 +585,7 @@ def build(inf_sd: dict, vae_sd: dict, t5_cfg: dict, t5_sd: dict, pn: str, name: 
         },
         "sampling": dict(SAMPLING),
     }
-    tensors = {}
-    for k, v in list(it.items()) + list(tt.items()) + list(qt.items()):
-        if not np.issubdtype(v.dtype, np.floating):
-            raise ConversionError(f"tensor for {k} has dtype {v.dtype}, expected floating point")
-        tensors[k] = np.ascontiguousarray(v, dtype=np.float32)
-    return manifest, tensors, notes
+    return manifest, {**it, **tt, **qt}, notes
 
 
 def main(argv=None) -> int:
@@ -683,15 +623,13 @@ def main(argv=None) -> int:
         t5_cfg, t5_sd = load_t5(args.t5)
         manifest, tensors, notes = build(inf_sd, vae_sd, t5_cfg, t5_sd, args.pn, name, ratios,
                                          args.infinity, args.vae, args.t5)
+        for n in notes:
+            print(f"convert_infinity: {n}")
+        ckpt.write_model(args.out_dir, tensors, args.dtype, "FoundationVision/Infinity",
+                         "convert_infinity")
     except ConversionError as e:
         print(f"convert_infinity: {e}", file=sys.stderr)
         return 1
-    for n in notes:
-        print(f"convert_infinity: {n}")
-    os.makedirs(args.out_dir, exist_ok=True)
-    safetensors_write.write(os.path.join(args.out_dir, "model.safetensors"),
-                            {k: _var._to_dtype(v, args.dtype) for k, v in tensors.items()},
-                            {"format": "pt", "source": "FoundationVision/Infinity"})
     with open(os.path.join(args.out_dir, "arserve.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")

@@ -21,12 +21,14 @@ and writes (docs/model-format.md):
   left out), every tensor's shape checked against the config;
 * `tokenizer.json`: copied unchanged.
 
-Usage (from the repository root, with the tools venv: `make tools-deps`):
+Usage (from the repository root):
 
-    .venv-tools/bin/python tools/convert/janus.py SRC_DIR OUT_DIR [--dtype f32|f16|bf16|keep]
+    python3 tools/convert/janus.py SRC_DIR OUT_DIR [--dtype f32|f16|bf16|keep]
 
-`--dtype keep` keeps each tensor's stored type (the deepseek release is bf16). The output needs
-only numpy (or any safetensors reader) to read; torch is needed here to load the checkpoint.
+`--dtype` sets the type of the matrices; `keep` (the default) keeps each tensor's stored type
+(the deepseek release is bf16), and vectors (norms) always keep theirs. Needs only numpy, and
+holds one tensor's chunk at a time (tools/convert/ckpt.py): pickled shards are read by its
+restricted unpickler (tensors and dicts only, so no code in a checkpoint runs).
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import safetensors_write  # noqa: E402  (tools/safetensors_write.py)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ckpt  # noqa: E402  (tools/convert/ckpt.py: lazy checkpoint reading, streamed writing)
 
 # Janus-Pro's prompt (deepseek's "deepseek" SFT format with an empty system prompt). The engine
 # prepends BOS and appends the image-start token.
@@ -94,8 +96,7 @@ VQ16_FIXED = {
 OUT_DTYPES = ("f32", "f16", "bf16", "keep")
 
 
-class ConvertError(Exception):
-    """A problem with the input checkpoint, reported without a traceback."""
+ConvertError = ckpt.ConversionError
 
 
 # --------------------------------------------------------------------------------------------
@@ -482,74 +483,31 @@ def checkpoint_files(src: str) -> list[str]:
         ("model.safetensors.index.json", "model*.safetensors"),
         ("pytorch_model.bin.index.json", "pytorch_model*.bin"),
     ):
-        index = read_json(os.path.join(src, index_name))
-        if index is not None:
-            files = sorted(set(index.get("weight_map", {}).values()))
-            missing = [f for f in files if not os.path.exists(os.path.join(src, f))]
-            _require(files and not missing, f"{src}/{index_name}: shards missing: {missing or 'none listed'}")
-            return [os.path.join(src, f) for f in files]
+        if os.path.isfile(os.path.join(src, index_name)):
+            return ckpt.shard_files(src, (index_name,))
         files = sorted(glob.glob(os.path.join(src, pattern)))
         if files:
             return files
     raise ConvertError(f"{src}: no model*.safetensors or pytorch_model*.bin weight files")
 
 
-def iter_tensors(path: str):
-    """(name, torch tensor) pairs of one weight file."""
-    import torch
-
-    if path.endswith(".safetensors"):
-        from safetensors import safe_open
-
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
-        return
-    try:
-        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # old (non-zip) pickles cannot be memory-mapped
-        sd = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
+def file_tensors(path: str) -> dict:
+    """{name: ckpt.Tensor} of one weight file (a state dict, or one under "state_dict")."""
+    sd = ckpt.read_file(path)
+    if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
         sd = sd["state_dict"]
-    _require(isinstance(sd, dict), f"{path}: not a state dict")
-    for name, t in sd.items():
-        _require(isinstance(t, torch.Tensor), f"{path}: entry '{name}' is not a tensor")
-        yield name, t
+    return ckpt.state_dict(sd, path, "Janus weights")
 
 
-def to_numpy(t, dtype: str):
-    """A torch tensor as a numpy array of the output type; bf16 as ('BF16', uint16 bits), the
-    form tools/safetensors_write.py takes."""
-    import torch
-
-    src = t.dtype
-    _require(
-        src in (torch.float32, torch.float16, torch.bfloat16, torch.float64),
-        f"tensor of type {src} is not a float tensor",
-    )
-    if dtype == "keep":
-        dtype = {torch.float16: "f16", torch.bfloat16: "bf16"}.get(src, "f32")
-    t = t.detach().contiguous()
-    if dtype == "bf16":
-        return ("BF16", t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16))
-    if dtype == "f16":
-        t32 = t.to(torch.float32)
-        big = t32.abs().max().item() if t32.numel() else 0.0
-        _require(big <= 65504.0,
-                 f"a value of magnitude {big:g} does not fit float16; use --dtype bf16 or f32")
-        return t.to(torch.float16).numpy()
-    return t.to(torch.float32).numpy()
-
-
-def load_weights(src: str, arch: dict, dtype: str) -> dict:
-    """Canonical name -> numpy array for the generation path, checked against the config."""
+def load_weights(src: str, arch: dict) -> dict:
+    """Canonical name -> ckpt.Tensor for the generation path, checked against the config."""
     want = expected_shapes(arch)
     got: dict = {}
     origin: dict[str, str] = {}
     problems = []
     for path in checkpoint_files(src):
         print(f"reading {os.path.basename(path)}")
-        for name, t in iter_tensors(path):
+        for name, t in file_tensors(path).items():
             canon = canonical_name(name)
             if canon is None:
                 continue
@@ -562,10 +520,9 @@ def load_weights(src: str, arch: dict, dtype: str) -> dict:
                 problems.append(f"  {name} -> {canon}: shape {tuple(t.shape)}, config says {want[canon]}")
                 origin[canon] = name
                 continue
-            try:
-                got[canon] = to_numpy(t, dtype)
-            except ConvertError as e:
-                raise ConvertError(f"{name}: {e}") from e
+            if t.stored not in ckpt.FLOATS:
+                raise ConvertError(f"{name}: tensor of type {t.stored} is not a float tensor")
+            got[canon] = t
             origin[canon] = name
     missing = [k for k in want if k not in origin]
     if missing:
@@ -683,7 +640,7 @@ def convert(args) -> None:
     prompt = {"template": args.template, **prompt_tokens(src, vocab, args)}
     _require(prompt["template"].count("{prompt}") == 1, "--template must contain '{prompt}' exactly once")
 
-    weights = load_weights(src, arch, args.dtype)
+    weights = load_weights(src, arch)
 
     manifest = {
         "format_version": 1,
@@ -696,9 +653,8 @@ def convert(args) -> None:
         "prompt": prompt,
         "sampling": sampling_section(src),
     }
-    os.makedirs(out, exist_ok=True)
-    meta = {"converter": "tools/convert/janus.py", "source_layout": layout}
-    safetensors_write.write(os.path.join(out, "model.safetensors"), weights, metadata=meta)
+    ckpt.write_model(out, weights, args.dtype, f"deepseek-ai/Janus ({layout} layout)",
+                     "convert_janus")
     shutil.copyfile(tok_path, os.path.join(out, "tokenizer.json"))
     with open(os.path.join(out, "arserve.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2, ensure_ascii=False)

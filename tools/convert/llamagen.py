@@ -28,10 +28,11 @@ Usage (from the repository root):
         [--gpt-model GPT-XL] [--image-size 384] [--n-head N] [--class-names FILE] \\
         [--name NAME] [--dtype f32|f16|bf16] [--force]
 
-Needs only numpy: the checkpoints (torch's zip format) are read by tools/convert/var.py's
-restricted unpickler, which rebuilds tensors and dicts and refuses any other object (an
-argparse.Namespace of training arguments is read as an inert record), so no code in a
-checkpoint runs. A checkpoint in torch's legacy (pre-1.6) format needs torch.
+`--dtype` sets the type of the matrices; vectors (biases, norms) keep their stored type. Needs
+only numpy, and holds one tensor's chunk at a time: the checkpoints (torch's zip format) are
+read by tools/convert/ckpt.py's restricted unpickler, which rebuilds tensors and dicts and
+refuses any other object (an argparse.Namespace of training arguments is read as an inert
+record), so no code in a checkpoint runs.
 """
 
 from __future__ import annotations
@@ -42,17 +43,15 @@ import os
 import re
 import shutil
 import sys
-import zipfile
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-import safetensors_write  # noqa: E402  (tools/safetensors_write.py)
-import var as _var  # noqa: E402  (tools/convert/var.py: the numpy torch.save reader)
+import ckpt  # noqa: E402  (tools/convert/ckpt.py: lazy checkpoint reading, streamed writing)
+import var as _var  # noqa: E402  (tools/convert/var.py: class names)
 
-ConversionError = _var.ConversionError
+ConversionError = ckpt.ConversionError
 
 # gpt.py's GPT_models: name -> (n_layer, n_head, dim). GPT-1B/3B/7B are the text-to-image sizes.
 GPT_SIZES = {
@@ -83,37 +82,13 @@ class _Record:
         self.__dict__.update(state if isinstance(state, dict) else {})
 
 
-class _Unpickler(_var._Unpickler):
-    def find_class(self, module, name):
-        if (module, name) == ("argparse", "Namespace"):
-            return _Record
-        return super().find_class(module, name)
-
-
 def load_container(path: str):
-    """What torch.save wrote at path: dicts of numpy arrays (nested as saved)."""
-    if not os.path.isfile(path):
-        raise ConversionError(f"{path}: no such file")
-    if not zipfile.is_zipfile(path):
-        try:
-            import torch
-        except ImportError:
-            raise ConversionError(f"{path}: not a zip-format torch checkpoint; the legacy "
-                                  "format needs torch installed") from None
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-
-        def conv(o):
-            if isinstance(o, dict):
-                return {k: conv(v) for k, v in o.items()}
-            if isinstance(o, torch.Tensor):
-                return (o.float() if o.dtype == torch.bfloat16 else o).numpy()
-            return o
-        return conv(obj)
-    return _var.read_zip(path, _Unpickler)
+    """What torch.save wrote at path: dicts of ckpt.Tensors (nested as saved)."""
+    return ckpt.read_file(path, {("argparse", "Namespace"): _Record})
 
 
 def _is_state_dict(o) -> bool:
-    return isinstance(o, dict) and o and all(isinstance(v, np.ndarray) for v in o.values())
+    return isinstance(o, dict) and o and all(ckpt.is_tensor(v) for v in o.values())
 
 
 def state_dict(obj, path: str, keys=("model", "module", "state_dict")) -> dict:
@@ -297,7 +272,7 @@ def vq_expected(a: dict) -> dict:
 # --------------------------------------------------------------------------------------------
 
 def _take(sd: dict, expected: dict, where: str, skip=lambda k: False) -> dict:
-    """{arserve name: float32 array} for every expected tensor; refuses strays and bad shapes."""
+    """{arserve name: tensor} for every expected tensor; refuses strays and bad shapes."""
     stray = sorted(k for k in sd if k not in expected and not skip(k))
     if stray:
         more = f" (and {len(stray) - 5} more)" if len(stray) > 5 else ""
@@ -314,7 +289,7 @@ def _take(sd: dict, expected: dict, where: str, skip=lambda k: False) -> dict:
                                   f"{list(shape)}")
         if not np.issubdtype(t.dtype, np.floating):
             raise ConversionError(f"{where}: '{src}' has dtype {t.dtype}, expected floating point")
-        out[dst] = np.ascontiguousarray(t, dtype=np.float32)
+        out[dst] = t
     return out
 
 
@@ -325,7 +300,7 @@ def image_size_from_name(path: str) -> int | None:
 
 def build(gpt_sd: dict, vq_sd: dict, image_size: int, name: str, gpt_model=None, n_head=None,
           gpt_path="GPT checkpoint", vq_path="VQ checkpoint", class_names=None):
-    """Returns (arserve.json dict, {canonical name: float32 array}, the GPT's size name)."""
+    """Returns (arserve.json dict, {canonical name: ckpt.Tensor}, the GPT's size name)."""
     a = gpt_arch(gpt_sd, gpt_path, gpt_model, n_head)
     q = vq_arch(vq_sd, vq_path)
     if a["V"] != q["V"]:
@@ -397,13 +372,11 @@ def main(argv=None) -> int:
         manifest, tensors, size = build(gpt_sd, vq_sd, image_size, name, args.gpt_model,
                                         args.n_head, args.gpt_ckpt, args.vq_ckpt,
                                         args.class_names)
+        ckpt.write_model(args.out_dir, tensors, args.dtype, "FoundationVision/LlamaGen",
+                         "convert/llamagen")
     except ConversionError as e:
         print(f"convert/llamagen: {e}", file=sys.stderr)
         return 1
-    os.makedirs(args.out_dir, exist_ok=True)
-    safetensors_write.write(os.path.join(args.out_dir, "model.safetensors"),
-                            {k: _var._to_dtype(v, args.dtype) for k, v in tensors.items()},
-                            {"format": "pt", "source": "FoundationVision/LlamaGen"})
     with open(os.path.join(args.out_dir, "arserve.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")

@@ -24,28 +24,26 @@ Usage (from the repository root):
         [--patch-nums 1,2,3,4,5,6,8,10,13,16] [--class-names FILE] [--name NAME] \\
         [--dtype f32|f16|bf16] [--force]
 
-Needs only numpy: the checkpoints (torch's zip format) are read by a restricted unpickler
-that rebuilds tensors and ordered dicts and refuses any other object, so no code in a
-checkpoint runs. A checkpoint in torch's legacy (pre-1.6, non-zip) format needs torch.
+`--dtype` sets the type of the matrices; vectors (biases, norms, scale_mul) keep their stored
+type. Needs only numpy, and holds one tensor's chunk at a time (tools/convert/ckpt.py): the
+checkpoints (torch's zip format) are read by a restricted unpickler that rebuilds tensors and
+ordered dicts and refuses any other object, so no code in a checkpoint runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import os
-import pickle
 import re
 import shutil
 import sys
-import zipfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import safetensors_write  # noqa: E402  (tools/safetensors_write.py)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ckpt  # noqa: E402  (tools/convert/ckpt.py: lazy checkpoint reading, streamed writing)
 
 VAR_256_PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
 # Not stored in the checkpoints: VAR's build_vae_var (models/__init__.py) and VQVAE defaults.
@@ -55,129 +53,12 @@ PHI_RATIO = 0.5
 SAMPLING = {"cfg": 1.5, "temperature": 1.0, "top_k": 900, "top_p": 0.96}
 
 
-class ConversionError(Exception):
-    """A checkpoint the engine cannot run, or an inconsistent one; the message says why."""
+ConversionError = ckpt.ConversionError
 
 
-# --------------------------------------------------------------------------------------------
-# torch.save zip reader (numpy only)
-# --------------------------------------------------------------------------------------------
-
-class _Storage:
-    def __init__(self, name: str, dtype, bf16: bool = False):
-        self.name, self.dtype, self.bf16 = name, np.dtype(dtype), bf16
-
-
-_STORAGES = {
-    "FloatStorage": _Storage("FloatStorage", np.float32),
-    "DoubleStorage": _Storage("DoubleStorage", np.float64),
-    "HalfStorage": _Storage("HalfStorage", np.float16),
-    "BFloat16Storage": _Storage("BFloat16Storage", np.uint16, bf16=True),
-    "LongStorage": _Storage("LongStorage", np.int64),
-    "IntStorage": _Storage("IntStorage", np.int32),
-    "ShortStorage": _Storage("ShortStorage", np.int16),
-    "CharStorage": _Storage("CharStorage", np.int8),
-    "ByteStorage": _Storage("ByteStorage", np.uint8),
-    "BoolStorage": _Storage("BoolStorage", np.bool_),
-}
-
-
-def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False,
-                       backward_hooks=None, metadata=None):
-    size, stride = tuple(size), tuple(stride)
-    if int(np.prod(size, dtype=np.int64)) == 0:
-        return np.zeros(size, dtype=storage.dtype)
-    need = storage_offset + 1 + sum((n - 1) * s for n, s in zip(size, stride))
-    if storage_offset < 0 or need > storage.size or any(s < 0 for s in stride):
-        raise ConversionError(f"tensor of size {list(size)} stride {list(stride)} runs past "
-                              f"its storage of {storage.size} elements")
-    base = storage[storage_offset:]
-    view = np.lib.stride_tricks.as_strided(base, shape=size,
-                                           strides=[s * storage.itemsize for s in stride])
-    return np.array(view)  # a contiguous copy
-
-
-def _rebuild_parameter(data, requires_grad=False, backward_hooks=None, state=None):
-    return data
-
-
-_GLOBALS = {
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
-}
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, f, archive: zipfile.ZipFile, prefix: str, path: str, byteorder: str):
-        super().__init__(f)
-        self.archive, self.prefix, self.path, self.byteorder = archive, prefix, path, byteorder
-        self.loaded: dict[str, np.ndarray] = {}
-
-    def find_class(self, module, name):
-        if module == "torch" and name in _STORAGES:
-            return _STORAGES[name]
-        fn = _GLOBALS.get((module, name))
-        if fn is None:
-            raise ConversionError(f"{self.path}: the checkpoint holds a {module}.{name} object; "
-                                  "only tensors in (ordered) dicts are read")
-        return fn
-
-    def persistent_load(self, pid):
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-                and isinstance(pid[1], _Storage)):
-            raise ConversionError(f"{self.path}: unsupported storage reference {pid!r}")
-        _, st, key, _location, numel = pid
-        key = str(key)
-        if key not in self.loaded:
-            raw = self.archive.read(f"{self.prefix}data/{key}")
-            dtype = st.dtype.newbyteorder("<" if self.byteorder == "little" else ">")
-            if len(raw) != numel * dtype.itemsize:
-                raise ConversionError(f"{self.path}: storage {key} holds {len(raw)} bytes, "
-                                      f"expected {numel} x {dtype.itemsize}")
-            arr = np.frombuffer(raw, dtype=dtype).astype(st.dtype)
-            if st.bf16:
-                arr = (arr.astype(np.uint32) << 16).view(np.float32)
-            self.loaded[key] = arr
-        return self.loaded[key]
-
-
-def read_zip(path: str, unpickler=None):
-    """The object a zip-format torch.save wrote at path, tensors as numpy arrays, through
-    `unpickler` (a subclass of _Unpickler; _Unpickler itself by default)."""
-    with zipfile.ZipFile(path) as zf:
-        names = zf.namelist()
-        pkls = [n for n in names if n.endswith("data.pkl") and n.count("/") == 1]
-        if len(pkls) != 1:
-            raise ConversionError(f"{path}: not a torch.save zip archive (no data.pkl)")
-        prefix = pkls[0][: -len("data.pkl")]
-        byteorder = "little"
-        if f"{prefix}byteorder" in names:
-            byteorder = zf.read(f"{prefix}byteorder").decode().strip()
-        with zf.open(pkls[0]) as f:
-            return (unpickler or _Unpickler)(f, zf, prefix, path, byteorder).load()
-
-
-def load_checkpoint(path: str) -> dict[str, np.ndarray]:
-    """A torch.save'd state dict as {name: numpy array} (bf16 becomes float32)."""
-    if not os.path.isfile(path):
-        raise ConversionError(f"{path}: no such file")
-    if zipfile.is_zipfile(path):
-        obj = read_zip(path)
-    else:
-        try:
-            import torch  # legacy format only
-        except ImportError:
-            raise ConversionError(f"{path}: not a zip-format torch checkpoint; the legacy "
-                                  "format needs torch installed") from None
-        sd = torch.load(path, map_location="cpu", weights_only=True)
-        obj = {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in sd.items()}
-    if not isinstance(obj, dict) or not all(isinstance(v, np.ndarray) for v in obj.values()):
-        kinds = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-        raise ConversionError(f"{path}: expected a state dict of tensors (as VAR releases), "
-                              f"found {kinds}")
-    return dict(obj)
+def load_checkpoint(path: str) -> dict:
+    """A torch.save'd state dict as {name: ckpt.Tensor}, values read only when written."""
+    return ckpt.state_dict(ckpt.read_file(path), path, "a state dict (as VAR releases)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,7 +375,7 @@ def read_class_names(path: str, num_classes: int) -> list[str]:
 
 def build(var_sd: dict, vae_sd: dict, patch_nums, name: str, var_path="VAR checkpoint",
           vae_path="VQVAE checkpoint", class_names: str | None = None) -> tuple[dict, dict]:
-    """Returns (arserve.json dict, canonical tensors as float32 arrays)."""
+    """Returns (arserve.json dict, canonical tensors: ckpt.Tensors, read when written)."""
     patch_nums = tuple(int(p) for p in patch_nums)
     if len(patch_nums) < 2 or any(p <= 0 for p in patch_nums) or \
             any(b <= a for a, b in zip(patch_nums, patch_nums[1:])):
@@ -534,22 +415,7 @@ def build(var_sd: dict, vae_sd: dict, patch_nums, name: str, var_path="VAR check
     if class_names is not None:
         read_class_names(class_names, vf["num_classes"])
         manifest["condition"]["class_names"] = "classes.txt"
-    tensors = {}
-    for k, v in list(vt.items()) + list(qt.items()):
-        if not np.issubdtype(v.dtype, np.floating):
-            raise ConversionError(f"tensor for {k} has dtype {v.dtype}, expected floating point")
-        tensors[k] = np.ascontiguousarray(v, dtype=np.float32)
-    return manifest, tensors
-
-
-def _to_dtype(arr: np.ndarray, dtype: str):
-    if dtype == "f32":
-        return arr
-    if dtype == "f16":
-        return arr.astype(np.float16)
-    bits = arr.astype(np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # nearest even
-    return ("BF16", rounded)
+    return manifest, {**vt, **qt}
 
 
 def main(argv=None) -> int:
@@ -580,13 +446,10 @@ def main(argv=None) -> int:
         vae_sd = load_checkpoint(args.vae_ckpt)
         manifest, tensors = build(var_sd, vae_sd, patch_nums, name, args.var_ckpt,
                                   args.vae_ckpt, args.class_names)
+        ckpt.write_model(args.out_dir, tensors, args.dtype, "FoundationVision/VAR", "convert_var")
     except ConversionError as e:
         print(f"convert_var: {e}", file=sys.stderr)
         return 1
-    os.makedirs(args.out_dir, exist_ok=True)
-    safetensors_write.write(os.path.join(args.out_dir, "model.safetensors"),
-                            {k: _to_dtype(v, args.dtype) for k, v in tensors.items()},
-                            {"format": "pt", "source": "FoundationVision/VAR"})
     with open(os.path.join(args.out_dir, "arserve.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")
