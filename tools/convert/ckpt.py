@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import safetensors_write  # noqa: E402  (tools/safetensors_write.py)
 
 # The most bytes of source values (and of converted output) held at once while writing.
-CHUNK_BYTES = 16 << 20
+CHUNK_BYTES = 8 << 20
 # data.pkl of the largest released checkpoint (Infinity-8B's shards) is well under 1 MB.
 MAX_PICKLE_BYTES = 64 << 20
 # A deflated entry may not claim to inflate more than this many times its stored size
@@ -184,7 +184,12 @@ def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 def _f32_to_bf16(v: np.ndarray) -> np.ndarray:
     """Round to nearest even, as torch's .to(torch.bfloat16); NaN stays NaN."""
     u = np.ascontiguousarray(v, dtype=np.float32).view(np.uint32)
-    out = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    t = u >> 16  # one temporary, worked on in place: this runs on every chunk written
+    t &= 1
+    t += 0x7FFF
+    t += u
+    t >>= 16
+    out = t.astype(np.uint16)
     nan = np.isnan(v)
     if nan.any():
         out[nan] = 0x7FC0
@@ -192,28 +197,17 @@ def _f32_to_bf16(v: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
-# files: one pread-style reader per open file
+# files
 # --------------------------------------------------------------------------------------------
 
-class _File:
-    _open: dict = {}
-
-    @classmethod
-    def get(cls, path):
-        f = cls._open.get(path)
-        if f is None:
-            f = cls._open[path] = open(path, "rb")
-        return f
-
-
-def _pread(path, offset, n):
-    f = _File.get(path)
+def _pread(f, offset, n):
+    """n bytes of the open file f from offset (the file's name in the message if it is short)."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
         k = os.preadv(f.fileno(), [view[got:]], offset + got)
         if k <= 0:
-            raise ConversionError(f"{path}: ends {n - got} bytes short of a tensor at byte "
+            raise ConversionError(f"{f.name}: ends {n - got} bytes short of a tensor at byte "
                                   f"{offset + got} (truncated file?)")
         got += k
     return buf
@@ -225,13 +219,14 @@ def read_safetensors(path: str) -> dict:
         header, data_start = safetensors_write.read_header(path, DTYPES)
     except ValueError as e:
         raise ConversionError(str(e)) from None
+    f = open(path, "rb")  # closed when the last of its tensors goes
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
         begin = data_start + info["data_offsets"][0]
         out[name] = Tensor(info["shape"], info["dtype"],
-                           span=lambda b, n, begin=begin: _pread(path, begin + b, n),
+                           span=lambda b, n, begin=begin: _pread(f, begin + b, n),
                            where=f"{path}: '{name}'")
     return out
 
