@@ -103,6 +103,7 @@ static int load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_ro
         return ar_error_prefix(err, "%s: tensor '%s'", ws->files[file].path, name);
     }
     ws->bytes_loaded += n_rows >= 0 ? (size_t)sub[0] * row_bytes : t->nbytes;
+    safetensors_release(&ws->files[file], src, (size_t)sub[0] * row_bytes);
     return AR_OK;
 }
 
@@ -191,8 +192,13 @@ int weight_load_linear_stack(weight_set_t *ws, tensor_t *out, int groups,
         rc = ar_error_prefix(err, "%s: tensor '%s' stacked with %d more", ws->files[file[0]].path,
                              parts[0].name, groups - 1);
     }
-    if (rc == AR_OK)
+    if (rc == AR_OK) {
         ws->bytes_loaded += part_bytes * (size_t)groups;
+        for (int g = 0; g < groups; g++)
+            safetensors_release(
+                &ws->files[file[g]],
+                (const char *)t[g]->data + (size_t)parts[g].row0 * (size_t)k * esize, part_bytes);
+    }
     return rc;
 }
 

@@ -331,6 +331,17 @@ void safetensors_close(safetensors_t *st) {
     memset(st, 0, sizeof *st);
 }
 
+void safetensors_release(const safetensors_t *st, const void *data, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), map = (uintptr_t)st->map;
+    uintptr_t begin = (uintptr_t)data, end = begin + n;
+    if (!data || begin < map || end > map + st->map_size)
+        return;
+    begin = (begin + page - 1) / page * page;
+    end = end / page * page;
+    if (end > begin)
+        madvise((void *)begin, end - begin, MADV_DONTNEED); /* advice: its failure costs RSS only */
+}
+
 int safetensors_open(safetensors_t *st, const char *path, ar_error_t *err) {
     memset(st, 0, sizeof *st);
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -44,6 +44,12 @@ int safetensors_open(safetensors_t *st, const char *path, ar_error_t *err);
 /* Releases everything; safe on a zeroed, failed or already closed struct. */
 void safetensors_close(safetensors_t *st);
 
+/* Gives back the mapping's resident pages wholly inside [data, data + n):
+ * bytes a caller has copied out stop counting in the process's RSS, so loading
+ * a model holds its copy and one tensor of the file, not the file as well. A
+ * later read of them maps them in again from the file. */
+void safetensors_release(const safetensors_t *st, const void *data, size_t n);
+
 /* The tensor called name, or NULL. Binary search: O(log n). */
 const st_tensor_t *safetensors_find(const safetensors_t *st, const char *name);
 

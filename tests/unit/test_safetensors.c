@@ -533,6 +533,68 @@ static void test_stacked_linear_from_parts(void) {
     safetensors_close(&st);
 }
 
+/* Resident pages of this process (/proc/self/statm's second field). */
+static long resident_pages(void) {
+    long size = 0, resident = -1;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &size, &resident) != 2)
+            resident = -1;
+        fclose(f);
+    }
+    return resident;
+}
+
+/* Loading a weight gives back the file's pages it was copied from: a model's
+ * load holds its copy, not the file's pages as well. */
+static void test_loading_gives_back_the_files_pages(void) {
+    enum { N = 4 << 20 }; /* 16 MiB of floats, 4096 pages */
+    const long page = sysconf(_SC_PAGESIZE), pages = (long)N * 4 / page;
+    float *data = malloc((size_t)N * 4);
+    CHECK(data != NULL);
+    if (!data)
+        return;
+    for (int i = 0; i < N; i++)
+        data[i] = (float)(i % 1000);
+    char json[128];
+    snprintf(json, sizeof json, "{" T("w", "F32", "[1024,4096]", 0, % d) "}", N * 4);
+    safetensors_t st;
+    ar_error_t err = {{0}};
+    CHECK_MSG(open_st(&st, "release.safetensors", json, data, (size_t)N * 4, &err) == AR_OK, "%s",
+              err.msg);
+    free(data);
+    const st_tensor_t *t = safetensors_find(&st, "w");
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    const long before = resident_pages();
+    volatile float sum = 0;
+    for (size_t i = 0; i < (size_t)N; i += (size_t)page / 4)
+        sum += ((const float *)t->data)[i];
+    const long touched = resident_pages();
+    CHECK_MSG(touched - before > pages * 3 / 4, "reading the tensor mapped %ld of %ld pages",
+              touched - before, pages);
+    safetensors_release(&st, t->data, t->nbytes);
+    const long released = resident_pages();
+    CHECK_MSG(touched - released > pages * 3 / 4, "release gave back %ld of %ld pages",
+              touched - released, pages);
+    /* through the loader: the backend's copy stays, the file's pages go */
+    backend_t *be = backend_cpu_create(1, &err);
+    weight_set_t ws = {.n_files = 1, .be = be, .check_finite = 1};
+    ws.files[0] = st;
+    tensor_t w;
+    CHECK_MSG(weight_load(&ws, &w, 2, (int64_t[]){1024, 4096}, &err, "w") == AR_OK, "%s", err.msg);
+    const long loaded = resident_pages();
+    CHECK_MSG(loaded - released < pages * 3 / 2,
+              "loading 16 MiB left %ld pages resident (%ld a "
+              "copy)",
+              loaded - released, pages);
+    CHECK(f32_at(t, 1001) == 1.0f); /* a released page reads back from the file */
+    be->weight_free(be, &w);
+    be->destroy(be);
+    safetensors_close(&st);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR");
     snprintf(tmp_dir, sizeof tmp_dir, "%s/test_safetensors.XXXXXX", base && *base ? base : "/tmp");
@@ -552,6 +614,7 @@ int main(void) {
     TEST_RUN(test_unopenable_paths);
     TEST_RUN(test_close_is_safe_when_nothing_is_open);
     TEST_RUN(test_stacked_linear_from_parts);
+    TEST_RUN(test_loading_gives_back_the_files_pages);
     rmdir(tmp_dir);
     return TEST_SUMMARY();
 }
