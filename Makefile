@@ -172,7 +172,7 @@ INF_MODEL  := models/shapes-inf
 .PHONY: all deps deps-debian build-and-venv test test-parallel test-unit test-cli test-integration test-integration-release test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
         test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
-        format format-check info bench bench-kv bench-scale bench-serve bench-gemm bench-conv bench-launches help \
+        format format-check info bench bench-kv bench-scale bench-serve bench-real bench-gemm bench-conv bench-launches help \
         playground-screenshot test-bench-smoke bench-smoke-emu bench-smoke-torch bench-smoke-targets \
         test-train-pipeline
 
@@ -210,6 +210,9 @@ help:
 	@echo "make bench-serve      the serving sweep: arserve bench at Poisson rates against a daemon,"
 	@echo "                      full vs a compressed policy, the simulator checked, a plot"
 	@echo "                      (docs/capacity.md); ten minutes, not part of make test"
+	@echo "make bench-real       real sizes end to end: each released model's files at their real"
+	@echo "                      shapes, converted, served; KV planned vs measured, RSS, s/image"
+	@echo "                      (docs/real-scale.md; REAL_MODELS, REAL_ARGS); hours, resumable"
 	@echo "make test-train-pipeline  the demo models' training pipeline at its tiny size, stopped"
 	@echo "                      and resumed (tools/train/pipeline.py; part of make test)"
 	@echo "make eval             ShapesEval of MODEL: the 300 standard prompts generated and scored"
@@ -852,6 +855,22 @@ bench-serve: $(BUILD)/arserve $(VENV)/.stamp
 		$(VENV)/bin/pip install -q --disable-pip-version-check matplotlib==3.11.2
 	$(VENV)/bin/python bench/serving_sweep.py --arserve $(BUILD)/arserve --model $(MODEL) \
 		--out $(SWEEP_OUT) --png $(SWEEP_PNG) $(SWEEP_ARGS)
+
+# Real sizes end to end (bench/real_scale.py, docs/real-scale.md): each
+# released model's files written at their real shapes (tools/release_shapes,
+# random weights), converted in bounded memory, served at its default sizes
+# with the full cache and a compressed policy; planned KV against measured,
+# peak RSS against weights + pool, seconds per image. Hours on this CPU (the
+# 1024 px Infinity images most), one thread, resumable: each stage's result
+# is kept in REAL_WORK/results.json and a rerun goes on from there. Not part
+# of make test (test-bench-smoke runs REAL_ARGS=--tiny on every model).
+REAL_MODELS ?= ALL
+REAL_ARGS   ?=
+REAL_WORK   ?= $(BUILD)/real
+REAL_DOC    ?= docs/real-scale.md
+bench-real: $(BUILD)/arserve $(VENV)/.stamp
+	$(VENV)/bin/python bench/real_scale.py run $(REAL_MODELS) --work $(REAL_WORK) \
+		--doc $(REAL_DOC) --arserve $(BUILD)/arserve $(REAL_ARGS)
 
 # Serves MODEL on HOST:PORT: the shipped demo model unless told otherwise
 # (MODEL=build/tiny-model makes and serves the tiny random one).

@@ -65,19 +65,17 @@ def write(path, tensors, metadata=None):
     write_stream(path, entries, metadata)
 
 
-def write_stream(path, entries, metadata=None, progress=None):
-    """Writes a safetensors file from entries (name, dtype, shape, pieces): the header from
-    the names, types and shapes first, then each tensor in name order from pieces(), an
-    iterable of arrays whose bytes, in turn, are its C-order data (written little-endian);
-    their total must be the shape's. progress(bytes written so far) follows each piece."""
+def header_blob(entries, metadata=None):
+    """(the header's bytes after the 8-byte length, the header) for entries (name, dtype, shape,
+    ...) in name order, each tensor's data_offsets packed from 0; padded with spaces to a
+    multiple of 8 so the data section starts 8-byte aligned."""
     header = {}
     if metadata:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise TypeError("metadata must be a dict of str to str")
         header["__metadata__"] = dict(metadata)
-    entries = sorted(entries, key=lambda e: e[0])
     offset = 0
-    for name, dtype, shape, _ in entries:
+    for name, dtype, shape, *_ in sorted(entries, key=lambda e: e[0]):
         if not isinstance(name, str) or not name or name == "__metadata__" or name in header:
             raise ValueError(f"bad or repeated tensor name {name!r}")
         nbytes = int(np.prod(shape, dtype=object)) * ITEMSIZE[dtype]
@@ -87,12 +85,21 @@ def write_stream(path, entries, metadata=None, progress=None):
     blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     blob += b" " * (-len(blob) % 8)
     if len(blob) > MAX_HEADER:
-        raise ValueError(f"{path}: header of {len(blob)} bytes exceeds {MAX_HEADER}")
+        raise ValueError(f"header of {len(blob)} bytes exceeds {MAX_HEADER}")
+    return blob, header
+
+
+def write_stream(path, entries, metadata=None, progress=None):
+    """Writes a safetensors file from entries (name, dtype, shape, pieces): the header from
+    the names, types and shapes first, then each tensor in name order from pieces(), an
+    iterable of arrays whose bytes, in turn, are its C-order data (written little-endian);
+    their total must be the shape's. progress(bytes written so far) follows each piece."""
+    blob, header = header_blob(entries, metadata)
     done = 0
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        for name, _dtype, _shape, pieces in entries:
+        for name, _dtype, _shape, pieces in sorted(entries, key=lambda e: e[0]):
             begin, end = header[name]["data_offsets"]
             for piece in pieces():
                 piece = np.asarray(piece)

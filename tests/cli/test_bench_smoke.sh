@@ -10,6 +10,7 @@
 #   make bench-gemm   one alternation of 1 ms per timing, each instruction set
 #   make bench-conv   one alternation of 1 ms per timing, images up to 24 pixels
 #   make bench-serve  the tiny model at two Poisson rates of 4 requests
+#   make bench-real   every released model's layout at a tiny width, converted, served
 #   make eval         the demo model on six prompts
 # Outputs go to a temporary folder, not to build/ or docs/. Each make is
 # killed, with everything it started, after RUN_TIMEOUT seconds (300: they
@@ -196,6 +197,36 @@ PY
     fi
 else
     fail "make bench-serve runs on the tiny model" "$(tail -30 "$tmp/serve.out")"
+fi
+
+# make bench-real: every model's release written at its tiny width, converted within the
+# stated bound, served, each request's KV planned equal to measured and the daemon's RSS
+# within its weights, pool and overhead (the bench exits non-zero otherwise), and the table
+# with a row per request and the refusals named.
+if run real bench-real REAL_ARGS="--tiny" REAL_WORK="$tmp/real" REAL_DOC=-; then
+    if "$python" - "$tmp/real/results.json" "$tmp/real.out" <<'PY' >"$tmp/real.check" 2>&1
+import json, sys
+sys.path.insert(0, "bench")
+import real_scale
+res = json.load(open(sys.argv[1]))
+table = open(sys.argv[2]).read()
+assert sorted(res) == sorted(real_scale.MODELS), sorted(res)
+for name, m in real_scale.MODELS.items():
+    d = res[name]
+    assert d["convert"]["peak_rss"] <= d["convert"]["bound"], (name, d["convert"])
+    assert d["load"]["rss"] > 0, name
+    for case in real_scale.cases(name, True):
+        r = d[real_scale.case_key(case)]
+        assert r["status"] == 200 and r["planned"] == r["measured"] > 0, (name, case, r)
+    assert f"| {name} |" in table, name
+print("ok")
+PY
+    then ok "make bench-real: six models' releases converted and served, plan = measured ($secs s)"
+    else fail "make bench-real: six models converted and served, plan = measured" \
+        "$(cat "$tmp/real.check"; tail -20 "$tmp/real.out")"
+    fi
+else
+    fail "make bench-real runs every model at its tiny width" "$(tail -30 "$tmp/real.out")"
 fi
 
 # make eval: six prompts generated and scored, one per category.

@@ -6,7 +6,6 @@ torch.save's zip layout or as safetensors; no torch needed.
     .venv/bin/python -m pytest tests/python/test_convert_hostile.py -q
 """
 
-import io
 import json
 import os
 import pickle
@@ -25,79 +24,31 @@ CONVERT = os.path.join(ROOT, "tools", "convert")
 VAR_GOLDEN = os.path.join(ROOT, "tests", "golden", "var_tiny", "official")
 INF_GOLDEN = os.path.join(ROOT, "tests", "golden", "infinity_tiny", "official")
 sys.path.insert(0, CONVERT)
+sys.path.insert(0, ROOT)
 import ckpt  # noqa: E402
+from tools.release_shapes import torchzip  # noqa: E402
 
 # The most a converter may hold while refusing a hostile file (the interpreter and numpy take
 # about 40 MB; each case declares 2 GiB or more).
 REFUSAL_RSS_BYTES = 200 << 20
 
 
-# --- torch.save's layout, by hand -----------------------------------------------------------
+# --- torch.save's layout, written by tools/release_shapes/torchzip.py ------------------------
 
-class _Global:
-    """Pickled as a reference to the global `module.name` (patched in after dumping)."""
-    count = 0
-
-    def __init__(self, module, name):
-        _Global.count += 1
-        self.tag, self.module, self.name = f"G{_Global.count}", module, name
-
-
-class _Call:
-    """Pickled as fn(*args), fn a _Global."""
-
-    def __init__(self, fn: _Global, args):
-        self.fn, self.args = fn, args
-
-    def __reduce__(self):
-        return (_stub_for(self.fn), self.args)
-
-
-_STUBS = {}
-
-
-def _stub_for(g: _Global):
-    """A class of this module standing for g in the pickle until torch_pickle renames it."""
-    if g.tag not in _STUBS:
-        stub = type(g.tag, (), {"__module__": __name__})
-        globals()[g.tag] = stub
-        _STUBS[g.tag] = (stub, g)
-    return _STUBS[g.tag][0]
-
-
-REBUILD = _Global("torch._utils", "_rebuild_tensor_v2")
-FLOAT = _Global("torch", "FloatStorage")
-
-
-class _Pickler(pickle.Pickler):
-    def persistent_id(self, obj):
-        if isinstance(obj, tuple) and obj and obj[0] == "storage":
-            return ("storage", _stub_for(obj[1])) + obj[2:]
-        return None
-
-
-def torch_pickle(obj) -> bytes:
-    buf = io.BytesIO()
-    _Pickler(buf, protocol=2).dump(obj)
-    raw = buf.getvalue()
-    for tag, (_stub, g) in _STUBS.items():
-        raw = raw.replace(f"c{__name__}\n{tag}\n".encode(), f"c{g.module}\n{g.name}\n".encode())
-    return raw
-
-
-def tensor(key, numel, offset, size, stride, stype=FLOAT):
-    return _Call(REBUILD, (("storage", stype, key, "cpu", numel), offset, tuple(size),
-                           tuple(stride), False, None))
+def tensor(key, numel, offset, size, stride, storage="FloatStorage", from_type=False):
+    return torchzip.tensor_record(storage, key, numel, offset, size, stride, from_type)
 
 
 def write_pth(path, state, storages, compress=None):
-    """state: {name: tensor(...)}; storages: {key: bytes} written as archive/data/key."""
+    """state: {name: tensor(...)}; storages: {key: bytes} written as ARCHIVE/data/key."""
+    if compress is None:
+        torchzip.write_archive(str(path), torchzip.state_pickle(list(state.items())),
+                               [(k, [v]) for k, v in storages.items()])
+        return str(path)
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("archive/data.pkl", torch_pickle(state))
-        zf.writestr("archive/byteorder", "little")
+        zf.writestr("archive/data.pkl", torchzip.state_pickle(list(state.items())))
         for key, data in storages.items():
-            zf.writestr(f"archive/data/{key}", data,
-                        compress_type=compress or zipfile.ZIP_STORED)
+            zf.writestr(f"archive/data/{key}", data, compress_type=compress)
     return str(path)
 
 
@@ -179,7 +130,7 @@ def test_stride_zero_over_a_tiny_storage_allocates_nothing(tmp_path):
 def test_a_storage_larger_than_its_entry_is_refused(tmp_path):
     path = write_pth(tmp_path / "w.pth", {"w": tensor("0", 1 << 31, 0, (1 << 31,), (1,))},
                      {"0": b"\0" * 16})
-    var_refuses(tmp_path, path, "entry 'archive/data/0' holds 16 bytes",
+    var_refuses(tmp_path, path, "entry 'w/data/0' holds 16 bytes",
                 "declares 8589934592")
 
 
@@ -188,8 +139,8 @@ def test_an_entry_that_would_inflate_to_gigabytes_is_refused_before_inflating(tm
     # pickle's, so only the ratio gives the bomb away
     numel = 1 << 26
     path = tmp_path / "bomb.pth"
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr("archive/data.pkl", torch_pickle({"w": tensor("0", numel, 0, (numel,), (1,))}))
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("archive/data.pkl", torchzip.state_pickle([("w", tensor("0", numel, 0, (numel,), (1,)))]))
         info = zipfile.ZipInfo("archive/data/0")
         info.compress_type = zipfile.ZIP_DEFLATED
         with zf.open(info, "w", force_zip64=True) as f:
@@ -201,23 +152,39 @@ def test_an_entry_that_would_inflate_to_gigabytes_is_refused_before_inflating(tm
     assert peak < REFUSAL_RSS_BYTES, peak
 
 
+class _Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
 def test_code_in_a_checkpoint_is_refused_without_running_it(tmp_path):
     path = tmp_path / "evil.pth"
-    marker = tmp_path / "ran"
+    evil = _Evil()
+    evil.marker = tmp_path / "ran"
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("archive/data.pkl",
-                    torch_pickle({"x": _Call(_Global("os", "system"), (f"touch {marker}",))}))
-    var_refuses(tmp_path, str(path), "os.system object", "only tensors")
-    assert not marker.exists()
+        zf.writestr("archive/data.pkl", pickle.dumps({"x": evil}, protocol=2))
+    var_refuses(tmp_path, str(path), "system object", "only tensors")
+    assert not evil.marker.exists()
 
 
 def test_a_truncated_pickle_is_refused(tmp_path):
     path = tmp_path / "cut.pth"
-    raw = torch_pickle({"w": tensor("0", 4, 0, (2, 2), (2, 1))})
+    raw = torchzip.state_pickle([("w", tensor("0", 4, 0, (2, 2), (2, 1)))])
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("archive/data.pkl", raw[: len(raw) // 2])
         zf.writestr("archive/data/0", bytes(16))
     var_refuses(tmp_path, str(path), "data.pkl is not a checkpoint")
+
+
+def test_a_tensor_saved_with_python_attributes_reads_as_a_plain_one(tmp_path):
+    # torch saves such a tensor through _rebuild_from_type_v2 (seen in infinity_2b_reg.pth)
+    path = write_pth(tmp_path / "w.pth",
+                     {"w": tensor("0", 4, 0, (2, 2), (2, 1), from_type=True)},
+                     {"0": np.arange(4, dtype=np.float32).tobytes()})
+    sd = ckpt.read_file(path)
+    assert np.array_equal(sd["w"], np.arange(4, dtype=np.float32).reshape(2, 2))
+    torch = pytest.importorskip("torch")  # the record is torch's own where torch is here
+    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.arange(4.0).reshape(2, 2))
 
 
 def test_not_a_zip_and_not_safetensors_is_refused(tmp_path):

@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.dirname(CONVERT))
 sys.path.insert(0, os.path.dirname(__file__))
 import ckpt  # noqa: E402
 import safetensors_write  # noqa: E402
-from test_convert_hostile import FLOAT, tensor, torch_pickle  # noqa: E402
+from test_convert_hostile import tensor  # noqa: E402
+from tools.release_shapes import torchzip  # noqa: E402
 
 COLS = 4096
 SMALL, LARGE = 4096, 16384  # rows: 64 MiB and 256 MiB of f32
@@ -82,14 +83,11 @@ def write_safetensors_src(path, rows):
 
 
 def write_torch_src(path, rows):
-    state = {"w": tensor("0", rows * COLS, 0, (rows, COLS), (COLS, 1), FLOAT),
-             "b": tensor("1", COLS, 0, (COLS,), (1,), FLOAT)}
-    with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("archive/data.pkl", torch_pickle(state))
-        zf.writestr("archive/byteorder", "little")
-        with zf.open(zipfile.ZipInfo("archive/data/0"), "w", force_zip64=True) as f:
-            _rows(f, rows)
-        zf.writestr("archive/data/1", np.arange(COLS, dtype=np.float32).tobytes())
+    state = [("w", tensor("0", rows * COLS, 0, (rows, COLS), (COLS, 1))),
+             ("b", tensor("1", COLS, 0, (COLS,), (1,)))]
+    chunks = (_pattern(i0, min(1024, rows - i0)) for i0 in range(0, rows, 1024))
+    torchzip.write_archive(str(path), torchzip.state_pickle(state),
+                           [("0", chunks), ("1", [np.arange(COLS, dtype=np.float32)])])
 
 
 def peaks(tmp_path, write, suffix):

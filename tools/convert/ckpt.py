@@ -324,6 +324,20 @@ def _rebuild_parameter(data, *_rest, **_kw):
     return data
 
 
+class _TensorType:
+    """torch.Tensor or torch.nn.Parameter, as _rebuild_from_type_v2 names the type to make."""
+
+
+def _rebuild_from_type(func, new_type, args, state=None):
+    """torch._tensor._rebuild_from_type_v2: a tensor rebuilt by func(*args) and given the type
+    new_type and the Python attributes in state (as torch saves a tensor that carries some);
+    the type must be a plain tensor's and the attributes are not kept."""
+    if func is not _rebuild_tensor or new_type is not _TensorType or not isinstance(args, tuple):
+        raise ConversionError("checkpoint: a tensor rebuilt by something other than "
+                              "_rebuild_tensor_v2 into torch.Tensor")
+    return func(*args)
+
+
 class _TorchArchive:
     def __init__(self, path):
         self.path = path
@@ -392,6 +406,9 @@ _GLOBALS = {
     ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
     ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
     ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type,
+    ("torch", "Tensor"): _TensorType,
+    ("torch.nn.parameter", "Parameter"): _TensorType,
 }
 
 

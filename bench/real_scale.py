@@ -1,0 +1,384 @@
+"""Real sizes end to end (make bench-real): each released model's files written at their real
+shapes and layout (tools/release_shapes, random weights), converted by tools/convert in bounded
+memory, served by `arserve serve` at their default sizes with the full cache and with a
+compressed policy, and the measurements written to docs/real-scale.md.
+
+Per model: files (GB) and the time to write them; conversion seconds and peak RSS against the
+converters' stated bound; load seconds and RSS; then per request (size x policy): planned and
+measured KV peak (they must be equal), the daemon's peak RSS against weights + planned pool +
+overhead, seconds per image and per step; a request the pool cannot hold is shown with the
+message a user gets.
+
+Every stage's result is kept in WORK/results.json as it finishes, and a rerun skips what is
+there (--again MODEL redoes one model), so a run of hours survives being stopped:
+
+    .venv/bin/python bench/real_scale.py run var-d30 llamagen-xl --threads 1
+    .venv/bin/python bench/real_scale.py table            # docs/real-scale.md from results.json
+    .venv/bin/python bench/real_scale.py run --tiny ALL --work build/real-tiny --doc -   # smoke
+
+`--tiny` runs the same pipeline on tools/release_shapes' tiny configurations (seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "convert"))
+import ckpt  # noqa: E402  (the converters' CHUNK_BYTES, for the stated bound)
+from serving_sweep import free_port, wait_ready  # noqa: E402
+
+GB = 1e9
+MIB = 1 << 20
+# The converters' stated peak: the interpreter with numpy (about 40 MB here), the checkpoint's
+# pickle and index, and a chunk of source and of output (ckpt.CHUNK_BYTES each), with room.
+CONVERT_BOUND = 192 * MIB + 4 * ckpt.CHUNK_BYTES
+# The daemon's RSS beyond its weights and its KV pool: code, activations of one image, the
+# image decoder's feature maps, PNG encoding. Stated per model below where it is larger.
+SERVE_OVERHEAD = 1536 * MIB
+
+INFINITY_SIZES = ("1024x1024", "1152x864", "720x1440")  # 1:1, 3:4 and 2:1 at 1M pixels
+
+
+def _infinity(release, vae, sizes, pool_mb):
+    return {
+        "files": [release, vae, "flan-t5-xl"],
+        "convert": ["infinity.py", "{rel}/" + release, "{rel}/" + vae, "{rel}/flan-t5-xl",
+                    "{out}", "--pn", "1M", "--dtype", "bf16"],
+        "tiny_convert_extra": ["--pn", "0.06M"],
+        "request": {"prompt": "a red circle on the left of a blue square"},
+        "cases": [(s, p) for s in sizes for p in (("full", None), ("heatkv", 0.1),
+                                                   ("scalekv", 0.1))],
+        "calibrate": True, "pool_mb": pool_mb,
+    }
+
+
+# "tiny_cases": how many of the cases --tiny runs: Janus's VQ-16 decoder is full size even in
+# the tiny release (4 s an image here), so its tiny runs draw the full cache only; the raster
+# policies' smoke is LlamaGen's.
+MODELS = {
+    "janus-pro-1b": {
+        "convert": ["janus.py", "{rel}", "{out}", "--dtype", "keep"],
+        "request": {"prompt": "a red circle on the left of a blue square"},
+        "cases": [(None, ("full", None)), (None, ("linear", 1 / 6)), (None, ("headkv", 0.125))],
+        "pool_mb": 2048, "tiny_cases": 1,
+    },
+    "janus-pro-7b": {
+        "convert": ["janus.py", "{rel}", "{out}", "--dtype", "keep"],
+        "request": {"prompt": "a red circle on the left of a blue square"},
+        "cases": [(None, ("full", None)), (None, ("linear", 1 / 6)), (None, ("headkv", 0.125))],
+        "pool_mb": 2048, "tiny_cases": 1,
+    },
+    "llamagen-xl": {
+        "convert": ["llamagen.py", "{rel}/c2i_XL_384.pt", "{rel}/vq_ds16_c2i.pt", "{out}",
+                    "--dtype", "bf16"],
+        "tiny_convert_extra": ["--n-head", "4"],  # a width outside LlamaGen's table of sizes
+        "request": {"class_label": 207},
+        "cases": [(None, ("full", None)), (None, ("linear", 1 / 6)), (None, ("headkv", 0.125))],
+        "pool_mb": 1024,
+    },
+    "var-d30": {
+        "convert": ["var.py", "{rel}/var_d30.pth", "{rel}/vae_ch160v4096z32.pth", "{out}",
+                    "--dtype", "bf16"],
+        "request": {"class_label": 207},
+        "cases": [(None, ("full", None)), (None, ("heatkv", 0.1)), (None, ("scalekv", 0.1))],
+        "calibrate": True, "pool_mb": 2048,
+    },
+    "infinity-2b": _infinity("infinity_2b_reg.pth", "infinity_vae_d32reg.pth", INFINITY_SIZES,
+                             8192),
+    # the full cache of one 1024 px image needs about 10.5 GB: a 4 GiB pool holds only the
+    # compressed ones, and refuses the full cache with the message shown in the table
+    "infinity-8b": _infinity("infinity_8b_weights", "infinity_vae_d56_f8_14_patchify.pth",
+                             INFINITY_SIZES[:1], 4096),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# measuring
+# --------------------------------------------------------------------------------------------
+
+# Runs a Python script as `python3 SCRIPT ARGS...` would, and writes its own peak RSS on exit.
+_MEASURED = """import atexit, resource, runpy, sys
+out, sys.argv = sys.argv[1], sys.argv[2:]
+atexit.register(lambda: open(out, "w").write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def measured_python(argv, log):
+    """(seconds, peak RSS bytes) of `python3 argv...`; its output goes to log."""
+    with tempfile.NamedTemporaryFile("r") as rss:
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, "-c", _MEASURED, rss.name, *argv], cwd=ROOT,
+                           stdout=log, stderr=subprocess.STDOUT)
+        secs = time.monotonic() - t0
+        peak = int(rss.read() or 0) * 1024
+    if p.returncode:
+        sys.exit(f"real_scale: {' '.join(argv)} failed (exit {p.returncode}); see {log.name}")
+    return secs, peak
+
+
+def du(path):
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def proc_status(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def post(url, body, timeout):
+    req = urllib.request.Request(url + "/v1/images/generations", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.load(r), time.monotonic() - t0
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e), time.monotonic() - t0
+
+
+# --------------------------------------------------------------------------------------------
+# the pipeline
+# --------------------------------------------------------------------------------------------
+
+class Results:
+    def __init__(self, path):
+        self.path = path
+        self.data = json.load(open(path)) if os.path.exists(path) else {}
+
+    def get(self, model, stage):
+        return self.data.get(model, {}).get(stage)
+
+    def put(self, model, stage, value):
+        self.data.setdefault(model, {})[stage] = value
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.data, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+
+def run_model(name, a, res: Results, log):
+    m = MODELS[name]
+    work = os.path.join(a.work, name)
+    rel, out = os.path.join(work, "release"), os.path.join(work, "model")
+    os.makedirs(work, exist_ok=True)
+    say = lambda msg: print(f"real_scale: {name}: {msg}", flush=True)  # noqa: E731
+
+    if not res.get(name, "convert"):
+        if os.path.exists(rel):
+            shutil.rmtree(rel)
+        argv = ["-m", "tools.release_shapes", name, rel, "--seed", "0"] + (["--tiny"] if a.tiny else [])
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        if p.returncode:
+            sys.exit(f"real_scale: tools.release_shapes {name} failed; see {log.name}")
+        files = {"seconds": time.monotonic() - t0, "bytes": du(rel)}
+        say(f"release files {files['bytes'] / GB:.2f} GB in {files['seconds']:.0f} s")
+        if os.path.exists(out):
+            shutil.rmtree(out)
+        conv = [os.path.join("tools", "convert", m["convert"][0])] + \
+            [x.format(rel=rel, out=out) for x in m["convert"][1:]] + \
+            (m.get("tiny_convert_extra", []) if a.tiny else [])
+        secs, peak = measured_python(conv, log)
+        row = {"files": files, "seconds": secs, "peak_rss": peak, "bound": CONVERT_BOUND,
+               "command": "python3 " + " ".join(os.path.relpath(x, ROOT) if x.startswith(ROOT)
+                                                else x for x in conv),
+               "model_bytes": du(os.path.join(out, "model.safetensors"))}
+        say(f"converted in {secs:.0f} s, peak RSS {peak / MIB:.0f} MiB (bound "
+            f"{CONVERT_BOUND / MIB:.0f} MiB), model {row['model_bytes'] / GB:.2f} GB")
+        res.put(name, "convert", row)
+        if not a.keep_release:
+            shutil.rmtree(rel)
+    if m.get("calibrate") and not res.get(name, "calibrate"):
+        prompts = os.path.join(work, "calibration_prompts.txt")
+        with open(prompts, "w") as f:
+            r = m["request"]
+            f.write(f"{r.get('prompt', r.get('class_label'))}\n")
+        cmd = [a.arserve, "calibrate", "--model", out, "--prompts", prompts,
+               "--threads", str(a.threads)]
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+        if p.returncode:
+            sys.exit(f"real_scale: {' '.join(cmd)} failed; see {log.name}")
+        res.put(name, "calibrate", {"seconds": time.monotonic() - t0, "prompts": 1})
+        say(f"calibrated in {time.monotonic() - t0:.0f} s")
+
+    todo = [c for c in cases(name, a.tiny) if not res.get(name, case_key(c))]
+    if not todo:
+        return
+    pool_mb = m["pool_mb"] if not a.tiny else 64
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [a.arserve, "serve", "--model", out, "--port", str(port), "--kv-pool-mb", str(pool_mb),
+           "--threads", str(a.threads), "--request-timeout-s", "86400", "--max-running", "1"]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_ready(url, proc, timeout=3600)
+        load = {"seconds": time.monotonic() - t0, "rss": proc_status(proc.pid, "VmRSS"),
+                "pool_mb": pool_mb, "command": " ".join(os.path.relpath(x, ROOT)
+                                                        if x.startswith(ROOT) else x for x in cmd)}
+        res.put(name, "load", load)
+        say(f"serving after {load['seconds']:.0f} s, RSS {load['rss'] / GB:.2f} GB")
+        for case in todo:
+            size, (policy, budget) = case
+            body = {**m["request"], "seed": 0, "kv_policy": policy, "response_format": "b64_json"}
+            if budget is not None:
+                body["kv_budget"] = budget
+            if size:
+                body["size"] = size
+            status, reply, secs = post(url, body, 86400)
+            row = {"status": status, "seconds": secs, "hwm": proc_status(proc.pid, "VmHWM")}
+            if status == 200:
+                kv = reply.get("kv_cache", {})
+                tm = reply.get("timings", {})
+                row.update(planned=kv.get("planned_peak_bytes"), measured=kv.get("peak_bytes"),
+                           steps=tm.get("steps"), run_s=tm.get("run_s"),
+                           decode_s=tm.get("decode_png_s"))
+                png = base64.b64decode(reply["data"][0]["b64_json"])
+                with open(os.path.join(work, case_key(case).replace("/", "-") + ".png"), "wb") as f:
+                    f.write(png)
+            else:
+                row["message"] = reply.get("error", {}).get("message")
+            res.put(name, case_key(case), row)
+            say(f"{case_key(case)}: {status} in {secs:.1f} s"
+                + (f", KV planned {row.get('planned')} measured {row.get('measured')}"
+                   if status == 200 else f": {row.get('message')}"))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def cases(name, tiny):
+    """The requests a model gets: (size or None for the default, (policy, budget)); a tiny
+    configuration has other sizes, so it draws its default size only."""
+    out = MODELS[name]["cases"]
+    if tiny:
+        out = [(None, p) for p in dict.fromkeys(p for _, p in out)]
+        out = out[:MODELS[name].get("tiny_cases", len(out))]
+    return out
+
+
+def case_key(case):
+    size, (policy, budget) = case
+    return "/".join(x for x in (size, policy, f"{budget:g}" if budget is not None else None) if x)
+
+
+# --------------------------------------------------------------------------------------------
+# the table
+# --------------------------------------------------------------------------------------------
+
+def table(res: Results, tiny: bool) -> tuple[str, list[str]]:
+    """(markdown, problems): a row per model and case; a plan that differs from what was
+    measured, or a peak over its bound, is a problem."""
+    problems = []
+    out = ["| model | files GB | convert s | convert peak RSS (bound) | model GB | load s | "
+           "load RSS GB | request | KV planned MiB | KV measured MiB | daemon peak RSS GB "
+           "(weights + pool + overhead) | s / image | s / step (steps) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in MODELS:
+        d = res.data.get(name)
+        if not d or "convert" not in d:
+            out.append(f"| {name} | not run yet | | | | | | | | | | | |")
+            continue
+        c, ld = d["convert"], d.get("load", {})
+        if c["peak_rss"] > c["bound"]:
+            problems.append(f"{name}: conversion peak {c['peak_rss']} over its bound {c['bound']}")
+        head = (f"| {name} | {c['files']['bytes'] / GB:.2f} | {c['seconds']:.0f} | "
+                f"{c['peak_rss'] / MIB:.0f} MiB ({c['bound'] / MIB:.0f}) | "
+                f"{c['model_bytes'] / GB:.2f} | {ld.get('seconds', 0):.0f} | "
+                f"{ld.get('rss', 0) / GB:.2f} |")
+        keys = [case_key(k) for k in cases(name, tiny)]
+        if not any(k in d for k in keys):
+            out.append(head + " not served yet | | | | | |")
+        for k in keys:
+            r = d.get(k)
+            if r is None:
+                continue
+            if r["status"] != 200:
+                out.append(f"{head} {k}: refused ({r['status']}): \"{r['message']}\" | | | | | |")
+            else:
+                cap = c["model_bytes"] + ld.get("pool_mb", 0) * MIB + SERVE_OVERHEAD
+                if r["planned"] != r["measured"]:
+                    problems.append(f"{name} {k}: KV planned {r['planned']} != measured {r['measured']}")
+                if r["hwm"] > cap:
+                    problems.append(f"{name} {k}: daemon peak RSS {r['hwm']} over {cap}")
+                step = r["run_s"] / r["steps"] if r.get("steps") else float("nan")
+                out.append(f"{head} {k} | {r['planned'] / MIB:.1f} | {r['measured'] / MIB:.1f} | "
+                           f"{r['hwm'] / GB:.2f} ({cap / GB:.2f}) | {r['seconds']:.1f} | {step:.3f} "
+                           f"({r.get('steps')}) |")
+            head = "| | | | | | | |"
+    return "\n".join(out) + "\n", problems
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("models", nargs="+", help=f"{', '.join(MODELS)}, or ALL")
+    r.add_argument("--tiny", action="store_true", help="tools/release_shapes' tiny configurations")
+    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--again", action="append", default=[], help="redo this model's stages")
+    r.add_argument("--keep-release", action="store_true", help="keep the written release files")
+    t = sub.add_parser("table")
+    for p in (r, t):
+        p.add_argument("--work", default=os.path.join(ROOT, "build", "real"))
+        p.add_argument("--arserve", default=os.path.join(ROOT, "build", "arserve"))
+        p.add_argument("--doc", default=os.path.join(ROOT, "docs", "real-scale.md"),
+                       help="where the table goes (- for stdout)")
+    a = ap.parse_args(argv)
+    a.tiny = getattr(a, "tiny", False)
+    os.makedirs(a.work, exist_ok=True)
+    res = Results(os.path.join(a.work, "results.json"))
+    if a.cmd == "run":
+        names = list(MODELS) if a.models == ["ALL"] else a.models
+        bad = [n for n in names if n not in MODELS]
+        if bad:
+            ap.error(f"unknown model {', '.join(bad)}; one of {', '.join(MODELS)} or ALL")
+        for n in a.again:
+            res.data.pop(n, None)
+        with open(os.path.join(a.work, "log.txt"), "a") as log:
+            for n in names:
+                run_model(n, a, res, log)
+    md, problems = table(res, a.tiny)
+    if a.doc == "-":
+        sys.stdout.write(md)
+    else:
+        write_doc(a.doc, md)
+    for p in problems:
+        print(f"real_scale: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def write_doc(path, md):
+    """Replaces the table between the markers of docs/real-scale.md, keeping the prose."""
+    begin, end = "<!-- real-scale table -->", "<!-- end of table -->"
+    text = open(path).read() if os.path.exists(path) else f"# Real sizes\n\n{begin}\n{end}\n"
+    a, b = text.index(begin) + len(begin), text.index(end)
+    with open(path, "w") as f:
+        f.write(text[:a] + "\n" + md + text[b:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
