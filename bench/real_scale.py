@@ -98,10 +98,10 @@ MODELS = {
     },
     "infinity-2b": _infinity("infinity_2b_reg.pth", "infinity_vae_d32reg.pth", INFINITY_SIZES,
                              8192),
-    # the full cache of one 1024 px image needs about 10.5 GB: a 4 GiB pool holds only the
+    # the full cache of one 1024 px image needs about 10.5 GB: a 2 GiB pool holds only the
     # compressed ones, and refuses the full cache with the message shown in the table
     "infinity-8b": _infinity("infinity_8b_weights", "infinity_vae_d56_f8_14_patchify.pth",
-                             INFINITY_SIZES[:1], 4096),
+                             INFINITY_SIZES[:1], 2048),
 }
 
 
@@ -289,9 +289,30 @@ def case_key(case):
 # the table
 # --------------------------------------------------------------------------------------------
 
-def table(res: Results, tiny: bool) -> tuple[str, list[str]]:
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
+def preset_differences(model_dir, name):
+    """Keys of the converted arserve.json whose values differ from config/presets/NAME's (the
+    architecture `arserve plan` assumes for the model), past the file names it lists."""
+    try:
+        got = _flat(json.load(open(os.path.join(model_dir, "arserve.json"))))
+        want = _flat(json.load(open(os.path.join(ROOT, "config", "presets", name, "arserve.json"))))
+    except OSError:
+        return None
+    skip = ("name", "weights", "tokenizer", "condition.class_names")
+    return sorted(k for k in set(got) | set(want)
+                  if not k.startswith(skip) and got.get(k) != want.get(k))
+
+
+def table(res: Results, tiny: bool, work: str) -> tuple[str, list[str]]:
     """(markdown, problems): a row per model and case; a plan that differs from what was
-    measured, or a peak over its bound, is a problem."""
+    measured, a peak over its bound, or (at full size) a converted architecture that is not
+    its preset's, is a problem."""
     problems = []
     out = ["| model | files GB | convert s | convert peak RSS (bound) | model GB | load s | "
            "load RSS GB | request | KV planned MiB | KV measured MiB | daemon peak RSS GB "
@@ -303,6 +324,10 @@ def table(res: Results, tiny: bool) -> tuple[str, list[str]]:
             out.append(f"| {name} | not run yet | | | | | | | | | | | |")
             continue
         c, ld = d["convert"], d.get("load", {})
+        diff = None if tiny else preset_differences(os.path.join(work, name, "model"), name)
+        if diff:
+            problems.append(f"{name}: the converted arserve.json differs from "
+                            f"config/presets/{name} in {', '.join(diff)}")
         if c["peak_rss"] > c["bound"]:
             problems.append(f"{name}: conversion peak {c['peak_rss']} over its bound {c['bound']}")
         head = (f"| {name} | {c['files']['bytes'] / GB:.2f} | {c['seconds']:.0f} | "
@@ -361,7 +386,7 @@ def main(argv=None):
         with open(os.path.join(a.work, "log.txt"), "a") as log:
             for n in names:
                 run_model(n, a, res, log)
-    md, problems = table(res, a.tiny)
+    md, problems = table(res, a.tiny, a.work)
     if a.doc == "-":
         sys.stdout.write(md)
     else:
