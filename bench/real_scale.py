@@ -29,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -37,7 +36,7 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "convert"))
-import ckpt  # noqa: E402  (the converters' CHUNK_BYTES, for the stated bound)
+import ckpt  # noqa: E402  (the converters' CHUNK_BYTES and peak RSS measurement)
 from serving_sweep import free_port, wait_ready  # noqa: E402
 
 GB = 1e9
@@ -109,25 +108,13 @@ MODELS = {
 # measuring
 # --------------------------------------------------------------------------------------------
 
-# Runs a Python script as `python3 SCRIPT ARGS...` would, and writes its own peak RSS on exit.
-_MEASURED = """import atexit, resource, runpy, sys
-out, sys.argv = sys.argv[1], sys.argv[2:]
-atexit.register(lambda: open(out, "w").write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def measured_python(argv, log):
     """(seconds, peak RSS bytes) of `python3 argv...`; its output goes to log."""
-    with tempfile.NamedTemporaryFile("r") as rss:
-        t0 = time.monotonic()
-        p = subprocess.run([sys.executable, "-c", _MEASURED, rss.name, *argv], cwd=ROOT,
-                           stdout=log, stderr=subprocess.STDOUT)
-        secs = time.monotonic() - t0
-        peak = int(rss.read() or 0) * 1024
+    t0 = time.monotonic()
+    p, peak = ckpt.run_measured(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     if p.returncode:
         sys.exit(f"real_scale: {' '.join(argv)} failed (exit {p.returncode}); see {log.name}")
-    return secs, peak
+    return time.monotonic() - t0, peak
 
 
 def du(path):

@@ -10,7 +10,6 @@ import json
 import os
 import pickle
 import struct
-import subprocess
 import sys
 import zipfile
 
@@ -62,22 +61,10 @@ def one_float_pth(tmp_path, **kw):
 
 # --- running a converter as a user does ------------------------------------------------------
 
-# Runs a converter as `python3 SCRIPT ARGS...` would, and writes its own peak RSS on exit.
-_MEASURED = """import atexit, resource, runpy, sys
-out, sys.argv = sys.argv[1], sys.argv[2:]
-atexit.register(lambda: open(out, "w").write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def run(script, *args):
     """(exit code, stderr, peak RSS in bytes) of a converter run."""
-    import tempfile
-    with tempfile.NamedTemporaryFile("r") as rss:
-        p = subprocess.run([sys.executable, "-c", _MEASURED, rss.name,
-                            os.path.join(CONVERT, script), *map(str, args)],
-                           capture_output=True, text=True, timeout=scaled(120))
-        peak = int(rss.read() or 0) * 1024
+    p, peak = ckpt.run_measured([os.path.join(CONVERT, script), *args], capture_output=True,
+                                text=True, timeout=scaled(120))
     return p.returncode, p.stderr, peak
 
 

@@ -8,7 +8,6 @@ process's peak RSS stays under 100 MiB, and the output is the input rounded.
 import json
 import os
 import struct
-import subprocess
 import sys
 import zipfile
 
@@ -33,14 +32,13 @@ SMALL, LARGE = 4096, 16384  # rows: 64 MiB and 256 MiB of f32
 GROWTH = 24 << 20
 BOUND = 160 << 20  # and never more than this (the interpreter with numpy is about 30 MB)
 
-# Converts SRC's tensors 'w' and 'b' to bf16 into DST and writes this process's peak RSS to RSS.
-_CONVERT = """import resource, sys
-sys.path.insert(0, sys.argv[4])
+# Converts SRC's tensors 'w' and 'b' to bf16 into DST.
+_CONVERT = """import sys
+sys.path.insert(0, sys.argv[3])
 import ckpt
-src, dst, rss = sys.argv[1:4]
+src, dst = sys.argv[1:3]
 sd = ckpt.read_file(src)
 ckpt.write_safetensors(dst, {"w": sd["w"], "b": sd["b"]}, "bf16")
-open(rss, "w").write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
 """
 
 
@@ -57,9 +55,10 @@ def _rows(f, rows):
 
 def convert(tmp_path, src, rows):
     """(peak RSS) of converting src, whose output is checked against the input rounded."""
-    dst, rss = tmp_path / "out.safetensors", tmp_path / "rss"
-    p = subprocess.run([sys.executable, "-c", _CONVERT, str(src), str(dst), str(rss), CONVERT],
-                       capture_output=True, text=True, timeout=scaled(300))
+    dst, script = tmp_path / "out.safetensors", tmp_path / "convert.py"
+    script.write_text(_CONVERT)
+    p, peak = ckpt.run_measured([script, src, dst, CONVERT], capture_output=True, text=True,
+                                timeout=scaled(300))
     assert p.returncode == 0, p.stderr
     header, _ = safetensors_write.read_header(str(dst))
     assert header["w"]["dtype"] == "BF16" and header["b"]["dtype"] == "F32", header
@@ -68,7 +67,7 @@ def convert(tmp_path, src, rows):
         want = ckpt._f32_to_bf16(_pattern(i0, 8))
         assert np.array_equal(out["w"][i0:i0 + 8].bits(), want), i0
     assert np.array_equal(out["b"], np.arange(COLS, dtype=np.float32))
-    return int(rss.read_text())
+    return peak
 
 
 def write_safetensors_src(path, rows):

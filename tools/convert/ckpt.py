@@ -618,6 +618,29 @@ def write_model(out_dir: str, tensors: dict, dtype: str, source: str, prog: str)
         raise
 
 
+# Runs a script as `python3 SCRIPT ARGS...` would and writes the process's own peak RSS on exit:
+# VmHWM of its memory map, not getrusage's ru_maxrss, which a child started by fork or vfork
+# inherits from its parent's high-water mark across exec.
+_MEASURED = """import atexit, runpy, sys
+def peak():
+    with open("/proc/self/status") as f:
+        return next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+out, sys.argv = sys.argv[1], sys.argv[2:]
+atexit.register(lambda: open(out, "w").write(peak()))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def run_measured(argv, **kw):
+    """(subprocess.run's result, peak RSS in bytes) of `python3 argv...` (argv[0] a script),
+    the converters' memory as a user's `/usr/bin/time -v` would report it; kw go to run."""
+    import subprocess
+    import tempfile
+    with tempfile.NamedTemporaryFile("r") as rss:
+        p = subprocess.run([sys.executable, "-c", _MEASURED, rss.name, *map(str, argv)], **kw)
+        return p, int(rss.read() or 0) * 1024
+
+
 def _self_check():
     import tempfile
     rng = np.random.default_rng(0)
