@@ -148,7 +148,8 @@ class Tensor:
         return Tensor(shape, self.stored, make=lambda: self.bits()[idx], where=self.where)
 
     def chunks(self, max_bytes=CHUNK_BYTES):
-        """The stored bits, flattened, in pieces of at most max_bytes (whole rows of elements)."""
+        """The stored bits, flattened, in pieces of at most max_bytes (whole elements); a tensor
+        stored in one piece is read a piece at a time."""
         item, total = self.itemsize, self.nbytes
         if self._span is None:
             flat = self.bits().reshape(-1)
