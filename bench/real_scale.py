@@ -164,54 +164,70 @@ class Results:
 
 
 def run_model(name, a, res: Results, log):
-    m = MODELS[name]
+    """Each stage of a model not yet in res: convert (its release written first), calibrate,
+    serve."""
     work = os.path.join(a.work, name)
-    rel, out = os.path.join(work, "release"), os.path.join(work, "model")
     os.makedirs(work, exist_ok=True)
     say = lambda msg: print(f"real_scale: {name}: {msg}", flush=True)  # noqa: E731
-
     if not res.get(name, "convert"):
-        if os.path.exists(rel):
-            shutil.rmtree(rel)
-        argv = ["-m", "tools.release_shapes", name, rel, "--seed", "0"] + (["--tiny"] if a.tiny else [])
-        t0 = time.monotonic()
-        p = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        if p.returncode:
-            sys.exit(f"real_scale: tools.release_shapes {name} failed; see {log.name}")
-        files = {"seconds": time.monotonic() - t0, "bytes": du(rel)}
-        say(f"release files {files['bytes'] / GB:.2f} GB in {files['seconds']:.0f} s")
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        conv = [os.path.join("tools", "convert", m["convert"][0])] + \
-            [x.format(rel=rel, out=out) for x in m["convert"][1:]] + \
-            (m.get("tiny_convert_extra", []) if a.tiny else [])
-        secs, peak = measured_python(conv, log)
-        row = {"files": files, "seconds": secs, "peak_rss": peak, "bound": CONVERT_BOUND,
-               "command": "python3 " + " ".join(os.path.relpath(x, ROOT) if x.startswith(ROOT)
-                                                else x for x in conv),
-               "model_bytes": du(os.path.join(out, "model.safetensors"))}
-        say(f"converted in {secs:.0f} s, peak RSS {peak / MIB:.0f} MiB (bound "
-            f"{CONVERT_BOUND / MIB:.0f} MiB), model {row['model_bytes'] / GB:.2f} GB")
-        res.put(name, "convert", row)
-        if not a.keep_release:
-            shutil.rmtree(rel)
-    if m.get("calibrate") and not res.get(name, "calibrate"):
-        prompts = os.path.join(work, "calibration_prompts.txt")
-        with open(prompts, "w") as f:
-            r = m["request"]
-            f.write(f"{r.get('prompt', r.get('class_label'))}\n")
-        cmd = [a.arserve, "calibrate", "--model", out, "--prompts", prompts,
-               "--threads", str(a.threads)]
-        t0 = time.monotonic()
-        p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
-        if p.returncode:
-            sys.exit(f"real_scale: {' '.join(cmd)} failed; see {log.name}")
-        res.put(name, "calibrate", {"seconds": time.monotonic() - t0, "prompts": 1})
-        say(f"calibrated in {time.monotonic() - t0:.0f} s")
-
+        res.put(name, "convert", convert_stage(name, a, work, log, say))
+    if MODELS[name].get("calibrate") and not res.get(name, "calibrate"):
+        res.put(name, "calibrate", calibrate_stage(name, a, work, log, say))
     todo = [c for c in cases(name, a.tiny) if not res.get(name, case_key(c))]
-    if not todo:
-        return
+    if todo:
+        serve_stage(name, a, work, todo, res, log, say)
+
+
+def convert_stage(name, a, work, log, say):
+    """The release written and converted: files, seconds, the converter's peak RSS."""
+    m = MODELS[name]
+    rel, out = os.path.join(work, "release"), os.path.join(work, "model")
+    if os.path.exists(rel):
+        shutil.rmtree(rel)
+    argv = ["-m", "tools.release_shapes", name, rel, "--seed", "0"] + (["--tiny"] if a.tiny else [])
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    if p.returncode:
+        sys.exit(f"real_scale: tools.release_shapes {name} failed; see {log.name}")
+    files = {"seconds": time.monotonic() - t0, "bytes": du(rel)}
+    say(f"release files {files['bytes'] / GB:.2f} GB in {files['seconds']:.0f} s")
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    conv = [os.path.join("tools", "convert", m["convert"][0])] + \
+        [x.format(rel=rel, out=out) for x in m["convert"][1:]] + \
+        (m.get("tiny_convert_extra", []) if a.tiny else [])
+    secs, peak = measured_python(conv, log)
+    row = {"files": files, "seconds": secs, "peak_rss": peak, "bound": CONVERT_BOUND,
+           "command": "python3 " + " ".join(os.path.relpath(x, ROOT) if x.startswith(ROOT)
+                                            else x for x in conv),
+           "model_bytes": du(os.path.join(out, "model.safetensors"))}
+    say(f"converted in {secs:.0f} s, peak RSS {peak / MIB:.0f} MiB (bound "
+        f"{CONVERT_BOUND / MIB:.0f} MiB), model {row['model_bytes'] / GB:.2f} GB")
+    if not a.keep_release:
+        shutil.rmtree(rel)
+    return row
+
+
+def calibrate_stage(name, a, work, log, say):
+    """`arserve calibrate` on the request's own prompt (HeatKV and ScaleKV need it)."""
+    prompts = os.path.join(work, "calibration_prompts.txt")
+    with open(prompts, "w") as f:
+        r = MODELS[name]["request"]
+        f.write(f"{r.get('prompt', r.get('class_label'))}\n")
+    cmd = [a.arserve, "calibrate", "--model", os.path.join(work, "model"), "--prompts", prompts,
+           "--threads", str(a.threads)]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if p.returncode:
+        sys.exit(f"real_scale: {' '.join(cmd)} failed; see {log.name}")
+    say(f"calibrated in {time.monotonic() - t0:.0f} s")
+    return {"seconds": time.monotonic() - t0, "prompts": 1}
+
+
+def serve_stage(name, a, work, todo, res: Results, log, say):
+    """The daemon on the converted model: its load, then each request of todo, each kept in
+    res as it comes back."""
+    m, out = MODELS[name], os.path.join(work, "model")
     pool_mb = m["pool_mb"] if not a.tiny else 64
     port = free_port()
     url = f"http://127.0.0.1:{port}"
