@@ -336,8 +336,8 @@ def table(res: Results, tiny: bool, work: str) -> tuple[str, list[str]]:
             problems.append(f"{name}: conversion peak {c['peak_rss']} over its bound {c['bound']}")
         head = (f"| {name} | {c['files']['bytes'] / GB:.2f} | {c['seconds']:.0f} | "
                 f"{c['peak_rss'] / MIB:.0f} MiB ({c['bound'] / MIB:.0f}) | "
-                f"{c['model_bytes'] / GB:.2f} | {ld.get('seconds', 0):.0f} | "
-                f"{ld.get('rss', 0) / GB:.2f} |")
+                f"{c['model_bytes'] / GB:.2f} | "
+                + (f"{ld['seconds']:.0f} | {ld['rss'] / GB:.2f} |" if ld else " | |"))
         keys = [case_key(k) for k in cases(name, tiny)]
         if not any(k in d for k in keys):
             out.append(head + " not served yet | | | | | |")
@@ -358,6 +358,12 @@ def table(res: Results, tiny: bool, work: str) -> tuple[str, list[str]]:
                            f"{r['hwm'] / GB:.2f} ({cap / GB:.2f}) | {r['seconds']:.1f} | {step:.3f} "
                            f"({r.get('steps')}) |")
             head = "| | | | | | | |"
+    cmds = [f"- {name}: `{d['convert']['command']}`"
+            + (f"; `{d['load']['command']}`" if d.get("load") else "")
+            for name, d in ((n, res.data.get(n)) for n in MODELS) if d and "convert" in d]
+    if cmds:
+        out += ["", "Commands (each model's release from `python3 -m tools.release_shapes MODEL "
+                "DIR --seed 0`):", ""] + cmds
     return "\n".join(out) + "\n", problems
 
 
