@@ -9,7 +9,6 @@ import json
 import os
 import struct
 import sys
-import zipfile
 
 import numpy as np
 

@@ -1,6 +1,6 @@
 """tools/release_shapes: for every model at --tiny, the release's files are written with the
-layout the tables say (torch.save zip archives read back by a restricted unpickler written here,
-safetensors by a header reader, index JSONs against the shards), the bytes are deterministic in
+layout the tables say (read back by the converters' own reader, tools/convert/ckpt.py, with the
+archive and header layout checked beside it, index JSONs against the shards), the bytes are deterministic in
 the seed, and the shape tables at full size give the parameter counts and shard sizes of the
 real releases. Where torch is importable, torch.load(weights_only=True) must agree.
 
@@ -10,7 +10,6 @@ real releases. Where torch is importable, torch.load(weights_only=True) must agr
 import json
 import math
 import os
-import pickle
 import subprocess
 import sys
 import zipfile
@@ -22,7 +21,11 @@ from conftest import scaled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-from tools.release_shapes import releases, tensors, torchzip  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "convert"))
+import ckpt  # noqa: E402  (the converters' reader)
+import safetensors_write  # noqa: E402
+from tools.release_shapes import releases, tensors  # noqa: E402
 
 MODELS = releases.MODELS
 # Written again with the same and another seed: every model but the 1B Janus, whose tiny
@@ -49,89 +52,50 @@ def written(tmp_path_factory):
     return out
 
 
-# ---- readers written for the test (no torch needed) ------------------------------------------
+# ---- reading back: tools/convert/ckpt.py (the converters' reader), and the layout it does not
+# look at: torch.save's archive (named for the file, entries stored, data 64-byte aligned,
+# contiguous tensors in an OrderedDict), safetensors' data packed without holes ------------
 
-class _Storage:
-    def __init__(self, dtype):
-        self.dtype = dtype
-
-
-_STORAGE = {"FloatStorage": "<f4", "BFloat16Storage": "<u2", "LongStorage": "<i8", "HalfStorage": "<f2"}
-
-
-def read_torch_zip(path):
-    """{name: (numpy array of the stored bytes' type, storage class)}, refusing any global a
-    state dict does not need."""
+def check_torch_layout(path):
     zf = zipfile.ZipFile(path)
-    names = zf.namelist()
     arch = os.path.splitext(os.path.basename(path))[0]
+    names = zf.namelist()
     assert f"{arch}/data.pkl" in names and f"{arch}/version" in names, names[:5]
     assert zf.read(f"{arch}/byteorder") == b"little"
-    for info in zf.infolist():
-        assert info.compress_type == zipfile.ZIP_STORED, info.filename
-
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module, name):
-            if (module, name) == ("collections", "OrderedDict"):
-                import collections
-                return collections.OrderedDict
-            if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-                def rebuild(storage, offset, size, stride, grad, hooks, *rest):
-                    data, cls = storage
-                    want = [int(np.prod(size[i + 1:])) for i in range(len(size))]
-                    assert offset == 0 and list(stride) == want and not grad
-                    return data[:int(np.prod(size))].reshape(size), cls
-                return rebuild
-            if module == "torch" and name in _STORAGE:
-                return name
-            raise pickle.UnpicklingError(f"global {module}.{name}")
-
-        def persistent_load(self, pid):
-            tag, cls, key, loc, numel = pid
-            assert tag == "storage" and loc == "cpu"
-            raw = zf.read(f"{arch}/data/{key}")
-            info = zf.getinfo(f"{arch}/data/{key}")
-            # torch aligns record data to 64 bytes (mmap loading relies on it)
-            with open(path, "rb") as f:
-                f.seek(info.header_offset + 26)
-                n, m = (int(x) for x in np.frombuffer(f.read(4), "<u2"))
-            assert (info.header_offset + 30 + n + m) % 64 == 0, key
-            arr = np.frombuffer(raw, _STORAGE[cls])
-            assert arr.size == numel
-            return arr, cls
-
-    return Unpickler(zf.open(f"{arch}/data.pkl")).load()
+    with open(path, "rb") as raw:
+        for info in zf.infolist():
+            assert info.compress_type == zipfile.ZIP_STORED, info.filename
+            if info.filename.startswith(f"{arch}/data/"):
+                # torch aligns record data to 64 bytes (mmap loading relies on it)
+                raw.seek(info.header_offset + 26)
+                n, m = (int(x) for x in np.frombuffer(raw.read(4), "<u2"))
+                assert (info.header_offset + 30 + n + m) % 64 == 0, info.filename
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-        data = f.read()
-    meta = header.pop("__metadata__", None)
-    out, end = {}, 0
-    dt = {"F32": "<f4", "BF16": "<u2", "I64": "<i8"}
-    for name, h in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-        b, e = h["data_offsets"]
-        assert b == end, name  # contiguous, no holes
-        end = e
-        out[name] = (np.frombuffer(data[b:e], dt[h["dtype"]]).reshape(h["shape"]), h["dtype"])
-    assert end == len(data)
-    return out, meta
+def check_safetensors_layout(path):
+    header, start = safetensors_write.read_header(path)
+    spans = sorted(h["data_offsets"] for k, h in header.items() if k != "__metadata__")
+    assert [b for b, _ in spans] == [0] + [e for _, e in spans[:-1]]  # no holes
+    assert start + (spans[-1][1] if spans else 0) == os.path.getsize(path)
 
 
-def read_file(path, f):
-    if f.kind == "safetensors":
-        return read_safetensors(path)[0]
-    obj = read_torch_zip(path)
-    if f.wrap:
-        assert list(obj) == [f.wrap]
-        obj = obj[f.wrap]
-    assert type(obj).__name__ == "OrderedDict"
-    return obj
+def read_file(path, f=None):
+    """{name: (stored bits, stored type)} of a release file, its layout checked."""
+    if path.endswith(".safetensors"):
+        check_safetensors_layout(path)
+        sd = ckpt.read_file(path)
+    else:
+        check_torch_layout(path)
+        obj = ckpt.read_file(path)
+        if f is not None and f.wrap:
+            assert list(obj) == [f.wrap]
+            obj = obj[f.wrap]
+        assert type(obj).__name__ == "OrderedDict"
+        sd = obj
+    return {k: (t.bits(), t.stored) for k, t in sd.items()}
 
 
-STORAGE_OF = {"f32": ("FloatStorage", "F32"), "bf16": ("BFloat16Storage", "BF16"), "i64": ("LongStorage", "I64")}
+STORED = {"f32": "F32", "bf16": "BF16", "i64": "I64"}
 
 
 # ---- tests -------------------------------------------------------------------------------------
@@ -156,7 +120,7 @@ def test_tiny_release_is_written_as_the_tables_say(written, model):
         for t in f.tensors:
             arr, cls = sd[t.name]
             assert arr.shape == t.shape, t.name
-            assert cls == STORAGE_OF[t.dtype][0 if f.kind == "torch" else 1], t.name
+            assert cls == STORED[t.dtype], t.name
             assert np.array_equal(arr, tensors.values(t, 0)), t.name
 
 
@@ -290,11 +254,9 @@ def test_index_json_names_every_tensor_of_its_shards(written):
             seen = set()
             for fn in files:
                 p = idx.parent / fn
+                sd = read_file(str(p))
                 if fn.endswith(".safetensors"):
-                    sd, meta = read_safetensors(str(p))
-                    assert meta == {"format": "pt"}
-                else:
-                    sd = read_torch_zip(str(p))
+                    assert safetensors_write.read_metadata(str(p)) == {"format": "pt"}
                 seen |= set(sd)
                 assert all(j["weight_map"][k] == fn for k in sd)
                 total += sum(a.nbytes for a, _ in sd.values())

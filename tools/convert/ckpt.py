@@ -17,6 +17,7 @@ Self-check by hand: python3 tools/convert/ckpt.py --self-check
 from __future__ import annotations
 
 import collections
+import io
 import json
 import os
 import pickle
@@ -449,7 +450,6 @@ def read_torch(path: str, allowed: dict | None = None):
     maps extra (module, name) globals to the callables that stand for them."""
     archive = _TorchArchive(path)
     info = archive.entries[archive.prefix + "data.pkl"]
-    import io
     raw = archive.read_small(info, MAX_PICKLE_BYTES)
     try:
         return _Unpickler(io.BytesIO(raw), archive, allowed or {}).load()
