@@ -238,6 +238,11 @@ static const setting_t SETTINGS[] = {
                 "takes none) is read and thrown away, so that a client still sending reads the "
                 "answer rather than a reset; past it the answer is sent and the connection "
                 "closed"),
+    {FIELD(sse_keepalive_s), .kind = KIND_REAL, .rlo = 0.1, .rhi = 3600, .rdef = 2,
+     .metavar = "SECONDS",
+     .help = "A stream with nothing to say (queued behind other work, or between steps) sends "
+             "an SSE comment this often, so that proxies and clients with an idle timeout "
+             "keep it; the engine is looked at every 0.1 s"},
     STRING_SETTING(allowed_hosts, "", 1, "NAMES",
                    "Host header names served (comma-separated, port ignored, '*' any), against "
                    "DNS rebinding; empty: localhost, 127.0.0.1 and [::1] when --host is a "

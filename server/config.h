@@ -51,6 +51,7 @@ typedef struct server_config {
     int header_timeout_s;
     int body_timeout_s;
     int linger_s;             /* how long a refused body is read and thrown away */
+    double sse_keepalive_s;   /* a stream with nothing to say sends a comment this often */
     char allowed_hosts[1024]; /* "" = loopback names when bound to loopback, else any */
     char metrics_auth[4];     /* "on": /metrics needs the key */
     char log_prompts[4];      /* "on": the access log shows prompts */

@@ -306,6 +306,7 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
                          .header_timeout_s = cfg->header_timeout_s,
                          .body_timeout_s = cfg->body_timeout_s,
                          .linger_s = cfg->linger_s,
+                         .sse_keepalive_s = cfg->sse_keepalive_s,
                          .allowed_hosts = cfg->allowed_hosts,
                          .metrics_auth = server_config_on(cfg->metrics_auth),
                          .log_prompts = server_config_on(cfg->log_prompts),

@@ -27,7 +27,6 @@
 #include "server/playground.h"
 
 #define WAIT_SLICE_S 0.1
-#define SSE_KEEPALIVE_S 2.0
 #define MAX_ALLOWED_HOSTS 16
 /* The longest request target read, and the most query parameters: no route
  * takes any. libmicrohttpd 0.9.75 stores every query parameter as a record
@@ -568,7 +567,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (s->pending_len == 0 && !s->finished) {
             if (!client_alive(s->c))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
-            if (clock_now_s() - s->last_write > SSE_KEEPALIVE_S) {
+            if (clock_now_s() - s->last_write > s->h->opt.sse_keepalive_s) {
                 static const char ka[] = ": keep-alive\n\n";
                 size_t n = sizeof ka - 1 < max ? sizeof ka - 1 : max;
                 memcpy(buf, ka, n);

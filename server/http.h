@@ -30,6 +30,9 @@ typedef struct http_options {
      * takes none) is read and thrown away before the answer; a client still
      * sending then is answered on the socket and cut. */
     double linger_s;
+    /* A stream with nothing to say (queued, or between steps) sends an SSE
+     * comment this often, so proxies and clients do not take it for dead. */
+    double sse_keepalive_s;
     /* Host header names accepted (comma-separated, "*" any); NULL or "":
      * the loopback names when host is a loopback address, any otherwise. */
     const char *allowed_hosts;

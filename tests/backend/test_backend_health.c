@@ -65,6 +65,7 @@ static int start(ar_error_t *err) {
                          .header_timeout_s = 10,
                          .body_timeout_s = 10,
                          .linger_s = 1,
+                         .sse_keepalive_s = 2,
                          .retry_after_s = 1,
                          .request_timeout_s = REQUEST_TIMEOUT_S};
     kv_policy_defaults(&ho.kv_defaults, KV_POLICY_FULL);

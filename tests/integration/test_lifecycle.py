@@ -369,12 +369,14 @@ def test_more_images_than_max_running_is_refused_at_once(start_daemon):
 # ---- a queued stream is kept alive -------------------------------------------
 
 def test_stream_queued_behind_a_long_request_gets_keep_alives(start_daemon):
-    # Sixteen images fill every running slot for seconds (about 7 s here, far
-    # more under ThreadSanitizer); a stream that arrives meanwhile waits in the
-    # queue, and its connection must not look dead to proxies and clients: an
-    # SSE comment every 2 s until it starts. Both clients leave once the first
-    # comment is seen, so the test takes seconds whatever the machine's speed.
-    d = start_daemon(SLOW_MODEL, [*SLOW_ARGS, "--max-n", "16", "--max-running", "16"])
+    # Sixteen images fill every running slot for seconds (2 s or more on every
+    # build here); a stream that arrives meanwhile waits in the queue, and its
+    # connection must not look dead to proxies and clients: an SSE comment
+    # every --sse-keepalive-s until it starts. At 0.2 s the comment comes ten
+    # times sooner than the long request can end (at the default 2 s the two
+    # raced, and the long request sometimes won).
+    d = start_daemon(SLOW_MODEL, [*SLOW_ARGS, "--max-n", "16", "--max-running", "16",
+                                  "--sse-keepalive-s", "0.2"])
     long_request = raw_post(d, {"prompt": "a red circle", "seed": 1, "n": 16})
     d.wait_metrics(running_is(1), what="the long request running")
     comments, waiting_seen = [], False
@@ -386,15 +388,20 @@ def test_stream_queued_behind_a_long_request_gets_keep_alives(start_daemon):
             comments.append(line)
             waiting_seen = d.metrics().get("arserve_requests_waiting") == 1
             break
-    long_request.close()
     assert comments == [": keep-alive"], comments
     assert waiting_seen, "the keep-alive did not arrive while the stream was queued"
-    # Both clients left: both requests are cancelled and their KV freed.
+    # The stream's client left while it was queued: it is cancelled without
+    # starting, the long request still running.
+    d.wait_metrics(lambda m: m.get("arserve_requests_waiting") == 0
+                   and m.get("arserve_images_total", status="cancelled") == 1
+                   and m.get("arserve_images_total", status="ok") == 0,
+                   what="the queued stream cancelled")
+    # Then the long request's client leaves: it is cancelled and all KV freed.
+    long_request.close()
     d.wait_metrics(lambda m: m.get("arserve_requests_running") == 0
-                   and m.get("arserve_requests_waiting") == 0
                    and m.get("arserve_kv_pool_reserved_bytes") == 0
                    and m.get("arserve_images_total", status="cancelled") == 17,
-                   timeout=10.0, what="both requests cancelled")
+                   what="both requests cancelled")
 
 
 def _environ(pid):
