@@ -270,9 +270,10 @@ typedef struct kv_budget_range {
 /* The policy a request runs with, resolved once: o's kind, else the
  * defaults' (the daemon's config); o's budget, else the defaults' when
  * positive, else the policy's own; o's knobs over the defaults' knobs.
- * A knob given for another policy than the request's is an error naming
- * the knob (*field, may be NULL): it would be ignored, and the client
- * would never know. defaults NULL: full and the papers' knobs. */
+ * A knob given for another policy than the request's, or a budget given
+ * to a policy that takes none, is an error naming the knob or "kv_budget"
+ * (*field, may be NULL): it would be ignored, and the client would never
+ * know. defaults NULL: full and the papers' knobs. */
 int kv_policy_resolve(const kv_policy_params_t *defaults, const kv_policy_overrides_t *o,
                       kv_policy_params_t *out, const char **field, ar_error_t *err);
 

@@ -172,7 +172,7 @@ static void test_edge_values_accepted(void) {
         "{\"prompt\":\"12345678901234567890123456789012\"}", /* exactly max_prompt_bytes */
         "{\"prompt\":\"x\",\"seed\":0}", "{\"prompt\":\"x\",\"seed\":-0}",
         "{\"prompt\":\"x\",\"seed\":4.2e1}", "{\"prompt\":\"x\",\"n\":1.0}",
-        "{\"prompt\":\"x\",\"top_p\":1e-9,\"kv_budget\":1}",
+        "{\"prompt\":\"x\",\"top_p\":1e-9,\"kv_policy\":\"linear\",\"kv_budget\":1}",
         "{\"prompt\":\"x\",\"guidance_scale\":100,\"temperature\":100}",
         "{\"prompt\":\"x\",\"top_k\":0,\"partial_images\":0,\"stream\":false}",
         "{\"prompt\":\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"}", /* brackets in a string */
@@ -321,6 +321,13 @@ static const bad_case_t bad_cases[] = {
     {"{\"prompt\":\"x\",\"kv_budget_min\":\"0.5\"}", 400, "kv_budget_min", "invalid_type", NULL},
     {"{\"prompt\":\"x\",\"kv_budget_min\":0.5}", 400, "kv_budget_min", "invalid_value",
      "full takes no budget"},
+    /* a budget on a policy that takes none would be ignored: refused, naming it */
+    {"{\"prompt\":\"x\",\"kv_policy\":\"full\",\"kv_budget\":0.5}", 400, "kv_budget",
+     "invalid_value", "kv_budget: kv_policy full takes no budget"},
+    {"{\"prompt\":\"x\",\"kv_policy\":\"amskv\",\"kv_budget\":0.05}", 400, "kv_budget",
+     "invalid_value", "kv_policy amskv takes no budget"},
+    {"{\"prompt\":\"x\",\"kv_budget\":1}", 400, "kv_budget", "invalid_value",
+     "this request has no kv_policy and the server's default, full, takes no budget"},
     {"{\"prompt\":\"x\",\"kv_policy\":\"linear\",\"kv_budget\":0.5,\"kv_budget_min\":0.6}", 400,
      "kv_budget_min", "invalid_value", "above the range's top, kv_budget 0.5"},
     {"{\"prompt\":\"x\",\"kv_policy\":\"auto\"}", 400, "kv_policy", "invalid_value",
@@ -484,7 +491,7 @@ static void test_every_member_once_and_each_twice(void) {
         "\"prompt\":\"x\",\"model\":\"janus-pro-tiny\",\"n\":1,\"size\":\"384x384\","
         "\"response_format\":\"b64_json\",\"output_format\":\"png\",\"user\":\"u\","
         "\"seed\":1,\"guidance_scale\":1,\"temperature\":1,\"top_k\":1,\"top_p\":1,"
-        "\"kv_budget\":0.5,\"stream\":false,\"partial_images\":0,\"async\":false";
+        "\"stream\":false,\"partial_images\":0,\"async\":false";
     for (int k = 0; k < KV_POLICY_COUNT; k++) {
         /* {fields, "kv_policy": k, every knob of k at its default} */
         char members[64][96];
@@ -495,6 +502,8 @@ static void test_every_member_once_and_each_twice(void) {
             snprintf(members[n++], sizeof members[0], "%s", m);
         snprintf(members[n++], sizeof members[0], "\"kv_policy\":\"%s\"",
                  kv_policy_name((kv_policy_kind_t)k));
+        if (kv_policy_uses_budget((kv_policy_kind_t)k, NULL))
+            snprintf(members[n++], sizeof members[0], "\"kv_budget\":0.5");
         for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
             if (kv_policy_knob_of(&kv_policy_knobs[i], (kv_policy_kind_t)k))
                 snprintf(members[n++], sizeof members[0], "\"%s\":%.17g", kv_policy_knobs[i].name,
