@@ -207,14 +207,29 @@ int model_prompt_from_class(const model_t *m, int label, int *cond, int *uncond,
     return AR_OK;
 }
 
+/* The most prompt ids (the tokenizer's, before the model adds its own) a
+ * prompt may have: the text encoder's tokens less </s> on a model with
+ * one, else the rows less BOS and the image start. */
+static int max_prompt_ids(const model_t *m) {
+    return model_config_has_text_encoder(&m->cfg) ? m->cfg.text.max_tokens - 1
+                                                  : MODEL_MAX_PROMPT_TOKENS - 2;
+}
+
+/* The error for a prompt of n_ids ids, more than max_prompt_ids, counted
+ * as the model counts its rows. */
+static int prompt_too_long(const model_t *m, int n_ids, ar_error_t *err) {
+    if (model_config_has_text_encoder(&m->cfg))
+        return ar_errorf(err, "prompt is %d tokens with </s>, more than the model's limit %d",
+                         n_ids + 1, m->cfg.text.max_tokens);
+    return ar_errorf(err, "prompt is %d tokens, more than the limit %d", n_ids + 2,
+                     MODEL_MAX_PROMPT_TOKENS);
+}
+
 /* Infinity: the prompt's T5 ids and </s>; the unconditional row is the
  * learned rows cfg_uncond[:n], marked -1 (no ids). */
 static int prompt_from_ids_t5(const model_t *m, const int *ids, int n_ids, int *cond, int *uncond,
                               int *n, ar_error_t *err) {
     const text_config_t *t = &m->cfg.text;
-    if (n_ids + 1 > t->max_tokens)
-        return ar_errorf(err, "prompt is %d tokens with </s>, more than the model's limit %d",
-                         n_ids + 1, t->max_tokens);
     for (int i = 0; i < n_ids; i++)
         if (ids[i] < 0 || ids[i] >= t->vocab_size)
             return ar_errorf(err, "prompt token id %d is outside the vocabulary [0, %d)", ids[i],
@@ -231,13 +246,12 @@ static int prompt_from_ids_t5(const model_t *m, const int *ids, int n_ids, int *
 
 int model_prompt_from_ids(const model_t *m, const int *ids, int n_ids, int *cond, int *uncond,
                           int *n, ar_error_t *err) {
+    if (n_ids > max_prompt_ids(m))
+        return prompt_too_long(m, n_ids, err);
     if (model_config_has_text_encoder(&m->cfg))
         return prompt_from_ids_t5(m, ids, n_ids, cond, uncond, n, err);
     if (model_is_class_conditional(m))
         return ar_errorf(err, "this model is class-conditional: give a class, not token ids");
-    if (n_ids + 2 > MODEL_MAX_PROMPT_TOKENS)
-        return ar_errorf(err, "prompt is %d tokens, more than the limit %d", n_ids + 2,
-                         MODEL_MAX_PROMPT_TOKENS);
     for (int i = 0; i < n_ids; i++)
         if (ids[i] < 0 || ids[i] >= m->cfg.llm.vocab_size)
             return ar_errorf(err, "prompt token id %d is outside the vocabulary [0, %d)", ids[i],
@@ -277,8 +291,12 @@ int model_prompt_from_text(const model_t *m, const char *text, int *cond, int *u
         goto out;
     }
     snprintf(full, len, "%.*s%s%s", (int)(at - tpl), tpl, text, at + strlen("{prompt}"));
-    if (tokenizer_encode(m->tok, full, ids, MODEL_MAX_PROMPT_TOKENS - 2, &n_ids, err) != AR_OK)
+    const int max_ids = max_prompt_ids(m);
+    if (tokenizer_encode(m->tok, full, ids, max_ids, &n_ids, err) != AR_OK) {
+        if (n_ids > max_ids)
+            prompt_too_long(m, n_ids, err);
         goto out;
+    }
     rc = model_prompt_from_ids(m, ids, n_ids, cond, uncond, n, err);
 out:
     free(full);

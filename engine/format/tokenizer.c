@@ -2201,8 +2201,10 @@ int tokenizer_encode(const tokenizer_t *t, const char *text, int *ids, int max_i
     pcre2_jit_stack_free(st.jit_stack);
     if (rc != AR_OK)
         return AR_ERR;
-    if (st.count > max_ids)
+    if (st.count > max_ids) {
+        *n_ids = st.count;
         return ar_errorf(err, "prompt is %d tokens, more than the limit %d", st.count, max_ids);
+    }
     *n_ids = st.count;
     return AR_OK;
 }

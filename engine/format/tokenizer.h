@@ -125,10 +125,11 @@ tokenizer_t *tokenizer_load(const char *path, ar_error_t *err);
 /* Frees t; NULL is fine. */
 void tokenizer_free(tokenizer_t *t);
 
-/* Encodes text into ids[0..*n_ids). Returns AR_OK, or AR_ERR (with *n_ids = 0)
- * if more than max_ids ids would be needed ("prompt is N tokens, more than the
- * limit M") or a word is unknown and there is no unk token. Thread-safe: t is
- * not modified. */
+/* Encodes text into ids[0..*n_ids). Returns AR_OK, or AR_ERR: with *n_ids
+ * the count needed (> max_ids) if more than max_ids ids would be needed
+ * ("prompt is N tokens, more than the limit M"; ids[0..max_ids) written),
+ * with *n_ids = 0 if a word is unknown and there is no unk token.
+ * Thread-safe: t is not modified. */
 int tokenizer_encode(const tokenizer_t *t, const char *text, int *ids, int max_ids, int *n_ids,
                      ar_error_t *err);
 

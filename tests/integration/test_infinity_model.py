@@ -109,9 +109,13 @@ def test_a_size_the_model_lacks_is_a_400_listing_its_sizes(d):
 
 def test_a_prompt_past_the_text_limit_is_a_400_naming_it(d):
     limit = CFG["text"]["max_tokens"]
-    e = error_of(d.client.post(GEN, json={"prompt": " ".join(["dragon"] * (4 * limit))}))
-    assert e["param"] == "prompt"
-    assert f"limit {limit}" in e["message"], e["message"]
+    # Past the model's limit, and past the rows a raster prompt may have
+    # (1024; 2,000 one-letter words fit the 4,096-byte prompt): either way the
+    # limit named is the text encoder's.
+    for prompt in (" ".join(["dragon"] * (4 * limit)), " ".join(["a"] * 2000)):
+        e = error_of(d.client.post(GEN, json={"prompt": prompt}))
+        assert e["param"] == "prompt"
+        assert f"more than the model's limit {limit}" in e["message"], e["message"]
     e = error_of(d.client.post(GEN, json={"prompt": "a dog",
                                           "negative_prompt": " ".join(["blurry"] * (4 * limit))}))
     assert e["param"] == "negative_prompt" and f"limit {limit}" in e["message"], e
