@@ -267,11 +267,13 @@ int kv_policy_resolve(const kv_policy_params_t *defaults, const kv_policy_overri
      * client would believe it ran at that budget. */
     if (o->budget > 0 && !ops_of(kind)->takes_budget) {
         if (o->has_kind)
-            ar_errorf(err, "kv_budget: kv_policy %s takes no budget; leave kv_budget out or name "
+            ar_errorf(err,
+                      "kv_budget: kv_policy %s takes no budget; leave kv_budget out or name "
                       "a policy that takes one",
                       kv_policy_name(kind));
         else
-            ar_errorf(err, "kv_budget: this request has no kv_policy and the server's default, "
+            ar_errorf(err,
+                      "kv_budget: this request has no kv_policy and the server's default, "
                       "%s, takes no budget: send a kv_policy that takes one with it",
                       kv_policy_name(kind));
         return fail_at(field, "kv_budget");
