@@ -91,6 +91,19 @@ static int get_float(const ctx_t *c, const cJSON *obj, const char *key, double l
     return AR_OK;
 }
 
+/* A norm's epsilon: in (0, 1] as a float (0, or a value float rounds to 0,
+ * divides a zero row by zero). */
+static int get_eps(const ctx_t *c, const cJSON *obj, const char *key, float *out) {
+    if (get_float(c, obj, key, 0, 1, out))
+        return AR_ERR;
+    if (*out > 0)
+        return AR_OK;
+    char kp[256];
+    key_path(c, key, kp, sizeof kp);
+    return ar_errorf(c->err, "%s: '%s' is %g; a norm's epsilon must be greater than 0 (as a float)",
+                     c->file, kp, cJSON_GetObjectItemCaseSensitive(obj, key)->valuedouble);
+}
+
 static int get_string(const ctx_t *c, const cJSON *obj, const char *key, int required, char *out,
                       size_t cap) {
     int st;
@@ -154,7 +167,7 @@ static int read_llm(const ctx_t *c, const cJSON *root, int with_vocab, llm_confi
         get_int(&s, o, "num_kv_heads", 1, 1024, &l->num_kv_heads) ||
         get_int(&s, o, "head_dim", 2, 1024, &l->head_dim) ||
         get_int(&s, o, "intermediate_size", 1, 1 << 18, &l->intermediate_size) ||
-        get_float(&s, o, "rms_norm_eps", 0, 1, &l->norm_eps) ||
+        get_eps(&s, o, "rms_norm_eps", &l->norm_eps) ||
         get_float(&s, o, "rope_theta", 1, 1e9, &l->rope_theta))
         return AR_ERR;
     if (l->head_dim % 2)
@@ -181,7 +194,7 @@ static int read_llm_scale(const ctx_t *c, const cJSON *root, llm_config_t *l) {
         get_int(&s, o, "num_heads", 1, 1024, &l->num_heads) ||
         get_int(&s, o, "head_dim", 1, 1024, &l->head_dim) ||
         get_int(&s, o, "intermediate_size", 1, 1 << 18, &l->intermediate_size) ||
-        get_float(&s, o, "norm_eps", 0, 1, &l->norm_eps) ||
+        get_eps(&s, o, "norm_eps", &l->norm_eps) ||
         get_bool(&s, o, "shared_adaln", &l->shared_adaln))
         return AR_ERR;
     if ((long long)l->num_heads * l->head_dim != l->hidden_size)
@@ -471,7 +484,7 @@ static int read_text(const ctx_t *c, const cJSON *root, text_config_t *t) {
         get_int(&s, o, "num_heads", 1, 1024, &t->num_heads) ||
         get_int(&s, o, "head_dim", 1, 1024, &t->head_dim) ||
         get_int(&s, o, "intermediate_size", 1, 1 << 18, &t->intermediate_size) ||
-        get_float(&s, o, "norm_eps", 0, 1, &t->norm_eps) ||
+        get_eps(&s, o, "norm_eps", &t->norm_eps) ||
         get_int(&s, o, "relative_buckets", 2, 1024, &t->relative_buckets) ||
         get_int(&s, o, "relative_max_distance", 2, 1 << 16, &t->relative_max_distance) ||
         get_int(&s, o, "max_tokens", 1, 1 << 14, &t->max_tokens) ||

@@ -79,6 +79,9 @@ static void test_mistakes_name_the_key(void) {
         {"\"hidden_size\": 64", "\"hidden_size\": \"64\"", "'llm.hidden_size' must be an integer"},
         {"\"hidden_size\": 64", "\"hidden_size\": 64.5", "'llm.hidden_size' must be an integer"},
         {"\"hidden_size\": 64", "\"hidden_size\": 0", "'llm.hidden_size' is 0, outside"},
+        {"\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 0",
+         "'llm.rms_norm_eps' is 0; a norm's epsilon must be greater than 0"},
+        {"\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 1e-50", "'llm.rms_norm_eps' is 1e-50"},
         {"\"head_dim\": 16", "\"head_dim\": 15", "'llm.head_dim' must be even"},
         {"\"num_kv_heads\": 4", "\"num_kv_heads\": 2", "grouped-query"},
         {"\"top_p\": 1.0", "\"top_p\": 1.5", "'sampling.top_p' is 1.5, outside"},
@@ -162,6 +165,45 @@ static void test_llamagen_config(void) {
     }
 }
 
+/* Infinity's epsilons, the transformer's and the T5 encoder's: 0 is
+ * refused, naming the key (a zero row would divide by zero). */
+static void test_infinity_norm_eps_must_be_positive(void) {
+    size_t len = 0;
+    char *text = NULL;
+    FILE *f = fopen("tests/golden/infinity_tiny/arserve.json", "rb");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    char buf[4096];
+    FILE *mem = open_memstream(&text, &len);
+    for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;)
+        fwrite(buf, 1, n, mem);
+    fclose(f);
+    fclose(mem);
+    static const char *const keys[] = {"llm.norm_eps", "text.norm_eps"};
+    for (int k = 0; k < 2; k++) {
+        /* The k-th "norm_eps" of the file: llm's comes first, then text's. */
+        char *at = strstr(text, "\"norm_eps\": ");
+        for (int i = 0; at && i < k; i++)
+            at = strstr(at + 1, "\"norm_eps\": ");
+        CHECK(at != NULL);
+        if (!at)
+            break;
+        char *json = malloc(len + 16);
+        const char *end = at + strcspn(at, ",\n}");
+        snprintf(json, len + 16, "%.*s\"norm_eps\": 0%s", (int)(at - text), text, end);
+        model_config_t c;
+        ar_error_t err = {{0}};
+        CHECK_MSG(model_config_parse(&c, json, strlen(json), "m/arserve.json", &err) == AR_ERR,
+                  "%s: 0 accepted", keys[k]);
+        char want[96];
+        snprintf(want, sizeof want, "m/arserve.json: '%s' is 0; a norm's epsilon", keys[k]);
+        CHECK_STR_CONTAINS(err.msg, want);
+        free(json);
+    }
+    free(text);
+}
+
 static void test_not_an_object(void) {
     model_config_t c;
     ar_error_t err = {{0}};
@@ -177,6 +219,7 @@ int main(void) {
     TEST_RUN(test_missing_file_is_named);
     TEST_RUN(test_mistakes_name_the_key);
     TEST_RUN(test_not_an_object);
+    TEST_RUN(test_infinity_norm_eps_must_be_positive);
     TEST_RUN(test_llamagen_config);
     return TEST_SUMMARY();
 }
