@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/file.h"
 #include "base/text.h"
 
 static int special_id(const model_t *m, const char *key, const char *token, int *out,
@@ -28,9 +29,15 @@ static int load_class_names(model_t *m, ar_error_t *err) {
     const int n = m->cfg.condition.num_classes;
     char path[2048], line[256];
     snprintf(path, sizeof path, "%s/%s", m->dir, m->cfg.condition.class_names);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return ar_errorf(err, "%s: cannot open: %s", path, strerror(errno));
+    /* A regular file only; read at most num_classes + 1 lines of 256 bytes. */
+    int fd = file_open_regular(path, NULL, NULL, err);
+    if (fd < 0)
+        return AR_ERR;
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        close(fd);
+        return ar_errorf(err, "%s: cannot read: %s", path, strerror(errno));
+    }
     m->class_names = calloc((size_t)n, sizeof *m->class_names);
     int i = 0, rc = AR_ERR;
     if (!m->class_names) {

@@ -2,6 +2,7 @@
  * type- and range-checked, and every error names the file and the key path. */
 #include "engine/model_config.h"
 
+#include "base/file.h"
 #include "engine/format/json_strict.h"
 #include "engine/model_family.h"
 
@@ -711,25 +712,11 @@ out:
 }
 
 int model_config_load(model_config_t *cfg, const char *path, ar_error_t *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return ar_errorf(err, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0)
-        n = ftell(f);
-    if (n < 0 || n > (1 << 20) || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return ar_errorf(err, "%s: unreadable or larger than 1 MiB", path);
-    }
-    buf = malloc((size_t)n + 1);
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        fclose(f);
-        return ar_errorf(err, "%s: read failed", path);
-    }
-    fclose(f);
-    int rc = model_config_parse(cfg, buf, (size_t)n, path, err);
+    size_t n;
+    char *buf = file_read_all(path, NULL, (size_t)1 << 20, &n, err);
+    if (!buf)
+        return AR_ERR;
+    int rc = model_config_parse(cfg, buf, n, path, err);
     free(buf);
     return rc;
 }

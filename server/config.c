@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/file.h"
 #include "base/text.h"
 #include "engine/backend/backend.h"
 #include "engine/format/json_strict.h"
@@ -507,32 +508,6 @@ static int set_from_json(server_config_t *c, const setting_t *s, const source_t 
 
 /* ---- sources ---------------------------------------------------------- */
 
-/* Reads a whole small file into a NUL-terminated malloc'd buffer. */
-static int read_small_file(const char *path, const char *what, char **out, size_t *len,
-                           ar_error_t *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return ar_errorf(err, "%s: cannot open %s: %s", path, what, strerror(errno));
-    char *buf = malloc(MAX_FILE_BYTES + 1);
-    if (!buf) {
-        fclose(f);
-        return ar_errorf(err, "%s: out of memory reading %s", path, what);
-    }
-    size_t n = fread(buf, 1, MAX_FILE_BYTES + 1, f);
-    int bad = ferror(f), saved = errno;
-    fclose(f);
-    if (bad || n > MAX_FILE_BYTES) {
-        free(buf);
-        if (bad)
-            return ar_errorf(err, "%s: cannot read %s: %s", path, what, strerror(saved));
-        return ar_errorf(err, "%s: %s is larger than %d bytes", path, what, MAX_FILE_BYTES);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return AR_OK;
-}
-
 /* 1-based line of the byte at `at` in text. */
 static int line_of(const char *text, const char *at) {
     int line = 1;
@@ -542,9 +517,9 @@ static int line_of(const char *text, const char *at) {
 }
 
 static int load_file(server_config_t *c, const char *path, ar_error_t *err) {
-    char *text;
     size_t len;
-    if (read_small_file(path, "config file", &text, &len, err))
+    char *text = file_read_all(path, "config file", MAX_FILE_BYTES, &len, err);
+    if (!text)
         return AR_ERR;
     int rc = AR_ERR;
     json_strict_fault_t fault;
@@ -678,9 +653,9 @@ static int next_flag(int argc, char **argv, int *i, flag_t *f, ar_error_t *err) 
 
 static int load_key_file(server_config_t *c, ar_error_t *err) {
     const char *path = c->api_key_file;
-    char *text;
     size_t len;
-    if (read_small_file(path, "API key file", &text, &len, err))
+    char *text = file_read_all(path, "API key file", MAX_FILE_BYTES, &len, err);
+    if (!text)
         return AR_ERR;
     while (len && isspace((unsigned char)text[len - 1]))
         text[--len] = 0;

@@ -7,28 +7,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/file.h"
 #include "engine/format/json_strict.h"
 
+/* The largest file read: VAR-d30's KV calibration, the largest measured,
+ * is 1.3 MB. */
+#define JSON_FILE_MAX_BYTES ((size_t)64 << 20)
+
 cJSON *json_file_read(const char *path, ar_error_t *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        ar_errorf(err, "%s: cannot open: %s", path, strerror(errno));
+    size_t n;
+    char *text = file_read_all(path, NULL, JSON_FILE_MAX_BYTES, &n, err);
+    if (!text)
         return NULL;
-    }
-    char *text = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (text = malloc((size_t)n + 1)) && fread(text, 1, (size_t)n, f) == (size_t)n)
-        text[n] = 0;
-    else {
-        free(text);
-        text = NULL;
-    }
-    fclose(f);
-    if (!text) {
-        ar_errorf(err, "%s: cannot read", path);
-        return NULL;
-    }
     cJSON *root = json_parse_strict(text, (size_t)n, JSON_STRICT_DEFAULT_DEPTH, NULL, err);
     free(text);
     if (!root)

@@ -3,6 +3,7 @@
  * spans, unique names), and only then form pointers into the mapping. */
 #include "engine/format/safetensors.h"
 
+#include "base/file.h"
 #include "engine/format/json_strict.h"
 
 #include <cjson/cJSON.h>
@@ -344,20 +345,10 @@ void safetensors_release(const safetensors_t *st, const void *data, size_t n) {
 
 int safetensors_open(safetensors_t *st, const char *path, ar_error_t *err) {
     memset(st, 0, sizeof *st);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    uint64_t file_size;
+    int fd = file_open_regular(path, NULL, &file_size, err);
     if (fd < 0)
-        return ar_errorf(err, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return ar_errorf(err, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return ar_errorf(err, "%s: not a regular file", path);
-    }
-    uint64_t file_size = (uint64_t)sb.st_size;
+        return AR_ERR;
     if (file_size < 8) {
         close(fd);
         return ar_errorf(err, "%s: file is %s (%llu bytes; a safetensors file has at least 8)",

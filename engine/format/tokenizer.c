@@ -5,6 +5,7 @@
  * Contract and HF differences: tokenizer.h. */
 #include "engine/format/tokenizer.h"
 
+#include "base/file.h"
 #include "engine/format/json_strict.h"
 #include "engine/format/tokenizer_unigram.h"
 
@@ -20,7 +21,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#define TOKENIZER_MAX_FILE_BYTES ((size_t)1 << 30)
+/* The largest tokenizer.json read: the released ones are 2 to 35 MB. */
+#define TOKENIZER_MAX_FILE_BYTES ((size_t)256 << 20)
 #define TOKENIZER_MAX_NORM_STEPS 16
 #define TOKENIZER_MAX_PRE_STEPS 16
 #define TOKENIZER_MAX_NESTING 4
@@ -459,52 +461,6 @@ static void byte_level_init(tokenizer_t *t) {
 }
 
 /* ---- loading ---- */
-
-static char *read_file(const char *path, size_t *len, ar_error_t *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        ar_errorf(err, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap) {
-            if (cap >= TOKENIZER_MAX_FILE_BYTES) {
-                ar_errorf(err, "%s: larger than %zu bytes", path, TOKENIZER_MAX_FILE_BYTES);
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            char *grown = realloc(buf, cap * 2);
-            if (!grown) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = grown;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    if (!buf) {
-        ar_errorf(err, "%s: out of memory reading the file", path);
-        fclose(f);
-        return NULL;
-    }
-    if (ferror(f)) {
-        ar_errorf(err, "%s: read error: %s", path, strerror(errno));
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    *len = n;
-    return buf;
-}
 
 /* A JSON number that is a whole id in [0, TOKENIZER_MAX_ID], else -1. */
 static int json_id(const cJSON *item) {
@@ -1557,7 +1513,7 @@ static int parse_root(tokenizer_t *t, const cJSON *root, const json_source_t *sr
 
 tokenizer_t *tokenizer_load(const char *path, ar_error_t *err) {
     size_t len = 0;
-    char *buf = read_file(path, &len, err);
+    char *buf = file_read_all(path, NULL, TOKENIZER_MAX_FILE_BYTES, &len, err);
     if (!buf)
         return NULL;
     json_strict_fault_t fault;

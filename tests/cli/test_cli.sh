@@ -95,6 +95,26 @@ truncate -s 5000 "$tmp/trunc/model.safetensors"
 expect_fail "truncated weights are an error naming the file" 1 "model.safetensors" -- \
     "$bin" generate --model "$tmp/trunc" --prompt x -o "$tmp/x.png"
 
+# A model file that is not a regular file is refused at once, naming it: a
+# FIFO would block the load forever, a link to /dev/zero read without end
+# (timeout only turns a hang into a failure here; the refusal is instant).
+for f in tokenizer.json arserve.json model.safetensors; do
+    rm -rf "$tmp/special" && cp -r "$model" "$tmp/special" && rm "$tmp/special/$f"
+    mkfifo "$tmp/special/$f"
+    expect_fail "$f as a FIFO is refused, named, without waiting" 1 "$f: cannot read: not a regular file (a FIFO)" -- \
+        timeout 120 "$bin" generate --model "$tmp/special" --prompt x -o "$tmp/x.png"
+    rm "$tmp/special/$f" && ln -s /dev/zero "$tmp/special/$f"
+    expect_fail "$f linked to /dev/zero is refused, named" 1 "$f: cannot read: not a regular file (a character device)" -- \
+        timeout 120 "$bin" generate --model "$tmp/special" --prompt x -o "$tmp/x.png"
+done
+
+# One past its kind's limit is refused by its size, before a byte is read
+# (sparse: the test writes nothing).
+rm -rf "$tmp/special" && cp -r "$model" "$tmp/special" && truncate -s 257M "$tmp/special/tokenizer.json"
+expect_fail "a 257 MiB tokenizer.json is refused by its size" 1 \
+    "tokenizer.json: the file is 269484032 bytes, more than the 268435456 it may have" -- \
+    "$bin" generate --model "$tmp/special" --prompt x -o "$tmp/x.png"
+
 [ ! -e "$tmp/x.png" ] && ok "failed runs write no PNG" || fail "failed runs write no PNG"
 
 # Without --model: $ARSERVE_MODEL, else the shipped model found from the
