@@ -45,8 +45,7 @@ int file_open_regular(const char *path, const char *what, uint64_t *size, ar_err
     return fd;
 }
 
-char *file_read_all(const char *path, const char *what, size_t max, size_t *len,
-                    ar_error_t *err) {
+char *file_read_all(const char *path, const char *what, size_t max, size_t *len, ar_error_t *err) {
     const char *sp = what ? " " : "", *w = what ? what : "";
     uint64_t size;
     int fd = file_open_regular(path, what, &size, err);
