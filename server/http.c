@@ -683,11 +683,21 @@ static uint64_t random_seed(void) {
     return x & ((1ull << 53) - 1);
 }
 
-/* An answer to a client that went away: nobody reads it, and queueing it
- * (rather than failing the request) keeps libmicrohttpd from logging an
- * internal error. 499 is what the access logs of nginx call it. */
+/* A client that went away (closed, or shut its sending side): nothing is
+ * written, and the connection is closed. 499, what nginx's access logs call
+ * it, is the code the metrics and the access log give it, never a status
+ * line (HTTP has no 499). libmicrohttpd's note that the application ended
+ * the connection is left out of the log, as for answer_and_close. */
 static enum MHD_Result client_gone(http_server_t *h, struct MHD_Connection *c, conn_t *cx) {
-    return send_buf(h, c, cx, 499, "text/plain", (void *)"", 0, 0);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    count(h, cx, 499);
+    if (ci)
+        shutdown(ci->connect_fd, SHUT_RDWR);
+    cx->responded = 1;
+    cx->closed = 1;
+    closed_by_us = 1;
+    return MHD_NO;
 }
 
 /* A prompt for the access log: a JSON string of at most LOGGED_PROMPT_BYTES

@@ -222,6 +222,29 @@ def test_disconnect_while_waiting_is_dropped(start_daemon):
     assert m.get("arserve_kv_pool_reserved_bytes") == 0
 
 
+def test_a_half_closed_client_gets_nothing_on_the_wire(start_daemon):
+    """A client that shuts its sending side mid-generation has gone away: its
+    job is cancelled and the connection closed with no bytes written. 499 is
+    the code the metrics and the access log give it (nginx's), never a status
+    line: no HTTP status 499 exists."""
+    d = start_daemon(SLOW_MODEL, SLOW_ARGS)
+    s = raw_post(d, {"prompt": "a red circle", "seed": 3, "n": 2})
+    d.wait_metrics(running_is(1), what="the request generating")
+    s.shutdown(socket.SHUT_WR)
+    got = b""
+    while chunk := s.recv(4096):
+        got += chunk
+    s.close()
+    assert got == b"", got[:200]
+    m = d.wait_metrics(lambda m: m.get("arserve_requests_running") == 0
+                       and m.get("arserve_images_total", status="cancelled") == 2,
+                       what="the request cancelled")
+    assert m.get("arserve_http_requests_total", route=GEN, code="499") == 1
+    assert m.get("arserve_images_total", status="ok") == 0
+    log = d.stderr()
+    assert " 499 " in log and "internal error" not in log, log
+
+
 # ---- SIGTERM drains -------------------------------------------------------
 
 def test_sigterm_drains_in_flight_request_then_exits_0(start_daemon, slow_info):
