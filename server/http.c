@@ -95,6 +95,11 @@ typedef struct conn {
     char method[24];            /* printable */
     char client[INET_ADDRSTRLEN];
     int nul_in_path; /* the path encodes a NUL (%00) */
+    /* The request line as libmicrohttpd split it: the target as sent (in
+     * its buffer, until it decodes it in place) and its length then. */
+    const char *raw_target;
+    size_t raw_target_len;
+    const char *bad_line; /* what is malformed in the request line, or NULL */
     int started;     /* the access handler has seen it */
     double t0;
     char *body;
@@ -1023,6 +1028,8 @@ static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c) {
         return NULL;
     quote_printable(cx->path, sizeof cx->path, uri, 1);
     note_client(cx, c);
+    cx->raw_target = uri;
+    cx->raw_target_len = strlen(uri);
     for (const char *p = uri; *p && *p != '?'; p++)
         if (p[0] == '%' && p[1] == '0' && p[2] == '0')
             cx->nul_in_path = 1;
@@ -1191,6 +1198,12 @@ static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, 
                                     const char *method, const char *version) {
     framing_t f = {0};
     MHD_get_connection_values(c, MHD_HEADER_KIND, scan_framing, &f);
+    if (cx->bad_line) {
+        cx->close = 1;
+        return fail(h, c, cx, 400, NULL, "invalid_request_line",
+                    "the request line (method %s, target %s) is malformed: %s", cx->method,
+                    cx->path, cx->bad_line);
+    }
     if (cx->nul_in_path) {
         cx->close = 1;
         return fail(h, c, cx, 400, NULL, "invalid_path", "the path %s encodes a NUL byte",
@@ -1275,9 +1288,48 @@ static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, 
 }
 
 /* The first call for a request: its state, phase, and the early answers. */
+/* RFC 9110 5.6.2's tchar: the bytes a method (a token) may have. */
+static int is_tchar(unsigned char b) {
+    return (b >= '0' && b <= '9') || ((b | 0x20) >= 'a' && (b | 0x20) <= 'z') ||
+           (b && strchr("!#$%&'*+-.^_`|~", b));
+}
+
+/* Whether a NUL the client sent ends the part of the request line that
+ * starts at `part` (n bytes as a string) early. libmicrohttpd splits the
+ * line in its own buffer, writing one NUL over the space after each part
+ * and skipping any more spaces (which it allows) to the next, which starts
+ * at `next`; so between a part's end and the next there is exactly one NUL
+ * and otherwise blanks, unless the client sent a NUL. Those bytes are read
+ * only when the two pointers are that close. */
+static int nul_after(const char *part, size_t n, const char *next) {
+    int nuls = 0;
+    if (next > part + n + 1 && next <= part + n + 64)
+        for (const char *p = part + n; p < next; p++)
+            if (*p == 0 ? ++nuls > 1 : *p != ' ' && *p != '\t')
+                return 1;
+    return 0;
+}
+
+/* What is malformed in the request line, or NULL: a method that is not a
+ * token, or a NUL byte in the method or the target (which would end the
+ * string libmicrohttpd gives early: "G\0T" read as "G"). */
+static const char *line_malformed(const conn_t *cx, const char *method, const char *url,
+                                  const char *version) {
+    const size_t n = strlen(method);
+    for (size_t i = 0; i < n; i++)
+        if (!is_tchar((unsigned char)method[i]))
+            return "its method is not an HTTP token (RFC 9110 5.6.2)";
+    if (n == 0 || nul_after(method, n, cx->raw_target ? cx->raw_target : url))
+        return "its method holds a NUL byte";
+    if (cx->raw_target && nul_after(cx->raw_target, cx->raw_target_len, version))
+        return "its target holds a NUL byte";
+    return NULL;
+}
+
 static enum MHD_Result start_request(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
                                      const char *url, const char *method, const char *version) {
     cx->started = 1;
+    cx->bad_line = line_malformed(cx, method, url, version);
     quote_printable(cx->method, sizeof cx->method, method, 0);
     for (const char *const *r = KNOWN_ROUTES; *r; r++)
         if (!strcmp(url, *r))

@@ -87,6 +87,18 @@ STRICT_CASES = [
     ("nul-in-path", request("GET", "/health%00"), 400, "invalid_path"),
     ("nul-in-path-generations", request("GET", "/v1/images%00/generations"), 400,
      "invalid_path"),
+    # A method is a token; a NUL in the request line would end what the
+    # HTTP library gives early ("G\0T" read as "G", "/health\0x" as
+    # "/health"): each is a malformed request line, not a 405 or a route.
+    ("nul-in-method", b"G\x00T /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 400,
+     "invalid_request_line"),
+    ("nul-after-method", b"GET\x00 /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 400,
+     "invalid_request_line"),
+    ("non-token-method", b"G\xc7T /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 400,
+     "invalid_request_line"),
+    ("nul-in-target", b"GET /health\x00x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 400,
+     "invalid_request_line"),
+    ("unknown-token-method", request("BREW", "/health"), 405, "method_not_allowed"),
     ("bytes-not-utf8", request("GET", "/%ff%fe"), 404, "not_found"),
     ("raw-bytes-not-utf8", b"GET /\xff\xfe\x01 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 404,
      "not_found"),
