@@ -100,7 +100,7 @@ typedef struct conn {
     const char *raw_target;
     size_t raw_target_len;
     const char *bad_line; /* what is malformed in the request line, or NULL */
-    int started;     /* the access handler has seen it */
+    int started;          /* the access handler has seen it */
     double t0;
     char *body;
     size_t len, cap;
