@@ -119,6 +119,7 @@ typedef struct conn {
     char *prompt;        /* the prompt as logged (--log-prompts), or NULL */
     char job_id[JOB_STORE_ID_LEN + 1]; /* JOBS_ROUTE: the id in the path, "" if malformed */
     char location[64];                 /* a Location header to answer with, "" for none */
+    int retry_after_s;                 /* a 429's Retry-After; 0: --retry-after-s */
 } conn_t;
 
 /* What a streaming response's reader needs. */
@@ -230,7 +231,8 @@ static enum MHD_Result send_buf(http_server_t *h, struct MHD_Connection *c, conn
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (code == 429) {
         char ra[16];
-        snprintf(ra, sizeof ra, "%d", h->opt.retry_after_s);
+        snprintf(ra, sizeof ra, "%d",
+                 cx->retry_after_s > 0 ? cx->retry_after_s : h->opt.retry_after_s);
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
     }
     if (cx->location[0])
@@ -898,21 +900,29 @@ static enum MHD_Result respond_job(http_server_t *h, struct MHD_Connection *c, c
     return send_json(h, c, cx, code, json);
 }
 
-/* 429 for a full store, saying what fills it and when room comes. */
+/* 429 for a full store, saying what fills it and when room comes: a slot
+ * frees only when an ended job is forgotten (its retention after it ended,
+ * or a DELETE), so Retry-After is the time until the oldest ended one is,
+ * or with none ended the whole retention (a job that ends now is kept that
+ * long); at least a second. */
 static enum MHD_Result store_full(http_server_t *h, struct MHD_Connection *c, conn_t *cx) {
     job_store_counts_t n;
     job_store_counts(h->jobs, &n);
     char when[128] = "";
+    double wait = h->opt.async_retention_s;
     if (n.oldest_ended > 0)
-        snprintf(when, sizeof when, "; the oldest ended one is forgotten in %.0f s",
-                 fmax(0, h->opt.async_retention_s - (clock_now_s() - n.oldest_ended)));
+        wait = h->opt.async_retention_s - (clock_now_s() - n.oldest_ended);
+    cx->retry_after_s = (int)fmin(fmax(1, ceil(wait)), 86400);
+    if (n.oldest_ended > 0)
+        snprintf(when, sizeof when, "; the oldest ended one is forgotten in %d s",
+                 cx->retry_after_s);
     api_error_t e;
     api_errorf(&e, 429, "async", "job_store_full",
                "the async job store is full: it keeps at most %d jobs (async_max_jobs), and holds "
                "%d waiting or running and %d ended, each ended one kept %.0f s "
                "(async_retention_s)%s; retry after %d s, or DELETE ended jobs once collected",
                n.max_jobs, n.pending + n.reserved, n.ended, h->opt.async_retention_s, when,
-               h->opt.retry_after_s);
+               cx->retry_after_s);
     snprintf(e.type, sizeof e.type, "rate_limit_error");
     return send_error(h, c, cx, &e);
 }

@@ -191,20 +191,27 @@ def test_delete_forgets_an_ended_job_at_once(tiny_daemon):
 
 def test_full_store_refuses_with_429_until_jobs_are_forgotten(start_daemon):
     d = start_daemon(SLOW_MODEL, [*BUSY_ARGS, "--async-max-jobs", "2",
-                                  "--async-retention-s", "3", "--retry-after-s", "2"])
+                                  "--async-retention-s", "3", "--retry-after-s", "7"])
     a = submit(d, BUSY).json()
     b = submit(d, {"prompt": "a blue square", "seed": 2}).json()
     r = submit(d, {"prompt": "a green triangle"}, code=429)
     err = assert_error(r, 429, "job_store_full", "async")
     assert err["type"] == "rate_limit_error"
     assert "async_max_jobs" in err["message"] and "2 waiting or running" in err["message"]
-    assert r.headers["retry-after"] == "2"
+    # A slot frees only once an ended job is forgotten: with none ended yet,
+    # not before a whole retention (not --retry-after-s, the queue's hint).
+    assert r.headers["retry-after"] == "3"
+    assert "retry after 3 s" in err["message"]
     # Ended (here cancelled) jobs still hold their slots...
     for j in (a, b):
         assert d.client.delete(JOBS + j["id"]).status_code == 200
         wait_job(d, j["id"], status_is("cancelled"), what="the job cancelled")
     r = submit(d, {"prompt": "a green triangle"}, code=429)
-    assert "2 ended" in r.json()["error"]["message"]
+    msg = r.json()["error"]["message"]
+    assert "2 ended" in msg
+    # ...and the answer says when the oldest is forgotten, in its header too.
+    wait = int(r.headers["retry-after"])
+    assert 1 <= wait <= 3 and f"the oldest ended one is forgotten in {wait} s" in msg, msg
     # ...until their retention passes: then there is room again.
     d.wait_metrics(lambda m: m.get("arserve_async_jobs_forgotten_total", reason="expired") == 2,
                    what="the cancelled jobs forgotten")
