@@ -96,6 +96,19 @@ int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, 
         snprintf(path, sizeof path, "%s/%s", dir, m->cfg.tokenizer);
         if (!(m->tok = tokenizer_load(path, err)))
             return AR_ERR;
+        /* Every id the tokenizer gives must have an embedding row: fewer
+         * pieces than rows is usual (T5's 32,100 for 32,128), more is not. */
+        const int has_text = model_config_has_text_encoder(&m->cfg);
+        const int rows = has_text ? m->cfg.text.vocab_size : m->cfg.llm.vocab_size;
+        if (tokenizer_vocab_size(m->tok) > rows) {
+            ar_errorf(
+                err,
+                "%s: the tokenizer has ids up to %d, but %s.vocab_size in arserve.json is %d: "
+                "ids past %d would have no embedding row (is this the model's tokenizer?)",
+                path, tokenizer_vocab_size(m->tok) - 1, has_text ? "text" : "llm", rows, rows - 1);
+            model_free(m);
+            return AR_ERR;
+        }
         if (m->cfg.prompt.bos_token[0] &&
             (special_id(m, "bos_token", m->cfg.prompt.bos_token, &m->bos_id, err) ||
              special_id(m, "pad_token", m->cfg.prompt.pad_token, &m->pad_id, err) ||

@@ -1508,6 +1508,14 @@ static int parse_root(tokenizer_t *t, const cJSON *root, const json_source_t *sr
         if (a->normalized)
             t->id_decode[a->id] = a->match;
     }
+    /* unk_id is a position in model.vocab: a vocab that lost its <unk>
+     * shifts every later id, and unk_id then names an ordinary piece. */
+    if (t->unigram && t->unk_id >= 0 && !t->id_special[t->unk_id] &&
+        strcmp(t->id_text[t->unk_id], "<unk>") != 0)
+        return ar_errorf(err,
+                         "%s: model.unk_id %d names '%s', which is neither '<unk>' nor a special "
+                         "token of added_tokens (has the vocab lost its unknown piece?)",
+                         path, t->unk_id, t->id_text[t->unk_id]);
     return AR_OK;
 }
 

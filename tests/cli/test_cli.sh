@@ -115,6 +115,33 @@ expect_fail "a 257 MiB tokenizer.json is refused by its size" 1 \
     "tokenizer.json: the file is 269484032 bytes, more than the 268435456 it may have" -- \
     "$bin" generate --model "$tmp/special" --prompt x -o "$tmp/x.png"
 
+# tokenizer.json checked against arserve.json: every id it can give needs an
+# embedding row; a Unigram unk_id must still name the unknown piece.
+inf=$root/tests/golden/infinity_tiny
+tok_case() { # NAME DIR PYTHON: a copy of DIR whose tokenizer.json PYTHON edits (t: the JSON)
+    rm -rf "$tmp/$1" && mkdir "$tmp/$1" && cp "$2"/arserve.json "$2"/*.safetensors "$2"/tokenizer.json "$tmp/$1/"
+    rm -f "$tmp/$1/golden.safetensors"
+    python3 -c "import json,sys; p=sys.argv[1]; t=json.load(open(p)); $3; json.dump(t, open(p,'w'))" \
+        "$tmp/$1/tokenizer.json"
+}
+tok_case more "$inf" 't["model"]["vocab"] += [["x%d" % i, -20.0] for i in range(5000)]'
+expect_fail "a tokenizer with more ids than text.vocab_size is refused" 1 \
+    "tokenizer.json: the tokenizer has ids up to 5299, but text.vocab_size in arserve.json is 300" -- \
+    "$bin" generate --model "$tmp/more" --prompt x -o "$tmp/x.png"
+tok_case wordlevel "$model" 'v=t["model"]["vocab"]; v.update({"w%d" % i: 1000 + i for i in range(3)})'
+expect_fail "a tokenizer with more ids than llm.vocab_size is refused" 1 \
+    "but llm.vocab_size in arserve.json is 64" -- \
+    "$bin" generate --model "$tmp/wordlevel" --prompt x -o "$tmp/x.png"
+tok_case nounk "$inf" 'del t["model"]["vocab"][2]; t["added_tokens"] = [a for a in t["added_tokens"] if a["content"] != "<unk>"]'
+expect_fail "a Unigram vocab that lost <unk> is refused, naming unk_id" 1 \
+    "model.unk_id 2 names" -- \
+    "$bin" generate --model "$tmp/nounk" --prompt x -o "$tmp/x.png"
+tok_case fewer "$inf" 't["model"]["vocab"].pop()'
+"$bin" generate --model "$tmp/fewer" --prompt "a red circle" -q -o "$tmp/fewer.png" 2>"$tmp/err" \
+    && ok "fewer pieces than embedding rows load (T5 has 32,100 for 32,128)" \
+    || fail "a tokenizer with 299 of 300 rows" "$(cat "$tmp/err")"
+rm -f "$tmp/fewer.png"
+
 [ ! -e "$tmp/x.png" ] && ok "failed runs write no PNG" || fail "failed runs write no PNG"
 
 # Without --model: $ARSERVE_MODEL, else the shipped model found from the
