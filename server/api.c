@@ -110,12 +110,34 @@ static int is_json_space(unsigned char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
+/* The top-level member a \u0000 at byte `at` stands in: its name (when
+ * printable ASCII of at most 64 bytes, else none) names the field. */
+static int nul_escape_error(const unsigned char *key, size_t key_len, int in_key, size_t at,
+                            api_error_t *err) {
+    char name[65] = "";
+    int printable = key && key_len > 0 && key_len < sizeof name;
+    for (size_t k = 0; printable && k < key_len; k++)
+        printable = key[k] >= 0x20 && key[k] < 0x7f && key[k] != '"' && key[k] != '\\';
+    if (printable)
+        memcpy(name, key, key_len), name[key_len] = 0;
+    if (in_key || !name[0])
+        return api_errorf(err, 400, "", "invalid_json",
+                          "malformed JSON: a member name contains \\u0000 (byte %zu); no field's "
+                          "name or text may hold a NUL character",
+                          at);
+    return api_errorf(err, 400, name, "invalid_value",
+                      "%s must not contain \\u0000 (a NUL character; byte %zu of the body)", name,
+                      at);
+}
+
 /* Walks the raw body once, tracking strings and escapes the way cJSON does so
- * that brackets inside strings do not count. Syntax errors are left to cJSON;
- * this only refuses what cJSON would accept but arserve must not. */
+ * that brackets inside strings do not count, and which top-level member it
+ * is in. Syntax errors are left to cJSON; this only refuses what cJSON would
+ * accept but arserve must not. */
 static int body_scan(const unsigned char *p, size_t len, api_error_t *err) {
-    int depth = 0, in_string = 0;
-    size_t i = 0;
+    int depth = 0, in_string = 0, expect_key = 0, in_key = 0;
+    const unsigned char *key = NULL;
+    size_t key_len = 0, i = 0;
     while (i < len) {
         unsigned char c = p[i];
         if (c >= 0x80) {
@@ -129,11 +151,11 @@ static int body_scan(const unsigned char *p, size_t len, api_error_t *err) {
         if (in_string) {
             if (c == '"') {
                 in_string = 0;
+                if (in_key)
+                    key_len = (size_t)(p + i - key), in_key = 0;
             } else if (c == '\\') {
                 if (i + 5 < len && p[i + 1] == 'u' && memcmp(p + i + 2, "0000", 4) == 0)
-                    return api_errorf(err, 400, "", "invalid_json",
-                                      "malformed JSON: strings must not contain \\u0000 (byte %zu)",
-                                      i);
+                    return nul_escape_error(key, key_len, in_key, i, err);
                 /* Skip the escaped character unless it starts a multi-byte
                  * sequence, which the UTF-8 check must still see. */
                 if (i + 1 < len && p[i + 1] < 0x80)
@@ -146,7 +168,12 @@ static int body_scan(const unsigned char *p, size_t len, api_error_t *err) {
             }
         } else if (c == '"') {
             in_string = 1;
+            if (depth == 1 && expect_key)
+                key = p + i + 1, key_len = 0, in_key = 1, expect_key = 0;
+        } else if (c == ',' && depth == 1) {
+            expect_key = 1;
         } else if (c == '{' || c == '[') {
+            expect_key = depth == 0 && c == '{';
             if (++depth > API_MAX_JSON_DEPTH)
                 return api_errorf(err, 400, "", "invalid_json",
                                   "malformed JSON: nested deeper than %d levels at byte %zu",

@@ -224,7 +224,12 @@ static const bad_case_t bad_cases[] = {
     {"{\"prompt\":\"\\ud800\"}", 400, "", "invalid_json", "malformed JSON"},
     {"{\"prompt\":\"\\udc00x\"}", 400, "", "invalid_json", "malformed JSON"},
     {"{\"prompt\":\"\\ud800\\u0041\"}", 400, "", "invalid_json", "malformed JSON"},
-    {"{\"prompt\":\"a\\u0000b\"}", 400, "", "invalid_json", "\\u0000"},
+    /* \u0000 would cut the string: refused, naming the field it is in */
+    {"{\"prompt\":\"a\\u0000b\"}", 400, "prompt", "invalid_value",
+     "prompt must not contain \\u0000 (a NUL character; byte 12 of the body)"},
+    {"{\"prompt\":\"x\",\"user\":\"u\\u0000\"}", 400, "user", "invalid_value", "user must not"},
+    {"{\"prompt\":\"x\",\"us\\u0000er\":\"u\"}", 400, "", "invalid_json",
+     "a member name contains \\u0000"},
     {"{\"prompt\":\"\xc0\xaf\"}", 400, "", "invalid_json", "invalid UTF-8 at byte 11"},
     {"{\"prompt\":\"\xed\xa0\x80\"}", 400, "", "invalid_json", "invalid UTF-8"},
     {"{\"prompt\":\"\xf4\x90\x80\x80\"}", 400, "", "invalid_json", "invalid UTF-8"},
