@@ -75,6 +75,16 @@ static void test_ids_are_random_and_distinct(void) {
             bits += __builtin_popcount(hex_value(ids[i][k]) ^ hex_value(ids[i - 1][k]));
     const double mean = (double)bits / (N - 1);
     CHECK_MSG(mean > 58 && mean < 70, "successive ids differ in %.1f bits on average", mean);
+    /* Each byte's two digits are independent: equal in about 1 pair of 16
+     * (16,000 pairs: 1,000, sd 31), not always, as when one byte's digits
+     * both came from its high half (64 random bits where 128 are promised,
+     * which the counts above cannot see). */
+    int same = 0;
+    for (int i = 0; i < N; i++)
+        for (int k = 4; k < JOB_STORE_ID_LEN; k += 2)
+            same += ids[i][k] == ids[i][k + 1];
+    CHECK_MSG(same > 800 && same < 1200, "a byte's two digits agree %d times in %d", same,
+              N * (JOB_STORE_ID_LEN - 4) / 2);
 }
 
 static void test_id_form(void) {
