@@ -107,6 +107,16 @@ def test_bad_ranges_are_400s_naming_the_field(tiny_daemon, body, param, words):
     assert err["param"] == param and words in err["message"], err
 
 
+def test_a_one_point_range_runs_at_that_budget(tiny_daemon):
+    """kv_budget_min equal to kv_budget: a range of one budget, not one whose
+    floor is above its top."""
+    r = tiny_daemon.client.post(GEN, json={"prompt": "a red circle", "kv_policy": "linear",
+                                           "kv_budget": 0.5, "kv_budget_min": 0.5})
+    assert r.status_code == 200, r.text[:300]
+    kv = r.json()["kv_cache"]
+    assert kv["budget"] == 0.5 and kv["budget_range"] == [0.5, 0.5], kv
+
+
 def test_auto_is_the_models_compressed_policy_from_its_least_budget_to_full(tiny_daemon):
     card = tiny_daemon.client.get("/v1/models").json()["data"][0]["arserve"]
     assert card["kv_policy_auto"] == "linear", card
