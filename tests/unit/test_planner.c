@@ -150,14 +150,38 @@ static void test_levels_of_a_budget_range(void) {
         CHECK(memcmp(lv.plans[l].bytes, lv.plans[l - 1].bytes,
                      (size_t)lv.plans[l].steps * sizeof(size_t)) != 0);
     }
-    kv_policy_params_t at_lo = p;
-    at_lo.budget = 0.5;
-    planner_plan_t floor_plan;
-    CHECK(planner_plan(&floor_plan, &c, &at_lo, 4, 1, NULL, &err) == AR_OK);
-    CHECK(memcmp(floor_plan.bytes, lv.plans[lv.n - 1].bytes,
-                 (size_t)floor_plan.steps * sizeof(size_t)) == 0);
-    planner_plan_free(&floor_plan);
     planner_levels_free(&lv);
+    /* The floor's plan is the least budget's, on LineAR's 8 x 8 grid (few
+     * levels) and on a token-granular policy with more levels than are kept
+     * (StreamingLLM over [1/6, 1] on 24 x 24), where only a sampling that
+     * keeps both ends still ends at the floor. */
+    static const struct {
+        kv_policy_kind_t kind;
+        int grid;
+        double lo;
+    } floors[] = {{KV_POLICY_LINEAR, 8, 0.5}, {KV_POLICY_STREAMING, 24, 1.0 / 6}};
+    for (size_t f = 0; f < sizeof floors / sizeof floors[0]; f++) {
+        c.image.grid_height = c.image.grid_width = floors[f].grid;
+        kv_policy_defaults(&p, floors[f].kind);
+        CHECK_MSG(planner_plan_levels(&lv, &c, &p, floors[f].lo, 1, 4, 0, 1, planner_kv_f32, NULL,
+                                      &err) == AR_OK,
+                  "%s", err.msg);
+        kv_policy_params_t at_lo = p;
+        at_lo.budget = floors[f].lo;
+        planner_plan_t floor_plan;
+        CHECK(planner_plan(&floor_plan, &c, &at_lo, 4, 1, NULL, &err) == AR_OK);
+        CHECK_MSG(lv.n > 0 && floor_plan.peak_bytes == lv.plans[lv.n - 1].peak_bytes &&
+                      memcmp(floor_plan.bytes, lv.plans[lv.n - 1].bytes,
+                             (size_t)floor_plan.steps * sizeof(size_t)) == 0,
+                  "%s on %dx%d: the lowest level is budget %g, peak %zu B; the floor's plan %zu B",
+                  kv_policy_name(floors[f].kind), floors[f].grid, floors[f].grid,
+                  lv.n ? lv.budgets[lv.n - 1] : 0, lv.n ? lv.plans[lv.n - 1].peak_bytes : 0,
+                  floor_plan.peak_bytes);
+        planner_plan_free(&floor_plan);
+        planner_levels_free(&lv);
+    }
+    c.image.grid_height = c.image.grid_width = 8;
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
     /* One budget: one level. */
     CHECK(planner_plan_levels(&lv, &c, &p, 0.75, 0.75, 4, 0, 1, planner_kv_f32, NULL, &err) ==
               AR_OK &&
