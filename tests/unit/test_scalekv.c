@@ -108,6 +108,32 @@ static void test_drafters_and_budgets(void) {
     kv_calibration_free(&c);
 }
 
+/* A compacted scale with no drafter gives every layer B, and the next
+ * scale's drafters start again from B, not from all they could have held:
+ * scale 6's layers are alike (no drafter), layer 0 drafts at 7 and 8. By
+ * the rule above, B = 106 over 6 layers: scale 7's drafter 106 + 100 = 206
+ * leaves the refiners (636 - 206) / 5 = 86; at scale 8, 206 + 169 = 375
+ * less what makes the rest divide by 5: 371, and 53 each. */
+static void test_a_scale_without_drafters_resets_the_limit(void) {
+    kv_geometry_t g;
+    kv_calibration_t c;
+    setup(&g, &c);
+    const int T = 12, K = 10;
+    for (int h = 0; h < T; h++)
+        for (int q = 6; q < 9; q++)
+            c.beta[((size_t)h * K + q) * K + q] = q == 6 || h / 2 != 0 ? 0.5f : 0.1f;
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_SCALEKV);
+    p.budget = 0.25;
+    p.scalekv_drafters = 2.0 / 18;
+    char words[1024];
+    kv_policy_describe(&p, &g, words, sizeof words);
+    CHECK_STR_CONTAINS(words, "B = 106 tokens per head");
+    CHECK_STR_CONTAINS(words, "drafters (step:layer): 7:0 8:0");
+    CHECK_STR_CONTAINS(words, ": 106/106 206/86 371/53");
+    kv_calibration_free(&c);
+}
+
 /* The public code's budget file for Infinity-2B at 10% (StargazerX0/
  * ScaleKV, budgets/2b_10%_budget.json: 650 tokens a layer, blocks 0 and 23
  * drafters at scales 7 to 10, block 0 at scale 11), from its drafters: the
@@ -267,6 +293,7 @@ int main(void) {
         return 1;
     }
     TEST_RUN(test_drafters_and_budgets);
+    TEST_RUN(test_a_scale_without_drafters_resets_the_limit);
     TEST_RUN(test_infinity_2b_budget_file);
     TEST_RUN(test_window_and_top_mass_kept);
     TEST_RUN(test_window_mass_does_not_lift_its_neighbours);
