@@ -550,7 +550,7 @@ static void graph_step(backend_t *b, float *x, float *y, float *out, const tenso
     b->embedding(b, y + 48, table, ids, 3, 0);
     b->upload(b, y + 60, ones, sizeof ones);
     b->add(b, y, y + 48, 16);
-    if (extra)
+    for (int i = 0; i < extra; i++) /* each op more: a graph of another shape */
         b->scale(b, y, 16, 0.5f);
     b->download(b, out, y, 64 * sizeof(float));
 }
@@ -618,6 +618,46 @@ out:
         g->destroy(g);
     if (e)
         e->destroy(e);
+}
+
+/* The instantiated graphs are a cache of eight, the least recently used
+ * replaced: eight shapes fill it, the first used again is updated, a ninth
+ * shape replaces the second (the least recent), not the first (the most),
+ * so the first is updated again and the second built again. */
+static void test_the_graph_cache_replaces_the_least_recently_used(void) {
+    ar_error_t err = {{0}};
+    backend_t *g = create_checked("0", STATS_RESERVE, &err);
+    CHECK_MSG(g != NULL, "%s", err.msg);
+    if (!g)
+        return;
+    g->graphs = GRAPHS_ON;
+    float *hw = host_uniform(6, -1, 1);
+    const int64_t shape[2] = {3, 2};
+    tensor_t t;
+    CHECK(g->weight_load(g, &t, hw, DTYPE_F32, 2, shape, &err) == AR_OK);
+    float *x = g->alloc(g, 64 * sizeof(float)), *y = g->alloc(g, 64 * sizeof(float));
+    g->upload(g, x, hw, 6 * sizeof(float));
+    g->upload(g, y, hw, 6 * sizeof(float));
+    float out[64];
+    int pos[3] = {0, 1, 2};
+    /* (shape = ops more than the first, built?) in order */
+    static const struct {
+        int shape, built;
+    } steps[] = {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1},
+                 {7, 1}, {0, 0}, {8, 1}, {0, 0}, {2, 0}, {1, 1}};
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        backend_stats_t before, d;
+        backend_stats(g, &before);
+        graph_step(g, x, y, out, &t, pos, 2, steps[i].shape);
+        d = stats_since(g, &before);
+        CHECK_MSG(d.graph_builds == (unsigned)steps[i].built &&
+                      d.graph_updates == (unsigned)!steps[i].built,
+                  "step %zu (shape %d): %llu graphs built, %llu updated", i, steps[i].shape,
+                  (unsigned long long)d.graph_builds, (unsigned long long)d.graph_updates);
+    }
+    CHECK(backend_status(g, &err) == AR_OK);
+    free(hw);
+    g->destroy(g);
 }
 
 /* ARSERVE_CUDA_CHECK=1 waits after every op (one more sync each, and an
@@ -2048,6 +2088,7 @@ int main(void) {
     TEST_RUN(test_invalid_ops_fail_loudly);
     TEST_RUN(test_stats_count_launches_copies_syncs_and_memory);
     TEST_RUN(test_a_step_runs_as_one_graph);
+    TEST_RUN(test_the_graph_cache_replaces_the_least_recently_used);
     TEST_RUN(test_check_mode_syncs_after_every_op);
     TEST_RUN(test_matmul_types_shapes_and_bias);
     TEST_RUN(test_matmul_sliced_over_scratch);
