@@ -230,7 +230,7 @@ static size_t largest_activation(const vq_decoder_t *d) {
 
 /* The sizes vq_work_init allocates, in floats (host: the output). */
 typedef struct work_sizes {
-    size_t act, rows, scores, host;
+    size_t act, rows, scores, host, grid;
 } work_sizes_t;
 
 static work_sizes_t work_sizes(const vq_decoder_t *d) {
@@ -241,7 +241,8 @@ static work_sizes_t work_sizes(const vq_decoder_t *d) {
     return (work_sizes_t){.act = largest_activation(d),
                           .rows = grid * cfg->image.embed_dim,
                           .scores = d->bsq ? 1 : grid * grid,
-                          .host = (size_t)3 * grid * up * up};
+                          .host = (size_t)3 * grid * up * up,
+                          .grid = grid};
 }
 
 void vq_largest_latent(const model_config_t *cfg, size_t *h, size_t *w) {
@@ -274,6 +275,7 @@ int vq_work_init(vq_work_t *w, const vq_decoder_t *d, backend_t *be, ar_error_t 
     const work_sizes_t z = work_sizes(d);
     memset(w, 0, sizeof *w);
     w->be = be;
+    w->positions = z.grid;
     float **bufs[WORK_BUFFERS] = {&w->a, &w->b, &w->t1,   &w->t2,     &w->q,
                                   &w->k, &w->v, &w->rows, &w->latent, &w->scores};
     int ok = 1;
@@ -353,6 +355,11 @@ int vq_decode_latent_hw(const vq_decoder_t *d, vq_work_t *s, const float *latent
     const int E = cfg->image.embed_dim;
     const int H = h << (dc->n_levels - 1), W = w << (dc->n_levels - 1);
     const int k = vq_post_quant_kernel(cfg);
+    if (h < 1 || w < 1 || (size_t)h * (size_t)w > s->positions)
+        return ar_errorf(err,
+                         "image decoder: a %dx%d latent is larger than its buffers hold (%zu "
+                         "positions, the largest size's)",
+                         h, w, s->positions);
     if (d->bsq) {
         be->conv2d(be, s->a, latent, &d->conv_in_w, &d->conv_in_b, dc->latent_channels, h, w, 1);
     } else {

@@ -58,6 +58,7 @@ typedef struct vq_work {
     float *a, *b, *t1, *t2, *q, *k, *v; /* activations, each the largest one */
     float *scores;                      /* the attention matrix, (h*w)^2 */
     float *host;                        /* the output (3, H, W), downloaded */
+    size_t positions;                   /* the most h * w they hold: the largest latent's */
 } vq_work_t;
 
 /* The backend memory vq_work_init allocates, in *n_buffers allocations
@@ -83,7 +84,8 @@ int vq_decode_latent(const vq_decoder_t *d, vq_work_t *w, const float *latent, u
                      float *pixels_f32, ar_error_t *err);
 
 /* The same for a latent of h x w (a model with several image sizes);
- * h * w at most the largest size's (vq_largest_latent). */
+ * h * w at most the largest size's (vq_largest_latent); past it an error,
+ * never a write past the buffers. */
 int vq_decode_latent_hw(const vq_decoder_t *d, vq_work_t *w, const float *latent, int h, int w_,
                         uint8_t *rgb, float *pixels_f32, ar_error_t *err);
 

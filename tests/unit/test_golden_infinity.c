@@ -333,6 +333,39 @@ static void test_inputs_and_latents_match(void) {
     free(rows);
 }
 
+/* Every size the model serves decodes within the decoder's buffers (sized
+ * once, for the largest latent: with 2x2 patchify twice each side of the
+ * last scale), not only the golden's own sizes: 64x80 on the patchify
+ * model needs 10,240 floats where a latent sized without the patchify
+ * gives 8,192. A latent past the largest is refused, not written past. */
+static void test_every_size_decodes(void) {
+    const model_config_t *c = &model.cfg;
+    infinity_net_t *net = model.net;
+    const int P = c->image.spatial_patchify ? 2 : 1, E = c->decoder.latent_channels;
+    ar_error_t err = {{0}};
+    struct vq_work *w = model_draw_work(&model, &err);
+    CHECK_MSG(w != NULL, "%s", err.msg);
+    if (!w)
+        return;
+    for (int i = 0; i < c->image.n_sizes; i++) {
+        const image_size_t *z = &c->image.sizes[i];
+        const int h = z->h[z->n_scales - 1] * P, wd = z->w[z->n_scales - 1] * P;
+        const size_t H = (size_t)h << (c->decoder.n_levels - 1),
+                     W = (size_t)wd << (c->decoder.n_levels - 1);
+        float *zeros = calloc((size_t)E * h * wd, sizeof *zeros);
+        uint8_t *rgb = malloc(H * W * 3);
+        be->upload(be, w->latent, zeros, (size_t)E * h * wd * sizeof *zeros);
+        CHECK_MSG(vq_decode_latent_hw(&net->dec, w, w->latent, h, wd, rgb, NULL, &err) == AR_OK,
+                  "size %s (latent %dx%d): %s", z->name, h, wd, err.msg);
+        free(zeros);
+        free(rgb);
+    }
+    uint8_t px[3];
+    CHECK(vq_decode_latent_hw(&net->dec, w, w->latent, 1, (int)w->positions + 1, px, NULL, &err) ==
+          AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "larger than its buffers hold");
+}
+
 /* The decoder: float output (clamped to [-1, 1]) and the 8-bit RGB. */
 static void test_decoded_images_match(void) {
     const model_config_t *c = &model.cfg;
@@ -1239,6 +1272,7 @@ static int run_folder(void) {
     TEST_RUN(test_teacher_forced_logits_match);
     TEST_RUN(test_inputs_and_latents_match);
     TEST_RUN(test_decoded_images_match);
+    TEST_RUN(test_every_size_decodes);
     TEST_RUN(test_calibration_matches_heatkv);
     TEST_RUN(test_scalekv_matches_public_code);
     TEST_RUN(test_heatkv_matches_public_code);
