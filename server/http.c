@@ -8,6 +8,7 @@
 #include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -291,15 +292,51 @@ static enum MHD_Result fail(http_server_t *h, struct MHD_Connection *c, conn_t *
  * no error, and mhd_log leaves them out. */
 static _Thread_local int closed_by_us;
 
+/* The connection this thread serves and its request's state, from the
+ * request line on (uri_logged) until the request completes: for mhd_log,
+ * which libmicrohttpd calls on the connection's own thread just before it
+ * answers a request it refuses itself. */
+static _Thread_local struct MHD_Connection *this_conn;
+static _Thread_local conn_t *this_cx;
+
+/* The body bytes a lingering close reads and throws away, per read. */
+#define LINGER_READ_BYTES 65536
+
+/* After an answer on the socket: what the client still sends is read and
+ * thrown away until it stops (EOF), fails, or linger_s pass, so that a
+ * client still sending reads the answer rather than a reset (nginx's
+ * lingering close); the bytes are added to cx->discarded. */
+static void linger_close(conn_t *cx, int fd, double linger_s) {
+    char buf[LINGER_READ_BYTES];
+    const double deadline = clock_now_s() + linger_s;
+    for (double left; (left = deadline - clock_now_s()) > 0;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        const int r = poll(&p, 1, (int)(left * 1000) + 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        const ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+            continue;
+        if (n <= 0)
+            break;
+        cx->discarded += (size_t)n;
+    }
+}
+
 /* Writes e as a whole HTTP response to c's socket and shuts the socket down,
  * for an answer libmicrohttpd cannot queue: it queues a response only once
  * the headers are in or the whole body is, and some requests must be
- * answered before (an over-long target, in the URI callback) or in the
- * middle of a body whose end will not come. As conn_guard's cuts do. The
- * caller ends the connection: MHD_NO, which this returns, or for the URI
- * callback handle's check of cx->closed. */
+ * answered before (an over-long target, in the URI callback), in the
+ * middle of a body whose end will not come, at once for a body declared too
+ * large, or instead of libmicrohttpd's own HTML answer (mhd_log). As
+ * conn_guard's cuts do. linger_s > 0: what the client still sends is read
+ * and thrown away for up to that long first (linger_close). The caller ends
+ * the connection: MHD_NO, which this returns, or for the URI callback
+ * handle's check of cx->closed. */
 static enum MHD_Result answer_and_close(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
-                                        const api_error_t *e) {
+                                        const api_error_t *e, double linger_s) {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     char *body = api_error_json(e);
@@ -319,6 +356,10 @@ static enum MHD_Result answer_and_close(http_server_t *h, struct MHD_Connection 
         ssize_t k = n > 0 ? send(ci->connect_fd, resp, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) : -1;
         sent = k > 0 ? (size_t)k : 0;
         free(resp);
+    }
+    if (ci && linger_s > 0) {
+        shutdown(ci->connect_fd, SHUT_WR);
+        linger_close(cx, ci->connect_fd, linger_s);
     }
     if (ci)
         shutdown(ci->connect_fd, SHUT_RDWR);
@@ -1040,6 +1081,8 @@ static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c) {
     note_client(cx, c);
     cx->raw_target = uri;
     cx->raw_target_len = strlen(uri);
+    this_conn = c;
+    this_cx = cx;
     for (const char *p = uri; *p && *p != '?'; p++)
         if (p[0] == '%' && p[1] == '0' && p[2] == '0')
             cx->nul_in_path = 1;
@@ -1059,7 +1102,7 @@ static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c) {
                        "the query string has %d parameters; at most %d are read, and no route "
                        "takes any",
                        params, MAX_QUERY_PARAMS);
-        answer_and_close(h, c, cx, &e);
+        answer_and_close(h, c, cx, &e, 0);
         conn_release(cx); /* its access log line */
         return &answered_by_uri_log;
     }
@@ -1282,17 +1325,15 @@ static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, 
     if (!is_json_type(type))
         return fail(h, c, cx, 415, NULL, "unsupported_media_type",
                     "the body must be sent as Content-Type: application/json");
+    /* A body declared too large is answered at once, before a byte of it
+     * (with "Expect: 100-continue" or without, as nginx does); what the
+     * client sends meanwhile is thrown away for up to linger_s. */
     unsigned long long length = f.n_length ? strtoull(f.length, NULL, 10) : 0;
     if (length > h->opt.max_body_bytes) {
-        const char *expect =
-            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        api_error_t e;
         cx->too_large = 1;
-        if (expect && !strcasecmp(expect, "100-continue")) {
-            api_error_t e;
-            discarded_body_error(h, cx, &e);
-            cx->close = 1;
-            return send_error(h, c, cx, &e);
-        }
+        discarded_body_error(h, cx, &e);
+        return answer_and_close(h, c, cx, &e, h->opt.linger_s);
     }
     return MHD_YES;
 }
@@ -1397,7 +1438,7 @@ static enum MHD_Result take_body(http_server_t *h, struct MHD_Connection *c, con
             return MHD_YES;
         api_error_t e;
         trailing_data_error(cx, cx->len - n + after, &e);
-        return answer_and_close(h, c, cx, &e);
+        return answer_and_close(h, c, cx, &e, 0);
     }
     if (!cx->responded && !cx->too_large)
         cx->unexpected_body = 1;
@@ -1411,7 +1452,7 @@ static enum MHD_Result take_body(http_server_t *h, struct MHD_Connection *c, con
     discarded_body_error(h, cx, &e);
     log_msg(LOG_DEBUG, "http: %zu body bytes thrown away in %.1f s and more coming; answering %d",
             cx->discarded, now - cx->linger_since, e.status);
-    return answer_and_close(h, c, cx, &e);
+    return answer_and_close(h, c, cx, &e, 0);
 }
 
 /* /health's and /ready's answer once the backend cannot run anything:
@@ -1509,12 +1550,55 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     conn_t *cx = *con_cls;
     (void)toe;
     conn_guard_phase(h->guard, c, CONN_HEADERS);
+    if (cx == this_cx)
+        this_cx = NULL;
     if (!cx || *con_cls == &answered_by_uri_log)
         return;
     if (cx->counted)
         atomic_fetch_sub(&h->inflight, 1);
     *con_cls = NULL;
     conn_release(cx);
+}
+
+/* The start of the message libmicrohttpd logs (with the status and its own
+ * HTML body as arguments) just before it answers a request it refuses
+ * itself: bad framing, a header line without a colon, headers or a target
+ * past its buffer. */
+#define MHD_REFUSAL_LOG "Error processing request (HTTP response code is %u ('%s'))"
+
+/* libmicrohttpd's own refusal of the request this thread serves, as the
+ * API's error: its status, and what its HTML body says as a message. */
+static void mhd_refusal_error(unsigned status, const char *html, size_t max_body, api_error_t *e) {
+    if (strstr(html, "wrong value for <b>Content-Length"))
+        api_errorf(e, 400, NULL, "invalid_framing",
+                   "the Content-Length header is not a number of bytes");
+    else if (strstr(html, "too large value for <b>Content-Length"))
+        api_errorf(e, 413, NULL, "request_too_large",
+                   "the Content-Length header is past what can be read; a body may have at most "
+                   "%zu bytes",
+                   max_body);
+    else if (strstr(html, "chunk size used in your HTTP chunked encoded request is too large"))
+        api_errorf(e, 413, NULL, "request_too_large",
+                   "a chunk's size is past what can be read; a body may have at most %zu bytes",
+                   max_body);
+    else if (strstr(html, "chunked encoding was syntactically incorrect"))
+        api_errorf(e, 400, NULL, "invalid_framing",
+                   "the chunked body is malformed (a chunk size that is not hexadecimal, or a "
+                   "chunk not ended by CRLF)");
+    else if (status == 414)
+        api_errorf(e, 414, NULL, "uri_too_long", "the request line is longer than is read");
+    else if (status == 431)
+        api_errorf(e, 431, NULL, "headers_too_large",
+                   "the request's headers are larger than is read (their total, or one line)");
+    else if (status == 505)
+        api_errorf(e, 505, NULL, "http_version_not_supported",
+                   "the HTTP version is not supported: send HTTP/1.1 or HTTP/1.0");
+    else if (status >= 500)
+        api_errorf(e, status, NULL, "internal_error", "the request could not be processed");
+    else
+        api_errorf(e, status, NULL, "malformed_request",
+                   "the request is not well-formed HTTP/1.1 (for example a header line without "
+                   "a colon)");
 }
 
 /* libmicrohttpd's messages, mostly about clients that misbehave (closed
@@ -1526,7 +1610,27 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     static long second;
     static int logged, dropped;
-    (void)cls;
+    http_server_t *h = cls;
+    /* A request libmicrohttpd is about to refuse with its own HTML: answered
+     * first, once, as the API's JSON on the socket, which is then shut, so
+     * its answer goes nowhere (its send fails, logged by nobody). Before the
+     * request line was read (an unsupported HTTP version) there is no
+     * request state to answer with, and its answer goes out. */
+    if (this_cx && this_conn && !this_cx->responded &&
+        !strncmp(fmt, MHD_REFUSAL_LOG, strlen(MHD_REFUSAL_LOG))) {
+        va_list args;
+        va_copy(args, ap);
+        const unsigned status = va_arg(args, unsigned);
+        const char *html = va_arg(args, const char *);
+        va_end(args);
+        api_error_t e;
+        mhd_refusal_error(status, html ? html : "", h->opt.max_body_bytes, &e);
+        this_cx->close = 1;
+        /* A client may still be sending (past a header limit, say): it reads
+         * the answer, not a reset. */
+        answer_and_close(h, this_conn, this_cx, &e, h->opt.linger_s);
+        return;
+    }
     if (closed_by_us)
         return;
     const long now = (long)clock_now_s();
@@ -1681,7 +1785,7 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
     h->d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
             MHD_USE_POLL,
-        (uint16_t)opt->port, NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        (uint16_t)opt->port, NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
         MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
         MHD_OPTION_URI_LOG_CALLBACK, uri_logged, h, MHD_OPTION_NOTIFY_CONNECTION, conn_guard_notify,
         h->guard, MHD_OPTION_STRICT_FOR_CLIENT, (int)0, MHD_OPTION_CONNECTION_LIMIT,
