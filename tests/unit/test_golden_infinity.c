@@ -16,6 +16,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "base/file.h"
 #include "engine/calibration_run.h"
 #include "engine/family/family_infinity.h"
 #include "engine/format/safetensors.h"
@@ -1257,6 +1258,41 @@ static void test_policies_on_a_longer_schedule(void) {
     cJSON_Delete(root);
 }
 
+/* T5's relative-position bucket against PyPI transformers' for every
+ * distance to +-600 (tests/golden/t5_buckets/, gen.py beside it): the
+ * golden prompts are at most 16 tokens, so only this reaches the log-spaced
+ * buckets past max_distance, where the last one is half - 1 (one more would
+ * be another direction's, and past the table at the top). */
+static void test_t5_buckets_match_transformers(void) {
+    ar_error_t err = {{0}};
+    size_t len;
+    char *text = file_read_all("tests/golden/t5_buckets/buckets.json", NULL, 1 << 20, &len, &err);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK_MSG(root != NULL, "tests/golden/t5_buckets/buckets.json: %s",
+              err.msg[0] ? err.msg : "not JSON");
+    const int span = root ? cJSON_GetObjectItem(root, "span")->valueint : 0;
+    const cJSON *config, *configs = root ? cJSON_GetObjectItem(root, "configs") : NULL;
+    int n_configs = 0, wrong = 0;
+    cJSON_ArrayForEach(config, configs) {
+        const int nb = cJSON_GetObjectItem(config, "num_buckets")->valueint,
+                  md = cJSON_GetObjectItem(config, "max_distance")->valueint;
+        const cJSON *want = cJSON_GetObjectItem(config, "buckets");
+        CHECK(cJSON_GetArraySize(want) == 2 * span + 1);
+        for (int rel = -span; rel <= span && wrong < 5; rel++) {
+            const int w = cJSON_GetArrayItem(want, rel + span)->valueint,
+                      got = inf_t5_bucket(rel, nb, md);
+            wrong += got != w;
+            CHECK_MSG(got == w,
+                      "%d buckets, max distance %d: distance %d gives %d, transformers %d", nb, md,
+                      rel, got, w);
+        }
+        n_configs++;
+    }
+    CHECK(n_configs == 2);
+    cJSON_Delete(root);
+}
+
 /* Every test on the model in dir; 0 when its data loaded. */
 static int run_folder(void) {
     printf("== %s\n", dir);
@@ -1308,6 +1344,7 @@ static int run_folder(void) {
 }
 
 int main(void) {
+    TEST_RUN(test_t5_buckets_match_transformers);
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         dir = dirs[i];
         if (run_folder() != 0) {
