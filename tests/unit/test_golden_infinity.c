@@ -468,11 +468,22 @@ static void test_sampled_bits_match(void) {
                     }
                     const size_t place = (size_t)(at + t) * bits + b;
                     const int bit = infinity_sample_bit(lc, lu, cfg, tau, 0, top_p, u[place]);
-                    /* p(0) from the reference's own logits: a uniform within
-                     * 1e-5 of it may fall either way. */
-                    const double p0 = 1.0 / (1.0 + exp((double)lw[1] - lw[0]));
+                    /* p(0) from the reference's own logits, after its top-p
+                     * cut (the value sorted first dropped when its
+                     * probability is at most 1 - top_p): a uniform within
+                     * 1e-5 of it may fall either way, and so may a bit
+                     * whose low probability is within 1e-5 of the cut. */
+                    double p0 = 1.0 / (1.0 + exp((double)lw[1] - lw[0]));
+                    int at_cut = 0;
+                    if (top_p > 0 && top_p < 1) {
+                        const int lo = lw[1] < lw[0];
+                        const double p_lo = lo ? 1.0 - p0 : p0;
+                        at_cut = fabs(p_lo - (1.0 - top_p)) < 1e-5;
+                        if (p_lo <= 1.0 - top_p)
+                            p0 = lo ? 1.0 : 0.0;
+                    }
                     if (bit != want_bits[place]) {
-                        if (fabs(u[place] - p0) < 1e-5 || top_p > 0)
+                        if (fabs(u[place] - p0) < 1e-5 || at_cut)
                             near++;
                         else
                             differ++;
