@@ -464,6 +464,8 @@ static bool blob_is_utf8(const unsigned char *s, size_t n) {
     return true;
 }
 
+static const char *charsmap_check(const charsmap_t *m);
+
 charsmap_t *charsmap_load(const char *base64, const char *path, const char *where,
                           ar_error_t *err) {
     size_t len = 0, bad = 0;
@@ -518,6 +520,12 @@ charsmap_t *charsmap_load(const char *base64, const char *path, const char *wher
     memcpy(m->blob, raw + 4 + trie_bytes, m->blob_len);
     m->blob[m->blob_len] = '\0';
     free(raw);
+    if ((problem = charsmap_check(m))) {
+        ar_errorf(err, "%s: %s: its trie %s (%zu units): a corrupted charsmap", path, where,
+                  problem, m->n_units);
+        charsmap_free(m);
+        return NULL;
+    }
     (void)pcre2_jit_compile(m->grapheme, PCRE2_JIT_COMPLETE);
     return m;
 }
@@ -526,6 +534,51 @@ charsmap_t *charsmap_load(const char *base64, const char *path, const char *wher
 static size_t unit_offset(uint32_t u) { return (size_t)(u >> 10) << ((u & (1u << 9)) >> 6); }
 static bool unit_has_leaf(uint32_t u) { return (u >> 8) & 1; }
 static uint32_t unit_label(uint32_t u) { return u & (1u << 31 | 0xFF); }
+
+/* Walks the trie as charsmap_transform reads it, each node's children once
+ * per base (nodes may share a base, and so their children: T5's 44,288
+ * units hold 262,072 paths): every value index in the arrays and the start
+ * of a replacement in the blob, and at least one key. NULL when it holds,
+ * else what does not. A corrupted trie would otherwise load and change
+ * what prompts normalise to, silently. */
+static const char *charsmap_check(const charsmap_t *m) {
+    size_t *todo = malloc(m->n_units * sizeof *todo);
+    uint8_t *seen = calloc(m->n_units, 1);
+    const char *problem = NULL;
+    size_t n_todo = 0, keys = 0;
+    if (!todo || !seen)
+        problem = "could not be checked (out of memory)";
+    const size_t root = unit_offset(m->units[0]);
+    if (!problem && root < m->n_units) {
+        seen[root] = 1;
+        todo[n_todo++] = root;
+    }
+    while (n_todo && !problem) {
+        const size_t base = todo[--n_todo];
+        for (unsigned c = 1; c <= 0xFF && !problem; c++) {
+            const size_t child = base ^ c;
+            if (child >= m->n_units || unit_label(m->units[child]) != c)
+                continue;
+            const uint32_t unit = m->units[child];
+            const size_t next = child ^ unit_offset(unit);
+            if (unit_has_leaf(unit)) {
+                const size_t at = next < m->n_units ? m->units[next] & 0x7FFFFFFFu : m->blob_len;
+                if (at >= m->blob_len || (at > 0 && m->blob[at - 1] != '\0'))
+                    problem = "has a value that is not the start of a replacement";
+                keys++;
+            }
+            if (next < m->n_units && !seen[next]) {
+                seen[next] = 1;
+                todo[n_todo++] = next;
+            }
+        }
+    }
+    free(todo);
+    free(seen);
+    if (!problem && keys == 0)
+        problem = "holds no key";
+    return problem;
+}
 
 /* HF's Precompiled::transform: the replacement of the *shortest* key that
  * prefixes s[0..n) (HF keeps the first result of a common-prefix search;

@@ -410,6 +410,105 @@ static void test_unigram_load_errors_name_file_and_problem(void) {
     CHECK_STR_CONTAINS(msg, "pre_tokenizer.replacement is missing or not one character");
 }
 
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* Standard base64 of s[0..n), padded; the caller frees it. */
+static char *b64_encode(const unsigned char *s, size_t n) {
+    char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
+    for (size_t i = 0; i < n; i += 3) {
+        const uint32_t w = (uint32_t)s[i] << 16 | (i + 1 < n ? (uint32_t)s[i + 1] << 8 : 0) |
+                           (i + 2 < n ? s[i + 2] : 0);
+        *o++ = B64[w >> 18 & 63];
+        *o++ = B64[w >> 12 & 63];
+        *o++ = i + 1 < n ? B64[w >> 6 & 63] : '=';
+        *o++ = i + 2 < n ? B64[w & 63] : '=';
+    }
+    *o = 0;
+    return out;
+}
+
+/* Its inverse (no checks: the input is T5's own charsmap). */
+static unsigned char *b64_decode(const char *s, size_t *n) {
+    const size_t len = strlen(s);
+    unsigned char *out = malloc(len / 4 * 3), *o = out;
+    for (size_t i = 0; i < len; i += 4) {
+        uint32_t w = 0;
+        int pad = 0;
+        for (int k = 0; k < 4; k++) {
+            const char *at = strchr(B64, s[i + k]);
+            pad += s[i + k] == '=';
+            w = w << 6 | (s[i + k] == '=' || !at ? 0 : (uint32_t)(at - B64));
+        }
+        *o++ = (unsigned char)(w >> 16);
+        if (pad < 2)
+            *o++ = (unsigned char)(w >> 8);
+        if (pad < 1)
+            *o++ = (unsigned char)w;
+    }
+    *n = (size_t)(o - out);
+    return out;
+}
+
+/* T5's charsmap with every unit of its trie corrupted (XORed with a seeded
+ * random word, or all set to one value) is refused at load, naming it: such
+ * a trie loaded before and silently changed what prompts normalise to. The
+ * file as it is loads. */
+static void test_a_corrupted_charsmap_trie_is_refused(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/t5.json", golden_dir());
+    char *text = slurp(path);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    cJSON *norms =
+        root ? cJSON_GetObjectItem(cJSON_GetObjectItem(root, "normalizer"), "normalizers") : NULL;
+    cJSON *map = cJSON_GetObjectItem(cJSON_GetArrayItem(norms, 0), "precompiled_charsmap");
+    CHECK_MSG(cJSON_IsString(map), "%s: no normalizers[0].precompiled_charsmap", path);
+    if (!cJSON_IsString(map)) {
+        cJSON_Delete(root);
+        return;
+    }
+    size_t n;
+    unsigned char *raw = b64_decode(map->valuestring, &n);
+    const uint32_t trie_bytes =
+        (uint32_t)raw[0] | (uint32_t)raw[1] << 8 | (uint32_t)raw[2] << 16 | (uint32_t)raw[3] << 24;
+    CHECK(trie_bytes > 0 && 4 + trie_bytes <= n);
+    unsigned char *copy = malloc(n);
+    for (int variant = 0; variant < 4; variant++) {
+        memcpy(copy, raw, n);
+        uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(variant + 1);
+        for (size_t u = 0; variant > 0 && u < trie_bytes / 4; u++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            for (int k = 0; k < 4; k++) {
+                unsigned char *b = copy + 4 + 4 * u + k;
+                *b = variant == 3 ? (unsigned char)(0xA5 + k) : *b ^ (unsigned char)(x >> 8 * k);
+            }
+        }
+        char *enc = b64_encode(copy, n);
+        cJSON_SetValuestring(map, enc);
+        free(enc);
+        char *json = cJSON_PrintUnformatted(root);
+        snprintf(path, sizeof path, "%s/charsmap_%d.json", fixture_dir, variant);
+        FILE *f = fopen(path, "wb");
+        fputs(json, f);
+        fclose(f);
+        free(json);
+        ar_error_t err = {{0}};
+        tokenizer_t *t = tokenizer_load(path, &err);
+        if (variant == 0) {
+            CHECK_MSG(t != NULL, "T5's own charsmap, re-encoded: %s", err.msg);
+        } else {
+            CHECK_MSG(t == NULL, "variant %d of the corrupted trie loaded", variant);
+            CHECK_STR_CONTAINS(err.msg, "normalizers[0].precompiled_charsmap: its trie");
+            CHECK_STR_CONTAINS(err.msg, "a corrupted charsmap");
+        }
+        tokenizer_free(t);
+        unlink(path);
+    }
+    free(copy);
+    free(raw);
+    cJSON_Delete(root);
+}
+
 /* Without unk_id, a character no piece spells is an encoding error (HF
  * raises MissingUnkId); spelled text still encodes; the ids are HF's. */
 static void test_unknown_character_without_unk_id_is_an_error(void) {
@@ -518,6 +617,7 @@ int main(void) {
     TEST_RUN(test_t5_prompt_ids_and_added_tokens);
     TEST_RUN(test_long_inputs_stay_fast);
     TEST_RUN(test_unigram_load_errors_name_file_and_problem);
+    TEST_RUN(test_a_corrupted_charsmap_trie_is_refused);
     TEST_RUN(test_unknown_character_without_unk_id_is_an_error);
     TEST_RUN(test_unk_penalty_is_min_score_minus_ten);
     TEST_RUN(test_encode_is_thread_safe);
