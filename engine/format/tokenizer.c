@@ -931,6 +931,13 @@ static const char *nth_number(const json_source_t *src, size_t skip, size_t *len
     return NULL;
 }
 
+/* The longest Unigram piece, and all pieces' bytes together: the piece trie
+ * takes about 70 bytes per piece byte, so these bound its memory (1.1 GiB
+ * at most) whatever the file. SentencePiece's pieces are at most 16
+ * characters (T5's longest is 20 bytes; its 32,100 pieces hold 0.2 MB). */
+#define UNIGRAM_MAX_PIECE_BYTES 256
+#define UNIGRAM_MAX_PIECES_BYTES ((size_t)16 << 20)
+
 /* A Unigram model: {"vocab": [[piece, score], ...], "unk_id": id or null,
  * "byte_fallback"}; ids are positions in vocab. A piece listed twice maps to
  * its last id, as in HF. Scores are read from the file's text as HF's
@@ -968,12 +975,24 @@ static int parse_unigram(tokenizer_t *t, const cJSON *root, const cJSON *model,
     numbers_before(root, vocab, &number_index);
     const char *number = nth_number(src, number_index, &(size_t){0});
     int id = 0;
+    size_t piece_bytes = 0;
     const cJSON *item;
     cJSON_ArrayForEach(item, vocab) {
         const cJSON *piece = cJSON_GetArrayItem(item, 0), *score = cJSON_GetArrayItem(item, 1);
         if (!cJSON_IsArray(item) || cJSON_GetArraySize(item) != 2 || !cJSON_IsString(piece)) {
             free(scores);
             return ar_errorf(err, "%s: model.vocab[%d] is not [piece, score]", path, id);
+        }
+        const size_t len = strlen(piece->valuestring);
+        if (len > UNIGRAM_MAX_PIECE_BYTES || (piece_bytes += len) > UNIGRAM_MAX_PIECES_BYTES) {
+            free(scores);
+            if (len > UNIGRAM_MAX_PIECE_BYTES)
+                return ar_errorf(err,
+                                 "%s: model.vocab[%d] is a piece of %zu bytes; pieces have at "
+                                 "most %d (SentencePiece's, 16 characters)",
+                                 path, id, len, UNIGRAM_MAX_PIECE_BYTES);
+            return ar_errorf(err, "%s: model.vocab's pieces hold more than %zu MiB in all", path,
+                             UNIGRAM_MAX_PIECES_BYTES >> 20);
         }
         /* Each earlier item held one number, so this score is the next in the text. */
         size_t number_len = 0;

@@ -378,6 +378,23 @@ static void test_unigram_load_errors_name_file_and_problem(void) {
         load_error(write_fixture("unk_neg", "{'model': {'type': 'Unigram', 'unk_id': -1, 'vocab': "
                                             "[['<unk>', 0.0]]}}"));
     CHECK_STR_CONTAINS(msg, "model.unk_id is not null or a whole number");
+    /* A piece past 256 bytes: its trie would take about 70 bytes a byte
+     * (a 100 MB piece took 4.9 GB); refused before it is built. */
+    char long_piece[1200];
+    snprintf(long_piece, sizeof long_piece,
+             "{'model': {'type': 'Unigram', 'unk_id': 0, 'vocab': [['<unk>', 0.0], ['%0257d', "
+             "-1.0]]}}",
+             0);
+    msg = load_error(write_fixture("long_piece", long_piece));
+    CHECK_STR_CONTAINS(msg, "model.vocab[1] is a piece of 257 bytes; pieces have at most 256");
+    snprintf(long_piece, sizeof long_piece,
+             "{'model': {'type': 'Unigram', 'unk_id': 0, 'vocab': [['<unk>', 0.0], ['%0256d', "
+             "-1.0]]}}",
+             0);
+    ar_error_t err = {{0}};
+    tokenizer_t *t = tokenizer_load(write_fixture("piece_256", long_piece), &err);
+    CHECK_MSG(t != NULL, "a piece of 256 bytes: %s", err.msg);
+    tokenizer_free(t);
     msg = load_error(write_fixture("b64", "{" PRECOMPILED("AB$=") ", " UNIGRAM_MODEL "}"));
     CHECK_STR_CONTAINS(msg,
                        "normalizer.precompiled_charsmap is not standard base64 (at character 2)");
