@@ -1137,7 +1137,8 @@ static int parse_bpe(tokenizer_t *t, const cJSON *model, const char *path, ar_er
 
 /* Replaces every occurrence of pat in b (left to right, not overlapping). */
 static int replace_all(tok_buf_t *b, const char *pat, size_t pat_len, const char *with,
-                       size_t with_len, tok_buf_t *tmp) {
+                       size_t with_len, tok_buf_t *tmp, size_t *first_at) {
+    *first_at = SIZE_MAX;
     if (pat_len == 0 || b->n < pat_len)
         return AR_OK;
     tmp->n = 0;
@@ -1145,6 +1146,8 @@ static int replace_all(tok_buf_t *b, const char *pat, size_t pat_len, const char
     while (i < b->n) {
         const char *hit = memmem(b->p + i, b->n - i, pat, pat_len);
         size_t stop = hit ? (size_t)(hit - b->p) : b->n;
+        if (hit && *first_at == SIZE_MAX)
+            *first_at = stop;
         if (tok_buf_append(tmp, b->p + i, stop - i) != AR_OK)
             return AR_ERR;
         if (!hit)
@@ -1177,9 +1180,10 @@ static void lowercase(char *str, size_t n) {
 }
 
 /* Replaces every match of re in b (left to right) with with[0..with_len).
- * *lead_dropped is set when a match at offset 0 is replaced by nothing. */
+ * *first_at: where the first match began, SIZE_MAX for none. */
 static int replace_regex(tok_buf_t *b, const pcre2_code *re, const char *with, size_t with_len,
-                         tok_buf_t *tmp, bool *lead_dropped) {
+                         tok_buf_t *tmp, size_t *first_at) {
+    *first_at = SIZE_MAX;
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
     if (!md)
         return AR_ERR;
@@ -1193,8 +1197,8 @@ static int replace_regex(tok_buf_t *b, const pcre2_code *re, const char *with, s
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         if (ov[1] <= ov[0] || ov[0] < from)
             break; /* empty matches are refused at load; \K tricks end the scan */
-        if (ov[0] == 0 && with_len == 0)
-            *lead_dropped = true;
+        if (*first_at == SIZE_MAX)
+            *first_at = ov[0];
         rc = tok_buf_append(tmp, b->p + from, ov[0] - from);
         if (rc == AR_OK)
             rc = tok_buf_append(tmp, with, with_len);
@@ -1211,40 +1215,44 @@ static int replace_regex(tok_buf_t *b, const pcre2_code *re, const char *with, s
     return AR_OK;
 }
 
+/* The bytes of b's first character, or 0 when empty. */
+static size_t first_char_bytes(const tok_buf_t *b) {
+    return b->n ? utf8_char_len((unsigned char)b->p[0]) : 0;
+}
+
 /* Applies the normalizer steps to s[0..n), leaving the result in out (tmp is
- * scratch). *lead_dropped (may be NULL) tells whether the text's first
- * character was removed (stripped, mapped or replaced to nothing), so that
- * the result no longer starts at the text's original offset; Metaspace's
- * prepend_scheme "first" asks. */
+ * scratch). *origin_end (may be NULL): how many leading bytes of the result
+ * stand at the text's original offset 0 in HF's alignments, which Metaspace's
+ * prepend_scheme "first" asks of a piece split off it: the first character
+ * of the text; stripped, or replaced by nothing, none; mapped by a charsmap,
+ * as charsmap_normalize follows it. */
 static int normalize(const tokenizer_t *t, const char *s, size_t n, tok_buf_t *out, tok_buf_t *tmp,
-                     bool *lead_dropped) {
-    bool dropped = false;
+                     size_t *origin_end) {
     out->n = 0;
     if (tok_buf_append(out, s, n) != AR_OK)
         return AR_ERR;
+    size_t origin = first_char_bytes(out);
     for (int k = 0; k < t->n_norm; k++) {
         const norm_step_t *step = &t->norm[k];
-        size_t off = 0, len = out->n, sp;
-        bool first_gone = false;
+        size_t off = 0, len = out->n, sp, first_at;
         char *mapped = NULL;
         size_t mapped_len = 0;
         switch (step->kind) {
         case NORM_PRECOMPILED:
-            if (charsmap_normalize(step->charsmap, out->p, out->n, &mapped, &mapped_len,
-                                   &first_gone) != AR_OK)
+            if (charsmap_normalize(step->charsmap, out->p, out->n, &mapped, &mapped_len, origin,
+                                   &origin) != AR_OK)
                 return AR_ERR;
             free(out->p);
             *out = (tok_buf_t){mapped, mapped_len, mapped_len + 1};
-            dropped |= first_gone;
             break;
         case NORM_LOWERCASE:
-            lowercase(out->p, out->n);
+            lowercase(out->p, out->n); /* in place, each character's bytes kept */
             break;
         case NORM_STRIP:
             if (step->strip_left)
                 while ((sp = space_len(out->p + off, len)))
                     off += sp, len -= sp;
-            dropped |= off > 0;
+            origin = off > 0 ? 0 : origin;
             if (step->strip_right)
                 while ((sp = space_len_before(out->p + off, len)))
                     len -= sp;
@@ -1253,18 +1261,15 @@ static int normalize(const tokenizer_t *t, const char *s, size_t n, tok_buf_t *o
             out->p[len] = '\0';
             break;
         case NORM_REPLACE:
-            if (step->re) {
-                if (replace_regex(out, step->re, step->content, step->content_len, tmp, &dropped) !=
-                    AR_OK)
-                    return AR_ERR;
-                break;
-            }
-            if (step->content_len == 0 && out->n >= step->pattern_len && step->pattern_len &&
-                memcmp(out->p, step->pattern, step->pattern_len) == 0)
-                dropped = true;
-            if (replace_all(out, step->pattern, step->pattern_len, step->content, step->content_len,
-                            tmp) != AR_OK)
+            if ((step->re ? replace_regex(out, step->re, step->content, step->content_len, tmp,
+                                          &first_at)
+                          : replace_all(out, step->pattern, step->pattern_len, step->content,
+                                        step->content_len, tmp, &first_at)) != AR_OK)
                 return AR_ERR;
+            /* A match within the bytes at offset 0 ends them there; one at
+             * 0 leaves its content (inserted at 0), or nothing. */
+            if (first_at < origin)
+                origin = first_at > 0 ? first_at : step->content_len;
             break;
         case NORM_PREPEND:
             if (out->n == 0)
@@ -1275,11 +1280,12 @@ static int normalize(const tokenizer_t *t, const char *s, size_t n, tok_buf_t *o
             memcpy(out->p, step->content, step->content_len);
             out->n += step->content_len;
             out->p[out->n] = '\0';
+            origin = origin ? origin + step->content_len : 0;
             break;
         }
     }
-    if (lead_dropped)
-        *lead_dropped = dropped;
+    if (origin_end)
+        *origin_end = origin;
     return AR_OK;
 }
 
@@ -1610,10 +1616,11 @@ typedef struct encode_state {
     /* Where a piece lies in the original text, for Metaspace's "first":
      * text is the start of the whole (UTF-8-cleaned) prompt, seg the start of
      * the normalised segment being pre-tokenised and seg_origin whether that
-     * segment begins at the prompt's offset 0 (seg_lead_dropped: but its
-     * first character was normalised away). */
+     * segment begins at the prompt's offset 0 (seg_origin_end: how many of
+     * its leading normalised bytes stand there, normalize's origin_end). */
     const char *text, *seg;
-    bool seg_origin, seg_lead_dropped;
+    bool seg_origin;
+    size_t seg_origin_end;
     ar_error_t *err;
 } encode_state_t;
 
@@ -2021,8 +2028,11 @@ static int run_byte_level(encode_state_t *st, int step_index, const char *s, siz
 static int run_metaspace(encode_state_t *st, int step_index, const char *s, size_t n) {
     const metaspace_t *ms = &st->t->pre[step_index].metaspace;
     tok_buf_t *b = &st->meta;
-    bool at_origin = st->seg_origin && s == st->seg &&
-                     (step_index == 0 || !st->seg_lead_dropped); /* see tokenizer.h */
+    /* A piece is at offset 0 where HF's alignment of its first character is
+     * (see tokenizer.h); the whole segment, before any split, always. */
+    bool at_origin = st->seg_origin &&
+                     (step_index == 0 ? s == st->seg
+                                      : s >= st->seg && (size_t)(s - st->seg) < st->seg_origin_end);
     b->n = 0;
     int rc = buf_reserve(b, n + ms->rep_len);
     bool starts = n >= ms->rep_len && memcmp(s, ms->rep, ms->rep_len) == 0;
@@ -2139,12 +2149,12 @@ static int split_added(encode_state_t *st, const char *s, size_t n, bool normali
 static int encode_raw_segment(encode_state_t *st, const char *s, size_t n) {
     const tokenizer_t *t = st->t;
     st->seg_origin = s == st->text;
-    st->seg_lead_dropped = false;
+    st->seg_origin_end = n ? utf8_char_len((unsigned char)s[0]) : 0;
     if (t->n_norm == 0) {
         st->seg = s;
         return split_added(st, s, n, true, pre_tokenize);
     }
-    if (normalize(t, s, n, &st->norm, &st->norm_tmp, &st->seg_lead_dropped) != AR_OK)
+    if (normalize(t, s, n, &st->norm, &st->norm_tmp, &st->seg_origin_end) != AR_OK)
         return ar_errorf(st->err, "out of memory encoding a %zu-byte prompt", n);
     st->seg = st->norm.p;
     return split_added(st, st->norm.p, st->norm.n, true, pre_tokenize);
@@ -2261,9 +2271,10 @@ int tokenizer_decode(const tokenizer_t *t, const int *ids, int n_ids, bool skip_
             tok_buf_t one = {0}, tmp = {0};
             rc = tok_buf_append(&one, tok, strlen(tok));
             const char *sep = i == last ? "" : " ";
-            size_t suffix_len = strlen(t->decoder_suffix);
+            size_t suffix_len = strlen(t->decoder_suffix), first_at;
             if (rc == AR_OK)
-                rc = replace_all(&one, t->decoder_suffix, suffix_len, sep, strlen(sep), &tmp);
+                rc = replace_all(&one, t->decoder_suffix, suffix_len, sep, strlen(sep), &tmp,
+                                 &first_at);
             if (rc == AR_OK)
                 rc = tok_buf_append(&raw, one.p, one.n);
             free(one.p);

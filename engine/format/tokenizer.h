@@ -85,9 +85,14 @@
  *    ("always": every piece, so also the text after an added token as in
  *    HF; "first": only a piece at the prompt's offset 0), then with split a
  *    piece begins at each replacement. For "first", HF asks the piece's
- *    offset in the original text; arserve tracks it across the normalizers
- *    it has (a first character stripped, replaced or mapped to nothing moves
- *    it), not through ByteLevel or Prepend placed before it.
+ *    offset in the original text as HF's alignments give it; arserve follows
+ *    them across the normalizers it has: a first character stripped or
+ *    replaced by nothing moves it; a Precompiled charsmap's mappings keep
+ *    their characters at the offset of what they replaced (inserted ones at
+ *    the last's), and one of a leading character to nothing is not recorded
+ *    by HF, so what follows stays at 0 (checked against HF with
+ *    WhitespaceSplit before Metaspace "first"); not through ByteLevel or
+ *    Prepend placed before it.
  *  - added_tokens: [{id, content, special, normalized, single_word, lstrip,
  *    rstrip}], booleans optional (normalized defaults to !special). As in HF,
  *    tokens with normalized=false are split out of the raw text before

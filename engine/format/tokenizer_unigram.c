@@ -607,15 +607,75 @@ static const char *charsmap_transform(const charsmap_t *m, const char *s, size_t
     return NULL;
 }
 
+/* HF's alignment of the output, followed as far as its start stands at
+ * offset 0: in the next input character to take (its byte offset in s),
+ * whether the last one taken stood at 0, whether any was, and the bytes
+ * of output that do. */
+typedef struct origin_walk {
+    const char *s;
+    size_t n, origin, in, out;
+    bool last_at_0, taken, open;
+} origin_walk_t;
+
+/* One output character of out_bytes: change 0 takes the next input
+ * character's place, 1 is inserted after the last taken (before any: at 0). */
+static void walk_emit(origin_walk_t *w, size_t out_bytes, int inserted) {
+    bool at_0;
+    if (inserted) {
+        at_0 = !w->taken || w->last_at_0;
+    } else {
+        at_0 = w->in < w->origin;
+        w->last_at_0 = at_0;
+        w->taken = true;
+        if (w->in < w->n)
+            w->in += utf8_len((unsigned char)w->s[w->in]);
+    }
+    if (w->open && at_0)
+        w->out += out_bytes;
+    else
+        w->open = false;
+}
+
+/* Input characters a shorter mapping removes: skipped after the last output
+ * character; before any, HF records nothing, and they are not skipped. */
+static void walk_skip(origin_walk_t *w, size_t chars, bool any_output) {
+    for (size_t k = 0; any_output && k < chars && w->in < w->n; k++)
+        w->in += utf8_len((unsigned char)w->s[w->in]);
+}
+
+static size_t utf8_chars(const char *s, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i += utf8_len((unsigned char)s[i]))
+        c++;
+    return c;
+}
+
+/* A replacement r (rlen bytes) of old_chars input characters, as HF's
+ * Precompiled records it: r's characters take the input's places in turn;
+ * with more characters than were replaced the last few are inserted, with
+ * fewer the rest are skipped. */
+static void walk_replace(origin_walk_t *w, const char *r, size_t rlen, size_t old_chars,
+                         bool any_output) {
+    const size_t new_chars = utf8_chars(r, rlen);
+    size_t k = 0;
+    for (size_t i = 0; i < rlen; k++) {
+        const size_t cl = utf8_len((unsigned char)r[i]);
+        const size_t taking = new_chars > old_chars ? old_chars : new_chars;
+        walk_emit(w, cl, k >= taking);
+        i += cl;
+    }
+    if (new_chars < old_chars)
+        walk_skip(w, old_chars - new_chars, any_output || new_chars > 0);
+}
+
 int charsmap_normalize(const charsmap_t *m, const char *s, size_t n, char **out, size_t *out_len,
-                       bool *lead_dropped) {
+                       size_t origin, size_t *origin_out) {
     tok_buf_t b = {0};
     int rc = tok_buf_append(&b, "", 0);
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
     if (!md)
         rc = AR_ERR;
-    if (lead_dropped)
-        *lead_dropped = false;
+    origin_walk_t w = {.s = s, .n = n, .origin = origin, .open = true};
     for (size_t i = 0; i < n && rc == AR_OK;) {
         /* One extended grapheme cluster (PCRE2's \X), at least one character. */
         size_t glen = utf8_len((unsigned char)s[i]);
@@ -631,23 +691,26 @@ int charsmap_normalize(const charsmap_t *m, const char *s, size_t n, char **out,
         const char *r =
             glen < CHARSMAP_GRAPHEME_MAX ? charsmap_transform(m, s + i, glen, &rlen) : NULL;
         if (r) {
+            walk_replace(&w, r, rlen, utf8_chars(s + i, glen), b.n > 0);
             rc = tok_buf_append(&b, r, rlen);
-            if (i == 0 && rlen == 0 && lead_dropped)
-                *lead_dropped = true;
         } else {
             for (size_t k = i; k < i + glen && rc == AR_OK;) {
                 size_t clen = utf8_len((unsigned char)s[k]);
                 if (clen > i + glen - k)
                     clen = i + glen - k;
                 r = charsmap_transform(m, s + k, clen, &rlen);
+                if (r)
+                    walk_replace(&w, r, rlen, 1, b.n > 0);
+                else
+                    walk_emit(&w, clen, 0);
                 rc = r ? tok_buf_append(&b, r, rlen) : tok_buf_append(&b, s + k, clen);
-                if (k == 0 && r && rlen == 0 && lead_dropped)
-                    *lead_dropped = true;
                 k += clen;
             }
         }
         i += glen;
     }
+    if (origin_out)
+        *origin_out = w.out;
     pcre2_match_data_free(md);
     if (rc != AR_OK) {
         free(b.p);

@@ -77,10 +77,14 @@ void charsmap_free(charsmap_t *m);
  * *out_len bytes; the caller frees it), as HF's Precompiled does: per
  * extended grapheme cluster, the mapping of the cluster's shortest mapped
  * prefix when the cluster is under 6 bytes and has one, else each character
- * mapped or kept. *lead_dropped (may be NULL) is set when the text's first
- * character maps to nothing (its output no longer starts at the original
- * offset 0). AR_ERR only when out of memory. Thread-safe. */
+ * mapped or kept. origin: how many leading bytes of s stand at the
+ * prompt's original offset 0 (HF's alignments; 0: none); *origin_out (may
+ * be NULL): the same of the output, as HF aligns it: each kept or mapped
+ * character takes the next input character's place (an inserted one the
+ * last's), and a grapheme mapped to nothing before any output is not
+ * recorded, so what follows takes its place. AR_ERR only when out of
+ * memory. Thread-safe. */
 int charsmap_normalize(const charsmap_t *m, const char *s, size_t n, char **out, size_t *out_len,
-                       bool *lead_dropped);
+                       size_t origin, size_t *origin_out);
 
 #endif

@@ -34,6 +34,9 @@ Writes OUT/unigram_vectors.json (default OUT tests/golden/tokenizer/):
   - t5_first_nosplit: normalizer Sequence[Precompiled, Strip(right), Replace(Regex " {2,}" ->
     "▁")] (today's converter), Metaspace(prepend_scheme "first", split false) as pre-tokenizer
     and decoder, as Llama-style files have;
+  - t5_whitespace_split_first: T5's charsmap with pre-tokenizer Sequence[WhitespaceSplit,
+    Metaspace(prepend_scheme "first")], where a character the charsmap drops after a word's
+    first character must not mark that word's lead as dropped;
   - t5_bytes_never: T5's first 4000 pieces and the 256 <0xAB> byte pieces, byte_fallback true,
     no normalizer, WhitespaceSplit then Metaspace(prepend_scheme "never"); so unknown runs
     become their bytes.
@@ -107,6 +110,10 @@ def layouts(t5: dict) -> dict[str, dict]:
                               "split": False},
             "decoder": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first",
                         "split": False}},
+        "t5_whitespace_split_first": {
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "WhitespaceSplit"},
+                {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}]}},
         "t5_bytes_never": {
             "normalizer": None,
             "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
@@ -174,6 +181,12 @@ def unigram_strings(keys: list[str]) -> list[str]:
         out.append("".join(parts))
     for _ in range(60):  # long words: no spaces at all
         out.append("".join(rng.choice([random_word(rng), rng.choice(short)]) for _ in range(40)))
+    # Characters the charsmap normalises to nothing (soft hyphen, zero-width
+    # ones) after a word's first character, and alone: with prepend_scheme
+    # "first" only the first word's dropped lead matters.
+    for z in ("\u00ad", "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u180e"):
+        out += [f"a{z}b", f"cat{z} dog", f"x{z}", f"{z}", f" a{z}", f"ab{z}{z}c d{z}e",
+                f"{z}word next", f"red{z}\u0301 cube"]
     return out
 
 

@@ -263,6 +263,9 @@ static void test_whitespace_split_metaspace_layout_matches_hf(void) {
 static void test_prepend_first_no_split_strip_layout_matches_hf(void) {
     check_named("t5_first_nosplit");
 }
+static void test_whitespace_split_then_prepend_first_matches_hf(void) {
+    check_named("t5_whitespace_split_first");
+}
 static void test_byte_fallback_prepend_never_matches_hf(void) { check_named("t5_bytes_never"); }
 
 static tokenizer_t *load_t5(void) {
@@ -627,6 +630,7 @@ int main(void) {
         TEST_RUN(test_t5_tokenizer_json_matches_hf);
         TEST_RUN(test_whitespace_split_metaspace_layout_matches_hf);
         TEST_RUN(test_prepend_first_no_split_strip_layout_matches_hf);
+        TEST_RUN(test_whitespace_split_then_prepend_first_matches_hf);
         TEST_RUN(test_byte_fallback_prepend_never_matches_hf);
         fprintf(stderr, "        %d strings, %d ids compared with HF tokenizers\n",
                 n_strings_checked, n_ids_checked);
