@@ -1081,8 +1081,6 @@ static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c) {
     note_client(cx, c);
     cx->raw_target = uri;
     cx->raw_target_len = strlen(uri);
-    this_conn = c;
-    this_cx = cx;
     for (const char *p = uri; *p && *p != '?'; p++)
         if (p[0] == '%' && p[1] == '0' && p[2] == '0')
             cx->nul_in_path = 1;
@@ -1106,6 +1104,10 @@ static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c) {
         conn_release(cx); /* its access log line */
         return &answered_by_uri_log;
     }
+    /* Until the request completes (completed), for mhd_log: never a state
+     * released above. */
+    this_conn = c;
+    this_cx = cx;
     return cx;
 }
 
