@@ -28,6 +28,7 @@ pytestmark = pytest.mark.clients
 
 SHAPES_MODEL = repo_path("models/shapes")
 VAR_MODEL = repo_path(os.environ.get("ARSERVE_VAR_MODEL") or "models/shapes-var")
+SHIPPED_MODELS = [repo_path(f"models/{m}") for m in ("shapes", "shapes-var", "shapes-inf")]
 INFINITY_MODEL = repo_path("tests/golden/infinity_tiny")  # sizes of several aspect ratios
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -252,6 +253,37 @@ def test_generate_in_the_browser(browser, start_daemon, tmp_path):
                         text(browser, "m-kv-text")), text(browser, "m-kv-text")
     assert text(browser, "m-running").isdigit() and text(browser, "m-waiting").isdigit()
     shoot(browser, tmp_path, "generate")
+
+
+@pytest.mark.parametrize("model", SHIPPED_MODELS, ids=os.path.basename)
+def test_every_policy_the_card_lists_generates_at_its_default_budget(browser, start_daemon, model):
+    """Each policy the form offers on each shipped model, at the budget the form
+    fills in, is a valid form (a budget the field's own min and step made
+    invalid blocked Generate with only a browser tooltip) and draws an image
+    that policy made."""
+    d = start_daemon(model)
+    card = d.client.get("/v1/models").json()["data"][0]["arserve"]
+    open_page(browser, d)
+    wait_for(browser, "!document.getElementById('form').hidden", scaled(15), "the form")
+    offered = browser.execute_script(
+        "return [...document.getElementById('policy').options].map(o => o.value)")
+    assert offered == [p["name"] for p in card["kv_policies"]], offered
+    assert len(offered) > 1, offered
+    if browser.find_element("id", "prompt").is_displayed():
+        browser.find_element("id", "prompt").send_keys("a red circle")
+    for policy in offered:
+        browser.execute_script(
+            "const s = document.getElementById('policy'); s.value = arguments[0];"
+            "s.dispatchEvent(new Event('change'));", policy)
+        budget = browser.execute_script("return document.getElementById('budget').value")
+        valid = browser.execute_script("return document.getElementById('form').checkValidity()")
+        assert valid, f"{policy}: the form is invalid with the budget it filled in ({budget})"
+        browser.execute_script("document.getElementById('image-a').dataset.final = ''")
+        browser.find_element("id", "generate").click()
+        wait_for(browser, "document.getElementById('image-a').dataset.final", scaled(90),
+                 f"{policy}'s image")
+        assert text(browser, "error") == "", (policy, text(browser, "error"))
+        assert text(browser, "caption-a").startswith(policy), (policy, text(browser, "caption-a"))
 
 
 def test_compare_mode_shows_two_images_and_their_psnr(browser, start_daemon, tmp_path):
