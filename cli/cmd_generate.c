@@ -27,6 +27,8 @@ typedef struct generate_args {
     int batch_invariant; /* backend.h's batch_invariant */
     int activations;     /* backend.h's backend_activations_t */
     int graphs;          /* backend.h's backend_graphs_t */
+    int kv_policy;       /* a kv_policy_kind_t */
+    double kv_budget;    /* <= 0: the policy's own */
 } generate_args_t;
 
 static void generate_usage(FILE *f, const cli_flag_t *flags) {
@@ -235,8 +237,30 @@ static int generate(const generate_args_t *a, backend_t *be) {
         goto out;
     rc = 1;
     model_image_dims(&model.cfg, opts.size, &W, &H);
+    /* The policy as serve resolves a request's, planned before it runs: a
+     * policy that does not suit the model, or a budget too small for it, is
+     * a usage error naming the flag. */
+    kv_policy_params_t policy;
+    const kv_policy_overrides_t o = {
+        .has_kind = 1, .kind = (kv_policy_kind_t)a->kv_policy, .budget = a->kv_budget};
+    const char *field = NULL;
+    planner_plan_t plan = {0};
+    if (kv_policy_resolve(NULL, &o, &policy, &field, &err) != AR_OK ||
+        planner_plan_sized(&plan, &model.cfg, &policy, n_prompt, opts.size,
+                           planner_block_tokens(&model.cfg), planner_kv_same(kv_dtype), &field,
+                           &err) != AR_OK) {
+        fprintf(stderr, "arserve generate: --%s: %s\n",
+                field && !strcmp(field, "kv_budget") ? "kv-budget"
+                : field && !strcmp(field, "budget")  ? "kv-budget"
+                                                     : "kv-policy",
+                err.msg);
+        rc = 2;
+        goto out;
+    }
+    const size_t planned = plan.peak_bytes;
+    planner_plan_free(&plan);
     if (gen_pool_for_one_image(&pool, &model, n_prompt, kv_dtype, &err) != AR_OK ||
-        gen_request_init_opts(&req, &model, &pool, NULL, cond, uncond, n_prompt, &opts, &sp,
+        gen_request_init_opts(&req, &model, &pool, &policy, cond, uncond, n_prompt, &opts, &sp,
                               (uint64_t)a->seed, 0, &err) != AR_OK ||
         run_steps(&req, be, !a->quiet && isatty(STDERR_FILENO), &counts, &err) != AR_OK ||
         !(rgb = malloc((size_t)H * W * 3)) || gen_decode(&req, rgb, &err) != AR_OK ||
@@ -252,8 +276,16 @@ static int generate(const generate_args_t *a, backend_t *be) {
                 a->out_path, W, H, model_is_class_conditional(&model) ? "class" : "prompt tokens:",
                 model_is_class_conditional(&model) ? cond[0] : n_prompt, req.n_steps, t2 - t1,
                 req.n_steps / (t2 - t1), 1.0 / (t2 - t1), t1 - t0);
-    if (a->verbose)
+    if (a->verbose) {
+        char budget[32] = "";
+        if (kv_policy_uses_budget(policy.kind, NULL))
+            snprintf(budget, sizeof budget, " at budget %.4g", policy.budget);
+        fprintf(stderr, "KV cache: %s%s, peak %.2f MiB held, %.2f MiB planned\n",
+                kv_policy_name(policy.kind), budget,
+                (double)pool.peak_in_use * kv_pool_bytes_per_block(&pool) / 1048576.0,
+                (double)planned / 1048576.0);
         print_step_counts(be, &counts, req.n_steps);
+    }
     rc = 0;
 out:
     /* model_load frees what it loaded when it fails. */
@@ -271,6 +303,7 @@ int cmd_generate(int argc, char **argv, char **envp) {
     generate_args_t a = {.out_path = "out.png",
                          .backend = "auto",
                          .kv_dtype = "auto",
+                         .kv_policy = KV_POLICY_FULL,
                          .top_k = -1,
                          .cfg = -1,
                          .temperature = -1,
@@ -333,12 +366,19 @@ int cmd_generate(int argc, char **argv, char **envp) {
                  "own where the backend's rows depend on the batch, as serve's batch_invariant "
                  "(default off)"},
         {"kv-dtype", 0, CLI_STRING, &a.kv_dtype, .metavar = "TYPE", .help = kv_dtype_help},
+        {"kv-policy", 0, CLI_CHOICE, &a.kv_policy, .choices = kv_policy_names, .metavar = "NAME",
+         .help = "the KV-cache policy, as a request's kv_policy (default full); heatkv and "
+                 "scalekv read the model's kv_calibration.json (arserve calibrate)"},
+        {"kv-budget", 0, CLI_REAL, &a.kv_budget, 0, 1, 1, .metavar = "B",
+         .help = "its budget, a fraction of the full cache in (0, 1] (default: the policy's "
+                 "own)"},
         {"output", 'o', CLI_STRING, &a.out_path, .metavar = "FILE",
          .help = "PNG to write (default out.png)"},
         {"quiet", 'q', CLI_BOOL, &a.quiet, .help = "no progress bar and no summary"},
         {"verbose", 'v', CLI_BOOL, &a.verbose,
-         .help = "also what a step cost the backend: kernel launches, copies each way and "
-                 "stream waits per step (a device backend), and its peak device memory"},
+         .help = "also the KV cache's policy and its peak, held and planned, and what a step "
+                 "cost the backend: kernel launches, copies each way and stream waits per step "
+                 "(a device backend), and its peak device memory"},
         {0}};
     int help = 0, rc = cli_flags_parse("generate", flags, argc, argv, &help);
     if (rc)

@@ -142,6 +142,29 @@ tok_case fewer "$inf" 't["model"]["vocab"].pop()'
     || fail "a tokenizer with 299 of 300 rows" "$(cat "$tmp/err")"
 rm -f "$tmp/fewer.png"
 
+# --kv-policy and --kv-budget run a request's policy on one image, and -v
+# says what the cache held at its peak beside what the planner planned.
+for p in full streaming; do
+    if "$bin" generate --model "$model" --prompt-ids 10,11,12 --kv-policy $p -v -o "$tmp/p.png" \
+            2>"$tmp/err" && line=$(grep "^KV cache: $p" "$tmp/err") &&
+       held=$(sed -E 's/.*peak ([0-9.]+) MiB held.*/\1/' <<<"$line") &&
+       planned=$(sed -E 's/.*held, ([0-9.]+) MiB planned.*/\1/' <<<"$line") &&
+       [ -n "$held" ] && [ "$held" = "$planned" ]
+    then ok "generate --kv-policy $p: the KV peak held is the planned one ($held MiB)"
+    else fail "generate --kv-policy $p -v" "$(cat "$tmp/err")"; fi
+done
+if "$bin" generate --model "$model" --prompt-ids 10,11,12 --kv-policy streaming --kv-budget 0.5 \
+        -v -o "$tmp/p.png" 2>"$tmp/err" && grep -q "^KV cache: streaming at budget 0.5," "$tmp/err"
+then ok "generate --kv-budget sets the budget"
+else fail "generate --kv-budget 0.5" "$(cat "$tmp/err")"; fi
+expect_fail "a budget on full is a usage error naming --kv-budget" 2 "--kv-budget: kv_budget: kv_policy full takes no budget" -- \
+    "$bin" generate --model "$model" --prompt-ids 10,11,12 --kv-policy full --kv-budget 0.5 -o "$tmp/x.png"
+expect_fail "a policy for other models is a usage error naming --kv-policy" 2 "--kv-policy: heatkv works on next-scale models" -- \
+    "$bin" generate --model "$model" --prompt-ids 10,11,12 --kv-policy heatkv -o "$tmp/x.png"
+expect_fail "an unknown policy names the choices" 2 "is not one of full, streaming" -- \
+    "$bin" generate --model "$model" --prompt-ids 10,11,12 --kv-policy lru -o "$tmp/x.png"
+rm -f "$tmp/p.png"
+
 [ ! -e "$tmp/x.png" ] && ok "failed runs write no PNG" || fail "failed runs write no PNG"
 
 # Without --model: $ARSERVE_MODEL, else the shipped model found from the
