@@ -196,6 +196,7 @@ expect_fail "serve without a model says to pass --model" 1 "pass --model DIR" --
     env -u ARSERVE_MODEL "$tmp/none/bin/arserve" serve --port 0
 # serve finds the shipped model too: it gets ready, then drains on SIGTERM.
 # (Waited for as long as it lives; `timeout` only ends a daemon that hangs.)
+: >"$tmp/serve.out"
 env -u ARSERVE_MODEL timeout 600 "$tmp/prefix/bin/arserve" serve --port 0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
 serve_pid=$!
 until grep -q "ready on" "$tmp/serve.out" || ! kill -0 "$serve_pid" 2>/dev/null; do sleep 0.1; done
