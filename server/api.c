@@ -403,11 +403,19 @@ static int parse_model(const field_t *f, const cJSON *v, const api_limits_t *lim
     char buf[72];
     if (check_string(v, f->name, "a string", err))
         return AR_ERR;
-    if (lim->model_name && strcmp(v->valuestring, lim->model_name) != 0)
-        return api_errorf(err, 404, f->name, "model_not_found",
-                          "model '%s' is not served here; this server serves '%s'",
-                          excerpt(v->valuestring, buf), lim->model_name);
-    return AR_OK;
+    if (!lim->model_name || !strcmp(v->valuestring, lim->model_name))
+        return AR_OK;
+    const char *names = lim->model_names && *lim->model_names ? lim->model_names : NULL;
+    const size_t len = strlen(v->valuestring);
+    for (const char *p = names; p && *p;) {
+        const size_t n = strcspn(p, ",");
+        if (n == len && !memcmp(p, v->valuestring, n))
+            return AR_OK;
+        p += n + (p[n] == ',');
+    }
+    return api_errorf(err, 404, f->name, "model_not_found",
+                      "model '%s' is not served here; this server serves '%s'",
+                      excerpt(v->valuestring, buf), names ? names : lim->model_name);
 }
 
 static int parse_size_field(const field_t *f, const cJSON *v, const api_limits_t *lim,

@@ -57,7 +57,10 @@ int api_errorf(api_error_t *err, int status, const char *param, const char *code
 
 /* What the served model accepts; owned by the caller and read only. */
 typedef struct api_limits {
-    const char *model_name;      /* the served model's id; NULL accepts any `model` */
+    const char *model_name; /* the served model's id; NULL accepts any `model` */
+    /* Every name `model` may give, comma-separated (model_name among them);
+     * NULL or "": model_name alone. */
+    const char *model_names;
     int max_n;                   /* images per request, >= 1 */
     int n_sizes;                 /* >= 1; "auto" means the first size */
     const int *widths, *heights; /* the sizes the model produces */

@@ -140,6 +140,24 @@ static int check_kv_ranges(const char *value, ar_error_t *err) {
     return parse_kv_ranges(value, ranges, err);
 }
 
+/* served_model_name: names of 1 to 127 printable bytes, no spaces, joined
+ * by commas. */
+static int check_served_names(const char *value, ar_error_t *err) {
+    for (const char *p = value; *p;) {
+        const size_t n = strcspn(p, ",");
+        if (n == 0 || n > 127)
+            return ar_errorf(err, "'%s': each name has 1 to 127 bytes, the names joined by commas",
+                             value);
+        for (size_t i = 0; i < n; i++)
+            if (p[i] <= ' ' || p[i] > '~')
+                return ar_errorf(err, "'%s': a name has printable characters and no spaces", value);
+        p += n + (p[n] == ',');
+        if (p[-1] == ',' && !*p)
+            return ar_errorf(err, "'%s' ends with a comma", value);
+    }
+    return AR_OK;
+}
+
 static const setting_t SETTINGS[] = {
     STRING_SETTING(model, "", 1, "DIR",
                    "Model directory (arserve.json, weights, tokenizer.json); empty: the shipped "
@@ -244,6 +262,11 @@ static const setting_t SETTINGS[] = {
      .help = "A stream with nothing to say (queued behind other work, or between steps) sends "
              "an SSE comment this often, so that proxies and clients with an idle timeout "
              "keep it; the engine is looked at every 0.1 s"},
+    {FIELD(served_model_name), .kind = KIND_STRING, .def_str = "", .may_be_empty = 1,
+     .metavar = "NAMES", .check = check_served_names,
+     .help = "The names a request's 'model' may give, comma-separated (clients that send "
+             "'dall-e-3', say); the first is the id GET /v1/models answers with; \"\": the "
+             "model's own name from its arserve.json"},
     STRING_SETTING(allowed_hosts, "", 1, "NAMES",
                    "Host header names served (comma-separated, port ignored, '*' any), against "
                    "DNS rebinding; empty: localhost, 127.0.0.1 and [::1] when --host is a "

@@ -50,15 +50,16 @@ typedef struct server_config {
     int max_connections_per_ip; /* 0 = no limit */
     int header_timeout_s;
     int body_timeout_s;
-    int linger_s;             /* how long a refused body is read and thrown away */
-    double sse_keepalive_s;   /* a stream with nothing to say sends a comment this often */
-    char allowed_hosts[1024]; /* "" = loopback names when bound to loopback, else any */
-    char metrics_auth[4];     /* "on": /metrics needs the key */
-    char log_prompts[4];      /* "on": the access log shows prompts */
-    char check_weights[4];    /* "on": every weight must be finite at load */
-    char batch_invariant[4];  /* "on": a GEMM per sequence where rows depend on the batch */
-    char gpu_activations[8];  /* backend_activations_names: "bf16" or "split" */
-    char gpu_graphs[4];       /* backend_graphs_names: "on" or "off" */
+    int linger_s;                /* how long a refused body is read and thrown away */
+    double sse_keepalive_s;      /* a stream with nothing to say sends a comment this often */
+    char allowed_hosts[1024];    /* "" = loopback names when bound to loopback, else any */
+    char served_model_name[512]; /* "" = the model's name; else comma-separated, the first the id */
+    char metrics_auth[4];        /* "on": /metrics needs the key */
+    char log_prompts[4];         /* "on": the access log shows prompts */
+    char check_weights[4];       /* "on": every weight must be finite at load */
+    char batch_invariant[4];     /* "on": a GEMM per sequence where rows depend on the batch */
+    char gpu_activations[8];     /* backend_activations_names: "bf16" or "split" */
+    char gpu_graphs[4];          /* backend_graphs_names: "on" or "off" */
 
     /* Derived, not settings of their own: */
     char config_path[1024]; /* the config file that was read, "" if none */

@@ -308,6 +308,7 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
                          .linger_s = cfg->linger_s,
                          .sse_keepalive_s = cfg->sse_keepalive_s,
                          .allowed_hosts = cfg->allowed_hosts,
+                         .served_model_name = cfg->served_model_name,
                          .metrics_auth = server_config_on(cfg->metrics_auth),
                          .log_prompts = server_config_on(cfg->log_prompts),
                          .retry_after_s = cfg->retry_after_s,

@@ -61,6 +61,7 @@ struct http_server {
     struct MHD_Daemon *d;
     http_options_t opt;
     char api_key[256];
+    char model_id[128]; /* the first served name */
     model_t *model;
     scheduler_t *sched;
     metrics_t *metrics;
@@ -1721,8 +1722,12 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
     h->n_sizes = model->cfg.image.n_sizes > 0 ? model->cfg.image.n_sizes : 1;
     for (int i = 0; i < h->n_sizes; i++)
         model_image_dims(&model->cfg, i, &h->widths[i], &h->heights[i]);
+    const char *names = opt->served_model_name && *opt->served_model_name ? opt->served_model_name
+                                                                          : model->cfg.name;
+    snprintf(h->model_id, sizeof h->model_id, "%.*s", (int)strcspn(names, ","), names);
     h->limits = (api_limits_t){
-        .model_name = model->cfg.name,
+        .model_name = h->model_id,
+        .model_names = names,
         .max_n = opt->max_n,
         .n_sizes = h->n_sizes,
         .widths = h->widths,

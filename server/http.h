@@ -36,6 +36,9 @@ typedef struct http_options {
     /* Host header names accepted (comma-separated, "*" any); NULL or "":
      * the loopback names when host is a loopback address, any otherwise. */
     const char *allowed_hosts;
+    /* The names `model` may give, comma-separated, the first the id GET
+     * /v1/models answers with; NULL or "": the model's own name. */
+    const char *served_model_name;
     int metrics_auth; /* /metrics needs the API key too */
     int log_prompts;  /* the access log shows prompts */
     int retry_after_s;

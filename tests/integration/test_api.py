@@ -127,6 +127,23 @@ def test_wrong_model_is_404_model_not_found(tiny_daemon):
     assert err["param"] == "model" and err["code"] == "model_not_found"
 
 
+def test_served_model_names_are_answered(start_daemon, tiny_info):
+    """--served-model-name: the first name is the id GET /v1/models gives; a
+    request's `model` may be any of them (clients written for another server
+    send theirs); any other name is a 404 listing them."""
+    d = start_daemon(TINY_MODEL, ["--served-model-name", "dall-e-3,shapes"])
+    client = openai_client(d)
+    assert [m.id for m in client.models.list().data] == ["dall-e-3"]
+    for name in ("dall-e-3", "shapes"):
+        img = client.images.generate(model=name, prompt="a red circle", response_format="b64_json")
+        assert png_size(base64.b64decode(img.data[0].b64_json)) == \
+            (tiny_info["width"], tiny_info["height"])
+    r = d.client.post(GEN, json={"prompt": "a red circle", "model": tiny_info["model"]})
+    err = r.json()["error"]
+    assert r.status_code == 404 and err["code"] == "model_not_found", err
+    assert "serves 'dall-e-3,shapes'" in err["message"], err
+
+
 def test_health_ready_metrics_answer(tiny_daemon):
     assert tiny_daemon.client.get("/health").status_code == 200
     assert tiny_daemon.client.get("/ready").status_code == 200

@@ -547,7 +547,7 @@ static void test_usage_lists_every_setting(void) {
     }
     /* Every setting but api_key_file, left out of the JSON form when empty:
      * ... kv_policy, kv_budget, kv_budget_min, kv_budget_ranges and every knob. */
-    CHECK(n == 36 + KV_POLICY_N_KNOBS);
+    CHECK(n == 37 + KV_POLICY_N_KNOBS);
     CHECK_STR_CONTAINS(text, "--kv-pool-mb MIB");
     CHECK_STR_CONTAINS(text, "KV cache pool size in MiB. 1..1048576, default 1024.\n");
     CHECK_STR_CONTAINS(text, "error|warn|info|debug, default info.\n");
