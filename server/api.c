@@ -430,16 +430,33 @@ static int parse_size_field(const field_t *f, const cJSON *v, const api_limits_t
         return AR_OK;
     }
     int w, h;
-    if (parse_size(v->valuestring, &w, &h))
+    const int well_formed = parse_size(v->valuestring, &w, &h);
+    if (well_formed)
         for (int i = 0; i < lim->n_sizes; i++)
             if (lim->widths[i] == w && lim->heights[i] == h) {
                 r->width = w;
                 r->height = h;
                 return AR_OK;
             }
+    /* The nearest size: the closest aspect ratio, then the closest area
+     * (both in log space, so 2:1 and 1:2 are as far from 1:1). */
+    char nearest[48] = "";
+    if (well_formed && lim->n_sizes > 1) {
+        double best = INFINITY;
+        for (int i = 0; i < lim->n_sizes; i++) {
+            const double d =
+                fabs(log((double)w / h) - log((double)lim->widths[i] / lim->heights[i])) +
+                0.01 * fabs(log((double)w * h / ((double)lim->widths[i] * lim->heights[i])));
+            if (d < best) {
+                best = d;
+                snprintf(nearest, sizeof nearest, "; the nearest is %dx%d", lim->widths[i],
+                         lim->heights[i]);
+            }
+        }
+    }
     return api_errorf(err, 400, f->name, "invalid_value",
-                      "size '%s' is not supported; supported: %s (or auto)",
-                      excerpt(v->valuestring, buf), sizes);
+                      "size '%s' is not supported%s; supported: %s (or auto)",
+                      excerpt(v->valuestring, buf), nearest, sizes);
 }
 
 static int parse_response_format(const field_t *f, const cJSON *v, const api_limits_t *lim,

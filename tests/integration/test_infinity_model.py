@@ -105,6 +105,11 @@ def test_a_size_the_model_lacks_is_a_400_listing_its_sizes(d):
     e = error_of(d.client.post(GEN, json={"prompt": "a dog", "size": "65x65"}))
     assert e["param"] == "size"
     assert all(name in e["message"] for name in SIZES), e["message"]
+    # A size it does not have is answered with the nearest it has: the
+    # closest aspect ratio, then the closest area.
+    for asked, nearest in (("65x65", "64x64"), ("80x40", "88x44"), ("30x100", "36x108")):
+        e = error_of(d.client.post(GEN, json={"prompt": "a dog", "size": asked}))
+        assert f"the nearest is {nearest};" in e["message"], (asked, e["message"])
 
 
 def test_a_prompt_past_the_text_limit_is_a_400_naming_it(d):
