@@ -267,7 +267,7 @@ static const bad_case_t bad_cases[] = {
     {"{\"prompt\":\"x\",\"n\":\"2\"}", 400, "n", "invalid_type", "got a string"},
     /* size */
     {"{\"prompt\":\"x\",\"size\":\"512x512\"}", 400, "size", "invalid_value",
-     "size '512x512' is not supported; supported: 384x384, 256x256"},
+     "size '512x512' is not supported; the nearest is 384x384; supported: 384x384, 256x256"},
     {"{\"prompt\":\"x\",\"size\":\"384X384\"}", 400, "size", "invalid_value", NULL},
     {"{\"prompt\":\"x\",\"size\":\"384x384 \"}", 400, "size", "invalid_value", NULL},
     {"{\"prompt\":\"x\",\"size\":\"0384x384\"}", 400, "size", "invalid_value", NULL},
