@@ -193,16 +193,22 @@ static conn_t *conn_new(void) {
     return cx;
 }
 
-/* Drops one reference; the last writes the access log line and frees. */
+/* Drops one reference; the last writes the access log line and frees. The
+ * polls of monitors and of an open playground tab (/metrics, /health and
+ * /ready answered 2xx) are logged at debug, so that info shows requests. */
 static void conn_release(conn_t *cx) {
     if (atomic_fetch_sub(&cx->refs, 1) != 1)
         return;
     char status[8] = "-";
     if (cx->status)
         snprintf(status, sizeof status, "%d", cx->status);
-    log_msg(LOG_INFO, "access: %s %s %s %s %zu bytes %.3f s%s%s", cx->client[0] ? cx->client : "-",
-            cx->method[0] ? cx->method : "-", cx->path, status, atomic_load(&cx->bytes),
-            clock_now_s() - cx->t0, cx->prompt ? " prompt=" : "", cx->prompt ? cx->prompt : "");
+    const int poll = (!strcmp(cx->route, "/metrics") || !strcmp(cx->route, "/health") ||
+                      !strcmp(cx->route, "/ready")) &&
+                     cx->status >= 200 && cx->status < 300;
+    log_msg(poll ? LOG_DEBUG : LOG_INFO, "access: %s %s %s %s %zu bytes %.3f s%s%s",
+            cx->client[0] ? cx->client : "-", cx->method[0] ? cx->method : "-", cx->path, status,
+            atomic_load(&cx->bytes), clock_now_s() - cx->t0, cx->prompt ? " prompt=" : "",
+            cx->prompt ? cx->prompt : "");
     free(cx->prompt);
     free(cx->body);
     free(cx);

@@ -559,6 +559,8 @@ def test_idle_keepalive_is_closed_without_an_answer(daemon):
 
 
 def test_access_log_lines(daemon):
+    raw(daemon.port, request("GET", "/health"))
+    raw(daemon.port, request("GET", "/ready"))
     raw(daemon.port, post(b'{"prompt": "a secret blue square"}'))
     raw(daemon.port, request("GET", "/nowhere%ff"))
     deadline = time.monotonic() + scaled(5)
@@ -571,6 +573,22 @@ def test_access_log_lines(daemon):
                      r"[0-9.]+ s", log), log[-3000:]
     assert re.search(r"access: 127\.0\.0\.1 GET /nowhere%ff 404 \d+ bytes", log), log[-3000:]
     assert "secret blue square" not in log  # prompts only with --log-prompts on
+    # Polls answered 2xx (a monitor's, an open playground tab's) are debug
+    # lines: info shows the requests (an open tab made 73 of 113 lines).
+    for route in ("/health", "/ready", "/metrics"):
+        assert not re.search(rf"access: \S+ GET {route} 2\d\d", log), (route, log[-3000:])
+
+
+def test_access_log_lines_of_polls_at_debug(start_daemon):
+    d = start_daemon(args=["--log-level", "debug"])
+    for route in ("/health", "/ready", "/metrics"):
+        assert d.client.get(route).status_code == 200
+    deadline = time.monotonic() + scaled(5)
+    while "GET /metrics 200" not in d.stderr() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for route in ("/health", "/ready", "/metrics"):
+        assert re.search(rf"debug +access: 127\.0\.0\.1 GET {route} 200", d.stderr()), \
+            (route, d.stderr()[-2000:])
 
 
 def test_log_prompts_and_metrics_behind_the_key(start_daemon, tmp_path):
