@@ -329,8 +329,13 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
                 "listening on %s, beyond this machine, with no API key: anyone who can reach "
                 "port %d can use it; set ARSERVE_API_KEY or --api-key-file",
                 cfg->host, http_port(d->http));
-    /* A line tests and scripts can wait for. */
-    fprintf(stdout, "arserve: ready on %s:%d\n", cfg->host, http_port(d->http));
+    /* A line tests and scripts can wait for, with the playground's address
+     * (a wildcard host's as this machine's loopback). */
+    const int any = !strcmp(cfg->host, "0.0.0.0") || !strcmp(cfg->host, "::");
+    const int v6 = !any && strchr(cfg->host, ':') != NULL;
+    fprintf(stdout, "arserve: ready on %s:%d; the playground: http://%s%s%s:%d/\n", cfg->host,
+            http_port(d->http), v6 ? "[" : "", any ? "localhost" : cfg->host, v6 ? "]" : "",
+            http_port(d->http));
     fflush(stdout);
     return 0;
 }

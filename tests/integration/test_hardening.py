@@ -750,6 +750,8 @@ def test_warns_when_listening_beyond_loopback_without_a_key():
     try:
         line = p.stdout.readline()
         assert "ready on 0.0.0.0" in line, line
+        # The playground's address is this machine's, not the wildcard.
+        assert re.search(r"; the playground: http://localhost:\d+/$", line), line
     finally:
         p.terminate()
         _, err = p.communicate(timeout=scaled(20))

@@ -38,6 +38,10 @@ KEY = "playground-test-key"
 # ---- the page over plain HTTP ----
 
 def test_page_is_served_self_contained(tiny_daemon):
+    # The ready line says where the page is, and that is where it is served.
+    with open(tiny_daemon.stdout_path, encoding="utf-8") as f:
+        ready = f.read()
+    assert f"; the playground: {tiny_daemon.url}/\n" in ready, ready
     r = tiny_daemon.client.get("/")
     assert r.status_code == 200
     assert r.headers["content-type"] == "text/html; charset=utf-8"
