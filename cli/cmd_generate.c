@@ -249,10 +249,8 @@ static int generate(const generate_args_t *a, backend_t *be) {
         planner_plan_sized(&plan, &model.cfg, &policy, n_prompt, opts.size,
                            planner_block_tokens(&model.cfg), planner_kv_same(kv_dtype), &field,
                            &err) != AR_OK) {
-        fprintf(stderr, "arserve generate: --%s: %s\n",
-                field && !strcmp(field, "kv_budget") ? "kv-budget"
-                : field && !strcmp(field, "budget")  ? "kv-budget"
-                                                     : "kv-policy",
+        const int budget = field && (!strcmp(field, "kv_budget") || !strcmp(field, "budget"));
+        fprintf(stderr, "arserve generate: --%s: %s\n", budget ? "kv-budget" : "kv-policy",
                 err.msg);
         rc = 2;
         goto out;

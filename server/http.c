@@ -332,6 +332,20 @@ static void linger_close(conn_t *cx, int fd, double linger_s) {
     }
 }
 
+/* Shuts a connection's socket down once arserve has answered on it (sent
+ * bytes) or decided to say nothing; the caller returns MHD_NO, which this
+ * returns, so libmicrohttpd ends it. */
+static enum MHD_Result shut_connection(const union MHD_ConnectionInfo *ci, conn_t *cx,
+                                       size_t sent) {
+    if (ci)
+        shutdown(ci->connect_fd, SHUT_RDWR);
+    cx->responded = 1;
+    cx->closed = 1;
+    atomic_store(&cx->bytes, sent);
+    closed_by_us = 1;
+    return MHD_NO;
+}
+
 /* Writes e as a whole HTTP response to c's socket and shuts the socket down,
  * for an answer libmicrohttpd cannot queue: it queues a response only once
  * the headers are in or the whole body is, and some requests must be
@@ -368,14 +382,8 @@ static enum MHD_Result answer_and_close(http_server_t *h, struct MHD_Connection 
         shutdown(ci->connect_fd, SHUT_WR);
         linger_close(cx, ci->connect_fd, linger_s);
     }
-    if (ci)
-        shutdown(ci->connect_fd, SHUT_RDWR);
     free(body);
-    cx->responded = 1;
-    cx->closed = 1;
-    atomic_store(&cx->bytes, sent);
-    closed_by_us = 1;
-    return MHD_NO;
+    return shut_connection(ci, cx, sent);
 }
 
 /* ---- the scheduler's reasons as HTTP ---- */
@@ -747,12 +755,7 @@ static enum MHD_Result client_gone(http_server_t *h, struct MHD_Connection *c, c
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     count(h, cx, 499);
-    if (ci)
-        shutdown(ci->connect_fd, SHUT_RDWR);
-    cx->responded = 1;
-    cx->closed = 1;
-    closed_by_us = 1;
-    return MHD_NO;
+    return shut_connection(ci, cx, 0);
 }
 
 /* A prompt for the access log: a JSON string of at most LOGGED_PROMPT_BYTES

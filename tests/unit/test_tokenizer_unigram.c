@@ -381,7 +381,7 @@ static void test_unigram_load_errors_name_file_and_problem(void) {
         load_error(write_fixture("unk_neg", "{'model': {'type': 'Unigram', 'unk_id': -1, 'vocab': "
                                             "[['<unk>', 0.0]]}}"));
     CHECK_STR_CONTAINS(msg, "model.unk_id is not null or a whole number");
-    /* A piece past 256 bytes: its trie would take about 70 bytes a byte
+    /* A piece past 256 bytes: its trie would take about 49 bytes a byte
      * (a 100 MB piece took 4.9 GB); refused before it is built. */
     char long_piece[1200];
     snprintf(long_piece, sizeof long_piece,
