@@ -3,12 +3,16 @@
 # binary, the shipped demo model (models/shapes) and the shared libraries it
 # needs on the matching runtime image (cuBLAS included), as a non-root user.
 #
-#   docker build -t arserve .
-#   docker run --gpus all -p 8080:8080 arserve
-#   docker run --gpus all -p 8080:8080 -v /path/to/model:/opt/arserve/model:ro \
-#       -e ARSERVE_MODEL=/opt/arserve/model arserve
+#   docker build -t arserve:latest .
+#   docker run --gpus all -p 8080:8080 arserve:latest
+#   docker run --gpus all -p 8080:8080 \
+#       -v /path/to/model:/opt/arserve/model:ro -e ARSERVE_MODEL=/opt/arserve/model \
+#       -e ARSERVE_API_KEY arserve:latest
 #
-# tests/cli/test_dockerfile.sh checks this file's structure (make test).
+# The first serves the demo model; the second a converted model directory
+# (docs/model-format.md) mounted read-only, with the API key exported in
+# ARSERVE_API_KEY (deploy/README.md). tests/cli/test_dockerfile.sh checks this
+# file's structure, tests/python/test_deploy.py these lines (make test).
 
 ARG CUDA_VERSION=13.0.0
 ARG UBUNTU=ubuntu24.04
@@ -50,7 +54,7 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD curl -fsS http://127.0.0.1:8080/health || exit 1
 # The image listens on every interface. Without a key anyone who reaches the
 # port can use it, and arserve says so at start: give one,
-#   docker run -e ARSERVE_API_KEY="$(openssl rand -hex 24)" ...
+#   export ARSERVE_API_KEY=$(openssl rand -hex 24); docker run -e ARSERVE_API_KEY ...
 # or mount a file and add --api-key-file /run/secrets/arserve_key. Clients
 # then send 'Authorization: Bearer KEY'. Behind a proxy, add
 # --max-connections-per-ip 0 (every request comes from the proxy's address).

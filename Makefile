@@ -335,7 +335,7 @@ $(VENV)/.stamp: tests/requirements.txt | deps-debian
 		apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(VENV)/bin/$(PIP_INSTALL) -r tests/requirements.txt
 	$(PY_WARM) $(VENV)/bin/python -c 'import pytest, xdist, pytest_timeout, openai, httpx, numpy, PIL.Image, yaml, \
-	    selenium.webdriver, locust.main'
+	    selenium.webdriver, locust.main, kubernetes_validate, jsonschema'
 	@touch $@
 
 # The tiny random model used by tests, made from a fixed seed.
@@ -532,8 +532,9 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/
 	tests/cli/test_test_only_api.sh $(CC) $(filter-out -MMD -MP,$(CFLAGS))
 
 # Python tools' tests (numpy, Pillow; no torch): the shapes renderer, the
-# ShapesEval scorer and runner, and the shipped model (models/shapes) drawing
-# its expected PNG and passing a small ShapesEval with build/arserve. A file
+# ShapesEval scorer and runner, the shipped model (models/shapes) drawing
+# its expected PNG and passing a small ShapesEval with build/arserve, and
+# deploy/ (manifests against Kubernetes' schemas, the model loader). A file
 # to a worker (--dist loadfile): the ShapesEval run is a module's fixture, made
 # on every worker that runs one of its tests (twice, 7 s each, with --dist load).
 test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp

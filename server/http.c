@@ -1324,8 +1324,10 @@ static enum MHD_Result early_errors(http_server_t *h, struct MHD_Connection *c, 
                     want_post ? "POST"
                     : is_jobs ? "GET or DELETE"
                               : "GET");
+    /* Probes (an orchestrator's readiness check as much as its liveness
+     * one) carry no key. */
     if (!strcmp(cx->route, PAGE_ROUTE) || !strcmp(cx->route, "/health") ||
-        (!strcmp(cx->route, "/metrics") && !h->opt.metrics_auth))
+        !strcmp(cx->route, "/ready") || (!strcmp(cx->route, "/metrics") && !h->opt.metrics_auth))
         return MHD_YES;
     if (!auth_ok(h, c))
         return fail(h, c, cx, 401, NULL, "invalid_api_key",

@@ -197,9 +197,10 @@ def test_api_key_openai_client(keyed_daemon, tiny_info):
     assert e.value.code == "invalid_api_key"
 
 
-def test_api_key_not_needed_for_health_and_metrics(keyed_daemon):
+def test_api_key_not_needed_for_health_ready_and_metrics(keyed_daemon):
     c = keyed_daemon.client
     assert c.get("/health").status_code == 200
+    assert c.get("/ready").status_code == 200  # a readiness probe carries no key
     r = c.get("/metrics")
     assert r.status_code == 200
     assert "arserve_build_info" in r.text
