@@ -240,12 +240,15 @@ static int generate(const generate_args_t *a, backend_t *be) {
     /* The policy as serve resolves a request's, planned before it runs: a
      * policy that does not suit the model, or a budget too small for it, is
      * a usage error naming the flag. */
-    kv_policy_params_t policy;
+    kv_policy_params_t policy, defaults;
+    kv_policy_defaults(&defaults, KV_POLICY_FULL);
+    defaults.budget = 0; /* none given: each policy's own on the model */
+    model_config_kv_card(&model.cfg, &defaults);
     const kv_policy_overrides_t o = {
         .has_kind = 1, .kind = (kv_policy_kind_t)a->kv_policy, .budget = a->kv_budget};
     const char *field = NULL;
     planner_plan_t plan = {0};
-    if (kv_policy_resolve(NULL, &o, &policy, &field, &err) != AR_OK ||
+    if (kv_policy_resolve(&defaults, &o, &policy, &field, &err) != AR_OK ||
         planner_plan_sized(&plan, &model.cfg, &policy, n_prompt, opts.size,
                            planner_block_tokens(&model.cfg), planner_kv_same(kv_dtype), &field,
                            &err) != AR_OK) {

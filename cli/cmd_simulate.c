@@ -444,6 +444,8 @@ static void sim_setup(sim_t *x, const char *json, planner_kv_dtype_t dt, long lo
                                 .max_running = (int)max_running,
                                 .max_waiting = (int)max_waiting};
     kv_policy_defaults(&x->kv_defaults, KV_POLICY_FULL);
+    x->kv_defaults.budget = 0; /* as the daemon's without kv_budget: each policy's own */
+    model_config_kv_card(cfg, &x->kv_defaults);
     x->widths[0] = model_config_image_width(cfg);
     x->heights[0] = model_config_image_height(cfg);
     x->limits = (api_limits_t){.max_n = SCHED_MAX_IMAGES,

@@ -82,6 +82,37 @@ int model_load(model_t *m, const char *dir, backend_t *be, ar_error_t *err) {
     return model_load_with(m, dir, be, 0, err);
 }
 
+/* Each budget the card sets (arserve.json "kv_budgets") runs on the model:
+ * its policy applies to the family, and the budget holds what the policy
+ * must keep on the default size's grid with a one-token prompt. A policy
+ * that runs at no budget here (HeatKV without a calibration) is left to
+ * each request's own message. */
+static int check_kv_budgets(const model_config_t *cfg, const char *dir, ar_error_t *err) {
+    kv_geometry_t g;
+    model_geometry(cfg, 1, &g);
+    for (int k = 0; k < KV_POLICY_COUNT; k++) {
+        if (!(cfg->kv_budgets[k] > 0))
+            continue;
+        const char *name = kv_policy_name((kv_policy_kind_t)k);
+        if (!kv_policy_suits((kv_policy_kind_t)k, &g))
+            return ar_errorf(err,
+                             "%s/arserve.json: 'kv_budgets.%s': kv_policy %s does not apply "
+                             "to %s models",
+                             dir, name, name, model_family_of(cfg)->models_name);
+        kv_policy_params_t p;
+        kv_policy_defaults(&p, (kv_policy_kind_t)k);
+        const double least = kv_policy_min_budget(&p, &g);
+        p.budget = cfg->kv_budgets[k];
+        ar_error_t why;
+        if (least > 0 && kv_policy_check(&p, &g, NULL, &why) != AR_OK)
+            return ar_errorf(err,
+                             "%s/arserve.json: 'kv_budgets.%s' is %g, below %g, the least "
+                             "budget %s runs at on this model",
+                             dir, name, cfg->kv_budgets[k], least, name);
+    }
+    return AR_OK;
+}
+
 int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, ar_error_t *err) {
     memset(m, 0, sizeof *m);
     m->be = be;
@@ -150,6 +181,10 @@ int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, 
             return AR_ERR;
         }
         m->cfg.kv_calibration = &m->calib;
+    }
+    if (check_kv_budgets(&m->cfg, dir, err) != AR_OK) {
+        model_free(m);
+        return AR_ERR;
     }
     snprintf(path, sizeof path, "%s/%s", dir, FP8_SCALES_FILE);
     if (access(path, F_OK) == 0) {

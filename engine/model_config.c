@@ -5,6 +5,7 @@
 #include "base/file.h"
 #include "engine/format/json_strict.h"
 #include "engine/model_family.h"
+#include "engine/policy/kv_policy.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -365,6 +366,34 @@ static int read_sampling(const ctx_t *c, const cJSON *root, sampler_params_t *sp
                : AR_OK;
 }
 
+/* "kv_budgets": {"linear": 0.25, ...}, optional: each key a policy that
+ * takes a budget, each value in (0, 1]. Whether it suits the model's grid
+ * is model_load's question (model_check_kv_budgets). */
+static int read_kv_budgets(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, "kv_budgets");
+    if (!o)
+        return AR_OK;
+    if (!cJSON_IsObject(o))
+        return ar_errorf(c->err, "%s: 'kv_budgets' must be an object of policy: budget", c->file);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        const int kind = kv_policy_parse(it->string);
+        char names[256];
+        if (kind < 0)
+            return ar_errorf(c->err, "%s: 'kv_budgets.%s': no such kv_policy; one of %s", c->file,
+                             it->string, kv_policy_list(names, sizeof names));
+        if (!kv_policy_uses_budget((kv_policy_kind_t)kind, NULL))
+            return ar_errorf(c->err, "%s: 'kv_budgets.%s': kv_policy %s takes no budget", c->file,
+                             it->string, it->string);
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || !(it->valuedouble > 0) ||
+            it->valuedouble > 1)
+            return ar_errorf(c->err, "%s: 'kv_budgets.%s' must be a number in (0, 1]", c->file,
+                             it->string);
+        cfg->kv_budgets[kind] = it->valuedouble;
+    }
+    return AR_OK;
+}
+
 static int read_weight_list(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "weights");
     if (!arr) {
@@ -397,9 +426,9 @@ static int read_weight_list(const ctx_t *c, const cJSON *root, model_config_t *c
 /* LlamaGen (class-to-image): a class token instead of a prompt, no
  * tokenizer, 2D RoPE (head_dim a multiple of 4, one head group per width). */
 static int read_llamagen(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
-    static const char *const keys[] = {"format_version", "name",     "family", "architecture",
-                                       "weights",        "llm",      "image",  "condition",
-                                       "decoder",        "sampling", NULL};
+    static const char *const keys[] = {"format_version", "name",     "family",     "architecture",
+                                       "weights",        "llm",      "image",      "condition",
+                                       "decoder",        "sampling", "kv_budgets", NULL};
     const llm_config_t *l = &cfg->llm;
     if (check_keys(c, root, keys) || read_llm(c, root, 0, &cfg->llm) ||
         read_image(c, root, 0, &cfg->image) || read_condition(c, root, &cfg->condition) ||
@@ -420,9 +449,9 @@ static int read_llamagen(const ctx_t *c, const cJSON *root, model_config_t *cfg)
 }
 
 static int read_raster(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
-    static const char *const keys[] = {"format_version", "name",      "family",   "architecture",
-                                       "weights",        "tokenizer", "llm",      "image",
-                                       "decoder",        "prompt",    "sampling", NULL};
+    static const char *const keys[] = {
+        "format_version", "name",    "family", "architecture", "weights",    "tokenizer", "llm",
+        "image",          "decoder", "prompt", "sampling",     "kv_budgets", NULL};
     if (strcmp(cfg->architecture, "llamagen") == 0)
         return read_llamagen(c, root, cfg);
     strcpy(cfg->tokenizer, "tokenizer.json");
@@ -452,9 +481,9 @@ static void image_single_size(model_config_t *cfg) {
 }
 
 static int read_scale(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
-    static const char *const keys[] = {"format_version", "name",     "family", "architecture",
-                                       "weights",        "llm",      "image",  "condition",
-                                       "decoder",        "sampling", NULL};
+    static const char *const keys[] = {"format_version", "name",     "family",     "architecture",
+                                       "weights",        "llm",      "image",      "condition",
+                                       "decoder",        "sampling", "kv_budgets", NULL};
     if (check_keys(c, root, keys) || read_llm_scale(c, root, &cfg->llm) ||
         read_image_scale(c, root, &cfg->image) || read_condition(c, root, &cfg->condition) ||
         read_decoder(c, root, "msvq", &cfg->decoder))
@@ -618,9 +647,9 @@ static int read_image_infinity(const ctx_t *c, const cJSON *root, image_config_t
 /* Infinity: T5 text encoder, cross-attention transformer with bitwise
  * head, a schedule per aspect ratio, BSQ-VAE decoder (docs/model-format.md). */
 static int read_infinity(const ctx_t *c, const cJSON *root, model_config_t *cfg) {
-    static const char *const keys[] = {"format_version", "name",      "family",   "architecture",
-                                       "weights",        "tokenizer", "llm",      "text",
-                                       "image",          "decoder",   "sampling", NULL};
+    static const char *const keys[] = {
+        "format_version", "name",  "family",  "architecture", "weights",    "tokenizer", "llm",
+        "text",           "image", "decoder", "sampling",     "kv_budgets", NULL};
     image_config_t *im = &cfg->image;
     strcpy(cfg->tokenizer, "tokenizer.json");
     if (check_keys(c, root, keys) ||
@@ -703,7 +732,7 @@ int model_config_parse(model_config_t *cfg, const char *json, size_t len, const 
         (strcmp(family->name, "scale") != 0           ? read_raster(&c, root, cfg)
          : strcmp(cfg->architecture, "infinity") == 0 ? read_infinity(&c, root, cfg)
                                                       : read_scale(&c, root, cfg)) ||
-        read_sampling(&c, root, &cfg->sampling))
+        read_sampling(&c, root, &cfg->sampling) || read_kv_budgets(&c, root, cfg))
         goto out;
     rc = AR_OK;
 out:

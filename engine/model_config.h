@@ -5,6 +5,7 @@
 #define ARSERVE_MODEL_CONFIG_H
 
 #include "base/status.h"
+#include "engine/policy/kv_policy.h"
 #include "engine/sampler.h"
 
 #define MODEL_MAX_LEVELS 8
@@ -105,10 +106,19 @@ typedef struct model_config {
     condition_config_t condition; /* scale; raster, llamagen */
     text_config_t text;           /* scale, infinity */
     sampler_params_t sampling;
+    /* "kv_budgets" (optional): a policy's budget on this model when neither
+     * a request nor the server's settings give one; 0: the policy's own. */
+    double kv_budgets[KV_POLICY_COUNT];
     /* Not from arserve.json: the model directory's KV calibration, set by
      * model_load when it has one (or by `arserve plan`, a synthetic one). */
     const struct kv_calibration *kv_calibration;
 } model_config_t;
+
+/* The card's kv_budgets into the defaults requests resolve against. */
+static inline void model_config_kv_card(const model_config_t *cfg, kv_policy_params_t *defaults) {
+    for (int k = 0; k < KV_POLICY_COUNT; k++)
+        defaults->card_budgets[k] = cfg->kv_budgets[k];
+}
 
 /* 1 when the model reads its prompt with a text encoder (Infinity's T5),
  * which also takes a negative prompt as its unconditional row. */

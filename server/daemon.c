@@ -207,6 +207,9 @@ static void log_capacity(const daemon_t *d, const server_config_t *cfg) {
         if (k == KV_POLICY_FULL)
             snprintf(per_policy + len, sizeof per_policy - len, "full %zu images",
                      peak ? capacity / peak : 0);
+        else if (peak && !kv_policy_uses_budget(p.kind, &g))
+            snprintf(per_policy + len, sizeof per_policy - len, ", %s %zu", kv_policy_name(p.kind),
+                     capacity / peak);
         else if (peak)
             snprintf(per_policy + len, sizeof per_policy - len, ", %s@%.3g %zu",
                      kv_policy_name(p.kind), p.budget, capacity / peak);
@@ -273,6 +276,7 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
             model_config_image_height(&d->model.cfg), model_image_tokens(&d->model.cfg),
             d->model.weight_bytes / 1e6, clock_now_s() - t0);
     server_config_kv_defaults(cfg, &d->kv_defaults);
+    model_config_kv_card(&d->model.cfg, &d->kv_defaults);
     kv_policy_params_t run;
     kv_budget_range_t ranges[KV_POLICY_COUNT];
     if (check_default_policy(d, &run) != AR_OK || check_default_ranges(d, cfg, ranges) != AR_OK)

@@ -258,6 +258,8 @@ int kv_policy_resolve(const kv_policy_params_t *defaults, const kv_policy_overri
         for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
             kv_policy_knob_set(out, &kv_policy_knobs[i],
                                kv_policy_knob_get(defaults, &kv_policy_knobs[i]));
+        if (defaults->card_budgets[kind] > 0)
+            out->budget = defaults->card_budgets[kind];
         if (defaults->budget > 0)
             out->budget = defaults->budget;
     }

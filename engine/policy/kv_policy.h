@@ -59,6 +59,10 @@ typedef struct kv_policy_params {
     double amskv_threshold;     /* a layer expands when its inter-scale similarity is below it */
     /* scalekv (ScaleKV) */
     double scalekv_drafters; /* share of the compacted (layer, scale) pairs that are drafters */
+    /* Only in the defaults kv_policy_resolve is given: each policy's own
+     * budget on the model served, where its card's "kv_budgets" sets one
+     * (0: the policy table's); a resolved policy has none. */
+    double card_budgets[KV_POLICY_COUNT];
 } kv_policy_params_t;
 
 /* Every knob of every policy, one line each:
@@ -269,7 +273,8 @@ typedef struct kv_budget_range {
 
 /* The policy a request runs with, resolved once: o's kind, else the
  * defaults' (the daemon's config); o's budget, else the defaults' when
- * positive, else the policy's own; o's knobs over the defaults' knobs.
+ * positive, else the policy's own on the model (the defaults' card_budgets,
+ * else the table's); o's knobs over the defaults' knobs.
  * A knob given for another policy than the request's, or a budget given
  * to a policy that takes none, is an error naming the knob or "kv_budget"
  * (*field, may be NULL): it would be ignored, and the client would never

@@ -49,6 +49,20 @@ static void test_valid_config_parses(void) {
     CHECK(strcmp(c.tokenizer, "tokenizer.json") == 0);
 }
 
+/* The card's own budgets, per policy; a policy it does not name keeps 0
+ * (the policy's own). */
+static void test_kv_budgets_parse(void) {
+    char *json = mutate("\"name\": \"t\",",
+                        "\"name\": \"t\", \"kv_budgets\": {\"linear\": 0.25, \"headkv\": 0.2},");
+    model_config_t c;
+    ar_error_t err = {{0}};
+    CHECK_MSG(model_config_parse(&c, json, strlen(json), "m/arserve.json", &err) == AR_OK, "%s",
+              err.msg);
+    CHECK(c.kv_budgets[KV_POLICY_LINEAR] == 0.25 && c.kv_budgets[KV_POLICY_HEADKV] == 0.2);
+    CHECK(c.kv_budgets[KV_POLICY_STREAMING] == 0 && c.kv_budgets[KV_POLICY_FULL] == 0);
+    free(json);
+}
+
 static void test_tiny_model_config_loads(void) {
     const char *dir = getenv("ARSERVE_TINY_MODEL");
     if (!dir) {
@@ -97,6 +111,18 @@ static void test_mistakes_name_the_key(void) {
         {"\"name\": \"t\",", "\"name\": \"t\", \"weights\": [\"../x.safetensors\"],",
          "'weights[0]'"},
         {"\"name\": \"t\",", "\"name\": \"t\", \"name\": \"u\",", "duplicate key 'name'"},
+        {"\"name\": \"t\",", "\"name\": \"t\", \"kv_budgets\": [0.25],",
+         "'kv_budgets' must be an object"},
+        {"\"name\": \"t\",", "\"name\": \"t\", \"kv_budgets\": {\"lineAR\": 0.25},",
+         "'kv_budgets.lineAR': no such kv_policy; one of full, streaming, linear"},
+        {"\"name\": \"t\",", "\"name\": \"t\", \"kv_budgets\": {\"full\": 0.5},",
+         "'kv_budgets.full': kv_policy full takes no budget"},
+        {"\"name\": \"t\",", "\"name\": \"t\", \"kv_budgets\": {\"linear\": 0},",
+         "'kv_budgets.linear' must be a number in (0, 1]"},
+        {"\"name\": \"t\",", "\"name\": \"t\", \"kv_budgets\": {\"linear\": 1.5},",
+         "'kv_budgets.linear' must be a number in (0, 1]"},
+        {"\"name\": \"t\",", "\"name\": \"t\", \"kv_budgets\": {\"linear\": \"1/4\"},",
+         "'kv_budgets.linear' must be a number in (0, 1]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *json = mutate(cases[i].from, cases[i].to);
@@ -215,6 +241,7 @@ static void test_not_an_object(void) {
 
 int main(void) {
     TEST_RUN(test_valid_config_parses);
+    TEST_RUN(test_kv_budgets_parse);
     TEST_RUN(test_tiny_model_config_loads);
     TEST_RUN(test_missing_file_is_named);
     TEST_RUN(test_mistakes_name_the_key);
