@@ -109,7 +109,7 @@ static int version(void) {
  * arguments); where that cannot be done it goes on as it is. Spinning
  * waits made a 2-thread engine 10-20x slower whenever another process
  * held a core; OMP_WAIT_POLICY=active trades that back for speed on
- * dedicated cores (README, "Threads"). */
+ * dedicated cores (docs/configuration.md, "Threads"). */
 static void serve_waits_passively(char **argv) {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
         return;

@@ -1,4 +1,4 @@
-"""The tables of KV policies and knobs in README.md and docs/kv-policies.md,
+"""The tables of KV policies and knobs in docs/api.md and docs/kv-policies.md,
 made from what the daemon says (GET /v1/models), so that engine/policy/ (the
 policy table and KV_POLICY_KNOBS) stays the only list of them.
 
@@ -7,7 +7,9 @@ policy table and KV_POLICY_KNOBS) stays the only list of them.
 
 It serves the two shipped demo models, a raster one and a next-scale one
 (every policy runs on one of them), on free loopback ports with the default
-settings, and reads each one's model card. Between the markers below the
+settings, and reads each one's model card. Each is served from a copy whose
+arserve.json has no "kv_budgets", so the tables give the policies' own
+budgets, not what a demo's card sets for its small grid. Between the markers below the
 docs hold nothing else; tests/integration/test_kv_docs.py checks that they
 are current, and that what the docs say by hand about defaults agrees.
 """
@@ -15,15 +17,17 @@ import argparse
 import difflib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ("README.md", os.path.join("docs", "kv-policies.md"))
+DOCS = (os.path.join("docs", "api.md"), os.path.join("docs", "kv-policies.md"))
 MODELS = ("models/shapes", "models/shapes-var")
 BEGIN = ("<!-- The KV policies and their knobs, as GET /v1/models lists them: made by "
          "tools/kv_knob_docs.py (edit engine/policy/, then run it with --write). -->")
@@ -135,6 +139,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+def without_card_budgets(model, into):
+    """A copy of model in into whose card sets no policy's budget."""
+    out = os.path.join(into, os.path.basename(model))
+    shutil.copytree(model, out)
+    path = os.path.join(out, "arserve.json")
+    with open(path) as f:
+        card = json.load(f)
+    card.pop("kv_budgets", None)
+    with open(path, "w") as f:
+        json.dump(card, f)
+    return out
+
+
 def model_card(arserve, model, timeout=60):
     """The arserve member of GET /v1/models from a daemon serving model."""
     port = free_port()
@@ -171,7 +188,9 @@ def main(argv=None):
     ap.add_argument("--arserve", default=os.path.join(REPO, "build", "arserve"))
     ap.add_argument("--write", action="store_true", help="make the tables again")
     a = ap.parse_args(argv)
-    body = render([model_card(a.arserve, os.path.join(REPO, m)) for m in MODELS])
+    with tempfile.TemporaryDirectory() as tmp:
+        body = render([model_card(a.arserve, without_card_budgets(os.path.join(REPO, m), tmp))
+                       for m in MODELS])
     diffs = stale(body, write=a.write)
     for rel, diff in diffs:
         print(("wrote %s" % rel) if a.write else diff, end="" if not a.write else "\n")

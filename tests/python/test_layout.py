@@ -1,4 +1,4 @@
-"""The README's Layout table against the tree: every folder it names exists, every folder of
+"""The Layout table of docs/development.md against the tree: every folder it names exists, every folder of
 the tree that holds code is named, and a folder's C includes only its own headers and those of
 the folders under it in the table (the floors the table promises)."""
 import os
@@ -10,9 +10,9 @@ C_EXT = (".c", ".h", ".inc", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
-def layout_rows(readme=os.path.join(ROOT, "README.md")):
+def layout_rows(doc=os.path.join(ROOT, "docs", "development.md")):
     """The folders of the Layout table, top row first."""
-    with open(readme, encoding="utf-8") as f:
+    with open(doc, encoding="utf-8") as f:
         text = f.read()
     section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
     return [m.group(1).rstrip("/") for m in re.finditer(r"^\| `([^`]+)` \|", section, re.M)]
@@ -54,9 +54,9 @@ def include_violations(rows, files):
 
 def test_every_folder_named_exists():
     rows = layout_rows()
-    assert rows, "README.md has no Layout table"
+    assert rows, "docs/development.md has no Layout table"
     missing = [r for r in rows if not os.path.isdir(os.path.join(ROOT, r))]
-    assert not missing, "README.md's Layout names folders the tree lacks: %s" % missing
+    assert not missing, "docs/development.md's Layout names folders the tree lacks: %s" % missing
 
 
 def test_every_code_folder_is_named():
@@ -66,12 +66,12 @@ def test_every_code_folder_is_named():
     # The engine's rooms each have a row of their own.
     subs = {p.rsplit("/", 1)[0] for p in files if p.startswith("engine/") and p.count("/") >= 2}
     unnamed = sorted(d for d in top | subs if d not in rows)
-    assert not unnamed, "folders README.md's Layout does not name: %s" % unnamed
+    assert not unnamed, "folders docs/development.md's Layout does not name: %s" % unnamed
 
 
 def test_includes_run_down_the_table():
     bad = include_violations(layout_rows(), tracked_files())
-    assert not bad, "includes of a folder above the includer's (README.md's Layout): %s" % bad
+    assert not bad, "includes of a folder above the includer's (docs/development.md's Layout): %s" % bad
 
 
 def test_an_include_that_runs_up_is_found(tmp_path):
