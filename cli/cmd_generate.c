@@ -74,6 +74,13 @@ static int parse_ids(const char *s, int *ids, int cap) {
     return n ? n : -1;
 }
 
+/* Words the model does not know: the image is drawn, and stderr says which. */
+static void warn_unknown(const model_t *m, const char *field, const char *text) {
+    char w[512];
+    if (model_prompt_warning(m, field, text, w, sizeof w))
+        fprintf(stderr, "arserve generate: warning: %s\n", w);
+}
+
 /* The prompt rows from --prompt or --prompt-ids; 0 or the exit status. */
 static int prompt_rows(const generate_args_t *a, const model_t *m, int *cond, int *uncond,
                        int *n_prompt) {
@@ -112,6 +119,7 @@ static int prompt_rows(const generate_args_t *a, const model_t *m, int *cond, in
         fprintf(stderr, "arserve generate: --prompt: %s\n", err.msg);
         return 2;
     }
+    warn_unknown(m, "prompt", a->prompt);
     return 0;
 }
 
@@ -150,6 +158,7 @@ static int image_opts(const generate_args_t *a, const model_t *m, gen_image_opts
             fprintf(stderr, "arserve generate: --negative-prompt: %s\n", err.msg);
             return 2;
         }
+        warn_unknown(m, "negative_prompt", a->negative_prompt);
         opts->negative = neg;
     }
     return 0;

@@ -321,6 +321,25 @@ int model_prompt_from_ids(const model_t *m, const int *ids, int n_ids, int *cond
     return AR_OK;
 }
 
+int model_prompt_warning(const model_t *m, const char *field, const char *text, char *out,
+                         size_t cap) {
+    if (!m->tok || !text || model_is_class_conditional(m))
+        return 0;
+    char pieces[256];
+    ar_error_t err;
+    const int n = tokenizer_unknown(m->tok, text, pieces, sizeof pieces, &err);
+    if (n <= 0)
+        return 0;
+    const int closed = tokenizer_words(m->tok, NULL, 0) > 0;
+    snprintf(out, cap, "%s: %d %s the model does not know %s: %s%s", field, n,
+             closed ? (n == 1 ? "word" : "words") : (n == 1 ? "piece" : "pieces"),
+             closed
+                 ? (n == 1 ? "was read as unknown" : "were read as unknown")
+                 : (n == 1 ? "was read as unknown or dropped" : "were read as unknown or dropped"),
+             pieces, closed ? " (GET /v1/models lists the words it knows)" : "");
+    return 1;
+}
+
 int model_prompt_from_text(const model_t *m, const char *text, int *cond, int *uncond, int *n,
                            ar_error_t *err) {
     if (model_is_class_conditional(m)) {

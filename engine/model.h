@@ -71,6 +71,15 @@ int model_class_parse(const model_t *m, const char *s);
 /* 1 when requests name a class (the scale family), 0 when they give a prompt. */
 int model_is_class_conditional(const model_t *m);
 
+/* The warning a prompt's text earns when the model's tokenizer cannot read
+ * all of it (words its vocabulary lacks, read as unknown or dropped), for
+ * field ("prompt", "negative_prompt"): "prompt: 2 words the model does not
+ * know were read as unknown: 'cat', 'sofa' (...)" into out (cap bytes).
+ * Returns 1 when there is one, 0 when the model reads every word (and for
+ * class-conditional models). */
+int model_prompt_warning(const model_t *m, const char *field, const char *text, char *out,
+                         size_t cap);
+
 /* Builds the two prompt rows for text (for a class-conditional model: text
  * must be one of its class names exactly): cond = BOS + tokens(template with
  * text) + image-start; uncond = the same length, BOS and image-start kept,

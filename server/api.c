@@ -936,9 +936,31 @@ static int add_timings(cJSON *o, const api_timings_t *t) {
 }
 
 /* The images response's members, added to root. */
+/* "warnings": [each line of warnings] when it has any (NULL or "": none). */
+static int add_warnings(cJSON *o, const char *warnings) {
+    if (!warnings || !warnings[0])
+        return 1;
+    cJSON *a = cJSON_AddArrayToObject(o, "warnings");
+    if (!a)
+        return 0;
+    for (const char *p = warnings; *p;) {
+        const char *end = strchr(p, '\n');
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        char *line = strndup(p, n);
+        cJSON *item = line ? cJSON_CreateString(line) : NULL;
+        free(line);
+        if (!item)
+            return 0;
+        cJSON_AddItemToArray(a, item);
+        p += n + (end != NULL);
+    }
+    return 1;
+}
+
 static int add_images_response(cJSON *root, long created, int n, const char *const *b64_pngs,
                                int width, int height, int image_tokens, int prompt_tokens,
-                               const api_kv_report_t *kv, const api_timings_t *timings) {
+                               const api_kv_report_t *kv, const api_timings_t *timings,
+                               const char *warnings) {
     int ok = add_num(root, "created", (double)created);
     cJSON *data = cJSON_AddArrayToObject(root, "data");
     ok &= data != NULL;
@@ -958,18 +980,19 @@ static int add_images_response(cJSON *root, long created, int n, const char *con
         ok &= add_kv_report(root, kv);
     if (timings)
         ok &= add_timings(root, timings);
-    return ok;
+    return ok && add_warnings(root, warnings);
 }
 
 char *api_images_response_json(long created, int n, const char *const *b64_pngs, int width,
                                int height, int image_tokens, int prompt_tokens,
-                               const api_kv_report_t *kv, const api_timings_t *timings) {
+                               const api_kv_report_t *kv, const api_timings_t *timings,
+                               const char *warnings) {
     if (n < 0 || (n > 0 && !b64_pngs) || image_tokens < 0 || prompt_tokens < 0)
         return NULL;
     cJSON *root = cJSON_CreateObject();
-    return print_and_delete(root,
-                            root && add_images_response(root, created, n, b64_pngs, width, height,
-                                                        image_tokens, prompt_tokens, kv, timings));
+    return print_and_delete(root, root && add_images_response(root, created, n, b64_pngs, width,
+                                                              height, image_tokens, prompt_tokens,
+                                                              kv, timings, warnings));
 }
 
 /* A time member: T, or null for 0. */
@@ -997,7 +1020,8 @@ char *api_job_json(const api_job_report_t *j) {
     if (done) {
         cJSON *r = cJSON_AddObjectToObject(root, "result");
         ok &= r && add_images_response(r, j->completed, j->n, j->b64_pngs, j->width, j->height,
-                                       j->image_tokens, j->prompt_tokens, j->kv, j->timings);
+                                       j->image_tokens, j->prompt_tokens, j->kv, j->timings,
+                                       j->warnings);
     } else {
         ok &= cJSON_AddNullToObject(root, "result") != NULL;
     }
@@ -1122,6 +1146,10 @@ static int add_model_card(cJSON *m, const api_limits_t *lim, const api_model_car
         ok &= add_num(s, "top_k", sp->top_k);
         ok &= add_num(s, "top_p", sp->top_p < 1 ? (sp->top_p > 0 ? sp->top_p : 0) : 1);
     }
+    if (card->n_words > 0) {
+        cJSON *w = cJSON_CreateStringArray(card->words, card->n_words);
+        ok &= w != NULL && cJSON_AddItemToObject(a, "vocabulary", w);
+    }
     cJSON *l = cJSON_AddObjectToObject(a, "limits");
     ok &= l != NULL;
     if (l) {
@@ -1209,7 +1237,7 @@ char *api_sse_partial_image(const char *b64, int partial_image_index, int image_
 
 char *api_sse_completed(const char *b64, int image_index, long created_at, int width, int height,
                         int image_tokens, int prompt_tokens, const api_kv_report_t *kv,
-                        const api_timings_t *timings) {
+                        const api_timings_t *timings, const char *warnings) {
     if (!b64 || image_index < 0 || image_tokens < 0 || prompt_tokens < 0)
         return NULL;
     cJSON *o = cJSON_CreateObject();
@@ -1222,6 +1250,7 @@ char *api_sse_completed(const char *b64, int image_index, long created_at, int w
         ok &= add_kv_report(o, kv);
     if (timings)
         ok &= add_timings(o, timings);
+    ok &= add_warnings(o, warnings);
     return print_and_delete(o, ok);
 }
 

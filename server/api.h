@@ -210,9 +210,14 @@ typedef struct api_timings {
     double queue_s, run_s, decode_png_s;
     int steps;
 } api_timings_t;
+/* With warnings (NULL or "": none), one per line, the arserve extension
+ *   "warnings": ["prompt: 2 words the model does not know ...", ...]
+ * follows: what the request asked that the model could not follow, though
+ * it drew an image (model_prompt_warning). */
 char *api_images_response_json(long created, int n, const char *const *b64_pngs, int width,
                                int height, int image_tokens, int prompt_tokens,
-                               const api_kv_report_t *kv, const api_timings_t *timings);
+                               const api_kv_report_t *kv, const api_timings_t *timings,
+                               const char *warnings);
 
 /* An async job as GET /v1/images/jobs/ID (and the 202 that accepted it)
  * shows it, after the job object of stable-diffusion.cpp's server
@@ -239,6 +244,7 @@ typedef struct api_job_report {
     int width, height, image_tokens, prompt_tokens;
     const api_kv_report_t *kv;
     const api_timings_t *timings;
+    const char *warnings;
 } api_job_report_t;
 char *api_job_json(const api_job_report_t *job);
 /* DELETE's answer on an ended job: {"id", "object": "image.generation.job",
@@ -253,6 +259,8 @@ typedef struct api_model_card {
     const char *segment_name;  /* "line" or "scale" */
     const kv_geometry_t *geom; /* the shortest request's geometry (calibration included) */
     sampler_params_t sampling; /* the model's defaults */
+    const char *const *words;  /* a closed vocabulary's words (tokenizer_words), or NULL */
+    int n_words;
 } api_model_card_t;
 
 /* {"object": "list", "data": [{"id": lim->model_name, "object": "model",
@@ -264,6 +272,9 @@ typedef struct api_model_card {
  *     "width": W, "height": H, "steps": S, "step_unit": "token" or "segment",
  *     "segment_name": "line", "segment_tokens": [tokens of each segment],
  *     "sampling": {"guidance_scale", "temperature", "top_k", "top_p"},
+ *     "vocabulary": ["a", "red", ...]: the words a prompt may use, on a model
+ *       whose tokenizer reads only a closed list (the demo models; absent
+ *       where its pieces spell any text),
  *     "limits": {"max_n", "max_partial_images", "max_prompt_bytes"},
  *     "kv_policy": the server's default policy,
  *     "kv_policy_auto": what kv_policy "auto" runs (absent when nothing),
@@ -309,8 +320,8 @@ char *api_models_json(const api_limits_t *lim, const api_model_card_t *card);
  *    "quality": "auto", "background": "opaque", "output_format": "png",
  *    "usage": {as in api_images_response_json}, "image_index": i}
  *
- * A completed event carries "kv_cache" and "timings" too when kv and
- * timings are given (as in api_images_response_json: the job's, so every
+ * A completed event carries "kv_cache", "timings" and "warnings" too when
+ * they are given (as in api_images_response_json: the job's, so every
  * image of it reports the same).
  *
  * OpenAI's ImageGen*Event schemas mark size, quality, background and
@@ -328,7 +339,7 @@ char *api_sse_partial_image(const char *b64, int partial_image_index, int image_
                             long created_at, int width, int height);
 char *api_sse_completed(const char *b64, int image_index, long created_at, int width, int height,
                         int image_tokens, int prompt_tokens, const api_kv_report_t *kv,
-                        const api_timings_t *timings);
+                        const api_timings_t *timings, const char *warnings);
 
 /* Event names as above, for api_sse_frame. */
 #define API_SSE_PROGRESS "arserve.progress"

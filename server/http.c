@@ -67,6 +67,7 @@ struct http_server {
     metrics_t *metrics;
     api_limits_t limits;
     api_model_card_t card; /* GET /v1/models */
+    const char **words;    /* card.words, owned (the strings are the tokenizer's) */
     kv_geometry_t geom;    /* the card's */
     int n_sizes;           /* the model's image sizes, its default first */
     int widths[MODEL_MAX_SIZES], heights[MODEL_MAX_SIZES];
@@ -131,7 +132,8 @@ typedef struct sse {
     conn_t *cx;
     sched_job_t *job;
     int prompt_tokens;
-    unsigned seen; /* the job's version last collected */
+    char warnings[JOB_STORE_WARNINGS_BYTES]; /* the request's, for its completed events */
+    unsigned seen;                           /* the job's version last collected */
     int sent_steps, sent_partials, finished;
     int said_admitted; /* the progress event with the admitted budget went out */
     double last_write;
@@ -584,10 +586,11 @@ static int sse_collect(sse_t *s, const sched_snapshot_t *snap) {
         job_report(snap, &kv, &timings);
         for (int i = 0; i < snap->n_images; i++) {
             char *b64 = png_b64(j, -1, i);
-            int rc = b64 ? sse_append(s, API_SSE_COMPLETED,
-                                      api_sse_completed(b64, i, now, W, H, snap->image_tokens,
-                                                        s->prompt_tokens, &kv, &timings))
-                         : -1;
+            int rc =
+                b64 ? sse_append(s, API_SSE_COMPLETED,
+                                 api_sse_completed(b64, i, now, W, H, snap->image_tokens,
+                                                   s->prompt_tokens, &kv, &timings, s->warnings))
+                    : -1;
             free(b64);
             if (rc)
                 return -1;
@@ -658,7 +661,7 @@ static void sse_free(void *cls) {
 }
 
 static enum MHD_Result respond_stream(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
-                                      sched_job_t *j, int prompt_tokens) {
+                                      sched_job_t *j, int prompt_tokens, const char *warnings) {
     sse_t *s = calloc(1, sizeof *s);
     if (!s) {
         sched_job_cancel(h->sched, j);
@@ -672,6 +675,7 @@ static enum MHD_Result respond_stream(http_server_t *h, struct MHD_Connection *c
                  .job = j,
                  .prompt_tokens = prompt_tokens,
                  .last_write = clock_now_s()};
+    snprintf(s->warnings, sizeof s->warnings, "%s", warnings);
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, sse_read, s, sse_free);
     if (!r) {
@@ -691,7 +695,7 @@ static enum MHD_Result respond_stream(http_server_t *h, struct MHD_Connection *c
 
 static enum MHD_Result respond_images(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
                                       sched_job_t *j, const sched_snapshot_t *snap,
-                                      int prompt_tokens) {
+                                      int prompt_tokens, const char *warnings) {
     const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
     size_t len;
     if (snap->n_images == 1 && accept && strstr(accept, "image/png") &&
@@ -709,7 +713,7 @@ static enum MHD_Result respond_images(http_server_t *h, struct MHD_Connection *c
     char *json = ok ? api_images_response_json((long)time(NULL), snap->n_images,
                                                (const char *const *)b64, snap->width, snap->height,
                                                snap->image_tokens * snap->n_images, prompt_tokens,
-                                               &kv, &timings)
+                                               &kv, &timings, warnings)
                     : NULL;
     for (int i = 0; b64 && i < snap->n_images; i++)
         free(b64[i]);
@@ -777,7 +781,7 @@ static char *quoted_prompt(const char *prompt) {
 }
 
 static enum MHD_Result submit_async(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
-                                    const sched_request_t *rq);
+                                    const sched_request_t *rq, const char *warnings);
 
 /* The model's size index of a validated request's width and height. */
 static int http_size_index(const http_server_t *h, int width, int height) {
@@ -820,6 +824,15 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
             fail(h, c, cx, 400, "negative_prompt", "invalid_value", "negative_prompt: %s", err.msg);
         goto out;
     }
+    /* Words the model does not know are read as unknown: the image is drawn,
+     * and the answer says which. */
+    char warnings[JOB_STORE_WARNINGS_BYTES] = "", line[JOB_STORE_WARNINGS_BYTES / 2];
+    if (!req.has_class && model_prompt_warning(h->model, "prompt", req.prompt, line, sizeof line))
+        snprintf(warnings, sizeof warnings, "%s", line);
+    if (req.negative_prompt &&
+        model_prompt_warning(h->model, "negative_prompt", req.negative_prompt, line, sizeof line))
+        snprintf(warnings + strlen(warnings), sizeof warnings - strlen(warnings), "%s%s",
+                 warnings[0] ? "\n" : "", line);
     sched_request_t rq = {.cond = cond,
                           .uncond = uncond,
                           .n_prompt = n_prompt,
@@ -835,7 +848,7 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
                           .timeout_s = h->opt.request_timeout_s};
     api_image_request_sampler_params(&req, &h->model->cfg.sampling, &rq.params);
     if (req.async) {
-        ret = submit_async(h, c, cx, &rq);
+        ret = submit_async(h, c, cx, &rq, warnings);
         goto out;
     }
     sched_refusal_info_t why;
@@ -846,14 +859,14 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         goto out;
     }
     if (req.stream) {
-        ret = respond_stream(h, c, cx, j, n_prompt);
+        ret = respond_stream(h, c, cx, j, n_prompt, warnings);
         goto out;
     }
     sched_snapshot_t snap;
     if (!wait_job(h, c, j, &snap)) {
         ret = client_gone(h, c, cx);
     } else if (snap.outcome == SCHED_DONE) {
-        ret = respond_images(h, c, cx, j, &snap, n_prompt);
+        ret = respond_images(h, c, cx, j, &snap, n_prompt, warnings);
     } else {
         outcome_error(&snap, &e);
         ret = send_error(h, c, cx, &e);
@@ -939,6 +952,7 @@ static enum MHD_Result respond_job(http_server_t *h, struct MHD_Connection *c, c
         r.prompt_tokens = e->prompt_tokens;
         r.kv = &kv;
         r.timings = &timings;
+        r.warnings = e->warnings;
     }
     char *json = ok ? api_job_json(&r) : NULL;
     for (int i = 0; b64 && i < snap.n_images; i++)
@@ -980,7 +994,7 @@ static enum MHD_Result store_full(http_server_t *h, struct MHD_Connection *c, co
 
 /* Queues rq as an async job and answers 202 with it at once. */
 static enum MHD_Result submit_async(http_server_t *h, struct MHD_Connection *c, conn_t *cx,
-                                    const sched_request_t *rq) {
+                                    const sched_request_t *rq, const char *warnings) {
     char id[JOB_STORE_ID_LEN + 1];
     job_store_refusal_t jr;
     if (job_store_reserve(h->jobs, id, &jr) != AR_OK) {
@@ -999,7 +1013,7 @@ static enum MHD_Result submit_async(http_server_t *h, struct MHD_Connection *c, 
         return send_error(h, c, cx, &e);
     }
     sched_job_retain(j); /* ours, for the answer; the submission's goes to the store */
-    job_store_fill(h->jobs, id, j, (long)time(NULL), rq->n_prompt);
+    job_store_fill(h->jobs, id, j, (long)time(NULL), rq->n_prompt, warnings);
     job_store_entry_t e;
     enum MHD_Result ret;
     if (job_store_get(h->jobs, id, &e) == AR_OK) {
@@ -1758,6 +1772,12 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
                                  .segment_name = model->family->segment_name,
                                  .geom = &h->geom,
                                  .sampling = model->cfg.sampling};
+    const int n_words = model->tok ? tokenizer_words(model->tok, NULL, 0) : 0;
+    if (n_words > 0 && (h->words = malloc((size_t)n_words * sizeof *h->words))) {
+        tokenizer_words(model->tok, h->words, n_words);
+        h->card.words = h->words;
+        h->card.n_words = n_words;
+    }
     static const char *const labels[] = {"route", "code"};
     h->m_requests = metrics_counter(metrics, "arserve_http_requests_total",
                                     "HTTP requests answered, by route and status code.", 2, labels);
@@ -1771,11 +1791,13 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
 
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)opt->port)};
     if (inet_pton(AF_INET, opt->host, &addr.sin_addr) != 1) {
+        free(h->words);
         free(h);
         ar_errorf(err, "--host: '%s' is not an IPv4 address", opt->host);
         return NULL;
     }
     if (set_allowed_hosts(h, opt->allowed_hosts, &addr, err)) {
+        free(h->words);
         free(h);
         return NULL;
     }
@@ -1784,6 +1806,7 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
                                .header_timeout_s = opt->header_timeout_s,
                                .body_timeout_s = opt->body_timeout_s};
     if (!(h->guard = conn_guard_create(&go, metrics, err))) {
+        free(h->words);
         free(h);
         return NULL;
     }
@@ -1791,6 +1814,7 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
         .max_jobs = h->opt.async_max_jobs, .retention_s = h->opt.async_retention_s, .sweeper = 1};
     if (!(h->jobs = job_store_create(&jo, &STORE_OPS, metrics, err))) {
         conn_guard_destroy(h->guard);
+        free(h->words);
         free(h);
         return NULL;
     }
@@ -1812,6 +1836,7 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
     if (!h->d) {
         job_store_destroy(h->jobs);
         conn_guard_destroy(h->guard);
+        free(h->words);
         free(h);
         ar_errorf(err, "cannot listen on %s:%d (in use, or not permitted)", opt->host, opt->port);
         return NULL;
@@ -1834,5 +1859,6 @@ void http_stop(http_server_t *h) {
     MHD_stop_daemon(h->d);
     job_store_destroy(h->jobs); /* no request thread is left to read it */
     conn_guard_destroy(h->guard);
+    free(h->words);
     free(h);
 }

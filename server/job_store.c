@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -233,7 +234,8 @@ int job_store_reserve(job_store_t *st, char id[JOB_STORE_ID_LEN + 1], job_store_
     return AR_OK;
 }
 
-void job_store_fill(job_store_t *st, const char *id, void *job, long created, int prompt_tokens) {
+void job_store_fill(job_store_t *st, const char *id, void *job, long created, int prompt_tokens,
+                    const char *warnings) {
     pthread_mutex_lock(&st->mu);
     slot_t *sl = find(st, id, SLOT_RESERVED);
     if (sl) {
@@ -242,6 +244,7 @@ void job_store_fill(job_store_t *st, const char *id, void *job, long created, in
         sl->e.created = created;
         sl->e.created_at = clock_now_s();
         sl->e.prompt_tokens = prompt_tokens;
+        snprintf(sl->e.warnings, sizeof sl->e.warnings, "%s", warnings ? warnings : "");
     }
     pthread_mutex_unlock(&st->mu);
     if (sl)

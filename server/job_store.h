@@ -31,13 +31,17 @@ typedef struct job_store_options {
                            at least every second; 0: the caller sweeps (tests) */
 } job_store_options_t;
 
+/* Room for a job's warnings (api_images_response_json's), NUL included. */
+#define JOB_STORE_WARNINGS_BYTES 1024
+
 /* A kept job as job_store_get copies it out. */
 typedef struct job_store_entry {
     char id[JOB_STORE_ID_LEN + 1];
-    void *job;         /* a reference the caller drops (ops->release) */
-    long created;      /* wall-clock seconds (time()) at job_store_fill */
-    double created_at; /* clock_now_s() then */
-    int prompt_tokens; /* what job_store_fill was given */
+    void *job;                               /* a reference the caller drops (ops->release) */
+    long created;                            /* wall-clock seconds (time()) at job_store_fill */
+    double created_at;                       /* clock_now_s() then */
+    int prompt_tokens;                       /* what job_store_fill was given */
+    char warnings[JOB_STORE_WARNINGS_BYTES]; /* the request's warnings, one a line */
 } job_store_entry_t;
 
 /* What the store holds now and has done. */
@@ -72,8 +76,10 @@ void job_store_destroy(job_store_t *st);
  * towards max_jobs and is found by no lookup until filled. */
 int job_store_reserve(job_store_t *st, char id[JOB_STORE_ID_LEN + 1], job_store_refusal_t *why);
 /* Puts job (the caller's reference, now the store's) in the slot reserved
- * under id. */
-void job_store_fill(job_store_t *st, const char *id, void *job, long created, int prompt_tokens);
+ * under id, with its prompt's tokens and warnings (NULL: none; cut to
+ * JOB_STORE_WARNINGS_BYTES - 1). */
+void job_store_fill(job_store_t *st, const char *id, void *job, long created, int prompt_tokens,
+                    const char *warnings);
 /* Gives back a slot reserved under id (its job was refused). */
 void job_store_unreserve(job_store_t *st, const char *id);
 

@@ -54,6 +54,9 @@ static int test_passed, test_failed;
     CHECK_MSG(strstr((haystack), (needle)) != NULL, "\"%s\" does not contain \"%s\"", (haystack),  \
               (needle))
 
+#define CHECK_STR_EQ(got, want)                                                                    \
+    CHECK_MSG(strcmp((got), (want)) == 0, "got \"%s\", want \"%s\"", (got), (want))
+
 #define TEST_RUN(fn)                                                                               \
     do {                                                                                           \
         test_failures_in_current = 0;                                                              \

@@ -1622,8 +1622,61 @@ typedef struct encode_state {
     const char *text, *seg;
     bool seg_origin;
     size_t seg_origin_end;
+    struct unknown_list *unknown; /* tokenizer_unknown's; NULL for tokenizer_encode */
     ar_error_t *err;
 } encode_state_t;
+
+/* The text pieces no token spells, as tokenizer_unknown lists them:
+ * 'piece', 'piece', ... in out (cap bytes), each once. Characters noted
+ * one after another in the same buffer are one piece (the run). */
+typedef struct unknown_list {
+    char *out;
+    size_t cap, used;
+    int count; /* distinct pieces, listed or not */
+    bool full; /* ", ..." written: no room for more */
+    char run[TOKENIZER_QUOTE_BYTES + 1];
+    size_t run_len;      /* bytes of the run (run holds the first QUOTE_BYTES) */
+    const char *run_end; /* where the run ends in its buffer; NULL: no run */
+} unknown_list_t;
+
+/* The run, quoted, into the list unless listed already. */
+static void unknown_flush(unknown_list_t *u) {
+    if (!u || !u->run_end)
+        return;
+    char piece[TOKENIZER_QUOTE_BYTES + 8], quoted[TOKENIZER_QUOTE_BYTES + 12];
+    quote_word(piece, sizeof piece, u->run, u->run_len);
+    snprintf(quoted, sizeof quoted, "'%s'", piece);
+    u->run_end = NULL;
+    u->run_len = 0;
+    if (u->used && strstr(u->out, quoted))
+        return;
+    u->count++;
+    if (u->full)
+        return;
+    const char *sep = u->used ? ", " : "";
+    if (u->used + strlen(sep) + strlen(quoted) + strlen(", ...") + 1 > u->cap) {
+        if (u->used + strlen(", ...") + 1 <= u->cap)
+            u->used += (size_t)snprintf(u->out + u->used, u->cap - u->used, ", ...");
+        u->full = true;
+        return;
+    }
+    u->used += (size_t)snprintf(u->out + u->used, u->cap - u->used, "%s%s", sep, quoted);
+}
+
+/* Notes s[0..n) as text the model cannot spell (when st lists them). */
+static void note_unknown(encode_state_t *st, const char *s, size_t n) {
+    unknown_list_t *u = st->unknown;
+    if (!u || n == 0)
+        return;
+    if (u->run_end != s)
+        unknown_flush(u);
+    const size_t room = TOKENIZER_QUOTE_BYTES -
+                        (u->run_len < TOKENIZER_QUOTE_BYTES ? u->run_len : TOKENIZER_QUOTE_BYTES);
+    memcpy(u->run + (u->run_len < TOKENIZER_QUOTE_BYTES ? u->run_len : TOKENIZER_QUOTE_BYTES), s,
+           n < room ? n : room);
+    u->run_len += n;
+    u->run_end = s + n;
+}
 
 typedef int (*segment_fn)(encode_state_t *st, const char *s, size_t n);
 
@@ -1635,8 +1688,10 @@ static void emit(encode_state_t *st, int id) {
 
 static int encode_word_level(encode_state_t *st, const char *s, size_t n) {
     int id = table_get(&st->t->vocab, s, n);
-    if (id < 0)
+    if (id < 0) {
         id = st->t->unk_id;
+        note_unknown(st, s, n);
+    }
     if (id < 0) {
         char word[TOKENIZER_QUOTE_BYTES + 8];
         quote_word(word, sizeof word, s, n);
@@ -1756,6 +1811,7 @@ static int encode_bpe(encode_state_t *st, const char *s, size_t n) {
             if (t->unk_id < 0)
                 return ar_errorf(st->err, "%s: model.unk_token '%s' is not in model.vocab", t->path,
                                  t->unk_token);
+            note_unknown(st, s + i, len);
             if (unk_pending && t->fuse_unk) {
                 unk_len += len;
             } else {
@@ -1764,6 +1820,8 @@ static int encode_bpe(encode_state_t *st, const char *s, size_t n) {
                 unk_pending = true;
                 unk_len = len;
             }
+        } else {
+            note_unknown(st, s + i, len); /* dropped, as HF drops it */
         }
         i += len;
     }
@@ -1810,7 +1868,11 @@ static int encode_bpe(encode_state_t *st, const char *s, size_t n) {
     return AR_OK;
 }
 
-static void emit_cb(void *ctx, int id) { emit(ctx, id); }
+static void emit_cb(void *ctx, int id, const char *unknown, size_t n) {
+    if (unknown)
+        note_unknown(ctx, unknown, n);
+    emit(ctx, id);
+}
 
 static int encode_model(encode_state_t *st, const char *s, size_t n) {
     if (st->t->model == MODEL_BPE)
@@ -2149,6 +2211,7 @@ static int split_added(encode_state_t *st, const char *s, size_t n, bool normali
  * split out normalised added tokens and pre-tokenise the rest. */
 static int encode_raw_segment(encode_state_t *st, const char *s, size_t n) {
     const tokenizer_t *t = st->t;
+    unknown_flush(st->unknown); /* the last segment's buffer is rewritten */
     st->seg_origin = s == st->text;
     st->seg_origin_end = n ? utf8_char_len((unsigned char)s[0]) : 0;
     if (t->n_norm == 0) {
@@ -2161,8 +2224,8 @@ static int encode_raw_segment(encode_state_t *st, const char *s, size_t n) {
     return split_added(st, st->norm.p, st->norm.n, true, pre_tokenize);
 }
 
-int tokenizer_encode(const tokenizer_t *t, const char *text, int *ids, int max_ids, int *n_ids,
-                     ar_error_t *err) {
+static int encode_text(const tokenizer_t *t, const char *text, int *ids, int max_ids, int *n_ids,
+                       unknown_list_t *unknown, ar_error_t *err) {
     *n_ids = 0;
     if (!text)
         return ar_errorf(err, "prompt text is NULL");
@@ -2171,7 +2234,7 @@ int tokenizer_encode(const tokenizer_t *t, const char *text, int *ids, int max_i
     size_t n = strlen(text);
     if (n > (size_t)INT32_MAX / 2)
         return ar_errorf(err, "prompt is %zu bytes, too long", n);
-    encode_state_t st = {.t = t, .ids = ids, .max_ids = max_ids, .err = err};
+    encode_state_t st = {.t = t, .ids = ids, .max_ids = max_ids, .unknown = unknown, .err = err};
     tok_buf_t clean = {0};
     if (!utf8_is_valid(text, n)) {
         if (buf_append_lossy(&clean, text, n) != AR_OK) {
@@ -2183,6 +2246,7 @@ int tokenizer_encode(const tokenizer_t *t, const char *text, int *ids, int max_i
     }
     st.text = text;
     int rc = split_added(&st, text, n, false, encode_raw_segment);
+    unknown_flush(unknown);
     free(clean.p);
     free(st.meta.p);
     unigram_scratch_free(&st.unigram);
@@ -2201,6 +2265,24 @@ int tokenizer_encode(const tokenizer_t *t, const char *text, int *ids, int max_i
     }
     *n_ids = st.count;
     return AR_OK;
+}
+
+int tokenizer_encode(const tokenizer_t *t, const char *text, int *ids, int max_ids, int *n_ids,
+                     ar_error_t *err) {
+    return encode_text(t, text, ids, max_ids, n_ids, NULL, err);
+}
+
+int tokenizer_unknown(const tokenizer_t *t, const char *text, char *out, size_t cap,
+                      ar_error_t *err) {
+    unknown_list_t u = {.out = out, .cap = cap};
+    if (!out || cap < 8)
+        return ar_errorf(err, "tokenizer_unknown: bad output buffer (%zu bytes)", cap), -1;
+    out[0] = 0;
+    int n_ids;
+    /* Ids are not kept (max_ids 0): only the count past the limit is an error. */
+    if (encode_text(t, text, NULL, 0, &n_ids, &u, err) != AR_OK && n_ids == 0)
+        return -1;
+    return u.count;
 }
 
 /* ---- decoding ---- */
@@ -2329,6 +2411,20 @@ int tokenizer_token_id(const tokenizer_t *t, const char *token) {
 }
 
 int tokenizer_vocab_size(const tokenizer_t *t) { return t->vocab_size; }
+
+int tokenizer_words(const tokenizer_t *t, const char **words, int cap) {
+    if (t->model != MODEL_WORD_LEVEL)
+        return 0;
+    int n = 0;
+    for (int id = 0; id < t->vocab_size; id++) {
+        if (!t->id_text[id] || t->id_special[id] || id == t->unk_id)
+            continue;
+        if (n < cap)
+            words[n] = t->id_text[id];
+        n++;
+    }
+    return n;
+}
 
 const char *tokenizer_token_text(const tokenizer_t *t, int id) {
     return id >= 0 && id < t->vocab_size ? t->id_text[id] : NULL;

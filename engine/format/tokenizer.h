@@ -138,6 +138,16 @@ void tokenizer_free(tokenizer_t *t);
 int tokenizer_encode(const tokenizer_t *t, const char *text, int *ids, int max_ids, int *n_ids,
                      ar_error_t *err);
 
+/* What of text (encoded as tokenizer_encode does) no token spells: words a
+ * WordLevel vocabulary lacks, characters a Unigram or BPE model reads as its
+ * unknown token or drops; characters in a row are one piece. Writes them
+ * quoted, each once, "'cat', 'sofa'", into out (cap >= 8 bytes; ", ..."
+ * when more do not fit) and returns how many distinct pieces there are
+ * (0: the model reads all of it), or -1 with err filled. Byte-fallback
+ * pieces are spelled, so not listed. Thread-safe. */
+int tokenizer_unknown(const tokenizer_t *t, const char *text, char *out, size_t cap,
+                      ar_error_t *err);
+
 /* Decodes ids[0..n_ids) into out (cap bytes, NUL-terminated), as HF's
  * tokenizer.decode(ids, skip_special_tokens=skip_special) does with the
  * decoder the file declares (see above); *len (if not NULL) gets the text's
@@ -149,6 +159,12 @@ int tokenizer_decode(const tokenizer_t *t, const int *ids, int n_ids, bool skip_
 
 /* The id of an added token or vocab word (added tokens first); -1 if absent. */
 int tokenizer_token_id(const tokenizer_t *t, const char *token);
+
+/* A WordLevel model's words, the whole of what it reads (its vocabulary but
+ * the special tokens and the unknown one), in id order, into words[0..cap)
+ * (pointers live as long as t); returns how many there are. 0 for BPE and
+ * Unigram models, whose pieces spell open text. */
+int tokenizer_words(const tokenizer_t *t, const char **words, int cap);
 
 /* 1 + the largest id of any vocab word or added token. */
 int tokenizer_vocab_size(const tokenizer_t *t);

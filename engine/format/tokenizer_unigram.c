@@ -148,7 +148,7 @@ static int emit_token(const unigram_t *u, const char *s, size_t n, unigram_emit_
                       ar_error_t *err) {
     int id = unigram_lookup(u, s, n);
     if (id >= 0) {
-        emit(ctx, id);
+        emit(ctx, id, NULL, 0);
         return AR_OK;
     }
     if (u->byte_fallback) {
@@ -157,14 +157,14 @@ static int emit_token(const unigram_t *u, const char *s, size_t n, unigram_emit_
             all = u->byte_id[(unsigned char)s[i]] >= 0;
         if (all) {
             for (size_t i = 0; i < n; i++)
-                emit(ctx, u->byte_id[(unsigned char)s[i]]);
+                emit(ctx, u->byte_id[(unsigned char)s[i]], NULL, 0);
             return AR_OK;
         }
     }
     if (u->unk_id < 0)
         return ar_errorf(err, "prompt has a character the Unigram model cannot spell and the model "
                               "has no unk_id");
-    emit(ctx, u->unk_id);
+    emit(ctx, u->unk_id, s, n);
     return AR_OK;
 }
 

@@ -44,7 +44,9 @@ typedef struct unigram_scratch {
 
 void unigram_scratch_free(unigram_scratch_t *sc);
 
-typedef void (*unigram_emit_fn)(void *ctx, int id);
+/* One id of the path; unknown, when not NULL, is the text unknown[0..n) the
+ * id stands for because no piece spells it (the unk id). */
+typedef void (*unigram_emit_fn)(void *ctx, int id, const char *unknown, size_t n);
 
 /* Segments the word s[0..n) (valid UTF-8) as HF's Unigram::tokenize does and
  * calls emit for each id: the best-scoring path, runs of unknown characters

@@ -89,7 +89,7 @@ static void check_accepted(const api_image_request_t *r, const api_limits_t *lim
     api_timings_t t = {.queue_s = 0.25, .run_s = 1.5, .decode_png_s = 0.125, .steps = 576};
     int prompt_tokens = r->prompt ? (int)strlen(r->prompt) : 1;
     char *json = api_images_response_json(1700000000, r->n, pngs, r->width, r->height, 576 * r->n,
-                                          prompt_tokens, &kv, &t);
+                                          prompt_tokens, &kv, &t, r->prompt);
     fuzz_require_json(json, "api_images_response_json");
     free(json);
     json = api_sse_progress(r->n, 576, r->n - 1);
@@ -98,8 +98,9 @@ static void check_accepted(const api_image_request_t *r, const api_limits_t *lim
     json = api_sse_partial_image(b64, r->partial_images, r->n - 1, 1700000000, r->width, r->height);
     fuzz_require_json(json, "api_sse_partial_image");
     free(json);
+    /* Warnings quote the client's text: the prompt stands in for them. */
     json = api_sse_completed(b64, r->n - 1, 1700000000, r->width, r->height, 576, prompt_tokens,
-                             NULL, NULL);
+                             NULL, NULL, r->prompt);
     fuzz_require_json(json, "api_sse_completed");
     free(json);
     /* The prompt and user are client text: echoed in an error, still JSON. */

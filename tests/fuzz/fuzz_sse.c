@@ -135,7 +135,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     json = api_sse_partial_image(b64, a & 3, c & 0xffff, (long)b, w, h);
     check_event(json, API_SSE_PARTIAL_IMAGE, "api_sse_partial_image");
     free(json);
-    json = api_sse_completed(b64, c, (long)a, w, h, b, a, NULL, NULL);
+    json = api_sse_completed(b64, c, (long)a, w, h, b, a, NULL, NULL, NULL);
     if (c < 0 || b < 0 || a < 0)
         FUZZ_REQUIRE(json == NULL, "completed with a negative argument");
     else

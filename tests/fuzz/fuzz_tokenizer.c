@@ -69,6 +69,14 @@ static void encode_checked(const tokenizer_t *t, const char *text) {
     if (tokenizer_decode(t, ids, n, false, back, sizeof back, &len, &err) != AR_OK)
         FUZZ_REQUIRE(strstr(err.msg, "decoder type") || len >= sizeof back,
                      "decoding %d ids failed: %s", n, err.msg);
+    /* What it cannot spell: a count, and a list that fits its buffer (a small
+     * one too, cut with ", ..."). */
+    char unknown[64];
+    const int n_unknown = tokenizer_unknown(t, text, unknown, sizeof unknown, &err);
+    FUZZ_REQUIRE(n_unknown >= 0 && strlen(unknown) < sizeof unknown,
+                 "tokenizer_unknown: %d, '%.60s'", n_unknown, unknown);
+    FUZZ_REQUIRE((n_unknown == 0) == (unknown[0] == 0), "%d pieces listed as '%.60s'", n_unknown,
+                 unknown);
     /* The same text with room for one id: the whole count, or the limit error. */
     int one;
     if (tokenizer_encode(t, text, ids, 1, &one, &err) == AR_OK)

@@ -74,3 +74,63 @@ def test_generate_takes_the_cards_budget(tmp_path):
                        env=clean_env(), timeout=scaled(60))
     assert p.returncode == 0, p.stderr
     assert "linear" in p.stderr and "0.25" in p.stderr, p.stderr
+
+
+# ---- words a model does not know -------------------------------------------------------------
+
+def known_words(model):
+    """What the model's tokenizer reads: its WordLevel vocabulary less the
+    special tokens and the unknown one, in id order."""
+    with open(os.path.join(model, "tokenizer.json")) as f:
+        tok = json.load(f)
+    special = {a["content"] for a in tok["added_tokens"] if a["special"]}
+    vocab = tok["model"]["vocab"]
+    return [w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1])
+            if w not in special and w != tok["model"].get("unk_token")]
+
+
+def test_unknown_words_are_named_in_every_answer(start_daemon):
+    """A prompt with words models/shapes does not know is drawn, and the
+    answer says which (synchronous, streamed and async alike); a prompt it
+    knows has no warnings; GET /v1/models lists the words it knows."""
+    from test_async_jobs import wait_job
+    from test_streaming import read_sse
+    model = repo_path("models/shapes")
+    d = start_daemon(model)
+    card = d.client.get("/v1/models").json()["data"][0]["arserve"]
+    assert card["vocabulary"] == known_words(model)
+    assert "cat" not in card["vocabulary"] and "circle" in card["vocabulary"]
+    want = ("prompt: 3 words the model does not know were read as unknown: 'cat', 'sitting', "
+            "'sofa' (GET /v1/models lists the words it knows)")
+    body = {"prompt": "a cat sitting on a sofa", "seed": 1}
+    r = d.client.post(GEN, json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["warnings"] == [want]
+    r = d.client.post(GEN, json={"prompt": "a red circle", "seed": 1})
+    assert r.status_code == 200 and "warnings" not in r.json(), r.text
+    done = [data for event, data in read_sse(d, {**body, "stream": True})
+            if event == "image_generation.completed"]
+    assert len(done) == 1 and done[0]["warnings"] == [want]
+    r = d.client.post(GEN, json={**body, "async": True})
+    assert r.status_code == 202, r.text
+    job = wait_job(d, r.json()["id"], lambda j: j["status"] == "done", what="the async job")
+    assert job["result"]["warnings"] == [want]
+
+
+def test_an_unknown_word_in_the_negative_prompt_is_named(start_daemon):
+    d = start_daemon(repo_path("models/shapes-inf"))
+    r = d.client.post(GEN, json={"prompt": "a red circle", "negative_prompt": "blurry red",
+                                 "seed": 1})
+    assert r.status_code == 200, r.text
+    assert r.json()["warnings"] == [
+        "negative_prompt: 1 word the model does not know was read as unknown: 'blurry' "
+        "(GET /v1/models lists the words it knows)"]
+
+
+def test_generate_warns_of_unknown_words(tmp_path):
+    p = subprocess.run([ARSERVE_BIN, "generate", "--model", repo_path("models/shapes"),
+                        "--prompt", "a zebra", "-o", str(tmp_path / "x.png")],
+                       capture_output=True, text=True, env=clean_env(), timeout=scaled(60))
+    assert p.returncode == 0, p.stderr
+    assert ("arserve generate: warning: prompt: 1 word the model does not know was read as "
+            "unknown: 'zebra'") in p.stderr, p.stderr

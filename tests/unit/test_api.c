@@ -888,7 +888,8 @@ static void test_error_json_shape(void) {
 
 static void test_images_response_shape(void) {
     const char *const pngs[] = {"iVBORw0KGgo=", "AAAA"};
-    char *text = api_images_response_json(1700000000L, 2, pngs, 384, 256, 1152, 17, NULL, NULL);
+    char *text =
+        api_images_response_json(1700000000L, 2, pngs, 384, 256, 1152, 17, NULL, NULL, NULL);
     CHECK(text && !strchr(text, '\n'));
     cJSON *root = parse_owned(text);
     CHECK(get(root, "kv_cache") == NULL);
@@ -900,17 +901,17 @@ static void test_images_response_shape(void) {
     CHECK(is_str(root, "output_format", "png") && is_str(root, "size", "384x256"));
     check_usage(get(root, "usage"), 1152, 17);
     cJSON_Delete(root);
-    root = parse_owned(api_images_response_json(1, 0, NULL, 384, 384, 0, 0, NULL, NULL));
+    root = parse_owned(api_images_response_json(1, 0, NULL, 384, 384, 0, 0, NULL, NULL, NULL));
     CHECK(cJSON_GetArraySize(get(root, "data")) == 0);
     cJSON_Delete(root);
-    CHECK(api_images_response_json(1, 1, NULL, 384, 384, 0, 0, NULL, NULL) == NULL);
+    CHECK(api_images_response_json(1, 1, NULL, 384, 384, 0, 0, NULL, NULL, NULL) == NULL);
 
     /* The KV extension: the policy the request ran with, its budget and its own knobs only. */
     api_kv_report_t kv = {.planned_peak_bytes = 1 << 20, .peak_bytes = 1 << 19};
     kv_policy_defaults(&kv.policy, KV_POLICY_LINEAR);
     kv.policy.budget = 0.25;
     kv.policy.anchor_lines = 0;
-    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, &kv, NULL));
+    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, &kv, NULL, NULL));
     const cJSON *k = get(root, "kv_cache");
     CHECK(is_str(k, "policy", "linear") && is_num(k, "budget", 0.25));
     CHECK(is_num(k, "anchor_lines", 0) && is_num(k, "recent_lines", 2));
@@ -919,7 +920,7 @@ static void test_images_response_shape(void) {
     CHECK(cJSON_GetArraySize(k) == 6);
     cJSON_Delete(root);
     kv_policy_defaults(&kv.policy, KV_POLICY_FULL);
-    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, &kv, NULL));
+    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, &kv, NULL, NULL));
     k = get(root, "kv_cache");
     CHECK(is_str(k, "policy", "full") && get(k, "budget") == NULL && cJSON_GetArraySize(k) == 3);
     CHECK(get(root, "timings") == NULL);
@@ -927,11 +928,24 @@ static void test_images_response_shape(void) {
 
     /* The timings extension: each figure under its own name. */
     const api_timings_t t = {.queue_s = 0.5, .run_s = 2.25, .steps = 24, .decode_png_s = 0.125};
-    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, NULL, &t));
+    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, NULL, &t, NULL));
     const cJSON *tm = get(root, "timings");
     CHECK(is_num(tm, "queue_s", 0.5) && is_num(tm, "run_s", 2.25));
     CHECK(is_num(tm, "steps", 24) && is_num(tm, "decode_png_s", 0.125));
     CHECK(cJSON_GetArraySize(tm) == 4 && get(root, "kv_cache") == NULL);
+    CHECK(get(root, "warnings") == NULL);
+    cJSON_Delete(root);
+
+    /* Warnings, one a line, as an array; none ("") leaves it out. */
+    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, NULL, NULL,
+                                                "prompt: one\nnegative_prompt: two"));
+    const cJSON *w = get(root, "warnings");
+    CHECK(cJSON_IsArray(w) && cJSON_GetArraySize(w) == 2);
+    CHECK(w && !strcmp(cJSON_GetArrayItem(w, 0)->valuestring, "prompt: one"));
+    CHECK(w && !strcmp(cJSON_GetArrayItem(w, 1)->valuestring, "negative_prompt: two"));
+    cJSON_Delete(root);
+    root = parse_owned(api_images_response_json(1, 1, pngs, 384, 384, 576, 5, NULL, NULL, ""));
+    CHECK(get(root, "warnings") == NULL);
     cJSON_Delete(root);
 }
 
@@ -1195,7 +1209,7 @@ static void test_sse_payloads(void) {
     CHECK(is_str(p, "background", "opaque"));
     cJSON_Delete(p);
 
-    p = parse_owned(api_sse_completed("QUJD", 3, 1700000003L, 256, 256, 576, 12, NULL, NULL));
+    p = parse_owned(api_sse_completed("QUJD", 3, 1700000003L, 256, 256, 576, 12, NULL, NULL, NULL));
     CHECK(is_str(p, "type", "image_generation.completed") && is_str(p, "b64_json", "QUJD"));
     CHECK(is_num(p, "image_index", 3) && is_num(p, "created_at", 1700000003.0));
     CHECK(is_str(p, "size", "256x256") && is_str(p, "output_format", "png"));
@@ -1207,7 +1221,7 @@ static void test_sse_payloads(void) {
     api_kv_report_t kv = {.planned_peak_bytes = 4096, .peak_bytes = 2048};
     kv_policy_defaults(&kv.policy, KV_POLICY_LINEAR);
     const api_timings_t t = {.queue_s = 0.25, .run_s = 1.5, .steps = 16, .decode_png_s = 0.125};
-    p = parse_owned(api_sse_completed("QUJD", 0, 1, 256, 256, 576, 12, &kv, &t));
+    p = parse_owned(api_sse_completed("QUJD", 0, 1, 256, 256, 576, 12, &kv, &t, NULL));
     const cJSON *k = get(p, "kv_cache");
     CHECK(is_str(k, "policy", "linear") && is_num(k, "planned_peak_bytes", 4096));
     CHECK(is_num(k, "peak_bytes", 2048) && is_num(get(p, "timings"), "steps", 16));
@@ -1216,7 +1230,7 @@ static void test_sse_payloads(void) {
 
     CHECK(api_sse_progress(-1, 5, 0) == NULL);
     CHECK(api_sse_partial_image(NULL, 0, 0, 0, 1, 1) == NULL);
-    CHECK(api_sse_completed(NULL, 0, 0, 1, 1, 0, 0, NULL, NULL) == NULL);
+    CHECK(api_sse_completed(NULL, 0, 0, 1, 1, 0, 0, NULL, NULL, NULL) == NULL);
 }
 
 static void test_sse_frame(void) {

@@ -41,7 +41,7 @@ static int put(job_store_t *st, fake_job_t *j, char id[JOB_STORE_ID_LEN + 1]) {
     if (job_store_reserve(st, id, &why) != AR_OK)
         return AR_ERR;
     atomic_store(&j->refs, 1);
-    job_store_fill(st, id, j, 1000, 7);
+    job_store_fill(st, id, j, 1000, 7, NULL);
     return AR_OK;
 }
 
@@ -105,9 +105,10 @@ static void test_reserve_fill_get_forget(void) {
     CHECK(job_store_reserve(st, id, &why) == AR_OK);
     CHECK(job_store_get(st, id, &e) == AR_ERR); /* reserved: nobody sees it yet */
     fake_job_t j = {.refs = 1};
-    job_store_fill(st, id, &j, 1234, 9);
+    job_store_fill(st, id, &j, 1234, 9, "prompt: a warning");
     CHECK(job_store_get(st, id, &e) == AR_OK);
     CHECK(e.job == &j && e.created == 1234 && e.prompt_tokens == 9 && !strcmp(e.id, id));
+    CHECK(!strcmp(e.warnings, "prompt: a warning"));
     CHECK(refs(&j) == 2); /* the lookup's reference */
     fake_release(&j);
     char other[JOB_STORE_ID_LEN + 1];

@@ -285,6 +285,31 @@ static void test_unknown_word_maps_to_unk(void) {
     tokenizer_free(t);
 }
 
+/* tokenizer_unknown names what the vocabulary lacks, each piece once, a run
+ * of unknown words and punctuation as one piece; the list is cut with ", ..."
+ * but the count is every piece. */
+static void test_unknown_words_are_listed(void) {
+    tokenizer_t *t = load_ok(write_fixture("chat_unknown", FIXTURE_CHAT));
+    if (!t)
+        return;
+    char out[256];
+    ar_error_t err = {{0}};
+    CHECK(tokenizer_unknown(t, "a red circle, left.", out, sizeof out, &err) == 0);
+    CHECK_STR_EQ(out, "");
+    CHECK(tokenizer_unknown(t, "a green circle and a green cat;", out, sizeof out, &err) == 3);
+    CHECK_STR_EQ(out, "'green', 'and', 'cat;'");
+    CHECK(tokenizer_unknown(t, "<|User|> zebra<|Assistant|>", out, sizeof out, &err) == 1);
+    CHECK_STR_EQ(out, "'zebra'");
+    char small[24];
+    CHECK(tokenizer_unknown(t, "one two three four", small, sizeof small, &err) == 4);
+    CHECK_STR_EQ(small, "'one', 'two', ...");
+    const char *words[32];
+    CHECK(tokenizer_words(t, words, 32) == 13); /* 14 vocab words less [UNK] */
+    CHECK_STR_EQ(words[0], "a");
+    CHECK_STR_EQ(words[12], "\xc3\xa9");
+    tokenizer_free(t);
+}
+
 static void test_unknown_word_without_unk_is_an_error(void) {
     tokenizer_t *t = load_ok(write_fixture("no_unk", FIXTURE_NO_UNK));
     if (!t)
@@ -599,6 +624,7 @@ int main(void) {
     TEST_RUN(test_added_token_single_word_lstrip_rstrip);
     TEST_RUN(test_null_pre_tokenizer_keeps_text_whole);
     TEST_RUN(test_unknown_word_maps_to_unk);
+    TEST_RUN(test_unknown_words_are_listed);
     TEST_RUN(test_unknown_word_without_unk_is_an_error);
     TEST_RUN(test_limit_error_counts_all_tokens);
     TEST_RUN(test_invalid_utf8_is_tokenised_as_bytes);

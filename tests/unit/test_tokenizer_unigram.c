@@ -277,6 +277,22 @@ static tokenizer_t *load_t5(void) {
     return t;
 }
 
+/* What T5 reads as <unk> (id 2; HF: 'a cat 猫猫 on 🙂 sofa' -> [3, 9, 1712, 3,
+ * 2, 30, 3, 2, 5650], tokens '猫猫' and '🙂' unknown) is listed, each run once. */
+static void test_t5_unknown_pieces_are_listed(void) {
+    tokenizer_t *t = load_t5();
+    if (!t)
+        return;
+    ar_error_t err = {{0}};
+    char out[128];
+    CHECK(tokenizer_unknown(t, "a cat \xe7\x8c\xab\xe7\x8c\xab on \xf0\x9f\x99\x82 sofa", out,
+                            sizeof out, &err) == 2);
+    CHECK_MSG(strcmp(out, "'\xe7\x8c\xab\xe7\x8c\xab', '\xf0\x9f\x99\x82'") == 0, "%s", out);
+    CHECK(tokenizer_unknown(t, "a photo of a red cube", out, sizeof out, &err) == 0);
+    CHECK(tokenizer_words(t, NULL, 0) == 0); /* open text: no word list */
+    tokenizer_free(t);
+}
+
 /* What Infinity's text encoder gets: the ids, then </s> appended by the caller. */
 static void test_t5_prompt_ids_and_added_tokens(void) {
     tokenizer_t *t = load_t5();
@@ -636,6 +652,7 @@ int main(void) {
                 n_strings_checked, n_ids_checked);
     }
     TEST_RUN(test_t5_prompt_ids_and_added_tokens);
+    TEST_RUN(test_t5_unknown_pieces_are_listed);
     TEST_RUN(test_long_inputs_stay_fast);
     TEST_RUN(test_unigram_load_errors_name_file_and_problem);
     TEST_RUN(test_a_corrupted_charsmap_trie_is_refused);
