@@ -764,7 +764,8 @@ int cmd_plan(int argc, char **argv, char **envp) {
          .help = "the budget as the tokens one head may hold of the full cache's peak (HeatKV "
                  "Table 1: 1300, 650 and 265 of Infinity's 6425); instead of --budget"},
         {"pool-mb", 0, CLI_INT, &pool_mb, 1, 1 << 20, .metavar = "M",
-         .help = "KV pool size in MiB (default 1024, as the daemon's --kv-pool-mb)"},
+         .help = "KV pool size in MiB (default 1024; the daemon's --kv-pool-mb auto sizes its "
+                 "pool from the machine)"},
         {"prompt-tokens", 0, CLI_INT, &n_prompt, 1, MODEL_MAX_PROMPT_TOKENS, .metavar = "N",
          .help = "condition prefix of each sequence: BOS + templated prompt + image-start "
                  "(default 18: a 16-token prompt; LlamaGen c2i: 1; next-scale models cache no "

@@ -32,6 +32,7 @@
 #include "server/scheduler.h"
 
 #define SIM_MAX_REPLICAS 64
+#define SIM_DEFAULT_POOL_MB 1024 /* a replica's KV pool without --kv-pool-mb */
 #define SIM_MAX_WORKERS 64
 
 /* One request's job in a simulated replica. */
@@ -484,8 +485,10 @@ int cmd_simulate(int argc, char **argv, char **envp) {
     server_config_t d;
     server_config_defaults(&d);
     const char *model_arg = NULL, *costs_path = NULL, *timeline_path = NULL;
-    long long replicas = 1, pool_mb = d.kv_pool_mb, max_running = d.max_running,
-              max_waiting = d.max_waiting, png_workers = d.png_workers, prompt_tokens = 18;
+    /* serve sizes an auto pool from its machine; a simulation has none */
+    long long replicas = 1, pool_mb = d.kv_pool_mb ? d.kv_pool_mb : SIM_DEFAULT_POOL_MB,
+              max_running = d.max_running, max_waiting = d.max_waiting, png_workers = d.png_workers,
+              prompt_tokens = 18;
     int help = 0;
     planner_kv_dtype_t dt = {DTYPE_U8, DTYPE_U8}; /* unset: serve's */
     load_spec_t spec;
@@ -499,7 +502,7 @@ int cmd_simulate(int argc, char **argv, char **envp) {
         {"replicas", 0, CLI_INT, &replicas, 1, SIM_MAX_REPLICAS, .metavar = "N",
          .help = "daemons behind a least-connections balancer (default 1)"},
         {"kv-pool-mb", 0, CLI_INT, &pool_mb, 1, 1 << 24, .metavar = "M",
-         .help = "each replica's KV pool, as serve's --kv-pool-mb (default serve's)"},
+         .help = "each replica's KV pool, as serve's --kv-pool-mb (default 1024)"},
         {"max-running", 0, CLI_INT, &max_running, 1, 1 << 20, .metavar = "N",
          .help = "as serve's --max-running (default serve's)"},
         {"max-waiting", 0, CLI_INT, &max_waiting, 0, 1 << 20, .metavar = "N",

@@ -223,10 +223,13 @@ batcher_refusal_t batcher_submit(batcher_t *b, const batcher_job_t *job, uint64_
             return BATCHER_REFUSED_INVALID;
     if (b->draining)
         return BATCHER_REFUSED_DRAINING;
-    if (peak_of(job->kv_bytes, job->steps) > b->opt.pool_bytes)
-        return BATCHER_REFUSED_TOO_LARGE;
+    /* The count first: with --kv-pool-mb auto the pool holds max_running
+     * full images, so more images than that also overrun it, and the limit
+     * the client can act on is n's. */
     if (job->n_images > b->opt.max_running)
         return BATCHER_REFUSED_TOO_MANY_IMAGES;
+    if (peak_of(job->kv_bytes, job->steps) > b->opt.pool_bytes)
+        return BATCHER_REFUSED_TOO_LARGE;
     const int no_queue = b->opt.max_waiting == 0;
     const int level = no_queue ? starts_next(b, job) : 0;
     if (no_queue ? level < 0 : b->w_count >= b->opt.max_waiting)

@@ -29,6 +29,7 @@ typedef struct setting {
     size_t offset, size; /* of the field in server_config_t */
     setting_kind_t kind;
     long long lo, hi, def; /* KIND_INT */
+    int has_auto;          /* KIND_INT: "auto" is a value too, stored as 0 (lo > 0) */
     double rlo, rhi, rdef; /* KIND_REAL: [rlo, rhi], or (rlo, rhi] when lo_open */
     int lo_open;
     const char *def_str;        /* KIND_STRING, KIND_ENUM */
@@ -49,6 +50,13 @@ typedef struct setting {
     {                                                                                              \
         FIELD(f), .kind = KIND_INT, .lo = (lo_), .hi = (hi_), .def = (def_), .metavar = (mv),      \
                   .help = (h)                                                                      \
+    }
+/* An integer setting that also takes "auto" (stored as 0, the default when
+ * def_ is 0): the daemon works the value out (server_config.h says how). */
+#define INT_AUTO_SETTING(f, lo_, hi_, def_, mv, h)                                                 \
+    {                                                                                              \
+        FIELD(f), .kind = KIND_INT, .lo = (lo_), .hi = (hi_), .def = (def_), .has_auto = 1,        \
+                  .metavar = (mv), .help = (h)                                                     \
     }
 /* A setting stored in a member of a member (kv.budget) under its own name. */
 #define FIELD_AT(name_, member)                                                                    \
@@ -187,7 +195,17 @@ static const setting_t SETTINGS[] = {
     INT_SETTING(max_body_bytes, 1024, 64 << 20, 1 << 20, "BYTES",
                 "Largest request body accepted; larger ones get 413"),
     INT_SETTING(max_n, 1, 64, 4, "N", "Most images one request may ask for ('n')"),
-    INT_SETTING(kv_pool_mb, 1, 1048576, 1024, "MIB", "KV cache pool size in MiB"),
+    INT_AUTO_SETTING(kv_pool_mb, 1, 1048576, 0, "MIB|auto",
+                     "KV cache pool size in MiB; auto: --kv-pool-share of the memory free once "
+                     "the model is loaded (on the CPU, available RAM within the process's "
+                     "cgroup limit; on a GPU, device memory), on the CPU at most what "
+                     "--max-running full-cache images of the default size need; the start-up "
+                     "log says what it chose and why"),
+    {FIELD(kv_pool_share), .kind = KIND_REAL, .rlo = 0, .rhi = 1, .rdef = 0.9, .lo_open = 1,
+     .metavar = "S",
+     .help = "Share of the free memory --kv-pool-mb auto gives the KV pool (as vLLM's "
+             "--gpu-memory-utilization, but of what is free after the weights); the rest is "
+             "left to activations, the image decoder and other processes"},
     ENUM_SETTING(kv_dtype, "auto", planner_kv_dtype_settings, "TYPE",
                  "Type the KV cache stores K and V in (attention computes in f32): auto, the "
                  "weights' type (bf16 for real checkpoints, f32 for f32 weights); fp8 is e4m3, "
@@ -408,10 +426,12 @@ typedef struct source {
 
 static int range_error(const source_t *src, const setting_t *s, const char *value,
                        ar_error_t *err) {
+    const char *or_auto = s->has_auto ? " (or auto)" : "";
     if (src->file)
-        return ar_errorf(err, "%s: '%s' is %s, outside [%lld, %lld]", src->file, src->name, value,
-                         s->lo, s->hi);
-    return ar_errorf(err, "%s: %s is outside [%lld, %lld]", src->name, value, s->lo, s->hi);
+        return ar_errorf(err, "%s: '%s' is %s, outside [%lld, %lld]%s", src->file, src->name, value,
+                         s->lo, s->hi, or_auto);
+    return ar_errorf(err, "%s: %s is outside [%lld, %lld]%s", src->name, value, s->lo, s->hi,
+                     or_auto);
 }
 
 static int set_int(server_config_t *c, const setting_t *s, const source_t *src, long long v,
@@ -496,13 +516,18 @@ static int set_from_text(server_config_t *c, const setting_t *s, const source_t 
     if (s->kind != KIND_INT)
         return set_string(c, s, src, v, err);
     long long n = 0;
+    if (s->has_auto && !strcmp(v, "auto")) {
+        *int_field(c, s) = 0;
+        return AR_OK;
+    }
     switch (text_parse_int(v, &n)) {
     case NUMBER_OK:
         return set_int(c, s, src, n, err);
     case NUMBER_OVERFLOW:
         return range_error(src, s, v, err);
     default:
-        return ar_errorf(err, "%s: '%s' is not an integer", src->name, v);
+        return ar_errorf(err, "%s: '%s' is not an integer%s", src->name, v,
+                         s->has_auto ? " or auto" : "");
     }
 }
 
@@ -510,8 +535,13 @@ static int set_from_json(server_config_t *c, const setting_t *s, const source_t 
                          const cJSON *it, ar_error_t *err) {
     if (s->kind == KIND_INT) {
         double d = it->valuedouble;
+        if (s->has_auto && cJSON_IsString(it) && !strcmp(it->valuestring, "auto")) {
+            *int_field(c, s) = 0;
+            return AR_OK;
+        }
         if (!cJSON_IsNumber(it) || !isfinite(d) || floor(d) != d)
-            return ar_errorf(err, "%s: '%s' must be an integer", src->file, src->name);
+            return ar_errorf(err, "%s: '%s' must be an integer%s", src->file, src->name,
+                             s->has_auto ? " or \"auto\"" : "");
         if (d < (double)s->lo || d > (double)s->hi) {
             char text[64];
             snprintf(text, sizeof text, fabs(d) < 1e15 ? "%.0f" : "%g", d);
@@ -796,7 +826,9 @@ void server_config_usage(FILE *f) {
         int n = s->help_list ? snprintf(text, sizeof text, "%s (%s). ", s->help,
                                         s->help_list(list, sizeof list))
                              : snprintf(text, sizeof text, "%s. ", s->help);
-        if (s->kind == KIND_INT) {
+        if (s->kind == KIND_INT && s->has_auto && s->def == 0) {
+            snprintf(text + n, sizeof text - n, "%lld..%lld or auto, default auto.", s->lo, s->hi);
+        } else if (s->kind == KIND_INT) {
             snprintf(text + n, sizeof text - n, "%lld..%lld, default %lld.", s->lo, s->hi, s->def);
         } else if (s->kind == KIND_REAL) {
             char range[64];
@@ -869,7 +901,9 @@ char *server_config_to_json(const server_config_t *c, int redact) {
             continue;
         snprintf(piece, sizeof piece, "  \"%s\": ", s->name);
         append(&buf, &len, &cap, piece);
-        if (s->kind == KIND_INT) {
+        if (s->kind == KIND_INT && s->has_auto && *int_field_const(c, s) == 0) {
+            append(&buf, &len, &cap, "\"auto\"");
+        } else if (s->kind == KIND_INT) {
             snprintf(piece, sizeof piece, "%d", *int_field_const(c, s));
             append(&buf, &len, &cap, piece);
         } else if (s->kind == KIND_REAL) {

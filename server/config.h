@@ -25,7 +25,8 @@ typedef struct server_config {
     int async_retention_s;   /* how long an ended async job is kept */
     int max_body_bytes;      /* request bodies above this get 413 */
     int max_n;               /* most images per request */
-    int kv_pool_mb;          /* KV cache pool, MiB */
+    int kv_pool_mb;          /* KV cache pool, MiB; 0: auto (daemon.c's kv_pool_auto) */
+    double kv_pool_share;    /* of the free memory, for kv_pool_mb auto */
     char kv_policy[16];      /* KV policy of requests that name none */
     char kv_dtype[8];        /* "auto" (the weights' type), "f32", "bf16", "f16" or "fp8" */
     /* The KV defaults of requests: kv.budget is the key kv_budget (0: each

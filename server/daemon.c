@@ -15,6 +15,7 @@
 #endif
 
 #include "base/clock.h"
+#include "base/memory.h"
 #include "engine/backend/backend.h"
 #include "engine/model.h"
 #include "engine/planner.h"
@@ -148,6 +149,59 @@ static int check_default_ranges(const daemon_t *d, const server_config_t *cfg,
         return AR_ERR;
     }
     return AR_OK;
+}
+
+/* --kv-pool-mb auto: the pool's bytes from the memory free now that the
+ * model is loaded, and why, in words for the start-up log. On a device
+ * backend, kv_pool_share of its reservation left after the weights (the
+ * step's activations and the image decoder take theirs from the rest). On
+ * the CPU, kv_pool_share of the RAM available within the cgroup's room, at
+ * most what --max-running full-cache images of the default size need (a
+ * larger pool would sit idle). At least 1 MiB. */
+static size_t kv_pool_auto(const daemon_t *d, const server_config_t *cfg, dtype_t kv_dtype,
+                           char *why, size_t cap) {
+    const double mib = 1048576.0, share = cfg->kv_pool_share;
+    backend_stats_t st = {0};
+    if (d->be->stats)
+        d->be->stats(d->be, &st);
+    size_t bytes;
+    if (st.device_reserved_bytes > 0) {
+        const size_t left = st.device_reserved_bytes > st.device_peak_bytes
+                                ? st.device_reserved_bytes - st.device_peak_bytes
+                                : 0;
+        bytes = (size_t)(share * (double)left);
+        snprintf(why, cap, "%.3g%% of the %.0f MiB of device memory left after the weights",
+                 100 * share, left / mib);
+    } else {
+        host_memory_t hm;
+        const int read = host_memory_read(&hm) == 0;
+        const size_t usable = read ? host_memory_usable(&hm) : 0;
+        kv_policy_params_t full;
+        kv_policy_defaults(&full, KV_POLICY_FULL);
+        planner_plan_t plan = {0};
+        ar_error_t err;
+        const size_t image = planner_plan_dtype(&plan, &d->model.cfg, &full, TYPICAL_PROMPT_TOKENS,
+                                                planner_block_tokens(&d->model.cfg),
+                                                planner_kv_same(kv_dtype), NULL, &err) == AR_OK
+                                 ? plan.peak_bytes
+                                 : 0;
+        planner_plan_free(&plan);
+        const size_t need = image * (size_t)cfg->max_running;
+        bytes = (size_t)(share * (double)usable);
+        const char *whose = hm.cgroup_room < hm.available ? "the cgroup's room" : "available RAM";
+        if (!read)
+            snprintf(why, cap, "/proc/meminfo has no MemAvailable: the least pool");
+        else if (need > 0 && need < bytes) {
+            bytes = need;
+            snprintf(why, cap,
+                     "what --max-running %d full-cache images need (%.1f MiB each), under %.3g%% "
+                     "of the %.0f MiB of %s",
+                     cfg->max_running, image / mib, 100 * share, usable / mib, whose);
+        } else {
+            snprintf(why, cap, "%.3g%% of the %.0f MiB of %s", 100 * share, usable / mib, whose);
+        }
+    }
+    return bytes > (1u << 20) ? bytes : (size_t)1 << 20;
 }
 
 /* --threads 0: the cores this process may run on, less the drawing
@@ -287,9 +341,13 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
         fprintf(stderr, "arserve serve: --kv-dtype: %s\n", err.msg);
         return 2;
     }
+    char pool_why[256] = "";
+    const size_t pool_bytes = cfg->kv_pool_mb
+                                  ? (size_t)cfg->kv_pool_mb << 20
+                                  : kv_pool_auto(d, cfg, kv_dtype, pool_why, sizeof pool_why);
     sched_options_t so = {.max_running = cfg->max_running,
                           .max_waiting = cfg->max_waiting,
-                          .kv_pool_bytes = (size_t)cfg->kv_pool_mb << 20,
+                          .kv_pool_bytes = pool_bytes,
                           .kv_dtype = kv_dtype,
                           .png_workers = cfg->png_workers,
                           .draw_threads = cfg->draw_threads};
@@ -297,6 +355,9 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
         fprintf(stderr, "arserve serve: %s\n", err.msg);
         return 1;
     }
+    if (pool_why[0])
+        log_msg(LOG_INFO, "KV pool %.1f MiB (--kv-pool-mb auto): %s", pool_bytes / 1048576.0,
+                pool_why);
     log_capacity(d, cfg);
     warn_oversubscribed(cfg);
     log_msg(LOG_INFO, "requests without kv_policy run %s", kv_policy_name(run.kind));

@@ -213,8 +213,8 @@ CASES_401 = [
     ("bad-body-and-no-key", "POST", GEN, b"{not json", {}),
     ("get-models-no-key", "GET", "/v1/models", None, {}),
     ("get-models-wrong-key", "GET", "/v1/models", None, {"Authorization": "Bearer nope"}),
-    ("get-ready-no-key", "GET", "/ready", None, {}),
-]
+    ("get-job-no-key", "GET", "/v1/images/jobs/job_0123456789abcdef", None, {}),
+]  # /ready, like /health, is a probe's and open (test_api.py)
 
 
 @pytest.fixture(scope="module")

@@ -73,7 +73,8 @@ static void test_defaults(void) {
     CHECK(c.api_key_file[0] == 0 && c.api_key[0] == 0 && c.config_path[0] == 0);
     CHECK(c.max_running == 64 && c.max_waiting == 256);
     CHECK(c.request_timeout_s == 600 && c.drain_timeout_s == 30);
-    CHECK(c.max_body_bytes == 1 << 20 && c.max_n == 4 && c.kv_pool_mb == 1024);
+    CHECK(c.max_body_bytes == 1 << 20 && c.max_n == 4);
+    CHECK(c.kv_pool_mb == 0 && c.kv_pool_share == 0.9); /* auto: sized from the machine */
     CHECK(c.threads == 0 && c.png_workers == 2);
     CHECK(!strcmp(c.log_level, "info") && !strcmp(c.backend, "auto"));
     CHECK(c.retry_after_s == 1);
@@ -100,6 +101,36 @@ static void test_flags_both_syntaxes(void) {
     CHECK(c.port == 9000 && !strcmp(c.host, "0.0.0.0") && !strcmp(c.log_level, "debug"));
     CHECK(!strcmp(c.model, "m/x") && c.kv_pool_mb == 2048 && !strcmp(c.backend, "cuda"));
     CHECK(c.threads == 0 && c.max_n == 4);
+}
+
+/* --kv-pool-mb takes a size or auto (kept as 0) from every source; 0 itself
+ * is not a size, and a file writes auto back as "auto". */
+static void test_kv_pool_auto(void) {
+    server_config_t c;
+    ar_error_t err;
+    const char *flag[] = {"--kv-pool-mb", "512", "--kv-pool-mb", "auto", NULL};
+    CHECK_MSG(load(&c, flag, NULL, &err) == AR_OK, "%s", err.msg);
+    CHECK(c.kv_pool_mb == 0);
+    const char *env[] = {"ARSERVE_KV_POOL_MB=auto", "ARSERVE_KV_POOL_SHARE=0.5", NULL};
+    const char *over[] = {"--kv-pool-mb=64", NULL};
+    CHECK_MSG(load(&c, over, env, &err) == AR_OK, "%s", err.msg);
+    CHECK(c.kv_pool_mb == 64 && c.kv_pool_share == 0.5);
+    CHECK_MSG(load_json(&c, "{\"kv_pool_mb\": \"auto\"}", &err) == AR_OK, "%s", err.msg);
+    CHECK(c.kv_pool_mb == 0);
+    char *json = server_config_to_json(&c, 0);
+    CHECK(json && strstr(json, "\"kv_pool_mb\": \"auto\","));
+    free(json);
+    const char *zero[] = {"--kv-pool-mb", "0", NULL};
+    CHECK(load(&c, zero, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "--kv-pool-mb: 0 is outside [1, 1048576] (or auto)");
+    const char *word[] = {"--kv-pool-mb", "lots", NULL};
+    CHECK(load(&c, word, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'lots' is not an integer or auto");
+    CHECK(load_json(&c, "{\"kv_pool_mb\": \"big\"}", &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "'kv_pool_mb' must be an integer or \"auto\"");
+    const char *share[] = {"--kv-pool-share", "0", NULL};
+    CHECK(load(&c, share, NULL, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "--kv-pool-share");
 }
 
 static void test_repeated_flag_keeps_last(void) {
@@ -244,7 +275,8 @@ static void test_out_of_range(void) {
     CHECK(!strcmp(err.msg, "--port: -1 is outside [0, 65535]"));
     const char *a3[] = {"--kv-pool-mb", "99999999999999999999999", NULL};
     CHECK(load(&c, a3, NULL, &err) == AR_ERR);
-    CHECK(!strcmp(err.msg, "--kv-pool-mb: 99999999999999999999999 is outside [1, 1048576]"));
+    CHECK(!strcmp(err.msg,
+                  "--kv-pool-mb: 99999999999999999999999 is outside [1, 1048576] (or auto)"));
     /* The async job store's bounds: a store of no slots or no retention
      * would refuse every async job or forget it before it is read. */
     const char *a4[] = {"--async-max-jobs", "0", NULL};
@@ -547,9 +579,9 @@ static void test_usage_lists_every_setting(void) {
     }
     /* Every setting but api_key_file, left out of the JSON form when empty:
      * ... kv_policy, kv_budget, kv_budget_min, kv_budget_ranges and every knob. */
-    CHECK(n == 37 + KV_POLICY_N_KNOBS);
-    CHECK_STR_CONTAINS(text, "--kv-pool-mb MIB");
-    CHECK_STR_CONTAINS(text, "KV cache pool size in MiB. 1..1048576, default 1024.\n");
+    CHECK(n == 38 + KV_POLICY_N_KNOBS);
+    CHECK_STR_CONTAINS(text, "--kv-pool-mb MIB|auto");
+    CHECK_STR_CONTAINS(text, "1..1048576 or auto, default auto.\n");
     CHECK_STR_CONTAINS(text, "error|warn|info|debug, default info.\n");
     CHECK_STR_CONTAINS(text, "empty: the\n      shipped demo model");
     CHECK_STR_CONTAINS(text, "folder. Default none.\n");
@@ -864,6 +896,7 @@ int main(void) {
     TEST_RUN(test_env_allow_list_and_foreign_vars_are_ignored);
     TEST_RUN(test_file_source);
     TEST_RUN(test_config_file_is_strict_json);
+    TEST_RUN(test_kv_pool_auto);
     TEST_RUN(test_empty_key_file_is_an_error);
     TEST_RUN(test_config_from_env_and_flag_beats_env);
     TEST_RUN(test_precedence_file_env_flag);
