@@ -171,7 +171,7 @@ INF_MODEL  := models/shapes-inf
 
 .PHONY: all deps deps-debian build-and-venv test test-parallel test-unit test-cli test-integration test-integration-release test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
-        test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png clean tools-deps golden \
+        test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png examples clean tools-deps golden \
         format format-check info bench bench-kv bench-scale bench-serve bench-real bench-gemm bench-conv bench-launches help \
         playground-screenshot test-bench-smoke bench-smoke-emu bench-smoke-torch bench-smoke-targets \
         test-train-pipeline
@@ -218,6 +218,8 @@ help:
 	@echo "make eval             ShapesEval of MODEL: the 300 standard prompts generated and scored"
 	@echo "                      (EVAL_ARGS, e.g. EVAL_ARGS=\"--limit 48\"; images in $(BUILD)/eval)"
 	@echo "make expected-png     remake the PNG the shipped-model test expects (after retraining)"
+	@echo "make examples         remake the README's pictures of the demo models (docs/examples/)"
+	@echo "                      and print how many of seeds 1..8 ShapesEval counts right"
 	@echo "make playground-screenshot  remake docs/playground.png, the README's picture of GET /"
 	@echo "                      (the playground test's compare mode in headless Chromium)"
 	@echo "make deps             install the Debian packages and the .venv the build and tests need"
@@ -533,7 +535,8 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/
 
 # Python tools' tests (numpy, Pillow; no torch): the shapes renderer, the
 # ShapesEval scorer and runner, the shipped model (models/shapes) drawing
-# its expected PNG and passing a small ShapesEval with build/arserve, and
+# its expected PNG and passing a small ShapesEval with build/arserve, the
+# README's pictures of the demo models and their counts (make examples), and
 # deploy/ (manifests against Kubernetes' schemas, the model loader). A file
 # to a worker (--dist loadfile): the ShapesEval run is a module's fixture, made
 # on every worker that runs one of its tests (twice, 7 s each, with --dist load).
@@ -895,6 +898,13 @@ eval: $(BUILD)/arserve $(VENV)/.stamp
 # remake it (and commit it) when the model files change.
 expected-png: $(BUILD)/arserve $(VENV)/.stamp
 	$(VENV)/bin/python tools/shapes_eval/make_expected.py --arserve $(BUILD)/arserve
+
+# The README's pictures of the demo models (docs/examples/) and the counts of
+# right seeds beside them (tools/shapes_eval/examples.py); remake them when a
+# model changes, then bring the README's table to the counts it prints
+# (tests/python/test_readme_examples.py checks both).
+examples: $(BUILD)/arserve $(VENV)/.stamp
+	$(VENV)/bin/python tools/shapes_eval/examples.py --arserve $(BUILD)/arserve
 
 # Tools that need torch/transformers (golden data, converters) live in their own venv.
 tools-deps:

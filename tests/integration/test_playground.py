@@ -16,12 +16,16 @@ import math
 import os
 import re
 import shutil
+import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import SLOW_MODEL, TINY_MODEL, png_size, repo_path, scaled
+from conftest import REPO, SLOW_MODEL, TINY_MODEL, png_size, repo_path, scaled
+
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)  # tools.shapes_eval, for the README's picture
 
 # Sanitizer passes skip these: the daemon routes they drive are covered without them.
 pytestmark = pytest.mark.clients
@@ -290,20 +294,47 @@ def test_every_policy_the_card_lists_generates_at_its_default_budget(browser, st
         assert text(browser, "caption-a").startswith(policy), (policy, text(browser, "caption-a"))
 
 
+# The README's picture of the page (docs/playground.png): a prompt and seed of its table of
+# the demo models, which the model draws right, under full and linear.
+COMPARE_PROMPT, COMPARE_BUDGET = "a blue square above a yellow diamond", "0.5"
+
+
+def readme_caption(picture):
+    """The README's paragraph after the image `picture`, on one line."""
+    with open(repo_path("README.md"), encoding="utf-8") as f:
+        text = f.read()
+    at = text.index("](%s)" % picture)
+    para = text[at:].split("\n\n")[1]
+    return " ".join(para.split())
+
+
+def kv_held(drv, slot):
+    return drv.execute_script(
+        "const dts = [...document.getElementById(arguments[0]).querySelectorAll('dt')];"
+        "const dt = dts.find(d => d.textContent === 'KV held');"
+        "return dt ? dt.nextElementSibling.textContent : null;", "stats-" + slot)
+
+
 def test_compare_mode_shows_two_images_and_their_psnr(browser, start_daemon, tmp_path):
+    """Compare mode, and the README's picture of it: the full image is the table's seed-1
+    picture of the same prompt, ShapesEval scores it right, and the caption under the
+    picture gives the prompt, the seed, the budget, the PSNR and the KV figures the page
+    shows."""
     from selenium.webdriver.support.ui import Select
+    from tools.shapes_eval import examples, scorer
     d = start_daemon(SHAPES_MODEL)
     card = d.client.get("/v1/models").json()["data"][0]["arserve"]
     open_page(browser, d)
     wait_for(browser, "!document.getElementById('form').hidden", scaled(15), "the form")
-    browser.find_element("id", "prompt").send_keys("a green triangle above a blue square")
+    browser.find_element("id", "prompt").send_keys(COMPARE_PROMPT)
+    seed = browser.find_element("id", "seed").get_attribute("value")
     Select(browser.find_element("id", "policy")).select_by_value("linear")
     linear = next(p for p in card["kv_policies"] if p["name"] == "linear")
     budget = browser.find_element("id", "budget")
     assert float(budget.get_attribute("value")) == max(linear["budget"], linear["min_budget"])
     assert float(budget.get_attribute("min")) == linear["min_budget"]
     budget.clear()
-    budget.send_keys("0.5")
+    budget.send_keys(COMPARE_BUDGET)
     browser.find_element("id", "compare").click()
     browser.find_element("id", "generate").click()
     wait_for(browser, "!document.getElementById('psnr').hidden", scaled(120), "the PSNR")
@@ -311,12 +342,30 @@ def test_compare_mode_shows_two_images_and_their_psnr(browser, start_daemon, tmp
     assert png_size(a) == png_size(b) == (card["width"], card["height"])
     # Each caption says the budget the server admitted the request at.
     assert text(browser, "caption-a") == "full"
-    assert text(browser, "caption-b") == "linear at budget 0.5"
+    assert text(browser, "caption-b") == "linear at budget " + COMPARE_BUDGET
     shown = float(browser.find_element("id", "psnr").get_attribute("data-db"))
     mse = np.mean((rgb(a) - rgb(b)) ** 2)
     want = math.inf if mse == 0 else 10 * math.log10(255 ** 2 / mse)
     assert shown == pytest.approx(want, abs=1e-6) or (shown == want == math.inf)
     assert "PSNR linear vs full" in text(browser, "psnr")
+    # The picture draws what its prompt says (ShapesEval scores it right), and it is the
+    # README table's seed-1 picture of that prompt.
+    ok, why, _ = scorer.score_image(rgb(a).astype(np.uint8), examples.spec_for(COMPARE_PROMPT)[1])
+    assert ok, f"ShapesEval scores full's image of {COMPARE_PROMPT!r} at seed {seed} wrong: {why}"
+    ex = next((e for e in examples.EXAMPLES
+               if e.model == "models/shapes" and e.condition == COMPARE_PROMPT), None)
+    assert ex is not None, f"{COMPARE_PROMPT!r} is no row of the README's table on models/shapes"
+    assert seed == "1", seed
+    with open(repo_path(ex.png), "rb") as f:
+        assert a == f.read(), f"full's image is not {ex.png}, the table's seed-1 picture"
+    # The README's caption tells what the picture shows.
+    caption = readme_caption("docs/playground.png")
+    db = re.search(r": (\S+) dB", text(browser, "psnr")).group(1)
+    held_a, held_b = kv_held(browser, "a"), kv_held(browser, "b")
+    for part in (f'"{COMPARE_PROMPT}" at seed {seed}', f"linear` at budget {COMPARE_BUDGET}",
+                 f"PSNR {db} dB", f"{held_b} of KV where full holds {held_a}"):
+        assert part in caption, f"the README's caption under the picture lacks {part!r}: {caption}"
+    assert ("the same image" in caption) == (want == math.inf), caption
     browser.set_window_size(1000, 1150)  # the whole result in the picture
     try:
         path = shoot(browser, tmp_path, "compare")
