@@ -33,6 +33,7 @@ typedef struct setting {
     double rlo, rhi, rdef; /* KIND_REAL: [rlo, rhi], or (rlo, rhi] when lo_open */
     int lo_open;
     const char *def_str;        /* KIND_STRING, KIND_ENUM */
+    const char *def_text;       /* KIND_STRING: what --help says an empty default means */
     const char *const *choices; /* KIND_ENUM, NULL-terminated */
     int may_be_empty;           /* KIND_STRING */
     const char *metavar, *help;
@@ -167,9 +168,10 @@ static int check_served_names(const char *value, ar_error_t *err) {
 }
 
 static const setting_t SETTINGS[] = {
-    STRING_SETTING(model, "", 1, "DIR",
-                   "Model directory (arserve.json, weights, tokenizer.json); empty: the shipped "
-                   "demo model, ../models/shapes or models/shapes from arserve's folder"),
+    {FIELD(model), .kind = KIND_STRING, .def_str = "", .may_be_empty = 1, .metavar = "DIR",
+     .def_text = "the shipped demo model",
+     .help = "Model directory (arserve.json, weights, tokenizer.json); empty: the shipped demo "
+             "model, ../models/shapes or models/shapes from arserve's folder"},
     STRING_SETTING(host, "127.0.0.1", 0, "HOST",
                    "Address to listen on; 0.0.0.0 listens on every interface"),
     INT_SETTING(port, 0, 65535, 8080, "PORT", "TCP port to listen on; 0 picks a free one"),
@@ -240,6 +242,10 @@ static const setting_t SETTINGS[] = {
                 "beside the engine"),
     INT_SETTING(png_workers, 1, 64, 2, "N", "Threads encoding PNGs"),
     ENUM_SETTING(log_level, "info", LOG_LEVELS, "LEVEL", "Log verbosity"),
+    INT_SETTING(status_interval_s, 0, 86400, 10, "SECONDS",
+                "While requests run or wait, one status line this often (at info): requests "
+                "running and waiting, images and iterations per second, the KV pool's use; 0: "
+                "none"),
     {FIELD(backend), .kind = KIND_ENUM, .def_str = BACKEND_AUTO, .choices = backend_names,
      .metavar = "NAME", .help = "Compute backend", .help_list = backend_auto_help},
     ENUM_SETTING(gpu_activations, "bf16", backend_activations_names, "MODE",
@@ -281,14 +287,15 @@ static const setting_t SETTINGS[] = {
              "an SSE comment this often, so that proxies and clients with an idle timeout "
              "keep it; the engine is looked at every 0.1 s"},
     {FIELD(served_model_name), .kind = KIND_STRING, .def_str = "", .may_be_empty = 1,
-     .metavar = "NAMES", .check = check_served_names,
+     .metavar = "NAMES", .check = check_served_names, .def_text = "the model's own name",
      .help = "The names a request's 'model' may give, comma-separated (clients that send "
              "'dall-e-3', say); the first is the id GET /v1/models answers with; \"\": the "
              "model's own name from its arserve.json"},
-    STRING_SETTING(allowed_hosts, "", 1, "NAMES",
-                   "Host header names served (comma-separated, port ignored, '*' any), against "
-                   "DNS rebinding; empty: localhost, 127.0.0.1 and [::1] when --host is a "
-                   "loopback address, any otherwise"),
+    {FIELD(allowed_hosts), .kind = KIND_STRING, .def_str = "", .may_be_empty = 1,
+     .metavar = "NAMES", .def_text = "by --host, as said",
+     .help = "Host header names served (comma-separated, port ignored, '*' any), against DNS "
+             "rebinding; empty: localhost, 127.0.0.1 and [::1] when --host is a loopback "
+             "address, any otherwise"},
     ENUM_SETTING(metrics_auth, "off", ON_OFF, "on|off", "/metrics needs the API key too"),
     ENUM_SETTING(log_prompts, "off", ON_OFF, "on|off",
                  "The access log (one line per request, at info) shows each prompt"),
@@ -297,6 +304,77 @@ static const setting_t SETTINGS[] = {
                  "not; off saves a pass over the weights of a huge model"),
 };
 #define N_SETTINGS (sizeof SETTINGS / sizeof SETTINGS[0])
+
+/* serve --help's topics, each setting under one (a KV knob under "KV
+ * cache"), in the table's order within each; test_config checks that every
+ * setting has one. */
+static const char *const GROUP_MODEL[] = {
+    "model",           "backend",    "threads",         "draw_threads",  "png_workers",
+    "gpu_activations", "gpu_graphs", "batch_invariant", "check_weights", NULL};
+static const char *const GROUP_NETWORK[] = {"host",
+                                            "port",
+                                            "api_key_file",
+                                            "allowed_hosts",
+                                            "metrics_auth",
+                                            "served_model_name",
+                                            "max_connections",
+                                            "max_connections_per_ip",
+                                            "header_timeout_s",
+                                            "body_timeout_s",
+                                            "linger_s",
+                                            "max_body_bytes",
+                                            "sse_keepalive_s",
+                                            NULL};
+static const char *const GROUP_REQUESTS[] = {
+    "max_running",       "max_waiting",     "max_n",
+    "request_timeout_s", "drain_timeout_s", "async_max_jobs",
+    "async_retention_s", "retry_after_s",   NULL};
+static const char *const GROUP_KV[] = {
+    "kv_pool_mb", "kv_pool_share", "kv_dtype",         "kv_policy",
+    "kv_budget",  "kv_budget_min", "kv_budget_ranges", NULL};
+static const char *const GROUP_LOG[] = {"log_level", "log_prompts", "status_interval_s", NULL};
+static const struct {
+    const char *title;
+    const char *const *names; /* NULL: the KV policy knobs */
+} GROUPS[] = {
+    {"The model and the compute", GROUP_MODEL},
+    {"Listening, keys and connection limits", GROUP_NETWORK},
+    {"Requests, queueing and draining", GROUP_REQUESTS},
+    {"The KV cache", GROUP_KV},
+    {"The KV policies' knobs (a request's own override them)", NULL},
+    {"Logs", GROUP_LOG},
+};
+#define N_GROUPS (sizeof GROUPS / sizeof GROUPS[0])
+
+static int is_knob(const setting_t *s) {
+    for (int i = 0; i < KV_POLICY_N_KNOBS; i++)
+        if (!strcmp(kv_policy_knobs[i].name, s->name))
+            return 1;
+    return 0;
+}
+
+/* The group of s: an index into GROUPS, or -1 (a table left behind). */
+static int group_of(const setting_t *s) {
+    for (size_t g = 0; g < N_GROUPS; g++) {
+        if (!GROUPS[g].names) {
+            if (is_knob(s))
+                return (int)g;
+            continue;
+        }
+        for (const char *const *n = GROUPS[g].names; *n; n++)
+            if (!strcmp(*n, s->name))
+                return (int)g;
+    }
+    return -1;
+}
+
+int server_config_ungrouped(char *name, size_t cap) {
+    int n = 0;
+    for (size_t i = 0; i < N_SETTINGS; i++)
+        if (group_of(&SETTINGS[i]) < 0 && n++ == 0)
+            snprintf(name, cap, "%s", SETTINGS[i].name);
+    return n;
+}
 
 /* ARSERVE_* variables that are not settings: read by tests and tools, so the
  * daemon must not reject an environment that carries them. */
@@ -812,45 +890,52 @@ int server_config_load(server_config_t *c, int argc, char **argv, char **envp, i
     return server_config_kv_ranges(c, ranges, err);
 }
 
-void server_config_usage(FILE *f) {
+/* One setting's lines of --help. */
+static void usage_setting(FILE *f, const setting_t *s) {
     char flag[128], env[128], left[160], text[1024], list[512];
+    snprintf(left, sizeof left, "%s %s", flag_name(s, flag, sizeof flag), s->metavar);
+    fprintf(f, "  %-29s env %s\n", left, env_name(s, env, sizeof env));
+    int n = s->help_list
+                ? snprintf(text, sizeof text, "%s (%s). ", s->help, s->help_list(list, sizeof list))
+                : snprintf(text, sizeof text, "%s. ", s->help);
+    if (s->kind == KIND_INT && s->has_auto && s->def == 0) {
+        snprintf(text + n, sizeof text - n, "%lld..%lld or auto, default auto.", s->lo, s->hi);
+    } else if (s->kind == KIND_INT) {
+        snprintf(text + n, sizeof text - n, "%lld..%lld, default %lld.", s->lo, s->hi, s->def);
+    } else if (s->kind == KIND_REAL) {
+        char range[64];
+        real_range(s, range, sizeof range);
+        snprintf(text + n, sizeof text - n, "In %s, default %g.", range, s->rdef);
+    } else if (s->kind == KIND_ENUM) {
+        n += snprintf(text + n, sizeof text - n, "One of ");
+        for (const char *const *ch = s->choices; *ch; ch++)
+            n += snprintf(text + n, sizeof text - n, "%s%s", ch == s->choices ? "" : "|", *ch);
+        snprintf(text + n, sizeof text - n, ", default %s.", s->def_str);
+    } else {
+        const char *def = s->def_str[0] ? s->def_str : s->def_text ? s->def_text : "none";
+        snprintf(text + n, sizeof text - n, "Default%s %s.", def == s->def_text ? ":" : "", def);
+    }
+    text_print_wrapped(f, 6, 6, text);
+}
+
+void server_config_usage(FILE *f) {
     fprintf(f, "Every option is also an environment variable and a key of the JSON config\n"
                "file; a flag beats the environment, which beats the file.\n\n");
     fprintf(f, "  %-29s env %s\n", "--config FILE", ENV_CONFIG);
     text_print_wrapped(f, 6, 6,
                        "JSON config file, keys as in config/arserve.example.json; empty: none.");
-    for (size_t i = 0; i < N_SETTINGS; i++) {
-        const setting_t *s = &SETTINGS[i];
-        snprintf(left, sizeof left, "%s %s", flag_name(s, flag, sizeof flag), s->metavar);
-        fprintf(f, "  %-29s env %s\n", left, env_name(s, env, sizeof env));
-        int n = s->help_list ? snprintf(text, sizeof text, "%s (%s). ", s->help,
-                                        s->help_list(list, sizeof list))
-                             : snprintf(text, sizeof text, "%s. ", s->help);
-        if (s->kind == KIND_INT && s->has_auto && s->def == 0) {
-            snprintf(text + n, sizeof text - n, "%lld..%lld or auto, default auto.", s->lo, s->hi);
-        } else if (s->kind == KIND_INT) {
-            snprintf(text + n, sizeof text - n, "%lld..%lld, default %lld.", s->lo, s->hi, s->def);
-        } else if (s->kind == KIND_REAL) {
-            char range[64];
-            real_range(s, range, sizeof range);
-            snprintf(text + n, sizeof text - n, "In %s, default %g.", range, s->rdef);
-        } else if (s->kind == KIND_ENUM) {
-            n += snprintf(text + n, sizeof text - n, "One of ");
-            for (const char *const *ch = s->choices; *ch; ch++)
-                n += snprintf(text + n, sizeof text - n, "%s%s", ch == s->choices ? "" : "|", *ch);
-            snprintf(text + n, sizeof text - n, ", default %s.", s->def_str);
-        } else {
-            snprintf(text + n, sizeof text - n, "Default %s.", s->def_str[0] ? s->def_str : "none");
-        }
-        text_print_wrapped(f, 6, 6, text);
-    }
     fprintf(f, "  -h, --help\n");
     text_print_wrapped(f, 6, 6, "Show this help.");
-    fprintf(f, "\nOther environment variables:\n");
-    fprintf(f, "  %-29s the API key itself, instead of a key file\n", ENV_API_KEY);
-    for (const char *const *a = ENV_NOT_SETTINGS; *a; a++)
-        fprintf(f, "  %-29s read by tests and tools; ignored here\n", *a);
-    fprintf(f, "Any other %s* variable is an error.\n", ENV_PREFIX);
+    for (size_t g = 0; g < N_GROUPS; g++) {
+        fprintf(f, "\n%s:\n", GROUPS[g].title);
+        for (size_t i = 0; i < N_SETTINGS; i++)
+            if (group_of(&SETTINGS[i]) == (int)g)
+                usage_setting(f, &SETTINGS[i]);
+    }
+    fprintf(f,
+            "\nThe API key may also come from %s, the key itself, instead of a key\n"
+            "file. Any other %s* variable that is not a setting above is an error.\n",
+            ENV_API_KEY, ENV_PREFIX);
 }
 
 /* Appends to a growing buffer; on failure frees it and leaves NULL. */

@@ -27,6 +27,7 @@ typedef struct server_config {
     int max_n;               /* most images per request */
     int kv_pool_mb;          /* KV cache pool, MiB; 0: auto (daemon.c's kv_pool_auto) */
     double kv_pool_share;    /* of the free memory, for kv_pool_mb auto */
+    int status_interval_s;   /* a status line while busy this often; 0: none */
     char kv_policy[16];      /* KV policy of requests that name none */
     char kv_dtype[8];        /* "auto" (the weights' type), "f32", "bf16", "f16" or "fp8" */
     /* The KV defaults of requests: kv.budget is the key kv_budget (0: each
@@ -120,5 +121,8 @@ void server_config_kv_defaults(const server_config_t *c, kv_policy_params_t *out
 /* Prints every setting: flag, value, help, range or choices, default and
  * environment variable; then the other variables. No "usage:" line. */
 void server_config_usage(FILE *f);
+/* How many settings --help files under no topic (0 when all have one); the
+ * first's name into name. */
+int server_config_ungrouped(char *name, size_t cap);
 
 #endif

@@ -405,10 +405,42 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
     return 0;
 }
 
+/* The status line, every cfg->status_interval_s while requests run or wait
+ * (and once more after the last finishes): what the engine did since the
+ * last line and the pool's use, as vLLM's periodic stats line says. */
+typedef struct status_clock {
+    double at;           /* when the last line (or the start) was */
+    sched_status_t then; /* the counts then */
+} status_clock_t;
+
+static void status_tick(daemon_t *d, const server_config_t *cfg, status_clock_t *c) {
+    const double now = clock_now_s(), dt = now - c->at;
+    if (cfg->status_interval_s <= 0 || dt < cfg->status_interval_s)
+        return;
+    sched_status_t st;
+    sched_status(d->sched, &st);
+    const double images = st.images_done - c->then.images_done;
+    const double steps = st.iterations - c->then.iterations;
+    const double cap = (double)sched_kv_capacity_bytes(d->sched), mib = 1048576.0;
+    if (st.running > 0 || st.waiting > 0 || steps > 0 || images > 0)
+        log_msg(LOG_INFO,
+                "status: %d running, %d waiting; %.0f images in %.0f s (%.2f/s), %.1f "
+                "iterations/s; KV pool %.1f of %.1f MiB in use (%.1f%%), %.1f MiB planned",
+                st.running, st.waiting, images, dt, images / dt, steps / dt, st.kv_used_bytes / mib,
+                cap / mib, cap > 0 ? 100 * st.kv_used_bytes / cap : 0.0,
+                st.kv_reserved_bytes / mib);
+    c->at = now;
+    c->then = st;
+}
+
 /* Waits for a signal, then drains; the exit status. */
 static int daemon_serve(daemon_t *d, const server_config_t *cfg) {
-    while (!signals_seen && sched_alive(d->sched))
+    status_clock_t status = {.at = clock_now_s()};
+    sched_status(d->sched, &status.then);
+    while (!signals_seen && sched_alive(d->sched)) {
         sleep_ms(100);
+        status_tick(d, cfg, &status);
+    }
     if (!sched_alive(d->sched)) {
         log_msg(LOG_ERROR, "the engine loop stopped; exiting");
         return 1;

@@ -1255,6 +1255,15 @@ fail:
     return NULL;
 }
 
+void sched_status(scheduler_t *s, sched_status_t *out) {
+    *out = (sched_status_t){.running = (int)metric_value(s->m_running),
+                            .waiting = (int)metric_value(s->m_waiting),
+                            .images_done = metric_value(s->m_images, "ok"),
+                            .iterations = metric_value(s->m_iterations),
+                            .kv_used_bytes = metric_value(s->m_kv_used),
+                            .kv_reserved_bytes = metric_value(s->m_kv_reserved)};
+}
+
 void scheduler_stop(scheduler_t *s) {
     if (s)
         stop_threads(s);

@@ -198,4 +198,14 @@ int sched_kv_block_tokens(const scheduler_t *s);
 dtype_t sched_kv_dtype(const scheduler_t *s);
 size_t sched_kv_capacity_bytes(const scheduler_t *s);
 
+/* What the scheduler is doing, as its metrics say it (the daemon's status
+ * line): requests running and waiting, images finished well and iterations
+ * since start, KV pool bytes in use and reserved by the planner. */
+typedef struct sched_status {
+    int running, waiting;
+    double images_done, iterations;
+    double kv_used_bytes, kv_reserved_bytes;
+} sched_status_t;
+void sched_status(scheduler_t *s, sched_status_t *out);
+
 #endif

@@ -56,3 +56,33 @@ def test_a_given_size_is_taken_as_given(start_daemon):
     d = start_daemon(SHAPES, args=["--kv-pool-mb", "64"])
     assert not AUTO_RE.search(d.stderr())
     assert float(CAPACITY_MIB_RE.search(d.stderr()).group(1)) == pytest.approx(64, abs=0.5)
+
+
+STATUS_RE = re.compile(r"status: ([0-9]+) running, ([0-9]+) waiting; ([0-9]+) images in ([0-9]+) s "
+                       r"\(([0-9.]+)/s\), ([0-9.]+) iterations/s; KV pool ([0-9.]+) of ([0-9.]+) MiB "
+                       r"in use \(([0-9.]+)%\), ([0-9.]+) MiB planned")
+
+
+def test_a_status_line_while_busy(start_daemon):
+    """--status-interval-s: while requests run or wait, a line this often, and
+    one after the last finishes; the lines' images add up to those drawn, and
+    no line comes from an idle daemon."""
+    import time
+    from conftest import scaled
+    d = start_daemon(SHAPES, args=["--status-interval-s", "1", "--max-running", "2"])
+    for _ in range(3):
+        r = d.client.post("/v1/images/generations", json={"prompt": "a red circle", "n": 2})
+        assert r.status_code == 200, r.text
+    deadline = time.monotonic() + scaled(15)
+    while True:
+        lines = STATUS_RE.findall(d.stderr())
+        if sum(int(m[2]) for m in lines) >= 6 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert sum(int(m[2]) for m in lines) == 6, d.stderr()
+    for running, waiting, images, secs, rate, its, used, cap, pct, planned in lines:
+        assert int(running) or int(waiting) or float(its) > 0 or int(images), lines  # not idle
+        assert float(cap) > 0 and float(used) <= float(cap)
+    quiet = start_daemon(SHAPES, args=["--status-interval-s", "0"])
+    r = quiet.client.post("/v1/images/generations", json={"prompt": "a red circle"})
+    assert r.status_code == 200 and "status:" not in quiet.stderr()
