@@ -29,6 +29,9 @@ typedef struct generate_args {
     int graphs;          /* backend.h's backend_graphs_t */
     int kv_policy;       /* a kv_policy_kind_t */
     double kv_budget;    /* <= 0: the policy's own */
+    /* For comparing with a reference implementation (NULL: none): the image
+     * tokens drawn, tokens to take instead of sampling, each step's logits. */
+    const char *tokens_out, *teacher_force, *logits_out;
 } generate_args_t;
 
 static void generate_usage(FILE *f, const cli_flag_t *flags) {
@@ -166,8 +169,37 @@ static int image_opts(const generate_args_t *a, const model_t *m, gen_image_opts
 
 /* Steps the request to its end, showing progress on a terminal; adds what
  * the steps cost the backend (launches, copies, waits) into counts. */
-static int run_steps(gen_request_t *req, backend_t *be, int show, backend_stats_t *counts,
-                     ar_error_t *err) {
+/* The int32 little-endian values of path, exactly n of them, each in
+ * [0, limit), into out. */
+static int read_tokens(const char *path, int *out, size_t n, int limit, ar_error_t *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ar_errorf(err, "--teacher-force: cannot open %s", path);
+    const size_t got = fread(out, sizeof *out, n, f);
+    const int extra = fgetc(f) != EOF;
+    fclose(f);
+    if (got != n || extra)
+        return ar_errorf(err,
+                         "--teacher-force: %s holds %s %zu int32 values, the image's token "
+                         "values (--tokens-out writes them)",
+                         path, got != n ? "fewer than" : "more than", n);
+    for (size_t i = 0; i < n; i++)
+        if (out[i] < 0 || out[i] >= limit)
+            return ar_errorf(err, "--teacher-force: %s: value %zu is %d, outside [0, %d)", path, i,
+                             out[i], limit);
+    return AR_OK;
+}
+
+static int write_values(const char *flag, const char *path, const void *p, size_t size, size_t n,
+                        ar_error_t *err) {
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(p, size, n, f) != n || fclose(f) != 0)
+        return ar_errorf(err, "--%s: cannot write %s", flag, path);
+    return AR_OK;
+}
+
+static int run_steps(gen_request_t *req, backend_t *be, int show, FILE *logits_out,
+                     backend_stats_t *counts, ar_error_t *err) {
     const double t0 = clock_now_s();
     gen_request_t *batch[1] = {req};
     backend_stats_t before, after;
@@ -175,6 +207,9 @@ static int run_steps(gen_request_t *req, backend_t *be, int show, backend_stats_
     while (!gen_request_done(req)) {
         if (gen_step(batch, 1, err) != AR_OK)
             return AR_ERR;
+        if (logits_out &&
+            fwrite(req->logits, sizeof(float), req->n_logits, logits_out) != req->n_logits)
+            return ar_errorf(err, "--logits-out: cannot write step %d's logits", req->step - 1);
         if (show && (req->step % 8 == 0 || gen_request_done(req)))
             progress(req->step, req->n_steps, clock_now_s() - t0);
     }
@@ -210,6 +245,8 @@ static int generate(const generate_args_t *a, backend_t *be) {
     int *cond = malloc(3 * MODEL_MAX_PROMPT_TOKENS * sizeof(int));
     int *uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
     uint8_t *rgb = NULL;
+    int *forced = NULL;
+    FILE *logits_out = NULL;
     int n_prompt = 0, rc = 1, loaded = 0;
     const double t0 = clock_now_s();
     if (!cond || !uncond) {
@@ -271,8 +308,43 @@ static int generate(const generate_args_t *a, backend_t *be) {
     planner_plan_free(&plan);
     if (gen_pool_for_one_image(&pool, &model, n_prompt, kv_dtype, &err) != AR_OK ||
         gen_request_init_opts(&req, &model, &pool, &policy, cond, uncond, n_prompt, &opts, &sp,
-                              (uint64_t)a->seed, 0, &err) != AR_OK ||
-        run_steps(&req, be, !a->quiet && isatty(STDERR_FILENO), &counts, &err) != AR_OK ||
+                              (uint64_t)a->seed, 0, &err) != AR_OK) {
+        fprintf(stderr, "arserve generate: %s\n", err.msg[0] ? err.msg : "out of memory");
+        goto out;
+    }
+    const size_t n_values = gen_request_token_values(&req);
+    if (a->logits_out && !a->teacher_force && strcmp(model.cfg.family, "raster") != 0) {
+        fprintf(stderr, "arserve generate: --logits-out: a next-scale model keeps a scale's "
+                        "logits only with --teacher-force (--tokens-out of a run gives them)\n");
+        rc = 2;
+        goto out;
+    }
+    if (a->teacher_force &&
+        (!(forced = malloc(n_values * sizeof *forced)) ||
+         read_tokens(a->teacher_force, forced, n_values,
+                     /* Infinity's values are bits */
+                     model.cfg.image.codebook_size > 0 ? model.cfg.image.codebook_size : 2,
+                     &err) != AR_OK)) {
+        fprintf(stderr, "arserve generate: %s\n", err.msg[0] ? err.msg : "out of memory");
+        rc = 2;
+        goto out;
+    }
+    req.forced = forced;
+    if (a->logits_out && !(logits_out = fopen(a->logits_out, "wb"))) {
+        fprintf(stderr, "arserve generate: --logits-out: cannot write %s\n", a->logits_out);
+        goto out;
+    }
+    if (run_steps(&req, be, !a->quiet && isatty(STDERR_FILENO), logits_out, &counts, &err) !=
+        AR_OK) {
+        fprintf(stderr, "arserve generate: %s\n", err.msg);
+        goto out;
+    }
+    FILE *written = logits_out;
+    logits_out = NULL;
+    if ((written && fclose(written) != 0 &&
+         ar_errorf(&err, "--logits-out: cannot write %s", a->logits_out)) ||
+        (a->tokens_out && write_values("tokens-out", a->tokens_out, req.tokens, sizeof(int),
+                                       n_values, &err) != AR_OK) ||
         !(rgb = malloc((size_t)H * W * 3)) || gen_decode(&req, rgb, &err) != AR_OK ||
         png_write_file(a->out_path, rgb, W, H, &err) != AR_OK) {
         fprintf(stderr, "arserve generate: %s\n", err.msg[0] ? err.msg : "out of memory");
@@ -299,6 +371,9 @@ static int generate(const generate_args_t *a, backend_t *be) {
     rc = 0;
 out:
     /* model_load frees what it loaded when it fails. */
+    if (logits_out)
+        fclose(logits_out);
+    free(forced);
     gen_request_free(&req);
     kv_pool_free(&pool);
     if (loaded)
@@ -384,6 +459,16 @@ int cmd_generate(int argc, char **argv, char **envp) {
                  "own)"},
         {"output", 'o', CLI_STRING, &a.out_path, .metavar = "FILE",
          .help = "PNG to write (default out.png)"},
+        {"tokens-out", 0, CLI_STRING, &a.tokens_out, .metavar = "FILE",
+         .help = "also write the image tokens drawn, int32 little-endian, in the order the "
+                 "model draws them (a next-scale model: every scale's, Infinity: every bit)"},
+        {"teacher-force", 0, CLI_STRING, &a.teacher_force, .metavar = "FILE",
+         .help = "take these tokens (as --tokens-out writes them) instead of sampling: the "
+                 "logits of a given sequence, beside a reference implementation's"},
+        {"logits-out", 0, CLI_STRING, &a.logits_out, .metavar = "FILE",
+         .help = "also write each step's logits, float32 little-endian, step after step: the "
+                 "conditional row's then the unconditional's (a raster step: 2 x vocabulary; "
+                 "a next-scale step, with --teacher-force: 2 x the scale's tokens x vocabulary)"},
         {"quiet", 'q', CLI_BOOL, &a.quiet, .help = "no progress bar and no summary"},
         {"verbose", 'v', CLI_BOOL, &a.verbose,
          .help = "also the KV cache's policy and its peak, held and planned, and what a step "

@@ -143,6 +143,7 @@ int gen_request_keep_logits(gen_request_t *r, const float *logits, size_t n, ar_
     if (!keep)
         return ar_errorf(err, "out of memory for %zu logits", n);
     r->logits = keep;
+    r->n_logits = n;
     memcpy(r->logits, logits, n * sizeof *keep);
     return AR_OK;
 }

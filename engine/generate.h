@@ -39,6 +39,7 @@ typedef struct gen_request {
     int *tokens;       /* n_tokens image tokens, in the family's order */
     const int *forced; /* optional: take these tokens instead of sampling */
     float *logits;     /* host: the last step's logits, cond then uncond */
+    size_t n_logits;   /* how many logits holds for the last step (0: none kept) */
     /* Backend memory the family keeps per sequence for the whole request
      * (the scale family: the AdaLN tables of its class), NULL until it
      * makes it; freed with the request. */

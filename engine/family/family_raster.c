@@ -75,6 +75,7 @@ static int raster_step(model_t *m, gen_request_t *const *reqs, int n, ar_error_t
     for (int i = 0; i < n; i++) {
         gen_request_t *r = reqs[i];
         memcpy(r->logits, logits + (size_t)2 * i * K, (size_t)2 * K * sizeof(float));
+        r->n_logits = (size_t)2 * K;
         r->tokens[r->step] = r->forced
                                  ? r->forced[r->step]
                                  : sampler_next(&r->sampler, r->logits, r->logits + K, &r->params,
