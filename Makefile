@@ -5,7 +5,7 @@
 # for a quick look); `make bench-kv` compares the KV policies on it.
 #
 # Switches (validated): CUDA=0|1, SANITIZER=address|undefined|address,undefined|thread,
-# DEBUG=0|1, KIT=0|1.
+# DEBUG=0|1, KIT=0|1, V=0|1 (make run: every command and its output).
 # CI=true adds -Werror. CUDA=1 builds arserve with the CUDA backend too (nvcc
 # from CUDA_HOME, GPU architectures CUDA_ARCHS) into build-cuda/. KIT=1 (with
 # CUDA=1; `make gpu-kit` sets both) links binaries for the GPU kit: the CUDA
@@ -33,6 +33,11 @@ VENV      := .venv
 BENCH_CPU_VENV := .venv-bench
 PORT      ?= 8080
 HOST      ?= 127.0.0.1
+# `make run` shows a line per stage, not the commands: V=1 shows them all,
+# with every tool's output, as the other targets always do. QUIET=1 is what
+# make run hands its stages (see run).
+V         ?= 0
+QUIET     ?= 0
 
 ifeq ($(filter $(CUDA),0 1),)
 $(error CUDA must be 0 or 1, not '$(CUDA)')
@@ -51,6 +56,12 @@ $(error KIT=1 builds the GPU kit's binaries and needs CUDA=1 (make gpu-kit sets 
 endif
 ifeq ($(filter $(DEBUG),0 1),)
 $(error DEBUG must be 0 or 1, not '$(DEBUG)')
+endif
+ifeq ($(filter $(V),0 1),)
+$(error V must be 0 or 1, not '$(V)')
+endif
+ifeq ($(filter $(QUIET),0 1),)
+$(error QUIET must be 0 or 1, not '$(QUIET)')
 endif
 ifneq ($(SANITIZER),)
 ifeq ($(filter $(SANITIZER),address undefined address$(comma)undefined thread),)
@@ -180,6 +191,7 @@ all: info $(BUILD)/arserve
 
 help:
 	@echo "make run              build and serve MODEL (default models/shapes, the demo model) on http://HOST:PORT"
+	@echo "                      (a line per stage; V=1 shows every command and its output)"
 	@echo "make test             build and run every suite (format-check, test-unit, test-cli,"
 	@echo "                      test-integration, test-integration-tsan, test-python, test-backend,"
 	@echo "                      test-gpu-kit, test-dockerfile, test-sanitizers, test-fuzz,"
@@ -314,14 +326,35 @@ DEB_PKGS := gcc make libopenblas-dev libcjson-dev libpng-dev libmicrohttpd-dev l
             python3 python3-venv prometheus curl clang-format systemd nginx wrk clang libclang-rt-14-dev \
             zzuf socat chromium chromium-driver
 deps: $(VENV)/.stamp
+
+# QUIET=1 (make run's stages): a stage's tools write into a log under
+# $(BUILD)/, printed with the stage named only when the stage fails; its
+# recipe lines read `$(log_open) COMMANDS $(call logged,STAGE,LOG)`. Without
+# QUIET both are empty: the commands as they are, their output as it comes.
+ifeq ($(QUIET),1)
+log_open := {
+logged    = ; } >>$(2) 2>&1 || { echo "make run: $(1) failed; its output ($(2)):"; cat $(2); exit 1; } >&2
+else
+log_open :=
+logged   :=
+endif
+DEPS_LOG := $(BUILD)/deps-debian.log
+VENV_LOG := $(BUILD)/venv.log
+
 # The Debian packages alone (make test's first stage: the build needs them, the
-# venv is made beside the build).
+# venv is made beside the build). One dpkg-query for all of them (10 ms; a
+# dpkg -s each took 220).
 deps-debian:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	@installed=" $$(dpkg-query -W -f='$${Package} $${db:Status-Status}\n' $(DEB_PKGS) 2>/dev/null | \
+		awk '$$2 == "installed" { printf "%s ", $$1 }')"; \
+	missing=$$(for p in $(DEB_PKGS); do case "$$installed" in *" $$p "*) ;; *) echo $$p;; esac; done); \
 	if [ -n "$$missing" ]; then \
-		echo "installing Debian packages:" $$missing; \
+		echo "$(if $(filter 1,$(QUIET)),make run: installing Debian packages (apt-get$(comma) once):,installing Debian packages:)" $$missing; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+		$(if $(filter 1,$(QUIET)),mkdir -p $(BUILD) && rm -f $(DEPS_LOG);) \
+		$(log_open) $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing \
+		$(call logged,installing Debian packages,$(DEPS_LOG)); \
+	$(if $(filter 1,$(QUIET)),else echo "make run: Debian packages: all $(words $(DEB_PKGS)) installed";) \
 	fi
 
 # The venvs install without compiling every module pip writes (--no-compile:
@@ -332,12 +365,14 @@ deps-debian:
 PIP_INSTALL = pip install -q --disable-pip-version-check --no-compile
 PY_WARM     = env -u PYTHONDONTWRITEBYTECODE
 $(VENV)/.stamp: tests/requirements.txt | deps-debian
-	@[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV) || { \
+	$(if $(filter 1,$(QUIET)),@mkdir -p $(BUILD) && rm -f $(VENV_LOG))
+	@$(log_open) [ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV) || { \
 		echo "python3 -m venv failed; installing python3-venv"; \
-		apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
-	$(VENV)/bin/$(PIP_INSTALL) -r tests/requirements.txt
-	$(PY_WARM) $(VENV)/bin/python -c 'import pytest, xdist, pytest_timeout, openai, httpx, numpy, PIL.Image, yaml, \
-	    selenium.webdriver, locust.main, kubernetes_validate, jsonschema'
+		apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); } \
+		$(call logged,the Python venv $(VENV),$(VENV_LOG))
+	$(log_open) $(VENV)/bin/$(PIP_INSTALL) -r tests/requirements.txt$(call logged,pip install into $(VENV),$(VENV_LOG))
+	$(log_open) $(PY_WARM) $(VENV)/bin/python -c 'import pytest, xdist, pytest_timeout, openai, httpx, numpy, PIL.Image, yaml, \
+	    selenium.webdriver, locust.main, kubernetes_validate, jsonschema'$(call logged,importing $(VENV)'s packages,$(VENV_LOG))
 	@touch $@
 
 # The tiny random model used by tests, made from a fixed seed.
@@ -877,11 +912,39 @@ bench-real: $(BUILD)/arserve $(VENV)/.stamp
 		--doc $(REAL_DOC) --arserve $(BUILD)/arserve $(REAL_ARGS)
 
 # Serves MODEL on HOST:PORT: the shipped demo model unless told otherwise
-# (MODEL=build/tiny-model makes and serves the tiny random one).
+# (MODEL=build/tiny-model makes and serves the tiny random one). Its screen is
+# a line per stage (the Debian packages, the venv, the build, the serve
+# command), then the daemon's log: the stages' makes run silent (-s: no
+# command lines; the compiler's errors and warnings still show as they come)
+# and QUIET=1 (apt-get's and pip's output, Python's warnings among it, into
+# $(DEPS_LOG) and $(VENV_LOG), printed with the stage named when it fails).
+# `make V=1 run` shows every command and all the output.
 MODEL ?= models/shapes
-run: deps
-	$(MAKE) all $(if $(filter $(TINY_MODEL),$(MODEL)),$(TINY_MODEL)/arserve.json)
-	exec $(BUILD)/arserve serve --model $(MODEL) --host $(HOST) --port $(PORT)
+RUN_MAKE     = $(MAKE) --no-print-directory $(if $(filter 1,$(V)),,-s QUIET=1)
+RUN_MODEL   := $(if $(filter $(TINY_MODEL),$(MODEL)),$(TINY_MODEL)/arserve.json)
+RUN_TARGETS := $(BUILD)/arserve $(RUN_MODEL)
+RUN_SRCS    := $(words $(CLI_OBJ) $(SERVER_OBJ) $(ENGINE_OBJ) $(CUDA_OBJ))
+RUN_BUILT   := $(BUILD)/arserve$(if $(RUN_MODEL), and $(TINY_MODEL))
+run:
+	@$(RUN_MAKE) deps-debian
+	@if $(MAKE) --no-print-directory -q -o deps-debian $(VENV)/.stamp 2>/dev/null; then \
+		echo "make run: Python venv $(VENV): up to date"; \
+	else \
+		echo "make run: Python venv $(VENV) (pip$(comma) once)..."; \
+		$(RUN_MAKE) -o deps-debian $(VENV)/.stamp; \
+	fi
+	@plan=$$($(MAKE) --no-print-directory -s -n -o deps-debian -o $(VENV)/.stamp $(RUN_TARGETS)) || exit 1; \
+	if [ -z "$$plan" ]; then \
+		echo "make run: $(RUN_BUILT): up to date"; \
+	else \
+		n=$$(printf '%s\n' "$$plan" | grep -c -- ' -c .* -o $(BUILD)/'); \
+		echo "make run: building $(RUN_BUILT) (compiling $$n of $(RUN_SRCS) files)..."; \
+	fi; \
+	$(RUN_MAKE) -o deps-debian -o $(VENV)/.stamp $(if $(filter 1,$(V)),all $(RUN_MODEL),$(RUN_TARGETS)) || { \
+		echo "make run: building $(RUN_BUILT) failed: its errors are above (make V=1 run shows the commands)" >&2; \
+		exit 1; }
+	@echo "make run: serving $(MODEL): $(BUILD)/arserve serve --model $(MODEL) --host $(HOST) --port $(PORT)"
+	$(if $(filter 1,$(V)),,@)exec $(BUILD)/arserve serve --model $(MODEL) --host $(HOST) --port $(PORT)
 
 # ShapesEval of MODEL: all 300 prompts of tools/shapes_eval/prompts.jsonl
 # through `arserve generate` (one process per core), then scored; images and
