@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/file.h"
 #include "base/text.h"
 #include "cli/cli.h"
 #include "cli/flags.h"
@@ -172,17 +173,18 @@ static int image_opts(const generate_args_t *a, const model_t *m, gen_image_opts
 /* The int32 little-endian values of path, exactly n of them, each in
  * [0, limit), into out. */
 static int read_tokens(const char *path, int *out, size_t n, int limit, ar_error_t *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return ar_errorf(err, "--teacher-force: cannot open %s", path);
-    const size_t got = fread(out, sizeof *out, n, f);
-    const int extra = fgetc(f) != EOF;
-    fclose(f);
-    if (got != n || extra)
-        return ar_errorf(err,
-                         "--teacher-force: %s holds %s %zu int32 values, the image's token "
-                         "values (--tokens-out writes them)",
-                         path, got != n ? "fewer than" : "more than", n);
+    const size_t want = n * sizeof *out;
+    size_t len = 0;
+    char *bytes = file_read_all(path, "token file", want, &len, err);
+    if (!bytes || len != want) {
+        if (bytes)
+            ar_errorf(err, "%s holds %zu bytes, fewer than the image's %zu int32 token values",
+                      path, len, n);
+        free(bytes);
+        return ar_error_prefix(err, "--teacher-force (as --tokens-out writes them)");
+    }
+    memcpy(out, bytes, want);
+    free(bytes);
     for (size_t i = 0; i < n; i++)
         if (out[i] < 0 || out[i] >= limit)
             return ar_errorf(err, "--teacher-force: %s: value %zu is %d, outside [0, %d)", path, i,
@@ -193,7 +195,8 @@ static int read_tokens(const char *path, int *out, size_t n, int limit, ar_error
 static int write_values(const char *flag, const char *path, const void *p, size_t size, size_t n,
                         ar_error_t *err) {
     FILE *f = fopen(path, "wb");
-    if (!f || fwrite(p, size, n, f) != n || fclose(f) != 0)
+    const int ok = f && fwrite(p, size, n, f) == n;
+    if ((f && fclose(f) != 0) || !ok)
         return ar_errorf(err, "--%s: cannot write %s", flag, path);
     return AR_OK;
 }

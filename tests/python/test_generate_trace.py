@@ -64,14 +64,14 @@ def test_next_scale_teacher_forced_logits_have_every_scale(tmp_path):
     vocab = cfg["image"]["codebook_size"]
     logits = np.fromfile(lg, dtype="<f4")
     assert logits.size == 2 * sum(per_scale) * vocab
-    # the last scale's conditional rows: their argmax is mostly what was drawn (top-k sampling)
+    # the last scale's two rows, each its own (the guidance row is not the conditional one)
     last = logits[-2 * per_scale[-1] * vocab:].reshape(2, per_scale[-1], vocab)
-    assert np.isfinite(last).all()
+    assert np.isfinite(last).all() and not np.array_equal(last[0], last[1])
 
 
 @pytest.mark.parametrize("model, ask, extra, want", [
     (SHAPES, ["--prompt", "a"], ["--teacher-force", "/nonexistent/t.bin"],
-     "--teacher-force: cannot open /nonexistent/t.bin"),
+     "--teacher-force (as --tokens-out writes them): /nonexistent/t.bin: cannot open token file"),
     (SHAPES_VAR, ["--class", "1"], ["--logits-out", "x.f32"],
      "--logits-out: a next-scale model keeps a scale's logits only with --teacher-force"),
 ])
@@ -85,7 +85,11 @@ def test_a_short_or_negative_token_file_is_refused(tmp_path):
     np.arange(10, dtype="<i4").tofile(short)
     p, _ = generate(SHAPES, ["--prompt", "a"], tmp_path, "x", "--teacher-force", str(short))
     assert p.returncode == 2, p.stderr
-    assert f"{short} holds fewer than 256 int32 values" in p.stderr, p.stderr
+    assert f"{short} holds 40 bytes, fewer than the image's 256 int32 token values" in p.stderr
+    long = tmp_path / "long.bin"
+    np.zeros(257, dtype="<i4").tofile(long)
+    p, _ = generate(SHAPES, ["--prompt", "a"], tmp_path, "x", "--teacher-force", str(long))
+    assert p.returncode == 2 and "token file is 1028 bytes, more than the 1024" in p.stderr
     bad = tmp_path / "bad.bin"
     v = np.zeros(256, dtype="<i4")
     v[7] = -1
