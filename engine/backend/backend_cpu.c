@@ -593,31 +593,12 @@ static void paged_rows_at(const kv_blocks_t *pool, const kv_view_t *view, int j0
     }
 }
 
-/* A chunk's keys are rows of type kvt before n_typed (a cache's, read where
- * they lie) and fp32 from there (a scale's new rows): the kernels per part,
- * which gives the bytes of one call over widened rows (scores are per key;
- * the values' terms are added per element in order of j either way). */
-static void chunk_dots(float *sc, const float *q, const void *const *k, dtype_t kvt, int n_typed,
-                       int nj, int head_dim, float scale) {
-    vec_dots(sc, q, k, kvt, n_typed, head_dim, scale);
-    vec_dots(sc + n_typed, q, k + n_typed, DTYPE_F32, nj - n_typed, head_dim, scale);
-}
-
-static void chunk_axpys(float *acc, const float *p, const void *const *v, dtype_t kvt, int n_typed,
-                        int nj, int head_dim) {
-    vec_axpys(acc, p, v, kvt, n_typed, head_dim);
-    vec_axpys(acc, p + n_typed, v + n_typed, DTYPE_F32, nj - n_typed, head_dim);
-}
-
 /* Online softmax over one chunk of nj keys whose K and V rows are given by
  * pointer: the running max m, sum l and weighted sum acc of a query row. */
 static void attend_chunk(float *acc, float *m, double *l, const float *q, const void *const *k,
-                         const void *const *v, dtype_t kvt, int n_typed, int nj, int head_dim,
-                         float scale, const float *bias) {
+                         const void *const *v, dtype_t kvt, int nj, int head_dim, float scale) {
     float sc[ATTN_CHUNK], cm = -INFINITY;
-    chunk_dots(sc, q, k, kvt, n_typed, nj, head_dim, scale);
-    for (int j = 0; bias && j < nj; j++)
-        sc[j] += bias[j];
+    vec_dots(sc, q, k, kvt, nj, head_dim, scale);
     for (int j = 0; j < nj; j++)
         cm = sc[j] > cm ? sc[j] : cm;
     if (cm > *m) {
@@ -631,7 +612,7 @@ static void attend_chunk(float *acc, float *m, double *l, const float *q, const 
         sc[j] = expf(sc[j] - *m);
         *l += sc[j];
     }
-    chunk_axpys(acc, sc, v, kvt, n_typed, nj, head_dim);
+    vec_axpys(acc, sc, v, kvt, nj, head_dim);
 }
 
 /* One query row against its visible keys [0, n_keys): a softmax computed
@@ -651,7 +632,7 @@ static void attend_row(float *out, const float *q, const kv_blocks_t *pool, cons
     for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
         const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
         paged_rows_at(pool, view, j0, nj, k, v, conv);
-        attend_chunk(acc, &m, &l, q, k, v, kvt, nj, nj, head_dim, scale, NULL);
+        attend_chunk(acc, &m, &l, q, k, v, kvt, nj, head_dim, scale);
     }
     const float inv = (float)(1.0 / l);
     for (int d = 0; d < head_dim; d++)
@@ -738,65 +719,177 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
     }
 }
 
-/* The keys of a scale's query row: the view's len rows of the paged
- * cache (of type kv_read_type: fp8 rows widened into conv), then
- * n_new dense fp32 rows (stride apart). Key j's K and V rows, by pointer. */
-typedef struct scale_keys {
+/* ---- attention for many query rows ------------------------------------- */
+
+/* A next-scale step runs every row of a scale against the same keys, and a
+ * cross-attention every image row against the same prompt: compute-bound
+ * work, done as GEMMs. A tile of ATTN_Q_TILE query rows meets a block of
+ * ATTN_CHUNK keys at a time: the block's K and V rows widened to fp32 and
+ * packed for gemm_packed (K in panels of GEMM_PANEL keys, V transposed into
+ * panels of GEMM_PANEL dimensions), the tile's scores one GEMM, their
+ * online softmax (running max and sum per row, the output rescaled when the
+ * max grows) and the weighted values a second GEMM into the tile's output.
+ * Each block is packed once per tile, so the packing is 1/ATTN_Q_TILE of
+ * the multiply-adds, and the buffers are a tile's, whatever the context. */
+#define ATTN_Q_TILE 64
+
+/* The keys of a (sequence, head) pair: n_cached rows of a paged cache (pool
+ * and view; none where pool is NULL), then fp32 rows of k_new and v_new,
+ * stride floats apart. */
+typedef struct attn_keys {
     const kv_blocks_t *pool;
     const kv_view_t *view;
-    int n_new;
+    int n_cached, n_keys;
     const float *k_new, *v_new;
     size_t stride;
-    float *conv; /* kv_conv_buffer */
-} scale_keys_t;
+} attn_keys_t;
 
-/* Pointers to keys [j0, j0 + nj) of sk; returns how many of them are the
- * cache's (of type kv_read_type; the rest are fp32). */
-static int scale_keys_at(const scale_keys_t *sk, int j0, int nj, const void **k, const void **v) {
-    int j = 0;
-    const int n_cached = sk->view->len;
-    if (j0 < n_cached) {
-        j = n_cached - j0 < nj ? n_cached - j0 : nj;
-        paged_rows_at(sk->pool, sk->view, j0, j, k, v, sk->conv);
-    }
-    const int cached = j;
-    for (; j < nj; j++) {
-        const size_t r = (size_t)(j0 + j - n_cached) * sk->stride;
-        k[j] = sk->k_new + r;
-        v[j] = sk->v_new + r;
-    }
-    return cached;
+static int round_panel(int n) { return (n + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL; }
+
+/* Floats of one thread's tile buffers at head dimension d: the packed K and
+ * V of a block, a tile's scores and its output. */
+static size_t attn_tile_floats(int d) {
+    return (size_t)2 * ATTN_CHUNK * (size_t)round_panel(d) +
+           (size_t)ATTN_Q_TILE * (ATTN_CHUNK + (size_t)round_panel(d));
 }
 
-/* One query row of a scale against every key of sk; with mass, the exact
- * probabilities are added to mass[j] in a second pass (as attend_row_mass). */
-static void attend_row_scale(float *out, float *mass, const float *q, const scale_keys_t *sk,
-                             float scale) {
-    const int head_dim = sk->pool->head_dim, n_keys = sk->view->len + sk->n_new;
-    float acc[MAX_HEAD_DIM], m = -INFINITY;
-    const void *k[ATTN_CHUNK], *v[ATTN_CHUNK];
-    double l = 0;
-    for (int d = 0; d < head_dim; d++)
-        acc[d] = 0;
-    for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
-        const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
-        const int n_cached = scale_keys_at(sk, j0, nj, k, v);
-        attend_chunk(acc, &m, &l, q, k, v, kv_read_type(sk->pool), n_cached, nj, head_dim, scale,
-                     NULL);
+/* The team for tiled attention: as many threads as the scratch panel holds
+ * tile buffers for. */
+static int attn_tile_team(const backend_t *be, int d) {
+    const int fit = (int)(SCRATCH_FLOATS / attn_tile_floats(d)), n = team(be);
+    return n < fit ? n : fit;
+}
+
+typedef struct attn_tile_buf {
+    float *kp, *vp, *s, *o; /* packed K and V of a block, scores, output */
+} attn_tile_buf_t;
+
+static attn_tile_buf_t attn_tile_buffers(const backend_t *be, int d) {
+    const int dp = round_panel(d);
+    float *at = (float *)((const cpu_impl_t *)be->impl)->scratch +
+                (size_t)omp_get_thread_num() * attn_tile_floats(d);
+    attn_tile_buf_t b = {at, at + (size_t)ATTN_CHUNK * dp, at + (size_t)2 * ATTN_CHUNK * dp, NULL};
+    b.o = b.s + (size_t)ATTN_Q_TILE * ATTN_CHUNK;
+    return b;
+}
+
+/* Packs keys [j0, j0 + nb) of ak: K into kp, gemm_packed's layout of an
+ * [nb, d] weight (key j, element i at (j / P) * d * P + i * P + j % P for
+ * P = GEMM_PANEL, keys past nb zero), and, unless vp is NULL, V into vp as
+ * a [d, nb] weight (element i of key j at (i / P) * nb * P + j * P + i % P,
+ * elements past d zero). Cached rows are widened to fp32 (fp8 times the
+ * view's scale). */
+static void attn_pack_block(float *kp, float *vp, const attn_keys_t *ak, int j0, int nb, int d) {
+    float kw[MAX_HEAD_DIM], vw[MAX_HEAD_DIM];
+    const int dp = round_panel(d), nbp = round_panel(nb);
+    kv_walk_t w = {0};
+    if (j0 < ak->n_cached)
+        w = walk_at(ak->pool, ak->view->blocks, j0);
+    for (int j = 0; j < nb; j++) {
+        const float *k, *v;
+        if (j0 + j < ak->n_cached) {
+            kv_row_to_f32(kw, walk_k(&w), ak->pool->dtype, d, ak->view->k_scale);
+            if (vp)
+                kv_row_to_f32(vw, walk_v(&w), ak->pool->dtype, d, ak->view->v_scale);
+            walk_next(&w);
+            k = kw, v = vw;
+        } else {
+            const size_t r = (size_t)(j0 + j - ak->n_cached) * ak->stride;
+            k = ak->k_new + r, v = ak->v_new + r;
+        }
+        float *kpan = kp + (size_t)(j / GEMM_PANEL) * d * GEMM_PANEL + j % GEMM_PANEL;
+        for (int i = 0; i < d; i++)
+            kpan[(size_t)i * GEMM_PANEL] = k[i];
+        if (!vp)
+            continue;
+        for (int i0 = 0; i0 < dp; i0 += GEMM_PANEL) {
+            float *vpan = vp + (size_t)i0 * nb + (size_t)j * GEMM_PANEL;
+            const int n = d - i0 < GEMM_PANEL ? d - i0 : GEMM_PANEL;
+            memcpy(vpan, v + i0, (size_t)n * sizeof(float));
+            memset(vpan + n, 0, (size_t)(GEMM_PANEL - n) * sizeof(float));
+        }
     }
-    const float inv = (float)(1.0 / l);
-    for (int d = 0; d < head_dim; d++)
-        out[d] = acc[d] * inv;
-    if (!mass)
-        return;
-    for (int j0 = 0; j0 < n_keys; j0 += ATTN_CHUNK) {
-        const int nj = n_keys - j0 < ATTN_CHUNK ? n_keys - j0 : ATTN_CHUNK;
-        float sc[ATTN_CHUNK];
-        const int n_cached = scale_keys_at(sk, j0, nj, k, v);
-        chunk_dots(sc, q, k, kv_read_type(sk->pool), n_cached, nj, head_dim, scale);
-        for (int j = 0; j < nj; j++)
-            mass[j0 + j] += (float)(exp((double)sc[j] - m) / l);
+    for (int j = nb; j < nbp; j++)
+        for (int i = 0; i < d; i++)
+            kp[(size_t)(j / GEMM_PANEL) * d * GEMM_PANEL + (size_t)i * GEMM_PANEL +
+               j % GEMM_PANEL] = 0;
+}
+
+/* A tile's scores against a packed block: s[r][j] = scale * (q_r . k_j)
+ * (+ bias(r, j), key j's bias for row r at bias[r * bias_row + j] where
+ * bias is not NULL), ATTN_CHUNK floats a row. */
+static void attn_tile_scores(float *s, const float *q, size_t ldq, int rows, const float *kp,
+                             int nb, int d, float scale, const float *bias, ptrdiff_t bias_row) {
+    for (int r = 0; r < rows; r++)
+        memset(s + (size_t)r * ATTN_CHUNK, 0, (size_t)nb * sizeof(float));
+    gemm_packed(rows, nb, d, q, (int)ldq, kp, DTYPE_F32, s, ATTN_CHUNK);
+    for (int r = 0; r < rows; r++) {
+        float *sr = s + (size_t)r * ATTN_CHUNK;
+        const float *br = bias ? bias + r * bias_row : NULL;
+        for (int j = 0; j < nb; j++)
+            sr[j] = sr[j] * scale + (br ? br[j] : 0.0f);
     }
+}
+
+/* Rows [r0, r0 + rows) of a pair (query and output rows ldq floats apart)
+ * against every key of ak: the online softmax over blocks, as above. With
+ * mass, each key's probability summed over the rows is added to mass[j] in
+ * a second pass, once the softmax's max m and sum l are final: p_j =
+ * exp(s_j - m) / l, exactly what weighted the values. bias, as
+ * attn_tile_scores', for row r0 (NULL: none); bias_row also steps between
+ * rows. */
+static void attend_tile(const attn_tile_buf_t *b, float *out, const float *q, size_t ldq, int rows,
+                        const attn_keys_t *ak, int d, float scale, const float *bias,
+                        ptrdiff_t bias_row, float *mass) {
+    const int dp = round_panel(d);
+    float m[ATTN_Q_TILE];
+    double l[ATTN_Q_TILE];
+    for (int r = 0; r < rows; r++) {
+        m[r] = -INFINITY, l[r] = 0;
+        memset(b->o + (size_t)r * dp, 0, (size_t)dp * sizeof(float));
+    }
+    for (int j0 = 0; j0 < ak->n_keys; j0 += ATTN_CHUNK) {
+        const int nb = ak->n_keys - j0 < ATTN_CHUNK ? ak->n_keys - j0 : ATTN_CHUNK;
+        attn_pack_block(b->kp, b->vp, ak, j0, nb, d);
+        attn_tile_scores(b->s, q, ldq, rows, b->kp, nb, d, scale, bias ? bias + j0 : NULL,
+                         bias_row);
+        for (int r = 0; r < rows; r++) {
+            float *sr = b->s + (size_t)r * ATTN_CHUNK;
+            const float cm = vec_max(sr, (size_t)nb);
+            if (cm > m[r]) {
+                const float rescale = expf(m[r] - cm); /* 0 on the first block */
+                float *o = b->o + (size_t)r * dp;
+                l[r] *= rescale;
+                for (int i = 0; i < d; i++)
+                    o[i] *= rescale;
+                m[r] = cm;
+            }
+            l[r] += vec_exp_shift_sum(sr, (size_t)nb, m[r]);
+        }
+        gemm_packed(rows, dp, nb, b->s, ATTN_CHUNK, b->vp, DTYPE_F32, b->o, dp);
+    }
+    for (int r = 0; r < rows; r++) {
+        const float inv = l[r] > 0 ? (float)(1.0 / l[r]) : 0.0f;
+        for (int i = 0; i < d; i++)
+            out[(size_t)r * ldq + i] = b->o[(size_t)r * dp + i] * inv;
+    }
+    for (int j0 = 0; mass && j0 < ak->n_keys; j0 += ATTN_CHUNK) {
+        const int nb = ak->n_keys - j0 < ATTN_CHUNK ? ak->n_keys - j0 : ATTN_CHUNK;
+        attn_pack_block(b->kp, NULL, ak, j0, nb, d);
+        attn_tile_scores(b->s, q, ldq, rows, b->kp, nb, d, scale, bias ? bias + j0 : NULL,
+                         bias_row);
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < nb; j++)
+                mass[j0 + j] +=
+                    (float)(exp((double)b->s[(size_t)r * ATTN_CHUNK + j] - m[r]) / l[r]);
+    }
+}
+
+/* The work items of a tiled attention over n_pairs (sequence, head) pairs
+ * of n_rows(pair) query rows: one per tile of a pair, or one per pair where
+ * a pair's key mass is summed (its tiles on one thread, in order). */
+static int attn_tiles(int n_rows, int per_pair) {
+    return per_pair ? 1 : (n_rows + ATTN_Q_TILE - 1) / ATTN_Q_TILE;
 }
 
 static void cpu_attention_scale(backend_t *be, float *out, const float *q, const float *k_new,
@@ -804,54 +897,43 @@ static void cpu_attention_scale(backend_t *be, float *out, const float *q, const
                                 const attn_batch_t *batch, int n_heads, float scale) {
     const int head_dim = pool->head_dim;
     assert(batch->n_seq >= 0 && n_heads >= 0 && head_dim > 0 && head_dim <= MAX_HEAD_DIM);
-    const int n_pairs = batch->n_seq * n_heads;
-    const int *q_start = batch->q_start;
+    const int n_pairs = batch->n_seq * n_heads, *q_start = batch->q_start;
     const size_t row = (size_t)n_heads * head_dim;
     int64_t work = 0;
+    int max_tiles = 0;
     for (int i = 0; i < n_pairs; i++) {
         const int n_new = q_start[i / n_heads + 1] - q_start[i / n_heads];
+        const int tiles = attn_tiles(n_new, batch->mass != NULL);
         work += (int64_t)n_new * (batch->kv[i].len + n_new);
+        max_tiles = tiles > max_tiles ? tiles : max_tiles;
     }
-#pragma omp parallel for num_threads(attn_team(be, pool)) if (work * head_dim >= PAR_MIN_WORK)     \
-    schedule(dynamic, 1)
-    for (int i = 0; i < n_pairs; i++) {
-        const int s = i / n_heads, h = i % n_heads;
-        const scale_keys_t sk = {pool,
-                                 &batch->kv[i],
-                                 q_start[s + 1] - q_start[s],
-                                 k_new + (size_t)q_start[s] * row + (size_t)h * head_dim,
-                                 v_new + (size_t)q_start[s] * row + (size_t)h * head_dim,
-                                 row,
-                                 kv_conv_buffer(be, pool)};
+    const int n_items = n_pairs * max_tiles;
+#pragma omp parallel for num_threads(                                                              \
+    attn_tile_team(be, head_dim)) if (work * head_dim >= PAR_MIN_WORK) schedule(dynamic, 1)
+    for (int it = 0; it < n_items; it++) {
+        const int i = it / max_tiles, t = it % max_tiles, s = i / n_heads, h = i % n_heads;
+        const int n_new = q_start[s + 1] - q_start[s];
+        if (t >= attn_tiles(n_new, batch->mass != NULL))
+            continue;
+        const size_t head = (size_t)q_start[s] * row + (size_t)h * head_dim;
+        const attn_keys_t ak = {pool,
+                                &batch->kv[i],
+                                batch->kv[i].len,
+                                batch->kv[i].len + n_new,
+                                k_new + head,
+                                v_new + head,
+                                row};
+        const attn_tile_buf_t b = attn_tile_buffers(be, head_dim);
         float *mass = batch->mass ? batch->mass[i] : NULL;
-        for (int r = q_start[s]; r < q_start[s + 1]; r++) {
-            const size_t at = (size_t)r * row + (size_t)h * head_dim;
-            attend_row_scale(out + at, mass, q + at, &sk, scale);
+        const int r_end = mass                            ? n_new
+                          : (t + 1) * ATTN_Q_TILE < n_new ? (t + 1) * ATTN_Q_TILE
+                                                          : n_new;
+        for (int r0 = mass ? 0 : t * ATTN_Q_TILE; r0 < r_end; r0 += ATTN_Q_TILE) {
+            const int rows = r_end - r0 < ATTN_Q_TILE ? r_end - r0 : ATTN_Q_TILE;
+            const size_t at = head + (size_t)r0 * row;
+            attend_tile(&b, out + at, q + at, row, rows, &ak, head_dim, scale, NULL, 0, mass);
         }
     }
-}
-
-/* One query row of one head against n keys (rows of stride floats), each
- * score plus bias[j] when bias is not NULL, as attend_row. */
-static void attend_row_dense(float *out, const float *q, const float *k, const float *v,
-                             size_t stride, int n, int head_dim, float scale, const float *bias) {
-    float acc[MAX_HEAD_DIM], m = -INFINITY;
-    const void *kp[ATTN_CHUNK], *vp[ATTN_CHUNK];
-    double l = 0;
-    for (int d = 0; d < head_dim; d++)
-        acc[d] = 0;
-    for (int j0 = 0; j0 < n; j0 += ATTN_CHUNK) {
-        const int nj = n - j0 < ATTN_CHUNK ? n - j0 : ATTN_CHUNK;
-        for (int j = 0; j < nj; j++) {
-            kp[j] = k + (size_t)(j0 + j) * stride;
-            vp[j] = v + (size_t)(j0 + j) * stride;
-        }
-        attend_chunk(acc, &m, &l, q, kp, vp, DTYPE_F32, nj, nj, head_dim, scale,
-                     bias ? bias + j0 : NULL);
-    }
-    const float inv = l > 0 ? (float)(1.0 / l) : 0.0f;
-    for (int d = 0; d < head_dim; d++)
-        out[d] = acc[d] * inv;
 }
 
 static void cpu_attention_dense(backend_t *be, float *out, const float *q, const float *k,
@@ -861,23 +943,31 @@ static void cpu_attention_dense(backend_t *be, float *out, const float *q, const
     assert(n_seq >= 0 && n_heads > 0 && head_dim > 0 && head_dim <= MAX_HEAD_DIM);
     const size_t row = (size_t)n_heads * head_dim;
     int64_t work = 0;
-    for (int s = 0; s < n_seq; s++)
-        work += (int64_t)(q_start[s + 1] - q_start[s]) * (k_start[s + 1] - k_start[s]);
-    const int n_pairs = n_seq * n_heads;
-#pragma omp parallel for num_threads(team(be)) if (work * row >= PAR_MIN_WORK) schedule(dynamic, 1)
-    for (int i = 0; i < n_pairs; i++) {
-        const int s = i / n_heads, h = i % n_heads, nk = k_start[s + 1] - k_start[s];
-        const float *ks = k + (size_t)k_start[s] * kv_stride + (size_t)h * head_dim;
-        const float *vs = v + (size_t)k_start[s] * kv_stride + (size_t)h * head_dim;
-        for (int r = q_start[s]; r < q_start[s + 1]; r++) {
-            const int qi = r - q_start[s];
-            const size_t at = (size_t)r * row + (size_t)h * head_dim;
-            /* Key j's bias is at (j - qi) + span - 1: the row's biases start there. */
-            const float *b =
-                bias ? bias + (size_t)h * (2 * bias_span - 1) + (bias_span - 1 - qi) : NULL;
-            assert(!bias || (qi < bias_span && nk <= bias_span));
-            attend_row_dense(out + at, q + at, ks, vs, (size_t)kv_stride, nk, head_dim, scale, b);
-        }
+    int max_tiles = 0;
+    for (int s = 0; s < n_seq; s++) {
+        const int n_rows = q_start[s + 1] - q_start[s], tiles = attn_tiles(n_rows, 0);
+        work += (int64_t)n_rows * (k_start[s + 1] - k_start[s]);
+        max_tiles = tiles > max_tiles ? tiles : max_tiles;
+    }
+    const int n_items = n_seq * n_heads * max_tiles;
+#pragma omp parallel for num_threads(attn_tile_team(be, head_dim)) if (work * row >= PAR_MIN_WORK) \
+    schedule(dynamic, 1)
+    for (int it = 0; it < n_items; it++) {
+        const int i = it / max_tiles, t = it % max_tiles, s = i / n_heads, h = i % n_heads;
+        const int r0 = t * ATTN_Q_TILE, n_rows = q_start[s + 1] - q_start[s];
+        if (r0 >= n_rows)
+            continue;
+        const int rows = n_rows - r0 < ATTN_Q_TILE ? n_rows - r0 : ATTN_Q_TILE;
+        const int nk = k_start[s + 1] - k_start[s];
+        const size_t kv_at = (size_t)k_start[s] * kv_stride + (size_t)h * head_dim;
+        const attn_keys_t ak = {NULL, NULL, 0, nk, k + kv_at, v + kv_at, (size_t)kv_stride};
+        /* Key j's bias for row qi is at (j - qi) + span - 1: the row's biases start there. */
+        const float *b =
+            bias ? bias + (size_t)h * (2 * bias_span - 1) + (bias_span - 1 - r0) : NULL;
+        assert(!bias || (n_rows <= bias_span && nk <= bias_span));
+        const size_t at = ((size_t)q_start[s] + (size_t)r0) * row + (size_t)h * head_dim;
+        const attn_tile_buf_t bufs = attn_tile_buffers(be, head_dim);
+        attend_tile(&bufs, out + at, q + at, row, rows, &ak, head_dim, scale, b, -1, NULL);
     }
 }
 
@@ -940,10 +1030,10 @@ static void cpu_gelu(backend_t *be, float *x, size_t n) {
 }
 
 static void cpu_gelu_tanh(backend_t *be, float *x, size_t n) {
-    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    const size_t slice = 16384, n_slices = (n + slice - 1) / slice;
 #pragma omp parallel for num_threads(team(be)) if (n >= PAR_MIN_WORK)
-    for (size_t i = 0; i < n; i++)
-        x[i] = 0.5f * x[i] * (1.0f + tanhf(k * (x[i] + 0.044715f * x[i] * x[i] * x[i])));
+    for (size_t s = 0; s < n_slices; s++)
+        vec_gelu_tanh(x + s * slice, n - s * slice < slice ? n - s * slice : slice);
 }
 
 /* Mean and variance in double, as a reference should. */

@@ -54,6 +54,48 @@ DEFINE_SILU(avx512, __attribute__((target("avx512f"))))
 DEFINE_SILU(avx2, __attribute__((target("avx2,fma"))))
 DEFINE_SILU(portable, )
 
+/* GELU's tanh form through 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)); the
+ * softmax's pieces: exponentials summed in double, a maximum. */
+#define DEFINE_SOFTMAX_PARTS(suffix, target)                                                       \
+    target static void gelu_tanh_##suffix(float *x, size_t n) {                                    \
+        _Pragma("omp simd") for (size_t i = 0; i < n; i++) {                                       \
+            const float u = 0.7978845608028654f * (x[i] + 0.044715f * x[i] * x[i] * x[i]);         \
+            x[i] = x[i] / (1.0f + exp_body(-2.0f * u));                                            \
+        }                                                                                          \
+    }                                                                                              \
+    target static double exp_shift_sum_##suffix(float *x, size_t n, float m) {                     \
+        double sum = 0;                                                                            \
+        _Pragma("omp simd reduction(+ : sum)") for (size_t i = 0; i < n; i++) {                    \
+            x[i] = exp_body(x[i] - m);                                                             \
+            sum += x[i];                                                                           \
+        }                                                                                          \
+        return sum;                                                                                \
+    }                                                                                              \
+    target static float max_##suffix(const float *x, size_t n) {                                   \
+        float m = -INFINITY;                                                                       \
+        _Pragma("omp simd reduction(max : m)") for (size_t i = 0; i < n; i++) m =                  \
+            x[i] > m ? x[i] : m;                                                                   \
+        return m;                                                                                  \
+    }
+
+DEFINE_SOFTMAX_PARTS(avx512, __attribute__((target("avx512f"))))
+DEFINE_SOFTMAX_PARTS(avx2, __attribute__((target("avx2,fma"))))
+DEFINE_SOFTMAX_PARTS(portable, )
+
+/* Calls the instruction set's version of fn. */
+#define VEC_DISPATCH(fn, ...)                                                                      \
+    (vec_isa() == VEC_AVX512 ? fn##_avx512(__VA_ARGS__)                                            \
+     : vec_isa() == VEC_AVX2 ? fn##_avx2(__VA_ARGS__)                                              \
+                             : fn##_portable(__VA_ARGS__))
+
+void vec_gelu_tanh(float *x, size_t n) { VEC_DISPATCH(gelu_tanh, x, n); }
+
+double vec_exp_shift_sum(float *x, size_t n, float m) {
+    return VEC_DISPATCH(exp_shift_sum, x, n, m);
+}
+
+float vec_max(const float *x, size_t n) { return VEC_DISPATCH(max, x, n); }
+
 float vec_exp(float x) { return exp_body(x); }
 
 void vec_silu(float *x, size_t n) {

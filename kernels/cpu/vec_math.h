@@ -1,4 +1,4 @@
-/* The CPU backend's element-wise SiLU, vectorised for the machine
+/* The CPU backend's element-wise SiLU, GELU and softmax parts, vectorised for the machine
  * (vec_isa.h) around a polynomial exp: libm's expf is a call per element,
  * which no compiler vectorises, and it was a tenth of an image decode. */
 #ifndef ARSERVE_VEC_MATH_H
@@ -16,5 +16,15 @@ void vec_silu(float *x, size_t n);
 
 /* out[i] = gate[i] / (1 + e^-gate[i]) * up[i] for i < n; out may be gate or up. */
 void vec_silu_mul(float *out, const float *gate, const float *up, size_t n);
+
+/* x[i] = x[i] * (1 + tanh(u)) / 2 with u = sqrt(2 / pi) (x[i] + 0.044715 x[i]^3)
+ * (GELU's tanh form), for i < n. */
+void vec_gelu_tanh(float *x, size_t n);
+
+/* x[i] = e^(x[i] - m) for i < n; returns their sum, added in double. */
+double vec_exp_shift_sum(float *x, size_t n, float m);
+
+/* The largest x[i], i < n (-inf for n = 0); NaNs are passed over. */
+float vec_max(const float *x, size_t n);
 
 #endif

@@ -1558,11 +1558,14 @@ static void test_attention_scale_ragged_paged_against_dense(void) {
 }
 
 /* Scores in the thousands, so the running maximum moves between cached and
- * new keys (rescaling the sums): 1e-5 abs + 1e-4 rel. */
+ * new keys (rescaling the sums). A float's step at 1000 is 6e-5, and a
+ * score's rounding moves its probability by as much relatively; the scores
+ * are GEMM outputs, one chain of head_dim multiply-adds each (PyTorch's
+ * accuracy): 5e-5 abs + 1e-4 rel. */
 static void test_attention_scale_large_scores(void) {
     enum { SEQS = 3, H = 2 };
     const int n_new[SEQS] = {2, 7, 5}, cache_len[SEQS * H] = {517, 0, 300, 61, 9, 256};
-    check_attention_scale(SEQS, n_new, cache_len, H, 16, 16, 8, 1.0f, 1e-5, 1e-4);
+    check_attention_scale(SEQS, n_new, cache_len, H, 16, 16, 8, 1.0f, 5e-5, 1e-4);
 }
 
 /* By hand: all keys 0 (every score equal), so each output is the plain mean

@@ -76,7 +76,7 @@ def existing_parent(path: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m tools.release_shapes", description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", nargs="?", choices=releases.MODELS)
+    ap.add_argument("model", nargs="?", choices=releases.MODELS + releases.BENCH_MODELS)
     ap.add_argument("out_dir", nargs="?")
     ap.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
     ap.add_argument("--tiny", action="store_true", help="same layout at a small width and depth")

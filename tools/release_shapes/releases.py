@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from . import nets, tables, tokenizers_out
 
 MODELS = ("janus-pro-1b", "janus-pro-7b", "llamagen-xl", "var-d30", "infinity-2b", "infinity-8b")
+# Not releases: the mid sizes the next-scale speed bench (bench/scale_bench.py) times, laid out
+# as infinity-2b's release (width 1024, depth 16, 16 heads; the 2B's d32 VAE; a tiny T5)
+BENCH_MODELS = ("infinity-mid",)
 VAR_PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
 HF_MAX_SHARD = 10 * 10 ** 9  # transformers' max_shard_size="10GB" of the time the releases were saved
 
@@ -281,8 +284,12 @@ def t5_files(tiny: bool) -> list:
 
 def infinity_release(model: str, tiny: bool) -> Release:
     eight = model == "infinity-8b"
-    t5c = T5_TINY if tiny else T5_FULL
-    if tiny:
+    mid = model == "infinity-mid"
+    t5c = T5_TINY if tiny or mid else T5_FULL
+    if mid and not tiny:
+        depth, C, H = 16, 1024, 16
+        vae = nets.infinity_bsq_vae("f32")
+    elif tiny:
         depth, C, H = 8, 128, 2
         vae = (nets.infinity_bsq_vae("f32", base=32, ch_mult=(1, 2, 4, 4), codebook_dim=14, patch=8) if eight
                else nets.infinity_bsq_vae("f32", base=32))
@@ -308,7 +315,7 @@ def infinity_release(model: str, tiny: bool) -> Release:
     else:
         files = [File("infinity_2b_reg.pth", "torch", tr),
                  File("infinity_vae_d32reg.pth", "torch", vae, wrap="vae")]
-    return Release(model, tiny, files + t5_files(tiny))
+    return Release(model, tiny, files + t5_files(tiny or mid))
 
 
 def release(model: str, tiny: bool = False) -> Release:
