@@ -202,14 +202,16 @@ static int write_values(const char *flag, const char *path, const void *p, size_
 }
 
 static int run_steps(gen_request_t *req, backend_t *be, int show, FILE *logits_out,
-                     backend_stats_t *counts, ar_error_t *err) {
+                     backend_stats_t *counts, double *step_s, ar_error_t *err) {
     const double t0 = clock_now_s();
     gen_request_t *batch[1] = {req};
     backend_stats_t before, after;
     backend_stats(be, &before);
     while (!gen_request_done(req)) {
+        const double ts = clock_now_s();
         if (gen_step(batch, 1, err) != AR_OK)
             return AR_ERR;
+        step_s[req->step - 1] = clock_now_s() - ts;
         if (logits_out &&
             fwrite(req->logits, sizeof(float), req->n_logits, logits_out) != req->n_logits)
             return ar_errorf(err, "--logits-out: cannot write step %d's logits", req->step - 1);
@@ -219,6 +221,19 @@ static int run_steps(gen_request_t *req, backend_t *be, int show, FILE *logits_o
     backend_stats(be, &after);
     backend_stats_add(counts, &after, &before);
     return AR_OK;
+}
+
+/* -v: where the time went: the steps (each one's where there are few, as a
+ * next-scale model's scales; the first includes the prompt's encoder) and
+ * the decoder with the PNG. */
+static void print_times(const double *step_s, int n_steps, double decode_s) {
+    double sum = 0;
+    for (int i = 0; i < n_steps; i++)
+        sum += step_s[i];
+    fprintf(stderr, "time: %d steps %.2f s", n_steps, sum);
+    for (int i = 0; n_steps <= 16 && i < n_steps; i++)
+        fprintf(stderr, "%s%.2f", i ? " " : " (", step_s[i]);
+    fprintf(stderr, "%s, decoder and PNG %.2f s\n", n_steps <= 16 ? ")" : "", decode_s);
 }
 
 /* -v: what a step cost the backend, or why there is nothing to count. */
@@ -249,6 +264,7 @@ static int generate(const generate_args_t *a, backend_t *be) {
     int *uncond = malloc(MODEL_MAX_PROMPT_TOKENS * sizeof(int));
     uint8_t *rgb = NULL;
     int *forced = NULL;
+    double *step_s = NULL;
     FILE *logits_out = NULL;
     int n_prompt = 0, rc = 1, loaded = 0;
     const double t0 = clock_now_s();
@@ -337,11 +353,13 @@ static int generate(const generate_args_t *a, backend_t *be) {
         fprintf(stderr, "arserve generate: --logits-out: cannot write %s\n", a->logits_out);
         goto out;
     }
-    if (run_steps(&req, be, !a->quiet && isatty(STDERR_FILENO), logits_out, &counts, &err) !=
-        AR_OK) {
+    if (!(step_s = calloc((size_t)req.n_steps, sizeof *step_s)) ||
+        run_steps(&req, be, !a->quiet && isatty(STDERR_FILENO), logits_out, &counts, step_s,
+                  &err) != AR_OK) {
         fprintf(stderr, "arserve generate: %s\n", err.msg);
         goto out;
     }
+    const double t_decode = clock_now_s();
     FILE *written = logits_out;
     logits_out = NULL;
     if ((written && fclose(written) != 0 &&
@@ -369,6 +387,7 @@ static int generate(const generate_args_t *a, backend_t *be) {
                 kv_policy_name(policy.kind), budget,
                 (double)pool.peak_in_use * kv_pool_bytes_per_block(&pool) / 1048576.0,
                 (double)planned / 1048576.0);
+        print_times(step_s, req.n_steps, t2 - t_decode);
         print_step_counts(be, &counts, req.n_steps);
     }
     rc = 0;
@@ -377,6 +396,7 @@ out:
     if (logits_out)
         fclose(logits_out);
     free(forced);
+    free(step_s);
     gen_request_free(&req);
     kv_pool_free(&pool);
     if (loaded)
@@ -474,8 +494,10 @@ int cmd_generate(int argc, char **argv, char **envp) {
                  "a next-scale step, with --teacher-force: 2 x the scale's tokens x vocabulary)"},
         {"quiet", 'q', CLI_BOOL, &a.quiet, .help = "no progress bar and no summary"},
         {"verbose", 'v', CLI_BOOL, &a.verbose,
-         .help = "also the KV cache's policy and its peak, held and planned, and what a step "
-                 "cost the backend: kernel launches, copies each way and stream waits per step "
+         .help = "also the KV cache's policy and its peak, held and planned, where the time "
+                 "went (the steps, each one's for a next-scale model, and the decoder), and "
+                 "what a step cost the backend: kernel launches, copies each way and stream waits "
+                 "per step "
                  "(a device backend), and its peak device memory"},
         {0}};
     int help = 0, rc = cli_flags_parse("generate", flags, argc, argv, &help);

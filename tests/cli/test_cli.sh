@@ -153,6 +153,19 @@ for p in full streaming; do
     then ok "generate --kv-policy $p: the KV peak held is the planned one ($held MiB)"
     else fail "generate --kv-policy $p -v" "$(cat "$tmp/err")"; fi
 done
+# -v says where the time went: each of a next-scale model's steps (its scales)
+# and the decoder; the steps' times add up to the total printed.
+if "$bin" generate --model "$inf" --prompt "a red circle" -v -o "$tmp/t.png" 2>"$tmp/err" &&
+   line=$(grep "^time: " "$tmp/err") &&
+   python3 - "$line" <<'PY'
+import re, sys
+m = re.fullmatch(r"time: (\d+) steps ([0-9.]+) s \(([0-9. ]+)\), decoder and PNG ([0-9.]+) s", sys.argv[1])
+steps = [float(t) for t in m.group(3).split()]
+assert len(steps) == int(m.group(1)) == 7, steps
+assert abs(sum(steps) - float(m.group(2))) <= 0.005 * len(steps) + 1e-9, (steps, m.group(2))
+PY
+then ok "generate -v times each scale and the decoder ($line)"
+else fail "generate -v's time line" "$(cat "$tmp/err")"; fi
 if "$bin" generate --model "$model" --prompt-ids 10,11,12 --kv-policy streaming --kv-budget 0.5 \
         -v -o "$tmp/p.png" 2>"$tmp/err" && grep -q "^KV cache: streaming at budget 0.5," "$tmp/err"
 then ok "generate --kv-budget sets the budget"
