@@ -27,6 +27,7 @@ typedef struct generate_args {
     int verbose;
     int batch_invariant; /* backend.h's batch_invariant */
     int activations;     /* backend.h's backend_activations_t */
+    int cpu_activations; /* backend.h's backend_cpu_activations_t */
     int graphs;          /* backend.h's backend_graphs_t */
     int kv_policy;       /* a kv_policy_kind_t */
     double kv_budget;    /* <= 0: the policy's own */
@@ -464,6 +465,11 @@ int cmd_generate(int argc, char **argv, char **envp) {
          .help = "GPU backends with 16-bit weights, as serve's gpu_activations: bf16 (default), "
                  "activations rounded to the weights' type for their GEMMs, or split, within "
                  "rounding of the CPU at twice the GEMM work"},
+        {"cpu-activations", 0, CLI_CHOICE, &a.cpu_activations,
+         .choices = backend_cpu_activations_names, .metavar = "f32|bf16",
+         .help = "the CPU backend, as serve's cpu_activations: f32 (default), or activations "
+                 "rounded to bf16 for the GEMMs of bf16 Linear weights, as PyTorch's bf16 "
+                 "autocast (AMX tiles where the CPU has them)"},
         {"gpu-graphs", 0, CLI_CHOICE, &a.graphs, .choices = backend_graphs_names,
          .metavar = "on|off",
          .help = "GPU backends, as serve's gpu_graphs: each step captured into a CUDA graph and "
@@ -530,6 +536,7 @@ int cmd_generate(int argc, char **argv, char **envp) {
     }
     be->batch_invariant = a.batch_invariant;
     be->activations = (backend_activations_t)a.activations;
+    be->cpu_activations = (backend_cpu_activations_t)a.cpu_activations;
     be->graphs = (backend_graphs_t)a.graphs;
     rc = generate(&a, be);
     be->destroy(be);

@@ -253,6 +253,11 @@ static const setting_t SETTINGS[] = {
                  "type for their GEMMs (fp32 accumulation, as GPU servers and transformers in "
                  "bf16 multiply); split, each activation as two 16-bit halves, within rounding of "
                  "the CPU at twice the GEMM work. The CPU computes in fp32 either way"),
+    ENUM_SETTING(cpu_activations, "f32", backend_cpu_activations_names, "f32|bf16",
+                 "The CPU backend with bf16 weights: f32, activations multiplied in fp32 (the "
+                 "reference); bf16, rounded to bf16 for the Linear GEMMs as PyTorch's bf16 "
+                 "autocast does, on AMX tiles where the CPU has them (several times the GEMM "
+                 "speed there; docs/cpu-kernels.md gives the logit error)"),
     ENUM_SETTING(gpu_graphs, "on", backend_graphs_names, "on|off",
                  "GPU backends: each step (what is queued between two waits for the device) "
                  "captured into a CUDA graph and launched as one, with the step's host arrays in "
@@ -308,9 +313,10 @@ static const setting_t SETTINGS[] = {
 /* serve --help's topics, each setting under one (a KV knob under "KV
  * cache"), in the table's order within each; test_config checks that every
  * setting has one. */
-static const char *const GROUP_MODEL[] = {
-    "model",           "backend",    "threads",         "draw_threads",  "png_workers",
-    "gpu_activations", "gpu_graphs", "batch_invariant", "check_weights", NULL};
+static const char *const GROUP_MODEL[] = {"model",           "backend",     "threads",
+                                          "draw_threads",    "png_workers", "gpu_activations",
+                                          "cpu_activations", "gpu_graphs",  "batch_invariant",
+                                          "check_weights",   NULL};
 static const char *const GROUP_NETWORK[] = {"host",
                                             "port",
                                             "api_key_file",

@@ -61,6 +61,7 @@ typedef struct server_config {
     char check_weights[4];       /* "on": every weight must be finite at load */
     char batch_invariant[4];     /* "on": a GEMM per sequence where rows depend on the batch */
     char gpu_activations[8];     /* backend_activations_names: "bf16" or "split" */
+    char cpu_activations[8];     /* backend_cpu_activations_names: "f32" or "bf16" */
     char gpu_graphs[4];          /* backend_graphs_names: "on" or "off" */
 
     /* Derived, not settings of their own: */

@@ -315,6 +315,8 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
     d->be->batch_invariant = server_config_on(cfg->batch_invariant);
     d->be->activations = (backend_activations_t)server_config_choice(cfg->gpu_activations,
                                                                      backend_activations_names);
+    d->be->cpu_activations = (backend_cpu_activations_t)server_config_choice(
+        cfg->cpu_activations, backend_cpu_activations_names);
     d->be->graphs = (backend_graphs_t)server_config_choice(cfg->gpu_graphs, backend_graphs_names);
     const double t0 = clock_now_s();
     const unsigned load_flags = server_config_on(cfg->check_weights) ? 0 : MODEL_LOAD_UNCHECKED;

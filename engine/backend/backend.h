@@ -123,6 +123,15 @@ typedef enum { ACTIVATIONS_16BIT = 0, ACTIVATIONS_SPLIT } backend_activations_t;
 /* Their setting names, in the enum's order, NULL-terminated: "bf16", "split". */
 extern const char *const backend_activations_names[];
 
+/* How the CPU backend multiplies activations by bf16 Linear weights: in
+ * fp32 (F32, the default and the reference), or rounded to bf16 first as
+ * PyTorch's bf16 autocast does (BF16: on AMX tiles where the CPU has them,
+ * kernels/cpu/gemm_amx.h, else through the fp32 kernels), at 8 bits of
+ * mantissa. Other weights' GEMMs are fp32 either way. */
+typedef enum { CPU_ACTIVATIONS_F32 = 0, CPU_ACTIVATIONS_BF16 } backend_cpu_activations_t;
+/* Their setting names, in the enum's order, NULL-terminated: "f32", "bf16". */
+extern const char *const backend_cpu_activations_names[];
+
 /* Whether a device backend captures each step (what it queues between two
  * waits for its stream) into a graph and launches that (ON, the default),
  * or launches each op's kernels as the op is called (OFF). The bytes are
@@ -146,6 +155,9 @@ struct backend {
      * --gpu-activations): how a device backend feeds fp32 activations to
      * GEMMs with 16-bit weights. The CPU computes in fp32 whatever it says. */
     backend_activations_t activations;
+    /* Set the same way (serve's cpu_activations, --cpu-activations): the CPU
+     * backend's; device backends ignore it. */
+    backend_cpu_activations_t cpu_activations;
     /* Set the same way (serve's gpu_graphs, --gpu-graphs); the CPU has no
      * graphs. */
     backend_graphs_t graphs;

@@ -6,6 +6,7 @@
 
 const char *const backend_activations_names[] = {"bf16", "split", NULL};
 const char *const backend_graphs_names[] = {"on", "off", NULL};
+const char *const backend_cpu_activations_names[] = {"f32", "bf16", NULL};
 
 int backend_check_weight(const char *backend, const void *host_src, dtype_t dtype, int ndim,
                          const int64_t *shape, int64_t *numel, ar_error_t *err) {

@@ -7,6 +7,7 @@
  * all threading is OpenMP, where the work is large enough to pay. */
 #include "engine/backend/backend.h"
 #include "kernels/cpu/conv_winograd.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/gemm_rows.h"
 #include "kernels/cpu/vec_attn.h"
@@ -42,6 +43,10 @@
 typedef struct cpu_impl {
     int n_threads; /* OpenMP team size for threaded loops */
     void *scratch; /* SCRATCH_FLOATS floats, see above */
+    /* cpu_activations bf16: a GEMM's activations rounded (matmul_bf16),
+     * grown to the largest GEMM's; NULL until the first. */
+    void *rounded;
+    size_t rounded_bytes;
 } cpu_impl_t;
 
 static int team(const backend_t *be) { return ((const cpu_impl_t *)be->impl)->n_threads; }
@@ -306,6 +311,70 @@ static void matmul_packed(const backend_t *be, float *y, const float *x, const t
     }
 }
 
+/* Rows a GEMM needs before cpu_activations bf16 takes the AMX tiles: below,
+ * interleaving the weight's panels costs more than the tiles save. */
+#define AMX_MIN_ROWS 32
+
+/* The rounded-activations buffer, at least bytes long; NULL when it cannot
+ * grow (the caller multiplies in fp32 instead). */
+static void *rounded_buffer(const backend_t *be, size_t bytes) {
+    cpu_impl_t *impl = be->impl;
+    if (impl->rounded_bytes >= bytes)
+        return impl->rounded;
+    void *p = cpu_alloc(NULL, bytes);
+    if (!p)
+        return NULL;
+    free(impl->rounded);
+    impl->rounded = p;
+    impl->rounded_bytes = bytes;
+    return p;
+}
+
+/* cpu_activations bf16 on a bf16 Linear weight: x rounded to bf16 once,
+ * then, with AMX, pairs of panels split over the team (each thread
+ * interleaving its panels in its share of the scratch panel); without, the
+ * rounded values widened back to fp32 through gemm_packed. 0 where the
+ * buffer cannot grow, and nothing done. */
+static int matmul_bf16(const backend_t *be, float *y, const float *x, const tensor_t *w, int m,
+                       int n, int k) {
+    const int nt = (int64_t)m * n * k >= GEMM_PAR_MIN_WORK ? team(be) : 1;
+    if (gemm_amx_usable() && m >= AMX_MIN_ROWS &&
+        gemm_amx_scratch_elems(k) * sizeof(uint16_t) * (size_t)nt <=
+            SCRATCH_FLOATS * sizeof(float)) {
+        const int mp = gemm_amx_pad(m), kp = gemm_amx_pad(k);
+        uint16_t *xb = rounded_buffer(be, (size_t)mp * kp * sizeof(uint16_t));
+        if (!xb)
+            return 0;
+        const int pairs = (n + 2 * GEMM_PANEL - 1) / (2 * GEMM_PANEL);
+#pragma omp parallel num_threads(nt)
+        {
+            const int t = omp_get_thread_num(), nth = omp_get_num_threads();
+            gemm_amx_round(xb, x, k, m, k, (int)split_at(mp, t, nth, 1),
+                           (int)split_at(mp, t + 1, nth, 1));
+#pragma omp barrier
+            const int lo = (int)split_at(pairs, t, nth, 1),
+                      hi = (int)split_at(pairs, t + 1, nth, 1);
+            const int c0 = lo * 2 * GEMM_PANEL,
+                      c1 = hi * 2 * GEMM_PANEL < n ? hi * 2 * GEMM_PANEL : n;
+            uint16_t *scratch = (uint16_t *)((const cpu_impl_t *)be->impl)->scratch +
+                                (size_t)t * gemm_amx_scratch_elems(k);
+            if (c1 > c0)
+                gemm_amx(m, c1 - c0, k, xb, gemm_packed_panel(w->data, w->dtype, k, 2 * lo), y + c0,
+                         n, scratch);
+        }
+        return 1;
+    }
+    float *xr = rounded_buffer(be, (size_t)m * k * sizeof(float));
+    if (!xr)
+        return 0;
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+    for (int r = 0; r < m; r++)
+        for (int i = 0; i < k; i++)
+            xr[(size_t)r * k + i] = bf16_to_f32(f32_to_bf16(x[(size_t)r * k + i]));
+    matmul_packed(be, y, xr, w, m, n, k);
+    return 1;
+}
+
 /* y is written first (bias rows or zeros) and the GEMM accumulates into it:
  * with beta = 0 some OpenBLAS versions scale y by zero, which keeps a NaN
  * left in an uninitialised output. */
@@ -317,6 +386,9 @@ static void matmul_one(backend_t *be, float *y, const float *x, const tensor_t *
         else
             memset(y + (size_t)r * n, 0, (size_t)n * sizeof(float));
     }
+    if (k > 0 && w->layout == LAYOUT_LINEAR && w->dtype == DTYPE_BF16 &&
+        be->cpu_activations == CPU_ACTIVATIONS_BF16 && matmul_bf16(be, y, x, w, m, n, k))
+        return;
     if (k > 0 && w->layout == LAYOUT_LINEAR)
         matmul_packed(be, y, x, w, m, n, k);
     else if (k > 0 && w->dtype == DTYPE_F32)
@@ -746,11 +818,23 @@ typedef struct attn_keys {
 
 static int round_panel(int n) { return (n + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL; }
 
+/* cpu_activations bf16 on a CPU with AMX: attention's two products on the
+ * tiles too (kernels/cpu/gemm_amx.h), Q, K, V and the softmax's weights
+ * rounded to bf16 as PyTorch's bf16 autocast feeds its attention. The bf16
+ * copies, in elements: the tile's Q and weights (rows padded to 32), the
+ * block's K and V (panels as the fp32 ones), the tiles' interleaving. */
+static size_t attn_bf16_elems(int d) {
+    const size_t dp = (size_t)round_panel(d), d32 = (size_t)gemm_amx_pad(d);
+    const int deepest = d > ATTN_CHUNK ? d : ATTN_CHUNK;
+    return ATTN_Q_TILE * (d32 + ATTN_CHUNK) + 2 * ATTN_CHUNK * dp + gemm_amx_scratch_elems(deepest);
+}
+
 /* Floats of one thread's tile buffers at head dimension d: the packed K and
- * V of a block, a tile's scores and its output. */
+ * V of a block, a tile's scores and its output, the bf16 copies. */
 static size_t attn_tile_floats(int d) {
     return (size_t)2 * ATTN_CHUNK * (size_t)round_panel(d) +
-           (size_t)ATTN_Q_TILE * (ATTN_CHUNK + (size_t)round_panel(d));
+           (size_t)ATTN_Q_TILE * (ATTN_CHUNK + (size_t)round_panel(d)) +
+           (attn_bf16_elems(d) + 1) / 2;
 }
 
 /* The team for tiled attention: as many threads as the scratch panel holds
@@ -761,15 +845,23 @@ static int attn_tile_team(const backend_t *be, int d) {
 }
 
 typedef struct attn_tile_buf {
-    float *kp, *vp, *s, *o; /* packed K and V of a block, scores, output */
+    float *kp, *vp, *s, *o;              /* packed K and V of a block, scores, output */
+    int amx;                             /* the products on AMX tiles, in bf16 */
+    uint16_t *qb, *pb, *kb, *vb, *tiles; /* their bf16 copies, gemm_amx's scratch */
 } attn_tile_buf_t;
 
 static attn_tile_buf_t attn_tile_buffers(const backend_t *be, int d) {
-    const int dp = round_panel(d);
+    const size_t dp = (size_t)round_panel(d);
     float *at = (float *)((const cpu_impl_t *)be->impl)->scratch +
                 (size_t)omp_get_thread_num() * attn_tile_floats(d);
-    attn_tile_buf_t b = {at, at + (size_t)ATTN_CHUNK * dp, at + (size_t)2 * ATTN_CHUNK * dp, NULL};
+    attn_tile_buf_t b = {.kp = at, .vp = at + ATTN_CHUNK * dp, .s = at + 2 * ATTN_CHUNK * dp};
     b.o = b.s + (size_t)ATTN_Q_TILE * ATTN_CHUNK;
+    b.amx = be->cpu_activations == CPU_ACTIVATIONS_BF16 && gemm_amx_usable();
+    b.qb = (uint16_t *)(b.o + ATTN_Q_TILE * dp);
+    b.pb = b.qb + (size_t)ATTN_Q_TILE * gemm_amx_pad(d);
+    b.kb = b.pb + (size_t)ATTN_Q_TILE * ATTN_CHUNK;
+    b.vb = b.kb + ATTN_CHUNK * dp;
+    b.tiles = b.vb + ATTN_CHUNK * dp;
     return b;
 }
 
@@ -815,14 +907,21 @@ static void attn_pack_block(float *kp, float *vp, const attn_keys_t *ak, int j0,
                j % GEMM_PANEL] = 0;
 }
 
-/* A tile's scores against a packed block: s[r][j] = scale * (q_r . k_j)
- * (+ bias(r, j), key j's bias for row r at bias[r * bias_row + j] where
- * bias is not NULL), ATTN_CHUNK floats a row. */
-static void attn_tile_scores(float *s, const float *q, size_t ldq, int rows, const float *kp,
-                             int nb, int d, float scale, const float *bias, ptrdiff_t bias_row) {
+/* A tile's scores against the packed block in b: s[r][j] = scale * (q_r .
+ * k_j) (+ bias(r, j), key j's bias for row r at bias[r * bias_row + j]
+ * where bias is not NULL), ATTN_CHUNK floats a row; on the tiles, from the
+ * bf16 copies (b->qb, the block's K rounded here). */
+static void attn_tile_scores(const attn_tile_buf_t *b, const float *q, size_t ldq, int rows, int nb,
+                             int d, float scale, const float *bias, ptrdiff_t bias_row) {
+    float *s = b->s;
     for (int r = 0; r < rows; r++)
         memset(s + (size_t)r * ATTN_CHUNK, 0, (size_t)nb * sizeof(float));
-    gemm_packed(rows, nb, d, q, (int)ldq, kp, DTYPE_F32, s, ATTN_CHUNK);
+    if (b->amx) {
+        gemm_amx_to_bf16(b->kb, b->kp, gemm_packed_elems(nb, d));
+        gemm_amx(rows, nb, d, b->qb, b->kb, s, ATTN_CHUNK, b->tiles);
+    } else {
+        gemm_packed(rows, nb, d, q, (int)ldq, b->kp, DTYPE_F32, s, ATTN_CHUNK);
+    }
     for (int r = 0; r < rows; r++) {
         float *sr = s + (size_t)r * ATTN_CHUNK;
         const float *br = bias ? bias + r * bias_row : NULL;
@@ -848,11 +947,12 @@ static void attend_tile(const attn_tile_buf_t *b, float *out, const float *q, si
         m[r] = -INFINITY, l[r] = 0;
         memset(b->o + (size_t)r * dp, 0, (size_t)dp * sizeof(float));
     }
+    if (b->amx)
+        gemm_amx_round(b->qb, q, (int)ldq, rows, d, 0, gemm_amx_pad(rows));
     for (int j0 = 0; j0 < ak->n_keys; j0 += ATTN_CHUNK) {
         const int nb = ak->n_keys - j0 < ATTN_CHUNK ? ak->n_keys - j0 : ATTN_CHUNK;
         attn_pack_block(b->kp, b->vp, ak, j0, nb, d);
-        attn_tile_scores(b->s, q, ldq, rows, b->kp, nb, d, scale, bias ? bias + j0 : NULL,
-                         bias_row);
+        attn_tile_scores(b, q, ldq, rows, nb, d, scale, bias ? bias + j0 : NULL, bias_row);
         for (int r = 0; r < rows; r++) {
             float *sr = b->s + (size_t)r * ATTN_CHUNK;
             const float cm = vec_max(sr, (size_t)nb);
@@ -866,7 +966,13 @@ static void attend_tile(const attn_tile_buf_t *b, float *out, const float *q, si
             }
             l[r] += vec_exp_shift_sum(sr, (size_t)nb, m[r]);
         }
-        gemm_packed(rows, dp, nb, b->s, ATTN_CHUNK, b->vp, DTYPE_F32, b->o, dp);
+        if (b->amx) {
+            gemm_amx_to_bf16(b->vb, b->vp, (size_t)dp * nb);
+            gemm_amx_round(b->pb, b->s, ATTN_CHUNK, rows, nb, 0, gemm_amx_pad(rows));
+            gemm_amx(rows, dp, nb, b->pb, b->vb, b->o, dp, b->tiles);
+        } else {
+            gemm_packed(rows, dp, nb, b->s, ATTN_CHUNK, b->vp, DTYPE_F32, b->o, dp);
+        }
     }
     for (int r = 0; r < rows; r++) {
         const float inv = l[r] > 0 ? (float)(1.0 / l[r]) : 0.0f;
@@ -876,8 +982,7 @@ static void attend_tile(const attn_tile_buf_t *b, float *out, const float *q, si
     for (int j0 = 0; mass && j0 < ak->n_keys; j0 += ATTN_CHUNK) {
         const int nb = ak->n_keys - j0 < ATTN_CHUNK ? ak->n_keys - j0 : ATTN_CHUNK;
         attn_pack_block(b->kp, NULL, ak, j0, nb, d);
-        attn_tile_scores(b->s, q, ldq, rows, b->kp, nb, d, scale, bias ? bias + j0 : NULL,
-                         bias_row);
+        attn_tile_scores(b, q, ldq, rows, nb, d, scale, bias ? bias + j0 : NULL, bias_row);
         for (int r = 0; r < rows; r++)
             for (int j = 0; j < nb; j++)
                 mass[j0 + j] +=
@@ -924,11 +1029,14 @@ static void cpu_attention_scale(backend_t *be, float *out, const float *q, const
                                 v_new + head,
                                 row};
         const attn_tile_buf_t b = attn_tile_buffers(be, head_dim);
+        /* With mass arrays, an item is a whole pair (attn_tiles), whether or
+         * not this pair has one. */
         float *mass = batch->mass ? batch->mass[i] : NULL;
-        const int r_end = mass                            ? n_new
+        const int whole = batch->mass != NULL;
+        const int r_end = whole                           ? n_new
                           : (t + 1) * ATTN_Q_TILE < n_new ? (t + 1) * ATTN_Q_TILE
                                                           : n_new;
-        for (int r0 = mass ? 0 : t * ATTN_Q_TILE; r0 < r_end; r0 += ATTN_Q_TILE) {
+        for (int r0 = whole ? 0 : t * ATTN_Q_TILE; r0 < r_end; r0 += ATTN_Q_TILE) {
             const int rows = r_end - r0 < ATTN_Q_TILE ? r_end - r0 : ATTN_Q_TILE;
             const size_t at = head + (size_t)r0 * row;
             attend_tile(&b, out + at, q + at, row, rows, &ak, head_dim, scale, NULL, 0, mass);
@@ -1456,8 +1564,10 @@ static void cpu_destroy(backend_t *be) {
     if (!be)
         return;
     cpu_impl_t *impl = be->impl;
-    if (impl)
+    if (impl) {
         free(impl->scratch);
+        free(impl->rounded);
+    }
     free(impl);
     free(be);
 }
@@ -1469,6 +1579,7 @@ static backend_t *cpu_fork(backend_t *be, size_t bytes, int n_threads, ar_error_
     if (f) {
         f->batch_invariant = be->batch_invariant;
         f->activations = be->activations;
+        f->cpu_activations = be->cpu_activations;
     }
     return f;
 }

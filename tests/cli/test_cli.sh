@@ -153,6 +153,18 @@ for p in full streaming; do
     then ok "generate --kv-policy $p: the KV peak held is the planned one ($held MiB)"
     else fail "generate --kv-policy $p -v" "$(cat "$tmp/err")"; fi
 done
+# --cpu-activations bf16 rounds the activations of bf16 Linear weights (the
+# bf16 golden model's): an image still, and not f32's bytes; a wrong mode is
+# a usage error naming the choices.
+b16="$root/tests/golden/janus_tiny_bf16"
+if "$bin" generate --model "$b16" --prompt-ids 10,11,12 -q -o "$tmp/f32.png" 2>"$tmp/err" &&
+   "$bin" generate --model "$b16" --prompt-ids 10,11,12 -q --cpu-activations bf16 \
+       -o "$tmp/bf16.png" 2>>"$tmp/err" && is_png "$tmp/bf16.png" &&
+   ! cmp -s "$tmp/f32.png" "$tmp/bf16.png"
+then ok "generate --cpu-activations bf16 draws, rounding what f32 keeps"
+else fail "generate --cpu-activations bf16" "$(cat "$tmp/err")"; fi
+expect_fail "an unknown --cpu-activations names the choices" 2 "f32, bf16" -- \
+    "$bin" generate --model "$b16" --prompt-ids 10,11,12 --cpu-activations fp8 -o "$tmp/x.png"
 # -v says where the time went: each of a next-scale model's steps (its scales)
 # and the decoder; the steps' times add up to the total printed.
 if "$bin" generate --model "$inf" --prompt "a red circle" -v -o "$tmp/t.png" 2>"$tmp/err" &&

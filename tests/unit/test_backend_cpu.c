@@ -2,6 +2,7 @@
  * (plain loops, double accumulation) on fixed-seed random inputs of awkward
  * sizes, with NaN/Inf checks and guard floats around every output buffer. */
 #include "engine/backend/backend.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "tests/test.h"
 
 #include <math.h>
@@ -377,6 +378,71 @@ static void test_matmul_16bit_weights(void) {
  * rows (one panel); the same bytes on one thread and on two, and each row
  * the same bytes alone as among the others (an image does not depend on its
  * batch); no other op may read the packed weight. */
+/* cpu_activations bf16: a bf16 Linear weight multiplies x rounded to bf16
+ * (to nearest even), on one and two threads, through the AMX tiles from
+ * AMX_MIN_ROWS rows where the CPU has them and the fp32 kernels below (or
+ * without AMX): within fp32 summation's error of the double sum over the
+ * rounded x, nothing written past y; an fp32 weight ignores the setting.
+ * The f32 default does not round (the same sums, bit for bit, as fp32 x). */
+static void test_matmul_bf16_activations(void) {
+    ar_error_t err = {{0}};
+    backend_t *one = backend_cpu_create(1, &err), *two = backend_cpu_create(2, &err);
+    CHECK_MSG(one && two, "backend_cpu_create: %s", err.msg);
+    if (!one || !two)
+        return;
+    one->cpu_activations = two->cpu_activations = CPU_ACTIVATIONS_BF16;
+    const int cases[][3] = {
+        {2, 37, 129}, {31, 40, 33}, {32, 64, 64}, {70, 100, 300}, {300, 17, 31}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int m = cases[c][0], n = cases[c][1], k = cases[c][2];
+        float *x = host_uniform((size_t)m * k, -1, 1), *w = host_uniform((size_t)n * k, -1, 1);
+        uint16_t *h = malloc((size_t)n * k * sizeof *h);
+        for (size_t i = 0; i < (size_t)n * k; i++)
+            h[i] = f32_to_bf16(w[i]);
+        double *ref = ref_new((size_t)m * n), *mag = ref_new((size_t)m * n);
+        for (int r = 0; r < m; r++)
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < k; i++) {
+                    const double t = (double)bf16_to_f32(f32_to_bf16(x[(size_t)r * k + i])) *
+                                     bf16_to_f32(h[(size_t)j * k + i]);
+                    ref[(size_t)r * n + j] += t;
+                    mag[(size_t)r * n + j] += fabs(t);
+                }
+        const int64_t shape[2] = {n, k};
+        backend_t *bes[2] = {one, two};
+        for (int t = 0; t < 2; t++) {
+            backend_t *e = bes[t];
+            tensor_t tw;
+            CHECK(e->weight_load(e, &tw, h, DTYPE_BF16, 2, shape, &err) == AR_OK);
+            CHECK(e->weight_prepare(e, &tw, LAYOUT_LINEAR, &err) == AR_OK);
+            float *y = malloc(sizeof(float) * ((size_t)m * n + 1));
+            y[(size_t)m * n] = 1e30f;
+            e->matmul(e, y, x, &tw, NULL, m);
+            CHECK(y[(size_t)m * n] == 1e30f);
+            int bad = 0;
+            for (size_t i = 0; i < (size_t)m * n; i++)
+                bad += fabs(y[i] - ref[i]) > 1e-6 + (k + 2) * 6e-8 * mag[i];
+            CHECK_MSG(bad == 0, "bf16 activations m=%d n=%d k=%d, %d threads: %d values off", m, n,
+                      k, t + 1, bad);
+            e->cpu_activations = CPU_ACTIVATIONS_F32; /* the default: x as it is */
+            e->matmul(e, y, x, &tw, NULL, m);
+            double worst = 0;
+            for (size_t i = 0; i < (size_t)m * n; i++)
+                worst = fmax(worst, fabs(y[i] - ref[i]));
+            CHECK_MSG(worst > 1e-4, "f32 activations m=%d n=%d k=%d look rounded (%.3g)", m, n, k,
+                      worst);
+            e->cpu_activations = CPU_ACTIVATIONS_BF16;
+            e->weight_free(e, &tw);
+            free(y);
+        }
+        free(ref), free(mag), free(x), free(w), free(h);
+    }
+    printf("bf16 activations: %s\n",
+           gemm_amx_usable() ? "AMX tiles from 32 rows" : "no AMX here: the fp32 kernels");
+    one->destroy(one);
+    two->destroy(two);
+}
+
 static void test_matmul_linear_weights(void) {
     ar_error_t err = {{0}};
     backend_t *one = backend_cpu_create(1, &err), *two = backend_cpu_create(2, &err);
@@ -1402,6 +1468,9 @@ static void attention_scale_reference(double *ref, double **mass_ref, const floa
  * collect none. The outputs and every mass must match the dense reference,
  * and each mass must have grown by the number of the sequence's query rows
  * (each row's probabilities sum to 1). */
+/* The largest error of check_attention_scale's last output. */
+static double scale_worst;
+
 static void check_attention_scale(int n_seq, const int *n_new, const int *cache_len, int n_heads,
                                   int hd, int bt, float amp, float scale, double abs_tol,
                                   double rel_tol) {
@@ -1446,6 +1515,11 @@ static void check_attention_scale(int n_seq, const int *n_new, const int *cache_
     snprintf(what, sizeof what, "attention_scale seqs=%d heads=%d hd=%d bt=%d amp=%g", n_seq,
              n_heads, hd, bt, amp);
     check_dev(what, dout, ref, n, abs_tol, rel_tol);
+    float *out = dev_to_host(dout, n);
+    scale_worst = 0;
+    for (size_t i = 0; i < n; i++)
+        scale_worst = fmax(scale_worst, fabs(out[i] - ref[i]));
+    free(out);
     CHECK(dev_guards_ok(pg.pool.base, pg.n_floats) && dev_guards_ok(dq, n) &&
           dev_guards_ok(dk, n) && dev_guards_ok(dv, n));
     for (int i = 0; i < pairs; i++) {
@@ -1454,7 +1528,10 @@ static void check_attention_scale(int n_seq, const int *n_new, const int *cache_
         const int s = i / n_heads, keys = cache_len[i] + n_new[s];
         snprintf(what, sizeof what, "attention_scale mass pair %d (%d cached + %d new) bt=%d", i,
                  cache_len[i], n_new[s], bt);
-        check_dev(what, dmass[i], mass_ref[i], (size_t)keys, 1e-6, 1e-5);
+        /* fp32's mass within 1e-6 + 1e-5 rel whatever the output's bounds; bf16's at its own */
+        const int coarse = abs_tol >= 1e-3;
+        check_dev(what, dmass[i], mass_ref[i], (size_t)keys, coarse ? abs_tol : 1e-6,
+                  coarse ? rel_tol : 1e-5);
         float *got = dev_to_host(dmass[i], (size_t)keys);
         double sum = 0;
         for (int j = 0; j < keys; j++)
@@ -1535,13 +1612,14 @@ static void test_attention_16bit_cache_equals_its_fp32_widening(void) {
     }
 }
 
-/* Five sequences of 1, 4, 0, 3 and 9 new rows (a scale each); per head a
+/* Five sequences of 1, 4, 0, 3 and 70 new rows (a scale each; 70 is two
+ * query tiles, with key mass on some heads and not others); per head a
  * cache of 0 (the first scale), 1, 5, 37, 250 (cached and new keys share a
  * 256-key chunk of the online softmax), 256 or 300 tokens, at every block
  * size; head dims 5 and 64: 1e-6 abs + 1e-5 rel. */
 static void test_attention_scale_ragged_paged_against_dense(void) {
     enum { SEQS = 5, H = 3 };
-    const int n_new[SEQS] = {1, 4, 0, 3, 9}, lens[] = {0, 1, 5, 250, 37, 256, 300};
+    const int n_new[SEQS] = {1, 4, 0, 3, 70}, lens[] = {0, 1, 5, 250, 37, 256, 300};
     const int n_lens = sizeof lens / sizeof *lens;
     int cache_len[SEQS * H];
     for (int i = 0; i < SEQS * H; i++)
@@ -1555,6 +1633,32 @@ static void test_attention_scale_ragged_paged_against_dense(void) {
     }
     const int first_scale[2] = {1, 4}, empty[2 * H] = {0};
     check_attention_scale(2, first_scale, empty, H, 8, 3, 1, 0.35f, 1e-6, 1e-5);
+}
+
+/* cpu_activations bf16 on an AMX CPU: a scale's attention on the tiles, Q,
+ * K, V and the softmax's weights rounded to bf16 (8 bits: a weight or a
+ * value off by up to 2^-9 relative), with key mass, at head dims 64 and 24
+ * and two block sizes: within 2e-2 of the double reference, and visibly
+ * rounded (the tiles ran, not the fp32 kernels). */
+static void test_attention_scale_bf16_activations(void) {
+    if (!gemm_amx_usable()) {
+        printf("skip: no AMX here; attention stays fp32 in cpu_activations bf16\n");
+        return;
+    }
+    enum { SEQS = 5, H = 3 };
+    const int n_new[SEQS] = {1, 40, 0, 3, 70}, lens[] = {0, 1, 37, 256, 300};
+    const int n_lens = sizeof lens / sizeof *lens;
+    int cache_len[SEQS * H];
+    for (int i = 0; i < SEQS * H; i++)
+        cache_len[i] = lens[(i * 7) % n_lens];
+    be->cpu_activations = CPU_ACTIVATIONS_BF16;
+    for (int hd = 24; hd <= 64; hd += 40)
+        for (int bt = 7; bt <= 16; bt += 9) {
+            check_attention_scale(SEQS, n_new, cache_len, H, hd, bt, 1, 1 / sqrtf((float)hd), 2e-2,
+                                  2e-2);
+            CHECK_MSG(scale_worst > 1e-5, "hd=%d: worst error %.3g, as fp32's", hd, scale_worst);
+        }
+    be->cpu_activations = CPU_ACTIVATIONS_F32;
 }
 
 /* Scores in the thousands, so the running maximum moves between cached and
@@ -2232,6 +2336,7 @@ int main(void) {
     TEST_RUN(test_matmul_with_and_without_bias);
     TEST_RUN(test_matmul_16bit_weights);
     TEST_RUN(test_matmul_linear_weights);
+    TEST_RUN(test_matmul_bf16_activations);
     TEST_RUN(test_rmsnorm_rows_and_in_place);
     TEST_RUN(test_rope_2d_llamagen_layout);
     TEST_RUN(test_rope_against_double_and_hf_angles);
@@ -2252,6 +2357,7 @@ int main(void) {
     TEST_RUN(test_attention_scale_ragged_paged_against_dense);
     TEST_RUN(test_attention_16bit_cache_equals_its_fp32_widening);
     TEST_RUN(test_attention_scale_large_scores);
+    TEST_RUN(test_attention_scale_bf16_activations);
     TEST_RUN(test_layernorm_against_torch_and_double);
     TEST_RUN(test_modulate_and_gate_add);
     TEST_RUN(test_l2norm_heads);

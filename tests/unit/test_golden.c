@@ -424,8 +424,10 @@ static void check_bf16_follows_transformers(void) {
             printf("bf16 weights and KV against transformers in bf16, teacher-forced (%s "
                    "activations): largest logit error %.3g (bound %.2g), guided %.3g (bound "
                    "%.2g); its token at %d of %d steps, all %d whose margin is over %.2g\n",
-                   backend_activations_names[be->activations], worst, BF16_LOGIT_TOL, worst_guided,
-                   BF16_GUIDED_TOL, agree, n_steps, clear, noise);
+                   !strcmp(be->name, "cpu") ? backend_cpu_activations_names[be->cpu_activations]
+                                            : backend_activations_names[be->activations],
+                   worst, BF16_LOGIT_TOL, worst_guided, BF16_GUIDED_TOL, agree, n_steps, clear,
+                   noise);
             CHECK_MSG(worst <= BF16_LOGIT_TOL, "logits off by %.3g", worst);
             CHECK_MSG(worst_guided <= BF16_GUIDED_TOL, "guided logits off by %.3g", worst_guided);
         } else {
@@ -449,11 +451,15 @@ static void check_bf16_follows_transformers(void) {
     safetensors_close(&st);
 }
 
-/* On a device backend in both of its activation modes (backend.h): the
+/* On every backend in both of its activation modes (backend.h): the
  * 16-bit one multiplies as transformers in bf16 does. */
 static void test_bf16_weights_and_kv_follow_transformers_in_bf16(void) {
     if (!strcmp(be->name, "cpu")) {
-        check_bf16_follows_transformers();
+        for (int mode = 0; backend_cpu_activations_names[mode]; mode++) {
+            be->cpu_activations = (backend_cpu_activations_t)mode;
+            check_bf16_follows_transformers();
+        }
+        be->cpu_activations = CPU_ACTIVATIONS_F32;
         return;
     }
     const backend_activations_t was = be->activations;

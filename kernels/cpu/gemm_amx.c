@@ -1,0 +1,197 @@
+/* The bf16 Linear GEMM on AMX tiles (gemm_amx.h).
+ *
+ * Tiles 0-3 hold a 32 x 32 block of y (2 x 2 tiles of 16 x 16 fp32), 4 and
+ * 5 two 16-row strips of the activations 32 deep, 6 and 7 two panels of
+ * the weight 32 deep. A tile's dot product takes the weight as pairs of
+ * consecutive k side by side ("VNNI" order), so each pair of gemm_packed
+ * panels (16 columns a row of k) is interleaved row by row into the scratch
+ * once, then meets every row of the activations. */
+#include "kernels/cpu/gemm_amx.h"
+
+#include <string.h>
+
+#include "base/dtype.h"
+#include "kernels/cpu/gemm_packed.h"
+#include "kernels/cpu/vec_isa.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static int amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+/* CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE; then Linux hands the
+ * tile state out only to a process that asks. */
+static void amx_probe(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
+        return;
+    amx_ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+int gemm_amx_usable(void) {
+    pthread_once(&amx_once, amx_probe);
+    return amx_ok && vec_isa() == VEC_AVX512; /* ARSERVE_ISA=avx2 plays a CPU without */
+}
+
+/* The tile configuration: palette 1, every tile 16 rows of 64 bytes. */
+typedef struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config_t;
+
+/* Interleaves panels p0 and p0 + 1 (of n_panels; one past is zeros) of wp,
+ * K deep, into scratch: panel q's row kk (of Kp / 2) holds, for each of its
+ * 16 columns, w(n, 2 kk) then w(n, 2 kk + 1), zero past K. Two rows of 16
+ * become one of 32 by one permutation (AVX-512BW, which every AMX CPU has). */
+__attribute__((target("avx512f,avx512bw"))) static void
+interleave_panels(uint16_t *scratch, const uint16_t *wp, int p0, int n_panels, int K, int Kp) {
+    __m512i pick = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                    23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int q = 0; q < 2; q++) {
+        uint16_t *dst = scratch + (size_t)q * Kp * GEMM_PANEL;
+        if (p0 + q >= n_panels) {
+            memset(dst, 0, (size_t)Kp * GEMM_PANEL * sizeof *dst);
+            continue;
+        }
+        const uint16_t *panel = wp + (size_t)(p0 + q) * GEMM_PANEL * K;
+        int k = 0;
+        for (; k + 1 < K; k += 2) {
+            const __m512i two = _mm512_loadu_si512(panel + (size_t)k * GEMM_PANEL);
+            _mm512_storeu_si512(dst + (size_t)k * GEMM_PANEL, _mm512_permutexvar_epi16(pick, two));
+        }
+        for (; k < Kp; k += 2) {
+            uint16_t *row = dst + (size_t)k * GEMM_PANEL;
+            const uint16_t *r0 = panel + (size_t)k * GEMM_PANEL;
+            for (int n = 0; n < GEMM_PANEL; n++) {
+                row[2 * n] = k < K ? r0[n] : 0;
+                row[2 * n + 1] = 0;
+            }
+        }
+    }
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) void gemm_amx(int M, int N, int K, const uint16_t *xb,
+                                                           const void *wp, float *y, int ldy,
+                                                           uint16_t *scratch) {
+    if (M <= 0 || N <= 0 || K <= 0)
+        return;
+    const int Kp = gemm_amx_pad(K), n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL;
+    tile_config_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    float c[32 * 32] __attribute__((aligned(64)));
+    const size_t a_stride = (size_t)Kp * sizeof(uint16_t);
+    for (int p0 = 0; p0 < n_panels; p0 += 2) {
+        interleave_panels(scratch, wp, p0, n_panels, K, Kp);
+        const uint16_t *b0 = scratch, *b1 = scratch + (size_t)Kp * GEMM_PANEL;
+        const int n0 = p0 * GEMM_PANEL, nc = N - n0 < 32 ? N - n0 : 32;
+        for (int m0 = 0; m0 < M; m0 += 32) {
+            const int mc = M - m0 < 32 ? M - m0 : 32, full = mc == 32 && nc == 32;
+            /* A whole block's tiles come from y itself; an edge's through c. */
+            float *cb = full ? y + (size_t)m0 * ldy + n0 : c;
+            const size_t cs = full ? (size_t)ldy * sizeof(float) : 128,
+                         c16 = full ? 16 * (size_t)ldy : 16 * 32;
+            if (!full)
+                for (int r = 0; r < 32; r++) {
+                    memset(c + r * 32, 0, 32 * sizeof(float));
+                    if (r < mc)
+                        memcpy(c + r * 32, y + (size_t)(m0 + r) * ldy + n0,
+                               (size_t)nc * sizeof(float));
+                }
+            _tile_loadd(0, cb, cs);
+            _tile_loadd(1, cb + 16, cs);
+            _tile_loadd(2, cb + c16, cs);
+            _tile_loadd(3, cb + c16 + 16, cs);
+            const uint16_t *a0 = xb + (size_t)m0 * Kp, *a1 = a0 + (size_t)16 * Kp;
+            for (int k0 = 0; k0 < Kp; k0 += 32) {
+                _tile_loadd(4, a0 + k0, a_stride);
+                _tile_loadd(5, a1 + k0, a_stride);
+                _tile_loadd(6, b0 + (size_t)k0 * GEMM_PANEL, 64);
+                _tile_loadd(7, b1 + (size_t)k0 * GEMM_PANEL, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, cb, cs);
+            _tile_stored(1, cb + 16, cs);
+            _tile_stored(2, cb + c16, cs);
+            _tile_stored(3, cb + c16 + 16, cs);
+            for (int r = 0; !full && r < mc; r++)
+                memcpy(y + (size_t)(m0 + r) * ldy + n0, c + r * 32, (size_t)nc * sizeof(float));
+        }
+    }
+    _tile_release();
+}
+
+/* n floats to bf16, to nearest even (NaN stays a quiet NaN; subnormal
+ * inputs, far below any activation, round to zero): 16 at a time by
+ * AVX512-BF16's conversion, which every AMX CPU has; elsewhere one by one. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
+to_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+    if (i < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        _mm256_mask_storeu_epi16(dst + i, k,
+                                 (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, src + i)));
+    }
+}
+
+void gemm_amx_to_bf16(uint16_t *dst, const float *src, size_t n) {
+    if (gemm_amx_usable()) {
+        to_bf16_avx512(dst, src, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        dst[i] = f32_to_bf16(src[i]);
+}
+
+#else /* no AMX off x86-64 */
+
+void gemm_amx_to_bf16(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        dst[i] = f32_to_bf16(src[i]);
+}
+
+int gemm_amx_usable(void) { return 0; }
+
+void gemm_amx(int M, int N, int K, const uint16_t *xb, const void *wp, float *y, int ldy,
+              uint16_t *scratch) {
+    (void)M, (void)N, (void)K, (void)xb, (void)wp, (void)y, (void)ldy, (void)scratch;
+}
+
+#endif
+
+int gemm_amx_pad(int n) { return (n + 31) / 32 * 32; }
+
+size_t gemm_amx_scratch_elems(int K) { return (size_t)2 * gemm_amx_pad(K) * GEMM_PANEL; }
+
+void gemm_amx_round(uint16_t *xb, const float *x, int ldx, int M, int K, int r0, int r1) {
+    const int Kp = gemm_amx_pad(K);
+    for (int r = r0; r < r1; r++) {
+        uint16_t *dst = xb + (size_t)r * Kp;
+        if (r >= M) {
+            memset(dst, 0, (size_t)Kp * sizeof *dst);
+            continue;
+        }
+        gemm_amx_to_bf16(dst, x + (size_t)r * ldx, (size_t)K);
+        memset(dst + K, 0, (size_t)(Kp - K) * sizeof *dst);
+    }
+}

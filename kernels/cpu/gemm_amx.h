@@ -1,0 +1,45 @@
+/* The Linear GEMM with activations rounded to bf16 (what PyTorch's bf16
+ * autocast multiplies), on the AMX tiles of CPUs that have them (Intel's
+ * Sapphire Rapids and later): y[m][n] += sum_k bf16(x[m][k]) * w(n, k) for
+ * bf16 weights packed by gemm_packed_pack, the products summed in fp32 by
+ * the tiles' dot products (pairs of k at a time, in the hardware's order).
+ * About ten times the multiply-adds a cycle of the AVX-512 kernel, at the
+ * price of the activations' rounding (8 bits of mantissa): an option of the
+ * CPU backend (cpu_activations bf16), never the default.
+ *
+ * gemm_amx_round gives the activations in the layout gemm_amx reads; one
+ * thread each, the caller splits the rows or the pairs of panels. */
+#ifndef ARSERVE_GEMM_AMX_H
+#define ARSERVE_GEMM_AMX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* 1 where the CPU has AMX with bf16, the kernel granted this process the
+ * tile state (asked once, on the first call) and the kernels run AVX-512
+ * (vec_isa.h: ARSERVE_ISA=avx2 turns AMX off too); 0 otherwise. */
+int gemm_amx_usable(void);
+
+/* Rows and depth of the rounded activations: M and K rounded up to 32. */
+int gemm_amx_pad(int n);
+
+/* n floats to bf16, to nearest even (vectorised where AMX is usable). */
+void gemm_amx_to_bf16(uint16_t *dst, const float *src, size_t n);
+
+/* Rounds rows [r0, r1) of x [M, K] (row stride ldx floats) to bf16 (to
+ * nearest, ties to even) into xb, gemm_amx_pad(K) elements a row, the
+ * columns past K zero; rows at or past M (up to gemm_amx_pad(M)) are zero. */
+void gemm_amx_round(uint16_t *xb, const float *x, int ldx, int M, int K, int r0, int r1);
+
+/* Elements of the buffer gemm_amx converts two panels of the weight into. */
+size_t gemm_amx_scratch_elems(int K);
+
+/* y[m * ldy + n] += sum over k < K of xb[m][k] * w(n, k), m < M, n < N, for
+ * xb from gemm_amx_round and wp bf16 panels as gemm_packed_pack writes them
+ * (K deep, from the slice's first column). Columns of y past N are neither
+ * read nor written. scratch holds gemm_amx_scratch_elems(K). Only where
+ * gemm_amx_usable(). */
+void gemm_amx(int M, int N, int K, const uint16_t *xb, const void *wp, float *y, int ldy,
+              uint16_t *scratch);
+
+#endif
