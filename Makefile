@@ -798,13 +798,20 @@ bench-launches: $(BUILD)/speed_bench-emu $(TINY_MODEL)/arserve.json $(LAUNCH_DEE
 	    --shallow $(TINY_MODEL) --deep $(LAUNCH_DEEP_MODEL) --max-per-layer 12 $(LAUNCH_COUNTS_ARGS)
 
 # Images/s of a next-scale model at batch 1 and SCALE_BENCH_BATCH, side by
-# side in one run (bench/speed_bench.c). Not part of `make test`
-# (test-bench-smoke runs it on the tiny next-scale model).
+# side in one run (bench/speed_bench.c), with each scale's seconds and the
+# decoder's, once per SCALE_BENCH_ACTIVATIONS (the CPU's cpu_activations:
+# bf16 takes AMX tiles where the CPU has them; bf16 weights only). Not part
+# of `make test` (test-bench-smoke runs it on the tiny next-scale model).
+# docs/cpu-kernels.md has it on the mid-size Infinity of issue 62
+# (`tools/release_shapes infinity-mid`, converted with --pn 0.25M --dtype bf16).
 SCALE_BENCH_MODEL ?= models/shapes-var
 SCALE_BENCH_BATCH ?= 16
+SCALE_BENCH_ACTIVATIONS ?= f32 bf16
 bench-scale: $(BUILD)/speed_bench
-	$(BUILD)/speed_bench --model $(SCALE_BENCH_MODEL) --batch $(SCALE_BENCH_BATCH) \
-		--images $$(( 2 * $(SCALE_BENCH_BATCH) )) --threads 1
+	@for a in $(SCALE_BENCH_ACTIVATIONS); do echo "cpu_activations $$a:"; \
+	    $(BUILD)/speed_bench --model $(SCALE_BENCH_MODEL) --batch $(SCALE_BENCH_BATCH) \
+		--images $$(( 2 * $(SCALE_BENCH_BATCH) )) --threads 1 --cpu-activations $$a || exit 1; \
+	done
 
 # arserve against PyTorch (bench/speed_bench.py says what each column is):
 # images/s at batch 1 and BENCH_BATCH on BENCH_THREADS threads, the decode

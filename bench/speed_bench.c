@@ -12,10 +12,12 @@
  *
  *   build/speed_bench --model DIR [--prompt TEXT] [--batch N] [--images N]
  *                     [--reps N] [--threads N] [--kv-dtype TYPE] [--json]
+ *                     [--cpu-activations f32|bf16]
  *
  * Besides images/s, per batch size: the median time of a decode step (a
  * raster model's steps after the first, which feeds the prompt), the VQ
- * decode's time per image, and for raster models the step's memory
+ * decode's time per image, for next-scale models each step's (scale's)
+ * seconds a wave, averaged over the sets, and for raster models the step's memory
  * roofline: the bytes of weights a step reads (raster_step_weight_bytes)
  * over this machine's read bandwidth, measured here on the same threads
  * (a buffer twice the last-level cache, within 256 MiB to 1 GiB), as a share of the
@@ -52,6 +54,7 @@
 
 #define MAX_BATCH 256
 #define MAX_REPS 64
+#define MAX_SCALES 64 /* a next-scale model's steps a wave, timed one by one */
 
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -77,6 +80,10 @@ typedef struct bench {
      * (the counters' sums; memory figures unused), and how many there were. */
     backend_stats_t step_counts;
     long counted_steps;
+    /* A next-scale model's last run_waves: each step's seconds summed over
+     * its waves, by step (scale), and the waves. */
+    double scale_s[MAX_SCALES];
+    int n_scales, waves;
 } bench_t;
 
 /* sum += b - a, the counts only. */
@@ -107,6 +114,8 @@ static double run_waves(bench_t *b, int batch, int images) {
     b->n_step = b->n_decode = 0;
     b->step_counts = (backend_stats_t){0};
     b->counted_steps = 0;
+    memset(b->scale_s, 0, sizeof b->scale_s);
+    b->n_scales = b->waves = 0;
     for (int done = 0; reqs && ptrs && done < images; done += batch) {
         const int n = images - done < batch ? images - done : batch;
         for (int i = 0; i < n; i++) {
@@ -124,13 +133,20 @@ static double run_waves(bench_t *b, int batch, int images) {
                 goto out;
             if (!timed)
                 continue;
-            note(b->step_s, &b->n_step, b->cap_step, clock_now_s() - s0);
+            const double took_s = clock_now_s() - s0;
+            note(b->step_s, &b->n_step, b->cap_step, took_s);
+            const int at = reqs[0].step - 1;
+            if (!b->is_raster && at < MAX_SCALES) {
+                b->scale_s[at] += took_s;
+                b->n_scales = at + 1 > b->n_scales ? at + 1 : b->n_scales;
+            }
             if (b->has_stats) {
                 backend_stats(b->be, &c1);
                 backend_stats_add(&b->step_counts, &c1, &c0);
                 b->counted_steps++;
             }
         }
+        b->waves++;
         for (int i = 0; i < n; i++) {
             const double s0 = clock_now_s();
             if (gen_decode(&reqs[i], b->rgb, &err) != AR_OK)
@@ -305,6 +321,7 @@ typedef struct args {
     int json, measure;   /* measure: 0 all, 1 speed, 2 roofline */
     int batch_invariant; /* backend.h's batch_invariant */
     int activations;     /* backend.h's backend_activations_t */
+    int cpu_activations; /* backend.h's backend_cpu_activations_t */
     int graphs;          /* backend.h's backend_graphs_t */
 } args_t;
 
@@ -348,6 +365,10 @@ static int args_parse(args_t *a, int argc, char **argv, int *done) {
          .metavar = "MODE",
          .help = "a device backend's GEMMs with 16-bit weights: bf16 (default) or split "
                  "(backend.h)"},
+        {"cpu-activations", 0, CLI_CHOICE, &a->cpu_activations,
+         .choices = backend_cpu_activations_names, .metavar = "f32|bf16",
+         .help = "the CPU backend's GEMMs with bf16 weights: f32 (default) or bf16, on AMX "
+                 "tiles where the CPU has them (backend.h)"},
         {"gpu-graphs", 0, CLI_CHOICE, &a->graphs, .choices = backend_graphs_names,
          .metavar = "on|off",
          .help = "a device backend's steps as CUDA graphs (default on) or op by op (backend.h)"},
@@ -432,6 +453,8 @@ static void bench_close(bench_t *b) {
  * is made once, for the larger batch). */
 typedef struct timing {
     double took[MAX_REPS], step[MAX_REPS], decode[MAX_REPS];
+    double scale[MAX_SCALES]; /* a next-scale step's seconds a wave, summed over the reps */
+    int n_scales;
     backend_stats_t counts;
     long steps;
     size_t device_peak;
@@ -456,6 +479,8 @@ static cJSON *report_head(const bench_t *b, const args_t *a, dtype_t kv_dtype, d
     cJSON_AddStringToObject(o, "backend", b->be->name);
     cJSON_AddBoolToObject(o, "batch_invariant", b->be->batch_invariant);
     cJSON_AddStringToObject(o, "gpu_activations", backend_activations_names[b->be->activations]);
+    cJSON_AddStringToObject(o, "cpu_activations",
+                            backend_cpu_activations_names[b->be->cpu_activations]);
     cJSON_AddStringToObject(o, "gpu_graphs", backend_graphs_names[b->be->graphs]);
     cJSON_AddNumberToObject(o, "threads", (double)a->threads);
     cJSON_AddNumberToObject(o, "images", (double)a->images);
@@ -504,6 +529,11 @@ static double report_row(const args_t *a, int size, timing_t *t, const roofline_
     cJSON_AddNumberToObject(row, "images_per_s", ips);
     cJSON_AddNumberToObject(row, "step_s", step_s);
     cJSON_AddNumberToObject(row, "decode_s", decode_s);
+    if (t->n_scales) {
+        cJSON *sc = cJSON_AddArrayToObject(row, "scale_s");
+        for (int i = 0; i < t->n_scales; i++)
+            cJSON_AddItemToArray(sc, cJSON_CreateNumber(t->scale[i] / reps));
+    }
     if (rl->on) {
         cJSON_AddNumberToObject(row, "roofline", share);
         cJSON_AddNumberToObject(row, "compute_roofline", compute);
@@ -536,6 +566,9 @@ static double report_row(const args_t *a, int size, timing_t *t, const roofline_
             printf(", %.0f%% of the memory roofline, %.0f%% of the compute roofline", 100 * share,
                    100 * compute);
         printf("\n");
+        for (int i = 0; i < t->n_scales; i++)
+            printf("%s%.4f%s", i ? " " : "           scales (s a wave): ", t->scale[i] / reps,
+                   i == t->n_scales - 1 ? "\n" : "");
         char line[256];
         if (has_stats)
             printf("           per step: %s; peak device memory %.1f MiB\n",
@@ -557,6 +590,7 @@ int main(int argc, char **argv) {
     }
     be->batch_invariant = a.batch_invariant;
     be->activations = (backend_activations_t)a.activations;
+    be->cpu_activations = (backend_cpu_activations_t)a.cpu_activations;
     be->graphs = (backend_graphs_t)a.graphs;
     static bench_t b;
     dtype_t kv_dtype;
@@ -575,6 +609,9 @@ int main(int argc, char **argv) {
             if ((t[s].took[r] = run_waves(&b, sizes[s], (int)a.images)) < 0)
                 return 1;
             t[s].step[r] = median(b.step_s, b.n_step);
+            for (int i = 0; i < b.n_scales; i++)
+                t[s].scale[i] += b.scale_s[i] / b.waves;
+            t[s].n_scales = b.n_scales;
             t[s].decode[r] = median(b.decode_s, b.n_decode);
             const backend_stats_t zero = {0};
             backend_stats_add(&t[s].counts, &b.step_counts, &zero);

@@ -117,10 +117,13 @@ fi
 num='[0-9]+\.[0-9]+'
 if run scale bench-scale SCALE_BENCH_MODEL="$var_tiny" SCALE_BENCH_BATCH=2; then
     if grep -qE "^batch +1: +$num images/s" "$tmp/scale.out" &&
+        [ "$(grep -cE "^ +scales \(s a wave\):( $num){4}$" "$tmp/scale.out")" = 4 ] &&
+        grep -q "^cpu_activations f32:" "$tmp/scale.out" &&
+        grep -q "^cpu_activations bf16:" "$tmp/scale.out" &&
         grep -qE "^batch +2: +$num images/s" "$tmp/scale.out" &&
         grep -qE "^batch 2 / batch 1: ${num}x$" "$tmp/scale.out" &&
         ! grep -qE "^batch +[12]: +0\.00 images/s" "$tmp/scale.out"; then
-        ok "make bench-scale: images/s at batches 1 and 2 on the tiny next-scale model ($secs s)"
+        ok "make bench-scale: images/s and each scale's seconds at batches 1 and 2, f32 and bf16 activations, on the tiny next-scale model ($secs s)"
     else
         fail "make bench-scale: images/s at batches 1 and 2" "$(cat "$tmp/scale.out")"
     fi
