@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""arserve beside the official VAR code on the same weights: seconds per image, the steps (each
+scale's) and the decoder's, in float32 and in bf16 (PyTorch's autocast; arserve's
+cpu_activations bf16), side by side in one run.
+
+    VAR_SRC=/path/to/VAR python bench/ref_var.py RELEASE_DIR MODEL_DIR [--threads 1] [--reps 2]
+    python bench/ref_var.py RELEASE_DIR MODEL_DIR --arserve-only      # no official code
+
+RELEASE_DIR holds a VAR release's two checkpoints (var_d{depth}.pth and vae_ch160v4096z32.pth, as
+`python3 -m tools.release_shapes var-d30 DIR` writes them), MODEL_DIR what
+tools/convert/var.py made of them. The reference is the official implementation
+(FoundationVision/VAR): `build_vae_var` and `VAR.autoregressive_infer_cfg` of models/. It is not
+on PyPI and not part of this repository: it is imported from a checkout named by $VAR_SRC (or
+--src), put at the front of sys.path, and built with its flash and fused kernels off (the CPU has
+neither). Every tensor of two or more dimensions is rounded to bf16 first, as the converted
+model holds them (tools/convert/ckpt.py), so both sides multiply the same values.
+
+Each side draws class --label with the model's sampling settings (arserve.json's cfg, top_k,
+top_p), `--reps` times after a warm-up, the two sides and the two precisions alternating; the
+table gives the medians. The official side's scales are timed by a wrapper on its `get_logits`
+(each scale's time runs to its logits, the previous scale's sampling included) and its decoder
+by one on `fhat_to_img`; arserve's by `arserve generate -v` (its `time:` line).
+
+Needs torch (for the official side) and numpy: .venv-bench has both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIME_LINE = re.compile(r"^time: (\d+) steps ([0-9.]+) s \(([0-9. ]+)\), decoder and PNG ([0-9.]+) s$",
+                       re.M)
+
+
+def parse_time_line(stderr: str) -> dict:
+    """`arserve generate -v`'s time line: steps, each scale's seconds, the decoder's."""
+    m = TIME_LINE.search(stderr)
+    if not m:
+        raise ValueError(f"no time line in arserve generate -v's output:\n{stderr[-2000:]}")
+    scales = [float(t) for t in m.group(3).split()]
+    if len(scales) != int(m.group(1)):
+        raise ValueError(f"time line with {len(scales)} scales for {m.group(1)} steps")
+    steps, decoder = float(m.group(2)), float(m.group(4))
+    return {"steps_s": steps, "decoder_s": decoder, "total_s": steps + decoder, "scales_s": scales}
+
+
+def run_arserve(binary: str, model: str, label: int, threads: int, mode: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [binary, "generate", "--model", model, "--class", str(label), "--threads",
+               str(threads), "--cpu-activations", mode, "-v", "-o", os.path.join(tmp, "x.png")]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-2000:]}")
+        return parse_time_line(p.stderr)
+
+
+def release_files(release: str) -> tuple[str, str, int]:
+    """The transformer's and the VQVAE's checkpoints, and the depth its name gives."""
+    names = sorted(os.listdir(release))
+    var = [n for n in names if re.fullmatch(r"var_d(\d+)\.pth", n)]
+    vae = [n for n in names if n.startswith("vae_") and n.endswith(".pth")]
+    if len(var) != 1 or len(vae) != 1:
+        raise SystemExit(f"ref_var: {release} should hold one var_d*.pth and one vae_*.pth, not {names}")
+    depth = int(re.fullmatch(r"var_d(\d+)\.pth", var[0]).group(1))
+    return os.path.join(release, var[0]), os.path.join(release, vae[0]), depth
+
+
+class Official:
+    """The official VAR on the release's weights (rounded to bf16 as converted)."""
+
+    def __init__(self, src: str, release: str, threads: int):
+        import torch
+        self.torch = torch
+        torch.set_num_threads(threads)
+        sys.path.insert(0, src)
+        from models import build_vae_var  # noqa: E402 (the official checkout's)
+        var_file, vae_file, depth = release_files(release)
+        self.vae, self.var = build_vae_var(device="cpu", depth=depth, shared_aln=False,
+                                           flash_if_available=False, fused_if_available=False)
+        for net, path in ((self.var, var_file), (self.vae, vae_file)):
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+            sd = {k: (v.to(torch.bfloat16).to(v.dtype) if v.is_floating_point() and v.ndim >= 2 else v)
+                  for k, v in sd.items()}
+            net.load_state_dict(sd, strict=True)
+            net.eval()
+        self.marks, self.decoder = [], [0.0]
+        logits = self.var.get_logits
+
+        def get_logits(*a, **k):
+            out = logits(*a, **k)
+            self.marks.append(time.perf_counter())
+            return out
+        self.var.get_logits = get_logits
+        vae = self.var.vae_proxy[0]
+        to_img = vae.fhat_to_img
+
+        def fhat_to_img(f):
+            t = time.perf_counter()
+            out = to_img(f)
+            self.decoder[0] = time.perf_counter() - t
+            return out
+        vae.fhat_to_img = fhat_to_img
+
+    def run(self, label: int, bf16: bool, sampling: dict) -> dict:
+        torch = self.torch
+        self.marks.clear()
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with torch.inference_mode(), ctx:
+            t0 = time.perf_counter()
+            self.var.autoregressive_infer_cfg(B=1, label_B=label, g_seed=0, cfg=sampling["cfg"],
+                                              top_k=sampling["top_k"], top_p=sampling["top_p"])
+            total = time.perf_counter() - t0
+        scales = [b - a for a, b in zip([t0] + self.marks[:-1], self.marks)]
+        return {"steps_s": total - self.decoder[0], "decoder_s": self.decoder[0], "total_s": total,
+                "scales_s": scales}
+
+
+def median_of(runs: list) -> dict:
+    out = {k: statistics.median(r[k] for r in runs) for k in ("steps_s", "decoder_s", "total_s")}
+    out["scales_s"] = [statistics.median(s) for s in zip(*(r["scales_s"] for r in runs))]
+    out["runs"] = len(runs)
+    return out
+
+
+def table(rows: dict) -> str:
+    lines = ["| side | precision | steps s | decoder s | image s | each scale s |",
+             "|---|---|---|---|---|---|"]
+    for (side, prec), r in rows.items():
+        lines.append(f"| {side} | {prec} | {r['steps_s']:.2f} | {r['decoder_s']:.2f} | "
+                     f"{r['total_s']:.2f} | {' '.join(f'{s:.2f}' for s in r['scales_s'])} |")
+    for prec in ("f32", "bf16"):
+        a, o = rows.get(("arserve", prec)), rows.get(("official", prec))
+        if a and o:
+            lines.append(f"\n{prec}: arserve {o['total_s'] / a['total_s']:.2f}x the official code "
+                         f"(steps {o['steps_s'] / a['steps_s']:.2f}x, decoder "
+                         f"{o['decoder_s'] / a['decoder_s']:.2f}x)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("release", help="the release's folder (var_d*.pth, vae_*.pth)")
+    ap.add_argument("model", help="the converted arserve model")
+    ap.add_argument("--src", default=os.environ.get("VAR_SRC"),
+                    help="a checkout of FoundationVision/VAR (default $VAR_SRC)")
+    ap.add_argument("--arserve", default=os.path.join(ROOT, "build", "arserve"))
+    ap.add_argument("--label", type=int, default=207)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--arserve-only", action="store_true", help="no official side")
+    ap.add_argument("--json", help="also write the rows here")
+    a = ap.parse_args(argv)
+    if not a.arserve_only and not a.src:
+        ap.error("the official side needs a VAR checkout: --src or $VAR_SRC (or --arserve-only)")
+    sampling = json.load(open(os.path.join(a.model, "arserve.json")))["sampling"]
+    official = None if a.arserve_only else Official(a.src, a.release, a.threads)
+    sides = [("arserve", p) for p in ("f32", "bf16")]
+    if official:
+        sides += [("official", p) for p in ("f32", "bf16")]
+    runs = {s: [] for s in sides}
+    for rep in range(a.reps + 1):  # the first is a warm-up
+        for side, prec in sides:
+            r = (run_arserve(a.arserve, a.model, a.label, a.threads, prec) if side == "arserve"
+                 else official.run(a.label, prec == "bf16", sampling))
+            print(f"ref_var: {'warm-up' if rep == 0 else f'rep {rep}'}: {side} {prec}: "
+                  f"{r['total_s']:.2f} s", file=sys.stderr, flush=True)
+            if rep:
+                runs[(side, prec)].append(r)
+    rows = {s: median_of(r) for s, r in runs.items()}
+    print(f"VAR: {os.path.basename(a.model.rstrip('/'))}, class {a.label}, {a.threads} thread(s), "
+          f"median of {a.reps}")
+    print(table(rows))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([{"side": s, "precision": p, **r} for (s, p), r in rows.items()], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""bench/ref_var.py, the VAR bench beside the official code, without the official code (which is
+not in this repository): its arserve half on the shipped VAR-architecture model, the table of
+both precisions with each scale's seconds, and a clear refusal when the official side has no
+checkout to import."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import ref_var  # noqa: E402
+
+ARSERVE = os.environ.get("ARSERVE_BIN", os.path.join(ROOT, "build", "arserve"))
+SHAPES_VAR = os.path.join(ROOT, "models", "shapes-var")
+
+
+def test_arserve_half_times_every_scale_in_both_precisions(capsys):
+    assert ref_var.main([ROOT, SHAPES_VAR, "--arserve", ARSERVE, "--arserve-only", "--reps", "1",
+                         "--label", "0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split(" | ") for line in out if line.startswith("| arserve |")]
+    assert [r[1] for r in rows] == ["f32", "bf16"], out
+    n_scales = len(ref_var.json.load(open(os.path.join(SHAPES_VAR, "arserve.json")))["image"]
+                   ["scales"])
+    for r in rows:
+        steps, decoder, image = (float(v) for v in r[2:5])
+        assert image == pytest.approx(steps + decoder, abs=0.011)
+        assert len(r[5].rstrip(" |").split()) == n_scales
+
+
+def test_time_line_parsed_and_checked():
+    line = "x\ntime: 3 steps 0.60 s (0.10 0.20 0.30), decoder and PNG 0.40 s\nbackend cpu\n"
+    assert ref_var.parse_time_line(line) == {"steps_s": 0.6, "decoder_s": 0.4, "total_s": 1.0,
+                                             "scales_s": [0.1, 0.2, 0.3]}
+    with pytest.raises(ValueError, match="2 scales for 3 steps"):
+        ref_var.parse_time_line("time: 3 steps 0.60 s (0.10 0.20), decoder and PNG 0.40 s")
+    with pytest.raises(ValueError, match="no time line"):
+        ref_var.parse_time_line("nothing")
+
+
+def test_official_side_without_a_checkout_is_refused():
+    env = {k: v for k, v in os.environ.items() if k != "VAR_SRC"}
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ref_var.py"), ROOT,
+                        SHAPES_VAR], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 2 and "$VAR_SRC" in p.stderr, p.stderr
