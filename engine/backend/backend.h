@@ -37,6 +37,9 @@ typedef struct tensor {
     int ndim;
     int64_t shape[4]; /* the logical shape, whatever the layout */
     tensor_layout_t layout;
+    /* A second copy a backend keeps beside data (the CPU's bf16 Winograd
+     * kernels under cpu_activations bf16), freed with it; NULL if none. */
+    void *aux;
 } tensor_t;
 
 static inline int64_t tensor_numel(const tensor_t *t) {

@@ -111,6 +111,7 @@ static void cpu_weight_free(backend_t *be, tensor_t *t) {
     if (!t)
         return;
     free(t->data);
+    free(t->aux);
     memset(t, 0, sizeof *t);
 }
 
@@ -184,6 +185,13 @@ static int conv_transform(backend_t *be, tensor_t *w, ar_error_t *err) {
     free(w->data);
     w->data = u;
     w->layout = LAYOUT_CONV;
+    if (be->cpu_activations == CPU_ACTIVATIONS_BF16 && gemm_amx_usable()) {
+        const size_t half = winograd_weight_bf16_elems((int)c_out, (int)c_in) * sizeof(uint16_t);
+        if (!(w->aux = cpu_alloc(be, half)))
+            return ar_errorf(err, "out of memory for a 3x3 convolution's bf16 kernels (%zu bytes)",
+                             half);
+        winograd_weights_bf16(w->aux, u, (int)c_out, (int)c_in);
+    }
     return AR_OK;
 }
 
@@ -1354,7 +1362,10 @@ static void conv2d_winograd(backend_t *be, float *out, const float *in, const te
         for (int64_t b = 0; b < n_blocks; b++) {
             const int64_t t0 = b * block;
             const int n = (int)(tiles - t0 < block ? tiles - t0 : block);
-            winograd_conv3x3(out, in, w->data, bias, c_in, c_out, h, w_, pad, t0, n, mine);
+            if (w->aux && be->cpu_activations == CPU_ACTIVATIONS_BF16 && gemm_amx_usable())
+                winograd_conv3x3_bf16(out, in, w->aux, bias, c_in, c_out, h, w_, pad, t0, n, mine);
+            else
+                winograd_conv3x3(out, in, w->data, bias, c_in, c_out, h, w_, pad, t0, n, mine);
         }
     }
 }

@@ -5,6 +5,7 @@
  * U = G g G^T and summed over the input channels (the GEMMs), and the sum
  * M turned back into the 2x2 outputs by A^T M A. */
 #include "kernels/cpu/conv_winograd.h"
+#include "kernels/cpu/gemm_amx.h"
 
 #include <assert.h>
 #include <string.h>
@@ -43,8 +44,26 @@ int64_t winograd_tiles(int ho, int wo) { return (int64_t)((ho + 1) / 2) * ((wo +
 /* Tiles rounded up to whole panels: the width of a block's GEMMs. */
 static int padded(int n) { return (n + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL; }
 
+/* The bf16 path's part of the scratch, in floats: a position's patches
+ * rounded, and gemm_amx's interleaving buffer. */
+static size_t bf16_part_floats(int c_in, int n) {
+    return ((size_t)c_in * padded(n) + gemm_amx_scratch_elems(c_in) + 1) / 2;
+}
+
 size_t winograd_scratch_floats(int c_in, int c_out, int n) {
-    return (size_t)WINOGRAD_POS * ((size_t)c_in + (size_t)c_out) * (size_t)padded(n);
+    return (size_t)WINOGRAD_POS * ((size_t)c_in + (size_t)c_out) * (size_t)padded(n) +
+           bf16_part_floats(c_in, n);
+}
+
+size_t winograd_weight_bf16_elems(int c_out, int c_in) {
+    return (size_t)WINOGRAD_POS * gemm_amx_pad(c_out) * gemm_amx_pad(c_in);
+}
+
+void winograd_weights_bf16(uint16_t *ub, const float *u, int c_out, int c_in) {
+    const size_t per = (size_t)gemm_amx_pad(c_out) * gemm_amx_pad(c_in);
+    for (int pos = 0; pos < WINOGRAD_POS; pos++)
+        gemm_amx_round(ub + pos * per, u + (size_t)pos * c_out * c_in, c_in, c_out, c_in, 0,
+                       gemm_amx_pad(c_out));
 }
 
 /* Input columns the patches of a panel's tiles in one row span. */
@@ -113,8 +132,11 @@ static int next_run(int64_t t, int64_t end, int tw, int *ty, int *tx) {
     return (int)(end - t < tw - *tx ? end - t : tw - *tx);
 }
 
-void winograd_conv3x3(float *out, const float *in, const float *u, const float *bias, int c_in,
-                      int c_out, int h, int w, int pad, int64_t t0, int n, float *scratch) {
+/* winograd_conv3x3, its products from u in fp32 or, where ub is not NULL,
+ * from ub on the AMX tiles. */
+static void conv3x3(float *out, const float *in, const float *u, const uint16_t *ub,
+                    const float *bias, int c_in, int c_out, int h, int w, int pad, int64_t t0,
+                    int n, float *scratch) {
     const int ho = h + 2 * pad - 2, wo = w + 2 * pad - 2, tw = (wo + 1) / 2;
     assert(ho > 0 && wo > 0 && n > 0 && t0 + n <= winograd_tiles(ho, wo));
     const int np = padded(n);
@@ -149,9 +171,17 @@ void winograd_conv3x3(float *out, const float *in, const float *u, const float *
         }
     /* M[pos] = U[pos] V[pos], summed over the channels. */
     memset(m, 0, WINOGRAD_POS * m_pos * sizeof(float));
-    for (int pos = 0; pos < WINOGRAD_POS; pos++)
-        gemm_packed(c_out, n, c_in, u + pos * u_pos, c_in, v + pos * v_pos, DTYPE_F32,
-                    m + pos * m_pos, np);
+    uint16_t *vb = (uint16_t *)(m + WINOGRAD_POS * m_pos), *tiles = vb + v_pos;
+    const size_t ub_pos = (size_t)gemm_amx_pad(c_out) * gemm_amx_pad(c_in);
+    for (int pos = 0; pos < WINOGRAD_POS; pos++) {
+        if (ub) {
+            gemm_amx_to_bf16(vb, v + pos * v_pos, v_pos);
+            gemm_amx(c_out, n, c_in, ub + pos * ub_pos, vb, m + pos * m_pos, np, tiles);
+        } else {
+            gemm_packed(c_out, n, c_in, u + pos * u_pos, c_in, v + pos * v_pos, DTYPE_F32,
+                        m + pos * m_pos, np);
+        }
+    }
     /* The outputs. */
     for (int co = 0; co < c_out; co++)
         for (int64_t t = t0; t < t0 + n;) {
@@ -162,4 +192,15 @@ void winograd_conv3x3(float *out, const float *in, const float *u, const float *
                      m + (size_t)co * np + (t - t0), m_pos, len, bias ? bias[co] : 0.0f);
             t += len;
         }
+}
+
+void winograd_conv3x3(float *out, const float *in, const float *u, const float *bias, int c_in,
+                      int c_out, int h, int w, int pad, int64_t t0, int n, float *scratch) {
+    conv3x3(out, in, u, NULL, bias, c_in, c_out, h, w, pad, t0, n, scratch);
+}
+
+void winograd_conv3x3_bf16(float *out, const float *in, const uint16_t *ub, const float *bias,
+                           int c_in, int c_out, int h, int w, int pad, int64_t t0, int n,
+                           float *scratch) {
+    conv3x3(out, in, NULL, ub, bias, c_in, c_out, h, w, pad, t0, n, scratch);
 }

@@ -47,4 +47,15 @@ size_t winograd_scratch_floats(int c_in, int c_out, int n);
 void winograd_conv3x3(float *out, const float *in, const float *u, const float *bias, int c_in,
                       int c_out, int h, int w, int pad, int64_t t0, int n, float *scratch);
 
+/* cpu_activations bf16 on an AMX CPU (gemm_amx.h): the transformed kernels
+ * rounded to bf16, per position a [c_out, c_in] matrix in gemm_amx_round's
+ * layout (rows and columns padded to 32), and the convolution with the
+ * patches rounded too, the products on the tiles (its error: a bf16
+ * rounding of each transformed kernel and patch, docs/cpu-kernels.md). */
+size_t winograd_weight_bf16_elems(int c_out, int c_in);
+void winograd_weights_bf16(uint16_t *ub, const float *u, int c_out, int c_in);
+void winograd_conv3x3_bf16(float *out, const float *in, const uint16_t *ub, const float *bias,
+                           int c_in, int c_out, int h, int w, int pad, int64_t t0, int n,
+                           float *scratch);
+
 #endif

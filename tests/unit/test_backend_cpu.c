@@ -1323,6 +1323,73 @@ static void test_conv2d_kernels_pads_and_slices(void) {
     }
 }
 
+/* cpu_activations bf16 on an AMX CPU: Winograd convolutions prepared in that
+ * mode keep bf16 transformed kernels (the tensor's aux) and take their
+ * products on the tiles, patches rounded too: within 2e-2 of the double
+ * reference relative to the largest output (inputs and kernels in [-1, 1],
+ * 32 to 64 channels), visibly rounded (the tiles ran), on one and two
+ * threads; the same kernels in the f32 mode give fp32's result. */
+static void test_conv2d_winograd_bf16_activations(void) {
+    if (!gemm_amx_usable()) {
+        printf("skip: no AMX here; convolutions stay fp32 in cpu_activations bf16\n");
+        return;
+    }
+    ar_error_t err = {{0}};
+    backend_t *two = backend_cpu_create(2, &err);
+    CHECK_MSG(two, "%s", err.msg);
+    if (!two)
+        return;
+    backend_t *bes[2] = {be, two};
+    const int cases[][5] = {{32, 48, 29, 31, 1}, {64, 40, 17, 20, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int ci = cases[c][0], co = cases[c][1], h = cases[c][2], w = cases[c][3];
+        const int pad = cases[c][4], ho = h + 2 * pad - 2, wo = w + 2 * pad - 2;
+        const size_t n_in = (size_t)ci * h * w, n_out = (size_t)co * ho * wo;
+        float *in = host_uniform(n_in, -1, 1), *wt = host_uniform((size_t)co * ci * 9, -1, 1);
+        double *ref = ref_new(n_out), largest = 0;
+        for (int o = 0; o < co; o++)
+            for (int y = 0; y < ho; y++)
+                for (int x = 0; x < wo; x++) {
+                    double sum = 0;
+                    for (int i = 0; i < ci; i++)
+                        for (int ky = 0; ky < 3; ky++)
+                            for (int kx = 0; kx < 3; kx++) {
+                                const int iy = y + ky - pad, ix = x + kx - pad;
+                                if (iy >= 0 && iy < h && ix >= 0 && ix < w)
+                                    sum += (double)wt[((o * ci + i) * 3 + ky) * 3 + kx] *
+                                           in[((size_t)i * h + iy) * w + ix];
+                            }
+                    ref[((size_t)o * ho + y) * wo + x] = sum;
+                    largest = fmax(largest, fabs(sum));
+                }
+        for (int t = 0; t < 2; t++) {
+            backend_t *e = bes[t];
+            e->cpu_activations = CPU_ACTIVATIONS_BF16;
+            tensor_t tp = weight_f32(wt, 4, co, ci, 3, 3);
+            CHECK_MSG(e->weight_prepare(e, &tp, LAYOUT_CONV, &err) == AR_OK, "%s", err.msg);
+            CHECK(tp.layout == LAYOUT_CONV && tp.aux);
+            float *out = malloc(n_out * sizeof *out);
+            e->conv2d(e, out, in, &tp, NULL, ci, h, w, pad);
+            double worst = 0;
+            for (size_t i = 0; i < n_out; i++)
+                worst = fmax(worst, fabs(out[i] - ref[i]));
+            CHECK_MSG(worst <= 2e-2 * largest && worst > 1e-5 * largest,
+                      "bf16 winograd %dx%dx%d -> %d, %d threads: worst %.3g of %.3g", ci, h, w, co,
+                      t + 1, worst, largest);
+            e->cpu_activations = CPU_ACTIVATIONS_F32;
+            e->conv2d(e, out, in, &tp, NULL, ci, h, w, pad);
+            worst = 0;
+            for (size_t i = 0; i < n_out; i++)
+                worst = fmax(worst, fabs(out[i] - ref[i]));
+            CHECK_MSG(worst <= 1e-6 + 2e-7 * ci * 9 * largest, "f32 winograd: worst %.3g", worst);
+            e->weight_free(e, &tp);
+            free(out);
+        }
+        free(ref), free(in), free(wt);
+    }
+    two->destroy(two);
+}
+
 /* Includes C=64 with 32 groups, one group, hw=1, and inputs offset by 100
  * (where E[x^2] - E[x]^2 in fp32 would cancel). 1e-5 abs + 1e-5 rel. */
 static void test_groupnorm_groups_and_offsets(void) {
@@ -2350,6 +2417,7 @@ int main(void) {
     TEST_RUN(test_softmax_rows);
     TEST_RUN(test_embedding_with_and_without_l2);
     TEST_RUN(test_conv2d_kernels_pads_and_slices);
+    TEST_RUN(test_conv2d_winograd_bf16_activations);
     TEST_RUN(test_groupnorm_groups_and_offsets);
     TEST_RUN(test_upsample_nearest2x_exact);
     TEST_RUN(test_transpose_exact);
