@@ -20,6 +20,7 @@
 #include "engine/model.h"
 #include "engine/planner.h"
 #include "engine/policy/kv_policy.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/vec_isa.h"
 #include "server/http.h"
 #include "server/log.h"
@@ -331,6 +332,17 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
             d->model.cfg.name, cfg->model, model_config_image_width(&d->model.cfg),
             model_config_image_height(&d->model.cfg), model_image_tokens(&d->model.cfg),
             d->model.weight_bytes / 1e6, clock_now_s() - t0);
+    if (d->be->cpu_activations == CPU_ACTIVATIONS_BF16 && !strcmp(d->be->name, "cpu")) {
+        if (d->model.weight_dtype != DTYPE_BF16)
+            log_msg(LOG_WARN,
+                    "cpu_activations bf16 changes nothing here: the model's weights are "
+                    "%s, and bf16 arithmetic takes bf16 weights",
+                    dtype_name(d->model.weight_dtype));
+        else
+            log_msg(LOG_INFO, "cpu_activations bf16: activations rounded to bf16, %s",
+                    gemm_amx_usable() ? "the products on this CPU's AMX tiles"
+                                      : "but this CPU has no AMX: the fp32 kernels multiply them");
+    }
     server_config_kv_defaults(cfg, &d->kv_defaults);
     model_config_kv_card(&d->model.cfg, &d->kv_defaults);
     kv_policy_params_t run;
