@@ -278,6 +278,12 @@ static int generate(const generate_args_t *a, backend_t *be) {
         goto out;
     }
     loaded = 1;
+    if (be->cpu_activations == CPU_ACTIVATIONS_BF16 && model.weight_dtype != DTYPE_BF16 &&
+        !strcmp(be->name, "cpu"))
+        fprintf(stderr,
+                "arserve generate: warning: --cpu-activations bf16 changes nothing here: the "
+                "model's weights are %s, and bf16 arithmetic takes bf16 weights\n",
+                dtype_name(model.weight_dtype));
     sampler_params_t sp = model.cfg.sampling;
     if (a->cfg >= 0)
         sp.cfg = (float)a->cfg;

@@ -163,6 +163,10 @@ if "$bin" generate --model "$b16" --prompt-ids 10,11,12 -q -o "$tmp/f32.png" 2>"
    ! cmp -s "$tmp/f32.png" "$tmp/bf16.png"
 then ok "generate --cpu-activations bf16 draws, rounding what f32 keeps"
 else fail "generate --cpu-activations bf16" "$(cat "$tmp/err")"; fi
+if "$bin" generate --model "$model" --prompt-ids 10,11,12 -q --cpu-activations bf16 \
+       -o "$tmp/w.png" 2>"$tmp/err" && grep -q "warning: --cpu-activations bf16 changes nothing here: the model's weights are F16" "$tmp/err"
+then ok "generate --cpu-activations bf16 on F16 weights warns that it changes nothing"
+else fail "generate --cpu-activations bf16 on F16 weights" "$(cat "$tmp/err")"; fi
 expect_fail "an unknown --cpu-activations names the choices" 2 "f32, bf16" -- \
     "$bin" generate --model "$b16" --prompt-ids 10,11,12 --cpu-activations fp8 -o "$tmp/x.png"
 # -v says where the time went: each of a next-scale model's steps (its scales)
