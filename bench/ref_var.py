@@ -54,10 +54,11 @@ def parse_time_line(stderr: str) -> dict:
     return {"steps_s": steps, "decoder_s": decoder, "total_s": steps + decoder, "scales_s": scales}
 
 
-def run_arserve(binary: str, model: str, label: int, threads: int, mode: str) -> dict:
+def run_arserve(binary: str, model: str, ask: list, threads: int, mode: str) -> dict:
+    """One `arserve generate -v` of what ask asks (["--class", "207"], ["--prompt", ...])."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [binary, "generate", "--model", model, "--class", str(label), "--threads",
-               str(threads), "--cpu-activations", mode, "-v", "-o", os.path.join(tmp, "x.png")]
+        cmd = [binary, "generate", "--model", model, *ask, "--threads", str(threads),
+               "--cpu-activations", mode, "-v", "-o", os.path.join(tmp, "x.png")]
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode:
             raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-2000:]}")
@@ -141,6 +142,20 @@ def median_of(runs: list) -> dict:
     return out
 
 
+def alternate(sides: list, reps: int, run, name: str) -> dict:
+    """run(side, precision) for every side, reps times after a warm-up, the sides alternating;
+    the medians by side."""
+    runs = {s: [] for s in sides}
+    for rep in range(reps + 1):  # the first is a warm-up
+        for side, prec in sides:
+            r = run(side, prec)
+            print(f"{name}: {'warm-up' if rep == 0 else f'rep {rep}'}: {side} {prec}: "
+                  f"{r['total_s']:.2f} s", file=sys.stderr, flush=True)
+            if rep:
+                runs[(side, prec)].append(r)
+    return {s: median_of(r) for s, r in runs.items()}
+
+
 def table(rows: dict) -> str:
     lines = ["| side | precision | steps s | decoder s | image s | each scale s |",
              "|---|---|---|---|---|---|"]
@@ -176,16 +191,9 @@ def main(argv=None) -> int:
     sides = [("arserve", p) for p in ("f32", "bf16")]
     if official:
         sides += [("official", p) for p in ("f32", "bf16")]
-    runs = {s: [] for s in sides}
-    for rep in range(a.reps + 1):  # the first is a warm-up
-        for side, prec in sides:
-            r = (run_arserve(a.arserve, a.model, a.label, a.threads, prec) if side == "arserve"
-                 else official.run(a.label, prec == "bf16", sampling))
-            print(f"ref_var: {'warm-up' if rep == 0 else f'rep {rep}'}: {side} {prec}: "
-                  f"{r['total_s']:.2f} s", file=sys.stderr, flush=True)
-            if rep:
-                runs[(side, prec)].append(r)
-    rows = {s: median_of(r) for s, r in runs.items()}
+    rows = alternate(sides, a.reps, lambda side, prec: (
+        run_arserve(a.arserve, a.model, ["--class", str(a.label)], a.threads, prec)
+        if side == "arserve" else official.run(a.label, prec == "bf16", sampling)), "ref_var")
     print(f"VAR: {os.path.basename(a.model.rstrip('/'))}, class {a.label}, {a.threads} thread(s), "
           f"median of {a.reps}")
     print(table(rows))

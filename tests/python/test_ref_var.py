@@ -1,7 +1,7 @@
-"""bench/ref_var.py, the VAR bench beside the official code, without the official code (which is
-not in this repository): its arserve half on the shipped VAR-architecture model, the table of
-both precisions with each scale's seconds, and a clear refusal when the official side has no
-checkout to import."""
+"""bench/ref_var.py and bench/ref_infinity.py, the benches beside the official code, without the
+official code (which is not in this repository): their arserve halves on the shipped VAR- and
+Infinity-architecture models, the table of both precisions with each scale's seconds, and a
+clear refusal when the official side has no checkout to import."""
 import os
 import subprocess
 import sys
@@ -45,3 +45,25 @@ def test_official_side_without_a_checkout_is_refused():
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ref_var.py"), ROOT,
                         SHAPES_VAR], capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 2 and "$VAR_SRC" in p.stderr, p.stderr
+
+
+SHAPES_INF = os.path.join(ROOT, "models", "shapes-inf")
+
+
+def test_infinity_bench_arserve_half(capsys):
+    """bench/ref_infinity.py, Infinity's, on the same helpers: its arserve half on the shipped
+    Infinity-architecture model."""
+    import ref_infinity
+    assert ref_infinity.main([ROOT, SHAPES_INF, "--arserve", ARSERVE, "--arserve-only", "--reps",
+                              "1", "--prompt", "a red circle"]) == 0
+    out = capsys.readouterr().out
+    assert [r.split(" | ")[1] for r in out.splitlines() if r.startswith("| arserve |")] == \
+        ["f32", "bf16"], out
+
+
+def test_infinity_official_side_without_a_checkout_is_refused():
+    env = {k: v for k, v in os.environ.items() if k != "INFINITY_SRC"}
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ref_infinity.py"), ROOT,
+                        SHAPES_INF], capture_output=True, text=True, env=env, timeout=60,
+                       cwd=os.path.join(ROOT, "bench"))
+    assert p.returncode == 2 and "$INFINITY_SRC" in p.stderr, p.stderr
