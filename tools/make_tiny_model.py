@@ -74,11 +74,14 @@ PRESETS = {
     # The slow model's grid (24x24 tokens, 576 steps, 96x96 pixels) at about a
     # twentieth of its work and a tenth of its KV: the ThreadSanitizer pass's
     # slow model. Under ThreadSanitizer the slow model took 75 s an image with
-    # the other core busy (37 s of CPU) against 0.4 s; this one takes 3 s there,
-    # still long enough to catch requests while they run.
+    # the other core busy (37 s of CPU) against 0.4 s; this one took 3 s there,
+    # long enough to catch requests while they run. Six layers, not two: by
+    # 2026-12-06 its image was 0.4 s under ThreadSanitizer on an idle AMX
+    # machine (0.12 s of steps), and eight images' steps ended inside the
+    # deadline tests' one second (a 200 after the drawing); with six, 504.
     "slow-sanitizer": {
         "name": "slow-sanitizer-random",
-        "llm": {"hidden_size": 48, "num_layers": 2, "num_heads": 3, "num_kv_heads": 3,
+        "llm": {"hidden_size": 48, "num_layers": 6, "num_heads": 3, "num_kv_heads": 3,
                 "head_dim": 16, "intermediate_size": 128},
         "image": {"grid_height": 24, "grid_width": 24, "head_hidden_size": 48},
     },
