@@ -60,7 +60,7 @@ def _infinity(release, vae, sizes, pool_mb):
         "request": {"prompt": "a red circle on the left of a blue square"},
         "cases": [(s, p) for s in sizes for p in (("full", None), ("heatkv", 0.1),
                                                    ("scalekv", 0.1))],
-        "calibrate": True, "pool_mb": pool_mb,
+        "calibrate": True, "pool_mb": pool_mb, "default_size": sizes[0],
     }
 
 
@@ -171,9 +171,11 @@ def run_model(name, a, res: Results, log):
     say = lambda msg: print(f"real_scale: {name}: {msg}", flush=True)  # noqa: E731
     if not res.get(name, "convert"):
         res.put(name, "convert", convert_stage(name, a, work, log, say))
-    if MODELS[name].get("calibrate") and not res.get(name, "calibrate"):
-        res.put(name, "calibrate", calibrate_stage(name, a, work, log, say))
     todo = [c for c in cases(name, a.tiny) if not res.get(name, case_key(c))]
+    for size in calibrated_sizes(name, todo):
+        key = "calibrate" + (f"/{size}" if size else "")
+        if not res.get(name, key):
+            res.put(name, key, calibrate_stage(name, a, work, log, say, size))
     if todo:
         serve_stage(name, a, work, todo, res, log, say)
 
@@ -208,19 +210,30 @@ def convert_stage(name, a, work, log, say):
     return row
 
 
-def calibrate_stage(name, a, work, log, say):
-    """`arserve calibrate` on the request's own prompt (HeatKV and ScaleKV need it)."""
+def calibrated_sizes(name, todo):
+    """The sizes the HeatKV and ScaleKV cases of todo draw, each calibrated by its own run (None:
+    the default size, which `arserve calibrate` makes without --size)."""
+    if not MODELS[name].get("calibrate"):
+        return []
+    sizes = [size for size, (policy, _) in todo if policy in ("heatkv", "scalekv")]
+    default = MODELS[name].get("default_size")
+    return list(dict.fromkeys(None if size == default else size for size in sizes))
+
+
+def calibrate_stage(name, a, work, log, say, size=None):
+    """`arserve calibrate` on the request's own prompt (HeatKV and ScaleKV need it), at size
+    (None: the model's default); each size's run adds its calibration to the model's file."""
     prompts = os.path.join(work, "calibration_prompts.txt")
     with open(prompts, "w") as f:
         r = MODELS[name]["request"]
         f.write(f"{r.get('prompt', r.get('class_label'))}\n")
     cmd = [a.arserve, "calibrate", "--model", os.path.join(work, "model"), "--prompts", prompts,
-           "--threads", str(a.threads)]
+           "--threads", str(a.threads)] + (["--size", size] if size else [])
     t0 = time.monotonic()
     p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
     if p.returncode:
         sys.exit(f"real_scale: {' '.join(cmd)} failed; see {log.name}")
-    say(f"calibrated in {time.monotonic() - t0:.0f} s")
+    say(f"calibrated{' at ' + size if size else ''} in {time.monotonic() - t0:.0f} s")
     return {"seconds": time.monotonic() - t0, "prompts": 1}
 
 

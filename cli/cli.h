@@ -41,12 +41,12 @@ int cli_default_model(char *out, size_t n);
 
 /* --model DIR_OR_PRESET of `plan` and `simulate` (cmd names the command
  * in messages): the arserve.json it names (into json[cap]) read into cfg,
- * with, for a next-scale model, its KV calibration (or a synthetic one
- * when the directory has none: *calib_note says which) in calib and
- * cfg->kv_calibration. 0, or 1 or 2 after a message; free calib with
- * kv_calibration_free. */
+ * with, for a next-scale model, its KV calibrations (or synthetic ones,
+ * one per image size, when the directory has none: *calib_note says which)
+ * in calib and cfg->kv_calibrations. 0, or 1 or 2 after a message; free
+ * calib with kv_calibration_set_free. */
 int cli_model_config(const char *cmd, const char *arg, char *json, size_t cap, model_config_t *cfg,
-                     kv_calibration_t *calib, const char **calib_note);
+                     kv_calibration_set_t *calib, const char **calib_note);
 
 /* --kv-dtype K,V (a CLI_EACH parser; dest: planner_kv_dtype_t). */
 int cli_parse_kv_dtype(void *dest, const char *value);

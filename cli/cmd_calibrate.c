@@ -108,8 +108,10 @@ static int calibrate_kv_scales(model_t *m, const char *prompts, const char *out)
     return rc;
 }
 
-/* HeatKV's orderings of a next-scale model; the exit code. */
-static int calibrate_orderings(model_t *m, const char *prompts, int sinks, const char *out) {
+/* HeatKV's orderings of a next-scale model at image size `size`, written
+ * beside the model's calibrations of its other sizes; the exit code. */
+static int calibrate_orderings(model_t *m, const char *prompts, int size, int sinks,
+                               const char *out) {
     char **lines = NULL, path[PATH_MAX];
     kv_calibration_t c = {0};
     ar_error_t err = {{0}};
@@ -117,13 +119,24 @@ static int calibrate_orderings(model_t *m, const char *prompts, int sinks, const
     const int n = read_lines(m, prompts, &lines);
     snprintf(path, sizeof path, "%s/%s", m->dir, KV_CALIBRATION_FILE);
     if (n > 0) {
-        if (calibration_run(m, (const char *const *)lines, n, sinks, progress, NULL, &c, &err) !=
-                AR_OK ||
-            kv_calibration_save(&c, out ? out : path, &err) != AR_OK)
+        if (calibration_run(m, (const char *const *)lines, n, size, sinks, progress, NULL, &c,
+                            &err) != AR_OK ||
+            kv_calibration_set_put(&m->calib, &c, &err) != AR_OK ||
+            kv_calibration_set_save(&m->calib, out ? out : path, &err) != AR_OK)
             fprintf(stderr, "\narserve calibrate: %s\n", err.msg);
         else {
-            printf("wrote %s: %d layers x %d heads, %d scales, %d generations, %d sink scales\n",
-                   out ? out : path, c.n_layers, c.n_heads, c.n_scales, n, c.sink_scales);
+            kv_geometry_t g;
+            model_geometry_sized(&m->cfg, 1, size, &g);
+            const kv_calibration_t *made =
+                kv_calibration_set_pick(&m->calib, m->cfg.image.sizes[size].name, &g);
+            char sizes[512] = "";
+            for (int i = 0, used = 0; i < m->calib.n && used < (int)sizeof sizes; i++)
+                used += snprintf(sizes + used, sizeof sizes - (size_t)used, "%s%s", i ? ", " : "",
+                                 m->calib.c[i].size[0] ? m->calib.c[i].size : "(unnamed)");
+            printf("wrote %s: %d layers x %d heads, %d scales, %d generations, %d sink scales "
+                   "at %s; it calibrates %d image size%s: %s\n",
+                   out ? out : path, made->n_layers, made->n_heads, made->n_scales, n,
+                   made->sink_scales, made->size, m->calib.n, m->calib.n == 1 ? "" : "s", sizes);
             rc = 0;
         }
     }
@@ -133,7 +146,7 @@ static int calibrate_orderings(model_t *m, const char *prompts, int sinks, const
 }
 
 int cmd_calibrate(int argc, char **argv, char **envp) {
-    const char *model_dir = NULL, *prompts = NULL, *out = NULL, *backend = "cpu";
+    const char *model_dir = NULL, *prompts = NULL, *out = NULL, *backend = "cpu", *size_arg = NULL;
     long long sinks = 3, threads = 0;
     int help = 0, scales = 0;
     char names[128], backend_help[256];
@@ -149,6 +162,9 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
         {"kv-scales", 0, CLI_BOOL, &scales,
          .help = "measure the fp8 KV scales (each layer and head's largest |K| and |V|) into "
                  "DIR/" FP8_SCALES_FILE " instead"},
+        {"size", 0, CLI_STRING, &size_arg, .metavar = "WxH",
+         .help = "the image size to calibrate, one of the model's (default its default "
+                 "size); the file keeps the other sizes' calibrations"},
         {"sink-scales", 0, CLI_INT, &sinks, 0, 256, .metavar = "S",
          .help = "sink scales the CAS ordering leaves out (default 3, HeatKV's)"},
         {"out", 0, CLI_STRING, &out, .metavar = "FILE",
@@ -162,9 +178,11 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
         return rc;
     if (help || !model_dir || !prompts) {
         FILE *f = help ? stdout : stderr;
-        fprintf(f, "usage: arserve calibrate --model DIR --prompts FILE [--sink-scales S] "
-                   "[--out FILE]\n       arserve calibrate --model DIR --prompts FILE "
-                   "--kv-scales [--out FILE]\n\n");
+        fprintf(
+            f,
+            "usage: arserve calibrate --model DIR --prompts FILE [--size WxH] "
+            "[--sink-scales S] [--out FILE]\n       arserve calibrate --model DIR --prompts FILE "
+            "--kv-scales [--out FILE]\n\n");
         cli_flags_usage(f, flags);
         return help ? 0 : 2;
     }
@@ -180,8 +198,20 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
         be->destroy(be);
         return 1;
     }
-    rc = scales ? calibrate_kv_scales(&m, prompts, out)
-                : calibrate_orderings(&m, prompts, (int)sinks, out);
+    int size = 0;
+    char sizes[1024];
+    if (size_arg &&
+        (scales || (size = model_size_by_name(&m.cfg, size_arg, sizes, sizeof sizes)) < 0)) {
+        if (scales)
+            fprintf(stderr, "arserve calibrate: --size: fp8 KV scales are measured at the default "
+                            "size only\n");
+        else
+            fprintf(stderr, "arserve calibrate: --size: '%s' is not one of the model's sizes: %s\n",
+                    size_arg, sizes);
+        rc = 2;
+    } else
+        rc = scales ? calibrate_kv_scales(&m, prompts, out)
+                    : calibrate_orderings(&m, prompts, size, (int)sinks, out);
     model_free(&m);
     be->destroy(be);
     (void)envp;

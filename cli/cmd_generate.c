@@ -132,20 +132,9 @@ static int prompt_rows(const generate_args_t *a, const model_t *m, int *cond, in
  * the negative prompt's ids first); 0 or the exit status. */
 static int image_opts(const generate_args_t *a, const model_t *m, gen_image_opts_t *opts,
                       int *neg) {
-    const int n_sizes = m->cfg.image.n_sizes > 0 ? m->cfg.image.n_sizes : 1;
     if (a->size && strcmp(a->size, "auto") != 0) {
-        char list[1024] = "";
-        opts->size = -1;
-        for (int i = 0; i < n_sizes; i++) {
-            int w, h;
-            char name[32];
-            model_image_dims(&m->cfg, i, &w, &h);
-            snprintf(name, sizeof name, "%dx%d", w, h);
-            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", name);
-            if (strcmp(name, a->size) == 0)
-                opts->size = i;
-        }
-        if (opts->size < 0) {
+        char list[1024];
+        if ((opts->size = model_size_by_name(&m->cfg, a->size, list, sizeof list)) < 0) {
             fprintf(stderr, "arserve generate: --size: '%s' is not one of the model's sizes: %s\n",
                     a->size, list);
             return 2;

@@ -171,7 +171,7 @@ static int resolve_model(const char *cmd, const char *arg, char *json, size_t ca
 }
 
 int cli_model_config(const char *cmd, const char *arg, char *json, size_t cap, model_config_t *cfg,
-                     kv_calibration_t *calib, const char **calib_note) {
+                     kv_calibration_set_t *calib, const char **calib_note) {
     int rc = resolve_model(cmd, arg, json, cap);
     if (rc)
         return rc;
@@ -183,30 +183,36 @@ int cli_model_config(const char *cmd, const char *arg, char *json, size_t cap, m
         return 1;
     }
     /* HeatKV needs the model's calibration: the directory's, or for a
-     * preset without weights a synthetic one (head order: the budget's
-     * bytes do not depend on which heads go first). */
+     * preset without weights a synthetic one per size (head order: the
+     * budget's bytes do not depend on which heads go first). */
     if (strcmp(cfg->family, "scale") != 0)
         return 0;
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%.*s/%s", (int)(strrchr(json, '/') - json), json,
              KV_CALIBRATION_FILE);
-    kv_geometry_t g0;
-    model_geometry(cfg, 0, &g0);
     if (is_file(path)) {
-        if (kv_calibration_load(calib, path, &err) != AR_OK ||
-            kv_calibration_check(calib, &g0, &err) != AR_OK) {
+        if (kv_calibration_set_load(calib, path, &err) != AR_OK ||
+            model_check_calibrations(cfg, calib, &err) != AR_OK) {
             fprintf(stderr, "arserve %s: %s: %s\n", cmd, path, err.msg);
-            kv_calibration_free(calib);
+            kv_calibration_set_free(calib);
             return 1;
         }
-        *calib_note = "the model's calibration";
-    } else if (kv_calibration_synthetic(calib, &g0, 3, &err) == AR_OK) {
+        *calib_note = calib->n > 1 ? "the model's calibrations" : "the model's calibration";
+    } else {
+        const int n_sizes = cfg->image.n_sizes > 0 ? cfg->image.n_sizes : 1;
+        for (int size = 0; size < n_sizes && size < KV_CALIBRATION_MAX_SIZES; size++) {
+            kv_geometry_t g;
+            model_geometry_sized(cfg, 0, size, &g);
+            if (kv_calibration_synthetic(&calib->c[size], &g, 3, &err) != AR_OK)
+                break;
+            calib->n = size + 1;
+        }
         *calib_note = "a synthetic ordering (no calibration in the model directory; bytes do "
                       "not depend on which heads go first, only where early pruning falls; "
                       "scalekv's drafters fall to the first layers of the first compacted "
                       "scale)";
     }
-    cfg->kv_calibration = calib->cas_order ? calib : NULL;
+    cfg->kv_calibrations = calib->n ? calib : NULL;
     return 0;
 }
 
@@ -793,7 +799,7 @@ int cmd_plan(int argc, char **argv, char **envp) {
     }
     char json[PATH_MAX + 16];
     model_config_t cfg;
-    kv_calibration_t calib = {0};
+    kv_calibration_set_t calib = {0};
     const char *calib_note = NULL;
     if ((rc = cli_model_config("plan", model_arg, json, sizeof json, &cfg, &calib, &calib_note)))
         return rc;
@@ -810,7 +816,7 @@ int cmd_plan(int argc, char **argv, char **envp) {
             fprintf(stderr, "arserve plan: --budget-tokens %lld: %s\n", budget_tokens,
                     budget > 0 ? "give --budget or --budget-tokens, not both"
                                : "more than a head holds at the full cache's peak");
-            kv_calibration_free(&calib);
+            kv_calibration_set_free(&calib);
             return 2;
         }
         budget = (double)budget_tokens / peak;
@@ -837,7 +843,7 @@ int cmd_plan(int argc, char **argv, char **envp) {
     }
     for (int i = 0; i < np; i++)
         planner_plan_free(&plans[i].plan);
-    kv_calibration_free(&calib);
+    kv_calibration_set_free(&calib);
     (void)envp;
     return rc;
 }

@@ -534,7 +534,7 @@ int cmd_simulate(int argc, char **argv, char **envp) {
     }
     char json[4096 + 16], why[512];
     model_config_t cfg;
-    kv_calibration_t calib;
+    kv_calibration_set_t calib;
     const char *calib_note;
     if ((rc =
              cli_model_config("simulate", model_arg, json, sizeof json, &cfg, &calib, &calib_note)))
@@ -550,7 +550,7 @@ int cmd_simulate(int argc, char **argv, char **envp) {
     } else
         rc = load_spec_finish(&spec, "simulate");
     if (rc) {
-        kv_calibration_free(&calib);
+        kv_calibration_set_free(&calib);
         return rc;
     }
     sim_t x = {.cfg = &cfg,
@@ -573,7 +573,7 @@ int cmd_simulate(int argc, char **argv, char **envp) {
         fclose(x.timeline);
     free(x.client_ready);
     load_spec_free(&spec);
-    kv_calibration_free(&calib);
+    kv_calibration_set_free(&calib);
     (void)envp;
     return rc;
 }

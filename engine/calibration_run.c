@@ -1,6 +1,7 @@
 /* Calibration runs (calibration_run.h). */
 #include "engine/calibration_run.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,18 +57,28 @@ static int prompt_rows(const model_t *m, const char *p, int *cond, int *uncond, 
     return model_prompt_from_class(m, label, cond, uncond, len, err);
 }
 
-int calibration_run(model_t *m, const char *const *prompts, int n, int sink_scales,
+static int run(model_t *m, const char *const *prompts, const int *const *forced, int n, int size,
+               int sink_scales, calibration_progress_fn progress, void *ctx, kv_calibration_t *out,
+               ar_error_t *err);
+
+int calibration_run(model_t *m, const char *const *prompts, int n, int size, int sink_scales,
                     calibration_progress_fn progress, void *ctx, kv_calibration_t *out,
                     ar_error_t *err) {
-    return calibration_run_forced(m, prompts, NULL, n, sink_scales, progress, ctx, out, err);
+    return run(m, prompts, NULL, n, size, sink_scales, progress, ctx, out, err);
 }
 
 int calibration_run_forced(model_t *m, const char *const *prompts, const int *const *forced, int n,
                            int sink_scales, calibration_progress_fn progress, void *ctx,
                            kv_calibration_t *out, ar_error_t *err) {
+    return run(m, prompts, forced, n, 0, sink_scales, progress, ctx, out, err);
+}
+
+static int run(model_t *m, const char *const *prompts, const int *const *forced, int n, int size,
+               int sink_scales, calibration_progress_fn progress, void *ctx, kv_calibration_t *out,
+               ar_error_t *err) {
     memset(out, 0, sizeof *out);
     kv_geometry_t g;
-    model_geometry(&m->cfg, 1, &g);
+    model_geometry_sized(&m->cfg, 1, size, &g);
     if (g.step_unit != KV_STEP_SEGMENT)
         return ar_errorf(err, "calibration is for next-scale models; %s is a raster model",
                          m->cfg.name);
@@ -94,7 +105,7 @@ int calibration_run_forced(model_t *m, const char *const *prompts, const int *co
         longest = len > longest ? len : longest;
     }
     kv_geometry_t gl;
-    model_geometry(&m->cfg, longest, &gl);
+    model_geometry_sized(&m->cfg, longest, size, &gl);
     const size_t cap = (size_t)gl.n_prompt + kv_geometry_image_tokens(&gl);
     const size_t n_mass = (size_t)T * cap;
     mass = malloc(n_mass * sizeof *mass);
@@ -109,9 +120,10 @@ int calibration_run_forced(model_t *m, const char *const *prompts, const int *co
     for (int p = 0; p < n; p++) {
         gen_request_t r;
         sampler_params_t sp = m->cfg.sampling;
+        const gen_image_opts_t opts = {.size = size};
         if (prompt_rows(m, prompts[p], cond, uncond, &len, err) != AR_OK ||
-            gen_request_init(&r, m, &pool, NULL, cond, uncond, len, &sp, (uint64_t)p, 0, err) !=
-                AR_OK)
+            gen_request_init_opts(&r, m, &pool, NULL, cond, uncond, len, &opts, &sp, (uint64_t)p, 0,
+                                  err) != AR_OK)
             goto out;
         r.forced = forced ? forced[p] : NULL;
         if (gen_request_collect_mass(&r, err) != AR_OK) {
@@ -119,7 +131,7 @@ int calibration_run_forced(model_t *m, const char *const *prompts, const int *co
             goto out;
         }
         /* This prompt's geometry (its own prefix) and its sequence's mass rows. */
-        model_geometry(&m->cfg, len, &g);
+        model_geometry_sized(&m->cfg, len, size, &g);
         const size_t stride = (size_t)r.seq[0].capacity, n_seq = (size_t)T * stride;
         gen_request_t *batch[] = {&r};
         for (int t = 0; t < r.n_steps; t++) {
@@ -139,6 +151,8 @@ int calibration_run_forced(model_t *m, const char *const *prompts, const int *co
     for (size_t i = 0; i < (size_t)T * K * K; i++)
         beta_f[i] = (float)(beta[i] / n);
     rc = kv_calibration_from_beta(out, &g, beta_f, n, sink_scales, err);
+    if (rc == AR_OK)
+        snprintf(out->size, sizeof out->size, "%s", m->cfg.image.sizes[size].name);
     if (rc == AR_OK && !(out->htr = malloc((size_t)T * K * sizeof *out->htr)))
         rc = ar_errorf(err, "out of memory");
     for (size_t i = 0; rc == AR_OK && i < (size_t)T * K; i++)

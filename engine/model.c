@@ -171,16 +171,16 @@ int model_load_with(model_t *m, const char *dir, backend_t *be, unsigned flags, 
     }
     snprintf(path, sizeof path, "%s/%s", dir, KV_CALIBRATION_FILE);
     if (access(path, F_OK) == 0) {
-        kv_geometry_t g;
-        model_geometry(&m->cfg, 0, &g);
-        if (kv_calibration_load(&m->calib, path, err) != AR_OK ||
-            kv_calibration_check(&m->calib, &g, err) != AR_OK) {
-            if (m->calib.cas_order)
-                ar_error_prefix(err, "%s (move it away to load the model without it)", path);
+        if (kv_calibration_set_load(&m->calib, path, err) != AR_OK) {
             model_free(m);
             return AR_ERR;
         }
-        m->cfg.kv_calibration = &m->calib;
+        if (model_check_calibrations(&m->cfg, &m->calib, err) != AR_OK) {
+            ar_error_prefix(err, "%s (move it away to load the model without it)", path);
+            model_free(m);
+            return AR_ERR;
+        }
+        m->cfg.kv_calibrations = &m->calib;
     }
     if (check_kv_budgets(&m->cfg, dir, err) != AR_OK) {
         model_free(m);
@@ -219,8 +219,8 @@ void model_free(model_t *m) {
         free(m->class_names[i]);
     free(m->class_names);
     m->class_names = NULL;
-    kv_calibration_free(&m->calib);
-    m->cfg.kv_calibration = NULL;
+    kv_calibration_set_free(&m->calib);
+    m->cfg.kv_calibrations = NULL;
     fp8_scales_free(&m->fp8_scales);
     arena_free(&m->arena);
 }

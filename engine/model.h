@@ -27,10 +27,10 @@ typedef struct model {
     void *net;
     char **class_names; /* scale, when condition.class_names is given: num_classes names */
     int bos_id, pad_id, image_start_id;
-    kv_calibration_t calib;  /* KV_CALIBRATION_FILE when the directory has one */
-    fp8_scales_t fp8_scales; /* FP8_SCALES_FILE when it has one: fp8 caches take its scales */
-    size_t weight_bytes;     /* as stored in the files */
-    dtype_t weight_dtype;    /* the float type most of them are stored in */
+    kv_calibration_set_t calib; /* KV_CALIBRATION_FILE when the directory has one */
+    fp8_scales_t fp8_scales;    /* FP8_SCALES_FILE when it has one: fp8 caches take its scales */
+    size_t weight_bytes;        /* as stored in the files */
+    dtype_t weight_dtype;       /* the float type most of them are stored in */
     /* Host scratch of the step path (gen_step and what it calls): grown to
      * the largest step seen, so steady-state steps allocate nothing. */
     arena_t arena;

@@ -109,9 +109,10 @@ typedef struct model_config {
     /* "kv_budgets" (optional): a policy's budget on this model when neither
      * a request nor the server's settings give one; 0: the policy's own. */
     double kv_budgets[KV_POLICY_COUNT];
-    /* Not from arserve.json: the model directory's KV calibration, set by
-     * model_load when it has one (or by `arserve plan`, a synthetic one). */
-    const struct kv_calibration *kv_calibration;
+    /* Not from arserve.json: the model directory's KV calibrations (one per
+     * image size calibrated), set by model_load when it has them (or by
+     * `arserve plan`, synthetic ones). */
+    const struct kv_calibration_set *kv_calibrations;
 } model_config_t;
 
 /* The card's kv_budgets into the defaults requests resolve against. */

@@ -77,6 +77,16 @@ void model_geometry(const model_config_t *cfg, int n_prompt, kv_geometry_t *g);
 /* The same at image size `size` (an index into image.sizes, checked by the
  * caller). */
 void model_geometry_sized(const model_config_t *cfg, int n_prompt, int size, kv_geometry_t *g);
+/* The image size whose scales are g's (a next-scale geometry), or -1. */
+int model_size_of_geometry(const model_config_t *cfg, const kv_geometry_t *g);
+/* The size named "WxH" (as the API's size field), or -1; names, when not
+ * NULL, gets the model's size names, comma-separated. */
+int model_size_by_name(const model_config_t *cfg, const char *name, char *names, size_t cap);
+/* AR_OK when every calibration of s fits this model (its layers and heads,
+ * and the scales of one of its sizes); else the message names the first
+ * that does not. */
+int model_check_calibrations(const model_config_t *cfg, const struct kv_calibration_set *s,
+                             ar_error_t *err);
 /* Steps of every request of this model (the prefix does not change them). */
 int model_steps(const model_config_t *cfg);
 /* Image tokens of every request of this model. */

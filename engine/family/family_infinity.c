@@ -20,6 +20,7 @@
 #include "base/rng.h"
 #include "engine/generate.h"
 #include "engine/model_family.h"
+#include "engine/policy/kv_calibration.h"
 
 static const char *const infinity_architectures[] = {"infinity", NULL};
 
@@ -34,7 +35,7 @@ static void infinity_geometry(const model_config_t *cfg, int n_prompt, int size,
         g->segment_tokens[i] = z->h[i] * z->w[i];
     g->n_layers = cfg->llm.num_layers;
     g->n_heads = cfg->llm.num_heads;
-    g->calibration = cfg->kv_calibration;
+    g->calibration = kv_calibration_set_pick(cfg->kv_calibrations, z->name, g);
 }
 
 static int infinity_token_width(const model_config_t *cfg) { return cfg->image.bits; }

@@ -12,6 +12,7 @@
 #include "engine/family/family_scale.h"
 #include "engine/generate.h"
 #include "engine/model_family.h"
+#include "engine/policy/kv_calibration.h"
 
 static const char *const scale_architectures[] = {"var", NULL};
 
@@ -26,7 +27,7 @@ static void scale_geometry(const model_config_t *cfg, int n_prompt, int size, kv
         g->segment_tokens[i] = cfg->image.scales[i] * cfg->image.scales[i];
     g->n_layers = cfg->llm.num_layers;
     g->n_heads = cfg->llm.num_heads;
-    g->calibration = cfg->kv_calibration;
+    g->calibration = kv_calibration_set_pick(cfg->kv_calibrations, cfg->image.sizes[0].name, g);
 }
 
 static int scale_ws_new(model_t *m, ar_error_t *err);

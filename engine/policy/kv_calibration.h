@@ -4,8 +4,10 @@
  * head orderings derived from it, lowest first: S-CAS per source scale
  * (eq. 4) and CAS (eq. 3, which depends on the sink scales). `arserve
  * calibrate` writes it to the model directory as KV_CALIBRATION_FILE; the
- * model loads it when present; heatkv and heatkv_binary read it. A head is
- * numbered layer * n_heads + head. Format: docs/kv-policies.md. */
+ * model loads it when present; heatkv, heatkv_binary and scalekv read it. A
+ * head is numbered layer * n_heads + head. A calibration holds one image
+ * size's scales; a model's file holds one per size calibrated
+ * (kv_calibration_set_t). Format: docs/kv-policies.md. */
 #ifndef ARSERVE_KV_CALIBRATION_H
 #define ARSERVE_KV_CALIBRATION_H
 
@@ -16,12 +18,19 @@
 /* K' of ScaleKV's history top-K ratio (the paper leaves it open): as many
  * keys as its observation window has queries. */
 #define KV_CALIBRATION_TOPK 16
+/* The most image sizes one file calibrates (a model's sizes: MODEL_MAX_SIZES). */
+#define KV_CALIBRATION_MAX_SIZES 16
 
 typedef struct kv_calibration {
     int n_layers, n_heads, n_scales;
     int scale_tokens[KV_MAX_SEGMENTS]; /* tokens of each scale */
-    int sink_scales;                   /* the s that cas_order was computed with */
-    int n_prompts;                     /* 0: a synthetic ordering (no data behind it) */
+    /* The image size it was made at, as the API names it ("WxH"); "" when
+     * not known (synthetic, or a file from before sizes were named): such
+     * an entry goes with any size of its scale_tokens. Sizes of transposed
+     * aspect ratios have equal token counts, and their own calibrations. */
+    char size[24];
+    int sink_scales; /* the s that cas_order was computed with */
+    int n_prompts;   /* 0: a synthetic ordering (no data behind it) */
     /* beta[(head * n_scales + q) * n_scales + src]: mean mass from scale q's
      * queries to scale src's keys (0 for src > q); NULL when synthetic. */
     float *beta;
@@ -57,5 +66,29 @@ int kv_calibration_check(const kv_calibration_t *c, const kv_geometry_t *g, ar_e
  * the file and the field). */
 int kv_calibration_save(const kv_calibration_t *c, const char *path, ar_error_t *err);
 int kv_calibration_load(kv_calibration_t *c, const char *path, ar_error_t *err);
+
+/* A model's calibrations, one per image size (its scales' token counts),
+ * in the file's order. */
+typedef struct kv_calibration_set {
+    int n;
+    kv_calibration_t c[KV_CALIBRATION_MAX_SIZES];
+} kv_calibration_set_t;
+
+/* The entry made at the image size named size (g's scales): the one of
+ * that name, else an unnamed one of g's scale_tokens; NULL when none is (or
+ * s is NULL). */
+const kv_calibration_t *kv_calibration_set_pick(const kv_calibration_set_t *s, const char *size,
+                                                const kv_geometry_t *g);
+
+/* Moves *c into s (then zeroed), in place of the entry of its size if
+ * there is one, else at the end; AR_ERR (c kept) when s is full. */
+int kv_calibration_set_put(kv_calibration_set_t *s, kv_calibration_t *c, ar_error_t *err);
+
+void kv_calibration_set_free(kv_calibration_set_t *s);
+
+/* The file: one calibration as kv_calibration_save writes it (version 1),
+ * several as version 2's "calibrations" array; load reads either. */
+int kv_calibration_set_save(const kv_calibration_set_t *s, const char *path, ar_error_t *err);
+int kv_calibration_set_load(kv_calibration_set_t *s, const char *path, ar_error_t *err);
 
 #endif

@@ -30,8 +30,9 @@ int heatkv_policy_check(const kv_policy_params_t *p, const kv_geometry_t *g, int
                          name, g->step_unit == KV_STEP_SEGMENT ? "more than 32 scales" : "tokens");
     if (!g->calibration)
         return ar_errorf(err,
-                         "%s needs the model's KV calibration (%s in the model directory): run "
-                         "`arserve calibrate --model DIR --prompts FILE`",
+                         "%s needs the model's KV calibration at this image size (%s in the "
+                         "model directory): run `arserve calibrate --model DIR --prompts FILE "
+                         "--size WxH` with this size",
                          name, KV_CALIBRATION_FILE);
     if (kv_calibration_check(g->calibration, g, err) != AR_OK)
         return AR_ERR;

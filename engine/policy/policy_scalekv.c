@@ -48,9 +48,10 @@ static int scalekv_check(const kv_policy_params_t *p, const kv_geometry_t *g, co
         return ar_errorf(err, "scalekv works on next-scale models; this model's steps are tokens");
     if (!g->calibration || !g->calibration->beta || !g->calibration->htr)
         return ar_errorf(err,
-                         "scalekv needs the model's KV calibration with attention statistics "
-                         "(%s in the model directory, written by this version): run `arserve "
-                         "calibrate --model DIR --prompts FILE`",
+                         "scalekv needs the model's KV calibration at this image size, with "
+                         "attention statistics (%s in the model directory, written by this "
+                         "version): run `arserve calibrate --model DIR --prompts FILE --size "
+                         "WxH` with this size",
                          KV_CALIBRATION_FILE);
     if (kv_calibration_check(g->calibration, g, err) != AR_OK)
         return AR_ERR;

@@ -62,13 +62,60 @@ cp "$inf_model"/arserve.json "$inf_model"/*.safetensors "$inf_model"/tokenizer.j
 rm -f "$tmp/inf/golden.safetensors"
 printf 'a red circle\n# a comment\na blue square\n' >"$tmp/text.txt"
 if "$bin" calibrate --model "$tmp/inf" --prompts "$tmp/text.txt" >"$tmp/out" 2>"$tmp/err"; then
-    if grep -q "wrote $tmp/inf/kv_calibration.json: 2 layers x 2 heads, 7 scales, 2 generations, 3 sink scales" \
+    if grep -q "wrote $tmp/inf/kv_calibration.json: 2 layers x 2 heads, 7 scales, 2 generations, 3 sink scales at [0-9]*x[0-9]*; it calibrates 1 image size" \
             "$tmp/out" && python3 "$tmp/check.py" "$tmp/inf/kv_calibration.json" 3 &&
        "$bin" plan --model "$tmp/inf" --policy heatkv --budget 0.4 2>&1 |
            grep -q "^heatkv and scalekv calibration: the model's calibration"
     then ok "calibrate on Infinity: text prompts, attention rows that sum to 1, read by plan"
     else fail "calibrate on Infinity's output" "$(cat "$tmp/out" "$tmp/err")"; fi
 else fail "calibrate --model infinity_tiny" "$(cat "$tmp/err")"; fi
+# --size: another image size's calibration beside the default's (one file,
+# version 2); heatkv then runs at both, and at a third size is refused.
+sizes=$(python3 -c "import json,sys; print(' '.join(z['name'] for z in json.load(open(sys.argv[1]))['image']['sizes']))" "$tmp/inf/arserve.json")
+set -- $sizes
+default=$1 other=$2 third=$3
+if "$bin" calibrate --model "$tmp/inf" --prompts "$tmp/text.txt" --size "$other" --sink-scales 2 >"$tmp/out" 2>"$tmp/err"; then
+    if grep -q "2 sink scales at $other; it calibrates 2 image sizes: $default, $other" "$tmp/out" &&
+       python3 - "$tmp/inf/kv_calibration.json" "$default" "$other" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["version"] == 2 and [c["size"] for c in d["calibrations"]] == sys.argv[2:4], d.get("version")
+assert [c["sink_scales"] for c in d["calibrations"]] == [3, 2]
+PY
+    then
+        for z in "$default" "$other"; do
+            "$bin" generate --model "$tmp/inf" --prompt "a red circle" --size "$z" --kv-policy heatkv \
+                --kv-budget 0.4 --threads 1 -o "$tmp/z.png" >"$tmp/gen" 2>&1 || break
+        done
+        if grep -q "$other, prompt tokens" "$tmp/gen" &&
+           ! "$bin" generate --model "$tmp/inf" --prompt "a red circle" --size "$third" --kv-policy heatkv \
+               --kv-budget 0.4 --threads 1 -o "$tmp/z.png" >"$tmp/gen" 2>&1 &&
+           grep -q "heatkv needs the model's KV calibration at this image size" "$tmp/gen"
+        then ok "calibrate --size adds a size's calibration; heatkv runs at the calibrated sizes only"
+        else fail "heatkv at the calibrated sizes" "$(cat "$tmp/gen")"; fi
+    else fail "calibrate --size output" "$(cat "$tmp/out" "$tmp/err")"; fi
+else fail "calibrate --size $other" "$(cat "$tmp/err")"; fi
+"$bin" calibrate --model "$tmp/inf" --prompts "$tmp/text.txt" --size 7x7 >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ] && grep -q "size: '7x7' is not one of the model's sizes: $default, $other, $third" "$tmp/err" \
+    && ok "an unknown --size is refused, listing the model's sizes" || fail "bad --size" "$(cat "$tmp/err")"
+"$bin" calibrate --model "$tmp/inf" --prompts "$tmp/text.txt" --size "$other" --kv-scales >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ] && grep -q "default size only" "$tmp/err" \
+    && ok "--size with --kv-scales is refused" || fail "--size --kv-scales" "$(cat "$tmp/err")"
+# An entry named for a size the model lacks: refused at load, naming the file.
+python3 - "$tmp/inf/kv_calibration.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); d["calibrations"][1]["size"] = "9x9"
+json.dump(d, open(sys.argv[1], "w"))
+PY
+"$bin" plan --model "$tmp/inf" --policy heatkv --budget 0.4 >/dev/null 2>"$tmp/err"
+[ $? -eq 1 ] && grep -q "kv_calibration.json: calibration 2 of 2: the KV calibration was made at 9x9" "$tmp/err" \
+    && ok "a calibration of a size the model lacks is refused, naming the file and entry" \
+    || fail "calibration of a missing size" "$(cat "$tmp/err")"
+"$bin" generate --model "$tmp/inf" --prompt "a red circle" --threads 1 -o "$tmp/z.png" >/dev/null 2>"$tmp/err"
+[ $? -ne 0 ] && grep -q "kv_calibration.json (move it away" "$tmp/err" \
+    && ok "... and by the model's load" || fail "load with a calibration of a missing size" "$(cat "$tmp/err")"
+rm "$tmp/inf/kv_calibration.json"
+
 printf 'a red circle\na small blue square on the left of a large green circle\n' >"$tmp/long.txt"
 "$bin" calibrate --model "$tmp/inf" --prompts "$tmp/long.txt" >/dev/null 2>"$tmp/err"
 [ $? -eq 1 ] && grep -q "prompt 2: prompt is [0-9]* tokens with </s>, more than the model's limit 16" "$tmp/err" \

@@ -184,7 +184,7 @@ def calibrated(tmp_path_factory):
 def test_a_calibrated_model_serves_heatkv_and_scalekv(calibrated):
     """HeatKV (both variants) and ScaleKV on Infinity with its calibration:
     each image's measured KV peak is its plan and under the full cache's; a
-    size other than the calibration's is refused, saying so."""
+    size the calibration lacks is refused, saying how to add it."""
     full = calibrated.client.post(GEN, json={"prompt": "a dog", "seed": 1})
     assert full.status_code == 200, full.text
     full_peak = full.json()["kv_cache"]["peak_bytes"]
@@ -203,5 +203,5 @@ def test_a_calibrated_model_serves_heatkv_and_scalekv(calibrated):
     r = calibrated.client.post(GEN, json={"prompt": "a dog", "size": WIDE, "kv_policy": "heatkv",
                                           "kv_budget": 0.4})
     e = error_of(r)
-    assert e["param"] == "kv_policy" and "calibration was made at another image size" in \
-        e["message"], e
+    assert e["param"] == "kv_policy" and "calibration at this image size" in e["message"] and \
+        "arserve calibrate" in e["message"] and "--size" in e["message"], e

@@ -1065,14 +1065,15 @@ static void test_scalekv_matches_public_code(void) {
         return;
     const kv_calibration_t *c = forced_calibration(root);
     if (c && golden_ref(&ref, &file, "scalekv.safetensors") == 0) {
-        model.cfg.kv_calibration = c;
+        kv_calibration_set_t one = {.n = 1, .c = {*c}};
+        model.cfg.kv_calibrations = &one;
         const cJSON *run;
         int n_runs = 0;
         cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(root, "runs")) {
             if (!REFERENCE_RUNS_ONE || n_runs++ == 0)
                 check_scalekv_run(&ref, run);
         }
-        model.cfg.kv_calibration = NULL;
+        model.cfg.kv_calibrations = NULL;
         safetensors_close(&file);
     }
     cJSON_Delete(root);
@@ -1092,7 +1093,8 @@ static void test_heatkv_matches_public_code(void) {
         return;
     const kv_calibration_t *c = forced_calibration(root);
     if (c && golden_ref(&ref, &file, "heatkv.safetensors") == 0) {
-        model.cfg.kv_calibration = c;
+        kv_calibration_set_t one = {.n = 1, .c = {*c}};
+        model.cfg.kv_calibrations = &one;
         const int sinks = cJSON_GetObjectItemCaseSensitive(root, "sink_scales")->valueint;
         const cJSON *run;
         int n_runs = 0;
@@ -1102,7 +1104,7 @@ static void test_heatkv_matches_public_code(void) {
             if (!REFERENCE_RUNS_ONE || n_runs++ == 2)
                 check_heatkv_run(&ref, run, sinks);
         }
-        model.cfg.kv_calibration = NULL;
+        model.cfg.kv_calibrations = NULL;
         safetensors_close(&file);
     }
     cJSON_Delete(root);
@@ -1244,7 +1246,8 @@ static void test_policies_on_a_longer_schedule(void) {
             src++;
         }
         CHECK_MSG(same, "S-CAS orderings on %d scales differ from HeatKV's", S);
-        m.cfg.kv_calibration = &c;
+        kv_calibration_set_t one = {.n = 1, .c = {c}};
+        m.cfg.kv_calibrations = &one;
         const cJSON *run;
         int n_runs = 0; /* with one run: 4%, the window's and early pruning's */
         cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(root, "scalekv")) {
@@ -1256,7 +1259,7 @@ static void test_policies_on_a_longer_schedule(void) {
             if (!REFERENCE_RUNS_ONE || n_runs++ == 0)
                 check_heatkv_run(&ref, run, sinks);
         }
-        m.cfg.kv_calibration = NULL;
+        m.cfg.kv_calibrations = NULL;
         kv_calibration_free(&c);
     }
     if (opened)

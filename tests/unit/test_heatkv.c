@@ -438,8 +438,8 @@ static void test_orderings_from_beta(void) {
     other = g;
     other.segment_tokens[2] = 10; /* the same model at another image size */
     CHECK(kv_calibration_check(&back, &other, &err) == AR_ERR);
-    CHECK_STR_CONTAINS(err.msg, "another image size (scales of 1,4,9,16 tokens; this size's: "
-                                "1,4,10,16)");
+    CHECK_STR_CONTAINS(err.msg, "no entry for this image size (scales of 1,4,10,16 tokens; it "
+                                "was made at scales of 1,4,9,16)");
     kv_calibration_free(&back);
     /* A broken file names itself and the field. */
     FILE *f = fopen(path, "w");
@@ -453,6 +453,100 @@ static void test_orderings_from_beta(void) {
     CHECK_STR_CONTAINS(err.msg, "cas_order[5]");
     unlink(path);
     kv_calibration_free(&c);
+}
+
+/* A model's file holds a calibration per image size: an entry is picked by
+ * its size's name (transposed sizes have the same token counts, not the
+ * same statistics), an unnamed one (older files) by its scales; putting a
+ * size's again replaces it; one entry saves as version 1, several as
+ * version 2, and a broken entry or two of one size are refused by number. */
+static void test_calibration_set_one_entry_per_size(void) {
+    kv_geometry_t wide = {.step_unit = KV_STEP_SEGMENT,
+                          .n_segments = 3,
+                          .n_layers = 1,
+                          .n_heads = 2,
+                          .segment_tokens = {1, 2, 8}};
+    kv_geometry_t square = wide;
+    square.segment_tokens[2] = 9;
+    ar_error_t err = {{0}};
+    kv_calibration_set_t s = {0};
+    kv_calibration_t c;
+    const char *names[] = {"32x16", "16x32", "24x24"};
+    const kv_geometry_t *geoms[] = {&wide, &wide, &square};
+    for (int i = 0; i < 3; i++) {
+        CHECK(kv_calibration_synthetic(&c, geoms[i], 1, &err) == AR_OK);
+        c.n_prompts = i + 1;
+        snprintf(c.size, sizeof c.size, "%s", names[i]);
+        CHECK(kv_calibration_set_put(&s, &c, &err) == AR_OK);
+        CHECK(c.cas_order == NULL); /* moved */
+    }
+    CHECK(s.n == 3);
+    CHECK(kv_calibration_set_pick(&s, "16x32", &wide) == &s.c[1]);
+    CHECK(kv_calibration_set_pick(&s, "32x16", &wide) == &s.c[0]);
+    CHECK(kv_calibration_set_pick(&s, "24x24", &square) == &s.c[2]);
+    CHECK(kv_calibration_set_pick(&s, "48x8", &wide) == NULL);
+    CHECK(kv_calibration_set_pick(NULL, "24x24", &square) == NULL);
+    /* The same size again replaces its entry. */
+    CHECK(kv_calibration_synthetic(&c, &wide, 2, &err) == AR_OK);
+    c.n_prompts = 7;
+    snprintf(c.size, sizeof c.size, "16x32");
+    CHECK(kv_calibration_set_put(&s, &c, &err) == AR_OK);
+    CHECK(s.n == 3 && s.c[1].n_prompts == 7 && s.c[1].sink_scales == 2);
+    /* Through the file: version 2 keeps every entry and its name. */
+    char path[] = "/tmp/arserve-calibset-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    CHECK_MSG(kv_calibration_set_save(&s, path, &err) == AR_OK, "%s", err.msg);
+    kv_calibration_set_t back;
+    CHECK_MSG(kv_calibration_set_load(&back, path, &err) == AR_OK, "%s", err.msg);
+    CHECK(back.n == 3);
+    for (int i = 0; i < back.n && i < 3; i++) {
+        CHECK_MSG(strcmp(back.c[i].size, s.c[i].size) == 0, "entry %d: %s", i, back.c[i].size);
+        CHECK(back.c[i].n_prompts == s.c[i].n_prompts &&
+              back.c[i].sink_scales == s.c[i].sink_scales);
+        CHECK(!memcmp(back.c[i].scale_tokens, s.c[i].scale_tokens, sizeof s.c[i].scale_tokens));
+    }
+    kv_calibration_set_free(&back);
+    CHECK(back.n == 0);
+    CHECK(kv_calibration_load(&c, path, &err) == AR_ERR); /* one calibration only */
+    CHECK_STR_CONTAINS(err.msg, "several image sizes");
+    /* One entry saves as the single calibration of version 1. */
+    kv_calibration_set_t one = {0};
+    CHECK(kv_calibration_synthetic(&c, &square, 1, &err) == AR_OK);
+    CHECK(kv_calibration_set_put(&one, &c, &err) == AR_OK);
+    CHECK(kv_calibration_set_save(&one, path, &err) == AR_OK);
+    CHECK_MSG(kv_calibration_load(&c, path, &err) == AR_OK, "%s", err.msg);
+    CHECK(c.size[0] == 0 && c.n_scales == 3);
+    kv_calibration_free(&c);
+    /* An unnamed entry goes with any size of its scales. */
+    CHECK(kv_calibration_set_pick(&one, "24x24", &square) == &one.c[0]);
+    CHECK(kv_calibration_set_pick(&one, "9x9", &square) == &one.c[0]);
+    CHECK(kv_calibration_set_pick(&one, "32x16", &wide) == NULL);
+    kv_calibration_set_free(&one);
+    /* Two entries of one size, and a broken entry, are refused by number. */
+    FILE *f = fopen(path, "w");
+    const char *entry = "{\"n_layers\":1,\"n_heads\":2,\"prompts\":1,\"size\":\"24x24\","
+                        "\"scale_tokens\":[1,4,9],\"sink_scales\":1,\"cas_order\":[0,1],"
+                        "\"scas_order\":[[0,1],[1,0]]}";
+    fprintf(f, "{\"format\":\"arserve-kv-calibration\",\"version\":2,\"calibrations\":[%s,%s]}",
+            entry, entry);
+    fclose(f);
+    CHECK(kv_calibration_set_load(&back, path, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "calibrations[1] is for the image size of calibrations[0]");
+    CHECK_STR_CONTAINS(err.msg, path);
+    f = fopen(path, "w");
+    fprintf(f,
+            "{\"format\":\"arserve-kv-calibration\",\"version\":2,\"calibrations\":[%s,"
+            "{\"n_layers\":1,\"n_heads\":2,\"prompts\":1,\"scale_tokens\":[1,4,16],"
+            "\"sink_scales\":1,\"cas_order\":[0,0],\"scas_order\":[[0,1],[1,0]]}]}",
+            entry);
+    fclose(f);
+    CHECK(kv_calibration_set_load(&back, path, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "calibrations[1]: cas_order[1]");
+    CHECK(back.n == 0);
+    unlink(path);
+    kv_calibration_set_free(&s);
 }
 
 /* ---- on the engine ---- */
@@ -527,7 +621,8 @@ static void test_measured_kv_equals_the_plan(void) {
         shuffle(c.cas_order, g.n_layers * g.n_heads);
         for (int src = 0; src < g.n_segments - 1; src++)
             shuffle(c.scas_order + (size_t)src * g.n_layers * g.n_heads, g.n_layers * g.n_heads);
-        m.cfg.kv_calibration = &c;
+        kv_calibration_set_t one = {.n = 1, .c = {c}};
+        m.cfg.kv_calibrations = &one;
         kv_policy_params_t p;
         kv_policy_defaults(&p, runs[i].kind);
         p.budget = runs[i].budget;
@@ -555,7 +650,7 @@ static void test_measured_kv_equals_the_plan(void) {
             early_runs += s.n_early[k] > 0;
         heatkv_schedule_free(&s);
         kv_calibration_free(&c);
-        m.cfg.kv_calibration = NULL;
+        m.cfg.kv_calibrations = NULL;
     }
     CHECK(compared == 7 * 7);
     CHECK_MSG(early_runs > 0, "no run needed early pruning");
@@ -575,6 +670,7 @@ int main(void) {
     TEST_RUN(test_budget_below_the_sinks_is_refused);
     TEST_RUN(test_schedule_equals_the_public_code);
     TEST_RUN(test_orderings_from_beta);
+    TEST_RUN(test_calibration_set_one_entry_per_size);
     TEST_RUN(test_model_refuses_a_calibration_of_another_shape);
     TEST_RUN(test_measured_kv_equals_the_plan);
     be->destroy(be);

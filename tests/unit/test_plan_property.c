@@ -874,10 +874,11 @@ int main(void) {
                 calib.beta[i] = (float)rnd_unit();
             for (size_t i = 0; calib.htr && i < T * K; i++)
                 calib.htr[i] = (float)rnd_unit();
-            model.cfg.kv_calibration = &calib;
+            kv_calibration_set_t one = {.n = 1, .c = {calib}};
+            model.cfg.kv_calibrations = &one;
             TEST_RUN(test_multiscale_replayed_traces_within_plan_and_admission_exact);
             TEST_RUN(test_multiscale_scheduler_traces_never_overrun);
-            model.cfg.kv_calibration = NULL;
+            model.cfg.kv_calibrations = NULL;
             kv_calibration_free(&calib);
         }
         model_free(&model);
