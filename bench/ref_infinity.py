@@ -36,7 +36,7 @@ import sys
 import time
 import types
 
-from ref_var import ROOT, alternate, run_arserve, table
+from ref_var import common_args, side_by_side
 
 STOOD_IN = ("flash_attn", "timm", "timm.models", "timm.models.layers", "timm.loss", "torchvision",
             "torchvision.transforms")
@@ -190,32 +190,19 @@ def main(argv=None) -> int:
     ap.add_argument("model", help="the converted arserve model")
     ap.add_argument("--src", default=os.environ.get("INFINITY_SRC"),
                     help="a checkout of FoundationVision/Infinity (default $INFINITY_SRC)")
-    ap.add_argument("--arserve", default=os.path.join(ROOT, "build", "arserve"))
     ap.add_argument("--prompt", default="a red circle")
     ap.add_argument("--pn", default="0.25M", help="the schedule converted (default 0.25M)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--arserve-only", action="store_true", help="no official side")
-    ap.add_argument("--json", help="also write the rows here")
+    common_args(ap)
     a = ap.parse_args(argv)
     if not a.arserve_only and not a.src:
         ap.error("the official side needs an Infinity checkout: --src or $INFINITY_SRC "
                  "(or --arserve-only)")
     sampling = json.load(open(os.path.join(a.model, "arserve.json")))["sampling"]
     official = None if a.arserve_only else Official(a.src, a.release, a.model, a.pn, a.threads)
-    sides = [("arserve", p) for p in ("f32", "bf16")]
-    if official:
-        sides += [("official", p) for p in ("f32", "bf16")]
-    rows = alternate(sides, a.reps, lambda side, prec: (
-        run_arserve(a.arserve, a.model, ["--prompt", a.prompt], a.threads, prec)
-        if side == "arserve" else official.run(a.prompt, prec == "bf16", sampling)), "ref_infinity")
-    print(f"Infinity: {os.path.basename(a.model.rstrip('/'))}, \"{a.prompt}\", {a.threads} "
-          f"thread(s), median of {a.reps}")
-    print(table(rows))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump([{"side": s, "precision": p, **r} for (s, p), r in rows.items()], f, indent=1)
-    return 0
+    return side_by_side(a, ["--prompt", a.prompt],
+                        official and (lambda bf16: official.run(a.prompt, bf16, sampling)),
+                        "ref_infinity",
+                        f"Infinity: {os.path.basename(a.model.rstrip('/'))}, \"{a.prompt}\"")
 
 
 if __name__ == "__main__":

@@ -171,36 +171,49 @@ def table(rows: dict) -> str:
     return "\n".join(lines)
 
 
+def common_args(ap: argparse.ArgumentParser) -> None:
+    """The options every side-by-side bench takes."""
+    ap.add_argument("--arserve", default=os.path.join(ROOT, "build", "arserve"))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--arserve-only", action="store_true", help="no official side")
+    ap.add_argument("--json", help="also write the rows here")
+
+
+def side_by_side(a, ask: list, official_run, name: str, heading: str) -> int:
+    """arserve (`generate` with ask) in both precisions and, unless official_run is None, the
+    official code (official_run(bf16)), alternated; the table printed under heading, and
+    written to a.json when given."""
+    sides = [("arserve", p) for p in ("f32", "bf16")]
+    if official_run:
+        sides += [("official", p) for p in ("f32", "bf16")]
+    rows = alternate(sides, a.reps, lambda side, prec: (
+        run_arserve(a.arserve, a.model, ask, a.threads, prec) if side == "arserve"
+        else official_run(prec == "bf16")), name)
+    print(f"{heading}, {a.threads} thread(s), median of {a.reps}")
+    print(table(rows))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([{"side": s, "precision": p, **r} for (s, p), r in rows.items()], f, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("release", help="the release's folder (var_d*.pth, vae_*.pth)")
     ap.add_argument("model", help="the converted arserve model")
     ap.add_argument("--src", default=os.environ.get("VAR_SRC"),
                     help="a checkout of FoundationVision/VAR (default $VAR_SRC)")
-    ap.add_argument("--arserve", default=os.path.join(ROOT, "build", "arserve"))
     ap.add_argument("--label", type=int, default=207)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--arserve-only", action="store_true", help="no official side")
-    ap.add_argument("--json", help="also write the rows here")
+    common_args(ap)
     a = ap.parse_args(argv)
     if not a.arserve_only and not a.src:
         ap.error("the official side needs a VAR checkout: --src or $VAR_SRC (or --arserve-only)")
     sampling = json.load(open(os.path.join(a.model, "arserve.json")))["sampling"]
     official = None if a.arserve_only else Official(a.src, a.release, a.threads)
-    sides = [("arserve", p) for p in ("f32", "bf16")]
-    if official:
-        sides += [("official", p) for p in ("f32", "bf16")]
-    rows = alternate(sides, a.reps, lambda side, prec: (
-        run_arserve(a.arserve, a.model, ["--class", str(a.label)], a.threads, prec)
-        if side == "arserve" else official.run(a.label, prec == "bf16", sampling)), "ref_var")
-    print(f"VAR: {os.path.basename(a.model.rstrip('/'))}, class {a.label}, {a.threads} thread(s), "
-          f"median of {a.reps}")
-    print(table(rows))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump([{"side": s, "precision": p, **r} for (s, p), r in rows.items()], f, indent=1)
-    return 0
+    return side_by_side(a, ["--class", str(a.label)],
+                        official and (lambda bf16: official.run(a.label, bf16, sampling)),
+                        "ref_var", f"VAR: {os.path.basename(a.model.rstrip('/'))}, class {a.label}")
 
 
 if __name__ == "__main__":
