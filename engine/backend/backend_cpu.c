@@ -803,15 +803,19 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
 
 /* A next-scale step runs every row of a scale against the same keys, and a
  * cross-attention every image row against the same prompt: compute-bound
- * work, done as GEMMs. A tile of ATTN_Q_TILE query rows meets a block of
- * ATTN_CHUNK keys at a time: the block's K and V rows widened to fp32 and
- * packed for gemm_packed (K in panels of GEMM_PANEL keys, V transposed into
- * panels of GEMM_PANEL dimensions), the tile's scores one GEMM, their
+ * work, done as GEMMs. A group of up to attn_group_rows query rows meets a
+ * block of ATTN_CHUNK keys at a time: the block's K and V rows are packed
+ * once for the group (for gemm_packed, widened to fp32: K in panels of
+ * GEMM_PANEL keys, V transposed into panels of GEMM_PANEL dimensions; for
+ * the AMX tiles, in bf16 straight into their operand layout), then each
+ * tile of ATTN_Q_TILE rows of the group gets its scores (one GEMM), their
  * online softmax (running max and sum per row, the output rescaled when the
- * max grows) and the weighted values a second GEMM into the tile's output.
- * Each block is packed once per tile, so the packing is 1/ATTN_Q_TILE of
- * the multiply-adds, and the buffers are a tile's, whatever the context. */
+ * max grows) and the weighted values (a second GEMM into the group's
+ * output). Packing once a group, not once a tile, keeps it a small part of
+ * the work at the many rows of a large scale, and the buffers are a
+ * group's, whatever the context. */
 #define ATTN_Q_TILE 64
+#define ATTN_GROUP_FLOATS (64 * 1024) /* a group's output, at most */
 
 /* The keys of a (sequence, head) pair: n_cached rows of a paged cache (pool
  * and view; none where pool is NULL), then fp32 rows of k_new and v_new,
@@ -826,36 +830,43 @@ typedef struct attn_keys {
 
 static int round_panel(int n) { return (n + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL; }
 
+/* Query rows of a group at head dimension d: whole tiles, as many as leave
+ * its output within ATTN_GROUP_FLOATS (at least one tile, at most 8). */
+static int attn_group_rows(int d) {
+    const int tiles = ATTN_GROUP_FLOATS / ATTN_Q_TILE / round_panel(d);
+    return ATTN_Q_TILE * (tiles < 1 ? 1 : tiles > 8 ? 8 : tiles);
+}
+
 /* cpu_activations bf16 on a CPU with AMX: attention's two products on the
  * tiles too (kernels/cpu/gemm_amx.h), Q, K, V and the softmax's weights
  * rounded to bf16 as PyTorch's bf16 autocast feeds its attention. The bf16
- * copies, in elements: the tile's Q and weights (rows padded to 32), the
- * block's K and V (panels as the fp32 ones), the tiles' interleaving. */
+ * copies, in elements: the group's Q (rows padded to 32), a tile's weights,
+ * the block's K and V in the tiles' operand layout. */
 static size_t attn_bf16_elems(int d) {
-    const size_t dp = (size_t)round_panel(d), d32 = (size_t)gemm_amx_pad(d);
-    const int deepest = d > ATTN_CHUNK ? d : ATTN_CHUNK;
-    return ATTN_Q_TILE * (d32 + ATTN_CHUNK) + 2 * ATTN_CHUNK * dp + gemm_amx_scratch_elems(deepest);
+    const size_t d32 = (size_t)gemm_amx_pad(d);
+    return (size_t)attn_group_rows(d) * d32 + ATTN_Q_TILE * ATTN_CHUNK +
+           gemm_amx_b_elems(ATTN_CHUNK, d) + gemm_amx_b_elems(d, ATTN_CHUNK);
 }
 
-/* Floats of one thread's tile buffers at head dimension d: the packed K and
- * V of a block, a tile's scores and its output, the bf16 copies. */
+/* Floats of one thread's buffers at head dimension d: the packed K and V
+ * of a block, a tile's scores, the group's output, the bf16 copies. */
 static size_t attn_tile_floats(int d) {
-    return (size_t)2 * ATTN_CHUNK * (size_t)round_panel(d) +
-           (size_t)ATTN_Q_TILE * (ATTN_CHUNK + (size_t)round_panel(d)) +
-           (attn_bf16_elems(d) + 1) / 2;
+    const size_t dp = (size_t)round_panel(d);
+    return 2 * ATTN_CHUNK * dp + (size_t)ATTN_Q_TILE * ATTN_CHUNK +
+           (size_t)attn_group_rows(d) * dp + (attn_bf16_elems(d) + 1) / 2;
 }
 
 /* The team for tiled attention: as many threads as the scratch panel holds
- * tile buffers for. */
+ * buffers for. */
 static int attn_tile_team(const backend_t *be, int d) {
     const int fit = (int)(SCRATCH_FLOATS / attn_tile_floats(d)), n = team(be);
     return n < fit ? n : fit;
 }
 
 typedef struct attn_tile_buf {
-    float *kp, *vp, *s, *o;              /* packed K and V of a block, scores, output */
-    int amx;                             /* the products on AMX tiles, in bf16 */
-    uint16_t *qb, *pb, *kb, *vb, *tiles; /* their bf16 copies, gemm_amx's scratch */
+    float *kp, *vp, *s, *o;      /* packed K and V of a block, a tile's scores, the output */
+    int amx;                     /* the products on AMX tiles, in bf16 */
+    uint16_t *qb, *pb, *kb, *vb; /* Q and the weights rounded, K and V as the tiles' operands */
 } attn_tile_buf_t;
 
 static attn_tile_buf_t attn_tile_buffers(const backend_t *be, int d) {
@@ -865,11 +876,10 @@ static attn_tile_buf_t attn_tile_buffers(const backend_t *be, int d) {
     attn_tile_buf_t b = {.kp = at, .vp = at + ATTN_CHUNK * dp, .s = at + 2 * ATTN_CHUNK * dp};
     b.o = b.s + (size_t)ATTN_Q_TILE * ATTN_CHUNK;
     b.amx = be->cpu_activations == CPU_ACTIVATIONS_BF16 && gemm_amx_usable();
-    b.qb = (uint16_t *)(b.o + ATTN_Q_TILE * dp);
-    b.pb = b.qb + (size_t)ATTN_Q_TILE * gemm_amx_pad(d);
+    b.qb = (uint16_t *)(b.o + (size_t)attn_group_rows(d) * dp);
+    b.pb = b.qb + (size_t)attn_group_rows(d) * gemm_amx_pad(d);
     b.kb = b.pb + (size_t)ATTN_Q_TILE * ATTN_CHUNK;
-    b.vb = b.kb + ATTN_CHUNK * dp;
-    b.tiles = b.vb + ATTN_CHUNK * dp;
+    b.vb = b.kb + gemm_amx_b_elems(ATTN_CHUNK, d);
     return b;
 }
 
@@ -915,42 +925,98 @@ static void attn_pack_block(float *kp, float *vp, const attn_keys_t *ak, int j0,
                j % GEMM_PANEL] = 0;
 }
 
-/* A tile's scores against the packed block in b: s[r][j] = scale * (q_r .
- * k_j) (+ bias(r, j), key j's bias for row r at bias[r * bias_row + j]
- * where bias is not NULL), ATTN_CHUNK floats a row; on the tiles, from the
- * bf16 copies (b->qb, the block's K rounded here). */
-static void attn_tile_scores(const attn_tile_buf_t *b, const float *q, size_t ldq, int rows, int nb,
-                             int d, float scale, const float *bias, ptrdiff_t bias_row) {
+/* Key j's row (K or V) in bf16: a bf16 cache's own bytes, else rounded
+ * into tmp (cached rows widened first, fp8 times the view's scale). */
+static const uint16_t *attn_row_bf16(uint16_t *tmp, const attn_keys_t *ak, const kv_walk_t *w,
+                                     int j, int v, int d) {
+    if (j < ak->n_cached) {
+        const void *src = v ? walk_v(w) : walk_k(w);
+        if (ak->pool->dtype == DTYPE_BF16)
+            return src;
+        float f[MAX_HEAD_DIM];
+        kv_row_to_f32(f, src, ak->pool->dtype, d, v ? ak->view->v_scale : ak->view->k_scale);
+        gemm_amx_to_bf16(tmp, f, (size_t)d);
+    } else {
+        const size_t r = (size_t)(j - ak->n_cached) * ak->stride;
+        gemm_amx_to_bf16(tmp, (v ? ak->v_new : ak->k_new) + r, (size_t)d);
+    }
+    return tmp;
+}
+
+/* The same keys for the tiles, in bf16 (the values the fp32 packing would
+ * round to): K into kb as the scores' weight (column j, depth i), and,
+ * unless vb is NULL, V into vb as the weighted sum's (column i, depth j);
+ * gemm_amx_b's layout, everything past nb keys and d elements zero. */
+static void attn_pack_block_bf16(uint16_t *kb, uint16_t *vb, const attn_keys_t *ak, int j0, int nb,
+                                 int d) {
+    const int d32 = gemm_amx_pad(d), nb32 = gemm_amx_pad(nb);
+    uint16_t kt[MAX_HEAD_DIM], vt[MAX_HEAD_DIM];
+    memset(kb, 0, gemm_amx_b_elems(nb, d) * sizeof *kb);
+    if (vb)
+        memset(vb, 0, gemm_amx_b_elems(d, nb) * sizeof *vb);
+    kv_walk_t w = {0};
+    if (j0 < ak->n_cached)
+        w = walk_at(ak->pool, ak->view->blocks, j0);
+    for (int j = 0; j < nb; j++) {
+        const uint16_t *k = attn_row_bf16(kt, ak, &w, j0 + j, 0, d);
+        uint16_t *kcol = kb + gemm_amx_b_at(j, 0, d32);
+        for (int i = 0; i < d; i++)
+            kcol[(i / 2) * 32 + i % 2] = k[i];
+        if (vb) {
+            const uint16_t *v = attn_row_bf16(vt, ak, &w, j0 + j, 1, d);
+            for (int i = 0; i < d; i++)
+                vb[gemm_amx_b_at(i, j, nb32)] = v[i];
+        }
+        if (j0 + j < ak->n_cached)
+            walk_next(&w);
+    }
+}
+
+/* Scores of rows [r0, r0 + rows) of a group against the block packed in b:
+ * s[r][j] = scale * (q_r . k_j) (+ bias(r, j), key j's bias for the row at
+ * bias[r * bias_row + j] where bias is not NULL), ATTN_CHUNK floats a row;
+ * on the tiles, from the group's rounded Q (b->qb). */
+static void attn_tile_scores(const attn_tile_buf_t *b, const float *q, size_t ldq, int r0, int rows,
+                             int nb, int d, float scale, const float *bias, ptrdiff_t bias_row) {
     float *s = b->s;
     for (int r = 0; r < rows; r++)
         memset(s + (size_t)r * ATTN_CHUNK, 0, (size_t)nb * sizeof(float));
-    if (b->amx) {
-        gemm_amx_to_bf16(b->kb, b->kp, gemm_packed_elems(nb, d));
-        gemm_amx(rows, nb, d, b->qb, b->kb, s, ATTN_CHUNK, b->tiles);
-    } else {
-        gemm_packed(rows, nb, d, q, (int)ldq, b->kp, DTYPE_F32, s, ATTN_CHUNK);
-    }
+    if (b->amx)
+        gemm_amx_b(rows, nb, d, b->qb + (size_t)r0 * gemm_amx_pad(d), b->kb, s, ATTN_CHUNK);
+    else
+        gemm_packed(rows, nb, d, q + (size_t)r0 * ldq, (int)ldq, b->kp, DTYPE_F32, s, ATTN_CHUNK);
     for (int r = 0; r < rows; r++) {
         float *sr = s + (size_t)r * ATTN_CHUNK;
-        const float *br = bias ? bias + r * bias_row : NULL;
+        const float *br = bias ? bias + (r0 + r) * bias_row : NULL;
         for (int j = 0; j < nb; j++)
             sr[j] = sr[j] * scale + (br ? br[j] : 0.0f);
     }
 }
 
-/* Rows [r0, r0 + rows) of a pair (query and output rows ldq floats apart)
- * against every key of ak: the online softmax over blocks, as above. With
- * mass, each key's probability summed over the rows is added to mass[j] in
- * a second pass, once the softmax's max m and sum l are final: p_j =
- * exp(s_j - m) / l, exactly what weighted the values. bias, as
- * attn_tile_scores', for row r0 (NULL: none); bias_row also steps between
- * rows. */
-static void attend_tile(const attn_tile_buf_t *b, float *out, const float *q, size_t ldq, int rows,
-                        const attn_keys_t *ak, int d, float scale, const float *bias,
-                        ptrdiff_t bias_row, float *mass) {
+/* Keys [j0, j0 + nb) of ak packed into b for the group's GEMMs (V too
+ * unless k_only). */
+static void attn_pack(const attn_tile_buf_t *b, const attn_keys_t *ak, int j0, int nb, int d,
+                      int k_only) {
+    if (b->amx)
+        attn_pack_block_bf16(b->kb, k_only ? NULL : b->vb, ak, j0, nb, d);
+    else
+        attn_pack_block(b->kp, k_only ? NULL : b->vp, ak, j0, nb, d);
+}
+
+/* Rows [0, rows) (rows <= attn_group_rows(d)) of a pair (query and output
+ * rows ldq floats apart) against every key of ak: the online softmax over
+ * blocks, as above. With mass, each key's probability summed over the rows
+ * is added to mass[j] in a second pass, once the softmax's max m and sum l
+ * are final: p_j = exp(s_j - m) / l, exactly what weighted the values.
+ * bias, as attn_tile_scores', for row 0 (NULL: none); bias_row also steps
+ * between rows. */
+static void attend_group(const attn_tile_buf_t *b, float *out, const float *q, size_t ldq, int rows,
+                         const attn_keys_t *ak, int d, float scale, const float *bias,
+                         ptrdiff_t bias_row, float *mass) {
     const int dp = round_panel(d);
-    float m[ATTN_Q_TILE];
-    double l[ATTN_Q_TILE];
+    float m[8 * ATTN_Q_TILE];
+    double l[8 * ATTN_Q_TILE];
+    assert(rows <= attn_group_rows(d) && attn_group_rows(d) <= 8 * ATTN_Q_TILE);
     for (int r = 0; r < rows; r++) {
         m[r] = -INFINITY, l[r] = 0;
         memset(b->o + (size_t)r * dp, 0, (size_t)dp * sizeof(float));
@@ -959,27 +1025,30 @@ static void attend_tile(const attn_tile_buf_t *b, float *out, const float *q, si
         gemm_amx_round(b->qb, q, (int)ldq, rows, d, 0, gemm_amx_pad(rows));
     for (int j0 = 0; j0 < ak->n_keys; j0 += ATTN_CHUNK) {
         const int nb = ak->n_keys - j0 < ATTN_CHUNK ? ak->n_keys - j0 : ATTN_CHUNK;
-        attn_pack_block(b->kp, b->vp, ak, j0, nb, d);
-        attn_tile_scores(b, q, ldq, rows, nb, d, scale, bias ? bias + j0 : NULL, bias_row);
-        for (int r = 0; r < rows; r++) {
-            float *sr = b->s + (size_t)r * ATTN_CHUNK;
-            const float cm = vec_max(sr, (size_t)nb);
-            if (cm > m[r]) {
-                const float rescale = expf(m[r] - cm); /* 0 on the first block */
-                float *o = b->o + (size_t)r * dp;
-                l[r] *= rescale;
-                for (int i = 0; i < d; i++)
-                    o[i] *= rescale;
-                m[r] = cm;
+        attn_pack(b, ak, j0, nb, d, 0);
+        for (int t0 = 0; t0 < rows; t0 += ATTN_Q_TILE) {
+            const int tr = rows - t0 < ATTN_Q_TILE ? rows - t0 : ATTN_Q_TILE;
+            float *o = b->o + (size_t)t0 * dp;
+            attn_tile_scores(b, q, ldq, t0, tr, nb, d, scale, bias ? bias + j0 : NULL, bias_row);
+            for (int r = 0; r < tr; r++) {
+                float *sr = b->s + (size_t)r * ATTN_CHUNK;
+                const float cm = vec_max(sr, (size_t)nb);
+                if (cm > m[t0 + r]) {
+                    const float rescale = expf(m[t0 + r] - cm); /* 0 on the first block */
+                    float *orow = o + (size_t)r * dp;
+                    l[t0 + r] *= rescale;
+                    for (int i = 0; i < d; i++)
+                        orow[i] *= rescale;
+                    m[t0 + r] = cm;
+                }
+                l[t0 + r] += vec_exp_shift_sum(sr, (size_t)nb, m[t0 + r]);
             }
-            l[r] += vec_exp_shift_sum(sr, (size_t)nb, m[r]);
-        }
-        if (b->amx) {
-            gemm_amx_to_bf16(b->vb, b->vp, (size_t)dp * nb);
-            gemm_amx_round(b->pb, b->s, ATTN_CHUNK, rows, nb, 0, gemm_amx_pad(rows));
-            gemm_amx(rows, dp, nb, b->pb, b->vb, b->o, dp, b->tiles);
-        } else {
-            gemm_packed(rows, dp, nb, b->s, ATTN_CHUNK, b->vp, DTYPE_F32, b->o, dp);
+            if (b->amx) {
+                gemm_amx_round(b->pb, b->s, ATTN_CHUNK, tr, nb, 0, gemm_amx_pad(tr));
+                gemm_amx_b(tr, dp, nb, b->pb, b->vb, o, dp);
+            } else {
+                gemm_packed(tr, dp, nb, b->s, ATTN_CHUNK, b->vp, DTYPE_F32, o, dp);
+            }
         }
     }
     for (int r = 0; r < rows; r++) {
@@ -989,44 +1058,49 @@ static void attend_tile(const attn_tile_buf_t *b, float *out, const float *q, si
     }
     for (int j0 = 0; mass && j0 < ak->n_keys; j0 += ATTN_CHUNK) {
         const int nb = ak->n_keys - j0 < ATTN_CHUNK ? ak->n_keys - j0 : ATTN_CHUNK;
-        attn_pack_block(b->kp, NULL, ak, j0, nb, d);
-        attn_tile_scores(b, q, ldq, rows, nb, d, scale, bias ? bias + j0 : NULL, bias_row);
-        for (int r = 0; r < rows; r++)
-            for (int j = 0; j < nb; j++)
-                mass[j0 + j] +=
-                    (float)(exp((double)b->s[(size_t)r * ATTN_CHUNK + j] - m[r]) / l[r]);
+        attn_pack(b, ak, j0, nb, d, 1);
+        for (int t0 = 0; t0 < rows; t0 += ATTN_Q_TILE) {
+            const int tr = rows - t0 < ATTN_Q_TILE ? rows - t0 : ATTN_Q_TILE;
+            attn_tile_scores(b, q, ldq, t0, tr, nb, d, scale, bias ? bias + j0 : NULL, bias_row);
+            for (int r = 0; r < tr; r++)
+                for (int j = 0; j < nb; j++)
+                    mass[j0 + j] +=
+                        (float)(exp((double)b->s[(size_t)r * ATTN_CHUNK + j] - m[t0 + r]) /
+                                l[t0 + r]);
+        }
     }
 }
 
 /* The work items of a tiled attention over n_pairs (sequence, head) pairs
- * of n_rows(pair) query rows: one per tile of a pair, or one per pair where
- * a pair's key mass is summed (its tiles on one thread, in order). */
-static int attn_tiles(int n_rows, int per_pair) {
-    return per_pair ? 1 : (n_rows + ATTN_Q_TILE - 1) / ATTN_Q_TILE;
+ * of n_rows(pair) query rows: one per group of a pair, or one per pair where
+ * a pair's key mass is summed (its groups on one thread, in order). */
+static int attn_groups(int n_rows, int per_pair, int group) {
+    return per_pair ? 1 : (n_rows + group - 1) / group;
 }
 
 static void cpu_attention_scale(backend_t *be, float *out, const float *q, const float *k_new,
                                 const float *v_new, const kv_blocks_t *pool,
                                 const attn_batch_t *batch, int n_heads, float scale) {
-    const int head_dim = pool->head_dim;
+    const int head_dim = pool->head_dim, group = attn_group_rows(head_dim);
     assert(batch->n_seq >= 0 && n_heads >= 0 && head_dim > 0 && head_dim <= MAX_HEAD_DIM);
     const int n_pairs = batch->n_seq * n_heads, *q_start = batch->q_start;
+    const int whole = batch->mass != NULL;
     const size_t row = (size_t)n_heads * head_dim;
     int64_t work = 0;
-    int max_tiles = 0;
+    int max_groups = 0;
     for (int i = 0; i < n_pairs; i++) {
         const int n_new = q_start[i / n_heads + 1] - q_start[i / n_heads];
-        const int tiles = attn_tiles(n_new, batch->mass != NULL);
+        const int groups = attn_groups(n_new, whole, group);
         work += (int64_t)n_new * (batch->kv[i].len + n_new);
-        max_tiles = tiles > max_tiles ? tiles : max_tiles;
+        max_groups = groups > max_groups ? groups : max_groups;
     }
-    const int n_items = n_pairs * max_tiles;
+    const int n_items = n_pairs * max_groups;
 #pragma omp parallel for num_threads(                                                              \
     attn_tile_team(be, head_dim)) if (work * head_dim >= PAR_MIN_WORK) schedule(dynamic, 1)
     for (int it = 0; it < n_items; it++) {
-        const int i = it / max_tiles, t = it % max_tiles, s = i / n_heads, h = i % n_heads;
+        const int i = it / max_groups, t = it % max_groups, s = i / n_heads, h = i % n_heads;
         const int n_new = q_start[s + 1] - q_start[s];
-        if (t >= attn_tiles(n_new, batch->mass != NULL))
+        if (t >= attn_groups(n_new, whole, group))
             continue;
         const size_t head = (size_t)q_start[s] * row + (size_t)h * head_dim;
         const attn_keys_t ak = {pool,
@@ -1037,17 +1111,14 @@ static void cpu_attention_scale(backend_t *be, float *out, const float *q, const
                                 v_new + head,
                                 row};
         const attn_tile_buf_t b = attn_tile_buffers(be, head_dim);
-        /* With mass arrays, an item is a whole pair (attn_tiles), whether or
-         * not this pair has one. */
+        /* With mass arrays, an item is a whole pair (attn_groups), whether
+         * or not this pair has one. */
         float *mass = batch->mass ? batch->mass[i] : NULL;
-        const int whole = batch->mass != NULL;
-        const int r_end = whole                           ? n_new
-                          : (t + 1) * ATTN_Q_TILE < n_new ? (t + 1) * ATTN_Q_TILE
-                                                          : n_new;
-        for (int r0 = whole ? 0 : t * ATTN_Q_TILE; r0 < r_end; r0 += ATTN_Q_TILE) {
-            const int rows = r_end - r0 < ATTN_Q_TILE ? r_end - r0 : ATTN_Q_TILE;
+        const int r_end = whole || (t + 1) * group >= n_new ? n_new : (t + 1) * group;
+        for (int r0 = whole ? 0 : t * group; r0 < r_end; r0 += group) {
+            const int rows = r_end - r0 < group ? r_end - r0 : group;
             const size_t at = head + (size_t)r0 * row;
-            attend_tile(&b, out + at, q + at, row, rows, &ak, head_dim, scale, NULL, 0, mass);
+            attend_group(&b, out + at, q + at, row, rows, &ak, head_dim, scale, NULL, 0, mass);
         }
     }
 }
@@ -1057,23 +1128,24 @@ static void cpu_attention_dense(backend_t *be, float *out, const float *q, const
                                 const int *k_start, int n_seq, int n_heads, int head_dim,
                                 float scale, const float *bias, int bias_span) {
     assert(n_seq >= 0 && n_heads > 0 && head_dim > 0 && head_dim <= MAX_HEAD_DIM);
+    const int group = attn_group_rows(head_dim);
     const size_t row = (size_t)n_heads * head_dim;
     int64_t work = 0;
-    int max_tiles = 0;
+    int max_groups = 0;
     for (int s = 0; s < n_seq; s++) {
-        const int n_rows = q_start[s + 1] - q_start[s], tiles = attn_tiles(n_rows, 0);
+        const int n_rows = q_start[s + 1] - q_start[s], groups = attn_groups(n_rows, 0, group);
         work += (int64_t)n_rows * (k_start[s + 1] - k_start[s]);
-        max_tiles = tiles > max_tiles ? tiles : max_tiles;
+        max_groups = groups > max_groups ? groups : max_groups;
     }
-    const int n_items = n_seq * n_heads * max_tiles;
+    const int n_items = n_seq * n_heads * max_groups;
 #pragma omp parallel for num_threads(attn_tile_team(be, head_dim)) if (work * row >= PAR_MIN_WORK) \
     schedule(dynamic, 1)
     for (int it = 0; it < n_items; it++) {
-        const int i = it / max_tiles, t = it % max_tiles, s = i / n_heads, h = i % n_heads;
-        const int r0 = t * ATTN_Q_TILE, n_rows = q_start[s + 1] - q_start[s];
+        const int i = it / max_groups, t = it % max_groups, s = i / n_heads, h = i % n_heads;
+        const int r0 = t * group, n_rows = q_start[s + 1] - q_start[s];
         if (r0 >= n_rows)
             continue;
-        const int rows = n_rows - r0 < ATTN_Q_TILE ? n_rows - r0 : ATTN_Q_TILE;
+        const int rows = n_rows - r0 < group ? n_rows - r0 : group;
         const int nk = k_start[s + 1] - k_start[s];
         const size_t kv_at = (size_t)k_start[s] * kv_stride + (size_t)h * head_dim;
         const attn_keys_t ak = {NULL, NULL, 0, nk, k + kv_at, v + kv_at, (size_t)kv_stride};
@@ -1083,7 +1155,7 @@ static void cpu_attention_dense(backend_t *be, float *out, const float *q, const
         assert(!bias || (n_rows <= bias_span && nk <= bias_span));
         const size_t at = ((size_t)q_start[s] + (size_t)r0) * row + (size_t)h * head_dim;
         const attn_tile_buf_t bufs = attn_tile_buffers(be, head_dim);
-        attend_tile(&bufs, out + at, q + at, row, rows, &ak, head_dim, scale, b, -1, NULL);
+        attend_group(&bufs, out + at, q + at, row, rows, &ak, head_dim, scale, b, -1, NULL);
     }
 }
 

@@ -79,12 +79,8 @@ interleave_panels(uint16_t *scratch, const uint16_t *wp, int p0, int n_panels, i
     }
 }
 
-__attribute__((target("amx-tile,amx-bf16"))) void gemm_amx(int M, int N, int K, const uint16_t *xb,
-                                                           const void *wp, float *y, int ldy,
-                                                           uint16_t *scratch) {
-    if (M <= 0 || N <= 0 || K <= 0)
-        return;
-    const int Kp = gemm_amx_pad(K), n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL;
+/* Palette 1, every tile 16 rows of 64 bytes. */
+__attribute__((target("amx-tile"))) static void tiles_configure(void) {
     tile_config_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -93,47 +89,76 @@ __attribute__((target("amx-tile,amx-bf16"))) void gemm_amx(int M, int N, int K, 
         cfg.colsb[t] = 64;
     }
     _tile_loadconfig(&cfg);
+}
+
+/* Columns [0, nc) (nc <= 32) of y += xb times the pair of interleaved
+ * panels b0, b1 (Kp deep), every row of xb; the tiles configured. */
+__attribute__((target("amx-tile,amx-bf16"))) static void
+panel_pair(int M, int nc, int Kp, const uint16_t *xb, const uint16_t *b0, const uint16_t *b1,
+           float *y, int ldy) {
     float c[32 * 32] __attribute__((aligned(64)));
     const size_t a_stride = (size_t)Kp * sizeof(uint16_t);
+    for (int m0 = 0; m0 < M; m0 += 32) {
+        const int mc = M - m0 < 32 ? M - m0 : 32, full = mc == 32 && nc == 32;
+        /* A whole block's tiles come from y itself; an edge's through c. */
+        float *cb = full ? y + (size_t)m0 * ldy : c;
+        const size_t cs = full ? (size_t)ldy * sizeof(float) : 128,
+                     c16 = full ? 16 * (size_t)ldy : 16 * 32;
+        if (!full)
+            for (int r = 0; r < 32; r++) {
+                memset(c + r * 32, 0, 32 * sizeof(float));
+                if (r < mc)
+                    memcpy(c + r * 32, y + (size_t)(m0 + r) * ldy, (size_t)nc * sizeof(float));
+            }
+        _tile_loadd(0, cb, cs);
+        _tile_loadd(1, cb + 16, cs);
+        _tile_loadd(2, cb + c16, cs);
+        _tile_loadd(3, cb + c16 + 16, cs);
+        const uint16_t *a0 = xb + (size_t)m0 * Kp, *a1 = a0 + (size_t)16 * Kp;
+        for (int k0 = 0; k0 < Kp; k0 += 32) {
+            _tile_loadd(4, a0 + k0, a_stride);
+            _tile_loadd(5, a1 + k0, a_stride);
+            _tile_loadd(6, b0 + (size_t)k0 * GEMM_PANEL, 64);
+            _tile_loadd(7, b1 + (size_t)k0 * GEMM_PANEL, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, cb, cs);
+        _tile_stored(1, cb + 16, cs);
+        _tile_stored(2, cb + c16, cs);
+        _tile_stored(3, cb + c16 + 16, cs);
+        for (int r = 0; !full && r < mc; r++)
+            memcpy(y + (size_t)(m0 + r) * ldy, c + r * 32, (size_t)nc * sizeof(float));
+    }
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) void gemm_amx(int M, int N, int K, const uint16_t *xb,
+                                                           const void *wp, float *y, int ldy,
+                                                           uint16_t *scratch) {
+    if (M <= 0 || N <= 0 || K <= 0)
+        return;
+    const int Kp = gemm_amx_pad(K), n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL;
+    tiles_configure();
     for (int p0 = 0; p0 < n_panels; p0 += 2) {
         interleave_panels(scratch, wp, p0, n_panels, K, Kp);
-        const uint16_t *b0 = scratch, *b1 = scratch + (size_t)Kp * GEMM_PANEL;
         const int n0 = p0 * GEMM_PANEL, nc = N - n0 < 32 ? N - n0 : 32;
-        for (int m0 = 0; m0 < M; m0 += 32) {
-            const int mc = M - m0 < 32 ? M - m0 : 32, full = mc == 32 && nc == 32;
-            /* A whole block's tiles come from y itself; an edge's through c. */
-            float *cb = full ? y + (size_t)m0 * ldy + n0 : c;
-            const size_t cs = full ? (size_t)ldy * sizeof(float) : 128,
-                         c16 = full ? 16 * (size_t)ldy : 16 * 32;
-            if (!full)
-                for (int r = 0; r < 32; r++) {
-                    memset(c + r * 32, 0, 32 * sizeof(float));
-                    if (r < mc)
-                        memcpy(c + r * 32, y + (size_t)(m0 + r) * ldy + n0,
-                               (size_t)nc * sizeof(float));
-                }
-            _tile_loadd(0, cb, cs);
-            _tile_loadd(1, cb + 16, cs);
-            _tile_loadd(2, cb + c16, cs);
-            _tile_loadd(3, cb + c16 + 16, cs);
-            const uint16_t *a0 = xb + (size_t)m0 * Kp, *a1 = a0 + (size_t)16 * Kp;
-            for (int k0 = 0; k0 < Kp; k0 += 32) {
-                _tile_loadd(4, a0 + k0, a_stride);
-                _tile_loadd(5, a1 + k0, a_stride);
-                _tile_loadd(6, b0 + (size_t)k0 * GEMM_PANEL, 64);
-                _tile_loadd(7, b1 + (size_t)k0 * GEMM_PANEL, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-            }
-            _tile_stored(0, cb, cs);
-            _tile_stored(1, cb + 16, cs);
-            _tile_stored(2, cb + c16, cs);
-            _tile_stored(3, cb + c16 + 16, cs);
-            for (int r = 0; !full && r < mc; r++)
-                memcpy(y + (size_t)(m0 + r) * ldy + n0, c + r * 32, (size_t)nc * sizeof(float));
-        }
+        panel_pair(M, nc, Kp, xb, scratch, scratch + (size_t)Kp * GEMM_PANEL, y + n0, ldy);
+    }
+    _tile_release();
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) void
+gemm_amx_b(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y, int ldy) {
+    if (M <= 0 || N <= 0 || K <= 0)
+        return;
+    const int Kp = gemm_amx_pad(K);
+    tiles_configure();
+    for (int n0 = 0; n0 < N; n0 += 32) {
+        const uint16_t *b0 = wb + (size_t)n0 * Kp;
+        panel_pair(M, N - n0 < 32 ? N - n0 : 32, Kp, xb, b0, b0 + (size_t)Kp * GEMM_PANEL, y + n0,
+                   ldy);
     }
     _tile_release();
 }
@@ -177,11 +202,17 @@ void gemm_amx(int M, int N, int K, const uint16_t *xb, const void *wp, float *y,
     (void)M, (void)N, (void)K, (void)xb, (void)wp, (void)y, (void)ldy, (void)scratch;
 }
 
+void gemm_amx_b(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y, int ldy) {
+    (void)M, (void)N, (void)K, (void)xb, (void)wb, (void)y, (void)ldy;
+}
+
 #endif
 
 int gemm_amx_pad(int n) { return (n + 31) / 32 * 32; }
 
 size_t gemm_amx_scratch_elems(int K) { return (size_t)2 * gemm_amx_pad(K) * GEMM_PANEL; }
+
+size_t gemm_amx_b_elems(int N, int K) { return (size_t)gemm_amx_pad(N) * gemm_amx_pad(K); }
 
 void gemm_amx_round(uint16_t *xb, const float *x, int ldx, int M, int K, int r0, int r1) {
     const int Kp = gemm_amx_pad(K);

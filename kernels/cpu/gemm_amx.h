@@ -42,4 +42,21 @@ size_t gemm_amx_scratch_elems(int K);
 void gemm_amx(int M, int N, int K, const uint16_t *xb, const void *wp, float *y, int ldy,
               uint16_t *scratch);
 
+/* The weight operand laid out for the tiles ahead of time, for a weight
+ * made per call (attention's keys and values) read by many rows: column n
+ * (of N, rounded up to 32 with zeros), depth k (of K, rounded up to 32 with
+ * zeros) at gemm_amx_b_at(n, k, gemm_amx_pad(K)): panels of 16 columns,
+ * each Kp deep with pairs of k side by side, one after another. */
+static inline size_t gemm_amx_b_at(int n, int k, int Kp) {
+    return (size_t)(n / 16) * (size_t)Kp * 16 + (size_t)(k / 2) * 32 + (size_t)(n % 16) * 2 +
+           (size_t)(k % 2);
+}
+
+/* Elements of such an operand: gemm_amx_pad(N) x gemm_amx_pad(K). */
+size_t gemm_amx_b_elems(int N, int K);
+
+/* gemm_amx with the weight wb in that layout (no scratch: nothing to
+ * interleave). */
+void gemm_amx_b(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y, int ldy);
+
 #endif

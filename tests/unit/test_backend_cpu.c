@@ -1582,6 +1582,15 @@ static void check_attention_scale(int n_seq, const int *n_new, const int *cache_
     snprintf(what, sizeof what, "attention_scale seqs=%d heads=%d hd=%d bt=%d amp=%g", n_seq,
              n_heads, hd, bt, amp);
     check_dev(what, dout, ref, n, abs_tol, rel_tol);
+    /* Without key mass the rows are split into more work items (groups of
+     * a pair, not whole pairs): the same bits. */
+    float *dout2 = dev_new(n);
+    const attn_batch_t no_mass = {n_seq, q_start, pg.views, NULL};
+    be->attention_scale(be, dout2, dq, dk, dv, &pg.pool, &no_mass, n_heads, scale);
+    float *with = dev_to_host(dout, n), *without = dev_to_host(dout2, n);
+    CHECK_MSG(!memcmp(with, without, n * sizeof(float)), "%s: rows differ without key mass", what);
+    free(with), free(without);
+    dev_del(dout2);
     float *out = dev_to_host(dout, n);
     scale_worst = 0;
     for (size_t i = 0; i < n; i++)
@@ -1702,6 +1711,18 @@ static void test_attention_scale_ragged_paged_against_dense(void) {
     check_attention_scale(2, first_scale, empty, H, 8, 3, 1, 0.35f, 1e-6, 1e-5);
 }
 
+/* Scales of hundreds of rows, as the last scales of a 512 px image: a
+ * pair's rows in several groups (each packing a key block once for up to
+ * eight tiles), against caches of 0 to 700 keys, at head dims 64 (groups
+ * of 512 rows) and 200 (of 256): 1e-6 abs + 1e-5 rel, with key mass summed
+ * over every group of a pair. */
+static void test_attention_scale_many_rows_in_groups(void) {
+    enum { SEQS = 2, H = 2 };
+    const int n_new[SEQS] = {600, 530}, cache_len[SEQS * H] = {0, 300, 700, 1};
+    check_attention_scale(SEQS, n_new, cache_len, H, 64, 16, 1, 1 / sqrtf(64), 1e-6, 1e-5);
+    check_attention_scale(SEQS, n_new, cache_len, H, 200, 7, 1, 1 / sqrtf(200), 1e-6, 1e-5);
+}
+
 /* cpu_activations bf16 on an AMX CPU: a scale's attention on the tiles, Q,
  * K, V and the softmax's weights rounded to bf16 (8 bits: a weight or a
  * value off by up to 2^-9 relative), with key mass, at head dims 64 and 24
@@ -1725,6 +1746,8 @@ static void test_attention_scale_bf16_activations(void) {
                                   2e-2);
             CHECK_MSG(scale_worst > 1e-5, "hd=%d: worst error %.3g, as fp32's", hd, scale_worst);
         }
+    const int many[2] = {600, 530}, caches[4] = {0, 300, 700, 1};
+    check_attention_scale(2, many, caches, 2, 200, 7, 1, 1 / sqrtf(200), 2e-2, 2e-2);
     be->cpu_activations = CPU_ACTIVATIONS_F32;
 }
 
@@ -2423,6 +2446,7 @@ int main(void) {
     TEST_RUN(test_transpose_exact);
     TEST_RUN(test_attention_scale_by_hand);
     TEST_RUN(test_attention_scale_ragged_paged_against_dense);
+    TEST_RUN(test_attention_scale_many_rows_in_groups);
     TEST_RUN(test_attention_16bit_cache_equals_its_fp32_widening);
     TEST_RUN(test_attention_scale_large_scores);
     TEST_RUN(test_attention_scale_bf16_activations);

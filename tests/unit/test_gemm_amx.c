@@ -3,7 +3,8 @@
  * matches a double-precision sum over the rounded activations on ragged
  * shapes (rows and columns not multiples of a tile, K not a multiple of
  * 32, one panel alone at the end), accumulating into y and never writing
- * outside it. Without AMX the GEMM's checks skip, saying so. */
+ * outside it, and gemm_amx_b on the weight laid out ahead gives the same
+ * bits. Without AMX the GEMM's checks skip, saying so. */
 #include "base/dtype.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_packed.h"
@@ -68,7 +69,25 @@ static int check_shape(int M, int N, int K) {
     uint16_t *scratch = malloc(gemm_amx_scratch_elems(K) * sizeof(uint16_t));
     gemm_amx_round(xb, x, ldx, M, K, 0, Mp);
     gemm_amx(M, N, K, xb, wp, y, ldy, scratch);
-    int bad = 0;
+    /* The same weight laid out ahead (gemm_amx_b, zero past N and K, the
+     * rest poisoned to show a read past them): the same bits. */
+    const size_t nb = gemm_amx_b_elems(N, K);
+    uint16_t *wb = malloc(nb * sizeof *wb);
+    float *yb = malloc(sizeof(float) * ((size_t)M * ldy + 1));
+    memset(wb, 0, nb * sizeof *wb);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++)
+            wb[gemm_amx_b_at(n, k, Kp)] = w[(size_t)n * K + k];
+    for (size_t i = 0; i < (size_t)M * ldy + 1; i++)
+        yb[i] = GUARD;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++)
+            yb[(size_t)m * ldy + n] = (float)(m - n) * 0.25f;
+    gemm_amx_b(M, N, K, xb, wb, yb, ldy);
+    int bad = memcmp(y, yb, sizeof(float) * ((size_t)M * ldy + 1)) != 0;
+    if (bad)
+        printf("  M=%d N=%d K=%d: gemm_amx_b differs from gemm_amx\n", M, N, K);
+    free(wb), free(yb);
     for (int m = 0; m < M; m++) {
         for (int n = 0; n < ldy; n++) {
             const float got = y[(size_t)m * ldy + n];
