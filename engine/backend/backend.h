@@ -324,9 +324,11 @@ struct backend {
      * bias [C_out] or NULL; in is (C_in, H, W), out (C_out, H + 2pad - k + 1, ...). */
     void (*conv2d)(backend_t *be, float *out, const float *in, const tensor_t *w,
                    const tensor_t *bias, int c_in, int h, int w_, int pad);
-    /* GroupNorm over (C, HW) with affine gamma/beta [C]; out may be in. */
+    /* GroupNorm over (C, HW) with affine gamma/beta [C]; out may be in.
+     * With silu, SiLU of the result (as the silu op gives it) in the same
+     * pass: the decoder's norms are followed by one but for attention's. */
     void (*groupnorm)(backend_t *be, float *out, const float *in, const tensor_t *gamma,
-                      const tensor_t *beta, int c, int hw, int groups, float eps);
+                      const tensor_t *beta, int c, int hw, int groups, float eps, int silu);
     /* Nearest-neighbour 2x upsampling: (C, H, W) -> (C, 2H, 2W). */
     void (*upsample_nearest2x)(backend_t *be, float *out, const float *in, int c, int h, int w);
     /* Resampling (C, h, w) -> (C, H, W) as torch's F.interpolate:

@@ -1509,7 +1509,7 @@ static void cpu_conv2d(backend_t *be, float *out, const float *in, const tensor_
  * per-channel (scale, shift) pair, kept in the scratch panel so that nothing
  * is allocated here. */
 static void cpu_groupnorm(backend_t *be, float *out, const float *in, const tensor_t *gamma,
-                          const tensor_t *beta, int c, int hw, int groups, float eps) {
+                          const tensor_t *beta, int c, int hw, int groups, float eps, int silu) {
     assert(groups > 0 && c % groups == 0 && hw > 0);
     assert((size_t)c * 2 * sizeof(double) <= SCRATCH_FLOATS * sizeof(float));
     assert(gamma->dtype == DTYPE_F32 && tensor_numel(gamma) == c);
@@ -1522,12 +1522,8 @@ static void cpu_groupnorm(backend_t *be, float *out, const float *in, const tens
 #pragma omp parallel for num_threads(team(be)) if (par)
     for (int grp = 0; grp < groups; grp++) {
         const float *x = in + (size_t)grp * n;
-        double sum = 0, sq = 0;
-        for (int64_t i = 0; i < n; i++)
-            sum += x[i];
-        const double mean = sum / (double)n;
-        for (int64_t i = 0; i < n; i++)
-            sq += (x[i] - mean) * (x[i] - mean);
+        const double mean = vec_sum_f64(x, (size_t)n) / (double)n;
+        const double sq = vec_sq_dev_f64(x, (size_t)n, mean);
         const double rstd = 1.0 / sqrt(sq / (double)n + eps);
         for (int ch = grp * cpg; ch < (grp + 1) * cpg; ch++) {
             affine[2 * ch] = rstd * g[ch];
@@ -1536,11 +1532,8 @@ static void cpu_groupnorm(backend_t *be, float *out, const float *in, const tens
     }
 #pragma omp parallel for num_threads(team(be)) if (par)
     for (int ch = 0; ch < c; ch++) {
-        const float *xc = in + (size_t)ch * hw;
-        float *oc = out + (size_t)ch * hw;
-        const double sc = affine[2 * ch], sh = affine[2 * ch + 1];
-        for (int i = 0; i < hw; i++)
-            oc[i] = (float)(xc[i] * sc + sh);
+        vec_affine_f64(out + (size_t)ch * hw, in + (size_t)ch * hw, (size_t)hw, affine[2 * ch],
+                       affine[2 * ch + 1], silu);
     }
 }
 

@@ -1396,7 +1396,7 @@ static void cuda_conv2d(backend_t *be, float *out, const float *in, const tensor
 }
 
 static void cuda_groupnorm(backend_t *be, float *out, const float *in, const tensor_t *gamma,
-                           const tensor_t *beta, int c, int hw, int groups, float eps) {
+                           const tensor_t *beta, int c, int hw, int groups, float eps, int silu) {
     assert(groups > 0 && c % groups == 0 && hw > 0);
     assert(tensor_numel(gamma) == c && tensor_numel(beta) == c && gamma->dtype == beta->dtype);
     if (use_stream(be) != AR_OK)
@@ -1405,8 +1405,9 @@ static void cuda_groupnorm(backend_t *be, float *out, const float *in, const ten
         cuda_fail(be, "groupnorm: %d channels in %d groups need more than the scratch", c, groups);
         return;
     }
-    LAUNCH_CHECK(be, kern_groupnorm(out, in, gamma->data, beta->data, kern_type(gamma->dtype), c,
-                                    hw, groups, eps, impl_of(be)->scratch, impl_of(be)->stream));
+    LAUNCH_CHECK(be,
+                 kern_groupnorm(out, in, gamma->data, beta->data, kern_type(gamma->dtype), c, hw,
+                                groups, eps, silu, impl_of(be)->scratch, impl_of(be)->stream));
 }
 
 static void cuda_upsample_nearest2x(backend_t *be, float *out, const float *in, int c, int h,
@@ -1544,8 +1545,8 @@ static void op_end(backend_t *be, unsigned errors_before) {
       (be, out, in, w, bias, c_in, h, w_, pad))                                                    \
     X(groupnorm,                                                                                   \
       (backend_t * be, float *out, const float *in, const tensor_t *gamma, const tensor_t *beta,   \
-       int c, int hw, int groups, float eps),                                                      \
-      (be, out, in, gamma, beta, c, hw, groups, eps))                                              \
+       int c, int hw, int groups, float eps, int silu),                                            \
+      (be, out, in, gamma, beta, c, hw, groups, eps, silu))                                        \
     X(upsample_nearest2x, (backend_t * be, float *out, const float *in, int c, int h, int w),      \
       (be, out, in, c, h, w))                                                                      \
     X(resize_bicubic,                                                                              \

@@ -158,11 +158,10 @@ void vq_decoder_free(vq_decoder_t *d) {
 static void resblock(backend_t *be, const vq_resblock_t *r, float *out, const float *x, int h,
                      int w, const vq_work_t *s) {
     size_t hw = (size_t)h * w;
-    be->groupnorm(be, s->t1, x, &r->norm1_w, &r->norm1_b, r->c_in, (int)hw, GN_GROUPS, GN_EPS);
-    be->silu(be, s->t1, (size_t)r->c_in * hw);
+    be->groupnorm(be, s->t1, x, &r->norm1_w, &r->norm1_b, r->c_in, (int)hw, GN_GROUPS, GN_EPS, 1);
     be->conv2d(be, s->t2, s->t1, &r->conv1_w, &r->conv1_b, r->c_in, h, w, 1);
-    be->groupnorm(be, s->t2, s->t2, &r->norm2_w, &r->norm2_b, r->c_out, (int)hw, GN_GROUPS, GN_EPS);
-    be->silu(be, s->t2, (size_t)r->c_out * hw);
+    be->groupnorm(be, s->t2, s->t2, &r->norm2_w, &r->norm2_b, r->c_out, (int)hw, GN_GROUPS, GN_EPS,
+                  1);
     be->conv2d(be, out, s->t2, &r->conv2_w, &r->conv2_b, r->c_out, h, w, 1);
     if (r->c_in != r->c_out) {
         be->conv2d(be, s->t1, x, &r->nin_w, &r->nin_b, r->c_in, h, w, 0);
@@ -176,7 +175,7 @@ static void resblock(backend_t *be, const vq_resblock_t *r, float *out, const fl
 static void attnblock(backend_t *be, const vq_attnblock_t *a, float *x, int h, int w,
                       const vq_work_t *s) {
     int c = a->c, hw = h * w;
-    be->groupnorm(be, s->t1, x, &a->norm_w, &a->norm_b, c, hw, GN_GROUPS, GN_EPS);
+    be->groupnorm(be, s->t1, x, &a->norm_w, &a->norm_b, c, hw, GN_GROUPS, GN_EPS, 0);
     be->conv2d(be, s->t2, s->t1, &a->q_w, &a->q_b, c, h, w, 0);
     be->transpose(be, s->q, s->t2, c, hw); /* (hw, c) */
     be->conv2d(be, s->t2, s->t1, &a->k_w, &a->k_b, c, h, w, 0);
@@ -390,8 +389,8 @@ int vq_decode_latent_hw(const vq_decoder_t *d, vq_work_t *s, const float *latent
         }
     }
     int c_last = d->levels[d->n_levels - 1].blocks[d->levels[d->n_levels - 1].n_blocks - 1].c_out;
-    be->groupnorm(be, other, cur, &d->norm_out_w, &d->norm_out_b, c_last, h * w, GN_GROUPS, GN_EPS);
-    be->silu(be, other, (size_t)c_last * h * w);
+    be->groupnorm(be, other, cur, &d->norm_out_w, &d->norm_out_b, c_last, h * w, GN_GROUPS, GN_EPS,
+                  1);
     be->conv2d(be, cur, other, &d->conv_out_w, &d->conv_out_b, c_last, h, w, 1);
     be->download(be, s->host, cur, (size_t)3 * H * W * sizeof(float));
     if (backend_status(be, err) != AR_OK)

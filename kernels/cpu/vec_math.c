@@ -82,6 +82,37 @@ DEFINE_SOFTMAX_PARTS(avx512, __attribute__((target("avx512f"))))
 DEFINE_SOFTMAX_PARTS(avx2, __attribute__((target("avx2,fma"))))
 DEFINE_SOFTMAX_PARTS(portable, )
 
+/* A group's moments for GroupNorm, in double with the lanes' partial sums
+ * (the order the vector registers give), and its affine map back to float,
+ * with SiLU after it where asked (the decoder's every norm but one). */
+#define DEFINE_MOMENTS(suffix, target)                                                             \
+    target static double sum_f64_##suffix(const float *x, size_t n) {                              \
+        double sum = 0;                                                                            \
+        _Pragma("omp simd reduction(+ : sum)") for (size_t i = 0; i < n; i++) sum += x[i];         \
+        return sum;                                                                                \
+    }                                                                                              \
+    target static double sq_dev_f64_##suffix(const float *x, size_t n, double mean) {              \
+        double sq = 0;                                                                             \
+        _Pragma("omp simd reduction(+ : sq)") for (size_t i = 0; i < n; i++) sq +=                 \
+            (x[i] - mean) * (x[i] - mean);                                                         \
+        return sq;                                                                                 \
+    }                                                                                              \
+    target static void affine_f64_##suffix(float *out, const float *x, size_t n, double sc,        \
+                                           double sh, int silu) {                                  \
+        if (silu) {                                                                                \
+            _Pragma("omp simd") for (size_t i = 0; i < n; i++) {                                   \
+                const float y = (float)(x[i] * sc + sh);                                           \
+                out[i] = y / (1.0f + exp_body(-y));                                                \
+            }                                                                                      \
+        } else {                                                                                   \
+            _Pragma("omp simd") for (size_t i = 0; i < n; i++) out[i] = (float)(x[i] * sc + sh);   \
+        }                                                                                          \
+    }
+
+DEFINE_MOMENTS(avx512, __attribute__((target("avx512f"))))
+DEFINE_MOMENTS(avx2, __attribute__((target("avx2,fma"))))
+DEFINE_MOMENTS(portable, )
+
 /* Calls the instruction set's version of fn. */
 #define VEC_DISPATCH(fn, ...)                                                                      \
     (vec_isa() == VEC_AVX512 ? fn##_avx512(__VA_ARGS__)                                            \
@@ -97,6 +128,16 @@ double vec_exp_shift_sum(float *x, size_t n, float m) {
 float vec_max(const float *x, size_t n) { return VEC_DISPATCH(max, x, n); }
 
 float vec_exp(float x) { return exp_body(x); }
+
+double vec_sum_f64(const float *x, size_t n) { return VEC_DISPATCH(sum_f64, x, n); }
+
+double vec_sq_dev_f64(const float *x, size_t n, double mean) {
+    return VEC_DISPATCH(sq_dev_f64, x, n, mean);
+}
+
+void vec_affine_f64(float *out, const float *x, size_t n, double sc, double sh, int silu) {
+    VEC_DISPATCH(affine_f64, out, x, n, sc, sh, silu);
+}
 
 void vec_silu(float *x, size_t n) {
     switch (vec_isa()) {

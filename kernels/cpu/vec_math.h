@@ -1,6 +1,6 @@
-/* The CPU backend's element-wise SiLU, GELU and softmax parts, vectorised for the machine
- * (vec_isa.h) around a polynomial exp: libm's expf is a call per element,
- * which no compiler vectorises, and it was a tenth of an image decode. */
+/* The CPU backend's element-wise SiLU, GELU, softmax and GroupNorm parts, vectorised for the
+ * machine (vec_isa.h) around a polynomial exp: libm's expf is a call per element, which no compiler
+ * vectorises, and it was a tenth of an image decode. */
 #ifndef ARSERVE_VEC_MATH_H
 #define ARSERVE_VEC_MATH_H
 
@@ -26,5 +26,15 @@ double vec_exp_shift_sum(float *x, size_t n, float m);
 
 /* The largest x[i], i < n (-inf for n = 0); NaNs are passed over. */
 float vec_max(const float *x, size_t n);
+
+/* The sum of x[i], i < n, in double (the lanes' partial sums, then theirs). */
+double vec_sum_f64(const float *x, size_t n);
+
+/* The sum of (x[i] - mean)^2, i < n, in double, as vec_sum_f64 adds. */
+double vec_sq_dev_f64(const float *x, size_t n, double mean);
+
+/* out[i] = (float)(x[i] * sc + sh) computed in double (out may be x),
+ * then, where silu, out[i] / (1 + e^-out[i]) as vec_silu gives it. */
+void vec_affine_f64(float *out, const float *x, size_t n, double sc, double sh, int silu);
 
 #endif

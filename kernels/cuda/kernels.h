@@ -61,11 +61,12 @@ cudaError_t kern_softmax(float *x, int rows, int cols, cudaStream_t stream);
 
 /* Doubles of scratch kern_groupnorm needs for these sizes. */
 size_t kern_groupnorm_scratch(int c, int hw, int groups);
-/* GroupNorm of (c, hw) in `groups` groups with affine gamma/beta [c]; out
- * may be in; scratch holds kern_groupnorm_scratch(c, hw, groups) doubles. */
+/* GroupNorm of (c, hw) in `groups` groups with affine gamma/beta [c], then
+ * SiLU where silu; out may be in; scratch holds kern_groupnorm_scratch(c,
+ * hw, groups) doubles. */
 cudaError_t kern_groupnorm(float *out, const float *in, const void *gamma, const void *beta,
                            kern_dtype_t affine_dtype, int c, int hw, int groups, float eps,
-                           double *scratch, cudaStream_t stream);
+                           int silu, double *scratch, cudaStream_t stream);
 
 /* ---- rotary embeddings (kernels/cuda/rope.cu) ---- */
 

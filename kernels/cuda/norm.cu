@@ -216,19 +216,21 @@ __global__ void groupnorm_merge_kernel(double *affine, const double *part, int s
 
 /* y blocks stride over channels, x blocks over each channel's hw pixels. */
 __global__ void groupnorm_apply_kernel(float *out, const float *in, const double *affine, int c,
-                                       int hw) {
+                                       int hw, int silu) {
     for (int ch = blockIdx.y; ch < c; ch += gridDim.y) {
         const double sc = affine[2 * ch], sh = affine[2 * ch + 1];
         const size_t base = (size_t)ch * hw;
-        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < hw; i += gridDim.x * blockDim.x)
-            out[base + i] = (float)(in[base + i] * sc + sh);
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < hw; i += gridDim.x * blockDim.x) {
+            const float y = (float)(in[base + i] * sc + sh);
+            out[base + i] = silu ? y / (1.0f + expf(-y)) : y;
+        }
     }
 }
 
 /* groups is at most 65535 (a grid dimension); models use 32. */
 cudaError_t kern_groupnorm(float *out, const float *in, const void *gamma, const void *beta,
                            kern_dtype_t affine_dtype, int c, int hw, int groups, float eps,
-                           double *scratch, cudaStream_t stream) {
+                           int silu, double *scratch, cudaStream_t stream) {
     if (c <= 0 || hw <= 0 || groups <= 0)
         return cudaSuccess;
     if (groups > 65535)
@@ -247,6 +249,6 @@ cudaError_t kern_groupnorm(float *out, const float *in, const void *gamma, const
         return e;
     const unsigned gx = grid_for((size_t)hw) < 64 ? grid_for((size_t)hw) : 64;
     AR_LAUNCH(groupnorm_apply_kernel, dim3(gx, c < 65535 ? c : 65535), AR_BLOCK, 0, stream, out, in,
-              affine, c, hw);
+              affine, c, hw, silu);
     return cudaGetLastError();
 }

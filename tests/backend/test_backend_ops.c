@@ -485,7 +485,7 @@ static void test_stats_count_launches_copies_syncs_and_memory(void) {
     CHECK(d.launches == 1 && d.kernels == 1 && stats_no_copies(&d));
     /* GroupNorm's launcher starts three kernels (partial sums, merge, apply) */
     backend_stats(b, &t);
-    b->groupnorm(b, y, x, &bias, &bias, 4, 25, 2, 1e-6f);
+    b->groupnorm(b, y, x, &bias, &bias, 4, 25, 2, 1e-6f, 1);
     d = stats_since(b, &t);
     CHECK_MSG(d.launches == 1 && d.kernels == 3, "groupnorm: %llu launches, %llu kernels",
               (unsigned long long)d.launches, (unsigned long long)d.kernels);
@@ -1466,8 +1466,8 @@ static void test_embedding(void) {
 
 /* 32 groups of 64 channels, one channel per group, hw = 1, inputs offset by
  * 100 (cancellation), and groups of 160000 values that the CUDA kernel
- * splits over 40 blocks; gamma/beta in fp32 and fp16; in place too:
- * 1e-5 abs + 1e-5 rel. */
+ * splits over 40 blocks; gamma/beta in fp32 and fp16; in place with SiLU
+ * too: 1e-5 abs + 1e-5 rel. */
 static void test_groupnorm(void) {
     /* c, hw, groups, offset */
     const int cases[][4] = {{64, 7 * 9, 32, 0}, {6, 1, 3, 0},      {8, 13, 1, 0},
@@ -1485,14 +1485,16 @@ static void test_groupnorm(void) {
         wpair_t g = wpair_load(gs, at, 1, ch, 1, 1, 1), b = wpair_load(bs, at, 1, ch, 1, 1, 1);
         pair_t px = pair_new(x, n), po = pair_new(NULL, n);
         const float eps = c % 2 ? 1e-5f : 1e-6f;
-        cpu->groupnorm(cpu, po.ref, px.ref, &g.ref, &b.ref, ch, hw, groups, eps);
-        dut->groupnorm(dut, po.dut, px.dut, &g.dut, &b.dut, ch, hw, groups, eps);
+        cpu->groupnorm(cpu, po.ref, px.ref, &g.ref, &b.ref, ch, hw, groups, eps, 0);
+        dut->groupnorm(dut, po.dut, px.dut, &g.dut, &b.dut, ch, hw, groups, eps, 0);
         char what[80];
         snprintf(what, sizeof what, "groupnorm c=%d hw=%d groups=%d", ch, hw, groups);
         compare(what, po, 1e-5, 1e-5, NULL, 0);
         check_unchanged(what, px, x);
-        cpu->groupnorm(cpu, px.ref, px.ref, &g.ref, &b.ref, ch, hw, groups, eps);
-        dut->groupnorm(dut, px.dut, px.dut, &g.dut, &b.dut, ch, hw, groups, eps);
+        /* in place, with the SiLU the decoder fuses into it */
+        cpu->groupnorm(cpu, px.ref, px.ref, &g.ref, &b.ref, ch, hw, groups, eps, 1);
+        dut->groupnorm(dut, px.dut, px.dut, &g.dut, &b.dut, ch, hw, groups, eps, 1);
+        snprintf(what, sizeof what, "groupnorm+silu c=%d hw=%d groups=%d", ch, hw, groups);
         compare(what, px, 1e-5, 1e-5, NULL, 0);
         pair_del(px);
         pair_del(po);

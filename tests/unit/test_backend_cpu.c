@@ -1391,7 +1391,8 @@ static void test_conv2d_winograd_bf16_activations(void) {
 }
 
 /* Includes C=64 with 32 groups, one group, hw=1, and inputs offset by 100
- * (where E[x^2] - E[x]^2 in fp32 would cancel). 1e-5 abs + 1e-5 rel. */
+ * (where E[x^2] - E[x]^2 in fp32 would cancel), and SiLU after it in
+ * place. 1e-5 abs + 1e-5 rel. */
 static void test_groupnorm_groups_and_offsets(void) {
     /* c, hw, groups, offset */
     const int cases[][4] = {
@@ -1422,10 +1423,13 @@ static void test_groupnorm_groups_and_offsets(void) {
             }
         }
         float *dx = dev_from(x, n), *dout = dev_new(n);
-        be->groupnorm(be, dout, dx, &tg, &tb, ch, hw, groups, eps);
+        be->groupnorm(be, dout, dx, &tg, &tb, ch, hw, groups, eps, 0);
         check_dev("groupnorm", dout, ref, n, 1e-5, 1e-5);
-        be->groupnorm(be, dx, dx, &tg, &tb, ch, hw, groups, eps);
-        check_dev("groupnorm in place", dx, ref, n, 1e-5, 1e-5);
+        /* in place, with the SiLU the decoder fuses into it */
+        for (size_t i = 0; i < n; i++)
+            ref[i] = ref[i] / (1 + exp(-ref[i]));
+        be->groupnorm(be, dx, dx, &tg, &tb, ch, hw, groups, eps, 1);
+        check_dev("groupnorm+silu in place", dx, ref, n, 1e-5, 1e-5);
         dev_del(dx);
         dev_del(dout);
         be->weight_free(be, &tg);
@@ -2291,7 +2295,7 @@ static void test_results_independent_of_thread_count(void) {
         CHECK(bk->weight_load(bk, &tg, g, DTYPE_F32, 1, shape_c, &err) == AR_OK);
         CHECK(bk->weight_load(bk, &tb, b, DTYPE_F32, 1, shape_c, &err) == AR_OK);
         CHECK(bk->weight_load(bk, &tw, g, DTYPE_F32, 1, shape_hw, &err) == AR_OK);
-        bk->groupnorm(bk, res[t][1], x, &tg, &tb, C, HW, 32, 1e-6f);
+        bk->groupnorm(bk, res[t][1], x, &tg, &tb, C, HW, 32, 1e-6f, 1);
         bk->softmax(bk, res[t][2], C, HW);
         bk->gelu(bk, res[t][2], nx);
         bk->rmsnorm(bk, res[t][3], x, &tw, C, HW, 1e-6f);

@@ -132,9 +132,45 @@ static void test_gelu_and_softmax_parts_on_every_isa(void) {
     CHECK(on_every_isa(check_gelu_and_softmax_parts) >= 1);
 }
 
+/* GroupNorm's parts: the sum and the squared deviations in double within
+ * a few double ulps of a plain sum (inputs offset by 100, where a float
+ * sum would lose the spread), and the affine map bit for bit the scalar
+ * (float)(x * sc + sh), SiLU after it bit for bit vec_silu's. */
+static void check_moments(vec_isa_t isa, size_t n) {
+    float *x = malloc(n * sizeof *x), *out = malloc(n * sizeof *out),
+          *want = malloc(n * sizeof *want);
+    for (size_t i = 0; i < n; i++)
+        x[i] = 100.0f + (float)((double)(i * 37 % 101) / 50.0 - 1.0);
+    double sum_ref = 0, sq_ref = 0;
+    for (size_t i = 0; i < n; i++)
+        sum_ref += x[i];
+    const double mean = sum_ref / (double)n;
+    for (size_t i = 0; i < n; i++)
+        sq_ref += (x[i] - mean) * (x[i] - mean);
+    const double sum = vec_sum_f64(x, n), sq = vec_sq_dev_f64(x, n, mean);
+    CHECK_MSG(fabs(sum - sum_ref) <= 1e-13 * sum_ref, "%s sum of %zu: %.17g, want %.17g",
+              vec_isa_name(isa), n, sum, sum_ref);
+    CHECK_MSG(fabs(sq - sq_ref) <= 1e-12 * sq_ref + 1e-300, "%s squares of %zu: %.17g, want %.17g",
+              vec_isa_name(isa), n, sq, sq_ref);
+    const double sc = 1.7, sh = -170.25;
+    for (int silu = 0; silu < 2; silu++) {
+        for (size_t i = 0; i < n; i++)
+            want[i] = (float)(x[i] * sc + sh);
+        if (silu)
+            vec_silu(want, n);
+        vec_affine_f64(out, x, n, sc, sh, silu);
+        CHECK_MSG(!memcmp(out, want, n * sizeof *out), "%s affine%s of %zu differs",
+                  vec_isa_name(isa), silu ? "+silu" : "", n);
+    }
+    free(x), free(out), free(want);
+}
+
+static void test_groupnorm_parts_on_every_isa(void) { CHECK(on_every_isa(check_moments) >= 1); }
+
 int main(void) {
     TEST_RUN(test_exp_within_two_ulp);
     TEST_RUN(test_silu_on_every_isa);
     TEST_RUN(test_gelu_and_softmax_parts_on_every_isa);
+    TEST_RUN(test_groupnorm_parts_on_every_isa);
     return TEST_SUMMARY();
 }
