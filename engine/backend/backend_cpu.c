@@ -974,10 +974,12 @@ static void attn_pack_block_bf16(uint16_t *kb, uint16_t *vb, const attn_keys_t *
 
 /* Scores of rows [r0, r0 + rows) of a group against the block packed in b:
  * s[r][j] = scale * (q_r . k_j) (+ bias(r, j), key j's bias for the row at
- * bias[r * bias_row + j] where bias is not NULL), ATTN_CHUNK floats a row;
- * on the tiles, from the group's rounded Q (b->qb). */
+ * bias[r * bias_row + j] where bias is not NULL), ATTN_CHUNK floats a row,
+ * and each row's largest into row_max[r] where it is not NULL; on the
+ * tiles, from the group's rounded Q (b->qb). */
 static void attn_tile_scores(const attn_tile_buf_t *b, const float *q, size_t ldq, int r0, int rows,
-                             int nb, int d, float scale, const float *bias, ptrdiff_t bias_row) {
+                             int nb, int d, float scale, const float *bias, ptrdiff_t bias_row,
+                             float *row_max) {
     float *s = b->s;
     for (int r = 0; r < rows; r++)
         memset(s + (size_t)r * ATTN_CHUNK, 0, (size_t)nb * sizeof(float));
@@ -986,10 +988,10 @@ static void attn_tile_scores(const attn_tile_buf_t *b, const float *q, size_t ld
     else
         gemm_packed(rows, nb, d, q + (size_t)r0 * ldq, (int)ldq, b->kp, DTYPE_F32, s, ATTN_CHUNK);
     for (int r = 0; r < rows; r++) {
-        float *sr = s + (size_t)r * ATTN_CHUNK;
-        const float *br = bias ? bias + (r0 + r) * bias_row : NULL;
-        for (int j = 0; j < nb; j++)
-            sr[j] = sr[j] * scale + (br ? br[j] : 0.0f);
+        const float m = vec_scale_add_max(s + (size_t)r * ATTN_CHUNK, (size_t)nb, scale,
+                                          bias ? bias + (r0 + r) * bias_row : NULL);
+        if (row_max)
+            row_max[r] = m;
     }
 }
 
@@ -1029,10 +1031,12 @@ static void attend_group(const attn_tile_buf_t *b, float *out, const float *q, s
         for (int t0 = 0; t0 < rows; t0 += ATTN_Q_TILE) {
             const int tr = rows - t0 < ATTN_Q_TILE ? rows - t0 : ATTN_Q_TILE;
             float *o = b->o + (size_t)t0 * dp;
-            attn_tile_scores(b, q, ldq, t0, tr, nb, d, scale, bias ? bias + j0 : NULL, bias_row);
+            float tile_max[ATTN_Q_TILE];
+            attn_tile_scores(b, q, ldq, t0, tr, nb, d, scale, bias ? bias + j0 : NULL, bias_row,
+                             tile_max);
             for (int r = 0; r < tr; r++) {
                 float *sr = b->s + (size_t)r * ATTN_CHUNK;
-                const float cm = vec_max(sr, (size_t)nb);
+                const float cm = tile_max[r];
                 if (cm > m[t0 + r]) {
                     const float rescale = expf(m[t0 + r] - cm); /* 0 on the first block */
                     float *orow = o + (size_t)r * dp;
@@ -1061,7 +1065,8 @@ static void attend_group(const attn_tile_buf_t *b, float *out, const float *q, s
         attn_pack(b, ak, j0, nb, d, 1);
         for (int t0 = 0; t0 < rows; t0 += ATTN_Q_TILE) {
             const int tr = rows - t0 < ATTN_Q_TILE ? rows - t0 : ATTN_Q_TILE;
-            attn_tile_scores(b, q, ldq, t0, tr, nb, d, scale, bias ? bias + j0 : NULL, bias_row);
+            attn_tile_scores(b, q, ldq, t0, tr, nb, d, scale, bias ? bias + j0 : NULL, bias_row,
+                             NULL);
             for (int r = 0; r < tr; r++)
                 for (int j = 0; j < nb; j++)
                     mass[j0 + j] +=

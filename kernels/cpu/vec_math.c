@@ -71,6 +71,22 @@ DEFINE_SILU(portable, )
         }                                                                                          \
         return sum;                                                                                \
     }                                                                                              \
+    target static float scale_add_max_##suffix(float *x, size_t n, float scale,                    \
+                                               const float *add) {                                 \
+        float m = -INFINITY;                                                                       \
+        if (add) {                                                                                 \
+            _Pragma("omp simd reduction(max : m)") for (size_t i = 0; i < n; i++) {                \
+                x[i] = x[i] * scale + add[i];                                                      \
+                m = x[i] > m ? x[i] : m;                                                           \
+            }                                                                                      \
+        } else {                                                                                   \
+            _Pragma("omp simd reduction(max : m)") for (size_t i = 0; i < n; i++) {                \
+                x[i] = x[i] * scale + 0.0f;                                                        \
+                m = x[i] > m ? x[i] : m;                                                           \
+            }                                                                                      \
+        }                                                                                          \
+        return m;                                                                                  \
+    }                                                                                              \
     target static float max_##suffix(const float *x, size_t n) {                                   \
         float m = -INFINITY;                                                                       \
         _Pragma("omp simd reduction(max : m)") for (size_t i = 0; i < n; i++) m =                  \
@@ -126,6 +142,10 @@ double vec_exp_shift_sum(float *x, size_t n, float m) {
 }
 
 float vec_max(const float *x, size_t n) { return VEC_DISPATCH(max, x, n); }
+
+float vec_scale_add_max(float *x, size_t n, float scale, const float *add) {
+    return VEC_DISPATCH(scale_add_max, x, n, scale, add);
+}
 
 float vec_exp(float x) { return exp_body(x); }
 

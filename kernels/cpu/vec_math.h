@@ -27,6 +27,11 @@ double vec_exp_shift_sum(float *x, size_t n, float m);
 /* The largest x[i], i < n (-inf for n = 0); NaNs are passed over. */
 float vec_max(const float *x, size_t n);
 
+/* x[i] = x[i] * scale + add[i] (+ 0 where add is NULL), i < n, each rounded
+ * once as the separate multiply and add (no fused multiply-add); returns
+ * the largest, as vec_max. */
+float vec_scale_add_max(float *x, size_t n, float scale, const float *add);
+
 /* The sum of x[i], i < n, in double (the lanes' partial sums, then theirs). */
 double vec_sum_f64(const float *x, size_t n);
 

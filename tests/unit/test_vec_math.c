@@ -117,6 +117,23 @@ static void check_gelu_and_softmax_parts(vec_isa_t isa, size_t n) {
                   vec_isa_name(isa), x[i], m, out[i]);
     CHECK_MSG(fabs(sum - sum_ref) <= 4.8e-7 * sum_ref, "%s exp sum %.9g, want %.9g",
               vec_isa_name(isa), sum, sum_ref);
+    /* The scores' scaling (and bias) with their maximum: the scalar's bits. */
+    float *add = malloc(n * sizeof *add), *want = malloc(n * sizeof *want);
+    for (size_t i = 0; i < n; i++)
+        add[i] = x[n - 1 - i];
+    for (int with_add = 0; with_add < 2; with_add++) {
+        float wmax = -INFINITY;
+        for (size_t i = 0; i < n; i++) {
+            out[i] = x[i];
+            want[i] = x[i] * 0.37f + (with_add ? add[i] : 0.0f);
+            wmax = want[i] > wmax ? want[i] : wmax;
+        }
+        const float got = vec_scale_add_max(out, n, 0.37f, with_add ? add : NULL);
+        CHECK_MSG(!memcmp(out, want, n * sizeof *out) && got == wmax,
+                  "%s scale_add_max of %zu (add %d): max %g, want %g", vec_isa_name(isa), n,
+                  with_add, got, wmax);
+    }
+    free(add), free(want);
     free(x);
     free(out);
     if (n > 1)
