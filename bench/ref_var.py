@@ -19,7 +19,8 @@ Each side draws class --label with the model's sampling settings (arserve.json's
 top_p), `--reps` times after a warm-up, the two sides and the two precisions alternating; the
 table gives the medians. The official side's scales are timed by a wrapper on its `get_logits`
 (each scale's time runs to its logits, the previous scale's sampling included) and its decoder
-by one on `fhat_to_img`; arserve's by `arserve generate -v` (its `time:` line).
+by one on `fhat_to_img`; arserve's by `arserve generate -v --repeat 2` (the `time:` line of its
+second image, drawn on the buffers the first made: both sides warm).
 
 Needs torch (for the official side) and numpy: .venv-bench has both.
 """
@@ -55,10 +56,12 @@ def parse_time_line(stderr: str) -> dict:
 
 
 def run_arserve(binary: str, model: str, ask: list, threads: int, mode: str) -> dict:
-    """One `arserve generate -v` of what ask asks (["--class", "207"], ["--prompt", ...])."""
+    """One `arserve generate -v --repeat 2` of what ask asks (["--class", "207"], ["--prompt",
+    ...]): the second image's times, drawn on the buffers the first made, as the official side's
+    are after its warm-up in one process (and as a serving daemon draws)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [binary, "generate", "--model", model, *ask, "--threads", str(threads),
-               "--cpu-activations", mode, "-v", "-o", os.path.join(tmp, "x.png")]
+               "--cpu-activations", mode, "-v", "--repeat", "2", "-o", os.path.join(tmp, "x.png")]
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode:
             raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-2000:]}")

@@ -21,7 +21,7 @@
 typedef struct generate_args {
     const char *model_dir, *prompt, *prompt_ids, *class_label, *out_path, *backend, *kv_dtype;
     const char *size, *negative_prompt; /* NULL: the default size, none */
-    long long seed, top_k, threads;
+    long long seed, top_k, threads, repeat;
     double cfg, temperature, top_p; /* < 0: the model's default */
     int quiet;
     int verbose;
@@ -321,70 +321,89 @@ static int generate(const generate_args_t *a, backend_t *be) {
     }
     const size_t planned = plan.peak_bytes;
     planner_plan_free(&plan);
-    if (gen_pool_for_one_image(&pool, &model, n_prompt, kv_dtype, &err) != AR_OK ||
-        gen_request_init_opts(&req, &model, &pool, &policy, cond, uncond, n_prompt, &opts, &sp,
-                              (uint64_t)a->seed, 0, &err) != AR_OK) {
+    if (gen_pool_for_one_image(&pool, &model, n_prompt, kv_dtype, &err) != AR_OK) {
         fprintf(stderr, "arserve generate: %s\n", err.msg[0] ? err.msg : "out of memory");
         goto out;
     }
-    const size_t n_values = gen_request_token_values(&req);
-    if (a->logits_out && !a->teacher_force && strcmp(model.cfg.family, "raster") != 0) {
-        fprintf(stderr, "arserve generate: --logits-out: a next-scale model keeps a scale's "
-                        "logits only with --teacher-force (--tokens-out of a run gives them)\n");
-        rc = 2;
-        goto out;
-    }
-    if (a->teacher_force &&
-        (!(forced = malloc(n_values * sizeof *forced)) ||
-         read_tokens(a->teacher_force, forced, n_values,
-                     /* Infinity's values are bits */
-                     model.cfg.image.codebook_size > 0 ? model.cfg.image.codebook_size : 2,
-                     &err) != AR_OK)) {
-        fprintf(stderr, "arserve generate: %s\n", err.msg[0] ? err.msg : "out of memory");
-        rc = 2;
-        goto out;
-    }
-    req.forced = forced;
-    if (a->logits_out && !(logits_out = fopen(a->logits_out, "wb"))) {
-        fprintf(stderr, "arserve generate: --logits-out: cannot write %s\n", a->logits_out);
-        goto out;
-    }
-    if (!(step_s = calloc((size_t)req.n_steps, sizeof *step_s)) ||
-        run_steps(&req, be, !a->quiet && isatty(STDERR_FILENO), logits_out, &counts, step_s,
-                  &err) != AR_OK) {
-        fprintf(stderr, "arserve generate: %s\n", err.msg);
-        goto out;
-    }
-    const double t_decode = clock_now_s();
-    FILE *written = logits_out;
-    logits_out = NULL;
-    if ((written && fclose(written) != 0 &&
-         ar_errorf(&err, "--logits-out: cannot write %s", a->logits_out)) ||
-        (a->tokens_out && write_values("tokens-out", a->tokens_out, req.tokens, sizeof(int),
-                                       n_values, &err) != AR_OK) ||
-        !(rgb = malloc((size_t)H * W * 3)) || gen_decode(&req, rgb, &err) != AR_OK ||
-        png_write_file(a->out_path, rgb, W, H, &err) != AR_OK) {
-        fprintf(stderr, "arserve generate: %s\n", err.msg[0] ? err.msg : "out of memory");
-        goto out;
-    }
-    const double t2 = clock_now_s();
-    if (!a->quiet)
-        fprintf(stderr,
-                "%s: %dx%d, %s %d, %d steps in %.2f s (%.1f steps/s, %.3f images/s; "
-                "model load %.2f s)\n",
-                a->out_path, W, H, model_is_class_conditional(&model) ? "class" : "prompt tokens:",
-                model_is_class_conditional(&model) ? cond[0] : n_prompt, req.n_steps, t2 - t1,
-                req.n_steps / (t2 - t1), 1.0 / (t2 - t1), t1 - t0);
-    if (a->verbose) {
-        char budget[32] = "";
-        if (kv_policy_uses_budget(policy.kind, NULL))
-            snprintf(budget, sizeof budget, " at budget %.4g", policy.budget);
-        fprintf(stderr, "KV cache: %s%s, peak %.2f MiB held, %.2f MiB planned\n",
-                kv_policy_name(policy.kind), budget,
-                (double)pool.peak_in_use * kv_pool_bytes_per_block(&pool) / 1048576.0,
-                (double)planned / 1048576.0);
-        print_times(step_s, req.n_steps, t2 - t_decode);
-        print_step_counts(be, &counts, req.n_steps);
+    /* --repeat: the same image again in this process, each on the buffers
+     * the first made (as a serving daemon's steady state); -v reports the
+     * last. */
+    for (long long rep = 0; rep < a->repeat; rep++) {
+        const double t_image = clock_now_s();
+        gen_request_free(&req);
+        if (gen_request_init_opts(&req, &model, &pool, &policy, cond, uncond, n_prompt, &opts, &sp,
+                                  (uint64_t)a->seed, 0, &err) != AR_OK) {
+            fprintf(stderr, "arserve generate: %s\n", err.msg[0] ? err.msg : "out of memory");
+            goto out;
+        }
+        const size_t n_values = gen_request_token_values(&req);
+        if (a->logits_out && !a->teacher_force && strcmp(model.cfg.family, "raster") != 0) {
+            fprintf(stderr,
+                    "arserve generate: --logits-out: a next-scale model keeps a scale's "
+                    "logits only with --teacher-force (--tokens-out of a run gives them)\n");
+            rc = 2;
+            goto out;
+        }
+        if (a->teacher_force && !forced &&
+            (!(forced = malloc(n_values * sizeof *forced)) ||
+             read_tokens(a->teacher_force, forced, n_values,
+                         /* Infinity's values are bits */
+                         model.cfg.image.codebook_size > 0 ? model.cfg.image.codebook_size : 2,
+                         &err) != AR_OK)) {
+            fprintf(stderr, "arserve generate: %s\n", err.msg[0] ? err.msg : "out of memory");
+            rc = 2;
+            goto out;
+        }
+        req.forced = forced;
+        if (a->logits_out && rep == 0 && !(logits_out = fopen(a->logits_out, "wb"))) {
+            fprintf(stderr, "arserve generate: --logits-out: cannot write %s\n", a->logits_out);
+            goto out;
+        }
+        if ((!step_s && !(step_s = calloc((size_t)req.n_steps, sizeof *step_s))) ||
+            run_steps(&req, be, !a->quiet && isatty(STDERR_FILENO), logits_out, &counts, step_s,
+                      &err) != AR_OK) {
+            fprintf(stderr, "arserve generate: %s\n", err.msg);
+            goto out;
+        }
+        const double t_decode = clock_now_s();
+        FILE *written = logits_out;
+        logits_out = NULL;
+        if ((written && fclose(written) != 0 &&
+             ar_errorf(&err, "--logits-out: cannot write %s", a->logits_out)) ||
+            (a->tokens_out && write_values("tokens-out", a->tokens_out, req.tokens, sizeof(int),
+                                           n_values, &err) != AR_OK) ||
+            (!rgb && !(rgb = malloc((size_t)H * W * 3))) || gen_decode(&req, rgb, &err) != AR_OK ||
+            png_write_file(a->out_path, rgb, W, H, &err) != AR_OK) {
+            fprintf(stderr, "arserve generate: %s\n", err.msg[0] ? err.msg : "out of memory");
+            goto out;
+        }
+        const double t2 = clock_now_s(), took = t2 - (rep ? t_image : t1);
+        char which[48] = "";
+        if (a->repeat > 1)
+            snprintf(which, sizeof which, " (image %d of %d)", (int)rep + 1, (int)a->repeat);
+        if (!a->quiet)
+            fprintf(stderr,
+                    "%s: %dx%d, %s %d, %d steps in %.2f s (%.1f steps/s, %.3f images/s; "
+                    "model load %.2f s)%s\n",
+                    a->out_path, W, H,
+                    model_is_class_conditional(&model) ? "class" : "prompt tokens:",
+                    model_is_class_conditional(&model) ? cond[0] : n_prompt, req.n_steps, took,
+                    req.n_steps / took, 1.0 / took, t1 - t0, which);
+        if (rep + 1 < a->repeat) {
+            counts = (backend_stats_t){0};
+            continue;
+        }
+        if (a->verbose) {
+            char budget[32] = "";
+            if (kv_policy_uses_budget(policy.kind, NULL))
+                snprintf(budget, sizeof budget, " at budget %.4g", policy.budget);
+            fprintf(stderr, "KV cache: %s%s, peak %.2f MiB held, %.2f MiB planned\n",
+                    kv_policy_name(policy.kind), budget,
+                    (double)pool.peak_in_use * kv_pool_bytes_per_block(&pool) / 1048576.0,
+                    (double)planned / 1048576.0);
+            print_times(step_s, req.n_steps, t2 - t_decode);
+            print_step_counts(be, &counts, req.n_steps);
+        }
     }
     rc = 0;
 out:
@@ -411,7 +430,8 @@ int cmd_generate(int argc, char **argv, char **envp) {
                          .top_k = -1,
                          .cfg = -1,
                          .temperature = -1,
-                         .top_p = -1};
+                         .top_p = -1,
+                         .repeat = 1};
     /* The backends' and the KV types' names from their tables. */
     char names[128], rule[256], backend_help[512], types[128] = "", kv_dtype_help[512];
     snprintf(backend_help, sizeof backend_help, "%s, or %s: %s (default %s)",
@@ -493,6 +513,10 @@ int cmd_generate(int argc, char **argv, char **envp) {
          .help = "also write each step's logits, float32 little-endian, step after step: the "
                  "conditional row's then the unconditional's (a raster step: 2 x vocabulary; "
                  "a next-scale step, with --teacher-force: 2 x the scale's tokens x vocabulary)"},
+        {"repeat", 0, CLI_INT, &a.repeat, 1, 1000, .metavar = "N",
+         .help = "draw the image N times in this process, each on the buffers the first made "
+                 "(a serving daemon's steady state): a summary line each, -v's for the last "
+                 "(default 1)"},
         {"quiet", 'q', CLI_BOOL, &a.quiet, .help = "no progress bar and no summary"},
         {"verbose", 'v', CLI_BOOL, &a.verbose,
          .help = "also the KV cache's policy and its peak, held and planned, where the time "
@@ -515,6 +539,10 @@ int cmd_generate(int argc, char **argv, char **envp) {
     }
     if (a.prompt && !a.prompt[0]) {
         fprintf(stderr, "arserve generate: --prompt is empty\n");
+        return 2;
+    }
+    if (a.repeat > 1 && a.logits_out) {
+        fprintf(stderr, "arserve generate: --logits-out takes one image (--repeat 1)\n");
         return 2;
     }
     char default_dir[1024];

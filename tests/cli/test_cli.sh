@@ -182,6 +182,17 @@ assert abs(sum(steps) - float(m.group(2))) <= 0.005 * len(steps) + 1e-9, (steps,
 PY
 then ok "generate -v times each scale and the decoder ($line)"
 else fail "generate -v's time line" "$(cat "$tmp/err")"; fi
+# --repeat: the same image again in one process, a summary line each, -v's
+# time line once (the last image's), the PNG the one a single run writes.
+if "$bin" generate --model "$inf" --prompt "a red circle" -v --repeat 3 -o "$tmp/r.png" 2>"$tmp/err" &&
+   [ "$(grep -c "(image [123] of 3)$" "$tmp/err")" = 3 ] && [ "$(grep -c "^time: " "$tmp/err")" = 1 ] &&
+   cmp -s "$tmp/r.png" "$tmp/t.png"
+then ok "generate --repeat 3 draws the same image three times, timing each"
+else fail "generate --repeat 3" "$(cat "$tmp/err")"; fi
+expect_fail "--repeat with --logits-out is a usage error" 2 "--logits-out takes one image" -- \
+    "$bin" generate --model "$model" --prompt-ids 10,11,12 --repeat 2 --logits-out "$tmp/l.f32" -o "$tmp/x.png"
+expect_fail "--repeat 0 is refused" 2 "repeat" -- \
+    "$bin" generate --model "$model" --prompt-ids 10,11,12 --repeat 0 -o "$tmp/x.png"
 if "$bin" generate --model "$model" --prompt-ids 10,11,12 --kv-policy streaming --kv-budget 0.5 \
         -v -o "$tmp/p.png" 2>"$tmp/err" && grep -q "^KV cache: streaming at budget 0.5," "$tmp/err"
 then ok "generate --kv-budget sets the budget"
