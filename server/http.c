@@ -409,10 +409,19 @@ void http_refusal_error(const sched_refusal_info_t *why, int n_images, int retry
         api_errorf(e, 503, NULL, "server_draining", "the server is shutting down");
         return;
     case SCHED_REFUSED_TOO_LARGE:
-        api_errorf(e, 400, "n", "kv_pool_too_small",
-                   "this request needs %zu bytes of KV cache, more than the pool's %zu: ask for "
-                   "fewer images (n) or a shorter prompt",
-                   why->need_bytes, why->pool_bytes);
+        /* One image too large for the whole pool: what makes it fit is a
+         * compressed cache (or a larger pool), not fewer images. */
+        if (n_images > 1)
+            api_errorf(e, 400, "n", "kv_pool_too_small",
+                       "this request needs %zu bytes of KV cache, more than the pool's %zu: ask "
+                       "for fewer images (n), a shorter prompt or a compressed kv_policy",
+                       why->need_bytes, why->pool_bytes);
+        else
+            api_errorf(e, 400, "kv_policy", "kv_pool_too_small",
+                       "this image needs %zu bytes of KV cache, more than the pool's %zu: ask for "
+                       "a compressed kv_policy with a kv_budget (GET /v1/models lists the "
+                       "model's), or run the server with a larger kv_pool_mb",
+                       why->need_bytes, why->pool_bytes);
         return;
     case SCHED_REFUSED_TOO_MANY_IMAGES:
         api_errorf(e, 400, "n", "too_many_images",

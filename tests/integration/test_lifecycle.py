@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import HTTP_TIMEOUT, SLOW_MODEL, model_info, one_image_pool_mb, png_size, scaled
+from conftest import (HTTP_TIMEOUT, SLOW_MODEL, full_image_kv_bytes, model_info, one_image_pool_mb,
+                      png_size, scaled)
 
 GEN = "/v1/images/generations"
 # One engine thread: the slow model's timing then does not depend on how
@@ -378,6 +379,27 @@ def test_request_larger_than_the_pool_is_refused_at_once(start_daemon):
     m = d.metrics()
     assert m.get("arserve_admissions_refused_total", reason="too_large") == 1
     assert m.get("arserve_images_total", status="ok") == 2
+
+
+def test_an_image_larger_than_the_whole_pool_is_refused_naming_a_compressed_policy(start_daemon):
+    """One full-cache image needs more than the whole pool (as Infinity-8B's 1024 px image
+    beside a 2 GiB pool): a 400 naming kv_policy, saying that a compressed policy or a larger
+    pool makes it fit, at once; the same image under StreamingLLM at a quarter of the cache is
+    drawn by that daemon, its peak the plan's and within the pool."""
+    mb = full_image_kv_bytes(SLOW_MODEL) // 2 >> 20
+    if mb < 1:
+        pytest.skip(f"{SLOW_MODEL}'s image needs under 2 MiB of KV: no whole-MiB pool below it")
+    d = start_daemon(SLOW_MODEL, [*SLOW_ARGS, "--kv-pool-mb", str(mb)])
+    r = d.client.post(GEN, json={"prompt": "a red circle", "seed": 1}, timeout=scaled(5))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "kv_policy" and err["code"] == "kv_pool_too_small", err
+    assert "compressed kv_policy" in err["message"] and "kv_pool_mb" in err["message"], err
+    r = d.client.post(GEN, json={"prompt": "a red circle", "seed": 1, "kv_policy": "streaming",
+                                 "kv_budget": 0.25})
+    assert r.status_code == 200, r.text
+    kv = r.json()["kv_cache"]
+    assert kv["planned_peak_bytes"] == kv["peak_bytes"] <= mb << 20, kv
 
 
 def test_more_images_than_max_running_is_refused_at_once(start_daemon):
