@@ -186,13 +186,10 @@ class Official:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("release", help="the release's folder (infinity_2b_reg.pth, the VAE, flan-t5-xl/)")
-    ap.add_argument("model", help="the converted arserve model")
-    ap.add_argument("--src", default=os.environ.get("INFINITY_SRC"),
-                    help="a checkout of FoundationVision/Infinity (default $INFINITY_SRC)")
+    common_args(ap, "infinity_2b_reg.pth, the VAE, flan-t5-xl/", "INFINITY_SRC",
+                "FoundationVision/Infinity")
     ap.add_argument("--prompt", default="a red circle")
     ap.add_argument("--pn", default="0.25M", help="the schedule converted (default 0.25M)")
-    common_args(ap)
     a = ap.parse_args(argv)
     if not a.arserve_only and not a.src:
         ap.error("the official side needs an Infinity checkout: --src or $INFINITY_SRC "

@@ -174,8 +174,14 @@ def table(rows: dict) -> str:
     return "\n".join(lines)
 
 
-def common_args(ap: argparse.ArgumentParser) -> None:
-    """The options every side-by-side bench takes."""
+def common_args(ap: argparse.ArgumentParser, release: str, env: str, repo: str) -> None:
+    """The arguments every side-by-side bench takes: the release (release says what it holds),
+    the converted model, the official checkout (--src, default $env; repo names it) and the
+    runs'."""
+    ap.add_argument("release", help=f"the release's folder ({release})")
+    ap.add_argument("model", help="the converted arserve model")
+    ap.add_argument("--src", default=os.environ.get(env),
+                    help=f"a checkout of {repo} (default ${env})")
     ap.add_argument("--arserve", default=os.path.join(ROOT, "build", "arserve"))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=2)
@@ -203,12 +209,8 @@ def side_by_side(a, ask: list, official_run, name: str, heading: str) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("release", help="the release's folder (var_d*.pth, vae_*.pth)")
-    ap.add_argument("model", help="the converted arserve model")
-    ap.add_argument("--src", default=os.environ.get("VAR_SRC"),
-                    help="a checkout of FoundationVision/VAR (default $VAR_SRC)")
+    common_args(ap, "var_d*.pth, vae_*.pth", "VAR_SRC", "FoundationVision/VAR")
     ap.add_argument("--label", type=int, default=207)
-    common_args(ap)
     a = ap.parse_args(argv)
     if not a.arserve_only and not a.src:
         ap.error("the official side needs a VAR checkout: --src or $VAR_SRC (or --arserve-only)")
