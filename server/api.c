@@ -1087,8 +1087,18 @@ static int add_kv_policies(cJSON *o, const api_limits_t *lim, const api_model_ca
         ar_error_t err;
         if (kv_policy_resolve(lim->kv_defaults, &only_kind, &p, NULL, &err) != AR_OK)
             continue;
-        const double least = kv_policy_min_budget(&p, card->geom);
-        if (least < 0)
+        /* The sizes it runs at (kv_policy_min_budget >= 0), its budgets the first's. */
+        const int n_geoms = card->size_geoms ? lim->n_sizes : 1;
+        int n_runs = 0, first = -1;
+        double least = -1;
+        for (int i = 0; i < n_geoms; i++) {
+            const double at =
+                kv_policy_min_budget(&p, card->size_geoms ? &card->size_geoms[i] : card->geom);
+            n_runs += at >= 0;
+            if (at >= 0 && first < 0)
+                first = i, least = at;
+        }
+        if (first < 0)
             continue;
         cJSON *e = cJSON_CreateObject();
         ok &= e != NULL && cJSON_AddItemToArray(arr, e);
@@ -1097,6 +1107,16 @@ static int add_kv_policies(cJSON *o, const api_limits_t *lim, const api_model_ca
             break;
         }
         ok &= add_str(e, "name", kv_policy_name(p.kind));
+        if (n_runs < n_geoms) {
+            cJSON *where = cJSON_AddArrayToObject(e, "sizes");
+            ok &= where != NULL;
+            for (int i = 0; where && i < n_geoms; i++) {
+                char name[32];
+                snprintf(name, sizeof name, "%dx%d", lim->widths[i], lim->heights[i]);
+                if (kv_policy_min_budget(&p, &card->size_geoms[i]) >= 0)
+                    ok &= cJSON_AddItemToArray(where, cJSON_CreateString(name));
+            }
+        }
         if (least > 0) {
             ok &= add_num(e, "budget", p.budget);
             ok &= add_num(e, "min_budget", least);

@@ -258,6 +258,10 @@ typedef struct api_model_card {
     const char *family;        /* arserve.json "family": "raster" or "scale" */
     const char *segment_name;  /* "line" or "scale" */
     const kv_geometry_t *geom; /* the shortest request's geometry (calibration included) */
+    /* The same at each of lim's sizes, in their order (geom's is the first),
+     * or NULL for one size: where a policy that needs a per-size calibration
+     * runs. */
+    const kv_geometry_t *size_geoms;
     sampler_params_t sampling; /* the model's defaults */
     const char *const *words;  /* a closed vocabulary's words (tokenizer_words), or NULL */
     int n_words;
@@ -288,7 +292,10 @@ typedef struct api_model_card {
  * the cache has the budget a request naming only kv_policy gets, and the
  * least kv_budget the shortest request may ask for (kv_policy_min_budget on
  * card->geom: a longer prompt may need more; the default may be below it on
- * a small model, and such a request is refused). Each lists its knobs
+ * a small model, and such a request is refused). On a model of several
+ * sizes, a policy that runs at some of them only (HeatKV and ScaleKV at the
+ * sizes the model is calibrated for) lists them, "sizes": ["WxH", ...], its
+ * budgets those of the first; one that runs at none is left out. Each lists its knobs
  * (KV_POLICY_KNOBS): type ("integer" or "number"), range ([min, max], or
  * (min, max] when min_exclusive), the value a request that does not give
  * it gets (the server's default) and its help. NULL when lim or card is

@@ -69,7 +69,8 @@ struct http_server {
     api_model_card_t card; /* GET /v1/models */
     const char **words;    /* card.words, owned (the strings are the tokenizer's) */
     kv_geometry_t geom;    /* the card's */
-    int n_sizes;           /* the model's image sizes, its default first */
+    kv_geometry_t size_geoms[MODEL_MAX_SIZES]; /* the card's, one per size */
+    int n_sizes;                               /* the model's image sizes, its default first */
     int widths[MODEL_MAX_SIZES], heights[MODEL_MAX_SIZES];
     atomic_int ready, inflight;
     metric_t *m_requests;
@@ -1781,6 +1782,10 @@ http_server_t *http_start(const http_options_t *opt, model_t *model, scheduler_t
                                  .segment_name = model->family->segment_name,
                                  .geom = &h->geom,
                                  .sampling = model->cfg.sampling};
+    for (int i = 0; i < h->n_sizes; i++)
+        model_geometry_sized(&model->cfg, shortest_prefix(model), i, &h->size_geoms[i]);
+    if (h->n_sizes > 1)
+        h->card.size_geoms = h->size_geoms;
     const int n_words = model->tok ? tokenizer_words(model->tok, NULL, 0) : 0;
     if (n_words > 0 && (h->words = malloc((size_t)n_words * sizeof *h->words))) {
         tokenizer_words(model->tok, h->words, n_words);

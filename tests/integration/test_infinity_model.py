@@ -67,6 +67,16 @@ def test_models_lists_every_size_the_default_first(d):
     assert (card["width"], card["height"]) == (SIZES[DEFAULT]["width"], SIZES[DEFAULT]["height"])
 
 
+def test_policies_that_need_a_calibration_are_not_listed_without_one(d):
+    """The model without a calibration: HeatKV and ScaleKV run at none of its sizes, so its
+    card leaves them out; the others run everywhere and name no sizes."""
+    card = d.client.get("/v1/models").json()["data"][0]["arserve"]
+    names = [p["name"] for p in card["kv_policies"]]
+    assert "full" in names and "streaming" in names, names
+    assert "heatkv" not in names and "scalekv" not in names, names
+    assert all("sizes" not in p for p in card["kv_policies"]), card["kv_policies"]
+
+
 def test_two_sizes_and_a_negative_prompt_in_one_batch(d):
     """Three requests sent together (two aspect ratios, one with a negative
     prompt) run in shared iterations; each PNG has its size's pixels, each
@@ -200,6 +210,10 @@ def test_a_calibrated_model_serves_heatkv_and_scalekv(calibrated):
             (SIZES[DEFAULT]["width"], SIZES[DEFAULT]["height"])
     if WIDE == DEFAULT:
         return  # a model of one size (models/shapes-inf): no other size to refuse
+    # The model card says where they run: the calibrated size only.
+    card = calibrated.client.get("/v1/models").json()["data"][0]["arserve"]
+    where = {p["name"]: p.get("sizes") for p in card["kv_policies"]}
+    assert where["heatkv"] == where["scalekv"] == [DEFAULT] and where["full"] is None, where
     r = calibrated.client.post(GEN, json={"prompt": "a dog", "size": WIDE, "kv_policy": "heatkv",
                                           "kv_budget": 0.4})
     e = error_of(r)
