@@ -98,10 +98,10 @@ MODELS = {
     },
     "infinity-2b": _infinity("infinity_2b_reg.pth", "infinity_vae_d32reg.pth", INFINITY_SIZES,
                              8192),
-    # the full cache of one 1024 px image needs about 10.5 GB: a 2 GiB pool holds only the
-    # compressed ones, and refuses the full cache with the message shown in the table. Not
-    # calibrated: a calibration draws with the full cache (in fp32, 21 GB beside 19.5 GB of
-    # weights), more than a 24 GiB machine holds, so at full size HeatKV and ScaleKV are
+    # the full cache of one 1024 px image needs 7.4 GB (`arserve plan`): a 2 GiB pool holds only
+    # the compressed ones, and refuses the full cache with the message shown in the table. Not
+    # calibrated: a calibration draws with the full cache (in fp32, about 14.7 GB beside 19.6 GB
+    # of weights), more than a 24 GiB machine holds, so at full size HeatKV and ScaleKV are
     # refused for the want of one, with the message a user sees (the tiny run calibrates;
     # "calibrate": True where the memory allows)
     "infinity-8b": {**_infinity("infinity_8b_weights", "infinity_vae_d56_f8_14_patchify.pth",

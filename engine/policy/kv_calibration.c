@@ -342,18 +342,6 @@ static cJSON *read_root(const char *path, int *version, ar_error_t *err) {
     return NULL;
 }
 
-int kv_calibration_load(kv_calibration_t *c, const char *path, ar_error_t *err) {
-    memset(c, 0, sizeof *c);
-    int version = 0, rc = AR_ERR;
-    cJSON *root = read_root(path, &version, err);
-    if (root && version != 1)
-        ar_errorf(err, "%s: holds several image sizes' calibrations (version %d)", path, version);
-    else if (root)
-        rc = get_fields(c, root, path, err);
-    cJSON_Delete(root);
-    return rc;
-}
-
 int kv_calibration_set_load(kv_calibration_set_t *s, const char *path, ar_error_t *err) {
     memset(s, 0, sizeof *s);
     int version = 0, rc = AR_OK;

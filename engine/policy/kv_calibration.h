@@ -62,10 +62,9 @@ void kv_calibration_free(kv_calibration_t *c);
  * message says what differs and how to recalibrate. */
 int kv_calibration_check(const kv_calibration_t *c, const kv_geometry_t *g, ar_error_t *err);
 
-/* Writes c to path as JSON; reads it back (every field checked: errors name
- * the file and the field). */
+/* Writes c alone to path as JSON (version 1); kv_calibration_set_load reads
+ * it back (every field checked: errors name the file and the field). */
 int kv_calibration_save(const kv_calibration_t *c, const char *path, ar_error_t *err);
-int kv_calibration_load(kv_calibration_t *c, const char *path, ar_error_t *err);
 
 /* A model's calibrations, one per image size (its scales' token counts),
  * in the file's order. */
@@ -87,7 +86,8 @@ int kv_calibration_set_put(kv_calibration_set_t *s, kv_calibration_t *c, ar_erro
 void kv_calibration_set_free(kv_calibration_set_t *s);
 
 /* The file: one calibration as kv_calibration_save writes it (version 1),
- * several as version 2's "calibrations" array; load reads either. */
+ * several as version 2's "calibrations" array; load reads either, every
+ * field checked (errors name the file, the entry and the field). */
 int kv_calibration_set_save(const kv_calibration_set_t *s, const char *path, ar_error_t *err);
 int kv_calibration_set_load(kv_calibration_set_t *s, const char *path, ar_error_t *err);
 

@@ -373,8 +373,8 @@ static void test_every_parse_site_is_strict(void) {
 
     const char *cal = "{\"format\": \"arserve-kv-calibration\", \"version\": 01}";
     const char *path = temp_file(cal, strlen(cal));
-    kv_calibration_t kc;
-    CHECK(path && kv_calibration_load(&kc, path, &err) == AR_ERR);
+    kv_calibration_set_t kc;
+    CHECK(path && kv_calibration_set_load(&kc, path, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "not valid JSON: byte 48: a number may not have a leading zero");
     if (path)
         unlink(path);
