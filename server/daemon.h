@@ -2,7 +2,8 @@
  * scheduler and the HTTP front, logs what the KV pool admits, and drains on
  * SIGTERM/SIGINT: /ready turns 503, new requests get 503, running ones
  * finish within the drain timeout, then it returns 0. A second signal exits
- * at once. */
+ * at once (one sent 0.25 s or more after the first: two a moment apart,
+ * as `timeout` sends them, are one stop). */
 #ifndef ARSERVE_DAEMON_H
 #define ARSERVE_DAEMON_H
 
