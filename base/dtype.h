@@ -9,10 +9,12 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Storage types. Backends compute with the float types; the integer types
+/* Storage types. Backends compute with the float types; I32, I64 and U8
  * appear only in data files (golden data, token lists). DTYPE_F8_E4M3 (the
  * OCP "e4m3fn" format: no infinities, the largest finite value 448) is a
- * KV cache type only: no weight is stored in it. */
+ * KV cache type and, with DTYPE_I8 (int8, -127 to 127), an 8-bit Linear
+ * weight's: one fp32 scale per output row beside it (docs/model-format.md,
+ * backend.h's weight_load_8bit). */
 typedef enum dtype {
     DTYPE_F32 = 0,
     DTYPE_F16,
@@ -20,7 +22,8 @@ typedef enum dtype {
     DTYPE_I32,
     DTYPE_I64,
     DTYPE_U8,
-    DTYPE_F8_E4M3
+    DTYPE_F8_E4M3,
+    DTYPE_I8
 } dtype_t;
 
 static inline size_t dtype_size(dtype_t t) {
@@ -35,6 +38,7 @@ static inline size_t dtype_size(dtype_t t) {
         return 8;
     case DTYPE_U8:
     case DTYPE_F8_E4M3:
+    case DTYPE_I8:
         return 1;
     }
     return 0;
@@ -42,13 +46,16 @@ static inline size_t dtype_size(dtype_t t) {
 
 /* The safetensors spelling of each type. */
 static inline const char *dtype_name(dtype_t t) {
-    static const char *names[] = {"F32", "F16", "BF16", "I32", "I64", "U8", "F8_E4M3"};
+    static const char *names[] = {"F32", "F16", "BF16", "I32", "I64", "U8", "F8_E4M3", "I8"};
     return (unsigned)t < sizeof names / sizeof names[0] ? names[t] : "?";
 }
 
 static inline int dtype_is_float(dtype_t t) {
     return t == DTYPE_F32 || t == DTYPE_F16 || t == DTYPE_BF16;
 }
+
+/* The 8-bit types a Linear weight may be stored in (with its scales). */
+static inline int dtype_is_weight8(dtype_t t) { return t == DTYPE_I8 || t == DTYPE_F8_E4M3; }
 
 /* How many of the n values at data (a float type) are NaN or infinite, read
  * from their bit patterns (all exponent bits set); *first is the index of

@@ -40,6 +40,12 @@ typedef struct tensor {
     /* A second copy a backend keeps beside data (the CPU's bf16 Winograd
      * kernels under cpu_activations bf16), freed with it; NULL if none. */
     void *aux;
+    /* An 8-bit Linear weight's (dtype DTYPE_I8 or DTYPE_F8_E4M3, from
+     * weight_load_8bit): one fp32 scale per output row of each matrix of
+     * the stack, element (g, n, k) standing for its value times the scale
+     * of (g, n); backend memory in the backend's own layout, freed with
+     * data. NULL for every other weight. */
+    void *scale;
 } tensor_t;
 
 static inline int64_t tensor_numel(const tensor_t *t) {
@@ -178,6 +184,16 @@ struct backend {
      * backend's preferred storage type. AR_ERR if out of memory. */
     int (*weight_load)(backend_t *be, tensor_t *out, const void *host_src, dtype_t src_dtype,
                        int ndim, const int64_t *shape, ar_error_t *err);
+    /* An 8-bit Linear weight: host_src holds the [n, k] or [G, n, k]
+     * elements of type src_dtype (DTYPE_I8 or DTYPE_F8_E4M3), host_scale
+     * its G * n fp32 row scales (finite); element (g, n, k) stands for
+     * element * host_scale[g * n + n]. Kept in 8 bits (tensor_t's scale):
+     * the weight is matmul's only, so weight_prepare(LAYOUT_LINEAR) follows
+     * on a backend that has one, and matmul dequantises as it reads. NULL
+     * on a backend that cannot. AR_ERR if out of memory or not 8-bit. */
+    int (*weight_load_8bit)(backend_t *be, tensor_t *out, const void *host_src, dtype_t src_dtype,
+                            const float *host_scale, int ndim, const int64_t *shape,
+                            ar_error_t *err);
     void (*weight_free)(backend_t *be, tensor_t *t);
     /* Optional (NULL: every op reads weights as loaded, as on CUDA). Says
      * that w is from now on only the weight of one op, `use`: LAYOUT_LINEAR
