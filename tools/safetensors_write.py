@@ -10,17 +10,20 @@ import sys
 
 import numpy as np
 
-# numpy dtype -> safetensors dtype. bfloat16 has no numpy dtype: pass it as a
-# ('BF16', uint16 array) tuple holding the raw bf16 bit patterns.
+# numpy dtype -> safetensors dtype. bfloat16 and fp8 e4m3 have no numpy dtype: pass them as a
+# ('BF16', uint16 array) or ('F8_E4M3', uint8 array) tuple holding the raw bit patterns.
 _DTYPES = {
     np.dtype(np.float32): "F32",
     np.dtype(np.float16): "F16",
     np.dtype(np.int32): "I32",
     np.dtype(np.int64): "I64",
+    np.dtype(np.int8): "I8",
     np.dtype(np.uint8): "U8",
 }
+# the types passed as (name, bits) tuples, and the numpy type of their bits
+_BITS = {"BF16": np.dtype(np.uint16), "F8_E4M3": np.dtype(np.uint8)}
 _NUMPY = {v: k for k, v in _DTYPES.items()}
-_NUMPY["BF16"] = np.dtype(np.uint16)
+_NUMPY.update(_BITS)
 
 MAX_HEADER = 100_000_000  # the reference implementation's limit
 
@@ -30,19 +33,21 @@ def _as_tensor(name, value):
     if not isinstance(name, str) or not name or name == "__metadata__":
         raise ValueError(f"bad tensor name {name!r}")
     if isinstance(value, tuple):
-        if len(value) != 2 or value[0] != "BF16":
-            raise TypeError(f"tensor {name!r}: tuples must be ('BF16', uint16 array)")
-        arr = np.asarray(value[1])
-        if arr.dtype != np.uint16:
-            raise TypeError(f"tensor {name!r}: BF16 bits must be a uint16 array, not {arr.dtype}")
-        dtype = "BF16"
+        if len(value) != 2 or value[0] not in _BITS:
+            raise TypeError(f"tensor {name!r}: tuples must be ('BF16', uint16 array) or "
+                            "('F8_E4M3', uint8 array)")
+        dtype, arr = value[0], np.asarray(value[1])
+        if arr.dtype != _BITS[dtype]:
+            raise TypeError(f"tensor {name!r}: {dtype} bits must be a {_BITS[dtype]} array, "
+                            f"not {arr.dtype}")
     else:
         arr = np.asarray(value)
         dtype = _DTYPES.get(arr.dtype.newbyteorder("="))
         if dtype is None:
             raise TypeError(
                 f"tensor {name!r}: unsupported dtype {arr.dtype} "
-                "(float32, float16, int32, int64, uint8, or ('BF16', uint16 array))"
+                "(float32, float16, int32, int64, int8, uint8, or ('BF16', uint16 array) or "
+                "('F8_E4M3', uint8 array))"
             )
     # asarray, not ascontiguousarray, which would turn a 0-d scalar into shape [1].
     return dtype, np.asarray(arr, dtype=arr.dtype.newbyteorder("<"), order="C")
@@ -54,10 +59,11 @@ ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
 
 
 def write(path, tensors, metadata=None):
-    """Writes tensors (dict name -> numpy array, or ('BF16', uint16 array)) to
-    path, sorted by name and packed contiguously; metadata is an optional
-    dict[str, str] stored as __metadata__. The header is padded with spaces to
-    a multiple of 8 bytes so the data section starts 8-byte aligned."""
+    """Writes tensors (dict name -> numpy array, ('BF16', uint16 array) or
+    ('F8_E4M3', uint8 array)) to path, sorted by name and packed contiguously;
+    metadata is an optional dict[str, str] stored as __metadata__. The header is
+    padded with spaces to a multiple of 8 bytes so the data section starts 8-byte
+    aligned."""
     entries = []
     for name in tensors:
         dtype, arr = _as_tensor(name, tensors[name])
@@ -181,8 +187,9 @@ def read_header(path, dtypes=None):
 
 
 def read(path):
-    """Returns dict name -> numpy array (a copy); BF16 tensors come back as
-    ('BF16', uint16 array), as write takes them. Checks offsets and sizes."""
+    """Returns dict name -> numpy array (a copy); BF16 and F8_E4M3 tensors come back as
+    ('BF16', uint16 array) and ('F8_E4M3', uint8 array), as write takes them. Checks offsets
+    and sizes."""
     header, start = read_header(path, _NUMPY)
     with open(path, "rb") as f:
         f.seek(start)
@@ -195,7 +202,7 @@ def read(path):
         begin, end = info["data_offsets"]
         arr = np.frombuffer(data[begin:end], dtype=dtype.newbyteorder("<")).reshape(info["shape"])
         arr = arr.astype(dtype)  # native byte order, and a copy that outlives the file
-        out[name] = ("BF16", arr) if info["dtype"] == "BF16" else arr
+        out[name] = (info["dtype"], arr) if info["dtype"] in _BITS else arr
     return out
 
 
@@ -217,6 +224,8 @@ def _self_check():
         "ids": np.arange(4, dtype=np.int32),
         "big": np.array([-(1 << 40)], dtype=np.int64),
         "bytes": np.arange(5, dtype=np.uint8),
+        "q.i8": np.array([[-127, 0], [5, 127]], dtype=np.int8),
+        "q.f8": ("F8_E4M3", np.array([0x00, 0x7E, 0xFE, 0x38], dtype=np.uint8)),
         "empty": np.zeros((0, 3), dtype=np.float32),
         "scalar": np.float32(2.5),
         "be": np.arange(3, dtype=">f4"),
@@ -232,7 +241,8 @@ def _self_check():
         assert sorted(back) == sorted(tensors)
         for k, v in tensors.items():
             if isinstance(v, tuple):
-                assert back[k][0] == "BF16" and np.array_equal(back[k][1], v[1])
+                assert back[k][0] == v[0] and np.array_equal(back[k][1], v[1])
+                assert back[k][1].dtype == v[1].dtype, k
             else:
                 assert np.array_equal(back[k], np.asarray(v)) and back[k].shape == np.shape(v), k
         assert read_metadata(path) == {"model": "tiny"}
