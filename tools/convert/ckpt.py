@@ -29,6 +29,8 @@ import zipfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import quant  # noqa: E402  (tools/convert/quant.py: 8-bit Linear weights)
 import safetensors_write  # noqa: E402  (tools/safetensors_write.py)
 
 # The most bytes of source values (and of converted output) held at once while writing.
@@ -51,8 +53,11 @@ DTYPES = {
     "F16": (np.float16, np.float16), "BF16": (np.uint16, np.float32),
     "I64": (np.int64, np.int64), "I32": (np.int32, np.int32), "I16": (np.int16, np.int16),
     "I8": (np.int8, np.int8), "U8": (np.uint8, np.uint8), "BOOL": (np.bool_, np.bool_),
+    "F8_E4M3": (np.uint8, np.float32),  # an 8-bit model's Linear weights (quant.py)
 }
 FLOATS = ("F64", "F32", "F16", "BF16")
+# types held as bits numpy has no type for: Tensor.of never infers them from an array
+_BITS_ONLY = ("BF16", "F8_E4M3")
 
 
 def _shape_of_index(shape, idx):
@@ -89,7 +94,7 @@ class Tensor:
     def of(arr: np.ndarray, where="") -> "Tensor":
         """An in-memory array as a Tensor (a converter's computed value)."""
         arr = np.asarray(arr)
-        stored = {np.dtype(b): k for k, (b, v) in DTYPES.items() if k != "BF16"}.get(
+        stored = {np.dtype(b): k for k, (b, v) in DTYPES.items() if k not in _BITS_ONLY}.get(
             arr.dtype.newbyteorder("="))
         if stored is None:
             raise ConversionError(f"{where or 'tensor'}: dtype {arr.dtype} is not one arserve stores")
@@ -107,8 +112,7 @@ class Tensor:
         return arr
 
     def values(self) -> np.ndarray:
-        b = self.bits()
-        return _bf16_to_f32(b) if self.stored == "BF16" else b
+        return _values(self.bits(), self.stored)
 
     def __array__(self, dtype=None, copy=None):
         v = self.values()
@@ -534,7 +538,9 @@ def equal(a, b, max_bytes=CHUNK_BYTES) -> bool:
 
 
 def _values(bits, stored):
-    return _bf16_to_f32(bits) if stored == "BF16" else bits
+    if stored == "BF16":
+        return _bf16_to_f32(bits)
+    return quant.e4m3_to_f32(bits) if stored == "F8_E4M3" else bits
 
 
 # --------------------------------------------------------------------------------------------
@@ -542,15 +548,18 @@ def _values(bits, stored):
 # --------------------------------------------------------------------------------------------
 
 OUT_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
+# A converter's --dtype: a float type for every matrix, or 8-bit Linear weights (quant.py).
+DTYPE_CHOICES = (*OUT_TYPES, *quant.KINDS)
 
 
 def out_type(t: Tensor, dtype: str) -> str:
-    """The type a tensor is written in: matrices (2 or more dimensions) in the requested type
-    (`keep`: as stored), vectors and scalars as stored (the released Infinity checkpoints keep
-    biases and norms in f32 beside bf16 matrices), F64 as F32."""
+    """The type a tensor is written in: matrices (2 or more dimensions) in the requested float
+    type (`keep`, `int8` and `fp8`: as stored; the Linear weights stored in 8 bits are picked
+    by name, write_safetensors' `quantise`), vectors and scalars as stored (the released
+    Infinity checkpoints keep biases and norms in f32 beside bf16 matrices), F64 as F32."""
     if t.stored not in FLOATS:
         raise ConversionError(f"{t.where}: stored as {t.stored}, expected floating point")
-    if t.ndim >= 2 and dtype != "keep":
+    if t.ndim >= 2 and dtype in OUT_TYPES:
         return OUT_TYPES[dtype]
     return "F32" if t.stored == "F64" else t.stored
 
@@ -571,21 +580,44 @@ def _convert(bits: np.ndarray, src: str, dst: str, where: str) -> np.ndarray:
     return vals.astype(np.float32)
 
 
-def write_safetensors(path: str, tensors: dict, dtype: str, metadata=None, log=None) -> dict:
+def write_safetensors(path: str, tensors: dict, dtype: str, metadata=None, log=None,
+                      quantise=()) -> dict:
     """Writes tensors ({name: Tensor or array}) to path, each matrix in `dtype` (f32, f16,
     bf16 or keep) and every other tensor as stored, one chunk at a time, through path.partial
-    (removed on failure). Returns {name: type written}. `log` gets a progress line every few
-    seconds."""
+    (removed on failure). With `dtype` int8 or fp8 the tensors named in `quantise` (Linear
+    weights, quant.linear_names) are written in 8 bits, each followed by NAME_scale, a block
+    of rows at a time (quant.entries), and every other tensor as stored (F64 as F32).
+    Returns {name: type written}. `log` gets a progress line every few seconds."""
+    if dtype not in (*OUT_TYPES, "keep", *quant.KINDS):
+        raise ValueError(f"dtype {dtype!r}")
     items = {k: (v if isinstance(v, Tensor) else Tensor.of(v, k)) for k, v in tensors.items()}
-    types = {k: out_type(t, dtype) for k, t in items.items()}
+    quantise = set(quantise)
+    if quantise and dtype not in quant.KINDS or not quantise <= items.keys():
+        raise ValueError(f"quantise {sorted(quantise)[:4]} with dtype {dtype!r}: only tensors "
+                         "written, and only with int8 or fp8")
     for k, t in items.items():
         if not t.where:
             t.where = k
-    entries = [(k, types[k], t.shape,
-                (lambda t=t, dst=types[k]: (_convert(c, t.stored, dst, t.where)
-                                             for c in t.chunks())))
-               for k, t in items.items()]
-    total = sum(t.size * np.dtype(DTYPES[types[k]][0]).itemsize for k, t in items.items())
+    entries = []
+    for k, t in items.items():
+        if k not in quantise:
+            dst = out_type(t, dtype)
+            entries.append((k, dst, t.shape,
+                            (lambda t=t, dst=dst: (_convert(c, t.stored, dst, t.where)
+                                                   for c in t.chunks()))))
+            continue
+        if k + quant.SCALE_SUFFIX in items:
+            raise ConversionError(f"{t.where}: the model already has a tensor "
+                                  f"'{k}{quant.SCALE_SUFFIX}', the name of its 8-bit scales")
+        if t.stored not in FLOATS:
+            raise ConversionError(f"{t.where}: stored as {t.stored}, expected floating point")
+        try:
+            entries += quant.entries(k, t, dtype, CHUNK_BYTES)
+        except quant.QuantError as e:
+            raise ConversionError(str(e)) from None
+    types = {name: dst for name, dst, _shape, _pieces in entries}
+    total = sum(int(np.prod(shape, dtype=object)) * safetensors_write.ITEMSIZE[dst]
+                for _name, dst, shape, _pieces in entries)
     last = [time.monotonic(), 0]
 
     def progress(done):
@@ -595,7 +627,10 @@ def write_safetensors(path: str, tensors: dict, dtype: str, metadata=None, log=N
             last[0] = now
     tmp = path + ".partial"
     try:
-        safetensors_write.write_stream(tmp, entries, metadata, progress)
+        try:
+            safetensors_write.write_stream(tmp, entries, metadata, progress)
+        except quant.QuantError as e:  # a weight that cannot be quantised, found on the way
+            raise ConversionError(str(e)) from None
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -604,15 +639,43 @@ def write_safetensors(path: str, tensors: dict, dtype: str, metadata=None, log=N
     return types
 
 
-def write_model(out_dir: str, tensors: dict, dtype: str, source: str, prog: str) -> dict:
+def quantised_names(manifest: dict, tensors, dtype: str, heads: bool = False) -> list[str]:
+    """The tensors stored in 8 bits for `dtype` int8 or fp8 (none for a float dtype) in a
+    model of manifest's family and architecture (quant.linear_names); none found, or
+    `heads` without an 8-bit dtype, is an error."""
+    if dtype not in quant.KINDS:
+        if heads:
+            raise ConversionError("--quantize-heads needs --dtype int8 or fp8")
+        return []
+    family, arch = manifest.get("family"), manifest.get("architecture")
+    try:
+        names = quant.linear_names(family, arch, tensors, heads)
+    except quant.QuantError as e:
+        raise ConversionError(str(e)) from None
+    if not names:
+        raise ConversionError(f"{family}/{arch}: none of the model's tensors is a Linear weight "
+                              "to quantise")
+    return names
+
+
+def write_model(out_dir: str, tensors: dict, dtype: str, source: str, prog: str,
+                manifest: dict | None = None, quantize_heads: bool = False) -> dict:
     """OUT_DIR/model.safetensors from a converter's tensors (write_safetensors), progress on
-    stderr as `prog: ...`; an OUT_DIR this call made is removed again if the write fails."""
+    stderr as `prog: ...`; an OUT_DIR this call made is removed again if the write fails.
+    With `dtype` int8 or fp8 the Linear weights of manifest's architecture (the blocks', and
+    with quantize_heads the others too) are written in 8 bits, the rest as stored, and the
+    file's metadata says so (`quantization`)."""
+    names = quantised_names(manifest or {}, tensors, dtype, quantize_heads)
+    metadata = {"format": "pt", "source": source}
+    if names:
+        metadata["quantization"] = quant.describe(dtype, quantize_heads)
     made = not os.path.exists(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     try:
         return write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, dtype,
-                                 {"format": "pt", "source": source},
-                                 lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True))
+                                 metadata,
+                                 lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True),
+                                 names)
     except BaseException:
         if made and not os.listdir(out_dir):
             os.rmdir(out_dir)
@@ -658,6 +721,12 @@ def _self_check():
         assert types == {"a": "BF16", "b": "F32"}, types
         back = safetensors_write.read(q)
         assert np.array_equal(back["a"][1], _f32_to_bf16(a))
+        q8 = os.path.join(d, "q8.safetensors")
+        types = write_safetensors(q8, {"a": t["a"], "b": t["b"]}, "int8", quantise=["a"])
+        assert types == {"a": "I8", "a_scale": "F32", "b": "F32"}, types
+        back = safetensors_write.read(q8)
+        want, scale = quant.quantise_rows(a, "int8")
+        assert np.array_equal(back["a"], want) and np.array_equal(back["a_scale"], scale)
     print("ckpt self-check ok")
 
 
