@@ -28,10 +28,15 @@ attention in the VAE, a quantizer projection, a non-gated T5, ...).
 Usage (from the repository root):
 
     python3 tools/convert/infinity.py infinity_2b_reg.pth infinity_vae_d32reg.pth flan-t5-xl \\
-        OUT_DIR [--pn 1M] [--ratios 1.0,0.5] [--name NAME] [--dtype f32|f16|bf16] [--force]
+        OUT_DIR [--pn 1M] [--ratios 1.0,0.5] [--name NAME] [--dtype f32|f16|bf16|int8|fp8] \\
+        [--quantize-heads] [--force]
 
 `--dtype` sets the type of the matrices; vectors (biases, norms, scale_mul) keep their stored
-type, as the released checkpoints keep them in f32 beside bf16 matrices. Needs only numpy, and
+type, as the released checkpoints keep them in f32 beside bf16 matrices. `int8` and `fp8` store
+the Linear weights of the transformer's and the T5 encoder's blocks in 8 bits with one scale
+per output row (NAME_scale, docs/model-format.md; `--quantize-heads` adds the text
+projections, word_embed, the shared and head AdaLN and the head) and every other tensor as
+stored (tools/convert/quant.py has the lists). Needs only numpy, and
 holds one tensor's chunk at a time (tools/convert/ckpt.py): torch checkpoints are read by its
 restricted unpickler (tensors and dicts only, so no code in a checkpoint runs).
 """
@@ -599,8 +604,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ratios", help="aspect-ratio templates (h/w) to serve, e.g. 1.0,0.5 "
                     "(default: all 15)")
     ap.add_argument("--name", help="model name (default: the transformer's file name)")
-    ap.add_argument("--dtype", choices=("f32", "f16", "bf16"), default="f32",
-                    help="stored weight type (default f32)")
+    ap.add_argument("--dtype", choices=ckpt.DTYPE_CHOICES, default="f32",
+                    help="stored weight type (default f32); int8 and fp8: the blocks' Linear "
+                    "weights (T5's too) in 8 bits, the rest as stored")
+    ap.add_argument("--quantize-heads", action="store_true",
+                    help="with --dtype int8 or fp8, also the text projections, word_embed, "
+                    "the AdaLN outside the blocks and the head")
     ap.add_argument("--force", action="store_true", help="write into an existing OUT_DIR")
     args = ap.parse_args(argv)
     try:
@@ -626,7 +635,7 @@ def main(argv=None) -> int:
         for n in notes:
             print(f"convert_infinity: {n}")
         ckpt.write_model(args.out_dir, tensors, args.dtype, "FoundationVision/Infinity",
-                         "convert_infinity")
+                         "convert_infinity", manifest, args.quantize_heads)
     except ConversionError as e:
         print(f"convert_infinity: {e}", file=sys.stderr)
         return 1

@@ -23,10 +23,14 @@ and writes (docs/model-format.md):
 
 Usage (from the repository root):
 
-    python3 tools/convert/janus.py SRC_DIR OUT_DIR [--dtype f32|f16|bf16|keep]
+    python3 tools/convert/janus.py SRC_DIR OUT_DIR [--dtype f32|f16|bf16|keep|int8|fp8]
+        [--quantize-heads]
 
 `--dtype` sets the type of the matrices; `keep` (the default) keeps each tensor's stored type
-(the deepseek release is bf16), and vectors (norms) always keep theirs. Needs only numpy, and
+(the deepseek release is bf16), and vectors (norms) always keep theirs. `int8` and `fp8` store
+the transformer blocks' Linear weights in 8 bits with one scale per output row (NAME_scale,
+docs/model-format.md; `--quantize-heads` adds the aligner and the head) and every other tensor
+as stored (tools/convert/quant.py has the lists). Needs only numpy, and
 holds one tensor's chunk at a time (tools/convert/ckpt.py): pickled shards are read by its
 restricted unpickler (tensors and dicts only, so no code in a checkpoint runs).
 """
@@ -93,7 +97,7 @@ VQ16_FIXED = {
     "out_channels": 3,
 }
 
-OUT_DTYPES = ("f32", "f16", "bf16", "keep")
+OUT_DTYPES = ("f32", "f16", "bf16", "keep", "int8", "fp8")
 
 
 ConvertError = ckpt.ConversionError
@@ -654,7 +658,7 @@ def convert(args) -> None:
         "sampling": sampling_section(src),
     }
     ckpt.write_model(out, weights, args.dtype, f"deepseek-ai/Janus ({layout} layout)",
-                     "convert_janus")
+                     "convert_janus", manifest, args.quantize_heads)
     shutil.copyfile(tok_path, os.path.join(out, "tokenizer.json"))
     with open(os.path.join(out, "arserve.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2, ensure_ascii=False)
@@ -669,7 +673,10 @@ def parse_args(argv=None):
     p.add_argument("src", help="Hugging Face Janus checkpoint directory")
     p.add_argument("out", help="arserve model directory to write")
     p.add_argument("--dtype", choices=sorted(OUT_DTYPES), default="keep",
-                   help="weight type in model.safetensors (default: keep the stored type)")
+                   help="weight type in model.safetensors (default: keep the stored type); "
+                   "int8 and fp8: the blocks' Linear weights in 8 bits, the rest as stored")
+    p.add_argument("--quantize-heads", action="store_true",
+                   help="with --dtype int8 or fp8, also the aligner and the head")
     p.add_argument("--name", help="model name in arserve.json (default: the source directory's name)")
     p.add_argument("--template", default=JANUS_TEMPLATE, help="prompt template holding {prompt} once")
     p.add_argument("--bos-token", help="override the BOS token name")

@@ -26,13 +26,16 @@ Usage (from the repository root):
 
     python3 tools/convert/llamagen.py c2i_XL_384.pt vq_ds16_c2i.pt OUT_DIR \\
         [--gpt-model GPT-XL] [--image-size 384] [--n-head N] [--class-names FILE] \\
-        [--name NAME] [--dtype f32|f16|bf16] [--force]
+        [--name NAME] [--dtype f32|f16|bf16|int8|fp8] [--quantize-heads] [--force]
 
-`--dtype` sets the type of the matrices; vectors (biases, norms) keep their stored type. Needs
-only numpy, and holds one tensor's chunk at a time: the checkpoints (torch's zip format) are
-read by tools/convert/ckpt.py's restricted unpickler, which rebuilds tensors and dicts and
-refuses any other object (an argparse.Namespace of training arguments is read as an inert
-record), so no code in a checkpoint runs.
+`--dtype` sets the type of the matrices; vectors (biases, norms) keep their stored type. `int8`
+and `fp8` store the blocks' Linear weights (wqkv, o, gate, up, down) in 8 bits with one scale
+per output row (NAME_scale, docs/model-format.md; `--quantize-heads` adds the head) and every
+other tensor as stored (tools/convert/quant.py has the lists). Needs only numpy, and holds one
+tensor's chunk at a time: the checkpoints (torch's zip format) are read by
+tools/convert/ckpt.py's restricted unpickler, which rebuilds tensors and dicts and refuses any
+other object (an argparse.Namespace of training arguments is read as an inert record), so no
+code in a checkpoint runs.
 """
 
 from __future__ import annotations
@@ -354,8 +357,11 @@ def main(argv=None) -> int:
     ap.add_argument("--class-names", help="text file, one class name per line (copied to "
                     "OUT_DIR/classes.txt)")
     ap.add_argument("--name", help="model name (default: the GPT checkpoint's file name)")
-    ap.add_argument("--dtype", choices=("f32", "f16", "bf16"), default="f32",
-                    help="stored weight type (default f32)")
+    ap.add_argument("--dtype", choices=ckpt.DTYPE_CHOICES, default="f32",
+                    help="stored weight type (default f32); int8 and fp8: the blocks' Linear "
+                    "weights in 8 bits, the rest as stored")
+    ap.add_argument("--quantize-heads", action="store_true",
+                    help="with --dtype int8 or fp8, also the head")
     ap.add_argument("--force", action="store_true", help="write into an existing OUT_DIR")
     args = ap.parse_args(argv)
     try:
@@ -373,7 +379,7 @@ def main(argv=None) -> int:
                                         args.n_head, args.gpt_ckpt, args.vq_ckpt,
                                         args.class_names)
         ckpt.write_model(args.out_dir, tensors, args.dtype, "FoundationVision/LlamaGen",
-                         "convert/llamagen")
+                         "convert/llamagen", manifest, args.quantize_heads)
     except ConversionError as e:
         print(f"convert/llamagen: {e}", file=sys.stderr)
         return 1

@@ -22,10 +22,13 @@ Usage (from the repository root):
 
     python3 tools/convert/var.py var_d16.pth vae_ch160v4096z32.pth OUT_DIR \\
         [--patch-nums 1,2,3,4,5,6,8,10,13,16] [--class-names FILE] [--name NAME] \\
-        [--dtype f32|f16|bf16] [--force]
+        [--dtype f32|f16|bf16|int8|fp8] [--quantize-heads] [--force]
 
 `--dtype` sets the type of the matrices; vectors (biases, norms, scale_mul) keep their stored
-type. Needs only numpy, and holds one tensor's chunk at a time (tools/convert/ckpt.py): the
+type. `int8` and `fp8` store the blocks' Linear weights (AdaLN, qkv, proj, fc1, fc2) in 8 bits
+with one scale per output row (NAME_scale, docs/model-format.md; `--quantize-heads` adds
+word_embed, the shared and head AdaLN and the head) and every other tensor as stored
+(tools/convert/quant.py has the lists). Needs only numpy, and holds one tensor's chunk at a time (tools/convert/ckpt.py): the
 checkpoints (torch's zip format) are read by a restricted unpickler that rebuilds tensors and
 ordered dicts and refuses any other object, so no code in a checkpoint runs.
 """
@@ -429,8 +432,12 @@ def main(argv=None) -> int:
     ap.add_argument("--class-names", help="text file, one class name per line (copied to "
                     "OUT_DIR/classes.txt)")
     ap.add_argument("--name", help="model name (default: the VAR checkpoint's file name)")
-    ap.add_argument("--dtype", choices=("f32", "f16", "bf16"), default="f32",
-                    help="stored weight type (default f32)")
+    ap.add_argument("--dtype", choices=ckpt.DTYPE_CHOICES, default="f32",
+                    help="stored weight type (default f32); int8 and fp8: the blocks' Linear "
+                    "weights in 8 bits, the rest as stored")
+    ap.add_argument("--quantize-heads", action="store_true",
+                    help="with --dtype int8 or fp8, also word_embed, the AdaLN outside the "
+                    "blocks and the head")
     ap.add_argument("--force", action="store_true", help="write into an existing OUT_DIR")
     args = ap.parse_args(argv)
     try:
@@ -446,7 +453,8 @@ def main(argv=None) -> int:
         vae_sd = load_checkpoint(args.vae_ckpt)
         manifest, tensors = build(var_sd, vae_sd, patch_nums, name, args.var_ckpt,
                                   args.vae_ckpt, args.class_names)
-        ckpt.write_model(args.out_dir, tensors, args.dtype, "FoundationVision/VAR", "convert_var")
+        ckpt.write_model(args.out_dir, tensors, args.dtype, "FoundationVision/VAR", "convert_var",
+                         manifest, args.quantize_heads)
     except ConversionError as e:
         print(f"convert_var: {e}", file=sys.stderr)
         return 1
