@@ -57,8 +57,8 @@ static inline int dtype_is_float(dtype_t t) {
 /* The 8-bit types a Linear weight may be stored in (with its scales). */
 static inline int dtype_is_weight8(dtype_t t) { return t == DTYPE_I8 || t == DTYPE_F8_E4M3; }
 
-/* How many of the n values at data (a float type) are NaN or infinite, read
- * from their bit patterns (all exponent bits set); *first is the index of
+/* How many of the n values at data (a float type or fp8 e4m3) are NaN or
+ * infinite, read from their bit patterns (all exponent bits set); *first is the index of
  * the first, when there is one. */
 static inline size_t dtype_count_nonfinite(const void *data, dtype_t t, size_t n, size_t *first) {
     size_t bad = 0;
@@ -68,6 +68,8 @@ static inline size_t dtype_count_nonfinite(const void *data, dtype_t t, size_t n
             uint32_t u;
             memcpy(&u, (const char *)data + 4 * i, 4);
             inf_or_nan = (u & 0x7f800000u) == 0x7f800000u;
+        } else if (t == DTYPE_F8_E4M3) { /* no infinities; NaN is S.1111.111 */
+            inf_or_nan = (((const unsigned char *)data)[i] & 0x7fu) == 0x7fu;
         } else {
             uint16_t h;
             memcpy(&h, (const char *)data + 2 * i, 2);

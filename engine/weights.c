@@ -45,17 +45,52 @@ dtype_t weight_set_main_dtype(const weight_set_t *ws) {
     return best;
 }
 
-/* The tensor called name with the given shape, from whichever file has it. */
+/* The tensor called name with the given shape, from whichever file has it:
+ * of a float type, or 8-bit where linear (read only as a Linear weight). */
 static int find_tensor(weight_set_t *ws, const char *name, int ndim, const int64_t *shape,
-                       const st_tensor_t **t, int *file, ar_error_t *err) {
+                       int linear, const st_tensor_t **t, int *file, ar_error_t *err) {
     for (int i = 0; i < ws->n_files; i++) {
         if (!safetensors_find(&ws->files[i], name))
             continue;
         *file = i;
-        return safetensors_get(&ws->files[i], name, ndim, shape, t, err);
+        if (safetensors_get_any(&ws->files[i], name, ndim, shape, t, err) != AR_OK)
+            return AR_ERR;
+        if (dtype_is_weight8((*t)->dtype) && !linear)
+            return ar_errorf(err,
+                             "%s: tensor '%s': dtype %s, but only Linear weights may be 8-bit "
+                             "and arserve reads this one otherwise: store it as F32, F16 or BF16",
+                             ws->files[i].path, name, dtype_name((*t)->dtype));
+        if (!dtype_is_float((*t)->dtype) && !dtype_is_weight8((*t)->dtype))
+            return ar_errorf(err, "%s: tensor '%s': dtype %s, expected F32, F16 or BF16%s",
+                             ws->files[i].path, name, dtype_name((*t)->dtype),
+                             linear ? " (or I8 or F8_E4M3 with its scales)" : "");
+        return AR_OK;
     }
     return ar_errorf(err, "%s: tensor '%s' not found",
                      ws->n_files ? ws->files[0].path : "(no weights)", name);
+}
+
+/* Rows [row0, row0 + n) of the scales of the 8-bit weight name (the F32
+ * tensor name_scale of `rows` elements), copied into scale; adds their
+ * bytes to *bytes. */
+static int read_scales(weight_set_t *ws, const char *name, int64_t rows, int64_t row0, int64_t n,
+                       float *scale, size_t *bytes, ar_error_t *err) {
+    char sname[300];
+    snprintf(sname, sizeof sname, "%s_scale", name);
+    const st_tensor_t *t;
+    int file;
+    if (find_tensor(ws, sname, SHAPE1(rows), 0, &t, &file, err) != AR_OK)
+        return ar_error_prefix(err, "the scales of 8-bit weight '%s'", name);
+    if (t->dtype != DTYPE_F32)
+        return ar_errorf(err, "%s: tensor '%s': dtype %s, expected F32 (an 8-bit weight's scales)",
+                         ws->files[file].path, sname, dtype_name(t->dtype));
+    memcpy(scale, (const char *)t->data + (size_t)row0 * sizeof(float), (size_t)n * sizeof(float));
+    for (int64_t r = 0; r < n; r++)
+        if (!isfinite(scale[r]))
+            return ar_errorf(err, "%s: tensor '%s': row %lld's scale is %g, not finite",
+                             ws->files[file].path, sname, (long long)(row0 + r), (double)scale[r]);
+    *bytes += (size_t)n * sizeof(float);
+    return AR_OK;
 }
 
 /* Fails when any of the n values from data of tensor t (of file) is NaN or
@@ -64,7 +99,7 @@ static int find_tensor(weight_set_t *ws, const char *name, int ndim, const int64
 static int check_finite(const weight_set_t *ws, const st_tensor_t *t, int file, const char *name,
                         const void *data, size_t n, ar_error_t *err) {
     size_t first = 0, bad;
-    if (!ws->check_finite || !dtype_is_float(t->dtype) ||
+    if (!ws->check_finite || !(dtype_is_float(t->dtype) || t->dtype == DTYPE_F8_E4M3) ||
         !(bad = dtype_count_nonfinite(data, t->dtype, n, &first)))
         return AR_OK;
     return ar_errorf(err,
@@ -72,6 +107,15 @@ static int check_finite(const weight_set_t *ws, const st_tensor_t *t, int file, 
                      "at index %zu): the file is damaged or the training diverged "
                      "(--check-weights off loads it anyway)",
                      ws->files[file].path, name, bad, n, first);
+}
+
+/* The backend's weight_load_8bit, or why it has none. */
+static int load_8bit(weight_set_t *ws, tensor_t *out, const void *src, dtype_t dtype,
+                     const float *scale, int ndim, const int64_t *shape, ar_error_t *err) {
+    if (!ws->be->weight_load_8bit)
+        return ar_errorf(err, "8-bit (%s) weights do not load on the %s backend", dtype_name(dtype),
+                         ws->be->name);
+    return ws->be->weight_load_8bit(ws->be, out, src, dtype, scale, ndim, shape, err);
 }
 
 /* Rows [row0, row0 + n_rows) along the first dimension (all of them when
@@ -82,7 +126,7 @@ static int load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_ro
     memset(out, 0, sizeof *out);
     const st_tensor_t *t;
     int file;
-    if (find_tensor(ws, name, ndim, shape, &t, &file, err) != AR_OK)
+    if (find_tensor(ws, name, ndim, shape, use == LAYOUT_LINEAR, &t, &file, err) != AR_OK)
         return AR_ERR;
     int64_t sub[4], row = 1;
     for (int d = 0; d < ndim; d++) {
@@ -95,14 +139,26 @@ static int load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_ro
     const char *src = (const char *)t->data + (size_t)(n_rows >= 0 ? row0 : 0) * row_bytes;
     if (check_finite(ws, t, file, name, src, (size_t)sub[0] * (size_t)row, err) != AR_OK)
         return AR_ERR;
-    if (ws->be->weight_load(ws->be, out, src, t->dtype, ndim, sub, err) != AR_OK)
+    size_t scale_bytes = 0;
+    if (dtype_is_weight8(t->dtype)) {
+        float *scale = malloc((size_t)sub[0] * sizeof(float) + 1);
+        int rc = !scale ? ar_errorf(err, "out of memory")
+                        : read_scales(ws, name, shape[0], n_rows >= 0 ? row0 : 0, sub[0], scale,
+                                      &scale_bytes, err);
+        if (rc == AR_OK)
+            rc = load_8bit(ws, out, src, t->dtype, scale, ndim, sub, err);
+        free(scale);
+        if (rc != AR_OK)
+            return ar_error_prefix(err, "%s: tensor '%s'", ws->files[file].path, name);
+    } else if (ws->be->weight_load(ws->be, out, src, t->dtype, ndim, sub, err) != AR_OK) {
         return ar_error_prefix(err, "%s: tensor '%s'", ws->files[file].path, name);
+    }
     if (use != LAYOUT_PLAIN && ws->be->weight_prepare &&
         ws->be->weight_prepare(ws->be, out, use, err) != AR_OK) {
         ws->be->weight_free(ws->be, out);
         return ar_error_prefix(err, "%s: tensor '%s'", ws->files[file].path, name);
     }
-    ws->bytes_loaded += n_rows >= 0 ? (size_t)sub[0] * row_bytes : t->nbytes;
+    ws->bytes_loaded += (n_rows >= 0 ? (size_t)sub[0] * row_bytes : t->nbytes) + scale_bytes;
     safetensors_release(&ws->files[file], src, (size_t)sub[0] * row_bytes);
     return AR_OK;
 }
@@ -153,7 +209,7 @@ int weight_load_linear_stack(weight_set_t *ws, tensor_t *out, int groups,
                          WEIGHT_MAX_STACK);
     for (int g = 0; g < groups; g++) {
         const weight_part_t *p = &parts[g];
-        if (find_tensor(ws, p->name, SHAPE2(p->rows, k), &t[g], &file[g], err) != AR_OK)
+        if (find_tensor(ws, p->name, SHAPE2(p->rows, k), 1, &t[g], &file[g], err) != AR_OK)
             return AR_ERR;
         assert(p->row0 >= 0 && p->row0 + n <= p->rows);
         if (t[g]->dtype != t[0]->dtype)
@@ -174,18 +230,27 @@ int weight_load_linear_stack(weight_set_t *ws, tensor_t *out, int groups,
     if (!in_place && !copy)
         return ar_errorf(err, "out of memory stacking '%s' and %d more Linear weights",
                          parts[0].name, groups - 1);
-    int rc = AR_OK;
+    const int q8 = dtype_is_weight8(t[0]->dtype);
+    float *scale = q8 ? malloc((size_t)groups * (size_t)n * sizeof(float) + 1) : NULL;
+    size_t scale_bytes = 0;
+    int rc = q8 && !scale ? ar_errorf(err, "out of memory") : AR_OK;
     for (int g = 0; g < groups && rc == AR_OK; g++) {
         const char *src = (const char *)t[g]->data + (size_t)parts[g].row0 * (size_t)k * esize;
         rc = check_finite(ws, t[g], file[g], parts[g].name, src, (size_t)n * (size_t)k, err);
+        if (rc == AR_OK && q8)
+            rc = read_scales(ws, parts[g].name, parts[g].rows, parts[g].row0, n,
+                             scale + (size_t)g * n, &scale_bytes, err);
         if (copy)
             memcpy(copy + g * part_bytes, src, part_bytes);
     }
-    if (rc == AR_OK && ws->be->weight_load(ws->be, out, copy ? copy : first, t[0]->dtype,
-                                           SHAPE3(groups, n, k), err) != AR_OK)
+    if (rc == AR_OK &&
+        (q8 ? load_8bit(ws, out, copy ? copy : first, t[0]->dtype, scale, SHAPE3(groups, n, k), err)
+            : ws->be->weight_load(ws->be, out, copy ? copy : first, t[0]->dtype,
+                                  SHAPE3(groups, n, k), err)) != AR_OK)
         rc = ar_error_prefix(err, "%s: tensor '%s' stacked with %d more", ws->files[file[0]].path,
                              parts[0].name, groups - 1);
     free(copy);
+    free(scale);
     if (rc == AR_OK && ws->be->weight_prepare &&
         ws->be->weight_prepare(ws->be, out, LAYOUT_LINEAR, err) != AR_OK) {
         ws->be->weight_free(ws->be, out);
@@ -193,7 +258,7 @@ int weight_load_linear_stack(weight_set_t *ws, tensor_t *out, int groups,
                              parts[0].name, groups - 1);
     }
     if (rc == AR_OK) {
-        ws->bytes_loaded += part_bytes * (size_t)groups;
+        ws->bytes_loaded += part_bytes * (size_t)groups + scale_bytes;
         for (int g = 0; g < groups; g++)
             safetensors_release(
                 &ws->files[file[g]],
@@ -241,7 +306,7 @@ int weight_read_f32(weight_set_t *ws, float *host, int ndim, const int64_t *shap
     va_end(ap);
     const st_tensor_t *t;
     int file;
-    if (find_tensor(ws, name, ndim, shape, &t, &file, err) != AR_OK)
+    if (find_tensor(ws, name, ndim, shape, 0, &t, &file, err) != AR_OK)
         return AR_ERR;
     int64_t n = 1;
     for (int d = 0; d < ndim; d++)

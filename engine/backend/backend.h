@@ -443,6 +443,12 @@ static inline const char *backend_unusable(backend_t *be) {
 int backend_check_weight(const char *backend, const void *host_src, dtype_t dtype, int ndim,
                          const int64_t *shape, int64_t *numel, ar_error_t *err);
 
+/* The same for weight_load_8bit's: an 8-bit type, 2 or 3 dimensions, and
+ * a finite scale for each of the *rows rows (shape[0], or G * n). */
+int backend_check_weight_8bit(const char *backend, const void *host_src, dtype_t dtype,
+                              const float *host_scale, int ndim, const int64_t *shape,
+                              int64_t *numel, int64_t *rows, ar_error_t *err);
+
 /* Creates the CPU backend with n_threads worker threads (0: all cores). */
 backend_t *backend_cpu_create(int n_threads, ar_error_t *err);
 

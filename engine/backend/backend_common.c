@@ -8,11 +8,9 @@ const char *const backend_activations_names[] = {"bf16", "split", NULL};
 const char *const backend_graphs_names[] = {"on", "off", NULL};
 const char *const backend_cpu_activations_names[] = {"f32", "bf16", NULL};
 
-int backend_check_weight(const char *backend, const void *host_src, dtype_t dtype, int ndim,
-                         const int64_t *shape, int64_t *numel, ar_error_t *err) {
-    if (!dtype_is_float(dtype))
-        return ar_errorf(err, "weight of type %s: the %s backend loads only F32, F16 and BF16",
-                         dtype_name(dtype), backend);
+/* The shape half of backend_check_weight. */
+static int check_shape(const void *host_src, int ndim, const int64_t *shape, int64_t *numel,
+                       ar_error_t *err) {
     if (ndim < 1 || ndim > 4)
         return ar_errorf(err, "weight with %d dimensions: expected 1 to 4", ndim);
     int64_t n = 1;
@@ -29,6 +27,37 @@ int backend_check_weight(const char *backend, const void *host_src, dtype_t dtyp
     if (n > 0 && !host_src)
         return ar_errorf(err, "weight has no data");
     *numel = n;
+    return AR_OK;
+}
+
+int backend_check_weight(const char *backend, const void *host_src, dtype_t dtype, int ndim,
+                         const int64_t *shape, int64_t *numel, ar_error_t *err) {
+    if (!dtype_is_float(dtype))
+        return ar_errorf(err, "weight of type %s: the %s backend loads only F32, F16 and BF16",
+                         dtype_name(dtype), backend);
+    return check_shape(host_src, ndim, shape, numel, err);
+}
+
+int backend_check_weight_8bit(const char *backend, const void *host_src, dtype_t dtype,
+                              const float *host_scale, int ndim, const int64_t *shape,
+                              int64_t *numel, int64_t *rows, ar_error_t *err) {
+    if (!dtype_is_weight8(dtype))
+        return ar_errorf(err, "8-bit weight of type %s: the %s backend takes I8 and F8_E4M3",
+                         dtype_name(dtype), backend);
+    if (ndim != 2 && ndim != 3)
+        return ar_errorf(err,
+                         "8-bit weight with %d dimensions: a Linear weight has 2 (or 3, a "
+                         "stack of them)",
+                         ndim);
+    if (check_shape(host_src, ndim, shape, numel, err) != AR_OK)
+        return AR_ERR;
+    *rows = ndim == 3 ? shape[0] * shape[1] : shape[0];
+    if (*rows > 0 && !host_scale)
+        return ar_errorf(err, "8-bit weight without its scales");
+    for (int64_t r = 0; r < *rows; r++)
+        if (!isfinite(host_scale[r]))
+            return ar_errorf(err, "8-bit weight: the scale of row %lld is %g, not finite",
+                             (long long)r, (double)host_scale[r]);
     return AR_OK;
 }
 

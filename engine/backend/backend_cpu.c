@@ -11,6 +11,7 @@
 #include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/gemm_rows.h"
 #include "kernels/cpu/vec_attn.h"
+#include "kernels/cpu/vec_isa.h"
 #include "kernels/cpu/vec_math.h"
 
 #include <assert.h>
@@ -107,11 +108,47 @@ static int cpu_weight_load(backend_t *be, tensor_t *out, const void *host_src, d
     return AR_OK;
 }
 
+/* An 8-bit Linear weight: its elements as they are, its scales per matrix
+ * of the stack padded to a whole number of panels (zeros past n), as
+ * gemm_packed_scaled reads them, with fp8's VEC_F8_DIV multiplied in. */
+static int cpu_weight_load_8bit(backend_t *be, tensor_t *out, const void *host_src,
+                                dtype_t src_dtype, const float *host_scale, int ndim,
+                                const int64_t *shape, ar_error_t *err) {
+    memset(out, 0, sizeof *out);
+    int64_t numel, rows;
+    if (backend_check_weight_8bit("cpu", host_src, src_dtype, host_scale, ndim, shape, &numel,
+                                  &rows, err) != AR_OK)
+        return AR_ERR;
+    const int64_t groups = ndim == 3 ? shape[0] : 1, n = shape[ndim - 2];
+    const int64_t padded = (n + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL;
+    void *data = cpu_alloc(be, (size_t)numel);
+    float *scale = cpu_alloc(be, (size_t)(groups * padded) * sizeof(float));
+    if (!data || !scale) {
+        free(data);
+        free(scale);
+        return ar_errorf(err, "out of memory for an 8-bit weight of %lld elements",
+                         (long long)numel);
+    }
+    memcpy(data, host_src, (size_t)numel);
+    const float mul = src_dtype == DTYPE_F8_E4M3 ? VEC_F8_DIV : 1.0f;
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t r = 0; r < padded; r++)
+            scale[g * padded + r] = r < n ? host_scale[g * n + r] * mul : 0.0f;
+    out->data = data;
+    out->scale = scale;
+    out->dtype = src_dtype;
+    out->ndim = ndim;
+    for (int i = 0; i < 4; i++)
+        out->shape[i] = i < ndim ? shape[i] : 1;
+    return AR_OK;
+}
+
 static void cpu_weight_free(backend_t *be, tensor_t *t) {
     if (!t)
         return;
     free(t->data);
     free(t->aux);
+    free(t->scale);
     memset(t, 0, sizeof *t);
 }
 
@@ -298,6 +335,7 @@ static void matmul_16bit(const backend_t *be, float *y, const float *x, const te
  * (gemm_packed.h). */
 static void matmul_packed(const backend_t *be, float *y, const float *x, const tensor_t *w, int m,
                           int n, int k) {
+    const float *scale = w->scale;
     const int nt = (int64_t)m * n * k >= GEMM_PAR_MIN_WORK ? team(be) : 1;
     const int panels = (n + GEMM_PANEL - 1) / GEMM_PANEL, split_n = panels >= 4 * nt || m < nt;
 #pragma omp parallel num_threads(nt)
@@ -308,13 +346,13 @@ static void matmul_packed(const backend_t *be, float *y, const float *x, const t
                       hi = (int)split_at(panels, t + 1, nth, 1);
             const int c0 = lo * GEMM_PANEL, c1 = hi * GEMM_PANEL < n ? hi * GEMM_PANEL : n;
             if (c1 > c0)
-                gemm_packed(m, c1 - c0, k, x, k, gemm_packed_panel(w->data, w->dtype, k, lo),
-                            w->dtype, y + c0, n);
+                gemm_packed_scaled(m, c1 - c0, k, x, k, gemm_packed_panel(w->data, w->dtype, k, lo),
+                                   w->dtype, scale ? scale + c0 : NULL, y + c0, n);
         } else {
             const int lo = (int)split_at(m, t, nth, 1), hi = (int)split_at(m, t + 1, nth, 1);
             if (hi > lo)
-                gemm_packed(hi - lo, n, k, x + (size_t)lo * k, k, w->data, w->dtype,
-                            y + (size_t)lo * n, n);
+                gemm_packed_scaled(hi - lo, n, k, x + (size_t)lo * k, k, w->data, w->dtype, scale,
+                                   y + (size_t)lo * n, n);
         }
     }
 }
@@ -394,6 +432,7 @@ static void matmul_one(backend_t *be, float *y, const float *x, const tensor_t *
         else
             memset(y + (size_t)r * n, 0, (size_t)n * sizeof(float));
     }
+    assert(!dtype_is_weight8(w->dtype) || w->layout == LAYOUT_LINEAR);
     if (k > 0 && w->layout == LAYOUT_LINEAR && w->dtype == DTYPE_BF16 &&
         be->cpu_activations == CPU_ACTIVATIONS_BF16 && matmul_bf16(be, y, x, w, m, n, k))
         return;
@@ -415,9 +454,12 @@ static void cpu_matmul(backend_t *be, float *y, const float *x, const tensor_t *
     if (m == 0 || s.n == 0)
         return;
     const size_t group = linear_group_bytes(w, s);
+    const size_t scales = (size_t)(s.n + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL;
     for (int g = 0; g < s.groups; g++) {
         tensor_t part = *w;
         part.data = (char *)w->data + g * group;
+        if (w->scale)
+            part.scale = (float *)w->scale + g * scales;
         matmul_one(be, y + (size_t)g * m * s.n, x, &part,
                    bias ? (const float *)bias->data + (size_t)g * s.n : NULL, m, s.n, s.k);
     }
@@ -1701,6 +1743,7 @@ backend_t *backend_cpu_create(int n_threads, ar_error_t *err) {
     be->weight_load = cpu_weight_load;
     be->weight_free = cpu_weight_free;
     be->weight_prepare = cpu_weight_prepare;
+    be->weight_load_8bit = cpu_weight_load_8bit;
     be->matmul = cpu_matmul;
     be->rmsnorm = cpu_rmsnorm;
     be->rope = cpu_rope;

@@ -1,7 +1,8 @@
 /* The Linear GEMM over weights packed once at load: y[m][n] += sum_k
  * x[m][k] * w[n][k], with w [N, K] (PyTorch's Linear layout) stored in
  * panels of GEMM_PANEL output columns, each K deep, in its own type (fp32,
- * bf16 or fp16, converted in registers). A tile of rows x panels of y stays
+ * bf16 or fp16, converted in registers; int8 or fp8 e4m3 with a scale per
+ * output column, dequantised in registers: gemm_packed_scaled). A tile of rows x panels of y stays
  * in registers while, per k, a panel row of w is loaded once and multiplied
  * by a broadcast element of each of the tile's rows: no horizontal sums,
  * and the weight is read once per tile of rows (gemm_rows.h reads it once
@@ -42,5 +43,15 @@ const void *gemm_packed_panel(const void *wp, dtype_t wt, int K, int p);
  * for a slice). Columns of y past N are neither read nor written. */
 void gemm_packed(int M, int N, int K, const float *x, int ldx, const void *wp, dtype_t wt, float *y,
                  int ldy);
+
+/* gemm_packed for any weight type: for wt DTYPE_I8, w(n, k) is its element
+ * times scale[n]; for DTYPE_F8_E4M3, its element's value / VEC_F8_DIV
+ * times scale[n] (the caller's scales carry the VEC_F8_DIV: vec_isa.h).
+ * scale holds a whole number of panels of columns (padded past N; the
+ * padding may be anything finite) and is ignored for float types. Each
+ * w(n, k) is that one float product, so the sums are those of gemm_packed
+ * over a float weight holding the products. */
+void gemm_packed_scaled(int M, int N, int K, const float *x, int ldx, const void *wp, dtype_t wt,
+                        const float *scale, float *y, int ldy);
 
 #endif

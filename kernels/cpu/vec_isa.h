@@ -37,4 +37,9 @@ int vec_isa_use(vec_isa_t isa);
 #define VEC_NO_TSAN
 #endif
 
+/* The vocabularies' VLOAD_F8 widen an fp8 e4m3 element to its value / this
+ * (the fp16 with its bits, which F16C converts); whoever scales what they
+ * return multiplies the 256 back in with the scale. */
+#define VEC_F8_DIV 256.0f
+
 #endif

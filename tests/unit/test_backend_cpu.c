@@ -514,6 +514,83 @@ static void test_matmul_linear_weights(void) {
     two->destroy(two);
 }
 
+/* 8-bit Linear weights (weight_load_8bit, then packed), plain and stacked,
+ * with a bias: the bytes of the same matmul over fp32 weights holding their
+ * values (element * row scale), on one thread and two; refused: a float
+ * type, a non-finite scale, missing scales. */
+static void test_matmul_8bit_weights(void) {
+    ar_error_t err = {{0}};
+    backend_t *one = backend_cpu_create(1, &err), *two = backend_cpu_create(2, &err);
+    CHECK_MSG(one && two, "backend_cpu_create: %s", err.msg);
+    if (!one || !two)
+        return;
+    const int cases[][4] = {{1, 37, 129, 1}, {8, 50, 300, 3}, {200, 33, 65, 2}, {3, 1, 7, 1}};
+    const dtype_t types[] = {DTYPE_I8, DTYPE_F8_E4M3};
+    backend_t *bes[2] = {one, two};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (int ti = 0; ti < 2; ti++) {
+            const int m = cases[c][0], n = cases[c][1], k = cases[c][2], g = cases[c][3];
+            const dtype_t dt = types[ti];
+            const size_t rows = (size_t)g * n, elems = rows * k;
+            float *x = host_uniform((size_t)m * k, -1, 1), *scale = host_uniform(rows, 0, 0.1f);
+            float *b = host_uniform(rows, -1, 1), *w = malloc(elems * sizeof *w);
+            unsigned char *q = malloc(elems);
+            for (size_t i = 0; i < elems; i++) {
+                q[i] = (unsigned char)(i * 131 + i / 7);
+                if (dt == DTYPE_I8 && q[i] == 0x80)
+                    q[i] = 0;
+                if (dt == DTYPE_F8_E4M3 && (q[i] & 0x7f) == 0x7f)
+                    q[i] = 0x7e;
+                w[i] = (dt == DTYPE_I8 ? (float)(int8_t)q[i] : f8e4m3_to_f32(q[i])) *
+                       scale[i / (size_t)k];
+            }
+            const int64_t shape3[3] = {g, n, k}, bshape[2] = {g, n};
+            const int64_t *shape = g > 1 ? shape3 : shape3 + 1;
+            const int nd = g > 1 ? 3 : 2;
+            char what[80];
+            snprintf(what, sizeof what, "%s m=%d n=%d k=%d groups=%d", dtype_name(dt), m, n, k, g);
+            float *y[2], *want = malloc(sizeof(float) * (size_t)m * rows);
+            for (int t = 0; t < 2; t++) {
+                backend_t *e = bes[t];
+                tensor_t t8, t32, tb;
+                CHECK_MSG(e->weight_load_8bit(e, &t8, q, dt, scale, nd, shape, &err) == AR_OK,
+                          "%s: %s", what, err.msg);
+                CHECK(t8.dtype == dt && t8.scale && t8.shape[nd - 2] == n);
+                CHECK(e->weight_prepare(e, &t8, LAYOUT_LINEAR, &err) == AR_OK);
+                CHECK(e->weight_load(e, &t32, w, DTYPE_F32, nd, shape, &err) == AR_OK);
+                CHECK(e->weight_prepare(e, &t32, LAYOUT_LINEAR, &err) == AR_OK);
+                CHECK(e->weight_load(e, &tb, b, DTYPE_F32, g > 1 ? 2 : 1,
+                                     g > 1 ? bshape : bshape + 1, &err) == AR_OK);
+                y[t] = malloc(sizeof(float) * ((size_t)m * rows + 1));
+                y[t][(size_t)m * rows] = 1e30f;
+                e->matmul(e, y[t], x, &t8, &tb, m);
+                e->matmul(e, want, x, &t32, &tb, m);
+                CHECK(y[t][(size_t)m * rows] == 1e30f);
+                CHECK_MSG(!memcmp(y[t], want, sizeof(float) * (size_t)m * rows),
+                          "%s on %d thread(s): not the fp32 weights' bytes", what, t + 1);
+                e->weight_free(e, &t8);
+                e->weight_free(e, &t32);
+                e->weight_free(e, &tb);
+            }
+            CHECK_MSG(!memcmp(y[0], y[1], sizeof(float) * (size_t)m * rows),
+                      "%s: one thread and two differ", what);
+            free(y[0]), free(y[1]), free(want), free(x), free(scale), free(b), free(w), free(q);
+        }
+    tensor_t t;
+    const signed char q[4] = {1, 2, 3, 4};
+    const float good[2] = {1, 1}, bad[2] = {1, NAN};
+    const int64_t shape[2] = {2, 2};
+    CHECK(one->weight_load_8bit(one, &t, q, DTYPE_BF16, good, 2, shape, &err) == AR_ERR);
+    CHECK_MSG(strstr(err.msg, "I8 and F8_E4M3"), "%s", err.msg);
+    CHECK(one->weight_load_8bit(one, &t, q, DTYPE_I8, bad, 2, shape, &err) == AR_ERR);
+    CHECK_MSG(strstr(err.msg, "row 1") && strstr(err.msg, "not finite"), "%s", err.msg);
+    CHECK(one->weight_load_8bit(one, &t, q, DTYPE_I8, NULL, 2, shape, &err) == AR_ERR);
+    CHECK_MSG(strstr(err.msg, "without its scales"), "%s", err.msg);
+    CHECK(one->weight_load_8bit(one, &t, q, DTYPE_I8, good, 1, shape, &err) == AR_ERR);
+    one->destroy(one);
+    two->destroy(two);
+}
+
 static void test_rmsnorm_rows_and_in_place(void) {
     const int cases[][2] = {{1, 1}, {3, 7}, {2, 2048}, {0, 5}, {4, 33}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
@@ -2430,6 +2507,7 @@ int main(void) {
     TEST_RUN(test_matmul_with_and_without_bias);
     TEST_RUN(test_matmul_16bit_weights);
     TEST_RUN(test_matmul_linear_weights);
+    TEST_RUN(test_matmul_8bit_weights);
     TEST_RUN(test_matmul_bf16_activations);
     TEST_RUN(test_rmsnorm_rows_and_in_place);
     TEST_RUN(test_rope_2d_llamagen_layout);
