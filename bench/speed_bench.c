@@ -12,7 +12,11 @@
  *
  *   build/speed_bench --model DIR [--prompt TEXT] [--batch N] [--images N]
  *                     [--reps N] [--threads N] [--kv-dtype TYPE] [--json]
- *                     [--cpu-activations f32|bf16]
+ *                     [--cpu-activations f32|bf16] [--steps N]
+ *
+ * --steps N stops each wave after its first N steps past the prompt (no
+ * image is drawn): the step times of a large model in minutes rather than
+ * hours; images/s is then waves of N steps a second.
  *
  * Besides images/s, per batch size: the median time of a decode step (a
  * raster model's steps after the first, which feeds the prompt), the VQ
@@ -74,6 +78,7 @@ typedef struct bench {
     int is_raster;
     int cond[MODEL_MAX_PROMPT_TOKENS], uncond[MODEL_MAX_PROMPT_TOKENS], n_prompt; /* text */
     uint8_t *rgb;
+    int max_steps;             /* --steps: 0, or the steps a wave stops after */
     double *step_s, *decode_s; /* per wave set: decode steps, decodes */
     int n_step, n_decode, cap_step, cap_decode;
     /* What the timed decode steps of the last run_waves cost the device
@@ -123,7 +128,8 @@ static double run_waves(bench_t *b, int batch, int images) {
             if (request_init(b, &reqs[i], done + i, &err) != AR_OK)
                 goto out;
         }
-        while (!gen_request_done(&reqs[0])) {
+        while (!gen_request_done(&reqs[0]) &&
+               (!b->max_steps || reqs[0].step <= b->max_steps - !b->is_raster)) {
             const int timed = reqs[0].step != 0 || !b->is_raster;
             backend_stats_t c0, c1;
             if (b->has_stats)
@@ -149,6 +155,10 @@ static double run_waves(bench_t *b, int batch, int images) {
         b->waves++;
         for (int i = 0; i < n; i++) {
             const double s0 = clock_now_s();
+            if (!gen_request_done(&reqs[i])) { /* cut short by --steps */
+                gen_request_free(&reqs[i]);
+                continue;
+            }
             if (gen_decode(&reqs[i], b->rgb, &err) != AR_OK)
                 goto out;
             note(b->decode_s, &b->n_decode, b->cap_decode, clock_now_s() - s0);
@@ -317,7 +327,7 @@ static double device_copy_bandwidth(backend_t *be, size_t *bytes) {
 /* What the command line asks. */
 typedef struct args {
     const char *model_dir, *prompt, *kv_name, *backend;
-    long long batch, images, reps, threads;
+    long long batch, images, reps, threads, steps;
     int json, measure;   /* measure: 0 all, 1 speed, 2 roofline */
     int batch_invariant; /* backend.h's batch_invariant */
     int activations;     /* backend.h's backend_activations_t */
@@ -372,6 +382,9 @@ static int args_parse(args_t *a, int argc, char **argv, int *done) {
         {"gpu-graphs", 0, CLI_CHOICE, &a->graphs, .choices = backend_graphs_names,
          .metavar = "on|off",
          .help = "a device backend's steps as CUDA graphs (default on) or op by op (backend.h)"},
+        {"steps", 0, CLI_INT, &a->steps, 0, 1 << 20, .metavar = "N",
+         .help = "stop each wave after N steps past the prompt, drawing no image (default 0: "
+                 "whole images)"},
         {"json", 0, CLI_BOOL, &a->json, .help = "print one JSON object instead of a table"},
         {"measure", 0, CLI_CHOICE, &a->measure, .choices = measures, .metavar = "WHAT",
          .help = "all (default), speed (no bandwidth buffer: peak RSS is the engine's) or "
@@ -421,6 +434,7 @@ static int bench_open(bench_t *b, const args_t *a, backend_t *be, dtype_t *kv_dt
     const size_t block = kv_pool_block_bytes(bt, m->cfg.llm.head_dim, *kv_dtype);
     b->cap_step = (int)a->images * model_steps(&m->cfg);
     b->cap_decode = (int)a->images;
+    b->max_steps = (int)a->steps;
     b->step_s = malloc(sizeof(double) * (size_t)b->cap_step);
     b->decode_s = malloc(sizeof(double) * (size_t)b->cap_decode);
     b->rgb =
@@ -485,6 +499,7 @@ static cJSON *report_head(const bench_t *b, const args_t *a, dtype_t kv_dtype, d
     cJSON_AddNumberToObject(o, "threads", (double)a->threads);
     cJSON_AddNumberToObject(o, "images", (double)a->images);
     cJSON_AddNumberToObject(o, "reps", (double)a->reps);
+    cJSON_AddNumberToObject(o, "steps", (double)a->steps);
     cJSON_AddNumberToObject(o, "kv_mib_per_image", kv_mib);
     cJSON_AddStringToObject(o, "kv_dtype", planner_kv_dtype_name(kv_dtype));
     if (model_is_class_conditional(m))
@@ -643,6 +658,10 @@ int main(int argc, char **argv) {
                "KV %.2f MiB per image (full cache, %s)\n",
                b.m.cfg.name, be->name, a.images, a.reps, a.threads, kv_mib,
                planner_kv_dtype_name(kv_dtype));
+    if (!a.json && timed && a.steps)
+        printf("waves cut at %lld steps past the prompt: no image drawn, images/s is waves of "
+               "that many steps\n",
+               a.steps);
     double ips[2];
     for (int s = 0; timed && s < 2; s++)
         ips[s] = report_row(&a, sizes[s], &t[s], &rl, b.has_stats, rows);

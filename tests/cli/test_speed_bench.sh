@@ -110,5 +110,23 @@ rc=$?
 [ "$rc" = 1 ] && grep -q '^speed_bench: --backend metal: unknown backend (cpu, cuda or auto)$' "$tmp/metal" &&
     ok "an unknown --backend: exit 1, naming the backends" ||
     fail "an unknown --backend: exit 1, naming the backends" "exit $rc: $(cat "$tmp/metal")"
+# --steps N: each wave stops after N steps past the prompt (a raster model's
+# decode steps, a next-scale model's scales) and draws no image.
+"$bin" --model "$model" --batch 2 --images 2 --reps 1 --steps 3 --json --measure speed \
+    >"$tmp/cut.json" 2>&1
+"$bin" --model "$var_model" --batch 2 --images 2 --reps 1 --steps 2 --json --measure speed \
+    >"$tmp/cut-var.json" 2>&1
+"$python" - "$tmp/cut.json" "$tmp/cut-var.json" <<'PY' >"$tmp/check" 2>&1 &&
+import json, sys
+raster, var = (json.load(open(p)) for p in sys.argv[1:3])
+assert raster["steps"] == 3 and var["steps"] == 2, (raster, var)
+for b in raster["batches"] + var["batches"]:
+    assert b["step_s"] > 0 and b["decode_s"] == 0, b  # no image drawn
+for b in var["batches"]:
+    assert len(b["scale_s"]) == 2, b  # two scales of four
+PY
+    ok "--steps cuts each wave short and draws no image" ||
+    fail "--steps cuts each wave short and draws no image" "$(cat "$tmp/check" "$tmp/cut.json")"
+
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
