@@ -183,7 +183,7 @@ INF_MODEL  := models/shapes-inf
 .PHONY: all deps deps-debian build-and-venv test test-parallel test-unit test-cli test-integration test-integration-release test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
         test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png examples clean tools-deps golden \
-        format format-check info bench bench-kv bench-scale bench-serve bench-real bench-gemm bench-conv bench-launches help \
+        format format-check info bench bench-kv bench-scale bench-serve bench-real bench-8bit bench-gemm bench-conv bench-launches help \
         playground-screenshot test-bench-smoke bench-smoke-emu bench-smoke-torch bench-smoke-targets \
         test-train-pipeline
 
@@ -215,6 +215,8 @@ help:
 	@echo "make bench-gemm       the Linear GEMM on packed weights against OpenBLAS and gemm_rows at"
 	@echo "                      1 to 576 rows, side by side, on each instruction set (AVX2 forced"
 	@echo "                      too), and the row counts where it wins on every shape"
+	@echo "make bench-8bit       a Janus-Pro-1B decode step with int8 and fp8 weights against bf16,"
+	@echo "                      side by side at batch 1 and 8, on AVX-512 and AVX2"
 	@echo "make bench-conv       the 3x3 convolution, direct against Winograd, on the decoders' channel"
 	@echo "                      counts and image sides, on each instruction set, and the crossover"
 	@echo "make bench-launches   kernel launches, uploads and waits a step costs the CUDA backend"
@@ -917,6 +919,24 @@ REAL_DOC    ?= docs/real-scale.md
 bench-real: $(BUILD)/arserve $(VENV)/.stamp
 	$(VENV)/bin/python bench/real_scale.py run $(REAL_MODELS) --work $(REAL_WORK) \
 		--doc $(REAL_DOC) --arserve $(BUILD)/arserve $(REAL_ARGS)
+
+# 8-bit weights against 16-bit (bench/weights8.py): a Janus-Pro-1B release
+# (random weights) converted with --dtype bf16, int8 and fp8, each model's
+# decode step timed by speed_bench at batch 1 and W8_BATCH, W8_STEPS steps a
+# wave, the three alternating W8_REPS times on each of W8_ISA; medians and
+# speed over bf16 in a table. About 40 minutes here (the conversions 15 of
+# them, kept in W8_WORK for the next run). test-bench-smoke runs W8_ARGS=--tiny.
+W8_WORK    ?= $(BUILD)/weights8
+W8_BATCH   ?= 8
+W8_STEPS   ?= 24
+W8_REPS    ?= 3
+W8_THREADS ?= 1
+W8_ISA     ?= avx512,avx2
+W8_ARGS    ?=
+bench-8bit: $(BUILD)/speed_bench $(VENV)/.stamp
+	$(VENV)/bin/python bench/weights8.py --work $(W8_WORK) --bin $(BUILD)/speed_bench \
+		--batch $(W8_BATCH) --steps $(W8_STEPS) --reps $(W8_REPS) --threads $(W8_THREADS) \
+		$(if $(W8_ISA),--isa $(W8_ISA)) $(W8_ARGS)
 
 # Serves MODEL on HOST:PORT: the shipped demo model unless told otherwise
 # (MODEL=build/tiny-model makes and serves the tiny random one). Its screen is

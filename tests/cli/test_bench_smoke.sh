@@ -11,6 +11,7 @@
 #   make bench-conv   one alternation of 1 ms per timing, images up to 24 pixels
 #   make bench-serve  the tiny model at two Poisson rates of 4 requests
 #   make bench-real   every released model's layout at a tiny width, converted, served
+#   make bench-8bit   the tiny Janus-Pro release in bf16, int8 and fp8, 3 steps a wave
 #   make eval         the demo model on six prompts
 # Outputs go to a temporary folder, not to build/ or docs/. Each make is
 # killed, with everything it started, after RUN_TIMEOUT seconds (300: they
@@ -200,6 +201,29 @@ PY
     fi
 else
     fail "make bench-serve runs on the tiny model" "$(tail -30 "$tmp/serve.out")"
+fi
+
+# make bench-8bit: the tiny release converted three ways and each model's steps timed at
+# batches 1 and 2 on the machine's best instruction set, a row per type in the table and the
+# JSON, 8-bit models' files smaller than bf16's.
+if run w8 bench-8bit W8_WORK="$tmp/w8" W8_BATCH=2 W8_STEPS=3 W8_REPS=1 W8_ISA= W8_ARGS=--tiny; then
+    if "$python" - "$tmp/w8/weights8.json" "$tmp/w8.out" <<'PY' >"$tmp/w8.check" 2>&1
+import json, sys
+res = json.load(open(sys.argv[1]))
+table = open(sys.argv[2]).read()
+assert [r["dtype"] for r in res["rows"]] == ["bf16", "int8", "fp8"], res
+for r in res["rows"]:
+    assert r["step_s"]["1"] > 0 and r["step_s"]["2"] > 0, r
+    assert f"| best | {r['dtype']} |" in table, table
+bf16 = res["rows"][0]["bytes"]
+assert all(r["bytes"] < bf16 for r in res["rows"][1:]), res["rows"]
+print("ok")
+PY
+    then ok "make bench-8bit: bf16, int8 and fp8 converted and timed side by side ($secs s)"
+    else fail "make bench-8bit: three types timed" "$(cat "$tmp/w8.check"; tail -20 "$tmp/w8.out")"
+    fi
+else
+    fail "make bench-8bit runs on the tiny release" "$(tail -30 "$tmp/w8.out")"
 fi
 
 # make bench-real: every model's release written at its tiny width, converted within the
