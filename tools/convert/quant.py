@@ -109,7 +109,6 @@ def f32_to_e4m3(x) -> np.ndarray:
     rest = a & np.uint32(0xFFFFF)
     half = np.uint32(0x80000)
     code += (rest > half) | ((rest == half) & (code & np.uint32(1)).astype(bool))
-    np.minimum(code, np.uint32(0x7E), out=code)
     small = a < np.uint32(0x3C800000)  # below 2^-6: subnormals, multiples of 2^-9
     if small.any():
         code[small] = np.rint(a[small].view(np.float32) * np.float32(512.0))
