@@ -556,8 +556,20 @@ ASAN_BUILD := $(BUILD)-asan
 test-sanitizers:
 	$(MAKE) SANITIZER=address,undefined BUILD=$(ASAN_BUILD) test-unit test-cli test-integration-asan
 
-test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json
-	ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_VAR_TINY_MODEL=$(VAR_TINY_MODEL) tests/run_unit.sh $(UNIT_BIN)
+# The golden models' int8 and fp8 copies (tools/quantize.py) that
+# test_weights_8bit holds to the originals' logits.
+GOLDEN8        := $(BUILD)/golden8
+GOLDEN8_MODELS := janus_tiny janus_tiny_bf16 llamagen_tiny var_tiny infinity_tiny
+GOLDEN8_STAMPS := $(foreach m,$(GOLDEN8_MODELS),$(foreach t,int8 fp8,$(GOLDEN8)/$(m)-$(t)/arserve.json))
+$(GOLDEN8)/%/arserve.json: tools/quantize.py tools/convert/quant.py tools/convert/ckpt.py $(VENV)/.stamp
+	$(VENV)/bin/python tools/quantize.py tests/golden/$(call golden8_model,$*) $(@D) \
+		--dtype $(lastword $(subst -, ,$*)) --force >/dev/null
+golden8_model = $(patsubst %-int8,%,$(patsubst %-fp8,%,$(1)))
+
+test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json $(GOLDEN8_STAMPS)
+	ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_VAR_TINY_MODEL=$(VAR_TINY_MODEL) \
+		ARSERVE_W8_GOLDEN=$(GOLDEN8) tests/run_unit.sh $(UNIT_BIN)
+
 
 test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json \
           $(VENV)/.stamp
