@@ -1,6 +1,7 @@
 """The converters hold a bounded amount of a checkpoint at a time (tools/convert/ckpt.py): a
 256 MiB tensor, in safetensors or in torch.save's zip layout, is converted to bf16 while the
-process's peak RSS stays under 100 MiB, and the output is the input rounded.
+process's peak RSS stays under 100 MiB, and the output is the input rounded; quantised to fp8
+(tools/convert/quant.py, a block of rows at a time) its peak does not grow with it either.
 
     .venv/bin/python -m pytest tests/python/test_convert_stream.py -q
 """
@@ -20,6 +21,7 @@ sys.path.insert(0, CONVERT)
 sys.path.insert(0, os.path.dirname(CONVERT))
 sys.path.insert(0, os.path.dirname(__file__))
 import ckpt  # noqa: E402
+import quant  # noqa: E402
 import safetensors_write  # noqa: E402
 from test_convert_hostile import tensor  # noqa: E402
 from tools.release_shapes import torchzip  # noqa: E402
@@ -38,6 +40,14 @@ import ckpt
 src, dst = sys.argv[1:3]
 sd = ckpt.read_file(src)
 ckpt.write_safetensors(dst, {"w": sd["w"], "b": sd["b"]}, "bf16")
+"""
+# Quantises SRC's tensor 'w' to fp8 (the quantiser with the most temporaries) into DST.
+_QUANTISE = """import sys
+sys.path.insert(0, sys.argv[3])
+import ckpt
+src, dst = sys.argv[1:3]
+sd = ckpt.read_file(src)
+ckpt.write_safetensors(dst, {"w": sd["w"], "b": sd["b"]}, "fp8", quantise=["w"])
 """
 
 
@@ -106,3 +116,31 @@ def test_a_tensor_in_safetensors_converts_in_bounded_memory(tmp_path):
 
 def test_a_tensor_in_a_torch_archive_converts_in_bounded_memory(tmp_path):
     peaks(tmp_path, write_torch_src, ".pth")
+
+
+def quantise(tmp_path, src, rows):
+    """(peak RSS) of quantising src, a few of whose rows are checked against quantise_rows."""
+    dst, script = tmp_path / "out.safetensors", tmp_path / "quantise.py"
+    script.write_text(_QUANTISE)
+    p, peak = ckpt.run_measured([script, src, dst, CONVERT], capture_output=True, text=True,
+                                timeout=scaled(300))
+    assert p.returncode == 0, p.stderr
+    out = ckpt.read_safetensors(str(dst))
+    assert out["w"].stored == "F8_E4M3" and out["w_scale"].shape == (rows,)
+    for i0 in (0, rows // 2, rows - 8):
+        q, s = quant.quantise_rows(_pattern(i0, 8), "fp8")
+        assert np.array_equal(out["w"][i0:i0 + 8].bits(), q), i0
+        assert np.array_equal(out["w_scale"][i0:i0 + 8].bits(), s), i0
+    return peak
+
+
+def test_a_tensor_quantises_in_bounded_memory(tmp_path):
+    out = []
+    for rows in (SMALL, LARGE):
+        src = tmp_path / f"in{rows}.safetensors"
+        write_safetensors_src(src, rows)
+        out.append(quantise(tmp_path, src, rows))
+        os.remove(src)
+    small, large = out
+    assert large - small < GROWTH and large < BOUND, \
+        f"peak RSS {small / 2**20:.0f} MiB quantising 64 MiB, {large / 2**20:.0f} MiB quantising 256 MiB"
