@@ -291,26 +291,37 @@ def dequantised_copy(model, out):
         safetensors_write.write(path, plain, meta[w])
 
 
+ENGINE_MODELS = [  # (model, --quantize-heads, conditioning): every architecture, each list
+    ("tiny", False, ["--prompt", "red circle"]),
+    ("var-tiny", True, ["--class", "3"]),
+    ("janus_tiny", True, ["--prompt", "red cat"]),
+    ("llamagen_tiny", True, ["--class", "1"]),
+    ("infinity_tiny", True, ["--prompt", "a cat"]),
+]
+
+
 @pytest.mark.skipif(not os.access(ARSERVE, os.X_OK), reason=f"no arserve binary at {ARSERVE}")
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 def test_the_engine_reads_8bit_weights_as_their_dequantised_values(models, tmp_path, kind):
-    """The engine's 8-bit GEMMs sum the same products as float32 weights holding q * scale
-    (its contract), so an image from the 8-bit model is the float32 copy's, byte for byte:
-    the rows, scales and e4m3 codes mean to the engine what they mean here."""
+    """The engine loads every tensor of each list as a Linear weight (it refuses an 8-bit
+    tensor anywhere else), and its 8-bit GEMMs sum the same products as float32 weights
+    holding q * scale (its contract), so an image from the 8-bit model is the float32 copy's,
+    byte for byte: the rows, scales and e4m3 codes mean to the engine what they mean here."""
     images = {}
-    for preset, heads, cond in (("tiny", False, ["--prompt", "red circle"]),
-                                ("var-tiny", True, ["--class", "3"])):
-        q = tmp_path / f"{preset}-q"
-        assert run(QUANTIZE, models[preset], q, "--dtype", kind,
-                   *(["--quantize-heads"] if heads else []))[0] == 0
-        dequantised_copy(q, tmp_path / f"{preset}-deq")
-        for m in (q, tmp_path / f"{preset}-deq", models[preset]):
+    for name, heads, cond in ENGINE_MODELS:
+        src = models[name] if name in models else os.path.join(GOLDEN, name)
+        q, deq = tmp_path / f"{name}-q", tmp_path / f"{name}-deq"
+        rc, _, err = run(QUANTIZE, src, q, "--dtype", kind,
+                         *(["--quantize-heads"] if heads else []))
+        assert rc == 0, err
+        dequantised_copy(q, deq)
+        for m in (q, deq, src):
             png = tmp_path / f"{os.path.basename(m)}.png"
             p = subprocess.run([ARSERVE, "generate", "--model", str(m), *cond, "--seed", "7",
                                 "--threads", "1", "-o", str(png)],
                                capture_output=True, text=True, timeout=scaled(60))
-            assert p.returncode == 0, p.stderr
+            assert p.returncode == 0, (m, p.stderr)
             images[os.path.basename(m)] = png.read_bytes()
-        assert images[f"{preset}-q"] == images[f"{preset}-deq"], preset
+        assert images[f"{name}-q"] == images[f"{name}-deq"], name
     # and the weights did change: the 8-bit janus model's image is not the original's
     assert images["tiny-q"] != images["tiny"]
