@@ -33,12 +33,14 @@
 #define PLAN_COL 17 /* width of one policy column */
 
 static void plan_usage(FILE *f, const cli_flag_t *flags) {
-    fprintf(f, "usage: arserve plan --model DIR_OR_PRESET [--policy P] [--budget B] [--pool-mb M]\n"
-               "                    [--prompt-tokens N] [--batch N] [--kv-dtype K,V]\n\n"
-               "Prints a request's KV trajectory (tokens per head and bytes per image at every "
-               "step;\nevery scale of a next-scale model), its peak, the peak of a batch and how "
-               "many images\nfit the pool, for each KV policy side by side. Reads only the "
-               "model's arserve.json:\nno weights needed.\n\n");
+    fprintf(
+        f, "usage: arserve plan --model DIR_OR_PRESET [--policy P] [--budget B] [--pool-mb M]\n"
+           "                    [--device-gib G [--pool-share S]] [--prompt-tokens N] [--batch N]\n"
+           "                    [--kv-dtype K,V]\n\n"
+           "Prints a request's KV trajectory (tokens per head and bytes per image at every "
+           "step;\nevery scale of a next-scale model), its peak, the peak of a batch and how "
+           "many images\nfit the pool, for each KV policy side by side. Reads only the "
+           "model's arserve.json:\nno weights needed.\n\n");
     cli_flags_usage(f, flags);
 }
 
@@ -248,6 +250,7 @@ typedef struct plan_ctx {
     dtype_t serve_dt;      /* what `serve --kv-dtype auto` stores both in */
     const char *serve_why; /* and why */
     long long pool_mb;
+    const char *pool_why; /* how --device-gib sized the pool, or NULL */
     size_t block, capacity;
     const char *unit_name;
     double unit_div;
@@ -427,6 +430,8 @@ static void print_header(const plan_ctx_t *x) {
     printf("pool     %lld MiB: %zu blocks of %d token%s (%zu bytes: one head's K and V), %zu "
            "bytes\n",
            x->pool_mb, x->capacity / x->block, x->bt, x->bt == 1 ? "" : "s", x->block, x->capacity);
+    if (x->pool_why)
+        printf("         %s\n", x->pool_why);
     printf("         block size: the largest power of two whose last-block overhead is under 5%%\n"
            "         of %d tokens (the image tokens a head holds at budget 1/%d)\n",
            kv_geometry_image_tokens(&x->g) / PLANNER_MIN_BUDGET_INV, PLANNER_MIN_BUDGET_INV);
@@ -749,12 +754,42 @@ static int plan_policies(const plan_ctx_t *x, policy_plan_t plans[KV_POLICY_COUN
     return np;
 }
 
+/* --device-gib: the pool serve's --kv-pool-mb auto makes on a device of
+ * gib GiB once the weights in json's directory are loaded; 0, or 2 with a
+ * message. */
+static int device_pool(const char *json, const model_config_t *cfg, double gib, double share,
+                       long long *pool_mb, char *why, size_t cap) {
+    char dir[PATH_MAX + 16];
+    snprintf(dir, sizeof dir, "%.*s", (int)(strrchr(json, '/') - json), json);
+    weight_set_t ws;
+    ar_error_t err = {{0}};
+    if (cfg->n_weight_files == 0 || weight_set_open(&ws, dir, cfg, NULL, &err) != AR_OK) {
+        fprintf(stderr, "arserve plan: --device-gib needs the model's weights: %s\n",
+                cfg->n_weight_files ? err.msg : "a preset has none (give a model directory)");
+        return 2;
+    }
+    const double weights = (double)weight_set_bytes(&ws), device = gib * 1073741824.0;
+    weight_set_close(&ws);
+    if (weights >= device) {
+        fprintf(stderr, "arserve plan: the weights take %.2f GiB, more than the %.4g GiB device\n",
+                weights / 1073741824.0, gib);
+        return 2;
+    }
+    *pool_mb = (long long)(share * (device - weights) / 1048576.0);
+    snprintf(why, cap,
+             "--device-gib %.4g: %.3g%% of the %.2f GiB left after the weights' %.2f GiB (their "
+             "files)",
+             gib, 100 * share, (device - weights) / 1073741824.0, weights / 1073741824.0);
+    return *pool_mb >= 1 ? 0 : 2;
+}
+
 int cmd_plan(int argc, char **argv, char **envp) {
     const char *model_arg = NULL;
     int only = -1, help = 0;
     double budget = -1;
     long long budget_tokens = 0;
     long long pool_mb = PLAN_DEFAULT_POOL_MB, n_prompt = PLAN_DEFAULT_PROMPT_TOKENS, batch = 1;
+    double device_gib = 0, pool_share = 0.9;
     planner_kv_dtype_t dt = {DTYPE_U8, DTYPE_U8}; /* unset: serve's */
     const cli_flag_t flags[] = {
         {"model", 0, CLI_STRING, &model_arg, .metavar = "DIR_OR_PRESET",
@@ -772,6 +807,12 @@ int cmd_plan(int argc, char **argv, char **envp) {
         {"pool-mb", 0, CLI_INT, &pool_mb, 1, 1 << 20, .metavar = "M",
          .help = "KV pool size in MiB (default 1024; the daemon's --kv-pool-mb auto sizes its "
                  "pool from the machine)"},
+        {"device-gib", 0, CLI_REAL, &device_gib, 0, 1 << 20, 1, .metavar = "G",
+         .help = "instead of --pool-mb: the pool `serve --kv-pool-mb auto` makes on a device of G "
+                 "GiB, --pool-share of what the model's weights (its files' bytes, 8-bit ones as "
+                 "they are) leave; a model directory with its weights"},
+        {"pool-share", 0, CLI_REAL, &pool_share, 0, 1, 1, .metavar = "S",
+         .help = "with --device-gib: serve's --kv-pool-share (default 0.9)"},
         {"prompt-tokens", 0, CLI_INT, &n_prompt, 1, MODEL_MAX_PROMPT_TOKENS, .metavar = "N",
          .help = "condition prefix of each sequence: BOS + templated prompt + image-start "
                  "(default 18: a 16-token prompt; LlamaGen c2i: 1; next-scale models cache no "
@@ -803,7 +844,14 @@ int cmd_plan(int argc, char **argv, char **envp) {
     const char *calib_note = NULL;
     if ((rc = cli_model_config("plan", model_arg, json, sizeof json, &cfg, &calib, &calib_note)))
         return rc;
+    char pool_why[256];
+    if (device_gib > 0 &&
+        device_pool(json, &cfg, device_gib, pool_share, &pool_mb, pool_why, sizeof pool_why) != 0) {
+        kv_calibration_set_free(&calib);
+        return 2;
+    }
     plan_ctx_t x = {.mc = &cfg,
+                    .pool_why = device_gib > 0 ? pool_why : NULL,
                     .json = json,
                     /* A class-conditional raster model's prefix is its one class token. */
                     .P = cfg.condition.num_classes > 0 ? 1 : (int)n_prompt,

@@ -45,6 +45,14 @@ dtype_t weight_set_main_dtype(const weight_set_t *ws) {
     return best;
 }
 
+size_t weight_set_bytes(const weight_set_t *ws) {
+    size_t bytes = 0;
+    for (int f = 0; f < ws->n_files; f++)
+        for (int i = 0; i < ws->files[f].n_tensors; i++)
+            bytes += ws->files[f].tensors[i].nbytes;
+    return bytes;
+}
+
 /* The tensor called name with the given shape, from whichever file has it:
  * of a float type, or 8-bit where linear (read only as a Linear weight). */
 static int find_tensor(weight_set_t *ws, const char *name, int ndim, const int64_t *shape,

@@ -25,6 +25,11 @@ void weight_set_close(weight_set_t *ws);
  * none): the model's "weights' type", which the KV cache takes by default. */
 dtype_t weight_set_main_dtype(const weight_set_t *ws);
 
+/* The bytes of every tensor in the files, as stored (8-bit weights and
+ * their scales as they are): what the model takes in backend memory, but
+ * for the CPU's fp32 copies of 16-bit vectors. */
+size_t weight_set_bytes(const weight_set_t *ws);
+
 /* Loads the tensor named by fmt (printf-style) with the given shape into
  * out. Errors name the file, the tensor and the expected/actual shape, or
  * how many of its values are not finite (unless check_finite is 0). */

@@ -2,11 +2,13 @@
 # CLI tests for `arserve plan`: the side-by-side table on every preset in
 # config/presets/ and on the tiny models, full-cache figures against a hand
 # computation (HeatKV's Table 1 for Infinity), the per-scale trajectory of
-# next-scale models, --batch and --kv-dtype, presets found from any
+# next-scale models, --batch and --kv-dtype, --device-gib's pool (the
+# device less the weights' bytes), presets found from any
 # directory, and bad flags refused with exit 2 and a message naming the flag.
 # usage: tests/cli/test_plan.sh path/to/arserve path/to/tiny-model [path/to/var-tiny-model]
 set -u
 bin=$1 model=$2 var_model=${3:-}
+python_for_plan=${PYTHON:-python3}
 case $bin in /*) ;; *) bin=$PWD/$bin ;; esac
 case $model in /*) ;; *) model=$PWD/$model ;; esac
 case $var_model in /* | "") ;; *) var_model=$PWD/$var_model ;; esac
@@ -317,6 +319,33 @@ if [ -n "$var_model" ]; then
 else ok "the tiny next-scale model: skipped (no third argument)"; fi
 
 # Bad --batch and --kv-dtype values name the flag.
+# --device-gib: the pool serve's --kv-pool-mb auto makes on a device of that
+# size, --pool-share of what the weights' file bytes leave, counted by hand.
+"$bin" plan --model "$model" --device-gib 1 --pool-share 0.5 >"$tmp/dev" 2>&1
+wbytes=$(stat -c %s "$model"/*.safetensors | awk '{s += $1} END {print s}')
+hbytes=$("$python_for_plan" - "$model" <<'PY'
+import json, os, struct, sys
+total = 0
+for f in os.listdir(sys.argv[1]):
+    if f.endswith(".safetensors"):
+        with open(os.path.join(sys.argv[1], f), "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            h = json.loads(fh.read(n))
+        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in h.items()
+                     if k != "__metadata__")
+print(total)
+PY
+)
+want_mb=$(awk -v w="$hbytes" 'BEGIN { printf "%d", 0.5 * (1073741824 - w) / 1048576 }')
+if grep -qE "^pool     $want_mb MiB:" "$tmp/dev" &&
+   grep -qF -- "--device-gib 1: 50% of the" "$tmp/dev" && [ "$hbytes" -gt 0 ] && [ "$hbytes" -le "$wbytes" ]
+then ok "--device-gib: the pool is --pool-share of the device less the weights ($want_mb MiB)"
+else fail "--device-gib: the pool is --pool-share of the device less the weights" \
+    "want $want_mb MiB: $(grep -A1 '^pool' "$tmp/dev")"; fi
+expect_fail "--device-gib on a preset (no weight files) is refused" 2 "--device-gib needs the model's weights" -- \
+    "$bin" plan --model janus-pro-7b --device-gib 80
+expect_fail "--device-gib smaller than the weights is refused" 2 "more than the 1e-06 GiB device" -- \
+    "$bin" plan --model "$model" --device-gib 0.000001
 expect_fail "--batch 0 is refused" 2 "--batch" -- "$bin" plan --model var-d16 --batch 0
 expect_fail "--batch that is not an integer is refused" 2 "--batch: 'two' is not an integer" -- \
     plan32 --model var-d16 --batch two
