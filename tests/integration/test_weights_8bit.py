@@ -1,0 +1,101 @@
+"""8-bit Linear weights in the daemon: a model quantised by tools/quantize.py serves images
+(int8 and fp8), and a broken 8-bit file is refused at start-up with a message naming the file
+and the tensor: a missing scale, a scale that is not finite or not F32, an 8-bit tensor where
+the engine reads anything but a Linear weight, an fp8 NaN."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import (ARSERVE_BIN, HTTP_TIMEOUT, REPO, TINY_MODEL, b64_png_size, clean_env,
+                      model_info, scaled)
+
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import safetensors_write  # noqa: E402
+
+GEN = "/v1/images/generations"
+QKV = "llm.layers.0.attn.q.weight"
+
+
+def quantise(dst, dtype):
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "quantize.py"), TINY_MODEL,
+                    str(dst), "--dtype", dtype], check=True, capture_output=True)
+    return str(dst)
+
+
+def weights_path(model):
+    return os.path.join(model, "model.safetensors")
+
+
+def rewrite(model, change):
+    """Reads the model's weights, lets change(tensors) edit the dict, writes them back."""
+    path = weights_path(model)
+    tensors = safetensors_write.read(path)
+    change(tensors)
+    safetensors_write.write(path, tensors)
+
+
+def refused(model):
+    p = subprocess.run([ARSERVE_BIN, "serve", "--port", "0", "--model", model],
+                       capture_output=True, text=True, timeout=scaled(30), env=clean_env())
+    assert p.returncode != 0, p.stderr
+    assert "model.safetensors" in p.stderr, p.stderr
+    return p.stderr
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_a_quantised_model_serves_images(start_daemon, tmp_path, dtype):
+    model = quantise(tmp_path / dtype, dtype)
+    d = start_daemon(model=model)
+    r = d.client.post(GEN, json={"prompt": "a red circle", "seed": 3}, timeout=HTTP_TIMEOUT)
+    assert r.status_code == 200, r.text
+    info = model_info(model)
+    assert b64_png_size(r.json()["data"][0]["b64_json"]) == (info["width"], info["height"])
+
+
+def test_a_missing_scale_is_named(tmp_path):
+    model = quantise(tmp_path / "m", "int8")
+    rewrite(model, lambda t: t.pop(QKV + "_scale"))
+    err = refused(model)
+    assert f"the scales of 8-bit weight '{QKV}'" in err and f"'{QKV}_scale' not found" in err, err
+
+
+def test_a_scale_that_is_not_finite_is_named(tmp_path):
+    model = quantise(tmp_path / "m", "int8")
+
+    def poison(t):
+        t[QKV + "_scale"][5] = float("inf")
+    rewrite(model, poison)
+    err = refused(model)
+    assert f"'{QKV}_scale': row 5's scale is inf, not finite" in err, err
+
+
+def test_a_scale_of_another_type_is_named(tmp_path):
+    model = quantise(tmp_path / "m", "int8")
+    rewrite(model, lambda t: t.update({QKV + "_scale": t[QKV + "_scale"].astype("float16")}))
+    err = refused(model)
+    assert f"'{QKV}_scale': dtype F16, expected F32" in err, err
+
+
+def test_an_8bit_tensor_that_is_not_a_linear_weight_is_named(tmp_path):
+    model = quantise(tmp_path / "m", "int8")
+    rewrite(model, lambda t: t.update({"llm.embed.weight":
+                                       np.zeros(t["llm.embed.weight"][1].shape, np.int8)}))
+    err = refused(model)
+    assert "tensor 'llm.embed.weight': dtype I8, but only Linear weights may be 8-bit" in err, err
+
+
+def test_an_fp8_nan_is_named(tmp_path):
+    model = quantise(tmp_path / "m", "fp8")
+
+    def poison(t):
+        kind, bits = t[QKV]
+        bits = bits.copy()
+        bits.flat[3] = 0x7f
+        t[QKV] = (kind, bits)
+    rewrite(model, poison)
+    err = refused(model)
+    assert f"tensor '{QKV}' has 1 values that are NaN or infinite" in err, err
