@@ -21,15 +21,17 @@ extern "C" {
 #endif
 
 /* Storage types as the kernels read them: fp32, IEEE fp16 and bfloat16
- * (weights and the KV cache), fp8 e4m3 (the KV cache only: 448 the largest
- * finite value, 0x7f NaN, saturating stores). The codes are the engine's
- * dtype_t's (base/dtype.h), so the CUDA backend passes a type through
- * unchanged (it checks that at compile time). */
+ * (weights and the KV cache), fp8 e4m3 (the KV cache and 8-bit Linear
+ * weights: 448 the largest finite value, 0x7f NaN, saturating stores) and
+ * int8 (8-bit Linear weights only). The codes are the engine's dtype_t's
+ * (base/dtype.h), so the CUDA backend passes a type through unchanged (it
+ * checks that at compile time). */
 typedef enum kern_dtype {
     KERN_F32 = 0,
     KERN_F16 = 1,
     KERN_BF16 = 2,
-    KERN_F8_E4M3 = 6
+    KERN_F8_E4M3 = 6,
+    KERN_I8 = 7
 } kern_dtype_t;
 
 /* Kernels this host thread has started since it began (kernels/cuda/
@@ -129,6 +131,27 @@ cudaError_t kern_split_16(void *hi, void *lo, kern_dtype_t dtype, const float *x
 cudaError_t kern_add_pair_bias(float *y, size_t y_group_stride, const float *prod, const void *bias,
                                kern_dtype_t bias_dtype, int groups, int rows, int cols,
                                int accumulate, cudaStream_t stream);
+
+/* ---- 8-bit Linear weights (kernels/cuda/weight8.cu) ---- */
+
+/* An 8-bit weight's values (dtype I8 or F8_E4M3) as bf16, exactly (no
+ * scale): groups blocks of per_group elements, block g read from src +
+ * g * src_group_stride elements and written to dst + g * per_group (a
+ * slice of rows of each matrix of a stack, packed for a batched GEMM). */
+cudaError_t kern_widen_8bit(void *dst, const void *src, kern_dtype_t dtype, int groups,
+                            size_t per_group, size_t src_group_stride, cudaStream_t stream);
+
+/* The GEMM of an 8-bit weight's values into y, for each of `groups`
+ * matrices g and rows x cols products: y[g][r, j] = p[r, j] * scale[g *
+ * sb_group_stride + j] (+ bias[g * sb_group_stride + j] when bias is not
+ * NULL), where p is prod's rows x cols block at g * rows * cols, or with
+ * pair the sum of the two blocks at g * 2 * rows * cols (a split GEMM's
+ * half-products, as kern_add_pair_bias). y's rows are ldy floats apart and
+ * its groups y_group_stride; accumulate: y[g][r, j] += that value. */
+cudaError_t kern_scale_cols(float *y, size_t y_group_stride, int64_t ldy, const float *prod,
+                            int pair, const float *scale, const void *bias, kern_dtype_t bias_dtype,
+                            size_t sb_group_stride, int groups, int rows, int cols, int accumulate,
+                            cudaStream_t stream);
 
 /* ---- lookups (kernels/cuda/embedding.cu) ---- */
 
