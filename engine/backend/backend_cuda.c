@@ -49,8 +49,9 @@
 
 /* A weight's or the cache's storage type as the kernels take it: the same codes. */
 _Static_assert((int)KERN_F32 == (int)DTYPE_F32 && (int)KERN_F16 == (int)DTYPE_F16 &&
-                   (int)KERN_BF16 == (int)DTYPE_BF16 && (int)KERN_F8_E4M3 == (int)DTYPE_F8_E4M3,
-               "kern_dtype_t and dtype_t must share their float codes");
+                   (int)KERN_BF16 == (int)DTYPE_BF16 && (int)KERN_F8_E4M3 == (int)DTYPE_F8_E4M3 &&
+                   (int)KERN_I8 == (int)DTYPE_I8,
+               "kern_dtype_t and dtype_t must share their codes");
 static kern_dtype_t kern_type(dtype_t t) { return (kern_dtype_t)t; }
 
 /* Scratch for the GEMM operands (16-bit activation halves, im2col panels,
@@ -643,10 +644,52 @@ static int cuda_weight_load(backend_t *be, tensor_t *out, const void *host_src, 
     return AR_OK;
 }
 
+/* An 8-bit Linear weight: its elements as they are (one byte each) and its
+ * G * n row scales in fp32 beside them (out->scale); matmul widens the
+ * elements to bf16 a slice at a time and scales the products (linear_8bit). */
+static int cuda_weight_load_8bit(backend_t *be, tensor_t *out, const void *host_src,
+                                 dtype_t src_dtype, const float *host_scale, int ndim,
+                                 const int64_t *shape, ar_error_t *err) {
+    memset(out, 0, sizeof *out);
+    int64_t numel, rows;
+    if (backend_check_weight_8bit("cuda", host_src, src_dtype, host_scale, ndim, shape, &numel,
+                                  &rows, err) != AR_OK)
+        return AR_ERR;
+    cuda_impl_t *impl = impl_of(be);
+    const size_t bytes = (size_t)numel, scale_bytes = (size_t)rows * sizeof(float);
+    void *data = arena_alloc(&impl->arena, bytes);
+    void *scale = data ? arena_alloc(&impl->arena, scale_bytes) : NULL;
+    if (!scale) {
+        if (data)
+            arena_free(&impl->arena, data);
+        return ar_errorf(err,
+                         "out of device memory for an 8-bit weight of %lld elements and %lld "
+                         "scales (%.1f MiB): %.1f of %.1f MiB reserved on device %d are in use",
+                         (long long)numel, (long long)rows, MIB(bytes + scale_bytes),
+                         MIB(impl->arena.in_use), MIB(impl->arena.size), impl->device);
+    }
+    const unsigned before = impl->n_errors;
+    cuda_upload(be, data, host_src, bytes);
+    cuda_upload(be, scale, host_scale, scale_bytes);
+    if (impl->n_errors != before) {
+        arena_free(&impl->arena, data);
+        arena_free(&impl->arena, scale);
+        return ar_errorf(err, "copying an 8-bit weight to the device: %s", impl->first_error.msg);
+    }
+    out->data = data;
+    out->scale = scale;
+    out->dtype = src_dtype;
+    out->ndim = ndim;
+    for (int i = 0; i < 4; i++)
+        out->shape[i] = i < ndim ? shape[i] : 1;
+    return AR_OK;
+}
+
 static void cuda_weight_free(backend_t *be, tensor_t *t) {
     if (!t)
         return;
     cuda_free(be, t->data);
+    cuda_free(be, t->scale);
     memset(t, 0, sizeof *t);
 }
 
@@ -686,6 +729,115 @@ static int gemm_rowmajor(backend_t *be, int M, int N, int K, const void *A, int 
     return gemm_batched(be, M, N, K, A, lda, B, ldb, b_trans, t, beta, C, ldc, 1, 0, 0);
 }
 
+/* Bytes rounded up to the arena's alignment: where the next piece of the
+ * scratch may start. */
+static size_t scratch_align(size_t bytes) { return (bytes + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1); }
+
+/* linear for an 8-bit weight (cuda_weight_load_8bit): y (+)= x w^T (+ bias)
+ * where w's element (g, j, p) stands for its value times scale[g * n + j].
+ *
+ * cuBLAS multiplies no int8 or fp8 operand by fp32 activations, so the
+ * weight's values are widened to bf16 in the scratch, exactly (int8 and
+ * e4m3 fit bf16's 8 significant bits and its range), x goes in as for a
+ * bf16 weight (rounded in 16-bit activations, or taken from the op before
+ * (x16); hi + lo halves in split), one batched GEMM multiplies them into
+ * fp32 products in the scratch, and kern_scale_cols writes each product
+ * times its row's scale (+ bias) into y. Scaling the sum, as the CPU's
+ * gemm_packed_scaled does, leaves the weight unrounded: split activations
+ * stay within the CPU's bounds for a bf16 weight. Widened rows take at
+ * most half the scratch (a larger weight goes in slices of its rows, every
+ * matrix of a stack at once, each slice widened once), x and the products
+ * the rest (more rows than fit go in slices of x's rows; x16 stays whole
+ * where a row of products fits beside it). Where it all fits: a cast, a
+ * widening, a GEMM and the scaling (three launches with x16), whatever the
+ * stack.
+ *
+ * What it costs: a decode step, bandwidth-bound, reads the 8-bit weight,
+ * writes and reads its bf16 copy (5 bytes an element where a bf16 weight
+ * reads 2), so 8-bit weights save device memory, not time. A GEMM that
+ * reads the 8 bits itself (an int8 kernel, or cuBLASLt's fp8 with per-row
+ * scales on sm_89 and later) is the follow-up that would save time too;
+ * neither runs under the emulator the tests use. */
+static void linear_8bit(backend_t *be, float *y, const float *x, const void *x16, const tensor_t *w,
+                        const tensor_t *bias, int m, int accumulate, int split) {
+    cuda_impl_t *impl = impl_of(be);
+    const int groups = w->ndim == 3 ? (int)w->shape[0] : 1;
+    const int n = (int)w->shape[w->ndim - 2], k = (int)w->shape[w->ndim - 1];
+    const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
+    const char *b_data = bias ? bias->data : NULL;
+    const size_t b_size = bias ? dtype_size(bias->dtype) : 0, y_group = (size_t)m * n;
+    if (k == 0) { /* no products: y is the bias, or zeros (accumulate: nothing to add) */
+        for (int g = 0; g < groups && !accumulate; g++)
+            if (LAUNCH_CHECK(be, kern_fill_bias(y + g * y_group,
+                                                b_data ? b_data + (size_t)g * n * b_size : NULL,
+                                                b_type, m, n, 0, impl->stream)) != AR_OK)
+                return;
+        return;
+    }
+    if (groups == 0)
+        return;
+    const int halves = split ? 2 : 1;
+    const size_t room = SCRATCH_BYTES - 2 * ARENA_ALIGN, half = room / 2;
+    const size_t x_row = (size_t)k * 2 * halves;      /* one row of x in bf16 */
+    const size_t w_row = (size_t)groups * k * 2;      /* one widened row of every matrix */
+    const size_t p_col = (size_t)groups * 4 * halves; /* the products of an x row and a w row */
+    /* weight rows a slice: within half the scratch, leaving room for one
+     * row of x and its products in the other half */
+    size_t nr = half > x_row ? (half - x_row) / p_col : 0;
+    if (half / w_row < nr)
+        nr = half / w_row;
+    if (nr == 0) {
+        cuda_fail(be,
+                  "matmul: a row of k=%d of an 8-bit weight of %d matrices does not fit the "
+                  "%.0f MiB scratch",
+                  k, groups, MIB(SCRATCH_BYTES));
+        return;
+    }
+    if (nr > (size_t)n)
+        nr = (size_t)n;
+    const size_t rest = room - nr * w_row;
+    /* x16 stays where it is, if a row of products fits beside it */
+    const size_t x_bf16 = (size_t)m * k * 2; /* x16's bytes, and those of x's hi half */
+    if (x16 && (x_bf16 > rest || rest - x_bf16 < nr * p_col))
+        x16 = NULL;
+    const size_t fit = x16 ? (rest - x_bf16) / (nr * p_col) : rest / (x_row + nr * p_col);
+    const int slice = fit >= (size_t)m ? m : (int)fit; /* at least 1, by nr */
+    char *xs = impl->scratch; /* [slice, k] bf16 (split: hi rows, then lo rows) */
+    char *wide = xs + scratch_align(x16 ? x_bf16 : (size_t)slice * x_row);
+    float *prod = (float *)(wide + scratch_align(nr * w_row)); /* [groups][halves * rows, cols] */
+    if (!x16 && slice == m &&
+        LAUNCH_CHECK(be, kern_split_16(xs, split ? xs + x_bf16 : NULL, KERN_BF16, x, (size_t)m * k,
+                                       impl->stream)) != AR_OK)
+        return;
+    const float *scale = w->scale;
+    for (int j0 = 0; j0 < n; j0 += (int)nr) {
+        const int cols = n - j0 < (int)nr ? n - j0 : (int)nr;
+        if (LAUNCH_CHECK(be, kern_widen_8bit(wide, (const char *)w->data + (size_t)j0 * k,
+                                             kern_type(w->dtype), groups, (size_t)cols * k,
+                                             (size_t)n * k, impl->stream)) != AR_OK)
+            return;
+        for (int r0 = 0; r0 < m; r0 += slice) {
+            const int rows = m - r0 < slice ? m - r0 : slice;
+            const char *xa = x16 ? (const char *)x16 + (size_t)r0 * k * 2 : xs;
+            if (!x16 && slice < m &&
+                LAUNCH_CHECK(be, kern_split_16(xs, split ? xs + (size_t)rows * k * 2 : NULL,
+                                               KERN_BF16, x + (size_t)r0 * k, (size_t)rows * k,
+                                               impl->stream)) != AR_OK)
+                return;
+            if (gemm_batched(be, halves * rows, cols, k, xa, k, wide, k, 1, DTYPE_BF16, 0.0f, prod,
+                             cols, groups, (long long)cols * k,
+                             (long long)halves * rows * cols) != AR_OK)
+                return;
+            if (LAUNCH_CHECK(be, kern_scale_cols(y + (size_t)r0 * n + j0, y_group, n, prod, split,
+                                                 scale + j0,
+                                                 b_data ? b_data + (size_t)j0 * b_size : NULL,
+                                                 b_type, (size_t)n, groups, rows, cols, accumulate,
+                                                 impl->stream)) != AR_OK)
+                return;
+        }
+    }
+}
+
 /* y (+)= x w^T (+ bias), the Linear of cuda_matmul and cuda_matmul_add
  * (accumulate: y += the product, no bias).
  *
@@ -713,12 +865,16 @@ static void linear(backend_t *be, float *y, const float *x, const tensor_t *w, c
     cuda_impl_t *impl = impl_of(be);
     const int split = w->dtype != DTYPE_F32 && be->activations == ACTIVATIONS_SPLIT;
     /* x already in bf16, left by the op before (x16_src) */
-    const void *x16 = !split && w->dtype == DTYPE_BF16 && impl->x16_src == x &&
-                              impl->x16_n == (size_t)m * (size_t)k
+    const void *x16 = !split && (w->dtype == DTYPE_BF16 || dtype_is_weight8(w->dtype)) &&
+                              impl->x16_src == x && impl->x16_n == (size_t)m * (size_t)k
                           ? impl->scratch
                           : NULL;
     if (m == 0 || n == 0 || use_stream(be) != AR_OK)
         return;
+    if (dtype_is_weight8(w->dtype)) {
+        linear_8bit(be, y, x, x16, w, bias, m, accumulate, split);
+        return;
+    }
     const void *b_data = bias ? bias->data : NULL;
     const kern_dtype_t b_type = kern_type(bias ? bias->dtype : DTYPE_F32);
     const size_t y_group = (size_t)m * n, b_group = bias ? (size_t)n * dtype_size(bias->dtype) : 0;
@@ -1736,6 +1892,7 @@ static int cuda_start(backend_t *be, size_t reserve, ar_error_t *err) {
     be->copy = cuda_copy;
     be->sync = cuda_sync;
     be->weight_load = cuda_weight_load;
+    be->weight_load_8bit = cuda_weight_load_8bit;
     be->weight_free = cuda_weight_free;
     be->matmul = cuda_matmul;
     be->matmul_add = cuda_matmul_add;
