@@ -1008,6 +1008,388 @@ static void test_matmul_stacked_equals_its_parts(void) {
     check_status_clean("matmul stacked");
 }
 
+/* ---- 8-bit Linear weights ---------------------------------------------------- */
+
+/* An 8-bit weight: G matrices of [n, k] (ndim 3; ndim 2: one, G = 1) of
+ * type wt, its elements q (int8 in [-127, 127], or any finite e4m3 code,
+ * subnormals and +-448 included), its G * n row scales, and w, what they
+ * stand for in fp32: q's value times its row's scale, the definition both
+ * backends hold to (docs/model-format.md). */
+typedef struct w8 {
+    dtype_t wt;
+    int ndim, G, n, k;
+    unsigned char *q;
+    float *scale, *w;
+} w8_t;
+
+static float w8_value(dtype_t wt, unsigned char q) {
+    return wt == DTYPE_I8 ? (float)(int8_t)q : f8e4m3_to_f32(q);
+}
+
+/* pow2: every scale a power of two (2^-3 to 2^-10), so that each value
+ * times it is exact in bf16; else about 1 / the type's largest value,
+ * with row n / 2 of each matrix at 0 (as a converter scales a row of
+ * zeros). */
+static w8_t w8_random(dtype_t wt, int ndim, int G, int n, int k, int pow2) {
+    const size_t rows = (size_t)G * n, numel = rows * k;
+    w8_t h = {
+        wt, ndim, G, n, k, malloc(numel + 1), malloc((rows + 1) * 4), malloc((numel + 1) * 4)};
+    for (size_t i = 0; i < numel; i++) {
+        unsigned char b = (unsigned char)(rng_next() >> 32);
+        if (wt == DTYPE_I8)
+            b = (unsigned char)(int8_t)((int)((rng_next() >> 32) % 255) - 127);
+        else
+            while ((b & 0x7f) == 0x7f) /* NaN */
+                b = (unsigned char)(rng_next() >> 32);
+        h.q[i] = b;
+    }
+    const float top = wt == DTYPE_I8 ? 127.0f : 448.0f;
+    for (size_t r = 0; r < rows; r++)
+        h.scale[r] = pow2                       ? ldexpf(1.0f, -3 - (int)((rng_next() >> 32) % 8))
+                     : r % n == (size_t)(n / 2) ? 0.0f
+                                                : rng_uniform(0.5f, 1.5f) / top;
+    for (size_t i = 0; i < numel; i++)
+        h.w[i] = w8_value(wt, h.q[i]) * h.scale[i / k];
+    return h;
+}
+
+static void w8_free(w8_t *h) { free(h->q), free(h->scale), free(h->w); }
+
+static const int64_t *w8_shape(const w8_t *h, int64_t shape[3]) {
+    shape[0] = h->G, shape[1] = h->n, shape[2] = h->k;
+    return h->ndim == 3 ? shape : shape + 1;
+}
+
+/* h on backend b as an 8-bit weight (prepared for matmul where b prepares). */
+static void w8_load(backend_t *b, tensor_t *t, const w8_t *h) {
+    ar_error_t err = {{0}};
+    int64_t s[3];
+    CHECK_MSG(b->weight_load_8bit(b, t, h->q, h->wt, h->scale, h->ndim, w8_shape(h, s), &err) ==
+                  AR_OK,
+              "%s", err.msg);
+    CHECK_MSG(!b->weight_prepare || b->weight_prepare(b, t, LAYOUT_LINEAR, &err) == AR_OK, "%s",
+              err.msg);
+}
+
+/* h's values on backend b as a weight of type dt (the reference's F32, or
+ * BF16 where they are exact in it). */
+static void w8_load_values(backend_t *b, tensor_t *t, const w8_t *h, dtype_t dt) {
+    ar_error_t err = {{0}};
+    int64_t s[3];
+    float *r = malloc(((size_t)h->G * h->n * h->k + 1) * 4);
+    void *stored = host_as(h->w, (size_t)h->G * h->n * h->k, dt, r);
+    CHECK_MSG(b->weight_load(b, t, stored, dt, h->ndim, w8_shape(h, s), &err) == AR_OK, "%s",
+              err.msg);
+    free(r);
+    free(stored);
+}
+
+/* y = x w^T (+ bias) (add: y0 + x w^T, through matmul_add, no bias) for
+ * an 8-bit weight, on the backend under test in activation mode act,
+ * against the CPU's matmul of the weight's values in fp32 (the definition)
+ * and the CPU's matmul of the 8-bit weight: within the
+ * bounds of a bf16 weight (the values are widened to bf16 exactly and the
+ * scale applied to the products, so only x is rounded), plus x's rounding
+ * in 16-bit activations. Returns the launches the backend's op took. */
+static unsigned long long check_matmul_8bit(dtype_t wt, int ndim, int G, int m, int n, int k,
+                                            int with_bias, dtype_t bt, int add,
+                                            backend_activations_t act) {
+    w8_t h = w8_random(wt, ndim, G, n, k, 0);
+    const size_t out = (size_t)G * m * n;
+    float *x = host_uniform((size_t)m * k, -1, 1), *bf = host_uniform((size_t)G * n, -1, 1);
+    float *y0 = host_uniform(out, -1, 1), *br = malloc(((size_t)G * n + 1) * 4);
+    void *bs = host_as(bf, (size_t)G * n, bt, br);
+    wpair_t b = ndim == 3 ? wpair_load(bs, bt, 2, G, n, 1, 1) : wpair_load(bs, bt, 1, n, 1, 1, 1);
+    tensor_t wf, wd, wc;
+    w8_load_values(cpu, &wf, &h, DTYPE_F32);
+    w8_load(dut, &wd, &h);
+    pair_t px = pair_new(x, (size_t)m * k), py = pair_new(add ? y0 : NULL, out);
+    float *tmp = add ? cpu->alloc(cpu, out * 4 + 4) : NULL; /* the CPU's matmul before its add */
+    dut->activations = act;
+    backend_stats_t t0;
+    backend_stats(dut, &t0);
+    if (add)
+        dut->matmul_add(dut, py.dut, px.dut, &wd, m);
+    else
+        dut->matmul(dut, py.dut, px.dut, &wd, with_bias ? &b.dut : NULL, m);
+    const unsigned long long launches = stats_since(dut, &t0).launches;
+    dut->activations = ACTIVATIONS_SPLIT;
+    double *mag = gemm_mags(x, h.w, G, m, n, k);
+    const double tol = gemm_mag_tol(DTYPE_BF16, k) + (act == ACTIVATIONS_SPLIT ? 0 : 0x1p-8);
+    char what[160];
+    for (int ref = 0; ref < 2; ref++) {
+        if (ref)
+            w8_load(cpu, &wc, &h);
+        const tensor_t *wr = ref ? &wc : &wf;
+        if (add) {
+            cpu->upload(cpu, py.ref, y0, out * 4);
+            backend_matmul_add(cpu, py.ref, px.ref, wr, m, tmp);
+        } else {
+            cpu->matmul(cpu, py.ref, px.ref, wr, with_bias ? &b.ref : NULL, m);
+        }
+        snprintf(what, sizeof what,
+                 "matmul%s %s%s, %s activations, G=%d m=%d n=%d k=%d bias=%s, against the CPU's "
+                 "%s",
+                 add ? "_add" : "", ndim == 3 ? "stacked " : "", dtype_name(wt),
+                 act == ACTIVATIONS_SPLIT ? "split" : "16-bit", G, m, n, k,
+                 with_bias ? dtype_name(bt) : "none", ref ? "8-bit weight" : "fp32 values");
+        compare(what, py, 1e-6, 1e-6, mag, tol);
+        if (ref)
+            cpu->weight_free(cpu, &wc);
+    }
+    check_unchanged(what, px, x);
+    pair_del(px), pair_del(py);
+    cpu->free(cpu, tmp);
+    cpu->weight_free(cpu, &wf);
+    dut->weight_free(dut, &wd);
+    CHECK(wd.data == NULL && wd.scale == NULL);
+    wpair_free(&b);
+    w8_free(&h);
+    free(x), free(bf), free(y0), free(br), free(bs), free(mag);
+    return launches;
+}
+
+/* In 16-bit activations, rmsnorm's bf16 copy of its output is what a
+ * matmul of an 8-bit weight [n, k] reads next (want_direct launches, the
+ * rmsnorm's included) instead of a cast of it (want_cast): the same bytes. */
+static void check_8bit_hand_off(dtype_t wt, int m, int n, int k, unsigned long long want_direct,
+                                unsigned long long want_cast) {
+    w8_t h = w8_random(wt, 2, 1, n, k, 0);
+    float *ha = host_uniform((size_t)m * k, -2, 2), *hn = host_uniform((size_t)k, 0.5f, 1.5f);
+    float *got = malloc((size_t)m * n * 4), *want = malloc((size_t)m * n * 4);
+    tensor_t w, nw;
+    ar_error_t err = {{0}};
+    w8_load(dut, &w, &h);
+    CHECK(dut->weight_load(dut, &nw, hn, DTYPE_F32, 1, (const int64_t[]){k}, &err) == AR_OK);
+    float *a = dut->alloc(dut, (size_t)m * k * 4), *y = dut->alloc(dut, (size_t)m * k * 4);
+    float *z = dut->alloc(dut, (size_t)m * n * 4);
+    CHECK(a && y && z);
+    dut->upload(dut, a, ha, (size_t)m * k * 4);
+    unsigned long long direct, cast;
+    produce_then_matmul(0, NULL, &w, &nw, a, NULL, y, z, m, k, got, &direct);
+    produce_then_matmul(0, copy_to_itself, &w, &nw, a, NULL, y, z, m, k, want, &cast);
+    CHECK_MSG(direct == want_direct && cast == want_cast,
+              "rmsnorm then matmul of %s m=%d n=%d k=%d: %llu launches, %llu with a cast",
+              dtype_name(wt), m, n, k, direct, cast);
+    CHECK_MSG(memcmp(got, want, (size_t)m * n * 4) == 0,
+              "rmsnorm then matmul of %s m=%d n=%d k=%d: the handed bf16 differs from the cast",
+              dtype_name(wt), m, n, k);
+    dut->free(dut, a), dut->free(dut, y), dut->free(dut, z);
+    dut->weight_free(dut, &w), dut->weight_free(dut, &nw);
+    w8_free(&h);
+    free(ha), free(hn), free(got), free(want);
+}
+
+/* int8 and fp8, one matrix and a stack of three, rows of a decode step, a
+ * few and a prefill's, odd sizes, with and without a bias; then no rows,
+ * no columns (the bias alone) and a bf16 bias. */
+static void test_matmul_8bit_against_the_cpu(void) {
+    const dtype_t types[2] = {DTYPE_I8, DTYPE_F8_E4M3};
+    const int ms[3] = {1, 8, 200}, nk[2][2] = {{33, 17}, {65, 129}};
+    for (int t = 0; t < 2; t++)
+        for (int stacked = 0; stacked < 2; stacked++)
+            for (int im = 0; im < 3; im++)
+                for (int s = 0; s < 2; s++)
+                    for (int bias = 0; bias < 2; bias++)
+                        check_matmul_8bit(types[t], stacked ? 3 : 2, stacked ? 3 : 1, ms[im],
+                                          nk[s][0], nk[s][1], bias, DTYPE_F32, 0,
+                                          ACTIVATIONS_SPLIT);
+    for (int t = 0; t < 2; t++) {
+        check_matmul_8bit(types[t], 2, 1, 0, 5, 3, 1, DTYPE_F32, 0, ACTIVATIONS_SPLIT);
+        check_matmul_8bit(types[t], 3, 2, 3, 7, 0, 1, DTYPE_F32, 0, ACTIVATIONS_SPLIT);
+        check_matmul_8bit(types[t], 2, 1, 3, 7, 0, 0, DTYPE_F32, 0, ACTIVATIONS_SPLIT);
+        check_matmul_8bit(types[t], 2, 1, 5, 33, 17, 1, DTYPE_BF16, 0, ACTIVATIONS_SPLIT);
+    }
+    check_status_clean("matmul 8-bit");
+}
+
+/* 16-bit activations (a cast of x, as for a bf16 weight), and matmul_add
+ * (of a matrix: backend.h gives it no stacks) in both modes. */
+static void test_matmul_8bit_activation_modes_and_add(void) {
+    const dtype_t types[2] = {DTYPE_I8, DTYPE_F8_E4M3};
+    const int shapes[][4] = {{1, 1, 65, 129}, {3, 8, 33, 17}, {1, 37, 31, 257}};
+    for (int t = 0; t < 2; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            const int G = shapes[s][0], m = shapes[s][1], n = shapes[s][2], k = shapes[s][3];
+            const int ndim = G > 1 ? 3 : 2;
+            check_matmul_8bit(types[t], ndim, G, m, n, k, 0, DTYPE_F32, 0, ACTIVATIONS_16BIT);
+            check_matmul_8bit(types[t], ndim, G, m, n, k, 1, DTYPE_F32, 0, ACTIVATIONS_16BIT);
+            if (G > 1)
+                continue;
+            check_matmul_8bit(types[t], ndim, G, m, n, k, 0, DTYPE_F32, 1, ACTIVATIONS_16BIT);
+            check_matmul_8bit(types[t], ndim, G, m, n, k, 0, DTYPE_F32, 1, ACTIVATIONS_SPLIT);
+        }
+    check_status_clean("matmul 8-bit activation modes");
+}
+
+/* An 8-bit weight larger than half the scratch is widened in slices of its
+ * rows, and more rows of x than the rest holds go in slices of rows, as
+ * the launches show: 5M rows of k = 3 in split activations (two weight
+ * slices of 4194270 rows, whose 32 MiB of split products leave room for
+ * one row of x: each slice a widening and three times a split, a GEMM and
+ * the scaling), the same in 16-bit ones (one slice, three rows of x), and
+ * a stack of three 1401 x 4097 matrices (two slices of 1364 and 37 rows of
+ * each matrix, the stack at once, x cast once); rows of rmsnorm's bf16
+ * copy in slices. */
+static void test_matmul_8bit_sliced_over_scratch(void) {
+    unsigned long long l;
+    l = check_matmul_8bit(DTYPE_I8, 2, 1, 3, 5000003, 3, 1, DTYPE_F32, 0, ACTIVATIONS_SPLIT);
+    CHECK_MSG(l == 2 * (1 + 3 * 3), "5M rows, split: %llu launches", l);
+    l = check_matmul_8bit(DTYPE_F8_E4M3, 2, 1, 3, 5000003, 3, 0, DTYPE_F32, 1, ACTIVATIONS_16BIT);
+    CHECK_MSG(l == 1 + 3 * 3, "5M rows, 16-bit: %llu launches", l);
+    l = check_matmul_8bit(DTYPE_F8_E4M3, 3, 3, 3, 1401, 4097, 1, DTYPE_F32, 0, ACTIVATIONS_SPLIT);
+    CHECK_MSG(l == 1 + 2 * 3, "a stack of 1401 x 4097: %llu launches", l);
+    /* 4M rows: rmsnorm's bf16 copy stays whole beside the widened weight,
+     * which leaves room for two rows of products: two GEMMs on it */
+    check_8bit_hand_off(DTYPE_I8, 3, 4000001, 3, 1 + 1 + 2 * 2, 1 + 1 + 2 * 3);
+    check_status_clean("matmul 8-bit sliced");
+}
+
+/* With every scale a power of two the weight's values are exact in bf16,
+ * so an 8-bit weight's matmul is a bf16 weight's of its values, value for
+ * value (the GEMMs have the same shapes, and scaling by a power of two is
+ * exact): in split activations with and without a bias and through
+ * matmul_add, and in 16-bit activations without a bias (with one, the bf16
+ * path adds it inside the GEMM). */
+static void test_matmul_8bit_is_the_bf16_matmul_of_its_values(void) {
+    const int shapes[][4] = {{1, 8, 65, 129}, {3, 5, 33, 17}, {1, 200, 31, 257}};
+    for (int t = 0; t < 2; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            const int G = shapes[s][0], m = shapes[s][1], n = shapes[s][2], k = shapes[s][3];
+            const size_t out = (size_t)G * m * n;
+            w8_t h = w8_random(t ? DTYPE_F8_E4M3 : DTYPE_I8, G > 1 ? 3 : 2, G, n, k, 1);
+            size_t inexact = 0;
+            for (size_t i = 0; i < (size_t)G * n * k; i++)
+                inexact += bf16_to_f32(f32_to_bf16(h.w[i])) != h.w[i];
+            CHECK_MSG(inexact == 0, "%zu values not exact in bf16", inexact);
+            float *x = host_uniform((size_t)m * k, -1, 1), *bf = host_uniform((size_t)G * n, -1, 1);
+            float *y0 = host_uniform(out, -1, 1);
+            float *a = malloc(out * 4), *b16 = malloc(out * 4);
+            tensor_t w8, w16, bias;
+            ar_error_t err = {{0}};
+            w8_load(dut, &w8, &h);
+            w8_load_values(dut, &w16, &h, DTYPE_BF16);
+            CHECK(dut->weight_load(dut, &bias, bf, DTYPE_F32, 2, (const int64_t[]){G, n}, &err) ==
+                  AR_OK);
+            float *dx = dut->alloc(dut, (size_t)m * k * 4), *dy = dut->alloc(dut, out * 4);
+            dut->upload(dut, dx, x, (size_t)m * k * 4);
+            for (int c = 0; c < 4; c++) { /* split, split + bias, split add, 16-bit */
+                const int with_bias = c == 1, add = c == 2;
+                if (add && G > 1) /* matmul_add takes a matrix */
+                    continue;
+                dut->activations = c == 3 ? ACTIVATIONS_16BIT : ACTIVATIONS_SPLIT;
+                for (int v = 0; v < 2; v++) {
+                    const tensor_t *w = v ? &w16 : &w8;
+                    if (add) {
+                        dut->upload(dut, dy, y0, out * 4);
+                        dut->matmul_add(dut, dy, dx, w, m);
+                    } else {
+                        dut->matmul(dut, dy, dx, w, with_bias ? &bias : NULL, m);
+                    }
+                    dut->download(dut, v ? b16 : a, dy, out * 4);
+                }
+                size_t off = 0;
+                for (size_t i = 0; i < out; i++)
+                    off += a[i] != b16[i];
+                CHECK_MSG(off == 0,
+                          "%s G=%d m=%d n=%d k=%d, case %d: %zu of %zu outputs differ from the "
+                          "bf16 weight's",
+                          dtype_name(h.wt), G, m, n, k, c, off, out);
+            }
+            dut->activations = ACTIVATIONS_SPLIT;
+            dut->free(dut, dx), dut->free(dut, dy);
+            dut->weight_free(dut, &w8), dut->weight_free(dut, &w16), dut->weight_free(dut, &bias);
+            w8_free(&h);
+            free(x), free(bf), free(y0), free(a), free(b16);
+        }
+    check_status_clean("matmul 8-bit exact");
+}
+
+/* The launches an 8-bit matmul costs (op by op, counted): x cast (split:
+ * into halves), the weight widened, one GEMM for the whole stack, the
+ * scaling; after rmsnorm in 16-bit activations the cast is rmsnorm's bf16
+ * copy (one launch fewer, the same bytes). With graphs, the step is one
+ * graph of the same bytes. */
+static void test_matmul_8bit_launches_hand_off_and_graph(void) {
+    const int G = 3, m = 5, n = 40, k = 96;
+    w8_t h = w8_random(DTYPE_I8, 3, G, n, k, 0);
+    float *ha = host_uniform((size_t)m * k, -2, 2);
+    float *got = malloc((size_t)G * m * n * 4), *want = malloc((size_t)G * m * n * 4);
+    tensor_t w;
+    w8_load(dut, &w, &h);
+    float *a = dut->alloc(dut, (size_t)m * k * 4), *z = dut->alloc(dut, (size_t)G * m * n * 4);
+    dut->upload(dut, a, ha, (size_t)m * k * 4);
+    const backend_graphs_t graphs = dut->graphs;
+    dut->graphs = GRAPHS_OFF;
+    backend_stats_t t, d;
+    backend_stats(dut, &t);
+    dut->matmul(dut, z, a, &w, NULL, m);
+    d = stats_since(dut, &t);
+    CHECK_MSG(d.launches == 4 && d.kernels == 4, "split: %llu launches, %llu kernels",
+              (unsigned long long)d.launches, (unsigned long long)d.kernels);
+    dut->download(dut, want, z, (size_t)G * m * n * 4);
+    dut->graphs = GRAPHS_ON;
+    backend_stats(dut, &t);
+    dut->matmul(dut, z, a, &w, NULL, m);
+    dut->download(dut, got, z, (size_t)G * m * n * 4);
+    d = stats_since(dut, &t);
+    CHECK_MSG(d.graph_launches == 1 && d.launches == 4,
+              "as a graph: %llu graph launches, %llu launches recorded",
+              (unsigned long long)d.graph_launches, (unsigned long long)d.launches);
+    CHECK_MSG(memcmp(got, want, (size_t)G * m * n * 4) == 0, "the graph's bytes differ");
+    dut->graphs = graphs;
+    check_8bit_hand_off(DTYPE_F8_E4M3, m, n, k, 1 + 3, 1 + 4);
+    dut->free(dut, a), dut->free(dut, z);
+    dut->weight_free(dut, &w);
+    w8_free(&h);
+    free(ha), free(got), free(want);
+    check_status_clean("matmul 8-bit launches");
+}
+
+/* weight_load_8bit refuses a float type, a scale that is not finite and a
+ * shape that is not a Linear weight's, with a message, leaving the tensor
+ * empty; weight_free gives the scales back with the elements (a leak of
+ * either would exhaust the reservation within the loop). */
+static void test_weight_load_8bit_refuses_and_frees(void) {
+    ar_error_t err = {{0}};
+    tensor_t t;
+    const unsigned char q[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    float scale[4] = {1, 2, 3, 4};
+    const int64_t shape[3] = {2, 2, 3};
+    CHECK(dut->weight_load_8bit(dut, &t, q, DTYPE_BF16, scale, 2, shape + 1, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "BF16");
+    CHECK(t.data == NULL && t.scale == NULL);
+    CHECK(dut->weight_load_8bit(dut, &t, q, DTYPE_F32, scale, 3, shape, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "F32");
+    scale[3] = NAN;
+    CHECK(dut->weight_load_8bit(dut, &t, q, DTYPE_I8, scale, 3, shape, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "scale of row 3");
+    scale[3] = 4;
+    scale[1] = -INFINITY;
+    CHECK(dut->weight_load_8bit(dut, &t, q, DTYPE_F8_E4M3, scale, 2, shape + 1, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "scale of row 1");
+    CHECK(t.data == NULL && t.scale == NULL);
+    scale[1] = 2;
+    const int64_t four[4] = {1, 2, 2, 3};
+    CHECK(dut->weight_load_8bit(dut, &t, q, DTYPE_I8, scale, 4, four, &err) == AR_ERR);
+    CHECK_STR_CONTAINS(err.msg, "4 dimensions");
+    /* 8M rows of four elements: 32 MiB of elements and 32 MiB of scales,
+     * ten times over the 160 MiB the reservation has left */
+    const int64_t rows = (int64_t)8 << 20, tall[2] = {rows, 4};
+    unsigned char *qs = calloc((size_t)rows * 4, 1);
+    float *ss = calloc((size_t)rows, sizeof *ss);
+    for (int i = 0; i < 10; i++) {
+        CHECK_MSG(dut->weight_load_8bit(dut, &t, qs, DTYPE_I8, ss, 2, tall, &err) == AR_OK,
+                  "load %d: %s", i, err.msg);
+        CHECK(t.scale != NULL && t.dtype == DTYPE_I8 && t.ndim == 2 && t.shape[0] == rows);
+        dut->weight_free(dut, &t);
+        CHECK(t.data == NULL && t.scale == NULL);
+    }
+    free(qs);
+    free(ss);
+    check_status_clean("weight_load_8bit");
+}
+
 /* Stride-1 convolutions; the last case needs two im2col slices of the
  * scratch (4608 values per output pixel, 3640 pixels per slice). */
 static void check_conv2d(int ci, int co, int h, int w, int k, int pad, dtype_t wt, int with_bias) {
@@ -2097,6 +2479,12 @@ int main(void) {
     TEST_RUN(test_matmul_stacked_equals_its_parts);
     TEST_RUN(test_matmul_activation_modes_and_add);
     TEST_RUN(test_norm_and_silu_hand_bf16_to_the_next_matmul);
+    TEST_RUN(test_weight_load_8bit_refuses_and_frees);
+    TEST_RUN(test_matmul_8bit_against_the_cpu);
+    TEST_RUN(test_matmul_8bit_activation_modes_and_add);
+    TEST_RUN(test_matmul_8bit_sliced_over_scratch);
+    TEST_RUN(test_matmul_8bit_is_the_bf16_matmul_of_its_values);
+    TEST_RUN(test_matmul_8bit_launches_hand_off_and_graph);
     TEST_RUN(test_conv2d_types_pads_and_slices);
     TEST_RUN(test_conv2d_sliced_over_scratch);
     TEST_RUN(test_rmsnorm);
