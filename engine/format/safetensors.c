@@ -37,8 +37,8 @@ static int parse_dtype(const char *s, dtype_t *out) {
     static const struct {
         const char *name;
         dtype_t t;
-    } known[] = {{"F32", DTYPE_F32}, {"F16", DTYPE_F16}, {"BF16", DTYPE_BF16},
-                 {"I32", DTYPE_I32}, {"I64", DTYPE_I64}, {"U8", DTYPE_U8},
+    } known[] = {{"F32", DTYPE_F32}, {"F16", DTYPE_F16},        {"BF16", DTYPE_BF16},
+                 {"I32", DTYPE_I32}, {"I64", DTYPE_I64},        {"U8", DTYPE_U8},
                  {"I8", DTYPE_I8},   {"F8_E4M3", DTYPE_F8_E4M3}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         if (strcmp(s, known[i].name) == 0) {
