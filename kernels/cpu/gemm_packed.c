@@ -102,9 +102,6 @@ static const tiles_t TILES[VEC_N_ISA][W_N] = {
                       PACKED_TILES(portable, f8, 6, 1, 1, 1, 1)},
 };
 
-/* k a block: a panel group's block of w (3 panels of fp32: 48 KiB) is read
- * from L1 or L2 by every tile of a row block. */
-#define PACKED_KC 256
 /* Rows a block: their k block of x (64 KiB) stays in L2 while the panel
  * groups pass. */
 #define PACKED_MC 64
@@ -180,8 +177,8 @@ void gemm_packed_scaled(int M, int N, int K, const float *x, int ldx, const void
         const int m1 = M - m0 < PACKED_MC ? M : m0 + PACKED_MC;
         for (int g = 0; g < n_panels; g += t->group) {
             const int g_end = n_panels - g < t->group ? n_panels : g + t->group;
-            for (int k0 = 0; k0 < K; k0 += PACKED_KC) {
-                const int kc = K - k0 < PACKED_KC ? K - k0 : PACKED_KC;
+            for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+                const int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
                 for (int m = m0; m < m1;) {
                     const int h = height(t, m1 - m);
                     for (int p = g; p < g_end;) {

@@ -14,8 +14,9 @@
  * im2col columns of their output pixels, packed as panels, are w.
  *
  * Every y[m][n] is one chain of fused multiply-adds over k in order,
- * started from y's value: the same bytes whatever M, the tiles or the
- * split, so an image does not depend on what else shares its batch. */
+ * started from y's value (8-bit weights: a chain a k block, scaled, see
+ * gemm_packed_scaled): the same bytes whatever M, the tiles or the split,
+ * so an image does not depend on what else shares its batch. */
 #ifndef ARSERVE_GEMM_PACKED_H
 #define ARSERVE_GEMM_PACKED_H
 
@@ -44,13 +45,22 @@ const void *gemm_packed_panel(const void *wp, dtype_t wt, int K, int p);
 void gemm_packed(int M, int N, int K, const float *x, int ldx, const void *wp, dtype_t wt, float *y,
                  int ldy);
 
-/* gemm_packed for any weight type: for wt DTYPE_I8, w(n, k) is its element
- * times scale[n]; for DTYPE_F8_E4M3, its element's value / VEC_F8_DIV
- * times scale[n] (the caller's scales carry the VEC_F8_DIV: vec_isa.h).
- * scale holds a whole number of panels of columns (padded past N; the
- * padding may be anything finite) and is ignored for float types. Each
- * w(n, k) is that one float product, so the sums are those of gemm_packed
- * over a float weight holding the products. */
+/* The k a block: the driver sums k in blocks of GEMM_KC, in order (a
+ * panel group's block of w, 3 panels of fp32: 48 KiB, is read from L1 or
+ * L2 by every tile of a row block). */
+#define GEMM_KC 256
+
+/* gemm_packed for any weight type. For wt DTYPE_I8, w(n, k) is its element
+ * q(n, k) times scale[n]; for DTYPE_F8_E4M3, q(n, k) is its element's value
+ * / VEC_F8_DIV (exact; the caller's scales carry the VEC_F8_DIV: vec_isa.h).
+ * An 8-bit weight's scale joins once per k block, not per element: for
+ * each block of GEMM_KC k in order, s = the chain of multiply-adds
+ * x[m][k] * q(n, k) from 0, then y[m][n] = s * scale[n] + y[m][n] (each a
+ * fused multiply-add where the instruction set has them): the same bytes
+ * whatever M, the tiles or the split, one multiply a block in place of
+ * one a weight. scale holds a whole number of panels of columns (padded
+ * past N; the padding may be anything finite) and is ignored for float
+ * types. */
 void gemm_packed_scaled(int M, int N, int K, const float *x, int ldx, const void *wp, dtype_t wt,
                         const float *scale, float *y, int ldy);
 

@@ -1,7 +1,7 @@
 """8-bit models end to end: tools/quantize.py on the tiny models (each block Linear within half
 a step of the original, everything else and every other file unchanged, the refusals in one
 line), every converter's --dtype int8 / fp8 on its official-format fixture, and the engine
-reading an 8-bit model exactly as a float32 model holding the dequantised weights.
+reading an 8-bit model as a float32 model holding the dequantised weights (the same images).
 
     ARSERVE_BIN=build/arserve .venv/bin/python -m pytest tests/python/test_quantize.py -q
 """
@@ -304,9 +304,10 @@ ENGINE_MODELS = [  # (model, --quantize-heads, conditioning): every architecture
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 def test_the_engine_reads_8bit_weights_as_their_dequantised_values(models, tmp_path, kind):
     """The engine loads every tensor of each list as a Linear weight (it refuses an 8-bit
-    tensor anywhere else), and its 8-bit GEMMs sum the same products as float32 weights
-    holding q * scale (its contract), so an image from the 8-bit model is the float32 copy's,
-    byte for byte: the rows, scales and e4m3 codes mean to the engine what they mean here."""
+    tensor anywhere else), and its 8-bit GEMMs sum what float32 weights holding q * scale sum,
+    but for rounding (the scale joins once per k block: kernels/cpu/gemm_packed.h), so on these
+    models an image from the 8-bit model is the float32 copy's, byte for byte: the rows, scales
+    and e4m3 codes mean to the engine what they mean here."""
     images = {}
     for name, heads, cond in ENGINE_MODELS:
         src = models[name] if name in models else os.path.join(GOLDEN, name)

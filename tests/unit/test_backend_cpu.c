@@ -3,6 +3,8 @@
  * sizes, with NaN/Inf checks and guard floats around every output buffer. */
 #include "engine/backend/backend.h"
 #include "kernels/cpu/gemm_amx.h"
+#include "kernels/cpu/gemm_packed.h"
+#include "kernels/cpu/vec_isa.h"
 #include "tests/test.h"
 
 #include <math.h>
@@ -515,9 +517,11 @@ static void test_matmul_linear_weights(void) {
 }
 
 /* 8-bit Linear weights (weight_load_8bit, then packed), plain and stacked,
- * with a bias: the bytes of the same matmul over fp32 weights holding their
- * values (element * row scale), on one thread and two; refused: a float
- * type, a non-finite scale, missing scales. */
+ * with a bias: each matrix's rows the bytes of gemm_packed_scaled over it
+ * (the kernel's own definition, tests/unit/test_gemm_packed.c), on one
+ * thread and two, and within fp32 rounding of a double-precision product
+ * with the weights' values; refused: a float type, a non-finite scale,
+ * missing scales. */
 static void test_matmul_8bit_weights(void) {
     ar_error_t err = {{0}};
     backend_t *one = backend_cpu_create(1, &err), *two = backend_cpu_create(2, &err);
@@ -532,6 +536,7 @@ static void test_matmul_8bit_weights(void) {
             const int m = cases[c][0], n = cases[c][1], k = cases[c][2], g = cases[c][3];
             const dtype_t dt = types[ti];
             const size_t rows = (size_t)g * n, elems = rows * k;
+            const int padded = (n + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL;
             float *x = host_uniform((size_t)m * k, -1, 1), *scale = host_uniform(rows, 0, 0.1f);
             float *b = host_uniform(rows, -1, 1), *w = malloc(elems * sizeof *w);
             unsigned char *q = malloc(elems);
@@ -549,32 +554,48 @@ static void test_matmul_8bit_weights(void) {
             const int nd = g > 1 ? 3 : 2;
             char what[80];
             snprintf(what, sizeof what, "%s m=%d n=%d k=%d groups=%d", dtype_name(dt), m, n, k, g);
-            float *y[2], *want = malloc(sizeof(float) * (size_t)m * rows);
+            /* The kernel on each matrix, packed here, its scales padded. */
+            float *want = malloc(sizeof(float) * (size_t)m * rows), *ks = calloc((size_t)padded, 4);
+            void *qp = malloc(gemm_packed_elems(n, k));
+            double *ref = ref_new((size_t)m * rows);
+            for (int j = 0; j < g; j++) {
+                float *yj = want + (size_t)j * m * n;
+                for (int r = 0; r < m; r++)
+                    memcpy(yj + (size_t)r * n, b + (size_t)j * n, (size_t)n * sizeof(float));
+                for (int r = 0; r < n; r++)
+                    ks[r] = scale[(size_t)j * n + r] * (dt == DTYPE_F8_E4M3 ? VEC_F8_DIV : 1.0f);
+                gemm_packed_pack(qp, q + (size_t)j * n * k, dt, n, k, k);
+                gemm_packed_scaled(m, n, k, x, k, qp, dt, ks, yj, n);
+                for (int r = 0; r < m; r++)
+                    for (int o = 0; o < n; o++) {
+                        double sum = b[(size_t)j * n + o];
+                        for (int l = 0; l < k; l++)
+                            sum += (double)x[(size_t)r * k + l] * w[((size_t)j * n + o) * k + l];
+                        ref[(size_t)j * m * n + (size_t)r * n + o] = sum;
+                    }
+            }
+            float *y[2];
             for (int t = 0; t < 2; t++) {
                 backend_t *e = bes[t];
-                tensor_t t8, t32, tb;
+                tensor_t t8, tb;
                 CHECK_MSG(e->weight_load_8bit(e, &t8, q, dt, scale, nd, shape, &err) == AR_OK,
                           "%s: %s", what, err.msg);
                 CHECK(t8.dtype == dt && t8.scale && t8.shape[nd - 2] == n);
                 CHECK(e->weight_prepare(e, &t8, LAYOUT_LINEAR, &err) == AR_OK);
-                CHECK(e->weight_load(e, &t32, w, DTYPE_F32, nd, shape, &err) == AR_OK);
-                CHECK(e->weight_prepare(e, &t32, LAYOUT_LINEAR, &err) == AR_OK);
                 CHECK(e->weight_load(e, &tb, b, DTYPE_F32, g > 1 ? 2 : 1,
                                      g > 1 ? bshape : bshape + 1, &err) == AR_OK);
                 y[t] = malloc(sizeof(float) * ((size_t)m * rows + 1));
                 y[t][(size_t)m * rows] = 1e30f;
                 e->matmul(e, y[t], x, &t8, &tb, m);
-                e->matmul(e, want, x, &t32, &tb, m);
                 CHECK(y[t][(size_t)m * rows] == 1e30f);
                 CHECK_MSG(!memcmp(y[t], want, sizeof(float) * (size_t)m * rows),
-                          "%s on %d thread(s): not the fp32 weights' bytes", what, t + 1);
+                          "%s on %d thread(s): not gemm_packed_scaled's bytes", what, t + 1);
                 e->weight_free(e, &t8);
-                e->weight_free(e, &t32);
                 e->weight_free(e, &tb);
             }
-            CHECK_MSG(!memcmp(y[0], y[1], sizeof(float) * (size_t)m * rows),
-                      "%s: one thread and two differ", what);
-            free(y[0]), free(y[1]), free(want), free(x), free(scale), free(b), free(w), free(q);
+            check_close(what, y[1], ref, (size_t)m * rows, 1e-6 + 2e-7 * k, 1e-5);
+            free(y[0]), free(y[1]), free(want), free(ks), free(qp), free(ref), free(x), free(scale);
+            free(b), free(w), free(q);
         }
     tensor_t t;
     const signed char q[4] = {1, 2, 3, 4};
