@@ -754,9 +754,9 @@ static int plan_policies(const plan_ctx_t *x, policy_plan_t plans[KV_POLICY_COUN
     return np;
 }
 
-/* --device-gib: the pool serve's --kv-pool-mb auto makes on a device of
- * gib GiB once the weights in json's directory are loaded; 0, or 2 with a
- * message. */
+/* --device-gib: share of what the weights in json's directory leave of a
+ * device of gib GiB (an upper bound of serve's --kv-pool-mb auto there);
+ * 0, or 2 with a message. */
 static int device_pool(const char *json, const model_config_t *cfg, double gib, double share,
                        long long *pool_mb, char *why, size_t cap) {
     char dir[PATH_MAX + 16];
@@ -778,9 +778,14 @@ static int device_pool(const char *json, const model_config_t *cfg, double gib, 
     *pool_mb = (long long)(share * (device - weights) / 1048576.0);
     snprintf(why, cap,
              "--device-gib %.4g: %.3g%% of the %.2f GiB left after the weights' %.2f GiB (their "
-             "files)",
+             "files); serve's pool there is up to 5%% smaller",
              gib, 100 * share, (device - weights) / 1073741824.0, weights / 1073741824.0);
-    return *pool_mb >= 1 ? 0 : 2;
+    if (*pool_mb < 1) {
+        fprintf(stderr, "arserve plan: --device-gib %.4g leaves less than 1 MiB for the pool\n",
+                gib);
+        return 2;
+    }
+    return 0;
 }
 
 int cmd_plan(int argc, char **argv, char **envp) {
@@ -808,9 +813,11 @@ int cmd_plan(int argc, char **argv, char **envp) {
          .help = "KV pool size in MiB (default 1024; the daemon's --kv-pool-mb auto sizes its "
                  "pool from the machine)"},
         {"device-gib", 0, CLI_REAL, &device_gib, 0, 1 << 20, 1, .metavar = "G",
-         .help = "instead of --pool-mb: the pool `serve --kv-pool-mb auto` makes on a device of G "
-                 "GiB, --pool-share of what the model's weights (its files' bytes, 8-bit ones as "
-                 "they are) leave; a model directory with its weights"},
+         .help = "instead of --pool-mb: the pool on a device of G GiB, --pool-share of what the "
+                 "model's weights (its files' bytes, 8-bit ones as they are) leave; an upper "
+                 "bound of what `serve --kv-pool-mb auto` makes there (the CUDA backend also "
+                 "leaves 5% of the device, at least 512 MiB, free and keeps about 100 MiB of "
+                 "scratch); a model directory with its weights"},
         {"pool-share", 0, CLI_REAL, &pool_share, 0, 1, 1, .metavar = "S",
          .help = "with --device-gib: serve's --kv-pool-share (default 0.9)"},
         {"prompt-tokens", 0, CLI_INT, &n_prompt, 1, MODEL_MAX_PROMPT_TOKENS, .metavar = "N",

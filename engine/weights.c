@@ -30,12 +30,30 @@ void weight_set_close(weight_set_t *ws) {
     ws->n_files = 0;
 }
 
+/* Whether name is NAME_scale beside an 8-bit tensor NAME. */
+static int is_8bit_scales(const weight_set_t *ws, const char *name) {
+    const size_t len = strlen(name);
+    if (len <= 6 || len >= 300 || strcmp(name + len - 6, "_scale") != 0)
+        return 0;
+    char base[300];
+    memcpy(base, name, len - 6);
+    base[len - 6] = '\0';
+    for (int f = 0; f < ws->n_files; f++) {
+        const st_tensor_t *t = safetensors_find(&ws->files[f], base);
+        if (t)
+            return dtype_is_weight8(t->dtype);
+    }
+    return 0;
+}
+
 dtype_t weight_set_main_dtype(const weight_set_t *ws) {
     size_t bytes[3] = {0}; /* DTYPE_F32, DTYPE_F16, DTYPE_BF16 */
     for (int f = 0; f < ws->n_files; f++)
         for (int i = 0; i < ws->files[f].n_tensors; i++) {
             const st_tensor_t *t = &ws->files[f].tensors[i];
-            if (dtype_is_float(t->dtype))
+            if (dtype_is_weight8(t->dtype)) /* a 16-bit weight's stand-in, as on GPU servers */
+                bytes[DTYPE_BF16] += 2 * t->nbytes;
+            else if (dtype_is_float(t->dtype) && !is_8bit_scales(ws, t->name))
                 bytes[t->dtype] += t->nbytes;
         }
     dtype_t best = DTYPE_F32;
@@ -148,6 +166,9 @@ static int load_rows(weight_set_t *ws, tensor_t *out, int64_t row0, int64_t n_ro
     if (check_finite(ws, t, file, name, src, (size_t)sub[0] * (size_t)row, err) != AR_OK)
         return AR_ERR;
     size_t scale_bytes = 0;
+    if (dtype_is_weight8(t->dtype) && ndim != 2)
+        return ar_errorf(err, "%s: tensor '%s': an 8-bit weight must be a matrix, not %d-D",
+                         ws->files[file].path, name, ndim);
     if (dtype_is_weight8(t->dtype)) {
         float *scale = malloc((size_t)sub[0] * sizeof(float) + 1);
         int rc = !scale ? ar_errorf(err, "out of memory")

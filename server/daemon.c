@@ -51,23 +51,25 @@ static double jemalloc_stat(void *arg) {
  * second signal sent on purpose cuts the drain short. */
 #define SIGNAL_REPEAT_MS 250
 static volatile sig_atomic_t signals_seen;
-static volatile sig_atomic_t first_signal_ms; /* since install_signals */
+static volatile sig_atomic_t first_signal_ms; /* since install_signals, mod 2^32 */
 static struct timespec signals_installed;
 
-static int ms_since_install(void) {
+/* Milliseconds since install_signals, modulo 2^32 (differences of two are
+ * right for 49 days, whenever they fall). */
+static unsigned ms_since_install(void) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now); /* async-signal-safe */
-    return (int)((now.tv_sec - signals_installed.tv_sec) * 1000 +
-                 (now.tv_nsec - signals_installed.tv_nsec) / 1000000);
+    return (unsigned)((long long)(now.tv_sec - signals_installed.tv_sec) * 1000 +
+                      (now.tv_nsec - signals_installed.tv_nsec) / 1000000);
 }
 
 static void on_signal(int sig) {
     (void)sig;
-    const int at = ms_since_install();
+    const unsigned at = ms_since_install();
     if (signals_seen == 0) {
-        first_signal_ms = at;
+        first_signal_ms = (sig_atomic_t)at;
         signals_seen = 1;
-    } else if (at - first_signal_ms >= SIGNAL_REPEAT_MS) {
+    } else if (at - (unsigned)first_signal_ms >= SIGNAL_REPEAT_MS) {
         signals_seen = 2;
     }
 }

@@ -43,8 +43,10 @@ typedef struct tensor {
     /* An 8-bit Linear weight's (dtype DTYPE_I8 or DTYPE_F8_E4M3, from
      * weight_load_8bit): one fp32 scale per output row of each matrix of
      * the stack, element (g, n, k) standing for its value times the scale
-     * of (g, n); backend memory in the backend's own layout, freed with
-     * data. NULL for every other weight. */
+     * of (g, n); backend memory, freed with data: as loaded (G * n floats,
+     * the stack's matrices one after the other) while the layout is
+     * LAYOUT_PLAIN, the backend's own once weight_prepare has changed it.
+     * NULL for every other weight. */
     void *scale;
 } tensor_t;
 

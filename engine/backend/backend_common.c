@@ -55,9 +55,15 @@ int backend_check_weight_8bit(const char *backend, const void *host_src, dtype_t
     if (*rows > 0 && !host_scale)
         return ar_errorf(err, "8-bit weight without its scales");
     for (int64_t r = 0; r < *rows; r++)
-        if (!isfinite(host_scale[r]))
-            return ar_errorf(err, "8-bit weight: the scale of row %lld is %g, not finite",
-                             (long long)r, (double)host_scale[r]);
+        if (!isfinite(host_scale[r]) || !isfinite(host_scale[r] * 256.0f))
+            return ar_errorf(err, "8-bit weight: the scale of row %lld is %g, not finite%s",
+                             (long long)r, (double)host_scale[r],
+                             isfinite(host_scale[r]) ? " times 256" : "");
+    /* An fp8 NaN would widen to a finite value in the vector kernels and to
+     * NaN in the portable ones: refused, whatever --check-weights says. */
+    size_t first = 0;
+    if (dtype == DTYPE_F8_E4M3 && dtype_count_nonfinite(host_src, dtype, (size_t)*numel, &first))
+        return ar_errorf(err, "8-bit weight: element %zu is an fp8 NaN", first);
     return AR_OK;
 }
 

@@ -129,7 +129,8 @@ static int cpu_weight_load_8bit(backend_t *be, tensor_t *out, const void *host_s
         return ar_errorf(err, "out of memory for an 8-bit weight of %lld elements",
                          (long long)numel);
     }
-    memcpy(data, host_src, (size_t)numel);
+    if (numel > 0)
+        memcpy(data, host_src, (size_t)numel);
     const float mul = src_dtype == DTYPE_F8_E4M3 ? VEC_F8_DIV : 1.0f;
     for (int64_t g = 0; g < groups; g++)
         for (int64_t r = 0; r < padded; r++)

@@ -25,6 +25,8 @@ void seq_rows_matmul(backend_t *be, float *y, const float *x, const tensor_t *w,
             wg.shape[0] = (int64_t)out;
             wg.shape[1] = (int64_t)in;
             wg.data = (char *)w->data + g * out * in * dtype_size(w->dtype);
+            if (w->scale) /* as loaded: each matrix's rows' scales after the last's */
+                wg.scale = (float *)w->scale + g * out;
             if (b) {
                 bg.ndim = 1;
                 bg.shape[0] = (int64_t)out;

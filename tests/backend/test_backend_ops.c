@@ -10,6 +10,7 @@
  * In CI the CUDA backend is compiled with g++ against tests/cuda_emu and
  * runs on the CPU (make test-backend); tests/gpu runs it on a GPU. */
 #include "engine/backend/backend.h"
+#include "engine/family/seq_rows.h"
 #include "tests/test.h"
 #include "tests/test_backend.h"
 
@@ -1183,6 +1184,38 @@ static void check_8bit_hand_off(dtype_t wt, int m, int n, int k, unsigned long l
 /* int8 and fp8, one matrix and a stack of three, rows of a decode step, a
  * few and a prefill's, odd sizes, with and without a bias; then no rows,
  * no columns (the bias alone) and a bf16 bias. */
+/* seq_rows_matmul (engine/family/seq_rows.c) with a stacked 8-bit weight on
+ * the backend under test, batch invariant: a GEMM per sequence and per
+ * matrix of the stack, the weight as loaded, each matrix with its own
+ * scales: the CPU's one matmul over the stack. */
+static void test_seq_rows_8bit_stack_batch_invariant(void) {
+    static const dtype_t types[] = {DTYPE_I8, DTYPE_F8_E4M3};
+    const int q_start[] = {0, 3, 7}, m = 7, G = 3, n = 37, k = 65;
+    for (int t = 0; t < 2; t++) {
+        w8_t h = w8_random(types[t], 3, G, n, k, 0);
+        float *x = host_uniform((size_t)m * k, -1, 1);
+        tensor_t wd, wc;
+        w8_load(dut, &wd, &h);
+        w8_load(cpu, &wc, &h);
+        pair_t px = pair_new(x, (size_t)m * k), py = pair_new(NULL, (size_t)G * m * n);
+        const int was = dut->batch_invariant;
+        dut->batch_invariant = 1;
+        seq_rows_matmul(dut, py.dut, px.dut, &wd, NULL, q_start, 2);
+        dut->batch_invariant = was;
+        cpu->matmul(cpu, py.ref, px.ref, &wc, NULL, m);
+        double *mag = gemm_mags(x, h.w, G, m, n, k);
+        char what[96];
+        snprintf(what, sizeof what, "seq_rows_matmul, batch invariant, stacked %s G=%d",
+                 dtype_name(types[t]), G);
+        compare(what, py, 1e-6, 1e-6, mag, gemm_mag_tol(DTYPE_BF16, k));
+        pair_del(px), pair_del(py);
+        cpu->weight_free(cpu, &wc);
+        dut->weight_free(dut, &wd);
+        w8_free(&h);
+        free(x), free(mag);
+    }
+}
+
 static void test_matmul_8bit_against_the_cpu(void) {
     const dtype_t types[2] = {DTYPE_I8, DTYPE_F8_E4M3};
     const int ms[3] = {1, 8, 200}, nk[2][2] = {{33, 17}, {65, 129}};
@@ -2481,6 +2514,7 @@ int main(void) {
     TEST_RUN(test_norm_and_silu_hand_bf16_to_the_next_matmul);
     TEST_RUN(test_weight_load_8bit_refuses_and_frees);
     TEST_RUN(test_matmul_8bit_against_the_cpu);
+    TEST_RUN(test_seq_rows_8bit_stack_batch_invariant);
     TEST_RUN(test_matmul_8bit_activation_modes_and_add);
     TEST_RUN(test_matmul_8bit_sliced_over_scratch);
     TEST_RUN(test_matmul_8bit_is_the_bf16_matmul_of_its_values);

@@ -1,7 +1,8 @@
 """8-bit Linear weights in the daemon: a model quantised by tools/quantize.py serves images
 (int8 and fp8), and a broken 8-bit file is refused at start-up with a message naming the file
 and the tensor: a missing scale, a scale that is not finite or not F32, an 8-bit tensor where
-the engine reads anything but a Linear weight, an fp8 NaN."""
+the engine reads anything but a Linear weight, an fp8 NaN (with the weight check off too); a
+quantised model's KV keeps its 16-bit type."""
 
 import os
 import subprocess
@@ -20,10 +21,14 @@ GEN = "/v1/images/generations"
 QKV = "llm.layers.0.attn.q.weight"
 
 
-def quantise(dst, dtype):
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "quantize.py"), TINY_MODEL,
-                    str(dst), "--dtype", dtype], check=True, capture_output=True)
+def quantise_dir(src, dst, dtype):
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "quantize.py"), src, str(dst),
+                    "--dtype", dtype], check=True, capture_output=True)
     return str(dst)
+
+
+def quantise(dst, dtype):
+    return quantise_dir(TINY_MODEL, dst, dtype)
 
 
 def weights_path(model):
@@ -99,3 +104,31 @@ def test_an_fp8_nan_is_named(tmp_path):
     rewrite(model, poison)
     err = refused(model)
     assert f"tensor '{QKV}' has 1 values that are NaN or infinite" in err, err
+
+
+def test_an_fp8_nan_is_refused_even_without_the_weight_check(tmp_path):
+    """The vector kernels would widen it to a finite value, portable C to NaN: refused."""
+    model = quantise(tmp_path / "m", "fp8")
+
+    def poison(t):
+        kind, bits = t[QKV]
+        bits = bits.copy()
+        bits.flat[3] = 0xff
+        t[QKV] = (kind, bits)
+    rewrite(model, poison)
+    p = subprocess.run([ARSERVE_BIN, "serve", "--port", "0", "--model", model,
+                        "--check-weights", "off"],
+                       capture_output=True, text=True, timeout=scaled(30), env=clean_env())
+    assert p.returncode != 0 and f"tensor '{QKV}'" in p.stderr, p.stderr
+    assert "element 3 is an fp8 NaN" in p.stderr, p.stderr
+
+
+def test_a_quantised_models_kv_keeps_the_16_bit_type(tmp_path):
+    """An 8-bit weight counts as bf16 in the weights' type that --kv-dtype auto takes (its
+    scales not at all): the shipped demo model, bf16 blocks beside an f16 decoder, stays bf16."""
+    shapes = os.path.join(REPO, "models", "shapes")
+    for model in (shapes, quantise_dir(shapes, tmp_path / "shapes-int8", "int8")):
+        p = subprocess.run([ARSERVE_BIN, "plan", "--model", model], capture_output=True,
+                           text=True, timeout=scaled(30), env=clean_env())
+        assert p.returncode == 0, p.stderr
+        assert "`serve --kv-dtype auto` stores bf16: the weights' type" in p.stdout, p.stdout

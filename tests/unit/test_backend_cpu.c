@@ -605,6 +605,12 @@ static void test_matmul_8bit_weights(void) {
     CHECK_MSG(strstr(err.msg, "I8 and F8_E4M3"), "%s", err.msg);
     CHECK(one->weight_load_8bit(one, &t, q, DTYPE_I8, bad, 2, shape, &err) == AR_ERR);
     CHECK_MSG(strstr(err.msg, "row 1") && strstr(err.msg, "not finite"), "%s", err.msg);
+    const float huge[2] = {1, 1e37f}; /* finite, but not times fp8's 256 */
+    CHECK(one->weight_load_8bit(one, &t, q, DTYPE_F8_E4M3, huge, 2, shape, &err) == AR_ERR);
+    CHECK_MSG(strstr(err.msg, "row 1") && strstr(err.msg, "not finite times 256"), "%s", err.msg);
+    const unsigned char nan8[4] = {1, 0x7f, 3, 4};
+    CHECK(one->weight_load_8bit(one, &t, nan8, DTYPE_F8_E4M3, good, 2, shape, &err) == AR_ERR);
+    CHECK_MSG(strstr(err.msg, "element 1 is an fp8 NaN"), "%s", err.msg);
     CHECK(one->weight_load_8bit(one, &t, q, DTYPE_I8, NULL, 2, shape, &err) == AR_ERR);
     CHECK_MSG(strstr(err.msg, "without its scales"), "%s", err.msg);
     CHECK(one->weight_load_8bit(one, &t, q, DTYPE_I8, good, 1, shape, &err) == AR_ERR);
