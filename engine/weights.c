@@ -46,14 +46,26 @@ static int is_8bit_scales(const weight_set_t *ws, const char *name) {
     return 0;
 }
 
+/* The float type file's 8-bit weights were quantised from: its metadata's
+ * quantized_from (tools/convert/ckpt.py), else bf16, what GPU servers pair
+ * 8-bit weights with. */
+static dtype_t quantized_from(const safetensors_t *file) {
+    const char *from = safetensors_metadata(file, "quantized_from");
+    for (dtype_t t = DTYPE_F32; from && t <= DTYPE_BF16; t++)
+        if (strcmp(from, dtype_name(t)) == 0)
+            return t;
+    return DTYPE_BF16;
+}
+
 dtype_t weight_set_main_dtype(const weight_set_t *ws) {
     size_t bytes[3] = {0}; /* DTYPE_F32, DTYPE_F16, DTYPE_BF16 */
     for (int f = 0; f < ws->n_files; f++)
         for (int i = 0; i < ws->files[f].n_tensors; i++) {
             const st_tensor_t *t = &ws->files[f].tensors[i];
-            if (dtype_is_weight8(t->dtype)) /* a 16-bit weight's stand-in, as on GPU servers */
-                bytes[DTYPE_BF16] += 2 * t->nbytes;
-            else if (dtype_is_float(t->dtype) && !is_8bit_scales(ws, t->name))
+            if (dtype_is_weight8(t->dtype)) { /* as the type it stands for */
+                const dtype_t from = quantized_from(&ws->files[f]);
+                bytes[from] += dtype_size(from) * t->nbytes;
+            } else if (dtype_is_float(t->dtype) && !is_8bit_scales(ws, t->name))
                 bytes[t->dtype] += t->nbytes;
         }
     dtype_t best = DTYPE_F32;

@@ -23,8 +23,9 @@ void weight_set_close(weight_set_t *ws);
 
 /* The float type most bytes of the files' tensors are stored in (f32 when
  * none): the model's "weights' type", which the KV cache takes by default.
- * An 8-bit Linear weight counts as bf16 (at 2 bytes an element; its
- * scales not at all), so a quantised model's KV stays 16-bit. */
+ * An 8-bit Linear weight counts as the type it was quantised from (its
+ * file's metadata quantized_from; bf16 without it), its scales not at
+ * all: a quantised model keeps its KV type. */
 dtype_t weight_set_main_dtype(const weight_set_t *ws);
 
 /* The bytes of every tensor in the files, as stored (8-bit weights and

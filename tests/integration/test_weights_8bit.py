@@ -124,11 +124,14 @@ def test_an_fp8_nan_is_refused_even_without_the_weight_check(tmp_path):
 
 
 def test_a_quantised_models_kv_keeps_the_16_bit_type(tmp_path):
-    """An 8-bit weight counts as bf16 in the weights' type that --kv-dtype auto takes (its
-    scales not at all): the shipped demo model, bf16 blocks beside an f16 decoder, stays bf16."""
-    shapes = os.path.join(REPO, "models", "shapes")
-    for model in (shapes, quantise_dir(shapes, tmp_path / "shapes-int8", "int8")):
-        p = subprocess.run([ARSERVE_BIN, "plan", "--model", model], capture_output=True,
-                           text=True, timeout=scaled(30), env=clean_env())
-        assert p.returncode == 0, p.stderr
-        assert "`serve --kv-dtype auto` stores bf16: the weights' type" in p.stdout, p.stdout
+    """An 8-bit weight counts as the type it was quantised from (the file's quantized_from) in
+    the weights' type that --kv-dtype auto takes, its scales not at all: the demo models keep
+    theirs, bf16 (shapes: bf16 blocks beside an f16 decoder) and f16 (shapes-var)."""
+    for name, kv in (("shapes", "bf16"), ("shapes-var", "f16")):
+        src = os.path.join(REPO, "models", name)
+        for model in (src, quantise_dir(src, tmp_path / f"{name}-int8", "int8")):
+            p = subprocess.run([ARSERVE_BIN, "plan", "--model", model], capture_output=True,
+                               text=True, timeout=scaled(30), env=clean_env())
+            assert p.returncode == 0, p.stderr
+            assert f"`serve --kv-dtype auto` stores {kv}: the weights' type" in p.stdout, \
+                (model, p.stdout)

@@ -586,7 +586,9 @@ def write_safetensors(path: str, tensors: dict, dtype: str, metadata=None, log=N
     bf16 or keep) and every other tensor as stored, one chunk at a time, through path.partial
     (removed on failure). With `dtype` int8 or fp8 the tensors named in `quantise` (Linear
     weights, quant.linear_names) are written in 8 bits, each followed by NAME_scale, a block
-    of rows at a time (quant.entries), and every other tensor as stored (F64 as F32).
+    of rows at a time (quant.entries), and every other tensor as stored (F64 as F32); the
+    metadata's `quantized_from` then names the type most of them were stored in, which the
+    engine counts them as when it picks the weights' type (the KV cache's by default).
     Returns {name: type written}. `log` gets a progress line every few seconds."""
     if dtype not in (*OUT_TYPES, "keep", *quant.KINDS):
         raise ValueError(f"dtype {dtype!r}")
@@ -598,6 +600,10 @@ def write_safetensors(path: str, tensors: dict, dtype: str, metadata=None, log=N
     for k, t in items.items():
         if not t.where:
             t.where = k
+    if quantise:
+        stored = collections.Counter(
+            "F32" if items[k].stored == "F64" else items[k].stored for k in sorted(quantise))
+        metadata = {**(metadata or {}), "quantized_from": stored.most_common(1)[0][0]}
     entries = []
     for k, t in items.items():
         if k not in quantise:
