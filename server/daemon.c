@@ -2,6 +2,7 @@
  * the drain, and a shutdown that releases everything whatever happened. */
 #include "server/daemon.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -505,8 +506,17 @@ int daemon_run(const server_config_t *cfg, const char *version) {
     int lvl = log_level_parse(cfg->log_level);
     log_threshold = lvl < 0 ? LOG_INFO : (log_level_t)lvl;
     install_signals();
+    /* SIGTERM and SIGINT blocked while the threads start, which inherit the
+     * mask: only this thread takes them, so the handler never runs beside
+     * the loop that reads what it wrote. One that comes meanwhile waits. */
+    sigset_t stops;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stops, NULL);
     daemon_t d = {0};
     int rc = daemon_start(&d, cfg, version);
+    pthread_sigmask(SIG_UNBLOCK, &stops, NULL);
     if (rc == 0)
         rc = daemon_serve(&d, cfg);
     daemon_release(&d);
