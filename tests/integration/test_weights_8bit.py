@@ -93,29 +93,28 @@ def test_an_8bit_tensor_that_is_not_a_linear_weight_is_named(tmp_path):
     assert "tensor 'llm.embed.weight': dtype I8, but only Linear weights may be 8-bit" in err, err
 
 
-def test_an_fp8_nan_is_named(tmp_path):
-    model = quantise(tmp_path / "m", "fp8")
+def fp8_with_nan(path, byte):
+    """A tiny fp8 model whose QKV holds the NaN pattern byte at element 3."""
+    model = quantise(path, "fp8")
 
     def poison(t):
         kind, bits = t[QKV]
         bits = bits.copy()
-        bits.flat[3] = 0x7f
+        bits.flat[3] = byte
         t[QKV] = (kind, bits)
     rewrite(model, poison)
+    return model
+
+
+def test_an_fp8_nan_is_named(tmp_path):
+    model = fp8_with_nan(tmp_path / "m", 0x7f)
     err = refused(model)
     assert f"tensor '{QKV}' has 1 values that are NaN or infinite" in err, err
 
 
 def test_an_fp8_nan_is_refused_even_without_the_weight_check(tmp_path):
     """The vector kernels would widen it to a finite value, portable C to NaN: refused."""
-    model = quantise(tmp_path / "m", "fp8")
-
-    def poison(t):
-        kind, bits = t[QKV]
-        bits = bits.copy()
-        bits.flat[3] = 0xff
-        t[QKV] = (kind, bits)
-    rewrite(model, poison)
+    model = fp8_with_nan(tmp_path / "m", 0xff)
     p = subprocess.run([ARSERVE_BIN, "serve", "--port", "0", "--model", model,
                         "--check-weights", "off"],
                        capture_output=True, text=True, timeout=scaled(30), env=clean_env())
