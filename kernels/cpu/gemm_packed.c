@@ -18,7 +18,6 @@
  * 1.05x (AVX-512 and AVX2); 512 to 2048 bytes did about as well. */
 #define PACKED_PREFETCH_BYTES 1024
 #define PACKED_CAT(isa, w, mr, np) packed_##isa##_##w##_##mr##x##np
-
 #define PACKED_FN(isa, w, mr, np) PACKED_CAT(isa, w, mr, np)
 
 /* ---- AVX-512: 8, 4, 2 or 1 rows x 3 panels (up to 24 of the 32 registers) ---- */
