@@ -696,12 +696,22 @@ static void print_details(const plan_ctx_t *x, const policy_plan_t *plans, int n
     }
 }
 
-dtype_t cli_serve_kv_dtype(const char *json, const model_config_t *cfg, const char **why) {
+/* The weight files beside json (a model's arserve.json) opened into ws
+ * (headers only); AR_ERR with err set, or err's message empty for a
+ * config that lists none. */
+static int open_weights(const char *json, const model_config_t *cfg, weight_set_t *ws,
+                        ar_error_t *err) {
+    if (cfg->n_weight_files == 0)
+        return AR_ERR;
     char dir[PATH_MAX + 16];
     snprintf(dir, sizeof dir, "%.*s", (int)(strrchr(json, '/') - json), json);
+    return weight_set_open(ws, dir, cfg, NULL, err);
+}
+
+dtype_t cli_serve_kv_dtype(const char *json, const model_config_t *cfg, const char **why) {
     weight_set_t ws;
     ar_error_t err = {{0}};
-    if (cfg->n_weight_files == 0 || weight_set_open(&ws, dir, cfg, NULL, &err) != AR_OK) {
+    if (open_weights(json, cfg, &ws, &err) != AR_OK) {
         *why = "a preset without weights: bf16, as real checkpoints";
         return DTYPE_BF16;
     }
@@ -759,13 +769,11 @@ static int plan_policies(const plan_ctx_t *x, policy_plan_t plans[KV_POLICY_COUN
  * 0, or 2 with a message. */
 static int device_pool(const char *json, const model_config_t *cfg, double gib, double share,
                        long long *pool_mb, char *why, size_t cap) {
-    char dir[PATH_MAX + 16];
-    snprintf(dir, sizeof dir, "%.*s", (int)(strrchr(json, '/') - json), json);
     weight_set_t ws;
     ar_error_t err = {{0}};
-    if (cfg->n_weight_files == 0 || weight_set_open(&ws, dir, cfg, NULL, &err) != AR_OK) {
+    if (open_weights(json, cfg, &ws, &err) != AR_OK) {
         fprintf(stderr, "arserve plan: --device-gib needs the model's weights: %s\n",
-                cfg->n_weight_files ? err.msg : "a preset has none (give a model directory)");
+                err.msg[0] ? err.msg : "its arserve.json lists none (give a model directory)");
         return 2;
     }
     const double weights = (double)weight_set_bytes(&ws), device = gib * 1073741824.0;
