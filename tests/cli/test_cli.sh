@@ -235,9 +235,11 @@ expect_fail "ARSERVE_MODEL without arserve.json is named" 1 "ARSERVE_MODEL=$tmp/
 expect_fail "serve without a model says to pass --model" 1 "pass --model DIR" -- \
     env -u ARSERVE_MODEL "$tmp/none/bin/arserve" serve --port 0
 # serve finds the shipped model too: it gets ready, then drains on SIGTERM.
-# (Waited for as long as it lives; `timeout` only ends a daemon that hangs.)
+# (Waited for as long as it lives; `timeout` only ends a daemon that hangs,
+# and --foreground passes our one SIGTERM on once, not to the child and
+# then its group: test_lifecycle.py covers a signal delivered twice.)
 : >"$tmp/serve.out"
-env -u ARSERVE_MODEL timeout 600 "$tmp/prefix/bin/arserve" serve --port 0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
+env -u ARSERVE_MODEL timeout --foreground 600 "$tmp/prefix/bin/arserve" serve --port 0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
 serve_pid=$!
 until grep -q "ready on" "$tmp/serve.out" || ! kill -0 "$serve_pid" 2>/dev/null; do sleep 0.1; done
 kill -TERM "$serve_pid" 2>/dev/null

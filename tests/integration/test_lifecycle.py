@@ -314,6 +314,19 @@ def test_drain_timeout_cuts_off_and_still_exits_0(start_daemon):
         assert res["response"].status_code >= 500
 
 
+def process_state(pid):
+    """The state letter of /proc/PID/stat (R, S, T for stopped, ...)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def wait_for(pred, what, timeout=10.0):
+    deadline = time.monotonic() + scaled(timeout)
+    while not pred():
+        assert time.monotonic() < deadline, f"{what}: not within {scaled(timeout):.1f} s"
+        time.sleep(0.02)
+
+
 def test_a_signal_delivered_twice_at_once_still_drains(start_daemon):
     """`timeout`, a supervisor and its process group, a terminal's Ctrl-C
     under a wrapper: one stop can reach the daemon as two signals a moment
@@ -321,10 +334,14 @@ def test_a_signal_delivered_twice_at_once_still_drains(start_daemon):
     d = start_daemon(SLOW_MODEL, SLOW_ARGS, drain_timeout_s=60)
     inflight = post_in_thread(d, {"prompt": "a red circle", "seed": 5})
     d.wait_metrics(running_is(1), what="the request running")
-    # Two different signals, so that the kernel cannot merge them.
-    os.kill(d.proc.pid, signal.SIGTERM)
-    os.kill(d.proc.pid, signal.SIGINT)
-    d.signalled = True
+    # Two different signals, so that the kernel cannot merge them, sent
+    # while the daemon is stopped: both wait and arrive together when it
+    # goes on, however long this test takes between the two.
+    d.signal(signal.SIGSTOP)
+    wait_for(lambda: process_state(d.proc.pid) == "T", "the daemon stopped")
+    d.signal(signal.SIGTERM)
+    d.signal(signal.SIGINT)
+    d.signal(signal.SIGCONT)
     assert d.proc.wait(timeout=scaled(30)) == 0, d.stderr()[-4000:]
     inflight[0].join(HTTP_TIMEOUT)
     assert inflight[1]["response"].status_code == 200, inflight[1]
@@ -336,8 +353,10 @@ def test_second_signal_exits_at_once(start_daemon):
     inflight = post_in_thread(d, {"prompt": "a red circle", "seed": 5, "n": 4})
     d.wait_metrics(running_is(1), what="the request running")
     d.signal(signal.SIGTERM)
-    # Past the daemon's 0.25 s in which a repeat counts as the same stop.
-    time.sleep(0.5)
+    # Once the daemon has taken it (it says it drains), past its 0.25 s in
+    # which a repeat counts as the same stop.
+    wait_for(lambda: "draining:" in d.stderr(), "the daemon draining")
+    time.sleep(0.3)
     assert d.proc.poll() is None, "exited before draining"
     t0 = time.monotonic()
     d.signal(signal.SIGINT)
