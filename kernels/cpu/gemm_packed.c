@@ -13,9 +13,10 @@
 
 #define VEC_EXTRA_ATTR VEC_NO_TSAN
 /* How far ahead of the k it multiplies a short tile prefetches each panel
- * of the weight. At one row over six Janus-Pro-1B layers' weights (far past
- * the caches, one thread), it made int8 weights 1.2-1.4x faster and bf16
- * 1.05x (AVX-512 and AVX2); 512 to 2048 bytes did about as well. */
+ * of the weight. In a one-off timing of one row over six Janus-Pro-1B
+ * layers' weights (far past the caches, one thread), it made int8 weights
+ * 1.2x (AVX-512) and 1.4x (AVX2) faster and bf16 1.05x; 512 to 2048 bytes
+ * did about as well. */
 #define PACKED_PREFETCH_BYTES 1024
 #define PACKED_CAT(isa, w, mr, np) packed_##isa##_##w##_##mr##x##np
 #define PACKED_FN(isa, w, mr, np) PACKED_CAT(isa, w, mr, np)
