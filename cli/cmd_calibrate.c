@@ -18,6 +18,7 @@
 #include "engine/backend/backend.h"
 #include "engine/calibration_run.h"
 #include "engine/model.h"
+#include "engine/planner.h"
 
 #define MAX_PROMPTS 4096
 
@@ -110,8 +111,8 @@ static int calibrate_kv_scales(model_t *m, const char *prompts, const char *out)
 
 /* HeatKV's orderings of a next-scale model at image size `size`, written
  * beside the model's calibrations of its other sizes; the exit code. */
-static int calibrate_orderings(model_t *m, const char *prompts, int size, int sinks,
-                               const char *out) {
+static int calibrate_orderings(model_t *m, const char *prompts, int size, dtype_t kv_dtype,
+                               int sinks, const char *out) {
     char **lines = NULL, path[PATH_MAX];
     kv_calibration_t c = {0};
     ar_error_t err = {{0}};
@@ -119,8 +120,8 @@ static int calibrate_orderings(model_t *m, const char *prompts, int size, int si
     const int n = read_lines(m, prompts, &lines);
     snprintf(path, sizeof path, "%s/%s", m->dir, KV_CALIBRATION_FILE);
     if (n > 0) {
-        if (calibration_run(m, (const char *const *)lines, n, size, sinks, progress, NULL, &c,
-                            &err) != AR_OK ||
+        if (calibration_run(m, (const char *const *)lines, n, size, kv_dtype, sinks, progress, NULL,
+                            &c, &err) != AR_OK ||
             kv_calibration_set_put(&m->calib, &c, &err) != AR_OK ||
             kv_calibration_set_save(&m->calib, out ? out : path, &err) != AR_OK)
             fprintf(stderr, "\narserve calibrate: %s\n", err.msg);
@@ -134,9 +135,10 @@ static int calibrate_orderings(model_t *m, const char *prompts, int size, int si
                 used += snprintf(sizes + used, sizeof sizes - (size_t)used, "%s%s", i ? ", " : "",
                                  m->calib.c[i].size[0] ? m->calib.c[i].size : "(unnamed)");
             printf("wrote %s: %d layers x %d heads, %d scales, %d generations, %d sink scales "
-                   "at %s; it calibrates %d image size%s: %s\n",
+                   "at %s, K and V in %s; it calibrates %d image size%s: %s\n",
                    out ? out : path, made->n_layers, made->n_heads, made->n_scales, n,
-                   made->sink_scales, made->size, m->calib.n, m->calib.n == 1 ? "" : "s", sizes);
+                   made->sink_scales, made->size, planner_kv_dtype_name(kv_dtype), m->calib.n,
+                   m->calib.n == 1 ? "" : "s", sizes);
             rc = 0;
         }
     }
@@ -146,7 +148,8 @@ static int calibrate_orderings(model_t *m, const char *prompts, int size, int si
 }
 
 int cmd_calibrate(int argc, char **argv, char **envp) {
-    const char *model_dir = NULL, *prompts = NULL, *out = NULL, *backend = "cpu", *size_arg = NULL;
+    const char *model_dir = NULL, *prompts = NULL, *out = NULL, *backend = "cpu", *size_arg = NULL,
+               *kv_dtype_arg = NULL;
     long long sinks = 3, threads = 0;
     int help = 0, scales = 0;
     char names[128], backend_help[256];
@@ -165,6 +168,11 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
         {"size", 0, CLI_STRING, &size_arg, .metavar = "WxH",
          .help = "the image size to calibrate, one of the model's (default its default "
                  "size); the file keeps the other sizes' calibrations"},
+        {"kv-dtype", 0, CLI_STRING, &kv_dtype_arg, .metavar = "TYPE",
+         .help = "type K and V are kept in while the images are drawn: f32 (default, the "
+                 "statistics at full precision), or a type of generate's --kv-dtype: bf16 "
+                 "halves the cache, for a model whose f32 cache does not fit beside its "
+                 "weights"},
         {"sink-scales", 0, CLI_INT, &sinks, 0, 256, .metavar = "S",
          .help = "sink scales the CAS ordering leaves out (default 3, HeatKV's)"},
         {"out", 0, CLI_STRING, &out, .metavar = "FILE",
@@ -180,7 +188,7 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
         FILE *f = help ? stdout : stderr;
         fprintf(
             f,
-            "usage: arserve calibrate --model DIR --prompts FILE [--size WxH] "
+            "usage: arserve calibrate --model DIR --prompts FILE [--size WxH] [--kv-dtype TYPE] "
             "[--sink-scales S] [--out FILE]\n       arserve calibrate --model DIR --prompts FILE "
             "--kv-scales [--out FILE]\n\n");
         cli_flags_usage(f, flags);
@@ -200,8 +208,17 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
     }
     int size = 0;
     char sizes[1024];
-    if (size_arg &&
-        (scales || (size = model_size_by_name(&m.cfg, size_arg, sizes, sizeof sizes)) < 0)) {
+    dtype_t kv_dtype = DTYPE_F32;
+    if (kv_dtype_arg && (scales || planner_kv_dtype_choose(kv_dtype_arg, m.weight_dtype, &kv_dtype,
+                                                           &err) != AR_OK)) {
+        if (scales)
+            fprintf(stderr, "arserve calibrate: --kv-dtype: fp8 KV scales are measured on an "
+                            "f32 cache only\n");
+        else
+            fprintf(stderr, "arserve calibrate: --kv-dtype: %s\n", err.msg);
+        rc = 2;
+    } else if (size_arg &&
+               (scales || (size = model_size_by_name(&m.cfg, size_arg, sizes, sizeof sizes)) < 0)) {
         if (scales)
             fprintf(stderr, "arserve calibrate: --size: fp8 KV scales are measured at the default "
                             "size only\n");
@@ -211,7 +228,7 @@ int cmd_calibrate(int argc, char **argv, char **envp) {
         rc = 2;
     } else
         rc = scales ? calibrate_kv_scales(&m, prompts, out)
-                    : calibrate_orderings(&m, prompts, size, (int)sinks, out);
+                    : calibrate_orderings(&m, prompts, size, kv_dtype, (int)sinks, out);
     model_free(&m);
     be->destroy(be);
     (void)envp;

@@ -58,24 +58,24 @@ static int prompt_rows(const model_t *m, const char *p, int *cond, int *uncond, 
 }
 
 static int run(model_t *m, const char *const *prompts, const int *const *forced, int n, int size,
-               int sink_scales, calibration_progress_fn progress, void *ctx, kv_calibration_t *out,
-               ar_error_t *err);
+               dtype_t kv_dtype, int sink_scales, calibration_progress_fn progress, void *ctx,
+               kv_calibration_t *out, ar_error_t *err);
 
-int calibration_run(model_t *m, const char *const *prompts, int n, int size, int sink_scales,
-                    calibration_progress_fn progress, void *ctx, kv_calibration_t *out,
-                    ar_error_t *err) {
-    return run(m, prompts, NULL, n, size, sink_scales, progress, ctx, out, err);
+int calibration_run(model_t *m, const char *const *prompts, int n, int size, dtype_t kv_dtype,
+                    int sink_scales, calibration_progress_fn progress, void *ctx,
+                    kv_calibration_t *out, ar_error_t *err) {
+    return run(m, prompts, NULL, n, size, kv_dtype, sink_scales, progress, ctx, out, err);
 }
 
 int calibration_run_forced(model_t *m, const char *const *prompts, const int *const *forced, int n,
                            int sink_scales, calibration_progress_fn progress, void *ctx,
                            kv_calibration_t *out, ar_error_t *err) {
-    return run(m, prompts, forced, n, 0, sink_scales, progress, ctx, out, err);
+    return run(m, prompts, forced, n, 0, DTYPE_F32, sink_scales, progress, ctx, out, err);
 }
 
 static int run(model_t *m, const char *const *prompts, const int *const *forced, int n, int size,
-               int sink_scales, calibration_progress_fn progress, void *ctx, kv_calibration_t *out,
-               ar_error_t *err) {
+               dtype_t kv_dtype, int sink_scales, calibration_progress_fn progress, void *ctx,
+               kv_calibration_t *out, ar_error_t *err) {
     memset(out, 0, sizeof *out);
     kv_geometry_t g;
     model_geometry_sized(&m->cfg, 1, size, &g);
@@ -115,7 +115,7 @@ static int run(model_t *m, const char *const *prompts, const int *const *forced,
         ar_errorf(err, "out of memory");
         goto out;
     }
-    if (gen_pool_for_one_image(&pool, m, longest, DTYPE_F32, err) != AR_OK)
+    if (gen_pool_for_one_image(&pool, m, longest, kv_dtype, err) != AR_OK)
         goto out;
     for (int p = 0; p < n; p++) {
         gen_request_t r;

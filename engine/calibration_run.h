@@ -13,14 +13,16 @@
 typedef void (*calibration_progress_fn)(int done, int total, void *ctx);
 
 /* Generates one image per prompt in prompts[0..n) (seed = its index) at
- * image size `size` (an index into image.sizes) under the full cache, with
- * the model's sampling, and fills *out (that size's scales) for
+ * image size `size` (an index into image.sizes) under the full cache, K and
+ * V stored as kv_dtype (DTYPE_F32 for statistics at full precision; a
+ * 16-bit type halves the pool, for a model whose f32 cache does not fit),
+ * with the model's sampling, and fills *out (that size's scales) for
  * sink_scales. A prompt is text for a text-prompted model (Infinity), a
  * class name or number for a class-conditional one (VAR); AR_ERR names the
  * prompt or step at fault. */
-int calibration_run(model_t *m, const char *const *prompts, int n, int size, int sink_scales,
-                    calibration_progress_fn progress, void *ctx, kv_calibration_t *out,
-                    ar_error_t *err);
+int calibration_run(model_t *m, const char *const *prompts, int n, int size, dtype_t kv_dtype,
+                    int sink_scales, calibration_progress_fn progress, void *ctx,
+                    kv_calibration_t *out, ar_error_t *err);
 
 /* The same at the default size, teacher-forced (tests against a reference's calibration): where
  * forced and forced[p] are not NULL, prompt p's image takes the tokens

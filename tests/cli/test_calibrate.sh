@@ -62,20 +62,41 @@ cp "$inf_model"/arserve.json "$inf_model"/*.safetensors "$inf_model"/tokenizer.j
 rm -f "$tmp/inf/golden.safetensors"
 printf 'a red circle\n# a comment\na blue square\n' >"$tmp/text.txt"
 if "$bin" calibrate --model "$tmp/inf" --prompts "$tmp/text.txt" >"$tmp/out" 2>"$tmp/err"; then
-    if grep -q "wrote $tmp/inf/kv_calibration.json: 2 layers x 2 heads, 7 scales, 2 generations, 3 sink scales at [0-9]*x[0-9]*; it calibrates 1 image size" \
+    if grep -q "wrote $tmp/inf/kv_calibration.json: 2 layers x 2 heads, 7 scales, 2 generations, 3 sink scales at [0-9]*x[0-9]*, K and V in f32; it calibrates 1 image size" \
             "$tmp/out" && python3 "$tmp/check.py" "$tmp/inf/kv_calibration.json" 3 &&
        "$bin" plan --model "$tmp/inf" --policy heatkv --budget 0.4 2>&1 |
            grep -q "^heatkv and scalekv calibration: the model's calibration"
     then ok "calibrate on Infinity: text prompts, attention rows that sum to 1, read by plan"
     else fail "calibrate on Infinity's output" "$(cat "$tmp/out" "$tmp/err")"; fi
 else fail "calibrate --model infinity_tiny" "$(cat "$tmp/err")"; fi
+# --kv-dtype bf16: the same images drawn on a cache of half the bytes (for a
+# model whose f32 cache does not fit); the statistics move by bf16's rounding.
+if "$bin" calibrate --model "$tmp/inf" --prompts "$tmp/text.txt" --kv-dtype bf16 \
+        --out "$tmp/bf16.json" >"$tmp/out" 2>"$tmp/err"; then
+    if grep -q "wrote $tmp/bf16.json: .*, K and V in bf16;" "$tmp/out" &&
+       python3 "$tmp/check.py" "$tmp/bf16.json" 3 &&
+       python3 - "$tmp/inf/kv_calibration.json" "$tmp/bf16.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+d = max(abs(x - y) for x, y in zip(a["beta"], b["beta"]))
+assert len(a["beta"]) == len(b["beta"]) and 0 < d < 0.05, d
+PY
+    then ok "calibrate --kv-dtype bf16: a bf16 cache, attention rows within 0.05 of f32's"
+    else fail "calibrate --kv-dtype bf16 output" "$(cat "$tmp/out" "$tmp/err")"; fi
+else fail "calibrate --kv-dtype bf16" "$(cat "$tmp/err")"; fi
+"$bin" calibrate --model "$tmp/inf" --prompts "$tmp/text.txt" --kv-dtype f64 >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ] && grep -q "\-\-kv-dtype: the type 'f64' is not one of f32, bf16, f16, fp8" "$tmp/err" \
+    && ok "an unknown --kv-dtype is refused, listing the types" || fail "bad --kv-dtype" "$(cat "$tmp/err")"
+"$bin" calibrate --model "$tmp/inf" --prompts "$tmp/text.txt" --kv-dtype bf16 --kv-scales >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ] && grep -q "kv-dtype: fp8 KV scales are measured on an f32 cache only" "$tmp/err" \
+    && ok "--kv-dtype with --kv-scales is refused" || fail "--kv-dtype --kv-scales" "$(cat "$tmp/err")"
 # --size: another image size's calibration beside the default's (one file,
 # version 2); heatkv then runs at both, and at a third size is refused.
 sizes=$(python3 -c "import json,sys; print(' '.join(z['name'] for z in json.load(open(sys.argv[1]))['image']['sizes']))" "$tmp/inf/arserve.json")
 set -- $sizes
 default=$1 other=$2 third=$3
 if "$bin" calibrate --model "$tmp/inf" --prompts "$tmp/text.txt" --size "$other" --sink-scales 2 >"$tmp/out" 2>"$tmp/err"; then
-    if grep -q "2 sink scales at $other; it calibrates 2 image sizes: $default, $other" "$tmp/out" &&
+    if grep -q "2 sink scales at $other, K and V in f32; it calibrates 2 image sizes: $default, $other" "$tmp/out" &&
        python3 - "$tmp/inf/kv_calibration.json" "$default" "$other" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
