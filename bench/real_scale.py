@@ -106,7 +106,26 @@ MODELS = {
     # "calibrate": True where the memory allows)
     "infinity-8b": {**_infinity("infinity_8b_weights", "infinity_vae_d56_f8_14_patchify.pth",
                                 INFINITY_SIZES[:1], 2048), "calibrate": "tiny"},
+    # The same release converted with 8-bit matrices (9.9 GB of weights, docs/weights-8bit.md),
+    # so that the 8B draws on a 24 GiB machine. Its calibration keeps K and V in bf16 (`arserve
+    # calibrate --kv-dtype bf16`: the full cache's 7.07 GiB beside 9.25 GiB of weights; in f32 it
+    # would not fit), and the pool holds the full cache too. Cases: the compressed ones first
+    # (the default policy is what a user of this machine would run). Overhead: the activations of
+    # a 1024 px image (the last scale's rows, both CFG rows, through 3,584-wide blocks) and the
+    # d56 decoder's feature maps at 1024 px: the first full-cache draw of this model (2026-12-06,
+    # docs/real-scale.md) peaked at 22.71 GB, 5.4 GB above its 9.93 GB of weights and 7.41 GB of
+    # KV; the bound is 6 GiB (1.5 GiB, the other models', holds no 1024 px next-scale image:
+    # Infinity-2B's HeatKV row is 4.9 GB above its weights and KV, inside its 8 GiB pool's room).
+    "infinity-8b-int8": {
+        **_infinity("infinity_8b_weights", "infinity_vae_d56_f8_14_patchify.pth",
+                    INFINITY_SIZES[:1], 7168),
+        "release": "infinity-8b", "calibrate_kv_dtype": "bf16", "serve_overhead": 6 << 30,
+        "cases": [(INFINITY_SIZES[0], p) for p in (("heatkv", 0.1), ("scalekv", 0.1),
+                                                   ("full", None))],
+    },
 }
+MODELS["infinity-8b-int8"]["convert"] = [x if x != "bf16" else "int8"
+                                         for x in MODELS["infinity-8b-int8"]["convert"]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,7 +209,8 @@ def convert_stage(name, a, work, log, say):
     rel, out = os.path.join(work, "release"), os.path.join(work, "model")
     if os.path.exists(rel):
         shutil.rmtree(rel)
-    argv = ["-m", "tools.release_shapes", name, rel, "--seed", "0"] + (["--tiny"] if a.tiny else [])
+    argv = ["-m", "tools.release_shapes", m.get("release", name), rel, "--seed", "0"] + \
+        (["--tiny"] if a.tiny else [])
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     if p.returncode:
@@ -234,7 +254,9 @@ def calibrate_stage(name, a, work, log, say, size=None):
         r = MODELS[name]["request"]
         f.write(f"{r.get('prompt', r.get('class_label'))}\n")
     cmd = [a.arserve, "calibrate", "--model", os.path.join(work, "model"), "--prompts", prompts,
-           "--threads", str(a.threads)] + (["--size", size] if size else [])
+           "--threads", str(a.threads)] + (["--size", size] if size else []) + \
+        (["--kv-dtype", MODELS[name]["calibrate_kv_dtype"]]
+         if "calibrate_kv_dtype" in MODELS[name] else [])
     t0 = time.monotonic()
     p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
     if p.returncode:
@@ -332,10 +354,36 @@ def preset_differences(model_dir, name):
                   if not k.startswith(skip) and got.get(k) != want.get(k))
 
 
-def table(res: Results, tiny: bool, work: str) -> tuple[str, list[str]]:
-    """(markdown, problems): a row per model and case; a plan that differs from what was
-    measured, a peak over its bound, or (at full size) a converted architecture that is not
-    its preset's, is a problem."""
+def doc_rows(path):
+    """{model: (its table rows, its command line)} from the table of the doc at path: the rows of
+    the models a run has no results for are kept as they stand (results.json lives in the build
+    folder, the doc in the repository)."""
+    kept = {}
+    try:
+        text = open(path).read()
+    except OSError:
+        return kept
+    begin, end = "<!-- real-scale table -->", "<!-- end of table -->"
+    if begin not in text or end not in text:
+        return kept
+    name = None
+    for line in text[text.index(begin):text.index(end)].splitlines()[3:]:
+        if line.startswith("| "):
+            first = line.split("|")[1].strip()
+            name = first or name
+            if name in MODELS:
+                kept.setdefault(name, ([], None))[0].append(line)
+        elif line.startswith("- ") and ": `" in line and line[2:].split(":", 1)[0] in kept:
+            who = line[2:].split(":", 1)[0]
+            kept[who] = (kept[who][0], line)
+    return kept
+
+
+def table(res: Results, tiny: bool, work: str, kept=None) -> tuple[str, list[str]]:
+    """(markdown, problems): a row per model and case (a model without results: its rows of kept,
+    doc_rows', if any); a plan that differs from what was measured, a peak over its bound, or (at
+    full size) a converted architecture that is not its preset's, is a problem."""
+    kept = kept or {}
     problems = []
     out = ["| model | files GB | convert s | convert peak RSS (bound) | model GB | load s | "
            "load RSS GB | request | KV planned MiB | KV measured MiB | daemon peak RSS GB "
@@ -344,10 +392,11 @@ def table(res: Results, tiny: bool, work: str) -> tuple[str, list[str]]:
     for name in MODELS:
         d = res.data.get(name)
         if not d or "convert" not in d:
-            out.append(f"| {name} | not run yet | | | | | | | | | | | |")
+            out += kept[name][0] if name in kept else [f"| {name} | not run yet | | | | | | | | | | | |"]
             continue
         c, ld = d["convert"], d.get("load", {})
-        diff = None if tiny else preset_differences(os.path.join(work, name, "model"), name)
+        diff = None if tiny else preset_differences(os.path.join(work, name, "model"),
+                                                    MODELS[name].get("release", name))
         if diff:
             problems.append(f"{name}: the converted arserve.json differs from "
                             f"config/presets/{name} in {', '.join(diff)}")
@@ -367,7 +416,8 @@ def table(res: Results, tiny: bool, work: str) -> tuple[str, list[str]]:
             if r["status"] != 200:
                 out.append(f"{head} {k}: refused ({r['status']}): \"{r['message']}\" | | | | | |")
             else:
-                cap = c["model_bytes"] + ld.get("pool_mb", 0) * MIB + SERVE_OVERHEAD
+                cap = (c["model_bytes"] + ld.get("pool_mb", 0) * MIB
+                       + MODELS[name].get("serve_overhead", SERVE_OVERHEAD))
                 if r["planned"] != r["measured"]:
                     problems.append(f"{name} {k}: KV planned {r['planned']} != measured {r['measured']}")
                 if r["hwm"] > cap:
@@ -379,7 +429,9 @@ def table(res: Results, tiny: bool, work: str) -> tuple[str, list[str]]:
             head = "| | | | | | | |"
     cmds = [f"- {name}: `{d['convert']['command']}`"
             + (f"; `{d['load']['command']}`" if d.get("load") else "")
-            for name, d in ((n, res.data.get(n)) for n in MODELS) if d and "convert" in d]
+            if d and "convert" in d else kept[name][1]
+            for name, d in ((n, res.data.get(n)) for n in MODELS)
+            if (d and "convert" in d) or (name in kept and kept[name][1])]
     if cmds:
         out += ["", "Commands (each model's release from `python3 -m tools.release_shapes MODEL "
                 "DIR --seed 0`):", ""] + cmds
@@ -415,7 +467,7 @@ def main(argv=None):
         with open(os.path.join(a.work, "log.txt"), "a") as log:
             for n in names:
                 run_model(n, a, res, log)
-    md, problems = table(res, a.tiny, a.work)
+    md, problems = table(res, a.tiny, a.work, None if a.doc == "-" else doc_rows(a.doc))
     if a.doc == "-":
         sys.stdout.write(md)
     else:
