@@ -107,9 +107,10 @@ MODELS = {
     "infinity-8b": {**_infinity("infinity_8b_weights", "infinity_vae_d56_f8_14_patchify.pth",
                                 INFINITY_SIZES[:1], 2048), "calibrate": "tiny"},
     # The same release converted with 8-bit matrices (9.9 GB of weights, docs/weights-8bit.md),
-    # so that the 8B draws on a 24 GiB machine. Its calibration keeps K and V in bf16 (`arserve
-    # calibrate --kv-dtype bf16`: the full cache's 7.07 GiB beside 9.25 GiB of weights; in f32 it
-    # would not fit), and the pool holds the full cache too. Cases: the compressed ones first
+    # so that the 8B draws on a 24 GiB machine. K and V in bf16, in the calibration (`arserve
+    # calibrate --kv-dtype bf16`) and the daemon (`serve --kv-dtype bf16`; the default follows the
+    # release's f32): the full cache's 7.07 GiB beside 9.25 GiB of weights, where f32's 14.1 GiB
+    # would not fit. The pool holds the full cache too. Cases: the compressed ones first
     # (the default policy is what a user of this machine would run). Overhead: the activations of
     # a 1024 px image (the last scale's rows, both CFG rows, through 3,584-wide blocks) and the
     # d56 decoder's feature maps at 1024 px: the first full-cache draw of this model (2026-12-06,
@@ -119,7 +120,7 @@ MODELS = {
     "infinity-8b-int8": {
         **_infinity("infinity_8b_weights", "infinity_vae_d56_f8_14_patchify.pth",
                     INFINITY_SIZES[:1], 7168),
-        "release": "infinity-8b", "calibrate_kv_dtype": "bf16", "serve_overhead": 6 << 30,
+        "release": "infinity-8b", "kv_dtype": "bf16", "serve_overhead": 6 << 30,
         "cases": [(INFINITY_SIZES[0], p) for p in (("heatkv", 0.1), ("scalekv", 0.1),
                                                    ("full", None))],
     },
@@ -255,8 +256,7 @@ def calibrate_stage(name, a, work, log, say, size=None):
         f.write(f"{r.get('prompt', r.get('class_label'))}\n")
     cmd = [a.arserve, "calibrate", "--model", os.path.join(work, "model"), "--prompts", prompts,
            "--threads", str(a.threads)] + (["--size", size] if size else []) + \
-        (["--kv-dtype", MODELS[name]["calibrate_kv_dtype"]]
-         if "calibrate_kv_dtype" in MODELS[name] else [])
+        (["--kv-dtype", MODELS[name]["kv_dtype"]] if "kv_dtype" in MODELS[name] else [])
     t0 = time.monotonic()
     p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
     if p.returncode:
@@ -273,7 +273,8 @@ def serve_stage(name, a, work, todo, res: Results, log, say):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [a.arserve, "serve", "--model", out, "--port", str(port), "--kv-pool-mb", str(pool_mb),
-           "--threads", str(a.threads), "--request-timeout-s", "86400", "--max-running", "1"]
+           "--threads", str(a.threads), "--request-timeout-s", "86400", "--max-running", "1"] + \
+        (["--kv-dtype", m["kv_dtype"]] if "kv_dtype" in m else [])
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
