@@ -1,7 +1,7 @@
 /* `arserve bench --profile`: the engine timed in-process at batch sizes 1,
  * 2, 4, .. max and under a few KV policies (so the tokens attended vary
  * apart from the batch), each iteration recorded with its cost features
- * (cli/cost_model.h); decoding and PNG encoding timed per image; a cost
+ * (engine/cost_model.h); decoding and PNG encoding timed per image; a cost
  * table fitted and written. The step timed is gen_step, the function the
  * daemon's batcher calls for an iteration. */
 #include <limits.h>
@@ -12,8 +12,8 @@
 
 #include "base/clock.h"
 #include "cli/cli.h"
-#include "cli/cost_model.h"
 #include "engine/backend/backend.h"
+#include "engine/cost_model.h"
 #include "engine/format/png_io.h"
 #include "engine/generate.h"
 #include "engine/model.h"

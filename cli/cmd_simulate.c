@@ -1,7 +1,7 @@
 /* `arserve simulate`: capacity without a backend. The engine's batcher and
  * KV planner (engine/batcher.h, engine/planner.h), the daemon's own, run
  * against a simulated clock: each iteration costs what the cost table
- * (cli/cost_model.h) says for its batch, finished images then cost their
+ * (engine/cost_model.h) says for its batch, finished images then cost their
  * decode on the drawing thread and their PNG on the first free worker, as
  * the daemon's scheduler does it (the drawing thread is taken to have a
  * core of its own: the engine's iterations do not slow while it draws). Requests arrive from the
@@ -19,10 +19,10 @@
 
 #include "cli/bench_report.h"
 #include "cli/cli.h"
-#include "cli/cost_model.h"
 #include "cli/flags.h"
 #include "cli/load_spec.h"
 #include "engine/batcher.h"
+#include "engine/cost_model.h"
 #include "engine/model_config.h"
 #include "engine/model_family.h"
 #include "engine/planner.h"

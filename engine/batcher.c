@@ -41,6 +41,8 @@ struct batcher {
     int cap_left;
     int last_jobs, last_images;
     size_t last_reserved, last_peak;
+    cost_features_t last_features;
+    int last_features_known;
 };
 
 static const char *const refusal_names[] = {
@@ -358,6 +360,25 @@ static void tighten(batcher_t *b, const slot_t *s) {
         b->released += planner_tighten(&b->planner, s->id, b->left, n);
 }
 
+/* The batch's cost features (the running set, each at the step it just did). */
+static void step_features(batcher_t *b) {
+    b->last_features = (cost_features_t){0};
+    b->last_features_known = 1;
+    for (int i = 0; i < b->n_running; i++) {
+        const slot_t *s = &b->running[i];
+        const cost_features_t *f = s->job.n_levels > 0 && s->job.level_step_features
+                                       ? s->job.level_step_features[s->level]
+                                       : s->job.step_features;
+        if (!f) {
+            b->last_features_known = 0;
+            continue;
+        }
+        b->last_features.sequences += f[s->steps_done].sequences;
+        b->last_features.kv_attended += f[s->steps_done].kv_attended;
+        b->last_features.new_tokens += f[s->steps_done].new_tokens;
+    }
+}
+
 void batcher_finish(batcher_t *b, int step_rc, const ar_error_t *step_err) {
     if (b->n_batch == 0)
         return;
@@ -369,6 +390,7 @@ void batcher_finish(batcher_t *b, int step_rc, const ar_error_t *step_err) {
     b->last_peak = b->batch_peak;
     if (b->last_peak > b->last_reserved)
         b->overruns++;
+    step_features(b);
     planner_tick(&b->planner);
     if (step_rc != AR_OK) {
         while (b->n_running)
@@ -412,6 +434,8 @@ void batcher_stats(const batcher_t *b, batcher_stats_t *out) {
         .last_images = b->last_images,
         .last_reserved_bytes = b->last_reserved,
         .last_kv_peak_bytes = b->last_peak,
+        .last_features = b->last_features,
+        .last_features_known = b->last_features_known,
         .overruns = b->overruns,
         .lost_events = b->lost_events,
         .released_bytes = b->released,

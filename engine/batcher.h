@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "engine/cost_model.h"
 
 typedef struct batcher batcher_t;
 
@@ -76,6 +77,12 @@ typedef struct batcher_job {
      * budget first. */
     int n_levels;
     const size_t *const *level_kv_bytes;
+    /* What each of its steps costs the engine (engine/cost_model.h), all
+     * images together, steps entries, kept alive like kv_bytes; with levels
+     * one array per level (level_step_features; step_features is then the
+     * floor's). NULL: unknown (the iteration's features are then too). */
+    const cost_features_t *step_features;
+    const cost_features_t *const *level_step_features;
     double deadline; /* in the driver's clock (batcher_admit's now); INFINITY: none */
     void *work;      /* handed to the ops */
 } batcher_job_t;
@@ -173,10 +180,12 @@ typedef struct batcher_stats {
     long long iterations;  /* iterations that stepped something */
     /* The last iteration that stepped: */
     int last_jobs, last_images;
-    size_t last_reserved_bytes; /* what the plan reserved for it */
-    size_t last_kv_peak_bytes;  /* what the step reported using at its peak */
-    long long overruns;         /* iterations whose peak passed the reservation (a bug) */
-    long long lost_events;      /* events dropped because memory ran out */
+    size_t last_reserved_bytes;    /* what the plan reserved for it */
+    size_t last_kv_peak_bytes;     /* what the step reported using at its peak */
+    cost_features_t last_features; /* its cost features, summed over its jobs' steps */
+    int last_features_known;       /* 1 when every job of it had step_features */
+    long long overruns;            /* iterations whose peak passed the reservation (a bug) */
+    long long lost_events;         /* events dropped because memory ran out */
     /* How much tighter plans lowered running jobs' reserved peaks
      * (planner_tighten), summed. */
     unsigned long long released_bytes;

@@ -241,6 +241,10 @@ static const setting_t SETTINGS[] = {
                 "CPU threads of the image decoder, which draws finished images and previews "
                 "beside the engine"),
     INT_SETTING(png_workers, 1, 64, 2, "N", "Threads encoding PNGs"),
+    STRING_SETTING(cost_table, "", 0, "FILE",
+                   "Cost table the engine starts from (`arserve bench --profile` writes one): "
+                   "what an iteration costs, until the engine has fitted its own from its timed "
+                   "iterations (GET /v1/capacity shows it); left out: a conservative default"),
     ENUM_SETTING(log_level, "info", LOG_LEVELS, "LEVEL", "Log verbosity"),
     INT_SETTING(status_interval_s, 0, 86400, 10, "SECONDS",
                 "While requests run or wait, one status line this often (at info): requests "
@@ -313,10 +317,10 @@ static const setting_t SETTINGS[] = {
 /* serve --help's topics, each setting under one (a KV knob under "KV
  * cache"), in the table's order within each; test_config checks that every
  * setting has one. */
-static const char *const GROUP_MODEL[] = {"model",           "backend",     "threads",
-                                          "draw_threads",    "png_workers", "gpu_activations",
-                                          "cpu_activations", "gpu_graphs",  "batch_invariant",
-                                          "check_weights",   NULL};
+static const char *const GROUP_MODEL[] = {"model",           "backend",         "threads",
+                                          "draw_threads",    "png_workers",     "cost_table",
+                                          "gpu_activations", "cpu_activations", "gpu_graphs",
+                                          "batch_invariant", "check_weights",   NULL};
 static const char *const GROUP_NETWORK[] = {"host",
                                             "port",
                                             "api_key_file",

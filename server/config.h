@@ -41,12 +41,13 @@ typedef struct server_config {
      * for the requests that run POLICY without kv_budget
      * (server_config_kv_ranges); "": none. */
     char kv_budget_ranges[256];
-    int threads;       /* engine CPU threads, 0 = the cores less draw_threads */
-    int draw_threads;  /* the image decoder's CPU threads */
-    int png_workers;   /* PNG encoder threads */
-    char log_level[8]; /* "error", "warn", "info" or "debug" */
-    char backend[8];   /* one of backend_names (engine/backend/backend.h) */
-    int retry_after_s; /* Retry-After on 429 */
+    int threads;           /* engine CPU threads, 0 = the cores less draw_threads */
+    int draw_threads;      /* the image decoder's CPU threads */
+    int png_workers;       /* PNG encoder threads */
+    char cost_table[1024]; /* the engine's starting cost table (a file), "" = the default */
+    char log_level[8];     /* "error", "warn", "info" or "debug" */
+    char backend[8];       /* one of backend_names (engine/backend/backend.h) */
+    int retry_after_s;     /* Retry-After on 429 */
     /* Connections (server/conn_guard.h) and request checks (server/http.h). */
     int max_connections;        /* 0 = max_waiting + max_running + 64 */
     int max_connections_per_ip; /* 0 = no limit */

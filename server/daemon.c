@@ -19,6 +19,7 @@
 #include "base/memory.h"
 #include "engine/backend/backend.h"
 #include "engine/model.h"
+#include "engine/model_family.h"
 #include "engine/planner.h"
 #include "engine/policy/kv_policy.h"
 #include "kernels/cpu/gemm_amx.h"
@@ -114,6 +115,26 @@ static void daemon_release(daemon_t *d) {
     if (d->be)
         d->be->destroy(d->be);
     metrics_destroy(d->metrics);
+}
+
+/* --cost-table FILE into *t: a table of the model's family (a raster
+ * model's costs do not price a next-scale one's steps); AR_ERR said on
+ * stderr, naming the file. */
+static int load_cost_table(const daemon_t *d, const char *path, cost_table_t *t) {
+    char why[512];
+    if (cost_table_load(t, path, why, sizeof why) != 0) {
+        fprintf(stderr, "arserve serve: --cost-table: %s\n", why);
+        return AR_ERR;
+    }
+    const char *family = model_family_of(&d->model.cfg)->name;
+    if (strcmp(t->family, family) != 0) {
+        fprintf(stderr,
+                "arserve serve: --cost-table: %s: a table of the %s family, and the model is "
+                "of the %s family (profile this model: arserve bench --profile)\n",
+                path, t->family, family);
+        return AR_ERR;
+    }
+    return AR_OK;
 }
 
 /* The default policy must suit the model: a config that cannot serve its
@@ -385,12 +406,16 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
     const size_t pool_bytes = cfg->kv_pool_mb
                                   ? (size_t)cfg->kv_pool_mb << 20
                                   : kv_pool_auto(d, cfg, kv_dtype, pool_why, sizeof pool_why);
+    cost_table_t costs;
+    if (cfg->cost_table[0] && load_cost_table(d, cfg->cost_table, &costs) != AR_OK)
+        return 2;
     sched_options_t so = {.max_running = cfg->max_running,
                           .max_waiting = cfg->max_waiting,
                           .kv_pool_bytes = pool_bytes,
                           .kv_dtype = kv_dtype,
                           .png_workers = cfg->png_workers,
-                          .draw_threads = cfg->draw_threads};
+                          .draw_threads = cfg->draw_threads,
+                          .costs = cfg->cost_table[0] ? &costs : NULL};
     if (!(d->sched = scheduler_create(&d->model, &so, d->metrics, &err))) {
         fprintf(stderr, "arserve serve: %s\n", err.msg);
         return 1;

@@ -143,8 +143,9 @@ typedef struct sse {
 } sse_t;
 
 #define PAGE_ROUTE "/"
-static const char *const KNOWN_ROUTES[] = {PAGE_ROUTE,   "/health",      "/ready", "/metrics",
-                                           "/v1/models", GENERATE_ROUTE, NULL};
+#define CAPACITY_ROUTE "/v1/capacity"
+static const char *const KNOWN_ROUTES[] = {PAGE_ROUTE,   "/health",      "/ready",       "/metrics",
+                                           "/v1/models", CAPACITY_ROUTE, GENERATE_ROUTE, NULL};
 
 static void count(http_server_t *h, conn_t *cx, int code) {
     char c[8];
@@ -1506,6 +1507,36 @@ static char *unhealthy_json(const char *reason) {
     return out;
 }
 
+/* GET /v1/capacity: the cost table the engine has learned (in the form
+ * `arserve bench --profile` writes and `arserve simulate --costs` reads),
+ * how it was learned, and the KV pool. */
+static char *capacity_json(http_server_t *h) {
+    sched_capacity_t cap;
+    sched_capacity(h->sched, &cap);
+    cJSON *o = cJSON_CreateObject(), *table = cost_table_json(&cap.costs),
+          *learn = cJSON_CreateObject(), *pool = cJSON_CreateObject();
+    char *out = NULL;
+    if (o && table && learn && pool && cJSON_AddStringToObject(o, "object", "capacity") &&
+        cJSON_AddNumberToObject(learn, "timed_iterations", (double)cap.timed_iterations) &&
+        cJSON_AddNumberToObject(learn, "refits", (double)cap.refits) &&
+        cJSON_AddNumberToObject(learn, "window_iterations", cap.window) &&
+        cJSON_AddNumberToObject(learn, "refit_every", cap.refit_every) &&
+        cJSON_AddNumberToObject(learn, "outliers_left_out", cap.outliers) &&
+        cJSON_AddNumberToObject(pool, "capacity_bytes", (double)cap.kv_pool_bytes) &&
+        cJSON_AddNumberToObject(pool, "reserved_bytes", (double)cap.kv_reserved_bytes)) {
+        cJSON_AddItemToObject(o, "cost_table", table);
+        cJSON_AddItemToObject(o, "learning", learn);
+        cJSON_AddItemToObject(o, "kv_pool", pool);
+        table = learn = pool = NULL;
+        out = cJSON_PrintUnformatted(o);
+    }
+    cJSON_Delete(o);
+    cJSON_Delete(table);
+    cJSON_Delete(learn);
+    cJSON_Delete(pool);
+    return out;
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
                               const char *method, const char *version, const char *upload_data,
                               size_t *upload_data_size, void **con_cls) {
@@ -1567,6 +1598,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     if (!strcmp(route, "/v1/models"))
         return send_json(h, c, cx, 200, api_models_json(&h->limits, &h->card));
+    if (!strcmp(route, CAPACITY_ROUTE))
+        return send_json(h, c, cx, 200, capacity_json(h));
     if (!strcmp(route, JOBS_ROUTE))
         return handle_job(h, c, cx, method);
     /* POST /v1/images/generations */

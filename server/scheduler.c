@@ -42,6 +42,10 @@ struct sched_job {
     double level_budgets[PLANNER_MAX_LEVELS];
     size_t *level_kv[PLANNER_MAX_LEVELS];
     size_t level_peak[PLANNER_MAX_LEVELS];
+    /* What each step costs the engine (all images), as kv_bytes and
+     * level_kv: the batcher sums them into each iteration's features. */
+    cost_features_t *step_features;
+    cost_features_t *level_features[PLANNER_MAX_LEVELS];
     double kv_budget_min, kv_budget_max;
     double t_submit;
     /* engine thread only */
@@ -82,6 +86,7 @@ typedef struct img_task {
     int *tokens;             /* the image's tokens after n_done steps, until drawn */
     int size, width, height; /* the image's size (an index) and pixels */
     uint8_t *rgb;
+    double draw_s; /* the drawing's seconds */
     struct img_task *next;
 } img_task_t;
 
@@ -122,6 +127,13 @@ struct scheduler {
     atomic_int unusable;
     char unusable_why[sizeof(ar_error_t) + 64];
 
+    /* The engine's cost, learned from its own iterations and images
+     * (cost_model.h); under cost_mu, written by the engine, drawing and PNG
+     * threads, read by sched_capacity. */
+    pthread_mutex_t cost_mu;
+    cost_learner_t costs;
+    metric_t *m_cost_coef, *m_cost_samples, *m_cost_rel_rms, *m_cost_refits, *m_cost_image;
+
     metric_t *m_running, *m_waiting, *m_queue_wait, *m_first_step, *m_latency, *m_step_time,
         *m_seqs, *m_tokens, *m_images, *m_refused, *m_cancelled, *m_kv_capacity, *m_kv_reserved,
         *m_kv_used, *m_iterations, *m_kv_overruns, *m_kv_released, *m_policy, *m_backend_healthy,
@@ -161,8 +173,11 @@ static void job_free(sched_job_t *j) {
     free(j->uncond);
     free(j->negative);
     free(j->kv_bytes);
-    for (int l = 0; l < j->n_levels; l++)
+    free(j->step_features);
+    for (int l = 0; l < j->n_levels; l++) {
         free(j->level_kv[l]);
+        free(j->level_features[l]);
+    }
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->changed);
     pthread_cond_destroy(&j->ended);
@@ -476,6 +491,39 @@ static void check_backend(scheduler_t *s, backend_t *be) {
 /* The drawing thread: takes every queued image at once and draws them in
  * turn on its own backend with buffers made once, then hands the pixels to
  * the PNG workers. An image whose job has failed already is not drawn. */
+/* The learned table's figures as metrics (cost_mu held). */
+static void publish_costs(scheduler_t *s) {
+    static const char *const terms[COST_N_COEF] = {"intercept", "per_sequence", "per_kv_attended",
+                                                   "per_new_token"};
+    const cost_table_t *t = &s->costs.table;
+    for (int k = 0; k < COST_N_COEF; k++)
+        metric_set(s->m_cost_coef, t->coef[k], terms[k]);
+    metric_set(s->m_cost_samples, (double)t->fit_samples);
+    metric_set(s->m_cost_rel_rms, t->fit_rel_rms);
+    metric_set(s->m_cost_image, t->decode_s, "decode");
+    metric_set(s->m_cost_image, t->png_s, "png");
+}
+
+/* One timed iteration into the learned cost table. */
+static void learn_iteration(scheduler_t *s, const cost_features_t *f, double seconds) {
+    pthread_mutex_lock(&s->cost_mu);
+    if (cost_learner_add(&s->costs, f, seconds)) {
+        metric_add(s->m_cost_refits, 1);
+        publish_costs(s);
+    }
+    pthread_mutex_unlock(&s->cost_mu);
+}
+
+/* Draws t's pixels (t->rgb), timing it in t->draw_s; AR_ERR in err. */
+static int draw_one(scheduler_t *s, img_task_t *t, ar_error_t *err) {
+    if (!(t->rgb = malloc((size_t)t->width * t->height * 3)))
+        return ar_errorf(err, "out of memory");
+    const double t0 = clock_now_s();
+    const int rc = gen_drawer_draw(&s->drawer, t->tokens, t->size, t->n_done, t->rgb, err);
+    t->draw_s = clock_now_s() - t0;
+    return rc;
+}
+
 static void *draw_main(void *arg) {
     scheduler_t *s = arg;
     for (img_task_t *batch; (batch = queue_pop(&s->draw_q, 1));) {
@@ -488,10 +536,7 @@ static void *draw_main(void *arg) {
             if (failed) { /* logged once, by the draw that failed it */
                 png_store(s, t, NULL, 0);
                 task_free(t);
-            } else if (!(t->rgb = malloc((size_t)t->width * t->height * 3))) {
-                task_failed(s, t, "drawing", "image decoding failed", "out of memory");
-            } else if (gen_drawer_draw(&s->drawer, t->tokens, t->size, t->n_done, t->rgb, &err) !=
-                       AR_OK) {
+            } else if (draw_one(s, t, &err) != AR_OK) {
                 task_failed(s, t, "drawing", "image decoding failed", err.msg);
                 check_backend(s, s->drawer.be);
             } else {
@@ -510,9 +555,16 @@ static void *png_worker(void *arg) {
         uint8_t *png = NULL;
         size_t len = 0;
         ar_error_t err = {{0}};
+        const double t0 = clock_now_s();
         if (png_encode(t->rgb, t->width, t->height, &png, &len, &err) != AR_OK) {
             task_failed(s, t, "PNG encoding", "PNG encoding failed", err.msg);
             continue;
+        }
+        if (t->preview < 0) { /* a final image: what the cost table's per-image costs are */
+            pthread_mutex_lock(&s->cost_mu);
+            cost_learner_add_image(&s->costs, t->draw_s, clock_now_s() - t0);
+            publish_costs(s);
+            pthread_mutex_unlock(&s->cost_mu);
         }
         png_store(s, t, png, len);
         task_free(t);
@@ -752,8 +804,11 @@ static void *engine_main(void *arg) {
         set_gauges(s);
         batcher_stats(s->batcher, &st);
         pthread_mutex_unlock(&s->mu);
-        if (rc == AR_OK)
+        if (rc == AR_OK) {
             check_iteration(s, &st, t1 - t0);
+            if (st.last_features_known)
+                learn_iteration(s, &st.last_features, t1 - t0);
+        }
         handle_events(s, ev, n_ev, t1);
     }
     /* Shutting down: end whatever is left. */
@@ -780,7 +835,8 @@ static sched_job_t *refuse(scheduler_t *s, sched_refusal_info_t *why, sched_refu
     return NULL;
 }
 
-static sched_job_t *job_new(const sched_request_t *req, const planner_plan_t *plan) {
+static sched_job_t *job_new(const sched_request_t *req, const planner_plan_t *plan,
+                            const kv_geometry_t *g) {
     sched_job_t *j = calloc(1, sizeof *j);
     if (!j)
         return NULL;
@@ -789,12 +845,13 @@ static sched_job_t *job_new(const sched_request_t *req, const planner_plan_t *pl
     j->png = calloc((size_t)req->n_images, sizeof *j->png);
     j->png_len = calloc((size_t)req->n_images, sizeof *j->png_len);
     j->kv_bytes = malloc((size_t)plan->steps * sizeof *j->kv_bytes);
+    j->step_features = cost_plan_features(g, plan, req->n_images);
     if (req->n_negative > 0 && (j->negative = malloc((size_t)req->n_negative * sizeof(int))))
         memcpy(j->negative, req->negative, (size_t)req->n_negative * sizeof(int));
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->changed, NULL);
     pthread_cond_init(&j->ended, NULL);
-    if (!j->cond || !j->uncond || !j->png || !j->png_len || !j->kv_bytes ||
+    if (!j->cond || !j->uncond || !j->png || !j->png_len || !j->kv_bytes || !j->step_features ||
         (req->n_negative > 0 && !j->negative)) {
         job_free(j);
         return NULL;
@@ -815,11 +872,14 @@ static sched_job_t *job_new(const sched_request_t *req, const planner_plan_t *pl
 }
 
 /* A range's levels into j (its kv_bytes and peak become the floor's). */
-static int job_set_levels(sched_job_t *j, const planner_levels_t *lv, double lo, double hi) {
+static int job_set_levels(sched_job_t *j, const planner_levels_t *lv, const kv_geometry_t *g,
+                          double lo, double hi) {
     for (int l = 0; l < lv->n; l++) {
-        if (!(j->level_kv[l] = malloc((size_t)j->steps * sizeof *j->level_kv[l])))
-            return AR_ERR;
+        j->level_kv[l] = malloc((size_t)j->steps * sizeof *j->level_kv[l]);
+        j->level_features[l] = cost_plan_features(g, &lv->plans[l], j->n_images);
         j->n_levels = l + 1;
+        if (!j->level_kv[l] || !j->level_features[l])
+            return AR_ERR;
         for (int t = 0; t < j->steps; t++)
             j->level_kv[l][t] = lv->plans[l].bytes[t] * (size_t)j->n_images;
         j->level_budgets[l] = lv->budgets[l];
@@ -915,17 +975,17 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
     }
     const planner_plan_t *own = lv.n > 0 ? &lv.plans[lv.n - 1] : &plan;
     why->need_bytes = own->peak_bytes * (size_t)req->n_images;
-    sched_job_t *j = job_new(req, own);
+    kv_geometry_t g;
+    model_geometry_sized(&s->model->cfg, req->n_prompt, req->size, &g);
+    sched_job_t *j = job_new(req, own, &g);
     if (j) {
-        kv_geometry_t g;
-        model_geometry_sized(&s->model->cfg, req->n_prompt, req->size, &g);
         j->image_tokens = kv_geometry_image_tokens(&g);
         j->size = req->size;
         model_image_dims(&s->model->cfg, req->size, &j->width, &j->height);
     }
     if (j && lv.n > 0) {
         j->kv_policy.budget = lv.budgets[lv.n - 1]; /* until admitted */
-        if (job_set_levels(j, &lv, lo, req->kv_policy.budget) != AR_OK) {
+        if (job_set_levels(j, &lv, &g, lo, req->kv_policy.budget) != AR_OK) {
             job_free(j);
             j = NULL;
         }
@@ -954,6 +1014,8 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
                         .kv_bytes = j->kv_bytes,
                         .n_levels = j->n_levels,
                         .level_kv_bytes = (const size_t *const *)j->level_kv,
+                        .step_features = j->step_features,
+                        .level_step_features = (const cost_features_t *const *)j->level_features,
                         .deadline = j->t_submit + req->timeout_s,
                         .work = &j->gen};
     pthread_mutex_lock(&s->mu);
@@ -1151,6 +1213,31 @@ static void register_metrics(scheduler_t *s, metrics_t *m) {
         "How far running requests' reserved KV peaks went down when their plans tightened "
         "(HeadKV after grouping, AMS-KV once a layer has decided).",
         0, NULL);
+    static const char *const term[] = {"term"}, *const part[] = {"part"};
+    s->m_cost_coef = metrics_gauge(
+        m, "arserve_cost_step_seconds",
+        "The learned cost table (GET /v1/capacity): an engine iteration's seconds per unit of "
+        "each term (intercept, per_sequence, per_kv_attended, per_new_token), fitted from the "
+        "engine's own timed iterations.",
+        1, term);
+    s->m_cost_samples = metrics_gauge(m, "arserve_cost_fit_samples",
+                                      "Iterations the learned cost table was last fitted from "
+                                      "(0: the seed table, nothing fitted yet).",
+                                      0, NULL);
+    s->m_cost_rel_rms = metrics_gauge(
+        m, "arserve_cost_fit_relative_error",
+        "Relative RMS error of the learned cost table's step times against the iterations it "
+        "was fitted from.",
+        0, NULL);
+    s->m_cost_refits = metrics_counter(m, "arserve_cost_refits_total",
+                                       "Times the cost table was fitted again from the engine's "
+                                       "last iterations.",
+                                       0, NULL);
+    s->m_cost_image = metrics_gauge(
+        m, "arserve_cost_image_seconds",
+        "Seconds an image's drawing (decode) and PNG encoding (png) take, a mean over the last "
+        "images.",
+        1, part);
     s->m_backend_healthy =
         metrics_gauge(m, "arserve_backend_healthy",
                       "1 while the backend can run steps; 0 once it cannot (a CUDA fault: every "
@@ -1200,6 +1287,7 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
     s->opt = *opt;
     s->metrics = metrics;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->cost_mu, NULL);
     pthread_cond_init(&s->wake, NULL);
     queue_init(&s->draw_q);
     queue_init(&s->png_q);
@@ -1210,7 +1298,13 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
     size_t n_blocks = opt->kv_pool_bytes / block;
     if (n_blocks > INT32_MAX)
         n_blocks = INT32_MAX;
-    if (!s->workers) {
+    cost_table_t seed;
+    if (opt->costs)
+        seed = *opt->costs;
+    else /* every stored byte counted as a weight: more than there are */
+        cost_table_default(&seed, c, (double)model->weight_bytes);
+    if (!s->workers ||
+        cost_learner_init(&s->costs, &seed, SCHED_COST_WINDOW, SCHED_COST_REFIT_EVERY) != AR_OK) {
         ar_errorf(err, "out of memory");
         goto fail;
     }
@@ -1229,6 +1323,7 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
     if (!(s->batcher = batcher_create(&bo, &gen_batcher_ops, &s->pool, err)))
         goto fail;
     register_metrics(s, metrics);
+    publish_costs(s);
     s->alive = 1;
     int rc = pthread_create(&s->engine, NULL, engine_main, s);
     if (rc != 0) {
@@ -1264,6 +1359,19 @@ void sched_status(scheduler_t *s, sched_status_t *out) {
                             .kv_reserved_bytes = metric_value(s->m_kv_reserved)};
 }
 
+void sched_capacity(scheduler_t *s, sched_capacity_t *out) {
+    pthread_mutex_lock(&s->cost_mu);
+    *out = (sched_capacity_t){.costs = s->costs.table,
+                              .timed_iterations = s->costs.samples,
+                              .refits = s->costs.refits,
+                              .window = s->costs.cap,
+                              .refit_every = s->costs.refit_every,
+                              .outliers = s->costs.last_outliers};
+    pthread_mutex_unlock(&s->cost_mu);
+    out->kv_pool_bytes = kv_pool_capacity_bytes(&s->pool);
+    out->kv_reserved_bytes = (size_t)metric_value(s->m_kv_reserved);
+}
+
 void scheduler_stop(scheduler_t *s) {
     if (s)
         stop_threads(s);
@@ -1279,6 +1387,8 @@ void scheduler_destroy(scheduler_t *s) {
     batcher_destroy(s->batcher);
     kv_pool_free(&s->pool);
     free(s->workers);
+    cost_learner_free(&s->costs);
+    pthread_mutex_destroy(&s->cost_mu);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->wake);
     free(s);

@@ -31,7 +31,15 @@ typedef struct sched_options {
     dtype_t kv_dtype;     /* what the pool stores K and V as (kv_dtype_ok) */
     int png_workers;
     int draw_threads; /* the image decoder's threads, beside the engine's (0: as many) */
+    /* The cost table the engine starts from until its own iterations are
+     * fitted (bench --profile's; NULL: cost_table_default's). */
+    const cost_table_t *costs;
 } sched_options_t;
+
+/* The learned cost table: fitted from the last SCHED_COST_WINDOW timed
+ * iterations, every SCHED_COST_REFIT_EVERY. */
+#define SCHED_COST_WINDOW 4096
+#define SCHED_COST_REFIT_EVERY 64
 
 typedef struct scheduler scheduler_t;
 typedef struct sched_job sched_job_t;
@@ -138,6 +146,16 @@ void scheduler_destroy(scheduler_t *s);
 /* Plans the request (its policy checked here, once) and queues it: returns
  * the job (one reference, the caller's), or NULL with *why filled. */
 sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refusal_info_t *why);
+
+/* What GET /v1/capacity says: the cost table the engine has learned, how
+ * it was learned, and the pool. */
+typedef struct sched_capacity {
+    cost_table_t costs;
+    long long timed_iterations, refits;
+    int window, refit_every, outliers;
+    size_t kv_pool_bytes, kv_reserved_bytes;
+} sched_capacity_t;
+void sched_capacity(scheduler_t *s, sched_capacity_t *out);
 
 uint64_t sched_job_id(const sched_job_t *j);
 void sched_job_snapshot(sched_job_t *j, sched_snapshot_t *out);

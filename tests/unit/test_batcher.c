@@ -541,6 +541,62 @@ static void test_elastic_no_queue_reserves_the_level_that_fits(void) {
     batcher_destroy(b);
 }
 
+/* An iteration's cost features are its jobs' features at the steps they
+ * just did (a job with levels: its admitted level's), summed; a job
+ * without features makes the iteration's unknown. */
+static void test_iteration_features_sum_the_batch(void) {
+    world_t w;
+    batcher_t *b = make(&w, 1000, 4, 4);
+    fake_t a = fake(1, 3, 1), c = fake(1, 2, 1);
+    cost_features_t fa[3], fc[2];
+    for (int t = 0; t < 3; t++)
+        fa[t] = (cost_features_t){.sequences = 2, .kv_attended = 10.0 * (t + 1), .new_tokens = 2};
+    for (int t = 0; t < 2; t++)
+        fc[t] = (cost_features_t){.sequences = 4, .kv_attended = 100.0 * (t + 1), .new_tokens = 8};
+    batcher_job_t ja = job_of(&a), jc = job_of(&c);
+    ja.step_features = fa;
+    jc.step_features = fc;
+    CHECK(batcher_submit(b, &ja, NULL) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 0) == 1);
+    batcher_stats_t st;
+    batcher_stats(b, &st);
+    CHECK(st.last_features_known && st.last_features.kv_attended == 10 &&
+          st.last_features.sequences == 2);
+    CHECK(batcher_submit(b, &jc, NULL) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 0) == 2); /* a's step 1, c's step 0 */
+    batcher_stats(b, &st);
+    CHECK(st.last_features_known && st.last_features.kv_attended == 20 + 100 &&
+          st.last_features.sequences == 6 && st.last_features.new_tokens == 10);
+    CHECK(batcher_iterate(b, 0) == 2); /* a's last step, c's last */
+    batcher_stats(b, &st);
+    CHECK(st.last_features.kv_attended == 30 + 200);
+
+    fake_t u = fake(1, 1, 1);
+    submit(b, &u); /* no features */
+    elastic_t e;
+    elastic_make(&e, 2, 80, 40, 20);
+    cost_features_t lf[N_LEVELS][2];
+    const cost_features_t *lp[N_LEVELS];
+    for (int l = 0; l < N_LEVELS; l++) {
+        for (int t = 0; t < 2; t++)
+            lf[l][t] = (cost_features_t){.sequences = 2, .kv_attended = 1000.0 * (l + 1)};
+        lp[l] = lf[l];
+    }
+    batcher_job_t je = job_of(&e.f);
+    je.n_levels = N_LEVELS;
+    je.level_kv_bytes = e.level_ptrs;
+    je.step_features = lf[N_LEVELS - 1];
+    je.level_step_features = lp;
+    CHECK(batcher_submit(b, &je, NULL) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 0) == 2);
+    batcher_stats(b, &st);
+    CHECK(!st.last_features_known && st.last_features.kv_attended == 1000);
+    CHECK(batcher_iterate(b, 0) == 1 && e.level == 0);
+    batcher_stats(b, &st);
+    CHECK(st.last_features_known && st.last_features.kv_attended == 1000);
+    batcher_destroy(b);
+}
+
 int main(void) {
     TEST_RUN(test_job_life_cycle_events);
     TEST_RUN(test_fifo_admission_head_blocks);
@@ -556,5 +612,6 @@ int main(void) {
     TEST_RUN(test_no_queue_gives_back_reservations);
     TEST_RUN(test_elastic_admits_largest_level_that_fits);
     TEST_RUN(test_elastic_no_queue_reserves_the_level_that_fits);
+    TEST_RUN(test_iteration_features_sum_the_batch);
     return TEST_SUMMARY();
 }

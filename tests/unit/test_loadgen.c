@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "cli/bench_report.h"
-#include "cli/cost_model.h"
 #include "cli/http_client.h"
 #include "cli/loadgen.h"
+#include "engine/cost_model.h"
 #include "tests/test.h"
 
 #define N_GAPS 40000

@@ -1,5 +1,5 @@
-/* The simulator's cost table (cli/cost_model.h). */
-#include "cli/cost_model.h"
+/* The cost table (engine/cost_model.h). */
+#include "engine/cost_model.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/model_family.h"
+
 void cost_features_add(cost_features_t *f, const kv_geometry_t *g, const planner_plan_t *pl,
                        int step, int n_images) {
     const double seqs = 2.0 * n_images;
@@ -15,6 +17,14 @@ void cost_features_add(cost_features_t *f, const kv_geometry_t *g, const planner
     f->sequences += seqs;
     f->new_tokens += seqs * fed;
     f->kv_attended += seqs * fed * pl->tokens[step];
+}
+
+cost_features_t *cost_plan_features(const kv_geometry_t *g, const planner_plan_t *pl,
+                                    int n_images) {
+    cost_features_t *f = calloc((size_t)pl->steps, sizeof *f);
+    for (int t = 0; f && t < pl->steps; t++)
+        cost_features_add(&f[t], g, pl, t, n_images);
+    return f;
 }
 
 static void features_row(const cost_features_t *f, double row[COST_N_COEF]) {
@@ -128,7 +138,7 @@ int cost_table_fit(cost_table_t *t, const cost_features_t *x, const double *y, i
 static const char *const COEF_KEYS[COST_N_COEF] = {"intercept_s", "per_sequence_s",
                                                    "per_kv_attended_s", "per_new_token_s"};
 
-int cost_table_save(const cost_table_t *t, const char *path, char *why, size_t why_cap) {
+cJSON *cost_table_json(const cost_table_t *t) {
     cJSON *o = cJSON_CreateObject(), *step = cJSON_CreateObject(), *fit = cJSON_CreateObject();
     int ok = o && step && fit;
     ok &= cJSON_AddStringToObject(o, "family", t->family) != NULL;
@@ -144,12 +154,21 @@ int cost_table_save(const cost_table_t *t, const char *path, char *why, size_t w
           cJSON_AddNumberToObject(fit, "max_rel", t->fit_max_rel) &&
           cJSON_AddItemToObject(o, "fit", fit);
     fit = NULL;
-    char *text = ok ? cJSON_Print(o) : NULL;
-    cJSON_Delete(o);
     cJSON_Delete(step);
     cJSON_Delete(fit);
+    if (!ok) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+int cost_table_save(const cost_table_t *t, const char *path, char *why, size_t why_cap) {
+    cJSON *o = cost_table_json(t);
+    char *text = o ? cJSON_Print(o) : NULL;
+    cJSON_Delete(o);
     FILE *f = text ? fopen(path, "w") : NULL;
-    ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
     if (f)
         ok &= fclose(f) == 0;
     cJSON_free(text);
@@ -220,4 +239,123 @@ int cost_table_load(cost_table_t *t, const char *path, char *why, size_t why_cap
     }
     cJSON_Delete(o);
     return rc;
+}
+
+void cost_table_default(cost_table_t *t, const model_config_t *cfg, double n_weights) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->family, sizeof t->family, "%s", model_family_of(cfg)->name);
+    snprintf(t->source, sizeof t->source,
+             "default: %.3g FLOP/s for 2 FLOP a weight a new token and 4 a head dimension a "
+             "query-key pair (nothing timed yet)",
+             COST_DEFAULT_FLOPS);
+    t->coef[3] = 2.0 * n_weights / COST_DEFAULT_FLOPS;
+    t->coef[2] =
+        4.0 * cfg->llm.head_dim * cfg->llm.num_heads * cfg->llm.num_layers / COST_DEFAULT_FLOPS;
+    t->decode_s = t->png_s = 1.0;
+}
+
+/* ---- the online learner ---- */
+
+int cost_learner_init(cost_learner_t *l, const cost_table_t *seed, int cap, int refit_every) {
+    memset(l, 0, sizeof *l);
+    l->table = *seed;
+    l->cap = cap > COST_N_COEF ? cap : COST_N_COEF + 1;
+    l->refit_every = refit_every > 0 ? refit_every : 1;
+    l->x = malloc((size_t)l->cap * sizeof *l->x);
+    l->kept_x = malloc((size_t)l->cap * sizeof *l->kept_x);
+    l->y = malloc((size_t)l->cap * sizeof *l->y);
+    l->kept_y = malloc((size_t)l->cap * sizeof *l->kept_y);
+    l->err = malloc((size_t)l->cap * sizeof *l->err);
+    if (!l->x || !l->kept_x || !l->y || !l->kept_y || !l->err) {
+        cost_learner_free(l);
+        return AR_ERR;
+    }
+    return AR_OK;
+}
+
+void cost_learner_free(cost_learner_t *l) {
+    free(l->x);
+    free(l->kept_x);
+    free(l->y);
+    free(l->kept_y);
+    free(l->err);
+    memset(l, 0, sizeof *l);
+}
+
+static int by_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Fits over the ring: all of it; then the better half under that fit;
+ * then, up to COST_TRIM_ROUNDS times in all, what the last fit explains
+ * within the outlier bound. 1 when the table was replaced. */
+static int refit(cost_learner_t *l) {
+    cost_table_t t = l->table;
+    if (cost_table_fit(&t, l->x, l->y, l->n) != 0)
+        return 0;
+    int k = l->n;
+    for (int round = 0; round < COST_TRIM_ROUNDS; round++) {
+        for (int i = 0; i < l->n; i++)
+            l->err[i] =
+                fabs(cost_step_seconds(&t, &l->x[i]) - l->y[i]) / (l->y[i] > 0 ? l->y[i] : 1e-12);
+        memcpy(l->kept_y, l->err, (size_t)l->n * sizeof *l->kept_y);
+        qsort(l->kept_y, (size_t)l->n, sizeof *l->kept_y, by_double);
+        /* The first trimmed fit takes the better half only (up to half the
+         * samples may be slowed), the later ones what is near their fit. */
+        const double median = l->kept_y[l->n / 2],
+                     bound = round == 0 ? median
+                                        : fmax(COST_OUTLIER_FACTOR * median, COST_OUTLIER_FLOOR);
+        int kept = 0;
+        for (int i = 0; i < l->n; i++)
+            if (l->err[i] <= bound) {
+                l->kept_x[kept] = l->x[i];
+                l->kept_y[kept++] = l->y[i];
+            }
+        if (kept == k)
+            break; /* the same samples as the last fit's */
+        k = kept;
+        cost_table_t trimmed = t;
+        if (cost_table_fit(&trimmed, l->kept_x, l->kept_y, k) != 0)
+            break;
+        t = trimmed;
+    }
+    l->last_outliers = l->n - k;
+    t.decode_s = l->table.decode_s;
+    t.png_s = l->table.png_s;
+    snprintf(t.source, sizeof t.source,
+             "learned from the engine's last %d iterations (%d left out as outliers), refit %lld",
+             l->n, l->last_outliers, l->refits + 1);
+    l->table = t;
+    l->refits++;
+    return 1;
+}
+
+int cost_learner_add(cost_learner_t *l, const cost_features_t *f, double seconds) {
+    if (!(seconds >= 0) || !isfinite(seconds))
+        return 0;
+    l->x[l->next] = *f;
+    l->y[l->next] = seconds;
+    l->next = (l->next + 1) % l->cap;
+    if (l->n < l->cap)
+        l->n++;
+    l->samples++;
+    if (++l->since_refit < l->refit_every)
+        return 0;
+    l->since_refit = 0;
+    return refit(l);
+}
+
+void cost_learner_add_image(cost_learner_t *l, double decode_s, double png_s) {
+    if (!(decode_s >= 0) || !(png_s >= 0))
+        return;
+    /* A running mean that forgets: the last ~COST_IMAGE_MEMORY images weigh. */
+    enum { COST_IMAGE_MEMORY = 64 };
+    if (l->images < COST_IMAGE_MEMORY)
+        l->images++;
+    const double w = 1.0 / l->images;
+    l->decode_mean = l->images == 1 ? decode_s : (1 - w) * l->decode_mean + w * decode_s;
+    l->png_mean = l->images == 1 ? png_s : (1 - w) * l->png_mean + w * png_s;
+    l->table.decode_s = l->decode_mean;
+    l->table.png_s = l->png_mean;
 }

@@ -1,0 +1,112 @@
+/* The cost table: what one engine iteration costs as a linear function of
+ * the batch it steps, fitted from timed iterations (`arserve bench
+ * --profile`, or a daemon's own, online: cost_learner_t) or derived from a
+ * paper's step times (the capacity simulator's tables), plus
+ * the per-image costs of decoding (on the engine thread) and PNG encoding
+ * (on the PNG workers). A table is for one model family on one machine;
+ * its file is JSON (cost_table_save). */
+#ifndef ARSERVE_ENGINE_COST_MODEL_H
+#define ARSERVE_ENGINE_COST_MODEL_H
+
+#include <stddef.h>
+
+#include "engine/planner.h"
+#include "engine/policy/kv_policy.h"
+
+/* What an iteration's cost is keyed by, summed over the batch's sequences
+ * (two per image: the CFG pair). */
+typedef struct cost_features {
+    double sequences;
+    double kv_attended; /* KV tokens attended, summed over the step's new tokens (query x key
+                           pairs: a raster decode step's new token attends every token held) */
+    double new_tokens;  /* tokens fed: the prefix at a request's first step, then its step's */
+} cost_features_t;
+
+/* Adds n_images images of one request at step `step` of plan pl (its
+ * geometry g) to f. */
+void cost_features_add(cost_features_t *f, const kv_geometry_t *g, const planner_plan_t *pl,
+                       int step, int n_images);
+
+/* Each step's features of n_images images of plan pl (geometry g): a
+ * malloc'd array of pl->steps entries, or NULL when out of memory. */
+cost_features_t *cost_plan_features(const kv_geometry_t *g, const planner_plan_t *pl, int n_images);
+
+#define COST_N_COEF 4 /* intercept, per sequence, per KV attended, per new token */
+
+typedef struct cost_table {
+    char family[32];  /* "raster" or "scale" */
+    char source[256]; /* where the numbers come from (a profile run, a paper) */
+    double coef[COST_N_COEF];
+    double decode_s; /* per image, on the engine thread */
+    double png_s;    /* per image, on a PNG worker */
+    /* The fit: samples, relative RMS error and the largest relative error
+     * of the fitted step times against the measured ones (0 when derived). */
+    int fit_samples;
+    double fit_rel_rms, fit_max_rel;
+} cost_table_t;
+
+/* The table's step time for features f (never below 0). */
+double cost_step_seconds(const cost_table_t *t, const cost_features_t *f);
+
+/* Least squares of y[i] ~ coef . (1, sequences, kv_attended, new_tokens)
+ * over n samples, with every coefficient kept >= 0 (a feature whose
+ * coefficient comes out negative is dropped and the rest refitted); sets
+ * coef and the fit figures. -1 when n is too small. */
+int cost_table_fit(cost_table_t *t, const cost_features_t *x, const double *y, int n);
+
+/* The model's cost before anything was timed: a conservative table (slow:
+ * what one core of a small machine does), for a daemon started without a
+ * table to answer something until its own iterations are fitted. Every
+ * new token costs 2 FLOP per weight (n_weights: the caller may count
+ * every stored byte as one, more than there are), every query-key pair 4
+ * per head dimension per head per layer, at COST_DEFAULT_FLOPS; decoding
+ * and PNG encoding 1 s an image. */
+#define COST_DEFAULT_FLOPS 10e9
+void cost_table_default(cost_table_t *t, const model_config_t *cfg, double n_weights);
+
+/* The table as the file holds it (a cJSON object the caller deletes), or
+ * NULL when out of memory. */
+struct cJSON *cost_table_json(const cost_table_t *t);
+
+/* Reads and writes the JSON file; errors name the file and the key. */
+int cost_table_load(cost_table_t *t, const char *path, char *why, size_t why_cap);
+int cost_table_save(const cost_table_t *t, const char *path, char *why, size_t why_cap);
+
+/* A cost table learned online from an engine's own timed iterations:
+ * the last `cap` (features, seconds) samples in a ring; every `refit_every`
+ * samples the table is fitted again from the ring, robustly (a fit; a
+ * fit of the half it explains best; then fits of the samples whose error
+ * under the last fit is within COST_OUTLIER_FACTOR times the median
+ * error, or within COST_OUTLIER_FLOOR of their step, COST_TRIM_ROUNDS
+ * trimmed fits at most: steps slowed by something else, a page fault,
+ * another process, up to half of them, do not move the table). Until the first fit the seed
+ * answers; a fit that fails (too few samples, every batch alike) keeps the last table. Bounded
+ * memory: the ring and its scratch, fixed at init. Not thread-safe: one caller at a time. */
+#define COST_OUTLIER_FACTOR 4.0
+#define COST_OUTLIER_FLOOR 0.25
+#define COST_TRIM_ROUNDS 5
+typedef struct cost_learner {
+    cost_table_t table; /* what it answers with: the seed, then the last good fit */
+    cost_features_t *x, *kept_x;
+    double *y, *kept_y, *err;
+    int cap, n, next;
+    int refit_every, since_refit;
+    long long samples; /* added, ever */
+    long long refits;  /* fits that replaced the table */
+    int last_outliers; /* samples the last fit left out */
+    /* Per image, the mean over the last images of their decoding and PNG
+     * encoding seconds (0 samples: the seed's). */
+    double decode_mean, png_mean;
+    int images;
+} cost_learner_t;
+
+/* AR_OK, or AR_ERR when out of memory. The table starts as *seed (its
+ * source kept), and becomes "learned from N iterations" once fitted. */
+int cost_learner_init(cost_learner_t *l, const cost_table_t *seed, int cap, int refit_every);
+void cost_learner_free(cost_learner_t *l);
+/* One timed iteration; 1 when it refitted the table, else 0. */
+int cost_learner_add(cost_learner_t *l, const cost_features_t *f, double seconds);
+/* One image's decoding and PNG encoding seconds (either < 0: not timed). */
+void cost_learner_add_image(cost_learner_t *l, double decode_s, double png_s);
+
+#endif

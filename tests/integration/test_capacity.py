@@ -1,0 +1,109 @@
+"""GET /v1/capacity and the cost table the daemon learns from its own iterations: a
+conservative default (or --cost-table's) until the engine has timed enough iterations, then
+a table fitted from them, the same figures in /metrics, in the form `arserve bench
+--profile` writes and `--cost-table` and `arserve simulate --costs` read."""
+import json
+import math
+import subprocess
+
+from conftest import ARSERVE_BIN, TINY_MODEL, clean_env, scaled
+
+GEN = "/v1/images/generations"
+TERMS = ("intercept_s", "per_sequence_s", "per_kv_attended_s", "per_new_token_s")
+METRIC_TERMS = ("intercept", "per_sequence", "per_kv_attended", "per_new_token")
+
+
+def capacity(d):
+    r = d.client.get("/v1/capacity")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_the_daemon_learns_its_cost_and_says_it(start_daemon, tiny_info, tmp_path):
+    d = start_daemon()
+    c = capacity(d)
+    assert c["object"] == "capacity"
+    t, learn = c["cost_table"], c["learning"]
+    assert t["source"].startswith("default:"), t
+    assert learn["timed_iterations"] == 0 and learn["refits"] == 0 and t["fit"]["samples"] == 0
+    assert learn["refit_every"] == 64 and learn["window_iterations"] == 4096
+    assert t["step"]["per_new_token_s"] > 0 and t["decode_s_per_image"] == 1
+    assert c["kv_pool"]["capacity_bytes"] > 0
+
+    # Enough images for a refit: every step of every image is an iteration timed.
+    images = 0
+    while capacity(d)["learning"]["refits"] == 0:
+        assert images < 64 * 4, "64 iterations timed and still no fit"
+        r = d.client.post(GEN, json={"prompt": "a red circle", "n": 2, "seed": images})
+        assert r.status_code == 200, r.text
+        images += 2
+    c = capacity(d)
+    t, learn = c["cost_table"], c["learning"]
+    assert learn["timed_iterations"] >= 64 and learn["refits"] >= 1
+    assert t["source"].startswith("learned from the engine's last "), t["source"]
+    # Fitted from the ring at the last refit (a multiple of 64 iterations) less the outliers.
+    window = t["fit"]["samples"] + learn["outliers_left_out"]
+    assert window % 64 == 0 and 64 <= window <= learn["timed_iterations"], (t, learn)
+    assert f"last {window} iterations ({learn['outliers_left_out']} left out" in t["source"]
+    steps = [t["step"][k] for k in TERMS]
+    assert all(v >= 0 and math.isfinite(v) for v in steps) and any(v > 0 for v in steps), t
+    assert 0 <= t["fit"]["rel_rms"] and math.isfinite(t["fit"]["rel_rms"])
+    # The per-image costs are the images' own (not the default's 1 s).
+    assert 0 < t["decode_s_per_image"] != 1 and 0 < t["png_s_per_image"] != 1
+
+    m = d.metrics()
+    for key, term in zip(TERMS, METRIC_TERMS):
+        assert math.isclose(m.get("arserve_cost_step_seconds", -1, term=term), t["step"][key],
+                            rel_tol=1e-6, abs_tol=1e-15), (term, m.text)
+    assert m.get("arserve_cost_fit_samples") == t["fit"]["samples"]
+    assert m.get("arserve_cost_refits_total") == learn["refits"]
+    assert math.isclose(m.get("arserve_cost_image_seconds", part="png"), t["png_s_per_image"],
+                        rel_tol=1e-6)
+
+    # The learned table is a cost table file: a daemon started from it answers with it
+    # until it learns its own, and the simulator prices a run with it.
+    path = tmp_path / "learned.json"
+    path.write_text(json.dumps(t))
+    d2 = start_daemon(args=["--cost-table", str(path)])
+    seeded = capacity(d2)["cost_table"]
+    assert seeded["source"] == t["source"] and seeded["step"] == t["step"], seeded
+    mix = tmp_path / "mix.jsonl"
+    mix.write_text(json.dumps({"prompt": "a red circle"}) + "\n")
+    p = subprocess.run([ARSERVE_BIN, "simulate", "--model", TINY_MODEL, "--costs", str(path),
+                        "--mix", str(mix), "--rates", "1", "-n", "4", "--out",
+                        str(tmp_path / "sim")], capture_output=True, text=True,
+                       env=clean_env(), timeout=scaled(60))
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_cost_table_flag_refuses_a_bad_file(tmp_path):
+    def serve(path):
+        return subprocess.run([ARSERVE_BIN, "serve", "--model", TINY_MODEL, "--port", "0",
+                               "--cost-table", str(path)], capture_output=True, text=True,
+                              env=clean_env(), timeout=scaled(60))
+
+    p = serve(tmp_path / "missing.json")
+    assert p.returncode == 2 and f"--cost-table: {tmp_path}/missing.json: cannot open" in \
+        p.stderr, p.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"family": "raster", "step": {"intercept_s": -1}}')
+    p = serve(bad)
+    assert p.returncode == 2 and f'{bad}: "intercept_s" must be a number >= 0' in p.stderr, \
+        p.stderr
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"family": "scale", "source": "x", "step": dict.fromkeys(TERMS, 0),
+                                 "decode_s_per_image": 0, "png_s_per_image": 0}))
+    p = serve(other)
+    assert p.returncode == 2 and "a table of the scale family, and the model is of the raster" \
+        in p.stderr, p.stderr
+
+
+def test_capacity_is_get_only_and_keyed(start_daemon, tmp_path):
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    d = start_daemon(args=["--api-key-file", str(key)])
+    assert d.client.get("/v1/capacity").status_code == 401
+    r = d.client.get("/v1/capacity", headers={"Authorization": "Bearer s3cret"})
+    assert r.status_code == 200 and r.json()["object"] == "capacity"
+    r = d.client.post("/v1/capacity", headers={"Authorization": "Bearer s3cret"}, json={})
+    assert r.status_code == 405 and r.headers["allow"] == "GET"
