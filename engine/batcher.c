@@ -17,6 +17,11 @@ typedef struct slot {
     int cancel;   /* 0, or the batcher_end_t + 1 asked for by batcher_cancel */
     int reserved; /* waiting with max_waiting 0: its KV is in the planner already */
     int level;    /* the level it runs at (reserved: chosen at submission) */
+    /* Why it has waited at an admission (the pool or max_running; the
+     * time objectives), and what decided its admission. */
+    int waited_memory, waited_time;
+    batcher_regime_t regime;
+    double predicted_end;
 } slot_t;
 
 struct batcher {
@@ -43,11 +48,23 @@ struct batcher {
     size_t last_reserved, last_peak;
     cost_features_t last_features;
     int last_features_known;
+    /* Time objectives (batcher_set_costs): the table, and scratch for the
+     * running jobs' future iterations (cap_future of each). */
+    int costs_on;
+    cost_table_t costs;
+    cost_features_t *load;
+    double *t_without, *t_with;
+    int cap_future;
 };
 
 static const char *const refusal_names[] = {
     "accepted", "draining", "too_large", "too_many_images", "queue_full", "invalid", "no_memory"};
 static const char *const end_names[] = {"finished", "cancelled", "expired", "failed", "shutdown"};
+static const char *const regime_names[] = {"free", "memory", "time"};
+
+const char *batcher_regime_name(batcher_regime_t r) {
+    return (unsigned)r < sizeof regime_names / sizeof *regime_names ? regime_names[r] : "?";
+}
 
 const char *batcher_refusal_name(batcher_refusal_t r) {
     return (unsigned)r < sizeof refusal_names / sizeof *refusal_names ? refusal_names[r] : "?";
@@ -78,6 +95,8 @@ static batcher_event_t *push_event(batcher_t *b, batcher_event_type_t type, cons
     e->iteration = b->iterations; /* the one in progress */
     e->steps_done = s->steps_done;
     e->level = s->level;
+    e->regime = s->regime;
+    e->predicted_end = s->predicted_end;
     return e;
 }
 
@@ -149,6 +168,9 @@ void batcher_destroy(batcher_t *b) {
     free(b->batch);
     free(b->events);
     free(b->left);
+    free(b->load);
+    free(b->t_without);
+    free(b->t_with);
     free(b);
 }
 
@@ -193,6 +215,181 @@ static int fitting_level(const batcher_t *b, const batcher_job_t *job, int delay
         if (planner_fits_after(&b->planner, level_plan(job, l), job->steps, delay))
             return l;
     return -1;
+}
+
+/* ---- time objectives ---- */
+
+void batcher_set_costs(batcher_t *b, const cost_table_t *t) {
+    b->costs_on = t != NULL;
+    if (t)
+        b->costs = *t;
+}
+
+static const cost_features_t *level_features(const batcher_job_t *job, int level) {
+    return job->n_levels > 0 && job->level_step_features ? job->level_step_features[level]
+                                                         : job->step_features;
+}
+
+/* Decoding and encoding job's images, after its last step. */
+static double images_seconds(const batcher_t *b, const batcher_job_t *job) {
+    return job->n_images * (b->costs.decode_s + b->costs.png_s);
+}
+
+static double alone_seconds(const batcher_t *b, const batcher_job_t *job, int level) {
+    const cost_features_t *f = level_features(job, level);
+    double t = images_seconds(b, job);
+    for (int k = 0; k < job->steps; k++)
+        t += cost_step_seconds(&b->costs, &f[k]);
+    return t;
+}
+
+double batcher_alone_seconds(const batcher_t *b, const batcher_job_t *job) {
+    if (!b->costs_on || !job->step_features)
+        return -1;
+    return alone_seconds(b, job, job->n_levels > 0 ? job->n_levels - 1 : 0);
+}
+
+/* A job's target; none (0) is never missed. */
+static double target_of(const batcher_job_t *job) {
+    return job->target > 0 ? job->target : INFINITY;
+}
+
+/* 1 when admission prices job by time: a table, a job with features and
+ * running jobs that all have theirs. */
+static int timed(const batcher_t *b, const batcher_job_t *job) {
+    if (!b->costs_on || !job->step_features)
+        return 0;
+    for (int i = 0; i < b->n_running; i++)
+        if (!b->running[i].job.step_features)
+            return 0;
+    return 1;
+}
+
+/* The scratch for n future iterations; 0 when out of memory. */
+static int future_room(batcher_t *b, int n) {
+    if (n <= b->cap_future)
+        return 1;
+    cost_features_t *load = realloc(b->load, (size_t)n * sizeof *load);
+    if (load)
+        b->load = load;
+    double *a = realloc(b->t_without, (size_t)n * sizeof *a);
+    if (a)
+        b->t_without = a;
+    double *c = realloc(b->t_with, (size_t)n * sizeof *c);
+    if (c)
+        b->t_with = c;
+    if (!load || !a || !c)
+        return 0;
+    b->cap_future = n;
+    return 1;
+}
+
+/* The running jobs' features summed per future iteration (0: the next
+ * step), each at the steps it will be at, and each iteration's seconds
+ * alone (t_without), as prefix sums: t_without[k] is when iteration k
+ * ends, from now. Returns how many iterations they run, or -1 when out of
+ * memory (for at least n). */
+static int running_load(batcher_t *b, int n) {
+    int left = 0;
+    for (int i = 0; i < b->n_running; i++) {
+        const slot_t *s = &b->running[i];
+        left = s->job.steps - s->steps_done > left ? s->job.steps - s->steps_done : left;
+    }
+    if (!future_room(b, left > n ? left : n))
+        return -1;
+    memset(b->load, 0, (size_t)(left > n ? left : n) * sizeof *b->load);
+    for (int i = 0; i < b->n_running; i++) {
+        const slot_t *s = &b->running[i];
+        const cost_features_t *f = level_features(&s->job, s->level);
+        for (int k = 0; s->steps_done + k < s->job.steps; k++) {
+            b->load[k].sequences += f[s->steps_done + k].sequences;
+            b->load[k].kv_attended += f[s->steps_done + k].kv_attended;
+            b->load[k].new_tokens += f[s->steps_done + k].new_tokens;
+        }
+    }
+    for (int k = 0; k < left; k++)
+        b->t_without[k] = (k ? b->t_without[k - 1] : 0) + cost_step_seconds(&b->costs, &b->load[k]);
+    return left;
+}
+
+/* When running job s ends, from now, given each future iteration's end
+ * (ends[k]: seconds from now to the end of iteration k). */
+static double running_end_at(const batcher_t *b, const slot_t *s, const double *ends) {
+    const int left = s->job.steps - s->steps_done;
+    return (left > 0 ? ends[left - 1] : 0) + images_seconds(b, &s->job);
+}
+
+/* With the running load (running_load's, `left` iterations): 1 when job
+ * at `level`, admitted now, ends by its target (or could not even alone,
+ * at its floor) and makes no running job late that would be on time
+ * without it, else 0; *end is its predicted end. -1 when out of memory. */
+static int time_fits(batcher_t *b, const batcher_job_t *job, int level, int left, double now,
+                     double *end) {
+    const int n = left > job->steps ? left : job->steps;
+    if (!future_room(b, n))
+        return -1;
+    const cost_features_t *f = level_features(job, level);
+    for (int k = 0; k < n; k++) {
+        cost_features_t x = k < left ? b->load[k] : (cost_features_t){0};
+        if (k < job->steps) {
+            x.sequences += f[k].sequences;
+            x.kv_attended += f[k].kv_attended;
+            x.new_tokens += f[k].new_tokens;
+        }
+        b->t_with[k] = (k ? b->t_with[k - 1] : 0) + cost_step_seconds(&b->costs, &x);
+    }
+    *end = now + b->t_with[job->steps - 1] + images_seconds(b, job);
+    const int floor = job->n_levels > 0 ? job->n_levels - 1 : 0;
+    if (*end > target_of(job) && now + alone_seconds(b, job, floor) <= target_of(job))
+        return 0;
+    for (int i = 0; i < b->n_running; i++) {
+        const slot_t *s = &b->running[i];
+        if (now + running_end_at(b, s, b->t_with) > target_of(&s->job) &&
+            now + running_end_at(b, s, b->t_without) <= target_of(&s->job))
+            return 0;
+    }
+    return 1;
+}
+
+/* The level the head job is admitted at now, or -1 (it waits), and what
+ * decided it; *end its predicted end (0 when not priced by time). */
+static int admission_level(batcher_t *b, slot_t *head, double now) {
+    const batcher_job_t *job = &head->job;
+    const int mem = fitting_level(b, job, 0);
+    head->predicted_end = 0;
+    if (mem < 0) {
+        head->waited_memory = 1;
+        return -1;
+    }
+    int level = mem;
+    if (timed(b, job)) {
+        const int left = running_load(b, job->steps);
+        const int n = job->n_levels > 0 ? job->n_levels : 1;
+        level = -1;
+        for (int l = mem; left >= 0 && l < n; l++) {
+            double end;
+            if (!planner_fits_after(&b->planner, level_plan(job, l), job->steps, 0))
+                continue;
+            const int fits = time_fits(b, job, l, left, now, &end);
+            if (fits < 0)
+                break;
+            if (fits) {
+                level = l;
+                head->predicted_end = end;
+                break;
+            }
+        }
+        if (left < 0) /* out of memory for the arithmetic: by memory alone */
+            level = mem;
+        if (level < 0) {
+            head->waited_time = 1;
+            return -1;
+        }
+    }
+    head->regime = level > mem || head->waited_time          ? BATCHER_REGIME_TIME
+                   : level > 0 || head->waited_memory ? BATCHER_REGIME_MEMORY
+                                                      : BATCHER_REGIME_FREE;
+    return level;
 }
 
 /* Iterations until the next batcher_admit: 1 while a step is in flight
@@ -307,11 +504,16 @@ int batcher_admit(batcher_t *b, double now) {
      * fits (fitting_level). A reserved job's KV is in the planner already
      * (and fits: batcher_submit checked). */
     while (b->w_count) {
-        slot_t head = *waiting_at(b, 0);
-        if (b->running_images + head.job.n_images > b->opt.max_running)
+        slot_t *at = waiting_at(b, 0);
+        if (b->running_images + at->job.n_images > b->opt.max_running) {
+            at->waited_memory = 1;
             break;
-        if (!head.reserved && (head.level = fitting_level(b, &head.job, 0)) < 0)
+        }
+        if (!at->reserved && (at->level = admission_level(b, at, now)) < 0)
             break;
+        if (at->reserved)
+            at->regime = at->level > 0 ? BATCHER_REGIME_MEMORY : BATCHER_REGIME_FREE;
+        slot_t head = *at;
         b->w_head = (b->w_head + 1) % b->w_cap;
         b->w_count--;
         ar_error_t err = {{0}};

@@ -19,6 +19,20 @@
  * waits only when even its last (the floor) does not; a running job keeps
  * the level it was admitted at.
  *
+ * Time objectives (batcher_set_costs): with a cost table, a job with a
+ * target (the time its images should be done by) and every job's step
+ * features, admission also predicts time: the running jobs' and the
+ * head's remaining iterations priced by the table, each at the steps it
+ * will be at, no later admission assumed (each is checked in turn). The
+ * head is admitted at the largest level that fits the pool and at which
+ * it ends by its target and makes no running job late that would end by
+ * its target without it; a head that could not end by its target even
+ * alone (it is late already) needs only the second. Otherwise it waits,
+ * and the queue behind it. A lower level chosen for time is compression
+ * that buys time (BATCHER_REGIME_TIME); for the pool, BATCHER_REGIME_MEMORY.
+ * Without a table, or for jobs without features, admission is by memory
+ * only.
+ *
  * max_waiting 0 means no queue: a job is accepted only when it starts at
  * the next batcher_admit, i.e. its images fit max_running and its whole KV
  * trajectory fits beside the running jobs (those that will still run then)
@@ -84,6 +98,8 @@ typedef struct batcher_job {
     const cost_features_t *step_features;
     const cost_features_t *const *level_step_features;
     double deadline; /* in the driver's clock (batcher_admit's now); INFINITY: none */
+    double target;   /* when its images should be done, in the same clock (> 0); 0: none (a
+                        time objective: admission keeps it where it can, see above) */
     void *work;      /* handed to the ops */
 } batcher_job_t;
 
@@ -114,6 +130,14 @@ typedef enum batcher_event_type {
     BATCHER_ENDED,    /* left the batcher (end says how); its KV is given back */
 } batcher_event_type_t;
 
+/* What decided a job's admission (ADMITTED events). */
+typedef enum batcher_regime {
+    BATCHER_REGIME_FREE,   /* its largest level, at the first admission that tried */
+    BATCHER_REGIME_MEMORY, /* the pool: a lower level, or it waited for room */
+    BATCHER_REGIME_TIME,   /* the time objectives: a lower level than the pool allowed, or it
+                              waited although the pool had room */
+} batcher_regime_t;
+
 typedef struct batcher_event {
     batcher_event_type_t type;
     uint64_t id;
@@ -123,6 +147,9 @@ typedef struct batcher_event {
     batcher_end_t end;   /* ENDED */
     int started;         /* ENDED: it had been admitted */
     int level;           /* ADMITTED and after: the level it runs at (0 without levels) */
+    batcher_regime_t regime; /* ADMITTED: what decided it */
+    double predicted_end;    /* ADMITTED with a cost table: when its images are predicted done
+                                (batcher_admit's clock); 0 without one */
     char why[200];       /* ENDED with FAILED: what failed */
 } batcher_event_t;
 
@@ -131,6 +158,16 @@ batcher_t *batcher_create(const batcher_options_t *opt, const batcher_ops_t *ops
                           ar_error_t *err);
 /* Stops every job still held (without events) and frees the batcher. */
 void batcher_destroy(batcher_t *b);
+
+/* Prices admission by time from now on (a copy of *t; NULL: memory only),
+ * the decoding and PNG encoding of a job's images added to its last step. */
+void batcher_set_costs(batcher_t *b, const cost_table_t *t);
+
+/* With a cost table: the seconds job would take at its floor level if it
+ * ran alone from now (its steps, decoding and encoding); -1 without a
+ * table or step features. A job whose target is nearer than that cannot
+ * be kept: the driver may refuse it. */
+double batcher_alone_seconds(const batcher_t *b, const batcher_job_t *job);
 
 /* Queues job and sets *id (may be NULL), or refuses it (nothing queued). */
 batcher_refusal_t batcher_submit(batcher_t *b, const batcher_job_t *job, uint64_t *id);
@@ -200,5 +237,6 @@ int batcher_waiting_position(const batcher_t *b, uint64_t id);
 /* A refusal or an end as words ("queue_full", "expired"), for logs and labels. */
 const char *batcher_refusal_name(batcher_refusal_t r);
 const char *batcher_end_name(batcher_end_t e);
+const char *batcher_regime_name(batcher_regime_t r); /* "free", "memory", "time" */
 
 #endif

@@ -597,6 +597,139 @@ static void test_iteration_features_sum_the_batch(void) {
     batcher_destroy(b);
 }
 
+/* Time objectives: a table where an iteration costs 1 s per KV token
+ * attended, nothing else. A running job of 4 steps attending 1 each
+ * (target 10 s). */
+static cost_table_t one_per_kv(void) {
+    cost_table_t t = {.family = "raster"};
+    t.coef[2] = 1;
+    return t;
+}
+
+static void constant_features(cost_features_t *f, int steps, double kv) {
+    for (int t = 0; t < steps; t++)
+        f[t] = (cost_features_t){.sequences = 2, .kv_attended = kv};
+}
+
+/* An elastic job whose top level would make it late is admitted at the
+ * largest level that keeps its target, though the pool has room for the
+ * top: compression that buys time. */
+static void test_time_objective_picks_the_level_that_keeps_it(void) {
+    world_t w;
+    batcher_t *b = make(&w, 1000, 4, 4);
+    const cost_table_t t = one_per_kv();
+    batcher_set_costs(b, &t);
+    fake_t r = fake(1, 4, 1);
+    cost_features_t fr[4];
+    constant_features(fr, 4, 1);
+    batcher_job_t jr = job_of(&r);
+    jr.step_features = fr;
+    jr.target = 100; /* far: only the elastic job's own target decides */
+    CHECK(batcher_submit(b, &jr, NULL) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 0.5) == 1);
+    admitted_level(b);
+
+    elastic_t e;
+    elastic_make(&e, 4, 80, 40, 20);
+    cost_features_t lf[N_LEVELS][4];
+    const cost_features_t *lp[N_LEVELS];
+    const double kv[N_LEVELS] = {8, 4, 1};
+    for (int l = 0; l < N_LEVELS; l++) {
+        constant_features(lf[l], 4, kv[l]);
+        lp[l] = lf[l];
+    }
+    batcher_job_t je = job_of(&e.f);
+    je.n_levels = N_LEVELS;
+    je.level_kv_bytes = e.level_ptrs;
+    je.step_features = lf[N_LEVELS - 1];
+    je.level_step_features = lp;
+    je.target = 1 + 8; /* at level 2: 3 steps of 2 s beside r, then one of 1 s: ends at 8 */
+    CHECK(batcher_alone_seconds(b, &je) == 4);
+    CHECK(batcher_submit(b, &je, NULL) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 1) == 2);
+    batcher_event_t ev[8];
+    int n = batcher_take_events(b, ev, 8), seen = 0;
+    for (int i = 0; i < n; i++)
+        if (ev[i].type == BATCHER_ADMITTED) {
+            seen = 1;
+            CHECK(ev[i].level == 2 && ev[i].regime == BATCHER_REGIME_TIME);
+            CHECK_NEAR(ev[i].predicted_end, 1 + 3 * 2 + 1, 1e-12, 0);
+        }
+    CHECK(seen && e.level == 2);
+    batcher_destroy(b);
+}
+
+/* A job that would make a running job late waits (though the pool has
+ * room), and is admitted once that job is done; a job that could not keep
+ * its target even alone is admitted when it breaks no one else's. */
+static void test_time_objective_waits_then_admits(void) {
+    world_t w;
+    batcher_t *b = make(&w, 1000, 4, 4);
+    const cost_table_t t = one_per_kv();
+    batcher_set_costs(b, &t);
+    fake_t r = fake(1, 4, 1), c = fake(1, 2, 1), late = fake(1, 2, 1);
+    cost_features_t fr[4], fc[2], fl[2];
+    constant_features(fr, 4, 1);
+    constant_features(fc, 2, 8);
+    constant_features(fl, 2, 8);
+    batcher_job_t jr = job_of(&r), jc = job_of(&c), jl = job_of(&late);
+    jr.step_features = fr;
+    jr.target = 5; /* alone it ends at 4 */
+    jc.step_features = fc;
+    jc.target = 100;
+    jl.step_features = fl;
+    jl.target = 1; /* alone it needs 16 s: it cannot keep it */
+    CHECK(batcher_submit(b, &jr, NULL) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 0) == 1);
+    CHECK(batcher_submit(b, &jc, NULL) == BATCHER_ACCEPTED);
+    /* Beside c, r's three steps left would take 9 s each. */
+    for (int i = 1; i < 4; i++)
+        CHECK(batcher_iterate(b, i) == 1);
+    CHECK(c.started == 0);
+    CHECK(batcher_iterate(b, 4) == 1 && c.started == 1);
+    batcher_event_t ev[16];
+    int n = batcher_take_events(b, ev, 16);
+    for (int i = 0; i < n; i++)
+        if (ev[i].type == BATCHER_ADMITTED && ev[i].work == &c)
+            CHECK(ev[i].regime == BATCHER_REGIME_TIME);
+    while (batcher_iterate(b, 20) > 0)
+        ;
+    batcher_take_events(b, ev, 16);
+    CHECK(batcher_submit(b, &jl, NULL) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 30) == 1 && late.started == 1);
+    n = batcher_take_events(b, ev, 16);
+    for (int i = 0; i < n; i++)
+        if (ev[i].type == BATCHER_ADMITTED)
+            CHECK(ev[i].regime == BATCHER_REGIME_FREE && ev[i].predicted_end == 30 + 16);
+    batcher_destroy(b);
+}
+
+/* Without a table, or for a job without step features, admission is by
+ * memory alone. */
+static void test_no_table_no_time(void) {
+    world_t w;
+    batcher_t *b = make(&w, 1000, 4, 4);
+    fake_t r = fake(1, 4, 1), c = fake(1, 2, 1);
+    cost_features_t fr[4], fc[2];
+    constant_features(fr, 4, 1);
+    constant_features(fc, 2, 8);
+    batcher_job_t jr = job_of(&r), jc = job_of(&c);
+    jr.step_features = fr;
+    jr.target = 5;
+    jc.step_features = fc;
+    CHECK(batcher_alone_seconds(b, &jc) == -1);
+    CHECK(batcher_submit(b, &jr, NULL) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 0) == 1);
+    CHECK(batcher_submit(b, &jc, NULL) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 1) == 2);
+    const cost_table_t t = one_per_kv();
+    batcher_set_costs(b, &t);
+    fake_t d = fake(1, 2, 1);
+    submit(b, &d); /* no features: not priced */
+    CHECK(batcher_iterate(b, 2) == 3);
+    batcher_destroy(b);
+}
+
 int main(void) {
     TEST_RUN(test_job_life_cycle_events);
     TEST_RUN(test_fifo_admission_head_blocks);
@@ -613,5 +746,8 @@ int main(void) {
     TEST_RUN(test_elastic_admits_largest_level_that_fits);
     TEST_RUN(test_elastic_no_queue_reserves_the_level_that_fits);
     TEST_RUN(test_iteration_features_sum_the_batch);
+    TEST_RUN(test_time_objective_picks_the_level_that_keeps_it);
+    TEST_RUN(test_time_objective_waits_then_admits);
+    TEST_RUN(test_no_table_no_time);
     return TEST_SUMMARY();
 }
