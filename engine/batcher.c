@@ -386,7 +386,7 @@ static int admission_level(batcher_t *b, slot_t *head, double now) {
             return -1;
         }
     }
-    head->regime = level > mem || head->waited_time          ? BATCHER_REGIME_TIME
+    head->regime = level > mem || head->waited_time   ? BATCHER_REGIME_TIME
                    : level > 0 || head->waited_memory ? BATCHER_REGIME_MEMORY
                                                       : BATCHER_REGIME_FREE;
     return level;

@@ -142,15 +142,15 @@ typedef struct batcher_event {
     batcher_event_type_t type;
     uint64_t id;
     void *work;
-    long long iteration; /* the iteration it happened in */
-    int steps_done;      /* steps the job has done */
-    batcher_end_t end;   /* ENDED */
-    int started;         /* ENDED: it had been admitted */
-    int level;           /* ADMITTED and after: the level it runs at (0 without levels) */
+    long long iteration;     /* the iteration it happened in */
+    int steps_done;          /* steps the job has done */
+    batcher_end_t end;       /* ENDED */
+    int started;             /* ENDED: it had been admitted */
+    int level;               /* ADMITTED and after: the level it runs at (0 without levels) */
     batcher_regime_t regime; /* ADMITTED: what decided it */
     double predicted_end;    /* ADMITTED with a cost table: when its images are predicted done
                                 (batcher_admit's clock); 0 without one */
-    char why[200];       /* ENDED with FAILED: what failed */
+    char why[200];           /* ENDED with FAILED: what failed */
 } batcher_event_t;
 
 /* NULL (err says why) on a bad option or out of memory. */

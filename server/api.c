@@ -574,6 +574,7 @@ static const field_t FIELDS[] = {
     {.name = "kv_policy", .parse = parse_kv_policy},
     NUMBER("kv_budget", 0, 1, 0, 1, NULL, NUM_DOUBLE, kv.budget, -1),
     NUMBER("kv_budget_min", 0, 1, 0, 1, NULL, NUM_DOUBLE, kv_budget_min, -1),
+    NUMBER("deadline_ms", 1, 1, 0, 86400000, NULL, NUM_DOUBLE, deadline_ms, -1),
     {.name = "stream", .parse = parse_stream},
     NUMBER("partial_images", 1, 0, 0, API_MAX_PARTIAL_IMAGES, NULL, NUM_INT, partial_images, -1),
     {.name = "async", .parse = parse_async},
@@ -921,6 +922,10 @@ static int add_kv_report(cJSON *o, const api_kv_report_t *kv) {
             ok &= add_num(k, kv_policy_knobs[i].name, kv_policy_knob_get(p, &kv_policy_knobs[i]));
     ok &= add_num(k, "planned_peak_bytes", (double)kv->planned_peak_bytes);
     ok &= add_num(k, "peak_bytes", (double)kv->peak_bytes);
+    if (kv->admission)
+        ok &= add_str(k, "admission", kv->admission);
+    if (kv->predicted_s > 0)
+        ok &= add_num(k, "predicted_s", kv->predicted_s);
     return ok;
 }
 

@@ -121,6 +121,9 @@ typedef struct api_image_request {
      * request (kv_policy "auto" without kv_budget_min). Whether the least
      * suits the request is the scheduler's check. */
     double kv_budget_min;
+    /* The request's latency objective (an arserve extension), ms from its
+     * arrival to its images; 0: the server's slo_p99_ms. */
+    double deadline_ms;
     int kv_auto;    /* kv_policy was "auto" */
     char user[128]; /* "" when not given; at most 127 bytes */
 } api_image_request_t;
@@ -200,6 +203,11 @@ typedef struct api_kv_report {
     kv_policy_params_t policy;
     size_t planned_peak_bytes, peak_bytes;
     double budget_min, budget_max; /* a budget range: "budget_range": [min, max]; 0: none */
+    /* "admission": what decided its admission ("free", "memory", "time"),
+     * and "predicted_s", its predicted seconds when admission priced time;
+     * NULL, 0: not said. */
+    const char *admission;
+    double predicted_s;
 } api_kv_report_t;
 /* With timings (may be NULL), another extension follows, for load clients
  * (`arserve bench`) to split a request's latency:

@@ -180,6 +180,13 @@ static const setting_t SETTINGS[] = {
                    "trailing whitespace trimmed; left out: no key unless ARSERVE_API_KEY is set "
                    "(an empty value is an error, not 'no key')"),
     INT_SETTING(max_running, 1, 4096, 64, "N", "Images generating at once"),
+    INT_SETTING(slo_p99_ms, 0, 86400000, 0, "MS",
+                "Latency objective: each request's images done within this many ms of its "
+                "arrival (a request's 'deadline_ms' overrides it); admission then also prices "
+                "time by the engine's learned cost table, admitting a request at the largest KV "
+                "budget of its range that keeps its objective and every running request's, "
+                "waiting otherwise, and refusing (429) one that could not keep it even alone "
+                "(docs/capacity.md); 0: none, admission by memory only"),
     INT_SETTING(max_waiting, 0, 100000, 256, "N",
                 "Requests waiting for a slot; beyond this new requests get 429; 0: no queue, a "
                 "request starts at the next engine iteration (a slot and its whole KV free "
@@ -245,6 +252,9 @@ static const setting_t SETTINGS[] = {
                    "Cost table the engine starts from (`arserve bench --profile` writes one): "
                    "what an iteration costs, until the engine has fitted its own from its timed "
                    "iterations (GET /v1/capacity shows it); left out: a conservative default"),
+    ENUM_SETTING(cost_learning, "on", ON_OFF, "on|off",
+                 "The engine fits its cost table from its own timed iterations and images; off: "
+                 "it keeps --cost-table's (without one, admission does not price time)"),
     ENUM_SETTING(log_level, "info", LOG_LEVELS, "LEVEL", "Log verbosity"),
     INT_SETTING(status_interval_s, 0, 86400, 10, "SECONDS",
                 "While requests run or wait, one status line this often (at info): requests "
@@ -317,10 +327,19 @@ static const setting_t SETTINGS[] = {
 /* serve --help's topics, each setting under one (a KV knob under "KV
  * cache"), in the table's order within each; test_config checks that every
  * setting has one. */
-static const char *const GROUP_MODEL[] = {"model",           "backend",         "threads",
-                                          "draw_threads",    "png_workers",     "cost_table",
-                                          "gpu_activations", "cpu_activations", "gpu_graphs",
-                                          "batch_invariant", "check_weights",   NULL};
+static const char *const GROUP_MODEL[] = {"model",
+                                          "backend",
+                                          "threads",
+                                          "draw_threads",
+                                          "png_workers",
+                                          "cost_table",
+                                          "cost_learning",
+                                          "gpu_activations",
+                                          "cpu_activations",
+                                          "gpu_graphs",
+                                          "batch_invariant",
+                                          "check_weights",
+                                          NULL};
 static const char *const GROUP_NETWORK[] = {"host",
                                             "port",
                                             "api_key_file",
@@ -335,10 +354,11 @@ static const char *const GROUP_NETWORK[] = {"host",
                                             "max_body_bytes",
                                             "sse_keepalive_s",
                                             NULL};
-static const char *const GROUP_REQUESTS[] = {
-    "max_running",       "max_waiting",     "max_n",
-    "request_timeout_s", "drain_timeout_s", "async_max_jobs",
-    "async_retention_s", "retry_after_s",   NULL};
+static const char *const GROUP_REQUESTS[] = {"max_running",    "max_waiting",
+                                             "max_n",          "request_timeout_s",
+                                             "slo_p99_ms",     "drain_timeout_s",
+                                             "async_max_jobs", "async_retention_s",
+                                             "retry_after_s",  NULL};
 static const char *const GROUP_KV[] = {
     "kv_pool_mb", "kv_pool_share", "kv_dtype",         "kv_policy",
     "kv_budget",  "kv_budget_min", "kv_budget_ranges", NULL};

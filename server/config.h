@@ -20,6 +20,7 @@ typedef struct server_config {
     int max_running;         /* images generating at once */
     int max_waiting;         /* queued requests before 429 */
     int request_timeout_s;   /* per-request deadline */
+    int slo_p99_ms;          /* latency objective of requests without deadline_ms; 0: none */
     int drain_timeout_s;     /* grace for running requests after SIGTERM/SIGINT */
     int async_max_jobs;      /* async jobs kept at once, pending or ended */
     int async_retention_s;   /* how long an ended async job is kept */
@@ -45,6 +46,7 @@ typedef struct server_config {
     int draw_threads;      /* the image decoder's CPU threads */
     int png_workers;       /* PNG encoder threads */
     char cost_table[1024]; /* the engine's starting cost table (a file), "" = the default */
+    char cost_learning[4]; /* "on": the engine fits its cost table from its own iterations */
     char log_level[8];     /* "error", "warn", "info" or "debug" */
     char backend[8];       /* one of backend_names (engine/backend/backend.h) */
     int retry_after_s;     /* Retry-After on 429 */

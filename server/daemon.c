@@ -415,7 +415,8 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
                           .kv_dtype = kv_dtype,
                           .png_workers = cfg->png_workers,
                           .draw_threads = cfg->draw_threads,
-                          .costs = cfg->cost_table[0] ? &costs : NULL};
+                          .costs = cfg->cost_table[0] ? &costs : NULL,
+                          .learn_costs = !strcmp(cfg->cost_learning, "on")};
     if (!(d->sched = scheduler_create(&d->model, &so, d->metrics, &err))) {
         fprintf(stderr, "arserve serve: %s\n", err.msg);
         return 1;
@@ -443,6 +444,7 @@ static int daemon_start(daemon_t *d, const server_config_t *cfg, const char *ver
                          .log_prompts = server_config_on(cfg->log_prompts),
                          .retry_after_s = cfg->retry_after_s,
                          .request_timeout_s = cfg->request_timeout_s,
+                         .slo_s = cfg->slo_p99_ms / 1000.0,
                          .async_max_jobs = cfg->async_max_jobs,
                          .async_retention_s = cfg->async_retention_s,
                          .kv_defaults = d->kv_defaults};

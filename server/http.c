@@ -443,6 +443,15 @@ void http_refusal_error(const sched_refusal_info_t *why, int n_images, int retry
                        why->max_waiting, retry_after_s);
         snprintf(e->type, sizeof e->type, "rate_limit_error");
         return;
+    case SCHED_REFUSED_OBJECTIVE:
+        api_errorf(e, 429, NULL, "objective_unreachable",
+                   "this request needs about %.0f ms even alone (the engine's learned cost "
+                   "table), more than its latency objective of %.0f ms (deadline_ms, or the "
+                   "server's slo_p99_ms): ask for a longer deadline_ms, a compressed kv_policy "
+                   "or fewer images",
+                   why->predicted_s * 1000, why->objective_s * 1000);
+        snprintf(e->type, sizeof e->type, "rate_limit_error");
+        return;
     case SCHED_REFUSED_NO_MEMORY:
         break;
     }
@@ -537,7 +546,9 @@ static void job_report(const sched_snapshot_t *snap, api_kv_report_t *kv, api_ti
                             .planned_peak_bytes = snap->kv_planned_peak_bytes,
                             .peak_bytes = snap->kv_peak_bytes,
                             .budget_min = snap->kv_budget_min,
-                            .budget_max = snap->kv_budget_max};
+                            .budget_max = snap->kv_budget_max,
+                            .admission = snap->admission,
+                            .predicted_s = snap->predicted_s};
     *t = (api_timings_t){.queue_s = snap->queue_s,
                          .run_s = snap->run_s,
                          .steps = snap->steps_total,
@@ -844,19 +855,20 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         model_prompt_warning(h->model, "negative_prompt", req.negative_prompt, line, sizeof line))
         snprintf(warnings + strlen(warnings), sizeof warnings - strlen(warnings), "%s%s",
                  warnings[0] ? "\n" : "", line);
-    sched_request_t rq = {.cond = cond,
-                          .uncond = uncond,
-                          .n_prompt = n_prompt,
-                          .size = http_size_index(h, req.width, req.height),
-                          .negative = n_negative ? negative : NULL,
-                          .n_negative = n_negative,
-                          .n_images = req.n,
-                          .seed = req.has_seed ? req.seed : random_seed(),
-                          .kv_policy = req.kv_policy,
-                          .kv_budget_min =
-                              req.kv_budget_min < 0 ? SCHED_BUDGET_LEAST : req.kv_budget_min,
-                          .partial_images = req.stream ? req.partial_images : 0,
-                          .timeout_s = h->opt.request_timeout_s};
+    sched_request_t rq = {
+        .cond = cond,
+        .uncond = uncond,
+        .n_prompt = n_prompt,
+        .size = http_size_index(h, req.width, req.height),
+        .negative = n_negative ? negative : NULL,
+        .n_negative = n_negative,
+        .n_images = req.n,
+        .seed = req.has_seed ? req.seed : random_seed(),
+        .kv_policy = req.kv_policy,
+        .kv_budget_min = req.kv_budget_min < 0 ? SCHED_BUDGET_LEAST : req.kv_budget_min,
+        .partial_images = req.stream ? req.partial_images : 0,
+        .timeout_s = h->opt.request_timeout_s,
+        .objective_s = req.deadline_ms > 0 ? req.deadline_ms / 1000.0 : h->opt.slo_s};
     api_image_request_sampler_params(&req, &h->model->cfg.sampling, &rq.params);
     if (req.async) {
         ret = submit_async(h, c, cx, &rq, warnings);

@@ -43,6 +43,7 @@ typedef struct http_options {
     int log_prompts;  /* the access log shows prompts */
     int retry_after_s;
     double request_timeout_s;
+    double slo_s;             /* the latency objective of requests without deadline_ms; 0: none */
     int async_max_jobs;       /* the async job store's slots (server/job_store.h) */
     double async_retention_s; /* how long an ended async job is kept */
     /* KV policy of requests that name none, and the budget (0: each

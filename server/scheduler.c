@@ -73,7 +73,9 @@ struct sched_job {
     size_t kv_peak_bytes;
     /* When it was admitted, did its last step, and had every PNG (0: not yet). */
     double t_admitted, t_last_step, t_done;
-    double t_ended; /* when outcome left SCHED_PENDING (0: not yet) */
+    const char *admission; /* what decided its admission (batcher_regime_name), once admitted */
+    double predicted_end;  /* when admission predicted its end (0: time not priced) */
+    double t_ended;        /* when outcome left SCHED_PENDING (0: not yet) */
 };
 
 /* One image (or preview) on its way out: tokens to draw, then rgb to
@@ -132,7 +134,8 @@ struct scheduler {
      * threads, read by sched_capacity. */
     pthread_mutex_t cost_mu;
     cost_learner_t costs;
-    metric_t *m_cost_coef, *m_cost_samples, *m_cost_rel_rms, *m_cost_refits, *m_cost_image;
+    metric_t *m_cost_coef, *m_cost_samples, *m_cost_rel_rms, *m_cost_refits, *m_cost_image,
+        *m_admissions;
 
     metric_t *m_running, *m_waiting, *m_queue_wait, *m_first_step, *m_latency, *m_step_time,
         *m_seqs, *m_tokens, *m_images, *m_refused, *m_cancelled, *m_kv_capacity, *m_kv_reserved,
@@ -256,7 +259,10 @@ static void snapshot_locked(const sched_job_t *j, sched_snapshot_t *out) {
                               .kv_budget_min = j->kv_budget_min,
                               .kv_budget_max = j->kv_budget_max,
                               .kv_planned_peak_bytes = j->kv_planned_peak_bytes,
-                              .kv_peak_bytes = j->kv_peak_bytes};
+                              .kv_peak_bytes = j->kv_peak_bytes,
+                              .admission = j->admission};
+    if (j->predicted_end > 0)
+        out->predicted_s = j->predicted_end - j->t_submit;
     if (j->t_admitted > 0)
         out->queue_s = j->t_admitted - j->t_submit;
     if (j->t_last_step > 0)
@@ -507,11 +513,18 @@ static void publish_costs(scheduler_t *s) {
 /* One timed iteration into the learned cost table. */
 static void learn_iteration(scheduler_t *s, const cost_features_t *f, double seconds) {
     pthread_mutex_lock(&s->cost_mu);
-    if (cost_learner_add(&s->costs, f, seconds)) {
+    const int refitted = cost_learner_add(&s->costs, f, seconds);
+    const cost_table_t t = s->costs.table;
+    if (refitted) {
         metric_add(s->m_cost_refits, 1);
         publish_costs(s);
     }
     pthread_mutex_unlock(&s->cost_mu);
+    if (refitted) { /* admission prices time by the new table from now on */
+        pthread_mutex_lock(&s->mu);
+        batcher_set_costs(s->batcher, &t);
+        pthread_mutex_unlock(&s->mu);
+    }
 }
 
 /* Draws t's pixels (t->rgb), timing it in t->draw_s; AR_ERR in err. */
@@ -560,7 +573,7 @@ static void *png_worker(void *arg) {
             task_failed(s, t, "PNG encoding", "PNG encoding failed", err.msg);
             continue;
         }
-        if (t->preview < 0) { /* a final image: what the cost table's per-image costs are */
+        if (t->preview < 0 && s->opt.learn_costs) { /* a final image: the per-image costs */
             pthread_mutex_lock(&s->cost_mu);
             cost_learner_add_image(&s->costs, t->draw_s, clock_now_s() - t0);
             publish_costs(s);
@@ -624,6 +637,8 @@ static void handle_event(scheduler_t *s, const batcher_event_t *ev, double now) 
         pthread_mutex_lock(&j->mu);
         j->started = 1;
         j->t_admitted = now;
+        j->admission = batcher_regime_name(ev->regime);
+        j->predicted_end = ev->predicted_end;
         if (j->n_levels > 0) { /* the budget the batcher found room for */
             j->kv_policy.budget = j->level_budgets[ev->level];
             j->kv_planned_peak_bytes = j->level_peak[ev->level];
@@ -633,6 +648,7 @@ static void handle_event(scheduler_t *s, const batcher_event_t *ev, double now) 
         pthread_mutex_unlock(&j->mu);
         const char *name = kv_policy_name(p.kind);
         metric_observe(s->m_kv_budget, p.kind == KV_POLICY_FULL ? 1.0 : p.budget, name);
+        metric_add(s->m_admissions, 1, batcher_regime_name(ev->regime));
         if (j->n_levels > 0 && ev->level > 0)
             metric_add(s->m_kv_below_max, 1, name);
         return;
@@ -806,7 +822,7 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         if (rc == AR_OK) {
             check_iteration(s, &st, t1 - t0);
-            if (st.last_features_known)
+            if (st.last_features_known && s->opt.learn_costs)
                 learn_iteration(s, &st.last_features, t1 - t0);
         }
         handle_events(s, ev, n_ev, t1);
@@ -1017,8 +1033,19 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
                         .step_features = j->step_features,
                         .level_step_features = (const cost_features_t *const *)j->level_features,
                         .deadline = j->t_submit + req->timeout_s,
+                        .target = req->objective_s > 0 ? j->t_submit + req->objective_s : 0,
                         .work = &j->gen};
     pthread_mutex_lock(&s->mu);
+    /* A request that could not keep its objective even alone is refused
+     * now (once admission prices time: a table learned or given). */
+    const double alone = req->objective_s > 0 ? batcher_alone_seconds(s->batcher, &bj) : -1;
+    if (alone > req->objective_s) {
+        pthread_mutex_unlock(&s->mu);
+        job_free(j);
+        why->predicted_s = alone;
+        why->objective_s = req->objective_s;
+        return refuse(s, why, SCHED_REFUSED_OBJECTIVE, "objective");
+    }
     batcher_refusal_t r =
         s->stop ? BATCHER_REFUSED_DRAINING : batcher_submit(s->batcher, &bj, &j->id);
     if (r == BATCHER_ACCEPTED) {
@@ -1238,6 +1265,12 @@ static void register_metrics(scheduler_t *s, metrics_t *m) {
         "Seconds an image's drawing (decode) and PNG encoding (png) take, a mean over the last "
         "images.",
         1, part);
+    static const char *const regime[] = {"regime"};
+    s->m_admissions = metrics_counter(
+        m, "arserve_admissions_total",
+        "Requests admitted, by what decided it: free (the largest budget at once), memory (a "
+        "lower budget, or a wait, for the KV pool), time (for the latency objectives).",
+        1, regime);
     s->m_backend_healthy =
         metrics_gauge(m, "arserve_backend_healthy",
                       "1 while the backend can run steps; 0 once it cannot (a CUDA fault: every "
@@ -1322,6 +1355,8 @@ scheduler_t *scheduler_create(model_t *model, const sched_options_t *opt, metric
                             .max_waiting = opt->max_waiting};
     if (!(s->batcher = batcher_create(&bo, &gen_batcher_ops, &s->pool, err)))
         goto fail;
+    if (opt->costs) /* a table given prices time from the start; the default waits for a fit */
+        batcher_set_costs(s->batcher, opt->costs);
     register_metrics(s, metrics);
     publish_costs(s);
     s->alive = 1;

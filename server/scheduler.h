@@ -34,6 +34,7 @@ typedef struct sched_options {
     /* The cost table the engine starts from until its own iterations are
      * fitted (bench --profile's; NULL: cost_table_default's). */
     const cost_table_t *costs;
+    int learn_costs; /* fit the table from the engine's own iterations and images */
 } sched_options_t;
 
 /* The learned cost table: fitted from the last SCHED_COST_WINDOW timed
@@ -62,6 +63,7 @@ typedef struct sched_request {
     double kv_budget_min;
     int partial_images; /* previews per image, 0..SCHED_MAX_PARTIALS */
     double timeout_s;   /* the deadline, from submission */
+    double objective_s; /* the latency objective, from submission (batcher.h's target); 0: none */
 } sched_request_t;
 
 /* kv_budget_min: from the least budget the policy takes on the request. */
@@ -74,7 +76,8 @@ typedef enum sched_refusal {
     SCHED_REFUSED_TOO_LARGE,      /* its KV plan peaks above the whole pool */
     SCHED_REFUSED_TOO_MANY_IMAGES, /* more images than max_running */
     SCHED_REFUSED_QUEUE_FULL,      /* max_waiting jobs wait already */
-    SCHED_REFUSED_NO_MEMORY,       /* out of memory, or a request the scheduler cannot take */
+    SCHED_REFUSED_OBJECTIVE, /* it could not keep its latency objective even alone (predicted_s) */
+    SCHED_REFUSED_NO_MEMORY, /* out of memory, or a request the scheduler cannot take */
 } sched_refusal_t;
 
 /* The scheduler's reason for a refusal of the engine's batcher (a driver
@@ -86,7 +89,8 @@ typedef struct sched_refusal_info {
     const char *field; /* INVALID_POLICY: "budget", "budget_min" (the range's least), a knob's
                           name, or NULL (the policy) */
     char message[512]; /* INVALID_POLICY: the policy's words */
-    size_t need_bytes, pool_bytes; /* TOO_LARGE: the job's peak and the pool */
+    size_t need_bytes, pool_bytes;   /* TOO_LARGE: the job's peak and the pool */
+    double predicted_s, objective_s; /* OBJECTIVE: its time alone, and its objective */
     int max_running, max_waiting;
 } sched_refusal_info_t;
 
@@ -124,6 +128,11 @@ typedef struct sched_snapshot {
      * step, and from its last step to its last PNG (decoding and encoding);
      * 0 until each is known. */
     double queue_s, run_s, finish_s;
+    /* What decided its admission (batcher_regime_name; NULL until admitted)
+     * and, when admission priced time, its predicted seconds from
+     * submission to its last PNG (0 otherwise). */
+    const char *admission;
+    double predicted_s;
 } sched_snapshot_t;
 
 /* The steps a stream that has said `previews_said` previews may report now:

@@ -107,3 +107,64 @@ def test_capacity_is_get_only_and_keyed(start_daemon, tmp_path):
     assert r.status_code == 200 and r.json()["object"] == "capacity"
     r = d.client.post("/v1/capacity", headers={"Authorization": "Bearer s3cret"}, json={})
     assert r.status_code == 405 and r.headers["allow"] == "GET"
+
+
+def pinned_table(tmp_path, **step):
+    """A cost table file for the tiny model (raster), every term 0 but those given."""
+    t = {"family": "raster", "source": "a test's", "step": dict.fromkeys(TERMS, 0.0),
+         "decode_s_per_image": 0.001, "png_s_per_image": 0.001}
+    t["step"].update(step)
+    path = tmp_path / "pinned.json"
+    path.write_text(json.dumps(t))
+    return str(path)
+
+
+def test_objectives_refuse_what_cannot_be_kept_and_compress_to_keep_them(start_daemon, tmp_path):
+    """With a pinned table (cost_learning off: the predictions are the table's, not this
+    machine's), a request's deadline_ms decides: refused at once when it could not be kept
+    even alone, admitted with its predicted time when it can, and an elastic range admitted
+    at a lower budget when only that keeps it (admission "time")."""
+    table = pinned_table(tmp_path, intercept_s=0.01, per_kv_attended_s=2e-5)
+    d = start_daemon(args=["--cost-table", table, "--cost-learning", "off"])
+
+    r = d.client.post(GEN, json={"prompt": "a red circle", "deadline_ms": 1})
+    assert r.status_code == 429, r.text
+    err = r.json()["error"]
+    assert err["code"] == "objective_unreachable" and "even alone" in err["message"], err
+
+    def run(**body):
+        r = d.client.post(GEN, json={"prompt": "a red circle", "seed": 1, **body})
+        assert r.status_code == 200, r.text
+        return r.json()["kv_cache"]
+
+    top = run(kv_policy="linear", kv_budget=1, deadline_ms=600000)
+    floor = run(kv_policy="linear", kv_budget=0.5, deadline_ms=600000)
+    assert top["admission"] == "free" and floor["admission"] == "free"
+    assert 0.64 < floor["predicted_s"] < top["predicted_s"], (top, floor)
+    between = (top["predicted_s"] + floor["predicted_s"]) / 2
+    kv = run(kv_policy="linear", kv_budget=1, kv_budget_min=0.5,
+             deadline_ms=int(between * 1000))
+    assert kv["admission"] == "time" and kv["budget"] < 1, kv
+    assert floor["predicted_s"] <= kv["predicted_s"] <= between, (kv, between)
+    m = d.metrics()
+    assert m.get("arserve_admissions_total", regime="time") == 1
+    assert m.get("arserve_admissions_total", regime="free") == 2
+    assert m.get("arserve_admissions_refused_total", reason="objective") == 1
+
+
+def test_the_daemons_objective_and_no_table(start_daemon, tmp_path):
+    """--slo-p99-ms is every request's objective unless it gives deadline_ms. Before the
+    engine has a table (none given, nothing fitted yet) admission does not price time: the
+    first request is admitted whatever its objective, and says no predicted time."""
+    d = start_daemon(args=["--slo-p99-ms", "1"])
+    r = d.client.post(GEN, json={"prompt": "a red circle"})
+    assert r.status_code == 200, r.text
+    kv = r.json()["kv_cache"]
+    assert kv["admission"] == "free" and "predicted_s" not in kv, kv
+    table = pinned_table(tmp_path, intercept_s=0.01)
+    d2 = start_daemon(args=["--slo-p99-ms", "1", "--cost-table", table,
+                            "--cost-learning", "off"])
+    r = d2.client.post(GEN, json={"prompt": "a red circle"})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "objective_unreachable"
+    r = d2.client.post(GEN, json={"prompt": "a red circle", "deadline_ms": 60000})
+    assert r.status_code == 200 and r.json()["kv_cache"]["predicted_s"] > 0.64, r.text
