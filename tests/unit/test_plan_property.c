@@ -28,7 +28,14 @@
  *    above the policy's least budget up to a random top): the brute force
  *    takes the first level whose whole trajectory fits, the batcher must
  *    admit the same job at the same level, and the job then runs (and is
- *    checked) at that level's budget.
+ *    checked) at that level's budget. Half the traces carry time objectives
+ *    (two jobs in three a target, a cost table in the replay's units): the
+ *    brute force prices every future iteration over every job running then
+ *    and takes the first level that also ends the head by its target (or it
+ *    could not even alone) and makes no running job late that would be on
+ *    time without it; the batcher must admit the same at the same level and
+ *    predict the same end; heads must have waited for time and gone below
+ *    the pool's budget for it.
  * 2. The same kind of traces through the real scheduler (threads, batching,
  *    cancellation): arrivals and cancellations are keyed to its iteration
  *    counter; every job that was not cancelled finishes, the pool gauges
@@ -82,6 +89,7 @@ typedef struct tjob {
     int cond[MAX_IDS + 2], uncond[MAX_IDS + 2];
     kv_policy_params_t pol;
     double lo, hi; /* a budget range (elastic), or 0, 0 */
+    double target; /* its time objective (the replay's clock: iterations), or 0: none */
 } tjob_t;
 
 typedef struct trace {
@@ -89,7 +97,14 @@ typedef struct trace {
     tjob_t jobs[MAX_JOBS];
     size_t pool_bytes;
     int block_tokens;
+    int timed; /* admission prices time by TIME_TABLE */
 } trace_t;
+
+/* The time objectives' table, in the replay's units: an iteration of one
+ * image attending 100 tokens costs about 2.5 (an iteration takes 1 of the
+ * replay's clock, so targets are met only where the table's load allows). */
+static const cost_table_t TIME_TABLE = {
+    .family = "test", .coef = {1.0, 0.1, 0.01, 0.02}, .decode_s = 0.5, .png_s = 0.25};
 
 /* The policies each family takes, in the counts' order. */
 static const kv_policy_kind_t raster_kinds[] = {KV_POLICY_FULL, KV_POLICY_STREAMING,
@@ -249,6 +264,11 @@ static void make_trace(trace_t *tr, int max_jobs, const int *block_sizes, int n_
         }
         j->cancel_at = rnd() % 5 == 0 ? j->arrive + rnd_in(0, late) : -1;
     }
+    /* Drawn last, so that the traces before time objectives stay as they were. */
+    tr->timed = rnd() % 2;
+    for (int k = 0; tr->timed && k < tr->n; k++)
+        if (rnd() % 3)
+            tr->jobs[k].target = tr->jobs[k].arrive + (0.3 + 2.0 * rnd_unit()) * 2.5 * S;
 }
 
 /* ---- 1: deterministic replay ---------------------------------------------------------- */
@@ -264,6 +284,8 @@ typedef struct rjob {
     size_t *plan1;                        /* per image, at its level (the floor's until admitted) */
     size_t *kv;                           /* all its images: the batcher's plan at its level */
     size_t *tight; /* the same, tightened after each step as the batcher does */
+    cost_features_t *lv_feat[PLANNER_MAX_LEVELS]; /* each level's step features (all images) */
+    double end;                                   /* the brute force's predicted end */
     uint64_t id;
     int state; /* 0 not arrived, 1 waiting, 2 running, 3 ended */
     int start; /* iteration of its step 0 */
@@ -275,6 +297,7 @@ typedef struct totals {
     long long cancelled_running, cancelled_waiting, contention_iters;
     long long tightened;                  /* request-steps whose plan a tightening lowered */
     long long elastic_top, elastic_below; /* ranged admissions at their top, below it */
+    long long time_waits, time_lower;     /* heads that waited, or went lower, for time */
     /* Per policy: request-steps that used less than a worst-case plan. */
     long long under_bound[KV_POLICY_COUNT];
 } totals_t;
@@ -294,6 +317,66 @@ static int brute_fits(const rjob_t *jobs, const trace_t *tr, int now, const size
                                        : jobs[r].plan1[k] * (size_t)tr->jobs[r].n_images;
         }
         if (total > capacity)
+            return 0;
+    }
+    return 1;
+}
+
+/* The time objectives as the batcher should keep them, by brute force:
+ * admitting cand (job c at `level`) at iteration now, each future
+ * iteration priced by TIME_TABLE over every job running then (each laid
+ * from the iteration it started, at its level) and cand; 1 when cand ends
+ * by its target (or could not even alone at its floor) and no running job
+ * with a target is made late that would end by it without cand. *end:
+ * cand's predicted end. */
+static int brute_time_fits(const rjob_t *jobs, const trace_t *tr, int now, int c, int level, int S,
+                           double *end) {
+    double with = now, without = now, alone = now;
+    double end_with[MAX_JOBS], end_without[MAX_JOBS];
+    const double per_image = TIME_TABLE.decode_s + TIME_TABLE.png_s;
+    for (int r = 0; r < tr->n; r++)
+        end_with[r] = end_without[r] = -1;
+    for (int u = now; u < now + 2 * S; u++) {
+        cost_features_t x = {0}, y;
+        int any = 0;
+        for (int r = 0; r < tr->n; r++) {
+            const int k = u - jobs[r].start;
+            if (jobs[r].state != 2 || r == c || k < 0 || k >= S)
+                continue;
+            const cost_features_t *f = &jobs[r].lv_feat[jobs[r].level][k];
+            x.sequences += f->sequences;
+            x.kv_attended += f->kv_attended;
+            x.new_tokens += f->new_tokens;
+            any = 1;
+        }
+        y = x;
+        if (u - now < S) {
+            const cost_features_t *f = &jobs[c].lv_feat[level][u - now];
+            y.sequences += f->sequences;
+            y.kv_attended += f->kv_attended;
+            y.new_tokens += f->new_tokens;
+            alone +=
+                cost_step_seconds(&TIME_TABLE, &jobs[c].lv_feat[jobs[c].n_levels - 1][u - now]);
+        }
+        if (any)
+            without += cost_step_seconds(&TIME_TABLE, &x);
+        if (any || u - now < S)
+            with += cost_step_seconds(&TIME_TABLE, &y);
+        for (int r = 0; r < tr->n; r++)
+            if (jobs[r].state == 2 && r != c && u - jobs[r].start == S - 1) {
+                end_with[r] = with + tr->jobs[r].n_images * per_image;
+                end_without[r] = without + tr->jobs[r].n_images * per_image;
+            }
+        if (u - now == S - 1)
+            *end = with + tr->jobs[c].n_images * per_image;
+    }
+    alone += tr->jobs[c].n_images * per_image;
+    const double mine = tr->jobs[c].target > 0 ? tr->jobs[c].target : INFINITY;
+    if (*end > mine && alone <= mine)
+        return 0;
+    for (int r = 0; r < tr->n; r++) {
+        const double t = tr->jobs[r].target > 0 ? tr->jobs[r].target : INFINITY;
+        if (end_with[r] >= 0 && end_with[r] > t && end_without[r] <= t)
             return 0;
     }
     return 1;
@@ -336,6 +419,10 @@ static int replay_events(batcher_t *b, rjob_t *jobs, const trace_t *tr, int it, 
                           "job %d admitted at level %d, the brute "
                           "force's %d",
                           k, ev[i].level, jobs[k].level);
+                if (tr->timed)
+                    CHECK_MSG(fabs(ev[i].predicted_end - jobs[k].end) <= 1e-9 * (1 + jobs[k].end),
+                              "job %d predicted to end at %.9g, the brute force's %.9g", k,
+                              ev[i].predicted_end, jobs[k].end);
                 if (jobs[k].n_levels > 1) {
                     if (ev[i].level == 0)
                         tot.elastic_top++;
@@ -379,6 +466,8 @@ static void replay(const trace_t *tr) {
     batcher_options_t bo = {
         .pool_bytes = capacity, .max_running = 4 * MAX_JOBS, .max_waiting = MAX_JOBS};
     batcher_t *b = batcher_create(&bo, &gen_batcher_ops, &pool, &err);
+    if (b && tr->timed)
+        batcher_set_costs(b, &TIME_TABLE);
     rjob_t jobs[MAX_JOBS];
     memset(jobs, 0, sizeof jobs);
     int next = 0, finished = 0, queue[MAX_JOBS], q_len = 0;
@@ -392,10 +481,13 @@ static void replay(const trace_t *tr) {
             CHECK_MSG(planner_plan_levels(&lv, c, &j->pol, j->lo, j->hi, j->n_prompt, 0, bt,
                                           planner_kv_f32, NULL, &err) == AR_OK,
                       "levels of [%g, %g]: %s", j->lo, j->hi, err.msg);
+            kv_geometry_t g;
+            model_geometry(c, j->n_prompt, &g);
             for (int l = 0; l < lv.n; l++) {
                 jobs[k].budgets[l] = lv.budgets[l];
                 jobs[k].lv_plan1[l] = malloc((size_t)S * sizeof(size_t));
                 memcpy(jobs[k].lv_plan1[l], lv.plans[l].bytes, (size_t)S * sizeof(size_t));
+                jobs[k].lv_feat[l] = cost_plan_features(&g, &lv.plans[l], j->n_images);
             }
             jobs[k].n_levels = lv.n;
             planner_levels_free(&lv);
@@ -403,6 +495,12 @@ static void replay(const trace_t *tr) {
             jobs[k].n_levels = 1;
             jobs[k].budgets[0] = j->pol.budget;
             jobs[k].lv_plan1[0] = image_plan(j, bt);
+            kv_geometry_t g;
+            model_geometry(c, j->n_prompt, &g);
+            planner_plan_t plan;
+            CHECK(planner_plan(&plan, c, &j->pol, j->n_prompt, bt, NULL, &err) == AR_OK);
+            jobs[k].lv_feat[0] = cost_plan_features(&g, &plan, j->n_images);
+            planner_plan_free(&plan);
         }
         for (int l = 0; l < jobs[k].n_levels; l++) {
             jobs[k].lv_kv[l] = malloc((size_t)S * sizeof(size_t));
@@ -437,10 +535,13 @@ static void replay(const trace_t *tr) {
                                 .steps = S,
                                 .kv_bytes = jobs[next].kv,
                                 .deadline = INFINITY,
+                                .target = tr->jobs[next].target,
+                                .step_features = jobs[next].lv_feat[jobs[next].n_levels - 1],
                                 .work = &jobs[next].gen};
             if (tr->jobs[next].lo > 0) {
                 bj.n_levels = jobs[next].n_levels;
                 bj.level_kv_bytes = (const size_t *const *)jobs[next].lv_kv;
+                bj.level_step_features = (const cost_features_t *const *)jobs[next].lv_feat;
             }
             CHECK(batcher_submit(b, &bj, &jobs[next].id) == BATCHER_ACCEPTED);
             jobs[next].state = 1;
@@ -467,16 +568,21 @@ static void replay(const trace_t *tr) {
         int expect[MAX_JOBS], n_expect = 0;
         for (int q = 0; q < q_len; q++) {
             const int k = queue[q];
-            int level = -1;
+            int level = -1, room = -1;
             for (int l = 0; level < 0 && l < jobs[k].n_levels; l++) {
                 tot.fits_checked++;
-                if (brute_fits(jobs, tr, it, jobs[k].lv_kv[l], S, capacity))
+                if (!brute_fits(jobs, tr, it, jobs[k].lv_kv[l], S, capacity))
+                    continue;
+                room = room < 0 ? l : room;
+                if (!tr->timed || brute_time_fits(jobs, tr, it, k, l, S, &jobs[k].end))
                     level = l;
             }
             if (level < 0) {
                 tot.refusals++;
+                tot.time_waits += room >= 0;
                 break;
             }
+            tot.time_lower += level > room;
             expect[n_expect++] = k;
             jobs[k].level = level;
             jobs[k].tight = memcpy(jobs[k].tight, jobs[k].lv_kv[level], (size_t)S * sizeof(size_t));
@@ -613,6 +719,7 @@ static void replay(const trace_t *tr) {
         for (int l = 0; l < jobs[k].n_levels; l++) {
             free(jobs[k].lv_plan1[l]);
             free(jobs[k].lv_kv[l]);
+            free(jobs[k].lv_feat[l]);
         }
         free(jobs[k].tight);
     }
@@ -640,10 +747,12 @@ static void replay_traces(int min_refusals) {
             "admissions, %lld "
             "refusals (the head of the queue waited), %lld iterations with a job waiting; "
             "cancelled %lld running, %lld waiting; %lld request-steps' plans tightened; "
-            "budget ranges admitted %lld at their top, %lld below; policies %s\n",
+            "budget ranges admitted %lld at their top, %lld below; for time objectives %lld "
+            "heads waited and %lld went below the pool's budget; policies %s\n",
             tot.traces, now_s() - t0, tot.iterations, tot.steps_checked, tot.admissions,
             tot.refusals, tot.contention_iters, tot.cancelled_running, tot.cancelled_waiting,
-            tot.tightened, tot.elastic_top, tot.elastic_below, policy_counts(words, sizeof words));
+            tot.tightened, tot.elastic_top, tot.elastic_below, tot.time_waits, tot.time_lower,
+            policy_counts(words, sizeof words));
     /* The traces must exercise what they claim to (when none stopped early). */
     if (test_failures_in_current == failures_before) {
         CHECK(tot.refusals > min_refusals && tot.cancelled_running > 0 &&
@@ -658,6 +767,9 @@ static void replay_traces(int min_refusals) {
                       kv_policy_name(kinds[k]));
         }
         CHECK_MSG(tot.tightened > 0, "no plan ever tightened");
+        CHECK_MSG(tot.time_waits > 0 && tot.time_lower > 0,
+                  "time objectives: %lld heads waited, %lld went lower: both must happen",
+                  tot.time_waits, tot.time_lower);
         CHECK_MSG(tot.elastic_top > 0 && tot.elastic_below > 0,
                   "budget ranges admitted %lld times at their top, %lld below: both must happen",
                   tot.elastic_top, tot.elastic_below);
