@@ -48,6 +48,9 @@ typedef struct sim_job {
      * (sched_plan_range); level_kv[l] is level l's plan times n_images. */
     planner_levels_t lv;
     size_t *level_kv[PLANNER_MAX_LEVELS];
+    /* Each step's cost features (all images): the floor's plan, and with a
+     * range each level's, for admission by time (batcher.h). */
+    cost_features_t *features, *level_features[PLANNER_MAX_LEVELS];
     double t_admitted, t_last_step;
 } sim_job_t;
 
@@ -86,6 +89,8 @@ typedef struct sim {
      * how many below their top. */
     double budget_sum;
     int budget_n, budget_below;
+    double slo_s; /* the objective of requests without deadline_ms; 0: none */
+    int regimes[BATCHER_REGIME_TIME + 1]; /* admissions in this run, by what decided them */
 } sim_t;
 
 static int sim_start(void *ctx, void *work, ar_error_t *err) {
@@ -117,8 +122,11 @@ static void job_free(sim_job_t *j) {
         return;
     planner_plan_free(&j->plan);
     free(j->kv_bytes);
-    for (int l = 0; l < j->lv.n; l++)
+    free(j->features);
+    for (int l = 0; l < j->lv.n; l++) {
         free(j->level_kv[l]);
+        free(j->level_features[l]);
+    }
     planner_levels_free(&j->lv);
     free(j);
 }
@@ -189,8 +197,10 @@ static void arrive(sim_t *x, int i, double t, int client) {
     j->client = client;
     j->n_images = req.n;
     model_geometry(x->cfg, n_prompt, &j->g);
+    const double objective = req.deadline_ms > 0 ? req.deadline_ms / 1000.0 : x->slo_s;
     api_image_request_free(&req);
-    if (!(j->kv_bytes = malloc((size_t)j->plan.steps * sizeof *j->kv_bytes))) {
+    j->kv_bytes = malloc((size_t)j->plan.steps * sizeof *j->kv_bytes);
+    if (!j->kv_bytes || !(j->features = cost_plan_features(&j->g, &j->plan, j->n_images))) {
         refuse(rec, 500, "internal_error", t);
         job_free(j);
         return;
@@ -206,6 +216,11 @@ static void arrive(sim_t *x, int i, double t, int client) {
         }
         for (int s = 0; s < p->steps; s++)
             j->level_kv[l][s] = p->bytes[s] * (size_t)j->n_images;
+        if (!(j->level_features[l] = cost_plan_features(&j->g, p, j->n_images))) {
+            refuse(rec, 500, "internal_error", t);
+            job_free(j);
+            return;
+        }
     }
     replica_t *best = &x->r[0];
     for (int k = 1; k < x->n_replicas; k++)
@@ -220,8 +235,22 @@ static void arrive(sim_t *x, int i, double t, int client) {
                         .kv_bytes = j->kv_bytes,
                         .n_levels = j->lv.n,
                         .level_kv_bytes = (const size_t *const *)j->level_kv,
+                        .step_features = j->features,
+                        .level_step_features =
+                            j->lv.n > 0 ? (const cost_features_t *const *)j->level_features : NULL,
                         .deadline = INFINITY,
+                        .target = objective > 0 ? t + objective : 0,
+                        .submitted = t,
                         .work = j};
+    /* As the daemon: what could not keep its objective even alone is refused. */
+    const double alone = objective > 0 ? batcher_alone_seconds(best->b, &bj) : -1;
+    if (alone > objective) {
+        why = (sched_refusal_info_t){
+            .reason = SCHED_REFUSED_OBJECTIVE, .predicted_s = alone, .objective_s = objective};
+        refuse_as_daemon(x, rec, &why, j->n_images, t);
+        job_free(j);
+        return;
+    }
     const batcher_refusal_t r = batcher_submit(best->b, &bj, NULL);
     if (r == BATCHER_ACCEPTED) {
         best->outstanding++;
@@ -285,6 +314,7 @@ static void handle_events(sim_t *x, replica_t *r, double at) {
                 }
                 j->t_admitted = at;
                 rec->queue_s = at - rec->scheduled;
+                x->regimes[ev[e].regime]++;
                 continue;
             }
             if (ev[e].type == BATCHER_STEPPED) {
@@ -353,6 +383,7 @@ static int sim_run(void *ctx, const load_spec_t *s, const char *label, double ra
     x->next_open = x->next_closed = 0;
     x->budget_sum = 0;
     x->budget_n = x->budget_below = 0;
+    memset(x->regimes, 0, sizeof x->regimes);
     pool->capacity_bytes = (double)x->pool_bytes;
     free(x->client_ready);
     x->client_ready = calloc((size_t)s->concurrency, sizeof *x->client_ready);
@@ -363,6 +394,8 @@ static int sim_run(void *ctx, const load_spec_t *s, const char *label, double ra
         if (!(x->r[k].b = batcher_create(&x->bo, &SIM_OPS, x, &err))) {
             fprintf(stderr, "arserve simulate: %s\n", err.msg);
             rc = -1;
+        } else { /* admission prices time by the table, as a daemon with one does */
+            batcher_set_costs(x->r[k].b, x->costs);
         }
     }
     while (rc == 0) {
@@ -411,6 +444,10 @@ static int sim_run(void *ctx, const load_spec_t *s, const char *label, double ra
         printf("%s: %d requests with a budget range admitted at a mean budget of %.3f, %d below "
                "their top\n",
                label, x->budget_n, x->budget_sum / x->budget_n, x->budget_below);
+    if (x->slo_s > 0 || x->regimes[BATCHER_REGIME_TIME] > 0)
+        printf("%s: admissions by what decided them: %d free, %d memory, %d time\n", label,
+               x->regimes[BATCHER_REGIME_FREE], x->regimes[BATCHER_REGIME_MEMORY],
+               x->regimes[BATCHER_REGIME_TIME]);
     return rc;
 }
 
@@ -488,7 +525,7 @@ int cmd_simulate(int argc, char **argv, char **envp) {
     /* serve sizes an auto pool from its machine; a simulation has none */
     long long replicas = 1, pool_mb = d.kv_pool_mb ? d.kv_pool_mb : SIM_DEFAULT_POOL_MB,
               max_running = d.max_running, max_waiting = d.max_waiting, png_workers = d.png_workers,
-              prompt_tokens = 18;
+              prompt_tokens = 18, slo_ms = 0;
     int help = 0;
     planner_kv_dtype_t dt = {DTYPE_U8, DTYPE_U8}; /* unset: serve's */
     load_spec_t spec;
@@ -517,6 +554,9 @@ int cmd_simulate(int argc, char **argv, char **envp) {
                  "value: both); default: what `serve --kv-dtype auto` stores (the weights' type; "
                  "bf16 for a preset). A projection of a paper's GPU runs takes the paper's (bf16 "
                  "for Janus, f32,bf16 for VAR and Infinity)"},
+        {"slo-p99-ms", 0, CLI_INT, &slo_ms, 0, 86400000, .metavar = "MS",
+         .help = "as serve's --slo-p99-ms: the latency objective of requests without "
+                 "deadline_ms, kept by admission through the cost table (default 0: none)"},
         {"timeline", 0, CLI_STRING, &timeline_path, .metavar = "FILE",
          .help = "CSV of every iteration: run, replica, time, images stepped, running, waiting, "
                  "KV reserved bytes"},
@@ -557,7 +597,8 @@ int cmd_simulate(int argc, char **argv, char **envp) {
                .costs = &costs,
                .n_replicas = (int)replicas,
                .png_workers = (int)png_workers,
-               .prompt_tokens = (int)prompt_tokens};
+               .prompt_tokens = (int)prompt_tokens,
+               .slo_s = slo_ms / 1000.0};
     sim_setup(&x, json, dt, pool_mb, max_running, max_waiting);
     if (timeline_path && !(x.timeline = fopen(timeline_path, "w"))) {
         fprintf(stderr, "arserve simulate: --timeline %s: cannot write\n", timeline_path);

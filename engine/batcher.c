@@ -52,6 +52,10 @@ struct batcher {
      * running jobs' future iterations (cap_future of each). */
     int costs_on;
     cost_table_t costs;
+    /* The arrival rate (jobs per unit of the driver's clock): a running
+     * mean of the gaps between the jobs' submitted times. */
+    double last_submitted, mean_gap;
+    int n_gaps;
     cost_features_t *load;
     double *t_without, *t_with;
     int cap_future;
@@ -254,6 +258,25 @@ static double target_of(const batcher_job_t *job) {
     return job->target > 0 ? job->target : INFINITY;
 }
 
+/* The latency job would settle at if every job arriving at the measured
+ * rate ran at `level` (Little's law over the table's linear step: L = S x
+ * (intercept + rate x L x a) + images, a what one such job adds to a step,
+ * averaged over its steps); INFINITY when that load outgrows the engine. */
+static double settled_latency(const batcher_t *b, const batcher_job_t *job, int level) {
+    if (b->n_gaps < BATCHER_RATE_MIN_GAPS || !(b->mean_gap > 0))
+        return 0; /* no rate measured yet: nothing to settle */
+    const cost_features_t *f = level_features(job, level);
+    cost_features_t mean = {0};
+    for (int k = 0; k < job->steps; k++) {
+        mean.sequences += f[k].sequences / job->steps;
+        mean.kv_attended += f[k].kv_attended / job->steps;
+        mean.new_tokens += f[k].new_tokens / job->steps;
+    }
+    const double c0 = b->costs.coef[0], a = cost_step_seconds(&b->costs, &mean) - c0,
+                 load = job->steps * a / b->mean_gap;
+    return load < 1 ? (job->steps * c0 + images_seconds(b, job)) / (1 - load) : INFINITY;
+}
+
 /* 1 when admission prices job by time: a table, a job with features and
  * running jobs that all have theirs. */
 static int timed(const batcher_t *b, const batcher_job_t *job) {
@@ -365,8 +388,15 @@ static int admission_level(batcher_t *b, slot_t *head, double now) {
     if (timed(b, job)) {
         const int left = running_load(b, job->steps);
         const int n = job->n_levels > 0 ? job->n_levels : 1;
+        /* The largest level the measured rate could sustain within the job's
+         * objective (the floor when none could). */
+        int start = mem;
+        const double objective = target_of(job) - job->submitted;
+        while (start < n - 1 && job->submitted > 0 &&
+               settled_latency(b, job, start) > BATCHER_SETTLED_SHARE * objective)
+            start++;
         level = -1;
-        for (int l = mem; left >= 0 && l < n; l++) {
+        for (int l = start; left >= 0 && l < n; l++) {
             double end;
             if (!planner_fits_after(&b->planner, level_plan(job, l), job->steps, 0))
                 continue;
@@ -413,6 +443,20 @@ static int starts_next(const batcher_t *b, const batcher_job_t *job) {
     return images <= b->opt.max_running ? fitting_level(b, job, delay) : -1;
 }
 
+/* The arrival rate's running mean, from a job submitted at t (> 0). */
+static void count_arrival(batcher_t *b, double t) {
+    if (!(t > 0))
+        return;
+    if (b->last_submitted > 0 && t >= b->last_submitted) {
+        const double gap = t - b->last_submitted;
+        b->n_gaps++;
+        const double w =
+            b->n_gaps < BATCHER_RATE_WINDOW ? 1.0 / b->n_gaps : 1.0 / BATCHER_RATE_WINDOW;
+        b->mean_gap += w * (gap - b->mean_gap);
+    }
+    b->last_submitted = t;
+}
+
 batcher_refusal_t batcher_submit(batcher_t *b, const batcher_job_t *job, uint64_t *id) {
     if (job->n_images < 1 || job->steps < 1 || !job->kv_bytes || job->n_levels < 0 ||
         (job->n_levels > 0 && !job->level_kv_bytes))
@@ -438,6 +482,7 @@ batcher_refusal_t batcher_submit(batcher_t *b, const batcher_job_t *job, uint64_
                                       admission_delay(b)) != AR_OK)
         return BATCHER_REFUSED_NO_MEMORY;
     b->next_id = next;
+    count_arrival(b, job->submitted);
     slot_t *s = waiting_at(b, b->w_count++);
     *s = (slot_t){.id = next, .job = *job, .reserved = no_queue, .level = level};
     if (id)

@@ -24,7 +24,12 @@
  * features, admission also predicts time: the running jobs' and the
  * head's remaining iterations priced by the table, each at the steps it
  * will be at, no later admission assumed (each is checked in turn). The
- * head is admitted at the largest level that fits the pool and at which
+ * largest level considered is the largest whose latency, were every job
+ * arriving at the measured rate (the jobs' submitted times) to run at it,
+ * would settle within BATCHER_SETTLED_SHARE of the head's objective
+ * (Little's law over the table's linear step; the floor when none would):
+ * what keeps the objectives of the jobs still to come. The head is then
+ * admitted at the largest level from there that fits the pool and at which
  * it ends by its target and makes no running job late that would end by
  * its target without it; a head that could not end by its target even
  * alone (it is late already) needs only the second. Otherwise it waits,
@@ -50,6 +55,13 @@
 #include "engine/cost_model.h"
 
 typedef struct batcher batcher_t;
+
+/* The arrival rate's memory (submissions) and the least it needs, and the
+ * share of a job's objective the latency the rate would settle at may take
+ * (the rest is room for the rate's swings: the objective is a p99). */
+#define BATCHER_RATE_WINDOW 32
+#define BATCHER_RATE_MIN_GAPS 8
+#define BATCHER_SETTLED_SHARE 0.5
 
 typedef struct batcher_options {
     size_t pool_bytes; /* KV the planner may reserve: the pool's capacity */
@@ -97,10 +109,12 @@ typedef struct batcher_job {
      * floor's). NULL: unknown (the iteration's features are then too). */
     const cost_features_t *step_features;
     const cost_features_t *const *level_step_features;
-    double deadline; /* in the driver's clock (batcher_admit's now); INFINITY: none */
-    double target;   /* when its images should be done, in the same clock (> 0); 0: none (a
-                        time objective: admission keeps it where it can, see above) */
-    void *work;      /* handed to the ops */
+    double deadline;  /* in the driver's clock (batcher_admit's now); INFINITY: none */
+    double target;    /* when its images should be done, in the same clock (> 0); 0: none (a
+                         time objective: admission keeps it where it can, see above) */
+    double submitted; /* when it arrived, in the same clock (> 0; 0: unknown): the arrival
+                         rate admission measures */
+    void *work;       /* handed to the ops */
 } batcher_job_t;
 
 /* Why batcher_submit refused a job. */

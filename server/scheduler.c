@@ -1034,6 +1034,7 @@ sched_job_t *sched_submit(scheduler_t *s, const sched_request_t *req, sched_refu
                         .level_step_features = (const cost_features_t *const *)j->level_features,
                         .deadline = j->t_submit + req->timeout_s,
                         .target = req->objective_s > 0 ? j->t_submit + req->objective_s : 0,
+                        .submitted = j->t_submit,
                         .work = &j->gen};
     pthread_mutex_lock(&s->mu);
     /* A request that could not keep its objective even alone is refused

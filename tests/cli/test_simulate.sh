@@ -92,6 +92,28 @@ sim "a request of 7 images (1.1 MiB) is larger than the pool: 400 kv_pool_too_sm
 sim "--max-waiting 1: of four at once, one waits and three get 429 queue_full" \
     'r["failed"] == {"429": 3} and r["completed"] == 1 and sum(x["code"] == "queue_full" for x in q) == 3' \
     --costs "$tmp/c.json" --arrival burst -n 4 --max-running 1 --max-waiting 1
+# Latency objectives (--slo-p99-ms): 640 ms of steps alone cannot keep 100 ms: refused at once.
+sim "--slo-p99-ms 100: a request of 640 ms alone is refused, 429 objective_unreachable" \
+    'r["failed"] == {"429": 2} and all(x["code"] == "objective_unreachable" for x in q)' \
+    --costs "$tmp/c.json" --arrival burst -n 2 --slo-p99-ms 100
+# With 10 ms a step and 10 more per image, one image alone takes 1.28 s. Under a 1.505 s
+# objective the second waits while admitting it would make the first late: at iteration k
+# the first would end at 0.02 k + 0.03 (64 - k), within 1.505 from k = 42 (0.84 s), when the
+# second, late even alone (0.84 + 1.28), starts. The third waits for the first to end (1.5 s);
+# the second's 42 steps left then take 30 ms each (2.76 s), the third's last 22 20 ms (3.2 s).
+cat >"$tmp/cs.json" <<EOF
+{"family": "raster", "source": "test",
+ "step": {"intercept_s": 0.01, "per_sequence_s": 0.005, "per_kv_attended_s": 0, "per_new_token_s": 0},
+ "decode_s_per_image": 0, "png_s_per_image": 0}
+EOF
+sim "--slo-p99-ms 1505: the second waits until it makes no one late, the third for the first" \
+    '[round(x["e2el_ms"], 6) for x in q] == [1500, 2760, 3200] and [round(x["queue_ms"], 6) for x in q] == [0, 840, 1500]' \
+    --costs "$tmp/cs.json" --arrival burst -n 3 --slo-p99-ms 1505
+if grep -q "run: admissions by what decided them: 1 free, 0 memory, 2 time" "$tmp/log"; then
+    ok "simulate says what decided each admission"
+else
+    fail "simulate says what decided each admission" "$(grep admissions "$tmp/log")"
+fi
 # Both end their steps at 0.64 s; the engine decodes the first (0.74), whose
 # PNG the worker encodes (0.79) while the engine decodes the second (0.84),
 # whose PNG follows (0.89).

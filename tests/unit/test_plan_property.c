@@ -88,8 +88,8 @@ typedef struct tjob {
     int n_prompt;
     int cond[MAX_IDS + 2], uncond[MAX_IDS + 2];
     kv_policy_params_t pol;
-    double lo, hi; /* a budget range (elastic), or 0, 0 */
-    double target; /* its time objective (the replay's clock: iterations), or 0: none */
+    double lo, hi;    /* a budget range (elastic), or 0, 0 */
+    double objective; /* its time objective (the replay's clock: iterations), or 0: none */
 } tjob_t;
 
 typedef struct trace {
@@ -268,7 +268,7 @@ static void make_trace(trace_t *tr, int max_jobs, const int *block_sizes, int n_
     tr->timed = rnd() % 2;
     for (int k = 0; tr->timed && k < tr->n; k++)
         if (rnd() % 3)
-            tr->jobs[k].target = tr->jobs[k].arrive + (0.3 + 2.0 * rnd_unit()) * 2.5 * S;
+            tr->jobs[k].objective = (0.3 + 2.0 * rnd_unit()) * 2.5 * S;
 }
 
 /* ---- 1: deterministic replay ---------------------------------------------------------- */
@@ -322,6 +322,56 @@ static int brute_fits(const rjob_t *jobs, const trace_t *tr, int now, const size
     return 1;
 }
 
+/* A job's submitted time and target in the replay's clock (submissions
+ * count from 1: 0 is "unknown" to the batcher). */
+static double submitted_at(const tjob_t *j) { return j->arrive + 1.0; }
+static double target_at(const tjob_t *j) {
+    return j->objective > 0 ? submitted_at(j) + j->objective : INFINITY;
+}
+
+/* The arrival rate as the batcher should measure it: a running mean of the
+ * gaps between submissions, over the last BATCHER_RATE_WINDOW. */
+typedef struct rate {
+    double last, mean_gap;
+    int n;
+} rate_t;
+
+static void rate_add(rate_t *r, double t) {
+    if (r->last > 0) {
+        r->n++;
+        const double w = r->n < BATCHER_RATE_WINDOW ? 1.0 / r->n : 1.0 / BATCHER_RATE_WINDOW;
+        r->mean_gap += w * (t - r->last - r->mean_gap);
+    }
+    r->last = t;
+}
+
+/* The first level of job c (from `from`) whose settled latency at the
+ * measured rate (every arrival running at that level: Little's law over
+ * TIME_TABLE's linear step) is within BATCHER_SETTLED_SHARE of c's
+ * objective; the floor when none is. */
+static int brute_rate_level(const rjob_t *jobs, const trace_t *tr, const rate_t *r, int c, int from,
+                            int S) {
+    const tjob_t *j = &tr->jobs[c];
+    int l = from;
+    for (; l < jobs[c].n_levels - 1 && j->objective > 0 && r->n >= BATCHER_RATE_MIN_GAPS &&
+           r->mean_gap > 0;
+         l++) {
+        cost_features_t mean = {0};
+        for (int k = 0; k < S; k++) {
+            mean.sequences += jobs[c].lv_feat[l][k].sequences / S;
+            mean.kv_attended += jobs[c].lv_feat[l][k].kv_attended / S;
+            mean.new_tokens += jobs[c].lv_feat[l][k].new_tokens / S;
+        }
+        const double a = cost_step_seconds(&TIME_TABLE, &mean) - TIME_TABLE.coef[0],
+                     load = S * a / r->mean_gap,
+                     images = j->n_images * (TIME_TABLE.decode_s + TIME_TABLE.png_s);
+        const double settled = load < 1 ? (S * TIME_TABLE.coef[0] + images) / (1 - load) : INFINITY;
+        if (settled <= BATCHER_SETTLED_SHARE * j->objective)
+            break;
+    }
+    return l;
+}
+
 /* The time objectives as the batcher should keep them, by brute force:
  * admitting cand (job c at `level`) at iteration now, each future
  * iteration priced by TIME_TABLE over every job running then (each laid
@@ -371,11 +421,11 @@ static int brute_time_fits(const rjob_t *jobs, const trace_t *tr, int now, int c
             *end = with + tr->jobs[c].n_images * per_image;
     }
     alone += tr->jobs[c].n_images * per_image;
-    const double mine = tr->jobs[c].target > 0 ? tr->jobs[c].target : INFINITY;
+    const double mine = target_at(&tr->jobs[c]);
     if (*end > mine && alone <= mine)
         return 0;
     for (int r = 0; r < tr->n; r++) {
-        const double t = tr->jobs[r].target > 0 ? tr->jobs[r].target : INFINITY;
+        const double t = target_at(&tr->jobs[r]);
         if (end_with[r] >= 0 && end_with[r] > t && end_without[r] <= t)
             return 0;
     }
@@ -471,6 +521,7 @@ static void replay(const trace_t *tr) {
     rjob_t jobs[MAX_JOBS];
     memset(jobs, 0, sizeof jobs);
     int next = 0, finished = 0, queue[MAX_JOBS], q_len = 0;
+    rate_t rate = {0};
     int over_pool = 0, over_reserved = 0, over_plan = 0, not_exact = 0, sum_mismatch = 0;
     int fits_mismatch = 0, over_tight = 0;
     tot.traces++;
@@ -535,7 +586,9 @@ static void replay(const trace_t *tr) {
                                 .steps = S,
                                 .kv_bytes = jobs[next].kv,
                                 .deadline = INFINITY,
-                                .target = tr->jobs[next].target,
+                                .target =
+                                    tr->jobs[next].objective > 0 ? target_at(&tr->jobs[next]) : 0,
+                                .submitted = submitted_at(&tr->jobs[next]),
                                 .step_features = jobs[next].lv_feat[jobs[next].n_levels - 1],
                                 .work = &jobs[next].gen};
             if (tr->jobs[next].lo > 0) {
@@ -544,6 +597,7 @@ static void replay(const trace_t *tr) {
                 bj.level_step_features = (const cost_features_t *const *)jobs[next].lv_feat;
             }
             CHECK(batcher_submit(b, &bj, &jobs[next].id) == BATCHER_ACCEPTED);
+            rate_add(&rate, submitted_at(&tr->jobs[next]));
             jobs[next].state = 1;
             queue[q_len++] = next;
         }
@@ -573,7 +627,12 @@ static void replay(const trace_t *tr) {
                 tot.fits_checked++;
                 if (!brute_fits(jobs, tr, it, jobs[k].lv_kv[l], S, capacity))
                     continue;
-                room = room < 0 ? l : room;
+                if (room < 0) { /* the pool's level: time starts at the rate's, if lower */
+                    room = l;
+                    if (tr->timed && (l = brute_rate_level(jobs, tr, &rate, k, l, S)) > room &&
+                        !brute_fits(jobs, tr, it, jobs[k].lv_kv[l], S, capacity))
+                        continue;
+                }
                 if (!tr->timed || brute_time_fits(jobs, tr, it, k, l, S, &jobs[k].end))
                     level = l;
             }
