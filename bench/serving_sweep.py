@@ -1,17 +1,21 @@
 """The serving measurement of docs/capacity.md, in one run on the machine at hand:
 
 1. `arserve bench --profile` fits this machine's cost table for the model;
-2. a daemon serves the model with a small KV pool, and `arserve bench` sweeps
-   Poisson request rates for the full cache, for a compressed policy at a
-   fixed budget and for an elastic budget range (kv_budget_min: admitted at
-   the largest budget that fits the pool), the same pool for all: the
-   throughput-latency curve of each, goodput at the SLO, the mean budget
-   requests were admitted at (from the daemon's
-   arserve_kv_admitted_budget_ratio histogram, scraped around each rate), and
-   the rate at which p99 end-to-end latency passes the SLO;
-3. one measured run's per-request trace is replayed through `arserve simulate`
-   with the fitted cost table and the daemon's settings: the simulator's error
-   on throughput, mean and p99 latency and mean queue wait;
+2. a daemon serves the model with a small KV pool, starting from that table and
+   learning its own from its iterations, and `arserve bench` sweeps Poisson
+   request rates for the full cache, for a compressed policy at a fixed budget,
+   for an elastic budget range (kv_budget_min: admitted at the largest budget
+   that fits the pool) and for the same range with the SLO as each request's
+   objective (deadline_ms: admission then prices time too), the same pool for
+   all: the throughput-latency curve of each, goodput at the SLO, the mean
+   budget requests were admitted at (from the daemon's
+   arserve_kv_admitted_budget_ratio histogram, scraped around each rate), what
+   decided the objective run's admissions (arserve_admissions_total), and the
+   rate at which p99 end-to-end latency passes the SLO;
+3. the compressed runs' per-request traces are replayed through `arserve
+   simulate` with the daemon's settings, priced by the profile's table and by
+   the table the daemon learned (GET /v1/capacity): the simulator's error on
+   throughput, mean and p99 latency and mean queue wait at each rate asked;
 4. the curves are plotted (matplotlib) into a PNG.
 
 usage: python bench/serving_sweep.py --arserve build/arserve --model models/shapes \
@@ -76,6 +80,19 @@ def budget_sums(url, policy):
     return got
 
 
+def regimes(url):
+    """arserve_admissions_total by regime, from /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    got = {"free": 0.0, "memory": 0.0, "time": 0.0}
+    for line in text.splitlines():
+        for k in got:
+            head = f'arserve_admissions_total{{regime="{k}"}} '
+            if line.startswith(head):
+                got[k] = float(line[len(head):])
+    return got
+
+
 def admitted(before, after, top):
     """(mean budget, share admitted below the top, their mean budget) between
     two budget_sums readings, top the range's top (the rest ran at it); nan
@@ -115,9 +132,11 @@ def main():
     ap.add_argument("--elastic", default='{"kv_policy": "linear", "kv_budget": 1, '
                     '"kv_budget_min": 0.25}',
                     help="the elastic range's request fields (JSON); empty: no elastic run")
-    ap.add_argument("--validate-rate", default=None,
-                    help="the compressed run replayed through the simulator (default: the "
-                    "sweep's middle rate)")
+    ap.add_argument("--no-objective", action="store_true",
+                    help="no run of the elastic range with the SLO as its objective")
+    ap.add_argument("--validate-rates", default=None,
+                    help="the compressed runs replayed through the simulator, comma-separated "
+                    "(default: the sweep's middle rate)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     costs = os.path.join(a.out, "costs.json")
@@ -127,13 +146,17 @@ def main():
     policies = {"full": {"kv_policy": "full"}, "compressed": json.loads(a.compressed)}
     if a.elastic:
         policies["elastic"] = json.loads(a.elastic)
+        if not a.no_objective:
+            policies["objective"] = {**json.loads(a.elastic), "deadline_ms": int(a.slo_ms)}
     budgets = {}  # (policy, rate) -> the mean budget requests were admitted at
+    decided = {}  # (policy, rate) -> admissions by regime
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     daemon_flags = ["--kv-pool-mb", str(a.pool_mb), "--max-running", "64", "--max-waiting",
                     "256", "--png-workers", "2"]
     proc = subprocess.Popen([a.arserve, "serve", "--model", a.model, "--port", str(port),
-                             "--threads", str(a.threads), "--log-level", "warn"] + daemon_flags)
+                             "--threads", str(a.threads), "--log-level", "warn",
+                             "--cost-table", costs] + daemon_flags)
     try:
         wait_ready(url, proc)
         mixes = {}
@@ -150,13 +173,19 @@ def main():
         for rate in a.rates.split(","):
             for name, fields in policies.items():
                 kind = fields.get("kv_policy", "full")
-                before = budget_sums(url, kind)
+                before, r0 = budget_sums(url, kind), regimes(url)
                 run([a.arserve, "bench", "--url", url, "--mix", mixes[name], "--rates", rate,
                      "-n", str(a.n), "--seed", "1", "--goodput-e2el-ms", str(a.slo_ms), "--out",
                      os.path.join(a.out, name), "--no-progress"])
-                after = budget_sums(url, kind)
+                after, r1 = budget_sums(url, kind), regimes(url)
                 budgets[(name, float(rate))] = admitted(before, after,
                                                         float(fields.get("kv_budget", 1)))
+                decided[(name, float(rate))] = {k: r1[k] - r0[k] for k in r0}
+        learned = os.path.join(a.out, "learned.json")
+        with urllib.request.urlopen(url + "/v1/capacity", timeout=10) as r:
+            capacity = json.loads(r.read())
+        with open(learned, "w") as f:
+            json.dump(capacity["cost_table"], f, indent=1)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -180,29 +209,37 @@ def main():
               + (f"{x:.2f} requests/s" if x else "no rate of the sweep"))
     print("budget: the mean budget requests were admitted at; below top: the share admitted "
           "below their range's top; at: their mean budget")
+    for (name, rate), d in sorted(decided.items()):
+        if name == "objective":
+            print(f"objective at {rate:g} requests/s: admissions {d['free']:g} free, "
+                  f"{d['memory']:g} memory-bound, {d['time']:g} time-bound")
 
-    # The simulator against one measured trace.
+    # The simulator against the measured traces, priced by each table.
     rates = a.rates.split(",")
-    rate = a.validate_rate or rates[len(rates) // 2]
-    trace = os.path.join(a.out, "compressed", f"rate-{float(rate):g}.requests.jsonl")
-    sim_dir = os.path.join(a.out, "simulated")
-    run([a.arserve, "simulate", "--model", a.model, "--costs", costs, "--trace", trace,
-         "--label", "trace", "--out", sim_dir] + daemon_flags)
-    meas = json.load(open(os.path.join(a.out, "compressed", f"rate-{float(rate):g}.json")))
-    sim = json.load(open(os.path.join(sim_dir, "trace.json")))
-    print(f"\nsimulator vs daemon, compressed policy at {rate} requests/s "
-          f"({meas['completed']:g} requests):")
-    for key in ("request_throughput", "mean_e2el_ms", "p99_e2el_ms", "mean_queue_ms"):
-        m, s = meas[key], sim[key]
-        err = (s - m) / m * 100 if m else float("nan")
-        print(f"  {key:<20} daemon {m:10.3f}  simulated {s:10.3f}  error {err:+6.1f}%")
+    print(f"\nthe daemon's learned table: {capacity['cost_table']['source']}")
+    os.makedirs(os.path.join(a.out, "simulated"), exist_ok=True)
+    for rate in (a.validate_rates or rates[len(rates) // 2]).split(","):
+        trace = os.path.join(a.out, "compressed", f"rate-{float(rate):g}.requests.jsonl")
+        meas = json.load(open(os.path.join(a.out, "compressed", f"rate-{float(rate):g}.json")))
+        for table, path in (("profile", costs), ("learned", learned)):
+            sim_dir = os.path.join(a.out, "simulated", f"{table}-{float(rate):g}")
+            run([a.arserve, "simulate", "--model", a.model, "--costs", path, "--trace", trace,
+                 "--label", "trace", "--out", sim_dir] + daemon_flags)
+            sim = json.load(open(os.path.join(sim_dir, "trace.json")))
+            print(f"simulator ({table} table) vs daemon, compressed policy at {rate} "
+                  f"requests/s ({meas['completed']:g} requests):")
+            for key in ("request_throughput", "mean_e2el_ms", "p99_e2el_ms", "mean_queue_ms"):
+                m, s = meas[key], sim[key]
+                err = (s - m) / m * 100 if m else float("nan")
+                print(f"  {key:<20} daemon {m:10.3f}  simulated {s:10.3f}  error {err:+6.1f}%")
 
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     for name, rs in curves.items():
-        label = {"full": "full cache", "compressed": a.compressed}.get(name, a.elastic)
+        label = {"full": "full cache", "compressed": a.compressed,
+                 "objective": f"{a.elastic} with deadline_ms {a.slo_ms:g}"}.get(name, a.elastic)
         ax[0].plot([r["request_rate"] for r in rs], [r["images_per_s"] for r in rs], "o-",
                    label=label)
         ax[1].plot([r["images_per_s"] for r in rs], [r["p99_e2el_ms"] / 1e3 for r in rs], "o-",
