@@ -611,6 +611,28 @@ static void constant_features(cost_features_t *f, int steps, double kv) {
         f[t] = (cost_features_t){.sequences = 2, .kv_attended = kv};
 }
 
+/* An elastic job of 4 steps whose levels attend 8, 4 and 1 a step. */
+typedef struct timed_elastic {
+    elastic_t e;
+    cost_features_t f[N_LEVELS][4];
+    const cost_features_t *levels[N_LEVELS];
+} timed_elastic_t;
+
+static batcher_job_t timed_elastic(timed_elastic_t *t) {
+    static const double kv[N_LEVELS] = {8, 4, 1};
+    elastic_make(&t->e, 4, 80, 40, 20);
+    for (int l = 0; l < N_LEVELS; l++) {
+        constant_features(t->f[l], 4, kv[l]);
+        t->levels[l] = t->f[l];
+    }
+    batcher_job_t j = job_of(&t->e.f);
+    j.n_levels = N_LEVELS;
+    j.level_kv_bytes = t->e.level_ptrs;
+    j.step_features = t->f[N_LEVELS - 1];
+    j.level_step_features = t->levels;
+    return j;
+}
+
 /* An elastic job whose top level would make it late is admitted at the
  * largest level that keeps its target, though the pool has room for the
  * top: compression that buys time. */
@@ -629,20 +651,8 @@ static void test_time_objective_picks_the_level_that_keeps_it(void) {
     CHECK(batcher_iterate(b, 0.5) == 1);
     admitted_level(b);
 
-    elastic_t e;
-    elastic_make(&e, 4, 80, 40, 20);
-    cost_features_t lf[N_LEVELS][4];
-    const cost_features_t *lp[N_LEVELS];
-    const double kv[N_LEVELS] = {8, 4, 1};
-    for (int l = 0; l < N_LEVELS; l++) {
-        constant_features(lf[l], 4, kv[l]);
-        lp[l] = lf[l];
-    }
-    batcher_job_t je = job_of(&e.f);
-    je.n_levels = N_LEVELS;
-    je.level_kv_bytes = e.level_ptrs;
-    je.step_features = lf[N_LEVELS - 1];
-    je.level_step_features = lp;
+    timed_elastic_t te;
+    batcher_job_t je = timed_elastic(&te);
     je.target = 1 + 8; /* at level 2: 3 steps of 2 s beside r, then one of 1 s: ends at 8 */
     CHECK(batcher_alone_seconds(b, &je) == 4);
     CHECK(batcher_submit(b, &je, NULL) == BATCHER_ACCEPTED);
@@ -655,7 +665,7 @@ static void test_time_objective_picks_the_level_that_keeps_it(void) {
             CHECK(ev[i].level == 2 && ev[i].regime == BATCHER_REGIME_TIME);
             CHECK_NEAR(ev[i].predicted_end, 1 + 3 * 2 + 1, 1e-12, 0);
         }
-    CHECK(seen && e.level == 2);
+    CHECK(seen && te.e.level == 2);
     batcher_destroy(b);
 }
 
@@ -724,20 +734,8 @@ static void rate_case(double gap, int want_level, batcher_regime_t want_regime) 
         CHECK(batcher_iterate(b, at) == 1);
     }
     admitted_level(b);
-    elastic_t e;
-    elastic_make(&e, 4, 80, 40, 20);
-    cost_features_t lf[N_LEVELS][4];
-    const cost_features_t *lp[N_LEVELS];
-    const double kv[N_LEVELS] = {8, 4, 1};
-    for (int l = 0; l < N_LEVELS; l++) {
-        constant_features(lf[l], 4, kv[l]);
-        lp[l] = lf[l];
-    }
-    batcher_job_t je = job_of(&e.f);
-    je.n_levels = N_LEVELS;
-    je.level_kv_bytes = e.level_ptrs;
-    je.step_features = lf[N_LEVELS - 1];
-    je.level_step_features = lp;
+    timed_elastic_t te;
+    batcher_job_t je = timed_elastic(&te);
     je.submitted = at += gap;
     je.target = at + 40; /* alone at the top it ends at +36 */
     CHECK(batcher_submit(b, &je, NULL) == BATCHER_ACCEPTED);
