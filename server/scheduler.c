@@ -820,12 +820,14 @@ static void *engine_main(void *arg) {
         set_gauges(s);
         batcher_stats(s->batcher, &st);
         pthread_mutex_unlock(&s->mu);
-        if (rc == AR_OK) {
+        if (rc == AR_OK)
             check_iteration(s, &st, t1 - t0);
-            if (st.last_features_known && s->opt.learn_costs)
-                learn_iteration(s, &st.last_features, t1 - t0);
-        }
         handle_events(s, ev, n_ev, t1);
+        /* The table prices the whole turn of this loop, admission and events
+         * included (what a request waits per step, and what the simulator's
+         * clock advances by), not the step alone. */
+        if (rc == AR_OK && st.last_features_known && s->opt.learn_costs)
+            learn_iteration(s, &st.last_features, clock_now_s() - t_admit);
     }
     /* Shutting down: end whatever is left. */
     pthread_mutex_lock(&s->mu);
