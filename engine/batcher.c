@@ -267,11 +267,8 @@ static double settled_latency(const batcher_t *b, const batcher_job_t *job, int 
         return 0; /* no rate measured yet: nothing to settle */
     const cost_features_t *f = level_features(job, level);
     cost_features_t mean = {0};
-    for (int k = 0; k < job->steps; k++) {
-        mean.sequences += f[k].sequences / job->steps;
-        mean.kv_attended += f[k].kv_attended / job->steps;
-        mean.new_tokens += f[k].new_tokens / job->steps;
-    }
+    for (int k = 0; k < job->steps; k++)
+        cost_features_accumulate(&mean, &f[k], 1.0 / job->steps);
     const double c0 = b->costs.coef[0], a = cost_step_seconds(&b->costs, &mean) - c0,
                  load = job->steps * a / b->mean_gap;
     return load < 1 ? (job->steps * c0 + images_seconds(b, job)) / (1 - load) : INFINITY;
@@ -324,11 +321,8 @@ static int running_load(batcher_t *b, int n) {
     for (int i = 0; i < b->n_running; i++) {
         const slot_t *s = &b->running[i];
         const cost_features_t *f = level_features(&s->job, s->level);
-        for (int k = 0; s->steps_done + k < s->job.steps; k++) {
-            b->load[k].sequences += f[s->steps_done + k].sequences;
-            b->load[k].kv_attended += f[s->steps_done + k].kv_attended;
-            b->load[k].new_tokens += f[s->steps_done + k].new_tokens;
-        }
+        for (int k = 0; s->steps_done + k < s->job.steps; k++)
+            cost_features_accumulate(&b->load[k], &f[s->steps_done + k], 1);
     }
     for (int k = 0; k < left; k++)
         b->t_without[k] = (k ? b->t_without[k - 1] : 0) + cost_step_seconds(&b->costs, &b->load[k]);
@@ -354,11 +348,8 @@ static int time_fits(batcher_t *b, const batcher_job_t *job, int level, int left
     const cost_features_t *f = level_features(job, level);
     for (int k = 0; k < n; k++) {
         cost_features_t x = k < left ? b->load[k] : (cost_features_t){0};
-        if (k < job->steps) {
-            x.sequences += f[k].sequences;
-            x.kv_attended += f[k].kv_attended;
-            x.new_tokens += f[k].new_tokens;
-        }
+        if (k < job->steps)
+            cost_features_accumulate(&x, &f[k], 1);
         b->t_with[k] = (k ? b->t_with[k - 1] : 0) + cost_step_seconds(&b->costs, &x);
     }
     *end = now + b->t_with[job->steps - 1] + images_seconds(b, job);
@@ -620,9 +611,7 @@ static void step_features(batcher_t *b) {
             b->last_features_known = 0;
             continue;
         }
-        b->last_features.sequences += f[s->steps_done].sequences;
-        b->last_features.kv_attended += f[s->steps_done].kv_attended;
-        b->last_features.new_tokens += f[s->steps_done].new_tokens;
+        cost_features_accumulate(&b->last_features, &f[s->steps_done], 1);
     }
 }
 

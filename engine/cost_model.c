@@ -19,6 +19,12 @@ void cost_features_add(cost_features_t *f, const kv_geometry_t *g, const planner
     f->kv_attended += seqs * fed * pl->tokens[step];
 }
 
+void cost_features_accumulate(cost_features_t *acc, const cost_features_t *f, double weight) {
+    acc->sequences += weight * f->sequences;
+    acc->kv_attended += weight * f->kv_attended;
+    acc->new_tokens += weight * f->new_tokens;
+}
+
 cost_features_t *cost_plan_features(const kv_geometry_t *g, const planner_plan_t *pl,
                                     int n_images) {
     cost_features_t *f = calloc((size_t)pl->steps, sizeof *f);
@@ -354,8 +360,6 @@ void cost_learner_add_image(cost_learner_t *l, double decode_s, double png_s) {
     if (l->images < COST_IMAGE_MEMORY)
         l->images++;
     const double w = 1.0 / l->images;
-    l->decode_mean = l->images == 1 ? decode_s : (1 - w) * l->decode_mean + w * decode_s;
-    l->png_mean = l->images == 1 ? png_s : (1 - w) * l->png_mean + w * png_s;
-    l->table.decode_s = l->decode_mean;
-    l->table.png_s = l->png_mean;
+    l->table.decode_s = (1 - w) * l->table.decode_s + w * decode_s; /* the first: its own */
+    l->table.png_s = (1 - w) * l->table.png_s + w * png_s;
 }

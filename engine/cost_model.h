@@ -27,6 +27,9 @@ typedef struct cost_features {
 void cost_features_add(cost_features_t *f, const kv_geometry_t *g, const planner_plan_t *pl,
                        int step, int n_images);
 
+/* acc += weight x f, feature by feature (a batch's sum: weight 1). */
+void cost_features_accumulate(cost_features_t *acc, const cost_features_t *f, double weight);
+
 /* Each step's features of n_images images of plan pl (geometry g): a
  * malloc'd array of pl->steps entries, or NULL when out of memory. */
 cost_features_t *cost_plan_features(const kv_geometry_t *g, const planner_plan_t *pl, int n_images);
@@ -94,10 +97,7 @@ typedef struct cost_learner {
     long long samples; /* added, ever */
     long long refits;  /* fits that replaced the table */
     int last_outliers; /* samples the last fit left out */
-    /* Per image, the mean over the last images of their decoding and PNG
-     * encoding seconds (0 samples: the seed's). */
-    double decode_mean, png_mean;
-    int images;
+    int images;        /* images timed (table.decode_s and png_s: their running means) */
 } cost_learner_t;
 
 /* AR_OK, or AR_ERR when out of memory. The table starts as *seed (its

@@ -357,11 +357,8 @@ static int brute_rate_level(const rjob_t *jobs, const trace_t *tr, const rate_t 
            r->mean_gap > 0;
          l++) {
         cost_features_t mean = {0};
-        for (int k = 0; k < S; k++) {
-            mean.sequences += jobs[c].lv_feat[l][k].sequences / S;
-            mean.kv_attended += jobs[c].lv_feat[l][k].kv_attended / S;
-            mean.new_tokens += jobs[c].lv_feat[l][k].new_tokens / S;
-        }
+        for (int k = 0; k < S; k++)
+            cost_features_accumulate(&mean, &jobs[c].lv_feat[l][k], 1.0 / S);
         const double a = cost_step_seconds(&TIME_TABLE, &mean) - TIME_TABLE.coef[0],
                      load = S * a / r->mean_gap,
                      images = j->n_images * (TIME_TABLE.decode_s + TIME_TABLE.png_s);
@@ -393,18 +390,12 @@ static int brute_time_fits(const rjob_t *jobs, const trace_t *tr, int now, int c
             const int k = u - jobs[r].start;
             if (jobs[r].state != 2 || r == c || k < 0 || k >= S)
                 continue;
-            const cost_features_t *f = &jobs[r].lv_feat[jobs[r].level][k];
-            x.sequences += f->sequences;
-            x.kv_attended += f->kv_attended;
-            x.new_tokens += f->new_tokens;
+            cost_features_accumulate(&x, &jobs[r].lv_feat[jobs[r].level][k], 1);
             any = 1;
         }
         y = x;
         if (u - now < S) {
-            const cost_features_t *f = &jobs[c].lv_feat[level][u - now];
-            y.sequences += f->sequences;
-            y.kv_attended += f->kv_attended;
-            y.new_tokens += f->new_tokens;
+            cost_features_accumulate(&y, &jobs[c].lv_feat[level][u - now], 1);
             alone +=
                 cost_step_seconds(&TIME_TABLE, &jobs[c].lv_feat[jobs[c].n_levels - 1][u - now]);
         }
