@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "engine/model_family.h"
 
 void cost_features_add(cost_features_t *f, const kv_geometry_t *g, const planner_plan_t *pl,
@@ -346,10 +347,15 @@ int cost_learner_add(cost_learner_t *l, const cost_features_t *f, double seconds
     if (l->n < l->cap)
         l->n++;
     l->samples++;
-    if (++l->since_refit < l->refit_every)
+    l->fed_since_refit_s += seconds;
+    if (++l->since_refit < l->refit_every || l->fed_since_refit_s < l->refit_s / COST_REFIT_SHARE)
         return 0;
     l->since_refit = 0;
-    return refit(l);
+    l->fed_since_refit_s = 0;
+    const double t0 = clock_now_s();
+    const int replaced = refit(l);
+    l->refit_s = clock_now_s() - t0;
+    return replaced;
 }
 
 void cost_learner_add_image(cost_learner_t *l, double decode_s, double png_s) {

@@ -83,21 +83,28 @@ int cost_table_save(const cost_table_t *t, const char *path, char *why, size_t w
  * error, or within COST_OUTLIER_FLOOR of their step, COST_TRIM_ROUNDS
  * trimmed fits at most: steps slowed by something else, a page fault,
  * another process, up to half of them, do not move the table). Until the first fit the seed
- * answers; a fit that fails (too few samples, every batch alike) keeps the last table. Bounded
+ * answers; a fit that fails (too few samples, every batch alike) keeps the last table. A
+ * refit runs on its caller's thread (the engine's, between steps), so it keeps to a share of
+ * the time it is fed: after a refit that took r seconds, the next waits until the samples
+ * added since sum to r / COST_REFIT_SHARE seconds (a refit of a full ring costs about 4
+ * steps of the demo model; every 64 steps it would have slowed them by 6%). Bounded
  * memory: the ring and its scratch, fixed at init. Not thread-safe: one caller at a time. */
 #define COST_OUTLIER_FACTOR 4.0
 #define COST_OUTLIER_FLOOR 0.25
 #define COST_TRIM_ROUNDS 5
+#define COST_REFIT_SHARE 0.01
 typedef struct cost_learner {
     cost_table_t table; /* what it answers with: the seed, then the last good fit */
     cost_features_t *x, *kept_x;
     double *y, *kept_y, *err;
     int cap, n, next;
     int refit_every, since_refit;
-    long long samples; /* added, ever */
-    long long refits;  /* fits that replaced the table */
-    int last_outliers; /* samples the last fit left out */
-    int images;        /* images timed (table.decode_s and png_s: their running means) */
+    double fed_since_refit_s; /* the seconds of the samples added since the last refit */
+    double refit_s;           /* what the last refit took */
+    long long samples;        /* added, ever */
+    long long refits;         /* fits that replaced the table */
+    int last_outliers;        /* samples the last fit left out */
+    int images;               /* images timed (table.decode_s and png_s: their running means) */
 } cost_learner_t;
 
 /* AR_OK, or AR_ERR when out of memory. The table starts as *seed (its

@@ -115,6 +115,31 @@ static void test_a_fit_that_fails_keeps_the_table(void) {
     cost_learner_free(&l);
 }
 
+/* Refitting is the engine thread's time too: the learner spends at most
+ * COST_REFIT_SHARE of the time it was fed on its refits. Steps so short
+ * that a refit every refit_every of them would cost more wait for more. */
+static void test_refits_keep_to_their_share_of_the_time(void) {
+    cost_learner_t l;
+    const cost_table_t s = seed();
+    CHECK(cost_learner_init(&l, &s, 4096, 64) == AR_OK);
+    for (int i = 0; i < 4096; i++) {
+        const cost_features_t f = features(i);
+        cost_learner_add(&l, &f, 1e-3 * truth(TRUTH, &f, 1)); /* microseconds a step */
+    }
+    CHECK_MSG(l.refits >= 1 && l.refits < 8, "%lld refits over 4096 steps of microseconds",
+              l.refits);
+    CHECK_MSG(l.refit_s > 0, "the last refit's time: %g s", l.refit_s);
+    /* Steps of a tenth of a second and more: a refit every 64. */
+    cost_learner_free(&l);
+    CHECK(cost_learner_init(&l, &s, 4096, 64) == AR_OK);
+    for (int i = 0; i < 4096; i++) {
+        const cost_features_t f = features(i);
+        cost_learner_add(&l, &f, truth(TRUTH, &f, 100));
+    }
+    CHECK_MSG(l.refits == 64, "%lld refits over 4096 long steps", l.refits);
+    cost_learner_free(&l);
+}
+
 static void test_images_set_the_per_image_costs(void) {
     cost_learner_t l;
     const cost_table_t s = seed();
@@ -152,6 +177,7 @@ int main(void) {
     TEST_RUN(test_slowed_steps_do_not_move_the_table);
     TEST_RUN(test_the_ring_forgets_an_older_speed);
     TEST_RUN(test_a_fit_that_fails_keeps_the_table);
+    TEST_RUN(test_refits_keep_to_their_share_of_the_time);
     TEST_RUN(test_images_set_the_per_image_costs);
     TEST_RUN(test_default_table);
     return TEST_SUMMARY();
