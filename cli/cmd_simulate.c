@@ -4,7 +4,8 @@
  * (engine/cost_model.h) says for its batch, finished images then cost their
  * decode on the drawing thread and their PNG on the first free worker, as
  * the daemon's scheduler does it (the drawing thread is taken to have a
- * core of its own: the engine's iterations do not slow while it draws). Requests arrive from the
+ * core of its own: the engine's iterations do not slow while it draws), and each answer its
+ * HTTP thread's time (the table's http_s, after the PNGs). Requests arrive from the
  * load client's generators or a trace (cli/load_spec.h) and are spread over replicas by least
  * outstanding requests (as deploy/nginx balances them); the report is the load client's, so the two
  * compare key by key. Requests are planned as the daemon plans them: the model's arserve.json (a
@@ -339,6 +340,7 @@ static void handle_events(sim_t *x, replica_t *r, double at) {
                 rec->steps = j->plan.steps;
                 rec->run_s = j->t_last_step - j->t_admitted;
                 rec->decode_png_s = done - j->t_last_step;
+                done += x->costs->http_s; /* its HTTP thread: parsing, then the answer */
             } else {
                 refuse(rec, 500, batcher_end_name(ev[e].end), done);
             }

@@ -234,14 +234,15 @@ static const cost_features_t *level_features(const batcher_job_t *job, int level
                                                          : job->step_features;
 }
 
-/* Decoding and encoding job's images, after its last step. */
-static double images_seconds(const batcher_t *b, const batcher_job_t *job) {
-    return job->n_images * (b->costs.decode_s + b->costs.png_s);
+/* What job waits after its last step: its images decoded and encoded,
+ * then its answer written. */
+static double finish_seconds(const batcher_t *b, const batcher_job_t *job) {
+    return job->n_images * (b->costs.decode_s + b->costs.png_s) + b->costs.http_s;
 }
 
 static double alone_seconds(const batcher_t *b, const batcher_job_t *job, int level) {
     const cost_features_t *f = level_features(job, level);
-    double t = images_seconds(b, job);
+    double t = finish_seconds(b, job);
     for (int k = 0; k < job->steps; k++)
         t += cost_step_seconds(&b->costs, &f[k]);
     return t;
@@ -271,7 +272,7 @@ static double settled_latency(const batcher_t *b, const batcher_job_t *job, int 
         cost_features_accumulate(&mean, &f[k], 1.0 / job->steps);
     const double c0 = b->costs.coef[0], a = cost_step_seconds(&b->costs, &mean) - c0,
                  load = job->steps * a / b->mean_gap;
-    return load < 1 ? (job->steps * c0 + images_seconds(b, job)) / (1 - load) : INFINITY;
+    return load < 1 ? (job->steps * c0 + finish_seconds(b, job)) / (1 - load) : INFINITY;
 }
 
 /* 1 when admission prices job by time: a table, a job with features and
@@ -333,7 +334,7 @@ static int running_load(batcher_t *b, int n) {
  * (ends[k]: seconds from now to the end of iteration k). */
 static double running_end_at(const batcher_t *b, const slot_t *s, const double *ends) {
     const int left = s->job.steps - s->steps_done;
-    return (left > 0 ? ends[left - 1] : 0) + images_seconds(b, &s->job);
+    return (left > 0 ? ends[left - 1] : 0) + finish_seconds(b, &s->job);
 }
 
 /* With the running load (running_load's, `left` iterations): 1 when job
@@ -352,7 +353,7 @@ static int time_fits(batcher_t *b, const batcher_job_t *job, int level, int left
             cost_features_accumulate(&x, &f[k], 1);
         b->t_with[k] = (k ? b->t_with[k - 1] : 0) + cost_step_seconds(&b->costs, &x);
     }
-    *end = now + b->t_with[job->steps - 1] + images_seconds(b, job);
+    *end = now + b->t_with[job->steps - 1] + finish_seconds(b, job);
     const int floor = job->n_levels > 0 ? job->n_levels - 1 : 0;
     if (*end > target_of(job) && now + alone_seconds(b, job, floor) <= target_of(job))
         return 0;

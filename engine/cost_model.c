@@ -156,6 +156,7 @@ cJSON *cost_table_json(const cost_table_t *t) {
     step = NULL;
     ok &= cJSON_AddNumberToObject(o, "decode_s_per_image", t->decode_s) != NULL;
     ok &= cJSON_AddNumberToObject(o, "png_s_per_image", t->png_s) != NULL;
+    ok &= cJSON_AddNumberToObject(o, "http_s_per_request", t->http_s) != NULL;
     ok &= fit && cJSON_AddNumberToObject(fit, "samples", t->fit_samples) &&
           cJSON_AddNumberToObject(fit, "rel_rms", t->fit_rel_rms) &&
           cJSON_AddNumberToObject(fit, "max_rel", t->fit_max_rel) &&
@@ -232,6 +233,9 @@ int cost_table_load(cost_table_t *t, const char *path, char *why, size_t why_cap
         rc = get_num(o, "decode_s_per_image", &t->decode_s, path, why, why_cap);
     if (rc == 0)
         rc = get_num(o, "png_s_per_image", &t->png_s, path, why, why_cap);
+    /* Tables written before the HTTP side was timed have none: 0. */
+    if (rc == 0 && cJSON_GetObjectItemCaseSensitive(o, "http_s_per_request"))
+        rc = get_num(o, "http_s_per_request", &t->http_s, path, why, why_cap);
     if (rc == 0) {
         snprintf(t->family, sizeof t->family, "%s", fam->valuestring);
         snprintf(t->source, sizeof t->source, "%s", cJSON_IsString(src) ? src->valuestring : "");
@@ -330,6 +334,7 @@ static int refit(cost_learner_t *l) {
     l->last_outliers = l->n - k;
     t.decode_s = l->table.decode_s;
     t.png_s = l->table.png_s;
+    t.http_s = l->table.http_s;
     snprintf(t.source, sizeof t.source,
              "learned from the engine's last %d iterations (%d left out as outliers), refit %lld",
              l->n, l->last_outliers, l->refits + 1);
@@ -358,14 +363,25 @@ int cost_learner_add(cost_learner_t *l, const cost_features_t *f, double seconds
     return replaced;
 }
 
+/* A running mean that forgets: the last ~COST_MEAN_MEMORY values weigh
+ * (the first replaces the seed's). *count: the values seen, up to that. */
+enum { COST_MEAN_MEMORY = 64 };
+static void running_mean(double *mean, int *count, double x) {
+    if (*count < COST_MEAN_MEMORY)
+        (*count)++;
+    const double w = 1.0 / *count;
+    *mean = (1 - w) * *mean + w * x;
+}
+
 void cost_learner_add_image(cost_learner_t *l, double decode_s, double png_s) {
     if (!(decode_s >= 0) || !(png_s >= 0))
         return;
-    /* A running mean that forgets: the last ~COST_IMAGE_MEMORY images weigh. */
-    enum { COST_IMAGE_MEMORY = 64 };
-    if (l->images < COST_IMAGE_MEMORY)
-        l->images++;
-    const double w = 1.0 / l->images;
-    l->table.decode_s = (1 - w) * l->table.decode_s + w * decode_s; /* the first: its own */
-    l->table.png_s = (1 - w) * l->table.png_s + w * png_s;
+    int n = l->images;
+    running_mean(&l->table.decode_s, &n, decode_s);
+    running_mean(&l->table.png_s, &l->images, png_s);
+}
+
+void cost_learner_add_request(cost_learner_t *l, double http_s) {
+    if (http_s >= 0 && isfinite(http_s))
+        running_mean(&l->table.http_s, &l->requests, http_s);
 }

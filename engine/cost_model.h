@@ -40,8 +40,12 @@ typedef struct cost_table {
     char family[32];  /* "raster" or "scale" */
     char source[256]; /* where the numbers come from (a profile run, a paper) */
     double coef[COST_N_COEF];
-    double decode_s; /* per image, on the engine thread */
+    double decode_s; /* per image, on the drawing thread */
     double png_s;    /* per image, on a PNG worker */
+    /* Per request, on its HTTP thread: from its arrival to its submission
+     * (parsing, the prompt's tokens) and from its job's end to its answer
+     * queued (the PNGs in base64, the JSON). A file without it: 0. */
+    double http_s;
     /* The fit: samples, relative RMS error and the largest relative error
      * of the fitted step times against the measured ones (0 when derived). */
     int fit_samples;
@@ -105,6 +109,7 @@ typedef struct cost_learner {
     long long refits;         /* fits that replaced the table */
     int last_outliers;        /* samples the last fit left out */
     int images;               /* images timed (table.decode_s and png_s: their running means) */
+    int requests;             /* requests timed (table.http_s: their running mean) */
 } cost_learner_t;
 
 /* AR_OK, or AR_ERR when out of memory. The table starts as *seed (its
@@ -115,5 +120,8 @@ void cost_learner_free(cost_learner_t *l);
 int cost_learner_add(cost_learner_t *l, const cost_features_t *f, double seconds);
 /* One image's decoding and PNG encoding seconds (either < 0: not timed). */
 void cost_learner_add_image(cost_learner_t *l, double decode_s, double png_s);
+/* One answered request's HTTP-side seconds (table.http_s: their running
+ * mean over the last ~64; < 0: not timed). */
+void cost_learner_add_request(cost_learner_t *l, double http_s);
 
 #endif

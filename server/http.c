@@ -881,6 +881,7 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         ret = send_error(h, c, cx, &e);
         goto out;
     }
+    const double t_submitted = clock_now_s();
     if (req.stream) {
         ret = respond_stream(h, c, cx, j, n_prompt, warnings);
         goto out;
@@ -890,6 +891,8 @@ static enum MHD_Result handle_generate(http_server_t *h, struct MHD_Connection *
         ret = client_gone(h, c, cx);
     } else if (snap.outcome == SCHED_DONE) {
         ret = respond_images(h, c, cx, j, &snap, n_prompt, warnings);
+        /* What this thread added to the request's latency, for the cost table. */
+        sched_note_http(h->sched, (t_submitted - cx->t0) + (clock_now_s() - sched_job_ended_at(j)));
     } else {
         outcome_error(&snap, &e);
         ret = send_error(h, c, cx, &e);

@@ -135,7 +135,7 @@ struct scheduler {
     pthread_mutex_t cost_mu;
     cost_learner_t costs;
     metric_t *m_cost_coef, *m_cost_samples, *m_cost_rel_rms, *m_cost_refits, *m_cost_image,
-        *m_admissions;
+        *m_cost_http, *m_admissions;
 
     metric_t *m_running, *m_waiting, *m_queue_wait, *m_first_step, *m_latency, *m_step_time,
         *m_seqs, *m_tokens, *m_images, *m_refused, *m_cancelled, *m_kv_capacity, *m_kv_reserved,
@@ -508,6 +508,7 @@ static void publish_costs(scheduler_t *s) {
     metric_set(s->m_cost_rel_rms, t->fit_rel_rms);
     metric_set(s->m_cost_image, t->decode_s, "decode");
     metric_set(s->m_cost_image, t->png_s, "png");
+    metric_set(s->m_cost_http, t->http_s);
 }
 
 /* One timed iteration into the learned cost table. */
@@ -583,6 +584,15 @@ static void *png_worker(void *arg) {
         task_free(t);
     }
     return NULL;
+}
+
+void sched_note_http(scheduler_t *s, double seconds) {
+    if (!s->opt.learn_costs)
+        return;
+    pthread_mutex_lock(&s->cost_mu);
+    cost_learner_add_request(&s->costs, seconds);
+    publish_costs(s);
+    pthread_mutex_unlock(&s->cost_mu);
 }
 
 /* ---- what the engine thread does with the batcher's events ---- */
@@ -1268,6 +1278,12 @@ static void register_metrics(scheduler_t *s, metrics_t *m) {
         "Seconds an image's drawing (decode) and PNG encoding (png) take, a mean over the last "
         "images.",
         1, part);
+    s->m_cost_http = metrics_gauge(
+        m, "arserve_cost_http_seconds",
+        "Seconds a request spends on its HTTP thread outside the engine (parsing and tokenizing "
+        "before its submission, the answer's base64 and JSON after its end), a mean over the last "
+        "requests.",
+        0, NULL);
     static const char *const regime[] = {"regime"};
     s->m_admissions = metrics_counter(
         m, "arserve_admissions_total",

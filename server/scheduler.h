@@ -166,6 +166,10 @@ typedef struct sched_capacity {
 } sched_capacity_t;
 void sched_capacity(scheduler_t *s, sched_capacity_t *out);
 
+/* One answered request's seconds on its HTTP thread (arrival to submission,
+ * end to answer queued), for the learned table's http_s. */
+void sched_note_http(scheduler_t *s, double seconds);
+
 uint64_t sched_job_id(const sched_job_t *j);
 void sched_job_snapshot(sched_job_t *j, sched_snapshot_t *out);
 /* Waits until the job's version differs from seen or timeout_s passes,

@@ -120,6 +120,12 @@ fi
 sim "decode on the engine (0.1 s each), PNGs on one worker (0.05 s each)" \
     'sorted(round(x["e2el_ms"], 6) for x in q) == [790, 890] and near(r["mean_decode_png_ms"], 200) and near(r["mean_step_ms"], 10)' \
     --costs "$tmp/cd.json" --arrival burst -n 2 --max-running 8 --png-workers 1
+# The same with 25 ms on each request's HTTP thread: every answer 25 ms later, the PNGs not.
+sed 's/"png_s_per_image": 0.05}/"png_s_per_image": 0.05, "http_s_per_request": 0.025}/' \
+    "$tmp/cd.json" >"$tmp/ch.json"
+sim "each answer's HTTP side (0.025 s) after its PNGs" \
+    'sorted(round(x["e2el_ms"], 6) for x in q) == [815, 915] and near(r["mean_decode_png_ms"], 200)' \
+    --costs "$tmp/ch.json" --arrival burst -n 2 --max-running 8 --png-workers 1
 sim "a closed loop of two clients: three rounds of 0.64 s" \
     'near(r["duration"], 1.92) and r["max_concurrency"] == 2 and near(max(x["t"] for x in q), 1.28)' \
     --costs "$tmp/c.json" --arrival concurrency --concurrency 2 -n 6 --max-running 8

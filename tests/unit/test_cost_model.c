@@ -140,7 +140,7 @@ static void test_refits_keep_to_their_share_of_the_time(void) {
     cost_learner_free(&l);
 }
 
-static void test_images_set_the_per_image_costs(void) {
+static void test_images_and_requests_set_their_costs(void) {
     cost_learner_t l;
     const cost_table_t s = seed();
     CHECK(cost_learner_init(&l, &s, 64, 64) == AR_OK);
@@ -155,6 +155,16 @@ static void test_images_set_the_per_image_costs(void) {
     CHECK_NEAR(l.table.png_s, 2.0, 1e-6, 0);
     cost_learner_add_image(&l, -1, 5); /* not timed */
     CHECK_NEAR(l.table.png_s, 2.0, 1e-6, 0);
+    /* Requests' HTTP side: the same running mean, its own count. */
+    CHECK(l.table.http_s == 0);
+    cost_learner_add_request(&l, 0.004);
+    CHECK(l.table.http_s == 0.004);
+    cost_learner_add_request(&l, 0.002);
+    CHECK_NEAR(l.table.http_s, 0.003, 1e-12, 0);
+    cost_learner_add_request(&l, NAN);
+    cost_learner_add_request(&l, -1);
+    CHECK_NEAR(l.table.http_s, 0.003, 1e-12, 0);
+    CHECK(l.requests == 2 && l.images == 64);
     cost_learner_free(&l);
 }
 
@@ -178,7 +188,7 @@ int main(void) {
     TEST_RUN(test_the_ring_forgets_an_older_speed);
     TEST_RUN(test_a_fit_that_fails_keeps_the_table);
     TEST_RUN(test_refits_keep_to_their_share_of_the_time);
-    TEST_RUN(test_images_set_the_per_image_costs);
+    TEST_RUN(test_images_and_requests_set_their_costs);
     TEST_RUN(test_default_table);
     return TEST_SUMMARY();
 }

@@ -243,6 +243,7 @@ static void test_cost_table_round_trips_and_names_bad_keys(void) {
                       .coef = {1e-3, 2e-5, 3e-9, 4e-7},
                       .decode_s = 0.02,
                       .png_s = 0.01,
+                      .http_s = 0.003,
                       .fit_samples = 9,
                       .fit_rel_rms = 0.05};
     char why[256];
@@ -252,8 +253,23 @@ static void test_cost_table_round_trips_and_names_bad_keys(void) {
     CHECK(strcmp(u.family, "scale") == 0 && u.fit_samples == 9);
     for (int k = 0; k < 4; k++)
         CHECK(u.coef[k] == t.coef[k]);
-    CHECK(u.decode_s == 0.02 && u.png_s == 0.01);
+    CHECK(u.decode_s == 0.02 && u.png_s == 0.01 && u.http_s == 0.003);
+    /* A table written before the HTTP side was timed: none, 0. */
     FILE *f = fopen(path, "w");
+    fprintf(f, "{\"family\": \"raster\", \"step\": {\"intercept_s\": 1, \"per_sequence_s\": 0, "
+               "\"per_kv_attended_s\": 0, \"per_new_token_s\": 0}, \"decode_s_per_image\": 0.5, "
+               "\"png_s_per_image\": 0.25}");
+    fclose(f);
+    CHECK(cost_table_load(&u, path, why, sizeof why) == 0);
+    CHECK(u.http_s == 0 && u.decode_s == 0.5);
+    f = fopen(path, "w");
+    fprintf(f, "{\"family\": \"raster\", \"step\": {\"intercept_s\": 1, \"per_sequence_s\": 0, "
+               "\"per_kv_attended_s\": 0, \"per_new_token_s\": 0}, \"decode_s_per_image\": 0.5, "
+               "\"png_s_per_image\": 0.25, \"http_s_per_request\": -1}");
+    fclose(f);
+    CHECK(cost_table_load(&u, path, why, sizeof why) == -1);
+    CHECK(strstr(why, path) && strstr(why, "http_s_per_request"));
+    f = fopen(path, "w");
     fprintf(f, "{\"family\": \"raster\", \"step\": {\"intercept_s\": 1, \"per_sequence_s\": -1}}");
     fclose(f);
     CHECK(cost_table_load(&u, path, why, sizeof why) == -1);

@@ -103,8 +103,11 @@ typedef struct trace {
 /* The time objectives' table, in the replay's units: an iteration of one
  * image attending 100 tokens costs about 2.5 (an iteration takes 1 of the
  * replay's clock, so targets are met only where the table's load allows). */
-static const cost_table_t TIME_TABLE = {
-    .family = "test", .coef = {1.0, 0.1, 0.01, 0.02}, .decode_s = 0.5, .png_s = 0.25};
+static const cost_table_t TIME_TABLE = {.family = "test",
+                                        .coef = {1.0, 0.1, 0.01, 0.02},
+                                        .decode_s = 0.5,
+                                        .png_s = 0.25,
+                                        .http_s = 0.125};
 
 /* The policies each family takes, in the counts' order. */
 static const kv_policy_kind_t raster_kinds[] = {KV_POLICY_FULL, KV_POLICY_STREAMING,
@@ -361,7 +364,8 @@ static int brute_rate_level(const rjob_t *jobs, const trace_t *tr, const rate_t 
             cost_features_accumulate(&mean, &jobs[c].lv_feat[l][k], 1.0 / S);
         const double a = cost_step_seconds(&TIME_TABLE, &mean) - TIME_TABLE.coef[0],
                      load = S * a / r->mean_gap,
-                     images = j->n_images * (TIME_TABLE.decode_s + TIME_TABLE.png_s);
+                     images =
+                         j->n_images * (TIME_TABLE.decode_s + TIME_TABLE.png_s) + TIME_TABLE.http_s;
         const double settled = load < 1 ? (S * TIME_TABLE.coef[0] + images) / (1 - load) : INFINITY;
         if (settled <= BATCHER_SETTLED_SHARE * j->objective)
             break;
@@ -405,13 +409,13 @@ static int brute_time_fits(const rjob_t *jobs, const trace_t *tr, int now, int c
             with += cost_step_seconds(&TIME_TABLE, &y);
         for (int r = 0; r < tr->n; r++)
             if (jobs[r].state == 2 && r != c && u - jobs[r].start == S - 1) {
-                end_with[r] = with + tr->jobs[r].n_images * per_image;
-                end_without[r] = without + tr->jobs[r].n_images * per_image;
+                end_with[r] = with + tr->jobs[r].n_images * per_image + TIME_TABLE.http_s;
+                end_without[r] = without + tr->jobs[r].n_images * per_image + TIME_TABLE.http_s;
             }
         if (u - now == S - 1)
-            *end = with + tr->jobs[c].n_images * per_image;
+            *end = with + tr->jobs[c].n_images * per_image + TIME_TABLE.http_s;
     }
-    alone += tr->jobs[c].n_images * per_image;
+    alone += tr->jobs[c].n_images * per_image + TIME_TABLE.http_s;
     const double mine = target_at(&tr->jobs[c]);
     if (*end > mine && alone <= mine)
         return 0;
