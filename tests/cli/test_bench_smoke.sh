@@ -171,13 +171,13 @@ fi
 # table and the plot exist. The tiny model's 8 lines need linear at 1/2 (its
 # default 1/4 is refused on them), in the fixed and the elastic runs.
 if run serve bench-serve MODEL="$tiny" SWEEP_OUT="$tmp/sweep" SWEEP_PNG="$tmp/sweep.png" \
-    SWEEP_ARGS="--rates 20,40 --validate-rates 40 -n 4 --compressed '{\"kv_policy\": \"linear\", \"kv_budget\": 0.5}' \
+    SWEEP_ARGS="--rates 20,40 --validate-rates 40 -n 4 --sweeps 2 --compressed '{\"kv_policy\": \"linear\", \"kv_budget\": 0.5}' \
     --elastic '{\"kv_policy\": \"linear\", \"kv_budget\": 1, \"kv_budget_min\": 0.5}'"; then
     if "$python" - "$tmp/sweep" "$tmp/sweep.png" "$tmp/serve.out" <<'PY' >"$tmp/serve.check" 2>&1
 import csv, json, os, re, sys
 out, png, log = sys.argv[1:4]
 for policy in ("full", "compressed", "elastic", "objective"):
-    rows = list(csv.DictReader(open(os.path.join(out, policy, "results.csv"))))
+    rows = list(csv.DictReader(open(os.path.join(out, "sweep-1", policy, "results.csv"))))
     assert [r["label"] for r in rows] == ["rate-20", "rate-40"], (policy, rows)
     for r in rows:
         # the objective run's requests may be refused (429) when the SLO is out of reach
@@ -185,11 +185,12 @@ for policy in ("full", "compressed", "elastic", "objective"):
         assert policy == "objective" or float(r["num_failed"]) == 0, (policy, r)
         assert float(r["images_per_s"]) > 0 and float(r["p99_e2el_ms"]) > 0, (policy, r)
 for table in ("profile", "learned"):
-    sim = json.load(open(os.path.join(out, "simulated", f"{table}-40", "trace.json")))
+    sim = json.load(open(os.path.join(out, "simulated", "sweep-1", f"{table}-40", "trace.json")))
     assert sim["completed"] == 4 and sim["request_throughput"] > 0, (table, sim)
 assert json.load(open(os.path.join(out, "costs.json")))
-learned = json.load(open(os.path.join(out, "learned.json")))
-assert learned["source"].startswith("learned from the engine's last"), learned["source"]
+for path in ("learned.json", "sweep-1/learned-40.json"):
+    learned = json.load(open(os.path.join(out, path)))
+    assert learned["source"].startswith("learned from the engine's last"), learned["source"]
 assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 # Each elastic row: a mean budget in [0.5, 1] and a share below the top in [0, 1].
 text = open(log).read()
@@ -199,9 +200,17 @@ assert [r[0] for r in rows] == ["20", "40"], text
 for _, budget, below, _ in rows:
     assert 0.5 <= float(budget) <= 1 and 0 <= float(below) <= 1, rows
 decided = re.findall(r"^objective at (\d+) requests/s: admissions (\d+) free, (\d+) memory-bound, "
-                     r"(\d+) time-bound$", text, re.M)
+                     r"(\d+) time-bound; goodput ([\d.]+) against the best fixed choice's "
+                     r"\((full|compressed)\) ([\d.]+)$", text, re.M)
 assert [d[0] for d in decided] == ["20", "40"], text
-assert "simulator (learned table) vs daemon" in text and "the daemon's learned table: " in text
+# two sweeps: every run's admissions counted, the goodput's range given
+assert all(sum(int(x) for x in d[1:4]) <= 8 for d in decided), decided
+assert re.search(r"^compressed +20 +[\d.]+ +[\d.]+ +[\d.]+-[\d.]+ ", text, re.M), text
+summary = json.load(open(os.path.join(out, "summary.json")))
+assert summary["sweeps"] == 2 and len(summary["rates"]["40"]["full"]["goodput"]) == 2, summary
+for table in ("profile", "learned"):
+    assert len(summary["simulator"][table]["40"]["mean_e2el_ms"]) == 2, summary["simulator"]
+assert "simulator (learned table) vs daemon" in text and "the daemon's learned table at the end: " in text
 print("ok")
 PY
     then ok "make bench-serve: four policies at two rates (an objective), the budgets, the simulator on two tables, the plot ($secs s)"
