@@ -440,7 +440,9 @@ static void count_arrival(batcher_t *b, double t) {
     if (!(t > 0))
         return;
     if (b->last_submitted > 0 && t >= b->last_submitted) {
-        const double gap = t - b->last_submitted;
+        double gap = t - b->last_submitted;
+        if (b->n_gaps >= BATCHER_RATE_MIN_GAPS)
+            gap = fmin(gap, BATCHER_GAP_CAP * b->mean_gap);
         b->n_gaps++;
         const double w =
             b->n_gaps < BATCHER_RATE_WINDOW ? 1.0 / b->n_gaps : 1.0 / BATCHER_RATE_WINDOW;

@@ -56,11 +56,16 @@
 
 typedef struct batcher batcher_t;
 
-/* The arrival rate's memory (submissions) and the least it needs, and the
- * share of a job's objective the latency the rate would settle at may take
- * (the rest is room for the rate's swings: the objective is a p99). */
+/* The arrival rate's memory (submissions) and the least it needs, the most
+ * one gap between submissions counts for against the mean so far (an idle
+ * spell, a night or the pause between two load tests, would otherwise hide
+ * the rate that follows it for tens of requests; a Poisson gap passes 4x
+ * its mean once in 55), and the share of a job's objective the latency the
+ * rate would settle at may take (the rest is room for the rate's swings:
+ * the objective is a p99). */
 #define BATCHER_RATE_WINDOW 32
 #define BATCHER_RATE_MIN_GAPS 8
+#define BATCHER_GAP_CAP 4.0
 #define BATCHER_SETTLED_SHARE 0.5
 
 typedef struct batcher_options {

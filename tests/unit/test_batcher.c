@@ -717,19 +717,20 @@ static void test_time_objective_waits_then_admits(void) {
 /* The measured arrival rate caps the budget: at the rate jobs arrive, a
  * level whose load would settle above half the objective (Little's law
  * over the table) is passed over though nothing runs; at a slow rate the
- * top is kept. */
-static void rate_case(double gap, int want_level, batcher_regime_t want_regime) {
+ * top is kept. An idle spell of `idle` comes halfway through the jobs. */
+static void rate_case(double gap, double idle, int want_level, batcher_regime_t want_regime) {
     world_t w;
     batcher_t *b = make(&w, 1000, 4, 16);
     cost_table_t t = one_per_kv();
     t.coef[0] = 1;
     batcher_set_costs(b, &t);
-    fake_t quick[BATCHER_RATE_MIN_GAPS + 1];
+    enum { QUICK = 2 * (BATCHER_RATE_MIN_GAPS + 1) };
+    fake_t quick[QUICK];
     double at = 0;
-    for (int i = 0; i <= BATCHER_RATE_MIN_GAPS; i++) { /* jobs of one step, no features */
+    for (int i = 0; i < QUICK; i++) { /* jobs of one step, no features */
         quick[i] = fake(1, 1, 1);
         batcher_job_t j = job_of(&quick[i]);
-        j.submitted = at += gap;
+        j.submitted = at += gap + (i == QUICK / 2 ? idle : 0);
         CHECK(batcher_submit(b, &j, NULL) == BATCHER_ACCEPTED);
         CHECK(batcher_iterate(b, at) == 1);
     }
@@ -757,8 +758,12 @@ static void rate_case(double gap, int want_level, batcher_regime_t want_regime) 
 static void test_the_arrival_rate_caps_the_budget(void) {
     /* One job every 25: the top (8 a step) would load the engine 4 x 8 / 25
      * > 1; the middle (4) settles at 4 / (1 - 0.64) = 11 <= 20. */
-    rate_case(25, 1, BATCHER_REGIME_TIME);
-    rate_case(1000, 0, BATCHER_REGIME_FREE);
+    rate_case(25, 0, 1, BATCHER_REGIME_TIME);
+    rate_case(1000, 0, 0, BATCHER_REGIME_FREE);
+    /* A spell without requests (a night, the gap between two load tests)
+     * does not hide the rate that follows it: one gap weighs at most
+     * BATCHER_GAP_CAP of the mean. */
+    rate_case(25, 1e5, 1, BATCHER_REGIME_TIME);
 }
 
 /* Without a table, or for a job without step features, admission is by

@@ -333,7 +333,8 @@ static double target_at(const tjob_t *j) {
 }
 
 /* The arrival rate as the batcher should measure it: a running mean of the
- * gaps between submissions, over the last BATCHER_RATE_WINDOW. */
+ * gaps between submissions, over the last BATCHER_RATE_WINDOW, a gap counted
+ * at most BATCHER_GAP_CAP times the mean once BATCHER_RATE_MIN_GAPS are in. */
 typedef struct rate {
     double last, mean_gap;
     int n;
@@ -341,9 +342,13 @@ typedef struct rate {
 
 static void rate_add(rate_t *r, double t) {
     if (r->last > 0) {
+        const double gap =
+            r->n >= BATCHER_RATE_MIN_GAPS && t - r->last > BATCHER_GAP_CAP * r->mean_gap
+                ? BATCHER_GAP_CAP * r->mean_gap
+                : t - r->last;
         r->n++;
         const double w = r->n < BATCHER_RATE_WINDOW ? 1.0 / r->n : 1.0 / BATCHER_RATE_WINDOW;
-        r->mean_gap += w * (t - r->last - r->mean_gap);
+        r->mean_gap += w * (gap - r->mean_gap);
     }
     r->last = t;
 }
