@@ -203,8 +203,10 @@ int bench_profile_run(const bench_profile_opts_t *o) {
     }
     if (rc == AR_OK) {
         printf("cost table %s: step = %.3g s + %.3g s/sequence + %.3g s/KV token attended + %.3g "
-               "s/new token; decode %.4f s/image, PNG %.4f s/image\n",
-               o->out, t.coef[0], t.coef[1], t.coef[2], t.coef[3], t.decode_s, t.png_s);
+               "s/new token + %.3g s/KV token scored; decode %.4f s/image, PNG %.4f s/image\n",
+               o->out, t.coef[COST_COEF_INTERCEPT], t.coef[COST_COEF_SEQUENCE],
+               t.coef[COST_COEF_KV_ATTENDED], t.coef[COST_COEF_NEW_TOKEN],
+               t.coef[COST_COEF_KV_SCORED], t.decode_s, t.png_s);
         printf("fit over %d iterations: relative RMS error %.1f%%, largest %.1f%%\n", t.fit_samples,
                100 * t.fit_rel_rms, 100 * t.fit_max_rel);
     } else {

@@ -270,8 +270,8 @@ static double settled_latency(const batcher_t *b, const batcher_job_t *job, int 
     cost_features_t mean = {0};
     for (int k = 0; k < job->steps; k++)
         cost_features_accumulate(&mean, &f[k], 1.0 / job->steps);
-    const double c0 = b->costs.coef[0], a = cost_step_seconds(&b->costs, &mean) - c0,
-                 load = job->steps * a / b->mean_gap;
+    const double c0 = b->costs.coef[COST_COEF_INTERCEPT],
+                 a = cost_step_seconds(&b->costs, &mean) - c0, load = job->steps * a / b->mean_gap;
     return load < 1 ? (job->steps * c0 + finish_seconds(b, job)) / (1 - load) : INFINITY;
 }
 

@@ -18,12 +18,15 @@ void cost_features_add(cost_features_t *f, const kv_geometry_t *g, const planner
     f->sequences += seqs;
     f->new_tokens += seqs * fed;
     f->kv_attended += seqs * fed * pl->tokens[step];
+    if (pl->scored && pl->scored[step])
+        f->kv_scored += seqs * fed * pl->tokens[step];
 }
 
 void cost_features_accumulate(cost_features_t *acc, const cost_features_t *f, double weight) {
     acc->sequences += weight * f->sequences;
     acc->kv_attended += weight * f->kv_attended;
     acc->new_tokens += weight * f->new_tokens;
+    acc->kv_scored += weight * f->kv_scored;
 }
 
 cost_features_t *cost_plan_features(const kv_geometry_t *g, const planner_plan_t *pl,
@@ -39,6 +42,7 @@ static void features_row(const cost_features_t *f, double row[COST_N_COEF]) {
     row[1] = f->sequences;
     row[2] = f->kv_attended;
     row[3] = f->new_tokens;
+    row[4] = f->kv_scored;
 }
 
 double cost_step_seconds(const cost_table_t *t, const cost_features_t *f) {
@@ -83,7 +87,16 @@ static int solve(double *a, double *b, int k) {
 }
 
 int cost_table_fit(cost_table_t *t, const cost_features_t *x, const double *y, int n) {
-    int use[COST_N_COEF] = {1, 1, 1, 1};
+    /* A feature no sample has (kv_scored when no policy collected) is left out. */
+    int use[COST_N_COEF];
+    for (int j = 0; j < COST_N_COEF; j++) {
+        use[j] = j == COST_COEF_INTERCEPT;
+        for (int i = 0; !use[j] && i < n; i++) {
+            double row[COST_N_COEF];
+            features_row(&x[i], row);
+            use[j] = row[j] != 0;
+        }
+    }
     for (int round = 0; round < COST_N_COEF; round++) {
         int idx[COST_N_COEF], k = 0;
         for (int j = 0; j < COST_N_COEF; j++)
@@ -142,8 +155,8 @@ int cost_table_fit(cost_table_t *t, const cost_features_t *x, const double *y, i
     return 0;
 }
 
-static const char *const COEF_KEYS[COST_N_COEF] = {"intercept_s", "per_sequence_s",
-                                                   "per_kv_attended_s", "per_new_token_s"};
+static const char *const COEF_KEYS[COST_N_COEF] = {
+    "intercept_s", "per_sequence_s", "per_kv_attended_s", "per_new_token_s", "per_kv_scored_s"};
 
 cJSON *cost_table_json(const cost_table_t *t) {
     cJSON *o = cJSON_CreateObject(), *step = cJSON_CreateObject(), *fit = cJSON_CreateObject();
@@ -227,8 +240,10 @@ int cost_table_load(cost_table_t *t, const char *path, char *why, size_t why_cap
                  path);
         rc = -1;
     }
+    /* Tables written before the policy's scoring was priced lack its term: 0. */
     for (int k = 0; rc == 0 && k < COST_N_COEF; k++)
-        rc = get_num(step, COEF_KEYS[k], &t->coef[k], path, why, why_cap);
+        if (k != COST_COEF_KV_SCORED || cJSON_GetObjectItemCaseSensitive(step, COEF_KEYS[k]))
+            rc = get_num(step, COEF_KEYS[k], &t->coef[k], path, why, why_cap);
     if (rc == 0)
         rc = get_num(o, "decode_s_per_image", &t->decode_s, path, why, why_cap);
     if (rc == 0)
@@ -259,8 +274,8 @@ void cost_table_default(cost_table_t *t, const model_config_t *cfg, double n_wei
              "default: %.3g FLOP/s for 2 FLOP a weight a new token and 4 a head dimension a "
              "query-key pair (nothing timed yet)",
              COST_DEFAULT_FLOPS);
-    t->coef[3] = 2.0 * n_weights / COST_DEFAULT_FLOPS;
-    t->coef[2] =
+    t->coef[COST_COEF_NEW_TOKEN] = 2.0 * n_weights / COST_DEFAULT_FLOPS;
+    t->coef[COST_COEF_KV_ATTENDED] =
         4.0 * cfg->llm.head_dim * cfg->llm.num_heads * cfg->llm.num_layers / COST_DEFAULT_FLOPS;
     t->decode_s = t->png_s = 1.0;
 }

@@ -20,6 +20,8 @@ typedef struct cost_features {
     double kv_attended; /* KV tokens attended, summed over the step's new tokens (query x key
                            pairs: a raster decode step's new token attends every token held) */
     double new_tokens;  /* tokens fed: the prefix at a request's first step, then its step's */
+    double kv_scored;   /* the part of kv_attended at steps whose policy collects key mass
+                           (planner_plan_t.scored): each pair's probability summed per key too */
 } cost_features_t;
 
 /* Adds n_images images of one request at step `step` of plan pl (its
@@ -34,7 +36,15 @@ void cost_features_accumulate(cost_features_t *acc, const cost_features_t *f, do
  * malloc'd array of pl->steps entries, or NULL when out of memory. */
 cost_features_t *cost_plan_features(const kv_geometry_t *g, const planner_plan_t *pl, int n_images);
 
-#define COST_N_COEF 4 /* intercept, per sequence, per KV attended, per new token */
+/* The step's coefficients, in cost_table_t.coef's order. */
+enum {
+    COST_COEF_INTERCEPT,
+    COST_COEF_SEQUENCE,
+    COST_COEF_KV_ATTENDED,
+    COST_COEF_NEW_TOKEN,
+    COST_COEF_KV_SCORED,
+    COST_N_COEF
+};
 
 typedef struct cost_table {
     char family[32];  /* "raster" or "scale" */
@@ -55,9 +65,10 @@ typedef struct cost_table {
 /* The table's step time for features f (never below 0). */
 double cost_step_seconds(const cost_table_t *t, const cost_features_t *f);
 
-/* Least squares of y[i] ~ coef . (1, sequences, kv_attended, new_tokens)
- * over n samples, with every coefficient kept >= 0 (a feature whose
- * coefficient comes out negative is dropped and the rest refitted); sets
+/* Least squares of y[i] ~ coef . (1, sequences, kv_attended, new_tokens,
+ * kv_scored) over n samples, with every coefficient kept >= 0 (a feature
+ * whose coefficient comes out negative is dropped and the rest refitted; a
+ * feature no sample has, kv_scored when no policy collected, is 0); sets
  * coef and the fit figures. -1 when n is too small. */
 int cost_table_fit(cost_table_t *t, const cost_features_t *x, const double *y, int n);
 

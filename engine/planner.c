@@ -111,6 +111,7 @@ int planner_block_tokens(const model_config_t *cfg) {
 void planner_plan_free(planner_plan_t *pl) {
     free(pl->tokens);
     free(pl->bytes);
+    free(pl->scored);
     memset(pl, 0, sizeof *pl);
 }
 
@@ -138,8 +139,9 @@ int planner_plan_sized(planner_plan_t *pl, const model_config_t *cfg, const kv_p
     pl->steps = kv_geometry_steps(&g);
     pl->tokens = malloc((size_t)pl->steps * sizeof *pl->tokens);
     pl->bytes = malloc((size_t)pl->steps * sizeof *pl->bytes);
+    pl->scored = malloc((size_t)pl->steps * sizeof *pl->scored);
     long long *blocks = malloc((size_t)pl->steps * sizeof *blocks);
-    if (!pl->tokens || !pl->bytes || !blocks) {
+    if (!pl->tokens || !pl->bytes || !pl->scored || !blocks) {
         free(blocks);
         planner_plan_free(pl);
         return ar_errorf(err, "out of memory");
@@ -149,6 +151,15 @@ int planner_plan_sized(planner_plan_t *pl, const model_config_t *cfg, const kv_p
         planner_plan_free(pl);
         return AR_ERR;
     }
+    kv_policy_state_t *st = kv_policy_begin(p, &g, err);
+    if (!st) {
+        free(blocks);
+        planner_plan_free(pl);
+        return AR_ERR;
+    }
+    for (int t = 0; t < pl->steps; t++)
+        pl->scored[t] = (unsigned char)(kv_policy_collect(st, t) != 0);
+    kv_policy_end(st);
     const size_t per_block = block_bytes(cfg, block_tokens, dt) * 2 /* CFG pair */;
     for (int t = 0; t < pl->steps; t++) {
         pl->bytes[t] = (size_t)blocks[t] * per_block;

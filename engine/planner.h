@@ -76,6 +76,10 @@ typedef struct planner_plan {
     int steps;
     int *tokens;
     size_t *bytes;
+    /* 1 at a step during which the policy collects key mass from the step's
+     * queries (LineAR's guide queue, HeadKV's buffer): its attention does
+     * more work a key (engine/cost_model.h's kv_scored). */
+    unsigned char *scored;
     size_t peak_bytes; /* the most bytes of any step */
     int peak_step;     /* the first step holding the most tokens */
 } planner_plan_t;

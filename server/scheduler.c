@@ -500,7 +500,7 @@ static void check_backend(scheduler_t *s, backend_t *be) {
 /* The learned table's figures as metrics (cost_mu held). */
 static void publish_costs(scheduler_t *s) {
     static const char *const terms[COST_N_COEF] = {"intercept", "per_sequence", "per_kv_attended",
-                                                   "per_new_token"};
+                                                   "per_new_token", "per_kv_scored"};
     const cost_table_t *t = &s->costs.table;
     for (int k = 0; k < COST_N_COEF; k++)
         metric_set(s->m_cost_coef, t->coef[k], terms[k]);
@@ -1257,7 +1257,8 @@ static void register_metrics(scheduler_t *s, metrics_t *m) {
     s->m_cost_coef = metrics_gauge(
         m, "arserve_cost_step_seconds",
         "The learned cost table (GET /v1/capacity): an engine iteration's seconds per unit of "
-        "each term (intercept, per_sequence, per_kv_attended, per_new_token), fitted from the "
+        "each term (intercept, per_sequence, per_kv_attended, per_new_token, per_kv_scored: a "
+        "pair attended while the policy collects key mass), fitted from the "
         "engine's own timed iterations.",
         1, term);
     s->m_cost_samples = metrics_gauge(m, "arserve_cost_fit_samples",

@@ -9,8 +9,8 @@ import subprocess
 from conftest import ARSERVE_BIN, TINY_MODEL, clean_env, scaled
 
 GEN = "/v1/images/generations"
-TERMS = ("intercept_s", "per_sequence_s", "per_kv_attended_s", "per_new_token_s")
-METRIC_TERMS = ("intercept", "per_sequence", "per_kv_attended", "per_new_token")
+TERMS = ("intercept_s", "per_sequence_s", "per_kv_attended_s", "per_new_token_s", "per_kv_scored_s")
+METRIC_TERMS = ("intercept", "per_sequence", "per_kv_attended", "per_new_token", "per_kv_scored")
 
 
 def capacity(d):

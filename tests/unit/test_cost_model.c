@@ -13,18 +13,23 @@
 #include "engine/model_config.h"
 #include "tests/test.h"
 
-static const double TRUTH[COST_N_COEF] = {2e-3, 5e-5, 3e-9, 1e-6};
+static const double TRUTH[COST_N_COEF] = {2e-3, 5e-5, 3e-9, 1e-6, 2e-9};
 
 /* Iteration i's features: batches of 1 to 8 images, raster-like steps
- * (a token a sequence attending up to 600) and some prefix steps. */
+ * (a token a sequence attending up to 600), some prefix steps, and in some
+ * batches a part of the pairs scored (a policy collecting key mass). */
 static cost_features_t features(int i) {
     const double seqs = 2.0 * (1 + i % 8), held = 40 + (i * 37) % 600, fed = i % 13 == 0 ? 30 : 1;
-    return (cost_features_t){
-        .sequences = seqs, .kv_attended = seqs * fed * held, .new_tokens = seqs * fed};
+    const double scored_seqs = (i / 3) % 4 == 0 ? 0 : 2.0 * (1 + (i / 5) % (1 + i % 8));
+    return (cost_features_t){.sequences = seqs,
+                             .kv_attended = seqs * fed * held,
+                             .new_tokens = seqs * fed,
+                             .kv_scored = scored_seqs * fed * held};
 }
 
 static double truth(const double c[COST_N_COEF], const cost_features_t *f, double scale) {
-    return scale * (c[0] + c[1] * f->sequences + c[2] * f->kv_attended + c[3] * f->new_tokens);
+    return scale * (c[0] + c[1] * f->sequences + c[2] * f->kv_attended + c[3] * f->new_tokens +
+                    c[4] * f->kv_scored);
 }
 
 static cost_table_t seed(void) {
@@ -140,6 +145,23 @@ static void test_refits_keep_to_their_share_of_the_time(void) {
     cost_learner_free(&l);
 }
 
+/* No policy collected key mass in any sample: the scored term is left out
+ * of the fit (0), the others recovered as before. */
+static void test_no_scored_pairs_no_scored_term(void) {
+    cost_features_t x[256];
+    double y[256];
+    for (int i = 0; i < 256; i++) {
+        x[i] = features(i);
+        x[i].kv_scored = 0;
+        y[i] = truth(TRUTH, &x[i], 1);
+    }
+    cost_table_t t = {0};
+    CHECK(cost_table_fit(&t, x, y, 256) == 0);
+    CHECK(t.coef[COST_COEF_KV_SCORED] == 0);
+    for (int k = 0; k < COST_COEF_KV_SCORED; k++)
+        CHECK_NEAR(t.coef[k], TRUTH[k], 0, 1e-6);
+}
+
 static void test_images_and_requests_set_their_costs(void) {
     cost_learner_t l;
     const cost_table_t s = seed();
@@ -188,6 +210,7 @@ int main(void) {
     TEST_RUN(test_the_ring_forgets_an_older_speed);
     TEST_RUN(test_a_fit_that_fails_keeps_the_table);
     TEST_RUN(test_refits_keep_to_their_share_of_the_time);
+    TEST_RUN(test_no_scored_pairs_no_scored_term);
     TEST_RUN(test_images_and_requests_set_their_costs);
     TEST_RUN(test_default_table);
     return TEST_SUMMARY();

@@ -104,7 +104,7 @@ typedef struct trace {
  * image attending 100 tokens costs about 2.5 (an iteration takes 1 of the
  * replay's clock, so targets are met only where the table's load allows). */
 static const cost_table_t TIME_TABLE = {.family = "test",
-                                        .coef = {1.0, 0.1, 0.01, 0.02},
+                                        .coef = {1.0, 0.1, 0.01, 0.02, 0.005},
                                         .decode_s = 0.5,
                                         .png_s = 0.25,
                                         .http_s = 0.125};

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/cost_model.h"
+#include "engine/model_family.h"
 #include "engine/planner.h"
 #include "tests/test.h"
 
@@ -130,6 +132,52 @@ static void test_random_traces_never_overflow(void) {
 /* A budget range is planned at the budgets its policy tells apart: the top
  * first, each level's plan different from the one above and never larger
  * at its peak, and the floor's plan that of the range's least budget. */
+/* A plan marks the steps during which its policy collects key mass (what
+ * costs a step more, engine/cost_model.h): LineAR's guide queues, the lines
+ * whose ends compress, the same steps its state collects at; none for the
+ * full cache or a budget that never compresses. */
+static void test_plan_marks_the_scored_steps(void) {
+    model_config_t c = {0};
+    c.llm.num_layers = 2;
+    c.llm.num_kv_heads = 2;
+    c.llm.head_dim = 8;
+    c.image.grid_height = c.image.grid_width = 8;
+    ar_error_t err = {{0}};
+    kv_policy_params_t p;
+    kv_policy_defaults(&p, KV_POLICY_LINEAR);
+    p.budget = 0.5;
+    planner_plan_t pl;
+    CHECK_MSG(planner_plan(&pl, &c, &p, 4, 1, NULL, &err) == AR_OK, "%s", err.msg);
+    kv_geometry_t g;
+    model_geometry(&c, 4, &g);
+    kv_policy_state_t *st = kv_policy_begin(&p, &g, &err);
+    CHECK(st != NULL);
+    int scored = 0, agree = 1;
+    for (int t = 0; t < pl.steps; t++) {
+        scored += pl.scored[t];
+        agree &= pl.scored[t] == (kv_policy_collect(st, t) != 0);
+        /* A step's cost features: its pairs are scored pairs too where scored. */
+        cost_features_t f = {0};
+        cost_features_add(&f, &g, &pl, t, 3);
+        agree &= f.kv_attended > 0 && f.kv_scored == (pl.scored[t] ? f.kv_attended : 0);
+    }
+    /* Lines 4..7 end within the image (the last compresses before the last
+     * step): their queries, steps 3*8+1 .. 7*8, are the guide queues. */
+    CHECK_MSG(agree && scored == 7 * 8 - 3 * 8, "%d steps scored", scored);
+    kv_policy_end(st);
+    planner_plan_free(&pl);
+    static const kv_policy_kind_t none[] = {KV_POLICY_FULL, KV_POLICY_STREAMING};
+    for (int k = 0; k < 2; k++) {
+        kv_policy_defaults(&p, none[k]);
+        CHECK(planner_plan(&pl, &c, &p, 4, 1, NULL, &err) == AR_OK);
+        scored = 0;
+        for (int t = 0; t < pl.steps; t++)
+            scored += pl.scored[t];
+        CHECK_MSG(scored == 0, "%s: %d steps scored", kv_policy_name(none[k]), scored);
+        planner_plan_free(&pl);
+    }
+}
+
 static void test_levels_of_a_budget_range(void) {
     model_config_t c = {0};
     c.llm.num_layers = 2;
@@ -200,6 +248,7 @@ int main(void) {
     TEST_RUN(test_full_cache_bytes_by_hand);
     TEST_RUN(test_block_tokens_per_model);
     TEST_RUN(test_admits_exactly_what_fits);
+    TEST_RUN(test_plan_marks_the_scored_steps);
     TEST_RUN(test_levels_of_a_budget_range);
     TEST_RUN(test_tick_and_remove_release);
     TEST_RUN(test_delayed_start);
