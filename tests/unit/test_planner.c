@@ -132,16 +132,22 @@ static void test_random_traces_never_overflow(void) {
 /* A budget range is planned at the budgets its policy tells apart: the top
  * first, each level's plan different from the one above and never larger
  * at its peak, and the floor's plan that of the range's least budget. */
-/* A plan marks the steps during which its policy collects key mass (what
- * costs a step more, engine/cost_model.h): LineAR's guide queues, the lines
- * whose ends compress, the same steps its state collects at; none for the
- * full cache or a budget that never compresses. */
-static void test_plan_marks_the_scored_steps(void) {
+/* 2 layers of 2 heads of 8, an 8 x 8 grid. */
+static model_config_t small_raster(void) {
     model_config_t c = {0};
     c.llm.num_layers = 2;
     c.llm.num_kv_heads = 2;
     c.llm.head_dim = 8;
     c.image.grid_height = c.image.grid_width = 8;
+    return c;
+}
+
+/* A plan marks the steps during which its policy collects key mass (what
+ * costs a step more, engine/cost_model.h): LineAR's guide queues, the lines
+ * whose ends compress, the same steps its state collects at; none for the
+ * full cache or StreamingLLM (which evicts by position). */
+static void test_plan_marks_the_scored_steps(void) {
+    model_config_t c = small_raster();
     ar_error_t err = {{0}};
     kv_policy_params_t p;
     kv_policy_defaults(&p, KV_POLICY_LINEAR);
@@ -179,11 +185,7 @@ static void test_plan_marks_the_scored_steps(void) {
 }
 
 static void test_levels_of_a_budget_range(void) {
-    model_config_t c = {0};
-    c.llm.num_layers = 2;
-    c.llm.num_kv_heads = 2;
-    c.llm.head_dim = 8;
-    c.image.grid_height = c.image.grid_width = 8;
+    model_config_t c = small_raster();
     kv_policy_params_t p;
     kv_policy_defaults(&p, KV_POLICY_LINEAR);
     planner_levels_t lv;
