@@ -14,12 +14,19 @@
 void cost_features_add(cost_features_t *f, const kv_geometry_t *g, const planner_plan_t *pl,
                        int step, int n_images) {
     const double seqs = 2.0 * n_images;
-    const double fed = kv_geometry_fed(g, step) + (step == 0 ? g->n_prompt : 0);
+    /* The rows the step computes: the prefix at the first, then a raster
+     * step's one token, a scale step's whole scale; each attends the cache
+     * the plan holds during the step and, for the last scale (computed, not
+     * cached), the scale itself. */
+    const int scale = g->step_unit == KV_STEP_SEGMENT;
+    const int own = scale ? kv_geometry_sampled(g, step) : kv_geometry_fed(g, step);
+    const double rows = own + (step == 0 ? g->n_prompt : 0),
+                 keys = pl->tokens[step] + (scale ? own - kv_geometry_fed(g, step) : 0);
     f->sequences += seqs;
-    f->new_tokens += seqs * fed;
-    f->kv_attended += seqs * fed * pl->tokens[step];
+    f->new_tokens += seqs * rows;
+    f->kv_attended += seqs * rows * keys;
     if (pl->scored && pl->scored[step])
-        f->kv_scored += seqs * fed * pl->tokens[step];
+        f->kv_scored += seqs * rows * keys;
 }
 
 void cost_features_accumulate(cost_features_t *acc, const cost_features_t *f, double weight) {
@@ -313,22 +320,31 @@ static int by_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Fits over the ring: all of it; then the better half under that fit;
- * then, up to COST_TRIM_ROUNDS times in all, what the last fit explains
- * within the outlier bound. 1 when the table was replaced. */
+/* Fits over the ring: all of it; then the half least slowed under that
+ * fit; then, up to COST_TRIM_ROUNDS times in all, what the last fit does
+ * not find slowed beyond the outlier bound. A sample's error is how much
+ * slower than its fit's step it was, relative to that step: something else
+ * only ever slows a step, so a step faster than the fit says is the fit's
+ * own error, never left out (a scale model's small steps, which a linear
+ * table prices high, would otherwise go and take its mean with them). 1
+ * when the table was replaced. */
 static int refit(cost_learner_t *l) {
     cost_table_t t = l->table;
     if (cost_table_fit(&t, l->x, l->y, l->n) != 0)
         return 0;
     int k = l->n;
     for (int round = 0; round < COST_TRIM_ROUNDS; round++) {
-        for (int i = 0; i < l->n; i++)
-            l->err[i] =
-                fabs(cost_step_seconds(&t, &l->x[i]) - l->y[i]) / (l->y[i] > 0 ? l->y[i] : 1e-12);
+        for (int i = 0; i < l->n; i++) {
+            const double want = cost_step_seconds(&t, &l->x[i]);
+            l->err[i] = (l->y[i] - want) / (want > 0 ? want : 1e-12);
+        }
         memcpy(l->kept_y, l->err, (size_t)l->n * sizeof *l->kept_y);
+        for (int i = 0; round > 0 && i < l->n; i++)
+            l->kept_y[i] = fabs(l->kept_y[i]);
         qsort(l->kept_y, (size_t)l->n, sizeof *l->kept_y, by_double);
-        /* The first trimmed fit takes the better half only (up to half the
-         * samples may be slowed), the later ones what is near their fit. */
+        /* The first trimmed fit takes the less slowed half only (up to half
+         * the samples may be slowed), the later ones what is not slowed
+         * beyond COST_OUTLIER_FACTOR times the median error's size. */
         const double median = l->kept_y[l->n / 2],
                      bound = round == 0 ? median
                                         : fmax(COST_OUTLIER_FACTOR * median, COST_OUTLIER_FLOOR);

@@ -18,8 +18,10 @@
 typedef struct cost_features {
     double sequences;
     double kv_attended; /* KV tokens attended, summed over the step's new tokens (query x key
-                           pairs: a raster decode step's new token attends every token held) */
-    double new_tokens;  /* tokens fed: the prefix at a request's first step, then its step's */
+                           pairs: a raster decode step's new token attends every token held, a
+                           scale's tokens every token held and, the last scale, themselves) */
+    double new_tokens;  /* rows computed: the prefix at a request's first step, then its step's
+                           token or scale (the last scale too, which is never cached) */
     double kv_scored;   /* the part of kv_attended at steps whose policy collects key mass
                            (planner_plan_t.scored): each pair's probability summed per key too */
 } cost_features_t;
@@ -93,11 +95,12 @@ int cost_table_save(const cost_table_t *t, const char *path, char *why, size_t w
 /* A cost table learned online from an engine's own timed iterations:
  * the last `cap` (features, seconds) samples in a ring; every `refit_every`
  * samples the table is fitted again from the ring, robustly (a fit; a
- * fit of the half it explains best; then fits of the samples whose error
- * under the last fit is within COST_OUTLIER_FACTOR times the median
- * error, or within COST_OUTLIER_FLOOR of their step, COST_TRIM_ROUNDS
- * trimmed fits at most: steps slowed by something else, a page fault,
- * another process, up to half of them, do not move the table). Until the first fit the seed
+ * fit of the half it finds least slowed; then fits of the samples not
+ * slowed beyond COST_OUTLIER_FACTOR times the median error, or beyond
+ * COST_OUTLIER_FLOOR of their fitted step, COST_TRIM_ROUNDS trimmed fits at
+ * most: steps slowed by something else, a page fault, another process, up
+ * to half of them, do not move the table; a step faster than the fit says
+ * is the fit's own error and stays). Until the first fit the seed
  * answers; a fit that fails (too few samples, every batch alike) keeps the last table. A
  * refit runs on its caller's thread (the engine's, between steps), so it keeps to a share of
  * the time it is fed: after a refit that took r seconds, the next waits until the samples

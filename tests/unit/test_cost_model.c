@@ -90,6 +90,32 @@ static void test_slowed_steps_do_not_move_the_table(void) {
     cost_learner_free(&l);
 }
 
+/* Steps faster than the table says are the table's own error (a linear
+ * table prices some steps high: a scale model's smallest), not steps slowed
+ * by something else: they stay in the fit, whose steps then sum to what
+ * was measured (one in eight 40% faster: a fit without them would be 5%
+ * high on those and 2% high on the sum). */
+static void test_fast_steps_stay_in_the_fit(void) {
+    cost_learner_t l;
+    const cost_table_t s = seed();
+    CHECK(cost_learner_init(&l, &s, 512, 512) == AR_OK);
+    double sum_y = 0, sum_fit = 0;
+    cost_features_t x[512];
+    double y[512];
+    for (int i = 0; i < 512; i++) {
+        x[i] = features(i);
+        y[i] = truth(TRUTH, &x[i], i % 8 == 5 ? 0.6 : 1);
+        sum_y += y[i];
+        cost_learner_add(&l, &x[i], y[i]);
+    }
+    for (int i = 0; i < 512; i++)
+        sum_fit += cost_step_seconds(&l.table, &x[i]);
+    CHECK_MSG(l.refits == 1 && l.last_outliers == 0 && fabs(sum_fit / sum_y - 1) < 1e-6,
+              "%d left out; the fit's steps sum to %.4f of the measured", l.last_outliers,
+              sum_fit / sum_y);
+    cost_learner_free(&l);
+}
+
 /* The ring holds the last cap samples: a machine that became twice as
  * slow is what the table says once the ring has turned over. */
 static void test_the_ring_forgets_an_older_speed(void) {
@@ -143,6 +169,43 @@ static void test_refits_keep_to_their_share_of_the_time(void) {
     }
     CHECK_MSG(l.refits == 64, "%lld refits over 4096 long steps", l.refits);
     cost_learner_free(&l);
+}
+
+/* A step's features are the rows it computes and the keys each attends: a
+ * raster step its prefix at first, then one token against the cache; a
+ * scale step its scale's tokens against the cache, the last scale's (never
+ * cached) against the cache and themselves, the most costly step of an
+ * image. */
+static void test_step_features_count_every_row(void) {
+    kv_geometry_t g = {.n_prompt = 0,
+                       .step_unit = KV_STEP_SEGMENT,
+                       .n_segments = 3,
+                       .segment_tokens = {1, 4, 9},
+                       .n_layers = 1,
+                       .n_heads = 1};
+    int tokens[3] = {1, 5, 5}; /* held during each step: the last scale is not cached */
+    planner_plan_t pl = {.steps = 3, .tokens = tokens};
+    static const double rows[3] = {1, 4, 9}, keys[3] = {1, 5, 14};
+    for (int t = 0; t < 3; t++) {
+        cost_features_t f = {0};
+        cost_features_add(&f, &g, &pl, t, 2); /* two images: four sequences */
+        CHECK_MSG(f.sequences == 4 && f.new_tokens == 4 * rows[t] &&
+                      f.kv_attended == 4 * rows[t] * keys[t] && f.kv_scored == 0,
+                  "scale step %d: %g rows, %g pairs", t, f.new_tokens, f.kv_attended);
+    }
+    kv_geometry_uniform(&g, 7, KV_STEP_TOKEN, 2, 2, 1, 1);
+    int held[4] = {7, 8, 9, 10};
+    unsigned char scored[4] = {0, 0, 1, 0};
+    pl = (planner_plan_t){.steps = 4, .tokens = held, .scored = scored};
+    static const double raster_rows[4] = {7, 1, 1, 1};
+    for (int t = 0; t < 4; t++) {
+        cost_features_t f = {0};
+        cost_features_add(&f, &g, &pl, t, 1);
+        CHECK_MSG(f.new_tokens == 2 * raster_rows[t] &&
+                      f.kv_attended == 2 * raster_rows[t] * held[t] &&
+                      f.kv_scored == (t == 2 ? f.kv_attended : 0),
+                  "raster step %d: %g rows, %g pairs", t, f.new_tokens, f.kv_attended);
+    }
 }
 
 /* No policy collected key mass in any sample: the scored term is left out
@@ -207,9 +270,11 @@ static void test_default_table(void) {
 int main(void) {
     TEST_RUN(test_seed_answers_until_the_first_fit_then_the_fit);
     TEST_RUN(test_slowed_steps_do_not_move_the_table);
+    TEST_RUN(test_fast_steps_stay_in_the_fit);
     TEST_RUN(test_the_ring_forgets_an_older_speed);
     TEST_RUN(test_a_fit_that_fails_keeps_the_table);
     TEST_RUN(test_refits_keep_to_their_share_of_the_time);
+    TEST_RUN(test_step_features_count_every_row);
     TEST_RUN(test_no_scored_pairs_no_scored_term);
     TEST_RUN(test_images_and_requests_set_their_costs);
     TEST_RUN(test_default_table);
