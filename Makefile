@@ -222,8 +222,9 @@ help:
 	@echo "make bench-launches   kernel launches, uploads and waits a step costs the CUDA backend"
 	@echo "                      (emulator): per layer at Janus-Pro-1B's depth, per scale at VAR-d16's"
 	@echo "make bench-serve      the serving sweep: arserve bench at Poisson rates against a daemon,"
-	@echo "                      full vs a compressed policy, the simulator checked, a plot"
-	@echo "                      (docs/capacity.md); ten minutes, not part of make test"
+	@echo "                      full, a compressed policy, an elastic range, the range with an"
+	@echo "                      SLO; the simulator checked, a plot (docs/capacity.md); ten"
+	@echo "                      minutes a sweep (SWEEP_ARGS=\"--sweeps 3\"), not part of make test"
 	@echo "make bench-real       real sizes end to end: each released model's files at their real"
 	@echo "                      shapes, converted, served; KV planned vs measured, RSS, s/image"
 	@echo "                      (docs/real-scale.md; REAL_MODELS, REAL_ARGS); hours, resumable"
@@ -901,10 +902,12 @@ bench-kv: $(BUILD)/kv_bench $(VENV)/.stamp
 
 # The serving sweep of docs/capacity.md (bench/serving_sweep.py): the cost
 # table fitted on this machine, `arserve bench` over a sweep of Poisson rates
-# against a daemon on loopback, full cache against a compressed policy in one
-# KV pool, the simulator checked against one measured trace, and the plot
-# (docs/serving-sweep.png). About ten minutes on two cores; not part of
-# `make test` (test-bench-smoke runs it on the tiny model for seconds).
+# against a daemon on loopback, in one KV pool: the full cache, a compressed
+# policy, an elastic range, and the range with the SLO as each request's
+# objective; the simulator checked against the compressed runs' traces, and
+# the plot (docs/serving-sweep.png). About ten minutes a sweep on two cores
+# (--sweeps N: N of them, medians and ranges); not part of `make test`
+# (test-bench-smoke runs two sweeps on the tiny model for seconds).
 # SWEEP_ARGS adds flags (python bench/serving_sweep.py --help); SWEEP_OUT and
 # SWEEP_PNG say where the runs and the plot go.
 SWEEP_ARGS ?=
