@@ -387,6 +387,10 @@ static int admission_level(batcher_t *b, slot_t *head, double now) {
         while (start < n - 1 && job->submitted > 0 &&
                settled_latency(b, job, start) > BATCHER_SETTLED_SHARE * objective)
             start++;
+        /* Late even alone at its floor (it waited too long): its objective is
+         * lost, and its floor is what takes the least time from the others. */
+        if (now + alone_seconds(b, job, n - 1) > target_of(job))
+            start = n - 1;
         level = -1;
         for (int l = start; left >= 0 && l < n; l++) {
             double end;

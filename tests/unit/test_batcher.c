@@ -669,6 +669,34 @@ static void test_time_objective_picks_the_level_that_keeps_it(void) {
     batcher_destroy(b);
 }
 
+/* A job late even alone at its floor (it waited past its objective) runs
+ * at its floor, though nothing else runs and the pool has room for its
+ * top: its objective is lost, and the floor takes the least time from the
+ * jobs after it. */
+static void test_a_late_head_runs_at_its_floor(void) {
+    world_t w;
+    batcher_t *b = make(&w, 1000, 4, 4);
+    const cost_table_t t = one_per_kv();
+    batcher_set_costs(b, &t);
+    timed_elastic_t te;
+    batcher_job_t je = timed_elastic(&te);
+    je.submitted = 1;
+    je.target = 9; /* alone at its floor it takes 4: late once it starts after 5 */
+    CHECK(batcher_submit(b, &je, NULL) == BATCHER_ACCEPTED);
+    CHECK(batcher_iterate(b, 6) == 1);
+    batcher_event_t ev[8];
+    const int n = batcher_take_events(b, ev, 8);
+    int seen = 0;
+    for (int i = 0; i < n; i++)
+        if (ev[i].type == BATCHER_ADMITTED) {
+            seen = 1;
+            CHECK_MSG(ev[i].level == N_LEVELS - 1 && ev[i].regime == BATCHER_REGIME_TIME,
+                      "admitted at level %d (%s)", ev[i].level, batcher_regime_name(ev[i].regime));
+        }
+    CHECK(seen);
+    batcher_destroy(b);
+}
+
 /* A job that would make a running job late waits (though the pool has
  * room), and is admitted once that job is done; a job that could not keep
  * its target even alone is admitted when it breaks no one else's. */
@@ -810,6 +838,7 @@ int main(void) {
     TEST_RUN(test_iteration_features_sum_the_batch);
     TEST_RUN(test_time_objective_picks_the_level_that_keeps_it);
     TEST_RUN(test_time_objective_waits_then_admits);
+    TEST_RUN(test_a_late_head_runs_at_its_floor);
     TEST_RUN(test_no_table_no_time);
     TEST_RUN(test_the_arrival_rate_caps_the_budget);
     return TEST_SUMMARY();

@@ -31,9 +31,10 @@
  *    checked) at that level's budget. Half the traces carry time objectives
  *    (two jobs in three a target, a cost table in the replay's units): the
  *    brute force prices every future iteration over every job running then
- *    and takes the first level that also ends the head by its target (or it
- *    could not even alone) and makes no running job late that would be on
- *    time without it; the batcher must admit the same at the same level and
+ *    and takes the first level that also ends the head by its target and
+ *    makes no running job late that would be on time without it (a head
+ *    that could not end by its target even alone, at its floor, is tried at
+ *    its floor only); the batcher must admit the same at the same level and
  *    predict the same end; heads must have waited for time and gone below
  *    the pool's budget for it.
  * 2. The same kind of traces through the real scheduler (threads, batching,
@@ -301,6 +302,7 @@ typedef struct totals {
     long long tightened;                  /* request-steps whose plan a tightening lowered */
     long long elastic_top, elastic_below; /* ranged admissions at their top, below it */
     long long time_waits, time_lower;     /* heads that waited, or went lower, for time */
+    long long late_floor;                 /* late heads tried at their floor only */
     /* Per policy: request-steps that used less than a worst-case plan. */
     long long under_bound[KV_POLICY_COUNT];
 } totals_t;
@@ -378,6 +380,16 @@ static int brute_rate_level(const rjob_t *jobs, const trace_t *tr, const rate_t 
     return l;
 }
 
+/* When job c would end, started at iteration now at its floor with
+ * nothing else running. */
+static double brute_alone(const rjob_t *jobs, const trace_t *tr, int now, int c, int S) {
+    double alone = now;
+    for (int k = 0; k < S; k++)
+        alone += cost_step_seconds(&TIME_TABLE, &jobs[c].lv_feat[jobs[c].n_levels - 1][k]);
+    return alone + tr->jobs[c].n_images * (TIME_TABLE.decode_s + TIME_TABLE.png_s) +
+           TIME_TABLE.http_s;
+}
+
 /* The time objectives as the batcher should keep them, by brute force:
  * admitting cand (job c at `level`) at iteration now, each future
  * iteration priced by TIME_TABLE over every job running then (each laid
@@ -387,7 +399,7 @@ static int brute_rate_level(const rjob_t *jobs, const trace_t *tr, const rate_t 
  * cand's predicted end. */
 static int brute_time_fits(const rjob_t *jobs, const trace_t *tr, int now, int c, int level, int S,
                            double *end) {
-    double with = now, without = now, alone = now;
+    double with = now, without = now;
     double end_with[MAX_JOBS], end_without[MAX_JOBS];
     const double per_image = TIME_TABLE.decode_s + TIME_TABLE.png_s;
     for (int r = 0; r < tr->n; r++)
@@ -403,11 +415,8 @@ static int brute_time_fits(const rjob_t *jobs, const trace_t *tr, int now, int c
             any = 1;
         }
         y = x;
-        if (u - now < S) {
+        if (u - now < S)
             cost_features_accumulate(&y, &jobs[c].lv_feat[level][u - now], 1);
-            alone +=
-                cost_step_seconds(&TIME_TABLE, &jobs[c].lv_feat[jobs[c].n_levels - 1][u - now]);
-        }
         if (any)
             without += cost_step_seconds(&TIME_TABLE, &x);
         if (any || u - now < S)
@@ -420,9 +429,8 @@ static int brute_time_fits(const rjob_t *jobs, const trace_t *tr, int now, int c
         if (u - now == S - 1)
             *end = with + tr->jobs[c].n_images * per_image + TIME_TABLE.http_s;
     }
-    alone += tr->jobs[c].n_images * per_image + TIME_TABLE.http_s;
     const double mine = target_at(&tr->jobs[c]);
-    if (*end > mine && alone <= mine)
+    if (*end > mine && brute_alone(jobs, tr, now, c, S) <= mine)
         return 0;
     for (int r = 0; r < tr->n; r++) {
         const double t = target_at(&tr->jobs[r]);
@@ -632,6 +640,14 @@ static void replay(const trace_t *tr) {
                     if (tr->timed && (l = brute_rate_level(jobs, tr, &rate, k, l, S)) > room &&
                         !brute_fits(jobs, tr, it, jobs[k].lv_kv[l], S, capacity))
                         continue;
+                    /* late even alone at its floor: its floor, or it waits */
+                    if (tr->timed && jobs[k].n_levels > 1 &&
+                        brute_alone(jobs, tr, it, k, S) > target_at(&tr->jobs[k])) {
+                        tot.late_floor++;
+                        if ((l = jobs[k].n_levels - 1) > room &&
+                            !brute_fits(jobs, tr, it, jobs[k].lv_kv[l], S, capacity))
+                            continue;
+                    }
                 }
                 if (!tr->timed || brute_time_fits(jobs, tr, it, k, l, S, &jobs[k].end))
                     level = l;
@@ -807,11 +823,13 @@ static void replay_traces(int min_refusals) {
             "refusals (the head of the queue waited), %lld iterations with a job waiting; "
             "cancelled %lld running, %lld waiting; %lld request-steps' plans tightened; "
             "budget ranges admitted %lld at their top, %lld below; for time objectives %lld "
-            "heads waited and %lld went below the pool's budget; policies %s\n",
+            "heads waited, %lld went below the pool's budget and %lld late ones were tried at "
+            "their floor; "
+            "policies %s\n",
             tot.traces, now_s() - t0, tot.iterations, tot.steps_checked, tot.admissions,
             tot.refusals, tot.contention_iters, tot.cancelled_running, tot.cancelled_waiting,
             tot.tightened, tot.elastic_top, tot.elastic_below, tot.time_waits, tot.time_lower,
-            policy_counts(words, sizeof words));
+            tot.late_floor, policy_counts(words, sizeof words));
     /* The traces must exercise what they claim to (when none stopped early). */
     if (test_failures_in_current == failures_before) {
         CHECK(tot.refusals > min_refusals && tot.cancelled_running > 0 &&
@@ -826,9 +844,10 @@ static void replay_traces(int min_refusals) {
                       kv_policy_name(kinds[k]));
         }
         CHECK_MSG(tot.tightened > 0, "no plan ever tightened");
-        CHECK_MSG(tot.time_waits > 0 && tot.time_lower > 0,
-                  "time objectives: %lld heads waited, %lld went lower: both must happen",
-                  tot.time_waits, tot.time_lower);
+        CHECK_MSG(tot.time_waits > 0 && tot.time_lower > 0 && tot.late_floor > 0,
+                  "time objectives: %lld heads waited, %lld went lower, %lld late ones at their "
+                  "floor: all must happen",
+                  tot.time_waits, tot.time_lower, tot.late_floor);
         CHECK_MSG(tot.elastic_top > 0 && tot.elastic_below > 0,
                   "budget ranges admitted %lld times at their top, %lld below: both must happen",
                   tot.elastic_top, tot.elastic_below);
