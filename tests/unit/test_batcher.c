@@ -463,13 +463,20 @@ static uint64_t submit_elastic(batcher_t *b, elastic_t *e) {
 }
 
 /* The level of the last ADMITTED event taken, or -1. */
-static int admitted_level(batcher_t *b) {
-    batcher_event_t ev[64];
-    int n = batcher_take_events(b, ev, 64), level = -1;
+/* The last admission among the events waiting (its type BATCHER_ADMITTED),
+ * or an event of type -1 when there was none. */
+static batcher_event_t last_admission(batcher_t *b) {
+    batcher_event_t ev[64], last = {.type = -1};
+    const int n = batcher_take_events(b, ev, 64);
     for (int i = 0; i < n; i++)
         if (ev[i].type == BATCHER_ADMITTED)
-            level = ev[i].level;
-    return level;
+            last = ev[i];
+    return last;
+}
+
+static int admitted_level(batcher_t *b) {
+    const batcher_event_t e = last_admission(b);
+    return e.type == BATCHER_ADMITTED ? e.level : -1;
 }
 
 /* An idle pool admits an elastic job at its largest level; a busy one at
@@ -684,16 +691,10 @@ static void test_a_late_head_runs_at_its_floor(void) {
     je.target = 9; /* alone at its floor it takes 4: late once it starts after 5 */
     CHECK(batcher_submit(b, &je, NULL) == BATCHER_ACCEPTED);
     CHECK(batcher_iterate(b, 6) == 1);
-    batcher_event_t ev[8];
-    const int n = batcher_take_events(b, ev, 8);
-    int seen = 0;
-    for (int i = 0; i < n; i++)
-        if (ev[i].type == BATCHER_ADMITTED) {
-            seen = 1;
-            CHECK_MSG(ev[i].level == N_LEVELS - 1 && ev[i].regime == BATCHER_REGIME_TIME,
-                      "admitted at level %d (%s)", ev[i].level, batcher_regime_name(ev[i].regime));
-        }
-    CHECK(seen);
+    const batcher_event_t e = last_admission(b);
+    CHECK_MSG(e.type == BATCHER_ADMITTED && e.level == N_LEVELS - 1 &&
+                  e.regime == BATCHER_REGIME_TIME,
+              "admitted at level %d (%s)", e.level, batcher_regime_name(e.regime));
     batcher_destroy(b);
 }
 
@@ -769,17 +770,9 @@ static void rate_case(double gap, double idle, int want_level, batcher_regime_t 
     je.target = at + 40; /* alone at the top it ends at +36 */
     CHECK(batcher_submit(b, &je, NULL) == BATCHER_ACCEPTED);
     CHECK(batcher_iterate(b, at) == 1);
-    batcher_event_t ev[8];
-    const int n = batcher_take_events(b, ev, 8);
-    int seen = 0;
-    for (int i = 0; i < n; i++)
-        if (ev[i].type == BATCHER_ADMITTED) {
-            seen = 1;
-            CHECK_MSG(ev[i].level == want_level && ev[i].regime == want_regime,
-                      "gap %g: admitted at level %d (%s)", gap, ev[i].level,
-                      batcher_regime_name(ev[i].regime));
-        }
-    CHECK(seen);
+    const batcher_event_t e = last_admission(b);
+    CHECK_MSG(e.type == BATCHER_ADMITTED && e.level == want_level && e.regime == want_regime,
+              "gap %g: admitted at level %d (%s)", gap, e.level, batcher_regime_name(e.regime));
     batcher_destroy(b);
 }
 
