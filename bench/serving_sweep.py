@@ -272,17 +272,13 @@ def main():
               + (f"{x:.2f} requests/s" if x else "no rate of the sweep"))
     print("budget: the mean budget requests were admitted at; below top: the share admitted "
           "below their range's top; at: their mean budget (medians over the sweeps)")
-    for rate in sorted(rates, key=float):
-        rate = float(rate)
-        if "objective" not in policies:
-            break
-        d = summary["rates"][f"{rate:g}"]["objective"]["regimes"]
-        best = max(("full", "compressed"), key=lambda p: median(summary["rates"][f"{rate:g}"][p]["goodput"]))
-        print(f"objective at {rate:g} requests/s: admissions {d['free']:g} free, "
+    for rate, at_rate in summary["rates"].items() if "objective" in policies else ():
+        good = {name: median(at_rate[name]["goodput"]) for name in at_rate}
+        best = max(("full", "compressed"), key=good.get)
+        d = at_rate["objective"]["regimes"]
+        print(f"objective at {rate} requests/s: admissions {d['free']:g} free, "
               f"{d['memory']:g} memory-bound, {d['time']:g} time-bound; goodput "
-              f"{median(summary['rates'][f'{rate:g}']['objective']['goodput']):.2f} against "
-              f"the best fixed choice's ({best}) "
-              f"{median(summary['rates'][f'{rate:g}'][best]['goodput']):.2f}")
+              f"{good['objective']:.2f} against the best fixed choice's ({best}) {good[best]:.2f}")
 
     # The simulator against the measured traces, each priced by the profile's
     # table and by the table the daemon had learned when that run ended.
@@ -338,8 +334,9 @@ def main():
     for x in ax:
         x.grid(alpha=0.3)
         x.legend(fontsize=8)
+    medians = f", medians of {a.sweeps} sweeps" if a.sweeps > 1 else ""
     fig.suptitle(f"arserve bench on {os.path.basename(a.model)}, one {a.pool_mb} MiB KV pool, "
-                 f"{a.threads} CPU thread(s)" + (f", medians of {a.sweeps} sweeps" if a.sweeps > 1 else ""))
+                 f"{a.threads} CPU thread(s){medians}")
     fig.tight_layout()
     os.makedirs(os.path.dirname(a.png) or ".", exist_ok=True)
     fig.savefig(a.png, dpi=100)

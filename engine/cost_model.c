@@ -394,25 +394,27 @@ int cost_learner_add(cost_learner_t *l, const cost_features_t *f, double seconds
     return replaced;
 }
 
-/* A running mean that forgets: the last ~COST_MEAN_MEMORY values weigh
- * (the first replaces the seed's). *count: the values seen, up to that. */
+/* Running means that forget: the last ~COST_MEAN_MEMORY values weigh. The
+ * weight of the next value, counted in *count (the first: 1, replacing the
+ * seed's). */
 enum { COST_MEAN_MEMORY = 64 };
-static void running_mean(double *mean, int *count, double x) {
+static double next_weight(int *count) {
     if (*count < COST_MEAN_MEMORY)
         (*count)++;
-    const double w = 1.0 / *count;
-    *mean = (1 - w) * *mean + w * x;
+    return 1.0 / *count;
 }
+
+static void mean_add(double *mean, double w, double x) { *mean = (1 - w) * *mean + w * x; }
 
 void cost_learner_add_image(cost_learner_t *l, double decode_s, double png_s) {
     if (!(decode_s >= 0) || !(png_s >= 0))
         return;
-    int n = l->images;
-    running_mean(&l->table.decode_s, &n, decode_s);
-    running_mean(&l->table.png_s, &l->images, png_s);
+    const double w = next_weight(&l->images);
+    mean_add(&l->table.decode_s, w, decode_s);
+    mean_add(&l->table.png_s, w, png_s);
 }
 
 void cost_learner_add_request(cost_learner_t *l, double http_s) {
     if (http_s >= 0 && isfinite(http_s))
-        running_mean(&l->table.http_s, &l->requests, http_s);
+        mean_add(&l->table.http_s, next_weight(&l->requests), http_s);
 }
