@@ -82,6 +82,13 @@ def test_caption_mix_shares_and_default():
     assert share(mixed, ("two_object",)) > 2.5 * share(base, ("two_object",))
     assert abs(share(mixed, ("color_attr",)) - 0.75 * 0.75) < 0.04  # with colour: 3 in 4
     assert share(mixed, ("single_object", "position", "three_objects")) == 0.0
+    # 'plain': one object, its shape and perhaps its size, never a colour or a place
+    rng = np.random.default_rng(6)
+    plain = [scene.sample_training_spec(rng, {"plain": 1}) for _ in range(300)]
+    assert {c for c, _ in plain} == {"single_object"}
+    assert all(set(sp["objects"][0]) <= {"shape", "size"} for _, sp in plain)
+    assert 0.55 < sum("size" in sp["objects"][0] for _, sp in plain) / 300 < 0.8
+    assert share(categories({"one": 1, "plain": 1}), ("single_object",)) > 0.5
     for bad, word in (({"four": 1}, "four"), ({"one": -1}, ">= 0"), ({"one": 0}, "not all 0")):
         with pytest.raises(ValueError, match=word):
             scene.mix_thresholds(bad)

@@ -108,6 +108,51 @@ def test_decoder_and_t5_match():
     assert e_img <= 1e-4 and e_t5 <= 1e-4
 
 
+def exported_model_continues(train, out, again):
+    """--init: an exported model read back into torch is the model (exported again, the same
+    bytes); the vae stage under --init trains an encoder and leaves the exported decoder as it
+    is; a caption mix is taken by name and a bad one refused."""
+    import contextlib
+    import io
+
+    from safetensors.torch import load_file
+
+    model = os.path.join(out, "model")
+    cfg = dict(train.TINY)
+    vocab = train.tokenizer_json()["model"]["vocab"]
+    t5, net = train.make_lm(cfg, len(vocab))
+    vae = train.BSQVAE(cfg)
+    train.load_exported(model, cfg, t5=t5, net=net, decoder=vae.decoder)
+    os.makedirs(os.path.join(again, "vae"))
+    os.makedirs(os.path.join(again, "lm"))
+    torch.save({"models": [vae.state_dict()]}, os.path.join(again, "vae", "ckpt.pt"))
+    torch.save({"models": [t5.state_dict(), net.state_dict()]}, os.path.join(again, "lm", "ckpt.pt"))
+    assert train.main(["--out", again, "--tiny", "--stages", "export"]) == 0
+    first, second = (load_file(os.path.join(d, "model.safetensors")) for d in (model, os.path.join(again, "model")))
+    assert sorted(first) == sorted(second)
+    for k in first:
+        assert torch.equal(first[k], second[k]), "%s: not the exported model's" % k
+
+    cont = os.path.join(again, "continued")
+    mix = '{"plain": 2, "one": 1}'
+    assert train.main(["--out", cont, "--tiny", "--init", model, "--stages", "vae,lm", "--set",
+                       "lm_mix=" + mix]) == 0
+    ck = torch.load(os.path.join(cont, "vae", "ckpt.pt"), weights_only=False)["models"][0]
+    dec = {k[len("decoder."):]: v for k, v in ck.items() if k.startswith("decoder.")}
+    for k, v in vae.decoder.state_dict().items():
+        assert torch.equal(dec[k], v), "--init: the vae stage changed the exported decoder (%s)" % k
+    torch.manual_seed(1)  # as train.main seeds before the stages: the encoder it started from
+    enc = train.BSQVAE(cfg).encoder.state_dict()
+    assert any(not torch.equal(ck["encoder." + k], v) for k, v in enc.items()), "the encoder did not train"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            train.main(["--out", cont, "--tiny", "--set", 'lm_mix={"four": 1}'])
+            raise AssertionError("an unknown caption kind was accepted")
+        except SystemExit as e:
+            assert e.code == 2 and "lm_mix" in err.getvalue() and "four" in err.getvalue(), err.getvalue()
+
+
 def test_tiny_training_to_a_model_arserve_serves(tmp_path=None):
     import tempfile
 
@@ -146,6 +191,7 @@ def test_tiny_training_to_a_model_arserve_serves(tmp_path=None):
             raise AssertionError("an unknown --set was accepted")
         except SystemExit as e:
             assert e.code == 2 and "no such setting" in err.getvalue(), err.getvalue()
+    exported_model_continues(train, out, os.path.join(out, "again"))
     arserve = os.environ.get("ARSERVE_BIN") or (sys.argv[1] if len(sys.argv) > 1 else "")
     if not arserve:
         print("skip: the engine's logits and drawing with the tiny model (no arserve binary given)")

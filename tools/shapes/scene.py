@@ -275,8 +275,9 @@ def _clean(o):
 
 # The kinds of training caption and their shares (sample_training_spec): one object, two
 # joined by 'and' (the colour-attribute and two-object categories, and counts of two), two
-# in a relation, a count, three objects.
-CAPTION_KINDS = ("one", "and", "relation", "count", "three")
+# in a relation, a count, three objects, and one object named by its shape alone with
+# perhaps its size (ShapesEval's single-object prompts; not in the default mix).
+CAPTION_KINDS = ("one", "and", "relation", "count", "three", "plain")
 DEFAULT_MIX = {"one": 0.30, "and": 0.20, "relation": 0.22, "count": 0.16, "three": 0.12}
 
 
@@ -356,6 +357,9 @@ def sample_training_spec(rng, mix=None):
             "count": n,
         })
         return "counting", {"objects": [o], "total": n}
+    if len(t) > 4 and u >= t[4]:  # one object named by its shape alone, maybe its size
+        o = _clean({"shape": _pick(rng, SHAPES), "size": _maybe(rng, 2 / 3, _pick(rng, list(SIZES)))})
+        return "single_object", {"objects": [o], "total": 1}
     # three objects, distinct (shape, colour) pairs
     pairs = set()
     while len(pairs) < 3:

@@ -42,8 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from lm_model import DEFAULT_IMAGE, DEFAULT_LLM, JanusLM  # noqa: E402
-from train_util import (EXIT_TIME_LIMIT, WallClock, add_run_args, autocast, check_run_args,  # noqa: E402
-                        describe_device, log, lr_at, pick_device, save)
+from train_util import (add_run_args, autocast, check_run_args, describe_device, log,  # noqa: E402
+                        pick_device, resume, save, train_loop)
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from make_tiny_model import word_level_tokenizer  # noqa: E402
@@ -208,15 +208,10 @@ def main(argv=None):
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim == 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.95))
-    step = 0
-    if a.resume and os.path.exists(ckpt_path):
-        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if ck["llm"] != llm_cfg or ck["image"] != image_cfg:
-            sys.exit("checkpoint config differs from this run's")
+    ck = resume(ckpt_path, logf, opt, llm_cfg,
+                same=lambda ck: ck["llm"] == llm_cfg and ck["image"] == image_cfg) if a.resume else None
+    if ck:
         model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step = ck["step"]
-        log(logf, "resumed from %s at step %d" % (ckpt_path, step))
     else:
         log(logf, "start: args %s" % json.dumps(vars(a)))
         log(logf, "llm %s image %s; %.3fM parameters; %d training rows, %d held out; prompt lengths %d-%d" % (
@@ -225,21 +220,8 @@ def main(argv=None):
         with open(os.path.join(a.out, "val.csv"), "w") as f:
             f.write("step,val_loss,val_ppl\n")
     log(logf, "device %s" % describe_device(dev))
-    clock = WallClock(a.max_minutes, a.ckpt_minutes)
 
-    def checkpoint(path):
-        save(path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "llm": llm_cfg, "image": image_cfg, "args": vars(a)})
-        if path == ckpt_path:
-            clock.checkpointed()
-        return step
-
-    saved = step
-    t_last, n_last, acc = time.time(), 0, 0.0
-    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
-    while step < end:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, a)
+    def train_step(step):
         rng = np.random.default_rng([a.seed, step])
         idx = rng.integers(0, len(cond), a.batch)
         drop = rng.random(a.batch) < a.uncond_prob
@@ -251,32 +233,28 @@ def main(argv=None):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        step += 1
-        acc += float(loss.detach())
-        n_last += 1
-        if step % a.log_every == 0:
-            log(logf, "step %d lr %.2e loss %.4f %.2f s/step" % (
-                step, lr_at(step - 1, a), acc / n_last, (time.time() - t_last) / n_last))
-            t_last, n_last, acc = time.time(), 0, 0.0
-        if step % a.ckpt_every == 0 or step == end or clock.ckpt_due():
-            saved = checkpoint(ckpt_path)
-        if step % a.eval_every == 0 or step == a.steps:
-            t0 = time.time()
-            vl = held_out_loss(model, val_cond, val_grids, pad)
-            log(logf, "EVAL step %d held-out loss %.4f (perplexity %.1f) on %d rows (%.0f s)" % (
-                step, vl, math.exp(vl), len(val_cond), time.time() - t0))
-            with open(os.path.join(a.out, "val.csv"), "a") as f:
-                f.write("%d,%.4f,%.2f\n" % (step, vl, math.exp(vl)))
-            if step % 1000 == 0:
-                checkpoint(os.path.join(a.out, "ckpt-%06d.pt" % step))
-            t_last, n_last, acc = time.time(), 0, 0.0
-        if step < end and clock.out_of_time():
-            if saved != step:
-                saved = checkpoint(ckpt_path)
-            log(logf, clock.stopped(step, end))
-            return EXIT_TIME_LIMIT
-    log(logf, "done at step %d" % step)
-    return 0
+        return {"loss": float(loss.detach())}
+
+    def checkpoint(step, path=ckpt_path):
+        save(path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                    "llm": llm_cfg, "image": image_cfg, "args": vars(a)})
+
+    def evaluate(step):
+        if step % a.eval_every and step != a.steps:
+            return False
+        t0 = time.time()
+        vl = held_out_loss(model, val_cond, val_grids, pad)
+        log(logf, "EVAL step %d held-out loss %.4f (perplexity %.1f) on %d rows (%.0f s)" % (
+            step, vl, math.exp(vl), len(val_cond), time.time() - t0))
+        with open(os.path.join(a.out, "val.csv"), "a") as f:
+            f.write("%d,%.4f,%.2f\n" % (step, vl, math.exp(vl)))
+        if step % 1000 == 0:
+            checkpoint(step, os.path.join(a.out, "ckpt-%06d.pt" % step))
+        return True
+
+    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
+    return train_loop(a, logf, opt, ck["step"] if ck else 0, end, train_step, checkpoint,
+                      lambda m: "loss %.4f" % m["loss"], a.log_every, a.ckpt_every, evaluate)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What the training scripts share: the learning-rate schedule, the log, atomic checkpoints,
-and how a run uses its machine (--device, bf16 autocast on CUDA) and its wall clock
-(--max-minutes, --ckpt-minutes)."""
+resuming, the training loop itself, and how a run uses its machine (--device, bf16 autocast
+on CUDA) and its wall clock (--max-minutes, --ckpt-minutes)."""
 
 import contextlib
 import math
@@ -124,6 +124,83 @@ class WallClock:
         the same command needs to continue ("" for a script that always resumes)."""
         return ("stopped at step %d of %d after %.1f minutes (--max-minutes %g); %s"
                 % (step, end, self.minutes(), self.max_s / 60.0, continues(again)))
+
+
+def edge_loss(out, x):
+    """The mean absolute difference of the images' horizontal and vertical gradients (the
+    tokenizers' sharpness term)."""
+    dxo, dxx = out[..., :, 1:] - out[..., :, :-1], x[..., :, 1:] - x[..., :, :-1]
+    dyo, dyx = out[..., 1:, :] - out[..., :-1, :], x[..., 1:, :] - x[..., :-1, :]
+    return (dxo - dxx).abs().mean() + (dyo - dyx).abs().mean()
+
+
+def describe_losses(m):
+    """A tokenizer's log text (train_loop's describe) from its means of loss, mse, l1, edge and q
+    (the quantiser's loss), with the training PSNR of images in [-1, 1]."""
+    return "loss %.4f mse %.5f l1 %.4f edge %.4f q %.4f train_psnr %.2f" % (
+        m["loss"], m["mse"], m["l1"], m["edge"], m["q"], 10 * math.log10(4.0 / max(m["mse"], 1e-12)))
+
+
+def resume(path, logf, opt, config, same=None):
+    """The checkpoint at path (OUT/ckpt.pt), its optimiser state loaded into opt, or None when
+    there is none. config: this run's, which must equal the checkpoint's (same(ck) says whether
+    it does, for checkpoints that keep it under other keys); otherwise the run exits naming both.
+    The caller loads its modules from the dict returned."""
+    if not os.path.exists(path):
+        return None
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    if not (same(ck) if same else ck["config"] == config):
+        raise SystemExit("%s: checkpoint config %r differs from this run's %r"
+                         % (path, ck.get("config", ck.get("llm")), config))
+    opt.load_state_dict(ck["opt"])
+    log(logf, "resumed from %s at step %d" % (path, ck["step"]))
+    return ck
+
+
+def train_loop(a, logf, opt, step, end, train_step, checkpoint, describe, log_every, ckpt_every,
+               evaluate=None, again=RESUME_WITH):
+    """Trains from step to end, the loop every training script runs: each step sets the
+    learning rate (lr_at with a's lr, warmup, steps, min_lr_frac), then train_step(step) takes
+    it (forward, backward, optimiser; anything after, such as a code book's restarts) and
+    returns its scalars as floats. Every log_every steps the log gets 'step N lr L ' +
+    describe(means of those scalars since the last line) + the seconds a step took;
+    checkpoint(step) writes OUT/ckpt.pt every ckpt_every steps, at end, on --ckpt-minutes and
+    before a stop at --max-minutes. evaluate(step), when given, runs after that and returns
+    whether it evaluated (the means and the step timer restart then). Returns 0 at end, or
+    EXIT_TIME_LIMIT after a stop at --max-minutes (again: what the same command needs to
+    continue)."""
+    clock = WallClock(a.max_minutes, a.ckpt_minutes)
+
+    def save():
+        checkpoint(step)
+        clock.checkpointed()
+        return step
+
+    saved = step
+    t_last, n_last, acc = time.time(), 0, {}
+    while step < end:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, a)
+        for k, v in train_step(step).items():
+            acc[k] = acc.get(k, 0.0) + v
+        step += 1
+        n_last += 1
+        if step % log_every == 0:
+            log(logf, "step %d lr %.2e %s %.2f s/step" % (
+                step, lr_at(step - 1, a), describe({k: v / n_last for k, v in acc.items()}),
+                (time.time() - t_last) / n_last))
+            t_last, n_last, acc = time.time(), 0, {}
+        if step % ckpt_every == 0 or step == end or clock.ckpt_due():
+            saved = save()
+        if evaluate is not None and evaluate(step):
+            t_last, n_last, acc = time.time(), 0, {}
+        if step < end and clock.out_of_time():
+            if saved != step:
+                saved = save()
+            log(logf, clock.stopped(step, end, again=again))
+            return EXIT_TIME_LIMIT
+    log(logf, "done at step %d" % step)
+    return 0
 
 
 @contextlib.contextmanager

@@ -84,8 +84,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from vq_model import VQModel, init_reference_channels, to_model_input, to_u8, tokenize_u8  # noqa: E402
-from train_util import (EXIT_TIME_LIMIT, WallClock, add_run_args, autocast, check_run_args,  # noqa: E402
-                        describe_device, log, lr_at, pick_device, save, worker_pool)
+from train_util import (add_run_args, autocast, check_run_args, describe_device,  # noqa: E402
+                        describe_losses, edge_loss, log, pick_device, resume, save, train_loop,
+                        worker_pool)
 from tools.shapes.dataset import load_shards  # noqa: E402
 from tools.shapes import codebook as shapes_codebook  # noqa: E402
 
@@ -112,14 +113,8 @@ def batch_at(images, step, a):
     return x
 
 
-def edge_loss(out, x):
-    dxo, dxx = out[..., :, 1:] - out[..., :, :-1], x[..., :, 1:] - x[..., :, :-1]
-    dyo, dyx = out[..., 1:, :] - out[..., :-1, :], x[..., 1:, :] - x[..., :-1, :]
-    return (dxo - dxx).abs().mean() + (dyo - dyx).abs().mean()
-
-
 @torch.no_grad()
-def evaluate(model, val, bs=32, masks=None):
+def evaluate_held_out(model, val, bs=32, masks=None):
     """(PSNR of the pooled MSE, mean per-image PSNR, distinct codes used, code perplexity);
     with masks, the tokens are the fixed code book's."""
     model.eval()
@@ -239,16 +234,11 @@ def train(a, pool):
         model.quant_conv.requires_grad_(False)
     model.to(dev)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    step = 0
     used = torch.zeros(cfg["codebook_size"], dtype=torch.long, device=dev)
-    if a.resume and os.path.exists(ckpt_path):
-        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if ck["config"] != cfg:
-            sys.exit("checkpoint config %r differs from %r" % (ck["config"], cfg))
+    ck = resume(ckpt_path, logf, opt, cfg) if a.resume else None
+    if ck:
         model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step, used = ck["step"], ck["used"].to(dev)
-        log(logf, "resumed from %s at step %d" % (ckpt_path, step))
+        used = ck["used"].to(dev)
     else:
         log(logf, "start: args %s" % json.dumps(vars(a)))
         log(logf, "config %s" % json.dumps(cfg))
@@ -260,20 +250,8 @@ def train(a, pool):
         with open(os.path.join(a.out, "psnr.csv"), "w") as f:
             f.write("step,val_psnr,val_psnr_mean_per_image,codes_used\n")
     log(logf, "device %s" % describe_device(dev))
-    clock = WallClock(a.max_minutes, a.ckpt_minutes)
 
-    def checkpoint():
-        save(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                         "used": used, "config": cfg, "args": vars(a), "codebook_masks": masks})
-        clock.checkpointed()
-        return step
-
-    saved = step
-    t_last, n_last, acc = time.time(), 0, {}
-    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
-    while step < end:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, a)
+    def train_step(step):
         u8 = batch_at(images, step, a)
         x = to_model_input(u8).to(dev)
         quantising = step >= a.ae_warmup and masks is None
@@ -307,12 +285,8 @@ def train(a, pool):
         if quantising and not frozen:
             flat = zn.detach().float().permute(0, 2, 3, 1).reshape(-1, cfg["embed_dim"])
             model.codebook.ema_update(flat, idx.flatten(), a.ema_decay)
-            used += torch.bincount(idx.flatten(), minlength=cfg["codebook_size"])
+            used.add_(torch.bincount(idx.flatten(), minlength=cfg["codebook_size"]))
         step += 1
-        for k, v in (("loss", loss), ("mse", mse), ("l1", l1), ("edge", el), ("q", qloss)):
-            acc[k] = acc.get(k, 0.0) + float(v.detach())
-        n_last += 1
-
         if (quantising and not frozen and a.restart_every and (step - a.ae_warmup) % a.restart_every == 0
                 and step < 0.8 * a.steps):
             dead = (used == 0).nonzero().flatten()
@@ -324,34 +298,29 @@ def train(a, pool):
             log(logf, "step %d: %d of %d codes unused in the last %d steps, restarted" % (
                 step, len(dead), cfg["codebook_size"], a.restart_every))
             used.zero_()
+        return {k: float(v.detach()) for k, v in (("loss", loss), ("mse", mse), ("l1", l1), ("edge", el), ("q", qloss))}
 
-        if step % a.log_every == 0:
-            dt = (time.time() - t_last) / n_last
-            m = {k: v / n_last for k, v in acc.items()}
-            train_psnr = 10 * math.log10(4.0 / max(m["mse"], 1e-12))
-            log(logf, "step %d lr %.2e loss %.4f mse %.5f l1 %.4f edge %.4f q %.4f train_psnr %.2f %.2f s/step" % (
-                step, lr_at(step - 1, a), m["loss"], m["mse"], m["l1"], m["edge"], m["q"], train_psnr, dt))
-            t_last, n_last, acc = time.time(), 0, {}
-        if step % a.ckpt_every == 0 or step == end or clock.ckpt_due():
-            saved = checkpoint()
-        if (step % a.eval_every == 0 and (step > a.ae_warmup or masks is not None)) or step == a.steps:
-            n = len(val) if step == a.steps else a.eval_images
-            t0 = time.time()
-            p, pm, nu, ppl = evaluate(model, val[:n], masks=masks)
-            log(logf, "EVAL step %d val_psnr %.2f dB (mean per image %.2f) on %d held-out images; codes used %d, perplexity %.0f (%.0f s)" % (
-                step, p, pm, n, nu, ppl, time.time() - t0))
-            with open(os.path.join(a.out, "psnr.csv"), "a") as f:
-                f.write("%d,%.3f,%.3f,%d\n" % (step, p, pm, nu))
-            if step % 1000 == 0 or step == a.steps:
-                save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": model.state_dict(), "step": step, "config": cfg})
-            t_last, n_last, acc = time.time(), 0, {}
-        if step < end and clock.out_of_time():
-            if saved != step:
-                saved = checkpoint()
-            log(logf, clock.stopped(step, end))
-            return EXIT_TIME_LIMIT
-    log(logf, "done at step %d" % step)
-    return 0
+    def checkpoint(step):
+        save(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                         "used": used, "config": cfg, "args": vars(a), "codebook_masks": masks})
+
+    def evaluate(step):
+        if not ((step % a.eval_every == 0 and (step > a.ae_warmup or masks is not None)) or step == a.steps):
+            return False
+        n = len(val) if step == a.steps else a.eval_images
+        t0 = time.time()
+        p, pm, nu, ppl = evaluate_held_out(model, val[:n], masks=masks)
+        log(logf, "EVAL step %d val_psnr %.2f dB (mean per image %.2f) on %d held-out images; codes used %d, perplexity %.0f (%.0f s)" % (
+            step, p, pm, n, nu, ppl, time.time() - t0))
+        with open(os.path.join(a.out, "psnr.csv"), "a") as f:
+            f.write("%d,%.3f,%.3f,%d\n" % (step, p, pm, nu))
+        if step % 1000 == 0 or step == a.steps:
+            save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": model.state_dict(), "step": step, "config": cfg})
+        return True
+
+    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
+    return train_loop(a, logf, opt, ck["step"] if ck else 0, end, train_step, checkpoint,
+                      describe_losses, a.log_every, a.ckpt_every, evaluate)
 
 
 if __name__ == "__main__":

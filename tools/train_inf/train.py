@@ -57,7 +57,7 @@ FULL = {"d": 16, "vae_base": 32, "vae_mult": [1, 2, 2], "vae_blocks": 1,
         "C": 192, "depth": 6, "H": 4, "text_channels": 128, "text_maxlen": 16,
         "t5": {"d_model": 128, "d_kv": 32, "num_heads": 4, "d_ff": 256, "num_layers": 2},
         "vae_steps": 3000, "vae_batch": 16, "vae_lr": 1e-3,
-        "lm_steps": 12000, "lm_batch": 32, "lm_lr": 6e-4}
+        "lm_steps": 12000, "lm_batch": 32, "lm_lr": 6e-4, "lm_mix": None}
 TINY = dict(FULL, d=8, vae_mult=[1, 1, 1], C=64, depth=2, H=2,
             t5={"d_model": 128, "d_kv": 32, "num_heads": 2, "d_ff": 128, "num_layers": 1},
             vae_steps=3, vae_batch=2, lm_steps=3, lm_batch=2)
@@ -73,8 +73,8 @@ def sample(seed, i, mix=None):
     return rec["caption"], np.asarray(Image.fromarray(img).reduce(S.SIZE // IMAGE))
 
 
-def batch(seed, step, n):
-    caps, imgs = zip(*(sample(seed, step * n + k) for k in range(n)))
+def batch(seed, step, n, mix=None):
+    caps, imgs = zip(*(sample(seed, step * n + k, mix) for k in range(n)))
     x = torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).float() / 127.5 - 1.0
     return list(caps), x
 
@@ -161,54 +161,50 @@ def make_lm(cfg, vocab_size):
 
 
 def run_stage(name, a, cfg, dev, modules, step_fn, steps, lr, seed):
-    """The training loop both stages share: AdamW, warm-up then cosine, checkpoint
-    OUT/name/ckpt.pt every 200 steps, on --ckpt-minutes and at --max-minutes."""
+    """A stage's run of train_util.train_loop: AdamW, warm-up then cosine, OUT/name/ckpt.pt
+    (resumed from whenever it exists) every 200 steps, on --ckpt-minutes and at --max-minutes.
+    step_fn(step, seed) -> (loss, the step's scalars to log)."""
     out = os.path.join(a.out, name)
     os.makedirs(out, exist_ok=True)
     logf, ckpt = os.path.join(out, "train.log"), os.path.join(out, "ckpt.pt")
-    params = [p for m in modules for p in m.parameters()]
+    params = [p for m in modules for p in m.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    step = 0
-    if os.path.exists(ckpt):
-        ck = torch.load(ckpt, map_location="cpu", weights_only=False)
+    # A stage continues under a longer schedule (--set lm_steps=...): no config check.
+    ck = U.resume(ckpt, logf, opt, cfg, same=lambda ck: True)
+    if ck:
         for m, sd in zip(modules, ck["models"]):
             m.load_state_dict(sd)
-        opt.load_state_dict(ck["opt"])
-        step = ck["step"]
+    step = ck["step"] if ck else 0
     if step >= steps:
         return 0
-    sched = argparse.Namespace(lr=lr, warmup=min(100, steps // 10 + 1), steps=steps, min_lr_frac=0.05)
-    clock = U.WallClock(a.max_minutes, a.ckpt_minutes)
+    sched = argparse.Namespace(lr=lr, warmup=min(100, steps // 10 + 1), steps=steps, min_lr_frac=0.05,
+                               max_minutes=a.max_minutes, ckpt_minutes=a.ckpt_minutes)
     U.log(logf, "%s from step %d of %d on %s" % (name, step, steps, U.describe_device(dev)))
 
-    def save():
-        U.save(ckpt, {"models": [m.state_dict() for m in modules], "opt": opt.state_dict(),
-                      "step": step, "config": cfg})
-        clock.checkpointed()
-
-    while step < steps:
-        for g in opt.param_groups:
-            g["lr"] = U.lr_at(step, sched)
+    def train_step(step):
         with U.autocast(dev):
-            loss, msg = step_fn(step, seed)
+            loss, scalars = step_fn(step, seed)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        step += 1
-        if step % 20 == 0 or step == steps:
-            U.log(logf, "step %d lr %.2e %s" % (step, U.lr_at(step, sched), msg))
-        if step % 200 == 0 or step == steps or clock.ckpt_due():
-            save()
-        if clock.out_of_time() and step < steps:
-            save()
-            U.log(logf, clock.stopped(step, steps, again=AGAIN))
-            return U.EXIT_TIME_LIMIT
-    return 0
+        return scalars
+
+    def checkpoint(step):
+        U.save(ckpt, {"models": [m.state_dict() for m in modules], "opt": opt.state_dict(),
+                      "step": step, "config": cfg})
+
+    describe = lambda m: " ".join("%s %.4f" % kv for kv in m.items())  # noqa: E731
+    return U.train_loop(sched, logf, opt, step, steps, train_step, checkpoint, describe, 20, 200,
+                        again=AGAIN)
 
 
 def stage_vae(a, cfg, dev):
-    vae = BSQVAE(cfg).to(dev)
+    vae = BSQVAE(cfg)
+    if a.init:  # the exported decoder, held: the encoder learns to write the bits it reads
+        load_exported(a.init, cfg, decoder=vae.decoder)
+        vae.decoder.requires_grad_(False)
+    vae = vae.to(dev)
 
     def step_fn(step, seed):
         _, x = batch(seed, step, cfg["vae_batch"])
@@ -218,7 +214,7 @@ def stage_vae(a, cfg, dev):
         commit = F.mse_loss(z.float(), f_hat.float().detach())
         loss = mse + F.l1_loss(rec.float(), x) + 0.25 * commit
         psnr = 10 * torch.log10(4.0 / mse.detach().clamp_min(1e-10))
-        return loss, "loss %.4f psnr %.2f commit %.4f" % (loss.item(), psnr.item(), commit.item())
+        return loss, {"loss": loss.item(), "psnr": psnr.item(), "commit": commit.item()}
 
     return run_stage("vae", a, cfg, dev, [vae], step_fn, cfg["vae_steps"], cfg["vae_lr"], seed=1)
 
@@ -234,11 +230,13 @@ def stage_lm(a, cfg, dev):
     vae = load_vae(a, cfg, dev)
     vocab = tokenizer_json()["model"]["vocab"]
     t5, net = make_lm(cfg, len(vocab))
+    if a.init:
+        load_exported(a.init, cfg, t5=t5, net=net)
     t5, net = t5.to(dev), net.to(dev)
     gen = torch.Generator().manual_seed(5)
 
     def step_fn(step, seed):
-        caps, x = batch(seed, step, cfg["lm_batch"])
+        caps, x = batch(seed, step, cfg["lm_batch"], cfg["lm_mix"])
         with torch.no_grad():
             bits, _ = vae.quantize(vae.encoder(x.to(dev)))
         ids = [encode(vocab, c)[:cfg["text_maxlen"]] for c in caps]
@@ -254,9 +252,84 @@ def stage_lm(a, cfg, dev):
         logits = net(feats, mask, inputs.to(feats.dtype), SCHEDULE, ROPE_GRID)
         loss = F.cross_entropy(logits.float().reshape(-1, 2), bits.reshape(-1))
         acc = (logits.argmax(-1) == bits).float().mean()
-        return loss, "loss %.4f bit acc %.4f" % (loss.item(), acc.item())
+        return loss, {"loss": loss.item(), "bit_acc": acc.item()}
 
     return run_stage("lm", a, cfg, dev, [t5, net], step_fn, cfg["lm_steps"], cfg["lm_lr"], seed=3)
+
+
+def released(t5, net, vae_decoder, vae_encoder=None):
+    """The modules' tensors under the released checkpoints' names: (infinity.pth's,
+    vae.pth's, the T5 folder's config and weights)."""
+    vsd = {"decoder." + k: v for k, v in vae_decoder.state_dict().items()}
+    if vae_encoder is not None:
+        vsd.update({"encoder." + k: v for k, v in vae_encoder.state_dict().items()})
+    return net.state_dict(), vsd, t5.config.to_dict(), t5.state_dict()
+
+
+def load_exported(model_dir, cfg, t5=None, net=None, decoder=None):
+    """Loads an exported arserve model (what `export` wrote, e.g. models/shapes-inf) back
+    into the modules given, which must have its sizes (--set them as it was trained). Where
+    each stored element came from is read off the converter itself: it is run on copies of
+    the modules' released tensors filled with distinct element numbers, so the stored
+    tensor under each name holds the numbers of the elements it took (renames, reshapes
+    and any reordering alike)."""
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, os.path.join(ROOT, "tools", "convert"))
+    import infinity as conv  # tools/convert/infinity.py
+
+    stored = {}
+    for f in sorted(os.listdir(model_dir)):
+        if f.endswith(".safetensors"):
+            stored.update(load_file(os.path.join(model_dir, f)))
+    if not stored:
+        sys.exit("--init %s: no *.safetensors there (an exported model directory?)" % model_dir)
+    stub_t5, stub_net = make_lm(cfg, len(tokenizer_json()["model"]["vocab"]))
+    stub_dec = BSQVAE(cfg).decoder
+    inf_sd, vae_sd, t5_cfg, t5_sd = released(t5 or stub_t5, net or stub_net, decoder or stub_dec)
+    params = {p.data_ptr() for m in (t5 or stub_t5, net or stub_net, decoder or stub_dec)
+              for p in m.parameters()}
+    origin, next_id, numbered = {}, 0, {}
+    for group, sd in (("inf", inf_sd), ("vae", vae_sd), ("t5", t5_sd)):
+        numbered[group] = {}
+        for k, v in sd.items():
+            if v.data_ptr() not in params:  # buffers (masks, zero biases) keep their values
+                numbered[group][k] = v.detach().double().numpy()
+                continue
+            key = (v.data_ptr(), v.shape)  # tied tensors (T5's embeddings) share their numbers
+            if key not in origin:
+                origin[key] = (group, k, next_id)
+                next_id += v.numel()
+            base = origin[key][2]
+            numbered[group][k] = np.arange(base, base + v.numel(), dtype=np.float64).reshape(v.shape)
+    where = "the modules' released tensors"
+    _, it = conv.convert_infinity(numbered["inf"], where)
+    _, qt = conv.convert_vae(numbered["vae"], where)
+    _, tt, _ = conv.convert_t5(t5_cfg, numbered["t5"], where)
+    mapped = {**it, **qt, **tt}
+    flat = {(g, k): torch.zeros(n, dtype=torch.float64) for (_, shape), (g, k, _) in origin.items()
+            for n in [int(np.prod(shape))]}
+    starts = sorted((b, g, k) for (_, _), (g, k, b) in origin.items())
+    ids = [b for b, _, _ in starts]
+    for name, idx in mapped.items():
+        if name not in stored:
+            sys.exit("--init %s: no tensor %r (the sizes --set differ from the model's?)" % (model_dir, name))
+        val = stored[name].double().reshape(-1)
+        idx = np.asarray(idx, dtype=np.float64).reshape(-1).astype(np.int64)
+        if val.numel() != idx.size:
+            sys.exit("--init %s: %r holds %d values, these sizes give %d (set the sizes it was "
+                     "trained with)" % (model_dir, name, val.numel(), idx.size))
+        src = np.searchsorted(ids, idx, side="right") - 1
+        for j in np.unique(src):
+            _, g, k = starts[j]
+            sel = src == j
+            flat[(g, k)][torch.from_numpy(idx[sel] - ids[j])] = val[torch.from_numpy(sel)]
+    for g, sd, mod in (("inf", inf_sd, net), ("vae", vae_sd, decoder), ("t5", t5_sd, t5)):
+        if mod is None:
+            continue
+        prefix = "decoder." if g == "vae" else ""
+        mod.load_state_dict({k[len(prefix):]: flat[origin[(v.data_ptr(), v.shape)][:2]].reshape(v.shape).to(v.dtype)
+                             for k, v in sd.items() if v.data_ptr() in params}, strict=False)
 
 
 def stage_export(a, cfg):
@@ -268,12 +341,11 @@ def stage_export(a, cfg):
     ck = torch.load(os.path.join(a.out, "lm", "ckpt.pt"), map_location="cpu", weights_only=False)
     t5.load_state_dict(ck["models"][0])
     net.load_state_dict(ck["models"][1])
+    inf_sd, vsd, _, _ = released(t5, net, vae.decoder, vae.encoder)
     # Matrices as F16, as released; vectors F32 holding F16 values: the converter's --dtype f16
     # stores every tensor in F16, so these files are exactly what arserve runs.
     half = lambda sd: {k: (v.half() if v.dim() >= 2 else v.half().float()) for k, v in sd.items()}  # noqa: E731
-    torch.save(half(net.state_dict()), os.path.join(off, "infinity.pth"))
-    vsd = {"decoder." + k: v for k, v in vae.decoder.state_dict().items()}
-    vsd.update({"encoder." + k: v for k, v in vae.encoder.state_dict().items()})
+    torch.save(half(inf_sd), os.path.join(off, "infinity.pth"))
     torch.save({"vae": half(vsd)}, os.path.join(off, "vae.pth"))
     t5.half().save_pretrained(os.path.join(off, "t5"))
     with open(os.path.join(off, "t5", "tokenizer.json"), "w") as f:
@@ -293,6 +365,10 @@ def main(argv=None):
     ap.add_argument("--tiny", action="store_true", help="the test's sizes: seconds on a CPU")
     ap.add_argument("--name", default="shapes-inf")
     ap.add_argument("--stages", default="vae,lm,export")
+    ap.add_argument("--init", metavar="MODEL_DIR",
+                    help="start from an exported model (its sizes --set as trained): the lm "
+                         "stage from its T5 and transformer, the vae stage trains an encoder "
+                         "for its decoder, which stays fixed; give it again to continue")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                     help="override a size or step count, e.g. --set lm_steps=20000")
     U.add_run_args(ap, again=AGAIN)
@@ -304,6 +380,14 @@ def main(argv=None):
         if k not in cfg:
             ap.error("--set %s: no such setting (%s)" % (k, ", ".join(sorted(cfg))))
         cfg[k] = json.loads(v)
+    if cfg["lm_mix"] is not None:
+        try:
+            S.mix_thresholds(cfg["lm_mix"])
+        except (ValueError, AttributeError) as e:
+            ap.error("--set lm_mix=%s: %s (a JSON object of caption kinds' weights)"
+                     % (json.dumps(cfg["lm_mix"]), e))
+    if a.init and not os.path.isdir(a.init):
+        ap.error("--init %s: not a directory" % a.init)
     stages = a.stages.split(",")
     bad = [s for s in stages if s not in ("vae", "lm", "export")]
     if bad:

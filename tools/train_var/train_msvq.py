@@ -76,18 +76,12 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 import data  # noqa: E402
 from msvq import DEFAULT_CFG, MSVQ, down_to, impose_reference, init_reference, to_model_input, to_u8, up_to  # noqa: E402
-from train_util import (EXIT_TIME_LIMIT, WallClock, add_run_args, autocast, check_run_args,  # noqa: E402
-                        describe_device, log, lr_at, pick_device, save)
-
-
-def edge_loss(out, x):
-    dxo, dxx = out[..., :, 1:] - out[..., :, :-1], x[..., :, 1:] - x[..., :, :-1]
-    dyo, dyx = out[..., 1:, :] - out[..., :-1, :], x[..., 1:, :] - x[..., :-1, :]
-    return (dxo - dxx).abs().mean() + (dyo - dyx).abs().mean()
+from train_util import (add_run_args, autocast, check_run_args, describe_device,  # noqa: E402
+                        describe_losses, edge_loss, log, pick_device, resume, save, train_loop)
 
 
 @torch.no_grad()
-def evaluate(model, val, bs=32):
+def evaluate_held_out(model, val, bs=32):
     """(PSNR of the pooled MSE, mean per-image PSNR, codes used per scale)."""
     model.eval()
     dev = model.codebook.weight.device
@@ -164,16 +158,11 @@ def main(argv=None):
     model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
     K = cfg["codebook_size"]
-    step = 0
     used = torch.zeros(K, dtype=torch.long, device=dev)
-    if a.resume and os.path.exists(ckpt_path):
-        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if ck["config"] != cfg:
-            sys.exit("checkpoint config %r differs from %r" % (ck["config"], cfg))
+    ck = resume(ckpt_path, logf, opt, cfg) if a.resume else None
+    if ck:
         model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step, used = ck["step"], ck["used"].to(dev)
-        log(logf, "resumed from %s at step %d" % (ckpt_path, step))
+        used = ck["used"].to(dev)
     else:
         log(logf, "start: args %s" % json.dumps(vars(a)))
         log(logf, "config %s" % json.dumps(cfg))
@@ -183,20 +172,8 @@ def main(argv=None):
         with open(os.path.join(a.out, "psnr.csv"), "w") as f:
             f.write("step,val_psnr,val_psnr_mean_per_image,codes_used\n")
     log(logf, "device %s" % describe_device(dev))
-    clock = WallClock(a.max_minutes, a.ckpt_minutes)
 
-    def checkpoint():
-        save(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                         "used": used, "config": cfg, "args": vars(a)})
-        clock.checkpointed()
-        return step
-
-    saved = step
-    t_last, n_last, acc = time.time(), 0, {}
-    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
-    while step < end:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, a)
+    def train_step(step):
         _, u8 = data.make_set(a.seed, a.batch, start=step * a.batch, size=cfg["image_size"])
         x = to_model_input(u8).to(dev)
         quantising = step >= a.ae_warmup
@@ -216,12 +193,8 @@ def main(argv=None):
         impose_reference(model.decoder, a.ref_value)
         if quantising:
             for idx in idxs:
-                used += torch.bincount(idx.flatten(), minlength=K)
+                used.add_(torch.bincount(idx.flatten(), minlength=K))
         step += 1
-        for k, v in (("loss", loss), ("mse", mse), ("l1", l1), ("edge", el), ("q", qloss)):
-            acc[k] = acc.get(k, 0.0) + float(v.detach())
-        n_last += 1
-
         if quantising and a.restart_every and (step - a.ae_warmup) % a.restart_every == 0 and step < 0.7 * a.steps:
             dead = (used == 0).nonzero().flatten()
             if len(dead):
@@ -233,33 +206,28 @@ def main(argv=None):
                     model.codebook.weight[dead] = pool[pick] + 0.01 * noise
             log(logf, "step %d: %d of %d codes unused in the last %d steps, restarted" % (step, len(dead), K, a.restart_every))
             used.zero_()
+        return {k: float(v.detach()) for k, v in (("loss", loss), ("mse", mse), ("l1", l1), ("edge", el), ("q", qloss))}
 
-        if step % a.log_every == 0:
-            dt = (time.time() - t_last) / n_last
-            m = {k: v / n_last for k, v in acc.items()}
-            log(logf, "step %d lr %.2e loss %.4f mse %.5f l1 %.4f edge %.4f q %.4f train_psnr %.2f %.2f s/step" % (
-                step, lr_at(step - 1, a), m["loss"], m["mse"], m["l1"], m["edge"], m["q"],
-                10 * math.log10(4.0 / max(m["mse"], 1e-12)), dt))
-            t_last, n_last, acc = time.time(), 0, {}
-        if step % a.ckpt_every == 0 or step == end or clock.ckpt_due():
-            saved = checkpoint()
-        if (step % a.eval_every == 0 and step > a.ae_warmup) or step == a.steps:
-            n = a.final_eval_images if step == a.steps else a.eval_images
-            t0 = time.time()
-            p, pm, per_scale, nu = evaluate(model, val[:n])
-            log(logf, "EVAL step %d val_psnr %.2f dB (mean per image %.2f) on %d held-out images; codes used %d (per scale %s) (%.0f s)" % (
-                step, p, pm, n, nu, per_scale, time.time() - t0))
-            with open(os.path.join(a.out, "psnr.csv"), "a") as f:
-                f.write("%d,%.3f,%.3f,%d\n" % (step, p, pm, nu))
-            save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": model.state_dict(), "step": step, "config": cfg})
-            t_last, n_last, acc = time.time(), 0, {}
-        if step < end and clock.out_of_time():
-            if saved != step:
-                saved = checkpoint()
-            log(logf, clock.stopped(step, end))
-            return EXIT_TIME_LIMIT
-    log(logf, "done at step %d" % step)
-    return 0
+    def checkpoint(step):
+        save(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                         "used": used, "config": cfg, "args": vars(a)})
+
+    def evaluate(step):
+        if not ((step % a.eval_every == 0 and step > a.ae_warmup) or step == a.steps):
+            return False
+        n = a.final_eval_images if step == a.steps else a.eval_images
+        t0 = time.time()
+        p, pm, per_scale, nu = evaluate_held_out(model, val[:n])
+        log(logf, "EVAL step %d val_psnr %.2f dB (mean per image %.2f) on %d held-out images; codes used %d (per scale %s) (%.0f s)" % (
+            step, p, pm, n, nu, per_scale, time.time() - t0))
+        with open(os.path.join(a.out, "psnr.csv"), "a") as f:
+            f.write("%d,%.3f,%.3f,%d\n" % (step, p, pm, nu))
+        save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": model.state_dict(), "step": step, "config": cfg})
+        return True
+
+    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
+    return train_loop(a, logf, opt, ck["step"] if ck else 0, end, train_step, checkpoint,
+                      describe_losses, a.log_every, a.ckpt_every, evaluate)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ first-scale accuracy every --eval-every steps in OUT/val.csv.
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -60,8 +59,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 import data  # noqa: E402
 from msvq import MSVQ, to_model_input  # noqa: E402
-from train_util import (EXIT_TIME_LIMIT, WallClock, add_run_args, autocast, check_run_args,  # noqa: E402
-                        describe_device, log, lr_at, pick_device, save)
+from train_util import (add_run_args, autocast, check_run_args, describe_device, log,  # noqa: E402
+                        pick_device, resume, save, train_loop)
 from var_model import VAR, next_scale_inputs  # noqa: E402
 
 DEFAULT_CFG = {"width": 256, "heads": 4, "depth": 6, "ffn": 1024}
@@ -128,7 +127,7 @@ def batch_loss(var, vq, labels, codes, cond_drop=0.0, gen=None, amp=False):
 
 
 @torch.no_grad()
-def evaluate(var, vq, labels, codes, bs=64):
+def evaluate_held_out(var, vq, labels, codes, bs=64):
     var.eval()
     ces, acc0 = [], []
     for s in range(0, len(labels), bs):
@@ -193,15 +192,9 @@ def main(argv=None):
     other = [p for n, p in var.named_parameters() if not decays(n, p)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": other, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95))
-    step = 0
-    if a.resume and os.path.exists(ckpt_path):
-        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if ck["config"] != cfg:
-            sys.exit("checkpoint config %r differs from %r" % (ck["config"], cfg))
+    ck = resume(ckpt_path, logf, opt, cfg) if a.resume else None
+    if ck:
         var.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step = ck["step"]
-        log(logf, "resumed from %s at step %d" % (ckpt_path, step))
     else:
         log(logf, "start: args %s" % json.dumps(vars(a)))
         log(logf, "config %s" % json.dumps(cfg))
@@ -210,20 +203,8 @@ def main(argv=None):
         with open(os.path.join(a.out, "val.csv"), "w") as f:
             f.write("step,val_loss,%s,first_token_acc\n" % ",".join("loss_s%d" % p for p in vq.scales))
     log(logf, "device %s" % describe_device(dev))
-    clock = WallClock(a.max_minutes, a.ckpt_minutes)
 
-    def checkpoint():
-        save(ckpt_path, {"model": var.state_dict(), "opt": opt.state_dict(), "step": step,
-                         "config": cfg, "args": vars(a), "vq": os.path.abspath(a.vq)})
-        clock.checkpointed()
-        return step
-
-    saved = step
-    t_last, n_last, acc = time.time(), 0, 0.0
-    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
-    while step < end:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, a)
+    def train_step(step):
         rng = np.random.default_rng([a.seed, step])
         pick = rng.integers(0, len(tr_lab), a.batch)
         gen = torch.Generator().manual_seed(a.seed * 1000003 + step)
@@ -233,33 +214,28 @@ def main(argv=None):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(var.parameters(), a.clip)
         opt.step()
-        step += 1
-        acc += float(loss.detach())
-        n_last += 1
-        if step % a.log_every == 0:
-            log(logf, "step %d lr %.2e loss %.4f %.2f s/step" % (step, lr_at(step - 1, a), acc / n_last,
-                                                                 (time.time() - t_last) / n_last))
-            t_last, n_last, acc = time.time(), 0, 0.0
-        if step % a.ckpt_every == 0 or step == end or clock.ckpt_due():
-            saved = checkpoint()
-        if step % a.eval_every == 0 or step == end:
-            t0 = time.time()
-            vl, per, a0 = evaluate(var, vq, va_lab, va_codes)
-            log(logf, "EVAL step %d val_loss %.4f per scale %s first-token acc %.3f (%.0f s)" % (
-                step, vl, " ".join("%.3f" % v for v in per), a0, time.time() - t0))
-            with open(os.path.join(a.out, "val.csv"), "a") as f:
-                f.write("%d,%.4f,%s,%.4f\n" % (step, vl, ",".join("%.4f" % v for v in per), a0))
-            if step % 500 == 0:
-                save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": var.state_dict(), "step": step, "config": cfg})
-            t_last, n_last = time.time(), 0
-            acc = 0.0
-        if step < end and clock.out_of_time():
-            if saved != step:
-                saved = checkpoint()
-            log(logf, clock.stopped(step, end))
-            return EXIT_TIME_LIMIT
-    log(logf, "done at step %d" % step)
-    return 0
+        return {"loss": float(loss.detach())}
+
+    def checkpoint(step):
+        save(ckpt_path, {"model": var.state_dict(), "opt": opt.state_dict(), "step": step,
+                         "config": cfg, "args": vars(a), "vq": os.path.abspath(a.vq)})
+
+    def evaluate(step):
+        if step % a.eval_every and step != end:
+            return False
+        t0 = time.time()
+        vl, per, a0 = evaluate_held_out(var, vq, va_lab, va_codes)
+        log(logf, "EVAL step %d val_loss %.4f per scale %s first-token acc %.3f (%.0f s)" % (
+            step, vl, " ".join("%.3f" % v for v in per), a0, time.time() - t0))
+        with open(os.path.join(a.out, "val.csv"), "a") as f:
+            f.write("%d,%.4f,%s,%.4f\n" % (step, vl, ",".join("%.4f" % v for v in per), a0))
+        if step % 500 == 0:
+            save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": var.state_dict(), "step": step, "config": cfg})
+        return True
+
+    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
+    return train_loop(a, logf, opt, ck["step"] if ck else 0, end, train_step, checkpoint,
+                      lambda m: "loss %.4f" % m["loss"], a.log_every, a.ckpt_every, evaluate)
 
 
 if __name__ == "__main__":
