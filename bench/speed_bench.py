@@ -6,9 +6,9 @@
 
 For every model and thread count, --rounds times in turn: build/speed_bench (the engine
 in-process, bench/speed_bench.c) and the same workload in torch (this script with
---torch-worker: tools/train/lm_model.py's JanusLM.generate, a KV cache, CFG, the model's
+--torch-worker: tools/train/raster/lm_model.py's JanusLM.generate, a KV cache, CFG, the model's
 sampling (temperature, top-k and top-p in engine/sampler.c's order), then the VQ decoder of
-tools/train/vq_model.py, all on the model directory's weights as fp32). Each process runs
+tools/train/raster/vq_model.py, all on the model directory's weights as fp32). Each process runs
 waves of 1 and of --batch images of one prompt, alternating --reps times, and reports
 median images/s, the median decode step (a step after the prompt's) and the VQ decode per
 image; this script reads each process's peak RSS from the kernel (wait4). The table prints
@@ -54,7 +54,7 @@ def torch_models(model_dir):
     import torch.nn as nn
     import torch.nn.functional as F
 
-    sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
+    sys.path.insert(0, os.path.join(ROOT, "tools", "train", "raster"))
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import safetensors_write
     from check_lm_engine import as_f32

@@ -1,4 +1,4 @@
-"""The torch side of `make bench` samples as the engine does: tools/train/lm_model.py's
+"""The torch side of `make bench` samples as the engine does: tools/train/raster/lm_model.py's
 sample_next against the rules engine/sampler.h states for sampler_next (greedy cases, top-k
 on the logits, then softmax at the temperature, then top-p over what top-k kept, at least
 one token). The draws are torch's, so the checks are on which tokens can come out and, over
@@ -14,7 +14,7 @@ import sys
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "train", "raster"))
 from lm_model import sample_next  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -1,11 +1,11 @@
-"""tools/train_inf/model.py (the Infinity architecture the shapes-inf demo trains) against the
+"""tools/train/inf/model.py (the Infinity architecture the shapes-inf demo trains) against the
 official code's outputs in tests/golden/infinity_tiny: with the folder's released-format
 weights loaded by name (strict), the teacher-forced logits of both CFG rows at 1:1 and at
 h/w 0.5, the next-scale inputs and latents from the bits, the decoded image and the T5
-encoder's output. Then tools/train_inf/train.py at its --tiny size: every stage, a second run
+encoder's output. Then tools/train/inf/train.py at its --tiny size: every stage, a second run
 with more steps continuing from the checkpoints, the export converted, and (given the arserve
 binary) arserve's engine on the converted directory giving torch's teacher-forced logits
-(tools/train_inf/check_engine.py) and drawing an image. Needs torch and transformers, so it runs under
+(tools/train/inf/check_engine.py) and drawing an image. Needs torch and transformers, so it runs under
 the bench venv:
 
     .venv-bench/bin/python tests/python/test_train_inf.py [build/arserve]
@@ -36,7 +36,7 @@ LOGIT_TOL = 1e-4
 
 
 def _setup():
-    sys.path.insert(0, os.path.join(ROOT, "tools", "train_inf"))
+    sys.path.insert(0, os.path.join(ROOT, "tools", "train", "inf"))
     import model as M
     from safetensors.numpy import load_file
 
@@ -164,7 +164,7 @@ def test_tiny_training_to_a_model_arserve_serves(tmp_path=None):
     import contextlib
     import io
 
-    sys.path.insert(0, os.path.join(ROOT, "tools", "train_inf"))
+    sys.path.insert(0, os.path.join(ROOT, "tools", "train", "inf"))
     import train
     import train_util as U
 
@@ -181,6 +181,11 @@ def test_tiny_training_to_a_model_arserve_serves(tmp_path=None):
         assert train.main(args + ["--set", "lm_steps=4"]) == 0
     assert "lm from step 3 of 4" in said.getvalue(), said.getvalue()  # continued, not restarted
     assert "vae from step" not in said.getvalue()  # the finished stage is not run again
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import train_fingerprints
+
+    bad = train_fingerprints.differences("tiny-inf", os.path.join(out, "model"))
+    assert not bad, "not the weights recorded before the shared loop: %s" % "; ".join(bad[:4])
     with open(os.path.join(out, "model", "arserve.json")) as f:
         manifest = json.load(f)
     assert manifest["architecture"] == "infinity" and manifest["image"]["default_size"] == "64x64"

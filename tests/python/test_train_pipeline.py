@@ -31,6 +31,7 @@ except ImportError:
     pytest.skip(REASON, allow_module_level=True)
 
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # train_fingerprints
 import numpy as np  # noqa: E402
 import pipeline  # noqa: E402
 import tokenize_shapes  # noqa: E402
@@ -155,6 +156,15 @@ def check_stopped_then_resumed(out, stage, model, tail, extra=()):
         assert os.path.getsize(os.path.join(out, "model", name)) > 0, name
 
 
+def as_recorded(name, model_dir):
+    """The tiny run exported the weights recorded before the families shared one loop
+    (tests/python/train_fingerprints.py)."""
+    import train_fingerprints
+
+    bad = train_fingerprints.differences(name, model_dir)
+    assert not bad, "%s: not the recorded weights: %s" % (name, "; ".join(bad[:4]))
+
+
 def test_tiny_shapes_pipeline_stops_and_resumes_to_the_same_model():
     tmp = tempfile.mkdtemp(prefix="train-pipeline-")
     try:
@@ -164,6 +174,7 @@ def test_tiny_shapes_pipeline_stops_and_resumes_to_the_same_model():
         for stage in ("data", "codebook", "vq", "tokens", "lm", "export"):
             assert "== %s:" % stage in log, stage
         draws_with_arserve(os.path.join(ref, "model"))
+        as_recorded("tiny-shapes", os.path.join(ref, "model"))
         tokens_from_the_codebook_alone(ref, os.path.join(tmp, "tokens-cb.npz"))
         checkpoints_by_wall_time(ref, os.path.join(tmp, "lm-timed"))
         # The stopped run encodes with the code book in 2 processes: the same tokens.
@@ -196,6 +207,7 @@ def test_tiny_var_pipeline_stops_and_resumes_to_the_same_model():
         rc, log = run(["--model", "shapes-var", "--tiny", "--out", ref])
         assert rc == 0, (rc, log[-2000:])
         draws_with_arserve(os.path.join(ref, "model"))
+        as_recorded("tiny-var", os.path.join(ref, "model"))
         check_stopped_then_resumed(out, "msvq", "shapes-var",
                                    ["arserve.json", "classes.txt", "model-00001-of-00001.safetensors"])
         for stage in ("msvq", "var"):

@@ -23,7 +23,7 @@
 
 /* Absolute tolerance on logits: 1e-4 for the tiny golden model (logits of a few
  * units). ARSERVE_GOLDEN_LOGIT_TOL overrides it for golden data of other models
- * (tools/train/check_lm_engine.py scales it with the logits' magnitude). */
+ * (tools/train/raster/check_lm_engine.py scales it with the logits' magnitude). */
 static double logit_tol(void) {
     const char *s = getenv("ARSERVE_GOLDEN_LOGIT_TOL");
     double t = s ? strtod(s, NULL) : 0;
@@ -570,7 +570,7 @@ int main(void) {
     TEST_RUN(test_greedy_full_policy_through_pool_matches);
     /* The 16- and 8-bit bounds were measured on the Janus tiny model's
      * logits, and the bf16 goldens are its own: another model's golden
-     * directory (tools/train/check_lm_engine.py) is held to fp32 only. */
+     * directory (tools/train/raster/check_lm_engine.py) is held to fp32 only. */
     if (!getenv("ARSERVE_GOLDEN_DIR")) {
         TEST_RUN(test_16_and_8_bit_kv_keep_the_reference);
         TEST_RUN(test_fp8_scales_from_calibration_bring_the_logits_closer);

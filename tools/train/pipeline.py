@@ -7,18 +7,18 @@ nothing is downloaded, the data are drawn here (tools/shapes).
     python3 tools/train/pipeline.py --model shapes-var --out build/train-pipeline/shapes-var
     python3 tools/train/pipeline.py --model shapes --tiny         (seconds on a CPU: the test's)
 
-Stages of --model shapes (models/shapes, tools/train/README.md sections 1, 2b, 4b, 5b, 6):
+Stages of --model shapes (models/shapes, tools/train/raster/README.md sections 1, 2b, 4b, 5b, 6):
   data      OUT/data/train (20,000 scenes, seed 1), OUT/data/val (512, seed 2)
   codebook  OUT/codebook.npz (65 coverage masks from 2,000 scenes, seed 1: 521 codes)
   vq        train_vq.py --codebook: the code embeddings and the decoder, 3,000 steps -> OUT/vq
   tokens    tokenize_shapes.py -> OUT/tokens-train.npz, OUT/tokens-val.npz
   lm        train_lm.py, 7,000 steps of batch 16 -> OUT/lm
   export    export_vq.py and export_lm.py (--cfg 1.5 --top-k 20) -> OUT/model
-Stages of --model shapes-var (models/shapes-var, tools/train_var/README.md; its samples are
+Stages of --model shapes-var (models/shapes-var, tools/train/var/README.md; its samples are
 drawn from seeded streams as it trains, so it needs no data stage):
   msvq      train_msvq.py (1,024 codes), 4,000 steps of batch 16 -> OUT/msvq
   var       train_var.py (depth 5, shared AdaLN), 3,000 steps of batch 32 on 32,000 samples -> OUT/var
-  export    tools/train_var/export.py (--cfg 3) -> OUT/model
+  export    tools/train/var/export.py (--cfg 3) -> OUT/model
 
 The hyper-parameters are those of the shipped models. Training stages resume from their
 OUT/STAGE/ckpt.pt (every --ckpt-minutes of wall time besides their own step-based saves);
@@ -48,7 +48,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-for p in (HERE, os.path.join(ROOT, "tools", "train_var"), os.path.join(ROOT, "tools"), ROOT):
+for p in (HERE, os.path.join(HERE, "raster"), os.path.join(HERE, "var"), os.path.join(ROOT, "tools"), ROOT):
     if p not in sys.path:
         sys.path.insert(0, p)
 

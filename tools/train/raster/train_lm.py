@@ -2,10 +2,10 @@
 """Trains the language model of the shapes demo model on VQ token grids.
 
 Exact command that made models/shapes/lm.safetensors (from the repository root, after the
-code book's decoder, train_vq.py --codebook, and tokenize_shapes.py; tools/train/README.md,
+code book's decoder, train_vq.py --codebook, and tokenize_shapes.py; tools/train/raster/README.md,
 sections 2b to 5b):
 
-    OMP_NUM_THREADS=2 nice -n 5 python tools/train/train_lm.py \\
+    OMP_NUM_THREADS=2 nice -n 5 python tools/train/raster/train_lm.py \\
         --tokens build/shapes/train/tokens-cb65.npz --val-tokens build/shapes/val/tokens-cb65.npz \\
         --out build/train/lm-cb65 --seed 1 --steps 7000 --batch 16 --threads 2 \\
         --codebook-size 521 --resume
@@ -38,8 +38,9 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tools/train: train_util
 sys.path.insert(0, ROOT)
 from lm_model import DEFAULT_IMAGE, DEFAULT_LLM, JanusLM  # noqa: E402
 from train_util import (add_run_args, autocast, check_run_args, describe_device, log,  # noqa: E402

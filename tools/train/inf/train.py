@@ -3,8 +3,8 @@
 the next-scale bitwise transformer, a BSQ-VAE) on the shapes world's captions at 64 px, every
 stage resumable, and writes an arserve model directory through tools/convert/infinity.py.
 
-    python3 tools/train_inf/train.py --out build/train-inf              (the demo's sizes)
-    python3 tools/train_inf/train.py --out /tmp/ti --tiny               (seconds: the test's)
+    python3 tools/train/inf/train.py --out build/train-inf              (the demo's sizes)
+    python3 tools/train/inf/train.py --out /tmp/ti --tiny               (seconds: the test's)
 
 Stages, in order (the same command continues where the last run stopped):
   vae     OUT/vae: the BSQ-VAE (encoder, multi-scale bitwise quantiser, decoder) on rendered
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 for p in (HERE, os.path.join(ROOT, "tools", "train"), ROOT):
     if p not in sys.path:
         sys.path.insert(0, p)

@@ -4,7 +4,7 @@ Decoder: exactly the decoder arserve's `msvq` decoder runs: f_hat (Cvae, n, n) -
 post_quant_conv 3x3 (Cvae -> Cvae) -> the VQ-16 decoder body of engine/family/vq_decoder.c
 (conv_in, mid block_1 / attn_1 / block_2, levels coarsest first with num_res_blocks + 1
 ResNet blocks, attention after every block of level 0 only, nearest 2x + 3x3 conv between
-levels, GroupNorm(32, eps 1e-6) + SiLU + conv_out). The body is tools/train/vq_model.py's
+levels, GroupNorm(32, eps 1e-6) + SiLU + conv_out). The body is tools/train/raster/vq_model.py's
 Decoder (the one the raster demo model ships), module names = tensor names after `vq.`.
 
 Encoder (checkpoint only, not part of the model directory): 4x4 stride-2 conv 3 -> 64,
@@ -31,8 +31,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.join(ROOT, "tools", "train", "raster"))
 from vq_model import AttnBlock, Decoder, ResBlock, init_reference_channels, norm, to_model_input, to_u8  # noqa: E402,F401
 
 DEFAULT_CFG = {

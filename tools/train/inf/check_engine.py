@@ -4,7 +4,7 @@ F16 matrices) loaded into model.py and T5, and arserve's engine on the converted
 (OUT/model), teacher-forced on the same random bits for a few captions; the logits of both CFG
 rows (the caption's and the learned unconditional rows) at every scale must agree.
 
-    python3 tools/train_inf/check_engine.py --out build/train-inf [--lib build/libarengine.a]
+    python3 tools/train/inf/check_engine.py --out build/train-inf [--lib build/libarengine.a]
 
 A small C harness is compiled against the engine library (cc with the Makefile's flags and
 libraries; nothing in the tree is built or changed): it loads the directory with model_load and
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 sys.path.insert(0, ROOT)

@@ -3,10 +3,10 @@
 
 Exact command that made the shipped tokenizer (from the repository root; training stream
 seed 1, held-out stream seed 2; 1,024 codes; its first 500 steps on one thread, the rest on
-two, resumed over three sessions; tools/train_var/README.md section 5):
+two, resumed over three sessions; tools/train/var/README.md section 5):
 
     mkdir -p build/train_var/msvq-cb1024
-    OMP_NUM_THREADS=2 nohup .venv-bench/bin/python tools/train_var/train_msvq.py \\
+    OMP_NUM_THREADS=2 nohup .venv-bench/bin/python tools/train/var/train_msvq.py \\
         --out build/train_var/msvq-cb1024 --config '{"codebook_size": 1024}' --seed 1 \\
         --steps 4000 --batch 16 --resume --threads 2 --ckpt-minutes 2 \\
         >> build/train_var/msvq-cb1024/stdout.log 2>&1 &
@@ -14,17 +14,17 @@ two, resumed over three sessions; tools/train_var/README.md section 5):
 The first model's tokenizer (256 codes, section 1), one thread:
 
     mkdir -p build/train_var/msvq
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv-tools/bin/python tools/train_var/train_msvq.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv-tools/bin/python tools/train/var/train_msvq.py \\
         --out build/train_var/msvq --seed 1 --steps 1600 --batch 16 --resume \\
         >> build/train_var/msvq/stdout.log 2>&1 &
     # stopped after the checkpoint of step 1200 (28.1 dB, but rounded corners: 52% of
     # held-out reconstructions passed the detector), resumed with a longer schedule:
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv-tools/bin/python tools/train_var/train_msvq.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv-tools/bin/python tools/train/var/train_msvq.py \\
         --out build/train_var/msvq --seed 1 --steps 2600 --batch 16 --resume \\
         >> build/train_var/msvq/stdout.log 2>&1 &
 
 It resumes from OUT/ckpt.pt (written every 100 steps); the batch of step t is samples
-t*B .. t*B+B-1 of the seeded stream (tools/train_var/data.py), so a resumed run sees the
+t*B .. t*B+B-1 of the seeded stream (tools/train/var/data.py), so a resumed run sees the
 same data as an unbroken one. Logs: OUT/train.log, held-out PSNR in OUT/psnr.csv.
 
 Model (msvq.py DEFAULT_CFG): 64x64 RGB (the 128 px scene box-filtered by 2) -> 8x8 latent
@@ -42,7 +42,7 @@ levels, widths 128, 128, 64, 32, 64, GroupNorm in the encoder, batch 8, ~1 s/ste
 passed the ShapesEval detector. Stopped at step 1400 (build/train_var/msvq128-stopped) for
 a 64 px configuration at 0.65 s/step of batch 16 (the scorer reads any size: true
 scenes box-filtered to 64 px score 300/300 exact on shape, colour and size). That one
-(widths 128, 128, 64, 64, tools/train/vq_model.py init_reference_channels) was still grey
+(widths 128, 128, 64, 64, tools/train/raster/vq_model.py init_reference_channels) was still grey
 at step 300: its last block has no 1x1 shortcut, so the "constant" odd channels carried
 the skip input, and the even channels had grown to a spatial spread larger than the
 constant (as in the 128 px run: 11 against 8), so norm_out rescaled every image by its own
@@ -71,7 +71,7 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 import data  # noqa: E402

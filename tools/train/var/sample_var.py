@@ -6,7 +6,7 @@ ShapesEval run of it.
 Greedy reference for one class (seed-independent: top-k 1 after CFG, so the argmax of
 (1 + t) l_cond - t l_uncond with t = cfg * si / (S - 1), lowest id on ties):
 
-    .venv-tools/bin/python tools/train_var/sample_var.py --model models/shapes-var \\
+    .venv-tools/bin/python tools/train/var/sample_var.py --model models/shapes-var \\
         greedy --class "a red circle" --out build/train_var/ref/red_circle
 
 writes OUT/tokens.json ({"class", "label", "cfg", "scales", "tokens": [[...] per scale, raster
@@ -18,7 +18,7 @@ ShapesEval on prompts whose text is a class name (single_object and colors), ima
 sampled in torch with the given sampling settings; image n of prompt id uses torch seed
 S + 100000 n + id (torch's RNG, not the engine's, so images differ from arserve's):
 
-    .venv-tools/bin/python tools/train_var/sample_var.py --model models/shapes-var \\
+    .venv-tools/bin/python tools/train/var/sample_var.py --model models/shapes-var \\
         eval --categories single_object,colors --seed 0 --cfg 3 --out build/train_var/eval
 
 Sampling per token: logits / temperature, then top-k (0 = off), then top-p (1 = off) over
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))

@@ -4,9 +4,9 @@ arserve.json, model-0000K-of-0000N.safetensors (every tensor the engine's `var` 
 loads, docs/model-format.md "The `scale` family"; matrices and convolutions in F16, vectors
 -- biases, norms, level multipliers -- in F32; in shards of at most SHARD_BYTES, name order)
 and classes.txt (one class name per line, the
-order of tools/train_var/data.py).
+order of tools/train/var/data.py).
 
-    .venv-tools/bin/python tools/train_var/export.py --vq build/train_var/msvq/ckpt.pt \\
+    .venv-tools/bin/python tools/train/var/export.py --vq build/train_var/msvq/ckpt.pt \\
         --var build/train_var/var/ckpt.pt --out models/shapes-var \\
         --cfg 3.0 --temperature 1.0 --top-k 0 --top-p 1.0
 
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))

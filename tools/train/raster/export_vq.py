@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Exports the trained VQ decoder and codebook as a model-directory fragment.
 
-    python tools/train/export_vq.py --ckpt build/train/vq/ckpt.pt --out build/train/vq/export
+    python tools/train/raster/export_vq.py --ckpt build/train/vq/ckpt.pt --out build/train/vq/export
 
 writes
     OUT/vq.safetensors   the `vq.*` tensors of docs/model-format.md (F16 by default;
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, ROOT)
 import safetensors_write  # noqa: E402  (tools/safetensors_write.py)
 from vq_model import VQModel, to_u8, tokenize_u8  # noqa: E402
@@ -138,7 +138,7 @@ def main(argv=None):
                  (sorted(want - got)[:8], sorted(got - want)[:8]))
     os.makedirs(a.out, exist_ok=True)
     safetensors_write.write(os.path.join(a.out, "vq.safetensors"), tensors, metadata={
-        "made_by": "tools/train/export_vq.py", "checkpoint_step": str(ck["step"]),
+        "made_by": "tools/train/raster/export_vq.py", "checkpoint_step": str(ck["step"]),
         "config": json.dumps(cfg)})
     frag = fragment_config(cfg)
     with open(os.path.join(a.out, "vq.json"), "w") as f:

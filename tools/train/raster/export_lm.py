@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Assembles the shapes demo model directory (models/shapes) from the trained parts.
 
-    python tools/train/export_lm.py --lm build/train/lm/ckpt.pt \\
+    python tools/train/raster/export_lm.py --lm build/train/lm/ckpt.pt \\
         --tokenizer build/train/lm/tokenizer.json --vq build/train/vq/export --out models/shapes
 
 Writes OUT/arserve.json, OUT/lm.safetensors (language-model matrices and embedding in BF16,
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import safetensors_write  # noqa: E402
@@ -82,7 +82,7 @@ def main(argv=None):
     sampling = {"cfg": a.cfg, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p}
     os.makedirs(a.out, exist_ok=True)
     safetensors_write.write(os.path.join(a.out, "lm.safetensors"), lm_tensors(ck["model"]), metadata={
-        "made_by": "tools/train/export_lm.py", "checkpoint_step": str(ck["step"])})
+        "made_by": "tools/train/raster/export_lm.py", "checkpoint_step": str(ck["step"])})
     shutil.copyfile(os.path.join(a.vq, "vq.safetensors"), os.path.join(a.out, "vq.safetensors"))
     shutil.copyfile(a.tokenizer, os.path.join(a.out, "tokenizer.json"))
     with open(os.path.join(a.out, "arserve.json"), "w") as f:

@@ -9,10 +9,10 @@ is the shipped one (held-out PSNR 30.8 dB at step 1250 on 256 images, see export
 
     python -m tools.shapes.dataset --out build/shapes/train --n 20000 --seed 1
     python -m tools.shapes.dataset --out build/shapes/val --n 512 --seed 2
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 python tools/train/train_vq.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 python tools/train/raster/train_vq.py \\
         --train build/shapes/train --val build/shapes/val --out build/train/vq \\
         --seed 1 --steps 2500 --stop-at 1100 --resume >> build/train/vq/stdout.log 2>&1
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 python tools/train/train_vq.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 python tools/train/raster/train_vq.py \\
         --train build/shapes/train --val build/shapes/val --out build/train/vq \\
         --seed 1 --steps 1900 --freeze-codes-at 1300 --stop-at 1300 --resume >> build/train/vq/stdout.log 2>&1
     cp build/train/vq/ckpt.pt build/train/vq/ckpt-frozen-codes.pt
@@ -22,7 +22,7 @@ seed and t, so a resumed run sees the same data as an unbroken one). About 3.5-4
 step on one thread of this 2-core machine: 1300 steps took about 80 minutes of training
 spread over two sessions. Then export the decoder and codebook:
 
-    python tools/train/export_vq.py --ckpt build/train/vq/ckpt-frozen-codes.pt --out build/train/vq/export
+    python tools/train/raster/export_vq.py --ckpt build/train/vq/ckpt-frozen-codes.pt --out build/train/vq/export
 
 Model (defaults): decoder base_channels 32, channel_multiplier [2, 1, 2, 2] (level widths
 64, 64, 32, 64 from the 16x16 level to the 128x128 one), num_res_blocks 0 (one ResNet
@@ -80,8 +80,9 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tools/train: train_util
 sys.path.insert(0, ROOT)
 from vq_model import VQModel, init_reference_channels, to_model_input, to_u8, tokenize_u8  # noqa: E402
 from train_util import (add_run_args, autocast, check_run_args, describe_device,  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks that the engine runs the exported language model as torch trained it.
 
-    python tools/train/check_lm_engine.py --model models/shapes --vq-ckpt build/train/vq/ckpt.pt \\
+    python tools/train/raster/check_lm_engine.py --model models/shapes --vq-ckpt build/train/vq/ckpt.pt \\
         --prompt "a red circle on the left" [--cfg 3]
 
 Loads OUT/lm.safetensors into lm_model.JanusLM (so torch sees the exported, rounded
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import safetensors_write  # noqa: E402

@@ -2,7 +2,7 @@
 """Checks that arserve's own VQ decoder (engine/family/vq_decoder.c) decodes the exported
 decoder exactly as torch does.
 
-    python tools/train/check_vq_engine.py --ckpt build/train/vq/ckpt.pt \\
+    python tools/train/raster/check_vq_engine.py --ckpt build/train/vq/ckpt.pt \\
         --val build/shapes/val --lib build/libarengine.a
 
 Steps: export the checkpoint's decoder (F16, as export_vq.py) into a scratch model
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, ROOT)
 import make_tiny_model  # noqa: E402  (tools/make_tiny_model.py)
 import safetensors_write  # noqa: E402

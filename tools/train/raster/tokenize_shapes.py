@@ -3,7 +3,7 @@
 with the trained encoder (or the fixed code book a checkpoint trained with --codebook
 holds), for language-model training.
 
-    OMP_NUM_THREADS=1 nice -n 10 python tools/train/tokenize_shapes.py \\
+    OMP_NUM_THREADS=1 nice -n 10 python tools/train/raster/tokenize_shapes.py \\
         --ckpt build/train/vq/ckpt.pt --data build/shapes/train --out build/shapes/train/tokens.npz
 
 --codebook NPZ instead of --ckpt takes the code book's tokens straight from its file
@@ -29,8 +29,9 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tools/train: train_util
 sys.path.insert(0, ROOT)
 from export_vq import load_model  # noqa: E402
 from train_util import pick_device, worker_pool  # noqa: E402

@@ -5,10 +5,10 @@ codes of the msvq tokenizer.
 Exact command that made the shipped transformer (from the repository root; two threads;
 training samples 0..N-1 of stream seed 3, held-out samples of stream seed 4, batch order
 and class dropout from --seed 1; the 1,024-code tokenizer of train_msvq.py's header; 109
-minutes; tools/train_var/README.md section 6):
+minutes; tools/train/var/README.md section 6):
 
     mkdir -p build/train_var/var-cb1024-shared5
-    OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 nohup .venv-bench/bin/python tools/train_var/train_var.py \\
+    OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 nohup .venv-bench/bin/python tools/train/var/train_var.py \\
         --vq build/train_var/msvq-cb1024/ckpt.pt --out build/train_var/var-cb1024-shared5 \\
         --seed 1 --steps 3000 --n-train 32000 --config '{"depth": 5, "shared_adaln": true}' \\
         --resume --threads 2 --ckpt-minutes 2 >> build/train_var/var-cb1024-shared5/stdout.log 2>&1 &
@@ -16,12 +16,12 @@ minutes; tools/train_var/README.md section 6):
 The first model's transformer (256 codes, depth 4; sections 1 and 2), one thread:
 
     mkdir -p build/train_var/var
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv-tools/bin/python tools/train_var/train_var.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv-tools/bin/python tools/train/var/train_var.py \\
         --vq build/train_var/msvq/ckpt.pt --out build/train_var/var --seed 1 --steps 1000 \\
         --n-train 32000 --config '{"depth": 4}' --resume >> build/train_var/var/stdout.log 2>&1 &
     # stopped after the checkpoint of step 500 (samples still ragged blobs), resumed with a
     # longer schedule (the learning rate jumps from 6.1e-4 to 8.2e-4):
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv-tools/bin/python tools/train_var/train_var.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv-tools/bin/python tools/train/var/train_var.py \\
         --vq build/train_var/msvq/ckpt.pt --out build/train_var/var --seed 1 --steps 1500 \\
         --n-train 32000 --config '{"depth": 4}' --resume >> build/train_var/var/stdout.log 2>&1 &
 
@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 import data  # noqa: E402

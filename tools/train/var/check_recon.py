@@ -3,7 +3,7 @@
 of reconstructions that ShapesEval's detector reads as exactly the drawn object (shape,
 colour and size). Writes a strip of originals over reconstructions.
 
-    .venv-tools/bin/python tools/train_var/check_recon.py --ckpt build/train_var/msvq/ckpt.pt \\
+    .venv-tools/bin/python tools/train/var/check_recon.py --ckpt build/train_var/msvq/ckpt.pt \\
         --n 256 --png build/train_var/recon.png
 """
 
@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 import data  # noqa: E402
