@@ -88,6 +88,19 @@ def draws_with_arserve(model_dir):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def engine_decodes_as_torch(ref):
+    """check_vq_engine.py: arserve's VQ decoder, compiled into a harness against the engine
+    library beside the binary, decodes the tiny run's tokens as torch does."""
+    if ARSERVE is None:
+        print("skip: no arserve binary named on the command line; no engine library to check")
+        return
+    import check_vq_engine
+
+    lib = os.path.join(os.path.dirname(os.path.abspath(ARSERVE)), "libarengine.a")
+    assert check_vq_engine.main(["--ckpt", os.path.join(ref, "vq", "ckpt.pt"), "--val",
+                                 os.path.join(ref, "data", "val"), "--lib", lib, "--n", "2"]) == 0
+
+
 def tokens_from_the_codebook_alone(ref, out):
     """tokenize_shapes --codebook (no checkpoint) gives the tokens the pipeline got from its
     decoder's checkpoint."""
@@ -175,6 +188,7 @@ def test_tiny_shapes_pipeline_stops_and_resumes_to_the_same_model():
             assert "== %s:" % stage in log, stage
         draws_with_arserve(os.path.join(ref, "model"))
         as_recorded("tiny-shapes", os.path.join(ref, "model"))
+        engine_decodes_as_torch(ref)
         tokens_from_the_codebook_alone(ref, os.path.join(tmp, "tokens-cb.npz"))
         checkpoints_by_wall_time(ref, os.path.join(tmp, "lm-timed"))
         # The stopped run encodes with the code book in 2 processes: the same tokens.

@@ -64,6 +64,36 @@ def add_run_args(ap, again=RESUME_WITH):
                          "the last one (besides every --ckpt-every steps); 0 = off")
 
 
+def add_loop_args(ap, steps, batch, lr, warmup, eval_every, log_every=20, ckpt_every=100):
+    """The flags of a script that runs train_loop, with its defaults: the seed, the schedule
+    (--steps, --lr, --warmup, --min-lr-frac), --batch, --stop-at, the log, evaluation and
+    checkpoint periods, --resume, --threads, and add_run_args' machine and clock flags."""
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=steps, help="the schedule's length")
+    ap.add_argument("--stop-at", type=int, default=0,
+                    help="stop after this step (its checkpoint is written); 0 = run to --steps")
+    ap.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--lr", type=float, default=lr, help="the peak learning rate")
+    ap.add_argument("--min-lr-frac", type=float, default=0.05, help="the cosine's floor, of --lr")
+    ap.add_argument("--warmup", type=int, default=warmup, help="steps of linear warm-up")
+    ap.add_argument("--log-every", type=int, default=log_every)
+    ap.add_argument("--eval-every", type=int, default=eval_every)
+    ap.add_argument("--ckpt-every", type=int, default=ckpt_every)
+    ap.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt when it exists")
+    ap.add_argument("--threads", type=int, default=1)
+    add_run_args(ap)
+
+
+def start_run(a):
+    """A parsed add_loop_args run's machine and files: (device, OUT/train.log, OUT/ckpt.pt,
+    the step it ends at: --stop-at or --steps)."""
+    torch.set_num_threads(a.threads)
+    dev = pick_device(a.device)
+    os.makedirs(a.out, exist_ok=True)
+    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
+    return dev, os.path.join(a.out, "train.log"), os.path.join(a.out, "ckpt.pt"), end
+
+
 def check_run_args(ap, a):
     """Refuses what add_run_args' flags cannot mean, through ap.error (exit status 2)."""
     if a.max_minutes < 0 or a.ckpt_minutes < 0:
@@ -201,6 +231,22 @@ def train_loop(a, logf, opt, step, end, train_step, checkpoint, describe, log_ev
             return EXIT_TIME_LIMIT
     log(logf, "done at step %d" % step)
     return 0
+
+
+def compile_harness(cc, source, lib, exe):
+    """Compiles a C harness (source: its text) against the engine library lib
+    (build/libarengine.a) into exe, with the Makefile's flags and libraries; the checks that
+    hold arserve's engine to a trained model's torch outputs use it."""
+    import subprocess
+
+    src = exe + ".c"
+    with open(src, "w") as f:
+        f.write(source)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fopenmp", "-I" + root,
+                    "-I/usr/include/x86_64-linux-gnu/openblas-pthread", src, lib, "-lopenblas",
+                    "-lcjson", "-lpng", "-lpcre2-8", "-lm", "-lpthread", "-ljemalloc", "-o", exe],
+                   check=True)
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 sys.path.insert(0, ROOT)
+import train_util as U  # noqa: E402
 
 HARNESS = r"""
 #include <stdio.h>
@@ -127,12 +128,8 @@ def main(argv=None):
     captions = ["a red circle on the left", "two green triangles"]
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:
-        exe, src = os.path.join(tmp, "harness"), os.path.join(tmp, "harness.c")
-        with open(src, "w") as f:
-            f.write(HARNESS)
-        subprocess.run([a.cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fopenmp", "-I" + ROOT,
-                        "-I/usr/include/x86_64-linux-gnu/openblas-pthread", src, a.lib, "-lopenblas",
-                        "-lcjson", "-lpng", "-lpcre2-8", "-lm", "-lpthread", "-o", exe], check=True)
+        exe = os.path.join(tmp, "harness")
+        U.compile_harness(a.cc, HARNESS, a.lib, exe)
         bits.numpy().astype(np.int32).tofile(os.path.join(tmp, "bits.bin"))
         for ids, lc, lu in torch_logits(a.out, captions, bits):
             np.asarray(ids, np.int32).tofile(os.path.join(tmp, "ids.bin"))

@@ -31,15 +31,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(HERE))  # tools/train: train_util
 import make_tiny_model  # noqa: E402  (tools/make_tiny_model.py)
 import safetensors_write  # noqa: E402
 from export_vq import fragment_config, load_model, vq_tensors  # noqa: E402
+from train_util import compile_harness  # noqa: E402
 from vq_model import to_u8, tokenize_u8  # noqa: E402
 
 HARNESS = r"""
 #include <stdio.h>
 #include <stdlib.h>
-#include "engine/model.h"
+#include "engine/family/family_raster.h"
 int main(int argc, char **argv) {
     ar_error_t err = {{0}};
     backend_t *be = backend_cpu_create(1, &err);
@@ -55,7 +57,7 @@ int main(int argc, char **argv) {
     unsigned char *rgb = malloc(3 * H * W);
     for (int i = 0; i < n; i++) {
         if (fread(tok, sizeof(int), g, ft) != (size_t)g) return 2;
-        if (vq_decode(&m.dec, model_draw_work(&m, &err), tok, rgb, pix, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+        if (vq_decode(&raster_net_of(&m)->dec, model_draw_work(&m, &err), tok, rgb, pix, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
         fwrite(pix, sizeof(float), 3 * H * W, fo);
         fwrite(rgb, 1, 3 * H * W, fo);
     }
@@ -113,14 +115,8 @@ def main(argv=None):
             tokens = tokenize_u8(model, val, ck.get("codebook_masks"))
             ref = model.decode_indices(tokens)
         tokens.numpy().astype(np.int32).tofile(os.path.join(d, "tokens.bin"))
-        src = os.path.join(d, "harness.c")
-        with open(src, "w") as f:
-            f.write(HARNESS)
         exe = os.path.join(d, "harness")
-        cmd = [a.cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fopenmp", "-I" + ROOT,
-               "-I/usr/include/x86_64-linux-gnu/openblas-pthread", src, a.lib,
-               "-lopenblas", "-lcjson", "-lpng", "-lpcre2-8", "-lm", "-lpthread", "-ljemalloc", "-o", exe]
-        subprocess.run(cmd, check=True)
+        compile_harness(a.cc, HARNESS, a.lib, exe)
         out = os.path.join(d, "out.bin")
         subprocess.run([exe, d, os.path.join(d, "tokens.bin"), out, str(len(val))], check=True,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))

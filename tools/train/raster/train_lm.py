@@ -43,8 +43,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # tools/train: train_util
 sys.path.insert(0, ROOT)
 from lm_model import DEFAULT_IMAGE, DEFAULT_LLM, JanusLM  # noqa: E402
-from train_util import (add_run_args, autocast, check_run_args, describe_device, log,  # noqa: E402
-                        pick_device, resume, save, train_loop)
+from train_util import (add_loop_args, autocast, check_run_args, describe_device, log, resume, save,  # noqa: E402
+                        start_run, train_loop)
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from make_tiny_model import word_level_tokenizer  # noqa: E402
@@ -150,32 +150,16 @@ def main(argv=None):
                     help="npz files from tokenize_shapes.py (tokens, captions), concatenated in order")
     ap.add_argument("--val-tokens", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=2900)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--min-lr-frac", type=float, default=0.05)
-    ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--uncond-prob", type=float, default=0.1, help="caption dropout for guidance")
-    ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--eval-every", type=int, default=250)
-    ap.add_argument("--ckpt-every", type=int, default=100)
-    ap.add_argument("--stop-at", type=int, default=0,
-                    help="stop after this step (its checkpoint is written); 0 = run to --steps")
     ap.add_argument("--llm", default=None, help="JSON overriding the llm config")
     ap.add_argument("--codebook-size", type=int, default=DEFAULT_IMAGE["codebook_size"],
                     help="image codes the generation head predicts (the VQ's codebook size)")
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--threads", type=int, default=1)
-    add_run_args(ap)
+    add_loop_args(ap, steps=2900, batch=16, lr=1e-3, warmup=200, eval_every=250)
     a = ap.parse_args(argv)
     check_run_args(ap, a)
 
-    torch.set_num_threads(a.threads)
-    dev = pick_device(a.device)
-    os.makedirs(a.out, exist_ok=True)
-    logf, ckpt_path = os.path.join(a.out, "train.log"), os.path.join(a.out, "ckpt.pt")
+    dev, logf, ckpt_path, end = start_run(a)
     tok_path = os.path.join(a.out, "tokenizer.json")
     llm_cfg = dict(DEFAULT_LLM, **(json.loads(a.llm) if a.llm else {}))
     if os.path.exists(tok_path):
@@ -253,7 +237,6 @@ def main(argv=None):
             checkpoint(step, os.path.join(a.out, "ckpt-%06d.pt" % step))
         return True
 
-    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
     return train_loop(a, logf, opt, ck["step"] if ck else 0, end, train_step, checkpoint,
                       lambda m: "loss %.4f" % m["loss"], a.log_every, a.ckpt_every, evaluate)
 

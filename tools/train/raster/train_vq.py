@@ -85,9 +85,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # tools/train: train_util
 sys.path.insert(0, ROOT)
 from vq_model import VQModel, init_reference_channels, to_model_input, to_u8, tokenize_u8  # noqa: E402
-from train_util import (add_run_args, autocast, check_run_args, describe_device,  # noqa: E402
-                        describe_losses, edge_loss, log, pick_device, resume, save, train_loop,
-                        worker_pool)
+from train_util import (add_loop_args, autocast, check_run_args, describe_device, describe_losses,  # noqa: E402
+                        edge_loss, log, resume, save, start_run, train_loop, worker_pool)
 from tools.shapes.dataset import load_shards  # noqa: E402
 from tools.shapes import codebook as shapes_codebook  # noqa: E402
 
@@ -166,12 +165,6 @@ def main(argv=None):
     ap.add_argument("--train", required=True, help="directory of npz shards (tools/shapes/dataset.py)")
     ap.add_argument("--val", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=2500)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--min-lr-frac", type=float, default=0.05)
-    ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--beta", type=float, default=0.25, help="commitment loss weight")
     ap.add_argument("--edge-weight", type=float, default=0.5)
     ap.add_argument("--fg-weight", type=float, default=0.0, help="extra loss weight of non-background pixels")
@@ -181,26 +174,19 @@ def main(argv=None):
     ap.add_argument("--freeze-codes-at", type=int, default=0,
                     help="from this step on only the decoder trains (encoder and codebook fixed, "
                          "so the tokens of any later checkpoint are the same); 0 = never")
-    ap.add_argument("--stop-at", type=int, default=0,
-                    help="stop after this step (its checkpoint is written); 0 = run to --steps")
     ap.add_argument("--kmeans-images", type=int, default=512)
     ap.add_argument("--kmeans-iters", type=int, default=15)
-    ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--eval-images", type=int, default=256, help="held-out images per periodic eval")
-    ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--config", default=None, help="JSON overriding the model config")
-    ap.add_argument("--resume", action="store_true")
     ap.add_argument("--no-reference-init", dest="reference_init", action="store_false",
                     help="skip vq_model.init_reference_channels")
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--codebook", metavar="NPZ",
                     help="fixed tokens from this code book (tools/shapes/codebook.py): only the "
                          "code embeddings and the decoder train")
     ap.add_argument("--workers", type=int, default=1,
                     help="processes that encode each batch with --codebook's code book (numpy, "
                          "on the CPU: on a GPU it is most of a step's time); 1 = in this process")
-    add_run_args(ap)
+    add_loop_args(ap, steps=2500, batch=8, lr=1e-3, warmup=100, eval_every=250)
     a = ap.parse_args(argv)
     check_run_args(ap, a)
     if a.workers < 1:
@@ -211,11 +197,7 @@ def main(argv=None):
 
 def train(a, pool):
     """The run main() parsed; pool encodes batches with the code book (None: in this process)."""
-    torch.set_num_threads(a.threads)
-    dev = pick_device(a.device)
-    os.makedirs(a.out, exist_ok=True)
-    logf = os.path.join(a.out, "train.log")
-    ckpt_path = os.path.join(a.out, "ckpt.pt")
+    dev, logf, ckpt_path, end = start_run(a)
     cfg = dict(DEFAULT_CFG, **(json.loads(a.config) if a.config else {}))
     masks = None
     if a.codebook:
@@ -319,7 +301,6 @@ def train(a, pool):
             save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": model.state_dict(), "step": step, "config": cfg})
         return True
 
-    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
     return train_loop(a, logf, opt, ck["step"] if ck else 0, end, train_step, checkpoint,
                       describe_losses, a.log_every, a.ckpt_every, evaluate)
 

@@ -76,8 +76,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 import data  # noqa: E402
 from msvq import DEFAULT_CFG, MSVQ, down_to, impose_reference, init_reference, to_model_input, to_u8, up_to  # noqa: E402
-from train_util import (add_run_args, autocast, check_run_args, describe_device,  # noqa: E402
-                        describe_losses, edge_loss, log, pick_device, resume, save, train_loop)
+from train_util import (add_loop_args, autocast, check_run_args, describe_device, describe_losses,  # noqa: E402
+                        edge_loss, log, resume, save, start_run, train_loop)
 
 
 @torch.no_grad()
@@ -118,37 +118,21 @@ def init_codebook(model, x, seed):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--val-seed", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=1800)
-    ap.add_argument("--stop-at", type=int, default=0)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--min-lr-frac", type=float, default=0.05)
-    ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--beta", type=float, default=0.25)
     ap.add_argument("--edge-weight", type=float, default=0.5)
     ap.add_argument("--ae-warmup", type=int, default=100)
     ap.add_argument("--ref-value", type=float, default=256.0,
                     help="constant of the reference channels (msvq.impose_reference)")
     ap.add_argument("--restart-every", type=int, default=50)
-    ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-images", type=int, default=128)
     ap.add_argument("--final-eval-images", type=int, default=512)
-    ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--config", default=None, help="JSON overriding msvq.DEFAULT_CFG")
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--threads", type=int, default=1)
-    add_run_args(ap)
+    add_loop_args(ap, steps=1800, batch=8, lr=1e-3, warmup=50, eval_every=200)
     a = ap.parse_args(argv)
     check_run_args(ap, a)
 
-    torch.set_num_threads(a.threads)
-    dev = pick_device(a.device)
-    os.makedirs(a.out, exist_ok=True)
-    logf = os.path.join(a.out, "train.log")
-    ckpt_path = os.path.join(a.out, "ckpt.pt")
+    dev, logf, ckpt_path, end = start_run(a)
     cfg = dict(DEFAULT_CFG, **(json.loads(a.config) if a.config else {}))
     _, val = data.make_set(a.val_seed, a.final_eval_images, size=cfg["image_size"])
 
@@ -225,7 +209,6 @@ def main(argv=None):
         save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": model.state_dict(), "step": step, "config": cfg})
         return True
 
-    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
     return train_loop(a, logf, opt, ck["step"] if ck else 0, end, train_step, checkpoint,
                       describe_losses, a.log_every, a.ckpt_every, evaluate)
 

@@ -59,8 +59,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 import data  # noqa: E402
 from msvq import MSVQ, to_model_input  # noqa: E402
-from train_util import (add_run_args, autocast, check_run_args, describe_device, log,  # noqa: E402
-                        pick_device, resume, save, train_loop)
+from train_util import (add_loop_args, autocast, check_run_args, describe_device, log, resume, save,  # noqa: E402
+                        start_run, train_loop)
 from var_model import VAR, next_scale_inputs  # noqa: E402
 
 DEFAULT_CFG = {"width": 256, "heads": 4, "depth": 6, "ffn": 1024}
@@ -147,35 +147,19 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vq", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--data-seed", type=int, default=3)
     ap.add_argument("--val-seed", type=int, default=4)
     ap.add_argument("--n-train", type=int, default=32000)
     ap.add_argument("--n-val", type=int, default=512)
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--stop-at", type=int, default=0)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--min-lr-frac", type=float, default=0.05)
-    ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--wd", type=float, default=0.05)
     ap.add_argument("--clip", type=float, default=2.0)
     ap.add_argument("--cond-drop", type=float, default=0.1)
-    ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--eval-every", type=int, default=200)
-    ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--config", default=None, help="JSON overriding DEFAULT_CFG")
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--threads", type=int, default=1)
-    add_run_args(ap)
+    add_loop_args(ap, steps=2000, batch=32, lr=1e-3, warmup=100, eval_every=200)
     a = ap.parse_args(argv)
     check_run_args(ap, a)
 
-    torch.set_num_threads(a.threads)
-    dev = pick_device(a.device)
-    os.makedirs(a.out, exist_ok=True)
-    logf = os.path.join(a.out, "train.log")
-    ckpt_path = os.path.join(a.out, "ckpt.pt")
+    dev, logf, ckpt_path, end = start_run(a)
     vq = load_vq(a.vq, dev)
     cfg = dict(DEFAULT_CFG, **(json.loads(a.config) if a.config else {}))
     cfg.update(ffn=cfg.get("ffn", 4 * cfg["width"]), num_classes=data.NUM_CLASSES, scales=list(vq.scales),
@@ -233,7 +217,6 @@ def main(argv=None):
             save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": var.state_dict(), "step": step, "config": cfg})
         return True
 
-    end = min(a.steps, a.stop_at) if a.stop_at else a.steps
     return train_loop(a, logf, opt, ck["step"] if ck else 0, end, train_step, checkpoint,
                       lambda m: "loss %.4f" % m["loss"], a.log_every, a.ckpt_every, evaluate)
 
