@@ -114,6 +114,34 @@ def tokens_from_the_codebook_alone(ref, out):
         assert (got["captions"] == want["captions"]).all()
 
 
+def continues_from_export(ref, out):
+    """train_lm.py --init starts from an exported model's LM: one step at learning rate 0 keeps
+    exactly the exported weights; another size is refused, naming a tensor."""
+    import pipeline as P
+    import train_lm
+    from safetensors.torch import load_file
+
+    llm = P.TINY["lm"][P.TINY["lm"].index("--llm") + 1]
+    args = ["--tokens", os.path.join(ref, "tokens-train.npz"), "--val-tokens", os.path.join(ref, "tokens-val.npz"),
+            "--out", out, "--codebook-size", str(ckpt(os.path.join(ref, "lm", "ckpt.pt"))["image"]["codebook_size"]),
+            "--init", os.path.join(ref, "model"), "--batch", "2", "--steps", "1", "--lr", "0", "--device", "cpu"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert train_lm.main(args + ["--llm", llm]) == 0
+    stored = load_file(os.path.join(ref, "model", "lm.safetensors"))
+    got = ckpt(os.path.join(out, "ckpt.pt"))["model"]
+    for k, v in stored.items():
+        assert torch.equal(got[k], v.float()), "--init: %s is not the exported tensor" % k
+    shutil.rmtree(out)
+    wider = llm.replace('"hidden_size": 32', '"hidden_size": 48')
+    assert wider != llm
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            train_lm.main(args + ["--llm", wider])
+            raise AssertionError("--init into another size was accepted")
+        except SystemExit as e:
+            assert "--init" in str(e) and "differs" in str(e), e
+
+
 def checkpoints_by_wall_time(ref, out):
     """--ckpt-minutes writes ckpt.pt by the clock between the step-based saves: with a tiny
     one and --ckpt-every far off, every step is saved."""
@@ -191,6 +219,7 @@ def test_tiny_shapes_pipeline_stops_and_resumes_to_the_same_model():
         engine_decodes_as_torch(ref)
         tokens_from_the_codebook_alone(ref, os.path.join(tmp, "tokens-cb.npz"))
         checkpoints_by_wall_time(ref, os.path.join(tmp, "lm-timed"))
+        continues_from_export(ref, os.path.join(tmp, "lm-continued"))
         # The stopped run encodes with the code book in 2 processes: the same tokens.
         check_stopped_then_resumed(out, "vq", "shapes",
                                    ["arserve.json", "lm.safetensors", "vq.safetensors", "tokenizer.json"],

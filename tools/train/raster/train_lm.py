@@ -144,6 +144,27 @@ def held_out_loss(model, cond, grids, pad, bs=32):
     return tot / n
 
 
+def load_exported(model, model_dir, tok_json):
+    """Starts model from an exported model directory's lm.safetensors (export_lm.py writes the
+    state dict's own names; matrices BF16, the image path F16, norms F32): the sizes, the
+    codebook and the tokenizer must be the ones it was trained with."""
+    from safetensors.torch import load_file
+
+    path = os.path.join(model_dir, "lm.safetensors")
+    if not os.path.exists(path):
+        sys.exit("--init %s: no lm.safetensors (an export_lm.py model directory?)" % model_dir)
+    with open(os.path.join(model_dir, "tokenizer.json")) as f:
+        if json.load(f)["model"]["vocab"] != tok_json["model"]["vocab"]:
+            sys.exit("--init %s: its tokenizer.json is not this run's (copy it to OUT first)" % model_dir)
+    stored = load_file(path)
+    want = model.state_dict()
+    bad = sorted(set(stored) ^ set(want)) or [k for k in want if stored[k].shape != want[k].shape]
+    if bad:
+        sys.exit("--init %s: %s differs from this run's model (--llm, --codebook-size as it was "
+                 "trained)" % (path, bad[0]))
+    model.load_state_dict({k: v.float() for k, v in stored.items()})
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", required=True, nargs="+",
@@ -153,6 +174,9 @@ def main(argv=None):
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--uncond-prob", type=float, default=0.1, help="caption dropout for guidance")
     ap.add_argument("--llm", default=None, help="JSON overriding the llm config")
+    ap.add_argument("--init", metavar="MODEL_DIR",
+                    help="start from an exported model's LM (models/shapes): training it further, "
+                         "e.g. on new scenes; a run that resumes ignores it")
     ap.add_argument("--codebook-size", type=int, default=DEFAULT_IMAGE["codebook_size"],
                     help="image codes the generation head predicts (the VQ's codebook size)")
     add_loop_args(ap, steps=2900, batch=16, lr=1e-3, warmup=200, eval_every=250)
@@ -188,7 +212,10 @@ def main(argv=None):
     val_cond, _ = encode_prompts(tok_json, val_captions)
 
     torch.manual_seed(a.seed)
-    model = JanusLM(llm_cfg, image_cfg).to(dev)
+    model = JanusLM(llm_cfg, image_cfg)
+    if a.init:
+        load_exported(model, a.init, tok_json)
+    model.to(dev)
     decay = [p for n, p in model.named_parameters() if p.ndim == 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim == 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
