@@ -94,6 +94,36 @@ def test_caption_mix_shares_and_default():
             scene.mix_thresholds(bad)
 
 
+def test_default_colour_draws_uncoloured_objects_in_it():
+    """sample_training_scene(default_colour=...): objects the caption leaves uncoloured are
+    drawn in that colour, named colours stay, the caption is the same words; None draws them
+    at random as before."""
+    sys.path.insert(0, ROOT)
+    import numpy as np
+    import pytest
+
+    from tools.shapes import scene
+
+    uncoloured = named = 0
+    for i in range(200):
+        rec, _ = scene.sample_training_scene(np.random.default_rng([9, i]), {"plain": 1, "and": 1}, "black")
+        plain, _ = scene.sample_training_scene(np.random.default_rng([9, i]), {"plain": 1, "and": 1})
+        assert rec["caption"] == plain["caption"] and rec["spec"] == plain["spec"]
+        for want, got in zip(rec["spec"]["objects"], rec["objects"]):
+            if "colour" in want:
+                named += 1
+                assert got["colour"] == want["colour"], rec
+            else:
+                uncoloured += 1
+                assert got["colour"] == "black", rec
+    assert uncoloured > 100 and named > 50, (uncoloured, named)
+    colours = {o["colour"] for i in range(100) for o in scene.sample_training_scene(
+        np.random.default_rng([9, i]), {"plain": 1})[0]["objects"]}
+    assert len(colours) > 4, colours  # without a default, at random
+    with pytest.raises(ValueError, match="mauve"):
+        scene.sample_training_scene(np.random.default_rng(1), None, "mauve")
+
+
 def test_dataset_mix_flag(tmp_path):
     """dataset.py --mix is recorded in meta.json (so --resume refuses another mix) and a
     malformed one is a usage error naming the flag."""

@@ -136,7 +136,7 @@ def exported_model_continues(train, out, again):
     cont = os.path.join(again, "continued")
     mix = '{"plain": 2, "one": 1}'
     assert train.main(["--out", cont, "--tiny", "--init", model, "--stages", "vae,lm", "--set",
-                       "lm_mix=" + mix]) == 0
+                       "lm_mix=" + mix, "--set", 'lm_default_colour="black"']) == 0
     ck = torch.load(os.path.join(cont, "vae", "ckpt.pt"), weights_only=False)["models"][0]
     dec = {k[len("decoder."):]: v for k, v in ck.items() if k.startswith("decoder.")}
     for k, v in vae.decoder.state_dict().items():
@@ -151,6 +151,13 @@ def exported_model_continues(train, out, again):
             raise AssertionError("an unknown caption kind was accepted")
         except SystemExit as e:
             assert e.code == 2 and "lm_mix" in err.getvalue() and "four" in err.getvalue(), err.getvalue()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            train.main(["--out", cont, "--tiny", "--set", 'lm_default_colour="mauve"'])
+            raise AssertionError("an unknown default colour was accepted")
+        except SystemExit as e:
+            assert e.code == 2 and "lm_default_colour" in err.getvalue(), err.getvalue()
 
 
 def test_tiny_training_to_a_model_arserve_serves(tmp_path=None):

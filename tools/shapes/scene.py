@@ -370,9 +370,19 @@ def sample_training_spec(rng, mix=None):
     return "three_objects", {"objects": objs, "total": 3}
 
 
-def sample_training_scene(rng, mix=None):
+def sample_training_scene(rng, mix=None, default_colour=None):
     """A training sample: dict(category, caption, spec, scene) and the image (mix: as
-    sample_training_spec)."""
+    sample_training_spec). default_colour: the colour of every object its caption leaves
+    uncoloured (None: drawn at random). A model that samples each bit or token of a scale
+    independently cannot commit to one of eight colours nobody asked for, and draws none:
+    a default gives it one."""
     category, spec = sample_training_spec(rng, mix)
-    scene = realise(spec, rng)
+    if default_colour is not None:
+        if default_colour not in COLOURS:
+            raise ValueError("default colour %r is not one of %s" % (default_colour, ", ".join(COLOURS)))
+        drawn = {"objects": [dict(o) if "colour" in o else dict(o, colour=default_colour)
+                             for o in spec["objects"]]}
+        scene = realise(dict(spec, **drawn), rng)
+    else:
+        scene = realise(spec, rng)
     return {"category": category, "caption": caption(spec), "spec": spec, "objects": scene}, render(scene)

@@ -57,7 +57,8 @@ FULL = {"d": 16, "vae_base": 32, "vae_mult": [1, 2, 2], "vae_blocks": 1,
         "C": 192, "depth": 6, "H": 4, "text_channels": 128, "text_maxlen": 16,
         "t5": {"d_model": 128, "d_kv": 32, "num_heads": 4, "d_ff": 256, "num_layers": 2},
         "vae_steps": 3000, "vae_batch": 16, "vae_lr": 1e-3,
-        "lm_steps": 12000, "lm_batch": 32, "lm_lr": 6e-4, "lm_mix": None}
+        "lm_steps": 12000, "lm_batch": 32, "lm_lr": 6e-4, "lm_mix": None,
+        "lm_default_colour": None}
 TINY = dict(FULL, d=8, vae_mult=[1, 1, 1], C=64, depth=2, H=2,
             t5={"d_model": 128, "d_kv": 32, "num_heads": 2, "d_ff": 128, "num_layers": 1},
             vae_steps=3, vae_batch=2, lm_steps=3, lm_batch=2)
@@ -66,15 +67,15 @@ TINY = dict(FULL, d=8, vae_mult=[1, 1, 1], C=64, depth=2, H=2,
 # ----------------------------------------------------------------------------- data
 
 
-def sample(seed, i, mix=None):
+def sample(seed, i, mix=None, default_colour=None):
     """(caption, uint8 image [64, 64, 3]) of sample i of stream `seed`."""
     rng = np.random.default_rng([seed, i])
-    rec, img = S.sample_training_scene(rng, mix)
+    rec, img = S.sample_training_scene(rng, mix, default_colour)
     return rec["caption"], np.asarray(Image.fromarray(img).reduce(S.SIZE // IMAGE))
 
 
-def batch(seed, step, n, mix=None):
-    caps, imgs = zip(*(sample(seed, step * n + k, mix) for k in range(n)))
+def batch(seed, step, n, mix=None, default_colour=None):
+    caps, imgs = zip(*(sample(seed, step * n + k, mix, default_colour) for k in range(n)))
     x = torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).float() / 127.5 - 1.0
     return list(caps), x
 
@@ -236,7 +237,7 @@ def stage_lm(a, cfg, dev):
     gen = torch.Generator().manual_seed(5)
 
     def step_fn(step, seed):
-        caps, x = batch(seed, step, cfg["lm_batch"], cfg["lm_mix"])
+        caps, x = batch(seed, step, cfg["lm_batch"], cfg["lm_mix"], cfg["lm_default_colour"])
         with torch.no_grad():
             bits, _ = vae.quantize(vae.encoder(x.to(dev)))
         ids = [encode(vocab, c)[:cfg["text_maxlen"]] for c in caps]
@@ -386,6 +387,9 @@ def main(argv=None):
         except (ValueError, AttributeError) as e:
             ap.error("--set lm_mix=%s: %s (a JSON object of caption kinds' weights)"
                      % (json.dumps(cfg["lm_mix"]), e))
+    if cfg["lm_default_colour"] is not None and cfg["lm_default_colour"] not in S.COLOURS:
+        ap.error("--set lm_default_colour=%s: not one of %s" % (json.dumps(cfg["lm_default_colour"]),
+                                                                ", ".join(S.COLOURS)))
     if a.init and not os.path.isdir(a.init):
         ap.error("--init %s: not a directory" % a.init)
     stages = a.stages.split(",")
