@@ -171,6 +171,15 @@ def describe_losses(m):
         m["loss"], m["mse"], m["l1"], m["edge"], m["q"], 10 * math.log10(4.0 / max(m["mse"], 1e-12)))
 
 
+def log_tokenizer_eval(logf, out, step, psnr, psnr_mean, n, codes_used, detail, seconds):
+    """A tokenizer's held-out evaluation: the log's EVAL line (detail: what the family adds)
+    and a row of OUT/psnr.csv (step, val_psnr, val_psnr_mean_per_image, codes_used)."""
+    log(logf, "EVAL step %d val_psnr %.2f dB (mean per image %.2f) on %d held-out images; codes used %d%s (%.0f s)"
+        % (step, psnr, psnr_mean, n, codes_used, detail, seconds))
+    with open(os.path.join(out, "psnr.csv"), "a") as f:
+        f.write("%d,%.3f,%.3f,%d\n" % (step, psnr, psnr_mean, codes_used))
+
+
 def resume(path, logf, opt, config, same=None):
     """The checkpoint at path (OUT/ckpt.pt), its optimiser state loaded into opt, or None when
     there is none. config: this run's, which must equal the checkpoint's (same(ck) says whether

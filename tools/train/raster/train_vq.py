@@ -86,7 +86,8 @@ sys.path.insert(0, os.path.dirname(HERE))  # tools/train: train_util
 sys.path.insert(0, ROOT)
 from vq_model import VQModel, init_reference_channels, to_model_input, to_u8, tokenize_u8  # noqa: E402
 from train_util import (add_loop_args, autocast, check_run_args, describe_device, describe_losses,  # noqa: E402
-                        edge_loss, log, resume, save, start_run, train_loop, worker_pool)
+                        edge_loss, log, log_tokenizer_eval, resume, save, start_run, train_loop,
+                        worker_pool)
 from tools.shapes.dataset import load_shards  # noqa: E402
 from tools.shapes import codebook as shapes_codebook  # noqa: E402
 
@@ -293,10 +294,7 @@ def train(a, pool):
         n = len(val) if step == a.steps else a.eval_images
         t0 = time.time()
         p, pm, nu, ppl = evaluate_held_out(model, val[:n], masks=masks)
-        log(logf, "EVAL step %d val_psnr %.2f dB (mean per image %.2f) on %d held-out images; codes used %d, perplexity %.0f (%.0f s)" % (
-            step, p, pm, n, nu, ppl, time.time() - t0))
-        with open(os.path.join(a.out, "psnr.csv"), "a") as f:
-            f.write("%d,%.3f,%.3f,%d\n" % (step, p, pm, nu))
+        log_tokenizer_eval(logf, a.out, step, p, pm, n, nu, ", perplexity %.0f" % ppl, time.time() - t0)
         if step % 1000 == 0 or step == a.steps:
             save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": model.state_dict(), "step": step, "config": cfg})
         return True

@@ -77,7 +77,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 import data  # noqa: E402
 from msvq import DEFAULT_CFG, MSVQ, down_to, impose_reference, init_reference, to_model_input, to_u8, up_to  # noqa: E402
 from train_util import (add_loop_args, autocast, check_run_args, describe_device, describe_losses,  # noqa: E402
-                        edge_loss, log, resume, save, start_run, train_loop)
+                        edge_loss, log, log_tokenizer_eval, resume, save, start_run, train_loop)
 
 
 @torch.no_grad()
@@ -202,10 +202,7 @@ def main(argv=None):
         n = a.final_eval_images if step == a.steps else a.eval_images
         t0 = time.time()
         p, pm, per_scale, nu = evaluate_held_out(model, val[:n])
-        log(logf, "EVAL step %d val_psnr %.2f dB (mean per image %.2f) on %d held-out images; codes used %d (per scale %s) (%.0f s)" % (
-            step, p, pm, n, nu, per_scale, time.time() - t0))
-        with open(os.path.join(a.out, "psnr.csv"), "a") as f:
-            f.write("%d,%.3f,%.3f,%d\n" % (step, p, pm, nu))
+        log_tokenizer_eval(logf, a.out, step, p, pm, n, nu, " (per scale %s)" % per_scale, time.time() - t0)
         save(os.path.join(a.out, "ckpt-%06d.pt" % step), {"model": model.state_dict(), "step": step, "config": cfg})
         return True
 
