@@ -243,6 +243,47 @@ def test_tiny_shapes_pipeline_stops_and_resumes_to_the_same_model():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def var_continues_from_export(ref, out):
+    """train_msvq.py --init trains an encoder for an exported model's decoder, code book and
+    Phi, which stay the exported tensors; train_var.py --init on its tokens starts from the
+    exported transformer (one step at learning rate 0 keeps it), with --default-colour drawing
+    the classes that name none in it; another size is refused."""
+    import export as export_var
+    import pipeline as P
+    import train_msvq
+    import train_var
+
+    model = os.path.join(ref, "model")
+    vq_want, var_want = export_var.load_exported(model)
+    cfg_at = P.TINY["msvq"].index("--config") + 1
+    msvq = ["--out", os.path.join(out, "msvq"), "--init", model, "--config", P.TINY["msvq"][cfg_at],
+            "--steps", "2", "--batch", "2", "--eval-every", "1000", "--final-eval-images", "2"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert train_msvq.main(msvq) == 0
+    got = ckpt(os.path.join(out, "msvq", "ckpt.pt"))["model"]
+    for k, v in vq_want.items():
+        assert torch.equal(got[k], v), "train_msvq --init changed the exported %s" % k
+    enc0 = ckpt(os.path.join(ref, "msvq", "ckpt.pt"))["model"]
+    assert any(not torch.equal(got[k], v) for k, v in enc0.items() if k.startswith("encoder.")), "no encoder trained"
+    var_cfg = P.TINY["var"][P.TINY["var"].index("--config") + 1]
+    args = ["--vq", os.path.join(out, "msvq", "ckpt.pt"), "--out", os.path.join(out, "var"), "--init", model,
+            "--n-train", "8", "--n-val", "4", "--steps", "1", "--batch", "2", "--lr", "0", "--default-colour", "black"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert train_var.main(args + ["--config", var_cfg]) == 0
+    got = ckpt(os.path.join(out, "var", "ckpt.pt"))["model"]
+    for k, v in var_want.items():
+        assert torch.equal(got[k], v), "train_var --init: %s is not the exported tensor" % k
+    with np.load(os.path.join(out, "var", "tokens-train.npz")) as z:
+        assert str(z["default_colour"]) == "black"
+    shutil.rmtree(os.path.join(out, "var"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            train_var.main(args + ["--config", var_cfg.replace('"width": 32', '"width": 64')])
+            raise AssertionError("--init into another width was accepted")
+        except SystemExit as e:
+            assert "--init" in str(e) and "differs" in str(e), e
+
+
 def test_tiny_var_pipeline_stops_and_resumes_to_the_same_model():
     tmp = tempfile.mkdtemp(prefix="train-pipeline-var-")
     try:
@@ -251,6 +292,7 @@ def test_tiny_var_pipeline_stops_and_resumes_to_the_same_model():
         assert rc == 0, (rc, log[-2000:])
         draws_with_arserve(os.path.join(ref, "model"))
         as_recorded("tiny-var", os.path.join(ref, "model"))
+        var_continues_from_export(ref, os.path.join(tmp, "continued"))
         check_stopped_then_resumed(out, "msvq", "shapes-var",
                                    ["arserve.json", "classes.txt", "model-00001-of-00001.safetensors"])
         for stage in ("msvq", "var"):

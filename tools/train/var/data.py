@@ -48,26 +48,30 @@ CLASS_NAMES = [n for n, _ in CLASSES]
 NUM_CLASSES = len(CLASSES)
 
 
-def sample(seed, i, label=None, size=S.SIZE):
+def sample(seed, i, label=None, size=S.SIZE, default_colour=None):
     """(label, uint8 image (size, size, 3), scene) of sample i of stream `seed`; the class
     is uniform over the classes unless given. size < 128: the 128 px render box-filtered
-    down (PIL Image.reduce); scene boxes stay in 128 px units."""
+    down (PIL Image.reduce); scene boxes stay in 128 px units. default_colour: the colour of
+    a class that names none (None: at random; see scene.sample_training_scene)."""
     rng = np.random.default_rng([seed, i])
     if label is None:
         label = int(rng.integers(NUM_CLASSES))
-    scene = S.realise(CLASSES[label][1], rng)
+    spec = CLASSES[label][1]
+    if default_colour is not None and "colour" not in spec["objects"][0]:
+        spec = dict(spec, objects=[dict(spec["objects"][0], colour=default_colour)])
+    scene = S.realise(spec, rng)
     img = S.render(scene)
     if size != S.SIZE:
         img = np.asarray(Image.fromarray(img).reduce(S.SIZE // size))
     return label, img, scene
 
 
-def make_set(seed, n, start=0, size=S.SIZE):
+def make_set(seed, n, start=0, size=S.SIZE, default_colour=None):
     """(labels int64 [n], images uint8 [n, size, size, 3]) of samples start..start+n-1."""
     labels = np.zeros(n, np.int64)
     images = np.zeros((n, size, size, 3), np.uint8)
     for k in range(n):
-        labels[k], images[k], _ = sample(seed, start + k, size=size)
+        labels[k], images[k], _ = sample(seed, start + k, size=size, default_colour=default_colour)
     return labels, images
 
 

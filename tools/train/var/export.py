@@ -67,6 +67,38 @@ def shards(tensors):
             for i, g in enumerate(groups)]
 
 
+def load_exported(model_dir):
+    """An exported model directory's tensors back under the modules' names: (the MSVQ's
+    decoder, post_quant_conv, codebook and Phi; the VAR's), as vq_tensors and var_tensors
+    named them, in F32."""
+    from safetensors.torch import load_file
+
+    files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
+    if not files:
+        sys.exit("--init %s: no *.safetensors (an export.py model directory?)" % model_dir)
+    vq, var = {}, {}
+    for f in files:
+        for name, t in load_file(os.path.join(model_dir, f)).items():
+            if name.startswith("vq.phi."):
+                i, _, rest = name[len("vq.phi."):].partition(".")
+                vq["phi.%s.conv.%s" % (i, rest)] = t.float()
+            elif name.startswith("vq."):
+                vq[name[len("vq."):]] = t.float()
+            elif name.startswith("var."):
+                var[name[len("var."):]] = t.float()
+    return vq, var
+
+
+def load_into(module, tensors, where, leave=()):
+    """module.load_state_dict(tensors), every name but those starting with `leave` required;
+    exits naming the first tensor that is missing, extra or of another shape."""
+    want = {k: v for k, v in module.state_dict().items() if not k.startswith(tuple(leave))}
+    bad = sorted(set(want) ^ set(tensors)) or [k for k in want if want[k].shape != tensors[k].shape]
+    if bad:
+        sys.exit("--init %s: %s differs from this run's model (--config as it was trained)" % (where, bad[0]))
+    module.load_state_dict(tensors, strict=False)
+
+
 def stored(v):
     """F16 for matrices and convolutions (2 or more dims), F32 for vectors."""
     a = v.detach().float().numpy()

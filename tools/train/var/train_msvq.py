@@ -128,6 +128,10 @@ def main(argv=None):
     ap.add_argument("--eval-images", type=int, default=128)
     ap.add_argument("--final-eval-images", type=int, default=512)
     ap.add_argument("--config", default=None, help="JSON overriding msvq.DEFAULT_CFG")
+    ap.add_argument("--init", metavar="MODEL_DIR",
+                    help="an exported model (models/shapes-var): its decoder, code book and Phi are "
+                         "loaded and held, and an encoder is trained for them (quantising from "
+                         "the first step, no code restarts); --config as it was trained")
     add_loop_args(ap, steps=1800, batch=8, lr=1e-3, warmup=50, eval_every=200)
     a = ap.parse_args(argv)
     check_run_args(ap, a)
@@ -139,8 +143,16 @@ def main(argv=None):
     torch.manual_seed(a.seed)
     model = MSVQ(cfg)
     init_reference(model.decoder, a.ref_value)
+    if a.init:  # the exported decoder, code book and Phi, held: only the encoder trains
+        import export
+
+        export.load_into(model, export.load_exported(a.init)[0], a.init, leave=("encoder.",))
+        for n, p in model.named_parameters():
+            p.requires_grad_(n.startswith("encoder."))
+        a.ae_warmup = 0  # the code book is there: quantise from the first step
     model.to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr, betas=(0.9, 0.99),
+                            weight_decay=0.0)
     K = cfg["codebook_size"]
     used = torch.zeros(K, dtype=torch.long, device=dev)
     ck = resume(ckpt_path, logf, opt, cfg) if a.resume else None
@@ -161,7 +173,7 @@ def main(argv=None):
         _, u8 = data.make_set(a.seed, a.batch, start=step * a.batch, size=cfg["image_size"])
         x = to_model_input(u8).to(dev)
         quantising = step >= a.ae_warmup
-        if step == a.ae_warmup:
+        if step == a.ae_warmup and not a.init:
             init_codebook(model, x, a.seed)
             log(logf, "step %d: codebook set from encoder vectors; quantising from here" % step)
         with autocast(dev):
@@ -179,7 +191,8 @@ def main(argv=None):
             for idx in idxs:
                 used.add_(torch.bincount(idx.flatten(), minlength=K))
         step += 1
-        if quantising and a.restart_every and (step - a.ae_warmup) % a.restart_every == 0 and step < 0.7 * a.steps:
+        if (quantising and a.restart_every and not a.init and (step - a.ae_warmup) % a.restart_every == 0
+                and step < 0.7 * a.steps):
             dead = (used == 0).nonzero().flatten()
             if len(dead):
                 pool = torch.cat(rests)

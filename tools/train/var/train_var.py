@@ -77,10 +77,11 @@ def load_vq(path, dev=torch.device("cpu")):
 
 
 @torch.no_grad()
-def tokenize_set(vq, seed, n, path, logf, bs=64):
+def tokenize_set(vq, seed, n, path, logf, bs=64, default_colour=None):
     if os.path.exists(path):
         z = np.load(path)
-        if len(z["labels"]) == n:
+        made_with = str(z["default_colour"]) if "default_colour" in z else ""
+        if len(z["labels"]) == n and made_with == (default_colour or ""):
             return z["labels"], z["codes"]
     t0 = time.time()
     L = sum(p * p for p in vq.scales)
@@ -88,11 +89,11 @@ def tokenize_set(vq, seed, n, path, logf, bs=64):
     codes = np.zeros((n, L), np.int16)
     for s in range(0, n, bs):
         m = min(bs, n - s)
-        lab, img = data.make_set(seed, m, start=s, size=vq.cfg["image_size"])
+        lab, img = data.make_set(seed, m, start=s, size=vq.cfg["image_size"], default_colour=default_colour)
         idxs = vq.tokenize(to_model_input(img).to(vq.codebook.weight.device))
         labels[s:s + m] = lab
         codes[s:s + m] = torch.cat([i.flatten(1) for i in idxs], 1).cpu().numpy()
-    np.savez(path + ".tmp.npz", labels=labels, codes=codes)
+    np.savez(path + ".tmp.npz", labels=labels, codes=codes, default_colour=default_colour or "")
     os.replace(path + ".tmp.npz", path)
     log(logf, "tokenised %d samples of stream %d into %s (%.0f s)" % (n, seed, path, time.time() - t0))
     return labels, codes
@@ -155,6 +156,11 @@ def main(argv=None):
     ap.add_argument("--clip", type=float, default=2.0)
     ap.add_argument("--cond-drop", type=float, default=0.1)
     ap.add_argument("--config", default=None, help="JSON overriding DEFAULT_CFG")
+    ap.add_argument("--init", metavar="MODEL_DIR",
+                    help="start from an exported model's transformer (models/shapes-var; --config as "
+                         "it was trained, --vq a tokenizer for its decoder: train_msvq.py --init)")
+    ap.add_argument("--default-colour", choices=data.S.COLOURS,
+                    help="draw the classes that name no colour in this one (data.sample)")
     add_loop_args(ap, steps=2000, batch=32, lr=1e-3, warmup=100, eval_every=200)
     a = ap.parse_args(argv)
     check_run_args(ap, a)
@@ -164,11 +170,18 @@ def main(argv=None):
     cfg = dict(DEFAULT_CFG, **(json.loads(a.config) if a.config else {}))
     cfg.update(ffn=cfg.get("ffn", 4 * cfg["width"]), num_classes=data.NUM_CLASSES, scales=list(vq.scales),
                codebook_size=vq.cfg["codebook_size"], embed_dim=vq.cfg["embed_dim"])
-    tr_lab, tr_codes = tokenize_set(vq, a.data_seed, a.n_train, os.path.join(a.out, "tokens-train.npz"), logf)
-    va_lab, va_codes = tokenize_set(vq, a.val_seed, a.n_val, os.path.join(a.out, "tokens-val.npz"), logf)
+    tr_lab, tr_codes = tokenize_set(vq, a.data_seed, a.n_train, os.path.join(a.out, "tokens-train.npz"), logf,
+                                    default_colour=a.default_colour)
+    va_lab, va_codes = tokenize_set(vq, a.val_seed, a.n_val, os.path.join(a.out, "tokens-val.npz"), logf,
+                                    default_colour=a.default_colour)
 
     torch.manual_seed(a.seed)
-    var = VAR(cfg).to(dev)
+    var = VAR(cfg)
+    if a.init:
+        import export
+
+        export.load_into(var, export.load_exported(a.init)[1], a.init)
+    var.to(dev)
     def decays(n, p):  # matrices only; not embeddings, positions or a block's own AdaLN rows (VAR's)
         return p.ndim == 2 and not any(s in n for s in ("embed", "pos_", "adaln_gss"))
 
