@@ -124,6 +124,35 @@ def test_default_colour_draws_uncoloured_objects_in_it():
         scene.sample_training_scene(np.random.default_rng(1), None, "mauve")
 
 
+def test_default_position_places_a_lone_object_without_one():
+    """default_position: a lone object whose caption names no place is drawn there (the centre:
+    its box's centre within the centre's jitter); named places, counts and relations keep
+    theirs; an unknown place is refused."""
+    sys.path.insert(0, ROOT)
+    import numpy as np
+    import pytest
+
+    from tools.shapes import scene
+
+    placed = kept = 0
+    for i in range(300):
+        rec, _ = scene.sample_training_scene(np.random.default_rng([4, i]), {"plain": 1, "one": 1, "count": 1},
+                                             None, "centre")
+        base, _ = scene.sample_training_scene(np.random.default_rng([4, i]), {"plain": 1, "one": 1, "count": 1})
+        assert rec["caption"] == base["caption"]
+        objs = rec["spec"]["objects"]
+        if len(rec["objects"]) == 1 and "position" not in objs[0]:
+            placed += 1
+            x0, y0, x1, y1 = rec["objects"][0]["box"]
+            assert abs((x0 + x1) / 2 - 64) < 16 and abs((y0 + y1) / 2 - 64) < 16, rec
+        else:
+            kept += 1
+            assert rec["objects"] == base["objects"], (rec, base)
+    assert placed > 80 and kept > 80, (placed, kept)
+    with pytest.raises(ValueError, match="middle"):
+        scene.sample_training_scene(np.random.default_rng(1), None, None, "middle")
+
+
 def test_dataset_mix_flag(tmp_path):
     """dataset.py --mix is recorded in meta.json (so --resume refuses another mix) and a
     malformed one is a usage error naming the flag."""

@@ -136,7 +136,8 @@ def exported_model_continues(train, out, again):
     cont = os.path.join(again, "continued")
     mix = '{"plain": 2, "one": 1}'
     assert train.main(["--out", cont, "--tiny", "--init", model, "--stages", "vae,lm", "--set",
-                       "lm_mix=" + mix, "--set", 'lm_default_colour="black"']) == 0
+                       "lm_mix=" + mix, "--set", 'lm_default_colour="black"', "--set",
+                       'lm_default_position="centre"']) == 0
     ck = torch.load(os.path.join(cont, "vae", "ckpt.pt"), weights_only=False)["models"][0]
     dec = {k[len("decoder."):]: v for k, v in ck.items() if k.startswith("decoder.")}
     for k, v in vae.decoder.state_dict().items():

@@ -370,19 +370,26 @@ def sample_training_spec(rng, mix=None):
     return "three_objects", {"objects": objs, "total": 3}
 
 
-def sample_training_scene(rng, mix=None, default_colour=None):
+def sample_training_scene(rng, mix=None, default_colour=None, default_position=None):
     """A training sample: dict(category, caption, spec, scene) and the image (mix: as
     sample_training_spec). default_colour: the colour of every object its caption leaves
-    uncoloured (None: drawn at random). A model that samples each bit or token of a scale
-    independently cannot commit to one of eight colours nobody asked for, and draws none:
-    a default gives it one."""
+    uncoloured (None: drawn at random); default_position: the place of a lone object whose
+    caption names none (one object, no count, no relation; None: at random). A model that
+    samples each bit or token of a scale independently cannot commit to one of eight colours,
+    or one of many places, nobody asked for, and draws nothing: a default gives it one."""
     category, spec = sample_training_spec(rng, mix)
+    drawn = spec
     if default_colour is not None:
         if default_colour not in COLOURS:
             raise ValueError("default colour %r is not one of %s" % (default_colour, ", ".join(COLOURS)))
-        drawn = {"objects": [dict(o) if "colour" in o else dict(o, colour=default_colour)
-                             for o in spec["objects"]]}
-        scene = realise(dict(spec, **drawn), rng)
-    else:
-        scene = realise(spec, rng)
+        drawn = dict(drawn, objects=[dict(o) if "colour" in o else dict(o, colour=default_colour)
+                                     for o in drawn["objects"]])
+    if default_position is not None:
+        if default_position not in POSITIONS:
+            raise ValueError("default position %r is not one of %s" % (default_position, ", ".join(POSITIONS)))
+        lone = drawn["objects"][0]
+        if (len(drawn["objects"]) == 1 and "relation" not in drawn and "count" not in lone
+                and "position" not in lone):
+            drawn = dict(drawn, objects=[dict(lone, position=default_position)])
+    scene = realise(drawn, rng)
     return {"category": category, "caption": caption(spec), "spec": spec, "objects": scene}, render(scene)
