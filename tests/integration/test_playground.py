@@ -296,7 +296,7 @@ def test_every_policy_the_card_lists_generates_at_its_default_budget(browser, st
 
 # The README's picture of the page (docs/playground.png): a prompt and seed of its table of
 # the demo models, which the model draws right, under full and linear.
-COMPARE_PROMPT, COMPARE_BUDGET = "a blue square above a yellow diamond", "0.5"
+COMPARE_PROMPT, COMPARE_BUDGET = "two green triangles", "0.5"
 
 
 def readme_caption(picture):
