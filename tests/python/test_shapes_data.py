@@ -153,6 +153,40 @@ def test_default_position_places_a_lone_object_without_one():
         scene.sample_training_scene(np.random.default_rng(1), None, None, "middle")
 
 
+def test_default_pair_places_two_objects_without_places():
+    """default_pair=(a, b): two objects whose caption names no place and no relation ('and'
+    captions, a count of two) are drawn the first at a, the second at b (caption order); a
+    caption with places, a relation or three objects keeps its scene; a bad pair is refused."""
+    sys.path.insert(0, ROOT)
+    import numpy as np
+    import pytest
+
+    from tools.shapes import scene
+
+    mix = {"and": 2, "count": 1, "relation": 1}
+    placed = kept = counts = 0
+    for i in range(300):
+        rec, _ = scene.sample_training_scene(np.random.default_rng([6, i]), mix, None, None, ("left", "right"))
+        base, _ = scene.sample_training_scene(np.random.default_rng([6, i]), mix)
+        assert rec["caption"] == base["caption"] and rec["spec"] == base["spec"]
+        spec = rec["spec"]
+        if (len(rec["objects"]) == 2 and "relation" not in spec
+                and not any("position" in o for o in spec["objects"])):
+            placed += 1
+            counts += len(spec["objects"]) == 1
+            (a0, _, a1, _), (b0, _, b1, _) = (o["box"] for o in rec["objects"])
+            assert (a0 + a1) / 2 < 0.31 * 128 and (b0 + b1) / 2 > 0.69 * 128, rec
+            for want, got in zip([o for o in spec["objects"] for _ in range(o.get("count", 1))], rec["objects"]):
+                assert got["shape"] == want["shape"] and got["colour"] == want.get("colour", got["colour"]), rec
+        else:
+            kept += 1
+            assert rec["objects"] == base["objects"], (rec, base)
+    assert placed > 60 and counts > 10 and kept > 60, (placed, counts, kept)
+    for bad in (("left", "left"), ("left", "middle"), ("left",)):
+        with pytest.raises(ValueError, match="default pair"):
+            scene.sample_training_scene(np.random.default_rng(1), None, None, None, bad)
+
+
 def test_dataset_mix_flag(tmp_path):
     """dataset.py --mix is recorded in meta.json (so --resume refuses another mix) and a
     malformed one is a usage error naming the flag."""

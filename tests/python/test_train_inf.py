@@ -137,7 +137,7 @@ def exported_model_continues(train, out, again):
     mix = '{"plain": 2, "one": 1}'
     assert train.main(["--out", cont, "--tiny", "--init", model, "--stages", "vae,lm", "--set",
                        "lm_mix=" + mix, "--set", 'lm_default_colour="black"', "--set",
-                       'lm_default_position="centre"']) == 0
+                       'lm_default_position="centre"', "--set", 'lm_default_pair=["left", "right"]']) == 0
     ck = torch.load(os.path.join(cont, "vae", "ckpt.pt"), weights_only=False)["models"][0]
     dec = {k[len("decoder."):]: v for k, v in ck.items() if k.startswith("decoder.")}
     for k, v in vae.decoder.state_dict().items():
@@ -145,20 +145,17 @@ def exported_model_continues(train, out, again):
     torch.manual_seed(1)  # as train.main seeds before the stages: the encoder it started from
     enc = train.BSQVAE(cfg).encoder.state_dict()
     assert any(not torch.equal(ck["encoder." + k], v) for k, v in enc.items()), "the encoder did not train"
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            train.main(["--out", cont, "--tiny", "--set", 'lm_mix={"four": 1}'])
-            raise AssertionError("an unknown caption kind was accepted")
-        except SystemExit as e:
-            assert e.code == 2 and "lm_mix" in err.getvalue() and "four" in err.getvalue(), err.getvalue()
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            train.main(["--out", cont, "--tiny", "--set", 'lm_default_colour="mauve"'])
-            raise AssertionError("an unknown default colour was accepted")
-        except SystemExit as e:
-            assert e.code == 2 and "lm_default_colour" in err.getvalue(), err.getvalue()
+    for bad, named in (('lm_mix={"four": 1}', "four"), ('lm_default_colour="mauve"', "mauve"),
+                       ('lm_default_pair=["left", "left"]', "two different places"),
+                       ('lm_default_pair="left"', "two different places")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                train.main(["--out", cont, "--tiny", "--set", bad])
+                raise AssertionError("--set %s was accepted" % bad)
+            except SystemExit as e:
+                said = err.getvalue()
+                assert e.code == 2 and bad.split("=")[0] in said and named in said, said
 
 
 def test_tiny_training_to_a_model_arserve_serves(tmp_path=None):

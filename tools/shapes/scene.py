@@ -370,13 +370,32 @@ def sample_training_spec(rng, mix=None):
     return "three_objects", {"objects": objs, "total": 3}
 
 
-def sample_training_scene(rng, mix=None, default_colour=None, default_position=None):
+def _place_pair(spec, pair):
+    """spec with two objects whose caption names no place and no relation (two objects, or
+    one counted two) placed at pair's two places, in the caption's order; any other spec as
+    it is."""
+    objs = spec["objects"]
+    if "relation" in spec or any("position" in o for o in objs):
+        return spec
+    if len(objs) == 2 and not any("count" in o for o in objs):
+        two = objs
+    elif len(objs) == 1 and objs[0].get("count") == 2:
+        one = {k: v for k, v in objs[0].items() if k != "count"}
+        two = [one, one]
+    else:
+        return spec
+    return dict(spec, objects=[dict(o, position=p) for o, p in zip(two, pair)])
+
+
+def sample_training_scene(rng, mix=None, default_colour=None, default_position=None, default_pair=None):
     """A training sample: dict(category, caption, spec, scene) and the image (mix: as
     sample_training_spec). default_colour: the colour of every object its caption leaves
     uncoloured (None: drawn at random); default_position: the place of a lone object whose
-    caption names none (one object, no count, no relation; None: at random). A model that
-    samples each bit or token of a scale independently cannot commit to one of eight colours,
-    or one of many places, nobody asked for, and draws nothing: a default gives it one."""
+    caption names none (one object, no count, no relation; None: at random); default_pair:
+    two places, where two objects whose caption names no place and no relation are drawn,
+    the first named at the first (None: at random). A model that samples each bit or token
+    of a scale independently cannot commit to one of eight colours, or one of many places
+    or layouts, nobody asked for, and draws nothing or pieces: a default gives it one."""
     category, spec = sample_training_spec(rng, mix)
     drawn = spec
     if default_colour is not None:
@@ -391,5 +410,11 @@ def sample_training_scene(rng, mix=None, default_colour=None, default_position=N
         if (len(drawn["objects"]) == 1 and "relation" not in drawn and "count" not in lone
                 and "position" not in lone):
             drawn = dict(drawn, objects=[dict(lone, position=default_position)])
+    if default_pair is not None:
+        pair = tuple(default_pair)
+        if len(pair) != 2 or pair[0] == pair[1] or any(p not in POSITIONS for p in pair):
+            raise ValueError("default pair %r is not two different places of %s"
+                             % (default_pair, ", ".join(POSITIONS)))
+        drawn = _place_pair(drawn, pair)
     scene = realise(drawn, rng)
     return {"category": category, "caption": caption(spec), "spec": spec, "objects": scene}, render(scene)

@@ -58,7 +58,7 @@ FULL = {"d": 16, "vae_base": 32, "vae_mult": [1, 2, 2], "vae_blocks": 1,
         "t5": {"d_model": 128, "d_kv": 32, "num_heads": 4, "d_ff": 256, "num_layers": 2},
         "vae_steps": 3000, "vae_batch": 16, "vae_lr": 1e-3,
         "lm_steps": 12000, "lm_batch": 32, "lm_lr": 6e-4, "lm_mix": None,
-        "lm_default_colour": None, "lm_default_position": None}
+        "lm_default_colour": None, "lm_default_position": None, "lm_default_pair": None}
 TINY = dict(FULL, d=8, vae_mult=[1, 1, 1], C=64, depth=2, H=2,
             t5={"d_model": 128, "d_kv": 32, "num_heads": 2, "d_ff": 128, "num_layers": 1},
             vae_steps=3, vae_batch=2, lm_steps=3, lm_batch=2)
@@ -67,15 +67,16 @@ TINY = dict(FULL, d=8, vae_mult=[1, 1, 1], C=64, depth=2, H=2,
 # ----------------------------------------------------------------------------- data
 
 
-def sample(seed, i, mix=None, default_colour=None, default_position=None):
-    """(caption, uint8 image [64, 64, 3]) of sample i of stream `seed`."""
+def sample(seed, i, mix=None, **defaults):
+    """(caption, uint8 image [64, 64, 3]) of sample i of stream `seed`; defaults:
+    sample_training_scene's default_colour, default_position, default_pair."""
     rng = np.random.default_rng([seed, i])
-    rec, img = S.sample_training_scene(rng, mix, default_colour, default_position)
+    rec, img = S.sample_training_scene(rng, mix, **defaults)
     return rec["caption"], np.asarray(Image.fromarray(img).reduce(S.SIZE // IMAGE))
 
 
-def batch(seed, step, n, mix=None, default_colour=None, default_position=None):
-    caps, imgs = zip(*(sample(seed, step * n + k, mix, default_colour, default_position) for k in range(n)))
+def batch(seed, step, n, mix=None, **defaults):
+    caps, imgs = zip(*(sample(seed, step * n + k, mix, **defaults) for k in range(n)))
     x = torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).float() / 127.5 - 1.0
     return list(caps), x
 
@@ -237,8 +238,8 @@ def stage_lm(a, cfg, dev):
     gen = torch.Generator().manual_seed(5)
 
     def step_fn(step, seed):
-        caps, x = batch(seed, step, cfg["lm_batch"], cfg["lm_mix"], cfg["lm_default_colour"],
-                        cfg["lm_default_position"])
+        caps, x = batch(seed, step, cfg["lm_batch"], cfg["lm_mix"], default_colour=cfg["lm_default_colour"],
+                        default_position=cfg["lm_default_position"], default_pair=cfg["lm_default_pair"])
         with torch.no_grad():
             bits, _ = vae.quantize(vae.encoder(x.to(dev)))
         ids = [encode(vocab, c)[:cfg["text_maxlen"]] for c in caps]
@@ -394,6 +395,11 @@ def main(argv=None):
     if cfg["lm_default_position"] is not None and cfg["lm_default_position"] not in S.POSITIONS:
         ap.error("--set lm_default_position=%s: not one of %s" % (json.dumps(cfg["lm_default_position"]),
                                                                   ", ".join(S.POSITIONS)))
+    if cfg["lm_default_pair"] is not None:
+        try:  # the data's own check, on one sample
+            S.sample_training_scene(np.random.default_rng(0), default_pair=cfg["lm_default_pair"])
+        except (ValueError, TypeError) as e:
+            ap.error("--set lm_default_pair=%s: %s" % (json.dumps(cfg["lm_default_pair"]), e))
     if a.init and not os.path.isdir(a.init):
         ap.error("--init %s: not a directory" % a.init)
     stages = a.stages.split(",")
