@@ -14,6 +14,26 @@
 #include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/vec_isa.h"
 
+#ifndef AMX_BLOCK_BYTES
+#define AMX_BLOCK_BYTES (128 * 1024)
+#endif
+#ifndef AMX_GROUP_BYTES
+#define AMX_GROUP_BYTES (512 * 1024)
+#endif
+
+/* Pairs of weight panels interleaved at once, and rows of the activations
+ * run against them at a time: each about AMX_*_BYTES, so that both stay in
+ * a core's L2 while the tiles go over them. */
+static inline int amx_group_pairs(int Kp) {
+    const int g = (int)(AMX_GROUP_BYTES / ((size_t)2 * Kp * 16 * sizeof(uint16_t)));
+    return g < 1 ? 1 : g;
+}
+
+static inline int amx_block_rows(int Kp) {
+    const int r = (int)(AMX_BLOCK_BYTES / ((size_t)Kp * sizeof(uint16_t))) / 32 * 32;
+    return r < 32 ? 32 : r;
+}
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
@@ -141,10 +161,20 @@ __attribute__((target("amx-tile,amx-bf16"))) void gemm_amx(int M, int N, int K, 
         return;
     const int Kp = gemm_amx_pad(K), n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL;
     tiles_configure();
-    for (int p0 = 0; p0 < n_panels; p0 += 2) {
-        interleave_panels(scratch, wp, p0, n_panels, K, Kp);
-        const int n0 = p0 * GEMM_PANEL, nc = N - n0 < 32 ? N - n0 : 32;
-        panel_pair(M, nc, Kp, xb, scratch, scratch + (size_t)Kp * GEMM_PANEL, y + n0, ldy);
+    const size_t pair = (size_t)2 * Kp * GEMM_PANEL;
+    const int group = amx_group_pairs(Kp), mb = amx_block_rows(Kp);
+    for (int p0 = 0; p0 < n_panels; p0 += 2 * group) {
+        const int left = (n_panels - p0 + 1) / 2, np = left < group ? left : group;
+        for (int q = 0; q < np; q++)
+            interleave_panels(scratch + q * pair, wp, p0 + 2 * q, n_panels, K, Kp);
+        for (int m0 = 0; m0 < M; m0 += mb) {
+            const int mc = M - m0 < mb ? M - m0 : mb;
+            for (int q = 0; q < np; q++) {
+                const int n0 = (p0 + 2 * q) * GEMM_PANEL, nc = N - n0 < 32 ? N - n0 : 32;
+                panel_pair(mc, nc, Kp, xb + (size_t)m0 * Kp, scratch + q * pair,
+                           scratch + q * pair + (size_t)Kp * GEMM_PANEL, y + (size_t)m0 * ldy + n0, ldy);
+            }
+        }
     }
     _tile_release();
 }
@@ -210,7 +240,10 @@ void gemm_amx_b(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, flo
 
 int gemm_amx_pad(int n) { return (n + 31) / 32 * 32; }
 
-size_t gemm_amx_scratch_elems(int K) { return (size_t)2 * gemm_amx_pad(K) * GEMM_PANEL; }
+size_t gemm_amx_scratch_elems(int K) {
+    const int Kp = gemm_amx_pad(K);
+    return (size_t)amx_group_pairs(Kp) * 2 * Kp * GEMM_PANEL;
+}
 
 size_t gemm_amx_b_elems(int N, int K) { return (size_t)gemm_amx_pad(N) * gemm_amx_pad(K); }
 

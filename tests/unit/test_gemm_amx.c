@@ -2,7 +2,8 @@
  * ties to even, with the padding zero; on a CPU with AMX, the tiles' GEMM
  * matches a double-precision sum over the rounded activations on ragged
  * shapes (rows and columns not multiples of a tile, K not a multiple of
- * 32, one panel alone at the end), accumulating into y and never writing
+ * 32, one panel alone at the end; deep enough to cross the kernel's blocks
+ * of panels and rows), accumulating into y and never writing
  * outside it, and gemm_amx_b on the weight laid out ahead gives the same
  * bits. Without AMX the GEMM's checks skip, saying so. */
 #include "base/dtype.h"
@@ -131,8 +132,22 @@ static void test_amx_gemm_against_double_on_ragged_shapes(void) {
     CHECK_MSG(bad == 0, "%d values off", bad);
 }
 
+/* Deep enough that the kernel blocks the work (gemm_amx.c: groups of panel
+ * pairs and blocks of rows sized to stay in L2): several groups, the last
+ * partial and ending in a lone panel, several blocks of rows, the last
+ * partial. */
+static void test_amx_gemm_across_its_blocks(void) {
+    if (!gemm_amx_usable()) {
+        printf("skip: no AMX here (see above)\n");
+        return;
+    }
+    const int bad = check_shape(150, 300, 1000) + check_shape(97, 530, 2100);
+    CHECK_MSG(bad == 0, "%d values off", bad);
+}
+
 int main(void) {
     TEST_RUN(test_rounding_to_nearest_even_and_padding);
     TEST_RUN(test_amx_gemm_against_double_on_ragged_shapes);
+    TEST_RUN(test_amx_gemm_across_its_blocks);
     return TEST_SUMMARY();
 }
