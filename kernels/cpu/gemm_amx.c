@@ -172,7 +172,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void gemm_amx(int M, int N, int K, 
             for (int q = 0; q < np; q++) {
                 const int n0 = (p0 + 2 * q) * GEMM_PANEL, nc = N - n0 < 32 ? N - n0 : 32;
                 panel_pair(mc, nc, Kp, xb + (size_t)m0 * Kp, scratch + q * pair,
-                           scratch + q * pair + (size_t)Kp * GEMM_PANEL, y + (size_t)m0 * ldy + n0, ldy);
+                           scratch + q * pair + (size_t)Kp * GEMM_PANEL, y + (size_t)m0 * ldy + n0,
+                           ldy);
             }
         }
     }
