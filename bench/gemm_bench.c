@@ -175,7 +175,7 @@ int main(int argc, char **argv) {
     float *x = malloc(sizeof(float) * (size_t)max_m * max_k);
     float *w = malloc(sizeof(float) * (size_t)max_n * max_k);
     void *wt = malloc(dtype_size(dt) * (size_t)max_n * max_k);
-    void *wp = malloc(dtype_size(dt) * gemm_packed_elems(max_n, max_k));
+    void *wp = malloc(dtype_size(dt) * gemm_packed_elems(max_n, max_k, dt));
     float *y = malloc(sizeof(float) * (size_t)max_m * max_n);
     if (!x || !w || !wt || !wp || !y) {
         fprintf(stderr, "gemm_bench: out of memory\n");

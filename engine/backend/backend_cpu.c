@@ -169,7 +169,7 @@ static linear_shape_t linear_shape(const tensor_t *w) {
 /* Bytes from one stacked matrix to the next, in w's layout. */
 static size_t linear_group_bytes(const tensor_t *w, linear_shape_t s) {
     const size_t elems =
-        w->layout == LAYOUT_LINEAR ? gemm_packed_elems(s.n, s.k) : (size_t)s.n * s.k;
+        w->layout == LAYOUT_LINEAR ? gemm_packed_elems(s.n, s.k, w->dtype) : (size_t)s.n * s.k;
     return elems * dtype_size(w->dtype);
 }
 
@@ -177,7 +177,7 @@ static size_t linear_group_bytes(const tensor_t *w, linear_shape_t s) {
  * repacked in gemm_packed's panels, in its own type. */
 static int linear_pack(backend_t *be, tensor_t *w, ar_error_t *err) {
     const linear_shape_t s = linear_shape(w);
-    const size_t group = gemm_packed_elems(s.n, s.k) * dtype_size(w->dtype),
+    const size_t group = gemm_packed_elems(s.n, s.k, w->dtype) * dtype_size(w->dtype),
                  bytes = group * (size_t)s.groups;
     void *packed = cpu_alloc(be, bytes);
     if (!packed)
@@ -358,8 +358,9 @@ static void matmul_packed(const backend_t *be, float *y, const float *x, const t
     }
 }
 
-/* Rows a GEMM needs before cpu_activations bf16 takes the AMX tiles: below,
- * interleaving the weight's panels costs more than the tiles save. */
+/* Rows a GEMM needs before cpu_activations bf16 takes the AMX tiles (a
+ * tile is 16 rows; fewer go through the fp32 kernels, as a raster model's
+ * decode steps do). */
 #define AMX_MIN_ROWS 32
 
 /* The rounded-activations buffer, at least bytes long; NULL when it cannot
@@ -378,16 +379,14 @@ static void *rounded_buffer(const backend_t *be, size_t bytes) {
 }
 
 /* cpu_activations bf16 on a bf16 Linear weight: x rounded to bf16 once,
- * then, with AMX, pairs of panels split over the team (each thread
- * interleaving its panels in its share of the scratch panel); without, the
- * rounded values widened back to fp32 through gemm_packed. 0 where the
- * buffer cannot grow, and nothing done. */
+ * then, with AMX, pairs of panels split over the team (the tiles read the
+ * packed panels as they lie); without, the rounded values widened back to
+ * fp32 through gemm_packed. 0 where the buffer cannot grow, and nothing
+ * done. */
 static int matmul_bf16(const backend_t *be, float *y, const float *x, const tensor_t *w, int m,
                        int n, int k) {
     const int nt = (int64_t)m * n * k >= GEMM_PAR_MIN_WORK ? team(be) : 1;
-    if (gemm_amx_usable() && m >= AMX_MIN_ROWS &&
-        gemm_amx_scratch_elems(k) * sizeof(uint16_t) * (size_t)nt <=
-            SCRATCH_FLOATS * sizeof(float)) {
+    if (gemm_amx_usable() && m >= AMX_MIN_ROWS) {
         const int mp = gemm_amx_pad(m), kp = gemm_amx_pad(k);
         uint16_t *xb = rounded_buffer(be, (size_t)mp * kp * sizeof(uint16_t));
         if (!xb)
@@ -403,11 +402,9 @@ static int matmul_bf16(const backend_t *be, float *y, const float *x, const tens
                       hi = (int)split_at(pairs, t + 1, nth, 1);
             const int c0 = lo * 2 * GEMM_PANEL,
                       c1 = hi * 2 * GEMM_PANEL < n ? hi * 2 * GEMM_PANEL : n;
-            uint16_t *scratch = (uint16_t *)((const cpu_impl_t *)be->impl)->scratch +
-                                (size_t)t * gemm_amx_scratch_elems(k);
             if (c1 > c0)
                 gemm_amx(m, c1 - c0, k, xb, gemm_packed_panel(w->data, w->dtype, k, 2 * lo), y + c0,
-                         n, scratch);
+                         n);
         }
         return 1;
     }
@@ -989,7 +986,7 @@ static const uint16_t *attn_row_bf16(uint16_t *tmp, const attn_keys_t *ak, const
 /* The same keys for the tiles, in bf16 (the values the fp32 packing would
  * round to): K into kb as the scores' weight (column j, depth i), and,
  * unless vb is NULL, V into vb as the weighted sum's (column i, depth j);
- * gemm_amx_b's layout, everything past nb keys and d elements zero. */
+ * gemm_amx's layout, everything past nb keys and d elements zero. */
 static void attn_pack_block_bf16(uint16_t *kb, uint16_t *vb, const attn_keys_t *ak, int j0, int nb,
                                  int d) {
     const int d32 = gemm_amx_pad(d), nb32 = gemm_amx_pad(nb);
@@ -1027,7 +1024,7 @@ static void attn_tile_scores(const attn_tile_buf_t *b, const float *q, size_t ld
     for (int r = 0; r < rows; r++)
         memset(s + (size_t)r * ATTN_CHUNK, 0, (size_t)nb * sizeof(float));
     if (b->amx)
-        gemm_amx_b(rows, nb, d, b->qb + (size_t)r0 * gemm_amx_pad(d), b->kb, s, ATTN_CHUNK);
+        gemm_amx(rows, nb, d, b->qb + (size_t)r0 * gemm_amx_pad(d), b->kb, s, ATTN_CHUNK);
     else
         gemm_packed(rows, nb, d, q + (size_t)r0 * ldq, (int)ldq, b->kp, DTYPE_F32, s, ATTN_CHUNK);
     for (int r = 0; r < rows; r++) {
@@ -1092,7 +1089,7 @@ static void attend_group(const attn_tile_buf_t *b, float *out, const float *q, s
             }
             if (b->amx) {
                 gemm_amx_round(b->pb, b->s, ATTN_CHUNK, tr, nb, 0, gemm_amx_pad(tr));
-                gemm_amx_b(tr, dp, nb, b->pb, b->vb, o, dp);
+                gemm_amx(tr, dp, nb, b->pb, b->vb, o, dp);
             } else {
                 gemm_packed(tr, dp, nb, b->s, ATTN_CHUNK, b->vp, DTYPE_F32, o, dp);
             }

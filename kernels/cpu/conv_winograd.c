@@ -45,9 +45,9 @@ int64_t winograd_tiles(int ho, int wo) { return (int64_t)((ho + 1) / 2) * ((wo +
 static int padded(int n) { return (n + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL; }
 
 /* The bf16 path's part of the scratch, in floats: a position's patches
- * rounded, and gemm_amx's interleaving buffer. */
+ * rounded into the tiles' layout. */
 static size_t bf16_part_floats(int c_in, int n) {
-    return ((size_t)c_in * padded(n) + gemm_amx_scratch_elems(c_in) + 1) / 2;
+    return (gemm_packed_elems(padded(n), c_in, DTYPE_BF16) + 1) / 2;
 }
 
 size_t winograd_scratch_floats(int c_in, int c_out, int n) {
@@ -171,12 +171,12 @@ static void conv3x3(float *out, const float *in, const float *u, const uint16_t 
         }
     /* M[pos] = U[pos] V[pos], summed over the channels. */
     memset(m, 0, WINOGRAD_POS * m_pos * sizeof(float));
-    uint16_t *vb = (uint16_t *)(m + WINOGRAD_POS * m_pos), *tiles = vb + v_pos;
+    uint16_t *vb = (uint16_t *)(m + WINOGRAD_POS * m_pos);
     const size_t ub_pos = (size_t)gemm_amx_pad(c_out) * gemm_amx_pad(c_in);
     for (int pos = 0; pos < WINOGRAD_POS; pos++) {
         if (ub) {
-            gemm_amx_to_bf16(vb, v + pos * v_pos, v_pos);
-            gemm_amx(c_out, n, c_in, ub + pos * ub_pos, vb, m + pos * m_pos, np, tiles);
+            gemm_amx_pack_f32(vb, v + pos * v_pos, np, c_in);
+            gemm_amx(c_out, n, c_in, ub + pos * ub_pos, vb, m + pos * m_pos, np);
         } else {
             gemm_packed(c_out, n, c_in, u + pos * u_pos, c_in, v + pos * v_pos, DTYPE_F32,
                         m + pos * m_pos, np);

@@ -3,9 +3,8 @@
  * Tiles 0-3 hold a 32 x 32 block of y (2 x 2 tiles of 16 x 16 fp32), 4 and
  * 5 two 16-row strips of the activations 32 deep, 6 and 7 two panels of
  * the weight 32 deep. A tile's dot product takes the weight as pairs of
- * consecutive k side by side ("VNNI" order), so each pair of gemm_packed
- * panels (16 columns a row of k) is interleaved row by row into the scratch
- * once, then meets every row of the activations. */
+ * consecutive k side by side ("VNNI" order), the order gemm_packed keeps
+ * bf16 panels in, so the weight is read where it lies. */
 #include "kernels/cpu/gemm_amx.h"
 
 #include <string.h>
@@ -21,9 +20,9 @@
 #define AMX_GROUP_BYTES (512 * 1024)
 #endif
 
-/* Pairs of weight panels interleaved at once, and rows of the activations
- * run against them at a time: each about AMX_*_BYTES, so that both stay in
- * a core's L2 while the tiles go over them. */
+/* Pairs of weight panels taken at once, and rows of the activations run
+ * against them at a time: each about AMX_*_BYTES, so that both stay in a
+ * core's L2 while the tiles go over them. */
 static inline int amx_group_pairs(int Kp) {
     const int g = (int)(AMX_GROUP_BYTES / ((size_t)2 * Kp * 16 * sizeof(uint16_t)));
     return g < 1 ? 1 : g;
@@ -68,37 +67,6 @@ typedef struct tile_config {
     uint8_t rows[16];
 } tile_config_t;
 
-/* Interleaves panels p0 and p0 + 1 (of n_panels; one past is zeros) of wp,
- * K deep, into scratch: panel q's row kk (of Kp / 2) holds, for each of its
- * 16 columns, w(n, 2 kk) then w(n, 2 kk + 1), zero past K. Two rows of 16
- * become one of 32 by one permutation (AVX-512BW, which every AMX CPU has). */
-__attribute__((target("avx512f,avx512bw"))) static void
-interleave_panels(uint16_t *scratch, const uint16_t *wp, int p0, int n_panels, int K, int Kp) {
-    __m512i pick = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                    23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int q = 0; q < 2; q++) {
-        uint16_t *dst = scratch + (size_t)q * Kp * GEMM_PANEL;
-        if (p0 + q >= n_panels) {
-            memset(dst, 0, (size_t)Kp * GEMM_PANEL * sizeof *dst);
-            continue;
-        }
-        const uint16_t *panel = wp + (size_t)(p0 + q) * GEMM_PANEL * K;
-        int k = 0;
-        for (; k + 1 < K; k += 2) {
-            const __m512i two = _mm512_loadu_si512(panel + (size_t)k * GEMM_PANEL);
-            _mm512_storeu_si512(dst + (size_t)k * GEMM_PANEL, _mm512_permutexvar_epi16(pick, two));
-        }
-        for (; k < Kp; k += 2) {
-            uint16_t *row = dst + (size_t)k * GEMM_PANEL;
-            const uint16_t *r0 = panel + (size_t)k * GEMM_PANEL;
-            for (int n = 0; n < GEMM_PANEL; n++) {
-                row[2 * n] = k < K ? r0[n] : 0;
-                row[2 * n + 1] = 0;
-            }
-        }
-    }
-}
-
 /* Palette 1, every tile 16 rows of 64 bytes. */
 __attribute__((target("amx-tile"))) static void tiles_configure(void) {
     tile_config_t cfg;
@@ -111,7 +79,7 @@ __attribute__((target("amx-tile"))) static void tiles_configure(void) {
     _tile_loadconfig(&cfg);
 }
 
-/* Columns [0, nc) (nc <= 32) of y += xb times the pair of interleaved
+/* Columns [0, nc) (nc <= 32) of y += xb times the pair of
  * panels b0, b1 (Kp deep), every row of xb; the tiles configured. */
 __attribute__((target("amx-tile,amx-bf16"))) static void
 panel_pair(int M, int nc, int Kp, const uint16_t *xb, const uint16_t *b0, const uint16_t *b1,
@@ -155,41 +123,27 @@ panel_pair(int M, int nc, int Kp, const uint16_t *xb, const uint16_t *b0, const 
 }
 
 __attribute__((target("amx-tile,amx-bf16"))) void gemm_amx(int M, int N, int K, const uint16_t *xb,
-                                                           const void *wp, float *y, int ldy,
-                                                           uint16_t *scratch) {
+                                                           const uint16_t *wb, float *y, int ldy) {
     if (M <= 0 || N <= 0 || K <= 0)
         return;
     const int Kp = gemm_amx_pad(K), n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL;
-    tiles_configure();
-    const size_t pair = (size_t)2 * Kp * GEMM_PANEL;
+    const size_t panel = (size_t)Kp * GEMM_PANEL;
     const int group = amx_group_pairs(Kp), mb = amx_block_rows(Kp);
+    tiles_configure();
     for (int p0 = 0; p0 < n_panels; p0 += 2 * group) {
-        const int left = (n_panels - p0 + 1) / 2, np = left < group ? left : group;
-        for (int q = 0; q < np; q++)
-            interleave_panels(scratch + q * pair, wp, p0 + 2 * q, n_panels, K, Kp);
+        const int p_end = n_panels - p0 < 2 * group ? n_panels : p0 + 2 * group;
         for (int m0 = 0; m0 < M; m0 += mb) {
             const int mc = M - m0 < mb ? M - m0 : mb;
-            for (int q = 0; q < np; q++) {
-                const int n0 = (p0 + 2 * q) * GEMM_PANEL, nc = N - n0 < 32 ? N - n0 : 32;
-                panel_pair(mc, nc, Kp, xb + (size_t)m0 * Kp, scratch + q * pair,
-                           scratch + q * pair + (size_t)Kp * GEMM_PANEL, y + (size_t)m0 * ldy + n0,
+            for (int p = p0; p < p_end; p += 2) {
+                /* A lone last panel is read twice; the second copy's
+                 * columns, past N, are not stored. */
+                const uint16_t *b0 = wb + (size_t)p * panel,
+                               *b1 = p + 1 < n_panels ? b0 + panel : b0;
+                const int n0 = p * GEMM_PANEL, nc = N - n0 < 32 ? N - n0 : 32;
+                panel_pair(mc, nc, Kp, xb + (size_t)m0 * Kp, b0, b1, y + (size_t)m0 * ldy + n0,
                            ldy);
             }
         }
-    }
-    _tile_release();
-}
-
-__attribute__((target("amx-tile,amx-bf16"))) void
-gemm_amx_b(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y, int ldy) {
-    if (M <= 0 || N <= 0 || K <= 0)
-        return;
-    const int Kp = gemm_amx_pad(K);
-    tiles_configure();
-    for (int n0 = 0; n0 < N; n0 += 32) {
-        const uint16_t *b0 = wb + (size_t)n0 * Kp;
-        panel_pair(M, N - n0 < 32 ? N - n0 : 32, Kp, xb, b0, b0 + (size_t)Kp * GEMM_PANEL, y + n0,
-                   ldy);
     }
     _tile_release();
 }
@@ -207,6 +161,28 @@ to_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
         const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
         _mm256_mask_storeu_epi16(dst + i, k,
                                  (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, src + i)));
+    }
+}
+
+/* Two rows of a panel (k and k + 1, 16 floats each) rounded into one row of
+ * 16 pairs: the two rows' bf16 side by side, then interleaved by one
+ * permutation. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
+pack_f32_avx512(uint16_t *dst, const float *src, int n_panels, int K, int Kp) {
+    const __m512i pick =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int p = 0; p < n_panels; p++) {
+        const float *panel = src + (size_t)p * K * GEMM_PANEL;
+        uint16_t *to = dst + (size_t)p * Kp * GEMM_PANEL;
+        for (int k = 0; k < Kp; k += 2) {
+            const __m512 r0 =
+                k < K ? _mm512_loadu_ps(panel + (size_t)k * GEMM_PANEL) : _mm512_setzero_ps();
+            const __m512 r1 = k + 1 < K ? _mm512_loadu_ps(panel + (size_t)(k + 1) * GEMM_PANEL)
+                                        : _mm512_setzero_ps();
+            const __m512i two = (__m512i)_mm512_cvtne2ps_pbh(r1, r0);
+            _mm512_storeu_si512(to + (size_t)k * GEMM_PANEL, _mm512_permutexvar_epi16(pick, two));
+        }
     }
 }
 
@@ -228,23 +204,32 @@ void gemm_amx_to_bf16(uint16_t *dst, const float *src, size_t n) {
 
 int gemm_amx_usable(void) { return 0; }
 
-void gemm_amx(int M, int N, int K, const uint16_t *xb, const void *wp, float *y, int ldy,
-              uint16_t *scratch) {
-    (void)M, (void)N, (void)K, (void)xb, (void)wp, (void)y, (void)ldy, (void)scratch;
-}
-
-void gemm_amx_b(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y, int ldy) {
+void gemm_amx(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y, int ldy) {
     (void)M, (void)N, (void)K, (void)xb, (void)wb, (void)y, (void)ldy;
 }
 
 #endif
 
-int gemm_amx_pad(int n) { return (n + 31) / 32 * 32; }
-
-size_t gemm_amx_scratch_elems(int K) {
-    const int Kp = gemm_amx_pad(K);
-    return (size_t)amx_group_pairs(Kp) * 2 * Kp * GEMM_PANEL;
+static void pack_f32_portable(uint16_t *dst, const float *src, int n_panels, int K, int Kp) {
+    for (int p = 0; p < n_panels; p++)
+        for (int k = 0; k < Kp; k++)
+            for (int j = 0; j < GEMM_PANEL; j++)
+                dst[gemm_amx_b_at(p * GEMM_PANEL + j, k, Kp)] =
+                    k < K ? f32_to_bf16(src[((size_t)p * K + k) * GEMM_PANEL + j]) : 0;
 }
+
+void gemm_amx_pack_f32(uint16_t *dst, const float *src, int N, int K) {
+    const int n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL, Kp = gemm_amx_pad(K);
+#if defined(__x86_64__)
+    if (gemm_amx_usable()) {
+        pack_f32_avx512(dst, src, n_panels, K, Kp);
+        return;
+    }
+#endif
+    pack_f32_portable(dst, src, n_panels, K, Kp);
+}
+
+int gemm_amx_pad(int n) { return (n + 31) / 32 * 32; }
 
 size_t gemm_amx_b_elems(int N, int K) { return (size_t)gemm_amx_pad(N) * gemm_amx_pad(K); }
 

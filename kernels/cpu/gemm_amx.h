@@ -1,7 +1,7 @@
 /* The Linear GEMM with activations rounded to bf16 (what PyTorch's bf16
  * autocast multiplies), on the AMX tiles of CPUs that have them (Intel's
  * Sapphire Rapids and later): y[m][n] += sum_k bf16(x[m][k]) * w(n, k) for
- * bf16 weights packed by gemm_packed_pack, the products summed in fp32 by
+ * bf16 weights as gemm_packed_pack lays them out, the products summed in fp32 by
  * the tiles' dot products (pairs of k at a time, in the hardware's order).
  * About ten times the multiply-adds a cycle of the AVX-512 kernel, at the
  * price of the activations' rounding (8 bits of mantissa): an option of the
@@ -31,32 +31,29 @@ void gemm_amx_to_bf16(uint16_t *dst, const float *src, size_t n);
  * columns past K zero; rows at or past M (up to gemm_amx_pad(M)) are zero. */
 void gemm_amx_round(uint16_t *xb, const float *x, int ldx, int M, int K, int r0, int r1);
 
-/* Elements of the buffer gemm_amx converts two panels of the weight into. */
-size_t gemm_amx_scratch_elems(int K);
-
-/* y[m * ldy + n] += sum over k < K of xb[m][k] * w(n, k), m < M, n < N, for
- * xb from gemm_amx_round and wp bf16 panels as gemm_packed_pack writes them
- * (K deep, from the slice's first column). Columns of y past N are neither
- * read nor written. scratch holds gemm_amx_scratch_elems(K). Only where
- * gemm_amx_usable(). */
-void gemm_amx(int M, int N, int K, const uint16_t *xb, const void *wp, float *y, int ldy,
-              uint16_t *scratch);
-
-/* The weight operand laid out for the tiles ahead of time, for a weight
- * made per call (attention's keys and values) read by many rows: column n
- * (of N, rounded up to 32 with zeros), depth k (of K, rounded up to 32 with
- * zeros) at gemm_amx_b_at(n, k, gemm_amx_pad(K)): panels of 16 columns,
- * each Kp deep with pairs of k side by side, one after another. */
+/* The weight operand's layout, the one gemm_packed_pack gives bf16 weights
+ * (gemm_packed.h) and attention builds for its keys and values: column n
+ * (of N; the last panel's columns past N zero), depth k (of K, rounded up
+ * to 32 with zeros) at gemm_amx_b_at(n, k, gemm_amx_pad(K)): panels of 16
+ * columns, each Kp deep with pairs of k side by side, one after another. */
 static inline size_t gemm_amx_b_at(int n, int k, int Kp) {
     return (size_t)(n / 16) * (size_t)Kp * 16 + (size_t)(k / 2) * 32 + (size_t)(n % 16) * 2 +
            (size_t)(k % 2);
 }
 
-/* Elements of such an operand: gemm_amx_pad(N) x gemm_amx_pad(K). */
+/* Elements of such an operand: gemm_amx_pad(N) x gemm_amx_pad(K) (whole
+ * pairs of panels; a packed weight may end at an odd panel). */
 size_t gemm_amx_b_elems(int N, int K);
 
-/* gemm_amx with the weight wb in that layout (no scratch: nothing to
- * interleave). */
-void gemm_amx_b(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y, int ldy);
+/* An fp32 operand packed by gemm_packed_pack (N columns, K deep) rounded
+ * to bf16 (to nearest even) into dst in the layout above, its
+ * gemm_packed_elems(N, K, DTYPE_BF16) elements: what the convolutions' patches
+ * take to the tiles. */
+void gemm_amx_pack_f32(uint16_t *dst, const float *src, int N, int K);
+
+/* y[m * ldy + n] += sum over k < K of xb[m][k] * w(n, k), m < M, n < N, for
+ * xb from gemm_amx_round and wb in the layout above. Columns of y past N
+ * are neither read nor written. Only where gemm_amx_usable(). */
+void gemm_amx(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y, int ldy);
 
 #endif

@@ -117,28 +117,34 @@ static int height(const tiles_t *t, int rem) {
     return h;
 }
 
-size_t gemm_packed_elems(int N, int K) {
-    return (size_t)((N + GEMM_PANEL - 1) / GEMM_PANEL) * GEMM_PANEL * (size_t)K;
+int gemm_packed_depth(int K, dtype_t wt) { return wt == DTYPE_BF16 ? (K + 31) / 32 * 32 : K; }
+
+size_t gemm_packed_elems(int N, int K, dtype_t wt) {
+    return (size_t)((N + GEMM_PANEL - 1) / GEMM_PANEL) * GEMM_PANEL *
+           (size_t)gemm_packed_depth(K, wt);
 }
 
 const void *gemm_packed_panel(const void *wp, dtype_t wt, int K, int p) {
-    return (const char *)wp + (size_t)p * GEMM_PANEL * (size_t)K * dtype_size(wt);
+    return (const char *)wp +
+           (size_t)p * GEMM_PANEL * (size_t)gemm_packed_depth(K, wt) * dtype_size(wt);
 }
 
 void gemm_packed_pack(void *dst, const void *w, dtype_t wt, int N, int K, int ldw) {
     const size_t es = dtype_size(wt);
-    const int n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL;
+    const int n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL, depth = gemm_packed_depth(K, wt);
     for (int p = 0; p < n_panels; p++) {
-        char *panel = (char *)dst + (size_t)p * GEMM_PANEL * K * es;
+        char *panel = (char *)dst + (size_t)p * GEMM_PANEL * depth * es;
         for (int j = 0; j < GEMM_PANEL; j++) {
             const int n = p * GEMM_PANEL + j;
             const char *from = (const char *)w + (size_t)n * ldw * es;
-            for (int k = 0; k < K; k++) {
-                char *to = panel + ((size_t)k * GEMM_PANEL + j) * es;
-                if (n < N)
-                    memcpy(to, from + (size_t)k * es, es);
+            for (int k = 0; k < depth; k++) {
+                const size_t at = wt == DTYPE_BF16
+                                      ? (size_t)(k / 2) * 2 * GEMM_PANEL + (size_t)j * 2 + k % 2
+                                      : (size_t)k * GEMM_PANEL + j;
+                if (n < N && k < K)
+                    memcpy(panel + at * es, from + (size_t)k * es, es);
                 else
-                    memset(to, 0, es);
+                    memset(panel + at * es, 0, es);
             }
         }
     }
@@ -171,7 +177,7 @@ void gemm_packed_scaled(int M, int N, int K, const float *x, int ldx, const void
         return;
     assert(!dtype_is_weight8(wt) || scale);
     const tiles_t *t = &TILES[vec_isa()][weight_kind(wt)];
-    const size_t es = dtype_size(wt), pstride = (size_t)K * GEMM_PANEL;
+    const size_t es = dtype_size(wt), pstride = (size_t)gemm_packed_depth(K, wt) * GEMM_PANEL;
     const int n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL;
     for (int m0 = 0; m0 < M; m0 += PACKED_MC) {
         const int m1 = M - m0 < PACKED_MC ? M : m0 + PACKED_MC;

@@ -27,13 +27,21 @@
 /* Output columns a panel. */
 #define GEMM_PANEL 16
 
-/* Elements a packed weight of N output columns, K deep, takes (the last
- * panel padded with zeros). Element (n, k) lies at
- * (n / GEMM_PANEL) * K * GEMM_PANEL + k * GEMM_PANEL + n % GEMM_PANEL. */
-size_t gemm_packed_elems(int N, int K);
+/* The depth of a packed panel: K, but for bf16 K rounded up to 32 (with
+ * zeros past K), the AMX tiles' depth (gemm_amx.h reads bf16 panels as they
+ * are). */
+int gemm_packed_depth(int K, dtype_t wt);
+
+/* Elements a packed weight of N output columns, K deep, in type wt takes
+ * (the last panel padded with zeros). With D = gemm_packed_depth(K, wt),
+ * element (n, k) lies at (n / GEMM_PANEL) * D * GEMM_PANEL + k * GEMM_PANEL
+ * + n % GEMM_PANEL; for bf16, which AMX tiles read as pairs of k side by
+ * side, at (n / GEMM_PANEL) * D * GEMM_PANEL + (k / 2) * 2 * GEMM_PANEL
+ * + (n % GEMM_PANEL) * 2 + k % 2 (gemm_amx_b_at). */
+size_t gemm_packed_elems(int N, int K, dtype_t wt);
 
 /* Packs w [N, K] (row stride ldw elements, of type wt) into dst, which
- * holds gemm_packed_elems(N, K) elements of wt. */
+ * holds gemm_packed_elems(N, K, wt) elements of wt. */
 void gemm_packed_pack(void *dst, const void *w, dtype_t wt, int N, int K, int ldw);
 
 /* Panel p of a packed weight K deep: its columns from p * GEMM_PANEL. */

@@ -556,7 +556,7 @@ static void test_matmul_8bit_weights(void) {
             snprintf(what, sizeof what, "%s m=%d n=%d k=%d groups=%d", dtype_name(dt), m, n, k, g);
             /* The kernel on each matrix, packed here, its scales padded. */
             float *want = malloc(sizeof(float) * (size_t)m * rows), *ks = calloc((size_t)padded, 4);
-            void *qp = malloc(gemm_packed_elems(n, k));
+            void *qp = malloc(gemm_packed_elems(n, k, dt));
             double *ref = ref_new((size_t)m * rows);
             for (int j = 0; j < g; j++) {
                 float *yj = want + (size_t)j * m * n;

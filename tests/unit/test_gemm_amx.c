@@ -4,8 +4,10 @@
  * shapes (rows and columns not multiples of a tile, K not a multiple of
  * 32, one panel alone at the end; deep enough to cross the kernel's blocks
  * of panels and rows), accumulating into y and never writing
- * outside it, and gemm_amx_b on the weight laid out ahead gives the same
- * bits. Without AMX the GEMM's checks skip, saying so. */
+ * outside it, the packed bf16 weight is the tiles' layout and the same
+ * weight laid out in whole pairs of panels gives the same bits; fp32
+ * panels rounded into that layout (the convolutions' patches) are the
+ * rounded weights packed. Without AMX the GEMM's checks skip, saying so. */
 #include "base/dtype.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_packed.h"
@@ -64,14 +66,14 @@ static int check_shape(int M, int N, int K) {
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++)
             y[(size_t)m * ldy + n] = (float)(m - n) * 0.25f; /* accumulated into */
-    uint16_t *wp = malloc(gemm_packed_elems(N, K) * sizeof(uint16_t));
+    uint16_t *wp = malloc(gemm_packed_elems(N, K, DTYPE_BF16) * sizeof(uint16_t));
     gemm_packed_pack(wp, w, DTYPE_BF16, N, K, K);
     uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)Mp * Kp);
-    uint16_t *scratch = malloc(gemm_amx_scratch_elems(K) * sizeof(uint16_t));
     gemm_amx_round(xb, x, ldx, M, K, 0, Mp);
-    gemm_amx(M, N, K, xb, wp, y, ldy, scratch);
-    /* The same weight laid out ahead (gemm_amx_b, zero past N and K, the
-     * rest poisoned to show a read past them): the same bits. */
+    gemm_amx(M, N, K, xb, wp, y, ldy);
+    /* The packed weight is the tiles' layout (gemm_amx_b_at), and the weight
+     * laid out by it (as attention lays out its keys: whole pairs of
+     * panels, zero past N and K) gives the same bits. */
     const size_t nb = gemm_amx_b_elems(N, K);
     uint16_t *wb = malloc(nb * sizeof *wb);
     float *yb = malloc(sizeof(float) * ((size_t)M * ldy + 1));
@@ -79,15 +81,19 @@ static int check_shape(int M, int N, int K) {
     for (int n = 0; n < N; n++)
         for (int k = 0; k < K; k++)
             wb[gemm_amx_b_at(n, k, Kp)] = w[(size_t)n * K + k];
+    int bad = memcmp(wb, wp, gemm_packed_elems(N, K, DTYPE_BF16) * sizeof *wb) != 0;
+    if (bad)
+        printf("  M=%d N=%d K=%d: the packed weight is not gemm_amx_b_at's layout\n", M, N, K);
     for (size_t i = 0; i < (size_t)M * ldy + 1; i++)
         yb[i] = GUARD;
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++)
             yb[(size_t)m * ldy + n] = (float)(m - n) * 0.25f;
-    gemm_amx_b(M, N, K, xb, wb, yb, ldy);
-    int bad = memcmp(y, yb, sizeof(float) * ((size_t)M * ldy + 1)) != 0;
-    if (bad)
-        printf("  M=%d N=%d K=%d: gemm_amx_b differs from gemm_amx\n", M, N, K);
+    gemm_amx(M, N, K, xb, wb, yb, ldy);
+    if (memcmp(y, yb, sizeof(float) * ((size_t)M * ldy + 1)) != 0) {
+        printf("  M=%d N=%d K=%d: whole pairs of panels differ from the packed weight\n", M, N, K);
+        bad++;
+    }
     free(wb), free(yb);
     for (int m = 0; m < M; m++) {
         for (int n = 0; n < ldy; n++) {
@@ -112,7 +118,7 @@ static int check_shape(int M, int N, int K) {
         }
     }
     bad += y[(size_t)M * ldy] != GUARD;
-    free(x), free(w), free(y), free(wp), free(xb), free(scratch);
+    free(x), free(w), free(y), free(wp), free(xb);
     return bad;
 }
 
@@ -145,7 +151,39 @@ static void test_amx_gemm_across_its_blocks(void) {
     CHECK_MSG(bad == 0, "%d values off", bad);
 }
 
+/* gemm_amx_pack_f32: fp32 panels (ragged N and K) rounded to nearest even
+ * into the tiles' layout, bit for bit gemm_packed_pack of the rounded
+ * values, zero past K; on any CPU (its portable path where AMX is not). */
+static void test_fp32_panels_round_into_the_tiles_layout(void) {
+    static const int Ns[] = {1, 16, 40}, Ks[] = {1, 31, 33, 100};
+    int bad = 0;
+    for (size_t a = 0; a < 3; a++)
+        for (size_t c = 0; c < 4; c++) {
+            const int N = Ns[a], K = Ks[c];
+            float *w = malloc(sizeof(float) * (size_t)N * K);
+            uint16_t *h = malloc(sizeof(uint16_t) * (size_t)N * K);
+            for (size_t i = 0; i < (size_t)N * K; i++) {
+                w[i] = rand_float() * 3.0f;
+                h[i] = f32_to_bf16(w[i]);
+            }
+            const size_t elems = gemm_packed_elems(N, K, DTYPE_BF16);
+            float *wp = malloc(gemm_packed_elems(N, K, DTYPE_F32) * sizeof(float));
+            uint16_t *want = malloc(elems * sizeof *want), *got = malloc(elems * sizeof *got);
+            gemm_packed_pack(wp, w, DTYPE_F32, N, K, K);
+            gemm_packed_pack(want, h, DTYPE_BF16, N, K, K);
+            memset(got, 0xff, elems * sizeof *got);
+            gemm_amx_pack_f32(got, wp, N, K);
+            if (memcmp(got, want, elems * sizeof *got) != 0) {
+                printf("  N=%d K=%d: not the rounded weight packed\n", N, K);
+                bad++;
+            }
+            free(w), free(h), free(wp), free(want), free(got);
+        }
+    CHECK_MSG(bad == 0, "%d shapes differ", bad);
+}
+
 int main(void) {
+    TEST_RUN(test_fp32_panels_round_into_the_tiles_layout);
     TEST_RUN(test_rounding_to_nearest_even_and_padding);
     TEST_RUN(test_amx_gemm_against_double_on_ragged_shapes);
     TEST_RUN(test_amx_gemm_across_its_blocks);

@@ -23,7 +23,7 @@ static float rand_float(void) { return test_xorshift_float(&rand_state); }
 
 /* w [N, ldw] packed, in a fresh allocation. */
 static void *pack(const void *w, dtype_t wt, int N, int K, int ldw) {
-    void *wp = malloc(gemm_packed_elems(N, K) * dtype_size(wt));
+    void *wp = malloc(gemm_packed_elems(N, K, wt) * dtype_size(wt));
     gemm_packed_pack(wp, w, wt, N, K, ldw);
     return wp;
 }
@@ -33,7 +33,7 @@ static void test_packing_puts_each_element_where_the_header_says(void) {
     float w[37 * 7];
     for (int i = 0; i < N * ldw; i++)
         w[i] = (float)i;
-    CHECK(gemm_packed_elems(N, K) == (size_t)48 * K);
+    CHECK(gemm_packed_elems(N, K, DTYPE_F32) == (size_t)48 * K);
     float *wp = pack(w, DTYPE_F32, N, K, ldw);
     int bad = 0;
     for (int n = 0; n < 48; n++)
@@ -44,6 +44,28 @@ static void test_packing_puts_each_element_where_the_header_says(void) {
         }
     CHECK_MSG(bad == 0, "%d elements misplaced", bad);
     CHECK(gemm_packed_panel(wp, DTYPE_F32, K, 2) == wp + 2 * GEMM_PANEL * K);
+    free(wp);
+}
+
+/* bf16 panels: 32 deep per 32 k or part (zeros past K), pairs of k side by
+ * side, as gemm_amx.h's tiles read them. */
+static void test_bf16_packing_keeps_pairs_of_k_side_by_side(void) {
+    const int N = 37, K = 45, ldw = 47;
+    uint16_t w[37 * 47];
+    for (int i = 0; i < N * ldw; i++)
+        w[i] = (uint16_t)(i + 1);
+    CHECK(gemm_packed_depth(K, DTYPE_BF16) == 64 && gemm_packed_depth(K, DTYPE_F16) == K);
+    CHECK(gemm_packed_elems(N, K, DTYPE_BF16) == (size_t)48 * 64);
+    uint16_t *wp = pack(w, DTYPE_BF16, N, K, ldw);
+    int bad = 0;
+    for (int n = 0; n < 48; n++)
+        for (int k = 0; k < 64; k++) {
+            const uint16_t got = wp[(n / GEMM_PANEL) * 64 * GEMM_PANEL + (k / 2) * 2 * GEMM_PANEL +
+                                    (n % GEMM_PANEL) * 2 + k % 2];
+            bad += got != (n < N && k < K ? w[n * ldw + k] : 0);
+        }
+    CHECK_MSG(bad == 0, "%d elements misplaced", bad);
+    CHECK(gemm_packed_panel(wp, DTYPE_BF16, K, 2) == wp + 2 * GEMM_PANEL * 64);
     free(wp);
 }
 
@@ -154,7 +176,7 @@ static int check_16bit(int M, int N, int K, dtype_t wt) {
 static void test_16bit_weights_match_fp32(void) {
     static const int Ms[] = {1, 3, 8, 11};
     static const int Ns[] = {1, 17, 50};
-    static const int Ks[] = {1, 33, 300};
+    static const int Ks[] = {1, 33, 300, 601}; /* odd, across k blocks */
     for (int isa = 0; isa < VEC_N_ISA; isa++) {
         if (!vec_isa_use((vec_isa_t)isa))
             continue;
@@ -294,6 +316,7 @@ static void test_empty_shapes_touch_nothing(void) {
 
 int main(void) {
     TEST_RUN(test_packing_puts_each_element_where_the_header_says);
+    TEST_RUN(test_bf16_packing_keeps_pairs_of_k_side_by_side);
     TEST_RUN(test_every_kernel_matches_the_reference);
     TEST_RUN(test_16bit_weights_match_fp32);
     TEST_RUN(test_8bit_weights_sum_by_k_block_then_scale);
