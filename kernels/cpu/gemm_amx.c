@@ -16,6 +16,9 @@
 #ifndef AMX_BLOCK_BYTES
 #define AMX_BLOCK_BYTES (128 * 1024)
 #endif
+#ifndef AMX_PREFETCH_K
+#define AMX_PREFETCH_K 32
+#endif
 #ifndef AMX_GROUP_BYTES
 #define AMX_GROUP_BYTES (512 * 1024)
 #endif
@@ -104,6 +107,15 @@ panel_pair(int M, int nc, int Kp, const uint16_t *xb, const uint16_t *b0, const 
         _tile_loadd(3, cb + c16 + 16, cs);
         const uint16_t *a0 = xb + (size_t)m0 * Kp, *a1 = a0 + (size_t)16 * Kp;
         for (int k0 = 0; k0 < Kp; k0 += 32) {
+            if (M <= 32) /* one block of rows: the weight streams from memory once */
+                for (int l = 0; l < 16; l++) {
+                    _mm_prefetch((const char *)(b0 + (size_t)(k0 + AMX_PREFETCH_K) * GEMM_PANEL) +
+                                     64 * l,
+                                 _MM_HINT_T0);
+                    _mm_prefetch((const char *)(b1 + (size_t)(k0 + AMX_PREFETCH_K) * GEMM_PANEL) +
+                                     64 * l,
+                                 _MM_HINT_T0);
+                }
             _tile_loadd(4, a0 + k0, a_stride);
             _tile_loadd(5, a1 + k0, a_stride);
             _tile_loadd(6, b0 + (size_t)k0 * GEMM_PANEL, 64);

@@ -381,11 +381,10 @@ static void test_matmul_16bit_weights(void) {
  * the same bytes alone as among the others (an image does not depend on its
  * batch); no other op may read the packed weight. */
 /* cpu_activations bf16: a bf16 Linear weight multiplies x rounded to bf16
- * (to nearest even), on one and two threads, through the AMX tiles from
- * AMX_MIN_ROWS rows where the CPU has them and the fp32 kernels below (or
- * without AMX): within fp32 summation's error of the double sum over the
- * rounded x, nothing written past y; an fp32 weight ignores the setting.
- * The f32 default does not round (the same sums, bit for bit, as fp32 x). */
+ * (to nearest even), on one and two threads, through the AMX tiles where
+ * the CPU has them (every row) and the fp32 kernels without: within fp32 summation's error of the
+ * double sum over the rounded x, nothing written past y; an fp32 weight ignores the setting. The
+ * f32 default does not round (the same sums, bit for bit, as fp32 x). */
 static void test_matmul_bf16_activations(void) {
     ar_error_t err = {{0}};
     backend_t *one = backend_cpu_create(1, &err), *two = backend_cpu_create(2, &err);
@@ -440,9 +439,50 @@ static void test_matmul_bf16_activations(void) {
         free(ref), free(mag), free(x), free(w), free(h);
     }
     printf("bf16 activations: %s\n",
-           gemm_amx_usable() ? "AMX tiles from 32 rows" : "no AMX here: the fp32 kernels");
+           gemm_amx_usable() ? "AMX tiles, every row" : "no AMX here: the fp32 kernels");
     one->destroy(one);
     two->destroy(two);
+}
+
+/* weight_prepare's promise (backend.h) under cpu_activations bf16 too: a
+ * row's bytes are the same whatever m, alone or as row r of 1 to 40 rows
+ * (on AMX every row goes through the tiles; elsewhere through the fp32
+ * kernels). */
+static void test_matmul_bf16_activations_rows_independent(void) {
+    ar_error_t err = {{0}};
+    backend_t *cpu = backend_cpu_create(2, &err);
+    CHECK_MSG(cpu, "backend_cpu_create: %s", err.msg);
+    if (!cpu)
+        return;
+    cpu->cpu_activations = CPU_ACTIVATIONS_BF16;
+    enum { M = 40, N = 50, K = 96 };
+    float *x = host_uniform((size_t)M * K, -1, 1), *w = host_uniform((size_t)N * K, -1, 1);
+    uint16_t *h = malloc((size_t)N * K * sizeof *h);
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        h[i] = f32_to_bf16(w[i]);
+    const int64_t shape[2] = {N, K};
+    tensor_t tw;
+    CHECK(cpu->weight_load(cpu, &tw, h, DTYPE_BF16, 2, shape, &err) == AR_OK);
+    CHECK(cpu->weight_prepare(cpu, &tw, LAYOUT_LINEAR, &err) == AR_OK);
+    float *all = malloc(sizeof(float) * M * N), *alone = malloc(sizeof(float) * N);
+    static const int ms[] = {1, 2, 7, 8, 31, 32, 40};
+    int differ = 0;
+    for (size_t c = 0; c < sizeof ms / sizeof *ms; c++) {
+        cpu->matmul(cpu, all, x, &tw, NULL, ms[c]);
+        for (int r = 0; r < ms[c]; r++) {
+            cpu->matmul(cpu, alone, x + (size_t)r * K, &tw, NULL, 1);
+            if (memcmp(alone, all + (size_t)r * N, sizeof(float) * N) != 0) {
+                if (!differ)
+                    printf("  m=%d: row %d differs from the row alone\n", ms[c], r);
+                differ++;
+            }
+        }
+    }
+    CHECK_MSG(differ == 0, "%d rows depend on the batch (%s)", differ,
+              gemm_amx_usable() ? "AMX" : "no AMX");
+    cpu->weight_free(cpu, &tw);
+    free(x), free(w), free(h), free(all), free(alone);
+    cpu->destroy(cpu);
 }
 
 static void test_matmul_linear_weights(void) {
@@ -2536,6 +2576,7 @@ int main(void) {
     TEST_RUN(test_matmul_linear_weights);
     TEST_RUN(test_matmul_8bit_weights);
     TEST_RUN(test_matmul_bf16_activations);
+    TEST_RUN(test_matmul_bf16_activations_rows_independent);
     TEST_RUN(test_rmsnorm_rows_and_in_place);
     TEST_RUN(test_rope_2d_llamagen_layout);
     TEST_RUN(test_rope_against_double_and_hf_angles);
