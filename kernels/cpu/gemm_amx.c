@@ -241,7 +241,7 @@ void gemm_amx_pack_f32(uint16_t *dst, const float *src, int N, int K) {
     pack_f32_portable(dst, src, n_panels, K, Kp);
 }
 
-int gemm_amx_pad(int n) { return (n + 31) / 32 * 32; }
+int gemm_amx_pad(int n) { return gemm_packed_depth(n, DTYPE_BF16); }
 
 size_t gemm_amx_b_elems(int N, int K) { return (size_t)gemm_amx_pad(N) * gemm_amx_pad(K); }
 

@@ -117,7 +117,9 @@ static int height(const tiles_t *t, int rem) {
     return h;
 }
 
-int gemm_packed_depth(int K, dtype_t wt) { return wt == DTYPE_BF16 ? (K + 31) / 32 * 32 : K; }
+int gemm_packed_depth(int K, dtype_t wt) {
+    return wt == DTYPE_BF16 ? (K + GEMM_TILE_DEPTH - 1) / GEMM_TILE_DEPTH * GEMM_TILE_DEPTH : K;
+}
 
 size_t gemm_packed_elems(int N, int K, dtype_t wt) {
     return (size_t)((N + GEMM_PANEL - 1) / GEMM_PANEL) * GEMM_PANEL *

@@ -27,8 +27,11 @@
 /* Output columns a panel. */
 #define GEMM_PANEL 16
 
-/* The depth of a packed panel: K, but for bf16 K rounded up to 32 (with
- * zeros past K), the AMX tiles' depth (gemm_amx.h reads bf16 panels as they
+/* The AMX tiles' depth, a multiple of which bf16 panels are deep. */
+#define GEMM_TILE_DEPTH 32
+
+/* The depth of a packed panel: K, but for bf16 K rounded up to
+ * GEMM_TILE_DEPTH (with zeros past K; gemm_amx.h reads bf16 panels as they
  * are). */
 int gemm_packed_depth(int K, dtype_t wt);
 
