@@ -69,23 +69,30 @@ void winograd_weights_bf16(uint16_t *ub, const float *u, int c_out, int c_in) {
 /* Input columns the patches of a panel's tiles in one row span. */
 #define SEG (2 * GEMM_PANEL + 2)
 
-/* seg[a][s] = plane(iy0 + a, ix0 + s), 0 outside the image. */
-static void read_rows(float seg[4][SEG], const float *plane, int h, int w, int iy0, int ix0) {
+/* The four input rows of a run of len tiles whose patches start at (iy0,
+ * ix0): rows[a][s] = plane(iy0 + a, ix0 + s), s < 2 len + 2. A row that
+ * lies whole in the image is read where it is; one that does not is copied
+ * into seg[a] with 0 outside the image. */
+static void patch_rows(const float *rows[4], float seg[4][SEG], const float *plane, int h, int w,
+                       int iy0, int ix0, int len) {
+    const int cols = 2 * len + 2;
     for (int a = 0; a < 4; a++) {
         const int iy = iy0 + a;
         if (iy < 0 || iy >= h) {
-            memset(seg[a], 0, sizeof seg[a]);
+            memset(seg[a], 0, (size_t)cols * sizeof(float));
+            rows[a] = seg[a];
             continue;
         }
         const float *row = plane + (size_t)iy * w;
-        if (ix0 >= 0 && ix0 + SEG <= w) {
-            memcpy(seg[a], row + ix0, sizeof seg[a]);
+        if (ix0 >= 0 && ix0 + cols <= w) {
+            rows[a] = row + ix0;
             continue;
         }
-        const int lo = ix0 < 0 ? -ix0 : 0, hi = w - ix0 < SEG ? w - ix0 : SEG;
-        memset(seg[a], 0, sizeof seg[a]);
+        const int lo = ix0 < 0 ? -ix0 : 0, hi = w - ix0 < cols ? w - ix0 : cols;
+        memset(seg[a], 0, (size_t)cols * sizeof(float));
         if (hi > lo)
             memcpy(seg[a] + lo, row + ix0 + lo, (size_t)(hi - lo) * sizeof(float));
+        rows[a] = seg[a];
     }
 }
 
@@ -113,7 +120,7 @@ static void read_rows(float seg[4][SEG], const float *plane, int h, int w, int i
 
 /* An instruction set's transforms. */
 typedef struct transforms {
-    void (*patches)(float *v, size_t v_pos, float seg[4][SEG], int j0, int len);
+    void (*patches)(float *v, size_t v_pos, const float *const rows[4], int j0, int len);
     void (*sums)(float *plane, int ho, int wo, int oy, int ox, const float *m, size_t m_pos,
                  int len, float b0);
 } transforms_t;
@@ -164,8 +171,10 @@ static void conv3x3(float *out, const float *in, const float *u, const uint16_t 
                 int ty, tx;
                 const int len = next_run(t, end, tw, &ty, &tx);
                 float seg[4][SEG];
-                read_rows(seg, in + (size_t)ci * h * w, h, w, 2 * ty - pad, 2 * tx - pad);
-                tf->patches(vq, v_pos, seg, (int)(t - first), len);
+                const float *rows[4];
+                patch_rows(rows, seg, in + (size_t)ci * h * w, h, w, 2 * ty - pad, 2 * tx - pad,
+                           len);
+                tf->patches(vq, v_pos, rows, (int)(t - first), len);
                 t += len;
             }
         }
