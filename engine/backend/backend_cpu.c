@@ -1019,12 +1019,13 @@ static void attn_tile_scores(const attn_tile_buf_t *b, const float *q, size_t ld
                              int nb, int d, float scale, const float *bias, ptrdiff_t bias_row,
                              float *row_max) {
     float *s = b->s;
-    for (int r = 0; r < rows; r++)
-        memset(s + (size_t)r * ATTN_CHUNK, 0, (size_t)nb * sizeof(float));
-    if (b->amx)
-        gemm_amx(rows, nb, d, b->qb + (size_t)r0 * gemm_amx_pad(d), b->kb, s, ATTN_CHUNK);
-    else
+    if (b->amx) {
+        gemm_amx_store(rows, nb, d, b->qb + (size_t)r0 * gemm_amx_pad(d), b->kb, s, ATTN_CHUNK);
+    } else {
+        for (int r = 0; r < rows; r++)
+            memset(s + (size_t)r * ATTN_CHUNK, 0, (size_t)nb * sizeof(float));
         gemm_packed(rows, nb, d, q + (size_t)r0 * ldq, (int)ldq, b->kp, DTYPE_F32, s, ATTN_CHUNK);
+    }
     for (int r = 0; r < rows; r++) {
         const float m = vec_scale_add_max(s + (size_t)r * ATTN_CHUNK, (size_t)nb, scale,
                                           bias ? bias + (r0 + r) * bias_row : NULL);
@@ -1459,10 +1460,12 @@ static void conv2d_winograd(backend_t *be, float *out, const float *in, const te
     const int c_out = (int)w->shape[0];
     const int ho = h + 2 * pad - 2, wo = w_ + 2 * pad - 2;
     const int64_t tiles = winograd_tiles(ho, wo);
+    const int bf16 = w->aux && be->cpu_activations == CPU_ACTIVATIONS_BF16 && gemm_amx_usable();
+    const int most = bf16 ? WINOGRAD_BLOCK_TILES_BF16 : WINOGRAD_BLOCK_TILES;
     int nt = (int64_t)c_out * c_in * ho * wo * 9 >= GEMM_PAR_MIN_WORK ? team(be) : 1;
     int64_t per = (tiles + nt - 1) / nt;
     per = (per + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL;
-    int block = per < WINOGRAD_BLOCK_TILES ? (int)per : WINOGRAD_BLOCK_TILES;
+    int block = per < most ? (int)per : most;
     while (block > GEMM_PANEL &&
            (size_t)nt * winograd_scratch_floats(c_in, c_out, block) > SCRATCH_FLOATS)
         block -= GEMM_PANEL;
@@ -1477,7 +1480,7 @@ static void conv2d_winograd(backend_t *be, float *out, const float *in, const te
         for (int64_t b = 0; b < n_blocks; b++) {
             const int64_t t0 = b * block;
             const int n = (int)(tiles - t0 < block ? tiles - t0 : block);
-            if (w->aux && be->cpu_activations == CPU_ACTIVATIONS_BF16 && gemm_amx_usable())
+            if (bf16)
                 winograd_conv3x3_bf16(out, in, w->aux, bias, c_in, c_out, h, w_, pad, t0, n, mine);
             else
                 winograd_conv3x3(out, in, w->data, bias, c_in, c_out, h, w_, pad, t0, n, mine);

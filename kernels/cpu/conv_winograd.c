@@ -44,15 +44,27 @@ int64_t winograd_tiles(int ho, int wo) { return (int64_t)((ho + 1) / 2) * ((wo +
 /* Tiles rounded up to whole panels: the width of a block's GEMMs. */
 static int padded(int n) { return (n + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL; }
 
-/* The bf16 path's part of the scratch, in floats: a position's patches
- * rounded into the tiles' layout. */
-static size_t bf16_part_floats(int c_in, int n) {
-    return (gemm_packed_elems(padded(n), c_in, DTYPE_BF16) + 1) / 2;
+/* Input channels the bf16 path transforms at a time, then rounds into the
+ * tiles' layout while they are in cache: one k block of the tiles. */
+#define BF16_CHANNELS 32
+
+/* Floats of the scratch each path takes: the transformed patches (fp32 all
+ * the channels at once; bf16 a chunk of them in fp32, then every channel
+ * rounded, each position's a padded(n) x gemm_amx_pad(c_in) operand) and
+ * the sums. */
+static size_t f32_floats(int c_in, int c_out, int n) {
+    return (size_t)WINOGRAD_POS * ((size_t)c_in + (size_t)c_out) * (size_t)padded(n);
+}
+
+static size_t bf16_floats(int c_in, int c_out, int n) {
+    const size_t chunk = (size_t)(c_in < BF16_CHANNELS ? c_in : BF16_CHANNELS);
+    return (size_t)WINOGRAD_POS *
+           ((chunk + (size_t)c_out) * (size_t)padded(n) + gemm_amx_b_elems(padded(n), c_in) / 2);
 }
 
 size_t winograd_scratch_floats(int c_in, int c_out, int n) {
-    return (size_t)WINOGRAD_POS * ((size_t)c_in + (size_t)c_out) * (size_t)padded(n) +
-           bf16_part_floats(c_in, n);
+    const size_t a = f32_floats(c_in, c_out, n), b = bf16_floats(c_in, c_out, n);
+    return a > b ? a : b;
 }
 
 size_t winograd_weight_bf16_elems(int c_out, int c_in) {
@@ -139,6 +151,40 @@ static int next_run(int64_t t, int64_t end, int tw, int *ty, int *tx) {
     return (int)(end - t < tw - *tx ? end - t : tw - *tx);
 }
 
+/* Channels [ci0, ci0 + cc) of the block's patches, transformed, into v:
+ * panel q's channel ci0 + c at v + (q * cc + c) * 16 of each position's
+ * cc x np matrix (v_pos floats apart), tiles past n 0. A channel's panels
+ * lie next to each other in its rows: read them in turn; a panel's tiles
+ * that lie in one row are read as runs of its input rows. */
+static void transform_block(float *v, const transforms_t *tf, const float *in, int ci0, int cc,
+                            int h, int w, int pad, int tw, int64_t t0, int n) {
+    const int np = padded(n);
+    const size_t v_pos = (size_t)cc * np;
+    if (np > n)
+        for (int pos = 0; pos < WINOGRAD_POS; pos++)
+            for (int c = 0; c < cc; c++)
+                memset(v + pos * v_pos + ((size_t)(np / GEMM_PANEL - 1) * cc + c) * GEMM_PANEL +
+                           n % GEMM_PANEL,
+                       0, (size_t)(np - n) * sizeof(float));
+    for (int c = 0; c < cc; c++)
+        for (int q = 0; q * GEMM_PANEL < n; q++) {
+            const int64_t first = t0 + q * GEMM_PANEL;
+            const int64_t end =
+                first + (n - q * GEMM_PANEL < GEMM_PANEL ? n - q * GEMM_PANEL : GEMM_PANEL);
+            float *vq = v + ((size_t)q * cc + c) * GEMM_PANEL;
+            for (int64_t t = first; t < end;) {
+                int ty, tx;
+                const int len = next_run(t, end, tw, &ty, &tx);
+                float seg[4][SEG];
+                const float *rows[4];
+                patch_rows(rows, seg, in + (size_t)(ci0 + c) * h * w, h, w, 2 * ty - pad,
+                           2 * tx - pad, len);
+                tf->patches(vq, v_pos, rows, (int)(t - first), len);
+                t += len;
+            }
+        }
+}
+
 /* winograd_conv3x3, its products from u in fp32 or, where ub is not NULL,
  * from ub on the AMX tiles. */
 static void conv3x3(float *out, const float *in, const float *u, const uint16_t *ub,
@@ -147,49 +193,34 @@ static void conv3x3(float *out, const float *in, const float *u, const uint16_t 
     const int ho = h + 2 * pad - 2, wo = w + 2 * pad - 2, tw = (wo + 1) / 2;
     assert(ho > 0 && wo > 0 && n > 0 && t0 + n <= winograd_tiles(ho, wo));
     const int np = padded(n);
-    const size_t v_pos = (size_t)c_in * np, m_pos = (size_t)c_out * np,
-                 u_pos = (size_t)c_out * c_in;
-    float *v = scratch, *m = scratch + WINOGRAD_POS * v_pos;
+    const size_t m_pos = (size_t)c_out * np;
+    float *m = scratch, *v = scratch + WINOGRAD_POS * m_pos;
     const transforms_t *tf = &TRANSFORMS[vec_isa()];
 
-    /* The patches, transformed: panel q's channel ci at v + (q * c_in + ci) * 16, tiles
-     * past n 0. A channel's panels lie next to each other in its rows: read them in turn;
-     * a panel's tiles that lie in one row are read as runs of its input rows. */
-    if (np > n)
-        for (int pos = 0; pos < WINOGRAD_POS; pos++)
-            for (int ci = 0; ci < c_in; ci++)
-                memset(v + pos * v_pos + ((size_t)(np / GEMM_PANEL - 1) * c_in + ci) * GEMM_PANEL +
-                           n % GEMM_PANEL,
-                       0, (size_t)(np - n) * sizeof(float));
-    for (int ci = 0; ci < c_in; ci++)
-        for (int q = 0; q * GEMM_PANEL < n; q++) {
-            const int64_t first = t0 + q * GEMM_PANEL;
-            const int64_t end =
-                first + (n - q * GEMM_PANEL < GEMM_PANEL ? n - q * GEMM_PANEL : GEMM_PANEL);
-            float *vq = v + ((size_t)q * c_in + ci) * GEMM_PANEL;
-            for (int64_t t = first; t < end;) {
-                int ty, tx;
-                const int len = next_run(t, end, tw, &ty, &tx);
-                float seg[4][SEG];
-                const float *rows[4];
-                patch_rows(rows, seg, in + (size_t)ci * h * w, h, w, 2 * ty - pad, 2 * tx - pad,
-                           len);
-                tf->patches(vq, v_pos, rows, (int)(t - first), len);
-                t += len;
-            }
-        }
     /* M[pos] = U[pos] V[pos], summed over the channels. */
-    memset(m, 0, WINOGRAD_POS * m_pos * sizeof(float));
-    uint16_t *vb = (uint16_t *)(m + WINOGRAD_POS * m_pos);
-    const size_t ub_pos = (size_t)gemm_amx_pad(c_out) * gemm_amx_pad(c_in);
-    for (int pos = 0; pos < WINOGRAD_POS; pos++) {
-        if (ub) {
-            gemm_amx_pack_f32(vb, v + pos * v_pos, np, c_in);
-            gemm_amx(c_out, n, c_in, ub + pos * ub_pos, vb, m + pos * m_pos, np);
-        } else {
+    if (ub) {
+        /* A chunk of channels transformed, then rounded into each position's operand
+         * (its depth rows from ci0) while in cache; the products written, not added. */
+        const int cc_max = c_in < BF16_CHANNELS ? c_in : BF16_CHANNELS, Kp = gemm_amx_pad(c_in);
+        uint16_t *vb = (uint16_t *)(v + (size_t)WINOGRAD_POS * cc_max * np);
+        const size_t vb_pos = gemm_amx_b_elems(np, c_in);
+        const size_t ub_pos = (size_t)gemm_amx_pad(c_out) * Kp;
+        for (int ci0 = 0; ci0 < c_in; ci0 += BF16_CHANNELS) {
+            const int cc = c_in - ci0 < BF16_CHANNELS ? c_in - ci0 : BF16_CHANNELS;
+            transform_block(v, tf, in, ci0, cc, h, w, pad, tw, t0, n);
+            for (int pos = 0; pos < WINOGRAD_POS; pos++)
+                gemm_amx_pack_f32_at(vb + pos * vb_pos, Kp, ci0, v + (size_t)pos * cc * np, np, cc);
+        }
+        for (int pos = 0; pos < WINOGRAD_POS; pos++)
+            gemm_amx_store(c_out, n, c_in, ub + pos * ub_pos, vb + pos * vb_pos, m + pos * m_pos,
+                           np);
+    } else {
+        const size_t v_pos = (size_t)c_in * np, u_pos = (size_t)c_out * c_in;
+        transform_block(v, tf, in, 0, c_in, h, w, pad, tw, t0, n);
+        memset(m, 0, WINOGRAD_POS * m_pos * sizeof(float));
+        for (int pos = 0; pos < WINOGRAD_POS; pos++)
             gemm_packed(c_out, n, c_in, u + pos * u_pos, c_in, v + pos * v_pos, DTYPE_F32,
                         m + pos * m_pos, np);
-        }
     }
     /* The outputs. */
     for (int co = 0; co < c_out; co++)

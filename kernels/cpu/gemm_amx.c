@@ -7,6 +7,7 @@
  * bf16 panels in, so the weight is read where it lies. */
 #include "kernels/cpu/gemm_amx.h"
 
+#include <assert.h>
 #include <string.h>
 
 #include "base/dtype.h"
@@ -83,10 +84,11 @@ __attribute__((target("amx-tile"))) static void tiles_configure(void) {
 }
 
 /* Columns [0, nc) (nc <= 32) of y += xb times the pair of
- * panels b0, b1 (Kp deep), every row of xb; the tiles configured. */
+ * panels b0, b1 (Kp deep), every row of xb (y = the product where not
+ * accumulate: y is not read); the tiles configured. */
 __attribute__((target("amx-tile,amx-bf16"))) static void
 panel_pair(int M, int nc, int Kp, const uint16_t *xb, const uint16_t *b0, const uint16_t *b1,
-           float *y, int ldy) {
+           float *y, int ldy, int accumulate) {
     float c[32 * 32] __attribute__((aligned(64)));
     const size_t a_stride = (size_t)Kp * sizeof(uint16_t);
     for (int m0 = 0; m0 < M; m0 += 32) {
@@ -95,16 +97,23 @@ panel_pair(int M, int nc, int Kp, const uint16_t *xb, const uint16_t *b0, const 
         float *cb = full ? y + (size_t)m0 * ldy : c;
         const size_t cs = full ? (size_t)ldy * sizeof(float) : 128,
                      c16 = full ? 16 * (size_t)ldy : 16 * 32;
-        if (!full)
-            for (int r = 0; r < 32; r++) {
-                memset(c + r * 32, 0, 32 * sizeof(float));
-                if (r < mc)
-                    memcpy(c + r * 32, y + (size_t)(m0 + r) * ldy, (size_t)nc * sizeof(float));
-            }
-        _tile_loadd(0, cb, cs);
-        _tile_loadd(1, cb + 16, cs);
-        _tile_loadd(2, cb + c16, cs);
-        _tile_loadd(3, cb + c16 + 16, cs);
+        if (!accumulate) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+        } else {
+            if (!full)
+                for (int r = 0; r < 32; r++) {
+                    memset(c + r * 32, 0, 32 * sizeof(float));
+                    if (r < mc)
+                        memcpy(c + r * 32, y + (size_t)(m0 + r) * ldy, (size_t)nc * sizeof(float));
+                }
+            _tile_loadd(0, cb, cs);
+            _tile_loadd(1, cb + 16, cs);
+            _tile_loadd(2, cb + c16, cs);
+            _tile_loadd(3, cb + c16 + 16, cs);
+        }
         const uint16_t *a0 = xb + (size_t)m0 * Kp, *a1 = a0 + (size_t)16 * Kp;
         for (int k0 = 0; k0 < Kp; k0 += 32) {
             if (M <= 32) /* one block of rows: the weight streams from memory once */
@@ -134,10 +143,17 @@ panel_pair(int M, int nc, int Kp, const uint16_t *xb, const uint16_t *b0, const 
     }
 }
 
-__attribute__((target("amx-tile,amx-bf16"))) void gemm_amx(int M, int N, int K, const uint16_t *xb,
-                                                           const uint16_t *wb, float *y, int ldy) {
-    if (M <= 0 || N <= 0 || K <= 0)
+__attribute__((target("amx-tile,amx-bf16"))) static void amx_run(int M, int N, int K,
+                                                                 const uint16_t *xb,
+                                                                 const uint16_t *wb, float *y,
+                                                                 int ldy, int accumulate) {
+    if (M <= 0 || N <= 0)
         return;
+    if (K <= 0) {
+        for (int r = 0; !accumulate && r < M; r++)
+            memset(y + (size_t)r * ldy, 0, (size_t)N * sizeof(float));
+        return;
+    }
     const int Kp = gemm_amx_pad(K), n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL;
     const size_t panel = (size_t)Kp * GEMM_PANEL;
     const int group = amx_group_pairs(Kp), mb = amx_block_rows(Kp);
@@ -152,12 +168,21 @@ __attribute__((target("amx-tile,amx-bf16"))) void gemm_amx(int M, int N, int K, 
                 const uint16_t *b0 = wb + (size_t)p * panel,
                                *b1 = p + 1 < n_panels ? b0 + panel : b0;
                 const int n0 = p * GEMM_PANEL, nc = N - n0 < 32 ? N - n0 : 32;
-                panel_pair(mc, nc, Kp, xb + (size_t)m0 * Kp, b0, b1, y + (size_t)m0 * ldy + n0,
-                           ldy);
+                panel_pair(mc, nc, Kp, xb + (size_t)m0 * Kp, b0, b1, y + (size_t)m0 * ldy + n0, ldy,
+                           accumulate);
             }
         }
     }
     _tile_release();
+}
+
+void gemm_amx(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y, int ldy) {
+    amx_run(M, N, K, xb, wb, y, ldy, 1);
+}
+
+void gemm_amx_store(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y,
+                    int ldy) {
+    amx_run(M, N, K, xb, wb, y, ldy, 0);
 }
 
 /* n floats to bf16, to nearest even (NaN stays a quiet NaN; subnormal
@@ -180,14 +205,14 @@ to_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
  * 16 pairs: the two rows' bf16 side by side, then interleaved by one
  * permutation. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
-pack_f32_avx512(uint16_t *dst, const float *src, int n_panels, int K, int Kp) {
+pack_f32_avx512(uint16_t *dst, const float *src, int n_panels, int K, int Kp, int rows) {
     const __m512i pick =
         _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                          21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int p = 0; p < n_panels; p++) {
         const float *panel = src + (size_t)p * K * GEMM_PANEL;
         uint16_t *to = dst + (size_t)p * Kp * GEMM_PANEL;
-        for (int k = 0; k < Kp; k += 2) {
+        for (int k = 0; k < rows; k += 2) {
             const __m512 r0 =
                 k < K ? _mm512_loadu_ps(panel + (size_t)k * GEMM_PANEL) : _mm512_setzero_ps();
             const __m512 r1 = k + 1 < K ? _mm512_loadu_ps(panel + (size_t)(k + 1) * GEMM_PANEL)
@@ -220,25 +245,38 @@ void gemm_amx(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float
     (void)M, (void)N, (void)K, (void)xb, (void)wb, (void)y, (void)ldy;
 }
 
+void gemm_amx_store(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y,
+                    int ldy) {
+    (void)M, (void)N, (void)K, (void)xb, (void)wb, (void)y, (void)ldy;
+}
+
 #endif
 
-static void pack_f32_portable(uint16_t *dst, const float *src, int n_panels, int K, int Kp) {
+static void pack_f32_portable(uint16_t *dst, const float *src, int n_panels, int K, int Kp,
+                              int rows) {
     for (int p = 0; p < n_panels; p++)
-        for (int k = 0; k < Kp; k++)
+        for (int k = 0; k < rows; k++)
             for (int j = 0; j < GEMM_PANEL; j++)
                 dst[gemm_amx_b_at(p * GEMM_PANEL + j, k, Kp)] =
                     k < K ? f32_to_bf16(src[((size_t)p * K + k) * GEMM_PANEL + j]) : 0;
 }
 
-void gemm_amx_pack_f32(uint16_t *dst, const float *src, int N, int K) {
-    const int n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL, Kp = gemm_amx_pad(K);
+void gemm_amx_pack_f32_at(uint16_t *dst, int Kp, int k0, const float *src, int N, int K) {
+    const int n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL, rows = gemm_amx_pad(K);
+    assert(k0 % GEMM_TILE_DEPTH == 0 && k0 + rows <= Kp);
+    /* Row k of a panel starts k * GEMM_PANEL elements in (rows in pairs). */
+    dst += (size_t)k0 * GEMM_PANEL;
 #if defined(__x86_64__)
     if (gemm_amx_usable()) {
-        pack_f32_avx512(dst, src, n_panels, K, Kp);
+        pack_f32_avx512(dst, src, n_panels, K, Kp, rows);
         return;
     }
 #endif
-    pack_f32_portable(dst, src, n_panels, K, Kp);
+    pack_f32_portable(dst, src, n_panels, K, Kp, rows);
+}
+
+void gemm_amx_pack_f32(uint16_t *dst, const float *src, int N, int K) {
+    gemm_amx_pack_f32_at(dst, gemm_amx_pad(K), 0, src, N, K);
 }
 
 int gemm_amx_pad(int n) { return gemm_packed_depth(n, DTYPE_BF16); }

@@ -50,10 +50,17 @@ size_t gemm_amx_b_elems(int N, int K);
  * gemm_packed_elems(N, K, DTYPE_BF16) elements: what the convolutions' patches
  * take to the tiles. */
 void gemm_amx_pack_f32(uint16_t *dst, const float *src, int N, int K);
+/* The same into depth rows [k0, k0 + gemm_amx_pad(K)) of an operand Kp
+ * deep (k0 a multiple of 32; rows past k0 + K zero): an operand rounded a
+ * block of k at a time. */
+void gemm_amx_pack_f32_at(uint16_t *dst, int Kp, int k0, const float *src, int N, int K);
 
 /* y[m * ldy + n] += sum over k < K of xb[m][k] * w(n, k), m < M, n < N, for
  * xb from gemm_amx_round and wb in the layout above. Columns of y past N
  * are neither read nor written. Only where gemm_amx_usable(). */
 void gemm_amx(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y, int ldy);
+/* gemm_amx with y = the sums (y not read): the same bytes as gemm_amx on a
+ * y of zeros, without the pass that zeroes it. */
+void gemm_amx_store(int M, int N, int K, const uint16_t *xb, const uint16_t *wb, float *y, int ldy);
 
 #endif

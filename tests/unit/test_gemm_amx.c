@@ -94,7 +94,21 @@ static int check_shape(int M, int N, int K) {
         printf("  M=%d N=%d K=%d: whole pairs of panels differ from the packed weight\n", M, N, K);
         bad++;
     }
-    free(wb), free(yb);
+    /* gemm_amx_store: the sums over a y it never reads, the same bytes as
+     * gemm_amx adding them to zeros; nothing past N written. */
+    for (size_t i = 0; i < (size_t)M * ldy + 1; i++)
+        yb[i] = i % (size_t)ldy < (size_t)N ? NAN : GUARD;
+    gemm_amx_store(M, N, K, xb, wp, yb, ldy);
+    float *y0 = malloc(sizeof(float) * ((size_t)M * ldy + 1));
+    for (size_t i = 0; i < (size_t)M * ldy + 1; i++)
+        y0[i] = i % (size_t)ldy < (size_t)N ? 0.0f : GUARD;
+    y0[(size_t)M * ldy] = yb[(size_t)M * ldy] = GUARD;
+    gemm_amx(M, N, K, xb, wp, y0, ldy);
+    if (memcmp(y0, yb, sizeof(float) * ((size_t)M * ldy + 1)) != 0) {
+        printf("  M=%d N=%d K=%d: gemm_amx_store differs from gemm_amx on zeros\n", M, N, K);
+        bad++;
+    }
+    free(wb), free(yb), free(y0);
     for (int m = 0; m < M; m++) {
         for (int n = 0; n < ldy; n++) {
             const float got = y[(size_t)m * ldy + n];
