@@ -1048,9 +1048,11 @@ static void attn_pack(const attn_tile_buf_t *b, const attn_keys_t *ak, int j0, i
  * rows ldq floats apart) against every key of ak: the online softmax over
  * blocks, as above. With mass, each key's probability summed over the rows
  * is added to mass[j] in a second pass, once the softmax's max m and sum l
- * are final: p_j = exp(s_j - m) / l, exactly what weighted the values.
- * bias, as attn_tile_scores', for row 0 (NULL: none); bias_row also steps
- * between rows. */
+ * are final: p_j = exp(s_j - m) / l, exactly what weighted the values (on
+ * the tiles, where the weights are rounded to bf16, exp is vec_exp5, which
+ * the sum l was made of, and p_j the weight before its rounding). bias, as
+ * attn_tile_scores', for row 0 (NULL: none); bias_row also steps between
+ * rows. */
 static void attend_group(const attn_tile_buf_t *b, float *out, const float *q, size_t ldq, int rows,
                          const attn_keys_t *ak, int d, float scale, const float *bias,
                          ptrdiff_t bias_row, float *mass) {
@@ -1073,6 +1075,7 @@ static void attend_group(const attn_tile_buf_t *b, float *out, const float *q, s
             float tile_max[ATTN_Q_TILE];
             attn_tile_scores(b, q, ldq, t0, tr, nb, d, scale, bias ? bias + j0 : NULL, bias_row,
                              tile_max);
+            const int nbp = gemm_amx_pad(nb);
             for (int r = 0; r < tr; r++) {
                 float *sr = b->s + (size_t)r * ATTN_CHUNK;
                 const float cm = tile_max[r];
@@ -1084,10 +1087,19 @@ static void attend_group(const attn_tile_buf_t *b, float *out, const float *q, s
                         orow[i] *= rescale;
                     m[t0 + r] = cm;
                 }
-                l[t0 + r] += vec_exp_shift_sum(sr, (size_t)nb, m[t0 + r]);
+                if (!b->amx) {
+                    l[t0 + r] += vec_exp_shift_sum(sr, (size_t)nb, m[t0 + r]);
+                    continue;
+                }
+                /* On the tiles the weights go to bf16 while the row is in cache. */
+                uint16_t *pr = b->pb + (size_t)r * nbp;
+                l[t0 + r] += vec_exp5_shift_sum(sr, (size_t)nb, m[t0 + r]);
+                gemm_amx_to_bf16(pr, sr, (size_t)nb);
+                memset(pr + nb, 0, (size_t)(nbp - nb) * sizeof *pr);
             }
             if (b->amx) {
-                gemm_amx_round(b->pb, b->s, ATTN_CHUNK, tr, nb, 0, gemm_amx_pad(tr));
+                memset(b->pb + (size_t)tr * nbp, 0,
+                       (size_t)(gemm_amx_pad(tr) - tr) * nbp * sizeof *b->pb);
                 gemm_amx(tr, dp, nb, b->pb, b->vb, o, dp);
             } else {
                 gemm_packed(tr, dp, nb, b->s, ATTN_CHUNK, b->vp, DTYPE_F32, o, dp);
@@ -1107,10 +1119,13 @@ static void attend_group(const attn_tile_buf_t *b, float *out, const float *q, s
             attn_tile_scores(b, q, ldq, t0, tr, nb, d, scale, bias ? bias + j0 : NULL, bias_row,
                              NULL);
             for (int r = 0; r < tr; r++)
-                for (int j = 0; j < nb; j++)
-                    mass[j0 + j] +=
-                        (float)(exp((double)b->s[(size_t)r * ATTN_CHUNK + j] - m[t0 + r]) /
-                                l[t0 + r]);
+                for (int j = 0; j < nb; j++) {
+                    /* the exponential the sum l was made of */
+                    const float sj = b->s[(size_t)r * ATTN_CHUNK + j];
+                    const double e =
+                        b->amx ? (double)vec_exp5(sj - m[t0 + r]) : exp((double)sj - m[t0 + r]);
+                    mass[j0 + j] += (float)(e / l[t0 + r]);
+                }
         }
     }
 }

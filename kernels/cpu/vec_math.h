@@ -5,6 +5,7 @@
 #define ARSERVE_VEC_MATH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* e^x within 2 ulp (normal results; the tests bound it): 0 below -87.3
  * (where float's results leave the normal range), +inf above 88 (a few ulp
@@ -23,6 +24,15 @@ void vec_gelu_tanh(float *x, size_t n);
 
 /* x[i] = e^(x[i] - m) for i < n; returns their sum, added in double. */
 double vec_exp_shift_sum(float *x, size_t n, float m);
+
+/* vec_exp_shift_sum for weights rounded to bf16 next (cpu_activations
+ * bf16's softmax): the exponential vec_exp's to degree 5, within 3.5e-6
+ * relative (a thousandth of the step the rounding takes), the sum added in
+ * float. */
+double vec_exp5_shift_sum(float *x, size_t n, float m);
+
+/* One value of that exponential, the same bits. */
+float vec_exp5(float x);
 
 /* The largest x[i], i < n (-inf for n = 0); NaNs are passed over. */
 float vec_max(const float *x, size_t n);
