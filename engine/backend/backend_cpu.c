@@ -854,6 +854,7 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
  * group's, whatever the context. */
 #define ATTN_Q_TILE 64
 #define ATTN_GROUP_FLOATS (64 * 1024) /* a group's output, at most */
+#define ATTN_GROUP_TILES 16               /* and its tiles */
 
 /* The keys of a (sequence, head) pair: n_cached rows of a paged cache (pool
  * and view; none where pool is NULL), then fp32 rows of k_new and v_new,
@@ -869,10 +870,10 @@ typedef struct attn_keys {
 static int round_panel(int n) { return (n + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL; }
 
 /* Query rows of a group at head dimension d: whole tiles, as many as leave
- * its output within ATTN_GROUP_FLOATS (at least one tile, at most 8). */
+ * its output within ATTN_GROUP_FLOATS (at least one tile, at most ATTN_GROUP_TILES). */
 static int attn_group_rows(int d) {
     const int tiles = ATTN_GROUP_FLOATS / ATTN_Q_TILE / round_panel(d);
-    return ATTN_Q_TILE * (tiles < 1 ? 1 : tiles > 8 ? 8 : tiles);
+    return ATTN_Q_TILE * (tiles < 1 ? 1 : tiles > ATTN_GROUP_TILES ? ATTN_GROUP_TILES : tiles);
 }
 
 /* cpu_activations bf16 on a CPU with AMX: attention's two products on the
@@ -1057,9 +1058,9 @@ static void attend_group(const attn_tile_buf_t *b, float *out, const float *q, s
                          const attn_keys_t *ak, int d, float scale, const float *bias,
                          ptrdiff_t bias_row, float *mass) {
     const int dp = round_panel(d);
-    float m[8 * ATTN_Q_TILE];
-    double l[8 * ATTN_Q_TILE];
-    assert(rows <= attn_group_rows(d) && attn_group_rows(d) <= 8 * ATTN_Q_TILE);
+    float m[ATTN_GROUP_TILES * ATTN_Q_TILE];
+    double l[ATTN_GROUP_TILES * ATTN_Q_TILE];
+    assert(rows <= attn_group_rows(d) && attn_group_rows(d) <= ATTN_GROUP_TILES * ATTN_Q_TILE);
     for (int r = 0; r < rows; r++) {
         m[r] = -INFINITY, l[r] = 0;
         memset(b->o + (size_t)r * dp, 0, (size_t)dp * sizeof(float));

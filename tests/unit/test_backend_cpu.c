@@ -1871,12 +1871,12 @@ static void test_attention_scale_ragged_paged_against_dense(void) {
 
 /* Scales of hundreds of rows, as the last scales of a 512 px image: a
  * pair's rows in several groups (each packing a key block once for up to
- * eight tiles), against caches of 0 to 700 keys, at head dims 64 (groups
- * of 512 rows) and 200 (of 256): 1e-6 abs + 1e-5 rel, with key mass summed
- * over every group of a pair. */
+ * ATTN_GROUP_TILES tiles), against caches of 0 to 700 keys, at head dims 64
+ * (groups of 1,024 rows) and 200 (of 256): 1e-6 abs + 1e-5 rel, with key
+ * mass summed over every group of a pair. */
 static void test_attention_scale_many_rows_in_groups(void) {
     enum { SEQS = 2, H = 2 };
-    const int n_new[SEQS] = {600, 530}, cache_len[SEQS * H] = {0, 300, 700, 1};
+    const int n_new[SEQS] = {1100, 530}, cache_len[SEQS * H] = {0, 300, 700, 1};
     check_attention_scale(SEQS, n_new, cache_len, H, 64, 16, 1, 1 / sqrtf(64), 1e-6, 1e-5);
     check_attention_scale(SEQS, n_new, cache_len, H, 200, 7, 1, 1 / sqrtf(200), 1e-6, 1e-5);
 }
