@@ -854,7 +854,7 @@ static void cpu_attention(backend_t *be, float *out, const float *q, const kv_bl
  * group's, whatever the context. */
 #define ATTN_Q_TILE 64
 #define ATTN_GROUP_FLOATS (64 * 1024) /* a group's output, at most */
-#define ATTN_GROUP_TILES 16               /* and its tiles */
+#define ATTN_GROUP_TILES 16           /* and its tiles */
 
 /* The keys of a (sequence, head) pair: n_cached rows of a paged cache (pool
  * and view; none where pool is NULL), then fp32 rows of k_new and v_new,
@@ -988,26 +988,40 @@ static const uint16_t *attn_row_bf16(uint16_t *tmp, const attn_keys_t *ak, const
  * gemm_amx's layout, everything past nb keys and d elements zero. */
 static void attn_pack_block_bf16(uint16_t *kb, uint16_t *vb, const attn_keys_t *ak, int j0, int nb,
                                  int d) {
+    static const uint16_t zeros[MAX_HEAD_DIM];
     const int d32 = gemm_amx_pad(d), nb32 = gemm_amx_pad(nb);
-    uint16_t kt[MAX_HEAD_DIM], vt[MAX_HEAD_DIM];
+    uint16_t kt[MAX_HEAD_DIM], vt[2][MAX_HEAD_DIM];
     memset(kb, 0, gemm_amx_b_elems(nb, d) * sizeof *kb);
     if (vb)
         memset(vb, 0, gemm_amx_b_elems(d, nb) * sizeof *vb);
     kv_walk_t w = {0};
     if (j0 < ak->n_cached)
         w = walk_at(ak->pool, ak->view->blocks, j0);
-    for (int j = 0; j < nb; j++) {
-        const uint16_t *k = attn_row_bf16(kt, ak, &w, j0 + j, 0, d);
-        uint16_t *kcol = kb + gemm_amx_b_at(j, 0, d32);
-        for (int i = 0; i < d; i++)
-            kcol[(i / 2) * 32 + i % 2] = k[i];
-        if (vb) {
-            const uint16_t *v = attn_row_bf16(vt, ak, &w, j0 + j, 1, d);
-            for (int i = 0; i < d; i++)
-                vb[gemm_amx_b_at(i, j, nb32)] = v[i];
+    /* Keys two at a time: a pair of keys is one depth row of V's panels. */
+    for (int j = 0; j < nb; j += 2) {
+        const uint16_t *v[2] = {zeros, zeros};
+        for (int h = 0; h < 2 && j + h < nb; h++) {
+            /* K's column j + h: its pairs of elements 32 apart. */
+            const uint16_t *k = attn_row_bf16(kt, ak, &w, j0 + j + h, 0, d);
+            uint16_t *kcol = kb + gemm_amx_b_at(j + h, 0, d32);
+            for (int i = 0; i < d; i += 2)
+                memcpy(kcol + i * 16, k + i, (size_t)(d - i < 2 ? 1 : 2) * sizeof *k);
+            if (vb)
+                v[h] = attn_row_bf16(vt[h], ak, &w, j0 + j + h, 1, d);
+            if (j0 + j + h < ak->n_cached)
+                walk_next(&w);
         }
-        if (j0 + j < ak->n_cached)
-            walk_next(&w);
+        /* V's depth row j / 2 of each panel of 16 columns: the two keys' elements side by
+         * side. */
+        for (int c = 0; vb && c < d; c += GEMM_PANEL) {
+            uint16_t *row =
+                vb + (size_t)(c / GEMM_PANEL) * nb32 * GEMM_PANEL + (size_t)(j / 2) * 32;
+            const int n = d - c < GEMM_PANEL ? d - c : GEMM_PANEL;
+            for (int t = 0; t < n; t++) {
+                row[2 * t] = v[0][c + t];
+                row[2 * t + 1] = v[1][c + t];
+            }
+        }
     }
 }
 
