@@ -40,11 +40,13 @@ static inline __attribute__((always_inline)) float exp_body(float x) {
     return isgreater(x, 88.0f) ? INFINITY : isless(x, -87.3f) ? 0.0f : x == x ? e : x;
 }
 
-/* exp_body to degree 5 (within 3.5e-6 relative: the remainder 2.4e-6, then float's roundings): for
- * weights that are rounded to bf16 next (a step of 2^-8), where degree 7's precision is lost
- * anyway. The same clamps. */
+/* exp_body to degree 5 (within 3.5e-6 relative: the remainder 2.4e-6, then
+ * float's roundings): for weights that are rounded to bf16 next (a step of
+ * 2^-8), where degree 7's precision is lost anyway. Only for x <= 88 (a
+ * softmax's scores less their maximum): the one clamp is below, where -inf
+ * (a masked score) gives 0; NaN stays NaN. */
 static inline __attribute__((always_inline)) float exp5_body(float x) {
-    const float xc = isgreater(x, 88.0f) ? 88.0f : isless(x, -87.3f) ? -87.3f : x == x ? x : 0.0f;
+    const float xc = x < -87.3f ? -87.3f : x;
     const float round = 12582912.0f;
     const float n = (xc * 1.44269504088896341f + round) - round;
     const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
@@ -58,8 +60,7 @@ static inline __attribute__((always_inline)) float exp5_body(float x) {
         int32_t i;
         float f;
     } scale = {.i = ((int32_t)n + 127) * (1 << 23)};
-    const float e = p * scale.f;
-    return isgreater(x, 88.0f) ? INFINITY : isless(x, -87.3f) ? 0.0f : x == x ? e : x;
+    return x < -87.3f ? 0.0f : p * scale.f;
 }
 
 #define DEFINE_SILU(suffix, target)                                                                \

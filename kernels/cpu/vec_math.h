@@ -26,9 +26,9 @@ void vec_gelu_tanh(float *x, size_t n);
 double vec_exp_shift_sum(float *x, size_t n, float m);
 
 /* vec_exp_shift_sum for weights rounded to bf16 next (cpu_activations
- * bf16's softmax): the exponential vec_exp's to degree 5, within 3.5e-6
- * relative (a thousandth of the step the rounding takes), the sum added in
- * float. */
+ * bf16's softmax), where x[i] - m <= 88 (m the row's maximum): the
+ * exponential vec_exp's to degree 5, within 3.5e-6 relative (a thousandth
+ * of the step the rounding takes), the sum added in float. */
 double vec_exp5_shift_sum(float *x, size_t n, float m);
 
 /* One value of that exponential, the same bits. */
