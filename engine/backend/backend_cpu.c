@@ -1305,12 +1305,9 @@ static void cpu_layernorm(backend_t *be, float *y, const float *x, int rows, int
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * dim;
         float *yr = y + (size_t)r * dim;
-        double sum = 0, sq = 0;
-        for (int i = 0; i < dim; i++)
-            sum += xr[i];
-        const double mean = sum / dim;
-        for (int i = 0; i < dim; i++)
-            sq += (xr[i] - mean) * (xr[i] - mean);
+        /* in double, over the vector lanes' partial sums */
+        const double mean = vec_sum_f64(xr, (size_t)dim) / dim;
+        const double sq = vec_sq_dev_f64(xr, (size_t)dim, mean);
         const float inv = (float)(1.0 / sqrt(sq / dim + eps)), mu = (float)mean;
         for (int i = 0; i < dim; i++)
             yr[i] = (xr[i] - mu) * inv;
@@ -1343,9 +1340,7 @@ static void cpu_l2norm_heads(backend_t *be, float *x, const float *mul, int rows
 #pragma omp parallel for num_threads(team(be)) if ((int64_t)n * head_dim >= PAR_MIN_WORK)
     for (int i = 0; i < n; i++) {
         float *xi = x + (size_t)i * head_dim;
-        double ss = 0;
-        for (int d = 0; d < head_dim; d++)
-            ss += (double)xi[d] * xi[d];
+        const double ss = vec_sq_dev_f64(xi, (size_t)head_dim, 0.0);
         const float norm = fmaxf((float)sqrt(ss), 1e-12f);
         const float m = mul ? mul[i % n_heads] : 1.0f;
         for (int d = 0; d < head_dim; d++)
