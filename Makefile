@@ -586,11 +586,12 @@ test-cli: $(BUILD)/arserve $(BUILD)/kv_bench $(BUILD)/speed_bench $(TINY_MODEL)/
 # Python tools' tests (numpy, Pillow; no torch): the shapes renderer, the
 # ShapesEval scorer and runner, the shipped model (models/shapes) drawing
 # its expected PNG and passing a small ShapesEval with build/arserve, the
-# README's pictures of the demo models and their counts (make examples), and
+# README's pictures of the demo models and their counts (make examples), the
+# benches beside the official code without it (speed_bench for their batches), and
 # deploy/ (manifests against Kubernetes' schemas, the model loader). A file
 # to a worker (--dist loadfile): the ShapesEval run is a module's fixture, made
 # on every worker that runs one of its tests (twice, 7 s each, with --dist load).
-test-python: $(BUILD)/arserve $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
+test-python: $(BUILD)/arserve $(BUILD)/speed_bench $(SLOW_MODEL)/arserve.json $(VENV)/.stamp
 	ARSERVE_BIN=$(BUILD)/arserve ARSERVE_SLOW_MODEL=$(SLOW_MODEL) $(VENV)/bin/python -m pytest -q -rP -n 2 --dist loadfile tests/python
 
 # Every bench target the suites above do not run, for seconds each, through its

@@ -5,7 +5,7 @@ autocast; arserve's cpu_activations bf16), side by side in one run, as bench/ref
 for VAR.
 
     INFINITY_SRC=/path/to/Infinity python bench/ref_infinity.py RELEASE_DIR MODEL_DIR \\
-        [--pn 0.25M] [--threads 1] [--reps 2]
+        [--pn 0.25M] [--threads 1] [--reps 2] [--batch 1] [--isa avx2]
 
 RELEASE_DIR holds an Infinity-2B-layout release (infinity_2b_reg.pth, infinity_vae_d32reg.pth,
 flan-t5-xl/; `python3 -m tools.release_shapes infinity-mid DIR` writes the mid size issue 62
@@ -36,7 +36,7 @@ import sys
 import time
 import types
 
-from ref_var import common_args, side_by_side
+from ref_var import common_args, setup, side_by_side
 
 STOOD_IN = ("flash_attn", "timm", "timm.models", "timm.models.layers", "timm.loss", "torchvision",
             "torchvision.transforms")
@@ -154,23 +154,27 @@ class Official:
             return out
         self.inf.get_logits, self.vae.decode = get_logits, timed_decode
 
-    def _encode(self, prompt: str):
+    def _encode(self, prompt: str, batch: int):
+        """The prompt's T5 features packed as the official code takes a batch of them: `batch`
+        copies one after another, their lengths, offsets and the longest."""
         t = self.tok(text=[prompt], max_length=512, padding="max_length", truncation=True,
                      return_tensors="pt")
         feat = self.enc(input_ids=t.input_ids, attention_mask=t.attention_mask)["last_hidden_state"].float()
         n = int(t.attention_mask.sum())
-        return feat[0, :n], [n], self.torch.tensor([0, n], dtype=self.torch.int32), n
+        cu = self.torch.tensor([i * n for i in range(batch + 1)], dtype=self.torch.int32)
+        return self.torch.cat([feat[0, :n]] * batch), [n] * batch, cu, n
 
-    def run(self, prompt: str, bf16: bool, sampling: dict) -> dict:
+    def run(self, prompt: str, bf16: bool, sampling: dict, batch: int = 1) -> dict:
+        """Per image: `batch` images of the prompt drawn at once, the times / batch."""
         torch, S = self.torch, len(self.schedule)
         self.marks.clear()
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         with torch.inference_mode(), ctx:
             t0 = time.perf_counter()
-            cond = self._encode(prompt)
+            cond = self._encode(prompt, batch)
             t1 = time.perf_counter()
             self.inf.autoregressive_infer_cfg(
-                vae=self.vae, scale_schedule=self.schedule, label_B_or_BLT=cond, g_seed=0, B=1,
+                vae=self.vae, scale_schedule=self.schedule, label_B_or_BLT=cond, g_seed=0, B=batch,
                 negative_label_B_or_BLT=None, force_gt_Bhw=None, cfg_sc=3,
                 cfg_list=[sampling["cfg"]] * S, tau_list=[sampling.get("temperature", 1.0)] * S,
                 top_k=0, top_p=0.0, returns_vemb=1, ratio_Bl1=None, gumbel=0, norm_cfg=False,
@@ -178,10 +182,10 @@ class Official:
                 ret_img=True, trunk_scale=1000, gt_leak=-1, gt_ls_Bl=None, inference_mode=True,
                 sampling_per_bits=1)
             t2 = time.perf_counter()
-        scales = [b - a for a, b in zip([t1] + self.marks[:-1], self.marks)]
+        scales = [(b - a) / batch for a, b in zip([t1] + self.marks[:-1], self.marks)]
         steps = t2 - t1 - self.decoder[0]
-        return {"steps_s": steps, "decoder_s": self.decoder[0], "total_s": t2 - t0,
-                "scales_s": scales, "t5_s": t1 - t0}
+        return {"steps_s": steps / batch, "decoder_s": self.decoder[0] / batch,
+                "total_s": (t2 - t0) / batch, "scales_s": scales, "t5_s": (t1 - t0) / batch}
 
 
 def main(argv=None) -> int:
@@ -194,10 +198,11 @@ def main(argv=None) -> int:
     if not a.arserve_only and not a.src:
         ap.error("the official side needs an Infinity checkout: --src or $INFINITY_SRC "
                  "(or --arserve-only)")
+    setup(a)
     sampling = json.load(open(os.path.join(a.model, "arserve.json")))["sampling"]
     official = None if a.arserve_only else Official(a.src, a.release, a.model, a.pn, a.threads)
     return side_by_side(a, ["--prompt", a.prompt],
-                        official and (lambda bf16: official.run(a.prompt, bf16, sampling)),
+                        official and (lambda bf16: official.run(a.prompt, bf16, sampling, a.batch)),
                         "ref_infinity",
                         f"Infinity: {os.path.basename(a.model.rstrip('/'))}, \"{a.prompt}\"")
 

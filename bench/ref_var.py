@@ -22,6 +22,11 @@ table gives the medians. The official side's scales are timed by a wrapper on it
 by one on `fhat_to_img`; arserve's by `arserve generate -v --repeat 2` (the `time:` line of its
 second image, drawn on the buffers the first made: both sides warm).
 
+`--batch N` draws N images at once on both sides (arserve's through build/speed_bench, the official
+code with B=N) and gives the figures per image; `--isa avx2` runs both as on a CPU without
+AVX-512 (ISA_ENV: arserve's ARSERVE_ISA, PyTorch's ATEN_CPU_CAPABILITY and oneDNN's
+ONEDNN_MAX_CPU_ISA).
+
 Needs torch (for the official side) and numpy: .venv-bench has both.
 """
 
@@ -55,10 +60,13 @@ def parse_time_line(stderr: str) -> dict:
     return {"steps_s": steps, "decoder_s": decoder, "total_s": steps + decoder, "scales_s": scales}
 
 
-def run_arserve(binary: str, model: str, ask: list, threads: int, mode: str) -> dict:
+def run_arserve(binary: str, model: str, ask: list, threads: int, mode: str, batch: int = 1) -> dict:
     """One `arserve generate -v --repeat 2` of what ask asks (["--class", "207"], ["--prompt",
     ...]): the second image's times, drawn on the buffers the first made, as the official side's
-    are after its warm-up in one process (and as a serving daemon draws)."""
+    are after its warm-up in one process (and as a serving daemon draws). A batch of more than
+    one is timed by speed_bench beside the binary instead (run_batch)."""
+    if batch > 1:
+        return run_batch(binary, model, ask, threads, mode, batch)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [binary, "generate", "--model", model, *ask, "--threads", str(threads),
                "--cpu-activations", mode, "-v", "--repeat", "2", "-o", os.path.join(tmp, "x.png")]
@@ -66,6 +74,31 @@ def run_arserve(binary: str, model: str, ask: list, threads: int, mode: str) -> 
         if p.returncode:
             raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-2000:]}")
         return parse_time_line(p.stderr)
+
+
+def run_batch(binary: str, model: str, ask: list, threads: int, mode: str, batch: int) -> dict:
+    """Per-image figures of a batch of `batch` images drawn at once: `speed_bench --json` (built
+    beside binary) draws one wave of batch 1 and one of the batch; of the batch's row, the image
+    is 1 / images_per_s, each scale its wave's seconds / batch, the decoder decode_s (each image's
+    own). A class-conditional model draws classes 0, 1, ... there, a prompted one ask's prompt."""
+    cmd = [os.path.join(os.path.dirname(os.path.abspath(binary)), "speed_bench"), "--model", model,
+           "--batch", str(batch), "--images", str(batch), "--reps", "1", "--threads", str(threads),
+           "--cpu-activations", mode, "--measure", "speed", "--json"]
+    if ask[:1] == ["--prompt"]:
+        cmd += ask[:2]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-2000:]}")
+    row = next(b for b in json.loads(p.stdout)["batches"] if b["batch"] == batch)
+    scales = [t / batch for t in row["scale_s"]]
+    return {"steps_s": sum(scales), "decoder_s": row["decode_s"],
+            "total_s": 1 / row["images_per_s"], "scales_s": scales}
+
+
+# What --isa avx2 sets: arserve's kernels (vec_isa.h), PyTorch's own vectorised kernels and
+# oneDNN's (both read at torch's import).
+ISA_ENV = {"avx2": {"ARSERVE_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2",
+                    "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 
 
 def release_files(release: str) -> tuple[str, str, int]:
@@ -124,18 +157,19 @@ class Official:
             return out
         vae.fhat_to_img = fhat_to_img
 
-    def run(self, label: int, bf16: bool, sampling: dict) -> dict:
+    def run(self, label: int, bf16: bool, sampling: dict, batch: int = 1) -> dict:
+        """Per image: a batch of `batch` images of the label drawn at once, its times / batch."""
         torch = self.torch
         self.marks.clear()
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         with torch.inference_mode(), ctx:
             t0 = time.perf_counter()
-            self.var.autoregressive_infer_cfg(B=1, label_B=label, g_seed=0, cfg=sampling["cfg"],
+            self.var.autoregressive_infer_cfg(B=batch, label_B=label, g_seed=0, cfg=sampling["cfg"],
                                               top_k=sampling["top_k"], top_p=sampling["top_p"])
             total = time.perf_counter() - t0
-        scales = [b - a for a, b in zip([t0] + self.marks[:-1], self.marks)]
-        return {"steps_s": total - self.decoder[0], "decoder_s": self.decoder[0], "total_s": total,
-                "scales_s": scales}
+        scales = [(b - a) / batch for a, b in zip([t0] + self.marks[:-1], self.marks)]
+        return {"steps_s": (total - self.decoder[0]) / batch, "decoder_s": self.decoder[0] / batch,
+                "total_s": total / batch, "scales_s": scales}
 
 
 def median_of(runs: list) -> dict:
@@ -186,7 +220,22 @@ def common_args(ap: argparse.ArgumentParser, release: str, env: str, repo: str) 
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--arserve-only", action="store_true", help="no official side")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="images drawn at once, figures per image (default 1; arserve's through "
+                         "speed_bench beside --arserve)")
+    ap.add_argument("--isa", choices=sorted(ISA_ENV),
+                    help="both sides as on a CPU without AVX-512: " + "; ".join(
+                        f"{k}: {' '.join(f'{n}={v}' for n, v in e.items())}"
+                        for k, e in ISA_ENV.items()))
     ap.add_argument("--json", help="also write the rows here")
+
+
+def setup(a) -> None:
+    """What the runs' arguments ask of the process: --batch checked, --isa's environment set
+    (before torch is imported, and for arserve's processes)."""
+    if a.batch < 1:
+        raise SystemExit(f"--batch {a.batch}: at least 1")
+    os.environ.update(ISA_ENV.get(a.isa or "", {}))
 
 
 def side_by_side(a, ask: list, official_run, name: str, heading: str) -> int:
@@ -197,9 +246,10 @@ def side_by_side(a, ask: list, official_run, name: str, heading: str) -> int:
     if official_run:
         sides += [("official", p) for p in ("f32", "bf16")]
     rows = alternate(sides, a.reps, lambda side, prec: (
-        run_arserve(a.arserve, a.model, ask, a.threads, prec) if side == "arserve"
+        run_arserve(a.arserve, a.model, ask, a.threads, prec, a.batch) if side == "arserve"
         else official_run(prec == "bf16")), name)
-    print(f"{heading}, {a.threads} thread(s), median of {a.reps}")
+    print(f"{heading}, {a.threads} thread(s), batch {a.batch}"
+          f"{f', {a.isa} forced' if a.isa else ''}, per image, median of {a.reps}")
     print(table(rows))
     if a.json:
         with open(a.json, "w") as f:
@@ -214,10 +264,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not a.arserve_only and not a.src:
         ap.error("the official side needs a VAR checkout: --src or $VAR_SRC (or --arserve-only)")
+    setup(a)
     sampling = json.load(open(os.path.join(a.model, "arserve.json")))["sampling"]
     official = None if a.arserve_only else Official(a.src, a.release, a.threads)
     return side_by_side(a, ["--class", str(a.label)],
-                        official and (lambda bf16: official.run(a.label, bf16, sampling)),
+                        official and (lambda bf16: official.run(a.label, bf16, sampling, a.batch)),
                         "ref_var", f"VAR: {os.path.basename(a.model.rstrip('/'))}, class {a.label}")
 
 

@@ -67,3 +67,29 @@ def test_infinity_official_side_without_a_checkout_is_refused():
                         SHAPES_INF], capture_output=True, text=True, env=env, timeout=60,
                        cwd=os.path.join(ROOT, "bench"))
     assert p.returncode == 2 and "$INFINITY_SRC" in p.stderr, p.stderr
+
+
+def test_infinity_bench_batch_and_isa_per_image():
+    """--batch 2 times arserve through speed_bench beside the binary and gives per-image figures
+    (every scale, the image at least its steps and decoder); --isa avx2 is named in the heading
+    (and sets ARSERVE_ISA for arserve). A process of its own: --isa sets the environment."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ref_infinity.py"), ROOT,
+                        SHAPES_INF, "--arserve", ARSERVE, "--arserve-only", "--reps", "1",
+                        "--batch", "2", "--isa", "avx2"], capture_output=True, text=True,
+                       timeout=600, cwd=os.path.join(ROOT, "bench"))
+    assert p.returncode == 0, p.stderr
+    assert "batch 2, avx2 forced, per image" in p.stdout, p.stdout
+    rows = [line.split(" | ") for line in p.stdout.splitlines() if line.startswith("| arserve |")]
+    assert [r[1] for r in rows] == ["f32", "bf16"], p.stdout
+    scales = [[float(t) for t in r[5].rstrip(" |").split()] for r in rows]
+    for r, sc in zip(rows, scales):
+        steps, decoder, image = (float(v) for v in r[2:5])
+        assert 0 < steps and 0 < decoder and image >= 0.8 * (steps + decoder), r
+        assert len(sc) == len(scales[0]) > 1 and sum(sc) == pytest.approx(steps, abs=0.02), r
+
+
+def test_batch_below_one_is_refused():
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ref_var.py"), ROOT,
+                        SHAPES_VAR, "--arserve-only", "--batch", "0"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode != 0 and "--batch 0" in p.stderr, p.stderr
