@@ -10,57 +10,48 @@
 #include "kernels/cpu/vec_isa.h"
 
 /* e^x = 2^n * e^r with n = round(x / ln 2) and |r| <= ln 2 / 2, e^r by
- * Taylor's series to r^7 (the remainder below 6e-9 relative), 2^n built
- * in the exponent bits. Plain multiplies and adds (fmaf is a library call
- * where the machine lacks FMA, and rintf one without SSE4.1), so that
- * every instruction set's loop vectorises: n is rounded by adding and
- * taking away 1.5 * 2^23, and ln 2 is split in two, its first part short
- * enough that n * it is exact and x - n ln 2 loses nothing. */
-static inline __attribute__((always_inline)) float exp_body(float x) {
-    /* Every branch is a choice between values computed anyway, so the
-     * loops stay branch-free; x is clamped first (NaN to 0) so that n
-     * converts to int in range. */
-    const float xc = isgreater(x, 88.0f) ? 88.0f : isless(x, -87.3f) ? -87.3f : x == x ? x : 0.0f;
+ * Taylor's series to r^degree, 2^n built in the exponent bits, for x
+ * clamped by the caller so that n converts to int in range. Plain
+ * multiplies and adds (fmaf is a library call where the machine lacks FMA,
+ * and rintf one without SSE4.1), so that every instruction set's loop
+ * vectorises: n is rounded by adding and taking away 1.5 * 2^23, and ln 2
+ * is split in two, its first part short enough that n * it is exact and
+ * x - n ln 2 loses nothing. */
+static inline __attribute__((always_inline)) float exp_series(float x, int degree) {
+    static const float inv_factorial[] = {
+        1.0f, 1.0f, 0.5f, 1.0f / 6.0f, 1.0f / 24.0f, 1.0f / 120.0f, 1.0f / 720.0f, 1.0f / 5040.0f};
     const float round = 12582912.0f;
-    const float n = (xc * 1.44269504088896341f + round) - round;
-    const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    const float n = (x * 1.44269504088896341f + round) - round;
+    const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+    float p = inv_factorial[degree];
+#pragma GCC unroll 8
+    for (int d = degree - 1; d >= 0; d--)
+        p = p * r + inv_factorial[d];
     union {
         int32_t i;
         float f;
     } scale = {.i = ((int32_t)n + 127) * (1 << 23)};
-    const float e = p * scale.f;
+    return p * scale.f;
+}
+
+/* e^x to degree 7 (the remainder below 6e-9 relative): +inf above 88, 0
+ * below -87.3, NaN for NaN. Every branch is a choice between values
+ * computed anyway, so the loops stay branch-free; x is clamped first (NaN
+ * to 0). */
+static inline __attribute__((always_inline)) float exp_body(float x) {
+    const float xc = isgreater(x, 88.0f) ? 88.0f : isless(x, -87.3f) ? -87.3f : x == x ? x : 0.0f;
+    const float e = exp_series(xc, 7);
     return isgreater(x, 88.0f) ? INFINITY : isless(x, -87.3f) ? 0.0f : x == x ? e : x;
 }
 
-/* exp_body to degree 5 (within 3.5e-6 relative: the remainder 2.4e-6, then
- * float's roundings): for weights that are rounded to bf16 next (a step of
- * 2^-8), where degree 7's precision is lost anyway. Only for x <= 88 (a
- * softmax's scores less their maximum): the one clamp is below, where -inf
- * (a masked score) gives 0; NaN stays NaN. */
+/* To degree 5 (within 3.5e-6 relative: the remainder 2.4e-6, then float's
+ * roundings): for weights that are rounded to bf16 next (a step of 2^-8),
+ * where degree 7's precision is lost anyway. Only for x <= 88 (a softmax's
+ * scores less their maximum): the one clamp is below, where -inf (a masked
+ * score) gives 0; NaN stays NaN. */
 static inline __attribute__((always_inline)) float exp5_body(float x) {
-    const float xc = x < -87.3f ? -87.3f : x;
-    const float round = 12582912.0f;
-    const float n = (xc * 1.44269504088896341f + round) - round;
-    const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-    float p = 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } scale = {.i = ((int32_t)n + 127) * (1 << 23)};
-    return x < -87.3f ? 0.0f : p * scale.f;
+    const float e = exp_series(x < -87.3f ? -87.3f : x, 5);
+    return x < -87.3f ? 0.0f : e;
 }
 
 #define DEFINE_SILU(suffix, target)                                                                \
