@@ -181,27 +181,41 @@ def median_of(runs: list) -> dict:
 
 def alternate(sides: list, reps: int, run, name: str) -> dict:
     """run(side, precision) for every side, reps times after a warm-up, the sides alternating;
-    the medians by side."""
-    runs = {s: [] for s in sides}
+    the medians by side. A side whose run raises is dropped, the others go on: its row is
+    {"failed": the error}."""
+    runs, failed = {s: [] for s in sides}, {}
     for rep in range(reps + 1):  # the first is a warm-up
         for side, prec in sides:
-            r = run(side, prec)
-            print(f"{name}: {'warm-up' if rep == 0 else f'rep {rep}'}: {side} {prec}: "
-                  f"{r['total_s']:.2f} s", file=sys.stderr, flush=True)
+            if (side, prec) in failed:
+                continue
+            when = 'warm-up' if rep == 0 else f'rep {rep}'
+            try:
+                r = run(side, prec)
+            except Exception as e:  # the official code's own failures included
+                last = (str(e).strip().splitlines() or [""])[-1]
+                failed[(side, prec)] = f"{type(e).__name__}: {last}"
+                print(f"{name}: {when}: {side} {prec}: failed, {failed[(side, prec)]}",
+                      file=sys.stderr, flush=True)
+                continue
+            print(f"{name}: {when}: {side} {prec}: {r['total_s']:.2f} s", file=sys.stderr,
+                  flush=True)
             if rep:
                 runs[(side, prec)].append(r)
-    return {s: median_of(r) for s, r in runs.items()}
+    return {s: {"failed": failed[s]} if s in failed else median_of(r) for s, r in runs.items()}
 
 
 def table(rows: dict) -> str:
     lines = ["| side | precision | steps s | decoder s | image s | each scale s |",
              "|---|---|---|---|---|---|"]
     for (side, prec), r in rows.items():
+        if "failed" in r:
+            lines.append(f"| {side} | {prec} | failed: {r['failed']} | | | |")
+            continue
         lines.append(f"| {side} | {prec} | {r['steps_s']:.2f} | {r['decoder_s']:.2f} | "
                      f"{r['total_s']:.2f} | {' '.join(f'{s:.2f}' for s in r['scales_s'])} |")
     for prec in ("f32", "bf16"):
         a, o = rows.get(("arserve", prec)), rows.get(("official", prec))
-        if a and o:
+        if a and o and "failed" not in a and "failed" not in o:
             lines.append(f"\n{prec}: arserve {o['total_s'] / a['total_s']:.2f}x the official code "
                          f"(steps {o['steps_s'] / a['steps_s']:.2f}x, decoder "
                          f"{o['decoder_s'] / a['decoder_s']:.2f}x)")
@@ -251,10 +265,13 @@ def side_by_side(a, ask: list, official_run, name: str, heading: str) -> int:
     print(f"{heading}, {a.threads} thread(s), batch {a.batch}"
           f"{f', {a.isa} forced' if a.isa else ''}, per image, median of {a.reps}")
     print(table(rows))
+    failures = any("failed" in r for r in rows.values())
+    if failures:
+        print("(a failed side's error is in its row; the other sides ran to the end)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump([{"side": s, "precision": p, **r} for (s, p), r in rows.items()], f, indent=1)
-    return 0
+    return 1 if failures else 0
 
 
 def main(argv=None) -> int:

@@ -93,3 +93,25 @@ def test_batch_below_one_is_refused():
                         SHAPES_VAR, "--arserve-only", "--batch", "0"], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode != 0 and "--batch 0" in p.stderr, p.stderr
+
+
+def test_a_side_that_fails_is_reported_and_the_others_run():
+    """The official code failing (as PyTorch 2.15's did under --isa avx2: NaN probabilities)
+    loses that side's row only: its error in the table, the others' medians kept."""
+    calls = []
+
+    def run(side, prec):
+        calls.append((side, prec))
+        if side == "official" and prec == "f32":
+            raise RuntimeError("traceback ...\nprobability tensor contains either `inf`, `nan`")
+        return {"steps_s": 1.0, "decoder_s": 0.5, "total_s": 1.5, "scales_s": [0.4, 0.6]}
+
+    sides = [("arserve", "f32"), ("official", "f32")]
+    rows = ref_var.alternate(sides, 2, run, "t")
+    assert calls.count(("official", "f32")) == 1 and calls.count(("arserve", "f32")) == 3
+    assert rows[("official", "f32")] == {"failed": "RuntimeError: probability tensor contains "
+                                                   "either `inf`, `nan`"}
+    assert rows[("arserve", "f32")]["total_s"] == 1.5
+    out = ref_var.table(rows)
+    assert "| official | f32 | failed: RuntimeError: probability" in out and "x the official" \
+        not in out, out
