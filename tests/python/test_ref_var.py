@@ -74,9 +74,9 @@ def test_infinity_bench_batch_and_isa_per_image():
     (every scale, the image at least its steps and decoder); --isa avx2 is named in the heading
     (and sets ARSERVE_ISA for arserve). A process of its own: --isa sets the environment."""
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ref_infinity.py"), ROOT,
-                        SHAPES_INF, "--arserve", ARSERVE, "--arserve-only", "--reps", "1",
-                        "--batch", "2", "--isa", "avx2"], capture_output=True, text=True,
-                       timeout=600, cwd=os.path.join(ROOT, "bench"))
+                        SHAPES_INF, "--arserve", os.path.abspath(ARSERVE), "--arserve-only",
+                        "--reps", "1", "--batch", "2", "--isa", "avx2"], capture_output=True,
+                       text=True, timeout=600, cwd=os.path.join(ROOT, "bench"))
     assert p.returncode == 0, p.stderr
     assert "batch 2, avx2 forced, per image" in p.stdout, p.stdout
     rows = [line.split(" | ") for line in p.stdout.splitlines() if line.startswith("| arserve |")]
