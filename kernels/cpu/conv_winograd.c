@@ -209,7 +209,7 @@ static void conv3x3(float *out, const float *in, const float *u, const uint16_t 
             const int cc = c_in - ci0 < BF16_CHANNELS ? c_in - ci0 : BF16_CHANNELS;
             transform_block(v, tf, in, ci0, cc, h, w, pad, tw, t0, n);
             for (int pos = 0; pos < WINOGRAD_POS; pos++)
-                gemm_amx_pack_f32_at(vb + pos * vb_pos, Kp, ci0, v + (size_t)pos * cc * np, np, cc);
+                gemm_amx_pack_f32(vb + pos * vb_pos, Kp, ci0, v + (size_t)pos * cc * np, np, cc);
         }
         for (int pos = 0; pos < WINOGRAD_POS; pos++)
             gemm_amx_store(c_out, n, c_in, ub + pos * ub_pos, vb + pos * vb_pos, m + pos * m_pos,

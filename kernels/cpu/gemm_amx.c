@@ -261,7 +261,7 @@ static void pack_f32_portable(uint16_t *dst, const float *src, int n_panels, int
                     k < K ? f32_to_bf16(src[((size_t)p * K + k) * GEMM_PANEL + j]) : 0;
 }
 
-void gemm_amx_pack_f32_at(uint16_t *dst, int Kp, int k0, const float *src, int N, int K) {
+void gemm_amx_pack_f32(uint16_t *dst, int Kp, int k0, const float *src, int N, int K) {
     const int n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL, rows = gemm_amx_pad(K);
     assert(k0 % GEMM_TILE_DEPTH == 0 && k0 + rows <= Kp);
     /* Row k of a panel starts k * GEMM_PANEL elements in (rows in pairs). */
@@ -273,10 +273,6 @@ void gemm_amx_pack_f32_at(uint16_t *dst, int Kp, int k0, const float *src, int N
     }
 #endif
     pack_f32_portable(dst, src, n_panels, K, Kp, rows);
-}
-
-void gemm_amx_pack_f32(uint16_t *dst, const float *src, int N, int K) {
-    gemm_amx_pack_f32_at(dst, gemm_amx_pad(K), 0, src, N, K);
 }
 
 int gemm_amx_pad(int n) { return gemm_packed_depth(n, DTYPE_BF16); }

@@ -46,14 +46,12 @@ static inline size_t gemm_amx_b_at(int n, int k, int Kp) {
 size_t gemm_amx_b_elems(int N, int K);
 
 /* An fp32 operand packed by gemm_packed_pack (N columns, K deep) rounded
- * to bf16 (to nearest even) into dst in the layout above, its
- * gemm_packed_elems(N, K, DTYPE_BF16) elements: what the convolutions' patches
- * take to the tiles. */
-void gemm_amx_pack_f32(uint16_t *dst, const float *src, int N, int K);
-/* The same into depth rows [k0, k0 + gemm_amx_pad(K)) of an operand Kp
- * deep (k0 a multiple of 32; rows past k0 + K zero): an operand rounded a
- * block of k at a time. */
-void gemm_amx_pack_f32_at(uint16_t *dst, int Kp, int k0, const float *src, int N, int K);
+ * to bf16 (to nearest even) into depth rows [k0, k0 + gemm_amx_pad(K)) of
+ * dst, an operand Kp deep in the layout above (k0 a multiple of 32; rows
+ * past k0 + K zero, other rows untouched): what the convolutions' patches
+ * take to the tiles, a block of channels at a time. With k0 0 and Kp
+ * gemm_amx_pad(K), the rounded weight as gemm_packed_pack lays out bf16. */
+void gemm_amx_pack_f32(uint16_t *dst, int Kp, int k0, const float *src, int N, int K);
 
 /* y[m * ldy + n] += sum over k < K of xb[m][k] * w(n, k), m < M, n < N, for
  * xb from gemm_amx_round and wb in the layout above. Columns of y past N

@@ -5,7 +5,6 @@
 #define ARSERVE_VEC_MATH_H
 
 #include <stddef.h>
-#include <stdint.h>
 
 /* e^x within 2 ulp (normal results; the tests bound it): 0 below -87.3
  * (where float's results leave the normal range), +inf above 88 (a few ulp

@@ -71,8 +71,8 @@ def test_infinity_official_side_without_a_checkout_is_refused():
 
 def test_infinity_bench_batch_and_isa_per_image():
     """--batch 2 times arserve through speed_bench beside the binary and gives per-image figures
-    (every scale, the image at least its steps and decoder); --isa avx2 is named in the heading
-    (and sets ARSERVE_ISA for arserve). A process of its own: --isa sets the environment."""
+    (every scale, the image at least its steps and decoder); --isa avx2 is named in the heading.
+    A process of its own: --isa sets the environment."""
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ref_infinity.py"), ROOT,
                         SHAPES_INF, "--arserve", os.path.abspath(ARSERVE), "--arserve-only",
                         "--reps", "1", "--batch", "2", "--isa", "avx2"], capture_output=True,
@@ -115,3 +115,15 @@ def test_a_side_that_fails_is_reported_and_the_others_run():
     out = ref_var.table(rows)
     assert "| official | f32 | failed: RuntimeError: probability" in out and "x the official" \
         not in out, out
+
+
+def test_isa_sets_both_sides_environment(monkeypatch):
+    """--isa avx2 sets what arserve's processes and PyTorch read, before torch loads."""
+    env = {}
+    monkeypatch.setattr(ref_var.os, "environ", env)
+    ref_var.setup(ref_var.argparse.Namespace(batch=1, isa="avx2"))
+    assert env == {"ARSERVE_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2",
+                   "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    env.clear()
+    ref_var.setup(ref_var.argparse.Namespace(batch=1, isa=None))
+    assert env == {}

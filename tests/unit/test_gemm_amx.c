@@ -166,29 +166,44 @@ static void test_amx_gemm_across_its_blocks(void) {
 }
 
 /* gemm_amx_pack_f32: fp32 panels (ragged N and K) rounded to nearest even
- * into the tiles' layout, bit for bit gemm_packed_pack of the rounded
- * values, zero past K; on any CPU (its portable path where AMX is not). */
+ * into the tiles' layout: at depth 0 of an operand K deep, bit for bit
+ * gemm_packed_pack of the rounded values, zero past K; at depth 32 of a
+ * deeper one (a second block of channels), the same values at rows 32 on,
+ * rows 0-31 untouched. On any CPU (its portable path where AMX is not). */
 static void test_fp32_panels_round_into_the_tiles_layout(void) {
     static const int Ns[] = {1, 16, 40}, Ks[] = {1, 31, 33, 100};
     int bad = 0;
     for (size_t a = 0; a < 3; a++)
         for (size_t c = 0; c < 4; c++) {
-            const int N = Ns[a], K = Ks[c];
+            const int N = Ns[a], K = Ks[c], Kp = 32 + gemm_amx_pad(K);
+            const int cols = (N + GEMM_PANEL - 1) / GEMM_PANEL * GEMM_PANEL;
             float *w = malloc(sizeof(float) * (size_t)N * K);
             uint16_t *h = malloc(sizeof(uint16_t) * (size_t)N * K);
             for (size_t i = 0; i < (size_t)N * K; i++) {
                 w[i] = rand_float() * 3.0f;
                 h[i] = f32_to_bf16(w[i]);
             }
-            const size_t elems = gemm_packed_elems(N, K, DTYPE_BF16);
+            const size_t elems = gemm_packed_elems(N, K, DTYPE_BF16), deep = (size_t)cols * Kp;
             float *wp = malloc(gemm_packed_elems(N, K, DTYPE_F32) * sizeof(float));
-            uint16_t *want = malloc(elems * sizeof *want), *got = malloc(elems * sizeof *got);
+            uint16_t *want = malloc(deep * sizeof *want), *got = malloc(deep * sizeof *got);
             gemm_packed_pack(wp, w, DTYPE_F32, N, K, K);
             gemm_packed_pack(want, h, DTYPE_BF16, N, K, K);
             memset(got, 0xff, elems * sizeof *got);
-            gemm_amx_pack_f32(got, wp, N, K);
+            gemm_amx_pack_f32(got, gemm_amx_pad(K), 0, wp, N, K);
             if (memcmp(got, want, elems * sizeof *got) != 0) {
                 printf("  N=%d K=%d: not the rounded weight packed\n", N, K);
+                bad++;
+            }
+            for (int j = 0; j < cols; j++)
+                for (int k = 0; k < Kp; k++)
+                    want[gemm_amx_b_at(j, k, Kp)] = k < 32 ? 0xffff
+                                                    : j < N && k - 32 < K
+                                                        ? h[(size_t)j * K + k - 32]
+                                                        : 0;
+            memset(got, 0xff, deep * sizeof *got);
+            gemm_amx_pack_f32(got, Kp, 32, wp, N, K);
+            if (memcmp(got, want, deep * sizeof *got) != 0) {
+                printf("  N=%d K=%d: not the rounded weight at depth 32 of %d\n", N, K, Kp);
                 bad++;
             }
             free(w), free(h), free(wp), free(want), free(got);
