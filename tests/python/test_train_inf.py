@@ -108,6 +108,27 @@ def test_decoder_and_t5_match():
     assert e_img <= 1e-4 and e_t5 <= 1e-4
 
 
+def grown_from_the_model(train, model, cfg, t5, net):
+    """--set init_depth: the exported model's blocks first, the new ones after them adding
+    nothing yet, so the deeper transformer's logits are the model's; its T5 is the model's."""
+    import model as M
+
+    deeper = dict(cfg, depth=cfg["depth"] + 2, init_depth=cfg["depth"])
+    t5_big, big = train.make_lm(deeper, len(train.tokenizer_json()["model"]["vocab"]))
+    train.load_init(model, deeper, t5_big, big)
+    for k, v in t5.state_dict().items():
+        assert torch.equal(t5_big.state_dict()[k], v), "grown: T5's %s is not the model's" % k
+    gen = torch.Generator().manual_seed(4)
+    feats, mask = torch.randn(2, 5, cfg["text_channels"], generator=gen), torch.ones(2, 5, dtype=torch.bool)
+    bits = torch.randint(0, 2, (2, sum(h * w for h, w in train.SCHEDULE), cfg["d"]), generator=gen)
+    inputs, _ = M.next_scale_inputs(bits, train.SCHEDULE)
+    with torch.no_grad():
+        want = net(feats, mask, inputs, train.SCHEDULE, train.ROPE_GRID)
+        got = big(feats, mask, inputs, train.SCHEDULE, train.ROPE_GRID)
+    assert len(big.blocks()) == len(net.blocks()) + 2
+    assert torch.equal(got, want), "grown: logits differ from the model's by %g" % (got - want).abs().max()
+
+
 def exported_model_continues(train, out, again):
     """--init: an exported model read back into torch is the model (exported again, the same
     bytes); the vae stage under --init trains an encoder and leaves the exported decoder as it
@@ -145,7 +166,9 @@ def exported_model_continues(train, out, again):
     torch.manual_seed(1)  # as train.main seeds before the stages: the encoder it started from
     enc = train.BSQVAE(cfg).encoder.state_dict()
     assert any(not torch.equal(ck["encoder." + k], v) for k, v in enc.items()), "the encoder did not train"
+    grown_from_the_model(train, model, cfg, t5, net)
     for bad, named in (('lm_mix={"four": 1}', "four"), ('lm_default_colour="mauve"', "mauve"),
+                       ("init_depth=3", "init_depth"),
                        ('lm_default_pair=["left", "left"]', "two different places"),
                        ('lm_default_pair="left"', "two different places")):
         err = io.StringIO()

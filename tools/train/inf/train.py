@@ -58,7 +58,8 @@ FULL = {"d": 16, "vae_base": 32, "vae_mult": [1, 2, 2], "vae_blocks": 1,
         "t5": {"d_model": 128, "d_kv": 32, "num_heads": 4, "d_ff": 256, "num_layers": 2},
         "vae_steps": 3000, "vae_batch": 16, "vae_lr": 1e-3,
         "lm_steps": 12000, "lm_batch": 32, "lm_lr": 6e-4, "lm_mix": None,
-        "lm_default_colour": None, "lm_default_position": None, "lm_default_pair": None}
+        "lm_default_colour": None, "lm_default_position": None, "lm_default_pair": None,
+        "init_depth": None}
 TINY = dict(FULL, d=8, vae_mult=[1, 1, 1], C=64, depth=2, H=2,
             t5={"d_model": 128, "d_kv": 32, "num_heads": 2, "d_ff": 128, "num_layers": 1},
             vae_steps=3, vae_batch=2, lm_steps=3, lm_batch=2)
@@ -233,7 +234,7 @@ def stage_lm(a, cfg, dev):
     vocab = tokenizer_json()["model"]["vocab"]
     t5, net = make_lm(cfg, len(vocab))
     if a.init:
-        load_exported(a.init, cfg, t5=t5, net=net)
+        load_init(a.init, cfg, t5, net)
     t5, net = t5.to(dev), net.to(dev)
     gen = torch.Generator().manual_seed(5)
 
@@ -335,6 +336,30 @@ def load_exported(model_dir, cfg, t5=None, net=None, decoder=None):
                              for k, v in sd.items() if v.data_ptr() in params}, strict=False)
 
 
+def load_init(model_dir, cfg, t5, net):
+    """--init into the lm stage's T5 and transformer. With init_depth below depth the model
+    in model_dir has init_depth blocks: they become the first ones, and each block after them
+    starts with its three output projections (self-attention, cross-attention, FFN) at zero,
+    so the deeper transformer's logits are the model's until it trains."""
+    d0 = cfg["init_depth"] or cfg["depth"]
+    if d0 == cfg["depth"]:
+        return load_exported(model_dir, cfg, t5=t5, net=net)
+    small_cfg = dict(cfg, depth=d0)
+    _, small = make_lm(small_cfg, len(tokenizer_json()["model"]["vocab"]))
+    load_exported(model_dir, small_cfg, t5=t5, net=small)
+    shared = {k: v for k, v in small.state_dict().items() if not k.startswith("block_chunks.")}
+    missing = net.load_state_dict(shared, strict=False).missing_keys
+    assert all(k.startswith("block_chunks.") for k in missing), missing
+    blocks = net.blocks()
+    for src, dst in zip(small.blocks(), blocks):
+        dst.load_state_dict(src.state_dict())
+    with torch.no_grad():
+        for b in blocks[d0:]:
+            for lin in (b.sa.proj, b.ca.proj, b.ffn.fc2):
+                lin.weight.zero_()
+                lin.bias.zero_()
+
+
 def stage_export(a, cfg):
     off = os.path.join(a.out, "official")
     os.makedirs(os.path.join(off, "t5"), exist_ok=True)
@@ -400,6 +425,10 @@ def main(argv=None):
             S.sample_training_scene(np.random.default_rng(0), default_pair=cfg["lm_default_pair"])
         except (ValueError, TypeError) as e:
             ap.error("--set lm_default_pair=%s: %s" % (json.dumps(cfg["lm_default_pair"]), e))
+    if cfg["init_depth"] is not None and not (a.init and isinstance(cfg["init_depth"], int)
+                                              and 0 < cfg["init_depth"] <= cfg["depth"]):
+        ap.error("--set init_depth=%s: the --init model's depth, from 1 to depth (%d); needs --init"
+                 % (json.dumps(cfg["init_depth"]), cfg["depth"]))
     if a.init and not os.path.isdir(a.init):
         ap.error("--init %s: not a directory" % a.init)
     stages = a.stages.split(",")
