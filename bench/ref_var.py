@@ -24,8 +24,8 @@ second image, drawn on the buffers the first made: both sides warm).
 
 `--batch N` draws N images at once on both sides (arserve's through build/speed_bench, the official
 code with B=N) and gives the figures per image; `--isa avx2` runs both as on a CPU without
-AVX-512 (ISA_ENV: arserve's ARSERVE_ISA, PyTorch's ATEN_CPU_CAPABILITY and oneDNN's
-ONEDNN_MAX_CPU_ISA).
+AVX-512 (ISA_ENV: arserve's ARSERVE_ISA, the limits of MKL and oneDNN, which do PyTorch's
+GEMMs and convolutions).
 
 Needs torch (for the official side) and numpy: .venv-bench has both.
 """
@@ -95,9 +95,13 @@ def run_batch(binary: str, model: str, ask: list, threads: int, mode: str, batch
             "total_s": 1 / row["images_per_s"], "scales_s": scales}
 
 
-# What --isa avx2 sets: arserve's kernels (vec_isa.h), PyTorch's own vectorised kernels and
-# oneDNN's (both read at torch's import).
-ISA_ENV = {"avx2": {"ARSERVE_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2",
+# What --isa avx2 sets, before torch loads: arserve's kernels (vec_isa.h) and the libraries that
+# do PyTorch's heavy work on a CPU: MKL (its float32 GEMMs: 147 -> 100 GFLOP/s on one core here
+# under this limit, none under oneDNN's) and oneDNN (its convolutions and bf16 GEMMs). Not
+# ATEN_CPU_CAPABILITY=avx2: under it PyTorch 2.15 turns the official Infinity's first block's
+# activations non-finite on this machine (NaN one run, 1e33 the next), so PyTorch's own
+# element-wise kernels keep AVX-512, an advantage to the official side.
+ISA_ENV = {"avx2": {"ARSERVE_ISA": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
                     "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 
 

@@ -122,7 +122,7 @@ def test_isa_sets_both_sides_environment(monkeypatch):
     env = {}
     monkeypatch.setattr(ref_var.os, "environ", env)
     ref_var.setup(ref_var.argparse.Namespace(batch=1, isa="avx2"))
-    assert env == {"ARSERVE_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2",
+    assert env == {"ARSERVE_ISA": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
                    "ONEDNN_MAX_CPU_ISA": "AVX2"}
     env.clear()
     ref_var.setup(ref_var.argparse.Namespace(batch=1, isa=None))
