@@ -236,24 +236,35 @@ static int release_warps(scheduler *s, char *fault, size_t fault_len) {
             if ((m & waiting) == m)
                 ready |= 1u << l;
         }
+        /* A mask's lanes are checked and its ballot taken once: the lanes
+         * that share it (a whole warp, mostly) find them here. Every lane of
+         * a checked mask is at the first checker's operation, so a later
+         * lane with the same mask would pass the same check. */
+        unsigned checked = 0;
+        uint64_t ballot = 0;
+        int have = 0;
         for (int l = 0; l < n; l++) {
             if (!(ready >> l & 1u))
                 continue;
             emu_thread *t = &lanes[l];
             const unsigned m = t->mask & exists;
-            uint64_t ballot = 0;
-            for (int j = 0; j < n; j++) {
-                if (!(m >> j & 1u))
-                    continue;
-                if (lanes[j].op != t->op) {
-                    snprintf(fault, fault_len,
-                             "warp %d: lanes %d and %d of one mask reached different warp "
-                             "operations (divergent shuffle, vote or __syncwarp)",
-                             w0 / WARP, l, j);
-                    return 0;
+            if (!have || m != checked) {
+                ballot = 0;
+                for (int j = 0; j < n; j++) {
+                    if (!(m >> j & 1u))
+                        continue;
+                    if (lanes[j].op != t->op) {
+                        snprintf(fault, fault_len,
+                                 "warp %d: lanes %d and %d of one mask reached different warp "
+                                 "operations (divergent shuffle, vote or __syncwarp)",
+                                 w0 / WARP, l, j);
+                        return 0;
+                    }
+                    if (lanes[j].value)
+                        ballot |= 1ull << j;
                 }
-                if (lanes[j].value)
-                    ballot |= 1ull << j;
+                checked = m;
+                have = 1;
             }
             if (t->op == CUDA_EMU_BALLOT)
                 t->result = ballot;

@@ -222,6 +222,48 @@ static void test_chained_shuffles_keep_their_values(void) {
     cudaFree(d);
 }
 
+/* Two half-warp masks in one warp, each voting on its own predicate: each
+ * half's ballot holds its own lanes' votes only. */
+__global__ void half_mask_ballot_kernel(unsigned *out) {
+    const int lane = threadIdx.x % 32;
+    const unsigned mask = lane < 16 ? 0x0000ffffu : 0xffff0000u;
+    out[threadIdx.x] = __ballot_sync(mask, lane < 16 ? lane % 2 == 0 : lane % 4 == 1);
+}
+
+static void test_half_warp_masks_vote_apart(void) {
+    unsigned *d = dev_alloc<unsigned>(64), h[64];
+    AR_LAUNCH(half_mask_ballot_kernel, 1, 64, 0, 0, d);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    to_host(h, d, 64);
+    unsigned low = 0, high = 0;
+    for (int l = 0; l < 32; l++) {
+        if (l < 16 && l % 2 == 0)
+            low |= 1u << l;
+        if (l >= 16 && l % 4 == 1)
+            high |= 1u << l;
+    }
+    for (int t = 0; t < 64; t++)
+        CHECK_MSG(h[t] == (t % 32 < 16 ? low : high), "thread %d: ballot 0x%08x", t, h[t]);
+    cudaFree(d);
+}
+
+/* One mask, two operations: half of the warp shuffles, the other half votes. */
+__global__ void divergent_warp_op_kernel(int *out) {
+    if (threadIdx.x < 16)
+        out[threadIdx.x] = __shfl_sync(0xffffffffu, (int)threadIdx.x, 0);
+    else
+        out[threadIdx.x] = (int)__ballot_sync(0xffffffffu, 1);
+}
+
+static void test_divergent_warp_operations_fault(void) {
+    int *d = dev_alloc<int>(32);
+    AR_LAUNCH(divergent_warp_op_kernel, 1, 32, 0, 0, d);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+    CHECK_STR_CONTAINS(cuda_emu_last_fault(), "reached different warp operations");
+    CHECK(cudaDeviceReset() == cudaSuccess);
+    cudaFree(d);
+}
+
 /* ---- atomics ------------------------------------------------------------- */
 
 __global__ void atomics_kernel(int *count, float *fsum, int *maxv, unsigned *cas_count) {
@@ -793,6 +835,8 @@ int main(void) {
     TEST_RUN(test_builtin_indices_3d);
     TEST_RUN(test_dynamic_shared_memory);
     TEST_RUN(test_warp_shuffles_and_ballot);
+    TEST_RUN(test_half_warp_masks_vote_apart);
+    TEST_RUN(test_divergent_warp_operations_fault);
     TEST_RUN(test_chained_shuffles_keep_their_values);
     TEST_RUN(test_atomics_from_many_blocks);
     TEST_RUN(test_half_bf16_conversion_bit_patterns);
