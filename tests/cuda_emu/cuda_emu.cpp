@@ -40,8 +40,11 @@
 enum { FIBER_STACK = 64 * 1024, PAGE = 4096, MAX_THREADS = 1024, WARP = 32 };
 
 #if defined(__x86_64__)
-/* A context is the saved stack pointer; the callee-saved registers, MXCSR
- * and the x87 control word sit on the stack it points at. */
+/* A context is the saved stack pointer; the callee-saved registers sit on
+ * the stack it points at. MXCSR and the x87 control word are not switched:
+ * nothing in the process changes them (no rounding mode, no flush to zero),
+ * so every fiber runs under its OS thread's, and saving and loading them
+ * was most of a switch's time (ldmxcsr and stmxcsr stall). */
 struct fiber_ctx {
     void *sp;
 };
@@ -56,14 +59,8 @@ __asm__(".text\n"
         "  pushq %r13\n"
         "  pushq %r14\n"
         "  pushq %r15\n"
-        "  subq $8, %rsp\n"
-        "  stmxcsr (%rsp)\n"
-        "  fnstcw 4(%rsp)\n"
         "  movq %rsp, (%rdi)\n"
         "  movq (%rsi), %rsp\n"
-        "  ldmxcsr (%rsp)\n"
-        "  fldcw 4(%rsp)\n"
-        "  addq $8, %rsp\n"
         "  popq %r15\n"
         "  popq %r14\n"
         "  popq %r13\n"
@@ -84,8 +81,7 @@ static void fiber_init(fiber_ctx *c, char *stack_top) {
     *--sp = 0;                      /* fiber_entry's return address: it never returns */
     *--sp = (uint64_t)&fiber_entry; /* where cuda_emu_switch's ret goes */
     for (int i = 0; i < 6; i++)
-        *--sp = 0;                         /* rbp rbx r12 r13 r14 r15 */
-    *--sp = 0x1f80ull | (0x037full << 32); /* MXCSR default, x87 control word default */
+        *--sp = 0; /* rbp rbx r12 r13 r14 r15 */
     c->sp = sp;
 }
 static inline void fiber_switch(fiber_ctx *from, fiber_ctx *to) { cuda_emu_switch(from, to); }
