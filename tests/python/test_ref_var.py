@@ -85,7 +85,10 @@ def test_infinity_bench_batch_and_isa_per_image():
     for r, sc in zip(rows, scales):
         steps, decoder, image = (float(v) for v in r[2:5])
         assert 0 < steps and 0 < decoder and image >= 0.8 * (steps + decoder), r
-        assert len(sc) == len(scales[0]) > 1 and sum(sc) == pytest.approx(steps, abs=0.02), r
+        # Each figure is printed to 0.01 s: the scales' sum and the steps' total can part by
+        # half a hundredth per figure (7 scales: 0.04 s; 0.02 failed once on shapes-inf).
+        rounding = 0.005 * (len(sc) + 1) + 1e-9
+        assert len(sc) == len(scales[0]) > 1 and sum(sc) == pytest.approx(steps, abs=rounding), r
 
 
 def test_batch_below_one_is_refused():
