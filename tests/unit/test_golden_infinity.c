@@ -334,11 +334,6 @@ static void test_inputs_and_latents_match(void) {
     free(rows);
 }
 
-/* Every size the model serves decodes within the decoder's buffers (sized
- * once, for the largest latent: with 2x2 patchify twice each side of the
- * last scale), not only the golden's own sizes: 64x80 on the patchify
- * model needs 10,240 floats where a latent sized without the patchify
- * gives 8,192. A latent past the largest is refused, not written past. */
 /* The sizes test_every_size_decodes draws: every one on the CPU; under the
  * emulator (ten times slower: 16 s a folder for the 15 sizes) the three that
  * bound what a decode needs, the tallest latent, the widest and the largest
@@ -347,16 +342,17 @@ static void test_inputs_and_latents_match(void) {
 static int sizes_to_decode(const model_config_t *c, int *pick) {
     const int n = c->image.n_sizes;
 #ifdef ARSERVE_TEST_CUDA_EMU
+    const image_size_t *z = c->image.sizes;
+#define LAST_H(i) z[i].h[z[i].n_scales - 1]
+#define LAST_W(i) z[i].w[z[i].n_scales - 1]
     int tall = 0, wide = 0, big = 0;
     for (int i = 1; i < n; i++) {
-        const image_size_t *z = &c->image.sizes[i];
-        const int h = z->h[z->n_scales - 1], w = z->w[z->n_scales - 1];
-        const image_size_t *t = &c->image.sizes[tall], *d = &c->image.sizes[wide],
-                           *b = &c->image.sizes[big];
-        tall = h > t->h[t->n_scales - 1] ? i : tall;
-        wide = w > d->w[d->n_scales - 1] ? i : wide;
-        big = h * w > b->h[b->n_scales - 1] * b->w[b->n_scales - 1] ? i : big;
+        tall = LAST_H(i) > LAST_H(tall) ? i : tall;
+        wide = LAST_W(i) > LAST_W(wide) ? i : wide;
+        big = LAST_H(i) * LAST_W(i) > LAST_H(big) * LAST_W(big) ? i : big;
     }
+#undef LAST_H
+#undef LAST_W
     int k = 0;
     const int three[3] = {tall, wide, big};
     for (int j = 0; j < 3; j++) {
@@ -374,6 +370,11 @@ static int sizes_to_decode(const model_config_t *c, int *pick) {
 #endif
 }
 
+/* Every size the model serves decodes within the decoder's buffers (sized
+ * once, for the largest latent: with 2x2 patchify twice each side of the
+ * last scale), not only the golden's own sizes: 64x80 on the patchify
+ * model needs 10,240 floats where a latent sized without the patchify
+ * gives 8,192. A latent past the largest is refused, not written past. */
 static void test_every_size_decodes(void) {
     const model_config_t *c = &model.cfg;
     infinity_net_t *net = model.net;
