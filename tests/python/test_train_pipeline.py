@@ -282,6 +282,45 @@ def var_continues_from_export(ref, out):
             raise AssertionError("--init into another width was accepted")
         except SystemExit as e:
             assert "--init" in str(e) and "differs" in str(e), e
+    var_grows_from_export(model, var_want, args, var_cfg, out)
+
+
+def var_grows_from_export(model, var_want, args, var_cfg, out):
+    """train_var.py --init-depth: the exported model's blocks first, the new ones after them
+    adding nothing (their output projections zero), so the deeper transformer's logits equal
+    the model's; a depth the --init model does not have is refused by name."""
+    import train_var
+    from var_model import VAR
+
+    d0 = int(var_cfg.split('"depth": ')[1].split(",")[0])
+    deeper = var_cfg.replace('"depth": %d' % d0, '"depth": %d' % (d0 + 2))
+    grown = args + ["--config", deeper, "--init-depth", str(d0)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert train_var.main(grown) == 0
+    ck = ckpt(os.path.join(out, "var", "ckpt.pt"))
+    got = ck["model"]
+    for k, v in var_want.items():
+        assert torch.equal(got[k], v), "train_var --init-depth: %s is not the exported tensor" % k
+    big = VAR(ck["config"])
+    big.load_state_dict(got)
+    small = VAR(dict(ck["config"], depth=d0))
+    small.load_state_dict(var_want)
+    gen = torch.Generator().manual_seed(5)
+    labels = torch.tensor([0, small.num_classes])
+    x_in = torch.randn(2, small.L - small.first_l, ck["config"]["embed_dim"], generator=gen)
+    with torch.no_grad():
+        want, have = small(labels, x_in), big(labels, x_in)
+    assert torch.equal(want, have), "grown logits differ by %g" % float((want - have).abs().max())
+    assert float(got["blocks.%d.attn.qkv.weight" % d0].abs().sum()) > 0, "a new block left empty"
+    shutil.rmtree(os.path.join(out, "var"))
+    for bad in (["--config", deeper, "--init-depth", str(d0 + 1)],
+                ["--config", var_cfg, "--init-depth", str(d0 + 2)]):
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                train_var.main(args + bad)
+                raise AssertionError("%s was accepted" % bad)
+            except SystemExit as e:
+                assert "--init" in str(e), e
 
 
 def test_tiny_var_pipeline_stops_and_resumes_to_the_same_model():

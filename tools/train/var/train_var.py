@@ -144,6 +144,25 @@ def evaluate_held_out(var, vq, labels, codes, bs=64):
     return float(ce.mean()), per_scale, float(torch.cat(acc0).mean())
 
 
+def load_grown(var, model_dir, d0):
+    """--init (--init-depth d0): the exported model's transformer into var, whose first d0
+    blocks take the model's d0; each block after them starts with its two output projections
+    (attention, FFN) at zero, so it adds nothing and the deeper transformer's logits are the
+    model's until it trains."""
+    import export
+
+    depth = len(var.blocks)
+    if d0 > depth:
+        sys.exit("--init-depth %d: more than --config's depth %d" % (d0, depth))
+    export.load_into(var, export.load_exported(model_dir)[1], model_dir,
+                     leave=["blocks.%d." % i for i in range(d0, depth)])
+    with torch.no_grad():
+        for b in var.blocks[d0:]:
+            for lin in (b.attn.proj, b.ffn.fc2):
+                lin.weight.zero_()
+                lin.bias.zero_()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vq", required=True)
@@ -159,11 +178,16 @@ def main(argv=None):
     ap.add_argument("--init", metavar="MODEL_DIR",
                     help="start from an exported model's transformer (models/shapes-var; --config as "
                          "it was trained, --vq a tokenizer for its decoder: train_msvq.py --init)")
+    ap.add_argument("--init-depth", type=int, metavar="N",
+                    help="the --init model has N blocks, fewer than --config's depth: they become the "
+                         "first ones, the blocks after them start as the identity (load_grown)")
     ap.add_argument("--default-colour", choices=data.S.COLOURS,
                     help="draw the classes that name no colour in this one (data.sample)")
     add_loop_args(ap, steps=2000, batch=32, lr=1e-3, warmup=100, eval_every=200)
     a = ap.parse_args(argv)
     check_run_args(ap, a)
+    if a.init_depth is not None and (not a.init or a.init_depth < 1):
+        ap.error("--init-depth %d: needs --init, and the --init model's depth (1 or more)" % a.init_depth)
 
     dev, logf, ckpt_path, end = start_run(a)
     vq = load_vq(a.vq, dev)
@@ -178,9 +202,7 @@ def main(argv=None):
     torch.manual_seed(a.seed)
     var = VAR(cfg)
     if a.init:
-        import export
-
-        export.load_into(var, export.load_exported(a.init)[1], a.init)
+        load_grown(var, a.init, a.init_depth or cfg["depth"])
     var.to(dev)
     def decays(n, p):  # matrices only; not embeddings, positions or a block's own AdaLN rows (VAR's)
         return p.ndim == 2 and not any(s in n for s in ("embed", "pos_", "adaln_gss"))
