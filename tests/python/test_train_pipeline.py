@@ -12,6 +12,7 @@ Under pytest without torch (make test-python's .venv) it is skipped, saying so.
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -140,6 +141,42 @@ def continues_from_export(ref, out):
             raise AssertionError("--init into another size was accepted")
         except SystemExit as e:
             assert "--init" in str(e) and "differs" in str(e), e
+    grows_from_export(args, llm, stored, out)
+
+
+def grows_from_export(args, llm, stored, out):
+    """train_lm.py --init-depth: the exported layers first, the new ones after them adding
+    nothing (their output projections zero), so the deeper model's logits equal the exported
+    one's; a depth the exported model does not have is refused."""
+    import train_lm
+    from lm_model import JanusLM
+
+    d0 = json.loads(llm)["num_layers"]
+    deeper = json.dumps(dict(json.loads(llm), num_layers=d0 + 2))
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert train_lm.main(args + ["--llm", deeper, "--init-depth", str(d0)]) == 0
+    ck = ckpt(os.path.join(out, "ckpt.pt"))
+    for k, v in stored.items():
+        assert torch.equal(ck["model"][k], v.float()), "--init-depth: %s is not the exported tensor" % k
+    big = JanusLM(ck["llm"], ck["image"])
+    big.load_state_dict(ck["model"])
+    small = JanusLM(dict(ck["llm"], num_layers=d0), ck["image"])
+    small.load_state_dict({k: v.float() for k, v in stored.items()})
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, ck["llm"]["vocab_size"], (2, 5), generator=gen)
+    valid = torch.ones(2, 5, dtype=torch.bool)
+    image = torch.randint(0, ck["image"]["codebook_size"], (2, 6), generator=gen)
+    with torch.no_grad():
+        want, have = small(ids, valid, image), big(ids, valid, image)
+    assert torch.equal(want, have), "grown logits differ by %g" % float((want - have).abs().max())
+    shutil.rmtree(out)
+    for bad in (["--llm", deeper, "--init-depth", str(d0 + 1)], ["--llm", llm, "--init-depth", str(d0 + 1)]):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            try:
+                train_lm.main(args + bad)
+                raise AssertionError("%s was accepted" % bad)
+            except SystemExit as e:
+                assert e.code == 2 or "--init" in str(e), e
 
 
 def checkpoints_by_wall_time(ref, out):

@@ -144,10 +144,13 @@ def held_out_loss(model, cond, grids, pad, bs=32):
     return tot / n
 
 
-def load_exported(model, model_dir, tok_json):
+def load_exported(model, model_dir, tok_json, init_depth=None):
     """Starts model from an exported model directory's lm.safetensors (export_lm.py writes the
     state dict's own names; matrices BF16, the image path F16, norms F32): the sizes, the
-    codebook and the tokenizer must be the ones it was trained with."""
+    codebook and the tokenizer must be the ones it was trained with. With init_depth below
+    num_layers the exported model has init_depth layers: they become the first ones, and each
+    layer after them starts with its two output projections (attention, MLP) at zero, so it
+    adds nothing and the deeper model's logits are the exported one's until it trains."""
     from safetensors.torch import load_file
 
     path = os.path.join(model_dir, "lm.safetensors")
@@ -157,12 +160,18 @@ def load_exported(model, model_dir, tok_json):
         if json.load(f)["model"]["vocab"] != tok_json["model"]["vocab"]:
             sys.exit("--init %s: its tokenizer.json is not this run's (copy it to OUT first)" % model_dir)
     stored = load_file(path)
-    want = model.state_dict()
+    layers = model.llm.layers
+    new = tuple("llm.layers.%d." % i for i in range(init_depth or len(layers), len(layers)))
+    want = {k: v for k, v in model.state_dict().items() if not k.startswith(new)}
     bad = sorted(set(stored) ^ set(want)) or [k for k in want if stored[k].shape != want[k].shape]
     if bad:
-        sys.exit("--init %s: %s differs from this run's model (--llm, --codebook-size as it was "
-                 "trained)" % (path, bad[0]))
-    model.load_state_dict({k: v.float() for k, v in stored.items()})
+        sys.exit("--init %s: %s differs from this run's model (--llm, --codebook-size, --init-depth "
+                 "as it was trained)" % (path, bad[0]))
+    model.load_state_dict({k: v.float() for k, v in stored.items()}, strict=False)
+    with torch.no_grad():
+        for layer in layers[init_depth or len(layers):]:
+            layer.attn.o.weight.zero_()
+            layer.mlp.down.weight.zero_()
 
 
 def main(argv=None):
@@ -177,6 +186,9 @@ def main(argv=None):
     ap.add_argument("--init", metavar="MODEL_DIR",
                     help="start from an exported model's LM (models/shapes): training it further, "
                          "e.g. on new scenes; a run that resumes ignores it")
+    ap.add_argument("--init-depth", type=int, metavar="N",
+                    help="the --init model has N layers, fewer than --llm's num_layers: they become "
+                         "the first ones, the layers after them start adding nothing")
     ap.add_argument("--codebook-size", type=int, default=DEFAULT_IMAGE["codebook_size"],
                     help="image codes the generation head predicts (the VQ's codebook size)")
     add_loop_args(ap, steps=2900, batch=16, lr=1e-3, warmup=200, eval_every=250)
@@ -186,6 +198,9 @@ def main(argv=None):
     dev, logf, ckpt_path, end = start_run(a)
     tok_path = os.path.join(a.out, "tokenizer.json")
     llm_cfg = dict(DEFAULT_LLM, **(json.loads(a.llm) if a.llm else {}))
+    if a.init_depth is not None and not (a.init and 1 <= a.init_depth <= llm_cfg["num_layers"]):
+        ap.error("--init-depth %d: needs --init, and the --init model's depth, from 1 to num_layers (%d)"
+                 % (a.init_depth, llm_cfg["num_layers"]))
     if os.path.exists(tok_path):
         with open(tok_path) as f:
             tok_json = json.load(f)
@@ -214,7 +229,7 @@ def main(argv=None):
     torch.manual_seed(a.seed)
     model = JanusLM(llm_cfg, image_cfg)
     if a.init:
-        load_exported(model, a.init, tok_json)
+        load_exported(model, a.init, tok_json, a.init_depth)
     model.to(dev)
     decay = [p for n, p in model.named_parameters() if p.ndim == 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim == 2 and "embed" not in n)]
