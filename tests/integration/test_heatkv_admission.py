@@ -1,14 +1,15 @@
 """HeatKV's point seen from outside: a KV pool too small for two full-cache
-images runs several HeatKV images at once. One daemon with a 2 MiB pool
-serves the next-scale demo model (ARSERVE_VAR_MODEL, else models/shapes-var):
-one image holds 1820 KiB of KV at its peak with the full cache and 357 KiB
-under HeatKV at budget 0.2 (`arserve plan`), so the pool fits one full-cache
-peak, not two, and five HeatKV ones.
+images runs several HeatKV images at once. One daemon serves the next-scale demo
+model (ARSERVE_VAR_MODEL, else models/shapes-var) in a pool of the least
+whole MiB that holds one full-cache image at its peak (`arserve plan`): for
+the shipped model 3 MiB, one image holding 2548 KiB of fp32 KV at its peak
+with the full cache and 506 KiB under HeatKV at budget 0.2, so the pool fits
+one full-cache peak, not two, and five HeatKV ones.
 
 Admission plans whole KV trajectories (engine/batcher.h): an image starts
 once the running ones leave room for its trajectory at every future step.
-So full-cache images still overlap in their small early scales: in 2 MiB the
-second of two starts when the first is five scales in (they share 2 of 7
+So full-cache images still overlap in their small early scales: in 3 MiB the
+second of two starts when the first is four scales in (they share 3 of 7
 iterations), and at most two ever share an iteration. Both bounds are
 computed here from the planner's trajectories (`arserve plan`), and the
 test checks:
@@ -52,8 +53,6 @@ from conftest import (ARSERVE_BIN, HTTP_TIMEOUT, Daemon, Metrics, b64_png_size, 
 
 GEN = "/v1/images/generations"
 VAR_MODEL = repo_path(os.environ.get("ARSERVE_VAR_MODEL") or "models/shapes-var")
-POOL_MB = 2
-POOL_BYTES = POOL_MB << 20
 HEATKV_BUDGET = 0.2
 N_FULL = 2
 N_HEATKV = 5
@@ -71,12 +70,12 @@ def var_info():
 INFO = var_info()
 
 
-def plan(policy, budget=None):
+def plan(policy, budget=None, pool_mb=None):
     """One image's KV bytes in the pool at each step, from `arserve plan`
     (the daemon's planner): the trajectory table's last column, in KiB."""
     # fp32, as the test daemons store K and V (conftest's Daemon).
     argv = [ARSERVE_BIN, "plan", "--model", VAR_MODEL, "--kv-dtype", "f32", "--policy", policy,
-            "--pool-mb", str(POOL_MB)]
+            "--pool-mb", str(pool_mb or POOL_MB)]
     if budget is not None:
         argv += ["--budget", str(budget)]
     out = subprocess.run(argv, capture_output=True, text=True, env=clean_env(), timeout=scaled(30))
@@ -92,6 +91,12 @@ def plan(policy, budget=None):
         traj.append(round(float(m.group(2)) * 1024))
     assert len(traj) == INFO["steps"], out.stdout
     return traj
+
+
+# A pool for one full-cache image at its peak, not two: the least whole MiB
+# that holds one.
+POOL_MB = -(-max(plan("full", pool_mb=64)) // (1 << 20))
+POOL_BYTES = POOL_MB << 20
 
 
 def fits(traj, steps_done, pool):

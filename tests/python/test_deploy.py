@@ -520,13 +520,15 @@ def http_dir(tmp_path):
 
 
 def test_loader_copies_the_images_model_over_the_old_one(loader, tmp_path):
-    # shapes-var: two weight files and class names, no tokenizer.
+    # shapes-var: several weight files and class names, no tokenizer.
     src = model_copy(tmp_path, "shapes-var")
+    weights = json.loads((src / "arserve.json").read_text())["weights"]
+    assert len(weights) > 1
     (loader.dest / "lm.safetensors").write_text("the old model")
     (loader.dest / "lost+found").mkdir()
     p = loader(MODEL_SOURCE_DIR=str(src))
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "model-00002-of-00002.safetensors classes.txt" in p.stdout, p.stdout
+    assert "checked arserve.json and %s classes.txt" % " ".join(weights) in p.stdout, p.stdout
     assert listing(loader.dest) == {**listing(src), "lost+found/": ""}
 
 

@@ -6,6 +6,7 @@
  * another model's), and on the shipped multiscale demo model the engine's
  * measured KV, step by step, equal to the plan byte for byte. */
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -558,41 +559,59 @@ static void test_calibration_set_one_entry_per_size(void) {
 
 #define DEMO "models/shapes-var"
 
-/* A copy of the demo model's directory (links) with a calibration file
- * for another shape: the model refuses to load, naming the file. */
+/* A copy of the demo model's directory (links to every file but its own
+ * calibration) with a calibration file for another shape: the model refuses
+ * to load, naming the file. */
 static backend_t *be;
+
+/* Links dir/NAME to DEMO/NAME for every file of DEMO but its calibration;
+ * returns how many. */
+static int link_demo_files(const char *dir) {
+    char src[1024], dst[1024], cwd[512];
+    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+    DIR *d = opendir(DEMO);
+    CHECK(d != NULL);
+    int n = 0;
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.' || strcmp(e->d_name, KV_CALIBRATION_FILE) == 0)
+            continue;
+        snprintf(src, sizeof src, "%s/%s/%s", cwd, DEMO, e->d_name);
+        snprintf(dst, sizeof dst, "%s/%s", dir, e->d_name);
+        CHECK(symlink(src, dst) == 0);
+        n++;
+    }
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
 
 static void test_model_refuses_a_calibration_of_another_shape(void) {
     char dir[] = "/tmp/arserve-calmodel-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    const char *files[] = {"arserve.json", "classes.txt", "model-00001-of-00002.safetensors",
-                           "model-00002-of-00002.safetensors"};
-    char src[1024], dst[1024], cwd[512];
-    CHECK(getcwd(cwd, sizeof cwd) != NULL);
-    for (int i = 0; i < 4; i++) {
-        snprintf(src, sizeof src, "%s/%s/%s", cwd, DEMO, files[i]);
-        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
-        CHECK(symlink(src, dst) == 0);
-    }
+    CHECK(link_demo_files(dir) >= 3); /* arserve.json, classes, weights */
+    char path[1024];
     kv_geometry_t g = {.step_unit = KV_STEP_SEGMENT, .n_segments = 3, .n_layers = 2, .n_heads = 2};
     for (int i = 0; i < 3; i++)
         g.segment_tokens[i] = 1 << (2 * i);
     kv_calibration_t c;
     ar_error_t err = {{0}};
     CHECK(kv_calibration_synthetic(&c, &g, 1, &err) == AR_OK);
-    snprintf(dst, sizeof dst, "%s/%s", dir, KV_CALIBRATION_FILE);
-    CHECK(kv_calibration_save(&c, dst, &err) == AR_OK);
+    snprintf(path, sizeof path, "%s/%s", dir, KV_CALIBRATION_FILE);
+    CHECK(kv_calibration_save(&c, path, &err) == AR_OK);
     kv_calibration_free(&c);
     model_t m;
     CHECK(model_load(&m, dir, be, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, KV_CALIBRATION_FILE);
     CHECK_STR_CONTAINS(err.msg, "arserve calibrate");
-    for (int i = 0; i < 4; i++) {
-        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
-        unlink(dst);
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
     }
-    snprintf(dst, sizeof dst, "%s/%s", dir, KV_CALIBRATION_FILE);
-    unlink(dst);
+    if (d != NULL)
+        closedir(d);
     rmdir(dir);
 }
 
