@@ -312,6 +312,7 @@ def var_continues_from_export(ref, out):
         assert torch.equal(got[k], v), "train_var --init: %s is not the exported tensor" % k
     with np.load(os.path.join(out, "var", "tokens-train.npz")) as z:
         assert str(z["default_colour"]) == "black"
+    tokens_cached_per_stream(os.path.join(out, "msvq", "ckpt.pt"), os.path.join(out, "var"))
     shutil.rmtree(os.path.join(out, "var"))
     with contextlib.redirect_stdout(io.StringIO()):
         try:
@@ -320,6 +321,21 @@ def var_continues_from_export(ref, out):
         except SystemExit as e:
             assert "--init" in str(e) and "differs" in str(e), e
     var_grows_from_export(model, var_want, args, var_cfg, out)
+
+
+def tokens_cached_per_stream(vq_path, out):
+    """train_var.py's token cache is reused only for the stream it was made from: the same
+    file asked for another --data-seed is tokenised again, as a fresh file would be."""
+    import train_var
+
+    vq, log = train_var.load_vq(vq_path), os.path.join(out, "cache-test.log")
+    cached, fresh = os.path.join(out, "tokens-train.npz"), os.path.join(out, "tokens-fresh.npz")
+    with np.load(cached) as z:
+        seed, n, old = int(z["seed"]), len(z["labels"]), z["codes"].copy()
+    with contextlib.redirect_stdout(io.StringIO()):
+        again = train_var.tokenize_set(vq, seed + 1, n, cached, log, default_colour="black")[1]
+        want = train_var.tokenize_set(vq, seed + 1, n, fresh, log, default_colour="black")[1]
+    assert (again == want).all() and not (again == old).all(), "another stream's tokens reused"
 
 
 def var_grows_from_export(model, var_want, args, var_cfg, out):

@@ -78,10 +78,11 @@ def load_vq(path, dev=torch.device("cpu")):
 
 @torch.no_grad()
 def tokenize_set(vq, seed, n, path, logf, bs=64, default_colour=None):
-    if os.path.exists(path):
+    if os.path.exists(path):  # reused only if made from the same stream, count and colour
         z = np.load(path)
         made_with = str(z["default_colour"]) if "default_colour" in z else ""
-        if len(z["labels"]) == n and made_with == (default_colour or ""):
+        same_seed = "seed" in z and int(z["seed"]) == seed
+        if same_seed and len(z["labels"]) == n and made_with == (default_colour or ""):
             return z["labels"], z["codes"]
     t0 = time.time()
     L = sum(p * p for p in vq.scales)
@@ -93,7 +94,7 @@ def tokenize_set(vq, seed, n, path, logf, bs=64, default_colour=None):
         idxs = vq.tokenize(to_model_input(img).to(vq.codebook.weight.device))
         labels[s:s + m] = lab
         codes[s:s + m] = torch.cat([i.flatten(1) for i in idxs], 1).cpu().numpy()
-    np.savez(path + ".tmp.npz", labels=labels, codes=codes, default_colour=default_colour or "")
+    np.savez(path + ".tmp.npz", labels=labels, codes=codes, default_colour=default_colour or "", seed=seed)
     os.replace(path + ".tmp.npz", path)
     log(logf, "tokenised %d samples of stream %d into %s (%.0f s)" % (n, seed, path, time.time() - t0))
     return labels, codes
