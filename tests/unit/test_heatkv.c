@@ -559,37 +559,37 @@ static void test_calibration_set_one_entry_per_size(void) {
 
 #define DEMO "models/shapes-var"
 
-/* A copy of the demo model's directory (links to every file but its own
- * calibration) with a calibration file for another shape: the model refuses
- * to load, naming the file. */
 static backend_t *be;
 
-/* Links dir/NAME to DEMO/NAME for every file of DEMO but its calibration;
- * returns how many. */
-static int link_demo_files(const char *dir) {
-    char src[1024], dst[1024], cwd[512];
-    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+/* The demo model's file names but its calibration's, at most max; returns
+ * how many. */
+static int demo_files(char (*names)[256], int max) {
     DIR *d = opendir(DEMO);
     CHECK(d != NULL);
     int n = 0;
-    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;) {
-        if (e->d_name[0] == '.' || strcmp(e->d_name, KV_CALIBRATION_FILE) == 0)
-            continue;
-        snprintf(src, sizeof src, "%s/%s/%s", cwd, DEMO, e->d_name);
-        snprintf(dst, sizeof dst, "%s/%s", dir, e->d_name);
-        CHECK(symlink(src, dst) == 0);
-        n++;
-    }
+    for (struct dirent *e; d != NULL && n < max && (e = readdir(d)) != NULL;)
+        if (e->d_name[0] != '.' && strcmp(e->d_name, KV_CALIBRATION_FILE) != 0)
+            snprintf(names[n++], sizeof names[0], "%s", e->d_name);
     if (d != NULL)
         closedir(d);
     return n;
 }
 
+/* A copy of the demo model's directory (links to every file but its own
+ * calibration) with a calibration file for another shape: the model refuses
+ * to load, naming the file. */
 static void test_model_refuses_a_calibration_of_another_shape(void) {
     char dir[] = "/tmp/arserve-calmodel-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    CHECK(link_demo_files(dir) >= 3); /* arserve.json, classes, weights */
-    char path[1024];
+    char names[16][256], src[1024], path[1024], cwd[512];
+    const int n = demo_files(names, 16);
+    CHECK(n >= 3); /* arserve.json, classes, weights */
+    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+    for (int i = 0; i < n; i++) {
+        snprintf(src, sizeof src, "%s/%s/%.255s", cwd, DEMO, names[i]);
+        snprintf(path, sizeof path, "%s/%.255s", dir, names[i]);
+        CHECK(symlink(src, path) == 0);
+    }
     kv_geometry_t g = {.step_unit = KV_STEP_SEGMENT, .n_segments = 3, .n_layers = 2, .n_heads = 2};
     for (int i = 0; i < 3; i++)
         g.segment_tokens[i] = 1 << (2 * i);
@@ -603,16 +603,13 @@ static void test_model_refuses_a_calibration_of_another_shape(void) {
     CHECK(model_load(&m, dir, be, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, KV_CALIBRATION_FILE);
     CHECK_STR_CONTAINS(err.msg, "arserve calibrate");
-    DIR *d = opendir(dir);
-    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;) {
-        if (e->d_name[0] == '.')
-            continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/%.255s", dir, names[i]);
         unlink(path);
     }
-    if (d != NULL)
-        closedir(d);
-    rmdir(dir);
+    snprintf(path, sizeof path, "%s/%s", dir, KV_CALIBRATION_FILE);
+    unlink(path);
+    CHECK(rmdir(dir) == 0);
 }
 
 /* One request per (policy, budget, sinks, block size) on the demo model
