@@ -280,6 +280,32 @@ def test_tiny_shapes_pipeline_stops_and_resumes_to_the_same_model():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def reads_8bit_export(model, var_want, out):
+    """--init from a model tools/quantize.py made 8-bit (the shipped shapes-var is int8): each
+    int8 weight is read as its values times its row's scale, within half a step of the exported
+    tensor, and no scale is left over as a tensor of its own."""
+    import export as export_var
+    from safetensors.torch import load_file
+
+    q = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "quantize.py"), "--dtype", "int8", model, out],
+                       capture_output=True, text=True)
+    assert q.returncode == 0, q.stderr
+    scales = {}
+    for f in os.listdir(out):
+        if f.endswith(".safetensors"):
+            scales.update({k[len("var."):-len("_scale")]: v for k, v in load_file(os.path.join(out, f)).items()
+                           if k.startswith("var.") and k.endswith("_scale")})
+    assert scales, "quantize.py left the tiny VAR's weights as they were"
+    got = export_var.load_exported(out)[1]
+    assert sorted(got) == sorted(var_want), sorted(set(got) ^ set(var_want))
+    for k, want in var_want.items():
+        if k not in scales:
+            assert torch.equal(got[k], want), "%s: not 8-bit, yet read back changed" % k
+            continue
+        step = scales[k].float()[:, None]
+        assert bool(((got[k] - want).abs() <= step / 2 * 1.0001 + 1e-12).all()), "%s: not its int8 values times scale" % k
+
+
 def var_continues_from_export(ref, out):
     """train_msvq.py --init trains an encoder for an exported model's decoder, code book and
     Phi, which stay the exported tensors; train_var.py --init on its tokens starts from the
@@ -313,6 +339,7 @@ def var_continues_from_export(ref, out):
     with np.load(os.path.join(out, "var", "tokens-train.npz")) as z:
         assert str(z["default_colour"]) == "black"
     tokens_cached_per_stream(os.path.join(out, "msvq", "ckpt.pt"), os.path.join(out, "var"))
+    reads_8bit_export(model, var_want, os.path.join(out, "int8"))
     shutil.rmtree(os.path.join(out, "var"))
     with contextlib.redirect_stdout(io.StringIO()):
         try:

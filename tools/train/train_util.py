@@ -1,5 +1,5 @@
 """What the training scripts share: the learning-rate schedule, the log, atomic checkpoints,
-resuming, the training loop itself, and how a run uses its machine (--device, bf16 autocast
+resuming, the training loop itself, reading an exported model's weights back, and how a run uses its machine (--device, bf16 autocast
 on CUDA) and its wall clock (--max-minutes, --ckpt-minutes)."""
 
 import contextlib
@@ -37,6 +37,22 @@ def save(path, obj):
     tmp = path + ".tmp"
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def load_weights(path):
+    """A safetensors file's tensors in float32, by name. An 8-bit Linear weight (I8 or F8_E4M3
+    with NAME_scale beside it, docs/model-format.md) comes back as its values times its row's
+    scale, without the scale, so a model tools/quantize.py made can be trained further."""
+    from safetensors.torch import load_file
+
+    raw = load_file(path)
+    out = {}
+    for name, t in raw.items():
+        if name.endswith("_scale") and name[:-len("_scale")] in raw:
+            continue
+        scale = raw.get(name + "_scale")
+        out[name] = t.float() if scale is None else t.float() * scale.float()[:, None]
+    return out
 
 
 # What the same command needs to continue after a time limit, for the scripts that take --resume.

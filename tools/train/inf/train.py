@@ -277,15 +277,13 @@ def load_exported(model_dir, cfg, t5=None, net=None, decoder=None):
     the modules' released tensors filled with distinct element numbers, so the stored
     tensor under each name holds the numbers of the elements it took (renames, reshapes
     and any reordering alike)."""
-    from safetensors.torch import load_file
-
     sys.path.insert(0, os.path.join(ROOT, "tools", "convert"))
     import infinity as conv  # tools/convert/infinity.py
 
     stored = {}
     for f in sorted(os.listdir(model_dir)):
         if f.endswith(".safetensors"):
-            stored.update(load_file(os.path.join(model_dir, f)))
+            stored.update(U.load_weights(os.path.join(model_dir, f)))
     if not stored:
         sys.exit("--init %s: no *.safetensors there (an exported model directory?)" % model_dir)
     stub_t5, stub_net = make_lm(cfg, len(tokenizer_json()["model"]["vocab"]))

@@ -43,8 +43,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # tools/train: train_util
 sys.path.insert(0, ROOT)
 from lm_model import DEFAULT_IMAGE, DEFAULT_LLM, JanusLM  # noqa: E402
-from train_util import (add_loop_args, autocast, check_run_args, describe_device, log, resume, save,  # noqa: E402
-                        start_run, train_loop)
+from train_util import (add_loop_args, autocast, check_run_args, describe_device, load_weights, log,  # noqa: E402
+                        resume, save, start_run, train_loop)
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from make_tiny_model import word_level_tokenizer  # noqa: E402
@@ -150,16 +150,15 @@ def load_exported(model, model_dir, tok_json, init_depth=None):
     codebook and the tokenizer must be the ones it was trained with. With init_depth below
     num_layers the exported model has init_depth layers: they become the first ones, and each
     layer after them starts with its two output projections (attention, MLP) at zero, so it
-    adds nothing and the deeper model's logits are the exported one's until it trains."""
-    from safetensors.torch import load_file
-
+    adds nothing and the deeper model's logits are the exported one's until it trains. 8-bit
+    weights (tools/quantize.py) are read as their values times their scales."""
     path = os.path.join(model_dir, "lm.safetensors")
     if not os.path.exists(path):
         sys.exit("--init %s: no lm.safetensors (an export_lm.py model directory?)" % model_dir)
     with open(os.path.join(model_dir, "tokenizer.json")) as f:
         if json.load(f)["model"]["vocab"] != tok_json["model"]["vocab"]:
             sys.exit("--init %s: its tokenizer.json is not this run's (copy it to OUT first)" % model_dir)
-    stored = load_file(path)
+    stored = load_weights(path)
     layers = model.llm.layers
     new = tuple("llm.layers.%d." % i for i in range(init_depth or len(layers), len(layers)))
     want = {k: v for k, v in model.state_dict().items() if not k.startswith(new)}
@@ -167,7 +166,7 @@ def load_exported(model, model_dir, tok_json, init_depth=None):
     if bad:
         sys.exit("--init %s: %s differs from this run's model (--llm, --codebook-size, --init-depth "
                  "as it was trained)" % (path, bad[0]))
-    model.load_state_dict({k: v.float() for k, v in stored.items()}, strict=False)
+    model.load_state_dict(stored, strict=False)
     with torch.no_grad():
         for layer in layers[init_depth or len(layers):]:
             layer.attn.o.weight.zero_()

@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 import data  # noqa: E402
 import safetensors_write  # noqa: E402
 from msvq import MSVQ  # noqa: E402
+from train_util import load_weights  # noqa: E402
 from var_model import VAR  # noqa: E402
 
 
@@ -70,22 +71,20 @@ def shards(tensors):
 def load_exported(model_dir):
     """An exported model directory's tensors back under the modules' names: (the MSVQ's
     decoder, post_quant_conv, codebook and Phi; the VAR's), as vq_tensors and var_tensors
-    named them, in F32."""
-    from safetensors.torch import load_file
-
+    named them, in F32 (8-bit weights times their scales)."""
     files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
     if not files:
         sys.exit("--init %s: no *.safetensors (an export.py model directory?)" % model_dir)
     vq, var = {}, {}
     for f in files:
-        for name, t in load_file(os.path.join(model_dir, f)).items():
+        for name, t in load_weights(os.path.join(model_dir, f)).items():
             if name.startswith("vq.phi."):
                 i, _, rest = name[len("vq.phi."):].partition(".")
-                vq["phi.%s.conv.%s" % (i, rest)] = t.float()
+                vq["phi.%s.conv.%s" % (i, rest)] = t
             elif name.startswith("vq."):
-                vq[name[len("vq."):]] = t.float()
+                vq[name[len("vq."):]] = t
             elif name.startswith("var."):
-                var[name[len("var."):]] = t.float()
+                var[name[len("var."):]] = t
     return vq, var
 
 
