@@ -5,6 +5,7 @@ summary prints. With a waiting queue of one, both tools report the 429s by their
 code, as a user reading their output needs."""
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -44,11 +45,20 @@ def wrk_bin():
     return path
 
 
+def window(seconds):
+    """A load tool's run time: seconds of the reference machine, stretched by this one's
+    measured speed (whole seconds, as locust and wrk take them). A fixed window on a loaded
+    machine can end before a client has sent its first request."""
+    return math.ceil(scaled(seconds))
+
+
 def run_locust(url, tmp_path, users, seconds, env=None):
-    """Runs the locustfile headless; returns (exit status, output, rows of its stats CSV
-    by name, rows of its failures CSV). Locust writes the CSV once a second, so its
-    counts may miss the last second's requests: the daemon's counts are at least these."""
+    """Runs the locustfile headless for window(seconds); returns (exit status, output, rows
+    of its stats CSV by name, rows of its failures CSV). Locust writes the CSV once a
+    second, so its counts may miss the last second's requests: the daemon's counts are at
+    least these."""
     prefix = str(tmp_path / "locust")
+    seconds = window(seconds)
     p = subprocess.run([locust_bin(), "-f", LOCUSTFILE, "--headless", "-u", str(users),
                         "-r", str(users), "-t", f"{seconds}s", "--csv", prefix, "--only-summary",
                         "--host", url],
@@ -63,7 +73,8 @@ def run_locust(url, tmp_path, users, seconds, env=None):
 
 
 def run_wrk(wrk, url, connections, seconds):
-    """Runs the wrk script; returns (output, requests wrk counted)."""
+    """Runs the wrk script for window(seconds); returns (output, requests wrk counted)."""
+    seconds = window(seconds)
     p = subprocess.run([wrk, "-t1", f"-c{connections}", f"-d{seconds}s", "-s", WRK_SCRIPT,
                         url + GEN], capture_output=True, text=True, timeout=seconds + scaled(30),
                        env=clean_env())
