@@ -55,30 +55,26 @@ def torch_models(model_dir):
     import torch.nn.functional as F
 
     sys.path.insert(0, os.path.join(ROOT, "tools", "train", "raster"))
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    import safetensors_write
-    from check_lm_engine import as_f32
+    sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
     from lm_model import JanusLM
+    from train_util import load_weights
     from vq_model import Decoder
 
     with open(os.path.join(model_dir, "arserve.json")) as f:
         cfg = json.load(f)
-    tensors = {}
+    tensors = {}  # in float32, an 8-bit weight times its scales: the values arserve computes with
     for name in cfg["weights"]:
-        tensors.update(safetensors_write.read(os.path.join(model_dir, name)))
-
-    def f32(v):
-        return torch.from_numpy(as_f32(v))
+        tensors.update(load_weights(os.path.join(model_dir, name)))
 
     lm = JanusLM(cfg["llm"], cfg["image"]).eval()
-    lm.load_state_dict({k: f32(v) for k, v in tensors.items() if not k.startswith("vq.")})
+    lm.load_state_dict({k: v for k, v in tensors.items() if not k.startswith("vq.")})
 
     dec_cfg, im = cfg["decoder"], cfg["image"]
     vq = nn.Module()
     vq.codebook = nn.Embedding(im["codebook_size"], im["embed_dim"])
     vq.post_quant_conv = nn.Conv2d(im["embed_dim"], dec_cfg["latent_channels"], 1)
     vq.decoder = Decoder(dec_cfg)
-    vq.load_state_dict({k[len("vq."):]: f32(v) for k, v in tensors.items() if k.startswith("vq.")})
+    vq.load_state_dict({k[len("vq."):]: v for k, v in tensors.items() if k.startswith("vq.")})
     vq.eval()
 
     @torch.no_grad()

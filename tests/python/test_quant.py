@@ -298,6 +298,31 @@ def test_write_safetensors_stores_name_and_scales(tmp_path):
     assert np.array_equal(np.asarray(t["l.weight"]), quant.e4m3_to_f32(q))
 
 
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_float_tensors_reads_8bit_weights_as_values_times_scales(tmp_path, kind):
+    """What the torch sides compute with (make bench's JanusLM, --init): each 8-bit weight
+    its values times its row's scale, within half a step of the float weight; the scale no
+    tensor of its own; BF16 and F16 tensors widened exactly."""
+    rng = np.random.default_rng(6)
+    w, b = rng.standard_normal((6, 8)).astype(np.float32), rng.standard_normal(6).astype(np.float16)
+    e = rng.standard_normal((3, 8)).astype(np.float32)
+    e_bits = (e.view(np.uint32) >> 16).astype(np.uint16)  # bf16, truncated: exact when widened
+    path = str(tmp_path / "q.safetensors")
+    ckpt.write_safetensors(path, {"l.weight": w, "l.bias": b}, kind, quantise=["l.weight"])
+    back = safetensors_write.read(path)
+    back["e.weight"] = ("BF16", e_bits)
+    got = quant.float_tensors(back)
+    assert sorted(got) == ["e.weight", "l.bias", "l.weight"], sorted(got)
+    assert all(v.dtype == np.float32 for v in got.values())
+    q, scale = quant.quantise_rows(w, kind)
+    assert np.array_equal(got["l.weight"], quant.dequantise(q, scale, kind))
+    # int8: steps of one scale; e4m3: 3 mantissa bits, steps of at most |q| / 8 (2^-9 subnormal)
+    step = scale[:, None] * (1.0 if kind == "int8" else np.maximum(np.abs(w / scale[:, None]) / 8, 2.0 ** -9))
+    assert np.all(np.abs(got["l.weight"] - w) <= step / 2 * 1.0001), "not within half a step of the weight"
+    assert np.array_equal(got["e.weight"], (e_bits.astype(np.uint32) << 16).view(np.float32))
+    assert np.array_equal(got["l.bias"], np.asarray(back["l.bias"], np.float32))
+
+
 # ---- which tensors, per architecture -----------------------------------------------------
 
 BLOCK_LINEARS = {  # per block, what engine/family/*.c reads with weight_load_linear*

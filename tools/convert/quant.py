@@ -174,6 +174,25 @@ def dequantise(q, scale, kind: str) -> np.ndarray:
     return vals * np.asarray(scale, dtype=np.float32)[:, None]
 
 
+def float_tensors(tensors: dict) -> dict:
+    """safetensors_write.read's tensors as float32 arrays, the values the engine computes
+    with: BF16 widened, each 8-bit Linear weight (I8, or ('F8_E4M3', bits)) times its
+    NAME_scale rows, the scales themselves left out."""
+    out = {}
+    for name, v in tensors.items():
+        if name.endswith(SCALE_SUFFIX) and name[:-len(SCALE_SUFFIX)] in tensors:
+            continue
+        scale = tensors.get(name + SCALE_SUFFIX)
+        stored, bits = v if isinstance(v, tuple) else (None, v)
+        if scale is not None:
+            out[name] = dequantise(bits, scale, "fp8" if stored == "F8_E4M3" else "int8")
+        elif stored is not None:
+            out[name] = _widen(bits, stored)
+        else:
+            out[name] = np.asarray(v, dtype=np.float32)
+    return out
+
+
 def _widen(bits: np.ndarray, stored: str) -> np.ndarray:
     if stored == "BF16":
         return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)

@@ -6,9 +6,12 @@ import contextlib
 import math
 import multiprocessing
 import os
+import sys
 import time
 
 import torch
+
+TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/
 
 # The exit status of a run that stopped at --max-minutes after writing its checkpoint: the
 # same command continues it (sysexits.h's EX_TEMPFAIL, "try again later").
@@ -40,19 +43,16 @@ def save(path, obj):
 
 
 def load_weights(path):
-    """A safetensors file's tensors in float32, by name. An 8-bit Linear weight (I8 or F8_E4M3
-    with NAME_scale beside it, docs/model-format.md) comes back as its values times its row's
-    scale, without the scale, so a model tools/quantize.py made can be trained further."""
-    from safetensors.torch import load_file
+    """A safetensors file's tensors as float32 torch tensors, by name, the values the engine
+    computes with (tools/convert/quant.py float_tensors): an 8-bit Linear weight comes back
+    as its values times its row's scale, without the scale, so a model tools/quantize.py made
+    can be trained further or run beside the engine."""
+    sys.path.insert(0, os.path.join(TOOLS, "convert"))
+    sys.path.insert(0, TOOLS)
+    import quant
+    import safetensors_write
 
-    raw = load_file(path)
-    out = {}
-    for name, t in raw.items():
-        if name.endswith("_scale") and name[:-len("_scale")] in raw:
-            continue
-        scale = raw.get(name + "_scale")
-        out[name] = t.float() if scale is None else t.float() * scale.float()[:, None]
-    return out
+    return {k: torch.from_numpy(v) for k, v in quant.float_tensors(safetensors_write.read(path)).items()}
 
 
 # What the same command needs to continue after a time limit, for the scripts that take --resume.

@@ -28,27 +28,21 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tools/train: train_util
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import safetensors_write  # noqa: E402
 from export_vq import load_model  # noqa: E402
 from lm_model import JanusLM  # noqa: E402
 from train_lm import encode_prompts  # noqa: E402
+from train_util import load_weights  # noqa: E402
 from vq_model import to_u8  # noqa: E402
-
-
-def as_f32(v):
-    if isinstance(v, tuple):  # ('BF16', uint16): the upper half of a float32
-        return (v[1].astype(np.uint32) << 16).view(np.float32)
-    return np.asarray(v, np.float32)
 
 
 def load_lm(model_dir):
     with open(os.path.join(model_dir, "arserve.json")) as f:
         cfg = json.load(f)
     model = JanusLM(cfg["llm"], cfg["image"]).eval()
-    tensors = safetensors_write.read(os.path.join(model_dir, "lm.safetensors"))
-    sd = {k: torch.from_numpy(as_f32(v)) for k, v in tensors.items()}
-    model.load_state_dict(sd)
+    model.load_state_dict(load_weights(os.path.join(model_dir, "lm.safetensors")))
     return model, cfg
 
 
@@ -69,8 +63,8 @@ def vq_from_export(ckpt, model_dir):
     """The VQ model of the checkpoint with the exported (F16-rounded) decoder weights."""
     vq, _ = load_model(ckpt)
     sd = vq.state_dict()
-    for k, v in safetensors_write.read(os.path.join(model_dir, "vq.safetensors")).items():
-        sd[k[len("vq."):]] = torch.from_numpy(as_f32(v))
+    for k, v in load_weights(os.path.join(model_dir, "vq.safetensors")).items():
+        sd[k[len("vq."):]] = v
     vq.load_state_dict(sd)
     return vq
 
