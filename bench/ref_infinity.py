@@ -5,7 +5,7 @@ autocast; arserve's cpu_activations bf16), side by side in one run, as bench/ref
 for VAR.
 
     INFINITY_SRC=/path/to/Infinity python bench/ref_infinity.py RELEASE_DIR MODEL_DIR \\
-        [--pn 0.25M] [--threads 1] [--reps 2] [--batch 1] [--isa avx2]
+        [--pn 0.25M] [--threads 1] [--reps 2] [--batch 1] [--isa avx2] [--sides arserve:f32,...]
 
 RELEASE_DIR holds an Infinity-2B-layout release (infinity_2b_reg.pth, infinity_vae_d32reg.pth,
 flan-t5-xl/; `python3 -m tools.release_shapes infinity-mid DIR` writes the mid size issue 62

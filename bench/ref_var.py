@@ -226,6 +226,10 @@ def table(rows: dict) -> str:
     return "\n".join(lines)
 
 
+# Every row a side-by-side bench can run: side:precision.
+SIDES = ("arserve:f32", "arserve:bf16", "official:f32", "official:bf16")
+
+
 def common_args(ap: argparse.ArgumentParser, release: str, env: str, repo: str) -> None:
     """The arguments every side-by-side bench takes: the release (release says what it holds),
     the converted model, the official checkout (--src, default $env; repo names it) and the
@@ -246,6 +250,9 @@ def common_args(ap: argparse.ArgumentParser, release: str, env: str, repo: str) 
                         f"{k}: {' '.join(f'{n}={v}' for n, v in e.items())}"
                         for k, e in ISA_ENV.items()))
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--sides", default=",".join(SIDES),
+                    help="the rows to run, of %s (default all; e.g. without official:bf16 where "
+                         "the CPU emulates bf16 and autocast takes many times the others)" % ",".join(SIDES))
 
 
 def setup(a) -> None:
@@ -253,6 +260,9 @@ def setup(a) -> None:
     (before torch is imported, and for arserve's processes)."""
     if a.batch < 1:
         raise SystemExit(f"--batch {a.batch}: at least 1")
+    bad = [x for x in a.sides.split(",") if x not in SIDES]
+    if bad or not a.sides:
+        raise SystemExit(f"--sides {a.sides}: each of {','.join(SIDES)}")
     os.environ.update(ISA_ENV.get(a.isa or "", {}))
 
 
@@ -260,9 +270,8 @@ def side_by_side(a, ask: list, official_run, name: str, heading: str) -> int:
     """arserve (`generate` with ask) in both precisions and, unless official_run is None, the
     official code (official_run(bf16)), alternated; the table printed under heading, and
     written to a.json when given."""
-    sides = [("arserve", p) for p in ("f32", "bf16")]
-    if official_run:
-        sides += [("official", p) for p in ("f32", "bf16")]
+    sides = [tuple(x.split(":")) for x in SIDES if x in a.sides.split(",")
+             and (official_run or not x.startswith("official:"))]
     rows = alternate(sides, a.reps, lambda side, prec: (
         run_arserve(a.arserve, a.model, ask, a.threads, prec, a.batch) if side == "arserve"
         else official_run(prec == "bf16")), name)

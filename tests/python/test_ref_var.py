@@ -16,6 +16,17 @@ ARSERVE = os.environ.get("ARSERVE_BIN", os.path.join(ROOT, "build", "arserve"))
 SHAPES_VAR = os.path.join(ROOT, "models", "shapes-var")
 
 
+def test_sides_picks_the_rows_and_refuses_others(capsys):
+    """--sides: only the rows named run (an emulated official bf16 can take 40 minutes);
+    a row that is not one is refused by name before anything runs."""
+    assert ref_var.main([ROOT, SHAPES_VAR, "--arserve", ARSERVE, "--arserve-only", "--reps", "1",
+                         "--label", "0", "--sides", "arserve:bf16,official:bf16"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[1] for line in out if line.startswith("| arserve |")] == ["bf16"], out
+    with pytest.raises(SystemExit, match="--sides arserve:f16"):
+        ref_var.main([ROOT, SHAPES_VAR, "--arserve", ARSERVE, "--arserve-only", "--sides", "arserve:f16"])
+
+
 def test_arserve_half_times_every_scale_in_both_precisions(capsys):
     assert ref_var.main([ROOT, SHAPES_VAR, "--arserve", ARSERVE, "--arserve-only", "--reps", "1",
                          "--label", "0"]) == 0
@@ -124,9 +135,9 @@ def test_isa_sets_both_sides_environment(monkeypatch):
     """--isa avx2 sets what arserve's processes and PyTorch read, before torch loads."""
     env = {}
     monkeypatch.setattr(ref_var.os, "environ", env)
-    ref_var.setup(ref_var.argparse.Namespace(batch=1, isa="avx2"))
+    ref_var.setup(ref_var.argparse.Namespace(batch=1, isa="avx2", sides="arserve:f32"))
     assert env == {"ARSERVE_ISA": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
                    "ONEDNN_MAX_CPU_ISA": "AVX2"}
     env.clear()
-    ref_var.setup(ref_var.argparse.Namespace(batch=1, isa=None))
+    ref_var.setup(ref_var.argparse.Namespace(batch=1, isa=None, sides="arserve:f32"))
     assert env == {}
