@@ -1,6 +1,7 @@
 """What the training scripts share: the learning-rate schedule, the log, atomic checkpoints,
-resuming, the training loop itself, reading an exported model's weights back, and how a run uses its machine (--device, bf16 autocast
-on CUDA) and its wall clock (--max-minutes, --ckpt-minutes)."""
+resuming, the training loop itself, reading an exported model's weights back, and how a run
+uses its machine (--device, bf16 autocast on CUDA) and its wall clock (--max-minutes,
+--ckpt-minutes)."""
 
 import contextlib
 import math
