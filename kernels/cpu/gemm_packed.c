@@ -173,30 +173,62 @@ void gemm_packed(int M, int N, int K, const float *x, int ldx, const void *wp, d
     gemm_packed_scaled(M, N, K, x, ldx, wp, wt, NULL, y, ldy);
 }
 
+/* The widening of 16-bit weights, per instruction set
+ * (gemm_packed_widen.inc). */
+typedef void (*widen_fn)(float *dst, const void *src, dtype_t wt, int np, size_t pstride, int kc);
+static const widen_fn WIDEN[VEC_N_ISA] = {[VEC_AVX512] = PACKED_FN(avx512, widen, 16, 1),
+                                          [VEC_AVX2] = PACKED_FN(avx2, widen, 16, 1),
+                                          [VEC_PORTABLE] = PACKED_FN(portable, widen, 16, 1)};
+
+/* The most panels a group: its k block of widened weights is on the stack. */
+#define PACKED_GROUP_MAX 3
+
+/* From how many rows 16-bit weights are widened to fp32, a panel group's k
+ * block at a time, for the fp32 tiles of all the rows, in place of each tile
+ * converting the weights it reads (about a quarter of an AVX2 6 x 16 tile's
+ * time). Measured with bench/gemm_bench on AVX2 (bf16, geometric mean of
+ * its shapes, widened over converting): 1.12x slower at 12 rows, 1.09-1.15x
+ * at 16, 0.94-0.98x at 24 and 32, 0.84-0.89x at 64, about 0.8x past 128. */
+#define PACKED_WIDEN_ROWS 24
+
 void gemm_packed_scaled(int M, int N, int K, const float *x, int ldx, const void *wp, dtype_t wt,
                         const float *scale, float *y, int ldy) {
     if (M <= 0 || N <= 0 || K <= 0)
         return;
     assert(!dtype_is_weight8(wt) || scale);
-    const tiles_t *t = &TILES[vec_isa()][weight_kind(wt)];
+    const vec_isa_t isa = vec_isa();
     const size_t es = dtype_size(wt), pstride = (size_t)gemm_packed_depth(K, wt) * GEMM_PANEL;
     const int n_panels = (N + GEMM_PANEL - 1) / GEMM_PANEL;
-    for (int m0 = 0; m0 < M; m0 += PACKED_MC) {
-        const int m1 = M - m0 < PACKED_MC ? M : m0 + PACKED_MC;
+    /* Widened, the rows are one block, so that each weight is widened once:
+     * x is then read once a panel group from wherever it lies, a few bytes
+     * a cycle against the group's multiply-adds. */
+    const int widen = (wt == DTYPE_BF16 || wt == DTYPE_F16) && M >= PACKED_WIDEN_ROWS;
+    const tiles_t *t = &TILES[isa][widen ? W_F32 : weight_kind(wt)];
+    const int mc = widen ? M : PACKED_MC;
+    assert(t->group <= PACKED_GROUP_MAX);
+    float wide[PACKED_GROUP_MAX * GEMM_PANEL * GEMM_KC];
+    for (int m0 = 0; m0 < M; m0 += mc) {
+        const int m1 = M - m0 < mc ? M : m0 + mc;
         for (int g = 0; g < n_panels; g += t->group) {
             const int g_end = n_panels - g < t->group ? n_panels : g + t->group;
             for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
                 const int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+                /* The group's k block: panel p at wk + (p - g) * ps elements of size wes. */
+                const char *wk =
+                    (const char *)wp + ((size_t)g * pstride + (size_t)k0 * GEMM_PANEL) * es;
+                size_t ps = pstride, wes = es;
+                if (widen) {
+                    WIDEN[isa](wide, wk, wt, g_end - g, pstride, kc);
+                    wk = (const char *)wide, ps = (size_t)kc * GEMM_PANEL, wes = sizeof(float);
+                }
                 for (int m = m0; m < m1;) {
                     const int h = height(t, m1 - m);
                     for (int p = g; p < g_end;) {
                         const int np = g_end - p >= t->np[h] ? t->np[h] : 1;
                         const int n0 = p * GEMM_PANEL;
                         const int cols = N - n0 < np * GEMM_PANEL ? N - n0 : np * GEMM_PANEL;
-                        const char *wk =
-                            (const char *)wp + ((size_t)p * pstride + (size_t)k0 * GEMM_PANEL) * es;
                         (np == t->np[h] ? t->wide : t->one)[h](
-                            kc, x + (size_t)m * ldx + k0, ldx, wk, pstride,
+                            kc, x + (size_t)m * ldx + k0, ldx, wk + (size_t)(p - g) * ps * wes, ps,
                             scale ? scale + n0 : NULL, y + (size_t)m * ldy + n0, ldy, cols);
                         p += np;
                     }

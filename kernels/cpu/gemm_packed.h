@@ -1,8 +1,10 @@
 /* The Linear GEMM over weights packed once at load: y[m][n] += sum_k
  * x[m][k] * w[n][k], with w [N, K] (PyTorch's Linear layout) stored in
- * panels of GEMM_PANEL output columns, each K deep, in its own type (fp32,
- * bf16 or fp16, converted in registers; int8 or fp8 e4m3 with a scale per
- * output column, dequantised in registers: gemm_packed_scaled). A tile of rows x panels of y stays
+ * panels of GEMM_PANEL output columns, each K deep, in its own type (fp32;
+ * bf16 or fp16, converted in registers, or for many rows widened to fp32 a
+ * k block of a few panels at a time, exactly, and run as fp32; int8 or fp8
+ * e4m3 with a scale per output column, dequantised in registers:
+ * gemm_packed_scaled). A tile of rows x panels of y stays
  * in registers while, per k, a panel row of w is loaded once and multiplied
  * by a broadcast element of each of the tile's rows: no horizontal sums,
  * and the weight is read once per tile of rows (gemm_rows.h reads it once
