@@ -20,6 +20,8 @@
 #define PACKED_PREFETCH_BYTES 1024
 #define PACKED_CAT(isa, w, mr, np) packed_##isa##_##w##_##mr##x##np
 #define PACKED_FN(isa, w, mr, np) PACKED_CAT(isa, w, mr, np)
+#define PACKED_WIDEN_CAT(isa) packed_##isa##_widen
+#define PACKED_WIDEN_FN(isa) PACKED_WIDEN_CAT(isa)
 
 /* ---- AVX-512: 8, 4, 2 or 1 rows x 3 panels (up to 24 of the 32 registers) ---- */
 
@@ -176,9 +178,9 @@ void gemm_packed(int M, int N, int K, const float *x, int ldx, const void *wp, d
 /* The widening of 16-bit weights, per instruction set
  * (gemm_packed_widen.inc). */
 typedef void (*widen_fn)(float *dst, const void *src, dtype_t wt, int np, size_t pstride, int kc);
-static const widen_fn WIDEN[VEC_N_ISA] = {[VEC_AVX512] = PACKED_FN(avx512, widen, 16, 1),
-                                          [VEC_AVX2] = PACKED_FN(avx2, widen, 16, 1),
-                                          [VEC_PORTABLE] = PACKED_FN(portable, widen, 16, 1)};
+static const widen_fn WIDEN[VEC_N_ISA] = {[VEC_AVX512] = PACKED_WIDEN_FN(avx512),
+                                          [VEC_AVX2] = PACKED_WIDEN_FN(avx2),
+                                          [VEC_PORTABLE] = PACKED_WIDEN_FN(portable)};
 
 /* The most panels a group: its k block of widened weights is on the stack. */
 #define PACKED_GROUP_MAX 3
@@ -187,8 +189,9 @@ static const widen_fn WIDEN[VEC_N_ISA] = {[VEC_AVX512] = PACKED_FN(avx512, widen
  * block at a time, for the fp32 tiles of all the rows, in place of each tile
  * converting the weights it reads (about a quarter of an AVX2 6 x 16 tile's
  * time). Measured with bench/gemm_bench on AVX2 (bf16, geometric mean of
- * its shapes, widened over converting): 1.12x slower at 12 rows, 1.09-1.15x
- * at 16, 0.94-0.98x at 24 and 32, 0.84-0.89x at 64, about 0.8x past 128. */
+ * its shapes, widened over converting, two runs): 1.12x slower at 12 rows,
+ * 1.09-1.15x at 16, 0.94-0.99x at 24 and 32, 0.84-0.89x at 64, 0.78-0.85x
+ * from 128 to 576. */
 #define PACKED_WIDEN_ROWS 24
 
 void gemm_packed_scaled(int M, int N, int K, const float *x, int ldx, const void *wp, dtype_t wt,
