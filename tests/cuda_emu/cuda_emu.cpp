@@ -5,14 +5,16 @@
  * Scheduling a block: every thread is a fiber with its own stack. The
  * scheduler resumes each runnable fiber in turn; a fiber runs until it
  * returns or reaches a barrier, where it records what it waits for and
- * switches back. When no fiber is runnable the scheduler releases, first,
- * every warp whose participating lanes have all reached a warp operation
- * (computing each lane's shuffle result or ballot before any of them runs
- * on, so a lane that races ahead to the next shuffle cannot overwrite a
- * value another lane has still to read), then, if every live thread waits
- * at __syncthreads, the block barrier (threads that returned count as
- * arrived, as on the hardware). If neither applies the block is deadlocked:
- * the launch fails with a message saying who waits where. */
+ * switches back. A thread that returns hands its stack to the next thread
+ * if that one has not started yet, which then runs there at once, in the
+ * order the scheduler would have run it: a block of a kernel without
+ * barriers runs on one fiber, two switches in all, not two per thread. When no fiber is runnable
+ * the scheduler releases, first, every warp whose participating lanes have all reached a warp
+ * operation (computing each lane's shuffle result or ballot before any of them runs on, so a lane
+ * that races ahead to the next shuffle cannot overwrite a value another lane has still to read),
+ * then, if every live thread waits at __syncthreads, the block barrier (threads that returned count
+ * as arrived, as on the hardware). If neither applies the block is deadlocked: the launch fails
+ * with a message saying who waits where. */
 #include "cuda_emu.h"
 
 #include <cblas.h>
@@ -102,7 +104,7 @@ static inline void fiber_switch(fiber_ctx *from, fiber_ctx *to) { swapcontext(&f
 
 /* ---- the per-OS-thread block scheduler ------------------------------------------ */
 
-enum thread_state { T_RUNNABLE, T_AT_SYNCTHREADS, T_AT_WARP, T_DONE };
+enum thread_state { T_NOT_STARTED, T_RUNNABLE, T_AT_SYNCTHREADS, T_AT_WARP, T_DONE };
 
 struct emu_thread {
     fiber_ctx ctx;
@@ -156,10 +158,22 @@ static scheduler *scheduler_get(void) {
     return s;
 }
 
+/* Runs the thread the scheduler started, then each following thread that
+ * has not started yet, until one waits at a barrier (it switches out from
+ * inside the body, and this fiber is that thread's from then on) or the
+ * next has started already. */
 static void fiber_entry(void) {
     scheduler *s = tls_sched;
-    s->body(s->ctx);
-    s->threads[s->current].state = T_DONE;
+    for (;;) {
+        s->body(s->ctx);
+        const int i = s->current;
+        s->threads[i].state = T_DONE;
+        if (i + 1 == s->n_threads || s->threads[i + 1].state != T_NOT_STARTED)
+            break;
+        s->current = i + 1;
+        s->threads[i + 1].state = T_RUNNABLE;
+        threadIdx = s->threads[i + 1].tid;
+    }
     fiber_switch(&s->threads[s->current].ctx, &s->main_ctx);
     abort(); /* a finished fiber is never resumed */
 }
@@ -284,19 +298,28 @@ static int release_warps(scheduler *s, char *fault, size_t fault_len) {
 /* Runs one block to completion; returns 0, or -1 with a message in fault. */
 static int run_block(scheduler *s, char *fault, size_t fault_len) {
     const int n = s->n_threads;
+    uint3 tid = {0, 0, 0}; /* thread i's index, x fastest, counted rather than divided */
     for (int i = 0; i < n; i++) {
         emu_thread *t = &s->threads[i];
-        t->state = T_RUNNABLE;
-        t->tid.x = i % blockDim.x;
-        t->tid.y = (i / blockDim.x) % blockDim.y;
-        t->tid.z = i / (blockDim.x * blockDim.y);
-        fiber_init(&t->ctx, s->stacks + (size_t)(i + 1) * (FIBER_STACK + PAGE));
+        t->state = T_NOT_STARTED;
+        t->tid = tid;
+        if (++tid.x == blockDim.x) {
+            tid.x = 0;
+            if (++tid.y == blockDim.y) {
+                tid.y = 0;
+                tid.z++;
+            }
+        }
     }
     for (;;) {
         for (int i = 0; i < n; i++) {
             emu_thread *t = &s->threads[i];
-            if (t->state != T_RUNNABLE)
+            if (t->state == T_NOT_STARTED) {
+                t->state = T_RUNNABLE;
+                fiber_init(&t->ctx, s->stacks + (size_t)(i + 1) * (FIBER_STACK + PAGE));
+            } else if (t->state != T_RUNNABLE) {
                 continue;
+            }
             s->current = i;
             threadIdx = t->tid;
             fiber_switch(&s->main_ctx, &t->ctx);
