@@ -428,8 +428,9 @@ test-parallel: $(TEST_PARALLEL)
 build-and-venv: all $(VENV)/.stamp
 # OpenMP's threads sleep when they wait (libgomp spins first by default): with
 # more threads than cores, a spinning thread takes the core another suite's
-# thread is waiting for.
-test-parallel: export OMP_WAIT_POLICY = passive
+# thread is waiting for. The same in the stages whose daemons and tests run
+# beside each other (two pytest workers, the sanitizer stage's three suites).
+test-parallel test-integration-release test-sanitizers: export OMP_WAIT_POLICY = passive
 test:
 	@tests/run_stages.sh "$(MAKE)" $(TEST_STAGES)
 
