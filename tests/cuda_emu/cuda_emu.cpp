@@ -8,13 +8,15 @@
  * switches back. A thread that returns hands its stack to the next thread
  * if that one has not started yet, which then runs there at once, in the
  * order the scheduler would have run it: a block of a kernel without
- * barriers runs on one fiber, two switches in all, not two per thread. When no fiber is runnable
- * the scheduler releases, first, every warp whose participating lanes have all reached a warp
- * operation (computing each lane's shuffle result or ballot before any of them runs on, so a lane
- * that races ahead to the next shuffle cannot overwrite a value another lane has still to read),
- * then, if every live thread waits at __syncthreads, the block barrier (threads that returned count
- * as arrived, as on the hardware). If neither applies the block is deadlocked: the launch fails
- * with a message saying who waits where. */
+ * barriers runs on one fiber, two switches in all, not two per thread.
+ * When no fiber is runnable the scheduler releases, first, every warp
+ * whose participating lanes have all reached a warp operation (computing
+ * each lane's shuffle result or ballot before any of them runs on, so a
+ * lane that races ahead to the next shuffle cannot overwrite a value
+ * another lane has still to read), then, if every live thread waits at
+ * __syncthreads, the block barrier (threads that returned count as
+ * arrived, as on the hardware). If neither applies the block is
+ * deadlocked: the launch fails with a message saying who waits where. */
 #include "cuda_emu.h"
 
 #include <cblas.h>
