@@ -467,7 +467,7 @@ $(BUILD)/tests/test_backend_e2e: tests/backend/test_backend_e2e.c $(EMU_OBJ) $(E
 # pixel difference of their images. A GPU runs every policy of both; make
 # test the full cache of models/shapes (the raster policies run on the tiny
 # model in test_backend_e2e) and of models/shapes-var, HeatKV (compaction)
-# and AMS-KV (key mass): 45 s on a 2-core AVX2 machine, 30 of them
+# and AMS-KV (key mass): 40 s on a 2-core AVX2 machine, 30 of them
 # models/shapes, whose int8 weights the CUDA backend widens every step (a
 # kernel of one thread per weight under the emulator).
 TEST_MODELS := models/shapes=full models/shapes-var=full,heatkv,amskv
