@@ -467,9 +467,8 @@ $(BUILD)/tests/test_backend_e2e: tests/backend/test_backend_e2e.c $(EMU_OBJ) $(E
 # pixel difference of their images. A GPU runs every policy of both; make
 # test the full cache of models/shapes (the raster policies run on the tiny
 # model in test_backend_e2e) and of models/shapes-var, HeatKV (compaction)
-# and AMS-KV (key mass): 40 s on a 2-core AVX2 machine, 30 of them
-# models/shapes, whose int8 weights the CUDA backend widens every step (a
-# kernel of one thread per weight under the emulator).
+# and AMS-KV (key mass): 30 s on a 2-core AVX2 machine, 23 of them
+# models/shapes, whose int8 weights the CUDA backend widens every step.
 TEST_MODELS := models/shapes=full models/shapes-var=full,heatkv,amskv
 $(BUILD)/tests/test_backend_models: tests/backend/test_backend_models.c $(EMU_OBJ) $(ENGINE_LIB) \
                                      tests/test.h tests/test_backend.h \

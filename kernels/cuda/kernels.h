@@ -137,7 +137,8 @@ cudaError_t kern_add_pair_bias(float *y, size_t y_group_stride, const float *pro
 /* An 8-bit weight's values (dtype I8 or F8_E4M3) as bf16, exactly (no
  * scale): groups blocks of per_group elements, block g read from src +
  * g * src_group_stride elements and written to dst + g * per_group (a
- * slice of rows of each matrix of a stack, packed for a batched GEMM). */
+ * slice of rows of each matrix of a stack, packed for a batched GEMM).
+ * dst 16-byte aligned (cudaErrorInvalidValue otherwise). */
 cudaError_t kern_widen_8bit(void *dst, const void *src, kern_dtype_t dtype, int groups,
                             size_t per_group, size_t src_group_stride, cudaStream_t stream);
 

@@ -12,11 +12,35 @@ static __device__ __forceinline__ float ld_weight8(const void *p, int dtype, siz
     return f8e4m3_to_float(((const unsigned char *)p)[i]);
 }
 
+/* A run of WIDEN_RUN elements a thread: one division for the run (the group
+ * carried from element to element), and one 16-byte store for a whole run
+ * (dst is 16-byte aligned, kern_widen_8bit checks, and run t starts 16 t
+ * bytes in); a partial last run goes element by element. */
+#define WIDEN_RUN 8
+
 __global__ void widen_8bit_kernel(__nv_bfloat16 *dst, const void *src, int dtype, size_t per_group,
                                   size_t src_group_stride, size_t n) {
-    GRID_STRIDE_LOOP(i, n) {
-        const size_t g = i / per_group, e = i - g * per_group;
-        dst[i] = __float2bfloat16(ld_weight8(src, dtype, g * src_group_stride + e));
+    GRID_STRIDE_LOOP(t, (n + WIDEN_RUN - 1) / WIDEN_RUN) {
+        const size_t i0 = t * WIDEN_RUN, run = n - i0 < WIDEN_RUN ? n - i0 : WIDEN_RUN;
+        size_t g = i0 / per_group, e = i0 - g * per_group;
+        unsigned short v[WIDEN_RUN];
+        for (size_t r = 0; r < run; r++) {
+            v[r] = __bfloat16_as_ushort(
+                __float2bfloat16(ld_weight8(src, dtype, g * src_group_stride + e)));
+            if (++e == per_group)
+                e = 0, g++;
+        }
+        if (run == WIDEN_RUN) {
+            uint4 four;
+            four.x = v[0] | (unsigned)v[1] << 16;
+            four.y = v[2] | (unsigned)v[3] << 16;
+            four.z = v[4] | (unsigned)v[5] << 16;
+            four.w = v[6] | (unsigned)v[7] << 16;
+            *(uint4 *)(dst + i0) = four;
+        } else {
+            for (size_t r = 0; r < run; r++)
+                dst[i0 + r] = __ushort_as_bfloat16(v[r]);
+        }
     }
 }
 
@@ -25,10 +49,10 @@ cudaError_t kern_widen_8bit(void *dst, const void *src, kern_dtype_t dtype, int 
     const size_t n = per_group * (size_t)(groups > 0 ? groups : 0);
     if (n == 0)
         return cudaSuccess;
-    if (dtype != KERN_I8 && dtype != KERN_F8_E4M3)
+    if ((dtype != KERN_I8 && dtype != KERN_F8_E4M3) || ((uintptr_t)dst & 15) != 0)
         return cudaErrorInvalidValue;
-    AR_LAUNCH(widen_8bit_kernel, grid_for(n), AR_BLOCK, 0, stream, (__nv_bfloat16 *)dst, src,
-              (int)dtype, per_group, src_group_stride, n);
+    AR_LAUNCH(widen_8bit_kernel, grid_for((n + WIDEN_RUN - 1) / WIDEN_RUN), AR_BLOCK, 0, stream,
+              (__nv_bfloat16 *)dst, src, (int)dtype, per_group, src_group_stride, n);
     return cudaGetLastError();
 }
 

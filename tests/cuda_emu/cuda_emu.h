@@ -75,6 +75,10 @@ typedef struct uint3 {
     unsigned int x, y, z;
 } uint3;
 
+typedef struct uint4 {
+    unsigned int x, y, z, w;
+} uint4;
+
 typedef struct dim3 {
     unsigned int x, y, z;
 #ifdef __cplusplus
