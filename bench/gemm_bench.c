@@ -3,7 +3,7 @@
  * OpenBLAS (sgemv for one row, sgemm otherwise) and gemm_rows
  * (kernels/cpu/gemm_rows.c, the weight read row by row, one weight vector
  * per two or four activation rows), on Linear shapes of the models served,
- * at 1 to 576 rows, one thread, weights of --dtype (gemm_rows and
+ * at 1 to 576 rows (or --rows), one thread, weights of --dtype (gemm_rows and
  * gemm_packed read 16-bit weights as they are, OpenBLAS their fp32
  * conversion, which the backend made per call), on every instruction set this
  * machine runs (AVX2 forced on an AVX-512 machine, as ARSERVE_ISA=avx2
@@ -13,7 +13,7 @@
  * second; then, per rows, its worst speedup over the shapes, and the
  * crossovers: the rows at which it is faster than each on every shape.
  *
- *   build/gemm_bench [--reps N] [--min-ms N] [--isa NAME] [--dtype f32|bf16|f16] */
+ *   build/gemm_bench [--reps N] [--min-ms N] [--isa NAME] [--dtype f32|bf16|f16] [--rows LIST] */
 #include <cblas.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,10 +33,14 @@
 static const int SHAPES[][2] = {{256, 256},   {1408, 256},  {256, 704},  {1024, 1024},
                                 {5632, 1024}, {1024, 2816}, {2048, 2048}};
 /* Decode (2 rows an image with guidance: 16 is a batch of 8), then prefill
- * and next-scale steps (a 16x16 scale is 256 rows, Janus's prompt 576). */
-static const int ROWS[] = {1, 2, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 576};
+ * and next-scale steps (a 16x16 scale is 256 rows, Janus's prompt 576); --rows
+ * replaces them (an Infinity 32x32 scale with guidance is 2,048 rows). The
+ * row counts timed: rows_at[0 .. n_rows). */
+#define MAX_ROWS 16
+#define MAX_ROW_COUNT 8192
+static int rows_at[MAX_ROWS] = {1, 2, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 576};
+static int n_rows = 13;
 #define N_SHAPES ((int)(sizeof SHAPES / sizeof *SHAPES))
-#define N_ROWS ((int)(sizeof ROWS / sizeof *ROWS))
 
 enum { SIDE_BLAS, SIDE_ROWS, SIDE_PACKED, N_SIDES };
 
@@ -79,7 +83,7 @@ static double time_side(int side, int M, int N, int K, const operands_t *o, doub
 /* The longest run of row counts at which worst[] is above 1, printed. */
 static void crossover(const double *worst, const char *other) {
     int best_lo = -1, best_len = 0;
-    for (int r = 0, lo = -1; r < N_ROWS; r++) {
+    for (int r = 0, lo = -1; r < n_rows; r++) {
         lo = worst[r] > 1 ? (lo < 0 ? r : lo) : -1;
         if (lo >= 0 && r - lo + 1 > best_len) {
             best_lo = lo;
@@ -92,7 +96,7 @@ static void crossover(const double *worst, const char *other) {
                other);
     else
         printf("crossover against %s: gemm_packed is faster on every shape from %d to %d rows\n",
-               other, ROWS[best_lo], ROWS[best_lo + best_len - 1]);
+               other, rows_at[best_lo], rows_at[best_lo + best_len - 1]);
 }
 
 static void run_isa(const operands_t *o, long long reps, double min_s) {
@@ -100,15 +104,15 @@ static void run_isa(const operands_t *o, long long reps, double min_s) {
            vec_isa_name(vec_isa()), dtype_name(o->dt), openblas_get_config(), reps);
     printf("%6s %6s %4s  %11s %11s %11s  %9s %9s  %10s\n", "N", "K", "rows", "openblas_us",
            "rows_us", "packed_us", "vs_blas", "vs_rows", "weight_GB/s");
-    double worst[2][N_ROWS];
-    for (int r = 0; r < N_ROWS; r++)
+    double worst[2][MAX_ROWS];
+    for (int r = 0; r < n_rows; r++)
         worst[0][r] = worst[1][r] = 1e30;
     for (int s = 0; s < N_SHAPES; s++) {
         const int N = SHAPES[s][0], K = SHAPES[s][1];
         operands_t sh = *o;
         gemm_packed_pack((void *)sh.wp, o->wt, o->dt, N, K, K);
-        for (int r = 0; r < N_ROWS; r++) {
-            const int M = ROWS[r];
+        for (int r = 0; r < n_rows; r++) {
+            const int M = rows_at[r];
             double t[N_SIDES][MAX_REPS], med[N_SIDES];
             for (int i = 0; i < reps; i++)
                 for (int side = 0; side < N_SIDES; side++)
@@ -129,15 +133,41 @@ static void run_isa(const operands_t *o, long long reps, double min_s) {
         }
     }
     printf("rows:  gemm_packed's worst speedup over the shapes, against openblas and gemm_rows\n");
-    for (int r = 0; r < N_ROWS; r++)
-        printf("%4d:  %.2fx %.2fx\n", ROWS[r], worst[0][r], worst[1][r]);
+    for (int r = 0; r < n_rows; r++)
+        printf("%4d:  %.2fx %.2fx\n", rows_at[r], worst[0][r], worst[1][r]);
     crossover(worst[0], "openblas");
     crossover(worst[1], "gemm_rows");
 }
 
+/* --rows: ascending row counts, comma-separated, into rows_at; 0, or -1 with
+ * the reason on stderr. */
+static int parse_rows(const char *list) {
+    int n = 0;
+    for (const char *p = list; *p;) {
+        char *end;
+        const long v = strtol(p, &end, 10);
+        if (end == p || (*end && (*end != ',' || !end[1])) || v < 1 || v > MAX_ROW_COUNT ||
+            n == MAX_ROWS || (n > 0 && v <= rows_at[n - 1])) {
+            fprintf(stderr,
+                    "gemm_bench: --rows %s: want up to %d ascending row counts in [1, %d], "
+                    "comma-separated\n",
+                    list, MAX_ROWS, MAX_ROW_COUNT);
+            return -1;
+        }
+        rows_at[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) {
+        fprintf(stderr, "gemm_bench: --rows: empty\n");
+        return -1;
+    }
+    n_rows = n;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     long long reps = 5, min_ms = 20;
-    const char *isa_name = NULL, *dtype = "f32";
+    const char *isa_name = NULL, *dtype = "f32", *rows = NULL;
     const cli_flag_t flags[] = {
         {"reps", 0, CLI_INT, &reps, 1, MAX_REPS, .metavar = "N",
          .help = "alternations of the three sides, median taken (default 5)"},
@@ -147,6 +177,8 @@ int main(int argc, char **argv) {
          .help = "only this instruction set (avx512, avx2; default: each this machine runs)"},
         {"dtype", 0, CLI_STRING, &dtype, .metavar = "TYPE",
          .help = "the weights' type: f32 (default), bf16 or f16"},
+        {"rows", 0, CLI_STRING, &rows, .metavar = "LIST",
+         .help = "row counts to time, ascending, e.g. 576,2048 (default 1 to 576)"},
         {0}};
     int help = 0, rc = cli_flags_parse("gemm_bench", flags, argc, argv, &help);
     if (rc || help) {
@@ -154,6 +186,8 @@ int main(int argc, char **argv) {
             cli_flags_usage(stdout, flags);
         return rc;
     }
+    if (rows && parse_rows(rows) != 0)
+        return 2;
     dtype_t dt;
     if (!strcmp(dtype, "f32"))
         dt = DTYPE_F32;
@@ -171,7 +205,7 @@ int main(int argc, char **argv) {
         max_n = SHAPES[s][0] > max_n ? SHAPES[s][0] : max_n;
         max_k = SHAPES[s][1] > max_k ? SHAPES[s][1] : max_k;
     }
-    const int max_m = ROWS[N_ROWS - 1];
+    const int max_m = rows_at[n_rows - 1];
     float *x = malloc(sizeof(float) * (size_t)max_m * max_k);
     float *w = malloc(sizeof(float) * (size_t)max_n * max_k);
     void *wt = malloc(dtype_size(dt) * (size_t)max_n * max_k);

@@ -148,6 +148,15 @@ if run gemm bench-gemm GEMM_BENCH_ARGS="--reps 1 --min-ms 1"; then
 else
     fail "make bench-gemm runs" "$(tail -30 "$tmp/gemm.out")"
 fi
+# --rows: row counts out of order, or a trailing comma, are refused naming the flag.
+for bad in 576,24 24,; do
+    if ! run gemmbad bench-gemm GEMM_BENCH_ARGS="--rows $bad" &&
+        grep -q "^gemm_bench: --rows $bad: want up to 16 ascending row counts" "$tmp/gemmbad.out"; then
+        ok "make bench-gemm: --rows $bad is refused"
+    else
+        fail "make bench-gemm: --rows $bad is refused" "$(tail -5 "$tmp/gemmbad.out")"
+    fi
+done
 
 # make bench-conv: per instruction set, a row per channel count and image side
 # with both sides' times and a difference within Winograd's rounding, and the
