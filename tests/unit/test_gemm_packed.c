@@ -175,8 +175,9 @@ static int check_16bit(int M, int N, int K, dtype_t wt) {
 
 static void test_16bit_weights_match_fp32(void) {
     /* Under PACKED_WIDEN_ROWS (24) the tiles convert the weights; from it
-     * they are widened first, for every row. */
-    static const int Ms[] = {1, 3, 8, 11, 23, 24, 70};
+     * they are widened first, for every block of up to PACKED_WIDEN_MC
+     * (256) rows: 300 rows are two blocks, 520 three. */
+    static const int Ms[] = {1, 3, 8, 11, 23, 24, 70, 300, 520};
     static const int Ns[] = {1, 17, 50};
     static const int Ks[] = {1, 33, 300, 601}; /* odd, across k blocks */
     for (int isa = 0; isa < VEC_N_ISA; isa++) {
