@@ -786,8 +786,8 @@ $(BUILD)/conv_bench: bench/conv_bench.c $(BUILD)/cli/flags.o $(ENGINE_LIB)
 # Linear shapes, side by side, on every instruction set this machine runs
 # (AVX2 forced on an AVX-512 machine), and the crossovers
 # (bench/gemm_bench.c). GEMM_BENCH_ARGS adds flags (--reps, --min-ms, --isa,
-# --dtype bf16, --rows 576,2048 for next-scale steps' row counts). Not part of `make test` (test-bench-smoke runs it for
-# seconds).
+# --dtype bf16, --rows 576,2048 for next-scale steps' row counts). Not part
+# of `make test` (test-bench-smoke runs it for seconds).
 GEMM_BENCH_ARGS ?=
 bench-gemm: $(BUILD)/gemm_bench
 	$(BUILD)/gemm_bench $(GEMM_BENCH_ARGS)
