@@ -700,7 +700,8 @@ TSAN_BUILD := $(BUILD)-tsan
 # release_build suites (make run's build, the nginx proxy, the load client, the
 # docs' tables: tests/integration/pytest.ini): 80 s under ThreadSanitizer on a
 # 2-core AVX2 machine for no daemon path the rest miss. The ThreadSanitizer pass leaves out the
-# models' and the KV policies' suites too (TSAN_SKIP): the engine runs on one
+# models' and the KV policies' suites too (TSAN_SKIP; the shipped models' cards
+# each policy on each demo model, 28 s of its test time): the engine runs on one
 # thread there, beside the same scheduler and HTTP threads whichever model or
 # policy it runs, and the AddressSanitizer pass runs them.
 # Time bounds are the machine's measured speed's (tests/machine_speed.py), as
@@ -711,7 +712,7 @@ TSAN_BUILD := $(BUILD)-tsan
 # image there; the small one's 0.8 s, its eight images in a batch 0.8 s
 # together, is too quick for the tests that need a request still running).
 TSAN_SKIP      = test_infinity_model test_scale_model test_llamagen_model test_token_counter \
-                 test_kv_policies test_heatkv_admission test_elastic_budget
+                 test_kv_policies test_heatkv_admission test_elastic_budget test_model_cards
 SANITIZED_SUITE = ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_VAR_MODEL=$(VAR_MODEL) \
 	$(VENV)/bin/python -m pytest -q tests/integration \
 	-n $(INTEGRATION_WORKERS) --dist loadfile -m "not soak and not clients and not release_build"
