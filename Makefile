@@ -424,8 +424,11 @@ TEST_PARALLEL := test-backend test-bench-smoke test-gpu-kit test-fuzz test-cli t
 TEST_STAGES   := deps-debian format-check build-and-venv test-parallel test-integration-release \
                  test-integration-tsan test-sanitizers
 test-parallel: $(TEST_PARALLEL)
-# The build and the test venv (pip, one core) beside each other.
-build-and-venv: all $(VENV)/.stamp
+# The build and the test venv (pip, one core) beside each other: the venv
+# first, so that it starts at once, and the suites' binaries (TEST_BINS, at
+# the end of this file) built on the other core while pip runs, which left it
+# idle for a minute once the daemon was built.
+build-and-venv: $(VENV)/.stamp all
 # OpenMP's threads sleep when they wait (libgomp spins first by default): with
 # more threads than cores, a spinning thread takes the core another suite's
 # thread is waiting for. The same in the stages whose daemons and tests run
@@ -1063,6 +1066,15 @@ clean:
 
 # libFuzzer targets (make fuzz, make test-fuzz): tests/fuzz/fuzz.mk.
 include tests/fuzz/fuzz.mk
+
+# What make test's later stages compile in $(BUILD), built in build-and-venv
+# (here, once every variable it names is set).
+TEST_BINS := $(UNIT_BIN) $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops \
+             $(BUILD)/tests/test_backend_e2e $(BUILD)/tests/test_backend_health \
+             $(BUILD)/tests/test_backend_cuda_check $(BUILD)/tests/test_backend_models $(EMU_GOLDEN) \
+             $(BUILD)/speed_bench $(BUILD)/speed_bench-emu $(BUILD)/kv_bench $(BUILD)/gemm_bench \
+             $(BUILD)/conv_bench $(BUILD)/arserve-leaky $(FUZZ_BINS)
+build-and-venv: $(TEST_BINS)
 
 -include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(BUILD)/leaky/arserve_leaky.d $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend/backend_cuda.d \
          $(BUILD)/kv_bench.d $(BUILD)/speed_bench.d $(BUILD)/gemm_bench.d $(BUILD)/conv_bench.d \
