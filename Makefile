@@ -193,7 +193,7 @@ VAR_MODEL  := models/shapes-var
 # The text-to-image next-scale demo model (Infinity architecture).
 INF_MODEL  := models/shapes-inf
 
-.PHONY: all deps deps-debian build-and-venv test test-parallel test-unit test-cli test-integration test-integration-release test-integration-tsan test-python \
+.PHONY: all deps deps-debian build-and-venv venv-beside-build build-for-tests test test-parallel test-unit test-cli test-integration test-integration-release test-integration-tsan test-python \
         test-integration-asan test-sanitizers test-backend \
         test-gpu-kit gpu-kit test-dockerfile gpu-tests run eval expected-png examples clean tools-deps golden \
         format format-check info bench bench-kv bench-scale bench-serve bench-real bench-8bit bench-gemm bench-conv bench-launches help \
@@ -424,11 +424,15 @@ TEST_PARALLEL := test-backend test-bench-smoke test-gpu-kit test-fuzz test-cli t
 TEST_STAGES   := deps-debian format-check build-and-venv test-parallel test-integration-release \
                  test-integration-tsan test-sanitizers
 test-parallel: $(TEST_PARALLEL)
-# The build and the test venv (pip, one core) beside each other: the venv
-# first, so that it starts at once, and the suites' binaries (TEST_BINS, at
-# the end of this file) built on the other core while pip runs, which left it
-# idle for a minute once the daemon was built.
-build-and-venv: $(VENV)/.stamp all
+# The test venv (pip, one core, about a minute) beside the build of the
+# daemon and of the suites' binaries (TEST_BINS, at the end of this file):
+# the venv in a make of its own, which holds a job slot from its start. In
+# the same make as the build, make reached the venv only once it had started
+# every compile (the Debian check before it running, it went on to the next
+# prerequisites), and a core then sat idle for the minute pip took.
+build-and-venv: venv-beside-build build-for-tests
+venv-beside-build:
+	+@$(MAKE) --no-print-directory $(VENV)/.stamp
 # OpenMP's threads sleep when they wait (libgomp spins first by default): with
 # more threads than cores, a spinning thread takes the core another suite's
 # thread is waiting for. The same in the stages whose daemons and tests run
@@ -1074,7 +1078,7 @@ TEST_BINS := $(UNIT_BIN) $(BUILD)/tests/test_emu $(BUILD)/tests/test_backend_ops
              $(BUILD)/tests/test_backend_cuda_check $(BUILD)/tests/test_backend_models $(EMU_GOLDEN) \
              $(BUILD)/speed_bench $(BUILD)/speed_bench-emu $(BUILD)/kv_bench $(BUILD)/gemm_bench \
              $(BUILD)/conv_bench $(BUILD)/arserve-leaky $(FUZZ_BINS)
-build-and-venv: $(TEST_BINS)
+build-for-tests: all $(TEST_BINS)
 
 -include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(BUILD)/leaky/arserve_leaky.d $(CLI_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(BUILD)/engine/backend/backend_cuda.d \
          $(BUILD)/kv_bench.d $(BUILD)/speed_bench.d $(BUILD)/gemm_bench.d $(BUILD)/conv_bench.d \
