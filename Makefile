@@ -707,8 +707,8 @@ TSAN_BUILD := $(BUILD)-tsan
 # release_build suites (make run's build, the nginx proxy, the load client, the
 # docs' tables: tests/integration/pytest.ini): 80 s under ThreadSanitizer on a
 # 2-core AVX2 machine for no daemon path the rest miss. The ThreadSanitizer pass leaves out the
-# models' and the KV policies' suites too (TSAN_SKIP; the shipped models' cards
-# each policy on each demo model, 28 s of its test time): the engine runs on one
+# models' and the KV policies' suites too (TSAN_SKIP; test_model_cards runs each
+# policy on each demo model, 28 s of the pass's test time): the engine runs on one
 # thread there, beside the same scheduler and HTTP threads whichever model or
 # policy it runs, and the AddressSanitizer pass runs them.
 # Time bounds are the machine's measured speed's (tests/machine_speed.py), as
