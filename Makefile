@@ -111,7 +111,8 @@ endif
 ifeq ($(SANITIZER),thread)
 $(BUILD)/kernels/cpu/%.o: CFLAGS += -fno-sanitize=thread
 endif
-# AddressSanitizer checks the CPU kernels for overflows but not for a stack
+# AddressSanitizer checks the CPU kernels for overflows (in the unit tests:
+# the daemon links them plain, DAEMON_ENGINE_LIB below) but not for a stack
 # variable used after its block ends (-fsanitize-address-use-after-scope, on
 # by default, marks a block's locals live and dead in the shadow each time
 # the block is entered and left; the kernels' blocks are their inner loops).
@@ -124,29 +125,6 @@ endif
 ifneq ($(filter address,$(subst $(comma), ,$(SANITIZER))),)
 $(BUILD)/kernels/cpu/%.o: CFLAGS += -fno-sanitize-address-use-after-scope
 endif
-# The unit tests are where AddressSanitizer checks the kernels (their own
-# tests, the backend's on edge shapes, every family's goldens): an
-# AddressSanitizer build's arserve, kv_bench and speed_bench, which the daemon
-# suite and test-cli run on the demo models, link the CPU kernels built
-# without the sanitizers (PLAIN_KERNEL_OBJ, in $(BUILD)/plain/) ahead of the
-# engine's archive, whose instrumented kernels the linker then leaves out
-# (tests/cli/test_asan_kernels.sh reads both kinds off the binaries). The
-# engine, server and scheduler code around them stays instrumented. An image
-# of models/shapes took 1.7-2.3 s with the kernels instrumented, 1.42 s with
-# UndefinedBehaviorSanitizer alone in them, 0.77 s with them plain (0.44 s on
-# the release build; `arserve generate --threads 1`); the daemon suite alone
-# 128 s (219 s of CPU) against 81 s (121 s), test-cli 80 s against 47 s.
-PLAIN_KERNEL_OBJ :=
-ifneq ($(filter address,$(subst $(comma), ,$(SANITIZER))),)
-PLAIN_KERNEL_OBJ := $(patsubst %.c,$(BUILD)/plain/%.o,$(wildcard kernels/cpu/*.c))
-$(BUILD)/plain/%.o: %.c
-	@mkdir -p $(dir $@)
-	$(CC) $(filter-out -fsanitize=%,$(CFLAGS)) -c $< -o $@
-endif
-# Unit tests whose kernels test-cli checks are instrumented, beside the
-# binaries whose kernels must not be (tests/cli/test_asan_kernels.sh).
-ASAN_KERNEL_TESTS := $(if $(PLAIN_KERNEL_OBJ),$(addprefix $(BUILD)/tests/,test_gemm_packed test_backend_cpu \
-                                                                          test_golden_infinity))
 
 # The engine's archive: base/ (what every floor uses), the CPU kernels
 # (kernels/cpu/) and the engine's rooms (engine/ and its folders).
@@ -331,8 +309,38 @@ $(CLI_LIB): $(filter-out $(BUILD)/cli/main.o,$(CLI_OBJ))
 	@rm -f $@
 	ar rcs $@ $^
 
+# The unit tests are where AddressSanitizer checks the kernels (their own
+# tests, the backend's on edge shapes, every family's goldens): an
+# AddressSanitizer build's arserve, kv_bench and speed_bench, which the daemon
+# suite and test-cli run on the demo models, link DAEMON_ENGINE_LIB, the
+# engine with the CPU kernels built without the sanitizers (PLAIN_KERNEL_OBJ,
+# in $(BUILD)/plain/); the engine, server and scheduler code around them stays
+# instrumented (tests/cli/test_asan_kernels.sh reads both kinds off the
+# binaries). An image of models/shapes took 1.7-2.3 s with the kernels
+# instrumented, 1.42 s with UndefinedBehaviorSanitizer alone in them, 0.77 s
+# with them plain (0.44 s on the release build; `arserve generate --threads
+# 1`); the daemon suite alone 128 s (219 s of CPU) against 81 s (121 s),
+# test-cli 80 s against 47 s. Every other build links ENGINE_LIB.
+PLAIN_KERNEL_OBJ  :=
+DAEMON_ENGINE_LIB := $(ENGINE_LIB)
+ifneq ($(filter address,$(subst $(comma), ,$(SANITIZER))),)
+PLAIN_KERNEL_OBJ  := $(patsubst %.c,$(BUILD)/plain/%.o,$(wildcard kernels/cpu/*.c))
+DAEMON_ENGINE_LIB := $(BUILD)/libarengine-plain-kernels.a
+$(BUILD)/plain/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -fsanitize=%,$(CFLAGS)) -c $< -o $@
+
+$(DAEMON_ENGINE_LIB): $(filter-out $(BUILD)/kernels/cpu/%,$(ENGINE_OBJ)) $(PLAIN_KERNEL_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+endif
+# Unit tests whose kernels test-cli checks are instrumented, beside the
+# binaries whose kernels must not be (tests/cli/test_asan_kernels.sh).
+ASAN_KERNEL_TESTS := $(if $(PLAIN_KERNEL_OBJ),$(addprefix $(BUILD)/tests/,test_gemm_packed test_backend_cpu \
+                                                                          test_golden_infinity))
+
 # The binary: cli/ (the subcommands) over server/ over engine/.
-$(BUILD)/arserve: $(CLI_OBJ) $(CUDA_OBJ) $(PLAIN_KERNEL_OBJ) $(SERVER_LIB) $(ENGINE_LIB)
+$(BUILD)/arserve: $(CLI_OBJ) $(CUDA_OBJ) $(SERVER_LIB) $(DAEMON_ENGINE_LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(SERVER_LIBS) $(LDLIBS)
 
 # The daemon with a deliberate leak: the same objects as arserve, plus
@@ -794,13 +802,12 @@ KV_BENCH_THREADS      ?= 1
 KV_BENCH_POOL_IMAGES  ?= 2
 KV_BENCH_WAVES        ?= 2
 KV_BENCH_OUT          ?= $(BUILD)/bench-kv
-$(BUILD)/kv_bench: bench/kv_bench.c $(BUILD)/cli/flags.o $(PLAIN_KERNEL_OBJ) $(ENGINE_LIB)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(PLAIN_KERNEL_OBJ) $(ENGINE_LIB) $(LDLIBS)
+$(BUILD)/kv_bench: bench/kv_bench.c $(BUILD)/cli/flags.o $(DAEMON_ENGINE_LIB)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(DAEMON_ENGINE_LIB) $(LDLIBS)
 
 # With CUDA=1 it links the CUDA backend, for --backend cuda on a GPU.
-$(BUILD)/speed_bench: bench/speed_bench.c $(BUILD)/cli/flags.o $(CUDA_OBJ) $(PLAIN_KERNEL_OBJ) $(ENGINE_LIB)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(CUDA_OBJ) $(PLAIN_KERNEL_OBJ) $(ENGINE_LIB) \
-	    $(LDLIBS)
+$(BUILD)/speed_bench: bench/speed_bench.c $(BUILD)/cli/flags.o $(CUDA_OBJ) $(DAEMON_ENGINE_LIB)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/cli/flags.o $(CUDA_OBJ) $(DAEMON_ENGINE_LIB) $(LDLIBS)
 
 # The speed bench with the CUDA backend under the emulator (tests/cuda_emu),
 # for --backend cuda without a GPU: its launches and copies per step are a
