@@ -618,6 +618,9 @@ $(GOLDEN8)/%/arserve.json: tools/quantize.py tools/convert/quant.py tools/conver
 		--dtype $(lastword $(subst -, ,$*)) --force >/dev/null
 golden8_model = $(patsubst %-int8,%,$(patsubst %-fp8,%,$(1)))
 
+# tests/run_unit.sh runs the binaries UNIT_JOBS at a time (the cores by
+# default): on a 2-core AVX2 machine the AddressSanitizer build's suite alone
+# took 38 s against 68 s one at a time (72 s of CPU against 82).
 test-unit: $(UNIT_BIN) $(TINY_MODEL)/arserve.json $(VAR_TINY_MODEL)/arserve.json $(GOLDEN8_STAMPS)
 	ARSERVE_TINY_MODEL=$(TINY_MODEL) ARSERVE_VAR_TINY_MODEL=$(VAR_TINY_MODEL) \
 		ARSERVE_W8_GOLDEN=$(GOLDEN8) tests/run_unit.sh $(UNIT_BIN)
