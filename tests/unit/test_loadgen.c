@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/bench_report.h"
 #include "cli/http_client.h"
@@ -65,8 +66,21 @@ static void test_schedules_are_seeded_and_burst_is_at_zero(void) {
         CHECK(a[i] == 0);
 }
 
+/* Makes a fresh empty temporary file and writes its path, so that two runs at
+ * once on one machine never share a file. */
+static void temp_path(char *path, size_t cap, const char *suffix) {
+    snprintf(path, cap, "/tmp/arserve-test-loadgen-XXXXXX%s", suffix);
+    int fd = mkstemps(path, (int)strlen(suffix));
+    if (fd < 0) {
+        perror("mkstemps");
+        abort();
+    }
+    close(fd);
+}
+
 static void test_mix_draws_in_proportion(void) {
-    const char *path = "/tmp/arserve_test_mix.jsonl";
+    char path[64];
+    temp_path(path, sizeof path, ".jsonl");
     FILE *f = fopen(path, "w");
     fprintf(f, "# a comment\n{\"prompt\": \"a\", \"kv_policy\": \"linear\", \"kv_budget\": 0.25, "
                "\"weight\": 3}\n\n{\"prompt\": \"b\"}\n");
@@ -95,7 +109,8 @@ static void test_mix_draws_in_proportion(void) {
 }
 
 static void test_trace_reads_sorted_with_distinct_bodies(void) {
-    const char *path = "/tmp/arserve_test_trace.jsonl";
+    char path[64];
+    temp_path(path, sizeof path, ".jsonl");
     FILE *f = fopen(path, "w");
     fprintf(f, "{\"t\": 2.5, \"request\": {\"prompt\": \"x\"}, \"input_tokens\": 9}\n"
                "{\"t\": 0.5, \"request\": {\"prompt\": \"y\", \"n\": 2}}\n"
@@ -237,7 +252,8 @@ static void test_fit_recovers_coefficients(void) {
 }
 
 static void test_cost_table_round_trips_and_names_bad_keys(void) {
-    const char *path = "/tmp/arserve_test_costs.json";
+    char path[64];
+    temp_path(path, sizeof path, ".json");
     cost_table_t t = {.family = "scale",
                       .source = "test",
                       .coef = {1e-3, 2e-5, 3e-9, 4e-7},
