@@ -69,6 +69,9 @@ $(error SANITIZER must be address, undefined, address$(comma)undefined or thread
 endif
 endif
 
+# Non-empty when the build has AddressSanitizer (address or address,undefined).
+WITH_ASAN := $(filter address,$(subst $(comma), ,$(SANITIZER)))
+
 CC      ?= cc
 CFLAGS  := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wpointer-arith -Wno-unused-parameter -fopenmp \
            -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread -MMD -MP
@@ -122,7 +125,7 @@ endif
 # gemm_packed.c's compile 103 s of CPU against 47. No kernel hands out a
 # pointer to one of its locals; the engine, server and scheduler code keeps
 # the check.
-ifneq ($(filter address,$(subst $(comma), ,$(SANITIZER))),)
+ifneq ($(WITH_ASAN),)
 $(BUILD)/kernels/cpu/%.o: CFLAGS += -fno-sanitize-address-use-after-scope
 endif
 
@@ -323,7 +326,7 @@ $(CLI_LIB): $(filter-out $(BUILD)/cli/main.o,$(CLI_OBJ))
 # test-cli 80 s against 47 s. Every other build links ENGINE_LIB.
 PLAIN_KERNEL_OBJ  :=
 DAEMON_ENGINE_LIB := $(ENGINE_LIB)
-ifneq ($(filter address,$(subst $(comma), ,$(SANITIZER))),)
+ifneq ($(WITH_ASAN),)
 PLAIN_KERNEL_OBJ  := $(patsubst %.c,$(BUILD)/plain/%.o,$(wildcard kernels/cpu/*.c))
 DAEMON_ENGINE_LIB := $(BUILD)/libarengine-plain-kernels.a
 $(BUILD)/plain/%.o: %.c

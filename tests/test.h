@@ -7,7 +7,31 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* Writes content to a fresh temporary file (/tmp/arserve-test-XXXXXX.json,
+ * made by mkstemps, so that two test runs at once never share one); returns its
+ * malloc'd path, which test_remove_temp deletes and frees. */
+static inline char *test_temp_file(const char *content) {
+    char *path = strdup("/tmp/arserve-test-XXXXXX.json");
+    int fd = path ? mkstemps(path, 5) : -1;
+    if (fd < 0) {
+        perror("mkstemps");
+        abort();
+    }
+    size_t n = strlen(content);
+    if (write(fd, content, n) != (ssize_t)n)
+        abort();
+    close(fd);
+    return path;
+}
+
+static inline void test_remove_temp(char *path) {
+    unlink(path);
+    free(path);
+}
 
 /* A uniform float in [-1, 1) from a xorshift64 state (never 0): the kernel
  * tests' inputs, the same on every run. */

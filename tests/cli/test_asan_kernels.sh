@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# An AddressSanitizer build's two kinds of kernels (Makefile: PLAIN_KERNEL_OBJ):
+# An AddressSanitizer build's two kinds of kernels (Makefile: DAEMON_ENGINE_LIB):
 # the unit tests, which are where the CPU kernels are checked for overflows,
 # run them instrumented; arserve, kv_bench and speed_bench, which the daemon
 # suite and test-cli run on the demo models, run them built without the
@@ -21,8 +21,9 @@ if [ -z "$kernels" ]; then
     exit 1
 fi
 
-# The number of the CPU kernels' functions in $1 that call AddressSanitizer's
-# reports, and how many of them $1 has.
+# The number of the CPU kernels' functions in $1 that call into AddressSanitizer
+# (its reports, or its checks where gcc calls them out of line), and how many
+# of them $1 has.
 instrumented() {
     objdump -d --no-show-raw-insn "$1" | awk -v names="$kernels" '
         BEGIN { n = split(names, a, "\n"); for (i = 1; i <= n; i++) want[a[i]] = 1 }

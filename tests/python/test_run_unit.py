@@ -43,8 +43,9 @@ def test_two_at_a_time_output_in_the_order_given(tmp_path):
     """The first binary waits for a file the second writes: it ends only if both run at
     once, and its output still comes first."""
     flag = tmp_path / "second-started"
+    polls = int(scaled(30) * 100)  # 0.01 s each
     first = script(tmp_path, "first", f"""
-for i in $(seq 3000); do [ -e {flag} ] && break; sleep 0.01; done
+for i in $(seq {polls}); do [ -e {flag} ] && break; sleep 0.01; done
 [ -e {flag} ] || {{ echo "0 passed, 1 failed"; exit 1; }}
 echo "first ran beside the second"; echo "2 passed, 0 failed"
 """)

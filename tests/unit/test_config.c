@@ -27,32 +27,12 @@ static int load(server_config_t *c, const char *const *args, const char *const *
     return server_config_load(c, argc, argv, envp, NULL, err);
 }
 
-/* Writes content to a fresh temporary file; returns its malloc'd path. */
-static char *temp_file(const char *content) {
-    char *path = strdup("/tmp/arserve-test-config-XXXXXX.json");
-    int fd = mkstemps(path, 5);
-    if (fd < 0) {
-        perror("mkstemps");
-        abort();
-    }
-    size_t n = strlen(content);
-    if (write(fd, content, n) != (ssize_t)n)
-        abort();
-    close(fd);
-    return path;
-}
-
-static void remove_temp(char *path) {
-    unlink(path);
-    free(path);
-}
-
 /* Loads a config file holding `json` (through --config) and returns the status. */
 static int load_json(server_config_t *c, const char *json, ar_error_t *err) {
-    char *path = temp_file(json);
+    char *path = test_temp_file(json);
     const char *args[] = {"--config", path, NULL};
     int rc = load(c, args, NULL, err);
-    remove_temp(path);
+    test_remove_temp(path);
     return rc;
 }
 
@@ -176,42 +156,42 @@ static void test_empty_key_file_is_an_error(void) {
     const char *env[] = {"ARSERVE_API_KEY_FILE=", NULL};
     CHECK(load(&c, NULL, env, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "ARSERVE_API_KEY_FILE");
-    char *path = temp_file("{\"api_key_file\": \"\"}");
+    char *path = test_temp_file("{\"api_key_file\": \"\"}");
     const char *file[] = {"--config", path, NULL};
     CHECK(load(&c, file, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "'api_key_file' is empty");
-    remove_temp(path);
+    test_remove_temp(path);
 }
 
 /* Config files are RFC 8259 JSON: cJSON alone would read 08080 as 8080. */
 static void test_config_file_is_strict_json(void) {
     server_config_t c;
     ar_error_t err;
-    char *path = temp_file("{\n \"port\": 08080}");
+    char *path = test_temp_file("{\n \"port\": 08080}");
     const char *args[] = {"--config", path, NULL};
     CHECK(load(&c, args, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "not valid JSON (line 2)");
     CHECK_STR_CONTAINS(err.msg, "leading zero");
-    remove_temp(path);
+    test_remove_temp(path);
 }
 
 static void test_file_source(void) {
     server_config_t c;
     ar_error_t err;
-    char *path = temp_file("{\"port\": 7000, \"host\": \"::1\", \"backend\": \"cuda\",\n"
-                           " \"max_running\": 4096}");
+    char *path = test_temp_file("{\"port\": 7000, \"host\": \"::1\", \"backend\": \"cuda\",\n"
+                                " \"max_running\": 4096}");
     const char *args[] = {"--config", path, NULL};
     CHECK_MSG(load(&c, args, NULL, &err) == AR_OK, "%s", err.msg);
     CHECK(c.port == 7000 && !strcmp(c.host, "::1") && !strcmp(c.backend, "cuda"));
     CHECK(c.max_running == 4096 && c.max_n == 4);
     CHECK(!strcmp(c.config_path, path));
-    remove_temp(path);
+    test_remove_temp(path);
 }
 
 static void test_config_from_env_and_flag_beats_env(void) {
     server_config_t c;
     ar_error_t err;
-    char *a = temp_file("{\"max_n\": 8}"), *b = temp_file("{\"max_n\": 16}");
+    char *a = test_temp_file("{\"max_n\": 8}"), *b = test_temp_file("{\"max_n\": 16}");
     char env_config[256];
     snprintf(env_config, sizeof env_config, "ARSERVE_CONFIG=%s", a);
     const char *env[] = {env_config, NULL};
@@ -226,14 +206,14 @@ static void test_config_from_env_and_flag_beats_env(void) {
     const char *none[] = {"--config", "", NULL};
     CHECK_MSG(load(&c, none, env, &err) == AR_OK, "%s", err.msg);
     CHECK(c.max_n == 4 && c.config_path[0] == 0);
-    remove_temp(a);
-    remove_temp(b);
+    test_remove_temp(a);
+    test_remove_temp(b);
 }
 
 static void test_precedence_file_env_flag(void) {
     server_config_t c;
     ar_error_t err;
-    char *path = temp_file("{\"port\": 1001, \"max_n\": 11, \"threads\": 3}");
+    char *path = test_temp_file("{\"port\": 1001, \"max_n\": 11, \"threads\": 3}");
     const char *env[] = {"ARSERVE_PORT=1002", "ARSERVE_MAX_N=12", NULL};
     const char *args[] = {"--config", path, "--port", "1003", NULL};
     CHECK_MSG(load(&c, args, env, &err) == AR_OK, "%s", err.msg);
@@ -241,7 +221,7 @@ static void test_precedence_file_env_flag(void) {
     CHECK(c.max_n == 12);  /* env > file */
     CHECK(c.threads == 3); /* file > default */
     CHECK(c.retry_after_s == 1);
-    remove_temp(path);
+    test_remove_temp(path);
 }
 
 static void test_bad_integer(void) {
@@ -410,13 +390,13 @@ static void test_unknown_env(void) {
 static void test_unknown_key(void) {
     server_config_t c;
     ar_error_t err;
-    char *path = temp_file("{\"prot\": 80}");
+    char *path = test_temp_file("{\"prot\": 80}");
     const char *args[] = {"--config", path, NULL};
     CHECK(load(&c, args, NULL, &err) == AR_ERR);
     char want[512];
     snprintf(want, sizeof want, "%s: unknown key 'prot' (did you mean 'port'?)", path);
     CHECK_MSG(!strcmp(err.msg, want), "got '%s'", err.msg);
-    remove_temp(path);
+    test_remove_temp(path);
     CHECK(load_json(&c, "{\"config\": \"x.json\"}", &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "unknown key 'config'");
     CHECK(load_json(&c, "{\"api_key\": \"s3cret\"}", &err) == AR_ERR);
@@ -428,13 +408,13 @@ static void test_unknown_key(void) {
 static void test_wrong_json_type(void) {
     server_config_t c;
     ar_error_t err;
-    char *path = temp_file("{\"port\": \"8080\"}");
+    char *path = test_temp_file("{\"port\": \"8080\"}");
     const char *args[] = {"--config", path, NULL};
     CHECK(load(&c, args, NULL, &err) == AR_ERR);
     char want[512];
     snprintf(want, sizeof want, "%s: 'port' must be an integer", path);
     CHECK_MSG(!strcmp(err.msg, want), "got '%s'", err.msg);
-    remove_temp(path);
+    test_remove_temp(path);
     CHECK(load_json(&c, "{\"port\": 80.5}", &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "'port' must be an integer");
     CHECK(load_json(&c, "{\"port\": true}", &err) == AR_ERR);
@@ -465,12 +445,12 @@ static void test_unreadable_config_file(void) {
 static void test_key_file_is_trimmed(void) {
     server_config_t c;
     ar_error_t err;
-    char *key = temp_file("s3cret-key  \t\r\n\n");
+    char *key = test_temp_file("s3cret-key  \t\r\n\n");
     const char *args[] = {"--api-key-file", key, NULL};
     CHECK_MSG(load(&c, args, NULL, &err) == AR_OK, "%s", err.msg);
     CHECK(!strcmp(c.api_key, "s3cret-key"));
     CHECK(!strcmp(c.api_key_file, key));
-    remove_temp(key);
+    test_remove_temp(key);
 }
 
 static void test_api_key_sources(void) {
@@ -481,10 +461,10 @@ static void test_api_key_sources(void) {
     CHECK(!strcmp(c.api_key, "from-env") && c.api_key_file[0] == 0);
 
     /* ARSERVE_API_KEY is at the environment's rank: above the file, below flags. */
-    char *key = temp_file("from-file\n");
+    char *key = test_temp_file("from-file\n");
     char json[512];
     snprintf(json, sizeof json, "{\"api_key_file\": \"%s\"}", key);
-    char *cfg = temp_file(json);
+    char *cfg = test_temp_file(json);
     const char *a1[] = {"--config", cfg, NULL};
     CHECK_MSG(load(&c, a1, NULL, &err) == AR_OK, "%s", err.msg);
     CHECK(!strcmp(c.api_key, "from-file"));
@@ -502,8 +482,8 @@ static void test_api_key_sources(void) {
     const char *empty[] = {"ARSERVE_API_KEY=", NULL};
     CHECK(load(&c, NULL, empty, &err) == AR_ERR);
     CHECK(!strcmp(err.msg, "ARSERVE_API_KEY is set but empty"));
-    remove_temp(cfg);
-    remove_temp(key);
+    test_remove_temp(cfg);
+    test_remove_temp(key);
 }
 
 static void test_bad_key_file(void) {
@@ -512,27 +492,27 @@ static void test_bad_key_file(void) {
     const char *a1[] = {"--api-key-file", "/nonexistent/key", NULL};
     CHECK(load(&c, a1, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "/nonexistent/key: cannot open API key file");
-    char *empty = temp_file(" \n\t\n");
+    char *empty = test_temp_file(" \n\t\n");
     const char *a2[] = {"--api-key-file", empty, NULL};
     CHECK(load(&c, a2, NULL, &err) == AR_ERR);
     char want[512];
     snprintf(want, sizeof want, "%s: API key file is empty", empty);
     CHECK_MSG(!strcmp(err.msg, want), "got '%s'", err.msg);
-    remove_temp(empty);
-    char *two = temp_file("line1\nline2\n");
+    test_remove_temp(empty);
+    char *two = test_temp_file("line1\nline2\n");
     const char *a3[] = {"--api-key-file", two, NULL};
     CHECK(load(&c, a3, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "API key contains a control character");
     CHECK(strstr(err.msg, "line1") == NULL);
-    remove_temp(two);
+    test_remove_temp(two);
     char big[300];
     memset(big, 'k', sizeof big - 1);
     big[sizeof big - 1] = 0;
-    char *long_key = temp_file(big);
+    char *long_key = test_temp_file(big);
     const char *a4[] = {"--api-key-file", long_key, NULL};
     CHECK(load(&c, a4, NULL, &err) == AR_ERR);
     CHECK_STR_CONTAINS(err.msg, "API key is longer than 255 bytes");
-    remove_temp(long_key);
+    test_remove_temp(long_key);
 }
 
 static void test_help(void) {

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli/bench_report.h"
 #include "cli/http_client.h"
@@ -66,21 +65,8 @@ static void test_schedules_are_seeded_and_burst_is_at_zero(void) {
         CHECK(a[i] == 0);
 }
 
-/* Makes a fresh empty temporary file and writes its path, so that two runs at
- * once on one machine never share a file. */
-static void temp_path(char *path, size_t cap, const char *suffix) {
-    snprintf(path, cap, "/tmp/arserve-test-loadgen-XXXXXX%s", suffix);
-    int fd = mkstemps(path, (int)strlen(suffix));
-    if (fd < 0) {
-        perror("mkstemps");
-        abort();
-    }
-    close(fd);
-}
-
 static void test_mix_draws_in_proportion(void) {
-    char path[64];
-    temp_path(path, sizeof path, ".jsonl");
+    char *path = test_temp_file("");
     FILE *f = fopen(path, "w");
     fprintf(f, "# a comment\n{\"prompt\": \"a\", \"kv_policy\": \"linear\", \"kv_budget\": 0.25, "
                "\"weight\": 3}\n\n{\"prompt\": \"b\"}\n");
@@ -105,12 +91,11 @@ static void test_mix_draws_in_proportion(void) {
     fprintf(f, "{\"n\": 2}\n");
     fclose(f);
     CHECK(loadgen_mix_read(&m, path) == -1); /* no prompt */
-    remove(path);
+    test_remove_temp(path);
 }
 
 static void test_trace_reads_sorted_with_distinct_bodies(void) {
-    char path[64];
-    temp_path(path, sizeof path, ".jsonl");
+    char *path = test_temp_file("");
     FILE *f = fopen(path, "w");
     fprintf(f, "{\"t\": 2.5, \"request\": {\"prompt\": \"x\"}, \"input_tokens\": 9}\n"
                "{\"t\": 0.5, \"request\": {\"prompt\": \"y\", \"n\": 2}}\n"
@@ -133,7 +118,7 @@ static void test_trace_reads_sorted_with_distinct_bodies(void) {
     fprintf(f, "{\"t\": -1, \"request\": {\"prompt\": \"x\"}}\n");
     fclose(f);
     CHECK(loadgen_trace_read(path, &it, &n, &m) == -1);
-    remove(path);
+    test_remove_temp(path);
 }
 
 static void test_percentiles_are_numpys(void) {
@@ -252,8 +237,7 @@ static void test_fit_recovers_coefficients(void) {
 }
 
 static void test_cost_table_round_trips_and_names_bad_keys(void) {
-    char path[64];
-    temp_path(path, sizeof path, ".json");
+    char *path = test_temp_file("");
     cost_table_t t = {.family = "scale",
                       .source = "test",
                       .coef = {1e-3, 2e-5, 3e-9, 4e-7},
@@ -290,7 +274,7 @@ static void test_cost_table_round_trips_and_names_bad_keys(void) {
     fclose(f);
     CHECK(cost_table_load(&u, path, why, sizeof why) == -1);
     CHECK(strstr(why, path) && strstr(why, "per_sequence_s"));
-    remove(path);
+    test_remove_temp(path);
 }
 
 static void test_urls_parse(void) {
